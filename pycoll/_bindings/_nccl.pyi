@@ -1,0 +1,269 @@
+"""Type stubs for pycoll._bindings._nccl: thin, GIL-free bindings to the NCCL C API.
+
+Conventions (they hold for every method of :class:`Library`):
+
+* Handles are plain ints: a communicator (``ncclComm_t``), a stream (``cudaStream_t`` /
+  ``hipStream_t`` / a host stream), a buffer address, a registration handle, a window. ``0`` is
+  NULL.
+* Every C call releases the GIL.
+* A call whose ``ncclResult_t`` is neither ``ncclSuccess`` nor ``ncclInProgress`` raises the
+  :class:`pycoll.errors.NCCLError` subclass for that code, carrying ``ncclGetLastError`` text.
+* ``ncclInProgress`` is never success: calls that may legitimately return it (anything on a
+  nonblocking communicator) return the status (``SUCCESS`` or ``IN_PROGRESS``) and the caller
+  polls ``comm_get_async_error``.
+* A function the loaded library does not export raises :class:`pycoll.errors.NotSupported`
+  naming the function and the NCCL release that introduced it.
+* Bad Python-side arguments (negative counts or ranks, unknown datatypes or ops, ``None`` where a
+  handle is required) raise ``ValueError``/``TypeError`` before any C call.
+"""
+
+from enum import IntEnum
+from typing import Dict, List, Optional, Sequence, Tuple
+
+# --- constants -------------------------------------------------------------------------------
+SUCCESS: int  # 0
+IN_PROGRESS: int  # 7
+UNIQUE_ID_BYTES: int  # 128
+SPLIT_NOCOLOR: int  # -1
+SHRINK_DEFAULT: int  # 0
+SHRINK_ABORT: int  # 1
+REVOKE_DEFAULT: int  # 0
+SUSPEND_MEM: int  # 1
+CONFIG_UNDEF_INT: int  # INT_MIN
+API_MAGIC: int  # 0xcafebeef
+HEADER_VERSION: int  # NCCL_VERSION_CODE of the declared API: 23203 (2.32.3)
+CONFIG_SIZE: int  # sizeof(ncclConfig_t) of the declared layout (120 on x86_64)
+WIN_DEFAULT: int
+WIN_COLL_SYMMETRIC: int
+WIN_STRICT_ORDERING: int
+WIN_GIN_ONLY: int
+WIN_CFT_COUNTED: int
+WIN_REQUIRED_ALIGNMENT: int
+CTA_POLICY_DEFAULT: int
+CTA_POLICY_EFFICIENCY: int
+CTA_POLICY_ZERO: int
+
+class Result(IntEnum):
+    Success = 0
+    UnhandledCudaError = 1
+    SystemError = 2
+    InternalError = 3
+    InvalidArgument = 4
+    InvalidUsage = 5
+    RemoteError = 6
+    InProgress = 7
+    Timeout = 8
+
+class DataType(IntEnum):
+    Int8 = 0
+    Uint8 = 1
+    Int32 = 2
+    Uint32 = 3
+    Int64 = 4
+    Uint64 = 5
+    Float16 = 6
+    Float32 = 7
+    Float64 = 8
+    Bfloat16 = 9
+    Float8e4m3 = 10
+    Float8e5m2 = 11
+
+class RedOp(IntEnum):
+    Sum = 0
+    Prod = 1
+    Max = 2
+    Min = 3
+    Avg = 4
+
+class ScalarResidence(IntEnum):
+    Device = 0
+    HostImmediate = 1
+
+class CommMemStat(IntEnum):
+    GpuMemSuspend = 0
+    GpuMemSuspended = 1
+    GpuMemPersist = 2
+    GpuMemTotal = 3
+
+#: Every NCCL host function pycoll declares -> the NCCL release that introduced it ("2.27", ...).
+FUNCTIONS: Dict[str, str]
+
+def version_tuple(code: int) -> Tuple[int, int, int]:
+    """Decode an NCCL version code (both the <=2.8 and the later encodings)."""
+
+class UniqueId:
+    """A 128-byte ncclUniqueId: a value type (bytes, equality, hash, pickle)."""
+
+    def __init__(self, data: bytes = ...) -> None: ...  # exactly 128 bytes, else ValueError
+    @classmethod
+    def from_bytes(cls, data: bytes) -> UniqueId: ...
+    def __bytes__(self) -> bytes: ...
+    def __eq__(self, other: object) -> bool: ...
+    def __hash__(self) -> int: ...
+    def __reduce__(self) -> tuple: ...
+
+class Config:
+    """An ncclConfig_t, initialised exactly as NCCL_CONFIG_INITIALIZER; every field exposed.
+
+    Field names are NCCL's. Int fields default to CONFIG_UNDEF_INT, string fields to None.
+    """
+
+    size: int
+    magic: int
+    version: int
+    blocking: int
+    cgaClusterSize: int
+    minCTAs: int
+    maxCTAs: int
+    netName: Optional[str]
+    splitShare: int
+    trafficClass: int
+    commName: Optional[str]
+    collnetEnable: int
+    CTAPolicy: int
+    shrinkShare: int
+    nvlsCTAs: int
+    nChannelsPerNetPeer: int
+    nvlinkCentricSched: int
+    graphUsageMode: int
+    numRmaCtx: int
+    maxP2pPeers: int
+    graphStreamOrdering: int
+    launchOrderImplicit: int
+    numRmaSig: int
+    rmaEagerInit: int
+    hostCftMode: int
+    nvlsHostMode: int
+    FIELDS: Tuple[str, ...]  # every field name, in struct order
+    def __init__(self, **fields: object) -> None: ...
+    def copy(self) -> Config: ...
+    def to_dict(self) -> Dict[str, object]: ...
+    @property
+    def address(self) -> int: ...  # address of the underlying ncclConfig_t
+
+class CommSlot:
+    """Heap storage for the ncclComm_t written by a (possibly nonblocking) split/shrink/grow.
+
+    ``value`` is 0 until the library has written the new communicator (or for NOCOLOR / excluded).
+    The slot stays valid as long as this object lives.
+    """
+
+    @property
+    def value(self) -> int: ...
+
+class Library:
+    """One loaded NCCL-ABI shared object and its symbol table (resolved with dlsym)."""
+
+    @property
+    def path(self) -> str: ...
+    @property
+    def kind(self) -> str: ...  # "nccl", "rccl", "host" or "unknown"
+    def has(self, function: str) -> bool: ...  # e.g. lib.has("ncclCommShrink")
+    @property
+    def missing(self) -> List[str]: ...  # declared functions this library does not export
+    @property
+    def version(self) -> int: ...  # ncclGetVersion()
+    @property
+    def version_tuple(self) -> Tuple[int, int, int]: ...
+
+    # errors and versions
+    def get_version(self) -> int: ...
+    def get_error_string(self, result: int) -> str: ...
+    def get_last_error(self, comm: int = 0) -> str: ...
+    def comm_get_async_error(self, comm: int) -> int: ...  # returns the async result code
+
+    # unique ids and communicator creation
+    def get_unique_id(self) -> UniqueId: ...
+    def comm_get_unique_id(self, comm: int) -> UniqueId: ...
+    def comm_init_rank(self, nranks: int, unique_id: UniqueId, rank: int) -> int: ...
+    def comm_init_rank_config(
+        self, nranks: int, unique_id: UniqueId, rank: int, config: Optional[Config] = None
+    ) -> Tuple[int, int]: ...  # (comm, status)
+    def comm_init_rank_scalable(
+        self, nranks: int, rank: int, unique_ids: Sequence[UniqueId], config: Optional[Config] = None
+    ) -> Tuple[int, int]: ...
+    def comm_init_all(self, ndev: int, devlist: Optional[Sequence[int]] = None) -> List[int]: ...
+    def comm_split(
+        self, comm: int, color: int, key: int, config: Optional[Config] = None
+    ) -> Tuple[CommSlot, int]: ...
+    def comm_shrink(
+        self, comm: int, exclude_ranks: Sequence[int], config: Optional[Config] = None, flags: int = 0
+    ) -> Tuple[CommSlot, int]: ...
+    def comm_grow(
+        self,
+        comm: int,
+        nranks: int,
+        unique_id: Optional[UniqueId],
+        rank: int,
+        config: Optional[Config] = None,
+    ) -> Tuple[CommSlot, int]: ...
+
+    # teardown and state
+    def comm_finalize(self, comm: int) -> int: ...
+    def comm_destroy(self, comm: int) -> int: ...
+    def comm_abort(self, comm: int) -> int: ...
+    def comm_revoke(self, comm: int, flags: int = 0) -> int: ...
+    def comm_suspend(self, comm: int, flags: int = ...) -> int: ...
+    def comm_resume(self, comm: int) -> int: ...
+    def comm_mem_stats(self, comm: int, stat: int) -> int: ...
+
+    # queries
+    def comm_count(self, comm: int) -> int: ...
+    def comm_cu_device(self, comm: int) -> int: ...
+    def comm_user_rank(self, comm: int) -> int: ...
+
+    # memory, registration, windows
+    def mem_alloc(self, size: int) -> int: ...
+    def mem_free(self, ptr: int) -> None: ...
+    def comm_register(self, comm: int, buff: int, size: int) -> int: ...
+    def comm_deregister(self, comm: int, handle: int) -> int: ...
+    def comm_window_register(self, comm: int, buff: int, size: int, flags: int = 0) -> Tuple[int, int]: ...
+    def comm_window_deregister(self, comm: int, window: int) -> int: ...
+    def win_get_user_ptr(self, comm: int, window: int) -> int: ...
+
+    # reduction operators
+    def red_op_create_pre_mul_sum(self, scalar: int, datatype: int, residence: int, comm: int) -> int: ...
+    def red_op_destroy(self, op: int, comm: int) -> int: ...
+
+    # collectives (buffers are addresses, stream a raw handle; each returns the status)
+    def all_reduce(self, sendbuff: int, recvbuff: int, count: int, datatype: int, op: int, comm: int, stream: int = 0) -> int: ...
+    def broadcast(self, sendbuff: int, recvbuff: int, count: int, datatype: int, root: int, comm: int, stream: int = 0) -> int: ...
+    def bcast(self, buff: int, count: int, datatype: int, root: int, comm: int, stream: int = 0) -> int: ...
+    def reduce(self, sendbuff: int, recvbuff: int, count: int, datatype: int, op: int, root: int, comm: int, stream: int = 0) -> int: ...
+    def all_gather(self, sendbuff: int, recvbuff: int, sendcount: int, datatype: int, comm: int, stream: int = 0) -> int: ...
+    def reduce_scatter(self, sendbuff: int, recvbuff: int, recvcount: int, datatype: int, op: int, comm: int, stream: int = 0) -> int: ...
+    def all_to_all(self, sendbuff: int, recvbuff: int, count: int, datatype: int, comm: int, stream: int = 0) -> int: ...
+    def gather(self, sendbuff: int, recvbuff: int, count: int, datatype: int, root: int, comm: int, stream: int = 0) -> int: ...
+    def scatter(self, sendbuff: int, recvbuff: int, count: int, datatype: int, root: int, comm: int, stream: int = 0) -> int: ...
+    def send(self, sendbuff: int, count: int, datatype: int, peer: int, comm: int, stream: int = 0) -> int: ...
+    def recv(self, recvbuff: int, count: int, datatype: int, peer: int, comm: int, stream: int = 0) -> int: ...
+
+    # groups
+    def group_start(self) -> int: ...
+    def group_end(self) -> int: ...
+    def group_simulate_end(self) -> float: ...  # estimated time
+
+    # pycoll host library only (NotSupported elsewhere): version, host streams and events
+    def host_version(self) -> int: ...
+    def host_stream_create(self) -> int: ...
+    def host_stream_destroy(self, stream: int) -> None: ...
+    def host_stream_synchronize(self, stream: int) -> None: ...
+    def host_stream_query(self, stream: int) -> bool: ...  # True when idle
+    def host_stream_wait_event(self, stream: int, event: int) -> None: ...
+    def host_event_create(self) -> int: ...
+    def host_event_destroy(self, event: int) -> None: ...
+    def host_event_record(self, event: int, stream: int) -> None: ...
+    def host_event_query(self, event: int) -> bool: ...  # True when complete
+    def host_event_synchronize(self, event: int) -> None: ...
+    def host_event_elapsed_ms(self, start: int, end: int) -> float: ...
+
+def load(spec: Optional[str] = None) -> Library:
+    """Load (once per resolved path) and return a library.
+
+    ``spec``: a path; ``"nccl"``; ``"rccl"``; ``"host"``; None -> ``$PYCOLL_NCCL_LIBRARY`` if set,
+    else ``"nccl"``. Raises :class:`pycoll.errors.LibraryError` with the places searched when
+    nothing suitable is found, or when the object does not export ``ncclGetVersion``.
+    """
+
+def loaded() -> List[Library]:
+    """Libraries loaded so far in this process."""

@@ -1,0 +1,294 @@
+"""Exceptions raised by pycoll.
+
+Everything pycoll raises on its own behalf derives from :class:`PycollError`.
+
+* :class:`NCCLError` and one subclass per ``ncclResult_t`` value: a call into the loaded NCCL-ABI
+  library returned an error. Each carries the numeric ``code``, NCCL's ``error_string`` for it and
+  the text of ``ncclGetLastError`` captured right after the failing call (``last_error``).
+  Where a builtin exception fits, the class also derives from it (``InvalidArgument`` is a
+  ``ValueError``, ``RemoteError`` a ``ConnectionError``, ...), so generic handlers keep working.
+* :class:`CommFailure`: the communicator can no longer run collectives (a peer died, an operation
+  timed out, the communicator was aborted or revoked). Fault-tolerant loops catch this one and
+  reshape.
+* :class:`NotSupported`: the loaded library does not export the function that was called.
+* :class:`LibraryError`: a shared object could not be found or is not an NCCL-ABI library.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Type
+
+__all__ = [
+    "PycollError",
+    "LibraryError",
+    "NotSupported",
+    "NCCLError",
+    "UnhandledCudaError",
+    "NCCLSystemError",
+    "InternalError",
+    "InvalidArgument",
+    "InvalidUsage",
+    "RemoteError",
+    "InProgressError",
+    "NCCLTimeoutError",
+    "CommFailure",
+    "CommTimeout",
+    "CommAborted",
+    "CommRevoked",
+    "AsyncCommError",
+    "CommStateError",
+    "StoreError",
+    "StoreTimeout",
+    "StoreAuthError",
+    "error_class",
+    "RESULT_NAMES",
+]
+
+#: ncclResult_t value -> its C name.
+RESULT_NAMES: Dict[int, str] = {
+    0: "ncclSuccess",
+    1: "ncclUnhandledCudaError",
+    2: "ncclSystemError",
+    3: "ncclInternalError",
+    4: "ncclInvalidArgument",
+    5: "ncclInvalidUsage",
+    6: "ncclRemoteError",
+    7: "ncclInProgress",
+    8: "ncclTimeout",
+}
+
+
+class PycollError(Exception):
+    """Base class of every exception pycoll raises on its own behalf."""
+
+
+class LibraryError(PycollError, OSError):
+    """A shared object could not be loaded, or it does not export the NCCL C ABI."""
+
+    def __init__(self, message: str, path: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+    def __reduce__(self) -> Any:
+        return (type(self), (str(self), self.path))
+
+
+class NotSupported(PycollError, NotImplementedError):
+    """The loaded library lacks a function (``function``), introduced in NCCL ``introduced``."""
+
+    def __init__(self, function: str, introduced: str = "", library: str = "", detail: str = "") -> None:
+        self.function = function
+        self.introduced = introduced
+        self.library = library
+        self.detail = detail
+        msg = f"{function} is not available"
+        if library:
+            msg += f" in {library}"
+        if introduced:
+            msg += f"; it was introduced in NCCL {introduced}"
+        if detail:
+            msg += f" ({detail})"
+        super().__init__(msg)
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.function, self.introduced, self.library, self.detail))
+
+
+class CommFailure(PycollError):
+    """The communicator failed and can no longer run collectives.
+
+    Raised for a peer that died (:class:`RemoteError`), an operation that timed out
+    (:class:`CommTimeout`), a communicator that was aborted (:class:`CommAborted`) or revoked
+    (:class:`CommRevoked`), and any other asynchronous error (:class:`AsyncCommError`). The usual
+    response is to reshape: ``except pycoll.CommFailure: comm = elastic.reshape()``.
+    """
+
+
+class NCCLError(PycollError):
+    """A call into the NCCL-ABI library returned an error.
+
+    Attributes:
+        code: the ``ncclResult_t`` value.
+        function: the C function that failed, e.g. ``"ncclCommInitRank"`` (may be empty).
+        error_string: ``ncclGetErrorString(code)``.
+        last_error: ``ncclGetLastError`` captured right after the failing call (may be empty).
+        library: path of the library the call went to (may be empty).
+    """
+
+    code: int = -1
+
+    def __init__(
+        self,
+        code: Optional[int] = None,
+        function: str = "",
+        error_string: str = "",
+        last_error: str = "",
+        library: str = "",
+    ) -> None:
+        if code is not None:
+            self.code = int(code)
+        self.function = function
+        self.error_string = error_string
+        self.last_error = last_error
+        self.library = library
+        super().__init__(self._format())
+
+    @property
+    def name(self) -> str:
+        """The C name of the result code, e.g. ``"ncclRemoteError"``."""
+        return RESULT_NAMES.get(self.code, f"ncclResult({self.code})")
+
+    def _format(self) -> str:
+        head = f"{self.function} failed: " if self.function else ""
+        msg = f"{head}{self.name} ({self.code})"
+        if self.error_string:
+            msg += f": {self.error_string}"
+        if self.last_error:
+            msg += f" -- {self.last_error}"
+        return msg
+
+    def __str__(self) -> str:
+        return self._format()
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.code, self.function, self.error_string, self.last_error, self.library))
+
+
+class UnhandledCudaError(NCCLError):
+    """ncclUnhandledCudaError (1): a CUDA call failed (no GPU or driver, for example)."""
+
+    code = 1
+
+
+class NCCLSystemError(NCCLError, OSError):
+    """ncclSystemError (2): a system call failed."""
+
+    code = 2
+
+
+class InternalError(NCCLError):
+    """ncclInternalError (3): an internal error of the library."""
+
+    code = 3
+
+
+class InvalidArgument(NCCLError, ValueError):
+    """ncclInvalidArgument (4): a bad argument; the communicator stays usable."""
+
+    code = 4
+
+
+class InvalidUsage(NCCLError, RuntimeError):
+    """ncclInvalidUsage (5): the call is not allowed in the communicator's current state."""
+
+    code = 5
+
+
+class RemoteError(NCCLError, CommFailure, ConnectionError):
+    """ncclRemoteError (6): a peer process exited or the network failed."""
+
+    code = 6
+
+
+class InProgressError(NCCLError):
+    """ncclInProgress (7) where completion was required.
+
+    Bindings return ``IN_PROGRESS`` as a status instead of raising; this class exists for code
+    paths that need a finished operation and got an unfinished one.
+    """
+
+    code = 7
+
+
+class NCCLTimeoutError(NCCLError, TimeoutError):
+    """ncclTimeout (8): a timeout inside the library (device-API barriers)."""
+
+    code = 8
+
+
+_BY_CODE: Dict[int, Type[NCCLError]] = {
+    cls.code: cls
+    for cls in (
+        UnhandledCudaError,
+        NCCLSystemError,
+        InternalError,
+        InvalidArgument,
+        InvalidUsage,
+        RemoteError,
+        InProgressError,
+        NCCLTimeoutError,
+    )
+}
+
+
+def error_class(code: int) -> Type[NCCLError]:
+    """Return the :class:`NCCLError` subclass for an ``ncclResult_t`` value (the base for unknown codes)."""
+    return _BY_CODE.get(int(code), NCCLError)
+
+
+class CommTimeout(CommFailure, TimeoutError):
+    """An operation on a communicator did not complete within its timeout.
+
+    Attributes name what timed out: ``comm_name``, ``op``, ``seq`` (the collective sequence id),
+    ``elapsed`` and ``timeout`` in seconds.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        comm_name: str = "",
+        op: str = "",
+        seq: int = -1,
+        elapsed: float = 0.0,
+        timeout: float = 0.0,
+    ) -> None:
+        super().__init__(message)
+        self.comm_name = comm_name
+        self.op = op
+        self.seq = seq
+        self.elapsed = elapsed
+        self.timeout = timeout
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+    def __reduce__(self) -> Any:
+        return (type(self), (str(self), self.comm_name, self.op, self.seq, self.elapsed, self.timeout))
+
+
+class CommAborted(CommFailure):
+    """The communicator was aborted (by the user or by the watchdog); it cannot be used any more."""
+
+
+class CommRevoked(CommFailure):
+    """The communicator was revoked: collectives are refused, but split and shrink still work."""
+
+
+class AsyncCommError(CommFailure):
+    """The library reported an asynchronous error on the communicator (``code`` holds it)."""
+
+    def __init__(self, message: str, code: int = -1) -> None:
+        super().__init__(message)
+        self.code = code
+
+    def __reduce__(self) -> Any:
+        return (type(self), (str(self.args[0]) if self.args else "", self.code))
+
+
+class CommStateError(PycollError, RuntimeError):
+    """The call is not valid in the communicator's state (used after destroy, finalize twice, ...)."""
+
+
+class StoreError(PycollError):
+    """A key-value store operation failed."""
+
+
+class StoreTimeout(StoreError, TimeoutError):
+    """A store operation did not complete within its timeout."""
+
+
+class StoreAuthError(StoreError, PermissionError):
+    """The store refused the client's token."""

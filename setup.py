@@ -1,0 +1,54 @@
+"""Build pycoll: the Cython bindings and the host library (a plain C shared object, never linked).
+
+Nothing here needs CUDA, NCCL or ROCm: the NCCL API is declared in pycoll/_bindings/*.pxd and the
+libraries are opened with dlopen at run time.
+"""
+
+import glob
+import os
+
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+HOST_LIB = "pycoll._bindings.libpycoll_host"
+
+
+class BuildExt(build_ext):
+    """Builds the host library as ``libpycoll_host.so`` (no Python module init, no ABI tag)."""
+
+    def get_ext_filename(self, fullname):
+        if fullname.split(".")[-1] == HOST_LIB.split(".")[-1]:
+            return os.path.join(*fullname.split(".")) + ".so"
+        return super().get_ext_filename(fullname)
+
+    def get_export_symbols(self, ext):
+        if ext.name == HOST_LIB:
+            return []
+        return super().get_export_symbols(ext)
+
+
+host = Extension(
+    HOST_LIB,
+    sources=sorted(glob.glob("pycoll/_bindings/host/*.c")),
+    include_dirs=["pycoll/_bindings/host"],
+    extra_compile_args=["-O3", "-std=gnu11", "-pthread", "-fvisibility=hidden", "-Wall", "-Wno-unused-function"],
+    extra_link_args=["-pthread", "-Wl,-Bsymbolic", "-Wl,--no-undefined"],
+    libraries=["rt", "m"],
+)
+
+bindings = Extension(
+    "pycoll._bindings._nccl",
+    sources=["pycoll/_bindings/_nccl.pyx"],
+    libraries=["dl"],
+)
+
+setup(
+    ext_modules=cythonize(
+        [bindings],
+        language_level=3,
+        compiler_directives={"embedsignature": True, "binding": True},
+    )
+    + [host],
+    cmdclass={"build_ext": BuildExt},
+)

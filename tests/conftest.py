@@ -1,0 +1,68 @@
+"""Shared test fixtures: every test is checked for leaked /dev/shm segments and stray children."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from mp_helpers import shm_entries
+
+
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", default=False, help="also run tests marked slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--runslow") or os.environ.get("PYCOLL_TEST_FULL") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow: run with --runslow or PYCOLL_TEST_FULL=1")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+def _children():
+    """Live descendants of this process (zombies excluded)."""
+    me = os.getpid()
+    kids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        state, ppid = fields[0], int(fields[1])
+        if ppid == me and state != "Z":
+            kids.append(int(entry))
+    return kids
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(request):
+    """Fail a test that leaves pycoll shared-memory segments or child processes behind."""
+    before = set(shm_entries())
+    kids_before = set(_children())
+    yield
+    deadline = time.monotonic() + 2.0
+    while True:
+        leaked = sorted(set(shm_entries()) - before)
+        kids = sorted(set(_children()) - kids_before)
+        # the multiprocessing forkserver is a long-lived helper, not a leak
+        kids = [k for k in kids if not _is_forkserver(k)]
+        if (not leaked and not kids) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert not leaked, f"/dev/shm segments left behind: {leaked}"
+    assert not kids, f"child processes left behind: {kids}"
+
+
+def _is_forkserver(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"forkserver" in f.read()
+    except OSError:
+        return False

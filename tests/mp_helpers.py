@@ -1,0 +1,141 @@
+"""Run test code as several real processes (ranks), with a hard deadline and guaranteed reaping.
+
+``run_ranks(fn, n, *args)`` starts ``n`` processes from a forkserver (cheap and safe: no threads of
+the pytest process are inherited), calls ``fn(rank, n, *args)`` in each and returns what each
+returned. A rank that raises, dies from a signal, or is still running at the deadline makes the
+call raise ``RankFailure`` -- unless that rank is listed in ``may_die``, in which case its entry is a
+:class:`Died` record. Every child is SIGCONT'ed, SIGKILL'ed and joined before the call returns,
+whatever happens.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, List, Optional
+
+_CTX = None
+
+
+def _context():
+    global _CTX
+    if _CTX is None:
+        _CTX = mp.get_context("forkserver")
+        _CTX.set_forkserver_preload(["numpy", "pycoll", "pycoll._bindings", "mp_helpers"])
+    return _CTX
+
+
+@dataclass
+class Died:
+    """A rank that ended without returning (killed by a signal or exited early)."""
+
+    rank: int
+    exitcode: Optional[int]
+
+
+class RankFailure(AssertionError):
+    """A rank raised, died unexpectedly, or missed the deadline."""
+
+
+def _child(fn, rank, n, args, env, conn):
+    if env:
+        os.environ.update(env)
+    try:
+        out = ("ok", fn(rank, n, *args))
+    except BaseException as exc:  # report everything, including SystemExit
+        out = ("err", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+    try:
+        conn.send(out)
+    finally:
+        conn.close()
+
+
+def run_ranks(
+    fn: Callable[..., Any],
+    n: int,
+    *args: Any,
+    timeout: float = 60.0,
+    env: Optional[Dict[str, str]] = None,
+    may_die: Iterable[int] = (),
+    on_start: Optional[Callable[[List[Any]], None]] = None,
+) -> List[Any]:
+    """Run ``fn(rank, n, *args)`` in ``n`` processes; return the per-rank results.
+
+    ``on_start(processes)`` runs in the parent once all children have started (it may signal them;
+    ``processes[r].pid`` is rank r's pid). ``may_die`` lists ranks allowed to die or to be killed.
+    """
+    ctx = _context()
+    may_die = set(may_die)
+    pipes, procs = [], []
+    try:
+        for rank in range(n):
+            recv_end, send_end = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_child, args=(fn, rank, n, args, env, send_end), daemon=True)
+            p.start()
+            send_end.close()
+            pipes.append(recv_end)
+            procs.append(p)
+        if on_start is not None:
+            on_start(procs)
+        deadline = time.monotonic() + timeout
+        results: List[Any] = [None] * n
+        pending = set(range(n))
+        while pending and time.monotonic() < deadline:
+            for rank in sorted(pending):
+                conn = pipes[rank]
+                if conn.poll(0.01):
+                    try:
+                        results[rank] = conn.recv()
+                    except EOFError:
+                        procs[rank].join(1.0)
+                        results[rank] = ("died", procs[rank].exitcode)
+                    pending.discard(rank)
+                elif not procs[rank].is_alive() and not conn.poll(0):
+                    results[rank] = ("died", procs[rank].exitcode)
+                    pending.discard(rank)
+        errors = []
+        out: List[Any] = [None] * n
+        for rank in range(n):
+            if rank in pending:
+                if rank in may_die:
+                    out[rank] = Died(rank, None)
+                    continue
+                errors.append(f"rank {rank}: still running after {timeout:.1f} s")
+                continue
+            kind, value = results[rank]
+            if kind == "ok":
+                out[rank] = value
+            elif kind == "died":
+                if rank in may_die:
+                    out[rank] = Died(rank, value)
+                else:
+                    errors.append(f"rank {rank}: died with exit code {value}")
+            else:
+                errors.append(f"rank {rank}: {value}")
+        if errors:
+            raise RankFailure("\n".join(errors))
+        return out
+    finally:
+        for p in procs:
+            if p.pid is not None and p.is_alive():
+                for sig in (signal.SIGCONT, signal.SIGKILL):
+                    try:
+                        os.kill(p.pid, sig)
+                    except ProcessLookupError:
+                        pass
+        for p in procs:
+            p.join(5.0)
+        for conn in pipes:
+            conn.close()
+
+
+def shm_entries(prefix: str = "pycoll") -> List[str]:
+    """Names in /dev/shm that start with ``prefix``."""
+    try:
+        return sorted(e for e in os.listdir("/dev/shm") if e.startswith(prefix))
+    except FileNotFoundError:
+        return []

@@ -1,0 +1,34 @@
+import pickle
+
+import pytest
+
+import pycoll
+from pycoll import errors
+
+
+@pytest.mark.parametrize("code", range(1, 9))
+def test_one_class_per_result_code(code):
+    cls = errors.error_class(code)
+    assert cls.code == code
+    assert issubclass(cls, pycoll.NCCLError)
+    exc = cls(None, "ncclFoo", "some string", "last error text", "/lib.so")
+    assert exc.code == code
+    assert "ncclFoo" in str(exc) and "last error text" in str(exc)
+    back = pickle.loads(pickle.dumps(exc))
+    assert type(back) is cls and str(back) == str(exc) and back.last_error == "last error text"
+
+
+def test_builtin_bases():
+    assert issubclass(pycoll.InvalidArgument, ValueError)
+    assert issubclass(pycoll.RemoteError, ConnectionError)
+    assert issubclass(pycoll.RemoteError, pycoll.CommFailure)
+    assert issubclass(pycoll.NCCLTimeoutError, TimeoutError)
+    assert issubclass(pycoll.CommTimeout, TimeoutError)
+    assert issubclass(pycoll.NotSupported, NotImplementedError)
+    assert errors.error_class(99) is pycoll.NCCLError
+
+
+def test_not_supported_message():
+    exc = pycoll.NotSupported("ncclCommShrink", "2.27", "/x/libnccl.so.2")
+    assert "ncclCommShrink" in str(exc) and "2.27" in str(exc)
+    assert pickle.loads(pickle.dumps(exc)).introduced == "2.27"
