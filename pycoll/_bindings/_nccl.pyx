@@ -910,6 +910,11 @@ cdef class Library:
         return version_tuple(self.version)
 
     @property
+    def pending_slots(self):
+        """CommSlots of nonblocking split/shrink/grow calls whose communicator was not seen yet."""
+        return list(self._pending_slots)
+
+    @property
     def symbols(self):
         """name -> exported, for every function looked up so far."""
         return dict(self._exported)
