@@ -751,6 +751,10 @@ def as_buffer(obj: Any, *, writable: bool = False, stream: Optional[int] = None,
             caller guarantees the data is ready.
         name: the argument's name for error messages (``"input"``, ``"output"``...).
 
+    torch tensors and numpy arrays are read directly and never synchronized: work pending on a
+    torch GPU tensor is ordered by running the collective on torch's current stream (what
+    ``Device.resolve_stream`` picks for torch tensors when no stream is given).
+
     Raises:
         TypeError: ``obj`` is not an array pycoll can read, or its dtype has no NCCL datatype
             (bool, complex, int16, object...).

@@ -1,0 +1,112 @@
+"""pycoll.devices.HostDevice on the real host library (libpycoll_host.so) and the real libnccl."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from mp_helpers import run_ranks
+from pycoll.devices import HostDevice, Stream
+from pycoll.errors import LibraryError, NCCLError, NotSupported
+
+nccl = pytest.importorskip("pycoll._bindings._nccl", reason="bindings not built")
+
+
+def _host_library():
+    try:
+        lib = nccl.load("host")
+    except LibraryError as exc:
+        pytest.skip(f"host library not built yet: {exc}")
+    if not lib.has("pycollStreamCreate"):
+        pytest.skip("host library has no streams yet")
+    return lib
+
+
+def test_host_device_refuses_libnccl():
+    try:
+        lib = nccl.load("nccl")
+    except LibraryError as exc:
+        pytest.skip(f"libnccl not installed: {exc}")
+    with pytest.raises(NotSupported, match="pycollStreamCreate is not available in .*libnccl"):
+        HostDevice(lib)
+
+
+def test_real_host_streams_and_events():
+    dev = HostDevice(_host_library())
+    s = dev.create_stream()
+    start, end = dev.create_event(), dev.create_event(timing=True)
+    dev.record_event(start, s)
+    dev.record_event(end, s)
+    dev.synchronize_event(end)
+    assert dev.query_event(start) and dev.query_event(end)
+    dev.synchronize_stream(s)
+    assert dev.query_stream(s)
+    assert dev.elapsed_ms(start, end) >= 0.0
+    never = dev.create_event()
+    assert dev.query_event(never)  # never recorded: complete
+    dev.stream_wait_event(s, never)
+    dev.record_event(never, 0)  # the NULL stream completes it at once
+    assert dev.query_event(never)
+    for e in (start, end, never):
+        dev.destroy_event(e)
+    dev.destroy_stream(s)
+    with pytest.raises(ValueError, match="not a live host stream"):
+        dev.resolve_stream(s)
+    st = dev.new_stream()
+    assert isinstance(st, Stream) and dev.resolve_stream(st) == st.handle
+    st.close()
+    dev.close()
+
+
+def test_real_host_library_rejects_bad_handles():
+    lib = _host_library()
+    dev = HostDevice(lib)
+    with pytest.raises((ValueError, NCCLError)):
+        dev.query_event(0)
+    with pytest.raises((ValueError, NCCLError)):
+        dev.record_event(0, 0)
+
+
+def _events_complete_in_order(rank, nranks, uid_bytes):
+    lib = nccl.load("host")
+    dev = HostDevice(lib)
+    comm = lib.comm_init_rank(nranks, nccl.UniqueId(uid_bytes), rank)
+    stream = dev.create_stream()
+    events = [dev.create_event() for _ in range(4)]
+    send = np.full(256, rank + 1, np.float32)
+    recv = np.zeros((len(events), 256), np.float32)
+    if rank == 1:
+        time.sleep(0.5)  # rank 0's collectives cannot finish before rank 1 joins
+    for i, e in enumerate(events):
+        lib.all_reduce(send.ctypes.data, recv[i].ctypes.data, 256, nccl.DataType.Float32, nccl.RedOp.Sum, comm, stream)
+        dev.record_event(e, stream)
+    states = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done = [dev.query_event(e) for e in events]
+        states.append(done)
+        if all(done):
+            break
+        time.sleep(0.001)
+    dev.synchronize_stream(stream)
+    for e in events:
+        dev.destroy_event(e)
+    dev.destroy_stream(stream)
+    lib.comm_destroy(comm)
+    return states, float(recv.min()), float(recv.max())
+
+
+@pytest.mark.timeout(60)
+def test_real_host_events_complete_in_order_on_a_stream():
+    lib = _host_library()
+    uid = bytes(lib.get_unique_id())
+    results = run_ranks(_events_complete_in_order, 2, uid, timeout=45)
+    for rank, (states, lo, hi) in enumerate(results):
+        assert states[-1] == [True] * 4, f"rank {rank}: not all events completed"
+        for done in states:
+            # completion is a prefix: an event never completes before the one recorded earlier
+            assert done == sorted(done, reverse=True), f"rank {rank}: out-of-order completion {done}"
+        assert lo == hi == 3.0
+    assert results[0][0][0] == [False] * 4, "rank 0's events completed before rank 1 had joined"
