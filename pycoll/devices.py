@@ -654,6 +654,11 @@ class _GpuDevice(Device):
             raise self._error(self._prefix + "StreamIsCapturing", res[0])
         return int(res[1])
 
+    def _int_stream(self, handle: int) -> int:
+        if handle in _HOST_STREAMS:
+            raise TypeError(f"0x{handle:x} is a host stream of pycoll's host library; it cannot be used on {self!r}")
+        return super()._int_stream(handle)
+
     def _foreign_gpu_stream(self, stream: Any, handle: int) -> int:
         return self._int_stream(handle)
 

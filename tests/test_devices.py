@@ -539,8 +539,12 @@ def test_gpu_resolve_explicit_streams(gpu):
     with pytest.raises(ValueError, match="stream handle must be >= 0"):
         gpu.resolve_stream(-3)
     host = HostDevice(FakeHostLibrary())
+    host_stream = host.new_stream()
     with pytest.raises(TypeError, match=f"a host stream cannot be used on <{type(gpu).__name__} {gpu.kind}:1>"):
-        gpu.resolve_stream(host.new_stream())
+        gpu.resolve_stream(host_stream)
+    with pytest.raises(TypeError, match="is a host stream of pycoll's host library; it cannot be used on"):
+        gpu.resolve_stream(host_stream.handle)
+    host_stream.close()
     other = type(gpu)(0, runtime=gpu.runtime)
     with pytest.raises(ValueError, match="the stream belongs to"):
         gpu.resolve_stream(other.new_stream())
