@@ -521,7 +521,7 @@ _NOT_READY = 600  # cudaErrorNotReady == hipErrorNotReady
 _STREAM_NON_BLOCKING = 0x1  # cudaStreamNonBlocking == hipStreamNonBlocking
 _EVENT_DISABLE_TIMING = 0x2  # cudaEventDisableTiming == hipEventDisableTiming
 _CAPTURE_IMPLICIT = 906  # cudaErrorStreamCaptureImplicit == hipErrorStreamCaptureImplicit
-_INVALID_RESOURCE_HANDLE = (400, 709)  # cuda/hip invalid handle, reported by elapsed time on untimed events
+_INVALID_RESOURCE_HANDLE = (400,)  # cuda/hipErrorInvalidResourceHandle: elapsed time asked of untimed events
 
 
 class _GpuDevice(Device):
