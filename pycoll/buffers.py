@@ -488,9 +488,12 @@ def _call_dlpack(obj: Any, stream: Optional[int], name: str) -> Any:
             return obj.__dlpack__(stream=stream_arg, max_version=(1, 0), copy=False)
         except TypeError:
             # producers older than DLPack 1.0 accept neither max_version nor copy
-            if stream_arg is None:
-                return obj.__dlpack__()
-            return obj.__dlpack__(stream=stream_arg)
+            try:
+                if stream_arg is None:
+                    return obj.__dlpack__()
+                return obj.__dlpack__(stream=stream_arg)
+            except TypeError as exc:
+                raise TypeError(f"{name}: {type(obj).__name__}.__dlpack__ failed: {exc}") from exc
     except (BufferError, ValueError, RuntimeError) as exc:
         raise ValueError(f"{name}: {type(obj).__name__}.__dlpack__ refused to export it: {exc}") from exc
 

@@ -385,6 +385,8 @@ def test_dlpack_bad_producers():
         as_buffer(FakeDLPack(GPU_PTR, (4,), capsule="nope"))
     with pytest.raises(ValueError, match="refused to export it: cannot export"):
         as_buffer(FakeDLPack(GPU_PTR, (4,), raise_on_export=BufferError("cannot export")))
+    with pytest.raises(TypeError, match=r"arg: FakeDLPack.__dlpack__ failed: no stream for you"):
+        as_buffer(FakeDLPack(GPU_PTR, (4,), raise_on_export=TypeError("no stream for you")), name="arg")
 
 
 class _Wrap:
