@@ -429,3 +429,57 @@ def test_load_bad_spec(spec, exc, monkeypatch, fakes):
         return
     with pytest.raises(exc):
         _nccl.load(spec)
+
+
+# --- keyword lookups, in fresh interpreters (the "nccl"/"rccl" keywords are cached per process) ---
+def _run(code, *args, env=None):
+    full_env = dict(os.environ, PYTHONPATH=os.path.dirname(HERE))
+    full_env.pop("PYCOLL_NCCL_LIBRARY", None)
+    full_env.update(env or {})
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60,
+                         env=full_env)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
+def test_nccl_keyword_prefers_an_already_loaded_libnccl(fakes, tmp_path):
+    # e.g. torch's: any object named libnccl.so* already in the process wins over the wheel
+    fake_nccl = tmp_path / "libnccl.so.2"
+    shutil.copy(fakes["nccl"], fake_nccl)
+    code = (
+        "import ctypes, sys; ctypes.CDLL(sys.argv[1]);"
+        "from pycoll._bindings import load; lib = load('nccl'); print(lib.path, lib.version)"
+    )
+    assert _run(code, str(fake_nccl)) == [str(fake_nccl), "22703"]
+
+
+def test_rccl_keyword(fakes, tmp_path):
+    lib_dir = tmp_path / "rocm" / "lib"
+    lib_dir.mkdir(parents=True)
+    shutil.copy(fakes["rccl"], lib_dir / "librccl.so.1")
+    code = "from pycoll._bindings import load; lib = load('rccl'); print(lib.kind, lib.path)"
+    assert _run(code, env={"ROCM_PATH": str(tmp_path / "rocm")}) == ["rccl", str(lib_dir / "librccl.so.1")]
+    # already loaded under another directory: that one is used
+    other = tmp_path / "librccl.so.1"
+    shutil.copy(fakes["rccl"], other)
+    code = "import ctypes, sys; ctypes.CDLL(sys.argv[1]); from pycoll._bindings import load; print(load('rccl').path)"
+    assert _run(code, str(other)) == [str(other)]
+
+
+def test_keyword_failure_lists_what_was_tried(tmp_path):
+    code = (
+        "from pycoll._bindings import load\n"
+        "from pycoll.errors import LibraryError\n"
+        "try:\n    load('rccl')\nexcept LibraryError as e:\n    print(str(e).replace(' ', '_'))\n"
+    )
+    (text,) = _run(code, env={"ROCM_PATH": str(tmp_path)})
+    assert "already_loaded:_none" in text and "librccl.so.1" in text and str(tmp_path) in text
+
+
+def test_host_keyword_names_the_host_library():
+    try:
+        lib = _nccl.load("host")
+    except pycoll.LibraryError as exc:
+        assert "libpycoll_host.so" in str(exc)
+    else:
+        assert lib.kind == "host" and os.path.basename(lib.path) == "libpycoll_host.so"

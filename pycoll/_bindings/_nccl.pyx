@@ -2075,7 +2075,6 @@ cdef Library _open(str target):
     cdef bytes btarget = os.fsencode(target)
     cdef const char* ctarget = btarget
     cdef void* h
-    cdef const char* err
     cdef link_map* lm = NULL
     cdef Library lib
     if "/" in target and not os.path.exists(target):
@@ -2083,8 +2082,10 @@ cdef Library _open(str target):
     with nogil:
         h = dlopen(ctarget, RTLD_NOW | RTLD_LOCAL)
     if h == NULL:
-        err = dlerror()
-        raise LibraryError(f"{target}: {_decode(err) or 'dlopen failed'}", target)
+        message = _decode(dlerror()) or "dlopen failed"
+        if not message.startswith(target):
+            message = f"{target}: {message}"
+        raise LibraryError(message, target)
     path = target
     if dlinfo(h, RTLD_DI_LINKMAP, &lm) == 0 and lm != NULL and lm.l_name != NULL and lm.l_name[0] != 0:
         path = os.fsdecode(<bytes>lm.l_name)
@@ -2146,22 +2147,22 @@ def _wheel_nccl_paths():
 
 
 def _candidates(spec):
-    """(label, target-or-callable) pairs to try in order for a keyword spec."""
+    """(label, target) pairs to try in order; target is a path or name, a callable returning one,
+    or a str note (starting with "-") saying why there is nothing to try."""
     if spec == "nccl":
-        yield from (("already loaded", p) for p in _already_loaded("libnccl.so"))
+        loaded = _already_loaded("libnccl.so")
+        yield from (("already loaded", p) for p in loaded) if loaded else [("already loaded", "-none")]
         yield ("cuda.pathfinder", _pathfinder_nccl)
         wheel = _wheel_nccl_paths()
-        if not wheel:
-            yield ("nvidia-nccl wheel", None)
-        yield from (("nvidia-nccl wheel", p) for p in wheel)
+        yield from (("nvidia-nccl wheel", p) for p in wheel) if wheel else [("nvidia-nccl wheel", "-not installed")]
         yield ("system", "libnccl.so.2")
     elif spec == "rccl":
-        yield from (("already loaded", p) for p in _already_loaded("librccl.so"))
+        loaded = _already_loaded("librccl.so")
+        yield from (("already loaded", p) for p in loaded) if loaded else [("already loaded", "-none")]
         yield ("system", "librccl.so.1")
         roots = [os.environ.get("ROCM_PATH"), "/opt/rocm"]
         for root in dict.fromkeys(r for r in roots if r):
             yield (f"{root}/lib", os.path.join(root, "lib", "librccl.so.1"))
-            yield (f"{root}/lib", os.path.join(root, "lib", "librccl.so"))
     elif spec == "host":
         yield ("pycoll", os.path.join(os.path.dirname(os.path.abspath(__file__)), "libpycoll_host.so"))
     else:
@@ -2197,8 +2198,8 @@ def load(spec=None):
             return lib
         tried = []
         for label, target in _candidates(spec):
-            if target is None:
-                tried.append(f"{label}: not installed")
+            if isinstance(target, str) and target.startswith("-"):
+                tried.append(f"{label}: {target[1:]}")
                 continue
             try:
                 if callable(target):
