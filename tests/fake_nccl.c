@@ -173,6 +173,13 @@ API int ncclGroupEnd(void) { return next_result; }
 
 #ifdef FAKE_HOST
 API int pycollHostGetVersion(int* v) { *v = 4242; return 0; }
+
+API int ncclAllReduceConfig(const void* s, void* r, size_t n, int dt, int op, comm_t comm, void* stream,
+                            const void* config) {
+  record(8, (uintptr_t)s, (uintptr_t)r, (uintptr_t)n, (uintptr_t)dt, (uintptr_t)op, (uintptr_t)comm,
+         (uintptr_t)stream, (uintptr_t)config);
+  return 0;
+}
 #endif
 
 #ifdef FAKE_RCCL

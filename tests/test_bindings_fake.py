@@ -409,6 +409,9 @@ BAD_INPUT = [
     ("host_stream_destroy", (0,), ValueError, "not 0"),
     ("host_event_record", (None, 0), TypeError, "event must be"),
     ("param_get", (5,), TypeError, "key must be a str"),
+    ("set_encryption", (2,), ValueError, "mode must be in"),
+    ("set_encryption", (1,), ValueError, "needs a non-empty psk"),
+    ("set_encryption", (1, 5), TypeError, "psk must be"),
 ]
 
 
@@ -483,3 +486,15 @@ def test_host_keyword_names_the_host_library():
         assert "libpycoll_host.so" in str(exc)
     else:
         assert lib.kind == "host" and os.path.basename(lib.path) == "libpycoll_host.so"
+
+
+def test_collective_with_a_per_call_config(fakes):
+    cc = _nccl.CollConfig(maxCTAs=4, algSelection="ring")
+    plain = Fake(fakes["nccl"])
+    with pytest.raises(pycoll.NotSupported, match="ncclAllReduceConfig.*2.31"):
+        plain.lib.all_reduce(1, 2, 3, 7, 0, 0x1000, 0, cc)
+    host = Fake(fakes["host"])
+    assert host.lib.all_reduce(1, 2, 3, 7, 0, 0x1000, 0x5, config=cc) == 0
+    assert host.last_args()[:8] == [1, 2, 3, 7, 0, 0x1000, 0x5, cc.address]
+    with pytest.raises(TypeError, match="CollConfig"):
+        host.lib.all_reduce(1, 2, 3, 7, 0, 0x1000, 0, _nccl.Config())

@@ -53,7 +53,7 @@ __all__ = [
     "WIN_CFT_COUNTED", "WIN_REQUIRED_ALIGNMENT", "CTA_POLICY_DEFAULT", "CTA_POLICY_EFFICIENCY",
     "CTA_POLICY_ZERO", "Result", "DataType", "RedOp", "ScalarResidence", "CommMemStat",
     "FUNCTIONS", "RCCL_FUNCTIONS", "HOST_FUNCTIONS", "version_tuple", "UniqueId", "Config",
-    "CommSlot", "Library", "load", "loaded",
+    "CollConfig", "CommSlot", "Library", "load", "loaded",
 ]
 
 # --- constants -------------------------------------------------------------------------------
@@ -468,19 +468,6 @@ cdef class Config:
         changed = [f"{k}={v!r}" for k, v in self.to_dict().items() if getattr(fresh, k) != v]
         return f"Config({', '.join(changed)})"
 
-    cdef bytes _encode(self, object value, str name):
-        if value is None:
-            return None
-        if isinstance(value, str):
-            data = (<str>value).encode("utf-8")
-        elif isinstance(value, bytes):
-            data = value
-        else:
-            raise TypeError(f"Config.{name} must be str, bytes or None, not {type(value).__name__}")
-        if b"\0" in data:
-            raise ValueError(f"Config.{name} must not contain NUL characters")
-        return data
-
     # header fields ("attributes that users should never touch": exposed for tests and tools)
     @property
     def size(self):
@@ -513,7 +500,7 @@ cdef class Config:
 
     @netName.setter
     def netName(self, value):
-        data = self._encode(value, "netName")
+        data = _c_string(value, "Config.netName")
         self._net_name = data
         self.c.netName = NULL if data is None else PyBytes_AS_STRING(data)
 
@@ -523,7 +510,7 @@ cdef class Config:
 
     @commName.setter
     def commName(self, value):
-        data = self._encode(value, "commName")
+        data = _c_string(value, "Config.commName")
         self._comm_name = data
         self.c.commName = NULL if data is None else PyBytes_AS_STRING(data)
 
@@ -695,6 +682,194 @@ cdef class Config:
     @nvlsHostMode.setter
     def nvlsHostMode(self, value):
         self.c.nvlsHostMode = _int_field(value, "nvlsHostMode")
+
+
+cdef class CollConfig:
+    """An ncclCollConfig_t (2.32 layout), initialised exactly as NCCL_COLLCONFIG_INITIALIZER.
+
+    A per-call configuration for the collectives' ``config=`` argument (which calls the
+    ``nccl*Config`` variants, NCCL 2.31+); set it identically on every rank. Int fields start at
+    CONFIG_UNDEF_INT (NCCL decides), ``forceAlgSelection`` at 1, ``userProfilerTag`` at 0,
+    ``algSelection`` at None and the pointer fields (``ext``, ``launchCompletionEvent``: raw
+    addresses) at 0.
+    """
+
+    FIELDS = (
+        "size", "magic", "version", "ext", "minCTAs", "maxCTAs", "nvlsCTAs", "cgaClusterSize",
+        "algSelection", "forceAlgSelection", "CTAPolicy", "userProfilerTag", "launchCompletionEvent",
+    )
+
+    def __cinit__(self):
+        self.c.size = sizeof(ncclCollConfig_t)
+        self.c.magic = NCCL_API_MAGIC
+        self.c.version = NCCL_VERSION_CODE
+        self.c.ext = NULL
+        self.c.minCTAs = INT_MIN
+        self.c.maxCTAs = INT_MIN
+        self.c.nvlsCTAs = INT_MIN
+        self.c.cgaClusterSize = INT_MIN
+        self.c.algSelection = NULL
+        self.c.forceAlgSelection = 1
+        self.c.CTAPolicy = INT_MIN
+        self.c.userProfilerTag = 0
+        self.c.launchCompletionEvent = NULL
+
+    def __init__(self, **fields):
+        for name, value in fields.items():
+            if name not in CollConfig.FIELDS:
+                raise TypeError(f"ncclCollConfig_t has no field {name!r}; fields: {', '.join(CollConfig.FIELDS)}")
+            setattr(self, name, value)
+
+    def to_dict(self):
+        """Every field by name, in struct order."""
+        return {name: getattr(self, name) for name in CollConfig.FIELDS}
+
+    def __eq__(self, other):
+        if not isinstance(other, CollConfig):
+            return NotImplemented
+        return self.to_dict() == other.to_dict()
+
+    def __repr__(self):
+        fresh = CollConfig()
+        changed = [f"{k}={v!r}" for k, v in self.to_dict().items() if getattr(fresh, k) != v]
+        return f"CollConfig({', '.join(changed)})"
+
+    @property
+    def address(self):
+        """Address of the underlying ncclCollConfig_t (valid while this object lives)."""
+        return <uintptr_t>&self.c
+
+    @property
+    def size(self):
+        return self.c.size
+
+    @size.setter
+    def size(self, value):
+        self.c.size = _count(value, "CollConfig.size")
+
+    @property
+    def magic(self):
+        return self.c.magic
+
+    @magic.setter
+    def magic(self, value):
+        self.c.magic = <unsigned int>_unsigned(value, "CollConfig.magic")
+
+    @property
+    def version(self):
+        return self.c.version
+
+    @version.setter
+    def version(self, value):
+        self.c.version = <unsigned int>_unsigned(value, "CollConfig.version")
+
+    @property
+    def ext(self):
+        return <uintptr_t>self.c.ext
+
+    @ext.setter
+    def ext(self, value):
+        self.c.ext = <ncclConfigExt_t*>_addr(value, "CollConfig.ext")
+
+    @property
+    def minCTAs(self):
+        return self.c.minCTAs
+
+    @minCTAs.setter
+    def minCTAs(self, value):
+        self.c.minCTAs = _cint(value, "CollConfig.minCTAs")
+
+    @property
+    def maxCTAs(self):
+        return self.c.maxCTAs
+
+    @maxCTAs.setter
+    def maxCTAs(self, value):
+        self.c.maxCTAs = _cint(value, "CollConfig.maxCTAs")
+
+    @property
+    def nvlsCTAs(self):
+        return self.c.nvlsCTAs
+
+    @nvlsCTAs.setter
+    def nvlsCTAs(self, value):
+        self.c.nvlsCTAs = _cint(value, "CollConfig.nvlsCTAs")
+
+    @property
+    def cgaClusterSize(self):
+        return self.c.cgaClusterSize
+
+    @cgaClusterSize.setter
+    def cgaClusterSize(self, value):
+        self.c.cgaClusterSize = _cint(value, "CollConfig.cgaClusterSize")
+
+    @property
+    def algSelection(self):
+        return None if self.c.algSelection == NULL else _decode(self.c.algSelection)
+
+    @algSelection.setter
+    def algSelection(self, value):
+        data = _c_string(value, "CollConfig.algSelection")
+        self._alg_selection = data
+        self.c.algSelection = NULL if data is None else PyBytes_AS_STRING(data)
+
+    @property
+    def forceAlgSelection(self):
+        return self.c.forceAlgSelection
+
+    @forceAlgSelection.setter
+    def forceAlgSelection(self, value):
+        self.c.forceAlgSelection = _cint(value, "CollConfig.forceAlgSelection")
+
+    @property
+    def CTAPolicy(self):
+        return self.c.CTAPolicy
+
+    @CTAPolicy.setter
+    def CTAPolicy(self, value):
+        self.c.CTAPolicy = _cint(value, "CollConfig.CTAPolicy")
+
+    @property
+    def userProfilerTag(self):
+        return self.c.userProfilerTag
+
+    @userProfilerTag.setter
+    def userProfilerTag(self, value):
+        v = _index(value, "CollConfig.userProfilerTag")
+        if v < 0 or v >= (<object>1 << 64):
+            raise ValueError(f"CollConfig.userProfilerTag must be in [0, 2**64), got {v}")
+        self.c.userProfilerTag = <uint64_t>v
+
+    @property
+    def launchCompletionEvent(self):
+        return <uintptr_t>self.c.launchCompletionEvent
+
+    @launchCompletionEvent.setter
+    def launchCompletionEvent(self, value):
+        self.c.launchCompletionEvent = <void*>_addr(value, "CollConfig.launchCompletionEvent")
+
+
+cdef const ncclCollConfig_t* _coll_config_ptr(object config) except? NULL:
+    if config is None:
+        return NULL
+    if isinstance(config, CollConfig):
+        return &(<CollConfig>config).c
+    raise TypeError(f"config must be a CollConfig or None, not {type(config).__name__}")
+
+
+cdef bytes _c_string(object value, str what):
+    """str/bytes/None -> NUL-free bytes or None."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        data = (<str>value).encode("utf-8")
+    elif isinstance(value, bytes):
+        data = value
+    else:
+        raise TypeError(f"{what} must be str, bytes or None, not {type(value).__name__}")
+    if b"\0" in data:
+        raise ValueError(f"{what} must not contain NUL characters")
+    return data
 
 
 cdef unsigned long long _unsigned(object value, str what) except? 0:
@@ -1527,8 +1702,10 @@ cdef class Library:
         return self._check(r, "ncclRedOpDestroy", &e)
 
     # --- collectives (buffers are addresses, stream a raw handle; each returns the status) ----
-    def all_reduce(self, sendbuff, recvbuff, count, datatype, op, comm, stream=0):
-        """ncclAllReduce of ``count`` elements; status."""
+    def all_reduce(self, sendbuff, recvbuff, count, datatype, op, comm, stream=0, config=None):
+        """ncclAllReduce of ``count`` elements; status.
+
+        ``config`` (a CollConfig) calls ncclAllReduceConfig (NCCL 2.31+) instead."""
         cdef const void* sb = _ptr(sendbuff, "sendbuff")
         cdef void* rb = _ptr(recvbuff, "recvbuff")
         cdef size_t n = _count(count, "count")
@@ -1536,17 +1713,27 @@ cdef class Library:
         cdef ncclRedOp_t o = <ncclRedOp_t>_op(op)
         cdef ncclComm_t c = _comm(comm)
         cdef cudaStream_t st = _ptr(stream, "stream")
+        cdef const ncclCollConfig_t* cc = _coll_config_ptr(config)
         cdef int r
         cdef _LastError e
-        if self.fn.ncclAllReduce == NULL:
-            self._missing("ncclAllReduce")
+        if cc == NULL:
+            if self.fn.ncclAllReduce == NULL:
+                self._missing("ncclAllReduce")
+            with nogil:
+                r = self.fn.ncclAllReduce(sb, rb, n, dt, o, c, st)
+                _capture(&self.fn, r, c, &e)
+            return self._check(r, "ncclAllReduce", &e)
+        if self.fn.ncclAllReduceConfig == NULL:
+            self._missing("ncclAllReduceConfig")
         with nogil:
-            r = self.fn.ncclAllReduce(sb, rb, n, dt, o, c, st)
+            r = self.fn.ncclAllReduceConfig(sb, rb, n, dt, o, c, st, cc)
             _capture(&self.fn, r, c, &e)
-        return self._check(r, "ncclAllReduce", &e)
+        return self._check(r, "ncclAllReduceConfig", &e)
 
-    def broadcast(self, sendbuff, recvbuff, count, datatype, root, comm, stream=0):
-        """ncclBroadcast of ``count`` elements from ``root``; status."""
+    def broadcast(self, sendbuff, recvbuff, count, datatype, root, comm, stream=0, config=None):
+        """ncclBroadcast of ``count`` elements from ``root``; status.
+
+        ``config`` (a CollConfig) calls ncclBroadcastConfig (NCCL 2.31+) instead."""
         cdef const void* sb = _ptr(sendbuff, "sendbuff")
         cdef void* rb = _ptr(recvbuff, "recvbuff")
         cdef size_t n = _count(count, "count")
@@ -1554,14 +1741,22 @@ cdef class Library:
         cdef int rt = _cint(root, "root", 0)
         cdef ncclComm_t c = _comm(comm)
         cdef cudaStream_t st = _ptr(stream, "stream")
+        cdef const ncclCollConfig_t* cc = _coll_config_ptr(config)
         cdef int r
         cdef _LastError e
-        if self.fn.ncclBroadcast == NULL:
-            self._missing("ncclBroadcast")
+        if cc == NULL:
+            if self.fn.ncclBroadcast == NULL:
+                self._missing("ncclBroadcast")
+            with nogil:
+                r = self.fn.ncclBroadcast(sb, rb, n, dt, rt, c, st)
+                _capture(&self.fn, r, c, &e)
+            return self._check(r, "ncclBroadcast", &e)
+        if self.fn.ncclBroadcastConfig == NULL:
+            self._missing("ncclBroadcastConfig")
         with nogil:
-            r = self.fn.ncclBroadcast(sb, rb, n, dt, rt, c, st)
+            r = self.fn.ncclBroadcastConfig(sb, rb, n, dt, rt, c, st, cc)
             _capture(&self.fn, r, c, &e)
-        return self._check(r, "ncclBroadcast", &e)
+        return self._check(r, "ncclBroadcastConfig", &e)
 
     def bcast(self, buff, count, datatype, root, comm, stream=0):
         """ncclBcast (in place, deprecated by NCCL in favour of broadcast); status."""
@@ -1580,8 +1775,10 @@ cdef class Library:
             _capture(&self.fn, r, c, &e)
         return self._check(r, "ncclBcast", &e)
 
-    def reduce(self, sendbuff, recvbuff, count, datatype, op, root, comm, stream=0):
-        """ncclReduce of ``count`` elements to ``root``; status."""
+    def reduce(self, sendbuff, recvbuff, count, datatype, op, root, comm, stream=0, config=None):
+        """ncclReduce of ``count`` elements to ``root``; status.
+
+        ``config`` (a CollConfig) calls ncclReduceConfig (NCCL 2.31+) instead."""
         cdef const void* sb = _ptr(sendbuff, "sendbuff")
         cdef void* rb = _ptr(recvbuff, "recvbuff")
         cdef size_t n = _count(count, "count")
@@ -1590,34 +1787,54 @@ cdef class Library:
         cdef int rt = _cint(root, "root", 0)
         cdef ncclComm_t c = _comm(comm)
         cdef cudaStream_t st = _ptr(stream, "stream")
+        cdef const ncclCollConfig_t* cc = _coll_config_ptr(config)
         cdef int r
         cdef _LastError e
-        if self.fn.ncclReduce == NULL:
-            self._missing("ncclReduce")
+        if cc == NULL:
+            if self.fn.ncclReduce == NULL:
+                self._missing("ncclReduce")
+            with nogil:
+                r = self.fn.ncclReduce(sb, rb, n, dt, o, rt, c, st)
+                _capture(&self.fn, r, c, &e)
+            return self._check(r, "ncclReduce", &e)
+        if self.fn.ncclReduceConfig == NULL:
+            self._missing("ncclReduceConfig")
         with nogil:
-            r = self.fn.ncclReduce(sb, rb, n, dt, o, rt, c, st)
+            r = self.fn.ncclReduceConfig(sb, rb, n, dt, o, rt, c, st, cc)
             _capture(&self.fn, r, c, &e)
-        return self._check(r, "ncclReduce", &e)
+        return self._check(r, "ncclReduceConfig", &e)
 
-    def all_gather(self, sendbuff, recvbuff, sendcount, datatype, comm, stream=0):
-        """ncclAllGather: ``sendcount`` elements from each rank; status."""
+    def all_gather(self, sendbuff, recvbuff, sendcount, datatype, comm, stream=0, config=None):
+        """ncclAllGather: ``sendcount`` elements from each rank; status.
+
+        ``config`` (a CollConfig) calls ncclAllGatherConfig (NCCL 2.31+) instead."""
         cdef const void* sb = _ptr(sendbuff, "sendbuff")
         cdef void* rb = _ptr(recvbuff, "recvbuff")
         cdef size_t n = _count(sendcount, "sendcount")
         cdef ncclDataType_t dt = <ncclDataType_t>_dtype(datatype)
         cdef ncclComm_t c = _comm(comm)
         cdef cudaStream_t st = _ptr(stream, "stream")
+        cdef const ncclCollConfig_t* cc = _coll_config_ptr(config)
         cdef int r
         cdef _LastError e
-        if self.fn.ncclAllGather == NULL:
-            self._missing("ncclAllGather")
+        if cc == NULL:
+            if self.fn.ncclAllGather == NULL:
+                self._missing("ncclAllGather")
+            with nogil:
+                r = self.fn.ncclAllGather(sb, rb, n, dt, c, st)
+                _capture(&self.fn, r, c, &e)
+            return self._check(r, "ncclAllGather", &e)
+        if self.fn.ncclAllGatherConfig == NULL:
+            self._missing("ncclAllGatherConfig")
         with nogil:
-            r = self.fn.ncclAllGather(sb, rb, n, dt, c, st)
+            r = self.fn.ncclAllGatherConfig(sb, rb, n, dt, c, st, cc)
             _capture(&self.fn, r, c, &e)
-        return self._check(r, "ncclAllGather", &e)
+        return self._check(r, "ncclAllGatherConfig", &e)
 
-    def reduce_scatter(self, sendbuff, recvbuff, recvcount, datatype, op, comm, stream=0):
-        """ncclReduceScatter: ``recvcount`` elements to each rank; status."""
+    def reduce_scatter(self, sendbuff, recvbuff, recvcount, datatype, op, comm, stream=0, config=None):
+        """ncclReduceScatter: ``recvcount`` elements to each rank; status.
+
+        ``config`` (a CollConfig) calls ncclReduceScatterConfig (NCCL 2.31+) instead."""
         cdef const void* sb = _ptr(sendbuff, "sendbuff")
         cdef void* rb = _ptr(recvbuff, "recvbuff")
         cdef size_t n = _count(recvcount, "recvcount")
@@ -1625,34 +1842,54 @@ cdef class Library:
         cdef ncclRedOp_t o = <ncclRedOp_t>_op(op)
         cdef ncclComm_t c = _comm(comm)
         cdef cudaStream_t st = _ptr(stream, "stream")
+        cdef const ncclCollConfig_t* cc = _coll_config_ptr(config)
         cdef int r
         cdef _LastError e
-        if self.fn.ncclReduceScatter == NULL:
-            self._missing("ncclReduceScatter")
+        if cc == NULL:
+            if self.fn.ncclReduceScatter == NULL:
+                self._missing("ncclReduceScatter")
+            with nogil:
+                r = self.fn.ncclReduceScatter(sb, rb, n, dt, o, c, st)
+                _capture(&self.fn, r, c, &e)
+            return self._check(r, "ncclReduceScatter", &e)
+        if self.fn.ncclReduceScatterConfig == NULL:
+            self._missing("ncclReduceScatterConfig")
         with nogil:
-            r = self.fn.ncclReduceScatter(sb, rb, n, dt, o, c, st)
+            r = self.fn.ncclReduceScatterConfig(sb, rb, n, dt, o, c, st, cc)
             _capture(&self.fn, r, c, &e)
-        return self._check(r, "ncclReduceScatter", &e)
+        return self._check(r, "ncclReduceScatterConfig", &e)
 
-    def all_to_all(self, sendbuff, recvbuff, count, datatype, comm, stream=0):
-        """ncclAlltoAll: ``count`` elements to and from each rank; status."""
+    def all_to_all(self, sendbuff, recvbuff, count, datatype, comm, stream=0, config=None):
+        """ncclAlltoAll: ``count`` elements to and from each rank; status.
+
+        ``config`` (a CollConfig) calls ncclAlltoAllConfig (NCCL 2.31+) instead."""
         cdef const void* sb = _ptr(sendbuff, "sendbuff")
         cdef void* rb = _ptr(recvbuff, "recvbuff")
         cdef size_t n = _count(count, "count")
         cdef ncclDataType_t dt = <ncclDataType_t>_dtype(datatype)
         cdef ncclComm_t c = _comm(comm)
         cdef cudaStream_t st = _ptr(stream, "stream")
+        cdef const ncclCollConfig_t* cc = _coll_config_ptr(config)
         cdef int r
         cdef _LastError e
-        if self.fn.ncclAlltoAll == NULL:
-            self._missing("ncclAlltoAll")
+        if cc == NULL:
+            if self.fn.ncclAlltoAll == NULL:
+                self._missing("ncclAlltoAll")
+            with nogil:
+                r = self.fn.ncclAlltoAll(sb, rb, n, dt, c, st)
+                _capture(&self.fn, r, c, &e)
+            return self._check(r, "ncclAlltoAll", &e)
+        if self.fn.ncclAlltoAllConfig == NULL:
+            self._missing("ncclAlltoAllConfig")
         with nogil:
-            r = self.fn.ncclAlltoAll(sb, rb, n, dt, c, st)
+            r = self.fn.ncclAlltoAllConfig(sb, rb, n, dt, c, st, cc)
             _capture(&self.fn, r, c, &e)
-        return self._check(r, "ncclAlltoAll", &e)
+        return self._check(r, "ncclAlltoAllConfig", &e)
 
-    def gather(self, sendbuff, recvbuff, count, datatype, root, comm, stream=0):
-        """ncclGather: ``count`` elements from each rank to ``root``; status."""
+    def gather(self, sendbuff, recvbuff, count, datatype, root, comm, stream=0, config=None):
+        """ncclGather: ``count`` elements from each rank to ``root``; status.
+
+        ``config`` (a CollConfig) calls ncclGatherConfig (NCCL 2.31+) instead."""
         cdef const void* sb = _ptr(sendbuff, "sendbuff")
         cdef void* rb = _ptr(recvbuff, "recvbuff")
         cdef size_t n = _count(count, "count")
@@ -1660,17 +1897,27 @@ cdef class Library:
         cdef int rt = _cint(root, "root", 0)
         cdef ncclComm_t c = _comm(comm)
         cdef cudaStream_t st = _ptr(stream, "stream")
+        cdef const ncclCollConfig_t* cc = _coll_config_ptr(config)
         cdef int r
         cdef _LastError e
-        if self.fn.ncclGather == NULL:
-            self._missing("ncclGather")
+        if cc == NULL:
+            if self.fn.ncclGather == NULL:
+                self._missing("ncclGather")
+            with nogil:
+                r = self.fn.ncclGather(sb, rb, n, dt, rt, c, st)
+                _capture(&self.fn, r, c, &e)
+            return self._check(r, "ncclGather", &e)
+        if self.fn.ncclGatherConfig == NULL:
+            self._missing("ncclGatherConfig")
         with nogil:
-            r = self.fn.ncclGather(sb, rb, n, dt, rt, c, st)
+            r = self.fn.ncclGatherConfig(sb, rb, n, dt, rt, c, st, cc)
             _capture(&self.fn, r, c, &e)
-        return self._check(r, "ncclGather", &e)
+        return self._check(r, "ncclGatherConfig", &e)
 
-    def scatter(self, sendbuff, recvbuff, count, datatype, root, comm, stream=0):
-        """ncclScatter: ``count`` elements from ``root`` to each rank; status."""
+    def scatter(self, sendbuff, recvbuff, count, datatype, root, comm, stream=0, config=None):
+        """ncclScatter: ``count`` elements from ``root`` to each rank; status.
+
+        ``config`` (a CollConfig) calls ncclScatterConfig (NCCL 2.31+) instead."""
         cdef const void* sb = _ptr(sendbuff, "sendbuff")
         cdef void* rb = _ptr(recvbuff, "recvbuff")
         cdef size_t n = _count(count, "count")
@@ -1678,14 +1925,22 @@ cdef class Library:
         cdef int rt = _cint(root, "root", 0)
         cdef ncclComm_t c = _comm(comm)
         cdef cudaStream_t st = _ptr(stream, "stream")
+        cdef const ncclCollConfig_t* cc = _coll_config_ptr(config)
         cdef int r
         cdef _LastError e
-        if self.fn.ncclScatter == NULL:
-            self._missing("ncclScatter")
+        if cc == NULL:
+            if self.fn.ncclScatter == NULL:
+                self._missing("ncclScatter")
+            with nogil:
+                r = self.fn.ncclScatter(sb, rb, n, dt, rt, c, st)
+                _capture(&self.fn, r, c, &e)
+            return self._check(r, "ncclScatter", &e)
+        if self.fn.ncclScatterConfig == NULL:
+            self._missing("ncclScatterConfig")
         with nogil:
-            r = self.fn.ncclScatter(sb, rb, n, dt, rt, c, st)
+            r = self.fn.ncclScatterConfig(sb, rb, n, dt, rt, c, st, cc)
             _capture(&self.fn, r, c, &e)
-        return self._check(r, "ncclScatter", &e)
+        return self._check(r, "ncclScatterConfig", &e)
 
     def send(self, sendbuff, count, datatype, peer, comm, stream=0):
         """ncclSend of ``count`` elements to ``peer``; status."""
@@ -1837,6 +2092,28 @@ cdef class Library:
             _capture(&self.fn, r, NULL, &e)
         self._done(r, "ncclGroupSimulateEnd", &e)
         return info.estimatedTime
+
+    def set_encryption(self, mode, psk=None):
+        """ncclSetEncryption (NCCL 2.31+): mode 0 = none, 1 = pre-shared key ``psk``; status.
+        Call it before creating communicators."""
+        cdef ncclEncryptionConfig_t cfg
+        cdef int m = _cint(mode, "mode", 0, 1)
+        cdef bytes key = _c_string(psk, "psk")
+        cdef int r
+        cdef _LastError e
+        if m == 1 and not key:
+            raise ValueError("mode 1 (PSK) needs a non-empty psk")
+        cfg.size = sizeof(ncclEncryptionConfig_t)
+        cfg.magic = NCCL_API_MAGIC
+        cfg.version = NCCL_VERSION_CODE
+        cfg.mode = m
+        cfg.psk = NULL if key is None else PyBytes_AS_STRING(key)
+        if self.fn.ncclSetEncryption == NULL:
+            self._missing("ncclSetEncryption")
+        with nogil:
+            r = self.fn.ncclSetEncryption(&cfg)
+            _capture(&self.fn, r, NULL, &e)
+        return self._check(r, "ncclSetEncryption", &e)
 
     # --- parameters --------------------------------------------------------------------------
     def param_get(self, key):
