@@ -14,6 +14,7 @@ import threading
 from enum import IntEnum
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.number cimport PyNumber_Index
 from libc.limits cimport INT_MAX, INT_MIN, UINT_MAX
 from libc.stdint cimport uint64_t, uintptr_t
@@ -254,19 +255,34 @@ cdef object _index(object value, str what):
         raise TypeError(f"{what} must be an int, not {type(value).__name__}") from None
 
 
+cdef long long _ll(object v, int* overflow) except? -1:
+    """An exact int (from _index) as a C long long; *overflow is -1/+1 when it does not fit."""
+    return PyLong_AsLongLongAndOverflow(v, overflow)
+
+
 cdef uintptr_t _addr(object value, str what) except? 0:
     """A handle or address: an int in [0, UINTPTR_MAX]; 0 is NULL."""
+    cdef int overflow = 0
+    cdef long long x
     if value is None:
         raise TypeError(f"{what} must be an int handle or address (0 for NULL), not None")
     v = _index(value, what)
-    if v < 0 or v > _UINTPTR_MAX:
-        raise ValueError(f"{what} must be an address in [0, 2**{8 * sizeof(uintptr_t)}), got {v}")
-    return <uintptr_t>v
+    x = _ll(v, &overflow)
+    if overflow == 0 and x >= 0:
+        return <uintptr_t>x
+    if overflow > 0 and v <= _UINTPTR_MAX:
+        return <uintptr_t>v
+    raise ValueError(f"{what} must be an address in [0, 2**{8 * sizeof(uintptr_t)}), got {v}")
 
 
 cdef size_t _count(object value, str what) except? 0:
+    cdef int overflow = 0
+    cdef long long x
     v = _index(value, what)
-    if v < 0:
+    x = _ll(v, &overflow)
+    if overflow == 0 and x >= 0:
+        return <size_t>x
+    if overflow < 0 or (overflow == 0 and x < 0):
         raise ValueError(f"{what} must be >= 0, got {v}")
     if v > _SIZE_MAX:
         raise ValueError(f"{what} is too large for size_t: {v}")
@@ -274,27 +290,36 @@ cdef size_t _count(object value, str what) except? 0:
 
 
 cdef int _cint(object value, str what, long long lo=INT_MIN, long long hi=INT_MAX) except? -1:
+    cdef int overflow = 0
+    cdef long long x
     v = _index(value, what)
-    if v < lo or v > hi:
-        if lo == 0 and v < 0:
-            raise ValueError(f"{what} must be >= 0, got {v}")
-        raise ValueError(f"{what} must be in [{lo}, {hi}], got {v}")
-    return <int>v
+    x = _ll(v, &overflow)
+    if overflow == 0 and lo <= x <= hi:
+        return <int>x
+    if lo == 0 and (overflow < 0 or (overflow == 0 and x < 0)):
+        raise ValueError(f"{what} must be >= 0, got {v}")
+    raise ValueError(f"{what} must be in [{lo}, {hi}], got {v}")
 
 
 cdef int _dtype(object value) except -1:
+    cdef int overflow = 0
+    cdef long long x
     v = _index(value, "datatype")
-    if v < 0 or v >= <int>ncclNumTypes:
-        raise ValueError(f"unknown datatype {v}: an ncclDataType_t is 0..{<int>ncclNumTypes - 1} (see DataType)")
-    return <int>v
+    x = _ll(v, &overflow)
+    if overflow == 0 and 0 <= x < <int>ncclNumTypes:
+        return <int>x
+    raise ValueError(f"unknown datatype {v}: an ncclDataType_t is 0..{<int>ncclNumTypes - 1} (see DataType)")
 
 
 cdef int _op(object value) except -1:
+    cdef int overflow = 0
+    cdef long long x
     v = _index(value, "op")
-    if v < 0 or v > INT_MAX:
-        raise ValueError(f"unknown op {v}: an ncclRedOp_t is 0..4 (see RedOp) or a dynamic op id >= 5 "
-                         "from red_op_create_pre_mul_sum")
-    return <int>v
+    x = _ll(v, &overflow)
+    if overflow == 0 and 0 <= x <= INT_MAX:
+        return <int>x
+    raise ValueError(f"unknown op {v}: an ncclRedOp_t is 0..4 (see RedOp) or a dynamic op id >= 5 "
+                     "from red_op_create_pre_mul_sum")
 
 
 cdef ncclComm_t _comm(object value) except? NULL:
@@ -2469,6 +2494,9 @@ def load(spec=None):
         raise TypeError(f"spec must be a str or path, not {type(spec).__name__}")
     if not spec:
         raise ValueError("spec must not be empty")
+    lib = _by_spec.get(spec)
+    if lib is not None:
+        return lib
     with _lock:
         lib = _by_spec.get(spec)
         if lib is not None:
