@@ -498,3 +498,28 @@ def test_collective_with_a_per_call_config(fakes):
     assert host.last_args()[:8] == [1, 2, 3, 7, 0, 0x1000, 0x5, cc.address]
     with pytest.raises(TypeError, match="CollConfig"):
         host.lib.all_reduce(1, 2, 3, 7, 0, 0x1000, 0, _nccl.Config())
+
+
+def test_host_stream_and_event_wrappers(fakes):
+    host = Fake(fakes["host"])
+    lib = host.lib
+    s = lib.host_stream_create()
+    e1, e2 = lib.host_event_create(), lib.host_event_create()
+    assert s and e1 and e2 and len({s, e1, e2}) == 3
+    assert [lib.host_stream_query(s) for _ in range(3)] == [False, False, True]
+    lib.host_event_record(e1, s)
+    assert host.last_args()[:2] == [e1, s]
+    lib.host_event_record(e2, 0)  # stream 0 (NULL) is allowed here
+    assert host.last_args()[:2] == [e2, 0]
+    assert [lib.host_event_query(e1) for _ in range(3)] == [False, False, True]
+    lib.host_stream_wait_event(s, e1)
+    assert host.last_args()[:2] == [s, e1]
+    lib.host_stream_synchronize(s)
+    lib.host_event_synchronize(e2)
+    assert host.last_args()[0] == e2
+    assert lib.host_event_elapsed_ms(e1, e2) == pytest.approx(1.5)
+    with pytest.raises(pycoll.InvalidArgument, match="same event twice"):
+        lib.host_event_elapsed_ms(e1, e1)
+    lib.host_event_destroy(e1)
+    lib.host_event_destroy(e2)
+    lib.host_stream_destroy(s)
