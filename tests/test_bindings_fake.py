@@ -523,3 +523,16 @@ def test_host_stream_and_event_wrappers(fakes):
     lib.host_event_destroy(e1)
     lib.host_event_destroy(e2)
     lib.host_stream_destroy(s)
+
+
+def test_fake_and_real_libnccl_side_by_side(fakes):
+    """cuda.pathfinder loads libnccl RTLD_GLOBAL; calls through each Library still reach its own object."""
+    try:
+        real = _nccl.load("nccl")
+    except pycoll.LibraryError:
+        pytest.skip("no real libnccl here")
+    fake = _nccl.load(fakes["nccl"])
+    assert real is not fake and real.path != fake.path
+    assert fake.get_version() == 22703 and real.get_version() == real.version != 22703
+    assert fake.get_error_string(4) == "fake: invalid argument"
+    assert real.get_error_string(4).startswith("invalid argument")

@@ -141,7 +141,7 @@ FUNCTIONS = {
     "ncclGetErrorString": "2.3",
     "ncclGetLastError": "2.13",
     "ncclCommGetAsyncError": "2.4",
-    "ncclResetDebugInit": "2.3",
+    "ncclResetDebugInit": "2.24",  # inferred from a third-party version guard, not from NCCL's tags
     "ncclGetUniqueId": "2.3",
     "ncclCommGetUniqueId": "2.29",
     "ncclCommInitRank": "2.3",
