@@ -217,6 +217,14 @@ def test_in_progress_is_a_status_not_success(fake):
     with pytest.raises(pycoll.InProgressError) as info:
         fake.lib.comm_init_rank(2, _nccl.UniqueId(), 1)
     assert info.value.comm == 0x1000
+    # an init error names the communicator NCCL left behind (to be aborted), 0 if none
+    fake.ctl.fakeSetNextResult(2)
+    with pytest.raises(pycoll.NCCLSystemError) as info:
+        fake.lib.comm_init_rank_config(2, _nccl.UniqueId(), 0, _nccl.Config(blocking=0))
+    assert info.value.comm == 0x2000
+    with pytest.raises(pycoll.NCCLSystemError) as info:
+        fake.lib.comm_init_rank(2, _nccl.UniqueId(), 1)
+    assert info.value.comm == 0 and info.value.last_error == "fake: init failed on purpose"
     fake.ctl.fakeSetNextResult(0)
     assert fake.lib.group_end() == _nccl.SUCCESS
 

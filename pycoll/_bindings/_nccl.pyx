@@ -1229,7 +1229,7 @@ cdef class Library:
         Should the library answer ncclInProgress (NCCL_COMM_BLOCKING=0 in the environment),
         InProgressError is raised with the still-initialising handle in its ``comm`` attribute:
         poll comm_get_async_error(e.comm) or comm_abort it. Use comm_init_rank_config for
-        nonblocking init.
+        nonblocking init. Every error raised here carries ``comm`` (0 when none was created).
         """
         cdef int n = _cint(nranks, "nranks", 1)
         cdef int rk = _cint(rank, "rank", 0)
@@ -1246,7 +1246,7 @@ cdef class Library:
             _capture(&self.fn, r, NULL, &e)
         try:
             self._done(r, "ncclCommInitRank", &e)
-        except _errors.InProgressError as exc:
+        except _errors.NCCLError as exc:
             exc.comm = <uintptr_t>c
             raise
         return <uintptr_t>c
@@ -1255,7 +1255,9 @@ cdef class Library:
         """ncclCommInitRankConfig: ``(comm, status)``.
 
         With ``config.blocking = 0`` the status may be IN_PROGRESS: the handle is already valid;
-        poll comm_get_async_error(comm) until it is no longer IN_PROGRESS before using it.
+        poll comm_get_async_error(comm) until it is no longer IN_PROGRESS before using it. An
+        error raised here carries ``comm``: non-zero when NCCL left a (nonblocking) communicator
+        behind, which the caller should comm_abort.
         """
         cdef int n = _cint(nranks, "nranks", 1)
         cdef int rk = _cint(rank, "rank", 0)
@@ -1271,7 +1273,11 @@ cdef class Library:
         with nogil:
             r = self.fn.ncclCommInitRankConfig(&c, n, uid[0], rk, cfg)
             _capture(&self.fn, r, NULL, &e)
-        status = self._check(r, "ncclCommInitRankConfig", &e)
+        try:
+            status = self._check(r, "ncclCommInitRankConfig", &e)
+        except _errors.NCCLError as exc:
+            exc.comm = <uintptr_t>c  # non-zero: a nonblocking comm NCCL left behind; abort it
+            raise
         return (<uintptr_t>c, status)
 
     def comm_init_rank_scalable(self, nranks, rank, unique_ids, config=None):
@@ -1308,7 +1314,11 @@ cdef class Library:
                 _capture(&self.fn, r, NULL, &e)
         finally:
             free(ids)  # NCCL copies the ids before it returns
-        status = self._check(r, "ncclCommInitRankScalable", &e)
+        try:
+            status = self._check(r, "ncclCommInitRankScalable", &e)
+        except _errors.NCCLError as exc:
+            exc.comm = <uintptr_t>c
+            raise
         return (<uintptr_t>c, status)
 
     def comm_init_all(self, ndev, devlist=None):
@@ -1343,7 +1353,7 @@ cdef class Library:
             free(devs)
         try:
             self._done(r, "ncclCommInitAll", &e)
-        except _errors.InProgressError as exc:
+        except _errors.NCCLError as exc:
             exc.comms = result
             raise
         return result
