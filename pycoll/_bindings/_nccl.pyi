@@ -223,7 +223,9 @@ class Library:
     def comm_get_unique_id(self, comm: int) -> UniqueId: ...
     def comm_init_rank(self, nranks: int, unique_id: UniqueId, rank: int) -> int: ...
     # ^ blocking; if the library still answers IN_PROGRESS (NCCL_COMM_BLOCKING=0), InProgressError
-    #   is raised with the initialising handle in its ``comm`` attribute (``comms`` for comm_init_all)
+    #   is raised with the initialising handle in its ``comm`` attribute (``comms`` for comm_init_all).
+    #   Every error raised by the comm_init_* methods carries ``comm`` (``comms``): non-zero when
+    #   NCCL left a communicator behind, which the caller should comm_abort.
     def comm_init_rank_config(
         self, nranks: int, unique_id: UniqueId, rank: int, config: Optional[Config] = None
     ) -> Tuple[int, int]: ...  # (comm, status)
