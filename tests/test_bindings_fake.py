@@ -140,6 +140,8 @@ def test_missing_path(tmp_path):
 def test_unknown_name_says_what_the_linker_said():
     with pytest.raises(pycoll.LibraryError, match="libpycoll_does_not_exist.so"):
         _nccl.load("libpycoll_does_not_exist.so")
+    with pytest.raises(pycoll.LibraryError, match="-weird-name"):
+        _nccl.load("-weird-name")
 
 
 def test_environment_variable_selects_the_library(fakes, monkeypatch):

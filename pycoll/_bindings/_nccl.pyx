@@ -939,7 +939,7 @@ cdef class CommSlot:
     @property
     def pending(self):
         """True while the call returned IN_PROGRESS and no communicator has been seen yet."""
-        return self._pending and pycoll_load_ptr(<void**>self.ptr) == NULL
+        return self.value == 0 and self._pending
 
     def __repr__(self):
         return f"<CommSlot value={self.value:#x}{' pending' if self.pending else ''}>"
@@ -2458,27 +2458,30 @@ def _wheel_nccl_paths():
     return seen
 
 
+class _Nothing(str):
+    """A candidate that is not there: the str says why (e.g. "not installed")."""
+
+
 def _candidates(spec):
     """(label, target) pairs to try in order; target is a path or name, a callable returning one,
-    or a str note (starting with "-") saying why there is nothing to try."""
+    or a _Nothing saying why there is nothing to try."""
     if spec == "nccl":
         loaded = _already_loaded("libnccl.so")
-        yield from (("already loaded", p) for p in loaded) if loaded else [("already loaded", "-none")]
+        yield from (("already loaded", p) for p in loaded) if loaded else [("already loaded", _Nothing("none"))]
         yield ("cuda.pathfinder", _pathfinder_nccl)
         wheel = _wheel_nccl_paths()
-        yield from (("nvidia-nccl wheel", p) for p in wheel) if wheel else [("nvidia-nccl wheel", "-not installed")]
+        yield from ((("nvidia-nccl wheel", p) for p in wheel) if wheel
+                    else [("nvidia-nccl wheel", _Nothing("not installed"))])
         yield ("system", "libnccl.so.2")
     elif spec == "rccl":
         loaded = _already_loaded("librccl.so")
-        yield from (("already loaded", p) for p in loaded) if loaded else [("already loaded", "-none")]
+        yield from (("already loaded", p) for p in loaded) if loaded else [("already loaded", _Nothing("none"))]
         yield ("system", "librccl.so.1")
         roots = [os.environ.get("ROCM_PATH"), "/opt/rocm"]
         for root in dict.fromkeys(r for r in roots if r):
             yield (f"{root}/lib", os.path.join(root, "lib", "librccl.so.1"))
     elif spec == "host":
         yield ("pycoll", os.path.join(os.path.dirname(os.path.abspath(__file__)), "libpycoll_host.so"))
-    else:
-        yield ("given", spec)
 
 
 def load(spec=None):
@@ -2511,10 +2514,14 @@ def load(spec=None):
         lib = _by_spec.get(spec)
         if lib is not None:
             return lib
+        if spec not in ("nccl", "rccl", "host"):
+            lib = _open(spec)  # its LibraryError says what happened to this one path or name
+            _by_spec[spec] = lib
+            return lib
         tried = []
         for label, target in _candidates(spec):
-            if isinstance(target, str) and target.startswith("-"):
-                tried.append(f"{label}: {target[1:]}")
+            if isinstance(target, _Nothing):
+                tried.append(f"{label}: {target}")
                 continue
             try:
                 if callable(target):
@@ -2526,9 +2533,7 @@ def load(spec=None):
                 continue
             _by_spec[spec] = lib
             return lib
-        if spec in ("nccl", "rccl", "host"):
-            raise LibraryError(f"could not load the {spec} library; tried: " + "; ".join(tried))
-        raise LibraryError(f"could not load {spec!r}: " + "; ".join(t.split(": ", 1)[1] for t in tried), spec)
+        raise LibraryError(f"could not load the {spec} library; tried: " + "; ".join(tried))
 
 
 def loaded():
