@@ -318,16 +318,21 @@ def test_shrink_exclude_list_is_copied_and_sorted_in_background(fake):
 
 # --- the GIL ---------------------------------------------------------------------------------
 def test_gil_released_during_a_slow_call(fake):
-    """A watchdog-style thread keeps calling while another thread sleeps 0.8 s inside the library."""
+    """A watchdog-style thread polls and aborts while another thread sleeps 0.8 s inside the library."""
     fake.ctl.fakeSetDelayMs(800)
     ticks = []
     span = []
     stop = threading.Event()
 
+    aborted = []
+
     def spin():
         while not stop.is_set():
             fake.lib.comm_get_async_error(0x1000)
             ticks.append(time.monotonic())
+            if not aborted and len(ticks) > 1000:
+                fake.lib.comm_abort(0x1000)
+                aborted.append(time.monotonic())
 
     def call():
         t0 = time.monotonic()
@@ -346,6 +351,7 @@ def test_gil_released_during_a_slow_call(fake):
     inside = [t for t in ticks if t0 + 0.1 < t < t1 - 0.1]
     # with the GIL held, the watcher could not run at all between t0 and t1
     assert len(inside) >= 50, f"only {len(inside)} calls while another thread was inside ncclAllReduce"
+    assert aborted and aborted[0] < t1, "comm_abort could not run while another thread was inside a call"
 
 
 def test_load_in_a_fresh_interpreter(fakes):
