@@ -93,19 +93,22 @@ def test_unique_id(nccl):
     assert nccl.get_unique_id() != uid
 
 
-def test_unique_id_follows_socket_ifname_in_a_fresh_process():
+def test_unique_id_and_parameters_in_a_fresh_process():
     # NCCL picks its bootstrap interface once per process, so check it where nothing ran before
     code = (
-        "from pycoll._bindings import load; import sys;"
-        "sys.stdout.write(bytes(load('nccl').get_unique_id()).hex())"
+        "from pycoll._bindings import load; import sys; lib = load('nccl');"
+        "print(lib.param_get('NCCL_DEBUG_SUBSYS'), lib.param_get('PYCOLL_NO_SUCH_PARAMETER'));"
+        "print(bytes(lib.get_unique_id()).hex())"
     )
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, NCCL_SOCKET_IFNAME="lo", PYTHONPATH=root)
+    env = dict(os.environ, NCCL_SOCKET_IFNAME="lo", NCCL_DEBUG_SUBSYS="INIT,ENV", PYTHONPATH=root)
     env.pop("PYCOLL_NCCL_LIBRARY", None)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0, out.stderr
-    raw = bytes.fromhex(out.stdout)
+    params, uid = out.stdout.splitlines()[-2:]
+    raw = bytes.fromhex(uid)
     assert len(raw) == 128 and raw[12:16] == bytes([127, 0, 0, 1])
+    assert params.split() == ["INIT,ENV", "None"]  # ncclParamGetParameter reads NCCL's parameters
 
 
 @pytest.mark.skipif(HAS_GPU, reason="this machine has a GPU: init would succeed")
