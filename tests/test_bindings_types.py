@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import ctypes
-import os
 import pickle
-import shutil
-import subprocess
 
 import pytest
 
