@@ -1,4 +1,4 @@
-"""Config, UniqueId, constants and the bad-input table of the bindings (no library calls needed)."""
+"""Config, CollConfig, UniqueId and the constants of the bindings (no library calls needed)."""
 
 from __future__ import annotations
 
