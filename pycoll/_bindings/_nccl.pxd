@@ -1,0 +1,61 @@
+# The classes of pycoll._bindings._nccl, for Cython users who call the resolved function pointers
+# directly:
+#
+#     from pycoll._bindings._nccl cimport Library
+#     from pycoll._bindings.nccl cimport ncclComm_t, ncclResult_t
+#     cdef Library lib = pycoll._bindings.load("nccl")
+#     if lib.fn.ncclCommRevoke == NULL: ...          # NULL: the library lacks the function
+#     with nogil:
+#         res = lib.fn.ncclCommRevoke(comm, 0)
+#
+# A Library is never unloaded once loaded, so the pointers stay valid for the life of the process.
+
+from pycoll._bindings.nccl cimport ncclCollConfig_t, ncclComm_t, ncclConfig_t, ncclUniqueId, pycoll_nccl_table
+
+
+cdef struct _LastError:
+    char text[1024]
+
+
+cdef class UniqueId:
+    cdef ncclUniqueId c
+
+
+cdef class Config:
+    cdef ncclConfig_t c
+    cdef bytes _net_name
+    cdef bytes _comm_name
+
+
+cdef class CollConfig:
+    cdef ncclCollConfig_t c
+    cdef bytes _alg_selection
+
+
+cdef class CommSlot:
+    cdef ncclComm_t* ptr           # heap slot the library writes the new communicator into
+    cdef int* exclude              # shrink's exclude list (NCCL sorts it in place)
+    cdef ncclUniqueId* uid         # grow's unique id
+    cdef bint _pending             # the call returned IN_PROGRESS and no value was seen yet
+    cdef bint keep_uid
+    cdef Library lib
+    cdef object config
+
+
+cdef class Library:
+    cdef void* handle
+    cdef pycoll_nccl_table fn
+    cdef readonly str path
+    cdef readonly str kind
+    cdef readonly int version
+    cdef dict _exported
+    cdef set _pending_slots
+    cdef object __weakref__
+
+    cdef void* _sym(self, str name)
+    cdef _resolve(self)
+    cdef _track(self, CommSlot slot, int r)
+    cdef int _missing(self, str name) except -1
+    cdef int _check(self, int r, str function, _LastError* e) except -1
+    cdef int _done(self, int r, str function, _LastError* e) except -1
+    cdef str _error_string(self, int r)
