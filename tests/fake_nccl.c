@@ -173,6 +173,30 @@ API int ncclGroupEnd(void) { return next_result; }
 
 #ifdef FAKE_HOST
 API int pycollHostGetVersion(int* v) { *v = 4242; return 0; }
+
+/* streams and events: a handle is a heap int counting queries; the third query says "done" */
+API int pycollStreamCreate(void** s) { *s = calloc(1, sizeof(int)); return 0; }
+API int pycollStreamDestroy(void* s) { if (!s) { set_error("fake: NULL stream"); return 4; } free(s); return 0; }
+API int pycollStreamSynchronize(void* s) { record(1, (uintptr_t)s); return 0; }
+API int pycollStreamQuery(void* s) { return ++*(int*)s >= 3 ? 0 : 7; }
+API int pycollStreamWaitEvent(void* s, void* e) { record(2, (uintptr_t)s, (uintptr_t)e); return 0; }
+API int pycollEventCreate(void** e) { *e = calloc(1, sizeof(int)); return 0; }
+API int pycollEventDestroy(void* e) { free(e); return 0; }
+API int pycollEventRecord(void* e, void* s) { record(2, (uintptr_t)e, (uintptr_t)s); *(int*)e = 0; return 0; }
+API int pycollEventQuery(void* e) { return ++*(int*)e >= 3 ? 0 : 7; }
+API int pycollEventSynchronize(void* e) { record(1, (uintptr_t)e); return 0; }
+API int pycollEventElapsedTime(float* ms, void* a, void* b) {
+  if (a == b) { set_error("fake: same event twice"); return 4; }
+  *ms = 1.5f;
+  return 0;
+}
+
+API int ncclAllReduceConfig(const void* s, void* r, size_t n, int dt, int op, comm_t comm, void* stream,
+                            const void* config) {
+  record(8, (uintptr_t)s, (uintptr_t)r, (uintptr_t)n, (uintptr_t)dt, (uintptr_t)op, (uintptr_t)comm,
+         (uintptr_t)stream, (uintptr_t)config);
+  return 0;
+}
 #endif
 
 #ifdef FAKE_RCCL

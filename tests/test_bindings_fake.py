@@ -140,6 +140,8 @@ def test_missing_path(tmp_path):
 def test_unknown_name_says_what_the_linker_said():
     with pytest.raises(pycoll.LibraryError, match="libpycoll_does_not_exist.so"):
         _nccl.load("libpycoll_does_not_exist.so")
+    with pytest.raises(pycoll.LibraryError, match="-weird-name"):
+        _nccl.load("-weird-name")
 
 
 def test_environment_variable_selects_the_library(fakes, monkeypatch):
@@ -217,6 +219,14 @@ def test_in_progress_is_a_status_not_success(fake):
     with pytest.raises(pycoll.InProgressError) as info:
         fake.lib.comm_init_rank(2, _nccl.UniqueId(), 1)
     assert info.value.comm == 0x1000
+    # an init error names the communicator NCCL left behind (to be aborted), 0 if none
+    fake.ctl.fakeSetNextResult(2)
+    with pytest.raises(pycoll.NCCLSystemError) as info:
+        fake.lib.comm_init_rank_config(2, _nccl.UniqueId(), 0, _nccl.Config(blocking=0))
+    assert info.value.comm == 0x2000
+    with pytest.raises(pycoll.NCCLSystemError) as info:
+        fake.lib.comm_init_rank(2, _nccl.UniqueId(), 1)
+    assert info.value.comm == 0 and info.value.last_error == "fake: init failed on purpose"
     fake.ctl.fakeSetNextResult(0)
     assert fake.lib.group_end() == _nccl.SUCCESS
 
@@ -308,16 +318,21 @@ def test_shrink_exclude_list_is_copied_and_sorted_in_background(fake):
 
 # --- the GIL ---------------------------------------------------------------------------------
 def test_gil_released_during_a_slow_call(fake):
-    """A watchdog-style thread keeps calling while another thread sleeps 0.8 s inside the library."""
+    """A watchdog-style thread polls and aborts while another thread sleeps 0.8 s inside the library."""
     fake.ctl.fakeSetDelayMs(800)
     ticks = []
     span = []
     stop = threading.Event()
 
+    aborted = []
+
     def spin():
         while not stop.is_set():
             fake.lib.comm_get_async_error(0x1000)
             ticks.append(time.monotonic())
+            if not aborted and len(ticks) > 1000:
+                fake.lib.comm_abort(0x1000)
+                aborted.append(time.monotonic())
 
     def call():
         t0 = time.monotonic()
@@ -336,6 +351,7 @@ def test_gil_released_during_a_slow_call(fake):
     inside = [t for t in ticks if t0 + 0.1 < t < t1 - 0.1]
     # with the GIL held, the watcher could not run at all between t0 and t1
     assert len(inside) >= 50, f"only {len(inside)} calls while another thread was inside ncclAllReduce"
+    assert aborted and aborted[0] < t1, "comm_abort could not run while another thread was inside a call"
 
 
 def test_load_in_a_fresh_interpreter(fakes):
@@ -409,6 +425,9 @@ BAD_INPUT = [
     ("host_stream_destroy", (0,), ValueError, "not 0"),
     ("host_event_record", (None, 0), TypeError, "event must be"),
     ("param_get", (5,), TypeError, "key must be a str"),
+    ("set_encryption", (2,), ValueError, "mode must be in"),
+    ("set_encryption", (1,), ValueError, "needs a non-empty psk"),
+    ("set_encryption", (1, 5), TypeError, "psk must be"),
 ]
 
 
@@ -429,3 +448,107 @@ def test_load_bad_spec(spec, exc, monkeypatch, fakes):
         return
     with pytest.raises(exc):
         _nccl.load(spec)
+
+
+# --- keyword lookups, in fresh interpreters (the "nccl"/"rccl" keywords are cached per process) ---
+def _run(code, *args, env=None):
+    full_env = dict(os.environ, PYTHONPATH=os.path.dirname(HERE))
+    full_env.pop("PYCOLL_NCCL_LIBRARY", None)
+    full_env.update(env or {})
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60,
+                         env=full_env)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
+def test_nccl_keyword_prefers_an_already_loaded_libnccl(fakes, tmp_path):
+    # e.g. torch's: any object named libnccl.so* already in the process wins over the wheel
+    fake_nccl = tmp_path / "libnccl.so.2"
+    shutil.copy(fakes["nccl"], fake_nccl)
+    code = (
+        "import ctypes, sys; ctypes.CDLL(sys.argv[1]);"
+        "from pycoll._bindings import load; lib = load('nccl'); print(lib.path, lib.version)"
+    )
+    assert _run(code, str(fake_nccl)) == [str(fake_nccl), "22703"]
+
+
+def test_rccl_keyword(fakes, tmp_path):
+    lib_dir = tmp_path / "rocm" / "lib"
+    lib_dir.mkdir(parents=True)
+    shutil.copy(fakes["rccl"], lib_dir / "librccl.so.1")
+    code = "from pycoll._bindings import load; lib = load('rccl'); print(lib.kind, lib.path)"
+    assert _run(code, env={"ROCM_PATH": str(tmp_path / "rocm")}) == ["rccl", str(lib_dir / "librccl.so.1")]
+    # already loaded under another directory: that one is used
+    other = tmp_path / "librccl.so.1"
+    shutil.copy(fakes["rccl"], other)
+    code = "import ctypes, sys; ctypes.CDLL(sys.argv[1]); from pycoll._bindings import load; print(load('rccl').path)"
+    assert _run(code, str(other)) == [str(other)]
+
+
+def test_keyword_failure_lists_what_was_tried(tmp_path):
+    code = (
+        "from pycoll._bindings import load\n"
+        "from pycoll.errors import LibraryError\n"
+        "try:\n    load('rccl')\nexcept LibraryError as e:\n    print(str(e).replace(' ', '_'))\n"
+    )
+    (text,) = _run(code, env={"ROCM_PATH": str(tmp_path)})
+    assert "already_loaded:_none" in text and "librccl.so.1" in text and str(tmp_path) in text
+
+
+def test_host_keyword_names_the_host_library():
+    try:
+        lib = _nccl.load("host")
+    except pycoll.LibraryError as exc:
+        assert "libpycoll_host.so" in str(exc)
+    else:
+        assert lib.kind == "host" and os.path.basename(lib.path) == "libpycoll_host.so"
+
+
+def test_collective_with_a_per_call_config(fakes):
+    cc = _nccl.CollConfig(maxCTAs=4, algSelection="ring")
+    plain = Fake(fakes["nccl"])
+    with pytest.raises(pycoll.NotSupported, match="ncclAllReduceConfig.*2.31"):
+        plain.lib.all_reduce(1, 2, 3, 7, 0, 0x1000, 0, cc)
+    host = Fake(fakes["host"])
+    assert host.lib.all_reduce(1, 2, 3, 7, 0, 0x1000, 0x5, config=cc) == 0
+    assert host.last_args()[:8] == [1, 2, 3, 7, 0, 0x1000, 0x5, cc.address]
+    with pytest.raises(TypeError, match="CollConfig"):
+        host.lib.all_reduce(1, 2, 3, 7, 0, 0x1000, 0, _nccl.Config())
+
+
+def test_host_stream_and_event_wrappers(fakes):
+    host = Fake(fakes["host"])
+    lib = host.lib
+    s = lib.host_stream_create()
+    e1, e2 = lib.host_event_create(), lib.host_event_create()
+    assert s and e1 and e2 and len({s, e1, e2}) == 3
+    assert [lib.host_stream_query(s) for _ in range(3)] == [False, False, True]
+    lib.host_event_record(e1, s)
+    assert host.last_args()[:2] == [e1, s]
+    lib.host_event_record(e2, 0)  # stream 0 (NULL) is allowed here
+    assert host.last_args()[:2] == [e2, 0]
+    assert [lib.host_event_query(e1) for _ in range(3)] == [False, False, True]
+    lib.host_stream_wait_event(s, e1)
+    assert host.last_args()[:2] == [s, e1]
+    lib.host_stream_synchronize(s)
+    lib.host_event_synchronize(e2)
+    assert host.last_args()[0] == e2
+    assert lib.host_event_elapsed_ms(e1, e2) == pytest.approx(1.5)
+    with pytest.raises(pycoll.InvalidArgument, match="same event twice"):
+        lib.host_event_elapsed_ms(e1, e1)
+    lib.host_event_destroy(e1)
+    lib.host_event_destroy(e2)
+    lib.host_stream_destroy(s)
+
+
+def test_fake_and_real_libnccl_side_by_side(fakes):
+    """cuda.pathfinder loads libnccl RTLD_GLOBAL; calls through each Library still reach its own object."""
+    try:
+        real = _nccl.load("nccl")
+    except pycoll.LibraryError:
+        pytest.skip("no real libnccl here")
+    fake = _nccl.load(fakes["nccl"])
+    assert real is not fake and real.path != fake.path
+    assert fake.get_version() == 22703 and real.get_version() == real.version != 22703
+    assert fake.get_error_string(4) == "fake: invalid argument"
+    assert real.get_error_string(4).startswith("invalid argument")

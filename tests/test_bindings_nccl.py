@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -87,10 +89,26 @@ def test_unique_id(nccl):
     raw = bytes(uid)
     assert isinstance(uid, _nccl.UniqueId) and len(raw) == 128
     assert raw != bytes(128)
-    # 8 bytes of random magic, then a sockaddr_in: AF_INET and 127.0.0.1 (we chose lo)
-    assert raw[8:10] == b"\x02\x00"
-    assert raw[12:16] == bytes([127, 0, 0, 1])
+    assert raw[8:10] == b"\x02\x00"  # after 8 bytes of random magic, a sockaddr_in (AF_INET)
     assert nccl.get_unique_id() != uid
+
+
+def test_unique_id_and_parameters_in_a_fresh_process():
+    # NCCL picks its bootstrap interface once per process, so check it where nothing ran before
+    code = (
+        "from pycoll._bindings import load; import sys; lib = load('nccl');"
+        "print(lib.param_get('NCCL_DEBUG_SUBSYS'), lib.param_get('PYCOLL_NO_SUCH_PARAMETER'));"
+        "print(bytes(lib.get_unique_id()).hex())"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, NCCL_SOCKET_IFNAME="lo", NCCL_DEBUG_SUBSYS="INIT,ENV", PYTHONPATH=root)
+    env.pop("PYCOLL_NCCL_LIBRARY", None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    params, uid = out.stdout.splitlines()[-2:]
+    raw = bytes.fromhex(uid)
+    assert len(raw) == 128 and raw[12:16] == bytes([127, 0, 0, 1])
+    assert params.split() == ["INIT,ENV", "None"]  # ncclParamGetParameter reads NCCL's parameters
 
 
 @pytest.mark.skipif(HAS_GPU, reason="this machine has a GPU: init would succeed")

@@ -1,12 +1,9 @@
-"""Config, UniqueId, constants and the bad-input table of the bindings (no library calls needed)."""
+"""Config, CollConfig, UniqueId and the constants of the bindings (no library calls needed)."""
 
 from __future__ import annotations
 
 import ctypes
-import os
 import pickle
-import shutil
-import subprocess
 
 import pytest
 
@@ -200,3 +197,51 @@ def test_unique_id_wrong_length(n):
 def test_unique_id_wrong_type(bad):
     with pytest.raises(TypeError):
         _nccl.UniqueId(bad)
+
+
+# --- CollConfig (ncclCollConfig_t 2.32) --------------------------------------------------------
+COLL_OFFSETS = [
+    ("size", 0, "Q"), ("magic", 8, "I"), ("version", 12, "I"), ("ext", 16, "P"), ("minCTAs", 24, "i"),
+    ("maxCTAs", 28, "i"), ("nvlsCTAs", 32, "i"), ("cgaClusterSize", 36, "i"), ("algSelection", 40, "s"),
+    ("forceAlgSelection", 48, "i"), ("CTAPolicy", 52, "i"), ("userProfilerTag", 56, "Q"),
+    ("launchCompletionEvent", 64, "P"),
+]
+
+
+def _read_coll(address, offset, kind):
+    import struct
+
+    if kind == "s":
+        p = ctypes.c_void_p.from_address(address + offset).value
+        return None if p is None else ctypes.string_at(p).decode()
+    size = struct.calcsize(kind)
+    value = struct.unpack(kind, ctypes.string_at(address + offset, size))[0]
+    return value
+
+
+def test_coll_config_defaults_equal_the_initializer():
+    cc = _nccl.CollConfig()
+    expected = {"size": 72, "magic": 0xCAFEBEEF, "version": 23203, "ext": 0, "minCTAs": INT_MIN,
+                "maxCTAs": INT_MIN, "nvlsCTAs": INT_MIN, "cgaClusterSize": INT_MIN, "algSelection": None,
+                "forceAlgSelection": 1, "CTAPolicy": INT_MIN, "userProfilerTag": 0, "launchCompletionEvent": 0}
+    assert cc.to_dict() == expected
+    for field, offset, kind in COLL_OFFSETS:
+        assert _read_coll(cc.address, offset, kind) == expected[field], field
+
+
+def test_coll_config_round_trip_and_bad_values():
+    values = {"ext": 0x1234, "minCTAs": 1, "maxCTAs": 8, "nvlsCTAs": 2, "cgaClusterSize": 4,
+              "algSelection": "ring,tree", "forceAlgSelection": 0, "CTAPolicy": 2, "userProfilerTag": 2**64 - 1,
+              "launchCompletionEvent": 0xDEAD0}
+    cc = _nccl.CollConfig(**values)
+    for field, offset, kind in COLL_OFFSETS:
+        if field in values:
+            assert getattr(cc, field) == values[field]
+            assert _read_coll(cc.address, offset, kind) == values[field], field
+    assert cc == _nccl.CollConfig(**values) and "algSelection='ring,tree'" in repr(cc)
+    with pytest.raises(ValueError, match="userProfilerTag"):
+        _nccl.CollConfig(userProfilerTag=-1)
+    with pytest.raises(TypeError, match="nope"):
+        _nccl.CollConfig(nope=1)
+    with pytest.raises(ValueError, match="NUL"):
+        _nccl.CollConfig(algSelection="a\0")

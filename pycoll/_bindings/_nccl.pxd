@@ -10,7 +10,7 @@
 #
 # A Library is never unloaded once loaded, so the pointers stay valid for the life of the process.
 
-from pycoll._bindings.nccl cimport ncclComm_t, ncclConfig_t, ncclUniqueId, pycoll_nccl_table
+from pycoll._bindings.nccl cimport ncclCollConfig_t, ncclComm_t, ncclConfig_t, ncclUniqueId, pycoll_nccl_table
 
 
 cdef struct _LastError:
@@ -25,7 +25,11 @@ cdef class Config:
     cdef ncclConfig_t c
     cdef bytes _net_name
     cdef bytes _comm_name
-    cdef bytes _encode(self, object value, str name)
+
+
+cdef class CollConfig:
+    cdef ncclCollConfig_t c
+    cdef bytes _alg_selection
 
 
 cdef class CommSlot:

@@ -10,7 +10,8 @@ Conventions (they hold for every method of :class:`Library`):
   :class:`pycoll.errors.NCCLError` subclass for that code, carrying ``ncclGetLastError`` text.
 * ``ncclInProgress`` is never success: calls that may legitimately return it (anything on a
   nonblocking communicator) return the status (``SUCCESS`` or ``IN_PROGRESS``) and the caller
-  polls ``comm_get_async_error``.
+  polls ``comm_get_async_error``. A call that returns a value (a count, a handle, an id) and
+  whose output is therefore not valid yet raises :class:`pycoll.errors.InProgressError` instead.
 * A function the loaded library does not export raises :class:`pycoll.errors.NotSupported`
   naming the function and the NCCL release that introduced it.
 * Bad Python-side arguments (negative counts or ranks, unknown datatypes or ops, ``None`` where a
@@ -86,7 +87,12 @@ class CommMemStat(IntEnum):
     GpuMemTotal = 3
 
 #: Every NCCL host function pycoll declares -> the NCCL release that introduced it ("2.27", ...).
+#: "2.3" means present in the oldest release checked (2.3.5); "2.31" absent in 2.30.7, present in 2.32.3.
 FUNCTIONS: Dict[str, str]
+#: Functions only RCCL exports (ncclAllToAllv, ncclAllReduceWithBias): they make ``kind`` "rccl".
+RCCL_FUNCTIONS: Tuple[str, ...]
+#: The pycoll host library's extra functions (pycoll_host.h); pycollHostGetVersion makes ``kind`` "host".
+HOST_FUNCTIONS: Tuple[str, ...]
 
 def version_tuple(code: int) -> Tuple[int, int, int]:
     """Decode an NCCL version code (both the <=2.8 and the later encodings)."""
@@ -94,10 +100,11 @@ def version_tuple(code: int) -> Tuple[int, int, int]:
 class UniqueId:
     """A 128-byte ncclUniqueId: a value type (bytes, equality, hash, pickle)."""
 
-    def __init__(self, data: bytes = ...) -> None: ...  # exactly 128 bytes, else ValueError
+    def __init__(self, data: Optional[bytes] = None) -> None: ...  # None: zeros; any bytes-like of exactly 128 bytes, else ValueError
     @classmethod
     def from_bytes(cls, data: bytes) -> UniqueId: ...
     def __bytes__(self) -> bytes: ...
+    def hex(self) -> str: ...
     def __eq__(self, other: object) -> bool: ...
     def __hash__(self) -> int: ...
     def __reduce__(self) -> tuple: ...
@@ -138,33 +145,72 @@ class Config:
     def __init__(self, **fields: object) -> None: ...
     def copy(self) -> Config: ...
     def to_dict(self) -> Dict[str, object]: ...
+    def __eq__(self, other: object) -> bool: ...  # field-wise; Config objects are not hashable
+    def __reduce__(self) -> tuple: ...
     @property
     def address(self) -> int: ...  # address of the underlying ncclConfig_t
+
+class CollConfig:
+    """An ncclCollConfig_t (NCCL 2.32 layout), initialised as NCCL_COLLCONFIG_INITIALIZER.
+
+    Passed as ``config=`` to a collective it selects the ``nccl*Config`` variant (NCCL 2.31+;
+    NotSupported on older libraries). Int fields default to CONFIG_UNDEF_INT,
+    ``forceAlgSelection`` to 1, ``userProfilerTag`` to 0, ``algSelection`` to None, the pointer
+    fields (raw addresses) to 0.
+    """
+
+    size: int
+    magic: int
+    version: int
+    ext: int
+    minCTAs: int
+    maxCTAs: int
+    nvlsCTAs: int
+    cgaClusterSize: int
+    algSelection: Optional[str]
+    forceAlgSelection: int
+    CTAPolicy: int
+    userProfilerTag: int
+    launchCompletionEvent: int
+    FIELDS: Tuple[str, ...]
+    def __init__(self, **fields: object) -> None: ...
+    def to_dict(self) -> Dict[str, object]: ...
+    @property
+    def address(self) -> int: ...
 
 class CommSlot:
     """Heap storage for the ncclComm_t written by a (possibly nonblocking) split/shrink/grow.
 
     ``value`` is 0 until the library has written the new communicator (or for NOCOLOR / excluded).
-    The slot stays valid as long as this object lives.
+    The slot stays valid as long as this object lives; when the call returned IN_PROGRESS the
+    Library keeps the slot (and shrink's exclude list / grow's id copy) alive until ``value`` has
+    been read non-zero, so dropping it early is safe.
     """
 
     @property
     def value(self) -> int: ...
+    @property
+    def pending(self) -> bool: ...  # the call returned IN_PROGRESS and value is still 0
 
 class Library:
     """One loaded NCCL-ABI shared object and its symbol table (resolved with dlsym)."""
 
     @property
-    def path(self) -> str: ...
+    def path(self) -> str: ...  # resolved (realpath) path of the loaded object
     @property
-    def kind(self) -> str: ...  # "nccl", "rccl", "host" or "unknown"
-    def has(self, function: str) -> bool: ...  # e.g. lib.has("ncclCommShrink")
+    def kind(self) -> str: ...  # "nccl", "rccl" or "host"
+    def has(self, function: str) -> bool: ...  # e.g. lib.has("ncclCommShrink"); any symbol name
     @property
-    def missing(self) -> List[str]: ...  # declared functions this library does not export
+    def missing(self) -> List[str]: ...  # declared functions (FUNCTIONS) this library does not export, sorted
     @property
-    def version(self) -> int: ...  # ncclGetVersion()
+    def version(self) -> int: ...  # ncclGetVersion() at load time
     @property
     def version_tuple(self) -> Tuple[int, int, int]: ...
+    @property
+    def symbols(self) -> Dict[str, bool]: ...  # every function looked up -> exported
+    @property
+    def pending_slots(self) -> List[CommSlot]: ...  # slots of IN_PROGRESS split/shrink/grow not yet seen non-zero
+    def __reduce__(self) -> tuple: ...  # pickles as load(path)
 
     # errors and versions
     def get_version(self) -> int: ...
@@ -176,6 +222,10 @@ class Library:
     def get_unique_id(self) -> UniqueId: ...
     def comm_get_unique_id(self, comm: int) -> UniqueId: ...
     def comm_init_rank(self, nranks: int, unique_id: UniqueId, rank: int) -> int: ...
+    # ^ blocking; if the library still answers IN_PROGRESS (NCCL_COMM_BLOCKING=0), InProgressError
+    #   is raised with the initialising handle in its ``comm`` attribute (``comms`` for comm_init_all).
+    #   Every error raised by the comm_init_* methods carries ``comm`` (``comms``): non-zero when
+    #   NCCL left a communicator behind, which the caller should comm_abort.
     def comm_init_rank_config(
         self, nranks: int, unique_id: UniqueId, rank: int, config: Optional[Config] = None
     ) -> Tuple[int, int]: ...  # (comm, status)
@@ -191,7 +241,7 @@ class Library:
     ) -> Tuple[CommSlot, int]: ...
     def comm_grow(
         self,
-        comm: int,
+        comm: Optional[int],  # the parent on existing ranks (rank=-1); 0 or None on new ranks
         nranks: int,
         unique_id: Optional[UniqueId],
         rank: int,
@@ -225,18 +275,35 @@ class Library:
     def red_op_create_pre_mul_sum(self, scalar: int, datatype: int, residence: int, comm: int) -> int: ...
     def red_op_destroy(self, op: int, comm: int) -> int: ...
 
-    # collectives (buffers are addresses, stream a raw handle; each returns the status)
-    def all_reduce(self, sendbuff: int, recvbuff: int, count: int, datatype: int, op: int, comm: int, stream: int = 0) -> int: ...
-    def broadcast(self, sendbuff: int, recvbuff: int, count: int, datatype: int, root: int, comm: int, stream: int = 0) -> int: ...
+    # collectives (buffers are addresses, stream a raw handle; each returns the status).
+    # ``config`` (a CollConfig, on every collective but bcast) calls the nccl*Config variant (NCCL 2.31+).
+    def all_reduce(self, sendbuff: int, recvbuff: int, count: int, datatype: int, op: int, comm: int, stream: int = 0, config: Optional[CollConfig] = None) -> int: ...
+    def broadcast(self, sendbuff: int, recvbuff: int, count: int, datatype: int, root: int, comm: int, stream: int = 0, config: Optional[CollConfig] = None) -> int: ...
     def bcast(self, buff: int, count: int, datatype: int, root: int, comm: int, stream: int = 0) -> int: ...
-    def reduce(self, sendbuff: int, recvbuff: int, count: int, datatype: int, op: int, root: int, comm: int, stream: int = 0) -> int: ...
-    def all_gather(self, sendbuff: int, recvbuff: int, sendcount: int, datatype: int, comm: int, stream: int = 0) -> int: ...
-    def reduce_scatter(self, sendbuff: int, recvbuff: int, recvcount: int, datatype: int, op: int, comm: int, stream: int = 0) -> int: ...
-    def all_to_all(self, sendbuff: int, recvbuff: int, count: int, datatype: int, comm: int, stream: int = 0) -> int: ...
-    def gather(self, sendbuff: int, recvbuff: int, count: int, datatype: int, root: int, comm: int, stream: int = 0) -> int: ...
-    def scatter(self, sendbuff: int, recvbuff: int, count: int, datatype: int, root: int, comm: int, stream: int = 0) -> int: ...
+    def reduce(self, sendbuff: int, recvbuff: int, count: int, datatype: int, op: int, root: int, comm: int, stream: int = 0, config: Optional[CollConfig] = None) -> int: ...
+    def all_gather(self, sendbuff: int, recvbuff: int, sendcount: int, datatype: int, comm: int, stream: int = 0, config: Optional[CollConfig] = None) -> int: ...
+    def reduce_scatter(self, sendbuff: int, recvbuff: int, recvcount: int, datatype: int, op: int, comm: int, stream: int = 0, config: Optional[CollConfig] = None) -> int: ...
+    def all_to_all(self, sendbuff: int, recvbuff: int, count: int, datatype: int, comm: int, stream: int = 0, config: Optional[CollConfig] = None) -> int: ...
+    def gather(self, sendbuff: int, recvbuff: int, count: int, datatype: int, root: int, comm: int, stream: int = 0, config: Optional[CollConfig] = None) -> int: ...
+    def scatter(self, sendbuff: int, recvbuff: int, count: int, datatype: int, root: int, comm: int, stream: int = 0, config: Optional[CollConfig] = None) -> int: ...
     def send(self, sendbuff: int, count: int, datatype: int, peer: int, comm: int, stream: int = 0) -> int: ...
     def recv(self, recvbuff: int, count: int, datatype: int, peer: int, comm: int, stream: int = 0) -> int: ...
+
+    # one-sided (windows, NCCL 2.29+)
+    def put_signal(
+        self, localbuff: int, count: int, datatype: int, peer: int, window: int, offset: int,
+        sig_idx: int, ctx: int, flags: int, comm: int, stream: int = 0,
+    ) -> int: ...
+    def signal(self, peer: int, sig_idx: int, ctx: int, flags: int, comm: int, stream: int = 0) -> int: ...
+    def wait_signal(self, descs: Sequence[Tuple[int, int, int, int]], comm: int, stream: int = 0) -> int: ...
+    # ^ descs: (op_count, peer, sig_idx, ctx) each
+
+    # encryption (NCCL 2.31+): mode 0 none, 1 pre-shared key
+    def set_encryption(self, mode: int, psk: Optional[str] = None) -> int: ...
+
+    # parameters (NCCL 2.30.4+)
+    def param_get(self, key: str) -> Optional[str]: ...  # ncclParamGetParameter; None when unknown
+    def param_keys(self) -> List[str]: ...  # ncclParamGetAllParameterKeys
 
     # groups
     def group_start(self) -> int: ...
@@ -260,9 +327,14 @@ class Library:
 def load(spec: Optional[str] = None) -> Library:
     """Load (once per resolved path) and return a library.
 
-    ``spec``: a path; ``"nccl"``; ``"rccl"``; ``"host"``; None -> ``$PYCOLL_NCCL_LIBRARY`` if set,
-    else ``"nccl"``. Raises :class:`pycoll.errors.LibraryError` with the places searched when
-    nothing suitable is found, or when the object does not export ``ncclGetVersion``.
+    ``spec``: a path (anything containing "/"); a bare file name for the dynamic linker's search
+    ("libnccl.so.2"); ``"nccl"`` (an already loaded libnccl, e.g. torch's; then the nvidia-nccl
+    wheel via cuda.pathfinder or its package directory; then the system's libnccl.so.2);
+    ``"rccl"`` (an already loaded librccl; then librccl.so.1; then $ROCM_PATH/lib, /opt/rocm/lib);
+    ``"host"`` (libpycoll_host.so next to the module); None -> ``$PYCOLL_NCCL_LIBRARY`` (any of
+    the above) if set, else ``"nccl"``. Raises :class:`pycoll.errors.LibraryError` with the
+    places searched when nothing suitable is found, or when the object does not export
+    ``ncclGetVersion``; missing optional functions never fail loading (see ``missing``).
     """
 
 def loaded() -> List[Library]:

@@ -14,6 +14,7 @@ import threading
 from enum import IntEnum
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.number cimport PyNumber_Index
 from libc.limits cimport INT_MAX, INT_MIN, UINT_MAX
 from libc.stdint cimport uint64_t, uintptr_t
@@ -53,7 +54,7 @@ __all__ = [
     "WIN_CFT_COUNTED", "WIN_REQUIRED_ALIGNMENT", "CTA_POLICY_DEFAULT", "CTA_POLICY_EFFICIENCY",
     "CTA_POLICY_ZERO", "Result", "DataType", "RedOp", "ScalarResidence", "CommMemStat",
     "FUNCTIONS", "RCCL_FUNCTIONS", "HOST_FUNCTIONS", "version_tuple", "UniqueId", "Config",
-    "CommSlot", "Library", "load", "loaded",
+    "CollConfig", "CommSlot", "Library", "load", "loaded",
 ]
 
 # --- constants -------------------------------------------------------------------------------
@@ -140,7 +141,7 @@ FUNCTIONS = {
     "ncclGetErrorString": "2.3",
     "ncclGetLastError": "2.13",
     "ncclCommGetAsyncError": "2.4",
-    "ncclResetDebugInit": "2.3",
+    "ncclResetDebugInit": "2.24",  # inferred from a third-party version guard, not from NCCL's tags
     "ncclGetUniqueId": "2.3",
     "ncclCommGetUniqueId": "2.29",
     "ncclCommInitRank": "2.3",
@@ -254,19 +255,34 @@ cdef object _index(object value, str what):
         raise TypeError(f"{what} must be an int, not {type(value).__name__}") from None
 
 
+cdef long long _ll(object v, int* overflow) except? -1:
+    """An exact int (from _index) as a C long long; *overflow is -1/+1 when it does not fit."""
+    return PyLong_AsLongLongAndOverflow(v, overflow)
+
+
 cdef uintptr_t _addr(object value, str what) except? 0:
     """A handle or address: an int in [0, UINTPTR_MAX]; 0 is NULL."""
+    cdef int overflow = 0
+    cdef long long x
     if value is None:
         raise TypeError(f"{what} must be an int handle or address (0 for NULL), not None")
     v = _index(value, what)
-    if v < 0 or v > _UINTPTR_MAX:
-        raise ValueError(f"{what} must be an address in [0, 2**{8 * sizeof(uintptr_t)}), got {v}")
-    return <uintptr_t>v
+    x = _ll(v, &overflow)
+    if overflow == 0 and x >= 0:
+        return <uintptr_t>x
+    if overflow > 0 and v <= _UINTPTR_MAX:
+        return <uintptr_t>v
+    raise ValueError(f"{what} must be an address in [0, 2**{8 * sizeof(uintptr_t)}), got {v}")
 
 
 cdef size_t _count(object value, str what) except? 0:
+    cdef int overflow = 0
+    cdef long long x
     v = _index(value, what)
-    if v < 0:
+    x = _ll(v, &overflow)
+    if overflow == 0 and x >= 0:
+        return <size_t>x
+    if overflow < 0 or (overflow == 0 and x < 0):
         raise ValueError(f"{what} must be >= 0, got {v}")
     if v > _SIZE_MAX:
         raise ValueError(f"{what} is too large for size_t: {v}")
@@ -274,27 +290,36 @@ cdef size_t _count(object value, str what) except? 0:
 
 
 cdef int _cint(object value, str what, long long lo=INT_MIN, long long hi=INT_MAX) except? -1:
+    cdef int overflow = 0
+    cdef long long x
     v = _index(value, what)
-    if v < lo or v > hi:
-        if lo == 0 and v < 0:
-            raise ValueError(f"{what} must be >= 0, got {v}")
-        raise ValueError(f"{what} must be in [{lo}, {hi}], got {v}")
-    return <int>v
+    x = _ll(v, &overflow)
+    if overflow == 0 and lo <= x <= hi:
+        return <int>x
+    if lo == 0 and (overflow < 0 or (overflow == 0 and x < 0)):
+        raise ValueError(f"{what} must be >= 0, got {v}")
+    raise ValueError(f"{what} must be in [{lo}, {hi}], got {v}")
 
 
 cdef int _dtype(object value) except -1:
+    cdef int overflow = 0
+    cdef long long x
     v = _index(value, "datatype")
-    if v < 0 or v >= <int>ncclNumTypes:
-        raise ValueError(f"unknown datatype {v}: an ncclDataType_t is 0..{<int>ncclNumTypes - 1} (see DataType)")
-    return <int>v
+    x = _ll(v, &overflow)
+    if overflow == 0 and 0 <= x < <int>ncclNumTypes:
+        return <int>x
+    raise ValueError(f"unknown datatype {v}: an ncclDataType_t is 0..{<int>ncclNumTypes - 1} (see DataType)")
 
 
 cdef int _op(object value) except -1:
+    cdef int overflow = 0
+    cdef long long x
     v = _index(value, "op")
-    if v < 0 or v > INT_MAX:
-        raise ValueError(f"unknown op {v}: an ncclRedOp_t is 0..4 (see RedOp) or a dynamic op id >= 5 "
-                         "from red_op_create_pre_mul_sum")
-    return <int>v
+    x = _ll(v, &overflow)
+    if overflow == 0 and 0 <= x <= INT_MAX:
+        return <int>x
+    raise ValueError(f"unknown op {v}: an ncclRedOp_t is 0..4 (see RedOp) or a dynamic op id >= 5 "
+                     "from red_op_create_pre_mul_sum")
 
 
 cdef ncclComm_t _comm(object value) except? NULL:
@@ -468,19 +493,6 @@ cdef class Config:
         changed = [f"{k}={v!r}" for k, v in self.to_dict().items() if getattr(fresh, k) != v]
         return f"Config({', '.join(changed)})"
 
-    cdef bytes _encode(self, object value, str name):
-        if value is None:
-            return None
-        if isinstance(value, str):
-            data = (<str>value).encode("utf-8")
-        elif isinstance(value, bytes):
-            data = value
-        else:
-            raise TypeError(f"Config.{name} must be str, bytes or None, not {type(value).__name__}")
-        if b"\0" in data:
-            raise ValueError(f"Config.{name} must not contain NUL characters")
-        return data
-
     # header fields ("attributes that users should never touch": exposed for tests and tools)
     @property
     def size(self):
@@ -513,7 +525,7 @@ cdef class Config:
 
     @netName.setter
     def netName(self, value):
-        data = self._encode(value, "netName")
+        data = _c_string(value, "Config.netName")
         self._net_name = data
         self.c.netName = NULL if data is None else PyBytes_AS_STRING(data)
 
@@ -523,7 +535,7 @@ cdef class Config:
 
     @commName.setter
     def commName(self, value):
-        data = self._encode(value, "commName")
+        data = _c_string(value, "Config.commName")
         self._comm_name = data
         self.c.commName = NULL if data is None else PyBytes_AS_STRING(data)
 
@@ -697,6 +709,194 @@ cdef class Config:
         self.c.nvlsHostMode = _int_field(value, "nvlsHostMode")
 
 
+cdef class CollConfig:
+    """An ncclCollConfig_t (2.32 layout), initialised exactly as NCCL_COLLCONFIG_INITIALIZER.
+
+    A per-call configuration for the collectives' ``config=`` argument (which calls the
+    ``nccl*Config`` variants, NCCL 2.31+); set it identically on every rank. Int fields start at
+    CONFIG_UNDEF_INT (NCCL decides), ``forceAlgSelection`` at 1, ``userProfilerTag`` at 0,
+    ``algSelection`` at None and the pointer fields (``ext``, ``launchCompletionEvent``: raw
+    addresses) at 0.
+    """
+
+    FIELDS = (
+        "size", "magic", "version", "ext", "minCTAs", "maxCTAs", "nvlsCTAs", "cgaClusterSize",
+        "algSelection", "forceAlgSelection", "CTAPolicy", "userProfilerTag", "launchCompletionEvent",
+    )
+
+    def __cinit__(self):
+        self.c.size = sizeof(ncclCollConfig_t)
+        self.c.magic = NCCL_API_MAGIC
+        self.c.version = NCCL_VERSION_CODE
+        self.c.ext = NULL
+        self.c.minCTAs = INT_MIN
+        self.c.maxCTAs = INT_MIN
+        self.c.nvlsCTAs = INT_MIN
+        self.c.cgaClusterSize = INT_MIN
+        self.c.algSelection = NULL
+        self.c.forceAlgSelection = 1
+        self.c.CTAPolicy = INT_MIN
+        self.c.userProfilerTag = 0
+        self.c.launchCompletionEvent = NULL
+
+    def __init__(self, **fields):
+        for name, value in fields.items():
+            if name not in CollConfig.FIELDS:
+                raise TypeError(f"ncclCollConfig_t has no field {name!r}; fields: {', '.join(CollConfig.FIELDS)}")
+            setattr(self, name, value)
+
+    def to_dict(self):
+        """Every field by name, in struct order."""
+        return {name: getattr(self, name) for name in CollConfig.FIELDS}
+
+    def __eq__(self, other):
+        if not isinstance(other, CollConfig):
+            return NotImplemented
+        return self.to_dict() == other.to_dict()
+
+    def __repr__(self):
+        fresh = CollConfig()
+        changed = [f"{k}={v!r}" for k, v in self.to_dict().items() if getattr(fresh, k) != v]
+        return f"CollConfig({', '.join(changed)})"
+
+    @property
+    def address(self):
+        """Address of the underlying ncclCollConfig_t (valid while this object lives)."""
+        return <uintptr_t>&self.c
+
+    @property
+    def size(self):
+        return self.c.size
+
+    @size.setter
+    def size(self, value):
+        self.c.size = _count(value, "CollConfig.size")
+
+    @property
+    def magic(self):
+        return self.c.magic
+
+    @magic.setter
+    def magic(self, value):
+        self.c.magic = <unsigned int>_unsigned(value, "CollConfig.magic")
+
+    @property
+    def version(self):
+        return self.c.version
+
+    @version.setter
+    def version(self, value):
+        self.c.version = <unsigned int>_unsigned(value, "CollConfig.version")
+
+    @property
+    def ext(self):
+        return <uintptr_t>self.c.ext
+
+    @ext.setter
+    def ext(self, value):
+        self.c.ext = <ncclConfigExt_t*>_addr(value, "CollConfig.ext")
+
+    @property
+    def minCTAs(self):
+        return self.c.minCTAs
+
+    @minCTAs.setter
+    def minCTAs(self, value):
+        self.c.minCTAs = _cint(value, "CollConfig.minCTAs")
+
+    @property
+    def maxCTAs(self):
+        return self.c.maxCTAs
+
+    @maxCTAs.setter
+    def maxCTAs(self, value):
+        self.c.maxCTAs = _cint(value, "CollConfig.maxCTAs")
+
+    @property
+    def nvlsCTAs(self):
+        return self.c.nvlsCTAs
+
+    @nvlsCTAs.setter
+    def nvlsCTAs(self, value):
+        self.c.nvlsCTAs = _cint(value, "CollConfig.nvlsCTAs")
+
+    @property
+    def cgaClusterSize(self):
+        return self.c.cgaClusterSize
+
+    @cgaClusterSize.setter
+    def cgaClusterSize(self, value):
+        self.c.cgaClusterSize = _cint(value, "CollConfig.cgaClusterSize")
+
+    @property
+    def algSelection(self):
+        return None if self.c.algSelection == NULL else _decode(self.c.algSelection)
+
+    @algSelection.setter
+    def algSelection(self, value):
+        data = _c_string(value, "CollConfig.algSelection")
+        self._alg_selection = data
+        self.c.algSelection = NULL if data is None else PyBytes_AS_STRING(data)
+
+    @property
+    def forceAlgSelection(self):
+        return self.c.forceAlgSelection
+
+    @forceAlgSelection.setter
+    def forceAlgSelection(self, value):
+        self.c.forceAlgSelection = _cint(value, "CollConfig.forceAlgSelection")
+
+    @property
+    def CTAPolicy(self):
+        return self.c.CTAPolicy
+
+    @CTAPolicy.setter
+    def CTAPolicy(self, value):
+        self.c.CTAPolicy = _cint(value, "CollConfig.CTAPolicy")
+
+    @property
+    def userProfilerTag(self):
+        return self.c.userProfilerTag
+
+    @userProfilerTag.setter
+    def userProfilerTag(self, value):
+        v = _index(value, "CollConfig.userProfilerTag")
+        if v < 0 or v >= (<object>1 << 64):
+            raise ValueError(f"CollConfig.userProfilerTag must be in [0, 2**64), got {v}")
+        self.c.userProfilerTag = <uint64_t>v
+
+    @property
+    def launchCompletionEvent(self):
+        return <uintptr_t>self.c.launchCompletionEvent
+
+    @launchCompletionEvent.setter
+    def launchCompletionEvent(self, value):
+        self.c.launchCompletionEvent = <void*>_addr(value, "CollConfig.launchCompletionEvent")
+
+
+cdef const ncclCollConfig_t* _coll_config_ptr(object config) except? NULL:
+    if config is None:
+        return NULL
+    if isinstance(config, CollConfig):
+        return &(<CollConfig>config).c
+    raise TypeError(f"config must be a CollConfig or None, not {type(config).__name__}")
+
+
+cdef bytes _c_string(object value, str what):
+    """str/bytes/None -> NUL-free bytes or None."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        data = (<str>value).encode("utf-8")
+    elif isinstance(value, bytes):
+        data = value
+    else:
+        raise TypeError(f"{what} must be str, bytes or None, not {type(value).__name__}")
+    if b"\0" in data:
+        raise ValueError(f"{what} must not contain NUL characters")
+    return data
+
+
 cdef unsigned long long _unsigned(object value, str what) except? 0:
     v = _index(value, what)
     if v < 0 or v > UINT_MAX:
@@ -739,7 +939,7 @@ cdef class CommSlot:
     @property
     def pending(self):
         """True while the call returned IN_PROGRESS and no communicator has been seen yet."""
-        return self._pending and pycoll_load_ptr(<void**>self.ptr) == NULL
+        return self.value == 0 and self._pending
 
     def __repr__(self):
         return f"<CommSlot value={self.value:#x}{' pending' if self.pending else ''}>"
@@ -1029,7 +1229,7 @@ cdef class Library:
         Should the library answer ncclInProgress (NCCL_COMM_BLOCKING=0 in the environment),
         InProgressError is raised with the still-initialising handle in its ``comm`` attribute:
         poll comm_get_async_error(e.comm) or comm_abort it. Use comm_init_rank_config for
-        nonblocking init.
+        nonblocking init. Every error raised here carries ``comm`` (0 when none was created).
         """
         cdef int n = _cint(nranks, "nranks", 1)
         cdef int rk = _cint(rank, "rank", 0)
@@ -1046,7 +1246,7 @@ cdef class Library:
             _capture(&self.fn, r, NULL, &e)
         try:
             self._done(r, "ncclCommInitRank", &e)
-        except _errors.InProgressError as exc:
+        except _errors.NCCLError as exc:
             exc.comm = <uintptr_t>c
             raise
         return <uintptr_t>c
@@ -1055,7 +1255,9 @@ cdef class Library:
         """ncclCommInitRankConfig: ``(comm, status)``.
 
         With ``config.blocking = 0`` the status may be IN_PROGRESS: the handle is already valid;
-        poll comm_get_async_error(comm) until it is no longer IN_PROGRESS before using it.
+        poll comm_get_async_error(comm) until it is no longer IN_PROGRESS before using it. An
+        error raised here carries ``comm``: non-zero when NCCL left a (nonblocking) communicator
+        behind, which the caller should comm_abort.
         """
         cdef int n = _cint(nranks, "nranks", 1)
         cdef int rk = _cint(rank, "rank", 0)
@@ -1071,7 +1273,11 @@ cdef class Library:
         with nogil:
             r = self.fn.ncclCommInitRankConfig(&c, n, uid[0], rk, cfg)
             _capture(&self.fn, r, NULL, &e)
-        status = self._check(r, "ncclCommInitRankConfig", &e)
+        try:
+            status = self._check(r, "ncclCommInitRankConfig", &e)
+        except _errors.NCCLError as exc:
+            exc.comm = <uintptr_t>c  # non-zero: a nonblocking comm NCCL left behind; abort it
+            raise
         return (<uintptr_t>c, status)
 
     def comm_init_rank_scalable(self, nranks, rank, unique_ids, config=None):
@@ -1108,7 +1314,11 @@ cdef class Library:
                 _capture(&self.fn, r, NULL, &e)
         finally:
             free(ids)  # NCCL copies the ids before it returns
-        status = self._check(r, "ncclCommInitRankScalable", &e)
+        try:
+            status = self._check(r, "ncclCommInitRankScalable", &e)
+        except _errors.NCCLError as exc:
+            exc.comm = <uintptr_t>c
+            raise
         return (<uintptr_t>c, status)
 
     def comm_init_all(self, ndev, devlist=None):
@@ -1143,7 +1353,7 @@ cdef class Library:
             free(devs)
         try:
             self._done(r, "ncclCommInitAll", &e)
-        except _errors.InProgressError as exc:
+        except _errors.NCCLError as exc:
             exc.comms = result
             raise
         return result
@@ -1527,8 +1737,10 @@ cdef class Library:
         return self._check(r, "ncclRedOpDestroy", &e)
 
     # --- collectives (buffers are addresses, stream a raw handle; each returns the status) ----
-    def all_reduce(self, sendbuff, recvbuff, count, datatype, op, comm, stream=0):
-        """ncclAllReduce of ``count`` elements; status."""
+    def all_reduce(self, sendbuff, recvbuff, count, datatype, op, comm, stream=0, config=None):
+        """ncclAllReduce of ``count`` elements; status.
+
+        ``config`` (a CollConfig) calls ncclAllReduceConfig (NCCL 2.31+) instead."""
         cdef const void* sb = _ptr(sendbuff, "sendbuff")
         cdef void* rb = _ptr(recvbuff, "recvbuff")
         cdef size_t n = _count(count, "count")
@@ -1536,17 +1748,27 @@ cdef class Library:
         cdef ncclRedOp_t o = <ncclRedOp_t>_op(op)
         cdef ncclComm_t c = _comm(comm)
         cdef cudaStream_t st = _ptr(stream, "stream")
+        cdef const ncclCollConfig_t* cc = _coll_config_ptr(config)
         cdef int r
         cdef _LastError e
-        if self.fn.ncclAllReduce == NULL:
-            self._missing("ncclAllReduce")
+        if cc == NULL:
+            if self.fn.ncclAllReduce == NULL:
+                self._missing("ncclAllReduce")
+            with nogil:
+                r = self.fn.ncclAllReduce(sb, rb, n, dt, o, c, st)
+                _capture(&self.fn, r, c, &e)
+            return self._check(r, "ncclAllReduce", &e)
+        if self.fn.ncclAllReduceConfig == NULL:
+            self._missing("ncclAllReduceConfig")
         with nogil:
-            r = self.fn.ncclAllReduce(sb, rb, n, dt, o, c, st)
+            r = self.fn.ncclAllReduceConfig(sb, rb, n, dt, o, c, st, cc)
             _capture(&self.fn, r, c, &e)
-        return self._check(r, "ncclAllReduce", &e)
+        return self._check(r, "ncclAllReduceConfig", &e)
 
-    def broadcast(self, sendbuff, recvbuff, count, datatype, root, comm, stream=0):
-        """ncclBroadcast of ``count`` elements from ``root``; status."""
+    def broadcast(self, sendbuff, recvbuff, count, datatype, root, comm, stream=0, config=None):
+        """ncclBroadcast of ``count`` elements from ``root``; status.
+
+        ``config`` (a CollConfig) calls ncclBroadcastConfig (NCCL 2.31+) instead."""
         cdef const void* sb = _ptr(sendbuff, "sendbuff")
         cdef void* rb = _ptr(recvbuff, "recvbuff")
         cdef size_t n = _count(count, "count")
@@ -1554,14 +1776,22 @@ cdef class Library:
         cdef int rt = _cint(root, "root", 0)
         cdef ncclComm_t c = _comm(comm)
         cdef cudaStream_t st = _ptr(stream, "stream")
+        cdef const ncclCollConfig_t* cc = _coll_config_ptr(config)
         cdef int r
         cdef _LastError e
-        if self.fn.ncclBroadcast == NULL:
-            self._missing("ncclBroadcast")
+        if cc == NULL:
+            if self.fn.ncclBroadcast == NULL:
+                self._missing("ncclBroadcast")
+            with nogil:
+                r = self.fn.ncclBroadcast(sb, rb, n, dt, rt, c, st)
+                _capture(&self.fn, r, c, &e)
+            return self._check(r, "ncclBroadcast", &e)
+        if self.fn.ncclBroadcastConfig == NULL:
+            self._missing("ncclBroadcastConfig")
         with nogil:
-            r = self.fn.ncclBroadcast(sb, rb, n, dt, rt, c, st)
+            r = self.fn.ncclBroadcastConfig(sb, rb, n, dt, rt, c, st, cc)
             _capture(&self.fn, r, c, &e)
-        return self._check(r, "ncclBroadcast", &e)
+        return self._check(r, "ncclBroadcastConfig", &e)
 
     def bcast(self, buff, count, datatype, root, comm, stream=0):
         """ncclBcast (in place, deprecated by NCCL in favour of broadcast); status."""
@@ -1580,8 +1810,10 @@ cdef class Library:
             _capture(&self.fn, r, c, &e)
         return self._check(r, "ncclBcast", &e)
 
-    def reduce(self, sendbuff, recvbuff, count, datatype, op, root, comm, stream=0):
-        """ncclReduce of ``count`` elements to ``root``; status."""
+    def reduce(self, sendbuff, recvbuff, count, datatype, op, root, comm, stream=0, config=None):
+        """ncclReduce of ``count`` elements to ``root``; status.
+
+        ``config`` (a CollConfig) calls ncclReduceConfig (NCCL 2.31+) instead."""
         cdef const void* sb = _ptr(sendbuff, "sendbuff")
         cdef void* rb = _ptr(recvbuff, "recvbuff")
         cdef size_t n = _count(count, "count")
@@ -1590,34 +1822,54 @@ cdef class Library:
         cdef int rt = _cint(root, "root", 0)
         cdef ncclComm_t c = _comm(comm)
         cdef cudaStream_t st = _ptr(stream, "stream")
+        cdef const ncclCollConfig_t* cc = _coll_config_ptr(config)
         cdef int r
         cdef _LastError e
-        if self.fn.ncclReduce == NULL:
-            self._missing("ncclReduce")
+        if cc == NULL:
+            if self.fn.ncclReduce == NULL:
+                self._missing("ncclReduce")
+            with nogil:
+                r = self.fn.ncclReduce(sb, rb, n, dt, o, rt, c, st)
+                _capture(&self.fn, r, c, &e)
+            return self._check(r, "ncclReduce", &e)
+        if self.fn.ncclReduceConfig == NULL:
+            self._missing("ncclReduceConfig")
         with nogil:
-            r = self.fn.ncclReduce(sb, rb, n, dt, o, rt, c, st)
+            r = self.fn.ncclReduceConfig(sb, rb, n, dt, o, rt, c, st, cc)
             _capture(&self.fn, r, c, &e)
-        return self._check(r, "ncclReduce", &e)
+        return self._check(r, "ncclReduceConfig", &e)
 
-    def all_gather(self, sendbuff, recvbuff, sendcount, datatype, comm, stream=0):
-        """ncclAllGather: ``sendcount`` elements from each rank; status."""
+    def all_gather(self, sendbuff, recvbuff, sendcount, datatype, comm, stream=0, config=None):
+        """ncclAllGather: ``sendcount`` elements from each rank; status.
+
+        ``config`` (a CollConfig) calls ncclAllGatherConfig (NCCL 2.31+) instead."""
         cdef const void* sb = _ptr(sendbuff, "sendbuff")
         cdef void* rb = _ptr(recvbuff, "recvbuff")
         cdef size_t n = _count(sendcount, "sendcount")
         cdef ncclDataType_t dt = <ncclDataType_t>_dtype(datatype)
         cdef ncclComm_t c = _comm(comm)
         cdef cudaStream_t st = _ptr(stream, "stream")
+        cdef const ncclCollConfig_t* cc = _coll_config_ptr(config)
         cdef int r
         cdef _LastError e
-        if self.fn.ncclAllGather == NULL:
-            self._missing("ncclAllGather")
+        if cc == NULL:
+            if self.fn.ncclAllGather == NULL:
+                self._missing("ncclAllGather")
+            with nogil:
+                r = self.fn.ncclAllGather(sb, rb, n, dt, c, st)
+                _capture(&self.fn, r, c, &e)
+            return self._check(r, "ncclAllGather", &e)
+        if self.fn.ncclAllGatherConfig == NULL:
+            self._missing("ncclAllGatherConfig")
         with nogil:
-            r = self.fn.ncclAllGather(sb, rb, n, dt, c, st)
+            r = self.fn.ncclAllGatherConfig(sb, rb, n, dt, c, st, cc)
             _capture(&self.fn, r, c, &e)
-        return self._check(r, "ncclAllGather", &e)
+        return self._check(r, "ncclAllGatherConfig", &e)
 
-    def reduce_scatter(self, sendbuff, recvbuff, recvcount, datatype, op, comm, stream=0):
-        """ncclReduceScatter: ``recvcount`` elements to each rank; status."""
+    def reduce_scatter(self, sendbuff, recvbuff, recvcount, datatype, op, comm, stream=0, config=None):
+        """ncclReduceScatter: ``recvcount`` elements to each rank; status.
+
+        ``config`` (a CollConfig) calls ncclReduceScatterConfig (NCCL 2.31+) instead."""
         cdef const void* sb = _ptr(sendbuff, "sendbuff")
         cdef void* rb = _ptr(recvbuff, "recvbuff")
         cdef size_t n = _count(recvcount, "recvcount")
@@ -1625,34 +1877,54 @@ cdef class Library:
         cdef ncclRedOp_t o = <ncclRedOp_t>_op(op)
         cdef ncclComm_t c = _comm(comm)
         cdef cudaStream_t st = _ptr(stream, "stream")
+        cdef const ncclCollConfig_t* cc = _coll_config_ptr(config)
         cdef int r
         cdef _LastError e
-        if self.fn.ncclReduceScatter == NULL:
-            self._missing("ncclReduceScatter")
+        if cc == NULL:
+            if self.fn.ncclReduceScatter == NULL:
+                self._missing("ncclReduceScatter")
+            with nogil:
+                r = self.fn.ncclReduceScatter(sb, rb, n, dt, o, c, st)
+                _capture(&self.fn, r, c, &e)
+            return self._check(r, "ncclReduceScatter", &e)
+        if self.fn.ncclReduceScatterConfig == NULL:
+            self._missing("ncclReduceScatterConfig")
         with nogil:
-            r = self.fn.ncclReduceScatter(sb, rb, n, dt, o, c, st)
+            r = self.fn.ncclReduceScatterConfig(sb, rb, n, dt, o, c, st, cc)
             _capture(&self.fn, r, c, &e)
-        return self._check(r, "ncclReduceScatter", &e)
+        return self._check(r, "ncclReduceScatterConfig", &e)
 
-    def all_to_all(self, sendbuff, recvbuff, count, datatype, comm, stream=0):
-        """ncclAlltoAll: ``count`` elements to and from each rank; status."""
+    def all_to_all(self, sendbuff, recvbuff, count, datatype, comm, stream=0, config=None):
+        """ncclAlltoAll: ``count`` elements to and from each rank; status.
+
+        ``config`` (a CollConfig) calls ncclAlltoAllConfig (NCCL 2.31+) instead."""
         cdef const void* sb = _ptr(sendbuff, "sendbuff")
         cdef void* rb = _ptr(recvbuff, "recvbuff")
         cdef size_t n = _count(count, "count")
         cdef ncclDataType_t dt = <ncclDataType_t>_dtype(datatype)
         cdef ncclComm_t c = _comm(comm)
         cdef cudaStream_t st = _ptr(stream, "stream")
+        cdef const ncclCollConfig_t* cc = _coll_config_ptr(config)
         cdef int r
         cdef _LastError e
-        if self.fn.ncclAlltoAll == NULL:
-            self._missing("ncclAlltoAll")
+        if cc == NULL:
+            if self.fn.ncclAlltoAll == NULL:
+                self._missing("ncclAlltoAll")
+            with nogil:
+                r = self.fn.ncclAlltoAll(sb, rb, n, dt, c, st)
+                _capture(&self.fn, r, c, &e)
+            return self._check(r, "ncclAlltoAll", &e)
+        if self.fn.ncclAlltoAllConfig == NULL:
+            self._missing("ncclAlltoAllConfig")
         with nogil:
-            r = self.fn.ncclAlltoAll(sb, rb, n, dt, c, st)
+            r = self.fn.ncclAlltoAllConfig(sb, rb, n, dt, c, st, cc)
             _capture(&self.fn, r, c, &e)
-        return self._check(r, "ncclAlltoAll", &e)
+        return self._check(r, "ncclAlltoAllConfig", &e)
 
-    def gather(self, sendbuff, recvbuff, count, datatype, root, comm, stream=0):
-        """ncclGather: ``count`` elements from each rank to ``root``; status."""
+    def gather(self, sendbuff, recvbuff, count, datatype, root, comm, stream=0, config=None):
+        """ncclGather: ``count`` elements from each rank to ``root``; status.
+
+        ``config`` (a CollConfig) calls ncclGatherConfig (NCCL 2.31+) instead."""
         cdef const void* sb = _ptr(sendbuff, "sendbuff")
         cdef void* rb = _ptr(recvbuff, "recvbuff")
         cdef size_t n = _count(count, "count")
@@ -1660,17 +1932,27 @@ cdef class Library:
         cdef int rt = _cint(root, "root", 0)
         cdef ncclComm_t c = _comm(comm)
         cdef cudaStream_t st = _ptr(stream, "stream")
+        cdef const ncclCollConfig_t* cc = _coll_config_ptr(config)
         cdef int r
         cdef _LastError e
-        if self.fn.ncclGather == NULL:
-            self._missing("ncclGather")
+        if cc == NULL:
+            if self.fn.ncclGather == NULL:
+                self._missing("ncclGather")
+            with nogil:
+                r = self.fn.ncclGather(sb, rb, n, dt, rt, c, st)
+                _capture(&self.fn, r, c, &e)
+            return self._check(r, "ncclGather", &e)
+        if self.fn.ncclGatherConfig == NULL:
+            self._missing("ncclGatherConfig")
         with nogil:
-            r = self.fn.ncclGather(sb, rb, n, dt, rt, c, st)
+            r = self.fn.ncclGatherConfig(sb, rb, n, dt, rt, c, st, cc)
             _capture(&self.fn, r, c, &e)
-        return self._check(r, "ncclGather", &e)
+        return self._check(r, "ncclGatherConfig", &e)
 
-    def scatter(self, sendbuff, recvbuff, count, datatype, root, comm, stream=0):
-        """ncclScatter: ``count`` elements from ``root`` to each rank; status."""
+    def scatter(self, sendbuff, recvbuff, count, datatype, root, comm, stream=0, config=None):
+        """ncclScatter: ``count`` elements from ``root`` to each rank; status.
+
+        ``config`` (a CollConfig) calls ncclScatterConfig (NCCL 2.31+) instead."""
         cdef const void* sb = _ptr(sendbuff, "sendbuff")
         cdef void* rb = _ptr(recvbuff, "recvbuff")
         cdef size_t n = _count(count, "count")
@@ -1678,14 +1960,22 @@ cdef class Library:
         cdef int rt = _cint(root, "root", 0)
         cdef ncclComm_t c = _comm(comm)
         cdef cudaStream_t st = _ptr(stream, "stream")
+        cdef const ncclCollConfig_t* cc = _coll_config_ptr(config)
         cdef int r
         cdef _LastError e
-        if self.fn.ncclScatter == NULL:
-            self._missing("ncclScatter")
+        if cc == NULL:
+            if self.fn.ncclScatter == NULL:
+                self._missing("ncclScatter")
+            with nogil:
+                r = self.fn.ncclScatter(sb, rb, n, dt, rt, c, st)
+                _capture(&self.fn, r, c, &e)
+            return self._check(r, "ncclScatter", &e)
+        if self.fn.ncclScatterConfig == NULL:
+            self._missing("ncclScatterConfig")
         with nogil:
-            r = self.fn.ncclScatter(sb, rb, n, dt, rt, c, st)
+            r = self.fn.ncclScatterConfig(sb, rb, n, dt, rt, c, st, cc)
             _capture(&self.fn, r, c, &e)
-        return self._check(r, "ncclScatter", &e)
+        return self._check(r, "ncclScatterConfig", &e)
 
     def send(self, sendbuff, count, datatype, peer, comm, stream=0):
         """ncclSend of ``count`` elements to ``peer``; status."""
@@ -1837,6 +2127,28 @@ cdef class Library:
             _capture(&self.fn, r, NULL, &e)
         self._done(r, "ncclGroupSimulateEnd", &e)
         return info.estimatedTime
+
+    def set_encryption(self, mode, psk=None):
+        """ncclSetEncryption (NCCL 2.31+): mode 0 = none, 1 = pre-shared key ``psk``; status.
+        Call it before creating communicators."""
+        cdef ncclEncryptionConfig_t cfg
+        cdef int m = _cint(mode, "mode", 0, 1)
+        cdef bytes key = _c_string(psk, "psk")
+        cdef int r
+        cdef _LastError e
+        if m == 1 and not key:
+            raise ValueError("mode 1 (PSK) needs a non-empty psk")
+        cfg.size = sizeof(ncclEncryptionConfig_t)
+        cfg.magic = NCCL_API_MAGIC
+        cfg.version = NCCL_VERSION_CODE
+        cfg.mode = m
+        cfg.psk = NULL if key is None else PyBytes_AS_STRING(key)
+        if self.fn.ncclSetEncryption == NULL:
+            self._missing("ncclSetEncryption")
+        with nogil:
+            r = self.fn.ncclSetEncryption(&cfg)
+            _capture(&self.fn, r, NULL, &e)
+        return self._check(r, "ncclSetEncryption", &e)
 
     # --- parameters --------------------------------------------------------------------------
     def param_get(self, key):
@@ -2075,7 +2387,6 @@ cdef Library _open(str target):
     cdef bytes btarget = os.fsencode(target)
     cdef const char* ctarget = btarget
     cdef void* h
-    cdef const char* err
     cdef link_map* lm = NULL
     cdef Library lib
     if "/" in target and not os.path.exists(target):
@@ -2083,8 +2394,10 @@ cdef Library _open(str target):
     with nogil:
         h = dlopen(ctarget, RTLD_NOW | RTLD_LOCAL)
     if h == NULL:
-        err = dlerror()
-        raise LibraryError(f"{target}: {_decode(err) or 'dlopen failed'}", target)
+        message = _decode(dlerror()) or "dlopen failed"
+        if not message.startswith(target):
+            message = f"{target}: {message}"
+        raise LibraryError(message, target)
     path = target
     if dlinfo(h, RTLD_DI_LINKMAP, &lm) == 0 and lm != NULL and lm.l_name != NULL and lm.l_name[0] != 0:
         path = os.fsdecode(<bytes>lm.l_name)
@@ -2145,27 +2458,30 @@ def _wheel_nccl_paths():
     return seen
 
 
+class _Nothing(str):
+    """A candidate that is not there: the str says why (e.g. "not installed")."""
+
+
 def _candidates(spec):
-    """(label, target-or-callable) pairs to try in order for a keyword spec."""
+    """(label, target) pairs to try in order; target is a path or name, a callable returning one,
+    or a _Nothing saying why there is nothing to try."""
     if spec == "nccl":
-        yield from (("already loaded", p) for p in _already_loaded("libnccl.so"))
+        loaded = _already_loaded("libnccl.so")
+        yield from (("already loaded", p) for p in loaded) if loaded else [("already loaded", _Nothing("none"))]
         yield ("cuda.pathfinder", _pathfinder_nccl)
         wheel = _wheel_nccl_paths()
-        if not wheel:
-            yield ("nvidia-nccl wheel", None)
-        yield from (("nvidia-nccl wheel", p) for p in wheel)
+        yield from ((("nvidia-nccl wheel", p) for p in wheel) if wheel
+                    else [("nvidia-nccl wheel", _Nothing("not installed"))])
         yield ("system", "libnccl.so.2")
     elif spec == "rccl":
-        yield from (("already loaded", p) for p in _already_loaded("librccl.so"))
+        loaded = _already_loaded("librccl.so")
+        yield from (("already loaded", p) for p in loaded) if loaded else [("already loaded", _Nothing("none"))]
         yield ("system", "librccl.so.1")
         roots = [os.environ.get("ROCM_PATH"), "/opt/rocm"]
         for root in dict.fromkeys(r for r in roots if r):
             yield (f"{root}/lib", os.path.join(root, "lib", "librccl.so.1"))
-            yield (f"{root}/lib", os.path.join(root, "lib", "librccl.so"))
     elif spec == "host":
         yield ("pycoll", os.path.join(os.path.dirname(os.path.abspath(__file__)), "libpycoll_host.so"))
-    else:
-        yield ("given", spec)
 
 
 def load(spec=None):
@@ -2191,14 +2507,21 @@ def load(spec=None):
         raise TypeError(f"spec must be a str or path, not {type(spec).__name__}")
     if not spec:
         raise ValueError("spec must not be empty")
+    lib = _by_spec.get(spec)
+    if lib is not None:
+        return lib
     with _lock:
         lib = _by_spec.get(spec)
         if lib is not None:
             return lib
+        if spec not in ("nccl", "rccl", "host"):
+            lib = _open(spec)  # its LibraryError says what happened to this one path or name
+            _by_spec[spec] = lib
+            return lib
         tried = []
         for label, target in _candidates(spec):
-            if target is None:
-                tried.append(f"{label}: not installed")
+            if isinstance(target, _Nothing):
+                tried.append(f"{label}: {target}")
                 continue
             try:
                 if callable(target):
@@ -2210,9 +2533,7 @@ def load(spec=None):
                 continue
             _by_spec[spec] = lib
             return lib
-        if spec in ("nccl", "rccl", "host"):
-            raise LibraryError(f"could not load the {spec} library; tried: " + "; ".join(tried))
-        raise LibraryError(f"could not load {spec!r}: " + "; ".join(t.split(": ", 1)[1] for t in tried), spec)
+        raise LibraryError(f"could not load the {spec} library; tried: " + "; ".join(tried))
 
 
 def loaded():

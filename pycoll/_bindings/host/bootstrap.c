@@ -1,0 +1,315 @@
+#include "bootstrap.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "debug.h"
+
+/* ---- layout ---- */
+
+void seg_layout(int n, struct seg_layout* L) {
+  size_t off = SEG_HEADER_BYTES;
+  L->ctrl_off = off;
+  off += ALIGN_UP((size_t)n * sizeof(struct rank_ctrl), 4096);
+  L->chan_off = off;
+  off += ALIGN_UP((size_t)n * n * sizeof(struct chan_ctrl), 4096);
+  size_t inbox = n <= 8 ? (1u << 20) : MAX((size_t)64 << 10, ALIGN_UP(((size_t)8 << 20) / n, 4096));
+  L->inbox_bytes = inbox;
+  L->inbox_off = off;
+  off += (size_t)n * 2 * inbox;
+  L->outbuf_off = off;
+  off += 2 * inbox;
+  L->slot_bytes = n <= 8 ? (64u << 10) : (16u << 10);
+  L->nslots = 4;
+  L->p2p_off = off;
+  off += (size_t)n * n * L->nslots * L->slot_bytes;
+  L->total = off;
+}
+
+void seg_view(struct seg* s, void* base, size_t size) {
+  struct seg_header* h = base;
+  s->base = base;
+  s->size = size;
+  s->hdr = h;
+  s->nranks = h->nranks;
+  s->ctrl = (struct rank_ctrl*)((char*)base + h->ctrl_off);
+  s->chan = (struct chan_ctrl*)((char*)base + h->chan_off);
+  s->inbox = (char*)base + h->inbox_off;
+  s->outbuf = (char*)base + h->outbuf_off;
+  s->p2p = (char*)base + h->p2p_off;
+  s->inbox_bytes = h->inbox_bytes;
+  s->slot_bytes = h->slot_bytes;
+  s->nslots = (int)h->nslots;
+}
+
+void seg_unmap(struct seg* s) {
+  if (s->base) munmap(s->base, s->size);
+  memset(s, 0, sizeof *s);
+}
+
+void seg_name_of(char out[64], const uint64_t nonce[2]) {
+  snprintf(out, 64, "/%s-%016llx%016llx", SHM_PREFIX, (unsigned long long)nonce[0], (unsigned long long)nonce[1]);
+}
+
+int seg_creator_of(const void* base, size_t size, struct proc_id* creator) {
+  const struct seg_header* h = base;
+  if (size < sizeof *h || h->magic != SEG_MAGIC) return -1;
+  *creator = h->creator;
+  return 0;
+}
+
+/* ---- unique ids ---- */
+
+ncclResult_t uid_make(ncclUniqueId* out, int kind, const uint64_t nonce[2], int parent_nranks,
+                      uint64_t child_count) {
+  struct host_uid u;
+  memset(&u, 0, sizeof u);
+  u.magic = UID_MAGIC;
+  u.version = UID_VERSION;
+  u.kind = (uint16_t)kind;
+  host_boot_id(u.boot_id);
+  if (nonce) {
+    u.nonce[0] = nonce[0];
+    u.nonce[1] = nonce[1];
+  } else if (random_bytes(u.nonce, sizeof u.nonce) != 0) {
+    WARN("ncclGetUniqueId: getrandom failed: %s", strerror(errno));
+    return ncclSystemError;
+  }
+  u.creator_pid = (int32_t)getpid();
+  u.parent_nranks = parent_nranks;
+  u.child_count = child_count;
+  snprintf(u.host, sizeof u.host, "%s", host_name());
+  memset(out, 0, sizeof *out);
+  memcpy(out, &u, sizeof u);
+  return ncclSuccess;
+}
+
+static void hex16(char* out, const uint8_t b[16]) {
+  for (int i = 0; i < 16; i++) sprintf(out + 2 * i, "%02x", b[i]);
+}
+
+ncclResult_t uid_parse(const ncclUniqueId* id, struct host_uid* u, const char* opname, struct ncclComm* comm) {
+  memcpy(u, id, sizeof *u);
+  if (u->magic != UID_MAGIC) {
+    CWARN(comm, "%s : the unique id was not created by pycoll's host library (bad magic 0x%08x)", opname, u->magic);
+    return ncclInvalidArgument;
+  }
+  if (u->version != UID_VERSION) {
+    CWARN(comm, "%s : unique id version %d is not supported by this host library (version %d)", opname,
+          u->version, UID_VERSION);
+    return ncclInvalidUsage;
+  }
+  uint8_t boot[16];
+  host_boot_id(boot);
+  if (memcmp(boot, u->boot_id, 16) != 0) {
+    char a[33], b[33];
+    hex16(a, u->boot_id);
+    hex16(b, boot);
+    u->host[sizeof u->host - 1] = 0;
+    CWARN(comm,
+          "%s : the unique id was created on another host (%s, boot_id %s) than this process runs on (%s, "
+          "boot_id %s); the host library connects processes of one machine only",
+          opname, u->host, a, host_name(), b);
+    return ncclInvalidUsage;
+  }
+  return ncclSuccess;
+}
+
+uint64_t new_claim_token(void) {
+  static uint32_t counter;
+  uint32_t c = __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
+  return ((uint64_t)(uint32_t)getpid() << 32) | c;
+}
+
+uint64_t rendezvous_timeout_ns(void) {
+  const char* e = getenv("PYCOLL_HOST_INIT_TIMEOUT");
+  double s = e ? strtod(e, NULL) : 300.0;
+  return s <= 0 ? 0 : (uint64_t)(s * 1e9);
+}
+
+/* ---- rendezvous ---- */
+
+struct init_arg {
+  const struct rendezvous* r;
+  const struct seg_layout* L;
+};
+
+static void init_header(void* base, void* arg_) {
+  struct init_arg* a = arg_;
+  struct seg_header* h = base;
+  const struct seg_layout* L = a->L;
+  h->layout_version = SEG_LAYOUT_VERSION;
+  h->nranks = a->r->nranks;
+  h->total_size = L->total;
+  host_boot_id(h->boot_id);
+  h->nonce[0] = a->r->nonce[0];
+  h->nonce[1] = a->r->nonce[1];
+  proc_self(&h->creator);
+  h->ids_hash = a->r->ids_hash;
+  h->kind = a->r->kind;
+  h->ctrl_off = L->ctrl_off;
+  h->chan_off = L->chan_off;
+  h->inbox_off = L->inbox_off;
+  h->outbuf_off = L->outbuf_off;
+  h->p2p_off = L->p2p_off;
+  h->inbox_bytes = L->inbox_bytes;
+  h->slot_bytes = L->slot_bytes;
+  h->nslots = (uint32_t)L->nslots;
+  h->magic = SEG_MAGIC; /* the segment only becomes visible (linked) after this */
+}
+
+/* First error wins; everyone waiting on the rendezvous reports it. */
+static void poison(struct seg* s, int code, const char* text) {
+  struct seg_header* h = s->hdr;
+  if (__atomic_exchange_n(&h->fail_claim, 1, __ATOMIC_ACQ_REL) == 0) {
+    snprintf(h->fail_text, sizeof h->fail_text, "%s", text);
+    __atomic_store_n(&h->failed, code, __ATOMIC_RELEASE);
+  }
+  if (__atomic_load_n(&h->joined, __ATOMIC_ACQUIRE) < (uint32_t)h->nranks) shm_unlink_name(s->name);
+  doorbell_wake(&h->bell);
+}
+
+static bool aborted(const struct rendezvous* r) {
+  for (int i = 0; i < r->nabort; i++)
+    if (r->abort_flags[i] && __atomic_load_n(r->abort_flags[i], __ATOMIC_ACQUIRE)) return true;
+  return false;
+}
+
+static ncclResult_t fail_with(const struct rendezvous* r, struct seg* s, int code, const char* text) {
+  if (s->base) {
+    poison(s, code, text);
+    int first = __atomic_load_n(&s->hdr->failed, __ATOMIC_ACQUIRE);
+    if (first && first != code) {
+      code = first;
+      text = s->hdr->fail_text;
+    }
+  }
+  CWARN(r->comm, "%s", text);
+  if (s->base) seg_unmap(s);
+  return (ncclResult_t)code;
+}
+
+static bool rendezvous_blocked(void* arg) {
+  struct seg* s = arg;
+  return __atomic_load_n(&s->hdr->joined, __ATOMIC_ACQUIRE) < (uint32_t)s->nranks &&
+         !__atomic_load_n(&s->hdr->failed, __ATOMIC_ACQUIRE);
+}
+
+ncclResult_t rendezvous_join(const struct rendezvous* r, struct seg* out) {
+  struct seg s;
+  memset(&s, 0, sizeof s);
+  seg_name_of(s.name, r->nonce);
+  struct seg_layout L;
+  seg_layout(r->nranks, &L);
+  char text[512];
+  uint64_t start = now_ns();
+  shm_sweep();
+
+  /* open the segment, creating it if we are first */
+  for (int attempt = 0;; attempt++) {
+    if (aborted(r)) {
+      snprintf(text, sizeof text, "%s : rank %d aborted while joining", r->opname, r->rank);
+      return fail_with(r, &s, ncclInvalidUsage, text);
+    }
+    void* base = NULL;
+    size_t size = 0;
+    int err = shm_open_map(s.name, &base, &size);
+    if (err == ENOENT) {
+      err = shm_create_map(s.name, L.total, init_header, &(struct init_arg){r, &L}, &base);
+      if (err == EEXIST) continue;
+      size = L.total;
+    }
+    if (err != 0) {
+      snprintf(text, sizeof text, "%s : cannot create or map shared memory %s%s: %s", r->opname, SHM_DIR, s.name,
+               strerror(err));
+      CWARN(r->comm, "%s", text);
+      return ncclSystemError;
+    }
+    struct seg_header* h = base;
+    if (size < SEG_HEADER_BYTES || h->magic != SEG_MAGIC || h->layout_version != SEG_LAYOUT_VERSION ||
+        h->total_size != size) {
+      munmap(base, size);
+      snprintf(text, sizeof text, "%s : %s%s is not a segment of this host library version", r->opname, SHM_DIR,
+               s.name);
+      CWARN(r->comm, "%s", text);
+      return ncclInvalidUsage;
+    }
+    seg_view(&s, base, size);
+    break;
+  }
+
+  struct seg_header* h = s.hdr;
+  if (__atomic_load_n(&h->failed, __ATOMIC_ACQUIRE)) {
+    snprintf(text, sizeof text, "%s", h->fail_text);
+    return fail_with(r, &s, h->failed, text);
+  }
+  if (h->nranks != r->nranks) {
+    snprintf(text, sizeof text,
+             "%s : mismatched nranks: rank %d passed nranks=%d but the communicator was created with nranks=%d "
+             "(by pid %d)",
+             r->opname, r->rank, r->nranks, h->nranks, h->creator.pid);
+    return fail_with(r, &s, ncclInvalidUsage, text);
+  }
+  if (h->kind != r->kind || h->ids_hash != r->ids_hash) {
+    snprintf(text, sizeof text,
+             "%s : rank %d joined with a different set of unique ids or a different kind of initialization than "
+             "the rank that created the communicator (pid %d)",
+             r->opname, r->rank, h->creator.pid);
+    return fail_with(r, &s, ncclInvalidUsage, text);
+  }
+  struct rank_ctrl* me = &s.ctrl[r->rank];
+  uint64_t expected = 0;
+  if (!__atomic_compare_exchange_n(&me->token, &expected, r->token, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    snprintf(text, sizeof text, "%s : rank %d is claimed by two processes or threads: pid %d and pid %d",
+             r->opname, r->rank, (int)(expected >> 32), (int)(r->token >> 32));
+    return fail_with(r, &s, ncclInvalidUsage, text);
+  }
+  proc_self(&me->proc);
+  __atomic_store_n(&me->state, RS_JOINED, __ATOMIC_RELEASE);
+  uint32_t joined = __atomic_add_fetch(&h->joined, 1, __ATOMIC_ACQ_REL);
+  if (joined == (uint32_t)r->nranks) shm_unlink_name(s.name); /* everybody has it mapped */
+  doorbell_wake(&h->bell);
+
+  struct backoff b;
+  backoff_reset(&b, r->nranks > host_ncpus());
+  uint64_t last_live = 0;
+  while (rendezvous_blocked(&s)) {
+    if (aborted(r)) {
+      snprintf(text, sizeof text, "%s : rank %d aborted while the other ranks were joining", r->opname, r->rank);
+      return fail_with(r, &s, ncclRemoteError, text);
+    }
+    uint64_t t = now_ns();
+    if (r->timeout_ns && t - start > r->timeout_ns) {
+      int n = snprintf(text, sizeof text, "%s : timed out after %.0f s waiting for ranks", r->opname,
+                       (double)r->timeout_ns / 1e9);
+      for (int k = 0; k < r->nranks && n < (int)sizeof text - 16; k++)
+        if (!__atomic_load_n(&s.ctrl[k].token, __ATOMIC_ACQUIRE)) n += snprintf(text + n, sizeof text - n, " %d", k);
+      snprintf(text + n, sizeof text - n, " to join (PYCOLL_HOST_INIT_TIMEOUT)");
+      return fail_with(r, &s, ncclRemoteError, text);
+    }
+    if (t - last_live > 10000000ull) { /* every 10 ms: did a member die? */
+      last_live = t;
+      for (int k = 0; k < r->nranks; k++) {
+        struct proc_id p = {0};
+        if (__atomic_load_n(&s.ctrl[k].state, __ATOMIC_ACQUIRE) >= RS_JOINED) p = s.ctrl[k].proc;
+        else if (r->expected && r->expected[k].pid) p = r->expected[k];
+        else continue;
+        if (proc_alive(&p) == 0) {
+          snprintf(text, sizeof text, "%s : rank %d (pid %d) exited before the communicator was initialized",
+                   r->opname, k, p.pid);
+          return fail_with(r, &s, ncclRemoteError, text);
+        }
+      }
+    }
+    if (backoff_step(&b) == WAIT_SLEEP) doorbell_sleep(&h->bell, backoff_sleep_ns(&b), rendezvous_blocked, &s);
+  }
+  if (__atomic_load_n(&h->failed, __ATOMIC_ACQUIRE)) {
+    snprintf(text, sizeof text, "%s", h->fail_text);
+    return fail_with(r, &s, h->failed, text);
+  }
+  *out = s;
+  return ncclSuccess;
+}

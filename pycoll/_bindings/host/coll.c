@@ -1,0 +1,330 @@
+/* Collectives over the segment. Every collective is a sequence of steps; in step S each rank
+ * writes what it contributes into its inbox of parity S&1, publishes `arrive = S+1` together with
+ * a descriptor of the operation, waits until every rank has arrived (comparing descriptors: a
+ * mismatch is an error, not a hang), then reads what it needs from the others' inboxes.
+ *
+ * Having waited for everyone's arrival at step S-1 proves that everyone finished reading step
+ * S-2, so the two parities can be reused without further flags. AllReduce and Reduce on large
+ * buffers use a second phase: each rank reduces one slice of the chunk into outbuf and publishes
+ * `reduced = S+1`, then everyone copies the other slices out (reduce-scatter + all-gather through
+ * cache-sized chunks). Small AllReduce/Reduce use one phase: everyone reduces everything.
+ *
+ * Each rank transforms its own contribution before publishing it (PreMulSum/Avg scalars are
+ * per rank, as in NCCL), and reductions run in rank order 0..n-1. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "debug.h"
+#include "enqueue.h"
+
+enum phase { PH_FILL = 0, PH_ARRIVE, PH_CONSUME, PH_REDUCED };
+enum algo { ALGO_LOCAL = 0, ALGO_ONESHOT, ALGO_TWOPHASE, ALGO_STEP };
+
+static size_t oneshot_max = 32 << 10;
+static size_t chunk_max = 512 << 10;
+
+__attribute__((constructor)) static void coll_tunables(void) {
+  const char* e;
+  if ((e = getenv("PYCOLL_HOST_ONESHOT_MAX"))) oneshot_max = strtoull(e, NULL, 10);
+  if ((e = getenv("PYCOLL_HOST_CHUNK_BYTES"))) chunk_max = strtoull(e, NULL, 10);
+}
+
+/* Slice k of n over `len` elements, boundaries aligned to a cache line. */
+static inline void slice(size_t len, int n, int k, size_t align, size_t* lo, size_t* hi) {
+  size_t per = (len + (size_t)n - 1) / (size_t)n;
+  per = (per + align - 1) / align * align;
+  *lo = MIN((size_t)k * per, len);
+  *hi = MIN(*lo + per, len);
+}
+
+static inline char* at(const void* base, size_t elems, size_t es) { return (char*)base + elems * es; }
+
+static int redop_code(const struct task* t) { return t->op >= ncclNumOps ? ncclNumOps : t->op; }
+
+void coll_start(struct task* t) {
+  struct ncclComm* c = t->comm;
+  struct seg* s = &c->seg;
+  size_t es = dt_size(t->dtype), n = (size_t)c->nranks, ib = s->inbox_bytes;
+  t->started = true;
+  t->step = 0;
+  t->phase = PH_FILL;
+  t->op_seq = c->op_seq++;
+  if (t->scalar_p) memcpy(&t->rop.scalar, t->scalar_p, es);
+  if (n == 1) {
+    t->algo = ALGO_LOCAL;
+    t->nsteps = 0;
+    return;
+  }
+  t->algo = ALGO_STEP;
+  switch (t->kind) {
+    case TK_ALLREDUCE:
+    case TK_REDUCE: {
+      size_t bytes = t->count * es;
+      if (bytes <= MIN(oneshot_max, ib)) {
+        t->algo = ALGO_ONESHOT;
+        t->piece = t->count;
+      } else {
+        t->algo = ALGO_TWOPHASE;
+        t->piece = MIN(chunk_max, ib) / es;
+      }
+      break;
+    }
+    case TK_BROADCAST:
+    case TK_ALLGATHER:
+    case TK_GATHER: t->piece = ib / es; break;
+    default: t->piece = MAX((size_t)1, ib / (n * es)); break; /* one piece per destination block */
+  }
+  t->nsteps = (uint32_t)((t->count + t->piece - 1) / t->piece);
+  t->step0 = c->next_step;
+  c->next_step += t->nsteps;
+}
+
+static void run_local(struct task* t) {
+  size_t bytes = t->count * dt_size(t->dtype);
+  if (t->kind == TK_ALLREDUCE || t->kind == TK_REDUCE || t->kind == TK_REDUCESCATTER) {
+    const void* src = t->sendbuff;
+    dt_reduce(&t->rop, t->recvbuff, NULL, &src, 1, 0, t->count);
+  } else if (t->recvbuff != t->sendbuff) {
+    memmove(t->recvbuff, t->sendbuff, bytes);
+  }
+}
+
+static void write_desc(struct task* t, int parity) {
+  struct op_desc* d = &t->comm->seg.ctrl[t->comm->rank].desc[parity];
+  d->op_seq = t->op_seq;
+  d->count = t->count;
+  d->kind = t->kind;
+  d->dtype = t->dtype;
+  d->redop = redop_code(t);
+  d->root = t->root;
+  d->step = t->step;
+  d->nsteps = t->nsteps;
+}
+
+static void describe(char* out, size_t len, int kind, uint64_t count, int dtype, int redop, int root) {
+  int n = snprintf(out, len, "%s(count=%llu, datatype=%s", task_kind_name(kind), (unsigned long long)count,
+                   ph_type_name(dtype));
+  if (kind == TK_ALLREDUCE || kind == TK_REDUCE || kind == TK_REDUCESCATTER)
+    n += snprintf(out + n, len - (size_t)n, ", op=%s", ph_op_name(redop));
+  if (kind == TK_BROADCAST || kind == TK_REDUCE || kind == TK_GATHER || kind == TK_SCATTER)
+    n += snprintf(out + n, len - (size_t)n, ", root=%d", root);
+  snprintf(out + n, len - (size_t)n, ")");
+}
+
+/* Compares rank k's descriptor with ours; fails the task on a mismatch. */
+static bool desc_ok(struct task* t, int k, int parity) {
+  const struct op_desc* d = &t->comm->seg.ctrl[k].desc[parity];
+  if (d->kind == t->kind && d->count == t->count && d->dtype == t->dtype && d->redop == redop_code(t) &&
+      d->root == t->root && d->step == t->step && d->op_seq == t->op_seq)
+    return true;
+  char mine[160], theirs[160];
+  describe(mine, sizeof mine, t->kind, t->count, t->dtype, redop_code(t), t->root);
+  describe(theirs, sizeof theirs, d->kind, d->count, d->dtype, d->redop, d->root);
+  if (d->kind == t->kind && d->count == t->count && d->dtype == t->dtype && d->redop == redop_code(t) &&
+      d->root == t->root)
+    task_fail(t, ncclInvalidUsage,
+              "%s : collective sequence mismatch: rank %d is at collective #%llu step %u but rank %d is at "
+              "collective #%llu step %u of %s",
+              t->opname, t->comm->rank, (unsigned long long)t->op_seq, t->step, k, (unsigned long long)d->op_seq,
+              d->step, mine);
+  else
+    task_fail(t, ncclInvalidUsage, "%s : collective mismatch at collective #%llu: rank %d called %s but rank %d called %s",
+              t->opname, (unsigned long long)t->op_seq, t->comm->rank, mine, k, theirs);
+  return false;
+}
+
+/* Elements [base, base+len) of the operation are handled by the current step. */
+static void step_range(const struct task* t, size_t* base, size_t* len) {
+  *base = (size_t)t->step * t->piece;
+  *len = MIN(t->piece, t->count - *base);
+}
+
+static void fill(struct task* t, int p) {
+  struct ncclComm* c = t->comm;
+  struct seg* s = &c->seg;
+  int me = c->rank, n = c->nranks;
+  size_t es = dt_size(t->dtype), base, len;
+  step_range(t, &base, &len);
+  char* mine = seg_inbox(s, me, p);
+  switch (t->kind) {
+    case TK_ALLREDUCE:
+    case TK_REDUCE:
+      if (t->algo == ALGO_ONESHOT) {
+        dt_publish(&t->rop, mine, at(t->sendbuff, base, es), len);
+      } else {
+        size_t align = MAX((size_t)1, CACHELINE / es);
+        for (int k = 0; k < n; k++) {
+          size_t lo, hi;
+          slice(len, n, k, align, &lo, &hi);
+          if (k != me && hi > lo) dt_publish(&t->rop, at(mine, lo, es), at(t->sendbuff, base + lo, es), hi - lo);
+        }
+      }
+      break;
+    case TK_BROADCAST:
+      if (me == t->root) {
+        memcpy(mine, at(t->sendbuff, base, es), len * es);
+        if (t->recvbuff != t->sendbuff) memcpy(at(t->recvbuff, base, es), at(t->sendbuff, base, es), len * es);
+      }
+      break;
+    case TK_ALLGATHER: memcpy(mine, at(t->sendbuff, base, es), len * es); break;
+    case TK_GATHER:
+      if (me != t->root) memcpy(mine, at(t->sendbuff, base, es), len * es);
+      else if (at(t->recvbuff, (size_t)me * t->count + base, es) != at(t->sendbuff, base, es))
+        memmove(at(t->recvbuff, (size_t)me * t->count + base, es), at(t->sendbuff, base, es), len * es);
+      break;
+    case TK_REDUCESCATTER:
+      for (int k = 0; k < n; k++)
+        if (k != me) dt_publish(&t->rop, at(mine, (size_t)k * t->piece, es), at(t->sendbuff, (size_t)k * t->count + base, es), len);
+      break;
+    case TK_ALLTOALL:
+    case TK_SCATTER:
+      if (t->kind == TK_SCATTER && me != t->root) break;
+      for (int k = 0; k < n; k++) {
+        const char* src = at(t->sendbuff, (size_t)k * t->count + base, es);
+        if (k != me) {
+          memcpy(at(mine, (size_t)k * t->piece, es), src, len * es);
+        } else {
+          char* dst = at(t->recvbuff, (t->kind == TK_ALLTOALL ? (size_t)me * t->count : 0) + base, es);
+          if (dst != src) memmove(dst, src, len * es);
+        }
+      }
+      break;
+  }
+}
+
+/* Returns true when the step is complete (false: the two-phase step continues). */
+static bool consume(struct task* t, int p, uint64_t S) {
+  struct ncclComm* c = t->comm;
+  struct seg* s = &c->seg;
+  int me = c->rank, n = c->nranks;
+  size_t es = dt_size(t->dtype), base, len;
+  step_range(t, &base, &len);
+  const void* srcs[n];
+  switch (t->kind) {
+    case TK_ALLREDUCE:
+    case TK_REDUCE:
+      if (t->algo == ALGO_ONESHOT) {
+        if (t->kind == TK_REDUCE && me != t->root) return true;
+        for (int k = 0; k < n; k++) srcs[k] = seg_inbox(s, k, p);
+        dt_reduce(&t->rop, at(t->recvbuff, base, es), NULL, srcs, n, -1, len);
+        return true;
+      } else {
+        size_t lo, hi, align = MAX((size_t)1, CACHELINE / es);
+        slice(len, n, me, align, &lo, &hi);
+        if (hi > lo) {
+          for (int k = 0; k < n; k++) srcs[k] = k == me ? at(t->sendbuff, base + lo, es) : at(seg_inbox(s, k, p), lo, es);
+          char* out = at(seg_outbuf(s, p), lo, es);
+          if (t->kind == TK_ALLREDUCE) dt_reduce(&t->rop, at(t->recvbuff, base + lo, es), out, srcs, n, me, hi - lo);
+          else if (me == t->root) dt_reduce(&t->rop, at(t->recvbuff, base + lo, es), NULL, srcs, n, me, hi - lo);
+          else dt_reduce(&t->rop, out, NULL, srcs, n, me, hi - lo);
+        }
+        __atomic_store_n(&s->ctrl[me].reduced, S + 1, __ATOMIC_RELEASE);
+        seg_ring(s);
+        return t->kind == TK_REDUCE && me != t->root;
+      }
+    case TK_BROADCAST:
+      if (me != t->root) memcpy(at(t->recvbuff, base, es), seg_inbox(s, t->root, p), len * es);
+      return true;
+    case TK_ALLGATHER:
+      for (int k = 0; k < n; k++) {
+        char* dst = at(t->recvbuff, (size_t)k * t->count + base, es);
+        const char* src = k == me ? at(t->sendbuff, base, es) : seg_inbox(s, k, p);
+        if (dst != src) memcpy(dst, src, len * es);
+      }
+      return true;
+    case TK_GATHER:
+      if (me == t->root)
+        for (int k = 0; k < n; k++)
+          if (k != me) memcpy(at(t->recvbuff, (size_t)k * t->count + base, es), seg_inbox(s, k, p), len * es);
+      return true;
+    case TK_REDUCESCATTER:
+      for (int k = 0; k < n; k++)
+        srcs[k] = k == me ? at(t->sendbuff, (size_t)me * t->count + base, es) : at(seg_inbox(s, k, p), (size_t)me * t->piece, es);
+      dt_reduce(&t->rop, at(t->recvbuff, base, es), NULL, srcs, n, me, len);
+      return true;
+    case TK_ALLTOALL:
+      for (int k = 0; k < n; k++)
+        if (k != me) memcpy(at(t->recvbuff, (size_t)k * t->count + base, es), at(seg_inbox(s, k, p), (size_t)me * t->piece, es), len * es);
+      return true;
+    case TK_SCATTER:
+      if (me != t->root) memcpy(at(t->recvbuff, base, es), at(seg_inbox(s, t->root, p), (size_t)me * t->piece, es), len * es);
+      return true;
+  }
+  return true;
+}
+
+static void copy_out(struct task* t, int p) {
+  struct ncclComm* c = t->comm;
+  int me = c->rank, n = c->nranks;
+  size_t es = dt_size(t->dtype), base, len, align = MAX((size_t)1, CACHELINE / es);
+  step_range(t, &base, &len);
+  for (int k = 0; k < n; k++) {
+    size_t lo, hi;
+    slice(len, n, k, align, &lo, &hi);
+    if (k != me && hi > lo) memcpy(at(t->recvbuff, base + lo, es), at(seg_outbuf(&c->seg, p), lo, es), (hi - lo) * es);
+  }
+}
+
+int coll_progress(struct task* t) {
+  struct ncclComm* c = t->comm;
+  struct seg* s = &c->seg;
+  int me = c->rank, n = c->nranks;
+  bool moved = false;
+  if (!t->started) {
+    coll_start(t);
+    moved = true;
+  }
+  if (t->algo == ALGO_LOCAL) {
+    run_local(t);
+    return PROG_DONE;
+  }
+  for (;;) {
+    uint64_t S = t->step0 + t->step;
+    int p = (int)(S & 1);
+    switch (t->phase) {
+      case PH_FILL:
+        fill(t, p);
+        write_desc(t, p);
+        __atomic_store_n(&s->ctrl[me].arrive, S + 1, __ATOMIC_RELEASE);
+        seg_ring(s);
+        t->phase = PH_ARRIVE;
+        t->wait_idx = 0;
+        moved = true;
+        /* fall through */
+      case PH_ARRIVE:
+        for (; t->wait_idx < n; t->wait_idx++) {
+          int k = t->wait_idx;
+          if (k == me) continue;
+          if (__atomic_load_n(&s->ctrl[k].arrive, __ATOMIC_ACQUIRE) < S + 1) {
+            t->wait_peer = k;
+            return moved ? PROG_MOVED : PROG_BLOCKED;
+          }
+          if (!desc_ok(t, k, p)) return PROG_DONE;
+        }
+        t->phase = PH_CONSUME;
+        /* fall through */
+      case PH_CONSUME:
+        if (!consume(t, p, S)) {
+          t->phase = PH_REDUCED;
+          t->wait_idx = 0;
+          moved = true;
+          continue;
+        }
+        break;
+      case PH_REDUCED:
+        for (; t->wait_idx < n; t->wait_idx++) {
+          int k = t->wait_idx;
+          if (k == me) continue;
+          if (__atomic_load_n(&s->ctrl[k].reduced, __ATOMIC_ACQUIRE) < S + 1) {
+            t->wait_peer = k;
+            return moved ? PROG_MOVED : PROG_BLOCKED;
+          }
+        }
+        copy_out(t, p);
+        break;
+    }
+    moved = true;
+    if (++t->step == t->nsteps) return PROG_DONE;
+    t->phase = PH_FILL;
+  }
+}

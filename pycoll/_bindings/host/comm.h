@@ -1,0 +1,130 @@
+/* Communicators: the process-local object behind an ncclComm_t, the registry that validates
+ * handles, reference counting, and the lifecycle (init, finalize, destroy, abort, revoke). */
+#ifndef PYCOLL_COMM_H
+#define PYCOLL_COMM_H
+
+#include <pthread.h>
+
+#include "datatype.h"
+#include "bootstrap.h"
+#include "segment.h"
+
+#define COMM_MAGIC 0x636f6d6d6c697665ull /* live */
+#define COMM_DEAD 0x636f6d6d64656164ull  /* freed (kept a while to catch stale handles) */
+
+enum comm_phase { CP_INIT = 0, CP_READY, CP_FINALIZED, CP_GONE };
+enum abort_reason { AB_NONE = 0, AB_USER, AB_REVOKE, AB_SHRINK, AB_INIT };
+
+struct peer {
+  struct proc_id proc;
+  int pidfd;          /* -1 when not watched (same process, other pid namespace) */
+  bool same_process;
+};
+
+struct user_redop {
+  bool used;
+  int dtype;
+  int residence;
+  uint64_t scalar;      /* host-immediate value (bits in dtype) */
+  const void* scalar_p; /* "device" residence: read when the operation executes */
+};
+
+struct reg_entry {
+  void* buff;
+  size_t size;
+  struct reg_entry* next;
+};
+
+struct ncclComm {
+  uint64_t magic;
+  int rank, nranks, cuda_dev;
+  ncclConfig_t config;
+  char name[128];
+
+  /* lifetime: the registry holds one reference; every call and queued operation holds one more */
+  int refs;
+  int active;      /* threads touching the segment right now (abort waits for 0) */
+  int pending;     /* operations enqueued on streams and not finished */
+  uint32_t abort_flag;
+  int abort_reason; /* why abort_flag is set: enum abort_reason */
+  int async;       /* ncclCommGetAsyncError */
+  int broken;      /* sticky fatal error for collectives (0 when healthy) */
+  int phase;
+  bool revoked, finalize_called, destroy_called, suspended, ops_aborted;
+  bool torn_down;
+
+  pthread_mutex_t mu;      /* jobs, reduction ops, registrations, last error */
+  pthread_mutex_t exec_mu; /* one thread executes operations of this comm at a time */
+  int job_running;         /* a background job (init, finalize, split, ...) runs on this comm */
+
+  struct seg seg;
+  struct peer* peers;
+  uint64_t nonce[2];
+  uint64_t token;
+  bool oversubscribed;
+
+  /* sequencing, touched only under exec_mu */
+  uint64_t next_step;
+  uint64_t op_seq;
+  uint64_t* send_seq;
+  uint64_t* recv_seq;
+
+  uint64_t child_count; /* reshapes of this comm (split, shrink, grow) */
+  bool grow_id_pending;
+
+  struct user_redop* redops;
+  int nredops;
+  struct reg_entry* regs;
+  struct reg_entry* wins;
+
+  char last_error[1024];
+};
+
+/* ---- registry and references ---- */
+
+/* Validates `comm` and takes a reference; on failure records a last error naming `opname`. */
+ncclResult_t comm_acquire(ncclComm_t comm, const char* opname, struct ncclComm** out);
+void comm_ref(struct ncclComm* c);
+void comm_release(struct ncclComm* c);
+struct ncclComm* comm_alloc(void);
+void comm_register(struct ncclComm* c);
+bool comm_unregister(struct ncclComm* c);
+
+void comm_set_last_error(struct ncclComm* c, const char* text);
+/* Copies comm's last error if comm is live; false otherwise. */
+bool comm_copy_last_error(ncclComm_t comm, char* out, size_t len);
+
+/* ---- state ---- */
+
+static inline int comm_async(struct ncclComm* c) { return __atomic_load_n(&c->async, __ATOMIC_ACQUIRE); }
+static inline void comm_set_async(struct ncclComm* c, int v) { __atomic_store_n(&c->async, v, __ATOMIC_RELEASE); }
+static inline bool comm_aborting(struct ncclComm* c) { return __atomic_load_n(&c->abort_flag, __ATOMIC_ACQUIRE); }
+/* A fatal error hit the comm: collectives fail from now on; peers waiting on us learn about it. */
+void comm_fail(struct ncclComm* c, int code, const char* text);
+/* Enter/leave the segment (abort waits for every thread to leave). False when aborting. */
+bool comm_enter(struct ncclComm* c);
+void comm_leave(struct ncclComm* c);
+
+/* The checks NCCL's ncclCommEnsureReady performs before using a comm (init done, no error). */
+ncclResult_t comm_ensure_ready(struct ncclComm* c, const char* opname);
+
+/* Sets up a freshly rendezvoused comm (peers, pidfds, sequencing) and publishes RS_ACTIVE. */
+ncclResult_t comm_attach(struct ncclComm* c, struct seg* s, int rank);
+/* Publishes this rank's state (aborted, revoked) in the segment, if mapped, and wakes sleepers. */
+void comm_publish_state(struct ncclComm* c, int state);
+/* Releases the segment and everything that belongs to it (idempotent). */
+void comm_teardown(struct ncclComm* c, int final_state);
+
+/* Waits until no thread is inside the comm's segment. */
+void comm_wait_inactive(struct ncclComm* c);
+/* Waits until every operation enqueued on a stream for this comm has finished. */
+ncclResult_t comm_wait_pending(struct ncclComm* c, bool abortable);
+
+/* Peer health while waiting on it: ncclSuccess, or the error to report. */
+ncclResult_t comm_check_peer(struct ncclComm* c, int peer, bool check_process, char* text, size_t len);
+
+ncclResult_t parse_config(ncclConfig_t* dst, const ncclConfig_t* user, const char* opname, struct ncclComm* comm);
+void config_defaults(ncclConfig_t* dst);
+void config_inherit(ncclConfig_t* dst, const ncclConfig_t* parent);
+
+#endif

@@ -1,0 +1,80 @@
+/* Operations (tasks) and the engine that runs them. A task is one collective or one send/recv,
+ * written as a resumable state machine: progress() moves it as far as it can without waiting and
+ * says which peer it waits for. run_tasks() drives a set of tasks (a group, possibly spanning
+ * several communicators) to completion from one thread, so grouped operations in any order never
+ * deadlock; collectives of one communicator run in call order, sends (receives) to one peer too. */
+#ifndef PYCOLL_ENQUEUE_H
+#define PYCOLL_ENQUEUE_H
+
+#include "comm.h"
+
+enum task_kind {
+  TK_ALLREDUCE = 0,
+  TK_BROADCAST,
+  TK_REDUCE,
+  TK_ALLGATHER,
+  TK_REDUCESCATTER,
+  TK_ALLTOALL,
+  TK_GATHER,
+  TK_SCATTER,
+  TK_SEND,
+  TK_RECV,
+  TK_COUNT
+};
+
+enum prog { PROG_DONE = 0, PROG_MOVED, PROG_BLOCKED };
+
+struct task {
+  int kind;
+  const char* opname;
+  struct ncclComm* comm;
+  const void* sendbuff;
+  void* recvbuff;
+  size_t count;
+  int dtype;
+  int op;   /* the user's ncclRedOp_t, for messages */
+  int root; /* root of rooted collectives, peer of send/recv, -1 otherwise */
+  struct redop rop;
+  const void* scalar_p; /* PreMulSum with ncclScalarDevice: read when the task starts */
+  pycollStream_t stream;
+  void* launch_marker; /* *Config variants: completes when the operation starts executing */
+
+  /* execution state */
+  bool started, done;
+  int algo;
+  uint64_t step0;
+  uint32_t nsteps, step;
+  int phase;
+  int wait_idx;
+  int wait_peer;
+  size_t piece; /* elements per step (per block for the block-wise collectives) */
+  uint64_t op_seq;
+  uint64_t msg_seq;
+  size_t off;
+  bool first_chunk;
+  ncclResult_t result;
+  struct task* lane_prev;
+  struct task* next;
+};
+
+const char* task_kind_name(int kind);
+
+/* Validates and submits one operation (collective or p2p): runs it now (NULL stream), queues it on
+ * its stream, or keeps it for ncclGroupEnd. `proto` is copied. */
+ncclResult_t enqueue_task(const struct task* proto, const ncclCollConfig_t* cfg);
+
+/* Runs `list` (linked by next) to completion in the calling thread. Tasks keep their comm
+ * references; the caller releases them. Returns the first error. */
+ncclResult_t run_tasks(struct task* list);
+/* Releases what tasks hold (comm references, pending counts) and frees heap tasks. */
+void tasks_finish(struct task* list, bool heap);
+
+/* Per-kind progress (coll.c, p2p.c). */
+void coll_start(struct task* t);
+int coll_progress(struct task* t);
+void p2p_start(struct task* t);
+int p2p_progress(struct task* t);
+/* Fails `t` with `code`; marks the comm broken unless the failure is the comm being aborted. */
+int task_fail(struct task* t, int code, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
+
+#endif

@@ -1,0 +1,319 @@
+#include "group.h"
+
+#include <stdlib.h>
+
+#include "debug.h"
+#include "stream.h"
+
+static __thread int depth;
+static __thread ncclResult_t group_error;
+static __thread int group_blocking = -1;
+static __thread struct task *task_head, *task_tail;
+static __thread struct job *job_head, *job_tail;
+
+int group_depth(void) { return depth; }
+
+ncclResult_t group_note_error(ncclResult_t r) {
+  if (depth > 0 && r != ncclSuccess && r != ncclInProgress && group_error == ncclSuccess) group_error = r;
+  return r;
+}
+
+static ncclResult_t check_blocking(struct ncclComm* c) {
+  int b = c->destroy_called ? 1 : c->config.blocking;
+  if (group_blocking == -1) {
+    group_blocking = b;
+  } else if (group_blocking != b) {
+    WARN("Blocking and nonblocking communicators are not allowed in the same group.");
+    return ncclInvalidArgument;
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t group_add_task(struct task* t) {
+  ncclResult_t r = check_blocking(t->comm);
+  if (r != ncclSuccess) {
+    t->next = NULL;
+    tasks_finish(t, true);
+    return group_note_error(r);
+  }
+  t->next = NULL;
+  if (task_tail) task_tail->next = t;
+  else task_head = t;
+  task_tail = t;
+  return ncclSuccess;
+}
+
+/* ---- jobs ---- */
+
+void job_free(struct job* j) {
+  if (j->comm) comm_release(j->comm);
+  if (j->parent && j->parent != j->comm) comm_release(j->parent);
+  free(j->exclude);
+  free(j->expected);
+  free(j);
+}
+
+void job_discard_new_comm(struct job* j) {
+  struct ncclComm* c = j->kind == JOB_INIT || j->kind == JOB_GROW ? j->comm : j->child;
+  if (!c) return;
+  if (comm_unregister(c)) {
+    comm_teardown(c, RS_ABORTED);
+    comm_release(c); /* the registry's reference */
+  }
+  if (j->slot && (j->kind == JOB_INIT || j->kind == JOB_GROW)) __atomic_store_n(j->slot, NULL, __ATOMIC_RELEASE);
+}
+
+static void job_complete(struct job* j, ncclResult_t r) {
+  j->result = r;
+  switch (j->kind) {
+    case JOB_INIT:
+    case JOB_GROW:
+      if (r == ncclSuccess) {
+        j->comm->phase = CP_READY;
+        comm_set_async(j->comm, ncclSuccess);
+      } else if (j->comm->config.blocking) {
+        comm_set_async(j->comm, r);
+        job_discard_new_comm(j);
+      } else {
+        comm_set_async(j->comm, r);
+      }
+      break;
+    case JOB_FINALIZE:
+      if (r == ncclSuccess) j->comm->phase = CP_FINALIZED;
+      comm_set_async(j->comm, r);
+      break;
+    case JOB_SPLIT:
+    case JOB_SHRINK:
+      if (r == ncclSuccess && j->child) {
+        j->child->phase = CP_READY;
+        comm_set_async(j->child, ncclSuccess);
+        __atomic_store_n(j->slot, j->child, __ATOMIC_RELEASE);
+        comm_release(j->child); /* the job's reference; the registry keeps its own */
+        j->child = NULL;
+      } else if (j->child) { /* never registered */
+        comm_teardown(j->child, RS_ABORTED);
+        comm_release(j->child);
+        comm_release(j->child);
+        j->child = NULL;
+      }
+      comm_set_async(j->comm, r);
+      break;
+  }
+}
+
+static ncclResult_t job_body(struct job* j) {
+  switch (j->kind) {
+    case JOB_INIT:
+    case JOB_GROW: return job_run_init(j);
+    case JOB_FINALIZE: return job_run_finalize(j);
+    default: return job_run_reshape(j);
+  }
+}
+
+static ncclResult_t job_exec(struct job* j) {
+  struct ncclComm* c = j->comm;
+  ncclResult_t r = job_body(j);
+  if (r != ncclSuccess) ph_last_error_to_comm(c);
+  job_complete(j, r);
+  return r;
+}
+
+static void* job_thread_detached(void* arg) {
+  struct job* j = arg;
+  struct ncclComm* c = j->comm;
+  comm_ref(c);
+  job_exec(j);
+  job_free(j);
+  __atomic_sub_fetch(&c->job_running, 1, __ATOMIC_ACQ_REL);
+  comm_release(c);
+  return NULL;
+}
+
+static void* job_thread_joined(void* arg) {
+  struct job* j = arg;
+  job_exec(j);
+  return NULL;
+}
+
+static bool spawn(struct job* j, void* (*fn)(void*), bool detached) {
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  if (detached) pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  int e = pthread_create(&j->thread, &attr, fn, j);
+  pthread_attr_destroy(&attr);
+  return e == 0;
+}
+
+static ncclResult_t run_jobs(struct job* list, bool blocking) {
+  ncclResult_t ret = ncclSuccess;
+  for (struct job* j = list; j; j = j->next) {
+    __atomic_add_fetch(&j->comm->job_running, 1, __ATOMIC_ACQ_REL);
+    if (!blocking) comm_set_async(j->comm, ncclInProgress);
+  }
+  if (!blocking) {
+    for (struct job *j = list, *next; j; j = next) {
+      next = j->next;
+      if (!spawn(j, job_thread_detached, true)) {
+        WARN("ncclGroupEnd : cannot start a thread");
+        job_complete(j, ncclSystemError);
+        __atomic_sub_fetch(&j->comm->job_running, 1, __ATOMIC_ACQ_REL);
+        job_free(j);
+        ret = ncclSystemError;
+      }
+    }
+    return ret == ncclSuccess ? ncclInProgress : ret;
+  }
+  if (!list->next) { /* a single job runs in the calling thread */
+    ret = job_exec(list);
+  } else {
+    for (struct job* j = list; j; j = j->next)
+      if (!spawn(j, job_thread_joined, false)) j->thread = 0, job_exec(j);
+    for (struct job* j = list; j; j = j->next) {
+      if (j->thread) pthread_join(j->thread, NULL);
+      if (ret == ncclSuccess && j->result != ncclSuccess) ret = j->result;
+    }
+  }
+  for (struct job *j = list, *next; j; j = next) {
+    next = j->next;
+    struct ncclComm* c = j->comm;
+    comm_ref(c);
+    job_free(j);
+    __atomic_sub_fetch(&c->job_running, 1, __ATOMIC_ACQ_REL);
+    comm_release(c);
+  }
+  return ret;
+}
+
+ncclResult_t job_launch(struct job* j) {
+  j->next = NULL;
+  if (depth > 0) {
+    ncclResult_t r = check_blocking(j->comm);
+    if (r != ncclSuccess) {
+      job_complete(j, r);
+      job_free(j);
+      return group_note_error(r);
+    }
+    if (job_tail) job_tail->next = j;
+    else job_head = j;
+    job_tail = j;
+    return ncclSuccess;
+  }
+  return run_jobs(j, j->comm->config.blocking);
+}
+
+/* ---- group calls ---- */
+
+NCCL_API ncclResult_t ncclGroupStart(void) {
+  depth++;
+  return ncclSuccess;
+}
+
+static float estimate_us(struct task* list) {
+  float us = 0;
+  for (struct task* t = list; t; t = t->next) {
+    size_t bytes = t->count * dt_size(t->dtype);
+    us += 5.0f + (float)bytes / 2000.0f; /* ~5 us latency, ~2 GB/s through shared memory */
+  }
+  return us;
+}
+
+static ncclResult_t group_flush(ncclSimInfo_t* sim) {
+  ncclResult_t err = group_error;
+  int blocking = group_blocking;
+  struct task* tasks = task_head;
+  struct job* jobs = job_head;
+  group_error = ncclSuccess;
+  group_blocking = -1;
+  task_head = task_tail = NULL;
+  job_head = job_tail = NULL;
+
+  ncclSimInfo_t info;
+  if (err == ncclSuccess && sim) {
+    size_t size;
+    memcpy(&size, sim, sizeof size);
+    memset(&info, 0, sizeof info);
+    memcpy(&info, sim, MIN(size, sizeof info));
+    if (info.magic != NCCL_SIM_INFO_MAGIC) {
+      WARN("ncclSimInfo_t argument not initialized via NCCL_SIM_INFO_INITIALIZER");
+      err = ncclInvalidArgument;
+    }
+  }
+  if (err != ncclSuccess) {
+    tasks_finish(tasks, true);
+    for (struct job *j = jobs, *next; j; j = next) {
+      next = j->next;
+      job_complete(j, err);
+      job_free(j);
+    }
+    return err;
+  }
+  ncclResult_t ret = ncclSuccess;
+  if (jobs) ret = run_jobs(jobs, blocking != 0);
+  if (sim) {
+    info.estimatedTime = estimate_us(tasks);
+    size_t size;
+    memcpy(&size, sim, sizeof size);
+    memcpy(sim, &info, MIN(size, sizeof info));
+    tasks_finish(tasks, true);
+    return ret;
+  }
+  /* queue the tasks of each stream first, so they progress while the NULL-stream tasks run here */
+  struct task *local = NULL, **local_tail = &local;
+  while (tasks) {
+    struct task* t = tasks;
+    tasks = t->next;
+    t->next = NULL;
+    if (!t->stream) {
+      *local_tail = t;
+      local_tail = &t->next;
+      continue;
+    }
+    struct task *same = t, **tail = &t->next, *rest = NULL, **rest_tail = &rest;
+    while (tasks) {
+      struct task* u = tasks;
+      tasks = u->next;
+      u->next = NULL;
+      if (u->stream == t->stream) {
+        *tail = u;
+        tail = &u->next;
+      } else {
+        *rest_tail = u;
+        rest_tail = &u->next;
+      }
+    }
+    tasks = rest;
+    ncclResult_t r = stream_submit(t->stream, same);
+    if (r != ncclSuccess) {
+      tasks_finish(same, true);
+      if (ret == ncclSuccess || ret == ncclInProgress) ret = r;
+    }
+  }
+  if (local) {
+    ncclResult_t r = run_tasks(local);
+    tasks_finish(local, true);
+    if (r != ncclSuccess && (ret == ncclSuccess || ret == ncclInProgress)) ret = r;
+  }
+  return ret;
+}
+
+NCCL_API ncclResult_t ncclGroupEnd(void) {
+  if (depth == 0) {
+    WARN("ncclGroupEnd: not in a group call.");
+    return ncclInvalidUsage;
+  }
+  if (--depth > 0) return ncclSuccess;
+  return group_flush(NULL);
+}
+
+NCCL_API ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
+  if (depth == 0) {
+    WARN("ncclGroupEnd: not in a group call.");
+    return ncclInvalidUsage;
+  }
+  if (--depth > 0) return ncclSuccess;
+  if (!simInfo) {
+    WARN("ncclGroupSimulateEnd : simInfo argument is NULL");
+    group_error = ncclInvalidArgument;
+  }
+  return group_flush(simInfo);
+}

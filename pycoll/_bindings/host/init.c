@@ -1,0 +1,405 @@
+/* Communicator lifecycle entry points: unique ids, init (blocking, nonblocking, scalable, all),
+ * finalize, destroy, abort, revoke, the async error and the simple queries. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "debug.h"
+#include "group.h"
+#include "handles.h"
+
+NCCL_API ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
+  if (!uniqueId) {
+    WARN("ncclGetUniqueId : uniqueId argument is NULL");
+    return ncclInvalidArgument;
+  }
+  shm_sweep();
+  return uid_make(uniqueId, UID_INIT, NULL, 0, 0);
+}
+
+/* ---- init ---- */
+
+ncclResult_t job_run_init(struct job* j) {
+  struct ncclComm* c = j->comm;
+  uint32_t* flags[2] = {&c->abort_flag, j->parent ? &j->parent->abort_flag : NULL};
+  struct rendezvous r = {.nonce = j->nonce,
+                         .nranks = j->nranks,
+                         .rank = j->rank,
+                         .kind = j->seg_kind,
+                         .token = c->token,
+                         .ids_hash = j->ids_hash,
+                         .expected = j->expected,
+                         .abort_flags = flags,
+                         .nabort = j->parent ? 2 : 1,
+                         .timeout_ns = rendezvous_timeout_ns(),
+                         .opname = j->opname,
+                         .comm = c};
+  struct seg s;
+  ncclResult_t res = rendezvous_join(&r, &s);
+  if (res != ncclSuccess) return res;
+  res = comm_attach(c, &s, j->rank);
+  if (res != ncclSuccess) {
+    comm_fail(c, res, c->last_error);
+    comm_teardown(c, RS_FAILED);
+    return res;
+  }
+  INFO("%s : rank %d/%d ready (segment %s, %zu bytes)", j->opname, c->rank, c->nranks, s.name, s.size);
+  return ncclSuccess;
+}
+
+static uint64_t hash_ids(int nid, const ncclUniqueId* ids) {
+  if (nid <= 1) return 0;
+  uint64_t h = 0x5ca1ab1eull;
+  for (int i = 0; i < nid; i++) {
+    const struct host_uid* u = (const struct host_uid*)&ids[i];
+    h = mix64(h ^ u->nonce[0]) ^ mix64(u->nonce[1] + (uint64_t)i);
+  }
+  return h;
+}
+
+/* Creates the comm object, registers it, sets *newcomm and launches the init job. */
+static ncclResult_t init_common(ncclComm_t* newcomm, int nranks, int nid, const ncclUniqueId* ids, int rank,
+                                const ncclConfig_t* config, const char* opname, int cuda_dev) {
+  if (!newcomm) {
+    WARN("%s : newcomm argument is NULL", opname);
+    return group_note_error(ncclInvalidArgument);
+  }
+  *newcomm = NULL;
+  if (nranks < 1 || rank < 0 || rank >= nranks) {
+    WARN("Invalid rank requested : %d/%d", rank, nranks);
+    return group_note_error(ncclInvalidArgument);
+  }
+  if (nid < 1 || nid > nranks || !ids) {
+    WARN("improper usage of ncclCommInitRank: nId = %d, nranks=%d", nid, nranks);
+    return group_note_error(ncclInvalidArgument);
+  }
+  struct host_uid u;
+  for (int i = 0; i < nid; i++) {
+    ncclResult_t r = uid_parse(&ids[i], &u, opname, NULL);
+    if (r != ncclSuccess) return group_note_error(r);
+    if (u.kind != UID_INIT) {
+      WARN("%s : this unique id comes from ncclCommGetUniqueId and can only be used with ncclCommGrow", opname);
+      return group_note_error(ncclInvalidArgument);
+    }
+  }
+  uid_parse(&ids[0], &u, opname, NULL);
+  struct ncclComm* c = comm_alloc();
+  struct job* j = calloc(1, sizeof *j);
+  if (!c || !j) {
+    free(c);
+    free(j);
+    WARN("%s : out of memory", opname);
+    return group_note_error(ncclSystemError);
+  }
+  ncclResult_t r = parse_config(&c->config, config, opname, NULL);
+  if (r != ncclSuccess) {
+    comm_release(c);
+    free(j);
+    return group_note_error(r);
+  }
+  if (c->config.commName) snprintf(c->name, sizeof c->name, "%s", c->config.commName);
+  c->config.commName = c->name[0] ? c->name : NULL;
+  c->config.netName = NULL;
+  c->nranks = nranks;
+  c->rank = rank;
+  c->cuda_dev = cuda_dev;
+  comm_register(c);
+  *newcomm = c;
+  comm_ref(c); /* the job's */
+  j->kind = JOB_INIT;
+  j->opname = opname;
+  j->comm = c;
+  j->slot = newcomm;
+  j->nranks = nranks;
+  j->rank = rank;
+  j->seg_kind = SEG_INIT;
+  j->nonce[0] = u.nonce[0];
+  j->nonce[1] = u.nonce[1];
+  j->ids_hash = hash_ids(nid, ids);
+  return job_launch(j);
+}
+
+NCCL_API ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
+                                             ncclConfig_t* config) {
+  return init_common(comm, nranks, 1, &commId, rank, config, "ncclCommInitRankConfig", 0);
+}
+
+NCCL_API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
+  return init_common(comm, nranks, 1, &commId, rank, NULL, "ncclCommInitRank", 0);
+}
+
+NCCL_API ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId,
+                                               ncclUniqueId* commIds, ncclConfig_t* config) {
+  return init_common(newcomm, nranks, nId, commIds, myrank, config, "ncclCommInitRankScalable", 0);
+}
+
+NCCL_API ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
+  if (!comms) {
+    WARN("CommInitAll : comms argument is NULL");
+    return ncclInvalidArgument;
+  }
+  if (ndev < 0) {
+    WARN("Invalid device count requested : %d", ndev);
+    return ncclInvalidArgument;
+  }
+  for (int i = 0; devlist && i < ndev; i++)
+    if (devlist[i] < 0) {
+      WARN("Invalid device %d", devlist[i]);
+      return ncclInvalidArgument;
+    }
+  for (int i = 0; i < ndev; i++) comms[i] = NULL;
+  if (ndev == 0) return ncclSuccess;
+  ncclUniqueId id;
+  ncclResult_t r = ncclGetUniqueId(&id);
+  if (r != ncclSuccess) return r;
+  ncclConfig_t cfg;
+  config_defaults(&cfg);
+  cfg.blocking = 1; /* like NCCL: InitAll is blocking whatever NCCL_COMM_BLOCKING says */
+  ncclGroupStart();
+  for (int i = 0; i < ndev; i++) init_common(&comms[i], ndev, 1, &id, i, &cfg, "ncclCommInitAll", devlist ? devlist[i] : i);
+  r = ncclGroupEnd();
+  if (r != ncclSuccess) {
+    for (int i = 0; i < ndev; i++)
+      if (comms[i]) {
+        ncclCommAbort(comms[i]);
+        comms[i] = NULL;
+      }
+  }
+  return r;
+}
+
+/* ---- finalize, destroy, abort, revoke ---- */
+
+ncclResult_t job_run_finalize(struct job* j) {
+  struct ncclComm* c = j->comm;
+  if (comm_wait_pending(c, true) != ncclSuccess || !comm_enter(c)) {
+    CWARN(c, "ncclCommFinalize : communicator aborted during finalize");
+    return ncclInvalidUsage;
+  }
+  struct seg* s = &c->seg;
+  __atomic_store_n(&s->ctrl[c->rank].state, RS_FINALIZED, __ATOMIC_RELEASE);
+  doorbell_wake(&s->hdr->bell);
+  ncclResult_t res = ncclSuccess;
+  struct backoff b;
+  backoff_reset(&b, c->oversubscribed);
+  char text[512];
+  for (int k = 0; k < c->nranks && res == ncclSuccess;) {
+    int st = k == c->rank ? RS_FINALIZED : __atomic_load_n(&s->ctrl[k].state, __ATOMIC_ACQUIRE);
+    if (st == RS_FINALIZED || st == RS_DESTROYED) {
+      k++;
+      continue;
+    }
+    if (comm_aborting(c)) {
+      CWARN(c, "ncclCommFinalize : communicator aborted during finalize");
+      res = ncclInvalidUsage;
+      break;
+    }
+    enum wait_phase ph = backoff_step(&b);
+    if (ph == WAIT_SPIN) continue;
+    ncclResult_t e = comm_check_peer(c, k, backoff_due(&b, 2000000), text, sizeof text);
+    if (e != ncclSuccess) {
+      CWARN(c, "ncclCommFinalize : %s", text);
+      res = e;
+    } else if (ph == WAIT_SLEEP) {
+      doorbell_sleep(&s->hdr->bell, backoff_sleep_ns(&b), NULL, NULL);
+    }
+  }
+  comm_leave(c);
+  return res;
+}
+
+NCCL_API ncclResult_t ncclCommFinalize(ncclComm_t comm) {
+  struct ncclComm* c;
+  ncclResult_t r = comm_acquire(comm, "ncclCommFinalize", &c);
+  if (r != ncclSuccess) return group_note_error(r);
+  if (c->revoked) {
+    CWARN(c, "ncclCommFinalize : communicator was revoked; destroy or abort it instead");
+    r = ncclInvalidUsage;
+  } else if ((r = comm_ensure_ready(c, "ncclCommFinalize")) != ncclSuccess) {
+  } else if (c->finalize_called) {
+    CWARN(c, "ncclCommFinalize : communicator was already finalized");
+    r = ncclInvalidArgument;
+  }
+  if (r != ncclSuccess) {
+    comm_release(c);
+    return group_note_error(r);
+  }
+  c->finalize_called = true;
+  struct job* j = calloc(1, sizeof *j);
+  if (!j) {
+    comm_release(c);
+    return ncclSystemError;
+  }
+  j->kind = JOB_FINALIZE;
+  j->opname = "ncclCommFinalize";
+  j->comm = c; /* the reference taken above */
+  return job_launch(j);
+}
+
+NCCL_API ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  if (!comm) return ncclSuccess;
+  struct ncclComm* c;
+  if (!handle_valid(comm, H_COMM)) {
+    WARN("comm %p has already been destroyed", (void*)comm);
+    return ncclInvalidArgument;
+  }
+  ncclResult_t r = comm_acquire(comm, "ncclCommDestroy", &c);
+  if (r != ncclSuccess) return r;
+  if (__atomic_load_n(&c->job_running, __ATOMIC_ACQUIRE)) {
+    CWARN(c, "ncclCommDestroy : Attempt to use communicator before the previous operation returned ncclSuccess");
+    comm_release(c);
+    return ncclInvalidArgument;
+  }
+  if (!comm_unregister(c)) {
+    WARN("comm %p has already been destroyed", (void*)comm);
+    comm_release(c);
+    return ncclInvalidArgument;
+  }
+  c->destroy_called = true;
+  comm_wait_pending(c, false);
+  comm_wait_inactive(c);
+  comm_teardown(c, RS_DESTROYED);
+  comm_release(c); /* the registry's */
+  comm_release(c);
+  return ncclSuccess;
+}
+
+NCCL_API ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  if (!comm) return ncclSuccess;
+  struct ncclComm* c;
+  ncclResult_t r = comm_acquire(comm, "ncclCommAbort", &c);
+  if (r != ncclSuccess) return r;
+  if (!comm_unregister(c)) {
+    WARN("ncclCommAbort : comm %p is being destroyed or aborted by another thread", (void*)comm);
+    comm_release(c);
+    return ncclInvalidArgument;
+  }
+  c->destroy_called = true;
+  __atomic_store_n(&c->abort_reason, AB_USER, __ATOMIC_RELEASE);
+  __atomic_store_n(&c->abort_flag, 1, __ATOMIC_SEQ_CST);
+  comm_publish_state(c, RS_ABORTED); /* peers waiting on us fail now */
+  struct backoff b;
+  backoff_reset(&b, true);
+  while (__atomic_load_n(&c->job_running, __ATOMIC_ACQUIRE)) {
+    if (backoff_step(&b) == WAIT_SLEEP) usleep(200);
+  }
+  comm_wait_inactive(c);
+  comm_teardown(c, RS_ABORTED);
+  comm_release(c);
+  comm_release(c);
+  return ncclSuccess;
+}
+
+NCCL_API ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
+  if (!comm) return ncclSuccess;
+  struct ncclComm* c;
+  ncclResult_t r = comm_acquire(comm, "ncclCommRevoke", &c);
+  if (r != ncclSuccess) return r;
+  if (revokeFlags != NCCL_REVOKE_DEFAULT) {
+    CWARN(c, "ncclCommRevoke : invalid revokeFlags %d (only NCCL_REVOKE_DEFAULT is supported)", revokeFlags);
+    r = ncclInvalidArgument;
+  } else if (c->destroy_called || c->finalize_called) {
+    CWARN(c, "ncclCommRevoke : communicator is %s", c->revoked ? "already revoked" : "being finalized or destroyed");
+    r = ncclInvalidArgument;
+  }
+  if (r != ncclSuccess) {
+    comm_release(c);
+    return r;
+  }
+  c->revoked = true;
+  c->finalize_called = true;
+  __atomic_store_n(&c->abort_reason, AB_REVOKE, __ATOMIC_RELEASE);
+  __atomic_store_n(&c->abort_flag, 1, __ATOMIC_SEQ_CST);
+  comm_publish_state(c, RS_REVOKED);
+  struct backoff b;
+  backoff_reset(&b, true);
+  while (__atomic_load_n(&c->job_running, __ATOMIC_ACQUIRE)) {
+    if (backoff_step(&b) == WAIT_SLEEP) usleep(200);
+  }
+  comm_wait_inactive(c);
+  __atomic_store_n(&c->abort_flag, 0, __ATOMIC_SEQ_CST);
+  __atomic_store_n(&c->abort_reason, AB_NONE, __ATOMIC_RELEASE);
+  if (comm_async(c) != ncclInProgress) comm_set_async(c, ncclSuccess);
+  comm_release(c);
+  return ncclSuccess;
+}
+
+/* ---- state and queries ---- */
+
+NCCL_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
+  struct ncclComm* c;
+  ncclResult_t r = comm_acquire(comm, "ncclGetAsyncError", &c);
+  if (r != ncclSuccess) return r;
+  if (!asyncError) {
+    CWARN(c, "ncclGetAsyncError : asyncError argument is NULL");
+    comm_release(c);
+    return ncclInvalidArgument;
+  }
+  *asyncError = (ncclResult_t)comm_async(c);
+  comm_release(c);
+  return ncclSuccess;
+}
+
+static ncclResult_t query(ncclComm_t comm, int* out, const char* opname, const char* argname, int which) {
+  struct ncclComm* c;
+  ncclResult_t r = comm_acquire(comm, opname, &c);
+  if (r != ncclSuccess) return r;
+  if (!out) {
+    CWARN(c, "%s : %s argument is NULL", opname, argname);
+    r = ncclInvalidArgument;
+  } else if ((r = comm_ensure_ready(c, opname)) == ncclSuccess) {
+    *out = which == 0 ? c->nranks : which == 1 ? c->cuda_dev : c->rank;
+  }
+  comm_release(c);
+  return r;
+}
+
+NCCL_API ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
+  return query(comm, count, "CommCount", "count", 0);
+}
+NCCL_API ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
+  return query(comm, device, "CommCuDevice", "devid", 1);
+}
+NCCL_API ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
+  return query(comm, rank, "CommUserRank", "rank", 2);
+}
+
+NCCL_API ncclResult_t ncclCommSuspend(ncclComm_t comm, int flags) {
+  struct ncclComm* c;
+  ncclResult_t r = comm_acquire(comm, "ncclCommSuspend", &c);
+  if (r != ncclSuccess) return r;
+  if ((r = comm_ensure_ready(c, "ncclCommSuspend")) == ncclSuccess && (flags & NCCL_SUSPEND_MEM)) c->suspended = true;
+  comm_release(c);
+  return r;
+}
+
+NCCL_API ncclResult_t ncclCommResume(ncclComm_t comm) {
+  struct ncclComm* c;
+  ncclResult_t r = comm_acquire(comm, "ncclCommResume", &c);
+  if (r != ncclSuccess) return r;
+  if ((r = comm_ensure_ready(c, "ncclCommResume")) == ncclSuccess) c->suspended = false;
+  comm_release(c);
+  return r;
+}
+
+/* The host library allocates no GPU memory: every size is 0; "suspended" tells whether
+ * ncclCommSuspend(NCCL_SUSPEND_MEM) is in effect. */
+NCCL_API ncclResult_t ncclCommMemStats(ncclComm_t comm, ncclCommMemStat_t stat, uint64_t* value) {
+  struct ncclComm* c;
+  ncclResult_t r = comm_acquire(comm, "ncclCommMemStats", &c);
+  if (r != ncclSuccess) return r;
+  if ((r = comm_ensure_ready(c, "ncclCommMemStats")) != ncclSuccess) {
+  } else if (!value) {
+    CWARN(c, "ncclCommMemStats : value argument is NULL");
+    r = ncclInvalidArgument;
+  } else if (stat == ncclStatGpuMemSuspended) {
+    *value = c->suspended ? 1 : 0;
+  } else if (stat == ncclStatGpuMemSuspend || stat == ncclStatGpuMemPersist || stat == ncclStatGpuMemTotal) {
+    *value = 0;
+  } else {
+    CWARN(c, "ncclCommMemStats : invalid stat %d", (int)stat);
+    r = ncclInvalidArgument;
+  }
+  comm_release(c);
+  return r;
+}

@@ -1,0 +1,149 @@
+/* The shared-memory segment of one communicator: its layout and the process-local view of it.
+ *
+ *   header (4 KiB)   identity, rendezvous counters, poison, doorbell
+ *   rank_ctrl[n]     per rank: step flags (arrive, reduced), op descriptors, state, reshape mailbox
+ *   chan_ctrl[n*n]   per ordered pair (src, dst): p2p ring head (src writes) and tail (dst writes)
+ *   inbox[n][2]      per rank and step parity: what the rank publishes for a collective step
+ *   outbuf[2]        per step parity: reduced slices of the two-phase allreduce/reduce
+ *   p2p[n*n][slots]  per ordered pair: ring of slots, each a slot_hdr plus payload
+ */
+#ifndef PYCOLL_SEGMENT_H
+#define PYCOLL_SEGMENT_H
+
+#include "core.h"
+#include "shm.h"
+#include "wait.h"
+
+#define SEG_MAGIC 0x7079636f6c6c5347ull
+#define SEG_LAYOUT_VERSION 1
+#define SEG_HEADER_BYTES 4096
+#define SLOT_HDR_BYTES 64
+
+enum rank_state {
+  RS_EMPTY = 0,
+  RS_JOINED = 1,
+  RS_ACTIVE = 2,
+  RS_FINALIZED = 3,
+  RS_DESTROYED = 4,
+  RS_ABORTED = 5,
+  RS_REVOKED = 6,
+  RS_FAILED = 7
+};
+
+enum seg_kind { SEG_INIT = 1, SEG_SPLIT = 2, SEG_SHRINK = 3, SEG_GROW = 4 };
+
+/* What a rank is doing in its current collective step; peers compare it with their own. */
+struct op_desc {
+  uint64_t op_seq;
+  uint64_t count;
+  int32_t kind;
+  int32_t dtype;
+  int32_t redop;
+  int32_t root;
+  uint32_t step;
+  uint32_t nsteps;
+  uint64_t pad[3];
+};
+
+/* One reshape exchange (split, shrink) through the parent's segment; seq is written last. */
+struct mbox {
+  uint64_t seq;
+  int32_t kind;
+  int32_t color;
+  int32_t key;
+  int32_t nexclude;
+  uint64_t hash;
+  uint64_t pad[4];
+};
+
+struct rank_ctrl {
+  _Alignas(64) uint64_t arrive;
+  _Alignas(64) uint64_t reduced;
+  _Alignas(64) struct op_desc desc[2];
+  _Alignas(64) uint64_t token; /* who claimed this rank: (pid << 32) | per-process counter */
+  struct proc_id proc;
+  int32_t state;
+  int32_t fail_code;
+  char fail_text[200];
+  _Alignas(64) struct mbox mbox[2];
+};
+
+struct chan_ctrl {
+  _Alignas(64) uint64_t head;
+  _Alignas(64) uint64_t tail;
+};
+
+struct slot_hdr {
+  uint64_t msg_seq;
+  uint64_t total;
+  uint64_t offset;
+  uint32_t len;
+  int32_t dtype;
+};
+
+struct seg_header {
+  uint64_t magic;
+  uint32_t layout_version;
+  int32_t nranks;
+  uint64_t total_size;
+  uint8_t boot_id[16];
+  uint64_t nonce[2];
+  struct proc_id creator;
+  uint64_t ids_hash;
+  int32_t kind;
+  int32_t pad0;
+  uint64_t ctrl_off, chan_off, inbox_off, outbuf_off, p2p_off;
+  uint64_t inbox_bytes, slot_bytes;
+  uint32_t nslots;
+  uint32_t pad1;
+  _Alignas(64) uint32_t joined;
+  uint32_t fail_claim;
+  int32_t failed; /* ncclResult_t that poisoned the rendezvous, 0 if none */
+  char fail_text[256];
+  struct doorbell bell;
+};
+
+_Static_assert(sizeof(struct seg_header) <= SEG_HEADER_BYTES, "segment header too large");
+_Static_assert(sizeof(struct op_desc) == 64, "op_desc is one cache line");
+
+struct seg_layout {
+  size_t ctrl_off, chan_off, inbox_off, outbuf_off, p2p_off, total;
+  size_t inbox_bytes, slot_bytes;
+  int nslots;
+};
+
+/* Process-local view of a mapped segment. */
+struct seg {
+  char* base;
+  size_t size;
+  int nranks;
+  struct seg_header* hdr;
+  struct rank_ctrl* ctrl;
+  struct chan_ctrl* chan;
+  char* inbox;
+  char* outbuf;
+  char* p2p;
+  size_t inbox_bytes, slot_bytes;
+  int nslots;
+  char name[64];
+};
+
+void seg_layout(int nranks, struct seg_layout* out);
+void seg_view(struct seg* s, void* base, size_t size);
+void seg_unmap(struct seg* s);
+void seg_name_of(char out[64], const uint64_t nonce[2]);
+
+static inline char* seg_inbox(const struct seg* s, int rank, int parity) {
+  return s->inbox + ((size_t)rank * 2 + (size_t)parity) * s->inbox_bytes;
+}
+static inline char* seg_outbuf(const struct seg* s, int parity) { return s->outbuf + (size_t)parity * s->inbox_bytes; }
+static inline struct chan_ctrl* seg_chan(const struct seg* s, int src, int dst) {
+  return &s->chan[(size_t)src * s->nranks + dst];
+}
+static inline char* seg_slot(const struct seg* s, int src, int dst, uint64_t idx) {
+  size_t ring = (size_t)src * s->nranks + dst;
+  return s->p2p + (ring * s->nslots + (size_t)(idx % (uint64_t)s->nslots)) * s->slot_bytes;
+}
+static inline void seg_ring(struct seg* s) { doorbell_ring(&s->hdr->bell); }
+
+#endif

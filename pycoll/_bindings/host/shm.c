@@ -1,0 +1,229 @@
+#include "shm.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static uint64_t read_start_time(int32_t pid, char* state) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return 0;
+  buf[n] = 0;
+  char* p = strrchr(buf, ')');
+  if (!p) return 0;
+  p += 2; /* field 3: state */
+  if (state) *state = *p;
+  for (int field = 3; field < 22 && p; field++) {
+    p = strchr(p, ' ');
+    if (p) p++;
+  }
+  return p ? strtoull(p, NULL, 10) : 0;
+}
+
+static uint64_t read_pidns(void) {
+  struct stat st;
+  if (stat("/proc/self/ns/pid", &st) != 0) return 0;
+  return (uint64_t)st.st_ino;
+}
+
+void proc_self(struct proc_id* out) {
+  static struct proc_id cached;
+  static pid_t cached_pid;
+  pid_t me = getpid();
+  if (cached_pid != me) { /* recompute after fork */
+    cached.pid = me;
+    cached.start = read_start_time(me, NULL);
+    cached.pidns = read_pidns();
+    cached_pid = me;
+  }
+  *out = cached;
+}
+
+int proc_alive(const struct proc_id* p) {
+  struct proc_id me;
+  proc_self(&me);
+  if (p->pid <= 0 || p->pidns != me.pidns) return -1;
+  char state = 0;
+  uint64_t start = read_start_time(p->pid, &state);
+  if (start == 0) return 0;
+  if (p->start && start != p->start) return 0;
+  if (state == 'Z' || state == 'X') return 0;
+  return 1;
+}
+
+int host_boot_id(uint8_t out[16]) {
+  static uint8_t cached[16];
+  static int have;
+  if (!have) {
+    char buf[64] = {0};
+    int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      ssize_t n = read(fd, buf, sizeof buf - 1);
+      close(fd);
+      int k = 0;
+      for (ssize_t i = 0; i < n && k < 32; i++) {
+        char c = buf[i];
+        int v = (c >= '0' && c <= '9') ? c - '0' : (c >= 'a' && c <= 'f') ? c - 'a' + 10 : -1;
+        if (v < 0) continue;
+        cached[k / 2] = (uint8_t)(cached[k / 2] << 4 | v);
+        k++;
+      }
+    }
+    have = 1;
+  }
+  memcpy(out, cached, 16);
+  return 0;
+}
+
+const char* host_name(void) {
+  static char name[64];
+  if (!name[0]) {
+    gethostname(name, sizeof name - 1);
+    if (!name[0]) strcpy(name, "localhost");
+  }
+  return name;
+}
+
+int random_bytes(void* buf, size_t len) {
+  size_t got = 0;
+  while (got < len) {
+    ssize_t n = getrandom((char*)buf + got, len - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return -1;
+    }
+    got += (size_t)n;
+  }
+  return 0;
+}
+
+static void path_of(char* out, size_t len, const char* name) {
+  snprintf(out, len, "%s/%s", SHM_DIR, name[0] == '/' ? name + 1 : name);
+}
+
+int shm_open_map(const char* name, void** base, size_t* size) {
+  char path[256];
+  path_of(path, sizeof path, name);
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) return errno;
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    int e = errno;
+    close(fd);
+    return e;
+  }
+  void* p = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int e = errno;
+  close(fd);
+  if (p == MAP_FAILED) return e;
+  *base = p;
+  *size = (size_t)st.st_size;
+  return 0;
+}
+
+int shm_create_map(const char* name, size_t size, void (*init)(void* base, void* arg), void* arg, void** base) {
+  char tmpname[128], tmppath[256], path[256];
+  struct proc_id me;
+  proc_self(&me);
+  uint64_t r = 0;
+  random_bytes(&r, sizeof r);
+  snprintf(tmpname, sizeof tmpname, "%s-tmp-%d-%llu-%016llx", SHM_PREFIX, me.pid, (unsigned long long)me.start,
+           (unsigned long long)r);
+  path_of(tmppath, sizeof tmppath, tmpname);
+  path_of(path, sizeof path, name);
+  int fd = open(tmppath, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return errno;
+  int err = 0;
+  void* p = MAP_FAILED;
+  if (ftruncate(fd, (off_t)size) != 0) {
+    err = errno;
+    goto fail;
+  }
+  p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    err = errno;
+    goto fail;
+  }
+  init(p, arg);
+  if (link(tmppath, path) != 0) {
+    err = errno;
+    goto fail;
+  }
+  unlink(tmppath);
+  close(fd);
+  *base = p;
+  return 0;
+fail:
+  if (p != MAP_FAILED) munmap(p, size);
+  unlink(tmppath);
+  close(fd);
+  return err ? err : EIO;
+}
+
+void shm_unlink_name(const char* name) {
+  char path[256];
+  path_of(path, sizeof path, name);
+  unlink(path);
+}
+
+static void sweep_one(const char* entry) {
+  char path[300];
+  snprintf(path, sizeof path, "%s/%s", SHM_DIR, entry);
+  struct proc_id creator = {0};
+  if (!strncmp(entry, SHM_PREFIX "-tmp-", strlen(SHM_PREFIX "-tmp-"))) {
+    unsigned long long start = 0;
+    if (sscanf(entry + strlen(SHM_PREFIX "-tmp-"), "%d-%llu", &creator.pid, &start) != 2) return;
+    creator.start = start;
+    struct proc_id me;
+    proc_self(&me);
+    creator.pidns = me.pidns;
+  } else {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    struct stat st;
+    void* p = MAP_FAILED;
+    size_t len = 0;
+    if (fstat(fd, &st) == 0 && st.st_size >= 4096) {
+      len = 4096;
+      p = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
+    }
+    close(fd);
+    if (p == MAP_FAILED) return;
+    int ok = seg_creator_of(p, len, &creator);
+    munmap(p, len);
+    if (ok != 0) return;
+  }
+  if (proc_alive(&creator) == 0) unlink(path);
+}
+
+void shm_sweep(void) {
+  static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  static uint64_t last;
+  uint64_t t = now_ns();
+  pthread_mutex_lock(&mu);
+  if (last && t - last < 1000000000ull) { /* at most once a second */
+    pthread_mutex_unlock(&mu);
+    return;
+  }
+  last = t;
+  pthread_mutex_unlock(&mu);
+  DIR* d = opendir(SHM_DIR);
+  if (!d) return;
+  struct dirent* e;
+  while ((e = readdir(d)) != NULL) {
+    if (strncmp(e->d_name, SHM_PREFIX, strlen(SHM_PREFIX)) != 0) continue;
+    sweep_one(e->d_name);
+  }
+  closedir(d);
+}

@@ -1,0 +1,39 @@
+/* POSIX shared-memory segments and process identity. Every name starts with "/pycoll". A segment
+ * appears under its final name only fully initialised (created under a temporary name, then
+ * linked), and stale segments of dead creators are swept. */
+#ifndef PYCOLL_SHM_H
+#define PYCOLL_SHM_H
+
+#include <sys/types.h>
+
+#include "core.h"
+
+#define SHM_DIR "/dev/shm"
+#define SHM_PREFIX "pycoll"
+
+struct proc_id {
+  int32_t pid;
+  uint64_t start; /* start time in clock ticks since boot: tells a pid's reuse apart */
+  uint64_t pidns; /* inode of the pid namespace: pids of other namespaces cannot be checked */
+};
+
+void proc_self(struct proc_id* out);
+/* 1 when the process runs (not a zombie), 0 when it is gone, -1 when it cannot be told. */
+int proc_alive(const struct proc_id* p);
+int host_boot_id(uint8_t out[16]);
+const char* host_name(void);
+int random_bytes(void* buf, size_t len);
+
+/* Opens `name` (e.g. "/pycoll-...") read-write and maps it; ENOENT when absent. */
+int shm_open_map(const char* name, void** base, size_t* size);
+/* Creates `name` of `size` bytes, runs init(base, arg) on it, then publishes it atomically.
+ * Returns 0 and maps it, or EEXIST when someone else published it first. */
+int shm_create_map(const char* name, size_t size, void (*init)(void* base, void* arg), void* arg, void** base);
+void shm_unlink_name(const char* name);
+/* Unlinks segments whose creator is dead (and temporary files of dead processes). */
+void shm_sweep(void);
+
+/* Reads the creator of a published segment (implemented by the bootstrap, which owns the header). */
+int seg_creator_of(const void* base, size_t size, struct proc_id* creator);
+
+#endif

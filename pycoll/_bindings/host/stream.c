@@ -1,0 +1,337 @@
+#include "stream.h"
+
+#include <errno.h>
+#include <sched.h>
+#include <stdlib.h>
+
+#include "debug.h"
+#include "handles.h"
+#include "wait.h"
+
+#define STREAM_MAGIC 0x73747265616d6c76ull
+#define EVENT_MAGIC 0x6576656e746c6976ull
+
+/* A point in a stream's order that completes when the stream reaches it. */
+struct marker {
+  int refs;
+  uint32_t done;
+  uint64_t t_ns;
+};
+
+enum item_kind { IT_TASKS, IT_RECORD, IT_WAIT, IT_STOP };
+
+struct item {
+  int kind;
+  struct task* tasks;
+  struct marker* m;
+  struct item* next;
+};
+
+struct pycollStream {
+  uint64_t magic;
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t work;
+  pthread_cond_t idle;
+  struct item *head, *tail;
+  uint64_t enqueued, completed;
+  bool sleeping;
+};
+
+struct pycollEvent {
+  uint64_t magic;
+  pthread_mutex_t mu;
+  struct marker* m; /* the most recent record; NULL if never recorded */
+};
+
+static struct marker* marker_new(void) {
+  struct marker* m = calloc(1, sizeof *m);
+  if (m) m->refs = 1;
+  return m;
+}
+
+static void marker_ref(struct marker* m) { __atomic_add_fetch(&m->refs, 1, __ATOMIC_ACQ_REL); }
+
+void marker_release(void* m_) {
+  struct marker* m = m_;
+  if (m && __atomic_sub_fetch(&m->refs, 1, __ATOMIC_ACQ_REL) == 0) free(m);
+}
+
+void marker_fire(void* m_) {
+  struct marker* m = m_;
+  if (__atomic_load_n(&m->done, __ATOMIC_ACQUIRE)) return;
+  m->t_ns = now_ns();
+  __atomic_store_n(&m->done, 1, __ATOMIC_RELEASE);
+  futex_wake(&m->done, false);
+}
+
+static void marker_wait(struct marker* m) {
+  struct backoff b;
+  backoff_reset(&b, true);
+  while (!__atomic_load_n(&m->done, __ATOMIC_ACQUIRE)) {
+    if (backoff_step(&b) == WAIT_SLEEP) futex_wait(&m->done, 0, 10000000, false);
+  }
+}
+
+bool stream_valid(pycollStream_t s) { return handle_valid(s, H_STREAM); }
+bool event_valid(pycollEvent_t e) { return handle_valid(e, H_EVENT); }
+
+/* ---- the stream thread ---- */
+
+static void run_item(struct item* it) {
+  switch (it->kind) {
+    case IT_TASKS: {
+      run_tasks(it->tasks); /* failures land in the comms' async errors */
+      tasks_finish(it->tasks, true);
+      break;
+    }
+    case IT_RECORD: marker_fire(it->m); break;
+    case IT_WAIT: marker_wait(it->m); break;
+    default: break;
+  }
+  if (it->m) marker_release(it->m);
+}
+
+static void* stream_main(void* arg) {
+  struct pycollStream* s = arg;
+  for (;;) {
+    pthread_mutex_lock(&s->mu);
+    if (!s->head) { /* stay responsive for a short while before sleeping */
+      pthread_mutex_unlock(&s->mu);
+      uint64_t t0 = now_ns();
+      while (!__atomic_load_n(&s->head, __ATOMIC_ACQUIRE) && now_ns() - t0 < 50000) sched_yield();
+      pthread_mutex_lock(&s->mu);
+      while (!s->head) {
+        s->sleeping = true;
+        pthread_cond_wait(&s->work, &s->mu);
+        s->sleeping = false;
+      }
+    }
+    struct item* it = s->head;
+    s->head = it->next;
+    if (!s->head) s->tail = NULL;
+    pthread_mutex_unlock(&s->mu);
+    bool stop = it->kind == IT_STOP;
+    run_item(it);
+    free(it);
+    pthread_mutex_lock(&s->mu);
+    s->completed++;
+    pthread_cond_broadcast(&s->idle);
+    pthread_mutex_unlock(&s->mu);
+    if (stop) return NULL;
+  }
+}
+
+static ncclResult_t push(struct pycollStream* s, int kind, struct task* tasks, struct marker* m) {
+  struct item* it = calloc(1, sizeof *it);
+  if (!it) {
+    WARN("pycollStream : out of memory");
+    return ncclSystemError;
+  }
+  it->kind = kind;
+  it->tasks = tasks;
+  it->m = m;
+  pthread_mutex_lock(&s->mu);
+  if (s->tail) s->tail->next = it;
+  else __atomic_store_n(&s->head, it, __ATOMIC_RELEASE);
+  s->tail = it;
+  s->enqueued++;
+  if (s->sleeping) pthread_cond_signal(&s->work);
+  pthread_mutex_unlock(&s->mu);
+  return ncclSuccess;
+}
+
+ncclResult_t stream_submit(pycollStream_t s, struct task* list) { return push(s, IT_TASKS, list, NULL); }
+
+static void stream_sync(struct pycollStream* s) {
+  pthread_mutex_lock(&s->mu);
+  uint64_t target = s->enqueued;
+  while (s->completed < target) pthread_cond_wait(&s->idle, &s->mu);
+  pthread_mutex_unlock(&s->mu);
+}
+
+/* ---- API ---- */
+
+#define CHECK_STREAM(s, name)                                                                              \
+  if (!(s) || !stream_valid(s)) {                                                                          \
+    WARN("%s : stream %p is not a valid pycoll host stream", name, (void*)(s));                            \
+    return ncclInvalidArgument;                                                                            \
+  }
+#define CHECK_EVENT(e, name)                                                                               \
+  if (!(e) || !event_valid(e)) {                                                                           \
+    WARN("%s : event %p is not a valid pycoll host event", name, (void*)(e));                              \
+    return ncclInvalidArgument;                                                                            \
+  }
+
+NCCL_API int pycollStreamCreate(pycollStream_t* stream) {
+  if (!stream) {
+    WARN("pycollStreamCreate : stream argument is NULL");
+    return ncclInvalidArgument;
+  }
+  struct pycollStream* s = calloc(1, sizeof *s);
+  if (!s) return ncclSystemError;
+  s->magic = STREAM_MAGIC;
+  pthread_mutex_init(&s->mu, NULL);
+  pthread_cond_init(&s->work, NULL);
+  pthread_cond_init(&s->idle, NULL);
+  if (pthread_create(&s->thread, NULL, stream_main, s) != 0) {
+    WARN("pycollStreamCreate : cannot start the stream thread: %s", strerror(errno));
+    free(s);
+    return ncclSystemError;
+  }
+  handle_add(s, H_STREAM, 0);
+  *stream = s;
+  return ncclSuccess;
+}
+
+NCCL_API int pycollStreamDestroy(pycollStream_t s) {
+  if (!s || !handle_remove(s, H_STREAM, NULL)) {
+    WARN("pycollStreamDestroy : stream %p is not a valid pycoll host stream", (void*)s);
+    return ncclInvalidArgument;
+  }
+  push(s, IT_STOP, NULL, NULL);
+  pthread_join(s->thread, NULL);
+  pthread_mutex_destroy(&s->mu);
+  pthread_cond_destroy(&s->work);
+  pthread_cond_destroy(&s->idle);
+  s->magic = 0;
+  quarantine_free(s);
+  return ncclSuccess;
+}
+
+NCCL_API int pycollStreamSynchronize(pycollStream_t s) {
+  CHECK_STREAM(s, "pycollStreamSynchronize");
+  stream_sync(s);
+  return ncclSuccess;
+}
+
+NCCL_API int pycollStreamQuery(pycollStream_t s) {
+  CHECK_STREAM(s, "pycollStreamQuery");
+  pthread_mutex_lock(&s->mu);
+  bool idle = s->completed == s->enqueued;
+  pthread_mutex_unlock(&s->mu);
+  return idle ? ncclSuccess : ncclInProgress;
+}
+
+static struct marker* event_current(struct pycollEvent* e) {
+  pthread_mutex_lock(&e->mu);
+  struct marker* m = e->m;
+  if (m) marker_ref(m);
+  pthread_mutex_unlock(&e->mu);
+  return m;
+}
+
+NCCL_API int pycollStreamWaitEvent(pycollStream_t s, pycollEvent_t e) {
+  CHECK_STREAM(s, "pycollStreamWaitEvent");
+  CHECK_EVENT(e, "pycollStreamWaitEvent");
+  struct marker* m = event_current(e);
+  if (!m) return ncclSuccess; /* never recorded: nothing to wait for */
+  ncclResult_t r = push(s, IT_WAIT, NULL, m);
+  if (r != ncclSuccess) marker_release(m);
+  return r;
+}
+
+NCCL_API int pycollEventCreate(pycollEvent_t* event) {
+  if (!event) {
+    WARN("pycollEventCreate : event argument is NULL");
+    return ncclInvalidArgument;
+  }
+  struct pycollEvent* e = calloc(1, sizeof *e);
+  if (!e) return ncclSystemError;
+  e->magic = EVENT_MAGIC;
+  pthread_mutex_init(&e->mu, NULL);
+  handle_add(e, H_EVENT, 0);
+  *event = e;
+  return ncclSuccess;
+}
+
+NCCL_API int pycollEventDestroy(pycollEvent_t e) {
+  if (!e || !handle_remove(e, H_EVENT, NULL)) {
+    WARN("pycollEventDestroy : event %p is not a valid pycoll host event", (void*)e);
+    return ncclInvalidArgument;
+  }
+  marker_release(e->m);
+  pthread_mutex_destroy(&e->mu);
+  e->magic = 0;
+  quarantine_free(e);
+  return ncclSuccess;
+}
+
+static void event_set(struct pycollEvent* e, struct marker* m) {
+  pthread_mutex_lock(&e->mu);
+  struct marker* old = e->m;
+  e->m = m;
+  pthread_mutex_unlock(&e->mu);
+  marker_release(old);
+}
+
+ncclResult_t stream_record(pycollEvent_t e, pycollStream_t s) {
+  struct marker* m = marker_new();
+  if (!m) return ncclSystemError;
+  if (!s) {
+    marker_fire(m);
+    event_set(e, m);
+    return ncclSuccess;
+  }
+  marker_ref(m);
+  ncclResult_t r = push(s, IT_RECORD, NULL, m);
+  if (r != ncclSuccess) {
+    marker_release(m);
+    marker_release(m);
+    return r;
+  }
+  event_set(e, m);
+  return ncclSuccess;
+}
+
+void* event_arm(pycollEvent_t e) {
+  struct marker* m = marker_new();
+  if (!m) return NULL;
+  marker_ref(m);
+  event_set(e, m);
+  return m;
+}
+
+NCCL_API int pycollEventRecord(pycollEvent_t e, pycollStream_t s) {
+  CHECK_EVENT(e, "pycollEventRecord");
+  if (s) CHECK_STREAM(s, "pycollEventRecord");
+  return stream_record(e, s);
+}
+
+NCCL_API int pycollEventQuery(pycollEvent_t e) {
+  CHECK_EVENT(e, "pycollEventQuery");
+  struct marker* m = event_current(e);
+  int r = (!m || __atomic_load_n(&m->done, __ATOMIC_ACQUIRE)) ? ncclSuccess : ncclInProgress;
+  marker_release(m);
+  return r;
+}
+
+NCCL_API int pycollEventSynchronize(pycollEvent_t e) {
+  CHECK_EVENT(e, "pycollEventSynchronize");
+  struct marker* m = event_current(e);
+  if (m) marker_wait(m);
+  marker_release(m);
+  return ncclSuccess;
+}
+
+NCCL_API int pycollEventElapsedTime(float* ms, pycollEvent_t start, pycollEvent_t end) {
+  if (!ms) {
+    WARN("pycollEventElapsedTime : ms argument is NULL");
+    return ncclInvalidArgument;
+  }
+  CHECK_EVENT(start, "pycollEventElapsedTime");
+  CHECK_EVENT(end, "pycollEventElapsedTime");
+  struct marker *a = event_current(start), *b = event_current(end);
+  int r = ncclSuccess;
+  if (!a || !b) {
+    WARN("pycollEventElapsedTime : %s event was never recorded", !a ? "the start" : "the end");
+    r = ncclInvalidUsage;
+  } else if (!__atomic_load_n(&a->done, __ATOMIC_ACQUIRE) || !__atomic_load_n(&b->done, __ATOMIC_ACQUIRE)) {
+    r = ncclInProgress;
+  } else {
+    *ms = (float)((double)((int64_t)(b->t_ns - a->t_ns)) / 1e6);
+  }
+  marker_release(a);
+  marker_release(b);
+  return r;
+}

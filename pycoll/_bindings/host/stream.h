@@ -1,0 +1,21 @@
+/* Host streams and events: CUDA's shape on a CPU. A stream is a thread running what is enqueued
+ * on it in order; an event recorded on a stream completes when the stream reaches it. */
+#ifndef PYCOLL_STREAM_H
+#define PYCOLL_STREAM_H
+
+#include "enqueue.h"
+
+bool stream_valid(pycollStream_t s);
+bool event_valid(pycollEvent_t e);
+/* Queues a list of tasks (one group's tasks for this stream) to run together, in order. */
+ncclResult_t stream_submit(pycollStream_t s, struct task* list);
+/* Records `e` on `s` (NULL: completes now). */
+ncclResult_t stream_record(pycollEvent_t e, pycollStream_t s);
+
+/* Launch-completion events of the *Config collectives: armed at enqueue, fired when the operation
+ * starts executing. */
+void* event_arm(pycollEvent_t e);
+void marker_fire(void* m);
+void marker_release(void* m);
+
+#endif

@@ -1,0 +1,110 @@
+#include "wait.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+
+int futex_wait(uint32_t* addr, uint32_t expected, uint64_t timeout_ns, bool shared) {
+  struct timespec ts = {(time_t)(timeout_ns / 1000000000ull), (long)(timeout_ns % 1000000000ull)};
+  int op = shared ? FUTEX_WAIT : (FUTEX_WAIT | FUTEX_PRIVATE_FLAG);
+  long r = syscall(SYS_futex, addr, op, expected, &ts, NULL, 0);
+  return r == 0 ? 0 : errno;
+}
+
+void futex_wake(uint32_t* addr, bool shared) {
+  int op = shared ? FUTEX_WAKE : (FUTEX_WAKE | FUTEX_PRIVATE_FLAG);
+  syscall(SYS_futex, addr, op, INT_MAX, NULL, NULL, 0);
+}
+
+void doorbell_wake(struct doorbell* d) {
+  __atomic_fetch_add(&d->seq, 1, __ATOMIC_SEQ_CST);
+  futex_wake(&d->seq, true);
+}
+
+void doorbell_sleep(struct doorbell* d, uint64_t timeout_ns, bool (*still_blocked)(void*), void* arg) {
+  __atomic_fetch_add(&d->sleepers, 1, __ATOMIC_SEQ_CST);
+  uint32_t seq = __atomic_load_n(&d->seq, __ATOMIC_SEQ_CST);
+  if (!still_blocked || still_blocked(arg)) futex_wait(&d->seq, seq, timeout_ns, true);
+  __atomic_fetch_sub(&d->sleepers, 1, __ATOMIC_SEQ_CST);
+}
+
+int pidfd_open_pid(int32_t pid) {
+  long fd = syscall(SYS_pidfd_open, pid, 0);
+  return fd < 0 ? -1 : (int)fd;
+}
+
+int pidfd_exited(int fd) {
+  struct pollfd p = {fd, POLLIN, 0};
+  int r = poll(&p, 1, 0);
+  return r > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR)) ? 1 : 0;
+}
+
+int host_ncpus(void) {
+  static int n;
+  if (!n) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
+    if (n <= 0) n = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (n <= 0) n = 1;
+  }
+  return n;
+}
+
+/* Tunables (nanoseconds): how long to spin, then to yield, before sleeping; sleep bounds. */
+static uint64_t spin_ns = 4000, yield_ns = 300000, sleep_min_ns = 200000, sleep_max_ns = 4000000;
+
+__attribute__((constructor)) static void wait_tunables(void) {
+  const char* e;
+  if ((e = getenv("PYCOLL_HOST_SPIN_NS"))) spin_ns = strtoull(e, NULL, 10);
+  if ((e = getenv("PYCOLL_HOST_YIELD_NS"))) yield_ns = strtoull(e, NULL, 10);
+}
+
+void backoff_reset(struct backoff* b, bool oversubscribed) {
+  b->iter = 0;
+  b->start = 0;
+  b->last_check = 0;
+  b->sleep_ns = sleep_min_ns;
+  b->spin_ns = oversubscribed ? spin_ns / 8 : spin_ns;
+}
+
+enum wait_phase backoff_step(struct backoff* b) {
+  if (b->iter == 0) b->start = now_ns();
+  if (++b->iter < 16) {
+    for (int i = 0; i < 4; i++) cpu_relax();
+    return WAIT_SPIN;
+  }
+  uint64_t elapsed = now_ns() - b->start;
+  if (elapsed < b->spin_ns) {
+    for (int i = 0; i < 8; i++) cpu_relax();
+    return WAIT_SPIN;
+  }
+  if (elapsed < b->spin_ns + yield_ns) {
+    sched_yield();
+    return WAIT_YIELD;
+  }
+  return WAIT_SLEEP;
+}
+
+uint64_t backoff_sleep_ns(struct backoff* b) {
+  uint64_t s = b->sleep_ns;
+  b->sleep_ns = MIN(b->sleep_ns * 2, sleep_max_ns);
+  return s;
+}
+
+bool backoff_due(struct backoff* b, uint64_t interval_ns) {
+  uint64_t t = now_ns();
+  if (t - b->last_check >= interval_ns) {
+    b->last_check = t;
+    return true;
+  }
+  return false;
+}

@@ -1,0 +1,56 @@
+/* Waiting: spin briefly, then sched_yield, then sleep on a futex with a short timeout. Posters
+ * only issue a wake-up system call when someone sleeps. Peer processes are watched with pidfds,
+ * so a dead peer (also an unreaped zombie) is noticed while waiting. */
+#ifndef PYCOLL_WAIT_H
+#define PYCOLL_WAIT_H
+
+#include "core.h"
+
+/* A futex word in shared memory plus a count of sleepers; one per segment. */
+struct doorbell {
+  _Alignas(64) uint32_t seq;
+  _Alignas(64) uint32_t sleepers;
+};
+
+/* Wakes the sleepers of `d`, if any, after a store that they may be waiting for. */
+static inline void doorbell_ring(struct doorbell* d) {
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  if (UNLIKELY(__atomic_load_n(&d->sleepers, __ATOMIC_RELAXED))) {
+    void doorbell_wake(struct doorbell * d);
+    doorbell_wake(d);
+  }
+}
+void doorbell_wake(struct doorbell* d);
+
+int futex_wait(uint32_t* addr, uint32_t expected, uint64_t timeout_ns, bool shared);
+void futex_wake(uint32_t* addr, bool shared);
+
+int pidfd_open_pid(int32_t pid);
+/* 1 when the process behind `fd` has exited (also as a zombie), 0 when running. */
+int pidfd_exited(int fd);
+
+/* Backoff of one waiter. `phase` tells the caller what to do next. */
+enum wait_phase { WAIT_SPIN = 0, WAIT_YIELD, WAIT_SLEEP };
+struct backoff {
+  uint32_t iter;
+  uint64_t start;
+  uint64_t last_check;
+  uint64_t sleep_ns;
+  uint64_t spin_ns;
+};
+
+/* `oversubscribed`: more ranks than CPUs, so spinning only delays the peers we wait for. */
+void backoff_reset(struct backoff* b, bool oversubscribed);
+/* Waits a little according to the current phase (spin or yield) and returns the phase. When it
+ * returns WAIT_SLEEP the caller should sleep (e.g. on a doorbell) for backoff_sleep_ns(). */
+enum wait_phase backoff_step(struct backoff* b);
+uint64_t backoff_sleep_ns(struct backoff* b);
+/* True about every `interval_ns` (for the slower checks: peer liveness). */
+bool backoff_due(struct backoff* b, uint64_t interval_ns);
+
+/* Sleeps on `d` unless `still_blocked(arg)` turns false after registering as a sleeper. */
+void doorbell_sleep(struct doorbell* d, uint64_t timeout_ns, bool (*still_blocked)(void*), void* arg);
+
+int host_ncpus(void);
+
+#endif

@@ -1,0 +1,69 @@
+"""The type stub _nccl.pyi (the contract others code against) matches the compiled module."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import os
+
+import pytest
+
+from pycoll._bindings import _nccl
+
+STUB = os.path.join(os.path.dirname(_nccl.__file__), "_nccl.pyi")
+
+
+def _stub():
+    with open(STUB) as f:
+        tree = ast.parse(f.read())
+    module_names, classes = set(), {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            module_names.add(node.name)
+            members = {}
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef):
+                    members[item.name] = item
+                elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    members[item.target.id] = item
+                elif isinstance(item, ast.Assign):
+                    members.update({t.id: item for t in item.targets if isinstance(t, ast.Name)})
+            classes[node.name] = members
+        elif isinstance(node, ast.FunctionDef):
+            module_names.add(node.name)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            module_names.add(node.target.id)
+    return module_names, classes
+
+
+def test_every_stub_name_exists():
+    names, classes = _stub()
+    assert names - set(dir(_nccl)) == set()
+    for cls, members in classes.items():
+        obj = getattr(_nccl, cls)
+        missing = {m for m in members if not m.startswith("__") and not hasattr(obj, m)}
+        assert not missing, f"{cls}: in the stub but not in the module: {sorted(missing)}"
+
+
+def test_every_public_name_is_in_the_stub():
+    names, classes = _stub()
+    assert set(_nccl.__all__) <= names
+    for cls in ("Library", "Config", "CollConfig", "UniqueId", "CommSlot"):
+        public = {m for m in vars(getattr(_nccl, cls)) if not m.startswith("_")}
+        assert public - set(classes[cls]) == set(), f"{cls}: not in the stub"
+
+
+@pytest.mark.parametrize("method", [m for m in vars(_nccl.Library) if not m.startswith("_")])
+def test_library_signatures_match(method):
+    _, classes = _stub()
+    node = classes["Library"][method]
+    obj = getattr(_nccl.Library, method)
+    if not isinstance(node, ast.FunctionDef) or not callable(obj):
+        return
+    decos = {d.id for d in node.decorator_list if isinstance(d, ast.Name)}
+    if "property" in decos:
+        assert isinstance(obj, property) or not callable(obj)
+        return
+    stub_params = [a.arg for a in node.args.args]
+    real_params = list(inspect.signature(obj).parameters)
+    assert stub_params == real_params, method
