@@ -82,6 +82,12 @@ def _events_complete_in_order(rank, nranks, uid_bytes):
     for i, e in enumerate(events):
         lib.all_reduce(send.ctypes.data, recv[i].ctypes.data, 256, nccl.DataType.Float32, nccl.RedOp.Sum, comm, stream)
         dev.record_event(e, stream)
+    # a second stream ordered after the first one: its event is recorded after the wait
+    follower = dev.create_stream()
+    dev.wait_stream(follower, stream)
+    after = dev.create_event()
+    dev.record_event(after, follower)
+    events.append(after)
     states = []
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -91,9 +97,11 @@ def _events_complete_in_order(rank, nranks, uid_bytes):
             break
         time.sleep(0.001)
     dev.synchronize_stream(stream)
+    dev.synchronize_stream(follower)
     for e in events:
         dev.destroy_event(e)
     dev.destroy_stream(stream)
+    dev.destroy_stream(follower)
     lib.comm_destroy(comm)
     return states, float(recv.min()), float(recv.max())
 
@@ -104,9 +112,10 @@ def test_real_host_events_complete_in_order_on_a_stream():
     uid = bytes(lib.get_unique_id())
     results = run_ranks(_events_complete_in_order, 2, uid, timeout=45)
     for rank, (states, lo, hi) in enumerate(results):
-        assert states[-1] == [True] * 4, f"rank {rank}: not all events completed"
+        assert states[-1] == [True] * 5, f"rank {rank}: not all events completed"
         for done in states:
-            # completion is a prefix: an event never completes before the one recorded earlier
+            # completion is a prefix: an event never completes before the one recorded earlier,
+            # and the follower stream's event (last) never before the first stream's work
             assert done == sorted(done, reverse=True), f"rank {rank}: out-of-order completion {done}"
         assert lo == hi == 3.0
-    assert results[0][0][0] == [False] * 4, "rank 0's events completed before rank 1 had joined"
+    assert results[0][0][0] == [False] * 5, "rank 0's events completed before rank 1 had joined"
