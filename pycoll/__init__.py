@@ -1,8 +1,28 @@
-"""pycoll: NCCL/RCCL bindings and a fault-tolerant collective runtime, with a host backend."""
+"""pycoll: NCCL/RCCL bindings and a fault-tolerant collective runtime, with a host backend.
 
+The public surface is what ``__all__`` lists; everything else may change.
+"""
+
+from ._bindings import UniqueId
+from .comm import Communicator, PreMulSum, REDUCE_OPS
+from .config import CommConfig
+from .create import BACKENDS, get_unique_id, init, join
 from .errors import *  # noqa: F401,F403
 from .errors import __all__ as _errors_all
+from .work import Work
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"] + list(_errors_all)
+__all__ = [
+    "__version__",
+    "init",
+    "join",
+    "get_unique_id",
+    "BACKENDS",
+    "Communicator",
+    "Work",
+    "CommConfig",
+    "PreMulSum",
+    "REDUCE_OPS",
+    "UniqueId",
+] + list(_errors_all)

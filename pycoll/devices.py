@@ -303,6 +303,12 @@ class Device:
         """True while ``stream`` is part of a CUDA/HIP graph capture (active or invalidated)."""
         return self.capture_status(stream) != CaptureStatus.NONE
 
+    def make_current(self) -> None:
+        """Make this device the calling thread's current device (GPU; nothing on the host).
+
+        NCCL creates a communicator on the current device, so this runs before initialisation.
+        """
+
     # composites
     def wait_stream(self, stream: int, other: int) -> None:
         """Make later work on ``stream`` wait for the work already queued on ``other``.
@@ -600,6 +606,9 @@ class _GpuDevice(Device):
         finally:
             if current != self.device_id:
                 self._call(self._set_device, p + "SetDevice", current)
+
+    def make_current(self) -> None:
+        self._call(self._set_device, self._prefix + "SetDevice", self.device_id)
 
     def create_stream(self) -> int:
         return self._on_device(self._stream_create, self._prefix + "StreamCreateWithFlags", _STREAM_NON_BLOCKING)

@@ -1,0 +1,1171 @@
+"""Communicator: collectives over any array and stream, with deadlines on every blocking call.
+
+Communicators are nonblocking underneath (``ncclConfig_t.blocking = 0``): initialisation, split,
+shrink, grow, finalize and destroy are polled with ``ncclCommGetAsyncError`` against a deadline;
+collectives are enqueued on a stream and their completion is read from events. The watchdog
+(:mod:`pycoll.watchdog`) and every waiting call check outstanding operations against their
+timeouts, so no Python call blocks forever.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import logging
+import os
+import threading
+import time
+import warnings
+import weakref
+from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple
+
+from . import _bindings as B
+from .buffers import Buffer, as_buffer, check_count, check_device, check_same_dtype
+from .config import CommConfig
+from .devices import Device, open_device
+from .errors import (
+    AsyncCommError,
+    CommAborted,
+    CommFailure,
+    CommRevoked,
+    CommStateError,
+    CommTimeout,
+    InvalidArgument,
+    NCCLError,
+    RemoteError,
+    error_class,
+)
+from .work import Work
+
+__all__ = ["Communicator", "CommObserver", "PreMulSum", "REDUCE_OPS", "default_timeout"]
+
+_log = logging.getLogger("pycoll.comm")
+
+#: Reduction operator names accepted by the collectives.
+REDUCE_OPS: Dict[str, int] = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
+_FAILURE_POLICIES = ("abort", "revoke", "report")
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"${name} must be a number of seconds, got {raw!r}") from None
+    if not value > 0:
+        raise ValueError(f"${name} must be > 0 seconds, got {raw!r}")
+    return value
+
+
+def default_timeout() -> float:
+    """The default per-operation timeout in seconds: ``$PYCOLL_TIMEOUT`` or 30."""
+    return _env_float("PYCOLL_TIMEOUT", 30.0)
+
+
+def _check_timeout(timeout: Optional[float], default: float, what: str = "timeout") -> float:
+    if timeout is None:
+        return default
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds, got {type(timeout).__name__}")
+    if not timeout > 0:
+        raise ValueError(f"{what} must be > 0 seconds, got {timeout}")
+    return float(timeout)
+
+
+class CommObserver(Protocol):
+    """What the flight recorder and the watchdog hear from every communicator."""
+
+    def comm_created(self, comm: "Communicator") -> None: ...
+    def work_enqueued(self, work: Work) -> None: ...
+    def comm_failed(self, comm: "Communicator", exc: BaseException, work: Optional[Work]) -> None: ...
+    def comm_closed(self, comm: "Communicator") -> None: ...
+
+
+_observers: List[CommObserver] = []
+
+
+def add_observer(observer: CommObserver) -> None:
+    """Register an observer for every communicator of this process (idempotent)."""
+    if observer not in _observers:
+        _observers.append(observer)
+
+
+def remove_observer(observer: CommObserver) -> None:
+    if observer in _observers:
+        _observers.remove(observer)
+
+
+def _notify(method: str, *args: Any) -> None:
+    for obs in list(_observers):
+        try:
+            getattr(obs, method)(*args)
+        except Exception:  # an observer must never break a collective
+            _log.exception("observer %r failed in %s", obs, method)
+
+
+_tls = threading.local()  # .group: the Works of the open ncclGroupStart/End on this thread
+
+
+def _open_group() -> Optional[List[Work]]:
+    return getattr(_tls, "group", None)
+
+
+#: Every live communicator of this process (the watchdog polls them).
+_live: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
+
+
+def live_communicators() -> List["Communicator"]:
+    """The communicators of this process that are neither destroyed nor aborted."""
+    return [c for c in list(_live) if c._handle is not None]
+
+
+class PreMulSum:
+    """A reduction operator that multiplies every input by ``scalar`` before summing.
+
+    Created by :meth:`Communicator.pre_mul_sum`; pass it as ``op=``. Only valid on its
+    communicator and for its datatype. Release it with :meth:`destroy` (or use it as a context
+    manager); the communicator's destroy/abort releases it too.
+    """
+
+    def __init__(self, comm: "Communicator", op: int, datatype: int, scalar: Any) -> None:
+        self.comm = comm
+        self.op = op
+        self.datatype = datatype
+        self._scalar = scalar  # keeps a device scalar alive
+
+    def destroy(self) -> None:
+        """Release the operator (``ncclRedOpDestroy``). Idempotent."""
+        if self.op >= 0:
+            op, self.op = self.op, -1
+            self.comm._premul.discard(self)
+            if self.comm._handle is not None:
+                with self.comm._lock:
+                    self.comm.library.red_op_destroy(op, self.comm._handle)
+
+    def __enter__(self) -> "PreMulSum":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.destroy()
+
+    def __repr__(self) -> str:
+        return f"<PreMulSum op={self.op} datatype={self.datatype} on {self.comm.name}>"
+
+
+class Communicator:
+    """A communicator of ``size`` ranks; this process is ``rank``.
+
+    Create one with :func:`pycoll.init` (or :meth:`split`, :meth:`shrink`, :meth:`grow`,
+    :func:`pycoll.join`). Collectives take any array with ``__dlpack__``,
+    ``__cuda_array_interface__`` or the buffer protocol (torch, numpy, cupy, jax), without copies,
+    on the device the backend uses. Each returns a :class:`~pycoll.Work`; by default the call
+    waits for completion, with ``async_op=True`` it returns at once.
+
+    Failure policy (``on_failure``): when an operation times out or the library reports an
+    asynchronous error, the communicator is aborted (``"abort"``, default), revoked
+    (``"revoke"``: collectives are refused but split/shrink still work, as reshape needs), or left
+    alone (``"report"``); the failure is raised at the next wait or call.
+
+    Not thread-safe for concurrent operations on one communicator (as NCCL); the watchdog thread
+    only queries events and asynchronous errors, and aborts or revokes.
+    """
+
+    def __init__(
+        self,
+        handle: int,
+        *,
+        library: Any,
+        device: Device,
+        rank: int,
+        size: int,
+        name: str,
+        uid: str,
+        global_ranks: Optional[Sequence[int]],
+        timeout: float,
+        on_failure: str = "abort",
+        store: Any = None,
+        generation: int = 0,
+        owns_device: bool = False,
+    ) -> None:
+        self._handle: Optional[int] = handle
+        self.library = library
+        self.device = device
+        self._rank = rank
+        self._size = size
+        self.name = name
+        self.uid = uid
+        self.global_ranks: Optional[Tuple[int, ...]] = tuple(global_ranks) if global_ranks is not None else None
+        self.timeout = timeout
+        if on_failure not in _FAILURE_POLICIES:
+            raise ValueError(f"on_failure must be one of {_FAILURE_POLICIES}, got {on_failure!r}")
+        self.on_failure = on_failure
+        self.store = store
+        self.generation = generation
+        self._owns_device = owns_device
+        self.backend: str = device.backend
+        self._inline_ok = self.backend == "host"
+        self._lock = threading.RLock()  # held around library calls that touch the handle
+        self._plock = threading.Lock()  # guards _pending, work states and _failure
+        self._pending: List[Work] = []
+        self._failure: Optional[BaseException] = None
+        self._state = "active"  # active | revoked | finalized | aborted | destroyed
+        self._coll_seq = 0
+        self._p2p_seq = 0
+        self._op_ids = itertools.count(1)
+        self._reshapes = 0  # split/shrink/grow calls so far: names children identically on every rank
+        self._stream: Optional[int] = None
+        self._events: List[int] = []
+        self._scratch: Optional[int] = None
+        self._premul: "weakref.WeakSet[PreMulSum]" = weakref.WeakSet()
+        self.created_at = time.time()
+        _live.add(self)
+        _notify("comm_created", self)
+
+    # -- properties -----------------------------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the communicator."""
+        return self._rank
+
+    @property
+    def size(self) -> int:
+        """Number of ranks."""
+        return self._size
+
+    @property
+    def handle(self) -> int:
+        """The raw ``ncclComm_t`` (raises once the communicator is destroyed or aborted)."""
+        self._check_alive()
+        assert self._handle is not None
+        return self._handle
+
+    @property
+    def state(self) -> str:
+        """``"active"``, ``"revoked"``, ``"finalized"``, ``"aborted"`` or ``"destroyed"``."""
+        return self._state
+
+    @property
+    def failure(self) -> Optional[BaseException]:
+        """The failure that ended this communicator, if any."""
+        return self._failure
+
+    @property
+    def global_rank(self) -> int:
+        """This process's rank in the job (its rank in ``global_ranks``), or ``rank`` when unknown."""
+        return self.global_ranks[self._rank] if self.global_ranks is not None else self._rank
+
+    def __repr__(self) -> str:
+        return f"<Communicator {self.name!r} rank {self._rank}/{self._size} {self.backend} {self._state}>"
+
+    # -- context manager and garbage collection -------------------------------------------------
+
+    def __enter__(self) -> "Communicator":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        """Destroy on a normal exit (collective); abort (local) when an exception is leaving."""
+        if self._handle is None:
+            return
+        if exc_type is None:
+            self.destroy()
+        else:
+            self.abort()
+
+    def __del__(self) -> None:
+        if getattr(self, "_handle", None) is not None:
+            # destroy is collective: running it from the garbage collector could hang the process
+            warnings.warn(
+                f"communicator {self.name!r} (rank {self._rank}/{self._size}) was garbage-collected "
+                "without destroy() or abort(); its resources are leaked",
+                ResourceWarning,
+                stacklevel=2,
+            )
+
+    # -- state checks ---------------------------------------------------------------------------
+
+    def _check_alive(self) -> None:
+        if self._state == "aborted":
+            msg = f"communicator {self.name!r} was aborted"
+            if self._failure is not None:
+                msg += f" after: {self._failure}"
+            raise CommAborted(msg) from self._failure
+        if self._state == "destroyed":
+            raise CommStateError(f"communicator {self.name!r} was destroyed; create a new one")
+
+    def _check_usable(self, what: str) -> None:
+        self._check_alive()
+        if self._failure is not None:
+            raise self._failure
+        if self._state == "revoked":
+            raise CommRevoked(f"{what}: communicator {self.name!r} was revoked; only split, shrink, destroy and abort remain")
+        if self._state == "finalized":
+            raise CommStateError(f"{what}: communicator {self.name!r} was finalized; only destroy remains")
+
+    # -- progress and failure -------------------------------------------------------------------
+
+    def _async_code(self) -> int:
+        with self._lock:
+            h = self._handle
+            if h is None:
+                return 0
+            return self.library.comm_get_async_error(h)
+
+    def _async_exc(self, code: int) -> CommFailure:
+        try:
+            last = self.library.get_last_error(self._handle or 0)
+        except Exception:
+            last = ""
+        text = self.library.get_error_string(code)
+        if code == RemoteError.code:
+            return RemoteError(code, "ncclCommGetAsyncError", text, last, self.library.path)
+        return AsyncCommError(
+            f"communicator {self.name!r} rank {self._rank}: asynchronous error "
+            f"{error_class(code).__name__} ({code}): {text}{' -- ' + last if last else ''}",
+            code,
+        )
+
+    def _event(self) -> int:
+        return self._events.pop() if self._events else self.device.create_event()
+
+    def _refresh(self, w: Work) -> None:
+        """Update ``w``'s state from its events (and retire it once complete)."""
+        exc: Optional[BaseException] = None
+        with self._plock:
+            if w._state == "completed" or w._exc is not None or w._inline or w._start is None:
+                return
+            dev = self.device
+            if w._state == "scheduled" and dev.query_event(w._start):
+                w._state = "started"
+                w.time_started_ns = time.time_ns()
+            if w._end is None or not dev.query_event(w._end):
+                return
+            code = self._async_code()
+            if code not in (0, B.IN_PROGRESS):
+                exc = self._async_exc(code)
+            else:
+                w._state = "completed"
+                w.time_completed_ns = time.time_ns()
+                if w._state == "completed" and w.time_started_ns is None:
+                    w.time_started_ns = w.time_completed_ns
+                try:
+                    w.duration_ms = dev.elapsed_ms(w._start, w._end)
+                except Exception:
+                    w.duration_ms = None  # GPU events without timing
+                self._retire(w)
+        if exc is not None:
+            self._fail(exc, w)
+
+    def _retire(self, w: Work) -> None:
+        if w in self._pending:
+            self._pending.remove(w)
+        for ev in (w._start, w._end):
+            if ev is not None:
+                self._events.append(ev)
+        w._start = w._end = None
+        w.inputs = w.outputs = []  # let the arrays go
+
+    def _check(self, now: Optional[float] = None) -> None:
+        """Check the asynchronous error and every outstanding operation's deadline (watchdog and waits)."""
+        if self._failure is not None or self._handle is None:
+            return
+        code = self._async_code()
+        if code not in (0, B.IN_PROGRESS):
+            self._fail(self._async_exc(code), self._pending[0] if self._pending else None)
+            return
+        now = time.monotonic() if now is None else now
+        for w in list(self._pending):
+            self._refresh(w)
+            if w._state != "completed" and w._exc is None and now - w.t0 > w.timeout:
+                elapsed = now - w.t0
+                self._fail(
+                    CommTimeout(
+                        f"communicator {self.name!r} rank {self._rank}/{self._size}: {w.op} "
+                        f"(seq {w.seq if not w.is_p2p else w.p2p_seq}) did not complete within "
+                        f"{w.timeout:.3g} s (ran for {elapsed:.3g} s, state {w._state})",
+                        comm_name=self.name, op=w.op, seq=w.seq, elapsed=elapsed, timeout=w.timeout,
+                    ),
+                    w,
+                )
+                return
+
+    def outstanding(self) -> List[Work]:
+        """Operations enqueued and not yet retired (oldest first)."""
+        with self._plock:
+            return list(self._pending)
+
+    def _fail(self, exc: BaseException, work: Optional[Work] = None) -> None:
+        """Record the communicator's failure, tell the observers, then act by ``on_failure``."""
+        with self._plock:
+            if self._failure is not None or self._state in ("aborted", "destroyed"):
+                return
+            self._failure = exc
+            for w in self._pending:
+                if w._exc is None:
+                    w._exc = exc
+        _log.error("%s", exc)
+        _notify("comm_failed", self, exc, work)
+        if self.on_failure == "abort":
+            self._abort()
+        elif self.on_failure == "revoke":
+            try:
+                self._revoke()
+            except Exception as rexc:  # a library without revoke: abort instead
+                _log.warning("revoke of %r failed (%s); aborting instead", self.name, rexc)
+                self._abort()
+
+    def _raise_call_error(self, e: NCCLError, w: Optional[Work]) -> None:
+        """Turn an error returned by a library call into the exception the user sees."""
+        if self._failure is not None:
+            raise self._failure from e
+        if isinstance(e, InvalidArgument):
+            raise e  # no side effect: the communicator stays usable
+        code = self._async_code() if self._handle is not None else 0
+        if code not in (0, B.IN_PROGRESS):
+            failure: BaseException = self._async_exc(code)
+        elif isinstance(e, RemoteError):
+            failure = e
+        else:
+            raise e
+        if w is not None:
+            w._exc = failure
+        self._fail(failure, w)
+        raise failure from e
+
+    # -- launching operations -------------------------------------------------------------------
+
+    def _own_stream(self) -> int:
+        if self._stream is None:
+            self._stream = self.device.create_stream()
+        return self._stream
+
+    def _begin(self, what: str, stream: Any, async_op: bool, arrays: Sequence[Any]) -> int:
+        """Check the state and resolve the stream; 0 means 'run inline in this thread' (host only)."""
+        self._check_usable(what)
+        if (
+            self._inline_ok
+            and stream is None
+            and not async_op
+            and not self._pending
+            and _open_group() is None
+        ):
+            return 0
+        return self.device.resolve_stream(stream, [a for a in arrays if a is not None], default=self._own_stream())
+
+    def _buf(self, obj: Any, stream: int, *, writable: bool, name: str) -> Buffer:
+        buf = as_buffer(obj, writable=writable, stream=stream or None, name=name)
+        check_device(buf, self.backend, None if self.backend == "host" else self.device.device_id)
+        if buf.sync_stream is not None and stream:
+            self.device.wait_stream(stream, buf.sync_stream)
+        return buf
+
+    def _launch(
+        self,
+        op: str,
+        call: Callable[[int, int], Any],
+        stream: int,
+        inputs: Sequence[Buffer],
+        outputs: Sequence[Buffer],
+        async_op: bool,
+        timeout: Optional[float],
+        *,
+        peer: Optional[int] = None,
+    ) -> Work:
+        timeout = _check_timeout(timeout, self.timeout)
+        is_p2p = peer is not None
+        if is_p2p:
+            self._p2p_seq += 1
+        else:
+            self._coll_seq += 1
+        w = Work(self, op, self._coll_seq, self._p2p_seq, next(self._op_ids), is_p2p, peer, timeout, stream, inputs, outputs)
+        w.async_op = async_op
+        _notify("work_enqueued", w)
+        h = self._handle
+        assert h is not None
+        if stream == 0:
+            # host backend, blocking: run in this thread; the watchdog may abort from its own
+            # thread, which the host library unblocks safely, so no lock is held during the call
+            w._inline = True
+            w._state = "started"
+            w.time_started_ns = w.time_created_ns
+            with self._plock:
+                self._pending.append(w)
+            try:
+                call(h, 0)
+            except NCCLError as e:
+                with self._plock:
+                    if w in self._pending:
+                        self._pending.remove(w)
+                self._raise_call_error(e, w)
+            with self._plock:
+                if w in self._pending:
+                    self._pending.remove(w)
+                if w._exc is None:
+                    w._state = "completed"
+                    w.time_completed_ns = time.time_ns()
+                    w.duration_ms = (w.time_completed_ns - w.time_created_ns) / 1e6
+                    w.inputs = w.outputs = []
+            if w._exc is not None:
+                raise w._exc
+            return w
+        group = _open_group()
+        with self._lock:
+            w._start = self._event()
+            self.device.record_event(w._start, stream)
+            try:
+                call(h, stream)
+            except NCCLError as e:
+                self._events.append(w._start)
+                w._start = None
+                self._raise_call_error(e, w)
+            if group is None:
+                w._end = self._event()
+                self.device.record_event(w._end, stream)
+        with self._plock:
+            self._pending.append(w)
+        if group is not None:
+            group.append(w)
+            return w
+        if not async_op:
+            w.wait()
+        return w
+
+    def _redop(self, op: Any, datatype: int) -> int:
+        if isinstance(op, PreMulSum):
+            if op.comm is not self:
+                raise ValueError("this PreMulSum operator belongs to another communicator")
+            if op.op < 0:
+                raise ValueError("this PreMulSum operator was destroyed")
+            if op.datatype != datatype:
+                raise ValueError(f"this PreMulSum operator was created for datatype {op.datatype}, the buffers have {datatype}")
+            return op.op
+        if isinstance(op, str):
+            try:
+                return REDUCE_OPS[op.lower()]
+            except KeyError:
+                raise ValueError(f"unknown reduction op {op!r}; expected one of {sorted(REDUCE_OPS)} or a PreMulSum") from None
+        if isinstance(op, int) and not isinstance(op, bool) and 0 <= op < len(REDUCE_OPS):
+            return int(op)
+        raise ValueError(f"unknown reduction op {op!r}; expected one of {sorted(REDUCE_OPS)}, a pycoll RedOp or a PreMulSum")
+
+    def _root(self, root: Any, what: str = "root") -> int:
+        if isinstance(root, bool) or not isinstance(root, int):
+            raise TypeError(f"{what} must be an int rank, got {type(root).__name__}")
+        if not 0 <= root < self._size:
+            raise ValueError(f"{what} {root} is out of range for a communicator of {self._size} ranks")
+        return root
+
+    def _offset(self, buf: Buffer, index: int, count: int, name: str) -> Buffer:
+        """The ``index``-th block of ``count`` elements of ``buf`` (in-place variants)."""
+        if count * self._size > buf.count:
+            raise ValueError(f"{buf.name} has {buf.count} elements, fewer than {count} x {self._size} ranks")
+        ptr = buf.ptr + index * count * buf.itemsize
+        return buf._replace(ptr=ptr, nbytes=count * buf.itemsize, count=count, shape=(count,), name=name)
+
+    # -- collectives ----------------------------------------------------------------------------
+
+    def all_reduce(self, tensor: Any, output: Any = None, op: Any = "sum", *, stream: Any = None,
+                   async_op: bool = False, timeout: Optional[float] = None) -> Work:
+        """Reduce ``tensor`` across ranks into ``output`` (in place when ``output`` is None)."""
+        st = self._begin("all_reduce", stream, async_op, (tensor, output))
+        inp = self._buf(tensor, st, writable=output is None, name="tensor")
+        out = inp if output is None else self._buf(output, st, writable=True, name="output")
+        check_same_dtype(inp, out, op="all_reduce")
+        check_count(out, inp.count, op="all_reduce")
+        redop = self._redop(op, inp.datatype)
+        lib = self.library
+        return self._launch("all_reduce", lambda h, s: lib.all_reduce(inp.ptr, out.ptr, inp.count, inp.datatype, redop, h, s),
+                            st, [inp], [out], async_op, timeout)
+
+    def broadcast(self, tensor: Any, root: int = 0, output: Any = None, *, stream: Any = None,
+                  async_op: bool = False, timeout: Optional[float] = None) -> Work:
+        """Copy ``tensor`` of rank ``root`` to every rank's ``output`` (``tensor`` itself when None)."""
+        root = self._root(root)
+        st = self._begin("broadcast", stream, async_op, (tensor, output))
+        inp = self._buf(tensor, st, writable=output is None, name="tensor")
+        out = inp if output is None else self._buf(output, st, writable=True, name="output")
+        check_same_dtype(inp, out, op="broadcast")
+        check_count(out, inp.count, op="broadcast")
+        lib = self.library
+        return self._launch("broadcast", lambda h, s: lib.broadcast(inp.ptr, out.ptr, inp.count, inp.datatype, root, h, s),
+                            st, [inp], [out], async_op, timeout)
+
+    def reduce(self, tensor: Any, root: int = 0, output: Any = None, op: Any = "sum", *, stream: Any = None,
+               async_op: bool = False, timeout: Optional[float] = None) -> Work:
+        """Reduce ``tensor`` across ranks into ``output`` on rank ``root`` (in place when None)."""
+        root = self._root(root)
+        st = self._begin("reduce", stream, async_op, (tensor, output))
+        inp = self._buf(tensor, st, writable=output is None and self._rank == root, name="tensor")
+        out = inp if output is None else self._buf(output, st, writable=True, name="output")
+        check_same_dtype(inp, out, op="reduce")
+        check_count(out, inp.count, op="reduce")
+        redop = self._redop(op, inp.datatype)
+        lib = self.library
+        return self._launch("reduce", lambda h, s: lib.reduce(inp.ptr, out.ptr, inp.count, inp.datatype, redop, root, h, s),
+                            st, [inp], [out], async_op, timeout)
+
+    def all_gather(self, input: Any, output: Any, *, stream: Any = None, async_op: bool = False,
+                   timeout: Optional[float] = None) -> Work:
+        """Gather every rank's ``input`` into ``output`` (``size`` x input elements, rank order).
+
+        ``input=None`` is in place: each rank's contribution is already at its slot of ``output``.
+        """
+        st = self._begin("all_gather", stream, async_op, (input, output))
+        out = self._buf(output, st, writable=True, name="output")
+        if input is None:
+            if out.count % self._size:
+                raise ValueError(f"all_gather: in place, output has {out.count} elements, not a multiple of {self._size} ranks")
+            inp = self._offset(out, self._rank, out.count // self._size, "input")
+        else:
+            inp = self._buf(input, st, writable=False, name="input")
+            check_same_dtype(inp, out, op="all_gather")
+            check_count(out, inp.count * self._size, op="all_gather", why=f"{inp.count} elements x {self._size} ranks")
+        lib = self.library
+        return self._launch("all_gather", lambda h, s: lib.all_gather(inp.ptr, out.ptr, inp.count, inp.datatype, h, s),
+                            st, [inp], [out], async_op, timeout)
+
+    def reduce_scatter(self, input: Any, output: Any = None, op: Any = "sum", *, stream: Any = None,
+                       async_op: bool = False, timeout: Optional[float] = None) -> Work:
+        """Reduce ``input`` (``size`` blocks) across ranks; rank r receives block r in ``output``.
+
+        ``output=None`` is in place: the result lands in this rank's block of ``input``.
+        """
+        st = self._begin("reduce_scatter", stream, async_op, (input, output))
+        inp = self._buf(input, st, writable=output is None, name="input")
+        if output is None:
+            if inp.count % self._size:
+                raise ValueError(f"reduce_scatter: input has {inp.count} elements, not a multiple of {self._size} ranks")
+            out = self._offset(inp, self._rank, inp.count // self._size, "output")
+        else:
+            out = self._buf(output, st, writable=True, name="output")
+            check_same_dtype(inp, out, op="reduce_scatter")
+            check_count(inp, out.count * self._size, op="reduce_scatter", why=f"{out.count} elements x {self._size} ranks")
+        redop = self._redop(op, inp.datatype)
+        lib = self.library
+        return self._launch("reduce_scatter", lambda h, s: lib.reduce_scatter(inp.ptr, out.ptr, out.count, inp.datatype, redop, h, s),
+                            st, [inp], [out], async_op, timeout)
+
+    def all_to_all(self, input: Any, output: Any = None, *, stream: Any = None, async_op: bool = False,
+                   timeout: Optional[float] = None) -> Work:
+        """Send block j of ``input`` to rank j; receive rank j's block r into block j of ``output``.
+
+        ``input`` and ``output`` hold ``size`` equal blocks; ``output=None`` is in place.
+        """
+        st = self._begin("all_to_all", stream, async_op, (input, output))
+        inp = self._buf(input, st, writable=output is None, name="input")
+        out = inp if output is None else self._buf(output, st, writable=True, name="output")
+        check_same_dtype(inp, out, op="all_to_all")
+        if inp.count % self._size:
+            raise ValueError(f"all_to_all: input has {inp.count} elements, not a multiple of {self._size} ranks")
+        check_count(out, inp.count, op="all_to_all")
+        count = inp.count // self._size
+        lib = self.library
+        return self._launch("all_to_all", lambda h, s: lib.all_to_all(inp.ptr, out.ptr, count, inp.datatype, h, s),
+                            st, [inp], [out], async_op, timeout)
+
+    def gather(self, input: Any, output: Any = None, root: int = 0, *, stream: Any = None,
+               async_op: bool = False, timeout: Optional[float] = None) -> Work:
+        """Gather every rank's ``input`` into ``output`` on rank ``root`` (``size`` x input elements).
+
+        ``output`` is needed on the root only. On the root, ``input=None`` is in place (its
+        contribution already sits at its slot of ``output``).
+        """
+        root = self._root(root)
+        is_root = self._rank == root
+        st = self._begin("gather", stream, async_op, (input, output))
+        out: Optional[Buffer] = None
+        if is_root:
+            if output is None:
+                raise ValueError("gather: the root needs an output buffer")
+            out = self._buf(output, st, writable=True, name="output")
+        if input is None:
+            if out is None:
+                raise ValueError("gather: input=None (in place) is only valid on the root")
+            if out.count % self._size:
+                raise ValueError(f"gather: output has {out.count} elements, not a multiple of {self._size} ranks")
+            inp = self._offset(out, self._rank, out.count // self._size, "input")
+        else:
+            inp = self._buf(input, st, writable=False, name="input")
+            if out is not None:
+                check_same_dtype(inp, out, op="gather")
+                check_count(out, inp.count * self._size, op="gather", why=f"{inp.count} elements x {self._size} ranks")
+        outs = [out] if out is not None else []
+        out_ptr = out.ptr if out is not None else 0
+        lib = self.library
+        return self._launch("gather", lambda h, s: lib.gather(inp.ptr, out_ptr, inp.count, inp.datatype, root, h, s),
+                            st, [inp], outs, async_op, timeout)
+
+    def scatter(self, input: Any, output: Any = None, root: int = 0, *, stream: Any = None,
+                async_op: bool = False, timeout: Optional[float] = None) -> Work:
+        """Send block j of ``input`` on rank ``root`` to rank j's ``output``.
+
+        ``input`` (``size`` blocks) is needed on the root only. On the root, ``output=None`` is in
+        place (its block stays in ``input``).
+        """
+        root = self._root(root)
+        is_root = self._rank == root
+        st = self._begin("scatter", stream, async_op, (input, output))
+        inp: Optional[Buffer] = None
+        if is_root:
+            if input is None:
+                raise ValueError("scatter: the root needs an input buffer")
+            inp = self._buf(input, st, writable=output is None, name="input")
+            if inp.count % self._size:
+                raise ValueError(f"scatter: input has {inp.count} elements, not a multiple of {self._size} ranks")
+        if output is None:
+            if inp is None:
+                raise ValueError("scatter: output=None (in place) is only valid on the root")
+            out = self._offset(inp, self._rank, inp.count // self._size, "output")
+        else:
+            out = self._buf(output, st, writable=True, name="output")
+            if inp is not None:
+                check_same_dtype(inp, out, op="scatter")
+                check_count(inp, out.count * self._size, exact=True, op="scatter", why=f"{out.count} elements x {self._size} ranks")
+        ins = [inp] if inp is not None else []
+        in_ptr = inp.ptr if inp is not None else 0
+        lib = self.library
+        return self._launch("scatter", lambda h, s: lib.scatter(in_ptr, out.ptr, out.count, out.datatype, root, h, s),
+                            st, ins, [out], async_op, timeout)
+
+    def send(self, tensor: Any, peer: int, *, stream: Any = None, async_op: bool = False,
+             timeout: Optional[float] = None) -> Work:
+        """Send ``tensor`` to rank ``peer`` (which must post a matching :meth:`recv`).
+
+        Sends and receives between several peers must be issued inside :meth:`group` so that the
+        library can progress them together.
+        """
+        peer = self._root(peer, "peer")
+        st = self._begin("send", stream, async_op, (tensor,))
+        buf = self._buf(tensor, st, writable=False, name="tensor")
+        lib = self.library
+        return self._launch("send", lambda h, s: lib.send(buf.ptr, buf.count, buf.datatype, peer, h, s),
+                            st, [buf], [], async_op, timeout, peer=peer)
+
+    def recv(self, tensor: Any, peer: int, *, stream: Any = None, async_op: bool = False,
+             timeout: Optional[float] = None) -> Work:
+        """Receive into ``tensor`` from rank ``peer`` (which must post a matching :meth:`send`)."""
+        peer = self._root(peer, "peer")
+        st = self._begin("recv", stream, async_op, (tensor,))
+        buf = self._buf(tensor, st, writable=True, name="tensor")
+        lib = self.library
+        return self._launch("recv", lambda h, s: lib.recv(buf.ptr, buf.count, buf.datatype, peer, h, s),
+                            st, [], [buf], async_op, timeout, peer=peer)
+
+    def barrier(self, *, stream: Any = None, async_op: bool = False, timeout: Optional[float] = None) -> Work:
+        """Wait until every rank has reached the barrier (an all_reduce of one int32)."""
+        st = self._begin("barrier", stream, async_op, ())
+        if self._scratch is None:
+            self._scratch = self.library.mem_alloc(4)
+        ptr = self._scratch
+        lib = self.library
+        return self._launch("barrier", lambda h, s: lib.all_reduce(ptr, ptr, 1, 2, 0, h, s),
+                            st, [], [], async_op, timeout)
+
+    @contextlib.contextmanager
+    def group(self) -> Iterator[None]:
+        """Group the operations issued in the block (``ncclGroupStart``/``ncclGroupEnd``).
+
+        Operations of several communicators of the same library may be grouped. They are issued
+        together when the outermost group closes; blocking ones are then waited for, ``async_op``
+        ones return their :class:`Work` at once. Sends and receives to several peers must be
+        grouped.
+        """
+        lib = self.library
+        outer = _open_group()
+        owner = getattr(_tls, "group_library", None)
+        if outer is not None and owner is not lib:
+            raise CommStateError("a group can only hold communicators of one library")
+        lib.group_start()
+        if outer is None:
+            _tls.group = []
+            _tls.group_library = lib
+        body_exc: Optional[BaseException] = None
+        try:
+            yield
+        except BaseException as exc:
+            body_exc = exc
+            raise
+        finally:
+            works: List[Work] = []
+            if outer is None:
+                works = _tls.group
+                _tls.group = None
+                _tls.group_library = None
+            try:
+                lib.group_end()
+            except NCCLError as e:
+                comms = {w.comm for w in works} or {self}
+                if body_exc is None:
+                    for c in comms:
+                        with contextlib.suppress(CommFailure, NCCLError):
+                            c._raise_call_error(e, None)
+                    raise
+            for w in works:
+                c = w.comm
+                with c._lock:
+                    if c._handle is not None and w._exc is None:
+                        w._end = c._event()
+                        c.device.record_event(w._end, w.stream)
+            if body_exc is None:
+                for w in works:
+                    if not w.async_op:
+                        w.wait()
+
+    def pre_mul_sum(self, scalar: Any, dtype: Any) -> PreMulSum:
+        """A reduction operator computing ``sum(scalar * x_r)`` for arrays of ``dtype``.
+
+        ``scalar``: a Python number (stored in ``dtype``; NCCL reads it now), or a one-element
+        array on the communicator's device (read when the operation runs). ``dtype``: a numpy or
+        torch dtype or a name such as ``"float32"``.
+        """
+        self._check_usable("pre_mul_sum")
+        import numpy as np
+
+        datatype = _datatype_of(dtype)
+        if isinstance(scalar, (int, float)) and not isinstance(scalar, bool):
+            holder = np.array([scalar], dtype=_numpy_dtype(datatype))
+            ptr, residence = holder.ctypes.data, 1
+        else:
+            buf = as_buffer(scalar, name="scalar")
+            check_device(buf, self.backend, None if self.backend == "host" else self.device.device_id)
+            if buf.count != 1 or buf.datatype != datatype:
+                raise ValueError(f"pre_mul_sum: the scalar array must hold one element of the same dtype, got {buf!r}")
+            holder, ptr, residence = buf, buf.ptr, 0
+        with self._lock:
+            op = self.library.red_op_create_pre_mul_sum(ptr, datatype, residence, self.handle)
+        pms = PreMulSum(self, op, datatype, holder)
+        self._premul.add(pms)
+        return pms
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def _poll(self, handle: int, what: str, timeout: float, on_timeout: Callable[[], None]) -> None:
+        """Poll ``ncclCommGetAsyncError(handle)`` until it leaves ncclInProgress, within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        sleep = 0.0
+        while True:
+            code = self.library.comm_get_async_error(handle)
+            if code == 0:
+                return
+            if code != B.IN_PROGRESS:
+                last = self.library.get_last_error(handle)
+                raise error_class(code)(code, what, self.library.get_error_string(code), last, self.library.path)
+            if time.monotonic() >= deadline:
+                on_timeout()
+                raise CommTimeout(f"{what} on communicator {self.name!r} did not complete within {timeout:.3g} s",
+                                  comm_name=self.name, op=what, timeout=timeout)
+            sleep = min(5e-3, sleep * 2 if sleep else 50e-6)
+            time.sleep(sleep)
+
+    def _drain(self, timeout: float) -> None:
+        """Wait for outstanding operations (finalize/destroy flush them anyway)."""
+        for w in list(self._pending):
+            w.wait(timeout)
+
+    def finalize(self, timeout: Optional[float] = None) -> None:
+        """Flush outstanding operations and synchronise with the other ranks (collective).
+
+        After it only :meth:`destroy` (then local and quick) or :meth:`abort` remain.
+        """
+        self._check_usable("finalize")
+        timeout = _check_timeout(timeout, self.timeout)
+        self._drain(timeout)
+        with self._lock:
+            try:
+                self.library.comm_finalize(self.handle)
+            except NCCLError as e:
+                self._raise_call_error(e, None)
+        self._state = "finalized"
+        self._poll(self.handle, "ncclCommFinalize", timeout, self._abort)
+
+    def destroy(self, timeout: Optional[float] = None) -> None:
+        """Release the communicator: finalize (collective: every rank must call it), then free.
+
+        If the other ranks do not arrive within ``timeout`` the communicator is aborted and
+        :class:`pycoll.CommTimeout` raised. After an abort this is a no-op.
+        """
+        if self._state in ("aborted", "destroyed"):
+            return
+        timeout = _check_timeout(timeout, self.timeout)
+        if self._state == "active" and self._failure is None:
+            self.finalize(timeout)  # failed or revoked communicators skip it: destroy is then local
+        self._release()
+        with self._lock:
+            h, self._handle = self._handle, None
+            self._state = "destroyed"
+            if h is not None:
+                self.library.comm_destroy(h)
+        self._closed()
+
+    def abort(self) -> None:
+        """Abort: stop every outstanding operation and free the communicator (local, idempotent).
+
+        Operations still running fail with :class:`pycoll.CommAborted`.
+        """
+        self._abort()
+
+    def _abort(self) -> None:
+        with self._plock:
+            if self._state in ("aborted", "destroyed"):
+                return
+            self._state = "aborted"
+            exc = CommAborted(f"communicator {self.name!r} was aborted" + (f" after: {self._failure}" if self._failure else ""))
+            for w in self._pending:
+                if w._exc is None:
+                    w._exc = exc
+        h = self._handle
+        if h is not None:
+            done = threading.Event()
+            errors: List[BaseException] = []
+
+            def run() -> None:
+                try:
+                    with self._lock:
+                        self.library.comm_abort(h)
+                except BaseException as e:  # reported below
+                    errors.append(e)
+                finally:
+                    done.set()
+
+            t = threading.Thread(target=run, name=f"pycoll-abort-{self.name}", daemon=True)
+            t.start()
+            limit = _env_float("PYCOLL_ABORT_TIMEOUT", 10.0)
+            if not done.wait(limit):
+                _log.error("ncclCommAbort on %r did not return within %.3g s; leaving it behind", self.name, limit)
+            elif errors:
+                _log.error("ncclCommAbort on %r failed: %s", self.name, errors[0])
+        self._handle = None
+        self._release()
+        self._closed()
+
+    def _release(self) -> None:
+        """Free pycoll-side resources: premul ops (freed by the library), stream, events, scratch."""
+        for p in list(self._premul):
+            p.op = -1
+        self._premul.clear()
+        with self._plock:
+            events, self._events = self._events, []
+            for w in self._pending:
+                events += [e for e in (w._start, w._end) if e is not None]
+                w._start = w._end = None
+            self._pending.clear()
+        try:
+            if self._stream is not None:
+                stream, self._stream = self._stream, None
+                self.device.destroy_stream(stream)
+            for ev in events:
+                self.device.destroy_event(ev)
+            if self._scratch is not None:
+                ptr, self._scratch = self._scratch, None
+                self.library.mem_free(ptr)
+        except Exception:
+            _log.exception("releasing resources of %r", self.name)
+
+    def _closed(self) -> None:
+        _live.discard(self)
+        _notify("comm_closed", self)
+        if self._owns_device:
+            self.device.close()
+
+    def revoke(self) -> None:
+        """Revoke (``ncclCommRevoke``): stop outstanding operations and refuse new collectives.
+
+        Local (other ranks are not told). Split, shrink, destroy and abort remain possible.
+        Needs NCCL 2.28.7.
+        """
+        self._check_alive()
+        if self._state == "revoked":
+            raise CommStateError(f"communicator {self.name!r} is already revoked")
+        self._revoke()
+
+    def _revoke(self) -> None:
+        with self._lock:
+            if self._state == "revoked":
+                return
+            self.library.comm_revoke(self.handle, 0)
+            self._state = "revoked"
+        with self._plock:
+            exc = self._failure or CommRevoked(f"communicator {self.name!r} was revoked")
+            for w in self._pending:
+                if w._exc is None:
+                    w._exc = exc
+        self._poll(self.handle, "ncclCommRevoke", self.timeout, lambda: None)
+
+    # -- reshape --------------------------------------------------------------------------------
+
+    def _child_uid(self, tag: str) -> str:
+        self._reshapes += 1
+        return hashlib.sha1(f"{self.uid}/{self._reshapes}/{tag}".encode()).hexdigest()[:16]
+
+    def _child(self, slot: Any, status: int, *, what: str, uid: str, name: str, global_ranks: Optional[Sequence[int]],
+               timeout: float, poll_parent: bool) -> Optional["Communicator"]:
+        def on_timeout() -> None:
+            child = slot.value
+            self._abort()
+            if child:
+                with contextlib.suppress(NCCLError):
+                    self.library.comm_abort(child)
+
+        if status == B.IN_PROGRESS:
+            self._poll(self.handle if poll_parent else slot.value, what, timeout, on_timeout)
+        h = slot.value
+        if not h:
+            return None
+        lib = self.library
+        comm = Communicator(
+            h, library=lib, device=self.device, rank=lib.comm_user_rank(h), size=lib.comm_count(h), name=name,
+            uid=uid, global_ranks=global_ranks, timeout=self.timeout, on_failure=self.on_failure,
+            store=self.store, generation=self.generation,
+        )
+        return comm
+
+    def _reshape_config(self, config: Optional[CommConfig]) -> Any:
+        if config is None:
+            return None  # inherit the parent's (nonblocking) configuration
+        return config.to_nccl(self.library, blocking_default=False)
+
+    def split(self, color: Optional[int], key: Optional[int] = None, *, config: Optional[CommConfig] = None,
+              name: Optional[str] = None, timeout: Optional[float] = None) -> Optional["Communicator"]:
+        """Split into sub-communicators by ``color`` (collective over every rank of this one).
+
+        Ranks passing the same color form a new communicator, ordered by ``key`` (default: this
+        rank) then by rank. ``color=None`` takes part without joining any: it returns None.
+        """
+        self._check_alive()
+        if self._failure is not None and self._state != "revoked":
+            raise self._failure
+        timeout = _check_timeout(timeout, self.timeout)
+        if color is not None and (isinstance(color, bool) or not isinstance(color, int) or color < 0):
+            raise ValueError(f"color must be a non-negative int or None, got {color!r}")
+        key = self._rank if key is None else key
+        if isinstance(key, bool) or not isinstance(key, int):
+            raise TypeError(f"key must be an int, got {type(key).__name__}")
+        uid = self._child_uid(f"split:{color}")
+        with self._lock:
+            slot, status = self.library.comm_split(self.handle, B.SPLIT_NOCOLOR if color is None else color, key,
+                                                   self._reshape_config(config))
+        child = self._child(slot, status, what="ncclCommSplit", uid=uid, name=name or f"{self.name}.split{self._reshapes}",
+                            global_ranks=None, timeout=timeout, poll_parent=True)
+        if child is not None:
+            child.global_ranks = child._exchange_global_ranks(self.global_rank, timeout)
+        return child
+
+    def shrink(self, exclude: Sequence[int], *, abort_ops: bool = False, config: Optional[CommConfig] = None,
+               name: Optional[str] = None, timeout: Optional[float] = None) -> "Communicator":
+        """A new communicator without the ranks in ``exclude`` (``ncclCommShrink``; NCCL 2.27).
+
+        Only the survivors call it, all with the same ``exclude``; they are renumbered in rank
+        order. ``abort_ops=True`` (NCCL_SHRINK_ABORT) first stops this communicator's outstanding
+        operations -- use it after a failure. This communicator stays valid and must still be
+        released; after an abortive shrink release it with :meth:`abort`.
+        """
+        self._check_alive()
+        if self._failure is not None and not abort_ops and self._state != "revoked":
+            raise self._failure
+        timeout = _check_timeout(timeout, self.timeout)
+        excl = sorted({self._root(int(r), "excluded rank") for r in exclude})
+        if not excl:
+            raise ValueError("shrink needs at least one rank to exclude")
+        if self._rank in excl:
+            raise ValueError(f"rank {self._rank} is in the exclude list: excluded ranks must not call shrink")
+        uid = self._child_uid("shrink:" + ",".join(map(str, excl)))
+        gr = None
+        if self.global_ranks is not None:
+            gr = [g for r, g in enumerate(self.global_ranks) if r not in excl]
+        with self._lock:
+            slot, status = self.library.comm_shrink(self.handle, excl, self._reshape_config(config),
+                                                    B.SHRINK_ABORT if abort_ops else B.SHRINK_DEFAULT)
+        child = self._child(slot, status, what="ncclCommShrink", uid=uid, name=name or f"{self.name}.shrink{self._reshapes}",
+                            global_ranks=gr, timeout=timeout, poll_parent=True)
+        assert child is not None
+        return child
+
+    def get_unique_id(self) -> Any:
+        """A unique id for :meth:`grow` (``ncclCommGetUniqueId``, NCCL 2.29); each id is used once."""
+        self._check_alive()
+        with self._lock:
+            return self.library.comm_get_unique_id(self.handle)
+
+    def grow(self, size: int, unique_id: Any = None, *, config: Optional[CommConfig] = None,
+             name: Optional[str] = None, timeout: Optional[float] = None,
+             global_ranks: Optional[Sequence[int]] = None) -> "Communicator":
+        """A bigger communicator: this one's ranks keep their numbers, new ranks join at the end.
+
+        Every existing rank calls it; the coordinator (the rank that called
+        :meth:`get_unique_id`) passes the id, the others may pass it or None. New processes call
+        :func:`pycoll.join` with the same id and ``size``. This communicator must be idle and
+        should be destroyed afterwards (NCCL 2.29).
+        """
+        self._check_usable("grow")
+        timeout = _check_timeout(timeout, self.timeout)
+        if isinstance(size, bool) or not isinstance(size, int) or size <= self._size:
+            raise ValueError(f"grow: size must be an int larger than the current {self._size}, got {size!r}")
+        if unique_id is not None and not isinstance(unique_id, B.UniqueId):
+            unique_id = B.UniqueId.from_bytes(bytes(unique_id))
+        uid = hashlib.sha1(bytes(unique_id)).hexdigest()[:16] if unique_id is not None else self._child_uid(f"grow:{size}")
+        with self._lock:
+            slot, status = self.library.comm_grow(self.handle, size, unique_id, -1, self._reshape_config(config))
+        self._reshapes += 1
+        child = self._child(slot, status, what="ncclCommGrow", uid=uid, name=name or f"{self.name}.grow{self._reshapes}",
+                            global_ranks=global_ranks, timeout=timeout, poll_parent=False)
+        assert child is not None
+        return child
+
+    def _exchange_global_ranks(self, my_global: int, timeout: float) -> Optional[Tuple[int, ...]]:
+        """Every member's job-wide rank, in this communicator's rank order (for flight-recorder dumps)."""
+        if self.backend != "host":
+            if self.store is None:
+                return None
+            key = f"pycoll/global_ranks/{self.uid}"
+            self.store.set(f"{key}/{self._rank}", str(my_global))
+            return tuple(int(self.store.get(f"{key}/{r}", timeout=timeout)) for r in range(self._size))
+        import numpy as np
+
+        mine = np.array([my_global], dtype=np.int64)
+        everyone = np.empty(self._size, dtype=np.int64)
+        self.all_gather(mine, everyone, timeout=timeout)
+        return tuple(int(x) for x in everyone)
+
+
+# -- dtype helpers for pre_mul_sum ------------------------------------------------------------------
+
+
+def _datatype_of(dtype: Any) -> int:
+    import numpy as np
+
+    if isinstance(dtype, int) and not isinstance(dtype, bool):
+        if not 0 <= dtype < 12:
+            raise ValueError(f"unknown NCCL datatype {dtype}")
+        return dtype
+    torch_dtype = type(dtype).__module__ == "torch"
+    if torch_dtype:
+        import torch
+
+        return as_buffer(torch.empty(1, dtype=dtype)).datatype
+    try:
+        npdt = np.dtype(dtype)
+    except TypeError:
+        try:
+            import ml_dtypes  # noqa: F401  (registers bfloat16 / float8 names with numpy)
+
+            npdt = np.dtype(dtype)
+        except (ImportError, TypeError):
+            raise TypeError(f"cannot interpret {dtype!r} as a dtype") from None
+    return as_buffer(np.empty(1, dtype=npdt)).datatype
+
+
+def _numpy_dtype(datatype: int) -> Any:
+    import numpy as np
+
+    simple = {0: np.int8, 1: np.uint8, 2: np.int32, 3: np.uint32, 4: np.int64, 5: np.uint64, 6: np.float16,
+              7: np.float32, 8: np.float64}
+    if datatype in simple:
+        return simple[datatype]
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise NotImplementedError("a bfloat16/float8 pre_mul_sum scalar needs the ml_dtypes package") from None
+    return {9: ml_dtypes.bfloat16, 10: ml_dtypes.float8_e4m3fn, 11: ml_dtypes.float8_e5m2}[datatype]

@@ -1,0 +1,250 @@
+"""Creating communicators: :func:`init` (a new communicator) and :func:`join` (a new rank of a grow)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from typing import Any, Dict, Optional, Tuple
+
+from . import _bindings as B
+from .comm import Communicator, _check_timeout, default_timeout
+from .config import CommConfig
+from .devices import Device, auto_backend, open_device
+from .errors import CommTimeout, error_class
+
+__all__ = ["init", "join", "get_unique_id", "load_library", "BACKENDS"]
+
+#: Backend names accepted by :func:`init`.
+BACKENDS = ("auto", "host", "nccl", "rccl")
+_init_counts: Dict[str, int] = {}
+_init_lock = threading.Lock()
+
+
+def _default_init_timeout() -> float:
+    from .comm import _env_float
+
+    return _env_float("PYCOLL_INIT_TIMEOUT", 120.0)
+
+
+def load_library(backend: str = "auto", library: Any = None) -> Tuple[str, Any]:
+    """Resolve ``(backend, Library)``. ``library`` (a path or a loaded Library) overrides ``backend``."""
+    if library is not None:
+        lib = library if isinstance(library, B.Library) else B.load(str(library))
+        kind = lib.kind if lib.kind in ("host", "nccl", "rccl") else "nccl"
+        return kind, lib
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
+    if backend == "auto":
+        backend = os.environ.get("PYCOLL_BACKEND") or auto_backend()
+        if backend not in BACKENDS[1:]:
+            raise ValueError(f"$PYCOLL_BACKEND must be one of {BACKENDS[1:]}, got {backend!r}")
+    return backend, B.load(backend)
+
+
+def get_unique_id(backend: str = "auto", library: Any = None) -> Any:
+    """A fresh ``UniqueId`` from the backend's library, for callers that exchange it themselves."""
+    return load_library(backend, library)[1].get_unique_id()
+
+
+def _open_device(backend: str, lib: Any, device: Any, local_rank: int) -> Tuple[Device, bool]:
+    if isinstance(device, Device):
+        return device, False
+    if backend == "host":
+        return open_device("host", library=lib), True
+    if device is None:
+        from .devices import cuda_device_count, rocm_device_count
+
+        count = cuda_device_count() if backend == "nccl" else rocm_device_count()
+        device = local_rank % count if count else 0
+    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+        raise ValueError(f"device must be a GPU ordinal >= 0 or a pycoll Device, got {device!r}")
+    dev = open_device(backend, device_id=device)
+    dev.make_current()
+    return dev, True
+
+
+def _uid_str(unique_id: Any) -> str:
+    return hashlib.sha1(bytes(unique_id)).hexdigest()[:16]
+
+
+def _poll_new(lib: Any, handle: int, what: str, timeout: float, describe_missing: Any = None) -> None:
+    deadline = time.monotonic() + timeout
+    sleep = 0.0
+    while True:
+        code = lib.comm_get_async_error(handle)
+        if code == 0:
+            return
+        if code != B.IN_PROGRESS:
+            last = lib.get_last_error(handle)
+            lib.comm_abort(handle)
+            raise error_class(code)(code, what, lib.get_error_string(code), last, lib.path)
+        if time.monotonic() >= deadline:
+            detail = describe_missing() if describe_missing is not None else ""
+            lib.comm_abort(handle)
+            raise CommTimeout(f"{what} did not complete within {timeout:.3g} s{detail}", op=what, timeout=timeout)
+        sleep = min(5e-3, sleep * 2 if sleep else 50e-6)
+        time.sleep(sleep)
+
+
+def init(
+    rank: Optional[int] = None,
+    world_size: Optional[int] = None,
+    *,
+    unique_id: Any = None,
+    store: Any = None,
+    backend: str = "auto",
+    library: Any = None,
+    device: Any = None,
+    config: Optional[CommConfig] = None,
+    timeout: Optional[float] = None,
+    init_timeout: Optional[float] = None,
+    name: str = "world",
+    on_failure: Optional[str] = None,
+) -> Communicator:
+    """Create a communicator of ``world_size`` ranks; this process is ``rank``.
+
+    Args:
+        rank, world_size: explicit, or both None to read them from the environment (pycoll-run,
+            torchrun, SLURM, Open MPI; see :mod:`pycoll.env`), which also provides the store.
+        unique_id: the ``UniqueId`` every rank uses (e.g. from :func:`pycoll.get_unique_id`,
+            exchanged by the caller). Without it, rank 0 creates one and shares it through
+            ``store``.
+        store: a pycoll store (or anything with torch's Store methods) for the unique-id exchange.
+        backend: ``"auto"`` (nccl with CUDA GPUs, rccl with ROCm GPUs, else host; or
+            ``$PYCOLL_BACKEND``), ``"host"``, ``"nccl"`` or ``"rccl"``. ``library`` (a path or a
+            loaded ``Library``) overrides it.
+        device: GPU ordinal (default: local rank modulo the GPUs visible) or a pycoll Device.
+        config: a :class:`~pycoll.CommConfig`; the communicator is nonblocking unless it says
+            ``blocking=True``.
+        timeout: default per-operation timeout in seconds (``$PYCOLL_TIMEOUT``, else 30).
+        init_timeout: deadline for initialisation (``$PYCOLL_INIT_TIMEOUT``, else 120): ranks
+            that have not arrived by then are named in the :class:`~pycoll.CommTimeout`.
+        name: the communicator's name (logs, flight-recorder dumps, store keys).
+        on_failure: ``"abort"`` (default, or ``$PYCOLL_ON_FAILURE``), ``"revoke"`` or ``"report"``.
+    """
+    op_timeout = _check_timeout(timeout, default_timeout())
+    init_timeout = _check_timeout(init_timeout, _default_init_timeout(), "init_timeout")
+    on_failure = on_failure or os.environ.get("PYCOLL_ON_FAILURE") or "abort"
+    local_rank = 0
+    if rank is None and world_size is None:
+        from . import env
+
+        info = env.discover()
+        rank, world_size, local_rank = info.rank, info.world_size, info.local_rank
+        if store is None and unique_id is None and world_size > 1:
+            store = env.open_store(info)
+    elif rank is None or world_size is None:
+        raise ValueError("give both rank and world_size, or neither (to read them from the environment)")
+    for what, value in (("rank", rank), ("world_size", world_size)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{what} must be an int, got {type(value).__name__}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is out of range for world_size {world_size}")
+    if store is not None and not hasattr(store, "set"):
+        raise TypeError(f"store must be a pycoll store or have torch's Store methods, got {type(store).__name__}")
+    if store is not None and not _is_pycoll_store(store):
+        from .store import wrap_torch_store
+
+        store = wrap_torch_store(store)
+
+    backend, lib = load_library(backend, library)
+    dev, owns = _open_device(backend, lib, device, local_rank)
+    try:
+        with _init_lock:
+            count = _init_counts[name] = _init_counts.get(name, 0) + 1
+        base = f"pycoll/init/{name}/{count}"
+        uid = _exchange_unique_id(lib, unique_id, store, rank, world_size, base, init_timeout)
+        cfg = (config or CommConfig()).to_nccl(lib, blocking_default=False)
+        if store is not None:
+            store.set(f"{base}/arrived/{rank}", b"1")
+        handle, status = lib.comm_init_rank_config(world_size, uid, rank, cfg)
+
+        def missing() -> str:
+            if store is None:
+                return ""
+            absent = [r for r in range(world_size) if not store.check([f"{base}/arrived/{r}"])]
+            return f"; ranks that never arrived: {absent}" if absent else "; every rank arrived"
+
+        if status == B.IN_PROGRESS:
+            _poll_new(lib, handle, f"init of communicator {name!r} ({world_size} ranks)", init_timeout, missing)
+    except BaseException:
+        if owns:
+            dev.close()
+        raise
+    return Communicator(
+        handle, library=lib, device=dev, rank=rank, size=world_size, name=name, uid=_uid_str(uid),
+        global_ranks=range(world_size), timeout=op_timeout, on_failure=on_failure, store=store, owns_device=owns,
+    )
+
+
+def _is_pycoll_store(store: Any) -> bool:
+    from .store import Store
+
+    return isinstance(store, Store)
+
+
+def _exchange_unique_id(lib: Any, unique_id: Any, store: Any, rank: int, world_size: int, base: str,
+                        timeout: float) -> Any:
+    if unique_id is not None:
+        return unique_id if isinstance(unique_id, B.UniqueId) else B.UniqueId.from_bytes(bytes(unique_id))
+    if world_size == 1:
+        return lib.get_unique_id()
+    if store is None:
+        raise ValueError("init needs a unique_id or a store to exchange one (or a launcher's environment)")
+    key = f"{base}/unique_id"
+    if rank == 0:
+        uid = lib.get_unique_id()
+        store.set(key, bytes(uid))
+        return uid
+    return B.UniqueId.from_bytes(store.get(key, timeout=timeout))
+
+
+def join(
+    size: int,
+    rank: int,
+    unique_id: Any,
+    *,
+    backend: str = "auto",
+    library: Any = None,
+    device: Any = None,
+    config: Optional[CommConfig] = None,
+    timeout: Optional[float] = None,
+    init_timeout: Optional[float] = None,
+    name: str = "world",
+    store: Any = None,
+    global_ranks: Any = None,
+    on_failure: Optional[str] = None,
+) -> Communicator:
+    """Join a communicator that existing ranks are growing to ``size`` (``ncclCommGrow``, NCCL 2.29).
+
+    ``rank`` is this new process's rank (>= the old size); ``unique_id`` the id the existing
+    coordinator obtained with :meth:`Communicator.get_unique_id`.
+    """
+    op_timeout = _check_timeout(timeout, default_timeout())
+    init_timeout = _check_timeout(init_timeout, _default_init_timeout(), "init_timeout")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 2:
+        raise ValueError(f"join: size must be an int >= 2, got {size!r}")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 < rank < size:
+        raise ValueError(f"join: rank must be in [1, {size}), got {rank!r}")
+    uid = unique_id if isinstance(unique_id, B.UniqueId) else B.UniqueId.from_bytes(bytes(unique_id))
+    backend, lib = load_library(backend, library)
+    dev, owns = _open_device(backend, lib, device, 0)
+    try:
+        cfg = (config or CommConfig()).to_nccl(lib, blocking_default=False)
+        slot, status = lib.comm_grow(0, size, uid, rank, cfg)
+        handle = slot.value
+        if status == B.IN_PROGRESS:
+            _poll_new(lib, handle, f"join of communicator {name!r} as rank {rank}/{size}", init_timeout)
+    except BaseException:
+        if owns:
+            dev.close()
+        raise
+    return Communicator(
+        handle, library=lib, device=dev, rank=rank, size=size, name=name, uid=_uid_str(uid),
+        global_ranks=global_ranks, timeout=op_timeout,
+        on_failure=on_failure or os.environ.get("PYCOLL_ON_FAILURE") or "abort", store=store, owns_device=owns,
+    )

@@ -1,0 +1,135 @@
+"""Work: the handle of one enqueued collective or point-to-point operation."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .comm import Communicator
+
+__all__ = ["Work"]
+
+_SPIN_S = 50e-6  # poll without sleeping this long before backing off
+_MAX_SLEEP_S = 1e-3
+
+
+class Work:
+    """One operation on a :class:`~pycoll.Communicator`.
+
+    Completion is read from events recorded on the operation's stream (or, for an operation the
+    host backend ran in the caller's thread, from that call's return). The watchdog checks
+    outstanding work; a failure it detects reaches the user at :meth:`wait` or at the next call on
+    the communicator.
+
+    Attributes for diagnostics (the flight recorder reads them): ``op`` (e.g. ``"all_reduce"``),
+    ``seq`` (the communicator's collective sequence id: incremented by collectives, kept by
+    point-to-point operations), ``p2p_seq`` (incremented by sends and receives), ``is_p2p``,
+    ``peer``, ``timeout`` (seconds),
+    ``time_created_ns``, ``inputs``/``outputs`` (the :class:`pycoll.buffers.Buffer` arguments).
+    """
+
+    __slots__ = (
+        "comm", "op", "seq", "p2p_seq", "op_id", "async_op", "is_p2p", "peer", "timeout", "stream", "inputs", "outputs",
+        "time_created_ns", "t0", "time_started_ns", "time_completed_ns", "duration_ms",
+        "_start", "_end", "_state", "_exc", "_inline", "fr_entry", "__weakref__",
+    )
+
+    def __init__(
+        self,
+        comm: "Communicator",
+        op: str,
+        seq: int,
+        p2p_seq: int,
+        op_id: int,
+        is_p2p: bool,
+        peer: Optional[int],
+        timeout: float,
+        stream: int,
+        inputs: Sequence[Any],
+        outputs: Sequence[Any],
+    ) -> None:
+        self.comm = comm
+        self.op = op
+        self.seq = seq
+        self.p2p_seq = p2p_seq
+        self.async_op = False
+        self.op_id = op_id
+        self.is_p2p = is_p2p
+        self.peer = peer
+        self.timeout = timeout
+        self.stream = stream
+        self.inputs: List[Any] = list(inputs)
+        self.outputs: List[Any] = list(outputs)
+        self.time_created_ns = time.time_ns()
+        self.t0 = time.monotonic()
+        self.time_started_ns: Optional[int] = None
+        self.time_completed_ns: Optional[int] = None
+        self.duration_ms: Optional[float] = None
+        self._start: Optional[int] = None  # event handles, returned to the comm's pool at retirement
+        self._end: Optional[int] = None
+        self._state = "scheduled"
+        self._exc: Optional[BaseException] = None
+        self._inline = False
+        self.fr_entry: Any = None
+
+    # -- public ---------------------------------------------------------------------------------
+
+    @property
+    def state(self) -> str:
+        """``"scheduled"``, ``"started"`` or ``"completed"`` (a failed operation stays where it stopped)."""
+        if self._state != "completed" and self._exc is None and not self._inline:
+            self.comm._refresh(self)
+        return self._state
+
+    def is_completed(self) -> bool:
+        """True once the operation has finished, successfully or not (see :meth:`exception`). Never blocks."""
+        if self._exc is not None:
+            return True
+        if self._state == "completed":
+            return True
+        self.comm._refresh(self)
+        return self._state == "completed" or self._exc is not None
+
+    def exception(self) -> Optional[BaseException]:
+        """The failure of this operation (or of its communicator), or None."""
+        self.is_completed()
+        return self._exc
+
+    def wait(self, timeout: Optional[float] = None) -> None:
+        """Block until the operation has completed.
+
+        Raises the operation's failure (:class:`pycoll.CommFailure` subclasses: a timeout detected
+        against the operation's own deadline, a remote error, an abort). ``timeout`` (seconds)
+        only bounds this wait: if the operation is still running then, the builtin
+        ``TimeoutError`` is raised and the operation and its communicator are left untouched.
+        Without ``timeout`` the wait ends at the latest when the operation's own deadline
+        (``Work.timeout``) makes the communicator fail.
+        """
+        if timeout is not None and timeout < 0:
+            raise ValueError(f"timeout must be >= 0 seconds, got {timeout}")
+        comm = self.comm
+        start = time.monotonic()
+        deadline = None if timeout is None else start + timeout
+        sleep = 0.0
+        while True:
+            if self._exc is not None:
+                raise self._exc
+            if self._state == "completed":
+                return
+            comm._refresh(self)
+            if self._state == "completed" or self._exc is not None:
+                continue
+            now = time.monotonic()
+            comm._check(now)
+            if deadline is not None and now >= deadline:
+                raise TimeoutError(
+                    f"{self.op} (seq {self.seq}) on {comm.name} still running after {timeout:.3g} s "
+                    f"(its own deadline is {self.timeout:.3g} s after it was issued)"
+                )
+            if now - start > _SPIN_S:
+                sleep = min(_MAX_SLEEP_S, sleep * 2 if sleep else 20e-6)
+                time.sleep(sleep)
+
+    def __repr__(self) -> str:
+        return f"<Work {self.op} seq={self.seq} {self._state}{' failed' if self._exc else ''} on {self.comm.name}>"

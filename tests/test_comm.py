@@ -1,0 +1,457 @@
+"""The Communicator on the host backend: every collective, Work semantics, bad input, failures."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+import pycoll
+from mp_helpers import Died, run_ranks
+from pycoll import _bindings as B
+
+
+def _uid() -> bytes:
+    return bytes(B.load("host").get_unique_id())
+
+
+def _comm(rank, n, uid, **kw):
+    return pycoll.init(rank, n, unique_id=uid, backend="host", **kw)
+
+
+# -- every collective -------------------------------------------------------------------------------
+
+
+def _all_collectives(rank, n, uid, use_torch):
+    if use_torch:
+        import torch
+
+        def arr(values, dtype="float32"):
+            return torch.tensor(np.asarray(values, dtype=dtype))
+
+        def empty(k, dtype="float32"):
+            return torch.empty(k, dtype=getattr(torch, dtype))
+
+        def val(x):
+            return x.numpy().tolist()
+    else:
+        def arr(values, dtype="float32"):
+            return np.asarray(values, dtype=dtype)
+
+        def empty(k, dtype="float32"):
+            return np.empty(k, dtype=dtype)
+
+        def val(x):
+            return x.tolist()
+
+    c = _comm(rank, n, uid)
+    everyone = np.arange(n, dtype=np.float64)
+    k = 3
+    out = {}
+    # all_reduce, in place and out of place, every op
+    x = arr(np.full(k, rank + 1.0))
+    c.all_reduce(x)
+    out["all_reduce"] = val(x) == [n * (n + 1) / 2] * k
+    y = empty(k)
+    c.all_reduce(arr(np.full(k, rank + 1.0)), y, op="max")
+    out["all_reduce_max"] = val(y) == [float(n)] * k
+    c.all_reduce(arr(np.full(k, rank + 1.0)), y, op="min")
+    out["all_reduce_min"] = val(y) == [1.0] * k
+    c.all_reduce(arr(np.full(k, 2.0)), y, op="prod")
+    out["all_reduce_prod"] = val(y) == [2.0**n] * k
+    c.all_reduce(arr(np.full(k, rank * 2.0)), y, op="avg")
+    out["all_reduce_avg"] = np.allclose(val(y), everyone.mean() * 2)
+    xi = arr(np.full(k, rank + 1), "int64")
+    c.all_reduce(xi)
+    out["all_reduce_int64"] = val(xi) == [n * (n + 1) // 2] * k
+    # broadcast
+    b = arr(np.arange(k) + 10.0 * rank)
+    c.broadcast(b, root=n - 1)
+    out["broadcast"] = val(b) == list(np.arange(k) + 10.0 * (n - 1))
+    bo = empty(k)
+    c.broadcast(arr(np.full(k, float(rank))), root=0, output=bo)
+    out["broadcast_oop"] = val(bo) == [0.0] * k
+    # reduce
+    r = arr(np.full(k, rank + 1.0))
+    c.reduce(r, root=0)
+    if rank == 0:
+        out["reduce"] = val(r) == [n * (n + 1) / 2] * k
+    ro = empty(k)
+    c.reduce(arr(np.full(k, rank + 1.0)), root=n - 1, output=ro, op="max")
+    if rank == n - 1:
+        out["reduce_oop"] = val(ro) == [float(n)] * k
+    # all_gather, out of place and in place
+    g = empty(k * n)
+    c.all_gather(arr(np.full(k, float(rank))), g)
+    out["all_gather"] = val(g) == list(np.repeat(everyone, k))
+    gi = arr(np.where(np.arange(k * n) // k == rank, float(rank), -1.0))
+    c.all_gather(None, gi)
+    out["all_gather_inplace"] = val(gi) == list(np.repeat(everyone, k))
+    # reduce_scatter, out of place and in place
+    rs = empty(k)
+    c.reduce_scatter(arr(np.arange(k * n, dtype=np.float64) + rank), rs)
+    expect = (np.arange(k * n) * n + everyone.sum())[rank * k:(rank + 1) * k]
+    out["reduce_scatter"] = val(rs) == list(expect)
+    rsi = arr(np.arange(k * n, dtype=np.float64) + rank)
+    c.reduce_scatter(rsi)
+    out["reduce_scatter_inplace"] = val(rsi)[rank * k:(rank + 1) * k] == list(expect)
+    # all_to_all
+    a = arr(np.arange(n, dtype=np.float64) + 100 * rank)
+    ao = empty(n)
+    c.all_to_all(a, ao)
+    out["all_to_all"] = val(ao) == [100.0 * j + rank for j in range(n)]
+    # gather / scatter
+    go = empty(k * n) if rank == 0 else None
+    c.gather(arr(np.full(k, float(rank))), go, root=0)
+    if rank == 0:
+        out["gather"] = val(go) == list(np.repeat(everyone, k))
+    so = empty(k)
+    c.scatter(arr(np.repeat(everyone, k) * 3) if rank == n - 1 else None, so, root=n - 1)
+    out["scatter"] = val(so) == [3.0 * rank] * k
+    # grouped send/recv around a ring, issued in either order
+    s = arr(np.full(k, float(rank)))
+    rv = empty(k)
+    with c.group():
+        if rank % 2:
+            c.recv(rv, (rank - 1) % n)
+            c.send(s, (rank + 1) % n)
+        else:
+            c.send(s, (rank + 1) % n)
+            c.recv(rv, (rank - 1) % n)
+    out["send_recv"] = val(rv) == [float((rank - 1) % n)] * k
+    c.barrier()
+    c.destroy()
+    return out
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_every_collective_numpy(n):
+    for res in run_ranks(_all_collectives, n, _uid(), False, timeout=60):
+        assert all(res.values()), {k: v for k, v in res.items() if not v}
+
+
+@pytest.mark.timeout(90)
+def test_every_collective_torch():
+    for res in run_ranks(_all_collectives, 2, _uid(), True, timeout=60):
+        assert all(res.values()), {k: v for k, v in res.items() if not v}
+
+
+# -- Work ----------------------------------------------------------------------------------------
+
+
+def _work_semantics(rank, n, uid):
+    c = _comm(rank, n, uid)
+    x = np.ones(4, np.float32)
+    out = {}
+    if rank == 1:
+        time.sleep(0.6)
+    w = c.all_reduce(x, async_op=True)
+    if rank == 0:
+        out["pending_at_first"] = not w.is_completed()
+        try:
+            w.wait(timeout=0.05)
+            out["wait_timeout_raised"] = False
+        except TimeoutError as e:
+            out["wait_timeout_raised"] = not isinstance(e, pycoll.CommFailure)
+    w.wait()
+    out["completed"] = w.is_completed() and w.exception() is None and w.state == "completed"
+    out["value"] = x.tolist() == [2.0] * 4
+    # several async ops on the comm's stream complete in order
+    ws = [c.all_reduce(np.full(2, float(i), np.float32), async_op=True) for i in range(5)]
+    ws[-1].wait()
+    out["in_order"] = all(w.is_completed() for w in ws)
+    # a blocking op after async ones runs after them
+    y = np.full(3, 1.0, np.float64)
+    c.all_reduce(y)
+    out["after_async"] = y.tolist() == [2.0] * 3
+    c.destroy()
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_work_semantics():
+    for res in run_ranks(_work_semantics, 2, _uid(), timeout=40):
+        assert all(res.values()), res
+
+
+# -- bad input ------------------------------------------------------------------------------------
+
+
+def _bad_inputs(rank, n, uid):
+    from dlpack_fake import KDL_CUDA, FakeDLPack
+
+    c = _comm(rank, n, uid)
+    x = np.ones(8, np.float32)
+    cases = {
+        "non_contiguous": (ValueError, lambda: c.all_reduce(x[::2])),
+        "wrong_device": (ValueError, lambda: c.all_reduce(FakeDLPack(0x7F0000000000, (4,), dtype=(2, 32, 1), device=(KDL_CUDA, 0)))),
+        "unsupported_dtype": (TypeError, lambda: c.all_reduce(np.ones(4, bool))),
+        "output_too_small": (ValueError, lambda: c.all_gather(x, np.empty(8, np.float32))),
+        "dtype_mismatch": (ValueError, lambda: c.all_reduce(x, np.empty(8, np.float64))),
+        "root_out_of_range": (ValueError, lambda: c.broadcast(x, root=n)),
+        "negative_root": (ValueError, lambda: c.reduce(x, root=-1)),
+        "peer_out_of_range": (ValueError, lambda: c.send(x, peer=n + 3)),
+        "unknown_op": (ValueError, lambda: c.all_reduce(x, op="median")),
+        "readonly_output": (ValueError, lambda: c.all_reduce(np.frombuffer(b"\0" * 16, np.float32))),
+        "gpu_stream_on_host": (TypeError, lambda: c.all_reduce(x, stream=_CudaStreamLike())),
+        "dead_stream_handle": (ValueError, lambda: c.all_reduce(x, stream=0xDEAD000)),
+        "bad_timeout": (ValueError, lambda: c.all_reduce(x, timeout=-1)),
+        "not_an_array": (TypeError, lambda: c.all_reduce(object())),
+        "scatter_sizes": (ValueError, lambda: c.scatter(np.ones(7, np.float32), np.empty(2, np.float32), root=rank)),
+    }
+    out = {}
+    for name, (exc, fn) in cases.items():
+        try:
+            fn()
+            out[name] = "no exception"
+        except exc as e:
+            out[name] = str(e) != ""
+        except Exception as e:  # the wrong kind
+            out[name] = f"{type(e).__name__}: {e}"
+    # the communicator is still usable
+    y = np.full(4, rank + 1.0, np.float32)
+    c.all_reduce(y)
+    out["still_usable"] = y.tolist() == [3.0] * 4
+    c.destroy()
+    try:
+        c.all_reduce(y)
+        out["after_destroy"] = "no exception"
+    except pycoll.CommStateError as e:
+        out["after_destroy"] = "destroyed" in str(e)
+    c.destroy()  # idempotent
+    return out
+
+
+class _CudaStreamLike:
+    def __cuda_stream__(self):
+        return (0, 0x1234)
+
+
+@pytest.mark.timeout(60)
+def test_bad_input_leaves_communicator_usable():
+    for res in run_ranks(_bad_inputs, 2, _uid(), timeout=40):
+        bad = {k: v for k, v in res.items() if v is not True}
+        assert not bad, bad
+
+
+def test_bad_config_values():
+    with pytest.raises(ValueError, match="blocking"):
+        pycoll.CommConfig(blocking=3)
+    with pytest.raises(ValueError, match="min_ctas"):
+        pycoll.CommConfig(min_ctas=8, max_ctas=2)
+    with pytest.raises(TypeError, match="comm_name"):
+        pycoll.CommConfig(comm_name=5)
+    with pytest.raises(ValueError, match="nvls_host_mode"):
+        pycoll.CommConfig(nvls_host_mode=7)
+
+
+def test_config_field_too_new_for_library():
+    class Old:
+        version = 21805
+        path = "libold.so"
+
+    with pytest.raises(pycoll.NotSupported, match="2.27"):
+        pycoll.CommConfig(comm_name="x").to_nccl(Old())
+    cfg = pycoll.CommConfig(split_share=True, comm_name="trainer").to_nccl(B.load("host"))
+    assert cfg.blocking == 0 and cfg.splitShare == 1 and cfg.commName == "trainer"
+
+
+def test_init_arguments():
+    with pytest.raises(ValueError, match="rank 2 is out of range"):
+        pycoll.init(2, 2, unique_id=_uid(), backend="host")
+    with pytest.raises(ValueError, match="both"):
+        pycoll.init(0, backend="host")
+    with pytest.raises(ValueError, match="unknown backend"):
+        pycoll.init(0, 1, backend="mpi")
+    with pytest.raises(ValueError, match="unique_id or a store"):
+        pycoll.init(0, 2, backend="host")
+
+
+def test_single_rank_lifecycle_and_gc_warning():
+    c = pycoll.init(0, 1, backend="host")
+    x = np.arange(5, dtype=np.float32)
+    c.all_reduce(x)
+    assert x.tolist() == list(range(5))
+    with pycoll.init(0, 1, backend="host", name="ctx") as d:
+        d.barrier()
+    assert d.state == "destroyed"
+    with pytest.warns(ResourceWarning, match="garbage-collected"):
+        del c
+        gc.collect()
+
+
+def test_abort_then_any_call_raises():
+    c = pycoll.init(0, 1, backend="host")
+    c.abort()
+    with pytest.raises(pycoll.CommAborted, match="aborted"):
+        c.all_reduce(np.ones(2, np.float32))
+    with pytest.raises(pycoll.CommAborted):
+        c.split(0)
+    c.abort()
+    c.destroy()  # both no-ops after an abort
+
+
+# -- failures -------------------------------------------------------------------------------------
+
+
+def _stopped_peer(rank, n, uid):
+    c = _comm(rank, n, uid)
+    c.barrier()
+    if rank == n - 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return None
+    t0 = time.monotonic()
+    try:
+        c.all_reduce(np.ones(4, np.float32), timeout=1.0)
+        return "no exception"
+    except pycoll.CommTimeout as e:
+        elapsed = time.monotonic() - t0
+    try:
+        c.all_reduce(np.ones(4, np.float32))
+        later = "no exception"
+    except pycoll.CommAborted:
+        later = "aborted"
+    return elapsed, later, c.state
+
+
+@pytest.mark.timeout(60)
+def test_stopped_peer_times_out_and_aborts():
+    res = run_ranks(_stopped_peer, 3, _uid(), timeout=30, may_die=[2])
+    for rank in (0, 1):
+        elapsed, later, state = res[rank]
+        assert 1.0 <= elapsed < 2.5, elapsed
+        assert later == "aborted" and state == "aborted"
+
+
+def _dead_peer(rank, n, uid):
+    c = _comm(rank, n, uid)
+    c.barrier()
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        for _ in range(1000):
+            c.all_reduce(np.ones(4, np.float32))
+        return "no exception"
+    except pycoll.RemoteError as e:
+        return isinstance(e, pycoll.CommFailure), time.monotonic() - t0
+
+
+@pytest.mark.timeout(60)
+def test_dead_peer_is_a_remote_error():
+    res = run_ranks(_dead_peer, 3, _uid(), timeout=30, may_die=[1])
+    assert isinstance(res[1], Died)
+    for rank in (0, 2):
+        is_failure, elapsed = res[rank]
+        assert is_failure and elapsed < 2.0
+
+
+# -- init through a store -------------------------------------------------------------------------
+
+
+def _init_store(rank, n, path, size):
+    from pycoll.store import FileStore
+
+    store = FileStore(path)
+    try:
+        c = pycoll.init(rank, size, store=store, backend="host", init_timeout=2.0)
+    except pycoll.CommTimeout as e:
+        return str(e)
+    x = np.full(2, 1.0, np.float32)
+    c.all_reduce(x)
+    c.destroy()
+    return x.tolist()
+
+
+@pytest.mark.timeout(60)
+def test_init_through_a_store(tmp_path):
+    res = run_ranks(_init_store, 3, str(tmp_path / "store"), 3, timeout=30)
+    assert res == [[3.0, 3.0]] * 3
+
+
+@pytest.mark.timeout(60)
+def test_init_timeout_names_missing_ranks(tmp_path):
+    res = run_ranks(_init_store, 2, str(tmp_path / "store"), 3, timeout=30)
+    for msg in res:
+        assert "did not complete" in msg and "never arrived: [2]" in msg, msg
+
+
+# -- reshape through the Communicator -------------------------------------------------------------
+
+
+def _reshape(rank, n, uid, path):
+    from pycoll.store import FileStore
+
+    store = FileStore(path)
+    out = {}
+    if rank == n - 1:  # the newcomer of the grow
+        uid_grow = store.get("grow_uid", timeout=30)
+        c = pycoll.join(n, rank, uid_grow, backend="host")
+        x = np.full(2, rank + 1.0, np.float32)
+        c.all_reduce(x)
+        out["grow"] = x.tolist() == [n * (n + 1) / 2] * 2
+        c.destroy()
+        return out
+    c = _comm(rank, n - 1, uid)
+    # split by parity
+    sub = c.split(rank % 2)
+    x = np.full(2, rank + 1.0, np.float32)
+    sub.all_reduce(x)
+    out["split"] = x.tolist() == [float(sum(r + 1 for r in range(n - 1) if r % 2 == rank % 2))] * 2
+    out["split_global_ranks"] = sub.global_ranks == tuple(r for r in range(n - 1) if r % 2 == rank % 2)
+    sub.destroy()
+    none = c.split(None if rank == 0 else 1)
+    out["nocolor"] = (none is None) if rank == 0 else (none.size == n - 2)
+    if none is not None:
+        none.destroy()
+    # shrink away rank 0 (it does not call shrink)
+    if rank != 0:
+        small = c.shrink([0])
+        y = np.full(2, 1.0, np.float32)
+        small.all_reduce(y)
+        out["shrink"] = y.tolist() == [float(n - 2)] * 2 and small.rank == rank - 1
+        out["shrink_global_ranks"] = small.global_ranks == tuple(range(1, n - 1))
+        small.destroy()
+    # grow back with a new process
+    uid_grow = c.get_unique_id() if rank == 0 else None
+    if rank == 0:
+        store.set("grow_uid", bytes(uid_grow))
+    big = c.grow(n, uid_grow)
+    x = np.full(2, rank + 1.0, np.float32)
+    big.all_reduce(x)
+    out["grow"] = x.tolist() == [n * (n + 1) / 2] * 2 and big.rank == rank
+    big.destroy()
+    c.destroy()
+    return out
+
+
+@pytest.mark.timeout(90)
+def test_split_shrink_grow(tmp_path):
+    for res in run_ranks(_reshape, 4, _uid(), str(tmp_path / "store"), timeout=60):
+        assert all(res.values()), res
+
+
+def _premul(rank, n, uid):
+    c = _comm(rank, n, uid)
+    with c.pre_mul_sum(0.5, np.float32) as op:
+        x = np.full(3, rank + 1.0, np.float32)
+        c.all_reduce(x, op=op)
+    ok = x.tolist() == [0.5 * n * (n + 1) / 2] * 3
+    try:
+        c.all_reduce(np.ones(2, np.float64), op=c.pre_mul_sum(2.0, np.float32))
+        wrong = False
+    except ValueError:
+        wrong = True
+    c.destroy()
+    return ok and wrong
+
+
+@pytest.mark.timeout(60)
+def test_pre_mul_sum():
+    assert run_ranks(_premul, 2, _uid(), timeout=30) == [True, True]
