@@ -63,7 +63,6 @@ Store keys the launcher writes (at the root of the store, under ``pycoll-run/``)
 from __future__ import annotations
 
 import argparse
-import errno
 import logging
 import os
 import secrets

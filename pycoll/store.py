@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import abc
 import argparse
-import bisect
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -60,7 +60,7 @@ import sys
 import threading
 import time
 from datetime import timedelta
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 from .errors import NotSupported, StoreAuthError, StoreError, StoreTimeout
 
@@ -1403,7 +1403,7 @@ class FileStore(Store):
         self._table = _Table()
         self._live_bytes = 0
         self._closed = False
-        with self._plock:
+        with self._locked():
             self._sync()
 
     def __reduce__(self) -> Any:
@@ -1423,6 +1423,8 @@ class FileStore(Store):
                 pass
 
     def close(self) -> None:
+        if self._closed:
+            return
         with self._plock:
             if self._closed:
                 return
@@ -1433,6 +1435,13 @@ class FileStore(Store):
         self._plock.release_ref()
 
     # ---- file access (callers hold self._plock)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        if self._closed:
+            raise StoreError(f"the FileStore on {self.path} is closed")
+        with self._plock:
+            yield
 
     def _open_data(self) -> None:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
@@ -1536,7 +1545,7 @@ class FileStore(Store):
         deadline = time.monotonic() + timeout
         delay = 0.001
         while True:
-            with self._plock:
+            with self._locked():
                 self._sync()
                 if not self._table.missing(keys):
                     return done()
@@ -1551,7 +1560,7 @@ class FileStore(Store):
 
     def set(self, key: str, value: Value) -> None:
         key, value = _check_key(key), _to_bytes(value)
-        with self._plock:
+        with self._locked():
             self._sync()
             self._set_locked(key, value)
 
@@ -1561,7 +1570,7 @@ class FileStore(Store):
 
     def add(self, key: str, amount: int) -> int:
         key, amount = _check_key(key), _check_amount(amount)
-        with self._plock:
+        with self._locked():
             self._sync()
             scratch = _Table()
             scratch.data = {key: self._table.data[key]} if key in self._table.data else {}
@@ -1580,7 +1589,7 @@ class FileStore(Store):
     def compare_set(self, key: str, expected: Value, desired: Value) -> bytes:
         key = _check_key(key)
         expected, desired = _to_bytes(expected, "expected value"), _to_bytes(desired, "desired value")
-        with self._plock:
+        with self._locked():
             self._sync()
             old = self._table.data.get(key)
             scratch = _Table()
@@ -1592,7 +1601,7 @@ class FileStore(Store):
 
     def delete(self, key: str) -> bool:
         key = _check_key(key)
-        with self._plock:
+        with self._locked():
             self._sync()
             if self._pop_cached(key) is None:
                 return False
@@ -1601,18 +1610,18 @@ class FileStore(Store):
 
     def check(self, keys: Keys) -> bool:
         keys = _check_keys(keys)
-        with self._plock:
+        with self._locked():
             self._sync()
             return not self._table.missing(keys)
 
     def num_keys(self) -> int:
-        with self._plock:
+        with self._locked():
             self._sync()
             return len(self._table.data)
 
     def list_keys(self, prefix: str = "") -> List[str]:
         prefix = _check_key(prefix)
-        with self._plock:
+        with self._locked():
             self._sync()
             return self._table.list_keys(prefix)
 
@@ -1630,6 +1639,10 @@ class TorchStoreAdapter(Store):
     Duck-typed: torch is never imported here. Per-call timeouts use the torch store's
     ``wait(keys, timedelta)``; torch's timeout errors become :class:`StoreTimeout`, its other
     errors :class:`StoreError`. ``list_keys`` needs a torch store that has it.
+
+    torch's TCPStore client serialises calls on one socket, so a blocked ``wait`` would hold up
+    every other thread; when the store has ``clone()`` (torch >= 2.3), blocking calls run on a
+    per-thread clone (a separate connection) instead.
     """
 
     def __init__(self, store: Any, timeout: Optional[float] = None) -> None:
@@ -1641,9 +1654,22 @@ class TorchStoreAdapter(Store):
             t = getattr(store, "timeout", None)
             timeout = t.total_seconds() if isinstance(t, timedelta) else DEFAULT_TIMEOUT
         self.timeout = _check_timeout(timeout, DEFAULT_TIMEOUT)
+        self._local = threading.local()
 
     def __repr__(self) -> str:
         return f"TorchStoreAdapter({self.torch_store!r})"
+
+    def _blocking_store(self) -> Any:
+        clone = getattr(self._local, "store", None)
+        if clone is None:
+            clone = self.torch_store
+            if callable(getattr(self.torch_store, "clone", None)):
+                try:
+                    clone = self.torch_store.clone()
+                except Exception:  # a store that cannot clone: share the original
+                    clone = self.torch_store
+            self._local.store = clone
+        return clone
 
     def _run(self, what: str, fn: Callable[[], Any], keys: Sequence[str] = (), timeout: float = 0.0) -> Any:
         try:
@@ -1660,7 +1686,8 @@ class TorchStoreAdapter(Store):
 
     def _wait(self, keys: List[str], timeout: float) -> None:
         td = timedelta(seconds=timeout)
-        self._run("wait", lambda: self.torch_store.wait(keys, td), keys, timeout)
+        store = self._blocking_store()
+        self._run("wait", lambda: store.wait(keys, td), keys, timeout)
 
     def set(self, key: str, value: Value) -> None:
         key, value = _check_key(key), _to_bytes(value)
