@@ -163,24 +163,20 @@ def _split_top(text: str) -> List[str]:
     return parts
 
 
-def _expand_range_list(body: str, text: str) -> List[str]:
-    out: List[str] = []
-    for item in body.split(","):
+def _expand_range_list(body: str, text: str) -> Iterator[str]:
+    """Yield the numbers of a bracket body (``01-04,07``) lazily, keeping zero padding."""
+    ranges = []
+    for item in body.split(","):  # validate everything before yielding anything
         m = re.fullmatch(r"(\d+)(?:-(\d+))?", item.strip())
         if not m:
             raise RankDiscoveryError(f"bad range {item!r} in SLURM node list {text!r}")
-        lo_s, hi_s = m.group(1), m.group(2)
-        if hi_s is None:
-            out.append(lo_s)
-            continue
-        lo, hi = int(lo_s), int(hi_s)
-        if hi < lo:
+        lo_s, hi_s = m.group(1), m.group(2) or m.group(1)
+        if int(hi_s) < int(lo_s):
             raise RankDiscoveryError(f"descending range {item!r} in SLURM node list {text!r}")
-        if hi - lo > 1_000_000:
-            raise RankDiscoveryError(f"range {item!r} in SLURM node list {text!r} is implausibly large")
-        width = len(lo_s)
-        out.extend(str(i).zfill(width) for i in range(lo, hi + 1))
-    return out
+        ranges.append((int(lo_s), int(hi_s), len(lo_s)))
+    for lo, hi, width in ranges:
+        for i in range(lo, hi + 1):
+            yield str(i).zfill(width)
 
 
 def _expand_host(expr: str, text: str) -> Iterator[str]:
