@@ -568,7 +568,8 @@ class TCPStoreServer:
     ) -> None:
         if token is None:
             token = secrets.token_hex(32)
-        self.token: str = token if isinstance(token, str) else token.hex()
+        #: the shared secret, as given (or the random one made)
+        self.token: Union[str, bytes] = token
         self._token = _token_bytes(token, "TCPStoreServer")
         if max_message < 1024:
             raise ValueError(f"max_message must be at least 1024 bytes, got {max_message}")

@@ -42,6 +42,7 @@ def make_store(tmp_path):
             cleanup.append(server.close)
             s = server.client(timeout=5)
             if kind == "prefix":
+                cleanup.append(s.close)  # closing a view leaves the store open
                 s.set("outside", b"x")  # a key the view must not see
                 s = PrefixStore(s, "ns/")
         elif kind == "file":
@@ -124,14 +125,18 @@ def test_timeouts_name_keys(make_store, kind):
 @pytest.mark.parametrize("kind", KINDS)
 def test_get_wakes_when_another_thread_sets(make_store, kind):
     s = make_store(kind)
-    threading.Timer(0.2, s.set, args=("late", b"v")).start()
+    timer = threading.Timer(0.2, s.set, args=("late", b"v"))
+    timer.start()
     assert s.get("late", timeout=10) == b"v"
+    timer.join(10)
     if kind == "torch-hash":
         return  # torch's HashStore.add does not wake waiters (they return at their timeout)
-    threading.Timer(0.2, s.add, args=("late-counter", 1)).start()
+    timer = threading.Timer(0.2, s.add, args=("late-counter", 1))
+    timer.start()
     t0 = time.monotonic()
     s.wait(["late", "late-counter"], timeout=10)
     assert time.monotonic() - t0 < 8
+    timer.join(10)
 
 
 @pytest.mark.parametrize("kind", ["memory", "tcp", "file", "prefix"])
@@ -258,7 +263,7 @@ def _raw_authenticated(server: TCPStoreServer) -> socket.socket:
     sock = _raw_connect(server)
     magic, version, snonce = st._SERVER_HELLO.unpack(_recv_exact(sock, st._SERVER_HELLO.size))
     cnonce = os.urandom(32)
-    sock.sendall(st._CLIENT_HELLO.pack(magic, version, cnonce, st._mac(server.token.encode(), b"client", snonce, cnonce)))
+    sock.sendall(st._CLIENT_HELLO.pack(magic, version, cnonce, st._mac(st._to_bytes(server.token), b"client", snonce, cnonce)))
     status, _ = st._SERVER_REPLY.unpack(_recv_exact(sock, st._SERVER_REPLY.size))
     assert status == 0
     return sock
@@ -278,6 +283,17 @@ def _is_closed(sock: socket.socket, timeout: float = 5.0) -> bool:
         return False
 
 
+def test_bytes_token():
+    with TCPStoreServer(token=b"\x00\xffraw") as server:
+        server.start()
+        client = server.client(timeout=5)
+        client.set("k", b"v")
+        other = TCPStore("127.0.0.1", server.port, b"\x00\xffraw")
+        assert other.get("k") == b"v"
+        other.close()
+        client.close()
+
+
 def test_wrong_token_is_refused_and_server_keeps_serving():
     with TCPStoreServer(token="right") as server:
         server.start()
@@ -288,7 +304,9 @@ def test_wrong_token_is_refused_and_server_keeps_serving():
         with pytest.raises(StoreAuthError):
             TCPStore("127.0.0.1", server.port, b"right!", connect_timeout=5)
         assert good.get("k") == b"v"
-        assert TCPStore("127.0.0.1", server.port, "right").get("k") == b"v"
+        again = TCPStore("127.0.0.1", server.port, "right")
+        assert again.get("k") == b"v"
+        again.close()
         good.close()
 
 
