@@ -10,6 +10,11 @@ from .create import BACKENDS, get_unique_id, init, join
 from .errors import *  # noqa: F401,F403
 from .errors import __all__ as _errors_all
 from .work import Work
+from .flight_recorder import FlightRecorder, dump_flight_recorder
+from .watchdog import Watchdog, enable_dump_signal
+from . import watchdog as _watchdog
+
+_watchdog.install()  # every communicator is recorded and watched
 
 __version__ = "0.1.0"
 
@@ -25,4 +30,8 @@ __all__ = [
     "PreMulSum",
     "REDUCE_OPS",
     "UniqueId",
+    "FlightRecorder",
+    "Watchdog",
+    "dump_flight_recorder",
+    "enable_dump_signal",
 ] + list(_errors_all)

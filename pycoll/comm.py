@@ -406,7 +406,8 @@ class Communicator:
             for w in self._pending:
                 if w._exc is None:
                     w._exc = exc
-        _log.error("%s", exc)
+        if not any(getattr(o, "reports_failures", False) for o in _observers):
+            _log.error("%s", exc)  # else the watchdog logs it, with what the other ranks were doing
         _notify("comm_failed", self, exc, work)
         if self.on_failure == "abort":
             self._abort()

@@ -1,0 +1,739 @@
+"""Flight recorder: a per-process ring buffer of every collective and point-to-point operation.
+
+Every operation enqueued on any :class:`~pycoll.Communicator` of the process is recorded (the
+recorder observes communicators through :func:`pycoll.comm.add_observer`; importing pycoll
+registers it). A dump writes one file per global rank in the pickle format of PyTorch's flight
+recorder (schema ``"2.10"``), so torch's analyzer (``torchfrtrace`` /
+``python -m torch.distributed.flight_recorder.fr_trace``) reads pycoll dumps unchanged, and a
+JSON file with the same fields. pycoll's own analyzer (``pycoll-fr``, :mod:`pycoll.analyze`)
+reads both without torch.
+
+Layout of a dump (``dump_dir`` defaults to ``$PYCOLL_FR_DUMP_DIR``, else
+``$XDG_CACHE_HOME/pycoll/fr/<run id>`` where the run id comes from the launcher)::
+
+    <dump_dir>/generation_<g>/<prefix><global rank>          pickle (torchfrtrace reads this folder)
+    <dump_dir>/json/generation_<g>/<prefix><global rank>.json
+
+One folder per reshape generation (:attr:`Communicator.generation`): record ids and sequence ids
+restart with each generation's communicators, and torch's analyzer aligns ranks by record id, so
+generations must not be mixed. Files are written atomically (temporary file, then rename).
+
+Cost of recording: the entry holds the :class:`~pycoll.Work` (its state, timestamps and duration
+are read at dump time), the input/output shapes and dtypes, the thread id, and -- unless stacks are
+off -- the Python stack as code objects and instruction offsets, formatted only when dumping.
+
+Configuration (arguments of :class:`FlightRecorder` / :func:`configure`, else environment):
+
+==========================  ==========  ==============================================================
+``PYCOLL_FR_BUFFER_SIZE``   2000        entries kept (0 turns recording off)
+``PYCOLL_FR_STACKS``        1           capture the Python stack of every operation (0: off)
+``PYCOLL_FR_STACK_DEPTH``   32          innermost frames kept per operation
+``PYCOLL_FR_DUMP_DIR``      see above   where dumps go
+``PYCOLL_FR_FILE_PREFIX``   ``pycoll_trace_rank_``   dump file name prefix (the global rank follows)
+``PYCOLL_FR_DUMP_JSON``     1           also write the JSON form
+==========================  ==========  ==============================================================
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import pickle
+import socket
+import sys
+import threading
+import time
+import weakref
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from .buffers import Buffer
+
+__all__ = [
+    "FlightRecorder",
+    "SCHEMA_VERSION",
+    "DEFAULT_BUFFER_SIZE",
+    "DEFAULT_FILE_PREFIX",
+    "get_recorder",
+    "configure",
+    "dump_flight_recorder",
+    "default_dump_dir",
+    "generation_dir",
+]
+
+_log = logging.getLogger("pycoll.flight_recorder")
+
+#: The ``version`` field of PyTorch's flight-recorder dumps that pycoll writes.
+SCHEMA_VERSION = "2.10"
+DEFAULT_BUFFER_SIZE = 2000
+DEFAULT_FILE_PREFIX = "pycoll_trace_rank_"
+DEFAULT_STACK_DEPTH = 32
+
+# entry layout: a plain tuple is the cheapest thing to build on the hot path
+_POS, _RID, _INFO, _WORK, _ISZ, _IDT, _OSZ, _ODT, _TID, _STACK = range(10)
+_SHAPE = Buffer._fields.index("shape")
+_DTYPE = Buffer._fields.index("dtype_name")
+_getframe = sys._getframe
+_get_ident = threading.get_ident
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _env_int(name: str, default: int, lo: int = 0) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"${name} must be an integer, got {raw!r}") from None
+    if value < lo:
+        raise ValueError(f"${name} must be >= {lo}, got {value}")
+    return value
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"${name} must be 0 or 1, got {raw!r}")
+
+
+def _run_id() -> str:
+    for var in ("PYCOLL_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
+        value = os.environ.get(var, "").strip()
+        if value:
+            return "".join(c if c.isalnum() or c in "-_." else "_" for c in value)
+    return "default"
+
+
+def default_dump_dir() -> str:
+    """``$PYCOLL_FR_DUMP_DIR``, else ``${XDG_CACHE_HOME:-~/.cache}/pycoll/fr/<run id>``.
+
+    The run id is ``$PYCOLL_RUN_ID`` (set by pycoll-run), ``$TORCHELASTIC_RUN_ID`` or
+    ``$SLURM_JOB_ID``, else ``default`` (set ``PYCOLL_FR_DUMP_DIR`` per job to keep runs apart).
+    """
+    explicit = os.environ.get("PYCOLL_FR_DUMP_DIR", "").strip()
+    if explicit:
+        return explicit
+    cache = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "pycoll", "fr", _run_id())
+
+
+def generation_dir(dump_dir: str, generation: int, *, json_form: bool = False) -> str:
+    """The folder holding generation ``generation``'s dumps (pickle, or JSON with ``json_form``)."""
+    if json_form:
+        return os.path.join(dump_dir, "json", f"generation_{generation}")
+    return os.path.join(dump_dir, f"generation_{generation}")
+
+
+class _CommInfo:
+    """What the recorder keeps about one communicator (it outlives the communicator)."""
+
+    __slots__ = ("ref", "uid", "name", "rank", "size", "global_ranks", "generation", "backend", "lib_prefix",
+                 "pg_id", "rid", "lib_version", "state", "failure", "closed_at")
+
+    def __init__(self, comm: Any, pg_id: int, rid: "itertools.count[int]") -> None:
+        self.ref = weakref.ref(comm)
+        self.uid = str(comm.uid)
+        self.name = str(comm.name)
+        self.rank = int(comm.rank)
+        self.size = int(comm.size)
+        self.global_ranks: Optional[Tuple[int, ...]] = comm.global_ranks
+        self.generation = int(getattr(comm, "generation", 0) or 0)
+        self.backend = str(comm.backend)
+        # torch's analyzer accepts only known library prefixes; the host library speaks NCCL's ABI
+        self.lib_prefix = "rccl" if self.backend == "rccl" else "nccl"
+        self.pg_id = pg_id
+        self.rid = rid
+        try:
+            self.lib_version = ".".join(str(v) for v in comm.library.version_tuple)
+        except Exception:
+            self.lib_version = ""
+        self.state = "active"
+        self.failure: Optional[str] = None
+        self.closed_at: Optional[float] = None
+
+    def refresh(self) -> Optional[Any]:
+        """Copy the live communicator's mutable facts; return it (None once it is gone)."""
+        comm = self.ref()
+        if comm is not None:
+            if comm.global_ranks is not None:
+                self.global_ranks = tuple(comm.global_ranks)
+            self.state = comm.state
+            if comm.failure is not None:
+                self.failure = f"{type(comm.failure).__name__}: {comm.failure}"
+        return comm
+
+    def members(self) -> List[int]:
+        return list(self.global_ranks) if self.global_ranks is not None else list(range(self.size))
+
+    def global_rank(self) -> int:
+        return self.global_ranks[self.rank] if self.global_ranks is not None else self.rank
+
+
+def _line_of(code: Any, lasti: int, cache: Dict[Tuple[Any, int], int]) -> int:
+    key = (code, lasti)
+    line = cache.get(key)
+    if line is None:
+        line = code.co_firstlineno
+        try:
+            for start, end, ln in code.co_lines():
+                if start <= lasti < end:
+                    if ln is not None:
+                        line = ln
+                    break
+        except Exception:
+            pass
+        cache[key] = line
+    return line
+
+
+def _format_stack(stack: Optional[Sequence[Any]], cache: Dict[Tuple[Any, int], int]) -> List[Dict[str, Any]]:
+    """Frames innermost first, as torch writes them; pycoll's own private frames are left out."""
+    if not stack:
+        return []
+    frames = []
+    for i in range(0, len(stack), 2):
+        code = stack[i]
+        filename = code.co_filename
+        if code.co_name.startswith("_") and filename.startswith(_PKG_DIR):
+            continue  # the observer dispatch and _launch; the public call (all_reduce, ...) stays
+        frames.append({"name": code.co_name, "filename": filename, "line": _line_of(code, stack[i + 1], cache)})
+    return frames
+
+
+def _sizes(shapes: Sequence[Tuple[int, ...]]) -> List[List[int]]:
+    return [list(s) for s in shapes]
+
+
+class FlightRecorder:
+    """The process's record of collective and point-to-point operations.
+
+    Args:
+        buffer_size: entries kept, oldest dropped first (``$PYCOLL_FR_BUFFER_SIZE``, 2000);
+            0 records nothing (dumps then hold no entries).
+        stacks: capture the Python stack of each operation (``$PYCOLL_FR_STACKS``, on).
+        stack_depth: innermost frames kept (``$PYCOLL_FR_STACK_DEPTH``, 32).
+        dump_dir: where dumps go (see :func:`default_dump_dir`).
+        file_prefix: dump file prefix; the global rank follows (``$PYCOLL_FR_FILE_PREFIX``).
+        write_json: also write the JSON form (``$PYCOLL_FR_DUMP_JSON``, on).
+
+    Thread-safe: operations may be recorded from any thread while another dumps.
+    """
+
+    def __init__(
+        self,
+        buffer_size: Optional[int] = None,
+        *,
+        stacks: Optional[bool] = None,
+        stack_depth: Optional[int] = None,
+        dump_dir: Optional[str] = None,
+        file_prefix: Optional[str] = None,
+        write_json: Optional[bool] = None,
+    ) -> None:
+        self._lock = threading.Lock()  # guards _infos/_gen_counters and dump bookkeeping
+        self._dump_lock = threading.Lock()  # one dump at a time
+        self._infos: Dict[int, _CommInfo] = {}
+        self._gen_counters: Dict[int, "itertools.count[int]"] = {}
+        self._pg_ids = itertools.count()
+        self._pos = itertools.count()
+        self._ring: List[Any] = []
+        self._capacity = 0
+        self.stacks = True
+        self.stack_depth = DEFAULT_STACK_DEPTH
+        self.dump_dir: Optional[str] = None
+        self.file_prefix = DEFAULT_FILE_PREFIX
+        self.write_json = True
+        self._dumped_gen: Dict[int, int] = {}  # generation -> number of comm closes seen at its last dump
+        self._closes: Dict[int, int] = {}
+        self._failures: Dict[int, List[Dict[str, Any]]] = {}  # generation -> failure reports
+        self.last_dump: Optional[Dict[str, Any]] = None
+        self.dump_count = 0
+        self.configure(buffer_size=buffer_size if buffer_size is not None else _env_int("PYCOLL_FR_BUFFER_SIZE", DEFAULT_BUFFER_SIZE),
+                       stacks=stacks if stacks is not None else _env_bool("PYCOLL_FR_STACKS", True),
+                       stack_depth=stack_depth if stack_depth is not None else _env_int("PYCOLL_FR_STACK_DEPTH", DEFAULT_STACK_DEPTH, 1),
+                       dump_dir=dump_dir,
+                       file_prefix=file_prefix if file_prefix is not None else (os.environ.get("PYCOLL_FR_FILE_PREFIX") or DEFAULT_FILE_PREFIX),
+                       write_json=write_json if write_json is not None else _env_bool("PYCOLL_FR_DUMP_JSON", True))
+
+    # -- configuration ---------------------------------------------------------------------------
+
+    def configure(
+        self,
+        *,
+        buffer_size: Optional[int] = None,
+        stacks: Optional[bool] = None,
+        stack_depth: Optional[int] = None,
+        dump_dir: Optional[str] = None,
+        file_prefix: Optional[str] = None,
+        write_json: Optional[bool] = None,
+    ) -> None:
+        """Change settings; a new ``buffer_size`` drops what was recorded so far."""
+        if buffer_size is not None:
+            if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 0:
+                raise ValueError(f"buffer_size must be an int >= 0, got {buffer_size!r}")
+            if buffer_size != self._capacity:
+                self._ring = [None] * buffer_size
+                self._capacity = buffer_size
+                self._pos = itertools.count()
+        if stacks is not None:
+            self.stacks = bool(stacks)
+        if stack_depth is not None:
+            if isinstance(stack_depth, bool) or not isinstance(stack_depth, int) or stack_depth < 1:
+                raise ValueError(f"stack_depth must be an int >= 1, got {stack_depth!r}")
+            self.stack_depth = stack_depth
+        if dump_dir is not None:
+            self.dump_dir = os.fspath(dump_dir)
+        if file_prefix is not None:
+            if not isinstance(file_prefix, str) or not file_prefix or os.sep in file_prefix or file_prefix[-1].isdigit():
+                raise ValueError(f"file_prefix must be a non-empty file name not ending in a digit, got {file_prefix!r}")
+            self.file_prefix = file_prefix
+        if write_json is not None:
+            self.write_json = bool(write_json)
+
+    @property
+    def buffer_size(self) -> int:
+        """Entries kept (0: recording is off)."""
+        return self._capacity
+
+    @property
+    def enabled(self) -> bool:
+        return self._capacity > 0
+
+    def clear(self) -> None:
+        """Drop every recorded entry."""
+        self._ring = [None] * self._capacity
+        self._pos = itertools.count()
+
+    # -- recording (observer interface) -----------------------------------------------------------
+
+    def _info(self, comm: Any) -> _CommInfo:
+        with self._lock:
+            info = self._infos.get(id(comm))
+            if info is None or info.ref() is not comm:
+                gen = int(getattr(comm, "generation", 0) or 0)
+                rid = self._gen_counters.get(gen)
+                if rid is None:
+                    rid = self._gen_counters[gen] = itertools.count()
+                info = self._infos[id(comm)] = _CommInfo(comm, next(self._pg_ids), rid)
+            return info
+
+    def comm_created(self, comm: Any) -> None:
+        self._info(comm)
+
+    def comm_closed(self, comm: Any) -> None:
+        info = self._infos.get(id(comm))
+        if info is not None and info.ref() is comm:
+            info.refresh()
+            info.closed_at = time.time()
+            # the ring keeps Works of this communicator; those that never retired still hold arrays
+            for e in list(self._ring):
+                if e is not None and e[_INFO] is info and e[_WORK].inputs:
+                    e[_WORK].inputs = e[_WORK].outputs = []
+            with self._lock:
+                self._closes[info.generation] = self._closes.get(info.generation, 0) + 1
+                # keep the info while entries refer to it; forget the id (it may be reused)
+                del self._infos[id(comm)]
+
+    def comm_failed(self, comm: Any, exc: BaseException, work: Any) -> None:
+        info = self._infos.get(id(comm))
+        if info is not None:
+            info.failure = f"{type(exc).__name__}: {exc}"
+
+    def work_enqueued(self, w: Any) -> None:
+        """Record one operation (called for every enqueued :class:`~pycoll.Work`)."""
+        ring = self._ring
+        cap = len(ring)
+        if not cap:
+            return
+        comm = w.comm
+        info = self._infos.get(id(comm))
+        if info is None or info.ref() is not comm:
+            info = self._info(comm)
+        ins = w.inputs
+        if len(ins) == 1:
+            b = ins[0]
+            isz: Tuple[Any, ...] = (b[_SHAPE],)
+            idt: Tuple[Any, ...] = (b[_DTYPE],)
+        else:
+            isz = tuple([b[_SHAPE] for b in ins])
+            idt = tuple([b[_DTYPE] for b in ins])
+        outs = w.outputs
+        if len(outs) == 1:
+            b = outs[0]
+            osz: Tuple[Any, ...] = (b[_SHAPE],)
+            odt: Tuple[Any, ...] = (b[_DTYPE],)
+        else:
+            osz = tuple([b[_SHAPE] for b in outs])
+            odt = tuple([b[_DTYPE] for b in outs])
+        stack = None
+        if self.stacks:
+            stack = []
+            f = _getframe(1)
+            depth = self.stack_depth + 2  # room for the observer dispatch and _launch
+            append = stack.append
+            while f is not None and depth:
+                append(f.f_code)
+                append(f.f_lasti)
+                f = f.f_back
+                depth -= 1
+        pos = next(self._pos)
+        entry = (pos, next(info.rid), info, w, isz, idt, osz, odt, _get_ident(), stack)
+        ring[pos % cap] = entry
+        w.fr_entry = entry
+
+    record = work_enqueued
+
+    def add_failure(self, generation: int, report: Dict[str, Any]) -> None:
+        """Keep a failure report; every later dump of ``generation`` carries it (``pycoll.failures``)."""
+        with self._lock:
+            reports = self._failures.setdefault(int(generation), [])
+            reports.append(report)
+            del reports[:-64]
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def entries(self) -> List[Tuple[Any, ...]]:
+        """The raw recorded entries, oldest first (internal tuples; see :meth:`as_dict`)."""
+        ring = list(self._ring)
+        out = [e for e in ring if e is not None]
+        out.sort(key=lambda e: e[_POS])
+        return out
+
+    @property
+    def recorded(self) -> int:
+        """Operations recorded since the buffer was last (re)sized or cleared."""
+        ring = list(self._ring)
+        return max((e[_POS] + 1 for e in ring if e is not None), default=0)
+
+    def generations(self) -> List[int]:
+        """Generations with live communicators or recorded entries."""
+        gens = {e[_INFO].generation for e in self.entries()}
+        with self._lock:
+            gens |= {i.generation for i in self._infos.values() if i.ref() is not None}
+        return sorted(gens)
+
+    @staticmethod
+    def _refresh_state(w: Any) -> None:
+        """Read an in-flight operation's state from its events (bounded: never waits on a busy communicator)."""
+        comm = w.comm
+        if w._state == "completed" or w._exc is not None or w._inline or comm._failure is not None:
+            return
+        if comm._state != "active" or comm._handle is None:
+            return
+        lock = comm._lock
+        if not lock.acquire(blocking=False):
+            return  # a library call is in progress on it: keep the watchdog's last reading
+        lock.release()
+        try:
+            comm._refresh(w)
+        except Exception:
+            _log.debug("could not refresh the state of %r", w, exc_info=True)
+
+    def as_dict(
+        self,
+        generation: int = 0,
+        *,
+        stacks: bool = True,
+        json_form: bool = False,
+        extra: Optional[Dict[str, Any]] = None,
+        refresh: bool = True,
+    ) -> Dict[str, Any]:
+        """The dump of one generation, as PyTorch's flight recorder writes it (schema ``"2.10"``).
+
+        ``json_form`` gives the JSON variant (``process_group`` as a list, unset timestamps as 0,
+        ``pg_status`` values as strings). pycoll's own facts (ranks, communicator states,
+        failure reports) are under the extra top-level key ``"pycoll"``, which torch ignores.
+        """
+        raw = [e for e in self.entries() if e[_INFO].generation == generation]
+        with self._lock:
+            live = [i for i in self._infos.values() if i.generation == generation and i.ref() is not None]
+        infos: Dict[str, _CommInfo] = {}
+        for info in live + [e[_INFO] for e in raw]:
+            infos.setdefault(info.uid, info)
+        comms = {uid: info.refresh() for uid, info in infos.items()}
+        if refresh:
+            for e in raw:
+                self._refresh_state(e[_WORK])
+        cache: Dict[Tuple[Any, int], int] = {}
+        threads = {t.ident: t.name for t in threading.enumerate()}
+        entries = []
+        for e in raw:
+            info: _CommInfo = e[_INFO]
+            w = e[_WORK]
+            state = w._state
+            done = state == "completed"
+            if w.is_p2p:
+                me = info.rank
+                name = f"{info.lib_prefix}:send {me}->{w.peer}" if w.op == "send" else f"{info.lib_prefix}:recv {me}<-{w.peer}"
+            else:
+                name = f"{info.lib_prefix}:{w.op}"
+            started = w.time_started_ns
+            completed = w.time_completed_ns
+            entry: Dict[str, Any] = {
+                "record_id": e[_RID],
+                "pg_id": info.pg_id,
+                "process_group": [info.uid, info.name] if json_form else (info.uid, info.name),
+                "collective_seq_id": w.seq,
+                "p2p_seq_id": w.p2p_seq,
+                "op_id": w.op_id,
+                "profiling_name": name,
+                "time_created_ns": w.time_created_ns,
+                "input_sizes": _sizes(e[_ISZ]),
+                "input_dtypes": list(e[_IDT]),
+                "output_sizes": _sizes(e[_OSZ]),
+                "output_dtypes": list(e[_ODT]),
+                "state": state,
+                "time_discovered_started_ns": (started or 0) if json_form else started,
+                "time_discovered_completed_ns": (completed or 0) if json_form else completed,
+                "retired": done or w._exc is not None,
+                "timeout_ms": int(round(w.timeout * 1000)),
+                "is_p2p": bool(w.is_p2p),
+                "thread_id": str(e[_TID]),
+                "thread_name": threads.get(e[_TID], ""),
+            }
+            if done and w.duration_ms is not None:
+                entry["duration_ms"] = float(w.duration_ms)
+            if w._exc is not None:
+                entry["pycoll_error"] = f"{type(w._exc).__name__}: {w._exc}"
+            if stacks and e[_STACK] is not None:
+                entry["frames"] = _format_stack(e[_STACK], cache)
+            entries.append(entry)
+
+        pg_config: Dict[str, Dict[str, str]] = {}
+        pg_status: Dict[str, Dict[str, Any]] = {}
+        comm_facts: Dict[str, Dict[str, Any]] = {}
+        for uid, info in infos.items():
+            members = info.members()
+            pg_config[uid] = {"name": uid, "desc": info.name, "ranks": "[" + ", ".join(str(r) for r in members) + "]"}
+            progress = _progress(comms[uid]) if comms[uid] is not None else None
+            if progress is None:
+                progress = _progress_from_entries(uid, raw)
+            status = {
+                "last_enqueued_collective": progress["coll_enqueued"] or -1,
+                "last_started_collective": progress["coll_started"] or -1,
+                "last_completed_collective": progress["coll_completed"] or -1,
+            }
+            pg_status[str(info.pg_id)] = {k: str(v) for k, v in status.items()} if json_form else status
+            comm_facts[uid] = {
+                "name": info.name, "pg_id": info.pg_id, "rank": info.rank, "size": info.size,
+                "global_ranks": members, "global_ranks_known": info.global_ranks is not None,
+                "generation": info.generation, "backend": info.backend, "state": info.state,
+                "failure": info.failure, "progress": progress,
+            }
+        rank = self._global_rank(list(infos.values()))
+        lib_versions = sorted({i.lib_version for i in infos.values() if i.lib_version})
+        pyc: Dict[str, Any] = {
+            "format": 1,
+            "rank": rank,
+            "generation": generation,
+            "pid": os.getpid(),
+            "hostname": socket.gethostname(),
+            "time_ns": time.time_ns(),
+            "buffer_size": self._capacity,
+            "recorded": self.recorded,
+            "stacks": self.stacks and stacks,
+            "comms": comm_facts,
+            "failures": list(self._failures.get(generation, ())),
+        }
+        if extra:
+            pyc.update(extra)
+        return {
+            "version": SCHEMA_VERSION,
+            "comm_lib_version": lib_versions[0] if len(lib_versions) == 1 else ",".join(lib_versions),
+            "pg_config": pg_config,
+            "pg_status": pg_status,
+            "entries": entries,
+            "pycoll": pyc,
+        }
+
+    def _global_rank(self, infos: Sequence[_CommInfo]) -> int:
+        """This process's job-wide rank: from a communicator that knows it, else the environment."""
+        for info in sorted(infos, key=lambda i: i.pg_id):
+            if info.global_ranks is not None:
+                return info.global_rank()
+        for var in ("PYCOLL_RANK", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"):
+            value = os.environ.get(var, "").strip()
+            if value.isdigit():
+                return int(value)
+        return infos[0].rank if infos else 0
+
+    # -- dumping ---------------------------------------------------------------------------------
+
+    def dump(
+        self,
+        reason: str = "manual",
+        *,
+        trigger: str = "manual",
+        dump_dir: Optional[str] = None,
+        generations: Optional[Iterable[int]] = None,
+        stacks: bool = True,
+        write_json: Optional[bool] = None,
+        extra: Optional[Dict[str, Any]] = None,
+        changed_only: bool = False,
+    ) -> List[str]:
+        """Write this process's dump of each generation; return the paths written.
+
+        ``generations`` defaults to every generation with live communicators or entries (with
+        ``changed_only``, generations whose communicators are all closed and were dumped since
+        are skipped). Never raises for I/O problems: they are logged and the path is left out.
+        Safe from any thread; concurrent dumps run one after the other.
+        """
+        base = os.fspath(dump_dir) if dump_dir is not None else (self.dump_dir or default_dump_dir())
+        write_json = self.write_json if write_json is None else write_json
+        written: List[str] = []
+        with self._dump_lock:
+            gens = sorted(set(generations)) if generations is not None else self.generations()
+            if not gens:
+                gens = [0]
+            for gen in gens:
+                with self._lock:
+                    closes = self._closes.get(gen, 0)
+                    live = any(i.generation == gen and i.ref() is not None for i in self._infos.values())
+                if changed_only and not live and self._dumped_gen.get(gen) == closes:
+                    continue
+                t0 = time.monotonic()
+                info = {"reason": reason, "trigger": trigger}
+                if extra:
+                    info.update(extra)
+                try:
+                    data = self.as_dict(gen, stacks=stacks, extra=info)
+                except Exception:
+                    _log.exception("flight recorder: could not assemble the dump of generation %d", gen)
+                    continue
+                rank = data["pycoll"]["rank"]
+                name = f"{self.file_prefix}{rank}"
+                path = os.path.join(generation_dir(base, gen), name)
+                try:
+                    _write_atomic(path, pickle.dumps(data, protocol=2))
+                except Exception as exc:
+                    _log.error("flight recorder: could not write %s: %s", path, exc)
+                    continue
+                written.append(path)
+                jpath = None
+                if write_json:
+                    jpath = os.path.join(generation_dir(base, gen, json_form=True), name + ".json")
+                    try:
+                        _write_atomic(jpath, json.dumps(_jsonable(data), default=str).encode())
+                        written.append(jpath)
+                    except Exception as exc:
+                        _log.error("flight recorder: could not write %s: %s", jpath, exc)
+                        jpath = None
+                self._dumped_gen[gen] = closes
+                self.dump_count += 1
+                self.last_dump = {"path": path, "json": jpath, "generation": gen, "reason": reason,
+                                  "trigger": trigger, "time": time.time(), "entries": len(data["entries"])}
+                _log.warning(
+                    "pycoll flight recorder: rank %s dumped %d entries of generation %d to %s%s in %.0f ms (%s: %s)",
+                    rank, len(data["entries"]), gen, path, f" (+ {jpath})" if jpath else "",
+                    (time.monotonic() - t0) * 1e3, trigger, reason,
+                )
+        return written
+
+
+def _progress(comm: Any) -> Dict[str, int]:
+    """Last enqueued / started / completed sequence ids of a live communicator (0: none yet)."""
+    pending = list(comm._pending)
+    out: Dict[str, int] = {}
+    for kind, last, p2p in (("coll", comm._coll_seq, False), ("p2p", comm._p2p_seq, True)):
+        mine = [w for w in pending if w.is_p2p == p2p and w._state != "completed"]
+        key = (lambda w: w.p2p_seq) if p2p else (lambda w: w.seq)
+        completed = min(key(w) for w in mine) - 1 if mine else last
+        started = max((key(w) for w in mine if w._state == "started"), default=completed)
+        out[f"{kind}_enqueued"] = last
+        out[f"{kind}_started"] = started
+        out[f"{kind}_completed"] = completed
+    return out
+
+
+def _progress_from_entries(uid: str, raw: Sequence[Tuple[Any, ...]]) -> Dict[str, int]:
+    out = {f"{k}_{s}": 0 for k in ("coll", "p2p") for s in ("enqueued", "started", "completed")}
+    for e in raw:
+        if e[_INFO].uid != uid:
+            continue
+        w = e[_WORK]
+        kind, seq = ("p2p", w.p2p_seq) if w.is_p2p else ("coll", w.seq)
+        out[f"{kind}_enqueued"] = max(out[f"{kind}_enqueued"], seq)
+        if w._state in ("started", "completed"):
+            out[f"{kind}_started"] = max(out[f"{kind}_started"], seq)
+        if w._state == "completed":
+            out[f"{kind}_completed"] = max(out[f"{kind}_completed"], seq)
+    return out
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    return obj
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename."""
+    folder = os.path.dirname(path) or "."
+    os.makedirs(folder, exist_ok=True)
+    # the temporary name must not contain the dump prefix nor end in a digit: torch's analyzer
+    # reads every file whose name contains the prefix
+    tmp = os.path.join(folder, f".pycoll-fr-{os.getpid()}-{threading.get_ident():x}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+# -- the process's recorder --------------------------------------------------------------------------
+
+_recorder: Optional[FlightRecorder] = None
+_recorder_lock = threading.Lock()
+
+
+def get_recorder() -> FlightRecorder:
+    """The process-wide recorder (created from the environment on first use)."""
+    global _recorder
+    if _recorder is None:
+        with _recorder_lock:
+            if _recorder is None:
+                _recorder = FlightRecorder()
+    return _recorder
+
+
+def configure(**settings: Any) -> FlightRecorder:
+    """Change the process-wide recorder's settings (see :class:`FlightRecorder`); returns it."""
+    rec = get_recorder()
+    rec.configure(**settings)
+    return rec
+
+
+def dump_flight_recorder(
+    reason: str = "manual",
+    *,
+    dump_dir: Optional[str] = None,
+    all_ranks: bool = False,
+    stacks: bool = True,
+    write_json: Optional[bool] = None,
+) -> List[str]:
+    """Dump this process's flight recorder now; return the files written. Stops nothing.
+
+    With ``all_ranks=True`` every other process sharing a store with this one's communicators is
+    asked to dump too (through the store; their watchdogs act on it within about a second).
+    Every dump logs where it went.
+    """
+    rec = get_recorder()
+    paths = rec.dump(reason, trigger="manual", dump_dir=dump_dir, stacks=stacks, write_json=write_json)
+    if all_ranks:
+        from . import watchdog
+
+        watchdog.get_watchdog().signal_all(reason)
+    return paths
