@@ -51,7 +51,7 @@ def no_leaks(request):
     while True:
         leaked = sorted(set(shm_entries()) - before)
         kids = sorted(set(_children()) - kids_before)
-        # the multiprocessing forkserver is a long-lived helper, not a leak
+        # the multiprocessing forkserver (and its resource tracker) are long-lived helpers, not leaks
         kids = [k for k in kids if not _is_forkserver(k)]
         if (not leaked and not kids) or time.monotonic() > deadline:
             break
@@ -63,6 +63,7 @@ def no_leaks(request):
 def _is_forkserver(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"forkserver" in f.read()
+            cmd = f.read()
+        return b"forkserver" in cmd or b"resource_tracker" in cmd
     except OSError:
         return False
