@@ -18,6 +18,7 @@ struct ncclComm* comm_alloc(void) {
   c->async = ncclInProgress;
   c->phase = CP_INIT;
   pthread_mutex_init(&c->mu, NULL);
+  pthread_mutex_init(&c->err_mu, NULL);
   pthread_mutex_init(&c->exec_mu, NULL);
   c->token = new_claim_token();
   config_defaults(&c->config);
@@ -56,6 +57,7 @@ static void comm_free(struct ncclComm* c) {
     free(r);
   }
   pthread_mutex_destroy(&c->mu);
+  pthread_mutex_destroy(&c->err_mu);
   pthread_mutex_destroy(&c->exec_mu);
   c->magic = COMM_DEAD;
   quarantine_free(c);
@@ -66,18 +68,18 @@ void comm_release(struct ncclComm* c) {
 }
 
 void comm_set_last_error(struct ncclComm* c, const char* text) {
-  pthread_mutex_lock(&c->mu);
-  snprintf(c->last_error, sizeof c->last_error, "%s", text);
-  pthread_mutex_unlock(&c->mu);
+  pthread_mutex_lock(&c->err_mu);
+  if (text != c->last_error) snprintf(c->last_error, sizeof c->last_error, "%s", text);
+  pthread_mutex_unlock(&c->err_mu);
 }
 
 bool comm_copy_last_error(ncclComm_t comm, char* out, size_t len) {
   handle_lock();
   bool ok = handle_valid_locked(comm, H_COMM);
   if (ok) {
-    pthread_mutex_lock(&comm->mu);
+    pthread_mutex_lock(&comm->err_mu);
     snprintf(out, len, "%s", comm->last_error);
-    pthread_mutex_unlock(&comm->mu);
+    pthread_mutex_unlock(&comm->err_mu);
   }
   handle_unlock();
   return ok;
@@ -143,9 +145,9 @@ ncclResult_t comm_ensure_ready(struct ncclComm* c, const char* opname) {
   }
   if (a != ncclSuccess) {
     char text[1100];
-    pthread_mutex_lock(&c->mu);
+    pthread_mutex_lock(&c->err_mu);
     snprintf(text, sizeof text, "%s", c->last_error);
-    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_unlock(&c->err_mu);
     WARN("%s", text[0] ? text : ncclGetErrorString((ncclResult_t)a));
     return (ncclResult_t)a;
   }
@@ -185,12 +187,12 @@ ncclResult_t comm_attach(struct ncclComm* c, struct seg* s, int rank) {
     p->pidfd = -1;
     p->same_process = p->proc.pid == me.pid && p->proc.pidns == me.pidns;
     if (!p->same_process && p->proc.pidns == me.pidns) {
+      /* a peer may already have finished and exited: that only matters if we ever wait for it */
       p->pidfd = pidfd_open_pid(p->proc.pid);
-      if (p->pidfd >= 0 && proc_alive(&p->proc) == 0) { /* the pid was reused already */
-        close(p->pidfd);
+      if (p->pidfd < 0 || proc_alive(&p->proc) == 0) {
+        if (p->pidfd >= 0) close(p->pidfd);
         p->pidfd = -1;
-        CWARN(c, "communicator init : rank %d (pid %d) exited during initialization", k, p->proc.pid);
-        return ncclRemoteError;
+        p->gone = true;
       }
     }
   }
@@ -251,7 +253,7 @@ ncclResult_t comm_check_peer(struct ncclComm* c, int k, bool check_process, char
     }
     default: break;
   }
-  if (check_process && c->peers[k].pidfd >= 0 && pidfd_exited(c->peers[k].pidfd)) {
+  if (check_process && (c->peers[k].gone || (c->peers[k].pidfd >= 0 && pidfd_exited(c->peers[k].pidfd)))) {
     snprintf(text, len, "rank %d (pid %d) exited", k, c->peers[k].proc.pid);
     return ncclRemoteError;
   }

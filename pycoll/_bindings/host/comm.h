@@ -19,6 +19,7 @@ struct peer {
   struct proc_id proc;
   int pidfd;          /* -1 when not watched (same process, other pid namespace) */
   bool same_process;
+  bool gone; /* had already exited when this rank attached */
 };
 
 struct user_redop {
@@ -53,7 +54,8 @@ struct ncclComm {
   bool revoked, finalize_called, destroy_called, suspended, ops_aborted;
   bool torn_down;
 
-  pthread_mutex_t mu;      /* jobs, reduction ops, registrations, last error */
+  pthread_mutex_t mu;      /* jobs, reduction ops, registrations, the segment pointer */
+  pthread_mutex_t err_mu;  /* last_error */
   pthread_mutex_t exec_mu; /* one thread executes operations of this comm at a time */
   int job_running;         /* a background job (init, finalize, split, ...) runs on this comm */
 
