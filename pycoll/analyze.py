@@ -172,6 +172,11 @@ def _signature(e: Dict[str, Any], size: int) -> Dict[str, Any]:
     return {"sizes": (ins, outs), "dtypes": sorted(set(idt + odt))}
 
 
+def _who(ranks: Iterable[int]) -> str:
+    rs = sorted(set(ranks))
+    return f"rank {rs[0]}" if len(rs) == 1 else f"ranks {_fmt_ranks(rs)}"
+
+
 def _fmt_ranks(ranks: Iterable[int]) -> str:
     rs = sorted(set(ranks))
     if not rs:
@@ -450,20 +455,20 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
                             if info["last_op"] else "no operation recorded")
                     lines.append(f"    rank {r}: never entered it ({last})")
                 if d["skipped"]:
-                    lines.append(f"    ranks {_fmt_ranks(d['skipped'])}: have later operations but not this one")
+                    lines.append(f"    {_who(d['skipped'])}: later operations recorded but not this one")
                 m = d["mismatch"]
                 if m:
                     what = {"type": "operation type", "size": "size", "dtype": "dtype"}[m["kind"]]
-                    lines.append(f"    {what.upper()} MISMATCH:" + (f" culprit ranks {_fmt_ranks(m['culprits'])}" if m["culprits"] else " no majority"))
+                    lines.append(f"    {what.upper()} MISMATCH:" + (f" culprit {_who(m['culprits'])}" if m["culprits"] else " no majority"))
                     for v in m["variants"]:
-                        lines.append(f"      ranks {_fmt_ranks(v['ranks'])}: {v['value']}")
+                        lines.append(f"      {_who(v['ranks'])}: {v['value']}")
                 if d["completed"]:
-                    lines.append(f"    completed on ranks {_fmt_ranks(d['completed'])}")
+                    lines.append(f"    completed on {_who(d['completed'])}")
                 same: Dict[Tuple[Any, ...], List[int]] = defaultdict(list)
                 for r, info in sorted(d["in_flight"].items()):
                     same[(info["state"], info["site"], tuple(info["stack"]))].append(r)
                 for (state, site, stack), rs in same.items():
-                    who = f"rank {rs[0]}" if len(rs) == 1 else f"ranks {_fmt_ranks(rs)}"
+                    who = _who(rs)
                     lines.append(f"    {who}: still in flight (state {state})" + (f", issued at {site}" if site else ""))
                     if stacks:
                         for fr in stack:
@@ -513,8 +518,8 @@ def _verdict(c: Dict[str, Any]) -> str:
                    f"{d['op']} on {name!r}")
     m = d["mismatch"]
     if m:
-        who = f"ranks {_fmt_ranks(m['culprits'])}" if m["culprits"] else "the ranks"
-        out.append(f"{m['kind']} mismatch in {d['op']} on {name!r}: {who} differ")
+        who = _who(m["culprits"]) + (" differs" if len(m["culprits"]) == 1 else " differ") if m["culprits"] else "no majority"
+        out.append(f"{m['kind']} mismatch in {d['op']} on {name!r}: {who}")
     if not out and d["in_flight"]:
         if not d["never_entered"] and not d["completed"] and not c["missing_dumps"]:
             out.append(f"every rank entered {d['op']} on {name!r} and none completed it: not a desync "

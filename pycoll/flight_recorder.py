@@ -619,7 +619,7 @@ class FlightRecorder:
                 if write_json:
                     jpath = os.path.join(generation_dir(base, gen, json_form=True), name + ".json")
                     try:
-                        _write_atomic(jpath, json.dumps(_jsonable(data), default=str).encode())
+                        _write_atomic(jpath, json.dumps(_json_form(data), default=str).encode())
                         written.append(jpath)
                     except Exception as exc:
                         _log.error("flight recorder: could not write %s: %s", jpath, exc)
@@ -664,6 +664,18 @@ def _progress_from_entries(uid: str, raw: Sequence[Tuple[Any, ...]]) -> Dict[str
         if w._state == "completed":
             out[f"{kind}_completed"] = max(out[f"{kind}_completed"], seq)
     return out
+
+
+def _json_form(data: Dict[str, Any]) -> Dict[str, Any]:
+    """The JSON variant of a dump dict: unset timestamps 0, ``pg_status`` values as strings."""
+    out = dict(data)
+    out["entries"] = [
+        {**e, "time_discovered_started_ns": e.get("time_discovered_started_ns") or 0,
+         "time_discovered_completed_ns": e.get("time_discovered_completed_ns") or 0}
+        for e in data.get("entries", [])
+    ]
+    out["pg_status"] = {k: {kk: str(vv) for kk, vv in v.items()} for k, v in data.get("pg_status", {}).items()}
+    return _jsonable(out)
 
 
 def _jsonable(obj: Any) -> Any:

@@ -379,6 +379,7 @@ class Watchdog:
         self._count_lock = threading.Lock()
         self._failing = 0  # failures being reported now (their dump serves remote requests too)
         self._pid = os.getpid()
+        self._comms = _comm.live_communicators  # what is watched (tests substitute their own)
         self.enabled = True
         self.configure(enabled=enabled, interval=interval, publish_interval=publish_interval,
                        stall_timeout=stall_timeout, report_timeout=report_timeout, abort_grace=abort_grace,
@@ -623,7 +624,7 @@ class Watchdog:
         store.set(f"{_SIGNAL_COUNTER}/{n}", f"{_origin()} {text}".encode())
 
     def _my_rank(self) -> int:
-        for c in _comm.live_communicators():
+        for c in self._comms():
             return c.global_rank
         return -1
 
@@ -647,7 +648,7 @@ class Watchdog:
             self.beats += 1
             self._beat_t = now
             next_t = now + self.interval
-            for c in _comm.live_communicators():
+            for c in self._comms():
                 if c._state != "active" or c._failure is not None:
                     continue
                 self._doing = f"checking communicator {c.name!r}"
@@ -730,12 +731,12 @@ class Watchdog:
             _log.warning("pycoll watchdog: the polling thread is running again")
 
     def _live_stores(self) -> Dict[int, Any]:
-        return {id(c.store): c.store for c in _comm.live_communicators() if c.store is not None}
+        return {id(c.store): c.store for c in self._comms() if c.store is not None}
 
     def _store_loop(self, stop: threading.Event) -> None:
         while not stop.is_set():
             t0 = time.monotonic()
-            comms = [c for c in _comm.live_communicators() if c.store is not None]
+            comms = [c for c in self._comms() if c.store is not None]
             for c in comms:
                 self._publish(c)
             stores = {id(c.store): c.store for c in comms}

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 
 import pytest
@@ -12,6 +14,19 @@ from mp_helpers import shm_entries
 
 def pytest_addoption(parser):
     parser.addoption("--runslow", action="store_true", default=False, help="also run tests marked slow")
+
+
+def pytest_configure(config):
+    # failing communicators dump their flight recorder; keep the dumps out of the home directory
+    if "PYCOLL_FR_DUMP_DIR" not in os.environ:
+        config._pycoll_fr_dir = tempfile.mkdtemp(prefix="pycoll-fr-tests-")
+        os.environ["PYCOLL_FR_DUMP_DIR"] = config._pycoll_fr_dir
+
+
+def pytest_unconfigure(config):
+    folder = getattr(config, "_pycoll_fr_dir", None)
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

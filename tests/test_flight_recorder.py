@@ -1,0 +1,329 @@
+"""The flight recorder: what it records, the dump format (PyTorch's schema 2.10), buffers off/empty/wrapped.
+
+Most tests feed the recorder :class:`FakeComm` operations (real :class:`pycoll.Work` objects and
+real buffers, without a library), so they run in this process and quickly; one test records a real
+one-rank host communicator. The fakes are reused by the analyzer's tests.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import sys
+import threading
+import types
+
+import numpy as np
+import pytest
+
+import pycoll
+from pycoll import flight_recorder as fr
+from pycoll.buffers import as_buffer
+from pycoll.work import Work
+
+
+class FakeComm:
+    """Just what the recorder reads from a Communicator; ``op()`` records an operation on it."""
+
+    def __init__(self, recorder, rank, size, *, uid="0123456789abcdef", name="world", backend="host", generation=0,
+                 global_ranks=None):
+        self.recorder = recorder
+        self.rank, self.size, self.uid, self.name = rank, size, uid, name
+        self.backend, self.generation = backend, generation
+        self.global_ranks = tuple(global_ranks) if global_ranks is not None else tuple(range(size))
+        self.library = types.SimpleNamespace(version_tuple=(2, 32, 3))
+        self.state = self._state = "active"
+        self.failure = self._failure = None
+        self._handle = None
+        self._pending = []
+        self._coll_seq = self._p2p_seq = self._ops = 0
+        self._lock = threading.RLock()
+        self.timeout = 30.0
+        self.on_failure = "abort"
+        self.store = None
+        recorder.comm_created(self)
+
+    @property
+    def global_rank(self):
+        return self.global_ranks[self.rank]
+
+    def op(self, name, inp=None, out=None, *, peer=None, state="completed", timeout=30.0):
+        is_p2p = peer is not None
+        if is_p2p:
+            self._p2p_seq += 1
+        else:
+            self._coll_seq += 1
+        self._ops += 1
+        ins = [as_buffer(inp)] if inp is not None else []
+        outs = [as_buffer(out, writable=True)] if out is not None else []
+        w = Work(self, name, self._coll_seq, self._p2p_seq, self._ops, is_p2p, peer, timeout, 0, ins, outs)
+        self.recorder.work_enqueued(w)  # as Communicator._launch: before the library call
+        w._state = state
+        if state == "completed":
+            w.time_started_ns = w.time_created_ns
+            w.time_completed_ns = w.time_created_ns + 1000
+            w.duration_ms = 0.001
+            w.inputs = w.outputs = []
+        else:
+            if state == "started":
+                w.time_started_ns = w.time_created_ns
+            self._pending.append(w)
+        return w
+
+
+def f32(n):
+    return np.ones(n, np.float32)
+
+
+def load(path):
+    with open(path, "rb") as f:
+        return pickle.load(f)
+
+
+@pytest.fixture
+def rec(tmp_path):
+    return fr.FlightRecorder(16, dump_dir=str(tmp_path))
+
+
+# -- what is recorded -------------------------------------------------------------------------------
+
+
+def test_entry_fields_follow_torch_schema(rec):
+    c = FakeComm(rec, 1, 4, global_ranks=[4, 5, 6, 7])
+    c.op("all_reduce", f32(3), f32(3))
+    c.op("all_gather", f32(2), f32(8), state="started")
+    c.op("send", f32(5), peer=2)
+    c.op("recv", None, np.ones(5, np.float64), peer=0)
+    d = rec.as_dict(0)
+    assert d["version"] == "2.10" == fr.SCHEMA_VERSION
+    assert d["comm_lib_version"] == "2.32.3"
+    assert d["pg_config"] == {c.uid: {"name": c.uid, "desc": "world", "ranks": "[4, 5, 6, 7]"}}
+    e = d["entries"]
+    assert [x["record_id"] for x in e] == [0, 1, 2, 3]
+    assert all(x["process_group"] == (c.uid, "world") for x in e)
+    assert [x["profiling_name"] for x in e] == ["nccl:all_reduce", "nccl:all_gather", "nccl:send 1->2", "nccl:recv 1<-0"]
+    assert [x["collective_seq_id"] for x in e] == [1, 2, 2, 2]
+    assert [x["p2p_seq_id"] for x in e] == [0, 0, 1, 2]
+    assert [x["is_p2p"] for x in e] == [False, False, True, True]
+    assert e[0]["input_sizes"] == [[3]] and e[0]["output_sizes"] == [[3]]
+    assert e[0]["input_dtypes"] == ["Float"] and e[0]["output_dtypes"] == ["Float"]
+    assert e[1]["input_sizes"] == [[2]] and e[1]["output_sizes"] == [[8]]
+    assert e[2]["output_sizes"] == [] and e[3]["input_sizes"] == [] and e[3]["output_dtypes"] == ["Double"]
+    assert [x["state"] for x in e] == ["completed", "started", "completed", "completed"]
+    assert e[0]["retired"] and not e[1]["retired"]
+    assert e[0]["duration_ms"] == pytest.approx(0.001) and "duration_ms" not in e[1]
+    assert e[1]["time_discovered_completed_ns"] is None
+    assert e[0]["timeout_ms"] == 30000
+    assert e[0]["thread_name"] == threading.current_thread().name
+    status = d["pg_status"]["0"]
+    assert status == {"last_enqueued_collective": 2, "last_started_collective": 2, "last_completed_collective": 1}
+    assert d["pycoll"]["rank"] == 5 and d["pycoll"]["comms"][c.uid]["rank"] == 1
+
+
+def test_stack_is_captured_cheaply_and_formatted_at_dump(rec):
+    c = FakeComm(rec, 0, 2)
+    line = sys._getframe().f_lineno + 1
+    c.op("all_reduce", f32(1), f32(1))
+    entry = rec.entries()[0]
+    raw = entry[fr._STACK]
+    assert all(isinstance(x, (types.CodeType, int)) for x in raw)  # nothing formatted yet
+    frames = rec.as_dict(0)["entries"][0]["frames"]
+    me = [f for f in frames if f["name"] == "test_stack_is_captured_cheaply_and_formatted_at_dump"]
+    assert me and me[0]["line"] == line and me[0]["filename"] == __file__
+    assert frames[0]["name"] == "op"  # innermost first
+    assert len(frames) <= rec.stack_depth + 2
+
+
+def test_stacks_off(tmp_path):
+    rec = fr.FlightRecorder(8, stacks=False, dump_dir=str(tmp_path))
+    c = FakeComm(rec, 0, 2)
+    c.op("all_reduce", f32(1), f32(1))
+    assert rec.entries()[0][fr._STACK] is None
+    assert "frames" not in rec.as_dict(0)["entries"][0]
+    rec2 = fr.FlightRecorder(8, dump_dir=str(tmp_path))
+    c2 = FakeComm(rec2, 0, 2, uid="other")
+    c2.op("all_reduce", f32(1), f32(1))
+    assert "frames" not in rec2.as_dict(0, stacks=False)["entries"][0]
+
+
+def test_rccl_prefix_and_barrier(rec):
+    c = FakeComm(rec, 0, 2, backend="rccl")
+    c.op("barrier")
+    e = rec.as_dict(0)["entries"][0]
+    assert e["profiling_name"] == "rccl:barrier" and e["input_sizes"] == [] and e["output_sizes"] == []
+
+
+# -- buffer sizes -----------------------------------------------------------------------------------
+
+
+def test_recording_off_still_dumps(tmp_path):
+    rec = fr.FlightRecorder(0, dump_dir=str(tmp_path))
+    c = FakeComm(rec, 0, 2)
+    w = c.op("all_reduce", f32(1), f32(1))
+    assert not rec.enabled and w.fr_entry is None and rec.entries() == []
+    paths = rec.dump("test")
+    d = load(paths[0])
+    assert d["entries"] == [] and c.uid in d["pg_config"] and d["pycoll"]["buffer_size"] == 0
+
+
+def test_buffer_size_from_environment(monkeypatch):
+    monkeypatch.setenv("PYCOLL_FR_BUFFER_SIZE", "0")
+    assert fr.FlightRecorder().buffer_size == 0
+    monkeypatch.setenv("PYCOLL_FR_BUFFER_SIZE", "7")
+    monkeypatch.setenv("PYCOLL_FR_STACKS", "0")
+    rec = fr.FlightRecorder()
+    assert rec.buffer_size == 7 and rec.stacks is False
+    monkeypatch.setenv("PYCOLL_FR_BUFFER_SIZE", "lots")
+    with pytest.raises(ValueError, match="PYCOLL_FR_BUFFER_SIZE"):
+        fr.FlightRecorder()
+    monkeypatch.delenv("PYCOLL_FR_BUFFER_SIZE")
+    monkeypatch.setenv("PYCOLL_FR_STACKS", "maybe")
+    with pytest.raises(ValueError, match="PYCOLL_FR_STACKS"):
+        fr.FlightRecorder()
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "3"])
+def test_bad_settings(bad):
+    with pytest.raises(ValueError, match="buffer_size"):
+        fr.FlightRecorder(bad)
+    with pytest.raises(ValueError, match="file_prefix"):
+        fr.FlightRecorder(4, file_prefix="rank7")
+
+
+def test_empty_buffer_dump(tmp_path):
+    rec = fr.FlightRecorder(4, dump_dir=str(tmp_path))
+    c = FakeComm(rec, 0, 2)
+    d = load(rec.dump("empty")[0])
+    assert c.uid in d["pg_config"]
+    assert d["entries"] == [] and d["version"] == "2.10" and len(d["pg_config"]) == 1
+    assert d["pg_status"]["0"]["last_enqueued_collective"] == -1
+
+
+def test_full_and_wrapped_buffer(tmp_path):
+    rec = fr.FlightRecorder(5, dump_dir=str(tmp_path))
+    c = FakeComm(rec, 0, 2)
+    for _ in range(5):
+        c.op("all_reduce", f32(1), f32(1))
+    assert [e["record_id"] for e in rec.as_dict(0)["entries"]] == [0, 1, 2, 3, 4]
+    for _ in range(7):
+        c.op("all_reduce", f32(1), f32(1))
+    d = load(rec.dump("wrapped")[0])
+    assert [e["record_id"] for e in d["entries"]] == [7, 8, 9, 10, 11]
+    assert [e["collective_seq_id"] for e in d["entries"]] == [8, 9, 10, 11, 12]
+    assert d["pycoll"]["recorded"] == 12 and d["pycoll"]["buffer_size"] == 5
+    rec.configure(buffer_size=3)  # a new size starts afresh
+    assert rec.entries() == []
+
+
+# -- dump files -------------------------------------------------------------------------------------
+
+
+def test_dump_files_are_atomic_and_logged(tmp_path, caplog):
+    rec = fr.FlightRecorder(8, dump_dir=str(tmp_path))
+    c = FakeComm(rec, 2, 4)
+    c.op("all_reduce", f32(2), f32(2), state="scheduled")
+    with caplog.at_level(logging.WARNING, logger="pycoll.flight_recorder"):
+        paths = rec.dump("why not", trigger="manual")
+    pkl = os.path.join(str(tmp_path), "generation_0", "pycoll_trace_rank_2")
+    js = os.path.join(str(tmp_path), "json", "generation_0", "pycoll_trace_rank_2.json")
+    assert paths == [pkl, js]
+    assert sorted(os.listdir(os.path.dirname(pkl))) == ["pycoll_trace_rank_2"]  # no temporary file left
+    assert any(pkl in r.getMessage() and "why not" in r.getMessage() for r in caplog.records)
+    d = load(pkl)
+    assert d["pycoll"]["reason"] == "why not" and d["pycoll"]["trigger"] == "manual"
+    j = json.load(open(js))
+    e = j["entries"][0]
+    assert e["process_group"] == [c.uid, "world"] and e["state"] == "scheduled"
+    assert e["time_discovered_started_ns"] == 0 and e["time_discovered_completed_ns"] == 0
+    assert j["pg_status"]["0"]["last_enqueued_collective"] == "1"
+    assert rec.last_dump["path"] == pkl and rec.dump_count == 1
+
+
+def test_dump_io_error_is_logged_not_raised(tmp_path, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    rec = fr.FlightRecorder(4, dump_dir=str(blocker))
+    c = FakeComm(rec, 0, 1)  # noqa: F841  (kept alive: dumps list live communicators)
+    with caplog.at_level(logging.ERROR, logger="pycoll.flight_recorder"):
+        assert rec.dump("x") == []
+    assert any("could not write" in r.getMessage() for r in caplog.records)
+
+
+def test_each_generation_has_its_folder_and_record_ids(tmp_path):
+    rec = fr.FlightRecorder(16, dump_dir=str(tmp_path))
+    old = FakeComm(rec, 0, 2, uid="aaaa", generation=0)
+    for _ in range(3):
+        old.op("all_reduce", f32(1), f32(1))
+    new = FakeComm(rec, 0, 1, uid="bbbb", name="world.shrink1", generation=1)
+    new.op("all_reduce", f32(1), f32(1))
+    paths = rec.dump("gens", write_json=False)
+    assert [os.path.basename(os.path.dirname(p)) for p in paths] == ["generation_0", "generation_1"]
+    d0, d1 = load(paths[0]), load(paths[1])
+    assert list(d0["pg_config"]) == ["aaaa"] and list(d1["pg_config"]) == ["bbbb"]
+    assert [e["record_id"] for e in d1["entries"]] == [0]  # record ids restart per generation
+    assert d1["pg_config"]["bbbb"]["desc"] == "world.shrink1"
+
+
+def test_closed_communicator_releases_arrays_and_stays_in_dumps(rec):
+    c = FakeComm(rec, 0, 2)
+    w = c.op("all_reduce", f32(4), f32(4), state="started")
+    assert w.inputs
+    rec.comm_closed(c)
+    assert w.inputs == [] and w.outputs == []
+    d = rec.as_dict(0)
+    assert d["entries"][0]["input_sizes"] == [[4]] and c.uid in d["pg_config"]
+
+
+def test_recording_from_many_threads(tmp_path):
+    rec = fr.FlightRecorder(64, stacks=False, dump_dir=str(tmp_path))
+    comms = [FakeComm(rec, 0, 1, uid=f"u{i}") for i in range(4)]
+
+    def work(c):
+        for _ in range(100):
+            c.op("all_reduce", f32(1), f32(1))
+
+    threads = [threading.Thread(target=work, args=(c,)) for c in comms]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    entries = rec.entries()
+    assert len(entries) == 64 and rec.recorded == 400
+    assert [e[fr._POS] for e in entries] == list(range(336, 400))
+
+
+# -- a real communicator ----------------------------------------------------------------------------
+
+
+def test_real_host_communicator_is_recorded(tmp_path):
+    rec = fr.FlightRecorder(32, dump_dir=str(tmp_path))
+    pycoll.comm.add_observer(rec)
+    c = pycoll.init(0, 1, backend="host", name="solo")
+    try:
+        x = np.ones(3, np.float32)
+        c.all_reduce(x)
+        c.broadcast(x, root=0)
+        w = c.all_reduce(x, async_op=True)
+        w.wait()
+        c.barrier()
+        d = rec.as_dict(0)
+    finally:
+        pycoll.comm.remove_observer(rec)
+        c.destroy()
+    names = [e["profiling_name"] for e in d["entries"]]
+    assert names == ["nccl:all_reduce", "nccl:broadcast", "nccl:all_reduce", "nccl:barrier"]
+    assert all(e["state"] == "completed" and e["duration_ms"] >= 0 for e in d["entries"])
+    assert d["pg_config"][c.uid] == {"name": c.uid, "desc": "solo", "ranks": "[0]"}
+    assert d["entries"][0]["frames"][0]["name"] == "all_reduce"
+    assert any(f["name"] == "test_real_host_communicator_is_recorded" for f in d["entries"][0]["frames"])
+    assert w.fr_entry is not None
+
+
+def test_importing_pycoll_registers_the_watchdog():
+    from pycoll import watchdog
+
+    assert watchdog.get_watchdog() in pycoll.comm._observers
+    assert watchdog.get_watchdog().recorder is fr.get_recorder()
+    assert callable(pycoll.dump_flight_recorder)

@@ -1,0 +1,241 @@
+"""The watchdog in this process: deadline-aligned polling, the stall monitor, bounded failure handling,
+the failure line, the store exchange, configuration. (Multi-rank scenarios: test_watchdog_ranks.py.)"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+import types
+
+import numpy as np
+import pytest
+
+from pycoll import flight_recorder as fr
+from pycoll import watchdog as wdm
+from pycoll.errors import CommTimeout
+from pycoll.store import MemoryStore
+from test_flight_recorder import FakeComm
+
+
+def _wait_for(cond, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()
+
+
+class Watched(FakeComm):
+    """A FakeComm the watchdog can poll: ``_check`` is recorded (and may block once)."""
+
+    def __init__(self, *a, block_first_check=0.0, **kw):
+        super().__init__(*a, **kw)
+        self._handle = 1
+        self.checks = []
+        self._block = block_first_check
+
+    def _check(self, now=None):
+        self.checks.append(time.monotonic())
+        if self._block:
+            block, self._block = self._block, 0.0
+            time.sleep(block)
+
+
+@pytest.fixture
+def make_wd(tmp_path):
+    made = []
+
+    def make(comms, **kw):
+        rec = kw.pop("recorder", None) or fr.FlightRecorder(16, dump_dir=str(tmp_path))
+        wd = wdm.Watchdog(rec, enabled=True, **kw)
+        wd._comms = lambda: list(comms)
+        made.append(wd)
+        return wd
+
+    yield make
+    for wd in made:
+        wd.stop()
+
+
+def test_polls_at_the_earliest_deadline_not_the_interval(make_wd):
+    rec = fr.FlightRecorder(16)
+    c = Watched(rec, 0, 2)
+    t0 = time.monotonic()
+    w = c.op("all_reduce", np.ones(1, np.float32), np.ones(1, np.float32), state="started", timeout=0.3)
+    w.t0 = t0
+    wd = make_wd([c], interval=5.0, recorder=rec)
+    wd.start()
+    assert _wait_for(lambda: any(t > t0 + 0.3 for t in c.checks), 3.0)
+    late = min(t for t in c.checks if t > t0 + 0.3) - (t0 + 0.3)
+    assert late < 1.0  # with a 5 s interval only the deadline can have woken it
+    assert wd.status()["running"] and wd.beats >= 2
+
+
+def test_stalled_polling_thread_is_reported_and_dumped(make_wd, caplog):
+    rec = fr.FlightRecorder(16)
+    c = Watched(rec, 0, 2, block_first_check=1.2)
+    wd = make_wd([c], interval=0.05, stall_timeout=0.3, recorder=rec)
+    with caplog.at_level(logging.WARNING, logger="pycoll"):
+        wd.start()
+        assert _wait_for(lambda: any("has not completed a round" in r.getMessage() for r in caplog.records), 5.0)
+        assert _wait_for(lambda: any("running again" in r.getMessage() for r in caplog.records), 5.0)
+    msg = next(r.getMessage() for r in caplog.records if "has not completed a round" in r.getMessage())
+    assert "checking communicator 'world'" in msg and "_check" in msg  # what it was doing, and its stack
+    assert _wait_for(lambda: rec.last_dump is not None, 2.0) and rec.last_dump["trigger"] == "stall"
+
+
+class HangingStore(MemoryStore):
+    def set(self, key, value):
+        time.sleep(1.5)
+        super().set(key, value)
+
+
+class SlowRecorder(fr.FlightRecorder):
+    def dump(self, *a, **kw):
+        time.sleep(1.5)
+        return super().dump(*a, **kw)
+
+
+def test_failure_handling_is_bounded_by_its_timeouts(make_wd, tmp_path, caplog):
+    rec = SlowRecorder(16, dump_dir=str(tmp_path))
+    c = Watched(rec, 0, 4)
+    c.store = HangingStore()
+    w = c.op("all_reduce", np.ones(1, np.float32), np.ones(1, np.float32), state="started", timeout=1.0)
+    wd = make_wd([], report_timeout=0.3, dump_timeout=0.3, recorder=rec)
+    wd.start()
+    exc = CommTimeout("all_reduce timed out", comm_name="world", op="all_reduce", seq=1, elapsed=1.0, timeout=1.0)
+    with caplog.at_level(logging.ERROR, logger="pycoll.watchdog"):
+        t = time.monotonic()
+        wd.comm_failed(c, exc, w)
+        took = time.monotonic() - t
+    assert took < 0.3 + 0.3 + 0.5
+    lines = [r.getMessage() for r in caplog.records if r.name == "pycoll.watchdog"]
+    assert len(lines) == 1
+    assert "the store did not answer within 0.3 s" in lines[0] and "all_reduce #1" in lines[0]
+
+
+def _report(peers, *, seq=5, failures=None, is_p2p=False, peer=None):
+    rec = fr.FlightRecorder(8)
+    c = FakeComm(rec, 0, 4, uid="feedbeef")
+    c._coll_seq = seq - 1
+    w = c.op("send" if is_p2p else "all_reduce", np.ones(2, np.float32), None if is_p2p else np.ones(2, np.float32),
+             state="started", peer=peer, timeout=2.0)
+    w.t0 -= 2.05
+    exc = CommTimeout("timed out", comm_name="world", op=w.op, seq=seq, elapsed=2.05, timeout=2.0)
+    r = wdm._FailureReport(c, exc, w)
+    now = time.time_ns()
+    r.peers = {k: {"coll_enqueued": v[0], "coll_started": v[1], "coll_completed": v[1], "p2p_enqueued": v[2],
+                   "p2p_completed": v[2], "state": "active", "time_ns": now - int(v[3] * 1e9), "beats": 1,
+                   "origin": "h:1"} for k, v in peers.items()}
+    r.peer_failures = failures or {}
+    return r
+
+
+def test_failure_line_names_the_ranks_behind():
+    r = _report({1: (5, 4, 0, 0.2), 2: (5, 4, 0, 0.3), 3: (4, 4, 0, 2.6)})
+    line = r.line(1.75)
+    assert line.startswith("pycoll watchdog: CommTimeout on communicator 'world' (uid feedbeef, generation 0) rank 0/4")
+    assert "all_reduce #5 [Float(2,)] not completed after 2.05 s (timeout 2 s, state started)" in line
+    assert "behind: rank 3 (last reported #4 2.6 s ago: stopped, hung or dead)" in line
+    assert "also in #5: ranks 1, 2" in line and line.endswith("policy: abort")
+    assert "issued at " in line and "test_flight_recorder.py:" in line  # the innermost frame outside pycoll
+    d = r.as_dict(1.75)
+    assert d["behind"]["3"]["last_issued"] == 4 and d["in_op"] == [1, 2] and "3" in d["silent"]
+
+
+def test_failure_line_alive_but_behind_and_unknown():
+    r = _report({1: (5, 4, 0, 0.2), 2: (3, 3, 0, 0.4)})
+    line = r.line(1.75)
+    assert "behind: rank 2 (alive, last issued #3)" in line and "never reported: ranks 3" in line
+    r2 = _report({1: (5, 4, 0, 0.2), 2: (5, 4, 0, 0.1), 3: (5, 4, 0, 0.1)})
+    assert "no rank is behind: every rank issued #5" in r2.line(1.75)
+    r3 = _report({1: (4, 4, 0, 0.1), 2: (4, 4, 0, 0.1)}, is_p2p=True, peer=2)
+    line3 = r3.line(1.75)
+    assert "send #1 with peer 2" in line3 and "peer: rank 2 (alive, last issued p2p #0)" in line3
+
+
+def test_exchange_through_a_store(make_wd):
+    store = MemoryStore()
+    rec = fr.FlightRecorder(8)
+    c = Watched(rec, 0, 3, uid="cafe")
+    c.store = store
+    peer = types.SimpleNamespace(uid="cafe", rank=1, name="world", state="active", store=store, _pending=[],
+                                 _coll_seq=7, _p2p_seq=0)
+    wd = make_wd([], recorder=rec, abort_grace=0.0)
+    wd._publish(peer)
+    c._coll_seq = 7
+    w = c.op("all_reduce", np.ones(1, np.float32), np.ones(1, np.float32), state="started")
+    store.set("pycoll/fr/failure/cafe/2", b"CommTimeout in all_reduce #8 after 2.00 s")
+    exc = CommTimeout("timed out", comm_name="world", op="all_reduce", seq=8, elapsed=2.0, timeout=2.0)
+    r = wdm._FailureReport(c, exc, w)
+    wd._exchange(store, r)
+    assert r.done.is_set() and not r.store_error
+    assert r.peers[1]["coll_enqueued"] == 7 and r.peer_failures == {2: "CommTimeout in all_reduce #8 after 2.00 s"}
+    assert store.get("pycoll/fr/failure/cafe/0").startswith(b"CommTimeout in all_reduce #8")
+    assert store.add("pycoll/fr/dump_signal", 0) == 1
+    assert b"rank 0: CommTimeout in all_reduce #8" in store.get("pycoll/fr/dump_signal/1")
+    assert "behind: rank 1 (alive, last issued #7)" in r.line(1.75)
+
+
+def test_dump_request_from_another_process_is_served(make_wd, tmp_path):
+    store = MemoryStore()
+    rec = fr.FlightRecorder(8, dump_dir=str(tmp_path))
+    c = Watched(rec, 0, 2)
+    c.store = store
+    wd = make_wd([c], recorder=rec, publish_interval=0.1)
+    wd.start()
+    assert _wait_for(lambda: store.check(["pycoll/fr/progress/%s/0" % c.uid]), 3.0)
+    time.sleep(0.2)  # let it read the current request counter
+    n = store.add("pycoll/fr/dump_signal", 1)
+    store.set(f"pycoll/fr/dump_signal/{n}", b"otherhost:1 rank 1: please dump")
+    assert _wait_for(lambda: rec.last_dump is not None, 5.0)
+    assert rec.last_dump["trigger"] == "remote" and "rank 1: please dump" in rec.last_dump["reason"]
+    # its own requests are not served twice
+    count = rec.dump_count
+    wd.signal_all("mine")
+    time.sleep(0.5)
+    assert rec.dump_count == count
+
+
+def test_configuration(monkeypatch):
+    monkeypatch.setenv("PYCOLL_WATCHDOG", "0")
+    monkeypatch.setenv("PYCOLL_WATCHDOG_INTERVAL", "0.05")
+    wd = wdm.Watchdog(fr.FlightRecorder(0))
+    assert not wd.enabled and wd.interval == 0.05 and wd.publish_interval == 1.0 and wd.stall_timeout == 15.0
+    wd.comm_created(FakeComm(wd.recorder, 0, 1))
+    assert not wd.running
+    monkeypatch.setenv("PYCOLL_WATCHDOG_INTERVAL", "soon")
+    with pytest.raises(ValueError, match="PYCOLL_WATCHDOG_INTERVAL"):
+        wdm.Watchdog(fr.FlightRecorder(0))
+    with pytest.raises(ValueError, match="interval"):
+        wdm.Watchdog(fr.FlightRecorder(0), interval=0)
+    with pytest.raises(TypeError, match="stall_timeout"):
+        wdm.Watchdog(fr.FlightRecorder(0), interval=0.1, stall_timeout="1")
+    assert wdm._signal_number(None) is None and wdm._signal_number("0") is None
+    assert wdm._signal_number(True) == wdm._signal_number("1") == wdm._signal_number("SIGUSR1") == signal.SIGUSR1
+    assert wdm._signal_number("usr2") == signal.SIGUSR2
+    with pytest.raises(ValueError, match="unknown signal"):
+        wdm._signal_number("SIGNOPE")
+
+
+def test_defaults_fit_interactive_work(monkeypatch):
+    for var in list(os.environ):
+        if var.startswith(("PYCOLL_WATCHDOG", "PYCOLL_FR_DUMP_")):
+            monkeypatch.delenv(var)
+    wd = wdm.Watchdog(fr.FlightRecorder(0))
+    assert wd.enabled and wd.interval <= 0.1 and wd.stall_timeout <= 30 and wd.dump_timeout <= 10
+    assert wd.report_timeout + wd.dump_timeout <= 10 and wd.dump_on_failure and wd._want_signal is None
+
+
+def test_threads_are_named_and_stop(make_wd):
+    wd = make_wd([])
+    wd.start()
+    threads = list(wd._threads)
+    assert [t.name for t in threads] == ["pycoll-watchdog", "pycoll-watchdog-monitor", "pycoll-watchdog-store"]
+    assert all(t.daemon and t.is_alive() for t in threads)
+    wd.stop()
+    assert not wd.running and not any(t.is_alive() for t in threads)

@@ -1,0 +1,332 @@
+"""Hangs and failures across real ranks on the host backend: the watchdog turns each into a diagnosis.
+
+* a SIGSTOPped rank: the others time out within timeout + 1 s, say who is behind, dump, and ask the
+  stopped rank to dump once it runs again; pycoll-fr and torch's analyzer both name it;
+* a size mismatch is reported as a size mismatch (by both analyzers);
+* a SIGKILLed rank: the survivors dump too (remote-error path);
+* the manual trigger, SIGUSR1 (while the main thread is blocked inside a collective) and a dump request
+  from another rank dump without stopping anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import pycoll
+from mp_helpers import Died, run_ranks
+from pycoll import _bindings as B
+from pycoll import analyze
+from pycoll.store import TCPStore, TCPStoreServer
+
+PREFIX = "pycoll_trace_rank_"
+
+
+def _uid() -> bytes:
+    return bytes(B.load("host").get_unique_id())
+
+
+@pytest.fixture
+def server():
+    srv = TCPStoreServer().start()
+    yield srv
+    srv.close()
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append((record.name, record.levelname, record.getMessage()))
+
+
+def _setup(rank, n, uid, dump_dir, addr=None, token=None, timeout=30.0):
+    """In a rank: dumps into dump_dir, pycoll's log lines captured, a host communicator (with a store)."""
+    os.environ["PYCOLL_FR_DUMP_DIR"] = dump_dir
+    lines = _Lines()
+    log = logging.getLogger("pycoll")
+    log.addHandler(lines)
+    log.setLevel(logging.INFO)
+    store = TCPStore(addr[0], addr[1], token) if addr else None
+    comm = pycoll.init(rank, n, unique_id=uid, backend="host", store=store, timeout=timeout)
+    return comm, lines
+
+
+def _gen0(dump_dir):
+    return os.path.join(dump_dir, "generation_0")
+
+
+def _dumped_ranks(dump_dir):
+    folder = _gen0(dump_dir)
+    if not os.path.isdir(folder):
+        return set()
+    return {int(f[len(PREFIX):]) for f in os.listdir(folder) if f.startswith(PREFIX)}
+
+
+def _torch_fr_trace(folder, *extra):
+    """torch's own analyzer on ``folder``; its report (it logs to stdout/stderr)."""
+    pytest.importorskip("torch.distributed.flight_recorder.fr_trace")
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", folder, "-p", PREFIX, *extra],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout + out.stderr
+
+
+# -- a stopped rank --------------------------------------------------------------------------------
+
+K = 5  # the operation the stopped rank never reaches
+T = 2.0  # per-operation timeout
+
+
+def _stopped_rank(rank, n, uid, addr, token, dump_dir):
+    comm, lines = _setup(rank, n, uid, dump_dir, addr, token, timeout=T)
+    x = np.ones(2, np.float32)
+    for _ in range(K - 1):
+        comm.all_reduce(x)
+    rec = pycoll.flight_recorder.get_recorder()
+    if rank == n - 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        # resumed by the test once the others have dumped: the dump request is waiting in the store
+        deadline = time.monotonic() + 20
+        while rec.dump_count == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        comm.abort()
+        return {"dumps": rec.dump_count, "last": rec.last_dump}
+    t0 = time.monotonic()
+    try:
+        comm.all_reduce(x)
+        error = None
+    except pycoll.CommFailure as e:
+        error = e
+    elapsed = time.monotonic() - t0
+    comm.abort()
+    return {"error": type(error).__name__, "elapsed": elapsed, "lines": lines.lines, "last": rec.last_dump}
+
+
+def _resume_after_dumps(procs, dump_dir, ranks, victim, limit=40.0):
+    def run():
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline and not ranks <= _dumped_ranks(dump_dir):
+            time.sleep(0.02)
+        os.kill(procs[victim].pid, signal.SIGCONT)
+
+    threading.Thread(target=run, daemon=True).start()
+
+
+@pytest.mark.timeout(150)
+def test_sigstopped_rank_is_named_by_the_others_and_by_both_analyzers(server, tmp_path):
+    n = 4
+    d = str(tmp_path)
+    res = run_ranks(_stopped_rank, n, _uid(), server.address, server.token, d, timeout=90,
+                    on_start=lambda procs: _resume_after_dumps(procs, d, {0, 1, 2}, n - 1))
+    for r in range(n - 1):
+        assert res[r]["error"] == "CommTimeout", res[r]
+        assert res[r]["elapsed"] < T + 1.0, res[r]
+        errors = [m for (name, level, m) in res[r]["lines"] if level == "ERROR"]
+        assert len(errors) == 1, errors  # ONE line (the communicator itself stays quiet)
+        line = errors[0]
+        assert line.startswith(f"pycoll watchdog: CommTimeout on communicator 'world'")
+        assert f"rank {r}/4" in line and f"all_reduce #{K}" in line and "not completed after 2.0" in line
+        assert "behind: rank 3 (last reported" in line and "stopped, hung or dead" in line
+        assert "_stopped_rank" in line  # where the operation was issued
+        assert res[r]["last"]["trigger"] in ("failure", "remote")
+    assert res[n - 1]["dumps"] >= 1 and res[n - 1]["last"]["trigger"] == "remote"
+    assert _dumped_ranks(d) == {0, 1, 2, 3}
+    for r in range(n):
+        with open(os.path.join(_gen0(d), f"{PREFIX}{r}"), "rb") as f:
+            dump = pickle.load(f)
+        assert dump["version"] == "2.10" and dump["pycoll"]["rank"] == r
+        seqs = [e["collective_seq_id"] for e in dump["entries"]]
+        assert seqs == (list(range(1, K)) if r == n - 1 else list(range(1, K + 1)))
+        if r < n - 1:
+            assert dump["entries"][-1]["state"] == "started"
+            assert dump["pycoll"]["failures"][0]["behind"]["3"]["last_issued"] < K
+
+    reports = analyze.analyze_dir(d)
+    assert len(reports) == 1
+    comm = reports[0]["communicators"][0]
+    div = comm["first_divergence"]
+    assert div["seq"] == K and list(div["never_entered"]) == [3] and sorted(div["in_flight"]) == [0, 1, 2]
+    assert comm["matched_through"] == K - 1 and not comm["missing_dumps"]
+    text = analyze.format_report(reports)
+    assert f"verdict: rank 3 never entered all_reduce #{K} [Float(2,)] on 'world'" in text
+
+    torch_out = _torch_fr_trace(_gen0(d))
+    assert f"Not all ranks joining collective, sequence number: {K}" in torch_out
+    assert "missing ranks: {3}" in torch_out
+
+
+# -- a size mismatch -------------------------------------------------------------------------------
+
+
+def _mismatch_rank(rank, n, uid, dump_dir):
+    comm, _ = _setup(rank, n, uid, dump_dir, timeout=5.0)
+    comm.all_reduce(np.ones(4, np.float32))
+    try:
+        comm.all_reduce(np.ones(8 if rank == 2 else 4, np.float32))
+        error = None
+    except pycoll.CommFailure as e:
+        error = type(e).__name__
+    comm.abort()
+    if not os.path.exists(os.path.join(_gen0(dump_dir), f"{PREFIX}{rank}")):
+        pycoll.dump_flight_recorder("after the mismatch")  # a library that did not notice: dump by hand
+    return error
+
+
+@pytest.mark.timeout(120)
+def test_size_mismatch_is_reported_as_such(tmp_path):
+    d = str(tmp_path)
+    run_ranks(_mismatch_rank, 3, _uid(), d, timeout=60)
+    assert _dumped_ranks(d) == {0, 1, 2}
+    rep = analyze.analyze_dir(d)[0]
+    div = rep["communicators"][0]["first_divergence"]
+    assert div["seq"] == 2 and div["mismatch"]["kind"] == "size" and div["mismatch"]["culprits"] == [2]
+    assert "SIZE MISMATCH: culprit rank 2" in analyze.format_report([rep])
+    torch_out = _torch_fr_trace(_gen0(d))
+    assert "Culprit rank 2; Error type: SIZE_OR_SYNTAX_MISMATCH" in torch_out
+
+
+# -- a killed rank ---------------------------------------------------------------------------------
+
+
+def _killed_rank(rank, n, uid, addr, token, dump_dir):
+    comm, lines = _setup(rank, n, uid, dump_dir, addr, token, timeout=10.0)
+    x = np.ones(2, np.float32)
+    for _ in range(K - 1):
+        comm.all_reduce(x)
+    if rank == n - 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        comm.all_reduce(x)
+        error = None
+    except pycoll.CommFailure as e:
+        error = e
+    elapsed = time.monotonic() - t0
+    comm.abort()
+    return {"error": type(error).__name__, "elapsed": elapsed, "lines": lines.lines,
+            "last": pycoll.flight_recorder.get_recorder().last_dump}
+
+
+@pytest.mark.timeout(120)
+def test_killed_rank_survivors_dump(server, tmp_path):
+    n = 4
+    d = str(tmp_path)
+    res = run_ranks(_killed_rank, n, _uid(), server.address, server.token, d, timeout=60, may_die=[n - 1])
+    assert isinstance(res[n - 1], Died)
+    for r in range(n - 1):
+        assert res[r]["error"] in ("RemoteError", "AsyncCommError", "CommAborted"), res[r]
+        assert res[r]["elapsed"] < 10.0  # the remote error, not the timeout
+        errors = [m for (_, level, m) in res[r]["lines"] if level == "ERROR"]
+        assert len(errors) == 1 and "pycoll watchdog:" in errors[0] and f"all_reduce #{K}" in errors[0]
+    assert _dumped_ranks(d) == {0, 1, 2}
+    rep = analyze.analyze_dir(d)[0]
+    comm = rep["communicators"][0]
+    assert comm["missing_dumps"] == [3]
+    div = comm["first_divergence"]
+    assert div["seq"] == K and "not seen entering it" in div["missing_dumps"][3]
+    assert "missing dumps: ranks 3" in analyze.format_report([rep])
+
+
+# -- manual, signal and remote triggers stop nothing -----------------------------------------------
+
+
+def _triggered_rank(rank, n, uid, dump_dir, marker):
+    comm, _ = _setup(rank, n, uid, dump_dir)
+    x = np.ones(4, np.float32)
+    comm.all_reduce(x)
+    comm.all_reduce(x)
+    rec = pycoll.flight_recorder.get_recorder()
+    out = {}
+    if rank == 1:
+        pycoll.enable_dump_signal()
+        open(marker, "w").close()
+        comm.all_reduce(x)  # blocks here until rank 0 joins, which waits for our signal dump
+    else:
+        out["manual"] = pycoll.dump_flight_recorder("a look")
+        peer = os.path.join(_gen0(dump_dir), f"{PREFIX}1")
+        deadline = time.monotonic() + 30
+        while not os.path.exists(peer) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with open(peer, "rb") as f:
+            out["peer_dump"] = pickle.load(f)
+        comm.all_reduce(x)
+    for _ in range(2):
+        comm.all_reduce(x)
+    out["value"] = x.tolist()
+    out["dumps"] = rec.dump_count
+    out["last"] = rec.last_dump
+    comm.abort()
+    return out
+
+
+def _signal_when_ready(procs, marker):
+    def run():
+        deadline = time.monotonic() + 30
+        while not os.path.exists(marker) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)  # rank 1 is now inside the blocking all_reduce
+        os.kill(procs[1].pid, signal.SIGUSR1)
+
+    threading.Thread(target=run, daemon=True).start()
+
+
+@pytest.mark.timeout(120)
+def test_manual_and_signal_dumps_stop_nothing(tmp_path):
+    d = str(tmp_path / "dumps")
+    marker = str(tmp_path / "ready")
+    res = run_ranks(_triggered_rank, 2, _uid(), d, marker, timeout=60,
+                    on_start=lambda procs: _signal_when_ready(procs, marker))
+    # every operation completed, with the right values: nothing was stopped
+    assert res[0]["value"] == res[1]["value"] == [2.0 ** 5] * 4
+    manual = res[0]["manual"]
+    assert manual and manual[0].endswith(os.path.join("generation_0", f"{PREFIX}0"))
+    assert res[0]["dumps"] == 1 and res[0]["last"]["trigger"] == "manual"
+    peer = res[0]["peer_dump"]
+    assert peer["pycoll"]["trigger"] == "signal" and peer["pycoll"]["reason"] == "signal SIGUSR1"
+    # dumped while its main thread was blocked inside op #3
+    assert [(e["collective_seq_id"], e["state"]) for e in peer["entries"]] == [(1, "completed"), (2, "completed"),
+                                                                                (3, "started")]
+    assert res[1]["dumps"] == 1  # the Python-level handler, run later, did not dump again
+
+
+def _requested_rank(rank, n, uid, addr, token, dump_dir):
+    comm, _ = _setup(rank, n, uid, dump_dir, addr, token)
+    x = np.ones(4, np.float32)
+    for _ in range(3):
+        comm.all_reduce(x)
+    rec = pycoll.flight_recorder.get_recorder()
+    if rank == 0:
+        pycoll.dump_flight_recorder("have a look", all_ranks=True)
+    deadline = time.monotonic() + 20
+    while rec.dump_count == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    comm.all_reduce(x)  # still healthy
+    last = rec.last_dump
+    comm.abort()
+    return {"value": x.tolist(), "last": last, "dumps": rec.dump_count}
+
+
+@pytest.mark.timeout(120)
+def test_dump_request_makes_healthy_ranks_dump(server, tmp_path):
+    d = str(tmp_path)
+    res = run_ranks(_requested_rank, 3, _uid(), server.address, server.token, d, timeout=60)
+    assert all(r["value"] == [3.0 ** 4] * 4 for r in res)
+    assert res[0]["last"]["trigger"] == "manual"
+    for r in (1, 2):
+        assert res[r]["dumps"] == 1 and res[r]["last"]["trigger"] == "remote"
+        assert "requested by rank 0: have a look" in res[r]["last"]["reason"]
+    assert _dumped_ranks(d) == {0, 1, 2}
+    rep = analyze.analyze_dir(d)[0]
+    assert rep["ok"] and rep["communicators"][0]["matched_through"] == 3
