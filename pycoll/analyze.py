@@ -145,11 +145,14 @@ def _describe(e: Dict[str, Any]) -> str:
     return f"{_op_of(e)} #{e.get('collective_seq_id')} [{dts[0] if dts else '-'}{tuple(shape)}]"
 
 
+_OWN = re.compile(r"[/\\]pycoll[/\\](comm|work|create|buffers|devices|elastic|flight_recorder|watchdog)\.py$")
+
+
 def _site(e: Dict[str, Any]) -> str:
-    frames = e.get("frames") or []
-    for fr in frames:
+    """'file:line in function' of the innermost frame outside pycoll's own modules."""
+    for fr in e.get("frames") or []:
         fn = str(fr.get("filename", ""))
-        if "/pycoll/" not in fn.replace("\\", "/") or fn.endswith("analyze.py"):
+        if not _OWN.search(fn):
             return f"{os.path.basename(fn)}:{fr.get('line')} in {fr.get('name')}"
     return ""
 

@@ -1,0 +1,232 @@
+"""pycoll-fr: the analyzer on dumps written by the real flight recorder (fed FakeComm operations)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from pycoll import analyze
+from pycoll import flight_recorder as fr
+from test_flight_recorder import FakeComm
+
+PREFIX = fr.DEFAULT_FILE_PREFIX
+
+
+def f32(n, dtype=np.float32):
+    return np.ones(n, dtype)
+
+
+def make_dumps(folder, n, script, *, uid="abcdef0123456789", name="world", generation=0, buffer_size=64,
+               write_json=True):
+    """Each rank's ops come from ``script(rank, comm)``; each rank dumps like a real process would."""
+    for r in range(n):
+        rec = fr.FlightRecorder(buffer_size if isinstance(buffer_size, int) else buffer_size[r], dump_dir=str(folder))
+        c = FakeComm(rec, r, n, uid=uid, name=name, generation=generation)
+        script(r, c)
+        assert rec.dump("test", write_json=write_json)
+    return str(folder)
+
+
+def allreduces(c, k, **kw):
+    for _ in range(k):
+        c.op("all_reduce", f32(2), f32(2), **kw)
+
+
+def run_cli(*args):
+    return analyze.main([str(a) for a in args])
+
+
+def torch_fr_trace(folder, *extra):
+    pytest.importorskip("torch.distributed.flight_recorder.fr_trace")
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", folder, "-p", PREFIX,
+                          *extra], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout + out.stderr
+
+
+def one(folder):
+    reps = analyze.analyze_dir(folder)
+    assert len(reps) == 1
+    return reps[0], reps[0]["communicators"][0]
+
+
+def stopped_rank(r, c):
+    allreduces(c, 4)
+    if r != 3:
+        c.op("all_reduce", f32(2), f32(2), state="started")
+
+
+def test_rank_that_never_entered(tmp_path, capsys):
+    d = make_dumps(tmp_path, 4, stopped_rank)
+    rep, c = one(d)
+    assert rep["ranks"] == [0, 1, 2, 3] and rep["generation"] == 0 and not rep["ok"]
+    div = c["first_divergence"]
+    assert div["seq"] == 5 and list(div["never_entered"]) == [3] and sorted(div["in_flight"]) == [0, 1, 2]
+    assert div["never_entered"][3]["last_op"] == "all_reduce #4 [Float(2,)]"
+    assert c["matched_through"] == 4
+    assert run_cli(d) == 1
+    text = capsys.readouterr().out
+    assert "FIRST DIVERGENCE at all_reduce #5 [Float(2,)]" in text
+    assert "rank 3: never entered it (last op all_reduce #4 [Float(2,)] completed, issued at test_flight_recorder.py:" in text
+    assert "ranks 0-2: still in flight (state started)" in text
+    assert "verdict: rank 3 never entered all_reduce #5 [Float(2,)] on 'world'" in text
+    assert "stopped_rank at " in text  # the stack of the in-flight operation
+    assert run_cli(d, "--no-stacks") == 1 and "stopped_rank at " not in capsys.readouterr().out
+
+
+def test_missing_dump_is_reported_not_fatal(tmp_path, capsys):
+    d = make_dumps(tmp_path, 4, stopped_rank)
+    os.unlink(os.path.join(d, "generation_0", f"{PREFIX}3"))
+    rep, c = one(d)
+    assert c["missing_dumps"] == [3] and c["first_divergence"]["seq"] == 5
+    assert "no dump and no store report" in c["first_divergence"]["missing_dumps"][3]
+    assert run_cli(d) == 1
+    assert "missing dumps: ranks 3" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kind,culprit", [("size", 2), ("dtype", 1), ("type", 0)])
+def test_mismatches_name_the_culprit(tmp_path, kind, culprit):
+    def script(r, c):
+        allreduces(c, 2)
+        if r == culprit and kind == "size":
+            c.op("all_reduce", f32(8), f32(8), state="started")
+        elif r == culprit and kind == "dtype":
+            c.op("all_reduce", f32(2, np.float64), f32(2, np.float64), state="started")
+        elif r == culprit and kind == "type":
+            c.op("all_gather", f32(2), f32(8), state="started")
+        else:
+            c.op("all_reduce", f32(2), f32(2), state="started")
+
+    _, c = one(make_dumps(tmp_path, 4, script))
+    m = c["first_divergence"]["mismatch"]
+    assert c["first_divergence"]["seq"] == 3 and m["kind"] == kind and m["culprits"] == [culprit]
+    assert [v["ranks"] for v in m["variants"]] == [sorted(set(range(4)) - {culprit}), [culprit]]
+    text = analyze.format_report(analyze.analyze_dir(str(tmp_path)))
+    assert f"{kind.upper() if kind != 'type' else 'OPERATION TYPE'} MISMATCH: culprit rank {culprit}" in text
+
+
+def test_no_majority_names_no_culprit(tmp_path):
+    def script(r, c):
+        c.op("all_reduce", f32(4 if r < 2 else 8), f32(4 if r < 2 else 8), state="started")
+
+    _, c = one(make_dumps(tmp_path, 4, script))
+    assert c["first_divergence"]["mismatch"]["culprits"] == []
+    assert "no majority" in analyze._verdict(c)
+
+
+def test_everyone_stuck_is_not_a_desync(tmp_path):
+    def script(r, c):
+        allreduces(c, 2)
+        c.op("all_reduce", f32(2), f32(2), state="started")
+
+    _, c = one(make_dumps(tmp_path, 3, script))
+    assert "every rank entered all_reduce #3" in analyze._verdict(c) and "not a desync" in analyze._verdict(c)
+
+
+def test_healthy_run(tmp_path, capsys):
+    def script(r, c):
+        allreduces(c, 3)
+        c.op("gather", f32(2), f32(6) if r == 0 else None)  # root-only buffers are no mismatch
+        c.op("scatter", f32(6) if r == 1 else None, f32(2))
+        c.op("broadcast", f32(3), f32(3))
+
+    d = make_dumps(tmp_path, 3, script)
+    rep, c = one(d)
+    assert rep["ok"] and c["first_divergence"] is None and c["matched_through"] == 6
+    assert run_cli(d) == 0
+    out = capsys.readouterr().out
+    assert "no problem found on 'world'" in out
+
+
+def test_unmatched_send(tmp_path):
+    def script(r, c):
+        allreduces(c, 1)
+        if r == 0:
+            c.op("send", f32(4), peer=1, state="started")
+        if r == 2:
+            c.op("send", f32(4), peer=0)
+        if r == 0:
+            c.op("recv", None, f32(4), peer=2)
+
+    _, c = one(make_dumps(tmp_path, 3, script))
+    issues = [p["issue"] for p in c["p2p"]]
+    assert issues == ["send #1 from rank 0 to rank 1 has no matching recv on rank 1"]
+    assert "point-to-point problem" in analyze._verdict(c)
+
+
+def test_wrapped_buffers_are_aligned(tmp_path):
+    def script(r, c):
+        allreduces(c, 10)
+
+    d = make_dumps(tmp_path, 3, script, buffer_size=[4, 8, 10])
+    _, c = one(d)
+    assert c["first_divergence"] is None and c["matched_through"] == 10
+    assert "history starts at #7 (older entries were overwritten on some rank)" in c["problems"]
+
+
+def test_json_only_and_generation_folders(tmp_path):
+    make_dumps(tmp_path, 2, lambda r, c: allreduces(c, 2), generation=0, uid="g0")
+    make_dumps(tmp_path, 2, lambda r, c: (allreduces(c, 1), c.op("all_reduce", f32(2), f32(2), state="started")
+                                           if r == 0 else None), generation=1, uid="g1")
+    shutil.rmtree(tmp_path / "generation_1")  # generation 1 only as JSON now
+    reps = analyze.analyze_dir(str(tmp_path))
+    assert [r["generation"] for r in reps] == [0, 1]
+    assert reps[0]["ok"] and reps[1]["folder"].endswith(os.path.join("json", "generation_1"))
+    div = reps[1]["communicators"][0]["first_divergence"]
+    assert div["seq"] == 2 and list(div["never_entered"]) == [1]
+    # one generation's folder can be given directly, too
+    assert analyze.analyze_dir(str(tmp_path / "generation_0"))[0]["generation"] == 0
+
+
+class Boom:
+    def __reduce__(self):
+        return (os.system, ("echo pwned > /dev/null",))
+
+
+def test_dump_that_would_run_code_is_refused(tmp_path):
+    d = make_dumps(tmp_path, 2, lambda r, c: allreduces(c, 1), write_json=False)
+    with open(os.path.join(d, "generation_0", f"{PREFIX}1"), "wb") as f:
+        pickle.dump({"version": "2.10", "entries": [], "pg_config": {}, "x": Boom()}, f)
+    reps = analyze.analyze_dir(d)
+    assert any("refusing to load posix.system" in p or "refusing to load os.system" in p for p in reps[0]["problems"])
+    assert reps[0]["ranks"] == [0]
+
+
+def test_cli_errors_and_json(tmp_path, capsys):
+    assert run_cli(tmp_path / "nope") == 2
+    assert "is not a directory" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert run_cli(tmp_path / "empty") == 2
+    d = make_dumps(tmp_path / "d", 2, lambda r, c: allreduces(c, 2 + r))
+    capsys.readouterr()
+    assert run_cli(d, "--json") == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data[0]["communicators"][0]["first_divergence"]["never_entered"] == {"0": {
+        "last_op": "all_reduce #2 [Float(2,)]", "last_state": "completed",
+        "last_site": data[0]["communicators"][0]["first_divergence"]["never_entered"]["0"]["last_site"]}}
+
+
+def test_python_dash_m_and_console_script_entry(tmp_path):
+    d = make_dumps(tmp_path, 2, lambda r, c: allreduces(c, 1))
+    out = subprocess.run([sys.executable, "-m", "pycoll.analyze", d], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(analyze.__file__)))})
+    assert out.returncode == 0, out.stderr
+    assert "no problem found" in out.stdout and "torch" not in sys.modules.get("pycoll.analyze").__dict__
+
+
+def test_torch_analyzer_reads_the_same_dumps(tmp_path):
+    def script(r, c):
+        allreduces(c, 2)
+        c.op("all_reduce", f32(2, np.float64) if r == 1 else f32(2), f32(2, np.float64) if r == 1 else f32(2),
+             state="started")
+
+    d = make_dumps(tmp_path, 3, script)
+    out = torch_fr_trace(os.path.join(d, "generation_0"))
+    assert "Culprit rank 1; Error type: COLLECTIVE_DTYPE_MISMATCH" in out
