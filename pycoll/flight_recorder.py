@@ -70,12 +70,19 @@ DEFAULT_BUFFER_SIZE = 2000
 DEFAULT_FILE_PREFIX = "pycoll_trace_rank_"
 DEFAULT_STACK_DEPTH = 32
 
-# entry layout: a plain tuple is the cheapest thing to build on the hot path
-_POS, _RID, _INFO, _WORK, _ISZ, _IDT, _OSZ, _ODT, _TID, _STACK = range(10)
+# Entry layout: a plain list is the cheapest mutable thing to build on the hot path. The entry holds
+# the Work only weakly (a Work holds its communicator, and the ring must not keep communicators
+# alive: a leaked one must still be collected, with its warning); what never changes is copied at
+# record time, what does (state, completion time, duration) is read from the live Work at dump time,
+# or frozen into _FROZEN when the communicator fails or closes. A Work that is gone without being
+# frozen has left the communicator's outstanding list: it completed.
+(_POS, _RID, _INFO, _WREF, _ISZ, _IDT, _OSZ, _ODT, _TID, _STACK, _OP, _SEQ, _P2P_SEQ, _OP_ID, _PEER, _TIMEOUT,
+ _CREATED, _FROZEN) = range(18)
 _SHAPE = Buffer._fields.index("shape")
 _DTYPE = Buffer._fields.index("dtype_name")
 _getframe = sys._getframe
 _get_ident = threading.get_ident
+_weakref = weakref.ref
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
@@ -331,10 +338,7 @@ class FlightRecorder:
         if info is not None and info.ref() is comm:
             info.refresh()
             info.closed_at = time.time()
-            # the ring keeps Works of this communicator; those that never retired still hold arrays
-            for e in list(self._ring):
-                if e is not None and e[_INFO] is info and e[_WORK].inputs:
-                    e[_WORK].inputs = e[_WORK].outputs = []
+            self._freeze(info)
             with self._lock:
                 self._closes[info.generation] = self._closes.get(info.generation, 0) + 1
                 # keep the info while entries refer to it; forget the id (it may be reused)
@@ -344,6 +348,21 @@ class FlightRecorder:
         info = self._infos.get(id(comm))
         if info is not None:
             info.failure = f"{type(exc).__name__}: {exc}"
+            self._freeze(info)  # before the policy releases the outstanding Works
+
+    def _freeze(self, info: _CommInfo) -> None:
+        """Copy the state of ``info``'s live Works into their entries (the Works may go away next)."""
+        for e in list(self._ring):
+            if e is None or e[_INFO] is not info or e[_FROZEN] is not None:
+                continue
+            w = e[_WREF]()
+            if w is None:
+                continue
+            exc = w._exc
+            e[_FROZEN] = (w._state, w.time_started_ns, w.time_completed_ns, w.duration_ms,
+                          f"{type(exc).__name__}: {exc}" if exc is not None else None)
+            if w._state != "completed" and w.inputs:
+                w.inputs = w.outputs = []  # an abandoned operation need not keep its arrays
 
     def work_enqueued(self, w: Any) -> None:
         """Record one operation (called for every enqueued :class:`~pycoll.Work`)."""
@@ -383,7 +402,8 @@ class FlightRecorder:
                 f = f.f_back
                 depth -= 1
         pos = next(self._pos)
-        entry = (pos, next(info.rid), info, w, isz, idt, osz, odt, _get_ident(), stack)
+        entry = [pos, next(info.rid), info, _weakref(w), isz, idt, osz, odt, _get_ident(), stack,
+                 w.op, w.seq, w.p2p_seq, w.op_id, w.peer, w.timeout, w.time_created_ns, None]
         ring[pos % cap] = entry
         w.fr_entry = entry
 
@@ -398,8 +418,8 @@ class FlightRecorder:
 
     # -- reading ---------------------------------------------------------------------------------
 
-    def entries(self) -> List[Tuple[Any, ...]]:
-        """The raw recorded entries, oldest first (internal tuples; see :meth:`as_dict`)."""
+    def entries(self) -> List[List[Any]]:
+        """The raw recorded entries, oldest first (internal lists; see :meth:`as_dict`)."""
         ring = list(self._ring)
         out = [e for e in ring if e is not None]
         out.sort(key=lambda e: e[_POS])
@@ -459,31 +479,32 @@ class FlightRecorder:
         comms = {uid: info.refresh() for uid, info in infos.items()}
         if refresh:
             for e in raw:
-                self._refresh_state(e[_WORK])
+                w = e[_WREF]()
+                if w is not None and e[_FROZEN] is None:
+                    self._refresh_state(w)
         cache: Dict[Tuple[Any, int], int] = {}
         threads = {t.ident: t.name for t in threading.enumerate()}
         entries = []
         for e in raw:
             info: _CommInfo = e[_INFO]
-            w = e[_WORK]
-            state = w._state
+            state, started, completed, duration, error = _dynamic(e)
             done = state == "completed"
-            if w.is_p2p:
+            op, peer = e[_OP], e[_PEER]
+            is_p2p = peer is not None
+            if is_p2p:
                 me = info.rank
-                name = f"{info.lib_prefix}:send {me}->{w.peer}" if w.op == "send" else f"{info.lib_prefix}:recv {me}<-{w.peer}"
+                name = f"{info.lib_prefix}:send {me}->{peer}" if op == "send" else f"{info.lib_prefix}:recv {me}<-{peer}"
             else:
-                name = f"{info.lib_prefix}:{w.op}"
-            started = w.time_started_ns
-            completed = w.time_completed_ns
+                name = f"{info.lib_prefix}:{op}"
             entry: Dict[str, Any] = {
                 "record_id": e[_RID],
                 "pg_id": info.pg_id,
                 "process_group": [info.uid, info.name] if json_form else (info.uid, info.name),
-                "collective_seq_id": w.seq,
-                "p2p_seq_id": w.p2p_seq,
-                "op_id": w.op_id,
+                "collective_seq_id": e[_SEQ],
+                "p2p_seq_id": e[_P2P_SEQ],
+                "op_id": e[_OP_ID],
                 "profiling_name": name,
-                "time_created_ns": w.time_created_ns,
+                "time_created_ns": e[_CREATED],
                 "input_sizes": _sizes(e[_ISZ]),
                 "input_dtypes": list(e[_IDT]),
                 "output_sizes": _sizes(e[_OSZ]),
@@ -491,16 +512,16 @@ class FlightRecorder:
                 "state": state,
                 "time_discovered_started_ns": (started or 0) if json_form else started,
                 "time_discovered_completed_ns": (completed or 0) if json_form else completed,
-                "retired": done or w._exc is not None,
-                "timeout_ms": int(round(w.timeout * 1000)),
-                "is_p2p": bool(w.is_p2p),
+                "retired": done or error is not None,
+                "timeout_ms": int(round(e[_TIMEOUT] * 1000)),
+                "is_p2p": is_p2p,
                 "thread_id": str(e[_TID]),
                 "thread_name": threads.get(e[_TID], ""),
             }
-            if done and w.duration_ms is not None:
-                entry["duration_ms"] = float(w.duration_ms)
-            if w._exc is not None:
-                entry["pycoll_error"] = f"{type(w._exc).__name__}: {w._exc}"
+            if done and duration is not None:
+                entry["duration_ms"] = float(duration)
+            if error is not None:
+                entry["pycoll_error"] = error
             if stacks and e[_STACK] is not None:
                 entry["frames"] = _format_stack(e[_STACK], cache)
             entries.append(entry)
@@ -651,17 +672,29 @@ def _progress(comm: Any) -> Dict[str, int]:
     return out
 
 
-def _progress_from_entries(uid: str, raw: Sequence[Tuple[Any, ...]]) -> Dict[str, int]:
+def _dynamic(e: List[Any]) -> Tuple[str, Optional[int], Optional[int], Optional[float], Optional[str]]:
+    """(state, started ns, completed ns, duration ms, error) of an entry, from its frozen copy or live Work."""
+    if e[_FROZEN] is not None:
+        return e[_FROZEN]
+    w = e[_WREF]()
+    if w is None:
+        return ("completed", None, None, None, None)  # left the outstanding list, unfrozen: it completed
+    exc = w._exc
+    return (w._state, w.time_started_ns, w.time_completed_ns, w.duration_ms,
+            f"{type(exc).__name__}: {exc}" if exc is not None else None)
+
+
+def _progress_from_entries(uid: str, raw: Sequence[List[Any]]) -> Dict[str, int]:
     out = {f"{k}_{s}": 0 for k in ("coll", "p2p") for s in ("enqueued", "started", "completed")}
     for e in raw:
         if e[_INFO].uid != uid:
             continue
-        w = e[_WORK]
-        kind, seq = ("p2p", w.p2p_seq) if w.is_p2p else ("coll", w.seq)
+        state = _dynamic(e)[0]
+        kind, seq = ("p2p", e[_P2P_SEQ]) if e[_PEER] is not None else ("coll", e[_SEQ])
         out[f"{kind}_enqueued"] = max(out[f"{kind}_enqueued"], seq)
-        if w._state in ("started", "completed"):
+        if state in ("started", "completed"):
             out[f"{kind}_started"] = max(out[f"{kind}_started"], seq)
-        if w._state == "completed":
+        if state == "completed":
             out[f"{kind}_completed"] = max(out[f"{kind}_completed"], seq)
     return out
 
