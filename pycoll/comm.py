@@ -211,6 +211,7 @@ class Communicator:
         self._plock = threading.Lock()  # guards _pending, work states and _failure
         self._pending: List[Work] = []
         self._failure: Optional[BaseException] = None
+        self.failed_at: Optional[float] = None  # wall-clock time of the failure
         self._state = "active"  # active | revoked | finalized | aborted | destroyed
         self._coll_seq = 0
         self._p2p_seq = 0
@@ -403,6 +404,7 @@ class Communicator:
             if self._failure is not None or self._state in ("aborted", "destroyed"):
                 return
             self._failure = exc
+            self.failed_at = time.time()
             for w in self._pending:
                 if w._exc is None:
                     w._exc = exc
