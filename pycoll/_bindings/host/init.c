@@ -197,6 +197,8 @@ ncclResult_t job_run_finalize(struct job* j) {
     enum wait_phase ph = backoff_step(&b);
     if (ph == WAIT_SPIN) continue;
     ncclResult_t e = comm_check_peer(c, k, backoff_due(&b, 2000000), text, sizeof text);
+    st = __atomic_load_n(&s->ctrl[k].state, __ATOMIC_ACQUIRE);
+    if (e != ncclSuccess && (st == RS_FINALIZED || st == RS_DESTROYED)) continue; /* it just got there */
     if (e != ncclSuccess) {
       CWARN(c, "ncclCommFinalize : %s", text);
       res = e;
@@ -308,6 +310,8 @@ NCCL_API ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
   }
   c->revoked = true;
   c->finalize_called = true;
+  int was = comm_async(c);
+  if (was != ncclInProgress) comm_set_async(c, ncclInProgress); /* until every operation has stopped */
   __atomic_store_n(&c->abort_reason, AB_REVOKE, __ATOMIC_RELEASE);
   __atomic_store_n(&c->abort_flag, 1, __ATOMIC_SEQ_CST);
   comm_publish_state(c, RS_REVOKED);
@@ -319,7 +323,7 @@ NCCL_API ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
   comm_wait_inactive(c);
   __atomic_store_n(&c->abort_flag, 0, __ATOMIC_SEQ_CST);
   __atomic_store_n(&c->abort_reason, AB_NONE, __ATOMIC_RELEASE);
-  if (comm_async(c) != ncclInProgress) comm_set_async(c, ncclSuccess);
+  if (was != ncclInProgress) comm_set_async(c, ncclSuccess);
   comm_release(c);
   return ncclSuccess;
 }
