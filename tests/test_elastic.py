@@ -141,7 +141,10 @@ def _grow_run(rank, n, addr):
         group = ElasticGroup(store, 2, joiner=True, backend="host", timeout=10.0, name="t")
         state = np.empty(16)
         group.comm.broadcast(state, root=0)
-        out = dict(members=group.members, rank=group.rank, generation=group.generation, state=state.tolist())
+        y = np.ones(4)
+        group.comm.all_reduce(y)
+        out = dict(members=group.members, rank=group.rank, generation=group.generation, state=state.tolist(),
+                   y=y.tolist())
         group.close()
         return out
     group = ElasticGroup(store, rank, n - 1, backend="host", timeout=10.0, name="t")
@@ -177,3 +180,4 @@ def test_grow_back_to_four(server):
         assert res[r]["kinds"] == ["shrink", "grow"] and res[r]["generation"] == 2
     joiner = res[4]
     assert joiner["rank"] == 3 and joiner["generation"] == 2 and joiner["state"] == list(range(16))
+    assert joiner["y"] == [4.0] * 4
