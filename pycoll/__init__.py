@@ -9,6 +9,7 @@ from .config import CommConfig
 from .create import BACKENDS, get_unique_id, init, join
 from .errors import *  # noqa: F401,F403
 from .errors import __all__ as _errors_all
+from .store import FileStore, MemoryStore, PrefixStore, Store, TCPStore, TCPStoreServer
 from .work import Work
 from .flight_recorder import FlightRecorder, dump_flight_recorder
 from .watchdog import Watchdog, enable_dump_signal
@@ -30,6 +31,12 @@ __all__ = [
     "PreMulSum",
     "REDUCE_OPS",
     "UniqueId",
+    "Store",
+    "TCPStore",
+    "TCPStoreServer",
+    "FileStore",
+    "MemoryStore",
+    "PrefixStore",
     "FlightRecorder",
     "Watchdog",
     "dump_flight_recorder",
