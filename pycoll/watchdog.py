@@ -379,6 +379,7 @@ class Watchdog:
         self._count_lock = threading.Lock()
         self._failing = 0  # failures being reported now (their dump serves remote requests too)
         self._pid = os.getpid()
+        self._active = False  # cheap form of `running`, read before every blocking host operation
         self._comms = _comm.live_communicators  # what is watched (tests substitute their own)
         self.enabled = True
         self.configure(enabled=enabled, interval=interval, publish_interval=publish_interval,
@@ -452,6 +453,7 @@ class Watchdog:
             ]
             for t in self._threads:
                 t.start()
+            self._active = True
         if self._want_signal is not None:
             self._install_signal()
         _log.debug("watchdog started (interval %.3g s, publish %.3g s, stall %.3g s)", self.interval,
@@ -460,6 +462,7 @@ class Watchdog:
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the threads (they restart with the next communicator if ``enabled``)."""
         with self._lock:
+            self._active = False
             threads, self._threads = self._threads, []
             self._stop.set()
             self._poll_wake.set()
@@ -476,6 +479,7 @@ class Watchdog:
 
     def _after_fork(self) -> None:
         # a forked child inherits none of the threads; start afresh
+        self._active = False
         self._threads = []
         self._jobs.clear()
         self._stores = {}
@@ -894,9 +898,19 @@ def enable_dump_signal(signum: Any = "SIGUSR1") -> None:
     wd._install_signal()
 
 
+def _polling() -> bool:
+    wd = _watchdog
+    return wd is not None and wd._active
+
+
 def install() -> None:
-    """Register the flight recorder and the watchdog with every communicator (done by ``import pycoll``)."""
+    """Register the flight recorder and the watchdog with every communicator (done by ``import pycoll``).
+
+    Also tells the communicators whether a watchdog polls them: only then does a blocking host
+    operation run inline in the caller's thread (the watchdog enforces its deadline).
+    """
     _comm.add_observer(get_watchdog())
+    _comm.watchdog_running = _polling
 
 
 def _reinit_after_fork() -> None:
