@@ -322,13 +322,20 @@ class FlightRecorder:
     def _info(self, comm: Any) -> _CommInfo:
         with self._lock:
             info = self._infos.get(id(comm))
+            gen = int(getattr(comm, "generation", 0) or 0)
             if info is None or info.ref() is not comm:
-                gen = int(getattr(comm, "generation", 0) or 0)
-                rid = self._gen_counters.get(gen)
-                if rid is None:
-                    rid = self._gen_counters[gen] = itertools.count()
-                info = self._infos[id(comm)] = _CommInfo(comm, next(self._pg_ids), rid)
+                info = self._infos[id(comm)] = _CommInfo(comm, next(self._pg_ids), self._counter(gen))
+            elif info.generation != gen:
+                # the elastic layer sets the generation of a communicator it adopts, before using it
+                info.generation = gen
+                info.rid = self._counter(gen)
             return info
+
+    def _counter(self, generation: int) -> "itertools.count[int]":
+        rid = self._gen_counters.get(generation)
+        if rid is None:
+            rid = self._gen_counters[generation] = itertools.count()
+        return rid
 
     def comm_created(self, comm: Any) -> None:
         self._info(comm)
@@ -372,7 +379,7 @@ class FlightRecorder:
             return
         comm = w.comm
         info = self._infos.get(id(comm))
-        if info is None or info.ref() is not comm:
+        if info is None or info.ref() is not comm or info.generation != comm.generation:
             info = self._info(comm)
         ins = w.inputs
         if len(ins) == 1:

@@ -14,6 +14,7 @@ import pickle
 import sys
 import threading
 import types
+import weakref
 
 import numpy as np
 import pytest
@@ -92,10 +93,8 @@ def rec(tmp_path):
 
 def test_entry_fields_follow_torch_schema(rec):
     c = FakeComm(rec, 1, 4, global_ranks=[4, 5, 6, 7])
-    c.op("all_reduce", f32(3), f32(3))
-    c.op("all_gather", f32(2), f32(8), state="started")
-    c.op("send", f32(5), peer=2)
-    c.op("recv", None, np.ones(5, np.float64), peer=0)
+    works = [c.op("all_reduce", f32(3), f32(3)), c.op("all_gather", f32(2), f32(8), state="started"),
+             c.op("send", f32(5), peer=2), c.op("recv", None, np.ones(5, np.float64), peer=0)]
     d = rec.as_dict(0)
     assert d["version"] == "2.10" == fr.SCHEMA_VERSION
     assert d["comm_lib_version"] == "2.32.3"
@@ -120,6 +119,35 @@ def test_entry_fields_follow_torch_schema(rec):
     status = d["pg_status"]["0"]
     assert status == {"last_enqueued_collective": 2, "last_started_collective": 2, "last_completed_collective": 1}
     assert d["pycoll"]["rank"] == 5 and d["pycoll"]["comms"][c.uid]["rank"] == 1
+    assert works[0].fr_entry is rec.entries()[0]
+
+
+def test_entries_do_not_keep_works_or_communicators_alive(rec):
+    c = FakeComm(rec, 0, 2)
+    c.op("all_reduce", f32(3), f32(3))  # completed, and dropped by everyone
+    kept = c.op("all_reduce", f32(3), f32(3))
+    pending = c.op("all_reduce", f32(3), f32(3), state="started")
+    e = rec.as_dict(0)["entries"]
+    # a completed operation whose Work is gone: completed, without times (nobody kept them)
+    assert e[0]["state"] == "completed" and "duration_ms" not in e[0] and e[0]["time_discovered_completed_ns"] is None
+    assert e[1]["state"] == "completed" and e[1]["duration_ms"] == pytest.approx(0.001)
+    assert e[2]["state"] == "started" and e[0]["input_sizes"] == [[3]]
+    ref = weakref.ref(c)
+    c._pending.clear()
+    del c, kept, pending
+    assert ref() is None  # the ring holds no path to the communicator
+
+
+def test_failure_freezes_the_state_of_outstanding_operations(rec):
+    c = FakeComm(rec, 0, 2)
+    w = c.op("all_reduce", f32(3), f32(3), state="started")
+    w._exc = RuntimeError("boom")
+    rec.comm_failed(c, RuntimeError("boom"), w)
+    c._pending.clear()
+    del w
+    e = rec.as_dict(0)["entries"][0]
+    assert e["state"] == "started" and e["pycoll_error"] == "RuntimeError: boom" and e["retired"]
+    assert rec.as_dict(0)["pycoll"]["comms"][c.uid]["failure"] == "RuntimeError: boom"
 
 
 def test_stack_is_captured_cheaply_and_formatted_at_dump(rec):
@@ -303,11 +331,9 @@ def test_real_host_communicator_is_recorded(tmp_path):
     c = pycoll.init(0, 1, backend="host", name="solo")
     try:
         x = np.ones(3, np.float32)
-        c.all_reduce(x)
-        c.broadcast(x, root=0)
-        w = c.all_reduce(x, async_op=True)
-        w.wait()
-        c.barrier()
+        works = [c.all_reduce(x), c.broadcast(x, root=0), c.all_reduce(x, async_op=True)]
+        works[-1].wait()
+        works.append(c.barrier())
         d = rec.as_dict(0)
     finally:
         pycoll.comm.remove_observer(rec)
@@ -318,7 +344,7 @@ def test_real_host_communicator_is_recorded(tmp_path):
     assert d["pg_config"][c.uid] == {"name": c.uid, "desc": "solo", "ranks": "[0]"}
     assert d["entries"][0]["frames"][0]["name"] == "all_reduce"
     assert any(f["name"] == "test_real_host_communicator_is_recorded" for f in d["entries"][0]["frames"])
-    assert w.fr_entry is not None
+    assert all(w.fr_entry is not None for w in works)
 
 
 def test_importing_pycoll_registers_the_watchdog():
@@ -327,3 +353,13 @@ def test_importing_pycoll_registers_the_watchdog():
     assert watchdog.get_watchdog() in pycoll.comm._observers
     assert watchdog.get_watchdog().recorder is fr.get_recorder()
     assert callable(pycoll.dump_flight_recorder)
+
+
+def test_generation_set_after_creation_is_followed(tmp_path):
+    rec = fr.FlightRecorder(8, dump_dir=str(tmp_path))
+    c = FakeComm(rec, 0, 1, uid="late")
+    c.generation = 3  # as the elastic layer does when it adopts a new communicator
+    c.op("all_reduce", f32(1), f32(1))
+    paths = rec.dump("x", write_json=False)
+    assert [os.path.basename(os.path.dirname(p)) for p in paths] == ["generation_3"]
+    assert [e["record_id"] for e in load(paths[0])["entries"]] == [0]

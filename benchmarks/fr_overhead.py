@@ -1,0 +1,224 @@
+"""Cost of the flight recorder and the watchdog: per recorded operation, and on an 8 B allreduce.
+
+Usage (from the repository root, pycoll built in place or installed)::
+
+    python benchmarks/fr_overhead.py                        # 2 ranks, table + benchmarks/results/fr_overhead.json
+    python benchmarks/fr_overhead.py --ranks 2 --rounds 10 --batch 400 --json out.json
+
+Part 1, **recording cost per operation**, in this process: ``FlightRecorder.work_enqueued`` (what
+the communicator calls for every operation) on a real :class:`pycoll.Work` of a one-rank host
+communicator, called from 40 frames deep so that the stack capture takes its full default depth
+(32 frames plus pycoll's own two). Timed in batches of ``--batch`` consecutive calls; median over
+batches, in ns per call.
+
+Part 2, **8 B allreduce** (2 float32, sum) on the host backend with ``--ranks`` processes, the
+blocking call that the host library runs in the caller's thread, in six configurations that are
+interleaved round by round in the same processes (so machine noise hits them alike):
+
+* baseline: recording off and no watchdog threads, the operation still run inline (forced),
+* recording on (no stacks), then with stacks, still without watchdog threads,
+* the watchdog (its three threads, polling every 100 ms, a TCP store for progress), recording off,
+* everything on (pycoll's defaults),
+* for reference, what ``PYCOLL_WATCHDOG=0`` does: without a watchdog nobody could enforce the
+  deadline of an operation run inline, so pycoll runs it on a host stream and the caller waits.
+
+Each batch is ``--batch`` consecutive calls; a batch counts the slower rank. The table gives the
+median over batches in microseconds per call and the difference to the baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from typing import Any, Dict, List, Tuple
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# inline: True forces the inline host path without watchdog threads (to isolate the threads' cost),
+# False forces the stream path that pycoll takes when no watchdog runs, None leaves it to the watchdog
+CONFIGS: List[Tuple[str, Dict[str, Any]]] = [
+    ("baseline: no recording, no watchdog threads", dict(buffer_size=0, stacks=False, watchdog=False, inline=True)),
+    ("recording", dict(buffer_size=2000, stacks=False, watchdog=False, inline=True)),
+    ("recording + stacks", dict(buffer_size=2000, stacks=True, watchdog=False, inline=True)),
+    ("watchdog", dict(buffer_size=0, stacks=False, watchdog=True, inline=None)),
+    ("recording + stacks + watchdog (defaults)", dict(buffer_size=2000, stacks=True, watchdog=True, inline=None)),
+    ("PYCOLL_WATCHDOG=0 (stream path, no recording)", dict(buffer_size=0, stacks=False, watchdog=False, inline=False)),
+]
+
+
+def _import_pycoll() -> Any:
+    try:
+        import pycoll
+    except ImportError:
+        sys.path.insert(0, os.path.dirname(HERE))
+        import pycoll
+    return pycoll
+
+
+def _nested(depth: int, fn: Any) -> Any:
+    return fn() if depth <= 0 else _nested(depth - 1, fn)
+
+
+def record_cost(batches: int, batch: int) -> Dict[str, float]:
+    """Median ns per ``work_enqueued`` call, without and with stacks."""
+    pycoll = _import_pycoll()
+    from pycoll.buffers import as_buffer
+    from pycoll.flight_recorder import FlightRecorder
+    from pycoll.work import Work
+
+    pycoll.watchdog.get_watchdog().configure(enabled=False)
+    comm = pycoll.init(0, 1, backend="host", name="bench")
+    try:
+        x = np.ones(2, np.float32)
+        buf = as_buffer(x, writable=True)
+        work = Work(comm, "all_reduce", 1, 0, 1, False, None, 30.0, 0, [buf], [buf])
+        out: Dict[str, float] = {}
+        for label, stacks in (("without stacks", False), ("with stacks", True)):
+            rec = FlightRecorder(2000, stacks=stacks)
+            record = rec.work_enqueued
+
+            def timed() -> List[float]:
+                samples = []
+                for _ in range(batches):
+                    t = time.perf_counter_ns()
+                    for _ in range(batch):
+                        record(work)
+                    samples.append((time.perf_counter_ns() - t) / batch)
+                return samples
+
+            _nested(40, timed)  # warm up
+            frames = len(rec.entries()[-1][9]) // 2 if stacks else 0
+            out[label] = statistics.median(_nested(40, timed))
+            out[f"frames captured ({label})"] = frames
+        return out
+    finally:
+        comm.destroy()
+
+
+def _rank(rank: int, n: int, uid: bytes, addr: Tuple[str, int], token: str, rounds: int, batch: int,
+          conn: Any) -> None:
+    pycoll = _import_pycoll()
+    from pycoll.store import TCPStore
+
+    wd = pycoll.watchdog.get_watchdog()
+    rec = pycoll.flight_recorder.get_recorder()
+    polling = pycoll.comm.watchdog_running
+    store = TCPStore(addr[0], addr[1], token)
+    comm = pycoll.init(rank, n, unique_id=uid, backend="host", store=store, name="bench")
+    x = np.ones(2, np.float32)
+    times: Dict[str, List[float]] = {name: [] for name, _ in CONFIGS}
+    try:
+        for _ in range(rounds):
+            for name, cfg in CONFIGS:
+                rec.configure(buffer_size=cfg["buffer_size"], stacks=cfg["stacks"])
+                if cfg["watchdog"]:
+                    wd.configure(enabled=True)
+                    wd.start()
+                else:
+                    wd.stop()
+                    wd.configure(enabled=False)
+                inline = cfg["inline"]
+                pycoll.comm.watchdog_running = (polling if inline is None else
+                                                (lambda: True) if inline else (lambda: False))
+                for _ in range(50):
+                    comm.all_reduce(x)
+                t = time.perf_counter_ns()
+                for _ in range(batch):
+                    comm.all_reduce(x)
+                times[name].append((time.perf_counter_ns() - t) / batch)
+        conn.send(("ok", times))
+    except BaseException as e:  # reported by the parent
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+    finally:
+        wd.stop()
+        comm.abort()
+
+
+def allreduce_8b(ranks: int, rounds: int, batch: int) -> Dict[str, float]:
+    """Median microseconds per 8 B allreduce for each configuration (the slower rank per batch)."""
+    pycoll = _import_pycoll()
+    from pycoll import _bindings as B
+    from pycoll.store import TCPStoreServer
+
+    uid = bytes(B.load("host").get_unique_id())
+    ctx = mp.get_context("spawn")
+    with TCPStoreServer() as server:
+        server.start()
+        pipes, procs = [], []
+        for r in range(ranks):
+            parent, child = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_rank, args=(r, ranks, uid, server.address, server.token, rounds, batch, child))
+            p.start()
+            child.close()
+            pipes.append(parent)
+            procs.append(p)
+        results = []
+        for r, (conn, p) in enumerate(zip(pipes, procs)):
+            if not conn.poll(600):
+                raise RuntimeError(f"rank {r} did not report within 600 s")
+            kind, value = conn.recv()
+            if kind != "ok":
+                raise RuntimeError(f"rank {r}: {value}")
+            results.append(value)
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+    out = {}
+    for name, _ in CONFIGS:
+        slower = [max(res[name][i] for res in results) for i in range(rounds)]
+        out[name] = statistics.median(slower) / 1e3
+    return out
+
+
+def main(argv: Any = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=20, help="allreduce batches per configuration")
+    parser.add_argument("--batch", type=int, default=500, help="calls per batch")
+    parser.add_argument("--record-batches", type=int, default=50)
+    parser.add_argument("--json", default=os.path.join(HERE, "results", "fr_overhead.json"))
+    args = parser.parse_args(argv)
+
+    cost = record_cost(args.record_batches, 2000)
+    e2e = allreduce_8b(args.ranks, args.rounds, args.batch)
+    base = e2e[CONFIGS[0][0]]
+    lines = ["Recording cost per operation (FlightRecorder.work_enqueued, median ns per call):"]
+    for label in ("without stacks", "with stacks"):
+        extra = f"  ({cost[f'frames captured ({label})']} frames)" if label == "with stacks" else ""
+        lines.append(f"  {label:<16} {cost[label]:8.0f} ns{extra}")
+    lines.append("")
+    lines.append(f"8 B allreduce, host backend, {args.ranks} ranks (median us per call, slower rank, "
+                 f"{args.rounds} batches of {args.batch}):")
+    width = max(len(name) for name, _ in CONFIGS)
+    lines.append(f"  {'configuration':<{width}}  {'us/call':>8}  {'vs baseline':>11}")
+    for name, _ in CONFIGS:
+        lines.append(f"  {name:<{width}}  {e2e[name]:8.2f}  {e2e[name] - base:+10.2f}")
+    print("\n".join(lines))
+    result = {
+        "benchmark": "fr_overhead",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"python": sys.version.split()[0], "platform": platform.platform(), "cpus": os.cpu_count()},
+        "settings": {"ranks": args.ranks, "rounds": args.rounds, "batch": args.batch},
+        "record_cost_ns": cost,
+        "allreduce_8B_us": e2e,
+    }
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+        print(f"\nwritten to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
