@@ -309,12 +309,12 @@ class _FailureReport:
 
 def _site_of(work: Any) -> Tuple[str, str]:
     """('file:line in function' of the innermost user frame, 'Float(2,)') from the flight-recorder entry."""
-    from .flight_recorder import _IDT, _ISZ, _STACK, _format_stack
+    from .flight_recorder import _IDT, _ISZ, _STACK, _dtypes, _format_stack, _sizes
 
     entry = work.fr_entry
     if entry is None:
         return "", ""
-    sizes = ", ".join(f"{dt}{tuple(s)}" for s, dt in zip(entry[_ISZ], entry[_IDT]))
+    sizes = ", ".join(f"{dt}{tuple(s)}" for s, dt in zip(_sizes(entry[_ISZ]), _dtypes(entry[_IDT])))
     site = ""
     frames = _format_stack(entry[_STACK], {}) if entry[_STACK] else []
     pkg = os.path.dirname(os.path.abspath(__file__)) + os.sep
