@@ -174,6 +174,7 @@ class _FailureReport:
         self.rank = comm.rank
         self.size = comm.size
         self.global_rank = comm.global_rank
+        self.global_ranks = tuple(comm.global_ranks) if comm.global_ranks is not None else None
         self.generation = int(getattr(comm, "generation", 0) or 0)
         self.policy = comm.on_failure
         self.error_type = type(exc).__name__
@@ -262,12 +263,14 @@ class _FailureReport:
             items = []
             for r, (last, age) in sorted(a["behind"].items()):
                 kind = "p2p " if self.is_p2p else ""
+                who = f"rank {r}" + (f" (global {self.global_ranks[r]})" if self.global_ranks and
+                                     self.global_ranks[r] != r else "")
                 if r in a["silent"]:
-                    items.append(f"rank {r} (last reported {kind}#{last} {age:.1f} s ago: stopped, hung or dead)")
+                    items.append(f"{who} (last reported {kind}#{last} {age:.1f} s ago: stopped, hung or dead)")
                 elif r in self.peer_failures:
-                    items.append(f"rank {r} (failed at {kind}#{last})")
+                    items.append(f"{who} (failed at {kind}#{last})")
                 else:
-                    items.append(f"rank {r} (alive, last issued {kind}#{last})")
+                    items.append(f"{who} (alive, last issued {kind}#{last})")
             if items:
                 parts.append(("peer: " if self.is_p2p else "behind: ") + "; ".join(items))
             elif self.op is not None and not self.is_p2p:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import threading
 import time
 import types
 
