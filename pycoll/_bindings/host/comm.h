@@ -3,6 +3,7 @@
 #ifndef PYCOLL_COMM_H
 #define PYCOLL_COMM_H
 
+#include "core.h"
 #include <pthread.h>
 
 #include "datatype.h"

@@ -6,6 +6,7 @@
 #ifndef PYCOLL_GROUP_H
 #define PYCOLL_GROUP_H
 
+#include "core.h"
 #include "enqueue.h"
 
 enum job_kind { JOB_INIT = 1, JOB_FINALIZE, JOB_SPLIT, JOB_SHRINK, JOB_GROW };

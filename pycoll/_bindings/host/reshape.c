@@ -2,6 +2,7 @@
  * segment (a mailbox per rank and reshape parity), then each computes the new rank map locally
  * and joins the child's segment, whose name derives from the parent's identity and the reshape's
  * sequence number. The parent stays valid and must still be destroyed or aborted. */
+#include "core.h" /* first: defines _GNU_SOURCE */
 #include <stdio.h>
 #include <stdlib.h>
 
