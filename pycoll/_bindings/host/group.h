@@ -48,7 +48,5 @@ void job_free(struct job* j);
 ncclResult_t job_run_init(struct job* j);
 ncclResult_t job_run_finalize(struct job* j);
 ncclResult_t job_run_reshape(struct job* j);
-/* Cleanup of the comm a failed job was creating (blocking mode: the caller gets NULL). */
-void job_discard_new_comm(struct job* j);
 
 #endif

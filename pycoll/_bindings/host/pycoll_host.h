@@ -41,7 +41,8 @@ int pycollEventRecord(pycollEvent_t event, pycollStream_t stream);
 /* ncclSuccess when complete (or never recorded), ncclInProgress otherwise. */
 int pycollEventQuery(pycollEvent_t event);
 int pycollEventSynchronize(pycollEvent_t event);
-/* Milliseconds between the completion of two completed events. */
+/* Milliseconds between the completion of two completed events: ncclInProgress while either has
+ * not completed yet, ncclInvalidUsage if either was never recorded. */
 int pycollEventElapsedTime(float* ms, pycollEvent_t start, pycollEvent_t end);
 
 #ifdef __cplusplus

@@ -22,7 +22,6 @@ static void child_nonce(const struct ncclComm* p, uint64_t seq, int kind, uint64
 /* Stops the operations in flight on the parent (NCCL_SHRINK_ABORT): they fail, and the parent
  * refuses collectives from now on. */
 static void stop_parent_ops(struct ncclComm* p) {
-  p->ops_aborted = true;
   __atomic_store_n(&p->abort_reason, AB_SHRINK, __ATOMIC_RELEASE);
   __atomic_store_n(&p->abort_flag, 1, __ATOMIC_SEQ_CST);
   if (p->seg.base) doorbell_wake(&p->seg.hdr->bell);
