@@ -324,6 +324,9 @@ def _grow(rank, n, idb, id_path, blocking):
     assert big and l.comm_count(big) == 4 and l.comm_user_rank(big) == rank
     b = _allreduce(l, big, None, value=float(rank + 1))
     assert b[0] == 10.0
+    if rank == 0:
+        with pytest.raises(errors.InvalidArgument):  # each grow id is usable once
+            l.comm_grow(comm, 4, grow_id, -1)
     l.comm_destroy(big)
     if comm:
         l.comm_destroy(comm)
