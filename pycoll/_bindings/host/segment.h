@@ -64,7 +64,8 @@ struct rank_ctrl {
   struct proc_id proc;
   int32_t state;
   int32_t fail_code;
-  char fail_text[200];
+  int32_t cpu; /* where this rank last waited: a peer on the same CPU should yield, not spin */
+  char fail_text[196];
   _Alignas(64) struct mbox mbox[2];
 };
 
@@ -96,9 +97,11 @@ struct seg_header {
   uint64_t inbox_bytes, slot_bytes;
   uint32_t nslots;
   uint32_t pad1;
-  _Alignas(64) uint32_t joined;
+  _Alignas(64) uint32_t joined; /* ranks that claimed their slot */
+  uint32_t arrived;             /* processes that opened the segment, successful or not */
   uint32_t fail_claim;
   int32_t failed; /* ncclResult_t that poisoned the rendezvous, 0 if none */
+  uint64_t failed_at; /* CLOCK_MONOTONIC ns of the poison */
   char fail_text[256];
   struct doorbell bell;
 };
