@@ -1,4 +1,3 @@
-#include <sched.h>
 /* Communicator lifecycle entry points: unique ids, init (blocking, nonblocking, scalable, all),
  * finalize, destroy, abort, revoke, the async error and the simple queries. */
 #include "core.h" /* first: defines _GNU_SOURCE */
