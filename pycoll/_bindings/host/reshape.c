@@ -361,13 +361,14 @@ NCCL_API ncclResult_t ncclCommGrow(ncclComm_t comm, int nRanks, const ncclUnique
       }
       child_nonce(p, seq, SEG_GROW, 0, nonce);
       if (uniqueId && r == ncclSuccess &&
-          (u.kind != UID_GROW || u.nonce[0] != nonce[0] || u.nonce[1] != nonce[1])) {
+          (u.kind != UID_GROW || u.nonce[0] != nonce[0] || u.nonce[1] != nonce[1] || seq <= p->last_grow_seq)) {
         CWARN(p, "ncclCommGrow: the unique id does not belong to the next grow of this communicator (it comes "
                  "from another communicator, or was already used)");
         r = ncclInvalidArgument;
       }
       if (r == ncclSuccess) {
         if (seq > p->child_count) p->child_count = seq;
+        p->last_grow_seq = seq;
         p->grow_id_pending = false;
       }
       pthread_mutex_unlock(&p->mu);
