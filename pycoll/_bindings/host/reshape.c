@@ -2,6 +2,7 @@
  * segment (a mailbox per rank and reshape parity), then each computes the new rank map locally
  * and joins the child's segment, whose name derives from the parent's identity and the reshape's
  * sequence number. The parent stays valid and must still be destroyed or aborted. */
+#include "core.h" /* first: defines _GNU_SOURCE */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -21,7 +22,6 @@ static void child_nonce(const struct ncclComm* p, uint64_t seq, int kind, uint64
 /* Stops the operations in flight on the parent (NCCL_SHRINK_ABORT): they fail, and the parent
  * refuses collectives from now on. */
 static void stop_parent_ops(struct ncclComm* p) {
-  p->ops_aborted = true;
   __atomic_store_n(&p->abort_reason, AB_SHRINK, __ATOMIC_RELEASE);
   __atomic_store_n(&p->abort_flag, 1, __ATOMIC_SEQ_CST);
   if (p->seg.base) doorbell_wake(&p->seg.hdr->bell);
@@ -352,16 +352,23 @@ NCCL_API ncclResult_t ncclCommGrow(ncclComm_t comm, int nRanks, const ncclUnique
       r = ncclInvalidArgument;
     } else {
       pthread_mutex_lock(&p->mu);
+      /* An existing rank holding the id takes the grow's sequence number from it: reshapes that
+       * only some ranks took part in (a shrink that excluded this rank) leave the ranks' own
+       * counters different. Without an id, the next number of its own counter is used. */
       seq = p->child_count + 1;
+      if (uniqueId && (r = uid_parse(uniqueId, &u, "ncclCommGrow", p)) == ncclSuccess) {
+        if (u.kind == UID_GROW) seq = u.child_count;
+      }
       child_nonce(p, seq, SEG_GROW, 0, nonce);
-      if (uniqueId && (r = uid_parse(uniqueId, &u, "ncclCommGrow", p)) == ncclSuccess &&
-          (u.kind != UID_GROW || u.nonce[0] != nonce[0] || u.nonce[1] != nonce[1])) {
+      if (uniqueId && r == ncclSuccess &&
+          (u.kind != UID_GROW || u.nonce[0] != nonce[0] || u.nonce[1] != nonce[1] || seq <= p->last_grow_seq)) {
         CWARN(p, "ncclCommGrow: the unique id does not belong to the next grow of this communicator (it comes "
                  "from another communicator, or was already used)");
         r = ncclInvalidArgument;
       }
       if (r == ncclSuccess) {
-        p->child_count = seq;
+        if (seq > p->child_count) p->child_count = seq;
+        p->last_grow_seq = seq;
         p->grow_id_pending = false;
       }
       pthread_mutex_unlock(&p->mu);
