@@ -481,8 +481,11 @@ class Watchdog:
         self._wake_r = self._wake_w = None
 
     def _after_fork(self) -> None:
-        # a forked child inherits none of the threads; start afresh
+        # a forked child inherits none of the threads (and maybe a lock one of them held): start afresh
         self._active = False
+        self._lock = threading.Lock()
+        self._count_lock = threading.Lock()
+        self._failing = 0
         self._threads = []
         self._jobs.clear()
         self._stores = {}
@@ -919,6 +922,10 @@ def install() -> None:
 def _reinit_after_fork() -> None:
     if _watchdog is not None:
         _watchdog._after_fork()
+    from . import flight_recorder
+
+    if flight_recorder._recorder is not None:
+        flight_recorder._recorder._after_fork()
 
 
 if hasattr(os, "register_at_fork"):
