@@ -1,0 +1,250 @@
+"""Rank discovery from launcher environments, and opening the job's store."""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import socket
+import time
+
+import pytest
+
+from mp_helpers import run_ranks
+from pycoll.env import (
+    RankDiscoveryError,
+    RankInfo,
+    discover,
+    expand_nodelist,
+    expand_tasks_per_node,
+    first_host,
+    open_store,
+)
+from pycoll.store import MemoryStore, PrefixStore, TCPStore
+
+PYCOLL = {
+    "PYCOLL_RANK": "5", "PYCOLL_WORLD_SIZE": "8", "PYCOLL_LOCAL_RANK": "1", "PYCOLL_LOCAL_WORLD_SIZE": "4",
+    "PYCOLL_NODE_RANK": "1", "PYCOLL_NNODES": "2", "PYCOLL_STORE_ADDR": "node0", "PYCOLL_STORE_PORT": "29400",
+    "PYCOLL_STORE_TOKEN": "tok", "PYCOLL_RUN_ID": "abc",
+}
+TORCHRUN = {
+    "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
+    "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500",
+}
+SLURM = {
+    "SLURM_PROCID": "6", "SLURM_NTASKS": "7", "SLURM_LOCALID": "0", "SLURM_NODEID": "3", "SLURM_NNODES": "4",
+    "SLURM_STEP_TASKS_PER_NODE": "2(x3),1", "SLURM_STEP_NODELIST": "gpu[07-09,12]", "SLURM_JOB_ID": "1234",
+    "SLURM_STEP_ID": "0", "PYCOLL_STORE_TOKEN": "tok",
+}
+OMPI = {
+    "OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+    "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+}
+
+
+def test_pycoll_variables():
+    info = discover(PYCOLL)
+    assert info == RankInfo(rank=5, world_size=8, local_rank=1, local_world_size=4, node_rank=1, nnodes=2,
+                            store_addr="node0", store_port=29400, store_token="tok", source="pycoll", run_id="abc")
+    assert not info.is_replacement
+    minimal = discover({"PYCOLL_RANK": "1", "PYCOLL_WORLD_SIZE": "3"})
+    assert (minimal.local_rank, minimal.local_world_size, minimal.node_rank, minimal.nnodes) == (1, 3, 0, 1)
+    repl = discover(dict(PYCOLL, PYCOLL_REPLACEMENT="2", PYCOLL_REPLACES="5"))
+    assert repl.is_replacement and repl.replacement == 2 and repl.replaces == 5
+
+
+def test_torchrun_variables():
+    info = discover(TORCHRUN)
+    assert (info.rank, info.world_size, info.local_rank, info.local_world_size) == (3, 4, 1, 2)
+    assert (info.node_rank, info.nnodes, info.store_addr, info.store_port) == (1, 2, "10.0.0.1", 29500)
+    assert info.source == "torchrun" and info.store_token is None
+    bare = discover({"RANK": "0", "WORLD_SIZE": "1"})
+    assert (bare.local_rank, bare.local_world_size, bare.nnodes, bare.store_addr) == (0, 1, 1, None)
+
+
+def test_slurm_variables():
+    info = discover(SLURM)
+    assert (info.rank, info.world_size, info.local_rank, info.local_world_size) == (6, 7, 0, 1)
+    assert (info.node_rank, info.nnodes, info.store_addr, info.source) == (3, 4, "gpu07", "slurm")
+    assert 20000 <= info.store_port < 40000 and info.store_token == "tok"
+    assert discover(dict(SLURM, SLURM_STEP_ID="1")).store_port != info.store_port
+    explicit = discover(dict(SLURM, PYCOLL_STORE_ADDR="head", PYCOLL_STORE_PORT="1234"))
+    assert (explicit.store_addr, explicit.store_port) == ("head", 1234)
+    master = discover(dict(SLURM, MASTER_ADDR="m", MASTER_PORT="99"))
+    assert (master.store_addr, master.store_port) == ("m", 99)
+    job_only = {k: v for k, v in SLURM.items() if not k.startswith("SLURM_STEP_")}
+    job_only.update(SLURM_JOB_NODELIST="a1,b[2-3]", SLURM_TASKS_PER_NODE="2(x3),1")
+    assert discover(job_only).store_addr == "a1"
+
+
+def test_openmpi_variables():
+    info = discover(OMPI)
+    assert (info.rank, info.world_size, info.local_rank, info.local_world_size) == (2, 4, 0, 2)
+    assert (info.node_rank, info.nnodes, info.store_addr, info.source) == (None, None, None, "openmpi")
+    single = discover(dict(OMPI, OMPI_COMM_WORLD_LOCAL_SIZE="4", OMPI_COMM_WORLD_LOCAL_RANK="2"))
+    assert (single.store_addr, single.nnodes, single.node_rank) == ("127.0.0.1", 1, 0)
+
+
+def test_nothing_means_one_process():
+    info = discover({})
+    assert (info.rank, info.world_size, info.source) == (0, 1, "single")
+    assert isinstance(open_store(info), MemoryStore)
+
+
+def test_first_source_wins():
+    everything = {**OMPI, **SLURM, **TORCHRUN, **PYCOLL}
+    assert discover(everything).source == "pycoll"
+    del everything["PYCOLL_RANK"], everything["PYCOLL_WORLD_SIZE"]
+    assert discover(everything).source == "torchrun"
+    for k in TORCHRUN:
+        del everything[k]
+    assert discover(everything).source == "slurm"
+    del everything["SLURM_PROCID"]
+    assert discover(everything).source == "openmpi"
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"PYCOLL_RANK": "0"}, "PYCOLL_WORLD_SIZE is not set"),
+    ({"PYCOLL_WORLD_SIZE": "2"}, "PYCOLL_RANK is not"),
+    ({"PYCOLL_RANK": "2", "PYCOLL_WORLD_SIZE": "2"}, "PYCOLL_RANK=2 must be smaller than PYCOLL_WORLD_SIZE=2"),
+    ({"PYCOLL_RANK": "x", "PYCOLL_WORLD_SIZE": "2"}, "PYCOLL_RANK='x' is not an integer"),
+    ({"PYCOLL_RANK": "-1", "PYCOLL_WORLD_SIZE": "2"}, "PYCOLL_RANK=-1 must be >= 0"),
+    ({"PYCOLL_RANK": "0", "PYCOLL_WORLD_SIZE": "0"}, "PYCOLL_WORLD_SIZE=0 must be >= 1"),
+    ({"PYCOLL_RANK": "0", "PYCOLL_WORLD_SIZE": "2", "PYCOLL_LOCAL_RANK": "0"}, "set together"),
+    ({**PYCOLL, "PYCOLL_LOCAL_RANK": "4"}, "PYCOLL_LOCAL_RANK=4 must be smaller"),
+    ({**PYCOLL, "PYCOLL_NODE_RANK": "2"}, "PYCOLL_NODE_RANK=2 must be smaller than PYCOLL_NNODES=2"),
+    ({**PYCOLL, "PYCOLL_LOCAL_WORLD_SIZE": "9", "PYCOLL_LOCAL_RANK": "1"}, "exceeds PYCOLL_WORLD_SIZE"),
+    ({**PYCOLL, "PYCOLL_STORE_PORT": "70000"}, "not a TCP port"),
+    ({**PYCOLL, "PYCOLL_REPLACES": "3"}, "PYCOLL_REPLACES=3 differs"),
+    ({"RANK": "0"}, "RANK is set but WORLD_SIZE is not"),
+    ({"WORLD_SIZE": "2"}, "WORLD_SIZE is set but RANK is not"),
+    ({"RANK": "4", "WORLD_SIZE": "4"}, "RANK=4 must be smaller than WORLD_SIZE=4"),
+    ({**TORCHRUN, "LOCAL_WORLD_SIZE": ""}, "LOCAL_RANK is set but LOCAL_WORLD_SIZE is not"),
+    ({**TORCHRUN, "MASTER_PORT": ""}, "MASTER_ADDR is set but MASTER_PORT is not"),
+    ({**TORCHRUN, "MASTER_PORT": "http"}, "MASTER_PORT='http' is not an integer"),
+    ({**TORCHRUN, "GROUP_RANK": "2"}, "GROUP_RANK=2 must be smaller"),
+    ({**SLURM, "SLURM_NTASKS": ""}, "SLURM_NTASKS is not set"),
+    ({**SLURM, "SLURM_PROCID": "7"}, "SLURM_PROCID=7 must be smaller than SLURM_NTASKS=7"),
+    ({**SLURM, "SLURM_NODEID": "4"}, "SLURM_NODEID=4 must be smaller"),
+    ({**SLURM, "SLURM_STEP_TASKS_PER_NODE": "2(x4)"}, "adds up to 8 tasks, but SLURM_NTASKS=7"),
+    ({**SLURM, "SLURM_STEP_TASKS_PER_NODE": "two"}, "bad SLURM tasks-per-node entry"),
+    ({**SLURM, "SLURM_STEP_NODELIST": "gpu[07-"}, "unbalanced"),
+    ({**OMPI, "OMPI_COMM_WORLD_SIZE": ""}, "OMPI_COMM_WORLD_SIZE is not set"),
+    ({**OMPI, "OMPI_COMM_WORLD_LOCAL_RANK": "2"}, "OMPI_COMM_WORLD_LOCAL_RANK=2 must be smaller"),
+])
+def test_bad_environments(env, message):
+    with pytest.raises(RankDiscoveryError, match=re.escape(message)):
+        discover(env)
+
+
+@pytest.mark.parametrize("text, hosts", [
+    ("node01", ["node01"]),
+    ("node[01-04,07]", ["node01", "node02", "node03", "node04", "node07"]),
+    ("node[008-011]", ["node008", "node009", "node010", "node011"]),
+    ("a[1-2],b3,c-d.e", ["a1", "a2", "b3", "c-d.e"]),
+    ("rack[1-2]-n[01-02]", ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"]),
+    ("gpu[7],cpu[1,3]", ["gpu7", "cpu1", "cpu3"]),
+])
+def test_nodelist_expansion(text, hosts):
+    assert expand_nodelist(text) == hosts
+    assert first_host(text) == hosts[0]
+
+
+@pytest.mark.parametrize("text", ["", "node[01-", "node]1[", "node[3-1]", "node[a-b]", "a,,b", "n[[1]]"])
+def test_bad_nodelists(text):
+    with pytest.raises(RankDiscoveryError):
+        expand_nodelist(text)
+
+
+def test_first_host_does_not_expand_huge_lists():
+    assert first_host("n[0-999999],m[1-2]") == "n0"
+
+
+@pytest.mark.parametrize("text, counts", [("4", [4]), ("2(x3),1", [2, 2, 2, 1]), ("1,2(x2)", [1, 2, 2])])
+def test_tasks_per_node(text, counts):
+    assert expand_tasks_per_node(text) == counts
+
+
+@pytest.mark.parametrize("env, message", [
+    ({**SLURM, "PYCOLL_STORE_TOKEN": ""}, "PYCOLL_STORE_TOKEN is not set"),
+    ({**OMPI, "PYCOLL_STORE_TOKEN": "t", "PYCOLL_STORE_PORT": "5"}, "PYCOLL_STORE_ADDR"),
+    ({**OMPI, "OMPI_COMM_WORLD_LOCAL_SIZE": "4", "PYCOLL_STORE_TOKEN": "t"}, "no store port"),
+    ({**PYCOLL, "PYCOLL_STORE_ADDR": ""}, "pycoll-run"),
+    ({**TORCHRUN, "MASTER_ADDR": "", "MASTER_PORT": ""}, "MASTER_ADDR and MASTER_PORT"),
+])
+def test_open_store_explains_what_is_missing(env, message):
+    with pytest.raises(RankDiscoveryError, match=message):
+        open_store(environ=env, connect_timeout=1)
+
+
+def _exchange(rank, n, env_for_rank):
+    os.environ.update(env_for_rank(rank, n))
+    info = discover()
+    store = open_store(timeout=30, connect_timeout=30)
+    store.set(f"r{info.rank}", str(info.local_rank))
+    values = store.multi_get([f"r{r}" for r in range(info.world_size)], timeout=30)
+    store.add("done", 1)
+    if info.rank == 0:  # the host keeps the store up until everyone is done with it
+        while int(store.get("done")) < n:
+            time.sleep(0.01)
+    kind = type(store).__name__, type(getattr(store, "store", store)).__name__
+    store.close()
+    return info.source, values, kind
+
+
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def _ompi_env(port, rank, n):
+    return {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(n),
+            "OMPI_COMM_WORLD_LOCAL_RANK": str(rank), "OMPI_COMM_WORLD_LOCAL_SIZE": str(n),
+            "PYCOLL_STORE_PORT": str(port), "PYCOLL_STORE_TOKEN": "secret"}
+
+
+def _slurm_env(port, rank, n):
+    return {"SLURM_PROCID": str(rank), "SLURM_NTASKS": str(n), "SLURM_LOCALID": str(rank),
+            "SLURM_NODEID": "0", "SLURM_NNODES": "1", "SLURM_STEP_TASKS_PER_NODE": str(n),
+            "SLURM_STEP_NODELIST": "localhost", "PYCOLL_STORE_ADDR": "127.0.0.1",
+            "PYCOLL_STORE_PORT": str(port), "PYCOLL_STORE_TOKEN": "secret"}
+
+
+def _torchrun_env(port, rank, n):
+    return {"RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(n),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("launcher", ["openmpi", "slurm", "torchrun"])
+def test_open_store_across_processes(launcher):
+    """Rank 0 hosts the store (pycoll's, or torch's for torchrun); every rank reaches it."""
+    if launcher == "torchrun":
+        pytest.importorskip("torch.distributed")
+    make_env = functools.partial({"openmpi": _ompi_env, "slurm": _slurm_env, "torchrun": _torchrun_env}[launcher],
+                                 _free_port())
+    n = 2 if launcher == "torchrun" else 3  # every torchrun rank imports torch: keep it small
+    results = run_ranks(_exchange, n, make_env, timeout=75)
+    for source, values, kind in results:
+        assert source == launcher
+        assert values == [str(r).encode() for r in range(n)]
+    if launcher == "torchrun":
+        assert results[1][2] == ("PrefixStore", "TorchStoreAdapter")
+    else:
+        assert results[1][2][0] == "TCPStore"
+
+
+def test_open_store_under_pycoll_run_env():
+    host = TCPStore.hosting(token="tok", timeout=5)
+    try:
+        env = {"PYCOLL_RANK": "1", "PYCOLL_WORLD_SIZE": "2", "PYCOLL_STORE_ADDR": "127.0.0.1",
+               "PYCOLL_STORE_PORT": str(host.port), "PYCOLL_STORE_TOKEN": "tok"}
+        store = open_store(environ=env, timeout=5)
+        store.set("k", b"v")
+        assert host.get("k") == b"v"
+        store.close()
+    finally:
+        host.close()

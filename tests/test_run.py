@@ -1,0 +1,397 @@
+"""pycoll-run: start ranks, prefix their output, propagate failures, replace ranks, leave nothing behind.
+
+Every test runs the real launcher (``python -m pycoll.run``) on small scripts that import nothing heavy.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import pytest
+
+import pycoll
+
+REPO = str(Path(pycoll.__file__).resolve().parent.parent)
+
+
+def _env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYCOLL_")}
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra or {})
+    return env
+
+
+def _script(tmp_path: Path, *parts: str, name: str = "rank.py") -> str:
+    """Write the (each dedented) parts into one script."""
+    path = tmp_path / name
+    path.write_text("\n".join(textwrap.dedent(p) for p in parts))
+    return str(path)
+
+
+def _cmd(args: List[str]) -> List[str]:
+    return [sys.executable, "-m", "pycoll.run"] + args
+
+
+def launch(args: List[str], tmp_path: Path, timeout: float = 60, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run(_cmd(args), capture_output=True, text=True, timeout=timeout, env=_env(env),
+                          cwd=str(tmp_path))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def _wait_files(paths: List[Path], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(p.exists() and p.read_text() for p in paths):
+        assert time.monotonic() < deadline, f"timed out waiting for {[str(p) for p in paths]}"
+        time.sleep(0.02)
+
+
+def _pids(tmp_path: Path, pattern: str = "pid*") -> List[int]:
+    return [int(p.read_text()) for p in sorted(tmp_path.glob(pattern)) if p.read_text()]
+
+
+def _assert_all_gone(pids: List[int], timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in pids if _alive(p)], "processes outlived the launcher"
+
+
+WRITE_PID = """
+import os, sys, time
+RANK = int(os.environ["PYCOLL_RANK"])
+def write(name, text):
+    tmp = name + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, name)
+write(f"pid{RANK}", str(os.getpid()))
+"""
+
+
+def test_output_is_prefixed_line_by_line(tmp_path):
+    script = _script(tmp_path, """
+        import os, sys
+        r = int(os.environ["PYCOLL_RANK"])
+        for i in range(300):
+            sys.stdout.write(f"out {r} {i} " + "x" * 300 + "\\n")
+            sys.stderr.write(f"err {r} {i}\\n")
+        sys.stdout.write(f"tail {r}")
+    """)
+    res = launch(["-n", "3", script], tmp_path)
+    assert res.returncode == 0, res.stderr
+    seen: Dict[int, List[int]] = {0: [], 1: [], 2: []}
+    tails = set()
+    for line in res.stdout.splitlines():
+        m = re.fullmatch(r"\[rank(\d)\]: (?:out (\d) (\d+) x{300}|tail (\d))", line)
+        assert m, f"mangled line: {line[:120]!r}"
+        if m.group(4) is not None:
+            assert m.group(4) == m.group(1)
+            tails.add(int(m.group(1)))
+        else:
+            assert m.group(2) == m.group(1)
+            seen[int(m.group(1))].append(int(m.group(3)))
+    assert tails == {0, 1, 2}
+    assert all(v == list(range(300)) for v in seen.values())
+    err = [line for line in res.stderr.splitlines() if line.startswith("[rank")]
+    assert len(err) == 900 and all(re.fullmatch(r"\[rank(\d)\]: err \1 \d+", line) for line in err)
+
+
+def test_ranks_get_their_environment_and_reach_the_store(tmp_path):
+    script = _script(tmp_path, """
+        import os
+        from pycoll.env import discover, open_store
+        info = discover()
+        store = open_store(timeout=30)
+        store.set(f"rank{info.rank}", str(info.rank * 10))
+        values = store.multi_get([f"rank{r}" for r in range(info.world_size)], timeout=30)
+        print(info.source, info.rank, info.world_size, info.local_rank, info.local_world_size, info.node_rank,
+              info.nnodes, info.replacement, info.store_addr, sum(int(v) for v in values),
+              os.environ["PYTHONUNBUFFERED"], sep=",")
+    """)
+    res = launch(["-n", "3", script], tmp_path)
+    assert res.returncode == 0, res.stderr
+    lines = sorted(res.stdout.splitlines())
+    assert lines == [f"[rank{r}]: pycoll,{r},3,{r},3,0,1,0,127.0.0.1,30,1" for r in range(3)]
+
+
+@pytest.mark.timeout(60)
+def test_first_failure_sets_exit_code_and_stops_the_others(tmp_path):
+    script = _script(tmp_path, WRITE_PID, """
+        if RANK == 1:
+            while not all(os.path.exists(f"pid{r}") for r in (0, 2)):
+                time.sleep(0.01)
+            sys.exit(3)
+        time.sleep(300)
+    """)
+    t0 = time.monotonic()
+    res = launch(["-n", "3", script], tmp_path)
+    assert res.returncode == 3
+    assert time.monotonic() - t0 < 40
+    assert "rank 1 exited with code 3; stopping the other ranks" in res.stderr
+    _assert_all_gone(_pids(tmp_path))
+
+
+def test_rank_killed_by_a_signal(tmp_path):
+    script = _script(tmp_path, """
+        import os, signal, time
+        if os.environ["PYCOLL_RANK"] == "1":
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(300)
+    """)
+    res = launch(["-n", "2", script], tmp_path)
+    assert res.returncode == 128 + signal.SIGKILL
+    assert "rank 1 was killed by SIGKILL (exit code 137)" in res.stderr
+
+
+@pytest.mark.timeout(60)
+def test_ranks_ignoring_sigterm_are_killed_after_the_grace_period(tmp_path):
+    script = _script(tmp_path, WRITE_PID, """
+        import signal
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if RANK == 1:
+            while not os.path.exists("pid0"):
+                time.sleep(0.01)
+            sys.exit(2)
+        time.sleep(300)
+    """)
+    t0 = time.monotonic()
+    res = launch(["-n", "2", "--grace", "0.5", script], tmp_path)
+    assert res.returncode == 2
+    assert "killing them" in res.stderr
+    assert time.monotonic() - t0 < 40
+    _assert_all_gone(_pids(tmp_path))
+
+
+KEEP_GOING = """
+import os, sys
+from pycoll.env import open_store
+from pycoll.run import mark_lost
+RANK = int(os.environ["PYCOLL_RANK"])
+store = open_store(timeout=30)
+if RANK == 1:
+    sys.exit(5)
+store.get("pycoll-run/exit/1", timeout=30)  # the survivors outlive rank 1's failure
+print("survived", store.get("pycoll-run/failure/1").decode())
+if RANK == 0 and MARK:
+    mark_lost(store, 1, "reshaped without it")
+"""
+
+
+@pytest.mark.parametrize("mark", [False, True])
+def test_keep_going(tmp_path, mark):
+    script = _script(tmp_path, f"MARK = {mark}", KEEP_GOING)
+    res = launch(["-n", "3", "--keep-going", script], tmp_path)
+    assert sorted(res.stdout.splitlines()) == ["[rank0]: survived 1 5", "[rank2]: survived 1 5"]
+    if mark:
+        assert res.returncode == 0, res.stderr
+        assert "marked lost" in res.stderr
+    else:
+        assert res.returncode == 5
+        assert "neither replaced nor marked lost" in res.stderr
+
+
+REPLACE = """
+import os, sys
+from pycoll.env import discover, open_store
+from pycoll.run import failures
+info = discover()
+store = open_store(timeout=30)
+if info.rank == 1:
+    if info.replacement == 0 or ALWAYS_FAIL:
+        sys.exit(9)
+    print("replacement", info.replacement, "replaces", info.replaces, os.environ["PYCOLL_REPLACES"])
+    store.set("replacement-ready", "1")
+else:
+    if not ALWAYS_FAIL:
+        store.get("replacement-ready", timeout=30)
+        print("replacement key", store.get("pycoll-run/replacement/1").decode(), "failures", failures(store))
+"""
+
+
+def test_replace_failed(tmp_path):
+    script = _script(tmp_path, "ALWAYS_FAIL = False", REPLACE)
+    res = launch(["-n", "2", "--replace-failed", "1", script], tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert sorted(res.stdout.splitlines()) == ["[rank0]: replacement key 1 failures [(1, 9)]",
+                                               "[rank1]: replacement 1 replaces 1 1"]
+    assert "starting replacement 1 for it" in res.stderr
+
+
+def test_replacement_budget_runs_out(tmp_path):
+    script = _script(tmp_path, "ALWAYS_FAIL = True", REPLACE)
+    res = launch(["-n", "2", "--replace-failed", "2", script], tmp_path)
+    assert res.returncode == 9
+    assert res.stderr.count("starting replacement") == 2
+    assert "the other ranks go on" in res.stderr
+
+
+def test_module_target(tmp_path):
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "hello.py").write_text("import os, sys\nprint('module', __name__, os.environ['PYCOLL_RANK'], sys.argv[1:])\n")
+    res = launch(["-n", "2", "-m", "mypkg.hello", "a", "--flag"], tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert sorted(res.stdout.splitlines()) == [f"[rank{r}]: module __main__ {r} ['a', '--flag']" for r in range(2)]
+
+
+def test_no_python_target(tmp_path):
+    res = launch(["-n", "2", "--no-python", "sh", "-c", "echo rank=$PYCOLL_RANK; exit $PYCOLL_RANK"], tmp_path)
+    assert res.returncode == 1
+    assert "[rank0]: rank=0" in res.stdout.splitlines()
+
+
+def test_nothing_outlives_the_job(tmp_path):
+    """Grandchildren left running -- in the rank's process group or in a new session -- are killed."""
+    script = _script(tmp_path, WRITE_PID, """
+        import subprocess
+        same_group = subprocess.Popen(["sleep", "300"])
+        own_session = subprocess.Popen(["sleep", "300"], start_new_session=True)
+        write(f"pidg{RANK}", str(same_group.pid))
+        write(f"pids{RANK}", str(own_session.pid))
+    """)
+    res = launch(["-n", "2", script], tmp_path)
+    assert res.returncode == 0, res.stderr
+    pids = _pids(tmp_path, "pid*")
+    assert len(pids) == 6
+    _assert_all_gone(pids)
+
+
+@pytest.mark.timeout(60)
+def test_ranks_die_with_the_launcher(tmp_path):
+    script = _script(tmp_path, WRITE_PID, "time.sleep(300)\n")
+    proc = subprocess.Popen(_cmd(["-n", "2", script]), cwd=str(tmp_path), env=_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        _wait_files([tmp_path / "pid0", tmp_path / "pid1"])
+        proc.kill()
+        proc.wait(10)
+        _assert_all_gone(_pids(tmp_path))
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signals_are_forwarded(tmp_path, sig):
+    script = _script(tmp_path, WRITE_PID, f"""
+        import signal
+        def handler(signum, frame):
+            write(f"got{{RANK}}", signal.Signals(signum).name)
+            sys.exit(0)
+        signal.signal({int(sig)}, handler)
+        write(f"ready{{RANK}}", "1")
+        time.sleep(300)
+    """)
+    proc = subprocess.Popen(_cmd(["-n", "2", script]), cwd=str(tmp_path), env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_files([tmp_path / "ready0", tmp_path / "ready1"])
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert proc.returncode == 128 + sig, err
+    assert [(tmp_path / f"got{r}").read_text() for r in range(2)] == [sig.name] * 2
+    _assert_all_gone(_pids(tmp_path))
+
+
+def test_job_timeout(tmp_path):
+    script = _script(tmp_path, WRITE_PID, "time.sleep(300)\n")
+    res = launch(["-n", "2", "--timeout", "1", script], tmp_path)
+    assert res.returncode == 124
+    assert "exceeded --timeout" in res.stderr
+    _assert_all_gone(_pids(tmp_path))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-n", "2", "missing.py"], "no such script"),
+    (["-n", "0", "x.py"], "-n must be at least 1"),
+    (["--nnodes", "2", "--node-rank", "2", "--master-addr", "h", "x.py"], "--node-rank must be in"),
+    (["--nnodes", "2", "x.py"], "--master-addr is required"),
+    (["-m", "--no-python", "x"], "exclude each other"),
+    (["--no-python", "surely-not-a-command-xyz"], "cannot find executable"),
+])
+def test_usage_errors(tmp_path, args, message):
+    (tmp_path / "x.py").write_text("")
+    res = launch(args, tmp_path, timeout=30)
+    assert res.returncode == 2
+    assert message in res.stderr
+
+
+def test_multi_node_needs_a_shared_token(tmp_path):
+    script = _script(tmp_path, "")
+    res = launch(["--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port", "1", script],
+                 tmp_path, timeout=30)
+    assert res.returncode != 0 and "PYCOLL_STORE_TOKEN must be set" in res.stderr
+
+
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+MULTI_NODE = """
+import os, sys, time
+from pycoll.env import discover, open_store
+info = discover()
+store = open_store(timeout=30)
+store.set(f"rank{info.rank}", str(info.node_rank))
+values = store.multi_get([f"rank{r}" for r in range(info.world_size)], timeout=30)
+print(info.rank, info.local_rank, info.node_rank, info.nnodes, [v.decode() for v in values])
+if FAIL and info.rank == 3:
+    sys.exit(4)
+if FAIL:
+    time.sleep(300)
+"""
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("fail", [False, True])
+def test_two_nodes_on_one_machine(tmp_path, fail):
+    script = _script(tmp_path, f"FAIL = {fail}", MULTI_NODE)
+    port = _free_port()
+    env = _env({"PYCOLL_STORE_TOKEN": "shared-secret"})
+    procs = []
+    try:
+        for node in (1, 0):  # node 1 first: its launcher must wait for node 0's store
+            args = ["-n", "2", "--nnodes", "2", "--node-rank", str(node), "--master-addr", "127.0.0.1",
+                    "--master-port", str(port), script]
+            procs.append(subprocess.Popen(_cmd(args), cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True))
+        outs = [p.communicate(timeout=75) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(10)
+    codes = [p.returncode for p in procs]
+    lines = sorted(line for out, _ in outs for line in out.splitlines())
+    expected = [f"[rank{r}]: {r} {r % 2} {r // 2} 2 ['0', '0', '1', '1']" for r in range(4)]
+    assert lines == expected, outs
+    if fail:
+        assert codes == [4, 4], outs
+        assert "node 1 stopped the job (rank 3 exited with code 4)" in outs[1][1]
+    else:
+        assert codes == [0, 0], outs

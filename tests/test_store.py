@@ -1,0 +1,677 @@
+"""The store protocol, the same for every implementation; then TCP- and file-specific behaviour."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from mp_helpers import run_ranks
+from pycoll.errors import NotSupported, StoreAuthError, StoreError, StoreTimeout
+from pycoll.store import (
+    FileStore,
+    MemoryStore,
+    PrefixStore,
+    Store,
+    TCPStore,
+    TCPStoreServer,
+    TorchStoreAdapter,
+    wrap_torch_store,
+)
+
+KINDS = ["memory", "tcp", "file", "prefix", "torch-hash", "torch-tcp"]
+
+
+@pytest.fixture
+def make_store(tmp_path):
+    """make_store(kind) -> a fresh store of that kind; everything is closed at the end."""
+    cleanup = []
+
+    def make(kind: str) -> Store:
+        if kind == "memory":
+            s: Store = MemoryStore(timeout=5)
+        elif kind in ("tcp", "prefix"):
+            server = TCPStoreServer().start()
+            cleanup.append(server.close)
+            s = server.client(timeout=5)
+            if kind == "prefix":
+                cleanup.append(s.close)  # closing a view leaves the store open
+                s.set("outside", b"x")  # a key the view must not see
+                s = PrefixStore(s, "ns/")
+        elif kind == "file":
+            s = FileStore(tmp_path / f"store{len(cleanup)}", timeout=5)
+        elif kind.startswith("torch"):
+            dist = pytest.importorskip("torch.distributed")
+            from datetime import timedelta
+
+            if kind == "torch-hash":
+                ts = dist.HashStore()
+            else:
+                ts = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                                   timeout=timedelta(seconds=5))
+            s = wrap_torch_store(ts, timeout=5)
+        else:
+            raise AssertionError(kind)
+        cleanup.append(s.close)
+        return s
+
+    yield make
+    for fn in reversed(cleanup):
+        fn()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_semantics(make_store, kind):
+    s = make_store(kind)
+    base_keys = s.num_keys()
+    s.set("a", b"\x00\xffbin")
+    s.set("b", "text")
+    assert s.get("a") == b"\x00\xffbin"
+    assert s.get("b") == b"text"
+    s.set("a", b"")
+    assert s.get("a") == b""
+    assert s.check(["a", "b"]) and s.check("a")
+    assert not s.check(["a", "nope"])
+    assert s.add("n", 5) == 5
+    assert s.add("n", -7) == -2
+    assert s.get("n") == b"-2"
+    assert s.num_keys() - base_keys == 3
+    # compare_set, torch semantics
+    assert s.compare_set("c", "", "first") == b"first"
+    assert s.compare_set("c", "wrong", "second") == b"first"
+    assert s.compare_set("c", "first", "second") == b"second"
+    assert s.get("c") == b"second"
+    assert s.compare_set("missing", "expected", "x") == b"expected"
+    assert not s.check(["missing"])
+    # delete
+    assert s.delete("c") is True
+    assert s.delete("c") is False
+    assert not s.check(["c"])
+    s.wait(["a", "b"], timeout=1)
+    assert s.multi_get(["b", "n"]) == [b"text", b"-2"]
+    assert s.num_keys() - base_keys == 3
+    if kind != "torch-tcp":  # torch 2.13's TCPStore.list_keys returns nothing
+        assert [k for k in s.list_keys() if k in ("a", "b", "n")] == ["a", "b", "n"]
+        assert s.list_keys("n") == ["n"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_timeouts_name_keys(make_store, kind):
+    s = make_store(kind)
+    s.set("here", b"1")
+    t0 = time.monotonic()
+    with pytest.raises(StoreTimeout) as info:
+        s.get("absent-key", timeout=0.2)
+    assert 0.15 < time.monotonic() - t0 < 15
+    assert "absent-key" in str(info.value) and "0.2" in str(info.value)
+    assert isinstance(info.value, TimeoutError) and isinstance(info.value, StoreError)
+    with pytest.raises(StoreTimeout, match="absent-2"):
+        s.wait(["here", "absent-2"], timeout=0.1)
+    with pytest.raises(StoreTimeout, match="zero"):
+        s.get("zero", timeout=0)
+    assert s.get("here", timeout=0) == b"1"
+    s.timeout = 0.1
+    with pytest.raises(StoreTimeout):
+        s.get("absent-key")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_get_wakes_when_another_thread_sets(make_store, kind):
+    s = make_store(kind)
+    timer = threading.Timer(0.2, s.set, args=("late", b"v"))
+    timer.start()
+    assert s.get("late", timeout=10) == b"v"
+    timer.join(10)
+    if kind == "torch-hash":
+        return  # torch's HashStore.add does not wake waiters (they return at their timeout)
+    timer = threading.Timer(0.2, s.add, args=("late-counter", 1))
+    timer.start()
+    t0 = time.monotonic()
+    s.wait(["late", "late-counter"], timeout=10)
+    assert time.monotonic() - t0 < 8
+    timer.join(10)
+
+
+@pytest.mark.parametrize("kind", ["memory", "tcp", "file", "prefix"])
+def test_bad_arguments(make_store, kind):
+    s = make_store(kind)
+    with pytest.raises(TypeError):
+        s.set(b"bytes-key", b"v")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        s.set("k", 42)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        s.add("k", 1.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        s.add("k", 1 << 64)
+    with pytest.raises(ValueError):
+        s.get("k", timeout=-1)
+    with pytest.raises(ValueError):
+        s.get("k", timeout=float("nan"))
+    s.set("text", b"abc")
+    with pytest.raises(StoreError, match="not an integer"):
+        s.add("text", 1)
+    s.set("big", str((1 << 63) - 1))
+    with pytest.raises(StoreError, match="overflow"):
+        s.add("big", 1)
+
+
+@pytest.mark.parametrize("kind", ["memory", "tcp", "file"])
+def test_threads_share_one_store(make_store, kind):
+    s = make_store(kind)
+    n_threads, per_thread = 4, 50
+    errors = []
+
+    def worker():
+        try:
+            for _ in range(per_thread):
+                s.add("counter", 1)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert s.get("counter") == str(n_threads * per_thread).encode()
+
+
+def test_blocked_get_does_not_delay_other_threads(make_store):
+    s = make_store("tcp")
+    got = []
+    t = threading.Thread(target=lambda: got.append(s.get("later", timeout=30)))
+    t.start()
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    for i in range(20):
+        s.set(f"k{i}", b"x")
+        assert s.get(f"k{i}") == b"x"
+    assert time.monotonic() - t0 < 10  # far below the 30 s the other thread waits
+    s.set("later", b"done")
+    t.join(10)
+    assert got == [b"done"]
+
+
+def test_wait_needs_every_key_at_once(make_store):
+    s = make_store("tcp")
+    done = threading.Event()
+
+    def waiter():
+        s.wait(["x", "y"], timeout=10)
+        done.set()
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    s.set("x", b"1")
+    s.delete("x")
+    s.set("y", b"1")
+    assert not done.wait(0.3)  # x was deleted again: still waiting
+    s.set("x", b"2")
+    assert done.wait(10)
+    t.join(10)
+
+
+def test_prefix_store_namespaces(make_store):
+    root = make_store("tcp")
+    a = PrefixStore(root, "a/")
+    ab = PrefixStore(a, "b/")
+    assert ab.prefix == "a/b/" and ab.store is root
+    a.set("k", b"1")
+    ab.set("k", b"2")
+    assert root.get("a/k") == b"1" and root.get("a/b/k") == b"2"
+    assert a.list_keys() == ["b/k", "k"] and ab.list_keys() == ["k"]
+    assert a.num_keys() == 2 and ab.num_keys() == 1
+    with pytest.raises(StoreTimeout) as info:
+        ab.get("nope", timeout=0.05)
+    assert "'nope'" in str(info.value) and "a/b/" in str(info.value)
+    ab.close()  # a view does not close the store under it
+    assert root.get("a/k") == b"1"
+    with pytest.raises(TypeError):
+        PrefixStore(object(), "x")  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------------------
+# TCP
+
+
+def _raw_connect(server: TCPStoreServer) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    return sock
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        if not chunk:
+            break
+        out += chunk
+    return out
+
+
+def _raw_authenticated(server: TCPStoreServer) -> socket.socket:
+    from pycoll import store as st
+
+    sock = _raw_connect(server)
+    magic, version, snonce = st._SERVER_HELLO.unpack(_recv_exact(sock, st._SERVER_HELLO.size))
+    cnonce = os.urandom(32)
+    sock.sendall(st._CLIENT_HELLO.pack(magic, version, cnonce, st._mac(st._to_bytes(server.token), b"client", snonce, cnonce)))
+    status, _ = st._SERVER_REPLY.unpack(_recv_exact(sock, st._SERVER_REPLY.size))
+    assert status == 0
+    return sock
+
+
+def _is_closed(sock: socket.socket, timeout: float = 5.0) -> bool:
+    """Whether the peer closed the connection (after any data it sent)."""
+    sock.settimeout(timeout)
+    try:
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                return True
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+def test_bytes_token():
+    with TCPStoreServer(token=b"\x00\xffraw") as server:
+        server.start()
+        client = server.client(timeout=5)
+        client.set("k", b"v")
+        other = TCPStore("127.0.0.1", server.port, b"\x00\xffraw")
+        assert other.get("k") == b"v"
+        other.close()
+        client.close()
+
+
+def test_wrong_token_is_refused_and_server_keeps_serving():
+    with TCPStoreServer(token="right") as server:
+        server.start()
+        good = server.client(timeout=5)
+        good.set("k", b"v")
+        with pytest.raises(StoreAuthError, match="refused"):
+            TCPStore("127.0.0.1", server.port, "wrong", connect_timeout=5)
+        with pytest.raises(StoreAuthError):
+            TCPStore("127.0.0.1", server.port, b"right!", connect_timeout=5)
+        assert good.get("k") == b"v"
+        again = TCPStore("127.0.0.1", server.port, "right")
+        assert again.get("k") == b"v"
+        again.close()
+        good.close()
+
+
+def test_token_never_crosses_the_wire():
+    """A fake server records what the client sends: the token is not in it."""
+    token = "s3cret-token-value"
+    listener = socket.create_server(("127.0.0.1", 0))
+    captured = []
+
+    def fake_server():
+        from pycoll import store as st
+
+        conn, _ = listener.accept()
+        with conn:
+            conn.sendall(st._SERVER_HELLO.pack(st._MAGIC, st._VERSION, os.urandom(32)))
+            captured.append(_recv_exact(conn, st._CLIENT_HELLO.size))
+            conn.sendall(st._SERVER_REPLY.pack(0, os.urandom(32)))  # does not know the token
+            _recv_exact(conn, 1)
+
+    t = threading.Thread(target=fake_server)
+    t.start()
+    with pytest.raises(StoreAuthError, match="could not prove"):
+        TCPStore("127.0.0.1", listener.getsockname()[1], token, connect_timeout=5)
+    t.join(10)
+    listener.close()
+    assert captured and token.encode() not in captured[0]
+
+
+def test_missing_token_is_an_error(monkeypatch):
+    monkeypatch.delenv("PYCOLL_STORE_TOKEN", raising=False)
+    with pytest.raises(StoreError, match="PYCOLL_STORE_TOKEN"):
+        TCPStore("127.0.0.1", 1, None)
+    with pytest.raises(StoreError, match="empty"):
+        TCPStore("127.0.0.1", 1, "")
+
+
+@pytest.mark.parametrize("garbage", [
+    "not-a-client",      # wrong magic in place of the handshake
+    "unknown-op",        # a valid frame with an unknown operation
+    "overrun",           # an argument longer than its frame
+    "wrong-arity",       # set with one argument
+    "bad-utf8-key",
+    "oversized",         # a length header above the limit
+    "truncated",         # half a frame, then the client goes away
+])
+def test_malformed_messages_close_only_that_connection(garbage):
+    from pycoll import store as st
+
+    with TCPStoreServer(max_message=4096) as server:
+        server.start()
+        bystander = server.client(timeout=5)
+        bystander.set("k", b"v")
+        waiting = []
+        t = threading.Thread(target=lambda: waiting.append(bystander.get("w", timeout=20)))
+        t.start()
+        if garbage == "not-a-client":
+            sock = _raw_connect(server)
+            _recv_exact(sock, st._SERVER_HELLO.size)
+            sock.sendall(b"GET / HTTP/1.1\r\n" * 8)
+        else:
+            sock = _raw_authenticated(server)
+            if garbage == "unknown-op":
+                sock.sendall(st._encode(99, [b"x"]))
+            elif garbage == "overrun":
+                sock.sendall(struct.pack("!IBI", 5, st._OP_GET, 1000))
+            elif garbage == "wrong-arity":
+                sock.sendall(st._encode(st._OP_SET, [b"only-key"]))
+            elif garbage == "bad-utf8-key":
+                sock.sendall(st._encode(st._OP_SET, [b"\xff\xfe", b"v"]))
+            elif garbage == "oversized":
+                sock.sendall(struct.pack("!I", 1 << 30) + b"x" * 100)
+            elif garbage == "truncated":
+                sock.sendall(st._encode(st._OP_SET, [b"key", b"v" * 1000])[:50])
+                sock.close()
+        if garbage != "truncated":
+            assert _is_closed(sock), "the server kept a misbehaving connection open"
+            sock.close()
+        # the server and its other clients are unharmed
+        assert bystander.get("k") == b"v"
+        other = server.client(timeout=5)
+        other.set("w", b"woken")
+        t.join(10)
+        assert waiting == [b"woken"]
+        assert not other.check(["key"])
+        other.close()
+        bystander.close()
+
+
+def test_oversized_value_is_refused_without_harm():
+    with TCPStoreServer(max_message=4096) as server:
+        server.start()
+        small = server.client(timeout=5, max_message=4096)
+        with pytest.raises(StoreError, match="exceeds"):
+            small.set("k", b"x" * 10000)  # refused by the client itself
+        big = server.client(timeout=5)
+        with pytest.raises(StoreError, match="limit|lost the connection"):
+            big.set("k", b"x" * 10000)  # refused by the server, which closes that connection
+        big.set("k", b"fits")  # a new connection works
+        assert small.get("k") == b"fits"
+        small.close()
+        big.close()
+
+
+def test_stalled_handshake_is_dropped():
+    with TCPStoreServer(handshake_timeout=0.3) as server:
+        server.start()
+        sock = _raw_connect(server)
+        t0 = time.monotonic()
+        assert _is_closed(sock, timeout=10)
+        assert time.monotonic() - t0 < 8
+        sock.close()
+        client = server.client(timeout=5)
+        client.set("k", b"v")
+        client.close()
+
+
+def test_unreachable_server_fails_after_connect_timeout():
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()  # nothing listens there now
+    t0 = time.monotonic()
+    with pytest.raises(StoreTimeout, match=f"127.0.0.1:{port}.*0.5 s"):
+        TCPStore("127.0.0.1", port, "tok", connect_timeout=0.5)
+    assert time.monotonic() - t0 < 10
+
+
+def test_client_may_start_before_server():
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    servers = []
+
+    def start_later():
+        time.sleep(0.4)
+        servers.append(TCPStoreServer("127.0.0.1", port, "tok").start())
+
+    t = threading.Thread(target=start_later)
+    t.start()
+    try:
+        client = TCPStore("127.0.0.1", port, "tok", connect_timeout=30)
+        client.set("k", b"v")
+        assert client.get("k") == b"v"
+        client.close()
+    finally:
+        t.join()
+        for s in servers:
+            s.close()
+
+
+def test_server_going_away_fails_blocked_calls_quickly():
+    server = TCPStoreServer().start()
+    client = server.client(timeout=30, connect_timeout=0.5)
+    errors = []
+
+    def blocked():
+        try:
+            client.get("never", timeout=30)
+        except StoreError as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=blocked)
+    t.start()
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    server.close()
+    t.join(10)
+    assert errors and not isinstance(errors[0], StoreTimeout)
+    assert time.monotonic() - t0 < 5
+    with pytest.raises(StoreError):
+        client.set("k", b"v")
+    client.close()
+
+
+def test_close_unblocks_waiting_threads():
+    with TCPStoreServer() as server:
+        server.start()
+        client = server.client(timeout=30)
+        errors = []
+
+        def blocked():
+            try:
+                client.get("never", 30)
+            except StoreError as exc:
+                errors.append(exc)
+
+        t = threading.Thread(target=blocked)
+        t.start()
+        time.sleep(0.2)
+        client.close()
+        t.join(10)
+        assert not t.is_alive() and errors
+        with pytest.raises(StoreError, match="closed"):
+            client.get("k", 0)
+
+
+def test_hosting_client_owns_its_server():
+    client = TCPStore.hosting(token="tok", timeout=5)
+    other = TCPStore("127.0.0.1", client.port, "tok", timeout=5)
+    other.set("k", b"v")
+    assert client.get("k") == b"v"
+    client.close()
+    with pytest.raises(StoreError):
+        other.get("k", 1)
+    other.close()
+
+
+def _rank_counts(rank, n, store):
+    store.add("arrived", 1)
+    store.set(f"rank{rank}", str(rank))
+    values = store.multi_get([f"rank{r}" for r in range(n)], timeout=30)
+    assert store.get("arrived", 0) >= b"1"
+    total = 0
+    for _ in range(100):
+        total = store.add("total", 1)
+    store.add("done", 1)
+    return [int(v) for v in values], total
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["tcp", "file"])
+def test_processes_share_a_store(kind, tmp_path):
+    """Real processes: the store pickles by address (TCP) or path (file) and reconnects."""
+    if kind == "tcp":
+        server = TCPStoreServer().start()
+        store: Store = server.client(timeout=30)
+    else:
+        server = None
+        store = FileStore(tmp_path / "shared", timeout=30)
+    try:
+        results = run_ranks(_rank_counts, 3, store, timeout=45)
+        assert all(values == [0, 1, 2] for values, _ in results)
+        assert store.get("total") == b"300"
+        assert store.get("done") == b"3"
+    finally:
+        store.close()
+        if server is not None:
+            server.close()
+
+
+def test_tcp_store_pickles_by_address():
+    with TCPStoreServer() as server:
+        server.start()
+        client = server.client(timeout=5)
+        copy = pickle.loads(pickle.dumps(client))
+        copy.set("k", b"v")
+        assert client.get("k") == b"v"
+        copy.close()
+        client.close()
+
+
+def test_standalone_server_cli():
+    env = dict(os.environ, PYCOLL_STORE_TOKEN="cli-token", PYTHONPATH=_repo_root())
+    proc = subprocess.Popen([sys.executable, "-m", "pycoll.store", "--port", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, text=True)
+    try:
+        lines = dict(proc.stdout.readline().strip().split("=", 1) for _ in range(2))
+        client = TCPStore(lines["PYCOLL_STORE_ADDR"], int(lines["PYCOLL_STORE_PORT"]), "cli-token", timeout=5)
+        client.set("k", b"v")
+        assert client.get("k") == b"v"
+        client.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def _repo_root() -> str:
+    import pycoll
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(pycoll.__file__)))
+
+
+# --------------------------------------------------------------------------------------------------
+# file store
+
+
+def test_file_store_compacts_and_survives_torn_writes(tmp_path):
+    path = tmp_path / "fs"
+    a = FileStore(path, timeout=5)
+    b = FileStore(path, timeout=5)
+    for i in range(3000):
+        a.set("hot", str(i))
+    a.set("keep", b"k")
+    assert os.path.getsize(path) < 64 * 1024 + 100  # compacted at least once
+    assert b.get("hot") == b"2999" and b.get("keep") == b"k"
+    # a writer that died in the middle of a record leaves a torn tail: it is dropped
+    with open(path, "ab") as f:
+        f.write(struct.pack("!BII", 1, 3, 100) + b"abc" + b"partial")
+    assert b.get("keep") == b"k"
+    b.set("after", b"ok")
+    assert a.get("after") == b"ok" and a.num_keys() == 3
+    a.close()
+    b.close()
+    FileStore.remove_files(path)
+    assert not os.path.exists(path) and not os.path.exists(f"{path}.lock")
+
+
+def test_file_store_rejects_foreign_files(tmp_path):
+    path = tmp_path / "not-a-store"
+    path.write_bytes(b"hello world, definitely not a store")
+    with pytest.raises(StoreError, match="not a pycoll FileStore"):
+        FileStore(path)
+
+
+def test_file_store_close(tmp_path):
+    s = FileStore(tmp_path / "fs")
+    s.set("k", b"v")
+    s.close()
+    s.close()
+    with pytest.raises(StoreError, match="closed"):
+        s.get("k")
+
+
+# --------------------------------------------------------------------------------------------------
+# torch adapter
+
+
+def test_torch_adapter_is_duck_typed():
+    class Fake:
+        def __init__(self):
+            self.d = {}
+
+        def set(self, k, v):
+            self.d[k] = v
+
+        def get(self, k):
+            return self.d[k]
+
+        def add(self, k, n):
+            self.d[k] = str(int(self.d.get(k, b"0")) + n).encode()
+            return int(self.d[k])
+
+        def wait(self, keys, td):
+            if any(k not in self.d for k in keys):
+                raise RuntimeError("Wait timeout")
+
+        def compare_set(self, k, e, d):
+            raise NotImplementedError
+
+        def delete_key(self, k):
+            return self.d.pop(k, None) is not None
+
+        def check(self, keys):
+            return all(k in self.d for k in keys)
+
+        def num_keys(self):
+            return len(self.d)
+
+    s = wrap_torch_store(Fake(), timeout=1)
+    assert isinstance(s, TorchStoreAdapter)
+    s.set("k", "v")
+    assert s.get("k") == b"v" and s.add("n", 2) == 2
+    with pytest.raises(StoreTimeout, match="'absent'"):
+        s.get("absent")
+    with pytest.raises(NotSupported):
+        s.list_keys()
+    with pytest.raises(TypeError, match="lacks"):
+        wrap_torch_store(object())
+    assert wrap_torch_store(s) is s
+
+
+def test_store_module_does_not_import_torch():
+    code = "import sys, pycoll.store, pycoll.env, pycoll.run; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, PYTHONPATH=_repo_root()),
+                   timeout=60)
