@@ -308,6 +308,8 @@ NCCL_API ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
   }
   c->revoked = true;
   c->finalize_called = true;
+  int was = comm_async(c);
+  if (was != ncclInProgress) comm_set_async(c, ncclInProgress); /* until every operation has stopped */
   __atomic_store_n(&c->abort_reason, AB_REVOKE, __ATOMIC_RELEASE);
   __atomic_store_n(&c->abort_flag, 1, __ATOMIC_SEQ_CST);
   comm_publish_state(c, RS_REVOKED);
@@ -319,7 +321,7 @@ NCCL_API ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
   comm_wait_inactive(c);
   __atomic_store_n(&c->abort_flag, 0, __ATOMIC_SEQ_CST);
   __atomic_store_n(&c->abort_reason, AB_NONE, __ATOMIC_RELEASE);
-  if (comm_async(c) != ncclInProgress) comm_set_async(c, ncclSuccess);
+  if (was != ncclInProgress) comm_set_async(c, ncclSuccess);
   comm_release(c);
   return ncclSuccess;
 }

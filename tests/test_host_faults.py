@@ -1,0 +1,508 @@
+"""Lifecycle and failure semantics of the host library, with real processes and real signals.
+
+Nonblocking init, abort and revoke of operations stuck behind a stopped peer, a killed peer (also
+as an unreaped zombie), peers that abort, shrink/split/grow, finalize, and misuse that must end
+in an error rather than a hang.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from host_util import init, kill_when_done, lib, ptr, uid, wait_until, wait_ready
+from mp_helpers import Died, run_ranks
+from pycoll import errors
+from pycoll._bindings import SHRINK_ABORT, Config, DataType, RedOp, UniqueId
+
+F32 = int(DataType.Float32)
+SUM = int(RedOp.Sum)
+
+
+def _allreduce(l, comm, n_expected=None, count=1024, value=1.0, stream=0):
+    a = np.full(count, value, np.float32)
+    b = np.empty_like(a)
+    l.all_reduce(ptr(a), ptr(b), count, F32, SUM, comm, stream)
+    if n_expected is not None and stream == 0:
+        assert b[0] == n_expected * value and b[-1] == n_expected * value, (b[0], n_expected)
+    return b
+
+
+def _stop_self_after_init(l, comm, n):
+    _allreduce(l, comm, n)
+    os.kill(os.getpid(), signal.SIGSTOP)
+    time.sleep(60)
+
+
+# ---- nonblocking init -------------------------------------------------------------------------
+
+
+def _nonblocking_init(rank, n, idb):
+    l = lib()
+    comm, status = l.comm_init_rank_config(n, UniqueId(idb), rank, Config(blocking=0))
+    assert comm != 0 and status in (0, 7)
+    seen = [l.comm_get_async_error(comm)]
+    state = wait_ready(comm)
+    assert state == 0
+    _allreduce(l, comm, n)
+    assert l.comm_count(comm) == n and l.comm_user_rank(comm) == rank
+    l.comm_destroy(comm)
+    return seen[0]
+
+
+@pytest.mark.timeout(60)
+def test_nonblocking_init_completes_through_async_error():
+    states = run_ranks(_nonblocking_init, 3, uid(), timeout=30)
+    assert set(states) <= {0, 7}
+    assert 7 in states  # at least the first rank to arrive waited in the background
+
+
+def _env_nonblocking(rank, n, idb):
+    l = lib()
+    comm, status = l.comm_init_rank_config(n, UniqueId(idb), rank, None)
+    ok = wait_ready(comm) == 0
+    l.comm_destroy(comm)
+    return status, ok
+
+
+@pytest.mark.timeout(60)
+def test_comm_blocking_env_overrides_config():
+    out = run_ranks(_env_nonblocking, 2, uid(), timeout=30, env={"NCCL_COMM_BLOCKING": "0"})
+    assert all(ok for _, ok in out) and any(st == 7 for st, _ in out)
+
+
+# ---- abort / revoke of an operation stuck behind a stopped peer --------------------------------
+
+
+def _stuck_then(rank, n, idb, action, use_stream):
+    l = lib()
+    comm = init(n, rank, idb)
+    if rank == n - 1:
+        _stop_self_after_init(l, comm, n)
+    _allreduce(l, comm, n)  # everyone initialised; the last rank now stops itself
+    time.sleep(0.05)
+    box = {}
+
+    def watchdog():
+        time.sleep(0.3)
+        box["t"] = time.monotonic()
+        box["r"] = l.comm_abort(comm) if action == "abort" else l.comm_revoke(comm)
+
+    th = threading.Thread(target=watchdog)
+    th.start()
+    t0 = time.monotonic()
+    if use_stream:
+        stream = l.host_stream_create()
+        ev = l.host_event_create()
+        a = np.ones(4096, np.float32)
+        b = np.empty_like(a)
+        l.all_reduce(ptr(a), ptr(b), a.size, F32, SUM, comm, stream)
+        l.host_event_record(ev, stream)
+        assert not l.host_event_query(ev)
+        l.host_event_synchronize(ev)  # completes once the op was stopped
+        err = None
+    else:
+        try:
+            _allreduce(l, comm)
+            err = None
+        except errors.NCCLError as exc:
+            err = exc
+    t_ret = time.monotonic()
+    th.join()
+    latency = t_ret - box["t"]
+    assert t_ret - t0 >= 0.25, "the operation must have waited for the stopped peer"
+    if not use_stream:
+        assert isinstance(err, errors.InvalidUsage), err
+        assert ("aborted" if action == "abort" else "revoked") in err.last_error
+    if use_stream:
+        l.host_stream_synchronize(stream)
+        l.host_event_destroy(ev)
+        l.host_stream_destroy(stream)
+    if action == "abort":
+        with pytest.raises(errors.InvalidArgument):  # the handle is gone
+            l.comm_count(comm)
+    else:
+        with pytest.raises(errors.InvalidUsage):
+            _allreduce(l, comm)
+        with pytest.raises(errors.InvalidArgument):
+            l.comm_revoke(comm)  # second revoke
+        with pytest.raises(errors.InvalidUsage):
+            l.comm_finalize(comm)
+        l.comm_destroy(comm)
+    return latency
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("action", ["abort", "revoke"])
+@pytest.mark.parametrize("use_stream", [False, True], ids=["null-stream", "host-stream"])
+def test_stopped_peer_unblocked_from_another_thread(action, use_stream):
+    out = run_ranks(_stuck_then, 3, uid(), action, use_stream, timeout=30, may_die=[2], on_start=kill_when_done([2]))
+    assert isinstance(out[2], Died)
+    for latency in out[:2]:
+        assert latency < 1.0, f"op returned {latency * 1e3:.0f} ms after {action} (must be well under 100 ms unloaded)"
+
+
+# ---- a killed peer ----------------------------------------------------------------------------
+
+
+def _kill_mid_allreduce_then_shrink(rank, n, idb):
+    l = lib()
+    comm = init(n, rank, idb)
+    victim = n - 1
+    count = 256 * 1024  # two-phase algorithm: the victim dies between steps
+    i = 0
+    t_fail = None
+    while True:
+        if rank == victim and i == 20:
+            os.kill(os.getpid(), signal.SIGKILL)
+        t0 = time.monotonic()
+        try:
+            _allreduce(l, comm, n, count=count)
+        except errors.RemoteError as exc:
+            t_fail = time.monotonic() - t0
+            assert str(victim) in exc.last_error
+            break
+        i += 1
+    assert l.comm_get_async_error(comm) == int(errors.RemoteError.code)
+    with pytest.raises(errors.RemoteError):  # the error is sticky
+        _allreduce(l, comm)
+    exclude = [victim]
+    slot, status = l.comm_shrink(comm, exclude, None, SHRINK_ABORT)
+    assert status == 0 and exclude == [victim]
+    small = slot.value
+    assert l.comm_count(small) == n - 1 and l.comm_user_rank(small) == rank
+    _allreduce(l, small, n - 1, count=count)
+    _allreduce(l, small, n - 1, count=3)
+    l.comm_destroy(small)
+    l.comm_abort(comm)
+    return t_fail
+
+
+@pytest.mark.timeout(60)
+def test_sigkill_mid_allreduce_then_shrink_with_abort():
+    out = run_ranks(_kill_mid_allreduce_then_shrink, 4, uid(), timeout=40, may_die=[3])
+    assert isinstance(out[3], Died)
+    assert all(t < 1.0 for t in out[:3]), out  # detection itself takes < 100 ms unloaded
+
+
+def _zombie_peer(rank, n, idb):
+    """Rank 0 forks rank 1 itself and never reaps it before the check: a killed rank 1 stays a
+    zombie, which kill(pid, 0) cannot tell from a live process."""
+    l = lib()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            c = init(2, 1, idb)
+            _allreduce(l, c, 2)
+            os.kill(os.getpid(), signal.SIGKILL)
+        finally:
+            os._exit(1)
+    comm = init(2, 0, idb)
+    _allreduce(l, comm, 2)
+    wait_until(lambda: open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z", 10, "zombie")
+    t0 = time.monotonic()
+    with pytest.raises(errors.RemoteError):
+        _allreduce(l, comm)
+    took = time.monotonic() - t0
+    os.waitpid(pid, 0)
+    l.comm_abort(comm)
+    return took
+
+
+@pytest.mark.timeout(60)
+def test_zombie_peer_is_noticed():
+    (took,) = run_ranks(_zombie_peer, 1, uid(), timeout=30)
+    assert took < 1.0
+
+
+def _peer_aborts(rank, n, idb):
+    l = lib()
+    comm = init(n, rank, idb)
+    _allreduce(l, comm, n)
+    if rank == 1:
+        time.sleep(0.2)
+        l.comm_abort(comm)
+        return None
+    with pytest.raises(errors.RemoteError) as ei:
+        _allreduce(l, comm)
+    assert "aborted" in ei.value.last_error
+    l.comm_abort(comm)
+    return ei.value.last_error
+
+
+@pytest.mark.timeout(60)
+def test_peer_that_aborts_surfaces_as_remote_error():
+    run_ranks(_peer_aborts, 2, uid(), timeout=30)
+
+
+# ---- reshape ------------------------------------------------------------------------------------
+
+
+def _split(rank, n, idb):
+    l = lib()
+    comm = init(n, rank, idb)
+    color = -1 if rank == 4 else rank % 2
+    slot, status = l.comm_split(comm, color, -rank)  # key -rank: reversed order
+    assert status == 0
+    if color < 0:
+        assert slot.value == 0
+        l.comm_destroy(comm)
+        return None
+    sub = slot.value
+    members = [r for r in range(n) if r % 2 == color and r != 4]
+    assert l.comm_count(sub) == len(members)
+    assert l.comm_user_rank(sub) == sorted(members, reverse=True).index(rank)
+    b = _allreduce(l, sub, None, value=float(rank + 1))
+    assert b[0] == sum(r + 1 for r in members)
+    l.comm_destroy(sub)
+    l.comm_destroy(comm)
+    return l.comm_count if False else True
+
+
+@pytest.mark.timeout(60)
+def test_split_by_color():
+    run_ranks(_split, 5, uid(), timeout=30)
+
+
+def _revoke_then_shrink(rank, n, idb):
+    l = lib()
+    comm = init(n, rank, idb)
+    if rank == n - 1:
+        _stop_self_after_init(l, comm, n)
+    _allreduce(l, comm, n)
+    threading.Timer(0.2, lambda: l.comm_revoke(comm)).start()
+    with pytest.raises(errors.InvalidUsage):
+        _allreduce(l, comm)
+    assert wait_ready(comm) == 0  # the revoke completes (IN_PROGRESS until every op stopped)
+    slot, status = l.comm_shrink(comm, [n - 1])
+    small = slot.value
+    _allreduce(l, small, n - 1)
+    l.comm_destroy(small)
+    l.comm_destroy(comm)
+
+
+@pytest.mark.timeout(60)
+def test_revoke_then_shrink():
+    run_ranks(_revoke_then_shrink, 3, uid(), timeout=30, may_die=[2], on_start=kill_when_done([2]))
+
+
+def _grow(rank, n, idb, id_path):
+    l = lib()
+    if rank < 3:
+        comm = init(3, rank, idb)
+        _allreduce(l, comm, 3)
+        grow_id = None
+        if rank == 0:
+            grow_id = l.comm_get_unique_id(comm)
+            with pytest.raises(errors.InvalidUsage):  # one id at a time
+                l.comm_get_unique_id(comm)
+            tmp = id_path + ".tmp"
+            with open(tmp, "wb") as f:
+                f.write(bytes(grow_id))
+            os.rename(tmp, id_path)
+        slot, status = l.comm_grow(comm, 4, grow_id, -1)
+    else:
+        wait_until(lambda: os.path.exists(id_path), 20, "grow id")
+        with open(id_path, "rb") as f:
+            grow_id = UniqueId(f.read())
+        with pytest.raises(errors.InvalidArgument):
+            l.comm_grow(None, 4, grow_id, 1)  # collides with an existing rank
+        slot, status = l.comm_grow(None, 4, grow_id, 3)
+        comm = None
+    big = slot.value
+    assert big and l.comm_count(big) == 4 and l.comm_user_rank(big) == rank
+    b = _allreduce(l, big, None, value=float(rank + 1))
+    assert b[0] == 10.0
+    l.comm_destroy(big)
+    if comm:
+        l.comm_destroy(comm)
+
+
+@pytest.mark.timeout(60)
+def test_grow_from_three_to_four_with_a_fresh_process(tmp_path):
+    run_ranks(_grow, 4, uid(), str(tmp_path / "grow.id"), timeout=40)
+
+
+def _shrink_misuse(rank, n, idb):
+    l = lib()
+    comm = init(n, rank, idb)
+    lst = [3, 2]  # unsorted: NCCL sorts the caller's list in place, the host library must not
+    if rank == 3:
+        l.comm_destroy(comm)
+        return
+    if rank == 2:
+        with pytest.raises(errors.InvalidArgument) as ei:
+            l.comm_shrink(comm, lst)  # an excluded rank calling shrink
+        assert "exclude list" in ei.value.last_error
+        l.comm_destroy(comm)
+        return
+    slot, _ = l.comm_shrink(comm, lst)
+    assert lst == [3, 2]
+    assert l.comm_count(slot.value) == 2
+    _allreduce(l, slot.value, 2)
+    l.comm_destroy(slot.value)
+    l.comm_destroy(comm)
+
+
+@pytest.mark.timeout(60)
+def test_shrink_argument_checks():
+    run_ranks(_shrink_misuse, 4, uid(), timeout=30)
+
+
+def _death_during_shrink(rank, n, idb):
+    l = lib()
+    comm = init(n, rank, idb)
+    _allreduce(l, comm, n)
+    if rank == 2:
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGKILL)
+    if rank == 3:  # excluded: leaves
+        l.comm_abort(comm)
+        return 0.0
+    t0 = time.monotonic()
+    with pytest.raises(errors.RemoteError):  # rank 2 never joins the shrink: it died
+        l.comm_shrink(comm, [3])
+    took = time.monotonic() - t0
+    l.comm_abort(comm)
+    return took
+
+
+@pytest.mark.timeout(60)
+def test_rank_dying_during_shrink_is_an_error():
+    out = run_ranks(_death_during_shrink, 4, uid(), timeout=30, may_die=[2])
+    assert all(t < 2.0 for t in out[:2])
+
+
+def _nonblocking_reshape(rank, n, idb):
+    l = lib()
+    comm = init(n, rank, idb, Config(blocking=0))
+    slot, status = l.comm_split(comm, 0, rank)
+    assert status in (0, 7)
+    assert wait_ready(comm) == 0
+    sub = slot.value
+    assert sub
+    _allreduce(l, sub, n)
+    slot2, status = l.comm_shrink(sub, [n - 1]) if rank != n - 1 else (None, None)
+    if slot2 is not None:
+        assert wait_ready(sub) == 0
+        _allreduce(l, slot2.value, n - 1)
+        l.comm_destroy(slot2.value)
+    l.comm_destroy(sub)
+    l.comm_destroy(comm)
+
+
+@pytest.mark.timeout(60)
+def test_nonblocking_split_and_shrink_complete_through_the_parent():
+    run_ranks(_nonblocking_reshape, 3, uid(), timeout=30)
+
+
+# ---- finalize, mismatches, rendezvous misuse ------------------------------------------------------
+
+
+def _finalize(rank, n, idb, blocking):
+    l = lib()
+    comm = init(n, rank, idb, None if blocking else Config(blocking=0))
+    _allreduce(l, comm, n)
+    time.sleep(0.05 * rank)
+    st = l.comm_finalize(comm)
+    if not blocking:
+        assert wait_ready(comm) == 0
+    with pytest.raises(errors.InvalidArgument):
+        l.comm_finalize(comm)  # second finalize
+    l.comm_destroy(comm)
+    return st
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("blocking", [True, False])
+def test_finalize_synchronises_and_destroy_is_local(blocking):
+    out = run_ranks(_finalize, 3, uid(), blocking, timeout=30)
+    assert all(st in (0, 7) for st in out)
+
+
+def _mismatch(rank, n, idb, what):
+    l = lib()
+    comm = init(n, rank, idb)
+    a = np.ones(64, np.float32)
+    b = np.empty_like(a)
+    args = {"count": (10 if rank == 0 else 20, F32, SUM), "dtype": (10, F32 if rank == 0 else int(DataType.Int32), SUM),
+            "op": (10, F32, SUM if rank == 0 else int(RedOp.Max))}
+    if what == "root":
+        call = lambda: l.broadcast(ptr(a), ptr(b), 10, F32, rank, comm)  # noqa: E731
+    else:
+        cnt, dt, op = args[what]
+        call = lambda: l.all_reduce(ptr(a), ptr(b), cnt, dt, op, comm)  # noqa: E731
+    with pytest.raises(errors.InvalidUsage) as ei:
+        call()
+    text = ei.value.last_error
+    assert "mismatch" in text and "rank 0" in text and "rank 1" in text, text
+    l.comm_abort(comm)
+    return text
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("what", ["count", "dtype", "op", "root"])
+def test_descriptor_mismatch_is_invalid_usage(what):
+    texts = run_ranks(_mismatch, 2, uid(), what, timeout=30)
+    assert all(texts)
+
+
+def _init_expect(rank, n, idb, nranks, myrank, code):
+    l = lib()
+    with pytest.raises(errors.NCCLError) as ei:
+        l.comm_init_rank(nranks, UniqueId(idb), myrank)
+    assert ei.value.code == code, ei.value
+    return ei.value.last_error
+
+
+@pytest.mark.timeout(60)
+def test_mismatched_nranks_is_invalid_usage():
+    def fn(rank, n, idb):
+        return _init_expect(rank, n, idb, 2 + rank, rank, 5)
+
+    texts = run_ranks(_mismatched_nranks, 2, uid(), timeout=30)
+    assert any("nranks" in t for t in texts), texts
+
+
+def _mismatched_nranks(rank, n, idb):
+    if rank == 1:
+        time.sleep(0.1)  # rank 0 creates the communicator with nranks=2, rank 1 says 3
+    return _init_expect(rank, n, idb, 2 + rank, rank, 5)
+
+
+def _double_claim(rank, n, idb):
+    if rank == 1:
+        time.sleep(0.1)
+    return _init_expect(rank, n, idb, 3, 0, 5)
+
+
+@pytest.mark.timeout(60)
+def test_two_processes_claiming_one_rank():
+    texts = run_ranks(_double_claim, 2, uid(), timeout=30)
+    assert any("claimed by two" in t for t in texts), texts
+
+
+def test_unique_id_from_another_host():
+    l = lib()
+    raw = bytearray(bytes(l.get_unique_id()))
+    raw[8] ^= 0xFF  # the host identity (boot_id) lives right after magic/version/kind
+    with pytest.raises(errors.InvalidUsage) as ei:
+        l.comm_init_rank(2, UniqueId(bytes(raw)), 0)
+    assert "another host" in ei.value.last_error
+    with pytest.raises(errors.InvalidArgument):
+        l.comm_init_rank(1, UniqueId(bytes(128)), 0)  # not an id of this library
+
+
+def _rendezvous_timeout(rank, n, idb):
+    return _init_expect(rank, n, idb, 2, 0, 6)
+
+
+@pytest.mark.timeout(60)
+def test_missing_rank_times_out_with_an_error():
+    (text,) = run_ranks(_rendezvous_timeout, 1, uid(), timeout=30, env={"PYCOLL_HOST_INIT_TIMEOUT": "0.5"})
+    assert "timed out" in text and "1" in text
