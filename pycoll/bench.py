@@ -1277,7 +1277,8 @@ def _run_rank(a: argparse.Namespace, reporter: _Reporter, *, rank: Optional[int]
                     busbws.append(res["busbw_GBps"])
                     done += 1
                     if me == 0:
-                        reporter.progress(done, total, f"{coll} {dt.name} {opname or ''} {format_size(case.nbytes)} {mode}")
+                        reporter.progress(done, total, " ".join(
+                            x for x in (coll, dt.name, opname, format_size(case.nbytes), mode) if x))
                     del case
                 if me == 0:
                     reporter.row({
