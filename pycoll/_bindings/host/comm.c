@@ -18,6 +18,7 @@ struct ncclComm* comm_alloc(void) {
   c->async = ncclInProgress;
   c->phase = CP_INIT;
   pthread_mutex_init(&c->mu, NULL);
+  pthread_mutex_init(&c->err_mu, NULL);
   pthread_mutex_init(&c->exec_mu, NULL);
   c->token = new_claim_token();
   config_defaults(&c->config);
@@ -56,6 +57,7 @@ static void comm_free(struct ncclComm* c) {
     free(r);
   }
   pthread_mutex_destroy(&c->mu);
+  pthread_mutex_destroy(&c->err_mu);
   pthread_mutex_destroy(&c->exec_mu);
   c->magic = COMM_DEAD;
   quarantine_free(c);
@@ -66,18 +68,18 @@ void comm_release(struct ncclComm* c) {
 }
 
 void comm_set_last_error(struct ncclComm* c, const char* text) {
-  pthread_mutex_lock(&c->mu);
-  snprintf(c->last_error, sizeof c->last_error, "%s", text);
-  pthread_mutex_unlock(&c->mu);
+  pthread_mutex_lock(&c->err_mu);
+  if (text != c->last_error) snprintf(c->last_error, sizeof c->last_error, "%s", text);
+  pthread_mutex_unlock(&c->err_mu);
 }
 
 bool comm_copy_last_error(ncclComm_t comm, char* out, size_t len) {
   handle_lock();
   bool ok = handle_valid_locked(comm, H_COMM);
   if (ok) {
-    pthread_mutex_lock(&comm->mu);
+    pthread_mutex_lock(&comm->err_mu);
     snprintf(out, len, "%s", comm->last_error);
-    pthread_mutex_unlock(&comm->mu);
+    pthread_mutex_unlock(&comm->err_mu);
   }
   handle_unlock();
   return ok;
@@ -143,9 +145,9 @@ ncclResult_t comm_ensure_ready(struct ncclComm* c, const char* opname) {
   }
   if (a != ncclSuccess) {
     char text[1100];
-    pthread_mutex_lock(&c->mu);
+    pthread_mutex_lock(&c->err_mu);
     snprintf(text, sizeof text, "%s", c->last_error);
-    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_unlock(&c->err_mu);
     WARN("%s", text[0] ? text : ncclGetErrorString((ncclResult_t)a));
     return (ncclResult_t)a;
   }

@@ -53,7 +53,8 @@ struct ncclComm {
   bool revoked, finalize_called, destroy_called, suspended, ops_aborted;
   bool torn_down;
 
-  pthread_mutex_t mu;      /* jobs, reduction ops, registrations, last error */
+  pthread_mutex_t mu;      /* jobs, reduction ops, registrations, the segment pointer */
+  pthread_mutex_t err_mu;  /* last_error */
   pthread_mutex_t exec_mu; /* one thread executes operations of this comm at a time */
   int job_running;         /* a background job (init, finalize, split, ...) runs on this comm */
 

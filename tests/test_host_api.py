@@ -1,0 +1,461 @@
+"""The host library in one process: versions, errors, configs, misuse, memory, streams and events,
+groups over communicators created with ncclCommInitAll (ranks as threads of one process), and
+the datatype arithmetic checked exhaustively against ml_dtypes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import time
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from host_util import NP_DTYPES, assert_bits_equal, bits, lib, ptr, reduce_ref, wait_ready
+from mp_helpers import shm_entries
+from pycoll import errors
+from pycoll._bindings import SUSPEND_MEM, CommMemStat, Config, DataType, RedOp, UniqueId
+
+F32 = int(DataType.Float32)
+SUM = int(RedOp.Sum)
+
+
+@pytest.fixture
+def comms():
+    """Two communicators of one 2-rank group, ranks as threads of this process."""
+    l = lib()
+    cs = l.comm_init_all(2)
+    yield cs
+    for c in cs:
+        try:
+            l.comm_destroy(c)
+        except errors.InvalidArgument:
+            pass  # the test destroyed or aborted it
+
+
+def _grouped(l, calls):
+    l.group_start()
+    for call in calls:
+        call()
+    l.group_end()
+
+
+# ---- versions, errors, ids ----------------------------------------------------------------------
+
+NCCL_STRINGS = [
+    "no error",
+    "unhandled cuda error (run with NCCL_DEBUG=INFO for details)",
+    "unhandled system error (run with NCCL_DEBUG=INFO for details)",
+    "internal error - please report this issue to the NCCL developers",
+    "invalid argument (run with NCCL_DEBUG=WARN for details)",
+    "invalid usage (run with NCCL_DEBUG=WARN for details)",
+    "remote process exited or there was a network error",
+    "NCCL operation in progress",
+    "timeout",
+    "unknown result code",
+]
+
+
+def test_versions_and_error_strings():
+    l = lib()
+    assert l.kind == "host" and l.get_version() == 23203 and l.host_version() == 100
+    assert [l.get_error_string(i) for i in range(10)] == NCCL_STRINGS
+    not_exported = {"ncclPutSignal", "ncclSignal", "ncclWaitSignal", "ncclSetEncryption"}
+    assert not_exported <= set(l.missing)
+    assert not any(name.startswith("ncclParam") for name in l.symbols if l.symbols[name])
+
+
+def test_unique_ids_are_distinct_and_create_nothing():
+    l = lib()
+    before = shm_entries()
+    ids = {bytes(l.get_unique_id()) for _ in range(50)}
+    assert len(ids) == 50 and all(len(i) == 128 for i in ids)
+    assert shm_entries() == before
+
+
+# ---- configs --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "fields,text",
+    [
+        ({"magic": 0}, "NCCL_CONFIG_INITIALIZER"),
+        ({"blocking": 5}, "Invalid config blocking attribute value 5"),
+        ({"splitShare": 3}, "Invalid config splitShare attribute value 3"),
+        ({"CTAPolicy": 9}, "Invalid config policy attribute value 9"),
+        ({"minCTAs": 8, "maxCTAs": 4}, "Invalid config min/max channels attribute value 8/4"),
+        ({"maxP2pPeers": 0}, "Invalid config maxP2pPeers attribute value 0"),
+    ],
+)
+def test_config_validation(fields, text):
+    l = lib()
+    with pytest.raises(errors.InvalidArgument) as ei:
+        l.comm_init_rank_config(1, l.get_unique_id(), 0, Config(**fields))
+    assert text in ei.value.last_error
+
+
+def test_config_fields_newer_than_its_version_are_ignored():
+    l = lib()
+    # a 2.14-era struct: only size/magic/version/blocking count; garbage in later fields is reset
+    cfg = Config(version=21400, blocking=1, CTAPolicy=99, nvlsCTAs=-1, maxP2pPeers=-5, numRmaCtx=-2)
+    comm, status = l.comm_init_rank_config(1, l.get_unique_id(), 0, cfg)
+    assert status == 0
+    l.comm_destroy(comm)
+
+
+def test_comm_name_is_copied():
+    l = lib()
+    cfg = Config(commName="trainer")
+    comm, _ = l.comm_init_rank_config(1, l.get_unique_id(), 0, cfg)
+    del cfg
+    slot, _ = l.comm_split(comm, 0, 0)
+    l.comm_destroy(slot.value)
+    l.comm_destroy(comm)
+
+
+# ---- the misuse table -------------------------------------------------------------------------------
+
+
+def test_misuse_table(comms):
+    l = lib()
+    c0, c1 = comms
+    a = np.ones(8, np.float32)
+    b = np.empty_like(a)
+    table = [
+        (lambda: l.comm_count(0), errors.InvalidArgument, "comm argument is NULL"),
+        (lambda: l.broadcast(ptr(a), ptr(b), 8, F32, 2, c0), errors.InvalidArgument, "invalid root 2"),
+        (lambda: l.send(ptr(a), 8, F32, 5, c0), errors.InvalidArgument, "invalid peer 5"),
+        (lambda: l.all_reduce(ptr(a), ptr(b), 8, F32, 17, c0), errors.InvalidArgument, "unknown to this communicator"),
+        (lambda: l.all_reduce(0, ptr(b), 8, F32, SUM, c0), errors.InvalidArgument, "sendbuff argument is NULL"),
+        (lambda: l.all_gather(ptr(a), 0, 8, F32, c0), errors.InvalidArgument, "recvbuff argument is NULL"),
+        (lambda: l.all_reduce(ptr(a), ptr(b), 8, F32, SUM, c0, 0xDEAD0), errors.InvalidArgument, "not a valid pycoll host stream"),
+        (lambda: l.comm_revoke(c0, 3), errors.InvalidArgument, "revokeFlags"),
+        (lambda: l.red_op_destroy(SUM, c0), errors.InvalidArgument, "builtin"),
+        (lambda: l.red_op_destroy(40, c0), errors.InvalidArgument, "unallocated"),
+        (lambda: l.group_end(), errors.InvalidUsage, "not in a group call"),
+        (lambda: l.mem_free(0x1000), errors.InvalidArgument, "not allocated by ncclMemAlloc"),
+        (lambda: l.comm_deregister(c0, 0x1234), errors.InvalidArgument, "not registered"),
+        (lambda: l.win_get_user_ptr(c0, 0x1234), errors.InvalidArgument, "not registered"),
+        (lambda: l.comm_grow(c0, 2, None, -1), errors.InvalidArgument, "less than current ranks"),
+        (lambda: l.comm_grow(None, 3, l.get_unique_id(), 2), errors.InvalidArgument, "ncclCommGetUniqueId"),
+    ]
+    for call, exc, text in table:
+        with pytest.raises(exc) as ei:
+            call()
+        assert text in ei.value.last_error, (text, ei.value.last_error)
+    # user-op datatype mismatch
+    scalar = np.array([2.0], np.float64)
+    op = l.red_op_create_pre_mul_sum(ptr(scalar), int(DataType.Float64), 1, c0)
+    with pytest.raises(errors.InvalidArgument) as ei:
+        l.all_reduce(ptr(a), ptr(b), 8, F32, op, c0)
+    assert "does not match" in ei.value.last_error
+    l.red_op_destroy(op, c0)
+    # argument errors leave the communicator usable
+    _grouped(l, [lambda c=c, x=x: l.all_reduce(ptr(x), ptr(x), 8, F32, SUM, c) for c, x in ((c0, a), (c1, a.copy()))])
+    assert a[0] == 2.0
+
+
+def test_use_after_destroy_and_abort(comms):
+    l = lib()
+    c0, c1 = comms
+    l.comm_destroy(c0)
+    l.comm_destroy(c1)
+    for call in (lambda: l.comm_count(c0), lambda: l.comm_destroy(c1), lambda: l.comm_abort(c0),
+                 lambda: l.all_reduce(0, 0, 0, F32, SUM, c1), lambda: l.comm_get_async_error(c0)):
+        with pytest.raises(errors.InvalidArgument):
+            call()
+    assert l.comm_abort(0) == 0 and l.comm_destroy(0) == 0 and l.comm_revoke(0) == 0
+
+
+def _raw():
+    """The C functions themselves, for checks the bindings already make in Python."""
+    return ctypes.CDLL(lib().path)
+
+
+def test_c_level_argument_checks(comms):
+    raw = _raw()
+    raw.ncclGetLastError.restype = ctypes.c_char_p
+    c0 = ctypes.c_void_p(comms[0])
+    buf = (ctypes.c_float * 4)()
+    assert raw.ncclAllReduce(buf, buf, ctypes.c_size_t(4), 12, 0, c0, None) == 4
+    assert b"invalid type 12" in raw.ncclGetLastError(c0)
+    assert raw.ncclAllReduce(buf, buf, ctypes.c_size_t(4), 7, -3, c0, None) == 4
+    assert b"invalid reduction operation -3" in raw.ncclGetLastError(c0)
+    excl = (ctypes.c_int * 1)(1)
+    out = ctypes.c_void_p()
+    assert raw.ncclCommShrink(c0, excl, 0, ctypes.byref(out), None, 0) == 4
+    assert raw.ncclCommShrink(c0, None, 1, ctypes.byref(out), None, 0) == 4
+    grown = ctypes.c_void_p()
+    assert raw.ncclCommGrow(c0, 3, None, 0, ctypes.byref(grown), None) == 4
+    assert b"existing ranks must pass rank=-1" in raw.ncclGetLastError(c0)
+    assert raw.ncclReduce(buf, buf, ctypes.c_size_t(4), 7, 0, -1, c0, None) == 4
+    assert b"invalid root -1" in raw.ncclGetLastError(c0)
+    assert raw.ncclCommGrow(None, 3, None, 2, ctypes.byref(grown), None) == 4
+    assert b"non-NULL uniqueId" in raw.ncclGetLastError(None)
+    class Uid(ctypes.Structure):
+        _fields_ = [("internal", ctypes.c_char * 128)]
+
+    uid = Uid()
+    ctypes.memmove(ctypes.byref(uid), bytes(lib().get_unique_id()), 128)
+    assert raw.ncclCommInitRank(ctypes.byref(grown), 2, uid, 2) == 4
+    assert b"Invalid rank requested : 2/2" in raw.ncclGetLastError(None)
+    value = ctypes.c_uint64()
+    assert raw.ncclCommMemStats(c0, 9, ctypes.byref(value)) == 4
+    assert raw.ncclCommSplit(c0, -5, 0, ctypes.byref(grown), None) == 4
+    assert b"invalid color -5" in raw.ncclGetLastError(c0)
+    assert raw.ncclGetVersion(None) == 4
+    assert raw.ncclGetUniqueId(None) == 4
+    # a count of zero is a no-op even with NULL buffers, as in NCCL
+    assert raw.ncclAllReduce(None, None, ctypes.c_size_t(0), 7, 0, c0, None) == 0
+
+
+def test_operations_before_nonblocking_init_completes_and_abort_during_rendezvous():
+    l = lib()
+    before = shm_entries()
+    comm, status = l.comm_init_rank_config(2, l.get_unique_id(), 0, Config(blocking=0))
+    assert status == 7 and l.comm_get_async_error(comm) == 7
+    with pytest.raises(errors.InvalidArgument) as ei:
+        l.all_reduce(0, 0, 1, F32, SUM, comm)
+    assert "before the previous operation returned ncclSuccess" in ei.value.last_error
+    t0 = time.monotonic()
+    l.comm_abort(comm)
+    assert time.monotonic() - t0 < 1.0
+    assert shm_entries() == before  # the aborted rendezvous removed its segment
+
+
+# ---- memory, registration, windows, suspend ---------------------------------------------------------
+
+
+def test_memory_registration_and_windows(comms):
+    l = lib()
+    c0 = comms[0]
+    p = l.mem_alloc(1 << 20)
+    assert p % 4096 == 0
+    ctypes.memset(p, 7, 1 << 20)
+    h = l.comm_register(c0, p, 1 << 20)
+    l.comm_deregister(c0, h)
+    with pytest.raises(errors.InvalidArgument):
+        l.comm_deregister(c0, h)
+    win, _ = l.comm_window_register(c0, p, 4096)
+    assert l.win_get_user_ptr(c0, win) == p
+    with pytest.raises(errors.InvalidArgument):
+        l.win_get_user_ptr(comms[1], win)  # another communicator's window
+    l.comm_window_deregister(c0, win)
+    l.mem_free(p)
+    with pytest.raises(errors.InvalidArgument):
+        l.mem_free(p)
+
+
+def test_suspend_resume_and_mem_stats(comms):
+    l = lib()
+    c0, c1 = comms
+    assert l.comm_mem_stats(c0, CommMemStat.GpuMemTotal) == 0
+    for c in comms:
+        l.comm_suspend(c, SUSPEND_MEM)
+    assert l.comm_mem_stats(c0, CommMemStat.GpuMemSuspended) == 1
+    with pytest.raises(errors.InvalidUsage):
+        l.all_reduce(0, 0, 1, F32, SUM, c0)
+    for c in comms:
+        l.comm_resume(c)
+    a, b = np.ones(4, np.float32), np.ones(4, np.float32)
+    _grouped(l, [lambda: l.all_reduce(ptr(a), ptr(a), 4, F32, SUM, c0), lambda: l.all_reduce(ptr(b), ptr(b), 4, F32, SUM, c1)])
+    assert a[0] == 2.0 and l.comm_mem_stats(c0, CommMemStat.GpuMemSuspended) == 0
+
+
+# ---- groups across communicators of one process ---------------------------------------------------
+
+
+def test_init_all_and_one_thread_driving_every_rank():
+    l = lib()
+    cs = l.comm_init_all(4, [3, 2, 1, 0])
+    assert [l.comm_user_rank(c) for c in cs] == [0, 1, 2, 3]
+    assert [l.comm_cu_device(c) for c in cs] == [3, 2, 1, 0]
+    assert all(l.comm_count(c) == 4 for c in cs)
+    for count in (5, 300_000):  # one-shot and pipelined
+        xs = [np.full(count, r + 1, np.float32) for r in range(4)]
+        outs = [np.empty(count, np.float32) for _ in range(4)]
+        _grouped(l, [lambda r=r: l.all_reduce(ptr(xs[r]), ptr(outs[r]), count, F32, SUM, cs[r]) for r in range(4)])
+        assert all(o[0] == 10 and o[-1] == 10 for o in outs)
+    # send/recv in any order: every rank posts its receives before its sends
+    xs = [np.full(1000, r, np.int32) for r in range(4)]
+    outs = [np.empty(1000, np.int32) for _ in range(4)]
+    calls = [lambda r=r: l.recv(ptr(outs[r]), 1000, int(DataType.Int32), (r - 1) % 4, cs[r]) for r in range(4)]
+    calls += [lambda r=r: l.send(ptr(xs[r]), 1000, int(DataType.Int32), (r + 1) % 4, cs[r]) for r in range(4)]
+    _grouped(l, calls)
+    assert [int(o[0]) for o in outs] == [3, 0, 1, 2]
+    # finalize them all from one thread in a group (finalize synchronises the ranks)
+    _grouped(l, [lambda c=c: l.comm_finalize(c) for c in cs])
+    for c in cs:  # destroy is local: a plain loop cannot deadlock
+        l.comm_destroy(c)
+
+
+def test_group_simulate_end_estimates_without_running(comms):
+    l = lib()
+    a = np.ones(1024, np.float32)
+    b = np.zeros(1024, np.float32)
+    l.group_start()
+    l.all_reduce(ptr(a), ptr(b), 1024, F32, SUM, comms[0])
+    t = l.group_simulate_end()
+    assert t > 0 and b[0] == 0.0
+
+
+def test_group_error_drops_the_group(comms):
+    l = lib()
+    a = np.ones(4, np.float32)
+    l.group_start()
+    l.all_reduce(ptr(a), ptr(a), 4, F32, SUM, comms[0])
+    with pytest.raises(errors.InvalidArgument):
+        l.broadcast(ptr(a), ptr(a), 4, F32, 9, comms[1])
+    with pytest.raises(errors.InvalidArgument):
+        l.group_end()
+    assert a[0] == 1.0
+
+
+def test_blocking_and_nonblocking_comms_cannot_share_a_group():
+    l = lib()
+    blocking, _ = l.comm_init_rank_config(1, l.get_unique_id(), 0, None)
+    nonblocking, _ = l.comm_init_rank_config(1, l.get_unique_id(), 0, Config(blocking=0))
+    wait_ready(nonblocking)
+    a = np.ones(4, np.float32)
+    l.group_start()
+    l.all_reduce(ptr(a), ptr(a), 4, F32, SUM, blocking)
+    with pytest.raises(errors.InvalidArgument) as ei:
+        l.all_reduce(ptr(a), ptr(a), 4, F32, SUM, nonblocking)
+    assert "not allowed in the same group" in ei.value.last_error
+    with pytest.raises(errors.InvalidArgument):
+        l.group_end()
+    l.comm_destroy(blocking)
+    l.comm_destroy(nonblocking)
+
+
+# ---- streams and events -------------------------------------------------------------------------------
+
+
+def test_streams_run_in_order_and_events_complete(comms):
+    l = lib()
+    c0, c1 = comms
+    s0, s1, s2 = (l.host_stream_create() for _ in range(3))
+    e_start, e_done, e_after = (l.host_event_create() for _ in range(3))
+    assert l.host_event_query(e_done)  # never recorded: complete, as in CUDA
+    x0, x1 = np.full(100_000, 1.0, np.float32), np.full(100_000, 2.0, np.float32)
+    o0, o1 = np.empty_like(x0), np.empty_like(x1)
+    l.host_event_record(e_start, s0)
+    assert l.all_reduce(ptr(x0), ptr(o0), x0.size, F32, SUM, c0, s0) == 0  # returns at once
+    l.host_event_record(e_done, s0)
+    l.host_stream_wait_event(s2, e_done)
+    l.host_event_record(e_after, s2)
+    time.sleep(0.05)
+    assert not l.host_event_query(e_done) and not l.host_event_query(e_after)  # waits for rank 1
+    assert not l.host_stream_query(s0)
+    l.all_reduce(ptr(x1), ptr(o1), x1.size, F32, SUM, c1, s1)
+    l.host_event_synchronize(e_after)
+    l.host_stream_synchronize(s1)
+    assert l.host_event_query(e_done) and l.host_stream_query(s0)
+    assert o0[0] == 3.0 and o1[-1] == 3.0
+    assert l.host_event_elapsed_ms(e_start, e_done) >= 40.0
+    for s in (s0, s1, s2):
+        l.host_stream_destroy(s)
+    for e in (e_start, e_done, e_after):
+        l.host_event_destroy(e)
+    with pytest.raises(errors.InvalidArgument):
+        l.host_stream_query(s0)
+    with pytest.raises(errors.InvalidArgument):
+        l.host_event_query(e_done)
+
+
+def test_errors_of_enqueued_work_go_to_the_async_error(comms):
+    l = lib()
+    c0, c1 = comms
+    s0, s1 = l.host_stream_create(), l.host_stream_create()
+    ev = l.host_event_create()
+    a = np.ones(64, np.float32)
+    l.all_reduce(ptr(a), ptr(a), 10, F32, SUM, c0, s0)
+    l.all_reduce(ptr(a), ptr(a), 20, F32, SUM, c1, s1)  # count mismatch
+    l.host_event_record(ev, s0)
+    l.host_event_synchronize(ev)  # the stream keeps going and its events complete
+    l.host_stream_synchronize(s1)
+    assert l.comm_get_async_error(c0) == 5 and l.comm_get_async_error(c1) == 5
+    assert "mismatch" in l.get_last_error(c0)
+    with pytest.raises(errors.InvalidUsage):  # the communicator is unusable now
+        l.all_reduce(ptr(a), ptr(a), 10, F32, SUM, c0)
+    for c in comms:
+        l.comm_abort(c)
+    l.host_stream_destroy(s0)
+    l.host_stream_destroy(s1)
+    l.host_event_destroy(ev)
+
+
+# ---- datatype arithmetic, exhaustively --------------------------------------------------------------
+
+
+def _pairwise(l, cs, dtype, op, a, b):
+    out0, out1 = np.empty_like(a), np.empty_like(b)
+    _grouped(l, [lambda: l.all_reduce(ptr(a), ptr(out0), a.size, int(dtype), op, cs[0]),
+                 lambda: l.all_reduce(ptr(b), ptr(out1), b.size, int(dtype), op, cs[1])])
+    assert_bits_equal(out0, out1, "ranks disagree")
+    return out0
+
+
+@pytest.mark.parametrize("dtype", [DataType.Float8e4m3, DataType.Float8e5m2])
+def test_float8_every_pair_of_values(comms, dtype):
+    """All 65536 (a, b) pairs, every op: bitwise equal to ml_dtypes (NaN results compared as NaN)."""
+    l = lib()
+    npd = NP_DTYPES[dtype]
+    codes = np.arange(256, dtype=np.uint8)
+    a = np.repeat(codes, 256).view(npd)
+    b = np.tile(codes, 256).view(npd)
+    for op in (RedOp.Sum, RedOp.Prod, RedOp.Max, RedOp.Min, RedOp.Avg):
+        got = _pairwise(l, comms, dtype, op, a, b)
+        want = reduce_ref(dtype, op, [a, b])
+        nan = np.isnan(want.astype(np.float32))
+        assert np.array_equal(np.isnan(got.astype(np.float32)), nan)
+        assert_bits_equal(got[~nan], want[~nan], f"{dtype.name} {op.name}")
+
+
+@pytest.mark.parametrize("dtype", [DataType.Float16, DataType.Bfloat16])
+def test_16bit_floats_against_references(comms, dtype):
+    l = lib()
+    npd = NP_DTYPES[dtype]
+    rng = np.random.default_rng(5)
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, 1e-8, -1e-8, 6e-5, 65504, 3e38, 1.0], np.float32)
+    if dtype == DataType.Float16:
+        specials[8] = 7e4  # rounds to infinity in float16 (3e38 would warn about the overflow)
+    n = 400_000
+    with np.errstate(over="ignore"):
+        a = np.concatenate([rng.integers(0, 65536, n, dtype=np.uint16).view(npd), specials.astype(npd)])
+        b = np.concatenate([rng.integers(0, 65536, n, dtype=np.uint16).view(npd), specials[::-1].astype(npd)])
+    for op in (RedOp.Sum, RedOp.Prod, RedOp.Max, RedOp.Min, RedOp.Avg):
+        got = _pairwise(l, comms, dtype, op, a, b)
+        want = reduce_ref(dtype, op, [a, b])
+        nan = np.isnan(want.astype(np.float32))
+        assert np.array_equal(np.isnan(got.astype(np.float32)), nan), f"{dtype.name} {op.name}: NaN positions"
+        if op in (RedOp.Max, RedOp.Min):  # selection keeps NaN payloads; arithmetic may not
+            assert_bits_equal(got, want, f"{dtype.name} {op.name}")
+        else:
+            assert_bits_equal(got[~nan], want[~nan], f"{dtype.name} {op.name}")
+
+
+@pytest.mark.parametrize("dtype", [DataType.Float32, DataType.Float64, DataType.Int8, DataType.Uint64])
+def test_wide_types_including_specials(comms, dtype):
+    l = lib()
+    npd = NP_DTYPES[dtype]
+    rng = np.random.default_rng(6)
+    if npd.kind == "f":
+        a = rng.normal(0, 1e3, 10_000).astype(npd)
+        b = rng.normal(0, 1e3, 10_000).astype(npd)
+        a[:6] = [np.inf, -np.inf, 0.0, -0.0, 1e-310 if npd.itemsize == 8 else 1e-40, np.nan]
+        b[:6] = [1.0, np.inf, -0.0, 0.0, 2.0, 3.0]
+    else:
+        info = np.iinfo(npd)
+        a = rng.integers(info.min, info.max, 10_000, dtype=npd, endpoint=True)
+        b = rng.integers(info.min, info.max, 10_000, dtype=npd, endpoint=True)
+    for op in (RedOp.Sum, RedOp.Prod, RedOp.Max, RedOp.Min, RedOp.Avg):
+        got = _pairwise(l, comms, dtype, op, a, b)
+        want = reduce_ref(dtype, op, [a, b])
+        if npd.kind == "f":
+            nan = np.isnan(want)
+            assert np.array_equal(np.isnan(got), nan)
+            got, want = got[~nan], want[~nan]
+        assert_bits_equal(got, want, f"{dtype.name} {op.name}")
