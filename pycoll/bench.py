@@ -596,6 +596,7 @@ def build_case(spec: CollSpec, dt: DType, op: Optional[int], root: int, nranks: 
         send, recv = kit.empty(scount, dt), kit.empty(rcount, dt)
         buffers = [send, recv]
     block = count // nranks if spec.blocks else count
+    kit.sync()  # GPU arrays are zero-filled on the framework's stream; the ops may run on another
     return Case(spec, dt, op, root, nranks, rank, count, block, in_place, kit, buffers, send, recv)
 
 
