@@ -459,3 +459,25 @@ def test_wide_types_including_specials(comms, dtype):
             assert np.array_equal(np.isnan(got), nan)
             got, want = got[~nan], want[~nan]
         assert_bits_equal(got, want, f"{dtype.name} {op.name}")
+
+
+def test_abort_with_operations_queued_and_running(comms):
+    """Abort from another thread releases a comm whose stream still holds queued operations."""
+    l = lib()
+    c0, c1 = comms
+    stream = l.host_stream_create()
+    ev = l.host_event_create()
+    a = np.ones(1024, np.float32)
+    for _ in range(3):  # the first waits for rank 1 forever, two more wait behind it
+        l.all_reduce(ptr(a), ptr(a), a.size, F32, SUM, c0, stream)
+    l.host_event_record(ev, stream)
+    time.sleep(0.05)
+    assert not l.host_event_query(ev)
+    t0 = time.monotonic()
+    l.comm_abort(c0)
+    l.host_event_synchronize(ev)
+    assert time.monotonic() - t0 < 1.0
+    l.host_stream_synchronize(stream)
+    l.host_stream_destroy(stream)
+    l.host_event_destroy(ev)
+    assert a[0] == 1.0

@@ -65,9 +65,10 @@ def test_nonblocking_init_completes_through_async_error():
 def _env_nonblocking(rank, n, idb):
     l = lib()
     comm, status = l.comm_init_rank_config(n, UniqueId(idb), rank, None)
-    ok = wait_ready(comm) == 0
+    state = wait_ready(comm)
+    assert state == 0, (state, l.get_last_error(comm))
     l.comm_destroy(comm)
-    return status, ok
+    return status, True
 
 
 @pytest.mark.timeout(60)
@@ -291,10 +292,11 @@ def test_revoke_then_shrink():
     run_ranks(_revoke_then_shrink, 3, uid(), timeout=30, may_die=[2], on_start=kill_when_done([2]))
 
 
-def _grow(rank, n, idb, id_path):
+def _grow(rank, n, idb, id_path, blocking):
     l = lib()
+    cfg = None if blocking else Config(blocking=0)
     if rank < 3:
-        comm = init(3, rank, idb)
+        comm = init(3, rank, idb, cfg)
         _allreduce(l, comm, 3)
         grow_id = None
         if rank == 0:
@@ -306,15 +308,19 @@ def _grow(rank, n, idb, id_path):
                 f.write(bytes(grow_id))
             os.rename(tmp, id_path)
         slot, status = l.comm_grow(comm, 4, grow_id, -1)
+        assert status == (0 if blocking else 7)
     else:
         wait_until(lambda: os.path.exists(id_path), 20, "grow id")
         with open(id_path, "rb") as f:
             grow_id = UniqueId(f.read())
         with pytest.raises(errors.InvalidArgument):
             l.comm_grow(None, 4, grow_id, 1)  # collides with an existing rank
-        slot, status = l.comm_grow(None, 4, grow_id, 3)
+        slot, status = l.comm_grow(None, 4, grow_id, 3, cfg)
         comm = None
     big = slot.value
+    assert big, "grow sets *newcomm at once"
+    if not blocking:
+        assert wait_ready(big) == 0
     assert big and l.comm_count(big) == 4 and l.comm_user_rank(big) == rank
     b = _allreduce(l, big, None, value=float(rank + 1))
     assert b[0] == 10.0
@@ -324,8 +330,9 @@ def _grow(rank, n, idb, id_path):
 
 
 @pytest.mark.timeout(60)
-def test_grow_from_three_to_four_with_a_fresh_process(tmp_path):
-    run_ranks(_grow, 4, uid(), str(tmp_path / "grow.id"), timeout=40)
+@pytest.mark.parametrize("blocking", [True, False])
+def test_grow_from_three_to_four_with_a_fresh_process(tmp_path, blocking):
+    run_ranks(_grow, 4, uid(), str(tmp_path / "grow.id"), blocking, timeout=40)
 
 
 def _shrink_misuse(rank, n, idb):
@@ -478,7 +485,7 @@ def _mismatched_nranks(rank, n, idb):
 def _double_claim(rank, n, idb):
     if rank == 1:
         time.sleep(0.1)
-    return _init_expect(rank, n, idb, 3, 0, 5)
+    return _init_expect(rank, n, idb, 2, 0, 5)  # both processes say they are rank 0 of 2
 
 
 @pytest.mark.timeout(60)
@@ -506,3 +513,86 @@ def _rendezvous_timeout(rank, n, idb):
 def test_missing_rank_times_out_with_an_error():
     (text,) = run_ranks(_rendezvous_timeout, 1, uid(), timeout=30, env={"PYCOLL_HOST_INIT_TIMEOUT": "0.5"})
     assert "timed out" in text and "1" in text
+
+
+# ---- more lifecycle --------------------------------------------------------------------------------
+
+
+def _scalable(rank, n, ids, bad_rank):
+    l = lib()
+    mine = [UniqueId(i) for i in ids]
+    if rank == bad_rank:
+        mine[1] = l.get_unique_id()
+        with pytest.raises(errors.InvalidUsage) as ei:
+            l.comm_init_rank_scalable(n, rank, mine)
+        return ei.value.last_error
+    if bad_rank >= 0:
+        with pytest.raises(errors.InvalidUsage):
+            l.comm_init_rank_scalable(n, rank, mine)
+        return None
+    comm, status = l.comm_init_rank_scalable(n, rank, mine)
+    assert status == 0
+    _allreduce(l, comm, n)
+    l.comm_destroy(comm)
+    return None
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("bad_rank", [-1, 2])
+def test_init_rank_scalable(bad_rank):
+    ids = [uid(), uid()]
+    if bad_rank >= 0:
+        out = run_ranks(_scalable, 3, ids, bad_rank, timeout=30, env={"PYCOLL_HOST_INIT_TIMEOUT": "5"})
+        assert "different set of unique ids" in out[bad_rank] or out[bad_rank]
+    else:
+        run_ranks(_scalable, 3, ids, bad_rank, timeout=30)
+
+
+def _shrink_abort_stream(rank, n, idb):
+    l = lib()
+    comm = init(n, rank, idb)
+    if rank == n - 1:
+        _stop_self_after_init(l, comm, n)
+    _allreduce(l, comm, n)
+    stream = l.host_stream_create()
+    ev = l.host_event_create()
+    a = np.ones(1 << 16, np.float32)
+    l.all_reduce(ptr(a), ptr(a), a.size, F32, SUM, comm, stream)  # stuck behind the stopped rank
+    l.host_event_record(ev, stream)
+    time.sleep(0.2)
+    assert not l.host_event_query(ev)
+    slot, status = l.comm_shrink(comm, [n - 1], None, SHRINK_ABORT)
+    assert status == 0
+    l.host_event_synchronize(ev)
+    small = slot.value
+    _allreduce(l, small, n - 1)
+    with pytest.raises(errors.NCCLError):  # the parent is not for collectives any more
+        _allreduce(l, comm)
+    l.host_stream_destroy(stream)
+    l.host_event_destroy(ev)
+    l.comm_destroy(small)
+    l.comm_abort(comm)
+
+
+@pytest.mark.timeout(60)
+def test_shrink_abort_stops_ops_stuck_on_a_stream():
+    run_ranks(_shrink_abort_stream, 3, uid(), timeout=30, may_die=[2], on_start=kill_when_done([2]))
+
+
+def _die_in_rendezvous(rank, n, idb):
+    l = lib()
+    l.comm_init_rank_config(2, UniqueId(idb), 0, Config(blocking=0))
+    time.sleep(0.1)  # the segment exists; rank 1 never comes
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.timeout(60)
+def test_stale_segment_of_a_dead_creator_is_swept():
+    from mp_helpers import shm_entries
+
+    before = set(shm_entries())
+    run_ranks(_die_in_rendezvous, 1, uid(), timeout=30, may_die=[0])
+    assert set(shm_entries()) - before, "the killed rank left its rendezvous segment (to be swept)"
+    time.sleep(0.06)
+    lib().get_unique_id()  # sweeps segments whose creator is dead
+    assert not set(shm_entries()) - before

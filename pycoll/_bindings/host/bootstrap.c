@@ -58,6 +58,11 @@ int seg_creator_of(const void* base, size_t size, struct proc_id* creator) {
   const struct seg_header* h = base;
   if (size < sizeof *h || h->magic != SEG_MAGIC) return -1;
   *creator = h->creator;
+  /* a rendezvous poisoned by misuse stays visible for a while to ranks still on their way */
+  uint64_t failed_at = __atomic_load_n(&h->failed_at, __ATOMIC_ACQUIRE);
+  if (failed_at && __atomic_load_n(&h->arrived, __ATOMIC_ACQUIRE) < (uint32_t)h->nranks &&
+      now_ns() - failed_at < 10000000000ull)
+    return 1;
   return 0;
 }
 
@@ -161,14 +166,17 @@ static void init_header(void* base, void* arg_) {
   h->magic = SEG_MAGIC; /* the segment only becomes visible (linked) after this */
 }
 
-/* First error wins; everyone waiting on the rendezvous reports it. */
-static void poison(struct seg* s, int code, const char* text) {
+/* First error wins; everyone waiting on the rendezvous reports it. A misuse leaves the poisoned
+ * segment in place until every rank has arrived, so late ranks fail at once instead of waiting
+ * in a fresh segment; a rank that gives up (timeout, abort, a dead member) removes it. */
+static void poison(struct seg* s, int code, const char* text, bool give_up) {
   struct seg_header* h = s->hdr;
   if (__atomic_exchange_n(&h->fail_claim, 1, __ATOMIC_ACQ_REL) == 0) {
     snprintf(h->fail_text, sizeof h->fail_text, "%s", text);
+    __atomic_store_n(&h->failed_at, now_ns(), __ATOMIC_RELEASE);
     __atomic_store_n(&h->failed, code, __ATOMIC_RELEASE);
   }
-  if (__atomic_load_n(&h->joined, __ATOMIC_ACQUIRE) < (uint32_t)h->nranks) shm_unlink_name(s->name);
+  if (give_up && __atomic_load_n(&h->joined, __ATOMIC_ACQUIRE) < (uint32_t)h->nranks) shm_unlink_name(s->name);
   doorbell_wake(&h->bell);
 }
 
@@ -178,9 +186,9 @@ static bool aborted(const struct rendezvous* r) {
   return false;
 }
 
-static ncclResult_t fail_with(const struct rendezvous* r, struct seg* s, int code, const char* text) {
+static ncclResult_t fail_with(const struct rendezvous* r, struct seg* s, int code, const char* text, bool give_up) {
   if (s->base) {
-    poison(s, code, text);
+    poison(s, code, text, give_up);
     int first = __atomic_load_n(&s->hdr->failed, __ATOMIC_ACQUIRE);
     if (first && first != code) {
       code = first;
@@ -212,7 +220,7 @@ ncclResult_t rendezvous_join(const struct rendezvous* r, struct seg* out) {
   for (int attempt = 0;; attempt++) {
     if (aborted(r)) {
       snprintf(text, sizeof text, "%s : rank %d aborted while joining", r->opname, r->rank);
-      return fail_with(r, &s, ncclInvalidUsage, text);
+      return fail_with(r, &s, ncclInvalidUsage, text, true);
     }
     void* base = NULL;
     size_t size = 0;
@@ -242,35 +250,36 @@ ncclResult_t rendezvous_join(const struct rendezvous* r, struct seg* out) {
   }
 
   struct seg_header* h = s.hdr;
+  if (__atomic_add_fetch(&h->arrived, 1, __ATOMIC_ACQ_REL) >= (uint32_t)h->nranks)
+    shm_unlink_name(s.name); /* everybody who can come has come */
   if (__atomic_load_n(&h->failed, __ATOMIC_ACQUIRE)) {
     snprintf(text, sizeof text, "%s", h->fail_text);
-    return fail_with(r, &s, h->failed, text);
+    return fail_with(r, &s, h->failed, text, false);
   }
   if (h->nranks != r->nranks) {
     snprintf(text, sizeof text,
              "%s : mismatched nranks: rank %d passed nranks=%d but the communicator was created with nranks=%d "
              "(by pid %d)",
              r->opname, r->rank, r->nranks, h->nranks, h->creator.pid);
-    return fail_with(r, &s, ncclInvalidUsage, text);
+    return fail_with(r, &s, ncclInvalidUsage, text, false);
   }
   if (h->kind != r->kind || h->ids_hash != r->ids_hash) {
     snprintf(text, sizeof text,
              "%s : rank %d joined with a different set of unique ids or a different kind of initialization than "
              "the rank that created the communicator (pid %d)",
              r->opname, r->rank, h->creator.pid);
-    return fail_with(r, &s, ncclInvalidUsage, text);
+    return fail_with(r, &s, ncclInvalidUsage, text, false);
   }
   struct rank_ctrl* me = &s.ctrl[r->rank];
   uint64_t expected = 0;
   if (!__atomic_compare_exchange_n(&me->token, &expected, r->token, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
     snprintf(text, sizeof text, "%s : rank %d is claimed by two processes or threads: pid %d and pid %d",
              r->opname, r->rank, (int)(expected >> 32), (int)(r->token >> 32));
-    return fail_with(r, &s, ncclInvalidUsage, text);
+    return fail_with(r, &s, ncclInvalidUsage, text, false);
   }
   proc_self(&me->proc);
   __atomic_store_n(&me->state, RS_JOINED, __ATOMIC_RELEASE);
-  uint32_t joined = __atomic_add_fetch(&h->joined, 1, __ATOMIC_ACQ_REL);
-  if (joined == (uint32_t)r->nranks) shm_unlink_name(s.name); /* everybody has it mapped */
+  __atomic_add_fetch(&h->joined, 1, __ATOMIC_ACQ_REL);
   doorbell_wake(&h->bell);
 
   struct backoff b;
@@ -279,7 +288,7 @@ ncclResult_t rendezvous_join(const struct rendezvous* r, struct seg* out) {
   while (rendezvous_blocked(&s)) {
     if (aborted(r)) {
       snprintf(text, sizeof text, "%s : rank %d aborted while the other ranks were joining", r->opname, r->rank);
-      return fail_with(r, &s, ncclRemoteError, text);
+      return fail_with(r, &s, ncclRemoteError, text, true);
     }
     uint64_t t = now_ns();
     if (r->timeout_ns && t - start > r->timeout_ns) {
@@ -288,7 +297,7 @@ ncclResult_t rendezvous_join(const struct rendezvous* r, struct seg* out) {
       for (int k = 0; k < r->nranks && n < (int)sizeof text - 16; k++)
         if (!__atomic_load_n(&s.ctrl[k].token, __ATOMIC_ACQUIRE)) n += snprintf(text + n, sizeof text - n, " %d", k);
       snprintf(text + n, sizeof text - n, " to join (PYCOLL_HOST_INIT_TIMEOUT)");
-      return fail_with(r, &s, ncclRemoteError, text);
+      return fail_with(r, &s, ncclRemoteError, text, true);
     }
     if (t - last_live > 10000000ull) { /* every 10 ms: did a member die? */
       last_live = t;
@@ -300,7 +309,7 @@ ncclResult_t rendezvous_join(const struct rendezvous* r, struct seg* out) {
         if (proc_alive(&p) == 0) {
           snprintf(text, sizeof text, "%s : rank %d (pid %d) exited before the communicator was initialized",
                    r->opname, k, p.pid);
-          return fail_with(r, &s, ncclRemoteError, text);
+          return fail_with(r, &s, ncclRemoteError, text, true);
         }
       }
     }
@@ -308,7 +317,7 @@ ncclResult_t rendezvous_join(const struct rendezvous* r, struct seg* out) {
   }
   if (__atomic_load_n(&h->failed, __ATOMIC_ACQUIRE)) {
     snprintf(text, sizeof text, "%s", h->fail_text);
-    return fail_with(r, &s, h->failed, text);
+    return fail_with(r, &s, h->failed, text, false);
   }
   *out = s;
   return ncclSuccess;

@@ -187,12 +187,12 @@ ncclResult_t comm_attach(struct ncclComm* c, struct seg* s, int rank) {
     p->pidfd = -1;
     p->same_process = p->proc.pid == me.pid && p->proc.pidns == me.pidns;
     if (!p->same_process && p->proc.pidns == me.pidns) {
+      /* a peer may already have finished and exited: that only matters if we ever wait for it */
       p->pidfd = pidfd_open_pid(p->proc.pid);
-      if (p->pidfd >= 0 && proc_alive(&p->proc) == 0) { /* the pid was reused already */
-        close(p->pidfd);
+      if (p->pidfd < 0 || proc_alive(&p->proc) == 0) {
+        if (p->pidfd >= 0) close(p->pidfd);
         p->pidfd = -1;
-        CWARN(c, "communicator init : rank %d (pid %d) exited during initialization", k, p->proc.pid);
-        return ncclRemoteError;
+        p->gone = true;
       }
     }
   }
@@ -253,7 +253,7 @@ ncclResult_t comm_check_peer(struct ncclComm* c, int k, bool check_process, char
     }
     default: break;
   }
-  if (check_process && c->peers[k].pidfd >= 0 && pidfd_exited(c->peers[k].pidfd)) {
+  if (check_process && (c->peers[k].gone || (c->peers[k].pidfd >= 0 && pidfd_exited(c->peers[k].pidfd)))) {
     snprintf(text, len, "rank %d (pid %d) exited", k, c->peers[k].proc.pid);
     return ncclRemoteError;
   }

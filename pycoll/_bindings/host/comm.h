@@ -19,6 +19,7 @@ struct peer {
   struct proc_id proc;
   int pidfd;          /* -1 when not watched (same process, other pid namespace) */
   bool same_process;
+  bool gone; /* had already exited when this rank attached */
 };
 
 struct user_redop {

@@ -52,6 +52,9 @@ void ph_warn(struct ncclComm* comm, const char* fmt, ...) {
   if (level() >= LOG_WARN) emit("WARN", tls_last);
 }
 
+/* Deprecated in NCCL: re-reads NCCL_DEBUG on the next message. */
+NCCL_API void ncclResetDebugInit(void) { __atomic_store_n(&log_level, LOG_UNSET, __ATOMIC_RELAXED); }
+
 void ph_info(const char* fmt, ...) {
   if (level() < LOG_INFO) return;
   char buf[LAST_ERROR_LEN];

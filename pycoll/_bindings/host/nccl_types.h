@@ -248,5 +248,6 @@ ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int
 ncclResult_t ncclGroupStart(void);
 ncclResult_t ncclGroupEnd(void);
 ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo);
+void ncclResetDebugInit(void);
 
 #endif

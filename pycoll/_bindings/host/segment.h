@@ -96,9 +96,11 @@ struct seg_header {
   uint64_t inbox_bytes, slot_bytes;
   uint32_t nslots;
   uint32_t pad1;
-  _Alignas(64) uint32_t joined;
+  _Alignas(64) uint32_t joined; /* ranks that claimed their slot */
+  uint32_t arrived;             /* processes that opened the segment, successful or not */
   uint32_t fail_claim;
   int32_t failed; /* ncclResult_t that poisoned the rendezvous, 0 if none */
+  uint64_t failed_at; /* CLOCK_MONOTONIC ns of the poison */
   char fail_text[256];
   struct doorbell bell;
 };

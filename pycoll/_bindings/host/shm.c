@@ -212,7 +212,7 @@ void shm_sweep(void) {
   static uint64_t last;
   uint64_t t = now_ns();
   pthread_mutex_lock(&mu);
-  if (last && t - last < 1000000000ull) { /* at most once a second */
+  if (last && t - last < 50000000ull) { /* at most every 50 ms */
     pthread_mutex_unlock(&mu);
     return;
   }

@@ -33,7 +33,8 @@ void shm_unlink_name(const char* name);
 /* Unlinks segments whose creator is dead (and temporary files of dead processes). */
 void shm_sweep(void);
 
-/* Reads the creator of a published segment (implemented by the bootstrap, which owns the header). */
+/* Reads the creator of a published segment (implemented by the bootstrap, which owns the header):
+ * 0, -1 when it is not a segment of ours, 1 when it must be left alone for now. */
 int seg_creator_of(const void* base, size_t size, struct proc_id* creator);
 
 #endif
