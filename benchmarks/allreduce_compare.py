@@ -14,8 +14,9 @@ What runs, one after the other, for each rank count N:
   once (so that peers can read it) and copy the result into each rank's output once; the copy bound
   is the algbw it would reach if those two copies per rank were all it cost:
   ``algbw_bound = size / (2 * t_copy)``. It leaves out the reduction and every synchronisation, so
-  no shared-memory allreduce of private buffers can beat it; at small sizes it measures only
-  numpy's call overhead and means nothing (the latency reference there is Open MPI).
+  no shared-memory allreduce of private buffers can beat it. Below 256 KiB it measures only
+  numpy's call overhead and means nothing: the tables leave it out there (the JSON keeps it); the
+  latency reference is Open MPI.
 * **pycoll raw**: ``Library.all_reduce`` of the Cython bindings on raw addresses with the NULL
   stream (runs in the calling thread), N ranks started by ``pycoll-run``, host backend.
 * **pycoll comm**: ``Communicator.all_reduce(send, recv)`` on numpy arrays in the same ranks.
@@ -60,6 +61,7 @@ def _pycoll_path() -> str:
 DEFAULT_SIZES = "8,64,512,4K,32K,256K,2M,16M,64M"
 LIBS = ("copy", "pycoll", "mpi", "gloo")
 _RESULT = "RESULT "
+BOUND_FROM = 256 << 10  # smallest size whose copy bound is shown in the tables
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
@@ -405,6 +407,8 @@ def build_table(nranks: int, res: Dict[str, Dict[str, Any]], sizes: List[int]) -
     for s in sizes:
         count_bytes = max(4, s // 4 * 4)
         r, m, o, g, c = (t.get(count_bytes) for t in (raw, meth, mpi, gloo, copy))
+        if count_bytes < BOUND_FROM:
+            c = None  # the copy bound is numpy's call overhead there, not a bound (kept in the JSON)
 
         def t(x: Optional[Dict[str, Any]]) -> str:
             if x is None:

@@ -52,7 +52,6 @@ def _pycoll_path() -> str:
         sys.path.insert(0, os.path.dirname(HERE))
         import pycoll
     return os.path.dirname(os.path.dirname(os.path.abspath(pycoll.__file__)))
-_RESULT = "RESULT "
 
 C_DRIVER = r"""
 /* Calls ncclAllReduce of pycoll's host library in a loop; prints "b NS" per batch, then
@@ -243,23 +242,25 @@ def worker(a: argparse.Namespace) -> None:
         comm.all_gather(mine, everyone)
         slowest = everyone.reshape(n, mine.size).max(axis=0)
         result[name] = {"batch": slowest[: a.batches].tolist(), "call": slowest[a.batches:].tolist()}
-    if rank == 0:
-        print(_RESULT + json.dumps(result), flush=True)
+    if rank == 0:  # a file: pycoll-run splits very long output lines
+        with open(a.result_file, "w") as f:
+            json.dump(result, f)
     comm.barrier()
     comm.destroy()
 
 
-def run_python(nranks: int, a: argparse.Namespace) -> Dict[str, Dict[str, np.ndarray]]:
+def run_python(nranks: int, a: argparse.Namespace, workdir: str) -> Dict[str, Dict[str, np.ndarray]]:
+    result_file = os.path.join(workdir, f"python-{nranks}.json")
     env = dict(os.environ)
     env["PYTHONPATH"] = _pycoll_path() + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     cmd = [sys.executable, "-m", "pycoll.run", "-n", str(nranks), "--no-prefix", "--timeout", str(a.timeout),
            os.path.abspath(__file__), "--worker", "--batches", str(a.batches), "--batch", str(a.batch),
-           "--warmup", str(a.warmup)]
+           "--warmup", str(a.warmup), "--result-file", result_file]
     res = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=a.timeout + 10)
-    for line in res.stdout.splitlines():
-        if line.startswith(_RESULT):
-            return {k: {kk: np.array(vv) for kk, vv in v.items()} for k, v in json.loads(line[len(_RESULT):]).items()}
-    raise RuntimeError(f"python worker failed ({res.returncode}): {res.stderr.strip()[-800:]}")
+    if res.returncode != 0 or not os.path.exists(result_file):
+        raise RuntimeError(f"python worker failed ({res.returncode}): {res.stderr.strip()[-800:]}")
+    with open(result_file) as f:
+        return {k: {kk: np.array(vv) for kk, vv in v.items()} for k, v in json.load(f).items()}
 
 
 LABELS = {
@@ -281,6 +282,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--json", help="write the per-batch numbers to this JSON file")
     p.add_argument("--markdown", help="write the table as markdown to this file")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--result-file", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker:
         worker(a)
@@ -298,7 +300,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             got: Dict[str, Dict[str, np.ndarray]] = {}
             got["c_blocking"] = run_c(exe, libpath, n, True, a)
             got["c_nonblocking"] = run_c(exe, libpath, n, False, a)
-            got.update(run_python(n, a))
+            got.update(run_python(n, a, tmp))
             per_rank[n] = got
     load1 = os.getloadavg()
     ns = {n: {k: float(np.median(v["batch"])) / a.batch for k, v in got.items()} for n, got in per_rank.items()}
