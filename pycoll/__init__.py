@@ -9,6 +9,7 @@ from .config import CommConfig
 from .create import BACKENDS, get_unique_id, init, join
 from .errors import *  # noqa: F401,F403
 from .errors import __all__ as _errors_all
+from .store import FileStore, MemoryStore, PrefixStore, Store, TCPStore, TCPStoreServer
 from .work import Work
 
 __version__ = "0.1.0"
@@ -25,4 +26,10 @@ __all__ = [
     "PreMulSum",
     "REDUCE_OPS",
     "UniqueId",
+    "Store",
+    "TCPStore",
+    "TCPStoreServer",
+    "FileStore",
+    "MemoryStore",
+    "PrefixStore",
 ] + list(_errors_all)

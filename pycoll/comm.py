@@ -106,6 +106,15 @@ def _notify(method: str, *args: Any) -> None:
             _log.exception("observer %r failed in %s", obs, method)
 
 
+def _no_watchdog() -> bool:
+    return False
+
+
+#: Whether a watchdog thread polls every communicator (set by :mod:`pycoll.watchdog`). A blocking
+#: host operation runs inline in the caller's thread only then: without a watchdog nobody could
+#: enforce its deadline, so it goes through a stream and the waiting thread checks it.
+watchdog_running: Callable[[], bool] = _no_watchdog
+
 _tls = threading.local()  # .group: the Works of the open ncclGroupStart/End on this thread
 
 
@@ -211,6 +220,7 @@ class Communicator:
         self._plock = threading.Lock()  # guards _pending, work states and _failure
         self._pending: List[Work] = []
         self._failure: Optional[BaseException] = None
+        self.failed_at: Optional[float] = None  # wall-clock time of the failure
         self._state = "active"  # active | revoked | finalized | aborted | destroyed
         self._coll_seq = 0
         self._p2p_seq = 0
@@ -403,6 +413,7 @@ class Communicator:
             if self._failure is not None or self._state in ("aborted", "destroyed"):
                 return
             self._failure = exc
+            self.failed_at = time.time()
             for w in self._pending:
                 if w._exc is None:
                     w._exc = exc
@@ -451,6 +462,7 @@ class Communicator:
             and not async_op
             and not self._pending
             and _open_group() is None
+            and watchdog_running()
         ):
             return 0
         return self.device.resolve_stream(stream, [a for a in arrays if a is not None], default=self._own_stream())

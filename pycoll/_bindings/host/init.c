@@ -1,3 +1,4 @@
+#include <sched.h>
 /* Communicator lifecycle entry points: unique ids, init (blocking, nonblocking, scalable, all),
  * finalize, destroy, abort, revoke, the async error and the simple queries. */
 #include <stdio.h>
@@ -247,6 +248,9 @@ NCCL_API ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   }
   ncclResult_t r = comm_acquire(comm, "ncclCommDestroy", &c);
   if (r != ncclSuccess) return r;
+  /* a background job publishes its result just before it stops counting as running: once the
+   * result is out, destroy waits for that last step instead of refusing */
+  while (__atomic_load_n(&c->job_running, __ATOMIC_ACQUIRE) && comm_async(c) != ncclInProgress) sched_yield();
   if (__atomic_load_n(&c->job_running, __ATOMIC_ACQUIRE)) {
     CWARN(c, "ncclCommDestroy : Attempt to use communicator before the previous operation returned ncclSuccess");
     comm_release(c);

@@ -1,0 +1,504 @@
+"""Elastic membership: lose a rank, agree, shrink and go on -- no restart; grow back later.
+
+:class:`ElasticGroup` owns the job's current :class:`~pycoll.Communicator` and replaces it when the
+membership changes. Members are identified by their *slot* (the launcher's rank: ``PYCOLL_RANK``);
+a replacement process started for a dead slot keeps the slot number. The rank of a member in the
+current communicator is its index in :attr:`ElasticGroup.members`.
+
+A loop looks like this::
+
+    group = pycoll.ElasticGroup.from_env()          # under pycoll-run --keep-going
+    if group.joined:                                # a replacement: receive the state
+        send_state(group.comm)
+    for step in range(steps):
+        try:
+            grads = compute(...)
+            group.comm.all_reduce(grads)
+        except pycoll.CommFailure:
+            group.reshape()                         # survivors agree and shrink; the step is redone
+            continue
+        if group.maybe_grow():                      # a step boundary: admit replacements
+            send_state(group.comm)
+
+**Reshape.** A member that sees a communicator failure calls :meth:`ElasticGroup.reshape`. It raises
+the generation's reshape flag in the store; every member's watcher thread sees it, vouches that its
+process is alive and revokes its communicator, so members stuck in a collective or busy computing
+join promptly. Members that neither vouch nor are provably gone (a same-host process that exited or
+is stopped) are waited for up to ``window`` seconds. The first member to finish proposes the
+survivors and writes the decision with an atomic compare-and-set, which every member adopts, so all
+survivors end with the same member list and generation (a live member left out raises
+:class:`Excluded`). Then ``ncclCommShrink(NCCL_SHRINK_ABORT)`` builds the new communicator where the
+library has it (else a fresh init with a new unique id); the parent is released with abort. A
+failure during the reshape starts another round with a fresh init.
+
+**Grow.** A new process (``pycoll-run --replace-failed``, or any process constructed with
+``joiner=True``) asks to join and waits. At each :meth:`maybe_grow` call -- a step boundary every
+member reaches -- rank 0 admits the waiting joiners; existing members call ``ncclCommGrow`` (else a
+fresh init) and joiners :func:`pycoll.join`; the joiner learns its rank and the generation.
+
+Every change is recorded as a :class:`Transition` (detection, agreement, revoke, shrink/init,
+first successful collective), logged and kept in :attr:`ElasticGroup.transitions`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from . import _bindings as B
+from .comm import Communicator, default_timeout
+from .config import CommConfig
+from .create import init, join, load_library
+from .errors import CommFailure, NCCLError, StoreError
+
+__all__ = ["ElasticGroup", "Excluded", "Transition"]
+
+_log = logging.getLogger("pycoll.elastic")
+
+
+class Excluded(CommFailure):
+    """This process was left out of the new membership (it was too slow to vouch for itself).
+
+    The job goes on without it; it may exit, or start again as a joiner.
+    """
+
+
+@dataclass
+class Transition:
+    """One membership change and how long each phase took.
+
+    Times are wall-clock seconds (``time.time()``); ``phases_ms()`` gives the durations.
+    """
+
+    kind: str  # "shrink", "reinit", "grow" or "grow-reinit"
+    generation: int  # the new generation
+    members_before: Tuple[int, ...]
+    members_after: Tuple[int, ...]
+    cause: str = ""
+    detected: float = 0.0  # when this member saw the failure (or the grow began)
+    agreement_started: float = 0.0
+    agreed: float = 0.0
+    revoked: float = 0.0
+    comm_ready: float = 0.0
+    first_collective: float = 0.0
+    attempts: int = 1
+
+    def phases_ms(self) -> Dict[str, float]:
+        """Durations in milliseconds: detection->agreement start, agreement, revoke, shrink/init,
+        first collective, and total (detection to the first successful collective)."""
+        def ms(a: float, b: float) -> float:
+            return round((b - a) * 1e3, 3) if a and b else 0.0
+
+        return {
+            "to_agreement": ms(self.detected, self.agreement_started),
+            "agreement": ms(self.agreement_started, self.agreed),
+            "revoke": ms(self.agreed, self.revoked),
+            "comm": ms(self.revoked or self.agreed, self.comm_ready),
+            "first_collective": ms(self.comm_ready, self.first_collective),
+            "total": ms(self.detected, self.first_collective),
+        }
+
+    def describe(self) -> str:
+        """One line for logs and the demo."""
+        p = self.phases_ms()
+        return (
+            f"generation {self.generation} ({self.kind}): members {list(self.members_before)} -> "
+            f"{list(self.members_after)}; agreement {p['agreement']:.1f} ms, revoke {p['revoke']:.1f} ms, "
+            f"{'shrink' if self.kind == 'shrink' else 'grow' if self.kind == 'grow' else 'init'} {p['comm']:.1f} ms, "
+            f"first collective {p['first_collective']:.1f} ms, total {p['total']:.1f} ms"
+            + (f" after {self.attempts} attempts" if self.attempts > 1 else "")
+            + (f" (cause: {self.cause})" if self.cause else "")
+        )
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _local_process_gone(pid: int) -> bool:
+    """True when a process of this host has exited (also as an unreaped zombie) or is stopped."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X", "T", "t")
+
+
+def _members_str(members: Sequence[int]) -> str:
+    return ",".join(str(m) for m in members)
+
+
+def _parse_members(text: bytes) -> Tuple[int, ...]:
+    s = text.decode()
+    return tuple(int(x) for x in s.split(",")) if s else ()
+
+
+class ElasticGroup:
+    """A communicator whose membership changes when processes fail or join.
+
+    Args:
+        store: the job's store (every member and joiner uses the same one).
+        slot: this process's slot (the launcher's rank); unique among live processes.
+        world_size: the initial number of members (slots ``0..world_size-1``). Not needed for a joiner.
+        joiner: this process joins a running group (a replacement) instead of forming it.
+        backend, library, config, timeout: as for :func:`pycoll.init`. Communicators of the group
+            are revoked (not aborted) on failure, so that they can be shrunk.
+        window: how long (seconds) the survivors wait for members that neither vouch for themselves
+            nor are provably gone (a process on another host, or a slow one). Same-host processes
+            that exited or are stopped are known at once.
+        join_timeout: how long a joiner waits to be admitted.
+        name: namespace of the group in the store.
+        on_change: called as ``on_change(group, transition)`` after every membership change, on
+            every member (joiners included), before the call that made the change returns.
+
+    Use :meth:`from_env` under ``pycoll-run``.
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        slot: int,
+        world_size: Optional[int] = None,
+        *,
+        joiner: bool = False,
+        backend: str = "auto",
+        library: Any = None,
+        config: Optional[CommConfig] = None,
+        timeout: Optional[float] = None,
+        window: float = 1.0,
+        join_timeout: float = 120.0,
+        name: str = "elastic",
+        on_change: Optional[Callable[["ElasticGroup", Transition], None]] = None,
+    ) -> None:
+        if isinstance(slot, bool) or not isinstance(slot, int) or slot < 0:
+            raise ValueError(f"slot must be an int >= 0, got {slot!r}")
+        if not joiner and (world_size is None or not 0 <= slot < world_size):
+            raise ValueError(f"slot {slot} must be below world_size {world_size} when forming the group")
+        if not window > 0:
+            raise ValueError(f"window must be > 0 seconds, got {window}")
+        self.store = store
+        self.slot = slot
+        self.name = name
+        self.window = float(window)
+        self.join_timeout = float(join_timeout)
+        self.timeout = default_timeout() if timeout is None else float(timeout)
+        self.config = config
+        self.on_change = on_change
+        self.backend, self.library = load_library(backend, library)
+        self._ns = f"pycoll/elastic/{name}"
+        self.transitions: List[Transition] = []
+        self.generation = 0
+        self.members: Tuple[int, ...] = ()
+        self.comm: Communicator
+        self.joined = joiner
+        self._grow_calls = 0
+        self._stop = threading.Event()
+        self._watcher: Optional[threading.Thread] = None
+        self._boot = _boot_id()
+        store.set(f"{self._ns}/proc/{slot}", f"{self._boot} {os.getpid()}")
+        if joiner:
+            self._join()
+        else:
+            self._form(world_size)  # type: ignore[arg-type]
+        self._start_watcher()
+
+    @classmethod
+    def from_env(cls, **kwargs: Any) -> "ElasticGroup":
+        """Build the group from the launcher's environment (:mod:`pycoll.env`).
+
+        A replacement process (``PYCOLL_REPLACEMENT`` >= 1) joins; the others form the group.
+        """
+        from . import env
+
+        info = env.discover()
+        store = kwargs.pop("store", None) or env.open_store(info)
+        return cls(store, info.rank, info.world_size, joiner=info.is_replacement, **kwargs)
+
+    # -- properties -----------------------------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the current communicator."""
+        return self.members.index(self.slot)
+
+    @property
+    def size(self) -> int:
+        return len(self.members)
+
+    def __repr__(self) -> str:
+        return f"<ElasticGroup {self.name!r} slot {self.slot} generation {self.generation} members {list(self.members)}>"
+
+    # -- forming and joining ----------------------------------------------------------------------
+
+    def _new_comm(self, rank: int, members: Sequence[int], key: str, generation: int) -> Communicator:
+        """A fresh communicator of ``members`` (unique id from the new rank 0 through the store)."""
+        if rank == 0:
+            uid = self.library.get_unique_id()
+            self.store.set(key, bytes(uid))
+        else:
+            uid = self.store.get(key, timeout=self.timeout)
+        comm = init(rank, len(members), unique_id=uid, library=self.library, config=self.config,
+                    timeout=self.timeout, name=self.name, on_failure="revoke", init_timeout=self.timeout)
+        return self._adopt(comm, members, generation)
+
+    def _adopt(self, comm: Communicator, members: Sequence[int], generation: int) -> Communicator:
+        comm.global_ranks = tuple(members)
+        comm.generation = generation
+        comm.on_failure = "revoke"
+        comm.store = self.store
+        self.comm, self.members, self.generation = comm, tuple(members), generation
+        self._grow_calls = 0
+        return comm
+
+    def _form(self, world_size: int) -> None:
+        members = tuple(range(world_size))
+        self._new_comm(self.slot, members, f"{self._ns}/g0/uid", 0)
+
+    def _join(self) -> None:
+        t0 = time.time()
+        incarnation = self.store.add(f"{self._ns}/incarnation/{self.slot}", 1)
+        self.store.set(f"{self._ns}/join/{self.slot}", str(incarnation))
+        raw = self.store.get(f"{self._ns}/admitted/{self.slot}/{incarnation}", timeout=self.join_timeout)
+        gen_s, rank_s, members_s, kind = raw.decode().split("|")
+        generation, rank, members = int(gen_s), int(rank_s), _parse_members(members_s.encode())
+        uid = self.store.get(f"{self._ns}/g{generation}/uid", timeout=self.timeout)
+        tr = Transition("grow" if kind == "grow" else "grow-reinit", generation, (), members, "joined",
+                        detected=t0, agreement_started=t0, agreed=time.time())
+        tr.revoked = tr.agreed
+        if kind == "grow":
+            comm = join(len(members), rank, uid, library=self.library, config=self.config, timeout=self.timeout,
+                        name=self.name, on_failure="revoke", init_timeout=self.timeout)
+        else:
+            comm = init(rank, len(members), unique_id=uid, library=self.library, config=self.config,
+                        timeout=self.timeout, name=self.name, on_failure="revoke", init_timeout=self.timeout)
+        self._adopt(comm, members, generation)
+        tr.comm_ready = time.time()
+        comm.barrier()
+        tr.first_collective = time.time()
+        self._record(tr)
+
+    def _record(self, tr: Transition) -> None:
+        self.transitions.append(tr)
+        _log.info("slot %d: %s", self.slot, tr.describe())
+        if self.on_change is not None:
+            self.on_change(self, tr)
+
+    # -- watcher ----------------------------------------------------------------------------------
+
+    def _start_watcher(self) -> None:
+        self._watcher = threading.Thread(target=self._watch, name=f"pycoll-elastic-{self.name}", daemon=True)
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        """Vouch for this process and revoke the communicator when a reshape starts elsewhere."""
+        seen = -1
+        while not self._stop.is_set():
+            g = self.generation
+            key = f"{self._ns}/g{g}/reshape"
+            try:
+                self.store.wait([key], timeout=0.5)
+            except StoreError:
+                continue  # timeout (or a store hiccup): look again, the generation may have changed
+            except Exception:
+                if self._stop.is_set():
+                    return
+                time.sleep(0.1)
+                continue
+            if g == seen or g != self.generation:
+                time.sleep(0.01)
+                continue
+            seen = g
+            self.store.set(f"{self._ns}/g{g}/a0/alive/{self.slot}", b"1")
+            comm = self.comm
+            if comm.state == "active" and comm.generation == g:
+                try:
+                    comm._fail(CommFailure(f"generation {g} of {self.name!r} is being reshaped by another member"))
+                except Exception:  # revoke unsupported: the policy aborts instead
+                    _log.exception("revoking generation %d", g)
+
+    # -- reshape ----------------------------------------------------------------------------------
+
+    def _agree(self, g: int, attempt: int, members: Tuple[int, ...]) -> Tuple[int, ...]:
+        """Decide the survivors of ``members`` for (generation g, attempt); every caller gets the same answer."""
+        base = f"{self._ns}/g{g}/a{attempt}"
+        self.store.set(f"{base}/alive/{self.slot}", b"1")
+        decision_key = f"{base}/decision"
+        alive, gone = {self.slot}, set()
+        procs: Dict[int, Tuple[str, int]] = {}
+        deadline = time.monotonic() + self.window
+        while True:
+            if self.store.check([decision_key]):
+                return _parse_members(self.store.get(decision_key, timeout=self.timeout))
+            for m in members:
+                if m in alive or m in gone:
+                    continue
+                if self.store.check([f"{base}/alive/{m}"]):
+                    alive.add(m)
+                    continue
+                if m not in procs and self.store.check([f"{self._ns}/proc/{m}"]):
+                    boot, pid = self.store.get(f"{self._ns}/proc/{m}", timeout=self.timeout).decode().split()
+                    procs[m] = (boot, int(pid))
+                if m in procs and procs[m][0] == self._boot and _local_process_gone(procs[m][1]):
+                    gone.add(m)
+            if len(alive) + len(gone) == len(members) or time.monotonic() >= deadline:
+                proposal = _members_str(sorted(alive, key=members.index))
+                return _parse_members(self.store.compare_set(decision_key, b"", proposal))
+            time.sleep(0.001)
+
+    def reshape(self) -> Communicator:
+        """Agree with the other survivors on the new membership and build its communicator.
+
+        Call it from the thread that uses the communicator after a :class:`~pycoll.CommFailure`.
+        Returns the new communicator (also :attr:`comm`). Raises :class:`Excluded` when this
+        process was left out.
+        """
+        old = self.comm
+        g = self.generation
+        detected = getattr(old, "failed_at", None) or time.time()
+        cause = str(old.failure) if old.failure is not None else "reshape requested"
+        if old.state == "active" and old.failure is None:
+            old._fail(CommFailure(f"generation {g} of {self.name!r}: reshape requested by slot {self.slot}"))
+        t_start = time.time()
+        self.store.compare_set(f"{self._ns}/g{g}/reshape", b"", str(self.slot))
+        members, parent = self.members, old
+        attempt = 0
+        while True:
+            new_members = self._agree(g, attempt, members)
+            tr = Transition("shrink", g + 1, self.members, new_members, cause, detected=detected,
+                            agreement_started=t_start, agreed=time.time(), attempts=attempt + 1)
+            if self.slot not in new_members:
+                self._abandon(old)
+                raise Excluded(f"slot {self.slot} was left out of generation {g + 1} of {self.name!r} "
+                               f"(members {list(new_members)})")
+            if parent.state == "active":
+                parent._fail(CommFailure("reshape"))
+            tr.revoked = time.time()
+            gone = [parent.global_ranks.index(m) for m in parent.global_ranks if m not in new_members] \
+                if parent.global_ranks is not None else []
+            try:
+                if attempt == 0 and gone and len(new_members) > 1 and self.library.has("ncclCommShrink") \
+                        and parent._handle is not None:
+                    comm = parent.shrink(gone, abort_ops=True, name=self.name, timeout=self.timeout)
+                    self._adopt(comm, new_members, g + 1)
+                else:
+                    tr.kind = "reinit"
+                    self._new_comm(new_members.index(self.slot), new_members, f"{self._ns}/g{g}/a{attempt}/uid", g + 1)
+                tr.comm_ready = time.time()
+                self.comm.barrier()
+                tr.first_collective = time.time()
+                break
+            except (CommFailure, NCCLError, StoreError) as exc:
+                _log.warning("slot %d: reshape attempt %d of generation %d failed: %s", self.slot, attempt, g, exc)
+                if self.comm is not old and self.comm is not parent:
+                    self.comm.abort()
+                self.comm, self.members, self.generation = old, members, g
+                members = new_members
+                attempt += 1
+                cause = f"{cause}; then during the reshape: {exc}"
+        self._abandon(old)
+        if self.rank == 0:
+            from .run import mark_lost
+
+            for m in tr.members_before:
+                if m not in new_members:
+                    try:
+                        mark_lost(self.store, m, f"left out of generation {g + 1}")
+                    except (StoreError, AttributeError):
+                        pass
+        self._record(tr)
+        return self.comm
+
+    @staticmethod
+    def _abandon(comm: Communicator) -> None:
+        # after an abortive shrink the parent is released with abort, never destroy (NCCL's
+        # destroy barrier would wait for the dead)
+        comm.abort()
+
+    # -- grow -------------------------------------------------------------------------------------
+
+    def pending_joiners(self) -> List[int]:
+        """Slots of processes waiting to join (read from the store)."""
+        prefix = f"{self._ns}/join/"
+        out = []
+        for key in self.store.list_keys(prefix):
+            slot = int(key[len(prefix):])
+            if slot not in self.members:
+                out.append(slot)
+        return sorted(out)
+
+    def maybe_grow(self) -> bool:
+        """Admit waiting joiners; every member must call it at the same step boundary.
+
+        Returns True when the membership grew (send the joiners their state then). Costs one store
+        round trip per call when nobody waits.
+        """
+        self._grow_calls += 1
+        g = self.generation
+        key = f"{self._ns}/g{g}/grow/{self._grow_calls}"
+        if self.rank == 0:
+            joiners = self.pending_joiners()
+            self.store.set(key, _members_str(joiners))
+        else:
+            joiners = list(_parse_members(self.store.get(key, timeout=self.timeout)))
+        if not joiners:
+            return False
+        t0 = time.time()
+        old = self.comm
+        members = self.members + tuple(joiners)
+        kind = "grow" if self.library.has("ncclCommGrow") else "grow-reinit"
+        tr = Transition(kind, g + 1, self.members, members, f"joiners {joiners}", detected=t0, agreement_started=t0)
+        uid_key = f"{self._ns}/g{g + 1}/uid"
+        if self.rank == 0:
+            uid = old.get_unique_id() if kind == "grow" else self.library.get_unique_id()
+            self.store.set(uid_key, bytes(uid))
+            for slot in joiners:
+                inc = self.store.get(f"{self._ns}/join/{slot}", timeout=self.timeout).decode()
+                self.store.delete(f"{self._ns}/join/{slot}")
+                self.store.set(f"{self._ns}/admitted/{slot}/{inc}", f"{g + 1}|{members.index(slot)}|{_members_str(members)}|{kind}")
+        else:
+            uid = B.UniqueId.from_bytes(self.store.get(uid_key, timeout=self.timeout))
+        tr.agreed = tr.revoked = time.time()
+        if kind == "grow":
+            comm = old.grow(len(members), uid if self.rank == 0 else None, name=self.name, timeout=self.timeout,
+                            global_ranks=members)
+            self._adopt(comm, members, g + 1)
+        else:
+            self._new_comm(self.rank, members, uid_key, g + 1)
+        tr.comm_ready = time.time()
+        old.destroy()
+        self.comm.barrier()
+        tr.first_collective = time.time()
+        self._record(tr)
+        return True
+
+    # -- teardown ---------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the watcher and destroy the communicator (collective over the current members)."""
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join(2.0)
+        if self.comm._handle is not None:
+            if self.comm.state == "active" and self.comm.failure is None:
+                self.comm.destroy()
+            else:
+                self.comm.abort()
+
+    def __enter__(self) -> "ElasticGroup":
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self._stop.set()
+            self.comm.abort()

@@ -1,0 +1,183 @@
+"""Elastic reshape and grow on the host backend: real processes, real SIGKILL/SIGSTOP."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import pycoll
+from mp_helpers import Died, run_ranks
+from pycoll.elastic import ElasticGroup, Excluded
+
+
+@pytest.fixture
+def server():
+    srv = pycoll.TCPStoreServer(token="elastic-test").start()
+    yield srv.address
+    srv.close()
+
+
+def _store(addr):
+    return pycoll.TCPStore(addr[0], addr[1], "elastic-test", timeout=30.0)
+
+
+def _train(group: ElasticGroup, steps: int, die_at: dict, stop_at: dict, log: list) -> np.ndarray:
+    """A data-parallel 'training' loop: every step all-reduces a gradient that depends on the step.
+
+    Parameters stay identical on every member whatever the membership, because the update uses the
+    average gradient and every member redoes a step that failed.
+    """
+    params = np.zeros(16, np.float64)
+    step = 0
+    while step < steps:
+        if die_at.get(group.slot) == step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if stop_at.get(group.slot) == step:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        grad = np.full(16, step + 1.0)
+        try:
+            group.comm.all_reduce(grad, op="avg")
+        except pycoll.CommFailure:
+            group.reshape()
+            log.append((step, group.generation, group.members))
+            continue
+        params -= 0.01 * grad
+        step += 1
+    return params
+
+
+def _elastic_run(rank, n, addr, steps, die_at, stop_at, timeout):
+    store = _store(addr)
+    group = ElasticGroup(store, rank, n, backend="host", timeout=timeout, name="t")
+    log: list = []
+    try:
+        params = _train(group, steps, die_at, stop_at, log)
+    except Excluded as e:
+        return ("excluded", str(e))
+    expect = -0.01 * sum(range(1, steps + 1))
+    check = np.full(16, expect)
+    out = dict(ok=bool(np.allclose(params, check)), generation=group.generation, members=group.members,
+               log=log, phases=[t.phases_ms() for t in group.transitions])
+    # every member holds the same parameters
+    mx, mn = params.copy(), params.copy()
+    group.comm.all_reduce(mx, op="max")
+    group.comm.all_reduce(mn, op="min")
+    out["identical"] = bool(np.array_equal(mx, mn))
+    group.close()
+    return out
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("victim", [0, 1, 2, 3])
+def test_kill_each_rank_position(server, victim):
+    res = run_ranks(_elastic_run, 4, server, 30, {victim: 10}, {}, 10.0, timeout=60, may_die=[victim])
+    assert isinstance(res[victim], Died)
+    survivors = [r for r in range(4) if r != victim]
+    for r in survivors:
+        out = res[r]
+        assert out["ok"] and out["identical"], out
+        assert out["generation"] == 1 and out["members"] == tuple(survivors), out
+        assert out["phases"][0]["total"] < 5000, out["phases"]
+
+
+@pytest.mark.timeout(90)
+def test_two_failures_one_after_another(server):
+    res = run_ranks(_elastic_run, 4, server, 40, {3: 10, 1: 25}, {}, 10.0, timeout=60, may_die=[1, 3])
+    for r in (0, 2):
+        out = res[r]
+        assert out["ok"] and out["identical"], out
+        assert out["generation"] == 2 and out["members"] == (0, 2), out
+
+
+@pytest.mark.timeout(90)
+def test_sigstop_instead_of_sigkill(server):
+    t_timeout = 1.5
+    res = run_ranks(_elastic_run, 4, server, 20, {}, {2: 8}, t_timeout, timeout=60, may_die=[2])
+    for r in (0, 1, 3):
+        out = res[r]
+        assert out["ok"] and out["identical"], out
+        assert out["members"] == (0, 1, 3), out
+
+
+def _reshape_failure(rank, n, addr):
+    """Slot 3 dies; slot 2 dies while the others are reshaping (after vouching for itself)."""
+    store = _store(addr)
+    group = ElasticGroup(store, rank, n, backend="host", timeout=10.0, name="t")
+    x = np.ones(4)
+    group.comm.all_reduce(x)
+    if rank == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        group.comm.all_reduce(x)
+    except pycoll.CommFailure:
+        if rank == 2:
+            # vouch, then die in the middle of the reshape
+            store.set("pycoll/elastic/t/g0/a0/alive/2", b"1")
+            os.kill(os.getpid(), signal.SIGKILL)
+        group.reshape()
+    y = np.full(4, 1.0)
+    group.comm.all_reduce(y)
+    out = dict(members=group.members, y=y.tolist(), attempts=group.transitions[-1].attempts)
+    group.close()
+    return out
+
+
+@pytest.mark.timeout(90)
+def test_failure_during_the_reshape(server):
+    res = run_ranks(_reshape_failure, 4, server, timeout=60, may_die=[2, 3])
+    for r in (0, 1):
+        assert res[r]["members"] == (0, 1) and res[r]["y"] == [2.0] * 4, res[r]
+
+
+def _grow_run(rank, n, addr):
+    store = _store(addr)
+    if rank == n - 1:  # the replacement: waits until slot 2 is gone, then joins with its slot
+        while not store.check(["slot2-dead"]):
+            time.sleep(0.01)
+        group = ElasticGroup(store, 2, joiner=True, backend="host", timeout=10.0, name="t")
+        state = np.empty(16)
+        group.comm.broadcast(state, root=0)
+        y = np.ones(4)
+        group.comm.all_reduce(y)
+        out = dict(members=group.members, rank=group.rank, generation=group.generation, state=state.tolist(),
+                   y=y.tolist())
+        group.close()
+        return out
+    group = ElasticGroup(store, rank, n - 1, backend="host", timeout=10.0, name="t")
+    if rank == 2:
+        store.set("slot2-dead", b"1")
+        os.kill(os.getpid(), signal.SIGKILL)
+    x = np.ones(16)
+    try:
+        group.comm.all_reduce(x)
+    except pycoll.CommFailure:
+        group.reshape()
+    grew = False
+    deadline = time.monotonic() + 20
+    while not grew and time.monotonic() < deadline:
+        grew = group.maybe_grow()
+        if not grew:
+            time.sleep(0.05)
+    state = np.arange(16, dtype=np.float64)
+    group.comm.broadcast(state, root=0)
+    y = np.ones(4)
+    group.comm.all_reduce(y)
+    out = dict(members=group.members, rank=group.rank, generation=group.generation, y=y.tolist(),
+               kinds=[t.kind for t in group.transitions])
+    group.close()
+    return out
+
+
+@pytest.mark.timeout(90)
+def test_grow_back_to_four(server):
+    res = run_ranks(_grow_run, 5, server, timeout=60, may_die=[2])
+    for r in (0, 1, 3):
+        assert res[r]["members"] == (0, 1, 3, 2) and res[r]["y"] == [4.0] * 4, res[r]
+        assert res[r]["kinds"] == ["shrink", "grow"] and res[r]["generation"] == 2
+    joiner = res[4]
+    assert joiner["rank"] == 3 and joiner["generation"] == 2 and joiner["state"] == list(range(16))
+    assert joiner["y"] == [4.0] * 4
