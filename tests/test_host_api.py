@@ -481,3 +481,53 @@ def test_abort_with_operations_queued_and_running(comms):
     l.host_stream_destroy(stream)
     l.host_event_destroy(ev)
     assert a[0] == 1.0
+
+
+def test_device_scalar_is_read_when_the_operation_runs(comms):
+    """PreMulSum with ncclScalarDevice reads the scalar at execution time, not at enqueue."""
+    l = lib()
+    c0, c1 = comms
+    s0, s1 = l.host_stream_create(), l.host_stream_create()
+    gate = l.host_event_create()
+    hold = l.host_stream_create()
+    scalars = [np.array([1.0], np.float32), np.array([1.0], np.float32)]
+    ops = [l.red_op_create_pre_mul_sum(ptr(scalars[r]), F32, 0, c) for r, c in enumerate(comms)]
+    x = [np.full(16, 1.0, np.float32), np.full(16, 1.0, np.float32)]
+    # stream s0 waits for `gate`, which completes only after `hold` ran a 2-rank allreduce
+    y = [np.ones(4, np.float32), np.ones(4, np.float32)]
+    l.all_reduce(ptr(y[0]), ptr(y[0]), 4, F32, SUM, c0, hold)
+    l.host_event_record(gate, hold)
+    l.host_stream_wait_event(s0, gate)
+    l.all_reduce(ptr(x[0]), ptr(x[0]), 16, F32, ops[0], c0, s0)
+    scalars[0][0] = 3.0  # changed after enqueue, before execution
+    l.all_reduce(ptr(y[1]), ptr(y[1]), 4, F32, SUM, c1, s1)  # releases `hold`
+    l.all_reduce(ptr(x[1]), ptr(x[1]), 16, F32, ops[1], c1, s1)
+    for s in (s0, s1, hold):
+        l.host_stream_synchronize(s)
+    assert x[0][0] == 4.0 and x[1][0] == 4.0  # 3*1 + 1*1
+    for r, c in enumerate(comms):
+        l.red_op_destroy(ops[r], c)
+    for s in (s0, s1, hold):
+        l.host_stream_destroy(s)
+    l.host_event_destroy(gate)
+
+
+def test_config_collectives(comms):
+    """The nccl*Config variants validate the ncclCollConfig_t, then run the plain operation; a
+    launch-completion event completes once the operation started."""
+    from pycoll._bindings import CollConfig
+
+    l = lib()
+    c0, c1 = comms
+    ev = l.host_event_create()
+    a, b = np.ones(8, np.float32), np.ones(8, np.float32)
+    cfg = CollConfig(launchCompletionEvent=ev)
+    _grouped(l, [lambda: l.all_reduce(ptr(a), ptr(a), 8, F32, SUM, c0, 0, cfg),
+                 lambda: l.all_reduce(ptr(b), ptr(b), 8, F32, SUM, c1, 0, CollConfig())])
+    assert a[0] == 2.0 and b[0] == 2.0 and l.host_event_query(ev)
+    with pytest.raises(errors.InvalidArgument) as ei:
+        l.all_reduce(ptr(a), ptr(a), 8, F32, SUM, c0, 0, CollConfig(magic=0))
+    assert "NCCL_COLLCONFIG_INITIALIZER" in ei.value.last_error
+    with pytest.raises(errors.InvalidArgument):
+        l.all_reduce(ptr(a), ptr(a), 8, F32, SUM, c0, 0, CollConfig(launchCompletionEvent=0xBAD0))
+    l.host_event_destroy(ev)

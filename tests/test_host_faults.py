@@ -262,7 +262,7 @@ def _split(rank, n, idb):
     assert b[0] == sum(r + 1 for r in members)
     l.comm_destroy(sub)
     l.comm_destroy(comm)
-    return l.comm_count if False else True
+    return True
 
 
 @pytest.mark.timeout(60)
@@ -324,6 +324,9 @@ def _grow(rank, n, idb, id_path, blocking):
     assert big and l.comm_count(big) == 4 and l.comm_user_rank(big) == rank
     b = _allreduce(l, big, None, value=float(rank + 1))
     assert b[0] == 10.0
+    if rank == 0:
+        with pytest.raises(errors.InvalidArgument):  # each grow id is usable once
+            l.comm_grow(comm, 4, grow_id, -1)
     l.comm_destroy(big)
     if comm:
         l.comm_destroy(comm)
@@ -469,9 +472,6 @@ def _init_expect(rank, n, idb, nranks, myrank, code):
 
 @pytest.mark.timeout(60)
 def test_mismatched_nranks_is_invalid_usage():
-    def fn(rank, n, idb):
-        return _init_expect(rank, n, idb, 2 + rank, rank, 5)
-
     texts = run_ranks(_mismatched_nranks, 2, uid(), timeout=30)
     assert any("nranks" in t for t in texts), texts
 

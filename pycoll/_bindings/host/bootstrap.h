@@ -7,6 +7,7 @@
 #ifndef PYCOLL_BOOTSTRAP_H
 #define PYCOLL_BOOTSTRAP_H
 
+#include "core.h"
 #include "segment.h"
 
 #define UID_MAGIC 0x31484350u /* "PCH1" */

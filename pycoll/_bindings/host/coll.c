@@ -11,9 +11,11 @@
  *
  * Each rank transforms its own contribution before publishing it (PreMulSum/Avg scalars are
  * per rank, as in NCCL), and reductions run in rank order 0..n-1. */
+#include "core.h" /* first: defines _GNU_SOURCE */
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "copy.h"
 #include "debug.h"
 #include "enqueue.h"
 
@@ -162,13 +164,13 @@ static void fill(struct task* t, int p) {
       break;
     case TK_BROADCAST:
       if (me == t->root) {
-        memcpy(mine, at(t->sendbuff, base, es), len * es);
-        if (t->recvbuff != t->sendbuff) memcpy(at(t->recvbuff, base, es), at(t->sendbuff, base, es), len * es);
+        ph_copy(mine, at(t->sendbuff, base, es), len * es);
+        if (t->recvbuff != t->sendbuff) ph_copy(at(t->recvbuff, base, es), at(t->sendbuff, base, es), len * es);
       }
       break;
-    case TK_ALLGATHER: memcpy(mine, at(t->sendbuff, base, es), len * es); break;
+    case TK_ALLGATHER: ph_copy(mine, at(t->sendbuff, base, es), len * es); break;
     case TK_GATHER:
-      if (me != t->root) memcpy(mine, at(t->sendbuff, base, es), len * es);
+      if (me != t->root) ph_copy(mine, at(t->sendbuff, base, es), len * es);
       else if (at(t->recvbuff, (size_t)me * t->count + base, es) != at(t->sendbuff, base, es))
         memmove(at(t->recvbuff, (size_t)me * t->count + base, es), at(t->sendbuff, base, es), len * es);
       break;
@@ -182,7 +184,7 @@ static void fill(struct task* t, int p) {
       for (int k = 0; k < n; k++) {
         const char* src = at(t->sendbuff, (size_t)k * t->count + base, es);
         if (k != me) {
-          memcpy(at(mine, (size_t)k * t->piece, es), src, len * es);
+          ph_copy(at(mine, (size_t)k * t->piece, es), src, len * es);
         } else {
           char* dst = at(t->recvbuff, (t->kind == TK_ALLTOALL ? (size_t)me * t->count : 0) + base, es);
           if (dst != src) memmove(dst, src, len * es);
@@ -223,19 +225,19 @@ static bool consume(struct task* t, int p, uint64_t S) {
         return t->kind == TK_REDUCE && me != t->root;
       }
     case TK_BROADCAST:
-      if (me != t->root) memcpy(at(t->recvbuff, base, es), seg_inbox(s, t->root, p), len * es);
+      if (me != t->root) ph_copy(at(t->recvbuff, base, es), seg_inbox(s, t->root, p), len * es);
       return true;
     case TK_ALLGATHER:
       for (int k = 0; k < n; k++) {
         char* dst = at(t->recvbuff, (size_t)k * t->count + base, es);
         const char* src = k == me ? at(t->sendbuff, base, es) : seg_inbox(s, k, p);
-        if (dst != src) memcpy(dst, src, len * es);
+        if (dst != src) ph_copy(dst, src, len * es);
       }
       return true;
     case TK_GATHER:
       if (me == t->root)
         for (int k = 0; k < n; k++)
-          if (k != me) memcpy(at(t->recvbuff, (size_t)k * t->count + base, es), seg_inbox(s, k, p), len * es);
+          if (k != me) ph_copy(at(t->recvbuff, (size_t)k * t->count + base, es), seg_inbox(s, k, p), len * es);
       return true;
     case TK_REDUCESCATTER:
       for (int k = 0; k < n; k++)
@@ -244,10 +246,10 @@ static bool consume(struct task* t, int p, uint64_t S) {
       return true;
     case TK_ALLTOALL:
       for (int k = 0; k < n; k++)
-        if (k != me) memcpy(at(t->recvbuff, (size_t)k * t->count + base, es), at(seg_inbox(s, k, p), (size_t)me * t->piece, es), len * es);
+        if (k != me) ph_copy(at(t->recvbuff, (size_t)k * t->count + base, es), at(seg_inbox(s, k, p), (size_t)me * t->piece, es), len * es);
       return true;
     case TK_SCATTER:
-      if (me != t->root) memcpy(at(t->recvbuff, base, es), at(seg_inbox(s, t->root, p), (size_t)me * t->piece, es), len * es);
+      if (me != t->root) ph_copy(at(t->recvbuff, base, es), at(seg_inbox(s, t->root, p), (size_t)me * t->piece, es), len * es);
       return true;
   }
   return true;
@@ -261,7 +263,7 @@ static void copy_out(struct task* t, int p) {
   for (int k = 0; k < n; k++) {
     size_t lo, hi;
     slice(len, n, k, align, &lo, &hi);
-    if (k != me && hi > lo) memcpy(at(t->recvbuff, base + lo, es), at(seg_outbuf(&c->seg, p), lo, es), (hi - lo) * es);
+    if (k != me && hi > lo) ph_copy(at(t->recvbuff, base + lo, es), at(seg_outbuf(&c->seg, p), lo, es), (hi - lo) * es);
   }
 }
 

@@ -16,7 +16,6 @@ struct ncclComm* comm_alloc(void) {
   c->refs = 1; /* the registry's */
   c->rank = -1;
   c->async = ncclInProgress;
-  c->phase = CP_INIT;
   pthread_mutex_init(&c->mu, NULL);
   pthread_mutex_init(&c->err_mu, NULL);
   pthread_mutex_init(&c->exec_mu, NULL);
@@ -231,7 +230,6 @@ void comm_teardown(struct ncclComm* c, int final_state) {
   free(c->send_seq);
   free(c->recv_seq);
   c->send_seq = c->recv_seq = NULL;
-  c->phase = CP_GONE;
 }
 
 ncclResult_t comm_check_peer(struct ncclComm* c, int k, bool check_process, char* text, size_t len) {

@@ -3,6 +3,7 @@
 #ifndef PYCOLL_COMM_H
 #define PYCOLL_COMM_H
 
+#include "core.h"
 #include <pthread.h>
 
 #include "datatype.h"
@@ -12,7 +13,6 @@
 #define COMM_MAGIC 0x636f6d6d6c697665ull /* live */
 #define COMM_DEAD 0x636f6d6d64656164ull  /* freed (kept a while to catch stale handles) */
 
-enum comm_phase { CP_INIT = 0, CP_READY, CP_FINALIZED, CP_GONE };
 enum abort_reason { AB_NONE = 0, AB_USER, AB_REVOKE, AB_SHRINK, AB_INIT };
 
 struct peer {
@@ -50,8 +50,7 @@ struct ncclComm {
   int abort_reason; /* why abort_flag is set: enum abort_reason */
   int async;       /* ncclCommGetAsyncError */
   int broken;      /* sticky fatal error for collectives (0 when healthy) */
-  int phase;
-  bool revoked, finalize_called, destroy_called, suspended, ops_aborted;
+  bool revoked, finalize_called, destroy_called, suspended;
   bool torn_down;
 
   pthread_mutex_t mu;      /* jobs, reduction ops, registrations, the segment pointer */
@@ -77,7 +76,6 @@ struct ncclComm {
   struct user_redop* redops;
   int nredops;
   struct reg_entry* regs;
-  struct reg_entry* wins;
 
   char last_error[1024];
 };

@@ -1,6 +1,7 @@
 /* ncclConfig_t parsing, as NCCL's parseCommConfig does it: copy at most sizeof(ncclConfig_t)
  * bytes, check the magic, reset fields newer than config->version, validate, apply defaults, then
  * let NCCL_COMM_BLOCKING override the blocking attribute. */
+#include "core.h" /* first: defines _GNU_SOURCE */
 #include <stdlib.h>
 
 #include "comm.h"

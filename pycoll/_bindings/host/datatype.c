@@ -2,6 +2,8 @@
 
 #include <math.h>
 
+#include "copy.h"
+
 /* Reductions must round exactly like the references: no contraction into fused multiply-adds. */
 #pragma GCC optimize("fp-contract=off")
 
@@ -220,7 +222,7 @@ FLOAT_KERNELS(e4, uint8_t, float, e4_f, f_e4, 0)
 FLOAT_KERNELS(e5, uint8_t, float, e5_f, f_e5, 0)
 
 /* Plain float32 sum, the hot path of the benchmark: kept separate so the compiler vectorises it. */
-static void f32_sum_fast(void* o_, const void* a_, const void* b_, size_t n) {
+__attribute__((target_clones("avx2", "default"))) static void f32_sum_fast(void* o_, const void* a_, const void* b_, size_t n) {
   float* o = o_;
   const float *a = a_, *b = b_;
   for (size_t i = 0; i < n; i++) o[i] = a[i] + b[i];
@@ -242,7 +244,7 @@ static binfn combiner(const struct redop* op) {
 
 void dt_publish(const struct redop* op, void* dst, const void* src, size_t count) {
   if (op && op->kind == RK_PREMULSUM) mul_table[op->dtype](dst, src, op->scalar, count);
-  else if (dst != src) memcpy(dst, src, count * dt_size(op ? op->dtype : ncclUint8));
+  else if (dst != src) ph_copy(dst, src, count * dt_size(op ? op->dtype : ncclUint8));
 }
 
 uint64_t dt_scalar_from_double(int dtype, double v) {
@@ -274,8 +276,16 @@ void dt_reduce(const struct redop* op, void* dst, void* dst2, const void* const*
   if (op->kind != RK_PREMULSUM) raw = -1;
   bool post_div = op->kind == RK_SUMDIV && op->divisor != 1;
   if (nsrc == 2 && raw < 0 && !post_div) { /* the common case: one pass, no temporaries */
-    comb(dst, srcs[0], srcs[1], count);
-    if (dst2) memcpy(dst2, dst, bytes);
+    if (!dst2) {
+      comb(dst, srcs[0], srcs[1], count);
+      return;
+    }
+    size_t blk = BLOCK_BYTES / es; /* the second copy reads what L1 still holds */
+    for (size_t off = 0; off < count; off += blk) {
+      size_t len = MIN(blk, count - off), boff = off * es;
+      comb((char*)dst + boff, (const char*)srcs[0] + boff, (const char*)srcs[1] + boff, len);
+      ph_copy((char*)dst2 + boff, (char*)dst + boff, len * es);
+    }
     return;
   }
   bool alias = false;
@@ -305,7 +315,7 @@ void dt_reduce(const struct redop* op, void* dst, void* dst2, const void* const*
       }
     }
     if (post_div) div_table[op->dtype](acc, len, op->divisor);
-    if (acc != (char*)dst + boff) memcpy((char*)dst + boff, acc, len * es);
-    if (dst2) memcpy((char*)dst2 + boff, acc, len * es);
+    if (acc != (char*)dst + boff) ph_copy((char*)dst + boff, acc, len * es);
+    if (dst2) ph_copy((char*)dst2 + boff, acc, len * es);
   }
 }

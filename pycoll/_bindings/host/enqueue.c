@@ -2,6 +2,7 @@
  * host stream, or keep for ncclGroupEnd; and the engine that runs a set of tasks. */
 #include "enqueue.h"
 
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -139,6 +140,22 @@ static void check_peers(struct task* list, bool check_process) {
   }
 }
 
+/* Spinning only helps when the peer we wait for runs on another CPU. Publish where we wait, and
+ * yield at once when the peer last waited on this CPU (it needs ours to make progress). */
+static void spin_or_yield(struct task* list, struct backoff* b) {
+  int cpu = sched_getcpu();
+  struct task* blocked = NULL;
+  for (struct task* t = list; t; t = t->next) {
+    if (!eligible(t) || !t->started) continue;
+    struct rank_ctrl* me = &t->comm->seg.ctrl[t->comm->rank];
+    if (__atomic_load_n(&me->cpu, __ATOMIC_RELAXED) != cpu) __atomic_store_n(&me->cpu, cpu, __ATOMIC_RELAXED);
+    if (!blocked) blocked = t;
+  }
+  if (blocked && blocked->wait_peer >= 0 &&
+      __atomic_load_n(&blocked->comm->seg.ctrl[blocked->wait_peer].cpu, __ATOMIC_RELAXED) == cpu)
+    b->spin_ns = 0;
+}
+
 static int cmp_ptr(const void* a, const void* b) {
   uintptr_t x = (uintptr_t) * (void* const*)a, y = (uintptr_t) * (void* const*)b;
   return x < y ? -1 : x > y;
@@ -194,6 +211,7 @@ ncclResult_t run_tasks(struct task* list) {
       backoff_reset(&b, oversub);
       continue;
     }
+    if (b.iter == 0) spin_or_yield(list, &b);
     enum wait_phase ph = backoff_step(&b);
     if (ph == WAIT_SPIN) continue;
     check_peers(list, backoff_due(&b, 2000000));

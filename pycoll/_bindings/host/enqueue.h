@@ -6,6 +6,7 @@
 #ifndef PYCOLL_ENQUEUE_H
 #define PYCOLL_ENQUEUE_H
 
+#include "core.h"
 #include "comm.h"
 
 enum task_kind {

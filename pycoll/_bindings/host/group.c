@@ -53,7 +53,7 @@ void job_free(struct job* j) {
   free(j);
 }
 
-void job_discard_new_comm(struct job* j) {
+static void job_discard_new_comm(struct job* j) {
   struct ncclComm* c = j->kind == JOB_INIT || j->kind == JOB_GROW ? j->comm : j->child;
   if (!c) return;
   if (comm_unregister(c)) {
@@ -69,7 +69,6 @@ static void job_complete(struct job* j, ncclResult_t r) {
     case JOB_INIT:
     case JOB_GROW:
       if (r == ncclSuccess) {
-        j->comm->phase = CP_READY;
         comm_set_async(j->comm, ncclSuccess);
       } else if (j->comm->config.blocking) {
         comm_set_async(j->comm, r);
@@ -79,13 +78,11 @@ static void job_complete(struct job* j, ncclResult_t r) {
       }
       break;
     case JOB_FINALIZE:
-      if (r == ncclSuccess) j->comm->phase = CP_FINALIZED;
       comm_set_async(j->comm, r);
       break;
     case JOB_SPLIT:
     case JOB_SHRINK:
       if (r == ncclSuccess && j->child) {
-        j->child->phase = CP_READY;
         comm_set_async(j->child, ncclSuccess);
         __atomic_store_n(j->slot, j->child, __ATOMIC_RELEASE);
         comm_release(j->child); /* the job's reference; the registry keeps its own */

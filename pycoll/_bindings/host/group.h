@@ -6,6 +6,7 @@
 #ifndef PYCOLL_GROUP_H
 #define PYCOLL_GROUP_H
 
+#include "core.h"
 #include "enqueue.h"
 
 enum job_kind { JOB_INIT = 1, JOB_FINALIZE, JOB_SPLIT, JOB_SHRINK, JOB_GROW };
@@ -47,7 +48,5 @@ void job_free(struct job* j);
 ncclResult_t job_run_init(struct job* j);
 ncclResult_t job_run_finalize(struct job* j);
 ncclResult_t job_run_reshape(struct job* j);
-/* Cleanup of the comm a failed job was creating (blocking mode: the caller gets NULL). */
-void job_discard_new_comm(struct job* j);
 
 #endif

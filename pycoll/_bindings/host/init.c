@@ -1,6 +1,7 @@
 #include <sched.h>
 /* Communicator lifecycle entry points: unique ids, init (blocking, nonblocking, scalable, all),
  * finalize, destroy, abort, revoke, the async error and the simple queries. */
+#include "core.h" /* first: defines _GNU_SOURCE */
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>

@@ -1,5 +1,6 @@
 /* Memory: ncclMemAlloc/ncclMemFree hand out page-aligned host memory; buffer registrations and
  * windows are bookkeeping (the host library copies through shared memory either way). */
+#include "core.h" /* first: defines _GNU_SOURCE */
 #include <stdlib.h>
 
 #include "comm.h"

@@ -2,6 +2,7 @@
  * slots and advances `head`; the receiver copies them out and advances `tail`. The k-th send from
  * a to b matches the k-th receive at b from a; every chunk carries the message number and the
  * message size, so a size mismatch is reported (naming both sides) instead of corrupting data. */
+#include "copy.h"
 #include "debug.h"
 #include "enqueue.h"
 
@@ -34,7 +35,7 @@ static int send_progress(struct task* t) {
     sh->offset = t->off;
     sh->len = (uint32_t)len;
     sh->dtype = t->dtype;
-    memcpy(slot + SLOT_HDR_BYTES, (const char*)t->sendbuff + t->off, len);
+    ph_copy(slot + SLOT_HDR_BYTES, (const char*)t->sendbuff + t->off, len);
     __atomic_store_n(&ch->head, h + 1, __ATOMIC_RELEASE);
     seg_ring(s);
     t->off += len;
@@ -68,7 +69,7 @@ static int recv_progress(struct task* t) {
     if (sh->msg_seq != t->msg_seq || sh->offset != t->off || sh->len > bytes - t->off)
       return task_fail(t, ncclInternalError, "Recv : p2p stream from rank %d out of sync (message #%llu, got #%llu)",
                        peer, (unsigned long long)t->msg_seq, (unsigned long long)sh->msg_seq);
-    memcpy((char*)t->recvbuff + t->off, slot + SLOT_HDR_BYTES, sh->len);
+    ph_copy((char*)t->recvbuff + t->off, slot + SLOT_HDR_BYTES, sh->len);
     t->off += sh->len;
     t->first_chunk = false;
     __atomic_store_n(&ch->tail, tl + 1, __ATOMIC_RELEASE);

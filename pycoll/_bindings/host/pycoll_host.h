@@ -10,6 +10,26 @@
  *
  * Every function returns an ncclResult_t (ncclInvalidArgument for NULL/invalid handles, with a
  * ncclGetLastError text).
+ *
+ * Where the host library decides what NCCL leaves open:
+ *   - An operation interrupted by ncclCommAbort or ncclCommRevoke returns ncclInvalidUsage; a
+ *     peer that died, aborted, revoked or destroyed the communicator while this rank waits for it
+ *     gives ncclRemoteError. Mismatched operations (type, count, datatype, op, root) across ranks
+ *     give ncclInvalidUsage naming both ranks.
+ *   - ncclCommFinalize waits for the operations enqueued on the communicator and then for every
+ *     rank to finalize or destroy it; ncclCommDestroy is local.
+ *   - Memory statistics are 0 (no GPU memory); ncclCommWindowRegister is local bookkeeping.
+ *
+ * Environment (read once per process unless noted):
+ *   NCCL_COMM_BLOCKING        overrides config.blocking (0/1), as in NCCL
+ *   NCCL_DEBUG=WARN|INFO      log to stderr
+ *   PYCOLL_HOST_INIT_TIMEOUT  seconds a rendezvous waits for missing ranks (300; 0: forever),
+ *                             read at every init
+ *   PYCOLL_HOST_SPIN_NS       how long a waiter spins before yielding (50000) when its peer runs
+ *                             on another CPU; waiters yield at once when the peer shares their CPU
+ *   PYCOLL_HOST_YIELD_NS      how long it then yields before sleeping on a futex (300000)
+ *   PYCOLL_HOST_ONESHOT_MAX   AllReduce/Reduce up to this many bytes use one phase (32768)
+ *   PYCOLL_HOST_CHUNK_BYTES   pipeline chunk of larger AllReduce/Reduce (524288)
  */
 #ifndef PYCOLL_HOST_H
 #define PYCOLL_HOST_H
@@ -41,7 +61,8 @@ int pycollEventRecord(pycollEvent_t event, pycollStream_t stream);
 /* ncclSuccess when complete (or never recorded), ncclInProgress otherwise. */
 int pycollEventQuery(pycollEvent_t event);
 int pycollEventSynchronize(pycollEvent_t event);
-/* Milliseconds between the completion of two completed events. */
+/* Milliseconds between the completion of two completed events: ncclInProgress while either has
+ * not completed yet, ncclInvalidUsage if either was never recorded. */
 int pycollEventElapsedTime(float* ms, pycollEvent_t start, pycollEvent_t end);
 
 #ifdef __cplusplus

@@ -1,4 +1,5 @@
 /* User-defined reductions: ncclRedOpCreatePreMulSum / ncclRedOpDestroy. */
+#include "core.h" /* first: defines _GNU_SOURCE */
 #include <stdlib.h>
 
 #include "comm.h"

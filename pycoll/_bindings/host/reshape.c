@@ -2,6 +2,7 @@
  * segment (a mailbox per rank and reshape parity), then each computes the new rank map locally
  * and joins the child's segment, whose name derives from the parent's identity and the reshape's
  * sequence number. The parent stays valid and must still be destroyed or aborted. */
+#include "core.h" /* first: defines _GNU_SOURCE */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -21,7 +22,6 @@ static void child_nonce(const struct ncclComm* p, uint64_t seq, int kind, uint64
 /* Stops the operations in flight on the parent (NCCL_SHRINK_ABORT): they fail, and the parent
  * refuses collectives from now on. */
 static void stop_parent_ops(struct ncclComm* p) {
-  p->ops_aborted = true;
   __atomic_store_n(&p->abort_reason, AB_SHRINK, __ATOMIC_RELEASE);
   __atomic_store_n(&p->abort_flag, 1, __ATOMIC_SEQ_CST);
   if (p->seg.base) doorbell_wake(&p->seg.hdr->bell);

@@ -64,7 +64,8 @@ struct rank_ctrl {
   struct proc_id proc;
   int32_t state;
   int32_t fail_code;
-  char fail_text[200];
+  int32_t cpu; /* where this rank last waited: a peer on the same CPU should yield, not spin */
+  char fail_text[196];
   _Alignas(64) struct mbox mbox[2];
 };
 

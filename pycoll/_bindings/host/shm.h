@@ -4,9 +4,9 @@
 #ifndef PYCOLL_SHM_H
 #define PYCOLL_SHM_H
 
+#include "core.h"
 #include <sys/types.h>
 
-#include "core.h"
 
 #define SHM_DIR "/dev/shm"
 #define SHM_PREFIX "pycoll"

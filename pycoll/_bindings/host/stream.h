@@ -3,6 +3,7 @@
 #ifndef PYCOLL_STREAM_H
 #define PYCOLL_STREAM_H
 
+#include "core.h"
 #include "enqueue.h"
 
 bool stream_valid(pycollStream_t s);

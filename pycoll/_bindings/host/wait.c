@@ -60,7 +60,7 @@ int host_ncpus(void) {
 }
 
 /* Tunables (nanoseconds): how long to spin, then to yield, before sleeping; sleep bounds. */
-static uint64_t spin_ns = 4000, yield_ns = 300000, sleep_min_ns = 200000, sleep_max_ns = 4000000;
+static uint64_t spin_ns = 50000, yield_ns = 300000, sleep_min_ns = 200000, sleep_max_ns = 4000000;
 
 __attribute__((constructor)) static void wait_tunables(void) {
   const char* e;
@@ -73,7 +73,7 @@ void backoff_reset(struct backoff* b, bool oversubscribed) {
   b->start = 0;
   b->last_check = 0;
   b->sleep_ns = sleep_min_ns;
-  b->spin_ns = oversubscribed ? spin_ns / 8 : spin_ns;
+  b->spin_ns = oversubscribed ? 500 : spin_ns;
 }
 
 enum wait_phase backoff_step(struct backoff* b) {
