@@ -26,7 +26,9 @@ runs the operation in the calling thread:
 with 2 ranks a batch counts the slower rank. The table gives the median over batches, in ns per
 call, and the ratio to the C call on a nonblocking communicator; then a quarter as many calls are
 timed one by one (the slower rank's time per call, median; it includes one clock read), which
-shrugs off the scheduler hiccups a batch absorbs on a shared machine.
+shrugs off the scheduler hiccups a batch absorbs on a shared machine. Everything runs ``--repeat``
+times, interleaved, and each cell is the median of the runs: on a shared 2-core machine the two
+ranks sometimes land on one core for a whole run, which costs a context switch per handoff.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import sys
 import tempfile
 import time
 from datetime import datetime, timezone
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -291,6 +293,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--batches", type=int, default=40, help="timed batches per variant (default 40)")
     p.add_argument("--batch", type=int, default=250, help="calls per batch (default 250)")
     p.add_argument("--warmup", type=int, default=500, help="untimed calls first (default 500)")
+    p.add_argument("--repeat", type=int, default=3,
+                   help="run everything this many times, interleaved; report the median of the runs (default 3)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per run (default 120)")
     p.add_argument("--json", help="write the per-batch numbers to this JSON file")
     p.add_argument("--markdown", help="write the table as markdown to this file")
@@ -306,18 +310,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     libpath = _bindings.load("host").path
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     load0 = os.getloadavg()
-    per_rank: Dict[int, Dict[str, Dict[str, np.ndarray]]] = {}
+    # per rank count, per variant: one (batch ns/call, median call ns) pair per run
+    runs: Dict[int, Dict[str, List[Tuple[float, float]]]] = {n: {} for n in a.ranks}
     with tempfile.TemporaryDirectory(prefix="pycoll-overhead-") as tmp:
         exe = compile_driver(tmp)
-        for n in a.ranks:
-            got: Dict[str, Dict[str, np.ndarray]] = {}
-            got["c_blocking"] = run_c(exe, libpath, n, True, a)
-            got["c_nonblocking"] = run_c(exe, libpath, n, False, a)
-            got.update(run_python(n, a, tmp))
-            per_rank[n] = got
+        for _ in range(max(1, a.repeat)):
+            for n in a.ranks:
+                got: Dict[str, Dict[str, np.ndarray]] = {}
+                got["c_blocking"] = run_c(exe, libpath, n, True, a)
+                got["c_nonblocking"] = run_c(exe, libpath, n, False, a)
+                got.update(run_python(n, a, tmp))
+                for k, v in got.items():
+                    runs[n].setdefault(k, []).append((float(np.median(v["batch"])) / a.batch,
+                                                      float(np.median(v["call"]))))
     load1 = os.getloadavg()
-    ns = {n: {k: float(np.median(v["batch"])) / a.batch for k, v in got.items()} for n, got in per_rank.items()}
-    call_ns = {n: {k: float(np.median(v["call"])) for k, v in got.items()} for n, got in per_rank.items()}
+    ns = {n: {k: float(np.median([x[0] for x in v])) for k, v in r.items()} for n, r in runs.items()}
+    call_ns = {n: {k: float(np.median([x[1] for x in v])) for k, v in r.items()} for n, r in runs.items()}
     head = ["variant"]
     for n in a.ranks:
         r = f"{n} rank{'s' if n > 1 else ''}"
@@ -332,7 +340,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     widths = [max(len(h), *(len(r[i]) for r in body)) for i, h in enumerate(head)]
     print(f"# ncclAllReduce of 8 B (2 float32, sum), host backend, NULL stream -- {started}; "
           f"load average before {' '.join(f'{x:.2f}' for x in load0)}, after {' '.join(f'{x:.2f}' for x in load1)}")
-    print(f"# ns/call: median over {a.batches} batches of {a.batch} calls (slower rank per batch) / {a.batch}; "
+    print(f"# ns/call: median over {a.batches} batches of {a.batch} calls (slower rank per batch) / {a.batch}, "
+          f"median of {a.repeat} interleaved runs; "
           "'x C': ratio to the C call on a nonblocking communicator (what pycoll creates); "
           f"median call: median of {a.batches * a.batch // 4} calls timed one by one (includes one clock read)")
     if any("comm_numpy_inline" in ns[n] for n in a.ranks):
@@ -346,7 +355,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             json.dump({"started": started, "loadavg_before": load0, "loadavg_after": load1, "batch": a.batch,
                        "ns_per_call": {str(n): v for n, v in ns.items()},
                        "median_call_ns": {str(n): v for n, v in call_ns.items()},
-                       "batches_ns": {str(n): {k: v["batch"].tolist() for k, v in g.items()} for n, g in per_rank.items()}},
+                       "runs": {str(n): {k: [list(x) for x in v] for k, v in r.items()} for n, r in runs.items()}},
                       f, indent=2)
     if a.markdown:
         with open(a.markdown, "w") as f:

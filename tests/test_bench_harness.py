@@ -57,7 +57,7 @@ def test_allreduce_compare_runs_and_checks(tmp_path):
 @pytest.mark.skipif(shutil.which("gcc") is None and shutil.which("cc") is None, reason="no C compiler")
 def test_overhead_layers(tmp_path):
     out = tmp_path / "o.json"
-    res = _run("overhead.py", ["--ranks", "1", "--batches", "3", "--batch", "20", "--warmup", "10",
+    res = _run("overhead.py", ["--ranks", "1", "--batches", "3", "--batch", "20", "--warmup", "10", "--repeat", "1",
                                "--json", str(out)])
     assert res.returncode == 0, res.stderr
     ns = json.loads(out.read_text())["ns_per_call"]["1"]
