@@ -58,8 +58,7 @@ def timed_loop(call, size, sync):
 
 def host_rank(rank, n, uid_bytes, sizes, bind, out):
     if bind:
-        cpus = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
+        os.environ["PYCOLL_HOST_BIND"] = "1"
     from pycoll._bindings import UniqueId, load
 
     lib = load("host")
@@ -150,7 +149,7 @@ def main():
     ap.add_argument("-n", type=int, action="append", help="ranks (repeatable); default 2 and 4")
     ap.add_argument("--sizes", default="8,1K,32K,256K,4M,64M")
     ap.add_argument("--mpi", action="store_true", help="also run Open MPI (mpi4py) in the same run")
-    ap.add_argument("--bind", action="store_true", help="pin rank r to CPU r mod ncpus (Open MPI binds by default)")
+    ap.add_argument("--bind", action="store_true", help="PYCOLL_HOST_BIND=1: rank r on CPU r mod ncpus (Open MPI binds by default)")
     args = ap.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     print(f"memcpy reference at {sizes[-1]} B: {memcpy_reference(sizes[-1]):.2f} GB/s (one process)")

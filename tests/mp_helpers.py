@@ -85,7 +85,10 @@ def run_ranks(
         deadline = time.monotonic() + timeout
         results: List[Any] = [None] * n
         pending = set(range(n))
-        while pending - may_die and time.monotonic() < deadline:
+        # ranks that may die are not waited for once every other rank has reported (when all may
+        # die, all are waited for)
+        waited = (lambda: pending - may_die) if set(range(n)) - may_die else (lambda: pending)
+        while waited() and time.monotonic() < deadline:
             for rank in sorted(pending):
                 conn = pipes[rank]
                 if conn.poll(0.01):

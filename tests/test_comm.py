@@ -424,11 +424,11 @@ def _reshape(rank, n, uid, path):
         out["shrink"] = y.tolist() == [float(n - 2)] * 2 and small.rank == rank - 1
         out["shrink_global_ranks"] = small.global_ranks == tuple(range(1, n - 1))
         small.destroy()
-    # grow back with a new process
-    uid_grow = c.get_unique_id() if rank == 0 else None
+    # grow back with a new process; every existing rank passes the id (rank 0 did not take part in
+    # the shrink, so the ranks disagree on how many reshapes this communicator has seen)
     if rank == 0:
-        store.set("grow_uid", bytes(uid_grow))
-    big = c.grow(n, uid_grow)
+        store.set("grow_uid", bytes(c.get_unique_id()))
+    big = c.grow(n, store.get("grow_uid", timeout=30))
     x = np.full(2, rank + 1.0, np.float32)
     big.all_reduce(x)
     out["grow"] = x.tolist() == [n * (n + 1) / 2] * 2 and big.rank == rank

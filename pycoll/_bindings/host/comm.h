@@ -71,6 +71,7 @@ struct ncclComm {
   uint64_t* recv_seq;
 
   uint64_t child_count; /* reshapes of this comm (split, shrink, grow) */
+  uint64_t last_grow_seq; /* sequence number of the last grow: its id cannot be used again */
   bool grow_id_pending;
 
   struct user_redop* redops;

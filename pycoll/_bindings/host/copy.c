@@ -1,5 +1,6 @@
 #include "copy.h"
 
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 
 #define SMALL 4096
@@ -49,3 +50,9 @@ void ph_copy(void* dst, const void* src, size_t n) {
   if (n < SMALL) memcpy(dst, src, n);
   else copy_impl(dst, src, n);
 }
+
+#else /* other architectures: the C library's copy */
+
+void ph_copy(void* dst, const void* src, size_t n) { memcpy(dst, src, n); }
+
+#endif

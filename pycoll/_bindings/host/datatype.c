@@ -222,7 +222,12 @@ FLOAT_KERNELS(e4, uint8_t, float, e4_f, f_e4, 0)
 FLOAT_KERNELS(e5, uint8_t, float, e5_f, f_e5, 0)
 
 /* Plain float32 sum, the hot path of the benchmark: kept separate so the compiler vectorises it. */
-__attribute__((target_clones("avx2", "default"))) static void f32_sum_fast(void* o_, const void* a_, const void* b_, size_t n) {
+#if defined(__x86_64__)
+#define VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define VECTOR_CLONES
+#endif
+VECTOR_CLONES static void f32_sum_fast(void* o_, const void* a_, const void* b_, size_t n) {
   float* o = o_;
   const float *a = a_, *b = b_;
   for (size_t i = 0; i < n; i++) o[i] = a[i] + b[i];

@@ -1,7 +1,7 @@
-#include <sched.h>
 /* Communicator lifecycle entry points: unique ids, init (blocking, nonblocking, scalable, all),
  * finalize, destroy, abort, revoke, the async error and the simple queries. */
 #include "core.h" /* first: defines _GNU_SOURCE */
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -121,17 +121,39 @@ static ncclResult_t init_common(ncclComm_t* newcomm, int nranks, int nid, const 
   return job_launch(j);
 }
 
+/* PYCOLL_HOST_BIND=1 (opt-in, like Open MPI's default binding): the thread that initialises
+ * rank r of an n-rank communicator is bound to the (r mod #allowed)-th CPU it may run on, if
+ * there are at least n of them. Off by default: threads started later inherit the binding. */
+static void maybe_bind(int rank, int nranks) {
+  const char* e = getenv("PYCOLL_HOST_BIND");
+  if (!e || strcmp(e, "1") != 0) return;
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || CPU_COUNT(&allowed) < nranks) return;
+  int k = rank % CPU_COUNT(&allowed);
+  for (int cpu = 0; cpu < CPU_SETSIZE; cpu++) {
+    if (!CPU_ISSET(cpu, &allowed) || k-- > 0) continue;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    if (sched_setaffinity(0, sizeof one, &one) == 0) INFO("rank %d bound to CPU %d (PYCOLL_HOST_BIND)", rank, cpu);
+    return;
+  }
+}
+
 NCCL_API ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
                                              ncclConfig_t* config) {
+  maybe_bind(rank, nranks);
   return init_common(comm, nranks, 1, &commId, rank, config, "ncclCommInitRankConfig", 0);
 }
 
 NCCL_API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
+  maybe_bind(rank, nranks);
   return init_common(comm, nranks, 1, &commId, rank, NULL, "ncclCommInitRank", 0);
 }
 
 NCCL_API ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId,
                                                ncclUniqueId* commIds, ncclConfig_t* config) {
+  maybe_bind(myrank, nranks);
   return init_common(newcomm, nranks, nId, commIds, myrank, config, "ncclCommInitRankScalable", 0);
 }
 

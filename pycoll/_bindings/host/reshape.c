@@ -352,16 +352,23 @@ NCCL_API ncclResult_t ncclCommGrow(ncclComm_t comm, int nRanks, const ncclUnique
       r = ncclInvalidArgument;
     } else {
       pthread_mutex_lock(&p->mu);
+      /* An existing rank holding the id takes the grow's sequence number from it: reshapes that
+       * only some ranks took part in (a shrink that excluded this rank) leave the ranks' own
+       * counters different. Without an id, the next number of its own counter is used. */
       seq = p->child_count + 1;
+      if (uniqueId && (r = uid_parse(uniqueId, &u, "ncclCommGrow", p)) == ncclSuccess) {
+        if (u.kind == UID_GROW) seq = u.child_count;
+      }
       child_nonce(p, seq, SEG_GROW, 0, nonce);
-      if (uniqueId && (r = uid_parse(uniqueId, &u, "ncclCommGrow", p)) == ncclSuccess &&
-          (u.kind != UID_GROW || u.nonce[0] != nonce[0] || u.nonce[1] != nonce[1])) {
+      if (uniqueId && r == ncclSuccess &&
+          (u.kind != UID_GROW || u.nonce[0] != nonce[0] || u.nonce[1] != nonce[1] || seq <= p->last_grow_seq)) {
         CWARN(p, "ncclCommGrow: the unique id does not belong to the next grow of this communicator (it comes "
                  "from another communicator, or was already used)");
         r = ncclInvalidArgument;
       }
       if (r == ncclSuccess) {
-        p->child_count = seq;
+        if (seq > p->child_count) p->child_count = seq;
+        p->last_grow_seq = seq;
         p->grow_id_pending = false;
       }
       pthread_mutex_unlock(&p->mu);
