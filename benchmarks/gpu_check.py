@@ -1,0 +1,231 @@
+"""Python side of benchmarks/gpu_check.sh: the environment report and the per-call overhead on a GPU.
+
+Usage::
+
+    python benchmarks/gpu_check.py env --out DIR        # env.json: versions, GPUs, which libnccl pycoll loads
+    python benchmarks/gpu_check.py overhead --out DIR   # overhead.json / overhead.txt
+
+The overhead check times an 8-byte allreduce (2 float32, sum) on one rank and one GPU, issued
+from Python on torch's current stream, by:
+
+* **pycoll bindings**: ``Library.all_reduce(ptr, ptr, 2, Float32, Sum, comm, stream)``;
+* **pycoll Communicator, async_op=True**: ``comm.all_reduce(x, async_op=True)`` -- returns once the
+  operation is queued, like torch.distributed's call;
+* **pycoll Communicator, blocking**: ``comm.all_reduce(x)`` -- waits until the GPU has finished;
+* **torch.distributed NCCL**: ``dist.all_reduce(x)`` on a one-rank ``nccl`` process group;
+* **nccl4py**, when it is installed (its API is tried defensively; a failure is recorded, not fatal).
+
+pycoll and torch use the same libnccl here: torch loads its own when imported, and pycoll's
+loader takes the libnccl already loaded. For each variant: ``enqueue_ns`` is the host time to
+issue one call (a batch of calls, divided), ``total_ns`` adds waiting for the batch to finish;
+median over batches. Every call here returns a result or raises; nothing waits without a deadline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+
+def _write(out: str, name: str, data: Any) -> None:
+    with open(os.path.join(out, name), "w") as f:
+        if isinstance(data, str):
+            f.write(data)
+        else:
+            json.dump(data, f, indent=2, default=str)
+
+
+def _try(fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except Exception as exc:  # the report must never stop at a missing piece
+        return f"unavailable: {type(exc).__name__}: {exc}"
+
+
+def env_report(out: str) -> Dict[str, Any]:
+    from importlib import metadata
+
+    def dist_versions() -> Dict[str, str]:
+        keep = ("torch", "cupy", "cuda", "nvidia-nccl", "nccl4py", "pycoll", "cython", "numpy", "pytest")
+        found = {}
+        for d in metadata.distributions():
+            name = (d.metadata.get("Name") or "").lower()
+            if any(name.startswith(k) for k in keep):
+                found[name] = d.version
+        return dict(sorted(found.items()))
+
+    def smi() -> str:
+        res = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,compute_cap",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+        return res.stdout.strip() or res.stderr.strip()
+
+    def torch_info() -> Dict[str, Any]:
+        import torch
+
+        info = {"version": torch.__version__, "cuda": torch.version.cuda, "available": torch.cuda.is_available()}
+        if torch.cuda.is_available():
+            info["device"] = torch.cuda.get_device_name(0)
+            info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        return info
+
+    def pycoll_info() -> Any:
+        import pycoll
+        from pycoll import info
+
+        return {"version": pycoll.__version__, "file": pycoll.__file__, "libraries": info.probe_all()}
+
+    report = {
+        "python": sys.version,
+        "platform": platform.platform(),
+        "nvidia_smi": _try(smi),
+        "distributions": _try(dist_versions),
+        "pycoll": _try(pycoll_info),
+        "torch": _try(torch_info),
+    }
+    _write(out, "env.json", report)
+    return report
+
+
+def _median(xs: List[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+def _time(issue: Callable[[], Any], finish: Callable[[List[Any]], None], calls: int, batches: int,
+          warmup: int) -> Dict[str, float]:
+    """Median per-call host time to issue (enqueue_ns) and to issue and finish (total_ns)."""
+    pending = [issue() for _ in range(warmup)]
+    finish(pending)
+    enq, tot = [], []
+    clock = time.perf_counter_ns
+    for _ in range(batches):
+        t0 = clock()
+        pending = [issue() for _ in range(calls)]
+        t1 = clock()
+        finish(pending)
+        t2 = clock()
+        enq.append((t1 - t0) / calls)
+        tot.append((t2 - t0) / calls)
+    return {"enqueue_ns": _median(enq), "total_ns": _median(tot), "calls": calls, "batches": batches}
+
+
+def overhead(out: str, calls: int, batches: int) -> Dict[str, Any]:
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    import torch
+
+    import pycoll
+
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    x = torch.ones(2, device=dev)
+    sync = lambda pending: torch.cuda.synchronize(dev)  # noqa: E731
+    results: Dict[str, Any] = {}
+
+    comm = pycoll.init(0, 1, backend="nccl", device=0, timeout=60, init_timeout=60, name="overhead")
+    lib, h = comm.library, comm.handle
+    results["libnccl"] = {"path": lib.path, "version": ".".join(map(str, lib.version_tuple))}
+    try:
+        ptr = x.data_ptr()
+
+        def raw() -> None:
+            status = lib.all_reduce(ptr, ptr, 2, 7, 0, h, torch.cuda.current_stream(dev).cuda_stream)
+            if status == 7:  # nonblocking communicator still setting up: poll, with a deadline
+                deadline = time.monotonic() + 60
+                while lib.comm_get_async_error(h) == 7:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError("ncclAllReduce stayed in progress for 60 s")
+
+        results["pycoll bindings"] = _try(lambda: _time(raw, sync, calls, batches, 50))
+
+        def finish_works(works: List[Any]) -> None:
+            for w in works:
+                w.wait(timeout=60)
+            torch.cuda.synchronize(dev)
+
+        results["pycoll Communicator async_op=True"] = _try(
+            lambda: _time(lambda: comm.all_reduce(x, async_op=True), finish_works, calls, batches, 50))
+        results["pycoll Communicator blocking"] = _try(
+            lambda: _time(lambda: comm.all_reduce(x), sync, max(1, calls // 5), batches, 20))
+    finally:
+        comm.destroy()
+
+    def torch_dist() -> Dict[str, float]:
+        import torch.distributed as dist
+
+        store = dist.HashStore()
+        try:
+            dist.init_process_group("nccl", store=store, rank=0, world_size=1, device_id=dev)
+        except TypeError:  # torch without device_id
+            dist.init_process_group("nccl", store=store, rank=0, world_size=1)
+        try:
+            return _time(lambda: dist.all_reduce(x), sync, calls, batches, 50)
+        finally:
+            dist.destroy_process_group()
+
+    results["torch.distributed nccl"] = _try(torch_dist)
+    results["nccl4py"] = _try(lambda: _nccl4py(x, dev, sync, calls, batches))
+    ref = results.get("torch.distributed nccl")
+    lines = [f"# 8-byte allreduce, 1 rank, {torch.cuda.get_device_name(dev)}, libnccl {results['libnccl']}",
+             "# enqueue: host ns per call to issue it; total: issue + finish the batch; median over batches",
+             f"{'variant':40s} {'enqueue ns':>11s} {'total ns':>10s} {'enqueue / torch':>16s}"]
+    for name, r in results.items():
+        if name == "libnccl":
+            continue
+        if not isinstance(r, dict):
+            lines.append(f"{name:40s} {r}")
+            continue
+        ratio = (f"{r['enqueue_ns'] / ref['enqueue_ns']:.2f}" if isinstance(ref, dict) and ref["enqueue_ns"] else "-")
+        lines.append(f"{name:40s} {r['enqueue_ns']:11,.0f} {r['total_ns']:10,.0f} {ratio:>16s}")
+    text = "\n".join(lines) + "\n"
+    _write(out, "overhead.json", results)
+    _write(out, "overhead.txt", text)
+    sys.stdout.write(text)
+    return results
+
+
+def _nccl4py(x: Any, dev: Any, sync: Callable[[List[Any]], None], calls: int, batches: int) -> Dict[str, float]:
+    """nccl4py's Communicator, if installed. Its API is not pinned here: any mismatch is reported."""
+    import torch
+    from nccl import core as nc  # nccl4py's Pythonic layer
+
+    uid = nc.get_unique_id()
+    comm = nc.Communicator.init(1, 0, uid)
+    try:
+        op = getattr(nc, "SUM", None) or getattr(getattr(nc, "RedOp", None), "Sum", None) or "sum"
+        stream = torch.cuda.current_stream(dev).cuda_stream
+        return _time(lambda: comm.all_reduce(x, x, op, stream=stream), sync, calls, batches, 50)
+    finally:
+        comm.destroy()
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("what", choices=("env", "overhead"))
+    p.add_argument("--out", default=os.environ.get("OUT", "."), help="directory for the result files")
+    p.add_argument("--calls", type=int, default=500, help="calls per batch (overhead; default 500)")
+    p.add_argument("--batches", type=int, default=7, help="batches per variant (overhead; default 7)")
+    a = p.parse_args(argv)
+    os.makedirs(a.out, exist_ok=True)
+    try:
+        if a.what == "env":
+            json.dump(env_report(a.out), sys.stdout, indent=2, default=str)
+            sys.stdout.write("\n")
+        else:
+            overhead(a.out, a.calls, a.batches)
+    except Exception:
+        _write(a.out, f"{a.what}_error.txt", traceback.format_exc())
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# pycoll GPU check, for a machine with one NVIDIA GPU and no network access.
+#
+#   benchmarks/gpu_check.sh [OUTDIR]        (default: $OUT, else ./gpu_check_out)
+#
+# Expects Python with torch (CUDA), cupy, cuda-bindings, Cython, pytest and an NCCL wheel installed.
+# Steps, each under its own timeout and all within GPU_CHECK_BUDGET seconds (default 450, so the
+# whole check ends within 8 minutes):
+#   env       env.json: versions, the GPU, which libnccl pycoll loads
+#   build     pip install --no-build-isolation --no-deps . (falls back to an in-place build)
+#   tests     the GPU tests (tests/test_gpu.py, test_bindings_gpu.py, test_devices_gpu.py) -> junit xml
+#   overhead  per-call overhead of an 8-byte allreduce: pycoll vs torch.distributed NCCL, 1 rank
+#   bench1    pycoll-bench all_reduce/all_gather/broadcast, 1 rank, 8 B..64 MiB
+#   bench2    pycoll-bench all_reduce, 2 ranks on the one GPU (NCCL_MULTI_RANK_GPU_ENABLE=1, NCCL >= 2.30)
+# Every step writes OUTDIR/<step>.log; status.txt has one line per step (rc, seconds); summary.json
+# the same as JSON. The exit status is that of the build or the tests when either failed, else 0.
+set -u
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT_DIR="${1:-${OUT:-$PWD/gpu_check_out}}"
+mkdir -p "$OUT_DIR"
+OUT_DIR="$(cd "$OUT_DIR" && pwd)"
+PY="${PYTHON:-python3}"
+BUDGET="${GPU_CHECK_BUDGET:-450}"
+START=$(date +%s)
+DEADLINE=$((START + BUDGET))
+STATUS="$OUT_DIR/status.txt"
+: > "$STATUS"
+RUN_DIR="$OUT_DIR/run"          # tests run from here so that `import pycoll` finds the installed copy
+mkdir -p "$RUN_DIR"
+export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}"
+export PYTHONDONTWRITEBYTECODE=1
+export PYTHONUNBUFFERED=1
+
+declare -A RC
+# step NAME LIMIT CMD...: run CMD with a timeout of min(LIMIT, time left), log to OUTDIR/NAME.log
+step() {
+  local name=$1 limit=$2; shift 2
+  local now left t0 rc
+  now=$(date +%s); left=$((DEADLINE - now - 5))
+  if [ "$left" -lt 10 ]; then
+    echo "$name skipped: no time left" | tee -a "$STATUS"; RC[$name]=skipped; return 0
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  t0=$(date +%s)
+  echo "== $name (timeout ${limit}s): $*" >&2
+  timeout -k 10 "$limit" "$@" > "$OUT_DIR/$name.log" 2>&1
+  rc=$?
+  [ "$rc" -eq 124 ] && echo "(timed out after ${limit}s)" >> "$OUT_DIR/$name.log"
+  echo "$name rc=$rc seconds=$(( $(date +%s) - t0 ))" | tee -a "$STATUS"
+  RC[$name]=$rc
+  return 0
+}
+
+cd "$REPO"
+step env_pre 40 "$PY" "$REPO/benchmarks/gpu_check.py" env --out "$OUT_DIR/env_pre"
+(command -v nvidia-smi >/dev/null && timeout 20 nvidia-smi > "$OUT_DIR/nvidia-smi.txt" 2>&1) || true
+
+# build: the package as a user gets it; an in-place build if pip cannot
+step build 240 "$PY" -m pip install --no-build-isolation --no-deps --no-index -v "$REPO"
+PYTHONPATH_TESTS=""
+if [ "${RC[build]}" != "0" ]; then
+  step build_inplace 200 "$PY" "$REPO/setup.py" build_ext --inplace
+  PYTHONPATH_TESTS="$REPO"
+fi
+export PYTHONPATH="${PYTHONPATH_TESTS}${PYTHONPATH:+:$PYTHONPATH}"
+
+cd "$RUN_DIR"
+step env 60 "$PY" "$REPO/benchmarks/gpu_check.py" env --out "$OUT_DIR"
+TIMEOUT_OPT=()   # per-test deadlines when pytest-timeout is there; the step's timeout bounds the rest
+"$PY" -c "import pytest_timeout" 2>/dev/null && TIMEOUT_OPT=(--timeout 150)
+step tests 200 "$PY" -m pytest -p no:cacheprovider -v -rA "${TIMEOUT_OPT[@]}" \
+  --junitxml "$OUT_DIR/gpu_tests.xml" \
+  "$REPO/tests/test_gpu.py" "$REPO/tests/test_bindings_gpu.py" "$REPO/tests/test_devices_gpu.py"
+step overhead 90 "$PY" "$REPO/benchmarks/gpu_check.py" overhead --out "$OUT_DIR"
+step bench1 60 "$PY" -m pycoll.bench all_reduce,all_gather,broadcast -n 1 --backend nccl -b 8 -e 64M -f 8 \
+  -N 20 -w 5 --op-timeout 30 --json "$OUT_DIR/bench1.json"
+step bench2 60 env NCCL_MULTI_RANK_GPU_ENABLE=1 NCCL_MAX_CTAS=2 "$PY" -m pycoll.bench all_reduce -n 2 --backend nccl -b 8 -e 64M -f 8 -N 20 -w 5 \
+  --op-timeout 30 --timeout 50 --json "$OUT_DIR/bench2.json"
+
+# summary
+{
+  echo "{"
+  echo "  \"seconds\": $(( $(date +%s) - START )),"
+  first=1
+  for k in "${!RC[@]}"; do
+    [ $first -eq 1 ] || echo ","
+    printf '  "%s": "%s"' "$k" "${RC[$k]}"
+    first=0
+  done
+  echo ""
+  echo "}"
+} > "$OUT_DIR/summary.json"
+echo "total seconds=$(( $(date +%s) - START ))" | tee -a "$STATUS"
+grep -E "passed|failed|skipped|error" "$OUT_DIR/tests.log" | tail -3 >> "$STATUS" 2>/dev/null || true
+
+for k in build tests; do
+  v="${RC[$k]:-missing}"
+  if [ "$k" = build ] && [ "$v" != 0 ] && [ "${RC[build_inplace]:-1}" = 0 ]; then continue; fi
+  if [ "$v" != 0 ]; then exit 1; fi
+done
+exit 0

@@ -1,0 +1,373 @@
+"""Per-call overhead of an 8-byte allreduce on the host backend, layer by layer.
+
+Usage (from the repository root, pycoll built in place or installed; needs gcc)::
+
+    python benchmarks/overhead.py                  # 1 and 2 ranks
+    python benchmarks/overhead.py --ranks 1 --batches 50 --batch 500 --json out.json
+
+Variants, all ``ncclAllReduce`` of 2 float32 (8 B, sum) with the NULL stream, so the host library
+runs the operation in the calling thread:
+
+* **C, blocking comm**: a small C program (compiled here with gcc, source below) that dlopens
+  pycoll's host library, creates its communicator with ``ncclCommInitRank`` and calls
+  ``ncclAllReduce`` through the function pointer in a loop.
+* **C, nonblocking comm**: the same with ``ncclCommInitRankConfig(blocking=0)``, which is what
+  pycoll creates (every pycoll communicator is nonblocking).
+* **Cython binding**: ``Library.all_reduce(send_ptr, recv_ptr, 2, Float32, Sum, comm, 0)``.
+* **Communicator.all_reduce (numpy)** and **(torch)**: ``comm.all_reduce(send, recv)`` on
+  numpy arrays and on CPU torch tensors. pycoll runs a blocking host op in the caller's thread
+  only while a watchdog polls the communicator (else through a host stream, waited for with a
+  deadline); when this build has no watchdog, an extra row forces ``pycoll.comm.watchdog_running``
+  to preview the inline path.
+
+1 rank isolates the cost of the call (the library still runs its whole protocol for one rank);
+2 ranks add the synchronisation between two processes. Each variant is timed in batches of
+``--batch`` consecutive calls (the clock is read once per batch, so timer cost is negligible);
+with 2 ranks a batch counts the slower rank. The table gives the median over batches, in ns per
+call, and the ratio to the C call on a nonblocking communicator; then a quarter as many calls are
+timed one by one (the slower rank's time per call, median; it includes one clock read), which
+shrugs off the scheduler hiccups a batch absorbs on a shared machine. Everything runs ``--repeat``
+times, interleaved, and each cell is the median of the runs: on a shared 2-core machine the two
+ranks sometimes land on one core for a whole run, which costs a context switch per handoff.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _pycoll_path() -> str:
+    """The directory holding the pycoll package to benchmark: the installed one, else this checkout's."""
+    try:
+        import pycoll
+    except ImportError:
+        sys.path.insert(0, os.path.dirname(HERE))
+        import pycoll
+    return os.path.dirname(os.path.dirname(os.path.abspath(pycoll.__file__)))
+
+C_DRIVER = r"""
+/* Calls ncclAllReduce of pycoll's host library in a loop; prints "b NS" per batch, then
+ * "c NS" per call for BATCHES*BATCH/4 individually timed calls. */
+#include <dlfcn.h>
+#include <limits.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct { char internal[128]; } ncclUniqueId;
+typedef void* ncclComm_t;
+typedef struct { /* ncclConfig_t, NCCL 2.32 layout */
+  size_t size; unsigned int magic, version; int blocking, cgaClusterSize, minCTAs, maxCTAs;
+  const char* netName; int splitShare, trafficClass; const char* commName;
+  int ints[15]; /* collnetEnable .. nvlsHostMode */
+} config_t;
+_Static_assert(sizeof(config_t) == 120, "ncclConfig_t is 120 bytes");
+
+typedef int (*init_fn)(ncclComm_t*, int, ncclUniqueId, int);
+typedef int (*init_config_fn)(ncclComm_t*, int, ncclUniqueId, int, config_t*);
+typedef int (*async_fn)(ncclComm_t, int*);
+typedef int (*allreduce_fn)(const void*, void*, size_t, int, int, ncclComm_t, void*);
+typedef int (*comm_fn)(ncclComm_t);
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void* sym(void* lib, const char* name) {
+  void* p = dlsym(lib, name);
+  if (!p) { fprintf(stderr, "driver: %s not found\n", name); exit(2); }
+  return p;
+}
+
+static int wait_ready(async_fn get_async, ncclComm_t comm) {
+  int state = 7;
+  uint64_t deadline = now_ns() + 60ull * 1000000000ull;
+  while (state == 7 /* ncclInProgress */) {
+    if (get_async(comm, &state) != 0) return -1;
+    if (now_ns() > deadline) return -1;
+  }
+  return state;
+}
+
+int main(int argc, char** argv) {
+  if (argc != 9) {
+    fprintf(stderr, "usage: %s LIB NRANKS RANK UID_HEX BLOCKING BATCHES BATCH WARMUP\n", argv[0]);
+    return 2;
+  }
+  int nranks = atoi(argv[2]), rank = atoi(argv[3]), blocking = atoi(argv[5]);
+  long batches = atol(argv[6]), batch = atol(argv[7]), warmup = atol(argv[8]);
+  ncclUniqueId id;
+  if (strlen(argv[4]) != 256) { fprintf(stderr, "driver: the unique id must be 256 hex digits\n"); return 2; }
+  for (int i = 0; i < 128; i++) {
+    unsigned v;
+    sscanf(argv[4] + 2 * i, "%2x", &v);
+    id.internal[i] = (char)v;
+  }
+  void* lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+  if (!lib) { fprintf(stderr, "driver: %s\n", dlerror()); return 2; }
+  allreduce_fn allreduce = (allreduce_fn)sym(lib, "ncclAllReduce");
+  async_fn get_async = (async_fn)sym(lib, "ncclCommGetAsyncError");
+  comm_fn destroy = (comm_fn)sym(lib, "ncclCommDestroy");
+  ncclComm_t comm = NULL;
+  int rc;
+  if (blocking) {
+    rc = ((init_fn)sym(lib, "ncclCommInitRank"))(&comm, nranks, id, rank);
+  } else {
+    config_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.size = sizeof cfg; cfg.magic = 0xcafebeef; cfg.version = 23203;
+    cfg.cgaClusterSize = cfg.minCTAs = cfg.maxCTAs = cfg.splitShare = cfg.trafficClass = INT_MIN;
+    for (int i = 0; i < 15; i++) cfg.ints[i] = INT_MIN;
+    cfg.blocking = 0;
+    rc = ((init_config_fn)sym(lib, "ncclCommInitRankConfig"))(&comm, nranks, id, rank, &cfg);
+    if (rc == 7) rc = 0;
+    if (rc == 0) rc = wait_ready(get_async, comm);
+  }
+  if (rc != 0) { fprintf(stderr, "driver: init failed: %d\n", rc); return 1; }
+  float send[2] = {1.0f, 1.0f}, recv[2] = {0.0f, 0.0f};
+  for (long i = 0; i < warmup; i++) rc |= allreduce(send, recv, 2, 7 /* float32 */, 0 /* sum */, comm, NULL);
+  for (long b = 0; b < batches; b++) {
+    uint64_t t0 = now_ns();
+    for (long i = 0; i < batch; i++) rc |= allreduce(send, recv, 2, 7, 0, comm, NULL);
+    printf("b %llu\n", (unsigned long long)(now_ns() - t0));
+  }
+  for (long i = 0; i < batches * batch / 4; i++) {
+    uint64_t t0 = now_ns();
+    rc |= allreduce(send, recv, 2, 7, 0, comm, NULL);
+    printf("c %llu\n", (unsigned long long)(now_ns() - t0));
+  }
+  if (rc != 0 && rc != 7) { fprintf(stderr, "driver: ncclAllReduce returned %d\n", rc); return 1; }
+  if (recv[0] != (float)nranks || recv[1] != (float)nranks) {
+    fprintf(stderr, "driver: wrong result %g %g (expected %d)\n", recv[0], recv[1], nranks);
+    return 1;
+  }
+  if (!blocking) wait_ready(get_async, comm);
+  destroy(comm);
+  return 0;
+}
+"""
+
+
+def compile_driver(workdir: str) -> str:
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    if gcc is None:
+        raise RuntimeError("no C compiler (gcc/cc) on PATH")
+    src, exe = os.path.join(workdir, "allreduce_driver.c"), os.path.join(workdir, "allreduce_driver")
+    with open(src, "w") as f:
+        f.write(C_DRIVER)
+    subprocess.run([gcc, "-O2", "-std=c11", "-D_POSIX_C_SOURCE=200809L", "-o", exe, src, "-ldl"], check=True,
+                   capture_output=True, text=True)
+    return exe
+
+
+def run_c(exe: str, libpath: str, nranks: int, blocking: bool, a: argparse.Namespace) -> Dict[str, np.ndarray]:
+    """Per-batch and per-call ns (the slower rank's each time) of the C driver."""
+    from pycoll import _bindings
+
+    uid = _bindings.load(libpath).get_unique_id().hex()
+    procs = [subprocess.Popen([exe, libpath, str(nranks), str(r), uid, str(int(blocking)), str(a.batches),
+                               str(a.batch), str(a.warmup)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for r in range(nranks)]
+    outs = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=a.timeout)
+            if p.returncode != 0:
+                raise RuntimeError(f"C driver failed ({p.returncode}): {err.strip()}")
+            lines = [ln.split() for ln in out.splitlines()]
+            outs.append({k: [float(v) for kk, v in lines if kk == k] for k in ("b", "c")})
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return {"batch": np.max(np.array([o["b"] for o in outs]), axis=0),
+            "call": np.max(np.array([o["c"] for o in outs]), axis=0)}
+
+
+def worker(a: argparse.Namespace) -> None:
+    _pycoll_path()
+    import pycoll
+
+    comm = pycoll.init(backend="host", name="overhead")
+    n, rank = comm.size, comm.rank
+    lib, h = comm.library, comm.handle
+    send, recv = np.ones(2, np.float32), np.zeros(2, np.float32)
+    sp, rp = send.ctypes.data, recv.ctypes.data
+    variants: Dict[str, Any] = {
+        "binding": lambda: lib.all_reduce(sp, rp, 2, 7, 0, h, 0),
+        "comm_numpy": lambda: comm.all_reduce(send, recv),
+    }
+    try:
+        import torch
+
+        ts, tr = torch.ones(2), torch.zeros(2)
+        variants["comm_torch"] = lambda: comm.all_reduce(ts, tr)
+    except ImportError:
+        pass
+    from pycoll import comm as comm_module
+
+    hook = getattr(comm_module, "watchdog_running", None)
+    if hook is not None and not hook():
+        # this build runs blocking host ops inline only while a watchdog polls the communicators;
+        # without one they go through a host stream. Preview the inline path with the hook forced.
+        variants["comm_numpy_inline"] = lambda: comm.all_reduce(send, recv)
+    clock = time.perf_counter_ns
+    result: Dict[str, Dict[str, List[float]]] = {}
+    for name, call in variants.items():
+        if name == "comm_numpy_inline":
+            comm_module.watchdog_running = lambda: True
+        recv[:] = 0
+        for _ in range(a.warmup):
+            call()
+        if name != "comm_torch" and not (recv == n).all():
+            raise AssertionError(f"{name}: wrong result {recv} (expected {n})")
+        comm.barrier()
+        batches = np.empty(a.batches)
+        for b in range(a.batches):
+            t0 = clock()
+            for _ in range(a.batch):
+                call()
+            batches[b] = clock() - t0
+        calls = np.empty(a.batches * a.batch // 4)
+        for i in range(calls.size):
+            t0 = clock()
+            call()
+            calls[i] = clock() - t0
+        mine = np.concatenate([batches, calls])
+        everyone = np.empty(mine.size * n)
+        comm.all_gather(mine, everyone)
+        slowest = everyone.reshape(n, mine.size).max(axis=0)
+        result[name] = {"batch": slowest[: a.batches].tolist(), "call": slowest[a.batches:].tolist()}
+    if rank == 0:  # a file: pycoll-run splits very long output lines
+        with open(a.result_file, "w") as f:
+            json.dump(result, f)
+    comm.barrier()
+    comm.destroy()
+
+
+def run_python(nranks: int, a: argparse.Namespace, workdir: str) -> Dict[str, Dict[str, np.ndarray]]:
+    result_file = os.path.join(workdir, f"python-{nranks}.json")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = _pycoll_path() + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    cmd = [sys.executable, "-m", "pycoll.run", "-n", str(nranks), "--no-prefix", "--timeout", str(a.timeout),
+           os.path.abspath(__file__), "--worker", "--batches", str(a.batches), "--batch", str(a.batch),
+           "--warmup", str(a.warmup), "--result-file", result_file]
+    res = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=a.timeout + 10)
+    if res.returncode != 0 or not os.path.exists(result_file):
+        raise RuntimeError(f"python worker failed ({res.returncode}): {res.stderr.strip()[-800:]}")
+    with open(result_file) as f:
+        return {k: {kk: np.array(vv) for kk, vv in v.items()} for k, v in json.load(f).items()}
+
+
+LABELS = {
+    "c_blocking": "C ncclAllReduce, blocking comm",
+    "c_nonblocking": "C ncclAllReduce, nonblocking comm",
+    "binding": "Cython Library.all_reduce",
+    "comm_numpy": "Communicator.all_reduce (numpy)",
+    "comm_torch": "Communicator.all_reduce (torch)",
+    "comm_numpy_inline": "Communicator.all_reduce (numpy), inline*",
+}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ranks", type=int, nargs="+", default=[1, 2], help="rank counts (default 1 2)")
+    p.add_argument("--batches", type=int, default=40, help="timed batches per variant (default 40)")
+    p.add_argument("--batch", type=int, default=250, help="calls per batch (default 250)")
+    p.add_argument("--warmup", type=int, default=500, help="untimed calls first (default 500)")
+    p.add_argument("--repeat", type=int, default=3,
+                   help="run everything this many times, interleaved; report the median of the runs (default 3)")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds per run (default 120)")
+    p.add_argument("--json", help="write the per-batch numbers to this JSON file")
+    p.add_argument("--markdown", help="write the table as markdown to this file")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--result-file", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.worker:
+        worker(a)
+        return 0
+    _pycoll_path()
+    from pycoll import _bindings
+
+    libpath = _bindings.load("host").path
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    load0 = os.getloadavg()
+    # per rank count, per variant: one (batch ns/call, median call ns) pair per run
+    runs: Dict[int, Dict[str, List[Tuple[float, float]]]] = {n: {} for n in a.ranks}
+    with tempfile.TemporaryDirectory(prefix="pycoll-overhead-") as tmp:
+        exe = compile_driver(tmp)
+        for _ in range(max(1, a.repeat)):
+            for n in a.ranks:
+                got: Dict[str, Dict[str, np.ndarray]] = {}
+                got["c_blocking"] = run_c(exe, libpath, n, True, a)
+                got["c_nonblocking"] = run_c(exe, libpath, n, False, a)
+                got.update(run_python(n, a, tmp))
+                for k, v in got.items():
+                    runs[n].setdefault(k, []).append((float(np.median(v["batch"])) / a.batch,
+                                                      float(np.median(v["call"]))))
+    load1 = os.getloadavg()
+    ns = {n: {k: float(np.median([x[0] for x in v])) for k, v in r.items()} for n, r in runs.items()}
+    call_ns = {n: {k: float(np.median([x[1] for x in v])) for k, v in r.items()} for n, r in runs.items()}
+    head = ["variant"]
+    for n in a.ranks:
+        r = f"{n} rank{'s' if n > 1 else ''}"
+        head += [f"{r}: ns/call", "x C", f"{r}: median call ns"]
+    body = []
+    for key, label in LABELS.items():
+        row = [label]
+        for n in a.ranks:
+            v, ref, c = ns[n].get(key), ns[n].get("c_nonblocking"), call_ns[n].get(key)
+            row += ["-", "-", "-"] if v is None else [f"{v:,.0f}", f"{v / ref:.2f}" if ref else "-", f"{c:,.0f}"]
+        body.append(row)
+    widths = [max(len(h), *(len(r[i]) for r in body)) for i, h in enumerate(head)]
+    print(f"# ncclAllReduce of 8 B (2 float32, sum), host backend, NULL stream -- {started}; "
+          f"load average before {' '.join(f'{x:.2f}' for x in load0)}, after {' '.join(f'{x:.2f}' for x in load1)}")
+    print(f"# ns/call: median over {a.batches} batches of {a.batch} calls (slower rank per batch) / {a.batch}, "
+          f"median of {a.repeat} interleaved runs; "
+          "'x C': ratio to the C call on a nonblocking communicator (what pycoll creates); "
+          f"median call: median of {a.batches * a.batch // 4} calls timed one by one (includes one clock read)")
+    if any("comm_numpy_inline" in ns[n] for n in a.ranks):
+        print("# * this build has no watchdog, so a blocking host op goes through a host stream; the inline row "
+              "forces pycoll.comm.watchdog_running to preview the inline path (no watchdog thread cost included)")
+    print("  ".join(h.ljust(widths[0]) if i == 0 else h.rjust(widths[i]) for i, h in enumerate(head)))
+    for r in body:
+        print("  ".join(c.ljust(widths[0]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"started": started, "loadavg_before": load0, "loadavg_after": load1, "batch": a.batch,
+                       "ns_per_call": {str(n): v for n, v in ns.items()},
+                       "median_call_ns": {str(n): v for n, v in call_ns.items()},
+                       "runs": {str(n): {k: [list(x) for x in v] for k, v in r.items()} for n, r in runs.items()}},
+                      f, indent=2)
+    if a.markdown:
+        with open(a.markdown, "w") as f:
+            f.write("| " + " | ".join(head) + " |\n|" + "---|" + "---:|" * (len(head) - 1) + "\n")
+            for r in body:
+                f.write("| " + " | ".join(r) + " |\n")
+            if any("comm_numpy_inline" in ns[n] for n in a.ranks):
+                f.write("\n\\* inline: this build has no watchdog, so a blocking host op goes through a host stream; "
+                        "this row forces `pycoll.comm.watchdog_running` to preview the inline path (without the "
+                        "watchdog thread's own cost).\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""The comparison and overhead harnesses in benchmarks/ still run and still check results.
+
+Tiny sizes and iteration counts: these tests look at what the harnesses produce, never at speed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import pycoll
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(pycoll.__file__)))
+
+
+def _run(script, args, timeout=100):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    for var in ("PYCOLL_RANK", "PYCOLL_WORLD_SIZE"):
+        env.pop(var, None)
+    return subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", script), *args], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _mpiexec():
+    return shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+
+
+@pytest.mark.timeout(120)
+def test_allreduce_compare_runs_and_checks(tmp_path):
+    libs = "copy,pycoll" + (",mpi" if _mpiexec() else "")
+    out = tmp_path / "c.json"
+    res = _run("allreduce_compare.py", ["--ranks", "2", "--sizes", "8,4K,256K", "--scale", "0.05", "--only", libs,
+                                        "--json", str(out), "--markdown", str(tmp_path / "c.md"), "--timeout", "60"])
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(out.read_text())
+    res2 = doc["results"]["2"]
+    for key in ("pycoll_raw", "pycoll_comm"):
+        rows = res2["pycoll"]["rows"][key]
+        assert [r["size"] for r in rows] == [8, 4096, 256 << 10]
+        assert all(r["wrong"] == 0 and r["time_us"] > 0 for r in rows), rows
+    if "mpi" in libs:
+        assert all(r["wrong"] == 0 for r in res2["mpi"]["rows"]["mpi"]), res2["mpi"]
+    copy = res2["copy"]["rows"]
+    for c in copy:
+        assert c["algbw"] == pytest.approx(c["size"] / (c["copy_us"] * 1e3))
+        assert c["copy_us"] == min(c["copy_us_by_method"].values()) and c["method"] in c["copy_us_by_method"]
+        assert "numpy.copyto" in c["copy_us_by_method"]
+        if shutil.which("gcc") or shutil.which("cc"):
+            assert "memcpy" in c["copy_us_by_method"]
+    assert "| 256 KiB |" in (tmp_path / "c.md").read_text()
+    assert "64 MiB" not in res.stdout  # no target lines for sizes that were not run
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(shutil.which("gcc") is None and shutil.which("cc") is None, reason="no C compiler")
+def test_overhead_layers(tmp_path):
+    out = tmp_path / "o.json"
+    res = _run("overhead.py", ["--ranks", "1", "--batches", "3", "--batch", "20", "--warmup", "10", "--repeat", "1",
+                               "--json", str(out)])
+    assert res.returncode == 0, res.stderr
+    ns = json.loads(out.read_text())["ns_per_call"]["1"]
+    assert {"c_blocking", "c_nonblocking", "binding", "comm_numpy"} <= set(ns)
+    assert all(v > 0 for v in ns.values())
+    assert "Cython Library.all_reduce" in res.stdout
