@@ -87,15 +87,22 @@ class CommObserver(Protocol):
 _observers: List[CommObserver] = []
 
 
+_enqueue_hooks: Tuple[Callable[[Work], None], ...] = ()  # the observers' work_enqueued, on the hot path
+
+
 def add_observer(observer: CommObserver) -> None:
     """Register an observer for every communicator of this process (idempotent)."""
+    global _enqueue_hooks
     if observer not in _observers:
         _observers.append(observer)
+        _enqueue_hooks = tuple(o.work_enqueued for o in _observers)
 
 
 def remove_observer(observer: CommObserver) -> None:
+    global _enqueue_hooks
     if observer in _observers:
         _observers.remove(observer)
+        _enqueue_hooks = tuple(o.work_enqueued for o in _observers)
 
 
 def _notify(method: str, *args: Any) -> None:
@@ -129,6 +136,13 @@ _live: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
 def live_communicators() -> List["Communicator"]:
     """The communicators of this process that are neither destroyed nor aborted."""
     return [c for c in list(_live) if c._handle is not None]
+
+
+def _discard(items: List[Any], item: Any) -> None:
+    try:
+        items.remove(item)
+    except ValueError:
+        pass
 
 
 class PreMulSum:
@@ -456,7 +470,8 @@ class Communicator:
 
     def _begin(self, what: str, stream: Any, async_op: bool, arrays: Sequence[Any]) -> int:
         """Check the state and resolve the stream; 0 means 'run inline in this thread' (host only)."""
-        self._check_usable(what)
+        if self._state != "active" or self._failure is not None:
+            self._check_usable(what)
         if (
             self._inline_ok
             and stream is None
@@ -487,7 +502,7 @@ class Communicator:
         *,
         peer: Optional[int] = None,
     ) -> Work:
-        timeout = _check_timeout(timeout, self.timeout)
+        timeout = self.timeout if timeout is None else _check_timeout(timeout, self.timeout)
         is_p2p = peer is not None
         if is_p2p:
             self._p2p_seq += 1
@@ -495,34 +510,34 @@ class Communicator:
             self._coll_seq += 1
         w = Work(self, op, self._coll_seq, self._p2p_seq, next(self._op_ids), is_p2p, peer, timeout, stream, inputs, outputs)
         w.async_op = async_op
-        _notify("work_enqueued", w)
+        for hook in _enqueue_hooks:
+            try:
+                hook(w)
+            except Exception:  # an observer must never break a collective
+                _log.exception("observer %r failed in work_enqueued", hook)
         h = self._handle
         assert h is not None
         if stream == 0:
             # host backend, blocking: run in this thread; the watchdog may abort from its own
-            # thread, which the host library unblocks safely, so no lock is held during the call
+            # thread, which the host library unblocks safely, so no lock is held during the call.
+            # list.append/remove are atomic; _fail and _release may mark or clear the list meanwhile.
             w._inline = True
             w._state = "started"
             w.time_started_ns = w.time_created_ns
-            with self._plock:
-                self._pending.append(w)
+            pending = self._pending
+            pending.append(w)
             try:
                 call(h, 0)
             except NCCLError as e:
-                with self._plock:
-                    if w in self._pending:
-                        self._pending.remove(w)
+                _discard(pending, w)
                 self._raise_call_error(e, w)
-            with self._plock:
-                if w in self._pending:
-                    self._pending.remove(w)
-                if w._exc is None:
-                    w._state = "completed"
-                    w.time_completed_ns = time.time_ns()
-                    w.duration_ms = (w.time_completed_ns - w.time_created_ns) / 1e6
-                    w.inputs = w.outputs = []
+            _discard(pending, w)
             if w._exc is not None:
                 raise w._exc
+            w._state = "completed"
+            w.time_completed_ns = t = time.time_ns()
+            w.duration_ms = (t - w.time_created_ns) / 1e6
+            w.inputs = w.outputs = []
             return w
         group = _open_group()
         with self._lock:
