@@ -11,6 +11,7 @@ from .errors import *  # noqa: F401,F403
 from .errors import __all__ as _errors_all
 from .store import FileStore, MemoryStore, PrefixStore, Store, TCPStore, TCPStoreServer
 from .work import Work
+from .elastic import ElasticGroup, Excluded, Transition
 from .flight_recorder import FlightRecorder, dump_flight_recorder
 from .watchdog import Watchdog, enable_dump_signal
 from . import watchdog as _watchdog
@@ -41,4 +42,7 @@ __all__ = [
     "Watchdog",
     "dump_flight_recorder",
     "enable_dump_signal",
+    "ElasticGroup",
+    "Excluded",
+    "Transition",
 ] + list(_errors_all)

@@ -31,6 +31,8 @@ import sys
 from collections import Counter, defaultdict
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from .flight_recorder import is_runtime_frame
+
 __all__ = ["load_generation", "find_generations", "analyze", "analyze_dir", "format_report", "main"]
 
 _GEN_RE = re.compile(r"^generation_(\d+)$")
@@ -145,14 +147,13 @@ def _describe(e: Dict[str, Any]) -> str:
     return f"{_op_of(e)} #{e.get('collective_seq_id')} [{dts[0] if dts else '-'}{tuple(shape)}]"
 
 
-_OWN = re.compile(r"[/\\]pycoll[/\\](comm|work|create|buffers|devices|elastic|flight_recorder|watchdog)\.py$")
 
 
 def _site(e: Dict[str, Any]) -> str:
     """'file:line in function' of the innermost frame outside pycoll's own modules."""
     for fr in e.get("frames") or []:
         fn = str(fr.get("filename", ""))
-        if not _OWN.search(fn):
+        if not is_runtime_frame(fn):
             return f"{os.path.basename(fn)}:{fr.get('line')} in {fr.get('name')}"
     return ""
 

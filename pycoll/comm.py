@@ -345,7 +345,8 @@ class Communicator:
             last = ""
         text = self.library.get_error_string(code)
         if code == RemoteError.code:
-            return RemoteError(code, "ncclCommGetAsyncError", text, last, self.library.path)
+            where = f"asynchronous error of communicator {self.name!r} rank {self._rank}"
+            return RemoteError(code, "", text, f"{where}: {last}" if last else where, self.library.path)
         return AsyncCommError(
             f"communicator {self.name!r} rank {self._rank}: asynchronous error "
             f"{error_class(code).__name__} ({code}): {text}{' -- ' + last if last else ''}",

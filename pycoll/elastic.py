@@ -53,7 +53,7 @@ from . import _bindings as B
 from .comm import Communicator, default_timeout
 from .config import CommConfig
 from .create import init, join, load_library
-from .errors import CommFailure, NCCLError, StoreError
+from .errors import CommFailure, NCCLError, StoreError, StoreTimeout
 
 __all__ = ["ElasticGroup", "Excluded", "Transition"]
 
@@ -267,7 +267,20 @@ class ElasticGroup:
         t0 = time.time()
         incarnation = self.store.add(f"{self._ns}/incarnation/{self.slot}", 1)
         self.store.set(f"{self._ns}/join/{self.slot}", str(incarnation))
-        raw = self.store.get(f"{self._ns}/admitted/{self.slot}/{incarnation}", timeout=self.join_timeout)
+        admitted = f"{self._ns}/admitted/{self.slot}/{incarnation}"
+        deadline = time.monotonic() + self.join_timeout
+        while not self.store.check([admitted]):
+            if self.store.check([f"{self._ns}/closed"]):
+                raise Excluded(f"group {self.name!r} finished before slot {self.slot} was admitted")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise StoreTimeout(f"slot {self.slot} was not admitted to group {self.name!r} within "
+                                   f"{self.join_timeout:g} s (the members admit joiners in maybe_grow())")
+            try:
+                self.store.wait([admitted], timeout=min(0.5, left))
+            except StoreTimeout:
+                pass
+        raw = self.store.get(admitted, timeout=self.timeout)
         gen_s, rank_s, members_s, kind = raw.decode().split("|")
         generation, rank, members = int(gen_s), int(rank_s), _parse_members(members_s.encode())
         uid = self.store.get(f"{self._ns}/g{generation}/uid", timeout=self.timeout)
@@ -483,8 +496,14 @@ class ElasticGroup:
     # -- teardown ---------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop the watcher and destroy the communicator (collective over the current members)."""
+        """Stop the watcher and destroy the communicator (collective over the current members).
+
+        Processes still waiting to join are told that the group has finished (they raise
+        :class:`Excluded`).
+        """
         self._stop.set()
+        if self.slot == self.members[0] and self.comm.failure is None:
+            self.store.set(f"{self._ns}/closed", b"1")
         if self._watcher is not None:
             self._watcher.join(2.0)
         if self.comm._handle is not None:

@@ -45,6 +45,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import pickle
 import socket
 import sys
@@ -203,6 +204,14 @@ def _line_of(code: Any, lasti: int, cache: Dict[Tuple[Any, int], int]) -> int:
             pass
         cache[key] = line
     return line
+
+
+_RUNTIME_FRAME = re.compile(r"[/\\]pycoll[/\\](comm|work|create|buffers|devices|elastic|flight_recorder|watchdog)\.py$")
+
+
+def is_runtime_frame(filename: str) -> bool:
+    """True for a frame of pycoll's runtime (not the caller's code): the 'issued at' site skips them."""
+    return _RUNTIME_FRAME.search(filename) is not None
 
 
 def _format_stack(stack: Optional[Sequence[Any]], cache: Dict[Tuple[Any, int], int]) -> List[Dict[str, Any]]:

@@ -312,7 +312,7 @@ class _FailureReport:
 
 def _site_of(work: Any) -> Tuple[str, str]:
     """('file:line in function' of the innermost user frame, 'Float(2,)') from the flight-recorder entry."""
-    from .flight_recorder import _IDT, _ISZ, _STACK, _dtypes, _format_stack, _sizes
+    from .flight_recorder import _IDT, _ISZ, _STACK, _dtypes, _format_stack, _sizes, is_runtime_frame
 
     entry = work.fr_entry
     if entry is None:
@@ -320,9 +320,8 @@ def _site_of(work: Any) -> Tuple[str, str]:
     sizes = ", ".join(f"{dt}{tuple(s)}" for s, dt in zip(_sizes(entry[_ISZ]), _dtypes(entry[_IDT])))
     site = ""
     frames = _format_stack(entry[_STACK], {}) if entry[_STACK] else []
-    pkg = os.path.dirname(os.path.abspath(__file__)) + os.sep
     for fr in frames:
-        if not fr["filename"].startswith(pkg):
+        if not is_runtime_frame(fr["filename"]):
             site = f"{fr['filename']}:{fr['line']} in {fr['name']}"
             break
     return site, sizes

@@ -181,3 +181,26 @@ def test_grow_back_to_four(server):
     joiner = res[4]
     assert joiner["rank"] == 3 and joiner["generation"] == 2 and joiner["state"] == list(range(16))
     assert joiner["y"] == [4.0] * 4
+
+
+def _late_joiner(rank, n, addr):
+    store = _store(addr)
+    if rank == n - 1:
+        while not store.check(["pycoll/elastic/t/closed"]):
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        try:
+            ElasticGroup(store, 7, joiner=True, backend="host", timeout=10.0, name="t")
+            return "admitted"
+        except Excluded as e:
+            return ("excluded", "finished" in str(e), time.monotonic() - t0 < 2.0)
+    group = ElasticGroup(store, rank, n - 1, backend="host", timeout=10.0, name="t")
+    group.comm.barrier()
+    group.close()
+    return "closed"
+
+
+@pytest.mark.timeout(60)
+def test_a_joiner_after_the_end_is_told_so(server):
+    res = run_ranks(_late_joiner, 3, server, timeout=30)
+    assert res == ["closed", "closed", ("excluded", True, True)]
