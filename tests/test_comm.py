@@ -136,9 +136,10 @@ def test_every_collective_numpy(n):
         assert all(res.values()), {k: v for k, v in res.items() if not v}
 
 
-@pytest.mark.timeout(90)
-def test_every_collective_torch():
-    for res in run_ranks(_all_collectives, 2, _uid(), True, timeout=60):
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_every_collective_torch(n):
+    for res in run_ranks(_all_collectives, n, _uid(), True, timeout=90):
         assert all(res.values()), {k: v for k, v in res.items() if not v}
 
 
@@ -461,3 +462,29 @@ def _premul(rank, n, uid):
 @pytest.mark.timeout(60)
 def test_pre_mul_sum():
     assert run_ranks(_premul, 2, _uid(), timeout=30) == [True, True]
+
+
+_SCRIPT = """
+import numpy as np, pycoll
+comm = pycoll.init()  # rank, size and store from pycoll-run's environment
+x = np.full(3, comm.rank + 1.0)
+comm.all_reduce(x)
+print("rank", comm.rank, "of", comm.size, "sum", x.tolist(), "global", comm.global_rank, flush=True)
+comm.destroy()
+"""
+
+
+@pytest.mark.timeout(90)
+def test_init_from_the_launchers_environment(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "job.py"
+    script.write_text(_SCRIPT)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root, PYCOLL_BACKEND="host", PYCOLL_FR_DUMP_DIR=str(tmp_path / "fr"))
+    p = subprocess.run([sys.executable, "-m", "pycoll.run", "-n", "3", "--timeout", "60", str(script)],
+                       capture_output=True, text=True, timeout=80, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    for r in range(3):
+        assert f"[rank{r}]: rank {r} of 3 sum [6.0, 6.0, 6.0] global {r}" in p.stdout, p.stdout
