@@ -21,6 +21,7 @@ import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple
 
 from . import _bindings as B
+from ._settings import env_seconds
 from .buffers import Buffer, as_buffer, check_count, check_device, check_same_dtype
 from .config import CommConfig
 from .devices import Device, open_device
@@ -47,22 +48,9 @@ REDUCE_OPS: Dict[str, int] = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
 _FAILURE_POLICIES = ("abort", "revoke", "report")
 
 
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"${name} must be a number of seconds, got {raw!r}") from None
-    if not value > 0:
-        raise ValueError(f"${name} must be > 0 seconds, got {raw!r}")
-    return value
-
-
 def default_timeout() -> float:
     """The default per-operation timeout in seconds: ``$PYCOLL_TIMEOUT`` or 30."""
-    return _env_float("PYCOLL_TIMEOUT", 30.0)
+    return env_seconds("PYCOLL_TIMEOUT", 30.0)
 
 
 def _check_timeout(timeout: Optional[float], default: float, what: str = "timeout") -> float:
@@ -961,7 +949,7 @@ class Communicator:
 
             t = threading.Thread(target=run, name=f"pycoll-abort-{self.name}", daemon=True)
             t.start()
-            limit = _env_float("PYCOLL_ABORT_TIMEOUT", 10.0)
+            limit = env_seconds("PYCOLL_ABORT_TIMEOUT", 10.0)
             if not done.wait(limit):
                 _log.error("ncclCommAbort on %r did not return within %.3g s; leaving it behind", self.name, limit)
             elif errors:

@@ -9,6 +9,7 @@ import time
 from typing import Any, Dict, Optional, Tuple
 
 from . import _bindings as B
+from ._settings import env_seconds
 from .comm import Communicator, _check_timeout, default_timeout
 from .config import CommConfig
 from .devices import Device, auto_backend, open_device
@@ -23,9 +24,7 @@ _init_lock = threading.Lock()
 
 
 def _default_init_timeout() -> float:
-    from .comm import _env_float
-
-    return _env_float("PYCOLL_INIT_TIMEOUT", 120.0)
+    return env_seconds("PYCOLL_INIT_TIMEOUT", 120.0)
 
 
 def load_library(backend: str = "auto", library: Any = None) -> Tuple[str, Any]:

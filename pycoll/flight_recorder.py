@@ -54,6 +54,7 @@ import time
 import weakref
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from ._settings import env_bool, env_int
 from .buffers import Buffer
 
 __all__ = [
@@ -90,30 +91,6 @@ _getframe = sys._getframe
 _get_ident = threading.get_ident
 _weakref = weakref.ref
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-
-
-def _env_int(name: str, default: int, lo: int = 0) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"${name} must be an integer, got {raw!r}") from None
-    if value < lo:
-        raise ValueError(f"${name} must be >= {lo}, got {value}")
-    return value
-
-
-def _env_bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name, "").strip().lower()
-    if not raw:
-        return default
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    if raw in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"${name} must be 0 or 1, got {raw!r}")
 
 
 def _run_id() -> str:
@@ -282,12 +259,12 @@ class FlightRecorder:
         self._failures: Dict[int, List[Dict[str, Any]]] = {}  # generation -> failure reports
         self.last_dump: Optional[Dict[str, Any]] = None
         self.dump_count = 0
-        self.configure(buffer_size=buffer_size if buffer_size is not None else _env_int("PYCOLL_FR_BUFFER_SIZE", DEFAULT_BUFFER_SIZE),
-                       stacks=stacks if stacks is not None else _env_bool("PYCOLL_FR_STACKS", True),
-                       stack_depth=stack_depth if stack_depth is not None else _env_int("PYCOLL_FR_STACK_DEPTH", DEFAULT_STACK_DEPTH, 1),
+        self.configure(buffer_size=buffer_size if buffer_size is not None else env_int("PYCOLL_FR_BUFFER_SIZE", DEFAULT_BUFFER_SIZE),
+                       stacks=stacks if stacks is not None else env_bool("PYCOLL_FR_STACKS", True),
+                       stack_depth=stack_depth if stack_depth is not None else env_int("PYCOLL_FR_STACK_DEPTH", DEFAULT_STACK_DEPTH, 1),
                        dump_dir=dump_dir,
                        file_prefix=file_prefix if file_prefix is not None else (os.environ.get("PYCOLL_FR_FILE_PREFIX") or DEFAULT_FILE_PREFIX),
-                       write_json=write_json if write_json is not None else _env_bool("PYCOLL_FR_DUMP_JSON", True))
+                       write_json=write_json if write_json is not None else env_bool("PYCOLL_FR_DUMP_JSON", True))
 
     # -- configuration ---------------------------------------------------------------------------
 

@@ -64,7 +64,8 @@ from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from . import comm as _comm
 from .errors import CommTimeout, StoreTimeout
-from .flight_recorder import FlightRecorder, _env_bool, _progress, get_recorder
+from ._settings import env_bool, env_seconds
+from .flight_recorder import FlightRecorder, _progress, get_recorder
 
 __all__ = ["Watchdog", "get_watchdog", "configure", "install", "enable_dump_signal", "KEY_PREFIX"]
 
@@ -79,22 +80,9 @@ def _origin() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _env_seconds(name: str, default: float) -> float:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"${name} must be a number of seconds, got {raw!r}") from None
-    if not value >= 0:
-        raise ValueError(f"${name} must be >= 0 seconds, got {raw!r}")
-    return value
-
-
 def _seconds(value: Optional[float], env: str, default: float, what: str, *, positive: bool = True) -> float:
     if value is None:
-        value = _env_seconds(env, default)
+        value = env_seconds(env, default, positive=False)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{what} must be a number of seconds, got {type(value).__name__}")
     if (positive and not value > 0) or value < 0:
@@ -409,7 +397,7 @@ class Watchdog:
                 setattr(self, attr, _seconds(value, env, default, what, positive=positive))
 
         if enabled is not None or _initial:
-            self.enabled = bool(enabled) if enabled is not None else _env_bool("PYCOLL_WATCHDOG", True)
+            self.enabled = bool(enabled) if enabled is not None else env_bool("PYCOLL_WATCHDOG", True)
         pick(interval, "interval", "PYCOLL_WATCHDOG_INTERVAL", 0.1, "interval")
         pick(publish_interval, "publish_interval", "PYCOLL_WATCHDOG_PUBLISH_INTERVAL", 1.0, "publish_interval")
         pick(stall_timeout, "stall_timeout", "PYCOLL_WATCHDOG_STALL_TIMEOUT", 15.0, "stall_timeout")
@@ -418,7 +406,7 @@ class Watchdog:
         pick(dump_timeout, "dump_timeout", "PYCOLL_FR_DUMP_TIMEOUT", 5.0, "dump_timeout", False)
         if dump_on_failure is not None or _initial:
             self.dump_on_failure = (bool(dump_on_failure) if dump_on_failure is not None
-                                    else _env_bool("PYCOLL_FR_DUMP_ON_FAILURE", True))
+                                    else env_bool("PYCOLL_FR_DUMP_ON_FAILURE", True))
         if dump_signal is not None or _initial:
             self._want_signal = _signal_number(dump_signal if dump_signal is not None
                                                else os.environ.get("PYCOLL_FR_DUMP_SIGNAL"))
