@@ -54,6 +54,7 @@ from .comm import Communicator, default_timeout
 from .config import CommConfig
 from .create import init, join, load_library
 from .errors import CommFailure, NCCLError, StoreError, StoreTimeout
+from .run import mark_lost  # here, not in reshape(): importing the launcher module takes ~50 ms
 
 __all__ = ["ElasticGroup", "Excluded", "Transition"]
 
@@ -419,8 +420,6 @@ class ElasticGroup:
                 cause = f"{cause}; then during the reshape: {exc}"
         self._abandon(old)
         if self.rank == 0:
-            from .run import mark_lost
-
             for m in tr.members_before:
                 if m not in new_members:
                     try:
