@@ -101,6 +101,12 @@ def _die_with_parent(expected_parent: Optional[int]) -> None:
         os._exit(3)  # the parent died before the request took effect
 
 
+def _exit_if_orphaned(driver: Optional[int]) -> None:
+    """Open MPI ranks are children of mpiexec, not of the driver: they look for the driver themselves."""
+    if driver and not _alive(driver):
+        os._exit(3)
+
+
 def worker_pycoll(a: argparse.Namespace) -> None:
     _die_with_parent(a.parent)
     import pycoll
@@ -158,10 +164,12 @@ def worker_mpi(a: argparse.Namespace) -> None:
     rank, n = comm.Get_rank(), comm.Get_size()
     send = np.ones(COUNT, np.float32)
     recv = np.empty(COUNT, np.float32)
-    for _ in range(a.warmup):
+    for i in range(a.warmup):
         comm.Allreduce(send, recv)
         if not np.all(recv == n):
             raise SystemExit(f"rank {rank}: wrong warm-up result")
+        if i % 256 == 0:
+            _exit_if_orphaned(a.parent)
     comm.Barrier()
     _write_json(os.path.join(a.outdir, f"ready.{rank}"), {"pid": os.getpid(), "time": time.time()})
     deadline = time.monotonic() + a.deadline
@@ -179,6 +187,8 @@ def worker_mpi(a: argparse.Namespace) -> None:
         loops += 1
         if time.monotonic() > deadline:
             raise SystemExit(f"rank {rank}: no failure within {a.deadline} s")
+        if loops % 256 == 0:
+            _exit_if_orphaned(a.parent)
     comm.Revoke()
     t_revoked = time.time()
     new = comm.Shrink()
