@@ -4,7 +4,7 @@ Usage (from the repository root, pycoll built in place or installed)::
 
     python benchmarks/recovery.py                          # 4 ranks, 10 trials of each case
     python benchmarks/recovery.py --trials 20 --stop-timeout 0.5 --json out.json
-    python benchmarks/recovery.py --cases pycoll-kill --trials 1
+    python benchmarks/recovery.py --cases pycoll-kill --trials 1 --env PYCOLL_FR_DUMP_JSON=0
 
 Cases (each trial starts fresh processes; ``--ranks`` of them, default 4, host backend):
 
@@ -24,6 +24,15 @@ Cases (each trial starts fresh processes; ``--ranks`` of them, default 4, host b
   ``MPI_ERR_REVOKED``, when a peer revoked first) each survivor calls ``Revoke()``, ``Shrink()``
   and an ``Allreduce`` of ones on the shrunk communicator, checked the same way, then
   ``os._exit(0)`` (Open MPI's teardown after a failure can hang).
+* ``pycoll-kill-nofr``, ``pycoll-stop-nofr``: the pycoll cases with the flight recorder off
+  (``PYCOLL_FR_BUFFER_SIZE=0``): what the recovery costs without the watchdog's flight-recorder
+  dump on failure.
+
+Before the fault every rank runs ``--warmup`` allreduces (default 2000: pycoll's flight-recorder
+ring, 2000 entries by default, is full, as in a job that has run for a while). The watchdog dumps
+that ring on every survivor when the communicator fails, before it revokes it; the row
+"of the total: FR dump" is the time the slowest survivor spent in such dumps (measured by wrapping
+the recorder's ``dump``), already counted in the phases above it.
 
 Phases (wall clock, ``time.time()``; one host, so every process reads the same clock), for the
 slowest survivor of each trial:
@@ -41,10 +50,12 @@ first allreduce   new communicator ready -> the first allreduce on it completed 
 total             kill -> first correct allreduce
 ================  ====================================================================================
 
-Each cell: median over trials, with min, p90 (nearest rank) and max. Every process started here is
-killed and reaped whatever happens (hard deadlines; SIGCONT + SIGKILL of each rank by pid and of
-the launcher's process group), flight-recorder dumps go to a temporary folder that is removed,
-and shared-memory segments that appeared in /dev/shm during the run are reported.
+Each cell: median over trials, with min, p90 (nearest rank) and max; the ratio columns divide
+medians. Every process started here is killed and reaped whatever happens: hard deadlines, SIGCONT
++ SIGKILL of each rank by pid and of the launcher's process group, ranks that die with the driver
+(``PR_SET_PDEATHSIG``; Open MPI's ranks, children of mpiexec, look for the driver themselves).
+Flight-recorder dumps go to a temporary folder that is removed (``--keep DIR`` keeps every trial's
+logs and dumps), and shared-memory segments that appeared in /dev/shm during the run are reported.
 """
 
 from __future__ import annotations
@@ -72,7 +83,8 @@ CASES = ("pycoll-kill", "pycoll-stop", "mpi-kill", "pycoll-kill-nofr", "pycoll-s
 NOFR_ENV = {"PYCOLL_FR_BUFFER_SIZE": "0"}
 PHASES = ("detection", "to_reshape", "agreement", "revoke", "shrink", "first_allreduce", "total")
 PHASE_LABELS = {"detection": "detection", "to_reshape": "to reshape", "agreement": "agreement", "revoke": "revoke",
-                "shrink": "shrink", "first_allreduce": "first allreduce", "total": "total"}
+                "shrink": "shrink", "first_allreduce": "first allreduce", "total": "total",
+                "fr_dump": "of the total: FR dump"}
 COUNT = 1024  # float32 elements per allreduce
 TOKEN = "pycoll-recovery-bench"
 
@@ -107,11 +119,31 @@ def _exit_if_orphaned(driver: Optional[int]) -> None:
         os._exit(3)
 
 
+def _time_dumps() -> List[Tuple[float, float, int]]:
+    """Record (start, end, entries) of every flight-recorder dump of this process (the watchdog's too)."""
+    from pycoll.flight_recorder import get_recorder
+
+    rec = get_recorder()
+    dump = rec.dump
+    out: List[Tuple[float, float, int]] = []
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.time()
+        try:
+            return dump(*args, **kwargs)
+        finally:
+            out.append((t0, time.time(), len(rec.entries())))
+
+    rec.dump = timed  # type: ignore[method-assign]
+    return out
+
+
 def worker_pycoll(a: argparse.Namespace) -> None:
     _die_with_parent(a.parent)
     import pycoll
     from pycoll.elastic import ElasticGroup
 
+    dumps = _time_dumps()
     host, port = a.store.rsplit(":", 1)
     store = pycoll.TCPStore(host, int(port), TOKEN, timeout=30.0)
     group = ElasticGroup(store, a.rank, a.nranks, backend="host", timeout=a.group_timeout, name=f"{a.tag}-{a.trial}",
@@ -150,6 +182,7 @@ def worker_pycoll(a: argparse.Namespace) -> None:
         "kind": tr.kind, "attempts": tr.attempts, "failed_at": old.failed_at or 0.0,
         "detected": tr.detected, "agreement_started": tr.agreement_started, "agreed": tr.agreed,
         "revoked": tr.revoked, "comm_ready": tr.comm_ready, "barrier_done": tr.first_collective,
+        "dumps": [d for d in dumps if d[1] >= (old.failed_at or 0.0)],
     }
     _write_json(os.path.join(a.outdir, f"result.{a.rank}"), out)
     group.close()
@@ -381,6 +414,12 @@ class Trial:
             "correct": all(v["correct"] and v["size_after"] == self.nranks - 1 for v in results.values()),
             "raw": {str(r): v for r, v in results.items()}, "t_fault": t0,
         }
+        if self.case.startswith("pycoll"):
+            # time the slowest survivor spent writing flight-recorder dumps between the fault and the end
+            v = results[slowest]
+            busy = sum(max(0.0, min(e, v["t_done"]) - max(b, t0)) for b, e, _ in v["dumps"])
+            out["fr_dump"] = round(busy * 1e3, 3)
+            out["fr_dump_entries"] = max((n for _, _, n in v["dumps"]), default=0)
         if self.case == "mpi-kill":
             out["proc_failed_ranks"] = sorted(r for r, v in results.items() if v["proc_failed"])
         else:
@@ -466,6 +505,8 @@ def run_case(case: str, a: argparse.Namespace, store_addr: Optional[Tuple[str, i
     ok = [t for t in trials if "error" not in t and t["correct"]]
     phases = [ph for ph in PHASES if ok and ph in ok[0]["phases"]]
     summary = {ph: stats([t["phases"][ph] for t in ok]) for ph in phases}
+    if ok and "fr_dump" in ok[0]:
+        summary["fr_dump"] = stats([t["fr_dump"] for t in ok])
     out: Dict[str, Any] = {"trials": trials, "summary": summary, "ok": len(ok), "failed": len(trials) - len(ok),
                            "errors": errors}
     if case.startswith("pycoll-stop"):
@@ -508,7 +549,7 @@ def build_table(results: Dict[str, Dict[str, Any]], a: argparse.Namespace) -> Tu
     head = ["phase (ms)"] + [c[0] for c in cols]
     body: List[List[str]] = []
     mpi = results.get("mpi-kill", {}).get("summary", {})
-    for ph in PHASES + ("total - T",):
+    for ph in PHASES + ("total - T", "fr_dump"):
         row = [PHASE_LABELS.get(ph, ph)]
         for _, case, over in cols:
             if case is not None:
@@ -516,7 +557,7 @@ def build_table(results: Dict[str, Dict[str, Any]], a: argparse.Namespace) -> Tu
                 row.append(_cell(res.get("overhead") if ph == "total - T" else res["summary"].get(ph)))
             else:
                 assert over is not None
-                row.append(_ratio(results[over]["summary"].get(ph), mpi.get(ph)) if ph != "total - T" else "-")
+                row.append(_ratio(results[over]["summary"].get(ph), mpi.get(ph)) if ph in PHASES else "-")
         if any(c != "-" for c in row[1:]):
             body.append(row)
     return head, body
