@@ -395,6 +395,13 @@ class ElasticGroup:
                                f"(members {list(new_members)})")
             if parent.state == "active":
                 parent._fail(CommFailure("reshape"))
+            if parent.state == "active":
+                # another thread recorded the failure and has not applied the policy yet (the watchdog
+                # reports and dumps first): revoke now, or its revoke would land inside the shrink
+                try:
+                    parent._revoke()
+                except Exception:  # as the policy does when revoke fails or is missing: abort (then re-init)
+                    parent._abort()
             tr.revoked = time.time()
             gone = [parent.global_ranks.index(m) for m in parent.global_ranks if m not in new_members] \
                 if parent.global_ranks is not None else []

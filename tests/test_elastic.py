@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import numpy as np
@@ -131,6 +132,62 @@ def test_failure_during_the_reshape(server):
     res = run_ranks(_reshape_failure, 4, server, timeout=60, may_die=[2, 3])
     for r in (0, 1):
         assert res[r]["members"] == (0, 1) and res[r]["y"] == [2.0] * 4, res[r]
+
+
+def _late_policy(rank, n, addr):
+    """Slot 3 dies. On slot 0 another thread records the failure but applies the failure policy (revoke)
+    late -- as the watchdog does after a slow report and flight-recorder dump -- while slot 0 is
+    already shrinking (slot 2 joins the shrink 0.3 s late). The late revoke must not break the shrink."""
+    store = _store(addr)
+    group = ElasticGroup(store, rank, n, backend="host", timeout=10.0, name="t")
+    x = np.ones(4)
+    group.comm.all_reduce(x)
+    if rank == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+    old = group.comm
+    if rank == 0:
+        release = threading.Event()
+
+        class HoldPolicy:
+            def comm_created(self, comm): pass
+            def work_enqueued(self, work): pass
+            def comm_closed(self, comm): pass
+
+            def comm_failed(self, comm, exc, work):
+                if comm is old and threading.current_thread().name == "late-policy":
+                    release.wait(10.0)
+
+        hold = HoldPolicy()
+        pycoll.comm.add_observer(hold)
+        late = threading.Thread(target=old._fail, args=(pycoll.CommFailure("slot 3 is gone"),), name="late-policy")
+        late.start()
+        while old.failure is None:
+            time.sleep(0.001)
+        threading.Timer(0.15, release.set).start()  # while this rank's shrink waits for slot 2
+        group.reshape()
+        late.join(10.0)
+        pycoll.comm.remove_observer(hold)
+    elif rank == 2:
+        time.sleep(0.3)
+        group.reshape()
+    else:
+        try:
+            group.comm.all_reduce(x)
+        except pycoll.CommFailure:
+            group.reshape()
+    y = np.ones(4)
+    group.comm.all_reduce(y)
+    tr = group.transitions[-1]
+    out = dict(members=group.members, y=y.tolist(), kind=tr.kind, attempts=tr.attempts)
+    group.close()
+    return out
+
+
+@pytest.mark.timeout(90)
+def test_late_failure_policy_does_not_break_the_shrink(server):
+    res = run_ranks(_late_policy, 4, server, timeout=60, may_die=[3])
+    for r in (0, 1, 2):
+        assert res[r] == dict(members=(0, 1, 2), y=[3.0] * 4, kind="shrink", attempts=1), res[r]
 
 
 def _grow_run(rank, n, addr):
