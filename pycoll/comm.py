@@ -1000,8 +1000,8 @@ class Communicator:
 
     def _revoke(self) -> None:
         with self._lock:
-            if self._state == "revoked":
-                return
+            if self._state in ("revoked", "aborted", "destroyed"):
+                return  # a late policy action (another thread revoked, shrank or aborted first)
             self.library.comm_revoke(self.handle, 0)
             self._state = "revoked"
         with self._plock:
