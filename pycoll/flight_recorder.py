@@ -125,7 +125,7 @@ class _CommInfo:
     """What the recorder keeps about one communicator (it outlives the communicator)."""
 
     __slots__ = ("ref", "uid", "name", "rank", "size", "global_ranks", "generation", "backend", "lib_prefix",
-                 "pg_id", "rid", "lib_version", "state", "failure", "closed_at")
+                 "pg_id", "rid", "lib_version", "state", "failure", "closed_at", "progress")
 
     def __init__(self, comm: Any, pg_id: int, rid: "itertools.count[int]") -> None:
         self.ref = weakref.ref(comm)
@@ -147,6 +147,7 @@ class _CommInfo:
         self.state = "active"
         self.failure: Optional[str] = None
         self.closed_at: Optional[float] = None
+        self.progress: Optional[Dict[str, int]] = None  # frozen when the communicator fails
 
     def refresh(self) -> Optional[Any]:
         """Copy the live communicator's mutable facts; return it (None once it is gone)."""
@@ -359,6 +360,10 @@ class FlightRecorder:
         if info is not None:
             info.failure = f"{type(exc).__name__}: {exc}"
             self._freeze(info)  # before the policy releases the outstanding Works
+            try:
+                info.progress = _progress(comm)
+            except Exception:
+                _log.debug("could not read the progress of %r", comm, exc_info=True)
 
     def _freeze(self, info: _CommInfo) -> None:
         """Copy the state of ``info``'s live Works into their entries (the Works may go away next)."""
@@ -496,6 +501,9 @@ class FlightRecorder:
                 if w is not None and e[_FROZEN] is None:
                     self._refresh_state(w)
         cache: Dict[Tuple[Any, int], int] = {}
+        # a loop issues its collectives from a few call sites: format each distinct stack once and
+        # share the list (pickle stores it once, too)
+        formatted: Dict[Tuple[Any, ...], List[Dict[str, Any]]] = {}
         threads = {t.ident: t.name for t in threading.enumerate()}
         entries = []
         for e in raw:
@@ -536,7 +544,11 @@ class FlightRecorder:
             if error is not None:
                 entry["pycoll_error"] = error
             if stacks and e[_STACK] is not None:
-                entry["frames"] = _format_stack(e[_STACK], cache)
+                key = tuple(e[_STACK])
+                frames = formatted.get(key)
+                if frames is None:
+                    frames = formatted[key] = _format_stack(e[_STACK], cache)
+                entry["frames"] = frames
             entries.append(entry)
 
         pg_config: Dict[str, Dict[str, str]] = {}
@@ -545,7 +557,9 @@ class FlightRecorder:
         for uid, info in infos.items():
             members = info.members()
             pg_config[uid] = {"name": uid, "desc": info.name, "ranks": "[" + ", ".join(str(r) for r in members) + "]"}
-            progress = _progress(comms[uid]) if comms[uid] is not None else None
+            progress = info.progress
+            if progress is None and comms[uid] is not None:
+                progress = _progress(comms[uid])
             if progress is None:
                 progress = _progress_from_entries(uid, raw)
             status = {
@@ -721,15 +735,7 @@ def _json_form(data: Dict[str, Any]) -> Dict[str, Any]:
         for e in data.get("entries", [])
     ]
     out["pg_status"] = {k: {kk: str(vv) for kk, vv in v.items()} for k, v in data.get("pg_status", {}).items()}
-    return _jsonable(out)
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    return obj
+    return out  # json writes tuples as arrays and int keys as strings
 
 
 def _write_atomic(path: str, data: bytes) -> None:

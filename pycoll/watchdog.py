@@ -1,7 +1,7 @@
 """Watchdog: every hang or communicator error becomes a diagnosis within seconds.
 
 One watchdog per process starts with the first :class:`~pycoll.Communicator` (``PYCOLL_WATCHDOG=0``
-keeps it off). It runs three daemon threads:
+keeps it off). It runs four daemon threads:
 
 * ``pycoll-watchdog`` polls every live communicator (``Communicator._check``: event queries and
   ``ncclCommGetAsyncError``, nothing else) every ``interval`` seconds, and wakes exactly at the
@@ -11,12 +11,13 @@ keeps it off). It runs three daemon threads:
   when enabled: the handler only wakes this thread).
 * ``pycoll-watchdog-store`` publishes, for every communicator with a store, this rank's progress
   (last enqueued / started / completed sequence ids) and a heartbeat every ``publish_interval``,
-  and watches for dump requests from other ranks. Store calls live only here, so a slow or dead
-  store never blocks the polling.
+  and watches for dump requests from other ranks. Store calls live only here and in the report
+  thread, so a slow or dead store never blocks the polling.
+* ``pycoll-watchdog-report`` makes the reports of asynchronous and remote errors (below).
 
-When an operation times out or the library reports an asynchronous error (whichever thread sees
-it: the watchdog, or the user's thread in ``wait()``), before the communicator's policy acts
-(abort, revoke or report; see :class:`~pycoll.Communicator`):
+When an operation times out (whichever thread sees it: the watchdog, or the user's thread in
+``wait()``), before the communicator's policy acts (abort, revoke or report; see
+:class:`~pycoll.Communicator`):
 
 1. the failure is announced in the store and every other rank is asked to dump (they dump although
    they are not hung); the other ranks' progress and heartbeats are read, and ranks stuck in the
@@ -24,11 +25,21 @@ it: the watchdog, or the user's thread in ``wait()``), before the communicator's
    reports the root cause rather than "rank k aborted";
 2. ONE line is logged (logger ``pycoll.watchdog``): communicator, operation, sequence id, elapsed
    time, the ranks behind (never issued it, or silent), where the operation was issued;
-3. the flight recorder is dumped locally;
-4. the policy acts; the user's thread gets the typed exception at its next call or ``wait()``.
+3. the local flight-recorder dump is queued: the monitor thread writes it while
+4. the policy acts at once; the user's thread gets the typed exception at its next call or ``wait()``.
 
-Each step is bounded (``report_timeout``, ``dump_timeout``): no store or file system can hold the
-abort back for longer.
+An asynchronous or remote error (a dead peer) is final and needs no grace: the policy acts at once
+and steps 1-3 follow in a report thread, so a recovery starts while the report is being made (the
+elastic layer holds the report until the recovery is over: :meth:`Watchdog.add_dump_gate`).
+
+The dump holds the same facts as one written before the policy acts (the recorder freezes the
+state of every outstanding operation and the communicator's progress when the failure is recorded),
+but recovery never waits for it. The elastic layer goes further and holds failure dumps back while
+it rebuilds the communicator (:meth:`Watchdog.add_dump_gate`, at most ``dump_hold`` seconds), so
+that three survivors formatting 2000 entries each on a small machine do not slow the reshape. A
+process that exits waits up to ``dump_timeout`` for dumps still queued or being written
+(:meth:`Watchdog.wait_for_dumps`). The store exchange is bounded by ``report_timeout``: no store can
+hold the abort back for longer.
 
 Configuration (arguments of :class:`Watchdog` / :func:`configure`, else environment; seconds):
 
@@ -39,7 +50,8 @@ Configuration (arguments of :class:`Watchdog` / :func:`configure`, else environm
 ``PYCOLL_WATCHDOG_STALL_TIMEOUT``    15       a polling thread silent this long is reported (and dumped)
 ``PYCOLL_WATCHDOG_REPORT_TIMEOUT``   2        longest wait for the store when reporting a failure
 ``PYCOLL_WATCHDOG_ABORT_GRACE``      0.5      longest wait for ranks stuck in the same operation
-``PYCOLL_FR_DUMP_TIMEOUT``           5        longest wait for the local dump before the policy acts
+``PYCOLL_FR_DUMP_TIMEOUT``           5        longest wait at exit for a dump still being written
+``PYCOLL_FR_DUMP_HOLD``              10       longest a recovery may hold a failure dump back
 ``PYCOLL_FR_DUMP_ON_FAILURE``        1        dump when a communicator fails
 ``PYCOLL_FR_DUMP_SIGNAL``            off      ``1``/``SIGUSR1``/``SIGUSR2``: dump on that signal
 ===================================  =======  ===================================================
@@ -50,9 +62,12 @@ Store keys (under ``pycoll/fr/``): ``progress/<uid>/<rank>``, ``failure/<uid>/<r
 
 from __future__ import annotations
 
+import atexit
 import collections
+import itertools
 import logging
 import os
+import queue
 import select
 import signal
 import socket
@@ -60,7 +75,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Deque, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
 from . import comm as _comm
 from .errors import CommTimeout, StoreTimeout
@@ -73,6 +88,10 @@ _log = logging.getLogger("pycoll.watchdog")
 
 KEY_PREFIX = "pycoll/fr/"
 _SIGNAL_COUNTER = KEY_PREFIX + "dump_signal"
+
+
+_HOLDABLE = ("failure", "remote")  # dump triggers a gate may hold back
+_GATE_POLL = 0.02  # how often held dumps look at the gates
 
 
 def _origin() -> str:
@@ -115,9 +134,10 @@ def _fmt_ranks(ranks: List[int]) -> str:
 
 
 class _DumpJob:
-    __slots__ = ("reason", "trigger", "done", "paths", "extra")
+    __slots__ = ("reason", "trigger", "done", "paths", "extra", "created")
 
     def __init__(self, reason: str, trigger: str, extra: Optional[Dict[str, Any]] = None) -> None:
+        self.created = time.monotonic()
         self.reason = reason
         self.trigger = trigger
         self.extra = extra
@@ -185,7 +205,8 @@ class _FailureReport:
         self.peers: Optional[Dict[int, Dict[str, Any]]] = None  # rank -> progress (None: not read)
         self.peer_failures: Dict[int, str] = {}
         self.store_error = ""
-        self.done = threading.Event()
+        self.done = threading.Event()  # the store exchange is over
+        self.finished = threading.Event()  # the line is logged and the dump queued
 
     def analysis(self, stale_after: float) -> Dict[str, Any]:
         """Classify the other ranks from their published progress (empty when it could not be read).
@@ -202,7 +223,7 @@ class _FailureReport:
         out = {"behind": behind, "in_op": same, "silent": silent, "unknown": unknown}
         if self.peers is None:
             return out
-        now_ns = time.time_ns()
+        now_ns = int(self.time * 1e9)  # ages at the failure, also when the report is made later
         for r in range(self.size):
             if r == self.rank:
                 continue
@@ -326,7 +347,8 @@ class Watchdog:
         stall_timeout: a polling thread that has not completed a round for this long is reported.
         report_timeout: longest wait for the store while reporting a failure.
         abort_grace: longest wait for ranks stuck in the same operation to reach their verdict.
-        dump_timeout: longest wait for the local dump before the policy acts.
+        dump_timeout: longest wait at exit (and in :meth:`dump`) for a dump being written.
+        dump_hold: longest time a dump gate (:meth:`add_dump_gate`) may hold a failure dump back.
         dump_on_failure: dump when a communicator fails.
         dump_signal: a signal (``"SIGUSR1"``, True for SIGUSR1) whose delivery dumps; off by default.
     """
@@ -344,6 +366,7 @@ class Watchdog:
         report_timeout: Optional[float] = None,
         abort_grace: Optional[float] = None,
         dump_timeout: Optional[float] = None,
+        dump_hold: Optional[float] = None,
         dump_on_failure: Optional[bool] = None,
         dump_signal: Any = None,
     ) -> None:
@@ -356,6 +379,13 @@ class Watchdog:
         self._poll_wake = threading.Event()
         self._store_wake = threading.Event()
         self._jobs: Deque[_DumpJob] = collections.deque()
+        self._unfinished: Set[_DumpJob] = set()  # queued or being written
+        self._reports: Set[_FailureReport] = set()  # failure reports made by the report thread, not done yet
+        self._report_q: "queue.SimpleQueue[Optional[Tuple[Any, _FailureReport]]]" = queue.SimpleQueue()
+        self._held: List[_DumpJob] = []  # failure/remote dumps waiting for the gates (monitor thread only)
+        self._gates: Dict[int, Callable[[], bool]] = {}
+        self._gate_ids = itertools.count(1)
+        self._flushing = False
         self._wake_r: Optional[socket.socket] = None
         self._wake_w: Optional[socket.socket] = None
         self._signum: Optional[int] = None
@@ -374,8 +404,8 @@ class Watchdog:
         self.enabled = True
         self.configure(enabled=enabled, interval=interval, publish_interval=publish_interval,
                        stall_timeout=stall_timeout, report_timeout=report_timeout, abort_grace=abort_grace,
-                       dump_timeout=dump_timeout, dump_on_failure=dump_on_failure, dump_signal=dump_signal,
-                       _initial=True)
+                       dump_timeout=dump_timeout, dump_hold=dump_hold, dump_on_failure=dump_on_failure,
+                       dump_signal=dump_signal, _initial=True)
 
     def configure(
         self,
@@ -387,6 +417,7 @@ class Watchdog:
         report_timeout: Optional[float] = None,
         abort_grace: Optional[float] = None,
         dump_timeout: Optional[float] = None,
+        dump_hold: Optional[float] = None,
         dump_on_failure: Optional[bool] = None,
         dump_signal: Any = None,
         _initial: bool = False,
@@ -404,6 +435,7 @@ class Watchdog:
         pick(report_timeout, "report_timeout", "PYCOLL_WATCHDOG_REPORT_TIMEOUT", 2.0, "report_timeout", False)
         pick(abort_grace, "abort_grace", "PYCOLL_WATCHDOG_ABORT_GRACE", 0.5, "abort_grace", False)
         pick(dump_timeout, "dump_timeout", "PYCOLL_FR_DUMP_TIMEOUT", 5.0, "dump_timeout", False)
+        pick(dump_hold, "dump_hold", "PYCOLL_FR_DUMP_HOLD", 10.0, "dump_hold", False)
         if dump_on_failure is not None or _initial:
             self.dump_on_failure = (bool(dump_on_failure) if dump_on_failure is not None
                                     else env_bool("PYCOLL_FR_DUMP_ON_FAILURE", True))
@@ -434,12 +466,15 @@ class Watchdog:
             self._wake_w.setblocking(False)
             self._beat_t = time.monotonic()
             self._stalled = False
+            self._report_q = queue.SimpleQueue()
             self._threads = [
                 threading.Thread(target=self._poll_loop, args=(self._stop,), name="pycoll-watchdog", daemon=True),
                 threading.Thread(target=self._monitor_loop, args=(self._stop,), name="pycoll-watchdog-monitor",
                                  daemon=True),
                 threading.Thread(target=self._store_loop, args=(self._stop,), name="pycoll-watchdog-store",
                                  daemon=True),
+                threading.Thread(target=self._report_loop, args=(self._stop, self._report_q),
+                                 name="pycoll-watchdog-report", daemon=True),
             ]
             for t in self._threads:
                 t.start()
@@ -457,6 +492,7 @@ class Watchdog:
             self._stop.set()
             self._poll_wake.set()
             self._store_wake.set()
+            self._report_q.put(None)
             self._poke()
         for t in threads:
             if t is not threading.current_thread():
@@ -475,6 +511,12 @@ class Watchdog:
         self._failing = 0
         self._threads = []
         self._jobs.clear()
+        self._unfinished = set()
+        self._reports = set()
+        self._report_q = queue.SimpleQueue()
+        self._held = []
+        self._gates = {}
+        self._flushing = False
         self._stores = {}
         self._wake_r = self._wake_w = None
         self._signum = None
@@ -514,28 +556,51 @@ class Watchdog:
         return 1.5 * self.publish_interval + 0.25
 
     def _handle_failure(self, comm: Any, exc: BaseException, work: Any) -> None:
+        report = _FailureReport(comm, exc, work)  # the facts, read before the policy acts
         with self._count_lock:
             self._failing += 1
+        if report.is_timeout or comm.store is None:
+            self._finish_report(comm.store, report)
+            return
+        # an asynchronous or remote error is final: the policy acts at once, and the report (store
+        # exchange, the line, the dump) follows in the report thread
+        self._reports.add(report)
+        if self.running:
+            self._report_q.put((comm.store, report))
+        else:
+            threading.Thread(target=self._finish_report, args=(comm.store, report, True),
+                             name="pycoll-watchdog-report", daemon=True).start()
+
+    def _report_loop(self, stop: threading.Event, q: "queue.SimpleQueue[Any]") -> None:
+        while not stop.is_set():
+            item = q.get()
+            if item is None:
+                return
+            self._finish_report(*item, after_gates=True)
+
+    def _finish_report(self, store: Any, report: _FailureReport, after_gates: bool = False) -> None:
         try:
-            self._report_failure(comm, exc, work)
+            if after_gates:  # a recovery in progress goes first (see add_dump_gate)
+                deadline = time.monotonic() + self.dump_hold
+                while not self._flushing and not self._gates_open() and time.monotonic() < deadline:
+                    time.sleep(_GATE_POLL)
+            if store is not None:
+                t = threading.Thread(target=self._exchange, args=(store, report), name="pycoll-watchdog-exchange",
+                                     daemon=True)
+                t.start()
+                if not report.done.wait(0 if self._in_monitor() else self.report_timeout):
+                    report.store_error = report.store_error or f"the store did not answer within {self.report_timeout:g} s"
+            _log.error("%s", report.line(self._stale_after))
+            self.recorder.add_failure(report.generation, report.as_dict(self._stale_after))
+            if self.dump_on_failure:
+                self.dump(f"{report.brief()} on {report.comm_name!r}", trigger="failure", wait=0)
+        except Exception:
+            _log.exception("watchdog: reporting the failure of %r failed", report.comm_name)
         finally:
             with self._count_lock:
                 self._failing -= 1
-
-    def _report_failure(self, comm: Any, exc: BaseException, work: Any) -> None:
-        report = _FailureReport(comm, exc, work)
-        in_monitor = self._in_monitor()
-        if comm.store is not None:
-            t = threading.Thread(target=self._exchange, args=(comm.store, report), name="pycoll-watchdog-report",
-                                 daemon=True)
-            t.start()
-            if not report.done.wait(0 if in_monitor else self.report_timeout):
-                report.store_error = report.store_error or f"the store did not answer within {self.report_timeout:g} s"
-        line = report.line(self._stale_after)
-        _log.error("%s", line)
-        self.recorder.add_failure(report.generation, report.as_dict(self._stale_after))
-        if self.dump_on_failure:
-            self.dump(f"{report.brief()} on {report.comm_name!r}", trigger="failure", wait=0 if in_monitor else self.dump_timeout)
+            report.finished.set()
+            self._reports.discard(report)
 
     def _exchange(self, store: Any, report: _FailureReport) -> None:
         """Announce the failure, ask every rank to dump, read the others' progress (report thread)."""
@@ -597,11 +662,36 @@ class Watchdog:
         if not self.running:
             self._last_dump_start = time.monotonic()
             return self.recorder.dump(reason, trigger=trigger, changed_only=trigger in ("remote", "stall"))
-        job = _DumpJob(reason, trigger)
-        self._jobs.append(job)
-        self._poke()
+        job = self._queue(_DumpJob(reason, trigger))
+        if trigger == "failure":
+            self._last_dump_start = time.monotonic()  # dump requests from the other ranks are served by it
         job.done.wait(self.dump_timeout if wait is None else wait)
         return list(job.paths)
+
+    def _queue(self, job: _DumpJob) -> _DumpJob:
+        self._unfinished.add(job)
+        self._jobs.append(job)
+        self._poke()
+        return job
+
+    def wait_for_dumps(self, timeout: Optional[float] = None) -> bool:
+        """Wait up to ``timeout`` s (None: ``dump_timeout``) for the dumps queued so far; True when written.
+
+        Runs at interpreter exit, so that a failure dump being written when the user's code ends
+        is not lost with the daemon threads.
+        """
+        deadline = time.monotonic() + (self.dump_timeout if timeout is None else timeout)
+        self._flushing = True  # held reports and dumps go ahead now
+        self._poke()
+        try:
+            for report in list(self._reports):  # failure reports still being made queue their dump next
+                report.finished.wait(max(0.0, deadline - time.monotonic()))
+            for job in list(self._unfinished):
+                if not job.done.wait(max(0.0, deadline - time.monotonic())):
+                    return False
+            return True
+        finally:
+            self._flushing = False
 
     def signal_all(self, reason: str = "requested") -> int:
         """Ask every process sharing a store with this one's communicators to dump; returns stores told."""
@@ -669,7 +759,7 @@ class Watchdog:
         period = min(1.0, self.stall_timeout / 4)
         while not stop.is_set():
             try:
-                ready, _, _ = select.select([r], [], [], period)
+                ready, _, _ = select.select([r], [], [], _GATE_POLL if self._held else period)
             except (OSError, ValueError):
                 return  # closed by stop()
             signalled = False
@@ -688,12 +778,51 @@ class Watchdog:
                 signalled = True
             jobs = []
             while self._jobs:
-                jobs.append(self._jobs.popleft())
+                job = self._jobs.popleft()
+                (self._held if job.trigger in _HOLDABLE else jobs).append(job)
             if signalled:
                 jobs.append(_DumpJob(f"signal {signal.Signals(self._signum).name if self._signum else '?'}", "signal"))
+            if self._held and self._may_dump():
+                jobs, self._held = self._held + jobs, []
             if jobs:
                 self._run_dump(jobs)
             self._check_stall()
+
+    # -- dump gates: recovery first, then the failure dumps ---------------------------------------
+
+    def add_dump_gate(self, gate: Callable[[], bool]) -> int:
+        """Hold this process's failure reports and dumps (and dumps asked for by other ranks) while ``gate()`` is False.
+
+        The elastic layer holds them while it rebuilds a failed communicator, so that the report's
+        store traffic and the dump's formatting never slow the recovery down; what they say is
+        fixed when the failure is recorded. Only asynchronous and remote errors are held (a timeout
+        is reported before its policy acts); a report or dump waits at most ``dump_hold`` seconds,
+        and never at exit. Returns a token for :meth:`remove_dump_gate`.
+        """
+        token = next(self._gate_ids)
+        self._gates[token] = gate
+        return token
+
+    def remove_dump_gate(self, token: int) -> None:
+        """Forget a gate (the dumps it held are written now)."""
+        self._gates.pop(token, None)
+        self._poke()
+
+    def release_dumps(self) -> None:
+        """Tell the monitor thread to look at the gates again now (e.g. after a recovery)."""
+        self._poke()
+
+    def _may_dump(self) -> bool:
+        return self._flushing or time.monotonic() - self._held[0].created >= self.dump_hold or self._gates_open()
+
+    def _gates_open(self) -> bool:
+        for gate in list(self._gates.values()):
+            try:
+                if not gate():
+                    return False
+            except Exception:
+                _log.debug("watchdog: dump gate %r failed", gate, exc_info=True)
+        return True
 
     def _run_dump(self, jobs: List[_DumpJob]) -> None:
         """One dump serves every job waiting (their reasons are merged)."""
@@ -711,6 +840,7 @@ class Watchdog:
             for j in jobs:
                 j.paths = paths
                 j.done.set()
+                self._unfinished.discard(j)
 
     def _check_stall(self) -> None:
         if not self.running:
@@ -793,9 +923,7 @@ class Watchdog:
         if self._failing or time.monotonic() - self._last_dump_start < self.publish_interval:
             _log.debug("watchdog: dump request (%s) served by the dump made just now", foreign[0])
             return
-        job = _DumpJob("requested by " + "; ".join(dict.fromkeys(foreign)), "remote")
-        self._jobs.append(job)
-        self._poke()
+        self._queue(_DumpJob("requested by " + "; ".join(dict.fromkeys(foreign)), "remote"))
 
     # -- dump signal -----------------------------------------------------------------------------
 
@@ -904,6 +1032,14 @@ def install() -> None:
     """
     _comm.add_observer(get_watchdog())
     _comm.watchdog_running = _polling
+    atexit.register(_wait_for_dumps_at_exit)
+
+
+def _wait_for_dumps_at_exit() -> None:
+    wd = _watchdog
+    if wd is not None and wd._pid == os.getpid() and not wd.wait_for_dumps():
+        _log.warning("watchdog: a flight-recorder dump was still being written at exit (dump_timeout %.3g s)",
+                     wd.dump_timeout)
 
 
 def _reinit_after_fork() -> None:

@@ -111,6 +111,7 @@ def _stopped_rank(rank, n, uid, addr, token, dump_dir):
         error = e
     elapsed = time.monotonic() - t0
     comm.abort()
+    assert pycoll.watchdog.get_watchdog().wait_for_dumps()  # written while the policy acted
     return {"error": type(error).__name__, "elapsed": elapsed, "lines": lines.lines, "last": rec.last_dump}
 
 
@@ -215,6 +216,7 @@ def _killed_rank(rank, n, uid, addr, token, dump_dir):
         error = e
     elapsed = time.monotonic() - t0
     comm.abort()
+    assert pycoll.watchdog.get_watchdog().wait_for_dumps()
     return {"error": type(error).__name__, "elapsed": elapsed, "lines": lines.lines,
             "last": pycoll.flight_recorder.get_recorder().last_dump}
 
