@@ -60,7 +60,7 @@ int host_ncpus(void) {
 }
 
 /* Tunables (nanoseconds): how long to spin, then to yield, before sleeping; sleep bounds. */
-static uint64_t spin_ns = 50000, yield_ns = 300000, sleep_min_ns = 200000, sleep_max_ns = 4000000;
+static uint64_t spin_ns = 50000, yield_ns = 300000, sleep_min_ns = 200000, sleep_max_ns = PEER_CHECK_NS;
 
 __attribute__((constructor)) static void wait_tunables(void) {
   const char* e;

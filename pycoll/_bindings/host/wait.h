@@ -47,6 +47,9 @@ enum wait_phase backoff_step(struct backoff* b);
 uint64_t backoff_sleep_ns(struct backoff* b);
 /* True about every `interval_ns` (for the slower checks: peer liveness). */
 bool backoff_due(struct backoff* b, uint64_t interval_ns);
+/* How often a waiter looks for dead peers (pidfd polls), and the longest sleep between looks: a
+ * SIGKILLed peer is noticed within about a millisecond of its exit. */
+#define PEER_CHECK_NS 1000000ull
 
 /* Sleeps on `d` unless `still_blocked(arg)` turns false after registering as a sleeper. */
 void doorbell_sleep(struct doorbell* d, uint64_t timeout_ns, bool (*still_blocked)(void*), void* arg);
