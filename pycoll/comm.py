@@ -48,6 +48,17 @@ REDUCE_OPS: Dict[str, int] = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
 _FAILURE_POLICIES = ("abort", "revoke", "report")
 
 
+def poll_sleep(last: float) -> float:
+    """Sleep between two polls of a nonblocking init or reshape: 50 us, doubling up to 1 ms.
+
+    Returns the time slept (pass it back next time). The cap bounds how late a completed
+    communicator is noticed.
+    """
+    sleep = min(1e-3, last * 2 if last else 50e-6)
+    time.sleep(sleep)
+    return sleep
+
+
 def default_timeout() -> float:
     """The default per-operation timeout in seconds: ``$PYCOLL_TIMEOUT`` or 30."""
     return env_seconds("PYCOLL_TIMEOUT", 30.0)
@@ -223,6 +234,10 @@ class Communicator:
         self._pending: List[Work] = []
         self._failure: Optional[BaseException] = None
         self.failed_at: Optional[float] = None  # wall-clock time of the failure
+        #: called as ``callback(comm, exc)`` in the thread that records a failure, after the
+        #: observers and before the policy acts; must return quickly (the elastic layer starts its
+        #: agreement here)
+        self.failure_callbacks: List[Callable[["Communicator", BaseException], None]] = []
         self._state = "active"  # active | revoked | finalized | aborted | destroyed
         self._coll_seq = 0
         self._p2p_seq = 0
@@ -423,6 +438,11 @@ class Communicator:
         if not any(getattr(o, "reports_failures", False) for o in _observers):
             _log.error("%s", exc)  # else the watchdog logs it, with what the other ranks were doing
         _notify("comm_failed", self, exc, work)
+        for callback in list(self.failure_callbacks):
+            try:
+                callback(self, exc)
+            except Exception:
+                _log.exception("failure callback %r of %r failed", callback, self.name)
         if self.on_failure == "abort":
             self._abort()
         elif self.on_failure == "revoke":
@@ -874,8 +894,7 @@ class Communicator:
                 on_timeout()
                 raise CommTimeout(f"{what} on communicator {self.name!r} did not complete within {timeout:.3g} s",
                                   comm_name=self.name, op=what, timeout=timeout)
-            sleep = min(5e-3, sleep * 2 if sleep else 50e-6)
-            time.sleep(sleep)
+            sleep = poll_sleep(sleep)
 
     def _drain(self, timeout: float) -> None:
         """Wait for outstanding operations (finalize/destroy flush them anyway)."""

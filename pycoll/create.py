@@ -10,7 +10,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from . import _bindings as B
 from ._settings import env_seconds
-from .comm import Communicator, _check_timeout, default_timeout
+from .comm import Communicator, _check_timeout, default_timeout, poll_sleep
 from .config import CommConfig
 from .devices import Device, auto_backend, open_device
 from .errors import CommTimeout, error_class
@@ -83,8 +83,7 @@ def _poll_new(lib: Any, handle: int, what: str, timeout: float, describe_missing
             detail = describe_missing() if describe_missing is not None else ""
             lib.comm_abort(handle)
             raise CommTimeout(f"{what} did not complete within {timeout:.3g} s{detail}", op=what, timeout=timeout)
-        sleep = min(5e-3, sleep * 2 if sleep else 50e-6)
-        time.sleep(sleep)
+        sleep = poll_sleep(sleep)
 
 
 def init(

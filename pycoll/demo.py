@@ -103,6 +103,8 @@ def _worker(args: argparse.Namespace) -> int:
             before = group.generation
             group.reshape()
             _say(group, f"step {step}: reshaped: {group.transitions[-1].describe()}")
+            # the failure's dumps wait until the recovery is over; the analyzer wants them now
+            pycoll.watchdog.get_watchdog().wait_for_dumps()
             if group.rank == 0:
                 _analyze(group, args.dump_dir, before)
             continue  # redo the step on the smaller communicator

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -55,6 +56,7 @@ from .config import CommConfig
 from .create import init, join, load_library
 from .errors import CommFailure, NCCLError, StoreError, StoreTimeout
 from .run import mark_lost  # here, not in reshape(): importing the launcher module takes ~50 ms
+from .watchdog import get_watchdog
 
 __all__ = ["ElasticGroup", "Excluded", "Transition"]
 
@@ -203,6 +205,13 @@ class ElasticGroup:
         self.joined = joiner
         self._grow_calls = 0
         self._stop = threading.Event()
+        self._gave_up = False  # the last reshape raised: hold no dumps
+        self._reshaping = False
+        self._announced = -1  # the last generation whose reshape this member announced
+        self._announce_q: "queue.SimpleQueue[Optional[int]]" = queue.SimpleQueue()
+        self._vouched: Tuple[int, int] = (-1, -1)  # the last (generation, attempt) this member vouched for
+        self._proc_cache: Dict[int, Tuple[str, int]] = {}  # slot -> (boot id, pid), read by the watcher
+        self._release_at = 0  # dumps wait until the new communicator has issued this many operations
         self._watcher: Optional[threading.Thread] = None
         self._boot = _boot_id()
         store.set(f"{self._ns}/proc/{slot}", f"{self._boot} {os.getpid()}")
@@ -210,6 +219,8 @@ class ElasticGroup:
             self._join()
         else:
             self._form(world_size)  # type: ignore[arg-type]
+        # failure dumps wait until the reshape is over: writing them would slow the recovery down
+        self._dump_gate = get_watchdog().add_dump_gate(self._dumps_may_run)
         self._start_watcher()
 
     @classmethod
@@ -256,6 +267,7 @@ class ElasticGroup:
         comm.generation = generation
         comm.on_failure = "revoke"
         comm.store = self.store
+        comm.failure_callbacks.append(self._on_comm_failure)
         self.comm, self.members, self.generation = comm, tuple(members), generation
         self._grow_calls = 0
         return comm
@@ -311,12 +323,27 @@ class ElasticGroup:
     def _start_watcher(self) -> None:
         self._watcher = threading.Thread(target=self._watch, name=f"pycoll-elastic-{self.name}", daemon=True)
         self._watcher.start()
+        threading.Thread(target=self._announcer, name=f"pycoll-elastic-announce-{self.name}", daemon=True).start()
+
+    def _announcer(self) -> None:
+        while True:
+            g = self._announce_q.get()
+            if g is None:
+                return
+            self._vouch_and_flag(g)
 
     def _watch(self) -> None:
         """Vouch for this process and revoke the communicator when a reshape starts elsewhere."""
-        seen = -1
+        seen = fetched = -1
         while not self._stop.is_set():
             g = self.generation
+            if fetched != g:  # the members' processes, known before any reshape needs them
+                try:
+                    self._proc_cache = self._procs(self.members)
+                    fetched = g
+                except Exception:
+                    if self._stop.is_set():
+                        return
             key = f"{self._ns}/g{g}/reshape"
             try:
                 self.store.wait([key], timeout=0.5)
@@ -331,7 +358,7 @@ class ElasticGroup:
                 time.sleep(0.01)
                 continue
             seen = g
-            self.store.set(f"{self._ns}/g{g}/a0/alive/{self.slot}", b"1")
+            self._vouch(g, 0)
             comm = self.comm
             if comm.state == "active" and comm.generation == g:
                 try:
@@ -342,31 +369,64 @@ class ElasticGroup:
     # -- reshape ----------------------------------------------------------------------------------
 
     def _agree(self, g: int, attempt: int, members: Tuple[int, ...]) -> Tuple[int, ...]:
-        """Decide the survivors of ``members`` for (generation g, attempt); every caller gets the same answer."""
-        base = f"{self._ns}/g{g}/a{attempt}"
-        self.store.set(f"{base}/alive/{self.slot}", b"1")
-        decision_key = f"{base}/decision"
-        alive, gone = {self.slot}, set()
-        procs: Dict[int, Tuple[str, int]] = {}
+        """Decide the survivors of ``members`` for (generation g, attempt); every caller gets the same answer.
+
+        Three store round trips when every member is either alive or provably gone: vouch, wait for
+        the others' vouchers (the store answers when they are all there), compare-and-set the decision.
+        """
+        base = f"{self._ns}/g{g}/a{attempt}/"
+        self._vouch(g, attempt)
+        decision_key = f"{base}decision"
+        procs = self._proc_cache
+        if not all(m in procs for m in members):
+            procs = self._procs(members)
+
+        def gone(m: int) -> bool:
+            return m in procs and procs[m][0] == self._boot and _local_process_gone(procs[m][1])
+
         deadline = time.monotonic() + self.window
         while True:
-            if self.store.check([decision_key]):
-                return _parse_members(self.store.get(decision_key, timeout=self.timeout))
-            for m in members:
-                if m in alive or m in gone:
-                    continue
-                if self.store.check([f"{base}/alive/{m}"]):
-                    alive.add(m)
-                    continue
-                if m not in procs and self.store.check([f"{self._ns}/proc/{m}"]):
-                    boot, pid = self.store.get(f"{self._ns}/proc/{m}", timeout=self.timeout).decode().split()
-                    procs[m] = (boot, int(pid))
-                if m in procs and procs[m][0] == self._boot and _local_process_gone(procs[m][1]):
-                    gone.add(m)
-            if len(alive) + len(gone) == len(members) or time.monotonic() >= deadline:
-                proposal = _members_str(sorted(alive, key=members.index))
-                return _parse_members(self.store.compare_set(decision_key, b"", proposal))
-            time.sleep(0.001)
+            waiting = [m for m in members if m != self.slot and not gone(m)]
+            left = deadline - time.monotonic()
+            if not waiting:
+                alive = [m for m in members if m == self.slot or m in waiting]
+                break
+            if left > 0:
+                try:  # in slices, so that a member dying meanwhile is noticed
+                    self.store.wait([f"{base}alive/{m}" for m in waiting], timeout=min(left, 0.05))
+                    alive = [m for m in members if m == self.slot or m in waiting]
+                    break
+                except StoreTimeout:
+                    if not self.store.check([decision_key]):
+                        continue
+            keys = set(self.store.list_keys(base))  # the window is over, or another member decided
+            alive = [m for m in members if m == self.slot or f"{base}alive/{m}" in keys]
+            break
+        # the first proposal wins; every member adopts it (compare_set returns the stored value)
+        return _parse_members(self.store.compare_set(decision_key, b"", _members_str(alive)))
+
+    def _procs(self, members: Sequence[int]) -> Dict[int, Tuple[str, int]]:
+        """(boot id, pid) of each member's process, as it registered in the store (one round trip)."""
+        keys = [f"{self._ns}/proc/{m}" for m in members]
+        out: Dict[int, Tuple[str, int]] = {}
+        try:
+            values = self.store.multi_get(keys, timeout=min(self.timeout, 1.0))
+        except StoreError:  # a member that never registered: it can only vouch for itself
+            return out
+        for m, raw in zip(members, values):
+            boot, pid = raw.decode().split()
+            out[m] = (boot, int(pid))
+        return out
+
+    def _dumps_may_run(self) -> bool:
+        """The dump gate: False from a failure until the rebuilt communicator has completed the caller's
+        first operation after :meth:`reshape` (the end of the recovery)."""
+        if self._stop.is_set() or self._gave_up:
+            return True
+        comm = self.comm
+        if self._reshaping or comm.failure is not None:
+            return False
+        return comm._coll_seq + comm._p2p_seq >= self._release_at and not comm._pending
 
     def reshape(self) -> Communicator:
         """Agree with the other survivors on the new membership and build its communicator.
@@ -374,7 +434,25 @@ class ElasticGroup:
         Call it from the thread that uses the communicator after a :class:`~pycoll.CommFailure`.
         Returns the new communicator (also :attr:`comm`). Raises :class:`Excluded` when this
         process was left out.
+
+        The failure's report and flight-recorder dumps wait until the new communicator has
+        completed the caller's next operation (at most ``PYCOLL_FR_DUMP_HOLD`` seconds), so that
+        they do not slow the recovery down; ``pycoll.watchdog.get_watchdog().wait_for_dumps()``
+        writes them at once.
         """
+        self._reshaping, self._gave_up = True, False
+        try:
+            comm = self._reshape()
+            self._release_at = comm._coll_seq + comm._p2p_seq + 1
+            return comm
+        except BaseException:
+            self._gave_up = True
+            raise
+        finally:
+            self._reshaping = False
+            get_watchdog().release_dumps()
+
+    def _reshape(self) -> Communicator:
         old = self.comm
         g = self.generation
         detected = getattr(old, "failed_at", None) or time.time()
@@ -382,7 +460,7 @@ class ElasticGroup:
         if old.state == "active" and old.failure is None:
             old._fail(CommFailure(f"generation {g} of {self.name!r}: reshape requested by slot {self.slot}"))
         t_start = time.time()
-        self.store.compare_set(f"{self._ns}/g{g}/reshape", b"", str(self.slot))
+        self._announce(g)  # done already when the failure was recorded
         members, parent = self.members, old
         attempt = 0
         while True:
@@ -425,16 +503,65 @@ class ElasticGroup:
                 members = new_members
                 attempt += 1
                 cause = f"{cause}; then during the reshape: {exc}"
-        self._abandon(old)
-        if self.rank == 0:
-            for m in tr.members_before:
-                if m not in new_members:
-                    try:
-                        mark_lost(self.store, m, f"left out of generation {g + 1}")
-                    except (StoreError, AttributeError):
-                        pass
+        lost = [m for m in tr.members_before if m not in new_members] if self.rank == 0 else []
+        # off the critical path: the first collective on the new communicator need not wait for them
+        threading.Thread(target=self._release, args=(old, lost, g + 1), name=f"pycoll-elastic-release-{self.name}",
+                         daemon=True).start()
         self._record(tr)
         return self.comm
+
+    def _on_comm_failure(self, comm: Communicator, exc: BaseException) -> None:
+        if comm is self.comm:
+            self._announce(comm.generation)
+
+    def _announce(self, g: int) -> None:
+        """Start generation ``g``'s reshape in the background: vouch for this process and raise the
+        reshape flag, which wakes the members that are not inside a collective (their watcher
+        revokes and vouches). Called when the failure is recorded, before the caller even sees it."""
+        if self._announced >= g:
+            return
+        self._announced = g
+        self._announce_q.put(g)  # the announcer thread (starting a thread here would cost ~1 ms)
+
+    def _vouch_and_flag(self, g: int) -> None:
+        try:
+            self._vouch(g, 0)
+            self.store.compare_set(f"{self._ns}/g{g}/reshape", b"", str(self.slot))
+        except Exception as exc:  # the agreement's own store calls will report a broken store
+            _log.debug("slot %d: announcing the reshape of generation %d failed: %s", self.slot, g, exc)
+
+    def _vouch(self, g: int, attempt: int) -> None:
+        """Tell the other members that this process takes part in (generation, attempt)'s agreement.
+
+        Once per (generation, attempt), whichever thread comes first; the others need not wait for
+        it to land (only the other members read the key).
+        """
+        if self._vouched == (g, attempt):
+            return
+        self._vouched = (g, attempt)
+        try:
+            self.store.set(f"{self._ns}/g{g}/a{attempt}/alive/{self.slot}", b"1")
+        except BaseException:
+            self._vouched = (-1, -1)
+            raise
+
+    def _release(self, old: Communicator, lost: Sequence[int], generation: int) -> None:
+        """Abort the replaced communicator; tell the launcher which slots were lost (rank 0).
+
+        Runs after the first operation on the new communicator (as the held dumps do), at most 2 s later.
+        """
+        deadline = time.monotonic() + 2.0
+        while not self._dumps_may_run() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        try:
+            self._abandon(old)
+        except Exception:
+            _log.exception("slot %d: releasing generation %d failed", self.slot, generation - 1)
+        for m in lost:
+            try:
+                mark_lost(self.store, m, f"left out of generation {generation}")
+            except (StoreError, AttributeError):
+                pass
 
     @staticmethod
     def _abandon(comm: Communicator) -> None:
@@ -508,6 +635,8 @@ class ElasticGroup:
         :class:`Excluded`).
         """
         self._stop.set()
+        self._announce_q.put(None)
+        get_watchdog().remove_dump_gate(self._dump_gate)
         if self.slot == self.members[0] and self.comm.failure is None:
             self.store.set(f"{self._ns}/closed", b"1")
         if self._watcher is not None:
