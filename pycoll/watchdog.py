@@ -136,8 +136,9 @@ def _fmt_ranks(ranks: List[int]) -> str:
 class _DumpJob:
     __slots__ = ("reason", "trigger", "done", "paths", "extra", "created")
 
-    def __init__(self, reason: str, trigger: str, extra: Optional[Dict[str, Any]] = None) -> None:
-        self.created = time.monotonic()
+    def __init__(self, reason: str, trigger: str, extra: Optional[Dict[str, Any]] = None,
+                 created: Optional[float] = None) -> None:
+        self.created = time.monotonic() if created is None else created  # a gate holds it dump_hold from here
         self.reason = reason
         self.trigger = trigger
         self.extra = extra
@@ -177,6 +178,7 @@ class _FailureReport:
 
     def __init__(self, comm: Any, exc: BaseException, work: Any) -> None:
         self.time = time.time()
+        self.monotonic = time.monotonic()
         self.comm_name = comm.name
         self.uid = comm.uid
         self.rank = comm.rank
@@ -593,7 +595,8 @@ class Watchdog:
             _log.error("%s", report.line(self._stale_after))
             self.recorder.add_failure(report.generation, report.as_dict(self._stale_after))
             if self.dump_on_failure:
-                self.dump(f"{report.brief()} on {report.comm_name!r}", trigger="failure", wait=0)
+                # held (at most dump_hold) from the failure on, however long the report itself was held
+                self._dump(f"{report.brief()} on {report.comm_name!r}", "failure", 0, created=report.monotonic)
         except Exception:
             _log.exception("watchdog: reporting the failure of %r failed", report.comm_name)
         finally:
@@ -659,10 +662,13 @@ class Watchdog:
         Without running threads the dump is written in the calling thread. Returns the paths
         written (empty when the wait ended first: the dump still happens).
         """
+        return self._dump(reason, trigger, wait)
+
+    def _dump(self, reason: str, trigger: str, wait: Optional[float], created: Optional[float] = None) -> List[str]:
         if not self.running:
             self._last_dump_start = time.monotonic()
             return self.recorder.dump(reason, trigger=trigger, changed_only=trigger in ("remote", "stall"))
-        job = self._queue(_DumpJob(reason, trigger))
+        job = self._queue(_DumpJob(reason, trigger, created=created))
         if trigger == "failure":
             self._last_dump_start = time.monotonic()  # dump requests from the other ranks are served by it
         job.done.wait(self.dump_timeout if wait is None else wait)

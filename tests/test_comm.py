@@ -332,6 +332,8 @@ def test_stopped_peer_times_out_and_aborts():
 
 def _dead_peer(rank, n, uid):
     c = _comm(rank, n, uid)
+    seen = []
+    c.failure_callbacks.append(lambda comm, exc: seen.append((comm is c, type(exc).__name__, comm.state)))
     c.barrier()
     if rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)
@@ -341,7 +343,7 @@ def _dead_peer(rank, n, uid):
             c.all_reduce(np.ones(4, np.float32))
         return "no exception"
     except pycoll.RemoteError as e:
-        return isinstance(e, pycoll.CommFailure), time.monotonic() - t0
+        return isinstance(e, pycoll.CommFailure), time.monotonic() - t0, seen, c.state
 
 
 @pytest.mark.timeout(60)
@@ -349,8 +351,10 @@ def test_dead_peer_is_a_remote_error():
     res = run_ranks(_dead_peer, 3, _uid(), timeout=30, may_die=[1])
     assert isinstance(res[1], Died)
     for rank in (0, 2):
-        is_failure, elapsed = res[rank]
+        is_failure, elapsed, seen, state = res[rank]
         assert is_failure and elapsed < 2.0
+        # the failure callback ran once, before the policy (abort) acted
+        assert seen == [(True, "RemoteError", "active")] and state == "aborted"
 
 
 # -- init through a store -------------------------------------------------------------------------

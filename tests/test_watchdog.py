@@ -119,6 +119,41 @@ def test_failure_handling_is_bounded_and_never_waits_for_the_dump(make_wd, tmp_p
     assert wd.wait_for_dumps(5.0) and rec.last_dump["trigger"] == "failure"
 
 
+def test_dump_gate_holds_failure_dumps_until_it_opens(make_wd, tmp_path):
+    rec = fr.FlightRecorder(16, dump_dir=str(tmp_path))
+    c = Watched(rec, 0, 2)
+    w = c.op("all_reduce", np.ones(1, np.float32), np.ones(1, np.float32), state="started", timeout=1.0)
+    wd = make_wd([], recorder=rec, dump_hold=30.0)
+    wd.start()
+    open_ = []
+    token = wd.add_dump_gate(lambda: bool(open_))
+    wd.comm_failed(c, RuntimeError("remote process exited"), w)  # not a timeout: reported after the policy
+    time.sleep(0.3)
+    assert rec.last_dump is None  # held: neither the report nor the dump has run
+    wd.dump("by hand")  # a manual dump is never held
+    assert rec.last_dump["trigger"] == "manual"
+    open_.append(1)
+    wd.release_dumps()
+    assert _wait_for(lambda: rec.last_dump["trigger"] == "failure", 3.0)
+    wd.remove_dump_gate(token)
+
+
+def test_dump_hold_is_bounded_and_exit_writes_held_dumps(make_wd, tmp_path):
+    rec = fr.FlightRecorder(16, dump_dir=str(tmp_path))
+    c = Watched(rec, 0, 2)
+    w = c.op("all_reduce", np.ones(1, np.float32), np.ones(1, np.float32), state="started", timeout=1.0)
+    wd = make_wd([], recorder=rec, dump_hold=0.5)
+    wd.start()
+    wd.add_dump_gate(lambda: False)
+    t0 = time.monotonic()
+    wd.comm_failed(c, RuntimeError("remote process exited"), w)
+    assert _wait_for(lambda: rec.last_dump is not None, 5.0)
+    assert 0.5 <= time.monotonic() - t0 < 1.0 + 0.5  # held for dump_hold (from the failure), then written anyway
+    w2 = c.op("all_reduce", np.ones(1, np.float32), np.ones(1, np.float32), state="started", timeout=1.0)
+    wd.comm_failed(c, RuntimeError("again"), w2)
+    assert wd.wait_for_dumps(5.0) and rec.dump_count == 2  # what exit does: write held dumps now
+
+
 def _report(peers, *, seq=5, failures=None, is_p2p=False, peer=None):
     rec = fr.FlightRecorder(8)
     c = FakeComm(rec, 0, 4, uid="feedbeef")
