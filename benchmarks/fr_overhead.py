@@ -6,8 +6,9 @@ Usage (from the repository root, pycoll built in place or installed)::
     python benchmarks/fr_overhead.py --ranks 2 --rounds 10 --batch 400 --json out.json
 
 Part 1, **recording cost per operation**, in this process: ``FlightRecorder.work_enqueued`` (what
-the communicator calls for every operation) on a new :class:`pycoll.Work` of a one-rank host
-communicator each time, called from 40 frames deep so that the stack capture takes its full default
+the communicator calls for every operation) and ``entry_completed`` (what it calls when the
+operation completes) on a new :class:`pycoll.Work` of a one-rank host communicator each time,
+called from 40 frames deep so that the stack capture takes its full default
 depth (16 frames plus pycoll's own two). Timed in batches of 1000 calls, interleaved with batches
 that only make the Works (subtracted); median over batches, in ns per call.
 
@@ -17,7 +18,7 @@ interleaved round by round in the same processes (so machine noise hits them ali
 
 * baseline: recording off and no watchdog threads, the operation still run inline (forced),
 * recording on (no stacks), then with stacks, still without watchdog threads,
-* the watchdog (its three threads, polling every 100 ms, a TCP store for progress), recording off,
+* the watchdog (its threads, polling every 100 ms, a TCP store for progress), recording off,
 * everything on (pycoll's defaults),
 * for reference, what ``PYCOLL_WATCHDOG=0`` does: without a watchdog nobody could enforce the
   deadline of an operation run inline, so pycoll runs it on a host stream and the caller waits.
@@ -79,7 +80,7 @@ def record_cost(batches: int, batch: int) -> Dict[str, float]:
     """
     pycoll = _import_pycoll()
     from pycoll.buffers import as_buffer
-    from pycoll.flight_recorder import FlightRecorder
+    from pycoll.flight_recorder import _STACK as fr_STACK, FlightRecorder, entry_completed
     from pycoll.work import Work
 
     pycoll.watchdog.get_watchdog().configure(enabled=False)
@@ -93,7 +94,10 @@ def record_cost(batches: int, batch: int) -> Dict[str, float]:
         def timed(record: Any) -> float:
             t = time.perf_counter_ns()
             for _ in range(batch):
-                record(Work(*args))
+                w = Work(*args)
+                record(w)
+                if w.fr_entry is not None:  # as the communicator does when the operation completes
+                    entry_completed(w)
             return (time.perf_counter_ns() - t) / batch
 
         def skip(w: Any) -> None:
@@ -114,7 +118,7 @@ def record_cost(batches: int, batch: int) -> Dict[str, float]:
         for name, rec in recorders.items():
             out[name] = statistics.median(samples[name]) - bare
             out[f"{name} p10"] = p10(samples[name]) - p10(samples["bare"])
-            out[f"frames captured ({name})"] = len(rec.entries()[-1][9]) // 2 if rec.stacks else 0
+            out[f"frames captured ({name})"] = len(rec.entries()[-1][fr_STACK]) // 2 if rec.stacks else 0
         return out
     finally:
         comm.destroy()

@@ -262,7 +262,7 @@ def _pycoll_path() -> str:
 
 def _shm_entries() -> set:
     try:
-        return {e for e in os.listdir("/dev/shm") if e.startswith("pycoll")}
+        return {e for e in os.listdir("/dev/shm") if e.startswith(("pycoll", "sm_segment."))}  # ours, Open MPI's
     except FileNotFoundError:
         return set()
 

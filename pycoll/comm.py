@@ -37,6 +37,7 @@ from .errors import (
     RemoteError,
     error_class,
 )
+from .flight_recorder import entry_completed
 from .work import Work
 
 __all__ = ["Communicator", "CommObserver", "PreMulSum", "REDUCE_OPS", "default_timeout"]
@@ -383,6 +384,8 @@ class Communicator:
                     w.duration_ms = dev.elapsed_ms(w._start, w._end)
                 except Exception:
                     w.duration_ms = None  # GPU events without timing
+                if w.fr_entry is not None:
+                    entry_completed(w)
                 self._retire(w)
         if exc is not None:
             self._fail(exc, w)
@@ -547,6 +550,8 @@ class Communicator:
             w.time_completed_ns = t = time.time_ns()
             w.duration_ms = (t - w.time_created_ns) / 1e6
             w.inputs = w.outputs = []
+            if w.fr_entry is not None:
+                entry_completed(w)
             return w
         group = _open_group()
         with self._lock:

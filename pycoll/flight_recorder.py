@@ -77,19 +77,19 @@ DEFAULT_BUFFER_SIZE = 2000
 DEFAULT_FILE_PREFIX = "pycoll_trace_rank_"
 DEFAULT_STACK_DEPTH = 16
 
-# Entry layout: a plain list is the cheapest mutable thing to build on the hot path. The entry holds
-# the Work only weakly (a Work holds its communicator, and the ring must not keep communicators
-# alive: a leaked one must still be collected, with its warning); what never changes is copied at
-# record time, what does (state, completion time, duration) is read from the live Work at dump time,
-# or frozen into _FROZEN when the communicator fails or closes. A Work that is gone without being
-# frozen has left the communicator's outstanding list: it completed.
-(_POS, _RID, _INFO, _WREF, _ISZ, _IDT, _OSZ, _ODT, _TID, _STACK, _OP, _SEQ, _P2P_SEQ, _OP_ID, _PEER, _TIMEOUT,
- _CREATED, _FROZEN) = range(18)
+# Entry layout: a plain list is the cheapest mutable thing to build on the hot path. The entry does
+# not refer to its Work (a Work holds its communicator, and the ring must not keep communicators
+# alive; even a weak reference costs ~0.4 us per operation to make and clear): what never changes is
+# copied at record time; what does (state, start, completion, duration) is read at dump time from the
+# Work while it is outstanding (the communicators' outstanding lists, each Work pointing to its
+# entry), or frozen into _FROZEN when it completes (entry_completed) or its communicator fails or
+# closes. An entry whose Work is no longer outstanding and was not frozen completed.
+(_POS, _RID, _INFO, _ISZ, _IDT, _OSZ, _ODT, _TID, _STACK, _OP, _SEQ, _P2P_SEQ, _OP_ID, _PEER, _TIMEOUT,
+ _CREATED, _FROZEN) = range(17)
 _SHAPE = Buffer._fields.index("shape")
 _DTYPE = Buffer._fields.index("dtype_name")
 _getframe = sys._getframe
 _get_ident = threading.get_ident
-_weakref = weakref.ref
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
@@ -349,7 +349,7 @@ class FlightRecorder:
         if info is not None and info.ref() is comm:
             info.refresh()
             info.closed_at = time.time()
-            self._freeze(info)
+            self._freeze(comm)
             with self._lock:
                 self._closes[info.generation] = self._closes.get(info.generation, 0) + 1
                 # keep the info while entries refer to it; forget the id (it may be reused)
@@ -359,19 +359,22 @@ class FlightRecorder:
         info = self._infos.get(id(comm))
         if info is not None:
             info.failure = f"{type(exc).__name__}: {exc}"
-            self._freeze(info)  # before the policy releases the outstanding Works
+            self._freeze(comm, work)  # before the policy releases the outstanding Works
             try:
                 info.progress = _progress(comm)
             except Exception:
                 _log.debug("could not read the progress of %r", comm, exc_info=True)
 
-    def _freeze(self, info: _CommInfo) -> None:
-        """Copy the state of ``info``'s live Works into their entries (the Works may go away next)."""
-        for e in list(self._ring):
-            if e is None or e[_INFO] is not info or e[_FROZEN] is not None:
-                continue
-            w = e[_WREF]()
-            if w is None:
+    @staticmethod
+    def _freeze(comm: Any, work: Any = None) -> None:
+        """Copy the state of ``comm``'s outstanding Works (and of ``work``, the failed one, which may
+        have left the list already) into their entries: the Works may go away next."""
+        works = list(comm._pending)
+        if work is not None and work not in works:
+            works.append(work)
+        for w in works:
+            e = w.fr_entry
+            if e is None or e[_FROZEN] is not None:
                 continue
             exc = w._exc
             e[_FROZEN] = (w._state, w.time_started_ns, w.time_completed_ns, w.duration_ms,
@@ -420,7 +423,7 @@ class FlightRecorder:
                 append(f.f_lasti)
                 f = f.f_back
         pos = next(self._pos)
-        entry = [pos, next(info.rid), info, _weakref(w), isz, idt, osz, odt, _get_ident(), stack,
+        entry = [pos, next(info.rid), info, isz, idt, osz, odt, _get_ident(), stack,
                  w.op, w.seq, w.p2p_seq, w.op_id, w.peer, w.timeout, w.time_created_ns, None]
         ring[pos % len(ring)] = entry
         w.fr_entry = entry
@@ -495,11 +498,10 @@ class FlightRecorder:
         for info in live + [e[_INFO] for e in raw]:
             infos.setdefault(info.uid, info)
         comms = {uid: info.refresh() for uid, info in infos.items()}
+        outstanding = _outstanding(c for c in comms.values() if c is not None)
         if refresh:
-            for e in raw:
-                w = e[_WREF]()
-                if w is not None and e[_FROZEN] is None:
-                    self._refresh_state(w)
+            for w in outstanding.values():
+                self._refresh_state(w)
         cache: Dict[Tuple[Any, int], int] = {}
         # a loop issues its collectives from a few call sites: format each distinct stack once and
         # share the list (pickle stores it once, too)
@@ -508,7 +510,7 @@ class FlightRecorder:
         entries = []
         for e in raw:
             info: _CommInfo = e[_INFO]
-            state, started, completed, duration, error = _dynamic(e)
+            state, started, completed, duration, error = _dynamic(e, outstanding)
             done = state == "completed"
             op, peer = e[_OP], e[_PEER]
             is_p2p = peer is not None
@@ -561,7 +563,7 @@ class FlightRecorder:
             if progress is None and comms[uid] is not None:
                 progress = _progress(comms[uid])
             if progress is None:
-                progress = _progress_from_entries(uid, raw)
+                progress = _progress_from_entries(uid, raw, outstanding)
             status = {
                 "last_enqueued_collective": progress["coll_enqueued"] or -1,
                 "last_started_collective": progress["coll_started"] or -1,
@@ -699,24 +701,40 @@ def _progress(comm: Any) -> Dict[str, int]:
     return out
 
 
-def _dynamic(e: List[Any]) -> Tuple[str, Optional[int], Optional[int], Optional[float], Optional[str]]:
-    """(state, started ns, completed ns, duration ms, error) of an entry, from its frozen copy or live Work."""
+def entry_completed(w: Any) -> None:
+    """Freeze a completed Work's times into its entry (the communicator calls it when one completes)."""
+    w.fr_entry[_FROZEN] = ("completed", w.time_started_ns, w.time_completed_ns, w.duration_ms, None)
+
+
+def _outstanding(comms: Iterable[Any]) -> Dict[int, Any]:
+    """id(entry) -> Work, for the outstanding operations of ``comms`` not frozen yet."""
+    out: Dict[int, Any] = {}
+    for comm in comms:
+        for w in list(comm._pending):
+            e = w.fr_entry
+            if e is not None and e[_FROZEN] is None:
+                out[id(e)] = w
+    return out
+
+
+def _dynamic(e: List[Any], outstanding: Dict[int, Any]) -> Tuple[str, Optional[int], Optional[int], Optional[float], Optional[str]]:
+    """(state, started ns, completed ns, duration ms, error) of an entry: frozen, or from its outstanding Work."""
     if e[_FROZEN] is not None:
         return e[_FROZEN]
-    w = e[_WREF]()
+    w = outstanding.get(id(e))
     if w is None:
-        return ("completed", None, None, None, None)  # left the outstanding list, unfrozen: it completed
+        return ("completed", None, None, None, None)  # not outstanding, not frozen: it completed
     exc = w._exc
     return (w._state, w.time_started_ns, w.time_completed_ns, w.duration_ms,
             f"{type(exc).__name__}: {exc}" if exc is not None else None)
 
 
-def _progress_from_entries(uid: str, raw: Sequence[List[Any]]) -> Dict[str, int]:
+def _progress_from_entries(uid: str, raw: Sequence[List[Any]], outstanding: Dict[int, Any]) -> Dict[str, int]:
     out = {f"{k}_{s}": 0 for k in ("coll", "p2p") for s in ("enqueued", "started", "completed")}
     for e in raw:
         if e[_INFO].uid != uid:
             continue
-        state = _dynamic(e)[0]
+        state = _dynamic(e, outstanding)[0]
         kind, seq = ("p2p", e[_P2P_SEQ]) if e[_PEER] is not None else ("coll", e[_SEQ])
         out[f"{kind}_enqueued"] = max(out[f"{kind}_enqueued"], seq)
         if state in ("started", "completed"):

@@ -67,6 +67,8 @@ class FakeComm:
             w.time_completed_ns = w.time_created_ns + 1000
             w.duration_ms = 0.001
             w.inputs = w.outputs = []
+            if w.fr_entry is not None:
+                fr.entry_completed(w)  # as the Communicator does when an operation completes
         else:
             if state == "started":
                 w.time_started_ns = w.time_created_ns
@@ -128,8 +130,9 @@ def test_entries_do_not_keep_works_or_communicators_alive(rec):
     kept = c.op("all_reduce", f32(3), f32(3))
     pending = c.op("all_reduce", f32(3), f32(3), state="started")
     e = rec.as_dict(0)["entries"]
-    # a completed operation whose Work is gone: completed, without times (nobody kept them)
-    assert e[0]["state"] == "completed" and "duration_ms" not in e[0] and e[0]["time_discovered_completed_ns"] is None
+    # completed operations keep their times, whether their Work is gone or not
+    assert e[0]["state"] == "completed" and e[0]["duration_ms"] == pytest.approx(0.001)
+    assert e[0]["time_discovered_completed_ns"] == e[0]["time_created_ns"] + 1000
     assert e[1]["state"] == "completed" and e[1]["duration_ms"] == pytest.approx(0.001)
     assert e[2]["state"] == "started" and e[0]["input_sizes"] == [[3]]
     ref = weakref.ref(c)
