@@ -15,10 +15,8 @@ runs the operation in the calling thread:
   pycoll creates (every pycoll communicator is nonblocking).
 * **Cython binding**: ``Library.all_reduce(send_ptr, recv_ptr, 2, Float32, Sum, comm, 0)``.
 * **Communicator.all_reduce (numpy)** and **(torch)**: ``comm.all_reduce(send, recv)`` on
-  numpy arrays and on CPU torch tensors. pycoll runs a blocking host op in the caller's thread
-  only while a watchdog polls the communicator (else through a host stream, waited for with a
-  deadline); when this build has no watchdog, an extra row forces ``pycoll.comm.watchdog_running``
-  to preview the inline path.
+  numpy arrays and on CPU torch tensors: a blocking host op runs in the caller's thread while
+  the watchdog polls the communicator (pycoll's default), which enforces its deadline.
 
 1 rank isolates the cost of the call (the library still runs its whole protocol for one rank);
 2 ranks add the synchronisation between two processes. Each variant is timed in batches of
@@ -222,18 +220,9 @@ def worker(a: argparse.Namespace) -> None:
         variants["comm_torch"] = lambda: comm.all_reduce(ts, tr)
     except ImportError:
         pass
-    from pycoll import comm as comm_module
-
-    hook = getattr(comm_module, "watchdog_running", None)
-    if hook is not None and not hook():
-        # this build runs blocking host ops inline only while a watchdog polls the communicators;
-        # without one they go through a host stream. Preview the inline path with the hook forced.
-        variants["comm_numpy_inline"] = lambda: comm.all_reduce(send, recv)
     clock = time.perf_counter_ns
     result: Dict[str, Dict[str, List[float]]] = {}
     for name, call in variants.items():
-        if name == "comm_numpy_inline":
-            comm_module.watchdog_running = lambda: True
         recv[:] = 0
         for _ in range(a.warmup):
             call()
@@ -283,7 +272,6 @@ LABELS = {
     "binding": "Cython Library.all_reduce",
     "comm_numpy": "Communicator.all_reduce (numpy)",
     "comm_torch": "Communicator.all_reduce (torch)",
-    "comm_numpy_inline": "Communicator.all_reduce (numpy), inline*",
 }
 
 
@@ -344,9 +332,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"median of {a.repeat} interleaved runs; "
           "'x C': ratio to the C call on a nonblocking communicator (what pycoll creates); "
           f"median call: median of {a.batches * a.batch // 4} calls timed one by one (includes one clock read)")
-    if any("comm_numpy_inline" in ns[n] for n in a.ranks):
-        print("# * this build has no watchdog, so a blocking host op goes through a host stream; the inline row "
-              "forces pycoll.comm.watchdog_running to preview the inline path (no watchdog thread cost included)")
     print("  ".join(h.ljust(widths[0]) if i == 0 else h.rjust(widths[i]) for i, h in enumerate(head)))
     for r in body:
         print("  ".join(c.ljust(widths[0]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)))
@@ -362,10 +347,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             f.write("| " + " | ".join(head) + " |\n|" + "---|" + "---:|" * (len(head) - 1) + "\n")
             for r in body:
                 f.write("| " + " | ".join(r) + " |\n")
-            if any("comm_numpy_inline" in ns[n] for n in a.ranks):
-                f.write("\n\\* inline: this build has no watchdog, so a blocking host op goes through a host stream; "
-                        "this row forces `pycoll.comm.watchdog_running` to preview the inline path (without the "
-                        "watchdog thread's own cost).\n")
     return 0
 
 
