@@ -389,19 +389,19 @@ class ElasticGroup:
             waiting = [m for m in members if m != self.slot and not gone(m)]
             left = deadline - time.monotonic()
             if not waiting:
-                alive = [m for m in members if m == self.slot or m in waiting]
                 break
             if left > 0:
                 try:  # in slices, so that a member dying meanwhile is noticed
                     self.store.wait([f"{base}alive/{m}" for m in waiting], timeout=min(left, 0.05))
-                    alive = [m for m in members if m == self.slot or m in waiting]
-                    break
+                    break  # every member not known to be gone vouched
                 except StoreTimeout:
                     if not self.store.check([decision_key]):
                         continue
-            keys = set(self.store.list_keys(base))  # the window is over, or another member decided
-            alive = [m for m in members if m == self.slot or f"{base}alive/{m}" in keys]
+            # the window is over, or another member decided: keep those that vouched
+            keys = set(self.store.list_keys(base))
+            waiting = [m for m in waiting if f"{base}alive/{m}" in keys]
             break
+        alive = [m for m in members if m == self.slot or m in waiting]
         # the first proposal wins; every member adopts it (compare_set returns the stored value)
         return _parse_members(self.store.compare_set(decision_key, b"", _members_str(alive)))
 
@@ -474,8 +474,9 @@ class ElasticGroup:
             if parent.state == "active":
                 parent._fail(CommFailure("reshape"))
             if parent.state == "active":
-                # another thread recorded the failure and has not applied the policy yet (the watchdog
-                # reports and dumps first): revoke now, or its revoke would land inside the shrink
+                # another thread recorded the failure and has not applied the policy yet (a timeout
+                # is reported before its policy acts): revoke now, or its revoke would land inside
+                # the shrink
                 try:
                     parent._revoke()
                 except Exception:  # as the policy does when revoke fails or is missing: abort (then re-init)

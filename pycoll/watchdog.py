@@ -681,7 +681,8 @@ class Watchdog:
         return job
 
     def wait_for_dumps(self, timeout: Optional[float] = None) -> bool:
-        """Wait up to ``timeout`` s (None: ``dump_timeout``) for the dumps queued so far; True when written.
+        """Write the reports and dumps queued or held so far, waiting up to ``timeout`` s (None:
+        ``dump_timeout``); True when all were written.
 
         Runs at interpreter exit, so that a failure dump being written when the user's code ends
         is not lost with the daemon threads.
@@ -801,9 +802,9 @@ class Watchdog:
 
         The elastic layer holds them while it rebuilds a failed communicator, so that the report's
         store traffic and the dump's formatting never slow the recovery down; what they say is
-        fixed when the failure is recorded. Only asynchronous and remote errors are held (a timeout
-        is reported before its policy acts); a report or dump waits at most ``dump_hold`` seconds,
-        and never at exit. Returns a token for :meth:`remove_dump_gate`.
+        fixed when the failure is recorded. A timeout's report is made before its policy acts and is
+        never held; its dump is. A report or dump waits at most ``dump_hold`` seconds from the
+        failure, and never at exit. Returns a token for :meth:`remove_dump_gate`.
         """
         token = next(self._gate_ids)
         self._gates[token] = gate

@@ -119,12 +119,18 @@ def test_failure_handling_is_bounded_and_never_waits_for_the_dump(make_wd, tmp_p
     assert wd.wait_for_dumps(5.0) and rec.last_dump["trigger"] == "failure"
 
 
-def test_dump_gate_holds_failure_dumps_until_it_opens(make_wd, tmp_path):
+def _started_watchdog_and_op(make_wd, tmp_path, dump_hold):
+    """A running watchdog with its own recorder, and an outstanding operation to fail."""
     rec = fr.FlightRecorder(16, dump_dir=str(tmp_path))
     c = Watched(rec, 0, 2)
     w = c.op("all_reduce", np.ones(1, np.float32), np.ones(1, np.float32), state="started", timeout=1.0)
-    wd = make_wd([], recorder=rec, dump_hold=30.0)
+    wd = make_wd([], recorder=rec, dump_hold=dump_hold)
     wd.start()
+    return rec, c, w, wd
+
+
+def test_dump_gate_holds_failure_dumps_until_it_opens(make_wd, tmp_path):
+    rec, c, w, wd = _started_watchdog_and_op(make_wd, tmp_path, 30.0)
     open_ = []
     token = wd.add_dump_gate(lambda: bool(open_))
     wd.comm_failed(c, RuntimeError("remote process exited"), w)  # not a timeout: reported after the policy
@@ -139,11 +145,7 @@ def test_dump_gate_holds_failure_dumps_until_it_opens(make_wd, tmp_path):
 
 
 def test_dump_hold_is_bounded_and_exit_writes_held_dumps(make_wd, tmp_path):
-    rec = fr.FlightRecorder(16, dump_dir=str(tmp_path))
-    c = Watched(rec, 0, 2)
-    w = c.op("all_reduce", np.ones(1, np.float32), np.ones(1, np.float32), state="started", timeout=1.0)
-    wd = make_wd([], recorder=rec, dump_hold=0.5)
-    wd.start()
+    rec, c, w, wd = _started_watchdog_and_op(make_wd, tmp_path, 0.5)
     wd.add_dump_gate(lambda: False)
     t0 = time.monotonic()
     wd.comm_failed(c, RuntimeError("remote process exited"), w)
