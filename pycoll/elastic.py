@@ -55,7 +55,6 @@ from .comm import Communicator, default_timeout
 from .config import CommConfig
 from .create import init, join, load_library
 from .errors import CommFailure, NCCLError, StoreError, StoreTimeout
-from .run import mark_lost  # here, not in reshape(): importing the launcher module takes ~50 ms
 from .watchdog import get_watchdog
 
 __all__ = ["ElasticGroup", "Excluded", "Transition"]
@@ -558,6 +557,9 @@ class ElasticGroup:
             self._abandon(old)
         except Exception:
             _log.exception("slot %d: releasing generation %d failed", self.slot, generation - 1)
+        # imported here: at module level `python -m pycoll.run` would find itself imported already
+        from .run import mark_lost
+
         for m in lost:
             try:
                 mark_lost(self.store, m, f"left out of generation {generation}")

@@ -253,9 +253,12 @@ def test_module_target(tmp_path):
 
 
 def test_no_python_target(tmp_path):
-    res = launch(["-n", "2", "--no-python", "sh", "-c", "echo rank=$PYCOLL_RANK; exit $PYCOLL_RANK"], tmp_path)
+    # rank 1 fails (and the launcher stops the others) only once rank 0 has written its line
+    res = launch(["-n", "2", "--no-python", "sh", "-c",
+                  "echo rank=$PYCOLL_RANK; [ $PYCOLL_RANK = 0 ] || sleep 1; exit $PYCOLL_RANK"], tmp_path)
     assert res.returncode == 1
     assert "[rank0]: rank=0" in res.stdout.splitlines()
+    assert "Warning" not in res.stderr  # e.g. `python -m pycoll.run` finding itself imported by `pycoll`
 
 
 def test_nothing_outlives_the_job(tmp_path):
