@@ -239,10 +239,13 @@ class _FailureReport:
                 silent[r] = age
             if self.seq is None:
                 continue
+            # a rank that reported its own failure in this very operation issued it, whatever its
+            # last progress report (published every publish_interval) says
+            failed_here = f" in {self.op} #{self.seq} " in f" {self.peer_failures.get(r, '')}"
             if self.is_p2p:
                 if r == self.peer:
                     behind[r] = (p["p2p_enqueued"], age)
-            elif p["coll_enqueued"] < self.seq:
+            elif p["coll_enqueued"] < self.seq and not failed_here:
                 behind[r] = (p["coll_enqueued"], age)
             elif p["coll_completed"] < self.seq:
                 same.append(r)

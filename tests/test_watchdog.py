@@ -196,6 +196,15 @@ def test_failure_line_alive_but_behind_and_unknown():
     assert "send #1 with peer 2" in line3 and "peer: rank 2 (alive, last issued p2p #0)" in line3
 
 
+def test_a_rank_that_failed_in_this_operation_is_not_behind():
+    # progress is published once a second: a rank that failed in #5 may still have reported #1 before
+    r = _report({1: (1, 1, 0, 0.5), 2: (1, 1, 0, 0.5)},
+                failures={1: "RemoteError in all_reduce #5 after 0.01 s", 2: "RemoteError in all_reduce #4 after 1.00 s"})
+    a = r.analysis(1.75)
+    assert list(a["behind"]) == [2] and a["behind"][2][0] == 1 and a["in_op"] == [1]
+    assert "behind: rank 2 (failed at #1)" in r.line(1.75)
+
+
 def test_exchange_through_a_store(make_wd):
     store = MemoryStore()
     rec = fr.FlightRecorder(8)
