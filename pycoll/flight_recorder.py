@@ -376,9 +376,7 @@ class FlightRecorder:
             e = w.fr_entry
             if e is None or e[_FROZEN] is not None:
                 continue
-            exc = w._exc
-            e[_FROZEN] = (w._state, w.time_started_ns, w.time_completed_ns, w.duration_ms,
-                          f"{type(exc).__name__}: {exc}" if exc is not None else None)
+            e[_FROZEN] = _state_of(w)
             if w._state != "completed" and w.inputs:
                 w.inputs = w.outputs = []  # an abandoned operation need not keep its arrays
 
@@ -724,6 +722,11 @@ def _dynamic(e: List[Any], outstanding: Dict[int, Any]) -> Tuple[str, Optional[i
     w = outstanding.get(id(e))
     if w is None:
         return ("completed", None, None, None, None)  # not outstanding, not frozen: it completed
+    return _state_of(w)
+
+
+def _state_of(w: Any) -> Tuple[str, Optional[int], Optional[int], Optional[float], Optional[str]]:
+    """(state, started ns, completed ns, duration ms, error) of a Work, as an entry keeps them."""
     exc = w._exc
     return (w._state, w.time_started_ns, w.time_completed_ns, w.duration_ms,
             f"{type(exc).__name__}: {exc}" if exc is not None else None)
