@@ -6,7 +6,7 @@ Usage (from the repository root, pycoll built in place or installed)::
     python benchmarks/fr_overhead.py --ranks 2 --rounds 10 --batch 400 --json out.json
 
 Part 1, **recording cost per operation**, in this process: ``FlightRecorder.work_enqueued`` (what
-the communicator calls for every operation) and ``entry_completed`` (what it calls when the
+the communicator calls for every operation) and ``work_completed`` (what it calls when the
 operation completes) on a new :class:`pycoll.Work` of a one-rank host communicator each time,
 called from 40 frames deep so that the stack capture takes its full default
 depth (16 frames plus pycoll's own two). Timed in batches of 1000 calls, interleaved with batches
@@ -80,7 +80,7 @@ def record_cost(batches: int, batch: int) -> Dict[str, float]:
     """
     pycoll = _import_pycoll()
     from pycoll.buffers import as_buffer
-    from pycoll.flight_recorder import _STACK as fr_STACK, FlightRecorder, entry_completed
+    from pycoll.flight_recorder import _STACK as fr_STACK, FlightRecorder
     from pycoll.work import Work
 
     pycoll.watchdog.get_watchdog().configure(enabled=False)
@@ -92,12 +92,13 @@ def record_cost(batches: int, batch: int) -> Dict[str, float]:
                      "with stacks": FlightRecorder(2000, stacks=True)}
 
         def timed(record: Any) -> float:
+            completed = getattr(record, "__self__", None)
+            done = completed.work_completed if completed is not None else record
             t = time.perf_counter_ns()
             for _ in range(batch):
                 w = Work(*args)
                 record(w)
-                if w.fr_entry is not None:  # as the communicator does when the operation completes
-                    entry_completed(w)
+                done(w)  # as the communicator does when the operation completes
             return (time.perf_counter_ns() - t) / batch
 
         def skip(w: Any) -> None:

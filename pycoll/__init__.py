@@ -1,6 +1,7 @@
 """pycoll: NCCL/RCCL bindings and a fault-tolerant collective runtime, with a host backend.
 
-The public surface is what ``__all__`` lists; everything else may change.
+The public surface is what ``__all__`` lists; everything else may change. The layers, and where
+each lives: ARCHITECTURE.md.
 """
 
 from ._bindings import UniqueId
@@ -12,11 +13,11 @@ from .errors import __all__ as _errors_all
 from .store import FileStore, MemoryStore, PrefixStore, Store, TCPStore, TCPStoreServer
 from .work import Work
 from .elastic import ElasticGroup, Excluded, Transition
-from .flight_recorder import FlightRecorder, dump_flight_recorder
-from .watchdog import Watchdog, enable_dump_signal
-from . import watchdog as _watchdog
+from .diagnostics import FlightRecorder, Watchdog, dump_flight_recorder, enable_dump_signal
+from . import flight_recorder, watchdog  # noqa: F401  (the old module paths, as attributes)
 
-_watchdog.install()  # every communicator is recorded and watched
+# Importing pycoll has no side effect: the flight recorder and the watchdog are registered with the
+# first communicator that pycoll.init() or pycoll.join() builds (pycoll.diagnostics.install).
 
 __version__ = "0.1.0"
 

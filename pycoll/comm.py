@@ -3,7 +3,7 @@
 Communicators are nonblocking underneath (``ncclConfig_t.blocking = 0``): initialisation, split,
 shrink, grow, finalize and destroy are polled with ``ncclCommGetAsyncError`` against a deadline;
 collectives are enqueued on a stream and their completion is read from events. The watchdog
-(:mod:`pycoll.watchdog`) and every waiting call check outstanding operations against their
+(:mod:`pycoll.diagnostics.watchdog`, an observer registered through :mod:`pycoll.hooks`) and every waiting call check outstanding operations against their
 timeouts, so no Python call blocks forever.
 """
 
@@ -18,7 +18,7 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 from . import _bindings as B
 from ._settings import env_seconds
@@ -37,27 +37,20 @@ from .errors import (
     RemoteError,
     error_class,
 )
-from .flight_recorder import entry_completed
-from .work import Work
+from . import hooks
+from .hooks import CommObserver, Progress, add_observer, live_communicators, remove_observer
+from .group import group as _group, open_group as _open_group
+from .premul import PreMulSum, datatype_of, scalar_argument
+from .work import Work, backoff
 
-__all__ = ["Communicator", "CommObserver", "PreMulSum", "REDUCE_OPS", "default_timeout"]
+__all__ = ["Communicator", "CommObserver", "PreMulSum", "REDUCE_OPS", "default_timeout", "poll_ready",
+           "add_observer", "remove_observer", "live_communicators"]
 
 _log = logging.getLogger("pycoll.comm")
 
 #: Reduction operator names accepted by the collectives.
 REDUCE_OPS: Dict[str, int] = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
 _FAILURE_POLICIES = ("abort", "revoke", "report")
-
-
-def poll_sleep(last: float) -> float:
-    """Sleep between two polls of a nonblocking init or reshape: 50 us, doubling up to 1 ms.
-
-    Returns the time slept (pass it back next time). The cap bounds how late a completed
-    communicator is noticed.
-    """
-    sleep = min(1e-3, last * 2 if last else 50e-6)
-    time.sleep(sleep)
-    return sleep
 
 
 def default_timeout() -> float:
@@ -75,67 +68,32 @@ def _check_timeout(timeout: Optional[float], default: float, what: str = "timeou
     return float(timeout)
 
 
-class CommObserver(Protocol):
-    """What the flight recorder and the watchdog hear from every communicator."""
+def poll_ready(library: Any, handle: int, what: str, timeout: float, *, on_error: Callable[[], None] = lambda: None,
+               on_timeout: Callable[[], None] = lambda: None, describe_missing: Optional[Callable[[], str]] = None,
+               comm_name: Optional[str] = None) -> None:
+    """Poll ``ncclCommGetAsyncError(handle)`` until it leaves ncclInProgress, within ``timeout`` seconds.
 
-    def comm_created(self, comm: "Communicator") -> None: ...
-    def work_enqueued(self, work: Work) -> None: ...
-    def comm_failed(self, comm: "Communicator", exc: BaseException, work: Optional[Work]) -> None: ...
-    def comm_closed(self, comm: "Communicator") -> None: ...
-
-
-_observers: List[CommObserver] = []
-
-
-_enqueue_hooks: Tuple[Callable[[Work], None], ...] = ()  # the observers' work_enqueued, on the hot path
-
-
-def add_observer(observer: CommObserver) -> None:
-    """Register an observer for every communicator of this process (idempotent)."""
-    global _enqueue_hooks
-    if observer not in _observers:
-        _observers.append(observer)
-        _enqueue_hooks = tuple(o.work_enqueued for o in _observers)
-
-
-def remove_observer(observer: CommObserver) -> None:
-    global _enqueue_hooks
-    if observer in _observers:
-        _observers.remove(observer)
-        _enqueue_hooks = tuple(o.work_enqueued for o in _observers)
-
-
-def _notify(method: str, *args: Any) -> None:
-    for obs in list(_observers):
-        try:
-            getattr(obs, method)(*args)
-        except Exception:  # an observer must never break a collective
-            _log.exception("observer %r failed in %s", obs, method)
-
-
-def _no_watchdog() -> bool:
-    return False
-
-
-#: Whether a watchdog thread polls every communicator (set by :mod:`pycoll.watchdog`). A blocking
-#: host operation runs inline in the caller's thread only then: without a watchdog nobody could
-#: enforce its deadline, so it goes through a stream and the waiting thread checks it.
-watchdog_running: Callable[[], bool] = _no_watchdog
-
-_tls = threading.local()  # .group: the Works of the open ncclGroupStart/End on this thread
-
-
-def _open_group() -> Optional[List[Work]]:
-    return getattr(_tls, "group", None)
-
-
-#: Every live communicator of this process (the watchdog polls them).
-_live: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
-
-
-def live_communicators() -> List["Communicator"]:
-    """The communicators of this process that are neither destroyed nor aborted."""
-    return [c for c in list(_live) if c._handle is not None]
+    The one poll-until-ready loop of pycoll (nonblocking init, join, split, shrink, grow, finalize,
+    revoke). An error code raises its typed exception after ``on_error()``; the deadline raises
+    :class:`pycoll.CommTimeout` after ``on_timeout()`` (``describe_missing()`` may add who is missing).
+    """
+    deadline = time.monotonic() + timeout
+    sleep = 0.0
+    while True:
+        code = library.comm_get_async_error(handle)
+        if code == 0:
+            return
+        if code != B.IN_PROGRESS:
+            last = library.get_last_error(handle)
+            on_error()
+            raise error_class(code)(code, what, library.get_error_string(code), last, library.path)
+        if time.monotonic() >= deadline:
+            detail = describe_missing() if describe_missing is not None else ""
+            on_timeout()
+            where = f" on communicator {comm_name!r}" if comm_name else ""
+            raise CommTimeout(f"{what}{where} did not complete within {timeout:.3g} s{detail}",
+                              comm_name=comm_name or "", op=what, timeout=timeout)
+        sleep = backoff(sleep)
 
 
 def _discard(items: List[Any], item: Any) -> None:
@@ -143,39 +101,6 @@ def _discard(items: List[Any], item: Any) -> None:
         items.remove(item)
     except ValueError:
         pass
-
-
-class PreMulSum:
-    """A reduction operator that multiplies every input by ``scalar`` before summing.
-
-    Created by :meth:`Communicator.pre_mul_sum`; pass it as ``op=``. Only valid on its
-    communicator and for its datatype. Release it with :meth:`destroy` (or use it as a context
-    manager); the communicator's destroy/abort releases it too.
-    """
-
-    def __init__(self, comm: "Communicator", op: int, datatype: int, scalar: Any) -> None:
-        self.comm = comm
-        self.op = op
-        self.datatype = datatype
-        self._scalar = scalar  # keeps a device scalar alive
-
-    def destroy(self) -> None:
-        """Release the operator (``ncclRedOpDestroy``). Idempotent."""
-        if self.op >= 0:
-            op, self.op = self.op, -1
-            self.comm._premul.discard(self)
-            if self.comm._handle is not None:
-                with self.comm._lock:
-                    self.comm.library.red_op_destroy(op, self.comm._handle)
-
-    def __enter__(self) -> "PreMulSum":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.destroy()
-
-    def __repr__(self) -> str:
-        return f"<PreMulSum op={self.op} datatype={self.datatype} on {self.comm.name}>"
 
 
 class Communicator:
@@ -212,6 +137,7 @@ class Communicator:
         store: Any = None,
         generation: int = 0,
         owns_device: bool = False,
+        failure_callbacks: Sequence[Callable[["Communicator", BaseException], None]] = (),
     ) -> None:
         self._handle: Optional[int] = handle
         self.library = library
@@ -220,13 +146,17 @@ class Communicator:
         self._size = size
         self.name = name
         self.uid = uid
-        self.global_ranks: Optional[Tuple[int, ...]] = tuple(global_ranks) if global_ranks is not None else None
+        self._global_ranks: Optional[Tuple[int, ...]] = tuple(global_ranks) if global_ranks is not None else None
+        if self._global_ranks is not None and len(self._global_ranks) != size:
+            raise ValueError(f"global_ranks has {len(self._global_ranks)} entries for a communicator of {size} ranks")
         self.timeout = timeout
         if on_failure not in _FAILURE_POLICIES:
             raise ValueError(f"on_failure must be one of {_FAILURE_POLICIES}, got {on_failure!r}")
-        self.on_failure = on_failure
-        self.store = store
-        self.generation = generation
+        self._on_failure = on_failure
+        self._store = store
+        if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
+            raise ValueError(f"generation must be an int >= 0, got {generation!r}")
+        self._generation = generation
         self._owns_device = owns_device
         self.backend: str = device.backend
         self._inline_ok = self.backend == "host"
@@ -238,7 +168,7 @@ class Communicator:
         #: called as ``callback(comm, exc)`` in the thread that records a failure, after the
         #: observers and before the policy acts; must return quickly (the elastic layer starts its
         #: agreement here)
-        self.failure_callbacks: List[Callable[["Communicator", BaseException], None]] = []
+        self.failure_callbacks: List[Callable[["Communicator", BaseException], None]] = list(failure_callbacks)
         self._state = "active"  # active | revoked | finalized | aborted | destroyed
         self._coll_seq = 0
         self._p2p_seq = 0
@@ -249,8 +179,8 @@ class Communicator:
         self._scratch: Optional[int] = None
         self._premul: "weakref.WeakSet[PreMulSum]" = weakref.WeakSet()
         self.created_at = time.time()
-        _live.add(self)
-        _notify("comm_created", self)
+        hooks.register_live(self)
+        hooks.notify_created(self)
 
     # -- properties -----------------------------------------------------------------------------
 
@@ -284,7 +214,37 @@ class Communicator:
     @property
     def global_rank(self) -> int:
         """This process's rank in the job (its rank in ``global_ranks``), or ``rank`` when unknown."""
-        return self.global_ranks[self._rank] if self.global_ranks is not None else self._rank
+        return self._global_ranks[self._rank] if self._global_ranks is not None else self._rank
+
+    @property
+    def global_ranks(self) -> Optional[Tuple[int, ...]]:
+        """Every member's job-wide rank, in this communicator's rank order (None when unknown)."""
+        return self._global_ranks
+
+    @property
+    def generation(self) -> int:
+        """The membership generation this communicator belongs to (flight-recorder dumps are per generation)."""
+        return self._generation
+
+    @property
+    def store(self) -> Any:
+        """The job's store (progress, failure reports, dump requests go through it), or None."""
+        return self._store
+
+    @property
+    def on_failure(self) -> str:
+        """The failure policy: ``"abort"``, ``"revoke"`` or ``"report"``."""
+        return self._on_failure
+
+    @property
+    def closed(self) -> bool:
+        """True once the communicator was destroyed or aborted (its handle is gone)."""
+        return self._handle is None
+
+    @property
+    def ops_issued(self) -> int:
+        """Operations (collective and point-to-point) issued on this communicator so far."""
+        return self._coll_seq + self._p2p_seq
 
     def __repr__(self) -> str:
         return f"<Communicator {self.name!r} rank {self._rank}/{self._size} {self.backend} {self._state}>"
@@ -360,8 +320,9 @@ class Communicator:
     def _event(self) -> int:
         return self._events.pop() if self._events else self.device.create_event()
 
-    def _refresh(self, w: Work) -> None:
-        """Update ``w``'s state from its events (and retire it once complete)."""
+    def refresh(self, w: Work) -> None:
+        """Update ``w``'s state from its events (and retire it once complete); may wait for this
+        communicator's locks while another thread is inside a library call on it."""
         exc: Optional[BaseException] = None
         with self._plock:
             if w._state == "completed" or w._exc is not None or w._inline or w._start is None:
@@ -378,17 +339,31 @@ class Communicator:
             else:
                 w._state = "completed"
                 w.time_completed_ns = time.time_ns()
-                if w._state == "completed" and w.time_started_ns is None:
+                if w.time_started_ns is None:
                     w.time_started_ns = w.time_completed_ns
                 try:
                     w.duration_ms = dev.elapsed_ms(w._start, w._end)
                 except Exception:
                     w.duration_ms = None  # GPU events without timing
-                if w.fr_entry is not None:
-                    entry_completed(w)
                 self._retire(w)
         if exc is not None:
-            self._fail(exc, w)
+            self.fail(exc, w)
+        elif w._state == "completed" and hooks.completion_hooks:
+            hooks.run_hooks(hooks.completion_hooks, w)
+
+    def try_refresh(self, w: Work) -> None:
+        """Like :meth:`refresh`, but never waits: skipped while a library call holds the communicator."""
+        if w._state == "completed" or w._exc is not None or w._inline or self._failure is not None:
+            return
+        if self._state != "active" or self._handle is None:
+            return
+        if not self._lock.acquire(blocking=False):
+            return  # a library call is in progress: keep the last reading
+        self._lock.release()
+        try:
+            self.refresh(w)
+        except Exception:
+            _log.debug("could not refresh the state of %r", w, exc_info=True)
 
     def _retire(self, w: Work) -> None:
         if w in self._pending:
@@ -399,20 +374,21 @@ class Communicator:
         w._start = w._end = None
         w.inputs = w.outputs = []  # let the arrays go
 
-    def _check(self, now: Optional[float] = None) -> None:
-        """Check the asynchronous error and every outstanding operation's deadline (watchdog and waits)."""
+    def check(self, now: Optional[float] = None) -> None:
+        """Check the asynchronous error and every outstanding operation's deadline (the watchdog and
+        waits call it); a failure found is recorded and its policy applied, nothing is raised."""
         if self._failure is not None or self._handle is None:
             return
         code = self._async_code()
         if code not in (0, B.IN_PROGRESS):
-            self._fail(self._async_exc(code), self._pending[0] if self._pending else None)
+            self.fail(self._async_exc(code), self._pending[0] if self._pending else None)
             return
         now = time.monotonic() if now is None else now
         for w in list(self._pending):
-            self._refresh(w)
+            self.refresh(w)
             if w._state != "completed" and w._exc is None and now - w.t0 > w.timeout:
                 elapsed = now - w.t0
-                self._fail(
+                self.fail(
                     CommTimeout(
                         f"communicator {self.name!r} rank {self._rank}/{self._size}: {w.op} "
                         f"(seq {w.seq if not w.is_p2p else w.p2p_seq}) did not complete within "
@@ -428,8 +404,22 @@ class Communicator:
         with self._plock:
             return list(self._pending)
 
-    def _fail(self, exc: BaseException, work: Optional[Work] = None) -> None:
-        """Record the communicator's failure, tell the observers, then act by ``on_failure``."""
+    def next_deadline(self) -> Optional[float]:
+        """The earliest ``time.monotonic()`` deadline of the outstanding operations (None: nothing to watch)."""
+        if self._failure is not None:
+            return None
+        return min((w.t0 + w.timeout for w in list(self._pending)), default=None)
+
+    def progress(self) -> Progress:
+        """The last sequence ids enqueued, started and completed, collectives and point-to-point apart."""
+        return Progress.of(self._coll_seq, self._p2p_seq, list(self._pending))
+
+    def fail(self, exc: BaseException, work: Optional[Work] = None) -> None:
+        """Record ``exc`` as this communicator's failure, tell the observers, then act by ``on_failure``.
+
+        The first failure wins (later calls are no-ops). Every outstanding operation fails with it.
+        The elastic layer calls it to stop a communicator whose generation is being reshaped.
+        """
         with self._plock:
             if self._failure is not None or self._state in ("aborted", "destroyed"):
                 return
@@ -438,25 +428,26 @@ class Communicator:
             for w in self._pending:
                 if w._exc is None:
                     w._exc = exc
-        if not any(getattr(o, "reports_failures", False) for o in _observers):
+        if not hooks.failures_reported():
             _log.error("%s", exc)  # else the watchdog logs it, with what the other ranks were doing
-        _notify("comm_failed", self, exc, work)
+        hooks.notify_failed(self, exc, work)
         for callback in list(self.failure_callbacks):
             try:
                 callback(self, exc)
             except Exception:
                 _log.exception("failure callback %r of %r failed", callback, self.name)
-        if self.on_failure == "abort":
+        if self._on_failure == "abort":
             self._abort()
-        elif self.on_failure == "revoke":
+        elif self._on_failure == "revoke":
             try:
                 self._revoke()
             except Exception as rexc:  # a library without revoke: abort instead
                 _log.warning("revoke of %r failed (%s); aborting instead", self.name, rexc)
                 self._abort()
 
-    def _raise_call_error(self, e: NCCLError, w: Optional[Work]) -> None:
-        """Turn an error returned by a library call into the exception the user sees."""
+    def handle_call_error(self, e: NCCLError, w: Optional[Work]) -> None:
+        """Turn an error a library call on this communicator returned into the exception the user
+        sees, and raise it (recording a communicator failure where the error is one)."""
         if self._failure is not None:
             raise self._failure from e
         if isinstance(e, InvalidArgument):
@@ -470,7 +461,7 @@ class Communicator:
             raise e
         if w is not None:
             w._exc = failure
-        self._fail(failure, w)
+        self.fail(failure, w)
         raise failure from e
 
     # -- launching operations -------------------------------------------------------------------
@@ -490,7 +481,7 @@ class Communicator:
             and not async_op
             and not self._pending
             and _open_group() is None
-            and watchdog_running()
+            and hooks.deadlines_watched()
         ):
             return 0
         return self.device.resolve_stream(stream, [a for a in arrays if a is not None], default=self._own_stream())
@@ -522,11 +513,11 @@ class Communicator:
             self._coll_seq += 1
         w = Work(self, op, self._coll_seq, self._p2p_seq, next(self._op_ids), is_p2p, peer, timeout, stream, inputs, outputs)
         w.async_op = async_op
-        for hook in _enqueue_hooks:
+        for hook in hooks.enqueue_hooks:  # called from here: the recorder's stack starts at this frame
             try:
                 hook(w)
             except Exception:  # an observer must never break a collective
-                _log.exception("observer %r failed in work_enqueued", hook)
+                _log.exception("observer hook %r failed", hook)
         h = self._handle
         assert h is not None
         if stream == 0:
@@ -542,7 +533,7 @@ class Communicator:
                 call(h, 0)
             except NCCLError as e:
                 _discard(pending, w)
-                self._raise_call_error(e, w)
+                self.handle_call_error(e, w)
             _discard(pending, w)
             if w._exc is not None:
                 raise w._exc
@@ -550,8 +541,8 @@ class Communicator:
             w.time_completed_ns = t = time.time_ns()
             w.duration_ms = (t - w.time_created_ns) / 1e6
             w.inputs = w.outputs = []
-            if w.fr_entry is not None:
-                entry_completed(w)
+            if hooks.completion_hooks:
+                hooks.run_hooks(hooks.completion_hooks, w)
             return w
         group = _open_group()
         with self._lock:
@@ -562,7 +553,7 @@ class Communicator:
             except NCCLError as e:
                 self._events.append(w._start)
                 w._start = None
-                self._raise_call_error(e, w)
+                self.handle_call_error(e, w)
             if group is None:
                 w._end = self._event()
                 self.device.record_event(w._end, stream)
@@ -806,8 +797,7 @@ class Communicator:
         return self._launch("barrier", lambda h, s: lib.all_reduce(ptr, ptr, 1, 2, 0, h, s),
                             st, [], [], async_op, timeout)
 
-    @contextlib.contextmanager
-    def group(self) -> Iterator[None]:
+    def group(self) -> ContextManager[None]:
         """Group the operations issued in the block (``ncclGroupStart``/``ncclGroupEnd``).
 
         Operations of several communicators of the same library may be grouped. They are issued
@@ -815,91 +805,44 @@ class Communicator:
         ones return their :class:`Work` at once. Sends and receives to several peers must be
         grouped.
         """
-        lib = self.library
-        outer = _open_group()
-        owner = getattr(_tls, "group_library", None)
-        if outer is not None and owner is not lib:
-            raise CommStateError("a group can only hold communicators of one library")
-        lib.group_start()
-        if outer is None:
-            _tls.group = []
-            _tls.group_library = lib
-        body_exc: Optional[BaseException] = None
-        try:
-            yield
-        except BaseException as exc:
-            body_exc = exc
-            raise
-        finally:
-            works: List[Work] = []
-            if outer is None:
-                works = _tls.group
-                _tls.group = None
-                _tls.group_library = None
-            try:
-                lib.group_end()
-            except NCCLError as e:
-                comms = {w.comm for w in works} or {self}
-                if body_exc is None:
-                    for c in comms:
-                        with contextlib.suppress(CommFailure, NCCLError):
-                            c._raise_call_error(e, None)
-                    raise
-            for w in works:
-                c = w.comm
-                with c._lock:
-                    if c._handle is not None and w._exc is None:
-                        w._end = c._event()
-                        c.device.record_event(w._end, w.stream)
-            if body_exc is None:
-                for w in works:
-                    if not w.async_op:
-                        w.wait()
+        return _group(self)
+
+    def group_closed(self, w: Work) -> None:
+        """The group holding ``w`` was issued: record its completion event (called by :mod:`pycoll.group`)."""
+        with self._lock:
+            if self._handle is not None and w._exc is None:
+                w._end = self._event()
+                self.device.record_event(w._end, w.stream)
 
     def pre_mul_sum(self, scalar: Any, dtype: Any) -> PreMulSum:
         """A reduction operator computing ``sum(scalar * x_r)`` for arrays of ``dtype``.
 
-        ``scalar``: a Python number (stored in ``dtype``; NCCL reads it now), or a one-element
-        array on the communicator's device (read when the operation runs). ``dtype``: a numpy or
-        torch dtype or a name such as ``"float32"``.
+        ``scalar``: a Python number (stored in ``dtype``, which must represent it exactly for
+        integer types; NCCL reads it now), or a one-element array on the communicator's device
+        (read when the operation runs). ``dtype``: a numpy or torch dtype or a name such as
+        ``"float32"``.
         """
         self._check_usable("pre_mul_sum")
-        import numpy as np
-
-        datatype = _datatype_of(dtype)
-        if isinstance(scalar, (int, float)) and not isinstance(scalar, bool):
-            holder = np.array([scalar], dtype=_numpy_dtype(datatype))
-            ptr, residence = holder.ctypes.data, 1
-        else:
-            buf = as_buffer(scalar, name="scalar")
-            check_device(buf, self.backend, None if self.backend == "host" else self.device.device_id)
-            if buf.count != 1 or buf.datatype != datatype:
-                raise ValueError(f"pre_mul_sum: the scalar array must hold one element of the same dtype, got {buf!r}")
-            holder, ptr, residence = buf, buf.ptr, 0
+        datatype = datatype_of(dtype)
+        holder, ptr, residence = scalar_argument(scalar, datatype, self.backend,
+                                                 None if self.backend == "host" else self.device.device_id)
         with self._lock:
             op = self.library.red_op_create_pre_mul_sum(ptr, datatype, residence, self.handle)
         pms = PreMulSum(self, op, datatype, holder)
         self._premul.add(pms)
         return pms
 
+    def release_red_op(self, pms: PreMulSum, op: int) -> None:
+        """Destroy a PreMulSum's library operator (called by :meth:`PreMulSum.destroy`)."""
+        self._premul.discard(pms)
+        if self._handle is not None:
+            with self._lock:
+                self.library.red_op_destroy(op, self._handle)
+
     # -- lifecycle ------------------------------------------------------------------------------
 
     def _poll(self, handle: int, what: str, timeout: float, on_timeout: Callable[[], None]) -> None:
-        """Poll ``ncclCommGetAsyncError(handle)`` until it leaves ncclInProgress, within ``timeout``."""
-        deadline = time.monotonic() + timeout
-        sleep = 0.0
-        while True:
-            code = self.library.comm_get_async_error(handle)
-            if code == 0:
-                return
-            if code != B.IN_PROGRESS:
-                last = self.library.get_last_error(handle)
-                raise error_class(code)(code, what, self.library.get_error_string(code), last, self.library.path)
-            if time.monotonic() >= deadline:
-                on_timeout()
-                raise CommTimeout(f"{what} on communicator {self.name!r} did not complete within {timeout:.3g} s",
-                                  comm_name=self.name, op=what, timeout=timeout)
-            sleep = poll_sleep(sleep)
+        poll_ready(self.library, handle, what, timeout, on_timeout=on_timeout, comm_name=self.name)
 
     def _drain(self, timeout: float) -> None:
         """Wait for outstanding operations (finalize/destroy flush them anyway)."""
@@ -918,7 +861,7 @@ class Communicator:
             try:
                 self.library.comm_finalize(self.handle)
             except NCCLError as e:
-                self._raise_call_error(e, None)
+                self.handle_call_error(e, None)
         self._state = "finalized"
         self._poll(self.handle, "ncclCommFinalize", timeout, self._abort)
 
@@ -1006,8 +949,8 @@ class Communicator:
             _log.exception("releasing resources of %r", self.name)
 
     def _closed(self) -> None:
-        _live.discard(self)
-        _notify("comm_closed", self)
+        hooks.discard_live(self)
+        hooks.notify_closed(self)
         if self._owns_device:
             self.device.close()
 
@@ -1042,7 +985,8 @@ class Communicator:
         return hashlib.sha1(f"{self.uid}/{self._reshapes}/{tag}".encode()).hexdigest()[:16]
 
     def _child(self, slot: Any, status: int, *, what: str, uid: str, name: str, global_ranks: Optional[Sequence[int]],
-               timeout: float, poll_parent: bool) -> Optional["Communicator"]:
+               timeout: float, poll_parent: bool, generation: Optional[int],
+               failure_callbacks: Sequence[Callable[["Communicator", BaseException], None]]) -> Optional["Communicator"]:
         def on_timeout() -> None:
             child = slot.value
             self._abort()
@@ -1056,12 +1000,12 @@ class Communicator:
         if not h:
             return None
         lib = self.library
-        comm = Communicator(
+        return Communicator(
             h, library=lib, device=self.device, rank=lib.comm_user_rank(h), size=lib.comm_count(h), name=name,
-            uid=uid, global_ranks=global_ranks, timeout=self.timeout, on_failure=self.on_failure,
-            store=self.store, generation=self.generation,
+            uid=uid, global_ranks=global_ranks, timeout=self.timeout, on_failure=self._on_failure,
+            store=self._store, generation=self._generation if generation is None else generation,
+            failure_callbacks=failure_callbacks,
         )
-        return comm
 
     def _reshape_config(self, config: Optional[CommConfig]) -> Any:
         if config is None:
@@ -1069,11 +1013,17 @@ class Communicator:
         return config.to_nccl(self.library, blocking_default=False)
 
     def split(self, color: Optional[int], key: Optional[int] = None, *, config: Optional[CommConfig] = None,
-              name: Optional[str] = None, timeout: Optional[float] = None) -> Optional["Communicator"]:
+              name: Optional[str] = None, timeout: Optional[float] = None, generation: Optional[int] = None,
+              failure_callbacks: Sequence[Callable[["Communicator", BaseException], None]] = (),
+              ) -> Optional["Communicator"]:
         """Split into sub-communicators by ``color`` (collective over every rank of this one).
 
         Ranks passing the same color form a new communicator, ordered by ``key`` (default: this
         rank) then by rank. ``color=None`` takes part without joining any: it returns None.
+        The child inherits the failure policy, the store and (unless ``generation`` is given) the
+        generation; ``failure_callbacks`` are its own. Its members' job-wide ranks are exchanged
+        first (over this communicator on the host backend, else through the store; unknown
+        without one).
         """
         self._check_alive()
         if self._failure is not None and self._state != "revoked":
@@ -1085,23 +1035,48 @@ class Communicator:
         if isinstance(key, bool) or not isinstance(key, int):
             raise TypeError(f"key must be an int, got {type(key).__name__}")
         uid = self._child_uid(f"split:{color}")
+        members = self._split_members(-1 if color is None else color, key, timeout)
         with self._lock:
             slot, status = self.library.comm_split(self.handle, B.SPLIT_NOCOLOR if color is None else color, key,
                                                    self._reshape_config(config))
-        child = self._child(slot, status, what="ncclCommSplit", uid=uid, name=name or f"{self.name}.split{self._reshapes}",
-                            global_ranks=None, timeout=timeout, poll_parent=True)
-        if child is not None:
-            child.global_ranks = child._exchange_global_ranks(self.global_rank, timeout)
-        return child
+        return self._child(slot, status, what="ncclCommSplit", uid=uid, name=name or f"{self.name}.split{self._reshapes}",
+                           global_ranks=members, timeout=timeout, poll_parent=True, generation=generation,
+                           failure_callbacks=failure_callbacks)
+
+    def _split_members(self, color: int, key: int, timeout: float) -> Optional[Tuple[int, ...]]:
+        """The job-wide ranks of this rank's split child, in the child's rank order (NCCL orders the
+        ranks of a color by key, then by rank), from every rank's (color, key, global rank)."""
+        mine = (color, key, self.global_rank)
+        if self._state == "active" and self.backend == "host":
+            import numpy as np
+
+            everyone = np.empty(3 * self._size, dtype=np.int64)
+            self.all_gather(np.array(mine, dtype=np.int64), everyone, timeout=timeout)
+            rows = [tuple(int(v) for v in everyone[3 * r:3 * r + 3]) for r in range(self._size)]
+        elif self._store is not None:
+            base = f"pycoll/split/{self.uid}/{self._reshapes}"
+            self._store.set(f"{base}/{self._rank}", " ".join(map(str, mine)))
+            rows = [tuple(int(v) for v in self._store.get(f"{base}/{r}", timeout=timeout).split())
+                    for r in range(self._size)]
+        else:
+            return None
+        if color < 0:
+            return None
+        same = sorted((k, r) for r, (c, k, _) in enumerate(rows) if c == color)
+        return tuple(rows[r][2] for _, r in same)
 
     def shrink(self, exclude: Sequence[int], *, abort_ops: bool = False, config: Optional[CommConfig] = None,
-               name: Optional[str] = None, timeout: Optional[float] = None) -> "Communicator":
+               name: Optional[str] = None, timeout: Optional[float] = None, generation: Optional[int] = None,
+               failure_callbacks: Sequence[Callable[["Communicator", BaseException], None]] = (),
+               ) -> "Communicator":
         """A new communicator without the ranks in ``exclude`` (``ncclCommShrink``; NCCL 2.27).
 
         Only the survivors call it, all with the same ``exclude``; they are renumbered in rank
         order. ``abort_ops=True`` (NCCL_SHRINK_ABORT) first stops this communicator's outstanding
         operations -- use it after a failure. This communicator stays valid and must still be
-        released; after an abortive shrink release it with :meth:`abort`.
+        released; after an abortive shrink release it with :meth:`abort`. The child inherits the
+        failure policy, the store, the survivors' job-wide ranks and (unless ``generation`` is
+        given) the generation; ``failure_callbacks`` are its own.
         """
         self._check_alive()
         if self._failure is not None and not abort_ops and self._state != "revoked":
@@ -1114,13 +1089,14 @@ class Communicator:
             raise ValueError(f"rank {self._rank} is in the exclude list: excluded ranks must not call shrink")
         uid = self._child_uid("shrink:" + ",".join(map(str, excl)))
         gr = None
-        if self.global_ranks is not None:
-            gr = [g for r, g in enumerate(self.global_ranks) if r not in excl]
+        if self._global_ranks is not None:
+            gr = [g for r, g in enumerate(self._global_ranks) if r not in excl]
         with self._lock:
             slot, status = self.library.comm_shrink(self.handle, excl, self._reshape_config(config),
                                                     B.SHRINK_ABORT if abort_ops else B.SHRINK_DEFAULT)
         child = self._child(slot, status, what="ncclCommShrink", uid=uid, name=name or f"{self.name}.shrink{self._reshapes}",
-                            global_ranks=gr, timeout=timeout, poll_parent=True)
+                            global_ranks=gr, timeout=timeout, poll_parent=True, generation=generation,
+                            failure_callbacks=failure_callbacks)
         assert child is not None
         return child
 
@@ -1132,13 +1108,16 @@ class Communicator:
 
     def grow(self, size: int, unique_id: Any = None, *, config: Optional[CommConfig] = None,
              name: Optional[str] = None, timeout: Optional[float] = None,
-             global_ranks: Optional[Sequence[int]] = None) -> "Communicator":
+             global_ranks: Optional[Sequence[int]] = None, generation: Optional[int] = None,
+             failure_callbacks: Sequence[Callable[["Communicator", BaseException], None]] = (),
+             ) -> "Communicator":
         """A bigger communicator: this one's ranks keep their numbers, new ranks join at the end.
 
         Every existing rank calls it; the coordinator (the rank that called
         :meth:`get_unique_id`) passes the id, the others may pass it or None. New processes call
         :func:`pycoll.join` with the same id and ``size``. This communicator must be idle and
-        should be destroyed afterwards (NCCL 2.29).
+        should be destroyed afterwards (NCCL 2.29). ``global_ranks``: every member's job-wide rank
+        (unknown otherwise); the rest as for :meth:`shrink`.
         """
         self._check_usable("grow")
         timeout = _check_timeout(timeout, self.timeout)
@@ -1151,62 +1130,7 @@ class Communicator:
             slot, status = self.library.comm_grow(self.handle, size, unique_id, -1, self._reshape_config(config))
         self._reshapes += 1
         child = self._child(slot, status, what="ncclCommGrow", uid=uid, name=name or f"{self.name}.grow{self._reshapes}",
-                            global_ranks=global_ranks, timeout=timeout, poll_parent=False)
+                            global_ranks=global_ranks, timeout=timeout, poll_parent=False, generation=generation,
+                            failure_callbacks=failure_callbacks)
         assert child is not None
         return child
-
-    def _exchange_global_ranks(self, my_global: int, timeout: float) -> Optional[Tuple[int, ...]]:
-        """Every member's job-wide rank, in this communicator's rank order (for flight-recorder dumps)."""
-        if self.backend != "host":
-            if self.store is None:
-                return None
-            key = f"pycoll/global_ranks/{self.uid}"
-            self.store.set(f"{key}/{self._rank}", str(my_global))
-            return tuple(int(self.store.get(f"{key}/{r}", timeout=timeout)) for r in range(self._size))
-        import numpy as np
-
-        mine = np.array([my_global], dtype=np.int64)
-        everyone = np.empty(self._size, dtype=np.int64)
-        self.all_gather(mine, everyone, timeout=timeout)
-        return tuple(int(x) for x in everyone)
-
-
-# -- dtype helpers for pre_mul_sum ------------------------------------------------------------------
-
-
-def _datatype_of(dtype: Any) -> int:
-    import numpy as np
-
-    if isinstance(dtype, int) and not isinstance(dtype, bool):
-        if not 0 <= dtype < 12:
-            raise ValueError(f"unknown NCCL datatype {dtype}")
-        return dtype
-    torch_dtype = type(dtype).__module__ == "torch"
-    if torch_dtype:
-        import torch
-
-        return as_buffer(torch.empty(1, dtype=dtype)).datatype
-    try:
-        npdt = np.dtype(dtype)
-    except TypeError:
-        try:
-            import ml_dtypes  # noqa: F401  (registers bfloat16 / float8 names with numpy)
-
-            npdt = np.dtype(dtype)
-        except (ImportError, TypeError):
-            raise TypeError(f"cannot interpret {dtype!r} as a dtype") from None
-    return as_buffer(np.empty(1, dtype=npdt)).datatype
-
-
-def _numpy_dtype(datatype: int) -> Any:
-    import numpy as np
-
-    simple = {0: np.int8, 1: np.uint8, 2: np.int32, 3: np.uint32, 4: np.int64, 5: np.uint64, 6: np.float16,
-              7: np.float32, 8: np.float64}
-    if datatype in simple:
-        return simple[datatype]
-    try:
-        import ml_dtypes
-    except ImportError:
-        raise NotImplementedError("a bfloat16/float8 pre_mul_sum scalar needs the ml_dtypes package") from None
-    return {9: ml_dtypes.bfloat16, 10: ml_dtypes.float8_e4m3fn, 11: ml_dtypes.float8_e5m2}[datatype]

@@ -5,15 +5,16 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from . import _bindings as B
+from . import env as discovery
 from ._settings import env_seconds
-from .comm import Communicator, _check_timeout, default_timeout, poll_sleep
+from .comm import Communicator, _check_timeout, default_timeout, poll_ready
 from .config import CommConfig
-from .devices import Device, auto_backend, open_device
-from .errors import CommTimeout, error_class
+from .devices import Device, auto_backend, cuda_device_count, open_device, rocm_device_count
+from .diagnostics import install as _install_diagnostics
+from .store import Store, wrap_torch_store
 
 __all__ = ["init", "join", "get_unique_id", "load_library", "BACKENDS"]
 
@@ -53,8 +54,6 @@ def _open_device(backend: str, lib: Any, device: Any, local_rank: int) -> Tuple[
     if backend == "host":
         return open_device("host", library=lib), True
     if device is None:
-        from .devices import cuda_device_count, rocm_device_count
-
         count = cuda_device_count() if backend == "nccl" else rocm_device_count()
         device = local_rank % count if count else 0
     if isinstance(device, bool) or not isinstance(device, int) or device < 0:
@@ -68,22 +67,11 @@ def _uid_str(unique_id: Any) -> str:
     return hashlib.sha1(bytes(unique_id)).hexdigest()[:16]
 
 
-def _poll_new(lib: Any, handle: int, what: str, timeout: float, describe_missing: Any = None) -> None:
-    deadline = time.monotonic() + timeout
-    sleep = 0.0
-    while True:
-        code = lib.comm_get_async_error(handle)
-        if code == 0:
-            return
-        if code != B.IN_PROGRESS:
-            last = lib.get_last_error(handle)
-            lib.comm_abort(handle)
-            raise error_class(code)(code, what, lib.get_error_string(code), last, lib.path)
-        if time.monotonic() >= deadline:
-            detail = describe_missing() if describe_missing is not None else ""
-            lib.comm_abort(handle)
-            raise CommTimeout(f"{what} did not complete within {timeout:.3g} s{detail}", op=what, timeout=timeout)
-        sleep = poll_sleep(sleep)
+def _poll_new(lib: Any, handle: int, what: str, timeout: float,
+              describe_missing: Optional[Callable[[], str]] = None) -> None:
+    """Wait for a new communicator's nonblocking init; abort it on an error or at the deadline."""
+    poll_ready(lib, handle, what, timeout, on_error=lambda: lib.comm_abort(handle),
+               on_timeout=lambda: lib.comm_abort(handle), describe_missing=describe_missing)
 
 
 def init(
@@ -100,6 +88,9 @@ def init(
     init_timeout: Optional[float] = None,
     name: str = "world",
     on_failure: Optional[str] = None,
+    generation: int = 0,
+    global_ranks: Optional[Sequence[int]] = None,
+    failure_callbacks: Sequence[Callable[[Communicator, BaseException], None]] = (),
 ) -> Communicator:
     """Create a communicator of ``world_size`` ranks; this process is ``rank``.
 
@@ -121,18 +112,24 @@ def init(
             that have not arrived by then are named in the :class:`~pycoll.CommTimeout`.
         name: the communicator's name (logs, flight-recorder dumps, store keys).
         on_failure: ``"abort"`` (default, or ``$PYCOLL_ON_FAILURE``), ``"revoke"`` or ``"report"``.
+        generation: the membership generation (the elastic layer numbers its communicators; dumps
+            are kept per generation).
+        global_ranks: every member's job-wide rank in rank order (default ``0..world_size-1``).
+        failure_callbacks: called as ``callback(comm, exc)`` in the thread that records a failure,
+            after the observers and before the policy acts; must return quickly.
+
+    The flight recorder and the watchdog are registered with the first communicator built.
     """
+    _install_diagnostics()
     op_timeout = _check_timeout(timeout, default_timeout())
     init_timeout = _check_timeout(init_timeout, _default_init_timeout(), "init_timeout")
     on_failure = on_failure or os.environ.get("PYCOLL_ON_FAILURE") or "abort"
     local_rank = 0
     if rank is None and world_size is None:
-        from . import env
-
-        info = env.discover()
+        info = discovery.discover()
         rank, world_size, local_rank = info.rank, info.world_size, info.local_rank
         if store is None and unique_id is None and world_size > 1:
-            store = env.open_store(info)
+            store = discovery.open_store(info)
     elif rank is None or world_size is None:
         raise ValueError("give both rank and world_size, or neither (to read them from the environment)")
     for what, value in (("rank", rank), ("world_size", world_size)):
@@ -144,9 +141,7 @@ def init(
         raise ValueError(f"rank {rank} is out of range for world_size {world_size}")
     if store is not None and not hasattr(store, "set"):
         raise TypeError(f"store must be a pycoll store or have torch's Store methods, got {type(store).__name__}")
-    if store is not None and not _is_pycoll_store(store):
-        from .store import wrap_torch_store
-
+    if store is not None and not isinstance(store, Store):
         store = wrap_torch_store(store)
 
     backend, lib = load_library(backend, library)
@@ -175,14 +170,10 @@ def init(
         raise
     return Communicator(
         handle, library=lib, device=dev, rank=rank, size=world_size, name=name, uid=_uid_str(uid),
-        global_ranks=range(world_size), timeout=op_timeout, on_failure=on_failure, store=store, owns_device=owns,
+        global_ranks=range(world_size) if global_ranks is None else global_ranks, timeout=op_timeout,
+        on_failure=on_failure, store=store, owns_device=owns, generation=generation,
+        failure_callbacks=failure_callbacks,
     )
-
-
-def _is_pycoll_store(store: Any) -> bool:
-    from .store import Store
-
-    return isinstance(store, Store)
 
 
 def _exchange_unique_id(lib: Any, unique_id: Any, store: Any, rank: int, world_size: int, base: str,
@@ -216,12 +207,16 @@ def join(
     store: Any = None,
     global_ranks: Any = None,
     on_failure: Optional[str] = None,
+    generation: int = 0,
+    failure_callbacks: Sequence[Callable[[Communicator, BaseException], None]] = (),
 ) -> Communicator:
     """Join a communicator that existing ranks are growing to ``size`` (``ncclCommGrow``, NCCL 2.29).
 
     ``rank`` is this new process's rank (>= the old size); ``unique_id`` the id the existing
-    coordinator obtained with :meth:`Communicator.get_unique_id`.
+    coordinator obtained with :meth:`Communicator.get_unique_id`. The other arguments are those
+    of :func:`init`.
     """
+    _install_diagnostics()
     op_timeout = _check_timeout(timeout, default_timeout())
     init_timeout = _check_timeout(init_timeout, _default_init_timeout(), "init_timeout")
     if isinstance(size, bool) or not isinstance(size, int) or size < 2:
@@ -245,4 +240,5 @@ def join(
         handle, library=lib, device=dev, rank=rank, size=size, name=name, uid=_uid_str(uid),
         global_ranks=global_ranks, timeout=op_timeout,
         on_failure=on_failure or os.environ.get("PYCOLL_ON_FAILURE") or "abort", store=store, owns_device=owns,
+        generation=generation, failure_callbacks=failure_callbacks,
     )

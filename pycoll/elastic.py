@@ -54,8 +54,8 @@ from . import _bindings as B
 from .comm import Communicator, default_timeout
 from .config import CommConfig
 from .create import init, join, load_library
-from .errors import CommFailure, NCCLError, StoreError, StoreTimeout
-from .watchdog import get_watchdog
+from .diagnostics import get_watchdog
+from .errors import CommFailure, CommStateError, NCCLError, StoreError, StoreTimeout
 
 __all__ = ["ElasticGroup", "Excluded", "Transition"]
 
@@ -257,16 +257,17 @@ class ElasticGroup:
             self.store.set(key, bytes(uid))
         else:
             uid = self.store.get(key, timeout=self.timeout)
-        comm = init(rank, len(members), unique_id=uid, library=self.library, config=self.config,
-                    timeout=self.timeout, name=self.name, on_failure="revoke", init_timeout=self.timeout)
+        comm = init(rank, len(members), unique_id=uid, init_timeout=self.timeout,
+                    **self._comm_options(members, generation))
         return self._adopt(comm, members, generation)
 
+    def _comm_options(self, members: Sequence[int], generation: int) -> Dict[str, Any]:
+        """What every communicator of the group is built with (revoked on failure, so it can be shrunk)."""
+        return dict(library=self.library, config=self.config, timeout=self.timeout, name=self.name,
+                    on_failure="revoke", store=self.store, generation=generation, global_ranks=tuple(members),
+                    failure_callbacks=[self._on_comm_failure])
+
     def _adopt(self, comm: Communicator, members: Sequence[int], generation: int) -> Communicator:
-        comm.global_ranks = tuple(members)
-        comm.generation = generation
-        comm.on_failure = "revoke"
-        comm.store = self.store
-        comm.failure_callbacks.append(self._on_comm_failure)
         self.comm, self.members, self.generation = comm, tuple(members), generation
         self._grow_calls = 0
         return comm
@@ -299,12 +300,11 @@ class ElasticGroup:
         tr = Transition("grow" if kind == "grow" else "grow-reinit", generation, (), members, "joined",
                         detected=t0, agreement_started=t0, agreed=time.time())
         tr.revoked = tr.agreed
+        options = self._comm_options(members, generation)
         if kind == "grow":
-            comm = join(len(members), rank, uid, library=self.library, config=self.config, timeout=self.timeout,
-                        name=self.name, on_failure="revoke", init_timeout=self.timeout)
+            comm = join(len(members), rank, uid, init_timeout=self.timeout, **options)
         else:
-            comm = init(rank, len(members), unique_id=uid, library=self.library, config=self.config,
-                        timeout=self.timeout, name=self.name, on_failure="revoke", init_timeout=self.timeout)
+            comm = init(rank, len(members), unique_id=uid, init_timeout=self.timeout, **options)
         self._adopt(comm, members, generation)
         tr.comm_ready = time.time()
         comm.barrier()
@@ -361,7 +361,7 @@ class ElasticGroup:
             comm = self.comm
             if comm.state == "active" and comm.generation == g:
                 try:
-                    comm._fail(CommFailure(f"generation {g} of {self.name!r} is being reshaped by another member"))
+                    comm.fail(CommFailure(f"generation {g} of {self.name!r} is being reshaped by another member"))
                 except Exception:  # revoke unsupported: the policy aborts instead
                     _log.exception("revoking generation %d", g)
 
@@ -425,7 +425,7 @@ class ElasticGroup:
         comm = self.comm
         if self._reshaping or comm.failure is not None:
             return False
-        return comm._coll_seq + comm._p2p_seq >= self._release_at and not comm._pending
+        return comm.ops_issued >= self._release_at and not comm.outstanding()
 
     def reshape(self) -> Communicator:
         """Agree with the other survivors on the new membership and build its communicator.
@@ -436,13 +436,13 @@ class ElasticGroup:
 
         The failure's report and flight-recorder dumps wait until the new communicator has
         completed the caller's next operation (at most ``PYCOLL_FR_DUMP_HOLD`` seconds), so that
-        they do not slow the recovery down; ``pycoll.watchdog.get_watchdog().wait_for_dumps()``
+        they do not slow the recovery down; ``pycoll.diagnostics.get_watchdog().wait_for_dumps()``
         writes them at once.
         """
         self._reshaping, self._gave_up = True, False
         try:
             comm = self._reshape()
-            self._release_at = comm._coll_seq + comm._p2p_seq + 1
+            self._release_at = comm.ops_issued + 1
             return comm
         except BaseException:
             self._gave_up = True
@@ -457,7 +457,7 @@ class ElasticGroup:
         detected = getattr(old, "failed_at", None) or time.time()
         cause = str(old.failure) if old.failure is not None else "reshape requested"
         if old.state == "active" and old.failure is None:
-            old._fail(CommFailure(f"generation {g} of {self.name!r}: reshape requested by slot {self.slot}"))
+            old.fail(CommFailure(f"generation {g} of {self.name!r}: reshape requested by slot {self.slot}"))
         t_start = time.time()
         self._announce(g)  # done already when the failure was recorded
         members, parent = self.members, old
@@ -467,26 +467,29 @@ class ElasticGroup:
             tr = Transition("shrink", g + 1, self.members, new_members, cause, detected=detected,
                             agreement_started=t_start, agreed=time.time(), attempts=attempt + 1)
             if self.slot not in new_members:
-                self._abandon(old)
+                old.abort()
                 raise Excluded(f"slot {self.slot} was left out of generation {g + 1} of {self.name!r} "
                                f"(members {list(new_members)})")
             if parent.state == "active":
-                parent._fail(CommFailure("reshape"))
+                parent.fail(CommFailure("reshape"))
             if parent.state == "active":
                 # another thread recorded the failure and has not applied the policy yet (a timeout
                 # is reported before its policy acts): revoke now, or its revoke would land inside
                 # the shrink
                 try:
-                    parent._revoke()
+                    parent.revoke()
+                except CommStateError:
+                    pass  # that thread's policy revoked it meanwhile
                 except Exception:  # as the policy does when revoke fails or is missing: abort (then re-init)
-                    parent._abort()
+                    parent.abort()
             tr.revoked = time.time()
             gone = [parent.global_ranks.index(m) for m in parent.global_ranks if m not in new_members] \
                 if parent.global_ranks is not None else []
             try:
                 if attempt == 0 and gone and len(new_members) > 1 and self.library.has("ncclCommShrink") \
-                        and parent._handle is not None:
-                    comm = parent.shrink(gone, abort_ops=True, name=self.name, timeout=self.timeout)
+                        and not parent.closed:
+                    comm = parent.shrink(gone, abort_ops=True, name=self.name, timeout=self.timeout, generation=g + 1,
+                                         failure_callbacks=[self._on_comm_failure])
                     self._adopt(comm, new_members, g + 1)
                 else:
                     tr.kind = "reinit"
@@ -554,7 +557,9 @@ class ElasticGroup:
         while not self._dumps_may_run() and time.monotonic() < deadline:
             time.sleep(0.005)
         try:
-            self._abandon(old)
+            # after an abortive shrink the parent is released with abort, never destroy (NCCL's
+            # destroy barrier would wait for the dead)
+            old.abort()
         except Exception:
             _log.exception("slot %d: releasing generation %d failed", self.slot, generation - 1)
         # imported here: at module level `python -m pycoll.run` would find itself imported already
@@ -565,12 +570,6 @@ class ElasticGroup:
                 mark_lost(self.store, m, f"left out of generation {generation}")
             except (StoreError, AttributeError):
                 pass
-
-    @staticmethod
-    def _abandon(comm: Communicator) -> None:
-        # after an abortive shrink the parent is released with abort, never destroy (NCCL's
-        # destroy barrier would wait for the dead)
-        comm.abort()
 
     # -- grow -------------------------------------------------------------------------------------
 
@@ -618,7 +617,7 @@ class ElasticGroup:
         tr.agreed = tr.revoked = time.time()
         if kind == "grow":
             comm = old.grow(len(members), uid if self.rank == 0 else None, name=self.name, timeout=self.timeout,
-                            global_ranks=members)
+                            global_ranks=members, generation=g + 1, failure_callbacks=[self._on_comm_failure])
             self._adopt(comm, members, g + 1)
         else:
             self._new_comm(self.rank, members, uid_key, g + 1)
@@ -644,7 +643,7 @@ class ElasticGroup:
             self.store.set(f"{self._ns}/closed", b"1")
         if self._watcher is not None:
             self._watcher.join(2.0)
-        if self.comm._handle is not None:
+        if not self.comm.closed:
             if self.comm.state == "active" and self.comm.failure is None:
                 self.comm.destroy()
             else:

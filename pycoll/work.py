@@ -8,10 +8,22 @@ from typing import TYPE_CHECKING, Any, List, Optional, Sequence
 if TYPE_CHECKING:  # pragma: no cover
     from .comm import Communicator
 
-__all__ = ["Work"]
+__all__ = ["Work", "backoff"]
 
 _SPIN_S = 50e-6  # poll without sleeping this long before backing off
+_FIRST_SLEEP_S = 20e-6
 _MAX_SLEEP_S = 1e-3
+
+
+def backoff(last: float) -> float:
+    """Sleep between two polls: 20 us, doubling up to 1 ms; returns the time slept (pass it back next time).
+
+    The one back-off of pycoll's polling waits (operations, nonblocking init and reshape): the cap
+    bounds how late a completion is noticed.
+    """
+    sleep = min(_MAX_SLEEP_S, last * 2 if last else _FIRST_SLEEP_S)
+    time.sleep(sleep)
+    return sleep
 
 
 class Work:
@@ -21,6 +33,10 @@ class Work:
     host backend ran in the caller's thread, from that call's return). The watchdog checks
     outstanding work; a failure it detects reaches the user at :meth:`wait` or at the next call on
     the communicator.
+
+    Work is its communicator's record of the operation: only :mod:`pycoll.comm` sets its
+    underscore fields; observers read it through :class:`pycoll.hooks.WorkView` (``last_state``,
+    ``error``, ``deadline`` and the attributes below), which never calls into the library.
 
     Attributes for diagnostics (the flight recorder reads them): ``op`` (e.g. ``"all_reduce"``),
     ``seq`` (the communicator's collective sequence id: incremented by collectives, kept by
@@ -79,8 +95,27 @@ class Work:
     def state(self) -> str:
         """``"scheduled"``, ``"started"`` or ``"completed"`` (a failed operation stays where it stopped)."""
         if self._state != "completed" and self._exc is None and not self._inline:
-            self.comm._refresh(self)
+            self.comm.refresh(self)
         return self._state
+
+    @property
+    def last_state(self) -> str:
+        """The state as last observed, without querying events (what observers read)."""
+        return self._state
+
+    @property
+    def error(self) -> Optional[BaseException]:
+        """The failure recorded for this operation so far, without querying anything."""
+        return self._exc
+
+    @property
+    def deadline(self) -> float:
+        """``time.monotonic()`` value after which the operation has timed out."""
+        return self.t0 + self.timeout
+
+    def release_arrays(self) -> None:
+        """Drop the references to the operation's arrays (an abandoned operation need not keep them)."""
+        self.inputs = self.outputs = []
 
     def is_completed(self) -> bool:
         """True once the operation has finished, successfully or not (see :meth:`exception`). Never blocks."""
@@ -88,7 +123,7 @@ class Work:
             return True
         if self._state == "completed":
             return True
-        self.comm._refresh(self)
+        self.comm.refresh(self)
         return self._state == "completed" or self._exc is not None
 
     def exception(self) -> Optional[BaseException]:
@@ -117,19 +152,18 @@ class Work:
                 raise self._exc
             if self._state == "completed":
                 return
-            comm._refresh(self)
+            comm.refresh(self)
             if self._state == "completed" or self._exc is not None:
                 continue
             now = time.monotonic()
-            comm._check(now)
+            comm.check(now)
             if deadline is not None and now >= deadline:
                 raise TimeoutError(
                     f"{self.op} (seq {self.seq}) on {comm.name} still running after {timeout:.3g} s "
                     f"(its own deadline is {self.timeout:.3g} s after it was issued)"
                 )
             if now - start > _SPIN_S:
-                sleep = min(_MAX_SLEEP_S, sleep * 2 if sleep else 20e-6)
-                time.sleep(sleep)
+                sleep = backoff(sleep)
 
     def __repr__(self) -> str:
         return f"<Work {self.op} seq={self.seq} {self._state}{' failed' if self._exc else ''} on {self.comm.name}>"

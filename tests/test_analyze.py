@@ -14,7 +14,7 @@ import pytest
 
 from pycoll import analyze
 from pycoll import flight_recorder as fr
-from test_flight_recorder import FakeComm
+from fakes import FakeComm
 
 PREFIX = fr.DEFAULT_FILE_PREFIX
 
@@ -74,7 +74,7 @@ def test_rank_that_never_entered(tmp_path, capsys):
     assert run_cli(d) == 1
     text = capsys.readouterr().out
     assert "FIRST DIVERGENCE at all_reduce #5 [Float(2,)]" in text
-    assert "rank 3: never entered it (last op all_reduce #4 [Float(2,)] completed, issued at test_flight_recorder.py:" in text
+    assert "rank 3: never entered it (last op all_reduce #4 [Float(2,)] completed, issued at fakes.py:" in text
     assert "ranks 0-2: still in flight (state started)" in text
     assert "verdict: rank 3 never entered all_reduce #5 [Float(2,)] on 'world'" in text
     assert "stopped_rank at " in text  # the stack of the in-flight operation

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import pycoll
+import pycoll.hooks
 from mp_helpers import Died, run_ranks
 from pycoll.elastic import ElasticGroup, Excluded
 
@@ -148,18 +149,14 @@ def _late_policy(rank, n, addr):
     if rank == 0:
         release = threading.Event()
 
-        class HoldPolicy:
-            def comm_created(self, comm): pass
-            def work_enqueued(self, work): pass
-            def comm_closed(self, comm): pass
-
+        class HoldPolicy(pycoll.hooks.CommObserver):
             def comm_failed(self, comm, exc, work):
                 if comm is old and threading.current_thread().name == "late-policy":
                     release.wait(10.0)
 
         hold = HoldPolicy()
         pycoll.comm.add_observer(hold)
-        late = threading.Thread(target=old._fail, args=(pycoll.CommFailure("slot 3 is gone"),), name="late-policy")
+        late = threading.Thread(target=old.fail, args=(pycoll.CommFailure("slot 3 is gone"),), name="late-policy")
         late.start()
         while old.failure is None:
             time.sleep(0.001)

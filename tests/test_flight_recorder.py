@@ -1,6 +1,6 @@
 """The flight recorder: what it records, the dump format (PyTorch's schema 2.10), buffers off/empty/wrapped.
 
-Most tests feed the recorder :class:`FakeComm` operations (real :class:`pycoll.Work` objects and
+Most tests feed the recorder :class:`fakes.FakeComm` operations (real :class:`pycoll.Work` objects and
 real buffers, without a library), so they run in this process and quickly; one test records a real
 one-rank host communicator. The fakes are reused by the analyzer's tests.
 """
@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import pickle
+import subprocess
 import sys
 import threading
 import types
@@ -20,60 +21,10 @@ import numpy as np
 import pytest
 
 import pycoll
+import pycoll.diagnostics
+import pycoll.hooks
 from pycoll import flight_recorder as fr
-from pycoll.buffers import as_buffer
-from pycoll.work import Work
-
-
-class FakeComm:
-    """Just what the recorder reads from a Communicator; ``op()`` records an operation on it."""
-
-    def __init__(self, recorder, rank, size, *, uid="0123456789abcdef", name="world", backend="host", generation=0,
-                 global_ranks=None):
-        self.recorder = recorder
-        self.rank, self.size, self.uid, self.name = rank, size, uid, name
-        self.backend, self.generation = backend, generation
-        self.global_ranks = tuple(global_ranks) if global_ranks is not None else tuple(range(size))
-        self.library = types.SimpleNamespace(version_tuple=(2, 32, 3))
-        self.state = self._state = "active"
-        self.failure = self._failure = None
-        self._handle = None
-        self._pending = []
-        self._coll_seq = self._p2p_seq = self._ops = 0
-        self._lock = threading.RLock()
-        self.timeout = 30.0
-        self.on_failure = "abort"
-        self.store = None
-        recorder.comm_created(self)
-
-    @property
-    def global_rank(self):
-        return self.global_ranks[self.rank]
-
-    def op(self, name, inp=None, out=None, *, peer=None, state="completed", timeout=30.0):
-        is_p2p = peer is not None
-        if is_p2p:
-            self._p2p_seq += 1
-        else:
-            self._coll_seq += 1
-        self._ops += 1
-        ins = [as_buffer(inp)] if inp is not None else []
-        outs = [as_buffer(out, writable=True)] if out is not None else []
-        w = Work(self, name, self._coll_seq, self._p2p_seq, self._ops, is_p2p, peer, timeout, 0, ins, outs)
-        self.recorder.work_enqueued(w)  # as Communicator._launch: before the library call
-        w._state = state
-        if state == "completed":
-            w.time_started_ns = w.time_created_ns
-            w.time_completed_ns = w.time_created_ns + 1000
-            w.duration_ms = 0.001
-            w.inputs = w.outputs = []
-            if w.fr_entry is not None:
-                fr.entry_completed(w)  # as the Communicator does when an operation completes
-        else:
-            if state == "started":
-                w.time_started_ns = w.time_created_ns
-            self._pending.append(w)
-        return w
+from fakes import FakeComm
 
 
 def f32(n):
@@ -136,7 +87,7 @@ def test_entries_do_not_keep_works_or_communicators_alive(rec):
     assert e[1]["state"] == "completed" and e[1]["duration_ms"] == pytest.approx(0.001)
     assert e[2]["state"] == "started" and e[0]["input_sizes"] == [[3]]
     ref = weakref.ref(c)
-    c._pending.clear()
+    c.pending.clear()
     del c, kept, pending
     assert ref() is None  # the ring holds no path to the communicator
 
@@ -144,9 +95,9 @@ def test_entries_do_not_keep_works_or_communicators_alive(rec):
 def test_failure_freezes_the_state_of_outstanding_operations(rec):
     c = FakeComm(rec, 0, 2)
     w = c.op("all_reduce", f32(3), f32(3), state="started")
-    w._exc = RuntimeError("boom")
+    w._exc = RuntimeError("boom")  # as the communicator records it
     rec.comm_failed(c, RuntimeError("boom"), w)
-    c._pending.clear()
+    c.pending.clear()
     del w
     e = rec.as_dict(0)["entries"][0]
     assert e["state"] == "started" and e["pycoll_error"] == "RuntimeError: boom" and e["retired"]
@@ -330,7 +281,8 @@ def test_recording_from_many_threads(tmp_path):
 
 def test_real_host_communicator_is_recorded(tmp_path):
     rec = fr.FlightRecorder(32, dump_dir=str(tmp_path))
-    pycoll.comm.add_observer(rec)
+    pycoll.diagnostics.install()  # the process's recorder first: a Work carries the last recorder's entry
+    pycoll.hooks.add_observer(rec)
     c = pycoll.init(0, 1, backend="host", name="solo")
     try:
         x = np.ones(3, np.float32)
@@ -350,18 +302,24 @@ def test_real_host_communicator_is_recorded(tmp_path):
     assert all(w.fr_entry is not None for w in works)
 
 
-def test_importing_pycoll_registers_the_watchdog():
-    from pycoll import watchdog
-
-    assert watchdog.get_watchdog() in pycoll.comm._observers
-    assert watchdog.get_watchdog().recorder is fr.get_recorder()
+def test_the_first_communicator_registers_the_recorder_and_the_watchdog():
+    code = (
+        "import threading, pycoll, pycoll.hooks as h, pycoll.diagnostics as d\n"
+        "assert h.observers() == () and threading.active_count() == 1, 'importing pycoll has side effects'\n"
+        "c = pycoll.init(0, 1, backend='host')\n"
+        "assert h.observers() == (d.get_recorder(), d.get_watchdog()), h.observers()\n"
+        "assert d.get_watchdog().recorder is d.get_recorder() and d.get_watchdog().running\n"
+        "c.destroy()\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
     assert callable(pycoll.dump_flight_recorder)
 
 
-def test_generation_set_after_creation_is_followed(tmp_path):
+def test_generation_given_at_creation_names_the_dump_folder(tmp_path):
     rec = fr.FlightRecorder(8, dump_dir=str(tmp_path))
-    c = FakeComm(rec, 0, 1, uid="late")
-    c.generation = 3  # as the elastic layer does when it adopts a new communicator
+    c = FakeComm(rec, 0, 1, uid="late", generation=3)  # communicators are built with their generation
     c.op("all_reduce", f32(1), f32(1))
     paths = rec.dump("x", write_json=False)
     assert [os.path.basename(os.path.dirname(p)) for p in paths] == ["generation_3"]

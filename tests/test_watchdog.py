@@ -7,16 +7,18 @@ import logging
 import os
 import signal
 import time
-import types
 
 import numpy as np
 import pytest
 
 from pycoll import flight_recorder as fr
 from pycoll import watchdog as wdm
+from pycoll.diagnostics.records import FailureRecord
+from pycoll.diagnostics.report import FailureReport
+from pycoll.diagnostics.signals import signal_number
 from pycoll.errors import CommTimeout
 from pycoll.store import MemoryStore
-from test_flight_recorder import FakeComm
+from fakes import FakeComm
 
 
 def _wait_for(cond, timeout):
@@ -29,15 +31,13 @@ def _wait_for(cond, timeout):
 
 
 class Watched(FakeComm):
-    """A FakeComm the watchdog can poll: ``_check`` is recorded (and may block once)."""
+    """A FakeComm the watchdog can poll: ``check`` is recorded (and may block once)."""
 
     def __init__(self, *a, block_first_check=0.0, **kw):
         super().__init__(*a, **kw)
-        self._handle = 1
-        self.checks = []
         self._block = block_first_check
 
-    def _check(self, now=None):
+    def check(self, now=None):
         self.checks.append(time.monotonic())
         if self._block:
             block, self._block = self._block, 0.0
@@ -50,8 +50,7 @@ def make_wd(tmp_path):
 
     def make(comms, **kw):
         rec = kw.pop("recorder", None) or fr.FlightRecorder(16, dump_dir=str(tmp_path))
-        wd = wdm.Watchdog(rec, enabled=True, **kw)
-        wd._comms = lambda: list(comms)
+        wd = wdm.Watchdog(rec, enabled=True, communicators=lambda: list(comms), **kw)
         made.append(wd)
         return wd
 
@@ -83,7 +82,7 @@ def test_stalled_polling_thread_is_reported_and_dumped(make_wd, caplog):
         assert _wait_for(lambda: any("has not completed a round" in r.getMessage() for r in caplog.records), 5.0)
         assert _wait_for(lambda: any("running again" in r.getMessage() for r in caplog.records), 5.0)
     msg = next(r.getMessage() for r in caplog.records if "has not completed a round" in r.getMessage())
-    assert "checking communicator 'world'" in msg and "_check" in msg  # what it was doing, and its stack
+    assert "checking communicator 'world'" in msg and "in check" in msg  # what it was doing, and its stack
     assert _wait_for(lambda: rec.last_dump is not None, 2.0) and rec.last_dump["trigger"] == "stall"
 
 
@@ -101,8 +100,7 @@ class SlowRecorder(fr.FlightRecorder):
 
 def test_failure_handling_is_bounded_and_never_waits_for_the_dump(make_wd, tmp_path, caplog):
     rec = SlowRecorder(16, dump_dir=str(tmp_path))
-    c = Watched(rec, 0, 4)
-    c.store = HangingStore()
+    c = Watched(rec, 0, 4, store=HangingStore())
     w = c.op("all_reduce", np.ones(1, np.float32), np.ones(1, np.float32), state="started", timeout=1.0)
     wd = make_wd([], report_timeout=0.3, dump_timeout=0.3, recorder=rec)
     wd.start()
@@ -159,17 +157,19 @@ def test_dump_hold_is_bounded_and_exit_writes_held_dumps(make_wd, tmp_path):
 def _report(peers, *, seq=5, failures=None, is_p2p=False, peer=None):
     rec = fr.FlightRecorder(8)
     c = FakeComm(rec, 0, 4, uid="feedbeef")
-    c._coll_seq = seq - 1
+    c.coll_seq = seq - 1
     w = c.op("send" if is_p2p else "all_reduce", np.ones(2, np.float32), None if is_p2p else np.ones(2, np.float32),
              state="started", peer=peer, timeout=2.0)
     w.t0 -= 2.05
     exc = CommTimeout("timed out", comm_name="world", op=w.op, seq=seq, elapsed=2.05, timeout=2.0)
-    r = wdm._FailureReport(c, exc, w)
+    r = FailureReport(c, exc, w, rec.issued_at(w))
     now = time.time_ns()
     r.peers = {k: {"coll_enqueued": v[0], "coll_started": v[1], "coll_completed": v[1], "p2p_enqueued": v[2],
                    "p2p_completed": v[2], "state": "active", "time_ns": now - int(v[3] * 1e9), "beats": 1,
                    "origin": "h:1"} for k, v in peers.items()}
-    r.peer_failures = failures or {}
+    r.peer_failures = {k: FailureRecord("RemoteError", "peer failed", "all_reduce", int(v.split("#")[1].split()[0]),
+                                        elapsed=float(v.split("after ")[1].split()[0]))
+                       for k, v in (failures or {}).items()}
     return r
 
 
@@ -180,7 +180,7 @@ def test_failure_line_names_the_ranks_behind():
     assert "all_reduce #5 [Float(2,)] not completed after 2.05 s (timeout 2 s, state started)" in line
     assert "behind: rank 3 (last reported #4 2.6 s ago: stopped, hung or dead)" in line
     assert "also in #5: ranks 1, 2" in line and line.endswith("policy: abort")
-    assert "issued at " in line and "test_flight_recorder.py:" in line  # the innermost frame outside pycoll
+    assert "issued at " in line and "fakes.py:" in line  # the innermost frame outside pycoll (FakeComm.op)
     d = r.as_dict(1.75)
     assert d["behind"]["3"]["last_issued"] == 4 and d["in_op"] == [1, 2] and "3" in d["silent"]
 
@@ -208,21 +208,21 @@ def test_a_rank_that_failed_in_this_operation_is_not_behind():
 def test_exchange_through_a_store(make_wd):
     store = MemoryStore()
     rec = fr.FlightRecorder(8)
-    c = Watched(rec, 0, 3, uid="cafe")
-    c.store = store
-    peer = types.SimpleNamespace(uid="cafe", rank=1, name="world", state="active", store=store, _pending=[],
-                                 _coll_seq=7, _p2p_seq=0)
+    c = Watched(rec, 0, 3, uid="cafe", store=store)
+    peer = FakeComm(fr.FlightRecorder(0), 1, 3, uid="cafe", store=store)
+    peer.coll_seq = 7
     wd = make_wd([], recorder=rec, abort_grace=0.0)
     wd._publish(peer)
-    c._coll_seq = 7
+    c.coll_seq = 7
     w = c.op("all_reduce", np.ones(1, np.float32), np.ones(1, np.float32), state="started")
-    store.set("pycoll/fr/failure/cafe/2", b"CommTimeout in all_reduce #8 after 2.00 s")
+    store.set("pycoll/fr/failure/cafe/2", FailureRecord("CommTimeout", "timed out", "all_reduce", 8, elapsed=2.0).encode())
     exc = CommTimeout("timed out", comm_name="world", op="all_reduce", seq=8, elapsed=2.0, timeout=2.0)
-    r = wdm._FailureReport(c, exc, w)
+    r = FailureReport(c, exc, w, rec.issued_at(w))
     wd._exchange(store, r)
-    assert r.done.is_set() and not r.store_error
-    assert r.peers[1]["coll_enqueued"] == 7 and r.peer_failures == {2: "CommTimeout in all_reduce #8 after 2.00 s"}
-    assert store.get("pycoll/fr/failure/cafe/0").startswith(b"CommTimeout in all_reduce #8")
+    assert r.exchanged.is_set() and not r.store_error
+    assert r.peers[1]["coll_enqueued"] == 7
+    assert {k: v.brief() for k, v in r.peer_failures.items()} == {2: "CommTimeout in all_reduce #8 after 2.00 s"}
+    assert FailureRecord.decode(store.get("pycoll/fr/failure/cafe/0")).brief().startswith("CommTimeout in all_reduce #8")
     assert store.add("pycoll/fr/dump_signal", 0) == 1
     assert b"rank 0: CommTimeout in all_reduce #8" in store.get("pycoll/fr/dump_signal/1")
     assert "behind: rank 1 (alive, last issued #7)" in r.line(1.75)
@@ -231,8 +231,7 @@ def test_exchange_through_a_store(make_wd):
 def test_dump_request_from_another_process_is_served(make_wd, tmp_path):
     store = MemoryStore()
     rec = fr.FlightRecorder(8, dump_dir=str(tmp_path))
-    c = Watched(rec, 0, 2)
-    c.store = store
+    c = Watched(rec, 0, 2, store=store)
     wd = make_wd([c], recorder=rec, publish_interval=0.1)
     wd.start()
     assert _wait_for(lambda: store.check(["pycoll/fr/progress/%s/0" % c.uid]), 3.0)
@@ -262,11 +261,11 @@ def test_configuration(monkeypatch):
         wdm.Watchdog(fr.FlightRecorder(0), interval=0)
     with pytest.raises(TypeError, match="stall_timeout"):
         wdm.Watchdog(fr.FlightRecorder(0), interval=0.1, stall_timeout="1")
-    assert wdm._signal_number(None) is None and wdm._signal_number("0") is None
-    assert wdm._signal_number(True) == wdm._signal_number("1") == wdm._signal_number("SIGUSR1") == signal.SIGUSR1
-    assert wdm._signal_number("usr2") == signal.SIGUSR2
+    assert signal_number(None) is None and signal_number("0") is None
+    assert signal_number(True) == signal_number("1") == signal_number("SIGUSR1") == signal.SIGUSR1
+    assert signal_number("usr2") == signal.SIGUSR2
     with pytest.raises(ValueError, match="unknown signal"):
-        wdm._signal_number("SIGNOPE")
+        signal_number("SIGNOPE")
 
 
 def test_defaults_fit_interactive_work(monkeypatch):
@@ -275,7 +274,7 @@ def test_defaults_fit_interactive_work(monkeypatch):
             monkeypatch.delenv(var)
     wd = wdm.Watchdog(fr.FlightRecorder(0))
     assert wd.enabled and wd.interval <= 0.1 and wd.stall_timeout <= 30 and wd.dump_timeout <= 10
-    assert wd.report_timeout + wd.dump_timeout <= 10 and wd.dump_on_failure and wd._want_signal is None
+    assert wd.report_timeout + wd.dump_timeout <= 10 and wd.dump_on_failure and wd.status()["dump_signal"] is None
 
 
 def test_threads_are_named_and_stop(make_wd):

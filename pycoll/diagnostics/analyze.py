@@ -1,0 +1,564 @@
+"""``pycoll-fr DIR``: find where the ranks of each communicator diverged, from flight-recorder dumps.
+
+Reads the dumps pycoll's flight recorder writes (PyTorch's schema ``"2.10"``, pickle or JSON; torch's
+own dumps too) and reports, per communicator, the first operation where the ranks part ways:
+
+* ranks that never entered it (with their last operation and where it was issued),
+* operation type, size and dtype mismatches (the minority is named the culprit),
+* ranks still in flight in it, with the Python stack that issued it,
+* point-to-point operations without a matching peer operation,
+
+plus dumps missing from member ranks (reported, not fatal: the store progress that the failing ranks
+recorded in their dumps stands in for them) and the failure lines the watchdogs logged.
+
+``DIR`` is a dump directory holding ``generation_<g>`` folders (each generation is analysed on its
+own) or one generation's folder. Needs no torch. Pickles are loaded with a loader that refuses
+anything but plain data, so a dump cannot run code.
+
+Exit status: 0 no problem found, 1 problems found, 2 nothing could be analysed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import os
+import pickle
+import re
+import sys
+from collections import Counter, defaultdict
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from .stacks import is_runtime_frame
+
+__all__ = ["load_generation", "find_generations", "analyze", "analyze_dir", "format_report", "main"]
+
+_GEN_RE = re.compile(r"^generation_(\d+)$")
+_RANK_RE = re.compile(r"(\d+)(?:\.json)?$")
+
+
+# -- loading ---------------------------------------------------------------------------------------
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Loads only builtin containers and scalars: a dump never needs a class."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}: a flight-recorder dump holds only plain data")
+
+
+def _load_file(path: str) -> Dict[str, Any]:
+    with open(path, "rb") as f:
+        raw = f.read()
+    if path.endswith(".json"):
+        data = json.loads(raw.decode("utf-8"))
+    else:
+        data = _PlainUnpickler(io.BytesIO(raw)).load()
+    if not isinstance(data, dict) or "entries" not in data or "version" not in data:
+        raise ValueError("not a flight-recorder dump (no 'entries'/'version')")
+    return data
+
+
+def find_generations(path: str) -> List[Tuple[Optional[int], str]]:
+    """``[(generation, folder)]`` under ``path``: its ``generation_<g>`` folders, else ``path`` itself.
+
+    Generations whose pickle folder is absent but whose JSON folder (``json/generation_<g>``)
+    exists are read from JSON.
+    """
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"{path} is not a directory")
+    found: Dict[int, str] = {}
+    for name in os.listdir(path):
+        m = _GEN_RE.match(name)
+        if m and os.path.isdir(os.path.join(path, name)):
+            found[int(m.group(1))] = os.path.join(path, name)
+    jroot = os.path.join(path, "json")
+    if os.path.isdir(jroot):
+        for name in os.listdir(jroot):
+            m = _GEN_RE.match(name)
+            if m and int(m.group(1)) not in found:
+                found[int(m.group(1))] = os.path.join(jroot, name)
+    if found:
+        return sorted(found.items())
+    m = _GEN_RE.match(os.path.basename(os.path.normpath(path)))
+    return [(int(m.group(1)) if m else None, path)]
+
+
+def load_generation(folder: str, prefix: Optional[str] = None) -> Tuple[Dict[int, Dict[str, Any]], List[str]]:
+    """``({global rank: dump}, [problems])`` for the dumps in ``folder`` (not recursive).
+
+    The rank is the dump's own ``pycoll.rank`` when present, else the digits ending the file name
+    (after ``prefix`` when given). Unreadable files are reported, not fatal. Pickles win over JSON
+    for the same rank.
+    """
+    dumps: Dict[int, Dict[str, Any]] = {}
+    kinds: Dict[int, str] = {}
+    problems: List[str] = []
+    for name in sorted(os.listdir(folder)):
+        full = os.path.join(folder, name)
+        if name.startswith(".") or not os.path.isfile(full):
+            continue
+        if prefix is not None and not name.startswith(prefix):
+            continue
+        m = _RANK_RE.search(name)
+        if m is None:
+            continue
+        try:
+            data = _load_file(full)
+        except Exception as e:
+            problems.append(f"{name}: unreadable ({type(e).__name__}: {e})")
+            continue
+        rank = data.get("pycoll", {}).get("rank") if isinstance(data.get("pycoll"), dict) else None
+        if not isinstance(rank, int):
+            rank = int(m.group(1))
+        kind = "json" if name.endswith(".json") else "pickle"
+        if rank in dumps and (kinds[rank] == "pickle" or kind == "json"):
+            if kinds[rank] == kind:
+                problems.append(f"{name}: a second dump for rank {rank}; ignored")
+            continue
+        dumps[rank] = data
+        kinds[rank] = kind
+    return dumps, problems
+
+
+# -- entries --------------------------------------------------------------------------------------
+
+
+def _op_of(entry: Dict[str, Any]) -> str:
+    name = str(entry.get("profiling_name", ""))
+    return name.split(":", 1)[-1].split(" ", 1)[0]
+
+
+def _sizes(v: Any) -> List[List[int]]:
+    return [list(s) for s in (v or [])]
+
+
+def _numel(sizes: Sequence[Sequence[int]]) -> int:
+    return sum(math.prod(s) for s in sizes)
+
+
+def _describe(e: Dict[str, Any]) -> str:
+    ins = _sizes(e.get("input_sizes"))
+    outs = _sizes(e.get("output_sizes"))
+    dts = list(e.get("input_dtypes") or e.get("output_dtypes") or [])
+    shape = ins[0] if ins else (outs[0] if outs else [])
+    return f"{_op_of(e)} #{e.get('collective_seq_id')} [{dts[0] if dts else '-'}{tuple(shape)}]"
+
+
+
+
+def _site(e: Dict[str, Any]) -> str:
+    """'file:line in function' of the innermost frame outside pycoll's own modules."""
+    for fr in e.get("frames") or []:
+        fn = str(fr.get("filename", ""))
+        if not is_runtime_frame(fn):
+            return f"{os.path.basename(fn)}:{fr.get('line')} in {fr.get('name')}"
+    return ""
+
+
+def _stack(e: Dict[str, Any], limit: int) -> List[str]:
+    return [f"{fr.get('name')} at {fr.get('filename')}:{fr.get('line')}" for fr in (e.get("frames") or [])[:limit]]
+
+
+def _signature(e: Dict[str, Any], size: int) -> Dict[str, Any]:
+    """What must agree across ranks for this operation (root-only buffers left out)."""
+    op = _op_of(e)
+    ins, outs = _sizes(e.get("input_sizes")), _sizes(e.get("output_sizes"))
+    idt, odt = list(e.get("input_dtypes") or []), list(e.get("output_dtypes") or [])
+    if op == "gather":
+        outs, odt = [], []
+    elif op == "scatter":
+        ins, idt = [], []
+    elif op in ("all_to_all", "all_to_all_single"):
+        return {"numel": (_numel(ins), _numel(outs)), "dtypes": sorted(set(idt + odt))}
+    return {"sizes": (ins, outs), "dtypes": sorted(set(idt + odt))}
+
+
+def _who(ranks: Iterable[int]) -> str:
+    rs = sorted(set(ranks))
+    return f"rank {rs[0]}" if len(rs) == 1 else f"ranks {_fmt_ranks(rs)}"
+
+
+def _fmt_ranks(ranks: Iterable[int]) -> str:
+    rs = sorted(set(ranks))
+    if not rs:
+        return "-"
+    out, start, prev = [], rs[0], rs[0]
+    for r in rs[1:] + [None]:  # type: ignore[list-item]
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    return ", ".join(out)
+
+
+# -- analysis -------------------------------------------------------------------------------------
+
+
+def _groups(dumps: Dict[int, Dict[str, Any]], problems: List[str]) -> Dict[str, Dict[str, Any]]:
+    groups: Dict[str, Dict[str, Any]] = {}
+    for rank, d in sorted(dumps.items()):
+        for key, cfg in (d.get("pg_config") or {}).items():
+            try:
+                members = [int(x) for x in str(cfg.get("ranks", "[]")).strip("[] ").split(",") if x.strip()]
+            except ValueError:
+                problems.append(f"rank {rank}: unreadable member list {cfg.get('ranks')!r} for group {key}")
+                continue
+            g = groups.setdefault(key, {"uid": key, "name": cfg.get("desc", ""), "members": members, "seen_by": []})
+            if g["members"] != members:
+                problems.append(f"group {key}: rank {rank} lists members {members}, others {g['members']}")
+            g["seen_by"].append(rank)
+    return groups
+
+
+def _store_view(dumps: Dict[int, Dict[str, Any]], uid: str, local: int) -> Optional[Dict[str, Any]]:
+    """A missing rank's progress as the failing ranks read it from the store (freshest report)."""
+    best = None
+    for rank, d in dumps.items():
+        for rep in (d.get("pycoll") or {}).get("failures") or []:
+            if rep.get("uid") != uid:
+                continue
+            p = (rep.get("peers") or {}).get(str(local))
+            if p is None:
+                continue
+            cand = {"reported_by": rank, "progress": p, "silent_s": (rep.get("silent") or {}).get(str(local)),
+                    "failure": (rep.get("peer_failures") or {}).get(str(local))}
+            if best is None or p.get("time_ns", 0) > best["progress"].get("time_ns", 0):
+                best = cand
+    return best
+
+
+def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_limit: int) -> Dict[str, Any]:
+    uid, members = g["uid"], g["members"]
+    size = len(members)
+    local_of = {gr: i for i, gr in enumerate(members)}
+    present = [r for r in members if r in dumps]
+    res: Dict[str, Any] = {"uid": uid, "name": g["name"], "members": members, "dumps_from": present,
+                           "missing_dumps": [r for r in members if r not in dumps], "problems": [], "first_divergence": None,
+                           "matched_through": None, "p2p": [], "failures": [], "missing_dump_info": {}}
+    coll: Dict[int, Dict[int, Dict[str, Any]]] = {}
+    p2p: Dict[int, List[Dict[str, Any]]] = {}
+    last: Dict[int, Optional[Dict[str, Any]]] = {}
+    for r in present:
+        es = sorted((e for e in dumps[r].get("entries") or []
+                     if (e.get("process_group") or [None])[0] == uid), key=lambda e: e.get("record_id", 0))
+        coll[r] = {}
+        p2p[r] = []
+        for e in es:
+            if e.get("is_p2p"):
+                p2p[r].append(e)
+            elif _op_of(e) != "coalesced":
+                coll[r].setdefault(int(e.get("collective_seq_id", 0)), e)
+        last[r] = max((e for e in coll[r].values()), key=lambda e: e["collective_seq_id"], default=None)
+        for rep in (dumps[r].get("pycoll") or {}).get("failures") or []:
+            if rep.get("uid") == uid:
+                res["failures"].append({"rank": r, "error_type": rep.get("error_type"), "op": rep.get("op"),
+                                        "seq": rep.get("seq"), "message": rep.get("message"),
+                                        "behind": rep.get("behind"), "elapsed_s": rep.get("elapsed_s")})
+    for r in res["missing_dumps"]:
+        view = _store_view(dumps, uid, local_of[r])
+        if view is not None:
+            res["missing_dump_info"][r] = view
+
+    with_entries = [r for r in present if coll[r]]
+    if with_entries:
+        start = max(min(coll[r]) for r in with_entries)  # older entries were overwritten on some rank
+        seqs = sorted({s for r in with_entries for s in coll[r] if s >= start})
+        if start > 1:
+            res["problems"].append(f"history starts at #{start} (older entries were overwritten on some rank)")
+        for s in seqs:
+            div = _check_seq(s, present, coll, last, size, res, local_of, dumps, uid, stack_limit)
+            if div is not None:
+                res["first_divergence"] = div
+                break
+            res["matched_through"] = s
+    res["p2p"] = _check_p2p(members, present, p2p, stack_limit)
+    return res
+
+
+def _check_seq(s: int, present: List[int], coll: Dict[int, Dict[int, Dict[str, Any]]],
+               last: Dict[int, Optional[Dict[str, Any]]], size: int, res: Dict[str, Any], local_of: Dict[int, int],
+               dumps: Dict[int, Dict[str, Any]], uid: str, stack_limit: int) -> Optional[Dict[str, Any]]:
+    got = {r: coll[r][s] for r in present if s in coll[r]}
+    absent = [r for r in present if s not in coll[r]]
+    ref = next(iter(got.values()))
+    div: Dict[str, Any] = {"seq": s, "op": _describe(ref), "never_entered": {}, "skipped": [], "mismatch": None,
+                           "in_flight": {}, "completed": [], "missing_dumps": {}}
+    for r in absent:
+        le = last[r]
+        if le is not None and le["collective_seq_id"] > s:
+            div["skipped"].append(r)
+            continue
+        info: Dict[str, Any] = {"last_op": _describe(le) if le else None, "last_state": le.get("state") if le else None,
+                                "last_site": _site(le) if le else ""}
+        div["never_entered"][r] = info
+    # type, then sizes, then dtypes: the first kind that disagrees is reported
+    for kind in ("type", "size", "dtype"):
+        if kind == "type":
+            keyed = {r: _op_of(e) for r, e in got.items()}
+        else:
+            sig = {r: _signature(e, size) for r, e in got.items()}
+            keyed = {r: json.dumps(sig[r].get("dtypes" if kind == "dtype" else "sizes", sig[r].get("numel")))
+                     for r in got}
+        counts = Counter(keyed.values())
+        if len(counts) > 1:
+            majority, n_major = counts.most_common(1)[0]
+            tie = sum(1 for c in counts.values() if c == n_major) > 1
+            variants = defaultdict(list)
+            for r, k in keyed.items():
+                variants[k].append(r)
+            div["mismatch"] = {
+                "kind": kind,
+                "variants": [{"ranks": sorted(rs), "value": _variant_text(kind, got[rs[0]])} for k, rs in
+                             sorted(variants.items(), key=lambda kv: (-len(kv[1]), kv[1]))],
+                "culprits": [] if tie else sorted(r for r, k in keyed.items() if k != majority),
+            }
+            break
+    for r, e in got.items():
+        if e.get("state") == "completed":
+            div["completed"].append(r)
+        else:
+            div["in_flight"][r] = {"state": e.get("state"), "site": _site(e), "stack": _stack(e, stack_limit),
+                                   "error": e.get("pycoll_error")}
+    if not absent and not div["mismatch"] and not div["in_flight"]:
+        return None  # completed on every rank with a dump: the ranks without one took part too
+    for r in res["missing_dumps"]:
+        view = res["missing_dump_info"].get(r)
+        if view is None:
+            div["missing_dumps"][r] = "no dump and no store report: unknown"
+            continue
+        p = view["progress"]
+        if view.get("failure"):
+            div["missing_dumps"][r] = f"no dump; failed: {view['failure']}"
+        elif p.get("coll_enqueued", 0) < s:
+            div["missing_dumps"][r] = (f"no dump; not seen entering it: its last report in the store (read by rank "
+                                       f"{view['reported_by']}) says #{p.get('coll_enqueued')}"
+                                       + (f", and it had been silent for {view['silent_s']:.1f} s" if view.get("silent_s") else ""))
+        else:
+            div["missing_dumps"][r] = f"no dump; had issued it per the store (read by rank {view['reported_by']})"
+    return div
+
+
+def _variant_text(kind: str, e: Dict[str, Any]) -> str:
+    if kind == "type":
+        return _op_of(e)
+    if kind == "dtype":
+        return f"in {list(e.get('input_dtypes') or [])} out {list(e.get('output_dtypes') or [])}"
+    return f"in {_sizes(e.get('input_sizes'))} out {_sizes(e.get('output_sizes'))}"
+
+
+_P2P_RE = re.compile(r"(send|recv) (\d+)(->|<-)(\d+)")
+
+
+def _check_p2p(members: List[int], present: List[int], p2p: Dict[int, List[Dict[str, Any]]],
+               stack_limit: int) -> List[Dict[str, Any]]:
+    """Pair the k-th send src->dst with the k-th recv at dst from src; report the first problem per pair."""
+    sends: Dict[Tuple[int, int], List[Dict[str, Any]]] = defaultdict(list)
+    recvs: Dict[Tuple[int, int], List[Dict[str, Any]]] = defaultdict(list)
+    for r in present:
+        for e in p2p[r]:
+            m = _P2P_RE.search(str(e.get("profiling_name", "")))
+            if not m or int(m.group(2)) >= len(members) or int(m.group(4)) >= len(members):
+                continue
+            kind, a, b = m.group(1), members[int(m.group(2))], members[int(m.group(4))]
+            (sends if kind == "send" else recvs)[(a, b) if kind == "send" else (b, a)].append(e)
+    out = []
+    for pair in sorted(set(sends) | set(recvs)):
+        src, dst = pair
+        ss, rr = sends.get(pair, []), recvs.get(pair, [])
+        for k in range(max(len(ss), len(rr))):
+            s = ss[k] if k < len(ss) else None
+            r = rr[k] if k < len(rr) else None
+            issue = None
+            if s is None and dst in present and src in present:
+                issue = f"recv #{k + 1} on rank {dst} from rank {src} has no matching send on rank {src}"
+            elif r is None and src in present and dst in present:
+                issue = f"send #{k + 1} from rank {src} to rank {dst} has no matching recv on rank {dst}"
+            elif s is not None and r is not None and (_sizes(s.get("input_sizes")) != _sizes(r.get("output_sizes"))
+                                                      or list(s.get("input_dtypes") or []) != list(r.get("output_dtypes") or [])):
+                issue = (f"send #{k + 1} {src}->{dst} of {_sizes(s.get('input_sizes'))} {s.get('input_dtypes')} vs recv of "
+                         f"{_sizes(r.get('output_sizes'))} {r.get('output_dtypes')}")
+            elif any(x is not None and x.get("state") != "completed" for x in (s, r)):
+                issue = f"transfer #{k + 1} {src}->{dst} not completed (send {s and s.get('state')}, recv {r and r.get('state')})"
+            if issue:
+                e = s if s is not None and s.get("state") != "completed" else r
+                out.append({"src": src, "dst": dst, "index": k + 1, "issue": issue,
+                            "site": _site(e) if e else "", "stack": _stack(e, stack_limit) if e else []})
+                break
+    return out
+
+
+def analyze(dumps: Dict[int, Dict[str, Any]], *, stack_limit: int = 8) -> Dict[str, Any]:
+    """Analyse one generation's dumps (``{global rank: dump}``); returns a JSON-ready report."""
+    problems: List[str] = []
+    versions = {str(d.get("version")) for d in dumps.values()}
+    if len(versions) > 1:
+        problems.append(f"dumps disagree on the schema version: {sorted(versions)}")
+    groups = _groups(dumps, problems)
+    report: Dict[str, Any] = {"ranks": sorted(dumps), "versions": sorted(versions), "problems": problems,
+                              "communicators": [], "triggers": {}}
+    for r, d in sorted(dumps.items()):
+        pyc = d.get("pycoll") or {}
+        if pyc:
+            report["triggers"][r] = f"{pyc.get('trigger', '?')}: {pyc.get('reason', '')}"
+    for uid, g in sorted(groups.items(), key=lambda kv: (kv[1]["name"], kv[0])):
+        report["communicators"].append(_analyze_group(g, dumps, stack_limit))
+    report["ok"] = not problems and all(
+        c["first_divergence"] is None and not c["p2p"] and not c["missing_dumps"] for c in report["communicators"])
+    return report
+
+
+def analyze_dir(path: str, *, prefix: Optional[str] = None, stack_limit: int = 8) -> List[Dict[str, Any]]:
+    """Analyse every generation under ``path``; one report per generation (with its folder)."""
+    out = []
+    for gen, folder in find_generations(path):
+        dumps, problems = load_generation(folder, prefix)
+        rep = analyze(dumps, stack_limit=stack_limit) if dumps else {
+            "ranks": [], "versions": [], "problems": [], "communicators": [], "triggers": {}, "ok": False}
+        rep["problems"] = problems + rep["problems"]
+        if not dumps:
+            rep["problems"].append("no dumps found")
+        rep["generation"] = gen
+        rep["folder"] = folder
+        out.append(rep)
+    return out
+
+
+# -- text ------------------------------------------------------------------------------------------
+
+
+def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
+    """The human-readable form of :func:`analyze_dir`'s reports."""
+    lines: List[str] = []
+    for rep in reports:
+        gen = "" if rep.get("generation") is None else f" (generation {rep['generation']})"
+        lines.append(f"== {rep['folder']}{gen}: dumps from ranks {_fmt_ranks(rep['ranks'])}"
+                     + (f", schema {', '.join(rep['versions'])}" if rep["versions"] else ""))
+        for p in rep["problems"]:
+            lines.append(f"  ! {p}")
+        for c in rep["communicators"]:
+            lines.append(f"communicator {c['name']!r} (uid {c['uid']}, {len(c['members'])} ranks: {_fmt_ranks(c['members'])})")
+            if c["missing_dumps"]:
+                lines.append(f"  missing dumps: ranks {_fmt_ranks(c['missing_dumps'])}")
+            for p in c["problems"]:
+                lines.append(f"  ! {p}")
+            if c["matched_through"] is not None:
+                lines.append(f"  ops up to #{c['matched_through']} match and completed on every rank with a dump")
+            d = c["first_divergence"]
+            if d is None:
+                if c["matched_through"] is not None or not c["p2p"]:
+                    lines.append("  no divergence among the collectives")
+            else:
+                lines.append(f"  FIRST DIVERGENCE at {d['op']}:")
+                for r, info in sorted(d["never_entered"].items()):
+                    last = (f"last op {info['last_op']} {info['last_state']}" + (f", issued at {info['last_site']}" if info["last_site"] else "")
+                            if info["last_op"] else "no operation recorded")
+                    lines.append(f"    rank {r}: never entered it ({last})")
+                if d["skipped"]:
+                    lines.append(f"    {_who(d['skipped'])}: later operations recorded but not this one")
+                m = d["mismatch"]
+                if m:
+                    what = {"type": "operation type", "size": "size", "dtype": "dtype"}[m["kind"]]
+                    lines.append(f"    {what.upper()} MISMATCH:" + (f" culprit {_who(m['culprits'])}" if m["culprits"] else " no majority"))
+                    for v in m["variants"]:
+                        lines.append(f"      {_who(v['ranks'])}: {v['value']}")
+                if d["completed"]:
+                    lines.append(f"    completed on {_who(d['completed'])}")
+                same: Dict[Tuple[Any, ...], List[int]] = defaultdict(list)
+                for r, info in sorted(d["in_flight"].items()):
+                    same[(info["state"], info["site"], tuple(info["stack"]))].append(r)
+                for (state, site, stack), rs in same.items():
+                    who = _who(rs)
+                    lines.append(f"    {who}: still in flight (state {state})" + (f", issued at {site}" if site else ""))
+                    if stacks:
+                        for fr in stack:
+                            lines.append(f"        {fr}")
+                for r, text in sorted(d["missing_dumps"].items()):
+                    lines.append(f"    rank {r}: {text}")
+            for p in c["p2p"]:
+                lines.append(f"  P2P: {p['issue']}" + (f" (issued at {p['site']})" if p["site"] else ""))
+            for f in c["failures"]:
+                if f.get("op"):
+                    what = f"{f['error_type']} in {f['op']} #{f['seq']}" + (
+                        f" after {f['elapsed_s']:.2f} s" if isinstance(f.get("elapsed_s"), (int, float)) else "")
+                else:
+                    what = f"{f['error_type']}: {f['message']}"
+                behind = f.get("behind") or {}
+                if behind:
+                    what += "; it saw behind: " + ", ".join(
+                        f"rank {r} (last reported #{v.get('last_issued') if isinstance(v, dict) else v})"
+                        for r, v in sorted(behind.items(), key=lambda kv: int(kv[0])))
+                lines.append(f"  watchdog on rank {f['rank']}: {what}")
+            lines.append(f"  verdict: {_verdict(c)}")
+        if rep["triggers"]:
+            lines.append("dumps were triggered by:")
+            for r, t in sorted(rep["triggers"].items()):
+                lines.append(f"  rank {r}: {t[:200]}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _verdict(c: Dict[str, Any]) -> str:
+    d = c["first_divergence"]
+    name = c["name"]
+    if d is None:
+        if c["p2p"]:
+            return f"point-to-point problem on {name!r}: {c['p2p'][0]['issue']}"
+        if c["missing_dumps"]:
+            return f"no divergence among the dumps present; ranks {_fmt_ranks(c['missing_dumps'])} left no dump"
+        return f"no problem found on {name!r}"
+    out = []
+    behind = sorted(d["never_entered"])
+    if behind:
+        out.append(f"rank{'s' if len(behind) > 1 else ''} {_fmt_ranks(behind)} never entered {d['op']} on {name!r}")
+    unseen = sorted(r for r, t in d["missing_dumps"].items() if "not seen entering" in t)
+    if unseen:
+        out.append(f"rank{'s' if len(unseen) > 1 else ''} {_fmt_ranks(unseen)} (no dump) "
+                   f"{'were' if len(unseen) > 1 else 'was'} not seen entering "
+                   f"{d['op']} on {name!r}")
+    m = d["mismatch"]
+    if m:
+        who = _who(m["culprits"]) + (" differs" if len(m["culprits"]) == 1 else " differ") if m["culprits"] else "no majority"
+        out.append(f"{m['kind']} mismatch in {d['op']} on {name!r}: {who}")
+    if not out and d["in_flight"]:
+        if not d["never_entered"] and not d["completed"] and not c["missing_dumps"]:
+            out.append(f"every rank entered {d['op']} on {name!r} and none completed it: not a desync "
+                       f"(suspect the transport, the device or a dependency outside this communicator)")
+        else:
+            out.append(f"{d['op']} on {name!r} completed on ranks {_fmt_ranks(d['completed'])} but not on "
+                       f"{_fmt_ranks(d['in_flight'])}")
+    if not out and d["missing_dumps"]:
+        out.append(f"{d['op']} on {name!r}: " + "; ".join(f"rank {r}: {t}" for r, t in sorted(d["missing_dumps"].items())))
+    return "; ".join(out)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="pycoll-fr",
+        description="Find where the ranks diverged, from pycoll (or PyTorch) flight-recorder dumps.")
+    parser.add_argument("dir", help="a dump directory (with generation_<g> folders) or one generation's folder")
+    parser.add_argument("-p", "--prefix", default=None, help="only read files whose name starts with this prefix")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--no-stacks", action="store_true", help="leave the stacks of in-flight operations out")
+    parser.add_argument("--stack-depth", type=int, default=6, help="frames shown per stack (default 6)")
+    args = parser.parse_args(argv)
+    try:
+        reports = analyze_dir(args.dir, prefix=args.prefix, stack_limit=max(0, args.stack_depth))
+    except (FileNotFoundError, NotADirectoryError) as e:
+        print(f"pycoll-fr: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(reports, indent=2, default=str))
+    else:
+        print(format_report(reports, stacks=not args.no_stacks), end="")
+    if not any(rep["ranks"] for rep in reports):
+        return 2
+    return 0 if all(rep["ok"] for rep in reports) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""Where flight-recorder dumps go and how they are written (atomically: a temporary file, then a rename)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Dict
+
+__all__ = ["default_dump_dir", "generation_dir", "json_form", "write_atomic"]
+
+
+def _run_id() -> str:
+    for var in ("PYCOLL_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
+        value = os.environ.get(var, "").strip()
+        if value:
+            return "".join(c if c.isalnum() or c in "-_." else "_" for c in value)
+    return "default"
+
+
+def default_dump_dir() -> str:
+    """``$PYCOLL_FR_DUMP_DIR``, else ``${XDG_CACHE_HOME:-~/.cache}/pycoll/fr/<run id>``.
+
+    The run id is ``$PYCOLL_RUN_ID`` (set by pycoll-run), ``$TORCHELASTIC_RUN_ID`` or
+    ``$SLURM_JOB_ID``, else ``default`` (set ``PYCOLL_FR_DUMP_DIR`` per job to keep runs apart).
+    """
+    explicit = os.environ.get("PYCOLL_FR_DUMP_DIR", "").strip()
+    if explicit:
+        return explicit
+    cache = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "pycoll", "fr", _run_id())
+
+
+def generation_dir(dump_dir: str, generation: int, *, json_form: bool = False) -> str:
+    """The folder holding generation ``generation``'s dumps (pickle, or JSON with ``json_form``)."""
+    if json_form:
+        return os.path.join(dump_dir, "json", f"generation_{generation}")
+    return os.path.join(dump_dir, f"generation_{generation}")
+
+
+def json_form(data: Dict[str, Any]) -> Dict[str, Any]:
+    """The JSON variant of a dump dict: unset timestamps 0, ``pg_status`` values as strings."""
+    out = dict(data)
+    out["entries"] = [
+        {**e, "time_discovered_started_ns": e.get("time_discovered_started_ns") or 0,
+         "time_discovered_completed_ns": e.get("time_discovered_completed_ns") or 0}
+        for e in data.get("entries", [])
+    ]
+    out["pg_status"] = {k: {kk: str(vv) for kk, vv in v.items()} for k, v in data.get("pg_status", {}).items()}
+    return out  # json writes tuples as arrays and int keys as strings
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename."""
+    folder = os.path.dirname(path) or "."
+    os.makedirs(folder, exist_ok=True)
+    # the temporary name must not contain the dump prefix nor end in a digit: torch's analyzer
+    # reads every file whose name contains the prefix
+    tmp = os.path.join(folder, f".pycoll-fr-{os.getpid()}-{threading.get_ident():x}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

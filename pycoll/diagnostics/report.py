@@ -1,0 +1,186 @@
+"""A failure report: what a failing rank knows, what it learns from the others, the one log line.
+
+The watchdog builds a :class:`FailureReport` when a communicator fails (before its policy acts),
+fills in the other ranks' published progress and failure records from the store, and turns it into
+the single log line and the record kept in every later flight-recorder dump.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..errors import CommTimeout
+from ..hooks import CommView, WorkView
+from .records import FailureRecord
+
+__all__ = ["FailureReport"]
+
+
+def _fmt_ranks(ranks: List[int]) -> str:
+    return ", ".join(str(r) for r in sorted(ranks))
+
+
+class FailureReport:
+    """What a failing rank knows and learns from the store; becomes the log line and the dump's record.
+
+    ``site`` and ``sizes`` (where the operation was issued, its buffers) come from the flight
+    recorder's entry: pass ``issued_at=(site, sizes)``.
+    """
+
+    def __init__(self, comm: CommView, exc: BaseException, work: Optional[WorkView],
+                 issued_at: Tuple[str, str] = ("", "")) -> None:
+        self.time = time.time()
+        self.monotonic = time.monotonic()
+        self.comm_name = comm.name
+        self.uid = comm.uid
+        self.rank = comm.rank
+        self.size = comm.size
+        self.global_rank = comm.global_rank
+        self.global_ranks = tuple(comm.global_ranks) if comm.global_ranks is not None else None
+        self.generation = int(comm.generation)
+        self.policy = comm.on_failure
+        self.error_type = type(exc).__name__
+        self.message = str(exc)
+        self.is_timeout = isinstance(exc, CommTimeout)
+        self.op: Optional[str] = None
+        self.seq: Optional[int] = None
+        self.elapsed: Optional[float] = None
+        self.timeout: Optional[float] = None
+        self.state: Optional[str] = None
+        self.is_p2p = False
+        self.peer: Optional[int] = None
+        self.site, self.sizes = "", ""
+        if work is not None:
+            self.op = work.op
+            self.is_p2p = bool(work.is_p2p)
+            self.seq = work.p2p_seq if work.is_p2p else work.seq
+            self.peer = work.peer
+            self.elapsed = time.monotonic() - work.t0
+            self.timeout = work.timeout
+            self.state = work.last_state
+            self.site, self.sizes = issued_at
+        self.peers: Optional[Dict[int, Dict[str, Any]]] = None  # rank -> progress (None: not read)
+        self.peer_failures: Dict[int, FailureRecord] = {}
+        self.store_error = ""
+        self.exchanged = threading.Event()  # the store exchange is over
+        self.reported = threading.Event()  # the line is logged and the dump queued
+
+    def record(self) -> FailureRecord:
+        """What the other ranks read in the store."""
+        return FailureRecord(self.error_type, self.message, self.op, self.seq, self.is_p2p, self.peer, self.elapsed,
+                             self.time)
+
+    def brief(self) -> str:
+        return self.record().brief()
+
+    def analysis(self, stale_after: float) -> Dict[str, Any]:
+        """Classify the other ranks from their published progress (empty when it could not be read).
+
+        ``behind``: rank -> (last issued sequence id, seconds since its last report) for ranks that
+        had not issued this operation; ``in_op``: ranks that issued it and had not completed it;
+        ``silent``: rank -> seconds since the last report, for reports older than ``stale_after``;
+        ``unknown``: ranks that never reported (and did not report a failure).
+        """
+        behind: Dict[int, Tuple[int, float]] = {}
+        same: List[int] = []
+        silent: Dict[int, float] = {}
+        unknown: List[int] = []
+        out: Dict[str, Any] = {"behind": behind, "in_op": same, "silent": silent, "unknown": unknown}
+        if self.peers is None:
+            return out
+        now_ns = int(self.time * 1e9)  # ages at the failure, also when the report is made later
+        for r in range(self.size):
+            if r == self.rank:
+                continue
+            p = self.peers.get(r)
+            if p is None:
+                if r not in self.peer_failures:
+                    unknown.append(r)
+                continue
+            age = max(0.0, (now_ns - p["time_ns"]) / 1e9)
+            if age > stale_after and r not in self.peer_failures:
+                silent[r] = age
+            if self.seq is None:
+                continue
+            # a rank that reported its own failure in this very operation issued it, whatever its
+            # last progress report (published every publish_interval) says
+            theirs = self.peer_failures.get(r)
+            failed_here = theirs is not None and theirs.failed_in(self.op, self.seq, self.is_p2p)
+            if self.is_p2p:
+                if r == self.peer:
+                    behind[r] = (p["p2p_enqueued"], age)
+            elif p["coll_enqueued"] < self.seq and not failed_here:
+                behind[r] = (p["coll_enqueued"], age)
+            elif p["coll_completed"] < self.seq:
+                same.append(r)
+        return out
+
+    def line(self, stale_after: float) -> str:
+        head = (f"pycoll watchdog: {self.error_type} on communicator {self.comm_name!r} (uid {self.uid}, "
+                f"generation {self.generation}) rank {self.rank}/{self.size}")
+        if self.global_rank != self.rank:
+            head += f" (global {self.global_rank})"
+        parts = [head]
+        if self.op is not None:
+            what = f"{self.op} #{self.seq}" + (f" with peer {self.peer}" if self.is_p2p else "")
+            if self.sizes:
+                what += f" [{self.sizes}]"
+            if self.is_timeout:
+                parts.append(f"{what} not completed after {self.elapsed:.2f} s (timeout {self.timeout:g} s, "
+                             f"state {self.state})")
+            else:
+                parts.append(f"{self.message}; in flight: {what} for {self.elapsed:.2f} s (state {self.state})")
+            if self.site:
+                parts.append(f"issued at {self.site}")
+        else:
+            parts.append(self.message)
+        a = self.analysis(stale_after)
+        if self.peers is None:
+            parts.append(f"other ranks' progress unknown ({self.store_error or 'no store'})")
+        else:
+            items = []
+            for r, (last, age) in sorted(a["behind"].items()):
+                kind = "p2p " if self.is_p2p else ""
+                who = f"rank {r}" + (f" (global {self.global_ranks[r]})" if self.global_ranks and
+                                     self.global_ranks[r] != r else "")
+                if r in a["silent"]:
+                    items.append(f"{who} (last reported {kind}#{last} {age:.1f} s ago: stopped, hung or dead)")
+                elif r in self.peer_failures:
+                    items.append(f"{who} (failed at {kind}#{last})")
+                else:
+                    items.append(f"{who} (alive, last issued {kind}#{last})")
+            if items:
+                parts.append(("peer: " if self.is_p2p else "behind: ") + "; ".join(items))
+            elif self.op is not None and not self.is_p2p:
+                parts.append(f"no rank is behind: every rank issued #{self.seq}")
+            if a["in_op"]:
+                parts.append(f"also in #{self.seq}: ranks {_fmt_ranks(a['in_op'])}")
+            others = {r: age for r, age in a["silent"].items() if r not in a["behind"]}
+            if others:
+                parts.append("silent: " + "; ".join(f"rank {r} (no report for {age:.1f} s)"
+                                                     for r, age in sorted(others.items())))
+            if a["unknown"]:
+                parts.append(f"never reported: ranks {_fmt_ranks(a['unknown'])}")
+        if self.peer_failures:
+            parts.append("failed too: " + "; ".join(f"rank {r}: {rec.brief()}"
+                                                   for r, rec in sorted(self.peer_failures.items())))
+        parts.append(f"policy: {self.policy}")
+        return "; ".join(parts)
+
+    def as_dict(self, stale_after: float) -> Dict[str, Any]:
+        a = self.analysis(stale_after)
+        return {
+            "time": self.time, "comm": self.comm_name, "uid": self.uid, "rank": self.rank, "size": self.size,
+            "global_rank": self.global_rank, "generation": self.generation, "error_type": self.error_type,
+            "message": self.message, "op": self.op, "seq": self.seq, "is_p2p": self.is_p2p, "peer": self.peer,
+            "elapsed_s": self.elapsed, "timeout_s": self.timeout, "state": self.state, "site": self.site,
+            "policy": self.policy, "peers": {str(r): p for r, p in (self.peers or {}).items()},
+            "peers_known": self.peers is not None,
+            "peer_failures": {str(r): rec.brief() for r, rec in self.peer_failures.items()},
+            "behind": {str(r): {"last_issued": last, "report_age_s": age} for r, (last, age) in a["behind"].items()},
+            "in_op": a["in_op"],
+            "silent": {str(r): age for r, age in a["silent"].items()}, "unknown": a["unknown"],
+            "store_error": self.store_error,
+        }

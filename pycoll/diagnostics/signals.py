@@ -1,0 +1,101 @@
+"""The dump signal: a signal (SIGUSR1 or SIGUSR2) whose delivery makes the watchdog dump.
+
+The handler only wakes the watchdog's monitor thread (through ``signal.set_wakeup_fd`` when the
+wake-up fd is free, so it works even while the main thread is blocked inside a collective).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+from typing import Any, Callable, Optional
+
+__all__ = ["signal_number", "DumpSignal"]
+
+_log = logging.getLogger("pycoll.watchdog")
+
+
+def signal_number(spec: Any) -> Optional[int]:
+    """None (off) or a signal number, from True/False/int/'SIGUSR1'/'USR2'/'1'/'0'."""
+    if spec is None or spec is False:
+        return None
+    if spec is True:
+        return int(signal.SIGUSR1)
+    if isinstance(spec, int):
+        return int(spec) if spec > 0 else None
+    text = str(spec).strip().upper()
+    if text in ("", "0", "OFF", "FALSE", "NO"):
+        return None
+    if text in ("1", "ON", "TRUE", "YES"):
+        return int(signal.SIGUSR1)
+    name = text if text.startswith("SIG") else "SIG" + text
+    try:
+        return int(getattr(signal, name))
+    except AttributeError:
+        raise ValueError(f"unknown signal {spec!r} (use SIGUSR1 or SIGUSR2)") from None
+
+
+class DumpSignal:
+    """The installed dump signal of one watchdog: ``wanted`` (a number or None), ``signum`` (installed)."""
+
+    def __init__(self, poke: Callable[[], None]) -> None:
+        self.wanted: Optional[int] = None
+        self.signum: Optional[int] = None
+        self.pending = False  # delivered while the wake-up fd was not ours: the monitor must look
+        self._poke = poke
+        self._wake_fd = -1
+
+    def install(self, wake_w: Optional[socket.socket]) -> None:
+        signum = self.wanted
+        if signum is None or self.signum == signum:
+            return
+        if threading.current_thread() is not threading.main_thread():
+            _log.warning("watchdog: the dump signal can only be installed from the main thread; call "
+                         "pycoll.watchdog.enable_dump_signal() there")
+            return
+        current = signal.getsignal(signum)
+        if current not in (signal.SIG_DFL, None) and getattr(current, "__self__", None) is not self:
+            _log.warning("watchdog: %s already has a handler (%r); not installing the dump signal",
+                         signal.Signals(signum).name, current)
+            return
+        signal.signal(signum, self._on_signal)
+        self.signum = signum
+        self._wake_fd = wake_w.fileno() if wake_w is not None else -1
+        # the C-level handler writes the signal number to this socket at once, even while the main
+        # thread is blocked inside a collective; the monitor thread wakes and dumps
+        try:
+            if wake_w is not None:
+                old = signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
+                if old not in (-1, wake_w.fileno()):
+                    signal.set_wakeup_fd(old)  # someone else's (asyncio): leave it, use the handler only
+        except (ValueError, OSError) as e:
+            _log.debug("watchdog: set_wakeup_fd failed (%s); the dump signal waits for the main thread", e)
+        _log.info("watchdog: %s dumps the flight recorder (pid %d)", signal.Signals(signum).name, os.getpid())
+
+    def uninstall(self, wake_w: Optional[socket.socket]) -> None:
+        signum, self.signum = self.signum, None
+        if signum is None or threading.current_thread() is not threading.main_thread():
+            return
+        try:
+            if signal.getsignal(signum) == self._on_signal:
+                signal.signal(signum, signal.SIG_DFL)
+            fd = signal.set_wakeup_fd(-1)
+            if wake_w is None or fd != wake_w.fileno():
+                signal.set_wakeup_fd(fd)
+        except (ValueError, OSError):
+            pass
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        # runs in the main thread once it is back in Python; when the wakeup fd is ours the monitor
+        # was already woken by the C-level handler
+        try:
+            fd = signal.set_wakeup_fd(-1)
+            signal.set_wakeup_fd(fd, warn_on_full_buffer=False)
+        except (ValueError, OSError):
+            fd = -1
+        if self._wake_fd == -1 or fd != self._wake_fd:
+            self.pending = True
+            self._poke()

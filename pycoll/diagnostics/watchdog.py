@@ -1,0 +1,733 @@
+"""Watchdog: every hang or communicator error becomes a diagnosis within seconds.
+
+One watchdog per process starts with the first :class:`~pycoll.Communicator` (``PYCOLL_WATCHDOG=0``
+keeps it off). It runs four daemon threads:
+
+* ``pycoll-watchdog`` polls every live communicator (``Communicator.check``: event queries and
+  ``ncclCommGetAsyncError``, nothing else) every ``interval`` seconds, and wakes exactly at the
+  earliest deadline of the outstanding operations, so a timeout is seen within milliseconds of it.
+* ``pycoll-watchdog-monitor`` writes the flight-recorder dumps (so file I/O never delays the
+  polling), reports a stalled polling thread with its stack, and serves the dump signal (SIGUSR1
+  when enabled: the handler only wakes this thread).
+* ``pycoll-watchdog-store`` publishes, for every communicator with a store, this rank's progress
+  (last enqueued / started / completed sequence ids) and a heartbeat every ``publish_interval``,
+  and watches for dump requests from other ranks. Store calls live only here and in the report
+  thread, so a slow or dead store never blocks the polling.
+* ``pycoll-watchdog-report`` makes the reports of asynchronous and remote errors (below).
+
+When an operation times out (whichever thread sees it: the watchdog, or the user's thread in
+``wait()``), before the communicator's policy acts (abort, revoke or report; see
+:class:`~pycoll.Communicator`):
+
+1. the failure is announced in the store and every other rank is asked to dump (they dump although
+   they are not hung); the other ranks' progress and heartbeats are read, and ranks stuck in the
+   same operation are given ``abort_grace`` seconds to reach their own verdict, so that every rank
+   reports the root cause rather than "rank k aborted";
+2. ONE line is logged (logger ``pycoll.watchdog``): communicator, operation, sequence id, elapsed
+   time, the ranks behind (never issued it, or silent), where the operation was issued;
+3. the local flight-recorder dump is queued: the monitor thread writes it while
+4. the policy acts at once; the user's thread gets the typed exception at its next call or ``wait()``.
+
+An asynchronous or remote error (a dead peer) is final and needs no grace: the policy acts at once
+and steps 1-3 follow in a report thread, so a recovery starts while the report is being made (the
+elastic layer holds the report until the recovery is over: :meth:`Watchdog.add_dump_gate`).
+
+The dump holds the same facts as one written before the policy acts (the recorder freezes the
+state of every outstanding operation and the communicator's progress when the failure is recorded),
+but recovery never waits for it. The elastic layer goes further and holds failure dumps back while
+it rebuilds the communicator (:meth:`Watchdog.add_dump_gate`, at most ``dump_hold`` seconds), so
+that three survivors formatting 2000 entries each on a small machine do not slow the reshape. A
+process that exits waits up to ``dump_timeout`` for dumps still queued or being written
+(:meth:`Watchdog.wait_for_dumps`). The store exchange is bounded by ``report_timeout``: no store can
+hold the abort back for longer.
+
+Configuration (arguments of :class:`Watchdog` / :func:`configure`, else environment; seconds):
+
+===================================  =======  ===================================================
+``PYCOLL_WATCHDOG``                  1        0: no watchdog threads
+``PYCOLL_WATCHDOG_INTERVAL``         0.1      polling period (<= 0.1 is advised)
+``PYCOLL_WATCHDOG_PUBLISH_INTERVAL`` 1        progress/heartbeat publication and dump-request polling
+``PYCOLL_WATCHDOG_STALL_TIMEOUT``    15       a polling thread silent this long is reported (and dumped)
+``PYCOLL_WATCHDOG_REPORT_TIMEOUT``   2        longest wait for the store when reporting a failure
+``PYCOLL_WATCHDOG_ABORT_GRACE``      0.5      longest wait for ranks stuck in the same operation
+``PYCOLL_FR_DUMP_TIMEOUT``           5        longest wait at exit for a dump still being written
+``PYCOLL_FR_DUMP_HOLD``              10       longest a recovery may hold a failure dump back
+``PYCOLL_FR_DUMP_ON_FAILURE``        1        dump when a communicator fails
+``PYCOLL_FR_DUMP_SIGNAL``            off      ``1``/``SIGUSR1``/``SIGUSR2``: dump on that signal
+===================================  =======  ===================================================
+
+Store keys and records: :mod:`pycoll.diagnostics.records`. The pieces: :mod:`.report` (the failure
+report and its line), :mod:`.dumps` (the dump queue and its gates), :mod:`.signals` (the dump signal).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import queue
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
+
+from .. import hooks
+from .._settings import env_bool, env_seconds
+from ..errors import StoreTimeout
+from ..hooks import CommObserver, CommView, WorkView
+from . import recorder as _recorder_module
+from .dumps import GATE_POLL, DumpJob, DumpQueue
+from .recorder import FlightRecorder, get_recorder
+from .records import (FR_KEY_PREFIX, SIGNAL_COUNTER, FailureRecord, ProgressRecord, failure_prefix, origin,
+                      progress_prefix, read_records)
+from .report import FailureReport
+from .signals import DumpSignal, signal_number
+
+__all__ = ["Watchdog", "get_watchdog", "configure", "install", "enable_dump_signal", "dump_flight_recorder",
+           "FR_KEY_PREFIX", "KEY_PREFIX"]
+
+_log = logging.getLogger("pycoll.watchdog")
+
+KEY_PREFIX = FR_KEY_PREFIX  # the old name
+
+
+def _seconds(value: Optional[float], env: str, default: float, what: str, *, positive: bool = True) -> float:
+    if value is None:
+        value = env_seconds(env, default, positive=False)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds, got {type(value).__name__}")
+    if (positive and not value > 0) or value < 0:
+        raise ValueError(f"{what} must be {'> 0' if positive else '>= 0'} seconds, got {value}")
+    return float(value)
+
+
+class _StoreState:
+    __slots__ = ("store", "last_seen")
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.last_seen: Optional[int] = None
+
+
+def _decode(raw: Any) -> str:
+    return raw.decode("utf-8", "replace") if isinstance(raw, (bytes, bytearray)) else str(raw)
+
+
+class Watchdog(CommObserver):
+    """The process's watchdog (see the module documentation). Use :func:`get_watchdog`.
+
+    Args (None: the environment variable, else the default; seconds):
+        recorder: the flight recorder to dump (default: the process's).
+        enabled: start threads with the first communicator (``PYCOLL_WATCHDOG``).
+        interval: polling period.
+        publish_interval: progress/heartbeat publication and dump-request polling period.
+        stall_timeout: a polling thread that has not completed a round for this long is reported.
+        report_timeout: longest wait for the store while reporting a failure.
+        abort_grace: longest wait for ranks stuck in the same operation to reach their verdict.
+        dump_timeout: longest wait at exit (and in :meth:`dump`) for a dump being written.
+        dump_hold: longest time a dump gate (:meth:`add_dump_gate`) may hold a failure dump back.
+        dump_on_failure: dump when a communicator fails.
+        dump_signal: a signal (``"SIGUSR1"``, True for SIGUSR1) whose delivery dumps; off by default.
+        communicators: what is watched (default: every live communicator of the process).
+    """
+
+    reports_failures = True  # the communicator does not log the failure itself
+
+    def __init__(
+        self,
+        recorder: Optional[FlightRecorder] = None,
+        *,
+        enabled: Optional[bool] = None,
+        interval: Optional[float] = None,
+        publish_interval: Optional[float] = None,
+        stall_timeout: Optional[float] = None,
+        report_timeout: Optional[float] = None,
+        abort_grace: Optional[float] = None,
+        dump_timeout: Optional[float] = None,
+        dump_hold: Optional[float] = None,
+        dump_on_failure: Optional[bool] = None,
+        dump_signal: Any = None,
+        communicators: Callable[[], Iterable[CommView]] = hooks.live_communicators,
+    ) -> None:
+        self.recorder = recorder or get_recorder()
+        self._lock = threading.Lock()
+        self._threads: List[threading.Thread] = []
+        self._stop = threading.Event()
+        self._poll_wake = threading.Event()
+        self._store_wake = threading.Event()
+        self._dumps = DumpQueue(lambda: self.dump_hold)
+        self._reports: Set[FailureReport] = set()  # failure reports made by the report thread, not done yet
+        self._report_q: "queue.SimpleQueue[Optional[Tuple[Any, FailureReport]]]" = queue.SimpleQueue()
+        self._wake_r: Optional[socket.socket] = None
+        self._wake_w: Optional[socket.socket] = None
+        self._signal = DumpSignal(self._poke)
+        self._stores: Dict[int, _StoreState] = {}
+        self.beats = 0
+        self._beat_t = time.monotonic()
+        self._doing: Optional[str] = None
+        self._stalled = False
+        self._count_lock = threading.Lock()
+        self._failing = 0  # failures being reported now (their dump serves remote requests too)
+        self._pid = os.getpid()
+        self._active = False  # cheap form of `running`, read before every blocking host operation
+        self._comms = communicators
+        self.enabled = True
+        self.configure(enabled=enabled, interval=interval, publish_interval=publish_interval,
+                       stall_timeout=stall_timeout, report_timeout=report_timeout, abort_grace=abort_grace,
+                       dump_timeout=dump_timeout, dump_hold=dump_hold, dump_on_failure=dump_on_failure,
+                       dump_signal=dump_signal, _initial=True)
+
+    def configure(
+        self,
+        *,
+        enabled: Optional[bool] = None,
+        interval: Optional[float] = None,
+        publish_interval: Optional[float] = None,
+        stall_timeout: Optional[float] = None,
+        report_timeout: Optional[float] = None,
+        abort_grace: Optional[float] = None,
+        dump_timeout: Optional[float] = None,
+        dump_hold: Optional[float] = None,
+        dump_on_failure: Optional[bool] = None,
+        dump_signal: Any = None,
+        _initial: bool = False,
+    ) -> None:
+        """Change settings (None keeps the current value; at construction, the environment's)."""
+        def pick(value: Any, attr: str, env: str, default: float, what: str, positive: bool = True) -> None:
+            if value is not None or _initial:
+                setattr(self, attr, _seconds(value, env, default, what, positive=positive))
+
+        if enabled is not None or _initial:
+            self.enabled = bool(enabled) if enabled is not None else env_bool("PYCOLL_WATCHDOG", True)
+        pick(interval, "interval", "PYCOLL_WATCHDOG_INTERVAL", 0.1, "interval")
+        pick(publish_interval, "publish_interval", "PYCOLL_WATCHDOG_PUBLISH_INTERVAL", 1.0, "publish_interval")
+        pick(stall_timeout, "stall_timeout", "PYCOLL_WATCHDOG_STALL_TIMEOUT", 15.0, "stall_timeout")
+        pick(report_timeout, "report_timeout", "PYCOLL_WATCHDOG_REPORT_TIMEOUT", 2.0, "report_timeout", False)
+        pick(abort_grace, "abort_grace", "PYCOLL_WATCHDOG_ABORT_GRACE", 0.5, "abort_grace", False)
+        pick(dump_timeout, "dump_timeout", "PYCOLL_FR_DUMP_TIMEOUT", 5.0, "dump_timeout", False)
+        pick(dump_hold, "dump_hold", "PYCOLL_FR_DUMP_HOLD", 10.0, "dump_hold", False)
+        if dump_on_failure is not None or _initial:
+            self.dump_on_failure = (bool(dump_on_failure) if dump_on_failure is not None
+                                    else env_bool("PYCOLL_FR_DUMP_ON_FAILURE", True))
+        if dump_signal is not None or _initial:
+            self._signal.wanted = signal_number(dump_signal if dump_signal is not None
+                                                else os.environ.get("PYCOLL_FR_DUMP_SIGNAL"))
+            if self.running and self._signal.wanted is not None:
+                self._signal.install(self._wake_w)
+        self._poll_wake.set()
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        """True while the watchdog threads run in this process."""
+        return bool(self._threads) and self._pid == os.getpid() and all(t.is_alive() for t in self._threads)
+
+    def start(self) -> None:
+        """Start the threads (idempotent; done automatically with the first communicator)."""
+        with self._lock:
+            if self._pid != os.getpid():
+                self._after_fork()
+            if self.running:
+                return
+            self._stop = threading.Event()
+            self._wake_r, self._wake_w = socket.socketpair()
+            self._wake_r.setblocking(False)
+            self._wake_w.setblocking(False)
+            self._beat_t = time.monotonic()
+            self._stalled = False
+            self._report_q = queue.SimpleQueue()
+            self._threads = [
+                threading.Thread(target=self._poll_loop, args=(self._stop,), name="pycoll-watchdog", daemon=True),
+                threading.Thread(target=self._monitor_loop, args=(self._stop,), name="pycoll-watchdog-monitor",
+                                 daemon=True),
+                threading.Thread(target=self._store_loop, args=(self._stop,), name="pycoll-watchdog-store",
+                                 daemon=True),
+                threading.Thread(target=self._report_loop, args=(self._stop, self._report_q),
+                                 name="pycoll-watchdog-report", daemon=True),
+            ]
+            for t in self._threads:
+                t.start()
+            self._active = True
+        if self._signal.wanted is not None:
+            self._signal.install(self._wake_w)
+        _log.debug("watchdog started (interval %.3g s, publish %.3g s, stall %.3g s)", self.interval,
+                   self.publish_interval, self.stall_timeout)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the threads (they restart with the next communicator if ``enabled``)."""
+        with self._lock:
+            self._active = False
+            threads, self._threads = self._threads, []
+            self._stop.set()
+            self._poll_wake.set()
+            self._store_wake.set()
+            self._report_q.put(None)
+            self._poke()
+        for t in threads:
+            if t is not threading.current_thread():
+                t.join(timeout)
+        self._signal.uninstall(self._wake_w)
+        for s in (self._wake_r, self._wake_w):
+            if s is not None:
+                s.close()
+        self._wake_r = self._wake_w = None
+
+    def _after_fork(self) -> None:
+        # a forked child inherits none of the threads (and maybe a lock one of them held): start afresh
+        self._active = False
+        self._lock = threading.Lock()
+        self._count_lock = threading.Lock()
+        self._failing = 0
+        self._threads = []
+        self._dumps.reset()
+        self._reports = set()
+        self._report_q = queue.SimpleQueue()
+        self._stores = {}
+        self._wake_r = self._wake_w = None
+        self._signal.signum = None
+        self._pid = os.getpid()
+
+    def status(self) -> Dict[str, Any]:
+        """Running state and settings (for logs and tests)."""
+        return {
+            "running": self.running, "enabled": self.enabled, "beats": self.beats,
+            "since_last_round_s": time.monotonic() - self._beat_t, "doing": self._doing, "stalled": self._stalled,
+            "interval": self.interval, "publish_interval": self.publish_interval,
+            "stall_timeout": self.stall_timeout, "dump_signal": self._signal.signum,
+        }
+
+    # -- observer interface (registered by install()) -------------------------------------------
+
+    def watching(self) -> bool:
+        """True while the polling thread enforces deadlines (then blocking host operations run inline)."""
+        return self._active
+
+    def comm_created(self, comm: CommView) -> None:
+        if self.enabled and not self.running:
+            self.start()
+        self._store_wake.set()  # publish the new communicator's progress at once
+
+    def comm_failed(self, comm: CommView, exc: BaseException, work: Optional[WorkView]) -> None:
+        try:
+            self._handle_failure(comm, exc, work)
+        except Exception:
+            _log.exception("watchdog: reporting the failure of %r failed", comm.name)
+
+    # -- failure handling ------------------------------------------------------------------------
+
+    @property
+    def _stale_after(self) -> float:
+        return 1.5 * self.publish_interval + 0.25
+
+    def _handle_failure(self, comm: CommView, exc: BaseException, work: Optional[WorkView]) -> None:
+        # the facts, read before the policy acts
+        report = FailureReport(comm, exc, work, self.recorder.issued_at(work) if work is not None else ("", ""))
+        with self._count_lock:
+            self._failing += 1
+        if report.is_timeout or comm.store is None:
+            self._finish_report(comm.store, report)
+            return
+        # an asynchronous or remote error is final: the policy acts at once, and the report (store
+        # exchange, the line, the dump) follows in the report thread
+        self._reports.add(report)
+        if self.running:
+            self._report_q.put((comm.store, report))
+        else:
+            threading.Thread(target=self._finish_report, args=(comm.store, report, True),
+                             name="pycoll-watchdog-report", daemon=True).start()
+
+    def _report_loop(self, stop: threading.Event, q: "queue.SimpleQueue[Any]") -> None:
+        while not stop.is_set():
+            item = q.get()
+            if item is None:
+                return
+            self._finish_report(*item, after_gates=True)
+
+    def _finish_report(self, store: Any, report: FailureReport, after_gates: bool = False) -> None:
+        try:
+            if after_gates:  # a recovery in progress goes first (see add_dump_gate)
+                deadline = time.monotonic() + self.dump_hold
+                while not self._dumps.flushing and not self._dumps.gates_open() and time.monotonic() < deadline:
+                    time.sleep(GATE_POLL)
+            if store is not None:
+                t = threading.Thread(target=self._exchange, args=(store, report), name="pycoll-watchdog-exchange",
+                                     daemon=True)
+                t.start()
+                if not report.exchanged.wait(0 if self._in_monitor() else self.report_timeout):
+                    report.store_error = (report.store_error
+                                          or f"the store did not answer within {self.report_timeout:g} s")
+            _log.error("%s", report.line(self._stale_after))
+            self.recorder.add_failure(report.generation, report.as_dict(self._stale_after))
+            if self.dump_on_failure:
+                # held (at most dump_hold) from the failure on, however long the report itself was held
+                self._dump(f"{report.brief()} on {report.comm_name!r}", "failure", 0, created=report.monotonic)
+        except Exception:
+            _log.exception("watchdog: reporting the failure of %r failed", report.comm_name)
+        finally:
+            with self._count_lock:
+                self._failing -= 1
+            report.reported.set()
+            self._reports.discard(report)
+
+    def _exchange(self, store: Any, report: FailureReport) -> None:
+        """Announce the failure, ask every rank to dump, read the others' progress (report thread)."""
+        fbase = failure_prefix(report.uid)
+        try:
+            store.set(f"{fbase}{report.rank}", report.record().encode())
+            self._signal_store(store, f"rank {report.global_rank}: {report.brief()} on {report.comm_name!r}")
+            progress = read_records(store, progress_prefix(report.uid), report.size, ProgressRecord.decode)
+            report.peers = {r: rec.as_dict() for r, rec in progress.items()}
+            report.peer_failures = read_records(store, fbase, report.size, FailureRecord.decode, report.rank)
+            if report.is_timeout and report.seq is not None and self.abort_grace > 0:
+                waiting = [r for r in report.analysis(self._stale_after)["in_op"] if r not in report.peer_failures]
+                if waiting:
+                    try:
+                        store.wait([f"{fbase}{r}" for r in waiting], timeout=self.abort_grace)
+                    except StoreTimeout:
+                        pass
+                    report.peer_failures = read_records(store, fbase, report.size, FailureRecord.decode, report.rank)
+        except Exception as e:  # a store problem must not hide the failure itself
+            report.store_error = f"store error: {type(e).__name__}: {e}"
+        finally:
+            report.exchanged.set()
+
+    # -- dumps -----------------------------------------------------------------------------------
+
+    def dump(self, reason: str = "manual", *, trigger: str = "manual", wait: Optional[float] = None) -> List[str]:
+        """Dump the flight recorder from the monitor thread; wait up to ``wait`` s (None: dump_timeout).
+
+        Without running threads the dump is written in the calling thread. Returns the paths
+        written (empty when the wait ended first: the dump still happens).
+        """
+        return self._dump(reason, trigger, wait)
+
+    def _dump(self, reason: str, trigger: str, wait: Optional[float], created: Optional[float] = None) -> List[str]:
+        if not self.running:
+            self._dumps.last_start = time.monotonic()
+            return self.recorder.dump(reason, trigger=trigger, changed_only=trigger in ("remote", "stall"))
+        job = self._queue(DumpJob(reason, trigger, created=created))
+        if trigger == "failure":
+            self._dumps.last_start = time.monotonic()  # dump requests from the other ranks are served by it
+        job.done.wait(self.dump_timeout if wait is None else wait)
+        return list(job.paths)
+
+    def _queue(self, job: DumpJob) -> DumpJob:
+        self._dumps.submit(job)
+        self._poke()
+        return job
+
+    def wait_for_dumps(self, timeout: Optional[float] = None) -> bool:
+        """Write the reports and dumps queued or held so far, waiting up to ``timeout`` s (None:
+        ``dump_timeout``); True when all were written.
+
+        Runs at interpreter exit, so that a failure dump being written when the user's code ends
+        is not lost with the daemon threads.
+        """
+        deadline = time.monotonic() + (self.dump_timeout if timeout is None else timeout)
+        self._dumps.flushing = True  # held reports and dumps go ahead now
+        self._poke()
+        try:
+            for report in list(self._reports):  # failure reports still being made queue their dump next
+                report.reported.wait(max(0.0, deadline - time.monotonic()))
+            return self._dumps.wait(deadline)
+        finally:
+            self._dumps.flushing = False
+
+    def signal_all(self, reason: str = "requested") -> int:
+        """Ask every process sharing a store with this one's communicators to dump; returns stores told."""
+        told = 0
+        for store in self._live_stores().values():
+            try:
+                self._signal_store(store, f"rank {self._my_rank()}: {reason}")
+                told += 1
+            except Exception as e:
+                _log.warning("watchdog: could not post a dump request to %r: %s", store, e)
+        return told
+
+    @staticmethod
+    def _signal_store(store: Any, text: str) -> None:
+        n = int(store.add(SIGNAL_COUNTER, 1))
+        store.set(f"{SIGNAL_COUNTER}/{n}", f"{origin()} {text}".encode())
+
+    def _my_rank(self) -> int:
+        for c in self._comms():
+            return c.global_rank
+        return -1
+
+    def _poke(self, byte: int = 0) -> None:
+        w = self._wake_w
+        if w is not None:
+            try:
+                w.send(bytes([byte]))
+            except OSError:
+                pass  # full: the monitor is awake anyway
+
+    def _in_monitor(self) -> bool:
+        return threading.current_thread().name == "pycoll-watchdog-monitor"
+
+    # -- threads ---------------------------------------------------------------------------------
+
+    def _poll_loop(self, stop: threading.Event) -> None:
+        wake = self._poll_wake
+        while not stop.is_set():
+            now = time.monotonic()
+            self.beats += 1
+            self._beat_t = now
+            next_t = now + self.interval
+            for c in self._comms():
+                if c.state != "active" or c.failure is not None:
+                    continue
+                self._doing = f"checking communicator {c.name!r}"
+                try:
+                    c.check()
+                except Exception:
+                    _log.exception("watchdog: checking %r failed", c.name)
+                deadline = c.next_deadline()
+                if deadline is not None and deadline + 1e-3 < next_t:
+                    next_t = deadline + 1e-3
+            c = None  # keep no communicator alive while waiting
+            self._doing = None
+            wake.wait(max(1e-3, next_t - time.monotonic()))
+            wake.clear()
+
+    def _monitor_loop(self, stop: threading.Event) -> None:
+        r = self._wake_r
+        assert r is not None
+        period = min(1.0, self.stall_timeout / 4)
+        sig = self._signal
+        while not stop.is_set():
+            try:
+                ready, _, _ = select.select([r], [], [], GATE_POLL if self._dumps.holding else period)
+            except (OSError, ValueError):
+                return  # closed by stop()
+            signalled = False
+            if ready:
+                try:
+                    data = r.recv(4096)
+                except (BlockingIOError, InterruptedError):
+                    data = b""
+                except OSError:
+                    return
+                signalled = sig.signum is not None and sig.signum in data
+            if stop.is_set():
+                return
+            if sig.pending:
+                sig.pending = False
+                signalled = True
+            extra = None
+            if signalled:
+                extra = DumpJob(f"signal {signal.Signals(sig.signum).name if sig.signum else '?'}", "signal")
+            jobs = self._dumps.take(extra)
+            if jobs:
+                self._dumps.run(jobs, self.recorder.dump)
+            self._check_stall()
+
+    # -- dump gates: recovery first, then the failure dumps ---------------------------------------
+
+    def add_dump_gate(self, gate: Callable[[], bool]) -> int:
+        """Hold this process's failure reports and dumps (and dumps asked for by other ranks) while
+        ``gate()`` is False.
+
+        The elastic layer holds them while it rebuilds a failed communicator, so that the report's
+        store traffic and the dump's formatting never slow the recovery down; what they say is
+        fixed when the failure is recorded. A timeout's report is made before its policy acts and is
+        never held; its dump is. A report or dump waits at most ``dump_hold`` seconds from the
+        failure, and never at exit. Returns a token for :meth:`remove_dump_gate`.
+        """
+        return self._dumps.add_gate(gate)
+
+    def remove_dump_gate(self, token: int) -> None:
+        """Forget a gate (the dumps it held are written now)."""
+        self._dumps.remove_gate(token)
+        self._poke()
+
+    def release_dumps(self) -> None:
+        """Tell the monitor thread to look at the gates again now (e.g. after a recovery)."""
+        self._poke()
+
+    def _check_stall(self) -> None:
+        if not self.running:
+            return
+        silent = time.monotonic() - self._beat_t
+        if silent > self.stall_timeout and not self._stalled:
+            self._stalled = True
+            frame = sys._current_frames().get(self._threads[0].ident) if self._threads else None
+            stack = "".join(traceback.format_stack(frame)).rstrip() if frame is not None else "(no stack)"
+            _log.error("pycoll watchdog: the polling thread has not completed a round for %.1f s (%s); timeouts "
+                       "are not being detected. Its stack:\n%s", silent, self._doing or "idle", stack)
+            self._dumps.run([DumpJob(f"watchdog stalled for {silent:.1f} s ({self._doing or 'idle'})", "stall")],
+                            self.recorder.dump)
+        elif self._stalled and silent < self.stall_timeout:
+            self._stalled = False
+            _log.warning("pycoll watchdog: the polling thread is running again")
+
+    # -- the store channel: progress, heartbeats, dump requests -----------------------------------
+
+    def _live_stores(self) -> Dict[int, Any]:
+        return {id(c.store): c.store for c in self._comms() if c.store is not None}
+
+    def _store_loop(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            t0 = time.monotonic()
+            comms = [c for c in self._comms() if c.store is not None]
+            for c in comms:
+                self._publish(c)
+            stores = {id(c.store): c.store for c in comms}
+            for key in list(self._stores):
+                if key not in stores:
+                    del self._stores[key]
+            comms = []
+            c = None  # keep no communicator alive while waiting
+            first = True
+            for key, store in stores.items():
+                st = self._stores.get(key)
+                if st is None or st.store is not store:
+                    st = self._stores[key] = _StoreState(store)
+                remaining = self.publish_interval - (time.monotonic() - t0)
+                self._watch_signal(st, remaining if first else 0.0)
+                first = False
+                if stop.is_set():
+                    return
+            if not stores:
+                self._store_wake.wait(self.publish_interval)
+                self._store_wake.clear()
+
+    def _publish(self, c: CommView) -> None:
+        try:
+            rec = ProgressRecord(c.progress(), c.state, time.time_ns(), self.beats, origin())
+            c.store.set(f"{progress_prefix(c.uid)}{c.rank}", rec.encode())
+        except Exception as e:
+            _log.debug("watchdog: could not publish the progress of %r: %s", c.name, e)
+
+    def _watch_signal(self, st: _StoreState, wait: float) -> None:
+        store = st.store
+        try:
+            if st.last_seen is None:
+                st.last_seen = int(store.add(SIGNAL_COUNTER, 0))
+            nxt = f"{SIGNAL_COUNTER}/{st.last_seen + 1}"
+            if wait > 0:
+                try:
+                    store.wait([nxt], timeout=wait)
+                except StoreTimeout:
+                    return
+            elif not store.check([nxt]):
+                return
+            n = int(store.add(SIGNAL_COUNTER, 0))
+            keys = [f"{SIGNAL_COUNTER}/{i}" for i in range(st.last_seen + 1, n + 1)]
+            st.last_seen = n
+            texts = [_decode(v) for v in store.multi_get(keys, timeout=1.0)] if keys else []
+        except Exception as e:
+            _log.debug("watchdog: watching dump requests on %r failed: %s", store, e)
+            if wait > 0:
+                self._stop.wait(min(wait, self.publish_interval))
+            return
+        me = origin() + " "
+        foreign = [t.split(" ", 1)[1] if " " in t else t for t in texts if not t.startswith(me)]
+        if not foreign:
+            return
+        if self._failing or time.monotonic() - self._dumps.last_start < self.publish_interval:
+            _log.debug("watchdog: dump request (%s) served by the dump made just now", foreign[0])
+            return
+        self._queue(DumpJob("requested by " + "; ".join(dict.fromkeys(foreign)), "remote"))
+
+
+# -- the process's watchdog ---------------------------------------------------------------------------
+
+_watchdog: Optional[Watchdog] = None
+_wd_lock = threading.Lock()
+_installed = False
+
+
+def get_watchdog() -> Watchdog:
+    """The process-wide watchdog (created from the environment on first use)."""
+    global _watchdog
+    if _watchdog is None:
+        with _wd_lock:
+            if _watchdog is None:
+                _watchdog = Watchdog()
+    return _watchdog
+
+
+def configure(**settings: Any) -> Watchdog:
+    """Change the process-wide watchdog's settings (see :class:`Watchdog`); returns it."""
+    wd = get_watchdog()
+    wd.configure(**settings)
+    if wd.enabled and not wd.running and hooks.live_communicators():
+        wd.start()
+    elif not wd.enabled and wd.running:
+        wd.stop()
+    return wd
+
+
+def enable_dump_signal(signum: Any = "SIGUSR1") -> None:
+    """Make ``signum`` dump the flight recorder without stopping anything. Call from the main thread.
+
+    The handler only wakes the watchdog's monitor thread, which dumps, even while the main thread is
+    blocked inside a collective.
+    """
+    wd = get_watchdog()
+    wd._signal.wanted = signal_number(signum)
+    if not wd.running:
+        wd.start()
+    wd._signal.install(wd._wake_w)
+
+
+def dump_flight_recorder(
+    reason: str = "manual",
+    *,
+    dump_dir: Optional[str] = None,
+    all_ranks: bool = False,
+    stacks: bool = True,
+    write_json: Optional[bool] = None,
+) -> List[str]:
+    """Dump this process's flight recorder now; return the files written. Stops nothing.
+
+    With ``all_ranks=True`` every other process sharing a store with this one's communicators is
+    asked to dump too (through the store; their watchdogs act on it within about a second).
+    Every dump logs where it went.
+    """
+    paths = get_recorder().dump(reason, trigger="manual", dump_dir=dump_dir, stacks=stacks, write_json=write_json)
+    if all_ranks:
+        get_watchdog().signal_all(reason)
+    return paths
+
+
+def install() -> None:
+    """Register the flight recorder and the watchdog with every communicator (idempotent).
+
+    :func:`pycoll.init` and :func:`pycoll.join` call it before they build a communicator; importing
+    pycoll has no side effect. The recorder is registered first: it freezes a failed operation's
+    state before the watchdog reports it.
+    """
+    global _installed
+    with _wd_lock:
+        if _installed:
+            return
+        _installed = True
+    hooks.add_observer(get_recorder())
+    hooks.add_observer(get_watchdog())
+    atexit.register(_wait_for_dumps_at_exit)
+
+
+def _wait_for_dumps_at_exit() -> None:
+    wd = _watchdog
+    if wd is not None and wd._pid == os.getpid() and not wd.wait_for_dumps():
+        _log.warning("watchdog: a flight-recorder dump was still being written at exit (dump_timeout %.3g s)",
+                     wd.dump_timeout)
+
+
+def _reinit_after_fork() -> None:
+    if _watchdog is not None:
+        _watchdog._after_fork()
+    rec = _recorder_module._recorder
+    if rec is not None:
+        rec._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reinit_after_fork)

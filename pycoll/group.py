@@ -1,0 +1,64 @@
+"""Groups: operations issued together between ``ncclGroupStart`` and ``ncclGroupEnd``.
+
+A group is per thread and may hold operations of several communicators of one library. The Works
+enqueued inside it get their completion events when the outermost group closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import TYPE_CHECKING, Any, Iterator, List, Optional
+
+from .errors import CommFailure, CommStateError, NCCLError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .work import Work
+
+__all__ = ["open_group", "group"]
+
+_tls = threading.local()  # .works: the Works of the open group on this thread; .library: its library
+
+
+def open_group() -> Optional[List["Work"]]:
+    """The Works of this thread's open group, or None outside a group."""
+    return getattr(_tls, "works", None)
+
+
+@contextlib.contextmanager
+def group(comm: Any) -> Iterator[None]:
+    """The body of :meth:`pycoll.Communicator.group` (see there)."""
+    lib = comm.library
+    outer = open_group()
+    if outer is not None and getattr(_tls, "library", None) is not lib:
+        raise CommStateError("a group can only hold communicators of one library")
+    lib.group_start()
+    if outer is None:
+        _tls.works = []
+        _tls.library = lib
+    body_exc: Optional[BaseException] = None
+    try:
+        yield
+    except BaseException as exc:
+        body_exc = exc
+        raise
+    finally:
+        works: List[Work] = []
+        if outer is None:
+            works = _tls.works
+            _tls.works = None
+            _tls.library = None
+        try:
+            lib.group_end()
+        except NCCLError as e:
+            if body_exc is None:
+                for c in {w.comm for w in works} or {comm}:
+                    with contextlib.suppress(CommFailure, NCCLError):
+                        c.raise_call_error(e, None)
+                raise
+        for w in works:
+            w.comm.group_closed(w)
+        if body_exc is None:
+            for w in works:
+                if not w.async_op:
+                    w.wait()

@@ -1,0 +1,284 @@
+"""The seam between the core and what observes it: views, observers, the live registry.
+
+The core (:class:`~pycoll.Communicator`, :class:`~pycoll.Work`) publishes what the diagnostics
+(flight recorder, watchdog) and the elastic layer may see of it through the read-only views
+:class:`CommView` and :class:`WorkView`, plus a few public actions (``check``, ``try_refresh``,
+``fail``, ``revoke``, ``abort``). Observers register here and hear every communicator's events.
+This module is a leaf: it imports nothing of pycoll, so every layer may depend on it.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .comm import Communicator
+
+__all__ = [
+    "Progress",
+    "WorkView",
+    "CommView",
+    "CommObserver",
+    "add_observer",
+    "remove_observer",
+    "observers",
+    "live_communicators",
+]
+
+_log = logging.getLogger("pycoll.hooks")
+
+
+class Progress(NamedTuple):
+    """A communicator's progress: the last sequence id enqueued, started and completed (0: none yet).
+
+    Collectives and point-to-point operations count separately, as PyTorch's flight recorder does.
+    """
+
+    coll_enqueued: int = 0
+    coll_started: int = 0
+    coll_completed: int = 0
+    p2p_enqueued: int = 0
+    p2p_started: int = 0
+    p2p_completed: int = 0
+
+    def as_dict(self) -> Dict[str, int]:
+        """The fields as a plain dict (the form dumps and store records hold)."""
+        return dict(self._asdict())
+
+    @classmethod
+    def of(cls, coll_enqueued: int, p2p_enqueued: int, outstanding: Sequence["WorkView"]) -> "Progress":
+        """The progress of a communicator that issued that many operations and has ``outstanding`` ones."""
+        vals: List[int] = []
+        for last, p2p in ((coll_enqueued, False), (p2p_enqueued, True)):
+            mine = [(w.p2p_seq if p2p else w.seq, w.last_state) for w in outstanding
+                    if w.is_p2p == p2p and w.last_state != "completed"]
+            completed = min(seq for seq, _ in mine) - 1 if mine else last
+            started = max((seq for seq, st in mine if st == "started"), default=completed)
+            vals += [last, started, completed]
+        return cls(*vals)
+
+
+class WorkView(Protocol):
+    """What observers may read of one operation (:class:`pycoll.Work` implements it).
+
+    Reading never calls into the library: ``last_state`` is the state as last observed.
+    """
+
+    op: str
+    seq: int
+    p2p_seq: int
+    op_id: int
+    is_p2p: bool
+    peer: Optional[int]
+    timeout: float
+    async_op: bool
+    t0: float  # time.monotonic() at enqueue
+    time_created_ns: int
+    time_started_ns: Optional[int]
+    time_completed_ns: Optional[int]
+    duration_ms: Optional[float]
+    inputs: List[Any]
+    outputs: List[Any]
+    fr_entry: Any  # the flight recorder's entry (owned by the recorder)
+
+    @property
+    def comm(self) -> "CommView": ...
+
+    @property
+    def last_state(self) -> str: ...
+
+    @property
+    def error(self) -> Optional[BaseException]: ...
+
+    @property
+    def deadline(self) -> float: ...
+
+    def release_arrays(self) -> None: ...
+
+
+class CommView(Protocol):
+    """What observers may read of a communicator, and the actions they may take on it.
+
+    :class:`pycoll.Communicator` implements it; test fakes implement the same.
+    """
+
+    name: str
+    uid: str
+    backend: str
+    timeout: float
+    library: Any
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def global_rank(self) -> int: ...
+
+    @property
+    def global_ranks(self) -> Optional[Tuple[int, ...]]: ...
+
+    @property
+    def generation(self) -> int: ...
+
+    @property
+    def store(self) -> Any: ...
+
+    @property
+    def on_failure(self) -> str: ...
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def failure(self) -> Optional[BaseException]: ...
+
+    @property
+    def ops_issued(self) -> int: ...
+
+    def progress(self) -> Progress: ...
+
+    def outstanding(self) -> Sequence[WorkView]: ...
+
+    def next_deadline(self) -> Optional[float]: ...
+
+    def check(self, now: Optional[float] = None) -> None: ...
+
+    def try_refresh(self, work: Any) -> None: ...
+
+    def fail(self, exc: BaseException, work: Any = None) -> None: ...
+
+
+class CommObserver:
+    """Base class of what hears every communicator's events (the flight recorder, the watchdog).
+
+    Every method is called in the thread that caused the event and must return quickly; an
+    exception is logged and never breaks the operation. ``work_enqueued`` and ``work_completed``
+    sit on every operation's path.
+    """
+
+    #: True when this observer logs a communicator's failure itself (the communicator then does not)
+    reports_failures: bool = False
+
+    def watching(self) -> bool:
+        """True while this observer enforces the deadlines of outstanding operations (a thread polls them)."""
+        return False
+
+    def comm_created(self, comm: CommView) -> None:
+        """A communicator was built (complete: generation, members and store are final)."""
+
+    def work_enqueued(self, work: WorkView) -> None:
+        """An operation is about to be handed to the library (called before the library call)."""
+
+    def work_completed(self, work: WorkView) -> None:
+        """An operation completed successfully (its times are final)."""
+
+    def comm_failed(self, comm: CommView, exc: BaseException, work: Optional[WorkView]) -> None:
+        """The communicator failed (``work``: the operation it failed in); called before the policy acts."""
+
+    def comm_closed(self, comm: CommView) -> None:
+        """The communicator was destroyed or aborted."""
+
+
+_observers: List[CommObserver] = []
+_watchers: Tuple[CommObserver, ...] = ()
+
+#: The observers' ``work_enqueued`` / ``work_completed``, as tuples: read on every operation's path.
+enqueue_hooks: Tuple[Callable[[Any], None], ...] = ()
+completion_hooks: Tuple[Callable[[Any], None], ...] = ()
+
+
+def _rebuild() -> None:
+    global enqueue_hooks, completion_hooks, _watchers
+
+    def overrides(o: CommObserver, name: str) -> bool:
+        return getattr(type(o), name, None) is not getattr(CommObserver, name)
+
+    enqueue_hooks = tuple(o.work_enqueued for o in _observers if overrides(o, "work_enqueued"))
+    completion_hooks = tuple(o.work_completed for o in _observers if overrides(o, "work_completed"))
+    _watchers = tuple(o for o in _observers if overrides(o, "watching"))
+
+
+def add_observer(observer: CommObserver) -> None:
+    """Register an observer for every communicator of this process (idempotent; called in order)."""
+    if not isinstance(observer, CommObserver):
+        raise TypeError(f"an observer must be a pycoll.hooks.CommObserver, got {type(observer).__name__}")
+    if observer not in _observers:
+        _observers.append(observer)
+        _rebuild()
+
+
+def remove_observer(observer: CommObserver) -> None:
+    """Unregister an observer (no-op when it is not registered)."""
+    if observer in _observers:
+        _observers.remove(observer)
+        _rebuild()
+
+
+def observers() -> Tuple[CommObserver, ...]:
+    """The registered observers, in the order they are called."""
+    return tuple(_observers)
+
+
+def deadlines_watched() -> bool:
+    """True when some observer's thread enforces operation deadlines now."""
+    for o in _watchers:
+        if o.watching():
+            return True
+    return False
+
+
+def failures_reported() -> bool:
+    """True when some observer logs failures itself."""
+    return any(o.reports_failures for o in _observers)
+
+
+def _each(call: Callable[[CommObserver], None], what: str) -> None:
+    for o in list(_observers):
+        try:
+            call(o)
+        except Exception:  # an observer must never break a communicator
+            _log.exception("observer %r failed in %s", o, what)
+
+
+def notify_created(comm: CommView) -> None:
+    _each(lambda o: o.comm_created(comm), "comm_created")
+
+
+def notify_failed(comm: CommView, exc: BaseException, work: Optional[WorkView]) -> None:
+    _each(lambda o: o.comm_failed(comm, exc, work), "comm_failed")
+
+
+def notify_closed(comm: CommView) -> None:
+    _each(lambda o: o.comm_closed(comm), "comm_closed")
+
+
+def run_hooks(hooks: Tuple[Callable[[Any], None], ...], work: WorkView) -> None:
+    """Call per-operation hooks (``enqueue_hooks`` / ``completion_hooks``); errors are logged."""
+    for hook in hooks:
+        try:
+            hook(work)
+        except Exception:  # an observer must never break a collective
+            _log.exception("observer hook %r failed", hook)
+
+
+# -- the live registry: every communicator of this process that is neither destroyed nor aborted ------
+
+_live: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
+
+
+def register_live(comm: "Communicator") -> None:
+    _live.add(comm)
+
+
+def discard_live(comm: "Communicator") -> None:
+    _live.discard(comm)
+
+
+def live_communicators() -> List["Communicator"]:
+    """The communicators of this process that are neither destroyed nor aborted."""
+    return [c for c in list(_live) if c.state not in ("aborted", "destroyed")]

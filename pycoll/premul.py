@@ -1,0 +1,112 @@
+"""PreMulSum: the reduction operator ``sum(scalar * x_r)`` (``ncclRedOpCreatePreMulSum``)."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Tuple
+
+from .buffers import as_buffer, check_device
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .comm import Communicator
+
+__all__ = ["PreMulSum", "datatype_of", "scalar_argument"]
+
+_INT_RANGES = {0: (-2**7, 2**7 - 1), 1: (0, 2**8 - 1), 2: (-2**31, 2**31 - 1), 3: (0, 2**32 - 1),
+               4: (-2**63, 2**63 - 1), 5: (0, 2**64 - 1)}
+
+
+class PreMulSum:
+    """A reduction operator that multiplies every input by ``scalar`` before summing.
+
+    Created by :meth:`Communicator.pre_mul_sum`; pass it as ``op=``. Only valid on its
+    communicator and for its datatype. Release it with :meth:`destroy` (or use it as a context
+    manager); the communicator's destroy/abort releases it too.
+    """
+
+    def __init__(self, comm: "Communicator", op: int, datatype: int, scalar: Any) -> None:
+        self.comm = comm
+        self.op = op
+        self.datatype = datatype
+        self._scalar = scalar  # keeps a device scalar alive
+
+    def destroy(self) -> None:
+        """Release the operator (``ncclRedOpDestroy``). Idempotent."""
+        if self.op >= 0:
+            op, self.op = self.op, -1
+            self.comm.release_red_op(self, op)
+
+    def __enter__(self) -> "PreMulSum":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.destroy()
+
+    def __repr__(self) -> str:
+        return f"<PreMulSum op={self.op} datatype={self.datatype} on {self.comm.name}>"
+
+
+def datatype_of(dtype: Any) -> int:
+    """The NCCL datatype of a numpy or torch dtype, a name such as ``"float32"``, or an NCCL code."""
+    import numpy as np
+
+    if isinstance(dtype, int) and not isinstance(dtype, bool):
+        if not 0 <= dtype < 12:
+            raise ValueError(f"unknown NCCL datatype {dtype}")
+        return dtype
+    if type(dtype).__module__ == "torch":
+        import torch
+
+        return as_buffer(torch.empty(1, dtype=dtype)).datatype
+    try:
+        npdt = np.dtype(dtype)
+    except TypeError:
+        try:
+            import ml_dtypes  # noqa: F401  (registers bfloat16 / float8 names with numpy)
+
+            npdt = np.dtype(dtype)
+        except (ImportError, TypeError):
+            raise TypeError(f"cannot interpret {dtype!r} as a dtype") from None
+    return as_buffer(np.empty(1, dtype=npdt)).datatype
+
+
+def _numpy_dtype(datatype: int) -> Any:
+    import numpy as np
+
+    simple = {0: np.int8, 1: np.uint8, 2: np.int32, 3: np.uint32, 4: np.int64, 5: np.uint64, 6: np.float16,
+              7: np.float32, 8: np.float64}
+    if datatype in simple:
+        return simple[datatype]
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise NotImplementedError("a bfloat16/float8 pre_mul_sum scalar needs the ml_dtypes package") from None
+    return {9: ml_dtypes.bfloat16, 10: ml_dtypes.float8_e4m3fn, 11: ml_dtypes.float8_e5m2}[datatype]
+
+
+def scalar_argument(scalar: Any, datatype: int, backend: str, device_id: Any) -> Tuple[Any, int, int]:
+    """``(holder, pointer, residence)`` for ``ncclRedOpCreatePreMulSum``.
+
+    A Python number is stored in ``datatype`` on the host (residence ``ncclScalarHostImmediate``)
+    and must be representable in it; an array must hold one element of ``datatype`` on the
+    communicator's device (``ncclScalarDevice``: read when the operation runs).
+    """
+    import numpy as np
+
+    if isinstance(scalar, (int, float)) and not isinstance(scalar, bool):
+        if datatype in _INT_RANGES:
+            lo, hi = _INT_RANGES[datatype]
+            if isinstance(scalar, float) and not (math.isfinite(scalar) and scalar.is_integer()):
+                raise ValueError(f"pre_mul_sum: the scalar {scalar!r} is not an integer, and the datatype is an "
+                                 "integer type: it would be truncated")
+            if not lo <= int(scalar) <= hi:
+                raise ValueError(f"pre_mul_sum: the scalar {scalar!r} is out of range [{lo}, {hi}] for the datatype")
+        elif not math.isfinite(float(scalar)):
+            raise ValueError(f"pre_mul_sum: the scalar must be finite, got {scalar!r}")
+        holder = np.array([scalar], dtype=_numpy_dtype(datatype))
+        return holder, holder.ctypes.data, 1
+    buf = as_buffer(scalar, name="scalar")
+    check_device(buf, backend, device_id)
+    if buf.count != 1 or buf.datatype != datatype:
+        raise ValueError(f"pre_mul_sum: the scalar array must hold one element of the same dtype, got {buf!r}")
+    return buf, buf.ptr, 0
