@@ -13,7 +13,7 @@ import selectors
 import socket
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Type, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from ..errors import StoreError
 from ._wire import (
@@ -107,7 +107,7 @@ class TCPStoreServer:
     """
 
     # The class client() makes: TCPStore, which sets it (pycoll.store.tcp imports this module, not the reverse).
-    _client_class: Optional[Type[Store]] = None
+    _client_class: Optional[Callable[..., Store]] = None
 
     def __init__(
         self,
