@@ -292,3 +292,7 @@ class StoreTimeout(StoreError, TimeoutError):
 
 class StoreAuthError(StoreError, PermissionError):
     """The store refused the client's token."""
+
+
+class RankDiscoveryError(PycollError, ValueError):
+    """The launcher's environment variables are missing, partial or inconsistent."""

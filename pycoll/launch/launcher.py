@@ -1,0 +1,807 @@
+"""``pycoll-run``: start the ranks of a job on this node, host its store, watch them.
+
+Usage::
+
+    pycoll-run -n 4 train.py --lr 0.1          # 4 ranks of `python train.py --lr 0.1`
+    pycoll-run -n 4 -m package.module args      # like `python -m package.module`
+    pycoll-run -n 2 --no-python ./a.out         # any executable
+    python -m pycoll.run ...                    # the same
+
+What it does:
+
+* Hosts pycoll's TCP store in a thread of the launcher (node 0's launcher for multi-node jobs), with
+  a random token (loopback only for a single-node job), so a rank's death never takes the store
+  with it. Each rank gets the variables documented in :mod:`pycoll.launch.discovery` (``PYCOLL_RANK``,
+  ``PYCOLL_WORLD_SIZE``, ``PYCOLL_LOCAL_RANK``, ``PYCOLL_LOCAL_WORLD_SIZE``, ``PYCOLL_NODE_RANK``,
+  ``PYCOLL_NNODES``, ``PYCOLL_STORE_ADDR``, ``PYCOLL_STORE_PORT``, ``PYCOLL_STORE_TOKEN``,
+  ``PYCOLL_RUN_ID``, ``PYCOLL_REPLACEMENT``, ``PYCOLL_REPLACES``) and ``PYTHONUNBUFFERED=1``
+  unless already set. Standard input is ``/dev/null``.
+* Prefixes every line a rank writes with ``[rank<r>]: `` (stdout to stdout, stderr to stderr); each
+  line goes out in one write, so lines of different ranks never mix.
+* Forwards SIGINT, SIGTERM and SIGHUP to every rank and then stops the job (a second one kills it);
+  forwards SIGUSR1 and SIGUSR2 without stopping anything.
+* Each rank runs in its own process group. Ranks die when the launcher dies (``PR_SET_PDEATHSIG``),
+  whatever is left in a rank's process group is killed when the rank ends, and the launcher (a child
+  subreaper) kills any remaining descendant before it exits: no process outlives the launcher.
+
+Exit status:
+
+* Default: the job fails fast. The first rank to end with a non-zero status (or a signal) fails
+  the job; the other ranks get SIGTERM, then SIGKILL after ``--grace`` seconds, and the launcher
+  exits with that rank's exit code (128+N for a rank killed by signal N, as shells report it).
+  Otherwise 0.
+* ``--keep-going``: a failing rank does not stop the others. Its rank slot is *replaced* if
+  ``--replace-failed`` still allows it (the replacement's own outcome then counts for the slot),
+  otherwise it is *lost*. A lost slot is *deliberately lost* when, by the end of the job, some
+  process has called :func:`~pycoll.launch.keys.mark_lost` for it (the elastic layer does, once the survivors have
+  reshaped without it). The launcher exits 0 when every slot's last process exited with 0 or the
+  slot was deliberately lost; otherwise with the exit code of the earliest failure that is neither
+  replaced nor deliberately lost.
+* ``--replace-failed K`` (implies ``--keep-going``): start up to K replacement processes in total
+  (on this node) for ranks that failed. A replacement has the same ``PYCOLL_RANK`` and local rank,
+  ``PYCOLL_REPLACEMENT=k`` (k-th replacement of that slot) and ``PYCOLL_REPLACES=<rank>``.
+* A job stopped by a signal exits with 128+signal; a job that exceeded ``--timeout`` with 124.
+
+Multi-node (as torchrun): run one launcher per node with ``--nnodes M --node-rank i --master-addr
+HOST --master-port PORT`` and the same ``PYCOLL_STORE_TOKEN`` exported on every node. Node 0's
+launcher hosts the store bound to ``--master-addr`` (``--store-bind`` overrides) and keeps it up
+until every node has finished (or stopped sending heartbeats for 30 s). A failure that stops one
+node's launcher stops the others.
+
+Store keys the launcher writes (at the root of the store, under ``pycoll-run/``): see
+:mod:`pycoll.launch.keys`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import secrets
+import select
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ..errors import StoreError, StoreTimeout
+from ..store import Store, TCPStore, TCPStoreServer
+from . import discovery
+from .keys import KEY_ABORT, KEY_DONE, KEY_EXIT, KEY_FAILURE, KEY_FAILURES, KEY_HEARTBEAT, KEY_LOST, KEY_REPLACEMENT
+
+__all__ = ["main", "EXIT_TIMEOUT"]
+
+log = logging.getLogger("pycoll.run")
+
+EXIT_TIMEOUT = 124
+_MAX_LINE = 1 << 16
+_HEARTBEAT_S = 2.0
+_NODE_SILENCE_S = 30.0
+
+
+# --------------------------------------------------------------------------------------------------
+# process helpers
+
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+
+# Runs in the new process between fork and the real program: ask the kernel to SIGKILL us when
+# the launcher dies (an attribute that survives execve), then exec the real command line.
+_BOOT = (
+    "import ctypes,os,sys\n"
+    "if ctypes.CDLL(None,use_errno=True).prctl(1,9,0,0,0)!=0:\n"
+    " sys.exit('pycoll-run: prctl(PR_SET_PDEATHSIG) failed')\n"
+    "if os.getppid()!=int(sys.argv[1]):os._exit(137)\n"
+    "try:os.execvp(sys.argv[2],sys.argv[2:])\n"
+    "except OSError as e:\n"
+    " sys.stderr.write('pycoll-run: cannot execute %r: %s\\n'%(sys.argv[2],e.strerror));os._exit(127)\n"
+)
+
+
+def _prctl(option: int, arg: int) -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _exit_code(returncode: int) -> int:
+    """Popen's returncode as a shell reports it: 128+N for a process killed by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _describe(code: int) -> str:
+    if code > 128:
+        try:
+            return f"was killed by {signal.Signals(code - 128).name} (exit code {code})"
+        except ValueError:
+            pass
+    return f"exited with code {code}"
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _children_of(pid: int) -> List[int]:
+    out = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return out
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(entry))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# output
+
+
+class _Stream:
+    """Lines from one pipe of one rank, forwarded with the rank's prefix."""
+
+    def __init__(self, fd: int, dest: int, prefix: bytes, launcher: "_Launcher") -> None:
+        self.fd = fd
+        self.dest = dest
+        self.prefix = prefix
+        self.buf = bytearray()
+        self.launcher = launcher
+
+    def feed(self, data: bytes) -> None:
+        self.buf += data
+        end = self.buf.rfind(b"\n")
+        if end >= 0:
+            lines = bytes(self.buf[:end + 1])
+            del self.buf[:end + 1]
+            self.launcher.write(self.dest, b"".join(self.prefix + line + b"\n" for line in lines.split(b"\n")[:-1]))
+        while len(self.buf) >= _MAX_LINE:
+            chunk = bytes(self.buf[:_MAX_LINE])
+            del self.buf[:_MAX_LINE]
+            self.launcher.write(self.dest, self.prefix + chunk + b"\n")
+
+    def finish(self) -> None:
+        if self.buf:
+            self.launcher.write(self.dest, self.prefix + bytes(self.buf) + b"\n")
+            self.buf.clear()
+
+
+# --------------------------------------------------------------------------------------------------
+# the launcher
+
+
+@dataclass
+class _Proc:
+    rank: int
+    local_rank: int
+    replacement: int
+    popen: subprocess.Popen
+    streams: List[_Stream] = field(default_factory=list)
+    code: Optional[int] = None
+    stopped: bool = False  # the launcher asked it to stop, so its exit status does not count
+
+
+@dataclass
+class _Config:
+    command: List[str]
+    nproc: int
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    store_bind: Optional[str]
+    keep_going: bool
+    replace_failed: int
+    timeout: Optional[float]
+    grace: float
+    prefix: bool
+    verbose: bool
+
+
+class _Launcher:
+    def __init__(self, cfg: _Config) -> None:
+        self.cfg = cfg
+        self.world = cfg.nproc * cfg.nnodes
+        self.run_id = secrets.token_hex(8)
+        self.procs: List[_Proc] = []
+        self.known_pids: set = set()
+        self.fd_to_stream: Dict[int, Tuple[_Stream, _Proc]] = {}
+        self.sel = selectors.DefaultSelector()
+        self.server: Optional[TCPStoreServer] = None
+        self.store: Optional[Store] = None
+        self.token = ""
+        self.store_addr = ""
+        self.store_port = 0
+        self.replacements_left = cfg.replace_failed
+        self.replacement_count: Dict[int, int] = {}
+        self.failures: List[Tuple[int, int]] = []  # (rank, code) in the order seen, replaced or not
+        self.replaced_failures: set = set()  # indices into self.failures
+        self.stopping = False
+        self.stop_code: Optional[int] = None
+        self.kill_deadline: Optional[float] = None
+        self.signals_seen = 0
+        self.sigchld = True
+        self.last_poll = 0.0
+        self.dead_dests: set = set()
+        self.events: List[str] = []
+        self.events_lock = threading.Lock()
+        self.watch_stop = threading.Event()
+        self.watcher: Optional[threading.Thread] = None
+        self.wake_r, self.wake_w = socket.socketpair()
+        self.notify_r, self.notify_w = socket.socketpair()
+        for s in (self.wake_r, self.wake_w, self.notify_r, self.notify_w):
+            s.setblocking(False)
+        self.old_handlers: Dict[int, object] = {}
+        self.old_wakeup = -1
+
+    # ---- output
+
+    def write(self, dest: int, data: bytes) -> None:
+        if dest in self.dead_dests:
+            return
+        view = memoryview(data)
+        while view:
+            try:
+                n = os.write(dest, view)
+            except InterruptedError:
+                continue
+            except BlockingIOError:
+                select.select([], [dest], [], 1.0)
+                continue
+            except OSError:  # e.g. the reader of our stdout went away: drop this output
+                self.dead_dests.add(dest)
+                return
+            view = view[n:]
+
+    # ---- store
+
+    def open_store(self) -> None:
+        cfg = self.cfg
+        if cfg.nnodes > 1:
+            self.token = os.environ.get(discovery.ENV_STORE_TOKEN, "")
+            if not self.token:
+                raise SystemExit(f"pycoll-run: {discovery.ENV_STORE_TOKEN} must be set (to the same secret on every "
+                                 f"node) when --nnodes > 1")
+        else:
+            self.token = secrets.token_hex(32)
+        self.store_addr, self.store_port = cfg.master_addr, cfg.master_port
+        if cfg.node_rank == 0:
+            bind = cfg.store_bind if cfg.store_bind is not None else cfg.master_addr
+            try:
+                self.server = TCPStoreServer(bind, cfg.master_port, self.token).start()
+            except StoreError as exc:
+                raise SystemExit(f"pycoll-run: cannot host the store: {exc}") from None
+            self.store_port = self.server.port
+            self.store = self.server.client(timeout=30.0)
+            log.debug("store on %s:%d", bind, self.store_port)
+        else:
+            try:
+                self.store = TCPStore(cfg.master_addr, cfg.master_port, self.token, timeout=30.0,
+                                      connect_timeout=300.0)
+            except StoreError as exc:
+                raise SystemExit(f"pycoll-run: node {cfg.node_rank} cannot reach the store of node 0: {exc}") from None
+
+    def store_call(self, what: str, method: str, *args):
+        """Call a store method; log and return None when the store cannot be reached."""
+        if self.store is None:
+            return None
+        try:
+            return getattr(self.store, method)(*args)
+        except StoreError as exc:
+            log.warning("could not %s in the store: %s", what, exc)
+            return None
+
+    def start_watcher(self) -> None:
+        self.watcher = threading.Thread(target=self._watch, name="pycoll-run-watch", daemon=True)
+        self.watcher.start()
+
+    def _watch(self) -> None:
+        """Wait for another launcher's abort; heartbeat for node 0 (multi-node)."""
+        assert self.store is not None
+        hb_key = KEY_HEARTBEAT.format(node=self.cfg.node_rank)
+        while not self.watch_stop.is_set():
+            try:
+                value = self.store.get(KEY_ABORT, timeout=_HEARTBEAT_S)
+            except StoreTimeout:
+                if self.cfg.node_rank != 0:
+                    try:
+                        self.store.add(hb_key, 1)
+                    except StoreError:
+                        pass
+                continue
+            except StoreError as exc:
+                if not self.watch_stop.is_set():
+                    log.warning("lost the store (%s); other nodes' failures will not stop this node", exc)
+                return
+            self._notify("abort " + value.decode("utf-8", "replace"))
+            return
+
+    def _notify(self, event: str) -> None:
+        with self.events_lock:
+            self.events.append(event)
+        try:
+            self.notify_w.send(b"x")
+        except OSError:
+            pass
+
+    # ---- processes
+
+    def rank_env(self, rank: int, local_rank: int, replacement: int) -> Dict[str, str]:
+        cfg = self.cfg
+        env = {k: v for k, v in os.environ.items() if k not in _MANAGED_VARS}
+        env.update({
+            discovery.ENV_RANK: str(rank),
+            discovery.ENV_WORLD_SIZE: str(self.world),
+            discovery.ENV_LOCAL_RANK: str(local_rank),
+            discovery.ENV_LOCAL_WORLD_SIZE: str(cfg.nproc),
+            discovery.ENV_NODE_RANK: str(cfg.node_rank),
+            discovery.ENV_NNODES: str(cfg.nnodes),
+            discovery.ENV_STORE_ADDR: self.store_addr if self.store_addr not in ("", "0.0.0.0", "::") else "127.0.0.1",
+            discovery.ENV_STORE_PORT: str(self.store_port),
+            discovery.ENV_STORE_TOKEN: self.token,
+            discovery.ENV_RUN_ID: self.run_id,
+            discovery.ENV_REPLACEMENT: str(replacement),
+        })
+        if replacement:
+            env[discovery.ENV_REPLACES] = str(rank)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    def spawn(self, rank: int, local_rank: int, replacement: int) -> _Proc:
+        # Always called from the main thread: PR_SET_PDEATHSIG fires when the *thread* that forked
+        # the child exits, so children must not be forked from short-lived threads.
+        cmd = self.cfg.command
+        if sys.platform.startswith("linux"):
+            cmd = [sys.executable, "-I", "-S", "-c", _BOOT, str(os.getpid())] + cmd
+        popen = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=self.rank_env(rank, local_rank, replacement), start_new_session=True, close_fds=True,
+        )
+        proc = _Proc(rank, local_rank, replacement, popen)
+        self.known_pids.add(popen.pid)
+        prefix = f"[rank{rank}]: ".encode() if self.cfg.prefix else b""
+        for pipe, dest in ((popen.stdout, 1), (popen.stderr, 2)):
+            assert pipe is not None
+            fd = pipe.fileno()
+            os.set_blocking(fd, False)
+            stream = _Stream(fd, dest, prefix, self)
+            proc.streams.append(stream)
+            self.fd_to_stream[fd] = (stream, proc)
+            self.sel.register(fd, selectors.EVENT_READ)
+        self.procs.append(proc)
+        return proc
+
+    def live(self) -> List[_Proc]:
+        return [p for p in self.procs if p.code is None]
+
+    def read_stream(self, fd: int) -> None:
+        stream, proc = self.fd_to_stream[fd]
+        try:
+            data = os.read(fd, 1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if data:
+            stream.feed(data)
+            return
+        stream.finish()
+        self.close_stream(fd)
+
+    def close_stream(self, fd: int) -> None:
+        self.sel.unregister(fd)
+        del self.fd_to_stream[fd]
+        os.close(fd)
+
+    def poll_children(self, force: bool = False) -> None:
+        """Handle ranks that ended; runs after SIGCHLD, and at least every 0.5 s as a safety net."""
+        now = time.monotonic()
+        if not (force or self.sigchld or now - self.last_poll >= 0.5):
+            return
+        self.sigchld = False
+        self.last_poll = now
+        for proc in self.live():
+            rc = proc.popen.poll()
+            if rc is not None:
+                self.on_exit(proc, _exit_code(rc))
+        self.reap_strays()
+
+    def reap_strays(self) -> None:
+        """Kill and reap descendants re-parented to us (we are a subreaper) after their parent died."""
+        for pid in _children_of(os.getpid()):
+            if pid in self.known_pids:
+                continue
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+    def on_exit(self, proc: _Proc, code: int) -> None:
+        proc.code = code
+        _killpg(proc.popen.pid, signal.SIGKILL)  # whatever the rank left in its process group
+        rank = proc.rank
+        if proc.stopped:
+            log.debug("rank %d %s after being stopped", rank, _describe(code))
+            return
+        self.store_call("record an exit code", "set", KEY_EXIT.format(rank=rank), str(code))
+        if code == 0:
+            return
+        self.failures.append((rank, code))
+        n = self.store_call("count a failure", "add", KEY_FAILURES, 1)
+        if n is not None:
+            self.store_call("record a failure", "set", KEY_FAILURE.format(n=n), f"{rank} {code}")
+        if self.stopping:
+            return
+        if not self.cfg.keep_going:
+            log.error("rank %d %s; stopping the other ranks", rank, _describe(code))
+            self.store_call("tell the other nodes", "set", KEY_ABORT, f"{self.cfg.node_rank} {rank} {code}")
+            self.stop(code)
+            return
+        if self.replacements_left > 0:
+            self.replacements_left -= 1
+            k = self.replacement_count.get(rank, 0) + 1
+            self.replacement_count[rank] = k
+            self.replaced_failures.add(len(self.failures) - 1)
+            log.warning("rank %d %s; starting replacement %d for it (%d replacements left)", rank,
+                        _describe(code), k, self.replacements_left)
+            self.store_call("record a replacement", "set", KEY_REPLACEMENT.format(rank=rank), str(k))
+            try:
+                self.spawn(rank, proc.local_rank, k)
+            except OSError as exc:
+                log.error("could not start a replacement for rank %d: %s", rank, exc)
+            return
+        log.warning("rank %d %s; the other ranks go on (--keep-going)", rank, _describe(code))
+
+    def stop(self, code: Optional[int], sig: int = signal.SIGTERM) -> None:
+        """Stop every live rank: ``sig`` now, SIGKILL after the grace period."""
+        if not self.stopping:
+            self.stopping = True
+            self.stop_code = code
+            self.kill_deadline = time.monotonic() + self.cfg.grace
+        for proc in self.live():
+            proc.stopped = True
+            _killpg(proc.popen.pid, sig)
+            _killpg(proc.popen.pid, signal.SIGCONT)
+
+    def kill_all(self) -> None:
+        for proc in self.live():
+            proc.stopped = True
+            _killpg(proc.popen.pid, signal.SIGKILL)
+
+    # ---- signals
+
+    def install_signals(self) -> None:
+        self.old_wakeup = signal.set_wakeup_fd(self.wake_w.fileno(), warn_on_full_buffer=False)
+        for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+            self.old_handlers[sig] = signal.signal(sig, _ignore)
+
+    def restore_signals(self) -> None:
+        for sig, handler in self.old_handlers.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        signal.set_wakeup_fd(self.old_wakeup)
+
+    def on_signals(self) -> None:
+        try:
+            data = self.wake_r.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        for signum in data:
+            if signum == signal.SIGCHLD:
+                self.sigchld = True
+                continue
+            if signum in (signal.SIGUSR1, signal.SIGUSR2):
+                for proc in self.live():
+                    _killpg(proc.popen.pid, signum)
+                continue
+            self.signals_seen += 1
+            if self.signals_seen == 1:
+                log.warning("received %s; forwarding it to the ranks and stopping the job",
+                            signal.Signals(signum).name)
+                self.stop(128 + signum, signum)
+            else:
+                log.warning("received %s again; killing the ranks", signal.Signals(signum).name)
+                self.kill_all()
+
+    def on_notify(self) -> None:
+        try:
+            while self.notify_r.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+        with self.events_lock:
+            events, self.events = self.events, []
+        for event in events:
+            if event.startswith("abort "):
+                parts = event.split()
+                try:
+                    node, rank, code = int(parts[1]), int(parts[2]), int(parts[3])
+                except (IndexError, ValueError):
+                    node, rank, code = -1, -1, 1
+                if node == self.cfg.node_rank or self.stopping:
+                    continue
+                log.error("node %d stopped the job (rank %d %s); stopping this node's ranks", node, rank,
+                          _describe(code))
+                self.stop(code)
+
+    # ---- main loop
+
+    def run(self) -> int:
+        cfg = self.cfg
+        for local_rank in range(cfg.nproc):
+            self.spawn(cfg.node_rank * cfg.nproc + local_rank, local_rank, 0)
+        self.sel.register(self.wake_r, selectors.EVENT_READ)
+        self.sel.register(self.notify_r, selectors.EVENT_READ)
+        deadline = time.monotonic() + cfg.timeout if cfg.timeout else None
+        drain_deadline: Optional[float] = None
+        self.poll_children(force=True)
+        while True:
+            now = time.monotonic()
+            if not self.live():
+                if not self.fd_to_stream:
+                    break
+                if drain_deadline is None:
+                    drain_deadline = now + 2.0
+                elif now >= drain_deadline:
+                    for fd in list(self.fd_to_stream):
+                        self.fd_to_stream[fd][0].finish()
+                        self.close_stream(fd)
+                    break
+            if deadline is not None and now >= deadline and not self.stopping:
+                log.error("the job exceeded --timeout %g s; stopping it", cfg.timeout)
+                self.stop(EXIT_TIMEOUT)
+            if self.kill_deadline is not None and now >= self.kill_deadline and self.live():
+                log.warning("ranks still running %g s after being asked to stop; killing them", cfg.grace)
+                self.kill_all()
+                self.kill_deadline = None
+            waits = [0.5]
+            for t in (deadline if not self.stopping else None, self.kill_deadline, drain_deadline):
+                if t is not None:
+                    waits.append(max(0.0, t - now))
+            for key, _ in self.sel.select(min(waits)):
+                fd = key.fd
+                if key.fileobj is self.wake_r:
+                    self.on_signals()
+                elif key.fileobj is self.notify_r:
+                    self.on_notify()
+                elif fd in self.fd_to_stream:
+                    self.read_stream(fd)
+            self.poll_children()
+        return self.result()
+
+    def result(self) -> int:
+        if self.stop_code is not None:
+            return self.stop_code
+        if not self.cfg.keep_going:
+            return self.failures[0][1] if self.failures else 0
+        lost: Dict[int, bool] = {}
+        for i, (rank, code) in enumerate(self.failures):
+            if i in self.replaced_failures:
+                continue
+            if rank not in lost:
+                lost[rank] = bool(self.store_call("read lost ranks", "check", [KEY_LOST.format(rank=rank)]))
+            if lost[rank]:
+                log.info("rank %d %s and was marked lost: not counted", rank, _describe(code))
+                continue
+            log.error("rank %d %s and was neither replaced nor marked lost", rank, _describe(code))
+            return code
+        return 0
+
+    # ---- multi-node end
+
+    def finish_nodes(self, code: int) -> None:
+        """Node i > 0 says it is done; node 0 keeps the store up until every node is done."""
+        if self.cfg.nnodes == 1 or self.store is None:
+            return
+        if self.cfg.node_rank != 0:
+            self.store_call("report this node done", "set", KEY_DONE.format(node=self.cfg.node_rank), str(code))
+            return
+        pending = {i: (-1, time.monotonic()) for i in range(1, self.cfg.nnodes)}
+        announced = False
+        while pending and self.signals_seen == 0:
+            for node in list(pending):
+                if self.store_call("check nodes", "check", [KEY_DONE.format(node=node)]):
+                    del pending[node]
+                    continue
+                beats = self.store_call("read heartbeats", "add", KEY_HEARTBEAT.format(node=node), 0)
+                last, since = pending[node]
+                if beats is None:
+                    return
+                if beats != last:
+                    pending[node] = (beats, time.monotonic())
+                elif time.monotonic() - since > _NODE_SILENCE_S:
+                    log.warning("node %d sent no heartbeat for %g s; closing the store without it", node,
+                                _NODE_SILENCE_S)
+                    del pending[node]
+            if pending:
+                if not announced:
+                    log.info("waiting for nodes %s to finish before closing the store", sorted(pending))
+                    announced = True
+                for key, _ in self.sel.select(1.0):
+                    if key.fileobj is self.wake_r:
+                        self.on_signals()
+                    elif key.fileobj is self.notify_r:
+                        self.on_notify()
+
+    # ---- teardown
+
+    def cleanup(self) -> None:
+        """Leave nothing behind: kill what lives, reap, close the store. Safe to call twice."""
+        self.watch_stop.set()
+        if self.live():
+            self.stop(self.stop_code)
+            end = time.monotonic() + self.cfg.grace
+            while self.live() and time.monotonic() < end:
+                time.sleep(0.02)
+                for proc in self.live():
+                    if proc.popen.poll() is not None:
+                        proc.code = _exit_code(proc.popen.returncode)
+        for proc in self.procs:
+            _killpg(proc.popen.pid, signal.SIGKILL)
+            if proc.code is None:
+                proc.popen.wait()
+                proc.code = _exit_code(proc.popen.returncode)
+        for _ in range(50):
+            strays = [p for p in _children_of(os.getpid()) if p not in self.known_pids]
+            if not strays:
+                break
+            self.reap_strays()
+            time.sleep(0.01)
+        for fd in list(self.fd_to_stream):
+            self.fd_to_stream[fd][0].finish()
+            self.close_stream(fd)
+        if self.store is not None:
+            self.store.close()
+        if self.watcher is not None:
+            self.watcher.join(5.0)
+        if self.server is not None:
+            self.server.close()
+        self.sel.close()
+        for s in (self.wake_r, self.wake_w, self.notify_r, self.notify_w):
+            s.close()
+
+
+_MANAGED_VARS = {
+    discovery.ENV_RANK, discovery.ENV_WORLD_SIZE, discovery.ENV_LOCAL_RANK, discovery.ENV_LOCAL_WORLD_SIZE,
+    discovery.ENV_NODE_RANK, discovery.ENV_NNODES, discovery.ENV_STORE_ADDR, discovery.ENV_STORE_PORT,
+    discovery.ENV_STORE_TOKEN, discovery.ENV_RUN_ID, discovery.ENV_REPLACEMENT, discovery.ENV_REPLACES,
+}
+
+
+def _ignore(signum: int, frame: object) -> None:
+    """Signals are handled through the wakeup fd; the Python-level handler has nothing to do."""
+
+
+# --------------------------------------------------------------------------------------------------
+# command line
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="pycoll-run",
+        description="Start the ranks of a pycoll job on this node, host its store and watch them. "
+                    "See `pydoc pycoll.launch.launcher` for exit codes, --keep-going and the environment.",
+        usage="%(prog)s [options] (script.py | -m module | --no-python command) [args ...]",
+    )
+    p.add_argument("-n", "--nproc-per-node", "--nproc_per_node", dest="nproc", type=int, default=1, metavar="N",
+                   help="ranks to start on this node (default 1)")
+    p.add_argument("-m", "--module", action="store_true", help="run the target as a module (python -m)")
+    p.add_argument("--no-python", "--no_python", dest="no_python", action="store_true",
+                   help="run the target as an executable, not with the Python interpreter")
+    p.add_argument("--nnodes", type=int, default=1, help="number of nodes (one launcher each; default 1)")
+    p.add_argument("--node-rank", "--node_rank", dest="node_rank", type=int, default=0,
+                   help="this node's index (default 0)")
+    p.add_argument("--master-addr", "--master_addr", dest="master_addr", default=None,
+                   help="host of node 0, where the store runs (default: loopback for one node; "
+                        "required for several)")
+    p.add_argument("--master-port", "--master_port", dest="master_port", type=int, default=None,
+                   help="store port (default: a free port for one node, 29500 for several)")
+    p.add_argument("--store-bind", dest="store_bind", default=None,
+                   help="address node 0 binds the store to (default: --master-addr)")
+    p.add_argument("--keep-going", dest="keep_going", action="store_true",
+                   help="a failing rank does not stop the others (see the exit status rules)")
+    p.add_argument("--replace-failed", dest="replace_failed", type=int, default=0, metavar="K",
+                   help="start up to K replacement processes for failed ranks (implies --keep-going)")
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                   help="stop the job after this many seconds and exit with 124")
+    p.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
+                   help="seconds between SIGTERM and SIGKILL when stopping ranks (default 5)")
+    p.add_argument("--no-prefix", dest="prefix", action="store_false", help="do not prefix output lines")
+    p.add_argument("-v", "--verbose", action="store_true", help="log the launcher's decisions")
+    p.add_argument("target", help="script, module (-m) or executable (--no-python)")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the target")
+    return p
+
+
+def _config(argv: Optional[Sequence[str]]) -> _Config:
+    parser = _parser()
+    a = parser.parse_args(argv)
+    if a.nproc < 1:
+        parser.error(f"-n must be at least 1, got {a.nproc}")
+    if a.nnodes < 1:
+        parser.error(f"--nnodes must be at least 1, got {a.nnodes}")
+    if not 0 <= a.node_rank < a.nnodes:
+        parser.error(f"--node-rank must be in [0, {a.nnodes}), got {a.node_rank}")
+    if a.replace_failed < 0:
+        parser.error(f"--replace-failed must be >= 0, got {a.replace_failed}")
+    if a.timeout is not None and not a.timeout > 0:
+        parser.error(f"--timeout must be > 0, got {a.timeout}")
+    if not a.grace >= 0:
+        parser.error(f"--grace must be >= 0, got {a.grace}")
+    if a.module and a.no_python:
+        parser.error("-m and --no-python exclude each other")
+    if a.nnodes > 1 and a.master_addr is None:
+        parser.error("--master-addr is required when --nnodes > 1")
+    master_port = a.master_port if a.master_port is not None else (29500 if a.nnodes > 1 else 0)
+    if not 0 <= master_port <= 65535 or (a.nnodes > 1 and master_port == 0):
+        parser.error(f"--master-port must be a TCP port, got {master_port}")
+    if a.module:
+        command = [sys.executable, "-u", "-m", a.target] + a.args
+    elif a.no_python:
+        exe = a.target if os.sep in a.target else shutil.which(a.target)
+        if exe is None or not os.access(exe, os.X_OK):
+            parser.error(f"cannot find executable {a.target!r}")
+        command = [a.target] + a.args
+    else:
+        if not os.path.isfile(a.target):
+            parser.error(f"no such script: {a.target!r}")
+        command = [sys.executable, "-u", a.target] + a.args
+    return _Config(
+        command=command, nproc=a.nproc, nnodes=a.nnodes, node_rank=a.node_rank,
+        master_addr=a.master_addr or "127.0.0.1", master_port=master_port, store_bind=a.store_bind,
+        keep_going=a.keep_going or a.replace_failed > 0, replace_failed=a.replace_failed, timeout=a.timeout,
+        grace=a.grace, prefix=a.prefix, verbose=a.verbose,
+    )
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of ``pycoll-run``; returns the exit status. Must run in the main thread."""
+    cfg = _config(argv)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("pycoll-run: %(message)s"))
+    root = logging.getLogger("pycoll")
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if cfg.verbose else logging.INFO)
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    launcher = _Launcher(cfg)
+    code = 1
+    try:
+        launcher.install_signals()
+        launcher.open_store()
+        launcher.start_watcher()
+        code = launcher.run()
+        launcher.finish_nodes(code)
+    finally:
+        launcher.cleanup()
+        launcher.restore_signals()
+        root.removeHandler(handler)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,304 @@
+"""The store protocol: :class:`Store`, the :class:`PrefixStore` view, and what every store shares.
+
+Semantics (those of torch's c10d stores): keys are ``str``; values are ``bytes`` (``str`` values are
+UTF-8 encoded); :meth:`Store.add` keeps a counter as the decimal ASCII text of an int64 (a missing
+key counts as 0); :meth:`Store.compare_set` swaps only when the current value equals ``expected``,
+treats a missing key as matching an empty ``expected``, and returns the value after the operation
+(``expected`` itself when the key is missing and ``expected`` is not empty).
+
+Every blocking call takes ``timeout`` in seconds (``None``: the store's ``timeout`` attribute; 0: do
+not wait) and raises :class:`~pycoll.errors.StoreTimeout` naming the key(s) and the time waited.
+Other failures raise :class:`~pycoll.errors.StoreError`; a refused token raises
+:class:`~pycoll.errors.StoreAuthError`. Every store is safe to use from several threads at once (a
+blocked ``get`` in one thread does not delay another thread's calls).
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from datetime import timedelta
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+
+from ..errors import NotSupported, StoreError, StoreTimeout
+
+__all__ = ["Store", "PrefixStore", "DEFAULT_TIMEOUT", "Value", "Keys"]
+
+#: Default timeout of blocking store calls, in seconds (torch's stores use the same).
+DEFAULT_TIMEOUT = 300.0
+
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+Value = Union[bytes, bytearray, memoryview, str]
+Keys = Union[str, Iterable[str]]
+
+
+# --------------------------------------------------------------------------------------------------
+# argument checking shared by every store
+
+
+def _check_key(key: Any) -> str:
+    if not isinstance(key, str):
+        raise TypeError(f"store keys must be str, got {type(key).__name__}")
+    return key
+
+
+def _check_keys(keys: Any) -> List[str]:
+    if isinstance(keys, str):
+        return [keys]
+    if isinstance(keys, (bytes, bytearray)):
+        raise TypeError("store keys must be str, got bytes")
+    return [_check_key(k) for k in keys]
+
+
+def _to_bytes(value: Any, what: str = "value") -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    raise TypeError(f"store {what} must be bytes or str, got {type(value).__name__}")
+
+
+def _check_amount(amount: Any) -> int:
+    if isinstance(amount, bool) or not isinstance(amount, int):
+        raise TypeError(f"add() amount must be an int, got {type(amount).__name__}")
+    if not _INT64_MIN <= amount <= _INT64_MAX:
+        raise ValueError(f"add() amount {amount} does not fit in int64")
+    return amount
+
+
+def _check_timeout(timeout: Any, default: float) -> float:
+    if timeout is None:
+        timeout = default
+    if isinstance(timeout, timedelta):
+        timeout = timeout.total_seconds()
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
+    timeout = float(timeout)
+    if not math.isfinite(timeout) or timeout < 0:
+        raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout}")
+    return timeout
+
+
+def _timeout_error(keys: Sequence[str], timeout: float, where: str = "", missing: Sequence[str] = ()) -> StoreTimeout:
+    missing = list(missing) or list(keys)
+    what = f"key {missing[0]!r}" if len(missing) == 1 else f"keys {missing!r}"
+    if len(keys) > len(missing):
+        what += f" (of {len(keys)} waited for)"
+    exc = StoreTimeout(f"timed out after {timeout:g} s waiting for {what}{where}")
+    exc.keys = list(keys)  # type: ignore[attr-defined]
+    exc.missing = missing  # type: ignore[attr-defined]
+    exc.timeout = timeout  # type: ignore[attr-defined]
+    return exc
+
+
+# --------------------------------------------------------------------------------------------------
+# the protocol
+
+
+class Store(abc.ABC):
+    """A key-value store shared by the ranks of a job.
+
+    Attributes:
+        timeout: default timeout of blocking calls, in seconds.
+    """
+
+    timeout: float = DEFAULT_TIMEOUT
+
+    @abc.abstractmethod
+    def set(self, key: str, value: Value) -> None:
+        """Set ``key`` to ``value`` (bytes, or str encoded as UTF-8), waking every waiter on it."""
+
+    @abc.abstractmethod
+    def get(self, key: str, timeout: Optional[float] = None) -> bytes:
+        """Return the value of ``key``, waiting up to ``timeout`` seconds for it to be set.
+
+        Raises :class:`StoreTimeout` if the key does not exist when the timeout expires.
+        """
+
+    @abc.abstractmethod
+    def add(self, key: str, amount: int) -> int:
+        """Add ``amount`` to the int64 counter ``key`` (missing: 0) and return the new value.
+
+        Raises :class:`StoreError` if ``key`` holds something other than a decimal integer.
+        """
+
+    @abc.abstractmethod
+    def wait(self, keys: Keys, timeout: Optional[float] = None) -> None:
+        """Wait until every key in ``keys`` exists; :class:`StoreTimeout` names the missing ones."""
+
+    @abc.abstractmethod
+    def compare_set(self, key: str, expected: Value, desired: Value) -> bytes:
+        """Set ``key`` to ``desired`` if its value is ``expected``; return the value afterwards.
+
+        A missing key matches ``expected == b""`` (then it is created). When the key is missing and
+        ``expected`` is not empty nothing is stored and ``expected`` is returned (torch's semantics).
+        """
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> bool:
+        """Delete ``key``; return whether it existed."""
+
+    @abc.abstractmethod
+    def check(self, keys: Keys) -> bool:
+        """Return whether every key in ``keys`` exists, without waiting."""
+
+    @abc.abstractmethod
+    def num_keys(self) -> int:
+        """Return the number of keys in the store (in a :class:`PrefixStore`: under its prefix)."""
+
+    def list_keys(self, prefix: str = "") -> List[str]:
+        """Return the sorted keys that start with ``prefix``."""
+        raise NotSupported("list_keys", library=type(self).__name__)
+
+    def multi_get(self, keys: Keys, timeout: Optional[float] = None) -> List[bytes]:
+        """Return the values of ``keys``, waiting up to ``timeout`` seconds for all of them."""
+        keys = _check_keys(keys)
+        timeout = _check_timeout(timeout, self.timeout)
+        self.wait(keys, timeout)
+        return [self.get(k, 0) for k in keys]
+
+    def close(self) -> None:
+        """Release the store's resources (connections, files). Further calls raise StoreError."""
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class PrefixStore(Store):
+    """A view of ``store`` in which every key is prefixed with ``prefix``.
+
+    Views nest (``PrefixStore(PrefixStore(s, "a/"), "b/")`` uses ``"a/b/"``). Closing a view does not
+    close the underlying store. :meth:`num_keys` counts only the keys under the prefix.
+    """
+
+    def __init__(self, store: Store, prefix: str) -> None:
+        if not isinstance(store, Store):
+            raise TypeError(f"PrefixStore needs a pycoll Store, got {type(store).__name__} (see wrap_torch_store)")
+        _check_key(prefix)
+        if isinstance(store, PrefixStore):
+            prefix = store.prefix + prefix
+            store = store.store
+        self.store = store
+        self.prefix = prefix
+
+    @property
+    def root(self) -> Store:
+        """The innermost store under this view (never a :class:`PrefixStore`): where unprefixed keys live."""
+        store = self.store
+        while isinstance(store, PrefixStore):
+            store = store.store
+        return store
+
+    @property
+    def timeout(self) -> float:  # type: ignore[override]
+        return self.store.timeout
+
+    @timeout.setter
+    def timeout(self, value: float) -> None:
+        self.store.timeout = _check_timeout(value, DEFAULT_TIMEOUT)
+
+    def _k(self, key: str) -> str:
+        return self.prefix + _check_key(key)
+
+    def _strip(self, keys: Sequence[str]) -> List[str]:
+        n = len(self.prefix)
+        return [k[n:] if k.startswith(self.prefix) else k for k in keys]
+
+    def _unprefixed(self, exc: StoreTimeout) -> StoreTimeout:
+        keys = self._strip(getattr(exc, "keys", []))
+        if not keys:
+            return exc
+        new = _timeout_error(keys, getattr(exc, "timeout", 0.0), f" (under prefix {self.prefix!r})",
+                             self._strip(getattr(exc, "missing", [])))
+        return new
+
+    def set(self, key: str, value: Value) -> None:
+        self.store.set(self._k(key), value)
+
+    def get(self, key: str, timeout: Optional[float] = None) -> bytes:
+        try:
+            return self.store.get(self._k(key), timeout)
+        except StoreTimeout as exc:
+            raise self._unprefixed(exc) from None
+
+    def add(self, key: str, amount: int) -> int:
+        return self.store.add(self._k(key), amount)
+
+    def wait(self, keys: Keys, timeout: Optional[float] = None) -> None:
+        try:
+            self.store.wait([self._k(k) for k in _check_keys(keys)], timeout)
+        except StoreTimeout as exc:
+            raise self._unprefixed(exc) from None
+
+    def compare_set(self, key: str, expected: Value, desired: Value) -> bytes:
+        return self.store.compare_set(self._k(key), expected, desired)
+
+    def delete(self, key: str) -> bool:
+        return self.store.delete(self._k(key))
+
+    def check(self, keys: Keys) -> bool:
+        return self.store.check([self._k(k) for k in _check_keys(keys)])
+
+    def num_keys(self) -> int:
+        return len(self.store.list_keys(self.prefix))
+
+    def list_keys(self, prefix: str = "") -> List[str]:
+        return self._strip(self.store.list_keys(self._k(prefix)))
+
+    def multi_get(self, keys: Keys, timeout: Optional[float] = None) -> List[bytes]:
+        try:
+            return self.store.multi_get([self._k(k) for k in _check_keys(keys)], timeout)
+        except StoreTimeout as exc:
+            raise self._unprefixed(exc) from None
+
+    def __repr__(self) -> str:
+        return f"PrefixStore({self.store!r}, {self.prefix!r})"
+
+
+# --------------------------------------------------------------------------------------------------
+# the semantics, once
+
+
+class _Table:
+    """A dict with the store semantics; callers do the locking and the waiting."""
+
+    def __init__(self) -> None:
+        self.data: Dict[str, bytes] = {}
+
+    def add(self, key: str, amount: int) -> int:
+        old = self.data.get(key)
+        current = 0
+        if old is not None:
+            try:
+                current = int(old.decode("ascii").strip())
+            except (UnicodeDecodeError, ValueError):
+                raise StoreError(f"add({key!r}): the key holds {old[:40]!r}, not an integer counter") from None
+        new = current + amount
+        if not _INT64_MIN <= new <= _INT64_MAX:
+            raise StoreError(f"add({key!r}): counter overflows int64 ({current} + {amount})")
+        self.data[key] = str(new).encode("ascii")
+        return new
+
+    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        old = self.data.get(key)
+        if old is None:
+            if expected:
+                return expected
+            self.data[key] = desired
+            return desired
+        if old == expected:
+            self.data[key] = desired
+            return desired
+        return old
+
+    def missing(self, keys: Iterable[str]) -> List[str]:
+        return [k for k in keys if k not in self.data]
+
+    def list_keys(self, prefix: str) -> List[str]:
+        return sorted(k for k in self.data if k.startswith(prefix))

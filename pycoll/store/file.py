@@ -1,0 +1,333 @@
+"""The store protocol over a file, for processes on one machine or a shared filesystem."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import struct
+import threading
+import time
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+
+from ..errors import StoreError
+from .base import (
+    DEFAULT_TIMEOUT,
+    Keys,
+    Store,
+    Value,
+    _check_amount,
+    _check_key,
+    _check_keys,
+    _check_timeout,
+    _Table,
+    _timeout_error,
+    _to_bytes,
+)
+
+__all__ = ["FileStore"]
+
+log = logging.getLogger("pycoll.store")
+
+
+_FILE_MAGIC = b"PYCOLLFS\x01"
+_REC = struct.Struct("!BII")  # kind, key length, value length
+_REC_SET, _REC_DELETE = 1, 2
+
+
+class _PathLock:
+    """Process-wide lock for one lock file: a thread lock plus an fcntl lock on a shared fd.
+
+    POSIX record locks belong to the process and vanish when *any* descriptor of the file is
+    closed, so every FileStore on the same path in this process shares one descriptor.
+    """
+
+    _registry: Dict[str, "_PathLock"] = {}
+    _registry_lock = threading.Lock()
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self.pid = os.getpid()
+        self.lock = threading.Lock()
+        self.refs = 0
+
+    @classmethod
+    def acquire_ref(cls, path: str) -> "_PathLock":
+        with cls._registry_lock:
+            pl = cls._registry.get(path)
+            if pl is None or pl.pid != os.getpid():
+                pl = cls._registry[path] = _PathLock(path)
+            pl.refs += 1
+            return pl
+
+    def release_ref(self) -> None:
+        with self._registry_lock, self.lock:
+            self.refs -= 1
+            if self.refs == 0 and self._registry.get(self.path) is self:
+                del self._registry[self.path]
+                os.close(self.fd)
+
+    def __enter__(self) -> None:
+        self.lock.acquire()
+        try:
+            fcntl.lockf(self.fd, fcntl.LOCK_EX)
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            fcntl.lockf(self.fd, fcntl.LOCK_UN)
+        finally:
+            self.lock.release()
+
+
+class FileStore(Store):
+    """The store protocol over a file, for processes on one machine or a shared filesystem.
+
+    The data file ``path`` is an append-only log (compacted when mostly stale, by an atomic rename);
+    ``path + ".lock"`` serialises access with POSIX ``fcntl`` locks, which also work over NFS.
+    Every process caches what it has read and reads only what was appended since. Waits poll the
+    file (every 1 ms at first, then at most every ``poll_interval`` seconds).
+
+    The files stay when the store is closed; :meth:`remove_files` deletes them once no process
+    uses them. Every process must use the same path.
+    """
+
+    COMPACT_MIN_BYTES = 1 << 16
+
+    def __init__(self, path: Union[str, os.PathLike], timeout: float = DEFAULT_TIMEOUT,
+                 poll_interval: float = 0.02) -> None:
+        self.path = os.path.abspath(os.fspath(path))
+        self.timeout = _check_timeout(timeout, DEFAULT_TIMEOUT)
+        self.poll_interval = _check_timeout(poll_interval, 0.02)
+        self._plock = _PathLock.acquire_ref(self.path + ".lock")
+        self._fd = -1
+        self._ino: Optional[Tuple[int, int]] = None
+        self._offset = 0
+        self._table = _Table()
+        self._live_bytes = 0
+        self._closed = False
+        with self._locked():
+            self._sync()
+
+    def __reduce__(self) -> Any:
+        return (FileStore, (self.path, self.timeout, self.poll_interval))
+
+    def __repr__(self) -> str:
+        return f"FileStore({self.path!r})"
+
+    @staticmethod
+    def remove_files(path: Union[str, os.PathLike]) -> None:
+        """Delete a FileStore's data and lock files (missing ones are ignored)."""
+        p = os.path.abspath(os.fspath(path))
+        for name in (p, p + ".lock", p + ".tmp"):
+            try:
+                os.unlink(name)
+            except FileNotFoundError:
+                pass
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        with self._plock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+        self._plock.release_ref()
+
+    # ---- file access (callers hold self._plock)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        if self._closed:
+            raise StoreError(f"the FileStore on {self.path} is closed")
+        with self._plock:
+            yield
+
+    def _open_data(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        st = os.fstat(fd)
+        if st.st_size == 0:
+            os.write(fd, _FILE_MAGIC)
+        elif os.pread(fd, len(_FILE_MAGIC), 0) != _FILE_MAGIC:
+            os.close(fd)
+            raise StoreError(f"{self.path} is not a pycoll FileStore file")
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._fd = fd
+        self._ino = (st.st_dev, st.st_ino)
+        self._offset = len(_FILE_MAGIC)
+        self._table = _Table()
+        self._live_bytes = 0
+
+    def _sync(self) -> None:
+        """Bring the cache up to date with the file."""
+        if self._closed:
+            raise StoreError(f"the FileStore on {self.path} is closed")
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            st = None
+        if st is None or self._fd < 0 or (st.st_dev, st.st_ino) != self._ino or st.st_size < self._offset:
+            self._open_data()
+            st = os.fstat(self._fd)
+        if st.st_size == self._offset:
+            return
+        data = os.pread(self._fd, st.st_size - self._offset, self._offset)
+        pos = 0
+        while pos + _REC.size <= len(data):
+            kind, klen, vlen = _REC.unpack_from(data, pos)
+            end = pos + _REC.size + klen + vlen
+            if kind not in (_REC_SET, _REC_DELETE) or end > len(data):
+                break
+            try:
+                key = data[pos + _REC.size:pos + _REC.size + klen].decode("utf-8")
+            except UnicodeDecodeError:
+                break
+            if kind == _REC_SET:
+                self._put_cached(key, data[pos + _REC.size + klen:end])
+            else:
+                self._pop_cached(key)
+            pos = end
+        if pos < len(data):
+            # a writer died in the middle of a record (we hold the lock): drop the torn tail
+            log.warning("FileStore %s: dropping %d bytes of an incomplete record", self.path, len(data) - pos)
+            os.ftruncate(self._fd, self._offset + pos)
+        self._offset += pos
+
+    def _put_cached(self, key: str, value: bytes) -> None:
+        old = self._table.data.get(key)
+        if old is not None:
+            self._live_bytes -= _REC.size + len(key.encode()) + len(old)
+        self._table.data[key] = value
+        self._live_bytes += _REC.size + len(key.encode()) + len(value)
+
+    def _pop_cached(self, key: str) -> Optional[bytes]:
+        old = self._table.data.pop(key, None)
+        if old is not None:
+            self._live_bytes -= _REC.size + len(key.encode()) + len(old)
+        return old
+
+    @staticmethod
+    def _record(kind: int, key: str, value: bytes = b"") -> bytes:
+        k = key.encode("utf-8")
+        return _REC.pack(kind, len(k), len(value)) + k + value
+
+    def _append(self, rec: bytes) -> None:
+        view = memoryview(rec)
+        while view:
+            n = os.write(self._fd, view)
+            view = view[n:]
+        self._offset += len(rec)
+        if self._offset > self.COMPACT_MIN_BYTES and self._offset > 4 * (self._live_bytes + len(_FILE_MAGIC)):
+            self._compact()
+
+    def _compact(self) -> None:
+        tmp = self.path + ".tmp"
+        parts = [_FILE_MAGIC] + [self._record(_REC_SET, k, v) for k, v in self._table.data.items()]
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            data = memoryview(b"".join(parts))
+            while data:
+                data = data[os.write(fd, data):]
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        table, live = self._table, self._live_bytes
+        self._open_data()
+        self._table, self._live_bytes = table, live
+        self._offset = os.fstat(self._fd).st_size
+
+    def _set_locked(self, key: str, value: bytes) -> None:
+        self._put_cached(key, value)
+        self._append(self._record(_REC_SET, key, value))
+
+    def _poll(self, keys: List[str], timeout: float, done: Callable[[], Any]) -> Any:
+        deadline = time.monotonic() + timeout
+        delay = 0.001
+        while True:
+            with self._locked():
+                self._sync()
+                if not self._table.missing(keys):
+                    return done()
+                missing = self._table.missing(keys)
+            now = time.monotonic()
+            if now >= deadline:
+                raise _timeout_error(keys, timeout, f" in {self.path}", missing)
+            time.sleep(min(delay, deadline - now))
+            delay = min(delay * 2, self.poll_interval)
+
+    # ---- the protocol
+
+    def set(self, key: str, value: Value) -> None:
+        key, value = _check_key(key), _to_bytes(value)
+        with self._locked():
+            self._sync()
+            self._set_locked(key, value)
+
+    def get(self, key: str, timeout: Optional[float] = None) -> bytes:
+        key = _check_key(key)
+        return self._poll([key], _check_timeout(timeout, self.timeout), lambda: self._table.data[key])
+
+    def add(self, key: str, amount: int) -> int:
+        key, amount = _check_key(key), _check_amount(amount)
+        with self._locked():
+            self._sync()
+            scratch = _Table()
+            scratch.data = {key: self._table.data[key]} if key in self._table.data else {}
+            value = scratch.add(key, amount)
+            self._set_locked(key, scratch.data[key])
+            return value
+
+    def wait(self, keys: Keys, timeout: Optional[float] = None) -> None:
+        keys = _check_keys(keys)
+        self._poll(keys, _check_timeout(timeout, self.timeout), lambda: None)
+
+    def multi_get(self, keys: Keys, timeout: Optional[float] = None) -> List[bytes]:
+        keys = _check_keys(keys)
+        return self._poll(keys, _check_timeout(timeout, self.timeout), lambda: [self._table.data[k] for k in keys])
+
+    def compare_set(self, key: str, expected: Value, desired: Value) -> bytes:
+        key = _check_key(key)
+        expected, desired = _to_bytes(expected, "expected value"), _to_bytes(desired, "desired value")
+        with self._locked():
+            self._sync()
+            old = self._table.data.get(key)
+            scratch = _Table()
+            scratch.data = {} if old is None else {key: old}
+            value = scratch.compare_set(key, expected, desired)
+            if key in scratch.data and scratch.data[key] is not old:
+                self._set_locked(key, scratch.data[key])
+            return value
+
+    def delete(self, key: str) -> bool:
+        key = _check_key(key)
+        with self._locked():
+            self._sync()
+            if self._pop_cached(key) is None:
+                return False
+            self._append(self._record(_REC_DELETE, key))
+            return True
+
+    def check(self, keys: Keys) -> bool:
+        keys = _check_keys(keys)
+        with self._locked():
+            self._sync()
+            return not self._table.missing(keys)
+
+    def num_keys(self) -> int:
+        with self._locked():
+            self._sync()
+            return len(self._table.data)
+
+    def list_keys(self, prefix: str = "") -> List[str]:
+        prefix = _check_key(prefix)
+        with self._locked():
+            self._sync()
+            return self._table.list_keys(prefix)

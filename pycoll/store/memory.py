@@ -1,0 +1,98 @@
+"""The in-process store (threads only); the reference for the semantics of :mod:`pycoll.store.base`."""
+
+from __future__ import annotations
+
+import threading
+from typing import List, Optional
+
+from .base import (
+    DEFAULT_TIMEOUT,
+    Keys,
+    Store,
+    Value,
+    _check_amount,
+    _check_key,
+    _check_keys,
+    _check_timeout,
+    _Table,
+    _timeout_error,
+    _to_bytes,
+)
+
+__all__ = ["MemoryStore"]
+
+
+class MemoryStore(Store):
+    """A store held in this process; threads share it. Useful for one-process jobs and tests."""
+
+    def __init__(self, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.timeout = _check_timeout(timeout, DEFAULT_TIMEOUT)
+        self._table = _Table()
+        self._cond = threading.Condition()
+
+    def set(self, key: str, value: Value) -> None:
+        key, value = _check_key(key), _to_bytes(value)
+        with self._cond:
+            self._table.data[key] = value
+            self._cond.notify_all()
+
+    def _wait_locked(self, keys: List[str], timeout: float) -> None:
+        if not self._cond.wait_for(lambda: not self._table.missing(keys), timeout):
+            raise _timeout_error(keys, timeout, missing=self._table.missing(keys))
+
+    def get(self, key: str, timeout: Optional[float] = None) -> bytes:
+        key = _check_key(key)
+        timeout = _check_timeout(timeout, self.timeout)
+        with self._cond:
+            self._wait_locked([key], timeout)
+            return self._table.data[key]
+
+    def add(self, key: str, amount: int) -> int:
+        key, amount = _check_key(key), _check_amount(amount)
+        with self._cond:
+            value = self._table.add(key, amount)
+            self._cond.notify_all()
+            return value
+
+    def wait(self, keys: Keys, timeout: Optional[float] = None) -> None:
+        keys = _check_keys(keys)
+        timeout = _check_timeout(timeout, self.timeout)
+        with self._cond:
+            self._wait_locked(keys, timeout)
+
+    def multi_get(self, keys: Keys, timeout: Optional[float] = None) -> List[bytes]:
+        keys = _check_keys(keys)
+        timeout = _check_timeout(timeout, self.timeout)
+        with self._cond:
+            self._wait_locked(keys, timeout)
+            return [self._table.data[k] for k in keys]
+
+    def compare_set(self, key: str, expected: Value, desired: Value) -> bytes:
+        key = _check_key(key)
+        expected, desired = _to_bytes(expected, "expected value"), _to_bytes(desired, "desired value")
+        with self._cond:
+            value = self._table.compare_set(key, expected, desired)
+            self._cond.notify_all()
+            return value
+
+    def delete(self, key: str) -> bool:
+        key = _check_key(key)
+        with self._cond:
+            return self._table.data.pop(key, None) is not None
+
+    def check(self, keys: Keys) -> bool:
+        keys = _check_keys(keys)
+        with self._cond:
+            return not self._table.missing(keys)
+
+    def num_keys(self) -> int:
+        with self._cond:
+            return len(self._table.data)
+
+    def list_keys(self, prefix: str = "") -> List[str]:
+        prefix = _check_key(prefix)
+        with self._cond:
+            return self._table.list_keys(prefix)
+
+    def __repr__(self) -> str:
+        return f"MemoryStore(num_keys={len(self._table.data)})"

@@ -1,0 +1,361 @@
+"""The client of pycoll's TCP store."""
+
+from __future__ import annotations
+
+import hmac
+import os
+import secrets
+import socket
+import threading
+import time
+from typing import Any, List, Optional, Sequence, Set, Tuple, Union, cast
+
+from ..errors import StoreAuthError, StoreError, StoreTimeout
+from ._wire import (
+    _AUTH_BAD_TOKEN,
+    _AUTH_BAD_VERSION,
+    _AUTH_OK,
+    _CLIENT_HELLO,
+    _D,
+    _LEN,
+    _MAGIC,
+    _NONCE,
+    _OP_ADD,
+    _OP_CAS,
+    _OP_CHECK,
+    _OP_DELETE,
+    _OP_GET,
+    _OP_LIST_KEYS,
+    _OP_MULTI_GET,
+    _OP_NAMES,
+    _OP_NUM_KEYS,
+    _OP_SET,
+    _OP_WAIT,
+    _Q,
+    _SERVER_HELLO,
+    _SERVER_REPLY,
+    _ST_OK,
+    _ST_TIMEOUT,
+    _VERSION,
+    DEFAULT_MAX_MESSAGE,
+    _decode,
+    _encode,
+    _mac,
+    _ProtocolError,
+    _token_bytes,
+)
+from .base import (
+    DEFAULT_TIMEOUT,
+    Keys,
+    Store,
+    Value,
+    _check_amount,
+    _check_key,
+    _check_keys,
+    _check_timeout,
+    _timeout_error,
+    _to_bytes,
+)
+from .tcp_server import TCPStoreServer
+
+__all__ = ["TCPStore"]
+
+
+class _ClientConn:
+    """One authenticated client connection; used by one thread at a time."""
+
+    def __init__(self, sock: socket.socket, max_message: int) -> None:
+        self.sock = sock
+        self.max_message = max_message
+        self.buf = bytearray()
+        self.io_timeout: Optional[float] = None
+
+    def _recv_exact(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            chunk = self.sock.recv(max(1 << 16, n - len(self.buf)))
+            if not chunk:
+                raise ConnectionResetError("the store server closed the connection")
+            self.buf += chunk
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out
+
+    def request(self, frame: bytes, io_timeout: float) -> Tuple[int, List[bytes]]:
+        if io_timeout != self.io_timeout:
+            self.sock.settimeout(io_timeout)
+            self.io_timeout = io_timeout
+        self.sock.sendall(frame)
+        (n,) = _LEN.unpack(self._recv_exact(_LEN.size))
+        if n > self.max_message:
+            raise _ProtocolError(f"reply of {n} bytes exceeds the client's limit of {self.max_message} bytes")
+        return _decode(memoryview(self._recv_exact(n)))
+
+    def close(self, shutdown: bool = True) -> None:
+        if shutdown:
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self.sock.close()
+
+
+class TCPStore(Store):
+    """A client of a :class:`TCPStoreServer`.
+
+    Connects (and authenticates) at construction, retrying refused connections until
+    ``connect_timeout`` since ranks may start before the server. Threads share the client: each
+    concurrent call uses its own connection from a small pool, so one thread's blocked ``get`` never
+    delays another's ``set``. After ``fork`` the child opens its own connections.
+
+    Args:
+        host, port: the server's address.
+        token: the server's token (str or bytes); ``None`` reads ``PYCOLL_STORE_TOKEN``.
+        timeout: default timeout of blocking calls, and how long to wait for any reply, in seconds.
+        connect_timeout: how long to keep trying to reach the server, in seconds (default: 60).
+        max_message: largest request or reply this client sends or accepts, in bytes.
+
+    Raises:
+        StoreTimeout: the server could not be reached within ``connect_timeout``.
+        StoreAuthError: the server refused the token (or could not prove it knows it).
+        StoreError: anything else that prevents talking to the server.
+    """
+
+    #: Extra seconds a client waits for the server's answer beyond a wait's own timeout.
+    REPLY_GRACE = 10.0
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        token: Union[str, bytes, None] = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        connect_timeout: float = 60.0,
+        max_message: int = DEFAULT_MAX_MESSAGE,
+    ) -> None:
+        if not isinstance(port, int) or not 0 < port <= 65535:
+            raise ValueError(f"store port must be an int in [1, 65535], got {port!r}")
+        self.host = host
+        self.port = port
+        self._token = _token_bytes(token, "TCPStore")
+        self.timeout = _check_timeout(timeout, DEFAULT_TIMEOUT)
+        self.connect_timeout = _check_timeout(connect_timeout, 60.0)
+        self.max_message = int(max_message)
+        self._lock = threading.Lock()
+        self._idle: List[_ClientConn] = []
+        self._busy: Set[_ClientConn] = set()
+        self._pid = os.getpid()
+        self._closed = False
+        #: the server this client hosts (see :meth:`hosting`), else None
+        self.server: Optional[TCPStoreServer] = None
+        self._release(self._connect())
+
+    @classmethod
+    def hosting(
+        cls,
+        bind: str = "127.0.0.1",
+        port: int = 0,
+        token: Union[str, bytes, None] = None,
+        *,
+        max_message: int = DEFAULT_MAX_MESSAGE,
+        **kwargs: Any,
+    ) -> "TCPStore":
+        """Start a :class:`TCPStoreServer` in this process and return a client that owns it.
+
+        Closing the returned client stops the server: every other client then loses the store.
+        The server is available as the client's ``server`` attribute.
+        """
+        server = TCPStoreServer(bind, port, token, max_message=max_message).start()
+        try:
+            client = cast(TCPStore, server.client(max_message=max_message, **kwargs))
+        except BaseException:
+            server.close()
+            raise
+        client.server = server
+        return client
+
+    def __reduce__(self) -> Any:
+        return (_rebuild_tcp_store, (self.host, self.port, self._token, self.timeout, self.connect_timeout,
+                                     self.max_message))
+
+    def __repr__(self) -> str:
+        return f"TCPStore({self.host!r}, {self.port})"
+
+    # ---- connections
+
+    def _where(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def _connect(self) -> _ClientConn:
+        deadline = time.monotonic() + self.connect_timeout
+        delay = 0.01
+        last: Optional[BaseException] = None
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                sock = socket.create_connection((self.host, self.port), timeout=max(0.05, min(remaining, 10.0)))
+            except (OSError, socket.gaierror) as exc:
+                last = exc
+                if time.monotonic() + delay >= deadline:
+                    raise StoreTimeout(f"could not connect to the store at {self._where()} within "
+                                       f"{self.connect_timeout:g} s (last error: {last})") from None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+                continue
+            try:
+                return self._handshake(sock, max(remaining, 5.0))
+            except BaseException:
+                sock.close()
+                raise
+
+    def _handshake(self, sock: socket.socket, timeout: float) -> _ClientConn:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sock.settimeout(min(timeout, 30.0))
+        conn = _ClientConn(sock, self.max_message)
+        try:
+            magic, version, server_nonce = _SERVER_HELLO.unpack(conn._recv_exact(_SERVER_HELLO.size))
+            if magic != _MAGIC:
+                raise StoreError(f"{self._where()} is not a pycoll store (unexpected greeting)")
+            if version != _VERSION:
+                raise StoreError(f"the store at {self._where()} speaks protocol {version}, this client {_VERSION}")
+            client_nonce = secrets.token_bytes(_NONCE)
+            sock.sendall(_CLIENT_HELLO.pack(_MAGIC, _VERSION, client_nonce,
+                                            _mac(self._token, b"client", server_nonce, client_nonce)))
+            status, mac = _SERVER_REPLY.unpack(conn._recv_exact(_SERVER_REPLY.size))
+        except socket.timeout:
+            raise StoreTimeout(f"the store at {self._where()} did not complete the handshake in time") from None
+        except ConnectionError as exc:
+            raise StoreError(f"the store at {self._where()} closed the connection during the handshake "
+                             f"({exc})") from None
+        if status == _AUTH_BAD_TOKEN:
+            raise StoreAuthError(f"the store at {self._where()} refused this client's token")
+        if status == _AUTH_BAD_VERSION:
+            raise StoreError(f"the store at {self._where()} does not speak protocol version {_VERSION}")
+        if status != _AUTH_OK or not hmac.compare_digest(mac, _mac(self._token, b"server", server_nonce,
+                                                                     client_nonce)):
+            raise StoreAuthError(f"the server at {self._where()} could not prove it knows the token")
+        return conn
+
+    def _acquire(self) -> _ClientConn:
+        with self._lock:
+            if self._closed:
+                raise StoreError(f"the store client for {self._where()} is closed")
+            if self._pid != os.getpid():
+                for c in self._idle + list(self._busy):
+                    c.close(shutdown=False)  # the parent still uses these connections
+                self._idle, self._busy, self._pid = [], set(), os.getpid()
+            if self._idle:
+                conn = self._idle.pop()
+                self._busy.add(conn)
+                return conn
+        conn = self._connect()
+        with self._lock:
+            if self._closed:
+                conn.close()
+                raise StoreError(f"the store client for {self._where()} is closed")
+            self._busy.add(conn)
+        return conn
+
+    def _release(self, conn: _ClientConn) -> None:
+        with self._lock:
+            self._busy.discard(conn)
+            if self._closed:
+                conn.close()
+            else:
+                self._idle.append(conn)
+
+    def _discard(self, conn: _ClientConn) -> None:
+        with self._lock:
+            self._busy.discard(conn)
+        conn.close()
+
+    def close(self) -> None:
+        """Close every connection; calls blocked in other threads raise StoreError. Idempotent."""
+        with self._lock:
+            self._closed = True
+            conns = self._idle + list(self._busy)
+            self._idle = []
+        for c in conns:
+            c.close(shutdown=self._pid == os.getpid())
+        if self.server is not None and self._pid == os.getpid():
+            self.server.close()
+
+    def _call(self, op: int, args: Sequence[bytes], wait: float = 0.0, keys: Sequence[str] = ()) -> List[bytes]:
+        frame = _encode(op, args)
+        if len(frame) - _LEN.size > self.max_message:
+            raise StoreError(f"{_OP_NAMES[op]}: the request ({len(frame)} bytes) exceeds the limit of "
+                             f"{self.max_message} bytes")
+        conn = self._acquire()
+        io_timeout = (wait + self.REPLY_GRACE) if op in (_OP_GET, _OP_WAIT, _OP_MULTI_GET) else self.timeout
+        try:
+            status, out = conn.request(frame, max(io_timeout, 1.0))
+        except socket.timeout:
+            self._discard(conn)
+            raise StoreTimeout(f"{_OP_NAMES[op]}: the store at {self._where()} did not answer within "
+                               f"{io_timeout:g} s") from None
+        except (_ProtocolError, OSError) as exc:
+            self._discard(conn)
+            if self._closed:
+                raise StoreError(f"{_OP_NAMES[op]}: the store client for {self._where()} was closed") from None
+            raise StoreError(f"{_OP_NAMES[op]}: lost the connection to the store at {self._where()}: "
+                             f"{exc}") from None
+        except BaseException:
+            self._discard(conn)  # e.g. KeyboardInterrupt mid-reply: the connection is out of step
+            raise
+        self._release(conn)
+        if status == _ST_OK:
+            return out
+        if status == _ST_TIMEOUT:
+            missing = [m.decode("utf-8", "replace") for m in out]
+            raise _timeout_error(list(keys), wait, missing=missing)
+        message = out[0].decode("utf-8", "replace") if out else "unknown error"
+        raise StoreError(f"{_OP_NAMES[op]}: {message}")
+
+    # ---- the protocol
+
+    def set(self, key: str, value: Value) -> None:
+        self._call(_OP_SET, [_check_key(key).encode(), _to_bytes(value)])
+
+    def get(self, key: str, timeout: Optional[float] = None) -> bytes:
+        key = _check_key(key)
+        t = _check_timeout(timeout, self.timeout)
+        return self._call(_OP_GET, [key.encode(), _D.pack(t)], t, [key])[0]
+
+    def add(self, key: str, amount: int) -> int:
+        out = self._call(_OP_ADD, [_check_key(key).encode(), _Q.pack(_check_amount(amount))])
+        return _Q.unpack(out[0])[0]
+
+    def wait(self, keys: Keys, timeout: Optional[float] = None) -> None:
+        keys = _check_keys(keys)
+        t = _check_timeout(timeout, self.timeout)
+        self._call(_OP_WAIT, [_D.pack(t)] + [k.encode() for k in keys], t, keys)
+
+    def multi_get(self, keys: Keys, timeout: Optional[float] = None) -> List[bytes]:
+        keys = _check_keys(keys)
+        t = _check_timeout(timeout, self.timeout)
+        return self._call(_OP_MULTI_GET, [_D.pack(t)] + [k.encode() for k in keys], t, keys)
+
+    def compare_set(self, key: str, expected: Value, desired: Value) -> bytes:
+        args = [_check_key(key).encode(), _to_bytes(expected, "expected value"), _to_bytes(desired, "desired value")]
+        return self._call(_OP_CAS, args)[0]
+
+    def delete(self, key: str) -> bool:
+        return self._call(_OP_DELETE, [_check_key(key).encode()])[0] == b"\x01"
+
+    def check(self, keys: Keys) -> bool:
+        return self._call(_OP_CHECK, [k.encode() for k in _check_keys(keys)])[0] == b"\x01"
+
+    def num_keys(self) -> int:
+        return _Q.unpack(self._call(_OP_NUM_KEYS, [])[0])[0]
+
+    def list_keys(self, prefix: str = "") -> List[str]:
+        return [k.decode("utf-8") for k in self._call(_OP_LIST_KEYS, [_check_key(prefix).encode()])]
+
+
+TCPStoreServer._client_class = TCPStore
+
+
+def _rebuild_tcp_store(host: str, port: int, token: bytes, timeout: float, connect_timeout: float,
+                       max_message: int) -> TCPStore:
+    return TCPStore(host, port, token, timeout=timeout, connect_timeout=connect_timeout, max_message=max_message)

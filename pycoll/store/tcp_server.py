@@ -1,0 +1,574 @@
+"""The server of pycoll's TCP store: one selector thread serving every client, waits included."""
+
+from __future__ import annotations
+
+import errno
+import heapq
+import hmac
+import itertools
+import logging
+import math
+import secrets
+import selectors
+import socket
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
+
+from ..errors import StoreError
+from ._wire import (
+    _AUTH_BAD_TOKEN,
+    _AUTH_BAD_VERSION,
+    _AUTH_OK,
+    _CLIENT_HELLO,
+    _D,
+    _LEN,
+    _MAC,
+    _MAGIC,
+    _NONCE,
+    _OP_ADD,
+    _OP_CAS,
+    _OP_CHECK,
+    _OP_DELETE,
+    _OP_GET,
+    _OP_LIST_KEYS,
+    _OP_MULTI_GET,
+    _OP_NAMES,
+    _OP_NUM_KEYS,
+    _OP_SET,
+    _OP_WAIT,
+    _Q,
+    _SERVER_HELLO,
+    _SERVER_REPLY,
+    _ST_ERROR,
+    _ST_OK,
+    _ST_TIMEOUT,
+    _VERSION,
+    DEFAULT_MAX_MESSAGE,
+    _decode,
+    _encode,
+    _mac,
+    _ProtocolError,
+    _token_bytes,
+)
+from .base import Store, _Table
+
+__all__ = ["TCPStoreServer"]
+
+log = logging.getLogger("pycoll.store")
+
+
+class _Conn:
+    """Server-side state of one client connection."""
+
+    __slots__ = ("sock", "peer", "inbuf", "outbuf", "authed", "nonce", "waiter", "closed", "opened")
+
+    def __init__(self, sock: socket.socket, peer: Any) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.inbuf = bytearray()
+        self.outbuf = bytearray()
+        self.authed = False
+        self.nonce = secrets.token_bytes(_NONCE)
+        self.waiter: Optional[_Waiter] = None
+        self.closed = False
+        self.opened = time.monotonic()
+
+
+class _Waiter:
+    """A blocked get/wait/multi_get on the server."""
+
+    __slots__ = ("conn", "op", "keys", "missing", "deadline", "timeout", "done")
+
+    def __init__(self, conn: _Conn, op: int, keys: List[str], missing: Set[str], timeout: float) -> None:
+        self.conn = conn
+        self.op = op
+        self.keys = keys
+        self.missing = missing
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout
+        self.done = False
+
+
+class TCPStoreServer:
+    """The server of pycoll's TCP store.
+
+    Binds at construction (so :attr:`port` is known at once, port 0 picks a free one); serves after
+    :meth:`start` (a daemon thread) or in :meth:`serve_forever` (the calling thread) until
+    :meth:`close`. Data lives only in this process and is lost when the server closes.
+
+    Args:
+        host: address to bind; loopback by default. ``""`` or ``"0.0.0.0"`` binds every interface.
+        port: TCP port; 0 picks a free one.
+        token: shared secret the clients must know (str or bytes); a random one is made if None
+            (read it from :attr:`token`).
+        max_message: largest accepted request, in bytes; larger ones close the connection.
+        handshake_timeout: seconds a new connection has to authenticate before it is closed.
+    """
+
+    # The class client() makes: TCPStore, which sets it (pycoll.store.tcp imports this module, not the reverse).
+    _client_class: Optional[Callable[..., Store]] = None
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: Union[str, bytes, None] = None,
+        *,
+        max_message: int = DEFAULT_MAX_MESSAGE,
+        handshake_timeout: float = 10.0,
+        backlog: int = 1024,
+    ) -> None:
+        if token is None:
+            token = secrets.token_hex(32)
+        #: the shared secret, as given (or the random one made)
+        self.token: Union[str, bytes] = token
+        self._token = _token_bytes(token, "TCPStoreServer")
+        if max_message < 1024:
+            raise ValueError(f"max_message must be at least 1024 bytes, got {max_message}")
+        self.max_message = int(max_message)
+        self.handshake_timeout = float(handshake_timeout)
+        self._sock = self._bind(host, port, backlog)
+        self.host = host
+        self.port: int = self._sock.getsockname()[1]
+        self._table = _Table()
+        self._by_key: Dict[str, Set[_Waiter]] = {}
+        self._deadlines: List[Tuple[float, int, _Waiter]] = []
+        self._seq = itertools.count()
+        self._conns: Set[_Conn] = set()
+        self._unauthed: Set[_Conn] = set()
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._stop = False
+        self._thread: Optional[threading.Thread] = None
+        self._closed = threading.Event()
+        self._accept_paused_until = 0.0
+
+    @staticmethod
+    def _bind(host: str, port: int, backlog: int) -> socket.socket:
+        if not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ValueError(f"port must be an int in [0, 65535], got {port!r}")
+        try:
+            infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        except socket.gaierror as exc:
+            raise StoreError(f"cannot resolve store address {host!r}: {exc}") from None
+        last: Optional[OSError] = None
+        for family, socktype, proto, _, addr in infos:
+            sock = socket.socket(family, socktype, proto)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(addr)
+                sock.listen(backlog)
+                sock.setblocking(False)
+                return sock
+            except OSError as exc:
+                sock.close()
+                last = exc
+        raise StoreError(f"cannot listen on {host or '*'}:{port}: {last}")
+
+    @property
+    def address(self) -> Tuple[str, int]:
+        """``(host, port)`` the server listens on."""
+        return (self.host, self.port)
+
+    def client(self, **kwargs: Any) -> Store:
+        """A :class:`~pycoll.store.TCPStore` connected to this server over loopback (or its bound address)."""
+        host = self.host if self.host not in ("", "0.0.0.0", "::") else "127.0.0.1"
+        assert self._client_class is not None
+        return self._client_class(host, self.port, self.token, **kwargs)
+
+    # ---- lifecycle
+
+    def start(self) -> "TCPStoreServer":
+        """Serve in a daemon thread; returns self."""
+        if self._thread is not None:
+            raise StoreError("TCPStoreServer already started")
+        self._thread = threading.Thread(target=self.serve_forever, name="pycoll-store-server", daemon=True)
+        self._thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        """Serve in the calling thread until :meth:`close` is called (from another thread)."""
+        self._sel.register(self._sock, selectors.EVENT_READ, None)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        log.debug("store server listening on %s:%d", self.host, self.port)
+        try:
+            while not self._stop:
+                timeout = self._next_timeout()
+                for key, events in self._sel.select(timeout):
+                    if key.fileobj is self._sock:
+                        self._accept()
+                    elif key.fileobj is self._wake_r:
+                        self._drain_wake()
+                    else:
+                        conn = key.data
+                        if events & selectors.EVENT_WRITE and not conn.closed:
+                            self._flush(conn)
+                        if events & selectors.EVENT_READ and not conn.closed:
+                            self._on_readable(conn)
+                self._expire()
+        finally:
+            self._shutdown()
+
+    def close(self) -> None:
+        """Stop serving and close every connection (clients then get StoreError). Idempotent."""
+        self._stop = True
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(10.0)
+        if self._thread is None:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        for conn in list(self._conns):
+            self._close_conn(conn)
+        for s in (self._sock, self._wake_r, self._wake_w):
+            try:
+                self._sel.unregister(s)
+            except (KeyError, ValueError):
+                pass
+            s.close()
+        self._sel.close()
+
+    def __enter__(self) -> "TCPStoreServer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"TCPStoreServer({self.host!r}, {self.port})"
+
+    # ---- loop helpers
+
+    def _next_timeout(self) -> Optional[float]:
+        now = time.monotonic()
+        nxt: Optional[float] = None
+        while self._deadlines and self._deadlines[0][2].done:
+            heapq.heappop(self._deadlines)
+        if self._deadlines:
+            nxt = self._deadlines[0][0]
+        if self._unauthed:
+            t = min(c.opened for c in self._unauthed) + self.handshake_timeout
+            nxt = t if nxt is None else min(nxt, t)
+        if self._accept_paused_until:
+            nxt = self._accept_paused_until if nxt is None else min(nxt, self._accept_paused_until)
+        if nxt is None:
+            return None
+        return max(0.0, nxt - now)
+
+    def _drain_wake(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+
+    def _accept(self) -> None:
+        for _ in range(64):
+            try:
+                sock, peer = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    log.warning("store server cannot accept connections (%s); pausing accepts for 0.1 s", exc)
+                    self._sel.unregister(self._sock)
+                    self._accept_paused_until = time.monotonic() + 0.1
+                return
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            conn = _Conn(sock, peer)
+            self._conns.add(conn)
+            self._unauthed.add(conn)
+            self._sel.register(sock, selectors.EVENT_READ, conn)
+            self._send(conn, _SERVER_HELLO.pack(_MAGIC, _VERSION, conn.nonce))
+
+    def _close_conn(self, conn: _Conn) -> None:
+        if conn.closed:
+            return
+        conn.closed = True
+        if conn.waiter is not None:
+            self._drop_waiter(conn.waiter)
+        self._conns.discard(conn)
+        self._unauthed.discard(conn)
+        try:
+            self._sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        conn.sock.close()
+
+    def _send(self, conn: _Conn, data: bytes) -> None:
+        if conn.closed:
+            return
+        if not conn.outbuf:
+            try:
+                n = conn.sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                n = 0
+            except OSError:
+                self._close_conn(conn)
+                return
+            if n == len(data):
+                return
+            data = data[n:]
+            self._sel.modify(conn.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, conn)
+        conn.outbuf += data
+
+    def _flush(self, conn: _Conn) -> None:
+        try:
+            n = conn.sock.send(conn.outbuf)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._close_conn(conn)
+            return
+        del conn.outbuf[:n]
+        if not conn.outbuf:
+            self._sel.modify(conn.sock, selectors.EVENT_READ, conn)
+            self._process(conn)
+
+    def _on_readable(self, conn: _Conn) -> None:
+        try:
+            data = conn.sock.recv(1 << 18)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._close_conn(conn)
+            return
+        if not data:
+            self._close_conn(conn)
+            return
+        conn.inbuf += data
+        # Input is read even while a request is pending (to notice a closed peer), but a client
+        # may have at most one maximal frame queued behind it.
+        if len(conn.inbuf) > self.max_message + 2 * _LEN.size + _CLIENT_HELLO.size:
+            log.warning("store: closing connection from %s: too much unanswered input", conn.peer)
+            self._close_conn(conn)
+            return
+        self._process(conn)
+
+    def _process(self, conn: _Conn) -> None:
+        while not conn.closed and conn.waiter is None and not conn.outbuf:
+            if not conn.authed:
+                if len(conn.inbuf) < _CLIENT_HELLO.size:
+                    return
+                self._handshake(conn, bytes(conn.inbuf[:_CLIENT_HELLO.size]))
+                del conn.inbuf[:_CLIENT_HELLO.size]
+                continue
+            if len(conn.inbuf) < _LEN.size:
+                return
+            (n,) = _LEN.unpack_from(conn.inbuf, 0)
+            if n > self.max_message:
+                log.warning("store: closing connection from %s: message of %d bytes exceeds the %d-byte limit",
+                            conn.peer, n, self.max_message)
+                self._send(conn, _encode(_ST_ERROR, [f"message of {n} bytes exceeds the server's limit of "
+                                                     f"{self.max_message} bytes".encode()]))
+                self._close_conn_after_flush(conn)
+                return
+            if len(conn.inbuf) < _LEN.size + n:
+                return
+            payload = memoryview(bytes(conn.inbuf[_LEN.size:_LEN.size + n]))
+            del conn.inbuf[:_LEN.size + n]
+            try:
+                self._dispatch(conn, payload)
+            except _ProtocolError as exc:
+                log.warning("store: closing connection from %s: %s", conn.peer, exc)
+                self._send(conn, _encode(_ST_ERROR, [f"malformed request: {exc}".encode()]))
+                self._close_conn_after_flush(conn)
+                return
+
+    def _close_conn_after_flush(self, conn: _Conn) -> None:
+        """Close ``conn`` after one last non-blocking attempt to send what is queued (a short error)."""
+        if conn.outbuf and not conn.closed:
+            try:
+                conn.sock.send(conn.outbuf)
+                conn.sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+        self._close_conn(conn)
+
+    def _handshake(self, conn: _Conn, hello: bytes) -> None:
+        magic, version, client_nonce, mac = _CLIENT_HELLO.unpack(hello)
+        if magic != _MAGIC:
+            log.warning("store: closing connection from %s: not a pycoll store client", conn.peer)
+            self._close_conn(conn)
+            return
+        if version != _VERSION:
+            self._send(conn, _SERVER_REPLY.pack(_AUTH_BAD_VERSION, bytes(_MAC)))
+            self._close_conn_after_flush(conn)
+            return
+        expected = _mac(self._token, b"client", conn.nonce, client_nonce)
+        if not hmac.compare_digest(expected, mac):
+            log.warning("store: rejected a client from %s: wrong token", conn.peer)
+            self._send(conn, _SERVER_REPLY.pack(_AUTH_BAD_TOKEN, bytes(_MAC)))
+            self._close_conn_after_flush(conn)
+            return
+        conn.authed = True
+        self._unauthed.discard(conn)
+        self._send(conn, _SERVER_REPLY.pack(_AUTH_OK, _mac(self._token, b"server", conn.nonce, client_nonce)))
+
+    # ---- requests
+
+    def _reply(self, conn: _Conn, args: Sequence[bytes], status: int = _ST_OK) -> None:
+        frame = _encode(status, args)
+        if len(frame) - _LEN.size > self.max_message:
+            frame = _encode(_ST_ERROR, [f"the reply ({len(frame)} bytes) exceeds the limit of {self.max_message} "
+                                        f"bytes".encode()])
+        self._send(conn, frame)
+
+    def _dispatch(self, conn: _Conn, payload: memoryview) -> None:
+        op, args = _decode(payload)
+        name = _OP_NAMES.get(op)
+        if name is None:
+            raise _ProtocolError(f"unknown operation {op}")
+        try:
+            if op == _OP_SET:
+                key, value = self._args(args, 2, name)
+                self._set(self._key(key), value)
+                self._reply(conn, [])
+            elif op == _OP_GET:
+                key, t = self._args(args, 2, name)
+                self._wait(conn, op, [self._key(key)], self._timeout(t))
+            elif op == _OP_ADD:
+                key, amount = self._args(args, 2, name)
+                key_s = self._key(key)
+                new = self._table.add(key_s, self._int(amount))
+                self._wake(key_s)
+                self._reply(conn, [_Q.pack(new)])
+            elif op in (_OP_WAIT, _OP_MULTI_GET):
+                if not args:
+                    raise _ProtocolError(f"{name}: missing timeout")
+                self._wait(conn, op, [self._key(k) for k in args[1:]], self._timeout(args[0]))
+            elif op == _OP_CAS:
+                key, expected, desired = self._args(args, 3, name)
+                key_s = self._key(key)
+                value = self._table.compare_set(key_s, expected, desired)
+                self._wake(key_s)
+                self._reply(conn, [value])
+            elif op == _OP_DELETE:
+                (key,) = self._args(args, 1, name)
+                existed = self._table.data.pop(self._key(key), None) is not None
+                self._reply(conn, [b"\x01" if existed else b"\x00"])
+            elif op == _OP_CHECK:
+                ok = not self._table.missing(self._key(k) for k in args)
+                self._reply(conn, [b"\x01" if ok else b"\x00"])
+            elif op == _OP_NUM_KEYS:
+                self._args(args, 0, name)
+                self._reply(conn, [_Q.pack(len(self._table.data))])
+            elif op == _OP_LIST_KEYS:
+                (prefix,) = self._args(args, 1, name)
+                self._reply(conn, [k.encode("utf-8") for k in self._table.list_keys(self._key(prefix))])
+        except StoreError as exc:
+            self._reply(conn, [str(exc).encode("utf-8", "replace")], _ST_ERROR)
+
+    @staticmethod
+    def _args(args: List[bytes], n: int, name: str) -> List[bytes]:
+        if len(args) != n:
+            raise _ProtocolError(f"{name} takes {n} arguments, got {len(args)}")
+        return args
+
+    @staticmethod
+    def _key(raw: bytes) -> str:
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise _ProtocolError("key is not valid UTF-8") from None
+
+    @staticmethod
+    def _int(raw: bytes) -> int:
+        if len(raw) != _Q.size:
+            raise _ProtocolError("bad integer argument")
+        return _Q.unpack(raw)[0]
+
+    @staticmethod
+    def _timeout(raw: bytes) -> float:
+        if len(raw) != _D.size:
+            raise _ProtocolError("bad timeout argument")
+        (t,) = _D.unpack(raw)
+        if not math.isfinite(t) or t < 0:
+            raise _ProtocolError(f"bad timeout {t}")
+        return t
+
+    def _set(self, key: str, value: bytes) -> None:
+        self._table.data[key] = value
+        self._wake(key)
+
+    def _wait(self, conn: _Conn, op: int, keys: List[str], timeout: float) -> None:
+        missing = set(self._table.missing(keys))
+        if not missing:
+            self._answer_wait(conn, op, keys)
+            return
+        if timeout <= 0:
+            self._reply(conn, [k.encode() for k in keys if k in missing], _ST_TIMEOUT)
+            return
+        w = _Waiter(conn, op, keys, missing, timeout)
+        conn.waiter = w
+        for k in missing:
+            self._by_key.setdefault(k, set()).add(w)
+        heapq.heappush(self._deadlines, (w.deadline, next(self._seq), w))
+
+    def _answer_wait(self, conn: _Conn, op: int, keys: List[str]) -> None:
+        if op == _OP_WAIT:
+            self._reply(conn, [])
+        else:
+            self._reply(conn, [self._table.data[k] for k in keys])
+
+    def _drop_waiter(self, w: _Waiter) -> None:
+        w.done = True
+        w.conn.waiter = None
+        for k in w.missing:
+            s = self._by_key.get(k)
+            if s is not None:
+                s.discard(w)
+                if not s:
+                    del self._by_key[k]
+
+    def _wake(self, key: str) -> None:
+        waiters = self._by_key.pop(key, None)
+        if not waiters:
+            return
+        for w in waiters:
+            if w.done:
+                continue
+            w.missing.discard(key)
+            if w.missing:
+                continue
+            # a key seen earlier may have been deleted since; wait for it again
+            still = set(self._table.missing(w.keys))
+            if still:
+                w.missing = still
+                for k in still:
+                    self._by_key.setdefault(k, set()).add(w)
+                continue
+            self._drop_waiter(w)
+            conn = w.conn
+            self._answer_wait(conn, w.op, w.keys)
+            self._process(conn)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        while self._deadlines and (self._deadlines[0][2].done or self._deadlines[0][0] <= now):
+            _, _, w = heapq.heappop(self._deadlines)
+            if w.done:
+                continue
+            missing = [k for k in w.keys if k in w.missing]
+            self._drop_waiter(w)
+            self._reply(w.conn, [k.encode() for k in missing], _ST_TIMEOUT)
+            self._process(w.conn)
+        for conn in [c for c in self._unauthed if now - c.opened > self.handshake_timeout]:
+            log.warning("store: closing connection from %s: no handshake within %.1f s", conn.peer,
+                        self.handshake_timeout)
+            self._close_conn(conn)
+        if self._accept_paused_until and now >= self._accept_paused_until:
+            self._accept_paused_until = 0.0
+            self._sel.register(self._sock, selectors.EVENT_READ, None)
