@@ -21,7 +21,7 @@ import weakref
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 from . import _bindings as B
-from ._settings import env_seconds
+from . import _settings
 from .buffers import Buffer, as_buffer, check_count, check_device, check_same_dtype
 from .config import CommConfig
 from .devices import Device, open_device
@@ -55,17 +55,11 @@ _FAILURE_POLICIES = ("abort", "revoke", "report")
 
 def default_timeout() -> float:
     """The default per-operation timeout in seconds: ``$PYCOLL_TIMEOUT`` or 30."""
-    return env_seconds("PYCOLL_TIMEOUT", 30.0)
+    return float(_settings.get("PYCOLL_TIMEOUT"))
 
 
 def _check_timeout(timeout: Optional[float], default: float, what: str = "timeout") -> float:
-    if timeout is None:
-        return default
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"{what} must be a number of seconds, got {type(timeout).__name__}")
-    if not timeout > 0:
-        raise ValueError(f"{what} must be > 0 seconds, got {timeout}")
-    return float(timeout)
+    return default if timeout is None else _settings.seconds(timeout, what)
 
 
 def poll_ready(library: Any, handle: int, what: str, timeout: float, *, on_error: Callable[[], None] = lambda: None,
@@ -916,7 +910,7 @@ class Communicator:
 
             t = threading.Thread(target=run, name=f"pycoll-abort-{self.name}", daemon=True)
             t.start()
-            limit = env_seconds("PYCOLL_ABORT_TIMEOUT", 10.0)
+            limit = _settings.get("PYCOLL_ABORT_TIMEOUT")
             if not done.wait(limit):
                 _log.error("ncclCommAbort on %r did not return within %.3g s; leaving it behind", self.name, limit)
             elif errors:

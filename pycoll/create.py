@@ -8,12 +8,12 @@ import threading
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from . import _bindings as B
-from . import env as discovery
-from ._settings import env_seconds
+from . import _settings
 from .comm import Communicator, _check_timeout, default_timeout, poll_ready
 from .config import CommConfig
 from .devices import Device, auto_backend, cuda_device_count, open_device, rocm_device_count
 from .diagnostics import install as _install_diagnostics
+from .launch import discovery
 from .store import Store, wrap_torch_store
 
 __all__ = ["init", "join", "get_unique_id", "load_library", "BACKENDS"]
@@ -25,7 +25,7 @@ _init_lock = threading.Lock()
 
 
 def _default_init_timeout() -> float:
-    return env_seconds("PYCOLL_INIT_TIMEOUT", 120.0)
+    return float(_settings.get("PYCOLL_INIT_TIMEOUT"))
 
 
 def load_library(backend: str = "auto", library: Any = None) -> Tuple[str, Any]:
@@ -37,9 +37,7 @@ def load_library(backend: str = "auto", library: Any = None) -> Tuple[str, Any]:
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
     if backend == "auto":
-        backend = os.environ.get("PYCOLL_BACKEND") or auto_backend()
-        if backend not in BACKENDS[1:]:
-            raise ValueError(f"$PYCOLL_BACKEND must be one of {BACKENDS[1:]}, got {backend!r}")
+        backend = _settings.get("PYCOLL_BACKEND") or auto_backend()
     return backend, B.load(backend)
 
 
@@ -96,7 +94,7 @@ def init(
 
     Args:
         rank, world_size: explicit, or both None to read them from the environment (pycoll-run,
-            torchrun, SLURM, Open MPI; see :mod:`pycoll.env`), which also provides the store.
+            torchrun, SLURM, Open MPI; see :mod:`pycoll.launch.discovery`), which also provides the store.
         unique_id: the ``UniqueId`` every rank uses (e.g. from :func:`pycoll.get_unique_id`,
             exchanged by the caller). Without it, rank 0 creates one and shares it through
             ``store``.
@@ -123,7 +121,7 @@ def init(
     _install_diagnostics()
     op_timeout = _check_timeout(timeout, default_timeout())
     init_timeout = _check_timeout(init_timeout, _default_init_timeout(), "init_timeout")
-    on_failure = on_failure or os.environ.get("PYCOLL_ON_FAILURE") or "abort"
+    on_failure = on_failure or _settings.get("PYCOLL_ON_FAILURE")
     local_rank = 0
     if rank is None and world_size is None:
         info = discovery.discover()
@@ -239,6 +237,6 @@ def join(
     return Communicator(
         handle, library=lib, device=dev, rank=rank, size=size, name=name, uid=_uid_str(uid),
         global_ranks=global_ranks, timeout=op_timeout,
-        on_failure=on_failure or os.environ.get("PYCOLL_ON_FAILURE") or "abort", store=store, owns_device=owns,
+        on_failure=on_failure or _settings.get("PYCOLL_ON_FAILURE"), store=store, owns_device=owns,
         generation=generation, failure_callbacks=failure_callbacks,
     )

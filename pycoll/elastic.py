@@ -56,6 +56,8 @@ from .config import CommConfig
 from .create import init, join, load_library
 from .diagnostics import get_watchdog
 from .errors import CommFailure, CommStateError, NCCLError, StoreError, StoreTimeout
+from .launch import discovery
+from .launch.keys import mark_lost
 
 __all__ = ["ElasticGroup", "Excluded", "Transition"]
 
@@ -224,14 +226,12 @@ class ElasticGroup:
 
     @classmethod
     def from_env(cls, **kwargs: Any) -> "ElasticGroup":
-        """Build the group from the launcher's environment (:mod:`pycoll.env`).
+        """Build the group from the launcher's environment (:mod:`pycoll.launch.discovery`).
 
         A replacement process (``PYCOLL_REPLACEMENT`` >= 1) joins; the others form the group.
         """
-        from . import env
-
-        info = env.discover()
-        store = kwargs.pop("store", None) or env.open_store(info)
+        info = discovery.discover()
+        store = kwargs.pop("store", None) or discovery.open_store(info)
         return cls(store, info.rank, info.world_size, joiner=info.is_replacement, **kwargs)
 
     # -- properties -----------------------------------------------------------------------------
@@ -562,9 +562,6 @@ class ElasticGroup:
             old.abort()
         except Exception:
             _log.exception("slot %d: releasing generation %d failed", self.slot, generation - 1)
-        # imported here: at module level `python -m pycoll.run` would find itself imported already
-        from .run import mark_lost
-
         for m in lost:
             try:
                 mark_lost(self.store, m, f"left out of generation {generation}")

@@ -6,6 +6,8 @@ import os
 import threading
 from typing import Any, Dict
 
+from .. import _settings
+
 __all__ = ["default_dump_dir", "generation_dir", "json_form", "write_atomic"]
 
 
@@ -23,7 +25,7 @@ def default_dump_dir() -> str:
     The run id is ``$PYCOLL_RUN_ID`` (set by pycoll-run), ``$TORCHELASTIC_RUN_ID`` or
     ``$SLURM_JOB_ID``, else ``default`` (set ``PYCOLL_FR_DUMP_DIR`` per job to keep runs apart).
     """
-    explicit = os.environ.get("PYCOLL_FR_DUMP_DIR", "").strip()
+    explicit = _settings.get("PYCOLL_FR_DUMP_DIR")
     if explicit:
         return explicit
     cache = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(os.path.expanduser("~"), ".cache")

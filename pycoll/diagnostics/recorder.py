@@ -27,16 +27,8 @@ fails or closes. The ring keeps no array and no communicator
 alive. Recording costs about 1 us per operation, stacks about 0.1 us per frame
 (``benchmarks/fr_overhead.py``).
 
-Configuration (arguments of :class:`FlightRecorder` / :func:`configure`, else environment):
-
-==========================  ==========  ==============================================================
-``PYCOLL_FR_BUFFER_SIZE``   2000        entries kept (0 turns recording off)
-``PYCOLL_FR_STACKS``        1           capture the Python stack of every operation (0: off)
-``PYCOLL_FR_STACK_DEPTH``   16          innermost frames kept per operation (about 0.1 us each)
-``PYCOLL_FR_DUMP_DIR``      see above   where dumps go
-``PYCOLL_FR_FILE_PREFIX``   ``pycoll_trace_rank_``   dump file name prefix (the global rank follows)
-``PYCOLL_FR_DUMP_JSON``     1           also write the JSON form
-==========================  ==========  ==============================================================
+Configuration: the arguments of :class:`FlightRecorder` / :func:`configure`, else the
+``PYCOLL_FR_*`` settings (:mod:`pycoll._settings` holds their defaults and meaning; README lists them).
 """
 
 from __future__ import annotations
@@ -53,7 +45,7 @@ import time
 import weakref
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .._settings import env_bool, env_int
+from .. import _settings
 from ..buffers import Buffer
 from ..hooks import CommObserver, CommView, WorkView
 from .files import default_dump_dir, generation_dir, json_form, write_atomic
@@ -75,9 +67,9 @@ _log = logging.getLogger("pycoll.flight_recorder")
 
 #: The ``version`` field of PyTorch's flight-recorder dumps that pycoll writes.
 SCHEMA_VERSION = "2.10"
-DEFAULT_BUFFER_SIZE = 2000
-DEFAULT_FILE_PREFIX = "pycoll_trace_rank_"
-DEFAULT_STACK_DEPTH = 16
+DEFAULT_BUFFER_SIZE: int = _settings.SETTINGS["PYCOLL_FR_BUFFER_SIZE"].default
+DEFAULT_FILE_PREFIX: str = _settings.SETTINGS["PYCOLL_FR_FILE_PREFIX"].default
+DEFAULT_STACK_DEPTH: int = _settings.SETTINGS["PYCOLL_FR_STACK_DEPTH"].default
 
 # Entry layout: a plain list is the cheapest mutable thing to build on the hot path. The entry does
 # not refer to its Work (a Work holds its communicator, and the ring must not keep communicators
@@ -192,12 +184,13 @@ class FlightRecorder(CommObserver):
         self._failures: Dict[int, List[Dict[str, Any]]] = {}  # generation -> failure reports
         self.last_dump: Optional[Dict[str, Any]] = None
         self.dump_count = 0
-        self.configure(buffer_size=buffer_size if buffer_size is not None else env_int("PYCOLL_FR_BUFFER_SIZE", DEFAULT_BUFFER_SIZE),
-                       stacks=stacks if stacks is not None else env_bool("PYCOLL_FR_STACKS", True),
-                       stack_depth=stack_depth if stack_depth is not None else env_int("PYCOLL_FR_STACK_DEPTH", DEFAULT_STACK_DEPTH, 1),
-                       dump_dir=dump_dir,
-                       file_prefix=file_prefix if file_prefix is not None else (os.environ.get("PYCOLL_FR_FILE_PREFIX") or DEFAULT_FILE_PREFIX),
-                       write_json=write_json if write_json is not None else env_bool("PYCOLL_FR_DUMP_JSON", True))
+        def env(value: Any, name: str) -> Any:
+            return _settings.get(name) if value is None else value
+
+        self.configure(buffer_size=env(buffer_size, "PYCOLL_FR_BUFFER_SIZE"), stacks=env(stacks, "PYCOLL_FR_STACKS"),
+                       stack_depth=env(stack_depth, "PYCOLL_FR_STACK_DEPTH"), dump_dir=dump_dir,
+                       file_prefix=env(file_prefix, "PYCOLL_FR_FILE_PREFIX"),
+                       write_json=env(write_json, "PYCOLL_FR_DUMP_JSON"))
 
     # -- configuration ---------------------------------------------------------------------------
 
@@ -234,7 +227,7 @@ class FlightRecorder(CommObserver):
         if write_json is not None:
             self.write_json = bool(write_json)
 
-    def _after_fork(self) -> None:
+    def after_fork(self) -> None:
         """In a forked child: locks another thread of the parent may have held are made afresh."""
         self._lock = threading.Lock()
         self._dump_lock = threading.Lock()
@@ -668,6 +661,12 @@ def get_recorder() -> FlightRecorder:
             if _recorder is None:
                 _recorder = FlightRecorder()
     return _recorder
+
+
+def after_fork() -> None:
+    """In a forked child: the process's recorder makes its locks afresh (a parent's thread may have held them)."""
+    if _recorder is not None:
+        _recorder.after_fork()
 
 
 def configure(**settings: Any) -> FlightRecorder:

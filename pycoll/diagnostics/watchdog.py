@@ -41,20 +41,9 @@ process that exits waits up to ``dump_timeout`` for dumps still queued or being 
 (:meth:`Watchdog.wait_for_dumps`). The store exchange is bounded by ``report_timeout``: no store can
 hold the abort back for longer.
 
-Configuration (arguments of :class:`Watchdog` / :func:`configure`, else environment; seconds):
-
-===================================  =======  ===================================================
-``PYCOLL_WATCHDOG``                  1        0: no watchdog threads
-``PYCOLL_WATCHDOG_INTERVAL``         0.1      polling period (<= 0.1 is advised)
-``PYCOLL_WATCHDOG_PUBLISH_INTERVAL`` 1        progress/heartbeat publication and dump-request polling
-``PYCOLL_WATCHDOG_STALL_TIMEOUT``    15       a polling thread silent this long is reported (and dumped)
-``PYCOLL_WATCHDOG_REPORT_TIMEOUT``   2        longest wait for the store when reporting a failure
-``PYCOLL_WATCHDOG_ABORT_GRACE``      0.5      longest wait for ranks stuck in the same operation
-``PYCOLL_FR_DUMP_TIMEOUT``           5        longest wait at exit for a dump still being written
-``PYCOLL_FR_DUMP_HOLD``              10       longest a recovery may hold a failure dump back
-``PYCOLL_FR_DUMP_ON_FAILURE``        1        dump when a communicator fails
-``PYCOLL_FR_DUMP_SIGNAL``            off      ``1``/``SIGUSR1``/``SIGUSR2``: dump on that signal
-===================================  =======  ===================================================
+Configuration: the arguments of :class:`Watchdog` / :func:`configure`, else the
+``PYCOLL_WATCHDOG*`` and ``PYCOLL_FR_DUMP_*`` settings (:mod:`pycoll._settings` holds their defaults
+and meaning; README lists them).
 
 Store keys and records: :mod:`pycoll.diagnostics.records`. The pieces: :mod:`.report` (the failure
 report and its line), :mod:`.dumps` (the dump queue and its gates), :mod:`.signals` (the dump signal).
@@ -76,7 +65,7 @@ import traceback
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from .. import hooks
-from .._settings import env_bool, env_seconds
+from .. import _settings
 from ..errors import StoreTimeout
 from ..hooks import CommObserver, CommView, WorkView
 from . import recorder as _recorder_module
@@ -95,14 +84,8 @@ _log = logging.getLogger("pycoll.watchdog")
 KEY_PREFIX = FR_KEY_PREFIX  # the old name
 
 
-def _seconds(value: Optional[float], env: str, default: float, what: str, *, positive: bool = True) -> float:
-    if value is None:
-        value = env_seconds(env, default, positive=False)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{what} must be a number of seconds, got {type(value).__name__}")
-    if (positive and not value > 0) or value < 0:
-        raise ValueError(f"{what} must be {'> 0' if positive else '>= 0'} seconds, got {value}")
-    return float(value)
+def _seconds(value: Optional[float], env: str, what: str, positive: bool) -> float:
+    return float(_settings.get(env)) if value is None else _settings.seconds(value, what, positive=positive)
 
 
 class _StoreState:
@@ -197,25 +180,25 @@ class Watchdog(CommObserver):
         _initial: bool = False,
     ) -> None:
         """Change settings (None keeps the current value; at construction, the environment's)."""
-        def pick(value: Any, attr: str, env: str, default: float, what: str, positive: bool = True) -> None:
+        def pick(value: Any, attr: str, env: str, positive: bool = True) -> None:
             if value is not None or _initial:
-                setattr(self, attr, _seconds(value, env, default, what, positive=positive))
+                setattr(self, attr, _seconds(value, env, attr, positive))
 
         if enabled is not None or _initial:
-            self.enabled = bool(enabled) if enabled is not None else env_bool("PYCOLL_WATCHDOG", True)
-        pick(interval, "interval", "PYCOLL_WATCHDOG_INTERVAL", 0.1, "interval")
-        pick(publish_interval, "publish_interval", "PYCOLL_WATCHDOG_PUBLISH_INTERVAL", 1.0, "publish_interval")
-        pick(stall_timeout, "stall_timeout", "PYCOLL_WATCHDOG_STALL_TIMEOUT", 15.0, "stall_timeout")
-        pick(report_timeout, "report_timeout", "PYCOLL_WATCHDOG_REPORT_TIMEOUT", 2.0, "report_timeout", False)
-        pick(abort_grace, "abort_grace", "PYCOLL_WATCHDOG_ABORT_GRACE", 0.5, "abort_grace", False)
-        pick(dump_timeout, "dump_timeout", "PYCOLL_FR_DUMP_TIMEOUT", 5.0, "dump_timeout", False)
-        pick(dump_hold, "dump_hold", "PYCOLL_FR_DUMP_HOLD", 10.0, "dump_hold", False)
+            self.enabled = bool(enabled) if enabled is not None else _settings.get("PYCOLL_WATCHDOG")
+        pick(interval, "interval", "PYCOLL_WATCHDOG_INTERVAL")
+        pick(publish_interval, "publish_interval", "PYCOLL_WATCHDOG_PUBLISH_INTERVAL")
+        pick(stall_timeout, "stall_timeout", "PYCOLL_WATCHDOG_STALL_TIMEOUT")
+        pick(report_timeout, "report_timeout", "PYCOLL_WATCHDOG_REPORT_TIMEOUT", False)
+        pick(abort_grace, "abort_grace", "PYCOLL_WATCHDOG_ABORT_GRACE", False)
+        pick(dump_timeout, "dump_timeout", "PYCOLL_FR_DUMP_TIMEOUT", False)
+        pick(dump_hold, "dump_hold", "PYCOLL_FR_DUMP_HOLD", False)
         if dump_on_failure is not None or _initial:
             self.dump_on_failure = (bool(dump_on_failure) if dump_on_failure is not None
-                                    else env_bool("PYCOLL_FR_DUMP_ON_FAILURE", True))
+                                    else _settings.get("PYCOLL_FR_DUMP_ON_FAILURE"))
         if dump_signal is not None or _initial:
             self._signal.wanted = signal_number(dump_signal if dump_signal is not None
-                                                else os.environ.get("PYCOLL_FR_DUMP_SIGNAL"))
+                                                else _settings.get("PYCOLL_FR_DUMP_SIGNAL"))
             if self.running and self._signal.wanted is not None:
                 self._signal.install(self._wake_w)
         self._poll_wake.set()
@@ -231,7 +214,7 @@ class Watchdog(CommObserver):
         """Start the threads (idempotent; done automatically with the first communicator)."""
         with self._lock:
             if self._pid != os.getpid():
-                self._after_fork()
+                self.after_fork()
             if self.running:
                 return
             self._stop = threading.Event()
@@ -277,7 +260,13 @@ class Watchdog(CommObserver):
                 s.close()
         self._wake_r = self._wake_w = None
 
-    def _after_fork(self) -> None:
+    @property
+    def owned_by_this_process(self) -> bool:
+        """False in a forked child that has not used the watchdog yet (it inherited the parent's state)."""
+        return self._pid == os.getpid()
+
+    def after_fork(self) -> None:
+        """In a forked child: no thread was inherited (and maybe a lock one of them held); start afresh."""
         # a forked child inherits none of the threads (and maybe a lock one of them held): start afresh
         self._active = False
         self._lock = threading.Lock()
@@ -300,6 +289,13 @@ class Watchdog(CommObserver):
             "interval": self.interval, "publish_interval": self.publish_interval,
             "stall_timeout": self.stall_timeout, "dump_signal": self._signal.signum,
         }
+
+    def enable_signal(self, signum: Any = "SIGUSR1") -> None:
+        """Make ``signum`` dump (see :func:`enable_dump_signal`); starts the threads. Main thread only."""
+        self._signal.wanted = signal_number(signum)
+        if not self.running:
+            self.start()
+        self._signal.install(self._wake_w)
 
     # -- observer interface (registered by install()) -------------------------------------------
 
@@ -670,11 +666,7 @@ def enable_dump_signal(signum: Any = "SIGUSR1") -> None:
     The handler only wakes the watchdog's monitor thread, which dumps, even while the main thread is
     blocked inside a collective.
     """
-    wd = get_watchdog()
-    wd._signal.wanted = signal_number(signum)
-    if not wd.running:
-        wd.start()
-    wd._signal.install(wd._wake_w)
+    get_watchdog().enable_signal(signum)
 
 
 def dump_flight_recorder(
@@ -716,17 +708,15 @@ def install() -> None:
 
 def _wait_for_dumps_at_exit() -> None:
     wd = _watchdog
-    if wd is not None and wd._pid == os.getpid() and not wd.wait_for_dumps():
+    if wd is not None and wd.owned_by_this_process and not wd.wait_for_dumps():
         _log.warning("watchdog: a flight-recorder dump was still being written at exit (dump_timeout %.3g s)",
                      wd.dump_timeout)
 
 
 def _reinit_after_fork() -> None:
     if _watchdog is not None:
-        _watchdog._after_fork()
-    rec = _recorder_module._recorder
-    if rec is not None:
-        rec._after_fork()
+        _watchdog.after_fork()
+    _recorder_module.after_fork()
 
 
 if hasattr(os, "register_at_fork"):

@@ -1,0 +1,86 @@
+"""Settings: every PYCOLL_* variable is read in one module, validated there, and documented in README."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from pycoll import _settings
+from pycoll.launch import discovery
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _readme_table():
+    text = open(os.path.join(ROOT, "README.md")).read()
+    table = text[text.index("## Environment variables"):]
+    table = table[: table.index("\n## ", 5)]
+    rows = {}
+    for line in table.splitlines():
+        if not line.startswith("| `PYCOLL_"):
+            continue
+        names_cell, meaning = line.split("|")[1:3]
+        for name in re.findall(r"`(PYCOLL_[A-Z_]+)`", names_cell):
+            rows[name] = meaning.strip()
+    return rows
+
+
+def test_readme_lists_every_setting_with_its_default():
+    rows = _readme_table()
+    for name, s in _settings.SETTINGS.items():
+        assert name in rows, f"README's environment table lacks {name}"
+        if s.default is not None and not isinstance(s.default, bool):
+            default = f"{s.default:g}" if isinstance(s.default, float) else str(s.default)
+            assert default in rows[name], f"README gives {name} another default than {default!r}: {rows[name]!r}"
+
+
+def test_readme_lists_nothing_unknown():
+    launcher = {v for k, v in vars(discovery).items() if k.startswith("ENV_")}
+    host = set(re.findall(r"PYCOLL_HOST_[A-Z_]+", open(os.path.join(ROOT, "README.md")).read()))
+    unknown = set(_readme_table()) - set(_settings.SETTINGS) - launcher - host
+    assert not unknown, f"README documents variables nothing reads: {sorted(unknown)}"
+
+
+def test_no_module_reads_a_setting_itself():
+    """Only _settings reads PYCOLL_* configuration; the launcher's per-rank contract lives in launch/."""
+    offenders = []
+    pkg = os.path.join(ROOT, "pycoll")
+    pattern = re.compile(r"""(environ\.get|getenv|environ\[)\(?\s*["'](PYCOLL_[A-Z_]+)""")
+    for root, _, files in os.walk(pkg):
+        for f in files:
+            if not f.endswith(".py") or f == "_settings.py":
+                continue
+            path = os.path.join(root, f)
+            for i, line in enumerate(open(path), 1):
+                for _, name in pattern.findall(line):
+                    if name in _settings.SETTINGS:
+                        offenders.append(f"{os.path.relpath(path, ROOT)}:{i}: {name}")
+    assert not offenders, "settings read outside pycoll._settings:\n" + "\n".join(offenders)
+
+
+@pytest.mark.parametrize("raw", ["inf", "-inf", "nan", "0", "-1", "soon", "1e999"])
+def test_every_duration_setting_refuses_what_is_no_deadline(raw):
+    for name, s in _settings.SETTINGS.items():
+        if s.kind != "seconds" or (raw == "0" and s.minimum == 0):
+            continue
+        with pytest.raises(ValueError, match=re.escape(f"${name}")):
+            s.read({name: raw})
+
+
+def test_values_are_parsed_and_bounded():
+    get = _settings.get
+    assert get("PYCOLL_TIMEOUT", {}) == 30.0 and get("PYCOLL_TIMEOUT", {"PYCOLL_TIMEOUT": " 2.5 "}) == 2.5
+    assert get("PYCOLL_WATCHDOG", {"PYCOLL_WATCHDOG": "off"}) is False
+    assert get("PYCOLL_FR_BUFFER_SIZE", {"PYCOLL_FR_BUFFER_SIZE": "0"}) == 0
+    with pytest.raises(ValueError, match=r"\$PYCOLL_FR_BUFFER_SIZE must be <= "):
+        get("PYCOLL_FR_BUFFER_SIZE", {"PYCOLL_FR_BUFFER_SIZE": str(10**12)})
+    with pytest.raises(ValueError, match=r"\$PYCOLL_ON_FAILURE must be one of abort, revoke, report"):
+        get("PYCOLL_ON_FAILURE", {"PYCOLL_ON_FAILURE": "explode"})
+    with pytest.raises(ValueError, match=r"\$PYCOLL_WATCHDOG must be 0 or 1"):
+        get("PYCOLL_WATCHDOG", {"PYCOLL_WATCHDOG": "maybe"})
+    with pytest.raises(TypeError, match="timeout must be a number of seconds"):
+        _settings.seconds(True, "timeout")
+    with pytest.raises(ValueError, match="timeout must be a finite number of seconds"):
+        _settings.seconds(float("inf"), "timeout")
