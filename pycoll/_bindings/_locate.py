@@ -9,12 +9,21 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-from typing import Callable, Iterable, Iterator, List, Tuple, Union
+from collections.abc import Callable, Iterable, Iterator
 
 from pycoll.errors import LibraryError
 
-__all__ = ["KEYWORDS", "ENV_VAR", "HOST_LIBRARY", "Nothing", "normalize_spec", "candidates",
-           "already_loaded", "pathfinder_nccl", "wheel_nccl_paths"]
+__all__ = [
+    "ENV_VAR",
+    "HOST_LIBRARY",
+    "KEYWORDS",
+    "Nothing",
+    "already_loaded",
+    "candidates",
+    "normalize_spec",
+    "pathfinder_nccl",
+    "wheel_nccl_paths",
+]
 
 #: The keywords load() resolves by searching; anything else is one path or linker name.
 KEYWORDS = ("nccl", "rccl", "host")
@@ -23,14 +32,16 @@ KEYWORDS = ("nccl", "rccl", "host")
 ENV_VAR = "PYCOLL_NCCL_LIBRARY"
 
 #: The host library's file, built next to the bindings (pycoll/_bindings/).
-HOST_LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libpycoll_host.so")
+HOST_LIBRARY = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "libpycoll_host.so"
+)
 
 
 class Nothing(str):
     """A candidate that is not there: the str says why (e.g. "not installed")."""
 
 
-Target = Union[str, Callable[[], str], Nothing]
+Target = str | Callable[[], str] | Nothing
 
 
 def normalize_spec(spec: object) -> str:
@@ -48,7 +59,7 @@ def normalize_spec(spec: object) -> str:
     return spec
 
 
-def already_loaded(prefix: str, loaded_objects: Iterable[str]) -> List[str]:
+def already_loaded(prefix: str, loaded_objects: Iterable[str]) -> list[str]:
     """The loaded objects whose file name starts with ``prefix`` (e.g. "libnccl.so")."""
     return [p for p in loaded_objects if os.path.basename(p).startswith(prefix)]
 
@@ -61,13 +72,13 @@ def pathfinder_nccl() -> str:
         raise LibraryError("cuda.pathfinder is not installed") from None
     try:
         return load_nvidia_dynamic_lib("nccl").abs_path
-    except Exception as exc:  # its own DynamicLibNotFoundError, or anything else it raises
+    except Exception as exc:  # noqa: BLE001 -- its own DynamicLibNotFoundError, or anything else it raises
         raise LibraryError(f"cuda.pathfinder: {type(exc).__name__}: {exc}") from None
 
 
-def wheel_nccl_paths() -> List[str]:
+def wheel_nccl_paths() -> list[str]:
     """lib/libnccl.so.2 of every nvidia.nccl package directory found (import system, then sys.path)."""
-    dirs: List[str] = []
+    dirs: list[str] = []
     try:
         spec = importlib.util.find_spec("nvidia.nccl")
         if spec is not None and spec.submodule_search_locations:
@@ -75,7 +86,7 @@ def wheel_nccl_paths() -> List[str]:
     except (ImportError, ValueError):
         pass
     dirs.extend(os.path.join(p, "nvidia", "nccl") for p in sys.path if p)
-    seen: List[str] = []
+    seen: list[str] = []
     for d in dirs:
         candidate = os.path.join(d, "lib", "libnccl.so.2")
         if candidate not in seen and os.path.exists(candidate):
@@ -83,14 +94,16 @@ def wheel_nccl_paths() -> List[str]:
     return seen
 
 
-def _or_nothing(label: str, paths: List[str], why: str) -> Iterator[Tuple[str, Target]]:
+def _or_nothing(label: str, paths: list[str], why: str) -> Iterator[tuple[str, Target]]:
     if paths:
         yield from ((label, p) for p in paths)
     else:
         yield (label, Nothing(why))
 
 
-def candidates(spec: str, loaded_objects: Iterable[str] = ()) -> Iterator[Tuple[str, Target]]:
+def candidates(
+    spec: str, loaded_objects: Iterable[str] = ()
+) -> Iterator[tuple[str, Target]]:
     """(label, target) pairs to try in order for a keyword ``spec``.
 
     ``target`` is a path or linker name, a callable returning one (it may raise LibraryError), or
@@ -99,12 +112,16 @@ def candidates(spec: str, loaded_objects: Iterable[str] = ()) -> Iterator[Tuple[
     """
     loaded_objects = list(loaded_objects)
     if spec == "nccl":
-        yield from _or_nothing("already loaded", already_loaded("libnccl.so", loaded_objects), "none")
+        yield from _or_nothing(
+            "already loaded", already_loaded("libnccl.so", loaded_objects), "none"
+        )
         yield ("cuda.pathfinder", pathfinder_nccl)
         yield from _or_nothing("nvidia-nccl wheel", wheel_nccl_paths(), "not installed")
         yield ("system", "libnccl.so.2")
     elif spec == "rccl":
-        yield from _or_nothing("already loaded", already_loaded("librccl.so", loaded_objects), "none")
+        yield from _or_nothing(
+            "already loaded", already_loaded("librccl.so", loaded_objects), "none"
+        )
         yield ("system", "librccl.so.1")
         roots = [os.environ.get("ROCM_PATH"), "/opt/rocm"]
         for root in dict.fromkeys(r for r in roots if r):
