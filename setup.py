@@ -1,7 +1,7 @@
 """Build pycoll: the Cython bindings and the host library (a plain C shared object, never linked).
 
-Nothing here needs CUDA, NCCL or ROCm: the NCCL API is declared in pycoll/_bindings/*.pxd and the
-libraries are opened with dlopen at run time.
+Nothing here needs CUDA, NCCL or ROCm: the NCCL API is declared in pycoll/_bindings/libnccl.pxd, the host
+library's C sources are pycoll/_host/, and the libraries are opened with dlopen at run time.
 """
 
 import glob
@@ -30,8 +30,8 @@ class BuildExt(build_ext):
 
 host = Extension(
     HOST_LIB,
-    sources=sorted(glob.glob("pycoll/_bindings/host/*.c")),
-    include_dirs=["pycoll/_bindings/host"],
+    sources=sorted(glob.glob("pycoll/_host/*.c")),
+    include_dirs=["pycoll/_host"],
     extra_compile_args=["-O3", "-std=gnu11", "-pthread", "-fvisibility=hidden", "-Wall", "-Wno-unused-function"],
     extra_link_args=["-pthread", "-Wl,-Bsymbolic", "-Wl,--no-undefined"],
     libraries=["rt", "m"],

@@ -2,7 +2,7 @@
 # directly:
 #
 #     from pycoll._bindings._nccl cimport Library
-#     from pycoll._bindings.nccl cimport ncclComm_t, ncclResult_t
+#     from pycoll._bindings.libnccl cimport ncclComm_t, ncclResult_t
 #     cdef Library lib = pycoll._bindings.load("nccl")
 #     if lib.fn.ncclCommRevoke == NULL: ...          # NULL: the library lacks the function
 #     with nogil:
@@ -10,11 +10,7 @@
 #
 # A Library is never unloaded once loaded, so the pointers stay valid for the life of the process.
 
-from pycoll._bindings.nccl cimport ncclCollConfig_t, ncclComm_t, ncclConfig_t, ncclUniqueId, pycoll_nccl_table
-
-
-cdef struct _LastError:
-    char text[1024]
+from pycoll._bindings.libnccl cimport ncclCollConfig_t, ncclComm_t, ncclConfig_t, ncclUniqueId, pycoll_nccl_table
 
 
 cdef class UniqueId:
@@ -53,9 +49,8 @@ cdef class Library:
     cdef object __weakref__
 
     cdef void* _sym(self, str name)
-    cdef _resolve(self)
     cdef _track(self, CommSlot slot, int r)
-    cdef int _missing(self, str name) except -1
-    cdef int _check(self, int r, str function, _LastError* e) except -1
-    cdef int _done(self, int r, str function, _LastError* e) except -1
-    cdef str _error_string(self, int r)
+
+
+cdef class HostLibrary(Library):
+    pass

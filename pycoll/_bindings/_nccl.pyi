@@ -19,7 +19,7 @@ Conventions (they hold for every method of :class:`Library`):
 """
 
 from enum import IntEnum
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 # --- constants -------------------------------------------------------------------------------
 SUCCESS: int  # 0
@@ -310,7 +310,12 @@ class Library:
     def group_end(self) -> int: ...
     def group_simulate_end(self) -> float: ...  # estimated time
 
-    # pycoll host library only (NotSupported elsewhere): version, host streams and events
+    # HostLibrary's host_* methods are served on any other Library too: they check their
+    # arguments, then raise NotSupported.
+    def __getattr__(self, name: str) -> Any: ...
+
+class HostLibrary(Library):
+    """pycoll's host library (``load("host")``, or any library exporting pycollHostGetVersion)."""
     def host_version(self) -> int: ...
     def host_stream_create(self) -> int: ...
     def host_stream_destroy(self, stream: int) -> None: ...
@@ -331,10 +336,10 @@ def load(spec: Optional[str] = None) -> Library:
     ("libnccl.so.2"); ``"nccl"`` (an already loaded libnccl, e.g. torch's; then the nvidia-nccl
     wheel via cuda.pathfinder or its package directory; then the system's libnccl.so.2);
     ``"rccl"`` (an already loaded librccl; then librccl.so.1; then $ROCM_PATH/lib, /opt/rocm/lib);
-    ``"host"`` (libpycoll_host.so next to the module); None -> ``$PYCOLL_NCCL_LIBRARY`` (any of
-    the above) if set, else ``"nccl"``. Raises :class:`pycoll.errors.LibraryError` with the
-    places searched when nothing suitable is found, or when the object does not export
-    ``ncclGetVersion``; missing optional functions never fail loading (see ``missing``).
+    ``"host"`` (libpycoll_host.so next to the module, returned as a HostLibrary); None ->
+    ``$PYCOLL_NCCL_LIBRARY`` (any of the above) if set, else ``"nccl"``. Raises
+    :class:`pycoll.errors.LibraryError` with the places searched when nothing suitable is found,
+    or when the object does not export ``ncclGetVersion``; missing optional functions never fail loading (see ``missing``).
     """
 
 def loaded() -> List[Library]:

@@ -1,0 +1,210 @@
+# Loading: dlopen, the dlsym table, and load()/loaded() (included by _nccl.pyx); where to look is
+# _locate.py.
+
+_lock = threading.RLock()
+_by_path = {}  # resolved path -> Library
+_by_spec = {}  # spec as given -> Library
+
+
+cdef int _collect_object(dl_phdr_info* info, size_t size, void* data) noexcept:
+    if info.dlpi_name != NULL and info.dlpi_name[0] != 0:
+        (<list>data).append(<bytes>info.dlpi_name)
+    return 0
+
+
+def _loaded_objects():
+    """Paths of every shared object loaded in this process (dl_iterate_phdr)."""
+    cdef list names = []
+    dl_iterate_phdr(_collect_object, <void*>names)
+    return [os.fsdecode(n) for n in names]
+
+
+cdef Library _open(str target):
+    """dlopen ``target`` (a path, or a name for the dynamic linker's search) and wrap it."""
+    cdef bytes btarget = os.fsencode(target)
+    cdef const char* ctarget = btarget
+    cdef void* h
+    cdef link_map* lm = NULL
+    cdef Library lib
+    if "/" in target and not os.path.exists(target):
+        raise LibraryError(f"{target}: no such file", target)
+    with nogil:
+        h = dlopen(ctarget, RTLD_NOW | RTLD_LOCAL)
+    if h == NULL:
+        message = _decode(dlerror()) or "dlopen failed"
+        if not message.startswith(target):
+            message = f"{target}: {message}"
+        raise LibraryError(message, target)
+    path = target
+    if dlinfo(h, RTLD_DI_LINKMAP, &lm) == 0 and lm != NULL and lm.l_name != NULL and lm.l_name[0] != 0:
+        path = os.fsdecode(<bytes>lm.l_name)
+    path = os.path.realpath(path) if "/" in path else path
+    if dlsym(h, "ncclGetVersion") == NULL:
+        dlerror()
+        dlclose(h)
+        raise LibraryError(f"{path} does not export ncclGetVersion: not an NCCL-ABI library", path)
+    existing = _by_path.get(path)
+    if existing is not None:
+        dlclose(h)  # drops the extra reference; the object stays loaded
+        return existing
+    cls = HostLibrary if dlsym(h, "pycollHostGetVersion") != NULL else Library
+    dlerror()
+    lib = cls.__new__(cls)
+    lib.handle = h
+    lib.path = path
+    lib._exported = {}
+    lib._pending_slots = set()
+    _resolve(lib)
+    lib.version = lib.get_version()
+    if lib._exported.get("pycollHostGetVersion"):
+        lib.kind = "host"
+    elif any(lib._exported.get(name) for name in RCCL_FUNCTIONS):
+        lib.kind = "rccl"
+    else:
+        lib.kind = "nccl"
+    _by_path[path] = lib
+    _log.debug("loaded %s (kind %s, version %d, %d declared functions missing)",
+               path, lib.kind, lib.version, len(lib.missing))
+    return lib
+
+
+def load(spec=None):
+    """Load (once per resolved path) and return a library.
+
+    ``spec``: a path (anything containing "/"); a file name for the dynamic linker's search
+    (e.g. "libnccl.so.2"); ``"nccl"`` (a libnccl already loaded in the process, e.g. torch's,
+    then the nvidia-nccl wheel via cuda.pathfinder or its package directory, then the system's
+    libnccl.so.2); ``"rccl"`` (an already loaded librccl, then librccl.so.1, then
+    $ROCM_PATH/lib and /opt/rocm/lib); ``"host"`` (pycoll's libpycoll_host.so next to this
+    module); None -> ``$PYCOLL_NCCL_LIBRARY`` if set, else ``"nccl"``. The search order is
+    pycoll._bindings._locate. A library exporting pycollHostGetVersion is a :class:`HostLibrary`.
+
+    Raises LibraryError naming everything tried when nothing suitable is found, or when the
+    object does not export ``ncclGetVersion``. Missing optional functions never fail loading.
+    """
+    spec = _locate.normalize_spec(spec)
+    lib = _by_spec.get(spec)
+    if lib is not None:
+        return lib
+    with _lock:
+        lib = _by_spec.get(spec)
+        if lib is not None:
+            return lib
+        if spec not in _locate.KEYWORDS:
+            lib = _open(spec)  # its LibraryError says what happened to this one path or name
+            _by_spec[spec] = lib
+            return lib
+        tried = []
+        for label, target in _locate.candidates(spec, _loaded_objects() if spec != "host" else ()):
+            if isinstance(target, _locate.Nothing):
+                tried.append(f"{label}: {target}")
+                continue
+            try:
+                if callable(target):
+                    target = target()
+                lib = _open(target)
+            except LibraryError as exc:
+                tried.append(f"{label}: {exc}")
+                _log.debug("load(%r): %s: %s", spec, label, exc)
+                continue
+            _by_spec[spec] = lib
+            return lib
+        raise LibraryError(f"could not load the {spec} library; tried: " + "; ".join(tried))
+
+
+def loaded():
+    """Libraries loaded so far in this process, in load order."""
+    with _lock:
+        return list(_by_path.values())
+
+
+cdef _resolve(Library lib):
+    """Fill ``lib.fn`` with dlsym: NULL where the library lacks the function."""
+    cdef pycoll_nccl_table* t = &lib.fn
+    t.ncclGetVersion = <ncclGetVersion_fn>lib._sym("ncclGetVersion")
+    t.ncclGetErrorString = <ncclGetErrorString_fn>lib._sym("ncclGetErrorString")
+    t.ncclGetLastError = <ncclGetLastError_fn>lib._sym("ncclGetLastError")
+    t.ncclCommGetAsyncError = <ncclCommGetAsyncError_fn>lib._sym("ncclCommGetAsyncError")
+    t.ncclResetDebugInit = <ncclResetDebugInit_fn>lib._sym("ncclResetDebugInit")
+    t.ncclGetUniqueId = <ncclGetUniqueId_fn>lib._sym("ncclGetUniqueId")
+    t.ncclCommGetUniqueId = <ncclCommGetUniqueId_fn>lib._sym("ncclCommGetUniqueId")
+    t.ncclCommInitRank = <ncclCommInitRank_fn>lib._sym("ncclCommInitRank")
+    t.ncclCommInitAll = <ncclCommInitAll_fn>lib._sym("ncclCommInitAll")
+    t.ncclCommInitRankConfig = <ncclCommInitRankConfig_fn>lib._sym("ncclCommInitRankConfig")
+    t.ncclCommInitRankScalable = <ncclCommInitRankScalable_fn>lib._sym("ncclCommInitRankScalable")
+    t.ncclCommSplit = <ncclCommSplit_fn>lib._sym("ncclCommSplit")
+    t.ncclCommShrink = <ncclCommShrink_fn>lib._sym("ncclCommShrink")
+    t.ncclCommGrow = <ncclCommGrow_fn>lib._sym("ncclCommGrow")
+    t.ncclCommFinalize = <ncclCommFinalize_fn>lib._sym("ncclCommFinalize")
+    t.ncclCommDestroy = <ncclCommDestroy_fn>lib._sym("ncclCommDestroy")
+    t.ncclCommAbort = <ncclCommAbort_fn>lib._sym("ncclCommAbort")
+    t.ncclCommRevoke = <ncclCommRevoke_fn>lib._sym("ncclCommRevoke")
+    t.ncclCommSuspend = <ncclCommSuspend_fn>lib._sym("ncclCommSuspend")
+    t.ncclCommResume = <ncclCommResume_fn>lib._sym("ncclCommResume")
+    t.ncclCommMemStats = <ncclCommMemStats_fn>lib._sym("ncclCommMemStats")
+    t.ncclCommCount = <ncclCommCount_fn>lib._sym("ncclCommCount")
+    t.ncclCommCuDevice = <ncclCommCuDevice_fn>lib._sym("ncclCommCuDevice")
+    t.ncclCommUserRank = <ncclCommUserRank_fn>lib._sym("ncclCommUserRank")
+    t.ncclMemAlloc = <ncclMemAlloc_fn>lib._sym("ncclMemAlloc")
+    t.ncclMemFree = <ncclMemFree_fn>lib._sym("ncclMemFree")
+    t.ncclCommRegister = <ncclCommRegister_fn>lib._sym("ncclCommRegister")
+    t.ncclCommDeregister = <ncclCommDeregister_fn>lib._sym("ncclCommDeregister")
+    t.ncclCommWindowRegister = <ncclCommWindowRegister_fn>lib._sym("ncclCommWindowRegister")
+    t.ncclCommWindowDeregister = <ncclCommWindowDeregister_fn>lib._sym("ncclCommWindowDeregister")
+    t.ncclWinGetUserPtr = <ncclWinGetUserPtr_fn>lib._sym("ncclWinGetUserPtr")
+    t.ncclRedOpCreatePreMulSum = <ncclRedOpCreatePreMulSum_fn>lib._sym("ncclRedOpCreatePreMulSum")
+    t.ncclRedOpDestroy = <ncclRedOpDestroy_fn>lib._sym("ncclRedOpDestroy")
+    t.ncclReduce = <ncclReduce_fn>lib._sym("ncclReduce")
+    t.ncclBcast = <ncclBcast_fn>lib._sym("ncclBcast")
+    t.ncclBroadcast = <ncclBroadcast_fn>lib._sym("ncclBroadcast")
+    t.ncclAllReduce = <ncclAllReduce_fn>lib._sym("ncclAllReduce")
+    t.ncclReduceScatter = <ncclReduceScatter_fn>lib._sym("ncclReduceScatter")
+    t.ncclAllGather = <ncclAllGather_fn>lib._sym("ncclAllGather")
+    t.ncclAlltoAll = <ncclAlltoAll_fn>lib._sym("ncclAlltoAll")
+    t.ncclGather = <ncclGather_fn>lib._sym("ncclGather")
+    t.ncclScatter = <ncclScatter_fn>lib._sym("ncclScatter")
+    t.ncclAllReduceConfig = <ncclAllReduceConfig_fn>lib._sym("ncclAllReduceConfig")
+    t.ncclBroadcastConfig = <ncclBroadcastConfig_fn>lib._sym("ncclBroadcastConfig")
+    t.ncclReduceConfig = <ncclReduceConfig_fn>lib._sym("ncclReduceConfig")
+    t.ncclAllGatherConfig = <ncclAllGatherConfig_fn>lib._sym("ncclAllGatherConfig")
+    t.ncclReduceScatterConfig = <ncclReduceScatterConfig_fn>lib._sym("ncclReduceScatterConfig")
+    t.ncclAlltoAllConfig = <ncclAlltoAllConfig_fn>lib._sym("ncclAlltoAllConfig")
+    t.ncclGatherConfig = <ncclGatherConfig_fn>lib._sym("ncclGatherConfig")
+    t.ncclScatterConfig = <ncclScatterConfig_fn>lib._sym("ncclScatterConfig")
+    t.ncclSend = <ncclSend_fn>lib._sym("ncclSend")
+    t.ncclRecv = <ncclRecv_fn>lib._sym("ncclRecv")
+    t.ncclPutSignal = <ncclPutSignal_fn>lib._sym("ncclPutSignal")
+    t.ncclSignal = <ncclSignal_fn>lib._sym("ncclSignal")
+    t.ncclWaitSignal = <ncclWaitSignal_fn>lib._sym("ncclWaitSignal")
+    t.ncclGroupStart = <ncclGroupStart_fn>lib._sym("ncclGroupStart")
+    t.ncclGroupEnd = <ncclGroupEnd_fn>lib._sym("ncclGroupEnd")
+    t.ncclGroupSimulateEnd = <ncclGroupSimulateEnd_fn>lib._sym("ncclGroupSimulateEnd")
+    t.ncclParamBind = <ncclParamBind_fn>lib._sym("ncclParamBind")
+    t.ncclParamGetI8 = <ncclParamGetI8_fn>lib._sym("ncclParamGetI8")
+    t.ncclParamGetI16 = <ncclParamGetI16_fn>lib._sym("ncclParamGetI16")
+    t.ncclParamGetI32 = <ncclParamGetI32_fn>lib._sym("ncclParamGetI32")
+    t.ncclParamGetI64 = <ncclParamGetI64_fn>lib._sym("ncclParamGetI64")
+    t.ncclParamGetU8 = <ncclParamGetU8_fn>lib._sym("ncclParamGetU8")
+    t.ncclParamGetU16 = <ncclParamGetU16_fn>lib._sym("ncclParamGetU16")
+    t.ncclParamGetU32 = <ncclParamGetU32_fn>lib._sym("ncclParamGetU32")
+    t.ncclParamGetU64 = <ncclParamGetU64_fn>lib._sym("ncclParamGetU64")
+    t.ncclParamGetStr = <ncclParamGetStr_fn>lib._sym("ncclParamGetStr")
+    t.ncclParamGet = <ncclParamGet_fn>lib._sym("ncclParamGet")
+    t.ncclParamGetParameter = <ncclParamGetParameter_fn>lib._sym("ncclParamGetParameter")
+    t.ncclParamGetAllParameterKeys = <ncclParamGetAllParameterKeys_fn>lib._sym("ncclParamGetAllParameterKeys")
+    t.ncclParamDumpAll = <ncclParamDumpAll_fn>lib._sym("ncclParamDumpAll")
+    t.ncclSetEncryption = <ncclSetEncryption_fn>lib._sym("ncclSetEncryption")
+    t.pycollHostGetVersion = <pycollHostGetVersion_fn>lib._sym("pycollHostGetVersion")
+    t.pycollStreamCreate = <pycollStreamCreate_fn>lib._sym("pycollStreamCreate")
+    t.pycollStreamDestroy = <pycollStreamDestroy_fn>lib._sym("pycollStreamDestroy")
+    t.pycollStreamSynchronize = <pycollStreamSynchronize_fn>lib._sym("pycollStreamSynchronize")
+    t.pycollStreamQuery = <pycollStreamQuery_fn>lib._sym("pycollStreamQuery")
+    t.pycollStreamWaitEvent = <pycollStreamWaitEvent_fn>lib._sym("pycollStreamWaitEvent")
+    t.pycollEventCreate = <pycollEventCreate_fn>lib._sym("pycollEventCreate")
+    t.pycollEventDestroy = <pycollEventDestroy_fn>lib._sym("pycollEventDestroy")
+    t.pycollEventRecord = <pycollEventRecord_fn>lib._sym("pycollEventRecord")
+    t.pycollEventQuery = <pycollEventQuery_fn>lib._sym("pycollEventQuery")
+    t.pycollEventSynchronize = <pycollEventSynchronize_fn>lib._sym("pycollEventSynchronize")
+    t.pycollEventElapsedTime = <pycollEventElapsedTime_fn>lib._sym("pycollEventElapsedTime")
+    for name in RCCL_FUNCTIONS:
+        lib._sym(name)
