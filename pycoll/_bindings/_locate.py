@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
 
+from pycoll import _settings
 from pycoll.errors import LibraryError
 
 __all__ = [
@@ -47,7 +48,7 @@ Target = str | Callable[[], str] | Nothing
 def normalize_spec(spec: object) -> str:
     """load()'s argument as a non-empty str: None -> $PYCOLL_NCCL_LIBRARY or "nccl"; paths and bytes decoded."""
     if spec is None:
-        spec = os.environ.get(ENV_VAR) or "nccl"
+        spec = _settings.get(ENV_VAR)
     if isinstance(spec, os.PathLike):
         spec = os.fspath(spec)
     if isinstance(spec, bytes):
