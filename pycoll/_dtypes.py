@@ -60,6 +60,11 @@ class Datatype(NamedTuple):
     fr_name: str
     dlpack: Tuple[int, int]
 
+    @property
+    def is_float(self) -> bool:
+        """A floating-point type (float16/32/64, bfloat16, the float8 types)."""
+        return self.kind == "f" or self.ml_dtypes
+
 
 DATATYPES: Tuple[Datatype, ...] = (
     Datatype(0, "ncclInt8", "int8", ("char",), 1, "i", "int8", False, "Char", (0, 8)),
