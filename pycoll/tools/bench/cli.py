@@ -47,7 +47,8 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"{', '.join(DTYPES)} (or numpy names), a list, or 'all' (default float)")
     p.add_argument("-o", "--op", default="sum", type=lambda v: _pick(v, REDOPS, {}, "reduction op"),
                    help="sum, prod, max, min, avg, a list, or 'all' (default sum; reductions only)")
-    p.add_argument("-r", "--root", type=int, default=0, help="root rank of broadcast, reduce, gather, scatter (default 0)")
+    p.add_argument("-r", "--root", type=int, default=0,
+                   help="root rank of broadcast, reduce, gather, scatter (default 0)")
     p.add_argument("-N", "--iters", type=int, default=20, help="timed iterations per size (default 20)")
     p.add_argument("-w", "--warmup", type=int, default=5, help="untimed iterations before them (default 5)")
     p.add_argument("-c", "--check", type=int, choices=(0, 1), default=1, help="check results (default 1)")
@@ -63,10 +64,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--array", default="auto", choices=("auto", "numpy", "torch", "cupy"),
                    help="array library (default: numpy on the host, torch, else cupy, on GPUs)")
     p.add_argument("--stream", action="store_true",
-                   help="host backend: queue the ops on a host stream and time them with events (GPU backends always do)")
+                   help="host backend: queue the ops on a host stream and time them with events "
+                        "(GPU backends always do)")
     p.add_argument("--json", metavar="FILE", help="write every result as JSON ('-': to stdout instead of the table)")
     p.add_argument("--csv", metavar="FILE", help="write every result as CSV ('-': to stdout instead of the table)")
-    p.add_argument("--plot", metavar="PNG", help="write a plot of time and bus bandwidth against size (needs matplotlib)")
+    p.add_argument("--plot", metavar="PNG",
+                   help="write a plot of time and bus bandwidth against size (needs matplotlib)")
     prog = p.add_mutually_exclusive_group()
     prog.add_argument("--progress", dest="progress", action="store_true", default=None,
                       help="show progress on stderr (default: when stderr is a terminal)")

@@ -135,7 +135,8 @@ class _TableReporter(_Reporter):
         step = f"{m['stepfactor']}(factor)" if m.get("stepfactor") else f"{m['stepbytes']}(bytes)"
         self._print(
             f"# minBytes {m['minbytes']} maxBytes {m['maxbytes']} step: {step} warmup iters: {m['warmup']} "
-            f"iters: {m['iters']} validation: {int(m['check'])} stream: {'yes' if m['stream'] else 'no (inline, NULL stream)'}"
+            f"iters: {m['iters']} validation: {int(m['check'])} "
+            f"stream: {'yes' if m['stream'] else 'no (inline, NULL stream)'}"
         )
         self._print(f"# time: {m['time_method']}")
         self._print(f"# library: {lib['path']}")
@@ -170,7 +171,8 @@ class _TableReporter(_Reporter):
                 text += f" {'N/A':>8s} {'N/A':>7s} {'N/A':>7s} {'N/A':>6s}"
                 continue
             wrong = "N/A" if res["wrong"] is None else str(res["wrong"])
-            text += f" {_fmt_time(res['time_us'])} {_fmt_bw(res['algbw_GBps'])} {_fmt_bw(res['busbw_GBps'])} {wrong:>6s}"
+            text += (f" {_fmt_time(res['time_us'])} {_fmt_bw(res['algbw_GBps'])} {_fmt_bw(res['busbw_GBps'])}"
+                     f" {wrong:>6s}")
         self._print(text)
 
     def progress(self, done: int, total: int, label: str) -> None:
@@ -226,7 +228,8 @@ class _TableReporter(_Reporter):
             write_plot(self.flat_results(), self.meta, a.plot)
 
     _CSV_FIELDS = ("collective", "nranks", "backend", "api", "size", "count", "type", "redop", "root", "mode",
-                   "time_us", "algbw_GBps", "busbw_GBps", "wrong", "time_us_mean", "time_us_min", "time_us_p90", "iters")
+                   "time_us", "algbw_GBps", "busbw_GBps", "wrong", "time_us_mean", "time_us_min", "time_us_p90",
+                   "iters")
 
     def _write_csv(self, f: TextIO) -> None:
         w = csv.DictWriter(f, fieldnames=self._CSV_FIELDS, extrasaction="ignore")
@@ -245,7 +248,8 @@ def write_plot(results: List[Dict[str, Any]], meta: Dict[str, Any], path: str) -
 
     series: Dict[str, List[Tuple[int, float, float]]] = {}
     for r in results:
-        label = f"{r['collective']} {r['type']}" + (f" {r['redop']}" if r["redop"] != "none" else "") + f" ({r['mode']})"
+        redop = f" {r['redop']}" if r["redop"] != "none" else ""
+        label = f"{r['collective']} {r['type']}{redop} ({r['mode']})"
         series.setdefault(label, []).append((r["size"], r["time_us"], r["busbw_GBps"]))
     rows = max(1, math.ceil(len(series) / 3))
     fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(12, 4.5 + 0.22 * rows), layout="constrained")
