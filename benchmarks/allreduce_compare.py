@@ -51,16 +51,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:  # also when loaded by file path, not run as a script
+    sys.path.insert(0, HERE)
+from _common import env_with_pycoll, import_pycoll  # noqa: E402
 
 
-def _pycoll_path() -> str:
-    """The directory holding the pycoll package to benchmark: the installed one, else this checkout's."""
-    try:
-        import pycoll
-    except ImportError:
-        sys.path.insert(0, os.path.dirname(HERE))
-        import pycoll
-    return os.path.dirname(os.path.dirname(os.path.abspath(pycoll.__file__)))
 DEFAULT_SIZES = "8,64,512,4K,32K,256K,2M,16M,64M"
 LIBS = ("copy", "pycoll", "mpi", "gloo")
 _RESULT = "RESULT "
@@ -158,7 +153,7 @@ def _numpy_check(send: np.ndarray, recv: np.ndarray, rank: int, nranks: int, run
 
 
 def worker_pycoll(args: argparse.Namespace) -> None:
-    _pycoll_path()
+    import_pycoll()
     import pycoll
 
     comm = pycoll.init(backend="host", timeout=120, name="compare")
@@ -221,7 +216,7 @@ def worker_gloo(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    _pycoll_path()
+    import_pycoll()
     from pycoll import env
 
     info = env.discover()
@@ -380,12 +375,6 @@ def copy_bound(nranks: int, sizes: List[int], scale: float, timeout: float) -> D
 # the driver
 
 
-def _env_with_repo() -> Dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = _pycoll_path() + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
-
-
 def _run(cmd: List[str], env: Dict[str, str], timeout: float, what: str) -> Dict[str, Any]:
     try:
         res = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
@@ -408,7 +397,7 @@ def run_library(lib: str, nranks: int, a: argparse.Namespace) -> Dict[str, Any]:
     script = os.path.abspath(__file__)
     me = [script]  # pycoll-run runs a script with this interpreter
     common = ["--sizes", a.sizes, "--scale", str(a.scale)]
-    env = _env_with_repo()
+    env = env_with_pycoll()
     launcher = [sys.executable, "-m", "pycoll.run", "-n", str(nranks), "--no-prefix", "--timeout", str(a.timeout)]
     if lib == "copy":
         try:

@@ -45,6 +45,9 @@ from typing import Any, Dict, List, Tuple
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:  # also when loaded by file path, not run as a script
+    sys.path.insert(0, HERE)
+from _common import import_pycoll  # noqa: E402
 
 # inline: True forces the inline host path without watchdog threads (to isolate the threads' cost),
 # False forces the stream path that pycoll takes when no watchdog runs, None leaves it to the watchdog
@@ -58,15 +61,6 @@ CONFIGS: List[Tuple[str, Dict[str, Any]]] = [
 ]
 
 
-def _import_pycoll() -> Any:
-    try:
-        import pycoll
-    except ImportError:
-        sys.path.insert(0, os.path.dirname(HERE))
-        import pycoll
-    return pycoll
-
-
 def _nested(depth: int, fn: Any) -> Any:
     return fn() if depth <= 0 else _nested(depth - 1, fn)
 
@@ -78,7 +72,7 @@ def record_cost(batches: int, batch: int) -> Dict[str, float]:
     reference the entry keeps and of keeping the ring's entries is included; the cost of making
     the Work itself is measured alone and subtracted.
     """
-    pycoll = _import_pycoll()
+    pycoll = import_pycoll()
     from pycoll.buffers import as_buffer
     from pycoll.flight_recorder import _STACK as fr_STACK, FlightRecorder
     from pycoll.work import Work
@@ -127,7 +121,7 @@ def record_cost(batches: int, batch: int) -> Dict[str, float]:
 
 def _rank(rank: int, n: int, uid: bytes, addr: Tuple[str, int], token: str, rounds: int, batch: int,
           conn: Any) -> None:
-    pycoll = _import_pycoll()
+    pycoll = import_pycoll()
     from pycoll.store import TCPStore
 
     from pycoll.flight_recorder import FlightRecorder
@@ -177,7 +171,7 @@ def _rank(rank: int, n: int, uid: bytes, addr: Tuple[str, int], token: str, roun
 def allreduce_8b(ranks: int, rounds: int, batch: int) -> Dict[str, Dict[str, float]]:
     """Microseconds per 8 B allreduce for each configuration (the slower rank per batch): the median
     and the 10th percentile of the batches (the latter is closer to what a quiet machine shows)."""
-    pycoll = _import_pycoll()
+    pycoll = import_pycoll()
     from pycoll import _bindings as B
     from pycoll.store import TCPStoreServer
 

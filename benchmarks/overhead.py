@@ -45,16 +45,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:  # also when loaded by file path, not run as a script
+    sys.path.insert(0, HERE)
+from _common import env_with_pycoll, import_pycoll  # noqa: E402
 
 
-def _pycoll_path() -> str:
-    """The directory holding the pycoll package to benchmark: the installed one, else this checkout's."""
-    try:
-        import pycoll
-    except ImportError:
-        sys.path.insert(0, os.path.dirname(HERE))
-        import pycoll
-    return os.path.dirname(os.path.dirname(os.path.abspath(pycoll.__file__)))
 
 C_DRIVER = r"""
 /* Calls ncclAllReduce of pycoll's host library in a loop; prints "b NS" per batch, then
@@ -201,7 +196,7 @@ def run_c(exe: str, libpath: str, nranks: int, blocking: bool, a: argparse.Names
 
 
 def worker(a: argparse.Namespace) -> None:
-    _pycoll_path()
+    import_pycoll()
     import pycoll
 
     comm = pycoll.init(backend="host", name="overhead")
@@ -254,8 +249,7 @@ def worker(a: argparse.Namespace) -> None:
 
 def run_python(nranks: int, a: argparse.Namespace, workdir: str) -> Dict[str, Dict[str, np.ndarray]]:
     result_file = os.path.join(workdir, f"python-{nranks}.json")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = _pycoll_path() + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env = env_with_pycoll()
     cmd = [sys.executable, "-m", "pycoll.run", "-n", str(nranks), "--no-prefix", "--timeout", str(a.timeout),
            os.path.abspath(__file__), "--worker", "--batches", str(a.batches), "--batch", str(a.batch),
            "--warmup", str(a.warmup), "--result-file", result_file]
@@ -292,7 +286,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if a.worker:
         worker(a)
         return 0
-    _pycoll_path()
+    import_pycoll()
     from pycoll import _bindings
 
     libpath = _bindings.load("host").path

@@ -81,6 +81,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:  # also when loaded by file path, not run as a script
+    sys.path.insert(0, HERE)
+from _common import import_pycoll, pycoll_path  # noqa: E402
 CASES = ("pycoll-kill", "pycoll-stop", "mpi-kill", "pycoll-kill-nofr", "pycoll-stop-nofr")
 #: the ``-nofr`` variants: the flight recorder records nothing, so its dump on failure costs nothing
 NOFR_ENV = {"PYCOLL_FR_BUFFER_SIZE": "0"}
@@ -251,15 +254,6 @@ def worker_mpi(a: argparse.Namespace) -> None:
 # -- the driver ----------------------------------------------------------------------------------------
 
 
-def _pycoll_path() -> str:
-    """The directory holding the pycoll package to benchmark: the installed one, else this checkout's."""
-    try:
-        import pycoll
-    except ImportError:
-        return os.path.dirname(HERE)
-    return os.path.dirname(os.path.dirname(os.path.abspath(pycoll.__file__)))
-
-
 def _shm_entries() -> set:
     try:
         return {e for e in os.listdir("/dev/shm") if e.startswith(("pycoll", "sm_segment."))}  # ours, Open MPI's
@@ -306,7 +300,7 @@ class Trial:
 
     def _env(self) -> Dict[str, str]:
         env = dict(os.environ)
-        env["PYTHONPATH"] = _pycoll_path() + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env["PYTHONPATH"] = pycoll_path() + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env["PYCOLL_FR_DUMP_DIR"] = os.path.join(self.dir, "fr")
         env.setdefault("OMP_NUM_THREADS", "1")
         if self.case.startswith("pycoll"):
@@ -672,8 +666,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"load average before: {' '.join(f'{x:.2f}' for x in load0)}")
     server = None
     if any(c.startswith("pycoll") for c in a.cases):
-        if _pycoll_path() not in sys.path:
-            sys.path.insert(0, _pycoll_path())
+        import_pycoll()
         import pycoll
 
         server = pycoll.TCPStoreServer(token=TOKEN).start()

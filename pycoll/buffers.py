@@ -31,6 +31,8 @@ from typing import Any, Dict, NamedTuple, Optional, Tuple
 
 import numpy as np
 
+from . import _dtypes
+
 __all__ = [
     "Buffer",
     "DeviceType",
@@ -87,54 +89,14 @@ _DEVICE_NAMES = {
     18: "trn",
 }
 
-# ncclDataType_t values (identical in NCCL and RCCL; pycoll._bindings.DataType has the same numbers)
-_INT8, _UINT8, _INT32, _UINT32, _INT64, _UINT64 = 0, 1, 2, 3, 4, 5
-_FLOAT16, _FLOAT32, _FLOAT64, _BFLOAT16, _FLOAT8E4M3, _FLOAT8E5M2 = 6, 7, 8, 9, 10, 11
-
 #: ncclDataType_t -> the dtype's name as PyTorch's flight recorder writes it (c10::toString).
-DATATYPE_NAMES: Dict[int, str] = {
-    _INT8: "Char",
-    _UINT8: "Byte",
-    _INT32: "Int",
-    _UINT32: "UInt32",
-    _INT64: "Long",
-    _UINT64: "UInt64",
-    _FLOAT16: "Half",
-    _FLOAT32: "Float",
-    _FLOAT64: "Double",
-    _BFLOAT16: "BFloat16",
-    _FLOAT8E4M3: "Float8_e4m3fn",
-    _FLOAT8E5M2: "Float8_e5m2",
-}
+DATATYPE_NAMES: Dict[int, str] = _dtypes.FR_NAMES
 
 #: ncclDataType_t -> bytes per element.
-DATATYPE_ITEMSIZES: Dict[int, int] = {
-    _INT8: 1,
-    _UINT8: 1,
-    _INT32: 4,
-    _UINT32: 4,
-    _INT64: 8,
-    _UINT64: 8,
-    _FLOAT16: 2,
-    _FLOAT32: 4,
-    _FLOAT64: 8,
-    _BFLOAT16: 2,
-    _FLOAT8E4M3: 1,
-    _FLOAT8E5M2: 1,
-}
+DATATYPE_ITEMSIZES: Dict[int, int] = _dtypes.ITEMSIZES
 
 # (kind, itemsize) -> ncclDataType_t, kind as in numpy's dtype.kind ('i', 'u', 'f')
-_KIND_SIZE: Dict[Tuple[str, int], int] = {
-    ("i", 1): _INT8,
-    ("u", 1): _UINT8,
-    ("i", 4): _INT32,
-    ("u", 4): _UINT32,
-    ("i", 8): _INT64,
-    ("u", 8): _UINT64,
-    ("f", 2): _FLOAT16,
-    ("f", 4): _FLOAT32,
-    ("f", 8): _FLOAT64,
-}
+_KIND_SIZE: Dict[Tuple[str, int], int] = _dtypes.KIND_SIZE
 
 #: Device types each backend can read and write (see :func:`check_device`).
 BACKEND_DEVICE_TYPES: Dict[str, frozenset] = {
@@ -143,10 +105,7 @@ BACKEND_DEVICE_TYPES: Dict[str, frozenset] = {
     "rccl": frozenset({_ROCM}),
 }
 
-_SUPPORTED = (
-    "int8, uint8, int32, uint32, int64, uint64, float16, float32, float64, bfloat16, "
-    "float8_e4m3fn, float8_e5m2"
-)
+_SUPPORTED = _dtypes.SUPPORTED
 
 
 def device_name(device_type: int, device_id: int = 0) -> str:
@@ -235,7 +194,7 @@ def _build_numpy_table() -> None:
             _NP_TYPES[type(dt)] = nccl
     ml = sys.modules.get("ml_dtypes")
     if ml is not None:
-        for attr, nccl in (("bfloat16", _BFLOAT16), ("float8_e4m3fn", _FLOAT8E4M3), ("float8_e5m2", _FLOAT8E5M2)):
+        for attr, nccl in ((d.array_name, d.code) for d in _dtypes.DATATYPES if d.ml_dtypes):
             scalar = getattr(ml, attr, None)
             if scalar is not None:
                 _NP_TYPES[type(np.dtype(scalar))] = nccl
@@ -325,20 +284,7 @@ def _torch_tensor_type(torch: Any) -> Any:
 def _torch_table(torch: Any) -> Dict[Any, int]:
     global _TORCH_TYPES, _TORCH_GPU
     table = {}
-    for attr, nccl in (
-        ("int8", _INT8),
-        ("uint8", _UINT8),
-        ("int32", _INT32),
-        ("uint32", _UINT32),
-        ("int64", _INT64),
-        ("uint64", _UINT64),
-        ("float16", _FLOAT16),
-        ("float32", _FLOAT32),
-        ("float64", _FLOAT64),
-        ("bfloat16", _BFLOAT16),
-        ("float8_e4m3fn", _FLOAT8E4M3),
-        ("float8_e5m2", _FLOAT8E5M2),
-    ):
+    for attr, nccl in ((d.array_name, d.code) for d in _dtypes.DATATYPES):
         dt = getattr(torch, attr, None)
         if dt is not None:
             table[dt] = nccl
@@ -427,20 +373,7 @@ _capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c
 )
 
 # (DLDataTypeCode, bits) -> ncclDataType_t
-_DLPACK_TYPES: Dict[Tuple[int, int], int] = {
-    (0, 8): _INT8,
-    (0, 32): _INT32,
-    (0, 64): _INT64,
-    (1, 8): _UINT8,
-    (1, 32): _UINT32,
-    (1, 64): _UINT64,
-    (2, 16): _FLOAT16,
-    (2, 32): _FLOAT32,
-    (2, 64): _FLOAT64,
-    (4, 16): _BFLOAT16,
-    (10, 8): _FLOAT8E4M3,
-    (12, 8): _FLOAT8E5M2,
-}
+_DLPACK_TYPES: Dict[Tuple[int, int], int] = _dtypes.DLPACK
 _DLPACK_CODE_NAMES = {
     0: "int",
     1: "uint",

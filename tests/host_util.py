@@ -14,29 +14,16 @@ import signal
 import time
 from typing import Callable, List, Optional, Sequence
 
-import ml_dtypes
 import numpy as np
 
+from pycoll import _dtypes
 from pycoll._bindings import DataType, RedOp, UniqueId, load
 
 PREMUL_HOST = 100  # test-only codes for PreMulSum with a host-immediate / "device" scalar
 PREMUL_DEVICE = 101
 
-NP_DTYPES = {
-    DataType.Int8: np.dtype(np.int8),
-    DataType.Uint8: np.dtype(np.uint8),
-    DataType.Int32: np.dtype(np.int32),
-    DataType.Uint32: np.dtype(np.uint32),
-    DataType.Int64: np.dtype(np.int64),
-    DataType.Uint64: np.dtype(np.uint64),
-    DataType.Float16: np.dtype(np.float16),
-    DataType.Float32: np.dtype(np.float32),
-    DataType.Float64: np.dtype(np.float64),
-    DataType.Bfloat16: np.dtype(ml_dtypes.bfloat16),
-    DataType.Float8e4m3: np.dtype(ml_dtypes.float8_e4m3fn),
-    DataType.Float8e5m2: np.dtype(ml_dtypes.float8_e5m2),
-}
-FLOATS = {DataType.Float16, DataType.Float32, DataType.Float64, DataType.Bfloat16, DataType.Float8e4m3, DataType.Float8e5m2}
+NP_DTYPES = {DataType(d.code): _dtypes.numpy_dtype(d.code) for d in _dtypes.DATATYPES}
+FLOATS = {DataType(d.code) for d in _dtypes.DATATYPES if d.is_float}
 UINT_VIEW = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 

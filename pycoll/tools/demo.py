@@ -1,0 +1,188 @@
+"""``python -m pycoll.demo``: a rank dies mid-training and the job goes on, then grows back.
+
+On the host backend (no GPU needed), ``pycoll-run`` starts 4 ranks that train a small
+data-parallel linear-regression model with numpy: every step each rank computes the gradient on
+its own shard and the ranks average it with ``all_reduce``. At step ``--kill-step`` rank
+``--kill-rank`` kills itself with SIGKILL. The survivors' collective fails with a remote error; the
+watchdog reports it and every survivor dumps its flight recorder; the survivors agree on who is
+gone and shrink the communicator; rank 0 runs the flight-recorder analyzer on the dumps, which names
+the lost rank. The launcher starts a replacement process, which joins at a step boundary (the
+job grows back to 4 ranks) and receives the model from rank 0. At the end every rank checks that
+all ranks hold identical parameters, and rank 0 prints the recovery timeline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import List, Optional, Sequence
+
+__all__ = ["main"]
+
+_DIM = 8
+_SHARD = 64
+
+
+def _shard(slot: int, true_w):  # type: ignore[no-untyped-def]
+    import numpy as np
+
+    rng = np.random.default_rng(1000 + slot)
+    x = rng.standard_normal((_SHARD, _DIM))
+    y = x @ true_w + 0.01 * rng.standard_normal(_SHARD)
+    return x, y
+
+
+def _say(group, text: str) -> None:  # type: ignore[no-untyped-def]
+    if group.rank == 0:
+        print(text, flush=True)
+
+
+def _analyze(group, dump_dir: str, generation: int) -> None:  # type: ignore[no-untyped-def]
+    """Rank 0: wait briefly for the survivors' dumps of ``generation``, then print the analyzer's verdict."""
+    from ..analyze import analyze_dir, format_report
+    from ..flight_recorder import generation_dir
+
+    folder = generation_dir(dump_dir, generation)
+    deadline = time.monotonic() + 3.0
+    survivors = [m for m in group.members if m in group.transitions[-1].members_before]
+    while time.monotonic() < deadline:
+        present = set(os.listdir(folder)) if os.path.isdir(folder) else set()
+        if all(any(f.endswith(f"_{m}") for f in present) for m in survivors):
+            break
+        time.sleep(0.05)
+    report = format_report(analyze_dir(folder), stacks=False)
+    print("flight-recorder analyzer (pycoll-fr) on the generation-%d dumps:" % generation, flush=True)
+    for line in report.splitlines():
+        print("    " + line, flush=True)
+
+
+def _sync_state(group, params, step: int) -> int:  # type: ignore[no-untyped-def]
+    """Rank 0 sends the model and the step to every member (a joiner receives them)."""
+    import numpy as np
+
+    state = np.concatenate([params, [float(step)]])
+    group.comm.broadcast(state, root=0)
+    params[:] = state[:-1]
+    return int(state[-1])
+
+
+def _worker(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    import pycoll
+    from ..elastic import ElasticGroup
+
+    true_w = np.linspace(-1.0, 1.0, _DIM)
+    group = ElasticGroup.from_env(backend="host", timeout=args.timeout, name="demo")
+    x, y = _shard(group.slot, true_w)
+    params = np.zeros(_DIM)
+    step = 0
+    if group.joined:
+        step = _sync_state(group, params, step)
+        print(f"replacement for slot {group.slot} joined as rank {group.rank} of generation "
+              f"{group.generation} ({group.size} ranks) at step {step}", flush=True)
+    elif group.rank == 0:
+        print(f"{group.size} ranks training a {_DIM}-parameter model (data parallel, all_reduce avg), "
+              f"{args.steps} steps", flush=True)
+    replaced = os.environ.get("PYCOLL_REPLACEMENT", "0") != "0"
+    while step < args.steps:
+        if step == args.kill_step and group.slot == args.kill_rank and not replaced:
+            print(f"slot {group.slot}: killing myself with SIGKILL at step {step}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        grad = x.T @ (x @ params - y) / len(y)
+        try:
+            group.comm.all_reduce(grad, op="avg")
+        except pycoll.CommFailure as exc:
+            if group.rank == 0:
+                print(f"step {step}: collective failed: {type(exc).__name__}: {exc}", flush=True)
+            before = group.generation
+            group.reshape()
+            _say(group, f"step {step}: reshaped: {group.transitions[-1].describe()}")
+            # the failure's dumps wait until the recovery is over; the analyzer wants them now
+            pycoll.watchdog.get_watchdog().wait_for_dumps()
+            if group.rank == 0:
+                _analyze(group, args.dump_dir, before)
+            continue  # redo the step on the smaller communicator
+        params -= args.lr * grad
+        step += 1
+        if group.maybe_grow():
+            _say(group, f"step {step}: grew: {group.transitions[-1].describe()}")
+            _sync_state(group, params, step)
+        if step % 10 == 0:
+            loss = float(np.mean((x @ params - y) ** 2))
+            _say(group, f"step {step}: {group.size} ranks, generation {group.generation}, local loss {loss:.5f}")
+        time.sleep(args.step_time)
+    # a replacement may still be on its way: wait for it at further step boundaries
+    for _ in range(int(10.0 / 0.05)):
+        if group.size >= args.ranks:
+            break
+        if group.maybe_grow():
+            _say(group, f"after training: grew: {group.transitions[-1].describe()}")
+            _sync_state(group, params, step)
+        else:
+            time.sleep(0.05)
+    hi, lo = params.copy(), params.copy()
+    group.comm.all_reduce(hi, op="max")
+    group.comm.all_reduce(lo, op="min")
+    identical = bool(np.array_equal(hi, lo))
+    if group.rank == 0:
+        print("recovery timeline:", flush=True)
+        for t in group.transitions:
+            phases = ", ".join(f"{k} {v:.1f} ms" for k, v in t.phases_ms().items())
+            print(f"    generation {t.generation} ({t.kind}): {list(t.members_before)} -> "
+                  f"{list(t.members_after)}: {phases}", flush=True)
+        err = float(np.max(np.abs(params - true_w)))
+        verdict = "PASS" if identical and group.size == args.ranks else "FAIL"
+        print(f"{verdict}: {group.size} ranks (slots {list(group.members)}) hold "
+              f"{'identical' if identical else 'DIFFERENT'} parameters after {step} steps "
+              f"(max |w - w_true| = {err:.4f})", flush=True)
+    group.close()
+    return 0 if identical and group.size == args.ranks else 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pycoll.demo", description=__doc__.split("\n\n")[0])
+    p.add_argument("--ranks", type=int, default=4, help="number of ranks (default 4)")
+    p.add_argument("--steps", type=int, default=60, help="training steps (default 60)")
+    p.add_argument("--kill-rank", type=int, default=2, help="slot that kills itself (default 2)")
+    p.add_argument("--kill-step", type=int, default=20, help="step at which it does (default 20)")
+    p.add_argument("--step-time", type=float, default=0.02, help="seconds of simulated compute per step")
+    p.add_argument("--lr", type=float, default=0.1, help="learning rate")
+    p.add_argument("--timeout", type=float, default=5.0, help="per-operation timeout in seconds")
+    p.add_argument("--dump-dir", default=None, help="flight-recorder dump folder (default: a temporary one)")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the demo (or, with ``--worker``, one of its ranks)."""
+    args = _parser().parse_args(argv)
+    if args.worker:
+        return _worker(args)
+    if args.ranks < 2 or not 0 <= args.kill_rank < args.ranks or not 0 <= args.kill_step < args.steps:
+        print("demo: need --ranks >= 2, 0 <= --kill-rank < --ranks and 0 <= --kill-step < --steps", file=sys.stderr)
+        return 2
+    dump_dir = args.dump_dir or tempfile.mkdtemp(prefix="pycoll-demo-")
+    env = dict(os.environ, PYCOLL_FR_DUMP_DIR=dump_dir, PYCOLL_BACKEND="host")
+    worker_args: List[str] = [
+        "--worker", "--ranks", str(args.ranks), "--steps", str(args.steps), "--kill-rank", str(args.kill_rank),
+        "--kill-step", str(args.kill_step), "--step-time", str(args.step_time), "--lr", str(args.lr),
+        "--timeout", str(args.timeout), "--dump-dir", dump_dir,
+    ]
+    cmd = [sys.executable, "-m", "pycoll.run", "-n", str(args.ranks), "--replace-failed", "1", "--timeout", "120",
+           "-m", "pycoll.demo"] + worker_args
+    print(f"pycoll demo: pycoll-run -n {args.ranks} --replace-failed 1 (host backend); slot {args.kill_rank} "
+          f"dies at step {args.kill_step}; flight-recorder dumps in {dump_dir}", flush=True)
+    t0 = time.monotonic()
+    rc = subprocess.call(cmd, env=env)
+    print(f"pycoll demo: finished in {time.monotonic() - t0:.1f} s with exit status {rc}", flush=True)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
