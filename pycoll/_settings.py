@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-__all__ = ["Setting", "SETTINGS", "get", "seconds", "env_seconds", "env_int", "env_bool"]
+__all__ = ["Setting", "SETTINGS", "get", "explicit", "seconds"]
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -142,19 +142,8 @@ def get(name: str, environ: Optional[Mapping[str, str]] = None) -> Any:
     return SETTINGS[name].read(environ)
 
 
-# -- the older readers, kept for the few callers that pass their own default ---------------------------
-
-
-def env_seconds(name: str, default: float, *, positive: bool = True) -> float:
-    """A duration in seconds from ``$name``: > 0 (``positive``) or >= 0; ``default`` when unset."""
-    return Setting(name, "seconds", default, "", minimum=None if positive else 0).read()
-
-
-def env_int(name: str, default: int, lo: int = 0) -> int:
-    """An integer >= ``lo`` from ``$name``; ``default`` when unset."""
-    return Setting(name, "int", default, "", minimum=lo).read()
-
-
-def env_bool(name: str, default: bool) -> bool:
-    """A switch from ``$name``; ``default`` when unset."""
-    return Setting(name, "bool", default, "").read()
+def explicit(name: str, environ: Optional[Mapping[str, str]] = None) -> Any:
+    """The value of setting ``name`` when it is set (validated), else None (for reports of what is set)."""
+    s = SETTINGS[name]
+    raw = (os.environ if environ is None else environ).get(name, "").strip()
+    return s.parse(raw) if raw else None

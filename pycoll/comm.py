@@ -21,7 +21,7 @@ import weakref
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 from . import _bindings as B
-from . import _settings
+from . import _dtypes, _settings
 from .buffers import Buffer, as_buffer, check_count, check_device, check_same_dtype
 from .config import CommConfig
 from .devices import Device, open_device
@@ -49,7 +49,7 @@ __all__ = ["Communicator", "CommObserver", "PreMulSum", "REDUCE_OPS", "default_t
 _log = logging.getLogger("pycoll.comm")
 
 #: Reduction operator names accepted by the collectives.
-REDUCE_OPS: Dict[str, int] = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
+REDUCE_OPS: Dict[str, int] = _dtypes.REDUCE_OPS
 _FAILURE_POLICIES = ("abort", "revoke", "report")
 
 
@@ -788,7 +788,7 @@ class Communicator:
             self._scratch = self.library.mem_alloc(4)
         ptr = self._scratch
         lib = self.library
-        return self._launch("barrier", lambda h, s: lib.all_reduce(ptr, ptr, 1, 2, 0, h, s),
+        return self._launch("barrier", lambda h, s: lib.all_reduce(ptr, ptr, 1, _dtypes.INT32, _dtypes.SUM, h, s),
                             st, [], [], async_op, timeout)
 
     def group(self) -> ContextManager[None]:

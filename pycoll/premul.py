@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Tuple
 
+from ._dtypes import DATATYPES, datatype_of, numpy_dtype
 from .buffers import as_buffer, check_device
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -12,8 +13,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["PreMulSum", "datatype_of", "scalar_argument"]
 
-_INT_RANGES = {0: (-2**7, 2**7 - 1), 1: (0, 2**8 - 1), 2: (-2**31, 2**31 - 1), 3: (0, 2**32 - 1),
-               4: (-2**63, 2**63 - 1), 5: (0, 2**64 - 1)}
+# the integer datatypes' ranges, from the one table
+_INT_RANGES = {d.code: ((-(2 ** (8 * d.itemsize - 1)), 2 ** (8 * d.itemsize - 1) - 1) if d.kind == "i"
+                        else (0, 2 ** (8 * d.itemsize) - 1)) for d in DATATYPES if d.kind in ("i", "u")}
 
 
 class PreMulSum:
@@ -46,42 +48,11 @@ class PreMulSum:
         return f"<PreMulSum op={self.op} datatype={self.datatype} on {self.comm.name}>"
 
 
-def datatype_of(dtype: Any) -> int:
-    """The NCCL datatype of a numpy or torch dtype, a name such as ``"float32"``, or an NCCL code."""
-    import numpy as np
-
-    if isinstance(dtype, int) and not isinstance(dtype, bool):
-        if not 0 <= dtype < 12:
-            raise ValueError(f"unknown NCCL datatype {dtype}")
-        return dtype
-    if type(dtype).__module__ == "torch":
-        import torch
-
-        return as_buffer(torch.empty(1, dtype=dtype)).datatype
-    try:
-        npdt = np.dtype(dtype)
-    except TypeError:
-        try:
-            import ml_dtypes  # noqa: F401  (registers bfloat16 / float8 names with numpy)
-
-            npdt = np.dtype(dtype)
-        except (ImportError, TypeError):
-            raise TypeError(f"cannot interpret {dtype!r} as a dtype") from None
-    return as_buffer(np.empty(1, dtype=npdt)).datatype
-
-
 def _numpy_dtype(datatype: int) -> Any:
-    import numpy as np
-
-    simple = {0: np.int8, 1: np.uint8, 2: np.int32, 3: np.uint32, 4: np.int64, 5: np.uint64, 6: np.float16,
-              7: np.float32, 8: np.float64}
-    if datatype in simple:
-        return simple[datatype]
     try:
-        import ml_dtypes
+        return numpy_dtype(datatype)
     except ImportError:
         raise NotImplementedError("a bfloat16/float8 pre_mul_sum scalar needs the ml_dtypes package") from None
-    return {9: ml_dtypes.bfloat16, 10: ml_dtypes.float8_e4m3fn, 11: ml_dtypes.float8_e5m2}[datatype]
 
 
 def scalar_argument(scalar: Any, datatype: int, backend: str, device_id: Any) -> Tuple[Any, int, int]:

@@ -8,11 +8,12 @@ traceback; the exit status is 0 either way.
 
 from __future__ import annotations
 
-import os
 import platform
 import sys
 import textwrap
 from typing import Any, Dict, List, Optional, TextIO
+
+from .. import _settings
 
 __all__ = ["probe", "probe_all", "show_versions", "main"]
 
@@ -49,7 +50,7 @@ def probe(spec: str) -> Dict[str, Any]:
 def probe_all() -> List[Dict[str, Any]]:
     """:func:`probe` for "nccl", "rccl", "host" and ``$PYCOLL_NCCL_LIBRARY`` when set."""
     specs: List[str] = list(SPECS)
-    env = os.environ.get("PYCOLL_NCCL_LIBRARY")
+    env = _settings.explicit("PYCOLL_NCCL_LIBRARY")
     if env and env not in specs:
         specs.append(env)
     return [probe(spec) for spec in specs]
@@ -67,7 +68,7 @@ def _header() -> List[str]:
     except ImportError as exc:
         lines.append(f"bindings: not built ({exc})")
     lines.append(f"python {platform.python_version()} ({sys.executable}), {platform.system()} {platform.machine()}")
-    env = os.environ.get("PYCOLL_NCCL_LIBRARY")
+    env = _settings.explicit("PYCOLL_NCCL_LIBRARY")
     lines.append(f"PYCOLL_NCCL_LIBRARY: {env if env else '(not set)'}")
     return lines
 
