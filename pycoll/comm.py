@@ -90,6 +90,14 @@ def poll_ready(library: Any, handle: int, what: str, timeout: float, *, on_error
         sleep = backoff(sleep)
 
 
+def _call_hooks(hs: Tuple[Callable[[Any], None], ...], w: Work) -> None:
+    for hook in hs:
+        try:
+            hook(w)
+        except Exception:  # an observer must never break a collective
+            _log.exception("observer hook %r failed", hook)
+
+
 def _discard(items: List[Any], item: Any) -> None:
     try:
         items.remove(item)
@@ -153,9 +161,11 @@ class Communicator:
         self._generation = generation
         self._owns_device = owns_device
         self.backend: str = device.backend
-        self._inline_ok = self.backend == "host"
-        self._lock = threading.RLock()  # held around library calls that touch the handle
+        self._stream_inline: Optional[bool] = None  # whether the own stream may run work in the caller's thread
+        # Lock order: _lock, then _plock, then _hlock; never the other way round.
+        self._lock = threading.RLock()  # serialises library calls on the handle (not aborts nor async-error reads)
         self._plock = threading.Lock()  # guards _pending, work states and _failure
+        self._hlock = threading.Lock()  # held while the handle is read for an async-error query, and while it is freed
         self._pending: List[Work] = []
         self._failure: Optional[BaseException] = None
         self.failed_at: Optional[float] = None  # wall-clock time of the failure
@@ -168,6 +178,7 @@ class Communicator:
         self._p2p_seq = 0
         self._op_ids = itertools.count(1)
         self._reshapes = 0  # split/shrink/grow calls so far: names children identically on every rank
+        self._abort_only = False  # after an abortive shrink: released with abort, never destroy
         self._stream: Optional[int] = None
         self._events: List[int] = []
         self._scratch: Optional[int] = None
@@ -290,11 +301,12 @@ class Communicator:
     # -- progress and failure -------------------------------------------------------------------
 
     def _async_code(self) -> int:
-        with self._lock:
+        # no per-communicator lock: ncclCommGetAsyncError may run while another thread is inside a
+        # call on the communicator (that is how a watchdog sees a blocked call); _hlock only keeps
+        # the handle from being freed meanwhile
+        with self._hlock:
             h = self._handle
-            if h is None:
-                return 0
-            return self.library.comm_get_async_error(h)
+            return 0 if h is None else self.library.comm_get_async_error(h)
 
     def _async_exc(self, code: int) -> CommFailure:
         try:
@@ -315,45 +327,56 @@ class Communicator:
         return self._events.pop() if self._events else self.device.create_event()
 
     def refresh(self, w: Work) -> None:
-        """Update ``w``'s state from its events (and retire it once complete); may wait for this
-        communicator's locks while another thread is inside a library call on it."""
-        exc: Optional[BaseException] = None
+        """Update ``w``'s state from its events (and retire it once complete). Never waits for a
+        library call in progress; a device error from an event query fails the communicator."""
+        start, end = w._start, w._end
+        if w._state == "completed" or w._exc is not None or start is None:
+            return
+        dev = self.device
+        try:
+            started = w._state != "scheduled" or dev.query_event(start)
+            done = end is not None and dev.query_event(end)
+        except Exception as exc:  # a destroyed event (released meanwhile) or a sticky device error
+            if w._start is start and w._exc is None:
+                self.fail(exc if isinstance(exc, CommFailure) else
+                          AsyncCommError(f"communicator {self.name!r} rank {self._rank}: querying the events of "
+                                         f"{w.op} (seq {w.seq}) failed: {exc}", getattr(exc, "code", -1)), w)
+            return
+        code = self._async_code() if done else 0  # read before _plock: lock order
+        failure: Optional[BaseException] = None
         with self._plock:
-            if w._state == "completed" or w._exc is not None or w._inline or w._start is None:
+            if w._state == "completed" or w._exc is not None or w._start is not start:
                 return
-            dev = self.device
-            if w._state == "scheduled" and dev.query_event(w._start):
+            if started and w._state == "scheduled":
                 w._state = "started"
                 w.time_started_ns = time.time_ns()
-            if w._end is None or not dev.query_event(w._end):
+            if not done:
                 return
-            code = self._async_code()
             if code not in (0, B.IN_PROGRESS):
-                exc = self._async_exc(code)
+                failure = self._async_exc(code)
             else:
                 w._state = "completed"
                 w.time_completed_ns = time.time_ns()
                 if w.time_started_ns is None:
                     w.time_started_ns = w.time_completed_ns
-                try:
-                    w.duration_ms = dev.elapsed_ms(w._start, w._end)
-                except Exception:
-                    w.duration_ms = None  # GPU events without timing
+                w.duration_ms = None
+                if dev.events_timed:
+                    try:
+                        w.duration_ms = dev.elapsed_ms(start, end)
+                    except Exception:
+                        pass
                 self._retire(w)
-        if exc is not None:
-            self.fail(exc, w)
-        elif w._state == "completed" and hooks.completion_hooks:
-            hooks.run_hooks(hooks.completion_hooks, w)
+        if failure is not None:
+            self.fail(failure, w)
+        elif hooks.completion_hooks:
+            _call_hooks(hooks.completion_hooks, w)
 
     def try_refresh(self, w: Work) -> None:
-        """Like :meth:`refresh`, but never waits: skipped while a library call holds the communicator."""
-        if w._state == "completed" or w._exc is not None or w._inline or self._failure is not None:
+        """Like :meth:`refresh`, for observers: never raises, skipped once the communicator failed."""
+        if w._state == "completed" or w._exc is not None or self._failure is not None:
             return
         if self._state != "active" or self._handle is None:
             return
-        if not self._lock.acquire(blocking=False):
-            return  # a library call is in progress: keep the last reading
-        self._lock.release()
         try:
             self.refresh(w)
         except Exception:
@@ -460,30 +483,33 @@ class Communicator:
 
     # -- launching operations -------------------------------------------------------------------
 
-    def _own_stream(self) -> int:
+    def _own_stream(self, blocking: bool) -> int:
+        """The communicator's own stream (created on first use).
+
+        An idle host stream may run a blocking operation in the caller's thread -- the same
+        stream order and events, without a thread switch -- but only while a watchdog enforces
+        deadlines (a caller blocked inside the library cannot) and never for an asynchronous or
+        grouped operation (its call must return at once).
+        """
+        inline = blocking and hooks.deadlines_watched() and _open_group() is None
         if self._stream is None:
             self._stream = self.device.create_stream()
+        if inline is not self._stream_inline:
+            self.device.allow_inline(self._stream, inline)
+            self._stream_inline = inline
         return self._stream
 
     def _begin(self, what: str, stream: Any, async_op: bool, arrays: Sequence[Any]) -> int:
-        """Check the state and resolve the stream; 0 means 'run inline in this thread' (host only)."""
+        """Check the state and resolve the stream the operation runs on."""
         if self._state != "active" or self._failure is not None:
             self._check_usable(what)
-        if (
-            self._inline_ok
-            and stream is None
-            and not async_op
-            and not self._pending
-            and _open_group() is None
-            and hooks.deadlines_watched()
-        ):
-            return 0
-        return self.device.resolve_stream(stream, [a for a in arrays if a is not None], default=self._own_stream())
+        return self.device.resolve_stream(stream, [a for a in arrays if a is not None],
+                                          default=self._own_stream(not async_op))
 
     def _buf(self, obj: Any, stream: int, *, writable: bool, name: str) -> Buffer:
-        buf = as_buffer(obj, writable=writable, stream=stream or None, name=name)
+        buf = as_buffer(obj, writable=writable, stream=stream, name=name)
         check_device(buf, self.backend, None if self.backend == "host" else self.device.device_id)
-        if buf.sync_stream is not None and stream:
+        if buf.sync_stream is not None:
             self.device.wait_stream(stream, buf.sync_stream)
         return buf
 
@@ -499,7 +525,16 @@ class Communicator:
         *,
         peer: Optional[int] = None,
     ) -> Work:
+        """Enqueue one operation: the same path on every backend.
+
+        Its start event is recorded, the Work becomes outstanding (the watchdog watches it from
+        here on, also while an idle host stream runs it in this thread), the library call enqueues
+        it, and its end event is recorded after it (at ``ncclGroupEnd`` inside a group). On a
+        stream that is capturing a graph the operation is only recorded into the graph.
+        """
         timeout = self.timeout if timeout is None else _check_timeout(timeout, self.timeout)
+        dev = self.device
+        capture = dev.capture_id(stream)
         is_p2p = peer is not None
         if is_p2p:
             self._p2p_seq += 1
@@ -507,6 +542,7 @@ class Communicator:
             self._coll_seq += 1
         w = Work(self, op, self._coll_seq, self._p2p_seq, next(self._op_ids), is_p2p, peer, timeout, stream, inputs, outputs)
         w.async_op = async_op
+        w.capture_id = capture
         for hook in hooks.enqueue_hooks:  # called from here: the recorder's stack starts at this frame
             try:
                 hook(w)
@@ -514,51 +550,79 @@ class Communicator:
                 _log.exception("observer hook %r failed", hook)
         h = self._handle
         assert h is not None
-        if stream == 0:
-            # host backend, blocking: run in this thread; the watchdog may abort from its own
-            # thread, which the host library unblocks safely, so no lock is held during the call.
-            # list.append/remove are atomic; _fail and _release may mark or clear the list meanwhile.
-            w._inline = True
-            w._state = "started"
-            w.time_started_ns = w.time_created_ns
-            pending = self._pending
-            pending.append(w)
-            try:
-                call(h, 0)
-            except NCCLError as e:
-                _discard(pending, w)
-                self.handle_call_error(e, w)
-            _discard(pending, w)
-            if w._exc is not None:
-                raise w._exc
-            w._state = "completed"
-            w.time_completed_ns = t = time.time_ns()
-            w.duration_ms = (t - w.time_created_ns) / 1e6
-            w.inputs = w.outputs = []
-            if hooks.completion_hooks:
-                hooks.run_hooks(hooks.completion_hooks, w)
-            return w
         group = _open_group()
+        if capture is not None:
+            return self._captured(w, call, h, stream, group)
         with self._lock:
             w._start = self._event()
-            self.device.record_event(w._start, stream)
-            try:
-                call(h, stream)
-            except NCCLError as e:
-                self._events.append(w._start)
-                w._start = None
-                self.handle_call_error(e, w)
-            if group is None:
-                w._end = self._event()
-                self.device.record_event(w._end, stream)
+            dev.record_event(w._start, stream)
         with self._plock:
             self._pending.append(w)
+        try:
+            status = call(h, stream)
+        except NCCLError as e:
+            self._withdraw(w)
+            self.handle_call_error(e, w)
+        if status == B.IN_PROGRESS:
+            self.await_ready(w)  # nothing is on the stream until the communicator is ready
         if group is not None:
             group.append(w)
             return w
+        self.group_closed(w)
         if not async_op:
             w.wait()
         return w
+
+    def _captured(self, w: Work, call: Callable[[int, int], Any], h: int, stream: int,
+                  group: Optional[List[Work]]) -> Work:
+        """An operation enqueued while ``stream`` captures a graph: it runs when the graph is replayed.
+
+        It gets no events and no deadline (querying an event of a capturing stream would break the
+        capture); the flight recorder keeps it as ``captured`` with the capture's id. Put a deadline
+        on a replay with :meth:`watch_stream`.
+        """
+        w._state = "captured"
+        try:
+            call(h, stream)
+        except NCCLError as e:
+            self.handle_call_error(e, w)
+        w.inputs = w.outputs = []
+        return w
+
+    def _withdraw(self, w: Work) -> None:
+        """Forget an operation the library refused (nothing was enqueued)."""
+        with self._plock:
+            _discard(self._pending, w)
+            for ev in (w._start, w._end):
+                if ev is not None:
+                    self._events.append(ev)
+            w._start = w._end = None
+
+    def await_ready(self, w: Work) -> None:
+        """After ncclInProgress: poll until the communicator is ready, within the operation's deadline."""
+        h = self._handle
+        if h is None:
+            return
+        try:
+            poll_ready(self.library, h, f"{w.op} (seq {w.seq})", max(1e-3, w.t0 + w.timeout - time.monotonic()),
+                       comm_name=self.name)
+        except CommTimeout as e:
+            self.fail(e, w)
+            raise w._exc or e from None
+        except NCCLError as e:
+            self.handle_call_error(e, w)
+
+    def watch_stream(self, stream: Any, *, timeout: Optional[float] = None, what: str = "graph_replay") -> Work:
+        """Put a deadline on work this communicator does not launch itself -- e.g. a CUDA graph replay
+        holding its collectives: events are recorded on ``stream`` around whatever is queued there
+        now and later, and the returned Work is watched like any operation (``wait()``, the
+        watchdog's timeout and failure policy, a flight-recorder entry named ``what``).
+
+        Call it right after ``graph.replay()`` on the replay's stream: the Work completes when
+        everything queued on ``stream`` so far has run.
+        """
+        st = self._begin(what, stream, True, ())
+        return self._launch(what, lambda h, s: 0, st, [], [], True, timeout)
 
     def _redop(self, op: Any, datatype: int) -> int:
         if isinstance(op, PreMulSum):
@@ -802,11 +866,19 @@ class Communicator:
         return _group(self)
 
     def group_closed(self, w: Work) -> None:
-        """The group holding ``w`` was issued: record its completion event (called by :mod:`pycoll.group`)."""
+        """``w`` was issued (by its call, or by ``ncclGroupEnd``): record its completion event."""
+        if w._state == "captured":
+            return
         with self._lock:
-            if self._handle is not None and w._exc is None:
+            if self._handle is not None and w._exc is None and w._start is not None:
                 w._end = self._event()
                 self.device.record_event(w._end, w.stream)
+
+    def group_failed(self, w: Work, exc: BaseException) -> None:
+        """``ncclGroupEnd`` refused the group holding ``w``: nothing of it runs (called by :mod:`pycoll.group`)."""
+        if w._exc is None and w._state != "captured":
+            w._exc = exc
+        self._withdraw(w)
 
     def pre_mul_sum(self, scalar: Any, dtype: Any) -> PreMulSum:
         """A reduction operator computing ``sum(scalar * x_r)`` for arrays of ``dtype``.
@@ -851,11 +923,14 @@ class Communicator:
         self._check_usable("finalize")
         timeout = _check_timeout(timeout, self.timeout)
         self._drain(timeout)
+        err: Optional[NCCLError] = None
         with self._lock:
             try:
                 self.library.comm_finalize(self.handle)
             except NCCLError as e:
-                self.handle_call_error(e, None)
+                err = e
+        if err is not None:
+            self.handle_call_error(err, None)  # outside the lock: lock order
         self._state = "finalized"
         self._poll(self.handle, "ncclCommFinalize", timeout, self._abort)
 
@@ -863,16 +938,26 @@ class Communicator:
         """Release the communicator: finalize (collective: every rank must call it), then free.
 
         If the other ranks do not arrive within ``timeout`` the communicator is aborted and
-        :class:`pycoll.CommTimeout` raised. After an abort this is a no-op.
+        :class:`pycoll.CommTimeout` raised. After an abort this is a no-op. A communicator that
+        failed, was revoked or was the parent of an abortive :meth:`shrink` is aborted instead
+        (NCCL's destroy would wait for the ranks that are gone); a failing finalize aborts too.
         """
         if self._state in ("aborted", "destroyed"):
             return
         timeout = _check_timeout(timeout, self.timeout)
-        if self._state == "active" and self._failure is None:
-            self.finalize(timeout)  # failed or revoked communicators skip it: destroy is then local
+        if self._failure is not None or self._state == "revoked" or self._abort_only:
+            self._abort()
+            return
+        if self._state == "active":
+            try:
+                self.finalize(timeout)
+            except BaseException:
+                self._abort()  # never leave a live handle behind a failed destroy
+                raise
         self._release()
         with self._lock:
-            h, self._handle = self._handle, None
+            with self._hlock:
+                h, self._handle = self._handle, None
             self._state = "destroyed"
             if h is not None:
                 self.library.comm_destroy(h)
@@ -894,15 +979,17 @@ class Communicator:
             for w in self._pending:
                 if w._exc is None:
                     w._exc = exc
-        h = self._handle
+        with self._hlock:  # async-error readers stop using the handle before it is freed
+            h, self._handle = self._handle, None
         if h is not None:
             done = threading.Event()
             errors: List[BaseException] = []
 
             def run() -> None:
+                # no per-communicator lock: aborting is how a thread blocked inside a call on this
+                # communicator is released
                 try:
-                    with self._lock:
-                        self.library.comm_abort(h)
+                    self.library.comm_abort(h)
                 except BaseException as e:  # reported below
                     errors.append(e)
                 finally:
@@ -915,7 +1002,6 @@ class Communicator:
                 _log.error("ncclCommAbort on %r did not return within %.3g s; leaving it behind", self.name, limit)
             elif errors:
                 _log.error("ncclCommAbort on %r failed: %s", self.name, errors[0])
-        self._handle = None
         self._release()
         self._closed()
 
@@ -1088,6 +1174,7 @@ class Communicator:
         with self._lock:
             slot, status = self.library.comm_shrink(self.handle, excl, self._reshape_config(config),
                                                     B.SHRINK_ABORT if abort_ops else B.SHRINK_DEFAULT)
+        self._abort_only |= abort_ops
         child = self._child(slot, status, what="ncclCommShrink", uid=uid, name=name or f"{self.name}.shrink{self._reshapes}",
                             global_ranks=gr, timeout=timeout, poll_parent=True, generation=generation,
                             failure_callbacks=failure_callbacks)

@@ -27,10 +27,11 @@ import logging
 import operator
 import sys
 import threading
+import time
 import warnings
 from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 
-from .errors import NotSupported, PycollError
+from .errors import CaptureError, NotSupported, PycollError
 
 __all__ = [
     "Device",
@@ -242,6 +243,8 @@ class Device:
     kind = "abstract"
     backend = ""
     device_id = 0
+    #: events measure time (``elapsed_ms`` works on any two completed events)
+    events_timed = False
     _stream_class = Stream
     _stream_destroy_blocks = False
 
@@ -290,6 +293,29 @@ class Device:
         """Block until ``event`` completes."""
         raise NotImplementedError
 
+    def wait_event(self, event: int, timeout: float) -> bool:
+        """Block until ``event`` completes or ``timeout`` seconds pass; True when it completed.
+
+        The base polls (50 us, doubling up to 1 ms); the host library waits in C, GIL released.
+        """
+        deadline = time.monotonic() + timeout
+        sleep = 50e-6
+        while not self.query_event(event):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(sleep, left))
+            sleep = min(sleep * 2, 1e-3)
+        return True
+
+    def allow_inline(self, stream: int, allowed: bool) -> None:
+        """Whether work submitted to ``stream`` while it is idle may run in the submitting thread.
+
+        Only the host library does that (a GPU stream always runs on the device): stream order
+        and the event contract stay the same, but the caller is blocked while it runs, so
+        the communicator allows it only while a watchdog enforces deadlines.
+        """
+
     def elapsed_ms(self, start: int, end: int) -> float:
         """Milliseconds between two completed events."""
         raise NotImplementedError
@@ -302,6 +328,29 @@ class Device:
     def is_capturing(self, stream: int) -> bool:
         """True while ``stream`` is part of a CUDA/HIP graph capture (active or invalidated)."""
         return self.capture_status(stream) != CaptureStatus.NONE
+
+    def capture_id(self, stream: int) -> Optional[int]:
+        """The id of the graph capture ``stream`` is part of, or None when it captures nothing.
+
+        Raises :class:`pycoll.CaptureError` for an invalidated capture (CUDA refuses to add to it)
+        and for the legacy default stream while another stream captures in global mode.
+        """
+        try:
+            status = self.capture_status(stream)
+        except DeviceError as e:
+            raise CaptureError(f"cannot tell whether stream 0x{stream:x} is capturing a graph: {e}",
+                               stream, None, CaptureStatus.NONE) from e
+        if status == CaptureStatus.NONE:
+            return None
+        cid = self._capture_sequence_id(stream)
+        if status == CaptureStatus.INVALIDATED:
+            raise CaptureError(f"the graph capture {cid} of stream 0x{stream:x} was invalidated (an operation that "
+                               "is not capturable ran on a capturing stream); end the capture and capture again",
+                               stream, cid, status)
+        return cid
+
+    def _capture_sequence_id(self, stream: int) -> int:
+        return 0
 
     def make_current(self) -> None:
         """Make this device the calling thread's current device (GPU; nothing on the host).
@@ -459,6 +508,7 @@ class HostDevice(Device):
 
     kind = "host"
     backend = "host"
+    events_timed = True
     _stream_destroy_blocks = True
 
     def __init__(self, library: Any) -> None:
@@ -480,6 +530,9 @@ class HostDevice(Device):
         self.stream_wait_event = lib.host_stream_wait_event
         self.destroy_event = lib.host_event_destroy
         self.elapsed_ms = lib.host_event_elapsed_ms
+        self._flags = has is None or has("pycollStreamSetFlags")
+        if has is None or has("pycollEventWait"):
+            self.wait_event = lib.host_event_wait  # in C, GIL released (an older host library: the base polls)
 
     def create_stream(self) -> int:
         handle = self.library.host_stream_create()
@@ -496,6 +549,10 @@ class HostDevice(Device):
 
     def create_event(self, timing: bool = False) -> int:
         return self.library.host_event_create()
+
+    def allow_inline(self, stream: int, allowed: bool) -> None:
+        if self._flags:
+            self.library.host_stream_set_flags(stream, _HOST_STREAM_INLINE if allowed else 0)
 
     def _int_stream(self, handle: int) -> int:
         if handle == 0:
@@ -527,7 +584,8 @@ _NOT_READY = 600  # cudaErrorNotReady == hipErrorNotReady
 _STREAM_NON_BLOCKING = 0x1  # cudaStreamNonBlocking == hipStreamNonBlocking
 _EVENT_DISABLE_TIMING = 0x2  # cudaEventDisableTiming == hipEventDisableTiming
 _CAPTURE_IMPLICIT = 906  # cudaErrorStreamCaptureImplicit == hipErrorStreamCaptureImplicit
-_INVALID_RESOURCE_HANDLE = (400,)  # cuda/hipErrorInvalidResourceHandle: elapsed time asked of untimed events
+_INVALID_RESOURCE_HANDLE = (400,)
+_HOST_STREAM_INLINE = 0x1  # pycoll_host.h PYCOLL_STREAM_INLINE  # cuda/hipErrorInvalidResourceHandle: elapsed time asked of untimed events
 
 
 class _GpuDevice(Device):
@@ -662,6 +720,18 @@ class _GpuDevice(Device):
         if err != 0:
             raise self._error(self._prefix + "StreamIsCapturing", res[0])
         return int(res[1])
+
+    def _capture_sequence_id(self, stream: int) -> int:
+        info = getattr(self.runtime, self._prefix + "StreamGetCaptureInfo", None)
+        if info is None:
+            return 0
+        try:
+            res = info(stream)
+        except Exception:
+            return 0
+        if not isinstance(res, tuple) or int(res[0]) != 0 or len(res) < 3:
+            return 0
+        return int(res[2])
 
     def _int_stream(self, handle: int) -> int:
         if handle in _HOST_STREAMS:

@@ -37,6 +37,7 @@ __all__ = [
     "CommRevoked",
     "AsyncCommError",
     "CommStateError",
+    "CaptureError",
     "StoreError",
     "StoreTimeout",
     "StoreAuthError",
@@ -280,6 +281,23 @@ class AsyncCommError(CommFailure):
 
 class CommStateError(PycollError, RuntimeError):
     """The call is not valid in the communicator's state (used after destroy, finalize twice, ...)."""
+
+
+class CaptureError(CommStateError):
+    """An operation was issued on a stream whose CUDA/HIP graph capture cannot take it.
+
+    Attributes: ``stream`` (the raw handle), ``capture_id`` (the capture's id, or None) and
+    ``status`` (the ``cudaStreamCaptureStatus``: 2 = invalidated).
+    """
+
+    def __init__(self, message: str, stream: int = 0, capture_id: Optional[int] = None, status: int = 0) -> None:
+        super().__init__(message)
+        self.stream = stream
+        self.capture_id = capture_id
+        self.status = status
+
+    def __reduce__(self) -> Any:
+        return (type(self), (str(self), self.stream, self.capture_id, self.status))
 
 
 class StoreError(PycollError):

@@ -10,6 +10,7 @@ import contextlib
 import threading
 from typing import TYPE_CHECKING, Any, Iterator, List, Optional
 
+from ._bindings import IN_PROGRESS
 from .errors import CommFailure, CommStateError, NCCLError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -48,14 +49,21 @@ def group(comm: Any) -> Iterator[None]:
             works = _tls.works
             _tls.works = None
             _tls.library = None
+        status = 0
         try:
-            lib.group_end()
+            status = lib.group_end()
         except NCCLError as e:
+            for w in works:
+                w.comm.group_failed(w, e)  # nothing of the group runs: no phantom outstanding work
             if body_exc is None:
                 for c in {w.comm for w in works} or {comm}:
                     with contextlib.suppress(CommFailure, NCCLError):
-                        c.raise_call_error(e, None)
+                        c.handle_call_error(e, None)
                 raise
+            works = []
+        if status == IN_PROGRESS:  # nonblocking communicators still issuing: nothing is on the streams yet
+            for w in works:
+                w.comm.await_ready(w)
         for w in works:
             w.comm.group_closed(w)
         if body_exc is None:

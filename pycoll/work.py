@@ -10,8 +10,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Work", "backoff"]
 
-_SPIN_S = 50e-6  # poll without sleeping this long before backing off
 _FIRST_SLEEP_S = 20e-6
+_SLICE_S = 5e-3  # longest a wait blocks on an event before it looks at the communicator again
+_FINAL = ("completed", "captured")
 _MAX_SLEEP_S = 1e-3
 
 
@@ -29,8 +30,9 @@ def backoff(last: float) -> float:
 class Work:
     """One operation on a :class:`~pycoll.Communicator`.
 
-    Completion is read from events recorded on the operation's stream (or, for an operation the
-    host backend ran in the caller's thread, from that call's return). The watchdog checks
+    Completion is read from events recorded on the operation's stream, on every backend. An
+    operation enqueued while its stream captures a CUDA graph is ``"captured"``: it runs when the
+    graph is replayed (see :meth:`pycoll.Communicator.watch_stream` for a deadline on a replay). The watchdog checks
     outstanding work; a failure it detects reaches the user at :meth:`wait` or at the next call on
     the communicator.
 
@@ -48,7 +50,7 @@ class Work:
     __slots__ = (
         "comm", "op", "seq", "p2p_seq", "op_id", "async_op", "is_p2p", "peer", "timeout", "stream", "inputs", "outputs",
         "time_created_ns", "t0", "time_started_ns", "time_completed_ns", "duration_ms",
-        "_start", "_end", "_state", "_exc", "_inline", "fr_entry", "__weakref__",
+        "_start", "_end", "_state", "_exc", "capture_id", "fr_entry", "__weakref__",
     )
 
     def __init__(
@@ -86,15 +88,16 @@ class Work:
         self._end: Optional[int] = None
         self._state = "scheduled"
         self._exc: Optional[BaseException] = None
-        self._inline = False
+        self.capture_id: Optional[int] = None  # the graph capture it was recorded into (state "captured")
         self.fr_entry: Any = None
 
     # -- public ---------------------------------------------------------------------------------
 
     @property
     def state(self) -> str:
-        """``"scheduled"``, ``"started"`` or ``"completed"`` (a failed operation stays where it stopped)."""
-        if self._state != "completed" and self._exc is None and not self._inline:
+        """``"scheduled"``, ``"started"``, ``"completed"`` or ``"captured"`` (a failed operation stays
+        where it stopped)."""
+        if self._state not in _FINAL and self._exc is None:
             self.comm.refresh(self)
         return self._state
 
@@ -119,12 +122,10 @@ class Work:
 
     def is_completed(self) -> bool:
         """True once the operation has finished, successfully or not (see :meth:`exception`). Never blocks."""
-        if self._exc is not None:
-            return True
-        if self._state == "completed":
+        if self._exc is not None or self._state in _FINAL:
             return True
         self.comm.refresh(self)
-        return self._state == "completed" or self._exc is not None
+        return self._state in _FINAL or self._exc is not None
 
     def exception(self) -> Optional[BaseException]:
         """The failure of this operation (or of its communicator), or None."""
@@ -146,24 +147,36 @@ class Work:
         comm = self.comm
         start = time.monotonic()
         deadline = None if timeout is None else start + timeout
-        sleep = 0.0
         while True:
             if self._exc is not None:
                 raise self._exc
-            if self._state == "completed":
+            if self._state in _FINAL:
                 return
             comm.refresh(self)
-            if self._state == "completed" or self._exc is not None:
+            if self._state in _FINAL or self._exc is not None:
                 continue
             now = time.monotonic()
             comm.check(now)
+            if self._exc is not None:
+                continue
             if deadline is not None and now >= deadline:
                 raise TimeoutError(
                     f"{self.op} (seq {self.seq}) on {comm.name} still running after {timeout:.3g} s "
                     f"(its own deadline is {self.timeout:.3g} s after it was issued)"
                 )
-            if now - start > _SPIN_S:
-                sleep = backoff(sleep)
+            # block on the end event (the host library waits in C); wake for the own deadline and,
+            # at least every _SLICE_S, to look at the communicator's asynchronous error
+            left = min(_SLICE_S, max(0.0, self.t0 + self.timeout - now) + 1e-3)
+            if deadline is not None:
+                left = min(left, deadline - now)
+            end = self._end
+            if end is None:
+                time.sleep(min(left, _FIRST_SLEEP_S))  # inside an open group, or just being enqueued
+                continue
+            try:
+                comm.device.wait_event(end, left)
+            except Exception:  # released meanwhile (abort, destroy): the next round sees why
+                pass
 
     def __repr__(self) -> str:
         return f"<Work {self.op} seq={self.seq} {self._state}{' failed' if self._exc else ''} on {self.comm.name}>"

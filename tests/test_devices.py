@@ -112,6 +112,13 @@ class FakeHostLibrary:
             while ("event", e) in items:
                 self.run_one(s)
 
+    def host_event_wait(self, e, timeout):
+        return self.events[e]["done"]
+
+    def host_stream_set_flags(self, s, flags):
+        self._stream(s)
+        self.calls.append(("stream_flags", s, flags))
+
     def host_event_elapsed_ms(self, a, b):
         return 1.5
 

@@ -172,7 +172,15 @@ HOST_FUNCTIONS = (
     "pycollEventQuery",
     "pycollEventSynchronize",
     "pycollEventElapsedTime",
+    "pycollStreamCreateWithFlags",
+    "pycollStreamSetFlags",
+    "pycollEventWait",
+    "pycollEventArm",
+    "pycollEventFire",
 )
+
+#: pycollStreamCreateWithFlags: work submitted while the stream is idle runs in the caller's thread.
+HOST_STREAM_INLINE = 0x1
 
 
 def version_tuple(code):

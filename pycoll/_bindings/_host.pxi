@@ -18,14 +18,60 @@ cdef class HostLibrary(Library):
         _done(self, &cr, "pycollHostGetVersion")
         return v
 
-    def host_stream_create(self):
-        """pycollStreamCreate: a new host stream handle (an ordered queue with its own thread)."""
+    def host_stream_create(self, int flags=0):
+        """pycollStreamCreateWithFlags: a new host stream handle (an ordered queue with its own thread).
+
+        ``flags``: ``HOST_STREAM_INLINE`` lets work submitted while the stream is idle run in the
+        caller's thread (in stream order).
+        """
         cdef pycollStream_t s = NULL
         cdef _Call cr
-        _need(self, <void*>self.fn.pycollStreamCreate, "pycollStreamCreate")
-        with nogil: _cap(&self.fn, NULL, &cr, self.fn.pycollStreamCreate(&s))
-        _done(self, &cr, "pycollStreamCreate")
+        if flags == 0:
+            _need(self, <void*>self.fn.pycollStreamCreate, "pycollStreamCreate")
+            with nogil: _cap(&self.fn, NULL, &cr, self.fn.pycollStreamCreate(&s))
+            _done(self, &cr, "pycollStreamCreate")
+            return <uintptr_t>s
+        _need(self, <void*>self.fn.pycollStreamCreateWithFlags, "pycollStreamCreateWithFlags")
+        with nogil: _cap(&self.fn, NULL, &cr, self.fn.pycollStreamCreateWithFlags(&s, flags))
+        _done(self, &cr, "pycollStreamCreateWithFlags")
         return <uintptr_t>s
+
+    def host_stream_set_flags(self, stream, int flags):
+        """pycollStreamSetFlags: change a stream's flags (``HOST_STREAM_INLINE`` or 0)."""
+        cdef pycollStream_t s = <pycollStream_t>_handle(stream, "stream")
+        cdef _Call cr
+        _need(self, <void*>self.fn.pycollStreamSetFlags, "pycollStreamSetFlags")
+        with nogil: _cap(&self.fn, NULL, &cr, self.fn.pycollStreamSetFlags(s, flags))
+        _done(self, &cr, "pycollStreamSetFlags")
+
+    def host_event_wait(self, event, double timeout):
+        """pycollEventWait: block (GIL released) until ``event`` completes or ``timeout`` seconds
+        pass; True when it completed."""
+        cdef pycollEvent_t ev = <pycollEvent_t>_handle(event, "event")
+        cdef uint64_t ns
+        cdef _Call cr
+        if not timeout >= 0:
+            raise ValueError(f"timeout must be >= 0 seconds, got {timeout}")
+        ns = <uint64_t>(timeout * 1e9) if timeout < 1e9 else <uint64_t>0xFFFFFFFFFFFFFFFF
+        _need(self, <void*>self.fn.pycollEventWait, "pycollEventWait")
+        with nogil: _cap(&self.fn, NULL, &cr, self.fn.pycollEventWait(ev, ns))
+        return _check(self, &cr, "pycollEventWait") == ncclSuccess
+
+    def host_event_arm(self, event):
+        """pycollEventArm: make ``event`` incomplete until :meth:`host_event_fire` (streams waiting on it stop)."""
+        cdef pycollEvent_t ev = <pycollEvent_t>_handle(event, "event")
+        cdef _Call cr
+        _need(self, <void*>self.fn.pycollEventArm, "pycollEventArm")
+        with nogil: _cap(&self.fn, NULL, &cr, self.fn.pycollEventArm(ev))
+        _done(self, &cr, "pycollEventArm")
+
+    def host_event_fire(self, event):
+        """pycollEventFire: complete an armed event, from any thread."""
+        cdef pycollEvent_t ev = <pycollEvent_t>_handle(event, "event")
+        cdef _Call cr
+        _need(self, <void*>self.fn.pycollEventFire, "pycollEventFire")
+        with nogil: _cap(&self.fn, NULL, &cr, self.fn.pycollEventFire(ev))
+        _done(self, &cr, "pycollEventFire")
 
     def host_stream_destroy(self, stream):
         """pycollStreamDestroy: wait for the enqueued work, then free the stream."""

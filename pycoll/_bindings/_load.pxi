@@ -206,5 +206,10 @@ cdef _resolve(Library lib):
     t.pycollEventQuery = <pycollEventQuery_fn>lib._sym("pycollEventQuery")
     t.pycollEventSynchronize = <pycollEventSynchronize_fn>lib._sym("pycollEventSynchronize")
     t.pycollEventElapsedTime = <pycollEventElapsedTime_fn>lib._sym("pycollEventElapsedTime")
+    t.pycollStreamCreateWithFlags = <pycollStreamCreateWithFlags_fn>lib._sym("pycollStreamCreateWithFlags")
+    t.pycollStreamSetFlags = <pycollStreamSetFlags_fn>lib._sym("pycollStreamSetFlags")
+    t.pycollEventWait = <pycollEventWait_fn>lib._sym("pycollEventWait")
+    t.pycollEventArm = <pycollEventArm_fn>lib._sym("pycollEventArm")
+    t.pycollEventFire = <pycollEventFire_fn>lib._sym("pycollEventFire")
     for name in RCCL_FUNCTIONS:
         lib._sym(name)

@@ -445,6 +445,11 @@ ctypedef int (*pycollEventRecord_fn)(pycollEvent_t event, pycollStream_t stream)
 ctypedef int (*pycollEventQuery_fn)(pycollEvent_t event) noexcept nogil
 ctypedef int (*pycollEventSynchronize_fn)(pycollEvent_t event) noexcept nogil
 ctypedef int (*pycollEventElapsedTime_fn)(float* ms, pycollEvent_t start, pycollEvent_t end) noexcept nogil
+ctypedef int (*pycollStreamCreateWithFlags_fn)(pycollStream_t* stream, int flags) noexcept nogil
+ctypedef int (*pycollStreamSetFlags_fn)(pycollStream_t stream, int flags) noexcept nogil
+ctypedef int (*pycollEventWait_fn)(pycollEvent_t event, uint64_t timeout_ns) noexcept nogil
+ctypedef int (*pycollEventArm_fn)(pycollEvent_t event) noexcept nogil
+ctypedef int (*pycollEventFire_fn)(pycollEvent_t event) noexcept nogil
 
 
 # --- the symbol table of one loaded library: NULL where the library lacks the function ----------
@@ -535,3 +540,8 @@ ctypedef struct pycoll_nccl_table:
     pycollEventQuery_fn pycollEventQuery
     pycollEventSynchronize_fn pycollEventSynchronize
     pycollEventElapsedTime_fn pycollEventElapsedTime
+    pycollStreamCreateWithFlags_fn pycollStreamCreateWithFlags
+    pycollStreamSetFlags_fn pycollStreamSetFlags
+    pycollEventWait_fn pycollEventWait
+    pycollEventArm_fn pycollEventArm
+    pycollEventFire_fn pycollEventFire

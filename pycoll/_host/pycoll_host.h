@@ -37,6 +37,8 @@
 #ifndef PYCOLL_HOST_H
 #define PYCOLL_HOST_H
 
+#include <stdint.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -48,7 +50,13 @@ typedef struct pycollEvent* pycollEvent_t;
  * NCCL API level the library implements (23203). */
 int pycollHostGetVersion(int* version);
 
+/* Stream flags. PYCOLL_STREAM_INLINE: work submitted while the stream is idle runs in the
+ * caller's thread (in stream order; events recorded after it complete when the call returns). */
+#define PYCOLL_STREAM_INLINE 0x1
+
 int pycollStreamCreate(pycollStream_t* stream);
+int pycollStreamCreateWithFlags(pycollStream_t* stream, int flags);
+int pycollStreamSetFlags(pycollStream_t stream, int flags);
 /* Waits for the work already enqueued, then frees the stream. */
 int pycollStreamDestroy(pycollStream_t stream);
 int pycollStreamSynchronize(pycollStream_t stream);
@@ -64,6 +72,12 @@ int pycollEventRecord(pycollEvent_t event, pycollStream_t stream);
 /* ncclSuccess when complete (or never recorded), ncclInProgress otherwise. */
 int pycollEventQuery(pycollEvent_t event);
 int pycollEventSynchronize(pycollEvent_t event);
+/* Waits at most timeout_ns (UINT64_MAX: forever): ncclSuccess once complete, else ncclInProgress. */
+int pycollEventWait(pycollEvent_t event, uint64_t timeout_ns);
+/* A host-controlled event: Arm makes it incomplete (streams waiting on it stop there) until Fire
+ * completes it, from any thread. The emulated GPU runs user "kernels" with them. */
+int pycollEventArm(pycollEvent_t event);
+int pycollEventFire(pycollEvent_t event);
 /* Milliseconds between the completion of two completed events: ncclInProgress while either has
  * not completed yet, ncclInvalidUsage if either was never recorded. */
 int pycollEventElapsedTime(float* ms, pycollEvent_t start, pycollEvent_t end);

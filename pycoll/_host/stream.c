@@ -36,6 +36,8 @@ struct pycollStream {
   struct item *head, *tail;
   uint64_t enqueued, completed;
   bool sleeping;
+  int flags;        /* PYCOLL_STREAM_* */
+  bool inline_busy; /* the caller's thread is running this stream's work (see stream_submit) */
 };
 
 struct pycollEvent {
@@ -65,13 +67,24 @@ void marker_fire(void* m_) {
   futex_wake(&m->done, false);
 }
 
-static void marker_wait(struct marker* m) {
+/* Waits for `m` to complete, at most `timeout_ns` (UINT64_MAX: forever); true once complete. */
+static bool marker_wait_for(struct marker* m, uint64_t timeout_ns) {
   struct backoff b;
   backoff_reset(&b, true);
+  uint64_t t0 = timeout_ns == UINT64_MAX ? 0 : now_ns();
   while (!__atomic_load_n(&m->done, __ATOMIC_ACQUIRE)) {
-    if (backoff_step(&b) == WAIT_SLEEP) futex_wait(&m->done, 0, 10000000, false);
+    uint64_t left = 10000000;
+    if (timeout_ns != UINT64_MAX) {
+      uint64_t spent = now_ns() - t0;
+      if (spent >= timeout_ns) return false;
+      if (timeout_ns - spent < left) left = timeout_ns - spent;
+    }
+    if (backoff_step(&b) == WAIT_SLEEP) futex_wait(&m->done, 0, left, false);
   }
+  return true;
 }
+
+static void marker_wait(struct marker* m) { marker_wait_for(m, UINT64_MAX); }
 
 bool stream_valid(pycollStream_t s) { return handle_valid(s, H_STREAM); }
 bool event_valid(pycollEvent_t e) { return handle_valid(e, H_EVENT); }
@@ -107,6 +120,11 @@ static void* stream_main(void* arg) {
         s->sleeping = false;
       }
     }
+    while (s->inline_busy) { /* the caller runs earlier work inline: what was queued meanwhile follows it */
+      s->sleeping = true;
+      pthread_cond_wait(&s->work, &s->mu);
+      s->sleeping = false;
+    }
     struct item* it = s->head;
     s->head = it->next;
     if (!s->head) s->tail = NULL;
@@ -141,7 +159,41 @@ static ncclResult_t push(struct pycollStream* s, int kind, struct task* tasks, s
   return ncclSuccess;
 }
 
-ncclResult_t stream_submit(pycollStream_t s, struct task* list) { return push(s, IT_TASKS, list, NULL); }
+/* True (and the stream marked busy) when `s` may run the next work in the caller's thread now. */
+static bool inline_begin(struct pycollStream* s) {
+  if (!(s->flags & PYCOLL_STREAM_INLINE)) return false;
+  pthread_mutex_lock(&s->mu);
+  bool ok = !s->inline_busy && s->completed == s->enqueued;
+  if (ok) {
+    s->inline_busy = true;
+    s->enqueued++;
+  }
+  pthread_mutex_unlock(&s->mu);
+  return ok;
+}
+
+static void inline_end(struct pycollStream* s) {
+  pthread_mutex_lock(&s->mu);
+  s->inline_busy = false;
+  s->completed++;
+  pthread_cond_broadcast(&s->idle);
+  if (s->head) pthread_cond_signal(&s->work);
+  pthread_mutex_unlock(&s->mu);
+}
+
+/* An idle stream with PYCOLL_STREAM_INLINE runs the work in the caller's thread (as the stream
+ * would, in order: work enqueued meanwhile from other threads waits for it); otherwise the
+ * stream's thread runs it. Either way the result is reported as the stream's would be: errors
+ * land in the communicators' asynchronous errors, events recorded after it complete after it. */
+ncclResult_t stream_submit(pycollStream_t s, struct task* list) {
+  if (inline_begin(s)) {
+    run_tasks(list);
+    tasks_finish(list, true);
+    inline_end(s);
+    return ncclSuccess;
+  }
+  return push(s, IT_TASKS, list, NULL);
+}
 
 static void stream_sync(struct pycollStream* s) {
   pthread_mutex_lock(&s->mu);
@@ -163,14 +215,21 @@ static void stream_sync(struct pycollStream* s) {
     return ncclInvalidArgument;                                                                            \
   }
 
-NCCL_API int pycollStreamCreate(pycollStream_t* stream) {
+NCCL_API int pycollStreamCreate(pycollStream_t* stream) { return pycollStreamCreateWithFlags(stream, 0); }
+
+NCCL_API int pycollStreamCreateWithFlags(pycollStream_t* stream, int flags) {
   if (!stream) {
     WARN("pycollStreamCreate : stream argument is NULL");
+    return ncclInvalidArgument;
+  }
+  if (flags & ~PYCOLL_STREAM_INLINE) {
+    WARN("pycollStreamCreateWithFlags : unknown flags 0x%x", (unsigned)flags);
     return ncclInvalidArgument;
   }
   struct pycollStream* s = calloc(1, sizeof *s);
   if (!s) return ncclSystemError;
   s->magic = STREAM_MAGIC;
+  s->flags = flags;
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->work, NULL);
   pthread_cond_init(&s->idle, NULL);
@@ -196,6 +255,16 @@ NCCL_API int pycollStreamDestroy(pycollStream_t s) {
   pthread_cond_destroy(&s->idle);
   s->magic = 0;
   quarantine_free(s);
+  return ncclSuccess;
+}
+
+NCCL_API int pycollStreamSetFlags(pycollStream_t s, int flags) {
+  CHECK_STREAM(s, "pycollStreamSetFlags");
+  if (flags & ~PYCOLL_STREAM_INLINE) {
+    WARN("pycollStreamSetFlags : unknown flags 0x%x", (unsigned)flags);
+    return ncclInvalidArgument;
+  }
+  __atomic_store_n(&s->flags, flags, __ATOMIC_RELEASE);
   return ncclSuccess;
 }
 
@@ -226,6 +295,10 @@ NCCL_API int pycollStreamWaitEvent(pycollStream_t s, pycollEvent_t e) {
   CHECK_EVENT(e, "pycollStreamWaitEvent");
   struct marker* m = event_current(e);
   if (!m) return ncclSuccess; /* never recorded: nothing to wait for */
+  if (__atomic_load_n(&m->done, __ATOMIC_ACQUIRE)) { /* completed already: nothing to wait for */
+    marker_release(m);
+    return ncclSuccess;
+  }
   ncclResult_t r = push(s, IT_WAIT, NULL, m);
   if (r != ncclSuccess) marker_release(m);
   return r;
@@ -273,6 +346,14 @@ ncclResult_t stream_record(pycollEvent_t e, pycollStream_t s) {
     event_set(e, m);
     return ncclSuccess;
   }
+  pthread_mutex_lock(&s->mu);
+  bool idle = !s->inline_busy && s->completed == s->enqueued;
+  pthread_mutex_unlock(&s->mu);
+  if (idle) { /* everything before the record has run: it completes now */
+    marker_fire(m);
+    event_set(e, m);
+    return ncclSuccess;
+  }
   marker_ref(m);
   ncclResult_t r = push(s, IT_RECORD, NULL, m);
   if (r != ncclSuccess) {
@@ -304,6 +385,34 @@ NCCL_API int pycollEventQuery(pycollEvent_t e) {
   int r = (!m || __atomic_load_n(&m->done, __ATOMIC_ACQUIRE)) ? ncclSuccess : ncclInProgress;
   marker_release(m);
   return r;
+}
+
+NCCL_API int pycollEventWait(pycollEvent_t e, uint64_t timeout_ns) {
+  CHECK_EVENT(e, "pycollEventWait");
+  struct marker* m = event_current(e);
+  bool done = !m || marker_wait_for(m, timeout_ns);
+  marker_release(m);
+  return done ? ncclSuccess : ncclInProgress;
+}
+
+NCCL_API int pycollEventArm(pycollEvent_t e) {
+  CHECK_EVENT(e, "pycollEventArm");
+  void* m = event_arm(e);
+  if (!m) return ncclSystemError;
+  marker_release(m); /* the event holds it */
+  return ncclSuccess;
+}
+
+NCCL_API int pycollEventFire(pycollEvent_t e) {
+  CHECK_EVENT(e, "pycollEventFire");
+  struct marker* m = event_current(e);
+  if (!m) {
+    WARN("pycollEventFire : the event was never armed or recorded");
+    return ncclInvalidUsage;
+  }
+  marker_fire(m);
+  marker_release(m);
+  return ncclSuccess;
 }
 
 NCCL_API int pycollEventSynchronize(pycollEvent_t e) {

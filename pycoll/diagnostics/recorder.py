@@ -79,7 +79,9 @@ DEFAULT_STACK_DEPTH: int = _settings.SETTINGS["PYCOLL_FR_STACK_DEPTH"].default
 # entry), or frozen into _FROZEN when it completes (work_completed) or its communicator fails or
 # closes. An entry whose Work is no longer outstanding and was not frozen completed.
 (_POS, _RID, _INFO, _ISZ, _IDT, _OSZ, _ODT, _TID, _STACK, _OP, _SEQ, _P2P_SEQ, _OP_ID, _PEER, _TIMEOUT,
- _CREATED, _FROZEN) = range(17)
+ _CREATED, _FROZEN, _CAPTURE) = range(18)
+# an operation recorded into a CUDA graph: it runs at replay, this entry keeps the capture's id
+_CAPTURED = ("captured", None, None, None, None)
 _SHAPE = Buffer._fields.index("shape")
 _DTYPE = Buffer._fields.index("dtype_name")
 _getframe = sys._getframe
@@ -359,8 +361,10 @@ class FlightRecorder(CommObserver):
                 append(f.f_lasti)
                 f = f.f_back
         pos = next(self._pos)
+        capture = w.capture_id
         entry = [pos, next(info.rid), info, isz, idt, osz, odt, _get_ident(), stack,
-                 w.op, w.seq, w.p2p_seq, w.op_id, w.peer, w.timeout, w.time_created_ns, None]
+                 w.op, w.seq, w.p2p_seq, w.op_id, w.peer, w.timeout, w.time_created_ns,
+                 None if capture is None else _CAPTURED, capture]
         ring[pos % len(ring)] = entry
         w.fr_entry = entry
 
@@ -462,6 +466,8 @@ class FlightRecorder(CommObserver):
                 entry["duration_ms"] = float(duration)
             if error is not None:
                 entry["pycoll_error"] = error
+            if e[_CAPTURE] is not None:
+                entry["pycoll_capture_id"] = e[_CAPTURE]
             if stacks and e[_STACK] is not None:
                 key = tuple(e[_STACK])
                 frames = formatted.get(key)
