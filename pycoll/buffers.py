@@ -293,7 +293,7 @@ def _torch_table(torch: Any) -> Dict[Any, int]:
     return table
 
 
-def _from_torch(t: Any, torch: Any, name: str) -> Buffer:
+def _from_torch(t: Any, torch: Any, name: str, stream: Optional[int] = None) -> Buffer:
     table = _TORCH_TYPES if _TORCH_TYPES is not None else _torch_table(torch)
     nccl = table.get(t.dtype)
     if nccl is None:
@@ -311,10 +311,17 @@ def _from_torch(t: Any, torch: Any, name: str) -> Buffer:
     if t.is_neg():
         raise ValueError(f"{name}: the tensor has its negative bit set; call .resolve_neg() first")
     count = t.numel()
+    sync = None
+    if device_type == _TORCH_GPU and stream is not None:
+        # the kernels that wrote t run on torch's current stream of its device: a collective on
+        # another stream must wait for them (as torch's own collectives make their stream wait)
+        current = int(torch.cuda.current_stream(t.device).cuda_stream)
+        if current != stream and not (current == 0 and stream == 1):
+            sync = current
     return _new_buffer(
         Buffer,
         (t.data_ptr(), count * DATATYPE_ITEMSIZES[nccl], count, nccl, DATATYPE_NAMES[nccl], t.shape,
-         device_type, device_id, False, t, "torch", None, name),
+         device_type, device_id, False, t, "torch", sync, name),
     )
 
 
@@ -702,7 +709,7 @@ def as_buffer(obj: Any, *, writable: bool = False, stream: Optional[int] = None,
         return _from_numpy(obj, writable, name)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(obj, _torch_tensor_type(torch)):
-        return _from_torch(obj, torch, name)
+        return _from_torch(obj, torch, name, stream)
     if isinstance(obj, _ndarray):
         return _from_numpy(obj, writable, name)
     if tp is Buffer:

@@ -162,6 +162,7 @@ class Communicator:
         self._owns_device = owns_device
         self.backend: str = device.backend
         self._stream_inline: Optional[bool] = None  # whether the own stream may run work in the caller's thread
+        self._guard_device = device.kind != "host"  # launches run with the communicator's GPU current
         # Lock order: _lock, then _plock, then _hlock; never the other way round.
         self._lock = threading.RLock()  # serialises library calls on the handle (not aborts nor async-error reads)
         self._plock = threading.Lock()  # guards _pending, work states and _failure
@@ -553,22 +554,28 @@ class Communicator:
         group = _open_group()
         if capture is not None:
             return self._captured(w, call, h, stream, group)
-        with self._lock:
-            w._start = self._event()
-            dev.record_event(w._start, stream)
-        with self._plock:
-            self._pending.append(w)
+        previous = dev.swap_current() if self._guard_device else None
         try:
-            status = call(h, stream)
-        except NCCLError as e:
-            self._withdraw(w)
-            self.handle_call_error(e, w)
-        if status == B.IN_PROGRESS:
-            self.await_ready(w)  # nothing is on the stream until the communicator is ready
+            with self._lock:
+                w._start = self._event()
+                dev.record_event(w._start, stream)
+            with self._plock:
+                self._pending.append(w)
+            try:
+                status = call(h, stream)
+            except NCCLError as e:
+                self._withdraw(w)
+                self.handle_call_error(e, w)
+            if status == B.IN_PROGRESS:
+                self.await_ready(w)  # nothing is on the stream until the communicator is ready
+            if group is None:
+                self.group_closed(w)
+        finally:
+            if previous is not None:
+                dev.restore_current(previous)
         if group is not None:
             group.append(w)
             return w
-        self.group_closed(w)
         if not async_op:
             w.wait()
         return w
@@ -849,7 +856,11 @@ class Communicator:
         """Wait until every rank has reached the barrier (an all_reduce of one int32)."""
         st = self._begin("barrier", stream, async_op, ())
         if self._scratch is None:
-            self._scratch = self.library.mem_alloc(4)
+            previous = self.device.swap_current()  # ncclMemAlloc allocates on the current device
+            try:
+                self._scratch = self.library.mem_alloc(4)
+            finally:
+                self.device.restore_current(previous)
         ptr = self._scratch
         lib = self.library
         return self._launch("barrier", lambda h, s: lib.all_reduce(ptr, ptr, 1, _dtypes.INT32, _dtypes.SUM, h, s),
@@ -989,6 +1000,7 @@ class Communicator:
                 # no per-communicator lock: aborting is how a thread blocked inside a call on this
                 # communicator is released
                 try:
+                    self.device.make_current()  # this thread's own: never a context on another GPU
                     self.library.comm_abort(h)
                 except BaseException as e:  # reported below
                     errors.append(e)

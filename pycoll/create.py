@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
 import os
 import threading
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
@@ -13,8 +15,11 @@ from .comm import Communicator, _check_timeout, default_timeout, poll_ready
 from .config import CommConfig
 from .devices import Device, auto_backend, cuda_device_count, open_device, rocm_device_count
 from .diagnostics import install as _install_diagnostics
+from .errors import NCCLError
 from .launch import discovery
 from .store import Store, wrap_torch_store
+
+_log = logging.getLogger("pycoll.create")
 
 __all__ = ["init", "join", "get_unique_id", "load_library", "BACKENDS"]
 
@@ -48,6 +53,7 @@ def get_unique_id(backend: str = "auto", library: Any = None) -> Any:
 
 def _open_device(backend: str, lib: Any, device: Any, local_rank: int) -> Tuple[Device, bool]:
     if isinstance(device, Device):
+        device.make_current()  # NCCL builds the communicator on the current device
         return device, False
     if backend == "host":
         return open_device("host", library=lib), True
@@ -59,6 +65,29 @@ def _open_device(backend: str, lib: Any, device: Any, local_rank: int) -> Tuple[
     dev = open_device(backend, device_id=device)
     dev.make_current()
     return dev, True
+
+
+def _abort_new(lib: Any, exc: NCCLError) -> None:
+    """A failed nonblocking init may leave a live handle in ``exc.comm``: release it."""
+    h = getattr(exc, "comm", None)
+    if h:
+        with contextlib.suppress(NCCLError):
+            lib.comm_abort(h)
+
+
+def _local_rank() -> int:
+    """This process's rank on its node from the launcher's environment (0 without one)."""
+    try:
+        return discovery.discover().local_rank
+    except Exception:
+        return 0
+
+
+def _warn_blocking_env() -> None:
+    if os.environ.get("NCCL_COMM_BLOCKING", "").strip() == "1":
+        _log.warning("NCCL_COMM_BLOCKING=1 makes every NCCL call block: the watchdog cannot interrupt a call "
+                     "that hangs, and deadlines hold only between calls; unset it (pycoll's communicators are "
+                     "nonblocking)")
 
 
 def _uid_str(unique_id: Any) -> str:
@@ -119,6 +148,7 @@ def init(
     The flight recorder and the watchdog are registered with the first communicator built.
     """
     _install_diagnostics()
+    _warn_blocking_env()
     op_timeout = _check_timeout(timeout, default_timeout())
     init_timeout = _check_timeout(init_timeout, _default_init_timeout(), "init_timeout")
     on_failure = on_failure or _settings.get("PYCOLL_ON_FAILURE")
@@ -152,7 +182,11 @@ def init(
         cfg = (config or CommConfig()).to_nccl(lib, blocking_default=False)
         if store is not None:
             store.set(f"{base}/arrived/{rank}", b"1")
-        handle, status = lib.comm_init_rank_config(world_size, uid, rank, cfg)
+        try:
+            handle, status = lib.comm_init_rank_config(world_size, uid, rank, cfg)
+        except NCCLError as exc:
+            _abort_new(lib, exc)
+            raise
 
         def missing() -> str:
             if store is None:
@@ -223,10 +257,14 @@ def join(
         raise ValueError(f"join: rank must be in [1, {size}), got {rank!r}")
     uid = unique_id if isinstance(unique_id, B.UniqueId) else B.UniqueId.from_bytes(bytes(unique_id))
     backend, lib = load_library(backend, library)
-    dev, owns = _open_device(backend, lib, device, 0)
+    dev, owns = _open_device(backend, lib, device, _local_rank())
     try:
         cfg = (config or CommConfig()).to_nccl(lib, blocking_default=False)
-        slot, status = lib.comm_grow(0, size, uid, rank, cfg)
+        try:
+            slot, status = lib.comm_grow(0, size, uid, rank, cfg)
+        except NCCLError as exc:
+            _abort_new(lib, exc)
+            raise
         handle = slot.value
         if status == B.IN_PROGRESS:
             _poll_new(lib, handle, f"join of communicator {name!r} as rank {rank}/{size}", init_timeout)

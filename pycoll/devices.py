@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 import warnings
-from typing import Any, Callable, Dict, Iterable, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from .errors import CaptureError, NotSupported, PycollError
 
@@ -251,6 +251,7 @@ class Device:
     def __init__(self) -> None:
         self._default_stream: Optional[int] = None
         self._lock = threading.Lock()
+        self._sync_events: List[int] = []  # wait_stream's events, reused
 
     # streams
     def create_stream(self) -> int:
@@ -358,6 +359,18 @@ class Device:
         NCCL creates a communicator on the current device, so this runs before initialisation.
         """
 
+    def swap_current(self) -> Optional[int]:
+        """Make this device current for a launch; returns the device to restore (None: nothing to do).
+
+        Stream 0 is the legacy stream of the calling thread's current device, and an event can
+        only be recorded on a stream of its own device: a launch runs with the communicator's
+        device current, as torch's device guard does.
+        """
+        return None
+
+    def restore_current(self, previous: Optional[int]) -> None:
+        """Undo :meth:`swap_current`."""
+
     # composites
     def wait_stream(self, stream: int, other: int) -> None:
         """Make later work on ``stream`` wait for the work already queued on ``other``.
@@ -367,12 +380,18 @@ class Device:
         """
         if stream == other:
             return
-        event = self.create_event()
+        with self._lock:
+            event = self._sync_events.pop() if self._sync_events else None
+        if event is None:
+            event = self.create_event()
         try:
             self.record_event(event, other)
             self.stream_wait_event(stream, event)
-        finally:
+        except BaseException:
             self.destroy_event(event)
+            raise
+        with self._lock:  # an event may be re-recorded once a wait on it is enqueued
+            self._sync_events.append(event)
 
     @property
     def default_stream(self) -> int:
@@ -398,8 +417,11 @@ class Device:
         """Destroy :attr:`default_stream` if it was created (host: after its queued work)."""
         with self._lock:
             stream, self._default_stream = self._default_stream, None
+            events, self._sync_events = self._sync_events, []
         if stream is not None:
             self.destroy_stream(stream)
+        for ev in events:
+            self.destroy_event(ev)
 
     def __enter__(self) -> "Device":
         return self
@@ -585,7 +607,9 @@ _STREAM_NON_BLOCKING = 0x1  # cudaStreamNonBlocking == hipStreamNonBlocking
 _EVENT_DISABLE_TIMING = 0x2  # cudaEventDisableTiming == hipEventDisableTiming
 _CAPTURE_IMPLICIT = 906  # cudaErrorStreamCaptureImplicit == hipErrorStreamCaptureImplicit
 _INVALID_RESOURCE_HANDLE = (400,)
-_HOST_STREAM_INLINE = 0x1  # pycoll_host.h PYCOLL_STREAM_INLINE  # cuda/hipErrorInvalidResourceHandle: elapsed time asked of untimed events
+_HOST_STREAM_INLINE = 0x1  # pycoll_host.h PYCOLL_STREAM_INLINE
+_STREAM_LEGACY = 1  # cudaStreamLegacy
+_STREAM_PER_THREAD = 2  # cudaStreamPerThread / hipStreamPerThread  # cuda/hipErrorInvalidResourceHandle: elapsed time asked of untimed events
 
 
 class _GpuDevice(Device):
@@ -668,6 +692,17 @@ class _GpuDevice(Device):
     def make_current(self) -> None:
         self._call(self._set_device, self._prefix + "SetDevice", self.device_id)
 
+    def swap_current(self) -> Optional[int]:
+        current = self._call(self._get_device, self._prefix + "GetDevice")
+        if current == self.device_id:
+            return None
+        self._call(self._set_device, self._prefix + "SetDevice", self.device_id)
+        return int(current)
+
+    def restore_current(self, previous: Optional[int]) -> None:
+        if previous is not None:
+            self._call(self._set_device, self._prefix + "SetDevice", previous)
+
     def create_stream(self) -> int:
         return self._on_device(self._stream_create, self._prefix + "StreamCreateWithFlags", _STREAM_NON_BLOCKING)
 
@@ -736,6 +771,12 @@ class _GpuDevice(Device):
     def _int_stream(self, handle: int) -> int:
         if handle in _HOST_STREAMS:
             raise TypeError(f"0x{handle:x} is a host stream of pycoll's host library; it cannot be used on {self!r}")
+        if handle == _STREAM_PER_THREAD:
+            raise ValueError(
+                f"stream {handle} ({self._prefix}StreamPerThread) names the calling thread's default stream; "
+                "NCCL may launch from a thread of its own, where it names another one: pass a created stream, "
+                "0 (the legacy default stream) or the framework's current stream"
+            )
         return super()._int_stream(handle)
 
     def _foreign_gpu_stream(self, stream: Any, handle: int) -> int:
@@ -780,6 +821,22 @@ class CudaDevice(_GpuDevice):
     _extra = "cuda"
     _import_name = "cuda.bindings.runtime"
     _stream_class = CudaStream
+
+    # Runtime calls name the legacy default stream cudaStreamLegacy (1): through cuda-bindings, 0
+    # means the per-thread stream when CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM=1, while NCCL
+    # (its own static runtime) always reads 0 as the legacy stream. NCCL calls keep 0.
+
+    def record_event(self, event: int, stream: int) -> None:
+        super().record_event(event, stream or _STREAM_LEGACY)
+
+    def stream_wait_event(self, stream: int, event: int) -> None:
+        super().stream_wait_event(stream or _STREAM_LEGACY, event)
+
+    def query_stream(self, stream: int) -> bool:
+        return super().query_stream(stream or _STREAM_LEGACY)
+
+    def synchronize_stream(self, stream: int) -> None:
+        super().synchronize_stream(stream or _STREAM_LEGACY)
 
 
 class HipDevice(_GpuDevice):

@@ -109,6 +109,7 @@ class CommView(Protocol):
     backend: str
     timeout: float
     library: Any
+    device: Any  # its pycoll.devices.Device (the watchdog makes it current in its own thread)
 
     @property
     def rank(self) -> int: ...

@@ -23,6 +23,7 @@ class FakeComm:
         self.backend, self.generation = backend, generation
         self.global_ranks = tuple(global_ranks) if global_ranks is not None else tuple(range(size))
         self.library = types.SimpleNamespace(version_tuple=(2, 32, 3))
+        self.device = types.SimpleNamespace(make_current=lambda: None)
         self.state = "active"
         self.failure = None
         self.timeout = 30.0
