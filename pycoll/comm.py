@@ -17,6 +17,7 @@ import os
 import threading
 import time
 import warnings
+from threading import get_ident as _get_ident
 import weakref
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
@@ -180,6 +181,8 @@ class Communicator:
         self._op_ids = itertools.count(1)
         self._reshapes = 0  # split/shrink/grow calls so far: names children identically on every rank
         self._abort_only = False  # after an abortive shrink: released with abort, never destroy
+        self._user: Optional[int] = None  # the thread inside an operation now (one at a time)
+        self._pid = os.getpid()
         self._stream: Optional[int] = None
         self._events: List[int] = []
         self._scratch: Optional[int] = None
@@ -209,7 +212,8 @@ class Communicator:
 
     @property
     def state(self) -> str:
-        """``"active"``, ``"revoked"``, ``"finalized"``, ``"aborted"`` or ``"destroyed"``."""
+        """``"active"``, ``"revoked"``, ``"finalized"``, ``"aborted"``, ``"destroyed"`` or
+        ``"inherited"`` (in a forked child: the parent's, unusable here)."""
         return self._state
 
     @property
@@ -270,7 +274,7 @@ class Communicator:
             self.abort()
 
     def __del__(self) -> None:
-        if getattr(self, "_handle", None) is not None:
+        if getattr(self, "_handle", None) is not None and getattr(self, "_pid", None) == os.getpid():
             # destroy is collective: running it from the garbage collector could hang the process
             warnings.warn(
                 f"communicator {self.name!r} (rank {self._rank}/{self._size}) was garbage-collected "
@@ -282,6 +286,11 @@ class Communicator:
     # -- state checks ---------------------------------------------------------------------------
 
     def _check_alive(self) -> None:
+        if self._state == "inherited":
+            raise CommStateError(
+                f"communicator {self.name!r} was created by process {self._pid}; this process (pid "
+                f"{os.getpid()}) is a fork of it and cannot use it: create a new communicator here"
+            )
         if self._state == "aborted":
             msg = f"communicator {self.name!r} was aborted"
             if self._failure is not None:
@@ -468,6 +477,12 @@ class Communicator:
         sees, and raise it (recording a communicator failure where the error is one)."""
         if self._failure is not None:
             raise self._failure from e
+        if self._state in ("aborted", "revoked"):  # by another thread while this call ran
+            mine = w._exc if w is not None else None
+            if mine is None:
+                mine = (CommAborted if self._state == "aborted" else CommRevoked)(
+                    f"communicator {self.name!r} was {self._state} while {w.op if w else 'a call'} ran")
+            raise mine from e
         if isinstance(e, InvalidArgument):
             raise e  # no side effect: the communicator stays usable
         code = self._async_code() if self._handle is not None else 0
@@ -552,33 +567,69 @@ class Communicator:
         h = self._handle
         assert h is not None
         group = _open_group()
-        if capture is not None:
-            return self._captured(w, call, h, stream, group)
-        previous = dev.swap_current() if self._guard_device else None
+        me = _get_ident()
+        user = self._user
+        if user is not None and user != me:
+            self._concurrent_use(user, me, op)
+        self._user = me
         try:
-            with self._lock:
-                w._start = self._event()
-                dev.record_event(w._start, stream)
-            with self._plock:
-                self._pending.append(w)
+            if capture is not None:
+                return self._captured(w, call, h, stream, group)
+            previous = dev.swap_current() if self._guard_device else None
             try:
-                status = call(h, stream)
-            except NCCLError as e:
-                self._withdraw(w)
-                self.handle_call_error(e, w)
-            if status == B.IN_PROGRESS:
-                self.await_ready(w)  # nothing is on the stream until the communicator is ready
-            if group is None:
-                self.group_closed(w)
-        finally:
-            if previous is not None:
-                dev.restore_current(previous)
-        if group is not None:
-            group.append(w)
+                with self._lock:
+                    w._start = self._event()
+                    dev.record_event(w._start, stream)
+                with self._plock:
+                    self._pending.append(w)
+                try:
+                    status = call(h, stream)
+                except NCCLError as e:
+                    self._withdraw(w)
+                    self.handle_call_error(e, w)
+                if status == B.IN_PROGRESS:
+                    self.await_ready(w)  # nothing is on the stream until the communicator is ready
+                if group is None:
+                    self.group_closed(w)
+            finally:
+                if previous is not None:
+                    dev.restore_current(previous)
+            if group is not None:
+                group.append(w)
+            elif not async_op:
+                w.wait()
             return w
-        if not async_op:
-            w.wait()
-        return w
+        except KeyboardInterrupt:
+            # Ctrl-C inside a blocking operation: the operation cannot complete consistently with the
+            # other ranks any more; fail the communicator (its policy acts, the peers are told)
+            self.fail(CommAborted(f"communicator {self.name!r} rank {self._rank}: {op} (seq {w.seq}) was "
+                                  "interrupted (KeyboardInterrupt)"), w)
+            raise
+        finally:
+            self._user = user if user == me else None
+
+    def _concurrent_use(self, other: int, me: int, op: str) -> None:
+        names = {t.ident: t.name for t in threading.enumerate()}
+        raise CommStateError(
+            f"communicator {self.name!r}: thread {names.get(me, me)!r} entered {op} while thread "
+            f"{names.get(other, other)!r} is inside an operation of it; a communicator serves one thread at a "
+            "time (NCCL's rule: concurrent calls interleave differently on different ranks and mix up their "
+            "data): give each thread its own communicator (split) or serialise the calls"
+        )
+
+    @property
+    def busy_thread(self) -> Optional[int]:
+        """The ident of the thread inside an operation of this communicator now, or None."""
+        return self._user
+
+    def mark_inherited(self) -> None:
+        """In a forked child: this communicator belongs to the parent; refuse every use, free nothing."""
+        self._state = "inherited"
+        self._handle = None
+        self._pending = []
+        self._stream = None
+        self._events = []
+        self._scratch = None
 
     def _captured(self, w: Work, call: Callable[[int, int], Any], h: int, stream: int,
                   group: Optional[List[Work]]) -> Work:
@@ -953,7 +1004,7 @@ class Communicator:
         failed, was revoked or was the parent of an abortive :meth:`shrink` is aborted instead
         (NCCL's destroy would wait for the ranks that are gone); a failing finalize aborts too.
         """
-        if self._state in ("aborted", "destroyed"):
+        if self._state in ("aborted", "destroyed", "inherited"):
             return
         timeout = _check_timeout(timeout, self.timeout)
         if self._failure is not None or self._state == "revoked" or self._abort_only:
@@ -983,7 +1034,7 @@ class Communicator:
 
     def _abort(self) -> None:
         with self._plock:
-            if self._state in ("aborted", "destroyed"):
+            if self._state in ("aborted", "destroyed", "inherited"):
                 return
             self._state = "aborted"
             exc = CommAborted(f"communicator {self.name!r} was aborted" + (f" after: {self._failure}" if self._failure else ""))

@@ -10,6 +10,7 @@ This module is a leaf: it imports nothing of pycoll, so every layer may depend o
 from __future__ import annotations
 
 import logging
+import os
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple
 
@@ -140,6 +141,9 @@ class CommView(Protocol):
 
     @property
     def ops_issued(self) -> int: ...
+
+    @property
+    def busy_thread(self) -> Optional[int]: ...
 
     def progress(self) -> Progress: ...
 
@@ -282,4 +286,15 @@ def discard_live(comm: "Communicator") -> None:
 
 def live_communicators() -> List["Communicator"]:
     """The communicators of this process that are neither destroyed nor aborted."""
-    return [c for c in list(_live) if c.state not in ("aborted", "destroyed")]
+    return [c for c in list(_live) if c.state not in ("aborted", "destroyed", "inherited")]
+
+
+def _after_fork_in_child() -> None:
+    # a forked child inherits the parent's communicators: they are the parent's, never the child's
+    for c in list(_live):
+        c.mark_inherited()
+    _live.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

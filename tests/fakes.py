@@ -32,6 +32,7 @@ class FakeComm:
         self.pending = []
         self.coll_seq = self.p2p_seq = 0
         self.checks = []
+        self.busy_thread = None
         recorder.comm_created(self)
 
     # -- the CommView ---------------------------------------------------------------------------

@@ -48,6 +48,21 @@ class DumpSignal:
         self._poke = poke
         self._wake_fd = -1
 
+    def watch_interrupts(self, wake_w: Optional[socket.socket]) -> bool:
+        """Let the C-level signal handler write to ``wake_w`` (when nobody else uses the wake-up fd):
+        a SIGINT then wakes the watchdog even while the main thread is blocked inside a call."""
+        if wake_w is None or threading.current_thread() is not threading.main_thread():
+            return False
+        try:
+            old = signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
+        except (ValueError, OSError):
+            return False
+        if old not in (-1, wake_w.fileno()):
+            signal.set_wakeup_fd(old)  # someone else's (asyncio): leave it
+            return False
+        self._wake_fd = wake_w.fileno()
+        return True
+
     def install(self, wake_w: Optional[socket.socket]) -> None:
         signum = self.wanted
         if signum is None or self.signum == signum:

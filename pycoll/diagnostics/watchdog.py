@@ -66,7 +66,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from .. import hooks
 from .. import _settings
-from ..errors import StoreTimeout
+from ..errors import CommAborted, StoreTimeout
 from ..hooks import CommObserver, CommView, WorkView
 from . import recorder as _recorder_module
 from .dumps import GATE_POLL, DumpJob, DumpQueue
@@ -236,6 +236,7 @@ class Watchdog(CommObserver):
             for t in self._threads:
                 t.start()
             self._active = True
+        self._signal.watch_interrupts(self._wake_w)
         if self._signal.wanted is not None:
             self._signal.install(self._wake_w)
         _log.debug("watchdog started (interval %.3g s, publish %.3g s, stall %.3g s)", self.interval,
@@ -511,6 +512,8 @@ class Watchdog(CommObserver):
                 except OSError:
                     return
                 signalled = sig.signum is not None and sig.signum in data
+                if signal.SIGINT in data:
+                    self._interrupted()
             if stop.is_set():
                 return
             if sig.pending:
@@ -523,6 +526,16 @@ class Watchdog(CommObserver):
             if jobs:
                 self._dumps.run(jobs, self.recorder.dump)
             self._check_stall()
+
+    def _interrupted(self) -> None:
+        """SIGINT arrived: fail the communicators the main thread is blocked in (the main thread
+        raises KeyboardInterrupt as soon as the call returns; failing unblocks it and tells the peers)."""
+        main = threading.main_thread().ident
+        for c in self._comms():
+            if c.busy_thread == main and c.state == "active":
+                outstanding = c.outstanding()
+                c.fail(CommAborted(f"communicator {c.name!r} rank {c.rank}: the main thread was interrupted "
+                                   "(SIGINT) inside an operation"), outstanding[-1] if outstanding else None)
 
     # -- dump gates: recovery first, then the failure dumps ---------------------------------------
 
