@@ -8,7 +8,7 @@
 # whole check ends within 8 minutes):
 #   env       env.json: versions, the GPU, which libnccl pycoll loads
 #   build     pip install --no-build-isolation --no-deps . (falls back to an in-place build)
-#   tests     the GPU tests (tests/test_gpu.py, test_bindings_gpu.py, test_devices_gpu.py) -> junit xml
+#   tests     the GPU tests (tests/gpu/: test_gpu.py, test_bindings_gpu.py, test_devices_gpu.py) -> junit xml
 #   overhead  per-call overhead of an 8-byte allreduce: pycoll vs torch.distributed NCCL, 1 rank
 #   bench1    pycoll-bench all_reduce/all_gather/broadcast, 1 rank, 8 B..64 MiB
 #   bench2    pycoll-bench all_reduce, 2 ranks on the one GPU (NCCL_MULTI_RANK_GPU_ENABLE=1, NCCL >= 2.30)
@@ -71,7 +71,7 @@ TIMEOUT_OPT=()   # per-test deadlines when pytest-timeout is there; the step's t
 "$PY" -c "import pytest_timeout" 2>/dev/null && TIMEOUT_OPT=(--timeout 150)
 step tests 200 "$PY" -m pytest -p no:cacheprovider -v -rA "${TIMEOUT_OPT[@]}" \
   --junitxml "$OUT_DIR/gpu_tests.xml" \
-  "$REPO/tests/test_gpu.py" "$REPO/tests/test_bindings_gpu.py" "$REPO/tests/test_devices_gpu.py"
+  "$REPO/tests/gpu"
 step overhead 90 "$PY" "$REPO/benchmarks/gpu_check.py" overhead --out "$OUT_DIR"
 step bench1 60 "$PY" -m pycoll.bench all_reduce,all_gather,broadcast -n 1 --backend nccl -b 8 -e 64M -f 8 \
   -N 20 -w 5 --op-timeout 30 --json "$OUT_DIR/bench1.json"

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from mp_helpers import shm_entries
+from helpers.mp import shm_entries
 
 
 def pytest_addoption(parser):

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from mp_helpers import run_ranks
+from helpers.mp import run_ranks
 from pycoll.devices import HostDevice, Stream
 from pycoll.errors import LibraryError, NCCLError, NotSupported
 

@@ -13,8 +13,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from host_util import NP_DTYPES, assert_bits_equal, bits, lib, ptr, reduce_ref, wait_ready
-from mp_helpers import shm_entries
+from helpers.host_util import NP_DTYPES, assert_bits_equal, bits, lib, ptr, reduce_ref, wait_ready
+from helpers.mp import shm_entries
 from pycoll import errors
 from pycoll._bindings import SUSPEND_MEM, CommMemStat, Config, DataType, RedOp, UniqueId
 

@@ -16,8 +16,8 @@ import sys
 import pytest
 
 import pycoll
+from helpers import REPO
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(pycoll.__file__)))
 SCRIPT = os.path.join(REPO, "benchmarks", "recovery.py")
 PYCOLL_PHASES = ["detection", "to_reshape", "agreement", "revoke", "shrink", "first_allreduce"]

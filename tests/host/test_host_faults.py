@@ -15,8 +15,8 @@ import time
 import numpy as np
 import pytest
 
-from host_util import init, kill_when_done, lib, ptr, uid, wait_until, wait_ready
-from mp_helpers import Died, run_ranks
+from helpers.host_util import init, kill_when_done, lib, ptr, uid, wait_until, wait_ready
+from helpers.mp import Died, run_ranks
 from pycoll import errors
 from pycoll._bindings import SHRINK_ABORT, Config, DataType, RedOp, UniqueId
 
@@ -588,7 +588,7 @@ def _die_in_rendezvous(rank, n, idb):
 
 @pytest.mark.timeout(60)
 def test_stale_segment_of_a_dead_creator_is_swept():
-    from mp_helpers import shm_entries
+    from helpers.mp import shm_entries
 
     before = set(shm_entries())
     run_ranks(_die_in_rendezvous, 1, uid(), timeout=30, may_die=[0])

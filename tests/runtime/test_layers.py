@@ -12,7 +12,9 @@ import re
 
 import pytest
 
-PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pycoll")
+from helpers import REPO
+
+PKG = os.path.join(REPO, "pycoll")
 
 # lower number = lower layer; a module may import only modules of its own layer or below
 LAYERS = [

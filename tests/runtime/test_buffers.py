@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from dlpack_fake import (
+from helpers.dlpack_fake import (
     BFLOAT,
     BOOL,
     COMPLEX,

@@ -25,7 +25,7 @@ def _context():
     global _CTX
     if _CTX is None:
         _CTX = mp.get_context("forkserver")
-        _CTX.set_forkserver_preload(["numpy", "pycoll", "pycoll._bindings", "mp_helpers"])
+        _CTX.set_forkserver_preload(["numpy", "pycoll", "pycoll._bindings", "helpers.mp"])
     return _CTX
 
 

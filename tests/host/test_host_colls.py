@@ -11,7 +11,7 @@ import itertools
 import numpy as np
 import pytest
 
-from host_util import (
+from helpers.host_util import (
     FLOATS,
     NP_DTYPES,
     PREMUL_DEVICE,
@@ -25,7 +25,7 @@ from host_util import (
     reduce_ref,
     uid,
 )
-from mp_helpers import run_ranks
+from helpers.mp import run_ranks
 from pycoll._bindings import DataType, RedOp
 
 REDUCING = ("allreduce", "reduce", "reducescatter")

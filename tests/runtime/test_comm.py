@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import pycoll
-from mp_helpers import Died, run_ranks
+from helpers import REPO
+from helpers.mp import Died, run_ranks
 from pycoll import _bindings as B
 
 
@@ -185,7 +186,7 @@ def test_work_semantics():
 
 
 def _bad_inputs(rank, n, uid):
-    from dlpack_fake import KDL_CUDA, FakeDLPack
+    from helpers.dlpack_fake import KDL_CUDA, FakeDLPack
 
     c = _comm(rank, n, uid)
     x = np.ones(8, np.float32)
@@ -485,8 +486,7 @@ def test_init_from_the_launchers_environment(tmp_path):
 
     script = tmp_path / "job.py"
     script.write_text(_SCRIPT)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=root, PYCOLL_BACKEND="host", PYCOLL_FR_DUMP_DIR=str(tmp_path / "fr"))
+    env = dict(os.environ, PYTHONPATH=REPO, PYCOLL_BACKEND="host", PYCOLL_FR_DUMP_DIR=str(tmp_path / "fr"))
     p = subprocess.run([sys.executable, "-m", "pycoll.run", "-n", "3", "--timeout", "60", str(script)],
                        capture_output=True, text=True, timeout=80, env=env)
     assert p.returncode == 0, p.stdout + p.stderr

@@ -14,9 +14,9 @@ import sys
 import pytest
 
 import pycoll
+from helpers import REPO
 from pycoll.devices import cuda_device_count
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(pycoll.__file__)))
 
 
@@ -30,7 +30,7 @@ def _env():
 @pytest.mark.skipif(cuda_device_count() > 0, reason="this machine has a CUDA GPU: the GPU tests run for real")
 def test_gpu_tests_skip_cleanly_without_a_gpu(tmp_path):
     res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-                          os.path.join(REPO, "tests", "test_gpu.py")],
+                          os.path.join(REPO, "tests", "gpu", "test_gpu.py")],
                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=50)
     assert res.returncode in (0, 5), res.stdout + res.stderr  # 5: a module-level skip collects no test
     assert "1 skipped" in res.stdout and "no CUDA GPU" in res.stdout, res.stdout

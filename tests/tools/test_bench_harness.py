@@ -14,8 +14,8 @@ import sys
 import pytest
 
 import pycoll
+from helpers import REPO
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(pycoll.__file__)))
 
 

@@ -18,7 +18,7 @@ from pycoll.diagnostics.report import FailureReport
 from pycoll.diagnostics.signals import signal_number
 from pycoll.errors import CommTimeout
 from pycoll.store import MemoryStore
-from fakes import FakeComm
+from helpers.fakes import FakeComm
 
 
 def _wait_for(cond, timeout):

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from mp_helpers import run_ranks
+from helpers.mp import run_ranks
 from pycoll.errors import NotSupported, StoreAuthError, StoreError, StoreTimeout
 from pycoll.store import (
     FileStore,

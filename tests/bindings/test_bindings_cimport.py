@@ -10,9 +10,11 @@ import textwrap
 
 import pytest
 
+from helpers import REPO
+
 pytestmark = pytest.mark.timeout(180)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO
 
 USER_MODULE = textwrap.dedent(
     '''

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from mp_helpers import run_ranks
+from helpers.mp import run_ranks
 from pycoll.env import (
     RankDiscoveryError,
     RankInfo,

@@ -1,7 +1,7 @@
 """pycoll on a real NVIDIA GPU with NCCL: communicators, every collective, abort, CUDA graphs,
 two ranks on one GPU and shrink. Skipped (module-level) without a CUDA GPU.
 
-Run on a GPU machine with ``python -m pytest -q tests/test_gpu.py`` (benchmarks/gpu_check.sh does,
+Run on a GPU machine with ``python -m pytest -q tests/gpu/test_gpu.py`` (benchmarks/gpu_check.sh does,
 with timeouts). What needs which NCCL:
 
 * everything single-rank: any NCCL pycoll supports;
@@ -24,7 +24,7 @@ import pytest
 import pycoll
 from pycoll.devices import cuda_device_count
 
-from mp_helpers import run_ranks
+from helpers.mp import run_ranks
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(120)]
 

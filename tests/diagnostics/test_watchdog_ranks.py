@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import pycoll
-from mp_helpers import Died, run_ranks
+from helpers.mp import Died, run_ranks
 from pycoll import _bindings as B
 from pycoll import analyze
 from pycoll.store import TCPStore, TCPStoreServer

@@ -7,10 +7,11 @@ import re
 
 import pytest
 
+from helpers import REPO
 from pycoll import _settings
 from pycoll.launch import discovery
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO
 
 
 def _readme_table():

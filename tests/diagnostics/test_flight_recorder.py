@@ -1,6 +1,6 @@
 """The flight recorder: what it records, the dump format (PyTorch's schema 2.10), buffers off/empty/wrapped.
 
-Most tests feed the recorder :class:`fakes.FakeComm` operations (real :class:`pycoll.Work` objects and
+Most tests feed the recorder :class:`helpers.fakes.FakeComm` operations (real :class:`pycoll.Work` objects and
 real buffers, without a library), so they run in this process and quickly; one test records a real
 one-rank host communicator. The fakes are reused by the analyzer's tests.
 """
@@ -24,7 +24,7 @@ import pycoll
 import pycoll.diagnostics
 import pycoll.hooks
 from pycoll import flight_recorder as fr
-from fakes import FakeComm
+from helpers.fakes import FakeComm
 
 
 def f32(n):

@@ -15,6 +15,7 @@ import sys
 import pytest
 
 import pycoll
+from helpers import REPO
 from pycoll._bindings import _nccl
 
 pytestmark = pytest.mark.timeout(60)
@@ -100,8 +101,7 @@ def test_unique_id_and_parameters_in_a_fresh_process():
         "print(lib.param_get('NCCL_DEBUG_SUBSYS'), lib.param_get('PYCOLL_NO_SUCH_PARAMETER'));"
         "print(bytes(lib.get_unique_id()).hex())"
     )
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, NCCL_SOCKET_IFNAME="lo", NCCL_DEBUG_SUBSYS="INIT,ENV", PYTHONPATH=root)
+    env = dict(os.environ, NCCL_SOCKET_IFNAME="lo", NCCL_DEBUG_SUBSYS="INIT,ENV", PYTHONPATH=REPO)
     env.pop("PYCOLL_NCCL_LIBRARY", None)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0, out.stderr

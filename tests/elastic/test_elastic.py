@@ -12,7 +12,7 @@ import pytest
 
 import pycoll
 import pycoll.hooks
-from mp_helpers import Died, run_ranks
+from helpers.mp import Died, run_ranks
 from pycoll.elastic import ElasticGroup, Excluded
 
 

@@ -1,6 +1,6 @@
 """The loader and the Library against small fake NCCL-ABI libraries built here with gcc.
 
-The fakes (tests/fake_nccl.c) export a few functions with scripted behaviour and lack most, which
+The fakes (tests/bindings/fake_nccl.c) export a few functions with scripted behaviour and lack most, which
 shows what the bindings do with missing symbols, errors, ncclInProgress, background writes into a
 CommSlot and a slow call (the GIL must be released).
 """
@@ -18,6 +18,7 @@ import time
 import pytest
 
 import pycoll
+from helpers import REPO
 from pycoll._bindings import _nccl
 
 pytestmark = pytest.mark.timeout(60)
@@ -359,7 +360,7 @@ def test_load_in_a_fresh_interpreter(fakes):
         "import sys; from pycoll._bindings import load; lib = load(sys.argv[1]);"
         "print(lib.kind, lib.get_version())"
     )
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(HERE))
+    env = dict(os.environ, PYTHONPATH=REPO)
     out = subprocess.run([sys.executable, "-c", code, fakes["host"]], capture_output=True, text=True,
                          timeout=60, env=env)
     assert out.returncode == 0, out.stderr
@@ -452,7 +453,7 @@ def test_load_bad_spec(spec, exc, monkeypatch, fakes):
 
 # --- keyword lookups, in fresh interpreters (the "nccl"/"rccl" keywords are cached per process) ---
 def _run(code, *args, env=None):
-    full_env = dict(os.environ, PYTHONPATH=os.path.dirname(HERE))
+    full_env = dict(os.environ, PYTHONPATH=REPO)
     full_env.pop("PYCOLL_NCCL_LIBRARY", None)
     full_env.update(env or {})
     out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60,

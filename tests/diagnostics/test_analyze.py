@@ -14,7 +14,7 @@ import pytest
 
 from pycoll import analyze
 from pycoll import flight_recorder as fr
-from fakes import FakeComm
+from helpers.fakes import FakeComm
 
 PREFIX = fr.DEFAULT_FILE_PREFIX
 

@@ -9,11 +9,12 @@ import sys
 
 import pytest
 
+from helpers import REPO
 from pycoll import info
 
 pytestmark = pytest.mark.timeout(120)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO
 
 
 def test_cli_reports_every_library(tmp_path):

@@ -8,7 +8,9 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import REPO
+
+ROOT = REPO
 
 
 def _run(args, timeout=90, **extra_env):
