@@ -154,6 +154,12 @@ API int ncclCommCount(comm_t comm, int* count) {
   return 0;
 }
 
+API int ncclCommUserRank(comm_t comm, int* rank) {
+  if (!comm) { set_error("fake: CommUserRank of NULL"); return 4; }
+  *rank = 0;
+  return 0;
+}
+
 /* --- collectives ----------------------------------------------------------------------------- */
 API int ncclAllReduce(const void* s, void* r, size_t n, int dt, int op, comm_t comm, void* stream) {
   record(7, (uintptr_t)s, (uintptr_t)r, (uintptr_t)n, (uintptr_t)dt, (uintptr_t)op, (uintptr_t)comm,

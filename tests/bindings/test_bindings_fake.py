@@ -19,6 +19,7 @@ import pytest
 
 import pycoll
 from helpers import REPO
+from helpers.fake_nccl import Fake, build_fakes
 from pycoll._bindings import _nccl
 
 pytestmark = pytest.mark.timeout(60)
@@ -26,50 +27,9 @@ pytestmark = pytest.mark.timeout(60)
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _gcc(out_dir, name, source, *flags):
-    path = os.path.join(out_dir, name)
-    cmd = ["gcc", "-shared", "-fPIC", "-O1", "-pthread", "-fvisibility=hidden", "-o", path, source, *flags]
-    subprocess.run(cmd, check=True, capture_output=True, timeout=60)
-    return path
-
-
 @pytest.fixture(scope="module")
 def fakes(tmp_path_factory):
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc is needed to build the fake libraries")
-    d = str(tmp_path_factory.mktemp("fakenccl"))
-    src = os.path.join(HERE, "fake_nccl.c")
-    plain_src = os.path.join(d, "plain.c")
-    with open(plain_src, "w") as f:
-        f.write("__attribute__((visibility(\"default\"))) int notNccl(void) { return 0; }\n")
-    paths = {
-        "nccl": _gcc(d, "libfake_nccl.so", src),
-        "host": _gcc(d, "libfake_host.so", src, "-DFAKE_HOST", "-DFAKE_VERSION=23203"),
-        "rccl": _gcc(d, "libfake_rccl.so", src, "-DFAKE_RCCL", "-DFAKE_VERSION=23004"),
-        "plain": _gcc(d, "libplain.so", plain_src),
-    }
-    return paths
-
-
-class Fake:
-    """A loaded fake: the Library plus ctypes access to its control functions."""
-
-    def __init__(self, path):
-        self.lib = _nccl.load(path)
-        self.ctl = ctypes.CDLL(path)
-        self.ctl.fakeSetNextResult(0)
-        self.ctl.fakeSetDelayMs(0)
-        self.ctl.fakeSetAsyncState(0)
-
-    def last_args(self):
-        buf = (ctypes.c_uint64 * 12)()
-        self.ctl.fakeLastArgs(buf)
-        return list(buf)
-
-    def sorted_exclude(self):
-        buf = (ctypes.c_int * 64)()
-        n = self.ctl.fakeSortedExclude(buf)
-        return list(buf[:n]) if n > 0 else []
+    return build_fakes(str(tmp_path_factory.mktemp("fakenccl")))
 
 
 @pytest.fixture

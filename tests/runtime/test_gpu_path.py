@@ -1,0 +1,352 @@
+"""The GPU code path on CPU: a Communicator on a fake NCCL (tests/bindings/fake_nccl.c) and a fake CUDA
+runtime (helpers/fake_gpu.py). Each test names the finding of the GPU-path review it guards.
+
+The fake collective enqueues nothing real: a test queues "work" on a stream of the fake runtime to
+stand for a kernel still running, and finishes it to let the events recorded after it complete.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+import pycoll
+import pycoll.diagnostics
+from helpers.dlpack_fake import cai
+from helpers.fake_gpu import FakeGpuRuntime
+from helpers.fake_nccl import Fake, build_fakes
+from pycoll.comm import Communicator
+from pycoll.devices import CudaDevice
+
+pytestmark = pytest.mark.timeout(60)
+
+IN_PROGRESS, REMOTE = 7, 6
+HANDLE = 0x1000  # what the fake's ncclCommInitRank hands out
+
+
+@pytest.fixture(scope="module")
+def fakes(tmp_path_factory):
+    return build_fakes(str(tmp_path_factory.mktemp("fakenccl")))
+
+
+@pytest.fixture
+def fake(fakes):
+    f = Fake(fakes["nccl"])
+    yield f
+    for call in (f.ctl.fakeSetNextResult, f.ctl.fakeSetAsyncState, f.ctl.fakeSetDelayMs):
+        call(0)
+
+
+@pytest.fixture
+def rt():
+    return FakeGpuRuntime("cuda")
+
+
+def _comm(fake, rt, *, timeout=1.0, on_failure="abort", device=0):
+    pycoll.diagnostics.install()  # the recorder and the watchdog watch it, as in production
+    return Communicator(HANDLE, library=fake.lib, device=CudaDevice(device, runtime=rt), rank=0, size=2,
+                        name="gpu", uid="feedbeef00000001", global_ranks=None, timeout=timeout,
+                        on_failure=on_failure)
+
+
+def _x():
+    return cai(shape=(4,), typestr="<f4", data=(0x7F0000001000, False), stream=None)
+
+
+def _close(c):
+    if not c.closed:
+        c.abort()
+
+
+def test_default_stream_op_is_outstanding_and_times_out(fake, rt):
+    """Known issue: on stream 0 an operation behind a running kernel is not completed at enqueue."""
+    c = _comm(fake, rt, timeout=0.5)
+    try:
+        rt.launch(0, "kernel")  # the legacy default stream is busy
+        w = c.all_reduce(_x(), stream=0, async_op=True)
+        assert not w.is_completed() and c.outstanding() == [w] and w.state in ("scheduled", "started")
+        t0 = time.monotonic()
+        with pytest.raises(pycoll.CommTimeout):
+            w.wait()
+        assert time.monotonic() - t0 < 2.0 and c.state == "aborted"
+        records = [e for e in rt.log if e[0] == "record"]
+        assert records and all(s == 1 for _, _, s in records)  # runtime calls name cudaStreamLegacy
+    finally:
+        _close(c)
+
+
+def test_default_stream_op_completes_when_the_stream_gets_there(fake, rt):
+    c = _comm(fake, rt)
+    try:
+        rt.launch(0, "kernel")
+        w = c.all_reduce(_x(), stream=0, async_op=True)
+        time.sleep(0.05)
+        assert not w.is_completed()
+        rt.finish(0)
+        w.wait(timeout=2.0)
+        assert w.state == "completed" and c.outstanding() == []
+    finally:
+        _close(c)
+
+
+def test_in_progress_collective_is_not_completed_before_the_communicator_is_ready(fake, rt):
+    """F1: ncclInProgress from a collective means nothing is on the stream yet."""
+    c = _comm(fake, rt, timeout=5.0)
+    try:
+        fake.ctl.fakeSetNextResult(IN_PROGRESS)
+        fake.ctl.fakeSetAsyncState(IN_PROGRESS)
+        threading.Timer(0.3, fake.ctl.fakeSetAsyncState, (0,)).start()
+        t0 = time.monotonic()
+        w = c.all_reduce(_x(), async_op=True)
+        assert time.monotonic() - t0 >= 0.25  # the end event was recorded only once the comm was ready
+        fake.ctl.fakeSetNextResult(0)
+        w.wait(timeout=2.0)
+        assert w.state == "completed"
+    finally:
+        _close(c)
+
+
+def test_in_progress_that_never_ends_times_out_within_the_deadline(fake, rt):
+    c = _comm(fake, rt, timeout=0.4)
+    try:
+        fake.ctl.fakeSetNextResult(IN_PROGRESS)
+        fake.ctl.fakeSetAsyncState(IN_PROGRESS)
+        t0 = time.monotonic()
+        with pytest.raises(pycoll.CommTimeout):
+            c.all_reduce(_x(), async_op=True)
+        assert time.monotonic() - t0 < 2.0
+    finally:
+        _close(c)
+
+
+def test_sticky_device_error_fails_the_communicator(fake, rt):
+    """F4: an error from an event query (a sticky CUDA error) fails the communicator."""
+    c = _comm(fake, rt, timeout=30.0)
+    try:
+        rt.launch(0, "kernel")
+        w = c.all_reduce(_x(), stream=0, async_op=True)
+        rt.sticky = 700  # cudaErrorIllegalAddress
+        with pytest.raises(pycoll.CommFailure, match="querying the events"):
+            w.wait(timeout=5.0)
+        assert c.failure is not None and c.state == "aborted"
+    finally:
+        rt.sticky = 0
+        _close(c)
+
+
+def test_refused_group_leaves_no_phantom_work(fake, rt):
+    """F8: after ncclGroupEnd refuses a group nothing of it is outstanding, and no timeout follows."""
+    c = _comm(fake, rt, timeout=0.3)
+    try:
+        with pytest.raises(pycoll.InvalidArgument):
+            with c.group():
+                c.all_reduce(_x(), async_op=True)
+                fake.ctl.fakeSetNextResult(4)  # ncclGroupEnd -> InvalidArgument
+        fake.ctl.fakeSetNextResult(0)
+        assert c.outstanding() == []
+        time.sleep(0.6)
+        assert c.state == "active" and c.failure is None
+    finally:
+        _close(c)
+
+
+def test_group_end_in_progress_records_ends_when_ready(fake, rt):
+    c = _comm(fake, rt, timeout=5.0)
+    try:
+        with c.group():
+            w = c.all_reduce(_x(), async_op=True)
+            fake.ctl.fakeSetNextResult(IN_PROGRESS)
+            fake.ctl.fakeSetAsyncState(IN_PROGRESS)
+            threading.Timer(0.3, fake.ctl.fakeSetAsyncState, (0,)).start()
+        fake.ctl.fakeSetNextResult(0)
+        w.wait(timeout=2.0)
+        assert w.state == "completed"
+    finally:
+        _close(c)
+
+
+def test_destroy_after_an_abortive_shrink_aborts(fake, rt):
+    """F7: the parent of an abortive shrink is released with abort, never destroy."""
+    c = _comm(fake, rt)
+    child = None
+    try:
+        child = c.shrink([1], abort_ops=True)
+        c.destroy()
+        assert c.state == "aborted"
+    finally:
+        _close(c)
+        if child is not None:
+            _close(child)
+
+
+def test_destroy_of_a_failed_communicator_aborts(fake, rt):
+    c = _comm(fake, rt, on_failure="report")
+    try:
+        c.fail(pycoll.CommFailure("gone"))
+        c.destroy()
+        assert c.state == "aborted"
+    finally:
+        _close(c)
+
+
+def test_a_blocked_call_does_not_freeze_the_watchdog(fake, rt):
+    """F6: one communicator inside a slow library call; another one's timeout still fires on time."""
+    a = _comm(fake, rt, timeout=30.0)
+    b = _comm(fake, FakeGpuRuntime("cuda"), timeout=0.5)
+    try:
+        fake.ctl.fakeSetDelayMs(3000)
+        t = threading.Thread(target=lambda: a.all_reduce(_x(), async_op=True), daemon=True)
+        t.start()
+        time.sleep(0.2)
+        fake.ctl.fakeSetDelayMs(0)
+        b.device.runtime.launch(0, "kernel")
+        w = b.all_reduce(_x(), stream=0, async_op=True)
+        t0 = time.monotonic()
+        while b.failure is None and time.monotonic() - t0 < 2.5:
+            time.sleep(0.02)  # the watchdog, not this thread, must find it
+        assert isinstance(b.failure, pycoll.CommTimeout) and time.monotonic() - t0 < 2.0
+        assert w.exception() is not None
+        t.join(5.0)
+    finally:
+        _close(a)
+        _close(b)
+
+
+def test_per_thread_default_stream_is_refused(fake, rt):
+    """F12: cudaStreamPerThread (2) names another stream in NCCL's own thread."""
+    c = _comm(fake, rt)
+    try:
+        with pytest.raises(ValueError, match="StreamPerThread"):
+            c.all_reduce(_x(), stream=2)
+        assert c.state == "active"
+    finally:
+        _close(c)
+
+
+def test_launch_runs_with_the_communicators_device_current(fake, rt):
+    """Stream 0 is the current device's: a launch makes the communicator's device current, then restores."""
+    c = _comm(fake, rt, device=1)
+    try:
+        rt.current = 0
+        rt.log.clear()
+        c.all_reduce(_x(), stream=0, async_op=True).wait(timeout=2.0)
+        sets = [e[1] for e in rt.log if e[0] == "set"]
+        assert sets[:2] == [1, 0] and rt.current == 0
+    finally:
+        _close(c)
+
+
+def test_two_threads_on_one_communicator_is_refused(fake, rt):
+    """Concurrent use interleaves differently on different ranks: the second thread gets a clear error."""
+    c = _comm(fake, rt, timeout=5.0)
+    try:
+        rt.launch(0, "kernel")
+        errors = []
+        first = threading.Thread(target=lambda: c.all_reduce(_x(), stream=0), name="first", daemon=True)
+        first.start()
+        time.sleep(0.2)  # "first" is inside its blocking all_reduce
+
+        def second():
+            try:
+                c.all_reduce(_x(), stream=0, async_op=True)
+            except pycoll.CommStateError as e:
+                errors.append(str(e))
+
+        t = threading.Thread(target=second, name="second", daemon=True)
+        t.start()
+        t.join(5.0)
+        assert errors and "'second'" in errors[0] and "'first'" in errors[0]
+        rt.finish(0)
+        first.join(5.0)
+        assert c.state == "active" and not first.is_alive()
+    finally:
+        _close(c)
+
+
+def test_abort_from_another_thread_surfaces_as_comm_aborted(fake, rt):
+    c = _comm(fake, rt, timeout=10.0)
+    try:
+        rt.launch(0, "kernel")
+        threading.Timer(0.2, c.abort).start()
+        with pytest.raises(pycoll.CommAborted):
+            c.all_reduce(_x(), stream=0)
+    finally:
+        _close(c)
+
+
+def test_ctrl_c_inside_a_blocking_operation(fake, rt):
+    """SIGINT raises KeyboardInterrupt promptly and leaves the communicator failed."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals are delivered to the main thread")
+    c = _comm(fake, rt, timeout=20.0)
+    try:
+        rt.launch(0, "kernel")
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            c.all_reduce(_x(), stream=0)
+        assert time.monotonic() - t0 < 0.2 + 0.1 + 0.2
+        assert isinstance(c.failure, pycoll.CommAborted) and "interrupted" in str(c.failure)
+    finally:
+        _close(c)
+
+
+def test_forked_child_cannot_use_the_parents_communicator(fake, rt):
+    c = _comm(fake, rt)
+    try:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report and leave at once, without running the parent's cleanup
+            try:
+                try:
+                    c.all_reduce(_x(), stream=0, async_op=True)
+                    msg = b"used"
+                except pycoll.CommStateError as e:
+                    msg = b"refused" if b"fork" in str(e).encode() else b"other"
+                c.destroy()  # frees nothing of the parent's
+                os.write(w, msg)
+            finally:
+                os._exit(0)
+        os.close(w)
+        out = os.read(r, 100)
+        os.waitpid(pid, 0)
+        os.close(r)
+        assert out == b"refused"
+        c.all_reduce(_x(), stream=0, async_op=True).wait(timeout=2.0)  # still the parent's, and usable
+    finally:
+        _close(c)
+
+
+def test_lock_order_hammer(fake, rt):
+    """One lock order: an enqueue failing with a remote error while other threads refresh and check."""
+    for _ in range(20):
+        c = _comm(fake, FakeGpuRuntime("cuda"), timeout=5.0)
+        try:
+            works = [c.all_reduce(_x(), async_op=True) for _ in range(3)]
+            stop = threading.Event()
+
+            def poll():
+                while not stop.is_set():
+                    for w in works:
+                        w.is_completed()
+                    c.check()
+
+            pollers = [threading.Thread(target=poll, daemon=True) for _ in range(2)]
+            for p in pollers:
+                p.start()
+            fake.ctl.fakeSetNextResult(REMOTE)
+            fake.ctl.fakeSetAsyncState(REMOTE)
+            with pytest.raises(pycoll.CommFailure):
+                c.all_reduce(_x(), async_op=True)
+            stop.set()
+            for p in pollers:
+                p.join(2.0)
+                assert not p.is_alive(), "a poller is stuck: lock-order inversion"
+        finally:
+            fake.ctl.fakeSetNextResult(0)
+            fake.ctl.fakeSetAsyncState(0)
+            _close(c)
