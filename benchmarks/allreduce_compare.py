@@ -55,7 +55,6 @@ if HERE not in sys.path:  # also when loaded by file path, not run as a script
     sys.path.insert(0, HERE)
 from _common import env_with_pycoll, import_pycoll  # noqa: E402
 
-
 DEFAULT_SIZES = "8,64,512,4K,32K,256K,2M,16M,64M"
 LIBS = ("copy", "pycoll", "mpi", "gloo")
 _RESULT = "RESULT "
@@ -589,7 +588,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     md: List[str] = []
     for n in a.ranks:
         runs: Dict[str, List[Dict[str, Any]]] = {lib: [] for lib in libs}
-        seconds: Dict[str, float] = {lib: 0.0 for lib in libs}
+        seconds: Dict[str, float] = dict.fromkeys(libs, 0.0)
         for _ in range(max(1, a.repeat)):
             for lib in libs:
                 t0 = time.monotonic()

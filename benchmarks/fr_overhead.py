@@ -122,9 +122,8 @@ def record_cost(batches: int, batch: int) -> Dict[str, float]:
 def _rank(rank: int, n: int, uid: bytes, addr: Tuple[str, int], token: str, rounds: int, batch: int,
           conn: Any) -> None:
     pycoll = import_pycoll()
-    from pycoll.store import TCPStore
-
     from pycoll.flight_recorder import FlightRecorder
+    from pycoll.store import TCPStore
 
     wd = pycoll.watchdog.get_watchdog()
     rec = pycoll.flight_recorder.get_recorder()

@@ -84,6 +84,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:  # also when loaded by file path, not run as a script
     sys.path.insert(0, HERE)
 from _common import import_pycoll, pycoll_path  # noqa: E402
+
 CASES = ("pycoll-kill", "pycoll-stop", "mpi-kill", "pycoll-kill-nofr", "pycoll-stop-nofr")
 #: the ``-nofr`` variants: the flight recorder records nothing, so its dump on failure costs nothing
 NOFR_ENV = {"PYCOLL_FR_BUFFER_SIZE": "0"}

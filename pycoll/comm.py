@@ -13,18 +13,16 @@ import contextlib
 import hashlib
 import itertools
 import logging
-import os
 import threading
 import time
 import warnings
 import weakref
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
-from . import _bindings as B
-from . import _dtypes, _settings
+from . import _bindings as B, _dtypes, _settings, hooks
 from .buffers import Buffer, as_buffer, check_count, check_device, check_same_dtype
 from .config import CommConfig
-from .devices import Device, open_device
+from .devices import Device
 from .errors import (
     AsyncCommError,
     CommAborted,
@@ -37,9 +35,8 @@ from .errors import (
     RemoteError,
     error_class,
 )
-from . import hooks
-from .hooks import CommObserver, Progress, add_observer, live_communicators, remove_observer
 from .group import group as _group, open_group as _open_group
+from .hooks import CommObserver, Progress, add_observer, live_communicators, remove_observer
 from .premul import PreMulSum, datatype_of, scalar_argument
 from .work import Work, backoff
 
@@ -131,7 +128,7 @@ class Communicator:
         store: Any = None,
         generation: int = 0,
         owns_device: bool = False,
-        failure_callbacks: Sequence[Callable[["Communicator", BaseException], None]] = (),
+        failure_callbacks: Sequence[Callable[[Communicator, BaseException], None]] = (),
     ) -> None:
         self._handle: Optional[int] = handle
         self.library = library
@@ -162,7 +159,7 @@ class Communicator:
         #: called as ``callback(comm, exc)`` in the thread that records a failure, after the
         #: observers and before the policy acts; must return quickly (the elastic layer starts its
         #: agreement here)
-        self.failure_callbacks: List[Callable[["Communicator", BaseException], None]] = list(failure_callbacks)
+        self.failure_callbacks: List[Callable[[Communicator, BaseException], None]] = list(failure_callbacks)
         self._state = "active"  # active | revoked | finalized | aborted | destroyed
         self._coll_seq = 0
         self._p2p_seq = 0
@@ -171,7 +168,7 @@ class Communicator:
         self._stream: Optional[int] = None
         self._events: List[int] = []
         self._scratch: Optional[int] = None
-        self._premul: "weakref.WeakSet[PreMulSum]" = weakref.WeakSet()
+        self._premul: weakref.WeakSet[PreMulSum] = weakref.WeakSet()
         self.created_at = time.time()
         hooks.register_live(self)
         hooks.notify_created(self)
@@ -245,7 +242,7 @@ class Communicator:
 
     # -- context manager and garbage collection -------------------------------------------------
 
-    def __enter__(self) -> "Communicator":
+    def __enter__(self) -> Communicator:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -980,7 +977,7 @@ class Communicator:
 
     def _child(self, slot: Any, status: int, *, what: str, uid: str, name: str, global_ranks: Optional[Sequence[int]],
                timeout: float, poll_parent: bool, generation: Optional[int],
-               failure_callbacks: Sequence[Callable[["Communicator", BaseException], None]]) -> Optional["Communicator"]:
+               failure_callbacks: Sequence[Callable[[Communicator, BaseException], None]]) -> Optional[Communicator]:
         def on_timeout() -> None:
             child = slot.value
             self._abort()
@@ -1008,8 +1005,8 @@ class Communicator:
 
     def split(self, color: Optional[int], key: Optional[int] = None, *, config: Optional[CommConfig] = None,
               name: Optional[str] = None, timeout: Optional[float] = None, generation: Optional[int] = None,
-              failure_callbacks: Sequence[Callable[["Communicator", BaseException], None]] = (),
-              ) -> Optional["Communicator"]:
+              failure_callbacks: Sequence[Callable[[Communicator, BaseException], None]] = (),
+              ) -> Optional[Communicator]:
         """Split into sub-communicators by ``color`` (collective over every rank of this one).
 
         Ranks passing the same color form a new communicator, ordered by ``key`` (default: this
@@ -1061,8 +1058,8 @@ class Communicator:
 
     def shrink(self, exclude: Sequence[int], *, abort_ops: bool = False, config: Optional[CommConfig] = None,
                name: Optional[str] = None, timeout: Optional[float] = None, generation: Optional[int] = None,
-               failure_callbacks: Sequence[Callable[["Communicator", BaseException], None]] = (),
-               ) -> "Communicator":
+               failure_callbacks: Sequence[Callable[[Communicator, BaseException], None]] = (),
+               ) -> Communicator:
         """A new communicator without the ranks in ``exclude`` (``ncclCommShrink``; NCCL 2.27).
 
         Only the survivors call it, all with the same ``exclude``; they are renumbered in rank
@@ -1103,8 +1100,8 @@ class Communicator:
     def grow(self, size: int, unique_id: Any = None, *, config: Optional[CommConfig] = None,
              name: Optional[str] = None, timeout: Optional[float] = None,
              global_ranks: Optional[Sequence[int]] = None, generation: Optional[int] = None,
-             failure_callbacks: Sequence[Callable[["Communicator", BaseException], None]] = (),
-             ) -> "Communicator":
+             failure_callbacks: Sequence[Callable[[Communicator, BaseException], None]] = (),
+             ) -> Communicator:
         """A bigger communicator: this one's ranks keep their numbers, new ranks join at the end.
 
         Every existing rank calls it; the coordinator (the rank that called

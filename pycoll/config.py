@@ -82,7 +82,7 @@ class CommConfig:
         if self.min_ctas is not None and self.max_ctas is not None and self.min_ctas > self.max_ctas:
             raise ValueError(f"CommConfig.min_ctas ({self.min_ctas}) is larger than max_ctas ({self.max_ctas})")
 
-    def replace(self, **changes: Any) -> "CommConfig":
+    def replace(self, **changes: Any) -> CommConfig:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 

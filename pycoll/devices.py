@@ -95,7 +95,7 @@ class Stream:
 
     __slots__ = ("device", "_handle", "__weakref__")
 
-    def __init__(self, device: "Device", handle: int) -> None:
+    def __init__(self, device: Device, handle: int) -> None:
         self.device = device
         self._handle = handle
 
@@ -121,11 +121,11 @@ class Stream:
         """True when everything queued on the stream has run (never blocks)."""
         return self.device.query_stream(self.handle)
 
-    def wait_event(self, event: "Event") -> None:
+    def wait_event(self, event: Event) -> None:
         """Work queued on this stream from now on waits until ``event`` has completed."""
         self.device.stream_wait_event(self.handle, event.handle)
 
-    def record(self, event: Optional["Event"] = None) -> "Event":
+    def record(self, event: Optional[Event] = None) -> Event:
         """Record ``event`` (a new one if None) on this stream and return it."""
         event = event if event is not None else self.device.new_event()
         event.record(self)
@@ -137,7 +137,7 @@ class Stream:
         if handle is not None:
             self.device.destroy_stream(handle)
 
-    def __enter__(self) -> "Stream":
+    def __enter__(self) -> Stream:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -178,7 +178,7 @@ class Event:
 
     __slots__ = ("device", "_handle", "timing", "__weakref__")
 
-    def __init__(self, device: "Device", handle: int, timing: bool) -> None:
+    def __init__(self, device: Device, handle: int, timing: bool) -> None:
         self.device = device
         self._handle = handle
         self.timing = timing
@@ -201,7 +201,7 @@ class Event:
         """Block until the recorded work has completed."""
         self.device.synchronize_event(self.handle)
 
-    def elapsed_ms(self, end: "Event") -> float:
+    def elapsed_ms(self, end: Event) -> float:
         """Milliseconds from this event to ``end``; both completed (GPU: both created with timing)."""
         return self.device.elapsed_ms(self.handle, end.handle)
 
@@ -352,7 +352,7 @@ class Device:
         if stream is not None:
             self.destroy_stream(stream)
 
-    def __enter__(self) -> "Device":
+    def __enter__(self) -> Device:
         return self
 
     def __exit__(self, *exc: Any) -> None:

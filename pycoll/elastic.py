@@ -47,7 +47,7 @@ import os
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import _bindings as B
@@ -181,7 +181,7 @@ class ElasticGroup:
         window: float = 1.0,
         join_timeout: float = 120.0,
         name: str = "elastic",
-        on_change: Optional[Callable[["ElasticGroup", Transition], None]] = None,
+        on_change: Optional[Callable[[ElasticGroup, Transition], None]] = None,
     ) -> None:
         if isinstance(slot, bool) or not isinstance(slot, int) or slot < 0:
             raise ValueError(f"slot must be an int >= 0, got {slot!r}")
@@ -209,7 +209,7 @@ class ElasticGroup:
         self._gave_up = False  # the last reshape raised: hold no dumps
         self._reshaping = False
         self._announced = -1  # the last generation whose reshape this member announced
-        self._announce_q: "queue.SimpleQueue[Optional[int]]" = queue.SimpleQueue()
+        self._announce_q: queue.SimpleQueue[Optional[int]] = queue.SimpleQueue()
         self._vouched: Tuple[int, int] = (-1, -1)  # the last (generation, attempt) this member vouched for
         self._proc_cache: Dict[int, Tuple[str, int]] = {}  # slot -> (boot id, pid), read by the watcher
         self._release_at = 0  # dumps wait until the new communicator has issued this many operations
@@ -225,7 +225,7 @@ class ElasticGroup:
         self._start_watcher()
 
     @classmethod
-    def from_env(cls, **kwargs: Any) -> "ElasticGroup":
+    def from_env(cls, **kwargs: Any) -> ElasticGroup:
         """Build the group from the launcher's environment (:mod:`pycoll.launch.discovery`).
 
         A replacement process (``PYCOLL_REPLACEMENT`` >= 1) joins; the others form the group.
@@ -646,7 +646,7 @@ class ElasticGroup:
             else:
                 self.comm.abort()
 
-    def __enter__(self) -> "ElasticGroup":
+    def __enter__(self) -> ElasticGroup:
         return self
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:

@@ -48,7 +48,7 @@ class Progress(NamedTuple):
         return dict(self._asdict())
 
     @classmethod
-    def of(cls, coll_enqueued: int, p2p_enqueued: int, outstanding: Sequence["WorkView"]) -> "Progress":
+    def of(cls, coll_enqueued: int, p2p_enqueued: int, outstanding: Sequence[WorkView]) -> Progress:
         """The progress of a communicator that issued that many operations and has ``outstanding`` ones."""
         vals: List[int] = []
         for last, p2p in ((coll_enqueued, False), (p2p_enqueued, True)):
@@ -84,7 +84,7 @@ class WorkView(Protocol):
     fr_entry: Any  # the flight recorder's entry (owned by the recorder)
 
     @property
-    def comm(self) -> "CommView": ...
+    def comm(self) -> CommView: ...
 
     @property
     def last_state(self) -> str: ...
@@ -268,17 +268,17 @@ def run_hooks(hooks: Tuple[Callable[[Any], None], ...], work: WorkView) -> None:
 
 # -- the live registry: every communicator of this process that is neither destroyed nor aborted ------
 
-_live: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
+_live: weakref.WeakSet[Communicator] = weakref.WeakSet()
 
 
-def register_live(comm: "Communicator") -> None:
+def register_live(comm: Communicator) -> None:
     _live.add(comm)
 
 
-def discard_live(comm: "Communicator") -> None:
+def discard_live(comm: Communicator) -> None:
     _live.discard(comm)
 
 
-def live_communicators() -> List["Communicator"]:
+def live_communicators() -> List[Communicator]:
     """The communicators of this process that are neither destroyed nor aborted."""
     return [c for c in list(_live) if c.state not in ("aborted", "destroyed")]

@@ -92,7 +92,7 @@ class _CommInfo:
     __slots__ = ("ref", "uid", "name", "rank", "size", "global_ranks", "generation", "backend", "lib_prefix",
                  "pg_id", "rid", "lib_version", "state", "failure", "closed_at", "progress")
 
-    def __init__(self, comm: CommView, pg_id: int, rid: "itertools.count[int]") -> None:
+    def __init__(self, comm: CommView, pg_id: int, rid: itertools.count[int]) -> None:
         self.ref = weakref.ref(comm)
         self.uid = str(comm.uid)
         self.name = str(comm.name)
@@ -169,7 +169,7 @@ class FlightRecorder(CommObserver):
         self._lock = threading.Lock()  # guards _infos/_gen_counters and dump bookkeeping
         self._dump_lock = threading.Lock()  # one dump at a time
         self._infos: Dict[int, _CommInfo] = {}
-        self._gen_counters: Dict[int, "itertools.count[int]"] = {}
+        self._gen_counters: Dict[int, itertools.count[int]] = {}
         self._pg_ids = itertools.count()
         self._pos = itertools.count()
         self._ring: List[Any] = []
@@ -255,7 +255,7 @@ class FlightRecorder(CommObserver):
                 info = self._infos[id(comm)] = _CommInfo(comm, next(self._pg_ids), self._counter(comm.generation))
             return info
 
-    def _counter(self, generation: int) -> "itertools.count[int]":
+    def _counter(self, generation: int) -> itertools.count[int]:
         rid = self._gen_counters.get(generation)
         if rid is None:
             rid = self._gen_counters[generation] = itertools.count()

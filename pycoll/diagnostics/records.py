@@ -74,7 +74,7 @@ class ProgressRecord:
                            "time_ns": self.time_ns, "beats": self.beats, "origin": self.origin}).encode()
 
     @classmethod
-    def decode(cls, raw: Any) -> Optional["ProgressRecord"]:
+    def decode(cls, raw: Any) -> Optional[ProgressRecord]:
         """The record, or None for anything that is not one (another version, garbage)."""
         d = _load(raw)
         try:
@@ -106,7 +106,7 @@ class FailureRecord:
         return json.dumps({"v": _VERSION, **asdict(self), "message": self.message[:2000]}).encode()
 
     @classmethod
-    def decode(cls, raw: Any) -> Optional["FailureRecord"]:
+    def decode(cls, raw: Any) -> Optional[FailureRecord]:
         d = _load(raw)
         if d is None:
             return None

@@ -64,15 +64,22 @@ import time
 import traceback
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
-from .. import hooks
-from .. import _settings
+from .. import _settings, hooks
 from ..errors import StoreTimeout
 from ..hooks import CommObserver, CommView, WorkView
 from . import recorder as _recorder_module
 from .dumps import GATE_POLL, DumpJob, DumpQueue
 from .recorder import FlightRecorder, get_recorder
-from .records import (FR_KEY_PREFIX, SIGNAL_COUNTER, FailureRecord, ProgressRecord, failure_prefix, origin,
-                      progress_prefix, read_records)
+from .records import (
+    FR_KEY_PREFIX,
+    SIGNAL_COUNTER,
+    FailureRecord,
+    ProgressRecord,
+    failure_prefix,
+    origin,
+    progress_prefix,
+    read_records,
+)
 from .report import FailureReport
 from .signals import DumpSignal, signal_number
 
@@ -144,7 +151,7 @@ class Watchdog(CommObserver):
         self._store_wake = threading.Event()
         self._dumps = DumpQueue(lambda: self.dump_hold)
         self._reports: Set[FailureReport] = set()  # failure reports made by the report thread, not done yet
-        self._report_q: "queue.SimpleQueue[Optional[Tuple[Any, FailureReport]]]" = queue.SimpleQueue()
+        self._report_q: queue.SimpleQueue[Optional[Tuple[Any, FailureReport]]] = queue.SimpleQueue()
         self._wake_r: Optional[socket.socket] = None
         self._wake_w: Optional[socket.socket] = None
         self._signal = DumpSignal(self._poke)
@@ -337,7 +344,7 @@ class Watchdog(CommObserver):
             threading.Thread(target=self._finish_report, args=(comm.store, report, True),
                              name="pycoll-watchdog-report", daemon=True).start()
 
-    def _report_loop(self, stop: threading.Event, q: "queue.SimpleQueue[Any]") -> None:
+    def _report_loop(self, stop: threading.Event, q: queue.SimpleQueue[Any]) -> None:
         while not stop.is_set():
             item = q.get()
             if item is None:

@@ -163,7 +163,7 @@ def _children_of(pid: int) -> List[int]:
 class _Stream:
     """Lines from one pipe of one rank, forwarded with the rank's prefix."""
 
-    def __init__(self, fd: int, dest: int, prefix: bytes, launcher: "_Launcher") -> None:
+    def __init__(self, fd: int, dest: int, prefix: bytes, launcher: _Launcher) -> None:
         self.fd = fd
         self.dest = dest
         self.prefix = prefix

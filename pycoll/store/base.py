@@ -163,7 +163,7 @@ class Store(abc.ABC):
     def close(self) -> None:
         """Release the store's resources (connections, files). Further calls raise StoreError."""
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -75,6 +75,7 @@ def _worker(args: argparse.Namespace) -> int:
     import numpy as np
 
     import pycoll
+
     from ..elastic import ElasticGroup
 
     true_w = np.linspace(-1.0, 1.0, _DIM)

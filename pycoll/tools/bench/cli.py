@@ -19,9 +19,26 @@ from .arrays import _ArrayLib, _make_kit
 from .cases import build_case
 from .report import _dispatch, _EventReporter, _Reporter, _TableReporter
 from .runner import _Runner, measure
-from .spec import (_EVENT_MARK, COLLECTIVES, DTYPES, EXIT_FAILED, EXIT_OK, EXIT_USAGE, EXIT_WRONG, MODES, REDOPS,
-                   _DTYPE_ALIASES, _collectives, _element_count, _pick, _size_arg, _size_plan, format_size,
-                   parse_size, size_steps)
+from .spec import (
+    _DTYPE_ALIASES,
+    _EVENT_MARK,
+    COLLECTIVES,
+    DTYPES,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    EXIT_WRONG,
+    MODES,
+    REDOPS,
+    _collectives,
+    _element_count,
+    _pick,
+    _size_arg,
+    _size_plan,
+    format_size,
+    parse_size,
+    size_steps,
+)
 
 _log = logging.getLogger("pycoll.bench")
 
