@@ -46,4 +46,5 @@ __all__ = [
     "ElasticGroup",
     "Excluded",
     "Transition",
-] + list(_errors_all)
+    *_errors_all,
+]

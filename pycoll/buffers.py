@@ -654,7 +654,7 @@ def _from_buffer_protocol(obj: Any, writable: bool, name: str) -> Buffer:
 
 def _is_c_contiguous(shape: Tuple[int, ...], strides: Tuple[int, ...], itemsize: int) -> bool:
     expected = itemsize
-    for n, s in zip(reversed(shape), reversed(strides)):
+    for n, s in zip(reversed(shape), reversed(strides), strict=False):
         if n != 1 and s != expected:
             return False
         expected *= n

@@ -3,8 +3,8 @@
 Communicators are nonblocking underneath (``ncclConfig_t.blocking = 0``): initialisation, split,
 shrink, grow, finalize and destroy are polled with ``ncclCommGetAsyncError`` against a deadline;
 collectives are enqueued on a stream and their completion is read from events. The watchdog
-(:mod:`pycoll.diagnostics.watchdog`, an observer registered through :mod:`pycoll.hooks`) and every waiting call check outstanding operations against their
-timeouts, so no Python call blocks forever.
+(:mod:`pycoll.diagnostics.watchdog`, an observer registered through :mod:`pycoll.hooks`) and every
+waiting call check outstanding operations against their timeouts, so no Python call blocks forever.
 """
 
 from __future__ import annotations
@@ -280,7 +280,8 @@ class Communicator:
         if self._failure is not None:
             raise self._failure
         if self._state == "revoked":
-            raise CommRevoked(f"{what}: communicator {self.name!r} was revoked; only split, shrink, destroy and abort remain")
+            raise CommRevoked(f"{what}: communicator {self.name!r} was revoked; "
+                              "only split, shrink, destroy and abort remain")
         if self._state == "finalized":
             raise CommStateError(f"{what}: communicator {self.name!r} was finalized; only destroy remains")
 
@@ -502,7 +503,8 @@ class Communicator:
             self._p2p_seq += 1
         else:
             self._coll_seq += 1
-        w = Work(self, op, self._coll_seq, self._p2p_seq, next(self._op_ids), is_p2p, peer, timeout, stream, inputs, outputs)
+        w = Work(self, op, self._coll_seq, self._p2p_seq, next(self._op_ids), is_p2p, peer, timeout, stream,
+                 inputs, outputs)
         w.async_op = async_op
         for hook in hooks.enqueue_hooks:  # called from here: the recorder's stack starts at this frame
             try:
@@ -564,16 +566,19 @@ class Communicator:
             if op.op < 0:
                 raise ValueError("this PreMulSum operator was destroyed")
             if op.datatype != datatype:
-                raise ValueError(f"this PreMulSum operator was created for datatype {op.datatype}, the buffers have {datatype}")
+                raise ValueError(f"this PreMulSum operator was created for datatype {op.datatype}, "
+                                 f"the buffers have {datatype}")
             return op.op
         if isinstance(op, str):
             try:
                 return REDUCE_OPS[op.lower()]
             except KeyError:
-                raise ValueError(f"unknown reduction op {op!r}; expected one of {sorted(REDUCE_OPS)} or a PreMulSum") from None
+                raise ValueError(f"unknown reduction op {op!r}; expected one of {sorted(REDUCE_OPS)} "
+                                 "or a PreMulSum") from None
         if isinstance(op, int) and not isinstance(op, bool) and 0 <= op < len(REDUCE_OPS):
             return int(op)
-        raise ValueError(f"unknown reduction op {op!r}; expected one of {sorted(REDUCE_OPS)}, a pycoll RedOp or a PreMulSum")
+        raise ValueError(f"unknown reduction op {op!r}; expected one of {sorted(REDUCE_OPS)}, "
+                         "a pycoll RedOp or a PreMulSum")
 
     def _root(self, root: Any, what: str = "root") -> int:
         if isinstance(root, bool) or not isinstance(root, int):
@@ -601,7 +606,8 @@ class Communicator:
         check_count(out, inp.count, op="all_reduce")
         redop = self._redop(op, inp.datatype)
         lib = self.library
-        return self._launch("all_reduce", lambda h, s: lib.all_reduce(inp.ptr, out.ptr, inp.count, inp.datatype, redop, h, s),
+        return self._launch("all_reduce",
+                            lambda h, s: lib.all_reduce(inp.ptr, out.ptr, inp.count, inp.datatype, redop, h, s),
                             st, [inp], [out], async_op, timeout)
 
     def broadcast(self, tensor: Any, root: int = 0, output: Any = None, *, stream: Any = None,
@@ -614,7 +620,8 @@ class Communicator:
         check_same_dtype(inp, out, op="broadcast")
         check_count(out, inp.count, op="broadcast")
         lib = self.library
-        return self._launch("broadcast", lambda h, s: lib.broadcast(inp.ptr, out.ptr, inp.count, inp.datatype, root, h, s),
+        return self._launch("broadcast",
+                            lambda h, s: lib.broadcast(inp.ptr, out.ptr, inp.count, inp.datatype, root, h, s),
                             st, [inp], [out], async_op, timeout)
 
     def reduce(self, tensor: Any, root: int = 0, output: Any = None, op: Any = "sum", *, stream: Any = None,
@@ -628,7 +635,8 @@ class Communicator:
         check_count(out, inp.count, op="reduce")
         redop = self._redop(op, inp.datatype)
         lib = self.library
-        return self._launch("reduce", lambda h, s: lib.reduce(inp.ptr, out.ptr, inp.count, inp.datatype, redop, root, h, s),
+        return self._launch("reduce",
+                            lambda h, s: lib.reduce(inp.ptr, out.ptr, inp.count, inp.datatype, redop, root, h, s),
                             st, [inp], [out], async_op, timeout)
 
     def all_gather(self, input: Any, output: Any, *, stream: Any = None, async_op: bool = False,
@@ -641,7 +649,8 @@ class Communicator:
         out = self._buf(output, st, writable=True, name="output")
         if input is None:
             if out.count % self._size:
-                raise ValueError(f"all_gather: in place, output has {out.count} elements, not a multiple of {self._size} ranks")
+                raise ValueError(f"all_gather: in place, output has {out.count} elements, "
+                                 f"not a multiple of {self._size} ranks")
             inp = self._offset(out, self._rank, out.count // self._size, "input")
         else:
             inp = self._buf(input, st, writable=False, name="input")
@@ -661,15 +670,18 @@ class Communicator:
         inp = self._buf(input, st, writable=output is None, name="input")
         if output is None:
             if inp.count % self._size:
-                raise ValueError(f"reduce_scatter: input has {inp.count} elements, not a multiple of {self._size} ranks")
+                raise ValueError(f"reduce_scatter: input has {inp.count} elements, "
+                                 f"not a multiple of {self._size} ranks")
             out = self._offset(inp, self._rank, inp.count // self._size, "output")
         else:
             out = self._buf(output, st, writable=True, name="output")
             check_same_dtype(inp, out, op="reduce_scatter")
-            check_count(inp, out.count * self._size, op="reduce_scatter", why=f"{out.count} elements x {self._size} ranks")
+            check_count(inp, out.count * self._size, op="reduce_scatter",
+                        why=f"{out.count} elements x {self._size} ranks")
         redop = self._redop(op, inp.datatype)
         lib = self.library
-        return self._launch("reduce_scatter", lambda h, s: lib.reduce_scatter(inp.ptr, out.ptr, out.count, inp.datatype, redop, h, s),
+        return self._launch("reduce_scatter",
+                            lambda h, s: lib.reduce_scatter(inp.ptr, out.ptr, out.count, inp.datatype, redop, h, s),
                             st, [inp], [out], async_op, timeout)
 
     def all_to_all(self, input: Any, output: Any = None, *, stream: Any = None, async_op: bool = False,
@@ -747,7 +759,8 @@ class Communicator:
             out = self._buf(output, st, writable=True, name="output")
             if inp is not None:
                 check_same_dtype(inp, out, op="scatter")
-                check_count(inp, out.count * self._size, exact=True, op="scatter", why=f"{out.count} elements x {self._size} ranks")
+                check_count(inp, out.count * self._size, exact=True, op="scatter",
+                            why=f"{out.count} elements x {self._size} ranks")
         ins = [inp] if inp is not None else []
         in_ptr = inp.ptr if inp is not None else 0
         lib = self.library
@@ -887,7 +900,8 @@ class Communicator:
             if self._state in ("aborted", "destroyed"):
                 return
             self._state = "aborted"
-            exc = CommAborted(f"communicator {self.name!r} was aborted" + (f" after: {self._failure}" if self._failure else ""))
+            exc = CommAborted(f"communicator {self.name!r} was aborted"
+                              + (f" after: {self._failure}" if self._failure else ""))
             for w in self._pending:
                 if w._exc is None:
                     w._exc = exc
@@ -1030,7 +1044,8 @@ class Communicator:
         with self._lock:
             slot, status = self.library.comm_split(self.handle, B.SPLIT_NOCOLOR if color is None else color, key,
                                                    self._reshape_config(config))
-        return self._child(slot, status, what="ncclCommSplit", uid=uid, name=name or f"{self.name}.split{self._reshapes}",
+        return self._child(slot, status, what="ncclCommSplit", uid=uid,
+                           name=name or f"{self.name}.split{self._reshapes}",
                            global_ranks=members, timeout=timeout, poll_parent=True, generation=generation,
                            failure_callbacks=failure_callbacks)
 
@@ -1085,7 +1100,8 @@ class Communicator:
         with self._lock:
             slot, status = self.library.comm_shrink(self.handle, excl, self._reshape_config(config),
                                                     B.SHRINK_ABORT if abort_ops else B.SHRINK_DEFAULT)
-        child = self._child(slot, status, what="ncclCommShrink", uid=uid, name=name or f"{self.name}.shrink{self._reshapes}",
+        child = self._child(slot, status, what="ncclCommShrink", uid=uid,
+                            name=name or f"{self.name}.shrink{self._reshapes}",
                             global_ranks=gr, timeout=timeout, poll_parent=True, generation=generation,
                             failure_callbacks=failure_callbacks)
         assert child is not None
@@ -1116,11 +1132,13 @@ class Communicator:
             raise ValueError(f"grow: size must be an int larger than the current {self._size}, got {size!r}")
         if unique_id is not None and not isinstance(unique_id, B.UniqueId):
             unique_id = B.UniqueId.from_bytes(bytes(unique_id))
-        uid = hashlib.sha1(bytes(unique_id)).hexdigest()[:16] if unique_id is not None else self._child_uid(f"grow:{size}")
+        uid = (hashlib.sha1(bytes(unique_id)).hexdigest()[:16] if unique_id is not None
+               else self._child_uid(f"grow:{size}"))
         with self._lock:
             slot, status = self.library.comm_grow(self.handle, size, unique_id, -1, self._reshape_config(config))
         self._reshapes += 1
-        child = self._child(slot, status, what="ncclCommGrow", uid=uid, name=name or f"{self.name}.grow{self._reshapes}",
+        child = self._child(slot, status, what="ncclCommGrow", uid=uid,
+                            name=name or f"{self.name}.grow{self._reshapes}",
                             global_ranks=global_ranks, timeout=timeout, poll_parent=False, generation=generation,
                             failure_callbacks=failure_callbacks)
         assert child is not None

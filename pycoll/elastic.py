@@ -246,7 +246,8 @@ class ElasticGroup:
         return len(self.members)
 
     def __repr__(self) -> str:
-        return f"<ElasticGroup {self.name!r} slot {self.slot} generation {self.generation} members {list(self.members)}>"
+        return (f"<ElasticGroup {self.name!r} slot {self.slot} generation {self.generation} "
+                f"members {list(self.members)}>")
 
     # -- forming and joining ----------------------------------------------------------------------
 
@@ -263,9 +264,9 @@ class ElasticGroup:
 
     def _comm_options(self, members: Sequence[int], generation: int) -> Dict[str, Any]:
         """What every communicator of the group is built with (revoked on failure, so it can be shrunk)."""
-        return dict(library=self.library, config=self.config, timeout=self.timeout, name=self.name,
-                    on_failure="revoke", store=self.store, generation=generation, global_ranks=tuple(members),
-                    failure_callbacks=[self._on_comm_failure])
+        return {"library": self.library, "config": self.config, "timeout": self.timeout, "name": self.name,
+                "on_failure": "revoke", "store": self.store, "generation": generation,
+                "global_ranks": tuple(members), "failure_callbacks": [self._on_comm_failure]}
 
     def _adopt(self, comm: Communicator, members: Sequence[int], generation: int) -> Communicator:
         self.comm, self.members, self.generation = comm, tuple(members), generation
@@ -412,7 +413,7 @@ class ElasticGroup:
             values = self.store.multi_get(keys, timeout=min(self.timeout, 1.0))
         except StoreError:  # a member that never registered: it can only vouch for itself
             return out
-        for m, raw in zip(members, values):
+        for m, raw in zip(members, values, strict=False):
             boot, pid = raw.decode().split()
             out[m] = (boot, int(pid))
         return out
@@ -608,7 +609,8 @@ class ElasticGroup:
             for slot in joiners:
                 inc = self.store.get(f"{self._ns}/join/{slot}", timeout=self.timeout).decode()
                 self.store.delete(f"{self._ns}/join/{slot}")
-                self.store.set(f"{self._ns}/admitted/{slot}/{inc}", f"{g + 1}|{members.index(slot)}|{_members_str(members)}|{kind}")
+                self.store.set(f"{self._ns}/admitted/{slot}/{inc}",
+                               f"{g + 1}|{members.index(slot)}|{_members_str(members)}|{kind}")
         else:
             uid = B.UniqueId.from_bytes(self.store.get(uid_key, timeout=self.timeout))
         tr.agreed = tr.revoked = time.time()

@@ -122,7 +122,4 @@ class DumpQueue:
 
     def wait(self, deadline: float) -> bool:
         """Wait until every job submitted so far is written, or ``deadline`` (monotonic); True when all were."""
-        for job in list(self._unfinished):
-            if not job.done.wait(max(0.0, deadline - time.monotonic())):
-                return False
-        return True
+        return all(job.done.wait(max(0.0, deadline - time.monotonic())) for job in list(self._unfinished))

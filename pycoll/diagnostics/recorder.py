@@ -221,8 +221,10 @@ class FlightRecorder(CommObserver):
         if dump_dir is not None:
             self.dump_dir = os.fspath(dump_dir)
         if file_prefix is not None:
-            if not isinstance(file_prefix, str) or not file_prefix or os.sep in file_prefix or file_prefix[-1].isdigit():
-                raise ValueError(f"file_prefix must be a non-empty file name not ending in a digit, got {file_prefix!r}")
+            if (not isinstance(file_prefix, str) or not file_prefix or os.sep in file_prefix
+                    or file_prefix[-1].isdigit()):
+                raise ValueError("file_prefix must be a non-empty file name not ending in a digit, "
+                                 f"got {file_prefix!r}")
             self.file_prefix = file_prefix
         if write_json is not None:
             self.write_json = bool(write_json)
@@ -312,7 +314,7 @@ class FlightRecorder(CommObserver):
         entry = w.fr_entry
         if entry is None:
             return "", ""
-        sizes = ", ".join(f"{dt}{tuple(s)}" for s, dt in zip(_sizes(entry[_ISZ]), _dtypes(entry[_IDT])))
+        sizes = ", ".join(f"{dt}{tuple(s)}" for s, dt in zip(_sizes(entry[_ISZ]), _dtypes(entry[_IDT]), strict=False))
         for fr in format_stack(entry[_STACK], {}) if entry[_STACK] else []:
             if not is_runtime_frame(fr["filename"]):
                 return f"{fr['filename']}:{fr['line']} in {fr['name']}", sizes
@@ -433,7 +435,8 @@ class FlightRecorder(CommObserver):
             is_p2p = peer is not None
             if is_p2p:
                 me = info.rank
-                name = f"{info.lib_prefix}:send {me}->{peer}" if op == "send" else f"{info.lib_prefix}:recv {me}<-{peer}"
+                name = (f"{info.lib_prefix}:send {me}->{peer}" if op == "send"
+                        else f"{info.lib_prefix}:recv {me}<-{peer}")
             else:
                 name = f"{info.lib_prefix}:{op}"
             entry: Dict[str, Any] = {
@@ -453,7 +456,7 @@ class FlightRecorder(CommObserver):
                 "time_discovered_started_ns": (started or 0) if json_form else started,
                 "time_discovered_completed_ns": (completed or 0) if json_form else completed,
                 "retired": done or error is not None,
-                "timeout_ms": int(round(e[_TIMEOUT] * 1000)),
+                "timeout_ms": round(e[_TIMEOUT] * 1000),
                 "is_p2p": is_p2p,
                 "thread_id": str(e[_TID]),
                 "thread_name": threads.get(e[_TID], ""),
@@ -615,7 +618,8 @@ def _outstanding(comms: Iterable[CommView]) -> Dict[int, WorkView]:
     return out
 
 
-def _dynamic(e: List[Any], outstanding: Dict[int, Any]) -> Tuple[str, Optional[int], Optional[int], Optional[float], Optional[str]]:
+def _dynamic(e: List[Any], outstanding: Dict[int, Any],
+             ) -> Tuple[str, Optional[int], Optional[int], Optional[float], Optional[str]]:
     """(state, started ns, completed ns, duration ms, error) of an entry: frozen, or from its outstanding Work."""
     if e[_FROZEN] is not None:
         return e[_FROZEN]

@@ -136,11 +136,11 @@ R = TypeVar("R")
 def read_records(store: Any, prefix: str, size: int, decode: Callable[[Any], Optional[R]],
                  skip: Optional[int] = None) -> Dict[int, R]:
     """rank -> record for the ranks below ``size`` (except ``skip``) that wrote one under ``prefix``."""
-    keys = [k for k in store.list_keys(prefix)]
+    keys = list(store.list_keys(prefix))
     out: Dict[int, R] = {}
     if not keys:
         return out
-    for key, raw in zip(keys, store.multi_get(keys, timeout=1.0)):
+    for key, raw in zip(keys, store.multi_get(keys, timeout=1.0), strict=False):
         tail = key[len(prefix):] if key.startswith(prefix) else key.rsplit("/", 1)[-1]
         if tail.isdigit() and int(tail) < size and int(tail) != skip:
             rec = decode(raw)

@@ -374,7 +374,7 @@ class _Launcher:
         # the child exits, so children must not be forked from short-lived threads.
         cmd = self.cfg.command
         if sys.platform.startswith("linux"):
-            cmd = [sys.executable, "-I", "-S", "-c", _BOOT, str(os.getpid())] + cmd
+            cmd = [sys.executable, "-I", "-S", "-c", _BOOT, str(os.getpid()), *cmd]
         popen = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             env=self.rank_env(rank, local_rank, replacement), start_new_session=True, close_fds=True,
@@ -397,7 +397,7 @@ class _Launcher:
         return [p for p in self.procs if p.code is None]
 
     def read_stream(self, fd: int) -> None:
-        stream, proc = self.fd_to_stream[fd]
+        stream, _ = self.fd_to_stream[fd]
         try:
             data = os.read(fd, 1 << 16)
         except (BlockingIOError, InterruptedError):
@@ -761,16 +761,16 @@ def _config(argv: Optional[Sequence[str]]) -> _Config:
     if not 0 <= master_port <= 65535 or (a.nnodes > 1 and master_port == 0):
         parser.error(f"--master-port must be a TCP port, got {master_port}")
     if a.module:
-        command = [sys.executable, "-u", "-m", a.target] + a.args
+        command = [sys.executable, "-u", "-m", a.target, *a.args]
     elif a.no_python:
         exe = a.target if os.sep in a.target else shutil.which(a.target)
         if exe is None or not os.access(exe, os.X_OK):
             parser.error(f"cannot find executable {a.target!r}")
-        command = [a.target] + a.args
+        command = [a.target, *a.args]
     else:
         if not os.path.isfile(a.target):
             parser.error(f"no such script: {a.target!r}")
-        command = [sys.executable, "-u", a.target] + a.args
+        command = [sys.executable, "-u", a.target, *a.args]
     return _Config(
         command=command, nproc=a.nproc, nnodes=a.nnodes, node_rank=a.node_rank,
         master_addr=a.master_addr or "127.0.0.1", master_port=master_port, store_bind=a.store_bind,

@@ -160,7 +160,7 @@ class Store(abc.ABC):
         self.wait(keys, timeout)
         return [self.get(k, 0) for k in keys]
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 -- a no-op by default: a store with nothing to release keeps it
         """Release the store's resources (connections, files). Further calls raise StoreError."""
 
     def __enter__(self) -> Store:

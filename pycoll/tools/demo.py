@@ -56,7 +56,7 @@ def _analyze(group, dump_dir: str, generation: int) -> None:  # type: ignore[no-
             break
         time.sleep(0.05)
     report = format_report(analyze_dir(folder), stacks=False)
-    print("flight-recorder analyzer (pycoll-fr) on the generation-%d dumps:" % generation, flush=True)
+    print(f"flight-recorder analyzer (pycoll-fr) on the generation-{generation} dumps:", flush=True)
     for line in report.splitlines():
         print("    " + line, flush=True)
 
@@ -176,7 +176,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "--timeout", str(args.timeout), "--dump-dir", dump_dir,
     ]
     cmd = [sys.executable, "-m", "pycoll.run", "-n", str(args.ranks), "--replace-failed", "1", "--timeout", "120",
-           "-m", "pycoll.demo"] + worker_args
+           "-m", "pycoll.demo", *worker_args]
     print(f"pycoll demo: pycoll-run -n {args.ranks} --replace-failed 1 (host backend); slot {args.kill_rank} "
           f"dies at step {args.kill_step}; flight-recorder dumps in {dump_dir}", flush=True)
     t0 = time.monotonic()

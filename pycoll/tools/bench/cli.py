@@ -347,7 +347,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_FAILED
     except BrokenPipeError:  # e.g. `pycoll-bench ... | head`: stop quietly
         try:
-            sys.stdout = open(os.devnull, "w")
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 -- stdout for the rest of the process
         except OSError:
             pass
         return EXIT_FAILED
