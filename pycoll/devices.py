@@ -28,9 +28,12 @@ import operator
 import sys
 import threading
 import warnings
-from typing import Any, Callable, Dict, Iterable, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Optional, Tuple
 
 from .errors import NotSupported, PycollError
+
+if TYPE_CHECKING:
+    from ._bindings import Library
 
 __all__ = [
     "Device",
@@ -97,7 +100,7 @@ class Stream:
 
     def __init__(self, device: Device, handle: int) -> None:
         self.device = device
-        self._handle = handle
+        self._handle: Optional[int] = handle
 
     @property
     def handle(self) -> int:
@@ -180,7 +183,7 @@ class Event:
 
     def __init__(self, device: Device, handle: int, timing: bool) -> None:
         self.device = device
-        self._handle = handle
+        self._handle: Optional[int] = handle
         self.timing = timing
 
     @property
@@ -470,16 +473,16 @@ class HostDevice(Device):
                 library=getattr(library, "path", ""),
                 detail="HostDevice needs pycoll's host library (load('host'))",
             )
-        self.library = library
+        self.library: Library = library
         lib = library
-        self.query_event = lib.host_event_query
-        self.record_event = lib.host_event_record
-        self.query_stream = lib.host_stream_query
-        self.synchronize_stream = lib.host_stream_synchronize
-        self.synchronize_event = lib.host_event_synchronize
-        self.stream_wait_event = lib.host_stream_wait_event
-        self.destroy_event = lib.host_event_destroy
-        self.elapsed_ms = lib.host_event_elapsed_ms
+        self.query_event = lib.host_event_query  # type: ignore[method-assign]  # the library's C functions, bound over the methods once
+        self.record_event = lib.host_event_record  # type: ignore[method-assign]
+        self.query_stream = lib.host_stream_query  # type: ignore[method-assign]
+        self.synchronize_stream = lib.host_stream_synchronize  # type: ignore[method-assign]
+        self.synchronize_event = lib.host_event_synchronize  # type: ignore[method-assign]
+        self.stream_wait_event = lib.host_stream_wait_event  # type: ignore[method-assign]
+        self.destroy_event = lib.host_event_destroy  # type: ignore[method-assign]
+        self.elapsed_ms = lib.host_event_elapsed_ms  # type: ignore[method-assign]
 
     def create_stream(self) -> int:
         handle = self.library.host_stream_create()
@@ -672,8 +675,8 @@ class _GpuDevice(Device):
         return self._int_stream(handle)
 
     def _framework_stream(self, arrays: Iterable[Any]) -> Optional[int]:
-        torch = sys.modules.get("torch")
-        cupy = sys.modules.get("cupy")
+        torch: Any = sys.modules.get("torch")
+        cupy: Any = sys.modules.get("cupy")
         found: Optional[str] = None
         handle: Optional[int] = None
         for a in arrays:

@@ -21,6 +21,16 @@ Conventions (they hold for every method of :class:`Library`):
 from enum import IntEnum
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+__all__ = [
+    "SUCCESS", "IN_PROGRESS", "UNIQUE_ID_BYTES", "SPLIT_NOCOLOR", "SHRINK_DEFAULT", "SHRINK_ABORT",
+    "REVOKE_DEFAULT", "SUSPEND_MEM", "CONFIG_UNDEF_INT", "API_MAGIC", "HEADER_VERSION", "CONFIG_SIZE",
+    "WIN_DEFAULT", "WIN_COLL_SYMMETRIC", "WIN_STRICT_ORDERING", "WIN_GIN_ONLY", "WIN_CFT_COUNTED",
+    "WIN_REQUIRED_ALIGNMENT", "CTA_POLICY_DEFAULT", "CTA_POLICY_EFFICIENCY", "CTA_POLICY_ZERO", "Result",
+    "DataType", "RedOp", "ScalarResidence", "CommMemStat", "FUNCTIONS", "RCCL_FUNCTIONS", "HOST_FUNCTIONS",
+    "version_tuple", "UniqueId", "Config", "CollConfig", "CommSlot", "Library", "HostLibrary", "load",
+    "loaded",
+]
+
 # --- constants -------------------------------------------------------------------------------
 SUCCESS: int  # 0
 IN_PROGRESS: int  # 7

@@ -358,8 +358,8 @@ def _check_p2p(members: List[int], present: List[int], p2p: Dict[int, List[Dict[
     """Pair the k-th send src->dst with the k-th recv at dst from src; report the first problem per pair."""
     sends: Dict[Tuple[int, int], List[Dict[str, Any]]] = defaultdict(list)
     recvs: Dict[Tuple[int, int], List[Dict[str, Any]]] = defaultdict(list)
-    for r in present:
-        for e in p2p[r]:
+    for rank in present:
+        for e in p2p[rank]:
             m = _P2P_RE.search(str(e.get("profiling_name", "")))
             if not m or int(m.group(2)) >= len(members) or int(m.group(4)) >= len(members):
                 continue
@@ -386,9 +386,9 @@ def _check_p2p(members: List[int], present: List[int], p2p: Dict[int, List[Dict[
                 issue = (f"transfer #{k + 1} {src}->{dst} not completed "
                          f"(send {s and s.get('state')}, recv {r and r.get('state')})")
             if issue:
-                e = s if s is not None and s.get("state") != "completed" else r
+                bad = s if s is not None and s.get("state") != "completed" else r
                 out.append({"src": src, "dst": dst, "index": k + 1, "issue": issue,
-                            "site": _site(e) if e else "", "stack": _stack(e, stack_limit) if e else []})
+                            "site": _site(bad) if bad else "", "stack": _stack(bad, stack_limit) if bad else []})
                 break
     return out
 
@@ -418,7 +418,7 @@ def analyze_dir(path: str, *, prefix: Optional[str] = None, stack_limit: int = 8
     out = []
     for gen, folder in find_generations(path):
         dumps, problems = load_generation(folder, prefix)
-        rep = analyze(dumps, stack_limit=stack_limit) if dumps else {
+        rep: Dict[str, Any] = analyze(dumps, stack_limit=stack_limit) if dumps else {
             "ranks": [], "versions": [], "problems": [], "communicators": [], "triggers": {}, "ok": False}
         rep["problems"] = problems + rep["problems"]
         if not dumps:

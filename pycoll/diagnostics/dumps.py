@@ -92,7 +92,7 @@ class DumpQueue:
 
     def take(self, extra: Optional[DumpJob] = None) -> List[DumpJob]:
         """The jobs to write now (monitor thread): new ones not holdable, plus the held ones once released."""
-        jobs = []
+        jobs: List[DumpJob] = []
         while self._jobs:
             job = self._jobs.popleft()
             (self._held if job.trigger in HOLDABLE else jobs).append(job)

@@ -43,13 +43,16 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .. import _settings
 from ..buffers import Buffer
 from ..hooks import CommObserver, CommView, WorkView
 from .files import default_dump_dir, generation_dir, json_form, write_atomic
 from .stacks import format_stack, is_runtime_frame
+
+if TYPE_CHECKING:
+    from types import FrameType
 
 __all__ = [
     "FlightRecorder",
@@ -349,11 +352,11 @@ class FlightRecorder(CommObserver):
         else:
             osz = [b[_SHAPE] for b in outs]
             odt = [b[_DTYPE] for b in outs]
-        stack = None
+        stack: Optional[List[Any]] = None
         if self.stacks:
             stack = []
             append = stack.append
-            f = _getframe(1)
+            f: Optional[FrameType] = _getframe(1)
             for _ in range(self.stack_depth + 1):  # + _launch (the public call, e.g. all_reduce, stays)
                 if f is None:
                     break
@@ -428,7 +431,7 @@ class FlightRecorder(CommObserver):
         threads = {t.ident: t.name for t in threading.enumerate()}
         entries = []
         for e in raw:
-            info: _CommInfo = e[_INFO]
+            info = e[_INFO]
             state, started, completed, duration, error = _dynamic(e, outstanding)
             done = state == "completed"
             op, peer = e[_OP], e[_PEER]

@@ -126,6 +126,14 @@ class Watchdog(CommObserver):
     """
 
     reports_failures = True  # the communicator does not log the failure itself
+    # set by configure(), seconds
+    interval: float
+    publish_interval: float
+    stall_timeout: float
+    report_timeout: float
+    abort_grace: float
+    dump_timeout: float
+    dump_hold: float
 
     def __init__(
         self,
@@ -344,7 +352,7 @@ class Watchdog(CommObserver):
             threading.Thread(target=self._finish_report, args=(comm.store, report, True),
                              name="pycoll-watchdog-report", daemon=True).start()
 
-    def _report_loop(self, stop: threading.Event, q: queue.SimpleQueue[Any]) -> None:
+    def _report_loop(self, stop: threading.Event, q: queue.SimpleQueue[Optional[Tuple[Any, FailureReport]]]) -> None:
         while not stop.is_set():
             item = q.get()
             if item is None:
@@ -482,6 +490,7 @@ class Watchdog(CommObserver):
             self.beats += 1
             self._beat_t = now
             next_t = now + self.interval
+            c: Optional[CommView]
             for c in self._comms():
                 if c.state != "active" or c.failure is not None:
                     continue
@@ -559,7 +568,8 @@ class Watchdog(CommObserver):
         silent = time.monotonic() - self._beat_t
         if silent > self.stall_timeout and not self._stalled:
             self._stalled = True
-            frame = sys._current_frames().get(self._threads[0].ident) if self._threads else None
+            ident = self._threads[0].ident if self._threads else None
+            frame = sys._current_frames().get(ident) if ident is not None else None
             stack = "".join(traceback.format_stack(frame)).rstrip() if frame is not None else "(no stack)"
             _log.error("pycoll watchdog: the polling thread has not completed a round for %.1f s (%s); timeouts "
                        "are not being detected. Its stack:\n%s", silent, self._doing or "idle", stack)
@@ -578,6 +588,7 @@ class Watchdog(CommObserver):
         while not stop.is_set():
             t0 = time.monotonic()
             comms = [c for c in self._comms() if c.store is not None]
+            c: Optional[CommView]
             for c in comms:
                 self._publish(c)
             stores = {id(c.store): c.store for c in comms}

@@ -68,7 +68,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import StoreError, StoreTimeout
 from ..store import Store, TCPStore, TCPStoreServer
@@ -138,7 +138,7 @@ def _killpg(pgid: int, sig: int) -> None:
 
 
 def _children_of(pid: int) -> List[int]:
-    out = []
+    out: List[int] = []
     try:
         entries = os.listdir("/proc")
     except OSError:
@@ -303,7 +303,7 @@ class _Launcher:
             except StoreError as exc:
                 raise SystemExit(f"pycoll-run: node {cfg.node_rank} cannot reach the store of node 0: {exc}") from None
 
-    def store_call(self, what: str, method: str, *args):
+    def store_call(self, what: str, method: str, *args: Any) -> Any:
         """Call a store method; log and return None when the store cannot be reached."""
         if self.store is None:
             return None

@@ -88,9 +88,9 @@ def _timeout_error(keys: Sequence[str], timeout: float, where: str = "", missing
     if len(keys) > len(missing):
         what += f" (of {len(keys)} waited for)"
     exc = StoreTimeout(f"timed out after {timeout:g} s waiting for {what}{where}")
-    exc.keys = list(keys)  # type: ignore[attr-defined]
-    exc.missing = missing  # type: ignore[attr-defined]
-    exc.timeout = timeout  # type: ignore[attr-defined]
+    exc.keys = list(keys)
+    exc.missing = missing
+    exc.timeout = timeout
     return exc
 
 
@@ -177,6 +177,9 @@ class PrefixStore(Store):
     close the underlying store. :meth:`num_keys` counts only the keys under the prefix.
     """
 
+    store: Store
+    prefix: str
+
     def __init__(self, store: Store, prefix: str) -> None:
         if not isinstance(store, Store):
             raise TypeError(f"PrefixStore needs a pycoll Store, got {type(store).__name__} (see wrap_torch_store)")
@@ -196,7 +199,7 @@ class PrefixStore(Store):
         return store
 
     @property
-    def timeout(self) -> float:  # type: ignore[override]
+    def timeout(self) -> float:
         return self.store.timeout
 
     @timeout.setter

@@ -20,7 +20,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import List, Optional, Sequence
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..elastic import ElasticGroup
 
 __all__ = ["main"]
 
@@ -28,7 +33,7 @@ _DIM = 8
 _SHARD = 64
 
 
-def _shard(slot: int, true_w):  # type: ignore[no-untyped-def]
+def _shard(slot: int, true_w: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     import numpy as np
 
     rng = np.random.default_rng(1000 + slot)
@@ -37,15 +42,15 @@ def _shard(slot: int, true_w):  # type: ignore[no-untyped-def]
     return x, y
 
 
-def _say(group, text: str) -> None:  # type: ignore[no-untyped-def]
+def _say(group: ElasticGroup, text: str) -> None:
     if group.rank == 0:
         print(text, flush=True)
 
 
-def _analyze(group, dump_dir: str, generation: int) -> None:  # type: ignore[no-untyped-def]
+def _analyze(group: ElasticGroup, dump_dir: str, generation: int) -> None:
     """Rank 0: wait briefly for the survivors' dumps of ``generation``, then print the analyzer's verdict."""
-    from ..analyze import analyze_dir, format_report
-    from ..flight_recorder import generation_dir
+    from ..diagnostics.analyze import analyze_dir, format_report
+    from ..diagnostics.files import generation_dir
 
     folder = generation_dir(dump_dir, generation)
     deadline = time.monotonic() + 3.0
@@ -61,7 +66,7 @@ def _analyze(group, dump_dir: str, generation: int) -> None:  # type: ignore[no-
         print("    " + line, flush=True)
 
 
-def _sync_state(group, params, step: int) -> int:  # type: ignore[no-untyped-def]
+def _sync_state(group: ElasticGroup, params: np.ndarray, step: int) -> int:
     """Rank 0 sends the model and the step to every member (a joiner receives them)."""
     import numpy as np
 
@@ -105,7 +110,7 @@ def _worker(args: argparse.Namespace) -> int:
             group.reshape()
             _say(group, f"step {step}: reshaped: {group.transitions[-1].describe()}")
             # the failure's dumps wait until the recovery is over; the analyzer wants them now
-            pycoll.watchdog.get_watchdog().wait_for_dumps()
+            pycoll.diagnostics.get_watchdog().wait_for_dumps()
             if group.rank == 0:
                 _analyze(group, args.dump_dir, before)
             continue  # redo the step on the smaller communicator
