@@ -54,7 +54,7 @@ def group(comm: Any) -> Iterator[None]:
             if body_exc is None:
                 for c in {w.comm for w in works} or {comm}:
                     with contextlib.suppress(CommFailure, NCCLError):
-                        c.raise_call_error(e, None)
+                        c.handle_call_error(e, None)
                 raise
         for w in works:
             w.comm.group_closed(w)
