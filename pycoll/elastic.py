@@ -48,7 +48,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 from . import _bindings as B
 from .comm import Communicator, default_timeout
@@ -219,7 +219,7 @@ class ElasticGroup:
         if joiner:
             self._join()
         else:
-            self._form(world_size)  # type: ignore[arg-type]
+            self._form(cast(int, world_size))  # checked above: a forming member has one
         # failure dumps wait until the reshape is over: writing them would slow the recovery down
         self._dump_gate = get_watchdog().add_dump_gate(self._dumps_may_run)
         self._start_watcher()

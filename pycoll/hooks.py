@@ -188,8 +188,8 @@ _observers: List[CommObserver] = []
 _watchers: Tuple[CommObserver, ...] = ()
 
 #: The observers' ``work_enqueued`` / ``work_completed``, as tuples: read on every operation's path.
-enqueue_hooks: Tuple[Callable[[Any], None], ...] = ()
-completion_hooks: Tuple[Callable[[Any], None], ...] = ()
+enqueue_hooks: Tuple[Callable[[WorkView], None], ...] = ()
+completion_hooks: Tuple[Callable[[WorkView], None], ...] = ()
 
 
 def _rebuild() -> None:
@@ -257,7 +257,7 @@ def notify_closed(comm: CommView) -> None:
     _each(lambda o: o.comm_closed(comm), "comm_closed")
 
 
-def run_hooks(hooks: Tuple[Callable[[Any], None], ...], work: WorkView) -> None:
+def run_hooks(hooks: Tuple[Callable[[WorkView], None], ...], work: WorkView) -> None:
     """Call per-operation hooks (``enqueue_hooks`` / ``completion_hooks``); errors are logged."""
     for hook in hooks:
         try:

@@ -503,7 +503,7 @@ class _Launcher:
 
     def restore_signals(self) -> None:
         for sig, handler in self.old_handlers.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
+            signal.signal(sig, handler)  # type: ignore[arg-type]  # what signal.signal() returned for sig
         signal.set_wakeup_fd(self.old_wakeup)
 
     def on_signals(self) -> None:

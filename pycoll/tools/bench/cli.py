@@ -11,11 +11,11 @@ import socket
 import subprocess
 import sys
 from datetime import datetime, timezone
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
-from .arrays import _ArrayLib, _make_kit
+from .arrays import _ArrayLib, _make_kit, _TorchKit
 from .cases import build_case
 from .report import _dispatch, _EventReporter, _Reporter, _TableReporter
 from .runner import _Runner, measure
@@ -132,7 +132,7 @@ def _rank_meta(comm: Any, kit: _ArrayLib) -> Dict[str, Any]:
     label = "host" if dev.kind == "host" else f"{dev.kind}:{dev.device_id}"
     if dev.kind != "host" and kit.name == "torch":
         try:
-            label += " " + kit.torch.cuda.get_device_name(dev.device_id)  # type: ignore[attr-defined]
+            label += " " + cast(_TorchKit, kit).torch.cuda.get_device_name(dev.device_id)
         except Exception:  # the name is decoration only
             pass
     return {"rank": comm.rank, "pid": os.getpid(), "hostname": socket.gethostname(), "device": label}
