@@ -44,11 +44,9 @@ bindings = Extension(
 )
 
 setup(
-    ext_modules=cythonize(
-        [bindings],
-        language_level=3,
-        compiler_directives={"embedsignature": True, "binding": True},
-    )
-    + [host],
+    ext_modules=[
+        *cythonize([bindings], language_level=3, compiler_directives={"embedsignature": True, "binding": True}),
+        host,
+    ],
     cmdclass={"build_ext": BuildExt},
 )

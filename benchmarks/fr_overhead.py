@@ -52,12 +52,15 @@ from _common import import_pycoll  # noqa: E402
 # inline: True forces the inline host path without watchdog threads (to isolate the threads' cost),
 # False forces the stream path that pycoll takes when no watchdog runs, None leaves it to the watchdog
 CONFIGS: List[Tuple[str, Dict[str, Any]]] = [
-    ("baseline: no recording, no watchdog threads", dict(buffer_size=0, stacks=False, watchdog=False, inline=True)),
-    ("recording", dict(buffer_size=2000, stacks=False, watchdog=False, inline=True)),
-    ("recording + stacks", dict(buffer_size=2000, stacks=True, watchdog=False, inline=True)),
-    ("watchdog", dict(buffer_size=0, stacks=False, watchdog=True, inline=None)),
-    ("recording + stacks + watchdog (defaults)", dict(buffer_size=2000, stacks=True, watchdog=True, inline=None)),
-    ("PYCOLL_WATCHDOG=0 (stream path, no recording)", dict(buffer_size=0, stacks=False, watchdog=False, inline=False)),
+    ("baseline: no recording, no watchdog threads",
+     {"buffer_size": 0, "stacks": False, "watchdog": False, "inline": True}),
+    ("recording", {"buffer_size": 2000, "stacks": False, "watchdog": False, "inline": True}),
+    ("recording + stacks", {"buffer_size": 2000, "stacks": True, "watchdog": False, "inline": True}),
+    ("watchdog", {"buffer_size": 0, "stacks": False, "watchdog": True, "inline": None}),
+    ("recording + stacks + watchdog (defaults)",
+     {"buffer_size": 2000, "stacks": True, "watchdog": True, "inline": None}),
+    ("PYCOLL_WATCHDOG=0 (stream path, no recording)",
+     {"buffer_size": 0, "stacks": False, "watchdog": False, "inline": False}),
 ]
 
 
@@ -100,11 +103,11 @@ def record_cost(batches: int, batch: int) -> Dict[str, float]:
 
         samples: Dict[str, List[float]] = {name: [] for name in ("bare", *recorders)}
         hooks = {"bare": skip, **{name: rec.work_enqueued for name, rec in recorders.items()}}
-        for name, hook in hooks.items():
-            _nested(40, lambda: timed(hook))  # warm up, fill the rings
+        for hook in hooks.values():
+            _nested(40, lambda hook=hook: timed(hook))  # warm up, fill the rings
         for _ in range(batches):
             for name, hook in hooks.items():
-                samples[name].append(_nested(40, lambda: timed(hook)))
+                samples[name].append(_nested(40, lambda hook=hook: timed(hook)))
         def p10(v: List[float]) -> float:
             return sorted(v)[len(v) // 10]
 
@@ -122,9 +125,8 @@ def record_cost(batches: int, batch: int) -> Dict[str, float]:
 def _rank(rank: int, n: int, uid: bytes, addr: Tuple[str, int], token: str, rounds: int, batch: int,
           conn: Any) -> None:
     pycoll = import_pycoll()
-    from pycoll.store import TCPStore
-
     from pycoll.flight_recorder import FlightRecorder
+    from pycoll.store import TCPStore
 
     wd = pycoll.watchdog.get_watchdog()
     rec = pycoll.flight_recorder.get_recorder()
@@ -171,7 +173,7 @@ def _rank(rank: int, n: int, uid: bytes, addr: Tuple[str, int], token: str, roun
 def allreduce_8b(ranks: int, rounds: int, batch: int) -> Dict[str, Dict[str, float]]:
     """Microseconds per 8 B allreduce for each configuration (the slower rank per batch): the median
     and the 10th percentile of the batches (the latter is closer to what a quiet machine shows)."""
-    pycoll = import_pycoll()
+    import_pycoll()
     from pycoll import _bindings as B
     from pycoll.store import TCPStoreServer
 
@@ -188,7 +190,7 @@ def allreduce_8b(ranks: int, rounds: int, batch: int) -> Dict[str, Dict[str, flo
             pipes.append(parent)
             procs.append(p)
         results = []
-        for r, (conn, p) in enumerate(zip(pipes, procs)):
+        for r, (conn, _p) in enumerate(zip(pipes, procs, strict=False)):
             if not conn.poll(600):
                 raise RuntimeError(f"rank {r} did not report within 600 s")
             kind, value = conn.recv()

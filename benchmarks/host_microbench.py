@@ -70,7 +70,7 @@ def host_rank(rank, n, uid_bytes, sizes, bind, out):
         send = np.ones(count, np.float32)
         recv = np.empty_like(send)
         sp, rp = send.ctypes.data, recv.ctypes.data
-        call = lambda: lib.all_reduce(sp, rp, count, 7, 0, comm)  # noqa: E731
+        call = lambda sp=sp, rp=rp, count=count: lib.all_reduce(sp, rp, count, 7, 0, comm)  # noqa: E731
         sync = lambda: lib.all_reduce(one.ctypes.data, one.ctypes.data, 1, 7, 0, comm)  # noqa: E731
         res[size] = timed_loop(call, size, sync).tolist()
         assert recv[0] == n and recv[-1] == n
@@ -149,7 +149,8 @@ def main():
     ap.add_argument("-n", type=int, action="append", help="ranks (repeatable); default 2 and 4")
     ap.add_argument("--sizes", default="8,1K,32K,256K,4M,64M")
     ap.add_argument("--mpi", action="store_true", help="also run Open MPI (mpi4py) in the same run")
-    ap.add_argument("--bind", action="store_true", help="PYCOLL_HOST_BIND=1: rank r on CPU r mod ncpus (Open MPI binds by default)")
+    ap.add_argument("--bind", action="store_true",
+                    help="PYCOLL_HOST_BIND=1: rank r on CPU r mod ncpus (Open MPI binds by default)")
     args = ap.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     print(f"memcpy reference at {sizes[-1]} B: {memcpy_reference(sizes[-1]):.2f} GB/s (one process)")

@@ -49,8 +49,6 @@ if HERE not in sys.path:  # also when loaded by file path, not run as a script
     sys.path.insert(0, HERE)
 from _common import env_with_pycoll, import_pycoll  # noqa: E402
 
-
-
 C_DRIVER = r"""
 /* Calls ncclAllReduce of pycoll's host library in a loop; prints "b NS" per batch, then
  * "c NS" per call for BATCHES*BATCH/4 individually timed calls. */

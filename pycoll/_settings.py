@@ -70,7 +70,7 @@ class Setting:
                 value = float(raw)
             except ValueError:
                 raise ValueError(f"{name} must be a number of seconds, got {raw!r}") from None
-            return seconds(value, name, positive=not self.minimum == 0)
+            return seconds(value, name, positive=self.minimum != 0)
         if self.kind == "int":
             try:
                 value = int(raw)
@@ -111,8 +111,8 @@ _ALL = (
     Setting("PYCOLL_WATCHDOG_INTERVAL", "seconds", 0.1, "watchdog poll interval, seconds"),
     Setting("PYCOLL_WATCHDOG_PUBLISH_INTERVAL", "seconds", 1.0,
             "how often progress and heartbeat go to the store, seconds"),
-    Setting("PYCOLL_WATCHDOG_REPORT_TIMEOUT", "seconds", 2.0, "bound on the store exchange of a failure report, seconds",
-            minimum=0),
+    Setting("PYCOLL_WATCHDOG_REPORT_TIMEOUT", "seconds", 2.0,
+            "bound on the store exchange of a failure report, seconds", minimum=0),
     Setting("PYCOLL_WATCHDOG_ABORT_GRACE", "seconds", 0.5,
             "after a timeout, how long to wait for peers' own verdicts, seconds", minimum=0),
     Setting("PYCOLL_WATCHDOG_STALL_TIMEOUT", "seconds", 15.0, "a stalled watchdog is reported after this, seconds"),

@@ -27,7 +27,7 @@ import ctypes
 import enum
 import platform
 import sys
-from typing import Any, Dict, NamedTuple, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -139,7 +139,7 @@ class Buffer(NamedTuple):
 
     ptr: int
     nbytes: int
-    count: int
+    count: int  # type: ignore[assignment]  # the element count; it shadows tuple.count on purpose
     datatype: int
     dtype_name: str
     shape: Tuple[int, ...]
@@ -151,9 +151,11 @@ class Buffer(NamedTuple):
     sync_stream: Optional[int]
     name: str
 
-    __eq__ = object.__eq__
-    __ne__ = object.__ne__
-    __hash__ = object.__hash__
+    # identity, not tuple, equality (hidden from mypy, which would take these assignments for fields)
+    if not TYPE_CHECKING:  # type: ignore[misc]  # mypy allows only fields in a NamedTuple body
+        __eq__ = object.__eq__
+        __ne__ = object.__ne__
+        __hash__ = object.__hash__
 
     @property
     def itemsize(self) -> int:
@@ -661,7 +663,7 @@ def _from_buffer_protocol(obj: Any, writable: bool, name: str) -> Buffer:
 
 def _is_c_contiguous(shape: Tuple[int, ...], strides: Tuple[int, ...], itemsize: int) -> bool:
     expected = itemsize
-    for n, s in zip(reversed(shape), reversed(strides)):
+    for n, s in zip(reversed(shape), reversed(strides), strict=False):
         if n != 1 and s != expected:
             return False
         expected *= n

@@ -3,8 +3,8 @@
 Communicators are nonblocking underneath (``ncclConfig_t.blocking = 0``): initialisation, split,
 shrink, grow, finalize and destroy are polled with ``ncclCommGetAsyncError`` against a deadline;
 collectives are enqueued on a stream and their completion is read from events. The watchdog
-(:mod:`pycoll.diagnostics.watchdog`, an observer registered through :mod:`pycoll.hooks`) and every waiting call check outstanding operations against their
-timeouts, so no Python call blocks forever.
+(:mod:`pycoll.diagnostics.watchdog`, an observer registered through :mod:`pycoll.hooks`) and every
+waiting call check outstanding operations against their timeouts, so no Python call blocks forever.
 """
 
 from __future__ import annotations
@@ -17,15 +17,14 @@ import os
 import threading
 import time
 import warnings
-from threading import get_ident as _get_ident
 import weakref
-from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
+from threading import get_ident as _get_ident
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple, cast
 
-from . import _bindings as B
-from . import _dtypes, _settings
+from . import _bindings as B, _dtypes, _settings, hooks
 from .buffers import Buffer, as_buffer, check_count, check_device, check_same_dtype
 from .config import CommConfig
-from .devices import Device, open_device
+from .devices import Device
 from .errors import (
     AsyncCommError,
     CommAborted,
@@ -38,9 +37,8 @@ from .errors import (
     RemoteError,
     error_class,
 )
-from . import hooks
-from .hooks import CommObserver, Progress, add_observer, live_communicators, remove_observer
 from .group import group as _group, open_group as _open_group
+from .hooks import CommObserver, Progress, add_observer, live_communicators, remove_observer
 from .premul import PreMulSum, datatype_of, scalar_argument
 from .work import Work, backoff
 
@@ -140,7 +138,7 @@ class Communicator:
         store: Any = None,
         generation: int = 0,
         owns_device: bool = False,
-        failure_callbacks: Sequence[Callable[["Communicator", BaseException], None]] = (),
+        failure_callbacks: Sequence[Callable[[Communicator, BaseException], None]] = (),
     ) -> None:
         self._handle: Optional[int] = handle
         self.library = library
@@ -174,7 +172,7 @@ class Communicator:
         #: called as ``callback(comm, exc)`` in the thread that records a failure, after the
         #: observers and before the policy acts; must return quickly (the elastic layer starts its
         #: agreement here)
-        self.failure_callbacks: List[Callable[["Communicator", BaseException], None]] = list(failure_callbacks)
+        self.failure_callbacks: List[Callable[[Communicator, BaseException], None]] = list(failure_callbacks)
         self._state = "active"  # active | revoked | finalized | aborted | destroyed
         self._coll_seq = 0
         self._p2p_seq = 0
@@ -186,7 +184,7 @@ class Communicator:
         self._stream: Optional[int] = None
         self._events: List[int] = []
         self._scratch: Optional[int] = None
-        self._premul: "weakref.WeakSet[PreMulSum]" = weakref.WeakSet()
+        self._premul: weakref.WeakSet[PreMulSum] = weakref.WeakSet()
         self.created_at = time.time()
         hooks.register_live(self)
         hooks.notify_created(self)
@@ -261,7 +259,7 @@ class Communicator:
 
     # -- context manager and garbage collection -------------------------------------------------
 
-    def __enter__(self) -> "Communicator":
+    def __enter__(self) -> Communicator:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -304,7 +302,8 @@ class Communicator:
         if self._failure is not None:
             raise self._failure
         if self._state == "revoked":
-            raise CommRevoked(f"{what}: communicator {self.name!r} was revoked; only split, shrink, destroy and abort remain")
+            raise CommRevoked(f"{what}: communicator {self.name!r} was revoked; "
+                              "only split, shrink, destroy and abort remain")
         if self._state == "finalized":
             raise CommStateError(f"{what}: communicator {self.name!r} was finalized; only destroy remains")
 
@@ -372,7 +371,7 @@ class Communicator:
                 w.duration_ms = None
                 if dev.events_timed:
                     try:
-                        w.duration_ms = dev.elapsed_ms(start, end)
+                        w.duration_ms = dev.elapsed_ms(start, cast(int, end))  # done: end is set
                     except Exception:
                         pass
                 self._retire(w)
@@ -556,7 +555,8 @@ class Communicator:
             self._p2p_seq += 1
         else:
             self._coll_seq += 1
-        w = Work(self, op, self._coll_seq, self._p2p_seq, next(self._op_ids), is_p2p, peer, timeout, stream, inputs, outputs)
+        w = Work(self, op, self._coll_seq, self._p2p_seq, next(self._op_ids), is_p2p, peer, timeout, stream,
+                 inputs, outputs)
         w.async_op = async_op
         w.capture_id = capture
         for hook in hooks.enqueue_hooks:  # called from here: the recorder's stack starts at this frame
@@ -689,16 +689,19 @@ class Communicator:
             if op.op < 0:
                 raise ValueError("this PreMulSum operator was destroyed")
             if op.datatype != datatype:
-                raise ValueError(f"this PreMulSum operator was created for datatype {op.datatype}, the buffers have {datatype}")
+                raise ValueError(f"this PreMulSum operator was created for datatype {op.datatype}, "
+                                 f"the buffers have {datatype}")
             return op.op
         if isinstance(op, str):
             try:
                 return REDUCE_OPS[op.lower()]
             except KeyError:
-                raise ValueError(f"unknown reduction op {op!r}; expected one of {sorted(REDUCE_OPS)} or a PreMulSum") from None
+                raise ValueError(f"unknown reduction op {op!r}; expected one of {sorted(REDUCE_OPS)} "
+                                 "or a PreMulSum") from None
         if isinstance(op, int) and not isinstance(op, bool) and 0 <= op < len(REDUCE_OPS):
             return int(op)
-        raise ValueError(f"unknown reduction op {op!r}; expected one of {sorted(REDUCE_OPS)}, a pycoll RedOp or a PreMulSum")
+        raise ValueError(f"unknown reduction op {op!r}; expected one of {sorted(REDUCE_OPS)}, "
+                         "a pycoll RedOp or a PreMulSum")
 
     def _root(self, root: Any, what: str = "root") -> int:
         if isinstance(root, bool) or not isinstance(root, int):
@@ -726,7 +729,8 @@ class Communicator:
         check_count(out, inp.count, op="all_reduce")
         redop = self._redop(op, inp.datatype)
         lib = self.library
-        return self._launch("all_reduce", lambda h, s: lib.all_reduce(inp.ptr, out.ptr, inp.count, inp.datatype, redop, h, s),
+        return self._launch("all_reduce",
+                            lambda h, s: lib.all_reduce(inp.ptr, out.ptr, inp.count, inp.datatype, redop, h, s),
                             st, [inp], [out], async_op, timeout)
 
     def broadcast(self, tensor: Any, root: int = 0, output: Any = None, *, stream: Any = None,
@@ -739,7 +743,8 @@ class Communicator:
         check_same_dtype(inp, out, op="broadcast")
         check_count(out, inp.count, op="broadcast")
         lib = self.library
-        return self._launch("broadcast", lambda h, s: lib.broadcast(inp.ptr, out.ptr, inp.count, inp.datatype, root, h, s),
+        return self._launch("broadcast",
+                            lambda h, s: lib.broadcast(inp.ptr, out.ptr, inp.count, inp.datatype, root, h, s),
                             st, [inp], [out], async_op, timeout)
 
     def reduce(self, tensor: Any, root: int = 0, output: Any = None, op: Any = "sum", *, stream: Any = None,
@@ -753,7 +758,8 @@ class Communicator:
         check_count(out, inp.count, op="reduce")
         redop = self._redop(op, inp.datatype)
         lib = self.library
-        return self._launch("reduce", lambda h, s: lib.reduce(inp.ptr, out.ptr, inp.count, inp.datatype, redop, root, h, s),
+        return self._launch("reduce",
+                            lambda h, s: lib.reduce(inp.ptr, out.ptr, inp.count, inp.datatype, redop, root, h, s),
                             st, [inp], [out], async_op, timeout)
 
     def all_gather(self, input: Any, output: Any, *, stream: Any = None, async_op: bool = False,
@@ -766,7 +772,8 @@ class Communicator:
         out = self._buf(output, st, writable=True, name="output")
         if input is None:
             if out.count % self._size:
-                raise ValueError(f"all_gather: in place, output has {out.count} elements, not a multiple of {self._size} ranks")
+                raise ValueError(f"all_gather: in place, output has {out.count} elements, "
+                                 f"not a multiple of {self._size} ranks")
             inp = self._offset(out, self._rank, out.count // self._size, "input")
         else:
             inp = self._buf(input, st, writable=False, name="input")
@@ -786,15 +793,18 @@ class Communicator:
         inp = self._buf(input, st, writable=output is None, name="input")
         if output is None:
             if inp.count % self._size:
-                raise ValueError(f"reduce_scatter: input has {inp.count} elements, not a multiple of {self._size} ranks")
+                raise ValueError(f"reduce_scatter: input has {inp.count} elements, "
+                                 f"not a multiple of {self._size} ranks")
             out = self._offset(inp, self._rank, inp.count // self._size, "output")
         else:
             out = self._buf(output, st, writable=True, name="output")
             check_same_dtype(inp, out, op="reduce_scatter")
-            check_count(inp, out.count * self._size, op="reduce_scatter", why=f"{out.count} elements x {self._size} ranks")
+            check_count(inp, out.count * self._size, op="reduce_scatter",
+                        why=f"{out.count} elements x {self._size} ranks")
         redop = self._redop(op, inp.datatype)
         lib = self.library
-        return self._launch("reduce_scatter", lambda h, s: lib.reduce_scatter(inp.ptr, out.ptr, out.count, inp.datatype, redop, h, s),
+        return self._launch("reduce_scatter",
+                            lambda h, s: lib.reduce_scatter(inp.ptr, out.ptr, out.count, inp.datatype, redop, h, s),
                             st, [inp], [out], async_op, timeout)
 
     def all_to_all(self, input: Any, output: Any = None, *, stream: Any = None, async_op: bool = False,
@@ -872,7 +882,8 @@ class Communicator:
             out = self._buf(output, st, writable=True, name="output")
             if inp is not None:
                 check_same_dtype(inp, out, op="scatter")
-                check_count(inp, out.count * self._size, exact=True, op="scatter", why=f"{out.count} elements x {self._size} ranks")
+                check_count(inp, out.count * self._size, exact=True, op="scatter",
+                            why=f"{out.count} elements x {self._size} ranks")
         ins = [inp] if inp is not None else []
         in_ptr = inp.ptr if inp is not None else 0
         lib = self.library
@@ -1037,7 +1048,8 @@ class Communicator:
             if self._state in ("aborted", "destroyed", "inherited"):
                 return
             self._state = "aborted"
-            exc = CommAborted(f"communicator {self.name!r} was aborted" + (f" after: {self._failure}" if self._failure else ""))
+            exc = CommAborted(f"communicator {self.name!r} was aborted"
+                              + (f" after: {self._failure}" if self._failure else ""))
             for w in self._pending:
                 if w._exc is None:
                     w._exc = exc
@@ -1129,7 +1141,7 @@ class Communicator:
 
     def _child(self, slot: Any, status: int, *, what: str, uid: str, name: str, global_ranks: Optional[Sequence[int]],
                timeout: float, poll_parent: bool, generation: Optional[int],
-               failure_callbacks: Sequence[Callable[["Communicator", BaseException], None]]) -> Optional["Communicator"]:
+               failure_callbacks: Sequence[Callable[[Communicator, BaseException], None]]) -> Optional[Communicator]:
         def on_timeout() -> None:
             child = slot.value
             self._abort()
@@ -1157,8 +1169,8 @@ class Communicator:
 
     def split(self, color: Optional[int], key: Optional[int] = None, *, config: Optional[CommConfig] = None,
               name: Optional[str] = None, timeout: Optional[float] = None, generation: Optional[int] = None,
-              failure_callbacks: Sequence[Callable[["Communicator", BaseException], None]] = (),
-              ) -> Optional["Communicator"]:
+              failure_callbacks: Sequence[Callable[[Communicator, BaseException], None]] = (),
+              ) -> Optional[Communicator]:
         """Split into sub-communicators by ``color`` (collective over every rank of this one).
 
         Ranks passing the same color form a new communicator, ordered by ``key`` (default: this
@@ -1182,7 +1194,8 @@ class Communicator:
         with self._lock:
             slot, status = self.library.comm_split(self.handle, B.SPLIT_NOCOLOR if color is None else color, key,
                                                    self._reshape_config(config))
-        return self._child(slot, status, what="ncclCommSplit", uid=uid, name=name or f"{self.name}.split{self._reshapes}",
+        return self._child(slot, status, what="ncclCommSplit", uid=uid,
+                           name=name or f"{self.name}.split{self._reshapes}",
                            global_ranks=members, timeout=timeout, poll_parent=True, generation=generation,
                            failure_callbacks=failure_callbacks)
 
@@ -1210,8 +1223,8 @@ class Communicator:
 
     def shrink(self, exclude: Sequence[int], *, abort_ops: bool = False, config: Optional[CommConfig] = None,
                name: Optional[str] = None, timeout: Optional[float] = None, generation: Optional[int] = None,
-               failure_callbacks: Sequence[Callable[["Communicator", BaseException], None]] = (),
-               ) -> "Communicator":
+               failure_callbacks: Sequence[Callable[[Communicator, BaseException], None]] = (),
+               ) -> Communicator:
         """A new communicator without the ranks in ``exclude`` (``ncclCommShrink``; NCCL 2.27).
 
         Only the survivors call it, all with the same ``exclude``; they are renumbered in rank
@@ -1238,7 +1251,8 @@ class Communicator:
             slot, status = self.library.comm_shrink(self.handle, excl, self._reshape_config(config),
                                                     B.SHRINK_ABORT if abort_ops else B.SHRINK_DEFAULT)
         self._abort_only |= abort_ops
-        child = self._child(slot, status, what="ncclCommShrink", uid=uid, name=name or f"{self.name}.shrink{self._reshapes}",
+        child = self._child(slot, status, what="ncclCommShrink", uid=uid,
+                            name=name or f"{self.name}.shrink{self._reshapes}",
                             global_ranks=gr, timeout=timeout, poll_parent=True, generation=generation,
                             failure_callbacks=failure_callbacks)
         assert child is not None
@@ -1253,8 +1267,8 @@ class Communicator:
     def grow(self, size: int, unique_id: Any = None, *, config: Optional[CommConfig] = None,
              name: Optional[str] = None, timeout: Optional[float] = None,
              global_ranks: Optional[Sequence[int]] = None, generation: Optional[int] = None,
-             failure_callbacks: Sequence[Callable[["Communicator", BaseException], None]] = (),
-             ) -> "Communicator":
+             failure_callbacks: Sequence[Callable[[Communicator, BaseException], None]] = (),
+             ) -> Communicator:
         """A bigger communicator: this one's ranks keep their numbers, new ranks join at the end.
 
         Every existing rank calls it; the coordinator (the rank that called
@@ -1269,11 +1283,13 @@ class Communicator:
             raise ValueError(f"grow: size must be an int larger than the current {self._size}, got {size!r}")
         if unique_id is not None and not isinstance(unique_id, B.UniqueId):
             unique_id = B.UniqueId.from_bytes(bytes(unique_id))
-        uid = hashlib.sha1(bytes(unique_id)).hexdigest()[:16] if unique_id is not None else self._child_uid(f"grow:{size}")
+        uid = (hashlib.sha1(bytes(unique_id)).hexdigest()[:16] if unique_id is not None
+               else self._child_uid(f"grow:{size}"))
         with self._lock:
             slot, status = self.library.comm_grow(self.handle, size, unique_id, -1, self._reshape_config(config))
         self._reshapes += 1
-        child = self._child(slot, status, what="ncclCommGrow", uid=uid, name=name or f"{self.name}.grow{self._reshapes}",
+        child = self._child(slot, status, what="ncclCommGrow", uid=uid,
+                            name=name or f"{self.name}.grow{self._reshapes}",
                             global_ranks=global_ranks, timeout=timeout, poll_parent=False, generation=generation,
                             failure_callbacks=failure_callbacks)
         assert child is not None

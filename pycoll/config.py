@@ -20,8 +20,8 @@ _INT_MAX = 2**31 - 1
 
 def _f(nccl_name: str, since: str, doc: str, kind: type = int, lo: Optional[int] = None,
        hi: Optional[int] = None, choices: Optional[Tuple[int, ...]] = None) -> Any:
-    return field(default=None, metadata=dict(nccl=nccl_name, since=since, doc=doc, kind=kind,
-                                             lo=lo, hi=hi, choices=choices))
+    return field(default=None, metadata={"nccl": nccl_name, "since": since, "doc": doc, "kind": kind,
+                                           "lo": lo, "hi": hi, "choices": choices})
 
 
 @dataclass
@@ -33,29 +33,43 @@ class CommConfig:
     communicator, initialisation waits inside NCCL with no deadline.
     """
 
-    blocking: Optional[bool] = _f("blocking", "2.14", "False: calls return ncclInProgress and complete in the background", bool)
-    cga_cluster_size: Optional[int] = _f("cgaClusterSize", "2.17", "CUDA cooperative group array cluster size (0-8)", int, 0, 8)
-    min_ctas: Optional[int] = _f("minCTAs", "2.17", "minimum number of CTAs (channels) per collective", int, 1, _INT_MAX)
-    max_ctas: Optional[int] = _f("maxCTAs", "2.17", "maximum number of CTAs (channels) per collective", int, 1, _INT_MAX)
+    blocking: Optional[bool] = _f(
+        "blocking", "2.14", "False: calls return ncclInProgress and complete in the background", bool)
+    cga_cluster_size: Optional[int] = _f(
+        "cgaClusterSize", "2.17", "CUDA cooperative group array cluster size (0-8)", int, 0, 8)
+    min_ctas: Optional[int] = _f(
+        "minCTAs", "2.17", "minimum number of CTAs (channels) per collective", int, 1, _INT_MAX)
+    max_ctas: Optional[int] = _f(
+        "maxCTAs", "2.17", "maximum number of CTAs (channels) per collective", int, 1, _INT_MAX)
     net_name: Optional[str] = _f("netName", "2.17", "network module to use: 'IB', 'Socket' or a plugin's name", str)
-    split_share: Optional[bool] = _f("splitShare", "2.18", "children of ncclCommSplit share the parent's resources", bool)
-    traffic_class: Optional[int] = _f("trafficClass", "2.26", "network traffic class (QoS) for this communicator", int, 0, _INT_MAX)
+    split_share: Optional[bool] = _f(
+        "splitShare", "2.18", "children of ncclCommSplit share the parent's resources", bool)
+    traffic_class: Optional[int] = _f(
+        "trafficClass", "2.26", "network traffic class (QoS) for this communicator", int, 0, _INT_MAX)
     comm_name: Optional[str] = _f("commName", "2.27", "user-visible communicator name (NCCL logs, profiler)", str)
     collnet_enable: Optional[bool] = _f("collnetEnable", "2.27", "enable CollNet (in-network reduction)", bool)
     cta_policy: Optional[int] = _f("CTAPolicy", "2.27", "CTA policy flags: 0 default, 1 efficiency, 2 zero", int, 0, 3)
-    shrink_share: Optional[bool] = _f("shrinkShare", "2.27", "children of ncclCommShrink share the parent's resources", bool)
+    shrink_share: Optional[bool] = _f(
+        "shrinkShare", "2.27", "children of ncclCommShrink share the parent's resources", bool)
     nvls_ctas: Optional[int] = _f("nvlsCTAs", "2.27", "number of CTAs for NVLS collectives", int, 1, _INT_MAX)
-    n_channels_per_net_peer: Optional[int] = _f("nChannelsPerNetPeer", "2.28", "channels per network peer for p2p", int, 1, _INT_MAX)
+    n_channels_per_net_peer: Optional[int] = _f(
+        "nChannelsPerNetPeer", "2.28", "channels per network peer for p2p", int, 1, _INT_MAX)
     nvlink_centric_sched: Optional[bool] = _f("nvlinkCentricSched", "2.28", "NVLink-centric scheduling", bool)
-    graph_usage_mode: Optional[int] = _f("graphUsageMode", "2.29", "how the communicator is used with CUDA graphs", int, 0, _INT_MAX)
+    graph_usage_mode: Optional[int] = _f(
+        "graphUsageMode", "2.29", "how the communicator is used with CUDA graphs", int, 0, _INT_MAX)
     num_rma_ctx: Optional[int] = _f("numRmaCtx", "2.29", "number of RMA contexts", int, 0, _INT_MAX)
     max_p2p_peers: Optional[int] = _f("maxP2pPeers", "2.30.3", "maximum number of p2p peers per rank", int, 1, _INT_MAX)
-    graph_stream_ordering: Optional[int] = _f("graphStreamOrdering", "2.30.7", "stream ordering of captured operations", int, 0, _INT_MAX)
-    launch_order_implicit: Optional[bool] = _f("launchOrderImplicit", "2.31", "order operations of several communicators by host issue order", bool)
+    graph_stream_ordering: Optional[int] = _f(
+        "graphStreamOrdering", "2.30.7", "stream ordering of captured operations", int, 0, _INT_MAX)
+    launch_order_implicit: Optional[bool] = _f(
+        "launchOrderImplicit", "2.31", "order operations of several communicators by host issue order", bool)
     num_rma_sig: Optional[int] = _f("numRmaSig", "2.31", "number of RMA signals", int, 0, _INT_MAX)
     rma_eager_init: Optional[bool] = _f("rmaEagerInit", "2.31", "initialise RMA resources eagerly", bool)
-    host_cft_mode: Optional[int] = _f("hostCftMode", "2.31", "host CFT mode: 1 enable, 2 disable, 3 fallback", int, choices=(1, 2, 3))
-    nvls_host_mode: Optional[int] = _f("nvlsHostMode", "2.32", "NVLS host mode: 0 enable, 1 disable transport, 2 disable symmetric multimem, 2**31-1 disable", int, choices=(0, 1, 2, _INT_MAX))
+    host_cft_mode: Optional[int] = _f(
+        "hostCftMode", "2.31", "host CFT mode: 1 enable, 2 disable, 3 fallback", int, choices=(1, 2, 3))
+    nvls_host_mode: Optional[int] = _f(
+        "nvlsHostMode", "2.32", "NVLS host mode: 0 enable, 1 disable transport, 2 disable symmetric multimem, "
+        "2**31-1 disable", int, choices=(0, 1, 2, _INT_MAX))
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -82,7 +96,7 @@ class CommConfig:
         if self.min_ctas is not None and self.max_ctas is not None and self.min_ctas > self.max_ctas:
             raise ValueError(f"CommConfig.min_ctas ({self.min_ctas}) is larger than max_ctas ({self.max_ctas})")
 
-    def replace(self, **changes: Any) -> "CommConfig":
+    def replace(self, **changes: Any) -> CommConfig:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 

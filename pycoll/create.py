@@ -9,8 +9,7 @@ import os
 import threading
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
-from . import _bindings as B
-from . import _settings
+from . import _bindings as B, _settings
 from .comm import Communicator, _check_timeout, default_timeout, poll_ready
 from .config import CommConfig
 from .devices import Device, auto_backend, cuda_device_count, open_device, rocm_device_count

@@ -29,9 +29,12 @@ import sys
 import threading
 import time
 import warnings
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from .errors import CaptureError, NotSupported, PycollError
+
+if TYPE_CHECKING:
+    from ._bindings import Library
 
 __all__ = [
     "Device",
@@ -96,9 +99,9 @@ class Stream:
 
     __slots__ = ("device", "_handle", "__weakref__")
 
-    def __init__(self, device: "Device", handle: int) -> None:
+    def __init__(self, device: Device, handle: int) -> None:
         self.device = device
-        self._handle = handle
+        self._handle: Optional[int] = handle
 
     @property
     def handle(self) -> int:
@@ -122,11 +125,11 @@ class Stream:
         """True when everything queued on the stream has run (never blocks)."""
         return self.device.query_stream(self.handle)
 
-    def wait_event(self, event: "Event") -> None:
+    def wait_event(self, event: Event) -> None:
         """Work queued on this stream from now on waits until ``event`` has completed."""
         self.device.stream_wait_event(self.handle, event.handle)
 
-    def record(self, event: Optional["Event"] = None) -> "Event":
+    def record(self, event: Optional[Event] = None) -> Event:
         """Record ``event`` (a new one if None) on this stream and return it."""
         event = event if event is not None else self.device.new_event()
         event.record(self)
@@ -138,7 +141,7 @@ class Stream:
         if handle is not None:
             self.device.destroy_stream(handle)
 
-    def __enter__(self) -> "Stream":
+    def __enter__(self) -> Stream:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -179,9 +182,9 @@ class Event:
 
     __slots__ = ("device", "_handle", "timing", "__weakref__")
 
-    def __init__(self, device: "Device", handle: int, timing: bool) -> None:
+    def __init__(self, device: Device, handle: int, timing: bool) -> None:
         self.device = device
-        self._handle = handle
+        self._handle: Optional[int] = handle
         self.timing = timing
 
     @property
@@ -202,7 +205,7 @@ class Event:
         """Block until the recorded work has completed."""
         self.device.synchronize_event(self.handle)
 
-    def elapsed_ms(self, end: "Event") -> float:
+    def elapsed_ms(self, end: Event) -> float:
         """Milliseconds from this event to ``end``; both completed (GPU: both created with timing)."""
         return self.device.elapsed_ms(self.handle, end.handle)
 
@@ -423,7 +426,7 @@ class Device:
         for ev in events:
             self.destroy_event(ev)
 
-    def __enter__(self) -> "Device":
+    def __enter__(self) -> Device:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -542,19 +545,20 @@ class HostDevice(Device):
                 library=getattr(library, "path", ""),
                 detail="HostDevice needs pycoll's host library (load('host'))",
             )
-        self.library = library
+        self.library: Library = library
         lib = library
-        self.query_event = lib.host_event_query
-        self.record_event = lib.host_event_record
-        self.query_stream = lib.host_stream_query
-        self.synchronize_stream = lib.host_stream_synchronize
-        self.synchronize_event = lib.host_event_synchronize
-        self.stream_wait_event = lib.host_stream_wait_event
-        self.destroy_event = lib.host_event_destroy
-        self.elapsed_ms = lib.host_event_elapsed_ms
+        # the library's C functions, bound over the methods once
+        self.query_event = lib.host_event_query  # type: ignore[method-assign]
+        self.record_event = lib.host_event_record  # type: ignore[method-assign]
+        self.query_stream = lib.host_stream_query  # type: ignore[method-assign]
+        self.synchronize_stream = lib.host_stream_synchronize  # type: ignore[method-assign]
+        self.synchronize_event = lib.host_event_synchronize  # type: ignore[method-assign]
+        self.stream_wait_event = lib.host_stream_wait_event  # type: ignore[method-assign]
+        self.destroy_event = lib.host_event_destroy  # type: ignore[method-assign]
+        self.elapsed_ms = lib.host_event_elapsed_ms  # type: ignore[method-assign]
         self._flags = has is None or has("pycollStreamSetFlags")
-        if has is None or has("pycollEventWait"):
-            self.wait_event = lib.host_event_wait  # in C, GIL released (an older host library: the base polls)
+        if has is None or has("pycollEventWait"):  # in C, GIL released (an older host library: the base polls)
+            self.wait_event = lib.host_event_wait  # type: ignore[method-assign]
 
     def create_stream(self) -> int:
         handle = self.library.host_stream_create()
@@ -606,10 +610,10 @@ _NOT_READY = 600  # cudaErrorNotReady == hipErrorNotReady
 _STREAM_NON_BLOCKING = 0x1  # cudaStreamNonBlocking == hipStreamNonBlocking
 _EVENT_DISABLE_TIMING = 0x2  # cudaEventDisableTiming == hipEventDisableTiming
 _CAPTURE_IMPLICIT = 906  # cudaErrorStreamCaptureImplicit == hipErrorStreamCaptureImplicit
-_INVALID_RESOURCE_HANDLE = (400,)
+_INVALID_RESOURCE_HANDLE = (400,)  # cuda/hipErrorInvalidResourceHandle: elapsed time of untimed events
 _HOST_STREAM_INLINE = 0x1  # pycoll_host.h PYCOLL_STREAM_INLINE
 _STREAM_LEGACY = 1  # cudaStreamLegacy
-_STREAM_PER_THREAD = 2  # cudaStreamPerThread / hipStreamPerThread  # cuda/hipErrorInvalidResourceHandle: elapsed time asked of untimed events
+_STREAM_PER_THREAD = 2  # cudaStreamPerThread / hipStreamPerThread
 
 
 class _GpuDevice(Device):
@@ -783,8 +787,8 @@ class _GpuDevice(Device):
         return self._int_stream(handle)
 
     def _framework_stream(self, arrays: Iterable[Any]) -> Optional[int]:
-        torch = sys.modules.get("torch")
-        cupy = sys.modules.get("cupy")
+        torch: Any = sys.modules.get("torch")
+        cupy: Any = sys.modules.get("cupy")
         found: Optional[str] = None
         handle: Optional[int] = None
         for a in arrays:

@@ -47,8 +47,8 @@ import os
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 from . import _bindings as B
 from .comm import Communicator, default_timeout
@@ -181,7 +181,7 @@ class ElasticGroup:
         window: float = 1.0,
         join_timeout: float = 120.0,
         name: str = "elastic",
-        on_change: Optional[Callable[["ElasticGroup", Transition], None]] = None,
+        on_change: Optional[Callable[[ElasticGroup, Transition], None]] = None,
     ) -> None:
         if isinstance(slot, bool) or not isinstance(slot, int) or slot < 0:
             raise ValueError(f"slot must be an int >= 0, got {slot!r}")
@@ -209,7 +209,7 @@ class ElasticGroup:
         self._gave_up = False  # the last reshape raised: hold no dumps
         self._reshaping = False
         self._announced = -1  # the last generation whose reshape this member announced
-        self._announce_q: "queue.SimpleQueue[Optional[int]]" = queue.SimpleQueue()
+        self._announce_q: queue.SimpleQueue[Optional[int]] = queue.SimpleQueue()
         self._vouched: Tuple[int, int] = (-1, -1)  # the last (generation, attempt) this member vouched for
         self._proc_cache: Dict[int, Tuple[str, int]] = {}  # slot -> (boot id, pid), read by the watcher
         self._release_at = 0  # dumps wait until the new communicator has issued this many operations
@@ -219,13 +219,13 @@ class ElasticGroup:
         if joiner:
             self._join()
         else:
-            self._form(world_size)  # type: ignore[arg-type]
+            self._form(cast(int, world_size))  # checked above: a forming member has one
         # failure dumps wait until the reshape is over: writing them would slow the recovery down
         self._dump_gate = get_watchdog().add_dump_gate(self._dumps_may_run)
         self._start_watcher()
 
     @classmethod
-    def from_env(cls, **kwargs: Any) -> "ElasticGroup":
+    def from_env(cls, **kwargs: Any) -> ElasticGroup:
         """Build the group from the launcher's environment (:mod:`pycoll.launch.discovery`).
 
         A replacement process (``PYCOLL_REPLACEMENT`` >= 1) joins; the others form the group.
@@ -246,7 +246,8 @@ class ElasticGroup:
         return len(self.members)
 
     def __repr__(self) -> str:
-        return f"<ElasticGroup {self.name!r} slot {self.slot} generation {self.generation} members {list(self.members)}>"
+        return (f"<ElasticGroup {self.name!r} slot {self.slot} generation {self.generation} "
+                f"members {list(self.members)}>")
 
     # -- forming and joining ----------------------------------------------------------------------
 
@@ -263,9 +264,9 @@ class ElasticGroup:
 
     def _comm_options(self, members: Sequence[int], generation: int) -> Dict[str, Any]:
         """What every communicator of the group is built with (revoked on failure, so it can be shrunk)."""
-        return dict(library=self.library, config=self.config, timeout=self.timeout, name=self.name,
-                    on_failure="revoke", store=self.store, generation=generation, global_ranks=tuple(members),
-                    failure_callbacks=[self._on_comm_failure])
+        return {"library": self.library, "config": self.config, "timeout": self.timeout, "name": self.name,
+                "on_failure": "revoke", "store": self.store, "generation": generation,
+                "global_ranks": tuple(members), "failure_callbacks": [self._on_comm_failure]}
 
     def _adopt(self, comm: Communicator, members: Sequence[int], generation: int) -> Communicator:
         self.comm, self.members, self.generation = comm, tuple(members), generation
@@ -412,7 +413,7 @@ class ElasticGroup:
             values = self.store.multi_get(keys, timeout=min(self.timeout, 1.0))
         except StoreError:  # a member that never registered: it can only vouch for itself
             return out
-        for m, raw in zip(members, values):
+        for m, raw in zip(members, values, strict=False):
             boot, pid = raw.decode().split()
             out[m] = (boot, int(pid))
         return out
@@ -608,7 +609,8 @@ class ElasticGroup:
             for slot in joiners:
                 inc = self.store.get(f"{self._ns}/join/{slot}", timeout=self.timeout).decode()
                 self.store.delete(f"{self._ns}/join/{slot}")
-                self.store.set(f"{self._ns}/admitted/{slot}/{inc}", f"{g + 1}|{members.index(slot)}|{_members_str(members)}|{kind}")
+                self.store.set(f"{self._ns}/admitted/{slot}/{inc}",
+                               f"{g + 1}|{members.index(slot)}|{_members_str(members)}|{kind}")
         else:
             uid = B.UniqueId.from_bytes(self.store.get(uid_key, timeout=self.timeout))
         tr.agreed = tr.revoked = time.time()
@@ -646,7 +648,7 @@ class ElasticGroup:
             else:
                 self.comm.abort()
 
-    def __enter__(self) -> "ElasticGroup":
+    def __enter__(self) -> ElasticGroup:
         return self
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:

@@ -16,7 +16,7 @@ Everything pycoll raises on its own behalf derives from :class:`PycollError`.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Type
+from typing import Any, Dict, List, Optional, Type
 
 __all__ = [
     "PycollError",
@@ -306,6 +306,11 @@ class StoreError(PycollError):
 
 class StoreTimeout(StoreError, TimeoutError):
     """A store operation did not complete within its timeout."""
+
+    # set where a store raises it: the keys waited for, those still missing, the timeout in seconds
+    keys: List[str]
+    missing: List[str]
+    timeout: float
 
 
 class StoreAuthError(StoreError, PermissionError):

@@ -21,7 +21,7 @@ __all__ = ["open_group", "group"]
 _tls = threading.local()  # .works: the Works of the open group on this thread; .library: its library
 
 
-def open_group() -> Optional[List["Work"]]:
+def open_group() -> Optional[List[Work]]:
     """The Works of this thread's open group, or None outside a group."""
     return getattr(_tls, "works", None)
 

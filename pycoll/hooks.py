@@ -49,7 +49,7 @@ class Progress(NamedTuple):
         return dict(self._asdict())
 
     @classmethod
-    def of(cls, coll_enqueued: int, p2p_enqueued: int, outstanding: Sequence["WorkView"]) -> "Progress":
+    def of(cls, coll_enqueued: int, p2p_enqueued: int, outstanding: Sequence[WorkView]) -> Progress:
         """The progress of a communicator that issued that many operations and has ``outstanding`` ones."""
         vals: List[int] = []
         for last, p2p in ((coll_enqueued, False), (p2p_enqueued, True)):
@@ -83,9 +83,10 @@ class WorkView(Protocol):
     inputs: List[Any]
     outputs: List[Any]
     fr_entry: Any  # the flight recorder's entry (owned by the recorder)
+    capture_id: Optional[int]  # the CUDA graph capture it was recorded into (then it runs at replay)
 
     @property
-    def comm(self) -> "CommView": ...
+    def comm(self) -> CommView: ...
 
     @property
     def last_state(self) -> str: ...
@@ -193,8 +194,8 @@ _observers: List[CommObserver] = []
 _watchers: Tuple[CommObserver, ...] = ()
 
 #: The observers' ``work_enqueued`` / ``work_completed``, as tuples: read on every operation's path.
-enqueue_hooks: Tuple[Callable[[Any], None], ...] = ()
-completion_hooks: Tuple[Callable[[Any], None], ...] = ()
+enqueue_hooks: Tuple[Callable[[WorkView], None], ...] = ()
+completion_hooks: Tuple[Callable[[WorkView], None], ...] = ()
 
 
 def _rebuild() -> None:
@@ -231,7 +232,7 @@ def observers() -> Tuple[CommObserver, ...]:
 
 def deadlines_watched() -> bool:
     """True when some observer's thread enforces operation deadlines now."""
-    for o in _watchers:
+    for o in _watchers:  # noqa: SIM110 -- per collective (Communicator._begin): no generator for any()
         if o.watching():
             return True
     return False
@@ -262,7 +263,7 @@ def notify_closed(comm: CommView) -> None:
     _each(lambda o: o.comm_closed(comm), "comm_closed")
 
 
-def run_hooks(hooks: Tuple[Callable[[Any], None], ...], work: WorkView) -> None:
+def run_hooks(hooks: Tuple[Callable[[WorkView], None], ...], work: WorkView) -> None:
     """Call per-operation hooks (``enqueue_hooks`` / ``completion_hooks``); errors are logged."""
     for hook in hooks:
         try:
@@ -273,18 +274,18 @@ def run_hooks(hooks: Tuple[Callable[[Any], None], ...], work: WorkView) -> None:
 
 # -- the live registry: every communicator of this process that is neither destroyed nor aborted ------
 
-_live: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
+_live: weakref.WeakSet[Communicator] = weakref.WeakSet()
 
 
-def register_live(comm: "Communicator") -> None:
+def register_live(comm: Communicator) -> None:
     _live.add(comm)
 
 
-def discard_live(comm: "Communicator") -> None:
+def discard_live(comm: Communicator) -> None:
     _live.discard(comm)
 
 
-def live_communicators() -> List["Communicator"]:
+def live_communicators() -> List[Communicator]:
     """The communicators of this process that are neither destroyed nor aborted."""
     return [c for c in list(_live) if c.state not in ("aborted", "destroyed", "inherited")]
 

@@ -26,7 +26,7 @@ class PreMulSum:
     manager); the communicator's destroy/abort releases it too.
     """
 
-    def __init__(self, comm: "Communicator", op: int, datatype: int, scalar: Any) -> None:
+    def __init__(self, comm: Communicator, op: int, datatype: int, scalar: Any) -> None:
         self.comm = comm
         self.op = op
         self.datatype = datatype
@@ -38,7 +38,7 @@ class PreMulSum:
             op, self.op = self.op, -1
             self.comm.release_red_op(self, op)
 
-    def __enter__(self) -> "PreMulSum":
+    def __enter__(self) -> PreMulSum:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -55,7 +55,7 @@ class Work:
 
     def __init__(
         self,
-        comm: "Communicator",
+        comm: Communicator,
         op: str,
         seq: int,
         p2p_seq: int,

@@ -1,3 +1,3 @@
 """Thin Cython bindings to the NCCL C API, loaded at run time (see _nccl.pyi for the contract)."""
 
-from ._nccl import *  # noqa: F401,F403
+from ._nccl import *  # noqa: F403

@@ -73,7 +73,7 @@ def pathfinder_nccl() -> str:
         raise LibraryError("cuda.pathfinder is not installed") from None
     try:
         return load_nvidia_dynamic_lib("nccl").abs_path
-    except Exception as exc:  # noqa: BLE001 -- its own DynamicLibNotFoundError, or anything else it raises
+    except Exception as exc:  # its own DynamicLibNotFoundError, or anything else it raises
         raise LibraryError(f"cuda.pathfinder: {type(exc).__name__}: {exc}") from None
 
 

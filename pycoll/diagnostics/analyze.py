@@ -52,10 +52,7 @@ class _PlainUnpickler(pickle.Unpickler):
 def _load_file(path: str) -> Dict[str, Any]:
     with open(path, "rb") as f:
         raw = f.read()
-    if path.endswith(".json"):
-        data = json.loads(raw.decode("utf-8"))
-    else:
-        data = _PlainUnpickler(io.BytesIO(raw)).load()
+    data = json.loads(raw.decode("utf-8")) if path.endswith(".json") else _PlainUnpickler(io.BytesIO(raw)).load()
     if not isinstance(data, dict) or "entries" not in data or "version" not in data:
         raise ValueError("not a flight-recorder dump (no 'entries'/'version')")
     return data
@@ -186,7 +183,7 @@ def _fmt_ranks(ranks: Iterable[int]) -> str:
     if not rs:
         return "-"
     out, start, prev = [], rs[0], rs[0]
-    for r in rs[1:] + [None]:  # type: ignore[list-item]
+    for r in [*rs[1:], None]:
         if r is not None and r == prev + 1:
             prev = r
             continue
@@ -238,7 +235,8 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
     local_of = {gr: i for i, gr in enumerate(members)}
     present = [r for r in members if r in dumps]
     res: Dict[str, Any] = {"uid": uid, "name": g["name"], "members": members, "dumps_from": present,
-                           "missing_dumps": [r for r in members if r not in dumps], "problems": [], "first_divergence": None,
+                           "missing_dumps": [r for r in members if r not in dumps], "problems": [],
+                           "first_divergence": None,
                            "matched_through": None, "p2p": [], "failures": [], "missing_dump_info": {}}
     coll: Dict[int, Dict[int, Dict[str, Any]]] = {}
     p2p: Dict[int, List[Dict[str, Any]]] = {}
@@ -337,7 +335,8 @@ def _check_seq(s: int, present: List[int], coll: Dict[int, Dict[int, Dict[str, A
         elif p.get("coll_enqueued", 0) < s:
             div["missing_dumps"][r] = (f"no dump; not seen entering it: its last report in the store (read by rank "
                                        f"{view['reported_by']}) says #{p.get('coll_enqueued')}"
-                                       + (f", and it had been silent for {view['silent_s']:.1f} s" if view.get("silent_s") else ""))
+                                       + (f", and it had been silent for {view['silent_s']:.1f} s"
+                                          if view.get("silent_s") else ""))
         else:
             div["missing_dumps"][r] = f"no dump; had issued it per the store (read by rank {view['reported_by']})"
     return div
@@ -359,8 +358,8 @@ def _check_p2p(members: List[int], present: List[int], p2p: Dict[int, List[Dict[
     """Pair the k-th send src->dst with the k-th recv at dst from src; report the first problem per pair."""
     sends: Dict[Tuple[int, int], List[Dict[str, Any]]] = defaultdict(list)
     recvs: Dict[Tuple[int, int], List[Dict[str, Any]]] = defaultdict(list)
-    for r in present:
-        for e in p2p[r]:
+    for rank in present:
+        for e in p2p[rank]:
             m = _P2P_RE.search(str(e.get("profiling_name", "")))
             if not m or int(m.group(2)) >= len(members) or int(m.group(4)) >= len(members):
                 continue
@@ -379,15 +378,17 @@ def _check_p2p(members: List[int], present: List[int], p2p: Dict[int, List[Dict[
             elif r is None and src in present and dst in present:
                 issue = f"send #{k + 1} from rank {src} to rank {dst} has no matching recv on rank {dst}"
             elif s is not None and r is not None and (_sizes(s.get("input_sizes")) != _sizes(r.get("output_sizes"))
-                                                      or list(s.get("input_dtypes") or []) != list(r.get("output_dtypes") or [])):
-                issue = (f"send #{k + 1} {src}->{dst} of {_sizes(s.get('input_sizes'))} {s.get('input_dtypes')} vs recv of "
-                         f"{_sizes(r.get('output_sizes'))} {r.get('output_dtypes')}")
+                                                      or list(s.get("input_dtypes") or [])
+                                                      != list(r.get("output_dtypes") or [])):
+                issue = (f"send #{k + 1} {src}->{dst} of {_sizes(s.get('input_sizes'))} {s.get('input_dtypes')} "
+                         f"vs recv of {_sizes(r.get('output_sizes'))} {r.get('output_dtypes')}")
             elif any(x is not None and x.get("state") != "completed" for x in (s, r)):
-                issue = f"transfer #{k + 1} {src}->{dst} not completed (send {s and s.get('state')}, recv {r and r.get('state')})"
+                issue = (f"transfer #{k + 1} {src}->{dst} not completed "
+                         f"(send {s and s.get('state')}, recv {r and r.get('state')})")
             if issue:
-                e = s if s is not None and s.get("state") != "completed" else r
+                bad = s if s is not None and s.get("state") != "completed" else r
                 out.append({"src": src, "dst": dst, "index": k + 1, "issue": issue,
-                            "site": _site(e) if e else "", "stack": _stack(e, stack_limit) if e else []})
+                            "site": _site(bad) if bad else "", "stack": _stack(bad, stack_limit) if bad else []})
                 break
     return out
 
@@ -405,7 +406,7 @@ def analyze(dumps: Dict[int, Dict[str, Any]], *, stack_limit: int = 8) -> Dict[s
         pyc = d.get("pycoll") or {}
         if pyc:
             report["triggers"][r] = f"{pyc.get('trigger', '?')}: {pyc.get('reason', '')}"
-    for uid, g in sorted(groups.items(), key=lambda kv: (kv[1]["name"], kv[0])):
+    for _uid, g in sorted(groups.items(), key=lambda kv: (kv[1]["name"], kv[0])):
         report["communicators"].append(_analyze_group(g, dumps, stack_limit))
     report["ok"] = not problems and all(
         c["first_divergence"] is None and not c["p2p"] and not c["missing_dumps"] for c in report["communicators"])
@@ -417,7 +418,7 @@ def analyze_dir(path: str, *, prefix: Optional[str] = None, stack_limit: int = 8
     out = []
     for gen, folder in find_generations(path):
         dumps, problems = load_generation(folder, prefix)
-        rep = analyze(dumps, stack_limit=stack_limit) if dumps else {
+        rep: Dict[str, Any] = analyze(dumps, stack_limit=stack_limit) if dumps else {
             "ranks": [], "versions": [], "problems": [], "communicators": [], "triggers": {}, "ok": False}
         rep["problems"] = problems + rep["problems"]
         if not dumps:
@@ -441,7 +442,8 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
         for p in rep["problems"]:
             lines.append(f"  ! {p}")
         for c in rep["communicators"]:
-            lines.append(f"communicator {c['name']!r} (uid {c['uid']}, {len(c['members'])} ranks: {_fmt_ranks(c['members'])})")
+            lines.append(f"communicator {c['name']!r} (uid {c['uid']}, {len(c['members'])} ranks: "
+                         f"{_fmt_ranks(c['members'])})")
             if c["missing_dumps"]:
                 lines.append(f"  missing dumps: ranks {_fmt_ranks(c['missing_dumps'])}")
             for p in c["problems"]:
@@ -455,7 +457,8 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
             else:
                 lines.append(f"  FIRST DIVERGENCE at {d['op']}:")
                 for r, info in sorted(d["never_entered"].items()):
-                    last = (f"last op {info['last_op']} {info['last_state']}" + (f", issued at {info['last_site']}" if info["last_site"] else "")
+                    last = (f"last op {info['last_op']} {info['last_state']}"
+                            + (f", issued at {info['last_site']}" if info["last_site"] else "")
                             if info["last_op"] else "no operation recorded")
                     lines.append(f"    rank {r}: never entered it ({last})")
                 if d["skipped"]:
@@ -463,7 +466,8 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
                 m = d["mismatch"]
                 if m:
                     what = {"type": "operation type", "size": "size", "dtype": "dtype"}[m["kind"]]
-                    lines.append(f"    {what.upper()} MISMATCH:" + (f" culprit {_who(m['culprits'])}" if m["culprits"] else " no majority"))
+                    lines.append(f"    {what.upper()} MISMATCH:"
+                                 + (f" culprit {_who(m['culprits'])}" if m["culprits"] else " no majority"))
                     for v in m["variants"]:
                         lines.append(f"      {_who(v['ranks'])}: {v['value']}")
                 if d["completed"]:
@@ -473,7 +477,8 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
                     same[(info["state"], info["site"], tuple(info["stack"]))].append(r)
                 for (state, site, stack), rs in same.items():
                     who = _who(rs)
-                    lines.append(f"    {who}: still in flight (state {state})" + (f", issued at {site}" if site else ""))
+                    lines.append(f"    {who}: still in flight (state {state})"
+                                 + (f", issued at {site}" if site else ""))
                     if stacks:
                         for fr in stack:
                             lines.append(f"        {fr}")
@@ -522,7 +527,8 @@ def _verdict(c: Dict[str, Any]) -> str:
                    f"{d['op']} on {name!r}")
     m = d["mismatch"]
     if m:
-        who = _who(m["culprits"]) + (" differs" if len(m["culprits"]) == 1 else " differ") if m["culprits"] else "no majority"
+        who = (_who(m["culprits"]) + (" differs" if len(m["culprits"]) == 1 else " differ") if m["culprits"]
+               else "no majority")
         out.append(f"{m['kind']} mismatch in {d['op']} on {name!r}: {who}")
     if not out and d["in_flight"]:
         if not d["never_entered"] and not d["completed"] and not c["missing_dumps"]:
@@ -532,7 +538,8 @@ def _verdict(c: Dict[str, Any]) -> str:
             out.append(f"{d['op']} on {name!r} completed on ranks {_fmt_ranks(d['completed'])} but not on "
                        f"{_fmt_ranks(d['in_flight'])}")
     if not out and d["missing_dumps"]:
-        out.append(f"{d['op']} on {name!r}: " + "; ".join(f"rank {r}: {t}" for r, t in sorted(d["missing_dumps"].items())))
+        out.append(f"{d['op']} on {name!r}: "
+                   + "; ".join(f"rank {r}: {t}" for r, t in sorted(d["missing_dumps"].items())))
     return "; ".join(out)
 
 

@@ -92,7 +92,7 @@ class DumpQueue:
 
     def take(self, extra: Optional[DumpJob] = None) -> List[DumpJob]:
         """The jobs to write now (monitor thread): new ones not holdable, plus the held ones once released."""
-        jobs = []
+        jobs: List[DumpJob] = []
         while self._jobs:
             job = self._jobs.popleft()
             (self._held if job.trigger in HOLDABLE else jobs).append(job)
@@ -122,7 +122,4 @@ class DumpQueue:
 
     def wait(self, deadline: float) -> bool:
         """Wait until every job submitted so far is written, or ``deadline`` (monotonic); True when all were."""
-        for job in list(self._unfinished):
-            if not job.done.wait(max(0.0, deadline - time.monotonic())):
-                return False
-        return True
+        return all(job.done.wait(max(0.0, deadline - time.monotonic())) for job in list(self._unfinished))

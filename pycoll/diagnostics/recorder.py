@@ -43,13 +43,16 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .. import _settings
 from ..buffers import Buffer
 from ..hooks import CommObserver, CommView, WorkView
 from .files import default_dump_dir, generation_dir, json_form, write_atomic
 from .stacks import format_stack, is_runtime_frame
+
+if TYPE_CHECKING:
+    from types import FrameType
 
 __all__ = [
     "FlightRecorder",
@@ -94,7 +97,7 @@ class _CommInfo:
     __slots__ = ("ref", "uid", "name", "rank", "size", "global_ranks", "generation", "backend", "lib_prefix",
                  "pg_id", "rid", "lib_version", "state", "failure", "closed_at", "progress")
 
-    def __init__(self, comm: CommView, pg_id: int, rid: "itertools.count[int]") -> None:
+    def __init__(self, comm: CommView, pg_id: int, rid: itertools.count[int]) -> None:
         self.ref = weakref.ref(comm)
         self.uid = str(comm.uid)
         self.name = str(comm.name)
@@ -171,7 +174,7 @@ class FlightRecorder(CommObserver):
         self._lock = threading.Lock()  # guards _infos/_gen_counters and dump bookkeeping
         self._dump_lock = threading.Lock()  # one dump at a time
         self._infos: Dict[int, _CommInfo] = {}
-        self._gen_counters: Dict[int, "itertools.count[int]"] = {}
+        self._gen_counters: Dict[int, itertools.count[int]] = {}
         self._pg_ids = itertools.count()
         self._pos = itertools.count()
         self._ring: List[Any] = []
@@ -223,8 +226,10 @@ class FlightRecorder(CommObserver):
         if dump_dir is not None:
             self.dump_dir = os.fspath(dump_dir)
         if file_prefix is not None:
-            if not isinstance(file_prefix, str) or not file_prefix or os.sep in file_prefix or file_prefix[-1].isdigit():
-                raise ValueError(f"file_prefix must be a non-empty file name not ending in a digit, got {file_prefix!r}")
+            if (not isinstance(file_prefix, str) or not file_prefix or os.sep in file_prefix
+                    or file_prefix[-1].isdigit()):
+                raise ValueError("file_prefix must be a non-empty file name not ending in a digit, "
+                                 f"got {file_prefix!r}")
             self.file_prefix = file_prefix
         if write_json is not None:
             self.write_json = bool(write_json)
@@ -257,7 +262,7 @@ class FlightRecorder(CommObserver):
                 info = self._infos[id(comm)] = _CommInfo(comm, next(self._pg_ids), self._counter(comm.generation))
             return info
 
-    def _counter(self, generation: int) -> "itertools.count[int]":
+    def _counter(self, generation: int) -> itertools.count[int]:
         rid = self._gen_counters.get(generation)
         if rid is None:
             rid = self._gen_counters[generation] = itertools.count()
@@ -314,7 +319,7 @@ class FlightRecorder(CommObserver):
         entry = w.fr_entry
         if entry is None:
             return "", ""
-        sizes = ", ".join(f"{dt}{tuple(s)}" for s, dt in zip(_sizes(entry[_ISZ]), _dtypes(entry[_IDT])))
+        sizes = ", ".join(f"{dt}{tuple(s)}" for s, dt in zip(_sizes(entry[_ISZ]), _dtypes(entry[_IDT]), strict=False))
         for fr in format_stack(entry[_STACK], {}) if entry[_STACK] else []:
             if not is_runtime_frame(fr["filename"]):
                 return f"{fr['filename']}:{fr['line']} in {fr['name']}", sizes
@@ -349,11 +354,11 @@ class FlightRecorder(CommObserver):
         else:
             osz = [b[_SHAPE] for b in outs]
             odt = [b[_DTYPE] for b in outs]
-        stack = None
+        stack: Optional[List[Any]] = None
         if self.stacks:
             stack = []
             append = stack.append
-            f = _getframe(1)
+            f: Optional[FrameType] = _getframe(1)
             for _ in range(self.stack_depth + 1):  # + _launch (the public call, e.g. all_reduce, stays)
                 if f is None:
                     break
@@ -430,14 +435,15 @@ class FlightRecorder(CommObserver):
         threads = {t.ident: t.name for t in threading.enumerate()}
         entries = []
         for e in raw:
-            info: _CommInfo = e[_INFO]
+            info = e[_INFO]
             state, started, completed, duration, error = _dynamic(e, outstanding)
             done = state == "completed"
             op, peer = e[_OP], e[_PEER]
             is_p2p = peer is not None
             if is_p2p:
                 me = info.rank
-                name = f"{info.lib_prefix}:send {me}->{peer}" if op == "send" else f"{info.lib_prefix}:recv {me}<-{peer}"
+                name = (f"{info.lib_prefix}:send {me}->{peer}" if op == "send"
+                        else f"{info.lib_prefix}:recv {me}<-{peer}")
             else:
                 name = f"{info.lib_prefix}:{op}"
             entry: Dict[str, Any] = {
@@ -457,7 +463,7 @@ class FlightRecorder(CommObserver):
                 "time_discovered_started_ns": (started or 0) if json_form else started,
                 "time_discovered_completed_ns": (completed or 0) if json_form else completed,
                 "retired": done or error is not None,
-                "timeout_ms": int(round(e[_TIMEOUT] * 1000)),
+                "timeout_ms": round(e[_TIMEOUT] * 1000),
                 "is_p2p": is_p2p,
                 "thread_id": str(e[_TID]),
                 "thread_name": threads.get(e[_TID], ""),
@@ -621,7 +627,8 @@ def _outstanding(comms: Iterable[CommView]) -> Dict[int, WorkView]:
     return out
 
 
-def _dynamic(e: List[Any], outstanding: Dict[int, Any]) -> Tuple[str, Optional[int], Optional[int], Optional[float], Optional[str]]:
+def _dynamic(e: List[Any], outstanding: Dict[int, Any],
+             ) -> Tuple[str, Optional[int], Optional[int], Optional[float], Optional[str]]:
     """(state, started ns, completed ns, duration ms, error) of an entry: frozen, or from its outstanding Work."""
     if e[_FROZEN] is not None:
         return e[_FROZEN]

@@ -74,7 +74,7 @@ class ProgressRecord:
                            "time_ns": self.time_ns, "beats": self.beats, "origin": self.origin}).encode()
 
     @classmethod
-    def decode(cls, raw: Any) -> Optional["ProgressRecord"]:
+    def decode(cls, raw: Any) -> Optional[ProgressRecord]:
         """The record, or None for anything that is not one (another version, garbage)."""
         d = _load(raw)
         try:
@@ -106,7 +106,7 @@ class FailureRecord:
         return json.dumps({"v": _VERSION, **asdict(self), "message": self.message[:2000]}).encode()
 
     @classmethod
-    def decode(cls, raw: Any) -> Optional["FailureRecord"]:
+    def decode(cls, raw: Any) -> Optional[FailureRecord]:
         d = _load(raw)
         if d is None:
             return None
@@ -136,11 +136,11 @@ R = TypeVar("R")
 def read_records(store: Any, prefix: str, size: int, decode: Callable[[Any], Optional[R]],
                  skip: Optional[int] = None) -> Dict[int, R]:
     """rank -> record for the ranks below ``size`` (except ``skip``) that wrote one under ``prefix``."""
-    keys = [k for k in store.list_keys(prefix)]
+    keys = list(store.list_keys(prefix))
     out: Dict[int, R] = {}
     if not keys:
         return out
-    for key, raw in zip(keys, store.multi_get(keys, timeout=1.0)):
+    for key, raw in zip(keys, store.multi_get(keys, timeout=1.0), strict=False):
         tail = key[len(prefix):] if key.startswith(prefix) else key.rsplit("/", 1)[-1]
         if tail.isdigit() and int(tail) < size and int(tail) != skip:
             rec = decode(raw)

@@ -64,15 +64,22 @@ import time
 import traceback
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
-from .. import hooks
-from .. import _settings
+from .. import _settings, hooks
 from ..errors import CommAborted, StoreTimeout
 from ..hooks import CommObserver, CommView, WorkView
 from . import recorder as _recorder_module
 from .dumps import GATE_POLL, DumpJob, DumpQueue
 from .recorder import FlightRecorder, get_recorder
-from .records import (FR_KEY_PREFIX, SIGNAL_COUNTER, FailureRecord, ProgressRecord, failure_prefix, origin,
-                      progress_prefix, read_records)
+from .records import (
+    FR_KEY_PREFIX,
+    SIGNAL_COUNTER,
+    FailureRecord,
+    ProgressRecord,
+    failure_prefix,
+    origin,
+    progress_prefix,
+    read_records,
+)
 from .report import FailureReport
 from .signals import DumpSignal, signal_number
 
@@ -119,6 +126,14 @@ class Watchdog(CommObserver):
     """
 
     reports_failures = True  # the communicator does not log the failure itself
+    # set by configure(), seconds
+    interval: float
+    publish_interval: float
+    stall_timeout: float
+    report_timeout: float
+    abort_grace: float
+    dump_timeout: float
+    dump_hold: float
 
     def __init__(
         self,
@@ -144,7 +159,7 @@ class Watchdog(CommObserver):
         self._store_wake = threading.Event()
         self._dumps = DumpQueue(lambda: self.dump_hold)
         self._reports: Set[FailureReport] = set()  # failure reports made by the report thread, not done yet
-        self._report_q: "queue.SimpleQueue[Optional[Tuple[Any, FailureReport]]]" = queue.SimpleQueue()
+        self._report_q: queue.SimpleQueue[Optional[Tuple[Any, FailureReport]]] = queue.SimpleQueue()
         self._wake_r: Optional[socket.socket] = None
         self._wake_w: Optional[socket.socket] = None
         self._signal = DumpSignal(self._poke)
@@ -338,7 +353,7 @@ class Watchdog(CommObserver):
             threading.Thread(target=self._finish_report, args=(comm.store, report, True),
                              name="pycoll-watchdog-report", daemon=True).start()
 
-    def _report_loop(self, stop: threading.Event, q: "queue.SimpleQueue[Any]") -> None:
+    def _report_loop(self, stop: threading.Event, q: queue.SimpleQueue[Optional[Tuple[Any, FailureReport]]]) -> None:
         while not stop.is_set():
             item = q.get()
             if item is None:
@@ -476,6 +491,7 @@ class Watchdog(CommObserver):
             self.beats += 1
             self._beat_t = now
             next_t = now + self.interval
+            c: Optional[CommView]
             for c in self._comms():
                 if c.state != "active" or c.failure is not None:
                     continue
@@ -566,7 +582,8 @@ class Watchdog(CommObserver):
         silent = time.monotonic() - self._beat_t
         if silent > self.stall_timeout and not self._stalled:
             self._stalled = True
-            frame = sys._current_frames().get(self._threads[0].ident) if self._threads else None
+            ident = self._threads[0].ident if self._threads else None
+            frame = sys._current_frames().get(ident) if ident is not None else None
             stack = "".join(traceback.format_stack(frame)).rstrip() if frame is not None else "(no stack)"
             _log.error("pycoll watchdog: the polling thread has not completed a round for %.1f s (%s); timeouts "
                        "are not being detected. Its stack:\n%s", silent, self._doing or "idle", stack)
@@ -585,6 +602,7 @@ class Watchdog(CommObserver):
         while not stop.is_set():
             t0 = time.monotonic()
             comms = [c for c in self._comms() if c.store is not None]
+            c: Optional[CommView]
             for c in comms:
                 self._publish(c)
             stores = {id(c.store): c.store for c in comms}

@@ -53,7 +53,7 @@ import re
 import zlib
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Iterator, List, Mapping, Optional
+from typing import Iterator, List, Literal, Mapping, Optional, overload
 
 from ..errors import RankDiscoveryError, StoreError
 from ..store import DEFAULT_TIMEOUT, MemoryStore, PrefixStore, Store, TCPStore, wrap_torch_store
@@ -238,6 +238,13 @@ def _get(env: Mapping[str, str], name: str) -> Optional[str]:
     return value.strip()
 
 
+@overload
+def _int(env: Mapping[str, str], name: str, *, required: Literal[True] = True, minimum: int = 0,
+         why: str = "") -> int: ...
+@overload
+def _int(env: Mapping[str, str], name: str, *, required: bool, minimum: int = 0, why: str = "") -> Optional[int]: ...
+
+
 def _int(env: Mapping[str, str], name: str, *, required: bool = True, minimum: int = 0,
          why: str = "") -> Optional[int]:
     raw = _get(env, name)
@@ -293,7 +300,7 @@ def _from_pycoll(env: Mapping[str, str]) -> RankInfo:
         raise RankDiscoveryError(f"{ENV_LOCAL_RANK} and {ENV_LOCAL_WORLD_SIZE} must be set together")
     node_rank = _int(env, ENV_NODE_RANK, required=False)
     nnodes = _int(env, ENV_NNODES, required=False, minimum=1)
-    if local_rank is None:
+    if local_rank is None or local_world is None:  # both are None (checked above)
         local_rank, local_world = rank, world
         node_rank = 0 if node_rank is None else node_rank
         nnodes = 1 if nnodes is None else nnodes
@@ -304,7 +311,7 @@ def _from_pycoll(env: Mapping[str, str]) -> RankInfo:
     if replacement and replaces is None:
         replaces = rank
     info = RankInfo(
-        rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,  # type: ignore[arg-type]
+        rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
         node_rank=node_rank, nnodes=nnodes,
         store_addr=_get(env, ENV_STORE_ADDR), store_port=_port(env, ENV_STORE_PORT),
         store_token=_get(env, ENV_STORE_TOKEN), source="pycoll",
@@ -333,14 +340,14 @@ def _from_torchrun(env: Mapping[str, str]) -> RankInfo:
     nnodes: Optional[int] = None
     if local_world == world:
         nnodes, node_rank = 1, 0 if node_rank is None else node_rank
-    elif world % local_world == 0:  # type: ignore[operator]
-        nnodes = world // local_world  # type: ignore[operator]
+    elif world % local_world == 0:
+        nnodes = world // local_world
     addr, port = _get(env, "MASTER_ADDR"), _port(env, "MASTER_PORT")
     if (addr is None) != (port is None):
         have, lack = ("MASTER_ADDR", "MASTER_PORT") if addr is not None else ("MASTER_PORT", "MASTER_ADDR")
         raise RankDiscoveryError(f"{have} is set but {lack} is not")
     info = RankInfo(
-        rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,  # type: ignore[arg-type]
+        rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
         node_rank=node_rank, nnodes=nnodes, store_addr=addr, store_port=port, store_token=None,
         source="torchrun", run_id=_get(env, "TORCHELASTIC_RUN_ID"),
     )
@@ -370,7 +377,7 @@ def _from_slurm(env: Mapping[str, str]) -> RankInfo:
     if tpn_raw is not None:
         per_node = expand_tasks_per_node(tpn_raw)
         _below("SLURM_NODEID", node_rank, f"the number of entries in {tpn_var}={tpn_raw!r}", len(per_node))
-        local_world = per_node[node_rank]  # type: ignore[index]
+        local_world = per_node[node_rank]
         if sum(per_node) != world and tpn_var == "SLURM_STEP_TASKS_PER_NODE":
             raise RankDiscoveryError(f"{tpn_var}={tpn_raw!r} adds up to {sum(per_node)} tasks, "
                                      f"but SLURM_NTASKS={world}")
@@ -387,7 +394,7 @@ def _from_slurm(env: Mapping[str, str]) -> RankInfo:
         default_port = 20000 + zlib.crc32(f"{job}.{step}".encode()) % 20000
     addr, port = _store_location(env, host, default_port)
     info = RankInfo(
-        rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,  # type: ignore[arg-type]
+        rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
         node_rank=node_rank, nnodes=nnodes, store_addr=addr, store_port=port,
         store_token=_get(env, ENV_STORE_TOKEN), source="slurm", run_id=job,
     )
@@ -405,7 +412,7 @@ def _from_openmpi(env: Mapping[str, str]) -> RankInfo:
     single_node = local_world == world
     addr, port = _store_location(env, _LOOPBACK if single_node else None, None)
     info = RankInfo(
-        rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,  # type: ignore[arg-type]
+        rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
         node_rank=0 if single_node else None, nnodes=1 if single_node else None,
         store_addr=addr, store_port=port, store_token=_get(env, ENV_STORE_TOKEN), source="openmpi",
     )

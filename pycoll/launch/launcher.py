@@ -68,7 +68,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import StoreError, StoreTimeout
 from ..store import Store, TCPStore, TCPStoreServer
@@ -138,7 +138,7 @@ def _killpg(pgid: int, sig: int) -> None:
 
 
 def _children_of(pid: int) -> List[int]:
-    out = []
+    out: List[int] = []
     try:
         entries = os.listdir("/proc")
     except OSError:
@@ -163,7 +163,7 @@ def _children_of(pid: int) -> List[int]:
 class _Stream:
     """Lines from one pipe of one rank, forwarded with the rank's prefix."""
 
-    def __init__(self, fd: int, dest: int, prefix: bytes, launcher: "_Launcher") -> None:
+    def __init__(self, fd: int, dest: int, prefix: bytes, launcher: _Launcher) -> None:
         self.fd = fd
         self.dest = dest
         self.prefix = prefix
@@ -303,7 +303,7 @@ class _Launcher:
             except StoreError as exc:
                 raise SystemExit(f"pycoll-run: node {cfg.node_rank} cannot reach the store of node 0: {exc}") from None
 
-    def store_call(self, what: str, method: str, *args):
+    def store_call(self, what: str, method: str, *args: Any) -> Any:
         """Call a store method; log and return None when the store cannot be reached."""
         if self.store is None:
             return None
@@ -374,7 +374,7 @@ class _Launcher:
         # the child exits, so children must not be forked from short-lived threads.
         cmd = self.cfg.command
         if sys.platform.startswith("linux"):
-            cmd = [sys.executable, "-I", "-S", "-c", _BOOT, str(os.getpid())] + cmd
+            cmd = [sys.executable, "-I", "-S", "-c", _BOOT, str(os.getpid()), *cmd]
         popen = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             env=self.rank_env(rank, local_rank, replacement), start_new_session=True, close_fds=True,
@@ -397,7 +397,7 @@ class _Launcher:
         return [p for p in self.procs if p.code is None]
 
     def read_stream(self, fd: int) -> None:
-        stream, proc = self.fd_to_stream[fd]
+        stream, _ = self.fd_to_stream[fd]
         try:
             data = os.read(fd, 1 << 16)
         except (BlockingIOError, InterruptedError):
@@ -503,7 +503,7 @@ class _Launcher:
 
     def restore_signals(self) -> None:
         for sig, handler in self.old_handlers.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
+            signal.signal(sig, handler)  # type: ignore[arg-type]  # what signal.signal() returned for sig
         signal.set_wakeup_fd(self.old_wakeup)
 
     def on_signals(self) -> None:
@@ -761,16 +761,16 @@ def _config(argv: Optional[Sequence[str]]) -> _Config:
     if not 0 <= master_port <= 65535 or (a.nnodes > 1 and master_port == 0):
         parser.error(f"--master-port must be a TCP port, got {master_port}")
     if a.module:
-        command = [sys.executable, "-u", "-m", a.target] + a.args
+        command = [sys.executable, "-u", "-m", a.target, *a.args]
     elif a.no_python:
         exe = a.target if os.sep in a.target else shutil.which(a.target)
         if exe is None or not os.access(exe, os.X_OK):
             parser.error(f"cannot find executable {a.target!r}")
-        command = [a.target] + a.args
+        command = [a.target, *a.args]
     else:
         if not os.path.isfile(a.target):
             parser.error(f"no such script: {a.target!r}")
-        command = [sys.executable, "-u", a.target] + a.args
+        command = [sys.executable, "-u", a.target, *a.args]
     return _Config(
         command=command, nproc=a.nproc, nnodes=a.nnodes, node_rank=a.node_rank,
         master_addr=a.master_addr or "127.0.0.1", master_port=master_port, store_bind=a.store_bind,

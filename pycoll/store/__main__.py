@@ -6,7 +6,7 @@ import argparse
 import logging
 import os
 import sys
-from typing import Optional, Sequence
+from typing import Optional, Sequence, cast
 
 from ._wire import DEFAULT_MAX_MESSAGE
 from .tcp_server import TCPStoreServer
@@ -26,7 +26,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     server = TCPStoreServer(args.host, args.port, token, max_message=args.max_message)
     sys.stdout.write(f"PYCOLL_STORE_ADDR={server.host}\nPYCOLL_STORE_PORT={server.port}\n")
     if token is None:
-        sys.stdout.write(f"PYCOLL_STORE_TOKEN={server.token}\n")
+        sys.stdout.write(f"PYCOLL_STORE_TOKEN={cast(str, server.token)}\n")  # the server made it: a hex str
     sys.stdout.flush()
     try:
         server.serve_forever()

@@ -88,9 +88,9 @@ def _timeout_error(keys: Sequence[str], timeout: float, where: str = "", missing
     if len(keys) > len(missing):
         what += f" (of {len(keys)} waited for)"
     exc = StoreTimeout(f"timed out after {timeout:g} s waiting for {what}{where}")
-    exc.keys = list(keys)  # type: ignore[attr-defined]
-    exc.missing = missing  # type: ignore[attr-defined]
-    exc.timeout = timeout  # type: ignore[attr-defined]
+    exc.keys = list(keys)
+    exc.missing = missing
+    exc.timeout = timeout
     return exc
 
 
@@ -160,10 +160,10 @@ class Store(abc.ABC):
         self.wait(keys, timeout)
         return [self.get(k, 0) for k in keys]
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 -- a no-op by default: a store with nothing to release keeps it
         """Release the store's resources (connections, files). Further calls raise StoreError."""
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -176,6 +176,9 @@ class PrefixStore(Store):
     Views nest (``PrefixStore(PrefixStore(s, "a/"), "b/")`` uses ``"a/b/"``). Closing a view does not
     close the underlying store. :meth:`num_keys` counts only the keys under the prefix.
     """
+
+    store: Store
+    prefix: str
 
     def __init__(self, store: Store, prefix: str) -> None:
         if not isinstance(store, Store):
@@ -196,7 +199,7 @@ class PrefixStore(Store):
         return store
 
     @property
-    def timeout(self) -> float:  # type: ignore[override]
+    def timeout(self) -> float:
         return self.store.timeout
 
     @timeout.setter

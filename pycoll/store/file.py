@@ -9,7 +9,7 @@ import os
 import struct
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, ClassVar, Dict, Iterator, List, Optional, Tuple, Union
 
 from ..errors import StoreError
 from .base import (
@@ -43,7 +43,7 @@ class _PathLock:
     closed, so every FileStore on the same path in this process shares one descriptor.
     """
 
-    _registry: Dict[str, "_PathLock"] = {}
+    _registry: ClassVar[Dict[str, _PathLock]] = {}
     _registry_lock = threading.Lock()
 
     def __init__(self, path: str) -> None:
@@ -54,7 +54,7 @@ class _PathLock:
         self.refs = 0
 
     @classmethod
-    def acquire_ref(cls, path: str) -> "_PathLock":
+    def acquire_ref(cls, path: str) -> _PathLock:
         with cls._registry_lock:
             pl = cls._registry.get(path)
             if pl is None or pl.pid != os.getpid():

@@ -159,7 +159,7 @@ class TCPStore(Store):
         *,
         max_message: int = DEFAULT_MAX_MESSAGE,
         **kwargs: Any,
-    ) -> "TCPStore":
+    ) -> TCPStore:
         """Start a :class:`TCPStoreServer` in this process and return a client that owns it.
 
         Closing the returned client stops the server: every other client then loses the store.
@@ -223,7 +223,7 @@ class TCPStore(Store):
             sock.sendall(_CLIENT_HELLO.pack(_MAGIC, _VERSION, client_nonce,
                                             _mac(self._token, b"client", server_nonce, client_nonce)))
             status, mac = _SERVER_REPLY.unpack(conn._recv_exact(_SERVER_REPLY.size))
-        except socket.timeout:
+        except TimeoutError:
             raise StoreTimeout(f"the store at {self._where()} did not complete the handshake in time") from None
         except ConnectionError as exc:
             raise StoreError(f"the store at {self._where()} closed the connection during the handshake "
@@ -290,7 +290,7 @@ class TCPStore(Store):
         io_timeout = (wait + self.REPLY_GRACE) if op in (_OP_GET, _OP_WAIT, _OP_MULTI_GET) else self.timeout
         try:
             status, out = conn.request(frame, max(io_timeout, 1.0))
-        except socket.timeout:
+        except TimeoutError:
             self._discard(conn)
             raise StoreTimeout(f"{_OP_NAMES[op]}: the store at {self._where()} did not answer within "
                                f"{io_timeout:g} s") from None

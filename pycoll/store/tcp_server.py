@@ -181,7 +181,7 @@ class TCPStoreServer:
 
     # ---- lifecycle
 
-    def start(self) -> "TCPStoreServer":
+    def start(self) -> TCPStoreServer:
         """Serve in a daemon thread; returns self."""
         if self._thread is not None:
             raise StoreError("TCPStoreServer already started")
@@ -238,7 +238,7 @@ class TCPStoreServer:
             s.close()
         self._sel.close()
 
-    def __enter__(self) -> "TCPStoreServer":
+    def __enter__(self) -> TCPStoreServer:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -20,7 +20,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import List, Optional, Sequence
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..elastic import ElasticGroup
 
 __all__ = ["main"]
 
@@ -28,7 +33,7 @@ _DIM = 8
 _SHARD = 64
 
 
-def _shard(slot: int, true_w):  # type: ignore[no-untyped-def]
+def _shard(slot: int, true_w: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     import numpy as np
 
     rng = np.random.default_rng(1000 + slot)
@@ -37,15 +42,15 @@ def _shard(slot: int, true_w):  # type: ignore[no-untyped-def]
     return x, y
 
 
-def _say(group, text: str) -> None:  # type: ignore[no-untyped-def]
+def _say(group: ElasticGroup, text: str) -> None:
     if group.rank == 0:
         print(text, flush=True)
 
 
-def _analyze(group, dump_dir: str, generation: int) -> None:  # type: ignore[no-untyped-def]
+def _analyze(group: ElasticGroup, dump_dir: str, generation: int) -> None:
     """Rank 0: wait briefly for the survivors' dumps of ``generation``, then print the analyzer's verdict."""
-    from ..analyze import analyze_dir, format_report
-    from ..flight_recorder import generation_dir
+    from ..diagnostics.analyze import analyze_dir, format_report
+    from ..diagnostics.files import generation_dir
 
     folder = generation_dir(dump_dir, generation)
     deadline = time.monotonic() + 3.0
@@ -56,12 +61,12 @@ def _analyze(group, dump_dir: str, generation: int) -> None:  # type: ignore[no-
             break
         time.sleep(0.05)
     report = format_report(analyze_dir(folder), stacks=False)
-    print("flight-recorder analyzer (pycoll-fr) on the generation-%d dumps:" % generation, flush=True)
+    print(f"flight-recorder analyzer (pycoll-fr) on the generation-{generation} dumps:", flush=True)
     for line in report.splitlines():
         print("    " + line, flush=True)
 
 
-def _sync_state(group, params, step: int) -> int:  # type: ignore[no-untyped-def]
+def _sync_state(group: ElasticGroup, params: np.ndarray, step: int) -> int:
     """Rank 0 sends the model and the step to every member (a joiner receives them)."""
     import numpy as np
 
@@ -75,6 +80,7 @@ def _worker(args: argparse.Namespace) -> int:
     import numpy as np
 
     import pycoll
+
     from ..elastic import ElasticGroup
 
     true_w = np.linspace(-1.0, 1.0, _DIM)
@@ -104,7 +110,7 @@ def _worker(args: argparse.Namespace) -> int:
             group.reshape()
             _say(group, f"step {step}: reshaped: {group.transitions[-1].describe()}")
             # the failure's dumps wait until the recovery is over; the analyzer wants them now
-            pycoll.watchdog.get_watchdog().wait_for_dumps()
+            pycoll.diagnostics.get_watchdog().wait_for_dumps()
             if group.rank == 0:
                 _analyze(group, args.dump_dir, before)
             continue  # redo the step on the smaller communicator
@@ -175,7 +181,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "--timeout", str(args.timeout), "--dump-dir", dump_dir,
     ]
     cmd = [sys.executable, "-m", "pycoll.run", "-n", str(args.ranks), "--replace-failed", "1", "--timeout", "120",
-           "-m", "pycoll.demo"] + worker_args
+           "-m", "pycoll.demo", *worker_args]
     print(f"pycoll demo: pycoll-run -n {args.ranks} --replace-failed 1 (host backend); slot {args.kill_rank} "
           f"dies at step {args.kill_step}; flight-recorder dumps in {dump_dir}", flush=True)
     t0 = time.monotonic()

@@ -45,8 +45,20 @@ arguments, 3 when the run itself failed (a rank died, an operation failed or tim
 from __future__ import annotations
 
 from .cli import main
-from .spec import (COLLECTIVES, DTYPES, EXIT_FAILED, EXIT_OK, EXIT_USAGE, EXIT_WRONG, REDOPS, CollSpec, DType,
-                   format_size, parse_size, size_steps)
+from .spec import (
+    COLLECTIVES,
+    DTYPES,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    EXIT_WRONG,
+    REDOPS,
+    CollSpec,
+    DType,
+    format_size,
+    parse_size,
+    size_steps,
+)
 
 __all__ = [  # the stable surface; Case, build_case, measure... are building blocks that may change
     "COLLECTIVES",

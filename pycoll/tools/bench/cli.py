@@ -11,17 +11,34 @@ import socket
 import subprocess
 import sys
 from datetime import datetime, timezone
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
-from .arrays import _ArrayLib, _make_kit
+from .arrays import _ArrayLib, _make_kit, _TorchKit
 from .cases import build_case
 from .report import _dispatch, _EventReporter, _Reporter, _TableReporter
 from .runner import _Runner, measure
-from .spec import (_EVENT_MARK, COLLECTIVES, DTYPES, EXIT_FAILED, EXIT_OK, EXIT_USAGE, EXIT_WRONG, MODES, REDOPS,
-                   _DTYPE_ALIASES, _collectives, _element_count, _pick, _size_arg, _size_plan, format_size,
-                   parse_size, size_steps)
+from .spec import (
+    _DTYPE_ALIASES,
+    _EVENT_MARK,
+    COLLECTIVES,
+    DTYPES,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    EXIT_WRONG,
+    MODES,
+    REDOPS,
+    _collectives,
+    _element_count,
+    _pick,
+    _size_arg,
+    _size_plan,
+    format_size,
+    parse_size,
+    size_steps,
+)
 
 _log = logging.getLogger("pycoll.bench")
 
@@ -115,7 +132,7 @@ def _rank_meta(comm: Any, kit: _ArrayLib) -> Dict[str, Any]:
     label = "host" if dev.kind == "host" else f"{dev.kind}:{dev.device_id}"
     if dev.kind != "host" and kit.name == "torch":
         try:
-            label += " " + kit.torch.cuda.get_device_name(dev.device_id)  # type: ignore[attr-defined]
+            label += " " + cast(_TorchKit, kit).torch.cuda.get_device_name(dev.device_id)
         except Exception:  # the name is decoration only
             pass
     return {"rank": comm.rank, "pid": os.getpid(), "hostname": socket.gethostname(), "device": label}
@@ -330,7 +347,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_FAILED
     except BrokenPipeError:  # e.g. `pycoll-bench ... | head`: stop quietly
         try:
-            sys.stdout = open(os.devnull, "w")
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 -- stdout for the rest of the process
         except OSError:
             pass
         return EXIT_FAILED
