@@ -52,7 +52,8 @@ class Setting:
 
     ``kind``: ``"seconds"`` (finite, > 0; ``minimum=0`` allows 0; at most ``maximum``), ``"int"`` (decimal,
     within ``minimum``/``maximum``), ``"bool"`` (1/true/yes/on, 0/false/no/off), ``"choice"`` (one of
-    ``choices``), ``"signal"`` (off, 1, SIGUSR1 or SIGUSR2; the text is returned) or ``"text"``. ``default`` is the value when unset; ``doc`` what it means.
+    ``choices``), ``"signal"`` (off, 1, SIGUSR1 or SIGUSR2; the text is returned) or ``"text"``.
+    ``default`` is the value when unset; ``doc`` what it means.
     """
 
     name: str
