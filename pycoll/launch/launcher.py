@@ -791,8 +791,10 @@ def _parser() -> argparse.ArgumentParser:
 def _config(argv: Optional[Sequence[str]]) -> _Config:
     parser = _parser()
     a = parser.parse_args(argv)
-    if not 1 <= a.nproc <= MAX_NPROC:
-        parser.error(f"-n must be in [1, {MAX_NPROC}], got {a.nproc}")
+    if a.nproc < 1:
+        parser.error(f"-n must be at least 1, got {a.nproc}")
+    if a.nproc > MAX_NPROC:
+        parser.error(f"-n must be at most {MAX_NPROC} (ranks per launcher), got {a.nproc}")
     if a.nnodes < 1:
         parser.error(f"--nnodes must be at least 1, got {a.nnodes}")
     if not 0 <= a.node_rank < a.nnodes:

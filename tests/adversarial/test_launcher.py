@@ -57,7 +57,7 @@ def test_nproc_has_an_upper_bound(tmp_path) -> None:
     with python("import sys; from pycoll.launch.launcher import main; sys.exit(main(sys.argv[1:]))",
                 "-n", "100000000", str(script)) as child:
         rc, _, err = child.communicate(20)
-    assert rc == 2 and "-n must be in" in err, err
+    assert rc == 2 and "-n must be at most" in err, err
 
 
 _LOW_FDS = textwrap.dedent("""
