@@ -14,13 +14,20 @@ from __future__ import annotations
 
 import math
 import os
+import re
+import signal
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-__all__ = ["Setting", "SETTINGS", "get", "explicit", "seconds"]
+__all__ = ["Setting", "SETTINGS", "HOST_LIBRARY_SETTINGS", "get", "explicit", "seconds", "check_host_library"]
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
+# the spellings of a dump signal (upper case): off, SIGUSR1 or SIGUSR2
+_DUMP_SIGNALS = frozenset(
+    [w.upper() for w in _TRUE + _FALSE]
+    + ["USR1", "SIGUSR1", "USR2", "SIGUSR2", str(int(signal.SIGUSR1)), str(int(signal.SIGUSR2))]
+)
 
 
 def seconds(value: Any, what: str, *, positive: bool = True) -> float:
@@ -43,9 +50,10 @@ def seconds(value: Any, what: str, *, positive: bool = True) -> float:
 class Setting:
     """One ``PYCOLL_*`` variable.
 
-    ``kind``: ``"seconds"`` (finite, > 0; ``minimum=0`` allows 0), ``"int"`` (within
-    ``minimum``/``maximum``), ``"bool"`` (1/true/yes/on, 0/false/no/off), ``"choice"`` (one of
-    ``choices``) or ``"text"``. ``default`` is the value when unset; ``doc`` what it means.
+    ``kind``: ``"seconds"`` (finite, > 0; ``minimum=0`` allows 0; at most ``maximum``), ``"int"`` (decimal,
+    within ``minimum``/``maximum``), ``"bool"`` (1/true/yes/on, 0/false/no/off), ``"choice"`` (one of
+    ``choices``), ``"signal"`` (off, 1, SIGUSR1 or SIGUSR2; the text is returned) or ``"text"``.
+    ``default`` is the value when unset; ``doc`` what it means.
     """
 
     name: str
@@ -70,12 +78,14 @@ class Setting:
                 value = float(raw)
             except ValueError:
                 raise ValueError(f"{name} must be a number of seconds, got {raw!r}") from None
-            return seconds(value, name, positive=self.minimum != 0)
+            value = seconds(value, name, positive=self.minimum != 0)
+            if self.maximum is not None and value > self.maximum:
+                raise ValueError(f"{name} must be <= {self.maximum:g} seconds, got {value:g}")
+            return value
         if self.kind == "int":
-            try:
-                value = int(raw)
-            except ValueError:
-                raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+            if not re.fullmatch(r"-?[0-9]+", raw):  # as strictly as the host library's C parser
+                raise ValueError(f"{name} must be an integer, got {raw!r}")
+            value = int(raw)
             if self.minimum is not None and value < self.minimum:
                 raise ValueError(f"{name} must be >= {self.minimum:g}, got {value}")
             if self.maximum is not None and value > self.maximum:
@@ -88,6 +98,10 @@ class Setting:
             if low in _FALSE:
                 return False
             raise ValueError(f"{name} must be 0 or 1, got {raw!r}")
+        if self.kind == "signal":
+            if raw.upper() not in _DUMP_SIGNALS:
+                raise ValueError(f"{name} must be SIGUSR1 or SIGUSR2 (or 1 for SIGUSR1, 0 for off), got {raw!r}")
+            return raw
         if self.kind == "choice":
             if raw not in self.choices:
                 raise ValueError(f"{name} must be one of {', '.join(self.choices)}, got {raw!r}")
@@ -129,12 +143,33 @@ _ALL = (
             minimum=0),
     Setting("PYCOLL_FR_DUMP_HOLD", "seconds", 10.0,
             "longest an elastic recovery holds a failure's report and dump back, seconds", minimum=0),
-    Setting("PYCOLL_FR_DUMP_SIGNAL", "text", None, "`1`/`SIGUSR1`/`SIGUSR2`: that signal dumps without stopping "
+    Setting("PYCOLL_FR_DUMP_SIGNAL", "signal", None, "`1`/`SIGUSR1`/`SIGUSR2`: that signal dumps without stopping "
             "anything (off)"),
+    # -- the host library (read by its C code: pycoll/_host/env.h has the same bounds)
+    Setting("PYCOLL_HOST_INIT_TIMEOUT", "seconds", 300.0,
+            "seconds a host rendezvous waits for missing ranks (0: forever)", minimum=0, maximum=1e7),
+    Setting("PYCOLL_HOST_SPIN_NS", "int", 50000, "ns a host waiter spins before yielding", minimum=0, maximum=1e10),
+    Setting("PYCOLL_HOST_YIELD_NS", "int", 300000, "ns it then yields before sleeping", minimum=0, maximum=1e10),
+    Setting("PYCOLL_HOST_ONESHOT_MAX", "int", 32768, "host AllReduce/Reduce up to this many bytes use one phase",
+            minimum=0, maximum=1 << 30),
+    Setting("PYCOLL_HOST_CHUNK_BYTES", "int", 524288, "pipeline chunk of larger host AllReduce/Reduce, bytes",
+            minimum=64, maximum=1 << 30),
+    Setting("PYCOLL_HOST_BIND", "choice", "0", "`1` binds the thread initialising host rank r to a CPU",
+            choices=("0", "1")),
 )
 
 #: name -> :class:`Setting`, for every ``PYCOLL_*`` variable pycoll's Python code reads
 SETTINGS: Dict[str, Setting] = {s.name: s for s in _ALL}
+
+#: the variables the host library reads in C (validated by :func:`check_host_library` before it is used)
+HOST_LIBRARY_SETTINGS: Tuple[str, ...] = tuple(s.name for s in _ALL if s.name.startswith("PYCOLL_HOST_"))
+
+
+def check_host_library(environ: Optional[Mapping[str, str]] = None) -> None:
+    """ValueError naming the variable when a host-library variable is invalid (the library would warn and
+    fall back to its default, or fail its next init)."""
+    for name in HOST_LIBRARY_SETTINGS:
+        get(name, environ)
 
 
 def get(name: str, environ: Optional[Mapping[str, str]] = None) -> Any:

@@ -81,8 +81,19 @@ def load(spec=None):
 
     Raises LibraryError naming everything tried when nothing suitable is found, or when the
     object does not export ``ncclGetVersion``. Missing optional functions never fail loading.
+    Raises ValueError naming the variable when a host library is asked for (or found) while one of
+    its ``PYCOLL_HOST_*`` variables is invalid (pycoll._settings.check_host_library).
     """
     spec = _locate.normalize_spec(spec)
+    if spec == "host":
+        _settings.check_host_library()  # before dlopen: the library reads them as it loads
+    lib = _load_spec(spec)
+    if lib.kind == "host" and spec != "host":
+        _settings.check_host_library()
+    return lib
+
+
+def _load_spec(spec):
     lib = _by_spec.get(spec)
     if lib is not None:
         return lib

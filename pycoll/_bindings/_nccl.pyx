@@ -29,6 +29,7 @@ from posix.dlfcn cimport RTLD_LOCAL, RTLD_NOW, dlclose, dlerror, dlopen, dlsym
 
 from pycoll._bindings.libnccl cimport *
 
+from pycoll import _settings
 from pycoll import errors as _errors
 from pycoll._bindings import _locate
 from pycoll.errors import LibraryError, NotSupported

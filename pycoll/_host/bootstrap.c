@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "debug.h"
+#include "env.h"
 
 /* ---- layout ---- */
 
@@ -129,10 +130,11 @@ uint64_t new_claim_token(void) {
   return ((uint64_t)(uint32_t)getpid() << 32) | c;
 }
 
-uint64_t rendezvous_timeout_ns(void) {
-  const char* e = getenv("PYCOLL_HOST_INIT_TIMEOUT");
-  double s = e ? strtod(e, NULL) : 300.0;
-  return s <= 0 ? 0 : (uint64_t)(s * 1e9);
+bool rendezvous_timeout_ns(uint64_t* out) {
+  double s;
+  bool ok = env_seconds("PYCOLL_HOST_INIT_TIMEOUT", 0.0, ENV_INIT_TIMEOUT_MAX, 300.0, &s);
+  *out = s <= 0 ? 0 : (uint64_t)(s * 1e9);
+  return ok;
 }
 
 /* ---- rendezvous ---- */

@@ -51,7 +51,8 @@ struct rendezvous {
 ncclResult_t rendezvous_join(const struct rendezvous* r, struct seg* out);
 
 /* Default rendezvous timeout: PYCOLL_HOST_INIT_TIMEOUT seconds (300; 0 disables it). */
-uint64_t rendezvous_timeout_ns(void);
+/* PYCOLL_HOST_INIT_TIMEOUT in ns (0: forever); false (after a WARN) when the variable is invalid. */
+bool rendezvous_timeout_ns(uint64_t* out);
 uint64_t new_claim_token(void);
 
 #endif

@@ -18,6 +18,7 @@
 #include "copy.h"
 #include "debug.h"
 #include "enqueue.h"
+#include "env.h"
 
 enum phase { PH_FILL = 0, PH_ARRIVE, PH_CONSUME, PH_REDUCED };
 enum algo { ALGO_LOCAL = 0, ALGO_ONESHOT, ALGO_TWOPHASE, ALGO_STEP };
@@ -26,9 +27,11 @@ static size_t oneshot_max = 32 << 10;
 static size_t chunk_max = 512 << 10;
 
 __attribute__((constructor)) static void coll_tunables(void) {
-  const char* e;
-  if ((e = getenv("PYCOLL_HOST_ONESHOT_MAX"))) oneshot_max = strtoull(e, NULL, 10);
-  if ((e = getenv("PYCOLL_HOST_CHUNK_BYTES"))) chunk_max = strtoull(e, NULL, 10);
+  uint64_t v;
+  env_u64("PYCOLL_HOST_ONESHOT_MAX", 0, ENV_ONESHOT_MAX_MAX, oneshot_max, &v);
+  oneshot_max = (size_t)v;
+  env_u64("PYCOLL_HOST_CHUNK_BYTES", ENV_CHUNK_BYTES_MIN, ENV_CHUNK_BYTES_MAX, chunk_max, &v);
+  chunk_max = (size_t)v;
 }
 
 /* Slice k of n over `len` elements, boundaries aligned to a cache line. */
@@ -67,13 +70,13 @@ void coll_start(struct task* t) {
         t->piece = t->count;
       } else {
         t->algo = ALGO_TWOPHASE;
-        t->piece = MIN(chunk_max, ib) / es;
+        t->piece = MAX((size_t)1, MIN(chunk_max, ib) / es); /* never 0: it divides the step count */
       }
       break;
     }
     case TK_BROADCAST:
     case TK_ALLGATHER:
-    case TK_GATHER: t->piece = ib / es; break;
+    case TK_GATHER: t->piece = MAX((size_t)1, ib / es); break;
     default: t->piece = MAX((size_t)1, ib / (n * es)); break; /* one piece per destination block */
   }
   t->nsteps = (uint32_t)((t->count + t->piece - 1) / t->piece);

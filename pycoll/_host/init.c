@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "debug.h"
+#include "env.h"
 #include "group.h"
 #include "handles.h"
 
@@ -24,6 +25,12 @@ NCCL_API ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
 ncclResult_t job_run_init(struct job* j) {
   struct ncclComm* c = j->comm;
   uint32_t* flags[2] = {&c->abort_flag, j->parent ? &j->parent->abort_flag : NULL};
+  uint64_t timeout_ns;
+  if (!rendezvous_timeout_ns(&timeout_ns)) {
+    CWARN(c, "%s : PYCOLL_HOST_INIT_TIMEOUT=%s is invalid: it must be a finite number of seconds in [0, %g]",
+          j->opname, getenv("PYCOLL_HOST_INIT_TIMEOUT"), ENV_INIT_TIMEOUT_MAX);
+    return ncclInvalidArgument;
+  }
   struct rendezvous r = {.nonce = j->nonce,
                          .nranks = j->nranks,
                          .rank = j->rank,
@@ -33,7 +40,7 @@ ncclResult_t job_run_init(struct job* j) {
                          .expected = j->expected,
                          .abort_flags = flags,
                          .nabort = j->parent ? 2 : 1,
-                         .timeout_ns = rendezvous_timeout_ns(),
+                         .timeout_ns = timeout_ns,
                          .opname = j->opname,
                          .comm = c};
   struct seg s;
@@ -125,8 +132,7 @@ static ncclResult_t init_common(ncclComm_t* newcomm, int nranks, int nid, const 
  * rank r of an n-rank communicator is bound to the (r mod #allowed)-th CPU it may run on, if
  * there are at least n of them. Off by default: threads started later inherit the binding. */
 static void maybe_bind(int rank, int nranks) {
-  const char* e = getenv("PYCOLL_HOST_BIND");
-  if (!e || strcmp(e, "1") != 0) return;
+  if (!env_bind()) return;
   cpu_set_t allowed;
   if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || CPU_COUNT(&allowed) < nranks) return;
   int k = rank % CPU_COUNT(&allowed);

@@ -29,7 +29,8 @@
  *                             on another CPU; waiters yield at once when the peer shares their CPU
  *   PYCOLL_HOST_YIELD_NS      how long it then yields before sleeping on a futex (300000)
  *   PYCOLL_HOST_ONESHOT_MAX   AllReduce/Reduce up to this many bytes use one phase (32768)
- *   PYCOLL_HOST_CHUNK_BYTES   pipeline chunk of larger AllReduce/Reduce (524288)
+ *   PYCOLL_HOST_CHUNK_BYTES   pipeline chunk of larger AllReduce/Reduce (524288; 64 to 2^30)
+ *   (each is checked by env.c: a bad value is refused with a WARN, see env.h for the bounds)
  *   PYCOLL_HOST_BIND=1        bind the thread initialising rank r to the (r mod #allowed)-th
  *                             allowed CPU when there are enough CPUs (off by default: threads it
  *                             starts later inherit the binding), like Open MPI's default binding

@@ -9,6 +9,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "env.h"
+
 #ifndef SYS_pidfd_open
 #define SYS_pidfd_open 434
 #endif
@@ -63,9 +65,8 @@ int host_ncpus(void) {
 static uint64_t spin_ns = 50000, yield_ns = 300000, sleep_min_ns = 200000, sleep_max_ns = PEER_CHECK_NS;
 
 __attribute__((constructor)) static void wait_tunables(void) {
-  const char* e;
-  if ((e = getenv("PYCOLL_HOST_SPIN_NS"))) spin_ns = strtoull(e, NULL, 10);
-  if ((e = getenv("PYCOLL_HOST_YIELD_NS"))) yield_ns = strtoull(e, NULL, 10);
+  env_u64("PYCOLL_HOST_SPIN_NS", 0, ENV_NS_MAX, spin_ns, &spin_ns);
+  env_u64("PYCOLL_HOST_YIELD_NS", 0, ENV_NS_MAX, yield_ns, &yield_ns);
 }
 
 void backoff_reset(struct backoff* b, bool oversubscribed) {

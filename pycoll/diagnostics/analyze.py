@@ -4,7 +4,8 @@ Reads the dumps pycoll's flight recorder writes (PyTorch's schema ``"2.10"``, pi
 own dumps too) and reports, per communicator, the first operation where the ranks part ways:
 
 * ranks that never entered it (with their last operation and where it was issued),
-* operation type, size and dtype mismatches (the minority is named the culprit),
+* operation type, size and dtype mismatches (the minority is named the culprit), and reduction-op and root
+  mismatches, read from the host library's mismatch text that a failed entry holds (``pycoll_error``),
 * ranks still in flight in it, with the Python stack that issued it,
 * point-to-point operations without a matching peer operation,
 
@@ -294,7 +295,7 @@ def _check_seq(s: int, present: List[int], coll: Dict[int, Dict[int, Dict[str, A
         info: Dict[str, Any] = {"last_op": _describe(le) if le else None, "last_state": le.get("state") if le else None,
                                 "last_site": _site(le) if le else ""}
         div["never_entered"][r] = info
-    # type, then sizes, then dtypes: the first kind that disagrees is reported
+    # type, then sizes, then dtypes (then what the library's mismatch text names): the first that disagrees
     for kind in ("type", "size", "dtype"):
         if kind == "type":
             keyed = {r: _op_of(e) for r, e in got.items()}
@@ -304,18 +305,15 @@ def _check_seq(s: int, present: List[int], coll: Dict[int, Dict[int, Dict[str, A
                      for r in got}
         counts = Counter(keyed.values())
         if len(counts) > 1:
-            majority, n_major = counts.most_common(1)[0]
-            tie = sum(1 for c in counts.values() if c == n_major) > 1
-            variants = defaultdict(list)
-            for r, k in keyed.items():
-                variants[k].append(r)
-            div["mismatch"] = {
-                "kind": kind,
-                "variants": [{"ranks": sorted(rs), "value": _variant_text(kind, got[rs[0]])} for k, rs in
-                             sorted(variants.items(), key=lambda kv: (-len(kv[1]), kv[1]))],
-                "culprits": [] if tie else sorted(r for r, k in keyed.items() if k != majority),
-            }
+            div["mismatch"] = _mismatch(kind, keyed, {r: _variant_text(kind, e) for r, e in got.items()})
             break
+    if div["mismatch"] is None:
+        calls = _library_calls(got, res["members"], local_of)
+        for kind in ("op", "root", "count", "datatype"):
+            keyed = {r: c[kind] for r, c in calls.items() if kind in c}
+            if len(set(keyed.values())) > 1:
+                div["mismatch"] = _mismatch(kind, keyed, {r: f"{kind}={v}" for r, v in keyed.items()})
+                break
     for r, e in got.items():
         if e.get("state") == "completed":
             div["completed"].append(r)
@@ -340,6 +338,57 @@ def _check_seq(s: int, present: List[int], coll: Dict[int, Dict[int, Dict[str, A
         else:
             div["missing_dumps"][r] = f"no dump; had issued it per the store (read by rank {view['reported_by']})"
     return div
+
+
+def _mismatch(kind: str, keyed: Dict[int, Any], texts: Dict[int, str]) -> Dict[str, Any]:
+    """The mismatch record of ``kind``: the variants (largest first) and, when one value has a strict majority
+    of the ranks, the others as culprits."""
+    counts = Counter(keyed.values())
+    majority, n_major = counts.most_common(1)[0]
+    tie = sum(1 for c in counts.values() if c == n_major) > 1
+    variants: Dict[Any, List[int]] = defaultdict(list)
+    for r, k in keyed.items():
+        variants[k].append(r)
+    return {
+        "kind": kind,
+        "variants": [{"ranks": sorted(rs), "value": texts[rs[0]]} for k, rs in
+                     sorted(variants.items(), key=lambda kv: (-len(kv[1]), kv[1]))],
+        "culprits": [] if tie else sorted(r for r, k in keyed.items() if k != majority),
+    }
+
+
+# The host library's text for a mismatched collective: "... rank A called Op(count=.., datatype=.., op=..) but
+# rank B called Op(...)" (ranks are the communicator's own).
+_CALLS_RE = re.compile(r"rank (\d+) called (\w+)\(([^)]*)\) but rank (\d+) called (\w+)\(([^)]*)\)")
+
+
+def _parse_call(args: str) -> Dict[str, str]:
+    out = {}
+    for part in args.split(","):
+        key, sep, value = part.strip().partition("=")
+        if sep and key in ("count", "datatype", "op", "root"):
+            out[key] = value.strip()
+    return out
+
+
+def _library_calls(got: Dict[int, Dict[str, Any]], members: List[int], local_of: Dict[int, int]
+                   ) -> Dict[int, Dict[str, str]]:
+    """Global rank -> the call the library saw it make (count, datatype, op, root), from the entries' errors."""
+    calls: Dict[int, Dict[str, str]] = {}
+    told: Dict[int, Dict[str, str]] = {}  # what a rank's peer said it called, for ranks that did not say so
+    for r, e in got.items():
+        m = _CALLS_RE.search(str(e.get("pycoll_error") or ""))
+        if m is None:
+            continue
+        for local_s, args in ((m.group(1), m.group(3)), (m.group(4), m.group(6))):
+            local = int(local_s)
+            if not 0 <= local < len(members):
+                continue
+            g = members[local]
+            (calls if local == local_of.get(r) else told).setdefault(g, _parse_call(args))
+    for g, c in told.items():
+        calls.setdefault(g, c)
+    return calls
 
 
 def _variant_text(kind: str, e: Dict[str, Any]) -> str:
@@ -465,7 +514,7 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
                     lines.append(f"    {_who(d['skipped'])}: later operations recorded but not this one")
                 m = d["mismatch"]
                 if m:
-                    what = {"type": "operation type", "size": "size", "dtype": "dtype"}[m["kind"]]
+                    what = _MISMATCH_NAMES.get(m["kind"], m["kind"])
                     lines.append(f"    {what.upper()} MISMATCH:"
                                  + (f" culprit {_who(m['culprits'])}" if m["culprits"] else " no majority"))
                     for v in m["variants"]:
@@ -507,6 +556,10 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
     return "\n".join(lines)
 
 
+_MISMATCH_NAMES = {"type": "operation type", "size": "size", "dtype": "dtype", "op": "reduction op",
+                   "root": "root", "count": "count", "datatype": "datatype"}
+
+
 def _verdict(c: Dict[str, Any]) -> str:
     d = c["first_divergence"]
     name = c["name"]
@@ -529,7 +582,7 @@ def _verdict(c: Dict[str, Any]) -> str:
     if m:
         who = (_who(m["culprits"]) + (" differs" if len(m["culprits"]) == 1 else " differ") if m["culprits"]
                else "no majority")
-        out.append(f"{m['kind']} mismatch in {d['op']} on {name!r}: {who}")
+        out.append(f"{_MISMATCH_NAMES.get(m['kind'], m['kind'])} mismatch in {d['op']} on {name!r}: {who}")
     if not out and d["in_flight"]:
         if not d["never_entered"] and not d["completed"] and not c["missing_dumps"]:
             out.append(f"every rank entered {d['op']} on {name!r} and none completed it: not a desync "

@@ -1,4 +1,8 @@
-"""Where flight-recorder dumps go and how they are written (atomically: a temporary file, then a rename)."""
+"""Where flight-recorder dumps go and how they are written (atomically: a temporary file, then a rename).
+
+Dumps hold host names, pids, paths and stacks: their folders are made ``0o700`` and the files ``0o600``,
+and nothing is written through a symbolic link planted by someone else (:mod:`pycoll._safefiles`).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import threading
 from typing import Any, Dict
 
 from .. import _settings
+from ..store import _safefiles
 
 __all__ = ["default_dump_dir", "generation_dir", "json_form", "write_atomic"]
 
@@ -52,19 +57,15 @@ def json_form(data: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def write_atomic(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename."""
+    """Write ``data`` to ``path`` (mode ``0o600``) through a new temporary file in the same folder and a rename.
+
+    Missing folders are made ``0o700``; the folder written into must be a real folder of this user
+    (not a symbolic link), and the path to it may pass only through links of this user or root:
+    PermissionError otherwise.
+    """
     folder = os.path.dirname(path) or "."
-    os.makedirs(folder, exist_ok=True)
+    _safefiles.private_dirs(folder)
     # the temporary name must not contain the dump prefix nor end in a digit: torch's analyzer
     # reads every file whose name contains the prefix
     tmp = os.path.join(folder, f".pycoll-fr-{os.getpid()}-{threading.get_ident():x}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    _safefiles.write_private_atomic(path, data, tmp)

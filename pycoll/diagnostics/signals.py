@@ -18,24 +18,42 @@ __all__ = ["signal_number", "DumpSignal"]
 _log = logging.getLogger("pycoll.watchdog")
 
 
+_ALLOWED = (int(signal.SIGUSR1), int(signal.SIGUSR2))
+
+
 def signal_number(spec: Any) -> Optional[int]:
-    """None (off) or a signal number, from True/False/int/'SIGUSR1'/'USR2'/'1'/'0'."""
+    """None (off) or SIGUSR1/SIGUSR2's number, from True/False/int/'SIGUSR1'/'USR2'/'1'/'0'.
+
+    ValueError for any other signal: only these two may interrupt a program just to make it dump
+    (SIGTERM, SIGINT ... mean something else, and SIGSEGV, SIGKILL ... cannot be handled usefully).
+    """
     if spec is None or spec is False:
         return None
     if spec is True:
         return int(signal.SIGUSR1)
+    number: Optional[int] = None
     if isinstance(spec, int):
-        return int(spec) if spec > 0 else None
-    text = str(spec).strip().upper()
-    if text in ("", "0", "OFF", "FALSE", "NO"):
-        return None
-    if text in ("1", "ON", "TRUE", "YES"):
-        return int(signal.SIGUSR1)
-    name = text if text.startswith("SIG") else "SIG" + text
-    try:
-        return int(getattr(signal, name))
-    except AttributeError:
-        raise ValueError(f"unknown signal {spec!r} (use SIGUSR1 or SIGUSR2)") from None
+        if spec <= 0:
+            return None
+        number = int(spec)
+    else:
+        text = str(spec).strip().upper()
+        if text in ("", "0", "OFF", "FALSE", "NO"):
+            return None
+        if text in ("1", "ON", "TRUE", "YES"):
+            return int(signal.SIGUSR1)
+        if text.isdigit():
+            number = int(text)
+        else:
+            name = text if text.startswith("SIG") else "SIG" + text
+            value = getattr(signal, name, None)
+            if not isinstance(value, signal.Signals):
+                raise ValueError(f"unknown signal {spec!r} (use SIGUSR1 or SIGUSR2)")
+            number = int(value)
+    if number not in _ALLOWED:
+        raise ValueError(f"the dump signal (dump_signal= or $PYCOLL_FR_DUMP_SIGNAL) must be SIGUSR1 or SIGUSR2, "
+                         f"got {spec!r}")
+    return number
 
 
 class DumpSignal:

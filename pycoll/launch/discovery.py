@@ -466,8 +466,9 @@ def open_store(
       rank 0's store object: rank 0 must keep it open until the other ranks are done with it.
     * a single process: a :class:`~pycoll.store.MemoryStore`.
 
-    Every rank must call this. Raises :class:`RankDiscoveryError` for missing settings and
-    :class:`~pycoll.errors.StoreError` (or its subclasses) when the store cannot be reached.
+    Every rank must call this. ``connect_timeout`` bounds reaching the store (connect and handshake;
+    :func:`pycoll.init` passes its ``init_timeout``). Raises :class:`RankDiscoveryError` for missing
+    settings and :class:`~pycoll.errors.StoreError` (or its subclasses) when the store cannot be reached.
     """
     env = os.environ if environ is None else environ
     if info is None:

@@ -41,6 +41,8 @@ Exit status:
   (on this node) for ranks that failed. A replacement has the same ``PYCOLL_RANK`` and local rank,
   ``PYCOLL_REPLACEMENT=k`` (k-th replacement of that slot) and ``PYCOLL_REPLACES=<rank>``.
 * A job stopped by a signal exits with 128+signal; a job that exceeded ``--timeout`` with 124.
+* A job whose store is lost while ranks run (node 0's store server stopped, or another node can no
+  longer reach it) fails: its ranks are stopped and the launcher exits with 1 (``EXIT_STORE_LOST``).
 
 Multi-node (as torchrun): run one launcher per node with ``--nnodes M --node-rank i --master-addr
 HOST --master-port PORT`` and the same ``PYCOLL_STORE_TOKEN`` exported on every node. Node 0's
@@ -75,14 +77,21 @@ from ..store import Store, TCPStore, TCPStoreServer
 from . import discovery
 from .keys import KEY_ABORT, KEY_DONE, KEY_EXIT, KEY_FAILURE, KEY_FAILURES, KEY_HEARTBEAT, KEY_LOST, KEY_REPLACEMENT
 
-__all__ = ["main", "EXIT_TIMEOUT"]
+__all__ = ["main", "EXIT_TIMEOUT", "EXIT_STORE_LOST"]
 
 log = logging.getLogger("pycoll.run")
 
 EXIT_TIMEOUT = 124
+EXIT_STORE_LOST = 1
 _MAX_LINE = 1 << 16
 _HEARTBEAT_S = 2.0
 _NODE_SILENCE_S = 30.0
+#: most ranks one launcher starts (-n)
+MAX_NPROC = 4096
+# file descriptors the launcher needs per rank (its stdout and stderr pipes, and the pipes Popen
+# opens while it starts the rank), and besides the ranks
+_FDS_PER_RANK = 4
+_FDS_RESERVED = 64
 
 
 # --------------------------------------------------------------------------------------------------
@@ -333,7 +342,7 @@ class _Launcher:
                 continue
             except StoreError as exc:
                 if not self.watch_stop.is_set():
-                    log.warning("lost the store (%s); other nodes' failures will not stop this node", exc)
+                    self._notify(f"store-lost {exc}")
                 return
             self._notify("abort " + value.decode("utf-8", "replace"))
             return
@@ -537,7 +546,9 @@ class _Launcher:
         with self.events_lock:
             events, self.events = self.events, []
         for event in events:
-            if event.startswith("abort "):
+            if event.startswith("store-lost "):
+                self.on_store_lost(event[len("store-lost "):])
+            elif event.startswith("abort "):
                 parts = event.split()
                 try:
                     node, rank, code = int(parts[1]), int(parts[2]), int(parts[3])
@@ -549,12 +560,30 @@ class _Launcher:
                           _describe(code))
                 self.stop(code)
 
+    def check_server(self) -> None:
+        """Node 0: a store server that stopped serving while ranks run fails the job."""
+        if self.server is not None and not self.server.serving:
+            error = self.server.error
+            self.on_store_lost(f"its server stopped{f' ({error!r})' if error is not None else ''}")
+
+    def on_store_lost(self, why: str) -> None:
+        if self.stopping or not self.live():
+            return
+        where = "this launcher's" if self.cfg.node_rank == 0 else "node 0's"
+        log.error("lost the job's store (%s store: %s); stopping the job", where, why)
+        self.stop(EXIT_STORE_LOST)
+
     # ---- main loop
 
     def run(self) -> int:
         cfg = self.cfg
+        _check_fd_limit(cfg.nproc)
         for local_rank in range(cfg.nproc):
-            self.spawn(cfg.node_rank * cfg.nproc + local_rank, local_rank, 0)
+            rank = cfg.node_rank * cfg.nproc + local_rank
+            try:
+                self.spawn(rank, local_rank, 0)
+            except OSError as exc:  # the ranks already started are stopped and reaped by cleanup()
+                raise SystemExit(f"pycoll-run: cannot start rank {rank} of {self.world}: {exc}") from None
         self.sel.register(self.wake_r, selectors.EVENT_READ)
         self.sel.register(self.notify_r, selectors.EVENT_READ)
         deadline = time.monotonic() + cfg.timeout if cfg.timeout else None
@@ -592,6 +621,7 @@ class _Launcher:
                 elif fd in self.fd_to_stream:
                     self.read_stream(fd)
             self.poll_children()
+            self.check_server()
         return self.result()
 
     def result(self) -> int:
@@ -693,6 +723,26 @@ _MANAGED_VARS = {
 }
 
 
+def _check_fd_limit(nproc: int) -> None:
+    """SystemExit with advice when this process cannot hold the file descriptors ``nproc`` ranks need."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return
+    if soft == resource.RLIM_INFINITY:
+        return
+    try:
+        in_use = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        in_use = 0
+    need = _FDS_PER_RANK * nproc + _FDS_RESERVED + in_use
+    if need > soft:
+        raise SystemExit(f"pycoll-run: {nproc} ranks need about {need} file descriptors but this process may open "
+                         f"only {soft} (ulimit -n); raise the limit or start fewer ranks")
+
+
 def _ignore(signum: int, frame: object) -> None:
     """Signals are handled through the wakeup fd; the Python-level handler has nothing to do."""
 
@@ -743,6 +793,8 @@ def _config(argv: Optional[Sequence[str]]) -> _Config:
     a = parser.parse_args(argv)
     if a.nproc < 1:
         parser.error(f"-n must be at least 1, got {a.nproc}")
+    if a.nproc > MAX_NPROC:
+        parser.error(f"-n must be at most {MAX_NPROC} (ranks per launcher), got {a.nproc}")
     if a.nnodes < 1:
         parser.error(f"--nnodes must be at least 1, got {a.nnodes}")
     if not 0 <= a.node_rank < a.nnodes:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -12,6 +13,7 @@ import time
 from typing import Any, Callable, ClassVar, Dict, Iterator, List, Optional, Tuple, Union
 
 from ..errors import StoreError
+from . import _safefiles
 from .base import (
     DEFAULT_TIMEOUT,
     Keys,
@@ -36,6 +38,17 @@ _REC = struct.Struct("!BII")  # kind, key length, value length
 _REC_SET, _REC_DELETE = 1, 2
 
 
+def _open_store_file(path: str, flags: int) -> int:
+    """Open one of a FileStore's files (mode ``0o600``); StoreError when it is a symbolic link."""
+    try:
+        return _safefiles.open_nofollow(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StoreError(f"FileStore: {path} is a symbolic link; refusing to follow it (give the real path)") \
+                from None
+        raise
+
+
 class _PathLock:
     """Process-wide lock for one lock file: a thread lock plus an fcntl lock on a shared fd.
 
@@ -48,7 +61,7 @@ class _PathLock:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self.fd = _open_store_file(path, os.O_RDWR | os.O_CREAT)
         self.pid = os.getpid()
         self.lock = threading.Lock()
         self.refs = 0
@@ -151,7 +164,7 @@ class FileStore(Store):
             yield
 
     def _open_data(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        fd = _open_store_file(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
         st = os.fstat(fd)
         if st.st_size == 0:
             os.write(fd, _FILE_MAGIC)
@@ -231,14 +244,8 @@ class FileStore(Store):
     def _compact(self) -> None:
         tmp = self.path + ".tmp"
         parts = [_FILE_MAGIC] + [self._record(_REC_SET, k, v) for k, v in self._table.data.items()]
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            data = memoryview(b"".join(parts))
-            while data:
-                data = data[os.write(fd, data):]
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
+        # a new file (never a link someone planted at the .tmp name), then a rename over the data file
+        _safefiles.write_private_atomic(self.path, b"".join(parts), tmp)
         table, live = self._table, self._live_bytes
         self._open_data()
         self._table, self._live_bytes = table, live

@@ -203,7 +203,8 @@ class TCPStore(Store):
                 delay = min(delay * 2, 0.5)
                 continue
             try:
-                return self._handshake(sock, max(remaining, 5.0))
+                # the handshake counts against the same deadline (a floor keeps a last try possible)
+                return self._handshake(sock, max(deadline - time.monotonic(), 0.5))
             except BaseException:
                 sock.close()
                 raise
@@ -211,7 +212,7 @@ class TCPStore(Store):
     def _handshake(self, sock: socket.socket, timeout: float) -> _ClientConn:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        sock.settimeout(min(timeout, 30.0))
+        sock.settimeout(min(timeout, 30.0))  # callers pass what is left of their connect deadline
         conn = _ClientConn(sock, self.max_message)
         try:
             magic, version, server_nonce = _SERVER_HELLO.unpack(conn._recv_exact(_SERVER_HELLO.size))

@@ -13,7 +13,8 @@ import selectors
 import socket
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
+from collections import deque
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from ..errors import StoreError
 from ._wire import (
@@ -56,6 +57,34 @@ from .base import Store, _Table
 __all__ = ["TCPStoreServer"]
 
 log = logging.getLogger("pycoll.store")
+
+#: Defaults of the server's limits (see :class:`TCPStoreServer`).
+DEFAULT_MAX_UNAUTHENTICATED = 64
+DEFAULT_MAX_CONNECTIONS = 16384
+DEFAULT_MAX_KEYS = 1_000_000
+DEFAULT_MAX_BYTES = 1 << 30
+DEFAULT_MAX_WAITS = 65536
+
+
+class _RateLimitedLog:
+    """Log a warning at most once per ``interval`` seconds per kind, counting what was held back."""
+
+    def __init__(self, interval: float = 5.0) -> None:
+        self.interval = interval
+        self._last: Dict[str, float] = {}
+        self._held: Dict[str, int] = {}
+
+    def warning(self, kind: str, msg: str, *args: Any, exc_info: bool = False) -> None:
+        now = time.monotonic()
+        last = self._last.get(kind)
+        if last is not None and now - last < self.interval:
+            self._held[kind] = self._held.get(kind, 0) + 1
+            return
+        self._last[kind] = now
+        held = self._held.pop(kind, 0)
+        if held:
+            msg += f" (and {held} more like it in the last {self.interval:g} s)"
+        log.warning(msg, *args, exc_info=exc_info)
 
 
 class _Conn:
@@ -104,6 +133,17 @@ class TCPStoreServer:
             (read it from :attr:`token`).
         max_message: largest accepted request, in bytes; larger ones close the connection.
         handshake_timeout: seconds a new connection has to authenticate before it is closed.
+        max_unauthenticated: most connections that have not completed the handshake; a new one beyond
+            it closes the oldest of them, so that unauthenticated clients can never hold the file
+            descriptors an authenticated client needs (when the process runs out of descriptors the
+            oldest unauthenticated connection is closed too).
+        max_connections: most connections in all; beyond it new connections are closed at once.
+        max_keys, max_bytes: most keys, and most bytes of keys and values, the server holds; a request
+            that would exceed them fails with a StoreError for that client only.
+        max_waits: most blocked get/wait/multi_get requests at once; one more fails with a StoreError.
+
+    A request that raises inside the server (a bug) closes that client's connection only and is
+    logged; nothing a client sends stops the server. :attr:`serving` says whether it still serves.
     """
 
     # The class client() makes: TCPStore, which sets it (pycoll.store.tcp imports this module, not the reverse).
@@ -118,6 +158,11 @@ class TCPStoreServer:
         max_message: int = DEFAULT_MAX_MESSAGE,
         handshake_timeout: float = 10.0,
         backlog: int = 1024,
+        max_unauthenticated: int = DEFAULT_MAX_UNAUTHENTICATED,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        max_keys: int = DEFAULT_MAX_KEYS,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        max_waits: int = DEFAULT_MAX_WAITS,
     ) -> None:
         if token is None:
             token = secrets.token_hex(32)
@@ -128,6 +173,15 @@ class TCPStoreServer:
             raise ValueError(f"max_message must be at least 1024 bytes, got {max_message}")
         self.max_message = int(max_message)
         self.handshake_timeout = float(handshake_timeout)
+        for what, value in (("max_unauthenticated", max_unauthenticated), ("max_connections", max_connections),
+                            ("max_keys", max_keys), ("max_bytes", max_bytes), ("max_waits", max_waits)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{what} must be a positive int, got {value!r}")
+        self.max_unauthenticated = max_unauthenticated
+        self.max_connections = max_connections
+        self.max_keys = max_keys
+        self.max_bytes = max_bytes
+        self.max_waits = max_waits
         self._sock = self._bind(host, port, backlog)
         self.host = host
         self.port: int = self._sock.getsockname()[1]
@@ -136,7 +190,14 @@ class TCPStoreServer:
         self._deadlines: List[Tuple[float, int, _Waiter]] = []
         self._seq = itertools.count()
         self._conns: Set[_Conn] = set()
-        self._unauthed: Set[_Conn] = set()
+        # insertion-ordered, so the first is the oldest
+        self._unauthed: Dict[_Conn, None] = {}
+        self._ready: Deque[_Conn] = deque()
+        self._bytes = 0
+        self._waits = 0
+        self._warn = _RateLimitedLog()
+        #: what stopped the serving thread when it ended by an error, else None
+        self.error: Optional[BaseException] = None
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -179,6 +240,13 @@ class TCPStoreServer:
         assert self._client_class is not None
         return self._client_class(host, self.port, self.token, **kwargs)
 
+    @property
+    def serving(self) -> bool:
+        """Whether the server still serves (False once closed, or if its thread ended)."""
+        if self._closed.is_set():
+            return False
+        return self._thread is None or self._thread.is_alive()
+
     # ---- lifecycle
 
     def start(self) -> TCPStoreServer:
@@ -196,21 +264,54 @@ class TCPStoreServer:
         log.debug("store server listening on %s:%d", self.host, self.port)
         try:
             while not self._stop:
-                timeout = self._next_timeout()
-                for key, events in self._sel.select(timeout):
-                    if key.fileobj is self._sock:
-                        self._accept()
-                    elif key.fileobj is self._wake_r:
-                        self._drain_wake()
-                    else:
-                        conn = key.data
-                        if events & selectors.EVENT_WRITE and not conn.closed:
-                            self._flush(conn)
-                        if events & selectors.EVENT_READ and not conn.closed:
-                            self._on_readable(conn)
-                self._expire()
+                try:
+                    self._serve_once()
+                except Exception:  # not tied to one connection: log, and keep serving the others
+                    self._warn.warning("loop", "store server: unexpected error (it keeps serving)", exc_info=True)
+                    time.sleep(0.01)
+        except BaseException as exc:
+            self.error = exc
+            log.error("store server stopped by %r; its clients lose the store", exc)
+            raise
         finally:
             self._shutdown()
+
+    def _serve_once(self) -> None:
+        timeout = self._next_timeout()
+        for key, events in self._sel.select(timeout):
+            if key.fileobj is self._sock:
+                self._accept()
+            elif key.fileobj is self._wake_r:
+                self._drain_wake()
+            else:
+                conn = key.data
+                if events & selectors.EVENT_WRITE and not conn.closed:
+                    self._guarded(conn, self._flush)
+                if events & selectors.EVENT_READ and not conn.closed:
+                    self._guarded(conn, self._on_readable)
+            self._run_ready()
+        self._expire()
+        self._run_ready()
+
+    def _guarded(self, conn: _Conn, step: Callable[[_Conn], None]) -> None:
+        """Run one step for ``conn``; an error in it closes that connection only."""
+        try:
+            step(conn)
+        except Exception:
+            self._warn.warning("request", "store: closing connection from %s: the server failed on its request",
+                               conn.peer, exc_info=True)
+            try:
+                self._close_conn(conn)
+            except Exception:
+                conn.closed = True
+
+    def _run_ready(self) -> None:
+        """Serve the connections whose pending wait was answered (iteratively: answering one may
+        answer others, which join the queue instead of recursing)."""
+        while self._ready:
+            conn = self._ready.popleft()
+            if not conn.closed:
+                self._guarded(conn, self._process)
 
     def close(self) -> None:
         """Stop serving and close every connection (clients then get StoreError). Idempotent."""
@@ -257,7 +358,7 @@ class TCPStoreServer:
         if self._deadlines:
             nxt = self._deadlines[0][0]
         if self._unauthed:
-            t = min(c.opened for c in self._unauthed) + self.handshake_timeout
+            t = next(iter(self._unauthed)).opened + self.handshake_timeout
             nxt = t if nxt is None else min(nxt, t)
         if self._accept_paused_until:
             nxt = self._accept_paused_until if nxt is None else min(nxt, self._accept_paused_until)
@@ -272,6 +373,15 @@ class TCPStoreServer:
         except (BlockingIOError, InterruptedError):
             pass
 
+    def _evict_unauthed(self, why: str) -> bool:
+        """Close the oldest connection that has not authenticated; False when there is none."""
+        if not self._unauthed:
+            return False
+        conn = next(iter(self._unauthed))
+        self._warn.warning("evict", "store: closing unauthenticated connection from %s (%s)", conn.peer, why)
+        self._close_conn(conn)
+        return True
+
     def _accept(self) -> None:
         for _ in range(64):
             try:
@@ -280,16 +390,30 @@ class TCPStoreServer:
                 return
             except OSError as exc:
                 if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    log.warning("store server cannot accept connections (%s); pausing accepts for 0.1 s", exc)
+                    if self._evict_unauthed(f"out of file descriptors: {exc.strerror}"):
+                        continue
+                    self._warn.warning("accept", "store server cannot accept connections (%s); pausing accepts "
+                                       "for 0.1 s", exc)
                     self._sel.unregister(self._sock)
                     self._accept_paused_until = time.monotonic() + 0.1
                 return
-            sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            if len(self._conns) >= self.max_connections:
+                self._warn.warning("full", "store: refusing a connection from %s: %d connections already open",
+                                   peer, len(self._conns))
+                sock.close()
+                continue
+            try:
+                sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            except OSError:
+                sock.close()
+                continue
+            if len(self._unauthed) >= self.max_unauthenticated:
+                self._evict_unauthed(f"more than {self.max_unauthenticated} connections without a handshake")
             conn = _Conn(sock, peer)
             self._conns.add(conn)
-            self._unauthed.add(conn)
+            self._unauthed[conn] = None
             self._sel.register(sock, selectors.EVENT_READ, conn)
             self._send(conn, _SERVER_HELLO.pack(_MAGIC, _VERSION, conn.nonce))
 
@@ -300,7 +424,7 @@ class TCPStoreServer:
         if conn.waiter is not None:
             self._drop_waiter(conn.waiter)
         self._conns.discard(conn)
-        self._unauthed.discard(conn)
+        self._unauthed.pop(conn, None)
         try:
             self._sel.unregister(conn.sock)
         except (KeyError, ValueError):
@@ -352,7 +476,7 @@ class TCPStoreServer:
         # Input is read even while a request is pending (to notice a closed peer), but a client
         # may have at most one maximal frame queued behind it.
         if len(conn.inbuf) > self.max_message + 2 * _LEN.size + _CLIENT_HELLO.size:
-            log.warning("store: closing connection from %s: too much unanswered input", conn.peer)
+            self._warn.warning("input", "store: closing connection from %s: too much unanswered input", conn.peer)
             self._close_conn(conn)
             return
         self._process(conn)
@@ -369,8 +493,8 @@ class TCPStoreServer:
                 return
             (n,) = _LEN.unpack_from(conn.inbuf, 0)
             if n > self.max_message:
-                log.warning("store: closing connection from %s: message of %d bytes exceeds the %d-byte limit",
-                            conn.peer, n, self.max_message)
+                self._warn.warning("size", "store: closing connection from %s: message of %d bytes exceeds the "
+                                   "%d-byte limit", conn.peer, n, self.max_message)
                 self._send(conn, _encode(_ST_ERROR, [f"message of {n} bytes exceeds the server's limit of "
                                                      f"{self.max_message} bytes".encode()]))
                 self._close_conn_after_flush(conn)
@@ -382,7 +506,7 @@ class TCPStoreServer:
             try:
                 self._dispatch(conn, payload)
             except _ProtocolError as exc:
-                log.warning("store: closing connection from %s: %s", conn.peer, exc)
+                self._warn.warning("malformed", "store: closing connection from %s: %s", conn.peer, exc)
                 self._send(conn, _encode(_ST_ERROR, [f"malformed request: {exc}".encode()]))
                 self._close_conn_after_flush(conn)
                 return
@@ -400,7 +524,7 @@ class TCPStoreServer:
     def _handshake(self, conn: _Conn, hello: bytes) -> None:
         magic, version, client_nonce, mac = _CLIENT_HELLO.unpack(hello)
         if magic != _MAGIC:
-            log.warning("store: closing connection from %s: not a pycoll store client", conn.peer)
+            self._warn.warning("magic", "store: closing connection from %s: not a pycoll store client", conn.peer)
             self._close_conn(conn)
             return
         if version != _VERSION:
@@ -409,12 +533,12 @@ class TCPStoreServer:
             return
         expected = _mac(self._token, b"client", conn.nonce, client_nonce)
         if not hmac.compare_digest(expected, mac):
-            log.warning("store: rejected a client from %s: wrong token", conn.peer)
+            self._warn.warning("token", "store: rejected a client from %s: wrong token", conn.peer)
             self._send(conn, _SERVER_REPLY.pack(_AUTH_BAD_TOKEN, bytes(_MAC)))
             self._close_conn_after_flush(conn)
             return
         conn.authed = True
-        self._unauthed.discard(conn)
+        self._unauthed.pop(conn, None)
         self._send(conn, _SERVER_REPLY.pack(_AUTH_OK, _mac(self._token, b"server", conn.nonce, client_nonce)))
 
     # ---- requests
@@ -442,7 +566,11 @@ class TCPStoreServer:
             elif op == _OP_ADD:
                 key, amount = self._args(args, 2, name)
                 key_s = self._key(key)
-                new = self._table.add(key_s, self._int(amount))
+                amount_i = self._int(amount)
+                old = self._table.data.get(key_s)
+                self._reserve(key_s, old, 21)  # an int64's decimal text is at most 20 bytes and a sign
+                new = self._table.add(key_s, amount_i)
+                self._account(key_s, old)
                 self._wake(key_s)
                 self._reply(conn, [_Q.pack(new)])
             elif op in (_OP_WAIT, _OP_MULTI_GET):
@@ -452,12 +580,19 @@ class TCPStoreServer:
             elif op == _OP_CAS:
                 key, expected, desired = self._args(args, 3, name)
                 key_s = self._key(key)
+                old = self._table.data.get(key_s)
+                self._reserve(key_s, old, len(desired))
                 value = self._table.compare_set(key_s, expected, desired)
+                self._account(key_s, old)
                 self._wake(key_s)
                 self._reply(conn, [value])
             elif op == _OP_DELETE:
                 (key,) = self._args(args, 1, name)
-                existed = self._table.data.pop(self._key(key), None) is not None
+                key_s = self._key(key)
+                old = self._table.data.pop(key_s, None)
+                existed = old is not None
+                if old is not None:
+                    self._bytes -= len(key_s.encode("utf-8")) + len(old)
                 self._reply(conn, [b"\x01" if existed else b"\x00"])
             elif op == _OP_CHECK:
                 ok = not self._table.missing(self._key(k) for k in args)
@@ -499,8 +634,26 @@ class TCPStoreServer:
             raise _ProtocolError(f"bad timeout {t}")
         return t
 
+    def _reserve(self, key: str, old: Optional[bytes], new_len: int) -> None:
+        """StoreError when storing ``new_len`` bytes under ``key`` (now ``old``) would exceed the limits."""
+        if old is None and len(self._table.data) >= self.max_keys:
+            raise StoreError(f"the store is full: it holds {len(self._table.data)} keys, the server's limit "
+                             f"(max_keys)")
+        grow = new_len - (len(old) if old is not None else -len(key.encode("utf-8")))
+        if grow > 0 and self._bytes + grow > self.max_bytes:
+            raise StoreError(f"the store is full: storing {new_len} bytes under {key[:80]!r} would exceed the "
+                             f"server's limit of {self.max_bytes} bytes of keys and values (max_bytes)")
+
+    def _account(self, key: str, old: Optional[bytes]) -> None:
+        new = self._table.data.get(key)
+        klen = len(key.encode("utf-8"))
+        self._bytes += (len(new) + klen if new is not None else 0) - (len(old) + klen if old is not None else 0)
+
     def _set(self, key: str, value: bytes) -> None:
+        old = self._table.data.get(key)
+        self._reserve(key, old, len(value))
         self._table.data[key] = value
+        self._account(key, old)
         self._wake(key)
 
     def _wait(self, conn: _Conn, op: int, keys: List[str], timeout: float) -> None:
@@ -511,7 +664,11 @@ class TCPStoreServer:
         if timeout <= 0:
             self._reply(conn, [k.encode() for k in keys if k in missing], _ST_TIMEOUT)
             return
+        if self._waits >= self.max_waits:
+            raise StoreError(f"the store server already holds {self._waits} blocked requests, its limit "
+                             f"(max_waits); try again later")
         w = _Waiter(conn, op, keys, missing, timeout)
+        self._waits += 1
         conn.waiter = w
         for k in missing:
             self._by_key.setdefault(k, set()).add(w)
@@ -524,6 +681,8 @@ class TCPStoreServer:
             self._reply(conn, [self._table.data[k] for k in keys])
 
     def _drop_waiter(self, w: _Waiter) -> None:
+        if not w.done:
+            self._waits -= 1
         w.done = True
         w.conn.waiter = None
         for k in w.missing:
@@ -553,7 +712,7 @@ class TCPStoreServer:
             self._drop_waiter(w)
             conn = w.conn
             self._answer_wait(conn, w.op, w.keys)
-            self._process(conn)
+            self._ready.append(conn)  # _run_ready serves its next requests: no recursion through _set
 
     def _expire(self) -> None:
         now = time.monotonic()
@@ -564,10 +723,13 @@ class TCPStoreServer:
             missing = [k for k in w.keys if k in w.missing]
             self._drop_waiter(w)
             self._reply(w.conn, [k.encode() for k in missing], _ST_TIMEOUT)
-            self._process(w.conn)
-        for conn in [c for c in self._unauthed if now - c.opened > self.handshake_timeout]:
-            log.warning("store: closing connection from %s: no handshake within %.1f s", conn.peer,
-                        self.handshake_timeout)
+            self._ready.append(w.conn)
+        while self._unauthed:
+            conn = next(iter(self._unauthed))
+            if now - conn.opened <= self.handshake_timeout:
+                break
+            self._warn.warning("handshake", "store: closing connection from %s: no handshake within %.1f s",
+                               conn.peer, self.handshake_timeout)
             self._close_conn(conn)
         if self._accept_paused_until and now >= self._accept_paused_until:
             self._accept_paused_until = 0.0

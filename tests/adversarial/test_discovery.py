@@ -1,0 +1,61 @@
+"""Finding 11: init's deadline bounds reaching the store (connect and handshake included)."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from pycoll.errors import StoreError
+from pycoll.store import TCPStore
+
+from ._helpers import env, python
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+_INIT = "import pycoll, time\nt = time.monotonic()\ntry:\n    pycoll.init(backend='host', init_timeout=3)\n" \
+        "except Exception as exc:\n    print('FAILED', type(exc).__name__, round(time.monotonic() - t, 1), exc)\n"
+
+
+def _rank_env(port: int) -> dict:
+    return env(PYCOLL_RANK="1", PYCOLL_WORLD_SIZE="2", PYCOLL_LOCAL_RANK="1", PYCOLL_LOCAL_WORLD_SIZE="2",
+               PYCOLL_NODE_RANK="0", PYCOLL_NNODES="1", PYCOLL_STORE_ADDR="127.0.0.1", PYCOLL_STORE_PORT=str(port),
+               PYCOLL_STORE_TOKEN="t" * 32, PYCOLL_RUN_ID="adversarial")
+
+
+@pytest.mark.timeout(30)
+def test_init_timeout_bounds_an_unreachable_store() -> None:
+    t0 = time.monotonic()
+    with python(_INIT, environ=_rank_env(_closed_port())) as child:
+        rc, out, err = child.communicate(25)
+    assert "FAILED" in out and "3 s" in out, (out, err)
+    assert time.monotonic() - t0 < 12, out
+
+
+@pytest.mark.timeout(30)
+def test_init_timeout_bounds_a_store_that_never_answers() -> None:
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)  # accepts connections (in the kernel), never says hello
+        t0 = time.monotonic()
+        with python(_INIT, environ=_rank_env(silent.getsockname()[1])) as child:
+            rc, out, err = child.communicate(25)
+        assert "FAILED" in out, (out, err)
+        assert time.monotonic() - t0 < 12, out
+
+
+@pytest.mark.timeout(20)
+def test_connect_timeout_includes_the_handshake() -> None:
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        t0 = time.monotonic()
+        with pytest.raises(StoreError):
+            TCPStore("127.0.0.1", silent.getsockname()[1], "t", connect_timeout=1.0)
+        assert time.monotonic() - t0 < 2.5

@@ -1,0 +1,127 @@
+"""Finding 2 and 12: every host-library variable is validated, in C (the library alone) and from Python."""
+
+from __future__ import annotations
+
+import textwrap
+from typing import List, Tuple
+
+import pytest
+
+from pycoll import _settings
+from pycoll.store import TCPStoreServer
+
+from ._helpers import env, python
+
+TOKEN = "adversarial-host"
+
+# Rank script: argv = rank, port, skip-python-check (1/0). All-reduces 1 MiB (above the one-shot size).
+_RANK = textwrap.dedent("""
+    import sys
+    import numpy as np
+    rank, port, skip = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
+    import pycoll
+    from pycoll import _settings
+    if skip:  # as if another program used the library alone: only its C checks remain
+        _settings.check_host_library = lambda environ=None: None
+    from pycoll.store import TCPStore
+    store = TCPStore("127.0.0.1", port, "adversarial-host", timeout=20)
+    try:
+        comm = pycoll.init(rank, 2, store=store, backend="host", timeout=20, init_timeout=20)
+    except ValueError as exc:
+        print("VALUEERROR", exc, flush=True)
+        sys.exit(3)
+    x = np.full(1 << 18, rank + 1.0, dtype=np.float32)
+    comm.all_reduce(x)
+    assert (x == 3.0).all(), x[:4]
+    print("OK", flush=True)
+    comm.destroy()
+""")
+
+
+def _run(extra: dict, skip: bool) -> List[Tuple[int, str, str]]:
+    with TCPStoreServer("127.0.0.1", 0, TOKEN).start() as srv:
+        children = [python(_RANK, str(r), str(srv.port), "1" if skip else "0", environ=env(**extra)) for r in range(2)]
+        try:
+            return [c.communicate(40) for c in children]
+        finally:
+            for c in children:
+                c.kill()
+                for f in (c.popen.stdout, c.popen.stderr):
+                    if f is not None:
+                        f.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("value", ["0", "7", "abc"])
+def test_bad_chunk_bytes_is_refused_in_c(value: str) -> None:
+    """The library alone: a WARN naming the variable, the default used, a correct result; no SIGFPE."""
+    for rc, out, err in _run({"PYCOLL_HOST_CHUNK_BYTES": value}, skip=True):
+        assert rc == 0 and "OK" in out, (rc, out, err)
+        assert f"PYCOLL_HOST_CHUNK_BYTES={value} is invalid" in err, err
+
+
+@pytest.mark.timeout(60)
+def test_bad_init_timeout_fails_init_in_c() -> None:
+    for rc, out, err in _run({"PYCOLL_HOST_INIT_TIMEOUT": "inf"}, skip=True):
+        assert rc != 0 and "OK" not in out
+        assert "PYCOLL_HOST_INIT_TIMEOUT=inf is invalid" in err, err
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name,value", [
+    ("PYCOLL_HOST_CHUNK_BYTES", "1"), ("PYCOLL_HOST_ONESHOT_MAX", "-1"), ("PYCOLL_HOST_SPIN_NS", "1e3"),
+    ("PYCOLL_HOST_YIELD_NS", "99999999999999999999"), ("PYCOLL_HOST_INIT_TIMEOUT", "nan"),
+    ("PYCOLL_HOST_BIND", "yes"),
+])
+def test_python_refuses_bad_host_settings_before_loading(name: str, value: str) -> None:
+    results = _run({name: value}, skip=False)
+    for rc, out, err in results:
+        assert rc == 3 and "VALUEERROR" in out and name in out, (rc, out, err)
+        assert "pycoll host library: WARN" not in err  # refused before the library read it
+
+
+@pytest.mark.parametrize("name,good,bad", [
+    ("PYCOLL_HOST_CHUNK_BYTES", ["64", "524288", str(1 << 30)], ["0", "1", "7", "63", "abc", "1_000", str(2 << 30)]),
+    ("PYCOLL_HOST_ONESHOT_MAX", ["0", "32768"], ["-1", "x", "1.5"]),
+    ("PYCOLL_HOST_SPIN_NS", ["0", "50000"], ["-5", "1e3", "10000000001"]),
+    ("PYCOLL_HOST_YIELD_NS", ["0", "300000"], ["inf", "-1"]),
+    ("PYCOLL_HOST_INIT_TIMEOUT", ["0", "0.5", "300"], ["-1", "inf", "nan", "1e8", "soon"]),
+    ("PYCOLL_HOST_BIND", ["0", "1"], ["2", "yes", "true"]),
+])
+def test_settings_bounds_match_the_c_rules(name: str, good: List[str], bad: List[str]) -> None:
+    for v in good:
+        _settings.check_host_library({name: v})
+    for v in bad:
+        with pytest.raises(ValueError, match=name):
+            _settings.check_host_library({name: v})
+
+
+@pytest.mark.parametrize("value", ["SIGTERM", "SIGSEGV", "15", "9", "KILL"])
+def test_dump_signal_only_usr1_usr2(value: str) -> None:
+    from pycoll.diagnostics.signals import signal_number
+
+    with pytest.raises(ValueError, match="PYCOLL_FR_DUMP_SIGNAL"):
+        _settings.get("PYCOLL_FR_DUMP_SIGNAL", {"PYCOLL_FR_DUMP_SIGNAL": value})
+    with pytest.raises(ValueError, match="SIGUSR1 or SIGUSR2"):
+        signal_number(value)
+
+
+def test_dump_signal_accepts_its_spellings() -> None:
+    import signal
+
+    from pycoll.diagnostics.signals import signal_number
+
+    for v, want in (("SIGUSR1", signal.SIGUSR1), ("usr2", signal.SIGUSR2), ("1", signal.SIGUSR1), ("0", None),
+                    (str(int(signal.SIGUSR2)), signal.SIGUSR2)):
+        _settings.get("PYCOLL_FR_DUMP_SIGNAL", {"PYCOLL_FR_DUMP_SIGNAL": v})
+        assert signal_number(v) == want
+    with pytest.raises(ValueError):
+        signal_number(int(signal.SIGTERM))
+
+
+@pytest.mark.timeout(30)
+def test_huge_fr_buffer_size_is_a_clear_error() -> None:
+    code = "import pycoll.diagnostics.recorder as r; r.get_recorder()"
+    with python(code, environ=env(PYCOLL_FR_BUFFER_SIZE="1000000000000")) as child:
+        rc, _, err = child.communicate(20)
+    assert rc != 0 and "MemoryError" not in err and "PYCOLL_FR_BUFFER_SIZE" in err, err
