@@ -8,7 +8,6 @@ import tempfile
 import time
 
 import pytest
-
 from helpers.mp import shm_entries
 
 

@@ -57,7 +57,7 @@ def timeout_arg(seconds: float) -> bytes:
     return _D.pack(seconds)
 
 
-def read_reply(sock: socket.socket) -> "tuple[int, List[bytes]]":
+def read_reply(sock: socket.socket) -> tuple[int, List[bytes]]:
     (n,) = _LEN.unpack(recv_exact(sock, _LEN.size))
     return _decode(memoryview(recv_exact(sock, n)))
 
@@ -76,13 +76,15 @@ class Child:
         self.popen = subprocess.Popen(list(args), env=environ or env(), start_new_session=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
 
-    def communicate(self, timeout: float) -> "tuple[int, str, str]":
+    def communicate(self, timeout: float) -> tuple[int, str, str]:
         try:
             out, err = self.popen.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as exc:
             self.kill()
             out, err = self.popen.communicate()
-            raise AssertionError(f"child did not finish in {timeout} s; stderr:\n{err.decode(errors='replace')}")
+            raise AssertionError(
+                f"child did not finish in {timeout} s; stderr:\n{err.decode(errors='replace')}"
+            ) from exc
         return self.popen.returncode, out.decode(errors="replace"), err.decode(errors="replace")
 
     def kill(self) -> None:
@@ -95,7 +97,7 @@ class Child:
         except subprocess.TimeoutExpired:
             pass
 
-    def __enter__(self) -> "Child":
+    def __enter__(self) -> Child:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -19,8 +19,10 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
-_INIT = "import pycoll, time\nt = time.monotonic()\ntry:\n    pycoll.init(backend='host', init_timeout=3)\n" \
-        "except Exception as exc:\n    print('FAILED', type(exc).__name__, round(time.monotonic() - t, 1), exc)\n"
+_INIT = (
+    "import pycoll, time\nt = time.monotonic()\ntry:\n    pycoll.init(backend='host', init_timeout=3)\n"
+    "except Exception as exc:\n    print('FAILED', type(exc).__name__, round(time.monotonic() - t, 1), exc)\n"
+)
 
 
 def _rank_env(port: int) -> dict:

@@ -9,7 +9,6 @@ import sys
 import textwrap
 
 import pytest
-
 from helpers import REPO
 
 pytestmark = pytest.mark.timeout(180)

@@ -16,10 +16,10 @@ import threading
 import time
 
 import pytest
-
-import pycoll
 from helpers import REPO
 from helpers.fake_nccl import Fake, build_fakes
+
+import pycoll
 from pycoll._bindings import _nccl
 
 pytestmark = pytest.mark.timeout(60)

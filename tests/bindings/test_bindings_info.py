@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers import REPO
+
 from pycoll import info
 
 pytestmark = pytest.mark.timeout(120)

@@ -13,9 +13,9 @@ import subprocess
 import sys
 
 import pytest
+from helpers import REPO
 
 import pycoll
-from helpers import REPO
 from pycoll._bindings import _nccl
 
 pytestmark = pytest.mark.timeout(60)

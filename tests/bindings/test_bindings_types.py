@@ -85,7 +85,7 @@ def test_config_defaults_equal_the_initializer():
     for name in INT_FIELDS:
         assert getattr(cfg, name) == INT_MIN, name
     assert cfg.netName is None and cfg.commName is None
-    assert cfg.FIELDS == tuple(f for f, _ in CONFIG_OFFSETS)
+    assert tuple(f for f, _ in CONFIG_OFFSETS) == cfg.FIELDS
     # the raw bytes: exactly what NCCL_CONFIG_INITIALIZER produces (4 bytes of tail padding)
     raw = ctypes.string_at(cfg.address, 120)
     expected = (120).to_bytes(8, "little") + (0xCAFEBEEF).to_bytes(4, "little") + (23203).to_bytes(4, "little")
@@ -101,7 +101,7 @@ def test_config_defaults_equal_the_initializer():
 def test_config_every_field_round_trips_through_memory():
     cfg = _nccl.Config()
     values = {}
-    for i, (field, offset) in enumerate(CONFIG_OFFSETS):
+    for i, (field, _offset) in enumerate(CONFIG_OFFSETS):
         if field in STRING_FIELDS:
             value = f"{field}-value"
         elif field == "size":
@@ -178,7 +178,7 @@ def test_unique_id_value_semantics():
     a = _nccl.UniqueId(data)
     b = _nccl.UniqueId.from_bytes(bytearray(data))
     assert bytes(a) == data and len(bytes(a)) == 128
-    assert a == b and hash(a) == hash(b) and not (a != b)
+    assert a == b and hash(a) == hash(b) and not (a != b)  # noqa: SIM202 -- exercises __ne__ on purpose
     assert a != _nccl.UniqueId() and bytes(_nccl.UniqueId()) == bytes(128)
     assert pickle.loads(pickle.dumps(a)) == a
     assert {a: 1}[b] == 1

@@ -11,10 +11,9 @@ import sys
 
 import numpy as np
 import pytest
-
-from pycoll import analyze
-from pycoll import flight_recorder as fr
 from helpers.fakes import FakeComm
+
+from pycoll import analyze, flight_recorder as fr
 
 PREFIX = fr.DEFAULT_FILE_PREFIX
 
@@ -215,8 +214,9 @@ def test_cli_errors_and_json(tmp_path, capsys):
 
 def test_python_dash_m_and_console_script_entry(tmp_path):
     d = make_dumps(tmp_path, 2, lambda r, c: allreduces(c, 1))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(analyze.__file__)))
     out = subprocess.run([sys.executable, "-m", "pycoll.analyze", d], capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(analyze.__file__)))})
+                         env={**os.environ, "PYTHONPATH": root})
     assert out.returncode == 0, out.stderr
     assert "no problem found" in out.stdout and "torch" not in sys.modules.get("pycoll.analyze").__dict__
 

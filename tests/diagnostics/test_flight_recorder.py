@@ -19,12 +19,12 @@ import weakref
 
 import numpy as np
 import pytest
+from helpers.fakes import FakeComm
 
 import pycoll
 import pycoll.diagnostics
 import pycoll.hooks
 from pycoll import flight_recorder as fr
-from helpers.fakes import FakeComm
 
 
 def f32(n):
@@ -55,7 +55,9 @@ def test_entry_fields_follow_torch_schema(rec):
     e = d["entries"]
     assert [x["record_id"] for x in e] == [0, 1, 2, 3]
     assert all(x["process_group"] == (c.uid, "world") for x in e)
-    assert [x["profiling_name"] for x in e] == ["nccl:all_reduce", "nccl:all_gather", "nccl:send 1->2", "nccl:recv 1<-0"]
+    assert [x["profiling_name"] for x in e] == [
+        "nccl:all_reduce", "nccl:all_gather", "nccl:send 1->2", "nccl:recv 1<-0"
+    ]
     assert [x["collective_seq_id"] for x in e] == [1, 2, 2, 2]
     assert [x["p2p_seq_id"] for x in e] == [0, 0, 1, 2]
     assert [x["is_p2p"] for x in e] == [False, False, True, True]

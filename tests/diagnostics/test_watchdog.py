@@ -10,15 +10,14 @@ import time
 
 import numpy as np
 import pytest
+from helpers.fakes import FakeComm
 
-from pycoll import flight_recorder as fr
-from pycoll import watchdog as wdm
+from pycoll import flight_recorder as fr, watchdog as wdm
 from pycoll.diagnostics.records import FailureRecord
 from pycoll.diagnostics.report import FailureReport
 from pycoll.diagnostics.signals import signal_number
 from pycoll.errors import CommTimeout
 from pycoll.store import MemoryStore
-from helpers.fakes import FakeComm
 
 
 def _wait_for(cond, timeout):
@@ -199,7 +198,8 @@ def test_failure_line_alive_but_behind_and_unknown():
 def test_a_rank_that_failed_in_this_operation_is_not_behind():
     # progress is published once a second: a rank that failed in #5 may still have reported #1 before
     r = _report({1: (1, 1, 0, 0.5), 2: (1, 1, 0, 0.5)},
-                failures={1: "RemoteError in all_reduce #5 after 0.01 s", 2: "RemoteError in all_reduce #4 after 1.00 s"})
+                failures={1: "RemoteError in all_reduce #5 after 0.01 s",
+                          2: "RemoteError in all_reduce #4 after 1.00 s"})
     a = r.analysis(1.75)
     assert list(a["behind"]) == [2] and a["behind"][2][0] == 1 and a["in_op"] == [1]
     assert "behind: rank 2 (failed at #1)" in r.line(1.75)
@@ -215,14 +215,16 @@ def test_exchange_through_a_store(make_wd):
     wd._publish(peer)
     c.coll_seq = 7
     w = c.op("all_reduce", np.ones(1, np.float32), np.ones(1, np.float32), state="started")
-    store.set("pycoll/fr/failure/cafe/2", FailureRecord("CommTimeout", "timed out", "all_reduce", 8, elapsed=2.0).encode())
+    store.set("pycoll/fr/failure/cafe/2",
+              FailureRecord("CommTimeout", "timed out", "all_reduce", 8, elapsed=2.0).encode())
     exc = CommTimeout("timed out", comm_name="world", op="all_reduce", seq=8, elapsed=2.0, timeout=2.0)
     r = FailureReport(c, exc, w, rec.issued_at(w))
     wd._exchange(store, r)
     assert r.exchanged.is_set() and not r.store_error
     assert r.peers[1]["coll_enqueued"] == 7
     assert {k: v.brief() for k, v in r.peer_failures.items()} == {2: "CommTimeout in all_reduce #8 after 2.00 s"}
-    assert FailureRecord.decode(store.get("pycoll/fr/failure/cafe/0")).brief().startswith("CommTimeout in all_reduce #8")
+    assert FailureRecord.decode(store.get("pycoll/fr/failure/cafe/0")).brief().startswith(
+        "CommTimeout in all_reduce #8")
     assert store.add("pycoll/fr/dump_signal", 0) == 1
     assert b"rank 0: CommTimeout in all_reduce #8" in store.get("pycoll/fr/dump_signal/1")
     assert "behind: rank 1 (alive, last issued #7)" in r.line(1.75)
@@ -234,7 +236,7 @@ def test_dump_request_from_another_process_is_served(make_wd, tmp_path):
     c = Watched(rec, 0, 2, store=store)
     wd = make_wd([c], recorder=rec, publish_interval=0.1)
     wd.start()
-    assert _wait_for(lambda: store.check(["pycoll/fr/progress/%s/0" % c.uid]), 3.0)
+    assert _wait_for(lambda: store.check([f"pycoll/fr/progress/{c.uid}/0"]), 3.0)
     time.sleep(0.2)  # let it read the current request counter
     n = store.add("pycoll/fr/dump_signal", 1)
     store.set(f"pycoll/fr/dump_signal/{n}", b"otherhost:1 rank 1: please dump")

@@ -21,11 +21,10 @@ import time
 
 import numpy as np
 import pytest
+from helpers.mp import Died, run_ranks
 
 import pycoll
-from helpers.mp import Died, run_ranks
-from pycoll import _bindings as B
-from pycoll import analyze
+from pycoll import _bindings as B, analyze
 from pycoll.store import TCPStore, TCPStoreServer
 
 PREFIX = "pycoll_trace_rank_"
@@ -77,7 +76,8 @@ def _dumped_ranks(dump_dir):
 def _torch_fr_trace(folder, *extra):
     """torch's own analyzer on ``folder``; its report (it logs to stdout/stderr)."""
     pytest.importorskip("torch.distributed.flight_recorder.fr_trace")
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", folder, "-p", PREFIX, *extra],
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace",
+                          folder, "-p", PREFIX, *extra],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     return out.stdout + out.stderr
@@ -137,7 +137,7 @@ def test_sigstopped_rank_is_named_by_the_others_and_by_both_analyzers(server, tm
         errors = [m for (name, level, m) in res[r]["lines"] if level == "ERROR"]
         assert len(errors) == 1, errors  # ONE line (the communicator itself stays quiet)
         line = errors[0]
-        assert line.startswith(f"pycoll watchdog: CommTimeout on communicator 'world'")
+        assert line.startswith("pycoll watchdog: CommTimeout on communicator 'world'")
         assert f"rank {r}/4" in line and f"all_reduce #{K}" in line and "not completed after 2.0" in line
         assert "behind: rank 3 (last reported" in line and "stopped, hung or dead" in line
         assert "_stopped_rank" in line  # where the operation was issued

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers import REPO
 
 ROOT = REPO

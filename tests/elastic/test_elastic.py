@@ -9,10 +9,10 @@ import time
 
 import numpy as np
 import pytest
+from helpers.mp import Died, run_ranks
 
 import pycoll
 import pycoll.hooks
-from helpers.mp import Died, run_ranks
 from pycoll.elastic import ElasticGroup, Excluded
 
 

@@ -20,11 +20,10 @@ import time
 
 import numpy as np
 import pytest
+from helpers.mp import run_ranks
 
 import pycoll
 from pycoll.devices import cuda_device_count
-
-from helpers.mp import run_ranks
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(120)]
 
@@ -316,7 +315,8 @@ def _multi_rank_comm(rank, n, tmp):
     """Load NCCL before torch, check its version, create the 2-rank communicator on GPU 0."""
     lib = pycoll._bindings.load()
     if _version(lib) < (2, 30, 0):
-        return lib, None, f"NCCL {'.'.join(map(str, lib.version_tuple))} at {lib.path} has no multi-rank GPU support (2.30+)"
+        return lib, None, (f"NCCL {'.'.join(map(str, lib.version_tuple))} at {lib.path} "
+                           "has no multi-rank GPU support (2.30+)")
     uid = _share_uid(rank, lib, os.path.join(tmp, "uid"))
     comm = pycoll.init(rank, n, unique_id=uid, library=lib, device=0, timeout=60, init_timeout=60)
     return lib, comm, None

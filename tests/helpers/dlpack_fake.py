@@ -70,17 +70,19 @@ _NAME_V1 = b"dltensor_versioned"
 _new_capsule = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)(
     ("PyCapsule_New", ctypes.pythonapi)
 )
-_raw_is_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)(("PyCapsule_IsValid", ctypes.pythonapi))
+_raw_is_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)(
+    ("PyCapsule_IsValid", ctypes.pythonapi)
+)
 _raw_get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(
     ("PyCapsule_GetPointer", ctypes.pythonapi)
 )
 
 # managed-struct address -> the export that owns it (the struct, its shape/strides arrays, the data)
-_LIVE: Dict[int, "_Export"] = {}
+_LIVE: Dict[int, _Export] = {}
 
 
 class _Export:
-    def __init__(self, producer: "FakeDLPack", struct: Any, keep: List[Any]) -> None:
+    def __init__(self, producer: FakeDLPack, struct: Any, keep: List[Any]) -> None:
         self.producer = producer
         self.struct = struct
         self.keep = keep

@@ -66,8 +66,9 @@ def run_ranks(
     """Run ``fn(rank, n, *args)`` in ``n`` processes; return the per-rank results.
 
     ``on_start(processes)`` runs in the parent once all children have started (it may signal them;
-    ``processes[r].pid`` is rank r's pid). ``may_die`` lists ranks allowed to die or to be killed; once every other rank has reported, the
-    ones still running are killed (their entry is a :class:`Died` with exit code None).
+    ``processes[r].pid`` is rank r's pid). ``may_die`` lists ranks allowed to die or to be killed; once
+    every other rank has reported, the ones still running are killed (their entry is a :class:`Died`
+    with exit code None).
     """
     ctx = _context()
     may_die = set(may_die)

@@ -6,8 +6,8 @@ import time
 
 import numpy as np
 import pytest
-
 from helpers.mp import run_ranks
+
 from pycoll.devices import HostDevice, Stream
 from pycoll.errors import LibraryError, NCCLError, NotSupported
 

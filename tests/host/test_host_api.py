@@ -6,17 +6,15 @@ the datatype arithmetic checked exhaustively against ml_dtypes.
 from __future__ import annotations
 
 import ctypes
-import itertools
 import time
 
-import ml_dtypes
 import numpy as np
 import pytest
-
-from helpers.host_util import NP_DTYPES, assert_bits_equal, bits, lib, ptr, reduce_ref, wait_ready
+from helpers.host_util import NP_DTYPES, assert_bits_equal, lib, ptr, reduce_ref, wait_ready
 from helpers.mp import shm_entries
+
 from pycoll import errors
-from pycoll._bindings import SUSPEND_MEM, CommMemStat, Config, DataType, RedOp, UniqueId
+from pycoll._bindings import SUSPEND_MEM, CommMemStat, Config, DataType, RedOp
 
 F32 = int(DataType.Float32)
 SUM = int(RedOp.Sum)
@@ -130,7 +128,8 @@ def test_misuse_table(comms):
         (lambda: l.all_reduce(ptr(a), ptr(b), 8, F32, 17, c0), errors.InvalidArgument, "unknown to this communicator"),
         (lambda: l.all_reduce(0, ptr(b), 8, F32, SUM, c0), errors.InvalidArgument, "sendbuff argument is NULL"),
         (lambda: l.all_gather(ptr(a), 0, 8, F32, c0), errors.InvalidArgument, "recvbuff argument is NULL"),
-        (lambda: l.all_reduce(ptr(a), ptr(b), 8, F32, SUM, c0, 0xDEAD0), errors.InvalidArgument, "not a valid pycoll host stream"),
+        (lambda: l.all_reduce(ptr(a), ptr(b), 8, F32, SUM, c0, 0xDEAD0), errors.InvalidArgument,
+         "not a valid pycoll host stream"),
         (lambda: l.comm_revoke(c0, 3), errors.InvalidArgument, "revokeFlags"),
         (lambda: l.red_op_destroy(SUM, c0), errors.InvalidArgument, "builtin"),
         (lambda: l.red_op_destroy(40, c0), errors.InvalidArgument, "unallocated"),
@@ -260,7 +259,8 @@ def test_suspend_resume_and_mem_stats(comms):
     for c in comms:
         l.comm_resume(c)
     a, b = np.ones(4, np.float32), np.ones(4, np.float32)
-    _grouped(l, [lambda: l.all_reduce(ptr(a), ptr(a), 4, F32, SUM, c0), lambda: l.all_reduce(ptr(b), ptr(b), 4, F32, SUM, c1)])
+    _grouped(l, [lambda: l.all_reduce(ptr(a), ptr(a), 4, F32, SUM, c0),
+                 lambda: l.all_reduce(ptr(b), ptr(b), 4, F32, SUM, c1)])
     assert a[0] == 2.0 and l.comm_mem_stats(c0, CommMemStat.GpuMemSuspended) == 0
 
 

@@ -10,9 +10,7 @@ import itertools
 
 import numpy as np
 import pytest
-
 from helpers.host_util import (
-    FLOATS,
     NP_DTYPES,
     PREMUL_DEVICE,
     PREMUL_HOST,
@@ -26,6 +24,7 @@ from helpers.host_util import (
     uid,
 )
 from helpers.mp import run_ranks
+
 from pycoll._bindings import DataType, RedOp
 
 REDUCING = ("allreduce", "reduce", "reducescatter")
@@ -53,10 +52,7 @@ def _run_case(l, comm, rank, n, seed, kind, dtype, op, inplace, count, root):
         l.reduce(ptr(me), ptr(recv), count, dt, rop, root, comm)
         got, want = (recv, reduce_ref(dtype, op, xs)) if rank == root else (None, None)
     elif kind == "reducescatter":
-        if inplace:
-            recv = me[rank * count : (rank + 1) * count]
-        else:
-            recv = np.empty(count, npd)
+        recv = me[rank * count : (rank + 1) * count] if inplace else np.empty(count, npd)
         l.reduce_scatter(ptr(me), ptr(recv), count, dt, rop, comm)
         got, want = recv, reduce_ref(dtype, op, [x[rank * count : (rank + 1) * count] for x in xs])
     elif kind in ("broadcast", "bcast"):
@@ -160,7 +156,8 @@ def test_every_collective(n):
     big = 150_000 if n <= 4 else 40_000  # multi-step for every algorithm; 8 ranks share 2 CPUs in CI
     cases = _cases(n, REDUCING + MOVING, (DataType.Float32,), (RedOp.Sum, RedOp.Avg), (1, 1000, big))
     cases += _cases(n, REDUCING, FAST_DTYPES, FAST_OPS, (17,), inplaces=(False,))
-    cases += _cases(n, ("allreduce",), (DataType.Float16, DataType.Int64), (RedOp.Prod, RedOp.Min), (300_000,), inplaces=(True,))
+    cases += _cases(n, ("allreduce",), (DataType.Float16, DataType.Int64), (RedOp.Prod, RedOp.Min), (300_000,),
+                    inplaces=(True,))
     _check(n, cases, timeout=90)
 
 

@@ -14,9 +14,9 @@ import time
 
 import numpy as np
 import pytest
-
-from helpers.host_util import init, kill_when_done, lib, ptr, uid, wait_until, wait_ready
+from helpers.host_util import init, kill_when_done, lib, ptr, uid, wait_ready, wait_until
 from helpers.mp import Died, run_ranks
+
 from pycoll import errors
 from pycoll._bindings import SHRINK_ABORT, Config, DataType, RedOp, UniqueId
 

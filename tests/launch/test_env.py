@@ -9,8 +9,8 @@ import socket
 import time
 
 import pytest
-
 from helpers.mp import run_ranks
+
 from pycoll.env import (
     RankDiscoveryError,
     RankInfo,
@@ -20,7 +20,7 @@ from pycoll.env import (
     first_host,
     open_store,
 )
-from pycoll.store import MemoryStore, PrefixStore, TCPStore
+from pycoll.store import MemoryStore, TCPStore
 
 PYCOLL = {
     "PYCOLL_RANK": "5", "PYCOLL_WORLD_SIZE": "8", "PYCOLL_LOCAL_RANK": "1", "PYCOLL_LOCAL_WORLD_SIZE": "4",
@@ -228,7 +228,7 @@ def test_open_store_across_processes(launcher):
                                  _free_port())
     n = 2 if launcher == "torchrun" else 3  # every torchrun rank imports torch: keep it small
     results = run_ranks(_exchange, n, make_env, timeout=75)
-    for source, values, kind in results:
+    for source, values, _kind in results:
         assert source == launcher
         assert values == [str(r).encode() for r in range(n)]
     if launcher == "torchrun":

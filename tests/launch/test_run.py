@@ -246,7 +246,9 @@ def test_module_target(tmp_path):
     pkg = tmp_path / "mypkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    (pkg / "hello.py").write_text("import os, sys\nprint('module', __name__, os.environ['PYCOLL_RANK'], sys.argv[1:])\n")
+    (pkg / "hello.py").write_text(
+        "import os, sys\nprint('module', __name__, os.environ['PYCOLL_RANK'], sys.argv[1:])\n"
+    )
     res = launch(["-n", "2", "-m", "mypkg.hello", "a", "--flag"], tmp_path)
     assert res.returncode == 0, res.stderr
     assert sorted(res.stdout.splitlines()) == [f"[rank{r}]: module __main__ {r} ['a', '--flag']" for r in range(2)]

@@ -13,7 +13,6 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
-
 from helpers.dlpack_fake import (
     BFLOAT,
     BOOL,
@@ -35,10 +34,10 @@ from helpers.dlpack_fake import (
     cai,
     live_exports,
 )
+
 from pycoll.buffers import (
     DATATYPE_ITEMSIZES,
     DATATYPE_NAMES,
-    Buffer,
     DeviceType,
     as_buffer,
     check_count,
@@ -219,7 +218,7 @@ def test_torch_dtypes(dtype, nccl):
 
 
 def test_numpy_and_torch_names_agree():
-    for np_dtype, nccl, c10 in NUMPY_CASES:
+    for _np_dtype, nccl, c10 in NUMPY_CASES:
         assert DATATYPE_NAMES[nccl] == c10
     for dtype, nccl in TORCH_CASES:
         assert DATATYPE_NAMES[nccl] == torch.zeros(1, dtype=dtype).type()[6:-6]
@@ -242,7 +241,9 @@ def test_torch_views_and_layouts():
         as_buffer(base[:, ::2])
 
 
-@pytest.mark.parametrize("dtype", [torch.bool, torch.complex64, torch.int16, torch.uint16, torch.float8_e4m3fnuz], ids=str)
+@pytest.mark.parametrize(
+    "dtype", [torch.bool, torch.complex64, torch.int16, torch.uint16, torch.float8_e4m3fnuz], ids=str
+)
 def test_torch_unsupported_dtypes(dtype):
     with pytest.raises(TypeError, match=r"grad: dtype torch\.\w+ is not supported"):
         as_buffer(torch.zeros(3, dtype=dtype), name="grad")
@@ -310,7 +311,9 @@ def test_dlpack_strides_and_offsets():
     empty = FakeDLPack(a, (0, 4), strides=(1, 100))
     assert as_buffer(empty).count == 0 and as_buffer(empty).nbytes == 0
     transposed = FakeDLPack(a, (4, 6), strides=(1, 4))
-    with pytest.raises(ValueError, match=r"x: the array is not C-contiguous \(shape \(4, 6\), strides \(1, 4\) in elements\)"):
+    with pytest.raises(
+        ValueError, match=r"x: the array is not C-contiguous \(shape \(4, 6\), strides \(1, 4\) in elements\)"
+    ):
         as_buffer(transposed, name="x")
     gapped = FakeDLPack(a, (3, 4), strides=(8, 1))
     with pytest.raises(ValueError, match="not C-contiguous"):
@@ -474,7 +477,7 @@ def test_cai_strides_mask_readonly():
     with pytest.raises(TypeError, match="not a dict"):
 
         class Bad:
-            __cuda_array_interface__ = [1, 2]
+            __cuda_array_interface__ = [1, 2]  # noqa: RUF012 -- deliberately not a dict
 
         as_buffer(Bad())
 
@@ -621,13 +624,17 @@ def test_check_count_and_dtype():
     out = as_buffer(np.zeros(12, np.float32), name="output")
     check_count(out, 12, exact=True)
     check_count(out, 8)
-    with pytest.raises(ValueError, match=r"all_gather: output has 12 elements but needs at least 16 \(4 per rank x 4 ranks\)"):
+    with pytest.raises(
+        ValueError, match=r"all_gather: output has 12 elements but needs at least 16 \(4 per rank x 4 ranks\)"
+    ):
         check_count(out, 16, op="all_gather", why="4 per rank x 4 ranks")
     with pytest.raises(ValueError, match="needs exactly 8"):
         check_count(out, 8, exact=True)
     inp = as_buffer(np.zeros(3, np.float16), name="input")
     check_same_dtype(out, as_buffer(np.zeros(1, np.float32)))
-    with pytest.raises(ValueError, match="all_reduce: input is Half but output is Float; they must have the same dtype"):
+    with pytest.raises(
+        ValueError, match="all_reduce: input is Half but output is Float; they must have the same dtype"
+    ):
         check_same_dtype(inp, out, op="all_reduce")
 
 

@@ -6,14 +6,13 @@ import gc
 import os
 import signal
 import time
-import warnings
 
 import numpy as np
 import pytest
-
-import pycoll
 from helpers import REPO
 from helpers.mp import Died, run_ranks
+
+import pycoll
 from pycoll import _bindings as B
 
 
@@ -192,7 +191,10 @@ def _bad_inputs(rank, n, uid):
     x = np.ones(8, np.float32)
     cases = {
         "non_contiguous": (ValueError, lambda: c.all_reduce(x[::2])),
-        "wrong_device": (ValueError, lambda: c.all_reduce(FakeDLPack(0x7F0000000000, (4,), dtype=(2, 32, 1), device=(KDL_CUDA, 0)))),
+        "wrong_device": (
+            ValueError,
+            lambda: c.all_reduce(FakeDLPack(0x7F0000000000, (4,), dtype=(2, 32, 1), device=(KDL_CUDA, 0))),
+        ),
         "unsupported_dtype": (TypeError, lambda: c.all_reduce(np.ones(4, bool))),
         "output_too_small": (ValueError, lambda: c.all_gather(x, np.empty(8, np.float32))),
         "dtype_mismatch": (ValueError, lambda: c.all_reduce(x, np.empty(8, np.float64))),
@@ -312,7 +314,7 @@ def _stopped_peer(rank, n, uid):
     try:
         c.all_reduce(np.ones(4, np.float32), timeout=1.0)
         return "no exception"
-    except pycoll.CommTimeout as e:
+    except pycoll.CommTimeout:
         elapsed = time.monotonic() - t0
     try:
         c.all_reduce(np.ones(4, np.float32))

@@ -7,13 +7,11 @@ import gc
 import subprocess
 import sys
 import types
-import warnings
 
 import numpy as np
 import pytest
-
-from helpers.fake_gpu import FakeGpuRuntime
 import torch
+from helpers.fake_gpu import FakeGpuRuntime
 
 from pycoll import devices
 from pycoll.devices import (
@@ -24,7 +22,6 @@ from pycoll.devices import (
     Event,
     HipDevice,
     HostDevice,
-    Stream,
     auto_backend,
     cuda_device_count,
     open_device,
@@ -188,7 +185,9 @@ def test_host_resolve_stream(host):
         host.resolve_stream(0x1234)
     with pytest.raises(TypeError, match="not a bool"):
         host.resolve_stream(True)
-    with pytest.raises(TypeError, match="stream must be an int handle, a pycoll Stream or a host stream object, not str"):
+    with pytest.raises(
+        TypeError, match="stream must be an int handle, a pycoll Stream or a host stream object, not str"
+    ):
         host.resolve_stream("s0")
     st.close()
     with pytest.raises(ValueError, match="the stream is closed"):
@@ -217,7 +216,9 @@ def cupy_like_stream(ptr):
 
 
 @pytest.mark.parametrize(
-    "obj", [CudaStreamProto(0xAB0), TorchLikeStream(), cupy_like_stream(0xCD0)], ids=["__cuda_stream__", "torch", "cupy"]
+    "obj",
+    [CudaStreamProto(0xAB0), TorchLikeStream(), cupy_like_stream(0xCD0)],
+    ids=["__cuda_stream__", "torch", "cupy"],
 )
 def test_host_rejects_gpu_streams(host, obj):
     with pytest.raises(TypeError, match="GPU stream .* cannot be used with the host backend"):
@@ -495,7 +496,9 @@ def test_gpu_wait_stream(gpu):
 
 def test_missing_gpu_python_packages(monkeypatch):
     monkeypatch.setattr(CudaDevice, "_import_name", "pycoll_test_no_such_pkg.runtime")
-    with pytest.raises(ImportError, match=r"CudaDevice needs pycoll_test_no_such_pkg.runtime: .*pip install 'pycoll-nccl\[cuda\]'"):
+    with pytest.raises(
+        ImportError, match=r"CudaDevice needs pycoll_test_no_such_pkg.runtime: .*pip install 'pycoll-nccl\[cuda\]'"
+    ):
         CudaDevice(0)
     monkeypatch.setattr(HipDevice, "_import_name", "pycoll_test_no_such_pkg.hip")
     with pytest.raises(ImportError, match=r"pip install 'pycoll-nccl\[rocm\]'"):

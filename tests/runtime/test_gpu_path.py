@@ -13,12 +13,12 @@ import threading
 import time
 
 import pytest
-
-import pycoll
-import pycoll.diagnostics
 from helpers.dlpack_fake import cai
 from helpers.fake_gpu import FakeGpuRuntime
 from helpers.fake_nccl import Fake, build_fakes
+
+import pycoll
+import pycoll.diagnostics
 from pycoll.comm import Communicator
 from pycoll.devices import CudaDevice
 
@@ -142,10 +142,9 @@ def test_refused_group_leaves_no_phantom_work(fake, rt):
     """F8: after ncclGroupEnd refuses a group nothing of it is outstanding, and no timeout follows."""
     c = _comm(fake, rt, timeout=0.3)
     try:
-        with pytest.raises(pycoll.InvalidArgument):
-            with c.group():
-                c.all_reduce(_x(), async_op=True)
-                fake.ctl.fakeSetNextResult(4)  # ncclGroupEnd -> InvalidArgument
+        with pytest.raises(pycoll.InvalidArgument), c.group():
+            c.all_reduce(_x(), async_op=True)
+            fake.ctl.fakeSetNextResult(4)  # ncclGroupEnd -> InvalidArgument
         fake.ctl.fakeSetNextResult(0)
         assert c.outstanding() == []
         time.sleep(0.6)

@@ -11,7 +11,6 @@ import os
 import re
 
 import pytest
-
 from helpers import REPO
 
 PKG = os.path.join(REPO, "pycoll")

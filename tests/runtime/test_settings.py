@@ -6,8 +6,8 @@ import os
 import re
 
 import pytest
-
 from helpers import REPO
+
 from pycoll import _settings
 from pycoll.launch import discovery
 

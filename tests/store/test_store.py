@@ -12,8 +12,8 @@ import threading
 import time
 
 import pytest
-
 from helpers.mp import run_ranks
+
 from pycoll.errors import NotSupported, StoreAuthError, StoreError, StoreTimeout
 from pycoll.store import (
     FileStore,
@@ -263,7 +263,8 @@ def _raw_authenticated(server: TCPStoreServer) -> socket.socket:
     sock = _raw_connect(server)
     magic, version, snonce = st._SERVER_HELLO.unpack(_recv_exact(sock, st._SERVER_HELLO.size))
     cnonce = os.urandom(32)
-    sock.sendall(st._CLIENT_HELLO.pack(magic, version, cnonce, st._mac(st._to_bytes(server.token), b"client", snonce, cnonce)))
+    mac = st._mac(st._to_bytes(server.token), b"client", snonce, cnonce)
+    sock.sendall(st._CLIENT_HELLO.pack(magic, version, cnonce, mac))
     status, _ = st._SERVER_REPLY.unpack(_recv_exact(sock, st._SERVER_REPLY.size))
     assert status == 0
     return sock
@@ -279,7 +280,7 @@ def _is_closed(sock: socket.socket, timeout: float = 5.0) -> bool:
                 return True
     except ConnectionResetError:
         return True
-    except socket.timeout:
+    except TimeoutError:
         return False
 
 

@@ -14,9 +14,9 @@ import subprocess
 import sys
 
 import pytest
+from helpers import REPO
 
 import pycoll
-from helpers import REPO
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(pycoll.__file__)))
 SCRIPT = os.path.join(REPO, "benchmarks", "recovery.py")

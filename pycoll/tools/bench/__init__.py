@@ -34,7 +34,7 @@ What it measures (the same conventions as nccl-tests):
   expected values (exactly, or within a few units of the datatype's precision for reductions in
   floating point). The count is summed over ranks; ``-c 0`` skips the check (``N/A``).
 
-Ranks: started by ``pycoll-run`` (or torchrun, SLURM, mpirun: see :mod:`pycoll.env`) each process
+Ranks: started by ``pycoll-run`` (or torchrun, SLURM, mpirun: see :mod:`pycoll.launch.discovery`) each process
 is one rank and ``-n`` must match the job's size. Started directly with ``-n N > 1``, pycoll-bench
 starts its own N ranks through ``pycoll-run`` and prints what rank 0 reports.
 

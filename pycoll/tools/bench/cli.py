@@ -15,6 +15,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
+from ...errors import RankDiscoveryError
+from ...launch import discovery
 from .arrays import _ArrayLib, _make_kit, _TorchKit
 from .cases import build_case
 from .report import _dispatch, _EventReporter, _Reporter, _TableReporter
@@ -315,11 +317,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
     if not logging.getLogger("pycoll").handlers:
         logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    from ... import env as _env
-
     try:
-        info = _env.discover()
-    except _env.RankDiscoveryError as exc:
+        info = discovery.discover()
+    except RankDiscoveryError as exc:
         sys.stderr.write(f"pycoll-bench: {exc}\n")
         return EXIT_USAGE
     launched = info.source != "single"
