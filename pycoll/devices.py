@@ -46,6 +46,7 @@ __all__ = [
     "cuda_device_count",
     "rocm_device_count",
     "auto_backend",
+    "register_framework_stream",
 ]
 
 _log = logging.getLogger("pycoll.devices")
@@ -578,6 +579,28 @@ class HostDevice(Device):
         return f"<HostDevice {getattr(self.library, 'path', self.library)!r}>"
 
 
+# array type -> (framework name, function giving the framework's current stream for an array)
+_FRAMEWORK_STREAMS: Dict[type, Tuple[str, Callable[[Any], int]]] = {}
+
+
+def register_framework_stream(array_type: type, name: str, current_stream: Callable[[Any], int]) -> None:
+    """Teach :meth:`Device.resolve_stream` the current stream of another array framework.
+
+    With ``stream=None``, arrays of ``array_type`` (or a subclass) run on ``current_stream(array)``
+    on GPU devices, as torch tensors run on torch's current stream. The emulated GPU registers its
+    torch-like and CuPy-like arrays; torch and CuPy themselves need no registration.
+    """
+    _FRAMEWORK_STREAMS[array_type] = (name, current_stream)
+
+
+def _registered_framework(array: Any) -> Optional[Tuple[str, Callable[[Any], int]]]:
+    for klass in type(array).__mro__:
+        entry = _FRAMEWORK_STREAMS.get(klass)
+        if entry is not None:
+            return entry
+    return None
+
+
 # --- CUDA and HIP ------------------------------------------------------------------------------
 
 _NOT_READY = 600  # cudaErrorNotReady == hipErrorNotReady
@@ -747,19 +770,24 @@ class _GpuDevice(Device):
         found: Optional[str] = None
         handle: Optional[int] = None
         for a in arrays:
+            other: Optional[Callable[[Any], int]] = None
             if torch is not None and isinstance(a, torch.Tensor) and a.is_cuda:
                 kind = "torch"
             elif cupy is not None and isinstance(a, cupy.ndarray):
-                kind = "cupy"
+                kind = "CuPy"
+            elif _FRAMEWORK_STREAMS and (entry := _registered_framework(a)) is not None:
+                kind, other = entry
             else:
                 continue
             if found is not None and kind != found:
                 raise ValueError(
-                    "the arrays come from both torch and CuPy, whose current streams differ: pass stream="
+                    f"the arrays come from both {found} and {kind}, whose current streams differ: pass stream="
                 )
             if found is None:
                 found = kind
-                if kind == "torch":
+                if other is not None:
+                    handle = int(other(a))
+                elif kind == "torch":
                     handle = int(torch.cuda.current_stream(a.device).cuda_stream)
                 else:
                     handle = int(cupy.cuda.get_current_stream().ptr)
