@@ -353,6 +353,11 @@ class Device:
     def _capture_sequence_id(self, stream: int) -> int:
         return 0
 
+    def enter_own_thread(self) -> None:
+        """Called by pycoll's own threads (``pycoll-*``: the watchdog, the abort thread) before they use
+        this device. On a GPU it makes the device current there once, so that those threads never create
+        a context on GPU 0 for a communicator on another GPU; any other thread is left alone."""
+
     def make_current(self) -> None:
         """Make this device the calling thread's current device (GPU; nothing on the host).
 
@@ -611,6 +616,9 @@ _INVALID_RESOURCE_HANDLE = (400,)
 _HOST_STREAM_INLINE = 0x1  # pycoll_host.h PYCOLL_STREAM_INLINE  # cuda/hipErrorInvalidResourceHandle: elapsed time asked of untimed events
 
 
+_OWN_THREAD = threading.local()  # the device a pycoll thread made current (enter_own_thread)
+
+
 class _GpuDevice(Device):
     """CUDA and HIP share everything but the module and the function prefix."""
 
@@ -690,6 +698,13 @@ class _GpuDevice(Device):
 
     def make_current(self) -> None:
         self._call(self._set_device, self._prefix + "SetDevice", self.device_id)
+
+    def enter_own_thread(self) -> None:
+        if getattr(_OWN_THREAD, "device", None) == (self.kind, self.device_id):
+            return
+        if threading.current_thread().name.startswith("pycoll-"):
+            self.make_current()
+            _OWN_THREAD.device = (self.kind, self.device_id)
 
     def create_stream(self) -> int:
         return self._on_device(self._stream_create, self._prefix + "StreamCreateWithFlags", _STREAM_NON_BLOCKING)
