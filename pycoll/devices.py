@@ -795,8 +795,9 @@ class _GpuDevice(Device):
             else:
                 continue
             if found is not None and kind != found:
+                first, second = sorted((found, kind), key=lambda k: (k != "torch", k != "CuPy", k))
                 raise ValueError(
-                    f"the arrays come from both {found} and {kind}, whose current streams differ: pass stream="
+                    f"the arrays come from both {first} and {second}, whose current streams differ: pass stream="
                 )
             if found is None:
                 found = kind

@@ -172,7 +172,7 @@ def test_framework_current_streams_resolve(rt):
     assert dev.resolve_stream(None, [t]) == s
     with rt.cupy.stream(2):
         assert dev.resolve_stream(None, [c]) == 2
-    with pytest.raises(ValueError, match="emulated torch and emulated CuPy"):
+    with pytest.raises(ValueError, match="both emulated CuPy and emulated torch"):
         dev.resolve_stream(None, [t, c])
 
 
