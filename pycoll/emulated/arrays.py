@@ -187,7 +187,10 @@ class TorchLikeTensor(_EmulatedArray):
 
 
 class CupyLikeArray(_EmulatedArray):
-    """A CUDA array in CuPy's style: ``__cuda_array_interface__`` v3 with its ``stream``; ``rt.cupy``'s current stream."""
+    """A CUDA array in CuPy's style: ``__cuda_array_interface__`` v3 with its ``stream``.
+
+    The ``stream`` is that of its last queued write, else ``rt.cupy``'s current stream.
+    """
 
     framework_attr = "cupy"
 

@@ -21,7 +21,7 @@ import enum
 import itertools
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from .. import _bindings
 
@@ -210,6 +210,9 @@ class EmulatedCudaRuntime:
             if name.startswith("_cuda"):
                 setattr(self, name[1:], self._wrap(name[1:], getattr(self, name)))
 
+    if TYPE_CHECKING:
+        def __getattr__(self, name: str) -> Callable[..., Tuple[Any, ...]]: ...  # the cuda* functions
+
     # -- bookkeeping ----------------------------------------------------------------------------
 
     def _wrap(self, name: str, fn: Callable[..., Tuple[Any, ...]]) -> Callable[..., Tuple[Any, ...]]:
@@ -334,9 +337,9 @@ class EmulatedCudaRuntime:
             self.lib.host_stream_set_legacy(0)
             if _open_runtime is self:
                 _open_runtime = None
-        for g in list(self._graphs.values()):
+        for host_graph in list(self._graphs.values()):
             try:
-                self.lib.host_graph_destroy(g)
+                self.lib.host_graph_destroy(host_graph)
             except Exception:
                 pass
         self._graphs.clear()
@@ -447,7 +450,8 @@ class EmulatedCudaRuntime:
             return (_ERR.cudaErrorInvalidResourceHandle, _STATUS.cudaStreamCaptureStatusNone)
         if int(stream) in (0, 1):
             for other in self._capturing(st.device):
-                if other.capture is not None and other.capture.mode != cudaStreamCaptureMode.cudaStreamCaptureModeRelaxed:
+                relaxed = cudaStreamCaptureMode.cudaStreamCaptureModeRelaxed
+                if other.capture is not None and other.capture.mode != relaxed:
                     self._invalidate(other)
                     return (_ERR.cudaErrorStreamCaptureImplicit, _STATUS.cudaStreamCaptureStatusNone)
         cap = st.capture

@@ -294,7 +294,8 @@ def _device_one(rank, n, uid):
     pycoll.watchdog.get_watchdog().wait_for_dumps()
     time.sleep(0.3)
     gate.release()
-    on_zero = sorted({c.thread_name for c in rt.log if c.device == 0 and c.name not in ("cudaGetDevice", "cudaSetDevice")
+    setup_calls = ("cudaGetDevice", "cudaSetDevice")
+    on_zero = sorted({c.thread_name for c in rt.log if c.device == 0 and c.name not in setup_calls
                       and c.thread != main and not c.thread_name.startswith("emulated")})
     return {"threads_on_device_0": on_zero, "current": rt.cudaGetDevice()[1]}
 
