@@ -268,7 +268,7 @@ def _sticky(rank, n, uid):
 def test_sticky_device_error_from_an_event_query_fails_the_communicator():
     for r in H.run_ranks(_sticky, 2, H.uid()):
         assert r["failure"] != "NoneType" and r["after"] < 2.0, r
-        assert r["error"] is not None and "700" in r["error"] or "IllegalAddress" in (r["error"] or ""), r
+        assert r["error"] and ("700" in r["error"] or "IllegalAddress" in r["error"]), r
 
 
 # -- F5: pycoll's threads keep the communicator's device ------------------------------------------
