@@ -405,6 +405,7 @@ class Communicator:
         waits call it); a failure found is recorded and its policy applied, nothing is raised."""
         if self._failure is not None or self._handle is None:
             return
+        self.device.enter_own_thread()
         code = self._async_code()
         if code not in (0, B.IN_PROGRESS):
             self.fail(self._async_exc(code), self._pending[0] if self._pending else None)
@@ -1063,7 +1064,7 @@ class Communicator:
                 # no per-communicator lock: aborting is how a thread blocked inside a call on this
                 # communicator is released
                 try:
-                    self.device.make_current()  # this thread's own: never a context on another GPU
+                    self.device.enter_own_thread()  # this thread's own: never a context on another GPU
                     self.library.comm_abort(h)
                 except BaseException as e:  # reported below
                     errors.append(e)

@@ -49,6 +49,7 @@ __all__ = [
     "cuda_device_count",
     "rocm_device_count",
     "auto_backend",
+    "register_framework_stream",
 ]
 
 _log = logging.getLogger("pycoll.devices")
@@ -356,6 +357,11 @@ class Device:
     def _capture_sequence_id(self, stream: int) -> int:
         return 0
 
+    def enter_own_thread(self) -> None:
+        """Called by pycoll's own threads (``pycoll-*``: the watchdog, the abort thread) before they use
+        this device. On a GPU it makes the device current there once, so that those threads never create
+        a context on GPU 0 for a communicator on another GPU; any other thread is left alone."""
+
     def make_current(self) -> None:
         """Make this device the calling thread's current device (GPU; nothing on the host).
 
@@ -604,6 +610,28 @@ class HostDevice(Device):
         return f"<HostDevice {getattr(self.library, 'path', self.library)!r}>"
 
 
+# array type -> (framework name, function giving the framework's current stream for an array)
+_FRAMEWORK_STREAMS: Dict[type, Tuple[str, Callable[[Any], int]]] = {}
+
+
+def register_framework_stream(array_type: type, name: str, current_stream: Callable[[Any], int]) -> None:
+    """Teach :meth:`Device.resolve_stream` the current stream of another array framework.
+
+    With ``stream=None``, arrays of ``array_type`` (or a subclass) run on ``current_stream(array)``
+    on GPU devices, as torch tensors run on torch's current stream. The emulated GPU registers its
+    torch-like and CuPy-like arrays; torch and CuPy themselves need no registration.
+    """
+    _FRAMEWORK_STREAMS[array_type] = (name, current_stream)
+
+
+def _registered_framework(array: Any) -> Optional[Tuple[str, Callable[[Any], int]]]:
+    for klass in type(array).__mro__:
+        entry = _FRAMEWORK_STREAMS.get(klass)
+        if entry is not None:
+            return entry
+    return None
+
+
 # --- CUDA and HIP ------------------------------------------------------------------------------
 
 _NOT_READY = 600  # cudaErrorNotReady == hipErrorNotReady
@@ -614,6 +642,9 @@ _INVALID_RESOURCE_HANDLE = (400,)  # cuda/hipErrorInvalidResourceHandle: elapsed
 _HOST_STREAM_INLINE = 0x1  # pycoll_host.h PYCOLL_STREAM_INLINE
 _STREAM_LEGACY = 1  # cudaStreamLegacy
 _STREAM_PER_THREAD = 2  # cudaStreamPerThread / hipStreamPerThread
+
+
+_OWN_THREAD = threading.local()  # the device a pycoll thread made current (enter_own_thread)
 
 
 class _GpuDevice(Device):
@@ -707,6 +738,13 @@ class _GpuDevice(Device):
         if previous is not None:
             self._call(self._set_device, self._prefix + "SetDevice", previous)
 
+    def enter_own_thread(self) -> None:
+        if getattr(_OWN_THREAD, "device", None) == (self.kind, self.device_id):
+            return
+        if threading.current_thread().name.startswith("pycoll-"):
+            self.make_current()
+            _OWN_THREAD.device = (self.kind, self.device_id)
+
     def create_stream(self) -> int:
         return self._on_device(self._stream_create, self._prefix + "StreamCreateWithFlags", _STREAM_NON_BLOCKING)
 
@@ -792,19 +830,25 @@ class _GpuDevice(Device):
         found: Optional[str] = None
         handle: Optional[int] = None
         for a in arrays:
+            other: Optional[Callable[[Any], int]] = None
             if torch is not None and isinstance(a, torch.Tensor) and a.is_cuda:
                 kind = "torch"
             elif cupy is not None and isinstance(a, cupy.ndarray):
-                kind = "cupy"
+                kind = "CuPy"
+            elif _FRAMEWORK_STREAMS and (entry := _registered_framework(a)) is not None:
+                kind, other = entry
             else:
                 continue
             if found is not None and kind != found:
+                first, second = sorted((found, kind), key=lambda k: (k != "torch", k != "CuPy", k))
                 raise ValueError(
-                    "the arrays come from both torch and CuPy, whose current streams differ: pass stream="
+                    f"the arrays come from both {first} and {second}, whose current streams differ: pass stream="
                 )
             if found is None:
                 found = kind
-                if kind == "torch":
+                if other is not None:
+                    handle = int(other(a))
+                elif kind == "torch":
                     handle = int(torch.cuda.current_stream(a.device).cuda_stream)
                 else:
                     handle = int(cupy.cuda.get_current_stream().ptr)

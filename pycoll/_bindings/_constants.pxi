@@ -177,10 +177,18 @@ HOST_FUNCTIONS = (
     "pycollEventWait",
     "pycollEventArm",
     "pycollEventFire",
+    "pycollStreamSetLegacy",
+    "pycollStreamResolve",
+    "pycollStreamBeginCapture",
+    "pycollStreamEndCapture",
+    "pycollGraphLaunch",
+    "pycollGraphDestroy",
 )
 
 #: pycollStreamCreateWithFlags: work submitted while the stream is idle runs in the caller's thread.
 HOST_STREAM_INLINE = 0x1
+#: pycollStreamCreateWithFlags: synchronised with the legacy stream (pycollStreamSetLegacy), as a blocking CUDA stream.
+HOST_STREAM_BLOCKING = 0x2
 
 
 def version_tuple(code):

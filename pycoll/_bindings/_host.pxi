@@ -160,6 +160,61 @@ cdef class HostLibrary(Library):
         _done(self, &cr, "pycollEventElapsedTime")
         return ms
 
+    def host_stream_set_legacy(self, stream):
+        """pycollStreamSetLegacy: stream handles 0 and 1 mean ``stream`` from now on, 2 the calling thread's
+        own blocking stream, and blocking streams synchronise with it (the emulated GPU); 0 restores the host
+        backend's meaning."""
+        cdef pycollStream_t s = <pycollStream_t>_addr(stream, "stream")
+        cdef _Call cr
+        _need(self, <void*>self.fn.pycollStreamSetLegacy, "pycollStreamSetLegacy")
+        with nogil: _cap(&self.fn, NULL, &cr, self.fn.pycollStreamSetLegacy(s))
+        _done(self, &cr, "pycollStreamSetLegacy")
+
+    def host_stream_resolve(self, stream):
+        """pycollStreamResolve: the stream a handle (0, 1, 2 or a stream) means in the calling thread."""
+        cdef pycollStream_t s = <pycollStream_t>_addr(stream, "stream")
+        cdef pycollStream_t out = NULL
+        cdef _Call cr
+        _need(self, <void*>self.fn.pycollStreamResolve, "pycollStreamResolve")
+        with nogil: _cap(&self.fn, NULL, &cr, self.fn.pycollStreamResolve(s, &out))
+        _done(self, &cr, "pycollStreamResolve")
+        return <uintptr_t>out
+
+    def host_stream_begin_capture(self, stream):
+        """pycollStreamBeginCapture: operations submitted to ``stream`` are recorded into a graph, not run."""
+        cdef pycollStream_t s = <pycollStream_t>_handle(stream, "stream")
+        cdef _Call cr
+        _need(self, <void*>self.fn.pycollStreamBeginCapture, "pycollStreamBeginCapture")
+        with nogil: _cap(&self.fn, NULL, &cr, self.fn.pycollStreamBeginCapture(s))
+        _done(self, &cr, "pycollStreamBeginCapture")
+
+    def host_stream_end_capture(self, stream):
+        """pycollStreamEndCapture: end the capture; returns the graph handle."""
+        cdef pycollStream_t s = <pycollStream_t>_handle(stream, "stream")
+        cdef pycollGraph_t g = NULL
+        cdef _Call cr
+        _need(self, <void*>self.fn.pycollStreamEndCapture, "pycollStreamEndCapture")
+        with nogil: _cap(&self.fn, NULL, &cr, self.fn.pycollStreamEndCapture(s, &g))
+        _done(self, &cr, "pycollStreamEndCapture")
+        return <uintptr_t>g
+
+    def host_graph_launch(self, graph, stream):
+        """pycollGraphLaunch: submit the graph's operations again, in order, to ``stream``."""
+        cdef pycollGraph_t g = <pycollGraph_t>_handle(graph, "graph")
+        cdef pycollStream_t s = <pycollStream_t>_handle(stream, "stream")
+        cdef _Call cr
+        _need(self, <void*>self.fn.pycollGraphLaunch, "pycollGraphLaunch")
+        with nogil: _cap(&self.fn, NULL, &cr, self.fn.pycollGraphLaunch(g, s))
+        _done(self, &cr, "pycollGraphLaunch")
+
+    def host_graph_destroy(self, graph):
+        """pycollGraphDestroy."""
+        cdef pycollGraph_t g = <pycollGraph_t>_handle(graph, "graph")
+        cdef _Call cr
+        _need(self, <void*>self.fn.pycollGraphDestroy, "pycollGraphDestroy")
+        with nogil: _cap(&self.fn, NULL, &cr, self.fn.pycollGraphDestroy(g))
+        _done(self, &cr, "pycollGraphDestroy")
+
 
 #: host_* name -> HostLibrary function, which Library.__getattr__ binds to any other library.
 _HOST_METHODS = {name: value for name, value in vars(HostLibrary).items() if name.startswith("host_")}

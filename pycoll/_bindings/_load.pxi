@@ -222,5 +222,11 @@ cdef _resolve(Library lib):
     t.pycollEventWait = <pycollEventWait_fn>lib._sym("pycollEventWait")
     t.pycollEventArm = <pycollEventArm_fn>lib._sym("pycollEventArm")
     t.pycollEventFire = <pycollEventFire_fn>lib._sym("pycollEventFire")
+    t.pycollStreamSetLegacy = <pycollStreamSetLegacy_fn>lib._sym("pycollStreamSetLegacy")
+    t.pycollStreamResolve = <pycollStreamResolve_fn>lib._sym("pycollStreamResolve")
+    t.pycollStreamBeginCapture = <pycollStreamBeginCapture_fn>lib._sym("pycollStreamBeginCapture")
+    t.pycollStreamEndCapture = <pycollStreamEndCapture_fn>lib._sym("pycollStreamEndCapture")
+    t.pycollGraphLaunch = <pycollGraphLaunch_fn>lib._sym("pycollGraphLaunch")
+    t.pycollGraphDestroy = <pycollGraphDestroy_fn>lib._sym("pycollGraphDestroy")
     for name in RCCL_FUNCTIONS:
         lib._sym(name)

@@ -101,6 +101,7 @@ cdef extern from *:
     #ifndef PYCOLL_HOST_H
     typedef struct pycollStream* pycollStream_t;
     typedef struct pycollEvent* pycollEvent_t;
+    typedef struct pycollGraph* pycollGraph_t;
     #endif
     /* the magic of NCCL_SIM_INFO_INITIALIZER, which nccl.h spells as a literal */
     #define PYCOLL_NCCL_SIM_INFO_MAGIC 0x74685283u
@@ -118,6 +119,8 @@ cdef extern from *:
     ctypedef pycollStream* pycollStream_t
     cdef struct pycollEvent
     ctypedef pycollEvent* pycollEvent_t
+    cdef struct pycollGraph
+    ctypedef pycollGraph* pycollGraph_t
 
     ctypedef struct ncclUniqueId:
         char internal[128]
@@ -450,6 +453,12 @@ ctypedef int (*pycollStreamSetFlags_fn)(pycollStream_t stream, int flags) noexce
 ctypedef int (*pycollEventWait_fn)(pycollEvent_t event, uint64_t timeout_ns) noexcept nogil
 ctypedef int (*pycollEventArm_fn)(pycollEvent_t event) noexcept nogil
 ctypedef int (*pycollEventFire_fn)(pycollEvent_t event) noexcept nogil
+ctypedef int (*pycollStreamSetLegacy_fn)(pycollStream_t legacy) noexcept nogil
+ctypedef int (*pycollStreamResolve_fn)(pycollStream_t stream, pycollStream_t* out) noexcept nogil
+ctypedef int (*pycollStreamBeginCapture_fn)(pycollStream_t stream) noexcept nogil
+ctypedef int (*pycollStreamEndCapture_fn)(pycollStream_t stream, pycollGraph_t* graph) noexcept nogil
+ctypedef int (*pycollGraphLaunch_fn)(pycollGraph_t graph, pycollStream_t stream) noexcept nogil
+ctypedef int (*pycollGraphDestroy_fn)(pycollGraph_t graph) noexcept nogil
 
 
 # --- the symbol table of one loaded library: NULL where the library lacks the function ----------
@@ -545,3 +554,9 @@ ctypedef struct pycoll_nccl_table:
     pycollEventWait_fn pycollEventWait
     pycollEventArm_fn pycollEventArm
     pycollEventFire_fn pycollEventFire
+    pycollStreamSetLegacy_fn pycollStreamSetLegacy
+    pycollStreamResolve_fn pycollStreamResolve
+    pycollStreamBeginCapture_fn pycollStreamBeginCapture
+    pycollStreamEndCapture_fn pycollStreamEndCapture
+    pycollGraphLaunch_fn pycollGraphLaunch
+    pycollGraphDestroy_fn pycollGraphDestroy

@@ -419,6 +419,7 @@ ncclResult_t enqueue_task(const struct task* proto, const ncclCollConfig_t* cfg)
   struct task local = *proto;
   local.comm = c;
   local.next = NULL;
+  local.stream = stream_resolve(local.stream);
   r = validate(c, &local, cfg);
   if (r != ncclSuccess || (local.count == 0 && local.kind < TK_SEND)) {
     if (local.launch_marker) {

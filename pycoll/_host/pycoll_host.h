@@ -46,6 +46,7 @@ extern "C" {
 
 typedef struct pycollStream* pycollStream_t;
 typedef struct pycollEvent* pycollEvent_t;
+typedef struct pycollGraph* pycollGraph_t;
 
 /* The host library's own version: major*10000 + minor*100 + patch. ncclGetVersion reports the
  * NCCL API level the library implements (23203). */
@@ -54,6 +55,10 @@ int pycollHostGetVersion(int* version);
 /* Stream flags. PYCOLL_STREAM_INLINE: work submitted while the stream is idle runs in the
  * caller's thread (in stream order; events recorded after it complete when the call returns). */
 #define PYCOLL_STREAM_INLINE 0x1
+/* PYCOLL_STREAM_BLOCKING (creation only): once a legacy stream is set (pycollStreamSetLegacy), work on
+ * this stream and work on the legacy stream wait for each other, as a CUDA stream created without
+ * cudaStreamNonBlocking does with the legacy default stream. */
+#define PYCOLL_STREAM_BLOCKING 0x2
 
 int pycollStreamCreate(pycollStream_t* stream);
 int pycollStreamCreateWithFlags(pycollStream_t* stream, int flags);
@@ -82,6 +87,21 @@ int pycollEventFire(pycollEvent_t event);
 /* Milliseconds between the completion of two completed events: ncclInProgress while either has
  * not completed yet, ncclInvalidUsage if either was never recorded. */
 int pycollEventElapsedTime(float* ms, pycollEvent_t start, pycollEvent_t end);
+
+/* The emulated GPU (pycoll.emulated). SetLegacy(L) makes the stream handles NULL and 1
+ * (cudaStreamLegacy) mean L in every call (collectives included) and 2 (cudaStreamPerThread) the
+ * calling thread's own PYCOLL_STREAM_BLOCKING stream, created on first use; SetLegacy(NULL) restores
+ * the host backend's meaning (NULL: run in the calling thread). Resolve returns what a handle
+ * means for the calling thread. */
+int pycollStreamSetLegacy(pycollStream_t legacy);
+int pycollStreamResolve(pycollStream_t stream, pycollStream_t* out);
+/* Graph capture: between Begin and End, operations submitted to the stream are recorded into a
+ * graph instead of run (they hold their communicators; finalize does not wait for them); Launch
+ * submits them again, in order, to a stream, as often as wanted; Destroy frees the graph. */
+int pycollStreamBeginCapture(pycollStream_t stream);
+int pycollStreamEndCapture(pycollStream_t stream, pycollGraph_t* graph);
+int pycollGraphLaunch(pycollGraph_t graph, pycollStream_t stream);
+int pycollGraphDestroy(pycollGraph_t graph);
 
 #ifdef __cplusplus
 }

@@ -38,6 +38,21 @@ struct pycollStream {
   bool sleeping;
   int flags;        /* PYCOLL_STREAM_* */
   bool inline_busy; /* the caller's thread is running this stream's work (see stream_submit) */
+  struct pycollGraph* capture; /* the graph work submitted now is recorded into, instead of run */
+  struct pycollStream* blocking_next; /* in the list of PYCOLL_STREAM_BLOCKING streams */
+};
+
+/* A graph: the task lists submitted to a stream while it captured, re-submitted at each launch. */
+struct gnode {
+  struct task* tasks;
+  struct gnode* next;
+};
+
+#define GRAPH_MAGIC 0x6772617068706367ull
+
+struct pycollGraph {
+  uint64_t magic;
+  struct gnode *head, *tail;
 };
 
 struct pycollEvent {
@@ -140,7 +155,7 @@ static void* stream_main(void* arg) {
   }
 }
 
-static ncclResult_t push(struct pycollStream* s, int kind, struct task* tasks, struct marker* m) {
+static ncclResult_t push_raw(struct pycollStream* s, int kind, struct task* tasks, struct marker* m) {
   struct item* it = calloc(1, sizeof *it);
   if (!it) {
     WARN("pycollStream : out of memory");
@@ -157,6 +172,77 @@ static ncclResult_t push(struct pycollStream* s, int kind, struct task* tasks, s
   if (s->sleeping) pthread_cond_signal(&s->work);
   pthread_mutex_unlock(&s->mu);
   return ncclSuccess;
+}
+
+/* ---- the legacy default stream (configured by the emulated GPU; NULL: the host backend) ----
+ * Once pycollStreamSetLegacy(L) ran, the stream handles NULL and 1 (cudaStreamLegacy) mean L and 2
+ * (cudaStreamPerThread) the calling thread's own default stream, and work on L waits for the work
+ * queued before it on every PYCOLL_STREAM_BLOCKING stream, and the other way round, as CUDA's legacy
+ * default stream does with blocking streams. */
+
+static struct pycollStream* legacy_stream;
+static pthread_mutex_t blocking_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct pycollStream* blocking_head;
+static pthread_key_t per_thread_key;
+static pthread_once_t per_thread_once = PTHREAD_ONCE_INIT;
+
+static void per_thread_free(void* s) {
+  if (s && stream_valid(s)) pycollStreamDestroy(s);
+}
+
+static void per_thread_init(void) { pthread_key_create(&per_thread_key, per_thread_free); }
+
+pycollStream_t stream_resolve(pycollStream_t s) {
+  struct pycollStream* L = __atomic_load_n(&legacy_stream, __ATOMIC_ACQUIRE);
+  if (!L || (uintptr_t)s > 2) return s;
+  if ((uintptr_t)s != 2) return L;
+  pthread_once(&per_thread_once, per_thread_init);
+  struct pycollStream* own = pthread_getspecific(per_thread_key);
+  if (!own || !stream_valid(own)) {
+    own = NULL;
+    if (pycollStreamCreateWithFlags(&own, PYCOLL_STREAM_BLOCKING) != ncclSuccess) return s;
+    pthread_setspecific(per_thread_key, own);
+  }
+  return own;
+}
+
+static bool stream_idle(struct pycollStream* s) {
+  pthread_mutex_lock(&s->mu);
+  bool idle = !s->inline_busy && s->completed == s->enqueued;
+  pthread_mutex_unlock(&s->mu);
+  return idle;
+}
+
+/* Work queued on `s` from now on waits for the work queued on `other` so far. */
+static void order_after(struct pycollStream* s, struct pycollStream* other) {
+  if (stream_idle(other)) return;
+  struct marker* m = marker_new();
+  if (!m) return;
+  marker_ref(m);
+  if (push_raw(other, IT_RECORD, NULL, m) != ncclSuccess) {
+    marker_release(m);
+    marker_release(m);
+    return;
+  }
+  if (push_raw(s, IT_WAIT, NULL, m) != ncclSuccess) marker_release(m);
+}
+
+static void implicit_sync(struct pycollStream* s) {
+  struct pycollStream* L = __atomic_load_n(&legacy_stream, __ATOMIC_ACQUIRE);
+  if (!L) return;
+  if (s == L) {
+    pthread_mutex_lock(&blocking_mu);
+    for (struct pycollStream* b = blocking_head; b; b = b->blocking_next)
+      if (b != L) order_after(L, b);
+    pthread_mutex_unlock(&blocking_mu);
+  } else if (s->flags & PYCOLL_STREAM_BLOCKING) {
+    order_after(s, L);
+  }
+}
+
+static ncclResult_t push(struct pycollStream* s, int kind, struct task* tasks, struct marker* m) {
+  implicit_sync(s);
+  return push_raw(s, kind, tasks, m);
 }
 
 /* True (and the stream marked busy) when `s` may run the next work in the caller's thread now. */
@@ -185,14 +271,18 @@ static void inline_end(struct pycollStream* s) {
  * would, in order: work enqueued meanwhile from other threads waits for it); otherwise the
  * stream's thread runs it. Either way the result is reported as the stream's would be: errors
  * land in the communicators' asynchronous errors, events recorded after it complete after it. */
+static bool capture_add(struct pycollStream* s, struct task* list);
+
 ncclResult_t stream_submit(pycollStream_t s, struct task* list) {
+  if (UNLIKELY(__atomic_load_n(&s->capture, __ATOMIC_ACQUIRE) != NULL) && capture_add(s, list)) return ncclSuccess;
+  implicit_sync(s);
   if (inline_begin(s)) {
     run_tasks(list);
     tasks_finish(list, true);
     inline_end(s);
     return ncclSuccess;
   }
-  return push(s, IT_TASKS, list, NULL);
+  return push_raw(s, IT_TASKS, list, NULL);
 }
 
 static void stream_sync(struct pycollStream* s) {
@@ -222,7 +312,7 @@ NCCL_API int pycollStreamCreateWithFlags(pycollStream_t* stream, int flags) {
     WARN("pycollStreamCreate : stream argument is NULL");
     return ncclInvalidArgument;
   }
-  if (flags & ~PYCOLL_STREAM_INLINE) {
+  if (flags & ~(PYCOLL_STREAM_INLINE | PYCOLL_STREAM_BLOCKING)) {
     WARN("pycollStreamCreateWithFlags : unknown flags 0x%x", (unsigned)flags);
     return ncclInvalidArgument;
   }
@@ -239,6 +329,12 @@ NCCL_API int pycollStreamCreateWithFlags(pycollStream_t* stream, int flags) {
     return ncclSystemError;
   }
   handle_add(s, H_STREAM, 0);
+  if (flags & PYCOLL_STREAM_BLOCKING) {
+    pthread_mutex_lock(&blocking_mu);
+    s->blocking_next = blocking_head;
+    blocking_head = s;
+    pthread_mutex_unlock(&blocking_mu);
+  }
   *stream = s;
   return ncclSuccess;
 }
@@ -248,8 +344,20 @@ NCCL_API int pycollStreamDestroy(pycollStream_t s) {
     WARN("pycollStreamDestroy : stream %p is not a valid pycoll host stream", (void*)s);
     return ncclInvalidArgument;
   }
-  push(s, IT_STOP, NULL, NULL);
+  if (s->flags & PYCOLL_STREAM_BLOCKING) {
+    pthread_mutex_lock(&blocking_mu);
+    for (struct pycollStream** p = &blocking_head; *p; p = &(*p)->blocking_next)
+      if (*p == s) {
+        *p = s->blocking_next;
+        break;
+      }
+    pthread_mutex_unlock(&blocking_mu);
+  }
+  struct pycollStream* expected = s;
+  __atomic_compare_exchange_n(&legacy_stream, &expected, NULL, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+  push_raw(s, IT_STOP, NULL, NULL);
   pthread_join(s->thread, NULL);
+  if (s->capture) pycollGraphDestroy(s->capture);
   pthread_mutex_destroy(&s->mu);
   pthread_cond_destroy(&s->work);
   pthread_cond_destroy(&s->idle);
@@ -264,7 +372,7 @@ NCCL_API int pycollStreamSetFlags(pycollStream_t s, int flags) {
     WARN("pycollStreamSetFlags : unknown flags 0x%x", (unsigned)flags);
     return ncclInvalidArgument;
   }
-  __atomic_store_n(&s->flags, flags, __ATOMIC_RELEASE);
+  __atomic_store_n(&s->flags, flags | (s->flags & PYCOLL_STREAM_BLOCKING), __ATOMIC_RELEASE);
   return ncclSuccess;
 }
 
@@ -346,16 +454,14 @@ ncclResult_t stream_record(pycollEvent_t e, pycollStream_t s) {
     event_set(e, m);
     return ncclSuccess;
   }
-  pthread_mutex_lock(&s->mu);
-  bool idle = !s->inline_busy && s->completed == s->enqueued;
-  pthread_mutex_unlock(&s->mu);
-  if (idle) { /* everything before the record has run: it completes now */
+  implicit_sync(s);
+  if (stream_idle(s)) { /* everything before the record has run: it completes now */
     marker_fire(m);
     event_set(e, m);
     return ncclSuccess;
   }
   marker_ref(m);
-  ncclResult_t r = push(s, IT_RECORD, NULL, m);
+  ncclResult_t r = push_raw(s, IT_RECORD, NULL, m);
   if (r != ncclSuccess) {
     marker_release(m);
     marker_release(m);
@@ -443,4 +549,142 @@ NCCL_API int pycollEventElapsedTime(float* ms, pycollEvent_t start, pycollEvent_
   marker_release(a);
   marker_release(b);
   return r;
+}
+
+/* ---- the emulated GPU's legacy stream and graph capture ---- */
+
+NCCL_API int pycollStreamSetLegacy(pycollStream_t s) {
+  if (s) CHECK_STREAM(s, "pycollStreamSetLegacy");
+  __atomic_store_n(&legacy_stream, s, __ATOMIC_RELEASE);
+  return ncclSuccess;
+}
+
+NCCL_API int pycollStreamResolve(pycollStream_t s, pycollStream_t* out) {
+  if (!out) {
+    WARN("pycollStreamResolve : out argument is NULL");
+    return ncclInvalidArgument;
+  }
+  *out = stream_resolve(s);
+  if ((uintptr_t)*out <= 2) return ncclSuccess; /* no legacy stream: NULL stays NULL (1 and 2 too) */
+  CHECK_STREAM(*out, "pycollStreamResolve");
+  return ncclSuccess;
+}
+
+static void graph_release_tasks(struct task* list) {
+  for (struct task *t = list, *next; t; t = next) {
+    next = t->next;
+    comm_release(t->comm);
+    free(t);
+  }
+}
+
+/* Keeps `list` in the capturing graph of `s` (false when `s` stopped capturing meanwhile). The tasks keep
+ * their comm references; they no longer count as pending work of their communicators. */
+static bool capture_add(struct pycollStream* s, struct task* list) {
+  struct gnode* n = calloc(1, sizeof *n);
+  if (!n) return false;
+  for (struct task* t = list; t; t = t->next) {
+    if (t->launch_marker) {
+      marker_fire(t->launch_marker);
+      marker_release(t->launch_marker);
+      t->launch_marker = NULL;
+    }
+  }
+  pthread_mutex_lock(&s->mu);
+  struct pycollGraph* g = s->capture;
+  if (g) {
+    n->tasks = list;
+    if (g->tail) g->tail->next = n;
+    else g->head = n;
+    g->tail = n;
+  }
+  pthread_mutex_unlock(&s->mu);
+  if (!g) {
+    free(n);
+    return false;
+  }
+  for (struct task* t = list; t; t = t->next) __atomic_sub_fetch(&t->comm->pending, 1, __ATOMIC_ACQ_REL);
+  return true;
+}
+
+NCCL_API int pycollStreamBeginCapture(pycollStream_t s) {
+  CHECK_STREAM(s, "pycollStreamBeginCapture");
+  struct pycollGraph* g = calloc(1, sizeof *g);
+  if (!g) return ncclSystemError;
+  g->magic = GRAPH_MAGIC;
+  pthread_mutex_lock(&s->mu);
+  bool busy = s->capture != NULL;
+  if (!busy) __atomic_store_n(&s->capture, g, __ATOMIC_RELEASE);
+  pthread_mutex_unlock(&s->mu);
+  if (busy) {
+    free(g);
+    WARN("pycollStreamBeginCapture : stream %p is already capturing", (void*)s);
+    return ncclInvalidUsage;
+  }
+  return ncclSuccess;
+}
+
+NCCL_API int pycollStreamEndCapture(pycollStream_t s, pycollGraph_t* graph) {
+  CHECK_STREAM(s, "pycollStreamEndCapture");
+  if (!graph) {
+    WARN("pycollStreamEndCapture : graph argument is NULL");
+    return ncclInvalidArgument;
+  }
+  pthread_mutex_lock(&s->mu);
+  struct pycollGraph* g = s->capture;
+  __atomic_store_n(&s->capture, NULL, __ATOMIC_RELEASE);
+  pthread_mutex_unlock(&s->mu);
+  if (!g) {
+    WARN("pycollStreamEndCapture : stream %p is not capturing", (void*)s);
+    return ncclInvalidUsage;
+  }
+  *graph = g;
+  return ncclSuccess;
+}
+
+NCCL_API int pycollGraphLaunch(pycollGraph_t g, pycollStream_t s) {
+  if (!g || g->magic != GRAPH_MAGIC) {
+    WARN("pycollGraphLaunch : %p is not a pycoll host graph", (void*)g);
+    return ncclInvalidArgument;
+  }
+  CHECK_STREAM(s, "pycollGraphLaunch");
+  for (struct gnode* n = g->head; n; n = n->next) {
+    struct task *copy = NULL, **tail = &copy;
+    for (struct task* t = n->tasks; t; t = t->next) {
+      struct task* c = malloc(sizeof *c);
+      if (!c) {
+        tasks_finish(copy, true);
+        return ncclSystemError;
+      }
+      *c = *t;
+      c->started = c->done = false;
+      c->result = ncclSuccess;
+      c->next = NULL;
+      comm_ref(c->comm);
+      __atomic_add_fetch(&c->comm->pending, 1, __ATOMIC_ACQ_REL);
+      *tail = c;
+      tail = &c->next;
+    }
+    ncclResult_t r = stream_submit(s, copy);
+    if (r != ncclSuccess) {
+      tasks_finish(copy, true);
+      return r;
+    }
+  }
+  return ncclSuccess;
+}
+
+NCCL_API int pycollGraphDestroy(pycollGraph_t g) {
+  if (!g || g->magic != GRAPH_MAGIC) {
+    WARN("pycollGraphDestroy : %p is not a pycoll host graph", (void*)g);
+    return ncclInvalidArgument;
+  }
+  for (struct gnode *n = g->head, *next; n; n = next) {
+    next = n->next;
+    graph_release_tasks(n->tasks);
+    free(n);
+  }
+  g->magic = 0;
+  free(g);
+  return ncclSuccess;
 }

@@ -10,6 +10,8 @@ bool stream_valid(pycollStream_t s);
 bool event_valid(pycollEvent_t e);
 /* Queues a list of tasks (one group's tasks for this stream) to run together, in order. */
 ncclResult_t stream_submit(pycollStream_t s, struct task* list);
+/* What a stream handle means for the calling thread (NULL, 1, 2: see pycollStreamSetLegacy). */
+pycollStream_t stream_resolve(pycollStream_t s);
 /* Records `e` on `s` (NULL: completes now). */
 ncclResult_t stream_record(pycollEvent_t e, pycollStream_t s);
 

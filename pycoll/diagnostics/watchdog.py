@@ -497,7 +497,6 @@ class Watchdog(CommObserver):
                     continue
                 self._doing = f"checking communicator {c.name!r}"
                 try:
-                    c.device.make_current()  # this thread's own current device: never a context on GPU 0
                     c.check()
                 except Exception:
                     _log.exception("watchdog: checking %r failed", c.name)

@@ -24,7 +24,7 @@ LAYERS = [
     ("diagnostics", ["pycoll.diagnostics"]),
     ("bootstrap", ["pycoll.launch", "pycoll.create"]),
     ("elastic", ["pycoll.elastic"]),
-    ("tools", ["pycoll.tools", "pycoll"]),  # pycoll/__init__ and the alias modules sit on top
+    ("tools", ["pycoll.tools", "pycoll.emulated", "pycoll"]),  # pycoll/__init__ and the alias modules sit on top
 ]
 
 

@@ -1,0 +1,211 @@
+"""Arrays that present themselves as CUDA device memory, backed by host memory.
+
+* :class:`TorchLikeTensor` -- DLPack (``__dlpack__`` / ``__dlpack_device__``: kDLCUDA and a device
+  id), ordered through the ``stream`` argument of ``__dlpack__`` as the array API says; its
+  framework's current stream is :attr:`EmulatedFramework.current_stream` of ``rt.torch``.
+* :class:`CupyLikeArray` -- ``__cuda_array_interface__`` v3 whose ``stream`` is the stream of its
+  last write (a producer), else its framework's current stream (1 for the legacy default stream).
+
+Both keep their data in a numpy array (:attr:`host`); :meth:`fill` queues the write as a kernel on
+a stream, so a consumer that does not synchronise with the producer reads the old values.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ..devices import register_framework_stream
+from .runtime import EmulatedCudaRuntime, EmulatedFramework
+
+__all__ = ["EmulatedFramework", "TorchLikeTensor", "CupyLikeArray", "KDL_CUDA"]
+
+KDL_CUDA = 2
+
+
+class _EmulatedArray:
+    framework_attr = ""
+
+    def __init__(self, rt: EmulatedCudaRuntime, data: Any, *, device: int = 0, dtype: Any = None) -> None:
+        self.rt = rt
+        self.host = np.ascontiguousarray(np.array(data, dtype=dtype))
+        self.device = int(device)
+        self.producer: Optional[int] = None  # the stream of the last queued write, until synchronised
+
+    @property
+    def framework(self) -> EmulatedFramework:
+        return getattr(self.rt, self.framework_attr)
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        return self.host.shape
+
+    @property
+    def is_cuda(self) -> bool:
+        return True
+
+    def numpy(self) -> np.ndarray:
+        """A copy of the data once everything queued on its producer stream has run (``.cpu()``)."""
+        if self.producer is not None:
+            self.rt.cudaStreamSynchronize(self.producer)
+        return self.host.copy()
+
+    def fill(self, value: Any, *, stream: Optional[int] = None, delay: float = 0.0) -> None:
+        """Queue ``self[:] = value`` as a kernel on ``stream`` (default: the current stream), after ``delay`` s."""
+        s = self.framework.current_stream(self.device) if stream is None else int(stream)
+        gate = threading.Event()
+
+        def kernel() -> None:
+            if delay:
+                gate.wait(delay)
+            self.host[...] = value
+
+        self.rt.launch(s, kernel)
+        self.producer = s
+
+    def _current(self) -> int:
+        return self.framework.current_stream(self.device)
+
+
+# --- DLPack ------------------------------------------------------------------------------------
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
+                ("byte_offset", ctypes.c_uint64)]
+
+
+_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class _DLVersion(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
+class _DLManagedVersioned(ctypes.Structure):
+    _fields_ = [("version", _DLVersion), ("manager_ctx", ctypes.c_void_p), ("deleter", _DELETER),
+                ("flags", ctypes.c_uint64), ("dl_tensor", _DLTensor)]
+
+
+class _DLManaged(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", _DELETER)]
+
+
+_capsule_new = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)(
+    ("PyCapsule_New", ctypes.pythonapi))
+_capsule_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)(
+    ("PyCapsule_IsValid", ctypes.pythonapi))
+_capsule_ptr = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi))
+_LIVE: Dict[int, List[Any]] = {}  # managed struct address -> what it keeps alive
+_LIVE_LOCK = threading.Lock()
+
+
+def _delete(address: int) -> None:
+    with _LIVE_LOCK:
+        _LIVE.pop(address, None)
+
+
+_DELETER_FN = _DELETER(_delete)
+
+
+def _destruct(capsule: int) -> None:
+    for name, kind in ((b"dltensor_versioned", _DLManagedVersioned), (b"dltensor", _DLManaged)):
+        if _capsule_valid(capsule, name):
+            address = _capsule_ptr(capsule, name)
+            kind.from_address(address).deleter(address)
+            return
+
+
+_DESTRUCTOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_destruct)
+_DESTRUCTOR_ADDR = ctypes.cast(_DESTRUCTOR, ctypes.c_void_p).value
+_DL_CODES = {"i": 0, "u": 1, "f": 2}
+
+
+def _capsule(arr: np.ndarray, device: int, versioned: bool) -> Any:
+    shape = (ctypes.c_int64 * max(arr.ndim, 1))(*arr.shape)
+    managed: Any = _DLManagedVersioned() if versioned else _DLManaged()
+    t = managed.dl_tensor
+    t.data = arr.ctypes.data
+    t.device = _DLDevice(KDL_CUDA, device)
+    t.ndim = arr.ndim
+    t.dtype = _DLDataType(_DL_CODES[arr.dtype.kind], arr.dtype.itemsize * 8, 1)
+    t.shape = ctypes.addressof(shape)
+    t.strides = None
+    t.byte_offset = 0
+    managed.deleter = _DELETER_FN
+    if versioned:
+        managed.version = _DLVersion(1, 0)
+    address = ctypes.addressof(managed)
+    with _LIVE_LOCK:
+        _LIVE[address] = [managed, shape, arr]
+    return _capsule_new(address, b"dltensor_versioned" if versioned else b"dltensor", _DESTRUCTOR_ADDR)
+
+
+class TorchLikeTensor(_EmulatedArray):
+    """A CUDA tensor in torch's style: DLPack export, its framework's current stream is ``rt.torch``'s.
+
+    ``__dlpack__(stream=s)`` makes ``s`` wait for the tensor's pending write (its producer stream),
+    as the array API asks of a producer (``-1``: no synchronisation; ``None``: the legacy stream).
+    ``dlpack_calls`` records the ``stream`` arguments received.
+    """
+
+    framework_attr = "torch"
+
+    def __init__(self, rt: EmulatedCudaRuntime, data: Any, *, device: int = 0, dtype: Any = None) -> None:
+        super().__init__(rt, data, device=device, dtype=dtype)
+        self.dlpack_calls: List[Any] = []
+
+    def __dlpack_device__(self) -> Tuple[int, int]:
+        return (KDL_CUDA, self.device)
+
+    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
+                   copy: Any = None) -> Any:
+        self.dlpack_calls.append(stream)
+        if stream == 0:
+            raise BufferError("__dlpack__: stream 0 is ambiguous for CUDA (pass 1 for the legacy stream)")
+        consumer = 1 if stream is None else int(stream)
+        if consumer != -1 and self.producer is not None and self.producer != consumer:
+            ev = self.rt.cudaEventCreateWithFlags(self.rt.cudaEventDisableTiming)[1]
+            self.rt.cudaEventRecord(ev, self.producer)
+            self.rt.cudaStreamWaitEvent(consumer, ev, 0)
+            self.rt.cudaEventDestroy(ev)
+        versioned = max_version is not None and tuple(max_version) >= (1, 0)
+        return _capsule(self.host, self.device, versioned)
+
+
+class CupyLikeArray(_EmulatedArray):
+    """A CUDA array in CuPy's style: ``__cuda_array_interface__`` v3 with its ``stream``.
+
+    The ``stream`` is that of its last queued write, else ``rt.cupy``'s current stream.
+    """
+
+    framework_attr = "cupy"
+
+    @property
+    def __cuda_array_interface__(self) -> Dict[str, Any]:
+        stream = self.producer if self.producer is not None else self._current()
+        return {
+            "shape": self.host.shape,
+            "typestr": self.host.dtype.str,
+            "data": (self.host.ctypes.data, False),
+            "version": 3,
+            "strides": None,
+            "stream": 1 if stream == 0 else stream,
+        }
+
+
+register_framework_stream(TorchLikeTensor, "emulated torch", lambda a: a.framework.current_stream(a.device))
+register_framework_stream(CupyLikeArray, "emulated CuPy", lambda a: a.framework.current_stream(a.device))

@@ -1,0 +1,305 @@
+"""The review's GPU-path cases on the emulated GPU (two ranks in real processes): the stream-0 known
+issue, producer-stream ordering, graph capture and replay, a sticky device error (F4) and the
+current device of pycoll's threads (F5)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import emu_helpers as H
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.emulated_gpu
+
+
+# -- the known issue: stream 0 is CUDA's legacy stream, not "run inline" ---------------------------
+
+
+def _default_stream_behind_kernel(rank, n, uid):
+    comm, rt = H.setup(rank, n, uid)
+    import pycoll.emulated as emu
+
+    x = emu.TorchLikeTensor(rt, np.ones(4, np.float32))
+    gate = rt.hang(0)  # torch.cuda._sleep on torch's default stream
+    w = comm.all_reduce(x, async_op=True)  # torch's current stream is the legacy stream: 0
+    time.sleep(0.2)
+    out = {"stream": w.stream, "completed": w.is_completed(), "outstanding": comm.outstanding() == [w]}
+    gate.release()
+    w.wait()
+    out["result"] = x.numpy().tolist()
+    comm.destroy()
+    return out
+
+
+@pytest.mark.timeout(30)
+def test_default_stream_op_behind_a_kernel_is_not_completed_at_enqueue():
+    for r in H.run_ranks(_default_stream_behind_kernel, 2, H.uid()):
+        assert r == {"stream": 0, "completed": False, "outstanding": True, "result": [2.0] * 4}
+
+
+def _default_stream_hang(rank, n, uid):
+    import pycoll
+
+    comm, rt = H.setup(rank, n, uid, timeout=0.5)
+    x = H.Streams("default_stream", comm, rt).array(np.ones(4))
+    gate = rt.hang(0)
+    t0 = time.monotonic()
+    try:
+        comm.all_reduce(x, stream=0)
+        err = None
+    except pycoll.CommTimeout as e:
+        err = type(e).__name__
+    gate.release()
+    return {"error": err, "elapsed": time.monotonic() - t0}
+
+
+@pytest.mark.timeout(30)
+def test_default_stream_op_behind_a_hung_kernel_times_out():
+    for r in H.run_ranks(_default_stream_hang, 2, H.uid()):
+        assert r["error"] == "CommTimeout" and 0.4 < r["elapsed"] < 3.0
+
+
+# -- producer streams ------------------------------------------------------------------------------
+
+
+def _cai_producer(rank, n, uid):
+    comm, rt = H.setup(rank, n, uid)
+    import pycoll.emulated as emu
+
+    producer = rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking)[1]
+    x = emu.CupyLikeArray(rt, np.zeros(4, np.float32))
+    x.fill(rank + 1.0, stream=producer, delay=0.3)  # a slow kernel writes the input on a non-blocking stream
+    assert x.__cuda_array_interface__["stream"] == producer
+    del rt.log[:]
+    comm.all_reduce(x, stream=0)
+    waits = [c.args for c in rt.calls("cudaStreamWaitEvent")]
+    result = x.host.tolist()
+    comm.destroy()
+    return {"result": result, "waits_on_legacy": any(int(a[0]) in (0, 1) for a in waits)}
+
+
+@pytest.mark.timeout(30)
+def test_cai_producer_on_a_nonblocking_stream_is_waited_for_with_stream_0():
+    for r in H.run_ranks(_cai_producer, 2, H.uid()):
+        assert r == {"result": [3.0] * 4, "waits_on_legacy": True}
+
+
+def _dlpack_producer(rank, n, uid):
+    comm, rt = H.setup(rank, n, uid)
+    import pycoll.emulated as emu
+
+    producer = rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking)[1]
+    side = comm.device.create_stream()
+    x = emu.TorchLikeTensor(rt, np.zeros(4, np.float32))
+    x.fill(rank + 1.0, stream=producer, delay=0.3)
+    comm.all_reduce(x, stream=side)
+    result = x.host.tolist()
+    comm.destroy()
+    return {"result": result, "dlpack_stream": x.dlpack_calls[-1], "side": side}
+
+
+@pytest.mark.timeout(30)
+def test_dlpack_producer_is_ordered_before_an_explicit_side_stream():
+    for r in H.run_ranks(_dlpack_producer, 2, H.uid()):
+        assert r["result"] == [3.0] * 4 and r["dlpack_stream"] == r["side"]
+
+
+# -- graph capture ---------------------------------------------------------------------------------
+
+
+def _capture(rank, n, uid, hang_replay):
+    import pycoll
+
+    comm, rt = H.setup(rank, n, uid, timeout=1.0)
+    rec = pycoll.flight_recorder.get_recorder()
+    import pycoll.emulated as emu
+
+    s = comm.device.create_stream()
+    x = emu.TorchLikeTensor(rt, np.full(4, rank + 1.0, np.float32))
+    comm.all_reduce(x, stream=s)  # warm-up outside the capture: x = 3
+    assert int(rt.cudaStreamBeginCapture(s, 0)[0]) == 0
+    cid = rt.cudaStreamGetCaptureInfo(s)[2]
+    del rt.log[:]
+    w = comm.all_reduce(x, stream=s)  # blocking by default: must return at once, recorded only
+    during = {
+        "state": w.state, "capture_id": w.capture_id, "cid": cid, "outstanding": comm.outstanding(),
+        "events": (w._start, w._end), "deadline": comm.next_deadline(), "value": x.host.tolist(),
+    }
+    time.sleep(0.3)  # the watchdog polls meanwhile
+    capturing_events = {int(c.args[0]) for c in rt.calls("cudaEventRecord") if int(c.args[1]) == s}
+    queried = [c for c in rt.calls("cudaEventQuery") if int(c.args[0]) in capturing_events]
+    stream_queried = [c for c in rt.calls("cudaStreamQuery") if int(c.args[0]) == s]
+    err, graph = rt.cudaStreamEndCapture(s)
+    entry = [e for e in rec.as_dict()["entries"] if e.get("pycoll_capture_id") is not None]
+    _, exe = rt.cudaGraphInstantiate(graph, 0)
+    out = dict(during, queried=len(queried) + len(stream_queried), end=int(err),
+               fr=[(e["state"], e["pycoll_capture_id"]) for e in entry])
+    if hang_replay:
+        gate = rt.hang(s) if rank == 0 else None  # rank 0's replay is stuck behind a kernel
+        rt.cudaGraphLaunch(exe, s)
+        watch = comm.watch_stream(s, timeout=0.5)
+        t0 = time.monotonic()
+        try:
+            watch.wait()
+            out["watch"] = None
+        except pycoll.CommFailure as e:
+            out["watch"] = type(e).__name__
+        out["elapsed"] = time.monotonic() - t0
+        if gate is not None:
+            gate.release()
+        return out
+    rt.cudaGraphLaunch(exe, s)
+    rt.cudaGraphLaunch(exe, s)  # replayed twice: 3 -> 6 -> 12
+    watch = comm.watch_stream(s, timeout=5.0)
+    watch.wait()
+    out["replayed"] = x.host.tolist()
+    comm.destroy()
+    return out
+
+
+@pytest.mark.timeout(30)
+def test_capture_records_the_collective_without_events_deadline_or_queries():
+    for r in H.run_ranks(_capture, 2, H.uid(), False):
+        assert r["state"] == "captured" and r["capture_id"] == r["cid"] and r["cid"] >= 1
+        assert r["outstanding"] == [] and r["events"] == (None, None) and r["deadline"] is None
+        assert r["value"] == [3.0] * 4, "a captured collective must not run at capture"
+        assert r["queried"] == 0, "the watchdog queried the capturing stream"
+        assert r["end"] == 0
+        assert r["fr"] == [("captured", r["cid"])]
+
+
+@pytest.mark.timeout(30)
+def test_capture_replay_runs_the_collective():
+    for r in H.run_ranks(_capture, 2, H.uid(), False):
+        assert r["replayed"] == [12.0] * 4
+
+
+@pytest.mark.timeout(30)
+def test_capture_watch_stream_times_out_a_hung_replay():
+    res = H.run_ranks(_capture, 2, H.uid(), True)
+    assert all(r["watch"] == "CommTimeout" and r["elapsed"] < 4.0 for r in res), res
+
+
+def _invalidated(rank, n, uid):
+    import pycoll
+
+    comm, rt = H.setup(rank, n, uid)
+    import pycoll.emulated as emu
+
+    s = comm.device.create_stream()
+    x = emu.TorchLikeTensor(rt, np.ones(4, np.float32))
+    rt.cudaStreamBeginCapture(s, 0)
+    cid = rt.cudaStreamGetCaptureInfo(s)[2]
+    rt.cudaStreamQuery(s)  # not capturable: invalidates the capture
+    try:
+        comm.all_reduce(x, stream=s)
+        out = None
+    except pycoll.CaptureError as e:
+        out = {"message": str(e), "capture_id": e.capture_id, "status": e.status}
+    end = int(rt.cudaStreamEndCapture(s)[0])
+    comm.all_reduce(x, stream=s)  # the communicator is still usable
+    return {"error": out, "cid": cid, "end": end, "after": x.host.tolist()}
+
+
+@pytest.mark.timeout(30)
+def test_capture_invalidated_raises_capture_error_naming_the_capture():
+    for r in H.run_ranks(_invalidated, 2, H.uid()):
+        assert r["error"] is not None and r["error"]["capture_id"] == r["cid"] and r["error"]["status"] == 2
+        assert f"capture {r['cid']}" in r["error"]["message"]
+        assert r["end"] == 901 and r["after"] == [2.0] * 4
+
+
+def _legacy_during_global_capture(rank, n, uid):
+    import pycoll
+
+    comm, rt = H.setup(rank, n, uid)
+    import pycoll.emulated as emu
+
+    s = comm.device.create_stream()
+    rt.cudaStreamBeginCapture(s, 0)  # global mode
+    try:
+        comm.all_reduce(emu.TorchLikeTensor(rt, np.ones(2, np.float32)), stream=0)
+        err = None
+    except pycoll.CaptureError as e:
+        err = str(e)
+    rt.cudaStreamEndCapture(s)
+    return err
+
+
+@pytest.mark.timeout(30)
+def test_capture_legacy_stream_during_a_global_capture_is_refused():
+    for err in H.run_ranks(_legacy_during_global_capture, 2, H.uid()):
+        assert err is not None and "legacy default stream" in err
+
+
+# -- F4: a sticky device error fails the communicator ---------------------------------------------
+
+
+def _sticky(rank, n, uid):
+    import pycoll
+
+    comm, rt = H.setup(rank, n, uid, timeout=5.0)
+    import pycoll.emulated as emu
+
+    x = emu.TorchLikeTensor(rt, np.ones(4, np.float32))
+    comm.all_reduce(x)
+    gate = rt.hang(0)
+    w = comm.all_reduce(x, async_op=True)
+    t0 = time.monotonic()
+    rt.inject_error(700)  # cudaErrorIllegalAddress from the next event query on
+    deadline = time.monotonic() + 3.0
+    while comm.failure is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    failed_after = time.monotonic() - t0
+    try:
+        w.wait()
+        err = None
+    except pycoll.PycollError as e:
+        err = str(e)
+    rt.clear_error()
+    gate.release()
+    return {"failure": type(comm.failure).__name__, "after": failed_after, "error": err}
+
+
+@pytest.mark.timeout(30)
+def test_sticky_device_error_from_an_event_query_fails_the_communicator():
+    for r in H.run_ranks(_sticky, 2, H.uid()):
+        assert r["failure"] != "NoneType" and r["after"] < 2.0, r
+        assert r["error"] and ("700" in r["error"] or "IllegalAddress" in r["error"]), r
+
+
+# -- F5: pycoll's threads keep the communicator's device ------------------------------------------
+
+
+def _device_one(rank, n, uid):
+    import pycoll
+
+    comm, rt = H.setup(rank, n, uid, device=1, timeout=0.5)
+    import pycoll.emulated as emu
+
+    x = emu.TorchLikeTensor(rt, np.ones(4, np.float32), device=1)
+    comm.all_reduce(x)
+    w = comm.all_reduce(x, async_op=True)
+    w.wait()
+    main = threading.get_ident()
+    # a timeout: the watchdog's poll, the abort thread and the dumps all run
+    gate = rt.hang(0)
+    try:
+        comm.all_reduce(x)
+    except pycoll.CommFailure:
+        pass
+    pycoll.watchdog.get_watchdog().wait_for_dumps()
+    time.sleep(0.3)
+    gate.release()
+    setup_calls = ("cudaGetDevice", "cudaSetDevice")
+    on_zero = sorted({c.thread_name for c in rt.log if c.device == 0 and c.name not in setup_calls
+                      and c.thread != main and not c.thread_name.startswith("emulated")})
+    return {"threads_on_device_0": on_zero, "current": rt.cudaGetDevice()[1]}
+
+
+@pytest.mark.timeout(30)
+def test_pycoll_threads_do_not_use_device_0_for_a_communicator_on_device_1():
+    for r in H.run_ranks(_device_one, 2, H.uid()):
+        assert r == {"threads_on_device_0": [], "current": 1}
