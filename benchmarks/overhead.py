@@ -15,8 +15,13 @@ runs the operation in the calling thread:
   pycoll creates (every pycoll communicator is nonblocking).
 * **Cython binding**: ``Library.all_reduce(send_ptr, recv_ptr, 2, Float32, Sum, comm, 0)``.
 * **Communicator.all_reduce (numpy)** and **(torch)**: ``comm.all_reduce(send, recv)`` on
-  numpy arrays and on CPU torch tensors: a blocking host op runs in the caller's thread while
-  the watchdog polls the communicator (pycoll's default), which enforces its deadline.
+  numpy arrays and on CPU torch tensors, through the one runtime path (start and end events on the
+  communicator's stream, an outstanding Work): an idle host stream runs the blocking op in the
+  caller's thread while the watchdog polls the communicator (pycoll's default).
+* **async**: ``comm.all_reduce(send, recv, async_op=True).wait()`` (the stream's thread runs it; the
+  caller blocks on the end event in C). **host stream**: ``stream=`` a host stream of the caller's.
+  **watchdog off**: as with ``PYCOLL_WATCHDOG=0`` (nobody else enforces deadlines, so the stream's
+  thread runs it).
 
 1 rank isolates the cost of the call (the library still runs its whole protocol for one rank);
 2 ranks add the synchronisation between two processes. Each variant is timed in batches of
@@ -213,9 +218,18 @@ def worker(a: argparse.Namespace) -> None:
         variants["comm_torch"] = lambda: comm.all_reduce(ts, tr)
     except ImportError:
         pass
+    stream = comm.device.new_stream()
+    variants["comm_async"] = lambda: comm.all_reduce(send, recv, async_op=True).wait()
+    variants["comm_stream"] = lambda: comm.all_reduce(send, recv, stream=stream)
+    variants["comm_no_watchdog"] = lambda: comm.all_reduce(send, recv)
+    watchdog = pycoll.watchdog.get_watchdog()
     clock = time.perf_counter_ns
     result: Dict[str, Dict[str, List[float]]] = {}
     for name, call in variants.items():
+        if name == "comm_no_watchdog":
+            comm.barrier()
+            watchdog.configure(enabled=False)  # as PYCOLL_WATCHDOG=0: nobody else enforces deadlines
+            watchdog.stop()
         recv[:] = 0
         for _ in range(a.warmup):
             call()
@@ -238,6 +252,9 @@ def worker(a: argparse.Namespace) -> None:
         comm.all_gather(mine, everyone)
         slowest = everyone.reshape(n, mine.size).max(axis=0)
         result[name] = {"batch": slowest[: a.batches].tolist(), "call": slowest[a.batches:].tolist()}
+        if name == "comm_no_watchdog":
+            watchdog.configure(enabled=True)
+            watchdog.start()
     if rank == 0:  # a file: pycoll-run splits very long output lines
         with open(a.result_file, "w") as f:
             json.dump(result, f)
@@ -264,6 +281,9 @@ LABELS = {
     "binding": "Cython Library.all_reduce",
     "comm_numpy": "Communicator.all_reduce (numpy)",
     "comm_torch": "Communicator.all_reduce (torch)",
+    "comm_async": "Communicator.all_reduce(async_op=True).wait() (numpy)",
+    "comm_stream": "Communicator.all_reduce on a host stream of the caller's (numpy)",
+    "comm_no_watchdog": "Communicator.all_reduce, watchdog off (PYCOLL_WATCHDOG=0) (numpy)",
 }
 
 
