@@ -739,7 +739,8 @@ class Communicator:
         """Copy ``tensor`` of rank ``root`` to every rank's ``output`` (``tensor`` itself when None)."""
         root = self._root(root)
         st = self._begin("broadcast", stream, async_op, (tensor, output))
-        inp = self._buf(tensor, st, writable=output is None, name="tensor")
+        # the root only reads its tensor (in place too): a read-only array is fine there
+        inp = self._buf(tensor, st, writable=output is None and self._rank != root, name="tensor")
         out = inp if output is None else self._buf(output, st, writable=True, name="output")
         check_same_dtype(inp, out, op="broadcast")
         check_count(out, inp.count, op="broadcast")

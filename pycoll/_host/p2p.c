@@ -66,6 +66,11 @@ static int recv_progress(struct task* t) {
                        "%llu bytes (message #%llu between them)",
                        me, bytes, t->count, ph_type_name(t->dtype), peer, (unsigned long long)sh->total,
                        (unsigned long long)t->msg_seq);
+    if (sh->dtype != t->dtype) /* NCCL leaves this undefined; the host library says so, as for collectives */
+      return task_fail(t, ncclInvalidUsage,
+                       "Recv : datatype mismatch: rank %d receives %s from rank %d, which sends %s (message #%llu "
+                       "between them)",
+                       me, ph_type_name(t->dtype), peer, ph_type_name(sh->dtype), (unsigned long long)t->msg_seq);
     if (sh->msg_seq != t->msg_seq || sh->offset != t->off || sh->len > bytes - t->off)
       return task_fail(t, ncclInternalError, "Recv : p2p stream from rank %d out of sync (message #%llu, got #%llu)",
                        peer, (unsigned long long)t->msg_seq, (unsigned long long)sh->msg_seq);

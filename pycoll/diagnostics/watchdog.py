@@ -156,6 +156,7 @@ class Watchdog(CommObserver):
         self._threads: List[threading.Thread] = []
         self._stop = threading.Event()
         self._poll_wake = threading.Event()
+        self._wake_at = 0.0  # when the polling thread wakes next (0: it is awake)
         self._store_wake = threading.Event()
         self._dumps = DumpQueue(lambda: self.dump_hold)
         self._reports: Set[FailureReport] = set()  # failure reports made by the report thread, not done yet
@@ -318,6 +319,11 @@ class Watchdog(CommObserver):
     def watching(self) -> bool:
         """True while the polling thread enforces deadlines (then blocking host operations run inline)."""
         return self._active
+
+    def work_enqueued(self, work: WorkView) -> None:
+        # an operation due before the polling thread's next round wakes it: no interval delays a timeout
+        if work.t0 + work.timeout < self._wake_at:
+            self._poll_wake.set()
 
     def comm_created(self, comm: CommView) -> None:
         if self.enabled and not self.running:
@@ -505,8 +511,10 @@ class Watchdog(CommObserver):
                     next_t = deadline + 1e-3
             c = None  # keep no communicator alive while waiting
             self._doing = None
+            self._wake_at = next_t
             wake.wait(max(1e-3, next_t - time.monotonic()))
             wake.clear()
+            self._wake_at = 0.0
 
     def _monitor_loop(self, stop: threading.Event) -> None:
         r = self._wake_r

@@ -1,0 +1,272 @@
+"""Misuse of a communicator on the host backend (findings 3-7 and 12 of the adversarial review).
+
+Each test runs real ranks (helpers.mp) under a hard timeout; a rank's result is what it returns.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+from helpers.mp import run_ranks
+
+import pycoll
+from pycoll import _bindings as B
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _uid() -> bytes:
+    return bytes(B.load("host").get_unique_id())
+
+
+def _comm(rank, n, uid, **kw):
+    return pycoll.init(rank, n, unique_id=uid, backend="host", **kw)
+
+
+# -- finding 3: one lock order ------------------------------------------------------------------------
+
+
+def _three_threads(rank, n, uid):
+    c = _comm(rank, n, uid, timeout=20.0)
+    stop = threading.Event()
+    works = [c.all_reduce(np.ones(4, np.float32), async_op=True) for _ in range(4)]
+
+    def poll():
+        while not stop.is_set():
+            for w in works:
+                w.is_completed()
+            c.check()
+
+    pollers = [threading.Thread(target=poll, daemon=True) for _ in range(2)]
+    for p in pollers:
+        p.start()
+    for _ in range(200):
+        c.all_reduce(np.ones(4, np.float32))
+    for w in works:
+        w.wait()
+    stop.set()
+    stuck = False
+    for p in pollers:
+        p.join(5.0)
+        stuck |= p.is_alive()
+    c.destroy()
+    return stuck
+
+
+def test_lock_order_under_three_threads():
+    assert run_ranks(_three_threads, 2, _uid(), timeout=80) == [False, False]
+
+
+# -- finding 4: concurrent use and fork ---------------------------------------------------------------
+
+
+def _two_threads(rank, n, uid):
+    c = _comm(rank, n, uid, timeout=10.0)
+    errors = []
+    barrier = threading.Barrier(2)
+
+    def run(value):
+        x, out = np.full(4, value, np.float32), np.zeros(4, np.float32)
+        barrier.wait()
+        try:
+            for _ in range(200):
+                c.all_reduce(x, out)
+        except pycoll.CommStateError as e:
+            errors.append(str(e))
+
+    ts = [threading.Thread(target=run, args=(v,), name=f"user-{v}") for v in (1.0, 2.0)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    if not c.closed:
+        c.abort()  # the ranks refused different calls: no collective destroy
+    return errors
+
+
+def test_two_threads_on_one_communicator_get_a_clear_error():
+    """Today two threads get each other's sums silently; NCCL forbids it, pycoll must say so."""
+    for errors in run_ranks(_two_threads, 2, _uid(), timeout=80):
+        assert errors, "the second thread was not refused"
+        assert "'user-1.0'" in errors[0] and "'user-2.0'" in errors[0] and "one thread at a time" in errors[0]
+
+
+def _forked(rank, n, uid):
+    c = _comm(rank, n, uid, timeout=10.0)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            try:
+                c.all_reduce(np.ones(2, np.float32))
+                os.write(w, b"used")
+            except pycoll.CommStateError as e:
+                os.write(w, b"refused" if "fork" in str(e) else b"other")
+        finally:
+            os._exit(0)
+    os.close(w)
+    seen = os.read(r, 16).decode()
+    os.waitpid(pid, 0)
+    os.close(r)
+    x = np.ones(2, np.float32)
+    c.all_reduce(x)  # the parent's communicator is unharmed
+    c.destroy()
+    return seen, x.tolist()
+
+
+def test_a_forked_child_cannot_use_the_parents_communicator():
+    assert run_ranks(_forked, 2, _uid(), timeout=60) == [("refused", [2.0, 2.0])] * 2
+
+
+# -- finding 5: no interval delays a timeout ----------------------------------------------------------
+
+
+def _slow_interval(rank, n, uid):
+    pycoll.watchdog.configure(interval=5.0)
+    c = _comm(rank, n, uid, timeout=1.0)
+    if rank == 1:
+        time.sleep(4.0)  # never joins the all_reduce in time
+        c.abort()
+        return None
+    t0 = time.monotonic()
+    try:
+        c.all_reduce(np.ones(2, np.float32))
+    except pycoll.CommTimeout:
+        return time.monotonic() - t0
+    return -1.0
+
+
+def test_a_long_watchdog_interval_does_not_delay_a_timeout():
+    took = run_ranks(_slow_interval, 2, _uid(), timeout=60)[0]
+    assert 0.9 < took < 2.5, took
+
+
+def test_infinite_settings_are_refused_with_their_name(monkeypatch):
+    for name in ("PYCOLL_WATCHDOG_INTERVAL", "PYCOLL_TIMEOUT", "PYCOLL_INIT_TIMEOUT"):
+        monkeypatch.setenv(name, "inf")
+        with pytest.raises(ValueError, match=rf"\${name} must be a finite number of seconds"):
+            pycoll._settings.get(name)
+        monkeypatch.delenv(name)
+    with pytest.raises(ValueError, match="finite"):
+        pycoll.init(0, 1, backend="host", timeout=float("inf"))
+
+
+# -- finding 6: Ctrl-C inside a blocking collective ---------------------------------------------------
+
+
+def _interrupted(rank, n, uid):
+    c = _comm(rank, n, uid, timeout=20.0)
+    if rank == 1:
+        time.sleep(3.0)  # rank 0 waits in its all_reduce meanwhile
+        failed = c.failure is not None
+        c.abort()
+        return failed
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+    t0 = time.monotonic()
+    try:
+        c.all_reduce(np.ones(2, np.float32))
+    except KeyboardInterrupt:
+        took = time.monotonic() - t0 - 0.5
+        return took, c.failure is not None
+    return None
+
+
+def test_ctrl_c_raises_within_100_ms_and_fails_the_communicator():
+    res = run_ranks(_interrupted, 2, _uid(), timeout=60)
+    took, failed = res[0]
+    assert took < 0.1 + 0.05 and failed, res  # 50 ms of slack for a loaded machine
+
+
+# -- finding 7: abort or revoke from another thread ---------------------------------------------------
+
+
+def _aborted_meanwhile(rank, n, uid, how):
+    c = _comm(rank, n, uid, timeout=20.0, on_failure="report")
+    if rank == 1:
+        time.sleep(2.0)
+        c.abort()
+        return None
+    threading.Timer(0.3, getattr(c, how)).start()
+    try:
+        c.all_reduce(np.ones(2, np.float32))
+    except pycoll.CommFailure as e:
+        result = type(e).__name__
+    else:
+        result = "completed"
+    c.abort()
+    return result
+
+
+@pytest.mark.parametrize("how,expected", [("abort", "CommAborted"), ("revoke", "CommRevoked")])
+def test_abort_or_revoke_from_another_thread_is_a_comm_failure(how, expected):
+    assert run_ranks(_aborted_meanwhile, 2, _uid(), how, timeout=60)[0] == expected
+
+
+# -- finding 12 (communicator items) ------------------------------------------------------------------
+
+
+def _broadcast_readonly(rank, n, uid):
+    c = _comm(rank, n, uid)
+    x = np.arange(4, dtype=np.float32) if rank == 0 else np.zeros(4, np.float32)
+    if rank == 0:
+        x.setflags(write=False)  # the root only reads
+    c.broadcast(x, root=0)
+    c.destroy()
+    return x.tolist()
+
+
+def test_broadcast_root_may_pass_a_read_only_array():
+    assert run_ranks(_broadcast_readonly, 2, _uid(), timeout=60) == [[0.0, 1.0, 2.0, 3.0]] * 2
+
+
+def _p2p_dtype(rank, n, uid):
+    c = _comm(rank, n, uid, timeout=5.0)
+    try:
+        if rank == 0:
+            c.send(np.ones(4, np.float32), 1)
+        else:
+            c.recv(np.zeros(4, np.int32), 0)  # the same bytes, another datatype
+    except pycoll.CommFailure as e:
+        return str(e)
+    finally:
+        c.abort()
+    return "ok"
+
+
+def test_point_to_point_datatype_mismatch_is_refused():
+    res = run_ranks(_p2p_dtype, 2, _uid(), timeout=60)
+    assert "datatype mismatch" in res[1], res
+
+
+def test_premulsum_scalar_the_datatype_cannot_hold_is_refused():
+    c = pycoll.init(0, 1, backend="host")
+    try:
+        with pytest.raises(ValueError, match="not an integer"):
+            c.pre_mul_sum(2.5, "int32")
+        with pytest.raises(ValueError, match="out of range"):
+            c.pre_mul_sum(300, "uint8")
+        c.pre_mul_sum(2, "int32").destroy()
+    finally:
+        c.destroy()
+
+
+def _destroy_fails(rank, n, uid):
+    c = _comm(rank, n, uid, timeout=2.0)
+    if rank == 1:
+        os._exit(0)  # gone before the collective destroy
+    time.sleep(0.5)
+    try:
+        c.destroy()
+    except pycoll.CommFailure:
+        pass
+    return c.state, c.closed
+
+
+def test_a_failed_destroy_still_releases_the_communicator():
+    res = run_ranks(_destroy_fails, 2, _uid(), timeout=60, may_die=[1])
+    assert res[0] == ("aborted", True), res
