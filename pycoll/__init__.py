@@ -6,7 +6,7 @@ each lives: ARCHITECTURE.md.
 
 from . import flight_recorder, watchdog  # noqa: F401  (the old module paths, as attributes)
 from ._bindings import UniqueId
-from .comm import REDUCE_OPS, Communicator, PreMulSum
+from .comm import REDUCE_OPS, Communicator, PreMulSum, abort_all
 from .config import CommConfig
 from .create import BACKENDS, get_unique_id, init, join
 from .diagnostics import FlightRecorder, Watchdog, dump_flight_recorder, enable_dump_signal
@@ -28,6 +28,7 @@ __all__ = [
     "get_unique_id",
     "BACKENDS",
     "Communicator",
+    "abort_all",
     "Work",
     "CommConfig",
     "PreMulSum",

@@ -42,7 +42,7 @@ from .hooks import CommObserver, Progress, add_observer, live_communicators, rem
 from .premul import PreMulSum, datatype_of, scalar_argument
 from .work import Work, backoff
 
-__all__ = ["Communicator", "CommObserver", "PreMulSum", "REDUCE_OPS", "default_timeout", "poll_ready",
+__all__ = ["Communicator", "CommObserver", "PreMulSum", "REDUCE_OPS", "abort_all", "default_timeout", "poll_ready",
            "add_observer", "remove_observer", "live_communicators"]
 
 _log = logging.getLogger("pycoll.comm")
@@ -87,6 +87,60 @@ def poll_ready(library: Any, handle: int, what: str, timeout: float, *, on_error
             raise CommTimeout(f"{what}{where} did not complete within {timeout:.3g} s{detail}",
                               comm_name=comm_name or "", op=what, timeout=timeout)
         sleep = backoff(sleep)
+
+
+def abort_all(comms: Sequence[Communicator], timeout: Optional[float] = None) -> None:
+    """Abort several communicators together (local; idempotent for each).
+
+    The communicators of one library are aborted inside one ``ncclGroupStart``/``ncclGroupEnd``:
+    NCCL needs that when communicators of one process share a GPU (aborting them one by one can
+    hang, NVIDIA/nccl#1013). The aborts run in a thread of their own, bounded by ``timeout``
+    (``$PYCOLL_ABORT_TIMEOUT``, 10 s): an abort that does not return by then is left behind, logged,
+    and the communicators are released on the Python side all the same. That is the last resort
+    short of ending the process: an NCCL that cannot abort within the deadline is wedged, and
+    ``os._exit`` is then the only way out that does not wait for it.
+    """
+    limit = _settings.get("PYCOLL_ABORT_TIMEOUT") if timeout is None else _settings.seconds(timeout, "timeout")
+    by_library: Dict[int, Tuple[Any, List[Tuple[Communicator, int]]]] = {}
+    begun: List[Communicator] = []
+    for c in comms:
+        h = c._begin_abort()
+        if h is not None:
+            by_library.setdefault(id(c.library), (c.library, []))[1].append((c, h))
+        begun.append(c)
+    for lib, items in by_library.values():
+        names = ", ".join(repr(c.name) for c, _ in items)
+        done = threading.Event()
+        errors: List[BaseException] = []
+
+        def run(lib: Any = lib, items: List[Tuple[Communicator, int]] = items,
+                done: threading.Event = done, errors: List[BaseException] = errors) -> None:
+            # no per-communicator lock: aborting is how a thread blocked inside a call is released
+            try:
+                items[0][0].device.enter_own_thread()  # this thread's own: never a context on another GPU
+                if len(items) == 1 or lib.kind == "host":  # the host library's aborts are independent
+                    for _, h in items:
+                        lib.comm_abort(h)
+                else:
+                    lib.group_start()
+                    try:
+                        for _, h in items:
+                            lib.comm_abort(h)
+                    finally:
+                        lib.group_end()
+            except BaseException as e:  # reported below
+                errors.append(e)
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name=f"pycoll-abort-{items[0][0].name}", daemon=True).start()
+        if not done.wait(limit):
+            _log.error("ncclCommAbort of %s did not return within %.3g s; leaving it behind (if the library is "
+                       "wedged, ending the process with os._exit is the last resort)", names, limit)
+        elif errors:
+            _log.error("ncclCommAbort of %s failed: %s", names, errors[0])
+    for c in begun:
+        c._end_abort()
 
 
 def _call_hooks(hs: Tuple[Callable[[Any], None], ...], w: Work) -> None:
@@ -343,8 +397,8 @@ class Communicator:
             return
         dev = self.device
         try:
-            started = w._state != "scheduled" or dev.query_event(start)
             done = end is not None and dev.query_event(end)
+            started = done or w._state != "scheduled" or dev.query_event(start)
         except Exception as exc:  # a destroyed event (released meanwhile) or a sticky device error
             if w._start is start and w._exc is None:
                 self.fail(exc if isinstance(exc, CommFailure) else
@@ -519,6 +573,8 @@ class Communicator:
         """Check the state and resolve the stream the operation runs on."""
         if self._state != "active" or self._failure is not None:
             self._check_usable(what)
+        if stream is None and not self._guard_device:  # the host: no framework streams, the own stream
+            return self._own_stream(not async_op)
         return self.device.resolve_stream(stream, [a for a in arrays if a is not None],
                                           default=self._own_stream(not async_op))
 
@@ -1041,14 +1097,19 @@ class Communicator:
     def abort(self) -> None:
         """Abort: stop every outstanding operation and free the communicator (local, idempotent).
 
-        Operations still running fail with :class:`pycoll.CommAborted`.
+        Operations still running fail with :class:`pycoll.CommAborted`. Several communicators of
+        one process that share a GPU must be aborted together: :func:`abort_all`.
         """
-        self._abort()
+        abort_all([self])
 
     def _abort(self) -> None:
+        abort_all([self])
+
+    def _begin_abort(self) -> Optional[int]:
+        """Mark the communicator aborted; return the handle to free (None: nothing to do)."""
         with self._plock:
             if self._state in ("aborted", "destroyed", "inherited"):
-                return
+                return None
             self._state = "aborted"
             exc = CommAborted(f"communicator {self.name!r} was aborted"
                               + (f" after: {self._failure}" if self._failure else ""))
@@ -1057,28 +1118,9 @@ class Communicator:
                     w._exc = exc
         with self._hlock:  # async-error readers stop using the handle before it is freed
             h, self._handle = self._handle, None
-        if h is not None:
-            done = threading.Event()
-            errors: List[BaseException] = []
+        return h
 
-            def run() -> None:
-                # no per-communicator lock: aborting is how a thread blocked inside a call on this
-                # communicator is released
-                try:
-                    self.device.enter_own_thread()  # this thread's own: never a context on another GPU
-                    self.library.comm_abort(h)
-                except BaseException as e:  # reported below
-                    errors.append(e)
-                finally:
-                    done.set()
-
-            t = threading.Thread(target=run, name=f"pycoll-abort-{self.name}", daemon=True)
-            t.start()
-            limit = _settings.get("PYCOLL_ABORT_TIMEOUT")
-            if not done.wait(limit):
-                _log.error("ncclCommAbort on %r did not return within %.3g s; leaving it behind", self.name, limit)
-            elif errors:
-                _log.error("ncclCommAbort on %r failed: %s", self.name, errors[0])
+    def _end_abort(self) -> None:
         self._release()
         self._closed()
 

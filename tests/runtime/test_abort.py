@@ -1,0 +1,108 @@
+"""Aborts that cannot hang the process: several communicators at once, a deadline, a thread inside a call."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from helpers.fake_gpu import FakeGpuRuntime
+from helpers.fake_nccl import Fake, build_fakes
+from helpers.mp import run_ranks
+
+import pycoll
+from pycoll import _bindings as B
+from pycoll.comm import Communicator
+from pycoll.devices import CudaDevice
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _two_hung_comms(rank, n, uid_a, uid_b):
+    a = pycoll.init(rank, n, unique_id=uid_a, backend="host", name="a", timeout=30.0, on_failure="report")
+    b = pycoll.init(rank, n, unique_id=uid_b, backend="host", name="b", timeout=30.0, on_failure="report")
+    if rank == 1:
+        time.sleep(2.0)  # never joins: rank 0's operations on both hang
+        pycoll.abort_all([a, b])
+        return None
+    wa = a.all_reduce(np.ones(2, np.float32), async_op=True)
+    wb = b.all_reduce(np.ones(2, np.float32), async_op=True)
+    t0 = time.monotonic()
+    pycoll.abort_all([a, b, a])  # one group abort; a communicator named twice is fine
+    took = time.monotonic() - t0
+    failures = []
+    for w in (wa, wb):
+        try:
+            w.wait(timeout=5.0)
+        except pycoll.CommAborted:
+            failures.append("aborted")
+    return took, failures, a.state, b.state
+
+
+def test_abort_all_aborts_several_communicators_together():
+    lib = B.load("host")
+    res = run_ranks(_two_hung_comms, 2, bytes(lib.get_unique_id()), bytes(lib.get_unique_id()), timeout=60)
+    took, failures, sa, sb = res[0]
+    assert took < 2.0 and failures == ["aborted", "aborted"] and sa == sb == "aborted"
+
+
+@pytest.fixture(scope="module")
+def fakes(tmp_path_factory):
+    return build_fakes(str(tmp_path_factory.mktemp("fakenccl")))
+
+
+def test_abort_has_a_deadline_and_leaves_a_wedged_library_behind(fakes, caplog):
+    f = Fake(fakes["nccl"])
+    c = Communicator(0x1000, library=f.lib, device=CudaDevice(0, runtime=FakeGpuRuntime("cuda")), rank=0, size=2,
+                     name="wedged", uid="feedbeef00000002", global_ranks=None, timeout=5.0)
+    wedged = threading.Event()
+
+    def stuck_abort(handle):
+        wedged.wait(10.0)  # an NCCL that cannot abort
+        return 0
+
+    c.library = _Wedged(f.lib, stuck_abort)
+    try:
+        t0 = time.monotonic()
+        pycoll.abort_all([c], timeout=0.3)
+        assert time.monotonic() - t0 < 1.0 and c.state == "aborted" and c.closed
+        assert any("did not return within 0.3 s" in r.getMessage() for r in caplog.records)
+    finally:
+        wedged.set()
+
+
+class _Wedged:
+    """A library whose ncclCommAbort never returns (until released); everything else is the fake's."""
+
+    def __init__(self, lib, abort):
+        self._lib, self.comm_abort = lib, abort
+
+    def __getattr__(self, name):
+        return getattr(self._lib, name)
+
+
+def test_abort_while_another_thread_is_inside_an_enqueue(fakes):
+    f = Fake(fakes["nccl"])
+    c = Communicator(0x1000, library=f.lib, device=CudaDevice(0, runtime=FakeGpuRuntime("cuda")), rank=0, size=2,
+                     name="busy", uid="feedbeef00000003", global_ranks=None, timeout=10.0)
+    f.ctl.fakeSetDelayMs(1000)  # the enqueue takes a second
+    from helpers.dlpack_fake import cai
+
+    errors = []
+
+    def enqueue():
+        try:
+            c.all_reduce(cai(shape=(4,), typestr="<f4", data=(0x7F0000001000, False)), async_op=True).wait()
+        except pycoll.CommFailure as e:
+            errors.append(type(e).__name__)
+
+    t = threading.Thread(target=enqueue, daemon=True)
+    t.start()
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    c.abort()  # must not wait for the enqueue: no per-communicator lock is taken
+    took = time.monotonic() - t0
+    f.ctl.fakeSetDelayMs(0)
+    t.join(5.0)
+    assert took < 3.0 and errors == ["CommAborted"], (took, errors)
