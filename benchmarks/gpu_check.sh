@@ -8,7 +8,9 @@
 # whole check ends within 8 minutes):
 #   env       env.json: versions, the GPU, which libnccl pycoll loads
 #   build     pip install --no-build-isolation --no-deps . (falls back to an in-place build)
-#   tests     the GPU tests (tests/gpu/: test_gpu.py, test_bindings_gpu.py, test_devices_gpu.py) -> junit xml
+#   tests_one_rank    the one-rank GPU tests (tests/gpu/: default, current and side streams, graph capture
+#                     and replay with a deadline, a hung op timed out and aborted, bindings, devices) -> junit xml
+#   tests_multi_rank  two ranks on the one GPU (NCCL >= 2.30): collectives, shrink, abort of a hung op -> junit xml
 #   overhead  per-call overhead of an 8-byte allreduce: pycoll vs torch.distributed NCCL, 1 rank
 #   bench1    pycoll-bench all_reduce/all_gather/broadcast, 1 rank, 8 B..64 MiB
 #   bench2    pycoll-bench all_reduce, 2 ranks on the one GPU (NCCL_MULTI_RANK_GPU_ENABLE=1, NCCL >= 2.30)
@@ -53,7 +55,6 @@ step() {
 }
 
 cd "$REPO"
-step env_pre 40 "$PY" "$REPO/benchmarks/gpu_check.py" env --out "$OUT_DIR/env_pre"
 (command -v nvidia-smi >/dev/null && timeout 20 nvidia-smi > "$OUT_DIR/nvidia-smi.txt" 2>&1) || true
 
 # build: the package as a user gets it; an in-place build if pip cannot
@@ -69,9 +70,13 @@ cd "$RUN_DIR"
 step env 60 "$PY" "$REPO/benchmarks/gpu_check.py" env --out "$OUT_DIR"
 TIMEOUT_OPT=()   # per-test deadlines when pytest-timeout is there; the step's timeout bounds the rest
 "$PY" -c "import pytest_timeout" 2>/dev/null && TIMEOUT_OPT=(--timeout 150)
-step tests 200 "$PY" -m pytest -p no:cacheprovider -v -rA "${TIMEOUT_OPT[@]}" \
-  --junitxml "$OUT_DIR/gpu_tests.xml" \
-  "$REPO/tests/gpu"
+# two runs, each with its own deadline and junit file: one hang cannot empty the other's results;
+# faulthandler prints every thread's stack when a test runs past 100 s
+MULTI="two_ranks or shrink or hung_collective"
+step tests_one_rank 150 "$PY" -m pytest -p no:cacheprovider -v -rA "${TIMEOUT_OPT[@]}" -o faulthandler_timeout=100 \
+  --junitxml "$OUT_DIR/gpu_tests_one_rank.xml" -k "not ($MULTI)" "$REPO/tests/gpu"
+step tests_multi_rank 170 "$PY" -m pytest -p no:cacheprovider -v -rA "${TIMEOUT_OPT[@]}" -o faulthandler_timeout=140 \
+  --junitxml "$OUT_DIR/gpu_tests_multi_rank.xml" -k "$MULTI" "$REPO/tests/gpu/test_gpu.py"
 step overhead 90 "$PY" "$REPO/benchmarks/gpu_check.py" overhead --out "$OUT_DIR"
 step bench1 60 "$PY" -m pycoll.bench all_reduce,all_gather,broadcast -n 1 --backend nccl -b 8 -e 64M -f 8 \
   -N 20 -w 5 --op-timeout 30 --json "$OUT_DIR/bench1.json"
@@ -92,9 +97,11 @@ step bench2 60 env NCCL_MULTI_RANK_GPU_ENABLE=1 NCCL_MAX_CTAS=2 "$PY" -m pycoll.
   echo "}"
 } > "$OUT_DIR/summary.json"
 echo "total seconds=$(( $(date +%s) - START ))" | tee -a "$STATUS"
-grep -E "passed|failed|skipped|error" "$OUT_DIR/tests.log" | tail -3 >> "$STATUS" 2>/dev/null || true
+for t in tests_one_rank tests_multi_rank; do
+  grep -E "passed|failed|skipped|error" "$OUT_DIR/$t.log" | tail -1 | sed "s/^/$t: /" >> "$STATUS" 2>/dev/null || true
+done
 
-for k in build tests; do
+for k in build tests_one_rank tests_multi_rank; do
   v="${RC[$k]:-missing}"
   if [ "$k" = build ] && [ "$v" != 0 ] && [ "${RC[build_inplace]:-1}" = 0 ]; then continue; fi
   if [ "$v" != 0 ]; then exit 1; fi

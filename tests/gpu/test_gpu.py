@@ -258,9 +258,8 @@ def test_cuda_graph_capture_and_replay_of_an_allreduce():
         comm.destroy()
 
 
-@pytest.mark.xfail(strict=False, reason="Communicator does not handle stream capture yet: its Work records "
-                                        "and queries events on the capturing stream")
 def test_cuda_graph_capture_through_the_communicator():
+    """A collective enqueued while its stream captures: recorded as captured, no events, no deadline."""
     torch = _torch()
     comm = _one_rank()
     try:
@@ -268,19 +267,87 @@ def test_cuda_graph_capture_through_the_communicator():
         x = torch.ones(256, device="cuda:0")
         side = torch.cuda.Stream()
         with torch.cuda.stream(side):
-            comm.all_reduce(x, op=op)
+            comm.all_reduce(x, op=op)  # eager first: NCCL sets up lazily, never during capture
         x.fill_(1)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=side):
-            comm.all_reduce(x, op=op, async_op=True)
+            w = comm.all_reduce(x, op=op, async_op=True)
+        assert w.state == "captured" and w.capture_id is not None and comm.outstanding() == []
         graph.replay()
+        replay = comm.watch_stream(side)  # a deadline on the replay
         graph.replay()
+        replay.wait(timeout=30)
         torch.cuda.synchronize()
         _same(x.cpu().numpy(), np.full(256, 4, np.float32), "x after 2 replays")
         op.destroy()
     finally:
         comm.abort()
+
+
+def _sleep_kernel(torch, stream, seconds=0.5):
+    """Keep ``stream`` busy (torch.cuda._sleep spins ~cycles; calibrated roughly for a modern GPU)."""
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(int(seconds * 2e9))
+
+
+@pytest.mark.parametrize("where", ["default_stream", "current_stream", "side_stream"])
+def test_collective_is_outstanding_until_its_stream_gets_there(where):
+    """The known issue: on torch's default stream an op was marked completed at enqueue."""
+    torch = _torch()
+    comm = _one_rank()
+    try:
+        x = torch.ones(1 << 16, device="cuda:0")
+        side = torch.cuda.Stream()
+        if where == "default_stream":
+            stream, kwargs = torch.cuda.default_stream(), {}
+        elif where == "current_stream":
+            stream, kwargs = side, {}
+        else:
+            stream, kwargs = side, {"stream": side}
+        ctx = torch.cuda.stream(side) if where == "current_stream" else torch.cuda.stream(torch.cuda.current_stream())
+        with ctx:
+            _sleep_kernel(torch, stream)
+            w = comm.all_reduce(x, async_op=True, **kwargs)
+            assert not w.is_completed() and comm.outstanding() == [w], where
+            w.wait(timeout=60)
+        assert w.state == "completed"
+        torch.cuda.synchronize()
+    finally:
+        comm.destroy()
+
+
+def test_hung_default_stream_op_times_out_and_abort_unblocks_it():
+    torch = _torch()
+    comm = pycoll.init(0, 1, backend="nccl", device=0, timeout=1.0, init_timeout=60)
+    try:
+        x = torch.ones(1 << 16, device="cuda:0")
+        _sleep_kernel(torch, torch.cuda.default_stream(), seconds=5.0)  # longer than the op's deadline
+        t0 = time.monotonic()
+        with pytest.raises(pycoll.CommTimeout):
+            comm.all_reduce(x)  # blocking, on the default stream
+        assert time.monotonic() - t0 < 4.0
+        assert comm.state in ("aborted", "active")  # the policy (abort) acts right after the report
+    finally:
+        comm.abort()
+        torch.cuda.synchronize()
+
+
+def test_explicit_stream_is_ordered_after_the_tensors_producer():
+    """F9: a torch tensor written on the current stream, reduced on another stream given as stream=."""
+    torch = _torch()
+    comm = _one_rank()
+    try:
+        x = torch.zeros(1 << 16, device="cuda:0")
+        out = torch.zeros_like(x)
+        side = torch.cuda.Stream()
+        _sleep_kernel(torch, torch.cuda.current_stream(), seconds=0.3)
+        x.fill_(7)  # on the current stream, after the sleep
+        comm.all_reduce(x, out, stream=side)
+        torch.cuda.synchronize()
+        _same(out.cpu().numpy(), np.full(1 << 16, 7, np.float32), "out")
+    finally:
+        comm.destroy()
 
 
 # -- two ranks on one GPU -----------------------------------------------------------------------------
