@@ -7,6 +7,7 @@ import hashlib
 import logging
 import os
 import threading
+import time
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from . import _bindings as B, _settings
@@ -150,6 +151,11 @@ def init(
     _warn_blocking_env()
     op_timeout = _check_timeout(timeout, default_timeout())
     init_timeout = _check_timeout(init_timeout, _default_init_timeout(), "init_timeout")
+    deadline = time.monotonic() + init_timeout  # bounds everything init does, store connect included
+
+    def left() -> float:
+        return max(1e-3, deadline - time.monotonic())
+
     on_failure = on_failure or _settings.get("PYCOLL_ON_FAILURE")
     local_rank = 0
     if rank is None and world_size is None:
@@ -177,7 +183,7 @@ def init(
         with _init_lock:
             count = _init_counts[name] = _init_counts.get(name, 0) + 1
         base = f"pycoll/init/{name}/{count}"
-        uid = _exchange_unique_id(lib, unique_id, store, rank, world_size, base, init_timeout)
+        uid = _exchange_unique_id(lib, unique_id, store, rank, world_size, base, left())
         cfg = (config or CommConfig()).to_nccl(lib, blocking_default=False)
         if store is not None:
             store.set(f"{base}/arrived/{rank}", b"1")
@@ -194,7 +200,7 @@ def init(
             return f"; ranks that never arrived: {absent}" if absent else "; every rank arrived"
 
         if status == B.IN_PROGRESS:
-            _poll_new(lib, handle, f"init of communicator {name!r} ({world_size} ranks)", init_timeout, missing)
+            _poll_new(lib, handle, f"init of communicator {name!r} ({world_size} ranks)", left(), missing)
     except BaseException:
         if owns:
             dev.close()

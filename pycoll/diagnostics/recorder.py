@@ -73,6 +73,7 @@ SCHEMA_VERSION = "2.10"
 DEFAULT_BUFFER_SIZE: int = _settings.SETTINGS["PYCOLL_FR_BUFFER_SIZE"].default
 DEFAULT_FILE_PREFIX: str = _settings.SETTINGS["PYCOLL_FR_FILE_PREFIX"].default
 DEFAULT_STACK_DEPTH: int = _settings.SETTINGS["PYCOLL_FR_STACK_DEPTH"].default
+_MAX_BUFFER_SIZE = int(_settings.SETTINGS["PYCOLL_FR_BUFFER_SIZE"].maximum or 0)
 
 # Entry layout: a plain list is the cheapest mutable thing to build on the hot path. The entry does
 # not refer to its Work (a Work holds its communicator, and the ring must not keep communicators
@@ -211,8 +212,9 @@ class FlightRecorder(CommObserver):
     ) -> None:
         """Change settings; a new ``buffer_size`` drops what was recorded so far."""
         if buffer_size is not None:
-            if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 0:
-                raise ValueError(f"buffer_size must be an int >= 0, got {buffer_size!r}")
+            limit = _MAX_BUFFER_SIZE
+            if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or not 0 <= buffer_size <= limit:
+                raise ValueError(f"buffer_size must be an int in [0, {limit:g}], got {buffer_size!r}")
             if buffer_size != self._capacity:
                 self._ring = [None] * buffer_size
                 self._capacity = buffer_size

@@ -270,3 +270,10 @@ def _destroy_fails(rank, n, uid):
 def test_a_failed_destroy_still_releases_the_communicator():
     res = run_ranks(_destroy_fails, 2, _uid(), timeout=60, may_die=[1])
     assert res[0] == ("aborted", True), res
+
+
+def test_a_huge_flight_recorder_buffer_is_a_clear_error():
+    from pycoll.diagnostics.recorder import FlightRecorder
+
+    with pytest.raises(ValueError, match=r"buffer_size must be an int in \[0, "):
+        FlightRecorder(10**12)
