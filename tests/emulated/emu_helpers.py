@@ -8,91 +8,22 @@ tests/mp_helpers.py, kept here so that this folder stands alone).
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
-import signal
 import subprocess
 import sys
-import time
-import traceback
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
+from helpers.mp import RankFailure, run_ranks as _run_ranks  # noqa: F401
 
-_CTX = None
 PREFIX = "pycoll_trace_rank_"
 KINDS = ("default_stream", "torch_current", "cupy_current", "side_stream", "stream_object")
 
 
-def _context():
-    global _CTX
-    if _CTX is None:
-        _CTX = mp.get_context("forkserver")
-        _CTX.set_forkserver_preload(["numpy", "pycoll", "pycoll._bindings", "pycoll.emulated", "emu_helpers"])
-    return _CTX
-
-
-class RankFailure(AssertionError):
-    """A rank raised, died, or missed the deadline."""
-
-
-def _child(fn, rank, n, args, env, conn):
-    if env:
-        os.environ.update(env)
-    try:
-        out = ("ok", fn(rank, n, *args))
-    except BaseException as exc:
-        out = ("err", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
-    try:
-        conn.send(out)
-    finally:
-        conn.close()
-    os._exit(0)  # hung emulated kernels and stuck streams must not keep the process alive
-
-
 def run_ranks(fn: Callable[..., Any], n: int, *args: Any, timeout: float = 30.0,
               env: Optional[Dict[str, str]] = None) -> List[Any]:
-    ctx = _context()
-    pipes, procs = [], []
-    try:
-        for rank in range(n):
-            recv_end, send_end = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_child, args=(fn, rank, n, args, env, send_end), daemon=True)
-            p.start()
-            send_end.close()
-            pipes.append(recv_end)
-            procs.append(p)
-        deadline = time.monotonic() + timeout
-        results: List[Any] = [None] * n
-        pending = set(range(n))
-        while pending and time.monotonic() < deadline:
-            for rank in sorted(pending):
-                if pipes[rank].poll(0.01):
-                    try:
-                        results[rank] = pipes[rank].recv()
-                    except EOFError:
-                        results[rank] = ("err", f"died with exit code {procs[rank].exitcode}")
-                    pending.discard(rank)
-                elif not procs[rank].is_alive() and not pipes[rank].poll(0):
-                    results[rank] = ("err", f"died with exit code {procs[rank].exitcode}")
-                    pending.discard(rank)
-        errors = [f"rank {r}: still running after {timeout:.1f} s" for r in sorted(pending)]
-        errors += [f"rank {r}: {res[1]}" for r, res in enumerate(results) if res is not None and res[0] != "ok"]
-        if errors:
-            raise RankFailure("\n".join(errors))
-        return [res[1] for res in results]
-    finally:
-        for p in procs:
-            if p.pid is not None and p.is_alive():
-                for sig in (signal.SIGCONT, signal.SIGKILL):
-                    try:
-                        os.kill(p.pid, sig)
-                    except ProcessLookupError:
-                        pass
-        for p in procs:
-            p.join(5.0)
-        for conn in pipes:
-            conn.close()
+    """helpers.mp.run_ranks, each rank leaving at once after it reported (hung emulated kernels)."""
+    return _run_ranks(fn, n, *args, timeout=timeout, env=env, hard_exit=True)
 
 
 def uid() -> bytes:

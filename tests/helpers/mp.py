@@ -41,7 +41,7 @@ class RankFailure(AssertionError):
     """A rank raised, died unexpectedly, or missed the deadline."""
 
 
-def _child(fn, rank, n, args, env, conn):
+def _child(fn, rank, n, args, env, conn, hard_exit=False):
     if env:
         os.environ.update(env)
     try:
@@ -52,6 +52,8 @@ def _child(fn, rank, n, args, env, conn):
         conn.send(out)
     finally:
         conn.close()
+    if hard_exit:
+        os._exit(0)  # e.g. hung emulated kernels or stuck streams must not keep the process alive
 
 
 def run_ranks(
@@ -62,13 +64,15 @@ def run_ranks(
     env: Optional[Dict[str, str]] = None,
     may_die: Iterable[int] = (),
     on_start: Optional[Callable[[List[Any]], None]] = None,
+    hard_exit: bool = False,
 ) -> List[Any]:
     """Run ``fn(rank, n, *args)`` in ``n`` processes; return the per-rank results.
 
     ``on_start(processes)`` runs in the parent once all children have started (it may signal them;
     ``processes[r].pid`` is rank r's pid). ``may_die`` lists ranks allowed to die or to be killed; once
     every other rank has reported, the ones still running are killed (their entry is a :class:`Died`
-    with exit code None).
+    with exit code None). ``hard_exit``: a rank leaves with ``os._exit(0)`` right after reporting
+    (no exit handlers: for ranks that leave stuck threads behind on purpose).
     """
     ctx = _context()
     may_die = set(may_die)
@@ -76,7 +80,7 @@ def run_ranks(
     try:
         for rank in range(n):
             recv_end, send_end = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_child, args=(fn, rank, n, args, env, send_end), daemon=True)
+            p = ctx.Process(target=_child, args=(fn, rank, n, args, env, send_end, hard_exit), daemon=True)
             p.start()
             send_end.close()
             pipes.append(recv_end)
