@@ -131,6 +131,9 @@ _ALL = (
             "longest an elastic recovery holds a failure's report and dump back, seconds", minimum=0),
     Setting("PYCOLL_FR_DUMP_SIGNAL", "text", None, "`1`/`SIGUSR1`/`SIGUSR2`: that signal dumps without stopping "
             "anything (off)"),
+    # -- testing
+    Setting("PYCOLL_FAILPOINTS", "text", None, "failpoints to arm, for tests: `NAME=ACTION[@N][;rank=R]` "
+            "(action `kill`, `stop` or `raise`), comma-separated (see `pycoll/failpoints.py`; none)"),
 )
 
 #: name -> :class:`Setting`, for every ``PYCOLL_*`` variable pycoll's Python code reads
