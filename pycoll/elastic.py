@@ -601,8 +601,8 @@ class ElasticGroup:
         Returns the new communicator (also :attr:`comm`). Raises :class:`Excluded` when this
         process was left out.
 
-        When the loop :meth:`commit`\ s its steps, the survivors also agree on the last step that
-        every one of them completed, :attr:`last_committed` afterwards (None: none yet). A member
+        When the loop calls :meth:`commit` at every step, the survivors also agree on the last step
+        that every one of them completed, :attr:`last_committed` afterwards (None: none yet). A member
         that had completed one step more (its collective succeeded where another member's failed)
         must restore its state from before that step; every survivor resumes at
         ``last_committed + 1``.
