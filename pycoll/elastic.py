@@ -362,8 +362,8 @@ class ElasticGroup:
                                   f"{self.timeout:g} s")
 
     def _guard(self, slots: Sequence[int], comm: Communicator, what: str) -> threading.Event:
-        """Watch ``slots`` while this thread is inside ``comm``'s grow or shrink: a process found gone
-        fails and aborts ``comm`` (which ends the rendezvous at once). Set the event returned to stop."""
+        """Watch ``slots`` while this thread is inside ``comm``'s grow: a process found gone fails
+        ``comm`` (its revoke ends the rendezvous at once). Set the event returned to stop."""
         done = threading.Event()
         procs = self._procs(slots)
 
@@ -371,9 +371,12 @@ class ElasticGroup:
             while not done.wait(0.01):
                 for m, (boot, pid) in procs.items():
                     if boot == self._boot and _local_process_gone(pid):
+                        # vouch and raise the flag first: failing the communicator may take a while
+                        # (its failure report), and the others' agreement window is running
+                        self._announce(comm.generation)
                         try:
+                            # the revoke policy ends the rendezvous and keeps the communicator shrinkable
                             comm.fail(CommFailure(f"slot {m} is gone during the {what} of group {self.name!r}"))
-                            comm.abort()
                         except Exception:  # already failed or closed: the rendezvous ends either way
                             pass
                         return
@@ -662,8 +665,12 @@ class ElasticGroup:
                 if parent.global_ranks is not None else []
             try:
                 _fp.hit(FP_SHRINK_BEFORE)
-                if attempt == 0 and gone and len(new_members) > 1 and self.library.has("ncclCommShrink") \
-                        and not parent.closed:
+                shrink = attempt == 0 and gone and len(new_members) > 1 and self.library.has("ncclCommShrink")
+                if shrink and parent.closed:
+                    # the others shrink at this attempt (and fail at once without this member): meet
+                    # them at the next attempt's fresh init rather than at this attempt's
+                    raise CommFailure(f"slot {self.slot} cannot shrink: its communicator was aborted")
+                if shrink:
                     comm = parent.shrink(gone, abort_ops=True, name=self.name, timeout=self.timeout, generation=g + 1,
                                          failure_callbacks=[self._on_comm_failure])
                     self._adopt(comm, new_members, g + 1)
