@@ -46,6 +46,7 @@ def main():
     y = x @ true_w
 
     params, step = np.zeros(4), 0
+    prev = params.copy()
     if group.joined:  # a replacement process: receive the model
         step = send_state(group, params, step)
     while step < args.steps:
@@ -54,15 +55,21 @@ def main():
         grad = x.T @ (x @ params - y) / len(y)
         try:
             group.comm.all_reduce(grad, op="avg")
-        except pycoll.CommFailure:
-            group.reshape()  # the survivors agree and shrink; this step is redone
-            if group.rank == 0:
-                print(group.transitions[-1].describe(), flush=True)
-            continue
-        params -= 0.05 * grad
-        step += 1
-        if group.maybe_grow():  # a step boundary: admit replacements, send them the model
-            step = send_state(group, params, step)
+            prev = params.copy()
+            params -= 0.05 * grad
+            group.commit(step)  # this member completed the step
+            if group.maybe_grow():  # a step boundary: admit replacements, send them the model
+                send_state(group, params, step + 1)
+                if group.rank == 0:
+                    print(group.transitions[-1].describe(), flush=True)
+            step += 1
+        except pycoll.CommFailure:  # a member died or stopped: in a collective, or in maybe_grow()
+            mine = group.last_committed
+            group.reshape()  # the survivors agree on the members and on the last step all of them completed
+            agreed = -1 if group.last_committed is None else group.last_committed
+            if mine is not None and mine > agreed:
+                params = prev  # this member was one step ahead (its all_reduce succeeded): undo it
+            step = agreed + 1
             if group.rank == 0:
                 print(group.transitions[-1].describe(), flush=True)
         time.sleep(0.005)

@@ -156,6 +156,9 @@ _ALL = (
             minimum=64, maximum=1 << 30),
     Setting("PYCOLL_HOST_BIND", "choice", "0", "`1` binds the thread initialising host rank r to a CPU",
             choices=("0", "1")),
+    # -- testing
+    Setting("PYCOLL_FAILPOINTS", "text", None, "failpoints to arm, for tests: `NAME=ACTION[@N][;rank=R]` "
+            "(action `kill`, `stop` or `raise`), comma-separated (see `pycoll/failpoints.py`; none)"),
 )
 
 #: name -> :class:`Setting`, for every ``PYCOLL_*`` variable pycoll's Python code reads

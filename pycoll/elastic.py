@@ -50,7 +50,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
-from . import _bindings as B
+import numpy as np
+
+from . import _bindings as B, failpoints as _fp
 from .comm import Communicator, default_timeout
 from .config import CommConfig
 from .create import init, join, load_library
@@ -62,6 +64,33 @@ from .launch.keys import mark_lost
 __all__ = ["ElasticGroup", "Excluded", "Transition"]
 
 _log = logging.getLogger("pycoll.elastic")
+
+# failpoints (pycoll.failpoints): every store interaction and state transition of the protocol
+FP_FORM_BEFORE_INIT = _fp.declare("elastic.form.before_init", "forming: before the first communicator")
+FP_FORM_AFTER_INIT = _fp.declare("elastic.form.after_init", "forming: the first communicator is up")
+FP_UID_BEFORE_PUBLISH = _fp.declare("elastic.uid.before_publish", "a new rank 0, before it writes the unique id")
+FP_WATCHER_WAKE = _fp.declare("elastic.watcher.wake", "the watcher saw another member's reshape flag")
+FP_WATCHER_AFTER_REVOKE = _fp.declare("elastic.watcher.after_revoke", "the watcher revoked, before vouching")
+FP_ANNOUNCE_BEFORE_FLAG = _fp.declare("elastic.announce.before_flag", "vouched, before raising the reshape flag")
+FP_AGREE_BEFORE_VOTE = _fp.declare("elastic.agree.before_vote", "the agreement, before this member vouches")
+FP_AGREE_WAIT = _fp.declare("elastic.agree.wait", "the agreement, waiting for the others' vouchers")
+FP_AGREE_BEFORE_DECISION = _fp.declare("elastic.agree.before_decision", "before proposing the decision")
+FP_AGREE_AFTER_DECISION = _fp.declare("elastic.agree.after_decision", "the decision is adopted")
+FP_REVOKE_BEFORE = _fp.declare("elastic.revoke.before", "before revoking the parent communicator")
+FP_SHRINK_BEFORE = _fp.declare("elastic.shrink.before", "before the shrink (or the fresh init)")
+FP_SHRINK_AFTER = _fp.declare("elastic.shrink.after", "the new communicator is built")
+FP_RESHAPE_FIRST_COLLECTIVE = _fp.declare("elastic.reshape.first_collective", "before its first collective")
+FP_RESHAPE_DONE = _fp.declare("elastic.reshape.done", "the reshape is over, before it returns")
+FP_COMMIT = _fp.declare("elastic.commit", "a member commits a step")
+FP_GROW_BEFORE_DECISION = _fp.declare("elastic.grow.before_decision", "maybe_grow(), before rank 0's decision")
+FP_GROW_AFTER_DECISION = _fp.declare("elastic.grow.after_decision", "maybe_grow(), joiners are waiting")
+FP_GROW_ADMIT = _fp.declare("elastic.grow.admit", "rank 0, before it admits the joiners")
+FP_GROW_BEFORE_COMM = _fp.declare("elastic.grow.before_comm", "before ncclCommGrow (or the fresh init)")
+FP_GROW_AFTER_COMM = _fp.declare("elastic.grow.after_comm", "the grown communicator is built")
+FP_GROW_FIRST_COLLECTIVE = _fp.declare("elastic.grow.first_collective", "before the grown group's first collective")
+FP_JOIN_REQUEST = _fp.declare("elastic.join.request", "a joiner, before it asks to join")
+FP_JOIN_ADMITTED = _fp.declare("elastic.join.admitted", "a joiner was admitted, before it joins")
+FP_JOIN_AFTER_COMM = _fp.declare("elastic.join.after_comm", "a joiner's communicator is built")
 
 
 class Excluded(CommFailure):
@@ -90,6 +119,7 @@ class Transition:
     comm_ready: float = 0.0
     first_collective: float = 0.0
     attempts: int = 1
+    committed: Optional[int] = None  # the last step every member completed (see ElasticGroup.commit)
 
     def phases_ms(self) -> Dict[str, float]:
         """Durations in milliseconds: detection->agreement start, agreement, revoke, shrink/init,
@@ -144,6 +174,12 @@ def _members_str(members: Sequence[int]) -> str:
 def _parse_members(text: bytes) -> Tuple[int, ...]:
     s = text.decode()
     return tuple(int(x) for x in s.split(",")) if s else ()
+
+
+def _parse_decision(text: bytes) -> Tuple[Tuple[int, ...], Optional[int]]:
+    """``"<members>[|<step>]"``: the survivors and the last step they all completed (None: not tracked)."""
+    members, _, step = text.decode().partition("|")
+    return _parse_members(members.encode()), (int(step) if step else None)
 
 
 class ElasticGroup:
@@ -215,6 +251,8 @@ class ElasticGroup:
         self._release_at = 0  # dumps wait until the new communicator has issued this many operations
         self._watcher: Optional[threading.Thread] = None
         self._boot = _boot_id()
+        self._committed: Optional[int] = None  # the last step this member completed (commit())
+        self._joiners_seen = False  # rank 0's watcher saw join requests (read by maybe_grow)
         store.set(f"{self._ns}/proc/{slot}", f"{self._boot} {os.getpid()}")
         if joiner:
             self._join()
@@ -255,9 +293,10 @@ class ElasticGroup:
         """A fresh communicator of ``members`` (unique id from the new rank 0 through the store)."""
         if rank == 0:
             uid = self.library.get_unique_id()
+            _fp.hit(FP_UID_BEFORE_PUBLISH)
             self.store.set(key, bytes(uid))
         else:
-            uid = self.store.get(key, timeout=self.timeout)
+            uid = self._wait_key(key, members[0], f"the unique id of generation {generation}")
         comm = init(rank, len(members), unique_id=uid, init_timeout=self.timeout,
                     **self._comm_options(members, generation))
         return self._adopt(comm, members, generation)
@@ -274,15 +313,96 @@ class ElasticGroup:
         return comm
 
     def _form(self, world_size: int) -> None:
+        """The first communicator; a member that dies meanwhile is left out (the others agree without it)."""
         members = tuple(range(world_size))
-        self._new_comm(self.slot, members, f"{self._ns}/g0/uid", 0)
+        attempt = 0
+        while True:
+            key = f"{self._ns}/g0/uid" if attempt == 0 else f"{self._ns}/form/a{attempt}/uid"
+            try:
+                _fp.hit(FP_FORM_BEFORE_INIT)
+                self._new_comm(members.index(self.slot), members, key, 0)
+                _fp.hit(FP_FORM_AFTER_INIT)
+                return
+            except (CommFailure, NCCLError, StoreError) as exc:
+                _log.warning("slot %d: forming group %r (attempt %d) failed: %s", self.slot, self.name, attempt, exc)
+            members, _ = self._agree_at(f"{self._ns}/form/a{attempt}/", members, None)
+            if self.slot not in members:
+                raise Excluded(f"slot {self.slot} was left out while group {self.name!r} formed "
+                               f"(members {list(members)})")
+            attempt += 1
+
+    # -- liveness of the other members ------------------------------------------------------------
+
+    def _slot_gone(self, slot: int) -> bool:
+        """True when ``slot``'s process is known to have exited or stopped (same host only)."""
+        proc = self._proc_cache.get(slot)
+        if proc is None:
+            try:
+                raw = self.store.get(f"{self._ns}/proc/{slot}", timeout=0.01)
+            except StoreError:
+                return False
+            boot, pid = raw.decode().split()
+            proc = (boot, int(pid))
+        return proc[0] == self._boot and _local_process_gone(proc[1])
+
+    def _wait_key(self, key: str, writer: int, what: str) -> bytes:
+        """The value of ``key``, which only slot ``writer`` writes. CommFailure (a member failure) as
+        soon as that process is gone, or when the key has not come within the timeout."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return self.store.get(key, timeout=max(0.001, min(0.05, left)))
+            except StoreTimeout:
+                pass
+            if self._slot_gone(writer):
+                raise CommFailure(f"slot {writer} of group {self.name!r} is gone before it wrote {what}")
+            if left <= 0:
+                raise CommFailure(f"slot {writer} of group {self.name!r} did not write {what} within "
+                                  f"{self.timeout:g} s")
+
+    def _guard(self, slots: Sequence[int], comm: Communicator, what: str) -> threading.Event:
+        """Watch ``slots`` while this thread is inside ``comm``'s grow: a process found gone fails
+        ``comm`` (its revoke ends the rendezvous at once). Set the event returned to stop."""
+        done = threading.Event()
+        procs = self._procs(slots)
+
+        def watch() -> None:
+            while not done.wait(0.01):
+                for m, (boot, pid) in procs.items():
+                    if boot == self._boot and _local_process_gone(pid):
+                        # vouch and raise the flag first: failing the communicator may take a while
+                        # (its failure report), and the others' agreement window is running
+                        self._announce(comm.generation)
+                        try:
+                            # the revoke policy ends the rendezvous and keeps the communicator shrinkable
+                            comm.fail(CommFailure(f"slot {m} is gone during the {what} of group {self.name!r}"))
+                        except Exception:  # already failed or closed: the rendezvous ends either way
+                            pass
+                        return
+
+        threading.Thread(target=watch, name=f"pycoll-elastic-guard-{self.name}", daemon=True).start()
+        return done
 
     def _join(self) -> None:
+        """Ask to join and wait to be admitted; a grow that fails (a member or another joiner died)
+        is retried with a new request until ``join_timeout``."""
         t0 = time.time()
+        deadline = time.monotonic() + self.join_timeout
+        while True:
+            try:
+                self._join_once(t0, deadline)
+                return
+            except (CommFailure, NCCLError) as exc:
+                if isinstance(exc, Excluded) or time.monotonic() >= deadline:
+                    raise
+                _log.warning("slot %d: joining group %r failed (%s); asking again", self.slot, self.name, exc)
+
+    def _join_once(self, t0: float, deadline: float) -> None:
+        _fp.hit(FP_JOIN_REQUEST)
         incarnation = self.store.add(f"{self._ns}/incarnation/{self.slot}", 1)
         self.store.set(f"{self._ns}/join/{self.slot}", str(incarnation))
         admitted = f"{self._ns}/admitted/{self.slot}/{incarnation}"
-        deadline = time.monotonic() + self.join_timeout
         while not self.store.check([admitted]):
             if self.store.check([f"{self._ns}/closed"]):
                 raise Excluded(f"group {self.name!r} finished before slot {self.slot} was admitted")
@@ -295,11 +415,13 @@ class ElasticGroup:
             except StoreTimeout:
                 pass
         raw = self.store.get(admitted, timeout=self.timeout)
-        gen_s, rank_s, members_s, kind = raw.decode().split("|")
+        gen_s, rank_s, members_s, kind, *rest = raw.decode().split("|")
         generation, rank, members = int(gen_s), int(rank_s), _parse_members(members_s.encode())
+        committed = int(rest[0]) if rest and rest[0] else None
+        _fp.hit(FP_JOIN_ADMITTED)
         uid = self.store.get(f"{self._ns}/g{generation}/uid", timeout=self.timeout)
         tr = Transition("grow" if kind == "grow" else "grow-reinit", generation, (), members, "joined",
-                        detected=t0, agreement_started=t0, agreed=time.time())
+                        detected=t0, agreement_started=t0, agreed=time.time(), committed=committed)
         tr.revoked = tr.agreed
         options = self._comm_options(members, generation)
         if kind == "grow":
@@ -307,8 +429,14 @@ class ElasticGroup:
         else:
             comm = init(rank, len(members), unique_id=uid, init_timeout=self.timeout, **options)
         self._adopt(comm, members, generation)
+        self._committed = None if committed is None or committed < 0 else committed
         tr.comm_ready = time.time()
-        comm.barrier()
+        _fp.hit(FP_JOIN_AFTER_COMM)
+        try:
+            comm.barrier()
+        except BaseException:
+            comm.abort()
+            raise
         tr.first_collective = time.time()
         self._record(tr)
 
@@ -346,6 +474,8 @@ class ElasticGroup:
                         return
             key = f"{self._ns}/g{g}/reshape"
             try:
+                if self.members and self.members[0] == self.slot:  # rank 0 decides the grows
+                    self._joiners_seen = bool(self.pending_joiners())
                 self.store.wait([key], timeout=0.5)
             except StoreError:
                 continue  # timeout (or a store hiccup): look again, the generation may have changed
@@ -358,24 +488,35 @@ class ElasticGroup:
                 time.sleep(0.01)
                 continue
             seen = g
-            self._vouch(g, 0)
+            _fp.hit(FP_WATCHER_WAKE)
+            # revoke first, then vouch: the step this member vouches with is then at most one behind
+            # what it completes (see commit())
             comm = self.comm
             if comm.state == "active" and comm.generation == g:
                 try:
                     comm.fail(CommFailure(f"generation {g} of {self.name!r} is being reshaped by another member"))
                 except Exception:  # revoke unsupported: the policy aborts instead
                     _log.exception("revoking generation %d", g)
+            _fp.hit(FP_WATCHER_AFTER_REVOKE)
+            self._vouch(g, 0)
 
     # -- reshape ----------------------------------------------------------------------------------
 
-    def _agree(self, g: int, attempt: int, members: Tuple[int, ...]) -> Tuple[int, ...]:
-        """Decide the survivors of ``members`` for (generation g, attempt); every caller gets the same answer.
-
-        Three store round trips when every member is either alive or provably gone: vouch, wait for
-        the others' vouchers (the store answers when they are all there), compare-and-set the decision.
-        """
-        base = f"{self._ns}/g{g}/a{attempt}/"
+    def _agree(self, g: int, attempt: int, members: Tuple[int, ...]) -> Tuple[Tuple[int, ...], Optional[int]]:
+        """Decide the survivors of ``members`` for (generation g, attempt) and the last step they all
+        completed; every caller gets the same answer."""
+        _fp.hit(FP_AGREE_BEFORE_VOTE)
         self._vouch(g, attempt)
+        return self._agree_at(f"{self._ns}/g{g}/a{attempt}/", members, g)
+
+    def _agree_at(self, base: str, members: Tuple[int, ...],
+                  g: Optional[int]) -> Tuple[Tuple[int, ...], Optional[int]]:
+        """The agreement under the keys ``base``: vouch, wait for the others' vouchers (the store
+        answers when they are all there), compare-and-set the decision -- three store round trips
+        when every member is either alive or provably gone (four when steps are committed)."""
+        if g is None:
+            _fp.hit(FP_AGREE_BEFORE_VOTE)
+            self.store.set(f"{base}alive/{self.slot}", self._vouch_value())
         decision_key = f"{base}decision"
         procs = self._proc_cache
         if not all(m in procs for m in members):
@@ -391,6 +532,7 @@ class ElasticGroup:
             if not waiting:
                 break
             if left > 0:
+                _fp.hit(FP_AGREE_WAIT)
                 try:  # in slices, so that a member dying meanwhile is noticed
                     self.store.wait([f"{base}alive/{m}" for m in waiting], timeout=min(left, 0.05))
                     break  # every member not known to be gone vouched
@@ -402,8 +544,18 @@ class ElasticGroup:
             waiting = [m for m in waiting if f"{base}alive/{m}" in keys]
             break
         alive = [m for m in members if m == self.slot or m in waiting]
+        # the last step every survivor completed: the least one they vouched with (-1: none)
+        steps = [self._committed if self._committed is not None else -1]
+        others = [m for m in alive if m != self.slot]
+        if others:
+            values = self.store.multi_get([f"{base}alive/{m}" for m in others], timeout=self.timeout)
+            steps += [int(v) if v.lstrip(b"-").isdigit() else -1 for v in values]
+        proposal = f"{_members_str(alive)}|{min(steps)}"
+        _fp.hit(FP_AGREE_BEFORE_DECISION)
         # the first proposal wins; every member adopts it (compare_set returns the stored value)
-        return _parse_members(self.store.compare_set(decision_key, b"", _members_str(alive)))
+        decision = _parse_decision(self.store.compare_set(decision_key, b"", proposal))
+        _fp.hit(FP_AGREE_AFTER_DECISION)
+        return decision
 
     def _procs(self, members: Sequence[int]) -> Dict[int, Tuple[str, int]]:
         """(boot id, pid) of each member's process, as it registered in the store (one round trip)."""
@@ -417,6 +569,23 @@ class ElasticGroup:
             boot, pid = raw.decode().split()
             out[m] = (boot, int(pid))
         return out
+
+    def commit(self, step: int) -> None:
+        """Record that this member completed ``step`` (its collectives succeeded and its update is applied).
+
+        Costs nothing (no communication). At the next :meth:`reshape` the survivors agree on the
+        least step they all committed (:attr:`last_committed`), so that every survivor goes on from
+        the same state -- one outcome per step even when a collective completed on some members and
+        failed on others. A member is never more than one step ahead of that agreement.
+        """
+        _fp.hit(FP_COMMIT)
+        self._committed = int(step)
+
+    @property
+    def last_committed(self) -> Optional[int]:
+        """The last committed step: this member's own, or after a :meth:`reshape` (or a join) the last
+        step that every member completed; None when no step was committed."""
+        return self._committed
 
     def _dumps_may_run(self) -> bool:
         """The dump gate: False from a failure until the rebuilt communicator has completed the caller's
@@ -434,6 +603,12 @@ class ElasticGroup:
         Call it from the thread that uses the communicator after a :class:`~pycoll.CommFailure`.
         Returns the new communicator (also :attr:`comm`). Raises :class:`Excluded` when this
         process was left out.
+
+        When the loop calls :meth:`commit` at every step, the survivors also agree on the last step
+        that every one of them completed, :attr:`last_committed` afterwards (None: none yet). A member
+        that had completed one step more (its collective succeeded where another member's failed)
+        must restore its state from before that step; every survivor resumes at
+        ``last_committed + 1``.
 
         The failure's report and flight-recorder dumps wait until the new communicator has
         completed the caller's next operation (at most ``PYCOLL_FR_DUMP_HOLD`` seconds), so that
@@ -464,13 +639,15 @@ class ElasticGroup:
         members, parent = self.members, old
         attempt = 0
         while True:
-            new_members = self._agree(g, attempt, members)
+            new_members, committed = self._agree(g, attempt, members)
             tr = Transition("shrink", g + 1, self.members, new_members, cause, detected=detected,
-                            agreement_started=t_start, agreed=time.time(), attempts=attempt + 1)
+                            agreement_started=t_start, agreed=time.time(), attempts=attempt + 1,
+                            committed=None if committed is None or committed < 0 else committed)
             if self.slot not in new_members:
                 old.abort()
                 raise Excluded(f"slot {self.slot} was left out of generation {g + 1} of {self.name!r} "
                                f"(members {list(new_members)})")
+            _fp.hit(FP_REVOKE_BEFORE)
             if parent.state == "active":
                 parent.fail(CommFailure("reshape"))
             if parent.state == "active":
@@ -487,8 +664,13 @@ class ElasticGroup:
             gone = [parent.global_ranks.index(m) for m in parent.global_ranks if m not in new_members] \
                 if parent.global_ranks is not None else []
             try:
-                if attempt == 0 and gone and len(new_members) > 1 and self.library.has("ncclCommShrink") \
-                        and not parent.closed:
+                _fp.hit(FP_SHRINK_BEFORE)
+                shrink = attempt == 0 and gone and len(new_members) > 1 and self.library.has("ncclCommShrink")
+                if shrink and parent.closed:
+                    # the others shrink at this attempt (and fail at once without this member): meet
+                    # them at the next attempt's fresh init rather than at this attempt's
+                    raise CommFailure(f"slot {self.slot} cannot shrink: its communicator was aborted")
+                if shrink:
                     comm = parent.shrink(gone, abort_ops=True, name=self.name, timeout=self.timeout, generation=g + 1,
                                          failure_callbacks=[self._on_comm_failure])
                     self._adopt(comm, new_members, g + 1)
@@ -496,6 +678,8 @@ class ElasticGroup:
                     tr.kind = "reinit"
                     self._new_comm(new_members.index(self.slot), new_members, f"{self._ns}/g{g}/a{attempt}/uid", g + 1)
                 tr.comm_ready = time.time()
+                _fp.hit(FP_SHRINK_AFTER)
+                _fp.hit(FP_RESHAPE_FIRST_COLLECTIVE)
                 self.comm.barrier()
                 tr.first_collective = time.time()
                 break
@@ -511,7 +695,9 @@ class ElasticGroup:
         # off the critical path: the first collective on the new communicator need not wait for them
         threading.Thread(target=self._release, args=(old, lost, g + 1), name=f"pycoll-elastic-release-{self.name}",
                          daemon=True).start()
+        self._committed = tr.committed
         self._record(tr)
+        _fp.hit(FP_RESHAPE_DONE)
         return self.comm
 
     def _on_comm_failure(self, comm: Communicator, exc: BaseException) -> None:
@@ -527,9 +713,14 @@ class ElasticGroup:
         self._announced = g
         self._announce_q.put(g)  # the announcer thread (starting a thread here would cost ~1 ms)
 
+    def _vouch_value(self) -> str:
+        """What a voucher says: the last step this member committed (-1: none)."""
+        return str(-1 if self._committed is None else self._committed)
+
     def _vouch_and_flag(self, g: int) -> None:
         try:
             self._vouch(g, 0)
+            _fp.hit(FP_ANNOUNCE_BEFORE_FLAG)
             self.store.compare_set(f"{self._ns}/g{g}/reshape", b"", str(self.slot))
         except Exception as exc:  # the agreement's own store calls will report a broken store
             _log.debug("slot %d: announcing the reshape of generation %d failed: %s", self.slot, g, exc)
@@ -544,7 +735,7 @@ class ElasticGroup:
             return
         self._vouched = (g, attempt)
         try:
-            self.store.set(f"{self._ns}/g{g}/a{attempt}/alive/{self.slot}", b"1")
+            self.store.set(f"{self._ns}/g{g}/a{attempt}/alive/{self.slot}", self._vouch_value())
         except BaseException:
             self._vouched = (-1, -1)
             raise
@@ -584,48 +775,88 @@ class ElasticGroup:
     def maybe_grow(self) -> bool:
         """Admit waiting joiners; every member must call it at the same step boundary.
 
-        Returns True when the membership grew (send the joiners their state then). Costs one store
-        round trip per call when nobody waits.
+        Returns True when the membership grew (send the joiners their state then). Rank 0 decides
+        (its watcher thread looks for join requests in the background) and the decision travels
+        with the communicator: one 8-byte broadcast, no store round trip, when nobody waits. A
+        member that died or stopped makes it raise :class:`~pycoll.CommFailure` on the others, as a
+        collective would: handle it as one (:meth:`reshape`). Call :meth:`commit` before it.
         """
         self._grow_calls += 1
-        g = self.generation
-        key = f"{self._ns}/g{g}/grow/{self._grow_calls}"
-        if self.rank == 0:
-            joiners = self.pending_joiners()
-            self.store.set(key, _members_str(joiners))
-        else:
-            joiners = list(_parse_members(self.store.get(key, timeout=self.timeout)))
+        _fp.hit(FP_GROW_BEFORE_DECISION)
+        joiners = self._grow_decision()
         if not joiners:
             return False
+        _fp.hit(FP_GROW_AFTER_DECISION)
+        g = self.generation
         t0 = time.time()
         old = self.comm
         members = self.members + tuple(joiners)
         kind = "grow" if self.library.has("ncclCommGrow") else "grow-reinit"
-        tr = Transition(kind, g + 1, self.members, members, f"joiners {joiners}", detected=t0, agreement_started=t0)
+        tr = Transition(kind, g + 1, self.members, members, f"joiners {joiners}", detected=t0, agreement_started=t0,
+                        committed=self._committed)
         uid_key = f"{self._ns}/g{g + 1}/uid"
+        uid: Any = None
         if self.rank == 0:
             uid = old.get_unique_id() if kind == "grow" else self.library.get_unique_id()
             self.store.set(uid_key, bytes(uid))
+            _fp.hit(FP_GROW_ADMIT)
+            step = -1 if self._committed is None else self._committed
             for slot in joiners:
                 inc = self.store.get(f"{self._ns}/join/{slot}", timeout=self.timeout).decode()
-                self.store.delete(f"{self._ns}/join/{slot}")
                 self.store.set(f"{self._ns}/admitted/{slot}/{inc}",
-                               f"{g + 1}|{members.index(slot)}|{_members_str(members)}|{kind}")
-        else:
-            uid = B.UniqueId.from_bytes(self.store.get(uid_key, timeout=self.timeout))
+                               f"{g + 1}|{members.index(slot)}|{_members_str(members)}|{kind}|{step}")
+                self.store.delete(f"{self._ns}/join/{slot}")
+        if kind != "grow":  # every member needs the id: it travels with the communicator too
+            buf = np.frombuffer(bytearray(bytes(uid)) if uid is not None else bytearray(128), np.uint8).copy()
+            old.broadcast(buf, root=0)
+            uid = B.UniqueId.from_bytes(buf.tobytes())
         tr.agreed = tr.revoked = time.time()
-        if kind == "grow":
-            comm = old.grow(len(members), uid if self.rank == 0 else None, name=self.name, timeout=self.timeout,
-                            global_ranks=members, generation=g + 1, failure_callbacks=[self._on_comm_failure])
-            self._adopt(comm, members, g + 1)
-        else:
-            self._new_comm(self.rank, members, uid_key, g + 1)
+        _fp.hit(FP_GROW_BEFORE_COMM)
+        guard = self._guard([m for m in members if m != self.slot], old, "grow")
+        try:
+            if kind == "grow":
+                comm = old.grow(len(members), uid if self.rank == 0 else None, name=self.name, timeout=self.timeout,
+                                global_ranks=members, generation=g + 1, failure_callbacks=[self._on_comm_failure])
+                self._adopt(comm, members, g + 1)
+            else:
+                comm = init(self.rank, len(members), unique_id=uid, init_timeout=self.timeout,
+                            **self._comm_options(members, g + 1))
+                self._adopt(comm, members, g + 1)
+        except (CommFailure, NCCLError, StoreError) as exc:
+            guard.set()
+            if old.state == "active" and old.failure is None:
+                old.fail(CommFailure(f"the grow of generation {g} of {self.name!r} failed: {exc}"))
+            raise CommFailure(f"the grow of generation {g} of {self.name!r} failed: {exc}") from exc
+        guard.set()
         tr.comm_ready = time.time()
+        _fp.hit(FP_GROW_AFTER_COMM)
         old.destroy()
+        _fp.hit(FP_GROW_FIRST_COLLECTIVE)
         self.comm.barrier()
         tr.first_collective = time.time()
         self._record(tr)
         return True
+
+    def _grow_decision(self) -> List[int]:
+        """Rank 0's list of joiners to admit now, known to every member (through the communicator)."""
+        joiners: List[int] = []
+        if self.rank == 0 and self._joiners_seen:
+            joiners = [j for j in self.pending_joiners() if not self._slot_gone(j)]
+        if self.backend != "host":
+            # device communicators take no host arrays: the decision goes through the store, and
+            # the others wait for it watching rank 0's process
+            key = f"{self._ns}/g{self.generation}/grow/{self._grow_calls}"
+            if self.rank == 0:
+                self.store.set(key, _members_str(joiners))
+                return joiners
+            return list(_parse_members(self._wait_key(key, self.members[0], "the grow decision")))
+        head = np.array([len(joiners)], np.int64)
+        self.comm.broadcast(head, root=0)
+        if not head[0]:
+            return []
+        body = np.array(joiners if self.rank == 0 else [0] * int(head[0]), np.int64)
+        self.comm.broadcast(body, root=0)
+        return [int(x) for x in body]
 
     # -- teardown ---------------------------------------------------------------------------------
 

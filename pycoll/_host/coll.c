@@ -12,6 +12,7 @@
  * Each rank transforms its own contribution before publishing it (PreMulSum/Avg scalars are
  * per rank, as in NCCL), and reductions run in rank order 0..n-1. */
 #include "core.h" /* first: defines _GNU_SOURCE */
+#include "failpoint.h"
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -288,6 +289,8 @@ int coll_progress(struct task* t) {
     int p = (int)(S & 1);
     switch (t->phase) {
       case PH_FILL:
+        if (UNLIKELY(fp_hit("host.coll.before_fill")))
+          return task_fail(t, ncclSystemError, "%s : failpoint host.coll.before_fill", task_kind_name(t->kind));
         fill(t, p);
         write_desc(t, p);
         __atomic_store_n(&s->ctrl[me].arrive, S + 1, __ATOMIC_RELEASE);
@@ -306,10 +309,15 @@ int coll_progress(struct task* t) {
           }
           if (!desc_ok(t, k, p)) return PROG_DONE;
         }
+        if (UNLIKELY(fp_hit("host.coll.after_arrive")))
+          return task_fail(t, ncclSystemError, "%s : failpoint host.coll.after_arrive", task_kind_name(t->kind));
         t->phase = PH_CONSUME;
         /* fall through */
       case PH_CONSUME:
         if (!consume(t, p, S)) {
+          if (UNLIKELY(fp_hit("host.coll.after_consume")))
+            return task_fail(t, ncclSystemError, "%s : failpoint host.coll.after_consume",
+                             task_kind_name(t->kind));
           t->phase = PH_REDUCED;
           t->wait_idx = 0;
           moved = true;
@@ -329,7 +337,11 @@ int coll_progress(struct task* t) {
         break;
     }
     moved = true;
-    if (++t->step == t->nsteps) return PROG_DONE;
+    if (++t->step == t->nsteps) {
+      if (UNLIKELY(fp_hit("host.coll.done")))
+        return task_fail(t, ncclSystemError, "%s : failpoint host.coll.done", task_kind_name(t->kind));
+      return PROG_DONE;
+    }
     t->phase = PH_FILL;
   }
 }

@@ -1,6 +1,7 @@
 /* Communicator lifecycle entry points: unique ids, init (blocking, nonblocking, scalable, all),
  * finalize, destroy, abort, revoke, the async error and the simple queries. */
 #include "core.h" /* first: defines _GNU_SOURCE */
+#include "failpoint.h"
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +44,7 @@ ncclResult_t job_run_init(struct job* j) {
                          .timeout_ns = timeout_ns,
                          .opname = j->opname,
                          .comm = c};
+  if (UNLIKELY(fp_hit(j->kind == JOB_GROW ? "host.grow.begin" : "host.init.begin"))) return ncclSystemError;
   struct seg s;
   ncclResult_t res = rendezvous_join(&r, &s);
   if (res != ncclSuccess) return res;
@@ -53,6 +55,10 @@ ncclResult_t job_run_init(struct job* j) {
     return res;
   }
   INFO("%s : rank %d/%d ready (segment %s, %zu bytes)", j->opname, c->rank, c->nranks, s.name, s.size);
+  if (UNLIKELY(fp_hit(j->kind == JOB_GROW ? "host.grow.end" : "host.init.end"))) {
+    comm_fail(c, ncclSystemError, "failpoint");
+    return ncclSystemError;
+  }
   return ncclSuccess;
 }
 

@@ -3,6 +3,7 @@
  * and joins the child's segment, whose name derives from the parent's identity and the reshape's
  * sequence number. The parent stays valid and must still be destroyed or aborted. */
 #include "core.h" /* first: defines _GNU_SOURCE */
+#include "failpoint.h"
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -114,6 +115,7 @@ static int cmp_member(const void* a, const void* b) {
 
 ncclResult_t job_run_reshape(struct job* j) {
   struct ncclComm* p = j->parent;
+  if (j->kind == JOB_SHRINK && UNLIKELY(fp_hit("host.shrink.begin"))) return ncclSystemError;
   if (j->kind == JOB_SHRINK && (j->flags & NCCL_SHRINK_ABORT)) stop_parent_ops(p);
   if (!comm_enter(p)) {
     CWARN(p, "%s : the parent communicator was aborted", j->opname);
@@ -166,6 +168,10 @@ ncclResult_t job_run_reshape(struct job* j) {
   j->comm = saved;
   if (r == ncclSuccess) comm_register(c);
   else ph_last_error_to_comm(p);
+  if (r == ncclSuccess && j->kind == JOB_SHRINK && UNLIKELY(fp_hit("host.shrink.end"))) {
+    comm_fail(c, ncclSystemError, "failpoint");
+    return ncclSystemError;
+  }
   return r;
 }
 

@@ -72,6 +72,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from .. import failpoints as _fp
 from ..errors import StoreError, StoreTimeout
 from ..store import Store, TCPStore, TCPStoreServer
 from . import discovery
@@ -80,6 +81,10 @@ from .keys import KEY_ABORT, KEY_DONE, KEY_EXIT, KEY_FAILURE, KEY_FAILURES, KEY_
 __all__ = ["main", "EXIT_TIMEOUT", "EXIT_STORE_LOST"]
 
 log = logging.getLogger("pycoll.run")
+
+FP_SPAWN = _fp.declare("launch.spawn", "the launcher, before it starts a rank (rank= the rank started)")
+FP_REPLACEMENT = _fp.declare("launch.replacement.start", "the launcher, before it starts a replacement")
+FP_EXIT = _fp.declare("launch.exit", "the launcher, handling a rank's exit (rank= the rank that ended)")
 
 EXIT_TIMEOUT = 124
 EXIT_STORE_LOST = 1
@@ -144,6 +149,14 @@ def _killpg(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _is_stopped(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
 
 
 def _children_of(pid: int) -> List[int]:
@@ -381,6 +394,7 @@ class _Launcher:
     def spawn(self, rank: int, local_rank: int, replacement: int) -> _Proc:
         # Always called from the main thread: PR_SET_PDEATHSIG fires when the *thread* that forked
         # the child exits, so children must not be forked from short-lived threads.
+        _fp.hit(FP_SPAWN, rank)
         cmd = self.cfg.command
         if sys.platform.startswith("linux"):
             cmd = [sys.executable, "-I", "-S", "-c", _BOOT, str(os.getpid()), *cmd]
@@ -436,6 +450,20 @@ class _Launcher:
             if rc is not None:
                 self.on_exit(proc, _exit_code(rc))
         self.reap_strays()
+        self.kill_stopped_lost()
+
+    def kill_stopped_lost(self) -> None:
+        """A stopped rank whose slot the survivors declared lost can never take part again: end it
+        (its exit status does not count), so that the job ends when the others do."""
+        if not self.cfg.keep_going:
+            return
+        for proc in self.live():
+            if proc.stopped or not _is_stopped(proc.popen.pid):
+                continue
+            if self.store_call("read lost ranks", "check", [KEY_LOST.format(rank=proc.rank)]):
+                log.info("rank %d is stopped and was marked lost; killing it", proc.rank)
+                proc.stopped = True
+                _killpg(proc.popen.pid, signal.SIGKILL)
 
     def reap_strays(self) -> None:
         """Kill and reap descendants re-parented to us (we are a subreaper) after their parent died."""
@@ -452,6 +480,7 @@ class _Launcher:
                 pass
 
     def on_exit(self, proc: _Proc, code: int) -> None:
+        _fp.hit(FP_EXIT, proc.rank)
         proc.code = code
         _killpg(proc.popen.pid, signal.SIGKILL)  # whatever the rank left in its process group
         rank = proc.rank
@@ -480,6 +509,7 @@ class _Launcher:
             log.warning("rank %d %s; starting replacement %d for it (%d replacements left)", rank,
                         _describe(code), k, self.replacements_left)
             self.store_call("record a replacement", "set", KEY_REPLACEMENT.format(rank=rank), str(k))
+            _fp.hit(FP_REPLACEMENT, rank)
             try:
                 self.spawn(rank, proc.local_rank, k)
             except OSError as exc:

@@ -10,6 +10,7 @@ import threading
 import time
 from typing import Any, List, Optional, Sequence, Set, Tuple, Union, cast
 
+from .. import failpoints as _fp
 from ..errors import StoreAuthError, StoreError, StoreTimeout
 from ._wire import (
     _AUTH_BAD_TOKEN,
@@ -59,6 +60,10 @@ from .base import (
 from .tcp_server import TCPStoreServer
 
 __all__ = ["TCPStore"]
+
+
+FP_BEFORE_REQUEST = _fp.declare("store.request.before", "the TCP store client, before a request")
+FP_AFTER_REQUEST = _fp.declare("store.request.after", "the TCP store client, after the reply")
 
 
 class _ClientConn:
@@ -287,6 +292,7 @@ class TCPStore(Store):
         if len(frame) - _LEN.size > self.max_message:
             raise StoreError(f"{_OP_NAMES[op]}: the request ({len(frame)} bytes) exceeds the limit of "
                              f"{self.max_message} bytes")
+        _fp.hit(FP_BEFORE_REQUEST)
         conn = self._acquire()
         io_timeout = (wait + self.REPLY_GRACE) if op in (_OP_GET, _OP_WAIT, _OP_MULTI_GET) else self.timeout
         try:
@@ -305,6 +311,7 @@ class TCPStore(Store):
             self._discard(conn)  # e.g. KeyboardInterrupt mid-reply: the connection is out of step
             raise
         self._release(conn)
+        _fp.hit(FP_AFTER_REQUEST)
         if status == _ST_OK:
             return out
         if status == _ST_TIMEOUT:

@@ -17,7 +17,8 @@ PKG = os.path.join(REPO, "pycoll")
 
 # lower number = lower layer; a module may import only modules of its own layer or below
 LAYERS = [
-    ("bindings", ["pycoll._bindings", "pycoll.bindings", "pycoll.errors", "pycoll._settings", "pycoll._dtypes"]),
+    ("bindings", ["pycoll._bindings", "pycoll.bindings", "pycoll.errors", "pycoll._settings", "pycoll._dtypes",
+                  "pycoll.failpoints"]),
     ("core", ["pycoll.hooks", "pycoll.buffers", "pycoll.devices", "pycoll.config", "pycoll.work", "pycoll.group",
               "pycoll.premul", "pycoll.comm"]),
     ("store", ["pycoll.store"]),

@@ -1,0 +1,27 @@
+/* Failpoints of the host library: the host.* entries of PYCOLL_FAILPOINTS (grammar in
+ * pycoll/failpoints.py), read with getenv once, at the first failpoint. A "kill" is raise(SIGKILL),
+ * a "stop" raise(SIGSTOP); a "raise" makes fp_hit return nonzero and the caller fail with
+ * ncclSystemError. Off, a failpoint is one relaxed load and a predicted branch.
+ *
+ * The names (pycoll.failpoints.HOST_POINTS lists the same):
+ *   host.init.begin, host.init.end            every rendezvous (init, and the child of a shrink or grow)
+ *   host.coll.before_fill, host.coll.after_arrive, host.coll.after_consume, host.coll.done
+ *                                             each step of a collective
+ *   host.shrink.begin, host.shrink.end        ncclCommShrink's exchange on the parent
+ *   host.grow.begin, host.grow.end            ncclCommGrow's rendezvous
+ */
+#ifndef PYCOLL_FAILPOINT_H
+#define PYCOLL_FAILPOINT_H
+
+#include "core.h"
+
+extern int fp_state; /* 0: not read yet, 1: off, 2: armed */
+
+int fp_hit_slow(const char* name);
+
+static inline int fp_hit(const char* name) {
+  if (LIKELY(__atomic_load_n(&fp_state, __ATOMIC_RELAXED) == 1)) return 0;
+  return fp_hit_slow(name);
+}
+
+#endif

@@ -1,0 +1,196 @@
+"""Failpoints: named places in pycoll where a test makes this process die, stop or raise.
+
+Switched on by ``PYCOLL_FAILPOINTS`` (read when this module is imported) or by :func:`configure`.
+The grammar is a comma-separated list of entries::
+
+    NAME=ACTION[@N][;rank=R][;replacement=K|any]
+
+* ``NAME``: a failpoint (``elastic.agree.before_vote``, ``host.coll.after_fill``, ...); ``*`` at the
+  end matches every name with that prefix.
+* ``ACTION``: ``kill`` (SIGKILL this process), ``stop`` (SIGSTOP it), ``raise`` (raise
+  :class:`FailpointError` here; in the host library the call returns ``ncclSystemError``) or ``off``.
+* ``@N``: fire at the N-th pass through the point (counted per process, from 1; default 1);
+  ``@N+``: at the N-th pass and every later one.
+* ``rank=R``: only in the process whose rank is R (``PYCOLL_RANK``, or what :func:`configure` was
+  given; a call site may name the rank it acts for, as the launcher does for the rank it spawns).
+* ``replacement=K``: only in the K-th replacement of that slot (``PYCOLL_REPLACEMENT``); default 0,
+  the original process, so that a replacement does not die at the same place; ``any``: every one.
+
+Example: ``PYCOLL_FAILPOINTS="elastic.grow.before_decision=kill@3;rank=0"`` kills rank 0 the third
+time it reaches that point. The host library (``pycoll/_host/failpoint.c``) reads the same variable
+(its ``host.*`` entries) once, at its first failpoint.
+
+Off, a failpoint costs one module-level bool test (:func:`hit` returns at once). A leaf module: it
+imports nothing of pycoll but the settings table.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+from . import _settings
+
+__all__ = ["FailpointError", "Failpoint", "configure", "reset", "hit", "declare", "declared", "parse",
+           "HOST_POINTS"]
+
+ACTIONS = ("kill", "stop", "raise", "off")
+
+
+class FailpointError(RuntimeError):
+    """Raised at a failpoint whose action is ``raise``."""
+
+
+@dataclass(frozen=True)
+class Failpoint:
+    """One parsed entry of ``PYCOLL_FAILPOINTS``."""
+
+    name: str
+    action: str
+    nth: int = 1
+    repeat: bool = False  # also every pass after the n-th
+    rank: Optional[int] = None
+    replacement: Optional[int] = 0  # None: any
+
+    def matches(self, name: str) -> bool:
+        if self.name.endswith("*"):
+            return name.startswith(self.name[:-1])
+        return name == self.name
+
+
+def parse(spec: str) -> List[Failpoint]:
+    """The entries of a ``PYCOLL_FAILPOINTS`` value; ``ValueError`` naming the bad part."""
+    out: List[Failpoint] = []
+    for entry in spec.replace("\n", ",").split(","):
+        entry = entry.strip()
+        if not entry:
+            continue
+        head, *filters = [p.strip() for p in entry.split(";")]
+        if "=" not in head:
+            raise ValueError(f"$PYCOLL_FAILPOINTS: {entry!r} is not NAME=ACTION[@N][;rank=R]")
+        name, action = (p.strip() for p in head.split("=", 1))
+        nth, repeat = 1, False
+        if "@" in action:
+            action, count = (p.strip() for p in action.split("@", 1))
+            repeat = count.endswith("+")
+            try:
+                nth = int(count.rstrip("+"))
+            except ValueError:
+                raise ValueError(f"$PYCOLL_FAILPOINTS: {entry!r}: the pass must be an integer >= 1") from None
+            if nth < 1:
+                raise ValueError(f"$PYCOLL_FAILPOINTS: {entry!r}: the pass must be >= 1")
+        if action not in ACTIONS:
+            raise ValueError(f"$PYCOLL_FAILPOINTS: {entry!r}: the action must be one of {', '.join(ACTIONS)}")
+        if not name:
+            raise ValueError(f"$PYCOLL_FAILPOINTS: {entry!r} names no failpoint")
+        rank: Optional[int] = None
+        replacement: Optional[int] = 0
+        for f in filters:
+            key, _, value = (p.strip() for p in f.partition("="))
+            try:
+                if key == "rank":
+                    rank = int(value)
+                elif key == "replacement":
+                    replacement = None if value == "any" else int(value)
+                else:
+                    raise ValueError(key)
+            except ValueError:
+                raise ValueError(f"$PYCOLL_FAILPOINTS: {entry!r}: bad filter {f!r} (rank=R or "
+                                 f"replacement=K|any)") from None
+        out.append(Failpoint(name, action, nth, repeat, rank, replacement))
+    return out
+
+
+_lock = threading.Lock()
+_active = False
+_points: List[Failpoint] = []
+_passes: Dict[Tuple[str, Optional[int]], int] = {}
+_rank: Optional[int] = None
+_replacement = 0
+_declared: Dict[str, str] = {}
+
+
+def _env_int(name: str) -> Optional[int]:
+    raw = os.environ.get(name, "").strip()  # the launcher's per-rank contract, not a setting
+    try:
+        return int(raw) if raw else None
+    except ValueError:
+        return None
+
+
+def configure(spec: Optional[str], rank: Optional[int] = None, replacement: Optional[int] = None) -> None:
+    """Arm the failpoints of ``spec`` (the grammar above; None or "" disarms them) in this process.
+
+    ``rank``/``replacement``: this process's identity for the filters (default ``PYCOLL_RANK`` and
+    ``PYCOLL_REPLACEMENT``). Pass counts start again from zero.
+    """
+    global _active, _points, _rank, _replacement
+    points = parse(spec or "")
+    with _lock:
+        _points = [p for p in points if p.action != "off"]
+        _passes.clear()
+        _rank = _env_int("PYCOLL_RANK") if rank is None else int(rank)
+        _replacement = (_env_int("PYCOLL_REPLACEMENT") or 0) if replacement is None else int(replacement)
+        _active = bool(_points)
+
+
+def reset() -> None:
+    """Disarm every failpoint."""
+    configure(None)
+
+
+def declare(name: str, doc: str = "") -> str:
+    """Register a failpoint name (for :func:`declared`, which the failpoint tests enumerate); returns it."""
+    _declared[name] = doc
+    return name
+
+
+def declared(prefix: str = "") -> List[str]:
+    """The failpoint names declared so far (by the modules imported) that start with ``prefix``."""
+    return sorted(n for n in _declared if n.startswith(prefix))
+
+
+def hit(name: str, rank: Optional[int] = None) -> None:
+    """Pass through failpoint ``name``; ``rank``: the rank this call acts for (default this process's).
+
+    Does nothing unless a failpoint armed for this name, rank and pass says otherwise.
+    """
+    if not _active:
+        return
+    _fire(name, rank)
+
+
+def _fire(name: str, rank: Optional[int]) -> None:
+    who = _rank if rank is None else rank
+    action = None
+    with _lock:
+        for p in _points:
+            if not p.matches(name) or (p.rank is not None and p.rank != who):
+                continue
+            if p.replacement is not None and p.replacement != _replacement:
+                continue
+            key = (p.name + "\0" + name, who)
+            n = _passes.get(key, 0) + 1
+            _passes[key] = n
+            if n == p.nth or (p.repeat and n > p.nth):
+                action = p.action
+                break
+    if action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif action == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif action == "raise":
+        raise FailpointError(f"failpoint {name} (rank {who})")
+
+
+#: the host library's failpoints (pycoll/_host/failpoint.h lists the same; a test checks both)
+HOST_POINTS = tuple(declare(n, "host library") for n in (
+    "host.init.begin", "host.init.end",
+    "host.coll.before_fill", "host.coll.after_arrive", "host.coll.after_consume", "host.coll.done",
+    "host.shrink.begin", "host.shrink.end", "host.grow.begin", "host.grow.end",
+))
+
+configure(_settings.get("PYCOLL_FAILPOINTS"))
