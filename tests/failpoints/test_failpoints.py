@@ -195,8 +195,11 @@ def test_one_member_completes_the_failing_step_the_others_do_not(server):
     for r in range(4):
         assert res[r]["params"] == ref, res  # identical bit for bit
         assert res[r]["members"] == (0, 1, 2, 3)
+    # ranks 1-3 completed the step rank 0 failed (one may have been revoked before it finished it):
+    # those that completed it rolled it back
     rolled = {r: [e for e in res[r]["log"] if e[0] == "rolled back"] for r in range(4)}
-    assert rolled[0] == [] and rolled[1] == rolled[2] == rolled[3] and len(rolled[1]) == 1, res
+    assert rolled[0] == [] and any(rolled[r] for r in (1, 2, 3)), res
+    assert len({tuple(rolled[r]) for r in (1, 2, 3) if rolled[r]}) == 1, res
 
 
 # -- the matrix ---------------------------------------------------------------------------------
