@@ -63,7 +63,7 @@ def _check_timeout(timeout: Optional[float], default: float, what: str = "timeou
 
 def poll_ready(library: Any, handle: int, what: str, timeout: float, *, on_error: Callable[[], None] = lambda: None,
                on_timeout: Callable[[], None] = lambda: None, describe_missing: Optional[Callable[[], str]] = None,
-               comm_name: Optional[str] = None) -> None:
+               comm_name: Optional[str] = None, reported_timeout: Optional[float] = None) -> None:
     """Poll ``ncclCommGetAsyncError(handle)`` until it leaves ncclInProgress, within ``timeout`` seconds.
 
     The one poll-until-ready loop of pycoll (nonblocking init, join, split, shrink, grow, finalize,
@@ -84,8 +84,9 @@ def poll_ready(library: Any, handle: int, what: str, timeout: float, *, on_error
             detail = describe_missing() if describe_missing is not None else ""
             on_timeout()
             where = f" on communicator {comm_name!r}" if comm_name else ""
-            raise CommTimeout(f"{what}{where} did not complete within {timeout:.3g} s{detail}",
-                              comm_name=comm_name or "", op=what, timeout=timeout)
+            nominal = timeout if reported_timeout is None else reported_timeout  # e.g. init's whole deadline
+            raise CommTimeout(f"{what}{where} did not complete within {nominal:.3g} s{detail}",
+                              comm_name=comm_name or "", op=what, timeout=nominal)
         sleep = backoff(sleep)
 
 

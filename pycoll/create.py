@@ -95,10 +95,11 @@ def _uid_str(unique_id: Any) -> str:
 
 
 def _poll_new(lib: Any, handle: int, what: str, timeout: float,
-              describe_missing: Optional[Callable[[], str]] = None) -> None:
+              describe_missing: Optional[Callable[[], str]] = None, reported_timeout: Optional[float] = None) -> None:
     """Wait for a new communicator's nonblocking init; abort it on an error or at the deadline."""
     poll_ready(lib, handle, what, timeout, on_error=lambda: lib.comm_abort(handle),
-               on_timeout=lambda: lib.comm_abort(handle), describe_missing=describe_missing)
+               on_timeout=lambda: lib.comm_abort(handle), describe_missing=describe_missing,
+               reported_timeout=reported_timeout)
 
 
 def init(
@@ -200,7 +201,8 @@ def init(
             return f"; ranks that never arrived: {absent}" if absent else "; every rank arrived"
 
         if status == B.IN_PROGRESS:
-            _poll_new(lib, handle, f"init of communicator {name!r} ({world_size} ranks)", left(), missing)
+            _poll_new(lib, handle, f"init of communicator {name!r} ({world_size} ranks)", left(), missing,
+                      reported_timeout=init_timeout)
     except BaseException:
         if owns:
             dev.close()

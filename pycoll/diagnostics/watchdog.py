@@ -321,8 +321,10 @@ class Watchdog(CommObserver):
         return self._active
 
     def work_enqueued(self, work: WorkView) -> None:
-        # an operation due before the polling thread's next round wakes it: no interval delays a timeout
-        if work.t0 + work.timeout < self._wake_at:
+        # an operation due before the polling thread's next round wakes it (also while it is scanning:
+        # it may have passed this communicator already): no interval delays a timeout
+        wake_at = self._wake_at
+        if not wake_at or work.t0 + work.timeout < wake_at:
             self._poll_wake.set()
 
     def comm_created(self, comm: CommView) -> None:

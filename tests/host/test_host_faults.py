@@ -477,8 +477,12 @@ def test_mismatched_nranks_is_invalid_usage():
 
 
 def _mismatched_nranks(rank, n, idb):
-    if rank == 1:
-        time.sleep(0.1)  # rank 0 creates the communicator with nranks=2, rank 1 says 3
+    if rank == 1:  # rank 0 creates the communicator with nranks=2, rank 1 says 3: wait for its segment
+        before = set(os.listdir("/dev/shm"))
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline and not any(
+                e.startswith("pycoll-") for e in set(os.listdir("/dev/shm")) - before):
+            time.sleep(0.01)
     return _init_expect(rank, n, idb, 2 + rank, rank, 5)
 
 
