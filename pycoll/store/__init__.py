@@ -19,67 +19,17 @@ Modules: :mod:`~pycoll.store.base` (the protocol, its semantics, :class:`PrefixS
 """
 
 # ruff: noqa: F401
-# The private names below are those of the single module pycoll.store was, kept importable from here.
 
 from __future__ import annotations
 
 from ..errors import NotSupported, StoreAuthError, StoreError, StoreTimeout
-from ._wire import (
-    _AUTH_BAD_TOKEN,
-    _AUTH_BAD_VERSION,
-    _AUTH_OK,
-    _CLIENT_HELLO,
-    _D,
-    _LEN,
-    _MAC,
-    _MAGIC,
-    _NONCE,
-    _OP_ADD,
-    _OP_CAS,
-    _OP_CHECK,
-    _OP_DELETE,
-    _OP_GET,
-    _OP_LIST_KEYS,
-    _OP_MULTI_GET,
-    _OP_NAMES,
-    _OP_NUM_KEYS,
-    _OP_SET,
-    _OP_WAIT,
-    _Q,
-    _SERVER_HELLO,
-    _SERVER_REPLY,
-    _ST_ERROR,
-    _ST_OK,
-    _ST_TIMEOUT,
-    _VERSION,
-    DEFAULT_MAX_MESSAGE,
-    _decode,
-    _encode,
-    _mac,
-    _ProtocolError,
-    _token_bytes,
-)
-from .base import (
-    _INT64_MAX,
-    _INT64_MIN,
-    DEFAULT_TIMEOUT,
-    Keys,
-    PrefixStore,
-    Store,
-    Value,
-    _check_amount,
-    _check_key,
-    _check_keys,
-    _check_timeout,
-    _Table,
-    _timeout_error,
-    _to_bytes,
-)
-from .file import _FILE_MAGIC, _REC, _REC_DELETE, _REC_SET, FileStore, _PathLock
+from ._wire import DEFAULT_MAX_MESSAGE
+from .base import DEFAULT_TIMEOUT, Keys, PrefixStore, Store, Value
+from .file import FileStore
 from .memory import MemoryStore
-from .tcp import TCPStore, _ClientConn, _rebuild_tcp_store
-from .tcp_server import TCPStoreServer, _Conn, _Waiter, log
-from .torch import _TORCH_METHODS, TorchStoreAdapter, wrap_torch_store
+from .tcp import TCPStore, _rebuild_tcp_store  # the latter: TCPStores pickled when this was one module
+from .tcp_server import TCPStoreServer
+from .torch import TorchStoreAdapter, wrap_torch_store
 
 __all__ = [
     "Store",

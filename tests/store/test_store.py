@@ -258,7 +258,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def _raw_authenticated(server: TCPStoreServer) -> socket.socket:
-    from pycoll import store as st
+    from pycoll.store import _wire as st
 
     sock = _raw_connect(server)
     magic, version, snonce = st._SERVER_HELLO.unpack(_recv_exact(sock, st._SERVER_HELLO.size))
@@ -318,7 +318,7 @@ def test_token_never_crosses_the_wire():
     captured = []
 
     def fake_server():
-        from pycoll import store as st
+        from pycoll.store import _wire as st
 
         conn, _ = listener.accept()
         with conn:
@@ -354,7 +354,7 @@ def test_missing_token_is_an_error(monkeypatch):
     "truncated",         # half a frame, then the client goes away
 ])
 def test_malformed_messages_close_only_that_connection(garbage):
-    from pycoll import store as st
+    from pycoll.store import _wire as st
 
     with TCPStoreServer(max_message=4096) as server:
         server.start()
