@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import os
 import queue
 import select
@@ -157,6 +158,9 @@ class Watchdog(CommObserver):
         self._stop = threading.Event()
         self._poll_wake = threading.Event()
         self._wake_at = 0.0  # when the polling thread wakes next (0: it is awake)
+        # the earliest deadline announced by work_enqueued: the hook runs before the operation is
+        # outstanding, so a round it wakes may not find the operation yet, and waits for this instead
+        self._next_due = math.inf
         self._store_wake = threading.Event()
         self._dumps = DumpQueue(lambda: self.dump_hold)
         self._reports: Set[FailureReport] = set()  # failure reports made by the report thread, not done yet
@@ -323,8 +327,11 @@ class Watchdog(CommObserver):
     def work_enqueued(self, work: WorkView) -> None:
         # an operation due before the polling thread's next round wakes it (also while it is scanning:
         # it may have passed this communicator already): no interval delays a timeout
+        due = work.t0 + work.timeout
+        if due < self._next_due:
+            self._next_due = due
         wake_at = self._wake_at
-        if not wake_at or work.t0 + work.timeout < wake_at:
+        if not wake_at or due < wake_at:
             self._poll_wake.set()
 
     def comm_created(self, comm: CommView) -> None:
@@ -499,6 +506,11 @@ class Watchdog(CommObserver):
             self.beats += 1
             self._beat_t = now
             next_t = now + self.interval
+            due = self._next_due
+            if due <= now:
+                self._next_due = math.inf  # past: the scan below finds that operation outstanding
+            elif due + 1e-3 < next_t:
+                next_t = due + 1e-3
             c: Optional[CommView]
             for c in self._comms():
                 if c.state != "active" or c.failure is not None:
