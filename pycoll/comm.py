@@ -19,7 +19,7 @@ import time
 import warnings
 import weakref
 from threading import get_ident as _get_ident
-from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple, cast
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 from . import _bindings as B, _dtypes, _settings, hooks
 from .buffers import Buffer, as_buffer, check_count, check_device, check_same_dtype
@@ -142,14 +142,6 @@ def abort_all(comms: Sequence[Communicator], timeout: Optional[float] = None) ->
             _log.error("ncclCommAbort of %s failed: %s", names, errors[0])
     for c in begun:
         c._end_abort()
-
-
-def _call_hooks(hs: Tuple[Callable[[Any], None], ...], w: Work) -> None:
-    for hook in hs:
-        try:
-            hook(w)
-        except Exception:  # an observer must never break a collective
-            _log.exception("observer hook %r failed", hook)
 
 
 def _discard(items: List[Any], item: Any) -> None:
@@ -424,16 +416,16 @@ class Communicator:
                 if w.time_started_ns is None:
                     w.time_started_ns = w.time_completed_ns
                 w.duration_ms = None
-                if dev.events_timed:
+                if dev.events_timed and end is not None:  # end is set: done
                     try:
-                        w.duration_ms = dev.elapsed_ms(start, cast(int, end))  # done: end is set
+                        w.duration_ms = dev.elapsed_ms(start, end)
                     except Exception:
                         pass
                 self._retire(w)
         if failure is not None:
             self.fail(failure, w)
         elif hooks.completion_hooks:
-            _call_hooks(hooks.completion_hooks, w)
+            hooks.run_hooks(hooks.completion_hooks, w)
 
     def try_refresh(self, w: Work) -> None:
         """Like :meth:`refresh`, for observers: never raises, skipped once the communicator failed."""
@@ -664,7 +656,7 @@ class Communicator:
                                   "interrupted (KeyboardInterrupt)"), w)
             raise
         finally:
-            self._user = user if user == me else None
+            self._user = user  # None, or this thread's own (a nested launch)
 
     def _concurrent_use(self, other: int, me: int, op: str) -> None:
         names = {t.ident: t.name for t in threading.enumerate()}
@@ -1103,8 +1095,7 @@ class Communicator:
         """
         abort_all([self])
 
-    def _abort(self) -> None:
-        abort_all([self])
+    _abort = abort  # the failure policy's and the timeouts' name for it
 
     def _begin_abort(self) -> Optional[int]:
         """Mark the communicator aborted; return the handle to free (None: nothing to do)."""

@@ -582,6 +582,9 @@ class HostDevice(Device):
     def create_event(self, timing: bool = False) -> int:
         return self.library.host_event_create()
 
+    def capture_id(self, stream: int) -> Optional[int]:
+        return None  # host streams never capture a graph (the emulated GPU's runtime does, on a CudaDevice)
+
     def allow_inline(self, stream: int, allowed: bool) -> None:
         if self._flags:
             self.library.host_stream_set_flags(stream, _HOST_STREAM_INLINE if allowed else 0)

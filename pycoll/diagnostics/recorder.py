@@ -190,6 +190,7 @@ class FlightRecorder(CommObserver):
         self._failures: Dict[int, List[Dict[str, Any]]] = {}  # generation -> failure reports
         self.last_dump: Optional[Dict[str, Any]] = None
         self.dump_count = 0
+
         def env(value: Any, name: str) -> Any:
             return _settings.get(name) if value is None else value
 
