@@ -8,7 +8,14 @@ import tempfile
 import time
 
 import pytest
+from helpers.fake_nccl import build_fakes
 from helpers.mp import shm_entries
+
+
+@pytest.fixture(scope="session")
+def fakes(tmp_path_factory):
+    """Paths of the fake NCCL-ABI libraries (helpers/fake_nccl.py), built once per session."""
+    return build_fakes(str(tmp_path_factory.mktemp("fakenccl")))
 
 
 def pytest_addoption(parser):

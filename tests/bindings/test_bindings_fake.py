@@ -17,7 +17,7 @@ import time
 
 import pytest
 from helpers import REPO
-from helpers.fake_nccl import Fake, build_fakes
+from helpers.fake_nccl import Fake
 
 import pycoll
 from pycoll._bindings import _nccl
@@ -25,11 +25,6 @@ from pycoll._bindings import _nccl
 pytestmark = pytest.mark.timeout(60)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-@pytest.fixture(scope="module")
-def fakes(tmp_path_factory):
-    return build_fakes(str(tmp_path_factory.mktemp("fakenccl")))
 
 
 @pytest.fixture

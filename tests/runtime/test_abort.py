@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 from helpers.fake_gpu import FakeGpuRuntime
-from helpers.fake_nccl import Fake, build_fakes
+from helpers.fake_nccl import Fake
 from helpers.mp import run_ranks
 
 import pycoll
@@ -45,11 +45,6 @@ def test_abort_all_aborts_several_communicators_together():
     res = run_ranks(_two_hung_comms, 2, bytes(lib.get_unique_id()), bytes(lib.get_unique_id()), timeout=60)
     took, failures, sa, sb = res[0]
     assert took < 2.0 and failures == ["aborted", "aborted"] and sa == sb == "aborted"
-
-
-@pytest.fixture(scope="module")
-def fakes(tmp_path_factory):
-    return build_fakes(str(tmp_path_factory.mktemp("fakenccl")))
 
 
 def test_abort_has_a_deadline_and_leaves_a_wedged_library_behind(fakes, caplog):

@@ -15,7 +15,7 @@ import time
 import pytest
 from helpers.dlpack_fake import cai
 from helpers.fake_gpu import FakeGpuRuntime
-from helpers.fake_nccl import Fake, build_fakes
+from helpers.fake_nccl import Fake
 
 import pycoll
 import pycoll.diagnostics
@@ -26,11 +26,6 @@ pytestmark = pytest.mark.timeout(60)
 
 IN_PROGRESS, REMOTE = 7, 6
 HANDLE = 0x1000  # what the fake's ncclCommInitRank hands out
-
-
-@pytest.fixture(scope="module")
-def fakes(tmp_path_factory):
-    return build_fakes(str(tmp_path_factory.mktemp("fakenccl")))
 
 
 @pytest.fixture
