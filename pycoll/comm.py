@@ -24,7 +24,7 @@ from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence
 from . import _bindings as B, _dtypes, _settings, hooks
 from .buffers import Buffer, as_buffer, check_count, check_device, check_same_dtype
 from .config import CommConfig
-from .devices import Device
+from .devices import Device, backoff
 from .errors import (
     AsyncCommError,
     CommAborted,
@@ -40,7 +40,7 @@ from .errors import (
 from .group import group as _group, open_group as _open_group
 from .hooks import CommObserver, Progress, add_observer, live_communicators, remove_observer
 from .premul import PreMulSum, datatype_of, scalar_argument
-from .work import Work, backoff
+from .work import Work
 
 __all__ = ["Communicator", "CommObserver", "PreMulSum", "REDUCE_OPS", "abort_all", "default_timeout", "poll_ready",
            "add_observer", "remove_observer", "live_communicators"]

@@ -55,6 +55,22 @@ __all__ = [
 _log = logging.getLogger("pycoll.devices")
 
 
+FIRST_SLEEP_S = 20e-6
+_MAX_SLEEP_S = 1e-3
+
+
+def backoff(last: float, limit: float = _MAX_SLEEP_S) -> float:
+    """Sleep between two polls: 20 us, doubling up to 1 ms (and at most ``limit``); returns the time
+    slept (pass it back next time).
+
+    The one back-off of pycoll's polling waits (events, operations, nonblocking init and reshape):
+    the cap bounds how late a completion is noticed.
+    """
+    sleep = min(_MAX_SLEEP_S, last * 2 if last else FIRST_SLEEP_S)
+    time.sleep(min(sleep, limit))
+    return sleep
+
+
 class DeviceError(PycollError, RuntimeError):
     """A CUDA or HIP runtime call failed.
 
@@ -301,16 +317,15 @@ class Device:
     def wait_event(self, event: int, timeout: float) -> bool:
         """Block until ``event`` completes or ``timeout`` seconds pass; True when it completed.
 
-        The base polls (50 us, doubling up to 1 ms); the host library waits in C, GIL released.
+        The base polls (:func:`backoff`); the host library waits in C, GIL released.
         """
         deadline = time.monotonic() + timeout
-        sleep = 50e-6
+        sleep = 0.0
         while not self.query_event(event):
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            time.sleep(min(sleep, left))
-            sleep = min(sleep * 2, 1e-3)
+            sleep = backoff(sleep, left)
         return True
 
     def allow_inline(self, stream: int, allowed: bool) -> None:

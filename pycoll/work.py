@@ -5,26 +5,15 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence
 
+from .devices import FIRST_SLEEP_S
+
 if TYPE_CHECKING:  # pragma: no cover
     from .comm import Communicator
 
-__all__ = ["Work", "backoff"]
+__all__ = ["Work"]
 
-_FIRST_SLEEP_S = 20e-6
 _SLICE_S = 5e-3  # longest a wait blocks on an event before it looks at the communicator again
 _FINAL = ("completed", "captured")
-_MAX_SLEEP_S = 1e-3
-
-
-def backoff(last: float) -> float:
-    """Sleep between two polls: 20 us, doubling up to 1 ms; returns the time slept (pass it back next time).
-
-    The one back-off of pycoll's polling waits (operations, nonblocking init and reshape): the cap
-    bounds how late a completion is noticed.
-    """
-    sleep = min(_MAX_SLEEP_S, last * 2 if last else _FIRST_SLEEP_S)
-    time.sleep(sleep)
-    return sleep
 
 
 class Work:
@@ -171,7 +160,7 @@ class Work:
                 left = min(left, deadline - now)
             end = self._end
             if end is None:
-                time.sleep(min(left, _FIRST_SLEEP_S))  # inside an open group, or just being enqueued
+                time.sleep(min(left, FIRST_SLEEP_S))  # inside an open group, or just being enqueued
                 continue
             try:
                 comm.device.wait_event(end, left)
