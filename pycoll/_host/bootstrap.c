@@ -27,6 +27,8 @@ void seg_layout(int n, struct seg_layout* L) {
   L->nslots = 4;
   L->p2p_off = off;
   off += (size_t)n * n * L->nslots * L->slot_bytes;
+  L->sig_off = off;
+  off += ALIGN_UP((size_t)n * n * SIG_SLOTS * SIG_CTXS * sizeof(struct sig_ctr), 4096);
   L->total = off;
 }
 
@@ -41,6 +43,7 @@ void seg_view(struct seg* s, void* base, size_t size) {
   s->inbox = (char*)base + h->inbox_off;
   s->outbuf = (char*)base + h->outbuf_off;
   s->p2p = (char*)base + h->p2p_off;
+  s->sig = (struct sig_ctr*)((char*)base + h->sig_off);
   s->inbox_bytes = h->inbox_bytes;
   s->slot_bytes = h->slot_bytes;
   s->nslots = (int)h->nslots;
@@ -162,6 +165,7 @@ static void init_header(void* base, void* arg_) {
   h->inbox_off = L->inbox_off;
   h->outbuf_off = L->outbuf_off;
   h->p2p_off = L->p2p_off;
+  h->sig_off = L->sig_off;
   h->inbox_bytes = L->inbox_bytes;
   h->slot_bytes = L->slot_bytes;
   h->nslots = (uint32_t)L->nslots;

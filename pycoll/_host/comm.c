@@ -8,6 +8,7 @@
 
 #include "debug.h"
 #include "handles.h"
+#include "window.h"
 
 struct ncclComm* comm_alloc(void) {
   struct ncclComm* c = calloc(1, sizeof *c);
@@ -50,6 +51,7 @@ void comm_ref(struct ncclComm* c) { __atomic_add_fetch(&c->refs, 1, __ATOMIC_ACQ
 
 static void comm_free(struct ncclComm* c) {
   comm_teardown(c, RS_DESTROYED);
+  windows_comm_freed(c);
   free(c->redops);
   for (struct reg_entry *r = c->regs, *n; r; r = n) {
     n = r->next;

@@ -14,7 +14,8 @@
 
 const char* task_kind_name(int kind) {
   static const char* names[TK_COUNT] = {"AllReduce", "Broadcast", "Reduce",  "AllGather", "ReduceScatter",
-                                        "AlltoAll",  "Gather",    "Scatter", "Send",      "Recv"};
+                                        "AlltoAll",  "Gather",    "Scatter", "Send",      "Recv",
+                                        "PutSignal", "Signal",    "WaitSignal"};
   return (kind >= 0 && kind < TK_COUNT) ? names[kind] : "Invalid";
 }
 
@@ -77,6 +78,7 @@ static bool precheck(struct task* t) {
 
 static int task_progress(struct task* t) {
   if (!t->started && t->launch_marker) marker_fire(t->launch_marker);
+  if (t->kind >= TK_PUT) return rma_progress(t);
   return t->kind < TK_SEND ? coll_progress(t) : p2p_progress(t);
 }
 
@@ -161,7 +163,11 @@ static int cmp_ptr(const void* a, const void* b) {
   return x < y ? -1 : x > y;
 }
 
-static int lane_of(const struct task* t) { return t->kind < TK_SEND ? -1 : (t->kind == TK_SEND ? 2 * t->root : 2 * t->root + 1); }
+static int lane_of(const struct task* t) {
+  if (t->kind == TK_WAITSIG) return -2;
+  if (t->kind >= TK_PUT) return -3 - t->root; /* puts and signals to one peer stay in order */
+  return t->kind < TK_SEND ? -1 : (t->kind == TK_SEND ? 2 * t->root : 2 * t->root + 1);
+}
 
 ncclResult_t run_tasks(struct task* list) {
   struct ncclComm* stack_comms[8];
@@ -243,6 +249,7 @@ void tasks_finish(struct task* list, bool heap) {
   for (struct task *t = list, *next; t; t = next) {
     next = t->next;
     if (t->launch_marker) marker_release(t->launch_marker);
+    if (t->rma) rma_release(t);
     __atomic_sub_fetch(&t->comm->pending, 1, __ATOMIC_ACQ_REL);
     comm_release(t->comm);
     if (heap) free(t);
@@ -343,8 +350,7 @@ static ncclResult_t check_coll_config(struct ncclComm* c, const char* opname, co
   return ncclSuccess;
 }
 
-static ncclResult_t validate(struct ncclComm* c, struct task* t, const ncclCollConfig_t* cfg) {
-  const char* opn = t->opname;
+ncclResult_t task_check_comm(struct ncclComm* c, const char* opn) {
   if (c->revoked) {
     CWARN(c, "%s: communicator was revoked", opn);
     return ncclInvalidUsage;
@@ -366,6 +372,13 @@ static ncclResult_t validate(struct ncclComm* c, struct task* t, const ncclCollC
     CWARN(c, "%s : communicator is suspended (ncclCommSuspend); call ncclCommResume first", opn);
     return ncclInvalidUsage;
   }
+  return ncclSuccess;
+}
+
+static ncclResult_t validate(struct ncclComm* c, struct task* t, const ncclCollConfig_t* cfg) {
+  const char* opn = t->opname;
+  ncclResult_t r = task_check_comm(c, opn);
+  if (r != ncclSuccess) return r;
   bool rooted = t->kind == TK_BROADCAST || t->kind == TK_REDUCE || t->kind == TK_GATHER || t->kind == TK_SCATTER;
   if (rooted && (t->root < 0 || t->root >= c->nranks)) {
     CWARN(c, "%s : invalid root %d (root should be in the 0..%d range)", opn, t->root, c->nranks - 1);
@@ -420,8 +433,9 @@ ncclResult_t enqueue_task(const struct task* proto, const ncclCollConfig_t* cfg)
   local.comm = c;
   local.next = NULL;
   local.stream = stream_resolve(local.stream);
-  r = validate(c, &local, cfg);
+  r = local.kind >= TK_PUT ? rma_validate(c, &local) : validate(c, &local, cfg);
   if (r != ncclSuccess || (local.count == 0 && local.kind < TK_SEND)) {
+    if (local.rma) rma_release(&local);
     if (local.launch_marker) {
       marker_fire(local.launch_marker);
       marker_release(local.launch_marker);

@@ -20,6 +20,9 @@ enum task_kind {
   TK_SCATTER,
   TK_SEND,
   TK_RECV,
+  TK_PUT, /* one-sided (signal.c): ncclPutSignal, ncclSignal, ncclWaitSignal */
+  TK_SIGNAL,
+  TK_WAITSIG,
   TK_COUNT
 };
 
@@ -39,6 +42,7 @@ struct task {
   const void* scalar_p; /* PreMulSum with ncclScalarDevice: read when the task starts */
   pycollStream_t stream;
   void* launch_marker; /* *Config variants: completes when the operation starts executing */
+  struct rma_args* rma; /* one-sided operations: owned by the task (rma_release) */
 
   /* execution state */
   bool started, done;
@@ -75,6 +79,14 @@ void coll_start(struct task* t);
 int coll_progress(struct task* t);
 void p2p_start(struct task* t);
 int p2p_progress(struct task* t);
+/* One-sided operations (signal.c). */
+ncclResult_t rma_validate(struct ncclComm* c, struct task* t);
+int rma_progress(struct task* t);
+void rma_release(struct task* t);
+/* The state checks every operation makes before it is accepted (revoked, not ready, broken,
+ * finalized, suspended). */
+ncclResult_t task_check_comm(struct ncclComm* c, const char* opname);
+
 /* Fails `t` with `code`; marks the comm broken unless the failure is the comm being aborted. */
 int task_fail(struct task* t, int code, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
 

@@ -46,6 +46,7 @@ ncclResult_t group_add_task(struct task* t) {
 /* ---- jobs ---- */
 
 void job_free(struct job* j) {
+  if (j->window) job_window_done(j);
   if (j->comm) comm_release(j->comm);
   if (j->parent && j->parent != j->comm) comm_release(j->parent);
   free(j->exclude);
@@ -80,6 +81,9 @@ static void job_complete(struct job* j, ncclResult_t r) {
     case JOB_FINALIZE:
       comm_set_async(j->comm, r);
       break;
+    case JOB_WINDOW: /* a refused window leaves the communicator usable (the window carries the error) */
+      comm_set_async(j->comm, r == ncclInvalidArgument ? ncclSuccess : r);
+      break;
     case JOB_SPLIT:
     case JOB_SHRINK:
       if (r == ncclSuccess && j->child) {
@@ -103,6 +107,7 @@ static ncclResult_t job_body(struct job* j) {
     case JOB_INIT:
     case JOB_GROW: return job_run_init(j);
     case JOB_FINALIZE: return job_run_finalize(j);
+    case JOB_WINDOW: return job_run_window(j);
     default: return job_run_reshape(j);
   }
 }

@@ -9,7 +9,7 @@
 #include "core.h"
 #include "enqueue.h"
 
-enum job_kind { JOB_INIT = 1, JOB_FINALIZE, JOB_SPLIT, JOB_SHRINK, JOB_GROW };
+enum job_kind { JOB_INIT = 1, JOB_FINALIZE, JOB_SPLIT, JOB_SHRINK, JOB_GROW, JOB_WINDOW };
 
 struct job {
   int kind;
@@ -30,6 +30,7 @@ struct job {
   int nexclude;
   int flags;
   uint64_t child_seq;
+  struct ncclWindow_vidmem* window; /* window registration (window.c) */
   ncclResult_t result;
   pthread_t thread;
   struct job* next;
@@ -48,5 +49,7 @@ void job_free(struct job* j);
 ncclResult_t job_run_init(struct job* j);
 ncclResult_t job_run_finalize(struct job* j);
 ncclResult_t job_run_reshape(struct job* j);
+ncclResult_t job_run_window(struct job* j);
+void job_window_done(struct job* j);
 
 #endif

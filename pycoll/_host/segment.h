@@ -6,6 +6,7 @@
  *   inbox[n][2]      per rank and step parity: what the rank publishes for a collective step
  *   outbuf[2]        per step parity: reduced slices of the two-phase allreduce/reduce
  *   p2p[n*n][slots]  per ordered pair: ring of slots, each a slot_hdr plus payload
+ *   sig[n*n]         per ordered pair (receiver, sender): one-sided signal counters (signal.c)
  */
 #ifndef PYCOLL_SEGMENT_H
 #define PYCOLL_SEGMENT_H
@@ -15,9 +16,19 @@
 #include "wait.h"
 
 #define SEG_MAGIC 0x7079636f6c6c5347ull
-#define SEG_LAYOUT_VERSION 1
+#define SEG_LAYOUT_VERSION 2
 #define SEG_HEADER_BYTES 4096
 #define SLOT_HDR_BYTES 64
+/* One-sided signals: sigIdx < SIG_SLOTS, ctx < SIG_CTXS. */
+#define SIG_SLOTS 8
+#define SIG_CTXS 2
+
+/* Signals from one sender to one receiver on (sigIdx, ctx): the sender adds to `posted`, the
+ * receiver's ncclWaitSignal adds to `consumed`. */
+struct sig_ctr {
+  uint64_t posted;
+  uint64_t consumed;
+};
 
 enum rank_state {
   RS_EMPTY = 0,
@@ -93,7 +104,7 @@ struct seg_header {
   uint64_t ids_hash;
   int32_t kind;
   int32_t pad0;
-  uint64_t ctrl_off, chan_off, inbox_off, outbuf_off, p2p_off;
+  uint64_t ctrl_off, chan_off, inbox_off, outbuf_off, p2p_off, sig_off;
   uint64_t inbox_bytes, slot_bytes;
   uint32_t nslots;
   uint32_t pad1;
@@ -110,7 +121,7 @@ _Static_assert(sizeof(struct seg_header) <= SEG_HEADER_BYTES, "segment header to
 _Static_assert(sizeof(struct op_desc) == 64, "op_desc is one cache line");
 
 struct seg_layout {
-  size_t ctrl_off, chan_off, inbox_off, outbuf_off, p2p_off, total;
+  size_t ctrl_off, chan_off, inbox_off, outbuf_off, p2p_off, sig_off, total;
   size_t inbox_bytes, slot_bytes;
   int nslots;
 };
@@ -126,6 +137,7 @@ struct seg {
   char* inbox;
   char* outbuf;
   char* p2p;
+  struct sig_ctr* sig;
   size_t inbox_bytes, slot_bytes;
   int nslots;
   char name[64];
@@ -146,6 +158,9 @@ static inline struct chan_ctrl* seg_chan(const struct seg* s, int src, int dst) 
 static inline char* seg_slot(const struct seg* s, int src, int dst, uint64_t idx) {
   size_t ring = (size_t)src * s->nranks + dst;
   return s->p2p + (ring * s->nslots + (size_t)(idx % (uint64_t)s->nslots)) * s->slot_bytes;
+}
+static inline struct sig_ctr* seg_sig(const struct seg* s, int recv, int send, int sig, int ctx) {
+  return &s->sig[(((size_t)recv * s->nranks + send) * SIG_SLOTS + sig) * SIG_CTXS + ctx];
 }
 static inline void seg_ring(struct seg* s) { doorbell_ring(&s->hdr->bell); }
 

@@ -60,7 +60,7 @@ def test_versions_and_error_strings():
     l = lib()
     assert l.kind == "host" and l.get_version() == 23203 and l.host_version() == 100
     assert [l.get_error_string(i) for i in range(10)] == NCCL_STRINGS
-    not_exported = {"ncclPutSignal", "ncclSignal", "ncclWaitSignal", "ncclSetEncryption"}
+    not_exported = {"ncclSetEncryption"}
     assert not_exported <= set(l.missing)
     assert not any(name.startswith("ncclParam") for name in l.symbols if l.symbols[name])
 
@@ -237,11 +237,17 @@ def test_memory_registration_and_windows(comms):
     l.comm_deregister(c0, h)
     with pytest.raises(errors.InvalidArgument):
         l.comm_deregister(c0, h)
-    win, _ = l.comm_window_register(c0, p, 4096)
+    q = l.mem_alloc(4096)
+    wins = []  # collective: both ranks register, in one group (ranks are threads of this process)
+    _grouped(l, [lambda: wins.append(l.comm_window_register(c0, p, 4096)[0]),
+                 lambda: wins.append(l.comm_window_register(comms[1], q, 4096)[0])])
+    win = wins[0]
     assert l.win_get_user_ptr(c0, win) == p
     with pytest.raises(errors.InvalidArgument):
         l.win_get_user_ptr(comms[1], win)  # another communicator's window
     l.comm_window_deregister(c0, win)
+    l.comm_window_deregister(comms[1], wins[1])
+    l.mem_free(q)
     l.mem_free(p)
     with pytest.raises(errors.InvalidArgument):
         l.mem_free(p)
