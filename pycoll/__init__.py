@@ -13,7 +13,9 @@ from .diagnostics import FlightRecorder, Watchdog, dump_flight_recorder, enable_
 from .elastic import ElasticGroup, Excluded, Transition
 from .errors import *  # noqa: F403
 from .errors import __all__ as _errors_all
+from .memory import MemoryStats, SymmetricPool
 from .store import FileStore, MemoryStore, PrefixStore, Store, TCPStore, TCPStoreServer
+from .windows import Registration, Window
 from .work import Work
 
 # Importing pycoll has no side effect: the flight recorder and the watchdog are registered with the
@@ -32,6 +34,10 @@ __all__ = [
     "Work",
     "CommConfig",
     "PreMulSum",
+    "Registration",
+    "Window",
+    "SymmetricPool",
+    "MemoryStats",
     "REDUCE_OPS",
     "UniqueId",
     "Store",

@@ -21,7 +21,7 @@ import weakref
 from threading import get_ident as _get_ident
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
-from . import _bindings as B, _dtypes, _settings, hooks
+from . import _bindings as B, _dtypes, _settings, hooks, memory as _memory, windows as _windows
 from .buffers import Buffer, as_buffer, check_count, check_device, check_same_dtype
 from .config import CommConfig
 from .devices import Device, backoff
@@ -232,6 +232,7 @@ class Communicator:
         self._events: List[int] = []
         self._scratch: Optional[int] = None
         self._premul: weakref.WeakSet[PreMulSum] = weakref.WeakSet()
+        self._resources: List[Any] = []  # registrations and windows (pycoll.windows), released with the comm
         self.created_at = time.time()
         hooks.register_live(self)
         hooks.notify_created(self)
@@ -1029,6 +1030,51 @@ class Communicator:
             with self._lock:
                 self.library.red_op_destroy(op, self._handle)
 
+    # -- registration, windows, symmetric memory, one-sided (pycoll.windows, pycoll.memory) ------
+
+    def register(self, array: Any) -> _windows.Registration:
+        """Register ``array`` for zero-copy operations (``ncclCommRegister``, local); see :mod:`pycoll.windows`."""
+        return _windows.register(self, array)
+
+    def register_window(self, array: Any, flags: int = 0, *, timeout: Optional[float] = None) -> _windows.Window:
+        """Register ``array`` as a window (``ncclCommWindowRegister``): collective, the same size on
+        every rank; on the host backend it must come from :meth:`mem_alloc` or a SymmetricPool."""
+        return _windows.register_window(self, array, flags, timeout)
+
+    def mem_alloc(self, shape: Any, dtype: Any = "float32", like: Optional[str] = None) -> Any:
+        """An array over its own ``ncclMemAlloc`` block (``like``: numpy, torch, cupy); see :mod:`pycoll.memory`."""
+        return _memory.mem_alloc(self, shape, dtype, like)
+
+    def put_signal(self, window: _windows.Window, offset: int, src: Any, peer: int, *, sig_idx: int = 0,
+                   ctx: int = 0, stream: Any = None, async_op: bool = False, timeout: Optional[float] = None) -> Work:
+        """Write ``src`` into ``peer``'s ``window`` at byte ``offset`` and signal it (``ncclPutSignal``)."""
+        return _windows.put_signal(self, window, offset, src, peer, sig_idx=sig_idx, ctx=ctx, stream=stream,
+                                   async_op=async_op, timeout=timeout)
+
+    def signal(self, peer: int, *, sig_idx: int = 0, ctx: int = 0, stream: Any = None, async_op: bool = False,
+               timeout: Optional[float] = None) -> Work:
+        """Signal ``peer`` without data (``ncclSignal``)."""
+        return _windows.signal(self, peer, sig_idx=sig_idx, ctx=ctx, stream=stream, async_op=async_op,
+                               timeout=timeout)
+
+    def wait_signal(self, peer: Any, count: int = 1, *, sig_idx: int = 0, ctx: int = 0, stream: Any = None,
+                    async_op: bool = False, timeout: Optional[float] = None) -> Work:
+        """Wait for ``count`` signals from ``peer``, or for ``(peer, count, sig_idx, ctx)`` rows (ncclWaitSignal)."""
+        return _windows.wait_signal(self, peer, count, sig_idx=sig_idx, ctx=ctx, stream=stream, async_op=async_op,
+                                    timeout=timeout)
+
+    def suspend(self, flags: int = B.SUSPEND_MEM) -> None:
+        """``ncclCommSuspend``: release suspendable memory; operations are refused until :meth:`resume`."""
+        _memory.suspend(self, flags)
+
+    def resume(self) -> None:
+        """``ncclCommResume``."""
+        _memory.resume(self)
+
+    def memory_stats(self) -> _memory.MemoryStats:
+        """``ncclCommMemStats``, all four statistics."""
+        return _memory.memory_stats(self)
+
     # -- lifecycle ------------------------------------------------------------------------------
 
     def _poll(self, handle: int, what: str, timeout: float, on_timeout: Callable[[], None]) -> None:
@@ -1117,7 +1163,10 @@ class Communicator:
         self._closed()
 
     def _release(self) -> None:
-        """Free pycoll-side resources: premul ops (freed by the library), stream, events, scratch."""
+        """Free pycoll-side resources: windows and registrations, premul ops (freed by the library),
+        stream, events, scratch."""
+        _windows.release_all(self, " (communicator destroyed)" if self._handle is not None
+                             else f" (communicator {self._state})")
         for p in list(self._premul):
             p.op = -1
         self._premul.clear()

@@ -1,0 +1,301 @@
+"""Symmetric memory (``ncclMemAlloc``) as arrays, a pool of them over one window, and the
+communicator's memory controls (suspend, resume, statistics).
+
+``comm.mem_alloc(shape, dtype, like=...)`` returns a numpy array, a torch tensor or a CuPy array
+over its own ``ncclMemAlloc`` block; ``SymmetricPool(comm, nbytes)`` allocates one block,
+registers one window over it (collective) and hands out many small arrays from it, each with its
+byte offset in the window (what :meth:`~pycoll.Communicator.put_signal` takes).
+
+Lifetimes: an allocation is freed (``ncclMemFree``) when the last array viewing it is garbage
+collected -- never earlier, so an array may outlive its communicator (``ncclMemFree`` needs no
+communicator). Destroying or aborting the communicator releases its windows and registrations
+first; the arrays stay valid memory. A pool's array returns its block to the pool when it dies.
+On the host backend the memory is anonymous shared memory (memfd): nothing appears under
+/dev/shm, and nothing outlives the processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import weakref
+from typing import Any, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _bindings as B
+from .errors import CommStateError
+from .windows import Window, register_window
+
+__all__ = ["SymmetricPool", "MemoryStats", "mem_alloc"]
+
+_log = logging.getLogger("pycoll.memory")
+
+Shape = Union[int, Sequence[int]]
+
+
+class _Allocation:
+    """One ``ncclMemAlloc`` block, freed when the last object holding it goes."""
+
+    def __init__(self, comm: Any, nbytes: int) -> None:
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
+            raise ValueError(f"an allocation needs a size in bytes > 0, got {nbytes!r}")
+        lib = comm.library
+        previous = comm.device.swap_current() if comm._guard_device else None  # ncclMemAlloc: the current device
+        try:
+            self.ptr = int(lib.mem_alloc(nbytes))
+        finally:
+            if previous is not None:
+                comm.device.restore_current(previous)
+        self.nbytes = nbytes
+        self.backend = comm.backend
+        self.device_id = -1 if comm.backend == "host" else comm.device.device_id
+        self._finalizer = weakref.finalize(self, _free, lib, self.ptr)
+
+    @property
+    def freed(self) -> bool:
+        return not self._finalizer.alive
+
+
+def _free(lib: Any, ptr: int) -> None:
+    try:
+        lib.mem_free(ptr)
+    except Exception:  # at interpreter exit the library may be gone
+        _log.debug("ncclMemFree(%#x) failed", ptr, exc_info=True)
+
+
+def _shape(shape: Shape) -> Tuple[int, ...]:
+    dims = (shape,) if isinstance(shape, int) else tuple(shape)
+    if any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in dims):
+        raise ValueError(f"shape must be ints >= 0, got {shape!r}")
+    return dims
+
+
+def _nbytes(dims: Tuple[int, ...], itemsize: int) -> int:
+    n = itemsize
+    for d in dims:
+        n *= d
+    return n
+
+
+def _itemsize(dtype: Any, like: str) -> int:
+    if like == "torch":
+        import torch
+
+        return int(torch.empty((), dtype=_torch_dtype(dtype)).element_size())
+    return int(np.dtype(dtype).itemsize)
+
+
+def _torch_dtype(dtype: Any) -> Any:
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
+    t = getattr(torch, name, None)
+    if not isinstance(t, torch.dtype):
+        raise ValueError(f"unknown torch dtype {dtype!r}")
+    return t
+
+
+class _HostView:
+    """What a numpy array over allocated memory keeps alive (its ``base``)."""
+
+    def __init__(self, owner: Any, ptr: int, nbytes: int) -> None:
+        self.owner = owner
+        self.__array_interface__ = {"data": (ptr, False), "shape": (nbytes,), "typestr": "|u1", "version": 3}
+
+
+class _DeviceView:
+    """A GPU block as ``__cuda_array_interface__`` (what torch/CuPy keep alive)."""
+
+    def __init__(self, owner: Any, ptr: int, nbytes: int) -> None:
+        self.owner = owner
+        self.__cuda_array_interface__ = {"data": (ptr, False), "shape": (nbytes,), "typestr": "|u1",
+                                         "version": 3, "strides": None, "stream": None}
+
+
+def _array(owner: Any, alloc: _Allocation, ptr: int, dims: Tuple[int, ...], dtype: Any, like: Optional[str]) -> Any:
+    nbytes = _nbytes(dims, _itemsize(dtype, like or "numpy"))
+    host = alloc.backend == "host"
+    if like is None:
+        like = "numpy" if host else "torch"
+    if like == "numpy":
+        if not host:
+            raise ValueError("like='numpy' needs the host backend: this memory is on a GPU (use 'torch' or 'cupy')")
+        raw = np.asarray(_HostView(owner, ptr, max(nbytes, 1)))[:nbytes]
+        return raw.view(np.dtype(dtype)).reshape(dims)
+    if like == "torch":
+        import torch
+
+        tdt = _torch_dtype(dtype)
+        if host:
+            raw_t = torch.from_numpy(np.asarray(_HostView(owner, ptr, max(nbytes, 1)))[:nbytes])
+        else:
+            raw_t = torch.as_tensor(_DeviceView(owner, ptr, max(nbytes, 1)), device=f"cuda:{alloc.device_id}")
+            raw_t = raw_t[:nbytes]
+        return raw_t.view(tdt).reshape(dims)
+    if like == "cupy":
+        if host:
+            raise ValueError("like='cupy' needs a GPU backend")
+        import cupy
+
+        mem = cupy.cuda.UnownedMemory(ptr, max(nbytes, 1), owner, alloc.device_id)
+        return cupy.ndarray(dims, dtype=dtype, memptr=cupy.cuda.MemoryPointer(mem, 0))
+    raise ValueError(f"like must be 'numpy', 'torch' or 'cupy', got {like!r}")
+
+
+def mem_alloc(comm: Any, shape: Shape, dtype: Any = "float32", like: Optional[str] = None) -> Any:
+    """An array of ``shape`` and ``dtype`` over its own ``ncclMemAlloc`` block (zero-filled on the
+    host backend). ``like``: ``"numpy"`` (host backend default), ``"torch"`` (GPU default) or
+    ``"cupy"``. Freed when the last view of it is garbage collected."""
+    comm._check_alive()
+    dims = _shape(shape)
+    nbytes = _nbytes(dims, _itemsize(dtype, like or ("numpy" if comm.backend == "host" else "torch")))
+    alloc = _Allocation(comm, max(nbytes, 1))
+    return _array(alloc, alloc, alloc.ptr, dims, dtype, like)
+
+
+class _Block:
+    """One block handed out by a pool: returned to it when the array viewing it dies."""
+
+    def __init__(self, pool: SymmetricPool, offset: int, nbytes: int) -> None:
+        self.alloc = pool._alloc
+        self.offset = offset
+        weakref.finalize(self, pool._give_back, offset, nbytes)
+
+
+class SymmetricPool:
+    """Many small arrays from one ``ncclMemAlloc`` block registered as one window (collective).
+
+    ``pool.empty(shape, dtype)`` returns an array; ``pool.offset_of(array)`` its byte offset in
+    ``pool.window``, for :meth:`~pycoll.Communicator.put_signal`. Blocks are handed out first-fit
+    at ``alignment`` bytes; an array's block goes back to the pool when the array dies. Offsets
+    match across ranks when every rank allocates (and frees) in the same order. ``close()``
+    releases the window; the memory goes when its last array does.
+    """
+
+    def __init__(self, comm: Any, nbytes: int, *, flags: int = 0, alignment: int = 256,
+                 timeout: Optional[float] = None) -> None:
+        if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment <= 0 \
+                or alignment & (alignment - 1):
+            raise ValueError(f"alignment must be a power of two, got {alignment!r}")
+        comm._check_usable("SymmetricPool")
+        self.comm = comm
+        self.alignment = alignment
+        self._alloc = _Allocation(comm, nbytes)
+        self.nbytes = nbytes
+        self._mu = threading.Lock()
+        self._free: List[Tuple[int, int]] = [(0, nbytes)]  # (offset, size), sorted
+        whole = _array(self._alloc, self._alloc, self._alloc.ptr, (nbytes,), "uint8",
+                       "numpy" if comm.backend == "host" else "torch")
+        self.window: Window = register_window(comm, whole, flags, timeout)
+
+    @property
+    def ptr(self) -> int:
+        """The address of the pool's block."""
+        return self._alloc.ptr
+
+    def empty(self, shape: Shape, dtype: Any = "float32", like: Optional[str] = None) -> Any:
+        """An uninitialised array from the pool (MemoryError when no free block is big enough)."""
+        if self.window.closed:
+            raise CommStateError("this SymmetricPool was closed")
+        dims = _shape(shape)
+        size = max(_nbytes(dims, _itemsize(dtype, like or ("numpy" if self.comm.backend == "host" else "torch"))), 1)
+        need = -(-size // self.alignment) * self.alignment
+        with self._mu:
+            for i, (off, n) in enumerate(self._free):
+                if n >= need:
+                    self._free[i:i + 1] = [(off + need, n - need)] if n > need else []
+                    break
+            else:
+                raise MemoryError(f"SymmetricPool: no free block of {need} bytes in {self.nbytes} "
+                                  f"(free: {sum(n for _, n in self._free)} bytes in {len(self._free)} blocks)")
+        block = _Block(self, off, need)
+        return _array(block, self._alloc, self._alloc.ptr + off, dims, dtype, like)
+
+    def offset_of(self, array: Any) -> int:
+        """The byte offset of ``array`` (from :meth:`empty`, or a view into it) in the window."""
+        p = _data_ptr(array)
+        if not self._alloc.ptr <= p < self._alloc.ptr + self.nbytes:
+            raise ValueError("this array does not lie in the pool")
+        return p - self._alloc.ptr
+
+    def _give_back(self, offset: int, size: int) -> None:
+        with self._mu:
+            self._free.append((offset, size))
+            self._free.sort()
+            merged: List[Tuple[int, int]] = []
+            for off, n in self._free:
+                if merged and merged[-1][0] + merged[-1][1] == off:
+                    merged[-1] = (merged[-1][0], merged[-1][1] + n)
+                else:
+                    merged.append((off, n))
+            self._free = merged
+
+    @property
+    def free_bytes(self) -> int:
+        """Bytes not handed out."""
+        with self._mu:
+            return sum(n for _, n in self._free)
+
+    def close(self) -> None:
+        """Release the window (local; idempotent). The arrays stay valid memory."""
+        self.window.close()
+
+    def __enter__(self) -> SymmetricPool:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _data_ptr(array: Any) -> int:
+    if hasattr(array, "data_ptr"):
+        return int(array.data_ptr())
+    if hasattr(array, "__array_interface__"):
+        return int(array.__array_interface__["data"][0])
+    if hasattr(array, "__cuda_array_interface__"):
+        return int(array.__cuda_array_interface__["data"][0])
+    raise TypeError(f"cannot find the address of a {type(array).__name__}")
+
+
+# -- suspend, resume, statistics -------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryStats:
+    """``ncclCommMemStats``: bytes NCCL allocated for the communicator.
+
+    ``suspendable``: released by ``suspend()``; ``persistent``: kept; ``total``: both;
+    ``suspended``: whether the communicator is suspended now. The host library allocates no GPU
+    memory: its sizes are 0.
+    """
+
+    suspendable: int
+    suspended: bool
+    persistent: int
+    total: int
+
+
+def memory_stats(comm: Any) -> MemoryStats:
+    comm._check_alive()
+    lib, h = comm.library, comm.handle
+    with comm._lock:
+        vals = [int(lib.comm_mem_stats(h, s)) for s in range(4)]
+    return MemoryStats(suspendable=vals[0], suspended=bool(vals[1]), persistent=vals[2], total=vals[3])
+
+
+def suspend(comm: Any, flags: int = B.SUSPEND_MEM) -> None:
+    comm._check_usable("suspend")
+    if comm.outstanding():
+        raise CommStateError(f"suspend: communicator {comm.name!r} has outstanding operations; wait for them first")
+    with comm._lock:
+        comm.library.comm_suspend(comm.handle, flags)
+
+
+def resume(comm: Any) -> None:
+    comm._check_usable("resume")
+    with comm._lock:
+        comm.library.comm_resume(comm.handle)

@@ -1,0 +1,267 @@
+"""Registrations, windows, symmetric memory and one-sided signals on the host backend, multi-rank."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+from helpers.mp import Died, run_ranks, shm_entries
+
+import pycoll
+from pycoll import _bindings as B
+from pycoll.errors import CommStateError, CommTimeout, InvalidArgument, InvalidUsage, RemoteError
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _uid() -> bytes:
+    return bytes(B.load("host").get_unique_id())
+
+
+def _comm(rank, n, uid, **kw):
+    return pycoll.init(rank, n, unique_id=uid, backend="host", **kw)
+
+
+# -- put_signal / signal / wait_signal ---------------------------------------------------------------
+
+
+def _ring_put(rank, n, uid, like):
+    c = _comm(rank, n, uid)
+    k = 1000
+    buf = c.mem_alloc(k * n, "float32", like=like)
+    win = c.register_window(buf)
+    right, left = (rank + 1) % n, (rank - 1) % n
+    src = np.arange(k, dtype=np.float32) + 1000 * rank
+    if like == "torch":
+        import torch
+
+        src = torch.from_numpy(src)
+    # every rank puts its block into slot `rank` of its right neighbour's window, then waits for its left
+    w = c.put_signal(win, rank * k * 4, src, right, async_op=True)
+    c.wait_signal(left)
+    w.wait()
+    got = np.asarray(buf[left * k:(left + 1) * k]).copy()
+    ok = bool((got == np.arange(k, dtype=np.float32) + 1000 * left).all())
+    # a signal without data, twice, consumed by one wait of count 2 on another index
+    c.signal(right, sig_idx=3)
+    c.signal(right, sig_idx=3)
+    c.wait_signal([(left, 2, 3, 0)])
+    win.close()
+    c.destroy()
+    return ok, win.closed
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_put_signal_ring_exact_data(n):
+    assert run_ranks(_ring_put, n, _uid(), "numpy") == [(True, True)] * n
+
+
+def test_put_signal_torch():
+    pytest.importorskip("torch")
+    assert run_ranks(_ring_put, 2, _uid(), "torch") == [(True, True)] * 2
+
+
+def _pool(rank, n, uid, like):
+    c = _comm(rank, n, uid)
+    pool = pycoll.SymmetricPool(c, 1 << 16)
+    a = pool.empty(16, "float32", like=like)
+    b = pool.empty((4, 4), "int64", like=like)
+    offs = (pool.offset_of(a), pool.offset_of(b))
+    before = pool.free_bytes
+    tmp = pool.empty(100, "uint8", like=like)
+    del tmp
+    gc.collect()
+    freed = pool.free_bytes == before
+    peer = (rank + 1) % n
+    src = np.full(16, rank + 1, np.float32)
+    c.put_signal(pool.window, offs[0], src, peer)
+    c.wait_signal((rank - 1) % n)
+    got = float(np.asarray(a)[0])
+    b[:] = 7  # the arrays are ordinary writable arrays
+    pool.close()
+    c.destroy()
+    return offs, freed, got, int(np.asarray(b).sum())
+
+
+@pytest.mark.parametrize("like", ["numpy", "torch"])
+def test_symmetric_pool(like):
+    if like == "torch":
+        pytest.importorskip("torch")
+    res = run_ranks(_pool, 2, _uid(), like)
+    assert res[0][0] == res[1][0] == (0, 256)  # symmetric offsets
+    assert [r[1] for r in res] == [True, True]
+    assert [r[2] for r in res] == [2.0, 1.0]
+    assert [r[3] for r in res] == [112, 112]
+
+
+def _wait_times_out(rank, n, uid):
+    c = _comm(rank, n, uid)
+    if rank == 1:
+        t0 = time.monotonic()
+        try:
+            c.wait_signal(0, timeout=1.0)
+        except CommTimeout as e:
+            return "timeout", time.monotonic() - t0, "wait_signal" in str(e), c.state
+        return "no error", 0.0, False, c.state
+    time.sleep(3.0)  # never signals
+    c.abort()
+    return "root", 0.0, True, c.state
+
+
+def test_wait_signal_timeout_is_a_comm_timeout_within_its_deadline():
+    res = run_ranks(_wait_times_out, 2, _uid())
+    kind, elapsed, named, state = res[1]
+    assert kind == "timeout" and named and state == "aborted"
+    assert 0.9 <= elapsed < 6.0
+
+
+def _wait_on_dead(rank, n, uid):
+    c = _comm(rank, n, uid, timeout=60)
+    c.barrier()
+    if rank == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        c.wait_signal(2)
+    except (RemoteError, pycoll.CommFailure) as e:
+        return type(e).__name__, time.monotonic() - t0
+    return "no error", 0.0
+
+
+def test_rank_killed_while_others_wait_signal():
+    res = run_ranks(_wait_on_dead, 3, _uid(), may_die=[2])
+    assert isinstance(res[2], Died)
+    for name, elapsed in res[:2]:
+        assert name != "no error" and elapsed < 10
+
+
+# -- lifetimes ---------------------------------------------------------------------------------------
+
+
+def _lifetimes(rank, n, uid, end):
+    c = _comm(rank, n, uid)
+    x = np.zeros(64, np.float32)
+    reg = c.register(x)
+    with c.register(np.zeros(8, np.float32)) as r2:
+        assert not r2.closed
+    out = {"ctx_closed": r2.closed}
+    buf = c.mem_alloc(256, "uint8")
+    win = c.register_window(buf)
+    out["user_ptr"] = win.user_ptr == buf.ctypes.data
+    out["peer_ptr"] = _peer_pointer(win, (rank + 1) % n)
+    if end == "destroy":
+        c.destroy()
+    else:
+        c.abort()
+    out["released"] = reg.closed and win.closed
+    for obj in (reg, win):
+        try:
+            _ = obj.handle
+        except CommStateError as e:
+            out.setdefault("errors", []).append(end in str(e))
+    reg.close()  # a second release is a no-op
+    win.close()
+    buf[:] = 5  # the allocation outlives the communicator
+    out["buf"] = int(buf.sum())
+    return out
+
+
+def _peer_pointer(win, peer):
+    """The host library's ncclGetPeerDevicePointer through ctypes (the bindings may not declare it)."""
+    import ctypes
+
+    lib = ctypes.CDLL(win.comm.library.path)
+    out = ctypes.c_void_p()
+    r = lib.ncclGetPeerDevicePointer(ctypes.c_void_p(win.handle), ctypes.c_size_t(8), peer, ctypes.byref(out))
+    bad = lib.ncclGetLsaMultimemDevicePointer(ctypes.c_void_p(win.handle), ctypes.c_size_t(0), ctypes.byref(out))
+    return r == 0 and bad == InvalidUsage.code
+
+
+@pytest.mark.parametrize("end", ["destroy", "abort"])
+def test_release_on_destroy_and_abort(end):
+    before = shm_entries()
+    for out in run_ranks(_lifetimes, 2, _uid(), end):
+        assert out == {"ctx_closed": True, "user_ptr": True, "peer_ptr": True, "released": True,
+                       "errors": [True, True], "buf": 256 * 5}
+    assert shm_entries() <= before
+
+
+# -- bad input ---------------------------------------------------------------------------------------
+
+
+def _bad_input(rank, n, uid):
+    c = _comm(rank, n, uid)
+    errs = {}
+
+    def catch(name, fn, exc):
+        try:
+            fn()
+        except exc as e:
+            errs[name] = str(e)
+        else:
+            errs[name] = None
+
+    catch("noncontig", lambda: c.register(np.zeros((4, 4), np.float32)[:, 1]), ValueError)
+    catch("window_noncontig", lambda: c.register_window(np.zeros((4, 4), np.float32)[:, 1]), ValueError)
+    # a window of the wrong size on one rank: every rank gets the same clear error
+    buf = c.mem_alloc(8192 if rank == 1 else 4096, "uint8")
+    catch("size", lambda: c.register_window(buf), InvalidArgument)
+    # private memory is refused on every rank, pointing at mem_alloc
+    catch("private", lambda: c.register_window(np.zeros(1024, np.uint8)), InvalidArgument)
+    good = c.mem_alloc(4096, "uint8")
+    win = c.register_window(good)
+    src = np.zeros(16, np.uint8)
+    catch("peer", lambda: c.put_signal(win, 0, src, n), ValueError)
+    catch("signal_peer", lambda: c.signal(-1), ValueError)
+    catch("wait_peer", lambda: c.wait_signal([(0, 1, 0, 0), (n + 3, 1, 0, 0)]), ValueError)
+    catch("span", lambda: c.put_signal(win, 4090, src, 0), ValueError)
+    catch("sig_idx", lambda: c.signal(0, sig_idx=99), InvalidArgument)
+    catch("not_window", lambda: c.put_signal(object(), 0, src, 0), TypeError)
+    c.barrier()
+    win.close()
+    catch("released", lambda: c.put_signal(win, 0, src, 0), CommStateError)
+    win.close()  # no-op
+    c.barrier()
+    c.destroy()
+    return errs
+
+
+def test_bad_input():
+    for errs in run_ranks(_bad_input, 2, _uid()):
+        assert "contiguous" in errs["noncontig"] and "contiguous" in errs["window_noncontig"]
+        assert "window sizes differ: rank 0 registers 4096 bytes, rank 1 registers 8192" in errs["size"]
+        assert "ncclMemAlloc" in errs["private"] and "mem_alloc" in errs["private"]
+        assert "out of range" in errs["peer"] and "out of range" in errs["signal_peer"]
+        assert "out of range" in errs["wait_peer"]
+        assert "do not fit in the 4096-byte window" in errs["span"]
+        assert "sigIdx 99" in errs["sig_idx"]
+        assert "Window" in errs["not_window"]
+        assert "released" in errs["released"]
+
+
+# -- suspend / resume / statistics -------------------------------------------------------------------
+
+
+def _suspend(rank, n, uid):
+    c = _comm(rank, n, uid)
+    before = c.memory_stats()
+    c.suspend()
+    during = c.memory_stats()
+    try:
+        c.all_reduce(np.ones(4, np.float32))
+        refused = ""
+    except InvalidUsage as e:
+        refused = str(e)
+    c.resume()
+    x = np.ones(4, np.float32)
+    c.all_reduce(x)
+    c.destroy()
+    return before.suspended, during.suspended, "suspended" in refused, float(x[0]), before.total
+
+
+def test_suspend_resume_and_memory_stats():
+    assert run_ranks(_suspend, 2, _uid()) == [(False, True, True, 2.0, 0)] * 2
