@@ -9,6 +9,8 @@
  *                                             each step of a collective
  *   host.shrink.begin, host.shrink.end        ncclCommShrink's exchange on the parent
  *   host.grow.begin, host.grow.end            ncclCommGrow's rendezvous
+ *   host.window.exchange                      ncclCommWindowRegister, before its descriptor exchange
+ *   host.signal.wait                          ncclWaitSignal, when it starts waiting
  */
 #ifndef PYCOLL_FAILPOINT_H
 #define PYCOLL_FAILPOINT_H

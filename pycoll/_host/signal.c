@@ -9,6 +9,7 @@
 #include "copy.h"
 #include "debug.h"
 #include "enqueue.h"
+#include "failpoint.h"
 #include "handles.h"
 #include "stream.h"
 #include "window.h"
@@ -126,16 +127,21 @@ static void post(struct ncclComm* c, int peer, int sig, int ctx) {
 int rma_progress(struct task* t) {
   struct ncclComm* c = t->comm;
   struct rma_args* a = t->rma;
-  t->started = true;
   if (t->kind == TK_PUT) {
+    t->started = true;
     size_t bytes = t->count * dt_size(t->dtype);
     if (bytes) ph_copy(a->win->peers[t->root].ptr + a->offset, t->sendbuff, bytes);
     post(c, t->root, a->sig, a->ctx);
     return PROG_DONE;
   }
   if (t->kind == TK_SIGNAL) {
+    t->started = true;
     post(c, t->root, a->sig, a->ctx);
     return PROG_DONE;
+  }
+  if (!t->started) {
+    t->started = true;
+    if (UNLIKELY(fp_hit("host.signal.wait"))) return task_fail(t, ncclSystemError, "WaitSignal : failpoint host.signal.wait");
   }
   for (int i = 0; i < a->ndesc; i++) {
     const ncclWaitSignalDesc_t* d = &a->descs[i];

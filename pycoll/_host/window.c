@@ -18,6 +18,7 @@
 
 #include "debug.h"
 #include "enqueue.h"
+#include "failpoint.h"
 #include "group.h"
 #include "handles.h"
 #include "window.h"
@@ -212,6 +213,10 @@ ncclResult_t job_run_window(struct job* j) {
   }
   w->npeers = n;
   local_desc(w, &mine);
+  if (UNLIKELY(fp_hit("host.window.exchange"))) {
+    mine.code = ncclSystemError;
+    snprintf(mine.why, sizeof mine.why, "failpoint host.window.exchange");
+  }
   r = exchange(c, &mine, all, sizeof mine);
   if (r != ncclSuccess) {
     snprintf(text, sizeof text, "the descriptor exchange failed (%s)", ncclGetErrorString(r));

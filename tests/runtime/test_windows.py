@@ -265,3 +265,56 @@ def _suspend(rank, n, uid):
 
 def test_suspend_resume_and_memory_stats():
     assert run_ranks(_suspend, 2, _uid()) == [(False, True, True, 2.0, 0)] * 2
+
+
+# -- failpoints --------------------------------------------------------------------------------------
+
+
+def _window_failpoint(rank, n, uid, spec):
+    if rank == 1:
+        os.environ["PYCOLL_FAILPOINTS"] = spec
+    c = _comm(rank, n, uid, timeout=20, on_failure="report")
+    buf = c.mem_alloc(4096, "uint8")
+    t0 = time.monotonic()
+    try:
+        c.register_window(buf)
+    except pycoll.errors.PycollError as e:
+        out = (type(e).__name__, "failpoint" in str(e) or "exited" in str(e), time.monotonic() - t0 < 10)
+    else:
+        out = ("no error", False, True)
+    c.abort()
+    return out
+
+
+def test_rank_killed_in_the_window_exchange():
+    res = run_ranks(_window_failpoint, 3, _uid(), "host.window.exchange=kill", may_die=[1])
+    assert isinstance(res[1], Died)
+    for name, named, quick in (res[0], res[2]):
+        assert name == "RemoteError" and named and quick
+
+
+def test_window_exchange_refused_on_one_rank_fails_every_rank():
+    res = run_ranks(_window_failpoint, 2, _uid(), "host.window.exchange=raise")
+    assert res == [("SystemError", True, True)] * 2 or all(r[0] != "no error" and r[1] for r in res)
+
+
+def _signal_failpoint(rank, n, uid):
+    if rank == 1:
+        os.environ["PYCOLL_FAILPOINTS"] = "host.signal.wait=raise"
+    c = _comm(rank, n, uid, timeout=20, on_failure="report")
+    if rank == 0:
+        c.signal(1)
+        c.abort()
+        return "signalled"
+    try:
+        c.wait_signal(0)
+    except pycoll.CommFailure as e:
+        out = "failpoint host.signal.wait" in str(e) or "WaitSignal" in str(e)
+    else:
+        out = False
+    c.abort()
+    return out
+
+
+def test_wait_signal_failpoint_fails_the_waiter():
+    assert run_ranks(_signal_failpoint, 2, _uid()) == ["signalled", True]
