@@ -61,9 +61,10 @@ total             kill -> first correct allreduce
 
 Each cell: median over trials, with min, p90 (nearest rank) and max; the ratio columns divide
 medians. Trials are interleaved: trial i of every case runs before trial i + 1 of any, so that a
-change of the machine's load falls on every case alike. Every process started here is killed and reaped whatever happens: hard deadlines, SIGCONT
-+ SIGKILL of each rank by pid and of the launcher's process group, ranks that die with the driver
-(``PR_SET_PDEATHSIG``; Open MPI's ranks, children of mpiexec, look for the driver themselves).
+change of the machine's load falls on every case alike. Every process started here is killed and
+reaped whatever happens: hard deadlines, SIGCONT + SIGKILL of each rank by pid and of the
+launcher's process group, ranks that die with the driver (``PR_SET_PDEATHSIG``; Open MPI's
+ranks, children of mpiexec, look for the driver themselves).
 Flight-recorder dumps go to a temporary folder that is removed (``--keep DIR`` keeps every trial's
 logs and dumps), and shared-memory segments that appeared in /dev/shm during the run are reported.
 """
@@ -570,7 +571,8 @@ def _cell(s: Optional[Dict[str, float]]) -> str:
 def _title(case: str, a: argparse.Namespace) -> str:
     t = {"pycoll-kill": "pycoll SIGKILL", "pycoll-stop": f"pycoll SIGSTOP, T = {a.stop_timeout:g} s",
          "mpi-kill": "Open MPI ULFM SIGKILL",
-         "mpi-stop": f"Open MPI ULFM SIGSTOP, detector {a.mpi_detector_period:g} s / {a.mpi_detector_timeout:g} s",
+         "mpi-stop": "Open MPI ULFM SIGSTOP, heartbeat detector {} s / {} s".format(
+             getattr(a, "mpi_detector_period", "?"), getattr(a, "mpi_detector_timeout", "?")),
          }[case.replace("-nofr", "")]
     return t + (", FR off" if case.endswith("-nofr") else "")
 

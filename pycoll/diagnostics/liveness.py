@@ -33,7 +33,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .. import failpoints as _fp
@@ -41,7 +40,8 @@ from ..errors import PeerFailure, StoreError
 from ..hooks import CommView, WorkView
 from .records import ProcRecord, ProgressRecord, proc_prefix, progress_prefix, read_records
 
-__all__ = ["Liveness", "round_all", "process_state", "this_process", "simulate_remote", "FP_LIVENESS_CHECK", "FP_LIVENESS_FOUND"]
+__all__ = ["Liveness", "round_all", "process_state", "this_process", "simulate_remote", "FP_LIVENESS_CHECK",
+           "FP_LIVENESS_FOUND"]
 
 _log = logging.getLogger("pycoll.watchdog")
 
