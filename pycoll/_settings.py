@@ -129,6 +129,13 @@ _ALL = (
             "bound on the store exchange of a failure report, seconds", minimum=0),
     Setting("PYCOLL_WATCHDOG_ABORT_GRACE", "seconds", 0.5,
             "after a timeout, how long to wait for peers' own verdicts, seconds", minimum=0),
+    Setting("PYCOLL_WATCHDOG_LIVENESS", "bool", True,
+            "`0`: the watchdog does not watch the peers of outstanding work (a stopped peer then costs the timeout)"),
+    Setting("PYCOLL_WATCHDOG_LIVENESS_INTERVAL", "seconds", 0.2,
+            "how often a same-host peer's process state is read while work is outstanding, seconds"),
+    Setting("PYCOLL_WATCHDOG_HEARTBEAT_TIMEOUT", "seconds", 5.0,
+            "a peer on another host whose heartbeat stopped this long (at least 3 publish intervals) fails "
+            "the outstanding work, seconds"),
     Setting("PYCOLL_WATCHDOG_STALL_TIMEOUT", "seconds", 15.0, "a stalled watchdog is reported after this, seconds"),
     # -- the flight recorder and its dumps
     Setting("PYCOLL_FR_BUFFER_SIZE", "int", 2000, "flight-recorder entries (0 turns recording off)",

@@ -511,9 +511,9 @@ class ElasticGroup:
 
     def _agree_at(self, base: str, members: Tuple[int, ...],
                   g: Optional[int]) -> Tuple[Tuple[int, ...], Optional[int]]:
-        """The agreement under the keys ``base``: vouch, wait for the others' vouchers (the store
-        answers when they are all there), compare-and-set the decision -- three store round trips
-        when every member is either alive or provably gone (four when steps are committed)."""
+        """The agreement under the keys ``base``: vouch, read the others' vouchers (one multi_get,
+        which the store answers when they are all there), compare-and-set the decision -- two store
+        round trips after the vouch when every member is either alive or provably gone."""
         if g is None:
             _fp.hit(FP_AGREE_BEFORE_VOTE)
             self.store.set(f"{base}alive/{self.slot}", self._vouch_value())
@@ -526,6 +526,7 @@ class ElasticGroup:
             return m in procs and procs[m][0] == self._boot and _local_process_gone(procs[m][1])
 
         deadline = time.monotonic() + self.window
+        values: List[bytes] = []
         while True:
             waiting = [m for m in members if m != self.slot and not gone(m)]
             left = deadline - time.monotonic()
@@ -533,8 +534,8 @@ class ElasticGroup:
                 break
             if left > 0:
                 _fp.hit(FP_AGREE_WAIT)
-                try:  # in slices, so that a member dying meanwhile is noticed
-                    self.store.wait([f"{base}alive/{m}" for m in waiting], timeout=min(left, 0.05))
+                try:  # in slices, so that a member dying meanwhile is noticed; the vouchers come with it
+                    values = self.store.multi_get([f"{base}alive/{m}" for m in waiting], timeout=min(left, 0.05))
                     break  # every member not known to be gone vouched
                 except StoreTimeout:
                     if not self.store.check([decision_key]):
@@ -542,14 +543,13 @@ class ElasticGroup:
             # the window is over, or another member decided: keep those that vouched
             keys = set(self.store.list_keys(base))
             waiting = [m for m in waiting if f"{base}alive/{m}" in keys]
+            if waiting:
+                values = self.store.multi_get([f"{base}alive/{m}" for m in waiting], timeout=self.timeout)
             break
         alive = [m for m in members if m == self.slot or m in waiting]
         # the last step every survivor completed: the least one they vouched with (-1: none)
         steps = [self._committed if self._committed is not None else -1]
-        others = [m for m in alive if m != self.slot]
-        if others:
-            values = self.store.multi_get([f"{base}alive/{m}" for m in others], timeout=self.timeout)
-            steps += [int(v) if v.lstrip(b"-").isdigit() else -1 for v in values]
+        steps += [int(v) if v.lstrip(b"-").isdigit() else -1 for v in values]
         proposal = f"{_members_str(alive)}|{min(steps)}"
         _fp.hit(FP_AGREE_BEFORE_DECISION)
         # the first proposal wins; every member adopts it (compare_set returns the stored value)

@@ -35,6 +35,7 @@ __all__ = [
     "CommTimeout",
     "CommAborted",
     "CommRevoked",
+    "PeerFailure",
     "AsyncCommError",
     "CommStateError",
     "CaptureError",
@@ -266,6 +267,20 @@ class CommAborted(CommFailure):
 
 class CommRevoked(CommFailure):
     """The communicator was revoked: collectives are refused, but split and shrink still work."""
+
+
+class PeerFailure(CommFailure):
+    """A peer of the communicator is stopped, gone or silent: the watchdog failed the outstanding work
+    before its timeout. ``rank`` (in the communicator), ``pid`` (0: unknown) and ``reason`` say which and why."""
+
+    def __init__(self, message: str, rank: int = -1, pid: int = 0, reason: str = "") -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.pid = pid
+        self.reason = reason
+
+    def __reduce__(self) -> Any:
+        return (type(self), (str(self.args[0]) if self.args else "", self.rank, self.pid, self.reason))
 
 
 class AsyncCommError(CommFailure):

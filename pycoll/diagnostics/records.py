@@ -6,6 +6,8 @@ Every record is a small JSON object with a version field (``"v"``). Keys, under 
   once a second (its heartbeat);
 * ``failure/<uid>/<rank>``: a :class:`FailureRecord`, written by a rank when its communicator
   fails;
+* ``proc/<uid>/<rank>``: a :class:`ProcRecord`, written once by each rank's watchdog: where its
+  process runs (host, boot id, pid namespace, pid, start time) and its heartbeat period;
 * ``dump_signal`` (a counter) and ``dump_signal/<n>``: requests to dump (free text: who asks, why).
 """
 
@@ -24,7 +26,9 @@ __all__ = [
     "SIGNAL_COUNTER",
     "ProgressRecord",
     "FailureRecord",
+    "ProcRecord",
     "progress_prefix",
+    "proc_prefix",
     "failure_prefix",
     "origin",
     "read_records",
@@ -41,6 +45,10 @@ def progress_prefix(uid: str) -> str:
 
 def failure_prefix(uid: str) -> str:
     return f"{FR_KEY_PREFIX}failure/{uid}/"
+
+
+def proc_prefix(uid: str) -> str:
+    return f"{FR_KEY_PREFIX}proc/{uid}/"
 
 
 def origin() -> str:
@@ -128,6 +136,32 @@ class FailureRecord:
             return f"{self.error_type}: {self.message}"[:300]
         elapsed = f" after {self.elapsed:.2f} s" if self.elapsed is not None else ""
         return f"{self.error_type} in {self.op} #{self.seq}{elapsed}"
+
+
+@dataclass(frozen=True)
+class ProcRecord:
+    """Where a rank's process runs, so that its peers can watch it: same host (boot id and pid
+    namespace equal) through its process state, other hosts through its heartbeat (``period``: how
+    often it publishes its progress record, seconds)."""
+
+    host: str
+    boot: str
+    pidns: str
+    pid: int
+    start: int  # the process's start time (clock ticks since boot, /proc/<pid>/stat field 22): pids are reused
+    period: float
+
+    def encode(self) -> bytes:
+        return json.dumps({"v": _VERSION, **asdict(self)}).encode()
+
+    @classmethod
+    def decode(cls, raw: Any) -> Optional[ProcRecord]:
+        d = _load(raw)
+        try:
+            return cls(str(d["host"]), str(d["boot"]), str(d["pidns"]), int(d["pid"]), int(d["start"]),
+                       float(d["period"])) if d is not None else None
+        except (KeyError, TypeError, ValueError):
+            return None
 
 
 R = TypeVar("R")

@@ -14,6 +14,9 @@ keeps it off). It runs four daemon threads:
   and watches for dump requests from other ranks. Store calls live only here and in the report
   thread, so a slow or dead store never blocks the polling.
 * ``pycoll-watchdog-report`` makes the reports of asynchronous and remote errors (below).
+* ``pycoll-watchdog-liveness`` watches the peers of outstanding work (:mod:`.liveness`): a peer that
+  is stopped, gone or silent fails the work with :class:`~pycoll.PeerFailure` within about a second,
+  whatever the timeout (``PYCOLL_WATCHDOG_LIVENESS=0`` turns it off).
 
 When an operation times out (whichever thread sees it: the watchdog, or the user's thread in
 ``wait()``), before the communicator's policy acts (abort, revoke or report; see
@@ -70,6 +73,7 @@ from ..errors import CommAborted, StoreTimeout
 from ..hooks import CommObserver, CommView, WorkView
 from . import recorder as _recorder_module
 from .dumps import GATE_POLL, DumpJob, DumpQueue
+from .liveness import Liveness, round_all
 from .recorder import FlightRecorder, get_recorder
 from .records import (
     FR_KEY_PREFIX,
@@ -121,6 +125,9 @@ class Watchdog(CommObserver):
         abort_grace: longest wait for ranks stuck in the same operation to reach their verdict.
         dump_timeout: longest wait at exit (and in :meth:`dump`) for a dump being written.
         dump_hold: longest time a dump gate (:meth:`add_dump_gate`) may hold a failure dump back.
+        liveness: watch the peers of outstanding work (``PYCOLL_WATCHDOG_LIVENESS``).
+        liveness_interval: period of the same-host peers' process-state checks.
+        heartbeat_timeout: a peer on another host silent this long fails the outstanding work.
         dump_on_failure: dump when a communicator fails.
         dump_signal: a signal (``"SIGUSR1"``, True for SIGUSR1) whose delivery dumps; off by default.
         communicators: what is watched (default: every live communicator of the process).
@@ -135,6 +142,9 @@ class Watchdog(CommObserver):
     abort_grace: float
     dump_timeout: float
     dump_hold: float
+    liveness: bool
+    liveness_interval: float
+    heartbeat_timeout: float
 
     def __init__(
         self,
@@ -151,6 +161,9 @@ class Watchdog(CommObserver):
         dump_on_failure: Optional[bool] = None,
         dump_signal: Any = None,
         communicators: Callable[[], Iterable[CommView]] = hooks.live_communicators,
+        liveness: Optional[bool] = None,
+        liveness_interval: Optional[float] = None,
+        heartbeat_timeout: Optional[float] = None,
     ) -> None:
         self.recorder = recorder or get_recorder()
         self._lock = threading.Lock()
@@ -179,10 +192,13 @@ class Watchdog(CommObserver):
         self._active = False  # cheap form of `running`, read before every blocking host operation
         self._comms = communicators
         self.enabled = True
+        self._liveness = Liveness(0.2, 5.0, 1.0)
+        self._liveness_wake = threading.Event()
         self.configure(enabled=enabled, interval=interval, publish_interval=publish_interval,
                        stall_timeout=stall_timeout, report_timeout=report_timeout, abort_grace=abort_grace,
                        dump_timeout=dump_timeout, dump_hold=dump_hold, dump_on_failure=dump_on_failure,
-                       dump_signal=dump_signal, _initial=True)
+                       dump_signal=dump_signal, liveness=liveness, liveness_interval=liveness_interval,
+                       heartbeat_timeout=heartbeat_timeout, _initial=True)
 
     def configure(
         self,
@@ -197,6 +213,9 @@ class Watchdog(CommObserver):
         dump_hold: Optional[float] = None,
         dump_on_failure: Optional[bool] = None,
         dump_signal: Any = None,
+        liveness: Optional[bool] = None,
+        liveness_interval: Optional[float] = None,
+        heartbeat_timeout: Optional[float] = None,
         _initial: bool = False,
     ) -> None:
         """Change settings (None keeps the current value; at construction, the environment's)."""
@@ -213,6 +232,14 @@ class Watchdog(CommObserver):
         pick(abort_grace, "abort_grace", "PYCOLL_WATCHDOG_ABORT_GRACE", False)
         pick(dump_timeout, "dump_timeout", "PYCOLL_FR_DUMP_TIMEOUT", False)
         pick(dump_hold, "dump_hold", "PYCOLL_FR_DUMP_HOLD", False)
+        pick(liveness_interval, "liveness_interval", "PYCOLL_WATCHDOG_LIVENESS_INTERVAL")
+        pick(heartbeat_timeout, "heartbeat_timeout", "PYCOLL_WATCHDOG_HEARTBEAT_TIMEOUT")
+        if liveness is not None or _initial:
+            self.liveness = bool(liveness) if liveness is not None else _settings.get("PYCOLL_WATCHDOG_LIVENESS")
+        lv = self._liveness
+        lv.interval, lv.heartbeat_timeout, lv.period = self.liveness_interval, self.heartbeat_timeout, \
+            self.publish_interval
+        self._liveness_wake.set()
         if dump_on_failure is not None or _initial:
             self.dump_on_failure = (bool(dump_on_failure) if dump_on_failure is not None
                                     else _settings.get("PYCOLL_FR_DUMP_ON_FAILURE"))
@@ -252,6 +279,8 @@ class Watchdog(CommObserver):
                                  daemon=True),
                 threading.Thread(target=self._report_loop, args=(self._stop, self._report_q),
                                  name="pycoll-watchdog-report", daemon=True),
+                threading.Thread(target=self._liveness_loop, args=(self._stop,), name="pycoll-watchdog-liveness",
+                                 daemon=True),
             ]
             for t in self._threads:
                 t.start()
@@ -270,6 +299,7 @@ class Watchdog(CommObserver):
             self._stop.set()
             self._poll_wake.set()
             self._store_wake.set()
+            self._liveness_wake.set()
             self._report_q.put(None)
             self._poke()
         for t in threads:
@@ -298,6 +328,7 @@ class Watchdog(CommObserver):
         self._reports = set()
         self._report_q = queue.SimpleQueue()
         self._stores = {}
+        self._liveness = Liveness(self.liveness_interval, self.heartbeat_timeout, self.publish_interval)
         self._wake_r = self._wake_w = None
         self._signal.signum = None
         self._pid = os.getpid()
@@ -309,6 +340,8 @@ class Watchdog(CommObserver):
             "since_last_round_s": time.monotonic() - self._beat_t, "doing": self._doing, "stalled": self._stalled,
             "interval": self.interval, "publish_interval": self.publish_interval,
             "stall_timeout": self.stall_timeout, "dump_signal": self._signal.signum,
+            "liveness": self.liveness, "liveness_interval": self.liveness_interval,
+            "heartbeat_timeout": self.heartbeat_timeout,
         }
 
     def enable_signal(self, signum: Any = "SIGUSR1") -> None:
@@ -529,6 +562,15 @@ class Watchdog(CommObserver):
             wake.wait(max(1e-3, next_t - time.monotonic()))
             wake.clear()
             self._wake_at = 0.0
+
+    def _liveness_loop(self, stop: threading.Event) -> None:
+        """Watch the peers of outstanding work (:mod:`.liveness`); store calls only once per
+        communicator, or for peers on other hosts while an operation is outstanding long."""
+        wake = self._liveness_wake
+        while not stop.is_set():
+            round_all(self._liveness, list(self._comms()), time.monotonic(), self.liveness)
+            wake.wait(self.liveness_interval)
+            wake.clear()
 
     def _monitor_loop(self, stop: threading.Event) -> None:
         r = self._wake_r

@@ -284,7 +284,7 @@ def test_threads_are_named_and_stop(make_wd):
     wd.start()
     threads = list(wd._threads)
     assert [t.name for t in threads] == ["pycoll-watchdog", "pycoll-watchdog-monitor", "pycoll-watchdog-store",
-                                        "pycoll-watchdog-report"]
+                                        "pycoll-watchdog-report", "pycoll-watchdog-liveness"]
     assert all(t.daemon and t.is_alive() for t in threads)
     wd.stop()
     assert not wd.running and not any(t.is_alive() for t in threads)

@@ -129,7 +129,9 @@ def _resume_after_dumps(procs, dump_dir, ranks, victim, limit=40.0):
 def test_sigstopped_rank_is_named_by_the_others_and_by_both_analyzers(server, tmp_path):
     n = 4
     d = str(tmp_path)
+    # the timeout path: with liveness on, the stopped rank is found before the timeout (test_liveness.py)
     res = run_ranks(_stopped_rank, n, _uid(), server.address, server.token, d, timeout=90,
+                    env={"PYCOLL_WATCHDOG_LIVENESS": "0"},
                     on_start=lambda procs: _resume_after_dumps(procs, d, {0, 1, 2}, n - 1))
     for r in range(n - 1):
         assert res[r]["error"] == "CommTimeout", res[r]

@@ -57,7 +57,7 @@ def test_pycoll_kill_and_stop_one_trial_each(tmp_path):
     out = tmp_path / "r.json"
     md = tmp_path / "r.md"
     res = _run(["--cases", "pycoll-kill", "pycoll-stop", "--trials", "1", "--warmup", "50", "--victim", "2",
-                "--stop-timeout", "0.5", "--trial-timeout", "40", "--json", str(out), "--markdown", str(md)],
+                "--stop-timeout", "30", "--trial-timeout", "40", "--json", str(out), "--markdown", str(md)],
                timeout=130)
     assert res.returncode == 0, res.stdout + res.stderr
     doc = json.loads(out.read_text())
@@ -76,11 +76,11 @@ def test_pycoll_kill_and_stop_one_trial_each(tmp_path):
         assert trial["fr_dump_entries"] >= 50 and trial["fr_dump_after"] > 0, trial
         assert trial["fr_dump"] < 1.0, trial
     stop = doc["results"]["pycoll-stop"]
-    # the stopped rank is only found out by the survivors' timeout
-    assert stop["trials"][0]["phases"]["detection"] >= 450
-    assert stop["overhead"]["median"] == pytest.approx(stop["summary"]["total"]["median"] - 500)
+    # the survivors' watchdogs find the stopped rank (its process state) long before the 30 s timeout
+    assert stop["trials"][0]["phases"]["detection"] < 1500 and stop["before_timeout"] == 1
+    assert "overhead" not in stop
     assert doc["shm_left"] == []
-    assert "total - T" in res.stdout and "first allreduce" in res.stdout
+    assert "first allreduce" in res.stdout and "found within about 1 s, before T: met" in res.stdout
     assert "| total |" in md.read_text()
 
 

@@ -1,0 +1,246 @@
+"""Peer liveness: a peer that is stopped, gone or silent fails the outstanding work within about a
+second, whatever the operation's timeout.
+
+A rank stopped by SIGSTOP (or frozen under a debugger) never reaches the collective, and without
+this the others would wait for the whole timeout T (30 s by default). The watchdog's liveness
+thread (``pycoll-watchdog-liveness``) watches the peers of every communicator that has work
+outstanding:
+
+* **Same host** (equal boot id and pid namespace): the peer's process state, read from
+  ``/proc/<pid>/stat`` every ``PYCOLL_WATCHDOG_LIVENESS_INTERVAL`` seconds. A process that exited
+  (gone, a zombie, or its pid reused by another process) fails the work at once; one that is
+  stopped (``T``) or stopped under a tracer (``t``) when seen so twice in a row (one interval apart:
+  a SIGSTOP followed at once by SIGCONT is not a failure).
+* **Other hosts**: the peer's heartbeat, the progress record its watchdog publishes every
+  ``PYCOLL_WATCHDOG_PUBLISH_INTERVAL`` seconds. Read from the store only while an operation has been
+  outstanding for longer than the peer's period, at most once per period; a record that has not
+  changed for ``PYCOLL_WATCHDOG_HEARTBEAT_TIMEOUT`` seconds (at least three periods), measured on
+  this host's clock, fails the work.
+
+A rank that is alive but slow (computing, sleeping in Python, blocked in another call) is running
+or sleeping and keeps its heartbeat, so it gets its full timeout. The failure is a
+:class:`~pycoll.PeerFailure` naming the rank, its pid and why; the communicator's policy acts as for
+any failure (the elastic layer's revoke and reshape), and the watchdog reports and dumps it.
+
+Every rank's watchdog publishes where its process runs (:class:`~.records.ProcRecord`, one store
+write per communicator); peers read those records once, when their first operation is
+outstanding. A communicator without a store, or a peer without a watchdog, is not watched.
+``PYCOLL_WATCHDOG_LIVENESS=0`` turns the watching off.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .. import failpoints as _fp
+from ..errors import PeerFailure, StoreError
+from ..hooks import CommView, WorkView
+from .records import ProcRecord, ProgressRecord, proc_prefix, progress_prefix, read_records
+
+__all__ = ["Liveness", "round_all", "process_state", "this_process", "simulate_remote", "FP_LIVENESS_CHECK",
+           "FP_LIVENESS_FOUND"]
+
+_log = logging.getLogger("pycoll.watchdog")
+
+FP_LIVENESS_CHECK = _fp.declare("watchdog.liveness.check", "the liveness thread checks a communicator's peers")
+FP_LIVENESS_FOUND = _fp.declare("watchdog.liveness.found", "a peer was found stopped, gone or silent, before "
+                                "the communicator is failed")
+
+_all_remote = False  # a test hook: treat every peer as one on another host (heartbeats only)
+
+
+def simulate_remote(on: bool = True) -> None:
+    """For tests: treat every peer as a process on another host, watched through its heartbeat only."""
+    global _all_remote
+    _all_remote = bool(on)
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _stat(pid: int) -> Optional[Tuple[str, int]]:
+    """(state letter, start time in clock ticks) of a process of this pid namespace; None: no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return fields[0], int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def this_process(period: float) -> ProcRecord:
+    """This process, as its peers watch it (``period``: its heartbeat period, seconds)."""
+    pid = os.getpid()
+    st = _stat(pid)
+    try:
+        pidns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        pidns = ""
+    return ProcRecord(socket.gethostname(), _read("/proc/sys/kernel/random/boot_id"), pidns, pid,
+                      st[1] if st else 0, period)
+
+
+_STATES = {"T": "stopped (SIGSTOP)", "t": "stopped by a tracer", "Z": "exited (a zombie)", "X": "exited"}
+
+
+def process_state(pid: int, start: int) -> Optional[str]:
+    """Why the process ``pid`` (started at ``start`` clock ticks; 0: unknown) cannot take part any more,
+    or None while it runs or sleeps. Same host only."""
+    st = _stat(pid)
+    if st is None:
+        return "gone (exited)"
+    if start and st[1] != start:
+        return "gone (exited; its pid now belongs to another process)"
+    return _STATES.get(st[0])
+
+
+class _Peers:
+    """What is known of one communicator's peers."""
+
+    __slots__ = ("procs", "complete", "next_fetch", "stopped", "beats", "next_beat", "published")
+
+    def __init__(self) -> None:
+        self.procs: Dict[int, ProcRecord] = {}
+        self.complete = False
+        self.next_fetch = 0.0
+        self.stopped: Dict[int, int] = {}  # rank -> consecutive rounds seen stopped
+        self.beats: Dict[int, Tuple[Tuple[int, int], float]] = {}  # rank -> (heartbeat, local time it changed)
+        self.next_beat = 0.0
+        self.published = False
+
+
+class Liveness:
+    """The checks behind the watchdog's liveness thread (see the module documentation).
+
+    Settings (seconds), kept current by the watchdog: ``interval`` (same-host checks),
+    ``heartbeat_timeout`` (other hosts), ``period`` (this process's heartbeat period).
+    """
+
+    def __init__(self, interval: float, heartbeat_timeout: float, period: float) -> None:
+        self.interval = interval
+        self.heartbeat_timeout = heartbeat_timeout
+        self.period = period
+        self._peers: Dict[str, _Peers] = {}
+        self._me: Optional[ProcRecord] = None
+
+    def forget(self, live_uids: Sequence[str]) -> None:
+        """Drop what is known of communicators that are gone."""
+        for uid in [u for u in self._peers if u not in live_uids]:
+            del self._peers[uid]
+
+    def round(self, c: CommView, now: float, check: bool = True) -> None:
+        """One round for communicator ``c``: publish this process once (also with ``check`` off: the
+        peers may watch it), then check its peers while work is outstanding; fail ``c`` when one
+        cannot take part any more."""
+        store = c.store
+        if store is None or c.size < 2:
+            return
+        p = self._peers.get(c.uid)
+        if p is None:
+            p = self._peers[c.uid] = _Peers()
+        if not p.published:
+            self._publish(c, p)
+        outstanding = c.outstanding() if check else ()
+        if not outstanding:
+            p.stopped.clear()
+            return
+        _fp.hit(FP_LIVENESS_CHECK)
+        if not p.complete and now >= p.next_fetch:
+            self._fetch(c, p, now)
+        found = self._check_local(c, p) or self._check_remote(c, p, outstanding[0], now)
+        if found is not None:
+            self._fail(c, outstanding[0], now, *found)
+
+    def _publish(self, c: CommView, p: _Peers) -> None:
+        if self._me is None or self._me.pid != os.getpid() or self._me.period != self.period:
+            self._me = this_process(self.period)
+        try:
+            c.store.set(f"{proc_prefix(c.uid)}{c.rank}", self._me.encode())
+            p.published = True
+        except Exception as e:  # the next round tries again
+            _log.debug("watchdog: could not publish this process for %r: %s", c.name, e)
+
+    def _fetch(self, c: CommView, p: _Peers, now: float) -> None:
+        try:
+            p.procs = read_records(c.store, proc_prefix(c.uid), c.size, ProcRecord.decode, c.rank)
+        except Exception as e:
+            _log.debug("watchdog: could not read the peers' processes of %r: %s", c.name, e)
+        p.complete = len(p.procs) == c.size - 1
+        p.next_fetch = now + max(self.period, self.interval)  # peers without a watchdog never publish one
+
+    def _local(self, rec: ProcRecord) -> bool:
+        me = self._me
+        return (not _all_remote and me is not None and bool(rec.boot) and rec.boot == me.boot
+                and rec.pidns == me.pidns)
+
+    def _check_local(self, c: CommView, p: _Peers) -> Optional[Tuple[int, ProcRecord, str]]:
+        for rank, rec in p.procs.items():
+            if not self._local(rec):
+                continue
+            why = process_state(rec.pid, rec.start)
+            if why is None or not why.startswith("stopped"):
+                p.stopped.pop(rank, None)
+                if why is not None:
+                    return rank, rec, why
+                continue
+            p.stopped[rank] = p.stopped.get(rank, 0) + 1
+            if p.stopped[rank] >= 2:
+                return rank, rec, why
+        return None
+
+    def _check_remote(self, c: CommView, p: _Peers, oldest: WorkView, now: float
+                      ) -> Optional[Tuple[int, ProcRecord, str]]:
+        remote = {r: rec for r, rec in p.procs.items() if not self._local(rec)}
+        if not remote:
+            return None
+        period = max(rec.period for rec in remote.values())
+        if now - oldest.t0 < period or now < p.next_beat:
+            return None
+        gap = now - p.next_beat > 2 * period  # not read for a while: every heartbeat starts afresh
+        p.next_beat = now + period
+        ranks = sorted(remote)
+        try:
+            raws = c.store.multi_get([f"{progress_prefix(c.uid)}{r}" for r in ranks], timeout=min(1.0, period))
+        except (StoreError, OSError) as e:  # no verdict on a store that does not answer
+            _log.debug("watchdog: could not read the heartbeats of %r: %s", c.name, e)
+            return None
+        for rank, raw in zip(ranks, raws, strict=False):
+            rec = ProgressRecord.decode(raw)
+            beat = (rec.time_ns, rec.beats) if rec is not None else (0, 0)
+            last = p.beats.get(rank)
+            if last is None or gap or last[0] != beat:
+                p.beats[rank] = (beat, now)
+                continue
+            silent = now - last[1]
+            if silent >= max(self.heartbeat_timeout, 3 * remote[rank].period):
+                return rank, remote[rank], f"silent: no heartbeat for {silent:.1f} s"
+        return None
+
+    def _fail(self, c: CommView, work: WorkView, now: float, rank: int, rec: ProcRecord, why: str) -> None:
+        _fp.hit(FP_LIVENESS_FOUND)
+        where = "" if self._local(rec) else f" on {rec.host}"
+        global_rank = c.global_ranks[rank] if c.global_ranks is not None else rank
+        who = f"rank {rank} (pid {rec.pid}{where})" + (f", global rank {global_rank}," if global_rank != rank else "")
+        exc = PeerFailure(f"communicator {c.name!r} rank {c.rank}: {who} is {why}; {work.op} #{work.seq} failed "
+                          f"after {now - work.t0:.2f} s of its {work.timeout:g} s timeout", rank, rec.pid, why)
+        c.fail(exc, work)
+
+
+def round_all(liveness: Liveness, comms: List[CommView], now: float, check: bool = True) -> None:
+    """One round over ``comms`` (errors are logged, never raised: the thread goes on)."""
+    for c in comms:
+        if c.state != "active" or c.failure is not None:
+            continue
+        try:
+            liveness.round(c, now, check)
+        except Exception:
+            _log.exception("watchdog: the liveness check of %r failed", c.name)
+    liveness.forget([c.uid for c in comms])

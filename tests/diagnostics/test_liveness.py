@@ -1,0 +1,180 @@
+"""The watchdog's peer liveness: a stopped, killed or silent peer fails the outstanding work within
+about a second, whatever the timeout; a slow but live one gets its whole timeout. Real processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from helpers.mp import Died, run_ranks
+
+import pycoll
+from pycoll import failpoints
+from pycoll.diagnostics import liveness, watchdog
+from pycoll.elastic import ElasticGroup
+
+TOKEN = "liveness-test"
+
+
+@pytest.fixture
+def server():
+    srv = pycoll.TCPStoreServer(token=TOKEN).start()
+    yield srv.address
+    srv.close()
+
+
+def _loop(rank, n, addr, steps, victim, action, at, timeout, remote, watcher=None, spec=""):
+    """Every member all-reduces ``steps`` times; at step ``at`` the victim stops, kills itself or sleeps 3 s.
+
+    ``watcher``: only that rank watches its peers, with the failpoints ``spec`` armed.
+    """
+    if remote:
+        liveness.simulate_remote(True)
+    if watcher is not None:
+        watchdog.configure(liveness=rank == watcher)
+        failpoints.configure(spec if rank == watcher else "", rank=rank)
+    store = pycoll.TCPStore(addr[0], addr[1], TOKEN, timeout=30.0)
+    group = ElasticGroup(store, rank, n, backend="host", timeout=timeout, name="lv")
+    failures = []
+    step = 0
+    while step < steps:
+        if rank == victim and step == at:
+            store.set("lv-test/fault", repr(time.time()))
+            if action == "sleep":
+                time.sleep(3.0)
+            else:
+                os.kill(os.getpid(), signal.SIGSTOP if action == "stop" else signal.SIGKILL)
+        x = np.full(64, float(step + 1))
+        try:
+            group.comm.all_reduce(x)
+        except pycoll.CommFailure as exc:
+            failures.append((time.time(), type(exc).__name__, str(exc), group.comm.failure is not None
+                             and type(group.comm.failure).__name__))
+            group.reshape()
+            continue
+        assert np.all(x == (step + 1) * group.size), (step, x[0], group.size)
+        step += 1
+    fault = float(store.get("lv-test/fault", timeout=1.0)) if store.check(["lv-test/fault"]) else None
+    causes = [str(group.comm.failure)] if group.comm.failure is not None else []
+    out = dict(failures=failures, members=group.members, fault=fault, generation=group.generation,
+               causes=causes + [t.cause for t in group.transitions])
+    group.close()
+    return out
+
+
+def _survivors(res, victim):
+    assert isinstance(res[victim], Died), res[victim]
+    return [res[r] for r in range(len(res)) if r != victim]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("victim", [0, 2])
+def test_stopped_rank_is_found_within_a_second_whatever_the_timeout(server, victim):
+    res = run_ranks(_loop, 4, server, 40, victim, "stop", 10, 30.0, False, timeout=60, may_die=[victim])
+    outs = _survivors(res, victim)
+    for out in outs:
+        assert out["members"] == tuple(r for r in range(4) if r != victim) and out["generation"] == 1
+        assert len(out["failures"]) == 1, out
+        delay = out["failures"][0][0] - out["fault"]
+        assert delay < 1.5, f"the survivors waited {delay:.2f} s (T = 30 s): {out['failures']}"
+    causes = " ".join(" ".join(out["causes"]) for out in outs)
+    assert f"rank {victim} (pid " in causes and "is stopped (SIGSTOP)" in causes, causes
+
+
+@pytest.mark.timeout(90)
+def test_killed_rank_is_found_fast(server):
+    res = run_ranks(_loop, 4, server, 30, 1, "kill", 10, 30.0, False, timeout=60, may_die=[1])
+    for out in _survivors(res, 1):
+        assert out["members"] == (0, 2, 3) and len(out["failures"]) == 1
+        assert out["failures"][0][0] - out["fault"] < 1.5, out["failures"]
+
+
+@pytest.mark.timeout(90)
+def test_slow_but_alive_rank_gets_its_whole_timeout(server):
+    res = run_ranks(_loop, 4, server, 12, 2, "sleep", 5, 10.0, False, timeout=60)
+    for out in res:
+        assert out["failures"] == [] and out["members"] == (0, 1, 2, 3) and out["generation"] == 0, out
+
+
+@pytest.mark.timeout(90)
+def test_remote_peer_whose_heartbeat_stops_is_found_before_the_timeout(server):
+    env = {"PYCOLL_WATCHDOG_PUBLISH_INTERVAL": "0.2", "PYCOLL_WATCHDOG_HEARTBEAT_TIMEOUT": "1.0"}
+    res = run_ranks(_loop, 4, server, 30, 3, "stop", 10, 30.0, True, timeout=60, may_die=[3], env=env)
+    outs = _survivors(res, 3)
+    for out in outs:
+        assert out["members"] == (0, 1, 2) and len(out["failures"]) == 1, out
+        delay = out["failures"][0][0] - out["fault"]
+        assert delay < 4.0, f"{delay:.2f} s: {out['failures']}"  # heartbeat timeout 1 s + one period + a read
+    causes = " ".join(" ".join(out["causes"]) for out in outs)
+    assert "rank 3 (pid " in causes and "no heartbeat for" in causes, causes
+
+
+@pytest.mark.timeout(90)
+def test_slow_remote_peer_keeps_its_heartbeat(server):
+    env = {"PYCOLL_WATCHDOG_PUBLISH_INTERVAL": "0.2", "PYCOLL_WATCHDOG_HEARTBEAT_TIMEOUT": "1.0"}
+    res = run_ranks(_loop, 4, server, 12, 1, "sleep", 5, 10.0, True, timeout=60, env=env)
+    for out in res:
+        assert out["failures"] == [] and out["generation"] == 0, out
+
+
+@pytest.mark.timeout(90)
+def test_liveness_off_leaves_a_stopped_rank_to_the_timeout(server):
+    env = {"PYCOLL_WATCHDOG_LIVENESS": "0"}
+    res = run_ranks(_loop, 3, server, 20, 2, "stop", 5, 3.0, False, timeout=60, may_die=[2], env=env)
+    for out in _survivors(res, 2):
+        assert out["failures"][0][0] - out["fault"] >= 2.9, out["failures"]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("spec", ["watchdog.liveness.found=kill", "watchdog.liveness.check=kill@2"])
+def test_watcher_dies_at_the_liveness_check(server, spec):
+    """Rank 3 stops; rank 1, the only one watching, dies in its check: the others still go on (without
+    a watcher, rank 3's stop costs them their timeout, 3 s here)."""
+    res = run_ranks(_loop, 4, server, 30, 3, "stop", 10, 3.0, False, 1, spec, timeout=60, may_die=[1, 3])
+    assert isinstance(res[1], Died) and isinstance(res[3], Died)
+    for r in (0, 2):
+        assert res[r]["members"] == (0, 2) and res[r]["failures"], res[r]
+
+
+@pytest.mark.timeout(30)
+def test_process_state():
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        rec = liveness._stat(p.pid)
+        assert rec is not None
+        assert liveness.process_state(p.pid, rec[1]) is None
+        os.kill(p.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 5
+        while liveness.process_state(p.pid, rec[1]) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert liveness.process_state(p.pid, rec[1]) == "stopped (SIGSTOP)"
+        assert liveness.process_state(p.pid, rec[1] + 1).startswith("gone")  # another process with that pid
+        os.kill(p.pid, signal.SIGCONT)
+        os.kill(p.pid, signal.SIGKILL)
+        while liveness.process_state(p.pid, rec[1]) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert liveness.process_state(p.pid, rec[1]) in ("exited (a zombie)", "exited", "gone (exited)")
+    finally:
+        p.kill()
+        p.wait()
+    assert liveness.process_state(p.pid, rec[1]) is not None
+    me = liveness.this_process(1.0)
+    assert me.pid == os.getpid() and me.start > 0 and me.period == 1.0
+
+
+def test_settings_are_validated():
+    wd = watchdog.Watchdog(enabled=False, liveness_interval=0.05, heartbeat_timeout=2.0)
+    assert wd.status()["liveness_interval"] == 0.05 and wd.status()["heartbeat_timeout"] == 2.0
+    with pytest.raises(ValueError, match="liveness_interval"):
+        wd.configure(liveness_interval=0)
+    os.environ["PYCOLL_WATCHDOG_HEARTBEAT_TIMEOUT"] = "-1"
+    try:
+        with pytest.raises(ValueError, match="PYCOLL_WATCHDOG_HEARTBEAT_TIMEOUT"):
+            watchdog.Watchdog(enabled=False)
+    finally:
+        del os.environ["PYCOLL_WATCHDOG_HEARTBEAT_TIMEOUT"]
