@@ -4,6 +4,7 @@ Usage (from the repository root, pycoll built in place or installed; needs gcc):
 
     python benchmarks/overhead.py                  # 1 and 2 ranks
     python benchmarks/overhead.py --ranks 1 --batches 50 --batch 500 --json out.json
+    python benchmarks/overhead.py --breakdown      # where the time of one call goes, stage by stage
 
 Variants, all ``ncclAllReduce`` of 2 float32 (8 B, sum) with the NULL stream, so the host library
 runs the operation in the calling thread:
@@ -275,6 +276,91 @@ def run_python(nranks: int, a: argparse.Namespace, workdir: str) -> Dict[str, Di
         return {k: {kk: np.array(vv) for kk, vv in v.items()} for k, v in json.load(f).items()}
 
 
+def breakdown(a: argparse.Namespace) -> Dict[str, float]:
+    """Where the microseconds of one blocking ``Communicator.all_reduce`` (numpy, 8 B, 1 rank, defaults:
+    watchdog and flight recorder with stacks on) go: each stage of the call run on its own, in this
+    process, ``--batch`` times in a row, timed with the thread's CPU clock (what this thread spends,
+    not what other processes on a shared machine take from it); median of ``--batches`` batches.
+    "glue" is the total minus the stages: the Python statements between them."""
+    import_pycoll()
+    import pycoll
+    from pycoll import hooks
+    from pycoll.work import Work
+
+    comm = pycoll.init(0, 1, unique_id=pycoll.get_unique_id(backend="host"), backend="host", name="breakdown")
+    a_np = np.ones(2, np.float32)
+    lib, h, dev = comm.library, comm.handle, comm.device
+    for _ in range(a.warmup):
+        comm.all_reduce(a_np)
+    st = comm._begin("all_reduce", None, False, (a_np, None))
+    buf = comm._buf(a_np, st, writable=True, name="tensor")
+    ev = dev.create_event()
+    work = Work(comm, "all_reduce", 1, 0, 1, False, None, 30.0, st, [buf], [buf])
+    recorder = [hk for hk in hooks.enqueue_hooks if "FlightRecorder" in getattr(hk, "__qualname__", "")]
+    watchdog = [hk for hk in hooks.enqueue_hooks if "Watchdog" in getattr(hk, "__qualname__", "")]
+
+    def done_work() -> Any:  # a Work whose events completed: what refresh finds after an inline run
+        w = Work(comm, "all_reduce", 1, 0, 1, False, None, 30.0, st, [buf], [buf])
+        w._start = comm._event()
+        dev.record_event(w._start, st)
+        w._end = comm._event()
+        dev.record_event(w._end, st)
+        with comm._plock:
+            comm._pending.append(w)
+        return w
+
+    stages: Dict[str, Any] = {
+        "total: comm.all_reduce(numpy)": lambda: comm.all_reduce(a_np),
+        "state check + stream (_begin)": lambda: comm._begin("all_reduce", None, False, (a_np, None)),
+        "buffer description, numpy (_buf)": lambda: comm._buf(a_np, st, writable=True, name="tensor"),
+        "argument checks (dtype, count, op)": lambda: (pycoll.buffers.check_same_dtype(buf, buf),
+                                                       pycoll.buffers.check_count(buf, 2), comm._redop("sum", 7)),
+        "Work()": lambda: Work(comm, "all_reduce", 1, 0, 1, False, None, 30.0, st, [buf], [buf]),
+        "flight recorder entry (with stacks)": lambda: [hk(work) for hk in recorder],
+        "watchdog bookkeeping (enqueue hook)": lambda: [hk(work) for hk in watchdog],
+        "event record (x2 per call)": lambda: dev.record_event(ev, st),
+        "C call (Library.all_reduce)": lambda: lib.all_reduce(buf.ptr, buf.ptr, 2, 7, 0, h, st),
+    }
+    try:
+        import torch
+
+        t = torch.ones(2)
+        stages["buffer description, torch (_buf)"] = lambda: comm._buf(t, st, writable=True, name="tensor")
+    except ImportError:
+        pass
+    clock = time.thread_time_ns
+    out: Dict[str, float] = {}
+    for name, fn in stages.items():
+        per = []
+        for _ in range(a.batches):
+            t0 = clock()
+            for _ in range(a.batch):
+                fn()
+            per.append((clock() - t0) / a.batch)
+        out[name] = float(np.median(per))
+    per = []  # completion: refresh of a Work whose end event has completed (its setup is not timed)
+    for _ in range(a.batches):
+        ws = [done_work() for _ in range(a.batch)]
+        t0 = clock()
+        for w in ws:
+            comm.refresh(w)
+        per.append((clock() - t0) / a.batch)
+    out["completion (refresh: events, async error, retire, hooks)"] = float(np.median(per))
+    comm.destroy()
+    parts = sum(v for k, v in out.items() if not k.startswith("total") and "torch" not in k)
+    out["glue (total - stages; event record counted twice)"] = (
+        out["total: comm.all_reduce(numpy)"] - parts - out["event record (x2 per call)"])
+    return out
+
+
+def print_breakdown(out: Dict[str, float]) -> None:
+    w = max(len(k) for k in out)
+    print(f"# one blocking Communicator.all_reduce of 8 B, 1 rank, host backend, defaults; thread CPU ns "
+          f"per call, median of batches; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    for k, v in out.items():
+        print(f"{k.ljust(w)}  {v:9,.0f}")
+
+
 LABELS = {
     "c_blocking": "C ncclAllReduce, blocking comm",
     "c_nonblocking": "C ncclAllReduce, nonblocking comm",
@@ -298,11 +384,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per run (default 120)")
     p.add_argument("--json", help="write the per-batch numbers to this JSON file")
     p.add_argument("--markdown", help="write the table as markdown to this file")
+    p.add_argument("--breakdown", action="store_true",
+                   help="print where the time of one call goes, stage by stage (1 rank, this process)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--result-file", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker:
         worker(a)
+        return 0
+    if a.breakdown:
+        out = breakdown(a)
+        print_breakdown(out)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"breakdown_ns": out, "loadavg": os.getloadavg()}, f, indent=2)
         return 0
     import_pycoll()
     from pycoll import _bindings

@@ -42,6 +42,8 @@ from .hooks import CommObserver, Progress, add_observer, live_communicators, rem
 from .premul import PreMulSum, datatype_of, scalar_argument
 from .work import Work
 
+_IN_PROGRESS = B.IN_PROGRESS
+
 __all__ = ["Communicator", "CommObserver", "PreMulSum", "REDUCE_OPS", "abort_all", "default_timeout", "poll_ready",
            "add_observer", "remove_observer", "live_communicators"]
 
@@ -440,11 +442,12 @@ class Communicator:
             _log.debug("could not refresh the state of %r", w, exc_info=True)
 
     def _retire(self, w: Work) -> None:
-        if w in self._pending:
-            self._pending.remove(w)
-        for ev in (w._start, w._end):
-            if ev is not None:
-                self._events.append(ev)
+        _discard(self._pending, w)
+        events = self._events
+        if w._start is not None:
+            events.append(w._start)
+        if w._end is not None:
+            events.append(w._end)
         w._start = w._end = None
         w.inputs = w.outputs = []  # let the arrays go
 
@@ -601,15 +604,12 @@ class Communicator:
         timeout = self.timeout if timeout is None else _check_timeout(timeout, self.timeout)
         dev = self.device
         capture = dev.capture_id(stream)
-        is_p2p = peer is not None
-        if is_p2p:
-            self._p2p_seq += 1
-        else:
+        if peer is None:
             self._coll_seq += 1
-        w = Work(self, op, self._coll_seq, self._p2p_seq, next(self._op_ids), is_p2p, peer, timeout, stream,
-                 inputs, outputs)
-        w.async_op = async_op
-        w.capture_id = capture
+        else:
+            self._p2p_seq += 1
+        w = Work(self, op, self._coll_seq, self._p2p_seq, next(self._op_ids), peer is not None, peer, timeout, stream,
+                 inputs, outputs, async_op, capture)
         for hook in hooks.enqueue_hooks:  # called from here: the recorder's stack starts at this frame
             try:
                 hook(w)
@@ -628,17 +628,18 @@ class Communicator:
                 return self._captured(w, call, h, stream, group)
             previous = dev.swap_current() if self._guard_device else None
             try:
+                events = self._events
                 with self._lock:
-                    w._start = self._event()
-                    dev.record_event(w._start, stream)
-                with self._plock:
-                    self._pending.append(w)
+                    w._start = ev = events.pop() if events else dev.create_event()
+                    dev.record_event(ev, stream)
+                    with self._plock:
+                        self._pending.append(w)
                 try:
                     status = call(h, stream)
                 except NCCLError as e:
                     self._withdraw(w)
                     self.handle_call_error(e, w)
-                if status == B.IN_PROGRESS:
+                if status == _IN_PROGRESS:
                     self.await_ready(w)  # nothing is on the stream until the communicator is ready
                 if group is None:
                     self.group_closed(w)
@@ -648,7 +649,9 @@ class Communicator:
             if group is not None:
                 group.append(w)
             elif not async_op:
-                w.wait()
+                self.refresh(w)  # an idle host stream ran it in this thread: usually complete now
+                if w._state != "completed" or w._exc is not None:
+                    w.wait()
             return w
         except KeyboardInterrupt:
             # Ctrl-C inside a blocking operation: the operation cannot complete consistently with the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from time import monotonic as _monotonic, time_ns as _time_ns
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence
 
 from .devices import FIRST_SLEEP_S
@@ -55,21 +56,23 @@ class Work:
         stream: int,
         inputs: Sequence[Any],
         outputs: Sequence[Any],
+        async_op: bool = False,
+        capture_id: Optional[int] = None,
     ) -> None:
         self.comm = comm
         self.op = op
         self.seq = seq
         self.p2p_seq = p2p_seq
-        self.async_op = False
+        self.async_op = async_op
         self.op_id = op_id
         self.is_p2p = is_p2p
         self.peer = peer
         self.timeout = timeout
         self.stream = stream
-        self.inputs: List[Any] = list(inputs)
-        self.outputs: List[Any] = list(outputs)
-        self.time_created_ns = time.time_ns()
-        self.t0 = time.monotonic()
+        self.inputs: List[Any] = inputs if type(inputs) is list else list(inputs)
+        self.outputs: List[Any] = outputs if type(outputs) is list else list(outputs)
+        self.time_created_ns = _time_ns()
+        self.t0 = _monotonic()
         self.time_started_ns: Optional[int] = None
         self.time_completed_ns: Optional[int] = None
         self.duration_ms: Optional[float] = None
@@ -77,7 +80,7 @@ class Work:
         self._end: Optional[int] = None
         self._state = "scheduled"
         self._exc: Optional[BaseException] = None
-        self.capture_id: Optional[int] = None  # the graph capture it was recorded into (state "captured")
+        self.capture_id = capture_id  # the graph capture it was recorded into (state "captured")
         self.fr_entry: Any = None
 
     # -- public ---------------------------------------------------------------------------------

@@ -130,7 +130,7 @@ cdef class HostLibrary(Library):
         cdef pycollStream_t s = <pycollStream_t>_addr(stream, "stream")
         cdef _Call cr
         _need(self, <void*>self.fn.pycollEventRecord, "pycollEventRecord")
-        with nogil: _cap(&self.fn, NULL, &cr, self.fn.pycollEventRecord(ev, s))
+        _cap(&self.fn, NULL, &cr, self.fn.pycollEventRecord(ev, s))  # never blocks: the GIL stays
         _done(self, &cr, "pycollEventRecord")
 
     def host_event_query(self, event):
@@ -138,7 +138,7 @@ cdef class HostLibrary(Library):
         cdef pycollEvent_t ev = <pycollEvent_t>_handle(event, "event")
         cdef _Call cr
         _need(self, <void*>self.fn.pycollEventQuery, "pycollEventQuery")
-        with nogil: _cap(&self.fn, NULL, &cr, self.fn.pycollEventQuery(ev))
+        _cap(&self.fn, NULL, &cr, self.fn.pycollEventQuery(ev))  # never blocks: the GIL stays
         return _check(self, &cr, "pycollEventQuery") == ncclSuccess
 
     def host_event_synchronize(self, event):

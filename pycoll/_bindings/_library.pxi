@@ -3,7 +3,8 @@
 cdef class Library:
     """One loaded NCCL-ABI shared object and its symbol table (resolved with dlsym).
 
-    Obtain one with :func:`load`. Every method releases the GIL around its C call; a method
+    Obtain one with :func:`load`. Every method releases the GIL around its C call (except the
+    host library's non-blocking event record/query and async-error read); a method
     whose function the library lacks raises NotSupported; an ncclResult_t other than success or
     in-progress raises the matching pycoll.errors.NCCLError subclass with ncclGetLastError text.
     """
@@ -93,7 +94,12 @@ cdef class Library:
         cdef ncclResult_t state = ncclSuccess
         cdef _Call cr
         _need(self, <void*>self.fn.ncclCommGetAsyncError, "ncclCommGetAsyncError")
-        with nogil: _cap(&self.fn, c, &cr, self.fn.ncclCommGetAsyncError(c, &state))
+        if self.fn.pycollEventQuery != NULL:
+            # pycoll's host library: a short, non-blocking read; keeping the GIL spares a thread
+            # handoff on every completion (NCCL's may complete a group job: the GIL is released)
+            _cap(&self.fn, c, &cr, self.fn.ncclCommGetAsyncError(c, &state))
+        else:
+            with nogil: _cap(&self.fn, c, &cr, self.fn.ncclCommGetAsyncError(c, &state))
         _done(self, &cr, "ncclCommGetAsyncError")
         return <int>state
 
