@@ -130,7 +130,8 @@ def plot_trace(trace: Dict[str, Any], path: str, *, title: Optional[str] = None,
         ax.axvline(0.0, color="#d03030", linestyle="--", linewidth=1.2)
         div_name = next((str(e["name"]).split(": ", 1)[-1] for e in evs if e.get("ph") == "i"
                          and str(e.get("name", "")).startswith("first divergence")), "")
-        ax.text(0.0, -0.55, f" first divergence: {div_name}", color="#d03030", fontsize=8, va="top")
+        ax.text(0.0, 1.01, f"first divergence: {div_name}", color="#d03030", fontsize=8, va="bottom", ha="center",
+                transform=ax.get_xaxis_transform())
         notes: Dict[int, str] = {}
         for e in evs:
             if e.get("ph") != "i" or e.get("cat") != "analysis" or not start <= e["ts"] <= end:
@@ -158,9 +159,9 @@ def plot_trace(trace: Dict[str, Any], path: str, *, title: Optional[str] = None,
     handles += [Patch(color=c, label=p) for p, c in PHASE_COLOURS.items() if p in used]
     handles += [Line2D([], [], marker="X", color="#a00000", linestyle="none", label="failure"),
                 Line2D([], [], marker="v", color="black", linestyle="none", label="dump")]
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.22 - 0.1 / max(1, len(ranks))),
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.16 - 0.3 / max(1, len(ranks))),
               ncol=min(6, len(handles)), fontsize=7, frameon=False)
-    ax.set_title(title or "pycoll flight recorder: ranks side by side", fontsize=10)
+    ax.set_title(title or "pycoll flight recorder: ranks side by side", fontsize=10, pad=16)
     fig.tight_layout()
     fig.savefig(path, format="png")
     drawn["ops"] = dict(drawn["ops"])
