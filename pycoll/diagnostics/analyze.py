@@ -16,7 +16,12 @@ recorded in their dumps stands in for them) and the failure lines the watchdogs 
 own) or one generation's folder. Needs no torch. Pickles are loaded with a loader that refuses
 anything but plain data, so a dump cannot run code.
 
-Exit status: 0 no problem found, 1 problems found, 2 nothing could be analysed.
+``--trace OUT.json`` also writes every rank and generation as one Chrome trace-event file (Perfetto,
+``chrome://tracing``; :mod:`pycoll.diagnostics.trace`), ``--plot OUT.png`` a picture of the ranks side by
+side around the first divergence (:mod:`pycoll.diagnostics.plot`, needs matplotlib).
+
+Exit status: 0 no problem found, 1 problems found, 2 nothing could be analysed (or the trace or plot
+could not be written).
 """
 
 from __future__ import annotations
@@ -602,14 +607,16 @@ def _verdict(c: Dict[str, Any]) -> str:
 def trace_dir(path: str, *, prefix: Optional[str] = None) -> Dict[str, Any]:
     """Every generation's dumps under ``path`` as one Chrome trace-event object (:mod:`pycoll.diagnostics.trace`),
     with the analyzer's first divergences and verdicts."""
-    loaded = []
+    loaded, reports = [], []
     for gen, folder in find_generations(path):
         dumps, _ = load_generation(folder, prefix)
         loaded.append((gen, dumps))
-    reports = analyze_dir(path, prefix=prefix, stack_limit=0)
-    for rep in reports:
-        for c in rep["communicators"]:
-            c.setdefault("verdict", _verdict(c))
+        if dumps:
+            rep = analyze(dumps, stack_limit=0)
+            rep["generation"] = gen
+            for c in rep["communicators"]:
+                c["verdict"] = _verdict(c)
+            reports.append(rep)
     return build_trace(loaded, reports)
 
 
