@@ -661,6 +661,61 @@ def plain(head: List[str], body: List[List[str]]) -> str:
     return "\n".join([fmt(head)] + [fmt(r) for r in body])
 
 
+PLOT_PHASE_COLOURS = {"detection": "#d03030", "to_reshape": "#b8b8b8", "agreement": "#6a5acd", "revoke": "#c71585",
+                      "shrink": "#2e8b57", "first_allreduce": "#1e90ff"}
+
+
+def plot_phases(doc: Dict[str, Any], path: str) -> List[str]:
+    """Draw the recovery phases of each case (median per phase, stacked) side by side into the PNG ``path``.
+
+    One horizontal bar per case, one segment per phase; the SIGSTOP cases (dominated by the timeout)
+    get their own panel. Medians of the phases need not add up to the median total, which is written
+    at the end of each bar. Returns the cases drawn. Needs matplotlib (the bench extra).
+    """
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.patches import Patch
+    except ImportError as e:
+        raise SystemExit(f"--plot needs matplotlib (pip install matplotlib): {e}") from e
+    a = argparse.Namespace(stop_timeout=doc.get("stop_timeout_s", 1.0))
+    results = doc.get("results", {})
+    panels = [[c for c in ("pycoll-kill", "pycoll-kill-nofr", "mpi-kill") if results.get(c, {}).get("summary")],
+              [c for c in ("pycoll-stop", "pycoll-stop-nofr") if results.get(c, {}).get("summary")]]
+    panels = [p for p in panels if p]
+    if not panels:
+        raise SystemExit("--plot: no case with results to draw")
+    fig = Figure(figsize=(10, 1.4 + 0.55 * sum(len(p) for p in panels) + 0.5 * len(panels)), dpi=100)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(panels), 1, squeeze=False, gridspec_kw={"height_ratios": [len(p) for p in panels]})
+    for ax, cases in zip(axes[:, 0], panels, strict=False):
+        for y, case in enumerate(cases):
+            summary = results[case]["summary"]
+            left = 0.0
+            for ph in PHASES[:-1]:
+                if ph in summary:
+                    width = summary[ph]["median"]
+                    ax.barh(y, width, left=left, color=PLOT_PHASE_COLOURS[ph], height=0.6)
+                    left += width
+            total = summary["total"]["median"]
+            ax.text(left, y, f"  total {total:.1f} ms (median of {summary['total'].get('n', '?')})", va="center",
+                    fontsize=8)
+        ax.set_yticks(range(len(cases)))
+        ax.set_yticklabels([_title(c, a) for c in cases], fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlim(0, max(results[c]["summary"]["total"]["median"] for c in cases) * 1.45)
+        ax.set_xlabel("ms after the fault (median of each phase)", fontsize=8)
+        ax.grid(axis="x", color="#e0e0e0", linewidth=0.5)
+        ax.set_axisbelow(True)
+    axes[0, 0].legend(handles=[Patch(color=c, label=PHASE_LABELS[p]) for p, c in PLOT_PHASE_COLOURS.items()],
+                      loc="lower center", bbox_to_anchor=(0.5, 1.02), ncol=6, fontsize=7, frameon=False)
+    fig.suptitle(f"recovery after a failed rank, {doc.get('ranks', '?')} ranks, {doc.get('host', '')}: pycoll and "
+                 "Open MPI ULFM", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    return [c for p in panels for c in p]
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--trials", type=int, default=10, help="trials per case (default 10)")
@@ -693,6 +748,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--seed", type=int, default=None, help="seed of the random fault moments")
     p.add_argument("--json", help="write every trial and the summary to this JSON file")
     p.add_argument("--markdown", help="write the table as markdown to this file")
+    p.add_argument("--plot", metavar="OUT.png",
+                   help="draw the phases of each case side by side (with --from-json: of an earlier run's JSON)")
+    p.add_argument("--from-json", metavar="JSON", help="with --plot: draw this --json file, run nothing")
     p.add_argument("--worker", choices=("pycoll", "mpi"), help=argparse.SUPPRESS)
     p.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     p.add_argument("--nranks", type=int, help=argparse.SUPPRESS)
@@ -708,6 +766,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     if a.worker == "mpi":
         worker_mpi(a)
+        return 0
+    if a.from_json:
+        if not a.plot:
+            p.error("--from-json needs --plot")
+        with open(a.from_json) as f:
+            print(f"# drew {', '.join(plot_phases(json.load(f), a.plot))} into {a.plot}")
         return 0
     if a.trials < 1 or a.ranks < 3 or a.warmup < 1:
         p.error("--trials and --warmup must be >= 1 and --ranks >= 3 (a shrink needs at least 2 survivors)")
@@ -764,6 +828,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if a.markdown:
         with open(a.markdown, "w") as f:
             f.write(markdown(head, body) + "\n\n" + "\n".join(f"- {ln}" for ln in lines) + "\n")
+    if a.plot:
+        print(f"# drew {', '.join(plot_phases(doc, a.plot))} into {a.plot}")
     failed = sum(r["failed"] for r in doc["results"].values())
     return 1 if failed else 0
 

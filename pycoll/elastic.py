@@ -47,7 +47,7 @@ import os
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
@@ -56,7 +56,7 @@ from . import _bindings as B, failpoints as _fp
 from .comm import Communicator, default_timeout
 from .config import CommConfig
 from .create import init, join, load_library
-from .diagnostics import get_watchdog
+from .diagnostics import get_recorder, get_watchdog
 from .errors import CommFailure, CommStateError, NCCLError, StoreError, StoreTimeout
 from .launch import discovery
 from .launch.keys import mark_lost
@@ -442,6 +442,9 @@ class ElasticGroup:
 
     def _record(self, tr: Transition) -> None:
         self.transitions.append(tr)
+        # the flight recorder's dumps carry it: pycoll-fr --trace draws the phases
+        get_recorder().add_transition({**asdict(tr), "slot": self.slot, "group": self.name,
+                                       "phases_ms": tr.phases_ms()})
         _log.info("slot %d: %s", self.slot, tr.describe())
         if self.on_change is not None:
             self.on_change(self, tr)

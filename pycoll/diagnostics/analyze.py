@@ -16,7 +16,12 @@ recorded in their dumps stands in for them) and the failure lines the watchdogs 
 own) or one generation's folder. Needs no torch. Pickles are loaded with a loader that refuses
 anything but plain data, so a dump cannot run code.
 
-Exit status: 0 no problem found, 1 problems found, 2 nothing could be analysed.
+``--trace OUT.json`` also writes every rank and generation as one Chrome trace-event file (Perfetto,
+``chrome://tracing``; :mod:`pycoll.diagnostics.trace`), ``--plot OUT.png`` a picture of the ranks side by
+side around the first divergence (:mod:`pycoll.diagnostics.plot`, needs matplotlib).
+
+Exit status: 0 no problem found, 1 problems found, 2 nothing could be analysed (or the trace or plot
+could not be written).
 """
 
 from __future__ import annotations
@@ -32,9 +37,12 @@ import sys
 from collections import Counter, defaultdict
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from .plot import plot_trace
 from .stacks import is_runtime_frame
+from .trace import build_trace, write_trace
 
-__all__ = ["load_generation", "find_generations", "analyze", "analyze_dir", "format_report", "main"]
+__all__ = ["load_generation", "find_generations", "analyze", "analyze_dir", "format_report", "trace_dir",
+           "main"]
 
 _GEN_RE = re.compile(r"^generation_(\d+)$")
 _RANK_RE = re.compile(r"(\d+)(?:\.json)?$")
@@ -596,6 +604,22 @@ def _verdict(c: Dict[str, Any]) -> str:
     return "; ".join(out)
 
 
+def trace_dir(path: str, *, prefix: Optional[str] = None) -> Dict[str, Any]:
+    """Every generation's dumps under ``path`` as one Chrome trace-event object (:mod:`pycoll.diagnostics.trace`),
+    with the analyzer's first divergences and verdicts."""
+    loaded, reports = [], []
+    for gen, folder in find_generations(path):
+        dumps, _ = load_generation(folder, prefix)
+        loaded.append((gen, dumps))
+        if dumps:
+            rep = analyze(dumps, stack_limit=0)
+            rep["generation"] = gen
+            for c in rep["communicators"]:
+                c["verdict"] = _verdict(c)
+            reports.append(rep)
+    return build_trace(loaded, reports)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="pycoll-fr",
@@ -605,12 +629,31 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--no-stacks", action="store_true", help="leave the stacks of in-flight operations out")
     parser.add_argument("--stack-depth", type=int, default=6, help="frames shown per stack (default 6)")
+    parser.add_argument("--trace", metavar="OUT.json",
+                        help="also write every rank and generation as a Chrome trace-event file (Perfetto)")
+    parser.add_argument("--plot", metavar="OUT.png",
+                        help="also draw the cross-rank timeline around the first divergence (needs matplotlib)")
     args = parser.parse_args(argv)
     try:
         reports = analyze_dir(args.dir, prefix=args.prefix, stack_limit=max(0, args.stack_depth))
     except (FileNotFoundError, NotADirectoryError) as e:
         print(f"pycoll-fr: {e}", file=sys.stderr)
         return 2
+    if args.trace or args.plot:
+        trace = trace_dir(args.dir, prefix=args.prefix)
+        try:
+            if args.trace:
+                write_trace(args.trace, trace)
+                n = trace["otherData"]["counts"]
+                print(f"pycoll-fr: wrote {args.trace} ({n['slices']} operations, {n['phases']} recovery slices, "
+                      f"{n['instants']} instants; open it in ui.perfetto.dev)", file=sys.stderr)
+            if args.plot:
+                name = os.path.basename(os.path.normpath(args.dir))
+                plot_trace(trace, args.plot, title=f"pycoll flight recorder: {name}")
+                print(f"pycoll-fr: wrote {args.plot}", file=sys.stderr)
+        except (ImportError, OSError) as e:
+            print(f"pycoll-fr: {e}", file=sys.stderr)
+            return 2
     if args.json:
         print(json.dumps(reports, indent=2, default=str))
     else:

@@ -188,6 +188,7 @@ class FlightRecorder(CommObserver):
         self._dumped_gen: Dict[int, int] = {}  # generation -> number of comm closes seen at its last dump
         self._closes: Dict[int, int] = {}
         self._failures: Dict[int, List[Dict[str, Any]]] = {}  # generation -> failure reports
+        self._transitions: List[Dict[str, Any]] = []  # the elastic layer's membership changes, every dump
         self.last_dump: Optional[Dict[str, Any]] = None
         self.dump_count = 0
 
@@ -383,6 +384,13 @@ class FlightRecorder(CommObserver):
             reports.append(report)
             del reports[:-64]
 
+    def add_transition(self, record: Dict[str, Any]) -> None:
+        """Keep a membership change of the elastic layer (plain data); every later dump carries it
+        (``pycoll.transitions``, the last 64), whatever its generation."""
+        with self._lock:
+            self._transitions.append(dict(record))
+            del self._transitions[:-64]
+
     # -- reading ---------------------------------------------------------------------------------
 
     def entries(self) -> List[List[Any]]:
@@ -523,6 +531,7 @@ class FlightRecorder(CommObserver):
             "stacks": self.stacks and stacks,
             "comms": comm_facts,
             "failures": list(self._failures.get(generation, ())),
+            "transitions": list(self._transitions),
         }
         if extra:
             pyc.update(extra)

@@ -8,7 +8,10 @@ watchdog reports it and every survivor dumps its flight recorder; the survivors 
 gone and shrink the communicator; rank 0 runs the flight-recorder analyzer on the dumps, which names
 the lost rank. The launcher starts a replacement process, which joins at a step boundary (the
 job grows back to 4 ranks) and receives the model from rank 0. At the end every rank checks that
-all ranks hold identical parameters, and rank 0 prints the recovery timeline.
+all ranks hold identical parameters, and rank 0 prints the recovery timeline. With ``--trace
+OUT.json`` every rank also dumps the generations it has not dumped yet at the end, and the demo
+writes the whole run (every rank, generation and recovery phase) as a Chrome trace-event file that
+Perfetto opens (:mod:`pycoll.diagnostics.trace`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, List, Optional, Sequence, Set, Tuple
 
 if TYPE_CHECKING:
     import numpy as np
@@ -66,6 +69,17 @@ def _analyze(group: ElasticGroup, dump_dir: str, generation: int) -> None:
         print("    " + line, flush=True)
 
 
+def _final_dump(failed: Set[int]) -> None:
+    """Dump every generation whose communicator did not fail here (the failure's dumps stay as they are;
+    a generation dumped alongside them while it was young is written again, whole)."""
+    from ..diagnostics import get_recorder
+
+    rec = get_recorder()
+    gens = [g for g in rec.generations() if g not in failed]
+    if gens:
+        rec.dump("end of the demo", trigger="manual", generations=gens)
+
+
 def _sync_state(group: ElasticGroup, params: np.ndarray, step: int) -> int:
     """Rank 0 sends the model and the step to every member (a joiner receives them)."""
     import numpy as np
@@ -96,6 +110,7 @@ def _worker(args: argparse.Namespace) -> int:
         print(f"{group.size} ranks training a {_DIM}-parameter model (data parallel, all_reduce avg), "
               f"{args.steps} steps", flush=True)
     replaced = os.environ.get("PYCOLL_REPLACEMENT", "0") != "0"
+    failed: Set[int] = set()  # generations whose communicator failed under this process
     while step < args.steps:
         if step == args.kill_step and group.slot == args.kill_rank and not replaced:
             print(f"slot {group.slot}: killing myself with SIGKILL at step {step}", flush=True)
@@ -107,6 +122,7 @@ def _worker(args: argparse.Namespace) -> int:
             if group.rank == 0:
                 print(f"step {step}: collective failed: {type(exc).__name__}: {exc}", flush=True)
             before = group.generation
+            failed.add(before)
             group.reshape()
             _say(group, f"step {step}: reshaped: {group.transitions[-1].describe()}")
             # the failure's dumps wait until the recovery is over; the analyzer wants them now
@@ -147,6 +163,8 @@ def _worker(args: argparse.Namespace) -> int:
         print(f"{verdict}: {group.size} ranks (slots {list(group.members)}) hold "
               f"{'identical' if identical else 'DIFFERENT'} parameters after {step} steps "
               f"(max |w - w_true| = {err:.4f})", flush=True)
+    if args.final_dump:
+        _final_dump(failed)
     group.close()
     return 0 if identical and group.size == args.ranks else 1
 
@@ -161,7 +179,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=0.1, help="learning rate")
     p.add_argument("--timeout", type=float, default=5.0, help="per-operation timeout in seconds")
     p.add_argument("--dump-dir", default=None, help="flight-recorder dump folder (default: a temporary one)")
+    p.add_argument("--trace", metavar="OUT.json", default=None,
+                   help="write the run as a Chrome trace-event file (open it in ui.perfetto.dev)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--final-dump", action="store_true", help=argparse.SUPPRESS)
     return p
 
 
@@ -180,6 +201,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "--kill-step", str(args.kill_step), "--step-time", str(args.step_time), "--lr", str(args.lr),
         "--timeout", str(args.timeout), "--dump-dir", dump_dir,
     ]
+    if args.trace:
+        worker_args.append("--final-dump")
     cmd = [sys.executable, "-m", "pycoll.run", "-n", str(args.ranks), "--replace-failed", "1", "--timeout", "120",
            "-m", "pycoll.demo", *worker_args]
     print(f"pycoll demo: pycoll-run -n {args.ranks} --replace-failed 1 (host backend); slot {args.kill_rank} "
@@ -187,6 +210,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     t0 = time.monotonic()
     rc = subprocess.call(cmd, env=env)
     print(f"pycoll demo: finished in {time.monotonic() - t0:.1f} s with exit status {rc}", flush=True)
+    if args.trace:
+        from ..diagnostics.analyze import trace_dir
+        from ..diagnostics.trace import write_trace
+
+        trace = trace_dir(dump_dir)
+        write_trace(args.trace, trace)
+        n = trace["otherData"]["counts"]
+        print(f"pycoll demo: wrote {args.trace}: {n['processes']} ranks, {n['tracks']} tracks, {n['slices']} "
+              f"operations ({n['in_flight']} not completed), {n['phases']} recovery slices, {n['instants']} instants "
+              "(open it in ui.perfetto.dev)", flush=True)
     return rc
 
 

@@ -1,0 +1,168 @@
+"""A picture of a trace (:mod:`pycoll.diagnostics.trace`) for people who do not open Perfetto.
+
+:func:`plot_trace` draws the cross-rank timeline around the first divergence: one row per rank,
+its operations as bars coloured by state (completed, in flight, failed), its recovery phases as a
+thinner bar under them, the failures and dumps as markers and the divergence as a vertical line.
+Needs matplotlib (the ``test`` and ``bench`` extras), imported only when a plot is drawn; the
+figure is rendered with matplotlib's Agg canvas (no pyplot, no change to the process's backend).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Dict, List, Optional, Tuple
+
+__all__ = ["plot_trace", "plot_window", "STATE_COLOURS", "PHASE_COLOURS"]
+
+STATE_COLOURS = {"completed": "#8fa8c8", "in flight": "#f0a030", "failed": "#d03030"}
+PHASE_COLOURS = {"to agreement": "#b8b8b8", "agreement": "#6a5acd", "revoke": "#c71585", "shrink": "#2e8b57",
+                 "grow": "#3cb371", "init": "#20b2aa", "first collective": "#1e90ff"}
+OPS_BEFORE = 6  # operations shown before the divergence, per rank
+
+
+def _need_matplotlib() -> Any:
+    try:
+        import matplotlib  # noqa: F401
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as e:
+        raise ImportError("drawing a plot needs matplotlib (pip install matplotlib, or pycoll's 'test' extra): "
+                          f"{e}") from e
+    return Figure, FigureCanvasAgg
+
+
+def _state(ev: Dict[str, Any]) -> str:
+    if not ev["args"].get("in_flight"):
+        return "completed"
+    return "failed" if ev["name"].endswith("(failed)") else "in flight"
+
+
+def plot_window(trace: Dict[str, Any]) -> Tuple[float, float, Optional[float]]:
+    """(start, end, divergence) in the trace's microseconds: what :func:`plot_trace` shows.
+
+    Around the first divergence when the analyzer found one: the last few operations before it on
+    every rank, through the in-flight and failed operations, the failures and the recovery that
+    follow it. The whole trace otherwise.
+    """
+    evs = trace.get("traceEvents", [])
+    ops = [e for e in evs if e.get("ph") == "X" and e.get("cat") in ("collective", "p2p")]
+    timed = [e for e in evs if e.get("ph") in ("X", "i")]
+    if not timed:
+        return 0.0, 1.0, None
+    whole = (min(e["ts"] for e in timed), max(e["ts"] + e.get("dur", 0.0) for e in timed))
+    divs = [e["ts"] for e in evs if e.get("ph") == "i" and str(e.get("name", "")).startswith("first divergence")]
+    if not divs:
+        return whole[0], whole[1], None
+    t_div = min(divs)
+    before: Dict[Any, List[float]] = defaultdict(list)
+    for e in ops:
+        if e["ts"] < t_div:
+            before[e["pid"]].append(e["ts"])
+    starts = [sorted(v)[-OPS_BEFORE] if len(v) >= OPS_BEFORE else min(v) for v in before.values()]
+    start = min(starts) if starts else t_div
+    ends = [t_div]
+    for e in ops:
+        if e["args"].get("in_flight") and e["ts"] <= t_div + 1.0 and e["ts"] + e["dur"] >= t_div:
+            ends.append(e["ts"] + e["dur"])
+    recovery = [e for e in evs if e.get("ph") == "X" and e.get("cat") == "elastic" and e["ts"] >= t_div]
+    if recovery:
+        first = min(e["ts"] for e in recovery)
+        ends += [e["ts"] + e["dur"] for e in recovery if e["ts"] <= first + 1e5]  # the first recovery
+    ends += [e["ts"] for e in evs if e.get("cat") == "failure" and t_div <= e["ts"] <= max(ends)]
+    end = max(ends)
+    span = max(end - start, 1.0)
+    end += 0.25 * span  # a few operations after it
+    return max(whole[0], start - 0.03 * span), min(whole[1], end), t_div
+
+
+def plot_trace(trace: Dict[str, Any], path: str, *, title: Optional[str] = None,
+               window: Optional[Tuple[float, float]] = None) -> Dict[str, Any]:
+    """Draw ``trace`` (around its first divergence, or in ``window``: microseconds) into the PNG ``path``.
+
+    Returns what was drawn: ranks, operation bars per state, phase bars, the window (ms).
+    Raises ImportError naming matplotlib when it is not installed.
+    """
+    figure_cls, canvas_cls = _need_matplotlib()
+    start, end, t_div = plot_window(trace)
+    if window is not None:
+        start, end = window
+    if end <= start:
+        end = start + 1.0
+    evs = trace.get("traceEvents", [])
+    names = {e["pid"]: e["args"]["name"] for e in evs if e.get("ph") == "M" and e.get("name") == "process_name"}
+    ranks = sorted({e["pid"] for e in evs if e.get("ph") in ("X", "i") and e.get("s") != "g"} | set(names))
+    row = {r: i for i, r in enumerate(ranks)}
+    zero = t_div if t_div is not None else start
+
+    def ms(t: float) -> float:
+        return (t - zero) / 1e3
+
+    fig = figure_cls(figsize=(11, 1.2 + 0.62 * max(1, len(ranks))), dpi=100)
+    canvas_cls(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    drawn: Dict[str, Any] = {"ranks": ranks, "ops": defaultdict(int), "phases": 0,
+                             "window_ms": (ms(start), ms(end))}
+    bars: Dict[Tuple[int, str], List[Tuple[float, float]]] = defaultdict(list)
+    for e in evs:
+        if e.get("ph") != "X" or e["ts"] > end or e["ts"] + e.get("dur", 0.0) < start or e["pid"] not in row:
+            continue
+        a, b = max(e["ts"], start), min(e["ts"] + e["dur"], end)
+        width = max(ms(b) - ms(a), (ms(end) - ms(start)) / 2500)  # at least a hair, so an op shows
+        if e.get("cat") in ("collective", "p2p"):
+            st = _state(e)
+            bars[(e["pid"], st)].append((ms(a), width))
+            drawn["ops"][st] += 1
+        elif e.get("cat") == "elastic" and e["name"] in PHASE_COLOURS:
+            y = row[e["pid"]] - 0.42
+            ax.broken_barh([(ms(a), width)], (y, 0.22), facecolors=PHASE_COLOURS[e["name"]], edgecolor="none")
+            drawn["phases"] += 1
+    for (pid, st), spans in bars.items():
+        ax.broken_barh(spans, (row[pid] - 0.15, 0.5), facecolors=STATE_COLOURS[st],
+                       edgecolor="#404040" if st != "completed" else "none", linewidth=0.4)
+    for e in evs:
+        if e.get("ph") != "i" or not start <= e["ts"] <= end:
+            continue
+        if e.get("cat") == "failure" and e["pid"] in row:
+            ax.plot([ms(e["ts"])], [row[e["pid"]] + 0.45], marker="X", color="#a00000", markersize=8, zorder=5)
+        elif e.get("cat") == "dump" and e["pid"] in row:
+            ax.plot([ms(e["ts"])], [row[e["pid"]] + 0.45], marker="v", color="black", markersize=6, zorder=5)
+    if t_div is not None:
+        ax.axvline(0.0, color="#d03030", linestyle="--", linewidth=1.2)
+        div_name = next((str(e["name"]).split(": ", 1)[-1] for e in evs if e.get("ph") == "i"
+                         and str(e.get("name", "")).startswith("first divergence")), "")
+        ax.text(0.0, 1.01, f"first divergence: {div_name}", color="#d03030", fontsize=8, va="bottom", ha="center",
+                transform=ax.get_xaxis_transform())
+        notes: Dict[int, str] = {}
+        for e in evs:
+            if e.get("ph") != "i" or e.get("cat") != "analysis" or not start <= e["ts"] <= end:
+                continue
+            for r in e["args"].get("never_entered") or []:
+                notes.setdefault(int(r), "never entered it")
+            for r in e["args"].get("missing_dumps") or []:
+                notes.setdefault(int(r), "no dump: not seen entering it")
+        for r, text in notes.items():
+            if r in row:
+                ax.text(0.0, row[r] + 0.1, f"  {text}", color="#d03030", fontsize=7, va="center")
+    ax.set_yticks(range(len(ranks)))
+    ax.set_yticklabels([names.get(r, f"rank {r}") for r in ranks], fontsize=8)
+    ax.set_ylim(-0.6, len(ranks) - 0.1)
+    ax.invert_yaxis()
+    ax.set_xlim(ms(start), ms(end))
+    ax.set_xlabel("ms since the first divergence was enqueued" if t_div is not None else "ms")
+    ax.grid(axis="x", color="#e0e0e0", linewidth=0.5)
+    ax.set_axisbelow(True)
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles: List[Any] = [Patch(color=c, label=f"op {s}") for s, c in STATE_COLOURS.items()]
+    used = {e["name"] for e in evs if e.get("ph") == "X" and e.get("cat") == "elastic"}
+    handles += [Patch(color=c, label=p) for p, c in PHASE_COLOURS.items() if p in used]
+    handles += [Line2D([], [], marker="X", color="#a00000", linestyle="none", label="failure"),
+                Line2D([], [], marker="v", color="black", linestyle="none", label="dump")]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.16 - 0.3 / max(1, len(ranks))),
+              ncol=min(6, len(handles)), fontsize=7, frameon=False)
+    ax.set_title(title or "pycoll flight recorder: ranks side by side", fontsize=10, pad=16)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    drawn["ops"] = dict(drawn["ops"])
+    return drawn

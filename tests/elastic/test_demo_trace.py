@@ -1,0 +1,54 @@
+"""``python -m pycoll.demo --trace``: the whole demo run (a killed rank, the shrink, the grow) as one trace."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from helpers import REPO
+
+from pycoll.diagnostics import trace
+
+
+@pytest.mark.timeout(150)
+def test_demo_writes_a_trace_with_the_recovery(tmp_path):
+    out = tmp_path / "demo.json"
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-m", "pycoll.demo", "--steps", "30", "--kill-step", "8", "--dump-dir",
+                        str(tmp_path / "dumps"), "--trace", str(out)], capture_output=True, text=True, timeout=120,
+                       env=env, cwd=REPO)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert f"pycoll demo: wrote {out}: 4 ranks" in p.stdout
+    # the failure's dumps of generation 0 are kept as they were; the later generations were dumped at the end
+    assert sorted(os.listdir(tmp_path / "dumps" / "generation_0")) == [f"pycoll_trace_rank_{r}" for r in (0, 1, 3)]
+    assert len(os.listdir(tmp_path / "dumps" / "generation_2")) == 4
+    t = json.loads(out.read_text())
+    assert trace.check_trace(t) == []
+    evs = t["traceEvents"]
+    procs = {e["pid"]: e["args"]["name"] for e in evs if e["ph"] == "M" and e["name"] == "process_name"}
+    assert sorted(procs) == [0, 1, 2, 3]
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in evs if e["ph"] == "M" and e["name"] == "thread_name"}
+    for r in (0, 1, 3):  # the survivors: every generation's communicator, and the recovery
+        names = {n for (pid, _), n in threads.items() if pid == r}
+        assert any(n.startswith("demo gen 0") for n in names) and any(n.startswith("demo gen 1") for n in names)
+        assert any(n.startswith("demo gen 2") for n in names) and "elastic (recovery phases)" in names
+    el = [e for e in evs if e["ph"] == "X" and e["cat"] == "elastic"]
+    assert sorted(e["pid"] for e in el if e["name"] == "shrink -> generation 1") == [0, 1, 3]
+    assert sorted(e["pid"] for e in el if e["name"] == "grow -> generation 2") == [0, 1, 2, 3]
+    phases = {e["name"] for e in el}
+    assert {"agreement", "shrink", "grow", "first collective"} <= phases
+    ops = [e for e in evs if e["ph"] == "X" and e["cat"] == "collective"]
+    failed = [e for e in ops if e["args"]["in_flight"]]
+    assert sorted(e["pid"] for e in failed) == [0, 1, 3] and all(e["args"]["generation"] == 0 for e in failed)
+    assert all(e["args"].get("first_divergence") for e in failed)
+    assert sorted(e["pid"] for e in evs if e["ph"] == "i" and e["cat"] == "failure") == [0, 1, 3]
+    verdicts = [e["args"]["verdict"] for e in evs if e["ph"] == "i" and e["name"].startswith("verdict")]
+    assert any("rank 2 (no dump) was not seen entering" in v for v in verdicts), verdicts
+    # the slices of generation 1 come after the shrink, on every survivor
+    for r in (0, 1, 3):
+        shrink_end = max(e["ts"] + e["dur"] for e in el if e["pid"] == r and e["name"] == "shrink -> generation 1")
+        gen1 = [e["ts"] for e in ops if e["pid"] == r and e["args"]["generation"] == 1]
+        assert gen1 and min(gen1) >= shrink_end - 5e3  # its first collective (the barrier) is inside the recovery
