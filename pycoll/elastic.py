@@ -809,16 +809,17 @@ class ElasticGroup:
                 self.store.set(f"{self._ns}/admitted/{slot}/{inc}",
                                f"{g + 1}|{members.index(slot)}|{_members_str(members)}|{kind}|{step}")
                 self.store.delete(f"{self._ns}/join/{slot}")
-        if kind != "grow":  # every member needs the id: it travels with the communicator too
-            buf = np.frombuffer(bytearray(bytes(uid)) if uid is not None else bytearray(128), np.uint8).copy()
-            old.broadcast(buf, root=0)
-            uid = B.UniqueId.from_bytes(buf.tobytes())
+        # every member needs the id (for a reinit's init; for a grow, the new communicator's name, alike on
+        # every rank and joiner): it travels with the communicator
+        buf = np.frombuffer(bytearray(bytes(uid)) if uid is not None else bytearray(128), np.uint8).copy()
+        old.broadcast(buf, root=0)
+        uid = B.UniqueId.from_bytes(buf.tobytes())
         tr.agreed = tr.revoked = time.time()
         _fp.hit(FP_GROW_BEFORE_COMM)
         guard = self._guard([m for m in members if m != self.slot], old, "grow")
         try:
             if kind == "grow":
-                comm = old.grow(len(members), uid if self.rank == 0 else None, name=self.name, timeout=self.timeout,
+                comm = old.grow(len(members), uid, name=self.name, timeout=self.timeout,
                                 global_ranks=members, generation=g + 1, failure_callbacks=[self._on_comm_failure])
                 self._adopt(comm, members, g + 1)
             else:

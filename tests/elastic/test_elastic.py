@@ -198,7 +198,7 @@ def _grow_run(rank, n, addr):
         y = np.ones(4)
         group.comm.all_reduce(y)
         out = dict(members=group.members, rank=group.rank, generation=group.generation, state=state.tolist(),
-                   y=y.tolist())
+                   y=y.tolist(), uid=group.comm.uid)
         group.close()
         return out
     group = ElasticGroup(store, rank, n - 1, backend="host", timeout=10.0, name="t")
@@ -221,7 +221,7 @@ def _grow_run(rank, n, addr):
     y = np.ones(4)
     group.comm.all_reduce(y)
     out = dict(members=group.members, rank=group.rank, generation=group.generation, y=y.tolist(),
-               kinds=[t.kind for t in group.transitions])
+               kinds=[t.kind for t in group.transitions], uid=group.comm.uid)
     group.close()
     return out
 
@@ -235,6 +235,8 @@ def test_grow_back_to_four(server):
     joiner = res[4]
     assert joiner["rank"] == 3 and joiner["generation"] == 2 and joiner["state"] == list(range(16))
     assert joiner["y"] == [4.0] * 4
+    # one name for the grown communicator on every member and the joiner (dumps match across ranks)
+    assert len({res[r]["uid"] for r in (0, 1, 3, 4)}) == 1, res
 
 
 def _late_joiner(rank, n, addr):
