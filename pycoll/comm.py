@@ -1366,8 +1366,8 @@ class Communicator:
         :meth:`get_unique_id`) made; new processes call :func:`pycoll.join` with the same id and
         ``size``. The id names the new communicator alike on every rank (its ``uid``, in dumps);
         the library receives it from the coordinator only. A rank that passes None still joins,
-        but its dumps name the new communicator differently from the coordinator's and the joiners'. This communicator must be idle and
-        should be destroyed afterwards (NCCL 2.29). ``global_ranks``: every member's job-wide rank
+        but its dumps name the new communicator differently from the coordinator's and the joiners'.
+        This communicator must be idle and should be destroyed afterwards (NCCL 2.29). ``global_ranks``: every member's job-wide rank
         (unknown otherwise); the rest as for :meth:`shrink`.
         """
         self._check_usable("grow")
