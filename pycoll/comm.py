@@ -1367,8 +1367,9 @@ class Communicator:
         ``size``. The id names the new communicator alike on every rank (its ``uid``, in dumps);
         the library receives it from the coordinator only. A rank that passes None still joins,
         but its dumps name the new communicator differently from the coordinator's and the joiners'.
-        This communicator must be idle and should be destroyed afterwards (NCCL 2.29). ``global_ranks``: every member's job-wide rank
-        (unknown otherwise); the rest as for :meth:`shrink`.
+        This communicator must be idle and should be destroyed afterwards (NCCL 2.29).
+        ``global_ranks``: every member's job-wide rank (unknown otherwise); the rest as for
+        :meth:`shrink`.
         """
         self._check_usable("grow")
         timeout = _check_timeout(timeout, self.timeout)
