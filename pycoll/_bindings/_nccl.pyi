@@ -376,3 +376,7 @@ def load(spec: Optional[str] = None) -> Library:
 
 def loaded() -> List[Library]:
     """Libraries loaded so far in this process."""
+
+def capture_stack(skip: int, depth: int) -> Optional[List[Any]]:
+    """``[code, f_lasti, ...]`` of up to ``depth`` frames from ``skip`` frames above the calling
+    Python frame, innermost first (the flight recorder's per-call stack); None before Python 3.11."""

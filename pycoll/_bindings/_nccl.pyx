@@ -8,8 +8,9 @@ function the library lacks raises :class:`pycoll.errors.NotSupported` when calle
 
 This file is the one extension module; each concept is one included .pxi: _constants (constants,
 enums, the declared functions), _convert (argument checks), _values (UniqueId, Config, CollConfig,
-CommSlot), _errors (result codes -> exceptions), _library (Library), _host (HostLibrary) and
-_load (dlopen, the dlsym table, load()). Where load() looks is the pure-Python _locate.py.
+CommSlot), _errors (result codes -> exceptions), _library (Library), _host (HostLibrary),
+_load (dlopen, the dlsym table, load()) and _frames (the flight recorder's stack capture). Where
+load() looks is the pure-Python _locate.py.
 """
 
 import logging
@@ -61,7 +62,7 @@ __all__ = [
     "WIN_CFT_COUNTED", "WIN_REQUIRED_ALIGNMENT", "CTA_POLICY_DEFAULT", "CTA_POLICY_EFFICIENCY",
     "CTA_POLICY_ZERO", "Result", "DataType", "RedOp", "ScalarResidence", "CommMemStat",
     "FUNCTIONS", "RCCL_FUNCTIONS", "HOST_FUNCTIONS", "version_tuple", "UniqueId", "Config",
-    "CollConfig", "CommSlot", "Library", "HostLibrary", "load", "loaded",
+    "CollConfig", "CommSlot", "Library", "HostLibrary", "load", "loaded", "capture_stack",
 ]
 
 include "_constants.pxi"
@@ -71,3 +72,4 @@ include "_errors.pxi"
 include "_library.pxi"
 include "_host.pxi"
 include "_load.pxi"
+include "_frames.pxi"

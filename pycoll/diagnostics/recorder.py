@@ -46,6 +46,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .. import _settings
+from .._bindings import capture_stack as _capture_stack
 from ..buffers import Buffer
 from ..hooks import CommObserver, CommView, WorkView
 from .files import default_dump_dir, generation_dir, json_form, write_atomic
@@ -359,16 +360,18 @@ class FlightRecorder(CommObserver):
             osz = [b[_SHAPE] for b in outs]
             odt = [b[_DTYPE] for b in outs]
         stack: Optional[List[Any]] = None
-        if self.stacks:
-            stack = []
-            append = stack.append
-            f: Optional[FrameType] = _getframe(1)
-            for _ in range(self.stack_depth + 1):  # + _launch (the public call, e.g. all_reduce, stays)
-                if f is None:
-                    break
-                append(f.f_code)
-                append(f.f_lasti)
-                f = f.f_back
+        if self.stacks:  # from _launch on (+ 1: the public call, e.g. all_reduce, stays)
+            stack = _capture_stack(1, self.stack_depth + 1)
+            if stack is None:  # before Python 3.11
+                stack = []
+                append = stack.append
+                f: Optional[FrameType] = _getframe(1)
+                for _ in range(self.stack_depth + 1):
+                    if f is None:
+                        break
+                    append(f.f_code)
+                    append(f.f_lasti)
+                    f = f.f_back
         pos = next(self._pos)
         capture = w.capture_id
         entry = [pos, next(info.rid), info, isz, idt, osz, odt, _get_ident(), stack,
