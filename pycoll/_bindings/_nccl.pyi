@@ -29,6 +29,7 @@ __all__ = [
     "DataType", "RedOp", "ScalarResidence", "CommMemStat", "FUNCTIONS", "RCCL_FUNCTIONS", "HOST_FUNCTIONS",
     "version_tuple", "UniqueId", "Config", "CollConfig", "CommSlot", "Library", "HostLibrary", "load",
     "loaded",
+    "capture_stack",
 ]
 
 # --- constants -------------------------------------------------------------------------------
