@@ -20,7 +20,7 @@ cdef class Library:
 
     def __getattr__(self, name):
         # only for names the class lacks: HostLibrary's host_* check their arguments, then raise NotSupported
-        method = _HOST_METHODS.get(name)
+        method = _EXTRA_METHODS.get(name) or _HOST_METHODS.get(name)  # _device.pxi, _host.pxi
         if method is None:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         return method.__get__(self, type(self))
