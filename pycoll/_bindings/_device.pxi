@@ -1,6 +1,6 @@
 # The device-API host functions of nccl_device/host.h: communicator properties, device
 # communicators, teams, window device pointers and LE info, resource requirements (included by
-# _nccl.pyx after _library.pxi). They are Library methods through _EXTRA_METHODS (Library.__getattr__).
+# _nccl.pyx). Library's methods of the same names (the end of _library.pxi) call these.
 
 import collections
 
@@ -698,17 +698,3 @@ def _param_dump_all(Library self):
     """ncclParamDumpAll: NCCL prints every parameter to its log."""
     _need(self, <void*>self.fn.ncclParamDumpAll, "ncclParamDumpAll")
     with nogil: self.fn.ncclParamDumpAll()
-
-
-#: Library method name -> function, for Library.__getattr__.
-_EXTRA_METHODS = {
-    name[1:]: value for name, value in list(globals().items())
-    if name.startswith("_") and not name.startswith("__") and callable(value) and name[1:] in (
-        "comm_query_properties", "dev_comm_create", "dev_comm_destroy", "get_lsa_multimem_device_pointer",
-        "get_multimem_device_pointer", "get_lsa_device_pointer", "get_peer_device_pointer",
-        "get_multimem_device_le_info", "get_cft_device_le_info", "get_peer_device_le_info", "team_world",
-        "team_lsa", "team_cft", "team_cft_multimem", "team_rail", "team_rank_to_world", "team_rank_to_lsa",
-        "lsa_barrier_create_requirement", "gin_barrier_create_requirement", "lla2a_calc_slots",
-        "lla2a_create_requirement", "gin_outbox_create_requirement", "gin_inbox_a2a_create_requirement",
-        "reset_debug_init", "param_bind", "param_read", "param_dump_all")
-}
