@@ -8,11 +8,13 @@ from . import flight_recorder, watchdog  # noqa: F401  (the old module paths, as
 from ._bindings import UniqueId
 from .comm import REDUCE_OPS, Communicator, PreMulSum, abort_all
 from .config import CommConfig
-from .create import BACKENDS, get_unique_id, init, join
+from .create import BACKENDS, from_handle, get_unique_id, init, init_all, join
 from .diagnostics import FlightRecorder, Watchdog, dump_flight_recorder, enable_dump_signal
 from .elastic import ElasticGroup, Excluded, Transition
 from .errors import *  # noqa: F403
 from .errors import __all__ as _errors_all
+from .group import SimulatedGroup
+from .properties import CommProperties
 from .store import FileStore, MemoryStore, PrefixStore, Store, TCPStore, TCPStoreServer
 from .work import Work
 
@@ -25,6 +27,10 @@ __all__ = [
     "__version__",
     "init",
     "join",
+    "init_all",
+    "from_handle",
+    "CommProperties",
+    "SimulatedGroup",
     "get_unique_id",
     "BACKENDS",
     "Communicator",

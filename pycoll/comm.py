@@ -21,7 +21,7 @@ import weakref
 from threading import get_ident as _get_ident
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
-from . import _bindings as B, _dtypes, _settings, hooks
+from . import _bindings as B, _dtypes, _settings, adopt as _adopt, hooks
 from .buffers import Buffer, as_buffer, check_count, check_device, check_same_dtype
 from .config import CommConfig
 from .devices import Device, backoff
@@ -37,9 +37,10 @@ from .errors import (
     RemoteError,
     error_class,
 )
-from .group import group as _group, open_group as _open_group
+from .group import SimulatedGroup, group as _group, open_group as _open_group, simulate as _group_simulate
 from .hooks import CommObserver, Progress, add_observer, live_communicators, remove_observer
 from .premul import PreMulSum, datatype_of, scalar_argument
+from .properties import CommProperties, query_properties
 from .work import Work
 
 __all__ = ["Communicator", "CommObserver", "PreMulSum", "REDUCE_OPS", "abort_all", "default_timeout", "poll_ready",
@@ -186,8 +187,10 @@ class Communicator:
         generation: int = 0,
         owns_device: bool = False,
         failure_callbacks: Sequence[Callable[[Communicator, BaseException], None]] = (),
+        owns_handle: bool = True,
     ) -> None:
         self._handle: Optional[int] = handle
+        self._owns_handle = owns_handle  # False (from_handle): destroy() detaches, never frees the handle
         self.library = library
         self.device = device
         self._rank = rank
@@ -254,6 +257,40 @@ class Communicator:
         self._check_alive()
         assert self._handle is not None
         return self._handle
+
+    @property
+    def owns_handle(self) -> bool:
+        """Whether :meth:`destroy` frees the handle (False for :meth:`from_handle` without ``owned=True``)."""
+        return self._owns_handle
+
+    @property
+    def properties(self) -> CommProperties:
+        """The library's ncclCommQueryProperties for this communicator (NCCL 2.29+; see CommProperties)."""
+        with self._lock:
+            return query_properties(self.library, self.handle)
+
+    @classmethod
+    def from_handle(cls, handle: Any, *, owned: bool = False, library: Any = None, device: Optional[Device] = None,
+                    name: Optional[str] = None, uid: Optional[str] = None, timeout: Optional[float] = None,
+                    on_failure: str = "abort", store: Any = None) -> Communicator:
+        """Wrap an ``ncclComm_t`` made elsewhere, so pycoll's operations, deadlines, watchdog and
+        flight recorder work on it.
+
+        ``handle``: an int address, nccl4py's ``Communicator`` (its ``ptr``), torch's
+        ProcessGroupNCCL (its ``_comm_ptr()``) or any object with an int ``handle``. ``library``:
+        the Library that made it (a Library, a :func:`pycoll.bindings.load` spec, or None for the
+        default NCCL). The library is asked for the rank, size and device, so a null, destroyed or
+        foreign handle raises ValueError. ``owned=False`` (default): :meth:`destroy` waits for
+        pycoll's outstanding operations and detaches, leaving the handle to its maker, who must
+        keep it alive while this object is used; ``owned=True``: :meth:`destroy` finalizes and
+        frees it as for a communicator pycoll made. :meth:`abort` (and the ``"abort"`` failure
+        policy) always calls ncclCommAbort, owned or not: aborting is the only way to stop hung
+        work, and the handle is dead afterwards for its maker too. ``uid`` identifies the
+        communicator across ranks in store keys and dumps (default: from NCCL's commHash).
+        """
+        return _adopt.from_handle(cls, handle, owned=owned, library=library, device=device, name=name, uid=uid,
+                                  timeout=default_timeout() if timeout is None else timeout, on_failure=on_failure,
+                                  store=store)
 
     @property
     def state(self) -> str:
@@ -989,6 +1026,12 @@ class Communicator:
         """
         return _group(self)
 
+    def group_simulate(self) -> ContextManager[SimulatedGroup]:
+        """Like :meth:`group`, but closed with ncclGroupSimulateEnd: nothing runs; the yielded
+        object's ``estimated_time`` (microseconds, the library's model) is set when the block ends,
+        and the operations' Works fail with CommStateError if waited for."""
+        return _group_simulate(self)
+
     def group_closed(self, w: Work) -> None:
         """``w`` was issued (by its call, or by ``ncclGroupEnd``): record its completion event."""
         if w._state == "captured":
@@ -1069,6 +1112,9 @@ class Communicator:
         if self._state in ("aborted", "destroyed", "inherited"):
             return
         timeout = _check_timeout(timeout, self.timeout)
+        if not self._owns_handle and self._failure is None:
+            self._detach(timeout)
+            return
         if self._failure is not None or self._state == "revoked" or self._abort_only:
             self._abort()
             return
@@ -1085,6 +1131,16 @@ class Communicator:
             self._state = "destroyed"
             if h is not None:
                 self.library.comm_destroy(h)
+        self._closed()
+
+    def _detach(self, timeout: float) -> None:
+        """destroy() of a handle pycoll does not own: wait for its operations, then let go of it."""
+        self._drain(timeout)
+        self._release()
+        with self._lock:
+            with self._hlock:
+                self._handle = None
+            self._state = "destroyed"
         self._closed()
 
     def abort(self) -> None:
