@@ -6,6 +6,7 @@ each lives: ARCHITECTURE.md.
 
 from . import flight_recorder, watchdog  # noqa: F401  (the old module paths, as attributes)
 from ._bindings import UniqueId
+from .collconfig import CollConfig, VendorOption
 from .comm import REDUCE_OPS, Communicator, PreMulSum, abort_all
 from .config import CommConfig
 from .create import BACKENDS, from_handle, get_unique_id, init, init_all, join
@@ -30,6 +31,8 @@ __all__ = [
     "init_all",
     "from_handle",
     "CommProperties",
+    "CollConfig",
+    "VendorOption",
     "SimulatedGroup",
     "get_unique_id",
     "BACKENDS",

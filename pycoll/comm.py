@@ -23,6 +23,7 @@ from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence
 
 from . import _bindings as B, _dtypes, _settings, adopt as _adopt, hooks
 from .buffers import Buffer, as_buffer, check_count, check_device, check_same_dtype
+from .collconfig import CollConfig, prepare as _prepare_config
 from .config import CommConfig
 from .devices import Device, backoff
 from .errors import (
@@ -159,7 +160,8 @@ class Communicator:
     :func:`pycoll.join`). Collectives take any array with ``__dlpack__``,
     ``__cuda_array_interface__`` or the buffer protocol (torch, numpy, cupy, jax), without copies,
     on the device the backend uses. Each returns a :class:`~pycoll.Work`; by default the call
-    waits for completion, with ``async_op=True`` it returns at once.
+    waits for completion, with ``async_op=True`` it returns at once. Every collective takes
+    ``config=`` a :class:`pycoll.CollConfig` (NCCL 2.31+'s per-call ``ncclCollConfig_t``).
 
     Failure policy (``on_failure``): when an operation times out or the library reports an
     asynchronous error, the communicator is aborted (``"abort"``, default), revoked
@@ -807,8 +809,10 @@ class Communicator:
     # -- collectives ----------------------------------------------------------------------------
 
     def all_reduce(self, tensor: Any, output: Any = None, op: Any = "sum", *, stream: Any = None,
-                   async_op: bool = False, timeout: Optional[float] = None) -> Work:
+                   async_op: bool = False, timeout: Optional[float] = None,
+                   config: Optional[CollConfig] = None) -> Work:
         """Reduce ``tensor`` across ranks into ``output`` (in place when ``output`` is None)."""
+        cc = _prepare_config(config)
         st = self._begin("all_reduce", stream, async_op, (tensor, output))
         inp = self._buf(tensor, st, writable=output is None, name="tensor")
         out = inp if output is None else self._buf(output, st, writable=True, name="output")
@@ -817,12 +821,14 @@ class Communicator:
         redop = self._redop(op, inp.datatype)
         lib = self.library
         return self._launch("all_reduce",
-                            lambda h, s: lib.all_reduce(inp.ptr, out.ptr, inp.count, inp.datatype, redop, h, s),
+                            lambda h, s: lib.all_reduce(inp.ptr, out.ptr, inp.count, inp.datatype, redop, h, s, *cc),
                             st, [inp], [out], async_op, timeout)
 
     def broadcast(self, tensor: Any, root: int = 0, output: Any = None, *, stream: Any = None,
-                  async_op: bool = False, timeout: Optional[float] = None) -> Work:
+                  async_op: bool = False, timeout: Optional[float] = None,
+                  config: Optional[CollConfig] = None) -> Work:
         """Copy ``tensor`` of rank ``root`` to every rank's ``output`` (``tensor`` itself when None)."""
+        cc = _prepare_config(config)
         root = self._root(root)
         st = self._begin("broadcast", stream, async_op, (tensor, output))
         # the root only reads its tensor (in place too): a read-only array is fine there
@@ -832,12 +838,14 @@ class Communicator:
         check_count(out, inp.count, op="broadcast")
         lib = self.library
         return self._launch("broadcast",
-                            lambda h, s: lib.broadcast(inp.ptr, out.ptr, inp.count, inp.datatype, root, h, s),
+                            lambda h, s: lib.broadcast(inp.ptr, out.ptr, inp.count, inp.datatype, root, h, s, *cc),
                             st, [inp], [out], async_op, timeout)
 
     def reduce(self, tensor: Any, root: int = 0, output: Any = None, op: Any = "sum", *, stream: Any = None,
-               async_op: bool = False, timeout: Optional[float] = None) -> Work:
+               async_op: bool = False, timeout: Optional[float] = None,
+               config: Optional[CollConfig] = None) -> Work:
         """Reduce ``tensor`` across ranks into ``output`` on rank ``root`` (in place when None)."""
+        cc = _prepare_config(config)
         root = self._root(root)
         st = self._begin("reduce", stream, async_op, (tensor, output))
         inp = self._buf(tensor, st, writable=output is None and self._rank == root, name="tensor")
@@ -847,15 +855,17 @@ class Communicator:
         redop = self._redop(op, inp.datatype)
         lib = self.library
         return self._launch("reduce",
-                            lambda h, s: lib.reduce(inp.ptr, out.ptr, inp.count, inp.datatype, redop, root, h, s),
+                            lambda h, s: lib.reduce(inp.ptr, out.ptr, inp.count, inp.datatype, redop, root, h, s, *cc),
                             st, [inp], [out], async_op, timeout)
 
     def all_gather(self, input: Any, output: Any, *, stream: Any = None, async_op: bool = False,
-                   timeout: Optional[float] = None) -> Work:
+                   timeout: Optional[float] = None,
+                   config: Optional[CollConfig] = None) -> Work:
         """Gather every rank's ``input`` into ``output`` (``size`` x input elements, rank order).
 
         ``input=None`` is in place: each rank's contribution is already at its slot of ``output``.
         """
+        cc = _prepare_config(config)
         st = self._begin("all_gather", stream, async_op, (input, output))
         out = self._buf(output, st, writable=True, name="output")
         if input is None:
@@ -868,15 +878,18 @@ class Communicator:
             check_same_dtype(inp, out, op="all_gather")
             check_count(out, inp.count * self._size, op="all_gather", why=f"{inp.count} elements x {self._size} ranks")
         lib = self.library
-        return self._launch("all_gather", lambda h, s: lib.all_gather(inp.ptr, out.ptr, inp.count, inp.datatype, h, s),
+        return self._launch("all_gather",
+                            lambda h, s: lib.all_gather(inp.ptr, out.ptr, inp.count, inp.datatype, h, s, *cc),
                             st, [inp], [out], async_op, timeout)
 
     def reduce_scatter(self, input: Any, output: Any = None, op: Any = "sum", *, stream: Any = None,
-                       async_op: bool = False, timeout: Optional[float] = None) -> Work:
+                       async_op: bool = False, timeout: Optional[float] = None,
+                       config: Optional[CollConfig] = None) -> Work:
         """Reduce ``input`` (``size`` blocks) across ranks; rank r receives block r in ``output``.
 
         ``output=None`` is in place: the result lands in this rank's block of ``input``.
         """
+        cc = _prepare_config(config)
         st = self._begin("reduce_scatter", stream, async_op, (input, output))
         inp = self._buf(input, st, writable=output is None, name="input")
         if output is None:
@@ -892,15 +905,18 @@ class Communicator:
         redop = self._redop(op, inp.datatype)
         lib = self.library
         return self._launch("reduce_scatter",
-                            lambda h, s: lib.reduce_scatter(inp.ptr, out.ptr, out.count, inp.datatype, redop, h, s),
+                            lambda h, s: lib.reduce_scatter(inp.ptr, out.ptr, out.count, inp.datatype, redop, h, s,
+                                                            *cc),
                             st, [inp], [out], async_op, timeout)
 
     def all_to_all(self, input: Any, output: Any = None, *, stream: Any = None, async_op: bool = False,
-                   timeout: Optional[float] = None) -> Work:
+                   timeout: Optional[float] = None,
+                   config: Optional[CollConfig] = None) -> Work:
         """Send block j of ``input`` to rank j; receive rank j's block r into block j of ``output``.
 
         ``input`` and ``output`` hold ``size`` equal blocks; ``output=None`` is in place.
         """
+        cc = _prepare_config(config)
         st = self._begin("all_to_all", stream, async_op, (input, output))
         inp = self._buf(input, st, writable=output is None, name="input")
         out = inp if output is None else self._buf(output, st, writable=True, name="output")
@@ -910,16 +926,18 @@ class Communicator:
         check_count(out, inp.count, op="all_to_all")
         count = inp.count // self._size
         lib = self.library
-        return self._launch("all_to_all", lambda h, s: lib.all_to_all(inp.ptr, out.ptr, count, inp.datatype, h, s),
+        return self._launch("all_to_all", lambda h, s: lib.all_to_all(inp.ptr, out.ptr, count, inp.datatype, h, s, *cc),
                             st, [inp], [out], async_op, timeout)
 
     def gather(self, input: Any, output: Any = None, root: int = 0, *, stream: Any = None,
-               async_op: bool = False, timeout: Optional[float] = None) -> Work:
+               async_op: bool = False, timeout: Optional[float] = None,
+               config: Optional[CollConfig] = None) -> Work:
         """Gather every rank's ``input`` into ``output`` on rank ``root`` (``size`` x input elements).
 
         ``output`` is needed on the root only. On the root, ``input=None`` is in place (its
         contribution already sits at its slot of ``output``).
         """
+        cc = _prepare_config(config)
         root = self._root(root)
         is_root = self._rank == root
         st = self._begin("gather", stream, async_op, (input, output))
@@ -942,16 +960,19 @@ class Communicator:
         outs = [out] if out is not None else []
         out_ptr = out.ptr if out is not None else 0
         lib = self.library
-        return self._launch("gather", lambda h, s: lib.gather(inp.ptr, out_ptr, inp.count, inp.datatype, root, h, s),
+        return self._launch("gather",
+                            lambda h, s: lib.gather(inp.ptr, out_ptr, inp.count, inp.datatype, root, h, s, *cc),
                             st, [inp], outs, async_op, timeout)
 
     def scatter(self, input: Any, output: Any = None, root: int = 0, *, stream: Any = None,
-                async_op: bool = False, timeout: Optional[float] = None) -> Work:
+                async_op: bool = False, timeout: Optional[float] = None,
+                config: Optional[CollConfig] = None) -> Work:
         """Send block j of ``input`` on rank ``root`` to rank j's ``output``.
 
         ``input`` (``size`` blocks) is needed on the root only. On the root, ``output=None`` is in
         place (its block stays in ``input``).
         """
+        cc = _prepare_config(config)
         root = self._root(root)
         is_root = self._rank == root
         st = self._begin("scatter", stream, async_op, (input, output))
@@ -975,7 +996,8 @@ class Communicator:
         ins = [inp] if inp is not None else []
         in_ptr = inp.ptr if inp is not None else 0
         lib = self.library
-        return self._launch("scatter", lambda h, s: lib.scatter(in_ptr, out.ptr, out.count, out.datatype, root, h, s),
+        return self._launch("scatter",
+                            lambda h, s: lib.scatter(in_ptr, out.ptr, out.count, out.datatype, root, h, s, *cc),
                             st, ins, [out], async_op, timeout)
 
     def send(self, tensor: Any, peer: int, *, stream: Any = None, async_op: bool = False,

@@ -20,7 +20,7 @@ LAYERS = [
     ("bindings", ["pycoll._bindings", "pycoll.bindings", "pycoll.errors", "pycoll._settings", "pycoll._dtypes",
                   "pycoll.failpoints"]),
     ("core", ["pycoll.hooks", "pycoll.buffers", "pycoll.devices", "pycoll.config", "pycoll.work", "pycoll.group",
-              "pycoll.premul", "pycoll.properties", "pycoll.adopt", "pycoll.comm"]),
+              "pycoll.premul", "pycoll.properties", "pycoll.collconfig", "pycoll.adopt", "pycoll.comm"]),
     ("store", ["pycoll.store"]),
     ("diagnostics", ["pycoll.diagnostics"]),
     ("bootstrap", ["pycoll.launch", "pycoll.create"]),
