@@ -42,6 +42,21 @@ def handle_of(obj: Any) -> int:
     return value
 
 
+def _readable(address: int, length: int = 64) -> bool:
+    """Whether ``[address, address + length)`` lies in one readable mapping of this process
+    (/proc/self/maps; True where that file cannot be read)."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                span, perms = line.split(None, 2)[:2]
+                lo, hi = (int(x, 16) for x in span.split("-"))
+                if lo <= address and address + length <= hi:
+                    return perms.startswith("r")
+    except OSError:
+        return True
+    return False
+
+
 def _library(library: Any) -> Any:
     if library is None:
         return B.load(None)
@@ -60,6 +75,9 @@ def from_handle(cls: Any, handle: Any, *, owned: bool = False, library: Any = No
     if not isinstance(owned, bool):
         raise TypeError(f"owned must be a bool, not {type(owned).__name__}")
     lib = _library(library)
+    if lib.kind != "host" and not _readable(h):
+        # NCCL reads the communicator's magic words to check a handle: never let it touch unmapped memory
+        raise ValueError(f"handle {h:#x} does not point into readable memory: not a communicator")
     try:
         rank = lib.comm_user_rank(h)
         size = lib.comm_count(h)

@@ -175,3 +175,24 @@ def test_properties_of_a_pycoll_communicator():
             c.abort()
     with pytest.raises(pycoll.CommAborted):
         _ = comms[0].properties
+
+
+def test_real_libnccl_refuses_what_is_not_a_communicator():
+    try:
+        lib = B.load("nccl")
+    except pycoll.LibraryError:
+        pytest.skip("no libnccl (the nvidia-nccl wheel) to ask")
+    import ctypes
+
+    with pytest.raises(ValueError, match="readable memory"):
+        pycoll.Communicator.from_handle(0xDEAD0000, library=lib)  # unmapped: never handed to NCCL
+    zeros = ctypes.create_string_buffer(4096)
+    with pytest.raises(ValueError, match="not a live communicator"):
+        pycoll.Communicator.from_handle(ctypes.addressof(zeros), library=lib)  # mapped, NCCL's magic check fails
+    host = B.load("host")
+    (raw,) = host.comm_init_all(1)
+    try:
+        with pytest.raises(ValueError, match="not a live communicator"):
+            pycoll.Communicator.from_handle(raw, library=lib)  # another library's communicator
+    finally:
+        host.comm_destroy(raw)
