@@ -6,14 +6,17 @@ each lives: ARCHITECTURE.md.
 
 from . import flight_recorder, watchdog  # noqa: F401  (the old module paths, as attributes)
 from ._bindings import UniqueId
+from .collconfig import CollConfig, VendorOption
 from .comm import REDUCE_OPS, Communicator, PreMulSum, abort_all
 from .config import CommConfig
-from .create import BACKENDS, get_unique_id, init, join
+from .create import BACKENDS, from_handle, get_unique_id, init, init_all, join
 from .diagnostics import FlightRecorder, Watchdog, dump_flight_recorder, enable_dump_signal
 from .elastic import ElasticGroup, Excluded, Transition
 from .errors import *  # noqa: F403
 from .errors import __all__ as _errors_all
+from .group import SimulatedGroup
 from .memory import MemoryStats, SymmetricPool
+from .properties import CommProperties
 from .store import FileStore, MemoryStore, PrefixStore, Store, TCPStore, TCPStoreServer
 from .windows import Registration, Window
 from .work import Work
@@ -27,6 +30,12 @@ __all__ = [
     "__version__",
     "init",
     "join",
+    "init_all",
+    "from_handle",
+    "CommProperties",
+    "CollConfig",
+    "VendorOption",
+    "SimulatedGroup",
     "get_unique_id",
     "BACKENDS",
     "Communicator",

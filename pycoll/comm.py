@@ -21,8 +21,9 @@ import weakref
 from threading import get_ident as _get_ident
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
-from . import _bindings as B, _dtypes, _settings, hooks, memory as _memory, windows as _windows
+from . import _bindings as B, _dtypes, _settings, adopt as _adopt, hooks, memory as _memory, windows as _windows
 from .buffers import Buffer, as_buffer, check_count, check_device, check_same_dtype
+from .collconfig import CollConfig, prepare as _prepare_config
 from .config import CommConfig
 from .devices import Device, backoff
 from .errors import (
@@ -37,9 +38,10 @@ from .errors import (
     RemoteError,
     error_class,
 )
-from .group import group as _group, open_group as _open_group
+from .group import SimulatedGroup, group as _group, open_group as _open_group, simulate as _group_simulate
 from .hooks import CommObserver, Progress, add_observer, live_communicators, remove_observer
 from .premul import PreMulSum, datatype_of, scalar_argument
+from .properties import CommProperties, query_properties
 from .work import Work
 
 _IN_PROGRESS = B.IN_PROGRESS
@@ -160,7 +162,8 @@ class Communicator:
     :func:`pycoll.join`). Collectives take any array with ``__dlpack__``,
     ``__cuda_array_interface__`` or the buffer protocol (torch, numpy, cupy, jax), without copies,
     on the device the backend uses. Each returns a :class:`~pycoll.Work`; by default the call
-    waits for completion, with ``async_op=True`` it returns at once.
+    waits for completion, with ``async_op=True`` it returns at once. Every collective takes
+    ``config=`` a :class:`pycoll.CollConfig` (NCCL 2.31+'s per-call ``ncclCollConfig_t``).
 
     Failure policy (``on_failure``): when an operation times out or the library reports an
     asynchronous error, the communicator is aborted (``"abort"``, default), revoked
@@ -188,8 +191,10 @@ class Communicator:
         generation: int = 0,
         owns_device: bool = False,
         failure_callbacks: Sequence[Callable[[Communicator, BaseException], None]] = (),
+        owns_handle: bool = True,
     ) -> None:
         self._handle: Optional[int] = handle
+        self._owns_handle = owns_handle  # False (from_handle): destroy() detaches, never frees the handle
         self.library = library
         self.device = device
         self._rank = rank
@@ -258,6 +263,40 @@ class Communicator:
         self._check_alive()
         assert self._handle is not None
         return self._handle
+
+    @property
+    def owns_handle(self) -> bool:
+        """Whether :meth:`destroy` frees the handle (False for :meth:`from_handle` without ``owned=True``)."""
+        return self._owns_handle
+
+    @property
+    def properties(self) -> CommProperties:
+        """The library's ncclCommQueryProperties for this communicator (NCCL 2.29+; see CommProperties)."""
+        with self._lock:
+            return query_properties(self.library, self.handle)
+
+    @classmethod
+    def from_handle(cls, handle: Any, *, owned: bool = False, library: Any = None, device: Optional[Device] = None,
+                    name: Optional[str] = None, uid: Optional[str] = None, timeout: Optional[float] = None,
+                    on_failure: str = "abort", store: Any = None) -> Communicator:
+        """Wrap an ``ncclComm_t`` made elsewhere, so pycoll's operations, deadlines, watchdog and
+        flight recorder work on it.
+
+        ``handle``: an int address, nccl4py's ``Communicator`` (its ``ptr``), torch's
+        ProcessGroupNCCL (its ``_comm_ptr()``) or any object with an int ``handle``. ``library``:
+        the Library that made it (a Library, a :func:`pycoll.bindings.load` spec, or None for the
+        default NCCL). The library is asked for the rank, size and device, so a null, destroyed or
+        foreign handle raises ValueError. ``owned=False`` (default): :meth:`destroy` waits for
+        pycoll's outstanding operations and detaches, leaving the handle to its maker, who must
+        keep it alive while this object is used; ``owned=True``: :meth:`destroy` finalizes and
+        frees it as for a communicator pycoll made. :meth:`abort` (and the ``"abort"`` failure
+        policy) always calls ncclCommAbort, owned or not: aborting is the only way to stop hung
+        work, and the handle is dead afterwards for its maker too. ``uid`` identifies the
+        communicator across ranks in store keys and dumps (default: from NCCL's commHash).
+        """
+        return _adopt.from_handle(cls, handle, owned=owned, library=library, device=device, name=name, uid=uid,
+                                  timeout=default_timeout() if timeout is None else timeout, on_failure=on_failure,
+                                  store=store)
 
     @property
     def state(self) -> str:
@@ -775,8 +814,10 @@ class Communicator:
     # -- collectives ----------------------------------------------------------------------------
 
     def all_reduce(self, tensor: Any, output: Any = None, op: Any = "sum", *, stream: Any = None,
-                   async_op: bool = False, timeout: Optional[float] = None) -> Work:
+                   async_op: bool = False, timeout: Optional[float] = None,
+                   config: Optional[CollConfig] = None) -> Work:
         """Reduce ``tensor`` across ranks into ``output`` (in place when ``output`` is None)."""
+        cc = _prepare_config(config)
         st = self._begin("all_reduce", stream, async_op, (tensor, output))
         inp = self._buf(tensor, st, writable=output is None, name="tensor")
         out = inp if output is None else self._buf(output, st, writable=True, name="output")
@@ -785,12 +826,14 @@ class Communicator:
         redop = self._redop(op, inp.datatype)
         lib = self.library
         return self._launch("all_reduce",
-                            lambda h, s: lib.all_reduce(inp.ptr, out.ptr, inp.count, inp.datatype, redop, h, s),
+                            lambda h, s: lib.all_reduce(inp.ptr, out.ptr, inp.count, inp.datatype, redop, h, s, *cc),
                             st, [inp], [out], async_op, timeout)
 
     def broadcast(self, tensor: Any, root: int = 0, output: Any = None, *, stream: Any = None,
-                  async_op: bool = False, timeout: Optional[float] = None) -> Work:
+                  async_op: bool = False, timeout: Optional[float] = None,
+                  config: Optional[CollConfig] = None) -> Work:
         """Copy ``tensor`` of rank ``root`` to every rank's ``output`` (``tensor`` itself when None)."""
+        cc = _prepare_config(config)
         root = self._root(root)
         st = self._begin("broadcast", stream, async_op, (tensor, output))
         # the root only reads its tensor (in place too): a read-only array is fine there
@@ -800,12 +843,14 @@ class Communicator:
         check_count(out, inp.count, op="broadcast")
         lib = self.library
         return self._launch("broadcast",
-                            lambda h, s: lib.broadcast(inp.ptr, out.ptr, inp.count, inp.datatype, root, h, s),
+                            lambda h, s: lib.broadcast(inp.ptr, out.ptr, inp.count, inp.datatype, root, h, s, *cc),
                             st, [inp], [out], async_op, timeout)
 
     def reduce(self, tensor: Any, root: int = 0, output: Any = None, op: Any = "sum", *, stream: Any = None,
-               async_op: bool = False, timeout: Optional[float] = None) -> Work:
+               async_op: bool = False, timeout: Optional[float] = None,
+               config: Optional[CollConfig] = None) -> Work:
         """Reduce ``tensor`` across ranks into ``output`` on rank ``root`` (in place when None)."""
+        cc = _prepare_config(config)
         root = self._root(root)
         st = self._begin("reduce", stream, async_op, (tensor, output))
         inp = self._buf(tensor, st, writable=output is None and self._rank == root, name="tensor")
@@ -815,15 +860,17 @@ class Communicator:
         redop = self._redop(op, inp.datatype)
         lib = self.library
         return self._launch("reduce",
-                            lambda h, s: lib.reduce(inp.ptr, out.ptr, inp.count, inp.datatype, redop, root, h, s),
+                            lambda h, s: lib.reduce(inp.ptr, out.ptr, inp.count, inp.datatype, redop, root, h, s, *cc),
                             st, [inp], [out], async_op, timeout)
 
     def all_gather(self, input: Any, output: Any, *, stream: Any = None, async_op: bool = False,
-                   timeout: Optional[float] = None) -> Work:
+                   timeout: Optional[float] = None,
+                   config: Optional[CollConfig] = None) -> Work:
         """Gather every rank's ``input`` into ``output`` (``size`` x input elements, rank order).
 
         ``input=None`` is in place: each rank's contribution is already at its slot of ``output``.
         """
+        cc = _prepare_config(config)
         st = self._begin("all_gather", stream, async_op, (input, output))
         out = self._buf(output, st, writable=True, name="output")
         if input is None:
@@ -836,15 +883,18 @@ class Communicator:
             check_same_dtype(inp, out, op="all_gather")
             check_count(out, inp.count * self._size, op="all_gather", why=f"{inp.count} elements x {self._size} ranks")
         lib = self.library
-        return self._launch("all_gather", lambda h, s: lib.all_gather(inp.ptr, out.ptr, inp.count, inp.datatype, h, s),
+        return self._launch("all_gather",
+                            lambda h, s: lib.all_gather(inp.ptr, out.ptr, inp.count, inp.datatype, h, s, *cc),
                             st, [inp], [out], async_op, timeout)
 
     def reduce_scatter(self, input: Any, output: Any = None, op: Any = "sum", *, stream: Any = None,
-                       async_op: bool = False, timeout: Optional[float] = None) -> Work:
+                       async_op: bool = False, timeout: Optional[float] = None,
+                       config: Optional[CollConfig] = None) -> Work:
         """Reduce ``input`` (``size`` blocks) across ranks; rank r receives block r in ``output``.
 
         ``output=None`` is in place: the result lands in this rank's block of ``input``.
         """
+        cc = _prepare_config(config)
         st = self._begin("reduce_scatter", stream, async_op, (input, output))
         inp = self._buf(input, st, writable=output is None, name="input")
         if output is None:
@@ -860,15 +910,18 @@ class Communicator:
         redop = self._redop(op, inp.datatype)
         lib = self.library
         return self._launch("reduce_scatter",
-                            lambda h, s: lib.reduce_scatter(inp.ptr, out.ptr, out.count, inp.datatype, redop, h, s),
+                            lambda h, s: lib.reduce_scatter(inp.ptr, out.ptr, out.count, inp.datatype, redop, h, s,
+                                                            *cc),
                             st, [inp], [out], async_op, timeout)
 
     def all_to_all(self, input: Any, output: Any = None, *, stream: Any = None, async_op: bool = False,
-                   timeout: Optional[float] = None) -> Work:
+                   timeout: Optional[float] = None,
+                   config: Optional[CollConfig] = None) -> Work:
         """Send block j of ``input`` to rank j; receive rank j's block r into block j of ``output``.
 
         ``input`` and ``output`` hold ``size`` equal blocks; ``output=None`` is in place.
         """
+        cc = _prepare_config(config)
         st = self._begin("all_to_all", stream, async_op, (input, output))
         inp = self._buf(input, st, writable=output is None, name="input")
         out = inp if output is None else self._buf(output, st, writable=True, name="output")
@@ -878,16 +931,18 @@ class Communicator:
         check_count(out, inp.count, op="all_to_all")
         count = inp.count // self._size
         lib = self.library
-        return self._launch("all_to_all", lambda h, s: lib.all_to_all(inp.ptr, out.ptr, count, inp.datatype, h, s),
+        return self._launch("all_to_all", lambda h, s: lib.all_to_all(inp.ptr, out.ptr, count, inp.datatype, h, s, *cc),
                             st, [inp], [out], async_op, timeout)
 
     def gather(self, input: Any, output: Any = None, root: int = 0, *, stream: Any = None,
-               async_op: bool = False, timeout: Optional[float] = None) -> Work:
+               async_op: bool = False, timeout: Optional[float] = None,
+               config: Optional[CollConfig] = None) -> Work:
         """Gather every rank's ``input`` into ``output`` on rank ``root`` (``size`` x input elements).
 
         ``output`` is needed on the root only. On the root, ``input=None`` is in place (its
         contribution already sits at its slot of ``output``).
         """
+        cc = _prepare_config(config)
         root = self._root(root)
         is_root = self._rank == root
         st = self._begin("gather", stream, async_op, (input, output))
@@ -910,16 +965,19 @@ class Communicator:
         outs = [out] if out is not None else []
         out_ptr = out.ptr if out is not None else 0
         lib = self.library
-        return self._launch("gather", lambda h, s: lib.gather(inp.ptr, out_ptr, inp.count, inp.datatype, root, h, s),
+        return self._launch("gather",
+                            lambda h, s: lib.gather(inp.ptr, out_ptr, inp.count, inp.datatype, root, h, s, *cc),
                             st, [inp], outs, async_op, timeout)
 
     def scatter(self, input: Any, output: Any = None, root: int = 0, *, stream: Any = None,
-                async_op: bool = False, timeout: Optional[float] = None) -> Work:
+                async_op: bool = False, timeout: Optional[float] = None,
+                config: Optional[CollConfig] = None) -> Work:
         """Send block j of ``input`` on rank ``root`` to rank j's ``output``.
 
         ``input`` (``size`` blocks) is needed on the root only. On the root, ``output=None`` is in
         place (its block stays in ``input``).
         """
+        cc = _prepare_config(config)
         root = self._root(root)
         is_root = self._rank == root
         st = self._begin("scatter", stream, async_op, (input, output))
@@ -943,7 +1001,8 @@ class Communicator:
         ins = [inp] if inp is not None else []
         in_ptr = inp.ptr if inp is not None else 0
         lib = self.library
-        return self._launch("scatter", lambda h, s: lib.scatter(in_ptr, out.ptr, out.count, out.datatype, root, h, s),
+        return self._launch("scatter",
+                            lambda h, s: lib.scatter(in_ptr, out.ptr, out.count, out.datatype, root, h, s, *cc),
                             st, ins, [out], async_op, timeout)
 
     def send(self, tensor: Any, peer: int, *, stream: Any = None, async_op: bool = False,
@@ -993,6 +1052,12 @@ class Communicator:
         grouped.
         """
         return _group(self)
+
+    def group_simulate(self) -> ContextManager[SimulatedGroup]:
+        """Like :meth:`group`, but closed with ncclGroupSimulateEnd: nothing runs; the yielded
+        object's ``estimated_time`` (microseconds, the library's model) is set when the block ends,
+        and the operations' Works fail with CommStateError if waited for."""
+        return _group_simulate(self)
 
     def group_closed(self, w: Work) -> None:
         """``w`` was issued (by its call, or by ``ncclGroupEnd``): record its completion event."""
@@ -1119,6 +1184,9 @@ class Communicator:
         if self._state in ("aborted", "destroyed", "inherited"):
             return
         timeout = _check_timeout(timeout, self.timeout)
+        if not self._owns_handle and self._failure is None:
+            self._detach(timeout)
+            return
         if self._failure is not None or self._state == "revoked" or self._abort_only:
             self._abort()
             return
@@ -1135,6 +1203,16 @@ class Communicator:
             self._state = "destroyed"
             if h is not None:
                 self.library.comm_destroy(h)
+        self._closed()
+
+    def _detach(self, timeout: float) -> None:
+        """destroy() of a handle pycoll does not own: wait for its operations, then let go of it."""
+        self._drain(timeout)
+        self._release()
+        with self._lock:
+            with self._hlock:
+                self._handle = None
+            self._state = "destroyed"
         self._closed()
 
     def abort(self) -> None:

@@ -21,7 +21,7 @@ from .store import Store, wrap_torch_store
 
 _log = logging.getLogger("pycoll.create")
 
-__all__ = ["init", "join", "get_unique_id", "load_library", "BACKENDS"]
+__all__ = ["init", "join", "init_all", "from_handle", "get_unique_id", "load_library", "BACKENDS"]
 
 #: Backend names accepted by :func:`init`.
 BACKENDS = ("auto", "host", "nccl", "rccl")
@@ -285,3 +285,51 @@ def join(
         on_failure=on_failure or _settings.get("PYCOLL_ON_FAILURE"), store=store, owns_device=owns,
         generation=generation, failure_callbacks=failure_callbacks,
     )
+
+
+def from_handle(handle: Any, **kwargs: Any) -> Communicator:
+    """:meth:`Communicator.from_handle` with the flight recorder and the watchdog registered (as
+    :func:`init` does); the same arguments."""
+    _install_diagnostics()
+    return Communicator.from_handle(handle, **kwargs)
+
+
+def init_all(devices: Any, *, backend: str = "auto", library: Any = None, timeout: Optional[float] = None,
+             on_failure: Optional[str] = None) -> list:
+    """One process driving several devices: ``ncclCommInitAll`` over ``devices`` (an int ``n`` for
+    devices ``0..n-1``, or a sequence of GPU ordinals; on the host backend the numbers only label
+    the ranks). Returns one :class:`Communicator` per device, rank ``i`` on ``devices[i]``, all owned.
+
+    Their operations must be issued from one thread inside :meth:`Communicator.group` (or from one
+    thread per communicator), as with NCCL: a blocking collective on one of them waits for the others.
+    """
+    if isinstance(devices, bool):
+        raise TypeError("devices must be an int or a sequence of device ordinals, not bool")
+    if isinstance(devices, int):
+        if devices < 1:
+            raise ValueError(f"devices must be >= 1, got {devices}")
+        devlist = list(range(devices))
+    else:
+        devlist = list(devices)
+        if not devlist:
+            raise ValueError("devices must name at least one device")
+        for d in devlist:
+            if isinstance(d, bool) or not isinstance(d, int) or d < 0:
+                raise ValueError(f"devices must be ordinals >= 0, got {d!r}")
+    _, lib = load_library(backend, library)
+    _install_diagnostics()
+    handles = lib.comm_init_all(len(devlist), devlist)
+    comms: list = []
+    try:
+        for h in handles:
+            comms.append(Communicator.from_handle(
+                h, owned=True, library=lib, timeout=_check_timeout(timeout, default_timeout()),
+                on_failure=on_failure or str(_settings.get("PYCOLL_ON_FAILURE"))))
+    except BaseException:
+        for c in comms:
+            c.abort()
+        for h in handles[len(comms):]:
+            with contextlib.suppress(NCCLError):
+                lib.comm_abort(h)
+        raise
+    return comms

@@ -7,6 +7,7 @@ enqueued inside it get their completion events when the outermost group closes.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from typing import TYPE_CHECKING, Any, Iterator, List, Optional
 
@@ -16,7 +17,7 @@ from .errors import CommFailure, CommStateError, NCCLError
 if TYPE_CHECKING:  # pragma: no cover
     from .work import Work
 
-__all__ = ["open_group", "group"]
+__all__ = ["open_group", "group", "simulate", "SimulatedGroup"]
 
 _tls = threading.local()  # .works: the Works of the open group on this thread; .library: its library
 
@@ -70,3 +71,35 @@ def group(comm: Any) -> Iterator[None]:
             for w in works:
                 if not w.async_op:
                     w.wait()
+
+
+@dataclasses.dataclass
+class SimulatedGroup:
+    """What :func:`simulate` yields: ``estimated_time`` (the library's estimate in microseconds,
+    NCCL's unit) once the block has ended; None inside it or when the block raised."""
+
+    estimated_time: Optional[float] = None
+
+
+@contextlib.contextmanager
+def simulate(comm: Any) -> Iterator[SimulatedGroup]:
+    """The body of :meth:`pycoll.Communicator.group_simulate`: a group closed with ncclGroupSimulateEnd."""
+    lib = comm.library
+    if open_group() is not None:
+        raise CommStateError("group_simulate() cannot be nested in an open group")
+    result = SimulatedGroup()
+    lib.group_start()
+    _tls.works = []
+    _tls.library = lib
+    try:
+        yield result
+    finally:
+        works: List[Work] = _tls.works
+        _tls.works = None
+        _tls.library = None
+        try:
+            result.estimated_time = lib.group_simulate_end()
+        finally:
+            never = CommStateError("the operation was only simulated (group_simulate): it never ran")
+            for w in works:
+                w.comm.group_failed(w, never)

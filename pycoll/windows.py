@@ -129,15 +129,6 @@ def register(comm: Any, array: Any) -> Registration:
     return reg
 
 
-def _binding(lib: Any, names: Sequence[str], function: str) -> Any:
-    for name in names:
-        fn = getattr(lib, name, None)
-        if fn is not None:
-            return fn
-    raise NotSupported(function, "2.32", getattr(lib, "path", ""),
-                       "this pycoll's bindings do not declare it yet")
-
-
 class Window(_Tracked):
     """A window registered with ``ncclCommWindowRegister`` (collective): the target of one-sided
     :meth:`~pycoll.Communicator.put_signal`. ``flags`` are ``pycoll.bindings.WIN_*``."""
@@ -157,27 +148,29 @@ class Window(_Tracked):
         with self.comm._lock:
             return int(self.comm.library.win_get_user_ptr(self.comm.handle, self.handle))
 
-    def _pointer(self, names: Sequence[str], function: str, *args: Any) -> int:
-        fn = _binding(self.comm.library, names, function)
-        return int(fn(self.handle, *args))
-
     def peer_pointer(self, peer: int, offset: int = 0) -> int:
         """The address of ``peer``'s window (plus ``offset`` bytes) as this process reaches it
         (``ncclGetPeerDevicePointer``; on the host backend a mapping of the peer's shared memory)."""
         peer = self.comm._root(peer, "peer")
-        return self._pointer(("get_peer_device_pointer", "peer_device_pointer"), "ncclGetPeerDevicePointer",
-                             offset, peer)
+        return int(self.comm.library.get_peer_device_pointer(self.handle, offset, peer))
 
     def lsa_pointer(self, lsa_rank: int, offset: int = 0) -> int:
         """The address of LSA rank ``lsa_rank``'s window (``ncclGetLsaDevicePointer``)."""
-        return self._pointer(("get_lsa_device_pointer", "lsa_device_pointer"), "ncclGetLsaDevicePointer",
-                             offset, lsa_rank)
+        return int(self.comm.library.get_lsa_device_pointer(self.handle, offset, lsa_rank))
 
     def multimem_pointer(self, offset: int = 0) -> int:
         """The multicast address of the window over the LSA team (``ncclGetLsaMultimemDevicePointer``;
         NVLS GPUs only: the host library refuses with InvalidUsage)."""
-        return self._pointer(("get_lsa_multimem_device_pointer", "lsa_multimem_device_pointer"),
-                             "ncclGetLsaMultimemDevicePointer", offset)
+        return int(self.comm.library.get_lsa_multimem_device_pointer(self.handle, offset))
+
+    def le_info(self, peer: Optional[int] = None, offset: int = 0) -> Any:
+        """The load/store-engine info of the window at ``offset`` (``ncclGetMultimemDeviceLeInfo``,
+        or ``ncclGetPeerDeviceLeInfo`` for world rank ``peer``; CFT hardware only: the host library
+        refuses with InvalidUsage)."""
+        lib = self.comm.library
+        if peer is None:
+            return lib.get_multimem_device_le_info(self.handle, offset)
+        return lib.get_peer_device_le_info(self.handle, offset, self.comm._root(peer, "peer"))
 
     def check_span(self, offset: int, nbytes: int) -> None:
         """Raise ValueError unless ``nbytes`` at byte ``offset`` fit in the window."""

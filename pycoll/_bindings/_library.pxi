@@ -804,3 +804,113 @@ cdef class Library:
         if table == NULL:
             return []
         return [_decode(table[i]) for i in range(n)]
+
+    # --- device-API host functions, debug reset, typed parameters: the bodies are in _device.pxi ---
+    def comm_query_properties(self, comm):
+        """ncclCommQueryProperties (_device.pxi)."""
+        return _comm_query_properties(self, comm)
+
+    def dev_comm_create(self, comm, requirements=None):
+        """ncclDevCommCreate (collective over ``comm``) (_device.pxi)."""
+        return _dev_comm_create(self, comm, requirements)
+
+    def dev_comm_destroy(self, comm, dev_comm):
+        """ncclDevCommDestroy of a  (_device.pxi)."""
+        return _dev_comm_destroy(self, comm, dev_comm)
+
+    def get_lsa_multimem_device_pointer(self, window, offset):
+        """ncclGetLsaMultimemDevicePointer (_device.pxi)."""
+        return _get_lsa_multimem_device_pointer(self, window, offset)
+
+    def get_multimem_device_pointer(self, window, offset, multimem):
+        """ncclGetMultimemDevicePointer with a multimem handle (its ``mcBasePtr`` address). (_device.pxi)."""
+        return _get_multimem_device_pointer(self, window, offset, multimem)
+
+    def get_lsa_device_pointer(self, window, offset, lsa_rank):
+        """ncclGetLsaDevicePointer (_device.pxi)."""
+        return _get_lsa_device_pointer(self, window, offset, lsa_rank)
+
+    def get_peer_device_pointer(self, window, offset, peer):
+        """ncclGetPeerDevicePointer (_device.pxi)."""
+        return _get_peer_device_pointer(self, window, offset, peer)
+
+    def get_multimem_device_le_info(self, window, offset):
+        """ncclGetMultimemDeviceLeInfo (_device.pxi)."""
+        return _get_multimem_device_le_info(self, window, offset)
+
+    def get_cft_device_le_info(self, window, offset, peer_cft, cft_team):
+        """ncclGetCftDeviceLeInfo (_device.pxi)."""
+        return _get_cft_device_le_info(self, window, offset, peer_cft, cft_team)
+
+    def get_peer_device_le_info(self, window, offset, peer_world):
+        """ncclGetPeerDeviceLeInfo (_device.pxi)."""
+        return _get_peer_device_le_info(self, window, offset, peer_world)
+
+    def team_world(self, comm):
+        """ncclTeamWorld (_device.pxi)."""
+        return _team_world(self, comm)
+
+    def team_lsa(self, comm):
+        """ncclTeamLsa (_device.pxi)."""
+        return _team_lsa(self, comm)
+
+    def team_cft(self, comm, mode=0):
+        """ncclTeamCft(comm, mode) (_device.pxi)."""
+        return _team_cft(self, comm, mode)
+
+    def team_cft_multimem(self, comm):
+        """ncclTeamCftMultimem (_device.pxi)."""
+        return _team_cft_multimem(self, comm)
+
+    def team_rail(self, comm):
+        """ncclTeamRail (_device.pxi)."""
+        return _team_rail(self, comm)
+
+    def team_rank_to_world(self, comm, team, rank):
+        """ncclTeamRankToWorld (_device.pxi)."""
+        return _team_rank_to_world(self, comm, team, rank)
+
+    def team_rank_to_lsa(self, comm, team, rank):
+        """ncclTeamRankToLsa (_device.pxi)."""
+        return _team_rank_to_lsa(self, comm, team, rank)
+
+    def lsa_barrier_create_requirement(self, team, n_barriers):
+        """ncclLsaBarrierCreateRequirement (_device.pxi)."""
+        return _lsa_barrier_create_requirement(self, team, n_barriers)
+
+    def gin_barrier_create_requirement(self, comm, team, n_barriers):
+        """ncclGinBarrierCreateRequirement (_device.pxi)."""
+        return _gin_barrier_create_requirement(self, comm, team, n_barriers)
+
+    def lla2a_calc_slots(self, max_elts, max_elt_size):
+        """ncclLLA2ACalcSlots (_device.pxi)."""
+        return _lla2a_calc_slots(self, max_elts, max_elt_size)
+
+    def lla2a_create_requirement(self, n_blocks, n_slots):
+        """ncclLLA2ACreateRequirement (_device.pxi)."""
+        return _lla2a_create_requirement(self, n_blocks, n_slots)
+
+    def gin_outbox_create_requirement(self, n_blocks, size_log2):
+        """ncclGinOutboxCreateRequirement (_device.pxi)."""
+        return _gin_outbox_create_requirement(self, n_blocks, size_log2)
+
+    def gin_inbox_a2a_create_requirement(self, peers, n_blocks, size_log2):
+        """ncclGinInboxA2ACreateRequirement for the team ``peers`` (_device.pxi)."""
+        return _gin_inbox_a2a_create_requirement(self, peers, n_blocks, size_log2)
+
+    def reset_debug_init(self, internal=False):
+        """ncclResetDebugInit (deprecated by NCCL), or with ``internal=True`` ncclResetDebugInitInternal (_device.pxi)."""
+        return _reset_debug_init(self, internal)
+
+    def param_bind(self, key):
+        """ncclParamBind(key) (_device.pxi)."""
+        return _param_bind(self, key)
+
+    def param_read(self, handle, kind="i64", max_len=4096):
+        """Read a bound parameter (_device.pxi)."""
+        return _param_read(self, handle, kind, max_len)
+
+    def param_dump_all(self):
+        """ncclParamDumpAll (_device.pxi)."""
+        return _param_dump_all(self)
+

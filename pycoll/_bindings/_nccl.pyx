@@ -8,9 +8,8 @@ function the library lacks raises :class:`pycoll.errors.NotSupported` when calle
 
 This file is the one extension module; each concept is one included .pxi: _constants (constants,
 enums, the declared functions), _convert (argument checks), _values (UniqueId, Config, CollConfig,
-CommSlot), _errors (result codes -> exceptions), _library (Library), _host (HostLibrary),
-_load (dlopen, the dlsym table, load()) and _frames (the flight recorder's stack capture). Where
-load() looks is the pure-Python _locate.py.
+CommSlot), _errors (result codes -> exceptions), _library (Library), _host (HostLibrary), _device (the
+device-API host functions, bound as Library methods) and _load (dlopen, the dlsym table, load()). Where load() looks is the pure-Python _locate.py.
 """
 
 import logging
@@ -62,7 +61,11 @@ __all__ = [
     "WIN_CFT_COUNTED", "WIN_REQUIRED_ALIGNMENT", "CTA_POLICY_DEFAULT", "CTA_POLICY_EFFICIENCY",
     "CTA_POLICY_ZERO", "Result", "DataType", "RedOp", "ScalarResidence", "CommMemStat",
     "FUNCTIONS", "RCCL_FUNCTIONS", "HOST_FUNCTIONS", "version_tuple", "UniqueId", "Config",
-    "CollConfig", "CommSlot", "Library", "HostLibrary", "load", "loaded", "capture_stack",
+    "CollConfig", "CommSlot", "Library", "HostLibrary", "load", "loaded", "capture_stack", "WRAPPERS", "Team", "DevRequirement",
+    "DevCommRequirements", "DevComm", "GIN_TYPE_NONE", "GIN_TYPE_PROXY", "GIN_TYPE_GDAKI", "GIN_TYPE_GPI",
+    "GIN_TYPE_EFA_GDA", "GIN_MAX_TYPES", "GIN_CONNECTION_NONE", "GIN_CONNECTION_FULL", "GIN_CONNECTION_RAIL",
+    "GIN_CONNECTION_CUSTOM_STRIDE", "CFT_TEAM_FLAT", "CFT_TEAM_HIER_MULTIMEM", "CFT_TEAM_HIER_LSA",
+    "COMM_PROPERTIES_SIZE", "DEV_COMM_REQUIREMENTS_SIZE",
 ]
 
 include "_constants.pxi"
@@ -71,5 +74,6 @@ include "_values.pxi"
 include "_errors.pxi"
 include "_library.pxi"
 include "_host.pxi"
+include "_device.pxi"
 include "_load.pxi"
 include "_frames.pxi"

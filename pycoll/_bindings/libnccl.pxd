@@ -297,6 +297,175 @@ cdef extern from *:
         NCCL_SUSPEND_MEM
     unsigned int NCCL_API_MAGIC
 
+# --- the device-API host types of nccl_device/host.h and core.h (2.32.3) ------------------------
+cdef extern from *:
+    """
+    #include <stdbool.h>
+    #ifndef PYCOLL_NCCL_DEVICE_DECLS
+    #define PYCOLL_NCCL_DEVICE_DECLS
+    #ifndef _NCCL_DEVICE_HOST_H_
+    typedef struct ncclTeam { int nRanks, rank, stride; } ncclTeam_t;
+    typedef uint32_t ncclDevResourceHandle_t;
+    typedef uint32_t ncclGinSignal_t;
+    typedef uint32_t ncclGinCounter_t;
+    typedef uint32_t ncclCftLeId;
+    typedef enum { NCCL_GIN_CONNECTION_NONE = 0, NCCL_GIN_CONNECTION_FULL = 1, NCCL_GIN_CONNECTION_RAIL = 2,
+                   NCCL_GIN_CONNECTION_CUSTOM_STRIDE = 3 } ncclGinConnectionType_t;
+    typedef enum { NCCL_GIN_TYPE_NONE = 0, NCCL_GIN_TYPE_PROXY = 2, NCCL_GIN_TYPE_GDAKI = 3, NCCL_GIN_TYPE_GPI = 4,
+                   NCCL_GIN_TYPE_EFA_GDA = 5, NCCL_GIN_MAX_TYPES = 6 } ncclGinType_t;
+    typedef enum { NCCL_CFT_TEAM_FLAT = 0, NCCL_CFT_TEAM_HIER_MULTIMEM = 1,
+                   NCCL_CFT_TEAM_HIER_LSA = 2 } ncclCftTeamMode_t;
+    typedef struct ncclMultimemHandle { void* mcBasePtr; } ncclMultimemHandle_t;
+    typedef struct ncclLsaBarrierHandle { ncclDevResourceHandle_t bufHandle; int nBarriers; } ncclLsaBarrierHandle_t;
+    typedef struct ncclGinBarrierHandle { ncclGinSignal_t signal0; ncclDevResourceHandle_t unused; }
+        ncclGinBarrierHandle_t;
+    typedef struct ncclLLA2AHandle { ncclDevResourceHandle_t bufHandle; uint32_t nSlots; } ncclLLA2AHandle_t;
+    typedef struct ncclGinOutboxHandle { ncclDevResourceHandle_t bufHandle; uint32_t size_log2; }
+        ncclGinOutboxHandle_t;
+    typedef struct ncclGinInboxA2AHandle { ncclDevResourceHandle_t bufHandle; ncclGinSignal_t signals;
+                                           uint32_t size_log2; uint32_t nPeers_rcp32; } ncclGinInboxA2AHandle_t;
+    typedef struct ncclDevComm ncclDevComm_t;
+    typedef struct ncclDevResourceRequirements {
+      struct ncclDevResourceRequirements* next; size_t bufferSize, bufferAlign;
+      ncclDevResourceHandle_t* outBufferHandle; int ginSignalCount; int ginCounterCount;
+      ncclGinSignal_t* outGinSignalStart; ncclGinCounter_t* outGinCounterStart;
+    } ncclDevResourceRequirements_t;
+    typedef struct ncclTeamRequirements {
+      struct ncclTeamRequirements* next; ncclTeam_t team; bool multimem; ncclMultimemHandle_t* outMultimemHandle;
+    } ncclTeamRequirements_t;
+    typedef struct ncclDevCommRequirements {
+      size_t size; unsigned int magic; unsigned int version;
+      ncclDevResourceRequirements_t* resourceRequirementsList; ncclTeamRequirements_t* teamRequirementsList;
+      bool lsaMultimem; int barrierCount; int lsaBarrierCount; int railGinBarrierCount;
+      int lsaLLA2ABlockCount, lsaLLA2ASlotCount; bool ginForceEnable; int ginContextCount; int ginSignalCount;
+      int ginCounterCount; ncclGinConnectionType_t ginConnectionType; bool ginExclusiveContexts;
+      int ginQueueDepth; int ginTrafficClass; int worldGinBarrierCount; bool ginStrongSignalsRequired;
+      bool ginVaSignalsRequired; int ginCustomStride; ncclGinType_t ginType; bool useRuntimeVersion;
+      int cftCaps; int cftBarrierCount;
+    } ncclDevCommRequirements_t;
+    typedef struct ncclCommProperties {
+      size_t size; unsigned int magic; unsigned int version;
+      int rank; int nRanks; int cudaDev; int nvmlDev; bool deviceApiSupport; bool multimemSupport;
+      ncclGinType_t ginType; int nLsaTeams; bool hostRmaSupport; ncclGinType_t railedGinType; uint64_t commHash;
+      int ginMinStride; ncclGinConnectionType_t ginConnectionType; bool ginSupport[64];
+      size_t devCommRuntimeVersionSize; bool cftSupport; bool cftMulticastSupport; bool cftCountedSupport;
+    } ncclCommProperties_t;
+    #else
+    typedef struct ncclGinOutboxHandle ncclGinOutboxHandle_t;
+    typedef struct ncclGinInboxA2AHandle ncclGinInboxA2AHandle_t;
+    #endif /* _NCCL_DEVICE_HOST_H_ */
+    #endif /* PYCOLL_NCCL_DEVICE_DECLS */
+    """
+
+    ctypedef struct ncclTeam_t:
+        int nRanks
+        int rank
+        int stride
+
+    ctypedef uint32_t ncclDevResourceHandle_t
+    ctypedef uint32_t ncclGinSignal_t
+    ctypedef uint32_t ncclGinCounter_t
+    ctypedef uint32_t ncclCftLeId
+    ctypedef int ncclGinConnectionType_t
+    ctypedef int ncclGinType_t
+    ctypedef int ncclCftTeamMode_t
+
+    ctypedef struct ncclMultimemHandle_t:
+        void* mcBasePtr
+
+    ctypedef struct ncclLsaBarrierHandle_t:
+        ncclDevResourceHandle_t bufHandle
+        int nBarriers
+
+    ctypedef struct ncclGinBarrierHandle_t:
+        ncclGinSignal_t signal0
+        ncclDevResourceHandle_t unused
+
+    ctypedef struct ncclLLA2AHandle_t:
+        ncclDevResourceHandle_t bufHandle
+        uint32_t nSlots
+
+    ctypedef struct ncclGinOutboxHandle_t:
+        ncclDevResourceHandle_t bufHandle
+        uint32_t size_log2
+
+    ctypedef struct ncclGinInboxA2AHandle_t:
+        ncclDevResourceHandle_t bufHandle
+        ncclGinSignal_t signals
+        uint32_t size_log2
+        uint32_t nPeers_rcp32
+
+    cdef struct ncclDevComm   # opaque: NCCL fills it; its size is devCommRuntimeVersionSize
+    ctypedef ncclDevComm ncclDevComm_t
+
+    ctypedef struct ncclDevResourceRequirements_t:
+        ncclDevResourceRequirements_t* next
+        size_t bufferSize
+        size_t bufferAlign
+        ncclDevResourceHandle_t* outBufferHandle
+        int ginSignalCount
+        int ginCounterCount
+        ncclGinSignal_t* outGinSignalStart
+        ncclGinCounter_t* outGinCounterStart
+
+    ctypedef struct ncclTeamRequirements_t:
+        ncclTeamRequirements_t* next
+        ncclTeam_t team
+        bint multimem
+        ncclMultimemHandle_t* outMultimemHandle
+
+    ctypedef struct ncclDevCommRequirements_t:
+        size_t size
+        unsigned int magic
+        unsigned int version
+        ncclDevResourceRequirements_t* resourceRequirementsList
+        ncclTeamRequirements_t* teamRequirementsList
+        bint lsaMultimem
+        int barrierCount
+        int lsaBarrierCount
+        int railGinBarrierCount
+        int lsaLLA2ABlockCount
+        int lsaLLA2ASlotCount
+        bint ginForceEnable
+        int ginContextCount
+        int ginSignalCount
+        int ginCounterCount
+        ncclGinConnectionType_t ginConnectionType
+        bint ginExclusiveContexts
+        int ginQueueDepth
+        int ginTrafficClass
+        int worldGinBarrierCount
+        bint ginStrongSignalsRequired
+        bint ginVaSignalsRequired
+        int ginCustomStride
+        ncclGinType_t ginType
+        bint useRuntimeVersion
+        int cftCaps
+        int cftBarrierCount
+
+    ctypedef struct ncclCommProperties_t:
+        size_t size
+        unsigned int magic
+        unsigned int version
+        int rank
+        int nRanks
+        int cudaDev
+        int nvmlDev
+        bint deviceApiSupport
+        bint multimemSupport
+        ncclGinType_t ginType
+        int nLsaTeams
+        bint hostRmaSupport
+        ncclGinType_t railedGinType
+        uint64_t commHash
+        int ginMinStride
+        ncclGinConnectionType_t ginConnectionType
+        bint ginSupport[64]
+        size_t devCommRuntimeVersionSize
+        bint cftSupport
+        bint cftMulticastSupport
+        bint cftCountedSupport
+
 ctypedef void* cudaStream_t   # also hipStream_t and pycollStream_t: an opaque pointer
 ctypedef void* cudaEvent_t
 
@@ -435,6 +604,50 @@ ctypedef ncclResult_t (*ncclParamGetAllParameterKeys_fn)(const char*** table, in
 ctypedef void (*ncclParamDumpAll_fn)() noexcept nogil
 ctypedef ncclResult_t (*ncclSetEncryption_fn)(const ncclEncryptionConfig_t* config) noexcept nogil
 
+# device API host functions (nccl_device/host.h, 2.28+; the two GIN scratch ones are Linux exports the
+# header declares only for Windows) and the undocumented debug reset
+ctypedef void (*ncclResetDebugInitInternal_fn)() noexcept nogil
+ctypedef ncclResult_t (*ncclCommQueryProperties_fn)(ncclComm_t comm, ncclCommProperties_t* props) noexcept nogil
+ctypedef ncclResult_t (*ncclDevCommCreate_fn)(ncclComm_t comm, const ncclDevCommRequirements_t* reqs,
+                                              ncclDevComm_t* outDevComm) noexcept nogil
+ctypedef ncclResult_t (*ncclDevCommDestroy_fn)(ncclComm_t comm, const ncclDevComm_t* devComm) noexcept nogil
+ctypedef ncclResult_t (*ncclGetLsaMultimemDevicePointer_fn)(ncclWindow_t window, size_t offset,
+                                                            void** outPtr) noexcept nogil
+ctypedef ncclResult_t (*ncclGetMultimemDevicePointer_fn)(ncclWindow_t window, size_t offset,
+                                                         ncclMultimemHandle_t multimem, void** outPtr) noexcept nogil
+ctypedef ncclResult_t (*ncclGetLsaDevicePointer_fn)(ncclWindow_t window, size_t offset, int lsaRank,
+                                                    void** outPtr) noexcept nogil
+ctypedef ncclResult_t (*ncclGetPeerDevicePointer_fn)(ncclWindow_t window, size_t offset, int peer,
+                                                     void** outPtr) noexcept nogil
+ctypedef ncclResult_t (*ncclGetMultimemDeviceLeInfo_fn)(ncclWindow_t window, size_t offset, ncclCftLeId* leId,
+                                                        size_t* leOffset) noexcept nogil
+ctypedef ncclResult_t (*ncclGetCftDeviceLeInfo_fn)(ncclWindow_t window, size_t offset, int peerCft,
+                                                   ncclTeam_t cftTeam, ncclCftLeId* leId,
+                                                   size_t* leOffset) noexcept nogil
+ctypedef ncclResult_t (*ncclGetPeerDeviceLeInfo_fn)(ncclWindow_t window, size_t offset, int peerWorld,
+                                                    ncclCftLeId* leId, size_t* leOffset) noexcept nogil
+ctypedef ncclTeam_t (*ncclTeamWorld_fn)(ncclComm_t comm) noexcept nogil
+ctypedef ncclTeam_t (*ncclTeamLsa_fn)(ncclComm_t comm) noexcept nogil
+ctypedef ncclTeam_t (*ncclTeamCft_fn)(ncclComm_t comm, ncclCftTeamMode_t mode) noexcept nogil
+ctypedef ncclTeam_t (*ncclTeamCftMultimem_fn)(ncclComm_t comm) noexcept nogil
+ctypedef int (*ncclTeamRankToWorld_fn)(ncclComm_t comm, ncclTeam_t team, int rank) noexcept nogil
+ctypedef int (*ncclTeamRankToLsa_fn)(ncclComm_t comm, ncclTeam_t team, int rank) noexcept nogil
+ctypedef ncclTeam_t (*ncclTeamRail_fn)(ncclComm_t comm) noexcept nogil
+ctypedef ncclResult_t (*ncclLsaBarrierCreateRequirement_fn)(ncclTeam_t team, int nBarriers,
+                                                            ncclLsaBarrierHandle_t* outHandle,
+                                                            ncclDevResourceRequirements_t* outReq) noexcept nogil
+ctypedef ncclResult_t (*ncclGinBarrierCreateRequirement_fn)(ncclComm_t comm, ncclTeam_t team, int nBarriers,
+                                                            ncclGinBarrierHandle_t* outHandle,
+                                                            ncclDevResourceRequirements_t* outReq) noexcept nogil
+ctypedef int (*ncclLLA2ACalcSlots_fn)(int maxElts, int maxEltSize) noexcept nogil
+ctypedef ncclResult_t (*ncclLLA2ACreateRequirement_fn)(int nBlocks, int nSlots, ncclLLA2AHandle_t* outHandle,
+                                                       ncclDevResourceRequirements_t* outReq) noexcept nogil
+ctypedef ncclResult_t (*ncclGinOutboxCreateRequirement_fn)(int nBlocks, int size_log2, ncclGinOutboxHandle_t* outHandle,
+                                                           ncclDevResourceRequirements_t* outReq) noexcept nogil
+ctypedef ncclResult_t (*ncclGinInboxA2ACreateRequirement_fn)(ncclTeam_t peers, int nBlocks, int size_log2,
+                                                             ncclGinInboxA2AHandle_t* outHandle,
+                                                             ncclDevResourceRequirements_t* outReq) noexcept nogil
+
 # --- the pycoll host library's extras (pycoll_host.h); each returns an ncclResult_t value --------
 ctypedef int (*pycollHostGetVersion_fn)(int* version) noexcept nogil
 ctypedef int (*pycollStreamCreate_fn)(pycollStream_t* stream) noexcept nogil
@@ -536,6 +749,30 @@ ctypedef struct pycoll_nccl_table:
     ncclParamGetAllParameterKeys_fn ncclParamGetAllParameterKeys
     ncclParamDumpAll_fn ncclParamDumpAll
     ncclSetEncryption_fn ncclSetEncryption
+    ncclResetDebugInitInternal_fn ncclResetDebugInitInternal
+    ncclCommQueryProperties_fn ncclCommQueryProperties
+    ncclDevCommCreate_fn ncclDevCommCreate
+    ncclDevCommDestroy_fn ncclDevCommDestroy
+    ncclGetLsaMultimemDevicePointer_fn ncclGetLsaMultimemDevicePointer
+    ncclGetMultimemDevicePointer_fn ncclGetMultimemDevicePointer
+    ncclGetLsaDevicePointer_fn ncclGetLsaDevicePointer
+    ncclGetPeerDevicePointer_fn ncclGetPeerDevicePointer
+    ncclGetMultimemDeviceLeInfo_fn ncclGetMultimemDeviceLeInfo
+    ncclGetCftDeviceLeInfo_fn ncclGetCftDeviceLeInfo
+    ncclGetPeerDeviceLeInfo_fn ncclGetPeerDeviceLeInfo
+    ncclTeamWorld_fn ncclTeamWorld
+    ncclTeamLsa_fn ncclTeamLsa
+    ncclTeamCft_fn ncclTeamCft
+    ncclTeamCftMultimem_fn ncclTeamCftMultimem
+    ncclTeamRankToWorld_fn ncclTeamRankToWorld
+    ncclTeamRankToLsa_fn ncclTeamRankToLsa
+    ncclTeamRail_fn ncclTeamRail
+    ncclLsaBarrierCreateRequirement_fn ncclLsaBarrierCreateRequirement
+    ncclGinBarrierCreateRequirement_fn ncclGinBarrierCreateRequirement
+    ncclLLA2ACalcSlots_fn ncclLLA2ACalcSlots
+    ncclLLA2ACreateRequirement_fn ncclLLA2ACreateRequirement
+    ncclGinOutboxCreateRequirement_fn ncclGinOutboxCreateRequirement
+    ncclGinInboxA2ACreateRequirement_fn ncclGinInboxA2ACreateRequirement
     # pycoll host library only
     pycollHostGetVersion_fn pycollHostGetVersion
     pycollStreamCreate_fn pycollStreamCreate

@@ -386,39 +386,4 @@ NCCL_API ncclResult_t ncclGetPeerDevicePointer(ncclWindow_t window, size_t offse
   return peer_pointer(window, offset, peer, outPtr, "ncclGetPeerDevicePointer");
 }
 
-static ncclResult_t no_multimem(const char* opname) {
-  WARN("%s : not supported by the host library (no multicast/NVLS memory and no CFT hardware)", opname);
-  return ncclInvalidUsage;
-}
-
-struct ncclMultimemHandle {
-  void* mcBasePtr;
-};
-struct ncclTeam {
-  int nRanks, rank, stride;
-};
-
-NCCL_API ncclResult_t ncclGetLsaMultimemDevicePointer(ncclWindow_t window, size_t offset, void** outPtr) {
-  (void)window, (void)offset, (void)outPtr;
-  return no_multimem("ncclGetLsaMultimemDevicePointer");
-}
-NCCL_API ncclResult_t ncclGetMultimemDevicePointer(ncclWindow_t window, size_t offset, struct ncclMultimemHandle mm,
-                                                   void** outPtr) {
-  (void)window, (void)offset, (void)mm, (void)outPtr;
-  return no_multimem("ncclGetMultimemDevicePointer");
-}
-NCCL_API ncclResult_t ncclGetMultimemDeviceLeInfo(ncclWindow_t window, size_t offset, uint32_t* leId,
-                                                  size_t* leOffset) {
-  (void)window, (void)offset, (void)leId, (void)leOffset;
-  return no_multimem("ncclGetMultimemDeviceLeInfo");
-}
-NCCL_API ncclResult_t ncclGetCftDeviceLeInfo(ncclWindow_t window, size_t offset, int peerCft, struct ncclTeam cftTeam,
-                                             uint32_t* leId, size_t* leOffset) {
-  (void)window, (void)offset, (void)peerCft, (void)cftTeam, (void)leId, (void)leOffset;
-  return no_multimem("ncclGetCftDeviceLeInfo");
-}
-NCCL_API ncclResult_t ncclGetPeerDeviceLeInfo(ncclWindow_t window, size_t offset, int peerWorld, uint32_t* leId,
-                                              size_t* leOffset) {
-  (void)window, (void)offset, (void)peerWorld, (void)leId, (void)leOffset;
-  return no_multimem("ncclGetPeerDeviceLeInfo");
-}
+/* The multimem and LE-info getters (not supported: no multicast memory, no CFT) are in devapi.c. */

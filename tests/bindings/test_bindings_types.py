@@ -59,7 +59,7 @@ def test_constants():
 
 def test_functions_table_covers_the_symbol_table():
     # every function in the C symbol table has a release, and the table lists nothing else
-    assert len(_nccl.FUNCTIONS) == 73
+    assert len(_nccl.FUNCTIONS) == 97  # every nccl* export of libnccl 2.32.3 (tests/bindings/test_exports.py)
     assert _nccl.FUNCTIONS["ncclCommShrink"] == "2.27"
     assert _nccl.FUNCTIONS["ncclCommRevoke"] == "2.28.7"
     assert _nccl.FUNCTIONS["ncclCommInitRankConfig"] == "2.14"

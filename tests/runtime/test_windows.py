@@ -171,14 +171,22 @@ def _lifetimes(rank, n, uid, end):
 
 
 def _peer_pointer(win, peer):
-    """The host library's ncclGetPeerDevicePointer through ctypes (the bindings may not declare it)."""
+    """Write through the successor's window as this process maps it; read what the predecessor wrote."""
     import ctypes
 
-    lib = ctypes.CDLL(win.comm.library.path)
-    out = ctypes.c_void_p()
-    r = lib.ncclGetPeerDevicePointer(ctypes.c_void_p(win.handle), ctypes.c_size_t(8), peer, ctypes.byref(out))
-    bad = lib.ncclGetLsaMultimemDevicePointer(ctypes.c_void_p(win.handle), ctypes.c_size_t(0), ctypes.byref(out))
-    return r == 0 and bad == InvalidUsage.code
+    c, rank, n = win.comm, win.comm.rank, win.comm.size
+    ptr = win.peer_pointer(peer, 8)
+    ctypes.c_uint8.from_address(ptr).value = rank + 1
+    assert win.lsa_pointer(peer, 8) == ptr  # the host's LSA team is the whole communicator
+    c.barrier()
+    mine = ctypes.c_uint8.from_address(win.user_ptr + 8).value
+    c.barrier()
+    try:
+        win.multimem_pointer()
+        bad = False
+    except InvalidUsage as e:
+        bad = "ncclGetLsaMultimemDevicePointer" in str(e)
+    return mine == (rank - 1) % n + 1 and bad
 
 
 @pytest.mark.parametrize("end", ["destroy", "abort"])

@@ -1,0 +1,198 @@
+"""Communicator.from_handle (raw communicators made with the bindings, wrapped without owning
+them), Communicator.properties, init_all (one process driving several ranks) and group_simulate,
+on the host backend."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+import pytest
+from helpers.mp import run_ranks
+
+import pycoll
+from pycoll import _bindings as B
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _uid() -> bytes:
+    return bytes(B.load("host").get_unique_id())
+
+
+def _adopted(rank, n, uid):
+    lib = B.load("host")
+    raw = lib.comm_init_rank(n, B.UniqueId(uid), rank)
+    out = {}
+    comm = pycoll.from_handle(raw, library=lib, timeout=20)
+    out["rank_size"] = (comm.rank, comm.size, comm.owns_handle)
+    x = np.full(4, rank + 1.0, np.float32)
+    comm.all_reduce(x)
+    out["sum"] = x.tolist()
+    out["hash"] = comm.properties.comm_hash
+    out["uid"] = comm.uid
+    with pytest.raises(ValueError, match="already wrapped"):
+        pycoll.Communicator.from_handle(raw, library=lib)
+    # the watchdog enforces deadlines on a wrapped communicator: rank 1 is late
+    if rank == 1:
+        time.sleep(2.5)
+    try:
+        comm.all_reduce(np.ones(2, np.float32), timeout=0.5)
+        out["timeout"] = None
+    except pycoll.CommTimeout as e:
+        out["timeout"] = type(e).__name__
+    return out
+
+
+def test_from_handle_runs_collectives_and_the_watchdog_times_out():
+    res = run_ranks(_adopted, 2, _uid(), timeout=90)
+    assert [r["rank_size"] for r in res] == [(0, 2, False), (1, 2, False)]
+    assert all(r["sum"] == [3.0] * 4 for r in res)
+    assert res[0]["hash"] == res[1]["hash"] and res[0]["uid"] == res[1]["uid"]
+    assert res[0]["timeout"] == "CommTimeout"
+
+
+def _detach(rank, n, uid):
+    lib = B.load("host")
+    raw = lib.comm_init_rank(n, B.UniqueId(uid), rank)
+    comm = pycoll.Communicator.from_handle(raw, library=lib, timeout=20)
+    x = np.full(3, float(rank), np.float32)
+    comm.all_reduce(x)
+    comm.destroy()
+    assert comm.state == "destroyed" and comm.closed
+    # the raw communicator still works, and can be wrapped again
+    assert lib.comm_count(raw) == n and lib.comm_user_rank(raw) == rank
+    again = pycoll.Communicator.from_handle(raw, library=lib, owned=True, timeout=20)
+    y = np.full(3, 10.0 * (rank + 1), np.float32)
+    again.all_reduce(y)
+    again.destroy()  # owned: frees the handle
+    try:
+        lib.comm_count(raw)
+        freed = False
+    except pycoll.InvalidArgument:
+        freed = True
+    return x.tolist(), y.tolist(), freed
+
+
+def test_destroy_detaches_a_non_owned_handle_and_frees_an_owned_one():
+    for x, y, freed in run_ranks(_detach, 2, _uid(), timeout=90):
+        assert x == [1.0] * 3 and y == [30.0] * 3 and freed
+
+
+def test_bad_handles_are_refused():
+    lib = B.load("host")
+    with pytest.raises(ValueError, match="NULL"):
+        pycoll.Communicator.from_handle(0, library=lib)
+    with pytest.raises(TypeError, match="int"):
+        pycoll.Communicator.from_handle("0x1234", library=lib)
+    with pytest.raises(TypeError, match="int"):
+        pycoll.Communicator.from_handle(True, library=lib)
+    with pytest.raises(ValueError, match="not a live communicator"):
+        pycoll.Communicator.from_handle(0xDEAD0000, library=lib)  # made up: the registry refuses it
+    (c,) = lib.comm_init_all(1)
+    lib.comm_destroy(c)
+    with pytest.raises(ValueError, match="not a live communicator"):
+        pycoll.Communicator.from_handle(c, library=lib)  # destroyed
+    with pytest.raises(TypeError, match="library"):
+        pycoll.Communicator.from_handle(c, library=3.5)
+
+
+class _Nccl4pyLike:
+    """The duck type of nccl4py 0.6's Communicator: the ncclComm_t address is ``ptr``."""
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+
+def test_interoperates_with_nccl4py_style_objects_both_ways():
+    comms = pycoll.init_all(2, backend="host", timeout=20)
+    try:
+        other = _Nccl4pyLike(comms[0].handle)  # pycoll -> nccl4py: the handle is the int ncclComm_t
+        with pytest.raises(ValueError, match="already wrapped"):
+            pycoll.Communicator.from_handle(other, library=comms[0].library)
+        lib = comms[0].library
+        raw = lib.comm_init_all(1)[0]
+        wrapped = pycoll.Communicator.from_handle(_Nccl4pyLike(raw), library=lib)  # nccl4py -> pycoll
+        assert wrapped.handle == raw and wrapped.size == 1
+        wrapped.destroy()
+        assert lib.comm_count(raw) == 1
+        lib.comm_destroy(raw)
+    finally:
+        for c in comms:
+            c.abort()
+
+
+def test_abort_of_a_non_owned_handle_frees_it():
+    lib = B.load("host")
+    (raw,) = lib.comm_init_all(1)
+    comm = pycoll.Communicator.from_handle(raw, library=lib)
+    comm.abort()
+    assert comm.state == "aborted"
+    with pytest.raises(pycoll.InvalidArgument):
+        lib.comm_count(raw)
+
+
+def test_init_all_one_thread_drives_every_rank():
+    comms = pycoll.init_all([0, 1, 2], backend="host", timeout=20)
+    try:
+        assert [c.rank for c in comms] == [0, 1, 2] and all(c.owns_handle for c in comms)
+        assert [c.properties.cuda_dev for c in comms] == [0, 1, 2]
+        xs = [np.full(5, float(i + 1), np.float32) for i in range(3)]
+        with comms[0].group():
+            works = [c.all_reduce(x, async_op=True) for c, x in zip(comms, xs, strict=True)]
+        for w in works:
+            w.wait()
+        assert all(x.tolist() == [6.0] * 5 for x in xs)
+        with comms[0].group_simulate() as sim:
+            assert sim.estimated_time is None
+            sims = [c.all_reduce(x, async_op=True) for c, x in zip(comms, xs, strict=True)]
+        assert sim.estimated_time is not None and sim.estimated_time > 0
+        assert all(x.tolist() == [6.0] * 5 for x in xs)  # nothing ran
+        for w in sims:
+            with pytest.raises(pycoll.CommStateError, match="only simulated"):
+                w.wait()
+        assert all(not c.outstanding() for c in comms)
+    finally:
+        for c in comms:
+            c.abort()
+    with pytest.raises(ValueError, match=">= 1"):
+        pycoll.init_all(0, backend="host")
+    with pytest.raises(ValueError, match="ordinals"):
+        pycoll.init_all([0, -1], backend="host")
+
+
+def test_properties_of_a_pycoll_communicator():
+    comms = pycoll.init_all(2, backend="host")
+    try:
+        p = comms[1].properties
+        assert isinstance(p, pycoll.CommProperties)
+        assert (p.rank, p.n_ranks, p.device_api_support, p.gin_type_name) == (1, 2, False, "none")
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            p.rank = 3  # type: ignore[misc]
+    finally:
+        for c in comms:
+            c.abort()
+    with pytest.raises(pycoll.CommAborted):
+        _ = comms[0].properties
+
+
+def test_real_libnccl_refuses_what_is_not_a_communicator():
+    try:
+        lib = B.load("nccl")
+    except pycoll.LibraryError:
+        pytest.skip("no libnccl (the nvidia-nccl wheel) to ask")
+    import ctypes
+
+    with pytest.raises(ValueError, match="readable memory"):
+        pycoll.Communicator.from_handle(0xDEAD0000, library=lib)  # unmapped: never handed to NCCL
+    zeros = ctypes.create_string_buffer(4096)
+    with pytest.raises(ValueError, match="not a live communicator"):
+        pycoll.Communicator.from_handle(ctypes.addressof(zeros), library=lib)  # mapped, NCCL's magic check fails
+    host = B.load("host")
+    (raw,) = host.comm_init_all(1)
+    try:
+        with pytest.raises(ValueError, match="not a live communicator"):
+            pycoll.Communicator.from_handle(raw, library=lib)  # another library's communicator
+    finally:
+        host.comm_destroy(raw)
