@@ -168,18 +168,21 @@ def main() -> None:
                         time.sleep(0.002)
                     time.sleep(0.02)
                     before = server.stats()
+                    cpu0 = time.process_time()
                     t0 = time.monotonic()
                     driver.set(f"{base}flag", b"1")
                     res = [x for c in pipes for x in c.recv()]
                     after = server.stats()
+                    cpu = (time.process_time() - cpu0) * 1e3
                     bad = [x for x in res if x[2] not in ("ok", "dead")]
                     if bad:
                         raise SystemExit(f"{kind} n={n} rep {r}: {len(bad)} members failed, e.g. {bad[:3]}")
                     if r == 0:
                         continue
                     lat = (max(x[1] for x in res if x[2] == "ok") - t0) * 1e3
-                    row = out[kind].setdefault(n, {"ms": [], "requests": [], "arguments": []})
+                    row = out[kind].setdefault(n, {"ms": [], "requests": [], "arguments": [], "server_cpu_ms": []})
                     row["ms"].append(lat)
+                    row["server_cpu_ms"].append(cpu)
                     row["requests"].append(after["requests"] - before["requests"] - 1)  # less the driver's set
                     row["arguments"].append(after["arguments"] - before["arguments"] - 2)
     finally:
@@ -198,19 +201,20 @@ def main() -> None:
     load = os.getloadavg()
     print(f"# agreement and grow admission vs members (load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
           f"{os.cpu_count()} CPUs, {a.reps} interleaved repetitions, {a.workers} member processes)")
-    print("| N | agreement median ms | p90 ms | store requests / failure | request args | "
+    print("| N | agreement median ms | p90 ms | store requests / failure | request args | server CPU ms | "
           "grow median ms | p90 ms | store requests / admission |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     summary: Dict[str, Any] = {"load": load, "rows": []}
     for n in sizes:
         ag, gr = out["agree"][n], out["grow"][n]
         row = {"n": n, "agree_ms_median": percentile(ag["ms"], 0.5), "agree_ms_p90": percentile(ag["ms"], 0.9),
                "agree_requests": percentile(ag["requests"], 0.5), "agree_arguments": percentile(ag["arguments"], 0.5),
+               "agree_server_cpu_ms": percentile(ag["server_cpu_ms"], 0.5),
                "grow_ms_median": percentile(gr["ms"], 0.5), "grow_ms_p90": percentile(gr["ms"], 0.9),
                "grow_requests": percentile(gr["requests"], 0.5), "raw": {"agree": ag, "grow": gr}}
         summary["rows"].append(row)
         print(f"| {n} | {row['agree_ms_median']:.1f} | {row['agree_ms_p90']:.1f} | {row['agree_requests']:.0f} | "
-              f"{row['agree_arguments']:.0f} | {row['grow_ms_median']:.1f} | {row['grow_ms_p90']:.1f} | "
+              f"{row['agree_arguments']:.0f} | {row['agree_server_cpu_ms']:.1f} | {row['grow_ms_median']:.1f} | {row['grow_ms_p90']:.1f} | "
               f"{row['grow_requests']:.0f} |")
     if a.json:
         with open(a.json, "w") as f:

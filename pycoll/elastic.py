@@ -476,9 +476,9 @@ class ElasticGroup:
 
     def _agree_at(self, base: str, members: Tuple[int, ...],
                   g: Optional[int]) -> Tuple[Tuple[int, ...], Optional[int]]:
-        """The agreement under the keys ``base``: vouch, wait for the others' vouchers (the store
-        answers when they are all there), compare-and-set the decision -- three store round trips
-        when every member is either alive or provably gone (four when steps are committed)."""
+        """The agreement under the keys ``base`` (:func:`pycoll.membership.agree`): vote, then the first
+        live member waits for the votes and decides while the others wait for the decision -- two
+        store round trips per member when every member is either alive or provably gone."""
         if g is None:
             _fp.hit(FP_AGREE_BEFORE_VOTE)
             _mb.vouch(self.store, base, self.slot, self._step())

@@ -11,8 +11,11 @@ known to have exited or stopped; ElasticGroup reads ``/proc`` for same-host proc
     vouch(store, base, slot, step)                 # "I take part; the last step I completed"
     members, committed = agree(store, base, slot, members, step, gone, window=..., timeout=...)
 
-Every caller gets the same answer: the members that vouched (or, within ``window`` seconds, every
-member not known to be gone) and the least step they vouched with (-1: none).
+Every caller gets the same answer: the members that vouched (waiting up to ``window`` seconds for
+every member not known to be gone) and the least step they vouched with (-1: none). The votes go
+to one key (``append``), the first live member waits for them with one request (``wait_size``) and
+proposes; the others wait for the decision with one request: the store work per failure grows
+linearly with the members (see ``benchmarks/agreement_scale.py``).
 
 **Admission** of a joiner: the joiner calls :func:`request_join` then :func:`await_admission`; the
 members' rank 0 calls :func:`admit` at a step boundary. :func:`wait_key` is the members' wait for a
@@ -21,18 +24,22 @@ key that one member writes, watching that member's liveness.
 
 from __future__ import annotations
 
+import struct
 import time
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from . import failpoints as _fp
 from .errors import CommFailure, StoreTimeout
 
-__all__ = ["vouch", "agree", "request_join", "await_admission", "admit", "parse_admission", "pending_joiners",
-           "grow_decision", "wait_key", "members_str", "parse_members", "parse_decision"]
+__all__ = ["vouch", "vouch_many", "agree", "request_join", "await_admission", "admit", "parse_admission",
+           "pending_joiners", "grow_decision", "wait_key", "members_str", "parse_members", "parse_decision"]
 
+FP_VOTE = _fp.declare("elastic.agree.vote", "a member's vote, before it is appended")
 FP_AGREE_WAIT = _fp.declare("elastic.agree.wait", "the agreement, waiting for the others' vouchers")
 FP_AGREE_BEFORE_DECISION = _fp.declare("elastic.agree.before_decision", "before proposing the decision")
 FP_AGREE_AFTER_DECISION = _fp.declare("elastic.agree.after_decision", "the decision is adopted")
+FP_AGREE_TAKEOVER = _fp.declare("elastic.agree.takeover", "the coordinator is gone or the window is over: "
+                                "this member decides")
 
 Gone = Callable[[int], bool]
 
@@ -46,61 +53,135 @@ def parse_members(text: bytes) -> Tuple[int, ...]:
     return tuple(int(x) for x in s.split(",")) if s else ()
 
 
-def parse_decision(text: bytes) -> Tuple[Tuple[int, ...], Optional[int]]:
-    """``"<members>[|<step>]"``: the survivors and the last step they all completed (None: not tracked)."""
-    members, _, step = text.decode().partition("|")
-    return parse_members(members.encode()), (int(step) if step else None)
+def parse_decision(text: bytes, members: Sequence[int] = ()) -> Tuple[Tuple[int, ...], Optional[int]]:
+    """The survivors and the last step they all completed (None: not tracked) from a decision:
+    ``"x:<left out>|<step>"`` (relative to ``members``, the membership agreed on) or
+    ``"<survivors>[|<step>]"``."""
+    head, _, step = text.decode().partition("|")
+    if head.startswith("x:"):
+        out = set(parse_members(head[2:].encode()))
+        return tuple(m for m in members if m not in out), (int(step) if step else None)
+    return parse_members(head.encode()), (int(step) if step else None)
 
 
 # -- agreement ------------------------------------------------------------------------------------
 
+#: one vote: the member's slot and the last step it completed (-1: none); the votes of an agreement
+#: are appended to one key, so that one request reads them all and one request waits for them all
+_VOTE = struct.Struct("!Iq")
+
 
 def vouch(store: Any, base: str, slot: int, step: int) -> None:
     """Tell the other members that ``slot`` takes part in the agreement under ``base``; ``step``: the
-    last step it completed (-1: none)."""
-    store.set(f"{base}alive/{slot}", str(step))
+    last step it completed (-1: none). One store request (an append); voting twice is harmless."""
+    vouch_many(store, base, {slot: step}, slot)
+
+
+def vouch_many(store: Any, base: str, votes: Mapping[int, int], voter: int) -> None:
+    """The votes of several members in one store request (``{slot: step}``): what an aggregator --
+    a process that speaks for the members of its node -- sends; ``voter``: the slot it acts as (for
+    the failpoints)."""
+    if not votes:
+        raise ValueError("vouch_many() needs at least one vote")
+    _fp.hit(FP_VOTE, rank=voter)
+    store.append(f"{base}votes", b"".join(_VOTE.pack(s, st) for s, st in votes.items()))
+
+
+def _parse_votes(raw: bytes) -> Dict[int, int]:
+    """slot -> the least step it voted with."""
+    out: Dict[int, int] = {}
+    for slot, step in _VOTE.iter_unpack(raw[:len(raw) - len(raw) % _VOTE.size]):
+        out[slot] = min(step, out.get(slot, step))
+    return out
+
+
+def _slice(n: int) -> float:
+    """How long one wait for the decision lasts before a member looks at the coordinator's liveness
+    again: 50 ms up to 64 members, longer beyond (so that the waits' expiries cost the store little)."""
+    return min(0.5, 0.05 * max(1.0, n / 64))
 
 
 def agree(store: Any, base: str, slot: int, members: Sequence[int], step: int, gone: Gone, *,
-          window: float, timeout: float) -> Tuple[Tuple[int, ...], Optional[int]]:
+          window: float, timeout: float, speaks_for: Sequence[int] = ()) -> Tuple[Tuple[int, ...], Optional[int]]:
     """The survivors of ``members`` and the least step they completed; the same answer on every caller.
 
-    The caller has vouched (:func:`vouch`) under ``base``. Waits for the others' vouchers (the store
-    answers when they are all there), then compare-and-sets the decision: three store round trips
-    when every member is either alive or provably gone (four when steps are committed).
+    The caller has vouched (:func:`vouch`) under ``base``. The *coordinator* -- the first of
+    ``members`` not known to be gone -- waits until every member not known to be gone has voted (one
+    ``wait_size`` request), at most ``window`` seconds, and compare-and-sets the decision; the others
+    wait for the decision (one ``get``, answered by the store when it is set). A member that finds
+    the coordinator gone takes over, and so does every member once ``window`` is over. The decision
+    names the members left out, so its size does not grow with the group. Two store requests per
+    member when every member is either alive or provably gone (the vote and the wait).
+
+    ``speaks_for``: further slots whose votes this caller sent (:func:`vouch_many`); it waits for no
+    one of them and they are never left out. ``timeout`` bounds nothing here (the window does): it
+    is kept for the callers' symmetry with the other waits.
     """
-    decision_key = f"{base}decision"
+    members = tuple(members)
+    mine = {slot, *speaks_for}
     deadline = time.monotonic() + window
+    took_over = False
     while True:
-        waiting = [m for m in members if m != slot and not gone(m)]
         left = deadline - time.monotonic()
-        if not waiting:
+        coordinator = next((m for m in members if m in mine or not gone(m)), slot)
+        if coordinator in mine or left <= 0:
+            if coordinator != slot and not took_over:
+                _fp.hit(FP_AGREE_TAKEOVER, rank=slot)
+                took_over = True
+            raw = _coordinate(store, base, slot, mine, members, step, gone, deadline)
             break
-        if left > 0:
-            _fp.hit(FP_AGREE_WAIT)
-            try:  # in slices, so that a member dying meanwhile is noticed
-                store.wait([f"{base}alive/{m}" for m in waiting], timeout=min(left, 0.05))
-                break  # every member not known to be gone vouched
-            except StoreTimeout:
-                if not store.check([decision_key]):
-                    continue
-        # the window is over, or another member decided: keep those that vouched
-        keys = set(store.list_keys(base))
-        waiting = [m for m in waiting if f"{base}alive/{m}" in keys]
-        break
-    alive = [m for m in members if m == slot or m in waiting]
-    # the last step every survivor completed: the least one they vouched with (-1: none)
-    steps = [step]
-    others = [m for m in alive if m != slot]
-    if others:
-        values = store.multi_get([f"{base}alive/{m}" for m in others], timeout=timeout)
-        steps += [int(v) if v.lstrip(b"-").isdigit() else -1 for v in values]
-    proposal = f"{members_str(alive)}|{min(steps)}"
-    _fp.hit(FP_AGREE_BEFORE_DECISION)
-    # the first proposal wins; every member adopts it (compare_set returns the stored value)
-    decision = parse_decision(store.compare_set(decision_key, b"", proposal))
-    _fp.hit(FP_AGREE_AFTER_DECISION)
+        _fp.hit(FP_AGREE_WAIT, rank=slot)
+        try:
+            raw = store.get(f"{base}decision", timeout=min(left, _slice(len(members))))
+            break
+        except StoreTimeout:
+            continue
+    decision = parse_decision(raw, members)
+    _fp.hit(FP_AGREE_AFTER_DECISION, rank=slot)
     return decision
+
+
+def _coordinate(store: Any, base: str, slot: int, mine: Set[int], members: Tuple[int, ...], step: int,
+                gone: Gone, deadline: float) -> bytes:
+    """Wait for the votes of every member not known to be gone (until ``deadline``), then propose;
+    returns the decision (this proposal, or the one that came first)."""
+    votes_key, decision_key = f"{base}votes", f"{base}decision"
+    raw, read = b"", False
+    while True:
+        voted = _parse_votes(raw)
+        missing = [m for m in members if m not in mine and m not in voted and not gone(m)]
+        if not missing:
+            break
+        left = deadline - time.monotonic()
+        if left <= 0:
+            if read:
+                break
+            left = 0.0  # one look at the votes there are
+        _fp.hit(FP_AGREE_WAIT, rank=slot)
+        count = len(raw) // _VOTE.size
+        try:
+            raw = store.wait_size(votes_key, _VOTE.size * (count + len(missing)), timeout=min(left, 0.05))
+            read = True
+        except StoreTimeout:
+            if left <= 0:
+                raw, read = _get_or_empty(store, votes_key), True
+            elif store.check([decision_key]):
+                break  # another member decided (its window was over): adopt that
+    alive = [m for m in members if m in mine or m in voted]
+    least = min([voted.get(m, step) for m in alive] + [step])
+    out = [m for m in members if m not in alive]
+    _fp.hit(FP_AGREE_BEFORE_DECISION, rank=slot)
+    # the first proposal wins; every member adopts it (compare_set returns the stored value)
+    decision: bytes = store.compare_set(decision_key, b"", f"x:{members_str(out)}|{least}")
+    return decision
+
+
+def _get_or_empty(store: Any, key: str) -> bytes:
+    try:
+        value: bytes = store.get(key, timeout=0)
+        return value
+    except StoreTimeout:
+        return b""
 
 
 # -- admission ------------------------------------------------------------------------------------
