@@ -36,15 +36,15 @@ import time
 from typing import Any, Dict, List, Sequence, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import import_pycoll  # noqa: E402
+from _common import import_pycoll
 
 NS = "pycoll/elastic/bench"
 WINDOW = 5.0  # the agreement's window: only members that are neither vouched nor provably gone wait for it
 TIMEOUT = 30.0
 
 
-def _member(slot: int, addr: Tuple[str, int], token: str, jobs: "queue.SimpleQueue[Any]",
-            results: "queue.SimpleQueue[Any]") -> None:
+def _member(slot: int, addr: Tuple[str, int], token: str, jobs: queue.SimpleQueue[Any],
+            results: queue.SimpleQueue[Any]) -> None:
     import pycoll
     from pycoll import membership as mb
 
@@ -54,18 +54,23 @@ def _member(slot: int, addr: Tuple[str, int], token: str, jobs: "queue.SimpleQue
         if job is None:
             store.close()
             return
-        kind, base, n, dead, joiner = job
+        kind, base, n, dead, joiner, k = job
         dead_set = set(dead)
         members = tuple(range(n))
         try:
             if kind == "agree":
-                if slot in dead_set:
+                # this client speaks for k members (k > 1: a node's aggregator), those of them alive
+                mine = [m for m in range(slot * k, min(n, slot * k + k)) if m not in dead_set]
+                if not mine:
                     results.put((slot, 0.0, "dead"))
                     continue
                 store.wait([f"{base}flag"], timeout=TIMEOUT)  # the watcher's wait for the reshape flag
-                mb.vouch(store, base, slot, 7)
-                got, step = mb.agree(store, base, slot, members, 7, dead_set.__contains__, window=WINDOW,
-                                     timeout=TIMEOUT)
+                if k == 1:
+                    mb.vouch(store, base, mine[0], 7)
+                else:
+                    mb.vouch_many(store, base, dict.fromkeys(mine, 7), mine[0])
+                got, step = mb.agree(store, base, mine[0], members, 7, dead_set.__contains__, window=WINDOW,
+                                     timeout=TIMEOUT, speaks_for=mine[1:])
                 t = time.monotonic()
                 ok = got == tuple(m for m in members if m not in dead_set) and step == 7
                 results.put((slot, t, "ok" if ok else f"wrong decision {got[:8]}... step {step}"))
@@ -73,8 +78,8 @@ def _member(slot: int, addr: Tuple[str, int], token: str, jobs: "queue.SimpleQue
                 admitted = mb.request_join(store, NS + base, slot)
                 raw = mb.await_admission(store, NS + base, slot, admitted, time.monotonic() + TIMEOUT, TIMEOUT)
                 t = time.monotonic()
-                gen, rank, got, _, _ = mb.parse_admission(raw)
-                ok = rank == n and got == members + (slot,)
+                _, rank, got, _, _ = mb.parse_admission(raw)
+                ok = rank == n and got == (*members, slot)
                 results.put((slot, t, "ok" if ok else f"wrong admission rank {rank}"))
             else:  # grow: a member at the step boundary
                 store.wait([f"{base}flag"], timeout=TIMEOUT)
@@ -105,8 +110,8 @@ def _worker(slots: Sequence[int], addr: Tuple[str, int], token: str, conn: Any) 
         job = conn.recv()
         if job is None:
             break
-        kind, base, n, dead, joiner = job
-        mine = [s for s in slots if s < n or s == joiner]
+        n, joiner, k = job[2], job[4], job[5]
+        mine = [s for s in slots if s * k < n or s == joiner]
         for s in mine:
             queues[s].put(job)
         conn.send([results.get() for _ in mine])
@@ -126,6 +131,8 @@ def main() -> None:
     ap.add_argument("--sizes", default="64,256,1024")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--aggregate", type=int, default=8,
+                    help="also run the agreement with one store client per this many members (0: no)")
     ap.add_argument("--json", default="")
     a = ap.parse_args()
     pycoll = import_pycoll()
@@ -151,17 +158,19 @@ def main() -> None:
     for c in pipes:
         assert c.recv() == "ready"
     rng = random.Random(17)
-    out: Dict[str, Dict[int, Dict[str, List[float]]]] = {"agree": {}, "grow": {}}
+    out: Dict[str, Dict[int, Dict[str, List[float]]]] = {"agree": {}, "grow": {}, "agree-aggregated": {}}
+    cases = [("agree", 1), ("grow", 1)] + ([("agree-aggregated", a.aggregate)] if a.aggregate > 1 else [])
     try:
         for r in range(a.reps + 1):  # the first round warms up (connections, code paths)
             for n in sizes:
-                for kind in ("agree", "grow"):
+                for kind, k in cases:
                     base = f"bench/r{r}/n{n}/{kind}/"
-                    dead = [rng.randrange(1, n)] if kind == "agree" else []
+                    dead = [rng.randrange(1, n)] if kind != "grow" else []
                     joiner = n if kind == "grow" else -1
-                    expect = n - len(dead) + (1 if kind == "grow" else 0)
+                    clients = -(-n // k)
+                    expect = clients - (1 if k == 1 and dead else 0) + (1 if kind == "grow" else 0)
                     for c in pipes:
-                        c.send((kind, base, n, dead, joiner))
+                        c.send(("grow" if kind == "grow" else "agree", base, n, dead, joiner, k))
                     # every member is waiting (and the joiner too) before the clock starts
                     deadline = time.monotonic() + 30
                     while server.stats()["waiting"] < expect and time.monotonic() < deadline:
@@ -202,8 +211,10 @@ def main() -> None:
     print(f"# agreement and grow admission vs members (load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
           f"{os.cpu_count()} CPUs, {a.reps} interleaved repetitions, {a.workers} member processes)")
     print("| N | agreement median ms | p90 ms | store requests / failure | request args | server CPU ms | "
-          "grow median ms | p90 ms | store requests / admission |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "grow median ms | p90 ms | store requests / admission |"
+          + (f" agreement, 1 client per {a.aggregate} members: median ms | p90 ms | requests | server CPU ms |"
+             if a.aggregate > 1 else ""))
+    print("|---|---|---|---|---|---|---|---|---|" + ("---|---|---|---|" if a.aggregate > 1 else ""))
     summary: Dict[str, Any] = {"load": load, "rows": []}
     for n in sizes:
         ag, gr = out["agree"][n], out["grow"][n]
@@ -212,10 +223,21 @@ def main() -> None:
                "agree_server_cpu_ms": percentile(ag["server_cpu_ms"], 0.5),
                "grow_ms_median": percentile(gr["ms"], 0.5), "grow_ms_p90": percentile(gr["ms"], 0.9),
                "grow_requests": percentile(gr["requests"], 0.5), "raw": {"agree": ag, "grow": gr}}
+        agg = out["agree-aggregated"].get(n)
+        extra = ""
+        if agg:
+            row.update(aggregated_per_client=a.aggregate, aggregated_ms_median=percentile(agg["ms"], 0.5),
+                       aggregated_ms_p90=percentile(agg["ms"], 0.9),
+                       aggregated_requests=percentile(agg["requests"], 0.5),
+                       aggregated_server_cpu_ms=percentile(agg["server_cpu_ms"], 0.5))
+            row["raw"]["agree-aggregated"] = agg
+            extra = (f" {row['aggregated_ms_median']:.1f} | {row['aggregated_ms_p90']:.1f} | "
+                     f"{row['aggregated_requests']:.0f} | {row['aggregated_server_cpu_ms']:.1f} |")
         summary["rows"].append(row)
         print(f"| {n} | {row['agree_ms_median']:.1f} | {row['agree_ms_p90']:.1f} | {row['agree_requests']:.0f} | "
-              f"{row['agree_arguments']:.0f} | {row['agree_server_cpu_ms']:.1f} | {row['grow_ms_median']:.1f} | {row['grow_ms_p90']:.1f} | "
-              f"{row['grow_requests']:.0f} |")
+              f"{row['agree_arguments']:.0f} | {row['agree_server_cpu_ms']:.1f} | {row['grow_ms_median']:.1f} | "
+              f"{row['grow_ms_p90']:.1f} | "
+              f"{row['grow_requests']:.0f} |" + extra)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(summary, f, indent=1)

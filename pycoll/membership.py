@@ -110,6 +110,7 @@ def agree(store: Any, base: str, slot: int, members: Sequence[int], step: int, g
     ``wait_size`` request), at most ``window`` seconds, and compare-and-sets the decision; the others
     wait for the decision (one ``get``, answered by the store when it is set). A member that finds
     the coordinator gone takes over, and so does every member once ``window`` is over. The decision
+    keeps the members that voted and are not known to be gone by then. The decision
     names the members left out, so its size does not grow with the group. Two store requests per
     member when every member is either alive or provably gone (the vote and the wait).
 
@@ -120,14 +121,14 @@ def agree(store: Any, base: str, slot: int, members: Sequence[int], step: int, g
     members = tuple(members)
     mine = {slot, *speaks_for}
     deadline = time.monotonic() + window
-    took_over = False
+    first: Optional[int] = None  # the coordinator when this member began
     while True:
         left = deadline - time.monotonic()
         coordinator = next((m for m in members if m in mine or not gone(m)), slot)
+        first = coordinator if first is None else first
         if coordinator in mine or left <= 0:
-            if coordinator != slot and not took_over:
+            if first not in mine:
                 _fp.hit(FP_AGREE_TAKEOVER, rank=slot)
-                took_over = True
             raw = _coordinate(store, base, slot, mine, members, step, gone, deadline)
             break
         _fp.hit(FP_AGREE_WAIT, rank=slot)
@@ -167,7 +168,8 @@ def _coordinate(store: Any, base: str, slot: int, mine: Set[int], members: Tuple
                 raw, read = _get_or_empty(store, votes_key), True
             elif store.check([decision_key]):
                 break  # another member decided (its window was over): adopt that
-    alive = [m for m in members if m in mine or m in voted]
+    # a member that voted and is gone since is left out too (the new communicator would fail on it)
+    alive = [m for m in members if m in mine or (m in voted and not gone(m))]
     least = min([voted.get(m, step) for m in alive] + [step])
     out = [m for m in members if m not in alive]
     _fp.hit(FP_AGREE_BEFORE_DECISION, rank=slot)
