@@ -58,7 +58,11 @@ def _member(slot: int, addr: Tuple[str, int], token: str, jobs: queue.SimpleQueu
         dead_set = set(dead)
         members = tuple(range(n))
         try:
-            if kind == "agree":
+            if kind == "floor":  # the least any protocol costs a member: the wake and one request
+                store.wait([f"{base}flag"], timeout=TIMEOUT)
+                store.get(f"{base}flag", timeout=TIMEOUT)
+                results.put((slot, time.monotonic(), "ok"))
+            elif kind == "agree":
                 # this client speaks for k members (k > 1: a node's aggregator), those of them alive
                 mine = [m for m in range(slot * k, min(n, slot * k + k)) if m not in dead_set]
                 if not mine:
@@ -69,8 +73,9 @@ def _member(slot: int, addr: Tuple[str, int], token: str, jobs: queue.SimpleQueu
                     mb.vouch(store, base, mine[0], 7)
                 else:
                     mb.vouch_many(store, base, dict.fromkeys(mine, 7), mine[0])
+                extra = {"speaks_for": mine[1:]} if k > 1 else {}
                 got, step = mb.agree(store, base, mine[0], members, 7, dead_set.__contains__, window=WINDOW,
-                                     timeout=TIMEOUT, speaks_for=mine[1:])
+                                     timeout=TIMEOUT, **extra)
                 t = time.monotonic()
                 ok = got == tuple(m for m in members if m not in dead_set) and step == 7
                 results.put((slot, t, "ok" if ok else f"wrong decision {got[:8]}... step {step}"))
@@ -158,19 +163,20 @@ def main() -> None:
     for c in pipes:
         assert c.recv() == "ready"
     rng = random.Random(17)
-    out: Dict[str, Dict[int, Dict[str, List[float]]]] = {"agree": {}, "grow": {}, "agree-aggregated": {}}
-    cases = [("agree", 1), ("grow", 1)] + ([("agree-aggregated", a.aggregate)] if a.aggregate > 1 else [])
+    out: Dict[str, Dict[int, Dict[str, List[float]]]] = {"agree": {}, "grow": {}, "agree-aggregated": {}, "floor": {}}
+    cases = [("agree", 1), ("grow", 1), ("floor", 1)] + (
+        [("agree-aggregated", a.aggregate)] if a.aggregate > 1 else [])
     try:
         for r in range(a.reps + 1):  # the first round warms up (connections, code paths)
             for n in sizes:
                 for kind, k in cases:
                     base = f"bench/r{r}/n{n}/{kind}/"
-                    dead = [rng.randrange(1, n)] if kind != "grow" else []
+                    dead = [rng.randrange(1, n)] if kind in ("agree", "agree-aggregated") else []
                     joiner = n if kind == "grow" else -1
                     clients = -(-n // k)
                     expect = clients - (1 if k == 1 and dead else 0) + (1 if kind == "grow" else 0)
                     for c in pipes:
-                        c.send(("grow" if kind == "grow" else "agree", base, n, dead, joiner, k))
+                        c.send(("agree" if kind == "agree-aggregated" else kind, base, n, dead, joiner, k))
                     # every member is waiting (and the joiner too) before the clock starts
                     deadline = time.monotonic() + 30
                     while server.stats()["waiting"] < expect and time.monotonic() < deadline:
@@ -213,8 +219,8 @@ def main() -> None:
     print("| N | agreement median ms | p90 ms | store requests / failure | request args | server CPU ms | "
           "grow median ms | p90 ms | store requests / admission |"
           + (f" agreement, 1 client per {a.aggregate} members: median ms | p90 ms | requests | server CPU ms |"
-             if a.aggregate > 1 else ""))
-    print("|---|---|---|---|---|---|---|---|---|" + ("---|---|---|---|" if a.aggregate > 1 else ""))
+             if a.aggregate > 1 else "") + " floor: wake + 1 request per member, median ms |")
+    print("|---|---|---|---|---|---|---|---|---|" + ("---|---|---|---|" if a.aggregate > 1 else "") + "---|")
     summary: Dict[str, Any] = {"load": load, "rows": []}
     for n in sizes:
         ag, gr = out["agree"][n], out["grow"][n]
@@ -233,6 +239,8 @@ def main() -> None:
             row["raw"]["agree-aggregated"] = agg
             extra = (f" {row['aggregated_ms_median']:.1f} | {row['aggregated_ms_p90']:.1f} | "
                      f"{row['aggregated_requests']:.0f} | {row['aggregated_server_cpu_ms']:.1f} |")
+        row["floor_ms_median"] = percentile(out["floor"][n]["ms"], 0.5)
+        extra += f" {row['floor_ms_median']:.1f} |"
         summary["rows"].append(row)
         print(f"| {n} | {row['agree_ms_median']:.1f} | {row['agree_ms_p90']:.1f} | {row['agree_requests']:.0f} | "
               f"{row['agree_arguments']:.0f} | {row['agree_server_cpu_ms']:.1f} | {row['grow_ms_median']:.1f} | "

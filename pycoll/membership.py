@@ -110,9 +110,9 @@ def agree(store: Any, base: str, slot: int, members: Sequence[int], step: int, g
     ``wait_size`` request), at most ``window`` seconds, and compare-and-sets the decision; the others
     wait for the decision (one ``get``, answered by the store when it is set). A member that finds
     the coordinator gone takes over, and so does every member once ``window`` is over. The decision
-    keeps the members that voted and are not known to be gone by then. The decision
-    names the members left out, so its size does not grow with the group. Two store requests per
-    member when every member is either alive or provably gone (the vote and the wait).
+    keeps the members that voted and are not known to be gone by then; it names the members left
+    out, so its size does not grow with the group. Two store requests per member when every member
+    is either alive or provably gone (the vote and the wait).
 
     ``speaks_for``: further slots whose votes this caller sent (:func:`vouch_many`); it waits for no
     one of them and they are never left out. ``timeout`` bounds nothing here (the window does): it
@@ -151,7 +151,7 @@ def _coordinate(store: Any, base: str, slot: int, mine: Set[int], members: Tuple
     while True:
         voted = _parse_votes(raw)
         missing = [m for m in members if m not in mine and m not in voted and not gone(m)]
-        if not missing:
+        if not missing and (read or len(mine) == 1):  # the steps of those it speaks for are in the votes
             break
         left = deadline - time.monotonic()
         if left <= 0:

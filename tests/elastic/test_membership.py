@@ -195,3 +195,37 @@ def test_store_server_dies_during_the_agreement(server):
     assert sorted(errors) == [0, 1, 2, 4, 5, 6, 7], errors
     assert all("lost the connection" in str(e) or "could not connect" in str(e) for e in errors.values()), errors
     assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.timeout(60)
+def test_aggregators_speak_for_their_nodes(server):
+    """8 aggregators vote for 8 members each (one request each); a dead member's aggregator leaves it out."""
+    failpoints.configure("", rank=-1)
+    members = tuple(range(N))
+    steps = _steps(N)
+    dead = {13}
+    results = {}
+    before = server.stats()
+
+    def aggregator(node):
+        store = TCPStore(server.host, server.port, "m", timeout=10)
+        try:
+            mine = [m for m in range(node * 8, node * 8 + 8) if m not in dead]
+            membership.vouch_many(store, BASE, {m: steps[m] for m in mine}, mine[0])
+            results[node] = membership.agree(store, BASE, mine[0], members, steps[mine[0]], dead.__contains__,
+                                             window=5, timeout=10, speaks_for=mine[1:])
+        finally:
+            store.close()
+
+    threads = [threading.Thread(target=aggregator, args=(i,), daemon=True) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert len(set(results.values())) == 1 and len(results) == 8, results
+    got, step = results[0]
+    assert got == tuple(m for m in members if m != 13)
+    assert step == min(steps[m] for m in got)
+    assert server.stats()["requests"] - before["requests"] <= 3 * 8
+    with pytest.raises(ValueError, match="at least one vote"):
+        membership.vouch_many(server.client(), BASE, {}, 0)
