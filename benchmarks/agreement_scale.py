@@ -91,11 +91,11 @@ def _member(slot: int, addr: Tuple[str, int], token: str, jobs: queue.SimpleQueu
                 key = f"{NS}{base}grow/1"
                 if slot == 0:
                     joiners = [j for j in mb.pending_joiners(store, NS + base, members) if j not in dead_set]
-                    mb.grow_decision(store, key, joiners, 0, dead_set.__contains__, TIMEOUT)
+                    mb.grow_decision(store, key, joiners, 0, dead_set.__contains__, TIMEOUT, n)
                     store.set(f"{NS}{base}g1/uid", b"u" * 128)
                     mb.admit(store, NS + base, joiners, 1, members + tuple(joiners), "grow", 7, TIMEOUT)
                 else:
-                    joiners = mb.grow_decision(store, key, None, 0, dead_set.__contains__, TIMEOUT)
+                    joiners = mb.grow_decision(store, key, None, 0, dead_set.__contains__, TIMEOUT, n)
                 t = time.monotonic()
                 results.put((slot, t, "ok" if joiners == [joiner] else f"wrong joiners {joiners}"))
         except Exception as exc:  # reported, and the repetition counts as failed

@@ -772,7 +772,7 @@ class ElasticGroup:
             # the others wait for it watching rank 0's process
             key = f"{self._ns}/g{self.generation}/grow/{self._grow_calls}"
             return _mb.grow_decision(self.store, key, joiners if self.rank == 0 else None, self.members[0],
-                                     self._slot_gone, self.timeout)
+                                     self._slot_gone, self.timeout, self.size)
         head = np.array([len(joiners)], np.int64)
         self.comm.broadcast(head, root=0)
         if not head[0]:

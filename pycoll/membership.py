@@ -239,23 +239,25 @@ def admit(store: Any, ns: str, joiners: Sequence[int], generation: int, members:
 
 
 def grow_decision(store: Any, key: str, joiners: Optional[Sequence[int]], writer: int, gone: Gone,
-                  timeout: float) -> List[int]:
+                  timeout: float, size: int = 1) -> List[int]:
     """The joiners admitted at this step boundary, through the store: ``writer`` (rank 0) passes its
-    ``joiners`` and writes them under ``key``; every other member passes None and waits for them."""
+    ``joiners`` and writes them under ``key``; every other member passes None and waits for them.
+    ``size``: the number of members (the waits look at the writer's liveness less often in a large group)."""
     if joiners is not None:
         store.set(key, members_str(joiners))
         return list(joiners)
-    return list(parse_members(wait_key(store, key, writer, "the grow decision", gone, timeout)))
+    return list(parse_members(wait_key(store, key, writer, "the grow decision", gone, timeout, _slice(size))))
 
 
-def wait_key(store: Any, key: str, writer: int, what: str, gone: Gone, timeout: float) -> bytes:
+def wait_key(store: Any, key: str, writer: int, what: str, gone: Gone, timeout: float,
+             every: float = 0.05) -> bytes:
     """The value of ``key``, which only slot ``writer`` writes. CommFailure (a member failure) as soon
-    as ``gone(writer)``, or when the key has not come within ``timeout``."""
+    as ``gone(writer)`` (looked at ``every`` seconds), or when the key has not come within ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
         left = deadline - time.monotonic()
         try:
-            value: bytes = store.get(key, timeout=max(0.001, min(0.05, left)))
+            value: bytes = store.get(key, timeout=max(0.001, min(every, left)))
             return value
         except StoreTimeout:
             pass
