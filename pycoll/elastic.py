@@ -24,8 +24,9 @@ A loop looks like this::
 the generation's reshape flag in the store; every member's watcher thread sees it, vouches that its
 process is alive and revokes its communicator, so members stuck in a collective or busy computing
 join promptly. Members that neither vouch nor are provably gone (a same-host process that exited or
-is stopped) are waited for up to ``window`` seconds. The first member to finish proposes the
-survivors and writes the decision with an atomic compare-and-set, which every member adopts, so all
+is stopped) are waited for up to ``window`` seconds. The first live member collects the votes
+(:mod:`pycoll.membership`), proposes the survivors and writes the decision with an atomic
+compare-and-set, which every member adopts (another member takes over if it is gone), so all
 survivors end with the same member list and generation (a live member left out raises
 :class:`Excluded`). Then ``ncclCommShrink(NCCL_SHRINK_ABORT)`` builds the new communicator where the
 library has it (else a fresh init with a new unique id); the parent is released with abort. A
@@ -164,8 +165,6 @@ def _local_process_gone(pid: int) -> bool:
     except (OSError, IndexError):
         return True
     return state in ("Z", "X", "T", "t")
-
-
 
 
 class ElasticGroup:

@@ -13,8 +13,7 @@ import time
 import pytest
 
 from pycoll.errors import StoreError, StoreTimeout
-from pycoll.store import FileStore, MemoryStore, PrefixStore, Store, TCPStore, TCPStoreServer
-from pycoll.store import _wire as wire
+from pycoll.store import FileStore, MemoryStore, PrefixStore, Store, TCPStore, TCPStoreServer, _wire as wire
 
 KINDS = ["memory", "tcp", "file", "prefix", "legacy-tcp"]
 
