@@ -24,8 +24,9 @@ A loop looks like this::
 the generation's reshape flag in the store; every member's watcher thread sees it, vouches that its
 process is alive and revokes its communicator, so members stuck in a collective or busy computing
 join promptly. Members that neither vouch nor are provably gone (a same-host process that exited or
-is stopped) are waited for up to ``window`` seconds. The first member to finish proposes the
-survivors and writes the decision with an atomic compare-and-set, which every member adopts, so all
+is stopped) are waited for up to ``window`` seconds. The first live member collects the votes
+(:mod:`pycoll.membership`), proposes the survivors and writes the decision with an atomic
+compare-and-set, which every member adopts (another member takes over if it is gone), so all
 survivors end with the same member list and generation (a live member left out raises
 :class:`Excluded`). Then ``ncclCommShrink(NCCL_SHRINK_ABORT)`` builds the new communicator where the
 library has it (else a fresh init with a new unique id); the parent is released with abort. A
@@ -52,7 +53,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
-from . import _bindings as B, failpoints as _fp
+from . import _bindings as B, failpoints as _fp, membership as _mb
 from .comm import Communicator, default_timeout
 from .config import CommConfig
 from .create import init, join, load_library
@@ -73,9 +74,8 @@ FP_WATCHER_WAKE = _fp.declare("elastic.watcher.wake", "the watcher saw another m
 FP_WATCHER_AFTER_REVOKE = _fp.declare("elastic.watcher.after_revoke", "the watcher revoked, before vouching")
 FP_ANNOUNCE_BEFORE_FLAG = _fp.declare("elastic.announce.before_flag", "vouched, before raising the reshape flag")
 FP_AGREE_BEFORE_VOTE = _fp.declare("elastic.agree.before_vote", "the agreement, before this member vouches")
-FP_AGREE_WAIT = _fp.declare("elastic.agree.wait", "the agreement, waiting for the others' vouchers")
-FP_AGREE_BEFORE_DECISION = _fp.declare("elastic.agree.before_decision", "before proposing the decision")
-FP_AGREE_AFTER_DECISION = _fp.declare("elastic.agree.after_decision", "the decision is adopted")
+FP_AGREE_WAIT, FP_AGREE_BEFORE_DECISION, FP_AGREE_AFTER_DECISION = (  # the protocol's own, in membership
+    _mb.FP_AGREE_WAIT, _mb.FP_AGREE_BEFORE_DECISION, _mb.FP_AGREE_AFTER_DECISION)
 FP_REVOKE_BEFORE = _fp.declare("elastic.revoke.before", "before revoking the parent communicator")
 FP_SHRINK_BEFORE = _fp.declare("elastic.shrink.before", "before the shrink (or the fresh init)")
 FP_SHRINK_AFTER = _fp.declare("elastic.shrink.after", "the new communicator is built")
@@ -165,21 +165,6 @@ def _local_process_gone(pid: int) -> bool:
     except (OSError, IndexError):
         return True
     return state in ("Z", "X", "T", "t")
-
-
-def _members_str(members: Sequence[int]) -> str:
-    return ",".join(str(m) for m in members)
-
-
-def _parse_members(text: bytes) -> Tuple[int, ...]:
-    s = text.decode()
-    return tuple(int(x) for x in s.split(",")) if s else ()
-
-
-def _parse_decision(text: bytes) -> Tuple[Tuple[int, ...], Optional[int]]:
-    """``"<members>[|<step>]"``: the survivors and the last step they all completed (None: not tracked)."""
-    members, _, step = text.decode().partition("|")
-    return _parse_members(members.encode()), (int(step) if step else None)
 
 
 class ElasticGroup:
@@ -348,18 +333,7 @@ class ElasticGroup:
     def _wait_key(self, key: str, writer: int, what: str) -> bytes:
         """The value of ``key``, which only slot ``writer`` writes. CommFailure (a member failure) as
         soon as that process is gone, or when the key has not come within the timeout."""
-        deadline = time.monotonic() + self.timeout
-        while True:
-            left = deadline - time.monotonic()
-            try:
-                return self.store.get(key, timeout=max(0.001, min(0.05, left)))
-            except StoreTimeout:
-                pass
-            if self._slot_gone(writer):
-                raise CommFailure(f"slot {writer} of group {self.name!r} is gone before it wrote {what}")
-            if left <= 0:
-                raise CommFailure(f"slot {writer} of group {self.name!r} did not write {what} within "
-                                  f"{self.timeout:g} s")
+        return _mb.wait_key(self.store, key, writer, f"{what} of group {self.name!r}", self._slot_gone, self.timeout)
 
     def _guard(self, slots: Sequence[int], comm: Communicator, what: str) -> threading.Event:
         """Watch ``slots`` while this thread is inside ``comm``'s grow: a process found gone fails
@@ -400,24 +374,14 @@ class ElasticGroup:
 
     def _join_once(self, t0: float, deadline: float) -> None:
         _fp.hit(FP_JOIN_REQUEST)
-        incarnation = self.store.add(f"{self._ns}/incarnation/{self.slot}", 1)
-        self.store.set(f"{self._ns}/join/{self.slot}", str(incarnation))
-        admitted = f"{self._ns}/admitted/{self.slot}/{incarnation}"
-        while not self.store.check([admitted]):
-            if self.store.check([f"{self._ns}/closed"]):
-                raise Excluded(f"group {self.name!r} finished before slot {self.slot} was admitted")
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise StoreTimeout(f"slot {self.slot} was not admitted to group {self.name!r} within "
-                                   f"{self.join_timeout:g} s (the members admit joiners in maybe_grow())")
-            try:
-                self.store.wait([admitted], timeout=min(0.5, left))
-            except StoreTimeout:
-                pass
-        raw = self.store.get(admitted, timeout=self.timeout)
-        gen_s, rank_s, members_s, kind, *rest = raw.decode().split("|")
-        generation, rank, members = int(gen_s), int(rank_s), _parse_members(members_s.encode())
-        committed = int(rest[0]) if rest and rest[0] else None
+        admitted = _mb.request_join(self.store, self._ns, self.slot)
+        try:
+            raw = _mb.await_admission(self.store, self._ns, self.slot, admitted, deadline, self.join_timeout)
+        except StoreTimeout as exc:
+            raise StoreTimeout(f"{exc} (group {self.name!r})") from None
+        if not raw:
+            raise Excluded(f"group {self.name!r} finished before slot {self.slot} was admitted")
+        generation, rank, members, kind, committed = _mb.parse_admission(raw)
         _fp.hit(FP_JOIN_ADMITTED)
         uid = self.store.get(f"{self._ns}/g{generation}/uid", timeout=self.timeout)
         tr = Transition("grow" if kind == "grow" else "grow-reinit", generation, (), members, "joined",
@@ -514,13 +478,12 @@ class ElasticGroup:
 
     def _agree_at(self, base: str, members: Tuple[int, ...],
                   g: Optional[int]) -> Tuple[Tuple[int, ...], Optional[int]]:
-        """The agreement under the keys ``base``: vouch, read the others' vouchers (one multi_get,
-        which the store answers when they are all there), compare-and-set the decision -- two store
-        round trips after the vouch when every member is either alive or provably gone."""
+        """The agreement under the keys ``base`` (:func:`pycoll.membership.agree`): vote, then the first
+        live member waits for the votes and decides while the others wait for the decision -- two
+        store round trips per member when every member is either alive or provably gone."""
         if g is None:
             _fp.hit(FP_AGREE_BEFORE_VOTE)
-            self.store.set(f"{base}alive/{self.slot}", self._vouch_value())
-        decision_key = f"{base}decision"
+            _mb.vouch(self.store, base, self.slot, self._step())
         procs = self._proc_cache
         if not all(m in procs for m in members):
             procs = self._procs(members)
@@ -528,37 +491,8 @@ class ElasticGroup:
         def gone(m: int) -> bool:
             return m in procs and procs[m][0] == self._boot and _local_process_gone(procs[m][1])
 
-        deadline = time.monotonic() + self.window
-        values: List[bytes] = []
-        while True:
-            waiting = [m for m in members if m != self.slot and not gone(m)]
-            left = deadline - time.monotonic()
-            if not waiting:
-                break
-            if left > 0:
-                _fp.hit(FP_AGREE_WAIT)
-                try:  # in slices, so that a member dying meanwhile is noticed; the vouchers come with it
-                    values = self.store.multi_get([f"{base}alive/{m}" for m in waiting], timeout=min(left, 0.05))
-                    break  # every member not known to be gone vouched
-                except StoreTimeout:
-                    if not self.store.check([decision_key]):
-                        continue
-            # the window is over, or another member decided: keep those that vouched
-            keys = set(self.store.list_keys(base))
-            waiting = [m for m in waiting if f"{base}alive/{m}" in keys]
-            if waiting:
-                values = self.store.multi_get([f"{base}alive/{m}" for m in waiting], timeout=self.timeout)
-            break
-        alive = [m for m in members if m == self.slot or m in waiting]
-        # the last step every survivor completed: the least one they vouched with (-1: none)
-        steps = [self._committed if self._committed is not None else -1]
-        steps += [int(v) if v.lstrip(b"-").isdigit() else -1 for v in values]
-        proposal = f"{_members_str(alive)}|{min(steps)}"
-        _fp.hit(FP_AGREE_BEFORE_DECISION)
-        # the first proposal wins; every member adopts it (compare_set returns the stored value)
-        decision = _parse_decision(self.store.compare_set(decision_key, b"", proposal))
-        _fp.hit(FP_AGREE_AFTER_DECISION)
-        return decision
+        return _mb.agree(self.store, base, self.slot, members, self._step(), gone, window=self.window,
+                         timeout=self.timeout)
 
     def _procs(self, members: Sequence[int]) -> Dict[int, Tuple[str, int]]:
         """(boot id, pid) of each member's process, as it registered in the store (one round trip)."""
@@ -716,9 +650,9 @@ class ElasticGroup:
         self._announced = g
         self._announce_q.put(g)  # the announcer thread (starting a thread here would cost ~1 ms)
 
-    def _vouch_value(self) -> str:
+    def _step(self) -> int:
         """What a voucher says: the last step this member committed (-1: none)."""
-        return str(-1 if self._committed is None else self._committed)
+        return -1 if self._committed is None else self._committed
 
     def _vouch_and_flag(self, g: int) -> None:
         try:
@@ -738,7 +672,7 @@ class ElasticGroup:
             return
         self._vouched = (g, attempt)
         try:
-            self.store.set(f"{self._ns}/g{g}/a{attempt}/alive/{self.slot}", self._vouch_value())
+            _mb.vouch(self.store, f"{self._ns}/g{g}/a{attempt}/", self.slot, self._step())
         except BaseException:
             self._vouched = (-1, -1)
             raise
@@ -767,13 +701,7 @@ class ElasticGroup:
 
     def pending_joiners(self) -> List[int]:
         """Slots of processes waiting to join (read from the store)."""
-        prefix = f"{self._ns}/join/"
-        out = []
-        for key in self.store.list_keys(prefix):
-            slot = int(key[len(prefix):])
-            if slot not in self.members:
-                out.append(slot)
-        return sorted(out)
+        return _mb.pending_joiners(self.store, self._ns, self.members)
 
     def maybe_grow(self) -> bool:
         """Admit waiting joiners; every member must call it at the same step boundary.
@@ -804,11 +732,7 @@ class ElasticGroup:
             self.store.set(uid_key, bytes(uid))
             _fp.hit(FP_GROW_ADMIT)
             step = -1 if self._committed is None else self._committed
-            for slot in joiners:
-                inc = self.store.get(f"{self._ns}/join/{slot}", timeout=self.timeout).decode()
-                self.store.set(f"{self._ns}/admitted/{slot}/{inc}",
-                               f"{g + 1}|{members.index(slot)}|{_members_str(members)}|{kind}|{step}")
-                self.store.delete(f"{self._ns}/join/{slot}")
+            _mb.admit(self.store, self._ns, joiners, g + 1, members, kind, step, self.timeout)
         # every member needs the id (for a reinit's init; for a grow, the new communicator's name, alike on
         # every rank and joiner): it travels with the communicator
         buf = np.frombuffer(bytearray(bytes(uid)) if uid is not None else bytearray(128), np.uint8).copy()
@@ -850,10 +774,8 @@ class ElasticGroup:
             # device communicators take no host arrays: the decision goes through the store, and
             # the others wait for it watching rank 0's process
             key = f"{self._ns}/g{self.generation}/grow/{self._grow_calls}"
-            if self.rank == 0:
-                self.store.set(key, _members_str(joiners))
-                return joiners
-            return list(_parse_members(self._wait_key(key, self.members[0], "the grow decision")))
+            return _mb.grow_decision(self.store, key, joiners if self.rank == 0 else None, self.members[0],
+                                     self._slot_gone, self.timeout, self.size)
         head = np.array([len(joiners)], np.int64)
         self.comm.broadcast(head, root=0)
         if not head[0]:

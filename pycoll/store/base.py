@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import abc
 import math
+import time
 from datetime import timedelta
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
@@ -80,6 +81,22 @@ def _check_timeout(timeout: Any, default: float) -> float:
     if not math.isfinite(timeout) or timeout < 0:
         raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout}")
     return timeout
+
+
+def _check_size(size: Any) -> int:
+    if isinstance(size, bool) or not isinstance(size, int):
+        raise TypeError(f"wait_size() size must be an int, got {type(size).__name__}")
+    if not 0 <= size <= _INT64_MAX:
+        raise ValueError(f"wait_size() size must be in [0, 2**63), got {size}")
+    return size
+
+
+def _size_timeout(key: str, size: int, timeout: float, where: str = "") -> StoreTimeout:
+    exc = StoreTimeout(f"timed out after {timeout:g} s waiting for key {key!r} to hold {size} bytes{where}")
+    exc.keys = [key]
+    exc.missing = [key]
+    exc.timeout = timeout
+    return exc
 
 
 def _timeout_error(keys: Sequence[str], timeout: float, where: str = "", missing: Sequence[str] = ()) -> StoreTimeout:
@@ -159,6 +176,52 @@ class Store(abc.ABC):
         timeout = _check_timeout(timeout, self.timeout)
         self.wait(keys, timeout)
         return [self.get(k, 0) for k in keys]
+
+    def append(self, key: str, value: Value) -> int:
+        """Append ``value`` to the bytes of ``key`` (a missing key starts empty); return the new length.
+
+        Atomic, and wakes the waiters on ``key``. This generic version is a compare-and-set loop (a
+        store with a native append overrides it); two identical appends racing from the same old
+        value may then land once, so give each writer's records something of its own (a slot).
+        """
+        key = _check_key(key)
+        data = _to_bytes(value)
+        if not data:
+            raise ValueError("append() needs a non-empty value")
+        while True:
+            try:
+                old = self.get(key, 0)
+            except StoreTimeout:
+                old = b""
+            new = old + data
+            if self.compare_set(key, old, new) == new:
+                return len(new)
+
+    def wait_size(self, key: str, size: int, timeout: Optional[float] = None) -> bytes:
+        """Return the value of ``key`` once it holds at least ``size`` bytes (``append`` makes it grow),
+        waiting up to ``timeout`` seconds: one request however many writers append, instead of one
+        poll per writer. :class:`StoreTimeout` names the key and the size.
+
+        This generic version polls (a store with a native wait overrides it).
+        """
+        key = _check_key(key)
+        size = _check_size(size)
+        t = _check_timeout(timeout, self.timeout)
+        deadline = time.monotonic() + t
+        delay = 0.001
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                value = self.get(key, max(0.0, min(left, 0.05)))
+                if len(value) >= size:
+                    return value
+            except StoreTimeout:
+                pass
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _size_timeout(key, size, t)
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, 0.05)
 
     def close(self) -> None:  # noqa: B027 -- a no-op by default: a store with nothing to release keeps it
         """Release the store's resources (connections, files). Further calls raise StoreError."""
@@ -260,6 +323,16 @@ class PrefixStore(Store):
         except StoreTimeout as exc:
             raise self._unprefixed(exc) from None
 
+    def append(self, key: str, value: Value) -> int:
+        return self.store.append(self._k(key), value)
+
+    def wait_size(self, key: str, size: int, timeout: Optional[float] = None) -> bytes:
+        try:
+            return self.store.wait_size(self._k(key), size, timeout)
+        except StoreTimeout as exc:
+            raise _size_timeout(_check_key(key), size, getattr(exc, "timeout", 0.0),
+                                f" (under prefix {self.prefix!r})") from None
+
     def __repr__(self) -> str:
         return f"PrefixStore({self.store!r}, {self.prefix!r})"
 
@@ -287,6 +360,11 @@ class _Table:
             raise StoreError(f"add({key!r}): counter overflows int64 ({current} + {amount})")
         self.data[key] = str(new).encode("ascii")
         return new
+
+    def append(self, key: str, value: bytes) -> int:
+        new = self.data.get(key, b"") + value
+        self.data[key] = new
+        return len(new)
 
     def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
         old = self.data.get(key)

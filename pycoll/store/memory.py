@@ -13,7 +13,9 @@ from .base import (
     _check_amount,
     _check_key,
     _check_keys,
+    _check_size,
     _check_timeout,
+    _size_timeout,
     _Table,
     _timeout_error,
     _to_bytes,
@@ -74,6 +76,24 @@ class MemoryStore(Store):
             value = self._table.compare_set(key, expected, desired)
             self._cond.notify_all()
             return value
+
+    def append(self, key: str, value: Value) -> int:
+        key, data = _check_key(key), _to_bytes(value)
+        if not data:
+            raise ValueError("append() needs a non-empty value")
+        with self._cond:
+            n = self._table.append(key, data)
+            self._cond.notify_all()
+            return n
+
+    def wait_size(self, key: str, size: int, timeout: Optional[float] = None) -> bytes:
+        key, size = _check_key(key), _check_size(size)
+        t = _check_timeout(timeout, self.timeout)
+        with self._cond:
+            if not self._cond.wait_for(lambda: len(self._table.data.get(key, b"")) >= size and key in self._table.data,
+                                       t):
+                raise _size_timeout(key, size, t)
+            return self._table.data[key]
 
     def delete(self, key: str) -> bool:
         key = _check_key(key)

@@ -22,6 +22,8 @@ from ._wire import (
     _MAGIC,
     _NONCE,
     _OP_ADD,
+    _OP_ADDED,
+    _OP_APPEND,
     _OP_CAS,
     _OP_CHECK,
     _OP_DELETE,
@@ -32,6 +34,7 @@ from ._wire import (
     _OP_NUM_KEYS,
     _OP_SET,
     _OP_WAIT,
+    _OP_WAIT_SIZE,
     _Q,
     _SERVER_HELLO,
     _SERVER_REPLY,
@@ -53,7 +56,9 @@ from .base import (
     _check_amount,
     _check_key,
     _check_keys,
+    _check_size,
     _check_timeout,
+    _size_timeout,
     _timeout_error,
     _to_bytes,
 )
@@ -64,6 +69,10 @@ __all__ = ["TCPStore"]
 
 FP_BEFORE_REQUEST = _fp.declare("store.request.before", "the TCP store client, before a request")
 FP_AFTER_REQUEST = _fp.declare("store.request.after", "the TCP store client, after the reply")
+
+
+class _UnknownOp(StoreError):
+    """The server does not know an operation added after version 1 of the protocol."""
 
 
 class _ClientConn:
@@ -151,6 +160,7 @@ class TCPStore(Store):
         self._busy: Set[_ClientConn] = set()
         self._pid = os.getpid()
         self._closed = False
+        self._legacy_server = False  # the server predates append/wait_size: use the generic versions
         #: the server this client hosts (see :meth:`hosting`), else None
         self.server: Optional[TCPStoreServer] = None
         self._release(self._connect())
@@ -294,7 +304,8 @@ class TCPStore(Store):
                              f"{self.max_message} bytes")
         _fp.hit(FP_BEFORE_REQUEST)
         conn = self._acquire()
-        io_timeout = (wait + self.REPLY_GRACE) if op in (_OP_GET, _OP_WAIT, _OP_MULTI_GET) else self.timeout
+        io_timeout = (wait + self.REPLY_GRACE) if op in (_OP_GET, _OP_WAIT, _OP_MULTI_GET, _OP_WAIT_SIZE) \
+            else self.timeout
         try:
             status, out = conn.request(frame, max(io_timeout, 1.0))
         except TimeoutError:
@@ -310,15 +321,20 @@ class TCPStore(Store):
         except BaseException:
             self._discard(conn)  # e.g. KeyboardInterrupt mid-reply: the connection is out of step
             raise
-        self._release(conn)
+        message = out[0].decode("utf-8", "replace") if out and status not in (_ST_OK, _ST_TIMEOUT) else ""
+        if message.startswith("malformed request"):
+            self._discard(conn)  # the server closes the connection after such an answer
+            if op in _OP_ADDED and "unknown operation" in message:
+                raise _UnknownOp(f"{_OP_NAMES[op]}: the store at {self._where()} predates it")
+        else:
+            self._release(conn)
         _fp.hit(FP_AFTER_REQUEST)
         if status == _ST_OK:
             return out
         if status == _ST_TIMEOUT:
             missing = [m.decode("utf-8", "replace") for m in out]
             raise _timeout_error(list(keys), wait, missing=missing)
-        message = out[0].decode("utf-8", "replace") if out else "unknown error"
-        raise StoreError(f"{_OP_NAMES[op]}: {message}")
+        raise StoreError(f"{_OP_NAMES[op]}: {message or 'unknown error'}")
 
     # ---- the protocol
 
@@ -347,6 +363,29 @@ class TCPStore(Store):
     def compare_set(self, key: str, expected: Value, desired: Value) -> bytes:
         args = [_check_key(key).encode(), _to_bytes(expected, "expected value"), _to_bytes(desired, "desired value")]
         return self._call(_OP_CAS, args)[0]
+
+    def append(self, key: str, value: Value) -> int:
+        data = _to_bytes(value)
+        if not data:
+            raise ValueError("append() needs a non-empty value")
+        if not self._legacy_server:
+            try:
+                return _Q.unpack(self._call(_OP_APPEND, [_check_key(key).encode(), data])[0])[0]
+            except _UnknownOp:
+                self._legacy_server = True
+        return super().append(key, data)
+
+    def wait_size(self, key: str, size: int, timeout: Optional[float] = None) -> bytes:
+        key, size = _check_key(key), _check_size(size)
+        t = _check_timeout(timeout, self.timeout)
+        if not self._legacy_server:
+            try:
+                return self._call(_OP_WAIT_SIZE, [_D.pack(t), key.encode(), _Q.pack(size)], t, [key])[0]
+            except _UnknownOp:
+                self._legacy_server = True
+            except StoreTimeout:
+                raise _size_timeout(key, size, t) from None
+        return super().wait_size(key, size, t)
 
     def delete(self, key: str) -> bool:
         return self._call(_OP_DELETE, [_check_key(key).encode()])[0] == b"\x01"

@@ -28,6 +28,7 @@ from ._wire import (
     _MAGIC,
     _NONCE,
     _OP_ADD,
+    _OP_APPEND,
     _OP_CAS,
     _OP_CHECK,
     _OP_DELETE,
@@ -38,6 +39,7 @@ from ._wire import (
     _OP_NUM_KEYS,
     _OP_SET,
     _OP_WAIT,
+    _OP_WAIT_SIZE,
     _Q,
     _SERVER_HELLO,
     _SERVER_REPLY,
@@ -105,12 +107,14 @@ class _Conn:
 
 
 class _Waiter:
-    """A blocked get/wait/multi_get on the server."""
+    """A blocked get/wait/multi_get/wait_size on the server."""
 
-    __slots__ = ("conn", "op", "keys", "missing", "deadline", "timeout", "done")
+    __slots__ = ("conn", "op", "keys", "missing", "deadline", "timeout", "done", "size")
 
-    def __init__(self, conn: _Conn, op: int, keys: List[str], missing: Set[str], timeout: float) -> None:
+    def __init__(self, conn: _Conn, op: int, keys: List[str], missing: Set[str], timeout: float,
+                 size: int = -1) -> None:
         self.conn = conn
+        self.size = size  # wait_size: the least number of bytes the key must hold
         self.op = op
         self.keys = keys
         self.missing = missing
@@ -187,6 +191,7 @@ class TCPStoreServer:
         self.port: int = self._sock.getsockname()[1]
         self._table = _Table()
         self._by_key: Dict[str, Set[_Waiter]] = {}
+        self._by_size: Dict[str, Set[_Waiter]] = {}  # wait_size waiters, by key
         self._deadlines: List[Tuple[float, int, _Waiter]] = []
         self._seq = itertools.count()
         self._conns: Set[_Conn] = set()
@@ -195,6 +200,8 @@ class TCPStoreServer:
         self._ready: Deque[_Conn] = deque()
         self._bytes = 0
         self._waits = 0
+        self._ops: Dict[str, int] = dict.fromkeys(_OP_NAMES.values(), 0)
+        self._keys_in = 0
         self._warn = _RateLimitedLog()
         #: what stopped the serving thread when it ended by an error, else None
         self.error: Optional[BaseException] = None
@@ -239,6 +246,17 @@ class TCPStoreServer:
         host = self.host if self.host not in ("", "0.0.0.0", "::") else "127.0.0.1"
         assert self._client_class is not None
         return self._client_class(host, self.port, self.token, **kwargs)
+
+    def stats(self) -> Dict[str, int]:
+        """Counters since the server started: ``requests`` (every request served), one entry per
+        operation name, ``arguments`` (request arguments parsed: keys, values, timeouts), and the
+        current ``waiting`` (blocked requests) and ``connections``. Read from any thread (a snapshot
+        that may be one request behind)."""
+        ops = dict(self._ops)
+        out = {"requests": sum(ops.values()), "arguments": self._keys_in, "waiting": self._waits,
+               "connections": len(self._conns)}
+        out.update(ops)
+        return out
 
     @property
     def serving(self) -> bool:
@@ -555,6 +573,8 @@ class TCPStoreServer:
         name = _OP_NAMES.get(op)
         if name is None:
             raise _ProtocolError(f"unknown operation {op}")
+        self._ops[name] += 1
+        self._keys_in += len(args)
         try:
             if op == _OP_SET:
                 key, value = self._args(args, 2, name)
@@ -577,6 +597,18 @@ class TCPStoreServer:
                 if not args:
                     raise _ProtocolError(f"{name}: missing timeout")
                 self._wait(conn, op, [self._key(k) for k in args[1:]], self._timeout(args[0]))
+            elif op == _OP_APPEND:
+                key, value = self._args(args, 2, name)
+                key_s = self._key(key)
+                old = self._table.data.get(key_s)
+                self._reserve(key_s, old, len(value) + (len(old) if old is not None else 0))
+                new_len = self._table.append(key_s, value)
+                self._account(key_s, old)
+                self._wake(key_s)
+                self._reply(conn, [_Q.pack(new_len)])
+            elif op == _OP_WAIT_SIZE:
+                t, key, size = self._args(args, 3, name)
+                self._wait_size(conn, self._key(key), self._int(size), self._timeout(t))
             elif op == _OP_CAS:
                 key, expected, desired = self._args(args, 3, name)
                 key_s = self._key(key)
@@ -674,6 +706,25 @@ class TCPStoreServer:
             self._by_key.setdefault(k, set()).add(w)
         heapq.heappush(self._deadlines, (w.deadline, next(self._seq), w))
 
+    def _wait_size(self, conn: _Conn, key: str, size: int, timeout: float) -> None:
+        if size < 0:
+            raise StoreError(f"wait_size({key!r}): the size must be >= 0, got {size}")
+        value = self._table.data.get(key)
+        if value is not None and len(value) >= size:
+            self._reply(conn, [value])
+            return
+        if timeout <= 0:
+            self._reply(conn, [key.encode()], _ST_TIMEOUT)
+            return
+        if self._waits >= self.max_waits:
+            raise StoreError(f"the store server already holds {self._waits} blocked requests, its limit "
+                             f"(max_waits); try again later")
+        w = _Waiter(conn, _OP_WAIT_SIZE, [key], set(), timeout, size)
+        self._waits += 1
+        conn.waiter = w
+        self._by_size.setdefault(key, set()).add(w)
+        heapq.heappush(self._deadlines, (w.deadline, next(self._seq), w))
+
     def _answer_wait(self, conn: _Conn, op: int, keys: List[str]) -> None:
         if op == _OP_WAIT:
             self._reply(conn, [])
@@ -685,6 +736,13 @@ class TCPStoreServer:
             self._waits -= 1
         w.done = True
         w.conn.waiter = None
+        if w.size >= 0:
+            by_size = self._by_size.get(w.keys[0])
+            if by_size is not None:
+                by_size.discard(w)
+                if not by_size:
+                    del self._by_size[w.keys[0]]
+            return
         for k in w.missing:
             s = self._by_key.get(k)
             if s is not None:
@@ -693,6 +751,13 @@ class TCPStoreServer:
                     del self._by_key[k]
 
     def _wake(self, key: str) -> None:
+        if key in self._by_size:
+            value = self._table.data.get(key)
+            if value is not None:
+                for w in [w for w in self._by_size[key] if len(value) >= w.size]:
+                    self._drop_waiter(w)
+                    self._reply(w.conn, [value])
+                    self._ready.append(w.conn)
         waiters = self._by_key.pop(key, None)
         if not waiters:
             return

@@ -13,6 +13,7 @@ from helpers.mp import Died, run_ranks
 
 import pycoll
 import pycoll.hooks
+from pycoll import membership
 from pycoll.elastic import ElasticGroup, Excluded
 
 
@@ -118,7 +119,7 @@ def _reshape_failure(rank, n, addr):
     except pycoll.CommFailure:
         if rank == 2:
             # vouch, then die in the middle of the reshape
-            store.set("pycoll/elastic/t/g0/a0/alive/2", b"1")
+            membership.vouch(store, "pycoll/elastic/t/g0/a0/", 2, -1)
             os.kill(os.getpid(), signal.SIGKILL)
         group.reshape()
     y = np.full(4, 1.0)

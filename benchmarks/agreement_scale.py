@@ -1,0 +1,255 @@
+"""The elastic agreement and the grow admission with 64 to 1,024 members, no collectives.
+
+Members are plain store clients: a few worker processes each run many member threads, every member
+with its own connection to one TCP store server (in this process, on its own thread). Each member
+runs the code :class:`pycoll.ElasticGroup` runs (:mod:`pycoll.membership`), not a copy of it.
+
+* **agreement**: one member is killed (it does not answer; the liveness rule knows it is gone, as
+  ``/proc`` tells ElasticGroup about a same-host process that exited). Every member is waiting on the
+  generation's reshape flag, as its watcher thread does; the clock starts when the flag is set and
+  stops when the last survivor holds the decision (checked: the right members, the same on all).
+* **grow**: a joiner has asked to join and waits for its admission; every member is at a step
+  boundary (waiting on the same flag); rank 0 reads the join requests, admits the joiner and
+  publishes the decision through the store (the device-backend path; on the host backend the
+  decision is a broadcast on the communicator and the members' store cost is zero). The clock stops
+  when every member holds the decision and the joiner its admission.
+
+Store requests are counted at the server (:meth:`pycoll.TCPStoreServer.stats`) between the start and
+the end of each repetition; the members' flag waits, issued before the start, are not in the count
+(one per member: the watcher's, re-armed after each reshape). Repetitions of the different sizes are
+interleaved; the table gives medians and p90.
+
+    python benchmarks/agreement_scale.py [--sizes 64,256,1024] [--reps 7] [--workers 4] [--json out]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import queue
+import random
+import sys
+import threading
+import time
+from typing import Any, Dict, List, Sequence, Tuple
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import import_pycoll
+
+NS = "pycoll/elastic/bench"
+WINDOW = 5.0  # the agreement's window: only members that are neither vouched nor provably gone wait for it
+TIMEOUT = 30.0
+
+
+def _member(slot: int, addr: Tuple[str, int], token: str, jobs: queue.SimpleQueue[Any],
+            results: queue.SimpleQueue[Any]) -> None:
+    import pycoll
+    from pycoll import membership as mb
+
+    store = pycoll.TCPStore(addr[0], addr[1], token, timeout=TIMEOUT)
+    while True:
+        job = jobs.get()
+        if job is None:
+            store.close()
+            return
+        kind, base, n, dead, joiner, k = job
+        dead_set = set(dead)
+        members = tuple(range(n))
+        try:
+            if kind == "floor":  # the least any protocol costs a member: the wake and one request
+                store.wait([f"{base}flag"], timeout=TIMEOUT)
+                store.get(f"{base}flag", timeout=TIMEOUT)
+                results.put((slot, time.monotonic(), "ok"))
+            elif kind == "agree":
+                # this client speaks for k members (k > 1: a node's aggregator), those of them alive
+                mine = [m for m in range(slot * k, min(n, slot * k + k)) if m not in dead_set]
+                if not mine:
+                    results.put((slot, 0.0, "dead"))
+                    continue
+                store.wait([f"{base}flag"], timeout=TIMEOUT)  # the watcher's wait for the reshape flag
+                if k == 1:
+                    mb.vouch(store, base, mine[0], 7)
+                else:
+                    mb.vouch_many(store, base, dict.fromkeys(mine, 7), mine[0])
+                extra = {"speaks_for": mine[1:]} if k > 1 else {}
+                got, step = mb.agree(store, base, mine[0], members, 7, dead_set.__contains__, window=WINDOW,
+                                     timeout=TIMEOUT, **extra)
+                t = time.monotonic()
+                ok = got == tuple(m for m in members if m not in dead_set) and step == 7
+                results.put((slot, t, "ok" if ok else f"wrong decision {got[:8]}... step {step}"))
+            elif slot == joiner:  # grow: the joiner
+                admitted = mb.request_join(store, NS + base, slot)
+                raw = mb.await_admission(store, NS + base, slot, admitted, time.monotonic() + TIMEOUT, TIMEOUT)
+                t = time.monotonic()
+                _, rank, got, _, _ = mb.parse_admission(raw)
+                ok = rank == n and got == (*members, slot)
+                results.put((slot, t, "ok" if ok else f"wrong admission rank {rank}"))
+            else:  # grow: a member at the step boundary
+                store.wait([f"{base}flag"], timeout=TIMEOUT)
+                key = f"{NS}{base}grow/1"
+                if slot == 0:
+                    joiners = [j for j in mb.pending_joiners(store, NS + base, members) if j not in dead_set]
+                    mb.grow_decision(store, key, joiners, 0, dead_set.__contains__, TIMEOUT, n)
+                    store.set(f"{NS}{base}g1/uid", b"u" * 128)
+                    mb.admit(store, NS + base, joiners, 1, members + tuple(joiners), "grow", 7, TIMEOUT)
+                else:
+                    joiners = mb.grow_decision(store, key, None, 0, dead_set.__contains__, TIMEOUT, n)
+                t = time.monotonic()
+                results.put((slot, t, "ok" if joiners == [joiner] else f"wrong joiners {joiners}"))
+        except Exception as exc:  # reported, and the repetition counts as failed
+            results.put((slot, time.monotonic(), f"{type(exc).__name__}: {exc}"))
+
+
+def _worker(slots: Sequence[int], addr: Tuple[str, int], token: str, conn: Any) -> None:
+    import_pycoll()
+    queues = {s: queue.SimpleQueue() for s in slots}  # type: ignore[var-annotated]
+    results: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    threads = [threading.Thread(target=_member, args=(s, addr, token, queues[s], results), daemon=True)
+               for s in slots]
+    for t in threads:
+        t.start()
+    conn.send("ready")
+    while True:
+        job = conn.recv()
+        if job is None:
+            break
+        n, joiner, k = job[2], job[4], job[5]
+        mine = [s for s in slots if s * k < n or s == joiner]
+        for s in mine:
+            queues[s].put(job)
+        conn.send([results.get() for _ in mine])
+    for q in queues.values():
+        q.put(None)
+    for t in threads:
+        t.join(5)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    v = sorted(values)
+    return v[min(len(v) - 1, max(0, round(q * (len(v) - 1))))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="64,256,1024")
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--aggregate", type=int, default=8,
+                    help="also run the agreement with one store client per this many members (0: no)")
+    ap.add_argument("--json", default="")
+    a = ap.parse_args()
+    pycoll = import_pycoll()
+    sizes = [int(x) for x in a.sizes.split(",")]
+    top = max(sizes)
+    token = "agreement-bench"
+    server = pycoll.TCPStoreServer(token=token, backlog=4096, max_unauthenticated=4096).start()
+    driver = server.client(timeout=TIMEOUT)
+    ctx = mp.get_context("spawn")
+    slots = list(range(top + 1))  # slot `top` is the joiner of the largest size; each size's joiner is slot n
+    joiner_slots = set(sizes)
+    per = [slots[i::a.workers] for i in range(a.workers)]
+    for s in joiner_slots:
+        if not any(s in p for p in per):
+            per[0].append(s)
+    pipes, procs = [], []
+    for p in per:
+        mine, theirs = ctx.Pipe()
+        proc = ctx.Process(target=_worker, args=(p, server.address, token, theirs), daemon=True)
+        proc.start()
+        pipes.append(mine)
+        procs.append(proc)
+    for c in pipes:
+        assert c.recv() == "ready"
+    rng = random.Random(17)
+    out: Dict[str, Dict[int, Dict[str, List[float]]]] = {"agree": {}, "grow": {}, "agree-aggregated": {}, "floor": {}}
+    cases = [("agree", 1), ("grow", 1), ("floor", 1)] + (
+        [("agree-aggregated", a.aggregate)] if a.aggregate > 1 else [])
+    try:
+        for r in range(a.reps + 1):  # the first round warms up (connections, code paths)
+            for n in sizes:
+                for kind, k in cases:
+                    base = f"bench/r{r}/n{n}/{kind}/"
+                    dead = [rng.randrange(1, n)] if kind in ("agree", "agree-aggregated") else []
+                    joiner = n if kind == "grow" else -1
+                    clients = -(-n // k)
+                    expect = clients - (1 if k == 1 and dead else 0) + (1 if kind == "grow" else 0)
+                    for c in pipes:
+                        c.send(("agree" if kind == "agree-aggregated" else kind, base, n, dead, joiner, k))
+                    # every member is waiting (and the joiner too) before the clock starts
+                    deadline = time.monotonic() + 30
+                    while server.stats()["waiting"] < expect and time.monotonic() < deadline:
+                        time.sleep(0.002)
+                    time.sleep(0.02)
+                    before = server.stats()
+                    cpu0 = time.process_time()
+                    t0 = time.monotonic()
+                    driver.set(f"{base}flag", b"1")
+                    res = [x for c in pipes for x in c.recv()]
+                    after = server.stats()
+                    cpu = (time.process_time() - cpu0) * 1e3
+                    bad = [x for x in res if x[2] not in ("ok", "dead")]
+                    if bad:
+                        raise SystemExit(f"{kind} n={n} rep {r}: {len(bad)} members failed, e.g. {bad[:3]}")
+                    if r == 0:
+                        continue
+                    lat = (max(x[1] for x in res if x[2] == "ok") - t0) * 1e3
+                    row = out[kind].setdefault(n, {"ms": [], "requests": [], "arguments": [], "server_cpu_ms": []})
+                    row["ms"].append(lat)
+                    row["server_cpu_ms"].append(cpu)
+                    row["requests"].append(after["requests"] - before["requests"] - 1)  # less the driver's set
+                    row["arguments"].append(after["arguments"] - before["arguments"] - 2)
+    finally:
+        for c in pipes:
+            try:
+                c.send(None)
+            except OSError:
+                pass
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        driver.close()
+        server.close()
+    load = os.getloadavg()
+    print(f"# agreement and grow admission vs members (load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
+          f"{os.cpu_count()} CPUs, {a.reps} interleaved repetitions, {a.workers} member processes)")
+    print("| N | agreement median ms | p90 ms | store requests / failure | request args | server CPU ms | "
+          "grow median ms | p90 ms | store requests / admission |"
+          + (f" agreement, 1 client per {a.aggregate} members: median ms | p90 ms | requests | server CPU ms |"
+             if a.aggregate > 1 else "") + " floor: wake + 1 request per member, median ms |")
+    print("|---|---|---|---|---|---|---|---|---|" + ("---|---|---|---|" if a.aggregate > 1 else "") + "---|")
+    summary: Dict[str, Any] = {"load": load, "rows": []}
+    for n in sizes:
+        ag, gr = out["agree"][n], out["grow"][n]
+        row = {"n": n, "agree_ms_median": percentile(ag["ms"], 0.5), "agree_ms_p90": percentile(ag["ms"], 0.9),
+               "agree_requests": percentile(ag["requests"], 0.5), "agree_arguments": percentile(ag["arguments"], 0.5),
+               "agree_server_cpu_ms": percentile(ag["server_cpu_ms"], 0.5),
+               "grow_ms_median": percentile(gr["ms"], 0.5), "grow_ms_p90": percentile(gr["ms"], 0.9),
+               "grow_requests": percentile(gr["requests"], 0.5), "raw": {"agree": ag, "grow": gr}}
+        agg = out["agree-aggregated"].get(n)
+        extra = ""
+        if agg:
+            row.update(aggregated_per_client=a.aggregate, aggregated_ms_median=percentile(agg["ms"], 0.5),
+                       aggregated_ms_p90=percentile(agg["ms"], 0.9),
+                       aggregated_requests=percentile(agg["requests"], 0.5),
+                       aggregated_server_cpu_ms=percentile(agg["server_cpu_ms"], 0.5))
+            row["raw"]["agree-aggregated"] = agg
+            extra = (f" {row['aggregated_ms_median']:.1f} | {row['aggregated_ms_p90']:.1f} | "
+                     f"{row['aggregated_requests']:.0f} | {row['aggregated_server_cpu_ms']:.1f} |")
+        row["floor_ms_median"] = percentile(out["floor"][n]["ms"], 0.5)
+        extra += f" {row['floor_ms_median']:.1f} |"
+        summary["rows"].append(row)
+        print(f"| {n} | {row['agree_ms_median']:.1f} | {row['agree_ms_p90']:.1f} | {row['agree_requests']:.0f} | "
+              f"{row['agree_arguments']:.0f} | {row['agree_server_cpu_ms']:.1f} | {row['grow_ms_median']:.1f} | "
+              f"{row['grow_ms_p90']:.1f} | "
+              f"{row['grow_requests']:.0f} |" + extra)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(summary, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,267 @@
+"""The elastic layer's membership protocol over a store: the agreement of the survivors and the
+admission of joiners, with no communicator involved.
+
+:class:`pycoll.ElasticGroup` runs these functions; ``benchmarks/agreement_scale.py`` runs the same
+ones with up to thousands of members that are plain store clients. What a member needs to take part
+is a store, its slot, and a liveness rule ``gone(slot) -> bool`` (True when that member's process is
+known to have exited or stopped; ElasticGroup reads ``/proc`` for same-host processes).
+
+**Agreement** under the key prefix ``base`` (one per generation and attempt)::
+
+    vouch(store, base, slot, step)                 # "I take part; the last step I completed"
+    members, committed = agree(store, base, slot, members, step, gone, window=..., timeout=...)
+
+Every caller gets the same answer: the members that vouched (waiting up to ``window`` seconds for
+every member not known to be gone) and the least step they vouched with (-1: none). The votes go
+to one key (``append``), the first live member waits for them with one request (``wait_size``) and
+proposes; the others wait for the decision with one request: the store work per failure grows
+linearly with the members (see ``benchmarks/agreement_scale.py``).
+
+**Admission** of a joiner: the joiner calls :func:`request_join` then :func:`await_admission`; the
+members' rank 0 calls :func:`admit` at a step boundary. :func:`wait_key` is the members' wait for a
+key that one member writes, watching that member's liveness.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+
+from . import failpoints as _fp
+from .errors import CommFailure, StoreTimeout
+
+__all__ = ["vouch", "vouch_many", "agree", "request_join", "await_admission", "admit", "parse_admission",
+           "pending_joiners", "grow_decision", "wait_key", "members_str", "parse_members", "parse_decision"]
+
+FP_VOTE = _fp.declare("elastic.agree.vote", "a member's vote, before it is appended")
+FP_AGREE_WAIT = _fp.declare("elastic.agree.wait", "the agreement, waiting for the others' vouchers")
+FP_AGREE_BEFORE_DECISION = _fp.declare("elastic.agree.before_decision", "before proposing the decision")
+FP_AGREE_AFTER_DECISION = _fp.declare("elastic.agree.after_decision", "the decision is adopted")
+FP_AGREE_TAKEOVER = _fp.declare("elastic.agree.takeover", "the coordinator is gone or the window is over: "
+                                "this member decides")
+
+Gone = Callable[[int], bool]
+
+
+def members_str(members: Sequence[int]) -> str:
+    return ",".join(str(m) for m in members)
+
+
+def parse_members(text: bytes) -> Tuple[int, ...]:
+    s = text.decode()
+    return tuple(int(x) for x in s.split(",")) if s else ()
+
+
+def parse_decision(text: bytes, members: Sequence[int] = ()) -> Tuple[Tuple[int, ...], Optional[int]]:
+    """The survivors and the last step they all completed (None: not tracked) from a decision:
+    ``"x:<left out>|<step>"`` (relative to ``members``, the membership agreed on) or
+    ``"<survivors>[|<step>]"``."""
+    head, _, step = text.decode().partition("|")
+    if head.startswith("x:"):
+        out = set(parse_members(head[2:].encode()))
+        return tuple(m for m in members if m not in out), (int(step) if step else None)
+    return parse_members(head.encode()), (int(step) if step else None)
+
+
+# -- agreement ------------------------------------------------------------------------------------
+
+#: one vote: the member's slot and the last step it completed (-1: none); the votes of an agreement
+#: are appended to one key, so that one request reads them all and one request waits for them all
+_VOTE = struct.Struct("!Iq")
+
+
+def vouch(store: Any, base: str, slot: int, step: int) -> None:
+    """Tell the other members that ``slot`` takes part in the agreement under ``base``; ``step``: the
+    last step it completed (-1: none). One store request (an append); voting twice is harmless."""
+    vouch_many(store, base, {slot: step}, slot)
+
+
+def vouch_many(store: Any, base: str, votes: Mapping[int, int], voter: int) -> None:
+    """The votes of several members in one store request (``{slot: step}``): what an aggregator --
+    a process that speaks for the members of its node -- sends; ``voter``: the slot it acts as (for
+    the failpoints)."""
+    if not votes:
+        raise ValueError("vouch_many() needs at least one vote")
+    _fp.hit(FP_VOTE, rank=voter)
+    store.append(f"{base}votes", b"".join(_VOTE.pack(s, st) for s, st in votes.items()))
+
+
+def _parse_votes(raw: bytes) -> Dict[int, int]:
+    """slot -> the least step it voted with."""
+    out: Dict[int, int] = {}
+    for slot, step in _VOTE.iter_unpack(raw[:len(raw) - len(raw) % _VOTE.size]):
+        out[slot] = min(step, out.get(slot, step))
+    return out
+
+
+def _slice(n: int) -> float:
+    """How long one wait for the decision lasts before a member looks at the coordinator's liveness
+    again: 50 ms up to 64 members, longer beyond (so that the waits' expiries cost the store little)."""
+    return min(0.5, 0.05 * max(1.0, n / 64))
+
+
+def agree(store: Any, base: str, slot: int, members: Sequence[int], step: int, gone: Gone, *,
+          window: float, timeout: float, speaks_for: Sequence[int] = ()) -> Tuple[Tuple[int, ...], Optional[int]]:
+    """The survivors of ``members`` and the least step they completed; the same answer on every caller.
+
+    The caller has vouched (:func:`vouch`) under ``base``. The *coordinator* -- the first of
+    ``members`` not known to be gone -- waits until every member not known to be gone has voted (one
+    ``wait_size`` request), at most ``window`` seconds, and compare-and-sets the decision; the others
+    wait for the decision (one ``get``, answered by the store when it is set). A member that finds
+    the coordinator gone takes over, and so does every member once ``window`` is over. The decision
+    keeps the members that voted and are not known to be gone by then; it names the members left
+    out, so its size does not grow with the group. Two store requests per member when every member
+    is either alive or provably gone (the vote and the wait).
+
+    ``speaks_for``: further slots whose votes this caller sent (:func:`vouch_many`); it waits for no
+    one of them and they are never left out. ``timeout`` bounds nothing here (the window does): it
+    is kept for the callers' symmetry with the other waits.
+    """
+    members = tuple(members)
+    mine = {slot, *speaks_for}
+    deadline = time.monotonic() + window
+    first: Optional[int] = None  # the coordinator when this member began
+    while True:
+        left = deadline - time.monotonic()
+        coordinator = next((m for m in members if m in mine or not gone(m)), slot)
+        first = coordinator if first is None else first
+        if coordinator in mine or left <= 0:
+            if first not in mine:
+                _fp.hit(FP_AGREE_TAKEOVER, rank=slot)
+            raw = _coordinate(store, base, slot, mine, members, step, gone, deadline)
+            break
+        _fp.hit(FP_AGREE_WAIT, rank=slot)
+        try:
+            raw = store.get(f"{base}decision", timeout=min(left, _slice(len(members))))
+            break
+        except StoreTimeout:
+            continue
+    decision = parse_decision(raw, members)
+    _fp.hit(FP_AGREE_AFTER_DECISION, rank=slot)
+    return decision
+
+
+def _coordinate(store: Any, base: str, slot: int, mine: Set[int], members: Tuple[int, ...], step: int,
+                gone: Gone, deadline: float) -> bytes:
+    """Wait for the votes of every member not known to be gone (until ``deadline``), then propose;
+    returns the decision (this proposal, or the one that came first)."""
+    votes_key, decision_key = f"{base}votes", f"{base}decision"
+    raw, read = b"", False
+    while True:
+        voted = _parse_votes(raw)
+        missing = [m for m in members if m not in mine and m not in voted and not gone(m)]
+        if not missing and (read or len(mine) == 1):  # the steps of those it speaks for are in the votes
+            break
+        left = deadline - time.monotonic()
+        if left <= 0:
+            if read:
+                break
+            left = 0.0  # one look at the votes there are
+        _fp.hit(FP_AGREE_WAIT, rank=slot)
+        count = len(raw) // _VOTE.size
+        try:
+            raw = store.wait_size(votes_key, _VOTE.size * (count + len(missing)), timeout=min(left, 0.05))
+            read = True
+        except StoreTimeout:
+            if left <= 0:
+                raw, read = _get_or_empty(store, votes_key), True
+            elif store.check([decision_key]):
+                break  # another member decided (its window was over): adopt that
+    # a member that voted and is gone since is left out too (the new communicator would fail on it)
+    alive = [m for m in members if m in mine or (m in voted and not gone(m))]
+    least = min([voted.get(m, step) for m in alive] + [step])
+    out = [m for m in members if m not in alive]
+    _fp.hit(FP_AGREE_BEFORE_DECISION, rank=slot)
+    # the first proposal wins; every member adopts it (compare_set returns the stored value)
+    decision: bytes = store.compare_set(decision_key, b"", f"x:{members_str(out)}|{least}")
+    return decision
+
+
+def _get_or_empty(store: Any, key: str) -> bytes:
+    try:
+        value: bytes = store.get(key, timeout=0)
+        return value
+    except StoreTimeout:
+        return b""
+
+
+# -- admission ------------------------------------------------------------------------------------
+
+
+def request_join(store: Any, ns: str, slot: int) -> str:
+    """Ask to join the group under ``ns``; returns the key the admission will be written to."""
+    incarnation = store.add(f"{ns}/incarnation/{slot}", 1)
+    store.set(f"{ns}/join/{slot}", str(incarnation))
+    return f"{ns}/admitted/{slot}/{incarnation}"
+
+
+def await_admission(store: Any, ns: str, slot: int, admitted: str, deadline: float, join_timeout: float) -> bytes:
+    """The admission record (:func:`parse_admission`) once the members' rank 0 wrote it; ``b""`` when
+    the group finished first. :class:`StoreTimeout` at ``deadline`` (monotonic)."""
+    while not store.check([admitted]):
+        if store.check([f"{ns}/closed"]):
+            return b""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise StoreTimeout(f"slot {slot} was not admitted within {join_timeout:g} s (the members admit "
+                               f"joiners in maybe_grow())")
+        try:
+            store.wait([admitted], timeout=min(0.5, left))
+        except StoreTimeout:
+            pass
+    raw: bytes = store.get(admitted, timeout=join_timeout)
+    return raw
+
+
+def parse_admission(raw: bytes) -> Tuple[int, int, Tuple[int, ...], str, Optional[int]]:
+    """(generation, rank, members, kind, committed step or None) from an admission record."""
+    gen_s, rank_s, members_s, kind, *rest = raw.decode().split("|")
+    committed = int(rest[0]) if rest and rest[0] else None
+    return int(gen_s), int(rank_s), parse_members(members_s.encode()), kind, committed
+
+
+def pending_joiners(store: Any, ns: str, members: Sequence[int]) -> List[int]:
+    """Slots of processes waiting to join the group under ``ns`` (one store round trip)."""
+    prefix = f"{ns}/join/"
+    return sorted(s for s in (int(k[len(prefix):]) for k in store.list_keys(prefix)) if s not in members)
+
+
+def admit(store: Any, ns: str, joiners: Sequence[int], generation: int, members: Sequence[int], kind: str,
+          step: int, timeout: float) -> None:
+    """Rank 0: admit ``joiners`` into generation ``generation`` whose members are ``members`` (joiners
+    included); ``step``: the last committed step (-1: none). Three round trips per joiner."""
+    for slot in joiners:
+        inc = store.get(f"{ns}/join/{slot}", timeout=timeout).decode()
+        store.set(f"{ns}/admitted/{slot}/{inc}",
+                  f"{generation}|{list(members).index(slot)}|{members_str(members)}|{kind}|{step}")
+        store.delete(f"{ns}/join/{slot}")
+
+
+def grow_decision(store: Any, key: str, joiners: Optional[Sequence[int]], writer: int, gone: Gone,
+                  timeout: float, size: int = 1) -> List[int]:
+    """The joiners admitted at this step boundary, through the store: ``writer`` (rank 0) passes its
+    ``joiners`` and writes them under ``key``; every other member passes None and waits for them.
+    ``size``: the number of members (the waits look at the writer's liveness less often in a large group)."""
+    if joiners is not None:
+        store.set(key, members_str(joiners))
+        return list(joiners)
+    return list(parse_members(wait_key(store, key, writer, "the grow decision", gone, timeout, _slice(size))))
+
+
+def wait_key(store: Any, key: str, writer: int, what: str, gone: Gone, timeout: float,
+             every: float = 0.05) -> bytes:
+    """The value of ``key``, which only slot ``writer`` writes. CommFailure (a member failure) as soon
+    as ``gone(writer)`` (looked at ``every`` seconds), or when the key has not come within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            value: bytes = store.get(key, timeout=max(0.001, min(every, left)))
+            return value
+        except StoreTimeout:
+            pass
+        if gone(writer):
+            raise CommFailure(f"slot {writer} is gone before it wrote {what}")
+        if left <= 0:
+            raise CommFailure(f"slot {writer} did not write {what} within {timeout:g} s")
