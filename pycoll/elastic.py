@@ -325,7 +325,10 @@ class ElasticGroup:
                 return
             except (CommFailure, NCCLError, StoreError) as exc:
                 _log.warning("slot %d: forming group %r (attempt %d) failed: %s", self.slot, self.name, attempt, exc)
-            members, _ = self._agree_at(f"{self._ns}/form/a{attempt}/", members, None)
+            # a member that failed on its own (a raise) is out of init at once, the others only at
+            # their init timeout: wait that long for their vouchers
+            members, _ = self._agree_at(f"{self._ns}/form/a{attempt}/", members, None,
+                                        window=self.timeout + self.window)
             if self.slot not in members:
                 raise Excluded(f"slot {self.slot} was left out while group {self.name!r} formed "
                                f"(members {list(members)})")
@@ -512,8 +515,8 @@ class ElasticGroup:
         self._vouch(g, attempt)
         return self._agree_at(f"{self._ns}/g{g}/a{attempt}/", members, g)
 
-    def _agree_at(self, base: str, members: Tuple[int, ...],
-                  g: Optional[int]) -> Tuple[Tuple[int, ...], Optional[int]]:
+    def _agree_at(self, base: str, members: Tuple[int, ...], g: Optional[int],
+                  window: Optional[float] = None) -> Tuple[Tuple[int, ...], Optional[int]]:
         """The agreement under the keys ``base``: vouch, read the others' vouchers (one multi_get,
         which the store answers when they are all there), compare-and-set the decision -- two store
         round trips after the vouch when every member is either alive or provably gone."""
@@ -528,7 +531,7 @@ class ElasticGroup:
         def gone(m: int) -> bool:
             return m in procs and procs[m][0] == self._boot and _local_process_gone(procs[m][1])
 
-        deadline = time.monotonic() + self.window
+        deadline = time.monotonic() + (self.window if window is None else window)
         values: List[bytes] = []
         while True:
             waiting = [m for m in members if m != self.slot and not gone(m)]
