@@ -513,7 +513,10 @@ class ElasticGroup:
         completed; every caller gets the same answer."""
         _fp.hit(FP_AGREE_BEFORE_VOTE)
         self._vouch(g, attempt)
-        return self._agree_at(f"{self._ns}/g{g}/a{attempt}/", members, g)
+        # after a failed attempt, a member that failed on its own (a raise in shrink or init) comes at
+        # once, the others only at their timeout: wait that long for their vouchers
+        return self._agree_at(f"{self._ns}/g{g}/a{attempt}/", members, g,
+                              window=None if attempt == 0 else self.timeout + self.window)
 
     def _agree_at(self, base: str, members: Tuple[int, ...], g: Optional[int],
                   window: Optional[float] = None) -> Tuple[Tuple[int, ...], Optional[int]]:
