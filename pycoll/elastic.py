@@ -310,7 +310,10 @@ class ElasticGroup:
                 return
             except (CommFailure, NCCLError, StoreError) as exc:
                 _log.warning("slot %d: forming group %r (attempt %d) failed: %s", self.slot, self.name, attempt, exc)
-            members, _ = self._agree_at(f"{self._ns}/form/a{attempt}/", members, None)
+            # a member that failed on its own (a raise) is out of init at once, the others only at
+            # their init timeout: wait that long for their vouchers
+            members, _ = self._agree_at(f"{self._ns}/form/a{attempt}/", members, None,
+                                        window=self.timeout + self.window)
             if self.slot not in members:
                 raise Excluded(f"slot {self.slot} was left out while group {self.name!r} formed "
                                f"(members {list(members)})")
@@ -474,13 +477,17 @@ class ElasticGroup:
         completed; every caller gets the same answer."""
         _fp.hit(FP_AGREE_BEFORE_VOTE)
         self._vouch(g, attempt)
-        return self._agree_at(f"{self._ns}/g{g}/a{attempt}/", members, g)
+        # after a failed attempt, a member that failed on its own (a raise in shrink or init) comes at
+        # once, the others only at their timeout: wait that long for their vouchers
+        return self._agree_at(f"{self._ns}/g{g}/a{attempt}/", members, g,
+                              window=None if attempt == 0 else self.timeout + self.window)
 
-    def _agree_at(self, base: str, members: Tuple[int, ...],
-                  g: Optional[int]) -> Tuple[Tuple[int, ...], Optional[int]]:
+    def _agree_at(self, base: str, members: Tuple[int, ...], g: Optional[int],
+                  window: Optional[float] = None) -> Tuple[Tuple[int, ...], Optional[int]]:
         """The agreement under the keys ``base`` (:func:`pycoll.membership.agree`): vote, then the first
-        live member waits for the votes and decides while the others wait for the decision -- two
-        store round trips per member when every member is either alive or provably gone."""
+        live member waits for the votes (``window`` seconds at most; default: the group's window) and
+        decides while the others wait for the decision -- two store round trips per member when every
+        member is either alive or provably gone."""
         if g is None:
             _fp.hit(FP_AGREE_BEFORE_VOTE)
             _mb.vouch(self.store, base, self.slot, self._step())
@@ -491,8 +498,8 @@ class ElasticGroup:
         def gone(m: int) -> bool:
             return m in procs and procs[m][0] == self._boot and _local_process_gone(procs[m][1])
 
-        return _mb.agree(self.store, base, self.slot, members, self._step(), gone, window=self.window,
-                         timeout=self.timeout)
+        return _mb.agree(self.store, base, self.slot, members, self._step(), gone,
+                         window=self.window if window is None else window, timeout=self.timeout)
 
     def _procs(self, members: Sequence[int]) -> Dict[int, Tuple[str, int]]:
         """(boot id, pid) of each member's process, as it registered in the store (one round trip)."""

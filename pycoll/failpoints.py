@@ -3,7 +3,7 @@
 Switched on by ``PYCOLL_FAILPOINTS`` (read when this module is imported) or by :func:`configure`.
 The grammar is a comma-separated list of entries::
 
-    NAME=ACTION[@N][;rank=R][;replacement=K|any]
+    NAME=ACTION[@N][;rank=R][;replacement=K|any][;trace=PATH]
 
 * ``NAME``: a failpoint (``elastic.agree.before_vote``, ``host.coll.after_fill``, ...); ``*`` at the
   end matches every name with that prefix.
@@ -13,6 +13,8 @@ The grammar is a comma-separated list of entries::
   ``@N+``: at the N-th pass and every later one.
 * ``rank=R``: only in the process whose rank is R (``PYCOLL_RANK``, or what :func:`configure` was
   given; a call site may name the rank it acts for, as the launcher does for the rank it spawns).
+* ``trace=PATH``: append ``NAME ACTION RANK PID PASS`` to the file PATH each time the entry fires,
+  before it acts (a test learns that its failpoint was reached); action ``note`` only does that.
 * ``replacement=K``: only in the K-th replacement of that slot (``PYCOLL_REPLACEMENT``); default 0,
   the original process, so that a replacement does not die at the same place; ``any``: every one.
 
@@ -37,7 +39,7 @@ from . import _settings
 __all__ = ["FailpointError", "Failpoint", "configure", "reset", "hit", "declare", "declared", "parse",
            "HOST_POINTS"]
 
-ACTIONS = ("kill", "stop", "raise", "off")
+ACTIONS = ("kill", "stop", "raise", "note", "off")
 
 
 class FailpointError(RuntimeError):
@@ -54,6 +56,7 @@ class Failpoint:
     repeat: bool = False  # also every pass after the n-th
     rank: Optional[int] = None
     replacement: Optional[int] = 0  # None: any
+    trace: Optional[str] = None  # a file to which each firing is appended
 
     def matches(self, name: str) -> bool:
         if self.name.endswith("*"):
@@ -88,6 +91,7 @@ def parse(spec: str) -> List[Failpoint]:
             raise ValueError(f"$PYCOLL_FAILPOINTS: {entry!r} names no failpoint")
         rank: Optional[int] = None
         replacement: Optional[int] = 0
+        trace: Optional[str] = None
         for f in filters:
             key, _, value = (p.strip() for p in f.partition("="))
             try:
@@ -95,12 +99,14 @@ def parse(spec: str) -> List[Failpoint]:
                     rank = int(value)
                 elif key == "replacement":
                     replacement = None if value == "any" else int(value)
+                elif key == "trace" and value:
+                    trace = value
                 else:
                     raise ValueError(key)
             except ValueError:
                 raise ValueError(f"$PYCOLL_FAILPOINTS: {entry!r}: bad filter {f!r} (rank=R or "
-                                 f"replacement=K|any)") from None
-        out.append(Failpoint(name, action, nth, repeat, rank, replacement))
+                                 f"replacement=K|any or trace=PATH)") from None
+        out.append(Failpoint(name, action, nth, repeat, rank, replacement, trace))
     return out
 
 
@@ -166,6 +172,8 @@ def hit(name: str, rank: Optional[int] = None) -> None:
 def _fire(name: str, rank: Optional[int]) -> None:
     who = _rank if rank is None else rank
     action = None
+    trace: Optional[str] = None
+    n = 0
     with _lock:
         for p in _points:
             if not p.matches(name) or (p.rank is not None and p.rank != who):
@@ -176,8 +184,14 @@ def _fire(name: str, rank: Optional[int]) -> None:
             n = _passes.get(key, 0) + 1
             _passes[key] = n
             if n == p.nth or (p.repeat and n > p.nth):
-                action = p.action
+                action, trace = p.action, p.trace
                 break
+    if trace is not None:
+        try:
+            with open(trace, "a") as f:
+                f.write(f"{name} {action} {who} {os.getpid()} {n}\n")
+        except OSError:
+            pass
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     elif action == "stop":

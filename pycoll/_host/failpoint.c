@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "debug.h"
 
@@ -20,6 +21,7 @@ struct fp_entry {
   long rank; /* -1: any */
   long replacement; /* -1: any */
   long passes;
+  char trace[256]; /* a file each firing is appended to ("" none) */
 };
 
 int fp_state = 0;
@@ -69,6 +71,7 @@ static void parse_entry(char* s, char* e) {
   if (alen == 4 && !memcmp(as, "kill", 4)) f.action = 1;
   else if (alen == 4 && !memcmp(as, "stop", 4)) f.action = 2;
   else if (alen == 5 && !memcmp(as, "raise", 5)) f.action = 3;
+  else if (alen == 4 && !memcmp(as, "note", 4)) f.action = 4;
   else return; /* "off" or unknown: the Python side reports bad values */
   if (at) {
     f.nth = strtol(at + 1, NULL, 10);
@@ -83,6 +86,8 @@ static void parse_entry(char* s, char* e) {
     if ((size_t)(fe - fs) > 5 && !memcmp(fs, "rank=", 5)) f.rank = strtol(fs + 5, NULL, 10);
     else if ((size_t)(fe - fs) > 12 && !memcmp(fs, "replacement=", 12))
       f.replacement = !memcmp(fs + 12, "any", 3) ? -1 : strtol(fs + 12, NULL, 10);
+    else if ((size_t)(fe - fs) > 6 && (size_t)(fe - fs) - 6 < sizeof f.trace && !memcmp(fs, "trace=", 6))
+      memcpy(f.trace, fs + 6, (size_t)(fe - fs) - 6);
   }
   fp_entries[fp_count++] = f;
 }
@@ -111,6 +116,8 @@ int fp_hit_slow(const char* name) {
   pthread_once(&fp_once, fp_read);
   if (__atomic_load_n(&fp_state, __ATOMIC_ACQUIRE) != 2) return 0;
   int action = 0;
+  long pass = 0;
+  const char* trace = NULL;
   pthread_mutex_lock(&fp_mu);
   for (int i = 0; i < fp_count && !action; i++) {
     struct fp_entry* f = &fp_entries[i];
@@ -118,9 +125,21 @@ int fp_hit_slow(const char* name) {
     if (!match || (f->rank >= 0 && f->rank != fp_rank)) continue;
     if (f->replacement >= 0 && f->replacement != fp_replacement) continue;
     long n = ++f->passes;
-    if (n == f->nth || (f->repeat && n > f->nth)) action = f->action;
+    if (n == f->nth || (f->repeat && n > f->nth)) {
+      action = f->action;
+      pass = n;
+      trace = f->trace[0] ? f->trace : NULL;
+    }
   }
   pthread_mutex_unlock(&fp_mu);
+  if (trace) {
+    static const char* names[] = {"", "kill", "stop", "raise", "note"};
+    FILE* out = fopen(trace, "a");
+    if (out) {
+      fprintf(out, "%s %s %ld %ld %ld\n", name, names[action], fp_rank, (long)getpid(), pass);
+      fclose(out);
+    }
+  }
   if (action == 1) raise(SIGKILL);
   if (action == 2) raise(SIGSTOP);
   if (action == 3) {

@@ -80,6 +80,20 @@ def test_nth_pass_rank_and_replacement_filters():
     failpoints.hit("a")
 
 
+def test_trace_records_each_firing_and_note_only_records(tmp_path):
+    trace = tmp_path / "fired"
+    try:
+        failpoints.configure(f"a=note@2+;trace={trace},b=raise;rank=3;trace={trace}", rank=3)
+        for _ in range(3):
+            failpoints.hit("a")  # note: never acts
+        with pytest.raises(FailpointError):
+            failpoints.hit("b")
+    finally:
+        failpoints.reset()
+    pid = os.getpid()
+    assert trace.read_text().splitlines() == [f"a note 3 {pid} 2", f"a note 3 {pid} 3", f"b raise 3 {pid} 1"]
+
+
 def test_off_costs_a_bool_test():
     failpoints.reset()
     t0 = time.perf_counter()
@@ -298,10 +312,16 @@ def _ci_slice(cases, k=4):
 SLICE = _ci_slice(CASES)
 
 
-def _check(res, victim, case):
+def _check(res, victim, case, fired=True, also=()):
+    """The outcome of a case: "not reached" when its failpoint never fired (``fired``: the trace),
+    else "fired" (the victim is out) or "absorbed" (it finished with the others); asserts that the
+    survivors finished with the exact, identical parameters and members. ``also``: slots that a
+    second failpoint of the case takes out."""
+    if not fired:
+        return "not reached"
     finishers = {r: v for r, v in enumerate(res) if isinstance(v, dict)}
     for r in range(4):
-        if r != victim:
+        if r != victim and r not in also:
             assert r in finishers, (case, r, res)
     ref = finishers[min(finishers)]["params"]
     assert np.allclose(ref, _expected(STEPS)), (case, res)
@@ -324,23 +344,28 @@ def _sweep():
     comm.destroy()
 
 
-def _run_case(server, name, action, victim):
-    spec = f"{name}={action};rank={victim}"
+def _run_case(server, name, action, victim, trace, nth=1, extra="", also=()):
+    spec = f"{name}={action}@{nth};rank={victim};trace={trace}" + (f",{extra}" if extra else "")
     try:
-        res = run_ranks(_scenario, 5, server, spec, timeout=75, may_die=[victim, JOINER])
+        res = run_ranks(_scenario, 5, server, spec, timeout=75, may_die=sorted({victim, JOINER, *also}))
     finally:
         _sweep()
-    return _check(res, victim, (name, action, victim))
+    fired = os.path.exists(trace) and any(line.startswith(name + " ") for line in open(trace))
+    return _check(res, victim, (name, action, victim), fired, also)
 
 
 @pytest.mark.failpoints
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name,action,victim", CASES, ids=[f"{n}-{a}-r{v}" for n, a, v in CASES])
-def test_failpoint_matrix(server, name, action, victim, request):
+def test_failpoint_matrix(server, name, action, victim, request, tmp_path):
     if (name, action, victim) not in SLICE and not (FULL or request.config.getoption("--runslow")):
         pytest.skip("not in today's slice of the failpoint matrix (--runslow or PYCOLL_TEST_FULL=1: all)")
-    outcome = _run_case(server, name, action, victim)
+    outcome = _run_case(server, name, action, victim, str(tmp_path / "fired"))
     _report(name, action, victim, outcome)
+    if outcome == "not reached":
+        # reported, not yet failed: the elastic cases predate the reach check and not all of their
+        # points are passed by the scenario on every victim (e.g. elastic.watcher.wake on rank 1)
+        pytest.xfail(f"{name} was not reached on slot {victim} in the scenario")
 
 
 def _report(name, action, victim, outcome):
@@ -356,3 +381,67 @@ def test_no_failure_baseline(server):
     res = run_ranks(_scenario, 5, server, "", timeout=75, may_die=[JOINER])
     assert _check(res, JOINER, "baseline") == "fired"
     assert res[0]["generation"] == 2 and res[0]["members"] == (0, 1, 2, 3), res[0]
+
+
+# -- the matrix, part 2: the host library, the store client and the liveness checker -------------
+
+#: the second failpoint of a case whose point is passed only while a peer is frozen: rank 2 stops
+#: in its 20th collective, the liveness checker of the others finds it
+STOP2 = "host.coll.before_fill=stop@20;rank=2"
+
+#: name -> (the pass at which it fires, the victims, a second failpoint, the slots that one takes out).
+#: host.init.*: the pass of the group's forming (its second is the shrink's child, host.shrink.* cover
+#: that window); host.shrink.*: after the joiner's death at step 8; host.grow.*: admitting the joiner;
+#: host.coll.* and store.request.*: in the middle of the training steps.
+POINTS_2 = {
+    "host.init.begin": (1, (0, 1), "", ()),
+    "host.init.end": (1, (0, 1), "", ()),
+    "host.grow.begin": (1, (0, 1, JOINER), "", ()),
+    "host.grow.end": (1, (0, 1, JOINER), "", ()),
+    "host.shrink.begin": (1, (0, 1), "", ()),
+    "host.shrink.end": (1, (0, 1), "", ()),
+    "host.coll.before_fill": (20, (0, 1), "", ()),
+    "host.coll.after_arrive": (20, (0, 1), "", ()),
+    "host.coll.done": (20, (0, 1), "", ()),
+    "store.request.before": (20, (0, 1), "", ()),
+    "store.request.after": (20, (0, 1), "", ()),
+    "watchdog.liveness.check": (1, (0, 1), STOP2, (2,)),
+    "watchdog.liveness.found": (1, (0, 1), STOP2, (2,)),
+}
+
+
+def _cases_2():
+    return [(name, action, victim) for name, (_, victims, _, _) in POINTS_2.items()
+            for action in ("kill", "stop", "raise") for victim in victims]
+
+
+CASES_2 = _cases_2()
+SLICE_2 = _ci_slice(CASES_2, k=2)
+
+
+def test_matrix_2_covers_every_point_the_scenario_passes():
+    import pycoll.diagnostics.liveness  # declares watchdog.*
+    import pycoll.store  # noqa: F401  (declares store.*)
+
+    scenario = [n for n in failpoints.declared() if n.startswith(("host.", "store.", "watchdog."))]
+    # host.window.exchange and host.signal.wait: the scenario registers no window and waits on no
+    # signal; host.coll.after_consume: passed only by the two-phase path of large reductions, which the
+    # scenario's 8-element all_reduce does not take (every case of it was "not reached")
+    assert set(scenario) - set(POINTS_2) == {"host.window.exchange", "host.signal.wait",
+                                             "host.coll.after_consume"}, scenario
+
+
+@pytest.mark.failpoints
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name,action,victim", CASES_2, ids=[f"{n}-{a}-r{v}" for n, a, v in CASES_2])
+def test_failpoint_matrix_2(server, name, action, victim, request, tmp_path):
+    if (name, action, victim) not in SLICE_2 and not (FULL or request.config.getoption("--runslow")):
+        pytest.skip("not in today's slice of the failpoint matrix (--runslow or PYCOLL_TEST_FULL=1: all)")
+    nth, _, extra, also = POINTS_2[name]
+    outcome = _run_case(server, name, action, victim, str(tmp_path / "fired"), nth, extra, also)
+    _report(name, action, victim, outcome)
+    if outcome == "not reached" and name == "watchdog.liveness.found":
+        # a race, not a gap: the first member whose checker finds rank 2 frozen fails the
+        # communicator, and the others leave the collective before their checker looks
+        pytest.skip("another member's liveness checker found the frozen rank first")
+    assert outcome != "not reached", (name, action, victim)

@@ -119,3 +119,109 @@ def test_failpoint_through_the_environment(tmp_path, spec, victim, request):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# -- the launcher's own failpoints ----------------------------------------------------------------
+#
+# They fire in the launcher process, which no job survives the death of. What must happen:
+# * kill: the launcher dies with SIGKILL (status -9) and takes every rank it started with it
+#   (PR_SET_PDEATHSIG): no rank process is left.
+# * raise: the launcher stops the job (its cleanup terminates and reaps the ranks) and exits 1 with
+#   the failpoint's error in its output: no rank process is left.
+# * stop: the launcher (and the job's store, which it serves) is frozen for 2 s, less than the
+#   ranks' store timeouts; once it is continued the job ends as if nothing happened: status 0, the
+#   survivors' results exact.
+
+KILL1 = "host.coll.after_arrive=kill@30;rank=1"  # rank 1 dies: the launcher handles its exit
+LAUNCH_POINTS = {
+    "launch.spawn": ("launch.spawn={action};rank=2", (), None),  # ranks 0 and 1 are running
+    "launch.exit": ("launch.exit={action};rank=1," + KILL1, (), 1),
+    "launch.replacement.start": ("launch.replacement.start={action};rank=1," + KILL1, ("--replace-failed", "1"), 1),
+}
+LAUNCH_CASES = [(n, a) for n in LAUNCH_POINTS for a in ("kill", "stop", "raise")]
+
+
+def _state(pid):
+    """The state letter of ``pid`` ("" when it is gone; a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+    return "" if state in "ZX" else state
+
+
+def _job_pids(tmp_path, launcher):
+    """The live processes of this job but the launcher (found by the FT_DIR of their environment:
+    also those killed before they wrote their pid file)."""
+    mark = f"FT_DIR={tmp_path}\0".encode()
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == launcher:
+            continue
+        try:
+            with open(f"/proc/{d}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if mark in env and _state(int(d)):
+            out.append(int(d))
+    return out
+
+
+def _wait(pred, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(what)
+        time.sleep(0.05)
+
+
+def _launcher_case(tmp_path, name, action):
+    spec, extra, victim = LAUNCH_POINTS[name]
+    trace = tmp_path / "fired"
+    spec = spec.format(action=action).replace(";rank=", f";trace={trace};rank=", 1)
+    env = dict(os.environ, FT_DIR=str(tmp_path), PYTHONPATH=REPO, PYCOLL_FAILPOINTS=spec)
+    cmd = [sys.executable, "-m", "pycoll.launch.launcher", "-n", "4", "--keep-going", "--timeout", "100",
+           *extra, LOOP, "600"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO)
+    try:
+        if action == "stop":
+            _wait(lambda: _state(proc.pid) == "T" or proc.poll() is not None, 60, "the launcher did not stop")
+            if proc.poll() is None:
+                time.sleep(2.0)
+                os.kill(proc.pid, signal.SIGCONT)
+            if not trace.exists():
+                return "not reached"
+            _finish(proc, tmp_path, victim, steps=600)
+            return "survived"
+        out, _ = proc.communicate(timeout=110)
+        text = out.decode(errors="replace")
+        if not trace.exists():
+            return "not reached"
+        if action == "kill":
+            assert proc.returncode == -signal.SIGKILL, (proc.returncode, text[-3000:])
+        else:
+            assert proc.returncode == 1 and f"failpoint {name}" in text, (proc.returncode, text[-3000:])
+        _wait(lambda: not _job_pids(tmp_path, proc.pid), 10,
+              f"rank processes left behind: {_job_pids(tmp_path, proc.pid)}")
+        return "job ended, no rank left"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for p in _job_pids(tmp_path, proc.pid):
+            os.kill(p, signal.SIGKILL)
+
+
+@pytest.mark.failpoints
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("name,action", LAUNCH_CASES, ids=[f"{n}-{a}" for n, a in LAUNCH_CASES])
+def test_launcher_failpoint_matrix(tmp_path, name, action, request):
+    _rotating(request, f"{name}-{action}", k=1, of=9)
+    outcome = _launcher_case(tmp_path, name, action)
+    path = os.environ.get("PYCOLL_FP_MATRIX_OUT")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{name} {action} launcher {outcome}\n")
+    assert outcome != "not reached", (name, action)
