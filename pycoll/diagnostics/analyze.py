@@ -147,6 +147,19 @@ def _describe(e: Dict[str, Any]) -> str:
 
 
 
+def _own(e: Optional[Dict[str, Any]]) -> str:
+    return f"last {_describe(e)} {e.get('state')}" if e is not None else "no operation recorded"
+
+
+def _main_site(dump: Dict[str, Any]) -> str:
+    """Where a dump says its main thread was (innermost frame outside pycoll's modules), when it says."""
+    for fr in (dump.get("pycoll") or {}).get("main_thread") or []:
+        fn = str(fr.get("filename", ""))
+        if not is_runtime_frame(fn) and not fn.startswith("<"):
+            return f"{os.path.basename(fn)}:{fr.get('line')} in {fr.get('name')}"
+    return ""
+
+
 def _site(e: Dict[str, Any]) -> str:
     """'file:line in function' of the innermost frame outside pycoll's own modules."""
     for fr in e.get("frames") or []:
@@ -223,8 +236,12 @@ def _store_view(dumps: Dict[int, Dict[str, Any]], uid: str, local: int) -> Optio
             p = (rep.get("peers") or {}).get(str(local))
             if p is None:
                 continue
+            age = None
+            if isinstance(rep.get("time"), (int, float)) and isinstance(p.get("time_ns"), int):
+                age = rep["time"] - p["time_ns"] / 1e9
+            answered = rep.get("request") is not None and int(p.get("request", -1)) >= int(rep["request"])
             cand = {"reported_by": rank, "progress": p, "silent_s": (rep.get("silent") or {}).get(str(local)),
-                    "failure": (rep.get("peer_failures") or {}).get(str(local))}
+                    "failure": (rep.get("peer_failures") or {}).get(str(local)), "age_s": age, "answered": answered}
             if best is None or p.get("time_ns", 0) > best["progress"].get("time_ns", 0):
                 best = cand
     return best
@@ -257,11 +274,15 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
             if rep.get("uid") == uid:
                 res["failures"].append({"rank": r, "error_type": rep.get("error_type"), "op": rep.get("op"),
                                         "seq": rep.get("seq"), "message": rep.get("message"),
-                                        "behind": rep.get("behind"), "elapsed_s": rep.get("elapsed_s")})
+                                        "behind": rep.get("behind"), "unconfirmed": rep.get("unconfirmed"),
+                                        "elapsed_s": rep.get("elapsed_s")})
     for r in res["missing_dumps"]:
         view = _store_view(dumps, uid, local_of[r])
         if view is not None:
             res["missing_dump_info"][r] = view
+    # what a rank's own dump says of itself: it supersedes what the others read of it in the store
+    res["own_dump"] = {r: _own(last[r]) for r in present}
+    res["main_thread"] = {r: _main_site(dumps[r]) for r in present if _main_site(dumps[r])}
 
     with_entries = [r for r in present if coll[r]]
     if with_entries:
@@ -331,8 +352,15 @@ def _check_seq(s: int, present: List[int], coll: Dict[int, Dict[int, Dict[str, A
         if view.get("failure"):
             div["missing_dumps"][r] = f"no dump; failed: {view['failure']}"
         elif p.get("coll_enqueued", 0) < s:
-            div["missing_dumps"][r] = (f"no dump; not seen entering it: its last report in the store (read by rank "
-                                       f"{view['reported_by']}) says #{p.get('coll_enqueued')}"
+            if view.get("answered"):
+                said = f"its answer to rank {view['reported_by']}'s dump request said #{p.get('coll_enqueued')}"
+            else:
+                age = view.get("age_s")
+                said = ("its last report in the store"
+                        + (f", {age:.1f} s old when rank {view['reported_by']} failed," if age is not None
+                           else f" (read by rank {view['reported_by']})")
+                        + f" said #{p.get('coll_enqueued')}")
+            div["missing_dumps"][r] = (f"no dump; not seen entering it: {said}"
                                        + (f", and it had been silent for {view['silent_s']:.1f} s"
                                           if view.get("silent_s") else ""))
         else:
@@ -509,7 +537,9 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
                     last = (f"last op {info['last_op']} {info['last_state']}"
                             + (f", issued at {info['last_site']}" if info["last_site"] else "")
                             if info["last_op"] else "no operation recorded")
-                    lines.append(f"    rank {r}: never entered it ({last})")
+                    lines.append(f"    rank {r}: never entered it ({last})"
+                                 + (f"; when it dumped, its main thread was at {c['main_thread'][r]}"
+                                    if r in c.get("main_thread", {}) else ""))
                 if d["skipped"]:
                     lines.append(f"    {_who(d['skipped'])}: later operations recorded but not this one")
                 m = d["mismatch"]
@@ -541,11 +571,7 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
                         f" after {f['elapsed_s']:.2f} s" if isinstance(f.get("elapsed_s"), (int, float)) else "")
                 else:
                     what = f"{f['error_type']}: {f['message']}"
-                behind = f.get("behind") or {}
-                if behind:
-                    what += "; it saw behind: " + ", ".join(
-                        f"rank {r} (last reported #{v.get('last_issued') if isinstance(v, dict) else v})"
-                        for r, v in sorted(behind.items(), key=lambda kv: int(kv[0])))
+                what += _claims(f, c)
                 lines.append(f"  watchdog on rank {f['rank']}: {what}")
             lines.append(f"  verdict: {_verdict(c)}")
         if rep["triggers"]:
@@ -554,6 +580,30 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
                 lines.append(f"  rank {r}: {t[:200]}")
         lines.append("")
     return "\n".join(lines)
+
+
+def _claims(f: Dict[str, Any], c: Dict[str, Any]) -> str:
+    """What a failing rank's watchdog said of the others, each with its basis: a rank's own dump wins
+    over what was read of it in the store; a store report is given with its age."""
+    own = c.get("own_dump", {})
+    out = []
+    for key, label in (("behind", "it saw behind"), ("unconfirmed", "not confirmed")):
+        items = []
+        for r, v in sorted((f.get(key) or {}).items(), key=lambda kv: int(kv[0])):
+            last = v.get("last_issued") if isinstance(v, dict) else v
+            age = v.get("report_age_s") if isinstance(v, dict) else None
+            rank = int(r)
+            if rank in own:
+                items.append(f"rank {rank} (its own dump: {own[rank]})")
+            elif isinstance(v, dict) and v.get("answered"):
+                items.append(f"rank {rank} (answered: #{last})")
+            elif isinstance(age, (int, float)):
+                items.append(f"rank {rank} (report {age:.1f} s old said #{last})")
+            else:
+                items.append(f"rank {rank} (last reported #{last})")
+        if items:
+            out.append(f"; {label}: " + ", ".join(items))
+    return "".join(out)
 
 
 _MISMATCH_NAMES = {"type": "operation type", "size": "size", "dtype": "dtype", "op": "reduction op",

@@ -3,7 +3,8 @@
 Every record is a small JSON object with a version field (``"v"``). Keys, under ``pycoll/fr/``:
 
 * ``progress/<uid>/<rank>``: a :class:`ProgressRecord`, published by each rank's watchdog about
-  once a second (its heartbeat);
+  once a second (its heartbeat), and at once when another rank asks for dumps (the record then
+  names the request it answers: a failing rank waits briefly for these fresh answers);
 * ``failure/<uid>/<rank>``: a :class:`FailureRecord`, written by a rank when its communicator
   fails;
 * ``dump_signal`` (a counter) and ``dump_signal/<n>``: requests to dump (free text: who asks, why).
@@ -68,10 +69,12 @@ class ProgressRecord:
     time_ns: int
     beats: int
     origin: str
+    request: int = -1  # the dump request (signal counter) this record answers; -1: a periodic report
 
     def encode(self) -> bytes:
         return json.dumps({"v": _VERSION, "progress": list(self.progress), "state": self.state,
-                           "time_ns": self.time_ns, "beats": self.beats, "origin": self.origin}).encode()
+                           "time_ns": self.time_ns, "beats": self.beats, "origin": self.origin,
+                           "request": self.request}).encode()
 
     @classmethod
     def decode(cls, raw: Any) -> Optional[ProgressRecord]:
@@ -79,14 +82,14 @@ class ProgressRecord:
         d = _load(raw)
         try:
             return cls(Progress(*(int(x) for x in d["progress"])), str(d["state"]), int(d["time_ns"]),
-                       int(d["beats"]), str(d["origin"])) if d is not None else None
+                       int(d["beats"]), str(d["origin"]), int(d.get("request", -1))) if d is not None else None
         except (KeyError, TypeError, ValueError):
             return None
 
     def as_dict(self) -> Dict[str, Any]:
         """Flat form kept in failure reports and dumps."""
         return {**self.progress.as_dict(), "state": self.state, "time_ns": self.time_ns, "beats": self.beats,
-                "origin": self.origin}
+                "origin": self.origin, "request": self.request}
 
 
 @dataclass(frozen=True)

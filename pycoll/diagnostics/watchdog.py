@@ -65,10 +65,10 @@ import time
 import traceback
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
-from .. import _settings, hooks
+from .. import _settings, failpoints as _fp, hooks
 from ..errors import CommAborted, StoreTimeout
 from ..hooks import CommObserver, CommView, WorkView
-from . import recorder as _recorder_module
+from . import exits, recorder as _recorder_module
 from .dumps import GATE_POLL, DumpJob, DumpQueue
 from .recorder import FlightRecorder, get_recorder
 from .records import (
@@ -83,6 +83,10 @@ from .records import (
 )
 from .report import FailureReport
 from .signals import DumpSignal, signal_number
+
+FP_ANSWER = _fp.declare("watchdog.request.answer", "a dump request from another rank, before answering it")
+FP_AWAIT_ANSWERS = _fp.declare("watchdog.report.await_answers", "a failure report, waiting for the peers' answers")
+ANSWER_POLL = 0.02  # how often a failure report looks for the peers' answers
 
 __all__ = ["Watchdog", "get_watchdog", "configure", "install", "enable_dump_signal", "dump_flight_recorder",
            "FR_KEY_PREFIX", "KEY_PREFIX"]
@@ -169,6 +173,10 @@ class Watchdog(CommObserver):
         self._wake_w: Optional[socket.socket] = None
         self._signal = DumpSignal(self._poke)
         self._stores: Dict[int, _StoreState] = {}
+        self._snapshots: Dict[str, Any] = {}  # communicator uid -> its Progress when it failed
+        # SIGTERM seen by the monitor thread (the main thread may be blocked inside a call): set by
+        # pycoll.diagnostics.exits, called with in_monitor=True
+        self.on_terminate: Optional[Callable[[bool], None]] = None
         self.beats = 0
         self._beat_t = time.monotonic()
         self._doing: Optional[str] = None
@@ -354,6 +362,10 @@ class Watchdog(CommObserver):
     def _handle_failure(self, comm: CommView, exc: BaseException, work: Optional[WorkView]) -> None:
         # the facts, read before the policy acts
         report = FailureReport(comm, exc, work, self.recorder.issued_at(work) if work is not None else ("", ""))
+        if report.progress is not None:
+            self._snapshots[report.uid] = report.progress
+            while len(self._snapshots) > 64:
+                self._snapshots.pop(next(iter(self._snapshots)))
         with self._count_lock:
             self._failing += 1
         if report.is_timeout or comm.store is None:
@@ -404,12 +416,16 @@ class Watchdog(CommObserver):
     def _exchange(self, store: Any, report: FailureReport) -> None:
         """Announce the failure, ask every rank to dump, read the others' progress (report thread)."""
         fbase = failure_prefix(report.uid)
+        pbase = progress_prefix(report.uid)
         try:
+            t0 = time.monotonic()
+            if report.progress is not None:  # this rank's own progress at the failure, for the others
+                store.set(f"{pbase}{report.rank}", ProgressRecord(report.progress, "failing", time.time_ns(),
+                                                                  self.beats, origin()).encode())
             store.set(f"{fbase}{report.rank}", report.record().encode())
-            self._signal_store(store, f"rank {report.global_rank}: {report.brief()} on {report.comm_name!r}")
-            progress = read_records(store, progress_prefix(report.uid), report.size, ProgressRecord.decode)
-            report.peers = {r: rec.as_dict() for r, rec in progress.items()}
-            report.peer_failures = read_records(store, fbase, report.size, FailureRecord.decode, report.rank)
+            report.request = self._signal_store(store, f"rank {report.global_rank}: {report.brief()} on "
+                                                       f"{report.comm_name!r}")
+            self._await_answers(store, report, t0 + self.abort_grace)
             if report.is_timeout and report.seq is not None and self.abort_grace > 0:
                 waiting = [r for r in report.analysis(self._stale_after)["in_op"] if r not in report.peer_failures]
                 if waiting:
@@ -423,21 +439,43 @@ class Watchdog(CommObserver):
         finally:
             report.exchanged.set()
 
+    def _await_answers(self, store: Any, report: FailureReport, deadline: float) -> None:
+        """Read the others' progress and failures, waiting until ``deadline`` for every rank that still
+        reports (not silent) to answer this report's dump request with a fresh record."""
+        t0 = time.monotonic()
+        fbase = failure_prefix(report.uid)
+        while True:
+            _fp.hit(FP_AWAIT_ANSWERS)
+            progress = read_records(store, progress_prefix(report.uid), report.size, ProgressRecord.decode)
+            report.peers = {r: rec.as_dict() for r, rec in progress.items()}
+            report.peer_failures = read_records(store, fbase, report.size, FailureRecord.decode, report.rank)
+            report.answer_wait = time.monotonic() - t0
+            a = report.analysis(self._stale_after)
+            waiting = [r for r in range(report.size) if r != report.rank and r not in a["answered"]
+                       and r not in a["silent"] and r not in a["unknown"]]
+            if not waiting or time.monotonic() >= deadline or self._stop.is_set():
+                return
+            time.sleep(min(ANSWER_POLL, max(0.0, deadline - time.monotonic())))
+
     # -- dumps -----------------------------------------------------------------------------------
 
-    def dump(self, reason: str = "manual", *, trigger: str = "manual", wait: Optional[float] = None) -> List[str]:
+    def dump(self, reason: str = "manual", *, trigger: str = "manual", wait: Optional[float] = None,
+             extra: Optional[Dict[str, Any]] = None) -> List[str]:
         """Dump the flight recorder from the monitor thread; wait up to ``wait`` s (None: dump_timeout).
 
         Without running threads the dump is written in the calling thread. Returns the paths
-        written (empty when the wait ended first: the dump still happens).
+        written (empty when the wait ended first: the dump still happens). ``extra``: facts added
+        to the dump's ``pycoll`` section.
         """
-        return self._dump(reason, trigger, wait)
+        return self._dump(reason, trigger, wait, extra=extra)
 
-    def _dump(self, reason: str, trigger: str, wait: Optional[float], created: Optional[float] = None) -> List[str]:
-        if not self.running:
+    def _dump(self, reason: str, trigger: str, wait: Optional[float], created: Optional[float] = None,
+              extra: Optional[Dict[str, Any]] = None) -> List[str]:
+        if not self.running or (trigger == "exit" and self._in_monitor()):  # the monitor cannot wait for itself
             self._dumps.last_start = time.monotonic()
-            return self.recorder.dump(reason, trigger=trigger, changed_only=trigger in ("remote", "stall"))
-        job = self._queue(DumpJob(reason, trigger, created=created))
+            return self.recorder.dump(reason, trigger=trigger, changed_only=trigger in ("remote", "stall"),
+                                      extra=extra)
+        job = self._queue(DumpJob(reason, trigger, extra, created=created))
         if trigger == "failure":
             self._dumps.last_start = time.monotonic()  # dump requests from the other ranks are served by it
         job.done.wait(self.dump_timeout if wait is None else wait)
@@ -477,9 +515,10 @@ class Watchdog(CommObserver):
         return told
 
     @staticmethod
-    def _signal_store(store: Any, text: str) -> None:
+    def _signal_store(store: Any, text: str) -> int:
         n = int(store.add(SIGNAL_COUNTER, 1))
         store.set(f"{SIGNAL_COUNTER}/{n}", f"{origin()} {text}".encode())
+        return n
 
     def _my_rank(self) -> int:
         for c in self._comms():
@@ -551,6 +590,9 @@ class Watchdog(CommObserver):
                 signalled = sig.signum is not None and sig.signum in data
                 if signal.SIGINT in data:
                     self._interrupted()
+                hook = self.on_terminate
+                if hook is not None and signal.SIGTERM in data:
+                    hook(True)
             if stop.is_set():
                 return
             if sig.pending:
@@ -646,9 +688,12 @@ class Watchdog(CommObserver):
                 self._store_wake.wait(self.publish_interval)
                 self._store_wake.clear()
 
-    def _publish(self, c: CommView) -> None:
+    def _publish(self, c: CommView, request: int = -1) -> None:
         try:
-            rec = ProgressRecord(c.progress(), c.state, time.time_ns(), self.beats, origin())
+            # a failed communicator's progress is the one frozen at its failure (its policy released
+            # the outstanding operations since)
+            progress = self._snapshots.get(c.uid) if c.failure is not None else None
+            rec = ProgressRecord(progress or c.progress(), c.state, time.time_ns(), self.beats, origin(), request)
             c.store.set(f"{progress_prefix(c.uid)}{c.rank}", rec.encode())
         except Exception as e:
             _log.debug("watchdog: could not publish the progress of %r: %s", c.name, e)
@@ -679,6 +724,12 @@ class Watchdog(CommObserver):
         foreign = [t.split(" ", 1)[1] if " " in t else t for t in texts if not t.startswith(me)]
         if not foreign:
             return
+        # answer at once with this rank's progress (the asking rank waits briefly for it), whatever
+        # the other threads of this process are doing
+        _fp.hit(FP_ANSWER)
+        for c in self._comms():
+            if c.store is store:
+                self._publish(c, n)
         if self._failing or time.monotonic() - self._dumps.last_start < self.publish_interval:
             _log.debug("watchdog: dump request (%s) served by the dump made just now", foreign[0])
             return
@@ -757,6 +808,7 @@ def install() -> None:
     hooks.add_observer(get_recorder())
     hooks.add_observer(get_watchdog())
     atexit.register(_wait_for_dumps_at_exit)
+    exits.install(get_watchdog())  # its exit handler runs before the one above
 
 
 def _wait_for_dumps_at_exit() -> None:
