@@ -101,11 +101,12 @@ def _seconds(value: Optional[float], env: str, what: str, positive: bool) -> flo
 
 
 class _StoreState:
-    __slots__ = ("store", "last_seen")
+    __slots__ = ("store", "last_seen", "answered")
 
     def __init__(self, store: Any) -> None:
         self.store = store
         self.last_seen: Optional[int] = None
+        self.answered = -1  # the latest dump request answered: every later progress record names it
 
 
 def _decode(raw: Any) -> str:
@@ -688,7 +689,10 @@ class Watchdog(CommObserver):
                 self._store_wake.wait(self.publish_interval)
                 self._store_wake.clear()
 
-    def _publish(self, c: CommView, request: int = -1) -> None:
+    def _publish(self, c: CommView, request: Optional[int] = None) -> None:
+        if request is None:
+            st = self._stores.get(id(c.store))
+            request = st.answered if st is not None and st.store is c.store else -1
         try:
             # a failed communicator's progress is the one frozen at its failure (its policy released
             # the outstanding operations since)
@@ -727,6 +731,7 @@ class Watchdog(CommObserver):
         # answer at once with this rank's progress (the asking rank waits briefly for it), whatever
         # the other threads of this process are doing
         _fp.hit(FP_ANSWER)
+        st.answered = n
         for c in self._comms():
             if c.store is store:
                 self._publish(c, n)
