@@ -130,8 +130,8 @@ class FailureReport:
             theirs = self.peer_failures.get(r)
             failed_here = theirs is not None and theirs.failed_in(self.op, self.seq, self.is_p2p)
             known = fresh or r in silent
-            if theirs is not None and not failed_here:  # its own record: where it failed
-                known = True
+            if theirs is not None and not failed_here and theirs.seq is not None and theirs.is_p2p == self.is_p2p:
+                known = True  # its own record says where it failed
             if self.is_p2p:
                 if r == self.peer:
                     (behind if known else unconfirmed)[r] = (p["p2p_enqueued"], age)
