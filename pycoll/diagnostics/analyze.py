@@ -490,9 +490,50 @@ def analyze(dumps: Dict[int, Dict[str, Any]], *, stack_limit: int = 8) -> Dict[s
     return report
 
 
+_STACKS_HEAD = re.compile(r"^pycoll rank (\d+) pid (\d+) host (\S+)")
+_FH_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (\S+)')
+
+
+def find_stacks(path: str) -> Dict[int, Dict[str, str]]:
+    """rank -> {"path", "site"} for the stacks faulthandler wrote on the dump signal (``<dump dir>/stacks``,
+    next to ``path`` or above it); ``site`` is where the main thread was, the last time."""
+    out: Dict[int, Dict[str, str]] = {}
+    for folder in (os.path.join(path, "stacks"), os.path.join(os.path.dirname(os.path.normpath(path)), "stacks")):
+        if not os.path.isdir(folder):
+            continue
+        for name in sorted(os.listdir(folder)):
+            full = os.path.join(folder, name)
+            try:
+                with open(full, errors="replace") as f:
+                    lines = f.read().splitlines()
+            except OSError:
+                continue
+            m = _STACKS_HEAD.match(lines[0]) if lines else None
+            if m is None:
+                continue
+            blocks: List[List[Tuple[str, str, str]]] = []
+            for line in lines[1:]:
+                if line.startswith(("Thread ", "Current thread ")):
+                    blocks.append([])
+                fm = _FH_FRAME.match(line)
+                if fm and blocks:
+                    blocks[-1].append((fm.group(1), fm.group(2), fm.group(3)))
+            main = [b for b in blocks if b and b[-1][2] == "<module>"]
+            site = ""
+            for fn, line_no, func in (main[-1] if main else []):
+                if not is_runtime_frame(fn):
+                    site = f"{os.path.basename(fn)}:{line_no} in {func}"
+                    break
+            if blocks:
+                out[int(m.group(1))] = {"path": full, "site": site}
+        break
+    return out
+
+
 def analyze_dir(path: str, *, prefix: Optional[str] = None, stack_limit: int = 8) -> List[Dict[str, Any]]:
     """Analyse every generation under ``path``; one report per generation (with its folder)."""
     out = []
+    stacks = find_stacks(path)
     for gen, folder in find_generations(path):
         dumps, problems = load_generation(folder, prefix)
         rep: Dict[str, Any] = analyze(dumps, stack_limit=stack_limit) if dumps else {
@@ -502,6 +543,7 @@ def analyze_dir(path: str, *, prefix: Optional[str] = None, stack_limit: int = 8
             rep["problems"].append("no dumps found")
         rep["generation"] = gen
         rep["folder"] = folder
+        rep["stacks"] = {r: v for r, v in stacks.items() if r not in dumps}
         out.append(rep)
     return out
 
@@ -563,6 +605,10 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
                             lines.append(f"        {fr}")
                 for r, text in sorted(d["missing_dumps"].items()):
                     lines.append(f"    rank {r}: {text}")
+                    st = rep.get("stacks", {}).get(r)
+                    if st:
+                        lines.append(f"    rank {r}: its Python stacks, written from C on the dump signal: {st['path']}"
+                                     + (f" (main thread at {st['site']})" if st["site"] else ""))
             for p in c["p2p"]:
                 lines.append(f"  P2P: {p['issue']}" + (f" (issued at {p['site']})" if p["site"] else ""))
             for f in c["failures"]:

@@ -69,12 +69,13 @@ class ProgressRecord:
     time_ns: int
     beats: int
     origin: str
-    request: int = -1  # the dump request (signal counter) this record answers; -1: a periodic report
+    request: int = -1  # the latest dump request (signal counter) seen when published; -1: none
+    dump_signal: int = 0  # the installed dump signal (a same-host peer may send it), 0: none
 
     def encode(self) -> bytes:
         return json.dumps({"v": _VERSION, "progress": list(self.progress), "state": self.state,
                            "time_ns": self.time_ns, "beats": self.beats, "origin": self.origin,
-                           "request": self.request}).encode()
+                           "request": self.request, "dump_signal": self.dump_signal}).encode()
 
     @classmethod
     def decode(cls, raw: Any) -> Optional[ProgressRecord]:
@@ -82,14 +83,15 @@ class ProgressRecord:
         d = _load(raw)
         try:
             return cls(Progress(*(int(x) for x in d["progress"])), str(d["state"]), int(d["time_ns"]),
-                       int(d["beats"]), str(d["origin"]), int(d.get("request", -1))) if d is not None else None
+                       int(d["beats"]), str(d["origin"]), int(d.get("request", -1)),
+                       int(d.get("dump_signal", 0))) if d is not None else None
         except (KeyError, TypeError, ValueError):
             return None
 
     def as_dict(self) -> Dict[str, Any]:
         """Flat form kept in failure reports and dumps."""
         return {**self.progress.as_dict(), "state": self.state, "time_ns": self.time_ns, "beats": self.beats,
-                "origin": self.origin, "request": self.request}
+                "origin": self.origin, "request": self.request, "dump_signal": self.dump_signal}
 
 
 @dataclass(frozen=True)

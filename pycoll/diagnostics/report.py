@@ -67,6 +67,7 @@ class FailureReport:
             self.progress = None
         self.request: Optional[int] = None  # the dump request this report made (peers' answers name it)
         self.answer_wait = 0.0  # how long it waited for the peers' answers
+        self.signalled: Dict[int, Tuple[int, str]] = {}  # rank -> (pid, signal): same-host peers sent the dump signal
         self.peers: Optional[Dict[int, Dict[str, Any]]] = None  # rank -> progress (None: not read)
         self.peer_failures: Dict[int, FailureRecord] = {}
         self.store_error = ""
@@ -194,6 +195,9 @@ class FailureReport:
                                                      for r, age in sorted(others.items())))
             if a["unknown"]:
                 parts.append(f"never reported: ranks {_fmt_ranks(a['unknown'])}")
+        if self.signalled:
+            parts.append("sent the dump signal (no answer; stacks from faulthandler): " + "; ".join(
+                f"{self._who(r)} (pid {pid}, {name})" for r, (pid, name) in sorted(self.signalled.items())))
         if self.peer_failures:
             parts.append("failed too: " + "; ".join(f"rank {r}: {rec.brief()}"
                                                    for r, rec in sorted(self.peer_failures.items())))
@@ -219,6 +223,7 @@ class FailureReport:
             "unconfirmed": {str(r): {"last_issued": last, "report_age_s": age}
                             for r, (last, age) in a["unconfirmed"].items()},
             "answered": a["answered"], "request": self.request, "answer_wait_s": self.answer_wait,
+            "signalled": {str(r): {"pid": pid, "signal": name} for r, (pid, name) in self.signalled.items()},
             "own_progress": self.progress.as_dict() if self.progress is not None else None,
             "in_op": a["in_op"],
             "silent": {str(r): age for r, age in a["silent"].items()}, "unknown": a["unknown"],

@@ -70,6 +70,7 @@ from ..errors import CommAborted, StoreTimeout
 from ..hooks import CommObserver, CommView, WorkView
 from . import exits, recorder as _recorder_module
 from .dumps import GATE_POLL, DumpJob, DumpQueue
+from .files import default_dump_dir
 from .recorder import FlightRecorder, get_recorder
 from .records import (
     FR_KEY_PREFIX,
@@ -82,9 +83,10 @@ from .records import (
     read_records,
 )
 from .report import FailureReport
-from .signals import DumpSignal, signal_number
+from .signals import STACKS_DIR, DumpSignal, signal_number
 
 FP_ANSWER = _fp.declare("watchdog.request.answer", "a dump request from another rank, before answering it")
+FP_SIGNAL_PEER = _fp.declare("watchdog.report.signal_peer", "a failure report, before it signals a silent peer")
 FP_AWAIT_ANSWERS = _fp.declare("watchdog.report.await_answers", "a failure report, waiting for the peers' answers")
 ANSWER_POLL = 0.02  # how often a failure report looks for the peers' answers
 
@@ -173,6 +175,7 @@ class Watchdog(CommObserver):
         self._wake_r: Optional[socket.socket] = None
         self._wake_w: Optional[socket.socket] = None
         self._signal = DumpSignal(self._poke)
+        self._signal.stacks_target = self._stacks_target
         self._stores: Dict[int, _StoreState] = {}
         self._snapshots: Dict[str, Any] = {}  # communicator uid -> its Progress when it failed
         # SIGTERM seen by the monitor thread (the main thread may be blocked inside a call): set by
@@ -262,12 +265,13 @@ class Watchdog(CommObserver):
                 threading.Thread(target=self._report_loop, args=(self._stop, self._report_q),
                                  name="pycoll-watchdog-report", daemon=True),
             ]
+            # the dump signal first: the first progress record says whether this process has it
+            self._signal.watch_interrupts(self._wake_w)
+            if self._signal.wanted is not None:
+                self._signal.install(self._wake_w)
             for t in self._threads:
                 t.start()
             self._active = True
-        self._signal.watch_interrupts(self._wake_w)
-        if self._signal.wanted is not None:
-            self._signal.install(self._wake_w)
         _log.debug("watchdog started (interval %.3g s, publish %.3g s, stall %.3g s)", self.interval,
                    self.publish_interval, self.stall_timeout)
 
@@ -427,6 +431,7 @@ class Watchdog(CommObserver):
             report.request = self._signal_store(store, f"rank {report.global_rank}: {report.brief()} on "
                                                        f"{report.comm_name!r}")
             self._await_answers(store, report, t0 + self.abort_grace)
+            self._signal_unanswered(report)
             if report.is_timeout and report.seq is not None and self.abort_grace > 0:
                 waiting = [r for r in report.analysis(self._stale_after)["in_op"] if r not in report.peer_failures]
                 if waiting:
@@ -439,6 +444,28 @@ class Watchdog(CommObserver):
             report.store_error = f"store error: {type(e).__name__}: {e}"
         finally:
             report.exchanged.set()
+
+    def _stacks_target(self) -> Tuple[str, str]:
+        folder = os.path.join(self.recorder.dump_dir or default_dump_dir(), STACKS_DIR)
+        return folder, f"pycoll rank {self.recorder.global_rank()} pid {os.getpid()} host {socket.gethostname()}"
+
+    def _signal_unanswered(self, report: FailureReport) -> None:
+        """The last resort for peers that did not answer: those on this host that publish a dump signal
+        get it (their faulthandler writes their stacks from C even while a thread holds the GIL)."""
+        answered = set(report.analysis(self._stale_after)["answered"])
+        host = socket.gethostname()
+        for r, p in sorted((report.peers or {}).items()):
+            signum = int(p.get("dump_signal") or 0)
+            peer_host, _, pid = str(p.get("origin", "")).rpartition(":")
+            if (r == report.rank or r in answered or signal_number(signum or None) is None or peer_host != host
+                    or not pid.isdigit() or not _started_before(int(pid), int(p["time_ns"]))):
+                continue
+            _fp.hit(FP_SIGNAL_PEER)
+            try:
+                os.kill(int(pid), signum)
+            except OSError:
+                continue
+            report.signalled[r] = (int(pid), signal.Signals(signum).name)
 
     def _await_answers(self, store: Any, report: FailureReport, deadline: float) -> None:
         """Read the others' progress and failures, waiting until ``deadline`` for every rank that still
@@ -697,7 +724,8 @@ class Watchdog(CommObserver):
             # a failed communicator's progress is the one frozen at its failure (its policy released
             # the outstanding operations since)
             progress = self._snapshots.get(c.uid) if c.failure is not None else None
-            rec = ProgressRecord(progress or c.progress(), c.state, time.time_ns(), self.beats, origin(), request)
+            rec = ProgressRecord(progress or c.progress(), c.state, time.time_ns(), self.beats, origin(), request,
+                                 self._signal.signum or 0)
             c.store.set(f"{progress_prefix(c.uid)}{c.rank}", rec.encode())
         except Exception as e:
             _log.debug("watchdog: could not publish the progress of %r: %s", c.name, e)
@@ -739,6 +767,19 @@ class Watchdog(CommObserver):
             _log.debug("watchdog: dump request (%s) served by the dump made just now", foreign[0])
             return
         self._queue(DumpJob("requested by " + "; ".join(dict.fromkeys(foreign)), "remote"))
+
+
+def _started_before(pid: int, time_ns: int) -> bool:
+    """True when process ``pid`` exists and started before ``time_ns`` (wall clock): the process that
+    published a record then, not another one that reuses its pid. False where /proc cannot say."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            btime = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return btime + ticks / os.sysconf("SC_CLK_TCK") <= time_ns / 1e9 + 1.0
+    except (OSError, ValueError, IndexError, StopIteration):
+        return False
 
 
 # -- the process's watchdog ---------------------------------------------------------------------------

@@ -44,6 +44,14 @@ def stuck_sleeping() -> None:
     time.sleep(100)
 
 
+def stuck_holding_the_gil() -> None:
+    import ctypes
+
+    libc = ctypes.PyDLL(None)
+    while True:  # libc sleep() through PyDLL: the GIL stays held, no Python thread runs (a signal ends one)
+        libc.sleep(100)
+
+
 def main() -> int:
     rank, n = int(sys.argv[1]), int(sys.argv[2])
     uid = bytes.fromhex(sys.argv[3])
@@ -86,6 +94,17 @@ def main() -> int:
         _mark(dump_dir, rank, "entering")
         comm.all_reduce(x)  # blocks: the others wait for this rank's dump
         time.sleep(5)  # the user's handler runs once the call returns
+        return 0
+    if scenario == "gil":
+        if rank == 2:
+            _mark(dump_dir, rank, "stuck")
+            stuck_holding_the_gil()
+        try:
+            comm.all_reduce(x)
+        except pycoll.CommFailure:
+            pass
+        pycoll.watchdog.get_watchdog().wait_for_dumps()
+        comm.abort()
         return 0
     if scenario == "stuck":
         if rank == 2:

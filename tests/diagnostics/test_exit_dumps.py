@@ -207,6 +207,34 @@ def _stop_stuck_after(ranks, d):
         ranks.procs[r].kill()
 
 
+@pytest.mark.timeout(150)
+def test_a_rank_holding_the_gil_in_a_c_call_leaves_its_stacks(server, tmp_path):
+    # no Python thread of rank 2 can run: it cannot answer; the failing ranks (same host) send it the dump
+    # signal it published, and its faulthandler writes every thread's stack from C
+    d = str(tmp_path / "dumps")
+    os.makedirs(d)
+    ranks = Ranks(server, 3, d, "gil", timeout=2.0, env={"PYCOLL_FR_DUMP_SIGNAL": "SIGUSR1"})
+    try:
+        assert ranks.wait([0, 1], 60) == [0, 0], [ranks.output(r) for r in (0, 1)]
+        stacks = os.path.join(d, "stacks")
+        files = [os.path.join(stacks, f) for f in os.listdir(stacks)]
+        text = ""
+        deadline = time.monotonic() + 20
+        while "stuck_holding_the_gil" not in text and time.monotonic() < deadline:
+            text = "".join(open(f).read() for f in files)
+            time.sleep(0.05)
+        assert "stuck_holding_the_gil" in text and "pycoll rank 2 pid" in text, text
+        assert ranks.procs[2].poll() is None  # the signal dumped, it did not kill
+    finally:
+        ranks.close()
+    fail = _dump(d, 0)["pycoll"]["failures"][0]
+    assert "2" in fail["signalled"] and fail["signalled"]["2"]["signal"] == "SIGUSR1", fail
+    rep = analyze.analyze_dir(d)[0]
+    text = analyze.format_report([rep], stacks=False)
+    assert "rank 2: its Python stacks, written from C on the dump signal:" in text
+    assert "(main thread at exit_rank.py:" in text and "in stuck_holding_the_gil)" in text
+
+
 # -- failpoints at the new waits ----------------------------------------------------------------
 
 
