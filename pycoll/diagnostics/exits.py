@@ -14,7 +14,8 @@ is on:
   the main thread is blocked inside a call, the watchdog's monitor thread sees the signal through
   the wake-up fd and dumps (and, for the default action, ends the process) itself.
 
-At most one such dump per process (the first of these events), bounded by ``dump_timeout``.
+At most one such dump per process (the first of these events; an uncaught exception in another thread
+may add one), each bounded by ``dump_timeout``.
 Impossible: ``os._exit`` and SIGKILL run no code, and a signal's default action (SIGQUIT, SIGSEGV,
 ...) other than SIGTERM is left alone; the peers' dumps and their store reports stand in for such a rank.
 """
@@ -29,7 +30,7 @@ import signal
 import sys
 import threading
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Type
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Type
 
 from .. import _settings, failpoints as _fp
 
@@ -61,7 +62,7 @@ class ExitDumps:
     def __init__(self, watchdog: Watchdog) -> None:
         self._wd = watchdog
         self._lock = threading.Lock()
-        self._dumped = False
+        self._dumped: Set[str] = set()  # "process" (its end) and "thread" (an uncaught exception in one)
         self._terminating = False
         self._term_done = threading.Event()
         self._prev_excepthook: Any = None
@@ -106,14 +107,17 @@ class ExitDumps:
 
     # -- the dump ------------------------------------------------------------------------------------
 
-    def dump(self, what: str, *, extra: Optional[Dict[str, Any]] = None) -> List[str]:
-        """Dump once for this process: ``what`` (e.g. ``"uncaught ValueError"``) names the event; the
-        reason adds the rank and the operations outstanding. Waits at most ``dump_timeout``."""
+    def dump(self, what: str, *, extra: Optional[Dict[str, Any]] = None, kind: str = "process") -> List[str]:
+        """Dump once per ``kind`` for this process: ``what`` (e.g. ``"uncaught ValueError"``) names the
+        event; the reason adds the rank and the operations outstanding. Waits at most ``dump_timeout``.
+
+        ``kind`` is ``"process"`` for the events that end it and ``"thread"`` for an uncaught exception
+        in another thread (which does not use up the process's own dump)."""
         rec = self._wd.recorder
         with self._lock:
-            if self._dumped or not rec.has_communicators:
+            if kind in self._dumped or not rec.has_communicators:
                 return []
-            self._dumped = True
+            self._dumped.add(kind)
         try:
             unfinished = rec.unfinished()
             reason = f"{what} in rank {rec.global_rank()} " + (
@@ -145,7 +149,7 @@ class ExitDumps:
             name = args.thread.name if args.thread is not None else "?"
             self.dump(f"uncaught {args.exc_type.__name__} in thread {name!r}", extra={"exception": {
                 "type": args.exc_type.__name__, "message": str(args.exc_value)[:2000], "thread": name,
-                "frames": _frames(args.exc_traceback)}})
+                "frames": _frames(args.exc_traceback)}}, kind="thread")
         finally:
             prev = self._prev_thread_hook or threading.__excepthook__
             prev(args)

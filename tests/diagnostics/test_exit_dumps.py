@@ -279,3 +279,34 @@ def test_a_rank_stopped_while_awaiting_answers_and_one_killed_before_answering(s
     assert fail["behind"]["2"]["answered"]
     text = json.dumps(fail)
     assert "report_age_s" in text
+
+
+@pytest.mark.timeout(120)
+def test_killed_after_its_sigterm_dump(server, tmp_path):
+    # the dump is written before SIGTERM's default action is restored: a kill there leaves the dump
+    env = {"PYCOLL_FAILPOINTS": "watchdog.exit.terminate=kill;rank=1"}
+    d, codes, outs = _run(server, tmp_path, "sigterm", env=env, during=_sigterm_when_entered)
+    assert codes[1] == -signal.SIGKILL, outs[1]
+    assert _dump(d, 1)["pycoll"]["reason"].startswith(f"SIGTERM in rank 1 while all_reduce #{K}")
+
+
+@pytest.mark.timeout(150)
+def test_a_rank_stopped_before_it_signals_a_silent_peer(server, tmp_path):
+    # rank 0 stops just before it signals rank 2 (which holds the GIL); rank 1 signals it all the same
+    env = {"PYCOLL_FR_DUMP_SIGNAL": "SIGUSR1", "PYCOLL_FAILPOINTS": "watchdog.report.signal_peer=stop;rank=0"}
+    d = str(tmp_path / "dumps")
+    os.makedirs(d)
+    ranks = Ranks(server, 3, d, "gil", timeout=2.0, env=env)
+    try:
+        assert ranks.wait([1], 60) == [0], ranks.output(1)
+        assert ranks.procs[0].poll() is None  # stopped
+        stacks = os.path.join(d, "stacks")
+        deadline = time.monotonic() + 20
+        text = ""
+        while "stuck_holding_the_gil" not in text and time.monotonic() < deadline:
+            text = "".join(open(os.path.join(stacks, f)).read() for f in os.listdir(stacks))
+            time.sleep(0.05)
+        assert "stuck_holding_the_gil" in text
+    finally:
+        ranks.close()
+    assert "2" in _dump(d, 1)["pycoll"]["failures"][0]["signalled"]

@@ -308,3 +308,11 @@ def test_threads_are_named_and_stop(make_wd):
     assert all(t.daemon and t.is_alive() for t in threads)
     wd.stop()
     assert not wd.running and not any(t.is_alive() for t in threads)
+
+
+def test_started_before_tells_a_reused_pid():
+    from pycoll.diagnostics.watchdog import _started_before
+
+    assert _started_before(os.getpid(), time.time_ns())  # this process published "now"
+    assert not _started_before(os.getpid(), 0)  # a record from 1970 cannot be this process's
+    assert not _started_before(2 ** 22 + 12345, time.time_ns())  # no such process
