@@ -170,7 +170,7 @@ class Watchdog(CommObserver):
         self._next_due = math.inf
         self._store_wake = threading.Event()
         self._dumps = DumpQueue(lambda: self.dump_hold)
-        self._reports: Set[FailureReport] = set()  # failure reports made by the report thread, not done yet
+        self._reports: Set[FailureReport] = set()  # failure reports being made, not done yet
         self._report_q: queue.SimpleQueue[Optional[Tuple[Any, FailureReport]]] = queue.SimpleQueue()
         self._wake_r: Optional[socket.socket] = None
         self._wake_w: Optional[socket.socket] = None
@@ -373,12 +373,12 @@ class Watchdog(CommObserver):
                 self._snapshots.pop(next(iter(self._snapshots)))
         with self._count_lock:
             self._failing += 1
+        self._reports.add(report)  # wait_for_dumps() waits for it (another thread may see the failure first)
         if report.is_timeout or comm.store is None:
             self._finish_report(comm.store, report)
             return
         # an asynchronous or remote error is final: the policy acts at once, and the report (store
         # exchange, the line, the dump) follows in the report thread
-        self._reports.add(report)
         if self.running:
             self._report_q.put((comm.store, report))
         else:

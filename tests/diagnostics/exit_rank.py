@@ -48,6 +48,8 @@ def stuck_holding_the_gil() -> None:
     import ctypes
 
     libc = ctypes.PyDLL(None)
+    # as a C call that retries on EINTR: the signal goes to another thread (whose faulthandler still writes)
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
     while True:  # libc sleep() through PyDLL: the GIL stays held, no Python thread runs (a signal ends one)
         libc.sleep(100)
 
