@@ -15,7 +15,8 @@ is on:
   the wake-up fd and dumps (and, for the default action, ends the process) itself.
 
 At most one such dump per process (the first of these events; an uncaught exception in another thread
-may add one), each bounded by ``dump_timeout``.
+may add one), each bounded by ``dump_timeout`` (reports and dumps under way are let finish first,
+within the same bound, so that the process's own dump is the last one written).
 Impossible: ``os._exit`` and SIGKILL run no code, and a signal's default action (SIGQUIT, SIGSEGV,
 ...) other than SIGTERM is left alone; the peers' dumps and their store reports stand in for such a rank.
 """
@@ -29,6 +30,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Type
 
@@ -107,12 +109,15 @@ class ExitDumps:
 
     # -- the dump ------------------------------------------------------------------------------------
 
-    def dump(self, what: str, *, extra: Optional[Dict[str, Any]] = None, kind: str = "process") -> List[str]:
+    def dump(self, what: str, *, extra: Optional[Dict[str, Any]] = None, kind: str = "process",
+             flush: bool = True) -> List[str]:
         """Dump once per ``kind`` for this process: ``what`` (e.g. ``"uncaught ValueError"``) names the
         event; the reason adds the rank and the operations outstanding. Waits at most ``dump_timeout``.
 
         ``kind`` is ``"process"`` for the events that end it and ``"thread"`` for an uncaught exception
-        in another thread (which does not use up the process's own dump)."""
+        in another thread (which does not use up the process's own dump). ``flush``: a process's end
+        first lets the failure reports and dumps under way finish (within the same bound), so that
+        its own dump is the last word."""
         rec = self._wd.recorder
         with self._lock:
             if kind in self._dumped or not rec.has_communicators:
@@ -125,7 +130,11 @@ class ExitDumps:
             self.reason = reason
             _fp.hit(FP_EXIT_DUMP)
             info = {"exit": {"event": what, "pid": os.getpid(), "unfinished": unfinished, **(extra or {})}}
-            self.paths = self._wd.dump(reason, trigger="exit", wait=self._wd.dump_timeout, extra=info)
+            bound = self._wd.dump_timeout
+            deadline = time.monotonic() + bound
+            if flush and kind == "process" and self._wd.running:
+                self._wd.wait_for_dumps(max(0.0, bound - 1.0))
+            self.paths = self._wd.dump(reason, trigger="exit", wait=max(1.0, deadline - time.monotonic()), extra=info)
             if not self.paths:
                 _log.warning("pycoll watchdog: the dump for %s was not written within %.3g s", what,
                              self._wd.dump_timeout)
@@ -170,7 +179,7 @@ class ExitDumps:
             first = not self._terminating
             self._terminating = True
         if first:
-            self.dump("SIGTERM")
+            self.dump("SIGTERM", flush=not in_monitor)  # the monitor thread cannot wait for itself
         prev = self._prev_term
         if callable(prev):
             if not in_monitor:

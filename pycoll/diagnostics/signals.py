@@ -103,6 +103,17 @@ class DumpSignal:
         self._wake_fd = wake_w.fileno()
         return True
 
+    def after_fork(self) -> None:
+        """In a forked child: nothing is installed for it (and the parent's stacks file is not its own)."""
+        if self._stacks_file is not None and self.signum is not None:
+            try:
+                faulthandler.unregister(self.signum)
+            except (ValueError, RuntimeError):
+                pass
+        self._stacks_file = None
+        self.stacks_path = None
+        self.signum = None
+
     def install(self, wake_w: Optional[socket.socket]) -> None:
         signum = self.wanted
         if signum is None or self.signum == signum:

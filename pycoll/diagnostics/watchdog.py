@@ -19,10 +19,15 @@ When an operation times out (whichever thread sees it: the watchdog, or the user
 ``wait()``), before the communicator's policy acts (abort, revoke or report; see
 :class:`~pycoll.Communicator`):
 
-1. the failure is announced in the store and every other rank is asked to dump (they dump although
-   they are not hung); the other ranks' progress and heartbeats are read, and ranks stuck in the
-   same operation are given ``abort_grace`` seconds to reach their own verdict, so that every rank
-   reports the root cause rather than "rank k aborted";
+1. the failure is announced in the store (with this rank's progress at the failure) and every other
+   rank is asked to dump (they dump although they are not hung); each answers at once from its store
+   thread, whatever its user code is doing, with a fresh progress record naming the request, and the
+   failing rank waits up to ``abort_grace`` for those answers (not for ranks already silent); ranks
+   stuck in the same operation are given ``abort_grace`` seconds to reach their own verdict, so that
+   every rank reports the root cause rather than "rank k aborted". Only answers (and ranks silent for
+   longer than 1.5 publish intervals) make a rank "behind"; an older report is given with its age.
+   Same-host peers that did not answer and published a dump signal are sent it (see
+   :mod:`.signals`: their faulthandler writes their stacks from C);
 2. ONE line is logged (logger ``pycoll.watchdog``): communicator, operation, sequence id, elapsed
    time, the ranks behind (never issued it, or silent), where the operation was issued;
 3. the local flight-recorder dump is queued: the monitor thread writes it while
@@ -312,7 +317,7 @@ class Watchdog(CommObserver):
         self._report_q = queue.SimpleQueue()
         self._stores = {}
         self._wake_r = self._wake_w = None
-        self._signal.signum = None
+        self._signal.after_fork()
         self._pid = os.getpid()
 
     def status(self) -> Dict[str, Any]:

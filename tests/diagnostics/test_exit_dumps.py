@@ -164,6 +164,22 @@ def test_sigterm_while_blocked_in_a_collective_dumps_then_ends_by_sigterm(server
 
 
 @pytest.mark.timeout(120)
+def test_ctrl_c_while_blocked_in_a_collective_dumps(server, tmp_path):
+    def sigint(ranks, d):
+        assert _wait_for(os.path.join(d, "mark-1-entering"))
+        time.sleep(0.4)
+        ranks.procs[1].send_signal(signal.SIGINT)
+
+    d, codes, outs = _run(server, tmp_path, "sigint", during=sigint)
+    assert codes[1] == -signal.SIGINT and "KeyboardInterrupt" in outs[1], outs[1]
+    pyc = _dump(d, 1)["pycoll"]
+    # the watchdog failed the communicator (a failure dump), then the uncaught KeyboardInterrupt dumped again
+    assert pyc["trigger"] == "exit"
+    assert pyc["reason"].startswith(f"uncaught KeyboardInterrupt in rank 1 while all_reduce #{K} on 'world' (")
+    assert pyc["failures"] and "interrupted (SIGINT)" in pyc["failures"][0]["message"]
+
+
+@pytest.mark.timeout(120)
 def test_sigterm_chains_to_the_users_handler(server, tmp_path):
     d, codes, outs = _run(server, tmp_path, "sigterm_user", during=_sigterm_when_entered)
     # the dump was written while the main thread was blocked; the user's handler ran once the call returned
