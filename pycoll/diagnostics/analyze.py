@@ -241,7 +241,8 @@ def _store_view(dumps: Dict[int, Dict[str, Any]], uid: str, local: int) -> Optio
                 age = rep["time"] - p["time_ns"] / 1e9
             answered = rep.get("request") is not None and int(p.get("request", -1)) >= int(rep["request"])
             cand = {"reported_by": rank, "progress": p, "silent_s": (rep.get("silent") or {}).get(str(local)),
-                    "failure": (rep.get("peer_failures") or {}).get(str(local)), "age_s": age, "answered": answered}
+                    "failure": (rep.get("peer_failures") or {}).get(str(local)), "age_s": age, "answered": answered,
+                    "gone_pid": (rep.get("gone") or {}).get(str(local))}
             if best is None or p.get("time_ns", 0) > best["progress"].get("time_ns", 0):
                 best = cand
     return best
@@ -275,6 +276,7 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
                 res["failures"].append({"rank": r, "error_type": rep.get("error_type"), "op": rep.get("op"),
                                         "seq": rep.get("seq"), "message": rep.get("message"),
                                         "behind": rep.get("behind"), "unconfirmed": rep.get("unconfirmed"),
+                                        "gone": rep.get("gone"),
                                         "elapsed_s": rep.get("elapsed_s")})
     for r in res["missing_dumps"]:
         view = _store_view(dumps, uid, local_of[r])
@@ -360,7 +362,9 @@ def _check_seq(s: int, present: List[int], coll: Dict[int, Dict[int, Dict[str, A
                         + (f", {age:.1f} s old when rank {view['reported_by']} failed," if age is not None
                            else f" (read by rank {view['reported_by']})")
                         + f" said #{p.get('coll_enqueued')}")
-            div["missing_dumps"][r] = (f"no dump; not seen entering it: {said}"
+            gone = (f"its process (pid {view['gone_pid']}) was gone when rank {view['reported_by']} looked; "
+                    if view.get("gone_pid") is not None else "")
+            div["missing_dumps"][r] = (f"no dump; {gone}not seen entering it: {said}"
                                        + (f", and it had been silent for {view['silent_s']:.1f} s"
                                           if view.get("silent_s") else ""))
         else:
@@ -644,7 +648,8 @@ def _claims(f: Dict[str, Any], c: Dict[str, Any]) -> str:
             elif isinstance(v, dict) and v.get("answered"):
                 items.append(f"rank {rank} (answered: #{last})")
             elif isinstance(age, (int, float)):
-                items.append(f"rank {rank} (report {age:.1f} s old said #{last})")
+                gone = " (its process is gone)" if str(rank) in (f.get("gone") or {}) else ""
+                items.append(f"rank {rank} (report {age:.1f} s old said #{last}){gone}")
             else:
                 items.append(f"rank {rank} (last reported #{last})")
         if items:

@@ -67,6 +67,7 @@ class FailureReport:
             self.progress = None
         self.request: Optional[int] = None  # the dump request this report made (peers' answers name it)
         self.answer_wait = 0.0  # how long it waited for the peers' answers
+        self.gone: Dict[int, int] = {}  # rank -> pid: same-host peers whose process no longer exists
         self.signalled: Dict[int, Tuple[int, str]] = {}  # rank -> (pid, signal): same-host peers sent the dump signal
         self.peers: Optional[Dict[int, Dict[str, Any]]] = None  # rank -> progress (None: not read)
         self.peer_failures: Dict[int, FailureRecord] = {}
@@ -183,8 +184,10 @@ class FailureReport:
                 parts.append(("peer: " if self.is_p2p else "behind: ") + "; ".join(items))
             if a["unconfirmed"]:
                 parts.append("not confirmed: " + "; ".join(
-                    f"{self._who(r)} (last report {age:.1f} s old said {kind}#{last}; no answer within "
-                    f"{self.answer_wait:.1f} s)" for r, (last, age) in sorted(a["unconfirmed"].items())))
+                    f"{self._who(r)} (last report {age:.1f} s old said {kind}#{last}; "
+                    + (f"its process (pid {self.gone[r]}, this host) is gone)" if r in self.gone
+                       else f"no answer within {self.answer_wait:.1f} s)")
+                    for r, (last, age) in sorted(a["unconfirmed"].items())))
             if not items and not a["unconfirmed"] and self.op is not None and not self.is_p2p:
                 parts.append(f"no rank is behind: every rank issued #{self.seq}")
             if a["in_op"]:
@@ -223,6 +226,7 @@ class FailureReport:
             "unconfirmed": {str(r): {"last_issued": last, "report_age_s": age}
                             for r, (last, age) in a["unconfirmed"].items()},
             "answered": a["answered"], "request": self.request, "answer_wait_s": self.answer_wait,
+            "gone": {str(r): pid for r, pid in self.gone.items()},
             "signalled": {str(r): {"pid": pid, "signal": name} for r, (pid, name) in self.signalled.items()},
             "own_progress": self.progress.as_dict() if self.progress is not None else None,
             "in_op": a["in_op"],

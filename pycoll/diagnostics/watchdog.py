@@ -486,6 +486,10 @@ class Watchdog(CommObserver):
             a = report.analysis(self._stale_after)
             waiting = [r for r in range(report.size) if r != report.rank and r not in a["answered"]
                        and r not in a["silent"] and r not in a["unknown"]]
+            for r in waiting:  # a peer on this host whose process is gone will not answer
+                if r not in report.gone and _gone(report.peers.get(r)):
+                    report.gone[r] = int(str(report.peers[r]["origin"]).rpartition(":")[2])
+            waiting = [r for r in waiting if r not in report.gone]
             if not waiting or time.monotonic() >= deadline or self._stop.is_set():
                 return
             time.sleep(min(ANSWER_POLL, max(0.0, deadline - time.monotonic())))
@@ -772,6 +776,15 @@ class Watchdog(CommObserver):
             _log.debug("watchdog: dump request (%s) served by the dump made just now", foreign[0])
             return
         self._queue(DumpJob("requested by " + "; ".join(dict.fromkeys(foreign)), "remote"))
+
+
+def _gone(p: Optional[Dict[str, Any]]) -> bool:
+    """True when the process that published progress record ``p`` ran on this host and is gone."""
+    if not p:
+        return False
+    host, _, pid = str(p.get("origin", "")).rpartition(":")
+    return host == socket.gethostname() and pid.isdigit() and os.path.isdir("/proc/self") and \
+        not _started_before(int(pid), int(p["time_ns"]))
 
 
 def _started_before(pid: int, time_ns: int) -> bool:

@@ -316,3 +316,20 @@ def test_started_before_tells_a_reused_pid():
     assert _started_before(os.getpid(), time.time_ns())  # this process published "now"
     assert not _started_before(os.getpid(), 0)  # a record from 1970 cannot be this process's
     assert not _started_before(2 ** 22 + 12345, time.time_ns())  # no such process
+
+
+def test_gone_needs_this_host_and_a_dead_process():
+    import socket
+    import subprocess
+    import sys
+
+    from pycoll.diagnostics.watchdog import _gone
+
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    now = time.time_ns()
+    host = socket.gethostname()
+    assert _gone({"origin": f"{host}:{p.pid}", "time_ns": now})  # exited (or its pid reused since)
+    assert not _gone({"origin": f"{host}:{os.getpid()}", "time_ns": now})
+    assert not _gone({"origin": f"another-host:{p.pid}", "time_ns": now})
+    assert not _gone(None)
