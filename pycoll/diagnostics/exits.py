@@ -63,6 +63,7 @@ class ExitDumps:
 
     def __init__(self, watchdog: Watchdog) -> None:
         self._wd = watchdog
+        self._pid = os.getpid()  # a forked child (a multiprocessing worker) inherits the hooks, not the rank
         self._lock = threading.Lock()
         self._dumped: Set[str] = set()  # "process" (its end) and "thread" (an uncaught exception in one)
         self._terminating = False
@@ -119,6 +120,8 @@ class ExitDumps:
         first lets the failure reports and dumps under way finish (within the same bound), so that
         its own dump is the last word."""
         rec = self._wd.recorder
+        if os.getpid() != self._pid:
+            return []  # a forked child's dump would overwrite its parent's (same rank, same file)
         with self._lock:
             if kind in self._dumped or not rec.has_communicators:
                 return []

@@ -73,7 +73,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 from .. import _settings, failpoints as _fp, hooks
 from ..errors import CommAborted, StoreTimeout
 from ..hooks import CommObserver, CommView, WorkView
-from . import exits, recorder as _recorder_module
+from . import answers, exits, recorder as _recorder_module
 from .dumps import GATE_POLL, DumpJob, DumpQueue
 from .files import default_dump_dir
 from .recorder import FlightRecorder, get_recorder
@@ -91,9 +91,6 @@ from .report import FailureReport
 from .signals import STACKS_DIR, DumpSignal, signal_number
 
 FP_ANSWER = _fp.declare("watchdog.request.answer", "a dump request from another rank, before answering it")
-FP_SIGNAL_PEER = _fp.declare("watchdog.report.signal_peer", "a failure report, before it signals a silent peer")
-FP_AWAIT_ANSWERS = _fp.declare("watchdog.report.await_answers", "a failure report, waiting for the peers' answers")
-ANSWER_POLL = 0.02  # how often a failure report looks for the peers' answers
 
 __all__ = ["Watchdog", "get_watchdog", "configure", "install", "enable_dump_signal", "dump_flight_recorder",
            "FR_KEY_PREFIX", "KEY_PREFIX"]
@@ -435,8 +432,8 @@ class Watchdog(CommObserver):
             store.set(f"{fbase}{report.rank}", report.record().encode())
             report.request = self._signal_store(store, f"rank {report.global_rank}: {report.brief()} on "
                                                        f"{report.comm_name!r}")
-            self._await_answers(store, report, t0 + self.abort_grace)
-            self._signal_unanswered(report)
+            answers.await_answers(store, report, t0 + self.abort_grace, self._stale_after, self._stop)
+            answers.signal_unanswered(report, self._stale_after)
             if report.is_timeout and report.seq is not None and self.abort_grace > 0:
                 waiting = [r for r in report.analysis(self._stale_after)["in_op"] if r not in report.peer_failures]
                 if waiting:
@@ -453,46 +450,6 @@ class Watchdog(CommObserver):
     def _stacks_target(self) -> Tuple[str, str]:
         folder = os.path.join(self.recorder.dump_dir or default_dump_dir(), STACKS_DIR)
         return folder, f"pycoll rank {self.recorder.global_rank()} pid {os.getpid()} host {socket.gethostname()}"
-
-    def _signal_unanswered(self, report: FailureReport) -> None:
-        """The last resort for peers that did not answer: those on this host that publish a dump signal
-        get it (their faulthandler writes their stacks from C even while a thread holds the GIL)."""
-        answered = set(report.analysis(self._stale_after)["answered"])
-        host = socket.gethostname()
-        for r, p in sorted((report.peers or {}).items()):
-            signum = int(p.get("dump_signal") or 0)
-            peer_host, _, pid = str(p.get("origin", "")).rpartition(":")
-            if (r == report.rank or r in answered or signal_number(signum or None) is None or peer_host != host
-                    or not pid.isdigit() or not _started_before(int(pid), int(p["time_ns"]))):
-                continue
-            _fp.hit(FP_SIGNAL_PEER)
-            try:
-                os.kill(int(pid), signum)
-            except OSError:
-                continue
-            report.signalled[r] = (int(pid), signal.Signals(signum).name)
-
-    def _await_answers(self, store: Any, report: FailureReport, deadline: float) -> None:
-        """Read the others' progress and failures, waiting until ``deadline`` for every rank that still
-        reports (not silent) to answer this report's dump request with a fresh record."""
-        t0 = time.monotonic()
-        fbase = failure_prefix(report.uid)
-        while True:
-            _fp.hit(FP_AWAIT_ANSWERS)
-            progress = read_records(store, progress_prefix(report.uid), report.size, ProgressRecord.decode)
-            report.peers = {r: rec.as_dict() for r, rec in progress.items()}
-            report.peer_failures = read_records(store, fbase, report.size, FailureRecord.decode, report.rank)
-            report.answer_wait = time.monotonic() - t0
-            a = report.analysis(self._stale_after)
-            waiting = [r for r in range(report.size) if r != report.rank and r not in a["answered"]
-                       and r not in a["silent"] and r not in a["unknown"]]
-            for r in waiting:  # a peer on this host whose process is gone will not answer
-                if r not in report.gone and _gone(report.peers.get(r)):
-                    report.gone[r] = int(str(report.peers[r]["origin"]).rpartition(":")[2])
-            waiting = [r for r in waiting if r not in report.gone]
-            if not waiting or time.monotonic() >= deadline or self._stop.is_set():
-                return
-            time.sleep(min(ANSWER_POLL, max(0.0, deadline - time.monotonic())))
 
     # -- dumps -----------------------------------------------------------------------------------
 
@@ -776,28 +733,6 @@ class Watchdog(CommObserver):
             _log.debug("watchdog: dump request (%s) served by the dump made just now", foreign[0])
             return
         self._queue(DumpJob("requested by " + "; ".join(dict.fromkeys(foreign)), "remote"))
-
-
-def _gone(p: Optional[Dict[str, Any]]) -> bool:
-    """True when the process that published progress record ``p`` ran on this host and is gone."""
-    if not p:
-        return False
-    host, _, pid = str(p.get("origin", "")).rpartition(":")
-    return host == socket.gethostname() and pid.isdigit() and os.path.isdir("/proc/self") and \
-        not _started_before(int(pid), int(p["time_ns"]))
-
-
-def _started_before(pid: int, time_ns: int) -> bool:
-    """True when process ``pid`` exists and started before ``time_ns`` (wall clock): the process that
-    published a record then, not another one that reuses its pid. False where /proc cannot say."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/stat") as f:
-            btime = next(int(line.split()[1]) for line in f if line.startswith("btime "))
-        return btime + ticks / os.sysconf("SC_CLK_TCK") <= time_ns / 1e9 + 1.0
-    except (OSError, ValueError, IndexError, StopIteration):
-        return False
 
 
 # -- the process's watchdog ---------------------------------------------------------------------------

@@ -70,3 +70,16 @@ def test_no_communicator_no_dump(tmp_path):
     rec = fr.FlightRecorder(16, dump_dir=str(tmp_path))
     ed = exits.ExitDumps(wdm.Watchdog(rec, enabled=False, communicators=list))
     assert ed.dump("exit") == [] and rec.dump_count == 0
+
+
+def test_a_forked_child_does_not_dump_in_its_parents_name(tmp_path):
+    import os
+
+    rec, c, wd, ed = _setup(tmp_path)
+    pid = os.fork()
+    if pid == 0:  # the child: the hooks are inherited, the rank is not
+        os._exit(0 if ed.dump("SIGTERM") == [] and rec.dump_count == 0 else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert not (tmp_path / "generation_0").exists()
+    assert ed.dump("SIGTERM") and rec.dump_count == 1  # the parent still dumps

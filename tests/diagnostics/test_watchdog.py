@@ -311,7 +311,7 @@ def test_threads_are_named_and_stop(make_wd):
 
 
 def test_started_before_tells_a_reused_pid():
-    from pycoll.diagnostics.watchdog import _started_before
+    from pycoll.diagnostics.answers import started_before as _started_before
 
     assert _started_before(os.getpid(), time.time_ns())  # this process published "now"
     assert not _started_before(os.getpid(), 0)  # a record from 1970 cannot be this process's
@@ -323,7 +323,7 @@ def test_gone_needs_this_host_and_a_dead_process():
     import subprocess
     import sys
 
-    from pycoll.diagnostics.watchdog import _gone
+    from pycoll.diagnostics.answers import gone as _gone
 
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()
