@@ -155,6 +155,19 @@ def _describe(e: Dict[str, Any]) -> str:
 
 
 
+def _own(e: Optional[Dict[str, Any]]) -> str:
+    return f"last {_describe(e)} {e.get('state')}" if e is not None else "no operation recorded"
+
+
+def _main_site(dump: Dict[str, Any]) -> str:
+    """Where a dump says its main thread was (innermost frame outside pycoll's modules), when it says."""
+    for fr in (dump.get("pycoll") or {}).get("main_thread") or []:
+        fn = str(fr.get("filename", ""))
+        if not is_runtime_frame(fn) and not fn.startswith("<"):
+            return f"{os.path.basename(fn)}:{fr.get('line')} in {fr.get('name')}"
+    return ""
+
+
 def _site(e: Dict[str, Any]) -> str:
     """'file:line in function' of the innermost frame outside pycoll's own modules."""
     for fr in e.get("frames") or []:
@@ -231,8 +244,13 @@ def _store_view(dumps: Dict[int, Dict[str, Any]], uid: str, local: int) -> Optio
             p = (rep.get("peers") or {}).get(str(local))
             if p is None:
                 continue
+            age = None
+            if isinstance(rep.get("time"), (int, float)) and isinstance(p.get("time_ns"), int):
+                age = rep["time"] - p["time_ns"] / 1e9
+            answered = rep.get("request") is not None and int(p.get("request", -1)) >= int(rep["request"])
             cand = {"reported_by": rank, "progress": p, "silent_s": (rep.get("silent") or {}).get(str(local)),
-                    "failure": (rep.get("peer_failures") or {}).get(str(local))}
+                    "failure": (rep.get("peer_failures") or {}).get(str(local)), "age_s": age, "answered": answered,
+                    "gone_pid": (rep.get("gone") or {}).get(str(local))}
             if best is None or p.get("time_ns", 0) > best["progress"].get("time_ns", 0):
                 best = cand
     return best
@@ -265,11 +283,16 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
             if rep.get("uid") == uid:
                 res["failures"].append({"rank": r, "error_type": rep.get("error_type"), "op": rep.get("op"),
                                         "seq": rep.get("seq"), "message": rep.get("message"),
-                                        "behind": rep.get("behind"), "elapsed_s": rep.get("elapsed_s")})
+                                        "behind": rep.get("behind"), "unconfirmed": rep.get("unconfirmed"),
+                                        "gone": rep.get("gone"),
+                                        "elapsed_s": rep.get("elapsed_s")})
     for r in res["missing_dumps"]:
         view = _store_view(dumps, uid, local_of[r])
         if view is not None:
             res["missing_dump_info"][r] = view
+    # what a rank's own dump says of itself: it supersedes what the others read of it in the store
+    res["own_dump"] = {r: _own(last[r]) for r in present}
+    res["main_thread"] = {r: _main_site(dumps[r]) for r in present if _main_site(dumps[r])}
 
     with_entries = [r for r in present if coll[r]]
     if with_entries:
@@ -339,8 +362,17 @@ def _check_seq(s: int, present: List[int], coll: Dict[int, Dict[int, Dict[str, A
         if view.get("failure"):
             div["missing_dumps"][r] = f"no dump; failed: {view['failure']}"
         elif p.get("coll_enqueued", 0) < s:
-            div["missing_dumps"][r] = (f"no dump; not seen entering it: its last report in the store (read by rank "
-                                       f"{view['reported_by']}) says #{p.get('coll_enqueued')}"
+            if view.get("answered"):
+                said = f"its answer to rank {view['reported_by']}'s dump request said #{p.get('coll_enqueued')}"
+            else:
+                age = view.get("age_s")
+                said = ("its last report in the store"
+                        + (f", {age:.1f} s old when rank {view['reported_by']} failed," if age is not None
+                           else f" (read by rank {view['reported_by']})")
+                        + f" said #{p.get('coll_enqueued')}")
+            gone = (f"its process (pid {view['gone_pid']}) was gone when rank {view['reported_by']} looked; "
+                    if view.get("gone_pid") is not None else "")
+            div["missing_dumps"][r] = (f"no dump; {gone}not seen entering it: {said}"
                                        + (f", and it had been silent for {view['silent_s']:.1f} s"
                                           if view.get("silent_s") else ""))
         else:
@@ -470,9 +502,50 @@ def analyze(dumps: Dict[int, Dict[str, Any]], *, stack_limit: int = 8) -> Dict[s
     return report
 
 
+_STACKS_HEAD = re.compile(r"^pycoll rank (\d+) pid (\d+) host (\S+)")
+_FH_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (\S+)')
+
+
+def find_stacks(path: str) -> Dict[int, Dict[str, str]]:
+    """rank -> {"path", "site"} for the stacks faulthandler wrote on the dump signal (``<dump dir>/stacks``,
+    next to ``path`` or above it); ``site`` is where the main thread was, the last time."""
+    out: Dict[int, Dict[str, str]] = {}
+    for folder in (os.path.join(path, "stacks"), os.path.join(os.path.dirname(os.path.normpath(path)), "stacks")):
+        if not os.path.isdir(folder):
+            continue
+        for name in sorted(os.listdir(folder)):
+            full = os.path.join(folder, name)
+            try:
+                with open(full, errors="replace") as f:
+                    lines = f.read().splitlines()
+            except OSError:
+                continue
+            m = _STACKS_HEAD.match(lines[0]) if lines else None
+            if m is None:
+                continue
+            blocks: List[List[Tuple[str, str, str]]] = []
+            for line in lines[1:]:
+                if line.startswith(("Thread ", "Current thread ")):
+                    blocks.append([])
+                fm = _FH_FRAME.match(line)
+                if fm and blocks:
+                    blocks[-1].append((fm.group(1), fm.group(2), fm.group(3)))
+            main = [b for b in blocks if b and b[-1][2] == "<module>"]
+            site = ""
+            for fn, line_no, func in (main[-1] if main else []):
+                if not is_runtime_frame(fn):
+                    site = f"{os.path.basename(fn)}:{line_no} in {func}"
+                    break
+            if blocks:
+                out[int(m.group(1))] = {"path": full, "site": site}
+        break
+    return out
+
+
 def analyze_dir(path: str, *, prefix: Optional[str] = None, stack_limit: int = 8) -> List[Dict[str, Any]]:
     """Analyse every generation under ``path``; one report per generation (with its folder)."""
     out = []
+    stacks = find_stacks(path)
     for gen, folder in find_generations(path):
         dumps, problems = load_generation(folder, prefix)
         rep: Dict[str, Any] = analyze(dumps, stack_limit=stack_limit) if dumps else {
@@ -482,6 +555,7 @@ def analyze_dir(path: str, *, prefix: Optional[str] = None, stack_limit: int = 8
             rep["problems"].append("no dumps found")
         rep["generation"] = gen
         rep["folder"] = folder
+        rep["stacks"] = {r: v for r, v in stacks.items() if r not in dumps}
         out.append(rep)
     return out
 
@@ -517,7 +591,9 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
                     last = (f"last op {info['last_op']} {info['last_state']}"
                             + (f", issued at {info['last_site']}" if info["last_site"] else "")
                             if info["last_op"] else "no operation recorded")
-                    lines.append(f"    rank {r}: never entered it ({last})")
+                    lines.append(f"    rank {r}: never entered it ({last})"
+                                 + (f"; when it dumped, its main thread was at {c['main_thread'][r]}"
+                                    if r in c.get("main_thread", {}) else ""))
                 if d["skipped"]:
                     lines.append(f"    {_who(d['skipped'])}: later operations recorded but not this one")
                 m = d["mismatch"]
@@ -541,6 +617,10 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
                             lines.append(f"        {fr}")
                 for r, text in sorted(d["missing_dumps"].items()):
                     lines.append(f"    rank {r}: {text}")
+                    st = rep.get("stacks", {}).get(r)
+                    if st:
+                        lines.append(f"    rank {r}: its Python stacks, written from C on the dump signal: {st['path']}"
+                                     + (f" (main thread at {st['site']})" if st["site"] else ""))
             for p in c["p2p"]:
                 lines.append(f"  P2P: {p['issue']}" + (f" (issued at {p['site']})" if p["site"] else ""))
             for f in c["failures"]:
@@ -549,11 +629,7 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
                         f" after {f['elapsed_s']:.2f} s" if isinstance(f.get("elapsed_s"), (int, float)) else "")
                 else:
                     what = f"{f['error_type']}: {f['message']}"
-                behind = f.get("behind") or {}
-                if behind:
-                    what += "; it saw behind: " + ", ".join(
-                        f"rank {r} (last reported #{v.get('last_issued') if isinstance(v, dict) else v})"
-                        for r, v in sorted(behind.items(), key=lambda kv: int(kv[0])))
+                what += _claims(f, c)
                 lines.append(f"  watchdog on rank {f['rank']}: {what}")
             lines.append(f"  verdict: {_verdict(c)}")
         if rep["triggers"]:
@@ -562,6 +638,31 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
                 lines.append(f"  rank {r}: {t[:200]}")
         lines.append("")
     return "\n".join(lines)
+
+
+def _claims(f: Dict[str, Any], c: Dict[str, Any]) -> str:
+    """What a failing rank's watchdog said of the others, each with its basis: a rank's own dump wins
+    over what was read of it in the store; a store report is given with its age."""
+    own = c.get("own_dump", {})
+    out = []
+    for key, label in (("behind", "it saw behind"), ("unconfirmed", "not confirmed")):
+        items = []
+        for r, v in sorted((f.get(key) or {}).items(), key=lambda kv: int(kv[0])):
+            last = v.get("last_issued") if isinstance(v, dict) else v
+            age = v.get("report_age_s") if isinstance(v, dict) else None
+            rank = int(r)
+            if rank in own:
+                items.append(f"rank {rank} (its own dump: {own[rank]})")
+            elif isinstance(v, dict) and v.get("answered"):
+                items.append(f"rank {rank} (answered: #{last})")
+            elif isinstance(age, (int, float)):
+                gone = " (its process is gone)" if str(rank) in (f.get("gone") or {}) else ""
+                items.append(f"rank {rank} (report {age:.1f} s old said #{last}){gone}")
+            else:
+                items.append(f"rank {rank} (last reported #{last})")
+        if items:
+            out.append(f"; {label}: " + ", ".join(items))
+    return "".join(out)
 
 
 _MISMATCH_NAMES = {"type": "operation type", "size": "size", "dtype": "dtype", "op": "reduction op",

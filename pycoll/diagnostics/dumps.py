@@ -109,9 +109,12 @@ class DumpQueue:
         triggers = list(dict.fromkeys(j.trigger for j in jobs))
         self.last_start = time.monotonic()
         paths: List[str] = []
+        extra: Dict[str, Any] = {}
+        for j in jobs:
+            extra.update(j.extra or {})
         try:
             paths = dump(reason, trigger="+".join(triggers),
-                         changed_only=all(j.trigger in ("remote", "stall") for j in jobs))
+                         changed_only=all(j.trigger in ("remote", "stall") for j in jobs), extra=extra or None)
         except Exception:
             _log.exception("watchdog: dump failed")
         finally:

@@ -396,6 +396,38 @@ class FlightRecorder(CommObserver):
 
     # -- reading ---------------------------------------------------------------------------------
 
+    def unfinished(self, limit: int = 4) -> List[str]:
+        """The operations not completed on communicators not closed, newest last, as
+        ``"all_reduce #7 on 'world' (started)"`` (at most ``limit``; a last item counts the rest)."""
+        with self._lock:
+            live = {i.uid for i in self._infos.values() if i.ref() is not None}
+        raw = [e for e in self.entries() if e[_INFO].uid in live and e[_INFO].closed_at is None]
+        infos: Dict[str, _CommInfo] = {e[_INFO].uid: e[_INFO] for e in raw}
+        outstanding = _outstanding(c for c in (i.ref() for i in infos.values()) if c is not None)
+        out = []
+        for e in raw:
+            state = _dynamic(e, outstanding)[0]
+            if state == "completed":
+                continue
+            what = (f"{e[_OP]} #{e[_P2P_SEQ]} with peer {e[_PEER]}" if e[_PEER] is not None
+                    else f"{e[_OP]} #{e[_SEQ]}")
+            out.append(f"{what} on {e[_INFO].name!r} ({state})")
+        if len(out) > limit:
+            return [*out[-limit:], f"{len(out) - limit} more"]
+        return out
+
+    def global_rank(self) -> int:
+        """This process's job-wide rank, as its dumps are named (see :meth:`as_dict`)."""
+        with self._lock:
+            infos = [i for i in self._infos.values() if i.ref() is not None]
+        return self._global_rank(infos)
+
+    @property
+    def has_communicators(self) -> bool:
+        """True once a communicator was recorded (there is something to dump)."""
+        with self._lock:
+            return bool(self._infos) or bool(self._gen_counters)
+
     def entries(self) -> List[List[Any]]:
         """The raw recorded entries, oldest first (internal lists; see :meth:`as_dict`)."""
         ring = list(self._ring)
@@ -536,6 +568,8 @@ class FlightRecorder(CommObserver):
             "failures": list(self._failures.get(generation, ())),
             "transitions": list(self._transitions),
         }
+        if stacks and self.stacks:
+            pyc["main_thread"] = _main_stack()
         if extra:
             pyc.update(extra)
         return {
@@ -629,6 +663,21 @@ class FlightRecorder(CommObserver):
                     (time.monotonic() - t0) * 1e3, trigger, reason,
                 )
         return written
+
+
+def _main_stack(limit: int = 32) -> List[Dict[str, Any]]:
+    """Where the main thread is now, innermost frame first (a rank asked to dump while its user code
+    is busy shows where); empty when the dump runs in the main thread itself."""
+    main = threading.main_thread()
+    if main is threading.current_thread() or main.ident is None:
+        return []
+    frame = sys._current_frames().get(main.ident)
+    frames: List[Dict[str, Any]] = []
+    while frame is not None and len(frames) < limit:
+        code = frame.f_code
+        frames.append({"name": code.co_name, "filename": code.co_filename, "line": frame.f_lineno})
+        frame = frame.f_back
+    return frames
 
 
 def _outstanding(comms: Iterable[CommView]) -> Dict[int, WorkView]:

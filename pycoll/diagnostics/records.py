@@ -3,7 +3,8 @@
 Every record is a small JSON object with a version field (``"v"``). Keys, under ``pycoll/fr/``:
 
 * ``progress/<uid>/<rank>``: a :class:`ProgressRecord`, published by each rank's watchdog about
-  once a second (its heartbeat);
+  once a second (its heartbeat), and at once when another rank asks for dumps (the record then
+  names the request it answers: a failing rank waits briefly for these fresh answers);
 * ``failure/<uid>/<rank>``: a :class:`FailureRecord`, written by a rank when its communicator
   fails;
 * ``proc/<uid>/<rank>``: a :class:`ProcRecord`, written once by each rank's watchdog: where its
@@ -76,10 +77,13 @@ class ProgressRecord:
     time_ns: int
     beats: int
     origin: str
+    request: int = -1  # the latest dump request (signal counter) seen when published; -1: none
+    dump_signal: int = 0  # the installed dump signal (a same-host peer may send it), 0: none
 
     def encode(self) -> bytes:
         return json.dumps({"v": _VERSION, "progress": list(self.progress), "state": self.state,
-                           "time_ns": self.time_ns, "beats": self.beats, "origin": self.origin}).encode()
+                           "time_ns": self.time_ns, "beats": self.beats, "origin": self.origin,
+                           "request": self.request, "dump_signal": self.dump_signal}).encode()
 
     @classmethod
     def decode(cls, raw: Any) -> Optional[ProgressRecord]:
@@ -87,14 +91,15 @@ class ProgressRecord:
         d = _load(raw)
         try:
             return cls(Progress(*(int(x) for x in d["progress"])), str(d["state"]), int(d["time_ns"]),
-                       int(d["beats"]), str(d["origin"])) if d is not None else None
+                       int(d["beats"]), str(d["origin"]), int(d.get("request", -1)),
+                       int(d.get("dump_signal", 0))) if d is not None else None
         except (KeyError, TypeError, ValueError):
             return None
 
     def as_dict(self) -> Dict[str, Any]:
         """Flat form kept in failure reports and dumps."""
         return {**self.progress.as_dict(), "state": self.state, "time_ns": self.time_ns, "beats": self.beats,
-                "origin": self.origin}
+                "origin": self.origin, "request": self.request, "dump_signal": self.dump_signal}
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import CommTimeout
-from ..hooks import CommView, WorkView
+from ..hooks import CommView, Progress, WorkView
 from .records import FailureRecord
 
 __all__ = ["FailureReport"]
@@ -61,6 +61,14 @@ class FailureReport:
             self.timeout = work.timeout
             self.state = work.last_state
             self.site, self.sizes = issued_at
+        try:  # this rank's own progress, before the policy releases the outstanding operations
+            self.progress: Optional[Progress] = comm.progress()
+        except Exception:
+            self.progress = None
+        self.request: Optional[int] = None  # the dump request this report made (peers' answers name it)
+        self.answer_wait = 0.0  # how long it waited for the peers' answers
+        self.gone: Dict[int, int] = {}  # rank -> pid: same-host peers whose process no longer exists
+        self.signalled: Dict[int, Tuple[int, str]] = {}  # rank -> (pid, signal): same-host peers sent the dump signal
         self.peers: Optional[Dict[int, Dict[str, Any]]] = None  # rank -> progress (None: not read)
         self.peer_failures: Dict[int, FailureRecord] = {}
         self.store_error = ""
@@ -75,19 +83,31 @@ class FailureReport:
     def brief(self) -> str:
         return self.record().brief()
 
+    def answered(self, p: Dict[str, Any]) -> bool:
+        """True when the progress record ``p`` answers this report's own request (it is fresh)."""
+        return self.request is not None and int(p.get("request", -1)) >= self.request
+
     def analysis(self, stale_after: float) -> Dict[str, Any]:
         """Classify the other ranks from their published progress (empty when it could not be read).
 
-        ``behind``: rank -> (last issued sequence id, seconds since its last report) for ranks that
-        had not issued this operation; ``in_op``: ranks that issued it and had not completed it;
-        ``silent``: rank -> seconds since the last report, for reports older than ``stale_after``;
-        ``unknown``: ranks that never reported (and did not report a failure).
+        Only what is known: a rank is ``behind`` when its answer to this report's dump request (a
+        fresh record) says it had not issued this operation, or when its last report is older than
+        ``stale_after`` (it stopped reporting: stopped, hung or dead) and says so; a rank whose last
+        report predates the request and is not that old is ``unconfirmed`` (that report, with its
+        age, is all there is). Values: rank -> (last issued sequence id, age of the report in
+        seconds at the failure; negative: made after it). ``in_op``: ranks known to have issued it
+        and not completed it; ``silent``: rank -> age, for reports older than ``stale_after``;
+        ``unknown``: ranks that never reported (and did not report a failure); ``answered``: ranks
+        whose record answers the request.
         """
         behind: Dict[int, Tuple[int, float]] = {}
+        unconfirmed: Dict[int, Tuple[int, float]] = {}
         same: List[int] = []
         silent: Dict[int, float] = {}
         unknown: List[int] = []
-        out: Dict[str, Any] = {"behind": behind, "in_op": same, "silent": silent, "unknown": unknown}
+        answered: List[int] = []
+        out: Dict[str, Any] = {"behind": behind, "unconfirmed": unconfirmed, "in_op": same, "silent": silent,
+                               "unknown": unknown, "answered": answered}
         if self.peers is None:
             return out
         now_ns = int(self.time * 1e9)  # ages at the failure, also when the report is made later
@@ -99,20 +119,30 @@ class FailureReport:
                 if r not in self.peer_failures:
                     unknown.append(r)
                 continue
-            age = max(0.0, (now_ns - p["time_ns"]) / 1e9)
-            if age > stale_after and r not in self.peer_failures:
+            fresh = self.answered(p)
+            if fresh:
+                answered.append(r)
+            age = (now_ns - p["time_ns"]) / 1e9
+            if not fresh and age > stale_after and r not in self.peer_failures:
                 silent[r] = age
             if self.seq is None:
                 continue
             # a rank that reported its own failure in this very operation issued it, whatever its
-            # last progress report (published every publish_interval) says
+            # last progress report says
             theirs = self.peer_failures.get(r)
             failed_here = theirs is not None and theirs.failed_in(self.op, self.seq, self.is_p2p)
+            known = fresh or r in silent
+            if theirs is not None and not failed_here and theirs.seq is not None and theirs.is_p2p == self.is_p2p:
+                known = True  # its own record says where it failed
             if self.is_p2p:
                 if r == self.peer:
-                    behind[r] = (p["p2p_enqueued"], age)
-            elif p["coll_enqueued"] < self.seq and not failed_here:
-                behind[r] = (p["coll_enqueued"], age)
+                    (behind if known else unconfirmed)[r] = (p["p2p_enqueued"], age)
+                continue
+            issued = p["coll_enqueued"]
+            if theirs is not None and not failed_here and theirs.seq is not None and not theirs.is_p2p:
+                issued = max(issued, theirs.seq)
+            if issued < self.seq and not failed_here:
+                (behind if known else unconfirmed)[r] = (issued, age)
             elif p["coll_completed"] < self.seq:
                 same.append(r)
         return out
@@ -140,20 +170,25 @@ class FailureReport:
         if self.peers is None:
             parts.append(f"other ranks' progress unknown ({self.store_error or 'no store'})")
         else:
+            kind = "p2p " if self.is_p2p else ""
             items = []
             for r, (last, age) in sorted(a["behind"].items()):
-                kind = "p2p " if self.is_p2p else ""
-                who = f"rank {r}" + (f" (global {self.global_ranks[r]})" if self.global_ranks and
-                                     self.global_ranks[r] != r else "")
+                who = self._who(r)
                 if r in a["silent"]:
                     items.append(f"{who} (last reported {kind}#{last} {age:.1f} s ago: stopped, hung or dead)")
                 elif r in self.peer_failures:
                     items.append(f"{who} (failed at {kind}#{last})")
                 else:
-                    items.append(f"{who} (alive, last issued {kind}#{last})")
+                    items.append(f"{who} (alive, answered: last issued {kind}#{last})")
             if items:
                 parts.append(("peer: " if self.is_p2p else "behind: ") + "; ".join(items))
-            elif self.op is not None and not self.is_p2p:
+            if a["unconfirmed"]:
+                parts.append("not confirmed: " + "; ".join(
+                    f"{self._who(r)} (last report {age:.1f} s old said {kind}#{last}; "
+                    + (f"its process (pid {self.gone[r]}, this host) is gone)" if r in self.gone
+                       else f"no answer within {self.answer_wait:.1f} s)")
+                    for r, (last, age) in sorted(a["unconfirmed"].items())))
+            if not items and not a["unconfirmed"] and self.op is not None and not self.is_p2p:
                 parts.append(f"no rank is behind: every rank issued #{self.seq}")
             if a["in_op"]:
                 parts.append(f"also in #{self.seq}: ranks {_fmt_ranks(a['in_op'])}")
@@ -163,11 +198,18 @@ class FailureReport:
                                                      for r, age in sorted(others.items())))
             if a["unknown"]:
                 parts.append(f"never reported: ranks {_fmt_ranks(a['unknown'])}")
+        if self.signalled:
+            parts.append("sent the dump signal (no answer; stacks from faulthandler): " + "; ".join(
+                f"{self._who(r)} (pid {pid}, {name})" for r, (pid, name) in sorted(self.signalled.items())))
         if self.peer_failures:
             parts.append("failed too: " + "; ".join(f"rank {r}: {rec.brief()}"
                                                    for r, rec in sorted(self.peer_failures.items())))
         parts.append(f"policy: {self.policy}")
         return "; ".join(parts)
+
+    def _who(self, r: int) -> str:
+        return f"rank {r}" + (f" (global {self.global_ranks[r]})" if self.global_ranks and
+                              self.global_ranks[r] != r else "")
 
     def as_dict(self, stale_after: float) -> Dict[str, Any]:
         a = self.analysis(stale_after)
@@ -179,7 +221,14 @@ class FailureReport:
             "policy": self.policy, "peers": {str(r): p for r, p in (self.peers or {}).items()},
             "peers_known": self.peers is not None,
             "peer_failures": {str(r): rec.brief() for r, rec in self.peer_failures.items()},
-            "behind": {str(r): {"last_issued": last, "report_age_s": age} for r, (last, age) in a["behind"].items()},
+            "behind": {str(r): {"last_issued": last, "report_age_s": age, "answered": r in a["answered"]}
+                       for r, (last, age) in a["behind"].items()},
+            "unconfirmed": {str(r): {"last_issued": last, "report_age_s": age}
+                            for r, (last, age) in a["unconfirmed"].items()},
+            "answered": a["answered"], "request": self.request, "answer_wait_s": self.answer_wait,
+            "gone": {str(r): pid for r, pid in self.gone.items()},
+            "signalled": {str(r): {"pid": pid, "signal": name} for r, (pid, name) in self.signalled.items()},
+            "own_progress": self.progress.as_dict() if self.progress is not None else None,
             "in_op": a["in_op"],
             "silent": {str(r): age for r, age in a["silent"].items()}, "unknown": a["unknown"],
             "store_error": self.store_error,

@@ -2,18 +2,36 @@
 
 The handler only wakes the watchdog's monitor thread (through ``signal.set_wakeup_fd`` when the
 wake-up fd is free, so it works even while the main thread is blocked inside a collective).
+
+The last resort, for a process whose threads cannot run because one holds the GIL inside a C call:
+:mod:`faulthandler` is registered for the same signal (chained to the handler above), so the signal
+also writes every thread's Python stack from C, without the GIL, to
+``<dump dir>/stacks/pycoll_stacks_<host>_<pid>.txt`` (its first line names the rank). A failing
+rank sends the dump signal to the peers on its host that did not answer its dump request and
+publish that they have it (see :class:`~pycoll.diagnostics.records.ProgressRecord`).
 """
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
 import socket
 import threading
-from typing import Any, Callable, Optional
+from typing import IO, Any, Callable, Optional, Tuple
 
-__all__ = ["signal_number", "DumpSignal"]
+from ..store import _safefiles
+
+__all__ = ["signal_number", "DumpSignal", "stacks_file_name", "STACKS_DIR"]
+
+STACKS_DIR = "stacks"
+
+
+def stacks_file_name(host: str, pid: int) -> str:
+    """The file faulthandler writes a process's stacks to, inside ``<dump dir>/stacks``."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in host)
+    return f"pycoll_stacks_{safe}_{pid}.txt"
 
 _log = logging.getLogger("pycoll.watchdog")
 
@@ -65,6 +83,10 @@ class DumpSignal:
         self.pending = False  # delivered while the wake-up fd was not ours: the monitor must look
         self._poke = poke
         self._wake_fd = -1
+        # where faulthandler writes the stacks, and what heads the file: set by the watchdog
+        self.stacks_target: Optional[Callable[[], Optional[Tuple[str, str]]]] = None
+        self.stacks_path: Optional[str] = None
+        self._stacks_file: Optional[IO[str]] = None
 
     def watch_interrupts(self, wake_w: Optional[socket.socket]) -> bool:
         """Let the C-level signal handler write to ``wake_w`` (when nobody else uses the wake-up fd):
@@ -80,6 +102,17 @@ class DumpSignal:
             return False
         self._wake_fd = wake_w.fileno()
         return True
+
+    def after_fork(self) -> None:
+        """In a forked child: nothing is installed for it (and the parent's stacks file is not its own)."""
+        if self._stacks_file is not None and self.signum is not None:
+            try:
+                faulthandler.unregister(self.signum)
+            except (ValueError, RuntimeError):
+                pass
+        self._stacks_file = None
+        self.stacks_path = None
+        self.signum = None
 
     def install(self, wake_w: Optional[socket.socket]) -> None:
         signum = self.wanted
@@ -106,12 +139,38 @@ class DumpSignal:
                     signal.set_wakeup_fd(old)  # someone else's (asyncio): leave it, use the handler only
         except (ValueError, OSError) as e:
             _log.debug("watchdog: set_wakeup_fd failed (%s); the dump signal waits for the main thread", e)
+        self._register_stacks(signum)
         _log.info("watchdog: %s dumps the flight recorder (pid %d)", signal.Signals(signum).name, os.getpid())
+
+    def _register_stacks(self, signum: int) -> None:
+        """faulthandler on the same signal, chained to the handler just installed (see the module doc)."""
+        target = self.stacks_target() if self.stacks_target is not None else None
+        if target is None:
+            return
+        folder, header = target
+        path = os.path.join(folder, stacks_file_name(socket.gethostname(), os.getpid()))
+        try:
+            _safefiles.private_dirs(folder)
+            fd = _safefiles.open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            f = os.fdopen(fd, "w", buffering=1)
+            f.write(header + "\n")
+            faulthandler.register(signum, file=f, all_threads=True, chain=True)
+        except (OSError, ValueError, RuntimeError) as e:
+            _log.debug("watchdog: no faulthandler stacks for the dump signal (%s)", e)
+            return
+        self._stacks_file, self.stacks_path = f, path
 
     def uninstall(self, wake_w: Optional[socket.socket]) -> None:
         signum, self.signum = self.signum, None
         if signum is None or threading.current_thread() is not threading.main_thread():
             return
+        if self._stacks_file is not None:
+            try:
+                faulthandler.unregister(signum)
+                self._stacks_file.close()
+            except (OSError, ValueError, RuntimeError):
+                pass
+            self._stacks_file = None
         try:
             if signal.getsignal(signum) == self._on_signal:
                 signal.signal(signum, signal.SIG_DFL)

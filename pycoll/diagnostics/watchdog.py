@@ -22,10 +22,15 @@ When an operation times out (whichever thread sees it: the watchdog, or the user
 ``wait()``), before the communicator's policy acts (abort, revoke or report; see
 :class:`~pycoll.Communicator`):
 
-1. the failure is announced in the store and every other rank is asked to dump (they dump although
-   they are not hung); the other ranks' progress and heartbeats are read, and ranks stuck in the
-   same operation are given ``abort_grace`` seconds to reach their own verdict, so that every rank
-   reports the root cause rather than "rank k aborted";
+1. the failure is announced in the store (with this rank's progress at the failure) and every other
+   rank is asked to dump (they dump although they are not hung); each answers at once from its store
+   thread, whatever its user code is doing, with a fresh progress record naming the request, and the
+   failing rank waits up to ``abort_grace`` for those answers (not for ranks already silent); ranks
+   stuck in the same operation are given ``abort_grace`` seconds to reach their own verdict, so that
+   every rank reports the root cause rather than "rank k aborted". Only answers (and ranks silent for
+   longer than 1.5 publish intervals) make a rank "behind"; an older report is given with its age.
+   Same-host peers that did not answer and published a dump signal are sent it (see
+   :mod:`.signals`: their faulthandler writes their stacks from C);
 2. ONE line is logged (logger ``pycoll.watchdog``): communicator, operation, sequence id, elapsed
    time, the ranks behind (never issued it, or silent), where the operation was issued;
 3. the local flight-recorder dump is queued: the monitor thread writes it while
@@ -68,11 +73,12 @@ import time
 import traceback
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
-from .. import _settings, hooks
+from .. import _settings, failpoints as _fp, hooks
 from ..errors import CommAborted, StoreTimeout
 from ..hooks import CommObserver, CommView, WorkView
-from . import recorder as _recorder_module
+from . import answers, exits, recorder as _recorder_module
 from .dumps import GATE_POLL, DumpJob, DumpQueue
+from .files import default_dump_dir
 from .liveness import Liveness, round_all
 from .recorder import FlightRecorder, get_recorder
 from .records import (
@@ -86,7 +92,9 @@ from .records import (
     read_records,
 )
 from .report import FailureReport
-from .signals import DumpSignal, signal_number
+from .signals import STACKS_DIR, DumpSignal, signal_number
+
+FP_ANSWER = _fp.declare("watchdog.request.answer", "a dump request from another rank, before answering it")
 
 __all__ = ["Watchdog", "get_watchdog", "configure", "install", "enable_dump_signal", "dump_flight_recorder",
            "FR_KEY_PREFIX", "KEY_PREFIX"]
@@ -101,11 +109,12 @@ def _seconds(value: Optional[float], env: str, what: str, positive: bool) -> flo
 
 
 class _StoreState:
-    __slots__ = ("store", "last_seen")
+    __slots__ = ("store", "last_seen", "answered")
 
     def __init__(self, store: Any) -> None:
         self.store = store
         self.last_seen: Optional[int] = None
+        self.answered = -1  # the latest dump request answered: every later progress record names it
 
 
 def _decode(raw: Any) -> str:
@@ -176,12 +185,17 @@ class Watchdog(CommObserver):
         self._next_due = math.inf
         self._store_wake = threading.Event()
         self._dumps = DumpQueue(lambda: self.dump_hold)
-        self._reports: Set[FailureReport] = set()  # failure reports made by the report thread, not done yet
+        self._reports: Set[FailureReport] = set()  # failure reports being made, not done yet
         self._report_q: queue.SimpleQueue[Optional[Tuple[Any, FailureReport]]] = queue.SimpleQueue()
         self._wake_r: Optional[socket.socket] = None
         self._wake_w: Optional[socket.socket] = None
         self._signal = DumpSignal(self._poke)
+        self._signal.stacks_target = self._stacks_target
         self._stores: Dict[int, _StoreState] = {}
+        self._snapshots: Dict[str, Any] = {}  # communicator uid -> its Progress when it failed
+        # SIGTERM seen by the monitor thread (the main thread may be blocked inside a call): set by
+        # pycoll.diagnostics.exits, called with in_monitor=True
+        self.on_terminate: Optional[Callable[[bool], None]] = None
         self.beats = 0
         self._beat_t = time.monotonic()
         self._doing: Optional[str] = None
@@ -282,12 +296,13 @@ class Watchdog(CommObserver):
                 threading.Thread(target=self._liveness_loop, args=(self._stop,), name="pycoll-watchdog-liveness",
                                  daemon=True),
             ]
+            # the dump signal first: the first progress record says whether this process has it
+            self._signal.watch_interrupts(self._wake_w)
+            if self._signal.wanted is not None:
+                self._signal.install(self._wake_w)
             for t in self._threads:
                 t.start()
             self._active = True
-        self._signal.watch_interrupts(self._wake_w)
-        if self._signal.wanted is not None:
-            self._signal.install(self._wake_w)
         _log.debug("watchdog started (interval %.3g s, publish %.3g s, stall %.3g s)", self.interval,
                    self.publish_interval, self.stall_timeout)
 
@@ -330,7 +345,7 @@ class Watchdog(CommObserver):
         self._stores = {}
         self._liveness = Liveness(self.liveness_interval, self.heartbeat_timeout, self.publish_interval)
         self._wake_r = self._wake_w = None
-        self._signal.signum = None
+        self._signal.after_fork()
         self._pid = os.getpid()
 
     def status(self) -> Dict[str, Any]:
@@ -387,14 +402,18 @@ class Watchdog(CommObserver):
     def _handle_failure(self, comm: CommView, exc: BaseException, work: Optional[WorkView]) -> None:
         # the facts, read before the policy acts
         report = FailureReport(comm, exc, work, self.recorder.issued_at(work) if work is not None else ("", ""))
+        if report.progress is not None:
+            self._snapshots[report.uid] = report.progress
+            while len(self._snapshots) > 64:
+                self._snapshots.pop(next(iter(self._snapshots)))
         with self._count_lock:
             self._failing += 1
+        self._reports.add(report)  # wait_for_dumps() waits for it (another thread may see the failure first)
         if report.is_timeout or comm.store is None:
             self._finish_report(comm.store, report)
             return
         # an asynchronous or remote error is final: the policy acts at once, and the report (store
         # exchange, the line, the dump) follows in the report thread
-        self._reports.add(report)
         if self.running:
             self._report_q.put((comm.store, report))
         else:
@@ -437,12 +456,17 @@ class Watchdog(CommObserver):
     def _exchange(self, store: Any, report: FailureReport) -> None:
         """Announce the failure, ask every rank to dump, read the others' progress (report thread)."""
         fbase = failure_prefix(report.uid)
+        pbase = progress_prefix(report.uid)
         try:
+            t0 = time.monotonic()
+            if report.progress is not None:  # this rank's own progress at the failure, for the others
+                store.set(f"{pbase}{report.rank}", ProgressRecord(report.progress, "failing", time.time_ns(),
+                                                                  self.beats, origin()).encode())
             store.set(f"{fbase}{report.rank}", report.record().encode())
-            self._signal_store(store, f"rank {report.global_rank}: {report.brief()} on {report.comm_name!r}")
-            progress = read_records(store, progress_prefix(report.uid), report.size, ProgressRecord.decode)
-            report.peers = {r: rec.as_dict() for r, rec in progress.items()}
-            report.peer_failures = read_records(store, fbase, report.size, FailureRecord.decode, report.rank)
+            report.request = self._signal_store(store, f"rank {report.global_rank}: {report.brief()} on "
+                                                       f"{report.comm_name!r}")
+            answers.await_answers(store, report, t0 + self.abort_grace, self._stale_after, self._stop)
+            answers.signal_unanswered(report, self._stale_after)
             if report.is_timeout and report.seq is not None and self.abort_grace > 0:
                 waiting = [r for r in report.analysis(self._stale_after)["in_op"] if r not in report.peer_failures]
                 if waiting:
@@ -456,21 +480,29 @@ class Watchdog(CommObserver):
         finally:
             report.exchanged.set()
 
+    def _stacks_target(self) -> Tuple[str, str]:
+        folder = os.path.join(self.recorder.dump_dir or default_dump_dir(), STACKS_DIR)
+        return folder, f"pycoll rank {self.recorder.global_rank()} pid {os.getpid()} host {socket.gethostname()}"
+
     # -- dumps -----------------------------------------------------------------------------------
 
-    def dump(self, reason: str = "manual", *, trigger: str = "manual", wait: Optional[float] = None) -> List[str]:
+    def dump(self, reason: str = "manual", *, trigger: str = "manual", wait: Optional[float] = None,
+             extra: Optional[Dict[str, Any]] = None) -> List[str]:
         """Dump the flight recorder from the monitor thread; wait up to ``wait`` s (None: dump_timeout).
 
         Without running threads the dump is written in the calling thread. Returns the paths
-        written (empty when the wait ended first: the dump still happens).
+        written (empty when the wait ended first: the dump still happens). ``extra``: facts added
+        to the dump's ``pycoll`` section.
         """
-        return self._dump(reason, trigger, wait)
+        return self._dump(reason, trigger, wait, extra=extra)
 
-    def _dump(self, reason: str, trigger: str, wait: Optional[float], created: Optional[float] = None) -> List[str]:
-        if not self.running:
+    def _dump(self, reason: str, trigger: str, wait: Optional[float], created: Optional[float] = None,
+              extra: Optional[Dict[str, Any]] = None) -> List[str]:
+        if not self.running or (trigger == "exit" and self._in_monitor()):  # the monitor cannot wait for itself
             self._dumps.last_start = time.monotonic()
-            return self.recorder.dump(reason, trigger=trigger, changed_only=trigger in ("remote", "stall"))
-        job = self._queue(DumpJob(reason, trigger, created=created))
+            return self.recorder.dump(reason, trigger=trigger, changed_only=trigger in ("remote", "stall"),
+                                      extra=extra)
+        job = self._queue(DumpJob(reason, trigger, extra, created=created))
         if trigger == "failure":
             self._dumps.last_start = time.monotonic()  # dump requests from the other ranks are served by it
         job.done.wait(self.dump_timeout if wait is None else wait)
@@ -510,9 +542,10 @@ class Watchdog(CommObserver):
         return told
 
     @staticmethod
-    def _signal_store(store: Any, text: str) -> None:
+    def _signal_store(store: Any, text: str) -> int:
         n = int(store.add(SIGNAL_COUNTER, 1))
         store.set(f"{SIGNAL_COUNTER}/{n}", f"{origin()} {text}".encode())
+        return n
 
     def _my_rank(self) -> int:
         for c in self._comms():
@@ -593,6 +626,9 @@ class Watchdog(CommObserver):
                 signalled = sig.signum is not None and sig.signum in data
                 if signal.SIGINT in data:
                     self._interrupted()
+                hook = self.on_terminate
+                if hook is not None and signal.SIGTERM in data:
+                    hook(True)
             if stop.is_set():
                 return
             if sig.pending:
@@ -688,9 +724,16 @@ class Watchdog(CommObserver):
                 self._store_wake.wait(self.publish_interval)
                 self._store_wake.clear()
 
-    def _publish(self, c: CommView) -> None:
+    def _publish(self, c: CommView, request: Optional[int] = None) -> None:
+        if request is None:
+            st = self._stores.get(id(c.store))
+            request = st.answered if st is not None and st.store is c.store else -1
         try:
-            rec = ProgressRecord(c.progress(), c.state, time.time_ns(), self.beats, origin())
+            # a failed communicator's progress is the one frozen at its failure (its policy released
+            # the outstanding operations since)
+            progress = self._snapshots.get(c.uid) if c.failure is not None else None
+            rec = ProgressRecord(progress or c.progress(), c.state, time.time_ns(), self.beats, origin(), request,
+                                 self._signal.signum or 0)
             c.store.set(f"{progress_prefix(c.uid)}{c.rank}", rec.encode())
         except Exception as e:
             _log.debug("watchdog: could not publish the progress of %r: %s", c.name, e)
@@ -721,6 +764,13 @@ class Watchdog(CommObserver):
         foreign = [t.split(" ", 1)[1] if " " in t else t for t in texts if not t.startswith(me)]
         if not foreign:
             return
+        # answer at once with this rank's progress (the asking rank waits briefly for it), whatever
+        # the other threads of this process are doing
+        _fp.hit(FP_ANSWER)
+        st.answered = n
+        for c in self._comms():
+            if c.store is store:
+                self._publish(c, n)
         if self._failing or time.monotonic() - self._dumps.last_start < self.publish_interval:
             _log.debug("watchdog: dump request (%s) served by the dump made just now", foreign[0])
             return
@@ -799,6 +849,7 @@ def install() -> None:
     hooks.add_observer(get_recorder())
     hooks.add_observer(get_watchdog())
     atexit.register(_wait_for_dumps_at_exit)
+    exits.install(get_watchdog())  # its exit handler runs before the one above
 
 
 def _wait_for_dumps_at_exit() -> None:

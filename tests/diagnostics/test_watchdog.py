@@ -153,7 +153,7 @@ def test_dump_hold_is_bounded_and_exit_writes_held_dumps(make_wd, tmp_path):
     assert wd.wait_for_dumps(5.0) and rec.dump_count == 2  # what exit does: write held dumps now
 
 
-def _report(peers, *, seq=5, failures=None, is_p2p=False, peer=None):
+def _report(peers, *, seq=5, failures=None, is_p2p=False, peer=None, answered=()):
     rec = fr.FlightRecorder(8)
     c = FakeComm(rec, 0, 4, uid="feedbeef")
     c.coll_seq = seq - 1
@@ -165,7 +165,8 @@ def _report(peers, *, seq=5, failures=None, is_p2p=False, peer=None):
     now = time.time_ns()
     r.peers = {k: {"coll_enqueued": v[0], "coll_started": v[1], "coll_completed": v[1], "p2p_enqueued": v[2],
                    "p2p_completed": v[2], "state": "active", "time_ns": now - int(v[3] * 1e9), "beats": 1,
-                   "origin": "h:1"} for k, v in peers.items()}
+                   "origin": "h:1", "request": 1 if k in answered else -1} for k, v in peers.items()}
+    r.request = 1  # the dump request this report made; ranks in `answered` answered it
     r.peer_failures = {k: FailureRecord("RemoteError", "peer failed", "all_reduce", int(v.split("#")[1].split()[0]),
                                         elapsed=float(v.split("after ")[1].split()[0]))
                        for k, v in (failures or {}).items()}
@@ -185,14 +186,31 @@ def test_failure_line_names_the_ranks_behind():
 
 
 def test_failure_line_alive_but_behind_and_unknown():
-    r = _report({1: (5, 4, 0, 0.2), 2: (3, 3, 0, 0.4)})
+    # issue 17 changed this: only a fresh answer to the report's request makes a rank "behind"
+    r = _report({1: (5, 4, 0, 0.2), 2: (3, 3, 0, -0.01)}, answered={2})
     line = r.line(1.75)
-    assert "behind: rank 2 (alive, last issued #3)" in line and "never reported: ranks 3" in line
+    assert "behind: rank 2 (alive, answered: last issued #3)" in line and "never reported: ranks 3" in line
     r2 = _report({1: (5, 4, 0, 0.2), 2: (5, 4, 0, 0.1), 3: (5, 4, 0, 0.1)})
     assert "no rank is behind: every rank issued #5" in r2.line(1.75)
-    r3 = _report({1: (4, 4, 0, 0.1), 2: (4, 4, 0, 0.1)}, is_p2p=True, peer=2)
+    r3 = _report({1: (4, 4, 0, 0.1), 2: (4, 4, 0, 0.1)}, is_p2p=True, peer=2, answered={2})
     line3 = r3.line(1.75)
-    assert "send #1 with peer 2" in line3 and "peer: rank 2 (alive, last issued p2p #0)" in line3
+    assert "send #1 with peer 2" in line3 and "peer: rank 2 (alive, answered: last issued p2p #0)" in line3
+
+
+def test_a_stale_report_is_given_with_its_age_not_as_a_fact():
+    # the demo's case: a report published at start-up says #0, the failure comes 0.8 s later
+    r = _report({1: (0, 0, 0, 0.8), 2: (5, 4, 0, -0.01), 3: (0, 0, 0, 0.8)}, answered={2, 3})
+    r.answer_wait = 0.5
+    line = r.line(1.75)
+    a = r.analysis(1.75)
+    assert list(a["behind"]) == [3] and list(a["unconfirmed"]) == [1] and a["in_op"] == [2]
+    assert "not confirmed: rank 1 (last report 0.8 s old said #0; no answer within 0.5 s)" in line
+    assert "behind: rank 3 (alive, answered: last issued #0)" in line
+    assert "rank 1 (alive" not in line
+    d = r.as_dict(1.75)
+    assert d["unconfirmed"]["1"] == {"last_issued": 0, "report_age_s": 0.8} or \
+        abs(d["unconfirmed"]["1"]["report_age_s"] - 0.8) < 0.01
+    assert d["behind"]["3"]["answered"] and sorted(d["answered"]) == [2, 3]
 
 
 def test_a_rank_that_failed_in_this_operation_is_not_behind():
@@ -201,8 +219,9 @@ def test_a_rank_that_failed_in_this_operation_is_not_behind():
                 failures={1: "RemoteError in all_reduce #5 after 0.01 s",
                           2: "RemoteError in all_reduce #4 after 1.00 s"})
     a = r.analysis(1.75)
-    assert list(a["behind"]) == [2] and a["behind"][2][0] == 1 and a["in_op"] == [1]
-    assert "behind: rank 2 (failed at #1)" in r.line(1.75)
+    # issue 17: where rank 2 failed comes from its own failure record (#4), not its older report (#1)
+    assert list(a["behind"]) == [2] and a["behind"][2][0] == 4 and a["in_op"] == [1]
+    assert "behind: rank 2 (failed at #4)" in r.line(1.75)
 
 
 def test_exchange_through_a_store(make_wd):
@@ -227,7 +246,8 @@ def test_exchange_through_a_store(make_wd):
         "CommTimeout in all_reduce #8")
     assert store.add("pycoll/fr/dump_signal", 0) == 1
     assert b"rank 0: CommTimeout in all_reduce #8" in store.get("pycoll/fr/dump_signal/1")
-    assert "behind: rank 1 (alive, last issued #7)" in r.line(1.75)
+    # published before the request: not an answer, so given with its age (issue 17)
+    assert "not confirmed: rank 1 (last report " in r.line(1.75) and "said #7" in r.line(1.75)
 
 
 def test_dump_request_from_another_process_is_served(make_wd, tmp_path):
@@ -288,3 +308,28 @@ def test_threads_are_named_and_stop(make_wd):
     assert all(t.daemon and t.is_alive() for t in threads)
     wd.stop()
     assert not wd.running and not any(t.is_alive() for t in threads)
+
+
+def test_started_before_tells_a_reused_pid():
+    from pycoll.diagnostics.answers import started_before as _started_before
+
+    assert _started_before(os.getpid(), time.time_ns())  # this process published "now"
+    assert not _started_before(os.getpid(), 0)  # a record from 1970 cannot be this process's
+    assert not _started_before(2 ** 22 + 12345, time.time_ns())  # no such process
+
+
+def test_gone_needs_this_host_and_a_dead_process():
+    import socket
+    import subprocess
+    import sys
+
+    from pycoll.diagnostics.answers import gone as _gone
+
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    now = time.time_ns()
+    host = socket.gethostname()
+    assert _gone({"origin": f"{host}:{p.pid}", "time_ns": now})  # exited (or its pid reused since)
+    assert not _gone({"origin": f"{host}:{os.getpid()}", "time_ns": now})
+    assert not _gone({"origin": f"another-host:{p.pid}", "time_ns": now})
+    assert not _gone(None)

@@ -137,7 +137,7 @@ def test_sigstopped_rank_is_named_by_the_others_and_by_both_analyzers(server, tm
         assert res[r]["error"] == "CommTimeout", res[r]
         assert res[r]["elapsed"] < T + 1.0, res[r]
         errors = [m for (name, level, m) in res[r]["lines"] if level == "ERROR"]
-        assert len(errors) == 1, errors  # ONE line (the communicator itself stays quiet)
+        assert len(errors) == 1, res[r]["lines"]  # ONE line (the communicator itself stays quiet)
         line = errors[0]
         assert line.startswith("pycoll watchdog: CommTimeout on communicator 'world'")
         assert f"rank {r}/4" in line and f"all_reduce #{K}" in line and "not completed after 2.0" in line

@@ -1,0 +1,232 @@
+"""The going rank's own dump: an uncaught exception, an exit or SIGTERM still leaves a flight-recorder dump.
+
+:func:`pycoll.diagnostics.install` (the first communicator) chains, when ``PYCOLL_FR_DUMP_ON_FAILURE``
+is on:
+
+* ``sys.excepthook`` and ``threading.excepthook``: an uncaught exception (KeyboardInterrupt too) dumps,
+  with a reason such as ``"uncaught ValueError in rank 1 while all_reduce #7 on 'world' (started)
+  outstanding"``, then the previous hook runs as before;
+* an exit handler: a process that exits (end of the main module, ``sys.exit``) while an operation is
+  outstanding dumps;
+* a SIGTERM handler, only where SIGTERM had the default action or a Python handler (never over
+  ``SIG_IGN``), installed from the main thread: it dumps, then calls the handler it replaced, or
+  -- for the default action -- ends the process by SIGTERM as it would have ended without pycoll. While
+  the main thread is blocked inside a call, the watchdog's monitor thread sees the signal through
+  the wake-up fd and dumps (and, for the default action, ends the process) itself.
+
+At most one such dump per process (the first of these events; an uncaught exception in another thread
+may add one), each bounded by ``dump_timeout`` (reports and dumps under way are let finish first,
+within the same bound, so that the process's own dump is the last one written).
+Impossible: ``os._exit`` and SIGKILL run no code, and a signal's default action (SIGQUIT, SIGSEGV,
+...) other than SIGTERM is left alone; the peers' dumps and their store reports stand in for such a rank.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Type
+
+from .. import _settings, failpoints as _fp
+
+if TYPE_CHECKING:
+    from .watchdog import Watchdog
+
+__all__ = ["ExitDumps", "install", "get_exit_dumps"]
+
+_log = logging.getLogger("pycoll.watchdog")
+
+FP_EXIT_DUMP = _fp.declare("watchdog.exit.before_dump", "the process is going (exception, exit, SIGTERM), "
+                                                        "before its own dump")
+FP_TERMINATE = _fp.declare("watchdog.exit.terminate", "SIGTERM: dumped, before ending the process")
+
+
+def _frames(tb: Optional[TracebackType], limit: int = 32) -> List[Dict[str, Any]]:
+    """A traceback's frames, innermost first (as the dumps hold stacks)."""
+    frames = []
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        frames.append({"name": code.co_name, "filename": code.co_filename, "line": tb.tb_lineno})
+        tb = tb.tb_next
+    return frames[::-1][:limit]
+
+
+class ExitDumps:
+    """The hooks of one process (see the module documentation). Use :func:`install`."""
+
+    def __init__(self, watchdog: Watchdog) -> None:
+        self._wd = watchdog
+        self._pid = os.getpid()  # a forked child (a multiprocessing worker) inherits the hooks, not the rank
+        self._lock = threading.Lock()
+        self._dumped: Set[str] = set()  # "process" (its end) and "thread" (an uncaught exception in one)
+        self._terminating = False
+        self._term_done = threading.Event()
+        self._prev_excepthook: Any = None
+        self._prev_thread_hook: Any = None
+        self._prev_term: Any = None  # what SIGTERM did before ours (SIG_DFL or the user's handler)
+        self.reason: Optional[str] = None  # the reason of the dump made, once made
+        self.paths: List[str] = []
+
+    # -- installing --------------------------------------------------------------------------------
+
+    def install(self, sigterm: bool = True) -> None:
+        self._prev_excepthook = sys.excepthook
+        sys.excepthook = self._excepthook
+        self._prev_thread_hook = threading.excepthook
+        threading.excepthook = self._thread_excepthook
+        atexit.register(self._at_exit)
+        if sigterm:
+            self.install_sigterm()
+
+    def install_sigterm(self) -> bool:
+        """Chain SIGTERM (main thread only; never over SIG_IGN or a handler set outside Python)."""
+        if threading.current_thread() is not threading.main_thread():
+            _log.debug("watchdog: SIGTERM dumps need the main thread; not installed")
+            return False
+        prev = signal.getsignal(signal.SIGTERM)
+        if prev == self._on_sigterm:
+            return True
+        if prev is signal.SIG_IGN or prev is None:
+            return False
+        self._prev_term = prev
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._wd.on_terminate = self._terminate
+        return True
+
+    @property
+    def sigterm_installed(self) -> bool:
+        """True while SIGTERM runs this object's handler."""
+        try:
+            return bool(signal.getsignal(signal.SIGTERM) == self._on_sigterm)
+        except (ValueError, OSError):
+            return False
+
+    # -- the dump ------------------------------------------------------------------------------------
+
+    def dump(self, what: str, *, extra: Optional[Dict[str, Any]] = None, kind: str = "process",
+             flush: bool = True) -> List[str]:
+        """Dump once per ``kind`` for this process: ``what`` (e.g. ``"uncaught ValueError"``) names the
+        event; the reason adds the rank and the operations outstanding. Waits at most ``dump_timeout``.
+
+        ``kind`` is ``"process"`` for the events that end it and ``"thread"`` for an uncaught exception
+        in another thread (which does not use up the process's own dump). ``flush``: a process's end
+        first lets the failure reports and dumps under way finish (within the same bound), so that
+        its own dump is the last word."""
+        rec = self._wd.recorder
+        if os.getpid() != self._pid:
+            return []  # a forked child's dump would overwrite its parent's (same rank, same file)
+        with self._lock:
+            if kind in self._dumped or not rec.has_communicators:
+                return []
+            self._dumped.add(kind)
+        try:
+            unfinished = rec.unfinished()
+            reason = f"{what} in rank {rec.global_rank()} " + (
+                f"while {', '.join(unfinished)} outstanding" if unfinished else "with no operation outstanding")
+            self.reason = reason
+            _fp.hit(FP_EXIT_DUMP)
+            info = {"exit": {"event": what, "pid": os.getpid(), "unfinished": unfinished, **(extra or {})}}
+            bound = self._wd.dump_timeout
+            deadline = time.monotonic() + bound
+            if flush and kind == "process" and self._wd.running:
+                self._wd.wait_for_dumps(max(0.0, bound - 1.0))
+            self.paths = self._wd.dump(reason, trigger="exit", wait=max(1.0, deadline - time.monotonic()), extra=info)
+            if not self.paths:
+                _log.warning("pycoll watchdog: the dump for %s was not written within %.3g s", what,
+                             self._wd.dump_timeout)
+            return self.paths
+        except Exception:
+            _log.exception("watchdog: the exit dump failed")
+            return []
+
+    # -- the events ----------------------------------------------------------------------------------
+
+    def _excepthook(self, typ: Type[BaseException], exc: BaseException, tb: Optional[TracebackType]) -> None:
+        try:
+            self.dump(f"uncaught {typ.__name__}", extra={"exception": {
+                "type": typ.__name__, "message": str(exc)[:2000], "frames": _frames(tb)}})
+        finally:
+            prev = self._prev_excepthook or sys.__excepthook__
+            prev(typ, exc, tb)
+
+    def _thread_excepthook(self, args: Any) -> None:
+        try:
+            name = args.thread.name if args.thread is not None else "?"
+            self.dump(f"uncaught {args.exc_type.__name__} in thread {name!r}", extra={"exception": {
+                "type": args.exc_type.__name__, "message": str(args.exc_value)[:2000], "thread": name,
+                "frames": _frames(args.exc_traceback)}}, kind="thread")
+        finally:
+            prev = self._prev_thread_hook or threading.__excepthook__
+            prev(args)
+
+    def _at_exit(self) -> None:
+        if self._wd.recorder.has_communicators and self._wd.recorder.unfinished():
+            self.dump("exit")
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self._terminate(False, frame)
+
+    def _terminate(self, in_monitor: bool, frame: Any = None) -> None:
+        """SIGTERM: dump (once), then what SIGTERM did before: the user's handler (in the main thread,
+        as always) or the default action (the process ends by SIGTERM)."""
+        if in_monitor and not self.sigterm_installed:
+            return  # someone else's handler now: not ours to act on
+        with self._lock:
+            first = not self._terminating
+            self._terminating = True
+        if first:
+            self.dump("SIGTERM", flush=not in_monitor)  # the monitor thread cannot wait for itself
+        prev = self._prev_term
+        if callable(prev):
+            if not in_monitor:
+                prev(signum_of(), frame)
+            return
+        if not first:
+            if in_monitor:
+                return
+            self._term_done.wait(self._wd.dump_timeout + 1.0)  # the monitor thread is dumping, then ends it
+        _fp.hit(FP_TERMINATE)
+        self._term_done.set()
+        _die_by_sigterm()
+
+
+def signum_of() -> int:
+    return int(signal.SIGTERM)
+
+
+def _die_by_sigterm() -> None:
+    """End the process as SIGTERM's default action does (any thread: the C library resets the action)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.signal.restype = ctypes.c_void_p
+        libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        libc.signal(int(signal.SIGTERM), None)  # SIG_DFL is the null handler
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])
+        os.kill(os.getpid(), signal.SIGTERM)
+    except Exception:
+        _log.debug("watchdog: could not restore SIGTERM's default action", exc_info=True)
+    os._exit(128 + int(signal.SIGTERM))
+
+
+_exit_dumps: Optional[ExitDumps] = None
+
+
+def install(watchdog: Watchdog) -> Optional[ExitDumps]:
+    """Install the hooks once per process (when ``PYCOLL_FR_DUMP_ON_FAILURE`` is on); returns them."""
+    global _exit_dumps
+    if _exit_dumps is None and _settings.get("PYCOLL_FR_DUMP_ON_FAILURE"):
+        _exit_dumps = ExitDumps(watchdog)
+        _exit_dumps.install()
+    return _exit_dumps
+
+
+def get_exit_dumps() -> Optional[ExitDumps]:
+    """The installed hooks (None before the first communicator, or with dumps on failure off)."""
+    return _exit_dumps

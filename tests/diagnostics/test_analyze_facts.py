@@ -1,0 +1,71 @@
+"""pycoll-fr says only what is known: a rank's own dump wins over a stale store report, and a report
+is given with its age (issue 17)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+from helpers.fakes import FakeComm
+
+from pycoll import analyze, flight_recorder as fr
+
+PREFIX = fr.DEFAULT_FILE_PREFIX
+UID = "abcdef0123456789"
+
+
+def _dumps(folder, *, report):
+    """4 ranks in all_reduce #21 except rank 2 (which left no dump); rank 1 carries ``report``."""
+    for r in range(4):
+        rec = fr.FlightRecorder(64, dump_dir=str(folder))
+        c = FakeComm(rec, r, 4, uid=UID, name="demo")
+        for _ in range(20):
+            c.op("all_reduce", np.ones(2, np.float32), np.ones(2, np.float32))
+        if r != 2:
+            c.op("all_reduce", np.ones(2, np.float32), np.ones(2, np.float32), state="started")
+        if r == 1:
+            rec.add_failure(0, report)
+        assert rec.dump("test")
+    os.unlink(os.path.join(folder, "generation_0", f"{PREFIX}2"))
+    os.unlink(os.path.join(folder, "json", "generation_0", f"{PREFIX}2.json"))
+    return str(folder)
+
+
+def _progress(enqueued, t_ns, request=-1):
+    return {"coll_enqueued": enqueued, "coll_started": enqueued, "coll_completed": enqueued, "p2p_enqueued": 0,
+            "p2p_started": 0, "p2p_completed": 0, "state": "active", "time_ns": t_ns, "beats": 1,
+            "origin": "h:1", "request": request}
+
+
+def test_own_dump_wins_over_a_stale_report_and_ages_are_printed(tmp_path):
+    now = time.time()
+    stale = int((now - 0.8) * 1e9)
+    # what the old watchdog wrote: ranks 0 and 2 "behind" from reports published at start-up
+    report = {"time": now, "uid": UID, "rank": 1, "error_type": "RemoteError", "op": "all_reduce", "seq": 21,
+              "message": "rank 2 exited", "elapsed_s": 0.01, "request": 3,
+              "behind": {"0": {"last_issued": 0, "report_age_s": 0.8}, "2": {"last_issued": 0, "report_age_s": 0.8}},
+              "peers": {"0": _progress(0, stale), "2": _progress(0, stale), "3": _progress(0, stale)},
+              "silent": {}, "peer_failures": {}}
+    d = _dumps(tmp_path, report=report)
+    rep = analyze.analyze_dir(d)[0]
+    text = analyze.format_report([rep], stacks=False)
+    line = next(ln for ln in text.splitlines() if "watchdog on rank 1" in ln)
+    assert "rank 0 (its own dump: last all_reduce #21 [Float(2,)] started)" in line
+    assert "rank 2 (report 0.8 s old said #0)" in line
+    assert "rank 0 (last reported #0)" not in text
+    missing = next(ln for ln in text.splitlines() if ln.strip().startswith("rank 2: no dump"))
+    assert "its last report in the store, 0.8 s old when rank 1 failed, said #0" in missing
+    assert "verdict: rank 2 (no dump) was not seen entering all_reduce #21" in text
+
+
+def test_an_answer_is_a_fact(tmp_path):
+    now = time.time()
+    report = {"time": now, "uid": UID, "rank": 1, "error_type": "CommTimeout", "op": "all_reduce", "seq": 21,
+              "message": "timed out", "elapsed_s": 2.0, "request": 3,
+              "behind": {"2": {"last_issued": 20, "report_age_s": -0.01, "answered": True}},
+              "peers": {"2": _progress(20, int((now + 0.01) * 1e9), request=3)}, "silent": {}, "peer_failures": {}}
+    d = _dumps(tmp_path, report=report)
+    text = analyze.format_report(analyze.analyze_dir(d), stacks=False)
+    assert "it saw behind: rank 2 (answered: #20)" in text
+    assert "its answer to rank 1's dump request said #20" in text

@@ -1,0 +1,328 @@
+"""The going rank's own dump, and ranks stuck in user code answering the others' dump requests.
+
+Each rank is a plain process (tests/diagnostics/exit_rank.py) on the host backend, so that an
+uncaught exception, ``sys.exit`` and SIGTERM take the interpreter's own path:
+
+* a rank raises while its all_reduce #5 is outstanding: its dump exists, with the reason and the op;
+* a rank exits (``sys.exit``) with #5 outstanding: the same, from the exit handler;
+* SIGTERM while the rank's main thread is blocked inside #5: the monitor thread dumps, then the
+  process ends by SIGTERM as it would have without pycoll; a user's SIGTERM handler still runs;
+* ranks stuck in ``while True: pass`` and in ``time.sleep(100)`` while the others time out in #5:
+  their watchdogs answer the dump request (fresh progress, then a dump showing where the main thread
+  is), the failing ranks' line says they are behind from those answers, and pycoll-fr uses the dumps;
+* failpoints at the new waits: a rank killed before its exit dump, a rank stopped while its report
+  waits for answers, a rank killed before it answers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from helpers import REPO
+
+from pycoll import _bindings as B, analyze
+from pycoll.store import TCPStoreServer
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "exit_rank.py")
+PREFIX = "pycoll_trace_rank_"
+K = 5
+TOKEN = "exit-dumps"
+
+
+@pytest.fixture
+def server():
+    srv = TCPStoreServer("127.0.0.1", 0, TOKEN).start()
+    yield srv
+    srv.close()
+
+
+class Ranks:
+    """n rank processes of exit_rank.py; always killed and reaped."""
+
+    def __init__(self, server, n, dump_dir, scenario, timeout=10.0, env=None):
+        uid = bytes(B.load("host").get_unique_id()).hex()
+        host, port = server.address
+        base = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        self.procs = []
+        for r in range(n):
+            e = dict(base, PYCOLL_RANK=str(r), **(env or {}))
+            self.procs.append(subprocess.Popen(
+                [sys.executable, SCRIPT, str(r), str(n), uid, host, str(port), TOKEN, dump_dir, scenario,
+                 str(timeout)], env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+
+    def wait(self, ranks, limit=60.0):
+        deadline = time.monotonic() + limit
+        for r in ranks:
+            self.procs[r].wait(max(0.1, deadline - time.monotonic()))
+        return [self.procs[r].returncode for r in ranks]
+
+    def output(self, r):
+        p = self.procs[r]
+        if p.poll() is None:
+            return "(running)"
+        return p.stdout.read() if p.stdout else ""
+
+    def close(self):
+        for p in self.procs:
+            if p.poll() is None:
+                for sig in (signal.SIGCONT, signal.SIGKILL):
+                    try:
+                        p.send_signal(sig)
+                    except ProcessLookupError:
+                        pass
+        for p in self.procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+            if p.stdout:
+                p.stdout.close()
+
+
+def _run(server, tmp_path, scenario, n=3, env=None, timeout=10.0, during=None, limit=60.0):
+    d = str(tmp_path / "dumps")
+    os.makedirs(d, exist_ok=True)
+    ranks = Ranks(server, n, d, scenario, timeout=timeout, env=env)
+    try:
+        if during is not None:
+            during(ranks, d)
+        codes = ranks.wait(range(n), limit)
+        outs = [ranks.output(r) for r in range(n)]
+    finally:
+        ranks.close()
+    return d, codes, outs
+
+
+def _dump(d, r):
+    with open(os.path.join(d, "generation_0", f"{PREFIX}{r}"), "rb") as f:
+        return pickle.load(f)
+
+
+def _wait_for(path, limit=30.0):
+    deadline = time.monotonic() + limit
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return os.path.exists(path)
+
+
+def _entry(dump, seq):
+    return next(e for e in dump["entries"] if e["collective_seq_id"] == seq)
+
+
+@pytest.mark.timeout(120)
+def test_uncaught_exception_mid_collective_dumps(server, tmp_path):
+    d, codes, outs = _run(server, tmp_path, "raise")
+    assert codes[1] == 1, outs[1]
+    assert "ValueError: boom in the user's code" in outs[1]  # the previous excepthook still ran
+    dump = _dump(d, 1)
+    pyc = dump["pycoll"]
+    assert pyc["trigger"] == "exit"
+    assert pyc["reason"].startswith(f"uncaught ValueError in rank 1 while all_reduce #{K} on 'world' (")
+    assert pyc["reason"].endswith(") outstanding")
+    assert _entry(dump, K)["state"] in ("scheduled", "started")
+    assert pyc["exit"]["exception"]["type"] == "ValueError"
+    frames = pyc["exit"]["exception"]["frames"]
+    assert any(f["name"] == "main" and f["filename"].endswith("exit_rank.py") for f in frames)
+    # the others found rank 1 gone in #5 and dumped too; pycoll-fr reads rank 1's own dump
+    rep = analyze.analyze_dir(d)[0]
+    c = rep["communicators"][0]
+    assert not c["missing_dumps"] and c["matched_through"] == K - 1
+    assert rep["triggers"][1].startswith("exit: uncaught ValueError in rank 1")
+    assert any(f"all_reduce #{K}" in o for o in (outs[0], outs[2]))
+
+
+@pytest.mark.timeout(120)
+def test_exit_with_an_outstanding_collective_dumps(server, tmp_path):
+    d, codes, outs = _run(server, tmp_path, "exit")
+    assert codes[1] == 0, outs[1]
+    pyc = _dump(d, 1)["pycoll"]
+    assert pyc["trigger"] == "exit" and pyc["reason"].startswith(f"exit in rank 1 while all_reduce #{K} on 'world'")
+
+
+def _sigterm_when_entered(ranks, d):
+    assert _wait_for(os.path.join(d, "mark-1-entering"))
+    time.sleep(0.4)  # rank 1's main thread is now blocked inside all_reduce #5
+    ranks.procs[1].send_signal(signal.SIGTERM)
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_while_blocked_in_a_collective_dumps_then_ends_by_sigterm(server, tmp_path):
+    d, codes, outs = _run(server, tmp_path, "sigterm", during=_sigterm_when_entered)
+    assert codes[1] == -signal.SIGTERM, outs[1]  # as without pycoll
+    dump = _dump(d, 1)
+    assert dump["pycoll"]["trigger"] == "exit"
+    assert dump["pycoll"]["reason"] == f"SIGTERM in rank 1 while all_reduce #{K} on 'world' (started) outstanding"
+    assert _entry(dump, K)["state"] == "started"
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_while_blocked_in_a_collective_dumps(server, tmp_path):
+    def sigint(ranks, d):
+        assert _wait_for(os.path.join(d, "mark-1-entering"))
+        time.sleep(0.4)
+        ranks.procs[1].send_signal(signal.SIGINT)
+
+    d, codes, outs = _run(server, tmp_path, "sigint", during=sigint)
+    assert codes[1] == -signal.SIGINT and "KeyboardInterrupt" in outs[1], outs[1]
+    pyc = _dump(d, 1)["pycoll"]
+    # the watchdog failed the communicator (a failure dump), then the uncaught KeyboardInterrupt dumped again
+    assert pyc["trigger"] == "exit"
+    assert pyc["reason"].startswith(f"uncaught KeyboardInterrupt in rank 1 while all_reduce #{K} on 'world' (")
+    assert pyc["failures"] and "interrupted (SIGINT)" in pyc["failures"][0]["message"]
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_chains_to_the_users_handler(server, tmp_path):
+    d, codes, outs = _run(server, tmp_path, "sigterm_user", during=_sigterm_when_entered)
+    # the dump was written while the main thread was blocked; the user's handler ran once the call returned
+    assert codes[1] == 3, outs[1]
+    assert os.path.exists(os.path.join(d, "mark-1-users-handler"))
+    assert _dump(d, 1)["pycoll"]["reason"].startswith(f"SIGTERM in rank 1 while all_reduce #{K}")
+
+
+@pytest.mark.timeout(150)
+def test_ranks_stuck_in_user_code_answer_the_dump_request(server, tmp_path):
+    n = 4
+    d, codes, outs = _run(server, tmp_path, "stuck", n=n, timeout=2.0,
+                          during=lambda ranks, d: _stop_stuck_after(ranks, d), limit=90)
+    assert codes[:2] == [0, 0], outs[:2]
+    for r, where in ((2, "stuck_busy"), (3, "stuck_sleeping")):
+        pyc = _dump(d, r)["pycoll"]
+        assert pyc["trigger"] == "remote" and "requested by rank" in pyc["reason"]
+        assert pyc["main_thread"][0]["name"] == where  # where the user's code was when it answered
+    for r in (0, 1):
+        fail = _dump(d, r)["pycoll"]["failures"][0]
+        assert set(fail["behind"]) == {"2", "3"} and all(v["answered"] for v in fail["behind"].values()), fail
+        assert not fail["unconfirmed"]
+    rep = analyze.analyze_dir(d)[0]
+    c = rep["communicators"][0]
+    assert not c["missing_dumps"]
+    div = c["first_divergence"]
+    assert div["seq"] == K and sorted(div["never_entered"]) == [2, 3]
+    text = analyze.format_report([rep])
+    assert "rank 2: never entered it" in text and "its main thread was at exit_rank.py" in text
+    assert "in stuck_busy" in text and "in stuck_sleeping" in text
+    assert "it saw behind: rank 2 (its own dump: last all_reduce #4" in text
+    assert f"verdict: ranks 2-3 never entered all_reduce #{K}" in text
+
+
+def _stop_stuck_after(ranks, d):
+    # ranks 0 and 1 end by themselves once the stuck ranks have dumped; the stuck ones are killed then
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and any(ranks.procs[r].poll() is None for r in (0, 1)):
+        time.sleep(0.05)
+    for r in (2, 3):
+        ranks.procs[r].kill()
+
+
+@pytest.mark.timeout(150)
+def test_a_rank_holding_the_gil_in_a_c_call_leaves_its_stacks(server, tmp_path):
+    # no Python thread of rank 2 can run: it cannot answer; the failing ranks (same host) send it the dump
+    # signal it published, and its faulthandler writes every thread's stack from C
+    d = str(tmp_path / "dumps")
+    os.makedirs(d)
+    ranks = Ranks(server, 3, d, "gil", timeout=2.0, env={"PYCOLL_FR_DUMP_SIGNAL": "SIGUSR1"})
+    try:
+        assert ranks.wait([0, 1], 60) == [0, 0], [ranks.output(r) for r in (0, 1)]
+        stacks = os.path.join(d, "stacks")
+        files = [os.path.join(stacks, f) for f in os.listdir(stacks)]
+        text = ""
+        deadline = time.monotonic() + 20
+        while "stuck_holding_the_gil" not in text and time.monotonic() < deadline:
+            text = "".join(open(f).read() for f in files)
+            time.sleep(0.05)
+        assert "stuck_holding_the_gil" in text and "pycoll rank 2 pid" in text, text
+        assert ranks.procs[2].poll() is None  # the signal dumped, it did not kill
+    finally:
+        ranks.close()
+    fail = _dump(d, 0)["pycoll"]["failures"][0]
+    assert "2" in fail["signalled"] and fail["signalled"]["2"]["signal"] == "SIGUSR1", fail
+    rep = analyze.analyze_dir(d)[0]
+    text = analyze.format_report([rep], stacks=False)
+    assert "rank 2: its Python stacks, written from C on the dump signal:" in text
+    assert "(main thread at exit_rank.py:" in text and "in stuck_holding_the_gil)" in text
+
+
+# -- failpoints at the new waits ----------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_killed_before_its_exit_dump_leaves_none_and_the_others_go_on(server, tmp_path):
+    env = {"PYCOLL_FAILPOINTS": "watchdog.exit.before_dump=kill;rank=1"}
+    d = str(tmp_path / "dumps")
+    os.makedirs(d)
+    ranks = Ranks(server, 3, d, "raise", env=env)
+    try:
+        assert ranks.wait([1])[0] == -signal.SIGKILL
+        # the others wait for rank 1's dump, which never comes: a placeholder tells them it is gone
+        os.makedirs(os.path.join(d, "generation_0"), mode=0o700, exist_ok=True)
+        open(os.path.join(d, "generation_0", f"{PREFIX}1"), "wb").close()
+        assert ranks.wait([0, 2]) == [0, 0]
+    finally:
+        ranks.close()
+    os.unlink(os.path.join(d, "generation_0", f"{PREFIX}1"))
+    rep = analyze.analyze_dir(d)[0]
+    assert rep["communicators"][0]["missing_dumps"] == [1]
+
+
+@pytest.mark.timeout(150)
+def test_a_rank_stopped_while_awaiting_answers_and_one_killed_before_answering(server, tmp_path):
+    # rank 0 stops while its report waits for the answers; rank 3 (stuck in time.sleep) dies before it
+    # answers: rank 1's report says what it knows of rank 3 -- its last report, with its age
+    env = {"PYCOLL_FAILPOINTS": "watchdog.report.await_answers=stop;rank=0,watchdog.request.answer=kill;rank=3"}
+    d = str(tmp_path / "dumps")
+    os.makedirs(d)
+    ranks = Ranks(server, 4, d, "stuck", timeout=2.0, env=env)
+    try:
+        assert ranks.wait([3])[0] == -signal.SIGKILL
+        assert _wait_for(os.path.join(d, "generation_0", f"{PREFIX}1"), 30)
+        ranks.procs[0].send_signal(signal.SIGCONT)
+        time.sleep(0.5)
+        for r in (0, 1, 2):
+            ranks.procs[r].kill()
+    finally:
+        ranks.close()
+    fail = _dump(d, 1)["pycoll"]["failures"][0]
+    assert "3" in fail["unconfirmed"] or ("3" in fail["behind"] and not fail["behind"]["3"]["answered"]), fail
+    assert fail["behind"]["2"]["answered"]
+    text = json.dumps(fail)
+    assert "report_age_s" in text
+
+
+@pytest.mark.timeout(120)
+def test_killed_after_its_sigterm_dump(server, tmp_path):
+    # the dump is written before SIGTERM's default action is restored: a kill there leaves the dump
+    env = {"PYCOLL_FAILPOINTS": "watchdog.exit.terminate=kill;rank=1"}
+    d, codes, outs = _run(server, tmp_path, "sigterm", env=env, during=_sigterm_when_entered)
+    assert codes[1] == -signal.SIGKILL, outs[1]
+    assert _dump(d, 1)["pycoll"]["reason"].startswith(f"SIGTERM in rank 1 while all_reduce #{K}")
+
+
+@pytest.mark.timeout(150)
+def test_a_rank_stopped_before_it_signals_a_silent_peer(server, tmp_path):
+    # rank 0 stops just before it signals rank 2 (which holds the GIL); rank 1 signals it all the same
+    env = {"PYCOLL_FR_DUMP_SIGNAL": "SIGUSR1", "PYCOLL_FAILPOINTS": "watchdog.report.signal_peer=stop;rank=0"}
+    d = str(tmp_path / "dumps")
+    os.makedirs(d)
+    ranks = Ranks(server, 3, d, "gil", timeout=2.0, env=env)
+    try:
+        assert ranks.wait([1], 60) == [0], ranks.output(1)
+        assert ranks.procs[0].poll() is None  # stopped
+        stacks = os.path.join(d, "stacks")
+        deadline = time.monotonic() + 20
+        text = ""
+        while "stuck_holding_the_gil" not in text and time.monotonic() < deadline:
+            text = "".join(open(os.path.join(stacks, f)).read() for f in os.listdir(stacks))
+            time.sleep(0.05)
+        assert "stuck_holding_the_gil" in text
+    finally:
+        ranks.close()
+    assert "2" in _dump(d, 1)["pycoll"]["failures"][0]["signalled"]

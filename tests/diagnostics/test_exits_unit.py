@@ -1,0 +1,85 @@
+"""pycoll.diagnostics.exits in one process: the reason, once per kind, the previous hooks still run."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+
+import numpy as np
+from helpers.fakes import FakeComm
+
+from pycoll import flight_recorder as fr, watchdog as wdm
+from pycoll.diagnostics import exits
+
+
+def _setup(tmp_path):
+    rec = fr.FlightRecorder(16, dump_dir=str(tmp_path))
+    c = FakeComm(rec, 0, 2)
+    c.op("all_reduce", np.ones(2, np.float32), np.ones(2, np.float32))
+    c.op("all_reduce", np.ones(2, np.float32), np.ones(2, np.float32), state="started")
+    wd = wdm.Watchdog(rec, enabled=False, communicators=lambda: [c])  # not running: dumps in the caller
+    return rec, c, wd, exits.ExitDumps(wd)
+
+
+def _reason(tmp_path):
+    with open(tmp_path / "generation_0" / f"{fr.DEFAULT_FILE_PREFIX}0", "rb") as f:
+        return pickle.load(f)["pycoll"]
+
+
+def test_thread_exception_dumps_once_and_leaves_the_process_its_own(tmp_path, monkeypatch):
+    rec, c, wd, ed = _setup(tmp_path)
+    seen = []
+    ed._prev_thread_hook = seen.append
+    monkeypatch.setattr(threading, "excepthook", ed._thread_excepthook)
+
+    def boom():
+        raise ValueError("in a worker")
+
+    for _ in range(2):
+        t = threading.Thread(target=boom, name="worker")
+        t.start()
+        t.join()
+    assert len(seen) == 2  # the previous hook ran every time
+    assert rec.dump_count == 1  # once for threads
+    pyc = _reason(tmp_path)
+    assert pyc["reason"] == ("uncaught ValueError in thread 'worker' in rank 0 while all_reduce #2 on 'world' "
+                             "(started) outstanding")
+    assert pyc["exit"]["exception"]["frames"][0]["name"] == "boom"
+    ed.dump("exit")  # the process's own end still dumps
+    assert rec.dump_count == 2 and _reason(tmp_path)["reason"].startswith("exit in rank 0 while all_reduce #2")
+    ed.dump("SIGTERM")
+    assert rec.dump_count == 2  # once per process
+
+
+def test_excepthook_chains_and_no_outstanding_op_is_said(tmp_path):
+    rec, c, wd, ed = _setup(tmp_path)
+    c.pending.clear()  # the started all_reduce left the outstanding list: it completed
+    seen = []
+    ed._prev_excepthook = lambda *a: seen.append(a)
+    try:
+        raise KeyError("k")
+    except KeyError as e:
+        ed._excepthook(KeyError, e, e.__traceback__)
+    assert len(seen) == 1 and seen[0][0] is KeyError
+    assert _reason(tmp_path)["reason"] == "uncaught KeyError in rank 0 with no operation outstanding"
+    ed._at_exit()  # nothing outstanding, already dumped: nothing more
+    assert rec.dump_count == 1
+
+
+def test_no_communicator_no_dump(tmp_path):
+    rec = fr.FlightRecorder(16, dump_dir=str(tmp_path))
+    ed = exits.ExitDumps(wdm.Watchdog(rec, enabled=False, communicators=list))
+    assert ed.dump("exit") == [] and rec.dump_count == 0
+
+
+def test_a_forked_child_does_not_dump_in_its_parents_name(tmp_path):
+    import os
+
+    rec, c, wd, ed = _setup(tmp_path)
+    pid = os.fork()
+    if pid == 0:  # the child: the hooks are inherited, the rank is not
+        os._exit(0 if ed.dump("SIGTERM") == [] and rec.dump_count == 0 else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert not (tmp_path / "generation_0").exists()
+    assert ed.dump("SIGTERM") and rec.dump_count == 1  # the parent still dumps
