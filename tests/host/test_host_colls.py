@@ -169,7 +169,8 @@ def test_large_reductions_streaming_stores(n):
     f32 = (9 << 20) // 4 + 3
     cases = _cases(n, ("allreduce",), (DataType.Float32,), (RedOp.Sum, RedOp.Avg, PREMUL_HOST), (f32,))
     cases += _cases(n, ("reduce",), (DataType.Float32,), (RedOp.Sum,), (f32,), inplaces=(False,))
-    cases += _cases(n, ("allreduce",), (DataType.Float64, DataType.Int32), (RedOp.Sum, RedOp.Max), ((9 << 20) // 8 + 5,),
+    f64 = (9 << 20) // 8 + 5
+    cases += _cases(n, ("allreduce",), (DataType.Float64, DataType.Int32), (RedOp.Sum, RedOp.Max), (f64,),
                     inplaces=(False,))
     _check(n, cases, timeout=180)
 
