@@ -18,6 +18,10 @@ What runs, one after the other, for each rank count N:
   into cache-sized pieces. The copy bound is the algbw an allreduce would reach if that one copy
   per rank were all it cost: ``algbw_bound = size / t_copy``. It counts no reduction and no
   synchronisation, so no allreduce of private buffers can beat it by more than measurement noise.
+  It is a ceiling, not a target that is free to reach: the exchange itself is not in it. A
+  reduce-scatter + all-gather over shared memory makes each rank write S bytes into the segment
+  (its peers' pieces of its input, its reduced slice) and read 2(N-1)/N * S bytes of its peers'
+  back; cached, that is CPU time and cross-core traffic, but no extra DRAM traffic.
   Below 256 KiB everything fits in cache and the bound means nothing (it is call overhead there):
   the tables leave it out (the JSON keeps it); the latency reference is Open MPI.
 * **pycoll raw**: ``Library.all_reduce`` of the Cython bindings on raw addresses with the NULL

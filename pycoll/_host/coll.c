@@ -4,10 +4,15 @@
  * mismatch is an error, not a hang), then reads what it needs from the others' inboxes.
  *
  * Having waited for everyone's arrival at step S-1 proves that everyone finished reading step
- * S-2, so the two parities can be reused without further flags. AllReduce and Reduce on large
- * buffers use a second phase: each rank reduces one slice of the chunk into outbuf and publishes
- * `reduced = S+1`, then everyone copies the other slices out (reduce-scatter + all-gather through
- * cache-sized chunks). Small AllReduce/Reduce use one phase: everyone reduces everything.
+ * S-2, so the two parities can be reused without further flags. Small AllReduce/Reduce use one
+ * step per piece: everyone reduces everything. Large ones are a pipelined reduce-scatter +
+ * all-gather through cache-sized chunks, one arrival per chunk: in step s a rank publishes the
+ * other ranks' slices of chunk s (its own slice stays in its send buffer), reduces its own slice of
+ * chunk s-1 straight from the peers' inboxes and its send buffer into outbuf (and its output),
+ * arrives, and after everyone has arrived copies the other slices of chunk s-1 out of outbuf. A
+ * rank's reading of an inbox or an outbuf slice of step S-1 happens before it arrives at S+1, so
+ * the parity rule above holds for outbuf too. Outputs too large for the caches are written with
+ * streaming stores.
  *
  * Each rank transforms its own contribution before publishing it (PreMulSum/Avg scalars are
  * per rank, as in NCCL), and reductions run in rank order 0..n-1. */
@@ -21,11 +26,12 @@
 #include "enqueue.h"
 #include "env.h"
 
-enum phase { PH_FILL = 0, PH_ARRIVE, PH_CONSUME, PH_REDUCED };
+enum phase { PH_FILL = 0, PH_ARRIVE, PH_CONSUME };
 enum algo { ALGO_LOCAL = 0, ALGO_ONESHOT, ALGO_TWOPHASE, ALGO_STEP };
 
 static size_t oneshot_max = 32 << 10;
 static size_t chunk_max = 512 << 10;
+static size_t stream_min = 8 << 20; /* outputs from this size on are written with streaming stores */
 
 __attribute__((constructor)) static void coll_tunables(void) {
   uint64_t v;
@@ -52,6 +58,7 @@ void coll_start(struct task* t) {
   struct seg* s = &c->seg;
   size_t es = dt_size(t->dtype), n = (size_t)c->nranks, ib = s->inbox_bytes;
   t->started = true;
+  t->stream_out = false;
   t->step = 0;
   t->phase = PH_FILL;
   t->op_seq = c->op_seq++;
@@ -72,6 +79,7 @@ void coll_start(struct task* t) {
       } else {
         t->algo = ALGO_TWOPHASE;
         t->piece = MAX((size_t)1, MIN(chunk_max, ib) / es); /* never 0: it divides the step count */
+        t->stream_out = bytes >= stream_min;
       }
       break;
     }
@@ -81,6 +89,8 @@ void coll_start(struct task* t) {
     default: t->piece = MAX((size_t)1, ib / (n * es)); break; /* one piece per destination block */
   }
   t->nsteps = (uint32_t)((t->count + t->piece - 1) / t->piece);
+  t->nchunks = t->nsteps;
+  if (t->algo == ALGO_TWOPHASE) t->nsteps++; /* the last step only reduces and copies out */
   t->step0 = c->next_step;
   c->next_step += t->nsteps;
 }
@@ -139,11 +149,13 @@ static bool desc_ok(struct task* t, int k, int parity) {
   return false;
 }
 
-/* Elements [base, base+len) of the operation are handled by the current step. */
-static void step_range(const struct task* t, size_t* base, size_t* len) {
-  *base = (size_t)t->step * t->piece;
+/* Elements [base, base+len) of the operation are handled by step (or chunk) `k`. */
+static void chunk_range(const struct task* t, uint32_t k, size_t* base, size_t* len) {
+  *base = (size_t)k * t->piece;
   *len = MIN(t->piece, t->count - *base);
 }
+
+static void step_range(const struct task* t, size_t* base, size_t* len) { chunk_range(t, t->step, base, len); }
 
 static void fill(struct task* t, int p) {
   struct ncclComm* c = t->comm;
@@ -157,7 +169,7 @@ static void fill(struct task* t, int p) {
     case TK_REDUCE:
       if (t->algo == ALGO_ONESHOT) {
         dt_publish(&t->rop, mine, at(t->sendbuff, base, es), len);
-      } else {
+      } else if (t->step < t->nchunks) {
         size_t align = MAX((size_t)1, CACHELINE / es);
         for (int k = 0; k < n; k++) {
           size_t lo, hi;
@@ -198,8 +210,44 @@ static void fill(struct task* t, int p) {
   }
 }
 
-/* Returns true when the step is complete (false: the two-phase step continues). */
-static bool consume(struct task* t, int p, uint64_t S) {
+/* Pipelined AllReduce/Reduce, step s >= 1: reduce this rank's slice of chunk s-1 (published in
+ * parity p) into outbuf and, where this rank keeps that slice, into its output. */
+static void reduce_prev(struct task* t, int p) {
+  struct ncclComm* c = t->comm;
+  struct seg* s = &c->seg;
+  int me = c->rank, n = c->nranks;
+  size_t es = dt_size(t->dtype), base, len, lo, hi, align = MAX((size_t)1, CACHELINE / es);
+  chunk_range(t, t->step - 1, &base, &len);
+  slice(len, n, me, align, &lo, &hi);
+  if (hi <= lo) return;
+  const void* srcs[n];
+  for (int k = 0; k < n; k++) srcs[k] = k == me ? at(t->sendbuff, base + lo, es) : at(seg_inbox(s, k, p), lo, es);
+  char* out = at(seg_outbuf(s, p), lo, es);
+  bool keep = t->kind == TK_ALLREDUCE || me == t->root;
+  if (!keep) dt_reduce(&t->rop, out, NULL, srcs, n, me, hi - lo);
+  else if (t->stream_out) dt_reduce_stream(&t->rop, at(t->recvbuff, base + lo, es), out, srcs, n, me, hi - lo);
+  else dt_reduce(&t->rop, at(t->recvbuff, base + lo, es), out, srcs, n, me, hi - lo);
+}
+
+/* Pipelined AllReduce/Reduce, step s >= 1, after everyone arrived: copy the other ranks' reduced
+ * slices of chunk s-1 (parity p) to the output. */
+static void copy_out(struct task* t, int p) {
+  struct ncclComm* c = t->comm;
+  int me = c->rank, n = c->nranks;
+  if (t->step == 0 || (t->kind == TK_REDUCE && me != t->root)) return;
+  size_t es = dt_size(t->dtype), base, len, align = MAX((size_t)1, CACHELINE / es);
+  chunk_range(t, t->step - 1, &base, &len);
+  for (int k = 0; k < n; k++) {
+    size_t lo, hi;
+    slice(len, n, k, align, &lo, &hi);
+    if (k != me && hi > lo)
+      (t->stream_out ? ph_stream : ph_copy)(at(t->recvbuff, base + lo, es), at(seg_outbuf(&c->seg, p), lo, es),
+                                            (hi - lo) * es);
+  }
+}
+
+/* After everyone arrived at the step: read what this rank needs from the others. */
+static void consume(struct task* t, int p) {
   struct ncclComm* c = t->comm;
   struct seg* s = &c->seg;
   int me = c->rank, n = c->nranks;
@@ -209,65 +257,41 @@ static bool consume(struct task* t, int p, uint64_t S) {
   switch (t->kind) {
     case TK_ALLREDUCE:
     case TK_REDUCE:
-      if (t->algo == ALGO_ONESHOT) {
-        if (t->kind == TK_REDUCE && me != t->root) return true;
-        for (int k = 0; k < n; k++) srcs[k] = seg_inbox(s, k, p);
-        dt_reduce(&t->rop, at(t->recvbuff, base, es), NULL, srcs, n, -1, len);
-        return true;
-      } else {
-        size_t lo, hi, align = MAX((size_t)1, CACHELINE / es);
-        slice(len, n, me, align, &lo, &hi);
-        if (hi > lo) {
-          for (int k = 0; k < n; k++) srcs[k] = k == me ? at(t->sendbuff, base + lo, es) : at(seg_inbox(s, k, p), lo, es);
-          char* out = at(seg_outbuf(s, p), lo, es);
-          if (t->kind == TK_ALLREDUCE) dt_reduce(&t->rop, at(t->recvbuff, base + lo, es), out, srcs, n, me, hi - lo);
-          else if (me == t->root) dt_reduce(&t->rop, at(t->recvbuff, base + lo, es), NULL, srcs, n, me, hi - lo);
-          else dt_reduce(&t->rop, out, NULL, srcs, n, me, hi - lo);
-        }
-        __atomic_store_n(&s->ctrl[me].reduced, S + 1, __ATOMIC_RELEASE);
-        seg_ring(s);
-        return t->kind == TK_REDUCE && me != t->root;
+      if (t->algo == ALGO_TWOPHASE) {
+        copy_out(t, p ^ 1);
+        return;
       }
+      if (t->kind == TK_REDUCE && me != t->root) return;
+      for (int k = 0; k < n; k++) srcs[k] = seg_inbox(s, k, p);
+      dt_reduce(&t->rop, at(t->recvbuff, base, es), NULL, srcs, n, -1, len);
+      return;
     case TK_BROADCAST:
       if (me != t->root) ph_copy(at(t->recvbuff, base, es), seg_inbox(s, t->root, p), len * es);
-      return true;
+      return;
     case TK_ALLGATHER:
       for (int k = 0; k < n; k++) {
         char* dst = at(t->recvbuff, (size_t)k * t->count + base, es);
         const char* src = k == me ? at(t->sendbuff, base, es) : seg_inbox(s, k, p);
         if (dst != src) ph_copy(dst, src, len * es);
       }
-      return true;
+      return;
     case TK_GATHER:
       if (me == t->root)
         for (int k = 0; k < n; k++)
           if (k != me) ph_copy(at(t->recvbuff, (size_t)k * t->count + base, es), seg_inbox(s, k, p), len * es);
-      return true;
+      return;
     case TK_REDUCESCATTER:
       for (int k = 0; k < n; k++)
         srcs[k] = k == me ? at(t->sendbuff, (size_t)me * t->count + base, es) : at(seg_inbox(s, k, p), (size_t)me * t->piece, es);
       dt_reduce(&t->rop, at(t->recvbuff, base, es), NULL, srcs, n, me, len);
-      return true;
+      return;
     case TK_ALLTOALL:
       for (int k = 0; k < n; k++)
         if (k != me) ph_copy(at(t->recvbuff, (size_t)k * t->count + base, es), at(seg_inbox(s, k, p), (size_t)me * t->piece, es), len * es);
-      return true;
+      return;
     case TK_SCATTER:
       if (me != t->root) ph_copy(at(t->recvbuff, base, es), at(seg_inbox(s, t->root, p), (size_t)me * t->piece, es), len * es);
-      return true;
-  }
-  return true;
-}
-
-static void copy_out(struct task* t, int p) {
-  struct ncclComm* c = t->comm;
-  int me = c->rank, n = c->nranks;
-  size_t es = dt_size(t->dtype), base, len, align = MAX((size_t)1, CACHELINE / es);
-  step_range(t, &base, &len);
-  for (int k = 0; k < n; k++) {
-    size_t lo, hi;
-    slice(len, n, k, align, &lo, &hi);
-    if (k != me && hi > lo) ph_copy(at(t->recvbuff, base + lo, es), at(seg_outbuf(&c->seg, p), lo, es), (hi - lo) * es);
+      return;
   }
 }
 
@@ -292,6 +316,11 @@ int coll_progress(struct task* t) {
         if (UNLIKELY(fp_hit("host.coll.before_fill")))
           return task_fail(t, ncclSystemError, "%s : failpoint host.coll.before_fill", task_kind_name(t->kind));
         fill(t, p);
+        if (t->algo == ALGO_TWOPHASE && t->step > 0) {
+          reduce_prev(t, p ^ 1);
+          if (UNLIKELY(fp_hit("host.coll.after_consume")))
+            return task_fail(t, ncclSystemError, "%s : failpoint host.coll.after_consume", task_kind_name(t->kind));
+        }
         write_desc(t, p);
         __atomic_store_n(&s->ctrl[me].arrive, S + 1, __ATOMIC_RELEASE);
         seg_ring(s);
@@ -314,26 +343,7 @@ int coll_progress(struct task* t) {
         t->phase = PH_CONSUME;
         /* fall through */
       case PH_CONSUME:
-        if (!consume(t, p, S)) {
-          if (UNLIKELY(fp_hit("host.coll.after_consume")))
-            return task_fail(t, ncclSystemError, "%s : failpoint host.coll.after_consume",
-                             task_kind_name(t->kind));
-          t->phase = PH_REDUCED;
-          t->wait_idx = 0;
-          moved = true;
-          continue;
-        }
-        break;
-      case PH_REDUCED:
-        for (; t->wait_idx < n; t->wait_idx++) {
-          int k = t->wait_idx;
-          if (k == me) continue;
-          if (__atomic_load_n(&s->ctrl[k].reduced, __ATOMIC_ACQUIRE) < S + 1) {
-            t->wait_peer = k;
-            return moved ? PROG_MOVED : PROG_BLOCKED;
-          }
-        }
-        copy_out(t, p);
+        consume(t, p);
         break;
     }
     moved = true;

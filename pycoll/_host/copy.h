@@ -8,5 +8,10 @@
 
 /* dst = src (no overlap). */
 void ph_copy(void* dst, const void* src, size_t n);
+/* dst = src with non-temporal (streaming) stores where the CPU has them: for outputs too large to
+ * stay in cache, it saves reading each destination line before writing it. Fenced on return. */
+void ph_stream(void* dst, const void* src, size_t n);
+/* Whether the AVX2 routines were picked at load time (x86-64 CPUs that have AVX2). */
+bool ph_has_avx2(void);
 
 #endif

@@ -274,13 +274,63 @@ static bool overlaps(const void* a, const void* b, size_t bytes) {
   return x < y + bytes && y < x + bytes;
 }
 
-void dt_reduce(const struct redop* op, void* dst, void* dst2, const void* const* srcs, int nsrc, int raw,
-               size_t count) {
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+/* float32 sum over any number of sources in one pass: each element is read once from every source
+ * and written once to each output, summed left to right like the pairwise kernels. */
+__attribute__((target("avx2"))) static void f32_sum_many(float* dst, float* dst2, const float* const* srcs, int nsrc,
+                                                        size_t count, bool stream) {
+  size_t i = 0;
+  if (stream)
+    for (; i < count && ((uintptr_t)(dst + i) & 31); i++) {
+      float v = srcs[0][i];
+      for (int k = 1; k < nsrc; k++) v = v + srcs[k][i];
+      dst[i] = v;
+      if (dst2) dst2[i] = v;
+    }
+  for (; i + 16 <= count; i += 16) {
+    __m256 a = _mm256_loadu_ps(srcs[0] + i), b = _mm256_loadu_ps(srcs[0] + i + 8);
+    for (int k = 1; k < nsrc; k++) {
+      a = _mm256_add_ps(a, _mm256_loadu_ps(srcs[k] + i));
+      b = _mm256_add_ps(b, _mm256_loadu_ps(srcs[k] + i + 8));
+    }
+    if (stream) {
+      _mm256_stream_ps(dst + i, a);
+      _mm256_stream_ps(dst + i + 8, b);
+    } else {
+      _mm256_storeu_ps(dst + i, a);
+      _mm256_storeu_ps(dst + i + 8, b);
+    }
+    if (dst2) {
+      _mm256_storeu_ps(dst2 + i, a);
+      _mm256_storeu_ps(dst2 + i + 8, b);
+    }
+  }
+  if (stream) _mm_sfence();
+  for (; i < count; i++) {
+    float v = srcs[0][i];
+    for (int k = 1; k < nsrc; k++) v = v + srcs[k][i];
+    dst[i] = v;
+    if (dst2) dst2[i] = v;
+  }
+}
+#define HAVE_SUM_MANY 1
+#endif
+
+static void reduce_impl(const struct redop* op, void* dst, void* dst2, const void* const* srcs, int nsrc, int raw,
+                        size_t count, bool stream) {
   size_t es = dt_size(op->dtype), bytes = count * es;
   binfn comb = combiner(op);
   if (op->kind != RK_PREMULSUM) raw = -1;
   bool post_div = op->kind == RK_SUMDIV && op->divisor != 1;
-  if (nsrc == 2 && raw < 0 && !post_div) { /* the common case: one pass, no temporaries */
+#ifdef HAVE_SUM_MANY
+  if (op->dtype == ncclFloat32 && op->kind == RK_SUM && nsrc >= 2 && ph_has_avx2()) {
+    f32_sum_many(dst, dst2, (const float* const*)srcs, nsrc, count, stream);
+    return;
+  }
+#endif
+  if (nsrc == 2 && raw < 0 && !post_div && !stream) { /* the common case: one pass, no temporaries */
     if (!dst2) {
       comb(dst, srcs[0], srcs[1], count);
       return;
@@ -293,7 +343,7 @@ void dt_reduce(const struct redop* op, void* dst, void* dst2, const void* const*
     }
     return;
   }
-  bool alias = false;
+  bool alias = stream; /* streaming: accumulate in L1, write dst once */
   for (int k = 1; k < nsrc; k++)
     if (overlaps(dst, srcs[k], bytes)) alias = true;
   _Alignas(64) char tmp[BLOCK_BYTES];
@@ -320,7 +370,17 @@ void dt_reduce(const struct redop* op, void* dst, void* dst2, const void* const*
       }
     }
     if (post_div) div_table[op->dtype](acc, len, op->divisor);
-    if (acc != (char*)dst + boff) ph_copy((char*)dst + boff, acc, len * es);
+    if (acc != (char*)dst + boff) (stream ? ph_stream : ph_copy)((char*)dst + boff, acc, len * es);
     if (dst2) ph_copy((char*)dst2 + boff, acc, len * es);
   }
+}
+
+void dt_reduce(const struct redop* op, void* dst, void* dst2, const void* const* srcs, int nsrc, int raw,
+               size_t count) {
+  reduce_impl(op, dst, dst2, srcs, nsrc, raw, count, false);
+}
+
+void dt_reduce_stream(const struct redop* op, void* dst, void* dst2, const void* const* srcs, int nsrc, int raw,
+                      size_t count) {
+  reduce_impl(op, dst, dst2, srcs, nsrc, raw, count, true);
 }

@@ -31,6 +31,11 @@ void dt_publish(const struct redop* op, void* dst, const void* src, size_t count
 void dt_reduce(const struct redop* op, void* dst, void* dst2, const void* const* srcs, int nsrc, int raw,
                size_t count);
 
+/* dt_reduce writing dst with streaming stores (for outputs too large to stay in cache; dst2, when
+ * given, is written normally). Fenced on return. */
+void dt_reduce_stream(const struct redop* op, void* dst, void* dst2, const void* const* srcs, int nsrc, int raw,
+                      size_t count);
+
 /* Scalar conversions exposed for PreMulSum scalars and tests. */
 float dt_half_to_float(uint16_t h);
 uint16_t dt_float_to_half(float f);

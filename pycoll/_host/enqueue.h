@@ -53,6 +53,8 @@ struct task {
   int wait_idx;
   int wait_peer;
   size_t piece; /* elements per step (per block for the block-wise collectives) */
+  uint32_t nchunks; /* pipelined AllReduce/Reduce: chunks of `piece` elements (nsteps = nchunks + 1) */
+  bool stream_out;  /* write the output with streaming stores */
   uint64_t op_seq;
   uint64_t msg_seq;
   size_t off;

@@ -1,10 +1,10 @@
 /* The shared-memory segment of one communicator: its layout and the process-local view of it.
  *
  *   header (4 KiB)   identity, rendezvous counters, poison, doorbell
- *   rank_ctrl[n]     per rank: step flags (arrive, reduced), op descriptors, state, reshape mailbox
+ *   rank_ctrl[n]     per rank: step flag (arrive), op descriptors, state, reshape mailbox
  *   chan_ctrl[n*n]   per ordered pair (src, dst): p2p ring head (src writes) and tail (dst writes)
  *   inbox[n][2]      per rank and step parity: what the rank publishes for a collective step
- *   outbuf[2]        per step parity: reduced slices of the two-phase allreduce/reduce
+ *   outbuf[2]        per step parity: reduced slices of the pipelined allreduce/reduce
  *   p2p[n*n][slots]  per ordered pair: ring of slots, each a slot_hdr plus payload
  *   sig[n*n]         per ordered pair (receiver, sender): one-sided signal counters (signal.c)
  */
@@ -69,7 +69,6 @@ struct mbox {
 
 struct rank_ctrl {
   _Alignas(64) uint64_t arrive;
-  _Alignas(64) uint64_t reduced;
   _Alignas(64) struct op_desc desc[2];
   _Alignas(64) uint64_t token; /* who claimed this rank: (pid << 32) | per-process counter */
   struct proc_id proc;

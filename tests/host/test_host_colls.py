@@ -161,6 +161,20 @@ def test_every_collective(n):
     _check(n, cases, timeout=90)
 
 
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_large_reductions_streaming_stores(n):
+    """AllReduce/Reduce outputs past the streaming-store threshold (8 MiB): odd counts (vector tails,
+    unaligned slice ends), in and out of place, the one-pass float32 sum and the blockwise kernels."""
+    f32 = (9 << 20) // 4 + 3
+    cases = _cases(n, ("allreduce",), (DataType.Float32,), (RedOp.Sum, RedOp.Avg, PREMUL_HOST), (f32,))
+    cases += _cases(n, ("reduce",), (DataType.Float32,), (RedOp.Sum,), (f32,), inplaces=(False,))
+    f64 = (9 << 20) // 8 + 5
+    cases += _cases(n, ("allreduce",), (DataType.Float64, DataType.Int32), (RedOp.Sum, RedOp.Max), (f64,),
+                    inplaces=(False,))
+    _check(n, cases, timeout=180)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
