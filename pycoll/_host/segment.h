@@ -16,7 +16,7 @@
 #include "wait.h"
 
 #define SEG_MAGIC 0x7079636f6c6c5347ull
-#define SEG_LAYOUT_VERSION 2
+#define SEG_LAYOUT_VERSION 3
 #define SEG_HEADER_BYTES 4096
 #define SLOT_HDR_BYTES 64
 /* One-sided signals: sigIdx < SIG_SLOTS, ctx < SIG_CTXS. */
