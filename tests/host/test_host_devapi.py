@@ -124,9 +124,15 @@ def test_device_only_functions_raise_invalid_usage_naming_the_function(comms):
         l.gin_outbox_create_requirement(2, 10)
     with pytest.raises(errors.InvalidUsage, match="ncclGinInboxA2ACreateRequirement"):
         l.gin_inbox_a2a_create_requirement(l.team_world(c), 2, 10)
-    p = l.mem_alloc(4096)
-    ctypes.memset(p, 0, 4096)
-    win, _ = l.comm_window_register(c, p, 4096)
+    ps = [l.mem_alloc(4096) for _ in comms]
+    for p in ps:
+        ctypes.memset(p, 0, 4096)
+    l.group_start()  # window registration is collective: every rank of the communicator, in one group
+    try:
+        wins = [l.comm_window_register(ci, p, 4096)[0] for ci, p in zip(comms, ps)]
+    finally:
+        l.group_end()
+    win = wins[0]
     try:
         with pytest.raises(errors.InvalidUsage, match="ncclGetLsaMultimemDevicePointer"):
             l.get_lsa_multimem_device_pointer(win, 0)
@@ -139,8 +145,9 @@ def test_device_only_functions_raise_invalid_usage_naming_the_function(comms):
         with pytest.raises(errors.InvalidUsage, match="ncclGetPeerDeviceLeInfo"):
             l.get_peer_device_le_info(win, 0, 0)
     finally:
-        l.comm_window_deregister(c, win)
-        l.mem_free(p)
+        for ci, w, p in zip(comms, wins, ps):
+            l.comm_window_deregister(ci, w)
+            l.mem_free(p)
     with pytest.raises(errors.InvalidArgument, match="not a registered window"):
         l.get_multimem_device_le_info(0xdead0, 0)
     with pytest.raises(ValueError, match="not 0"):
