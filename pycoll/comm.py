@@ -238,7 +238,6 @@ class Communicator:
         self._stream: Optional[int] = None
         self._events: List[int] = []
         self._scratch: Optional[int] = None
-        self._grow_ids: set[bytes] = set()  # ids get_unique_id made here: this rank coordinates their grow
         self._premul: weakref.WeakSet[PreMulSum] = weakref.WeakSet()
         self._resources: List[Any] = []  # registrations and windows (pycoll.windows), released with the comm
         self.created_at = time.time()
@@ -1429,9 +1428,7 @@ class Communicator:
         """A unique id for :meth:`grow` (``ncclCommGetUniqueId``, NCCL 2.29); each id is used once."""
         self._check_alive()
         with self._lock:
-            uid = self.library.comm_get_unique_id(self.handle)
-        self._grow_ids.add(bytes(uid))
-        return uid
+            return self.library.comm_get_unique_id(self.handle)
 
     def grow(self, size: int, unique_id: Any = None, *, config: Optional[CommConfig] = None,
              name: Optional[str] = None, timeout: Optional[float] = None,
@@ -1442,9 +1439,10 @@ class Communicator:
 
         Every existing rank calls it with the id the coordinator (the rank that called
         :meth:`get_unique_id`) made; new processes call :func:`pycoll.join` with the same id and
-        ``size``. The id names the new communicator alike on every rank (its ``uid``, in dumps);
-        the library receives it from the coordinator only. A rank that passes None still joins,
-        but its dumps name the new communicator differently from the coordinator's and the joiners'.
+        ``size``. The id names the new communicator alike on every rank (its ``uid``, in dumps)
+        and tells the library which grow it is (the host library aligns its reshape count by it).
+        A rank that passes None still joins, but its dumps name the new communicator differently
+        from the coordinator's and the joiners'.
         This communicator must be idle and should be destroyed afterwards (NCCL 2.29).
         ``global_ranks``: every member's job-wide rank (unknown otherwise); the rest as for
         :meth:`shrink`.
@@ -1457,12 +1455,8 @@ class Communicator:
             unique_id = B.UniqueId.from_bytes(bytes(unique_id))
         uid = (hashlib.sha1(bytes(unique_id)).hexdigest()[:16] if unique_id is not None
                else self._child_uid(f"grow:{size}"))
-        mine = unique_id is not None and bytes(unique_id) in self._grow_ids
         with self._lock:
-            slot, status = self.library.comm_grow(self.handle, size, unique_id if mine else None, -1,
-                                                  self._reshape_config(config))
-        if mine:
-            self._grow_ids.discard(bytes(unique_id))
+            slot, status = self.library.comm_grow(self.handle, size, unique_id, -1, self._reshape_config(config))
         self._reshapes += 1
         child = self._child(slot, status, what="ncclCommGrow", uid=uid,
                             name=name or f"{self.name}.grow{self._reshapes}",

@@ -129,7 +129,7 @@ def test_device_only_functions_raise_invalid_usage_naming_the_function(comms):
         ctypes.memset(p, 0, 4096)
     l.group_start()  # window registration is collective: every rank of the communicator, in one group
     try:
-        wins = [l.comm_window_register(ci, p, 4096)[0] for ci, p in zip(comms, ps)]
+        wins = [l.comm_window_register(ci, p, 4096)[0] for ci, p in zip(comms, ps, strict=True)]
     finally:
         l.group_end()
     win = wins[0]
@@ -145,7 +145,7 @@ def test_device_only_functions_raise_invalid_usage_naming_the_function(comms):
         with pytest.raises(errors.InvalidUsage, match="ncclGetPeerDeviceLeInfo"):
             l.get_peer_device_le_info(win, 0, 0)
     finally:
-        for ci, w, p in zip(comms, wins, ps):
+        for ci, w, p in zip(comms, wins, ps, strict=True):
             l.comm_window_deregister(ci, w)
             l.mem_free(p)
     with pytest.raises(errors.InvalidArgument, match="not a registered window"):
