@@ -407,6 +407,9 @@ POINTS_2 = {
     "store.request.after": (20, (0, 1), "", ()),
     "watchdog.liveness.check": (1, (0, 1), STOP2, (2,)),
     "watchdog.liveness.found": (1, (0, 1), STOP2, (2,)),
+    # the joiner's death at step 8 makes the members ask each other for dumps and await the answers
+    "watchdog.request.answer": (1, (0, 1), "", ()),
+    "watchdog.report.await_answers": (1, (0, 1), "", ()),
 }
 
 
@@ -425,10 +428,14 @@ def test_matrix_2_covers_every_point_the_scenario_passes():
 
     scenario = [n for n in failpoints.declared() if n.startswith(("host.", "store.", "watchdog."))]
     # host.window.exchange and host.signal.wait: the scenario registers no window and waits on no
-    # signal; host.coll.after_consume: passed only by the two-phase path of large reductions, which the
-    # scenario's 8-element all_reduce does not take (every case of it was "not reached")
-    assert set(scenario) - set(POINTS_2) == {"host.window.exchange", "host.signal.wait",
-                                             "host.coll.after_consume"}, scenario
+    # signal (tests/runtime/test_windows.py kills and fails ranks there); host.coll.after_consume:
+    # passed only by the two-phase path of large reductions, which the scenario's 8-element
+    # all_reduce does not take (every case of it was "not reached"); watchdog.report.signal_peer
+    # (only with PYCOLL_FR_DUMP_SIGNAL) and watchdog.exit.* (a rank leaving with an operation
+    # outstanding): tests/diagnostics/test_exit_dumps.py kills and stops ranks there
+    assert set(scenario) - set(POINTS_2) == {"host.window.exchange", "host.signal.wait", "host.coll.after_consume",
+                                             "watchdog.report.signal_peer", "watchdog.exit.before_dump",
+                                             "watchdog.exit.terminate"}, scenario
 
 
 @pytest.mark.failpoints
