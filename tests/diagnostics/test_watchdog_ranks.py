@@ -230,7 +230,8 @@ def test_killed_rank_survivors_dump(server, tmp_path):
     res = run_ranks(_killed_rank, n, _uid(), server.address, server.token, d, timeout=60, may_die=[n - 1])
     assert isinstance(res[n - 1], Died)
     for r in range(n - 1):
-        assert res[r]["error"] in ("RemoteError", "AsyncCommError", "CommAborted"), res[r]
+        # the host library's remote error, or the watchdog's liveness check finding the dead process first
+        assert res[r]["error"] in ("RemoteError", "AsyncCommError", "CommAborted", "PeerFailure"), res[r]
         assert res[r]["elapsed"] < 10.0  # the remote error, not the timeout
         errors = [m for (_, level, m) in res[r]["lines"] if level == "ERROR"]
         assert len(errors) == 1 and "pycoll watchdog:" in errors[0] and f"all_reduce #{K}" in errors[0]
