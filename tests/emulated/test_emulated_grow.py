@@ -158,7 +158,8 @@ def _rank0_dies(rank, n, addr, where):
             group.reshape()
             y = _tensor([1.0] * 4)
             group.comm.all_reduce(y)
-            out = dict(step=step, error="CommFailure", kind=type(exc).__name__, took=took, members=group.members, y=y.numpy().tolist())
+            out = dict(step=step, error="CommFailure", kind=type(exc).__name__, took=took, members=group.members,
+                       y=y.numpy().tolist())
             group.close()
             return out
         except Exception as exc:  # StoreTimeout or anything else: the test fails on it
@@ -233,3 +234,30 @@ def test_host_device_copies():
         assert buf.raw == b"wxyz" and dev.copy_to_host(ctypes.addressof(buf), 4, s) == b"wxyz"
     finally:
         dev.destroy_stream(s)
+
+
+def _bytes(rank, n, uid, emulated):
+    if emulated:
+        comm, _ = H.setup(rank, n, uid)
+    else:
+        comm = pycoll.init(rank, n, backend="host", unique_id=uid, timeout=20.0)
+    out = [comm.broadcast_bytes(b"root-one" if rank == 1 else None, 8, root=1)]
+    out.append(comm.broadcast_bytes(bytes(range(100)) if rank == 0 else None, 100))  # grows the buffer
+    out.append(comm.broadcast_bytes(b"x" * 8 if rank == 0 else None, 8))
+    errors = []
+    for args in ((None, 0), (b"abc", 8), (None, True)):
+        try:
+            comm.broadcast_bytes(*args) if rank == 0 else None
+        except ValueError as exc:
+            errors.append(str(exc).split(":")[0])
+    comm.destroy()
+    return out, errors
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("emulated", [True, False], ids=["emulated", "host"])
+def test_broadcast_bytes(emulated):
+    res = H.run_ranks(_bytes, 2, H.uid(), emulated, timeout=40)
+    for out, _ in res:
+        assert out == [b"root-one", bytes(range(100)), b"x" * 8]
+    assert res[0][1] == ["broadcast_bytes"] * 3 and res[1][1] == []
