@@ -90,6 +90,7 @@ BY_NAME: Dict[str, Datatype] = {n: d for d in DATATYPES for n in (d.name, d.arra
 #: numpy / ml_dtypes / torch / cupy attribute name -> Datatype.
 BY_ARRAY_NAME: Dict[str, Datatype] = {d.array_name: d for d in DATATYPES}
 
+UINT8 = 1
 INT32 = 2
 FLOAT64 = 8
 

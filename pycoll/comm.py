@@ -21,7 +21,16 @@ import weakref
 from threading import get_ident as _get_ident
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
-from . import _bindings as B, _dtypes, _settings, adopt as _adopt, hooks, memory as _memory, windows as _windows
+from . import (
+    _bindings as B,
+    _dtypes,
+    _settings,
+    adopt as _adopt,
+    failpoints as _fp,
+    hooks,
+    memory as _memory,
+    windows as _windows,
+)
 from .buffers import Buffer, as_buffer, check_count, check_device, check_same_dtype
 from .collconfig import CollConfig, prepare as _prepare_config
 from .config import CommConfig
@@ -53,6 +62,7 @@ _log = logging.getLogger("pycoll.comm")
 
 #: Reduction operator names accepted by the collectives.
 REDUCE_OPS: Dict[str, int] = _dtypes.REDUCE_OPS
+FP_BYTES_COPIED = _fp.declare("comm.broadcast_bytes.copied", "broadcast_bytes on a device, the root's bytes copied in")
 _FAILURE_POLICIES = ("abort", "revoke", "report")
 
 
@@ -238,6 +248,7 @@ class Communicator:
         self._stream: Optional[int] = None
         self._events: List[int] = []
         self._scratch: Optional[int] = None
+        self._host_scratch: Tuple[int, int] = (0, 0)  # broadcast_bytes' device buffer: (pointer, size)
         self._premul: weakref.WeakSet[PreMulSum] = weakref.WeakSet()
         self._resources: List[Any] = []  # registrations and windows (pycoll.windows), released with the comm
         self.created_at = time.time()
@@ -723,6 +734,7 @@ class Communicator:
         self._stream = None
         self._events = []
         self._scratch = None
+        self._host_scratch = (0, 0)
 
     def _captured(self, w: Work, call: Callable[[int, int], Any], h: int, stream: int,
                   group: Optional[List[Work]]) -> Work:
@@ -1042,6 +1054,46 @@ class Communicator:
         return self._launch("barrier", lambda h, s: lib.all_reduce(ptr, ptr, 1, _dtypes.INT32, _dtypes.SUM, h, s),
                             st, [], [], async_op, timeout)
 
+    def broadcast_bytes(self, data: Optional[bytes], nbytes: int, root: int = 0, *,
+                        timeout: Optional[float] = None) -> bytes:
+        """Rank ``root``'s ``data`` (``nbytes`` bytes; the others pass None) on every rank, as host bytes.
+
+        One broadcast on the communicator (deadline, flight recorder and watchdog as any). On a device
+        the bytes go through a buffer of this communicator's (allocated once, freed with it): the root
+        copies them in and every rank copies them out, both ordered on the communicator's stream.
+        """
+        root = self._root(root)
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
+            raise ValueError(f"broadcast_bytes: nbytes must be an int > 0, got {nbytes!r}")
+        if self._rank == root and (data is None or len(data) != nbytes):
+            raise ValueError(f"broadcast_bytes: the root must pass {nbytes} bytes, got "
+                             f"{None if data is None else len(data)}")
+        dev = self.device
+        if dev.kind == "host":
+            arr = bytearray(data if self._rank == root and data is not None else nbytes)
+            self.broadcast(arr, root=root, timeout=timeout)
+            return bytes(arr)
+        st = self._begin("broadcast", None, False, ())
+        ptr, size = self._host_scratch
+        if size < nbytes:
+            previous = dev.swap_current()  # ncclMemAlloc allocates on the current device
+            try:
+                if ptr:
+                    self._host_scratch = (0, 0)
+                    self.library.mem_free(ptr)
+                size = max(64, nbytes)
+                ptr = self.library.mem_alloc(size)
+                self._host_scratch = (ptr, size)
+            finally:
+                dev.restore_current(previous)
+        if self._rank == root and data is not None:
+            dev.copy_to_device(ptr, data, st)
+        _fp.hit(FP_BYTES_COPIED)
+        lib = self.library
+        self._launch("broadcast", lambda h, s: lib.broadcast(ptr, ptr, nbytes, _dtypes.UINT8, root, h, s),
+                     st, [], [], False, timeout)
+        return dev.copy_to_host(ptr, nbytes, st)
+
     def group(self) -> ContextManager[None]:
         """Group the operations issued in the block (``ncclGroupStart``/``ncclGroupEnd``).
 
@@ -1265,6 +1317,9 @@ class Communicator:
                 self.device.destroy_event(ev)
             if self._scratch is not None:
                 ptr, self._scratch = self._scratch, None
+                self.library.mem_free(ptr)
+            if self._host_scratch[0]:
+                ptr, self._host_scratch = self._host_scratch[0], (0, 0)
                 self.library.mem_free(ptr)
         except Exception:
             _log.exception("releasing resources of %r", self.name)

@@ -21,6 +21,7 @@ refuses streams of the wrong kind. :func:`cuda_device_count`, :func:`rocm_device
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import importlib.util
 import logging
@@ -395,6 +396,17 @@ class Device:
     def restore_current(self, previous: Optional[int]) -> None:
         """Undo :meth:`swap_current`."""
 
+    # copies between host bytes and device memory
+    def copy_to_device(self, dst_ptr: int, src: bytes, stream: int) -> None:
+        """Copy ``src`` into device memory at ``dst_ptr``, in the order of ``stream``: after the work queued
+        there before, before the work queued after. Returns once the copy has run (``src`` may be reused)."""
+        raise NotImplementedError
+
+    def copy_to_host(self, src_ptr: int, nbytes: int, stream: int) -> bytes:
+        """The ``nbytes`` bytes of device memory at ``src_ptr``, read in the order of ``stream`` (after the
+        work queued there before); returns once the copy has run."""
+        raise NotImplementedError
+
     # composites
     def wait_stream(self, stream: int, other: int) -> None:
         """Make later work on ``stream`` wait for the work already queued on ``other``.
@@ -535,6 +547,14 @@ def _gpu_stream_handle(obj: Any) -> Optional[int]:
     return None
 
 
+def _check_copy(ptr: int, nbytes: int) -> int:
+    if isinstance(ptr, bool) or not isinstance(ptr, int) or ptr <= 0:
+        raise ValueError(f"a copy needs a device pointer (an int > 0), got {ptr!r}")
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+        raise ValueError(f"a copy's size must be an int >= 0, got {nbytes!r}")
+    return nbytes
+
+
 # --- host --------------------------------------------------------------------------------------
 
 # live host stream handle -> the library that created it; an int is only accepted as a host
@@ -596,6 +616,16 @@ class HostDevice(Device):
 
     def create_event(self, timing: bool = False) -> int:
         return self.library.host_event_create()
+
+    def copy_to_device(self, dst_ptr: int, src: bytes, stream: int) -> None:
+        data = _check_copy(dst_ptr, len(src))
+        self.synchronize_stream(stream)  # host memory: ordered by waiting for the stream's earlier work
+        ctypes.memmove(dst_ptr, bytes(src), data)
+
+    def copy_to_host(self, src_ptr: int, nbytes: int, stream: int) -> bytes:
+        _check_copy(src_ptr, nbytes)
+        self.synchronize_stream(stream)
+        return ctypes.string_at(src_ptr, nbytes)
 
     def capture_id(self, stream: int) -> Optional[int]:
         return None  # host streams never capture a graph (the emulated GPU's runtime does, on a CudaDevice)
@@ -660,6 +690,7 @@ _INVALID_RESOURCE_HANDLE = (400,)  # cuda/hipErrorInvalidResourceHandle: elapsed
 _HOST_STREAM_INLINE = 0x1  # pycoll_host.h PYCOLL_STREAM_INLINE
 _STREAM_LEGACY = 1  # cudaStreamLegacy
 _STREAM_PER_THREAD = 2  # cudaStreamPerThread / hipStreamPerThread
+_MEMCPY_H2D, _MEMCPY_D2H = 1, 2  # cuda/hipMemcpyHostToDevice, cuda/hipMemcpyDeviceToHost
 
 
 _OWN_THREAD = threading.local()  # the device a pycoll thread made current (enter_own_thread)
@@ -686,6 +717,10 @@ class _GpuDevice(Device):
         self._event_create, self._event_destroy = fn("EventCreateWithFlags"), fn("EventDestroy")
         self._event_record, self._event_query = fn("EventRecord"), fn("EventQuery")
         self._event_sync, self._event_elapsed = fn("EventSynchronize"), fn("EventElapsedTime")
+        self._memcpy = getattr(runtime, p + "MemcpyAsync", None)
+        kinds = getattr(runtime, p + "MemcpyKind", None)
+        self._h2d = getattr(kinds, p + "MemcpyHostToDevice", _MEMCPY_H2D) if kinds is not None else _MEMCPY_H2D
+        self._d2h = getattr(kinds, p + "MemcpyDeviceToHost", _MEMCPY_D2H) if kinds is not None else _MEMCPY_D2H
         count = self._call(fn("GetDeviceCount"), p + "GetDeviceCount")
         device_id = operator.index(device_id)
         if not 0 <= device_id < count:
@@ -802,6 +837,41 @@ class _GpuDevice(Device):
             raise self._error(self._prefix + "EventElapsedTime", err, hint)
         return float(res[1])
 
+    def _rt_stream(self, stream: int) -> int:
+        """The handle a runtime call takes for ``stream`` (CUDA: 0 is spelled cudaStreamLegacy)."""
+        return stream
+
+    def _copy(self, dst: int, src: int, nbytes: int, kind: Any, stream: int) -> None:
+        """One ``MemcpyAsync`` on ``stream``, then a wait for it (an event recorded after it)."""
+        name = self._prefix + "MemcpyAsync"
+        if self._memcpy is None:
+            raise NotSupported(name, detail=f"the {self.kind} runtime module has no {name}")
+        previous = self.swap_current()
+        try:
+            self._call(self._memcpy, name, dst, src, nbytes, kind, self._rt_stream(stream))
+            event = self.create_event()
+            try:
+                self.record_event(event, stream)
+                self.synchronize_event(event)
+            finally:
+                self.destroy_event(event)
+        finally:
+            self.restore_current(previous)
+
+    def copy_to_device(self, dst_ptr: int, src: bytes, stream: int) -> None:
+        n = _check_copy(dst_ptr, len(src))
+        if n:
+            staging = (ctypes.c_char * n).from_buffer_copy(src)  # alive until the copy has run
+            self._copy(dst_ptr, ctypes.addressof(staging), n, self._h2d, stream)
+
+    def copy_to_host(self, src_ptr: int, nbytes: int, stream: int) -> bytes:
+        n = _check_copy(src_ptr, nbytes)
+        if not n:
+            return b""
+        out = (ctypes.c_char * n)()
+        self._copy(ctypes.addressof(out), src_ptr, n, self._d2h, stream)
+        return out.raw
+
     def capture_status(self, stream: int) -> int:
         res = self._is_capturing(stream)
         err = int(res[0])
@@ -903,6 +973,9 @@ class CudaDevice(_GpuDevice):
 
     def synchronize_stream(self, stream: int) -> None:
         super().synchronize_stream(stream or _STREAM_LEGACY)
+
+    def _rt_stream(self, stream: int) -> int:
+        return stream or _STREAM_LEGACY
 
 
 class HipDevice(_GpuDevice):

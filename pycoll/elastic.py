@@ -175,7 +175,8 @@ class ElasticGroup:
         slot: this process's slot (the launcher's rank); unique among live processes.
         world_size: the initial number of members (slots ``0..world_size-1``). Not needed for a joiner.
         joiner: this process joins a running group (a replacement) instead of forming it.
-        backend, library, config, timeout: as for :func:`pycoll.init`. Communicators of the group
+        backend, library, device, config, timeout: as for :func:`pycoll.init` (``device``: a GPU ordinal
+            or a :class:`pycoll.devices.Device`, e.g. ``pycoll.emulated.device()``). Communicators of the group
             are revoked (not aborted) on failure, so that they can be shrunk.
         window: how long (seconds) the survivors wait for members that neither vouch for themselves
             nor are provably gone (a process on another host, or a slow one). Same-host processes
@@ -197,6 +198,7 @@ class ElasticGroup:
         joiner: bool = False,
         backend: str = "auto",
         library: Any = None,
+        device: Any = None,
         config: Optional[CommConfig] = None,
         timeout: Optional[float] = None,
         window: float = 1.0,
@@ -219,6 +221,7 @@ class ElasticGroup:
         self.config = config
         self.on_change = on_change
         self.backend, self.library = load_library(backend, library)
+        self.device = device
         self._ns = f"pycoll/elastic/{name}"
         self.transitions: List[Transition] = []
         self.generation = 0
@@ -288,7 +291,8 @@ class ElasticGroup:
 
     def _comm_options(self, members: Sequence[int], generation: int) -> Dict[str, Any]:
         """What every communicator of the group is built with (revoked on failure, so it can be shrunk)."""
-        return {"library": self.library, "config": self.config, "timeout": self.timeout, "name": self.name,
+        return {"library": self.library, "device": self.device, "config": self.config, "timeout": self.timeout,
+                "name": self.name,
                 "on_failure": "revoke", "store": self.store, "generation": generation,
                 "global_ranks": tuple(members), "failure_callbacks": [self._on_comm_failure]}
 
@@ -742,9 +746,7 @@ class ElasticGroup:
             _mb.admit(self.store, self._ns, joiners, g + 1, members, kind, step, self.timeout)
         # every member needs the id (for a reinit's init; for a grow, the new communicator's name, alike on
         # every rank and joiner): it travels with the communicator
-        buf = np.frombuffer(bytearray(bytes(uid)) if uid is not None else bytearray(128), np.uint8).copy()
-        old.broadcast(buf, root=0)
-        uid = B.UniqueId.from_bytes(buf.tobytes())
+        uid = B.UniqueId.from_bytes(old.broadcast_bytes(bytes(uid) if uid is not None else None, 128))
         tr.agreed = tr.revoked = time.time()
         _fp.hit(FP_GROW_BEFORE_COMM)
         guard = self._guard([m for m in members if m != self.slot], old, "grow")
@@ -777,19 +779,15 @@ class ElasticGroup:
         joiners: List[int] = []
         if self.rank == 0 and self._joiners_seen:
             joiners = [j for j in self.pending_joiners() if not self._slot_gone(j)]
-        if self.backend != "host":
-            # device communicators take no host arrays: the decision goes through the store, and
-            # the others wait for it watching rank 0's process
-            key = f"{self._ns}/g{self.generation}/grow/{self._grow_calls}"
-            return _mb.grow_decision(self.store, key, joiners if self.rank == 0 else None, self.members[0],
-                                     self._slot_gone, self.timeout, self.size)
-        head = np.array([len(joiners)], np.int64)
-        self.comm.broadcast(head, root=0)
-        if not head[0]:
+        # a count of 8 bytes when nobody waits, the joiners after it when some do (on a device through
+        # the communicator's buffer: Communicator.broadcast_bytes)
+        me = self.rank == 0
+        count = int(np.frombuffer(self.comm.broadcast_bytes(np.int64(len(joiners)).tobytes() if me else None, 8),
+                                  np.int64)[0])
+        if count <= 0:
             return []
-        body = np.array(joiners if self.rank == 0 else [0] * int(head[0]), np.int64)
-        self.comm.broadcast(body, root=0)
-        return [int(x) for x in body]
+        body = self.comm.broadcast_bytes(np.array(joiners, np.int64).tobytes() if me else None, 8 * count)
+        return [int(x) for x in np.frombuffer(body, np.int64)]
 
     # -- teardown ---------------------------------------------------------------------------------
 

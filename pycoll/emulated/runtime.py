@@ -17,6 +17,7 @@ Test controls: :meth:`EmulatedCudaRuntime.launch` (a Python "kernel" run in stre
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import enum
 import itertools
 import threading
@@ -33,6 +34,7 @@ class cudaError_t(enum.IntEnum):
 
     cudaSuccess = 0
     cudaErrorInvalidValue = 1
+    cudaErrorInvalidMemcpyDirection = 21
     cudaErrorInvalidDevice = 101
     cudaErrorInvalidResourceHandle = 400
     cudaErrorIllegalState = 401
@@ -51,6 +53,14 @@ class cudaStreamCaptureStatus(enum.IntEnum):
     cudaStreamCaptureStatusNone = 0
     cudaStreamCaptureStatusActive = 1
     cudaStreamCaptureStatusInvalidated = 2
+
+
+class cudaMemcpyKind(enum.IntEnum):
+    cudaMemcpyHostToHost = 0
+    cudaMemcpyHostToDevice = 1
+    cudaMemcpyDeviceToHost = 2
+    cudaMemcpyDeviceToDevice = 3
+    cudaMemcpyDefault = 4
 
 
 class cudaStreamCaptureMode(enum.IntEnum):
@@ -175,6 +185,7 @@ class EmulatedCudaRuntime:
     cudaError_t = cudaError_t
     cudaStreamCaptureStatus = cudaStreamCaptureStatus
     cudaStreamCaptureMode = cudaStreamCaptureMode
+    cudaMemcpyKind = cudaMemcpyKind
 
     def __init__(self, ndev: int = 2, *, library: Any = None, log_calls: bool = True) -> None:
         global _open_runtime
@@ -493,6 +504,30 @@ class EmulatedCudaRuntime:
         with self._lock:
             self._graphs[g] = host_graph
         return (_ERR.cudaSuccess, g)
+
+    # -- memory ---------------------------------------------------------------------------------
+
+    def _cudaMemcpyAsync(self, dst: Any, src: Any, count: int, kind: Any, stream: Any = 0) -> Tuple[Any, ...]:
+        """A copy queued on ``stream`` as a kernel (device memory is host memory): it runs after the work
+        queued there before and before the work queued after, as a real one."""
+        try:
+            kind = cudaMemcpyKind(int(kind))
+        except ValueError:
+            return (_ERR.cudaErrorInvalidMemcpyDirection,)
+        if isinstance(dst, bool) or isinstance(src, bool) or not isinstance(dst, int) or not isinstance(src, int):
+            return (_ERR.cudaErrorInvalidValue,)
+        count = int(count)
+        if count < 0 or (count and (dst <= 0 or src <= 0)):
+            return (_ERR.cudaErrorInvalidValue,)
+        st = self._stream(stream)
+        if st is None:
+            return (_ERR.cudaErrorInvalidResourceHandle,)
+        if st.capture is not None:
+            self._invalidate(st)
+            return (_ERR.cudaErrorStreamCaptureUnsupported,)
+        if count:
+            self.launch(stream, lambda: ctypes.memmove(dst, src, count))
+        return _OK
 
     # -- graphs ---------------------------------------------------------------------------------
 
