@@ -17,6 +17,7 @@ Test controls: :meth:`EmulatedCudaRuntime.launch` (a Python "kernel" run in stre
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import enum
 import itertools
 import threading
@@ -181,6 +182,8 @@ class EmulatedCudaRuntime:
         if library is None:
             library = _bindings.load("host")
         self.lib = library
+        self._set_host_device = ctypes.CDLL(library.path).pycollSetDevice  # cudaDev of comms made afterwards
+        self._set_host_device.argtypes, self._set_host_device.restype = [ctypes.c_int], None
         self.ndev = int(ndev)
         self.log_calls = log_calls
         self.log: List[Call] = []
@@ -315,6 +318,16 @@ class EmulatedCudaRuntime:
         ev = threading.Event()
         self.launch(stream, lambda: ev.wait(seconds))
 
+    def device_array(self, owner: Any, ptr: int, shape: Tuple[int, ...], dtype: Any, like: str, device: int) -> Any:
+        """An emulated CUDA array over ``ptr`` (what ``comm.mem_alloc``/``SymmetricPool`` hand out on this
+        runtime): ``like="torch"`` a :class:`TorchLikeTensor`, ``"cupy"`` a :class:`CupyLikeArray`."""
+        from .arrays import CupyLikeArray, TorchLikeTensor
+
+        kinds = {"torch": TorchLikeTensor, "cupy": CupyLikeArray}
+        if like not in kinds:
+            raise ValueError(f"like must be 'torch' or 'cupy' on the emulated GPU (device memory), got {like!r}")
+        return kinds[like].over(self, owner, ptr, tuple(shape), dtype, device=device)
+
     def inject_error(self, code: int = int(_ERR.cudaErrorIllegalAddress)) -> None:
         """A sticky device error: every query and synchronisation returns ``code`` from now on."""
         self._sticky = int(code)
@@ -368,6 +381,7 @@ class EmulatedCudaRuntime:
             return (_ERR.cudaErrorInvalidDevice,)
         self._local.device = device
         self.contexts[device].add(threading.get_ident())
+        self._set_host_device(device)
         return _OK
 
     def _cudaDeviceSynchronize(self) -> Tuple[Any, ...]:
