@@ -233,5 +233,6 @@ class CupyLikeArray(_EmulatedArray):
         }
 
 
+EmulatedCudaRuntime.array_types.update(torch=TorchLikeTensor, cupy=CupyLikeArray)
 register_framework_stream(TorchLikeTensor, "emulated torch", lambda a: a.framework.current_stream(a.device))
 register_framework_stream(CupyLikeArray, "emulated CuPy", lambda a: a.framework.current_stream(a.device))

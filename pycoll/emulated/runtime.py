@@ -22,7 +22,7 @@ import enum
 import itertools
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, Iterator, List, Optional, Tuple
 
 from .. import _bindings
 
@@ -177,6 +177,8 @@ class EmulatedCudaRuntime:
     cudaStreamCaptureStatus = cudaStreamCaptureStatus
     cudaStreamCaptureMode = cudaStreamCaptureMode
 
+    array_types: ClassVar[Dict[str, Any]] = {}  # like= -> array class (filled by .arrays)
+
     def __init__(self, ndev: int = 2, *, library: Any = None, log_calls: bool = True) -> None:
         global _open_runtime
         if library is None:
@@ -321,9 +323,7 @@ class EmulatedCudaRuntime:
     def device_array(self, owner: Any, ptr: int, shape: Tuple[int, ...], dtype: Any, like: str, device: int) -> Any:
         """An emulated CUDA array over ``ptr`` (what ``comm.mem_alloc``/``SymmetricPool`` hand out on this
         runtime): ``like="torch"`` a :class:`TorchLikeTensor`, ``"cupy"`` a :class:`CupyLikeArray`."""
-        from .arrays import CupyLikeArray, TorchLikeTensor
-
-        kinds = {"torch": TorchLikeTensor, "cupy": CupyLikeArray}
+        kinds = EmulatedCudaRuntime.array_types
         if like not in kinds:
             raise ValueError(f"like must be 'torch' or 'cupy' on the emulated GPU (device memory), got {like!r}")
         return kinds[like].over(self, owner, ptr, tuple(shape), dtype, device=device)
