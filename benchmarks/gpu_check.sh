@@ -10,7 +10,8 @@
 #   build     pip install --no-build-isolation --no-deps . (falls back to an in-place build)
 #   tests_one_rank    the one-rank GPU tests (tests/gpu/: default, current and side streams, graph capture
 #                     and replay with a deadline, a hung op timed out and aborted, bindings, devices) -> junit xml
-#   tests_multi_rank  two ranks on the one GPU (NCCL >= 2.30): collectives, shrink, abort of a hung op -> junit xml
+#   tests_multi_rank  two ranks on the one GPU (NCCL >= 2.30): collectives, shrink, abort of a hung op,
+#                     put/wait-signal on a window (test_windows_gpu.py) -> junit xml
 #   overhead  per-call overhead of an 8-byte allreduce: pycoll vs torch.distributed NCCL, 1 rank
 #   bench1    pycoll-bench all_reduce/all_gather/broadcast, 1 rank, 8 B..64 MiB
 #   bench2    pycoll-bench all_reduce, 2 ranks on the one GPU (NCCL_MULTI_RANK_GPU_ENABLE=1, NCCL >= 2.30)
@@ -76,7 +77,8 @@ MULTI="two_ranks or shrink or hung_collective"
 step tests_one_rank 150 "$PY" -m pytest -p no:cacheprovider -v -rA "${TIMEOUT_OPT[@]}" -o faulthandler_timeout=100 \
   --junitxml "$OUT_DIR/gpu_tests_one_rank.xml" -k "not ($MULTI)" "$REPO/tests/gpu"
 step tests_multi_rank 170 "$PY" -m pytest -p no:cacheprovider -v -rA "${TIMEOUT_OPT[@]}" -o faulthandler_timeout=140 \
-  --junitxml "$OUT_DIR/gpu_tests_multi_rank.xml" -k "$MULTI" "$REPO/tests/gpu/test_gpu.py"
+  --junitxml "$OUT_DIR/gpu_tests_multi_rank.xml" -k "$MULTI" "$REPO/tests/gpu/test_gpu.py" \
+  "$REPO/tests/gpu/test_windows_gpu.py"
 step overhead 90 "$PY" "$REPO/benchmarks/gpu_check.py" overhead --out "$OUT_DIR"
 step bench1 60 "$PY" -m pycoll.bench all_reduce,all_gather,broadcast -n 1 --backend nccl -b 8 -e 64M -f 8 \
   -N 20 -w 5 --op-timeout 30 --json "$OUT_DIR/bench1.json"

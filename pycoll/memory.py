@@ -51,6 +51,8 @@ class _Allocation:
         self.nbytes = nbytes
         self.backend = comm.backend
         self.device_id = -1 if comm.backend == "host" else comm.device.device_id
+        # a runtime that stands in for CUDA (pycoll.emulated) makes its own arrays over device memory
+        self.device_array = getattr(getattr(comm.device, "runtime", None), "device_array", None)
         self._finalizer = weakref.finalize(self, _free, lib, self.ptr)
 
     @property
@@ -81,9 +83,12 @@ def _nbytes(dims: Tuple[int, ...], itemsize: int) -> int:
 
 def _itemsize(dtype: Any, like: str) -> int:
     if like == "torch":
-        import torch
+        try:
+            return int(np.dtype(dtype).itemsize)
+        except TypeError:  # a torch dtype, or a name numpy lacks (bfloat16)
+            import torch
 
-        return int(torch.empty((), dtype=_torch_dtype(dtype)).element_size())
+            return int(torch.empty((), dtype=_torch_dtype(dtype)).element_size())
     return int(np.dtype(dtype).itemsize)
 
 
@@ -121,6 +126,8 @@ def _array(owner: Any, alloc: _Allocation, ptr: int, dims: Tuple[int, ...], dtyp
     host = alloc.backend == "host"
     if like is None:
         like = "numpy" if host else "torch"
+    if not host and callable(alloc.device_array):
+        return alloc.device_array(owner, ptr, dims, dtype, like, alloc.device_id)
     if like == "numpy":
         if not host:
             raise ValueError("like='numpy' needs the host backend: this memory is on a GPU (use 'torch' or 'cupy')")

@@ -152,21 +152,26 @@ static void maybe_bind(int rank, int nranks) {
   }
 }
 
+/* The device a communicator made in this thread reports (ncclCommCuDevice, cudaDev): the host library
+ * has no GPU; a runtime standing in for CUDA (pycoll.emulated) sets its current device here. */
+static __thread int current_device = 0;
+NCCL_API void pycollSetDevice(int device) { current_device = device < 0 ? 0 : device; }
+
 NCCL_API ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
                                              ncclConfig_t* config) {
   maybe_bind(rank, nranks);
-  return init_common(comm, nranks, 1, &commId, rank, config, "ncclCommInitRankConfig", 0);
+  return init_common(comm, nranks, 1, &commId, rank, config, "ncclCommInitRankConfig", current_device);
 }
 
 NCCL_API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
   maybe_bind(rank, nranks);
-  return init_common(comm, nranks, 1, &commId, rank, NULL, "ncclCommInitRank", 0);
+  return init_common(comm, nranks, 1, &commId, rank, NULL, "ncclCommInitRank", current_device);
 }
 
 NCCL_API ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId,
                                                ncclUniqueId* commIds, ncclConfig_t* config) {
   maybe_bind(myrank, nranks);
-  return init_common(newcomm, nranks, nId, commIds, myrank, config, "ncclCommInitRankScalable", 0);
+  return init_common(newcomm, nranks, nId, commIds, myrank, config, "ncclCommInitRankScalable", current_device);
 }
 
 NCCL_API ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {

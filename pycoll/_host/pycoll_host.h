@@ -44,6 +44,9 @@
 extern "C" {
 #endif
 
+/* The CUDA ordinal that communicators made afterwards in the calling thread report (default 0). */
+void pycollSetDevice(int device);
+
 typedef struct pycollStream* pycollStream_t;
 typedef struct pycollEvent* pycollEvent_t;
 typedef struct pycollGraph* pycollGraph_t;

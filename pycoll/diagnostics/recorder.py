@@ -488,8 +488,9 @@ class FlightRecorder(CommObserver):
             is_p2p = peer is not None
             if is_p2p:
                 me = info.rank
-                name = (f"{info.lib_prefix}:send {me}->{peer}" if op == "send"
-                        else f"{info.lib_prefix}:recv {me}<-{peer}")
+                # one-sided operations keep their own names: pycoll-fr pairs only sends with recvs
+                arrow = "<-" if op in ("recv", "wait_signal") else "->"
+                name = f"{info.lib_prefix}:{op} {me}{arrow}{peer}"
             else:
                 name = f"{info.lib_prefix}:{op}"
             entry: Dict[str, Any] = {

@@ -69,6 +69,32 @@ class _EmulatedArray:
     def _current(self) -> int:
         return self.framework.current_stream(self.device)
 
+    def data_ptr(self) -> int:
+        """The address of the data (torch's ``Tensor.data_ptr()``)."""
+        return int(self.host.ctypes.data)
+
+    @classmethod
+    def over(cls, rt: EmulatedCudaRuntime, owner: Any, ptr: int, shape: Tuple[int, ...], dtype: Any, *,
+             device: int = 0) -> Any:
+        """An array over existing "device" memory at ``ptr`` (no copy), keeping ``owner`` alive."""
+        dt = np.dtype(dtype)
+        nbytes = dt.itemsize * int(np.prod(shape, dtype=np.int64))
+        raw = np.asarray(_Memory(owner, ptr, max(nbytes, 1)))[:nbytes]
+        self = cls.__new__(cls)
+        _EmulatedArray.__init__(self, rt, np.zeros(0, dt), device=device)
+        self.host = raw.view(dt).reshape(shape)
+        if isinstance(self, TorchLikeTensor):
+            self.dlpack_calls = []
+        return self
+
+
+class _Memory:
+    """What an array over foreign memory keeps alive (its numpy ``base``)."""
+
+    def __init__(self, owner: Any, ptr: int, nbytes: int) -> None:
+        self.owner = owner
+        self.__array_interface__ = {"data": (ptr, False), "shape": (nbytes,), "typestr": "|u1", "version": 3}
+
 
 # --- DLPack ------------------------------------------------------------------------------------
 
@@ -207,5 +233,6 @@ class CupyLikeArray(_EmulatedArray):
         }
 
 
+EmulatedCudaRuntime.array_types.update(torch=TorchLikeTensor, cupy=CupyLikeArray)
 register_framework_stream(TorchLikeTensor, "emulated torch", lambda a: a.framework.current_stream(a.device))
 register_framework_stream(CupyLikeArray, "emulated CuPy", lambda a: a.framework.current_stream(a.device))

@@ -22,7 +22,7 @@ import enum
 import itertools
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, Iterator, List, Optional, Tuple
 
 from .. import _bindings
 
@@ -187,11 +187,15 @@ class EmulatedCudaRuntime:
     cudaStreamCaptureMode = cudaStreamCaptureMode
     cudaMemcpyKind = cudaMemcpyKind
 
+    array_types: ClassVar[Dict[str, Any]] = {}  # like= -> array class (filled by .arrays)
+
     def __init__(self, ndev: int = 2, *, library: Any = None, log_calls: bool = True) -> None:
         global _open_runtime
         if library is None:
             library = _bindings.load("host")
         self.lib = library
+        self._set_host_device = ctypes.CDLL(library.path).pycollSetDevice  # cudaDev of comms made afterwards
+        self._set_host_device.argtypes, self._set_host_device.restype = [ctypes.c_int], None
         self.ndev = int(ndev)
         self.log_calls = log_calls
         self.log: List[Call] = []
@@ -326,6 +330,14 @@ class EmulatedCudaRuntime:
         ev = threading.Event()
         self.launch(stream, lambda: ev.wait(seconds))
 
+    def device_array(self, owner: Any, ptr: int, shape: Tuple[int, ...], dtype: Any, like: str, device: int) -> Any:
+        """An emulated CUDA array over ``ptr`` (what ``comm.mem_alloc``/``SymmetricPool`` hand out on this
+        runtime): ``like="torch"`` a :class:`TorchLikeTensor`, ``"cupy"`` a :class:`CupyLikeArray`."""
+        kinds = EmulatedCudaRuntime.array_types
+        if like not in kinds:
+            raise ValueError(f"like must be 'torch' or 'cupy' on the emulated GPU (device memory), got {like!r}")
+        return kinds[like].over(self, owner, ptr, tuple(shape), dtype, device=device)
+
     def inject_error(self, code: int = int(_ERR.cudaErrorIllegalAddress)) -> None:
         """A sticky device error: every query and synchronisation returns ``code`` from now on."""
         self._sticky = int(code)
@@ -379,6 +391,7 @@ class EmulatedCudaRuntime:
             return (_ERR.cudaErrorInvalidDevice,)
         self._local.device = device
         self.contexts[device].add(threading.get_ident())
+        self._set_host_device(device)
         return _OK
 
     def _cudaDeviceSynchronize(self) -> Tuple[Any, ...]:
