@@ -8,9 +8,10 @@ outstanding:
 
 * **Same host** (equal boot id and pid namespace): the peer's process state, read from
   ``/proc/<pid>/stat`` every ``PYCOLL_WATCHDOG_LIVENESS_INTERVAL`` seconds. A process that exited
-  (gone, a zombie, or its pid reused by another process) fails the work at once; one that is
-  stopped (``T``) or stopped under a tracer (``t``) when seen so twice in a row (one interval apart:
-  a SIGSTOP followed at once by SIGCONT is not a failure).
+  (gone, a zombie, or its pid reused by another process), is stopped (``T``) or stopped under a
+  tracer (``t``) fails the work when seen so on two rounds in a row (one interval apart) while the
+  same operation is still pending: an operation the peer had finished its part of before it went
+  completes, and a SIGSTOP followed at once by SIGCONT is not a failure.
 * **Other hosts**: the peer's heartbeat, the progress record its watchdog publishes every
   ``PYCOLL_WATCHDOG_PUBLISH_INTERVAL`` seconds. Read from the store only while an operation has been
   outstanding for longer than the peer's period, at most once per period; a record that has not
@@ -105,16 +106,16 @@ def process_state(pid: int, start: int) -> Optional[str]:
 class _Peers:
     """What is known of one communicator's peers."""
 
-    __slots__ = ("procs", "complete", "next_fetch", "stopped", "beats", "next_beat", "published")
+    __slots__ = ("procs", "complete", "next_fetch", "beats", "next_beat", "published", "suspect")
 
     def __init__(self) -> None:
         self.procs: Dict[int, ProcRecord] = {}
         self.complete = False
         self.next_fetch = 0.0
-        self.stopped: Dict[int, int] = {}  # rank -> consecutive rounds seen stopped
         self.beats: Dict[int, Tuple[Tuple[int, int], float]] = {}  # rank -> (heartbeat, local time it changed)
         self.next_beat = 0.0
         self.published = False
+        self.suspect: Optional[int] = None  # op_id of the oldest work pending when a peer was found unable
 
 
 class Liveness:
@@ -150,14 +151,27 @@ class Liveness:
             self._publish(c, p)
         outstanding = c.outstanding() if check else ()
         if not outstanding:
-            p.stopped.clear()
+            p.suspect = None
             return
         _fp.hit(FP_LIVENESS_CHECK)
         if not p.complete and now >= p.next_fetch:
             self._fetch(c, p, now)
         found = self._check_local(c, p) or self._check_remote(c, p, outstanding[0], now)
-        if found is not None:
-            self._fail(c, outstanding[0], now, *found)
+        if found is None:
+            p.suspect = None
+            return
+        # an operation the peer had finished its part of may still complete here: fail only work that
+        # was outstanding when the peer was first found unable to take part, one round ago, and still is
+        for w in outstanding:
+            c.try_refresh(w)
+        pending = [w for w in c.outstanding() if w.last_state != "completed" and w.error is None]
+        if not pending:
+            p.suspect = None
+            return
+        if p.suspect is None or p.suspect not in {w.op_id for w in pending}:
+            p.suspect = pending[0].op_id
+            return
+        self._fail(c, pending[0], now, *found)
 
     def _publish(self, c: CommView, p: _Peers) -> None:
         if self._me is None or self._me.pid != os.getpid() or self._me.period != self.period:
@@ -186,13 +200,7 @@ class Liveness:
             if not self._local(rec):
                 continue
             why = process_state(rec.pid, rec.start)
-            if why is None or not why.startswith("stopped"):
-                p.stopped.pop(rank, None)
-                if why is not None:
-                    return rank, rec, why
-                continue
-            p.stopped[rank] = p.stopped.get(rank, 0) + 1
-            if p.stopped[rank] >= 2:
+            if why is not None:
                 return rank, rec, why
         return None
 

@@ -178,3 +178,34 @@ def test_settings_are_validated():
             watchdog.Watchdog(enabled=False)
     finally:
         del os.environ["PYCOLL_WATCHDOG_HEARTBEAT_TIMEOUT"]
+
+
+def test_a_gone_peer_fails_only_work_still_pending_one_round_later(monkeypatch):
+    """A peer that exits right after its part of an operation: that operation may still complete
+    here; only work pending on two rounds in a row fails."""
+    import dataclasses
+
+    from helpers.fakes import FakeComm
+
+    from pycoll.diagnostics.recorder import FlightRecorder
+    from pycoll.store import MemoryStore
+
+    lv = liveness
+    store = MemoryStore(timeout=1)
+    c = FakeComm(FlightRecorder(), 0, 2, store=store)
+    peer = dataclasses.replace(lv.this_process(1.0), pid=999_999)  # this host: its process state is read
+    store.set(f"{lv.proc_prefix(c.uid)}1", peer.encode())
+    monkeypatch.setattr(lv, "process_state", lambda pid, start: "exited")
+    live = lv.Liveness(0.2, 5.0, 1.0)
+    w1 = c.op("all_reduce", state="started")
+    live.round(c, 1.0)
+    assert c.failure is None  # first sight: w1 may still complete
+    w1._state = "completed"
+    c.pending.remove(w1)
+    live.round(c, 1.2)
+    assert c.failure is None  # it did: nothing fails
+    c.op("all_reduce", state="started")
+    live.round(c, 1.4)
+    assert c.failure is None
+    live.round(c, 1.6)  # the same operation still pending one round later: the peer cannot finish it
+    assert isinstance(c.failure, pycoll.PeerFailure) and "rank 1 (pid 999999) is exited" in str(c.failure)
