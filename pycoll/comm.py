@@ -248,7 +248,7 @@ class Communicator:
         self._stream: Optional[int] = None
         self._events: List[int] = []
         self._scratch: Optional[int] = None
-        self._host_scratch: Tuple[int, int] = (0, 0)  # broadcast_bytes' device buffer: (pointer, size)
+        self._bytes_scratch: Tuple[int, int] = (0, 0)  # broadcast_bytes' device buffer: (pointer, size)
         self._premul: weakref.WeakSet[PreMulSum] = weakref.WeakSet()
         self._resources: List[Any] = []  # registrations and windows (pycoll.windows), released with the comm
         self.created_at = time.time()
@@ -734,7 +734,7 @@ class Communicator:
         self._stream = None
         self._events = []
         self._scratch = None
-        self._host_scratch = (0, 0)
+        self._bytes_scratch = (0, 0)
 
     def _captured(self, w: Work, call: Callable[[int, int], Any], h: int, stream: int,
                   group: Optional[List[Work]]) -> Work:
@@ -1074,16 +1074,16 @@ class Communicator:
             self.broadcast(arr, root=root, timeout=timeout)
             return bytes(arr)
         st = self._begin("broadcast", None, False, ())
-        ptr, size = self._host_scratch
+        ptr, size = self._bytes_scratch
         if size < nbytes:
             previous = dev.swap_current()  # ncclMemAlloc allocates on the current device
             try:
                 if ptr:
-                    self._host_scratch = (0, 0)
+                    self._bytes_scratch = (0, 0)
                     self.library.mem_free(ptr)
                 size = max(64, nbytes)
                 ptr = self.library.mem_alloc(size)
-                self._host_scratch = (ptr, size)
+                self._bytes_scratch = (ptr, size)
             finally:
                 dev.restore_current(previous)
         if self._rank == root and data is not None:
@@ -1318,8 +1318,8 @@ class Communicator:
             if self._scratch is not None:
                 ptr, self._scratch = self._scratch, None
                 self.library.mem_free(ptr)
-            if self._host_scratch[0]:
-                ptr, self._host_scratch = self._host_scratch[0], (0, 0)
+            if self._bytes_scratch[0]:
+                ptr, self._bytes_scratch = self._bytes_scratch[0], (0, 0)
                 self.library.mem_free(ptr)
         except Exception:
             _log.exception("releasing resources of %r", self.name)
