@@ -54,6 +54,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 import numpy as np
 
 from . import _bindings as B, failpoints as _fp, membership as _mb
+from ._procs import boot_id, stat_fields
 from .comm import Communicator, default_timeout
 from .config import CommConfig
 from .create import init, join, load_library
@@ -149,22 +150,10 @@ class Transition:
         )
 
 
-def _boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
 def _local_process_gone(pid: int) -> bool:
     """True when a process of this host has exited (also as an unreaped zombie) or is stopped."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state in ("Z", "X", "T", "t")
+    fields = stat_fields(pid)
+    return not fields or fields[0] in ("Z", "X", "T", "t")
 
 
 class ElasticGroup:
@@ -238,7 +227,7 @@ class ElasticGroup:
         self._proc_cache: Dict[int, Tuple[str, int]] = {}  # slot -> (boot id, pid), read by the watcher
         self._release_at = 0  # dumps wait until the new communicator has issued this many operations
         self._watcher: Optional[threading.Thread] = None
-        self._boot = _boot_id()
+        self._boot = boot_id()
         self._committed: Optional[int] = None  # the last step this member completed (commit())
         self._joiners_seen = False  # rank 0's watcher saw join requests (read by maybe_grow)
         store.set(f"{self._ns}/proc/{slot}", f"{self._boot} {os.getpid()}")

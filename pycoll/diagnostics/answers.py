@@ -19,6 +19,7 @@ import time
 from typing import Any, Dict, Optional
 
 from .. import failpoints as _fp
+from .._procs import stat_fields
 from .records import FailureRecord, ProgressRecord, failure_prefix, progress_prefix, read_records
 from .report import FailureReport
 from .signals import signal_number
@@ -85,9 +86,11 @@ def gone(p: Optional[Dict[str, Any]]) -> bool:
 def started_before(pid: int, time_ns: int) -> bool:
     """True when process ``pid`` exists and started before ``time_ns`` (wall clock): the process that
     published a record then, not another one that reuses its pid. False where /proc cannot say."""
+    fields = stat_fields(pid)
+    if not fields:
+        return False
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        ticks = int(fields[19])
         with open("/proc/stat") as f:
             btime = next(int(line.split()[1]) for line in f if line.startswith("btime "))
         return btime + ticks / os.sysconf("SC_CLK_TCK") <= time_ns / 1e9 + 1.0

@@ -37,6 +37,7 @@ import socket
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .. import failpoints as _fp
+from .._procs import boot_id, stat_fields
 from ..errors import PeerFailure, StoreError
 from ..hooks import CommView, WorkView
 from .records import ProcRecord, ProgressRecord, proc_prefix, progress_prefix, read_records
@@ -59,21 +60,12 @@ def simulate_remote(on: bool = True) -> None:
     _all_remote = bool(on)
 
 
-def _read(path: str) -> str:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
 def _stat(pid: int) -> Optional[Tuple[str, int]]:
     """(state letter, start time in clock ticks) of a process of this pid namespace; None: no such process."""
+    fields = stat_fields(pid)
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return fields[0], int(fields[19])
-    except (OSError, IndexError, ValueError):
+        return (fields[0], int(fields[19])) if fields else None
+    except (IndexError, ValueError):
         return None
 
 
@@ -85,7 +77,7 @@ def this_process(period: float) -> ProcRecord:
         pidns = os.readlink("/proc/self/ns/pid")
     except OSError:
         pidns = ""
-    return ProcRecord(socket.gethostname(), _read("/proc/sys/kernel/random/boot_id"), pidns, pid,
+    return ProcRecord(socket.gethostname(), boot_id(), pidns, pid,
                       st[1] if st else 0, period)
 
 

@@ -73,6 +73,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .. import failpoints as _fp
+from .._procs import stat_fields
 from ..errors import StoreError, StoreTimeout
 from ..store import Store, TCPStore, TCPStoreServer
 from . import discovery
@@ -152,11 +153,8 @@ def _killpg(pgid: int, sig: int) -> None:
 
 
 def _is_stopped(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
-    except (OSError, IndexError):
-        return False
+    fields = stat_fields(pid)
+    return bool(fields and fields[0] in ("T", "t"))
 
 
 def _children_of(pid: int) -> List[int]:

@@ -18,7 +18,7 @@ PKG = os.path.join(REPO, "pycoll")
 # lower number = lower layer; a module may import only modules of its own layer or below
 LAYERS = [
     ("bindings", ["pycoll._bindings", "pycoll.bindings", "pycoll.errors", "pycoll._settings", "pycoll._dtypes",
-                  "pycoll.failpoints"]),
+                  "pycoll.failpoints", "pycoll._procs"]),
     ("core", ["pycoll.hooks", "pycoll.buffers", "pycoll.devices", "pycoll.config", "pycoll.work", "pycoll.group",
               "pycoll.premul", "pycoll.windows", "pycoll.memory", "pycoll.properties", "pycoll.collconfig",
               "pycoll.adopt", "pycoll.comm"]),
