@@ -441,22 +441,27 @@ class EmulatedCudaRuntime:
                          name="emulated-stream-destroy").start()  # CUDA defers the release
         return _OK
 
-    def _cudaStreamQuery(self, stream: Any) -> Tuple[Any, ...]:
+    def _outside_capture(self, stream: Any) -> Tuple[Any, Tuple[Any, ...]]:
+        """(the stream, _OK) for a call that no capture can hold, or (None, the error): an unknown
+        stream, or a capturing one (whose capture the call invalidates, as CUDA does)."""
         st = self._stream(stream)
         if st is None:
-            return (_ERR.cudaErrorInvalidResourceHandle,)
+            return None, (_ERR.cudaErrorInvalidResourceHandle,)
         if st.capture is not None:
             self._invalidate(st)
-            return (_ERR.cudaErrorStreamCaptureUnsupported,)
+            return None, (_ERR.cudaErrorStreamCaptureUnsupported,)
+        return st, _OK
+
+    def _cudaStreamQuery(self, stream: Any) -> Tuple[Any, ...]:
+        st, err = self._outside_capture(stream)
+        if st is None:
+            return err
         return _OK if self.lib.host_stream_query(st.handle) else (_ERR.cudaErrorNotReady,)
 
     def _cudaStreamSynchronize(self, stream: Any) -> Tuple[Any, ...]:
-        st = self._stream(stream)
+        st, err = self._outside_capture(stream)
         if st is None:
-            return (_ERR.cudaErrorInvalidResourceHandle,)
-        if st.capture is not None:
-            self._invalidate(st)
-            return (_ERR.cudaErrorStreamCaptureUnsupported,)
+            return err
         self.lib.host_stream_synchronize(st.handle)
         return (_ERR(self._sticky),) if self._sticky is not None else _OK
 
@@ -532,12 +537,9 @@ class EmulatedCudaRuntime:
         count = int(count)
         if count < 0 or (count and (dst <= 0 or src <= 0)):
             return (_ERR.cudaErrorInvalidValue,)
-        st = self._stream(stream)
+        st, err = self._outside_capture(stream)
         if st is None:
-            return (_ERR.cudaErrorInvalidResourceHandle,)
-        if st.capture is not None:
-            self._invalidate(st)
-            return (_ERR.cudaErrorStreamCaptureUnsupported,)
+            return err
         if count:
             self.launch(stream, lambda: ctypes.memmove(dst, src, count))
         return _OK
