@@ -47,8 +47,15 @@ def test_demo_writes_a_trace_with_the_recovery(tmp_path):
     assert sorted(e["pid"] for e in evs if e["ph"] == "i" and e["cat"] == "failure") == [0, 1, 3]
     verdicts = [e["args"]["verdict"] for e in evs if e["ph"] == "i" and e["name"].startswith("verdict")]
     assert any("rank 2 (no dump) was not seen entering" in v for v in verdicts), verdicts
-    # the slices of generation 1 come after the shrink, on every survivor
+    # the slices of generation 1 come after the shrink, on every survivor: the first (the barrier) starts once
+    # the shrunk communicator is ready and inside the recovery's "first collective" phase; the rest after it
     for r in (0, 1, 3):
-        shrink_end = max(e["ts"] + e["dur"] for e in el if e["pid"] == r and e["name"] == "shrink -> generation 1")
-        gen1 = [e["ts"] for e in ops if e["pid"] == r and e["args"]["generation"] == 1]
-        assert gen1 and min(gen1) >= shrink_end - 5e3  # its first collective (the barrier) is inside the recovery
+        def phase(name):
+            return [e for e in el if e["pid"] == r and e["name"] == name and e["args"].get("generation") == 1]
+        (ready,) = phase("shrink")
+        (first,) = phase("first collective")
+        (whole,) = phase("shrink -> generation 1")
+        gen1 = sorted(e["ts"] for e in ops if e["pid"] == r and e["args"]["generation"] == 1)
+        assert gen1 and gen1[0] >= ready["ts"] + ready["dur"] - 1  # ts in us, rounded
+        assert first["ts"] - 1 <= gen1[0] <= whole["ts"] + whole["dur"] + 1
+        assert all(t >= whole["ts"] + whole["dur"] - 1 for t in gen1[1:])
