@@ -98,7 +98,7 @@ def process_state(pid: int, start: int) -> Optional[str]:
 class _Peers:
     """What is known of one communicator's peers."""
 
-    __slots__ = ("procs", "complete", "next_fetch", "beats", "next_beat", "published", "suspect")
+    __slots__ = ("procs", "complete", "next_fetch", "beats", "next_beat", "published", "suspect", "suspect_at")
 
     def __init__(self) -> None:
         self.procs: Dict[int, ProcRecord] = {}
@@ -108,6 +108,7 @@ class _Peers:
         self.next_beat = 0.0
         self.published = False
         self.suspect: Optional[int] = None  # op_id of the oldest work pending when a peer was found unable
+        self.suspect_at = 0.0  # when (a round woken early, e.g. by a new communicator, is no round later)
 
 
 class Liveness:
@@ -161,8 +162,10 @@ class Liveness:
             p.suspect = None
             return
         if p.suspect is None or p.suspect not in {w.op_id for w in pending}:
-            p.suspect = pending[0].op_id
+            p.suspect, p.suspect_at = pending[0].op_id, now
             return
+        if now - p.suspect_at < 0.5 * self.interval:
+            return  # woken early: the peer's part may still be on its way
         self._fail(c, pending[0], now, *found)
 
     def _publish(self, c: CommView, p: _Peers) -> None:
