@@ -95,10 +95,20 @@ def _parse_votes(raw: bytes) -> Dict[int, int]:
     return out
 
 
+_STALL_S = 0.25  # a store request this much over its own timeout: the store did not answer meanwhile
+
+
 def _slice(n: int) -> float:
     """How long one wait for the decision lasts before a member looks at the coordinator's liveness
     again: 50 ms up to 64 members, longer beyond (so that the waits' expiries cost the store little)."""
     return min(0.5, 0.05 * max(1.0, n / 64))
+
+
+def _stalled(started: float, asked: float) -> float:
+    """Seconds a store request that began at ``started`` and could take ``asked`` seconds overran them
+    (a store that did not answer, e.g. its server stopped for a while); 0 for a usual answer."""
+    over = time.monotonic() - started - asked
+    return over if over > _STALL_S else 0.0
 
 
 def agree(store: Any, base: str, slot: int, members: Sequence[int], step: int, gone: Gone, *,
@@ -109,7 +119,8 @@ def agree(store: Any, base: str, slot: int, members: Sequence[int], step: int, g
     ``members`` not known to be gone -- waits until every member not known to be gone has voted (one
     ``wait_size`` request), at most ``window`` seconds, and compare-and-sets the decision; the others
     wait for the decision (one ``get``, answered by the store when it is set). A member that finds
-    the coordinator gone takes over, and so does every member once ``window`` is over. The decision
+    the coordinator gone takes over, and so does every member once ``window`` is over (time the store
+    did not answer does not count: members whose votes it holds unanswered are not late). The decision
     keeps the members that voted and are not known to be gone by then; it names the members left
     out, so its size does not grow with the group. Two store requests per member when every member
     is either alive or provably gone (the vote and the wait).
@@ -132,10 +143,12 @@ def agree(store: Any, base: str, slot: int, members: Sequence[int], step: int, g
             raw = _coordinate(store, base, slot, mine, members, step, gone, deadline)
             break
         _fp.hit(FP_AGREE_WAIT, rank=slot)
+        asked, t = min(left, _slice(len(members))), time.monotonic()
         try:
-            raw = store.get(f"{base}decision", timeout=min(left, _slice(len(members))))
+            raw = store.get(f"{base}decision", timeout=asked)
             break
         except StoreTimeout:
+            deadline += _stalled(t, asked)
             continue
     decision = parse_decision(raw, members)
     _fp.hit(FP_AGREE_AFTER_DECISION, rank=slot)
@@ -160,14 +173,19 @@ def _coordinate(store: Any, base: str, slot: int, mine: Set[int], members: Tuple
             left = 0.0  # one look at the votes there are
         _fp.hit(FP_AGREE_WAIT, rank=slot)
         count = len(raw) // _VOTE.size
+        asked, t = min(left, 0.05), time.monotonic()
         try:
-            raw = store.wait_size(votes_key, _VOTE.size * (count + len(missing)), timeout=min(left, 0.05))
+            raw = store.wait_size(votes_key, _VOTE.size * (count + len(missing)), timeout=asked)
             read = True
         except StoreTimeout:
             if left <= 0:
                 raw, read = _get_or_empty(store, votes_key), True
             elif store.check([decision_key]):
                 break  # another member decided (its window was over): adopt that
+        stalled = _stalled(t, asked)
+        if stalled:  # the store held the votes sent meanwhile unanswered: they are not late
+            deadline += stalled
+            read = False
     # a member that voted and is gone since is left out too (the new communicator would fail on it)
     alive = [m for m in members if m in mine or (m in voted and not gone(m))]
     least = min([voted.get(m, step) for m in alive] + [step])

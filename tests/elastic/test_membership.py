@@ -229,3 +229,47 @@ def test_aggregators_speak_for_their_nodes(server):
     assert server.stats()["requests"] - before["requests"] <= 3 * 8
     with pytest.raises(ValueError, match="at least one vote"):
         membership.vouch_many(server.client(), BASE, {}, 0)
+
+
+class _FrozenFor:
+    """A member's store while the store server is stopped (the launcher serving it was SIGSTOPped)
+    from ``since`` to ``until``: a request made meanwhile is answered at ``until``, the coordinator's
+    first, the others' a little later (queued behind), as a server catching up answers them."""
+
+    def __init__(self, store, slot, since, until):
+        self._store, self._slot, self._since, self._until = store, slot, since, until
+
+    def __getattr__(self, name):
+        real = getattr(self._store, name)
+
+        def call(*args, **kwargs):
+            now = time.monotonic()
+            if self._since <= now < self._until:
+                time.sleep(self._until - now + (0.0 if self._slot == 0 else 0.15))
+            return real(*args, **kwargs)
+
+        return call
+
+
+@pytest.mark.timeout(60)
+def test_time_the_store_did_not_answer_is_not_counted_against_the_window(server):
+    n, window = 8, 0.4
+    members, steps = tuple(range(n)), _steps(n)
+    since = time.monotonic() + 0.1
+    until = since + 1.0  # longer than the window: the coordinator has voted, the others' votes are held
+    results = {}
+
+    def member(slot):
+        store = _FrozenFor(TCPStore(server.host, server.port, "m", timeout=10), slot, since, until)
+        if slot:
+            time.sleep(0.15)
+        membership.vouch(store, BASE, slot, steps[slot])
+        results[slot] = membership.agree(store, BASE, slot, members, steps[slot], lambda m: False, window=window,
+                                         timeout=10)
+
+    threads = [threading.Thread(target=member, args=(s,)) for s in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert _check(results, set(), n=n) == members  # nobody was late: the store was
