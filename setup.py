@@ -37,6 +37,9 @@ host = Extension(
     libraries=["rt", "m"],
 )
 
+core = Extension("pycoll._core", sources=["pycoll/_core.pyx"])
+observer_hooks = Extension("pycoll.diagnostics._hooks", sources=["pycoll/diagnostics/_hooks.pyx"])
+
 bindings = Extension(
     "pycoll._bindings._nccl",
     sources=["pycoll/_bindings/_nccl.pyx"],
@@ -45,7 +48,8 @@ bindings = Extension(
 
 setup(
     ext_modules=[
-        *cythonize([bindings], language_level=3, compiler_directives={"embedsignature": True, "binding": True}),
+        *cythonize([bindings, core, observer_hooks], language_level=3,
+                   compiler_directives={"embedsignature": True, "binding": True}),
         host,
     ],
     cmdclass={"build_ext": BuildExt},

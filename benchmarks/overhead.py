@@ -296,14 +296,18 @@ def breakdown(a: argparse.Namespace) -> Dict[str, float]:
     buf = comm._buf(a_np, st, writable=True, name="tensor")
     ev = dev.create_event()
     work = Work(comm, "all_reduce", 1, 0, 1, False, None, 30.0, st, [buf], [buf])
-    recorder = [hk for hk in hooks.enqueue_hooks if "FlightRecorder" in getattr(hk, "__qualname__", "")]
-    watchdog = [hk for hk in hooks.enqueue_hooks if "Watchdog" in getattr(hk, "__qualname__", "")]
+    def owner(hk: Any) -> str:  # a bound method's class (the hooks are compiled functions bound as methods)
+        return type(getattr(hk, "__self__", None)).__name__
+
+    recorder = [hk for hk in hooks.enqueue_hooks if owner(hk) == "FlightRecorder"]
+    watchdog = [hk for hk in hooks.enqueue_hooks if owner(hk) == "Watchdog"]
+    assert recorder and watchdog, [owner(hk) for hk in hooks.enqueue_hooks]
 
     def done_work() -> Any:  # a Work whose events completed: what refresh finds after an inline run
         w = Work(comm, "all_reduce", 1, 0, 1, False, None, 30.0, st, [buf], [buf])
-        w._start = comm._event()
+        w._start = dev.create_event()
         dev.record_event(w._start, st)
-        w._end = comm._event()
+        w._end = dev.create_event()
         dev.record_event(w._end, st)
         with comm._plock:
             comm._pending.append(w)

@@ -18,11 +18,11 @@ import threading
 import time
 import warnings
 import weakref
-from threading import get_ident as _get_ident
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 from . import (
     _bindings as B,
+    _core,
     _dtypes,
     _settings,
     adopt as _adopt,
@@ -31,7 +31,7 @@ from . import (
     memory as _memory,
     windows as _windows,
 )
-from .buffers import Buffer, as_buffer, check_count, check_device, check_same_dtype
+from .buffers import Buffer, check_count, check_same_dtype
 from .collconfig import CollConfig, prepare as _prepare_config
 from .config import CommConfig
 from .devices import Device, backoff
@@ -47,7 +47,7 @@ from .errors import (
     RemoteError,
     error_class,
 )
-from .group import SimulatedGroup, group as _group, open_group as _open_group, simulate as _group_simulate
+from .group import SimulatedGroup, group as _group, simulate as _group_simulate
 from .hooks import CommObserver, Progress, add_observer, live_communicators, remove_observer
 from .premul import PreMulSum, datatype_of, scalar_argument
 from .properties import CommProperties, query_properties
@@ -224,7 +224,7 @@ class Communicator:
         self._generation = generation
         self._owns_device = owns_device
         self.backend: str = device.backend
-        self._stream_inline: Optional[bool] = None  # whether the own stream may run work in the caller's thread
+        self._stream_mode = -1  # how the own stream may run work in other threads (_core._own_stream)
         self._guard_device = device.kind != "host"  # launches run with the communicator's GPU current
         # Lock order: _lock, then _plock, then _hlock; never the other way round.
         self._lock = threading.RLock()  # serialises library calls on the handle (not aborts nor async-error reads)
@@ -432,53 +432,14 @@ class Communicator:
             code,
         )
 
-    def _event(self) -> int:
-        return self._events.pop() if self._events else self.device.create_event()
-
-    def refresh(self, w: Work) -> None:
-        """Update ``w``'s state from its events (and retire it once complete). Never waits for a
-        library call in progress; a device error from an event query fails the communicator."""
-        start, end = w._start, w._end
-        if w._state == "completed" or w._exc is not None or start is None:
-            return
-        dev = self.device
-        try:
-            done = end is not None and dev.query_event(end)
-            started = done or w._state != "scheduled" or dev.query_event(start)
-        except Exception as exc:  # a destroyed event (released meanwhile) or a sticky device error
-            if w._start is start and w._exc is None:
-                self.fail(exc if isinstance(exc, CommFailure) else
-                          AsyncCommError(f"communicator {self.name!r} rank {self._rank}: querying the events of "
-                                         f"{w.op} (seq {w.seq}) failed: {exc}", getattr(exc, "code", -1)), w)
-            return
-        code = self._async_code() if done else 0  # read before _plock: lock order
-        failure: Optional[BaseException] = None
-        with self._plock:
-            if w._state == "completed" or w._exc is not None or w._start is not start:
-                return
-            if started and w._state == "scheduled":
-                w._state = "started"
-                w.time_started_ns = time.time_ns()
-            if not done:
-                return
-            if code not in (0, B.IN_PROGRESS):
-                failure = self._async_exc(code)
-            else:
-                w._state = "completed"
-                w.time_completed_ns = time.time_ns()
-                if w.time_started_ns is None:
-                    w.time_started_ns = w.time_completed_ns
-                w.duration_ms = None
-                if dev.events_timed and end is not None:  # end is set: done
-                    try:
-                        w.duration_ms = dev.elapsed_ms(start, end)
-                    except Exception:
-                        pass
-                self._retire(w)
-        if failure is not None:
-            self.fail(failure, w)
-        elif hooks.completion_hooks:
-            hooks.run_hooks(hooks.completion_hooks, w)
+    # the per-call path, compiled (pycoll/_core.pyx): launch one operation, read its completion from its
+    # events, retire it, record its end event when its call (or ncclGroupEnd) issued it
+    _begin = _core.begin  # check the state, resolve the stream
+    _buf = _core.buf  # describe an array for a call on a stream
+    _launch = _core.launch
+    refresh = _core.refresh
+    _retire = _core.retire
+    group_closed = _core.group_closed
 
     def try_refresh(self, w: Work) -> None:
         """Like :meth:`refresh`, for observers: never raises, skipped once the communicator failed."""
@@ -490,16 +451,6 @@ class Communicator:
             self.refresh(w)
         except Exception:
             _log.debug("could not refresh the state of %r", w, exc_info=True)
-
-    def _retire(self, w: Work) -> None:
-        _discard(self._pending, w)
-        events = self._events
-        if w._start is not None:
-            events.append(w._start)
-        if w._end is not None:
-            events.append(w._end)
-        w._start = w._end = None
-        w.inputs = w.outputs = []  # let the arrays go
 
     def check(self, now: Optional[float] = None) -> None:
         """Check the asynchronous error and every outstanding operation's deadline (the watchdog and
@@ -599,118 +550,6 @@ class Communicator:
         raise failure from e
 
     # -- launching operations -------------------------------------------------------------------
-
-    def _own_stream(self, blocking: bool) -> int:
-        """The communicator's own stream (created on first use).
-
-        An idle host stream may run a blocking operation in the caller's thread -- the same
-        stream order and events, without a thread switch -- but only while a watchdog enforces
-        deadlines (a caller blocked inside the library cannot) and never for an asynchronous or
-        grouped operation (its call must return at once).
-        """
-        inline = blocking and hooks.deadlines_watched() and _open_group() is None
-        if self._stream is None:
-            self._stream = self.device.create_stream()
-        if inline is not self._stream_inline:
-            self.device.allow_inline(self._stream, inline)
-            self._stream_inline = inline
-        return self._stream
-
-    def _begin(self, what: str, stream: Any, async_op: bool, arrays: Sequence[Any]) -> int:
-        """Check the state and resolve the stream the operation runs on."""
-        if self._state != "active" or self._failure is not None:
-            self._check_usable(what)
-        if stream is None and not self._guard_device:  # the host: no framework streams, the own stream
-            return self._own_stream(not async_op)
-        return self.device.resolve_stream(stream, [a for a in arrays if a is not None],
-                                          default=self._own_stream(not async_op))
-
-    def _buf(self, obj: Any, stream: int, *, writable: bool, name: str) -> Buffer:
-        buf = as_buffer(obj, writable=writable, stream=stream, name=name)
-        check_device(buf, self.backend, None if self.backend == "host" else self.device.device_id)
-        if buf.sync_stream is not None:
-            self.device.wait_stream(stream, buf.sync_stream)
-        return buf
-
-    def _launch(
-        self,
-        op: str,
-        call: Callable[[int, int], Any],
-        stream: int,
-        inputs: Sequence[Buffer],
-        outputs: Sequence[Buffer],
-        async_op: bool,
-        timeout: Optional[float],
-        *,
-        peer: Optional[int] = None,
-    ) -> Work:
-        """Enqueue one operation: the same path on every backend.
-
-        Its start event is recorded, the Work becomes outstanding (the watchdog watches it from
-        here on, also while an idle host stream runs it in this thread), the library call enqueues
-        it, and its end event is recorded after it (at ``ncclGroupEnd`` inside a group). On a
-        stream that is capturing a graph the operation is only recorded into the graph.
-        """
-        timeout = self.timeout if timeout is None else _check_timeout(timeout, self.timeout)
-        dev = self.device
-        capture = dev.capture_id(stream)
-        if peer is None:
-            self._coll_seq += 1
-        else:
-            self._p2p_seq += 1
-        w = Work(self, op, self._coll_seq, self._p2p_seq, next(self._op_ids), peer is not None, peer, timeout, stream,
-                 inputs, outputs, async_op, capture)
-        for hook in hooks.enqueue_hooks:  # called from here: the recorder's stack starts at this frame
-            try:
-                hook(w)
-            except Exception:  # an observer must never break a collective
-                _log.exception("observer hook %r failed", hook)
-        h = self._handle
-        assert h is not None
-        group = _open_group()
-        me = _get_ident()
-        user = self._user
-        if user is not None and user != me:
-            self._concurrent_use(user, me, op)
-        self._user = me
-        try:
-            if capture is not None:
-                return self._captured(w, call, h, stream, group)
-            previous = dev.swap_current() if self._guard_device else None
-            try:
-                events = self._events
-                with self._lock:
-                    w._start = ev = events.pop() if events else dev.create_event()
-                    dev.record_event(ev, stream)
-                    with self._plock:
-                        self._pending.append(w)
-                try:
-                    status = call(h, stream)
-                except NCCLError as e:
-                    self._withdraw(w)
-                    self.handle_call_error(e, w)
-                if status == _IN_PROGRESS:
-                    self.await_ready(w)  # nothing is on the stream until the communicator is ready
-                if group is None:
-                    self.group_closed(w)
-            finally:
-                if previous is not None:
-                    dev.restore_current(previous)
-            if group is not None:
-                group.append(w)
-            elif not async_op:
-                self.refresh(w)  # an idle host stream ran it in this thread: usually complete now
-                if w._state != "completed" or w._exc is not None:
-                    w.wait()
-            return w
-        except KeyboardInterrupt:
-            # Ctrl-C inside a blocking operation: the operation cannot complete consistently with the
-            # other ranks any more; fail the communicator (its policy acts, the peers are told)
-            self.fail(CommAborted(f"communicator {self.name!r} rank {self._rank}: {op} (seq {w.seq}) was "
-                                  "interrupted (KeyboardInterrupt)"), w)
-            raise
-        finally:
-            self._user = user  # None, or this thread's own (a nested launch)
 
     def _concurrent_use(self, other: int, me: int, op: str) -> None:
         names = {t.ident: t.name for t in threading.enumerate()}
@@ -824,21 +663,7 @@ class Communicator:
 
     # -- collectives ----------------------------------------------------------------------------
 
-    def all_reduce(self, tensor: Any, output: Any = None, op: Any = "sum", *, stream: Any = None,
-                   async_op: bool = False, timeout: Optional[float] = None,
-                   config: Optional[CollConfig] = None) -> Work:
-        """Reduce ``tensor`` across ranks into ``output`` (in place when ``output`` is None)."""
-        cc = _prepare_config(config)
-        st = self._begin("all_reduce", stream, async_op, (tensor, output))
-        inp = self._buf(tensor, st, writable=output is None, name="tensor")
-        out = inp if output is None else self._buf(output, st, writable=True, name="output")
-        check_same_dtype(inp, out, op="all_reduce")
-        check_count(out, inp.count, op="all_reduce")
-        redop = self._redop(op, inp.datatype)
-        lib = self.library
-        return self._launch("all_reduce",
-                            lambda h, s: lib.all_reduce(inp.ptr, out.ptr, inp.count, inp.datatype, redop, h, s, *cc),
-                            st, [inp], [out], async_op, timeout)
+    all_reduce = _core.all_reduce  # the most common call, wholly compiled (pycoll/_core.pyx)
 
     def broadcast(self, tensor: Any, root: int = 0, output: Any = None, *, stream: Any = None,
                   async_op: bool = False, timeout: Optional[float] = None,
@@ -853,9 +678,8 @@ class Communicator:
         check_same_dtype(inp, out, op="broadcast")
         check_count(out, inp.count, op="broadcast")
         lib = self.library
-        return self._launch("broadcast",
-                            lambda h, s: lib.broadcast(inp.ptr, out.ptr, inp.count, inp.datatype, root, h, s, *cc),
-                            st, [inp], [out], async_op, timeout)
+        call = _core.library_call(lib, "broadcast", cc, inp.ptr, out.ptr, inp.count, inp.datatype, 0, root)
+        return self._launch("broadcast", call, st, [inp], [out], async_op, timeout)
 
     def reduce(self, tensor: Any, root: int = 0, output: Any = None, op: Any = "sum", *, stream: Any = None,
                async_op: bool = False, timeout: Optional[float] = None,
@@ -870,9 +694,8 @@ class Communicator:
         check_count(out, inp.count, op="reduce")
         redop = self._redop(op, inp.datatype)
         lib = self.library
-        return self._launch("reduce",
-                            lambda h, s: lib.reduce(inp.ptr, out.ptr, inp.count, inp.datatype, redop, root, h, s, *cc),
-                            st, [inp], [out], async_op, timeout)
+        call = _core.library_call(lib, "reduce", cc, inp.ptr, out.ptr, inp.count, inp.datatype, redop, root)
+        return self._launch("reduce", call, st, [inp], [out], async_op, timeout)
 
     def all_gather(self, input: Any, output: Any, *, stream: Any = None, async_op: bool = False,
                    timeout: Optional[float] = None,
@@ -895,7 +718,7 @@ class Communicator:
             check_count(out, inp.count * self._size, op="all_gather", why=f"{inp.count} elements x {self._size} ranks")
         lib = self.library
         return self._launch("all_gather",
-                            lambda h, s: lib.all_gather(inp.ptr, out.ptr, inp.count, inp.datatype, h, s, *cc),
+                            _core.library_call(lib, "all_gather", cc, inp.ptr, out.ptr, inp.count, inp.datatype),
                             st, [inp], [out], async_op, timeout)
 
     def reduce_scatter(self, input: Any, output: Any = None, op: Any = "sum", *, stream: Any = None,
@@ -920,10 +743,8 @@ class Communicator:
                         why=f"{out.count} elements x {self._size} ranks")
         redop = self._redop(op, inp.datatype)
         lib = self.library
-        return self._launch("reduce_scatter",
-                            lambda h, s: lib.reduce_scatter(inp.ptr, out.ptr, out.count, inp.datatype, redop, h, s,
-                                                            *cc),
-                            st, [inp], [out], async_op, timeout)
+        call = _core.library_call(lib, "reduce_scatter", cc, inp.ptr, out.ptr, out.count, inp.datatype, redop)
+        return self._launch("reduce_scatter", call, st, [inp], [out], async_op, timeout)
 
     def all_to_all(self, input: Any, output: Any = None, *, stream: Any = None, async_op: bool = False,
                    timeout: Optional[float] = None,
@@ -1027,7 +848,7 @@ class Communicator:
         st = self._begin("send", stream, async_op, (tensor,))
         buf = self._buf(tensor, st, writable=False, name="tensor")
         lib = self.library
-        return self._launch("send", lambda h, s: lib.send(buf.ptr, buf.count, buf.datatype, peer, h, s),
+        return self._launch("send", _core.library_call(lib, "send", (), buf.ptr, 0, buf.count, buf.datatype, 0, peer),
                             st, [buf], [], async_op, timeout, peer=peer)
 
     def recv(self, tensor: Any, peer: int, *, stream: Any = None, async_op: bool = False,
@@ -1037,7 +858,7 @@ class Communicator:
         st = self._begin("recv", stream, async_op, (tensor,))
         buf = self._buf(tensor, st, writable=True, name="tensor")
         lib = self.library
-        return self._launch("recv", lambda h, s: lib.recv(buf.ptr, buf.count, buf.datatype, peer, h, s),
+        return self._launch("recv", _core.library_call(lib, "recv", (), 0, buf.ptr, buf.count, buf.datatype, 0, peer),
                             st, [], [buf], async_op, timeout, peer=peer)
 
     def barrier(self, *, stream: Any = None, async_op: bool = False, timeout: Optional[float] = None) -> Work:
@@ -1109,15 +930,6 @@ class Communicator:
         object's ``estimated_time`` (microseconds, the library's model) is set when the block ends,
         and the operations' Works fail with CommStateError if waited for."""
         return _group_simulate(self)
-
-    def group_closed(self, w: Work) -> None:
-        """``w`` was issued (by its call, or by ``ncclGroupEnd``): record its completion event."""
-        if w._state == "captured":
-            return
-        with self._lock:
-            if self._handle is not None and w._exc is None and w._start is not None:
-                w._end = self._event()
-                self.device.record_event(w._end, w.stream)
 
     def group_failed(self, w: Work, exc: BaseException) -> None:
         """``ncclGroupEnd`` refused the group holding ``w``: nothing of it runs (called by :mod:`pycoll.group`)."""

@@ -315,8 +315,12 @@ class Device:
         """Block until ``event`` completes."""
         raise NotImplementedError
 
-    def wait_event(self, event: int, timeout: float) -> bool:
+    def wait_event(self, event: int, timeout: float, run: bool = False) -> bool:
         """Block until ``event`` completes or ``timeout`` seconds pass; True when it completed.
+
+        ``run``: the waiting thread may run the work queued before ``event`` that the stream's thread
+        has not begun (the host library, on a stream allowed to with :meth:`allow_inline`); the wait then
+        lasts at least as long as that work.
 
         The base polls (:func:`backoff`); the host library waits in C, GIL released.
         """
@@ -329,12 +333,14 @@ class Device:
             sleep = backoff(sleep, left)
         return True
 
-    def allow_inline(self, stream: int, allowed: bool) -> None:
-        """Whether work submitted to ``stream`` while it is idle may run in the submitting thread.
+    def allow_inline(self, stream: int, allowed: bool, waiters_run: bool = False) -> None:
+        """Whether work submitted to ``stream`` while it is idle may run in the submitting thread
+        (``allowed``), and whether a thread waiting for an event of ``stream`` may run the work queued
+        before it that the stream's thread has not begun (``waiters_run``).
 
-        Only the host library does that (a GPU stream always runs on the device): stream order
-        and the event contract stay the same, but the caller is blocked while it runs, so
-        the communicator allows it only while a watchdog enforces deadlines.
+        Only the host library does either (a GPU stream always runs on the device): stream order
+        and the event contract stay the same, but the thread is blocked while the work runs, so
+        the communicator allows them only while a watchdog enforces deadlines.
         """
 
     def elapsed_ms(self, start: int, end: int) -> float:
@@ -630,9 +636,10 @@ class HostDevice(Device):
     def capture_id(self, stream: int) -> Optional[int]:
         return None  # host streams never capture a graph (the emulated GPU's runtime does, on a CudaDevice)
 
-    def allow_inline(self, stream: int, allowed: bool) -> None:
+    def allow_inline(self, stream: int, allowed: bool, waiters_run: bool = False) -> None:
         if self._flags:
-            self.library.host_stream_set_flags(stream, _HOST_STREAM_INLINE if allowed else 0)
+            flags = (_HOST_STREAM_INLINE if allowed else 0) | (_HOST_STREAM_HELP if waiters_run else 0)
+            self.library.host_stream_set_flags(stream, flags)
 
     def _int_stream(self, handle: int) -> int:
         if handle == 0:
@@ -688,6 +695,7 @@ _EVENT_DISABLE_TIMING = 0x2  # cudaEventDisableTiming == hipEventDisableTiming
 _CAPTURE_IMPLICIT = 906  # cudaErrorStreamCaptureImplicit == hipErrorStreamCaptureImplicit
 _INVALID_RESOURCE_HANDLE = (400,)  # cuda/hipErrorInvalidResourceHandle: elapsed time of untimed events
 _HOST_STREAM_INLINE = 0x1  # pycoll_host.h PYCOLL_STREAM_INLINE
+_HOST_STREAM_HELP = 0x4  # pycoll_host.h PYCOLL_STREAM_HELP
 _STREAM_LEGACY = 1  # cudaStreamLegacy
 _STREAM_PER_THREAD = 2  # cudaStreamPerThread / hipStreamPerThread
 _MEMCPY_H2D, _MEMCPY_D2H = 1, 2  # cuda/hipMemcpyHostToDevice, cuda/hipMemcpyDeviceToHost

@@ -19,12 +19,20 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["open_group", "group", "simulate", "SimulatedGroup"]
 
-_tls = threading.local()  # .works: the Works of the open group on this thread; .library: its library
+class _GroupState(threading.local):
+    """Per thread: the Works of the open group (None outside one) and its library. The class attributes
+    are every new thread's values: reading them raises nothing (this is read on every operation)."""
+
+    works: Optional[List[Work]] = None
+    library: Any = None
+
+
+_tls = _GroupState()
 
 
 def open_group() -> Optional[List[Work]]:
     """The Works of this thread's open group, or None outside a group."""
-    return getattr(_tls, "works", None)
+    return _tls.works
 
 
 @contextlib.contextmanager
@@ -47,7 +55,7 @@ def group(comm: Any) -> Iterator[None]:
     finally:
         works: List[Work] = []
         if outer is None:
-            works = _tls.works
+            works = _tls.works or []
             _tls.works = None
             _tls.library = None
         status = 0

@@ -247,6 +247,7 @@ HOST_FUNCTIONS = (
     "pycollStreamCreateWithFlags",
     "pycollStreamSetFlags",
     "pycollEventWait",
+    "pycollEventWaitRun",
     "pycollEventArm",
     "pycollEventFire",
     "pycollStreamSetLegacy",
@@ -261,6 +262,8 @@ HOST_FUNCTIONS = (
 HOST_STREAM_INLINE = 0x1
 #: pycollStreamCreateWithFlags: synchronised with the legacy stream (pycollStreamSetLegacy), as a blocking CUDA stream.
 HOST_STREAM_BLOCKING = 0x2
+#: pycollStreamSetFlags: a pycollEventWaitRun on the stream's events runs the work its thread has not begun.
+HOST_STREAM_HELP = 0x4
 
 
 def version_tuple(code):

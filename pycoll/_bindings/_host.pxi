@@ -37,22 +37,28 @@ cdef class HostLibrary(Library):
         return <uintptr_t>s
 
     def host_stream_set_flags(self, stream, int flags):
-        """pycollStreamSetFlags: change a stream's flags (``HOST_STREAM_INLINE`` or 0)."""
+        """pycollStreamSetFlags: change a stream's flags (``HOST_STREAM_INLINE``, ``HOST_STREAM_HELP``, or 0)."""
         cdef pycollStream_t s = <pycollStream_t>_handle(stream, "stream")
         cdef _Call cr
         _need(self, <void*>self.fn.pycollStreamSetFlags, "pycollStreamSetFlags")
         with nogil: _cap(&self.fn, NULL, &cr, self.fn.pycollStreamSetFlags(s, flags))
         _done(self, &cr, "pycollStreamSetFlags")
 
-    def host_event_wait(self, event, double timeout):
+    def host_event_wait(self, event, double timeout, bint run=False):
         """pycollEventWait: block (GIL released) until ``event`` completes or ``timeout`` seconds
-        pass; True when it completed."""
+        pass; True when it completed. ``run``: pycollEventWaitRun -- on a stream flagged
+        ``HOST_STREAM_HELP`` this thread first runs the work queued before the event that the stream's
+        thread has not begun (the wait then lasts at least as long as that work)."""
         cdef pycollEvent_t ev = <pycollEvent_t>_handle(event, "event")
         cdef uint64_t ns
         cdef _Call cr
         if not timeout >= 0:
             raise ValueError(f"timeout must be >= 0 seconds, got {timeout}")
         ns = <uint64_t>(timeout * 1e9) if timeout < 1e9 else <uint64_t>0xFFFFFFFFFFFFFFFF
+        if run:
+            _need(self, <void*>self.fn.pycollEventWaitRun, "pycollEventWaitRun")
+            with nogil: _cap(&self.fn, NULL, &cr, self.fn.pycollEventWaitRun(ev, ns))
+            return _check(self, &cr, "pycollEventWaitRun") == ncclSuccess
         _need(self, <void*>self.fn.pycollEventWait, "pycollEventWait")
         with nogil: _cap(&self.fn, NULL, &cr, self.fn.pycollEventWait(ev, ns))
         return _check(self, &cr, "pycollEventWait") == ncclSuccess

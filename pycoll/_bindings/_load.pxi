@@ -244,6 +244,7 @@ cdef _resolve(Library lib):
     t.pycollStreamCreateWithFlags = <pycollStreamCreateWithFlags_fn>lib._sym("pycollStreamCreateWithFlags")
     t.pycollStreamSetFlags = <pycollStreamSetFlags_fn>lib._sym("pycollStreamSetFlags")
     t.pycollEventWait = <pycollEventWait_fn>lib._sym("pycollEventWait")
+    t.pycollEventWaitRun = <pycollEventWait_fn>lib._sym("pycollEventWaitRun")
     t.pycollEventArm = <pycollEventArm_fn>lib._sym("pycollEventArm")
     t.pycollEventFire = <pycollEventFire_fn>lib._sym("pycollEventFire")
     t.pycollStreamSetLegacy = <pycollStreamSetLegacy_fn>lib._sym("pycollStreamSetLegacy")

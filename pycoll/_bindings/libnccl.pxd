@@ -789,6 +789,7 @@ ctypedef struct pycoll_nccl_table:
     pycollStreamCreateWithFlags_fn pycollStreamCreateWithFlags
     pycollStreamSetFlags_fn pycollStreamSetFlags
     pycollEventWait_fn pycollEventWait
+    pycollEventWait_fn pycollEventWaitRun
     pycollEventArm_fn pycollEventArm
     pycollEventFire_fn pycollEventFire
     pycollStreamSetLegacy_fn pycollStreamSetLegacy

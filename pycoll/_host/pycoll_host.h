@@ -62,6 +62,10 @@ int pycollHostGetVersion(int* version);
  * this stream and work on the legacy stream wait for each other, as a CUDA stream created without
  * cudaStreamNonBlocking does with the legacy default stream. */
 #define PYCOLL_STREAM_BLOCKING 0x2
+/* PYCOLL_STREAM_HELP: a thread waiting for an event recorded on this stream with pycollEventWaitRun
+ * runs the work queued before the event itself when the stream's thread has not begun it -- in stream
+ * order, as that thread would -- instead of waking it and waiting. */
+#define PYCOLL_STREAM_HELP 0x4
 
 int pycollStreamCreate(pycollStream_t* stream);
 int pycollStreamCreateWithFlags(pycollStream_t* stream, int flags);
@@ -83,6 +87,10 @@ int pycollEventQuery(pycollEvent_t event);
 int pycollEventSynchronize(pycollEvent_t event);
 /* Waits at most timeout_ns (UINT64_MAX: forever): ncclSuccess once complete, else ncclInProgress. */
 int pycollEventWait(pycollEvent_t event, uint64_t timeout_ns);
+/* Like pycollEventWait, but when the event was recorded on a PYCOLL_STREAM_HELP stream whose thread
+ * has not begun the work queued before it, the calling thread runs that work first (in stream order,
+ * as the stream's thread would): the call then returns once that work has run, whatever timeout_ns. */
+int pycollEventWaitRun(pycollEvent_t event, uint64_t timeout_ns);
 /* A host-controlled event: Arm makes it incomplete (streams waiting on it stop there) until Fire
  * completes it, from any thread. The emulated GPU runs user "kernels" with them. */
 int pycollEventArm(pycollEvent_t event);

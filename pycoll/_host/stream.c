@@ -16,6 +16,7 @@ struct marker {
   int refs;
   uint32_t done;
   uint64_t t_ns;
+  struct pycollStream* stream; /* the stream whose thread fires it (a record), else NULL */
 };
 
 enum item_kind { IT_TASKS, IT_RECORD, IT_WAIT, IT_STOP };
@@ -38,6 +39,7 @@ struct pycollStream {
   bool sleeping;
   int flags;        /* PYCOLL_STREAM_* */
   bool inline_busy; /* the caller's thread is running this stream's work (see stream_submit) */
+  bool running;     /* the stream's thread is running an item it took off the queue */
   struct pycollGraph* capture; /* the graph work submitted now is recorded into, instead of run */
   struct pycollStream* blocking_next; /* in the list of PYCOLL_STREAM_BLOCKING streams */
 };
@@ -129,13 +131,10 @@ static void* stream_main(void* arg) {
       uint64_t t0 = now_ns();
       while (!__atomic_load_n(&s->head, __ATOMIC_ACQUIRE) && now_ns() - t0 < 50000) sched_yield();
       pthread_mutex_lock(&s->mu);
-      while (!s->head) {
-        s->sleeping = true;
-        pthread_cond_wait(&s->work, &s->mu);
-        s->sleeping = false;
-      }
     }
-    while (s->inline_busy) { /* the caller runs earlier work inline: what was queued meanwhile follows it */
+    /* another thread runs this stream's work (inline, or a waiter helping): what is queued follows it,
+     * and a helper may have taken everything */
+    while (!s->head || s->inline_busy) {
       s->sleeping = true;
       pthread_cond_wait(&s->work, &s->mu);
       s->sleeping = false;
@@ -143,11 +142,13 @@ static void* stream_main(void* arg) {
     struct item* it = s->head;
     s->head = it->next;
     if (!s->head) s->tail = NULL;
+    s->running = true;
     pthread_mutex_unlock(&s->mu);
     bool stop = it->kind == IT_STOP;
     run_item(it);
     free(it);
     pthread_mutex_lock(&s->mu);
+    s->running = false;
     s->completed++;
     pthread_cond_broadcast(&s->idle);
     pthread_mutex_unlock(&s->mu);
@@ -285,6 +286,44 @@ ncclResult_t stream_submit(pycollStream_t s, struct task* list) {
   return push_raw(s, IT_TASKS, list, NULL);
 }
 
+/* A thread waiting for `m` (pycollEventWaitRun) runs the work queued on m's stream up to m itself, when the stream has
+ * PYCOLL_STREAM_HELP and its thread has not begun that work: the same order, one thread handoff less.
+ * It takes only tasks and records (a wait for another stream stays with the stream's thread), and
+ * stops at the first other item. */
+static void stream_help(struct marker* m) {
+  struct pycollStream* s = m->stream;
+  if (!s || __atomic_load_n(&m->done, __ATOMIC_ACQUIRE)) return;
+  handle_lock(); /* the stream stays alive while its lock is taken */
+  if (!handle_valid_locked(s, H_STREAM) || !(__atomic_load_n(&s->flags, __ATOMIC_ACQUIRE) & PYCOLL_STREAM_HELP)) {
+    handle_unlock();
+    return;
+  }
+  pthread_mutex_lock(&s->mu);
+  handle_unlock();
+  if (s->running || s->inline_busy || !s->head) {
+    pthread_mutex_unlock(&s->mu);
+    return;
+  }
+  s->inline_busy = true;
+  for (;;) {
+    struct item* it = s->head;
+    if (!it || (it->kind != IT_TASKS && it->kind != IT_RECORD) || __atomic_load_n(&m->done, __ATOMIC_ACQUIRE)) break;
+    s->head = it->next;
+    if (!s->head) s->tail = NULL;
+    pthread_mutex_unlock(&s->mu);
+    bool mine = it->kind == IT_RECORD && it->m == m;
+    run_item(it);
+    free(it);
+    pthread_mutex_lock(&s->mu);
+    s->completed++;
+    if (mine) break;
+  }
+  s->inline_busy = false;
+  pthread_cond_broadcast(&s->idle);
+  if (s->head) pthread_cond_signal(&s->work);
+  pthread_mutex_unlock(&s->mu);
+}
+
 static void stream_sync(struct pycollStream* s) {
   pthread_mutex_lock(&s->mu);
   uint64_t target = s->enqueued;
@@ -312,7 +351,7 @@ NCCL_API int pycollStreamCreateWithFlags(pycollStream_t* stream, int flags) {
     WARN("pycollStreamCreate : stream argument is NULL");
     return ncclInvalidArgument;
   }
-  if (flags & ~(PYCOLL_STREAM_INLINE | PYCOLL_STREAM_BLOCKING)) {
+  if (flags & ~(PYCOLL_STREAM_INLINE | PYCOLL_STREAM_BLOCKING | PYCOLL_STREAM_HELP)) {
     WARN("pycollStreamCreateWithFlags : unknown flags 0x%x", (unsigned)flags);
     return ncclInvalidArgument;
   }
@@ -368,7 +407,7 @@ NCCL_API int pycollStreamDestroy(pycollStream_t s) {
 
 NCCL_API int pycollStreamSetFlags(pycollStream_t s, int flags) {
   CHECK_STREAM(s, "pycollStreamSetFlags");
-  if (flags & ~PYCOLL_STREAM_INLINE) {
+  if (flags & ~(PYCOLL_STREAM_INLINE | PYCOLL_STREAM_HELP)) {
     WARN("pycollStreamSetFlags : unknown flags 0x%x", (unsigned)flags);
     return ncclInvalidArgument;
   }
@@ -461,6 +500,7 @@ ncclResult_t stream_record(pycollEvent_t e, pycollStream_t s) {
     return ncclSuccess;
   }
   marker_ref(m);
+  m->stream = s;
   ncclResult_t r = push_raw(s, IT_RECORD, NULL, m);
   if (r != ncclSuccess) {
     marker_release(m);
@@ -496,6 +536,15 @@ NCCL_API int pycollEventQuery(pycollEvent_t e) {
 NCCL_API int pycollEventWait(pycollEvent_t e, uint64_t timeout_ns) {
   CHECK_EVENT(e, "pycollEventWait");
   struct marker* m = event_current(e);
+  bool done = !m || marker_wait_for(m, timeout_ns);
+  marker_release(m);
+  return done ? ncclSuccess : ncclInProgress;
+}
+
+NCCL_API int pycollEventWaitRun(pycollEvent_t e, uint64_t timeout_ns) {
+  CHECK_EVENT(e, "pycollEventWaitRun");
+  struct marker* m = event_current(e);
+  if (m) stream_help(m);
   bool done = !m || marker_wait_for(m, timeout_ns);
   marker_release(m);
   return done ? ncclSuccess : ncclInProgress;

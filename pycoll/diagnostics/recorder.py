@@ -46,14 +46,14 @@ import weakref
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .. import _settings
-from .._bindings import capture_stack as _capture_stack
 from ..buffers import Buffer
 from ..hooks import CommObserver, CommView, WorkView
+from . import _hooks
 from .files import default_dump_dir, generation_dir, json_form, write_atomic
 from .stacks import format_stack, is_runtime_frame
 
 if TYPE_CHECKING:
-    from types import FrameType
+    pass
 
 __all__ = [
     "FlightRecorder",
@@ -312,11 +312,9 @@ class FlightRecorder(CommObserver):
             if w.last_state != "completed":
                 w.release_arrays()  # an abandoned operation need not keep its arrays
 
-    def work_completed(self, w: WorkView) -> None:
-        """Freeze a completed operation's times into its entry (the communicator calls it when one completes)."""
-        e = w.fr_entry
-        if e is not None:
-            e[_FROZEN] = ("completed", w.time_started_ns, w.time_completed_ns, w.duration_ms, None)
+    # the per-operation hooks, compiled (pycoll/diagnostics/_hooks.pyx)
+    work_completed = _hooks.recorder_work_completed
+    work_enqueued = _hooks.recorder_work_enqueued
 
     def issued_at(self, w: WorkView) -> Tuple[str, str]:
         """(``'file:line in function'`` of the innermost user frame that issued ``w``, its sizes as
@@ -329,56 +327,6 @@ class FlightRecorder(CommObserver):
             if not is_runtime_frame(fr["filename"]):
                 return f"{fr['filename']}:{fr['line']} in {fr['name']}", sizes
         return "", sizes
-
-    def work_enqueued(self, w: WorkView) -> None:
-        """Record one operation (called for every enqueued :class:`~pycoll.Work`)."""
-        ring = self._ring
-        if not ring:
-            return
-        comm = w.comm
-        # comm_created maps every communicator when it is made, so an id found here is that of this
-        # communicator (a reused id is remapped by the new communicator's comm_created)
-        info = self._infos.get(id(comm))
-        if info is None:
-            info = self._info(comm)
-        # one buffer (the usual case): its shape tuple and dtype name as they are, no new objects;
-        # several: lists
-        ins = w.inputs
-        if len(ins) == 1:
-            b = ins[0]
-            isz: Any = b[_SHAPE]
-            idt: Any = b[_DTYPE]
-        else:
-            isz = [b[_SHAPE] for b in ins]
-            idt = [b[_DTYPE] for b in ins]
-        outs = w.outputs
-        if len(outs) == 1:
-            b = outs[0]
-            osz: Any = b[_SHAPE]
-            odt: Any = b[_DTYPE]
-        else:
-            osz = [b[_SHAPE] for b in outs]
-            odt = [b[_DTYPE] for b in outs]
-        stack: Optional[List[Any]] = None
-        if self.stacks:  # from _launch on (+ 1: the public call, e.g. all_reduce, stays)
-            stack = _capture_stack(1, self.stack_depth + 1)
-            if stack is None:  # before Python 3.11
-                stack = []
-                append = stack.append
-                f: Optional[FrameType] = _getframe(1)
-                for _ in range(self.stack_depth + 1):
-                    if f is None:
-                        break
-                    append(f.f_code)
-                    append(f.f_lasti)
-                    f = f.f_back
-        pos = next(self._pos)
-        capture = w.capture_id
-        entry = [pos, next(info.rid), info, isz, idt, osz, odt, _get_ident(), stack,
-                 w.op, w.seq, w.p2p_seq, w.op_id, w.peer, w.timeout, w.time_created_ns,
-                 None if capture is None else _CAPTURED, capture]
-        ring[pos % len(ring)] = entry
-        w.fr_entry = entry
 
     def add_failure(self, generation: int, report: Dict[str, Any]) -> None:
         """Keep a failure report; every later dump of ``generation`` carries it (``pycoll.failures``)."""

@@ -76,7 +76,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 from .. import _settings, failpoints as _fp, hooks
 from ..errors import CommAborted, StoreTimeout
 from ..hooks import CommObserver, CommView, WorkView
-from . import answers, exits, recorder as _recorder_module
+from . import _hooks, answers, exits, recorder as _recorder_module
 from .dumps import GATE_POLL, DumpJob, DumpQueue
 from .files import default_dump_dir
 from .liveness import Liveness, round_all
@@ -368,19 +368,9 @@ class Watchdog(CommObserver):
 
     # -- observer interface (registered by install()) -------------------------------------------
 
-    def watching(self) -> bool:
-        """True while the polling thread enforces deadlines (then blocking host operations run inline)."""
-        return self._active
+    watching = _hooks.watchdog_watching  # read before every blocking operation: compiled
 
-    def work_enqueued(self, work: WorkView) -> None:
-        # an operation due before the polling thread's next round wakes it (also while it is scanning:
-        # it may have passed this communicator already): no interval delays a timeout
-        due = work.t0 + work.timeout
-        if due < self._next_due:
-            self._next_due = due
-        wake_at = self._wake_at
-        if not wake_at or due < wake_at:
-            self._poll_wake.set()
+    work_enqueued = _hooks.watchdog_work_enqueued  # compiled (pycoll/diagnostics/_hooks.pyx)
 
     def comm_created(self, comm: CommView) -> None:
         if self.enabled and not self.running:

@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from .._core import DLPACK_CAPSULE_DESTRUCTOR
 from ..devices import register_framework_stream
 from .runtime import EmulatedCudaRuntime, EmulatedFramework
 
@@ -131,10 +132,6 @@ class _DLManaged(ctypes.Structure):
 
 _capsule_new = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)(
     ("PyCapsule_New", ctypes.pythonapi))
-_capsule_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)(
-    ("PyCapsule_IsValid", ctypes.pythonapi))
-_capsule_ptr = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(
-    ("PyCapsule_GetPointer", ctypes.pythonapi))
 _LIVE: Dict[int, List[Any]] = {}  # managed struct address -> what it keeps alive
 _LIVE_LOCK = threading.Lock()
 
@@ -147,16 +144,8 @@ def _delete(address: int) -> None:
 _DELETER_FN = _DELETER(_delete)
 
 
-def _destruct(capsule: int) -> None:
-    for name, kind in ((b"dltensor_versioned", _DLManagedVersioned), (b"dltensor", _DLManaged)):
-        if _capsule_valid(capsule, name):
-            address = _capsule_ptr(capsule, name)
-            kind.from_address(address).deleter(address)
-            return
-
-
-_DESTRUCTOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_destruct)
-_DESTRUCTOR_ADDR = ctypes.cast(_DESTRUCTOR, ctypes.c_void_p).value
+# in C: a capsule may die while an exception propagates, and Python code must not run then
+_DESTRUCTOR_ADDR = DLPACK_CAPSULE_DESTRUCTOR
 _DL_CODES = {"i": 0, "u": 1, "f": 2}
 
 

@@ -179,3 +179,25 @@ def test_framework_current_streams_resolve(rt):
 def test_one_runtime_per_process(rt):
     with pytest.raises(RuntimeError, match="already open"):
         emu.EmulatedCudaRuntime(1)
+
+
+@pytest.mark.parametrize("versioned", [False, True])
+def test_an_unconsumed_dlpack_capsule_frees_its_array_and_keeps_a_propagating_exception(rt, versioned):
+    from pycoll.emulated import arrays
+
+    x = emu.TorchLikeTensor(rt, np.zeros(4, np.float32))
+    live = len(arrays._LIVE)
+    kwargs = {"max_version": (1, 0)} if versioned else {}
+
+    def drop_while_raising(holder):
+        # the last reference goes while the ValueError propagates (a compiled caller frees its locals then)
+        try:
+            raise ValueError("kept")
+        finally:
+            holder.clear()
+
+    holder = [x.__dlpack__(**kwargs)]
+    assert len(arrays._LIVE) == live + 1
+    with pytest.raises(ValueError, match="kept"):
+        drop_while_raising(holder)
+    assert len(arrays._LIVE) == live  # the deleter ran

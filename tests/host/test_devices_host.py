@@ -119,3 +119,51 @@ def test_real_host_events_complete_in_order_on_a_stream():
             assert done == sorted(done, reverse=True), f"rank {rank}: out-of-order completion {done}"
         assert lo == hi == 3.0
     assert results[0][0][0] == [False] * 5, "rank 0's events completed before rank 1 had joined"
+
+
+def _waiters_help(rank, nranks, uid_bytes):
+    import threading
+
+    lib = nccl.load("host")
+    dev = HostDevice(lib)
+    comm = lib.comm_init_rank(nranks, nccl.UniqueId(uid_bytes), rank)
+    stream = dev.create_stream()
+    dev.allow_inline(stream, False, True)  # PYCOLL_STREAM_HELP: a waiter runs what the stream has not begun
+    n = 120
+    events = [dev.create_event() for _ in range(n)]
+    send = np.full(64, rank + 1, np.float32)
+    recv = np.zeros((n, 64), np.float32)
+    other_done = []
+
+    def other_waiter():  # a second thread helping on the same stream: one of them runs each item, in order
+        for i in range(0, n, 7):
+            while not dev.wait_event(events[i], 0.05, True):
+                pass
+        other_done.append(True)
+
+    for i, e in enumerate(events):
+        lib.all_reduce(send.ctypes.data, recv[i].ctypes.data, 64, nccl.DataType.Float32, nccl.RedOp.Sum, comm, stream)
+        dev.record_event(e, stream)
+        if i == 0:
+            t = threading.Thread(target=other_waiter)
+            t.start()
+        if i % 3 == 0:
+            assert dev.wait_event(e, 20.0, True)
+            assert all(dev.query_event(x) for x in events[: i + 1])  # everything before it ran first
+    assert dev.wait_event(events[-1], 20.0, True)
+    t.join(20)
+    dev.synchronize_stream(stream)
+    states = [dev.query_event(e) for e in events]
+    for e in events:
+        dev.destroy_event(e)
+    dev.destroy_stream(stream)
+    lib.comm_destroy(comm)
+    return all(states), bool(other_done), float(recv.min()), float(recv.max())
+
+
+@pytest.mark.timeout(60)
+def test_waiters_run_the_work_a_helping_stream_has_not_begun():
+    lib = _host_library()
+    uid = bytes(lib.get_unique_id())
+    for rank, res in enumerate(run_ranks(_waiters_help, 2, uid, timeout=45)):
+        assert res == (True, True, 3.0, 3.0), (rank, res)

@@ -1,0 +1,62 @@
+"""Stubs of the compiled per-call path (pycoll/_core.pyx)."""
+
+from typing import Any, Callable, List, Optional, Sequence
+
+from .buffers import Buffer
+
+__all__ = ["Work", "launch", "refresh", "retire", "group_closed", "begin", "buf", "all_reduce", "library_call",
+           "DLPACK_CAPSULE_DESTRUCTOR"]
+
+DLPACK_CAPSULE_DESTRUCTOR: int
+
+class Work:
+    comm: Any
+    op: str
+    seq: int
+    p2p_seq: int
+    op_id: int
+    async_op: bool
+    is_p2p: bool
+    peer: Optional[int]
+    timeout: float
+    stream: int
+    inputs: List[Any]
+    outputs: List[Any]
+    time_created_ns: int
+    t0: float
+    time_started_ns: Optional[int]
+    time_completed_ns: Optional[int]
+    duration_ms: Optional[float]
+    _start: Optional[int]
+    _end: Optional[int]
+    _state: str
+    _exc: Optional[BaseException]
+    capture_id: Optional[int]
+    fr_entry: Any
+    def __init__(self, comm: Any, op: str, seq: int, p2p_seq: int, op_id: int, is_p2p: bool, peer: Optional[int],
+                 timeout: float, stream: int, inputs: Sequence[Any], outputs: Sequence[Any], async_op: bool = ...,
+                 capture_id: Optional[int] = ...) -> None: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def last_state(self) -> str: ...
+    @property
+    def error(self) -> Optional[BaseException]: ...
+    @property
+    def deadline(self) -> float: ...
+    def release_arrays(self) -> None: ...
+    def is_completed(self) -> bool: ...
+    def exception(self) -> Optional[BaseException]: ...
+    def wait(self, timeout: Optional[float] = ...) -> None: ...
+
+def launch(comm: Any, op: str, call: Callable[[int, int], Any], stream: int, inputs: Sequence[Buffer],
+           outputs: Sequence[Buffer], async_op: bool, timeout: Optional[float], peer: Optional[int] = ...) -> Work: ...
+def refresh(comm: Any, w: Work) -> None: ...
+def retire(comm: Any, w: Work) -> None: ...
+def group_closed(comm: Any, w: Work) -> None: ...
+def begin(comm: Any, what: str, stream: Any, async_op: bool, arrays: Sequence[Any]) -> int: ...
+def buf(comm: Any, obj: Any, stream: int, *, writable: bool, name: str) -> Buffer: ...
+def all_reduce(comm: Any, tensor: Any, output: Any = ..., op: Any = ..., *, stream: Any = ..., async_op: bool = ...,
+               timeout: Optional[float] = ..., config: Any = ...) -> Work: ...
+def library_call(library: Any, what: str, cc: Sequence[Any], send: int, recv: int, count: int, datatype: int,
+                 op: int = ..., root: int = ...) -> Callable[[int, int], int]: ...

@@ -1,0 +1,736 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, embedsignature=True, binding=True
+"""The per-call path of pycoll's core, compiled: :class:`Work`, and how one operation is launched,
+refreshed from its events and retired.
+
+This is the body of ``Communicator._launch``, ``refresh``, ``group_closed`` and ``_retire`` (the
+Communicator binds these functions as its methods): one path on every backend. An operation's start
+event is recorded on its stream, the Work becomes outstanding (the watchdog watches it from then on),
+the library call enqueues it, its end event is recorded after it; completion is read from the
+events. On pycoll's host library the event and async-error calls go straight to the C functions;
+every other device is called through its Python methods. Nothing here decides policy: failures go
+to ``Communicator.fail`` and ``handle_call_error``, which stay Python.
+"""
+
+from cpython.exc cimport PyErr_CheckSignals, PyErr_Fetch, PyErr_Restore
+from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
+from cpython.ref cimport PyObject
+from cpython.buffer cimport PyBUF_STRIDES, PyBuffer_IsContiguous, PyBuffer_Release, PyObject_GetBuffer
+from libc.stdint cimport uintptr_t
+from libc.string cimport strncpy
+from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
+
+from pycoll._bindings._nccl cimport Library
+from pycoll._bindings.libnccl cimport (
+    cudaStream_t, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResult_t, pycollEvent_t, pycollStream_t,
+)
+
+import logging
+import threading
+import time
+
+import numpy as np
+
+from . import _bindings as B, _settings, buffers as _buffers, hooks
+from .buffers import Buffer, as_buffer, check_count, check_device, check_same_dtype
+from .collconfig import prepare as _prepare_config
+from .devices import FIRST_SLEEP_S, HostDevice
+from .errors import AsyncCommError, CommAborted, CommFailure, NCCLError, error_class
+from .group import _tls as _group_state
+
+__all__ = ["Work", "launch", "refresh", "retire", "group_closed", "begin", "buf", "all_reduce", "library_call",
+           "DLPACK_CAPSULE_DESTRUCTOR"]
+
+_log = logging.getLogger("pycoll.comm")
+_get_ident = threading.get_ident
+
+cdef int _IN_PROGRESS = B.IN_PROGRESS
+cdef double _SLICE_S = 5e-3  # longest a wait blocks on an event before it looks at the communicator again
+cdef object _COMPLETED = "completed"
+cdef object _CAPTURED = "captured"
+cdef object _SCHEDULED = "scheduled"
+cdef object _STARTED = "started"
+cdef object _HostDevice = HostDevice
+
+
+cdef inline double _monotonic() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return ts.tv_sec + ts.tv_nsec * 1e-9
+
+
+cdef inline long long _time_ns() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_REALTIME, &ts)
+    return <long long>ts.tv_sec * 1000000000 + ts.tv_nsec
+
+
+cdef inline bint _final(object state):
+    return state is _COMPLETED or state is _CAPTURED or state == "completed" or state == "captured"
+
+
+cdef class Work:
+    """One operation on a :class:`~pycoll.Communicator`.
+
+    Completion is read from events recorded on the operation's stream, on every backend. An
+    operation enqueued while its stream captures a CUDA graph is ``"captured"``: it runs when the
+    graph is replayed (see :meth:`pycoll.Communicator.watch_stream` for a deadline on a replay). The watchdog checks
+    outstanding work; a failure it detects reaches the user at :meth:`wait` or at the next call on
+    the communicator.
+
+    Work is its communicator's record of the operation: only :mod:`pycoll.comm` sets its
+    underscore fields; observers read it through :class:`pycoll.hooks.WorkView` (``last_state``,
+    ``error``, ``deadline`` and the attributes below), which never calls into the library.
+
+    Attributes for diagnostics (the flight recorder reads them): ``op`` (e.g. ``"all_reduce"``),
+    ``seq`` (the communicator's collective sequence id: incremented by collectives, kept by
+    point-to-point operations), ``p2p_seq`` (incremented by sends and receives), ``is_p2p``,
+    ``peer``, ``timeout`` (seconds),
+    ``time_created_ns``, ``inputs``/``outputs`` (the :class:`pycoll.buffers.Buffer` arguments).
+    """
+
+    # the fields are declared in _core.pxd (the compiled observer hooks read them)
+
+    def __init__(self, comm, op, seq, p2p_seq, op_id, is_p2p, peer, timeout, stream, inputs, outputs,
+                 async_op=False, capture_id=None):
+        self.comm = comm
+        self.op = op
+        self.seq = seq
+        self.p2p_seq = p2p_seq
+        self.async_op = async_op
+        self.op_id = op_id
+        self.is_p2p = is_p2p
+        self.peer = peer
+        self.timeout = timeout
+        self.stream = stream
+        self.inputs = inputs if type(inputs) is list else list(inputs)
+        self.outputs = outputs if type(outputs) is list else list(outputs)
+        self.time_created_ns = _time_ns()
+        self.t0 = _monotonic()
+        self.time_started_ns = None
+        self.time_completed_ns = None
+        self.duration_ms = None
+        self._start = None  # event handles, returned to the comm's pool at retirement
+        self._end = None
+        self._state = _SCHEDULED
+        self._exc = None
+        self.capture_id = capture_id  # the graph capture it was recorded into (state "captured")
+        self.fr_entry = None
+
+    @property
+    def state(self):
+        """``"scheduled"``, ``"started"``, ``"completed"`` or ``"captured"`` (a failed operation stays
+        where it stopped)."""
+        if not _final(self._state) and self._exc is None:
+            self.comm.refresh(self)
+        return self._state
+
+    @property
+    def last_state(self):
+        """The state as last observed, without querying events (what observers read)."""
+        return self._state
+
+    @property
+    def error(self):
+        """The failure recorded for this operation so far, without querying anything."""
+        return self._exc
+
+    @property
+    def deadline(self):
+        """``time.monotonic()`` value after which the operation has timed out."""
+        return self.t0 + self.timeout
+
+    def release_arrays(self):
+        """Drop the references to the operation's arrays (an abandoned operation need not keep them)."""
+        self.inputs = self.outputs = []
+
+    def is_completed(self):
+        """True once the operation has finished, successfully or not (see :meth:`exception`). Never blocks."""
+        if self._exc is not None or _final(self._state):
+            return True
+        self.comm.refresh(self)
+        return _final(self._state) or self._exc is not None
+
+    def exception(self):
+        """The failure of this operation (or of its communicator), or None."""
+        self.is_completed()
+        return self._exc
+
+    def wait(self, timeout=None):
+        """Block until the operation has completed.
+
+        Raises the operation's failure (:class:`pycoll.CommFailure` subclasses: a timeout detected
+        against the operation's own deadline, a remote error, an abort). ``timeout`` (seconds)
+        only bounds this wait: if the operation is still running then, the builtin
+        ``TimeoutError`` is raised and the operation and its communicator are left untouched.
+        Without ``timeout`` the wait ends at the latest when the operation's own deadline
+        (``Work.timeout``) makes the communicator fail.
+        """
+        cdef double start, now, left, deadline = 0.0
+        if timeout is not None and timeout < 0:
+            raise ValueError(f"timeout must be >= 0 seconds, got {timeout}")
+        comm = self.comm
+        start = _monotonic()
+        bounded = timeout is not None
+        if bounded:
+            deadline = start + timeout
+        while True:
+            PyErr_CheckSignals()  # compiled: no eval loop runs the signal handlers (Ctrl-C raises here)
+            if self._exc is not None:
+                raise self._exc
+            if _final(self._state):
+                return
+            comm.refresh(self)
+            if _final(self._state) or self._exc is not None:
+                continue
+            now = _monotonic()
+            comm.check(now)
+            if self._exc is not None:
+                continue
+            if bounded and now >= deadline:
+                raise TimeoutError(
+                    f"{self.op} (seq {self.seq}) on {comm.name} still running after {timeout:.3g} s "
+                    f"(its own deadline is {self.timeout:.3g} s after it was issued)"
+                )
+            # block on the end event (the host library waits in C); wake for the own deadline and,
+            # at least every _SLICE_S, to look at the communicator's asynchronous error
+            left = min(_SLICE_S, max(0.0, self.t0 + self.timeout - now) + 1e-3)
+            if bounded:
+                left = min(left, deadline - now)
+            end = self._end
+            if end is None:
+                time.sleep(min(left, FIRST_SLEEP_S))  # inside an open group, or just being enqueued
+                continue
+            try:
+                if not bounded and type(comm.device) is _HostDevice and _deadlines_watched():
+                    # the wait may run the operation here (the stream's thread had not begun it):
+                    # no thread handoff; a watchdog enforces its deadline, as for an inline one
+                    comm.device.wait_event(end, left, True)
+                else:
+                    comm.device.wait_event(end, left)
+            except Exception:  # released meanwhile (abort, destroy): the next round sees why
+                pass
+
+    def __repr__(self):
+        return f"<Work {self.op} seq={self.seq} {self._state}{' failed' if self._exc else ''} on {self.comm.name}>"
+
+
+# -- events: straight to the host library's C functions, else the device's methods ----------------
+
+cdef inline Library _host_lib(object dev):
+    """The host library behind ``dev`` when it is a HostDevice, else None."""
+    if type(dev) is _HostDevice:
+        return <Library?>dev.library
+    return None
+
+
+cdef object _new_event(object comm, object dev):
+    events = comm._events
+    return events.pop() if events else dev.create_event()
+
+
+cdef void _record(object dev, Library lib, object event, object stream) except *:
+    cdef int r
+    if lib is not None and lib.fn.pycollEventRecord != NULL:
+        r = lib.fn.pycollEventRecord(<pycollEvent_t><uintptr_t>event, <pycollStream_t><uintptr_t>stream)
+        if r == 0:
+            return
+    dev.record_event(event, stream)  # raises the error (or records it after all)
+
+
+cdef bint _query(object dev, Library lib, object event) except *:
+    cdef int r
+    if lib is not None and lib.fn.pycollEventQuery != NULL:
+        r = lib.fn.pycollEventQuery(<pycollEvent_t><uintptr_t>event)
+        if r == 0:
+            return True
+        if r == _IN_PROGRESS:
+            return False
+    return bool(dev.query_event(event))
+
+
+cdef object _elapsed_ms(object dev, Library lib, object start, object end):
+    cdef float ms = 0
+    if lib is not None and lib.fn.pycollEventElapsedTime != NULL:
+        if lib.fn.pycollEventElapsedTime(&ms, <pycollEvent_t><uintptr_t>start, <pycollEvent_t><uintptr_t>end) == 0:
+            return ms
+    return dev.elapsed_ms(start, end)
+
+
+cdef int _async_code(object comm, Library lib) except? -1:
+    """The communicator's asynchronous result; the handle is held against being freed meanwhile."""
+    cdef ncclResult_t state = <ncclResult_t>0
+    cdef int r
+    hlock = comm._hlock
+    hlock.acquire()
+    try:
+        h = comm._handle
+        if h is None:
+            return 0
+        if lib is not None and lib.fn.ncclCommGetAsyncError != NULL:
+            r = lib.fn.ncclCommGetAsyncError(<ncclComm_t><uintptr_t>h, &state)
+            if r == 0:
+                return <int>state
+        return comm.library.comm_get_async_error(h)
+    finally:
+        hlock.release()
+
+
+# -- the path of one operation -----------------------------------------------------------------------
+
+def launch(comm, op, call, stream, inputs, outputs, async_op, timeout, peer=None):
+    """Enqueue one operation: the same path on every backend (``Communicator._launch``).
+
+    Its start event is recorded, the Work becomes outstanding (the watchdog watches it from
+    here on, also while an idle host stream runs it in this thread), the library call enqueues
+    it, and its end event is recorded after it (at ``ncclGroupEnd`` inside a group). On a
+    stream that is capturing a graph the operation is only recorded into the graph.
+    """
+    cdef Work w
+    timeout = comm.timeout if timeout is None else _settings.seconds(timeout, "timeout")
+    dev = comm.device
+    cdef Library lib = _host_lib(dev)
+    capture = None if lib is not None else dev.capture_id(stream)
+    if peer is None:
+        comm._coll_seq += 1
+    else:
+        comm._p2p_seq += 1
+    w = Work(comm, op, comm._coll_seq, comm._p2p_seq, next(comm._op_ids), peer is not None, peer, timeout, stream,
+             inputs, outputs, async_op, capture)
+    for hook in hooks.enqueue_hooks:  # called from here: the recorder's stack starts at this frame
+        try:
+            hook(w)
+        except Exception:  # an observer must never break a collective
+            _log.exception("observer hook %r failed", hook)
+    h = comm._handle
+    assert h is not None
+    group = _group_state.works
+    me = _get_ident()
+    user = comm._user
+    if user is not None and user != me:
+        comm._concurrent_use(user, me, op)
+    comm._user = me
+    try:
+        if capture is not None:
+            return comm._captured(w, call, h, stream, group)
+        previous = dev.swap_current() if comm._guard_device else None
+        try:
+            lock = comm._lock
+            lock.acquire()
+            try:
+                w._start = ev = _new_event(comm, dev)
+                _record(dev, lib, ev, stream)
+                plock = comm._plock
+                plock.acquire()
+                comm._pending.append(w)
+                plock.release()
+            finally:
+                lock.release()
+            try:
+                status = call(h, stream)
+            except NCCLError as e:
+                comm._withdraw(w)
+                comm.handle_call_error(e, w)
+            if status == _IN_PROGRESS:
+                comm.await_ready(w)  # nothing is on the stream until the communicator is ready
+            if group is None:
+                _group_closed(comm, w, dev, lib)
+        finally:
+            if previous is not None:
+                dev.restore_current(previous)
+        if group is not None:
+            group.append(w)
+        elif not async_op:
+            _refresh(comm, w, dev, lib)  # an idle host stream ran it in this thread: usually complete now
+            if not (w._state is _COMPLETED and w._exc is None):
+                w.wait()
+        return w
+    except KeyboardInterrupt:
+        # Ctrl-C inside a blocking operation: the operation cannot complete consistently with the
+        # other ranks any more; fail the communicator (its policy acts, the peers are told)
+        comm.fail(CommAborted(f"communicator {comm.name!r} rank {comm._rank}: {op} (seq {w.seq}) was "
+                              "interrupted (KeyboardInterrupt)"), w)
+        raise
+    finally:
+        comm._user = user  # None, or this thread's own (a nested launch)
+
+
+cdef _group_closed(object comm, Work w, object dev, Library lib):
+    if w._state is _CAPTURED or w._state == "captured":
+        return
+    lock = comm._lock
+    lock.acquire()
+    try:
+        if comm._handle is not None and w._exc is None and w._start is not None:
+            w._end = _new_event(comm, dev)
+            _record(dev, lib, w._end, w.stream)
+    finally:
+        lock.release()
+
+
+def group_closed(comm, Work w):
+    """``w`` was issued (by its call, or by ``ncclGroupEnd``): record its completion event."""
+    dev = comm.device
+    _group_closed(comm, w, dev, _host_lib(dev))
+
+
+def refresh(comm, Work w):
+    """Update ``w``'s state from its events (and retire it once complete). Never waits for a
+    library call in progress; a device error from an event query fails the communicator."""
+    dev = comm.device
+    _refresh(comm, w, dev, _host_lib(dev))
+
+
+cdef _refresh(object comm, Work w, object dev, Library lib):
+    start, end = w._start, w._end
+    if w._state is _COMPLETED or w._exc is not None or start is None:
+        return
+    cdef bint done, started
+    try:
+        done = end is not None and _query(dev, lib, end)
+        started = done or w._state != "scheduled" or _query(dev, lib, start)
+    except Exception as exc:  # a destroyed event (released meanwhile) or a sticky device error
+        if w._start is start and w._exc is None:
+            comm.fail(exc if isinstance(exc, CommFailure) else
+                      AsyncCommError(f"communicator {comm.name!r} rank {comm._rank}: querying the events of "
+                                     f"{w.op} (seq {w.seq}) failed: {exc}", getattr(exc, "code", -1)), w)
+        return
+    cdef int code = _async_code(comm, lib) if done else 0  # read before _plock: lock order
+    failure = None
+    plock = comm._plock
+    plock.acquire()
+    try:
+        if w._state is _COMPLETED or w._state == "completed" or w._exc is not None or w._start is not start:
+            return
+        if started and w._state == "scheduled":
+            w._state = _STARTED
+            w.time_started_ns = _time_ns()
+        if not done:
+            return
+        if code != 0 and code != _IN_PROGRESS:
+            failure = comm._async_exc(code)
+        else:
+            w._state = _COMPLETED
+            w.time_completed_ns = _time_ns()
+            if w.time_started_ns is None:
+                w.time_started_ns = w.time_completed_ns
+            w.duration_ms = None
+            if dev.events_timed and end is not None:  # end is set: done
+                try:
+                    w.duration_ms = _elapsed_ms(dev, lib, start, end)
+                except Exception:
+                    pass
+            _retire(comm, w)
+    finally:
+        plock.release()
+    if failure is not None:
+        comm.fail(failure, w)
+    else:
+        for hook in hooks.completion_hooks:
+            try:
+                hook(w)
+            except Exception:  # an observer must never break a collective
+                _log.exception("observer hook %r failed", hook)
+
+
+cdef _retire(object comm, Work w):
+    pending = comm._pending
+    try:
+        pending.remove(w)
+    except ValueError:
+        pass
+    events = comm._events
+    if w._start is not None:
+        events.append(w._start)
+    if w._end is not None:
+        events.append(w._end)
+    w._start = w._end = None
+    w.inputs = w.outputs = []  # let the arrays go
+
+
+def retire(comm, Work w):
+    """Forget a completed operation: out of the outstanding list, its events back to the pool."""
+    _retire(comm, w)
+
+
+# -- the arguments of an operation -------------------------------------------------------------------
+
+cdef object _ndarray = np.ndarray
+cdef object _new_tuple = tuple.__new__
+cdef dict _NP_DTYPES = {}  # numpy dtype object -> ncclDataType_t (-1: the general path decides)
+cdef dict _NAMES = _buffers.DATATYPE_NAMES
+cdef dict _ITEMSIZES = _buffers.DATATYPE_ITEMSIZES
+cdef frozenset _HOST_MEMORY = _buffers.BACKEND_DEVICE_TYPES["host"]
+
+
+cdef object _numpy_buffer(object arr, bint writable, object name):
+    """A C-contiguous numpy array of a native NCCL dtype as a Buffer (the same fields as
+    ``buffers.as_buffer``), or None: the general path decides (and raises what it must)."""
+    cdef Py_buffer view
+    dt = arr.dtype
+    code = _NP_DTYPES.get(dt)
+    if code is None:
+        table = _buffers._NP_TYPES
+        code = table.get(type(dt)) if dt.isnative else None
+        _NP_DTYPES[dt] = code = -1 if code is None else code
+    if code == -1:
+        return None
+    if PyObject_GetBuffer(arr, &view, PyBUF_STRIDES) != 0:
+        return None
+    try:
+        if not PyBuffer_IsContiguous(&view, b'C'):
+            return None
+        readonly = view.readonly != 0
+        if writable and readonly:
+            return None
+        nbytes = view.len
+        return _new_tuple(Buffer, (<uintptr_t>view.buf if nbytes else _buffers._numpy_ptr(arr), nbytes,
+                                   nbytes // _ITEMSIZES[code], code, _NAMES[code], arr.shape, 1, 0, readonly, arr,
+                                   "numpy", None, name))
+    finally:
+        PyBuffer_Release(&view)
+
+
+cdef object _describe(object comm, object obj, object stream, bint writable, object name):
+    b = _numpy_buffer(obj, writable, name) if type(obj) is _ndarray else None
+    if b is None:
+        b = as_buffer(obj, writable=writable, stream=stream, name=name)
+    backend = comm.backend
+    if backend == "host":
+        if (<tuple>b)[6] not in _HOST_MEMORY:
+            check_device(b, backend, None)
+    else:
+        check_device(b, backend, comm.device.device_id)
+    sync = (<tuple>b)[11]
+    if sync is not None:
+        comm.device.wait_stream(stream, sync)
+    return b
+
+
+def buf(comm, obj, stream, *, writable, name):
+    """``obj`` described as a :class:`pycoll.buffers.Buffer` for an operation on ``stream`` of ``comm``:
+    on the communicator's device, and ordered after the producer stream it names
+    (``Communicator._buf``)."""
+    return _describe(comm, obj, stream, writable, name)
+
+
+cdef bint _deadlines_watched() except -1:
+    # hooks.deadlines_watched() without its frame: read on every blocking operation
+    for o in hooks._watchers:
+        if o.watching():
+            return True
+    return False
+
+
+cdef object _own_stream(object comm, bint blocking):
+    """The communicator's own stream (created on first use).
+
+    An idle host stream may run a blocking operation in the caller's thread -- the same
+    stream order and events, without a thread switch -- but only while a watchdog enforces
+    deadlines (a caller blocked inside the library cannot) and never for an asynchronous or
+    grouped operation (its call must return at once); a wait for an asynchronous one may run it
+    (when the stream's thread has not begun it), under the same condition.
+    """
+    cdef bint watched = _deadlines_watched()
+    cdef bint inline = blocking and watched and _group_state.works is None
+    cdef int mode = (1 if inline else 0) | (2 if watched else 0)
+    s = comm._stream
+    if s is None:
+        s = comm._stream = comm.device.create_stream()
+    if comm._stream_mode != mode:
+        comm.device.allow_inline(s, inline, watched)
+        comm._stream_mode = mode
+    return s
+
+
+cdef object _begin(object comm, object what, object stream, bint async_op, object a, object b):
+    if comm._state != "active" or comm._failure is not None:
+        comm._check_usable(what)
+    if stream is None and not comm._guard_device:  # the host: no framework streams, the own stream
+        return _own_stream(comm, not async_op)
+    arrays = [x for x in (a, b) if x is not None]
+    return comm.device.resolve_stream(stream, arrays, default=_own_stream(comm, not async_op))
+
+
+def begin(comm, what, stream, async_op, arrays):
+    """Check the state and resolve the stream the operation runs on (``Communicator._begin``)."""
+    if comm._state != "active" or comm._failure is not None:
+        comm._check_usable(what)
+    if stream is None and not comm._guard_device:
+        return _own_stream(comm, not async_op)
+    return comm.device.resolve_stream(stream, [x for x in arrays if x is not None],
+                                      default=_own_stream(comm, not async_op))
+
+
+# -- a library call made in C ---------------------------------------------------------------------
+
+cdef enum _Kind:
+    _ALL_REDUCE, _BROADCAST, _REDUCE, _ALL_GATHER, _REDUCE_SCATTER, _SEND, _RECV
+
+cdef dict _KINDS = {"all_reduce": _ALL_REDUCE, "broadcast": _BROADCAST, "reduce": _REDUCE, "all_gather": _ALL_GATHER,
+                    "reduce_scatter": _REDUCE_SCATTER, "send": _SEND, "recv": _RECV}
+cdef tuple _FUNCTIONS = ("ncclAllReduce", "ncclBroadcast", "ncclReduce", "ncclAllGather", "ncclReduceScatter",
+                         "ncclSend", "ncclRecv")
+
+
+cdef void* _function(Library lib, int kind) noexcept:
+    if kind == _ALL_REDUCE:
+        return <void*>lib.fn.ncclAllReduce
+    if kind == _BROADCAST:
+        return <void*>lib.fn.ncclBroadcast
+    if kind == _REDUCE:
+        return <void*>lib.fn.ncclReduce
+    if kind == _ALL_GATHER:
+        return <void*>lib.fn.ncclAllGather
+    if kind == _REDUCE_SCATTER:
+        return <void*>lib.fn.ncclReduceScatter
+    if kind == _SEND:
+        return <void*>lib.fn.ncclSend
+    return <void*>lib.fn.ncclRecv
+
+
+cdef class _Call:
+    """One operation's library call with its arguments resolved: ``call(comm_handle, stream)``.
+
+    On a compiled :class:`pycoll.bindings.Library` it calls the C function with no Python in
+    between (the GIL released, the library's last error read right after a failure, as the bindings
+    do); with a ``CollConfig`` (the ``*Config`` variants), a missing function or any other library
+    object it calls the library's method of the same name, which is the binding's own path.
+    """
+    cdef object library
+    cdef int kind
+    cdef uintptr_t send, recv
+    cdef size_t count
+    cdef int datatype, op, root
+    cdef object cc  # the collconfig.Prepared arguments: they hold the memory the config points into
+
+    def __call__(self, h, stream):
+        cdef ncclComm_t c = <ncclComm_t><uintptr_t>h
+        cdef cudaStream_t st = <cudaStream_t><uintptr_t>stream
+        cdef Library lib = self.library if isinstance(self.library, Library) and not self.cc else None
+        cdef void* fp = NULL
+        cdef int r = 0
+        cdef char text[1024]
+        cdef const char* last
+        cdef const void* sb = <const void*>self.send
+        cdef void* rb = <void*>self.recv
+        cdef ncclDataType_t dt = <ncclDataType_t>self.datatype
+        if lib is not None:
+            fp = _function(lib, self.kind)
+        if fp == NULL:
+            return self._by_method(h, stream)
+        text[0] = 0
+        with nogil:
+            if self.kind == _ALL_REDUCE:
+                r = lib.fn.ncclAllReduce(sb, rb, self.count, dt, <ncclRedOp_t>self.op, c, st)
+            elif self.kind == _BROADCAST:
+                r = lib.fn.ncclBroadcast(sb, rb, self.count, dt, self.root, c, st)
+            elif self.kind == _REDUCE:
+                r = lib.fn.ncclReduce(sb, rb, self.count, dt, <ncclRedOp_t>self.op, self.root, c, st)
+            elif self.kind == _ALL_GATHER:
+                r = lib.fn.ncclAllGather(sb, rb, self.count, dt, c, st)
+            elif self.kind == _REDUCE_SCATTER:
+                r = lib.fn.ncclReduceScatter(sb, rb, self.count, dt, <ncclRedOp_t>self.op, c, st)
+            elif self.kind == _SEND:
+                r = lib.fn.ncclSend(sb, self.count, dt, self.root, c, st)
+            else:
+                r = lib.fn.ncclRecv(rb, self.count, dt, self.root, c, st)
+            if r != 0 and r != _IN_PROGRESS and lib.fn.ncclGetLastError != NULL:
+                last = lib.fn.ncclGetLastError(c)
+                if last != NULL:
+                    strncpy(text, last, sizeof(text) - 1)
+                    text[sizeof(text) - 1] = 0
+        PyErr_CheckSignals()  # a signal that came while the call ran: its handler runs now, as after a Python call
+        if r == 0 or r == _IN_PROGRESS:
+            return r
+        raise error_class(r)(r, _FUNCTIONS[self.kind], lib.get_error_string(r), text.decode("utf-8", "replace"),
+                             lib.path)
+
+    cdef _by_method(self, h, stream):
+        lib, cc, k = self.library, self.cc, self.kind
+        if k == _ALL_REDUCE:
+            return lib.all_reduce(self.send, self.recv, self.count, self.datatype, self.op, h, stream, *cc)
+        if k == _BROADCAST:
+            return lib.broadcast(self.send, self.recv, self.count, self.datatype, self.root, h, stream, *cc)
+        if k == _REDUCE:
+            return lib.reduce(self.send, self.recv, self.count, self.datatype, self.op, self.root, h, stream, *cc)
+        if k == _ALL_GATHER:
+            return lib.all_gather(self.send, self.recv, self.count, self.datatype, h, stream, *cc)
+        if k == _REDUCE_SCATTER:
+            return lib.reduce_scatter(self.send, self.recv, self.count, self.datatype, self.op, h, stream, *cc)
+        if k == _SEND:
+            return lib.send(self.send, self.count, self.datatype, self.root, h, stream)
+        return lib.recv(self.recv, self.count, self.datatype, self.root, h, stream)
+
+
+cdef _Call _new_call(object library, int kind, object cc, uintptr_t send, uintptr_t recv, size_t count, int datatype,
+                     int op, int root):
+    cdef _Call call = _Call.__new__(_Call)
+    call.library, call.kind, call.cc = library, kind, cc
+    call.send, call.recv, call.count, call.datatype, call.op, call.root = send, recv, count, datatype, op, root
+    return call
+
+
+def library_call(library, what, cc, send, recv, count, datatype, op=0, root=0):
+    """The call of operation ``what`` (``"all_reduce"``, ``"broadcast"``, ``"reduce"``, ``"all_gather"``,
+    ``"reduce_scatter"``, ``"send"``, ``"recv"``) on ``library``, for :func:`launch`: ``call(handle,
+    stream)``. ``cc``: the prepared CollConfig arguments (``collconfig.prepare``); ``root`` is the
+    peer of a send or receive, whose buffer is ``send`` / ``recv``."""
+    return _new_call(library, _KINDS[what], cc, send, recv, count, datatype, op, root)
+
+
+cdef object _redop(object comm, object op, object datatype):
+    if op is "sum" or op == "sum":
+        return 0
+    return comm._redop(op, datatype)
+
+
+def all_reduce(comm, tensor, output=None, op="sum", *, stream=None, async_op=False, timeout=None, config=None):
+    """Reduce ``tensor`` across ranks into ``output`` (in place when ``output`` is None)."""
+    cc = () if config is None else _prepare_config(config)
+    st = _begin(comm, "all_reduce", stream, async_op, tensor, output)
+    inp = _describe(comm, tensor, st, output is None, "tensor")
+    out = inp if output is None else _describe(comm, output, st, True, "output")
+    if (<tuple>inp)[3] != (<tuple>out)[3]:
+        check_same_dtype(inp, out, op="all_reduce")
+    count = (<tuple>inp)[2]
+    if (<tuple>out)[2] < count:
+        check_count(out, count, op="all_reduce")
+    redop = _redop(comm, op, (<tuple>inp)[3])
+    call = _new_call(comm.library, _ALL_REDUCE, cc, (<tuple>inp)[0], (<tuple>out)[0], count, (<tuple>inp)[3], redop, 0)
+    return launch(comm, "all_reduce", call, st, [inp], [out], async_op, timeout)
+
+
+# -- a DLPack capsule destructor for producers written in Python -----------------------------------
+
+ctypedef void (*_dl_deleter)(void*) noexcept
+
+
+cdef void _dlpack_capsule_destructor(object capsule) noexcept:
+    """Run an unconsumed capsule's deleter (DLPack: ``deleter`` follows the 8-byte version and the
+    manager context in a versioned ``DLManagedTensorVersioned``, the 48-byte ``DLTensor`` and the manager
+    context in a ``DLManagedTensor``), with any exception being raised set aside meanwhile.
+
+    A capsule may die while an exception propagates (the last reference to an array dropped as a
+    frame unwinds); a deleter written in Python (a ctypes callback) must not run with that
+    exception set, or the exception is lost.
+    """
+    cdef PyObject* t
+    cdef PyObject* v
+    cdef PyObject* tb
+    cdef void* p
+    PyErr_Fetch(&t, &v, &tb)
+    if PyCapsule_IsValid(capsule, b"dltensor_versioned"):
+        p = PyCapsule_GetPointer(capsule, b"dltensor_versioned")
+        if p != NULL and (<_dl_deleter*>(<char*>p + 16))[0] != NULL:
+            (<_dl_deleter*>(<char*>p + 16))[0](p)
+    elif PyCapsule_IsValid(capsule, b"dltensor"):
+        p = PyCapsule_GetPointer(capsule, b"dltensor")
+        if p != NULL and (<_dl_deleter*>(<char*>p + 56))[0] != NULL:
+            (<_dl_deleter*>(<char*>p + 56))[0](p)
+    PyErr_Restore(t, v, tb)
+
+
+#: the address of a ``PyCapsule_Destructor`` for DLPack capsules made in Python (``pycoll.emulated``):
+#: it calls the managed tensor's deleter unless a consumer renamed the capsule, and keeps an exception
+#: that is propagating while the capsule dies
+DLPACK_CAPSULE_DESTRUCTOR = <uintptr_t>&_dlpack_capsule_destructor

@@ -1,0 +1,103 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, embedsignature=True, binding=True
+"""The per-operation hooks of the flight recorder and the watchdog, compiled.
+
+They run on every operation (``Communicator._launch`` calls them), so they are the bodies of
+``FlightRecorder.work_enqueued`` / ``work_completed`` and ``Watchdog.work_enqueued``, which bind
+these functions as their methods. What they do is plain bookkeeping: the recorder copies what never
+changes about an operation into a ring entry (and the top frames' code objects and offsets, formatted
+only at dump time); the watchdog wakes its polling thread when an operation is due before its next
+round.
+"""
+
+from pycoll._core cimport Work
+
+import sys
+from threading import get_ident as _get_ident
+
+from .._bindings import capture_stack as _capture_stack
+from ..buffers import Buffer
+
+__all__ = ["recorder_work_enqueued", "recorder_work_completed", "watchdog_work_enqueued", "watchdog_watching"]
+
+# Entry layout: see pycoll.diagnostics.recorder (_POS .. _CAPTURE)
+cdef Py_ssize_t _SHAPE = Buffer._fields.index("shape")
+cdef Py_ssize_t _DTYPE = Buffer._fields.index("dtype_name")
+cdef Py_ssize_t _FROZEN = 16
+cdef tuple _CAPTURED = ("captured", None, None, None, None)
+
+
+def recorder_work_enqueued(self, Work w):
+    """Record one operation (called for every enqueued :class:`~pycoll.Work`)."""
+    cdef list ring = self._ring
+    cdef Py_ssize_t n = len(ring)
+    if n == 0:
+        return
+    comm = w.comm
+    # comm_created maps every communicator when it is made, so an id found here is that of this
+    # communicator (a reused id is remapped by the new communicator's comm_created)
+    info = self._infos.get(id(comm))
+    if info is None:
+        info = self._info(comm)
+    # one buffer (the usual case): its shape tuple and dtype name as they are, no new objects; several: lists
+    cdef list ins = w.inputs
+    cdef list outs = w.outputs
+    if len(ins) == 1:
+        isz = (<tuple>ins[0])[_SHAPE]
+        idt = (<tuple>ins[0])[_DTYPE]
+    else:
+        isz = [(<tuple>b)[_SHAPE] for b in ins]
+        idt = [(<tuple>b)[_DTYPE] for b in ins]
+    if len(outs) == 1:
+        osz = (<tuple>outs[0])[_SHAPE]
+        odt = (<tuple>outs[0])[_DTYPE]
+    else:
+        osz = [(<tuple>b)[_SHAPE] for b in outs]
+        odt = [(<tuple>b)[_DTYPE] for b in outs]
+    # from _launch on (+ 1: the public call, e.g. all_reduce, stays; a compiled one has no frame of its own)
+    stack = None
+    if self.stacks:
+        stack = _capture_stack(0, self.stack_depth + 1)
+        if stack is None:  # before Python 3.11
+            stack = _frames(self.stack_depth + 1)
+    pos = next(self._pos)
+    capture = w.capture_id
+    entry = [pos, next(info.rid), info, isz, idt, osz, odt, _get_ident(), stack,
+             w.op, w.seq, w.p2p_seq, w.op_id, w.peer, w.timeout, w.time_created_ns,
+             None if capture is None else _CAPTURED, capture]
+    ring[pos % n] = entry
+    w.fr_entry = entry
+
+
+cdef list _frames(int depth):
+    cdef list stack = []
+    f = sys._getframe(0)
+    for _ in range(depth):
+        if f is None:
+            break
+        stack.append(f.f_code)
+        stack.append(f.f_lasti)
+        f = f.f_back
+    return stack
+
+
+def recorder_work_completed(self, Work w):
+    """Freeze a completed operation's times into its entry (the communicator calls it when one completes)."""
+    e = w.fr_entry
+    if e is not None:
+        (<list>e)[_FROZEN] = ("completed", w.time_started_ns, w.time_completed_ns, w.duration_ms, None)
+
+
+def watchdog_work_enqueued(self, Work w):
+    """An operation due before the polling thread's next round wakes it (also while it is scanning:
+    it may have passed this communicator already): no interval delays a timeout."""
+    due = w.t0 + w.timeout
+    if due < self._next_due:
+        self._next_due = due
+    wake_at = self._wake_at
+    if not wake_at or due < wake_at:
+        self._poll_wake.set()
+
+
+def watchdog_watching(self):
+    """True while the polling thread enforces deadlines (then blocking host operations run inline)."""
+    return self._active
