@@ -188,6 +188,75 @@ def percentile(values: Sequence[float], q: float) -> float:
     return v[min(len(v) - 1, max(0, round(q * (len(v) - 1))))]
 
 
+def _node_member(slot: int, k: int, addr: Tuple[str, int], token: str, run: str, conn: Any) -> None:
+    """One member process of the one-node case; slot 0's process hosts the node's hub."""
+    pycoll = import_pycoll()
+    from pycoll import nodeagg
+
+    store = pycoll.TCPStore(addr[0], addr[1], token, timeout=TIMEOUT)
+    hub = nodeagg.NodeHub(store, f"pycoll-bench-node:{run}", 0, lambda m: False) if slot == 0 else None
+    conn.send("hub")
+    assert conn.recv() == "go"
+    link = nodeagg.NodeLink(f"pycoll-bench-node:{run}", slot)
+    members = tuple(range(k))
+    while True:
+        conn.send("ready")
+        base = conn.recv()
+        if base is None:
+            break
+        nodeagg.watch_key(link, store, f"{base}flag", TIMEOUT)
+        got, _ = nodeagg.agree(link, store, base, slot, members, 7, lambda m: False, window=WINDOW, timeout=TIMEOUT)
+        conn.send((time.monotonic(), got == members))
+    link.close()
+    if hub is not None:
+        hub.close()
+    store.close()
+
+
+def one_node(server: Any, driver: Any, token: str, k: int, reps: int) -> List[float]:
+    """The agreement of one node of ``k`` member processes through its hub (the store sees one
+    client): what every node of a job pays in parallel on its own cores, ms per repetition."""
+    ctx = mp.get_context("spawn")
+    run = f"{os.getpid()}-{time.monotonic_ns()}"
+    pipes, procs = [], []
+    for s in range(k):
+        mine, theirs = ctx.Pipe()
+        proc = ctx.Process(target=_node_member, args=(s, k, server.address, token, run, theirs), daemon=True)
+        proc.start()
+        pipes.append(mine)
+        procs.append(proc)
+    out: List[float] = []
+    try:
+        for c in pipes:
+            assert c.recv() == "hub"
+        for c in pipes:
+            c.send("go")
+        for r in range(reps + 1):
+            for c in pipes:
+                assert c.recv() == "ready"
+            base = f"bench/node/r{r}/"
+            for c in pipes:
+                c.send(base)
+            time.sleep(0.05)  # every member asked the hub for the flag
+            t0 = time.monotonic()
+            driver.set(f"{base}flag", b"1")
+            res = [c.recv() for c in pipes]
+            if not all(ok for _, ok in res):
+                raise SystemExit(f"one node: a wrong decision {res}")
+            if r:
+                out.append((max(t for t, _ in res) - t0) * 1e3)
+        for c in pipes:
+            assert c.recv() == "ready"
+            c.send(None)
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="64,256,1024")
@@ -201,8 +270,10 @@ def main() -> None:
     ap.add_argument("--hub-placement", choices=("same", "other", "apart"), default="apart",
                     help="a node's hub runs in the process of its members' threads, in another member process, "
                          "or in one of --hub-procs processes of their own")
-    ap.add_argument("--hub-procs", type=int, default=2)
+    ap.add_argument("--hub-procs", type=int, default=4)
     ap.add_argument("--json", default="")
+    ap.add_argument("--node-reps", type=int, default=15,
+                    help="repetitions of the one-node case (--per-node member processes, one hub; 0: none)")
     a = ap.parse_args()
     pycoll = import_pycoll()
     sizes = [int(x) for x in a.sizes.split(",")]
@@ -296,6 +367,15 @@ def main() -> None:
                 p.join()
         driver.close()
         server.close()
+    node_ms: List[float] = []
+    if a.per_node > 1 and a.node_reps > 0:
+        server = pycoll.TCPStoreServer(token=token).start()
+        driver = server.client(timeout=TIMEOUT)
+        try:
+            node_ms = one_node(server, driver, token, a.per_node, a.node_reps)
+        finally:
+            driver.close()
+            server.close()
     load = os.getloadavg()
     print(f"# agreement and grow admission vs members (load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
           f"{os.cpu_count()} CPUs, {a.reps} interleaved repetitions, {a.workers} member processes)")
@@ -353,6 +433,12 @@ def main() -> None:
                   f"{row['node_grow_ms_median']:.1f} | {row['node_grow_ms_p90']:.1f} | {row['grow_requests']:.0f} | "
                   f"{row['node_grow_requests']:.0f} | {row['floor_ms_median']:.1f} | "
                   f"{row['node_floor_ms_median']:.1f} |")
+    if node_ms:
+        summary["one_node"] = {"per_node": a.per_node, "ms": node_ms, "median": percentile(node_ms, 0.5),
+                               "p90": percentile(node_ms, 0.9)}
+        print(f"\n# one node: {a.per_node} member processes through their hub (one store client), flag to every "
+              f"member holding the decision: median {percentile(node_ms, 0.5):.1f} ms, p90 "
+              f"{percentile(node_ms, 0.9):.1f} ms ({len(node_ms)} repetitions)")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(summary, f, indent=1)

@@ -808,12 +808,12 @@ class ElasticGroup:
         self._stop.set()
         self._announce_q.put(None)
         get_watchdog().remove_dump_gate(self._dump_gate)
-        if self._node is not None:
-            self._node.close()
         if self.slot == self.members[0] and self.comm.failure is None:
             self.store.set(f"{self._ns}/closed", b"1")
         if self._watcher is not None:
             self._watcher.join(2.0)
+        if self._node is not None:
+            self._node.close()
         if not self.comm.closed:
             if self.comm.state == "active" and self.comm.failure is None:
                 self.comm.destroy()

@@ -46,7 +46,7 @@ FP_NODE_VOTE = _fp.declare("elastic.node.vote", "a member, before it sends its v
 FP_NODE_WAIT = _fp.declare("elastic.node.wait", "a member, waiting for a value from the node's hub")
 FP_NODE_FALLBACK = _fp.declare("elastic.node.fallback", "a member lost the node's hub: it uses the store itself")
 
-_HELLO, _WATCH, _VOTE, _VALUE = b"H", b"W", b"V", b"K"
+_HELLO, _WATCH, _VOTE, _VALUE, _BYE = b"H", b"W", b"V", b"K", b"B"
 _U32 = struct.Struct("!I")
 _WATCH_HEAD = struct.Struct("!d")  # how long the hub waits for the key (from now)
 _VOTE_HEAD = struct.Struct("!IqdI")  # slot, step, window, length of the base
@@ -147,8 +147,9 @@ class NodeHub:
         with self._lock:
             return {s for s in self._slots.values() if s != _NO_SLOT}
 
-    def close(self) -> None:
-        """Stop serving: every connected member sees end-of-file (and falls back to the store)."""
+    def close(self, bye: bool = True) -> None:
+        """Stop serving: every connected member uses the store itself from now on (``bye``: they are
+        told so first; else they see end-of-file, as when the hub's process dies)."""
         with self._lock:
             if self._closed:
                 return
@@ -157,6 +158,8 @@ class NodeHub:
             self._slots.clear()
             self._lock.notify_all()
         for c in conns:
+            if bye:
+                self._send(c, _BYE)
             try:
                 c.shutdown(socket.SHUT_RDWR)
             except OSError:
@@ -165,7 +168,7 @@ class NodeHub:
 
     def _crash(self, where: str, exc: BaseException) -> None:
         _log.warning("node hub of slot %d failed (%s): %s; its members use the store themselves", self.slot, where, exc)
-        self.close()
+        self.close(bye=False)
 
     # -- the selector thread ----------------------------------------------------------------------
 
@@ -361,10 +364,16 @@ class NodeLink:
         self._values: Dict[str, bytes] = {}
         self._reading = False
         self._broken = False
+        self._bye = False
 
     @property
     def broken(self) -> bool:
         return self._broken
+
+    @property
+    def closed_by_hub(self) -> bool:
+        """The hub said goodbye (its group closed it): no failure."""
+        return self._bye
 
     def close(self) -> None:
         with self._cv:
@@ -441,7 +450,9 @@ class NodeLink:
             finally:
                 with self._cv:
                     self._reading = False
-                    if msg and msg[:1] == _VALUE:
+                    if msg and msg[:1] == _BYE:
+                        self._broken = self._bye = True
+                    elif msg and msg[:1] == _VALUE:
                         k, v = _unpack_key(msg[1:])
                         self._values[k] = v
                         if len(self._values) > 64:
@@ -476,12 +487,16 @@ def watch_key(link: Optional[NodeLink], store: Any, key: str, timeout: float) ->
         try:
             return link.watch(key, timeout)
         except HubLost:
-            _fp.hit(FP_NODE_FALLBACK, rank=link.slot)
+            if not link.closed_by_hub:
+                _fp.hit(FP_NODE_FALLBACK, rank=link.slot)
     try:
         value: bytes = store.get(key, timeout=timeout)
         return value
     except StoreTimeout:
         return None
+
+
+_GIVE_UP = 40  # connection attempts to one hub address (the watcher tries every 50 ms while it starts)
 
 
 class NodeAggregation:
@@ -500,6 +515,7 @@ class NodeAggregation:
         self._address = ""
         #: the last :meth:`link` found no hub to reach yet (it is starting): look again soon
         self.pending = False
+        self._tries = 0  # failed connections to this address (given up after 2 s of them)
 
     def link(self, members: Sequence[int], procs: Dict[int, Tuple[str, int]]) -> Optional[NodeLink]:
         self.pending = False
@@ -509,9 +525,16 @@ class NodeAggregation:
             return None
         host = local[0]
         address = hub_address(self.ns, self.boot, host, procs[host][1])
-        if address != self._address or (self._link is not None and self._link.broken):
+        if address != self._address:
             self.close()
-            self._address = address
+            self._address, self._tries = address, 0
+        elif self._link is not None and self._link.broken:
+            if self._link.closed_by_hub:
+                self._tries = _GIVE_UP  # its group closed it: the store, until the hub changes
+            self._link.close()
+            self._link = None
+        if self._tries >= _GIVE_UP:
+            return None
         if host == self.slot and (self.hub is None or not self.hub.alive):
             try:
                 self.hub = NodeHub(self.store, address, self.slot, self.gone)
@@ -522,7 +545,8 @@ class NodeAggregation:
             try:
                 self._link = NodeLink(address, self.slot, lambda: self.gone(host))
             except HubLost:
-                self.pending = True
+                self._tries += 1
+                self.pending = self._tries < _GIVE_UP
                 return None  # not up yet: the next look tries again
         return self._link
 
