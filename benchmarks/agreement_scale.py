@@ -23,11 +23,18 @@ interleaved; the table gives medians and p90.
   nodes of K (threads of one worker process, as the processes of one host); one
   :class:`pycoll.nodeagg.NodeHub` per node waits for the flag in the store, collects its members' votes
   (a Unix socket each), sends them in one request, agrees for them and hands the decision back --
-  what :class:`pycoll.ElasticGroup` does when members share a host. The direct cases run in the same
-  interleaved repetitions.
+  what :class:`pycoll.ElasticGroup` does when members share a host. The hubs run in
+  ``--hub-procs`` processes of their own (``--hub-placement``): a real hub shares its interpreter
+  with one member, not with hundreds of member threads. The direct cases run in the same
+  interleaved repetitions. Every one of the 1,024 member threads still has to wake twice (the flag,
+  the decision) on this machine's cores: the "1 local wake" column is that floor, once.
+* **store side of the node hubs** (``--aggregate K``): one store client per K members whose votes
+  it already holds -- what the store serves when the nodes run in parallel on their own cores.
+* **one node** (``--node-reps``): K member *processes* and their hub, one store client: the local
+  round every node adds, in parallel with the others.
 
     python benchmarks/agreement_scale.py [--sizes 64,256,1024] [--reps 7] [--workers 4] [--per-node 8]
-                                         [--aggregate K] [--json out]
+                                         [--aggregate 8] [--hub-placement apart] [--node-reps 15] [--json out]
 """
 
 from __future__ import annotations
@@ -262,7 +269,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="64,256,1024")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--aggregate", type=int, default=0,
+    ap.add_argument("--aggregate", type=int, default=8,
                     help="also run the agreement with one store client per this many members (0: no)")
     ap.add_argument("--per-node", type=int, default=8,
                     help="also run the agreement and the grow through node hubs (pycoll.nodeagg) of this many "

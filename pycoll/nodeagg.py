@@ -19,6 +19,15 @@ and when the link breaks (the hub's process exited, its thread failed and closed
 the hub's process is known gone (``gone(hub slot)``: stopped) or when no decision came within the
 agreement's window, it falls back to the direct store path (:func:`agree`), which every member's
 decision meets at the same compare-and-set: the answer stays the same on every member.
+
+**Where the hub lives.** In a member process (the lowest local slot of the current membership), not in
+``pycoll-run``'s launcher: :class:`pycoll.ElasticGroup` then needs no launcher (SLURM, Open MPI,
+``torchrun`` jobs get it too), and every local member computes the hub's address from the members'
+registered processes, no store key. The launcher would outlive a member's crash, but it would be one
+more process whose death or stop every member must watch, and the hub's own failure is cheap here:
+the members fall back to the store for that agreement, and the next membership elects the next
+lowest local slot. A hub that dies before it forwards costs its members one store round each; one
+that dies after forwarding costs nothing (the votes are in the store).
 """
 
 from __future__ import annotations
@@ -464,21 +473,24 @@ def agree(link: Optional[NodeLink], store: Any, base: str, slot: int, members: S
           gone: _mb.Gone, *, window: float, timeout: float) -> Tuple[Tuple[int, ...], Optional[int]]:
     """:func:`pycoll.membership.agree` through the node's hub: vote to the hub, get the decision from
     it; the same answer as the direct path, which this falls back to when the hub is lost (or
-    ``link`` is None), or when no decision came within ``window`` (then this member takes over at once)."""
+    ``link`` is None), or when a hub that is alive sent no decision within ``window + timeout``
+    (a store that does not answer delays the hub as much as it would this member).
+
+    A member that falls back waits a whole ``window`` for the others' votes again: the hub may have
+    held this node's votes until then (with less, a store that froze for a while would make the
+    first members back leave out the live ones whose votes the hub had not sent yet)."""
     members = tuple(members)
-    start = time.monotonic()
     if link is not None:
         try:
             link.vote(base, slot, step, members, window)
-            raw = link.wait(f"{base}decision", window + 0.5, every=_mb.wait_slice(len(members)))
+            raw = link.wait(f"{base}decision", window + timeout, every=_mb.wait_slice(len(members)))
             if raw is not None:
                 return _mb.parse_decision(raw, members)
         except HubLost as exc:
             _log.info("%s", exc)
         _fp.hit(FP_NODE_FALLBACK, rank=slot)
         _mb.vouch(store, base, slot, step)  # voting twice is harmless
-    return _mb.agree(store, base, slot, members, step, gone, window=max(0.0, start + window - time.monotonic()),
-                     timeout=timeout)
+    return _mb.agree(store, base, slot, members, step, gone, window=window, timeout=timeout)
 
 
 def watch_key(link: Optional[NodeLink], store: Any, key: str, timeout: float) -> Optional[bytes]:
