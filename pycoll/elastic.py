@@ -53,7 +53,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
-from . import _bindings as B, failpoints as _fp, membership as _mb
+from . import _bindings as B, failpoints as _fp, membership as _mb, nodeagg as _node
 from ._procs import boot_id, stat_fields
 from .comm import Communicator, default_timeout
 from .config import CommConfig
@@ -174,6 +174,9 @@ class ElasticGroup:
         name: namespace of the group in the store.
         on_change: called as ``on_change(group, transition)`` after every membership change, on
             every member (joiners included), before the call that made the change returns.
+        node_hub: members on one host (same boot id) agree through one of them, the lowest local slot
+            (:mod:`pycoll.nodeagg`): it alone waits in the store for the reshape flag and sends the
+            host's votes in one request; False: every member talks to the store itself.
 
     Use :meth:`from_env` under ``pycoll-run``.
     """
@@ -194,6 +197,7 @@ class ElasticGroup:
         join_timeout: float = 120.0,
         name: str = "elastic",
         on_change: Optional[Callable[[ElasticGroup, Transition], None]] = None,
+        node_hub: bool = True,
     ) -> None:
         if isinstance(slot, bool) or not isinstance(slot, int) or slot < 0:
             raise ValueError(f"slot must be an int >= 0, got {slot!r}")
@@ -228,6 +232,8 @@ class ElasticGroup:
         self._release_at = 0  # dumps wait until the new communicator has issued this many operations
         self._watcher: Optional[threading.Thread] = None
         self._boot = boot_id()
+        self._node = _node.NodeAggregation(store, self._ns, slot, self._boot, self._slot_gone) if node_hub else None
+        self._link: Optional[_node.NodeLink] = None  # to this host's hub (the watcher keeps it per generation)
         self._committed: Optional[int] = None  # the last step this member completed (commit())
         self._joiners_seen = False  # rank 0's watcher saw join requests (read by maybe_grow)
         store.set(f"{self._ns}/proc/{slot}", f"{self._boot} {os.getpid()}")
@@ -432,14 +438,19 @@ class ElasticGroup:
                 try:
                     self._proc_cache = self._procs(self.members)
                     fetched = g
+                    self._link = None
                 except Exception:
                     if self._stop.is_set():
                         return
+            if self._node is not None and (self._link is None or self._link.broken) and fetched == g:
+                self._link = self._node.link(self.members, self._proc_cache)
             key = f"{self._ns}/g{g}/reshape"
             try:
                 if self.members and self.members[0] == self.slot:  # rank 0 decides the grows
                     self._joiners_seen = bool(self.pending_joiners())
-                self.store.wait([key], timeout=0.5)
+                wait = 0.05 if self._node is not None and self._node.pending else 0.5  # the hub is starting
+                if _node.watch_key(self._link, self.store, key, wait) is None:
+                    continue
             except StoreError:
                 continue  # timeout (or a store hiccup): look again, the generation may have changed
             except Exception:
@@ -484,6 +495,7 @@ class ElasticGroup:
         if g is None:
             _fp.hit(FP_AGREE_BEFORE_VOTE)
             _mb.vouch(self.store, base, self.slot, self._step())
+        link = self._link if g is not None and window is None else None  # attempt 0: through this host's hub
         procs = self._proc_cache
         if not all(m in procs for m in members):
             procs = self._procs(members)
@@ -491,8 +503,8 @@ class ElasticGroup:
         def gone(m: int) -> bool:
             return m in procs and procs[m][0] == self._boot and _local_process_gone(procs[m][1])
 
-        return _mb.agree(self.store, base, self.slot, members, self._step(), gone,
-                         window=self.window if window is None else window, timeout=self.timeout)
+        return _node.agree(link, self.store, base, self.slot, members, self._step(), gone,
+                           window=self.window if window is None else window, timeout=self.timeout)
 
     def _procs(self, members: Sequence[int]) -> Dict[int, Tuple[str, int]]:
         """(boot id, pid) of each member's process, as it registered in the store (one round trip)."""
@@ -671,7 +683,14 @@ class ElasticGroup:
         if self._vouched == (g, attempt):
             return
         self._vouched = (g, attempt)
+        link = self._link if attempt == 0 else None
         try:
+            if link is not None:
+                try:
+                    link.vote(f"{self._ns}/g{g}/a0/", self.slot, self._step(), self.members, self.window)
+                    return
+                except _node.HubLost:
+                    pass  # the store then
             _mb.vouch(self.store, f"{self._ns}/g{g}/a{attempt}/", self.slot, self._step())
         except BaseException:
             self._vouched = (-1, -1)
@@ -793,6 +812,8 @@ class ElasticGroup:
             self.store.set(f"{self._ns}/closed", b"1")
         if self._watcher is not None:
             self._watcher.join(2.0)
+        if self._node is not None:
+            self._node.close()
         if not self.comm.closed:
             if self.comm.state == "active" and self.comm.failure is None:
                 self.comm.destroy()
@@ -807,4 +828,6 @@ class ElasticGroup:
             self.close()
         else:
             self._stop.set()
+            if self._node is not None:
+                self._node.close()
             self.comm.abort()

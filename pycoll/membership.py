@@ -24,6 +24,7 @@ key that one member writes, watching that member's liveness.
 
 from __future__ import annotations
 
+import itertools
 import struct
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
@@ -32,7 +33,8 @@ from . import failpoints as _fp
 from .errors import CommFailure, StoreTimeout
 
 __all__ = ["vouch", "vouch_many", "agree", "request_join", "await_admission", "admit", "parse_admission",
-           "pending_joiners", "grow_decision", "wait_key", "members_str", "parse_members", "parse_decision"]
+           "pending_joiners", "grow_decision", "wait_key", "members_str", "parse_members", "parse_decision",
+           "wait_slice"]
 
 FP_VOTE = _fp.declare("elastic.agree.vote", "a member's vote, before it is appended")
 FP_AGREE_WAIT = _fp.declare("elastic.agree.wait", "the agreement, waiting for the others' vouchers")
@@ -60,7 +62,8 @@ def parse_decision(text: bytes, members: Sequence[int] = ()) -> Tuple[Tuple[int,
     head, _, step = text.decode().partition("|")
     if head.startswith("x:"):
         out = set(parse_members(head[2:].encode()))
-        return tuple(m for m in members if m not in out), (int(step) if step else None)
+        # a C loop: every member of a large group parses the decision
+        return tuple(itertools.filterfalse(out.__contains__, members)), (int(step) if step else None)
     return parse_members(head.encode()), (int(step) if step else None)
 
 
@@ -109,6 +112,10 @@ def _stalled(started: float, asked: float) -> float:
     (a store that did not answer, e.g. its server stopped for a while); 0 for a usual answer."""
     over = time.monotonic() - started - asked
     return over if over > _STALL_S else 0.0
+
+
+#: how long one wait for a decision lasts with ``n`` members (for the node hubs' members, :mod:`pycoll.nodeagg`)
+wait_slice = _slice
 
 
 def agree(store: Any, base: str, slot: int, members: Sequence[int], step: int, gone: Gone, *,
@@ -168,9 +175,10 @@ def _coordinate(store: Any, base: str, slot: int, mine: Set[int], members: Tuple
             break
         left = deadline - time.monotonic()
         if left <= 0:
-            if read:
-                break
-            left = 0.0  # one look at the votes there are
+            # one last look at the votes there are: those that came after the last wait returned
+            # count too (a node's hub sends its members' votes late when one of them is slow)
+            voted = _parse_votes(_get_or_empty(store, votes_key))
+            break
         _fp.hit(FP_AGREE_WAIT, rank=slot)
         count = len(raw) // _VOTE.size
         asked, t = min(left, 0.05), time.monotonic()
@@ -178,9 +186,7 @@ def _coordinate(store: Any, base: str, slot: int, mine: Set[int], members: Tuple
             raw = store.wait_size(votes_key, _VOTE.size * (count + len(missing)), timeout=asked)
             read = True
         except StoreTimeout:
-            if left <= 0:
-                raw, read = _get_or_empty(store, votes_key), True
-            elif store.check([decision_key]):
+            if store.check([decision_key]):
                 break  # another member decided (its window was over): adopt that
         stalled = _stalled(t, asked)
         if stalled:  # the store held the votes sent meanwhile unanswered: they are not late

@@ -25,7 +25,7 @@ LAYERS = [
     ("store", ["pycoll.store"]),
     ("diagnostics", ["pycoll.diagnostics"]),
     ("bootstrap", ["pycoll.launch", "pycoll.create"]),
-    ("elastic", ["pycoll.elastic", "pycoll.membership"]),
+    ("elastic", ["pycoll.elastic", "pycoll.membership", "pycoll.nodeagg"]),
     ("tools", ["pycoll.tools", "pycoll.emulated", "pycoll"]),  # pycoll/__init__ and the alias modules sit on top
 ]
 

@@ -1,0 +1,234 @@
+"""The agreement through node hubs (pycoll.nodeagg): 64 members as threads in nodes of 8, one hub per
+node; hubs and members failing at the hubs' failpoints; then real processes (ElasticGroup on one host).
+
+A hub that *fails* (its thread raises) closes its socket: its members see end-of-file and use the store
+themselves. A hub whose process is *stopped* keeps its socket open but the liveness rule says it is
+gone (/proc tells a same-host member): its members stop waiting for it at their next look. A member
+that is *killed* closes its link (the hub stops waiting for its vote) and is known gone; a *stopped*
+one stays connected and is waited for up to the hub's collect time and the window.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+from helpers.mp import run_ranks
+
+import pycoll
+from pycoll import failpoints, nodeagg
+from pycoll.elastic import ElasticGroup, Excluded
+from pycoll.failpoints import FailpointError
+from pycoll.store import TCPStore, TCPStoreServer
+
+N, K = 64, 8
+WINDOW = 0.8
+BASE = "pycoll/elastic/n/g0/a0/"
+FLAG = "pycoll/elastic/n/g0/reshape"
+
+
+@pytest.fixture
+def server():
+    srv = TCPStoreServer(token="n", max_unauthenticated=256).start()
+    yield srv
+    srv.close()
+    failpoints.reset()
+
+
+class _StoppableHub(nodeagg.NodeHub):
+    """A hub whose failure stops it (as SIGSTOP would its process) instead of closing it."""
+
+    stop_model = False
+    released: threading.Event
+    dead: set
+
+    def _crash(self, where, exc):
+        if not self.stop_model:
+            return super()._crash(where, exc)
+        self.dead.add(self.slot)  # the liveness rule now says its process is stopped
+        self.released.wait(30)
+        return None
+
+
+def _run(server, spec="", model="kill", hub_model="fail"):
+    """Every member waits for the flag through its hub, then agrees through it; returns (results,
+    dead, seconds, requests)."""
+    failpoints.configure(spec, rank=-1)
+    members = tuple(range(N))
+    dead: set = set()
+    released = threading.Event()
+    results: dict = {}
+    hub_store = TCPStore(server.host, server.port, "n", timeout=10)
+    hubs = []
+    for first in range(0, N, K):
+        h = _StoppableHub(hub_store, f"pycoll-test-{os.getpid()}-{first}", first, dead.__contains__)
+        h.stop_model, h.released, h.dead = hub_model == "stop", released, dead
+        hubs.append(h)
+    start = threading.Barrier(N + 1)
+
+    def member(slot):
+        store = TCPStore(server.host, server.port, "n", timeout=10)
+        hub = hubs[slot // K]
+        link = nodeagg.NodeLink(hub.address, slot, lambda: hub.slot in dead)
+        try:
+            start.wait(30)
+            nodeagg.watch_key(link, store, FLAG, 10)
+            results[slot] = nodeagg.agree(link, store, BASE, slot, members, 10 + slot % 7, dead.__contains__,
+                                          window=WINDOW, timeout=10)
+        except FailpointError:
+            results[slot] = "victim"
+            if model == "kill":
+                dead.add(slot)
+                link.close()
+            else:
+                released.wait(30)
+        finally:
+            link.close()
+            store.close()
+
+    threads = [threading.Thread(target=member, args=(s,), daemon=True) for s in members]
+    for t in threads:
+        t.start()
+    start.wait(30)
+    time.sleep(0.2)  # every member asked its hub for the flag
+    before = server.stats()["requests"]
+    t0 = time.monotonic()
+    hub_store.set(FLAG, b"1")
+    deadline = t0 + WINDOW + 20
+    while len(results) < N and time.monotonic() < deadline:
+        time.sleep(0.005)
+    elapsed = time.monotonic() - t0
+    requests = server.stats()["requests"] - before
+    released.set()
+    for t in threads:
+        t.join(10)
+    for h in hubs:
+        h.close()
+    hub_store.close()
+    assert not any(t.is_alive() for t in threads), "a member hangs"
+    failpoints.reset()
+    return results, dead, elapsed, requests
+
+
+def _check(results, dead, excluded=(), maybe=()):
+    """Every member that finished holds the same decision: every member but the excluded, the
+    ``maybe`` ones in or out; returns it."""
+    got = {v for s, v in results.items() if v != "victim" and s not in excluded}
+    assert len(got) == 1, got
+    (decision,) = got
+    survivors, step = decision
+    expect = [m for m in range(N) if m not in excluded]
+    assert [m for m in survivors if m not in maybe] == [m for m in expect if m not in maybe], decision
+    assert step == min(10 + s % 7 for s in survivors)
+    return survivors
+
+
+@pytest.mark.timeout(60)
+def test_one_request_per_node_and_the_same_decision(server):
+    results, _, elapsed, requests = _run(server)
+    assert _check(results, set()) == tuple(range(N))
+    # per node: the flag's wait (re-armed each 0.5 s at most), the votes, the wait for the decision
+    assert requests <= 4 * (N // K), requests
+    assert elapsed < WINDOW
+
+
+HUB_POINTS = ["elastic.node.watch", "elastic.node.collect", "elastic.node.forward", "elastic.node.fanout"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("hub_model", ["fail", "stop"])
+# the hub speaking for the coordinator, another one (--runslow)
+@pytest.mark.parametrize("victim", [0, pytest.param(24, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("point", HUB_POINTS)
+def test_hub_fails_at_a_failpoint(server, point, victim, hub_model, tmp_path):
+    trace = tmp_path / "trace"
+    results, dead, elapsed, _ = _run(server, spec=f"{point}=raise;rank={victim};trace={trace}", hub_model=hub_model)
+    assert trace.read_text().startswith(point), "the failpoint was not reached"
+    if hub_model == "fail":  # the hub's thread failed, its process lives: every member stays
+        assert _check(results, dead) == tuple(range(N))
+    else:  # its process is stopped: its host slot may be left out (it was known gone), nobody else
+        _check(results, dead, maybe=(victim,))
+    assert elapsed < 2 * WINDOW + 1.5, elapsed
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("model", ["kill", "stop"])
+@pytest.mark.parametrize("victim", [13, pytest.param(0, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("point", ["elastic.node.vote", "elastic.node.wait"])
+def test_member_fails_at_a_failpoint(server, point, victim, model):
+    results, dead, elapsed, _ = _run(server, spec=f"{point}=raise;rank={victim}", model=model)
+    assert results[victim] == "victim"
+    # it never voted (its first wait is the flag's): left out, at once when killed, at the window when stopped
+    _check(results, dead, excluded=(victim,))
+    assert elapsed < (1.0 if model == "kill" else 2 * WINDOW + 1.0), elapsed
+
+
+@pytest.mark.timeout(30)
+def test_a_lost_hub_means_the_store_path(server, tmp_path):
+    """The hub of node 1 fails before it forwards: its members vote and agree through the store
+    (``elastic.node.fallback`` fires for each of them) and end with everyone else's decision."""
+    trace = tmp_path / "trace"
+    spec = f"elastic.node.forward=raise;rank=8,elastic.node.fallback=note;trace={trace}"
+    results, dead, _, _ = _run(server, spec=spec)
+    assert _check(results, dead) == tuple(range(N))
+    lines = trace.read_text().splitlines()
+    fired = {int(line.split()[2]) for line in lines if line.startswith("elastic.node.fallback")}
+    assert fired == set(range(8, 16)), fired
+
+
+def test_bad_link():
+    with pytest.raises(nodeagg.HubLost, match="no node hub"):
+        nodeagg.NodeLink(f"pycoll-test-nobody-{os.getpid()}", 3)
+
+
+# -- real processes: ElasticGroup, every member on this host, slot 0's process hosts the hub ---------
+
+
+def _elastic(rank, n, addr, spec, die_at_step):
+    failpoints.configure(spec, rank=rank)
+    store = pycoll.TCPStore(addr[0], addr[1], "nodeagg-test", timeout=30.0)
+    group = ElasticGroup(store, rank, n, backend="host", timeout=10.0, name="na")
+    time.sleep(0.3)  # every member has reached the hub (a reshape before that goes through the store)
+    step = 0
+    try:
+        while step < 6:
+            if rank == n - 1 and step == die_at_step:
+                os.kill(os.getpid(), signal.SIGKILL)
+            grad = np.full(4, step + 1.0)
+            try:
+                group.comm.all_reduce(grad)
+            except pycoll.CommFailure:
+                group.reshape()
+                continue
+            step += 1
+    except Excluded:
+        return "excluded"
+    out = (group.generation, group.members)
+    group.close()
+    return out
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("spec, survivors", [
+    ("", (0, 1, 2)),                                 # the last slot dies: the hub (slot 0) serves the others
+    ("elastic.node.fanout=kill;rank=0", (1, 2)),     # then the hub's process dies handing out the flag
+    ("elastic.node.forward=kill;rank=0", (1, 2)),    # ... or about to send the votes
+    ("elastic.node.vote=kill;rank=2", (0, 1)),       # a plain member dies voting through the hub
+])
+def test_elastic_group_through_the_hub(spec, survivors, tmp_path):
+    srv = pycoll.TCPStoreServer(token="nodeagg-test").start()
+    trace = tmp_path / "trace"
+    try:
+        full = f"{spec};trace={trace},elastic.node.forward=note;trace={trace}" if spec else \
+            f"elastic.node.forward=note;trace={trace}"
+        res = run_ranks(_elastic, 4, srv.address, full, 2, timeout=60, may_die=[0, 1, 2, 3])
+    finally:
+        srv.close()
+    got = {r for r in res if isinstance(r, tuple)}
+    assert got == {(1, survivors)}, res
+    assert all(isinstance(res[s], tuple) for s in survivors), res
+    assert "elastic.node." in trace.read_text(), "the hub was not used"
