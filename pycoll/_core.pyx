@@ -173,6 +173,7 @@ cdef class Work:
         bounded = timeout is not None
         if bounded:
             deadline = start + timeout
+        waited = False
         while True:
             PyErr_CheckSignals()  # compiled: no eval loop runs the signal handlers (Ctrl-C raises here)
             if self._exc is not None:
@@ -183,9 +184,11 @@ cdef class Work:
             if _final(self._state) or self._exc is not None:
                 continue
             now = _monotonic()
-            comm.check(now)
-            if self._exc is not None:
-                continue
+            if waited:  # the first wait comes first: an operation about to complete needs no check
+                comm.check(now)
+                if self._exc is not None:
+                    continue
+            waited = True
             if bounded and now >= deadline:
                 raise TimeoutError(
                     f"{self.op} (seq {self.seq}) on {comm.name} still running after {timeout:.3g} s "
