@@ -69,3 +69,19 @@ def test_overhead_layers(tmp_path):
     assert {"c_blocking", "c_nonblocking", "binding", "comm_numpy"} <= set(ns)
     assert all(v > 0 for v in ns.values())
     assert "Cython Library.all_reduce" in res.stdout
+
+
+@pytest.mark.timeout(120)
+def test_small_ops_runs_and_checks(tmp_path):
+    libs = "pycoll" + (",mpi" if _mpiexec() else "")
+    out = tmp_path / "s.json"
+    res = _run("small_ops.py", ["--ranks", "2", "--repeat", "1", "--scale", "0.02", "--only", libs,
+                                "--json", str(out), "--markdown", str(tmp_path / "s.md"), "--timeout", "60"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "PROBLEM" not in res.stdout, res.stdout
+    runs = json.loads(out.read_text())["2"]["pycoll"]
+    rows = runs[0]["rows"]
+    for v in ("bindings", "all_reduce numpy", "all_reduce torch", "all_reduce async", "broadcast", "send/recv pair",
+              "group of 4 all_reduce"):
+        assert rows[v]["wrong"] == 0 and rows[v]["time_us"] > 0, (v, rows.get(v))
+    assert "| group of 4 all_reduce |" in (tmp_path / "s.md").read_text()
