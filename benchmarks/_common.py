@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
-from typing import Any, Dict
+from typing import Any, Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CHECKOUT = os.path.dirname(HERE)
@@ -30,3 +31,14 @@ def env_with_pycoll() -> Dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = pycoll_path() + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
+
+
+def mpiexec_command(nranks: int, argv: List[str], env: Dict[str, str]) -> Optional[List[str]]:
+    """``mpiexec --oversubscribe -n N python argv...`` with Open MPI's mpiexec (beside this interpreter or
+    on PATH), ``env`` made fit for it (root allowed); None when there is no mpiexec."""
+    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    if mpiexec is None:
+        return None
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return [mpiexec, "--oversubscribe", "-n", str(nranks), sys.executable, *argv]

