@@ -1,14 +1,17 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, embedsignature=True, binding=True
-"""The per-call path of pycoll's core, compiled: :class:`Work`, and how one operation is launched,
-refreshed from its events and retired.
+"""The per-call path of pycoll's core, compiled: :class:`Work`, and how one operation is checked,
+described, launched, refreshed from its events and retired.
 
-This is the body of ``Communicator._launch``, ``refresh``, ``group_closed`` and ``_retire`` (the
-Communicator binds these functions as its methods): one path on every backend. An operation's start
-event is recorded on its stream, the Work becomes outstanding (the watchdog watches it from then on),
-the library call enqueues it, its end event is recorded after it; completion is read from the
+These are the bodies of ``Communicator._begin``, ``_buf``, ``_launch``, ``refresh``, ``group_closed``,
+``_retire`` and ``all_reduce`` (the Communicator binds these functions as its methods): one path on
+every backend. An operation's start event is recorded on its stream, the Work becomes outstanding
+(the watchdog watches it from then on), the library call (:func:`library_call`: the C function
+pointer, GIL released) enqueues it, its end event is recorded after it; completion is read from the
 events. On pycoll's host library the event and async-error calls go straight to the C functions;
 every other device is called through its Python methods. Nothing here decides policy: failures go
 to ``Communicator.fail`` and ``handle_call_error``, which stay Python.
+
+Also here: :data:`DLPACK_CAPSULE_DESTRUCTOR`, a C destructor for DLPack capsules made in Python.
 """
 
 from cpython.exc cimport PyErr_CheckSignals, PyErr_Fetch, PyErr_Restore
