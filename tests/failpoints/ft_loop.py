@@ -15,6 +15,14 @@ STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 300
 LR = 0.01
 
 
+def send_state(group, params, step):
+    """Rank 0's parameters and step to every member (a joiner too); returns the step."""
+    state = np.append(params, float(step))
+    group.comm.broadcast(state, root=0)
+    params[:] = state[:-1]
+    return int(state[-1])
+
+
 def main():
     folder = os.environ["FT_DIR"]
     slot = int(os.environ["PYCOLL_RANK"])
@@ -23,6 +31,8 @@ def main():
     group = pycoll.ElasticGroup.from_env(timeout=5.0, name="ft")
     params, prev = np.zeros(8), np.zeros(8)
     step = 0
+    if group.joined:  # a replacement: rank 0's model and step, as the members send them after maybe_grow()
+        step = send_state(group, params, step)
     while step < STEPS:
         try:
             grad = np.full(8, step + 1.0)
@@ -31,7 +41,7 @@ def main():
             params -= LR * grad
             group.commit(step)
             if group.maybe_grow():
-                group.comm.broadcast(params, root=0)
+                send_state(group, params, step + 1)
             step += 1
         except pycoll.CommFailure:
             mine = group.last_committed
