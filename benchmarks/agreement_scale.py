@@ -58,6 +58,16 @@ WINDOW = 5.0  # the agreement's window: only members that are neither vouched no
 TIMEOUT = 30.0
 
 
+
+def _admit_joiners(mb: Any, store: Any, base: str, key: str, members: Tuple[int, ...], dead_set: Any,
+                   n: int) -> List[int]:
+    """Rank 0's part of a grow: decide on the pending joiners, publish the new communicator's id, admit them."""
+    joiners = [j for j in mb.pending_joiners(store, NS + base, members) if j not in dead_set]
+    mb.grow_decision(store, key, joiners, 0, dead_set.__contains__, TIMEOUT, n)
+    store.set(f"{NS}{base}g1/uid", b"u" * 128)
+    mb.admit(store, NS + base, joiners, 1, members + tuple(joiners), "grow", 7, TIMEOUT)
+    return joiners
+
 def _member(slot: int, addr: Tuple[str, int], token: str, jobs: queue.SimpleQueue[Any],
             results: queue.SimpleQueue[Any], hub: str) -> None:
     import pycoll
@@ -93,10 +103,7 @@ def _member(slot: int, addr: Tuple[str, int], token: str, jobs: queue.SimpleQueu
                 nodeagg.watch_key(link, store, f"{base}flag", TIMEOUT)
                 key = f"{NS}{base}grow/1"
                 if slot == 0:
-                    joiners = [j for j in mb.pending_joiners(store, NS + base, members) if j not in dead_set]
-                    mb.grow_decision(store, key, joiners, 0, dead_set.__contains__, TIMEOUT, n)
-                    store.set(f"{NS}{base}g1/uid", b"u" * 128)
-                    mb.admit(store, NS + base, joiners, 1, members + tuple(joiners), "grow", 7, TIMEOUT)
+                    joiners = _admit_joiners(mb, store, base, key, members, dead_set, n)
                 else:
                     raw = nodeagg.watch_key(link, store, key, TIMEOUT)
                     joiners = list(mb.parse_members(raw or b""))
@@ -134,10 +141,7 @@ def _member(slot: int, addr: Tuple[str, int], token: str, jobs: queue.SimpleQueu
                 store.wait([f"{base}flag"], timeout=TIMEOUT)
                 key = f"{NS}{base}grow/1"
                 if slot == 0:
-                    joiners = [j for j in mb.pending_joiners(store, NS + base, members) if j not in dead_set]
-                    mb.grow_decision(store, key, joiners, 0, dead_set.__contains__, TIMEOUT, n)
-                    store.set(f"{NS}{base}g1/uid", b"u" * 128)
-                    mb.admit(store, NS + base, joiners, 1, members + tuple(joiners), "grow", 7, TIMEOUT)
+                    joiners = _admit_joiners(mb, store, base, key, members, dead_set, n)
                 else:
                     joiners = mb.grow_decision(store, key, None, 0, dead_set.__contains__, TIMEOUT, n)
                 t = time.monotonic()

@@ -191,7 +191,7 @@ def test_bad_link():
 def _elastic(rank, n, addr, spec, die_at_step):
     failpoints.configure(spec, rank=rank)
     store = pycoll.TCPStore(addr[0], addr[1], "nodeagg-test", timeout=30.0)
-    group = ElasticGroup(store, rank, n, backend="host", timeout=10.0, name="na")
+    group = ElasticGroup(store, rank, n, backend="host", timeout=10.0, name="na", node_hub=True)
     time.sleep(0.3)  # every member has reached the hub (a reshape before that goes through the store)
     step = 0
     try:

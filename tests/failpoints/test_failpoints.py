@@ -228,9 +228,9 @@ def _scenario(rank, n, addr, spec):
     _arm(spec, rank)
     store = _store(addr)
     log: list = []
-    # the agreement's own points: every member talks to the store (as in a job of one member per
-    # host); the others: the members of this host agree through slot 0's hub (pycoll.nodeagg)
-    hub = not spec.startswith("elastic.agree.")
+    # the node hubs' own points: the members of this host agree through slot 0's hub (pycoll.nodeagg);
+    # the others: every member talks to the store (node_hub's default)
+    hub = spec.startswith("elastic.node.")
     try:
         if rank == JOINER:
             deadline = time.monotonic() + 20
