@@ -283,6 +283,15 @@ cdef int _async_code(object comm, Library lib) except? -1:
 
 # -- the path of one operation -----------------------------------------------------------------------
 
+cdef void _run_hooks(tuple calls, Work w) except *:
+    """``hooks.run_hooks`` without its frame (the recorder's stack then starts at the caller's)."""
+    for hook in calls:
+        try:
+            hook(w)
+        except Exception:  # an observer must never break a collective
+            _log.exception("observer hook %r failed", hook)
+
+
 def launch(comm, op, call, stream, inputs, outputs, async_op, timeout, peer=None):
     """Enqueue one operation: the same path on every backend (``Communicator._launch``).
 
@@ -302,11 +311,7 @@ def launch(comm, op, call, stream, inputs, outputs, async_op, timeout, peer=None
         comm._p2p_seq += 1
     w = Work(comm, op, comm._coll_seq, comm._p2p_seq, next(comm._op_ids), peer is not None, peer, timeout, stream,
              inputs, outputs, async_op, capture)
-    for hook in hooks.enqueue_hooks:  # called from here: the recorder's stack starts at this frame
-        try:
-            hook(w)
-        except Exception:  # an observer must never break a collective
-            _log.exception("observer hook %r failed", hook)
+    _run_hooks(hooks.enqueue_hooks, w)
     h = comm._handle
     assert h is not None
     group = _group_state.works
@@ -431,11 +436,7 @@ cdef _refresh(object comm, Work w, object dev, Library lib):
     if failure is not None:
         comm.fail(failure, w)
     else:
-        for hook in hooks.completion_hooks:
-            try:
-                hook(w)
-            except Exception:  # an observer must never break a collective
-                _log.exception("observer hook %r failed", hook)
+        _run_hooks(hooks.completion_hooks, w)
 
 
 cdef _retire(object comm, Work w):
@@ -548,23 +549,18 @@ cdef object _own_stream(object comm, bint blocking):
     return s
 
 
-cdef object _begin(object comm, object what, object stream, bint async_op, object a, object b):
+cdef object _begin(object comm, object what, object stream, bint async_op, object arrays):
     if comm._state != "active" or comm._failure is not None:
         comm._check_usable(what)
     if stream is None and not comm._guard_device:  # the host: no framework streams, the own stream
         return _own_stream(comm, not async_op)
-    arrays = [x for x in (a, b) if x is not None]
-    return comm.device.resolve_stream(stream, arrays, default=_own_stream(comm, not async_op))
+    return comm.device.resolve_stream(stream, [x for x in arrays if x is not None],
+                                      default=_own_stream(comm, not async_op))
 
 
 def begin(comm, what, stream, async_op, arrays):
     """Check the state and resolve the stream the operation runs on (``Communicator._begin``)."""
-    if comm._state != "active" or comm._failure is not None:
-        comm._check_usable(what)
-    if stream is None and not comm._guard_device:
-        return _own_stream(comm, not async_op)
-    return comm.device.resolve_stream(stream, [x for x in arrays if x is not None],
-                                      default=_own_stream(comm, not async_op))
+    return _begin(comm, what, stream, async_op, arrays)
 
 
 # -- a library call made in C ---------------------------------------------------------------------
@@ -693,7 +689,7 @@ cdef object _redop(object comm, object op, object datatype):
 def all_reduce(comm, tensor, output=None, op="sum", *, stream=None, async_op=False, timeout=None, config=None):
     """Reduce ``tensor`` across ranks into ``output`` (in place when ``output`` is None)."""
     cc = () if config is None else _prepare_config(config)
-    st = _begin(comm, "all_reduce", stream, async_op, tensor, output)
+    st = _begin(comm, "all_reduce", stream, async_op, (tensor, output))
     inp = _describe(comm, tensor, st, output is None, "tensor")
     out = inp if output is None else _describe(comm, output, st, True, "output")
     if (<tuple>inp)[3] != (<tuple>out)[3]:

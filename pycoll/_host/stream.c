@@ -259,13 +259,19 @@ static bool inline_begin(struct pycollStream* s) {
   return ok;
 }
 
-static void inline_end(struct pycollStream* s) {
-  pthread_mutex_lock(&s->mu);
+/* The caller's thread is done running this stream's work (s->mu held; released here): the stream's
+ * thread goes on with what was queued meanwhile. */
+static void inline_release(struct pycollStream* s) {
   s->inline_busy = false;
-  s->completed++;
   pthread_cond_broadcast(&s->idle);
   if (s->head) pthread_cond_signal(&s->work);
   pthread_mutex_unlock(&s->mu);
+}
+
+static void inline_end(struct pycollStream* s) {
+  pthread_mutex_lock(&s->mu);
+  s->completed++;
+  inline_release(s);
 }
 
 /* An idle stream with PYCOLL_STREAM_INLINE runs the work in the caller's thread (as the stream
@@ -318,10 +324,7 @@ static void stream_help(struct marker* m) {
     s->completed++;
     if (mine) break;
   }
-  s->inline_busy = false;
-  pthread_cond_broadcast(&s->idle);
-  if (s->head) pthread_cond_signal(&s->work);
-  pthread_mutex_unlock(&s->mu);
+  inline_release(s);
 }
 
 static void stream_sync(struct pycollStream* s) {
@@ -533,21 +536,22 @@ NCCL_API int pycollEventQuery(pycollEvent_t e) {
   return r;
 }
 
-NCCL_API int pycollEventWait(pycollEvent_t e, uint64_t timeout_ns) {
-  CHECK_EVENT(e, "pycollEventWait");
+static int event_wait(pycollEvent_t e, uint64_t timeout_ns, bool run) {
   struct marker* m = event_current(e);
+  if (m && run) stream_help(m);
   bool done = !m || marker_wait_for(m, timeout_ns);
   marker_release(m);
   return done ? ncclSuccess : ncclInProgress;
 }
 
+NCCL_API int pycollEventWait(pycollEvent_t e, uint64_t timeout_ns) {
+  CHECK_EVENT(e, "pycollEventWait");
+  return event_wait(e, timeout_ns, false);
+}
+
 NCCL_API int pycollEventWaitRun(pycollEvent_t e, uint64_t timeout_ns) {
   CHECK_EVENT(e, "pycollEventWaitRun");
-  struct marker* m = event_current(e);
-  if (m) stream_help(m);
-  bool done = !m || marker_wait_for(m, timeout_ns);
-  marker_release(m);
-  return done ? ncclSuccess : ncclInProgress;
+  return event_wait(e, timeout_ns, true);
 }
 
 NCCL_API int pycollEventArm(pycollEvent_t e) {
