@@ -15,6 +15,7 @@
 struct marker {
   int refs;
   uint32_t done;
+  uint32_t sleepers; /* threads asleep (or about to be) on `done`: a fire without any makes no syscall */
   uint64_t t_ns;
   struct pycollStream* stream; /* the stream whose thread fires it (a record), else NULL */
 };
@@ -80,8 +81,10 @@ void marker_fire(void* m_) {
   struct marker* m = m_;
   if (__atomic_load_n(&m->done, __ATOMIC_ACQUIRE)) return;
   m->t_ns = now_ns();
-  __atomic_store_n(&m->done, 1, __ATOMIC_RELEASE);
-  futex_wake(&m->done, false);
+  /* sequentially consistent on both sides: a sleeper registered before this store is seen below, and
+   * one registering after it sees `done` set (or its futex_wait finds the word changed) */
+  __atomic_store_n(&m->done, 1, __ATOMIC_SEQ_CST);
+  if (__atomic_load_n(&m->sleepers, __ATOMIC_SEQ_CST)) futex_wake(&m->done, false);
 }
 
 /* Waits for `m` to complete, at most `timeout_ns` (UINT64_MAX: forever); true once complete. */
@@ -96,7 +99,11 @@ static bool marker_wait_for(struct marker* m, uint64_t timeout_ns) {
       if (spent >= timeout_ns) return false;
       if (timeout_ns - spent < left) left = timeout_ns - spent;
     }
-    if (backoff_step(&b) == WAIT_SLEEP) futex_wait(&m->done, 0, left, false);
+    if (backoff_step(&b) == WAIT_SLEEP) {
+      __atomic_add_fetch(&m->sleepers, 1, __ATOMIC_SEQ_CST);
+      if (!__atomic_load_n(&m->done, __ATOMIC_SEQ_CST)) futex_wait(&m->done, 0, left, false);
+      __atomic_sub_fetch(&m->sleepers, 1, __ATOMIC_SEQ_CST);
+    }
   }
   return true;
 }
