@@ -1,13 +1,52 @@
 """Stubs of the compiled per-call path (pycoll/_core.pyx)."""
 
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 from .buffers import Buffer
 
-__all__ = ["Work", "launch", "refresh", "retire", "group_closed", "begin", "buf", "all_reduce", "library_call",
-           "DLPACK_CAPSULE_DESTRUCTOR"]
+__all__ = ["CommCore", "Lock", "RLock", "Work", "launch", "refresh", "retire", "group_closed", "begin", "buf",
+           "all_reduce", "library_call", "DLPACK_CAPSULE_DESTRUCTOR"]
 
 DLPACK_CAPSULE_DESTRUCTOR: int
+
+class Lock:
+    def acquire(self, blocking: bool = ..., timeout: float = ...) -> bool: ...
+    def release(self) -> None: ...
+    def locked(self) -> bool: ...
+    def __enter__(self) -> bool: ...
+    def __exit__(self, *exc: Any) -> None: ...
+
+class RLock:
+    def acquire(self, blocking: bool = ..., timeout: float = ...) -> bool: ...
+    def release(self) -> None: ...
+    def __enter__(self) -> bool: ...
+    def __exit__(self, *exc: Any) -> None: ...
+
+class CommCore:
+    _handle: Optional[int]
+    library: Any
+    device: Any
+    name: str
+    timeout: float
+    backend: str
+    _rank: int
+    @property
+    def _lock(self) -> RLock: ...
+    @property
+    def _plock(self) -> Lock: ...
+    @property
+    def _hlock(self) -> Lock: ...
+    _pending: List[Work]
+    _events: List[int]
+    _failure: Optional[BaseException]
+    _state: str
+    _stream: Optional[int]
+    _user: Optional[int]
+    _op_ids: Iterator[int]
+    _coll_seq: int
+    _p2p_seq: int
+    _stream_mode: int
+    _guard_device: bool
 
 class Work:
     comm: Any

@@ -2,7 +2,9 @@
 """The per-call path of pycoll's core, compiled: :class:`Work`, and how one operation is checked,
 described, launched, refreshed from its events and retired.
 
-These are the bodies of ``Communicator._begin``, ``_buf``, ``_launch``, ``refresh``, ``group_closed``,
+:class:`CommCore` is the base of ``Communicator``: the fields every operation reads, as C struct members, and
+its three locks (:class:`Lock`, :class:`RLock`: threading's interface, taken here without a method call).
+The functions below are the bodies of ``Communicator._begin``, ``_buf``, ``_launch``, ``refresh``, ``group_closed``,
 ``_retire`` and ``all_reduce`` (the Communicator binds these functions as its methods): one path on
 every backend. An operation's start event is recorded on its stream, the Work becomes outstanding
 (the watchdog watches it from then on), the library call (:func:`library_call`: the C function
@@ -16,6 +18,10 @@ Also here: :data:`DLPACK_CAPSULE_DESTRUCTOR`, a C destructor for DLPack capsules
 
 from cpython.exc cimport PyErr_CheckSignals, PyErr_Fetch, PyErr_Restore
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
+from cpython.pythread cimport (
+    NOWAIT_LOCK, PyThread_acquire_lock, PyThread_allocate_lock, PyThread_free_lock, PyThread_get_thread_ident,
+    PyThread_release_lock, PyThread_type_lock,
+)
 from cpython.ref cimport PyObject
 from cpython.buffer cimport PyBUF_STRIDES, PyBuffer_IsContiguous, PyBuffer_Release, PyObject_GetBuffer
 from libc.stdint cimport uintptr_t
@@ -40,8 +46,8 @@ from .devices import FIRST_SLEEP_S, HostDevice
 from .errors import AsyncCommError, CommAborted, CommFailure, NCCLError, error_class
 from .group import _tls as _group_state
 
-__all__ = ["Work", "launch", "refresh", "retire", "group_closed", "begin", "buf", "all_reduce", "library_call",
-           "DLPACK_CAPSULE_DESTRUCTOR"]
+__all__ = ["CommCore", "Lock", "RLock", "Work", "launch", "refresh", "retire", "group_closed", "begin", "buf",
+           "all_reduce", "library_call", "DLPACK_CAPSULE_DESTRUCTOR"]
 
 _log = logging.getLogger("pycoll.comm")
 _get_ident = threading.get_ident
@@ -69,6 +75,137 @@ cdef inline long long _time_ns() noexcept nogil:
 
 cdef inline bint _final(object state):
     return state is _COMPLETED or state is _CAPTURED or state == "completed" or state == "captured"
+
+
+cdef extern from "pythread.h":
+    int PyThread_acquire_lock_timed(PyThread_type_lock, long long microseconds, int intr_flag) nogil
+
+
+cdef class Lock:
+    """A lock with ``threading.Lock``'s interface (``acquire(blocking, timeout)``, ``release``,
+    ``locked``, ``with``) that the per-call path takes and releases without a Python method call.
+
+    A blocked ``acquire`` releases the GIL, and runs signal handlers every 50 ms (Ctrl-C interrupts
+    it, as it does ``threading.Lock``'s)."""
+
+    def __cinit__(self):
+        self._lk = PyThread_allocate_lock()
+        if self._lk == NULL:
+            raise MemoryError("cannot allocate a lock")
+
+    def __dealloc__(self):
+        if self._lk != NULL:
+            if self._held:
+                PyThread_release_lock(self._lk)
+            PyThread_free_lock(self._lk)
+
+    cdef bint take(self, double timeout) except -1:
+        """Acquire; ``timeout`` < 0: wait as long as it takes, 0: do not wait. True once acquired."""
+        cdef int got = PyThread_acquire_lock(self._lk, NOWAIT_LOCK)
+        cdef double end = _monotonic() + timeout
+        cdef double left
+        while not got:
+            if timeout == 0:
+                return False
+            left = 0.05 if timeout < 0 else min(0.05, end - _monotonic())
+            if left <= 0:
+                return False
+            with nogil:
+                got = PyThread_acquire_lock_timed(self._lk, <long long>(left * 1e6), 0) == 1
+            if not got:
+                PyErr_CheckSignals()
+        self._held = True
+        return True
+
+    cdef int give(self) except -1:
+        if not self._held:
+            raise RuntimeError("release unlocked lock")
+        self._held = False
+        PyThread_release_lock(self._lk)
+        return 0
+
+    def acquire(self, blocking=True, timeout=-1):
+        """Acquire the lock, as ``threading.Lock.acquire``; True if it was acquired."""
+        if not blocking and timeout != -1:
+            raise ValueError("can't specify a timeout for a non-blocking call")
+        if timeout < 0 and timeout != -1:
+            raise ValueError("timeout value must be a non-negative number")
+        return self.take(0.0 if not blocking else (-1.0 if timeout == -1 else timeout))
+
+    def release(self):
+        """Release the lock (``RuntimeError`` if it is not held)."""
+        self.give()
+
+    def locked(self):
+        """True while some thread holds the lock."""
+        return self._held
+
+    def __enter__(self):
+        self.take(-1.0)
+        return True
+
+    def __exit__(self, *exc):
+        self.give()
+
+
+cdef class RLock:
+    """A reentrant lock with ``threading.RLock``'s interface, taken by the per-call path without a
+    Python method call: the thread that holds it may acquire it again, and must release it as
+    often."""
+
+    def __cinit__(self):
+        self._base = Lock()
+
+    cdef bint take(self, double timeout) except -1:
+        cdef long me = PyThread_get_thread_ident()
+        if self._count and self._owner == me:
+            self._count += 1
+            return True
+        if not self._base.take(timeout):
+            return False
+        self._owner, self._count = me, 1
+        return True
+
+    cdef int give(self) except -1:
+        if self._count == 0 or self._owner != PyThread_get_thread_ident():
+            raise RuntimeError("cannot release un-acquired lock")
+        self._count -= 1
+        if self._count == 0:
+            self._owner = 0
+            self._base.give()
+        return 0
+
+    def acquire(self, blocking=True, timeout=-1):
+        """Acquire the lock, as ``threading.RLock.acquire``; True if it was acquired."""
+        if not blocking and timeout != -1:
+            raise ValueError("can't specify a timeout for a non-blocking call")
+        if timeout < 0 and timeout != -1:
+            raise ValueError("timeout value must be a non-negative number")
+        return self.take(0.0 if not blocking else (-1.0 if timeout == -1 else timeout))
+
+    def release(self):
+        """Release one level of the lock (``RuntimeError`` unless this thread holds it)."""
+        self.give()
+
+    def __enter__(self):
+        self.take(-1.0)
+        return True
+
+    def __exit__(self, *exc):
+        self.give()
+
+
+cdef class CommCore:
+    """The base of :class:`pycoll.Communicator`: the fields every operation reads, as C struct members
+    (the per-call path below reads them without an attribute lookup), and the communicator's three
+    locks. Lock order: ``_lock``, then ``_plock``, then ``_hlock``; never the other way round.
+    ``Communicator.__init__`` sets the other fields; everything else about a communicator lives in
+    its instance dict."""
+
+    def __cinit__(self, *args, **kwargs):
+        self._lock = RLock()  # serialises library calls on the handle (not aborts nor async-error reads)
+        self._plock = Lock()  # guards _pending, work states and _failure
+        self._hlock = Lock()  # held while the handle is read for an async-error query, and while it is freed
 
 
 cdef class Work:
@@ -229,7 +366,7 @@ cdef inline Library _host_lib(object dev):
     return None
 
 
-cdef object _new_event(object comm, object dev):
+cdef object _new_event(CommCore comm, object dev):
     events = comm._events
     return events.pop() if events else dev.create_event()
 
@@ -262,12 +399,11 @@ cdef object _elapsed_ms(object dev, Library lib, object start, object end):
     return dev.elapsed_ms(start, end)
 
 
-cdef int _async_code(object comm, Library lib) except? -1:
+cdef int _async_code(CommCore comm, Library lib) except? -1:
     """The communicator's asynchronous result; the handle is held against being freed meanwhile."""
     cdef ncclResult_t state = <ncclResult_t>0
     cdef int r
-    hlock = comm._hlock
-    hlock.acquire()
+    comm._hlock.take(-1)
     try:
         h = comm._handle
         if h is None:
@@ -278,7 +414,7 @@ cdef int _async_code(object comm, Library lib) except? -1:
                 return <int>state
         return comm.library.comm_get_async_error(h)
     finally:
-        hlock.release()
+        comm._hlock.give()
 
 
 # -- the path of one operation -----------------------------------------------------------------------
@@ -292,7 +428,7 @@ cdef void _run_hooks(tuple calls, Work w) except *:
             _log.exception("observer hook %r failed", hook)
 
 
-def launch(comm, op, call, stream, inputs, outputs, async_op, timeout, peer=None):
+def launch(CommCore comm, op, call, stream, inputs, outputs, async_op, timeout, peer=None):
     """Enqueue one operation: the same path on every backend (``Communicator._launch``).
 
     Its start event is recorded, the Work becomes outstanding (the watchdog watches it from
@@ -325,17 +461,15 @@ def launch(comm, op, call, stream, inputs, outputs, async_op, timeout, peer=None
             return comm._captured(w, call, h, stream, group)
         previous = dev.swap_current() if comm._guard_device else None
         try:
-            lock = comm._lock
-            lock.acquire()
+            comm._lock.take(-1)
             try:
                 w._start = ev = _new_event(comm, dev)
                 _record(dev, lib, ev, stream)
-                plock = comm._plock
-                plock.acquire()
+                comm._plock.take(-1)
                 comm._pending.append(w)
-                plock.release()
+                comm._plock.give()
             finally:
-                lock.release()
+                comm._lock.give()
             try:
                 status = call(h, stream)
             except NCCLError as e:
@@ -365,33 +499,32 @@ def launch(comm, op, call, stream, inputs, outputs, async_op, timeout, peer=None
         comm._user = user  # None, or this thread's own (a nested launch)
 
 
-cdef _group_closed(object comm, Work w, object dev, Library lib):
+cdef _group_closed(CommCore comm, Work w, object dev, Library lib):
     if w._state is _CAPTURED or w._state == "captured":
         return
-    lock = comm._lock
-    lock.acquire()
+    comm._lock.take(-1)
     try:
         if comm._handle is not None and w._exc is None and w._start is not None:
             w._end = _new_event(comm, dev)
             _record(dev, lib, w._end, w.stream)
     finally:
-        lock.release()
+        comm._lock.give()
 
 
-def group_closed(comm, Work w):
+def group_closed(CommCore comm, Work w):
     """``w`` was issued (by its call, or by ``ncclGroupEnd``): record its completion event."""
     dev = comm.device
     _group_closed(comm, w, dev, _host_lib(dev))
 
 
-def refresh(comm, Work w):
+def refresh(CommCore comm, Work w):
     """Update ``w``'s state from its events (and retire it once complete). Never waits for a
     library call in progress; a device error from an event query fails the communicator."""
     dev = comm.device
     _refresh(comm, w, dev, _host_lib(dev))
 
 
-cdef _refresh(object comm, Work w, object dev, Library lib):
+cdef _refresh(CommCore comm, Work w, object dev, Library lib):
     start, end = w._start, w._end
     if w._state is _COMPLETED or w._exc is not None or start is None:
         return
@@ -407,8 +540,7 @@ cdef _refresh(object comm, Work w, object dev, Library lib):
         return
     cdef int code = _async_code(comm, lib) if done else 0  # read before _plock: lock order
     failure = None
-    plock = comm._plock
-    plock.acquire()
+    comm._plock.take(-1)
     try:
         if w._state is _COMPLETED or w._state == "completed" or w._exc is not None or w._start is not start:
             return
@@ -432,14 +564,14 @@ cdef _refresh(object comm, Work w, object dev, Library lib):
                     pass
             _retire(comm, w)
     finally:
-        plock.release()
+        comm._plock.give()
     if failure is not None:
         comm.fail(failure, w)
     else:
         _run_hooks(hooks.completion_hooks, w)
 
 
-cdef _retire(object comm, Work w):
+cdef _retire(CommCore comm, Work w):
     pending = comm._pending
     try:
         pending.remove(w)
@@ -454,7 +586,7 @@ cdef _retire(object comm, Work w):
     w.inputs = w.outputs = []  # let the arrays go
 
 
-def retire(comm, Work w):
+def retire(CommCore comm, Work w):
     """Forget a completed operation: out of the outstanding list, its events back to the pool."""
     _retire(comm, w)
 
@@ -497,7 +629,7 @@ cdef object _numpy_buffer(object arr, bint writable, object name):
         PyBuffer_Release(&view)
 
 
-cdef object _describe(object comm, object obj, object stream, bint writable, object name):
+cdef object _describe(CommCore comm, object obj, object stream, bint writable, object name):
     b = _numpy_buffer(obj, writable, name) if type(obj) is _ndarray else None
     if b is None:
         b = as_buffer(obj, writable=writable, stream=stream, name=name)
@@ -513,7 +645,7 @@ cdef object _describe(object comm, object obj, object stream, bint writable, obj
     return b
 
 
-def buf(comm, obj, stream, *, writable, name):
+def buf(CommCore comm, obj, stream, *, writable, name):
     """``obj`` described as a :class:`pycoll.buffers.Buffer` for an operation on ``stream`` of ``comm``:
     on the communicator's device, and ordered after the producer stream it names
     (``Communicator._buf``)."""
@@ -528,7 +660,7 @@ cdef bint _deadlines_watched() except -1:
     return False
 
 
-cdef object _own_stream(object comm, bint blocking):
+cdef object _own_stream(CommCore comm, bint blocking):
     """The communicator's own stream (created on first use).
 
     An idle host stream may run a blocking operation in the caller's thread -- the same
@@ -549,7 +681,7 @@ cdef object _own_stream(object comm, bint blocking):
     return s
 
 
-cdef object _begin(object comm, object what, object stream, bint async_op, object arrays):
+cdef object _begin(CommCore comm, object what, object stream, bint async_op, object arrays):
     if comm._state != "active" or comm._failure is not None:
         comm._check_usable(what)
     if stream is None and not comm._guard_device:  # the host: no framework streams, the own stream
@@ -558,7 +690,7 @@ cdef object _begin(object comm, object what, object stream, bint async_op, objec
                                       default=_own_stream(comm, not async_op))
 
 
-def begin(comm, what, stream, async_op, arrays):
+def begin(CommCore comm, what, stream, async_op, arrays):
     """Check the state and resolve the stream the operation runs on (``Communicator._begin``)."""
     return _begin(comm, what, stream, async_op, arrays)
 
@@ -680,13 +812,13 @@ def library_call(library, what, cc, send, recv, count, datatype, op=0, root=0):
     return _new_call(library, _KINDS[what], cc, send, recv, count, datatype, op, root)
 
 
-cdef object _redop(object comm, object op, object datatype):
+cdef object _redop(CommCore comm, object op, object datatype):
     if op is "sum" or op == "sum":
         return 0
     return comm._redop(op, datatype)
 
 
-def all_reduce(comm, tensor, output=None, op="sum", *, stream=None, async_op=False, timeout=None, config=None):
+def all_reduce(CommCore comm, tensor, output=None, op="sum", *, stream=None, async_op=False, timeout=None, config=None):
     """Reduce ``tensor`` across ranks into ``output`` (in place when ``output`` is None)."""
     cc = () if config is None else _prepare_config(config)
     st = _begin(comm, "all_reduce", stream, async_op, (tensor, output))

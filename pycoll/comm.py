@@ -165,7 +165,7 @@ def _discard(items: List[Any], item: Any) -> None:
         pass
 
 
-class Communicator:
+class Communicator(_core.CommCore):
     """A communicator of ``size`` ranks; this process is ``rank``.
 
     Create one with :func:`pycoll.init` (or :meth:`split`, :meth:`shrink`, :meth:`grow`,
@@ -203,7 +203,7 @@ class Communicator:
         failure_callbacks: Sequence[Callable[[Communicator, BaseException], None]] = (),
         owns_handle: bool = True,
     ) -> None:
-        self._handle: Optional[int] = handle
+        self._handle = handle
         self._owns_handle = owns_handle  # False (from_handle): destroy() detaches, never frees the handle
         self.library = library
         self.device = device
@@ -223,15 +223,12 @@ class Communicator:
             raise ValueError(f"generation must be an int >= 0, got {generation!r}")
         self._generation = generation
         self._owns_device = owns_device
-        self.backend: str = device.backend
+        self.backend = device.backend
         self._stream_mode = -1  # how the own stream may run work in other threads (_core._own_stream)
         self._guard_device = device.kind != "host"  # launches run with the communicator's GPU current
-        # Lock order: _lock, then _plock, then _hlock; never the other way round.
-        self._lock = threading.RLock()  # serialises library calls on the handle (not aborts nor async-error reads)
-        self._plock = threading.Lock()  # guards _pending, work states and _failure
-        self._hlock = threading.Lock()  # held while the handle is read for an async-error query, and while it is freed
-        self._pending: List[Work] = []
-        self._failure: Optional[BaseException] = None
+        # _lock, _plock and _hlock: made by CommCore (their order is there)
+        self._pending = []
+        self._failure = None
         self.failed_at: Optional[float] = None  # wall-clock time of the failure
         #: called as ``callback(comm, exc)`` in the thread that records a failure, after the
         #: observers and before the policy acts; must return quickly (the elastic layer starts its
@@ -243,10 +240,10 @@ class Communicator:
         self._op_ids = itertools.count(1)
         self._reshapes = 0  # split/shrink/grow calls so far: names children identically on every rank
         self._abort_only = False  # after an abortive shrink: released with abort, never destroy
-        self._user: Optional[int] = None  # the thread inside an operation now (one at a time)
+        self._user = None  # the thread inside an operation now (one at a time)
         self._pid = os.getpid()
-        self._stream: Optional[int] = None
-        self._events: List[int] = []
+        self._stream = None
+        self._events = []
         self._scratch: Optional[int] = None
         self._bytes_scratch: Tuple[int, int] = (0, 0)  # broadcast_bytes' device buffer: (pointer, size)
         self._premul: weakref.WeakSet[PreMulSum] = weakref.WeakSet()

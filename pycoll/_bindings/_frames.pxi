@@ -25,6 +25,7 @@ cdef extern from *:
             f = back;
         }
         Py_XDECREF(f);
+        if (out) PyObject_GC_UnTrack(out);  /* code objects and ints: no cycle runs through it */
         return out;
     #else
         (void)skip; (void)depth;
@@ -39,7 +40,9 @@ def capture_stack(int skip, int depth):
     """``[code, f_lasti, code, f_lasti, ...]`` of up to ``depth`` frames, starting ``skip`` frames
     above the calling Python frame (``skip=1``: its caller), innermost first -- what a loop over
     ``sys._getframe(skip).f_back`` collecting ``f_code`` and ``f_lasti`` gives, without the loop's
-    cost. None before Python 3.11 (no ``PyFrame_GetLasti``): then loop in Python."""
+    cost. None before Python 3.11 (no ``PyFrame_GetLasti``): then loop in Python. The list is not
+    tracked by the cyclic garbage collector (nothing in it can refer back to it), so a ring of them
+    costs collections nothing."""
     if depth < 0 or skip < 0:
         raise ValueError(f"skip and depth must be >= 0, got {skip}, {depth}")
     return pycoll_capture_stack(skip, depth)

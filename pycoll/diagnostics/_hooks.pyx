@@ -25,6 +25,14 @@ cdef Py_ssize_t _DTYPE = Buffer._fields.index("dtype_name")
 cdef Py_ssize_t _FROZEN = 16
 cdef tuple _CAPTURED = ("captured", None, None, None, None)
 
+cdef extern from "Python.h":
+    void PyObject_GC_UnTrack(void*)
+
+# Ring entries are not tracked by the cyclic garbage collector: the ring keeps thousands of them alive,
+# and a collection would walk each one (with its stack) over and over. No cycle can run through an entry:
+# it holds ints, strings, shape tuples, the stack (code objects and ints) and its communicator's
+# _CommInfo, which refers to no entry (its communicator only by weak reference).
+
 
 def recorder_work_enqueued(self, Work w):
     """Record one operation (called for every enqueued :class:`~pycoll.Work`)."""
@@ -64,6 +72,7 @@ def recorder_work_enqueued(self, Work w):
     entry = [pos, next(info.rid), info, isz, idt, osz, odt, _get_ident(), stack,
              w.op, w.seq, w.p2p_seq, w.op_id, w.peer, w.timeout, w.time_created_ns,
              None if capture is None else _CAPTURED, capture]
+    PyObject_GC_UnTrack(<void*>entry)  # a ring of them must not make every collection walk it: see below
     ring[pos % n] = entry
     w.fr_entry = entry
 

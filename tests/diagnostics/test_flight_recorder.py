@@ -94,6 +94,23 @@ def test_entries_do_not_keep_works_or_communicators_alive(rec):
     assert ref() is None  # the ring holds no path to the communicator
 
 
+def test_entries_cost_the_garbage_collector_nothing(rec):
+    """The ring keeps thousands of entries alive: neither an entry nor its stack is tracked by the cyclic
+    collector (nothing in them can refer back to them), and a collection still frees what they do not hold."""
+    import gc
+
+    c = FakeComm(rec, 0, 2)
+    w = c.op("all_reduce", f32(3), f32(3))
+    entry = rec.entries()[0]
+    assert not gc.is_tracked(entry) and not gc.is_tracked(entry[fr._STACK])
+    assert w.fr_entry is entry
+    ref = weakref.ref(c)
+    c.pending.clear()
+    del c, w
+    gc.collect()
+    assert ref() is None and rec.as_dict(0)["entries"][0]["state"] == "completed"
+
+
 def test_failure_freezes_the_state_of_outstanding_operations(rec):
     c = FakeComm(rec, 0, 2)
     w = c.op("all_reduce", f32(3), f32(3), state="started")
