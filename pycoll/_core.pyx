@@ -23,7 +23,6 @@ from cpython.pythread cimport (
     PyThread_release_lock, PyThread_type_lock,
 )
 from cpython.ref cimport PyObject
-from cpython.buffer cimport PyBUF_STRIDES, PyBuffer_IsContiguous, PyBuffer_Release, PyObject_GetBuffer
 from libc.stdint cimport uintptr_t
 from libc.string cimport strncpy
 from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
@@ -34,6 +33,7 @@ from pycoll._bindings.libnccl cimport (
 )
 
 import logging
+import sys
 import threading
 import time
 
@@ -599,13 +599,37 @@ cdef dict _NP_DTYPES = {}  # numpy dtype object -> ncclDataType_t (-1: the gener
 cdef dict _NAMES = _buffers.DATATYPE_NAMES
 cdef dict _ITEMSIZES = _buffers.DATATYPE_ITEMSIZES
 cdef frozenset _HOST_MEMORY = _buffers.BACKEND_DEVICE_TYPES["host"]
+cdef object _CPU = _buffers._CPU
+
+
+cdef extern from *:
+    """
+    /* numpy's array object (PyArrayObject_fields): its public, stable ABI since numpy 1.7 */
+    typedef struct { PyObject_HEAD char* data; int nd; Py_ssize_t* dimensions; Py_ssize_t* strides;
+                     PyObject* base; PyObject* descr; int flags; } pycoll_np_array;
+    """
+    ctypedef struct pycoll_np_array:
+        char* data
+        int nd
+        Py_ssize_t* dimensions
+        PyObject* descr
+        int flags
+
+cdef int _NP_C_CONTIGUOUS = 0x1
+cdef int _NP_WRITEABLE = 0x400
 
 
 cdef object _numpy_buffer(object arr, bint writable, object name):
-    """A C-contiguous numpy array of a native NCCL dtype as a Buffer (the same fields as
-    ``buffers.as_buffer``), or None: the general path decides (and raises what it must)."""
-    cdef Py_buffer view
-    dt = arr.dtype
+    """A C-contiguous numpy array (exactly ``numpy.ndarray``) of a native NCCL dtype as a Buffer (the same
+    fields as ``buffers.as_buffer``), read from the array object itself; or None: the general path
+    decides (and raises what it must)."""
+    cdef pycoll_np_array* a = <pycoll_np_array*><PyObject*>arr
+    cdef int flags = a.flags
+    cdef Py_ssize_t count = 1
+    cdef int i
+    if not flags & _NP_C_CONTIGUOUS or (writable and not flags & _NP_WRITEABLE):
+        return None
+    dt = <object>a.descr
     code = _NP_DTYPES.get(dt)
     if code is None:
         table = _buffers._NP_TYPES
@@ -613,24 +637,46 @@ cdef object _numpy_buffer(object arr, bint writable, object name):
         _NP_DTYPES[dt] = code = -1 if code is None else code
     if code == -1:
         return None
-    if PyObject_GetBuffer(arr, &view, PyBUF_STRIDES) != 0:
+    for i in range(a.nd):
+        count *= a.dimensions[i]
+    return _new_tuple(Buffer, (<uintptr_t>a.data, count * <Py_ssize_t>_ITEMSIZES[code], count, code, _NAMES[code],
+                               arr.shape, 1, 0, not flags & _NP_WRITEABLE, arr, "numpy", None, name))
+
+
+cdef object _torch_tensor = None  # torch.Tensor, once torch is imported
+cdef dict _TORCH_CODES = None  # torch dtype -> ncclDataType_t
+cdef object _torch_strided = None
+
+
+cdef object _torch_cpu_buffer(object t, object name):
+    """A dense, C-contiguous CPU torch tensor of an NCCL dtype as a Buffer (the fields
+    ``buffers.as_buffer`` gives it), or None: the general path decides (and raises what it must)."""
+    global _TORCH_CODES, _torch_strided
+    if _TORCH_CODES is None:
+        torch = sys.modules["torch"]
+        _TORCH_CODES = _buffers._TORCH_TYPES if _buffers._TORCH_TYPES is not None else _buffers._torch_table(torch)
+        _torch_strided = torch.strided
+    code = _TORCH_CODES.get(t.dtype)
+    if code is None or t.layout is not _torch_strided or not t.is_cpu or not t.is_contiguous() or t.is_neg():
         return None
-    try:
-        if not PyBuffer_IsContiguous(&view, b'C'):
-            return None
-        readonly = view.readonly != 0
-        if writable and readonly:
-            return None
-        nbytes = view.len
-        return _new_tuple(Buffer, (<uintptr_t>view.buf if nbytes else _buffers._numpy_ptr(arr), nbytes,
-                                   nbytes // _ITEMSIZES[code], code, _NAMES[code], arr.shape, 1, 0, readonly, arr,
-                                   "numpy", None, name))
-    finally:
-        PyBuffer_Release(&view)
+    count = t.numel()
+    return _new_tuple(Buffer, (t.data_ptr(), count * _ITEMSIZES[code], count, code, _NAMES[code], t.shape, _CPU, 0,
+                               False, t, "torch", None, name))
 
 
 cdef object _describe(CommCore comm, object obj, object stream, bint writable, object name):
-    b = _numpy_buffer(obj, writable, name) if type(obj) is _ndarray else None
+    global _torch_tensor
+    tp = type(obj)
+    if tp is _ndarray:
+        b = _numpy_buffer(obj, writable, name)
+    elif tp is _torch_tensor:
+        b = _torch_cpu_buffer(obj, name)
+    else:
+        b = None
+        if _torch_tensor is None:
+            torch = sys.modules.get("torch")
+            if torch is not None and getattr(torch, "Tensor", None) is not None:  # None while torch is imported
+                _torch_tensor = torch.Tensor
     if b is None:
         b = as_buffer(obj, writable=writable, stream=stream, name=name)
     backend = comm.backend

@@ -6,7 +6,8 @@ They run on every operation (``Communicator._launch`` calls them), so they are t
 these functions as their methods. What they do is plain bookkeeping: the recorder copies what never
 changes about an operation into a ring entry (and the top frames' code objects and offsets, formatted
 only at dump time); the watchdog wakes its polling thread when an operation is due before its next
-round.
+round. What they read of the recorder and the watchdog lives in their compiled base classes,
+:class:`RecorderCore` and :class:`WatchdogCore`, as C struct members.
 """
 
 from pycoll._core cimport Work
@@ -17,7 +18,8 @@ from threading import get_ident as _get_ident
 from .._bindings import capture_stack as _capture_stack
 from ..buffers import Buffer
 
-__all__ = ["recorder_work_enqueued", "recorder_work_completed", "watchdog_work_enqueued", "watchdog_watching"]
+__all__ = ["RecorderCore", "WatchdogCore", "recorder_work_enqueued", "recorder_work_completed",
+           "watchdog_work_enqueued", "watchdog_watching"]
 
 # Entry layout: see pycoll.diagnostics.recorder (_POS .. _CAPTURE)
 cdef Py_ssize_t _SHAPE = Buffer._fields.index("shape")
@@ -34,7 +36,29 @@ cdef extern from "Python.h":
 # _CommInfo, which refers to no entry (its communicator only by weak reference).
 
 
-def recorder_work_enqueued(self, Work w):
+cdef class RecorderCore:
+    """The base of :class:`~pycoll.diagnostics.FlightRecorder`: what its per-operation hook reads, as C
+    struct members (``FlightRecorder.__init__`` and ``configure`` set them)."""
+    cdef public list _ring
+    cdef public dict _infos
+    cdef public object _pos
+    cdef public bint stacks
+    cdef public int stack_depth
+
+    def __cinit__(self, *args, **kwargs):
+        self._ring = []
+        self._infos = {}
+
+
+cdef class WatchdogCore:
+    """The base of :class:`~pycoll.diagnostics.Watchdog`: what its per-operation hooks read, as C struct
+    members (``Watchdog.__init__`` and its polling thread set them)."""
+    cdef public double _next_due, _wake_at
+    cdef public object _poll_wake
+    cdef public bint _active
+
+
+def recorder_work_enqueued(RecorderCore self, Work w):
     """Record one operation (called for every enqueued :class:`~pycoll.Work`)."""
     cdef list ring = self._ring
     cdef Py_ssize_t n = len(ring)
@@ -89,24 +113,24 @@ cdef list _frames(int depth):
     return stack
 
 
-def recorder_work_completed(self, Work w):
+def recorder_work_completed(RecorderCore self, Work w):
     """Freeze a completed operation's times into its entry (the communicator calls it when one completes)."""
     e = w.fr_entry
     if e is not None:
         (<list>e)[_FROZEN] = ("completed", w.time_started_ns, w.time_completed_ns, w.duration_ms, None)
 
 
-def watchdog_work_enqueued(self, Work w):
+def watchdog_work_enqueued(WatchdogCore self, Work w):
     """An operation due before the polling thread's next round wakes it (also while it is scanning:
     it may have passed this communicator already): no interval delays a timeout."""
-    due = w.t0 + w.timeout
+    cdef double due = w.t0 + w.timeout
     if due < self._next_due:
         self._next_due = due
-    wake_at = self._wake_at
-    if not wake_at or due < wake_at:
+    cdef double wake_at = self._wake_at
+    if wake_at == 0 or due < wake_at:
         self._poll_wake.set()
 
 
-def watchdog_watching(self):
+def watchdog_watching(WatchdogCore self):
     """True while the polling thread enforces deadlines (then blocking host operations run inline)."""
     return self._active

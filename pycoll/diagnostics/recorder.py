@@ -148,7 +148,7 @@ def _dtypes(names: Any) -> List[str]:
     return [names] if isinstance(names, str) else list(names)
 
 
-class FlightRecorder(CommObserver):
+class FlightRecorder(_hooks.RecorderCore, CommObserver):
     """The process's record of collective and point-to-point operations.
 
     Args:
@@ -175,11 +175,11 @@ class FlightRecorder(CommObserver):
     ) -> None:
         self._lock = threading.Lock()  # guards _infos/_gen_counters and dump bookkeeping
         self._dump_lock = threading.Lock()  # one dump at a time
-        self._infos: Dict[int, _CommInfo] = {}
+        self._infos = {}  # id(comm) -> _CommInfo
         self._gen_counters: Dict[int, itertools.count[int]] = {}
         self._pg_ids = itertools.count()
         self._pos = itertools.count()
-        self._ring: List[Any] = []
+        self._ring = []
         self._capacity = 0
         self.stacks = True
         self.stack_depth = DEFAULT_STACK_DEPTH

@@ -121,7 +121,7 @@ def _decode(raw: Any) -> str:
     return raw.decode("utf-8", "replace") if isinstance(raw, (bytes, bytearray)) else str(raw)
 
 
-class Watchdog(CommObserver):
+class Watchdog(_hooks.WatchdogCore, CommObserver):
     """The process's watchdog (see the module documentation). Use :func:`get_watchdog`.
 
     Args (None: the environment variable, else the default; seconds):

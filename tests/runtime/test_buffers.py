@@ -259,6 +259,37 @@ def test_torch_other_rejections():
         as_buffer(neg)
 
 
+def test_the_compiled_path_describes_torch_and_numpy_as_as_buffer_does():
+    """A Communicator describes its arrays in compiled code (pycoll._core), with fast paths for numpy arrays
+    and CPU torch tensors: the same Buffer fields as as_buffer, and the same errors for what they do not take."""
+    import pycoll
+    from pycoll import _core
+
+    comm = pycoll.init(0, 1, backend="host", unique_id=pycoll.get_unique_id(backend="host"))
+    try:
+        base = torch.arange(60, dtype=torch.float32).reshape(6, 10)
+        arrays = [torch.zeros((2, 3), dtype=d) for d, _ in TORCH_CASES] + [
+            base[2], base[2:4], torch.as_strided(base, (1, 10), (777, 1)), torch.zeros(0, 5), torch.tensor(3.0),
+            torch.nn.Parameter(torch.zeros(4)), np.arange(6, dtype=np.float64).reshape(2, 3), np.zeros(0, np.int8)]
+        for x in arrays:
+            for _ in range(2):  # the first call may take the general path (it learns the tensor type)
+                got = _core.buf(comm, x, 0, writable=True, name="t")
+            want = as_buffer(x, writable=True, stream=0, name="t")
+            assert tuple(got) == tuple(want), (x, got, want)
+        bad = [(base.T, ValueError, "not C-contiguous"), (torch.zeros(3, dtype=torch.bool), TypeError, "not supported"),
+               (torch._neg_view(torch.ones(4)), ValueError, "negative bit"),
+               (torch.zeros(4, 4).to_sparse(), TypeError, "layout"),
+               (torch.empty(4, device="meta"), ValueError, "device meta")]
+        for x, exc, text in bad:
+            with pytest.raises(exc, match=text):
+                _core.buf(comm, x, 0, writable=True, name="t")
+            with pytest.raises(exc, match=text):
+                comm.all_reduce(x)
+        assert comm.state == "active"
+    finally:
+        comm.destroy()
+
+
 # --- DLPack ------------------------------------------------------------------------------------
 
 
