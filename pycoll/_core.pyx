@@ -47,7 +47,7 @@ from .errors import AsyncCommError, CommAborted, CommFailure, NCCLError, error_c
 from .group import _tls as _group_state
 
 __all__ = ["CommCore", "Lock", "RLock", "Work", "launch", "refresh", "retire", "group_closed", "begin", "buf",
-           "all_reduce", "library_call", "DLPACK_CAPSULE_DESTRUCTOR"]
+           "all_reduce", "prepare_group_end", "library_call", "DLPACK_CAPSULE_DESTRUCTOR"]
 
 _log = logging.getLogger("pycoll.comm")
 _get_ident = threading.get_ident
@@ -734,6 +734,20 @@ cdef object _begin(CommCore comm, object what, object stream, bint async_op, obj
         return _own_stream(comm, not async_op)
     return comm.device.resolve_stream(stream, [x for x in arrays if x is not None],
                                       default=_own_stream(comm, not async_op))
+
+
+def prepare_group_end(CommCore comm, list works):
+    """Before the ``ncclGroupEnd`` of an outermost group: when all its operations are blocking and on
+    ``comm``'s own stream, that idle host stream may run them in this thread, as it runs a blocking
+    operation outside a group (under the same condition: a watchdog enforces deadlines)."""
+    cdef Work w
+    s = comm._stream
+    if s is None or comm._guard_device:
+        return
+    for w in works:
+        if w.async_op or w.comm is not comm or w.stream != s:
+            return
+    _own_stream(comm, True)
 
 
 def begin(CommCore comm, what, stream, async_op, arrays):

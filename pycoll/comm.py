@@ -437,6 +437,7 @@ class Communicator(_core.CommCore):
     refresh = _core.refresh
     _retire = _core.retire
     group_closed = _core.group_closed
+    prepare_group_end = _core.prepare_group_end  # a group of blocking operations may run in this thread
 
     def try_refresh(self, w: Work) -> None:
         """Like :meth:`refresh`, for observers: never raises, skipped once the communicator failed."""

@@ -58,6 +58,8 @@ def group(comm: Any) -> Iterator[None]:
             works = _tls.works or []
             _tls.works = None
             _tls.library = None
+            if works and body_exc is None:
+                works[0].comm.prepare_group_end(works)
         status = 0
         try:
             status = lib.group_end()

@@ -181,6 +181,48 @@ def test_work_semantics():
         assert all(res.values()), res
 
 
+def _group_semantics(rank, n, uid):
+    c = _comm(rank, n, uid)
+    out = {}
+    xs = [np.full(2, float(i + rank), np.float32) for i in range(4)]
+    if rank == 1:
+        time.sleep(0.6)
+    # a group of asynchronous operations returns at once, even where the idle stream could run it here
+    t0 = time.monotonic()
+    with c.group():
+        ws = [c.all_reduce(x, async_op=True) for x in xs]
+    if rank == 0:
+        out["async_group_returned_at_once"] = time.monotonic() - t0 < 0.3 and not ws[-1].is_completed()
+    for w in ws:
+        w.wait()
+    out["async_values"] = [x.tolist() for x in xs] == [[2.0 * i + 1] * 2 for i in range(4)]
+    # blocking groups (run in this thread while the watchdog watches), mixed ones, several in a row
+    for round_ in range(3):
+        ys = [np.full(3, float(round_ + rank), np.float64) for _ in range(3)]
+        with c.group():
+            bs = [c.all_reduce(y) for y in ys[:2]]
+            a = c.all_reduce(ys[2], async_op=round_ == 1)
+        out[f"blocking_done_{round_}"] = all(w.state == "completed" for w in bs)
+        a.wait()
+        out[f"values_{round_}"] = all(y.tolist() == [2.0 * round_ + 1] * 3 for y in ys)
+    # a send/recv pair with the partner, then a blocking op outside a group
+    s, r = np.full(2, float(rank), np.float32), np.zeros(2, np.float32)
+    with c.group():
+        c.send(s, 1 - rank)
+        c.recv(r, 1 - rank)
+    z = np.ones(2, np.float32)
+    c.all_reduce(z)
+    out["pair"] = r.tolist() == [float(1 - rank)] * 2 and z.tolist() == [2.0] * 2
+    c.destroy()
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_group_semantics():
+    for res in run_ranks(_group_semantics, 2, _uid(), timeout=40):
+        assert all(res.values()), res
+
+
 # -- bad input ------------------------------------------------------------------------------------
 
 
