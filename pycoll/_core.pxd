@@ -30,7 +30,7 @@ cdef class RLock:
 cdef class CommCore:
     cdef readonly RLock _lock
     cdef readonly Lock _plock, _hlock
-    cdef public object _handle, library, device, name, timeout, backend, _rank
+    cdef public object _handle, library, device, name, timeout, backend, _rank, _size
     cdef public object _pending, _events, _failure, _state, _stream, _user, _op_ids
     cdef public long long _coll_seq, _p2p_seq
     cdef public int _stream_mode

@@ -5,7 +5,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence
 from .buffers import Buffer
 
 __all__ = ["CommCore", "Lock", "RLock", "Work", "launch", "refresh", "retire", "group_closed", "begin", "buf",
-           "all_reduce", "prepare_group_end", "library_call", "DLPACK_CAPSULE_DESTRUCTOR"]
+           "all_reduce", "broadcast", "send", "recv", "prepare_group_end", "library_call", "DLPACK_CAPSULE_DESTRUCTOR"]
 
 DLPACK_CAPSULE_DESTRUCTOR: int
 
@@ -30,6 +30,7 @@ class CommCore:
     timeout: float
     backend: str
     _rank: int
+    _size: int
     @property
     def _lock(self) -> RLock: ...
     @property
@@ -98,5 +99,11 @@ def prepare_group_end(comm: Any, works: List[Work]) -> None: ...
 def buf(comm: Any, obj: Any, stream: int, *, writable: bool, name: str) -> Buffer: ...
 def all_reduce(comm: Any, tensor: Any, output: Any = ..., op: Any = ..., *, stream: Any = ..., async_op: bool = ...,
                timeout: Optional[float] = ..., config: Any = ...) -> Work: ...
+def broadcast(comm: Any, tensor: Any, root: int = ..., output: Any = ..., *, stream: Any = ...,
+              async_op: bool = ..., timeout: Optional[float] = ..., config: Any = ...) -> Work: ...
+def send(comm: Any, tensor: Any, peer: int, *, stream: Any = ..., async_op: bool = ...,
+         timeout: Optional[float] = ...) -> Work: ...
+def recv(comm: Any, tensor: Any, peer: int, *, stream: Any = ..., async_op: bool = ...,
+         timeout: Optional[float] = ...) -> Work: ...
 def library_call(library: Any, what: str, cc: Sequence[Any], send: int, recv: int, count: int, datatype: int,
                  op: int = ..., root: int = ...) -> Callable[[int, int], int]: ...

@@ -47,7 +47,7 @@ from .errors import AsyncCommError, CommAborted, CommFailure, NCCLError, error_c
 from .group import _tls as _group_state
 
 __all__ = ["CommCore", "Lock", "RLock", "Work", "launch", "refresh", "retire", "group_closed", "begin", "buf",
-           "all_reduce", "prepare_group_end", "library_call", "DLPACK_CAPSULE_DESTRUCTOR"]
+           "all_reduce", "broadcast", "send", "recv", "prepare_group_end", "library_call", "DLPACK_CAPSULE_DESTRUCTOR"]
 
 _log = logging.getLogger("pycoll.comm")
 _get_ident = threading.get_ident
@@ -892,6 +892,51 @@ def all_reduce(CommCore comm, tensor, output=None, op="sum", *, stream=None, asy
     redop = _redop(comm, op, (<tuple>inp)[3])
     call = _new_call(comm.library, _ALL_REDUCE, cc, (<tuple>inp)[0], (<tuple>out)[0], count, (<tuple>inp)[3], redop, 0)
     return launch(comm, "all_reduce", call, st, [inp], [out], async_op, timeout)
+
+
+cdef object _rank_arg(CommCore comm, object root, object what):
+    if type(root) is int and 0 <= root < comm._size:
+        return root
+    return comm._root(root, what)  # raises what is wrong (or accepts an int subclass)
+
+
+def broadcast(CommCore comm, tensor, root=0, output=None, *, stream=None, async_op=False, timeout=None, config=None):
+    """Copy ``tensor`` of rank ``root`` to every rank's ``output`` (``tensor`` itself when None)."""
+    cc = () if config is None else _prepare_config(config)
+    root = _rank_arg(comm, root, "root")
+    st = _begin(comm, "broadcast", stream, async_op, (tensor, output))
+    # the root only reads its tensor (in place too): a read-only array is fine there
+    inp = _describe(comm, tensor, st, output is None and comm._rank != root, "tensor")
+    out = inp if output is None else _describe(comm, output, st, True, "output")
+    if (<tuple>inp)[3] != (<tuple>out)[3]:
+        check_same_dtype(inp, out, op="broadcast")
+    count = (<tuple>inp)[2]
+    if (<tuple>out)[2] < count:
+        check_count(out, count, op="broadcast")
+    call = _new_call(comm.library, _BROADCAST, cc, (<tuple>inp)[0], (<tuple>out)[0], count, (<tuple>inp)[3], 0, root)
+    return launch(comm, "broadcast", call, st, [inp], [out], async_op, timeout)
+
+
+def send(CommCore comm, tensor, peer, *, stream=None, async_op=False, timeout=None):
+    """Send ``tensor`` to rank ``peer`` (which must post a matching :meth:`recv`).
+
+    Sends and receives between several peers must be issued inside :meth:`group` so that the
+    library can progress them together.
+    """
+    peer = _rank_arg(comm, peer, "peer")
+    st = _begin(comm, "send", stream, async_op, (tensor,))
+    b = _describe(comm, tensor, st, False, "tensor")
+    call = _new_call(comm.library, _SEND, (), (<tuple>b)[0], 0, (<tuple>b)[2], (<tuple>b)[3], 0, peer)
+    return launch(comm, "send", call, st, [b], [], async_op, timeout, peer)
+
+
+def recv(CommCore comm, tensor, peer, *, stream=None, async_op=False, timeout=None):
+    """Receive into ``tensor`` from rank ``peer`` (which must post a matching :meth:`send`)."""
+    peer = _rank_arg(comm, peer, "peer")
+    st = _begin(comm, "recv", stream, async_op, (tensor,))
+    b = _describe(comm, tensor, st, True, "tensor")
+    call = _new_call(comm.library, _RECV, (), 0, (<tuple>b)[0], (<tuple>b)[2], (<tuple>b)[3], 0, peer)
+    return launch(comm, "recv", call, st, [], [b], async_op, timeout, peer)
 
 
 # -- a DLPack capsule destructor for producers written in Python -----------------------------------

@@ -661,23 +661,9 @@ class Communicator(_core.CommCore):
 
     # -- collectives ----------------------------------------------------------------------------
 
-    all_reduce = _core.all_reduce  # the most common call, wholly compiled (pycoll/_core.pyx)
+    all_reduce = _core.all_reduce  # the most common calls, compiled whole (pycoll/_core.pyx)
 
-    def broadcast(self, tensor: Any, root: int = 0, output: Any = None, *, stream: Any = None,
-                  async_op: bool = False, timeout: Optional[float] = None,
-                  config: Optional[CollConfig] = None) -> Work:
-        """Copy ``tensor`` of rank ``root`` to every rank's ``output`` (``tensor`` itself when None)."""
-        cc = _prepare_config(config)
-        root = self._root(root)
-        st = self._begin("broadcast", stream, async_op, (tensor, output))
-        # the root only reads its tensor (in place too): a read-only array is fine there
-        inp = self._buf(tensor, st, writable=output is None and self._rank != root, name="tensor")
-        out = inp if output is None else self._buf(output, st, writable=True, name="output")
-        check_same_dtype(inp, out, op="broadcast")
-        check_count(out, inp.count, op="broadcast")
-        lib = self.library
-        call = _core.library_call(lib, "broadcast", cc, inp.ptr, out.ptr, inp.count, inp.datatype, 0, root)
-        return self._launch("broadcast", call, st, [inp], [out], async_op, timeout)
+    broadcast = _core.broadcast  # compiled whole, as all_reduce
 
     def reduce(self, tensor: Any, root: int = 0, output: Any = None, op: Any = "sum", *, stream: Any = None,
                async_op: bool = False, timeout: Optional[float] = None,
@@ -835,29 +821,8 @@ class Communicator(_core.CommCore):
                             lambda h, s: lib.scatter(in_ptr, out.ptr, out.count, out.datatype, root, h, s, *cc),
                             st, ins, [out], async_op, timeout)
 
-    def send(self, tensor: Any, peer: int, *, stream: Any = None, async_op: bool = False,
-             timeout: Optional[float] = None) -> Work:
-        """Send ``tensor`` to rank ``peer`` (which must post a matching :meth:`recv`).
-
-        Sends and receives between several peers must be issued inside :meth:`group` so that the
-        library can progress them together.
-        """
-        peer = self._root(peer, "peer")
-        st = self._begin("send", stream, async_op, (tensor,))
-        buf = self._buf(tensor, st, writable=False, name="tensor")
-        lib = self.library
-        return self._launch("send", _core.library_call(lib, "send", (), buf.ptr, 0, buf.count, buf.datatype, 0, peer),
-                            st, [buf], [], async_op, timeout, peer=peer)
-
-    def recv(self, tensor: Any, peer: int, *, stream: Any = None, async_op: bool = False,
-             timeout: Optional[float] = None) -> Work:
-        """Receive into ``tensor`` from rank ``peer`` (which must post a matching :meth:`send`)."""
-        peer = self._root(peer, "peer")
-        st = self._begin("recv", stream, async_op, (tensor,))
-        buf = self._buf(tensor, st, writable=True, name="tensor")
-        lib = self.library
-        return self._launch("recv", _core.library_call(lib, "recv", (), 0, buf.ptr, buf.count, buf.datatype, 0, peer),
-                            st, [], [buf], async_op, timeout, peer=peer)
+    send = _core.send  # compiled whole, as all_reduce: sends and receives between several peers go in a group()
+    recv = _core.recv
 
     def barrier(self, *, stream: Any = None, async_op: bool = False, timeout: Optional[float] = None) -> Work:
         """Wait until every rank has reached the barrier (an all_reduce of one int32)."""
