@@ -19,8 +19,7 @@ cdef class Lock:
     cdef int give(self) except -1
 
 
-cdef class RLock:
-    cdef Lock _base
+cdef class RLock(Lock):
     cdef long _owner
     cdef long _count
     cdef bint take(self, double timeout) except -1

@@ -125,7 +125,8 @@ cdef class Lock:
         return 0
 
     def acquire(self, blocking=True, timeout=-1):
-        """Acquire the lock, as ``threading.Lock.acquire``; True if it was acquired."""
+        """Acquire the lock, as ``threading.Lock.acquire`` (an RLock: again by the thread that holds it);
+        True if it was acquired."""
         if not blocking and timeout != -1:
             raise ValueError("can't specify a timeout for a non-blocking call")
         if timeout < 0 and timeout != -1:
@@ -133,7 +134,8 @@ cdef class Lock:
         return self.take(0.0 if not blocking else (-1.0 if timeout == -1 else timeout))
 
     def release(self):
-        """Release the lock (``RuntimeError`` if it is not held)."""
+        """Release the lock (``RuntimeError`` if it is not held; an RLock: one level, by the thread that
+        holds it)."""
         self.give()
 
     def locked(self):
@@ -148,20 +150,17 @@ cdef class Lock:
         self.give()
 
 
-cdef class RLock:
+cdef class RLock(Lock):
     """A reentrant lock with ``threading.RLock``'s interface, taken by the per-call path without a
     Python method call: the thread that holds it may acquire it again, and must release it as
     often."""
-
-    def __cinit__(self):
-        self._base = Lock()
 
     cdef bint take(self, double timeout) except -1:
         cdef long me = PyThread_get_thread_ident()
         if self._count and self._owner == me:
             self._count += 1
             return True
-        if not self._base.take(timeout):
+        if not Lock.take(self, timeout):
             return False
         self._owner, self._count = me, 1
         return True
@@ -172,27 +171,8 @@ cdef class RLock:
         self._count -= 1
         if self._count == 0:
             self._owner = 0
-            self._base.give()
+            Lock.give(self)
         return 0
-
-    def acquire(self, blocking=True, timeout=-1):
-        """Acquire the lock, as ``threading.RLock.acquire``; True if it was acquired."""
-        if not blocking and timeout != -1:
-            raise ValueError("can't specify a timeout for a non-blocking call")
-        if timeout < 0 and timeout != -1:
-            raise ValueError("timeout value must be a non-negative number")
-        return self.take(0.0 if not blocking else (-1.0 if timeout == -1 else timeout))
-
-    def release(self):
-        """Release one level of the lock (``RuntimeError`` unless this thread holds it)."""
-        self.give()
-
-    def __enter__(self):
-        self.take(-1.0)
-        return True
-
-    def __exit__(self, *exc):
-        self.give()
 
 
 cdef class CommCore:
