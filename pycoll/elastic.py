@@ -236,6 +236,8 @@ class ElasticGroup:
         self._boot = boot_id()
         self._node = _node.NodeAggregation(store, self._ns, slot, self._boot, self._slot_gone) if node_hub else None
         self._link: Optional[_node.NodeLink] = None  # to this host's hub (the watcher keeps it per generation)
+        self._link_of: Tuple[int, Optional[_node.NodeLink]] = (-1, None)  # (generation, _link), set together
+        self._hub_voted = (-1, -1)  # the last (generation, attempt) whose vote went to a hub only
         self._committed: Optional[int] = None  # the last step this member completed (commit())
         self._joiners_seen = False  # rank 0's watcher saw join requests (read by maybe_grow)
         store.set(f"{self._ns}/proc/{slot}", f"{self._boot} {os.getpid()}")
@@ -440,12 +442,13 @@ class ElasticGroup:
                 try:
                     self._proc_cache = self._procs(self.members)
                     fetched = g
-                    self._link = None
+                    self._link, self._link_of = None, (g, None)
                 except Exception:
                     if self._stop.is_set():
                         return
             if self._node is not None and (self._link is None or self._link.broken) and fetched == g:
                 self._link = self._node.link(self.members, self._proc_cache)
+                self._link_of = (g, self._link)
             key = f"{self._ns}/g{g}/reshape"
             try:
                 if self.members and self.members[0] == self.slot:  # rank 0 decides the grows
@@ -497,7 +500,7 @@ class ElasticGroup:
         if g is None:
             _fp.hit(FP_AGREE_BEFORE_VOTE)
             _mb.vouch(self.store, base, self.slot, self._step())
-        link = self._link if g is not None and window is None else None  # attempt 0: through this host's hub
+        link = self._hub_link(g) if g is not None and window is None else None  # attempt 0: through this host's hub
         procs = self._proc_cache
         if not all(m in procs for m in members):
             procs = self._procs(members)
@@ -506,7 +509,14 @@ class ElasticGroup:
             return m in procs and procs[m][0] == self._boot and _local_process_gone(procs[m][1])
 
         return _node.agree(link, self.store, base, self.slot, members, self._step(), gone,
-                           window=self.window if window is None else window, timeout=self.timeout)
+                           window=self.window if window is None else window, timeout=self.timeout,
+                           hub_voted=g is not None and window is None and self._hub_voted == (g, 0))
+
+    def _hub_link(self, g: int) -> Optional[_node.NodeLink]:
+        """The link to the hub of generation ``g``'s members (None: the store); the watcher renews it
+        after every membership change, until then it leads to the last generation's hub."""
+        gen, link = self._link_of
+        return link if gen == g else None
 
     def _procs(self, members: Sequence[int]) -> Dict[int, Tuple[str, int]]:
         """(boot id, pid) of each member's process, as it registered in the store (one round trip)."""
@@ -685,11 +695,12 @@ class ElasticGroup:
         if self._vouched == (g, attempt):
             return
         self._vouched = (g, attempt)
-        link = self._link if attempt == 0 else None
+        link = self._hub_link(g) if attempt == 0 else None
         try:
             if link is not None:
                 try:
                     link.vote(f"{self._ns}/g{g}/a0/", self.slot, self._step(), self.members, self.window)
+                    self._hub_voted = (g, attempt)
                     return
                 except _node.HubLost:
                     pass  # the store then

@@ -395,6 +395,9 @@ class NodeLink:
         self._sock.close()
 
     def _send(self, msg: bytes) -> None:
+        if not self._broken and self.hub_gone():
+            # a stopped hub's socket still takes messages: a vote sent there would reach no one
+            self._lost()
         if self._broken:
             raise HubLost(f"slot {self.slot}: the node hub is lost")
         try:
@@ -470,11 +473,16 @@ class NodeLink:
 
 
 def agree(link: Optional[NodeLink], store: Any, base: str, slot: int, members: Sequence[int], step: int,
-          gone: _mb.Gone, *, window: float, timeout: float) -> Tuple[Tuple[int, ...], Optional[int]]:
+          gone: _mb.Gone, *, window: float, timeout: float,
+          hub_voted: bool = False) -> Tuple[Tuple[int, ...], Optional[int]]:
     """:func:`pycoll.membership.agree` through the node's hub: vote to the hub, get the decision from
     it; the same answer as the direct path, which this falls back to when the hub is lost (or
     ``link`` is None), or when a hub that is alive sent no decision within ``window + timeout``
     (a store that does not answer delays the hub as much as it would this member).
+
+    ``hub_voted``: this member's vote went to a hub only (:meth:`NodeLink.vote`); with ``link`` None
+    it is sent to the store first (that hub may never forward it, and the direct path waits for the
+    votes in the store: the others would leave this live member out).
 
     A member that falls back waits a whole ``window`` for the others' votes again: the hub may have
     held this node's votes until then (with less, a store that froze for a while would make the
@@ -490,6 +498,8 @@ def agree(link: Optional[NodeLink], store: Any, base: str, slot: int, members: S
             _log.info("%s", exc)
         _fp.hit(FP_NODE_FALLBACK, rank=slot)
         _mb.vouch(store, base, slot, step)  # voting twice is harmless
+    elif hub_voted:
+        _mb.vouch(store, base, slot, step)
     return _mb.agree(store, base, slot, members, step, gone, window=window, timeout=timeout)
 
 
@@ -546,6 +556,11 @@ class NodeAggregation:
             self._link.close()
             self._link = None
         if self._tries >= _GIVE_UP:
+            return None
+        if host != self.slot and self.gone(host):  # stopped: its socket would take what no one reads
+            if self._link is not None:
+                self._link.close()
+                self._link = None
             return None
         if host == self.slot and (self.hub is None or not self.hub.alive):
             try:
