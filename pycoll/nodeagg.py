@@ -421,9 +421,11 @@ class NodeLink:
             self._packed = (members, struct.pack(f"!{len(members)}I", *members))
         self._send(_VOTE + _VOTE_HEAD.pack(slot, step, window, len(b)) + b + self._packed[1])
 
-    def watch(self, key: str, timeout: float, every: float = 0.5) -> Optional[bytes]:
+    def watch(self, key: str, timeout: float, every: float = 0.05) -> Optional[bytes]:
         """The value of ``key`` once the hub got it from the store; None after ``timeout`` seconds.
-        HubLost when the hub is gone (the caller waits in the store itself)."""
+        HubLost when the hub is gone (the caller waits in the store itself), looked at every ``every``
+        seconds: a hub whose process stopped would otherwise hold the watcher (ElasticGroup's, which
+        also looks for joiners and follows the membership) for the whole wait."""
         self._send(_WATCH + _WATCH_HEAD.pack(max(timeout, 0.5)) + _U32.pack(len(key.encode())) + key.encode())
         return self.wait(key, timeout, every)
 

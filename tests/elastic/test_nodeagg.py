@@ -252,6 +252,38 @@ def test_no_message_goes_to_a_hub_known_gone():
         agg.close()
 
 
+@pytest.mark.timeout(30)
+def test_a_watch_through_a_hub_that_stops_ends_at_once():
+    """A member waits for the reshape flag through its hub; the hub's process stops: the member sees
+    it within a liveness look (50 ms) and takes the flag from the store. With one look per 0.5 s wait,
+    ElasticGroup's watcher stayed that long with a stopped hub, and a new rank 0 looked for waiting
+    joiners that much later (the failpoint case host.coll.after_arrive-stop-r0: a joiner admitted at
+    the last step)."""
+    store = MemoryStore()
+    sock, address = _frozen_hub("watch")
+    stopped = set()
+    link = nodeagg.NodeLink(address, 1, lambda: 0 in stopped)
+    got = {}
+
+    def watcher():
+        got["value"] = nodeagg.watch_key(link, store, "flag", 5.0)
+        got["at"] = time.monotonic()
+
+    t = threading.Thread(target=watcher)
+    try:
+        t.start()
+        time.sleep(0.1)  # the watch waits in the hub
+        stopped.add(0)
+        store.set("flag", b"1")
+        t0 = time.monotonic()
+        t.join(10)
+    finally:
+        link.close()
+        sock.close()
+    assert got["value"] == b"1"
+    assert got["at"] - t0 < 0.3, got["at"] - t0
+
+
 class _Link:
     def __init__(self):
         self.votes = []
