@@ -511,10 +511,12 @@ class ElasticGroup:
                            hub_voted=g is not None and window is None and self._hub_voted == (g, 0))
 
     def _hub_link(self, g: int) -> Optional[_node.NodeLink]:
-        """The link to the hub of generation ``g``'s members (None: the store); the watcher renews it
-        after every membership change, until then it leads to the last generation's hub."""
+        """The link to the hub of generation ``g``'s members (None: the store). The watcher renews it
+        after every membership change; until then it serves if it leads to the same hub (a grow)."""
         gen, link = self._link_of
-        return link if gen == g else None
+        if gen == g or link is None or self._node is None or g != self.generation:
+            return link if gen == g else None
+        return link if self._node.address(self.members, self._proc_cache) == link.address else None
 
     def _procs(self, members: Sequence[int]) -> Dict[int, Tuple[str, int]]:
         """(boot id, pid) of each member's process, as it registered in the store (one round trip)."""

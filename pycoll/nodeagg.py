@@ -541,6 +541,14 @@ class NodeAggregation:
         self.pending = False
         self._tries = 0  # failed connections to this address (given up after 2 s of them)
 
+    def address(self, members: Sequence[int], procs: Dict[int, Tuple[str, int]]) -> str:
+        """The address of the hub of ``members``; "" when this member has none, or when a member whose
+        process ``procs`` lacks has a lower slot than the lowest local one (it may be local)."""
+        local = sorted(m for m in members if m in procs and procs[m][0] == self.boot and self.boot)
+        if self.slot not in local or len(local) < 2 or any(m < local[0] for m in members if m not in procs):
+            return ""
+        return hub_address(self.ns, self.boot, local[0], procs[local[0]][1])
+
     def link(self, members: Sequence[int], procs: Dict[int, Tuple[str, int]]) -> Optional[NodeLink]:
         self.pending = False
         local = sorted(m for m in members if m in procs and procs[m][0] == self.boot and self.boot)

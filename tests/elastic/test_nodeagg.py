@@ -285,8 +285,8 @@ def test_a_watch_through_a_hub_that_stops_ends_at_once():
 
 
 class _Link:
-    def __init__(self):
-        self.votes = []
+    def __init__(self, address):
+        self.address, self.votes = address, []
 
     def vote(self, base, slot, step, members, window):
         self.votes.append(base)
@@ -294,21 +294,29 @@ class _Link:
 
 @pytest.mark.timeout(30)
 def test_elastic_group_votes_through_the_hub_of_its_generation_only():
-    """ElasticGroup's vote goes to a hub only when the watcher's link belongs to the generation voted
-    for (right after a membership change the link still leads to the last generation's hub); an
-    agreement that then goes through the store sends the vote there too."""
+    """ElasticGroup's vote goes to the hub of the generation voted for: right after a membership change
+    the watcher's link still leads to the last generation's hub, which serves after a grow (the same
+    hub) and not after a shrink that left its host out; an agreement that then goes through the store
+    sends the vote there too."""
+    boot, pid = "b" * 32, os.getpid()
+    procs = {s: (boot, pid) for s in (0, 1, 2)}
     group = ElasticGroup.__new__(ElasticGroup)
     store = MemoryStore()
-    group.store, group.slot, group.members, group.window, group.timeout = store, 1, (1,), 1.0, 5.0
-    group._ns, group._committed, group._boot = "pycoll/elastic/u", 4, "boot"
-    group._proc_cache = {1: ("boot", os.getpid())}
+    group.store, group.slot, group.window, group.timeout = store, 1, 1.0, 5.0
+    group._ns, group._committed, group._boot, group._proc_cache = "pycoll/elastic/u", 4, boot, procs
     group._vouched, group._hub_voted = (-1, -1), (-1, -1)
-    old = _Link()
+    group._node = nodeagg.NodeAggregation(store, group._ns, 1, boot, lambda s: False)
+    old = _Link(nodeagg.hub_address(group._ns, boot, 0, pid))  # slot 0 hosted generation 3's hub
     group._link_of = (3, old)
-    group._vouch(4, 0)  # the link is generation 3's: the store
-    assert old.votes == [] and store.check(["pycoll/elastic/u/g4/a0/votes"])
-    group._vouch(3, 0)
-    assert old.votes == ["pycoll/elastic/u/g3/a0/"]
+    group.members, group.generation = (0, 1, 2, 5), 4  # grown: the same hub
+    group._vouch(4, 0)
+    assert old.votes == ["pycoll/elastic/u/g4/a0/"] and not store.check(["pycoll/elastic/u/g4/a0/votes"])
+    group.members, group.generation = (1, 2), 5  # slot 0 left out: slot 1 hosts the next hub
+    group._vouch(5, 0)
+    assert len(old.votes) == 1 and store.check(["pycoll/elastic/u/g5/a0/votes"])
+    group._vouch(3, 0)  # a late vote for generation 3 goes to its hub
+    assert old.votes[-1] == "pycoll/elastic/u/g3/a0/"
+    group.members, group.generation = (1,), 3
     group._link_of = (3, None)  # the watcher renewed the link: none yet
     assert group._agree_at("pycoll/elastic/u/g3/a0/", (1,), 3) == ((1,), 4)
     assert membership._parse_votes(membership._get_or_empty(store, "pycoll/elastic/u/g3/a0/votes")) == {1: 4}
