@@ -299,7 +299,7 @@ def test_elastic_group_votes_through_the_hub_of_its_generation_only():
     hub) and not after a shrink that left its host out; an agreement that then goes through the store
     sends the vote there too."""
     boot, pid = "b" * 32, os.getpid()
-    procs = {s: (boot, pid) for s in (0, 1, 2)}
+    procs = dict.fromkeys((0, 1, 2), (boot, pid))
     group = ElasticGroup.__new__(ElasticGroup)
     store = MemoryStore()
     group.store, group.slot, group.window, group.timeout = store, 1, 1.0, 5.0
