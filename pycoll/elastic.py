@@ -176,9 +176,7 @@ class ElasticGroup:
             every member (joiners included), before the call that made the change returns.
         node_hub: members on one host (same boot id) agree through one of them, the lowest local slot
             (:mod:`pycoll.nodeagg`): it alone waits in the store for the reshape flag and sends the
-            host's votes in one request. Off by default (every member talks to the store itself):
-            with it on, a hub host stopped inside a collective while a joiner was admitted has left
-            the joiner's step behind the others' (a failpoint-matrix case, 2 runs in 5).
+            host's votes in one request (the default); False: every member talks to the store itself.
 
     Use :meth:`from_env` under ``pycoll-run``.
     """
@@ -199,7 +197,7 @@ class ElasticGroup:
         join_timeout: float = 120.0,
         name: str = "elastic",
         on_change: Optional[Callable[[ElasticGroup, Transition], None]] = None,
-        node_hub: bool = False,
+        node_hub: bool = True,
     ) -> None:
         if isinstance(slot, bool) or not isinstance(slot, int) or slot < 0:
             raise ValueError(f"slot must be an int >= 0, got {slot!r}")
@@ -236,6 +234,8 @@ class ElasticGroup:
         self._boot = boot_id()
         self._node = _node.NodeAggregation(store, self._ns, slot, self._boot, self._slot_gone) if node_hub else None
         self._link: Optional[_node.NodeLink] = None  # to this host's hub (the watcher keeps it per generation)
+        self._link_of: Tuple[int, Optional[_node.NodeLink]] = (-1, None)  # (generation, _link), set together
+        self._hub_voted = (-1, -1)  # the last (generation, attempt) whose vote went to a hub only
         self._committed: Optional[int] = None  # the last step this member completed (commit())
         self._joiners_seen = False  # rank 0's watcher saw join requests (read by maybe_grow)
         store.set(f"{self._ns}/proc/{slot}", f"{self._boot} {os.getpid()}")
@@ -440,12 +440,13 @@ class ElasticGroup:
                 try:
                     self._proc_cache = self._procs(self.members)
                     fetched = g
-                    self._link = None
+                    self._link, self._link_of = None, (g, None)
                 except Exception:
                     if self._stop.is_set():
                         return
             if self._node is not None and (self._link is None or self._link.broken) and fetched == g:
                 self._link = self._node.link(self.members, self._proc_cache)
+                self._link_of = (g, self._link)
             key = f"{self._ns}/g{g}/reshape"
             try:
                 if self.members and self.members[0] == self.slot:  # rank 0 decides the grows
@@ -497,7 +498,7 @@ class ElasticGroup:
         if g is None:
             _fp.hit(FP_AGREE_BEFORE_VOTE)
             _mb.vouch(self.store, base, self.slot, self._step())
-        link = self._link if g is not None and window is None else None  # attempt 0: through this host's hub
+        link = self._hub_link(g) if g is not None and window is None else None  # attempt 0: through this host's hub
         procs = self._proc_cache
         if not all(m in procs for m in members):
             procs = self._procs(members)
@@ -506,7 +507,16 @@ class ElasticGroup:
             return m in procs and procs[m][0] == self._boot and _local_process_gone(procs[m][1])
 
         return _node.agree(link, self.store, base, self.slot, members, self._step(), gone,
-                           window=self.window if window is None else window, timeout=self.timeout)
+                           window=self.window if window is None else window, timeout=self.timeout,
+                           hub_voted=g is not None and window is None and self._hub_voted == (g, 0))
+
+    def _hub_link(self, g: int) -> Optional[_node.NodeLink]:
+        """The link to the hub of generation ``g``'s members (None: the store). The watcher renews it
+        after every membership change; until then it serves if it leads to the same hub (a grow)."""
+        gen, link = self._link_of
+        if gen == g or link is None or self._node is None or g != self.generation:
+            return link if gen == g else None
+        return link if self._node.address(self.members, self._proc_cache) == link.address else None
 
     def _procs(self, members: Sequence[int]) -> Dict[int, Tuple[str, int]]:
         """(boot id, pid) of each member's process, as it registered in the store (one round trip)."""
@@ -685,11 +695,12 @@ class ElasticGroup:
         if self._vouched == (g, attempt):
             return
         self._vouched = (g, attempt)
-        link = self._link if attempt == 0 else None
+        link = self._hub_link(g) if attempt == 0 else None
         try:
             if link is not None:
                 try:
                     link.vote(f"{self._ns}/g{g}/a0/", self.slot, self._step(), self.members, self.window)
+                    self._hub_voted = (g, attempt)
                     return
                 except _node.HubLost:
                     pass  # the store then

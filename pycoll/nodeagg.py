@@ -395,6 +395,9 @@ class NodeLink:
         self._sock.close()
 
     def _send(self, msg: bytes) -> None:
+        if not self._broken and self.hub_gone():
+            # a stopped hub's socket still takes messages: a vote sent there would reach no one
+            self._lost()
         if self._broken:
             raise HubLost(f"slot {self.slot}: the node hub is lost")
         try:
@@ -418,9 +421,11 @@ class NodeLink:
             self._packed = (members, struct.pack(f"!{len(members)}I", *members))
         self._send(_VOTE + _VOTE_HEAD.pack(slot, step, window, len(b)) + b + self._packed[1])
 
-    def watch(self, key: str, timeout: float, every: float = 0.5) -> Optional[bytes]:
+    def watch(self, key: str, timeout: float, every: float = 0.05) -> Optional[bytes]:
         """The value of ``key`` once the hub got it from the store; None after ``timeout`` seconds.
-        HubLost when the hub is gone (the caller waits in the store itself)."""
+        HubLost when the hub is gone (the caller waits in the store itself), looked at every ``every``
+        seconds: a hub whose process stopped would otherwise hold the watcher (ElasticGroup's, which
+        also looks for joiners and follows the membership) for the whole wait."""
         self._send(_WATCH + _WATCH_HEAD.pack(max(timeout, 0.5)) + _U32.pack(len(key.encode())) + key.encode())
         return self.wait(key, timeout, every)
 
@@ -470,11 +475,16 @@ class NodeLink:
 
 
 def agree(link: Optional[NodeLink], store: Any, base: str, slot: int, members: Sequence[int], step: int,
-          gone: _mb.Gone, *, window: float, timeout: float) -> Tuple[Tuple[int, ...], Optional[int]]:
+          gone: _mb.Gone, *, window: float, timeout: float,
+          hub_voted: bool = False) -> Tuple[Tuple[int, ...], Optional[int]]:
     """:func:`pycoll.membership.agree` through the node's hub: vote to the hub, get the decision from
     it; the same answer as the direct path, which this falls back to when the hub is lost (or
     ``link`` is None), or when a hub that is alive sent no decision within ``window + timeout``
     (a store that does not answer delays the hub as much as it would this member).
+
+    ``hub_voted``: this member's vote went to a hub only (:meth:`NodeLink.vote`); with ``link`` None
+    it is sent to the store first (that hub may never forward it, and the direct path waits for the
+    votes in the store: the others would leave this live member out).
 
     A member that falls back waits a whole ``window`` for the others' votes again: the hub may have
     held this node's votes until then (with less, a store that froze for a while would make the
@@ -490,6 +500,8 @@ def agree(link: Optional[NodeLink], store: Any, base: str, slot: int, members: S
             _log.info("%s", exc)
         _fp.hit(FP_NODE_FALLBACK, rank=slot)
         _mb.vouch(store, base, slot, step)  # voting twice is harmless
+    elif hub_voted:
+        _mb.vouch(store, base, slot, step)
     return _mb.agree(store, base, slot, members, step, gone, window=window, timeout=timeout)
 
 
@@ -529,6 +541,14 @@ class NodeAggregation:
         self.pending = False
         self._tries = 0  # failed connections to this address (given up after 2 s of them)
 
+    def address(self, members: Sequence[int], procs: Dict[int, Tuple[str, int]]) -> str:
+        """The address of the hub of ``members``; "" when this member has none, or when a member whose
+        process ``procs`` lacks has a lower slot than the lowest local one (it may be local)."""
+        local = sorted(m for m in members if m in procs and procs[m][0] == self.boot and self.boot)
+        if self.slot not in local or len(local) < 2 or any(m < local[0] for m in members if m not in procs):
+            return ""
+        return hub_address(self.ns, self.boot, local[0], procs[local[0]][1])
+
     def link(self, members: Sequence[int], procs: Dict[int, Tuple[str, int]]) -> Optional[NodeLink]:
         self.pending = False
         local = sorted(m for m in members if m in procs and procs[m][0] == self.boot and self.boot)
@@ -546,6 +566,11 @@ class NodeAggregation:
             self._link.close()
             self._link = None
         if self._tries >= _GIVE_UP:
+            return None
+        if host != self.slot and self.gone(host):  # stopped: its socket would take what no one reads
+            if self._link is not None:
+                self._link.close()
+                self._link = None
             return None
         if host == self.slot and (self.hub is None or not self.hub.alive):
             try:

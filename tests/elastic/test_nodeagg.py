@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 import time
 
@@ -20,10 +21,10 @@ import pytest
 from helpers.mp import run_ranks
 
 import pycoll
-from pycoll import failpoints, nodeagg
+from pycoll import failpoints, membership, nodeagg
 from pycoll.elastic import ElasticGroup, Excluded
 from pycoll.failpoints import FailpointError
-from pycoll.store import TCPStore, TCPStoreServer
+from pycoll.store import MemoryStore, TCPStore, TCPStoreServer
 
 N, K = 64, 8
 WINDOW = 0.8
@@ -178,6 +179,147 @@ def test_a_lost_hub_means_the_store_path(server, tmp_path):
     lines = trace.read_text().splitlines()
     fired = {int(line.split()[2]) for line in lines if line.startswith("elastic.node.fallback")}
     assert fired == set(range(8, 16)), fired
+
+
+def _frozen_hub(tag):
+    """What a stopped hub process looks like from a member: its socket takes connections and votes
+    into the kernel's queue, and nothing ever reads them."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    address = f"pycoll-test-frozen-{os.getpid()}-{tag}"
+    sock.bind("\0" + address)
+    sock.listen(16)
+    return sock, address
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("hub_voted", [True, False])
+def test_a_vote_left_at_a_frozen_hub_reaches_the_store(hub_voted):
+    """Slot 1 voted to its hub, whose process then froze before forwarding; its agreement goes through
+    the store itself (its link was renewed meanwhile: None). With ``hub_voted`` it sends its vote
+    there first and stays in; without, the others wait out the window and leave the live member out."""
+    store = MemoryStore()
+    sock, address = _frozen_hub("vote")
+    base, members = "pycoll/elastic/f/g3/a0/", (0, 1, 2)
+    link = nodeagg.NodeLink(address, 1)
+    try:
+        link.vote(base, 1, 7, members, 0.5)  # accepted by the socket, read by no one
+        results = {}
+
+        def member(slot):
+            if slot != 1:
+                membership.vouch(store, base, slot, 7)
+            else:
+                time.sleep(0.2)  # the others' windows end first
+            results[slot] = nodeagg.agree(None, store, base, slot, members, 7, lambda s: False, window=0.5,
+                                          timeout=5.0, hub_voted=hub_voted and slot == 1)
+
+        threads = [threading.Thread(target=member, args=(s,)) for s in members]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+    finally:
+        link.close()
+        sock.close()
+    assert len(set(results.values())) == 1, results
+    assert results[0] == (((0, 1, 2), 7) if hub_voted else ((0, 2), 7)), results
+
+
+@pytest.mark.timeout(30)
+def test_no_message_goes_to_a_hub_known_gone():
+    """A link whose hub is known gone (stopped: /proc says so) refuses to send, so the vote goes to the
+    store (:class:`ElasticGroup` falls back at once); NodeAggregation does not connect to it again."""
+    sock, address = _frozen_hub("gone")
+    stopped = set()
+    link = nodeagg.NodeLink(address, 2, lambda: 0 in stopped)
+    try:
+        link.vote("b/", 2, 1, (0, 2), 1.0)  # the hub is alive: the vote is sent
+        stopped.add(0)
+        with pytest.raises(nodeagg.HubLost):
+            link.vote("b/", 2, 1, (0, 2), 1.0)
+        assert link.broken
+        with pytest.raises(nodeagg.HubLost):
+            link.watch("k", 0.1)
+    finally:
+        link.close()
+        sock.close()
+    boot = "b" * 32
+    agg = nodeagg.NodeAggregation(MemoryStore(), "ns", 2, boot, stopped.__contains__)
+    try:
+        assert agg.link((0, 2), {0: (boot, 1), 2: (boot, 2)}) is None
+        assert not agg.pending  # not a hub that is starting: the store, until it is back or the hub changes
+    finally:
+        agg.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_watch_through_a_hub_that_stops_ends_at_once():
+    """A member waits for the reshape flag through its hub; the hub's process stops: the member sees
+    it within a liveness look (50 ms) and takes the flag from the store. With one look per 0.5 s wait,
+    ElasticGroup's watcher stayed that long with a stopped hub, and a new rank 0 looked for waiting
+    joiners that much later (the failpoint case host.coll.after_arrive-stop-r0: a joiner admitted at
+    the last step)."""
+    store = MemoryStore()
+    sock, address = _frozen_hub("watch")
+    stopped = set()
+    link = nodeagg.NodeLink(address, 1, lambda: 0 in stopped)
+    got = {}
+
+    def watcher():
+        got["value"] = nodeagg.watch_key(link, store, "flag", 5.0)
+        got["at"] = time.monotonic()
+
+    t = threading.Thread(target=watcher)
+    try:
+        t.start()
+        time.sleep(0.1)  # the watch waits in the hub
+        stopped.add(0)
+        store.set("flag", b"1")
+        t0 = time.monotonic()
+        t.join(10)
+    finally:
+        link.close()
+        sock.close()
+    assert got["value"] == b"1"
+    assert got["at"] - t0 < 0.3, got["at"] - t0
+
+
+class _Link:
+    def __init__(self, address):
+        self.address, self.votes = address, []
+
+    def vote(self, base, slot, step, members, window):
+        self.votes.append(base)
+
+
+@pytest.mark.timeout(30)
+def test_elastic_group_votes_through_the_hub_of_its_generation_only():
+    """ElasticGroup's vote goes to the hub of the generation voted for: right after a membership change
+    the watcher's link still leads to the last generation's hub, which serves after a grow (the same
+    hub) and not after a shrink that left its host out; an agreement that then goes through the store
+    sends the vote there too."""
+    boot, pid = "b" * 32, os.getpid()
+    procs = dict.fromkeys((0, 1, 2), (boot, pid))
+    group = ElasticGroup.__new__(ElasticGroup)
+    store = MemoryStore()
+    group.store, group.slot, group.window, group.timeout = store, 1, 1.0, 5.0
+    group._ns, group._committed, group._boot, group._proc_cache = "pycoll/elastic/u", 4, boot, procs
+    group._vouched, group._hub_voted = (-1, -1), (-1, -1)
+    group._node = nodeagg.NodeAggregation(store, group._ns, 1, boot, lambda s: False)
+    old = _Link(nodeagg.hub_address(group._ns, boot, 0, pid))  # slot 0 hosted generation 3's hub
+    group._link_of = (3, old)
+    group.members, group.generation = (0, 1, 2, 5), 4  # grown: the same hub
+    group._vouch(4, 0)
+    assert old.votes == ["pycoll/elastic/u/g4/a0/"] and not store.check(["pycoll/elastic/u/g4/a0/votes"])
+    group.members, group.generation = (1, 2), 5  # slot 0 left out: slot 1 hosts the next hub
+    group._vouch(5, 0)
+    assert len(old.votes) == 1 and store.check(["pycoll/elastic/u/g5/a0/votes"])
+    group._vouch(3, 0)  # a late vote for generation 3 goes to its hub
+    assert old.votes[-1] == "pycoll/elastic/u/g3/a0/"
+    group.members, group.generation = (1,), 3
+    group._link_of = (3, None)  # the watcher renewed the link: none yet
+    assert group._agree_at("pycoll/elastic/u/g3/a0/", (1,), 3) == ((1,), 4)
+    assert membership._parse_votes(membership._get_or_empty(store, "pycoll/elastic/u/g3/a0/votes")) == {1: 4}
 
 
 def test_bad_link():
