@@ -226,6 +226,8 @@ class ElasticGroup:
         self._gave_up = False  # the last reshape raised: hold no dumps
         self._reshaping = False
         self._announced = -1  # the last generation whose reshape this member announced
+        # (generation, members) of a grow that failed here: the others may have built it (see _reshape)
+        self._failed_grow: Optional[Tuple[int, Tuple[int, ...]]] = None
         self._announce_q: queue.SimpleQueue[Optional[int]] = queue.SimpleQueue()
         self._vouched: Tuple[int, int] = (-1, -1)  # the last (generation, attempt) this member vouched for
         self._proc_cache: Dict[int, Tuple[str, int]] = {}  # slot -> (boot id, pid), read by the watcher
@@ -600,7 +602,21 @@ class ElasticGroup:
         members, parent = self.members, old
         attempt = 0
         while True:
-            new_members, committed = self._agree(g, attempt, members)
+            grew = self._others_grew(g)
+            if not grew:
+                new_members, committed = self._agree(g, attempt, members)
+                grew = self._others_grew(g)  # by the end of g's agreement
+            if grew:
+                # this member's grow failed where the others' succeeded: they are in generation g + 1 (and
+                # wait in it for this member), none in g. Reshape g + 1 as one of its members, with them,
+                # never as g's last member (a second group, apart from theirs)
+                members, attempt = self._failed_grow[1], 0  # type: ignore[index]
+                self._failed_grow = None
+                if not old.closed:
+                    old.abort()  # g's communicator: nobody else uses it any more
+                self.members, self.generation, g = members, g + 1, g + 1
+                self._announce(g)
+                continue
             tr = Transition("shrink", g + 1, self.members, new_members, cause, detected=detected,
                             agreement_started=t_start, agreed=time.time(), attempts=attempt + 1,
                             committed=None if committed is None or committed < 0 else committed)
@@ -622,8 +638,9 @@ class ElasticGroup:
                 except Exception:  # as the policy does when revoke fails or is missing: abort (then re-init)
                     parent.abort()
             tr.revoked = time.time()
-            gone = [parent.global_ranks.index(m) for m in parent.global_ranks if m not in new_members] \
-                if parent.global_ranks is not None else []
+            # the ranks of generation g that leave (after a grow that failed here, parent is g - 1's
+            # communicator, aborted: this member then meets the others at the next attempt's init)
+            gone = [i for i, m in enumerate(members) if m not in new_members] if parent.global_ranks is not None else []
             try:
                 _fp.hit(FP_SHRINK_BEFORE)
                 shrink = attempt == 0 and gone and len(new_members) > 1 and self.library.has("ncclCommShrink")
@@ -660,6 +677,16 @@ class ElasticGroup:
         self._record(tr)
         _fp.hit(FP_RESHAPE_DONE)
         return self.comm
+
+    def _others_grew(self, g: int) -> bool:
+        """True when this member's grow from generation g failed and another member's built g + 1."""
+        fg = self._failed_grow
+        if fg is None or fg[0] != g + 1:
+            return False
+        try:
+            return bool(self.store.check([f"{self._ns}/g{g + 1}/built"]))
+        except StoreError:
+            return False
 
     def _on_comm_failure(self, comm: Communicator, exc: BaseException) -> None:
         if comm is self.comm:
@@ -782,12 +809,17 @@ class ElasticGroup:
                 self._adopt(comm, members, g + 1)
         except (CommFailure, NCCLError, StoreError) as exc:
             guard.set()
+            self._failed_grow = (g + 1, members)
             if old.state == "active" and old.failure is None:
                 old.fail(CommFailure(f"the grow of generation {g} of {self.name!r} failed: {exc}"))
             raise CommFailure(f"the grow of generation {g} of {self.name!r} failed: {exc}") from exc
         guard.set()
         tr.comm_ready = time.time()
         _fp.hit(FP_GROW_AFTER_COMM)
+        try:  # for a member whose own grow failed: generation g + 1 exists (see _reshape)
+            self.store.set(f"{self._ns}/g{g + 1}/built", str(self.slot).encode())
+        except StoreError as exc:
+            _log.debug("slot %d: recording the grow of generation %d failed: %s", self.slot, g + 1, exc)
         old.destroy()
         _fp.hit(FP_GROW_FIRST_COLLECTIVE)
         self.comm.barrier()

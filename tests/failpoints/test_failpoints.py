@@ -216,6 +216,15 @@ def test_one_member_completes_the_failing_step_the_others_do_not(server):
     assert len({tuple(rolled[r]) for r in (1, 2, 3) if rolled[r]}) == 1, res
 
 
+@pytest.mark.failpoints
+@pytest.mark.timeout(120)
+def test_a_member_whose_own_grow_failed_rejoins_the_grown_group(server, tmp_path):
+    """Rank 0's ncclCommGrow fails after the others' (and the joiner's) succeeded: it must reshape with them, as
+    a member of the grown generation, not go on alone in the old one (a second group next to theirs)."""
+    outcome = _run_case(server, "host.grow.end", "raise", 0, str(tmp_path / "fired"))
+    assert outcome == "absorbed"  # rank 0 finished with the others, in their membership
+
+
 # -- the matrix ---------------------------------------------------------------------------------
 
 STEPS, JOIN_AT, JOINER_DIES_AT = 14, 2, 8
