@@ -345,11 +345,26 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
     # -- reading ---------------------------------------------------------------------------------
 
     def unfinished(self, limit: int = 4) -> List[str]:
-        """The operations not completed on communicators not closed, newest last, as
+        """The operations not completed on communicators not closed (or failed and closed, without a successor
+        of the same name), newest last, as
         ``"all_reduce #7 on 'world' (started)"`` (at most ``limit``; a last item counts the rest)."""
         with self._lock:
-            live = {i.uid for i in self._infos.values() if i.ref() is not None}
-        raw = [e for e in self.entries() if e[_INFO].uid in live and e[_INFO].closed_at is None]
+            alive = [i for i in self._infos.values() if i.ref() is not None]
+        live = {i.uid for i in alive}
+        entries = self.entries()
+        newest: Dict[str, int] = {}  # name -> the latest communicator of that name (pg_id: in creation order)
+        for i in [*alive, *(e[_INFO] for e in entries)]:
+            newest[i.name] = max(newest.get(i.name, -1), i.pg_id)
+
+        def unfinished_on(i: _CommInfo) -> bool:
+            if i.closed_at is None:
+                return i.uid in live
+            # a communicator that failed and was closed, with no successor of its name: a failure's abort
+            # may close it before the dump that names what this process was doing (Ctrl-C inside a
+            # collective: the watchdog fails the communicator, then KeyboardInterrupt ends the process)
+            return i.failure is not None and i.pg_id == newest[i.name]
+
+        raw = [e for e in entries if unfinished_on(e[_INFO])]
         infos: Dict[str, _CommInfo] = {e[_INFO].uid: e[_INFO] for e in raw}
         outstanding = _outstanding(c for c in (i.ref() for i in infos.values()) if c is not None)
         out = []

@@ -111,6 +111,26 @@ def test_entries_cost_the_garbage_collector_nothing(rec):
     assert ref() is None and rec.as_dict(0)["entries"][0]["state"] == "completed"
 
 
+def test_unfinished_names_the_operation_of_a_failed_closed_communicator_without_successor(rec):
+    """What a process was doing when it went: also on a communicator a failure's abort closed before the dump
+    (Ctrl-C inside a collective), but not on one a later communicator of the same name replaced."""
+    c = FakeComm(rec, 0, 2, uid="aaaa000000000000")
+    c.op("all_reduce", f32(3), f32(3))
+    w = c.op("all_reduce", f32(3), f32(3), state="started")
+    rec.comm_failed(c, RuntimeError("interrupted"), w)
+    rec.comm_closed(c)
+    assert rec.unfinished() == ["all_reduce #2 on 'world' (started)"]
+    ok = FakeComm(rec, 0, 2, uid="bbbb000000000000", name="other")  # another name: no successor
+    ok.op("all_reduce", f32(3), f32(3))
+    assert rec.unfinished() == ["all_reduce #2 on 'world' (started)"]
+    nxt = FakeComm(rec, 0, 2, uid="cccc000000000000", generation=1)  # the next generation of 'world'
+    assert rec.unfinished() == [] and nxt.name == "world"
+    clean = FakeComm(rec, 0, 2, uid="dddd000000000000", name="clean")  # closed without a failure
+    clean.op("all_reduce", f32(3), f32(3), state="started")
+    rec.comm_closed(clean)
+    assert rec.unfinished() == []
+
+
 def test_failure_freezes_the_state_of_outstanding_operations(rec):
     c = FakeComm(rec, 0, 2)
     w = c.op("all_reduce", f32(3), f32(3), state="started")
@@ -305,7 +325,7 @@ def test_real_host_communicator_is_recorded(tmp_path):
     c = pycoll.init(0, 1, backend="host", name="solo")
     try:
         x = np.ones(3, np.float32)
-        works = [c.all_reduce(x), c.broadcast(x, root=0), c.all_reduce(x, async_op=True)]
+        works = [c.all_reduce(x), c.broadcast(x, root=0), c.reduce(x, root=0), c.all_reduce(x, async_op=True)]
         works[-1].wait()
         works.append(c.barrier())
         d = rec.as_dict(0)
@@ -313,14 +333,15 @@ def test_real_host_communicator_is_recorded(tmp_path):
         pycoll.comm.remove_observer(rec)
         c.destroy()
     names = [e["profiling_name"] for e in d["entries"]]
-    assert names == ["nccl:all_reduce", "nccl:broadcast", "nccl:all_reduce", "nccl:barrier"]
+    assert names == ["nccl:all_reduce", "nccl:broadcast", "nccl:reduce", "nccl:all_reduce", "nccl:barrier"]
     assert all(e["state"] == "completed" and e["duration_ms"] >= 0 for e in d["entries"])
     assert d["pg_config"][c.uid] == {"name": c.uid, "desc": "solo", "ranks": "[0]"}
-    # the stack starts at the innermost Python frame: the caller's for the compiled all_reduce (it has no
-    # frame of its own), the public method's for a collective written in Python
+    # the stack starts at the innermost Python frame: the caller's for the compiled all_reduce and broadcast
+    # (they have no frame of their own), the public method's for a collective written in Python
     assert d["entries"][0]["frames"][0]["name"] == "test_real_host_communicator_is_recorded"
-    assert d["entries"][1]["frames"][0]["name"] == "broadcast"
-    assert any(f["name"] == "test_real_host_communicator_is_recorded" for f in d["entries"][1]["frames"])
+    assert d["entries"][1]["frames"][0]["name"] == "test_real_host_communicator_is_recorded"
+    assert d["entries"][2]["frames"][0]["name"] == "reduce"
+    assert any(f["name"] == "test_real_host_communicator_is_recorded" for f in d["entries"][2]["frames"])
     assert all(w.fr_entry is not None for w in works)
 
 
