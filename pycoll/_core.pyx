@@ -620,7 +620,7 @@ cdef object _numpy_buffer(object arr, bint writable, object name):
     for i in range(a.nd):
         count *= a.dimensions[i]
     return _new_tuple(Buffer, (<uintptr_t>a.data, count * <Py_ssize_t>_ITEMSIZES[code], count, code, _NAMES[code],
-                               arr.shape, 1, 0, not flags & _NP_WRITEABLE, arr, "numpy", None, name))
+                               arr.shape, _CPU, 0, not flags & _NP_WRITEABLE, arr, "numpy", None, name))
 
 
 cdef object _torch_tensor = None  # torch.Tensor, once torch is imported
@@ -655,7 +655,7 @@ cdef object _describe(CommCore comm, object obj, object stream, bint writable, o
         b = None
         if _torch_tensor is None:
             torch = sys.modules.get("torch")
-            if torch is not None and getattr(torch, "Tensor", None) is not None:  # None while torch is imported
+            if torch is not None and _buffers._torch_tensor_type(torch) != ():  # () while torch is imported
                 _torch_tensor = torch.Tensor
     if b is None:
         b = as_buffer(obj, writable=writable, stream=stream, name=name)
@@ -858,17 +858,24 @@ cdef object _redop(CommCore comm, object op, object datatype):
     return comm._redop(op, datatype)
 
 
+cdef object _output_fits(object inp, object out, str op):
+    """``inp``'s count, once ``out`` has its dtype and room for it (``buffers.check_*`` raise otherwise);
+    both are Buffers (tuples)."""
+    if (<tuple>inp)[3] != (<tuple>out)[3]:
+        check_same_dtype(inp, out, op=op)
+    count = (<tuple>inp)[2]
+    if (<tuple>out)[2] < count:
+        check_count(out, count, op=op)
+    return count
+
+
 def all_reduce(CommCore comm, tensor, output=None, op="sum", *, stream=None, async_op=False, timeout=None, config=None):
     """Reduce ``tensor`` across ranks into ``output`` (in place when ``output`` is None)."""
     cc = () if config is None else _prepare_config(config)
     st = _begin(comm, "all_reduce", stream, async_op, (tensor, output))
     inp = _describe(comm, tensor, st, output is None, "tensor")
     out = inp if output is None else _describe(comm, output, st, True, "output")
-    if (<tuple>inp)[3] != (<tuple>out)[3]:
-        check_same_dtype(inp, out, op="all_reduce")
-    count = (<tuple>inp)[2]
-    if (<tuple>out)[2] < count:
-        check_count(out, count, op="all_reduce")
+    count = _output_fits(inp, out, "all_reduce")
     redop = _redop(comm, op, (<tuple>inp)[3])
     call = _new_call(comm.library, _ALL_REDUCE, cc, (<tuple>inp)[0], (<tuple>out)[0], count, (<tuple>inp)[3], redop, 0)
     return launch(comm, "all_reduce", call, st, [inp], [out], async_op, timeout)
@@ -888,11 +895,7 @@ def broadcast(CommCore comm, tensor, root=0, output=None, *, stream=None, async_
     # the root only reads its tensor (in place too): a read-only array is fine there
     inp = _describe(comm, tensor, st, output is None and comm._rank != root, "tensor")
     out = inp if output is None else _describe(comm, output, st, True, "output")
-    if (<tuple>inp)[3] != (<tuple>out)[3]:
-        check_same_dtype(inp, out, op="broadcast")
-    count = (<tuple>inp)[2]
-    if (<tuple>out)[2] < count:
-        check_count(out, count, op="broadcast")
+    count = _output_fits(inp, out, "broadcast")
     call = _new_call(comm.library, _BROADCAST, cc, (<tuple>inp)[0], (<tuple>out)[0], count, (<tuple>inp)[3], 0, root)
     return launch(comm, "broadcast", call, st, [inp], [out], async_op, timeout)
 
