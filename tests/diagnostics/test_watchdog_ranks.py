@@ -270,6 +270,10 @@ def _triggered_rank(rank, n, uid, dump_dir, marker):
     for _ in range(2):
         comm.all_reduce(x)
     out["value"] = x.tolist()
+    # rank 0 goes on once the signal dump's pickle exists; its JSON form and the count follow it
+    deadline = time.monotonic() + 20
+    while rank == 1 and rec.dump_count == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
     out["dumps"] = rec.dump_count
     out["last"] = rec.last_dump
     comm.abort()
