@@ -820,7 +820,10 @@ class ElasticGroup:
             self.store.set(f"{self._ns}/g{g + 1}/built", str(self.slot).encode())
         except StoreError as exc:
             _log.debug("slot %d: recording the grow of generation %d failed: %s", self.slot, g + 1, exc)
-        old.destroy()
+        # generation g's communicator: idle (no operation outstanding) and nobody uses it any more. Its
+        # destroy would finalize with every old member, so a member stopped or killed right after its
+        # grow would hold this one for the whole timeout; an abort frees it without waiting for anyone
+        old.abort()
         _fp.hit(FP_GROW_FIRST_COLLECTIVE)
         self.comm.barrier()
         tr.first_collective = time.time()

@@ -24,8 +24,9 @@ or sleeping and keeps its heartbeat, so it gets its full timeout. The failure is
 any failure (the elastic layer's revoke and reshape), and the watchdog reports and dumps it.
 
 Every rank's watchdog publishes where its process runs (:class:`~.records.ProcRecord`, one store
-write per communicator); peers read those records once, when their first operation is
-outstanding. A communicator without a store, or a peer without a watchdog, is not watched.
+write per communicator, made as the communicator is created, before its init returns to the caller);
+peers read those records once, when their first operation is outstanding. A communicator without a
+store, or a peer without a watchdog, is not watched.
 ``PYCOLL_WATCHDOG_LIVENESS=0`` turns the watching off.
 """
 
@@ -129,6 +130,18 @@ class Liveness:
         """Drop what is known of communicators that are gone."""
         for uid in [u for u in self._peers if u not in live_uids]:
             del self._peers[uid]
+
+    def announce(self, c: CommView) -> None:
+        """Publish this process for ``c`` now (the watchdog calls it as ``c`` is made, in the thread that
+        makes it): a rank stopped or killed right after ``c``'s init returned, before this thread's next
+        round, is then still known to its peers, which find it at their first outstanding operation."""
+        if c.store is None or c.size < 2:
+            return
+        p = self._peers.get(c.uid)
+        if p is None:
+            p = self._peers.setdefault(c.uid, _Peers())
+        if not p.published:
+            self._publish(c, p)
 
     def round(self, c: CommView, now: float, check: bool = True) -> None:
         """One round for communicator ``c``: publish this process once (also with ``check`` off: the

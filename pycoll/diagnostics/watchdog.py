@@ -376,6 +376,11 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         if self.enabled and not self.running:
             self.start()
         self._store_wake.set()  # publish the new communicator's progress at once
+        if self.enabled:
+            try:  # where this process runs, before the caller goes on (see Liveness.announce)
+                self._liveness.announce(comm)
+            except Exception as e:  # the liveness thread's next round tries again
+                _log.debug("watchdog: could not publish this process for %r: %s", comm.name, e)
 
     def comm_failed(self, comm: CommView, exc: BaseException, work: Optional[WorkView]) -> None:
         try:

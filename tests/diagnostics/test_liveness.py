@@ -211,3 +211,61 @@ def test_a_gone_peer_fails_only_work_still_pending_one_round_later(monkeypatch):
     assert c.failure is None
     live.round(c, 1.6)  # the same operation still pending one round later: the peer cannot finish it
     assert isinstance(c.failure, pycoll.PeerFailure) and "rank 1 (pid 999999) is exited" in str(c.failure)
+
+
+def _stop_after_grow(rank, n, addr, spec):
+    """Slots 0-2 form and admit slot 3; ``spec`` stops one of them (a member or the joiner) as soon as the
+    grown communicator is built. The others' next collective (the grow's own barrier, or the first
+    all_reduce) must fail within about a second (T = 30 s): (error type, seconds in the failing call, text)."""
+    failpoints.configure(spec, rank=rank)
+    store = pycoll.TCPStore(addr[0], addr[1], TOKEN, timeout=30.0)
+    if rank == n - 1:
+        while not store.check(["lv-test/go-join"]):
+            time.sleep(0.01)
+        try:
+            group = ElasticGroup(store, rank, joiner=True, backend="host", timeout=30.0, name="lvg", join_timeout=3.0)
+        except (pycoll.CommFailure, pycoll.StoreTimeout) as exc:  # a member stopped: nobody admits it again
+            store.set(f"lv-test/done/{rank}", b"1")
+            return ("not joined", type(exc).__name__)
+        grown = True
+    else:
+        group = ElasticGroup(store, rank, n - 1, backend="host", timeout=30.0, name="lvg")
+        store.set("lv-test/go-join", b"1")
+        grown = False
+    deadline = time.monotonic() + 20
+    t0 = time.monotonic()
+    try:
+        while not grown:
+            assert time.monotonic() < deadline
+            t0 = time.monotonic()
+            grown = group.maybe_grow()
+            time.sleep(0.02)
+        t0 = time.monotonic()
+        x = np.ones(4)
+        group.comm.all_reduce(x)
+        out = ("completed", x.tolist())
+    except pycoll.CommFailure as exc:
+        out = (type(exc).__name__, time.monotonic() - t0, str(exc))
+    # the survivors leave together: one that left early would be a second failure for the others to find
+    store.set(f"lv-test/done/{rank}", b"1")
+    victim = int(spec.split("rank=")[1])
+    store.wait([f"lv-test/done/{r}" for r in range(n) if r != victim], timeout=30.0)
+    group.comm.abort()
+    return out
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("spec,victim", [("elastic.grow.after_comm=stop;rank=1", 1),
+                                         ("elastic.join.after_comm=stop;rank=3", 3)])
+def test_a_rank_stopped_right_after_a_grow_is_found_within_a_second(server, spec, victim):
+    """The stopped rank had no time to publish its process for the new communicator from its watchdog's
+    thread: its peers must still know it (published as the communicator was made), and the grow must not
+    wait for it while it releases the old communicator."""
+    res = run_ranks(_stop_after_grow, 4, server, spec, timeout=60, may_die=[victim])
+    assert isinstance(res[victim], Died), res[victim]
+    if victim != 3:  # the joiner's grow failed with the others': it asked again, and nobody admitted it
+        assert res[3] == ("not joined", "StoreTimeout"), res[3]
+    for r in range(3):
+        if r != victim:
+            assert res[r][0] == "PeerFailure" and res[r][1] < 2.0, (r, res[r])
+            assert f"rank {victim} (pid " in res[r][2] and "is stopped (SIGSTOP)" in res[r][2], (r, res[r])
