@@ -8,7 +8,9 @@ The grammar is a comma-separated list of entries::
 * ``NAME``: a failpoint (``elastic.agree.before_vote``, ``host.coll.after_fill``, ...); ``*`` at the
   end matches every name with that prefix.
 * ``ACTION``: ``kill`` (SIGKILL this process), ``stop`` (SIGSTOP it), ``raise`` (raise
-  :class:`FailpointError` here; in the host library the call returns ``ncclSystemError``) or ``off``.
+  :class:`FailpointError` here; in the host library the call returns ``ncclSystemError``),
+  ``sleep(MS)`` (the calling thread sleeps MS milliseconds, then goes on: a slow rank, so that the
+  others reach a window first) or ``off``.
 * ``@N``: fire at the N-th pass through the point (counted per process, from 1; default 1);
   ``@N+``: at the N-th pass and every later one.
 * ``rank=R``: only in the process whose rank is R (``PYCOLL_RANK``, or what :func:`configure` was
@@ -29,8 +31,10 @@ imports nothing of pycoll but the settings table.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
+import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
@@ -39,7 +43,7 @@ from . import _settings
 __all__ = ["FailpointError", "Failpoint", "configure", "reset", "hit", "declare", "declared", "parse",
            "HOST_POINTS"]
 
-ACTIONS = ("kill", "stop", "raise", "note", "off")
+ACTIONS = ("kill", "stop", "raise", "note", "sleep(MS)", "off")
 
 
 class FailpointError(RuntimeError):
@@ -57,6 +61,7 @@ class Failpoint:
     rank: Optional[int] = None
     replacement: Optional[int] = 0  # None: any
     trace: Optional[str] = None  # a file to which each firing is appended
+    ms: int = 0  # the action sleep(MS): milliseconds
 
     def matches(self, name: str) -> bool:
         if self.name.endswith("*"):
@@ -85,7 +90,11 @@ def parse(spec: str) -> List[Failpoint]:
                 raise ValueError(f"$PYCOLL_FAILPOINTS: {entry!r}: the pass must be an integer >= 1") from None
             if nth < 1:
                 raise ValueError(f"$PYCOLL_FAILPOINTS: {entry!r}: the pass must be >= 1")
-        if action not in ACTIONS:
+        ms = 0
+        sleep = re.fullmatch(r"sleep\((\d+)\)", action)
+        if sleep:
+            action, ms = "sleep", int(sleep.group(1))
+        elif action not in ACTIONS or action == "sleep(MS)":
             raise ValueError(f"$PYCOLL_FAILPOINTS: {entry!r}: the action must be one of {', '.join(ACTIONS)}")
         if not name:
             raise ValueError(f"$PYCOLL_FAILPOINTS: {entry!r} names no failpoint")
@@ -106,7 +115,7 @@ def parse(spec: str) -> List[Failpoint]:
             except ValueError:
                 raise ValueError(f"$PYCOLL_FAILPOINTS: {entry!r}: bad filter {f!r} (rank=R or "
                                  f"replacement=K|any or trace=PATH)") from None
-        out.append(Failpoint(name, action, nth, repeat, rank, replacement, trace))
+        out.append(Failpoint(name, action, nth, repeat, rank, replacement, trace, ms))
     return out
 
 
@@ -173,7 +182,7 @@ def _fire(name: str, rank: Optional[int]) -> None:
     who = _rank if rank is None else rank
     action = None
     trace: Optional[str] = None
-    n = 0
+    n = ms = 0
     with _lock:
         for p in _points:
             if not p.matches(name) or (p.rank is not None and p.rank != who):
@@ -184,7 +193,7 @@ def _fire(name: str, rank: Optional[int]) -> None:
             n = _passes.get(key, 0) + 1
             _passes[key] = n
             if n == p.nth or (p.repeat and n > p.nth):
-                action, trace = p.action, p.trace
+                action, trace, ms = p.action, p.trace, p.ms
                 break
     if trace is not None:
         try:
@@ -198,6 +207,8 @@ def _fire(name: str, rank: Optional[int]) -> None:
         os.kill(os.getpid(), signal.SIGSTOP)
     elif action == "raise":
         raise FailpointError(f"failpoint {name} (rank {who})")
+    elif action == "sleep":
+        time.sleep(ms / 1e3)
 
 
 #: the host library's failpoints (pycoll/_host/failpoint.h lists the same; a test checks both)

@@ -1,10 +1,12 @@
 /* Failpoints (see failpoint.h). */
 #include "failpoint.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "debug.h"
@@ -15,7 +17,8 @@
 struct fp_entry {
   char name[FP_NAME];
   bool prefix; /* the name ended with '*' */
-  int action;  /* 1 kill, 2 stop, 3 raise */
+  int action;  /* 1 kill, 2 stop, 3 raise, 4 note, 5 sleep */
+  long ms;     /* sleep(MS) */
   long nth;
   bool repeat;
   long rank; /* -1: any */
@@ -72,7 +75,12 @@ static void parse_entry(char* s, char* e) {
   else if (alen == 4 && !memcmp(as, "stop", 4)) f.action = 2;
   else if (alen == 5 && !memcmp(as, "raise", 5)) f.action = 3;
   else if (alen == 4 && !memcmp(as, "note", 4)) f.action = 4;
-  else return; /* "off" or unknown: the Python side reports bad values */
+  else if (alen > 7 && !memcmp(as, "sleep(", 6) && as[alen - 1] == ')') {
+    char* end;
+    f.ms = strtol(as + 6, &end, 10);
+    if (end != as + alen - 1 || f.ms < 0) return;
+    f.action = 5;
+  } else return; /* "off" or unknown: the Python side reports bad values */
   if (at) {
     f.nth = strtol(at + 1, NULL, 10);
     f.repeat = ae > at && ae[-1] == '+';
@@ -117,6 +125,7 @@ int fp_hit_slow(const char* name) {
   if (__atomic_load_n(&fp_state, __ATOMIC_ACQUIRE) != 2) return 0;
   int action = 0;
   long pass = 0;
+  long ms = 0;
   const char* trace = NULL;
   pthread_mutex_lock(&fp_mu);
   for (int i = 0; i < fp_count && !action; i++) {
@@ -128,12 +137,13 @@ int fp_hit_slow(const char* name) {
     if (n == f->nth || (f->repeat && n > f->nth)) {
       action = f->action;
       pass = n;
+      ms = f->ms;
       trace = f->trace[0] ? f->trace : NULL;
     }
   }
   pthread_mutex_unlock(&fp_mu);
   if (trace) {
-    static const char* names[] = {"", "kill", "stop", "raise", "note"};
+    static const char* names[] = {"", "kill", "stop", "raise", "note", "sleep"};
     FILE* out = fopen(trace, "a");
     if (out) {
       fprintf(out, "%s %s %ld %ld %ld\n", name, names[action], fp_rank, (long)getpid(), pass);
@@ -142,6 +152,11 @@ int fp_hit_slow(const char* name) {
   }
   if (action == 1) raise(SIGKILL);
   if (action == 2) raise(SIGSTOP);
+  if (action == 5) {
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+  }
   if (action == 3) {
     WARN("failpoint %s: failing the call", name);
     return 1;

@@ -1,7 +1,8 @@
 /* Failpoints of the host library: the host.* entries of PYCOLL_FAILPOINTS (grammar in
  * pycoll/failpoints.py), read with getenv once, at the first failpoint. A "kill" is raise(SIGKILL),
  * a "stop" raise(SIGSTOP); a "raise" makes fp_hit return nonzero and the caller fail with
- * ncclSystemError. Off, a failpoint is one relaxed load and a predicted branch.
+ * ncclSystemError; a "sleep(MS)" sleeps MS milliseconds in the calling thread, then goes on. Off, a
+ * failpoint is one relaxed load and a predicted branch.
  *
  * The names (pycoll.failpoints.HOST_POINTS lists the same):
  *   host.init.begin, host.init.end            every rendezvous (init, and the child of a shrink or grow)
