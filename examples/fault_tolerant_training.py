@@ -47,29 +47,31 @@ def main():
 
     params, step = np.zeros(4), 0
     prev = params.copy()
-    if group.joined:  # a replacement process: receive the model
-        step = send_state(group, params, step)
-    while step < args.steps:
+    sync = group.joined  # a replacement process first receives the model and the step
+    while step < args.steps or sync:
         if group.slot == args.kill_slot and step == args.kill_step and not os.environ.get("PYCOLL_REPLACES"):
             os.kill(os.getpid(), signal.SIGKILL)
-        grad = x.T @ (x @ params - y) / len(y)
         try:
+            if sync:  # a joiner, or every survivor after a reshape: rank 0's model and step
+                step, sync = send_state(group, params, step), False
+                continue
+            grad = x.T @ (x @ params - y) / len(y)
             group.comm.all_reduce(grad, op="avg")
             prev = params.copy()
             params -= 0.05 * grad
             group.commit(step)  # this member completed the step
+            step += 1
             if group.maybe_grow():  # a step boundary: admit replacements, send them the model
-                send_state(group, params, step + 1)
+                send_state(group, params, step)
                 if group.rank == 0:
                     print(group.transitions[-1].describe(), flush=True)
-            step += 1
-        except pycoll.CommFailure:  # a member died or stopped: in a collective, or in maybe_grow()
+        except pycoll.CommFailure:  # a member died or stopped: in a collective, in maybe_grow(), in the sync
             mine = group.last_committed
             group.reshape()  # the survivors agree on the members and on the last step all of them completed
             agreed = -1 if group.last_committed is None else group.last_committed
             if mine is not None and mine > agreed:
                 params = prev  # this member was one step ahead (its all_reduce succeeded): undo it
-            step = agreed + 1
+            step, sync = agreed + 1, True  # a replacement among the survivors may not have the model yet
             if group.rank == 0:
                 print(group.transitions[-1].describe(), flush=True)
         time.sleep(0.005)

@@ -30,26 +30,27 @@ def main():
         f.write(str(os.getpid()))
     group = pycoll.ElasticGroup.from_env(timeout=5.0, name="ft")
     params, prev = np.zeros(8), np.zeros(8)
-    step = 0
-    if group.joined:  # a replacement: rank 0's model and step, as the members send them after maybe_grow()
-        step = send_state(group, params, step)
-    while step < STEPS:
+    step, sync = 0, group.joined  # a replacement first receives rank 0's model and step
+    while step < STEPS or sync:
         try:
+            if sync:  # a joiner, or every member after a reshape: rank 0's model and step
+                step, sync = send_state(group, params, step), False
+                continue
             grad = np.full(8, step + 1.0)
             group.comm.all_reduce(grad, op="avg")
             prev = params.copy()
             params -= LR * grad
             group.commit(step)
-            if group.maybe_grow():
-                send_state(group, params, step + 1)
             step += 1
+            if group.maybe_grow():
+                send_state(group, params, step)
         except pycoll.CommFailure:
             mine = group.last_committed
             group.reshape()
             agreed = -1 if group.last_committed is None else group.last_committed
             if mine is not None and mine > agreed:
                 params = prev
-            step = agreed + 1
+            step, sync = agreed + 1, True  # a joiner among the survivors may not have the state yet
         time.sleep(0.002)
     with open(os.path.join(folder, f"out.{slot}"), "w") as f:
         f.write(" ".join(repr(float(x)) for x in params) + f"\n{list(group.members)}\n")

@@ -54,7 +54,9 @@ def test_grammar():
     assert fps[1] == failpoints.Failpoint("host.*", "raise", 3, True, None, None)
     assert fps[1].matches("host.coll.done") and not fps[1].matches("elastic.commit")
     assert fps[2].action == "stop" and fps[2].nth == 1
-    for bad in ("x", "x=explode", "x=kill@0", "x=kill@two", "x=kill;color=1", "=kill"):
+    assert failpoints.parse("x=sleep(250)@3;rank=1")[0] == failpoints.Failpoint("x", "sleep", 3, False, 1, 0, None, 250)
+    for bad in ("x", "x=explode", "x=kill@0", "x=kill@two", "x=kill;color=1", "=kill", "x=sleep", "x=sleep()",
+                "x=sleep(-1)", "x=sleep(1.5)", "x=sleep(MS)"):
         with pytest.raises(ValueError, match="PYCOLL_FAILPOINTS"):
             failpoints.parse(bad)
 
@@ -78,6 +80,44 @@ def test_nth_pass_rank_and_replacement_filters():
     finally:
         failpoints.reset()
     failpoints.hit("a")
+
+
+def test_sleep_delays_the_calling_thread_then_goes_on(tmp_path):
+    trace = tmp_path / "fired"
+    try:
+        failpoints.configure(f"a=sleep(200)@2;trace={trace}", rank=0)
+        t0 = time.monotonic()
+        failpoints.hit("a")
+        assert time.monotonic() - t0 < 0.1
+        t0 = time.monotonic()
+        failpoints.hit("a")  # the second pass sleeps, and raises nothing
+        assert time.monotonic() - t0 >= 0.19
+    finally:
+        failpoints.reset()
+    assert trace.read_text().split()[:2] == ["a", "sleep"]
+
+
+def _host_sleep(rank, n, spec, uid):
+    _arm(spec, rank)
+    comm = pycoll.init(rank, n, backend="host", unique_id=uid, timeout=5.0)
+    times = []
+    for _ in range(3):
+        x = np.ones(4)
+        t0 = time.monotonic()
+        comm.all_reduce(x)
+        times.append((time.monotonic() - t0, x.tolist()))
+    comm.destroy()
+    return times
+
+
+def test_host_failpoint_sleep_makes_a_slow_rank():
+    """``host.coll.before_fill=sleep(300)@2`` on rank 1: its second all_reduce (and rank 0's, which waits
+    for it) takes 0.3 s, and every result is still exact."""
+    uid = bytes(pycoll.get_unique_id(backend="host"))
+    res = run_ranks(_host_sleep, 2, "host.coll.before_fill=sleep(300)@2;rank=1", uid, timeout=60)
+    for times in res:
+        assert [x for _, x in times] == [[2.0] * 4] * 3, res
+        assert times[1][0] >= 0.28 and times[0][0] < 0.25 and times[2][0] < 0.25, res
 
 
 def test_trace_records_each_firing_and_note_only_records(tmp_path):
@@ -155,13 +195,16 @@ def _train(group, steps, log, pace=0.0, die=None):
     """The README's loop with commit(): returns the parameters (the same on every survivor)."""
     params, prev = np.zeros(8), np.zeros(8)
     applied = group.last_committed if group.last_committed is not None else -1
-    if group.joined:
-        group.comm.broadcast(params, root=0)
+    sync = group.joined  # a joiner first receives rank 0's parameters
     step = applied + 1
-    while step < steps:
+    while step < steps or sync:
         if die is not None and step >= die:
             os.kill(os.getpid(), 9)
         try:
+            if sync:  # a joiner, or every survivor after a reshape
+                group.comm.broadcast(params, root=0)
+                sync = False
+                continue
             grad = np.full(8, step + 1.0)
             group.comm.all_reduce(grad, op="avg")
             prev = params.copy()
@@ -178,8 +221,9 @@ def _train(group, steps, log, pace=0.0, die=None):
                 assert applied == agreed + 1, (applied, agreed)
                 params, applied = prev, agreed
                 log.append(("rolled back", agreed + 1))
-            step = agreed + 1
+            step, sync = agreed + 1, True  # a joiner among the survivors may not have the parameters yet
             log.append((step, group.generation, group.members))
+            log.append(("before the sync", params.tolist()))  # what the rollback alone made of them
         if pace:
             time.sleep(pace)
     return params
@@ -214,6 +258,9 @@ def test_one_member_completes_the_failing_step_the_others_do_not(server):
     rolled = {r: [e for e in res[r]["log"] if e[0] == "rolled back"] for r in range(4)}
     assert rolled[0] == [] and any(rolled[r] for r in (1, 2, 3)), res
     assert len({tuple(rolled[r]) for r in (1, 2, 3) if rolled[r]}) == 1, res
+    # identical before rank 0's parameters are sent again too: the rollback, not the sync, made them so
+    before = [[e[1] for e in res[r]["log"] if e[0] == "before the sync"] for r in range(4)]
+    assert before[0] and all(b == before[0] for b in before), before
 
 
 @pytest.mark.failpoints
@@ -269,10 +316,14 @@ def _scenario(rank, n, addr, spec):
             return ("joiner finished",)
         group = ElasticGroup(store, rank, 4, backend="host", timeout=4.0, window=1.0, name="fp", node_hub=hub)
         params, prev = np.zeros(8), np.zeros(8)
-        applied, step, grew = -1, 0, False
+        applied, step, grew, sync = -1, 0, False, False
         grow_deadline = None
-        while step < STEPS:
+        while step < STEPS or sync:
             try:
+                if sync:  # after a reshape: the joiner may be a member without the parameters yet
+                    group.comm.broadcast(params, root=0)
+                    sync = False
+                    continue
                 grad = np.full(8, step + 1.0)
                 group.comm.all_reduce(grad, op="avg")
                 prev = params.copy()
@@ -303,7 +354,7 @@ def _scenario(rank, n, addr, spec):
                 agreed = -1 if group.last_committed is None else group.last_committed
                 if applied > agreed:
                     params, applied = prev, agreed
-                step = agreed + 1
+                step, sync = agreed + 1, True
                 log.append((step, group.generation, group.members))
             time.sleep(0.01)
         out = dict(params=params.tolist(), members=group.members, log=log, generation=group.generation)
@@ -391,6 +442,11 @@ def test_failpoint_matrix(server, name, action, victim, request, tmp_path):
     if name == "elastic.agree.takeover" and victim != 0:
         # the coordinator (slot 0) dies about to decide: the victim, waiting for its decision, takes over
         extra, also = "elastic.agree.before_decision=kill;rank=0", (0,)
+    if name.startswith("elastic.watcher."):
+        # slot 2 dies between two steps while the victim is slow (it sleeps 1.5 s in the same step's
+        # commit): the others' collective fails and they reshape; the victim, in no collective, learns
+        # it from its watcher, which fails at the point
+        extra, also = f"elastic.commit=kill@5;rank=2,elastic.commit=sleep(1500)@5;rank={victim}", (2,)
     outcome = _run_case(server, name, action, victim, str(tmp_path / "fired"), extra=extra, also=also)
     _report(name, action, victim, outcome)
     if outcome == "not reached":
