@@ -120,13 +120,13 @@ def _member(slot: int, addr: Tuple[str, int], token: str, jobs: queue.SimpleQueu
                     results.put((slot, 0.0, "dead"))
                     continue
                 store.wait([f"{base}flag"], timeout=TIMEOUT)  # the watcher's wait for the reshape flag
-                if k == 1:
+                if k == 1:  # the member's vote (its watcher sends it as it wakes), then the agreement
                     mb.vouch(store, base, mine[0], 7)
-                else:
-                    mb.vouch_many(store, base, dict.fromkeys(mine, 7), mine[0])
-                extra = {"speaks_for": mine[1:]} if k > 1 else {}
-                got, step = mb.agree(store, base, mine[0], members, 7, dead_set.__contains__, window=WINDOW,
-                                     timeout=TIMEOUT, **extra)
+                    got, step = mb.agree(store, base, mine[0], members, 7, dead_set.__contains__, window=WINDOW,
+                                         timeout=TIMEOUT)
+                else:  # a node hub: the votes it holds go with its wait for the decision (as NodeHub sends them)
+                    got, step = mb.agree(store, base, mine[0], members, 7, dead_set.__contains__, window=WINDOW,
+                                         timeout=TIMEOUT, speaks_for=mine[1:], votes=dict.fromkeys(mine, 7))
                 t = time.monotonic()
                 ok = len(got) == n - len(dead_set) and not dead_set.intersection(got) and step == 7
                 results.put((slot, t, "ok" if ok else f"wrong decision {got[:8]}... step {step}"))

@@ -15,7 +15,9 @@ Every caller gets the same answer: the members that vouched (waiting up to ``win
 every member not known to be gone) and the least step they vouched with (-1: none). The votes go
 to one key (``append``), the first live member waits for them with one request (``wait_size``) and
 proposes; the others wait for the decision with one request: the store work per failure grows
-linearly with the members (see ``benchmarks/agreement_scale.py``).
+linearly with the members (see ``benchmarks/agreement_scale.py``). A caller that has not vouched
+yet passes its votes to ``agree(..., votes={slot: step})`` instead: they then go with its wait for
+the decision, one request (``append_get``), which is what a node hub does for its host's members.
 
 **Admission** of a joiner: the joiner calls :func:`request_join` then :func:`await_admission`; the
 members' rank 0 calls :func:`admit` at a step boundary. :func:`wait_key` is the members' wait for a
@@ -87,7 +89,11 @@ def vouch_many(store: Any, base: str, votes: Mapping[int, int], voter: int) -> N
     if not votes:
         raise ValueError("vouch_many() needs at least one vote")
     _fp.hit(FP_VOTE, rank=voter)
-    store.append(f"{base}votes", b"".join(_VOTE.pack(s, st) for s, st in votes.items()))
+    store.append(f"{base}votes", _pack_votes(votes))
+
+
+def _pack_votes(votes: Mapping[int, int]) -> bytes:
+    return b"".join(_VOTE.pack(s, st) for s, st in votes.items())
 
 
 def _parse_votes(raw: bytes) -> Dict[int, int]:
@@ -119,7 +125,8 @@ wait_slice = _slice
 
 
 def agree(store: Any, base: str, slot: int, members: Sequence[int], step: int, gone: Gone, *,
-          window: float, timeout: float, speaks_for: Sequence[int] = ()) -> Tuple[Tuple[int, ...], Optional[int]]:
+          window: float, timeout: float, speaks_for: Sequence[int] = (),
+          votes: Optional[Mapping[int, int]] = None) -> Tuple[Tuple[int, ...], Optional[int]]:
     """The survivors of ``members`` and the least step they completed; the same answer on every caller.
 
     The caller has vouched (:func:`vouch`) under ``base``. The *coordinator* -- the first of
@@ -135,16 +142,23 @@ def agree(store: Any, base: str, slot: int, members: Sequence[int], step: int, g
     ``speaks_for``: further slots whose votes this caller sent (:func:`vouch_many`); it waits for no
     one of them and they are never left out. ``timeout`` bounds nothing here (the window does): it
     is kept for the callers' symmetry with the other waits.
+
+    ``votes``: ``{slot: step}`` not sent yet (this caller's own, and those of ``speaks_for``): they
+    go with its first request, the wait for the decision itself (:meth:`Store.append_get`) unless
+    it coordinates -- one store request per member, not two.
     """
     members = tuple(members)
     mine = {slot, *speaks_for}
     deadline = time.monotonic() + window
     first: Optional[int] = None  # the coordinator when this member began
+    unsent = dict(votes) if votes else None
     while True:
         left = deadline - time.monotonic()
         coordinator = next((m for m in members if m in mine or not gone(m)), slot)
         first = coordinator if first is None else first
         if coordinator in mine or left <= 0:
+            if unsent:
+                vouch_many(store, base, unsent, slot)
             if first not in mine:
                 _fp.hit(FP_AGREE_TAKEOVER, rank=slot)
             raw = _coordinate(store, base, slot, mine, members, step, gone, deadline)
@@ -152,9 +166,14 @@ def agree(store: Any, base: str, slot: int, members: Sequence[int], step: int, g
         _fp.hit(FP_AGREE_WAIT, rank=slot)
         asked, t = min(left, _slice(len(members))), time.monotonic()
         try:
-            raw = store.get(f"{base}decision", timeout=asked)
+            if unsent:
+                _fp.hit(FP_VOTE, rank=slot)
+                raw = store.append_get(f"{base}votes", _pack_votes(unsent), f"{base}decision", timeout=asked)
+            else:
+                raw = store.get(f"{base}decision", timeout=asked)
             break
         except StoreTimeout:
+            unsent = None  # the votes landed before the wait began
             deadline += _stalled(t, asked)
             continue
     decision = parse_decision(raw, members)

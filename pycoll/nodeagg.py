@@ -334,10 +334,10 @@ class NodeHub:
                 return
             _fp.hit(FP_NODE_FORWARD, rank=self.slot)
             voter = min(votes)
-            _mb.vouch_many(self.store, base, votes, voter)
+            # the votes travel with the wait for the decision: one store request for the node
             got = _mb.agree(self.store, base, voter, a.members, min(votes.values()), self.gone,
                             window=max(0.0, a.started + a.window - time.monotonic()), timeout=a.window,
-                            speaks_for=[s for s in votes if s != voter])
+                            speaks_for=[s for s in votes if s != voter], votes=votes)
             members, step = got
             keep = set(members)
             out = [m for m in a.members if m not in keep]  # the decision as the store holds it

@@ -13,7 +13,9 @@ TCP wire protocol (version 1; big-endian):
   Operations 11 (append: key, value -> ``!q`` new length) and 12 (wait_size: timeout, key, ``!q``
   size -> the value once it holds at least size bytes) came later under the same version: a server
   without them answers status 2 ("unknown operation") and closes the connection, and the client
-  then uses the generic implementation.
+  then uses the generic implementation. So did operation 13 (append_get: timeout, key, value, wait
+  key -> appends value to key, then answers as get does for the wait key: a vote and the wait for
+  the decision in one request).
 * Frames longer than the server's ``max_message`` (64 MiB by default), malformed payloads and
   stalled handshakes close that connection only.
 """
@@ -46,16 +48,16 @@ _D = struct.Struct("!d")
 _AUTH_OK, _AUTH_BAD_TOKEN, _AUTH_BAD_VERSION = 0, 1, 2
 
 (_OP_SET, _OP_GET, _OP_ADD, _OP_WAIT, _OP_CAS, _OP_DELETE, _OP_CHECK, _OP_NUM_KEYS, _OP_MULTI_GET,
- _OP_LIST_KEYS, _OP_APPEND, _OP_WAIT_SIZE) = range(1, 13)
+ _OP_LIST_KEYS, _OP_APPEND, _OP_WAIT_SIZE, _OP_APPEND_GET) = range(1, 14)
 _OP_NAMES = {
     _OP_SET: "set", _OP_GET: "get", _OP_ADD: "add", _OP_WAIT: "wait", _OP_CAS: "compare_set",
     _OP_DELETE: "delete", _OP_CHECK: "check", _OP_NUM_KEYS: "num_keys", _OP_MULTI_GET: "multi_get",
-    _OP_LIST_KEYS: "list_keys", _OP_APPEND: "append", _OP_WAIT_SIZE: "wait_size",
+    _OP_LIST_KEYS: "list_keys", _OP_APPEND: "append", _OP_WAIT_SIZE: "wait_size", _OP_APPEND_GET: "append_get",
 }
 #: operations added after version 1 without a version change: a server that predates them answers
 #: "unknown operation" and closes that connection, and the client falls back to the generic
 #: implementation of :class:`~pycoll.store.Store` (made of the version-1 operations)
-_OP_ADDED = frozenset((_OP_APPEND, _OP_WAIT_SIZE))
+_OP_ADDED = frozenset((_OP_APPEND, _OP_WAIT_SIZE, _OP_APPEND_GET))
 _ST_OK, _ST_TIMEOUT, _ST_ERROR = 0, 1, 2
 
 

@@ -197,6 +197,18 @@ class Store(abc.ABC):
             if self.compare_set(key, old, new) == new:
                 return len(new)
 
+    def append_get(self, key: str, value: Value, wait_key: str, timeout: Optional[float] = None) -> bytes:
+        """:meth:`append` ``value`` to ``key``, then return the value of ``wait_key`` once it exists, as
+        :meth:`get` does (:class:`StoreTimeout` after ``timeout`` seconds; the append stays made).
+
+        A vote and the wait for the decision it leads to, in one request on a store with a native
+        form (the TCP store); this generic version makes the two calls.
+        """
+        wait_key = _check_key(wait_key)  # bad arguments raise before anything is appended
+        t = _check_timeout(timeout, self.timeout)
+        self.append(key, value)
+        return self.get(wait_key, t)
+
     def wait_size(self, key: str, size: int, timeout: Optional[float] = None) -> bytes:
         """Return the value of ``key`` once it holds at least ``size`` bytes (``append`` makes it grow),
         waiting up to ``timeout`` seconds: one request however many writers append, instead of one
@@ -325,6 +337,12 @@ class PrefixStore(Store):
 
     def append(self, key: str, value: Value) -> int:
         return self.store.append(self._k(key), value)
+
+    def append_get(self, key: str, value: Value, wait_key: str, timeout: Optional[float] = None) -> bytes:
+        try:
+            return self.store.append_get(self._k(key), value, self._k(wait_key), timeout)
+        except StoreTimeout as exc:
+            raise self._unprefixed(exc) from None
 
     def wait_size(self, key: str, size: int, timeout: Optional[float] = None) -> bytes:
         try:

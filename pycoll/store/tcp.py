@@ -24,6 +24,7 @@ from ._wire import (
     _OP_ADD,
     _OP_ADDED,
     _OP_APPEND,
+    _OP_APPEND_GET,
     _OP_CAS,
     _OP_CHECK,
     _OP_DELETE,
@@ -160,7 +161,7 @@ class TCPStore(Store):
         self._busy: Set[_ClientConn] = set()
         self._pid = os.getpid()
         self._closed = False
-        self._legacy_server = False  # the server predates append/wait_size: use the generic versions
+        self._legacy_server = False  # the server predates append/wait_size/append_get: use the generic versions
         #: the server this client hosts (see :meth:`hosting`), else None
         self.server: Optional[TCPStoreServer] = None
         self._release(self._connect())
@@ -304,8 +305,8 @@ class TCPStore(Store):
                              f"{self.max_message} bytes")
         _fp.hit(FP_BEFORE_REQUEST)
         conn = self._acquire()
-        io_timeout = (wait + self.REPLY_GRACE) if op in (_OP_GET, _OP_WAIT, _OP_MULTI_GET, _OP_WAIT_SIZE) \
-            else self.timeout
+        io_timeout = (wait + self.REPLY_GRACE) if op in (_OP_GET, _OP_WAIT, _OP_MULTI_GET, _OP_WAIT_SIZE,
+                                                          _OP_APPEND_GET) else self.timeout
         try:
             status, out = conn.request(frame, max(io_timeout, 1.0))
         except TimeoutError:
@@ -374,6 +375,20 @@ class TCPStore(Store):
             except _UnknownOp:
                 self._legacy_server = True
         return super().append(key, data)
+
+    def append_get(self, key: str, value: Value, wait_key: str, timeout: Optional[float] = None) -> bytes:
+        data = _to_bytes(value)
+        if not data:
+            raise ValueError("append_get() needs a non-empty value")
+        key, wait_key = _check_key(key), _check_key(wait_key)
+        t = _check_timeout(timeout, self.timeout)
+        if not self._legacy_server:
+            try:
+                args = [_D.pack(t), key.encode(), data, wait_key.encode()]
+                return self._call(_OP_APPEND_GET, args, t, [wait_key])[0]
+            except _UnknownOp:
+                self._legacy_server = True
+        return super().append_get(key, data, wait_key, t)
 
     def wait_size(self, key: str, size: int, timeout: Optional[float] = None) -> bytes:
         key, size = _check_key(key), _check_size(size)

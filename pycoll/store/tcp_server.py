@@ -29,6 +29,7 @@ from ._wire import (
     _NONCE,
     _OP_ADD,
     _OP_APPEND,
+    _OP_APPEND_GET,
     _OP_CAS,
     _OP_CHECK,
     _OP_DELETE,
@@ -599,13 +600,12 @@ class TCPStoreServer:
                 self._wait(conn, op, [self._key(k) for k in args[1:]], self._timeout(args[0]))
             elif op == _OP_APPEND:
                 key, value = self._args(args, 2, name)
-                key_s = self._key(key)
-                old = self._table.data.get(key_s)
-                self._reserve(key_s, old, len(value) + (len(old) if old is not None else 0))
-                new_len = self._table.append(key_s, value)
-                self._account(key_s, old)
-                self._wake(key_s)
-                self._reply(conn, [_Q.pack(new_len)])
+                self._reply(conn, [_Q.pack(self._append(self._key(key), value))])
+            elif op == _OP_APPEND_GET:
+                t, key, value, wait_key = self._args(args, 4, name)
+                timeout, wait_s = self._timeout(t), self._key(wait_key)
+                self._append(self._key(key), value)
+                self._wait(conn, _OP_GET, [wait_s], timeout)
             elif op == _OP_WAIT_SIZE:
                 t, key, size = self._args(args, 3, name)
                 self._wait_size(conn, self._key(key), self._int(size), self._timeout(t))
@@ -680,6 +680,14 @@ class TCPStoreServer:
         new = self._table.data.get(key)
         klen = len(key.encode("utf-8"))
         self._bytes += (len(new) + klen if new is not None else 0) - (len(old) + klen if old is not None else 0)
+
+    def _append(self, key: str, value: bytes) -> int:
+        old = self._table.data.get(key)
+        self._reserve(key, old, len(value) + (len(old) if old is not None else 0))
+        new_len = self._table.append(key, value)
+        self._account(key, old)
+        self._wake(key)
+        return new_len
 
     def _set(self, key: str, value: bytes) -> None:
         old = self._table.data.get(key)

@@ -35,8 +35,9 @@ def _steps(n):
     return {s: 10 + s % 7 for s in range(n)}
 
 
-def _run(server, n=N, spec="", model="kill", window=WINDOW, absent=()):
-    """Every member votes and agrees (``absent`` ones never start); returns (results, dead, seconds)."""
+def _run(server, n=N, spec="", model="kill", window=WINDOW, absent=(), with_wait=False):
+    """Every member votes and agrees (``absent`` ones never start); returns (results, dead, seconds).
+    ``with_wait``: each member's vote goes with its first request of the agreement (``votes=``)."""
     failpoints.configure(spec, rank=-1)
     members = tuple(range(n))
     steps = _steps(n)
@@ -49,9 +50,11 @@ def _run(server, n=N, spec="", model="kill", window=WINDOW, absent=()):
         store = TCPStore(server.host, server.port, "m", timeout=10)
         try:
             start.wait(30)  # connected: they begin together, as a reshape flag wakes them
-            membership.vouch(store, BASE, slot, steps[slot])
+            if not with_wait:
+                membership.vouch(store, BASE, slot, steps[slot])
             results[slot] = membership.agree(store, BASE, slot, members, steps[slot], dead.__contains__,
-                                             window=window, timeout=10)
+                                             window=window, timeout=10,
+                                             votes={slot: steps[slot]} if with_wait else None)
         except FailpointError:
             results[slot] = "victim"
             if model == "kill":
@@ -109,6 +112,30 @@ def test_no_failure_two_requests_per_member(server):
     # expired (50 ms slices) and were made again
     assert 2 * N <= requests <= 3 * N, requests
     assert after["arguments"] - before["arguments"] <= 4 * N + 20  # linear: no request names every member
+
+
+@pytest.mark.timeout(60)
+def test_votes_sent_with_the_wait_one_request_per_member(server):
+    before = server.stats()
+    results, dead, elapsed = _run(server, with_wait=True)
+    after = server.stats()
+    assert _check(results, dead) == tuple(range(N))
+    requests = after["requests"] - before["requests"]
+    # the vote and the wait in one request (the coordinator: its vote, its waits, its decision)
+    assert N <= requests <= 2 * N, requests
+    assert after["append_get"] - before["append_get"] >= N - 1
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("victim", [0, 5])
+@pytest.mark.parametrize("point", ["elastic.agree.vote", "elastic.agree.wait", "elastic.agree.after_decision"])
+def test_member_fails_at_a_failpoint_with_its_vote_in_the_wait(server, point, victim):
+    results, dead, elapsed = _run(server, spec=f"{point}=raise;rank={victim}", with_wait=True)
+    fired = results.get(victim) == "victim"
+    assert fired or (point == "elastic.agree.wait" and victim == 0), results.get(victim)  # 0 coordinates
+    got = _check(results, dead, maybe=(victim,))
+    if point == "elastic.agree.vote" and fired:
+        assert victim not in got  # killed before its vote went out
 
 
 @pytest.mark.timeout(60)

@@ -196,3 +196,44 @@ def test_server_that_dies_during_a_wait_size_is_a_clear_store_error():
         proc.kill()
         proc.wait(10)
         proc.stdout.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", KINDS)
+def test_append_get_votes_and_waits_in_one_call(make_store, kind):
+    s = make_store(kind)
+    s.set("decision", b"early")
+    assert s.append_get("votes", b"a", "decision", timeout=1) == b"early"
+    # the vote lands at once (another waiter sees it) while the caller still waits for the decision
+    got = []
+    t = threading.Thread(target=lambda: got.append(s.append_get("votes", b"b", "decision2", timeout=20)))
+    t.start()
+    assert s.wait_size("votes", 2, timeout=10) == b"ab"
+    s.set("decision2", b"late")
+    t.join(30)
+    assert got == [b"late"]
+    with pytest.raises(StoreTimeout, match="'missing'") as info:
+        s.append_get("votes", b"c", "missing", timeout=0.2)
+    assert info.value.keys == ["missing"]
+    assert s.get("votes") == b"abc"  # a wait that timed out keeps its append
+    with pytest.raises(ValueError, match="non-empty"):
+        s.append_get("votes", b"", "decision")
+    with pytest.raises(TypeError, match="store keys must be str"):
+        s.append_get("votes", b"d", b"decision")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="timeout"):
+        s.append_get("votes", b"d", "decision", timeout=-1)
+    assert s.get("votes") == b"abc"  # bad arguments append nothing
+
+
+def test_append_get_is_one_request():
+    server = TCPStoreServer().start()
+    try:
+        s = server.client(timeout=5)
+        s.set("d", b"x")
+        before = server.stats()
+        assert s.append_get("v", b"1", "d") == b"x"
+        after = server.stats()
+        assert after["requests"] - before["requests"] == 1 and after["append_get"] - before["append_get"] == 1
+        s.close()
+    finally:
+        server.close()
