@@ -9,49 +9,76 @@ struct entry {
   size_t extra;
 };
 
+/* The table and its size in one allocation, so that a reader without the lock sees a consistent pair.
+ * A table outgrown is never freed: a reader may still be in it (the tables double, so all of them
+ * together take at most twice the last one). */
+struct table {
+  size_t cap;
+  struct table* older;
+  struct entry e[];
+};
+
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static struct entry* table;
-static size_t cap, used, live;
+static struct table* tab;
+static size_t used, live;
+/* Odd while a writer changes the table (under mu): handle_valid reads without the lock and looks
+ * again when a writer came in between (a seqlock). */
+static unsigned long seq;
 
 void handle_lock(void) { pthread_mutex_lock(&mu); }
 void handle_unlock(void) { pthread_mutex_unlock(&mu); }
 
-static size_t slot_of(uintptr_t k) { return (size_t)mix64(k) & (cap - 1); }
+static void write_begin(void) { __atomic_store_n(&seq, seq + 1, __ATOMIC_RELAXED); __atomic_thread_fence(__ATOMIC_RELEASE); }
+static void write_end(void) { __atomic_store_n(&seq, seq + 1, __ATOMIC_RELEASE); }
 
-static struct entry* find(uintptr_t k) {
-  if (!cap) return NULL;
-  for (size_t i = slot_of(k), n = 0; n < cap; i = (i + 1) & (cap - 1), n++) {
-    if (table[i].key == 0) return NULL;
-    if (table[i].key == k) return &table[i];
+static uintptr_t key_of(const struct entry* e) { return __atomic_load_n(&e->key, __ATOMIC_RELAXED); }
+
+static struct entry* find_in(struct table* t, uintptr_t k) {
+  if (!t) return NULL;
+  size_t cap = t->cap;
+  for (size_t i = (size_t)mix64(k) & (cap - 1), n = 0; n < cap; i = (i + 1) & (cap - 1), n++) {
+    uintptr_t x = key_of(&t->e[i]);
+    if (x == 0) return NULL;
+    if (x == k) return &t->e[i];
   }
   return NULL;
 }
 
 static void grow(void) {
-  size_t ncap = cap ? cap * 2 : 256;
-  struct entry* old = table;
-  size_t ocap = cap;
-  table = calloc(ncap, sizeof *table);
-  cap = ncap;
+  struct table* old = tab;
+  size_t ocap = old ? old->cap : 0, ncap = ocap ? ocap * 2 : 256;
+  struct table* t = calloc(1, sizeof *t + ncap * sizeof(struct entry));
+  if (!t) abort();
+  t->cap = ncap;
+  t->older = old;
   used = live = 0;
   for (size_t i = 0; i < ocap; i++)
-    if (old[i].key > 1) {
-      size_t j = slot_of(old[i].key);
-      while (table[j].key) j = (j + 1) & (cap - 1);
-      table[j] = old[i];
+    if (old->e[i].key > 1) {
+      size_t j = (size_t)mix64(old->e[i].key) & (ncap - 1);
+      while (t->e[j].key) j = (j + 1) & (ncap - 1);
+      t->e[j] = old->e[i];
       used++;
       live++;
     }
-  free(old);
+  __atomic_store_n(&tab, t, __ATOMIC_RELEASE);
 }
 
 bool handle_valid_locked(const void* p, int kind) {
-  struct entry* e = find((uintptr_t)p);
+  struct entry* e = find_in(tab, (uintptr_t)p);
   return e && e->kind == kind;
 }
 
+/* Without the lock (every call validates its handles, several per operation): a seqlock read. */
 bool handle_valid(const void* p, int kind) {
-  handle_lock();
+  for (int tries = 0; tries < 4; tries++) {
+    unsigned long s0 = __atomic_load_n(&seq, __ATOMIC_ACQUIRE);
+    if (s0 & 1) continue;
+    struct entry* e = find_in(__atomic_load_n(&tab, __ATOMIC_ACQUIRE), (uintptr_t)p);
+    bool ok = e && __atomic_load_n(&e->kind, __ATOMIC_RELAXED) == kind;
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    if (__atomic_load_n(&seq, __ATOMIC_RELAXED) == s0) return ok;
+  }
+  handle_lock(); /* writers kept coming: take the lock */
   bool ok = handle_valid_locked(p, kind);
   handle_unlock();
   return ok;
@@ -59,28 +86,34 @@ bool handle_valid(const void* p, int kind) {
 
 void handle_add(const void* p, int kind, size_t extra) {
   handle_lock();
-  if ((used + 1) * 2 > cap) grow();
+  write_begin();
+  if (!tab || (used + 1) * 2 > tab->cap) grow();
+  size_t cap = tab->cap;
   uintptr_t k = (uintptr_t)p;
-  size_t i = slot_of(k);
-  while (table[i].key > 1 && table[i].key != k) i = (i + 1) & (cap - 1);
-  if (table[i].key <= 1) {
-    if (table[i].key == 0) used++;
+  size_t i = (size_t)mix64(k) & (cap - 1);
+  while (tab->e[i].key > 1 && tab->e[i].key != k) i = (i + 1) & (cap - 1);
+  struct entry* e = &tab->e[i];
+  if (e->key <= 1) {
+    if (e->key == 0) used++;
     live++;
   }
-  table[i].key = k;
-  table[i].kind = kind;
-  table[i].extra = extra;
+  __atomic_store_n(&e->kind, kind, __ATOMIC_RELAXED);
+  e->extra = extra;
+  __atomic_store_n(&e->key, k, __ATOMIC_RELAXED);
+  write_end();
   handle_unlock();
 }
 
 bool handle_remove(const void* p, int kind, size_t* extra) {
   handle_lock();
-  struct entry* e = find((uintptr_t)p);
+  struct entry* e = find_in(tab, (uintptr_t)p);
   bool ok = e && e->kind == kind;
   if (ok) {
+    write_begin();
     if (extra) *extra = e->extra;
-    e->key = 1;
+    __atomic_store_n(&e->key, (uintptr_t)1, __ATOMIC_RELAXED);
     live--;
+    write_end();
   }
   handle_unlock();
   return ok;

@@ -537,3 +537,44 @@ def test_config_collectives(comms):
     with pytest.raises(errors.InvalidArgument):
         l.all_reduce(ptr(a), ptr(a), 8, F32, SUM, c0, 0, CollConfig(launchCompletionEvent=0xBAD0))
     l.host_event_destroy(ev)
+
+
+@pytest.mark.timeout(60)
+def test_handle_checks_stay_right_while_other_threads_add_and_remove_handles():
+    """The handle check reads the registry without its lock (a seqlock): while two threads create and
+    destroy thousands of events (the registry grows several times), a live event is always valid and a
+    made-up one never is."""
+    import threading
+
+    l = lib()
+    live = l.host_event_create()
+    made_up = np.zeros(64)  # an address no event can have while this array lives (a freed event's could be reused)
+    dead = ptr(made_up) + 64
+    stop = threading.Event()
+    wrong = []
+
+    def churn():
+        while not stop.is_set():
+            evs = [l.host_event_create() for _ in range(1500)]
+            for e in evs:
+                l.host_event_destroy(e)
+
+    def check():
+        while not stop.is_set():
+            if not l.host_event_query(live):  # never recorded: complete
+                wrong.append("live event reported incomplete")
+            try:
+                l.host_event_query(dead)
+                wrong.append("a made-up event accepted")
+            except errors.InvalidArgument:
+                pass
+
+    threads = [threading.Thread(target=churn) for _ in range(2)] + [threading.Thread(target=check) for _ in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(2.0)
+    stop.set()
+    for t in threads:
+        t.join(30)
+    l.host_event_destroy(live)
+    assert not wrong, wrong[:5]
