@@ -31,12 +31,14 @@ void handle_unlock(void) { pthread_mutex_unlock(&mu); }
 static void write_begin(void) { __atomic_store_n(&seq, seq + 1, __ATOMIC_RELAXED); __atomic_thread_fence(__ATOMIC_RELEASE); }
 static void write_end(void) { __atomic_store_n(&seq, seq + 1, __ATOMIC_RELEASE); }
 
+static size_t slot_of(uintptr_t k, size_t cap) { return (size_t)mix64(k) & (cap - 1); }
+
 static uintptr_t key_of(const struct entry* e) { return __atomic_load_n(&e->key, __ATOMIC_RELAXED); }
 
 static struct entry* find_in(struct table* t, uintptr_t k) {
   if (!t) return NULL;
   size_t cap = t->cap;
-  for (size_t i = (size_t)mix64(k) & (cap - 1), n = 0; n < cap; i = (i + 1) & (cap - 1), n++) {
+  for (size_t i = slot_of(k, cap), n = 0; n < cap; i = (i + 1) & (cap - 1), n++) {
     uintptr_t x = key_of(&t->e[i]);
     if (x == 0) return NULL;
     if (x == k) return &t->e[i];
@@ -54,7 +56,7 @@ static void grow(void) {
   used = live = 0;
   for (size_t i = 0; i < ocap; i++)
     if (old->e[i].key > 1) {
-      size_t j = (size_t)mix64(old->e[i].key) & (ncap - 1);
+      size_t j = slot_of(old->e[i].key, ncap);
       while (t->e[j].key) j = (j + 1) & (ncap - 1);
       t->e[j] = old->e[i];
       used++;
@@ -90,7 +92,7 @@ void handle_add(const void* p, int kind, size_t extra) {
   if (!tab || (used + 1) * 2 > tab->cap) grow();
   size_t cap = tab->cap;
   uintptr_t k = (uintptr_t)p;
-  size_t i = (size_t)mix64(k) & (cap - 1);
+  size_t i = slot_of(k, cap);
   while (tab->e[i].key > 1 && tab->e[i].key != k) i = (i + 1) & (cap - 1);
   struct entry* e = &tab->e[i];
   if (e->key <= 1) {

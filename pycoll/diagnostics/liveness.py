@@ -131,30 +131,27 @@ class Liveness:
         for uid in [u for u in self._peers if u not in live_uids]:
             del self._peers[uid]
 
-    def announce(self, c: CommView) -> None:
-        """Publish this process for ``c`` now (the watchdog calls it as ``c`` is made, in the thread that
-        makes it): a rank stopped or killed right after ``c``'s init returned, before this thread's next
-        round, is then still known to its peers, which find it at their first outstanding operation."""
+    def announce(self, c: CommView) -> Optional[_Peers]:
+        """Publish this process for ``c`` unless done already; what is known of ``c``'s peers (None: ``c``
+        is not watched). The watchdog also calls it as ``c`` is made, in the thread that makes it: a
+        rank stopped or killed right after ``c``'s init returned, before this thread's next round, is
+        then still known to its peers, which find it at their first outstanding operation."""
         if c.store is None or c.size < 2:
-            return
+            return None
         p = self._peers.get(c.uid)
         if p is None:
             p = self._peers.setdefault(c.uid, _Peers())
         if not p.published:
             self._publish(c, p)
+        return p
 
     def round(self, c: CommView, now: float, check: bool = True) -> None:
         """One round for communicator ``c``: publish this process once (also with ``check`` off: the
         peers may watch it), then check its peers while work is outstanding; fail ``c`` when one
         cannot take part any more."""
-        store = c.store
-        if store is None or c.size < 2:
-            return
-        p = self._peers.get(c.uid)
+        p = self.announce(c)
         if p is None:
-            p = self._peers[c.uid] = _Peers()
-        if not p.published:
-            self._publish(c, p)
+            return
         outstanding = c.outstanding() if check else ()
         if not outstanding:
             p.suspect = None
