@@ -129,15 +129,15 @@ def agree(store: Any, base: str, slot: int, members: Sequence[int], step: int, g
           votes: Optional[Mapping[int, int]] = None) -> Tuple[Tuple[int, ...], Optional[int]]:
     """The survivors of ``members`` and the least step they completed; the same answer on every caller.
 
-    The caller has vouched (:func:`vouch`) under ``base``. The *coordinator* -- the first of
-    ``members`` not known to be gone -- waits until every member not known to be gone has voted (one
-    ``wait_size`` request), at most ``window`` seconds, and compare-and-sets the decision; the others
-    wait for the decision (one ``get``, answered by the store when it is set). A member that finds
-    the coordinator gone takes over, and so does every member once ``window`` is over (time the store
-    did not answer does not count: members whose votes it holds unanswered are not late). The decision
-    keeps the members that voted and are not known to be gone by then; it names the members left
-    out, so its size does not grow with the group. Two store requests per member when every member
-    is either alive or provably gone (the vote and the wait).
+    The caller has vouched (:func:`vouch`) under ``base``, or passes its votes (``votes``). The
+    *coordinator* -- the first of ``members`` not known to be gone -- waits until every member not known
+    to be gone has voted (one ``wait_size`` request), at most ``window`` seconds, and compare-and-sets
+    the decision; the others wait for the decision (one ``get``, answered by the store when it is set).
+    A member that finds the coordinator gone takes over, and so does every member once ``window`` is
+    over (time the store did not answer does not count: members whose votes it holds unanswered are not
+    late). The decision keeps the members that voted and are not known to be gone by then; it names the
+    members left out, so its size does not grow with the group. Two store requests per member when every
+    member is either alive or provably gone (the vote and the wait).
 
     ``speaks_for``: further slots whose votes this caller sent (:func:`vouch_many`); it waits for no
     one of them and they are never left out. ``timeout`` bounds nothing here (the window does): it

@@ -213,7 +213,7 @@ def test_a_gone_peer_fails_only_work_still_pending_one_round_later(monkeypatch):
     assert isinstance(c.failure, pycoll.PeerFailure) and "rank 1 (pid 999999) is exited" in str(c.failure)
 
 
-def _stop_after_grow(rank, n, addr, spec):
+def _stop_after_grow(rank, n, addr, spec, victim):
     """Slots 0-2 form and admit slot 3; ``spec`` stops one of them (a member or the joiner) as soon as the
     grown communicator is built. The others' next collective (the grow's own barrier, or the first
     all_reduce) must fail within about a second (T = 30 s): (error type, seconds in the failing call, text)."""
@@ -248,7 +248,6 @@ def _stop_after_grow(rank, n, addr, spec):
         out = (type(exc).__name__, time.monotonic() - t0, str(exc))
     # the survivors leave together: one that left early would be a second failure for the others to find
     store.set(f"lv-test/done/{rank}", b"1")
-    victim = int(spec.split("rank=")[1])
     store.wait([f"lv-test/done/{r}" for r in range(n) if r != victim], timeout=30.0)
     group.comm.abort()
     return out
@@ -261,7 +260,7 @@ def test_a_rank_stopped_right_after_a_grow_is_found_within_a_second(server, spec
     """The stopped rank had no time to publish its process for the new communicator from its watchdog's
     thread: its peers must still know it (published as the communicator was made), and the grow must not
     wait for it while it releases the old communicator."""
-    res = run_ranks(_stop_after_grow, 4, server, spec, timeout=60, may_die=[victim])
+    res = run_ranks(_stop_after_grow, 4, server, spec, victim, timeout=60, may_die=[victim])
     assert isinstance(res[victim], Died), res[victim]
     if victim != 3:  # the joiner's grow failed with the others': it asked again, and nobody admitted it
         assert res[3] == ("not joined", "StoreTimeout"), res[3]
