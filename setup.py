@@ -37,13 +37,15 @@ host = Extension(
     libraries=["rt", "m"],
 )
 
+FRAMES = ["pycoll/_bindings/frames.h"]  # the stack capture the bindings and the recorder's hook share
 core = Extension("pycoll._core", sources=["pycoll/_core.pyx"])
-observer_hooks = Extension("pycoll.diagnostics._hooks", sources=["pycoll/diagnostics/_hooks.pyx"])
+observer_hooks = Extension("pycoll.diagnostics._hooks", sources=["pycoll/diagnostics/_hooks.pyx"], depends=FRAMES)
 
 bindings = Extension(
     "pycoll._bindings._nccl",
     sources=["pycoll/_bindings/_nccl.pyx"],
     libraries=["dl"],
+    depends=FRAMES,
 )
 
 setup(

@@ -4,16 +4,30 @@ cdef class Work:
     cdef public object comm, op, seq, p2p_seq, op_id, async_op, is_p2p, peer, timeout, stream
     cdef public object inputs, outputs, time_created_ns, t0, time_started_ns, time_completed_ns, duration_ms
     cdef public object _start, _end, _state, _exc, capture_id, fr_entry
+    cdef public long long fr_pos  # the position its flight-recorder entry was written for (entries are reused)
     cdef object __weakref__
+
+
+# An observer whose per-operation hooks are compiled: the path calls them without a Python call.
+
+cdef class Hook:
+    cdef int enqueued(self, Work w) except -1
+    cdef int completed(self, Work w) except -1
+    cdef bint watching_now(self) noexcept
 
 
 # The fields of a Communicator that every operation reads: C struct members, not instance-dict entries.
 
-from cpython.pythread cimport PyThread_type_lock
+from pycoll._bindings._nccl cimport Library
+
+
+cdef extern from "<semaphore.h>" nogil:
+    ctypedef struct sem_t:
+        pass
 
 
 cdef class Lock:
-    cdef PyThread_type_lock _lk
+    cdef sem_t _sem
     cdef bint _held
     cdef bint take(self, double timeout) except -1
     cdef int give(self) except -1
@@ -30,7 +44,10 @@ cdef class CommCore:
     cdef readonly RLock _lock
     cdef readonly Lock _plock, _hlock
     cdef public object _handle, library, device, name, timeout, backend, _rank, _size
-    cdef public object _pending, _events, _failure, _state, _stream, _user, _op_ids
-    cdef public long long _coll_seq, _p2p_seq
+    cdef public object _pending, _events, _failure, _state, _stream, _user
+    cdef public long long _coll_seq, _p2p_seq, _last_op_id
     cdef public int _stream_mode
     cdef public bint _guard_device
+    cdef object _dev_seen  # the device the two facts below were read from
+    cdef Library _hostlib  # its host library (None: another kind of device)
+    cdef bint _timed  # its events measure time

@@ -1,13 +1,18 @@
 """Stubs of the compiled per-call path (pycoll/_core.pyx)."""
 
-from typing import Any, Callable, Iterator, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 from .buffers import Buffer
 
-__all__ = ["CommCore", "Lock", "RLock", "Work", "launch", "refresh", "retire", "group_closed", "begin", "buf",
-           "all_reduce", "broadcast", "send", "recv", "prepare_group_end", "library_call", "DLPACK_CAPSULE_DESTRUCTOR"]
+__all__ = ["CommCore", "Hook", "Lock", "RLock", "Work", "launch", "refresh", "retire", "group_closed", "begin", "buf",
+           "all_reduce", "broadcast", "send", "recv", "prepare_group_end", "library_call", "open_group",
+           "group_library", "set_group", "DLPACK_CAPSULE_DESTRUCTOR"]
 
 DLPACK_CAPSULE_DESTRUCTOR: int
+
+def open_group() -> Optional[List[Work]]: ...
+def group_library() -> Any: ...
+def set_group(works: Optional[List[Work]], library: Any) -> None: ...
 
 class Lock:
     def acquire(self, blocking: bool = ..., timeout: float = ...) -> bool: ...
@@ -17,6 +22,10 @@ class Lock:
     def __exit__(self, *exc: Any) -> None: ...
 
 class RLock(Lock): ...
+
+class Hook:
+    @property
+    def compiled_hooks(self) -> bool: ...
 
 class CommCore:
     _handle: Optional[int]
@@ -39,7 +48,7 @@ class CommCore:
     _state: str
     _stream: Optional[int]
     _user: Optional[int]
-    _op_ids: Iterator[int]
+    _last_op_id: int
     _coll_seq: int
     _p2p_seq: int
     _stream_mode: int
@@ -69,6 +78,7 @@ class Work:
     _exc: Optional[BaseException]
     capture_id: Optional[int]
     fr_entry: Any
+    fr_pos: int
     def __init__(self, comm: Any, op: str, seq: int, p2p_seq: int, op_id: int, is_p2p: bool, peer: Optional[int],
                  timeout: float, stream: int, inputs: Sequence[Any], outputs: Sequence[Any], async_op: bool = ...,
                  capture_id: Optional[int] = ...) -> None: ...

@@ -16,13 +16,11 @@ to ``Communicator.fail`` and ``handle_call_error``, which stay Python.
 Also here: :data:`DLPACK_CAPSULE_DESTRUCTOR`, a C destructor for DLPack capsules made in Python.
 """
 
+cimport cython
 from cpython.exc cimport PyErr_CheckSignals, PyErr_Fetch, PyErr_Restore
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
-from cpython.pythread cimport (
-    NOWAIT_LOCK, PyThread_acquire_lock, PyThread_allocate_lock, PyThread_free_lock, PyThread_get_thread_ident,
-    PyThread_release_lock, PyThread_type_lock,
-)
-from cpython.ref cimport PyObject
+from cpython.pythread cimport PyThread_get_thread_ident
+from cpython.ref cimport Py_INCREF, Py_XDECREF, PyObject
 from libc.stdint cimport uintptr_t
 from libc.string cimport strncpy
 from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
@@ -44,10 +42,10 @@ from .buffers import Buffer, as_buffer, check_count, check_device, check_same_dt
 from .collconfig import prepare as _prepare_config
 from .devices import FIRST_SLEEP_S, HostDevice
 from .errors import AsyncCommError, CommAborted, CommFailure, NCCLError, error_class
-from .group import _tls as _group_state
 
-__all__ = ["CommCore", "Lock", "RLock", "Work", "launch", "refresh", "retire", "group_closed", "begin", "buf",
-           "all_reduce", "broadcast", "send", "recv", "prepare_group_end", "library_call", "DLPACK_CAPSULE_DESTRUCTOR"]
+__all__ = ["CommCore", "Hook", "Lock", "RLock", "Work", "launch", "refresh", "retire", "group_closed", "begin", "buf",
+           "all_reduce", "broadcast", "send", "recv", "prepare_group_end", "library_call", "open_group",
+           "group_library", "set_group", "DLPACK_CAPSULE_DESTRUCTOR"]
 
 _log = logging.getLogger("pycoll.comm")
 _get_ident = threading.get_ident
@@ -77,41 +75,91 @@ cdef inline bint _final(object state):
     return state is _COMPLETED or state is _CAPTURED or state == "completed" or state == "captured"
 
 
-cdef extern from "pythread.h":
-    int PyThread_acquire_lock_timed(PyThread_type_lock, long long microseconds, int intr_flag) nogil
+# -- this thread's open group (ncclGroupStart .. ncclGroupEnd): read on every operation --------------
+
+cdef extern from *:
+    """
+    /* The Works of this thread's open group (a list; NULL outside one) and its library: owned references */
+    static _Thread_local PyObject* pycoll_group_works = NULL;
+    static _Thread_local PyObject* pycoll_group_lib = NULL;
+    """
+    PyObject* pycoll_group_works
+    PyObject* pycoll_group_lib
+
+
+cdef inline object _open_works():
+    return <object>pycoll_group_works if pycoll_group_works != NULL else None
+
+
+def open_group():
+    """The Works of this thread's open group (a list), or None outside a group."""
+    return _open_works()
+
+
+def group_library():
+    """The library of this thread's open group, or None outside a group."""
+    return <object>pycoll_group_lib if pycoll_group_lib != NULL else None
+
+
+def set_group(list works, library):
+    """Open this thread's group (``works``: the list its Works go to, ``library``: the library it is on) or, with
+    ``works=None``, close it (``pycoll.group`` does both)."""
+    global pycoll_group_works, pycoll_group_lib
+    cdef PyObject* old_works = pycoll_group_works
+    cdef PyObject* old_lib = pycoll_group_lib
+    if works is None:
+        pycoll_group_works = pycoll_group_lib = NULL
+    else:
+        Py_INCREF(works)
+        Py_INCREF(library)
+        pycoll_group_works, pycoll_group_lib = <PyObject*>works, <PyObject*>library
+    Py_XDECREF(old_works)
+    Py_XDECREF(old_lib)
+
+
+cdef extern from "<semaphore.h>" nogil:
+    int sem_init(sem_t*, int, unsigned int)
+    int sem_destroy(sem_t*)
+    int sem_trywait(sem_t*)
+    int sem_post(sem_t*)
+    int sem_timedwait(sem_t*, const timespec*)
 
 
 cdef class Lock:
     """A lock with ``threading.Lock``'s interface (``acquire(blocking, timeout)``, ``release``,
     ``locked``, ``with``) that the per-call path takes and releases without a Python method call.
 
-    A blocked ``acquire`` releases the GIL, and runs signal handlers every 50 ms (Ctrl-C interrupts
-    it, as it does ``threading.Lock``'s)."""
+    It is a POSIX semaphore, as CPython's locks are on Linux, without their clock read on every
+    acquire: an uncontended acquire and release are two atomic operations. Any thread may release it,
+    as ``threading.Lock``. A blocked ``acquire`` releases the GIL, and runs signal handlers every
+    50 ms (Ctrl-C interrupts it, as it does ``threading.Lock``'s)."""
 
     def __cinit__(self):
-        self._lk = PyThread_allocate_lock()
-        if self._lk == NULL:
-            raise MemoryError("cannot allocate a lock")
+        if sem_init(&self._sem, 0, 1) != 0:
+            raise MemoryError("cannot make a lock")
 
     def __dealloc__(self):
-        if self._lk != NULL:
-            if self._held:
-                PyThread_release_lock(self._lk)
-            PyThread_free_lock(self._lk)
+        sem_destroy(&self._sem)
 
     cdef bint take(self, double timeout) except -1:
         """Acquire; ``timeout`` < 0: wait as long as it takes, 0: do not wait. True once acquired."""
-        cdef int got = PyThread_acquire_lock(self._lk, NOWAIT_LOCK)
-        cdef double end = _monotonic() + timeout
-        cdef double left
+        cdef bint got = sem_trywait(&self._sem) == 0
+        cdef double end = 0, left
+        cdef timespec until
+        if not got and timeout > 0:
+            end = _monotonic() + timeout  # read the clock only when the lock is contended
         while not got:
             if timeout == 0:
                 return False
             left = 0.05 if timeout < 0 else min(0.05, end - _monotonic())
             if left <= 0:
                 return False
+            clock_gettime(CLOCK_REALTIME, &until)  # sem_timedwait's clock; a slice is at most 50 ms
+            until.tv_nsec += <long>(left * 1e9)
+            until.tv_sec += until.tv_nsec // 1000000000
+            until.tv_nsec %= 1000000000
             with nogil:
-                got = PyThread_acquire_lock_timed(self._lk, <long long>(left * 1e6), 0) == 1
+                got = sem_timedwait(&self._sem, &until) == 0
             if not got:
                 PyErr_CheckSignals()
         self._held = True
@@ -121,7 +169,7 @@ cdef class Lock:
         if not self._held:
             raise RuntimeError("release unlocked lock")
         self._held = False
-        PyThread_release_lock(self._lk)
+        sem_post(&self._sem)
         return 0
 
     def acquire(self, blocking=True, timeout=-1):
@@ -188,6 +236,29 @@ cdef class CommCore:
         self._hlock = Lock()  # held while the handle is read for an async-error query, and while it is freed
 
 
+cdef class Hook:
+    """The base of an observer whose per-operation hooks are compiled (the flight recorder's and the
+    watchdog's base classes): every operation calls :meth:`enqueued` and :meth:`completed`, and every
+    blocking one :meth:`watching_now`, through C, with no Python call in between. :mod:`pycoll.hooks`
+    keeps such observers apart (``compiled_observers``); their Python-level methods
+    (``work_enqueued``, ``work_completed``, ``watching``) stay what other callers use."""
+
+    cdef int enqueued(self, Work w) except -1:
+        return 0
+
+    cdef int completed(self, Work w) except -1:
+        return 0
+
+    cdef bint watching_now(self) noexcept:
+        return False
+
+    @property
+    def compiled_hooks(self):
+        """True: :mod:`pycoll.hooks` calls this observer's per-operation hooks through C."""
+        return True
+
+
+@cython.freelist(16)
 cdef class Work:
     """One operation on a :class:`~pycoll.Communicator`.
 
@@ -212,29 +283,9 @@ cdef class Work:
 
     def __init__(self, comm, op, seq, p2p_seq, op_id, is_p2p, peer, timeout, stream, inputs, outputs,
                  async_op=False, capture_id=None):
-        self.comm = comm
-        self.op = op
-        self.seq = seq
-        self.p2p_seq = p2p_seq
-        self.async_op = async_op
-        self.op_id = op_id
-        self.is_p2p = is_p2p
-        self.peer = peer
-        self.timeout = timeout
-        self.stream = stream
-        self.inputs = inputs if type(inputs) is list else list(inputs)
-        self.outputs = outputs if type(outputs) is list else list(outputs)
-        self.time_created_ns = _time_ns()
-        self.t0 = _monotonic()
-        self.time_started_ns = None
-        self.time_completed_ns = None
-        self.duration_ms = None
-        self._start = None  # event handles, returned to the comm's pool at retirement
-        self._end = None
-        self._state = _SCHEDULED
-        self._exc = None
-        self.capture_id = capture_id  # the graph capture it was recorded into (state "captured")
-        self.fr_entry = None
+        _setup(self, comm, op, seq, p2p_seq, op_id, is_p2p, peer, timeout, stream,
+               inputs if type(inputs) is list else list(inputs), outputs if type(outputs) is list else list(outputs),
+               async_op, capture_id)
 
     @property
     def state(self):
@@ -337,6 +388,31 @@ cdef class Work:
         return f"<Work {self.op} seq={self.seq} {self._state}{' failed' if self._exc else ''} on {self.comm.name}>"
 
 
+cdef inline void _setup(Work w, object comm, object op, object seq, object p2p_seq, object op_id, object is_p2p,
+                        object peer, object timeout, object stream, list inputs, list outputs, object async_op,
+                        object capture_id):
+    """A new Work's fields (``Work.__init__``; the path makes its Works with ``Work.__new__`` and this).
+    The fields not set here start as None: the times of start and completion, the event handles
+    (``_start``, ``_end``: returned to the communicator's pool at retirement), the failure, the entry."""
+    w.comm = comm
+    w.op = op
+    w.seq = seq
+    w.p2p_seq = p2p_seq
+    w.async_op = async_op
+    w.op_id = op_id
+    w.is_p2p = is_p2p
+    w.peer = peer
+    w.timeout = timeout
+    w.stream = stream
+    w.inputs = inputs
+    w.outputs = outputs
+    w.time_created_ns = _time_ns()
+    w.t0 = _monotonic()
+    w._state = _SCHEDULED
+    w.capture_id = capture_id  # the graph capture it was recorded into (state "captured")
+    w.fr_pos = -1
+
+
 # -- events: straight to the host library's C functions, else the device's methods ----------------
 
 cdef inline Library _host_lib(object dev):
@@ -344,6 +420,16 @@ cdef inline Library _host_lib(object dev):
     if type(dev) is _HostDevice:
         return <Library?>dev.library
     return None
+
+
+cdef inline Library _comm_lib(CommCore comm):
+    """The host library behind ``comm``'s device (None for another device), read once per device."""
+    dev = comm.device
+    if dev is not comm._dev_seen:
+        comm._hostlib = _host_lib(dev)
+        comm._timed = bool(dev.events_timed)
+        comm._dev_seen = dev
+    return comm._hostlib
 
 
 cdef object _new_event(CommCore comm, object dev):
@@ -400,12 +486,34 @@ cdef int _async_code(CommCore comm, Library lib) except? -1:
 # -- the path of one operation -----------------------------------------------------------------------
 
 cdef void _run_hooks(tuple calls, Work w) except *:
-    """``hooks.run_hooks`` without its frame (the recorder's stack then starts at the caller's)."""
+    """Call the observers' Python hooks on ``w``; an error is logged (a compiled path has no frame of its own,
+    so the recorder's stack starts at the caller's)."""
     for hook in calls:
         try:
             hook(w)
         except Exception:  # an observer must never break a collective
             _log.exception("observer hook %r failed", hook)
+
+
+cdef void _enqueued(Work w) except *:
+    """Every observer hears of ``w`` before its library call: the compiled ones through C, then the others."""
+    cdef Hook o
+    for o in hooks.compiled_observers:
+        try:
+            o.enqueued(w)
+        except Exception:  # an observer must never break a collective
+            _log.exception("observer %r failed in work_enqueued", o)
+    _run_hooks(hooks.enqueue_hooks, w)
+
+
+cdef void _completed(Work w) except *:
+    cdef Hook o
+    for o in hooks.compiled_observers:
+        try:
+            o.completed(w)
+        except Exception:
+            _log.exception("observer %r failed in work_completed", o)
+    _run_hooks(hooks.completion_hooks, w)
 
 
 def launch(CommCore comm, op, call, stream, inputs, outputs, async_op, timeout, peer=None):
@@ -415,23 +523,34 @@ def launch(CommCore comm, op, call, stream, inputs, outputs, async_op, timeout, 
     here on, also while an idle host stream runs it in this thread), the library call enqueues
     it, and its end event is recorded after it (at ``ncclGroupEnd`` inside a group). On a
     stream that is capturing a graph the operation is only recorded into the graph.
+    ``call(handle, stream)`` makes the library call (:func:`library_call` makes one that calls
+    the C function directly).
     """
+    return _launch(comm, op, call, stream, inputs if type(inputs) is list else list(inputs),
+                   outputs if type(outputs) is list else list(outputs), async_op, timeout, peer)
+
+
+cdef object _launch(CommCore comm, object op, object call, object stream, list inputs, list outputs, bint async_op,
+                    object timeout, object peer):
     cdef Work w
+    cdef int status = 0
     timeout = comm.timeout if timeout is None else _settings.seconds(timeout, "timeout")
     dev = comm.device
-    cdef Library lib = _host_lib(dev)
+    cdef Library lib = _comm_lib(comm)
     capture = None if lib is not None else dev.capture_id(stream)
     if peer is None:
         comm._coll_seq += 1
     else:
         comm._p2p_seq += 1
-    w = Work(comm, op, comm._coll_seq, comm._p2p_seq, next(comm._op_ids), peer is not None, peer, timeout, stream,
-             inputs, outputs, async_op, capture)
-    _run_hooks(hooks.enqueue_hooks, w)
+    comm._last_op_id += 1
+    w = Work.__new__(Work)
+    _setup(w, comm, op, comm._coll_seq, comm._p2p_seq, comm._last_op_id, peer is not None, peer, timeout, stream,
+           inputs, outputs, async_op, capture)
+    _enqueued(w)
     h = comm._handle
     assert h is not None
-    group = _group_state.works
-    me = _get_ident()
+    group = _open_works()
+    me = PyThread_get_thread_ident()
     user = comm._user
     if user is not None and user != me:
         comm._concurrent_use(user, me, op)
@@ -451,7 +570,10 @@ def launch(CommCore comm, op, call, stream, inputs, outputs, async_op, timeout, 
             finally:
                 comm._lock.give()
             try:
-                status = call(h, stream)
+                if type(call) is _Call:
+                    status = (<_Call>call).invoke(h, stream)
+                else:
+                    status = _IN_PROGRESS if call(h, stream) == _IN_PROGRESS else 0
             except NCCLError as e:
                 comm._withdraw(w)
                 comm.handle_call_error(e, w)
@@ -494,14 +616,14 @@ cdef _group_closed(CommCore comm, Work w, object dev, Library lib):
 def group_closed(CommCore comm, Work w):
     """``w`` was issued (by its call, or by ``ncclGroupEnd``): record its completion event."""
     dev = comm.device
-    _group_closed(comm, w, dev, _host_lib(dev))
+    _group_closed(comm, w, dev, _comm_lib(comm))
 
 
 def refresh(CommCore comm, Work w):
     """Update ``w``'s state from its events (and retire it once complete). Never waits for a
     library call in progress; a device error from an event query fails the communicator."""
     dev = comm.device
-    _refresh(comm, w, dev, _host_lib(dev))
+    _refresh(comm, w, dev, _comm_lib(comm))
 
 
 cdef _refresh(CommCore comm, Work w, object dev, Library lib):
@@ -524,20 +646,21 @@ cdef _refresh(CommCore comm, Work w, object dev, Library lib):
     try:
         if w._state is _COMPLETED or w._state == "completed" or w._exc is not None or w._start is not start:
             return
+        now = None  # one clock read for a start and a completion found together
         if started and w._state == "scheduled":
             w._state = _STARTED
-            w.time_started_ns = _time_ns()
+            w.time_started_ns = now = _time_ns()
         if not done:
             return
         if code != 0 and code != _IN_PROGRESS:
             failure = comm._async_exc(code)
         else:
             w._state = _COMPLETED
-            w.time_completed_ns = _time_ns()
+            w.time_completed_ns = _time_ns() if now is None else now
             if w.time_started_ns is None:
                 w.time_started_ns = w.time_completed_ns
             w.duration_ms = None
-            if dev.events_timed and end is not None:  # end is set: done
+            if comm._timed and end is not None:  # end is set: done
                 try:
                     w.duration_ms = _elapsed_ms(dev, lib, start, end)
                 except Exception:
@@ -548,7 +671,7 @@ cdef _refresh(CommCore comm, Work w, object dev, Library lib):
     if failure is not None:
         comm.fail(failure, w)
     else:
-        _run_hooks(hooks.completion_hooks, w)
+        _completed(w)
 
 
 cdef _retire(CommCore comm, Work w):
@@ -574,7 +697,6 @@ def retire(CommCore comm, Work w):
 # -- the arguments of an operation -------------------------------------------------------------------
 
 cdef object _ndarray = np.ndarray
-cdef object _new_tuple = tuple.__new__
 cdef dict _NP_DTYPES = {}  # numpy dtype object -> ncclDataType_t (-1: the general path decides)
 cdef dict _NAMES = _buffers.DATATYPE_NAMES
 cdef dict _ITEMSIZES = _buffers.DATATYPE_ITEMSIZES
@@ -594,6 +716,42 @@ cdef extern from *:
         Py_ssize_t* dimensions
         PyObject* descr
         int flags
+
+cdef extern from *:
+    """
+    /* A Buffer (a NamedTuple: a tuple subclass) made from its 13 fields without the argument tuple
+     * that tuple.__new__(Buffer, (...)) builds and drops: allocated as tuple_subtype_new allocates it. */
+    static PyObject* pycoll_buffer(PyObject* type, PyObject* ptr, PyObject* nbytes, PyObject* count,
+                                   PyObject* datatype, PyObject* dtype_name, PyObject* shape, PyObject* device_type,
+                                   PyObject* device_id, PyObject* readonly, PyObject* owner, PyObject* source,
+                                   PyObject* sync_stream, PyObject* name) {
+        PyObject* items[13] = {ptr, nbytes, count, datatype, dtype_name, shape, device_type, device_id, readonly,
+                               owner, source, sync_stream, name};
+        PyTypeObject* tp = (PyTypeObject*)type;
+        PyObject* b = tp->tp_alloc(tp, 13);
+        if (b == NULL) return NULL;
+        for (int i = 0; i < 13; i++) {
+            Py_INCREF(items[i]);
+            PyTuple_SET_ITEM(b, i, items[i]);
+        }
+        return b;
+    }
+
+    /* The tuple of `n` dimensions (a numpy array's shape, without the attribute lookup) */
+    static PyObject* pycoll_shape(int n, Py_ssize_t* dims) {
+        PyObject* shape = PyTuple_New(n);
+        for (int i = 0; shape != NULL && i < n; i++) {
+            PyObject* d = PyLong_FromSsize_t(dims[i]);
+            if (d == NULL) Py_CLEAR(shape);
+            else PyTuple_SET_ITEM(shape, i, d);
+        }
+        return shape;
+    }
+    """
+    object pycoll_shape(int n, Py_ssize_t* dims)
+    object pycoll_buffer(object type, object ptr, object nbytes, object count, object datatype, object dtype_name,
+                         object shape, object device_type, object device_id, object readonly, object owner,
+                         object source, object sync_stream, object name)
 
 cdef int _NP_C_CONTIGUOUS = 0x1
 cdef int _NP_WRITEABLE = 0x400
@@ -619,29 +777,65 @@ cdef object _numpy_buffer(object arr, bint writable, object name):
         return None
     for i in range(a.nd):
         count *= a.dimensions[i]
-    return _new_tuple(Buffer, (<uintptr_t>a.data, count * <Py_ssize_t>_ITEMSIZES[code], count, code, _NAMES[code],
-                               arr.shape, _CPU, 0, not flags & _NP_WRITEABLE, arr, "numpy", None, name))
+    return pycoll_buffer(Buffer, <uintptr_t>a.data, count * <Py_ssize_t>_ITEMSIZES[code], count, code, _NAMES[code],
+                         pycoll_shape(a.nd, a.dimensions), _CPU, 0, not flags & _NP_WRITEABLE, arr, "numpy", None, name)
 
+
+cdef extern from *:
+    """
+    /* An attribute of `obj` through its descriptor `d`, found once on the type (no lookup per call); a
+     * method descriptor `d` called on `obj` with no arguments. */
+    static inline PyObject* pycoll_descr_get(PyObject* d, PyObject* obj) {
+        return Py_TYPE(d)->tp_descr_get(d, obj, (PyObject*)Py_TYPE(obj));
+    }
+    static inline PyObject* pycoll_descr_call(PyObject* d, PyObject* obj) {
+        PyObject* args[1] = {obj};
+        return PyObject_Vectorcall(d, args, 1, NULL);
+    }
+    """
+    object pycoll_descr_get(object d, object obj)
+    object pycoll_descr_call(object d, object obj)
 
 cdef object _torch_tensor = None  # torch.Tensor, once torch is imported
 cdef dict _TORCH_CODES = None  # torch dtype -> ncclDataType_t
 cdef object _torch_strided = None
+# torch.Tensor's attributes the description reads, as the descriptors its C base class defines them with: read
+# through them, an exact torch.Tensor's attribute costs no lookup in its type's MRO (and nothing else changes)
+cdef object _T_DTYPE, _T_LAYOUT, _T_IS_CPU, _T_SHAPE, _T_IS_CONTIGUOUS, _T_IS_NEG, _T_DATA_PTR
+
+
+cdef int _torch_init(object torch) except -1:
+    global _TORCH_CODES, _torch_strided, _T_DTYPE, _T_LAYOUT, _T_IS_CPU, _T_SHAPE, _T_IS_CONTIGUOUS, _T_IS_NEG
+    global _T_DATA_PTR
+
+    def descriptor(name):
+        for klass in torch.Tensor.__mro__:
+            if name in klass.__dict__:
+                return klass.__dict__[name]
+        raise AttributeError(name)
+
+    _T_DTYPE, _T_LAYOUT, _T_IS_CPU, _T_SHAPE = [descriptor(n) for n in ("dtype", "layout", "is_cpu", "shape")]
+    _T_IS_CONTIGUOUS, _T_IS_NEG, _T_DATA_PTR = [descriptor(n) for n in ("is_contiguous", "is_neg", "data_ptr")]
+    _torch_strided = torch.strided
+    _TORCH_CODES = _buffers._TORCH_TYPES if _buffers._TORCH_TYPES is not None else _buffers._torch_table(torch)
+    return 0
 
 
 cdef object _torch_cpu_buffer(object t, object name):
-    """A dense, C-contiguous CPU torch tensor of an NCCL dtype as a Buffer (the fields
+    """A dense, C-contiguous CPU torch tensor (exactly ``torch.Tensor``) of an NCCL dtype as a Buffer (the fields
     ``buffers.as_buffer`` gives it), or None: the general path decides (and raises what it must)."""
-    global _TORCH_CODES, _torch_strided
+    cdef Py_ssize_t count = 1
     if _TORCH_CODES is None:
-        torch = sys.modules["torch"]
-        _TORCH_CODES = _buffers._TORCH_TYPES if _buffers._TORCH_TYPES is not None else _buffers._torch_table(torch)
-        _torch_strided = torch.strided
-    code = _TORCH_CODES.get(t.dtype)
-    if code is None or t.layout is not _torch_strided or not t.is_cpu or not t.is_contiguous() or t.is_neg():
+        _torch_init(sys.modules["torch"])
+    code = _TORCH_CODES.get(pycoll_descr_get(_T_DTYPE, t))
+    if (code is None or pycoll_descr_get(_T_LAYOUT, t) is not _torch_strided or not pycoll_descr_get(_T_IS_CPU, t)
+            or not pycoll_descr_call(_T_IS_CONTIGUOUS, t) or pycoll_descr_call(_T_IS_NEG, t)):
         return None
-    count = t.numel()
-    return _new_tuple(Buffer, (t.data_ptr(), count * _ITEMSIZES[code], count, code, _NAMES[code], t.shape, _CPU, 0,
-                               False, t, "torch", None, name))
+    shape = pycoll_descr_get(_T_SHAPE, t)  # a torch.Size: a tuple of ints (the element count is their product)
+    for d in <tuple>shape:
+        count *= <Py_ssize_t>d
+    return pycoll_buffer(Buffer, pycoll_descr_call(_T_DATA_PTR, t), count * <Py_ssize_t>_ITEMSIZES[code], count, code,
+                         _NAMES[code], shape, _CPU, 0, False, t, "torch", None, name)
 
 
 cdef object _describe(CommCore comm, object obj, object stream, bint writable, object name):
@@ -679,9 +873,9 @@ def buf(CommCore comm, obj, stream, *, writable, name):
 
 
 cdef bint _deadlines_watched() except -1:
-    # hooks.deadlines_watched() without its frame: read on every blocking operation
+    # hooks.deadlines_watched() without its frame (and through C for a compiled observer): read on every operation
     for o in hooks._watchers:
-        if o.watching():
+        if (<Hook>o).watching_now() if isinstance(o, Hook) else o.watching():
             return True
     return False
 
@@ -696,7 +890,7 @@ cdef object _own_stream(CommCore comm, bint blocking):
     (when the stream's thread has not begun it), under the same condition.
     """
     cdef bint watched = _deadlines_watched()
-    cdef bint inline = blocking and watched and _group_state.works is None
+    cdef bint inline = blocking and watched and pycoll_group_works == NULL
     cdef int mode = (1 if inline else 0) | (2 if watched else 0)
     s = comm._stream
     if s is None:
@@ -762,6 +956,7 @@ cdef void* _function(Library lib, int kind) noexcept:
     return <void*>lib.fn.ncclRecv
 
 
+@cython.freelist(8)
 cdef class _Call:
     """One operation's library call with its arguments resolved: ``call(comm_handle, stream)``.
 
@@ -778,6 +973,10 @@ cdef class _Call:
     cdef object cc  # the collconfig.Prepared arguments: they hold the memory the config points into
 
     def __call__(self, h, stream):
+        return self.invoke(h, stream)
+
+    cdef int invoke(self, object h, object stream) except -1:
+        """The call: ncclSuccess (0) or ncclInProgress; raises the library's error."""
         cdef ncclComm_t c = <ncclComm_t><uintptr_t>h
         cdef cudaStream_t st = <cudaStream_t><uintptr_t>stream
         cdef Library lib = self.library if isinstance(self.library, Library) and not self.cc else None
@@ -791,7 +990,7 @@ cdef class _Call:
         if lib is not None:
             fp = _function(lib, self.kind)
         if fp == NULL:
-            return self._by_method(h, stream)
+            return _IN_PROGRESS if self._by_method(h, stream) == _IN_PROGRESS else 0
         text[0] = 0
         with nogil:
             if self.kind == _ALL_REDUCE:
@@ -878,7 +1077,7 @@ def all_reduce(CommCore comm, tensor, output=None, op="sum", *, stream=None, asy
     count = _output_fits(inp, out, "all_reduce")
     redop = _redop(comm, op, (<tuple>inp)[3])
     call = _new_call(comm.library, _ALL_REDUCE, cc, (<tuple>inp)[0], (<tuple>out)[0], count, (<tuple>inp)[3], redop, 0)
-    return launch(comm, "all_reduce", call, st, [inp], [out], async_op, timeout)
+    return _launch(comm, "all_reduce", call, st, [inp], [out], async_op, timeout, None)
 
 
 cdef object _rank_arg(CommCore comm, object root, object what):
@@ -897,7 +1096,7 @@ def broadcast(CommCore comm, tensor, root=0, output=None, *, stream=None, async_
     out = inp if output is None else _describe(comm, output, st, True, "output")
     count = _output_fits(inp, out, "broadcast")
     call = _new_call(comm.library, _BROADCAST, cc, (<tuple>inp)[0], (<tuple>out)[0], count, (<tuple>inp)[3], 0, root)
-    return launch(comm, "broadcast", call, st, [inp], [out], async_op, timeout)
+    return _launch(comm, "broadcast", call, st, [inp], [out], async_op, timeout, None)
 
 
 def send(CommCore comm, tensor, peer, *, stream=None, async_op=False, timeout=None):
@@ -910,7 +1109,7 @@ def send(CommCore comm, tensor, peer, *, stream=None, async_op=False, timeout=No
     st = _begin(comm, "send", stream, async_op, (tensor,))
     b = _describe(comm, tensor, st, False, "tensor")
     call = _new_call(comm.library, _SEND, (), (<tuple>b)[0], 0, (<tuple>b)[2], (<tuple>b)[3], 0, peer)
-    return launch(comm, "send", call, st, [b], [], async_op, timeout, peer)
+    return _launch(comm, "send", call, st, [b], [], async_op, timeout, peer)
 
 
 def recv(CommCore comm, tensor, peer, *, stream=None, async_op=False, timeout=None):
@@ -919,7 +1118,7 @@ def recv(CommCore comm, tensor, peer, *, stream=None, async_op=False, timeout=No
     st = _begin(comm, "recv", stream, async_op, (tensor,))
     b = _describe(comm, tensor, st, True, "tensor")
     call = _new_call(comm.library, _RECV, (), 0, (<tuple>b)[0], (<tuple>b)[2], (<tuple>b)[3], 0, peer)
-    return launch(comm, "recv", call, st, [], [b], async_op, timeout, peer)
+    return _launch(comm, "recv", call, st, [], [b], async_op, timeout, peer)
 
 
 # -- a DLPack capsule destructor for producers written in Python -----------------------------------

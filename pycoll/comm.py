@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import itertools
 import logging
 import os
 import threading
@@ -237,7 +236,7 @@ class Communicator(_core.CommCore):
         self._state = "active"  # active | revoked | finalized | aborted | destroyed
         self._coll_seq = 0
         self._p2p_seq = 0
-        self._op_ids = itertools.count(1)
+        self._last_op_id = 0  # op_id of the last operation issued (Work.op_id: 1, 2, ...)
         self._reshapes = 0  # split/shrink/grow calls so far: names children identically on every rank
         self._abort_only = False  # after an abortive shrink: released with abort, never destroy
         self._user = None  # the thread inside an operation now (one at a time)

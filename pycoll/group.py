@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import threading
 from typing import TYPE_CHECKING, Any, Iterator, List, Optional
 
+from . import _core
 from ._bindings import IN_PROGRESS
 from .errors import CommFailure, CommStateError, NCCLError
 
@@ -19,20 +19,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["open_group", "group", "simulate", "SimulatedGroup"]
 
-class _GroupState(threading.local):
-    """Per thread: the Works of the open group (None outside one) and its library. The class attributes
-    are every new thread's values: reading them raises nothing (this is read on every operation)."""
-
-    works: Optional[List[Work]] = None
-    library: Any = None
-
-
-_tls = _GroupState()
-
 
 def open_group() -> Optional[List[Work]]:
     """The Works of this thread's open group, or None outside a group."""
-    return _tls.works
+    return _core.open_group()
 
 
 @contextlib.contextmanager
@@ -40,12 +30,11 @@ def group(comm: Any) -> Iterator[None]:
     """The body of :meth:`pycoll.Communicator.group` (see there)."""
     lib = comm.library
     outer = open_group()
-    if outer is not None and getattr(_tls, "library", None) is not lib:
+    if outer is not None and _core.group_library() is not lib:
         raise CommStateError("a group can only hold communicators of one library")
     lib.group_start()
     if outer is None:
-        _tls.works = []
-        _tls.library = lib
+        _core.set_group([], lib)
     body_exc: Optional[BaseException] = None
     try:
         yield
@@ -55,9 +44,8 @@ def group(comm: Any) -> Iterator[None]:
     finally:
         works: List[Work] = []
         if outer is None:
-            works = _tls.works or []
-            _tls.works = None
-            _tls.library = None
+            works = _core.open_group() or []
+            _core.set_group(None, None)
             if works and body_exc is None:
                 works[0].comm.prepare_group_end(works)
         status = 0
@@ -99,14 +87,12 @@ def simulate(comm: Any) -> Iterator[SimulatedGroup]:
         raise CommStateError("group_simulate() cannot be nested in an open group")
     result = SimulatedGroup()
     lib.group_start()
-    _tls.works = []
-    _tls.library = lib
+    _core.set_group([], lib)
     try:
         yield result
     finally:
-        works: List[Work] = _tls.works
-        _tls.works = None
-        _tls.library = None
+        works: List[Work] = _core.open_group() or []
+        _core.set_group(None, None)
         try:
             result.estimated_time = lib.group_simulate_end()
         finally:

@@ -82,7 +82,8 @@ class WorkView(Protocol):
     duration_ms: Optional[float]
     inputs: List[Any]
     outputs: List[Any]
-    fr_entry: Any  # the flight recorder's entry (owned by the recorder)
+    fr_entry: Any  # the flight recorder's entry (owned by the recorder; reused once its ring wraps)
+    fr_pos: int  # the position the entry was written for (-1: none)
     capture_id: Optional[int]  # the CUDA graph capture it was recorded into (then it runs at replay)
 
     @property
@@ -193,19 +194,24 @@ class CommObserver:
 _observers: List[CommObserver] = []
 _watchers: Tuple[CommObserver, ...] = ()
 
-#: The observers' ``work_enqueued`` / ``work_completed``, as tuples: read on every operation's path.
+#: Observers whose per-operation hooks are compiled (subclasses of ``pycoll._core.Hook``, which says
+#: so with ``compiled_hooks``): the path calls them through C, before the hooks below.
+compiled_observers: Tuple[CommObserver, ...] = ()
+#: The other observers' ``work_enqueued`` / ``work_completed``, as tuples: read on every operation's path.
 enqueue_hooks: Tuple[Callable[[WorkView], None], ...] = ()
 completion_hooks: Tuple[Callable[[WorkView], None], ...] = ()
 
 
 def _rebuild() -> None:
-    global enqueue_hooks, completion_hooks, _watchers
+    global compiled_observers, enqueue_hooks, completion_hooks, _watchers
 
     def overrides(o: CommObserver, name: str) -> bool:
         return getattr(type(o), name, None) is not getattr(CommObserver, name)
 
-    enqueue_hooks = tuple(o.work_enqueued for o in _observers if overrides(o, "work_enqueued"))
-    completion_hooks = tuple(o.work_completed for o in _observers if overrides(o, "work_completed"))
+    compiled_observers = tuple(o for o in _observers if getattr(o, "compiled_hooks", False) is True)
+    python = [o for o in _observers if o not in compiled_observers]
+    enqueue_hooks = tuple(o.work_enqueued for o in python if overrides(o, "work_enqueued"))
+    completion_hooks = tuple(o.work_completed for o in python if overrides(o, "work_completed"))
     _watchers = tuple(o for o in _observers if overrides(o, "watching"))
 
 
@@ -261,15 +267,6 @@ def notify_failed(comm: CommView, exc: BaseException, work: Optional[WorkView]) 
 
 def notify_closed(comm: CommView) -> None:
     _each(lambda o: o.comm_closed(comm), "comm_closed")
-
-
-def run_hooks(hooks: Tuple[Callable[[WorkView], None], ...], work: WorkView) -> None:
-    """Call per-operation hooks (``enqueue_hooks`` / ``completion_hooks``); errors are logged."""
-    for hook in hooks:
-        try:
-            hook(work)
-        except Exception:  # an observer must never break a collective
-            _log.exception("observer hook %r failed", hook)
 
 
 # -- the live registry: every communicator of this process that is neither destroyed nor aborted ------

@@ -1,20 +1,61 @@
 """Stubs of the compiled per-operation observer hooks (pycoll/diagnostics/_hooks.pyx)."""
 
-import itertools
 import threading
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
-__all__ = ["RecorderCore", "WatchdogCore", "recorder_work_enqueued", "recorder_work_completed",
+from .._core import Hook
+
+__all__ = ["Entry", "RecorderCore", "WatchdogCore", "recorder_work_enqueued", "recorder_work_completed",
            "watchdog_work_enqueued", "watchdog_watching"]
 
-class RecorderCore:
-    _ring: List[Any]
+class Entry:
+    @property
+    def pos(self) -> int: ...
+    @property
+    def rid(self) -> int: ...
+    @property
+    def info(self) -> Any: ...
+    @property
+    def isz(self) -> Any: ...
+    @property
+    def idt(self) -> Any: ...
+    @property
+    def osz(self) -> Any: ...
+    @property
+    def odt(self) -> Any: ...
+    @property
+    def tid(self) -> int: ...
+    @property
+    def op(self) -> str: ...
+    @property
+    def seq(self) -> int: ...
+    @property
+    def p2p_seq(self) -> int: ...
+    @property
+    def op_id(self) -> int: ...
+    @property
+    def peer(self) -> Optional[int]: ...
+    @property
+    def timeout(self) -> float: ...
+    @property
+    def created(self) -> int: ...
+    @property
+    def frozen(self) -> Optional[tuple]: ...
+    @property
+    def capture(self) -> Optional[int]: ...
+    @property
+    def stack(self) -> Optional[List[Any]]: ...
+    def snapshot(self) -> Optional[List[Any]]: ...
+    def freeze(self, state: tuple) -> None: ...
+
+class RecorderCore(Hook):
+    _ring: List[Optional[Entry]]
     _infos: Dict[int, Any]
-    _pos: itertools.count[int]
+    _next_pos: int
     stacks: bool
     stack_depth: int
 
-class WatchdogCore:
+class WatchdogCore(Hook):
     _next_due: float
     _wake_at: float
     _poll_wake: threading.Event

@@ -1,134 +1,259 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, embedsignature=True, binding=True
 """The per-operation hooks of the flight recorder and the watchdog, compiled.
 
-They run on every operation (``Communicator._launch`` calls them), so they are the bodies of
-``FlightRecorder.work_enqueued`` / ``work_completed`` and ``Watchdog.work_enqueued``, which bind
-these functions as their methods. What they do is plain bookkeeping: the recorder copies what never
-changes about an operation into a ring entry (and the top frames' code objects and offsets, formatted
-only at dump time); the watchdog wakes its polling thread when an operation is due before its next
-round. What they read of the recorder and the watchdog lives in their compiled base classes,
-:class:`RecorderCore` and :class:`WatchdogCore`, as C struct members.
+They run on every operation, so they are compiled observer hooks (:class:`pycoll._core.Hook`): the
+path calls them through C. Their Python faces, ``FlightRecorder.work_enqueued`` / ``work_completed``
+and ``Watchdog.work_enqueued`` / ``watching``, are the functions below bound as methods. What they
+do is plain bookkeeping: the recorder writes what never changes about an operation into its ring
+entry, an :class:`Entry` that is reused in place when the ring wraps (no allocation per operation),
+with the top frames' code objects and offsets (formatted only at dump time); the watchdog wakes its
+polling thread when an operation is due before its next round. What they read of the recorder and
+the watchdog lives in their compiled base classes, :class:`RecorderCore` and :class:`WatchdogCore`,
+as C struct members.
 """
 
-from pycoll._core cimport Work
+cimport cython
+from cpython.mem cimport PyMem_Free, PyMem_Realloc
+from cpython.pythread cimport PyThread_get_thread_ident
+from cpython.ref cimport PyObject, Py_XDECREF
 
-import sys
-from threading import get_ident as _get_ident
+from pycoll._core cimport Hook, Work
 
-from .._bindings import capture_stack as _capture_stack
 from ..buffers import Buffer
 
-__all__ = ["RecorderCore", "WatchdogCore", "recorder_work_enqueued", "recorder_work_completed",
+__all__ = ["Entry", "RecorderCore", "WatchdogCore", "recorder_work_enqueued", "recorder_work_completed",
            "watchdog_work_enqueued", "watchdog_watching"]
 
-# Entry layout: see pycoll.diagnostics.recorder (_POS .. _CAPTURE)
+cdef extern from "../_bindings/frames.h":
+    int pycoll_frames(PyObject** codes, int* lastis, int skip, int depth)
+
 cdef Py_ssize_t _SHAPE = Buffer._fields.index("shape")
 cdef Py_ssize_t _DTYPE = Buffer._fields.index("dtype_name")
-cdef Py_ssize_t _FROZEN = 16
 cdef tuple _CAPTURED = ("captured", None, None, None, None)
 
-cdef extern from "Python.h":
-    void PyObject_GC_UnTrack(void*)
 
-# Ring entries are not tracked by the cyclic garbage collector: the ring keeps thousands of them alive,
-# and a collection would walk each one (with its stack) over and over. No cycle can run through an entry:
-# it holds ints, strings, shape tuples, the stack (code objects and ints) and its communicator's
-# _CommInfo, which refers to no entry (its communicator only by weak reference).
+cdef struct _Frames:
+    PyObject** codes  # owned references
+    int* lastis
+    int n  # frames held; -1: no stack was captured
+    int cap
 
 
-cdef class RecorderCore:
+cdef int _reserve(_Frames* f, int cap) except -1:
+    cdef PyObject** codes
+    cdef int* lastis
+    if f.cap >= cap:
+        return 0
+    codes = <PyObject**>PyMem_Realloc(f.codes, cap * sizeof(PyObject*))
+    if codes == NULL:
+        raise MemoryError()
+    f.codes = codes
+    lastis = <int*>PyMem_Realloc(f.lastis, cap * sizeof(int))
+    if lastis == NULL:
+        raise MemoryError()
+    f.lastis = lastis
+    f.cap = cap
+    return 0
+
+
+cdef void _release(_Frames* f) noexcept:
+    cdef int i
+    for i in range(f.n):
+        Py_XDECREF(f.codes[i])
+    f.n = -1
+
+
+cdef void _free(_Frames* f) noexcept:
+    _release(f)
+    PyMem_Free(f.codes)
+    PyMem_Free(f.lastis)
+    f.codes, f.lastis, f.cap = NULL, NULL, 0
+
+
+# Entries are not tracked by the cyclic garbage collector: the ring keeps thousands of them, and a
+# collection would walk each one over and over. No cycle can run through an entry: it holds ints,
+# strings, shape tuples, code objects and its communicator's _CommInfo, which refers to no entry
+# (its communicator only by weak reference).
+@cython.no_gc
+@cython.final
+cdef class Entry:
+    """One recorded operation, as the flight recorder's ring keeps it.
+
+    An entry is written in place, whole, while the writer holds the GIL and allocates nothing, and is
+    reused when the ring wraps: ``pos`` says which operation it holds now (``Work.fr_pos`` which
+    operation a Work's entry was written for). Readers take a :meth:`snapshot`.
+    """
+    cdef readonly long long pos
+    cdef readonly object rid, info, isz, idt, osz, odt, op, seq, p2p_seq, op_id, peer, timeout, created
+    cdef readonly object frozen, capture
+    cdef unsigned long _tid
+    cdef _Frames _frames
+
+    def __cinit__(self):
+        self.pos = -1
+        self._frames.n = -1
+
+    def __dealloc__(self):
+        _free(&self._frames)
+
+    @property
+    def tid(self):
+        """The identifier of the thread that issued the operation."""
+        return self._tid
+
+    @property
+    def stack(self):
+        """``[code, f_lasti, ...]`` of the frames recorded, innermost first; None without a stack."""
+        cdef int i
+        if self._frames.n < 0:
+            return None
+        out = []
+        for i in range(self._frames.n):
+            out.append(<object>self._frames.codes[i])
+            out.append(self._frames.lastis[i])
+        return out
+
+    def snapshot(self):
+        """The entry as a list (``pycoll.diagnostics.recorder``'s layout, ``_POS`` .. ``_CAPTURE``), or None
+        when it holds no operation. Consistent: an entry rewritten while it was being copied is copied again."""
+        cdef long long pos
+        while True:
+            pos = self.pos
+            if pos < 0:
+                return None
+            out = [pos, self.rid, self.info, self.isz, self.idt, self.osz, self.odt, self._tid, self.stack, self.op,
+                   self.seq, self.p2p_seq, self.op_id, self.peer, self.timeout, self.created, self.frozen, self.capture]
+            if self.pos == pos:
+                return out
+
+    def freeze(self, state):
+        """Keep ``state``, ``(state, started ns, completed ns, duration ms, error)``, as the operation's
+        final state (its Work may go away)."""
+        self.frozen = state
+
+
+cdef class RecorderCore(Hook):
     """The base of :class:`~pycoll.diagnostics.FlightRecorder`: what its per-operation hook reads, as C
     struct members (``FlightRecorder.__init__`` and ``configure`` set them)."""
     cdef public list _ring
     cdef public dict _infos
-    cdef public object _pos
+    cdef public long long _next_pos
     cdef public bint stacks
     cdef public int stack_depth
+    cdef _Frames _scratch  # where a stack is captured before it is swapped into its entry
 
     def __cinit__(self, *args, **kwargs):
         self._ring = []
         self._infos = {}
+        self._scratch.n = -1
+
+    def __dealloc__(self):
+        _free(&self._scratch)
+
+    cdef int enqueued(self, Work w) except -1:
+        """Record one operation (called for every enqueued :class:`~pycoll.Work`)."""
+        cdef list ring = self._ring
+        cdef Py_ssize_t n = len(ring)
+        cdef Entry e
+        cdef _Frames old
+        cdef long long pos
+        if n == 0:
+            return 0
+        comm = w.comm
+        # comm_created maps every communicator when it is made, so an id found here is that of this
+        # communicator (a reused id is remapped by the new communicator's comm_created)
+        info = self._infos.get(id(comm))
+        if info is None:
+            info = self._info(comm)
+        pos = self._next_pos
+        self._next_pos = pos + 1
+        slot = ring[pos % n]
+        if slot is None:
+            slot = ring[pos % n] = Entry()
+        e = <Entry>slot
+        rid = next(info.rid)
+        # one buffer (the usual case): its shape tuple and dtype name as they are, no new objects; several: lists
+        cdef list ins = w.inputs
+        cdef list outs = w.outputs
+        if len(ins) == 1:
+            isz = (<tuple>ins[0])[_SHAPE]
+            idt = (<tuple>ins[0])[_DTYPE]
+        else:
+            isz = [(<tuple>b)[_SHAPE] for b in ins]
+            idt = [(<tuple>b)[_DTYPE] for b in ins]
+        if len(outs) == 1:
+            osz = (<tuple>outs[0])[_SHAPE]
+            odt = (<tuple>outs[0])[_DTYPE]
+        else:
+            osz = [(<tuple>b)[_SHAPE] for b in outs]
+            odt = [(<tuple>b)[_DTYPE] for b in outs]
+        capture = w.capture_id
+        frozen = None if capture is None else _CAPTURED
+        # the stack from the caller of the public call on (+ 1: a public call written in Python, e.g.
+        # reduce, has a frame of its own; a compiled one has none). Capturing may create frame objects,
+        # hence run the collector: done before the entry is touched
+        if self.stacks:
+            _reserve(&self._scratch, self.stack_depth + 1)
+            self._scratch.n = pycoll_frames(self._scratch.codes, self._scratch.lastis, 0, self.stack_depth + 1)
+        # the entry, written whole without allocating: a reader (a dump, in another thread) needs the GIL
+        e.pos = pos
+        e.rid = rid
+        e.info = info
+        e.isz, e.idt, e.osz, e.odt = isz, idt, osz, odt
+        e._tid = PyThread_get_thread_ident()
+        e.op, e.seq, e.p2p_seq, e.op_id, e.peer = w.op, w.seq, w.p2p_seq, w.op_id, w.peer
+        e.timeout, e.created, e.frozen, e.capture = w.timeout, w.time_created_ns, frozen, capture
+        old = e._frames
+        e._frames = self._scratch
+        self._scratch = old
+        _release(&self._scratch)  # the stack the entry held before
+        w.fr_entry = e
+        w.fr_pos = pos
+        return 0
+
+    cdef int completed(self, Work w) except -1:
+        """Freeze a completed operation's times into its entry (the communicator calls it when one completes)."""
+        e = w.fr_entry
+        if e is not None and (<Entry>e).pos == w.fr_pos:
+            (<Entry>e).frozen = ("completed", w.time_started_ns, w.time_completed_ns, w.duration_ms, None)
+        return 0
 
 
-cdef class WatchdogCore:
+cdef class WatchdogCore(Hook):
     """The base of :class:`~pycoll.diagnostics.Watchdog`: what its per-operation hooks read, as C struct
     members (``Watchdog.__init__`` and its polling thread set them)."""
     cdef public double _next_due, _wake_at
     cdef public object _poll_wake
     cdef public bint _active
 
+    cdef int enqueued(self, Work w) except -1:
+        """An operation due before the polling thread's next round wakes it (also while it is scanning:
+        it may have passed this communicator already): no interval delays a timeout."""
+        cdef double due = <double>w.t0 + <double>w.timeout
+        if due < self._next_due:
+            self._next_due = due
+        cdef double wake_at = self._wake_at
+        if wake_at == 0 or due < wake_at:
+            self._poll_wake.set()
+        return 0
+
+    cdef bint watching_now(self) noexcept:
+        return self._active
+
 
 def recorder_work_enqueued(RecorderCore self, Work w):
-    """Record one operation (called for every enqueued :class:`~pycoll.Work`)."""
-    cdef list ring = self._ring
-    cdef Py_ssize_t n = len(ring)
-    if n == 0:
-        return
-    comm = w.comm
-    # comm_created maps every communicator when it is made, so an id found here is that of this
-    # communicator (a reused id is remapped by the new communicator's comm_created)
-    info = self._infos.get(id(comm))
-    if info is None:
-        info = self._info(comm)
-    # one buffer (the usual case): its shape tuple and dtype name as they are, no new objects; several: lists
-    cdef list ins = w.inputs
-    cdef list outs = w.outputs
-    if len(ins) == 1:
-        isz = (<tuple>ins[0])[_SHAPE]
-        idt = (<tuple>ins[0])[_DTYPE]
-    else:
-        isz = [(<tuple>b)[_SHAPE] for b in ins]
-        idt = [(<tuple>b)[_DTYPE] for b in ins]
-    if len(outs) == 1:
-        osz = (<tuple>outs[0])[_SHAPE]
-        odt = (<tuple>outs[0])[_DTYPE]
-    else:
-        osz = [(<tuple>b)[_SHAPE] for b in outs]
-        odt = [(<tuple>b)[_DTYPE] for b in outs]
-    # from _launch on (+ 1: the public call, e.g. all_reduce, stays; a compiled one has no frame of its own)
-    stack = None
-    if self.stacks:
-        stack = _capture_stack(0, self.stack_depth + 1)
-        if stack is None:  # before Python 3.11
-            stack = _frames(self.stack_depth + 1)
-    pos = next(self._pos)
-    capture = w.capture_id
-    entry = [pos, next(info.rid), info, isz, idt, osz, odt, _get_ident(), stack,
-             w.op, w.seq, w.p2p_seq, w.op_id, w.peer, w.timeout, w.time_created_ns,
-             None if capture is None else _CAPTURED, capture]
-    PyObject_GC_UnTrack(<void*>entry)  # a ring of them must not make every collection walk it: see below
-    ring[pos % n] = entry
-    w.fr_entry = entry
-
-
-cdef list _frames(int depth):
-    cdef list stack = []
-    f = sys._getframe(0)
-    for _ in range(depth):
-        if f is None:
-            break
-        stack.append(f.f_code)
-        stack.append(f.f_lasti)
-        f = f.f_back
-    return stack
+    """Record one operation (``FlightRecorder.work_enqueued``)."""
+    self.enqueued(w)
 
 
 def recorder_work_completed(RecorderCore self, Work w):
-    """Freeze a completed operation's times into its entry (the communicator calls it when one completes)."""
-    e = w.fr_entry
-    if e is not None:
-        (<list>e)[_FROZEN] = ("completed", w.time_started_ns, w.time_completed_ns, w.duration_ms, None)
+    """Freeze a completed operation's times into its entry (``FlightRecorder.work_completed``)."""
+    self.completed(w)
 
 
 def watchdog_work_enqueued(WatchdogCore self, Work w):
-    """An operation due before the polling thread's next round wakes it (also while it is scanning:
-    it may have passed this communicator already): no interval delays a timeout."""
-    cdef double due = w.t0 + w.timeout
-    if due < self._next_due:
-        self._next_due = due
-    cdef double wake_at = self._wake_at
-    if wake_at == 0 or due < wake_at:
-        self._poll_wake.set()
+    """Wake the polling thread if ``w`` is due before its next round (``Watchdog.work_enqueued``)."""
+    self.enqueued(w)
 
 
 def watchdog_watching(WatchdogCore self):

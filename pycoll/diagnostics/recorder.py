@@ -76,13 +76,13 @@ DEFAULT_FILE_PREFIX: str = _settings.SETTINGS["PYCOLL_FR_FILE_PREFIX"].default
 DEFAULT_STACK_DEPTH: int = _settings.SETTINGS["PYCOLL_FR_STACK_DEPTH"].default
 _MAX_BUFFER_SIZE = int(_settings.SETTINGS["PYCOLL_FR_BUFFER_SIZE"].maximum or 0)
 
-# Entry layout: a plain list is the cheapest mutable thing to build on the hot path. The entry does
-# not refer to its Work (a Work holds its communicator, and the ring must not keep communicators
-# alive; even a weak reference costs ~0.4 us per operation to make and clear): what never changes is
-# copied at record time; what does (state, start, completion, duration) is read at dump time from the
-# Work while it is outstanding (the communicators' outstanding lists, each Work pointing to its
-# entry), or frozen into _FROZEN when it completes (work_completed) or its communicator fails or
-# closes. An entry whose Work is no longer outstanding and was not frozen completed.
+# Entry layout: the ring holds compiled entries (_hooks.Entry), written in place and reused when the ring
+# wraps; readers work on snapshots, lists in this layout. The entry does not refer to its Work (a Work
+# holds its communicator, and the ring must not keep communicators alive): what never changes is copied
+# at record time; what does (state, start, completion, duration) is read at dump time from the Work
+# while it is outstanding (the communicators' outstanding lists, each Work pointing to its entry and
+# the position it was written for), or frozen into _FROZEN when it completes (work_completed) or its
+# communicator fails or closes. An entry whose Work is no longer outstanding and was not frozen completed.
 (_POS, _RID, _INFO, _ISZ, _IDT, _OSZ, _ODT, _TID, _STACK, _OP, _SEQ, _P2P_SEQ, _OP_ID, _PEER, _TIMEOUT,
  _CREATED, _FROZEN, _CAPTURE) = range(18)
 # an operation recorded into a CUDA graph: it runs at replay, this entry keeps the capture's id
@@ -178,7 +178,7 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         self._infos = {}  # id(comm) -> _CommInfo
         self._gen_counters: Dict[int, itertools.count[int]] = {}
         self._pg_ids = itertools.count()
-        self._pos = itertools.count()
+        self._next_pos = 0
         self._ring = []
         self._capacity = 0
         self.stacks = True
@@ -221,7 +221,7 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
             if buffer_size != self._capacity:
                 self._ring = [None] * buffer_size
                 self._capacity = buffer_size
-                self._pos = itertools.count()
+                self._next_pos = 0
         if stacks is not None:
             self.stacks = bool(stacks)
         if stack_depth is not None:
@@ -256,7 +256,7 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
     def clear(self) -> None:
         """Drop every recorded entry."""
         self._ring = [None] * self._capacity
-        self._pos = itertools.count()
+        self._next_pos = 0
 
     # -- recording (observer interface) -----------------------------------------------------------
 
@@ -305,10 +305,10 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         if work is not None and work not in works:
             works.append(work)
         for w in works:
-            e = w.fr_entry
-            if e is None or e[_FROZEN] is not None:
+            e = _entry_of(w)
+            if e is None or e.frozen is not None:
                 continue
-            e[_FROZEN] = _state_of(w)
+            e.freeze(_state_of(w))
             if w.last_state != "completed":
                 w.release_arrays()  # an abandoned operation need not keep its arrays
 
@@ -319,11 +319,12 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
     def issued_at(self, w: WorkView) -> Tuple[str, str]:
         """(``'file:line in function'`` of the innermost user frame that issued ``w``, its sizes as
         ``'Float(2,)'``), from its entry; empty strings when it was not recorded."""
-        entry = w.fr_entry
+        entry = _entry_of(w)
         if entry is None:
             return "", ""
-        sizes = ", ".join(f"{dt}{tuple(s)}" for s, dt in zip(_sizes(entry[_ISZ]), _dtypes(entry[_IDT]), strict=False))
-        for fr in format_stack(entry[_STACK], {}) if entry[_STACK] else []:
+        sizes = ", ".join(f"{dt}{tuple(s)}" for s, dt in zip(_sizes(entry.isz), _dtypes(entry.idt), strict=False))
+        stack = entry.stack
+        for fr in format_stack(stack, {}) if stack else []:
             if not is_runtime_frame(fr["filename"]):
                 return f"{fr['filename']}:{fr['line']} in {fr['name']}", sizes
         return "", sizes
@@ -392,17 +393,15 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
             return bool(self._infos) or bool(self._gen_counters)
 
     def entries(self) -> List[List[Any]]:
-        """The raw recorded entries, oldest first (internal lists; see :meth:`as_dict`)."""
-        ring = list(self._ring)
-        out = [e for e in ring if e is not None]
+        """The recorded entries, oldest first, as snapshots (internal lists; see :meth:`as_dict`)."""
+        out = [s for s in (e.snapshot() for e in list(self._ring) if e is not None) if s is not None]
         out.sort(key=lambda e: e[_POS])
         return out
 
     @property
     def recorded(self) -> int:
         """Operations recorded since the buffer was last (re)sized or cleared."""
-        ring = list(self._ring)
-        return max((e[_POS] + 1 for e in ring if e is not None), default=0)
+        return self._next_pos
 
     def generations(self) -> List[int]:
         """Generations with live communicators or recorded entries."""
@@ -644,23 +643,30 @@ def _main_stack(limit: int = 32) -> List[Dict[str, Any]]:
     return frames
 
 
+def _entry_of(w: WorkView) -> Optional[_hooks.Entry]:
+    """``w``'s entry, unless the ring wrapped and the entry holds a later operation now."""
+    e = w.fr_entry
+    return e if e is not None and e.pos == w.fr_pos else None
+
+
 def _outstanding(comms: Iterable[CommView]) -> Dict[int, WorkView]:
-    """id(entry) -> Work, for the outstanding operations of ``comms`` not frozen yet."""
+    """Entry position -> Work, for the outstanding operations of ``comms`` whose entries are not frozen."""
     out: Dict[int, WorkView] = {}
     for comm in comms:
         for w in comm.outstanding():
-            e = w.fr_entry
-            if e is not None and e[_FROZEN] is None:
-                out[id(e)] = w
+            e = _entry_of(w)
+            if e is not None and e.frozen is None:
+                out[w.fr_pos] = w
     return out
 
 
 def _dynamic(e: List[Any], outstanding: Dict[int, Any],
              ) -> Tuple[str, Optional[int], Optional[int], Optional[float], Optional[str]]:
-    """(state, started ns, completed ns, duration ms, error) of an entry: frozen, or from its outstanding Work."""
+    """(state, started ns, completed ns, duration ms, error) of an entry (a snapshot): frozen, or from its
+    outstanding Work."""
     if e[_FROZEN] is not None:
         return e[_FROZEN]
-    w = outstanding.get(id(e))
+    w = outstanding.get(e[_POS])
     if w is None:
         return ("completed", None, None, None, None)  # not outstanding, not frozen: it completed
     return _state_of(w)

@@ -74,7 +74,7 @@ def test_entry_fields_follow_torch_schema(rec):
     status = d["pg_status"]["0"]
     assert status == {"last_enqueued_collective": 2, "last_started_collective": 2, "last_completed_collective": 1}
     assert d["pycoll"]["rank"] == 5 and d["pycoll"]["comms"][c.uid]["rank"] == 1
-    assert works[0].fr_entry is rec.entries()[0]
+    assert works[0].fr_entry.snapshot() == rec.entries()[0] and works[0].fr_pos == 0
 
 
 def test_entries_do_not_keep_works_or_communicators_alive(rec):
@@ -95,15 +95,13 @@ def test_entries_do_not_keep_works_or_communicators_alive(rec):
 
 
 def test_entries_cost_the_garbage_collector_nothing(rec):
-    """The ring keeps thousands of entries alive: neither an entry nor its stack is tracked by the cyclic
-    collector (nothing in them can refer back to them), and a collection still frees what they do not hold."""
+    """The ring keeps thousands of entries alive: no entry is tracked by the cyclic collector (nothing in
+    one can refer back to it), and a collection still frees what they do not hold."""
     import gc
 
     c = FakeComm(rec, 0, 2)
     w = c.op("all_reduce", f32(3), f32(3))
-    entry = rec.entries()[0]
-    assert not gc.is_tracked(entry) and not gc.is_tracked(entry[fr._STACK])
-    assert w.fr_entry is entry
+    assert not gc.is_tracked(w.fr_entry) and w.fr_entry.snapshot() == rec.entries()[0]
     ref = weakref.ref(c)
     c.pending.clear()
     del c, w
@@ -295,6 +293,23 @@ def test_closed_communicator_releases_arrays_and_stays_in_dumps(rec):
     assert w.inputs == [] and w.outputs == []
     d = rec.as_dict(0)
     assert d["entries"][0]["input_sizes"] == [[4]] and c.uid in d["pg_config"]
+
+
+def test_a_wrapped_ring_reuses_entries_and_forgets_the_oldest_operations(tmp_path):
+    """Entries are written in place: once the ring wraps, an old Work's entry holds a newer operation, and
+    nothing about the old one (its site, its failure) is read from or written into it."""
+    rec = fr.FlightRecorder(4, dump_dir=str(tmp_path))
+    c = FakeComm(rec, 0, 2)
+    old = c.op("all_reduce", f32(3), f32(3), state="started")
+    first = old.fr_entry
+    assert rec.issued_at(old)[1] == "Float(3,)"
+    news = [c.op("all_gather", f32(1), f32(2)) for _ in range(4)]
+    assert news[-1].fr_entry is first and news[-1].fr_pos == 4 and old.fr_pos == 0
+    assert rec.issued_at(old) == ("", "")  # its entry is the newest operation's now
+    rec.comm_failed(c, RuntimeError("boom"), old)  # freezes the outstanding Works: not old's reused entry
+    e = rec.as_dict(0)["entries"]
+    assert [x["profiling_name"] for x in e] == ["nccl:all_gather"] * 4 and rec.recorded == 5
+    assert [x["state"] for x in e] == ["completed"] * 4 and all("pycoll_error" not in x for x in e)
 
 
 def test_recording_from_many_threads(tmp_path):
