@@ -309,7 +309,7 @@ def breakdown(a: argparse.Namespace) -> Dict[str, float]:
         w._end = dev.create_event()
         dev.record_event(w._end, st)
         with comm._plock:
-            comm._pending.append(w)
+            comm._pending[w] = None
         return w
 
     stages: Dict[str, Any] = {

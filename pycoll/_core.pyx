@@ -4,16 +4,17 @@ described, launched, refreshed from its events and retired.
 
 :class:`CommCore` is the base of ``Communicator``: the fields every operation reads, as C struct members, and
 its three locks (:class:`Lock`, :class:`RLock`: threading's interface, taken here without a method call).
-The functions below are the bodies of ``Communicator._begin``, ``_buf``, ``_launch``, ``refresh``, ``group_closed``,
-``_retire`` and ``all_reduce`` (the Communicator binds these functions as its methods): one path on
-every backend. An operation's start event is recorded on its stream, the Work becomes outstanding
+The functions below are the bodies of ``Communicator._begin``, ``_buf``, ``_launch``, ``refresh``, ``_retire``,
+``all_reduce``, ``broadcast``, ``send`` and ``recv`` (the Communicator binds these functions as its methods), and
+:class:`GroupScope` the body of ``Communicator.group``: one path on every backend. An operation's start event is recorded on its stream, the Work becomes outstanding
 (the watchdog watches it from then on), the library call (:func:`library_call`: the C function
 pointer, GIL released) enqueues it, its end event is recorded after it; completion is read from the
 events. On pycoll's host library the event and async-error calls go straight to the C functions;
 every other device is called through its Python methods. Nothing here decides policy: failures go
 to ``Communicator.fail`` and ``handle_call_error``, which stay Python.
 
-Also here: :data:`DLPACK_CAPSULE_DESTRUCTOR`, a C destructor for DLPack capsules made in Python.
+Also here: this thread's open group (:func:`open_group`), the observers' compiled hooks (:class:`Hook`), and
+:data:`DLPACK_CAPSULE_DESTRUCTOR`, a C destructor for DLPack capsules made in Python.
 """
 
 cimport cython
@@ -41,10 +42,10 @@ from . import _bindings as B, _settings, buffers as _buffers, hooks
 from .buffers import Buffer, as_buffer, check_count, check_device, check_same_dtype
 from .collconfig import prepare as _prepare_config
 from .devices import FIRST_SLEEP_S, HostDevice
-from .errors import AsyncCommError, CommAborted, CommFailure, NCCLError, error_class
+from .errors import AsyncCommError, CommAborted, CommFailure, CommStateError, NCCLError, error_class
 
-__all__ = ["CommCore", "Hook", "Lock", "RLock", "Work", "launch", "refresh", "retire", "group_closed", "begin", "buf",
-           "all_reduce", "broadcast", "send", "recv", "prepare_group_end", "library_call", "open_group",
+__all__ = ["CommCore", "Hook", "Lock", "RLock", "Work", "launch", "refresh", "retire", "begin", "buf",
+           "all_reduce", "broadcast", "send", "recv", "GroupScope", "library_call", "open_group",
            "group_library", "set_group", "DLPACK_CAPSULE_DESTRUCTOR"]
 
 _log = logging.getLogger("pycoll.comm")
@@ -433,8 +434,14 @@ cdef inline Library _comm_lib(CommCore comm):
 
 
 cdef object _new_event(CommCore comm, object dev):
-    events = comm._events
-    return events.pop() if events else dev.create_event()
+    """An event from the communicator's pool. An empty pool gets four: an operation takes two and gives them
+    back at retirement, so the pool's list then never shrinks to nothing and grows again (a reallocation
+    each time)."""
+    cdef list events = comm._events
+    if not events:
+        for _ in range(4):
+            events.append(dev.create_event())
+    return events.pop()
 
 
 cdef void _record(object dev, Library lib, object event, object stream) except *:
@@ -495,25 +502,39 @@ cdef void _run_hooks(tuple calls, Work w) except *:
             _log.exception("observer hook %r failed", hook)
 
 
+# pycoll.hooks' tuples of observers and hooks, copied here whenever they change (a module attribute costs a
+# lookup in the module's dict on every operation)
+cdef tuple _compiled_observers = (), _enqueue_hooks = (), _completion_hooks = (), _watchers = ()
+
+
+def _observers_changed():
+    global _compiled_observers, _enqueue_hooks, _completion_hooks, _watchers
+    _compiled_observers, _enqueue_hooks = hooks.compiled_observers, hooks.enqueue_hooks
+    _completion_hooks, _watchers = hooks.completion_hooks, hooks._watchers
+
+
+hooks.on_change(_observers_changed)
+
+
 cdef void _enqueued(Work w) except *:
     """Every observer hears of ``w`` before its library call: the compiled ones through C, then the others."""
     cdef Hook o
-    for o in hooks.compiled_observers:
+    for o in _compiled_observers:
         try:
             o.enqueued(w)
         except Exception:  # an observer must never break a collective
             _log.exception("observer %r failed in work_enqueued", o)
-    _run_hooks(hooks.enqueue_hooks, w)
+    _run_hooks(_enqueue_hooks, w)
 
 
 cdef void _completed(Work w) except *:
     cdef Hook o
-    for o in hooks.compiled_observers:
+    for o in _compiled_observers:
         try:
             o.completed(w)
         except Exception:
             _log.exception("observer %r failed in work_completed", o)
-    _run_hooks(hooks.completion_hooks, w)
+    _run_hooks(_completion_hooks, w)
 
 
 def launch(CommCore comm, op, call, stream, inputs, outputs, async_op, timeout, peer=None):
@@ -565,7 +586,7 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
                 w._start = ev = _new_event(comm, dev)
                 _record(dev, lib, ev, stream)
                 comm._plock.take(-1)
-                comm._pending.append(w)
+                comm._pending[w] = None
                 comm._plock.give()
             finally:
                 comm._lock.give()
@@ -611,12 +632,6 @@ cdef _group_closed(CommCore comm, Work w, object dev, Library lib):
             _record(dev, lib, w._end, w.stream)
     finally:
         comm._lock.give()
-
-
-def group_closed(CommCore comm, Work w):
-    """``w`` was issued (by its call, or by ``ncclGroupEnd``): record its completion event."""
-    dev = comm.device
-    _group_closed(comm, w, dev, _comm_lib(comm))
 
 
 def refresh(CommCore comm, Work w):
@@ -675,11 +690,7 @@ cdef _refresh(CommCore comm, Work w, object dev, Library lib):
 
 
 cdef _retire(CommCore comm, Work w):
-    pending = comm._pending
-    try:
-        pending.remove(w)
-    except ValueError:
-        pass
+    (<dict>comm._pending).pop(w, None)
     events = comm._events
     if w._start is not None:
         events.append(w._start)
@@ -697,9 +708,39 @@ def retire(CommCore comm, Work w):
 # -- the arguments of an operation -------------------------------------------------------------------
 
 cdef object _ndarray = np.ndarray
-cdef dict _NP_DTYPES = {}  # numpy dtype object -> ncclDataType_t (-1: the general path decides)
-cdef dict _NAMES = _buffers.DATATYPE_NAMES
-cdef dict _ITEMSIZES = _buffers.DATATYPE_ITEMSIZES
+cdef enum:
+    _MAX_CODE = 32
+    _NP_CACHE = 16
+# ncclDataType_t -> its name and item size, as C arrays (the names' references held by _NAME_LIST)
+cdef list _NAME_LIST = [_buffers.DATATYPE_NAMES.get(c) for c in range(_MAX_CODE)]
+cdef PyObject* _NAMES[_MAX_CODE]
+cdef Py_ssize_t _ITEMSIZES[_MAX_CODE]
+for _c in range(_MAX_CODE):
+    _NAMES[_c] = <PyObject*>_NAME_LIST[_c]
+    _ITEMSIZES[_c] = _buffers.DATATYPE_ITEMSIZES.get(_c, 0)
+if max(_buffers.DATATYPE_NAMES) >= _MAX_CODE:
+    raise ImportError(f"pycoll._core knows ncclDataType_t values below {_MAX_CODE} only")
+
+# numpy dtype objects -> ncclDataType_t (-1: the general path decides), found by identity (a dtype's hash
+# is computed from its fields on every call); the cache holds a reference to each dtype it keeps
+cdef PyObject* _np_descrs[_NP_CACHE]
+cdef int _np_codes[_NP_CACHE]
+cdef int _np_cached = 0
+
+
+cdef int _np_code(object dt) except -2:
+    global _np_cached
+    cdef int i, code
+    for i in range(_np_cached):
+        if _np_descrs[i] == <PyObject*>dt:
+            return _np_codes[i]
+    found = _buffers._NP_TYPES.get(type(dt)) if dt.isnative else None
+    code = -1 if found is None else found
+    if _np_cached < _NP_CACHE:  # full (16 dtypes seen): the rest are looked up each time
+        Py_INCREF(dt)
+        _np_descrs[_np_cached], _np_codes[_np_cached] = <PyObject*>dt, code
+        _np_cached += 1
+    return code
 cdef frozenset _HOST_MEMORY = _buffers.BACKEND_DEVICE_TYPES["host"]
 cdef object _CPU = _buffers._CPU
 
@@ -737,13 +778,30 @@ cdef extern from *:
         return b;
     }
 
-    /* The tuple of `n` dimensions (a numpy array's shape, without the attribute lookup) */
+    /* The tuple of `n` dimensions (a numpy array's shape, without the attribute lookup). The last one made
+     * is kept and given again for the same dimensions (a tuple of ints is immutable): a loop over arrays of
+     * one shape makes no new object. Called with the GIL held, as all of this module. */
+    static PyObject* pycoll_last_shape = NULL;
     static PyObject* pycoll_shape(int n, Py_ssize_t* dims) {
+        PyObject* last = pycoll_last_shape;
+        if (last != NULL && PyTuple_GET_SIZE(last) == n) {
+            int same = 1;
+            for (int i = 0; same && i < n; i++) same = PyLong_AsSsize_t(PyTuple_GET_ITEM(last, i)) == dims[i];
+            if (same) {
+                Py_INCREF(last);
+                return last;
+            }
+        }
         PyObject* shape = PyTuple_New(n);
         for (int i = 0; shape != NULL && i < n; i++) {
             PyObject* d = PyLong_FromSsize_t(dims[i]);
             if (d == NULL) Py_CLEAR(shape);
             else PyTuple_SET_ITEM(shape, i, d);
+        }
+        if (shape != NULL && n <= 8) {
+            Py_INCREF(shape);
+            pycoll_last_shape = shape;
+            Py_XDECREF(last);
         }
         return shape;
     }
@@ -767,17 +825,12 @@ cdef object _numpy_buffer(object arr, bint writable, object name):
     cdef int i
     if not flags & _NP_C_CONTIGUOUS or (writable and not flags & _NP_WRITEABLE):
         return None
-    dt = <object>a.descr
-    code = _NP_DTYPES.get(dt)
-    if code is None:
-        table = _buffers._NP_TYPES
-        code = table.get(type(dt)) if dt.isnative else None
-        _NP_DTYPES[dt] = code = -1 if code is None else code
+    cdef int code = _np_code(<object>a.descr)
     if code == -1:
         return None
     for i in range(a.nd):
         count *= a.dimensions[i]
-    return pycoll_buffer(Buffer, <uintptr_t>a.data, count * <Py_ssize_t>_ITEMSIZES[code], count, code, _NAMES[code],
+    return pycoll_buffer(Buffer, <uintptr_t>a.data, count * _ITEMSIZES[code], count, code, <object>_NAMES[code],
                          pycoll_shape(a.nd, a.dimensions), _CPU, 0, not flags & _NP_WRITEABLE, arr, "numpy", None, name)
 
 
@@ -834,8 +887,9 @@ cdef object _torch_cpu_buffer(object t, object name):
     shape = pycoll_descr_get(_T_SHAPE, t)  # a torch.Size: a tuple of ints (the element count is their product)
     for d in <tuple>shape:
         count *= <Py_ssize_t>d
-    return pycoll_buffer(Buffer, pycoll_descr_call(_T_DATA_PTR, t), count * <Py_ssize_t>_ITEMSIZES[code], count, code,
-                         _NAMES[code], shape, _CPU, 0, False, t, "torch", None, name)
+    cdef int c = code
+    return pycoll_buffer(Buffer, pycoll_descr_call(_T_DATA_PTR, t), count * _ITEMSIZES[c], count, code,
+                         <object>_NAMES[c], shape, _CPU, 0, False, t, "torch", None, name)
 
 
 cdef object _describe(CommCore comm, object obj, object stream, bint writable, object name):
@@ -874,7 +928,7 @@ def buf(CommCore comm, obj, stream, *, writable, name):
 
 cdef bint _deadlines_watched() except -1:
     # hooks.deadlines_watched() without its frame (and through C for a compiled observer): read on every operation
-    for o in hooks._watchers:
+    for o in _watchers:
         if (<Hook>o).watching_now() if isinstance(o, Hook) else o.watching():
             return True
     return False
@@ -885,20 +939,27 @@ cdef object _own_stream(CommCore comm, bint blocking):
 
     An idle host stream may run a blocking operation in the caller's thread -- the same
     stream order and events, without a thread switch -- but only while a watchdog enforces
-    deadlines (a caller blocked inside the library cannot) and never for an asynchronous or
-    grouped operation (its call must return at once); a wait for an asynchronous one may run it
-    (when the stream's thread has not begun it), under the same condition.
+    deadlines (a caller blocked inside the library cannot) and never for an asynchronous one (its
+    call must return at once); a wait for an asynchronous one may run it (when the stream's thread
+    has not begun it), under the same condition. Inside a group nothing reaches the stream before
+    the group ends: :class:`GroupScope` decides for the whole group then.
     """
-    cdef bint watched = _deadlines_watched()
-    cdef bint inline = blocking and watched and pycoll_group_works == NULL
-    cdef int mode = (1 if inline else 0) | (2 if watched else 0)
     s = comm._stream
     if s is None:
         s = comm._stream = comm.device.create_stream()
+    if pycoll_group_works == NULL:
+        _stream_mode(comm, s, blocking)
+    return s
+
+
+cdef int _stream_mode(CommCore comm, object s, bint inline) except -1:
+    cdef bint watched = _deadlines_watched()
+    inline = inline and watched
+    cdef int mode = (1 if inline else 0) | (2 if watched else 0)
     if comm._stream_mode != mode:
         comm.device.allow_inline(s, inline, watched)
         comm._stream_mode = mode
-    return s
+    return 0
 
 
 cdef object _begin(CommCore comm, object what, object stream, bint async_op, object arrays):
@@ -910,18 +971,86 @@ cdef object _begin(CommCore comm, object what, object stream, bint async_op, obj
                                       default=_own_stream(comm, not async_op))
 
 
-def prepare_group_end(CommCore comm, list works):
-    """Before the ``ncclGroupEnd`` of an outermost group: when all its operations are blocking and on
-    ``comm``'s own stream, that idle host stream may run them in this thread, as it runs a blocking
-    operation outside a group (under the same condition: a watchdog enforces deadlines)."""
+cdef int _prepare_group_end(list works) except -1:
+    """Before the ``ncclGroupEnd`` of an outermost group: when all its operations are blocking, of one
+    communicator and on its own stream, that idle host stream may run them in this thread, as it runs a
+    blocking operation outside a group (under the same condition: a watchdog enforces deadlines); else
+    the own streams of the group's communicators may not."""
     cdef Work w
-    s = comm._stream
-    if s is None or comm._guard_device:
-        return
+    cdef CommCore c, first = (<Work>works[0]).comm
+    cdef bint inline = not first._guard_device
     for w in works:
-        if w.async_op or w.comm is not comm or w.stream != s:
-            return
-    _own_stream(comm, True)
+        c = w.comm
+        if w.async_op or c is not first or c._stream is None or w.stream != c._stream:
+            inline = False
+    for w in works:
+        c = w.comm
+        if c._stream is not None and not c._guard_device:
+            _stream_mode(c, c._stream, inline)
+    return 0
+
+
+cdef class GroupScope:
+    """The body of ``with comm.group():`` (:func:`pycoll.group.group`), compiled as the operations it holds.
+
+    The outermost group of this thread collects the Works enqueued in it; at its end ``ncclGroupEnd``
+    issues them, their completion events are recorded, and the blocking ones are waited for. A group
+    the library refuses fails its Works (nothing of it runs) and raises the library's error, unless
+    the block itself raised.
+    """
+    cdef object comm, lib
+    cdef bint outer
+
+    def __cinit__(self, comm):
+        self.comm = comm
+
+    def __enter__(self):
+        lib = self.comm.library
+        self.outer = pycoll_group_works == NULL
+        if not self.outer and (pycoll_group_lib == NULL or <object>pycoll_group_lib is not lib):
+            raise CommStateError("a group can only hold communicators of one library")
+        lib.group_start()
+        self.lib = lib
+        if self.outer:
+            set_group([], lib)
+        return None
+
+    def __exit__(self, typ, value, tb):
+        cdef Work w
+        cdef bint body_ok = typ is None
+        cdef list works = []
+        lib = self.lib
+        if self.outer:
+            works = _open_works()
+            set_group(None, None)
+            if works:
+                _prepare_group_end(works)
+        status = 0
+        try:
+            status = lib.group_end()
+        except NCCLError as e:
+            for w in works:
+                w.comm.group_failed(w, e)  # nothing of the group runs: no phantom outstanding work
+            if body_ok:
+                for c in {w.comm for w in works} or {self.comm}:
+                    try:
+                        c.handle_call_error(e, None)
+                    except (CommFailure, NCCLError):
+                        pass
+                raise
+            works = []
+        if status == _IN_PROGRESS:  # nonblocking communicators still issuing: nothing is on the streams yet
+            for w in works:
+                w.comm.await_ready(w)
+        for w in works:
+            _group_closed(w.comm, w, w.comm.device, _comm_lib(w.comm))
+        if body_ok:
+            for w in works:
+                if not w.async_op:
+                    _refresh(w.comm, w, w.comm.device, _comm_lib(w.comm))  # run in this thread: usually complete
+                    if not (w._state is _COMPLETED and w._exc is None):
+                        w.wait()
+        return False
 
 
 def begin(CommCore comm, what, stream, async_op, arrays):
@@ -957,6 +1086,7 @@ cdef void* _function(Library lib, int kind) noexcept:
 
 
 @cython.freelist(8)
+@cython.no_gc  # it refers to its library and CollConfig arguments only: no cycle runs through it
 cdef class _Call:
     """One operation's library call with its arguments resolved: ``call(comm_handle, stream)``.
 

@@ -157,13 +157,6 @@ def abort_all(comms: Sequence[Communicator], timeout: Optional[float] = None) ->
         c._end_abort()
 
 
-def _discard(items: List[Any], item: Any) -> None:
-    try:
-        items.remove(item)
-    except ValueError:
-        pass
-
-
 class Communicator(_core.CommCore):
     """A communicator of ``size`` ranks; this process is ``rank``.
 
@@ -226,7 +219,7 @@ class Communicator(_core.CommCore):
         self._stream_mode = -1  # how the own stream may run work in other threads (_core._own_stream)
         self._guard_device = device.kind != "host"  # launches run with the communicator's GPU current
         # _lock, _plock and _hlock: made by CommCore (their order is there)
-        self._pending = []
+        self._pending = {}  # the outstanding Works, in issue order (a dict: no reallocation per operation)
         self._failure = None
         self.failed_at: Optional[float] = None  # wall-clock time of the failure
         #: called as ``callback(comm, exc)`` in the thread that records a failure, after the
@@ -435,8 +428,6 @@ class Communicator(_core.CommCore):
     _launch = _core.launch
     refresh = _core.refresh
     _retire = _core.retire
-    group_closed = _core.group_closed
-    prepare_group_end = _core.prepare_group_end  # a group of blocking operations may run in this thread
 
     def try_refresh(self, w: Work) -> None:
         """Like :meth:`refresh`, for observers: never raises, skipped once the communicator failed."""
@@ -457,7 +448,7 @@ class Communicator(_core.CommCore):
         self.device.enter_own_thread()
         code = self._async_code()
         if code not in (0, B.IN_PROGRESS):
-            self.fail(self._async_exc(code), self._pending[0] if self._pending else None)
+            self.fail(self._async_exc(code), next(iter(list(self._pending)), None))
             return
         now = time.monotonic() if now is None else now
         for w in list(self._pending):
@@ -566,7 +557,7 @@ class Communicator(_core.CommCore):
         """In a forked child: this communicator belongs to the parent; refuse every use, free nothing."""
         self._state = "inherited"
         self._handle = None
-        self._pending = []
+        self._pending = {}
         self._stream = None
         self._events = []
         self._scratch = None
@@ -591,7 +582,7 @@ class Communicator(_core.CommCore):
     def _withdraw(self, w: Work) -> None:
         """Forget an operation the library refused (nothing was enqueued)."""
         with self._plock:
-            _discard(self._pending, w)
+            self._pending.pop(w, None)
             for ev in (w._start, w._end):
                 if ev is not None:
                     self._events.append(ev)

@@ -11,8 +11,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any, Iterator, List, Optional
 
 from . import _core
-from ._bindings import IN_PROGRESS
-from .errors import CommFailure, CommStateError, NCCLError
+from .errors import CommStateError
 
 if TYPE_CHECKING:  # pragma: no cover
     from .work import Work
@@ -25,50 +24,10 @@ def open_group() -> Optional[List[Work]]:
     return _core.open_group()
 
 
-@contextlib.contextmanager
-def group(comm: Any) -> Iterator[None]:
-    """The body of :meth:`pycoll.Communicator.group` (see there)."""
-    lib = comm.library
-    outer = open_group()
-    if outer is not None and _core.group_library() is not lib:
-        raise CommStateError("a group can only hold communicators of one library")
-    lib.group_start()
-    if outer is None:
-        _core.set_group([], lib)
-    body_exc: Optional[BaseException] = None
-    try:
-        yield
-    except BaseException as exc:
-        body_exc = exc
-        raise
-    finally:
-        works: List[Work] = []
-        if outer is None:
-            works = _core.open_group() or []
-            _core.set_group(None, None)
-            if works and body_exc is None:
-                works[0].comm.prepare_group_end(works)
-        status = 0
-        try:
-            status = lib.group_end()
-        except NCCLError as e:
-            for w in works:
-                w.comm.group_failed(w, e)  # nothing of the group runs: no phantom outstanding work
-            if body_exc is None:
-                for c in {w.comm for w in works} or {comm}:
-                    with contextlib.suppress(CommFailure, NCCLError):
-                        c.handle_call_error(e, None)
-                raise
-            works = []
-        if status == IN_PROGRESS:  # nonblocking communicators still issuing: nothing is on the streams yet
-            for w in works:
-                w.comm.await_ready(w)
-        for w in works:
-            w.comm.group_closed(w)
-        if body_exc is None:
-            for w in works:
-                if not w.async_op:
-                    w.wait()
+def group(comm: Any) -> _core.GroupScope:
+    """The body of :meth:`pycoll.Communicator.group` (see there): compiled with the per-call path
+    (``pycoll._core.GroupScope``)."""
+    return _core.GroupScope(comm)
 
 
 @dataclasses.dataclass

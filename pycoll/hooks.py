@@ -202,6 +202,16 @@ enqueue_hooks: Tuple[Callable[[WorkView], None], ...] = ()
 completion_hooks: Tuple[Callable[[WorkView], None], ...] = ()
 
 
+#: Called after every change of the observers: the compiled path keeps its own copy of the tuples above.
+_listeners: List[Callable[[], None]] = []
+
+
+def on_change(listener: Callable[[], None]) -> None:
+    """Call ``listener()`` now and after every change of the registered observers."""
+    _listeners.append(listener)
+    listener()
+
+
 def _rebuild() -> None:
     global compiled_observers, enqueue_hooks, completion_hooks, _watchers
 
@@ -213,6 +223,8 @@ def _rebuild() -> None:
     enqueue_hooks = tuple(o.work_enqueued for o in python if overrides(o, "work_enqueued"))
     completion_hooks = tuple(o.work_completed for o in python if overrides(o, "work_completed"))
     _watchers = tuple(o for o in _observers if overrides(o, "watching"))
+    for listener in _listeners:
+        listener()
 
 
 def add_observer(observer: CommObserver) -> None:

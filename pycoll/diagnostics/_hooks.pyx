@@ -85,7 +85,10 @@ cdef class Entry:
     """
     cdef readonly long long pos
     cdef readonly object rid, info, isz, idt, osz, odt, op, seq, p2p_seq, op_id, peer, timeout, created
-    cdef readonly object frozen, capture
+    cdef readonly object capture
+    cdef object _frozen  # set by freeze() (or "captured")
+    cdef bint _completed  # completed, at these times (set without making the state's tuple)
+    cdef object _t_started, _t_completed, _duration
     cdef unsigned long _tid
     cdef _Frames _frames
 
@@ -100,6 +103,14 @@ cdef class Entry:
     def tid(self):
         """The identifier of the thread that issued the operation."""
         return self._tid
+
+    @property
+    def frozen(self):
+        """The operation's final state, ``(state, started ns, completed ns, duration ms, error)``, or None while
+        its Work has it."""
+        if self._frozen is None and self._completed:
+            return ("completed", self._t_started, self._t_completed, self._duration, None)
+        return self._frozen
 
     @property
     def stack(self):
@@ -129,7 +140,7 @@ cdef class Entry:
     def freeze(self, state):
         """Keep ``state``, ``(state, started ns, completed ns, duration ms, error)``, as the operation's
         final state (its Work may go away)."""
-        self.frozen = state
+        self._frozen = state
 
 
 cdef class RecorderCore(Hook):
@@ -202,7 +213,8 @@ cdef class RecorderCore(Hook):
         e.isz, e.idt, e.osz, e.odt = isz, idt, osz, odt
         e._tid = PyThread_get_thread_ident()
         e.op, e.seq, e.p2p_seq, e.op_id, e.peer = w.op, w.seq, w.p2p_seq, w.op_id, w.peer
-        e.timeout, e.created, e.frozen, e.capture = w.timeout, w.time_created_ns, frozen, capture
+        e.timeout, e.created, e._frozen, e.capture = w.timeout, w.time_created_ns, frozen, capture
+        e._completed, e._t_started, e._t_completed, e._duration = False, None, None, None
         old = e._frames
         e._frames = self._scratch
         self._scratch = old
@@ -213,9 +225,12 @@ cdef class RecorderCore(Hook):
 
     cdef int completed(self, Work w) except -1:
         """Freeze a completed operation's times into its entry (the communicator calls it when one completes)."""
-        e = w.fr_entry
-        if e is not None and (<Entry>e).pos == w.fr_pos:
-            (<Entry>e).frozen = ("completed", w.time_started_ns, w.time_completed_ns, w.duration_ms, None)
+        cdef Entry e
+        if w.fr_entry is not None:
+            e = <Entry>w.fr_entry
+            if e.pos == w.fr_pos:
+                e._completed, e._t_started, e._t_completed, e._duration = (
+                    True, w.time_started_ns, w.time_completed_ns, w.duration_ms)
         return 0
 
 
