@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "debug.h"
+#include "exitwatch.h"
 #include "handles.h"
 #include "window.h"
 
@@ -197,6 +198,7 @@ ncclResult_t comm_attach(struct ncclComm* c, struct seg* s, int rank) {
       }
     }
   }
+  exitwatch_add(c);
   /* processes on this machine, not ranks of this comm, decide whether spinning can help */
   c->oversubscribed = n > host_ncpus();
   __atomic_store_n(&s->ctrl[rank].state, RS_ACTIVE, __ATOMIC_RELEASE);
@@ -212,6 +214,7 @@ void comm_teardown(struct ncclComm* c, int final_state) {
   }
   c->torn_down = true;
   pthread_mutex_unlock(&c->mu);
+  exitwatch_remove(c); /* before the segment and the pidfds go */
   if (c->seg.base) {
     if (c->rank >= 0) {
       struct rank_ctrl* me = &c->seg.ctrl[c->rank];
@@ -253,7 +256,8 @@ ncclResult_t comm_check_peer(struct ncclComm* c, int k, bool check_process, char
     }
     default: break;
   }
-  if (check_process && (c->peers[k].gone || (c->peers[k].pidfd >= 0 && pidfd_exited(c->peers[k].pidfd)))) {
+  if (__atomic_load_n(&c->peers[k].gone, __ATOMIC_ACQUIRE) ||
+      (check_process && c->peers[k].pidfd >= 0 && pidfd_exited(c->peers[k].pidfd))) {
     snprintf(text, len, "rank %d (pid %d) exited", k, c->peers[k].proc.pid);
     return ncclRemoteError;
   }

@@ -19,7 +19,7 @@ struct peer {
   struct proc_id proc;
   int pidfd;          /* -1 when not watched (same process, other pid namespace) */
   bool same_process;
-  bool gone; /* had already exited when this rank attached */
+  bool gone; /* exited: when this rank attached, or found by the exit watcher since (atomic) */
 };
 
 struct user_redop {
@@ -60,6 +60,8 @@ struct ncclComm {
 
   struct seg seg;
   struct peer* peers;
+  struct ncclComm* watch_next; /* in the exit watcher's list (exitwatch.c) */
+  bool watch_listed;
   uint64_t nonce[2];
   uint64_t token;
   bool oversubscribed;

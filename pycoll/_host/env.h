@@ -12,6 +12,7 @@
 #define ENV_CHUNK_BYTES_MAX (1ull << 30)
 #define ENV_ONESHOT_MAX_MAX (1ull << 30)
 #define ENV_NS_MAX 10000000000ull   /* 10 s of spinning or yielding */
+#define ENV_PEER_CHECK_MIN_NS 100000ull /* PYCOLL_HOST_PEER_CHECK_NS: 0.1 ms to ENV_NS_MAX */
 #define ENV_INIT_TIMEOUT_MAX 1e7    /* seconds; 0 means forever */
 
 /* Unset or empty: *out = def, true. A valid value: *out = it, true. Otherwise: a WARN on stderr that

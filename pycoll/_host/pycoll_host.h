@@ -28,6 +28,9 @@
  *   PYCOLL_HOST_SPIN_NS       how long a waiter spins before yielding (50000) when its peer runs
  *                             on another CPU; waiters yield at once when the peer shares their CPU
  *   PYCOLL_HOST_YIELD_NS      how long it then yields before sleeping on a futex (300000)
+ *   PYCOLL_HOST_PEER_CHECK_NS how often a waiter looks at its peers' processes, and its longest sleep
+ *                             (1000000; 100000 to 1e10); a peer on this host that exits wakes it at
+ *                             once anyway (the exit watcher)
  *   PYCOLL_HOST_ONESHOT_MAX   AllReduce/Reduce up to this many bytes use one phase (32768)
  *   PYCOLL_HOST_CHUNK_BYTES   pipeline chunk of larger AllReduce/Reduce (524288; 64 to 2^30)
  *   (each is checked by env.c: a bad value is refused with a WARN, see env.h for the bounds)

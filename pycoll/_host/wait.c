@@ -62,11 +62,14 @@ int host_ncpus(void) {
 }
 
 /* Tunables (nanoseconds): how long to spin, then to yield, before sleeping; sleep bounds. */
-static uint64_t spin_ns = 50000, yield_ns = 300000, sleep_min_ns = 200000, sleep_max_ns = PEER_CHECK_NS;
+uint64_t peer_check_ns = 1000000;
+static uint64_t spin_ns = 50000, yield_ns = 300000, sleep_min_ns = 200000, sleep_max_ns = 1000000;
 
 __attribute__((constructor)) static void wait_tunables(void) {
   env_u64("PYCOLL_HOST_SPIN_NS", 0, ENV_NS_MAX, spin_ns, &spin_ns);
   env_u64("PYCOLL_HOST_YIELD_NS", 0, ENV_NS_MAX, yield_ns, &yield_ns);
+  env_u64("PYCOLL_HOST_PEER_CHECK_NS", ENV_PEER_CHECK_MIN_NS, ENV_NS_MAX, peer_check_ns, &peer_check_ns);
+  sleep_max_ns = peer_check_ns;
 }
 
 void backoff_reset(struct backoff* b, bool oversubscribed) {

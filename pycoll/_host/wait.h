@@ -47,9 +47,11 @@ enum wait_phase backoff_step(struct backoff* b);
 uint64_t backoff_sleep_ns(struct backoff* b);
 /* True about every `interval_ns` (for the slower checks: peer liveness). */
 bool backoff_due(struct backoff* b, uint64_t interval_ns);
-/* How often a waiter looks for dead peers (pidfd polls), and the longest sleep between looks: a
- * SIGKILLed peer is noticed within about a millisecond of its exit. */
-#define PEER_CHECK_NS 1000000ull
+/* How often a waiter looks for dead peers (pidfd polls), and the longest sleep between looks
+ * (PYCOLL_HOST_PEER_CHECK_NS, 1 ms). A peer process of this host that exits is found at once anyway:
+ * the exit watcher (exitwatch.h) wakes the waiters; the looks catch what it cannot see. */
+extern uint64_t peer_check_ns;
+#define PEER_CHECK_NS peer_check_ns
 
 /* Sleeps on `d` unless `still_blocked(arg)` turns false after registering as a sleeper. */
 void doorbell_sleep(struct doorbell* d, uint64_t timeout_ns, bool (*still_blocked)(void*), void* arg);

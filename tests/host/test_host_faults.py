@@ -191,6 +191,32 @@ def test_sigkill_mid_allreduce_then_shrink_with_abort():
     assert all(t < 1.0 for t in out[:3]), out  # detection itself takes < 100 ms unloaded
 
 
+def _blocked_on_a_peer_that_exits(rank, n, idb):
+    l = lib()
+    comm = init(n, rank, idb)
+    _allreduce(l, comm, n)
+    if rank == 0:
+        time.sleep(0.5)  # rank 1 is asleep in its wait by then
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(errors.RemoteError):
+        _allreduce(l, comm)
+    took = time.monotonic() - t0
+    l.comm_abort(comm)
+    return took
+
+
+@pytest.mark.timeout(60)
+def test_the_exit_watcher_wakes_a_waiter_as_its_peer_exits():
+    """Rank 1 waits in an allreduce that rank 0 never joins; rank 0 is SIGKILLed half a second later. With
+    the waiters' own looks at their peers 10 s apart, only the exit watcher (a thread asleep on the peers'
+    pidfds) can end the wait soon: it marks the peer gone and rings the communicator's doorbell."""
+    out = run_ranks(_blocked_on_a_peer_that_exits, 2, uid(), timeout=40, may_die=[0],
+                    env={"PYCOLL_HOST_PEER_CHECK_NS": "10000000000"})
+    assert isinstance(out[0], Died)
+    assert 0.4 < out[1] < 3.0, out  # rank 0's half second, then its exit: not the 10 s between looks
+
+
 def _zombie_peer(rank, n, idb):
     """Rank 0 forks rank 1 itself and never reaps it before the check: a killed rank 1 stays a
     zombie, which kill(pid, 0) cannot tell from a live process."""
