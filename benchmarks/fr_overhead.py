@@ -125,14 +125,11 @@ def record_cost(batches: int, batch: int) -> Dict[str, float]:
 def _rank(rank: int, n: int, uid: bytes, addr: Tuple[str, int], token: str, rounds: int, batch: int,
           conn: Any) -> None:
     pycoll = import_pycoll()
-    from pycoll.flight_recorder import FlightRecorder
     from pycoll.store import TCPStore
 
     wd = pycoll.watchdog.get_watchdog()
     rec = pycoll.flight_recorder.get_recorder()
     rec.configure(buffer_size=2000)
-    off = FlightRecorder(0).work_enqueued  # what recording off costs: an early return
-    polling = pycoll.comm.watchdog_running
     store = TCPStore(addr[0], addr[1], token)
     comm = pycoll.init(rank, n, unique_id=uid, backend="host", store=store, name="bench")
     x = np.ones(2, np.float32)
@@ -143,9 +140,12 @@ def _rank(rank: int, n: int, uid: bytes, addr: Tuple[str, int], token: str, roun
         for r in range(rounds):
             # a different first configuration each round: no configuration always follows another
             for name, cfg in CONFIGS[r % len(CONFIGS):] + CONFIGS[:r % len(CONFIGS)]:
-                # toggling the hook instead of resizing keeps the ring (and the garbage collector's
-                # view of it) the same in every configuration
-                wd.work_enqueued = rec.work_enqueued if cfg["buffer_size"] else off
+                # taking the recorder off the observers instead of resizing its ring keeps the ring (and the
+                # garbage collector's view of it) the same in every configuration
+                if cfg["buffer_size"]:
+                    pycoll.hooks.add_observer(rec)
+                else:
+                    pycoll.hooks.remove_observer(rec)
                 rec.configure(stacks=cfg["stacks"])
                 if cfg["watchdog"]:
                     wd.configure(enabled=True)
@@ -153,9 +153,8 @@ def _rank(rank: int, n: int, uid: bytes, addr: Tuple[str, int], token: str, roun
                 else:
                     wd.stop()
                     wd.configure(enabled=False)
-                inline = cfg["inline"]
-                pycoll.comm.watchdog_running = (polling if inline is None else
-                                                (lambda: True) if inline else (lambda: False))
+                if cfg["inline"] is not None:  # the flag the path reads to run a blocking operation inline
+                    wd._active = cfg["inline"]
                 for _ in range(20):
                     comm.all_reduce(x)
                 t = time.perf_counter_ns()

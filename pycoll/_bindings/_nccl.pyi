@@ -480,6 +480,7 @@ def load(spec: Optional[str] = None) -> Library:
 def loaded() -> List[Library]:
     """Libraries loaded so far in this process."""
 
-def capture_stack(skip: int, depth: int) -> Optional[List[Any]]:
+def capture_stack(skip: int, depth: int) -> List[Any]:
     """``[code, f_lasti, ...]`` of up to ``depth`` frames from ``skip`` frames above the calling
-    Python frame, innermost first (the flight recorder's per-call stack); None before Python 3.11."""
+    Python frame, innermost first (what a loop over ``sys._getframe`` collecting ``f_code`` and
+    ``f_lasti`` gives), read in C; the list is not tracked by the cyclic garbage collector."""

@@ -6,8 +6,6 @@ import pytest
 
 from pycoll._bindings import capture_stack
 
-pytestmark = pytest.mark.skipif(sys.version_info < (3, 11), reason="PyFrame_GetLasti is Python 3.11+")
-
 
 def _python_loop(skip, depth):
     out, f = [], sys._getframe(skip + 1)
