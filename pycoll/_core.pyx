@@ -255,7 +255,8 @@ cdef class Hook:
 
     @property
     def compiled_hooks(self):
-        """True: :mod:`pycoll.hooks` calls this observer's per-operation hooks through C."""
+        """True when :mod:`pycoll.hooks` may call this observer's per-operation hooks through C (a subclass
+        that overrides one of them in Python says False: its hooks are then called as Python methods)."""
         return True
 
 
@@ -503,14 +504,17 @@ cdef void _run_hooks(tuple calls, Work w) except *:
 
 
 # pycoll.hooks' tuples of observers and hooks, copied here whenever they change (a module attribute costs a
-# lookup in the module's dict on every operation)
-cdef tuple _compiled_observers = (), _enqueue_hooks = (), _completion_hooks = (), _watchers = ()
+# lookup in the module's dict on every operation); the observers that enforce deadlines, compiled or not
+cdef tuple _compiled_observers = (), _enqueue_hooks = (), _completion_hooks = ()
+cdef tuple _compiled_watchers = (), _watchers = ()
 
 
 def _observers_changed():
-    global _compiled_observers, _enqueue_hooks, _completion_hooks, _watchers
+    global _compiled_observers, _enqueue_hooks, _completion_hooks, _compiled_watchers, _watchers
     _compiled_observers, _enqueue_hooks = hooks.compiled_observers, hooks.enqueue_hooks
-    _completion_hooks, _watchers = hooks.completion_hooks, hooks._watchers
+    _completion_hooks = hooks.completion_hooks
+    _compiled_watchers = tuple(o for o in hooks._watchers if o in _compiled_observers)
+    _watchers = tuple(o for o in hooks._watchers if o not in _compiled_observers)
 
 
 hooks.on_change(_observers_changed)
@@ -928,8 +932,12 @@ def buf(CommCore comm, obj, stream, *, writable, name):
 
 cdef bint _deadlines_watched() except -1:
     # hooks.deadlines_watched() without its frame (and through C for a compiled observer): read on every operation
+    cdef Hook h
+    for h in _compiled_watchers:
+        if h.watching_now():
+            return True
     for o in _watchers:
-        if (<Hook>o).watching_now() if isinstance(o, Hook) else o.watching():
+        if o.watching():
             return True
     return False
 

@@ -602,7 +602,7 @@ class ElasticGroup:
         members, parent = self.members, old
         attempt = 0
         while True:
-            grew = self._others_grew(g)
+            grew = self._others_grew(g, wait=attempt == 0)
             if not grew:
                 new_members, committed = self._agree(g, attempt, members)
                 grew = self._others_grew(g)  # by the end of g's agreement
@@ -678,13 +678,26 @@ class ElasticGroup:
         _fp.hit(FP_RESHAPE_DONE)
         return self.comm
 
-    def _others_grew(self, g: int) -> bool:
-        """True when this member's grow from generation g failed and another member's built g + 1."""
+    def _others_grew(self, g: int, wait: bool = False) -> bool:
+        """True when this member's grow from generation g failed and another member's built g + 1.
+
+        ``wait``: look for their record for up to half a window, until every other member of g has
+        recorded a failed grow too. The others write it right after their grow, which ended with this
+        member's failed one; had this member gone into g's agreement meanwhile (where they never come),
+        they would have waited in g + 1's agreement for its vote, and left it out, before it came."""
         fg = self._failed_grow
         if fg is None or fg[0] != g + 1:
             return False
+        built = [f"{self._ns}/g{g + 1}/built"]
+        failed = [f"{self._ns}/g{g + 1}/failed/{m}" for m in self.members if m != self.slot]
+        end = time.monotonic() + (self.window / 2 if wait else 0.0)
         try:
-            return bool(self.store.check([f"{self._ns}/g{g + 1}/built"]))
+            while True:
+                if self.store.check(built):
+                    return True
+                if time.monotonic() >= end or (failed and self.store.check(failed)):
+                    return False
+                time.sleep(0.01)
         except StoreError:
             return False
 
@@ -810,6 +823,10 @@ class ElasticGroup:
         except (CommFailure, NCCLError, StoreError) as exc:
             guard.set()
             self._failed_grow = (g + 1, members)
+            try:  # for the members whose grow failed too: this one is not in generation g + 1 (see _others_grew)
+                self.store.set(f"{self._ns}/g{g + 1}/failed/{self.slot}", b"")
+            except StoreError as sexc:
+                _log.debug("slot %d: recording the failed grow of generation %d failed: %s", self.slot, g + 1, sexc)
             if old.state == "active" and old.failure is None:
                 old.fail(CommFailure(f"the grow of generation {g} of {self.name!r} failed: {exc}"))
             raise CommFailure(f"the grow of generation {g} of {self.name!r} failed: {exc}") from exc

@@ -20,6 +20,7 @@ from cpython.ref cimport PyObject, Py_XDECREF
 from pycoll._core cimport Hook, Work
 
 from ..buffers import Buffer
+from ..hooks import CommObserver
 
 __all__ = ["Entry", "RecorderCore", "WatchdogCore", "recorder_work_enqueued", "recorder_work_completed",
            "watchdog_work_enqueued", "watchdog_watching"]
@@ -143,6 +144,16 @@ cdef class Entry:
         self._frozen = state
 
 
+cdef bint _faces_are(object obj, tuple faces) except -1:
+    """True when ``type(obj)``'s methods named in ``faces`` ``((name, function), ...)`` are those functions:
+    no subclass replaced one of the compiled hooks' Python faces."""
+    tp = type(obj)
+    for name, function in faces:
+        if getattr(tp, name, None) is not function:
+            return False
+    return True
+
+
 cdef class RecorderCore(Hook):
     """The base of :class:`~pycoll.diagnostics.FlightRecorder`: what its per-operation hook reads, as C
     struct members (``FlightRecorder.__init__`` and ``configure`` set them)."""
@@ -160,6 +171,11 @@ cdef class RecorderCore(Hook):
 
     def __dealloc__(self):
         _free(&self._scratch)
+
+    @property
+    def compiled_hooks(self):
+        """True unless a subclass replaced ``work_enqueued`` or ``work_completed``."""
+        return _faces_are(self, (("work_enqueued", recorder_work_enqueued), ("work_completed", recorder_work_completed)))
 
     cdef int enqueued(self, Work w) except -1:
         """Record one operation (called for every enqueued :class:`~pycoll.Work`)."""
@@ -240,6 +256,13 @@ cdef class WatchdogCore(Hook):
     cdef public double _next_due, _wake_at
     cdef public object _poll_wake
     cdef public bint _active
+
+    @property
+    def compiled_hooks(self):
+        """True unless a subclass replaced ``work_enqueued``, ``watching`` or ``work_completed`` (which the
+        watchdog leaves to :class:`pycoll.hooks.CommObserver`)."""
+        return _faces_are(self, (("work_enqueued", watchdog_work_enqueued), ("watching", watchdog_watching),
+                                 ("work_completed", CommObserver.work_completed)))
 
     cdef int enqueued(self, Work w) except -1:
         """An operation due before the polling thread's next round wakes it (also while it is scanning:

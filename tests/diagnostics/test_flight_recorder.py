@@ -360,6 +360,32 @@ def test_real_host_communicator_is_recorded(tmp_path):
     assert all(w.fr_entry is not None for w in works)
 
 
+def test_a_subclass_that_overrides_a_hook_has_it_called(tmp_path):
+    """The recorder's hooks are called through C, unless a subclass replaces one in Python: then the
+    communicator calls that one (which may still call the compiled one)."""
+    seen = []
+
+    class Counting(fr.FlightRecorder):
+        def work_enqueued(self, w):
+            seen.append(w.op)
+            super().work_enqueued(w)
+
+    rec = Counting(8, dump_dir=str(tmp_path))
+    assert not rec.compiled_hooks and fr.FlightRecorder(8, dump_dir=str(tmp_path)).compiled_hooks
+    pycoll.hooks.add_observer(rec)
+    c = pycoll.init(0, 1, backend="host", name="subclass")
+    try:
+        c.all_reduce(np.ones(3, np.float32))
+        c.broadcast(np.ones(3, np.float32), root=0)
+        entries = rec.as_dict(0)["entries"]
+    finally:
+        pycoll.hooks.remove_observer(rec)
+        c.destroy()
+    assert seen == ["all_reduce", "broadcast"]
+    assert [e["profiling_name"] for e in entries] == ["nccl:all_reduce", "nccl:broadcast"]
+    assert all(e["state"] == "completed" for e in entries)
+
+
 def test_the_first_communicator_registers_the_recorder_and_the_watchdog():
     code = (
         "import threading, pycoll, pycoll.hooks as h, pycoll.diagnostics as d\n"
