@@ -6,8 +6,8 @@ described, launched, refreshed from its events and retired.
 its three locks (:class:`Lock`, :class:`RLock`: threading's interface, taken here without a method call).
 The functions below are the bodies of ``Communicator._begin``, ``_buf``, ``_launch``, ``refresh``, ``_retire``,
 ``all_reduce``, ``broadcast``, ``send`` and ``recv`` (the Communicator binds these functions as its methods), and
-:class:`GroupScope` the body of ``Communicator.group``: one path on every backend. An operation's start event is recorded on its stream, the Work becomes outstanding
-(the watchdog watches it from then on), the library call (:func:`library_call`: the C function
+:class:`GroupScope` the body of ``Communicator.group``: one path on every backend. An operation's start event
+is recorded on its stream, the Work becomes outstanding (the watchdog watches it from then on), the library call (:func:`library_call`: the C function
 pointer, GIL released) enqueues it, its end event is recorded after it; completion is read from the
 events. On pycoll's host library the event and async-error calls go straight to the C functions;
 every other device is called through its Python methods. Nothing here decides policy: failures go
@@ -33,7 +33,6 @@ from pycoll._bindings.libnccl cimport (
 
 import logging
 import sys
-import threading
 import time
 
 import numpy as np
@@ -49,7 +48,6 @@ __all__ = ["CommCore", "Hook", "Lock", "RLock", "Work", "launch", "refresh", "re
            "group_library", "set_group", "DLPACK_CAPSULE_DESTRUCTOR"]
 
 _log = logging.getLogger("pycoll.comm")
-_get_ident = threading.get_ident
 
 cdef int _IN_PROGRESS = B.IN_PROGRESS
 cdef double _SLICE_S = 5e-3  # longest a wait blocks on an event before it looks at the communicator again
@@ -520,25 +518,19 @@ def _observers_changed():
 hooks.on_change(_observers_changed)
 
 
-cdef void _enqueued(Work w) except *:
-    """Every observer hears of ``w`` before its library call: the compiled ones through C, then the others."""
+cdef void _notify(Work w, bint completed) except *:
+    """Every observer hears of ``w`` (before its library call; ``completed``: once it completed): the compiled
+    ones through C, then the others."""
     cdef Hook o
     for o in _compiled_observers:
         try:
-            o.enqueued(w)
+            if completed:
+                o.completed(w)
+            else:
+                o.enqueued(w)
         except Exception:  # an observer must never break a collective
-            _log.exception("observer %r failed in work_enqueued", o)
-    _run_hooks(_enqueue_hooks, w)
-
-
-cdef void _completed(Work w) except *:
-    cdef Hook o
-    for o in _compiled_observers:
-        try:
-            o.completed(w)
-        except Exception:
-            _log.exception("observer %r failed in work_completed", o)
-    _run_hooks(_completion_hooks, w)
+            _log.exception("observer %r failed in %s", o, "work_completed" if completed else "work_enqueued")
+    _run_hooks(_completion_hooks if completed else _enqueue_hooks, w)
 
 
 def launch(CommCore comm, op, call, stream, inputs, outputs, async_op, timeout, peer=None):
@@ -571,7 +563,7 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
     w = Work.__new__(Work)
     _setup(w, comm, op, comm._coll_seq, comm._p2p_seq, comm._last_op_id, peer is not None, peer, timeout, stream,
            inputs, outputs, async_op, capture)
-    _enqueued(w)
+    _notify(w, False)
     h = comm._handle
     assert h is not None
     group = _open_works()
@@ -690,7 +682,7 @@ cdef _refresh(CommCore comm, Work w, object dev, Library lib):
     if failure is not None:
         comm.fail(failure, w)
     else:
-        _completed(w)
+        _notify(w, True)
 
 
 cdef _retire(CommCore comm, Work w):
@@ -1015,7 +1007,7 @@ cdef class GroupScope:
     def __enter__(self):
         lib = self.comm.library
         self.outer = pycoll_group_works == NULL
-        if not self.outer and (pycoll_group_lib == NULL or <object>pycoll_group_lib is not lib):
+        if not self.outer and group_library() is not lib:
             raise CommStateError("a group can only hold communicators of one library")
         lib.group_start()
         self.lib = lib

@@ -220,7 +220,7 @@ ncclResult_t run_tasks(struct task* list) {
     if (b.iter == 0) spin_or_yield(list, &b);
     enum wait_phase ph = backoff_step(&b);
     if (ph == WAIT_SPIN) continue;
-    check_peers(list, backoff_due(&b, PEER_CHECK_NS));
+    check_peers(list, backoff_due(&b, peer_check_ns));
     if (ph == WAIT_SLEEP) {
       uint64_t ns = backoff_sleep_ns(&b);
       struct ncclComm* only = nc == 1 ? comms[0] : NULL;

@@ -1,8 +1,8 @@
 /* The exit watcher: one thread, asleep in epoll_wait on the pidfds of this process's communicators'
  * peers. When a peer process exits, the communicators it belongs to mark it gone and their doorbells
  * ring: a rank waiting for it (a collective, a rendezvous) wakes and fails at once, instead of at its
- * next periodic look at the peers (PEER_CHECK_NS). Peers on other hosts or in another pid namespace
- * have no pidfd and are not watched here. */
+ * next periodic look at the peers (peer_check_ns, wait.h). Peers on other hosts or in another pid
+ * namespace have no pidfd and are not watched here. */
 #ifndef PYCOLL_EXITWATCH_H
 #define PYCOLL_EXITWATCH_H
 

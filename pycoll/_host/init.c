@@ -237,7 +237,7 @@ ncclResult_t job_run_finalize(struct job* j) {
     }
     enum wait_phase ph = backoff_step(&b);
     if (ph == WAIT_SPIN) continue;
-    ncclResult_t e = comm_check_peer(c, k, backoff_due(&b, PEER_CHECK_NS), text, sizeof text);
+    ncclResult_t e = comm_check_peer(c, k, backoff_due(&b, peer_check_ns), text, sizeof text);
     st = __atomic_load_n(&s->ctrl[k].state, __ATOMIC_ACQUIRE);
     if (e != ncclSuccess && (st == RS_FINALIZED || st == RS_DESTROYED)) continue; /* it just got there */
     if (e != ncclSuccess) {

@@ -88,7 +88,7 @@ static ncclResult_t exchange(struct job* j, const bool* part, uint64_t excl_hash
     }
     enum wait_phase ph = backoff_step(&b);
     if (ph == WAIT_SPIN) continue;
-    ncclResult_t e = reshape_peer_gone(p, k, backoff_due(&b, PEER_CHECK_NS), text, sizeof text);
+    ncclResult_t e = reshape_peer_gone(p, k, backoff_due(&b, peer_check_ns), text, sizeof text);
     if (e != ncclSuccess && __atomic_load_n(&theirs->seq, __ATOMIC_ACQUIRE) != j->child_seq) {
       CWARN(p, "%s : %s", j->opname, text);
       return e;

@@ -51,7 +51,6 @@ bool backoff_due(struct backoff* b, uint64_t interval_ns);
  * (PYCOLL_HOST_PEER_CHECK_NS, 1 ms). A peer process of this host that exits is found at once anyway:
  * the exit watcher (exitwatch.h) wakes the waiters; the looks catch what it cannot see. */
 extern uint64_t peer_check_ns;
-#define PEER_CHECK_NS peer_check_ns
 
 /* Sleeps on `d` unless `still_blocked(arg)` turns false after registering as a sleeper. */
 void doorbell_sleep(struct doorbell* d, uint64_t timeout_ns, bool (*still_blocked)(void*), void* arg);
