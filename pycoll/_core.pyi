@@ -48,6 +48,7 @@ class CommCore:
     _state: str
     _stream: Optional[int]
     _user: Optional[int]
+    _owner: int
     _last_op_id: int
     _coll_seq: int
     _p2p_seq: int

@@ -568,9 +568,9 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
     assert h is not None
     group = _open_works()
     me = PyThread_get_thread_ident()
+    if comm._owner != me:
+        comm._take_over(me, op)  # another thread had it: refused while that thread lives (comm.py)
     user = comm._user
-    if user is not None and user != me:
-        comm._concurrent_use(user, me, op)
     comm._user = me
     try:
         if capture is not None:

@@ -233,6 +233,7 @@ class Communicator(_core.CommCore):
         self._reshapes = 0  # split/shrink/grow calls so far: names children identically on every rank
         self._abort_only = False  # after an abortive shrink: released with abort, never destroy
         self._user = None  # the thread inside an operation now (one at a time)
+        self._owner_name = ""  # the name of the thread that has it (_owner: its ident; 0: none)
         self._pid = os.getpid()
         self._stream = None
         self._events = []
@@ -539,14 +540,42 @@ class Communicator(_core.CommCore):
 
     # -- launching operations -------------------------------------------------------------------
 
-    def _concurrent_use(self, other: int, me: int, op: str) -> None:
-        names = {t.ident: t.name for t in threading.enumerate()}
-        raise CommStateError(
-            f"communicator {self.name!r}: thread {names.get(me, me)!r} entered {op} while thread "
-            f"{names.get(other, other)!r} is inside an operation of it; a communicator serves one thread at a "
-            "time (NCCL's rule: concurrent calls interleave differently on different ranks and mix up their "
-            "data): give each thread its own communicator (split) or serialise the calls"
+    def _take_over(self, me: int, op: str) -> None:
+        """``me`` issues ``op`` but is not this communicator's thread: it becomes it if no thread has
+        the communicator (none issued an operation yet, or the last one called :meth:`hand_off`)."""
+        user, owner = self._user, self._owner
+        if user is not None and user != me:
+            raise self._refusal(op, "is inside an operation of it")
+        if owner:
+            raise self._refusal(op, "issued its operations so far and has not handed it off")
+        self._owner, self._owner_name = me, threading.current_thread().name
+
+    def _refusal(self, op: str, doing: str) -> CommStateError:
+        return CommStateError(
+            f"communicator {self.name!r}: thread {threading.current_thread().name!r} entered {op} while thread "
+            f"{self._owner_name!r} {doing}; a communicator serves one thread at a time (NCCL's rule: calls from "
+            "two threads interleave differently on different ranks and mix up their data): give each thread its "
+            "own communicator (split), or pass it on where the program orders the two threads' operations the "
+            "same way on every rank (comm.hand_off(), then the other thread's operations)"
         )
+
+    def hand_off(self) -> None:
+        """Let another thread issue this communicator's next operation.
+
+        A communicator serves one thread at a time. The first thread to issue an operation has it, and
+        an operation from any other thread raises :class:`CommStateError` (calls from two threads would
+        be ordered differently on different ranks and mix up their data), even after the first thread
+        has ended, until ``hand_off()`` is called; the next thread to issue an operation then has it.
+        Call it where the program orders the threads' operations the same way on every rank: after the
+        last operation of one thread and before the first of the next (from either thread).
+        Outstanding operations stay valid and may be waited on from any thread.
+        """
+        user = self._user
+        if user is not None and user != threading.get_ident():
+            raise CommStateError(f"communicator {self.name!r}: hand_off() from thread "
+                                 f"{threading.current_thread().name!r} while thread {self._owner_name!r} is "
+                                 "inside an operation of it")
+        self._owner = 0
 
     @property
     def busy_thread(self) -> Optional[int]:

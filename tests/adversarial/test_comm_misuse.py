@@ -96,6 +96,80 @@ def test_two_threads_on_one_communicator_get_a_clear_error():
         assert "'user-1.0'" in errors[0] and "'user-2.0'" in errors[0] and "one thread at a time" in errors[0]
 
 
+def _in_thread(fn, name):
+    out = []
+
+    def run():
+        try:
+            out.append(fn())
+        except pycoll.CommStateError as e:
+            out.append(str(e))
+
+    t = threading.Thread(target=run, name=name)
+    t.start()
+    t.join(30)
+    return out[0]
+
+
+def _handed_off(rank, n, uid):
+    c = _comm(rank, n, uid, timeout=10.0)
+    seen = []
+
+    def total():
+        x = np.full(2, rank + 1.0, np.float32)
+        c.all_reduce(x)
+        return x.tolist()
+
+    seen.append(total())
+    refused = _in_thread(total, "intruder")  # refused on both ranks alike: nothing was issued
+    seen.append("'intruder'" in refused and "'MainThread'" in refused and "hand_off" in refused)
+    seen.append(total())  # the communicator is unharmed
+    c.hand_off()
+    seen.append(_in_thread(total, "successor"))
+    try:
+        total()  # "successor" has ended without handing it back
+        seen.append("used")
+    except pycoll.CommStateError as e:
+        seen.append("'successor'" in str(e) and "'MainThread'" in str(e))
+    c.hand_off()  # another thread may pass it on as well, where the program orders them
+    seen.append(total())
+    c.destroy()
+    return seen
+
+
+def test_a_communicator_passes_to_another_thread_only_when_handed_off():
+    """A second thread is refused while the first has the communicator, and after it ended too (on
+    another rank the two threads' calls may have run in the other order); hand_off() passes it on."""
+    assert run_ranks(_handed_off, 2, _uid(), timeout=60) == [[[3.0, 3.0], True, [3.0, 3.0], [3.0, 3.0], True,
+                                                              [3.0, 3.0]]] * 2
+
+
+def _hand_off_mid_operation(rank, n, uid):
+    c = _comm(rank, n, uid, timeout=20.0)
+    if rank == 1:
+        time.sleep(1.0)
+        c.all_reduce(np.ones(2, np.float32))
+        c.destroy()
+        return None
+    t = threading.Thread(target=c.all_reduce, args=(np.ones(2, np.float32),), name="worker")
+    t.start()
+    while c.busy_thread is None and t.is_alive():
+        time.sleep(0.01)
+    try:
+        c.hand_off()
+        seen = "handed off"
+    except pycoll.CommStateError as e:
+        seen = str(e)
+    t.join(15)
+    c.hand_off()  # "worker" ended: the main thread may take it over now
+    c.destroy()
+    return "'worker'" in seen and "inside an operation" in seen
+
+
+def test_hand_off_is_refused_while_another_thread_is_inside_an_operation():
+    assert run_ranks(_hand_off_mid_operation, 2, _uid(), timeout=60)[0] is True
+
+
 def _forked(rank, n, uid):
     c = _comm(rank, n, uid, timeout=10.0)
     r, w = os.pipe()
