@@ -42,8 +42,8 @@ FP_VOTE = _fp.declare("elastic.agree.vote", "a member's vote, before it is appen
 FP_AGREE_WAIT = _fp.declare("elastic.agree.wait", "the agreement, waiting for the others' vouchers")
 FP_AGREE_BEFORE_DECISION = _fp.declare("elastic.agree.before_decision", "before proposing the decision")
 FP_AGREE_AFTER_DECISION = _fp.declare("elastic.agree.after_decision", "the decision is adopted")
-FP_AGREE_TAKEOVER = _fp.declare("elastic.agree.takeover", "the coordinator is gone or the window is over: "
-                                "this member decides")
+FP_AGREE_TAKEOVER = _fp.declare("elastic.agree.takeover", "the first member is gone or the window is over: "
+                                "this member decides in its place")
 
 Gone = Callable[[int], bool]
 
@@ -150,16 +150,14 @@ def agree(store: Any, base: str, slot: int, members: Sequence[int], step: int, g
     members = tuple(members)
     mine = {slot, *speaks_for}
     deadline = time.monotonic() + window
-    first: Optional[int] = None  # the coordinator when this member began
     unsent = dict(votes) if votes else None
     while True:
         left = deadline - time.monotonic()
         coordinator = next((m for m in members if m in mine or not gone(m)), slot)
-        first = coordinator if first is None else first
         if coordinator in mine or left <= 0:
             if unsent:
                 vouch_many(store, base, unsent, slot)
-            if first not in mine:
+            if members and members[0] not in mine:  # in the first member's place (gone, or the window over)
                 _fp.hit(FP_AGREE_TAKEOVER, rank=slot)
             raw = _coordinate(store, base, slot, mine, members, step, gone, deadline)
             break
