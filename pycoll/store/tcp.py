@@ -83,14 +83,22 @@ class _ClientConn:
         self.sock = sock
         self.max_message = max_message
         self.buf = bytearray()
+        self.rbuf = bytearray(1 << 16)
+        self.rview = memoryview(self.rbuf)
         self.io_timeout: Optional[float] = None
 
     def _recv_exact(self, n: int) -> bytes:
         while len(self.buf) < n:
-            chunk = self.sock.recv(max(1 << 16, n - len(self.buf)))
-            if not chunk:
+            need = n - len(self.buf)
+            if need > len(self.rbuf):  # a large value: read it whole
+                chunk = self.sock.recv(need)
+                got = len(chunk)
+                self.buf += chunk
+            else:  # a usual reply: into a buffer of its own (recv() allocates 64 KiB per read)
+                got = self.sock.recv_into(self.rbuf)
+                self.buf += self.rview[:got]
+            if not got:
                 raise ConnectionResetError("the store server closed the connection")
-            self.buf += chunk
         out = bytes(self.buf[:n])
         del self.buf[:n]
         return out

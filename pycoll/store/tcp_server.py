@@ -207,6 +207,8 @@ class TCPStoreServer:
         #: what stopped the serving thread when it ended by an error, else None
         self.error: Optional[BaseException] = None
         self._sel = selectors.DefaultSelector()
+        self._rbuf = bytearray(1 << 18)  # every connection's reads land here first (one thread reads)
+        self._rview = memoryview(self._rbuf)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -482,16 +484,16 @@ class TCPStoreServer:
 
     def _on_readable(self, conn: _Conn) -> None:
         try:
-            data = conn.sock.recv(1 << 18)
+            n = conn.sock.recv_into(self._rbuf)  # not recv(): a fresh 256 KiB object per read is an mmap
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
             self._close_conn(conn)
             return
-        if not data:
+        if not n:
             self._close_conn(conn)
             return
-        conn.inbuf += data
+        conn.inbuf += self._rview[:n]
         # Input is read even while a request is pending (to notice a closed peer), but a client
         # may have at most one maximal frame queued behind it.
         if len(conn.inbuf) > self.max_message + 2 * _LEN.size + _CLIENT_HELLO.size:
