@@ -498,13 +498,13 @@ def _init_expect(rank, n, idb, nranks, myrank, code):
 
 @pytest.mark.timeout(60)
 def test_mismatched_nranks_is_invalid_usage():
-    texts = run_ranks(_mismatched_nranks, 2, uid(), timeout=30)
+    before = set(os.listdir("/dev/shm"))  # taken here: rank 0 may have made its segment before rank 1 starts
+    texts = run_ranks(_mismatched_nranks, 2, uid(), before, timeout=30)
     assert any("nranks" in t for t in texts), texts
 
 
-def _mismatched_nranks(rank, n, idb):
+def _mismatched_nranks(rank, n, idb, before):
     if rank == 1:  # rank 0 creates the communicator with nranks=2, rank 1 says 3: wait for its segment
-        before = set(os.listdir("/dev/shm"))
         deadline = time.monotonic() + 10.0
         while time.monotonic() < deadline and not any(
                 e.startswith("pycoll-") for e in set(os.listdir("/dev/shm")) - before):
