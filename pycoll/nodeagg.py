@@ -525,15 +525,18 @@ _GIVE_UP = 40  # connection attempts to one hub address (the watcher tries every
 
 class NodeAggregation:
     """Which member of this host hosts the hub, per membership: the lowest slot among the members
-    whose process runs on this host (same boot id). Used by :class:`pycoll.ElasticGroup`.
+    whose process runs on this host (same boot id); none for a membership of fewer than
+    ``min_members``. Used by :class:`pycoll.ElasticGroup`.
 
     ``procs``: slot -> (boot id, pid) of the members' processes. :meth:`link` returns this member's
     link for ``members`` (hosting the hub first when this member is the lowest local slot), or None
     when this member is alone on its host or the hub cannot be reached yet (then it uses the store).
     """
 
-    def __init__(self, store: Any, ns: str, slot: int, boot: str, gone: _mb.Gone) -> None:
+    def __init__(self, store: Any, ns: str, slot: int, boot: str, gone: _mb.Gone, min_members: int = 1) -> None:
         self.store, self.ns, self.slot, self.boot, self.gone = store, ns, slot, boot, gone
+        #: memberships smaller than this agree through the store, without a hub
+        self.min_members = min_members
         self.hub: Optional[NodeHub] = None
         self._link: Optional[NodeLink] = None
         self._address = ""
@@ -545,14 +548,15 @@ class NodeAggregation:
         """The address of the hub of ``members``; "" when this member has none, or when a member whose
         process ``procs`` lacks has a lower slot than the lowest local one (it may be local)."""
         local = sorted(m for m in members if m in procs and procs[m][0] == self.boot and self.boot)
-        if self.slot not in local or len(local) < 2 or any(m < local[0] for m in members if m not in procs):
+        if (len(members) < self.min_members or self.slot not in local or len(local) < 2
+                or any(m < local[0] for m in members if m not in procs)):
             return ""
         return hub_address(self.ns, self.boot, local[0], procs[local[0]][1])
 
     def link(self, members: Sequence[int], procs: Dict[int, Tuple[str, int]]) -> Optional[NodeLink]:
         self.pending = False
         local = sorted(m for m in members if m in procs and procs[m][0] == self.boot and self.boot)
-        if self.slot not in local or len(local) < 2:
+        if len(members) < self.min_members or self.slot not in local or len(local) < 2:
             self.close()
             return None
         host = local[0]

@@ -375,3 +375,30 @@ def test_elastic_group_through_the_hub(spec, survivors, tmp_path):
     assert got == {(1, survivors)}, res
     assert all(isinstance(res[s], tuple) for s in survivors), res
     assert "elastic.node." in trace.read_text(), "the hub was not used"
+
+
+def test_a_small_membership_agrees_without_a_hub():
+    """Below min_members no hub is hosted or reached (the store directly); from it on, the lowest local
+    slot hosts one. ElasticGroup's default (node_hub=None) sets it to NODE_HUB_MIN_MEMBERS."""
+    from pycoll.elastic import NODE_HUB_MIN_MEMBERS
+
+    boot = "c" * 32
+    small = tuple(range(4))
+    procs = {m: (boot, os.getpid()) for m in range(NODE_HUB_MIN_MEMBERS)}
+    agg = nodeagg.NodeAggregation(MemoryStore(), f"ns{os.getpid()}", 0, boot, lambda s: False,
+                                  min_members=NODE_HUB_MIN_MEMBERS)
+    try:
+        assert agg.link(small, procs) is None and agg.hub is None and agg.address(small, procs) == ""
+        big = tuple(range(NODE_HUB_MIN_MEMBERS))
+        link = agg.link(big, procs)
+        assert link is not None and agg.hub is not None and agg.hub.alive
+        assert agg.address(big, procs) == link.address
+        assert agg.link(small, procs) is None and agg.hub is None  # shrunk below it: the hub is closed
+    finally:
+        agg.close()
+    for node_hub, expected in ((None, NODE_HUB_MIN_MEMBERS), (True, 1)):
+        group = pycoll.ElasticGroup(MemoryStore(), 0, 1, backend="host", name=f"hubs{node_hub}", node_hub=node_hub)
+        try:
+            assert group._node is not None and group._node.min_members == expected
+        finally:
+            group.close()
