@@ -46,7 +46,7 @@ cdef class CommCore:
     cdef public object _handle, library, device, name, timeout, backend, _rank, _size
     cdef public object _pending, _events, _failure, _state, _stream, _user
     cdef public long long _coll_seq, _p2p_seq, _last_op_id
-    cdef public unsigned long _owner  # the thread that issued the last operation (0: none, or handed off)
+    cdef public unsigned long _owner  # the ident of the thread that has it (0: none yet, or handed off)
     cdef public int _stream_mode
     cdef public bint _guard_device
     cdef object _dev_seen  # the device the two facts below were read from

@@ -569,7 +569,7 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
     group = _open_works()
     me = PyThread_get_thread_ident()
     if comm._owner != me:
-        comm._take_over(me, op)  # another thread had it: refused while that thread lives (comm.py)
+        comm._take_over(me, op)  # refused while another thread has it (until hand_off: comm.py)
     user = comm._user
     comm._user = me
     try:
