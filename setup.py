@@ -17,6 +17,11 @@ HOST_LIB = "pycoll._bindings.libpycoll_host"
 class BuildExt(build_ext):
     """Builds the host library as ``libpycoll_host.so`` (no Python module init, no ABI tag)."""
 
+    def finalize_options(self):
+        super().finalize_options()
+        if self.parallel is None:  # the extensions compile side by side (the bindings' C alone takes half)
+            self.parallel = os.cpu_count() or 1
+
     def get_ext_filename(self, fullname):
         if fullname.split(".")[-1] == HOST_LIB.split(".")[-1]:
             return os.path.join(*fullname.split(".")) + ".so"
@@ -50,7 +55,7 @@ bindings = Extension(
 
 setup(
     ext_modules=[
-        *cythonize([bindings, core, observer_hooks], language_level=3,
+        *cythonize([bindings, core, observer_hooks], language_level=3, nthreads=os.cpu_count() or 1,
                    compiler_directives={"embedsignature": True, "binding": True}),
         host,
     ],
