@@ -369,7 +369,12 @@ NCCL_API int pycollStreamCreateWithFlags(pycollStream_t* stream, int flags) {
   if (!s) return ncclSystemError;
   s->magic = STREAM_MAGIC;
   s->flags = flags;
-  pthread_mutex_init(&s->mu, NULL);
+  pthread_mutexattr_t ma; /* adaptive: the caller's push and the stream thread's pop hold it for
+                           * nanoseconds; spinning briefly beats a futex sleep and wake */
+  pthread_mutexattr_init(&ma);
+  pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_ADAPTIVE_NP);
+  pthread_mutex_init(&s->mu, &ma);
+  pthread_mutexattr_destroy(&ma);
   pthread_cond_init(&s->work, NULL);
   pthread_cond_init(&s->idle, NULL);
   if (pthread_create(&s->thread, NULL, stream_main, s) != 0) {
