@@ -604,9 +604,7 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
         if group is not None:
             group.append(w)
         elif not async_op:
-            _refresh(comm, w, dev, lib)  # an idle host stream ran it in this thread: usually complete now
-            if not (w._state is _COMPLETED and w._exc is None):
-                w.wait()
+            _complete(comm, w, dev, lib)
         return w
     except KeyboardInterrupt:
         # Ctrl-C inside a blocking operation: the operation cannot complete consistently with the
@@ -616,6 +614,15 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
         raise
     finally:
         comm._user = user  # None, or this thread's own (a nested launch)
+
+
+cdef int _complete(CommCore comm, Work w, object dev, Library lib) except -1:
+    """A blocking operation, issued: an idle host stream ran it in this thread (usually complete now),
+    else wait for it."""
+    _refresh(comm, w, dev, lib)
+    if not (w._state is _COMPLETED and w._exc is None):
+        w.wait()
+    return 0
 
 
 cdef _group_closed(CommCore comm, Work w, object dev, Library lib):
@@ -1047,9 +1054,7 @@ cdef class GroupScope:
         if body_ok:
             for w in works:
                 if not w.async_op:
-                    _refresh(w.comm, w, w.comm.device, _comm_lib(w.comm))  # run in this thread: usually complete
-                    if not (w._state is _COMPLETED and w._exc is None):
-                        w.wait()
+                    _complete(w.comm, w, w.comm.device, _comm_lib(w.comm))
         return False
 
 

@@ -449,7 +449,7 @@ class Communicator(_core.CommCore):
         self.device.enter_own_thread()
         code = self._async_code()
         if code not in (0, B.IN_PROGRESS):
-            self.fail(self._async_exc(code), next(iter(list(self._pending)), None))
+            self.fail(self._async_exc(code), next(iter(self._pending), None))
             return
         now = time.monotonic() if now is None else now
         for w in list(self._pending):
