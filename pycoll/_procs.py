@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-__all__ = ["boot_id", "stat_fields"]
+__all__ = ["boot_id", "stat_fields", "exiting"]
+
+_PF_EXITING = 0x4  # the kernel's task flag: the task is in do_exit
+_SIGKILL_PENDING = 1 << (9 - 1)  # SIGKILL in the pending-signals bitmap
 
 
 def boot_id() -> str:
@@ -28,3 +31,15 @@ def stat_fields(pid: int) -> Optional[List[str]]:
         return None
     _, sep, rest = text.rpartition(")")  # the command name may hold spaces and parentheses
     return rest.split() if sep else None
+
+
+def exiting(fields: List[str]) -> bool:
+    """True when the process whose :func:`stat_fields` these are is dying and cannot take it back: a
+    SIGKILL is pending for its main thread (the kernel queues it there as the signal is sent, also for
+    any other fatal signal it turns into one), or that thread has begun to exit (``PF_EXITING``). Both
+    come milliseconds before the process turns into a zombie: the kernel tears its memory down in
+    between, and it has to be scheduled first."""
+    try:
+        return bool(int(fields[6]) & _PF_EXITING or int(fields[28]) & _SIGKILL_PENDING)
+    except (IndexError, ValueError):
+        return False

@@ -82,9 +82,12 @@ def poll_ready(library: Any, handle: int, what: str, timeout: float, *, on_error
     The one poll-until-ready loop of pycoll (nonblocking init, join, split, shrink, grow, finalize,
     revoke). An error code raises its typed exception after ``on_error()``; the deadline raises
     :class:`pycoll.CommTimeout` after ``on_timeout()`` (``describe_missing()`` may add who is missing).
+    Between two looks it sleeps with a back-off, or, on the host library, waits for the state to
+    change (``pycollCommWaitReady``): it then returns as the operation ends, not up to 1 ms later.
     """
     deadline = time.monotonic() + timeout
     sleep = 0.0
+    wait = library.comm_wait_ready if library.has("pycollCommWaitReady") else None
     while True:
         code = library.comm_get_async_error(handle)
         if code == 0:
@@ -100,7 +103,10 @@ def poll_ready(library: Any, handle: int, what: str, timeout: float, *, on_error
             nominal = timeout if reported_timeout is None else reported_timeout  # e.g. init's whole deadline
             raise CommTimeout(f"{what}{where} did not complete within {nominal:.3g} s{detail}",
                               comm_name=comm_name or "", op=what, timeout=nominal)
-        sleep = backoff(sleep)
+        if wait is not None:
+            wait(handle, min(max(0.0, deadline - time.monotonic()), 0.1))
+        else:
+            sleep = backoff(sleep)
 
 
 def abort_all(comms: Sequence[Communicator], timeout: Optional[float] = None) -> None:

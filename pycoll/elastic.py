@@ -54,7 +54,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 import numpy as np
 
 from . import _bindings as B, failpoints as _fp, membership as _mb, nodeagg as _node
-from ._procs import boot_id, stat_fields
+from ._procs import boot_id, exiting, stat_fields
 from .comm import Communicator, default_timeout
 from .config import CommConfig
 from .create import init, join, load_library
@@ -155,9 +155,9 @@ class Transition:
 
 
 def _local_process_gone(pid: int) -> bool:
-    """True when a process of this host has exited (also as an unreaped zombie) or is stopped."""
+    """True when a process of this host has exited (also as an unreaped zombie), is exiting, or is stopped."""
     fields = stat_fields(pid)
-    return not fields or fields[0] in ("Z", "X", "T", "t")
+    return not fields or fields[0] in ("Z", "X", "T", "t") or exiting(fields)
 
 
 class ElasticGroup:

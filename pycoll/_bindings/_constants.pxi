@@ -256,6 +256,7 @@ HOST_FUNCTIONS = (
     "pycollStreamEndCapture",
     "pycollGraphLaunch",
     "pycollGraphDestroy",
+    "pycollCommWaitReady",
 )
 
 #: pycollStreamCreateWithFlags: work submitted while the stream is idle runs in the caller's thread.

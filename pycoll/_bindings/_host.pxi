@@ -63,6 +63,21 @@ cdef class HostLibrary(Library):
         with nogil: _cap(&self.fn, NULL, &cr, self.fn.pycollEventWait(ev, ns))
         return _check(self, &cr, "pycollEventWait") == ncclSuccess
 
+    def comm_wait_ready(self, comm, double timeout):
+        """pycollCommWaitReady: block (GIL released) until ``comm``'s asynchronous state
+        (:meth:`comm_get_async_error`) is no longer ncclInProgress -- a nonblocking init, split,
+        shrink, grow, finalize or revoke has ended -- or ``timeout`` seconds pass; True when it
+        ended. The state itself is then read with :meth:`comm_get_async_error`."""
+        cdef ncclComm_t c = _comm(comm)
+        cdef uint64_t ns
+        cdef _Call cr
+        if not timeout >= 0:
+            raise ValueError(f"timeout must be >= 0 seconds, got {timeout}")
+        ns = <uint64_t>(timeout * 1e9) if timeout < 1e9 else <uint64_t>0xFFFFFFFFFFFFFFFF
+        _need(self, <void*>self.fn.pycollCommWaitReady, "pycollCommWaitReady")
+        with nogil: _cap(&self.fn, NULL, &cr, self.fn.pycollCommWaitReady(c, ns))
+        return _check(self, &cr, "pycollCommWaitReady") == ncclSuccess
+
     def host_event_arm(self, event):
         """pycollEventArm: make ``event`` incomplete until :meth:`host_event_fire` (streams waiting on it stop)."""
         cdef pycollEvent_t ev = <pycollEvent_t>_handle(event, "event")

@@ -253,5 +253,6 @@ cdef _resolve(Library lib):
     t.pycollStreamEndCapture = <pycollStreamEndCapture_fn>lib._sym("pycollStreamEndCapture")
     t.pycollGraphLaunch = <pycollGraphLaunch_fn>lib._sym("pycollGraphLaunch")
     t.pycollGraphDestroy = <pycollGraphDestroy_fn>lib._sym("pycollGraphDestroy")
+    t.pycollCommWaitReady = <pycollCommWaitReady_fn>lib._sym("pycollCommWaitReady")
     for name in RCCL_FUNCTIONS:
         lib._sym(name)

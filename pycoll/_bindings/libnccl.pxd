@@ -672,6 +672,7 @@ ctypedef int (*pycollStreamBeginCapture_fn)(pycollStream_t stream) noexcept nogi
 ctypedef int (*pycollStreamEndCapture_fn)(pycollStream_t stream, pycollGraph_t* graph) noexcept nogil
 ctypedef int (*pycollGraphLaunch_fn)(pycollGraph_t graph, pycollStream_t stream) noexcept nogil
 ctypedef int (*pycollGraphDestroy_fn)(pycollGraph_t graph) noexcept nogil
+ctypedef int (*pycollCommWaitReady_fn)(ncclComm_t comm, uint64_t timeout_ns) noexcept nogil
 
 
 # --- the symbol table of one loaded library: NULL where the library lacks the function ----------
@@ -798,3 +799,4 @@ ctypedef struct pycoll_nccl_table:
     pycollStreamEndCapture_fn pycollStreamEndCapture
     pycollGraphLaunch_fn pycollGraphLaunch
     pycollGraphDestroy_fn pycollGraphDestroy
+    pycollCommWaitReady_fn pycollCommWaitReady

@@ -48,7 +48,8 @@ struct ncclComm {
   int pending;     /* operations enqueued on streams and not finished */
   uint32_t abort_flag;
   int abort_reason; /* why abort_flag is set: enum abort_reason */
-  int async;       /* ncclCommGetAsyncError */
+  int async;       /* ncclCommGetAsyncError; a futex word for pycollCommWaitReady */
+  uint32_t async_waiters;
   int broken;      /* sticky fatal error for collectives (0 when healthy) */
   bool revoked, finalize_called, destroy_called, suspended;
   bool torn_down;
@@ -62,6 +63,7 @@ struct ncclComm {
   struct peer* peers;
   struct ncclComm* watch_next; /* in the exit watcher's list (exitwatch.c) */
   bool watch_listed;
+  bool life_linked;            /* this rank's life word is in the exit watcher's robust list */
   uint64_t nonce[2];
   uint64_t token;
   bool oversubscribed;
@@ -100,7 +102,11 @@ bool comm_copy_last_error(ncclComm_t comm, char* out, size_t len);
 /* ---- state ---- */
 
 static inline int comm_async(struct ncclComm* c) { return __atomic_load_n(&c->async, __ATOMIC_ACQUIRE); }
-static inline void comm_set_async(struct ncclComm* c, int v) { __atomic_store_n(&c->async, v, __ATOMIC_RELEASE); }
+/* Sets the asynchronous state and wakes the threads in pycollCommWaitReady. */
+static inline void comm_set_async(struct ncclComm* c, int v) {
+  __atomic_store_n(&c->async, v, __ATOMIC_SEQ_CST);
+  if (__atomic_load_n(&c->async_waiters, __ATOMIC_SEQ_CST)) futex_wake((uint32_t*)&c->async, false);
+}
 static inline bool comm_aborting(struct ncclComm* c) { return __atomic_load_n(&c->abort_flag, __ATOMIC_ACQUIRE); }
 /* A fatal error hit the comm: collectives fail from now on; peers waiting on us learn about it. */
 void comm_fail(struct ncclComm* c, int code, const char* text);
@@ -123,6 +129,9 @@ void comm_wait_inactive(struct ncclComm* c);
 /* Waits until every operation enqueued on a stream for this comm has finished. */
 ncclResult_t comm_wait_pending(struct ncclComm* c, bool abortable);
 
+/* True when peer `k`'s process is known to be dead: marked gone (its pidfd fired), or its life word
+ * (segment.h) says so -- then it is marked gone and the segment's sleepers are woken. One load when alive. */
+bool comm_peer_died(struct ncclComm* c, int k);
 /* Peer health while waiting on it: ncclSuccess, or the error to report. */
 ncclResult_t comm_check_peer(struct ncclComm* c, int peer, bool check_process, char* text, size_t len);
 

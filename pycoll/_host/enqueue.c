@@ -158,6 +158,13 @@ static void spin_or_yield(struct task* list, struct backoff* b) {
     b->spin_ns = 0;
 }
 
+/* The peer the first blocked task waits for (-1: none known); its death wakes the sleep. */
+static int first_wait_peer(struct task* list) {
+  for (struct task* t = list; t; t = t->next)
+    if (eligible(t) && t->started && t->wait_peer >= 0 && t->wait_peer != t->comm->rank) return t->wait_peer;
+  return -1;
+}
+
 static int cmp_ptr(const void* a, const void* b) {
   uintptr_t x = (uintptr_t) * (void* const*)a, y = (uintptr_t) * (void* const*)b;
   return x < y ? -1 : x > y;
@@ -226,7 +233,8 @@ ncclResult_t run_tasks(struct task* list) {
       struct ncclComm* only = nc == 1 ? comms[0] : NULL;
       if (only && entered[0]) {
         struct sleep_ctx ctx = {list};
-        doorbell_sleep(&only->seg.hdr->bell, ns, still_blocked, &ctx);
+        int peer = first_wait_peer(list);
+        doorbell_sleep_on(&only->seg.hdr->bell, peer >= 0 ? &only->seg.ctrl[peer].life : NULL, ns, still_blocked, &ctx);
       } else {
         struct timespec ts = {0, (long)MIN(ns, 200000)};
         nanosleep(&ts, NULL);

@@ -388,6 +388,20 @@ NCCL_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async
   return ncclSuccess;
 }
 
+NCCL_API int pycollCommWaitReady(ncclComm_t comm, uint64_t timeout_ns) {
+  struct ncclComm* c;
+  ncclResult_t r = comm_acquire(comm, "pycollCommWaitReady", &c);
+  if (r != ncclSuccess) return r;
+  uint64_t end = timeout_ns > UINT64_MAX - now_ns() ? UINT64_MAX : now_ns() + timeout_ns;
+  __atomic_add_fetch(&c->async_waiters, 1, __ATOMIC_SEQ_CST);
+  int a;
+  for (uint64_t t; (a = comm_async(c)) == ncclInProgress && (t = now_ns()) < end;)
+    futex_wait((uint32_t*)&c->async, (uint32_t)ncclInProgress, MIN(end - t, 100000000ull), false);
+  __atomic_sub_fetch(&c->async_waiters, 1, __ATOMIC_SEQ_CST);
+  comm_release(c);
+  return a == ncclInProgress ? ncclInProgress : ncclSuccess;
+}
+
 static ncclResult_t query(ncclComm_t comm, int* out, const char* opname, const char* argname, int which) {
   struct ncclComm* c;
   ncclResult_t r = comm_acquire(comm, opname, &c);

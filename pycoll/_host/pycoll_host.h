@@ -29,8 +29,8 @@
  *                             on another CPU; waiters yield at once when the peer shares their CPU
  *   PYCOLL_HOST_YIELD_NS      how long it then yields before sleeping on a futex (300000)
  *   PYCOLL_HOST_PEER_CHECK_NS how often a waiter looks at its peers' processes, and its longest sleep
- *                             (1000000; 100000 to 1e10); a peer on this host that exits wakes it at
- *                             once anyway (the exit watcher)
+ *                             (1000000; 100000 to 1e10); a peer on this host that dies wakes it at
+ *                             once anyway (its life word, a robust futex, and the exit watcher)
  *   PYCOLL_HOST_ONESHOT_MAX   AllReduce/Reduce up to this many bytes use one phase (32768)
  *   PYCOLL_HOST_CHUNK_BYTES   pipeline chunk of larger AllReduce/Reduce (524288; 64 to 2^30)
  *   (each is checked by env.c: a bad value is refused with a WARN, see env.h for the bounds)
@@ -116,6 +116,13 @@ int pycollStreamBeginCapture(pycollStream_t stream);
 int pycollStreamEndCapture(pycollStream_t stream, pycollGraph_t* graph);
 int pycollGraphLaunch(pycollGraph_t graph, pycollStream_t stream);
 int pycollGraphDestroy(pycollGraph_t graph);
+
+/* Waits at most timeout_ns (UINT64_MAX: forever) until the communicator's asynchronous state
+ * (ncclCommGetAsyncError) is no longer ncclInProgress -- a nonblocking init, split, shrink, grow,
+ * finalize or revoke has ended: ncclSuccess then (read the state itself with ncclCommGetAsyncError),
+ * else ncclInProgress. What a poll of ncclCommGetAsyncError does, without sleeping between polls. */
+struct ncclComm;
+int pycollCommWaitReady(struct ncclComm* comm, uint64_t timeout_ns);
 
 #ifdef __cplusplus
 }

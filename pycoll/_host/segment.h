@@ -1,7 +1,7 @@
 /* The shared-memory segment of one communicator: its layout and the process-local view of it.
  *
  *   header (4 KiB)   identity, rendezvous counters, poison, doorbell
- *   rank_ctrl[n]     per rank: step flag (arrive), op descriptors, state, reshape mailbox
+ *   rank_ctrl[n]     per rank: step flag (arrive), op descriptors, state, life word, reshape mailbox
  *   chan_ctrl[n*n]   per ordered pair (src, dst): p2p ring head (src writes) and tail (dst writes)
  *   inbox[n][2]      per rank and step parity: what the rank publishes for a collective step
  *   outbuf[2]        per step parity: reduced slices of the pipelined allreduce/reduce
@@ -16,7 +16,7 @@
 #include "wait.h"
 
 #define SEG_MAGIC 0x7079636f6c6c5347ull
-#define SEG_LAYOUT_VERSION 3
+#define SEG_LAYOUT_VERSION 4
 #define SEG_HEADER_BYTES 4096
 #define SLOT_HDR_BYTES 64
 /* One-sided signals: sigIdx < SIG_SLOTS, ctx < SIG_CTXS. */
@@ -76,6 +76,15 @@ struct rank_ctrl {
   int32_t fail_code;
   int32_t cpu; /* where this rank last waited: a peer on the same CPU should yield, not spin */
   char fail_text[196];
+  /* The rank's life word, a robust futex (exitwatch.h): the thread id of its process's exit watcher
+   * with FUTEX_WAITERS set, written once when the rank attaches (0 before, or where the watcher has no
+   * robust list). When that thread ends -- the process exited or was killed -- the kernel sets
+   * FUTEX_OWNER_DIED in it and wakes a waiter, before it tears the process's memory down: a peer
+   * learns of the death at once, not when the pidfd turns readable milliseconds later. `life_next`
+   * links the word into the watcher's robust list: an address in the owner's mapping, read only by
+   * the owner's kernel. */
+  _Alignas(64) uint64_t life_next;
+  uint32_t life;
   _Alignas(64) struct mbox mbox[2];
 };
 

@@ -14,6 +14,18 @@
 #ifndef SYS_pidfd_open
 #define SYS_pidfd_open 434
 #endif
+#ifndef SYS_futex_waitv
+#define SYS_futex_waitv 449
+#endif
+#define WAITV_U32 0x02 /* FUTEX2_SIZE_U32 */
+
+struct waitv { /* struct futex_waitv (Linux 5.16) */
+  uint64_t val;
+  uint64_t uaddr;
+  uint32_t flags;
+  uint32_t reserved;
+};
+static bool waitv_missing;
 
 int futex_wait(uint32_t* addr, uint32_t expected, uint64_t timeout_ns, bool shared) {
   struct timespec ts = {(time_t)(timeout_ns / 1000000000ull), (long)(timeout_ns % 1000000000ull)};
@@ -36,6 +48,31 @@ void doorbell_sleep(struct doorbell* d, uint64_t timeout_ns, bool (*still_blocke
   __atomic_fetch_add(&d->sleepers, 1, __ATOMIC_SEQ_CST);
   uint32_t seq = __atomic_load_n(&d->seq, __ATOMIC_SEQ_CST);
   if (!still_blocked || still_blocked(arg)) futex_wait(&d->seq, seq, timeout_ns, true);
+  __atomic_fetch_sub(&d->sleepers, 1, __ATOMIC_SEQ_CST);
+}
+
+void doorbell_sleep_on(struct doorbell* d, uint32_t* life, uint64_t timeout_ns, bool (*still_blocked)(void*),
+                       void* arg) {
+  uint32_t v = life ? __atomic_load_n(life, __ATOMIC_ACQUIRE) : 0;
+  if (!v || waitv_missing) {
+    doorbell_sleep(d, timeout_ns, still_blocked, arg);
+    return;
+  }
+  if (v & FUTEX_OWNER_DIED) return; /* dead already: the caller's look at the peer says so */
+  __atomic_fetch_add(&d->sleepers, 1, __ATOMIC_SEQ_CST);
+  uint32_t seq = __atomic_load_n(&d->seq, __ATOMIC_SEQ_CST);
+  if (!still_blocked || still_blocked(arg)) {
+    struct waitv w[2] = {{seq, (uintptr_t)&d->seq, WAITV_U32, 0}, {v, (uintptr_t)life, WAITV_U32, 0}};
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t end = (uint64_t)ts.tv_nsec + timeout_ns;
+    ts.tv_sec += (time_t)(end / 1000000000ull);
+    ts.tv_nsec = (long)(end % 1000000000ull);
+    if (syscall(SYS_futex_waitv, w, 2, 0, &ts, CLOCK_MONOTONIC) < 0 && errno == ENOSYS) {
+      waitv_missing = true;
+      futex_wait(&d->seq, seq, timeout_ns, true);
+    }
+  }
   __atomic_fetch_sub(&d->sleepers, 1, __ATOMIC_SEQ_CST);
 }
 

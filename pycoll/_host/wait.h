@@ -1,6 +1,6 @@
 /* Waiting: spin briefly, then sched_yield, then sleep on a futex with a short timeout. Posters
- * only issue a wake-up system call when someone sleeps. Peer processes are watched with pidfds,
- * so a dead peer (also an unreaped zombie) is noticed while waiting. */
+ * only issue a wake-up system call when someone sleeps. Peer processes are watched through their
+ * life words (segment.h) and pidfds, so a dead peer (also an unreaped zombie) is noticed while waiting. */
 #ifndef PYCOLL_WAIT_H
 #define PYCOLL_WAIT_H
 
@@ -54,6 +54,11 @@ extern uint64_t peer_check_ns;
 
 /* Sleeps on `d` unless `still_blocked(arg)` turns false after registering as a sleeper. */
 void doorbell_sleep(struct doorbell* d, uint64_t timeout_ns, bool (*still_blocked)(void*), void* arg);
+/* The same, and wakes as well when the peer whose life word (segment.h) is `life` dies (futex_waitv; on
+ * kernels before 5.16 the plain sleep, and the periodic look at the peers finds the death). Returns at
+ * once when the word already says so. `life` NULL or 0: the plain sleep. */
+void doorbell_sleep_on(struct doorbell* d, uint32_t* life, uint64_t timeout_ns, bool (*still_blocked)(void*),
+                       void* arg);
 
 int host_ncpus(void);
 

@@ -38,7 +38,7 @@ import socket
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .. import failpoints as _fp
-from .._procs import boot_id, stat_fields
+from .._procs import boot_id, exiting, stat_fields
 from ..errors import PeerFailure, StoreError
 from ..hooks import CommView, WorkView
 from .records import ProcRecord, ProgressRecord, proc_prefix, progress_prefix, read_records
@@ -62,10 +62,11 @@ def simulate_remote(on: bool = True) -> None:
 
 
 def _stat(pid: int) -> Optional[Tuple[str, int]]:
-    """(state letter, start time in clock ticks) of a process of this pid namespace; None: no such process."""
+    """(state letter, start time in clock ticks) of a process of this pid namespace; None: no such process.
+    A process that has begun to exit (its memory is still being torn down) counts as ``X``."""
     fields = stat_fields(pid)
     try:
-        return (fields[0], int(fields[19])) if fields else None
+        return ("X" if exiting(fields) else fields[0], int(fields[19])) if fields else None
     except (IndexError, ValueError):
         return None
 

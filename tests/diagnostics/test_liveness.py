@@ -4,6 +4,7 @@ about a second, whatever the timeout; a slow but live one gets its whole timeout
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -165,6 +166,43 @@ def test_process_state():
     assert liveness.process_state(p.pid, rec[1]) is not None
     me = liveness.this_process(1.0)
     assert me.pid == os.getpid() and me.start > 0 and me.period == 1.0
+
+
+_SLOW_TEARDOWN = (
+    "import mmap, sys, time\n"
+    "heap = mmap.mmap(-1, 2 << 30)\n"
+    "heap.madvise(mmap.MADV_NOHUGEPAGE)\n"
+    "for i in range(0, len(heap), 4096): heap[i] = 1\n"  # 2 GiB of 4 KiB pages, freed one by one at the exit
+    "print('ready', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+@pytest.mark.timeout(60)
+def test_a_dying_process_counts_as_exited_before_it_is_a_zombie():
+    """After SIGKILL a process is torn down (here 2 GiB of small pages: about 0.1 s) before it turns
+    into a zombie; its main thread is marked exiting at once. Both the watchdog's liveness and the
+    elastic layer's take that mark for an exit."""
+    from pycoll.elastic import _local_process_gone
+
+    p = subprocess.Popen([sys.executable, "-c", _SLOW_TEARDOWN], stdout=subprocess.PIPE)
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == b"ready"
+        rec = liveness._stat(p.pid)
+        assert rec is not None and liveness.process_state(p.pid, rec[1]) is None and not _local_process_gone(p.pid)
+        fd = os.pidfd_open(p.pid)
+        try:
+            os.kill(p.pid, signal.SIGKILL)
+            seen = []
+            deadline = time.monotonic() + 10
+            while not select.select([fd], [], [], 0)[0] and time.monotonic() < deadline:
+                seen.append((liveness.process_state(p.pid, rec[1]), _local_process_gone(p.pid)))
+            assert ("exited", True) in seen, seen[:5]  # while still tearing down: the pidfd is not readable
+        finally:
+            os.close(fd)
+    finally:
+        p.kill()
+        p.wait()
 
 
 def test_settings_are_validated():

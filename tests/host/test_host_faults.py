@@ -7,7 +7,9 @@ in an error rather than a hang.
 
 from __future__ import annotations
 
+import mmap
 import os
+import select
 import signal
 import threading
 import time
@@ -60,6 +62,35 @@ def test_nonblocking_init_completes_through_async_error():
     states = run_ranks(_nonblocking_init, 3, uid(), timeout=30)
     assert set(states) <= {0, 7}
     assert 7 in states  # at least the first rank to arrive waited in the background
+
+def _wait_ready(rank, n, idb):
+    l = lib()
+    if rank == 1:
+        time.sleep(0.3)  # rank 0's init cannot end before rank 1 comes
+    comm, status = l.comm_init_rank_config(n, UniqueId(idb), rank, Config(blocking=0))
+    assert comm != 0 and status in (0, 7)
+    t0 = time.monotonic()
+    early = l.comm_wait_ready(comm, 0.05) if rank == 0 else None
+    t_early = time.monotonic() - t0
+    done = l.comm_wait_ready(comm, 20.0)
+    state = l.comm_get_async_error(comm)
+    _allreduce(l, comm, n)
+    l.comm_destroy(comm)
+    return early, t_early, done, state
+
+
+@pytest.mark.timeout(60)
+def test_wait_ready_returns_as_the_nonblocking_init_ends():
+    """pycollCommWaitReady (what pycoll's poll of a nonblocking init/shrink waits with on the host
+    library): False after its timeout while the init is still in progress, True once it has ended."""
+    (early, t_early, done0, st0), (_, _, done1, st1) = run_ranks(_wait_ready, 2, uid(), timeout=30)
+    assert early is False and 0.04 < t_early < 0.25, (early, t_early)
+    assert done0 and done1 and st0 == st1 == 0
+    l = lib()
+    with pytest.raises(ValueError, match="timeout"):
+        l.comm_wait_ready(1, -1.0)
+    with pytest.raises(errors.InvalidArgument):
+        l.comm_wait_ready(12345, 0.0)  # not a communicator
 
 
 def _env_nonblocking(rank, n, idb):
@@ -215,6 +246,54 @@ def test_the_exit_watcher_wakes_a_waiter_as_its_peer_exits():
                     env={"PYCOLL_HOST_PEER_CHECK_NS": "10000000000"})
     assert isinstance(out[0], Died)
     assert 0.4 < out[1] < 3.0, out  # rank 0's half second, then its exit: not the 10 s between looks
+
+
+def _pidfd_readable(pid):
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], 0)[0])
+    finally:
+        os.close(fd)
+
+
+def _killed_with_a_slow_teardown(rank, n, idb, pidfile):
+    l = lib()
+    comm = init(n, rank, idb)
+    if rank == 0:
+        heap = mmap.mmap(-1, 2 << 30)
+        heap.madvise(mmap.MADV_NOHUGEPAGE)
+        np.frombuffer(heap, np.uint8)[::4096] = 1  # 2 GiB of 4 KiB pages, freed one by one at the exit
+        with open(pidfile, "w") as f:
+            f.write(str(os.getpid()))
+    _allreduce(l, comm, n)
+    if rank == 0:
+        time.sleep(0.3)  # rank 1 is asleep in its wait by then
+        os.kill(os.getpid(), signal.SIGKILL)
+    with open(pidfile) as f:
+        victim = int(f.read())
+    with pytest.raises(errors.RemoteError) as ei:
+        _allreduce(l, comm)
+    torn_down = _pidfd_readable(victim)  # first thing after the failure
+    l.comm_abort(comm)
+    return torn_down, ei.value.last_error
+
+
+@pytest.mark.timeout(90)
+def test_a_killed_peer_is_found_before_the_kernel_has_torn_it_down(tmp_path):
+    """A killed process turns into a zombie (its pidfd readable) only after the kernel has freed its
+    memory: about 0.1 s for 2 GiB of small pages here, milliseconds for any process with torch loaded.
+    Its life word (a robust futex of its exit watcher thread) is marked before that, and the peer asleep
+    in an allreduce wakes on it, with the periodic looks at the peers 10 s apart: when its allreduce has
+    failed, the dead peer's pidfd is not readable yet."""
+    out = run_ranks(_killed_with_a_slow_teardown, 2, uid(), str(tmp_path / "pid"), timeout=60, may_die=[0],
+                    env={"PYCOLL_HOST_PEER_CHECK_NS": "10000000000"})
+    assert isinstance(out[0], Died)
+    torn_down, text = out[1]
+    assert "rank 0" in text and "exited" in text, text
+    assert not torn_down
 
 
 def _zombie_peer(rank, n, idb):
