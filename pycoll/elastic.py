@@ -235,7 +235,7 @@ class ElasticGroup:
         self._announced = -1  # the last generation whose reshape this member announced
         # (generation, members) of a grow that failed here: the others may have built it (see _reshape)
         self._failed_grow: Optional[Tuple[int, Tuple[int, ...]]] = None
-        self._announce_q: queue.SimpleQueue[Optional[int]] = queue.SimpleQueue()
+        self._announce_q: queue.SimpleQueue[Optional[Tuple[int, Optional[Sequence[int]]]]] = queue.SimpleQueue()
         self._vouched: Tuple[int, int] = (-1, -1)  # the last (generation, attempt) this member vouched for
         self._proc_cache: Dict[int, Tuple[str, int]] = {}  # slot -> (boot id, pid), read by the watcher
         self._release_at = 0  # dumps wait until the new communicator has issued this many operations
@@ -361,7 +361,7 @@ class ElasticGroup:
                     if boot == self._boot and _local_process_gone(pid):
                         # vouch and raise the flag first: failing the communicator may take a while
                         # (its failure report), and the others' agreement window is running
-                        self._announce(comm.generation)
+                        self._announce(comm.generation, comm.global_ranks)
                         try:
                             # the revoke policy ends the rendezvous and keeps the communicator shrinkable
                             comm.fail(CommFailure(f"slot {m} is gone during the {what} of group {self.name!r}"))
@@ -436,10 +436,10 @@ class ElasticGroup:
 
     def _announcer(self) -> None:
         while True:
-            g = self._announce_q.get()
-            if g is None:
+            item = self._announce_q.get()
+            if item is None:
                 return
-            self._vouch_and_flag(g)
+            self._vouch_and_flag(*item)
 
     def _watch(self) -> None:
         """Vouch for this process and revoke the communicator when a reshape starts elsewhere."""
@@ -485,7 +485,7 @@ class ElasticGroup:
                 except Exception:  # revoke unsupported: the policy aborts instead
                     _log.exception("revoking generation %d", g)
             _fp.hit(FP_WATCHER_AFTER_REVOKE)
-            self._vouch(g, 0)
+            self._vouch(g, 0, comm.global_ranks if comm.generation == g else None)
 
     # -- reshape ----------------------------------------------------------------------------------
 
@@ -493,7 +493,7 @@ class ElasticGroup:
         """Decide the survivors of ``members`` for (generation g, attempt) and the last step they all
         completed; every caller gets the same answer."""
         _fp.hit(FP_AGREE_BEFORE_VOTE)
-        self._vouch(g, attempt)
+        self._vouch(g, attempt, members)
         # after a failed attempt, a member that failed on its own (a raise in shrink or init) comes at
         # once, the others only at their timeout: wait that long for their vouchers
         return self._agree_at(f"{self._ns}/g{g}/a{attempt}/", members, g,
@@ -509,6 +509,12 @@ class ElasticGroup:
             _fp.hit(FP_AGREE_BEFORE_VOTE)
             _mb.vouch(self.store, base, self.slot, self._step())
         link = self._hub_link(g) if g is not None and window is None else None  # attempt 0: through this host's hub
+        return _node.agree(link, self.store, base, self.slot, members, self._step(), self._gone_test(members),
+                           window=self.window if window is None else window, timeout=self.timeout,
+                           hub_voted=g is not None and window is None and self._hub_voted == (g, 0))
+
+    def _gone_test(self, members: Sequence[int]) -> Callable[[int], bool]:
+        """Whether a member is provably gone: a process of this host that exited, is exiting or is stopped."""
         procs = self._proc_cache
         if not all(m in procs for m in members):
             procs = self._procs(members)
@@ -516,9 +522,7 @@ class ElasticGroup:
         def gone(m: int) -> bool:
             return m in procs and procs[m][0] == self._boot and _local_process_gone(procs[m][1])
 
-        return _node.agree(link, self.store, base, self.slot, members, self._step(), gone,
-                           window=self.window if window is None else window, timeout=self.timeout,
-                           hub_voted=g is not None and window is None and self._hub_voted == (g, 0))
+        return gone
 
     def _hub_link(self, g: int) -> Optional[_node.NodeLink]:
         """The link to the hub of generation ``g``'s members (None: the store). The watcher renews it
@@ -606,7 +610,7 @@ class ElasticGroup:
         if old.state == "active" and old.failure is None:
             old.fail(CommFailure(f"generation {g} of {self.name!r}: reshape requested by slot {self.slot}"))
         t_start = time.time()
-        self._announce(g)  # done already when the failure was recorded
+        self._announce(g, old.global_ranks)  # done already when the failure was recorded
         members, parent = self.members, old
         attempt = 0
         while True:
@@ -623,7 +627,7 @@ class ElasticGroup:
                 if not old.closed:
                     old.abort()  # g's communicator: nobody else uses it any more
                 self.members, self.generation, g = members, g + 1, g + 1
-                self._announce(g)
+                self._announce(g, members)
                 continue
             tr = Transition("shrink", g + 1, self.members, new_members, cause, detected=detected,
                             agreement_started=t_start, agreed=time.time(), attempts=attempt + 1,
@@ -711,34 +715,37 @@ class ElasticGroup:
 
     def _on_comm_failure(self, comm: Communicator, exc: BaseException) -> None:
         if comm is self.comm:
-            self._announce(comm.generation)
+            self._announce(comm.generation, comm.global_ranks)
 
-    def _announce(self, g: int) -> None:
+    def _announce(self, g: int, members: Optional[Sequence[int]]) -> None:
         """Start generation ``g``'s reshape in the background: vouch for this process and raise the
         reshape flag, which wakes the members that are not inside a collective (their watcher
-        revokes and vouches). Called when the failure is recorded, before the caller even sees it."""
+        revokes and vouches). Called when the failure is recorded, before the caller even sees it.
+        ``members``: generation g's (None: not known here; the vote then never decides)."""
         if self._announced >= g:
             return
         self._announced = g
-        self._announce_q.put(g)  # the announcer thread (starting a thread here would cost ~1 ms)
+        self._announce_q.put((g, members))  # the announcer thread (starting a thread here would cost ~1 ms)
 
     def _step(self) -> int:
         """What a voucher says: the last step this member committed (-1: none)."""
         return -1 if self._committed is None else self._committed
 
-    def _vouch_and_flag(self, g: int) -> None:
+    def _vouch_and_flag(self, g: int, members: Optional[Sequence[int]]) -> None:
         try:
-            self._vouch(g, 0)
+            self._vouch(g, 0, members)
             _fp.hit(FP_ANNOUNCE_BEFORE_FLAG)
             self.store.compare_set(f"{self._ns}/g{g}/reshape", b"", str(self.slot))
         except Exception as exc:  # the agreement's own store calls will report a broken store
             _log.debug("slot %d: announcing the reshape of generation %d failed: %s", self.slot, g, exc)
 
-    def _vouch(self, g: int, attempt: int) -> None:
+    def _vouch(self, g: int, attempt: int, members: Optional[Sequence[int]] = None) -> None:
         """Tell the other members that this process takes part in (generation, attempt)'s agreement.
 
         Once per (generation, attempt), whichever thread comes first; the others need not wait for
-        it to land (only the other members read the key).
+        it to land (only the other members read the key). ``members``: that agreement's members, when
+        the caller knows them: a vote through the store that completes their set then proposes the
+        decision at once (:func:`pycoll.membership.vouch_and_decide`).
         """
         if self._vouched == (g, attempt):
             return
@@ -752,7 +759,11 @@ class ElasticGroup:
                     return
                 except _node.HubLost:
                     pass  # the store then
-            _mb.vouch(self.store, f"{self._ns}/g{g}/a{attempt}/", self.slot, self._step())
+            base = f"{self._ns}/g{g}/a{attempt}/"
+            if members is not None:  # the last member to vote decides
+                _mb.vouch_and_decide(self.store, base, self.slot, members, self._step(), self._gone_test(members))
+            else:
+                _mb.vouch(self.store, base, self.slot, self._step())
         except BaseException:
             self._vouched = (-1, -1)
             raise

@@ -92,6 +92,23 @@ def vouch_many(store: Any, base: str, votes: Mapping[int, int], voter: int) -> N
     store.append(f"{base}votes", _pack_votes(votes))
 
 
+def vouch_and_decide(store: Any, base: str, slot: int, members: Sequence[int], step: int, gone: Gone) -> bool:
+    """:func:`vouch`, in one request that also returns every vote so far (:meth:`Store.append_get` on
+    the votes key itself); when this vote completes the set -- every member of ``members`` not known
+    to be gone has voted -- propose the decision at once, as the coordinator of :func:`agree` would
+    once it saw the same votes. True when this member proposed (the first proposal wins; every member
+    adopts it). The last member to vote then decides, instead of waking the coordinator to do it: one
+    cross-process wake-up less between the last vote and the decision."""
+    _fp.hit(FP_VOTE, rank=slot)
+    key = f"{base}votes"
+    raw = store.append_get(key, _pack_votes({slot: step}), key, timeout=1.0)  # the key exists: no wait
+    voted = _parse_votes(raw)
+    if any(m not in voted and not gone(m) for m in members if m != slot):
+        return False
+    _propose(store, base, slot, {slot}, tuple(members), voted, step, gone)
+    return True
+
+
 def _pack_votes(votes: Mapping[int, int]) -> bytes:
     return b"".join(_VOTE.pack(s, st) for s, st in votes.items())
 
@@ -209,13 +226,19 @@ def _coordinate(store: Any, base: str, slot: int, mine: Set[int], members: Tuple
         if stalled:  # the store held the votes sent meanwhile unanswered: they are not late
             deadline += stalled
             read = False
+    return _propose(store, base, slot, mine, members, voted, step, gone)
+
+
+def _propose(store: Any, base: str, slot: int, mine: Set[int], members: Tuple[int, ...], voted: Mapping[int, int],
+             step: int, gone: Gone) -> bytes:
+    """Propose the decision these votes lead to; returns the decision (this one, or the one that came first)."""
     # a member that voted and is gone since is left out too (the new communicator would fail on it)
     alive = [m for m in members if m in mine or (m in voted and not gone(m))]
     least = min([voted.get(m, step) for m in alive] + [step])
     out = [m for m in members if m not in alive]
     _fp.hit(FP_AGREE_BEFORE_DECISION, rank=slot)
     # the first proposal wins; every member adopts it (compare_set returns the stored value)
-    decision: bytes = store.compare_set(decision_key, b"", f"x:{members_str(out)}|{least}")
+    decision: bytes = store.compare_set(f"{base}decision", b"", f"x:{members_str(out)}|{least}")
     return decision
 
 

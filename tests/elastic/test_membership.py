@@ -35,9 +35,11 @@ def _steps(n):
     return {s: 10 + s % 7 for s in range(n)}
 
 
-def _run(server, n=N, spec="", model="kill", window=WINDOW, absent=(), with_wait=False):
+def _run(server, n=N, spec="", model="kill", window=WINDOW, absent=(), with_wait=False, decide=None):
     """Every member votes and agrees (``absent`` ones never start); returns (results, dead, seconds).
-    ``with_wait``: each member's vote goes with its first request of the agreement (``votes=``)."""
+    ``with_wait``: each member's vote goes with its first request of the agreement (``votes=``).
+    ``decide``: a dict; each member votes with :func:`membership.vouch_and_decide` (the last voter
+    proposes) and records there whether it proposed."""
     failpoints.configure(spec, rank=-1)
     members = tuple(range(n))
     steps = _steps(n)
@@ -50,7 +52,9 @@ def _run(server, n=N, spec="", model="kill", window=WINDOW, absent=(), with_wait
         store = TCPStore(server.host, server.port, "m", timeout=10)
         try:
             start.wait(30)  # connected: they begin together, as a reshape flag wakes them
-            if not with_wait:
+            if decide is not None:
+                decide[slot] = membership.vouch_and_decide(store, BASE, slot, members, steps[slot], dead.__contains__)
+            elif not with_wait:
                 membership.vouch(store, BASE, slot, steps[slot])
             results[slot] = membership.agree(store, BASE, slot, members, steps[slot], dead.__contains__,
                                              window=window, timeout=10,
@@ -124,6 +128,58 @@ def test_votes_sent_with_the_wait_one_request_per_member(server):
     # the vote and the wait in one request (the coordinator: its vote, its waits, its decision)
     assert N <= requests <= 2 * N, requests
     assert after["append_get"] - before["append_get"] >= N - 1
+
+
+@pytest.mark.timeout(60)
+def test_the_last_voter_decides(server):
+    """With vouch_and_decide (what ElasticGroup's vote does) the member whose vote completes the set
+    proposes the decision at once; the coordinator's agree() then finds it made."""
+    decided = {}
+    results, dead, elapsed = _run(server, decide=decided, absent=(7, 40))
+    got = _check(results, dead, excluded=(7, 40))
+    assert got == tuple(m for m in range(N) if m not in (7, 40))
+    assert 1 <= sum(decided.values()) < N - 2, decided  # the last voters, not the early ones
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("model", ["kill", "stop"])
+@pytest.mark.parametrize("point", ["elastic.agree.vote", "elastic.agree.before_decision"])
+def test_the_deciding_voter_fails(server, point, model):
+    """Members 0-2 vote, then member 3, whose vote would complete the set, fails before its vote lands
+    or before it proposes: killed (known gone) or stopped (nothing says it is gone). The others agree
+    through the coordinator: without 3 unless its vote landed and it is not known to be gone."""
+    members, steps = (0, 1, 2, 3), {0: 5, 1: 6, 2: 7, 3: 4}
+    dead = set()
+    stores = [TCPStore(server.host, server.port, "m", timeout=10) for _ in members]
+    try:
+        for m in (0, 1, 2):
+            assert not membership.vouch_and_decide(stores[m], BASE, m, members, steps[m], dead.__contains__)
+        failpoints.configure(f"{point}=raise;rank=3", rank=-1)
+        with pytest.raises(FailpointError):
+            membership.vouch_and_decide(stores[3], BASE, 3, members, steps[3], dead.__contains__)
+        failpoints.reset()
+        if model == "kill":
+            dead.add(3)
+        results = {}
+
+        def agree(m):
+            results[m] = membership.agree(stores[m], BASE, m, members, steps[m], dead.__contains__,
+                                          window=0.5, timeout=10)
+
+        threads = [threading.Thread(target=agree, args=(m,)) for m in (0, 1, 2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        assert len(set(results.values())) == 1 and len(results) == 3, results
+        kept, least = results[0]
+        if model == "stop" and point == "elastic.agree.before_decision":
+            assert kept == members and least == 4  # its vote landed: a live member that voted stays
+        else:
+            assert kept == (0, 1, 2) and least == 5
+    finally:
+        for st in stores:
+            st.close()
 
 
 @pytest.mark.timeout(90)
