@@ -259,9 +259,16 @@ def _pidfd_readable(pid):
         os.close(fd)
 
 
-def _killed_with_a_slow_teardown(rank, n, idb, pidfile):
+def _killed_with_a_slow_teardown(rank, n, idb, pidfile, churn):
     l = lib()
     comm = init(n, rank, idb)
+    if rank == 0 and churn:
+        # communicators made after this one (the kernel walks the robust list from the newest) and
+        # destroyed from its head, middle and tail: a node left behind in an unmapped segment would stop
+        # the walk before it reaches this communicator's life word
+        alone = [init(1, 0, uid()) for _ in range(12)]
+        for i in (11, 5, 0, 7, 3, 9):
+            l.comm_destroy(alone[i])
     if rank == 0:
         heap = mmap.mmap(-1, 2 << 30)
         heap.madvise(mmap.MADV_NOHUGEPAGE)
@@ -282,13 +289,15 @@ def _killed_with_a_slow_teardown(rank, n, idb, pidfile):
 
 
 @pytest.mark.timeout(90)
-def test_a_killed_peer_is_found_before_the_kernel_has_torn_it_down(tmp_path):
+@pytest.mark.parametrize("churn", [False, True], ids=["one-comm", "after-12-comms"])
+def test_a_killed_peer_is_found_before_the_kernel_has_torn_it_down(tmp_path, churn):
     """A killed process turns into a zombie (its pidfd readable) only after the kernel has freed its
     memory: about 0.1 s for 2 GiB of small pages here, milliseconds for any process with torch loaded.
     Its life word (a robust futex of its exit watcher thread) is marked before that, and the peer asleep
     in an allreduce wakes on it, with the periodic looks at the peers 10 s apart: when its allreduce has
-    failed, the dead peer's pidfd is not readable yet."""
-    out = run_ranks(_killed_with_a_slow_teardown, 2, uid(), str(tmp_path / "pid"), timeout=60, may_die=[0],
+    failed, the dead peer's pidfd is not readable yet. Also when the dead process had made and destroyed
+    other communicators before (its robust list changed under it)."""
+    out = run_ranks(_killed_with_a_slow_teardown, 2, uid(), str(tmp_path / "pid"), churn, timeout=60, may_die=[0],
                     env={"PYCOLL_HOST_PEER_CHECK_NS": "10000000000"})
     assert isinstance(out[0], Died)
     torn_down, text = out[1]
