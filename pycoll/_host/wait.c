@@ -68,7 +68,10 @@ void doorbell_sleep_on(struct doorbell* d, uint32_t* life, uint64_t timeout_ns, 
     uint64_t end = (uint64_t)ts.tv_nsec + timeout_ns;
     ts.tv_sec += (time_t)(end / 1000000000ull);
     ts.tv_nsec = (long)(end % 1000000000ull);
-    if (syscall(SYS_futex_waitv, w, 2, 0, &ts, CLOCK_MONOTONIC) < 0 && errno == ENOSYS) {
+    if (syscall(SYS_futex_waitv, w, 2, 0, &ts, CLOCK_MONOTONIC) < 0 && errno != EAGAIN && errno != ETIMEDOUT &&
+        errno != EINTR) {
+      /* ENOSYS before Linux 5.16, EPERM under a seccomp profile that does not know it: sleep as before
+       * (returning at once instead would turn every later sleep into a spin) */
       waitv_missing = true;
       futex_wait(&d->seq, seq, timeout_ns, true);
     }

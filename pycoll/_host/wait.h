@@ -54,9 +54,10 @@ extern uint64_t peer_check_ns;
 
 /* Sleeps on `d` unless `still_blocked(arg)` turns false after registering as a sleeper. */
 void doorbell_sleep(struct doorbell* d, uint64_t timeout_ns, bool (*still_blocked)(void*), void* arg);
-/* The same, and wakes as well when the peer whose life word (segment.h) is `life` dies (futex_waitv; on
- * kernels before 5.16 the plain sleep, and the periodic look at the peers finds the death). Returns at
- * once when the word already says so. `life` NULL or 0: the plain sleep. */
+/* The same, and wakes as well when the peer whose life word (segment.h) is `life` dies (futex_waitv;
+ * on kernels before 5.16, or where seccomp refuses it, the plain sleep, and the periodic look at the
+ * peers finds the death). Returns at once when the word already says so. `life` NULL or 0: the plain
+ * sleep. */
 void doorbell_sleep_on(struct doorbell* d, uint32_t* life, uint64_t timeout_ns, bool (*still_blocked)(void*),
                        void* arg);
 
