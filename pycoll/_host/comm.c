@@ -136,9 +136,8 @@ void comm_fail(struct ncclComm* c, int code, const char* text) {
     }
   }
   int ok = ncclSuccess;
-  if (__atomic_compare_exchange_n(&c->async, &ok, code, false, __ATOMIC_SEQ_CST, __ATOMIC_ACQUIRE) &&
-      __atomic_load_n(&c->async_waiters, __ATOMIC_SEQ_CST))
-    futex_wake((uint32_t*)&c->async, false);
+  if (__atomic_compare_exchange_n(&c->async, &ok, code, false, __ATOMIC_SEQ_CST, __ATOMIC_ACQUIRE))
+    comm_async_changed(c);
   comm_set_last_error(c, text);
 }
 
@@ -240,9 +239,10 @@ void comm_teardown(struct ncclComm* c, int final_state) {
   c->send_seq = c->recv_seq = NULL;
 }
 
-bool comm_peer_died(struct ncclComm* c, int k) {
+bool comm_peer_died(struct ncclComm* c, int k, bool check_process) {
   if (__atomic_load_n(&c->peers[k].gone, __ATOMIC_ACQUIRE)) return true;
-  if (!(__atomic_load_n(&c->seg.ctrl[k].life, __ATOMIC_ACQUIRE) & FUTEX_OWNER_DIED)) return false;
+  if (!(__atomic_load_n(&c->seg.ctrl[k].life, __ATOMIC_ACQUIRE) & FUTEX_OWNER_DIED))
+    return check_process && c->peers[k].pidfd >= 0 && pidfd_exited(c->peers[k].pidfd);
   /* the kernel woke one waiter of the word at most: wake this segment's others */
   if (!__atomic_exchange_n(&c->peers[k].gone, true, __ATOMIC_ACQ_REL)) doorbell_wake(&c->seg.hdr->bell);
   return true;
@@ -267,7 +267,7 @@ ncclResult_t comm_check_peer(struct ncclComm* c, int k, bool check_process, char
     }
     default: break;
   }
-  if (comm_peer_died(c, k) || (check_process && c->peers[k].pidfd >= 0 && pidfd_exited(c->peers[k].pidfd))) {
+  if (comm_peer_died(c, k, check_process)) {
     snprintf(text, len, "rank %d (pid %d) exited", k, c->peers[k].proc.pid);
     return ncclRemoteError;
   }

@@ -102,10 +102,13 @@ bool comm_copy_last_error(ncclComm_t comm, char* out, size_t len);
 /* ---- state ---- */
 
 static inline int comm_async(struct ncclComm* c) { return __atomic_load_n(&c->async, __ATOMIC_ACQUIRE); }
-/* Sets the asynchronous state and wakes the threads in pycollCommWaitReady. */
+/* After the asynchronous state changed: wakes the threads in pycollCommWaitReady, if any. */
+static inline void comm_async_changed(struct ncclComm* c) {
+  if (__atomic_load_n(&c->async_waiters, __ATOMIC_SEQ_CST)) futex_wake((uint32_t*)&c->async, false);
+}
 static inline void comm_set_async(struct ncclComm* c, int v) {
   __atomic_store_n(&c->async, v, __ATOMIC_SEQ_CST);
-  if (__atomic_load_n(&c->async_waiters, __ATOMIC_SEQ_CST)) futex_wake((uint32_t*)&c->async, false);
+  comm_async_changed(c);
 }
 static inline bool comm_aborting(struct ncclComm* c) { return __atomic_load_n(&c->abort_flag, __ATOMIC_ACQUIRE); }
 /* A fatal error hit the comm: collectives fail from now on; peers waiting on us learn about it. */
@@ -129,9 +132,10 @@ void comm_wait_inactive(struct ncclComm* c);
 /* Waits until every operation enqueued on a stream for this comm has finished. */
 ncclResult_t comm_wait_pending(struct ncclComm* c, bool abortable);
 
-/* True when peer `k`'s process is known to be dead: marked gone (its pidfd fired), or its life word
- * (segment.h) says so -- then it is marked gone and the segment's sleepers are woken. One load when alive. */
-bool comm_peer_died(struct ncclComm* c, int k);
+/* True when peer `k`'s process is known to be dead: marked gone (the exit watcher saw its pidfd fire),
+ * or its life word (segment.h) says so -- then it is marked gone and the segment's sleepers are woken --
+ * or, with `check_process`, its pidfd is readable now (a poll). Two loads when alive and not checked. */
+bool comm_peer_died(struct ncclComm* c, int k, bool check_process);
 /* Peer health while waiting on it: ncclSuccess, or the error to report. */
 ncclResult_t comm_check_peer(struct ncclComm* c, int peer, bool check_process, char* text, size_t len);
 

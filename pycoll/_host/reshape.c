@@ -40,7 +40,7 @@ static ncclResult_t reshape_peer_gone(struct ncclComm* p, int k, bool check_proc
     snprintf(text, len, "rank %d %s the parent communicator", k, st == RS_ABORTED ? "aborted" : "destroyed");
     return ncclRemoteError;
   }
-  if (comm_peer_died(p, k) || (check_process && p->peers[k].pidfd >= 0 && pidfd_exited(p->peers[k].pidfd))) {
+  if (comm_peer_died(p, k, check_process)) {
     snprintf(text, len, "rank %d (pid %d) exited", k, p->peers[k].proc.pid);
     return ncclRemoteError;
   }

@@ -44,39 +44,38 @@ void doorbell_wake(struct doorbell* d) {
   futex_wake(&d->seq, true);
 }
 
-void doorbell_sleep(struct doorbell* d, uint64_t timeout_ns, bool (*still_blocked)(void*), void* arg) {
-  __atomic_fetch_add(&d->sleepers, 1, __ATOMIC_SEQ_CST);
-  uint32_t seq = __atomic_load_n(&d->seq, __ATOMIC_SEQ_CST);
-  if (!still_blocked || still_blocked(arg)) futex_wait(&d->seq, seq, timeout_ns, true);
-  __atomic_fetch_sub(&d->sleepers, 1, __ATOMIC_SEQ_CST);
+/* Sleeps on the doorbell (its value `seq`) and on a life word (its value `v`) at once. False when the
+ * kernel has no futex_waitv (ENOSYS before Linux 5.16) or a seccomp profile that does not know it
+ * refuses it (EPERM): the caller then sleeps on the doorbell alone, now and from then on (returning at
+ * once instead would turn every later sleep into a spin). */
+static bool sleep_waitv(struct doorbell* d, uint32_t seq, uint32_t* life, uint32_t v, uint64_t timeout_ns) {
+  struct waitv w[2] = {{seq, (uintptr_t)&d->seq, WAITV_U32, 0}, {v, (uintptr_t)life, WAITV_U32, 0}};
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  uint64_t end = (uint64_t)ts.tv_nsec + timeout_ns;
+  ts.tv_sec += (time_t)(end / 1000000000ull);
+  ts.tv_nsec = (long)(end % 1000000000ull);
+  if (syscall(SYS_futex_waitv, w, 2, 0, &ts, CLOCK_MONOTONIC) < 0 && errno != EAGAIN && errno != ETIMEDOUT &&
+      errno != EINTR) {
+    waitv_missing = true;
+    return false;
+  }
+  return true;
 }
 
 void doorbell_sleep_on(struct doorbell* d, uint32_t* life, uint64_t timeout_ns, bool (*still_blocked)(void*),
                        void* arg) {
-  uint32_t v = life ? __atomic_load_n(life, __ATOMIC_ACQUIRE) : 0;
-  if (!v || waitv_missing) {
-    doorbell_sleep(d, timeout_ns, still_blocked, arg);
-    return;
-  }
+  uint32_t v = life && !waitv_missing ? __atomic_load_n(life, __ATOMIC_ACQUIRE) : 0;
   if (v & FUTEX_OWNER_DIED) return; /* dead already: the caller's look at the peer says so */
   __atomic_fetch_add(&d->sleepers, 1, __ATOMIC_SEQ_CST);
   uint32_t seq = __atomic_load_n(&d->seq, __ATOMIC_SEQ_CST);
-  if (!still_blocked || still_blocked(arg)) {
-    struct waitv w[2] = {{seq, (uintptr_t)&d->seq, WAITV_U32, 0}, {v, (uintptr_t)life, WAITV_U32, 0}};
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    uint64_t end = (uint64_t)ts.tv_nsec + timeout_ns;
-    ts.tv_sec += (time_t)(end / 1000000000ull);
-    ts.tv_nsec = (long)(end % 1000000000ull);
-    if (syscall(SYS_futex_waitv, w, 2, 0, &ts, CLOCK_MONOTONIC) < 0 && errno != EAGAIN && errno != ETIMEDOUT &&
-        errno != EINTR) {
-      /* ENOSYS before Linux 5.16, EPERM under a seccomp profile that does not know it: sleep as before
-       * (returning at once instead would turn every later sleep into a spin) */
-      waitv_missing = true;
-      futex_wait(&d->seq, seq, timeout_ns, true);
-    }
-  }
+  if ((!still_blocked || still_blocked(arg)) && !(v && sleep_waitv(d, seq, life, v, timeout_ns)))
+    futex_wait(&d->seq, seq, timeout_ns, true);
   __atomic_fetch_sub(&d->sleepers, 1, __ATOMIC_SEQ_CST);
+}
+
+void doorbell_sleep(struct doorbell* d, uint64_t timeout_ns, bool (*still_blocked)(void*), void* arg) {
+  doorbell_sleep_on(d, NULL, timeout_ns, still_blocked, arg);
 }
 
 int pidfd_open_pid(int32_t pid) {

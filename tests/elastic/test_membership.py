@@ -86,6 +86,16 @@ def _run(server, n=N, spec="", model="kill", window=WINDOW, absent=(), with_wait
     return results, dead, elapsed
 
 
+def _in_threads(fn, args, timeout):
+    """``fn(a)`` for each of ``args``, each in a thread of its own, all at once; waits up to ``timeout``
+    seconds for each."""
+    threads = [threading.Thread(target=fn, args=(a,), daemon=True) for a in args]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+
+
 def _check(results, dead, n=N, excluded=(), maybe=()):
     """Every survivor holds the same decision, which keeps every survivor, leaves out ``excluded`` and
     the members killed before they voted, and names the least step of the members it keeps."""
@@ -166,11 +176,7 @@ def test_the_deciding_voter_fails(server, point, model):
             results[m] = membership.agree(stores[m], BASE, m, members, steps[m], dead.__contains__,
                                           window=0.5, timeout=10)
 
-        threads = [threading.Thread(target=agree, args=(m,)) for m in (0, 1, 2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(20)
+        _in_threads(agree, (0, 1, 2), 20)
         assert len(set(results.values())) == 1 and len(results) == 3, results
         kept, least = results[0]
         if model == "stop" and point == "elastic.agree.before_decision":
@@ -300,11 +306,7 @@ def test_aggregators_speak_for_their_nodes(server):
         finally:
             store.close()
 
-    threads = [threading.Thread(target=aggregator, args=(i,), daemon=True) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(20)
+    _in_threads(aggregator, range(8), 20)
     assert len(set(results.values())) == 1 and len(results) == 8, results
     got, step = results[0]
     assert got == tuple(m for m in members if m != 13)
@@ -350,9 +352,5 @@ def test_time_the_store_did_not_answer_is_not_counted_against_the_window(server)
         results[slot] = membership.agree(store, BASE, slot, members, steps[slot], lambda m: False, window=window,
                                          timeout=10)
 
-    threads = [threading.Thread(target=member, args=(s,)) for s in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    _in_threads(member, range(n), 30)
     assert _check(results, set(), n=n) == members  # nobody was late: the store was
