@@ -244,7 +244,10 @@ bool comm_peer_died(struct ncclComm* c, int k, bool check_process) {
   if (!(__atomic_load_n(&c->seg.ctrl[k].life, __ATOMIC_ACQUIRE) & FUTEX_OWNER_DIED))
     return check_process && c->peers[k].pidfd >= 0 && pidfd_exited(c->peers[k].pidfd);
   /* the kernel woke one waiter of the word at most: wake this segment's others */
-  if (!__atomic_exchange_n(&c->peers[k].gone, true, __ATOMIC_ACQ_REL)) doorbell_wake(&c->seg.hdr->bell);
+  if (!__atomic_exchange_n(&c->peers[k].gone, true, __ATOMIC_ACQ_REL)) {
+    doorbell_wake(&c->seg.hdr->bell);
+    idle_dead_process(c->peers[k].proc.pid, c->peers[k].pidfd);
+  }
   return true;
 }
 

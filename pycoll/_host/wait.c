@@ -1,10 +1,12 @@
 #include "wait.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <poll.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -89,6 +91,27 @@ int pidfd_exited(int fd) {
   return r > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR)) ? 1 : 0;
 }
 
+/* A peer process found dead: the kernel still has to free its memory, in the context of its last
+ * thread, which can take milliseconds of CPU for a big process. Lower that to SCHED_IDLE (the
+ * survivors' recovery runs first; the teardown uses idle CPU). Only while its pidfd says it has not
+ * exited yet (so that the pid cannot have been reaped and reused); allowed to any process of the
+ * same user. PYCOLL_HOST_IDLE_DEAD=0 leaves it alone. */
+static uint64_t idle_dead = 1;
+
+void idle_dead_process(int32_t pid, int pidfd) {
+  if (!idle_dead || pid <= 0 || pidfd < 0 || pidfd_exited(pidfd)) return;
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+  DIR* d = opendir(path);
+  if (!d) return;
+  struct sched_param sp = {0};
+  for (struct dirent* e; (e = readdir(d));) {
+    long tid = strtol(e->d_name, NULL, 10);
+    if (tid > 0) sched_setscheduler((pid_t)tid, SCHED_IDLE, &sp); /* ESRCH for a thread gone meanwhile */
+  }
+  closedir(d);
+}
+
 int host_ncpus(void) {
   static int n;
   if (!n) {
@@ -109,6 +132,7 @@ __attribute__((constructor)) static void wait_tunables(void) {
   env_u64("PYCOLL_HOST_YIELD_NS", 0, ENV_NS_MAX, yield_ns, &yield_ns);
   env_u64("PYCOLL_HOST_PEER_CHECK_NS", ENV_PEER_CHECK_MIN_NS, ENV_NS_MAX, peer_check_ns, &peer_check_ns);
   sleep_max_ns = peer_check_ns;
+  env_u64("PYCOLL_HOST_IDLE_DEAD", 0, 1, idle_dead, &idle_dead);
 }
 
 void backoff_reset(struct backoff* b, bool oversubscribed) {

@@ -28,6 +28,8 @@ void futex_wake(uint32_t* addr, bool shared);
 int pidfd_open_pid(int32_t pid);
 /* 1 when the process behind `fd` has exited (also as a zombie), 0 when running. */
 int pidfd_exited(int fd);
+/* Puts the threads of a dead peer's process (still exiting: `pidfd` not readable) on SCHED_IDLE. */
+void idle_dead_process(int32_t pid, int pidfd);
 
 /* Backoff of one waiter. `phase` tells the caller what to do next. */
 enum wait_phase { WAIT_SPIN = 0, WAIT_YIELD, WAIT_SLEEP };

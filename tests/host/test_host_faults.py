@@ -7,6 +7,7 @@ in an error rather than a hang.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import select
@@ -284,25 +285,39 @@ def _killed_with_a_slow_teardown(rank, n, idb, pidfile, churn):
     with pytest.raises(errors.RemoteError) as ei:
         _allreduce(l, comm)
     torn_down = _pidfd_readable(victim)  # first thing after the failure
+    policies = {}  # the scheduling policy of each thread of the dying process still there
+    for tid in os.listdir(f"/proc/{victim}/task") if os.path.isdir(f"/proc/{victim}/task") else ():
+        with contextlib.suppress(OSError):
+            policies[int(tid)] = os.sched_getscheduler(int(tid))
     l.comm_abort(comm)
-    return torn_down, ei.value.last_error
+    return torn_down, ei.value.last_error, policies
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("churn", [False, True], ids=["one-comm", "after-12-comms"])
-def test_a_killed_peer_is_found_before_the_kernel_has_torn_it_down(tmp_path, churn):
+@pytest.mark.parametrize("churn,idle", [(False, True), (True, True), (False, False)],
+                         ids=["one-comm", "after-12-comms", "teardown-not-idled"])
+def test_a_killed_peer_is_found_before_the_kernel_has_torn_it_down(tmp_path, churn, idle):
     """A killed process turns into a zombie (its pidfd readable) only after the kernel has freed its
     memory: about 0.1 s for 2 GiB of small pages here, milliseconds for any process with torch loaded.
     Its life word (a robust futex of its exit watcher thread) is marked before that, and the peer asleep
     in an allreduce wakes on it, with the periodic looks at the peers 10 s apart: when its allreduce has
     failed, the dead peer's pidfd is not readable yet. Also when the dead process had made and destroyed
-    other communicators before (its robust list changed under it)."""
+    other communicators before (its robust list changed under it).
+
+    The survivor has put the dying process's threads on SCHED_IDLE (its teardown then runs on idle
+    CPU, not the survivors' recovery), unless PYCOLL_HOST_IDLE_DEAD=0."""
+    env = {"PYCOLL_HOST_PEER_CHECK_NS": "10000000000"}
+    if not idle:
+        env["PYCOLL_HOST_IDLE_DEAD"] = "0"
     out = run_ranks(_killed_with_a_slow_teardown, 2, uid(), str(tmp_path / "pid"), churn, timeout=60, may_die=[0],
-                    env={"PYCOLL_HOST_PEER_CHECK_NS": "10000000000"})
+                    env=env)
     assert isinstance(out[0], Died)
-    torn_down, text = out[1]
+    torn_down, text, policies = out[1]
     assert "rank 0" in text and "exited" in text, text
     assert not torn_down
+    assert policies, "the dying process had no thread left when the survivor looked"
+    want = os.SCHED_IDLE if idle else os.SCHED_OTHER
+    assert set(policies.values()) == {want}, policies
 
 
 def _zombie_peer(rank, n, idb):
