@@ -319,15 +319,7 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
     def issued_at(self, w: WorkView) -> Tuple[str, str]:
         """(``'file:line in function'`` of the innermost user frame that issued ``w``, its sizes as
         ``'Float(2,)'``), from its entry; empty strings when it was not recorded."""
-        entry = _entry_of(w)
-        if entry is None:
-            return "", ""
-        sizes = ", ".join(f"{dt}{tuple(s)}" for s, dt in zip(_sizes(entry.isz), _dtypes(entry.idt), strict=False))
-        stack = entry.stack
-        for fr in format_stack(stack, {}) if stack else []:
-            if not is_runtime_frame(fr["filename"]):
-                return f"{fr['filename']}:{fr['line']} in {fr['name']}", sizes
-        return "", sizes
+        return format_issue(issue_record(w))
 
     def add_failure(self, generation: int, report: Dict[str, Any]) -> None:
         """Keep a failure report; every later dump of ``generation`` carries it (``pycoll.failures``)."""
@@ -641,6 +633,26 @@ def _main_stack(limit: int = 32) -> List[Dict[str, Any]]:
         frames.append({"name": code.co_name, "filename": code.co_filename, "line": frame.f_lineno})
         frame = frame.f_back
     return frames
+
+
+def issue_record(w: WorkView) -> Optional[Tuple[Any, Any, Any]]:
+    """``w``'s recorded stack, shapes and dtypes (references, nothing formatted: cheap on a failing
+    thread), for :func:`format_issue` later; None when it was not recorded."""
+    e = _entry_of(w)
+    return None if e is None else (e.stack, e.isz, e.idt)
+
+
+def format_issue(record: Optional[Tuple[Any, Any, Any]]) -> Tuple[str, str]:
+    """(``'file:line in function'`` of the innermost user frame, sizes as ``'Float(2,)'``) of an
+    :func:`issue_record`; empty strings for None."""
+    if record is None:
+        return "", ""
+    stack, isz, idt = record
+    sizes = ", ".join(f"{dt}{tuple(s)}" for s, dt in zip(_sizes(isz), _dtypes(idt), strict=False))
+    for fr in format_stack(stack, {}) if stack else []:
+        if not is_runtime_frame(fr["filename"]):
+            return f"{fr['filename']}:{fr['line']} in {fr['name']}", sizes
+    return "", sizes
 
 
 def _entry_of(w: WorkView) -> Optional[_hooks.Entry]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from ..errors import CommTimeout
 from ..hooks import CommView, Progress, WorkView
@@ -26,11 +26,12 @@ class FailureReport:
     """What a failing rank knows and learns from the store; becomes the log line and the dump's record.
 
     ``site`` and ``sizes`` (where the operation was issued, its buffers) come from the flight
-    recorder's entry: pass ``issued_at=(site, sizes)``.
+    recorder's entry: pass ``issued_at=(site, sizes)``, or a function that returns them (called
+    once, when the line or the record is written: formatting a stack is not for the failing thread).
     """
 
     def __init__(self, comm: CommView, exc: BaseException, work: Optional[WorkView],
-                 issued_at: Tuple[str, str] = ("", "")) -> None:
+                 issued_at: Union[Tuple[str, str], Callable[[], Tuple[str, str]]] = ("", "")) -> None:
         self.time = time.time()
         self.monotonic = time.monotonic()
         self.comm_name = comm.name
@@ -51,7 +52,7 @@ class FailureReport:
         self.state: Optional[str] = None
         self.is_p2p = False
         self.peer: Optional[int] = None
-        self.site, self.sizes = "", ""
+        self._issued_at: Union[Tuple[str, str], Callable[[], Tuple[str, str]]] = ("", "")
         if work is not None:
             self.op = work.op
             self.is_p2p = bool(work.is_p2p)
@@ -60,7 +61,7 @@ class FailureReport:
             self.elapsed = time.monotonic() - work.t0
             self.timeout = work.timeout
             self.state = work.last_state
-            self.site, self.sizes = issued_at
+            self._issued_at = issued_at
         try:  # this rank's own progress, before the policy releases the outstanding operations
             self.progress: Optional[Progress] = comm.progress()
         except Exception:
@@ -74,6 +75,21 @@ class FailureReport:
         self.store_error = ""
         self.exchanged = threading.Event()  # the store exchange is over
         self.reported = threading.Event()  # the line is logged and the dump queued
+
+    def _site_sizes(self) -> Tuple[str, str]:
+        if callable(self._issued_at):
+            self._issued_at = self._issued_at()
+        return self._issued_at
+
+    @property
+    def site(self) -> str:
+        """``'file:line in function'`` where the failed operation was issued ('' when unknown)."""
+        return self._site_sizes()[0]
+
+    @property
+    def sizes(self) -> str:
+        """The failed operation's buffers, as ``'Float(2,)'`` ('' when unknown)."""
+        return self._site_sizes()[1]
 
     def record(self) -> FailureRecord:
         """What the other ranks read in the store."""

@@ -80,7 +80,7 @@ from . import _hooks, answers, exits, recorder as _recorder_module
 from .dumps import GATE_POLL, DumpJob, DumpQueue
 from .files import default_dump_dir
 from .liveness import Liveness, round_all
-from .recorder import FlightRecorder, get_recorder
+from .recorder import FlightRecorder, format_issue, get_recorder, issue_record
 from .records import (
     FR_KEY_PREFIX,
     SIGNAL_COUNTER,
@@ -395,8 +395,9 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         return 1.5 * self.publish_interval + 0.25
 
     def _handle_failure(self, comm: CommView, exc: BaseException, work: Optional[WorkView]) -> None:
-        # the facts, read before the policy acts
-        report = FailureReport(comm, exc, work, self.recorder.issued_at(work) if work is not None else ("", ""))
+        # the facts, read before the policy acts (the issuing stack is formatted later, off this thread)
+        issue = issue_record(work) if work is not None else None
+        report = FailureReport(comm, exc, work, lambda: format_issue(issue))
         if report.progress is not None:
             self._snapshots[report.uid] = report.progress
             while len(self._snapshots) > 64:

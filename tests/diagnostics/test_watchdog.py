@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 
 import numpy as np
@@ -13,6 +14,7 @@ import pytest
 from helpers.fakes import FakeComm
 
 from pycoll import flight_recorder as fr, watchdog as wdm
+from pycoll.diagnostics import watchdog as watchdog_mod
 from pycoll.diagnostics.records import FailureRecord
 from pycoll.diagnostics.report import FailureReport
 from pycoll.diagnostics.signals import signal_number
@@ -151,6 +153,50 @@ def test_dump_hold_is_bounded_and_exit_writes_held_dumps(make_wd, tmp_path):
     w2 = c.op("all_reduce", np.ones(1, np.float32), np.ones(1, np.float32), state="started", timeout=1.0)
     wd.comm_failed(c, RuntimeError("again"), w2)
     assert wd.wait_for_dumps(5.0) and rec.dump_count == 2  # what exit does: write held dumps now
+
+
+def test_the_failing_thread_does_not_format_the_issuing_stack(make_wd, tmp_path, monkeypatch):
+    """A remote failure is reported after the policy acts: the failing thread only keeps the recorded
+    stack, and the report thread formats it (once) for the line and the record."""
+    rec = fr.FlightRecorder(16, dump_dir=str(tmp_path))
+    c = Watched(rec, 0, 2, store=MemoryStore())  # with a store: the report follows in the report thread
+    w = c.op("all_reduce", np.ones(1, np.float32), np.ones(1, np.float32), state="started", timeout=1.0)
+    wd = make_wd([], recorder=rec, dump_hold=30.0, abort_grace=0.0)
+    wd.start()
+    threads = []
+    real = watchdog_mod.format_issue
+
+    def spy(record):
+        threads.append(threading.current_thread().name)
+        return real(record)
+
+    monkeypatch.setattr(watchdog_mod, "format_issue", spy)
+    open_ = []
+    wd.add_dump_gate(lambda: bool(open_))
+    wd.comm_failed(c, RuntimeError("remote process exited"), w)
+    assert threads == []
+    open_.append(1)
+    wd.release_dumps()
+    assert wd.wait_for_dumps(5.0)
+    assert len(threads) == 1 and threads[0] != threading.current_thread().name, threads
+    (report,) = rec._failures[c.generation]
+    assert report["site"] == rec.issued_at(w)[0] and report["site"]  # the test's own line
+
+
+def test_a_report_formats_its_site_when_first_asked():
+    calls = []
+
+    def site():
+        calls.append(1)
+        return "x.py:3 in f", "Float(2,)"
+
+    rec = fr.FlightRecorder(8)
+    c = FakeComm(rec, 0, 2)
+    w = c.op("all_reduce", np.ones(2, np.float32), np.ones(2, np.float32), state="started", timeout=2.0)
+    r = FailureReport(c, RuntimeError("remote"), w, site)
+    assert calls == []
+    assert (r.site, r.sizes) == ("x.py:3 in f", "Float(2,)") and r.as_dict(1.0)["site"] == "x.py:3 in f"
+    assert calls == [1]
 
 
 def _report(peers, *, seq=5, failures=None, is_p2p=False, peer=None, answered=()):
