@@ -13,7 +13,7 @@ Cases (each trial starts fresh processes; ``--ranks`` of them, default 4, host b
   ranks from trial to trial) at a random moment of the loop and takes the wall-clock time just
   before ``os.kill``. Each survivor catches the :class:`pycoll.CommFailure`, calls
   :meth:`~pycoll.elastic.ElasticGroup.reshape` (agreement through the store, revoke,
-  ``ncclCommShrink(NCCL_SHRINK_ABORT)``, the group's barrier), then all-reduces a buffer of ones on
+  ``ncclCommShrink(NCCL_SHRINK_ABORT)``), then all-reduces a buffer of ones on
   the new communicator and checks every element (== number of survivors). Latency: kill -> that
   allreduce completed and checked, on the slowest survivor.
 * ``pycoll-stop``: the same, with SIGSTOP instead of SIGKILL and a communicator timeout of
@@ -55,7 +55,7 @@ agreement         reshape starts -> survivors agreed (store round trips)
 revoke            agreed -> the old communicator revoked (pycoll); ``Comm.Revoke()`` (Open MPI)
 shrink            revoked -> the new communicator ready (``ncclCommShrink``; ``Comm.Shrink()``)
 first allreduce   new communicator ready -> the first allreduce on it completed and checked
-                  (pycoll: includes the group's barrier at the end of ``reshape()``)
+                  (pycoll: the new communicator's first collective; ``reshape()`` runs none)
 total             kill -> first correct allreduce
 ================  ====================================================================================
 
@@ -199,7 +199,7 @@ def worker_pycoll(a: argparse.Namespace) -> None:
         "correct": bool(np.all(y == group.size)), "size_after": group.size, "members": list(group.members),
         "kind": tr.kind, "attempts": tr.attempts, "failed_at": old.failed_at or 0.0,
         "detected": tr.detected, "agreement_started": tr.agreement_started, "agreed": tr.agreed,
-        "revoked": tr.revoked, "comm_ready": tr.comm_ready, "barrier_done": tr.first_collective,
+        "revoked": tr.revoked, "comm_ready": tr.comm_ready,
         "dumps": [d for d in dumps if d[1] >= (old.failed_at or 0.0)],
     }
     _write_json(os.path.join(a.outdir, f"result.{a.rank}"), out)

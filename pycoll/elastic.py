@@ -37,8 +37,8 @@ failure during the reshape starts another round with a fresh init.
 member reaches -- rank 0 admits the waiting joiners; existing members call ``ncclCommGrow`` (else a
 fresh init) and joiners :func:`pycoll.join`; the joiner learns its rank and the generation.
 
-Every change is recorded as a :class:`Transition` (detection, agreement, revoke, shrink/init,
-first successful collective), logged and kept in :attr:`ElasticGroup.transitions`.
+Every change is recorded as a :class:`Transition` (detection, agreement, revoke, shrink/init, and
+for a grow or join the first successful collective), logged and kept in :attr:`ElasticGroup.transitions`.
 """
 
 from __future__ import annotations
@@ -80,7 +80,6 @@ FP_AGREE_WAIT, FP_AGREE_BEFORE_DECISION, FP_AGREE_AFTER_DECISION = (  # the prot
 FP_REVOKE_BEFORE = _fp.declare("elastic.revoke.before", "before revoking the parent communicator")
 FP_SHRINK_BEFORE = _fp.declare("elastic.shrink.before", "before the shrink (or the fresh init)")
 FP_SHRINK_AFTER = _fp.declare("elastic.shrink.after", "the new communicator is built")
-FP_RESHAPE_FIRST_COLLECTIVE = _fp.declare("elastic.reshape.first_collective", "before its first collective")
 FP_RESHAPE_DONE = _fp.declare("elastic.reshape.done", "the reshape is over, before it returns")
 FP_COMMIT = _fp.declare("elastic.commit", "a member commits a step")
 FP_GROW_BEFORE_DECISION = _fp.declare("elastic.grow.before_decision", "maybe_grow(), before rank 0's decision")
@@ -122,13 +121,14 @@ class Transition:
     agreed: float = 0.0
     revoked: float = 0.0
     comm_ready: float = 0.0
-    first_collective: float = 0.0
+    first_collective: float = 0.0  # a grow's or join's barrier on the new communicator (0: none, a reshape)
     attempts: int = 1
     committed: Optional[int] = None  # the last step every member completed (see ElasticGroup.commit)
 
     def phases_ms(self) -> Dict[str, float]:
         """Durations in milliseconds: detection->agreement start, agreement, revoke, shrink/init,
-        first collective, and total (detection to the first successful collective)."""
+        first collective (grow and join), and total (detection to the first successful collective,
+        or to the new communicator for a reshape, which runs none)."""
         def ms(a: float, b: float) -> float:
             return round((b - a) * 1e3, 3) if a and b else 0.0
 
@@ -138,7 +138,7 @@ class Transition:
             "revoke": ms(self.agreed, self.revoked),
             "comm": ms(self.revoked or self.agreed, self.comm_ready),
             "first_collective": ms(self.comm_ready, self.first_collective),
-            "total": ms(self.detected, self.first_collective),
+            "total": ms(self.detected, self.first_collective or self.comm_ready),
         }
 
     def describe(self) -> str:
@@ -148,7 +148,8 @@ class Transition:
             f"generation {self.generation} ({self.kind}): members {list(self.members_before)} -> "
             f"{list(self.members_after)}; agreement {p['agreement']:.1f} ms, revoke {p['revoke']:.1f} ms, "
             f"{'shrink' if self.kind == 'shrink' else 'grow' if self.kind == 'grow' else 'init'} {p['comm']:.1f} ms, "
-            f"first collective {p['first_collective']:.1f} ms, total {p['total']:.1f} ms"
+            + (f"first collective {p['first_collective']:.1f} ms, " if self.first_collective else "")
+            + f"total {p['total']:.1f} ms"
             + (f" after {self.attempts} attempts" if self.attempts > 1 else "")
             + (f" (cause: {self.cause})" if self.cause else "")
         )
@@ -237,6 +238,11 @@ class ElasticGroup:
         self._failed_grow: Optional[Tuple[int, Tuple[int, ...]]] = None
         self._announce_q: queue.SimpleQueue[Optional[Tuple[int, Optional[Sequence[int]]]]] = queue.SimpleQueue()
         self._vouched: Tuple[int, int] = (-1, -1)  # the last (generation, attempt) this member vouched for
+        # what that vote learnt: ((generation, attempt), whether it was the first vote, the members it
+        # decided for and the decision, when it was the vote that completed the set)
+        self._vote: Optional[Tuple[Tuple[int, int], bool, Tuple[int, ...], Optional[bytes]]] = None
+        self._vote_lock = threading.Lock()  # one vote at a time (the caller's, the announcer's, the watcher's)
+        self._moved = threading.Event()  # set when the generation changes (wakes the watcher)
         self._proc_cache: Dict[int, Tuple[str, int]] = {}  # slot -> (boot id, pid), read by the watcher
         self._release_at = 0  # dumps wait until the new communicator has issued this many operations
         self._watcher: Optional[threading.Thread] = None
@@ -304,8 +310,12 @@ class ElasticGroup:
                 "global_ranks": tuple(members), "failure_callbacks": [self._on_comm_failure]}
 
     def _adopt(self, comm: Communicator, members: Sequence[int], generation: int) -> Communicator:
+        # the processes of the members that stay are known already; a slot that leaves is forgotten (a
+        # new process may take it and join: the watcher reads that one from the store)
+        self._proc_cache = {m: v for m, v in self._proc_cache.items() if m in self.members and m in members}
         self.comm, self.members, self.generation = comm, tuple(members), generation
         self._grow_calls = 0
+        self._moved.set()
         return comm
 
     def _form(self, world_size: int) -> None:
@@ -448,7 +458,8 @@ class ElasticGroup:
             g = self.generation
             if fetched != g:  # the members' processes, known before any reshape needs them
                 try:
-                    self._proc_cache = self._procs(self.members)
+                    if not all(m in self._proc_cache for m in self.members):
+                        self._proc_cache = self._procs(self.members)
                     fetched = g
                     self._link, self._link_of = None, (g, None)
                 except Exception:
@@ -457,6 +468,10 @@ class ElasticGroup:
             if self._node is not None and (self._link is None or self._link.broken) and fetched == g:
                 self._link = self._node.link(self.members, self._proc_cache)
                 self._link_of = (g, self._link)
+            if g == seen:  # this generation's reshape is under way here: wait for its end, not in the store
+                self._moved.wait(0.5)
+                self._moved.clear()
+                continue
             key = f"{self._ns}/g{g}/reshape"
             try:
                 if self.members and self.members[0] == self.slot:  # rank 0 decides the grows
@@ -471,8 +486,7 @@ class ElasticGroup:
                     return
                 time.sleep(0.1)
                 continue
-            if g == seen or g != self.generation:
-                time.sleep(0.01)
+            if g != self.generation:
                 continue
             seen = g
             _fp.hit(FP_WATCHER_WAKE)
@@ -494,6 +508,11 @@ class ElasticGroup:
         completed; every caller gets the same answer."""
         _fp.hit(FP_AGREE_BEFORE_VOTE)
         self._vouch(g, attempt, members)
+        vote = self._vote
+        if vote is not None and vote[0] == (g, attempt) and vote[2] == members and vote[3] is not None:
+            decision = _mb.parse_decision(vote[3], members)  # this member's vote completed the set and decided
+            _fp.hit(_mb.FP_AGREE_AFTER_DECISION, rank=self.slot)
+            return decision
         # after a failed attempt, a member that failed on its own (a raise in shrink or init) comes at
         # once, the others only at their timeout: wait that long for their vouchers
         return self._agree_at(f"{self._ns}/g{g}/a{attempt}/", members, g,
@@ -627,6 +646,7 @@ class ElasticGroup:
                 if not old.closed:
                     old.abort()  # g's communicator: nobody else uses it any more
                 self.members, self.generation, g = members, g + 1, g + 1
+                self._moved.set()
                 self._announce(g, members)
                 continue
             tr = Transition("shrink", g + 1, self.members, new_members, cause, detected=detected,
@@ -668,10 +688,9 @@ class ElasticGroup:
                     tr.kind = "reinit"
                     self._new_comm(new_members.index(self.slot), new_members, f"{self._ns}/g{g}/a{attempt}/uid", g + 1)
                 tr.comm_ready = time.time()
+                # no barrier: the shrink (or init) returns on no survivor before every survivor has
+                # joined it, and the caller's next operation is the new communicator's first collective
                 _fp.hit(FP_SHRINK_AFTER)
-                _fp.hit(FP_RESHAPE_FIRST_COLLECTIVE)
-                self.comm.barrier()
-                tr.first_collective = time.time()
                 break
             except (CommFailure, NCCLError, StoreError) as exc:
                 _log.warning("slot %d: reshape attempt %d of generation %d failed: %s", self.slot, attempt, g, exc)
@@ -735,6 +754,9 @@ class ElasticGroup:
         try:
             self._vouch(g, 0, members)
             _fp.hit(FP_ANNOUNCE_BEFORE_FLAG)
+            vote = self._vote
+            if vote is not None and vote[0] == (g, 0) and not vote[1]:
+                return  # an earlier vote's member raises the flag (or, dead, fails the others' collectives)
             self.store.compare_set(f"{self._ns}/g{g}/reshape", b"", str(self.slot))
         except Exception as exc:  # the agreement's own store calls will report a broken store
             _log.debug("slot %d: announcing the reshape of generation %d failed: %s", self.slot, g, exc)
@@ -742,31 +764,35 @@ class ElasticGroup:
     def _vouch(self, g: int, attempt: int, members: Optional[Sequence[int]] = None) -> None:
         """Tell the other members that this process takes part in (generation, attempt)'s agreement.
 
-        Once per (generation, attempt), whichever thread comes first; the others need not wait for
-        it to land (only the other members read the key). ``members``: that agreement's members, when
-        the caller knows them: a vote through the store that completes their set then proposes the
-        decision at once (:func:`pycoll.membership.vouch_and_decide`).
+        Once per (generation, attempt), whichever thread comes first; another one waits until that
+        vote has landed (what it learnt, :attr:`_vote`, is then known). ``members``: that agreement's
+        members, when the caller knows them: a vote through the store that completes their set then
+        proposes the decision at once (:func:`pycoll.membership.vouch_and_decide`).
         """
-        if self._vouched == (g, attempt):
-            return
-        self._vouched = (g, attempt)
-        link = self._hub_link(g) if attempt == 0 else None
-        try:
-            if link is not None:
-                try:
-                    link.vote(f"{self._ns}/g{g}/a0/", self.slot, self._step(), self.members, self.window)
-                    self._hub_voted = (g, attempt)
-                    return
-                except _node.HubLost:
-                    pass  # the store then
-            base = f"{self._ns}/g{g}/a{attempt}/"
-            if members is not None:  # the last member to vote decides
-                _mb.vouch_and_decide(self.store, base, self.slot, members, self._step(), self._gone_test(members))
-            else:
-                _mb.vouch(self.store, base, self.slot, self._step())
-        except BaseException:
-            self._vouched = (-1, -1)
-            raise
+        with self._vote_lock:
+            if self._vouched == (g, attempt):
+                return
+            self._vouched = (g, attempt)
+            link = self._hub_link(g) if attempt == 0 else None
+            try:
+                if link is not None:
+                    try:
+                        link.vote(f"{self._ns}/g{g}/a0/", self.slot, self._step(), self.members, self.window)
+                        self._hub_voted = (g, attempt)
+                        return
+                    except _node.HubLost:
+                        pass  # the store then
+                base = f"{self._ns}/g{g}/a{attempt}/"
+                if members is not None:  # the last member to vote decides
+                    members = tuple(members)
+                    voted, decision = _mb.vouch_and_decide(self.store, base, self.slot, members, self._step(),
+                                                           self._gone_test(members))
+                    self._vote = ((g, attempt), len(voted) == 1, members, decision)
+                else:
+                    _mb.vouch(self.store, base, self.slot, self._step())
+            except BaseException:
+                self._vouched = (-1, -1)
+                raise
 
     def _release(self, old: Communicator, lost: Sequence[int], generation: int) -> None:
         """Abort the replaced communicator; tell the launcher which slots were lost (rank 0).

@@ -92,21 +92,24 @@ def vouch_many(store: Any, base: str, votes: Mapping[int, int], voter: int) -> N
     store.append(f"{base}votes", _pack_votes(votes))
 
 
-def vouch_and_decide(store: Any, base: str, slot: int, members: Sequence[int], step: int, gone: Gone) -> bool:
+def vouch_and_decide(store: Any, base: str, slot: int, members: Sequence[int], step: int,
+                     gone: Gone) -> Tuple[Dict[int, int], Optional[bytes]]:
     """:func:`vouch`, in one request that also returns every vote so far (:meth:`Store.append_get` on
     the votes key itself); when this vote completes the set -- every member of ``members`` not known
     to be gone has voted -- propose the decision at once, as the coordinator of :func:`agree` would
-    once it saw the same votes. True when this member proposed (the first proposal wins; every member
-    adopts it). The last member to vote then decides, instead of waking the coordinator to do it: one
-    cross-process wake-up less between the last vote and the decision."""
+    once it saw the same votes. The last member to vote then decides, instead of waking the
+    coordinator to do it: one cross-process wake-up less between the last vote and the decision.
+
+    Returns the votes so far (``{slot: step}``, this one's included) and the decision when this member
+    proposed (the first proposal wins and comes back: the same answer :func:`agree` gives every
+    member), else None."""
     _fp.hit(FP_VOTE, rank=slot)
     key = f"{base}votes"
     raw = store.append_get(key, _pack_votes({slot: step}), key, timeout=1.0)  # the key exists: no wait
     voted = _parse_votes(raw)
     if any(m not in voted and not gone(m) for m in members if m != slot):
-        return False
-    _propose(store, base, slot, {slot}, tuple(members), voted, step, gone)
-    return True
+        return voted, None
+    return voted, _propose(store, base, slot, {slot}, tuple(members), voted, step, gone)
 
 
 def _pack_votes(votes: Mapping[int, int]) -> bytes:

@@ -53,7 +53,12 @@ def _run(server, n=N, spec="", model="kill", window=WINDOW, absent=(), with_wait
         try:
             start.wait(30)  # connected: they begin together, as a reshape flag wakes them
             if decide is not None:
-                decide[slot] = membership.vouch_and_decide(store, BASE, slot, members, steps[slot], dead.__contains__)
+                voted, decision = membership.vouch_and_decide(store, BASE, slot, members, steps[slot],
+                                                              dead.__contains__)
+                assert slot in voted
+                decide[slot] = decision is not None
+                if decision is not None:  # the proposal that won: what agree() gives every member
+                    assert decision == store.get(f"{BASE}decision", timeout=0)
             elif not with_wait:
                 membership.vouch(store, BASE, slot, steps[slot])
             results[slot] = membership.agree(store, BASE, slot, members, steps[slot], dead.__contains__,
@@ -163,7 +168,8 @@ def test_the_deciding_voter_fails(server, point, model):
     stores = [TCPStore(server.host, server.port, "m", timeout=10) for _ in members]
     try:
         for m in (0, 1, 2):
-            assert not membership.vouch_and_decide(stores[m], BASE, m, members, steps[m], dead.__contains__)
+            voted, decision = membership.vouch_and_decide(stores[m], BASE, m, members, steps[m], dead.__contains__)
+            assert decision is None and set(voted) == set(range(m + 1))
         failpoints.configure(f"{point}=raise;rank=3", rank=-1)
         with pytest.raises(FailpointError):
             membership.vouch_and_decide(stores[3], BASE, 3, members, steps[3], dead.__contains__)

@@ -305,7 +305,7 @@ def test_elastic_group_votes_through_the_hub_of_its_generation_only():
     store = MemoryStore()
     group.store, group.slot, group.window, group.timeout = store, 1, 1.0, 5.0
     group._ns, group._committed, group._boot, group._proc_cache = "pycoll/elastic/u", 4, boot, procs
-    group._vouched, group._hub_voted = (-1, -1), (-1, -1)
+    group._vouched, group._hub_voted, group._vote_lock = (-1, -1), (-1, -1), threading.Lock()
     group._node = nodeagg.NodeAggregation(store, group._ns, 1, boot, lambda s: False)
     old = _Link(nodeagg.hub_address(group._ns, boot, 0, pid))  # slot 0 hosted generation 3's hub
     group._link_of = (3, old)
