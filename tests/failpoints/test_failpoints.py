@@ -380,8 +380,9 @@ SLOT0_ROLES = ("elastic.agree.before_decision", "elastic.grow.admit", "elastic.n
 def _second_failure(name, victim):
     """(a second failpoint, the slots it takes out): what puts the victim where ``name`` is passed."""
     if name == "elastic.agree.takeover":
-        # the coordinator (slot 0) dies about to decide: the victim, waiting for its decision, takes over
-        return "elastic.agree.before_decision=kill;rank=0", (0,)
+        # the coordinator (slot 0) votes last (its vote is late), so it is the one to decide, and dies
+        # about to: the victim, waiting for its decision, takes over
+        return "elastic.agree.vote=sleep(300);rank=0,elastic.agree.before_decision=kill;rank=0", (0,)
     if name.startswith("elastic.watcher."):
         # slot 2 dies between two steps while the victim is slow (it sleeps 1.5 s in the same step's
         # commit): the others' collective fails and they reshape; the victim, in no collective, learns
