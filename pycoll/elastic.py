@@ -127,19 +127,21 @@ class Transition:
 
     def phases_ms(self) -> Dict[str, float]:
         """Durations in milliseconds: detection->agreement start, agreement, revoke, shrink/init,
-        first collective (grow and join), and total (detection to the first successful collective,
-        or to the new communicator for a reshape, which runs none)."""
+        first collective (grow and join only: a reshape runs none), and total (detection to the
+        first successful collective, or to the new communicator after a reshape)."""
         def ms(a: float, b: float) -> float:
             return round((b - a) * 1e3, 3) if a and b else 0.0
 
-        return {
+        out = {
             "to_agreement": ms(self.detected, self.agreement_started),
             "agreement": ms(self.agreement_started, self.agreed),
             "revoke": ms(self.agreed, self.revoked),
             "comm": ms(self.revoked or self.agreed, self.comm_ready),
-            "first_collective": ms(self.comm_ready, self.first_collective),
-            "total": ms(self.detected, self.first_collective or self.comm_ready),
         }
+        if self.first_collective:
+            out["first_collective"] = ms(self.comm_ready, self.first_collective)
+        out["total"] = ms(self.detected, self.first_collective or self.comm_ready)
+        return out
 
     def describe(self) -> str:
         """One line for logs and the demo."""
