@@ -183,7 +183,10 @@ class Liveness:
         if self._me is None or self._me.pid != os.getpid() or self._me.period != self.period:
             self._me = this_process(self.period)
         try:
-            c.store.set(f"{proc_prefix(c.uid)}{c.rank}", self._me.encode())
+            # on its way when this returns (in the kernel's buffers, also if this process stops or dies
+            # next), without a round trip on the creating thread
+            put = getattr(c.store, "set_nowait", None) or c.store.set
+            put(f"{proc_prefix(c.uid)}{c.rank}", self._me.encode())
             p.published = True
         except Exception as e:  # the next round tries again
             _log.debug("watchdog: could not publish this process for %r: %s", c.name, e)

@@ -128,6 +128,13 @@ class Store(abc.ABC):
     def set(self, key: str, value: Value) -> None:
         """Set ``key`` to ``value`` (bytes, or str encoded as UTF-8), waking every waiter on it."""
 
+    def set_nowait(self, key: str, value: Value) -> None:
+        """:meth:`set`, without waiting for the store's answer where the transport allows it: the
+        request is on its way (in the kernel's buffers: it arrives even if this process stops or
+        dies right after) when this returns, and a later request of this client sees its effect. An
+        error the store answers later is logged, not raised. Here: :meth:`set`."""
+        self.set(key, value)
+
     @abc.abstractmethod
     def get(self, key: str, timeout: Optional[float] = None) -> bytes:
         """Return the value of ``key``, waiting up to ``timeout`` seconds for it to be set.
@@ -298,6 +305,9 @@ class PrefixStore(Store):
 
     def set(self, key: str, value: Value) -> None:
         self.store.set(self._k(key), value)
+
+    def set_nowait(self, key: str, value: Value) -> None:
+        self.store.set_nowait(self._k(key), value)
 
     def get(self, key: str, timeout: Optional[float] = None) -> bytes:
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import logging
 import os
 import secrets
 import socket
@@ -67,6 +68,8 @@ from .tcp_server import TCPStoreServer
 
 __all__ = ["TCPStore"]
 
+_log = logging.getLogger("pycoll.store")
+
 
 FP_BEFORE_REQUEST = _fp.declare("store.request.before", "the TCP store client, before a request")
 FP_AFTER_REQUEST = _fp.declare("store.request.after", "the TCP store client, after the reply")
@@ -86,6 +89,7 @@ class _ClientConn:
         self.rbuf = bytearray(1 << 16)
         self.rview = memoryview(self.rbuf)
         self.io_timeout: Optional[float] = None
+        self.posted: List[str] = []  # operations sent without reading their answers (oldest first)
 
     def _recv_exact(self, n: int) -> bytes:
         while len(self.buf) < n:
@@ -103,15 +107,27 @@ class _ClientConn:
         del self.buf[:n]
         return out
 
-    def request(self, frame: bytes, io_timeout: float) -> Tuple[int, List[bytes]]:
+    def send(self, frame: bytes, io_timeout: float) -> None:
         if io_timeout != self.io_timeout:
             self.sock.settimeout(io_timeout)
             self.io_timeout = io_timeout
         self.sock.sendall(frame)
+
+    def _reply(self) -> Tuple[int, List[bytes]]:
         (n,) = _LEN.unpack(self._recv_exact(_LEN.size))
         if n > self.max_message:
             raise _ProtocolError(f"reply of {n} bytes exceeds the client's limit of {self.max_message} bytes")
         return _decode(memoryview(self._recv_exact(n)))
+
+    def request(self, frame: bytes, io_timeout: float) -> Tuple[int, List[bytes]]:
+        self.send(frame, io_timeout)
+        while self.posted:  # the answers to the requests posted before this one come first
+            what = self.posted.pop(0)
+            status, out = self._reply()
+            if status != _ST_OK:
+                _log.warning("store: %s sent without waiting failed: %s", what,
+                             out[0].decode("utf-8", "replace") if out else "unknown error")
+        return self._reply()
 
     def close(self, shutdown: bool = True) -> None:
         if shutdown:
@@ -349,6 +365,26 @@ class TCPStore(Store):
 
     def set(self, key: str, value: Value) -> None:
         self._call(_OP_SET, [_check_key(key).encode(), _to_bytes(value)])
+
+    def set_nowait(self, key: str, value: Value) -> None:
+        """:meth:`set`, sent without waiting for the answer: a connection's requests are answered in
+        order, and its next request reads this answer first (and logs it if it is an error)."""
+        frame = _encode(_OP_SET, [_check_key(key).encode(), _to_bytes(value)])
+        if len(frame) - _LEN.size > self.max_message:
+            raise StoreError(f"set: the request ({len(frame)} bytes) exceeds the limit of {self.max_message} bytes")
+        _fp.hit(FP_BEFORE_REQUEST)
+        conn = self._acquire()
+        try:
+            conn.send(frame, max(self.timeout, 1.0))
+            conn.posted.append(f"set of {key!r}")
+        except OSError as exc:
+            self._discard(conn)
+            raise StoreError(f"set: lost the connection to the store at {self._where()}: {exc}") from None
+        except BaseException:
+            self._discard(conn)  # e.g. KeyboardInterrupt mid-send: the connection is out of step
+            raise
+        self._release(conn)
+        _fp.hit(FP_AFTER_REQUEST)
 
     def get(self, key: str, timeout: Optional[float] = None) -> bytes:
         key = _check_key(key)

@@ -103,6 +103,36 @@ def test_semantics(make_store, kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_set_nowait(make_store, kind):
+    """set_nowait: the value is there for this client's next request and for the others (the TCP
+    client reads the answer with its next request; the other stores set it at once)."""
+    s = make_store(kind)
+    s.set_nowait("posted", b"1")
+    s.set_nowait("posted", b"2")
+    s.set_nowait("other", "text")
+    assert s.get("posted") == b"2" and s.get("other") == b"text"  # answered in order on its connection
+    with pytest.raises(TypeError):
+        s.set_nowait("k", 42)  # type: ignore[arg-type]  # refused at once, as by set()
+    with pytest.raises(TypeError):
+        s.set_nowait(b"bytes-key", b"v")  # type: ignore[arg-type]
+
+
+def test_set_nowait_reaches_the_store_before_the_sender_goes_on_and_reports_late_errors(caplog):
+    with TCPStoreServer(max_bytes=1 << 16) as server:
+        server.start()
+        sender, reader = server.client(timeout=5), server.client(timeout=5)
+        sender.set_nowait("k", b"v")
+        assert reader.get("k", timeout=5) == b"v"  # another client sees it without the sender's next request
+        sender.set_nowait("big", b"x" * (1 << 17))  # over the server's byte budget: answered with an error
+        with caplog.at_level("WARNING", logger="pycoll.store"):
+            assert sender.get("k") == b"v"  # the next request reads that answer first and logs it
+        assert any("set of 'big' sent without waiting failed" in r.getMessage() for r in caplog.records)
+        assert not reader.check(["big"])
+        sender.close()
+        reader.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_timeouts_name_keys(make_store, kind):
     s = make_store(kind)
     s.set("here", b"1")
