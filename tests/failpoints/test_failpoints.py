@@ -383,6 +383,10 @@ def _second_failure(name, victim):
         # the coordinator (slot 0) votes last (its vote is late), so it is the one to decide, and dies
         # about to: the victim, waiting for its decision, takes over
         return "elastic.agree.vote=sleep(300);rank=0,elastic.agree.before_decision=kill;rank=0", (0,)
+    if name == "elastic.agree.wait":
+        # slot 2's vote comes 300 ms late: it decides, and the victim waits for the decision (or, as the
+        # coordinator, for the votes) meanwhile -- a member whose own vote completed the set waits for nothing
+        return "elastic.agree.vote=sleep(300);rank=2", ()
     if name.startswith("elastic.watcher."):
         # slot 2 dies between two steps while the victim is slow (it sleeps 1.5 s in the same step's
         # commit): the others' collective fails and they reshape; the victim, in no collective, learns
