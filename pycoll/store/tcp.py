@@ -322,11 +322,15 @@ class TCPStore(Store):
         if self.server is not None and self._pid == os.getpid():
             self.server.close()
 
-    def _call(self, op: int, args: Sequence[bytes], wait: float = 0.0, keys: Sequence[str] = ()) -> List[bytes]:
+    def _frame(self, op: int, args: Sequence[bytes]) -> bytes:
         frame = _encode(op, args)
         if len(frame) - _LEN.size > self.max_message:
             raise StoreError(f"{_OP_NAMES[op]}: the request ({len(frame)} bytes) exceeds the limit of "
                              f"{self.max_message} bytes")
+        return frame
+
+    def _call(self, op: int, args: Sequence[bytes], wait: float = 0.0, keys: Sequence[str] = ()) -> List[bytes]:
+        frame = self._frame(op, args)
         _fp.hit(FP_BEFORE_REQUEST)
         conn = self._acquire()
         io_timeout = (wait + self.REPLY_GRACE) if op in (_OP_GET, _OP_WAIT, _OP_MULTI_GET, _OP_WAIT_SIZE,
@@ -369,9 +373,7 @@ class TCPStore(Store):
     def set_nowait(self, key: str, value: Value) -> None:
         """:meth:`set`, sent without waiting for the answer: a connection's requests are answered in
         order, and its next request reads this answer first (and logs it if it is an error)."""
-        frame = _encode(_OP_SET, [_check_key(key).encode(), _to_bytes(value)])
-        if len(frame) - _LEN.size > self.max_message:
-            raise StoreError(f"set: the request ({len(frame)} bytes) exceeds the limit of {self.max_message} bytes")
+        frame = self._frame(_OP_SET, [_check_key(key).encode(), _to_bytes(value)])
         _fp.hit(FP_BEFORE_REQUEST)
         conn = self._acquire()
         try:
