@@ -146,12 +146,15 @@ def _rank0_dies(rank, n, addr, where):
         spec = "comm.broadcast_bytes.copied=kill@3;rank=0"
     group = _group(rank, n, addr, timeout=20.0, spec=spec)
     for step in range(6):
-        x = _tensor([1.0] * 4)
-        group.comm.all_reduce(x)
-        if where == "between_steps" and rank == 0 and step == 3:  # the others wait in maybe_grow()
-            os.kill(os.getpid(), signal.SIGKILL)
         t0 = time.monotonic()
         try:
+            # as the README's loop: a failure may surface in the step's collective too (a member slow to
+            # see it complete when the others' reshape revokes the communicator) -- the same step
+            x = _tensor([1.0] * 4)
+            group.comm.all_reduce(x)
+            if where == "between_steps" and rank == 0 and step == 3:  # the others wait in maybe_grow()
+                os.kill(os.getpid(), signal.SIGKILL)
+            t0 = time.monotonic()
             group.maybe_grow()
         except pycoll.CommFailure as exc:
             took = time.monotonic() - t0
