@@ -314,7 +314,8 @@ class ElasticGroup:
     def _adopt(self, comm: Communicator, members: Sequence[int], generation: int) -> Communicator:
         # the processes of the members that stay are known already; a slot that leaves is forgotten (a
         # new process may take it and join: the watcher reads that one from the store)
-        self._proc_cache = {m: v for m, v in self._proc_cache.items() if m in self.members and m in members}
+        stay = set(self.members).intersection(members)
+        self._proc_cache = {m: v for m, v in self._proc_cache.items() if m in stay}
         self.comm, self.members, self.generation = comm, tuple(members), generation
         self._grow_calls = 0
         self._moved.set()
@@ -674,7 +675,8 @@ class ElasticGroup:
             tr.revoked = time.time()
             # the ranks of generation g that leave (after a grow that failed here, parent is g - 1's
             # communicator, aborted: this member then meets the others at the next attempt's init)
-            gone = [i for i, m in enumerate(members) if m not in new_members] if parent.global_ranks is not None else []
+            kept = set(new_members)
+            gone = [i for i, m in enumerate(members) if m not in kept] if parent.global_ranks is not None else []
             try:
                 _fp.hit(FP_SHRINK_BEFORE)
                 shrink = attempt == 0 and gone and len(new_members) > 1 and self.library.has("ncclCommShrink")
@@ -702,7 +704,7 @@ class ElasticGroup:
                 members = new_members
                 attempt += 1
                 cause = f"{cause}; then during the reshape: {exc}"
-        lost = [m for m in tr.members_before if m not in new_members] if self.rank == 0 else []
+        lost = [m for m in tr.members_before if m not in kept] if self.rank == 0 else []
         # off the critical path: the first collective on the new communicator need not wait for them
         threading.Thread(target=self._release, args=(old, lost, g + 1), name=f"pycoll-elastic-release-{self.name}",
                          daemon=True).start()

@@ -236,7 +236,7 @@ def _propose(store: Any, base: str, slot: int, mine: Set[int], members: Tuple[in
              step: int, gone: Gone) -> bytes:
     """Propose the decision these votes lead to; returns the decision (this one, or the one that came first)."""
     # a member that voted and is gone since is left out too (the new communicator would fail on it)
-    alive = [m for m in members if m in mine or (m in voted and not gone(m))]
+    alive = {m for m in members if m in mine or (m in voted and not gone(m))}
     least = min([voted.get(m, step) for m in alive] + [step])
     out = [m for m in members if m not in alive]
     _fp.hit(FP_AGREE_BEFORE_DECISION, rank=slot)
