@@ -60,6 +60,41 @@ def test_real_host_streams_and_events():
     dev.close()
 
 
+def test_a_rerecorded_event_takes_the_new_time():
+    """A record that completes at once (idle stream, NULL stream) reuses the event's completed marker in place
+    when nobody else holds it: the event must say the new time, and a recording queued behind work must still
+    wait for that work."""
+    dev = HostDevice(_host_library())
+    s = dev.create_stream()
+    a, b = dev.create_event(timing=True), dev.create_event(timing=True)
+    for stream in (s, 0):
+        dev.record_event(a, stream)
+        time.sleep(0.02)
+        dev.record_event(b, stream)
+        first = dev.elapsed_ms(a, b)
+        assert 15.0 <= first < 1000.0
+        time.sleep(0.02)
+        dev.record_event(a, stream)  # a again, after b: now later than b
+        assert dev.query_event(a)
+        assert -1000.0 < dev.elapsed_ms(a, b) <= -15.0
+        assert dev.elapsed_ms(b, a) >= 15.0
+    # a record behind queued work does not complete before it (no reuse of a completed marker there)
+    lib = dev.library
+    gate = dev.create_event()
+    lib.host_event_arm(gate)
+    dev.stream_wait_event(s, gate)
+    dev.record_event(a, s)
+    time.sleep(0.01)
+    assert not dev.query_event(a), "a record behind blocked work completed at once"
+    lib.host_event_fire(gate)
+    assert dev.wait_event(a, 10.0)
+    dev.destroy_event(gate)
+    for e in (a, b):
+        dev.destroy_event(e)
+    dev.destroy_stream(s)
+    dev.close()
+
+
 def test_real_host_library_rejects_bad_handles():
     lib = _host_library()
     dev = HostDevice(lib)
