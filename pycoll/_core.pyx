@@ -388,9 +388,9 @@ cdef class Work:
         return f"<Work {self.op} seq={self.seq} {self._state}{' failed' if self._exc else ''} on {self.comm.name}>"
 
 
-cdef inline void _setup(Work w, object comm, object op, object seq, object p2p_seq, object op_id, object is_p2p,
+cdef inline int _setup(Work w, object comm, object op, long long seq, long long p2p_seq, long long op_id, object is_p2p,
                         object peer, object timeout, object stream, list inputs, list outputs, object async_op,
-                        object capture_id):
+                        object capture_id) except -1:
     """A new Work's fields (``Work.__init__``; the path makes its Works with ``Work.__new__`` and this).
     The fields not set here start as None: the times of start and completion, the event handles
     (``_start``, ``_end``: returned to the communicator's pool at retirement), the failure, the entry."""
@@ -411,6 +411,7 @@ cdef inline void _setup(Work w, object comm, object op, object seq, object p2p_s
     w._state = _SCHEDULED
     w.capture_id = capture_id  # the graph capture it was recorded into (state "captured")
     w.fr_pos = -1
+    return 0
 
 
 # -- events: straight to the host library's C functions, else the device's methods ----------------
@@ -969,12 +970,14 @@ cdef int _stream_mode(CommCore comm, object s, bint inline) except -1:
     return 0
 
 
-cdef object _begin(CommCore comm, object what, object stream, bint async_op, object arrays):
+cdef object _begin(CommCore comm, object what, object stream, bint async_op, object a, object b):
+    """The state checked and the stream resolved for an operation on arrays ``a`` and ``b`` (None: absent);
+    the compiled operations' form of :func:`begin`, which makes no tuple on the host's path."""
     if comm._state != "active" or comm._failure is not None:
         comm._check_usable(what)
     if stream is None and not comm._guard_device:  # the host: no framework streams, the own stream
         return _own_stream(comm, not async_op)
-    return comm.device.resolve_stream(stream, [x for x in arrays if x is not None],
+    return comm.device.resolve_stream(stream, [x for x in (a, b) if x is not None],
                                       default=_own_stream(comm, not async_op))
 
 
@@ -1059,8 +1062,12 @@ cdef class GroupScope:
 
 
 def begin(CommCore comm, what, stream, async_op, arrays):
-    """Check the state and resolve the stream the operation runs on (``Communicator._begin``)."""
-    return _begin(comm, what, stream, async_op, arrays)
+    """Check the state and resolve the stream the operation runs on (``Communicator._begin``); ``arrays``: the
+    operation's arrays, at most two (its input and its output), None where absent."""
+    arrays = tuple(arrays)
+    if len(arrays) > 2:
+        raise ValueError(f"begin takes at most two arrays (an input and an output), got {len(arrays)}")
+    return _begin(comm, what, stream, async_op, arrays[0] if arrays else None, arrays[1] if len(arrays) > 1 else None)
 
 
 # -- a library call made in C ---------------------------------------------------------------------
@@ -1206,7 +1213,7 @@ cdef object _output_fits(object inp, object out, str op):
 def all_reduce(CommCore comm, tensor, output=None, op="sum", *, stream=None, async_op=False, timeout=None, config=None):
     """Reduce ``tensor`` across ranks into ``output`` (in place when ``output`` is None)."""
     cc = () if config is None else _prepare_config(config)
-    st = _begin(comm, "all_reduce", stream, async_op, (tensor, output))
+    st = _begin(comm, "all_reduce", stream, async_op, tensor, output)
     inp = _describe(comm, tensor, st, output is None, "tensor")
     out = inp if output is None else _describe(comm, output, st, True, "output")
     count = _output_fits(inp, out, "all_reduce")
@@ -1225,7 +1232,7 @@ def broadcast(CommCore comm, tensor, root=0, output=None, *, stream=None, async_
     """Copy ``tensor`` of rank ``root`` to every rank's ``output`` (``tensor`` itself when None)."""
     cc = () if config is None else _prepare_config(config)
     root = _rank_arg(comm, root, "root")
-    st = _begin(comm, "broadcast", stream, async_op, (tensor, output))
+    st = _begin(comm, "broadcast", stream, async_op, tensor, output)
     # the root only reads its tensor (in place too): a read-only array is fine there
     inp = _describe(comm, tensor, st, output is None and comm._rank != root, "tensor")
     out = inp if output is None else _describe(comm, output, st, True, "output")
@@ -1241,7 +1248,7 @@ def send(CommCore comm, tensor, peer, *, stream=None, async_op=False, timeout=No
     library can progress them together.
     """
     peer = _rank_arg(comm, peer, "peer")
-    st = _begin(comm, "send", stream, async_op, (tensor,))
+    st = _begin(comm, "send", stream, async_op, tensor, None)
     b = _describe(comm, tensor, st, False, "tensor")
     call = _new_call(comm.library, _SEND, (), (<tuple>b)[0], 0, (<tuple>b)[2], (<tuple>b)[3], 0, peer)
     return _launch(comm, "send", call, st, [b], [], async_op, timeout, peer)
@@ -1250,7 +1257,7 @@ def send(CommCore comm, tensor, peer, *, stream=None, async_op=False, timeout=No
 def recv(CommCore comm, tensor, peer, *, stream=None, async_op=False, timeout=None):
     """Receive into ``tensor`` from rank ``peer`` (which must post a matching :meth:`send`)."""
     peer = _rank_arg(comm, peer, "peer")
-    st = _begin(comm, "recv", stream, async_op, (tensor,))
+    st = _begin(comm, "recv", stream, async_op, tensor, None)
     b = _describe(comm, tensor, st, True, "tensor")
     call = _new_call(comm.library, _RECV, (), 0, (<tuple>b)[0], (<tuple>b)[2], (<tuple>b)[3], 0, peer)
     return _launch(comm, "recv", call, st, [], [b], async_op, timeout, peer)

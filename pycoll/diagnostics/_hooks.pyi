@@ -54,6 +54,7 @@ class RecorderCore(Hook):
     _next_pos: int
     stacks: bool
     stack_depth: int
+    def _infos_changed(self) -> None: ...
 
 class WatchdogCore(Hook):
     _next_due: float

@@ -85,7 +85,8 @@ cdef class Entry:
     operation a Work's entry was written for). Readers take a :meth:`snapshot`.
     """
     cdef readonly long long pos
-    cdef readonly object rid, info, isz, idt, osz, odt, op, seq, p2p_seq, op_id, peer, timeout, created
+    cdef readonly object rid, info, isz, idt, osz, odt, op, peer, timeout
+    cdef readonly long long seq, p2p_seq, op_id, created
     cdef readonly object capture
     cdef object _frozen  # set by freeze() (or "captured")
     cdef bint _completed  # completed, at these times (set without making the state's tuple)
@@ -163,11 +164,18 @@ cdef class RecorderCore(Hook):
     cdef public bint stacks
     cdef public int stack_depth
     cdef _Frames _scratch  # where a stack is captured before it is swapped into its entry
+    cdef object _last_comm_info  # the _infos entry of the communicator recorded last (None: look it up)
+    cdef size_t _last_comm  # that communicator's address (its id)
 
     def __cinit__(self, *args, **kwargs):
         self._ring = []
         self._infos = {}
         self._scratch.n = -1
+
+    def _infos_changed(self):
+        """``_infos`` changed (a communicator mapped or forgotten): the next operation looks its communicator up."""
+        self._last_comm_info = None
+        self._last_comm = 0
 
     def __dealloc__(self):
         _free(&self._scratch)
@@ -189,9 +197,13 @@ cdef class RecorderCore(Hook):
         comm = w.comm
         # comm_created maps every communicator when it is made, so an id found here is that of this
         # communicator (a reused id is remapped by the new communicator's comm_created)
-        info = self._infos.get(id(comm))
-        if info is None:
-            info = self._info(comm)
+        if self._last_comm == <size_t><PyObject*>comm and self._last_comm_info is not None:
+            info = self._last_comm_info
+        else:
+            info = self._infos.get(id(comm))
+            if info is None:
+                info = self._info(comm)
+            self._last_comm_info, self._last_comm = info, <size_t><PyObject*>comm
         pos = self._next_pos
         self._next_pos = pos + 1
         slot = ring[pos % n]
@@ -267,7 +279,7 @@ cdef class WatchdogCore(Hook):
     cdef int enqueued(self, Work w) except -1:
         """An operation due before the polling thread's next round wakes it (also while it is scanning:
         it may have passed this communicator already): no interval delays a timeout."""
-        cdef double due = <double>w.t0 + <double>w.timeout
+        cdef double due = w.t0 + <double>w.timeout
         if due < self._next_due:
             self._next_due = due
         cdef double wake_at = self._wake_at

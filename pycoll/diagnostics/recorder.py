@@ -265,6 +265,7 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
             info = self._infos.get(id(comm))
             if info is None or info.ref() is not comm:
                 info = self._infos[id(comm)] = _CommInfo(comm, next(self._pg_ids), self._counter(comm.generation))
+                self._infos_changed()
             return info
 
     def _counter(self, generation: int) -> itertools.count[int]:
@@ -286,6 +287,7 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
                 self._closes[info.generation] = self._closes.get(info.generation, 0) + 1
                 # keep the info while entries refer to it; forget the id (it may be reused)
                 del self._infos[id(comm)]
+                self._infos_changed()
 
     def comm_failed(self, comm: CommView, exc: BaseException, work: Optional[WorkView]) -> None:
         info = self._infos.get(id(comm))
