@@ -408,3 +408,20 @@ def test_generation_given_at_creation_names_the_dump_folder(tmp_path):
     paths = rec.dump("x", write_json=False)
     assert [os.path.basename(os.path.dirname(p)) for p in paths] == ["generation_3"]
     assert [e["record_id"] for e in load(paths[0])["entries"]] == [0]
+
+
+def test_each_entry_names_its_own_communicator_also_when_an_address_is_reused(rec):
+    """The recorder remembers the communicator it recorded last (no lookup per operation); a communicator made
+    at the address of one that was closed must not inherit that one's process group."""
+    a, b = FakeComm(rec, 0, 2, uid="a" * 16), FakeComm(rec, 0, 2, uid="b" * 16)
+    for c in (a, a, b, a, b, b):
+        c.op("all_reduce", f32(2), f32(2))
+    groups = [e["process_group"][0] for e in rec.as_dict(0)["entries"]]
+    assert groups == [u * 16 for u in "aabab" + "b"]
+    b.op("all_reduce", f32(2), f32(2))
+    rec.comm_closed(b)
+    # what a new communicator at b's address looks like to the recorder: the same id, a new comm_created
+    b.uid = "c" * 16
+    rec.comm_created(b)
+    b.op("all_reduce", f32(2), f32(2))
+    assert rec.as_dict(0)["entries"][-1]["process_group"][0] == "c" * 16
