@@ -888,7 +888,10 @@ cdef object _torch_cpu_buffer(object t, object name):
     if (code is None or pycoll_descr_get(_T_LAYOUT, t) is not _torch_strided or not pycoll_descr_get(_T_IS_CPU, t)
             or not pycoll_descr_call(_T_IS_CONTIGUOUS, t) or pycoll_descr_call(_T_IS_NEG, t)):
         return None
-    shape = pycoll_descr_get(_T_SHAPE, t)  # a torch.Size: a tuple of ints (the element count is their product)
+    try:
+        shape = pycoll_descr_get(_T_SHAPE, t)  # a torch.Size: a tuple of ints (the element count is their product)
+    except RuntimeError:  # a nested tensor (strided, contiguous) has none
+        return None
     for d in <tuple>shape:
         count *= <Py_ssize_t>d
     cdef int c = code

@@ -302,6 +302,8 @@ def _from_torch(t: Any, torch: Any, name: str, stream: Optional[int] = None) -> 
         raise TypeError(f"{name}: dtype {t.dtype} is not supported; supported: {_SUPPORTED}")
     if t.layout is not torch.strided:
         raise TypeError(f"{name}: a tensor with layout {t.layout} cannot be used; pass a dense tensor")
+    if t.is_nested:  # strided nested tensors have no shape (torch raises an internal error for one)
+        raise TypeError(f"{name}: a nested tensor cannot be used; pass a dense tensor")
     if t.is_cpu:
         device_type, device_id = _CPU, 0
     elif t.is_cuda:

@@ -257,6 +257,16 @@ def test_torch_other_rejections():
     neg = torch._neg_view(torch.ones(4))
     with pytest.raises(ValueError, match="negative bit"):
         as_buffer(neg)
+    with pytest.raises(TypeError, match="a nested tensor cannot be used"):
+        as_buffer(_nested())
+
+
+def _nested():
+    import warnings
+
+    with warnings.catch_warnings():  # torch warns that nested tensors are a prototype
+        warnings.simplefilter("ignore")
+        return torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)])
 
 
 def test_the_compiled_path_describes_torch_and_numpy_as_as_buffer_does():
@@ -278,7 +288,7 @@ def test_the_compiled_path_describes_torch_and_numpy_as_as_buffer_does():
             assert tuple(got) == tuple(want), (x, got, want)
         bad = [(base.T, ValueError, "not C-contiguous"), (torch.zeros(3, dtype=torch.bool), TypeError, "not supported"),
                (torch._neg_view(torch.ones(4)), ValueError, "negative bit"),
-               (torch.zeros(4, 4).to_sparse(), TypeError, "layout"),
+               (torch.zeros(4, 4).to_sparse(), TypeError, "layout"), (_nested(), TypeError, "nested tensor"),
                (torch.empty(4, device="meta"), ValueError, "device meta")]
         for x, exc, text in bad:
             with pytest.raises(exc, match=text):
