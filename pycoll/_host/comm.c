@@ -203,6 +203,7 @@ ncclResult_t comm_attach(struct ncclComm* c, struct seg* s, int rank) {
   exitwatch_add(c);
   /* processes on this machine, not ranks of this comm, decide whether spinning can help */
   c->oversubscribed = n > host_ncpus();
+  if (c->oversubscribed) host_note_oversubscribed();
   __atomic_store_n(&s->ctrl[rank].state, RS_ACTIVE, __ATOMIC_RELEASE);
   doorbell_ring(&s->hdr->bell);
   return ncclSuccess;

@@ -99,7 +99,9 @@ static bool marker_wait_for(struct marker* m, uint64_t timeout_ns) {
       if (spent >= timeout_ns) return false;
       if (timeout_ns - spent < left) left = timeout_ns - spent;
     }
-    if (backoff_step(&b) == WAIT_SLEEP) {
+    /* where the ranks outnumber the CPUs, the thread that fires `m` needs this CPU: no yielding round */
+    enum wait_phase ph = backoff_step(&b);
+    if (ph == WAIT_SLEEP || (ph == WAIT_YIELD && host_oversubscribed())) {
       __atomic_add_fetch(&m->sleepers, 1, __ATOMIC_SEQ_CST);
       if (!__atomic_load_n(&m->done, __ATOMIC_SEQ_CST)) futex_wait(&m->done, 0, left, false);
       __atomic_sub_fetch(&m->sleepers, 1, __ATOMIC_SEQ_CST);
@@ -133,7 +135,8 @@ static void* stream_main(void* arg) {
   struct pycollStream* s = arg;
   for (;;) {
     pthread_mutex_lock(&s->mu);
-    if (!s->head) { /* stay responsive for a short while before sleeping */
+    if (!s->head && !host_oversubscribed()) { /* stay responsive for a short while before sleeping (not
+                                                * when the ranks outnumber the CPUs: that takes one from them) */
       pthread_mutex_unlock(&s->mu);
       uint64_t t0 = now_ns();
       while (!__atomic_load_n(&s->head, __ATOMIC_ACQUIRE) && now_ns() - t0 < 50000) sched_yield();

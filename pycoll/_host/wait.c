@@ -123,6 +123,10 @@ int host_ncpus(void) {
   return n;
 }
 
+static bool oversubscribed_seen;
+void host_note_oversubscribed(void) { __atomic_store_n(&oversubscribed_seen, true, __ATOMIC_RELAXED); }
+bool host_oversubscribed(void) { return __atomic_load_n(&oversubscribed_seen, __ATOMIC_RELAXED); }
+
 /* Tunables (nanoseconds): how long to spin, then to yield, before sleeping; sleep bounds. */
 uint64_t peer_check_ns = 1000000;
 static uint64_t spin_ns = 50000, yield_ns = 300000, sleep_min_ns = 200000, sleep_max_ns = 1000000;

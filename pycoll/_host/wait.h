@@ -64,5 +64,9 @@ void doorbell_sleep_on(struct doorbell* d, uint32_t* life, uint64_t timeout_ns, 
                        void* arg);
 
 int host_ncpus(void);
+/* A communicator of this process has more ranks on this machine than it has CPUs (set at its init, never
+ * cleared): a thread that waits for work (a stream's) sleeps at once instead of spinning first. */
+void host_note_oversubscribed(void);
+bool host_oversubscribed(void);
 
 #endif

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -202,3 +203,41 @@ def test_waiters_run_the_work_a_helping_stream_has_not_begun():
     uid = bytes(lib.get_unique_id())
     for rank, res in enumerate(run_ranks(_waiters_help, 2, uid, timeout=45)):
         assert res == (True, True, 3.0, 3.0), (rank, res)
+
+
+def _event_wait_cpu(rank, nranks, uid_bytes, pin):
+    import threading
+
+    if pin:  # both ranks on one CPU: the communicator finds its ranks outnumber this process's CPUs
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    lib = nccl.load("host")
+    dev = HostDevice(lib)
+    comm = lib.comm_init_rank(nranks, nccl.UniqueId(uid_bytes), rank)
+    spent = []
+    for _ in range(3):
+        ev = dev.create_event()
+        lib.host_event_arm(ev)
+        firer = threading.Timer(0.05, lib.host_event_fire, (ev,))
+        firer.start()
+        t0 = time.thread_time()
+        assert dev.wait_event(ev, 10.0)
+        spent.append(time.thread_time() - t0)
+        firer.join()
+        dev.destroy_event(ev)
+    lib.comm_destroy(comm)
+    return min(spent)
+
+
+@pytest.mark.timeout(60)
+def test_an_oversubscribed_event_waiter_sleeps_instead_of_yielding():
+    """Where a communicator's ranks outnumber the CPUs, a thread waiting for an event (whose firing thread needs
+    the CPU) sleeps after its short spin instead of yielding for PYCOLL_HOST_YIELD_NS (0.3 ms) first."""
+    lib = _host_library()
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no sched_setaffinity here")
+    env = {"PYCOLL_HOST_YIELD_NS": "20000000"}  # 20 ms of yielding, unless the waiter skips that round
+    pinned = run_ranks(_event_wait_cpu, 2, bytes(lib.get_unique_id()), True, timeout=45, env=env)
+    free = run_ranks(_event_wait_cpu, 2, bytes(lib.get_unique_id()), False, timeout=45, env=env)
+    assert max(pinned) < 0.003, f"oversubscribed waiters used {pinned} s of CPU waiting 50 ms"
+    if len(os.sched_getaffinity(0)) >= 2:  # the control: with a CPU each they yield (and spend CPU) first
+        assert max(free) > 0.005, f"waiters with a CPU each spent only {free} s of CPU (the policy changed?)"
