@@ -57,8 +57,12 @@ def _loop(rank, n, addr, steps, victim, action, at, timeout, remote, watcher=Non
             failures.append((time.time(), type(exc).__name__, str(exc), group.comm.failure is not None
                              and type(group.comm.failure).__name__))
             group.reshape()
+            # a member may have completed the step the others failed (a death mid-collective): every
+            # survivor goes on from the last step all of them completed, as the README's loop does
+            step = 0 if group.last_committed is None else group.last_committed + 1
             continue
         assert np.all(x == (step + 1) * group.size), (step, x[0], group.size)
+        group.commit(step)
         step += 1
     fault = float(store.get("lv-test/fault", timeout=1.0)) if store.check(["lv-test/fault"]) else None
     causes = [str(group.comm.failure)] if group.comm.failure is not None else []
