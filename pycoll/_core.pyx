@@ -650,8 +650,15 @@ cdef _refresh(CommCore comm, Work w, object dev, Library lib):
     if w._state is _COMPLETED or w._exc is not None or start is None:
         return
     cdef bint done, started
+    cdef float ms = 0
+    cdef int timed = -1  # the host library's elapsed time of the two events: 0 (both complete, ms set) or why not
     try:
-        done = end is not None and _query(dev, lib, end)
+        if comm._timed and end is not None and lib is not None and lib.fn.pycollEventElapsedTime != NULL:
+            timed = lib.fn.pycollEventElapsedTime(&ms, <pycollEvent_t><uintptr_t>start, <pycollEvent_t><uintptr_t>end)
+        if timed == 0 or timed == _IN_PROGRESS:  # one call says whether the end event completed, and the duration
+            done = timed == 0
+        else:
+            done = end is not None and _query(dev, lib, end)
         started = done or w._state != "scheduled" or _query(dev, lib, start)
     except Exception as exc:  # a destroyed event (released meanwhile) or a sticky device error
         if w._start is start and w._exc is None:
@@ -679,7 +686,9 @@ cdef _refresh(CommCore comm, Work w, object dev, Library lib):
             if w.time_started_ns is None:
                 w.time_started_ns = w.time_completed_ns
             w.duration_ms = None
-            if comm._timed and end is not None:  # end is set: done
+            if timed == 0:
+                w.duration_ms = ms
+            elif comm._timed and end is not None:  # end is set: done
                 try:
                     w.duration_ms = _elapsed_ms(dev, lib, start, end)
                 except Exception:

@@ -163,6 +163,12 @@ def _work_semantics(rank, n, uid):
     w.wait()
     out["completed"] = w.is_completed() and w.exception() is None and w.state == "completed"
     out["value"] = x.tolist() == [2.0] * 4
+    # its duration: from when its stream began it to when it completed (rank 0 waited for rank 1)
+    out["duration"] = w.duration_ms is not None and (w.duration_ms >= 400 if rank == 0 else w.duration_ms >= 0)
+    if rank == 1:
+        time.sleep(0.3)
+    b = c.all_reduce(np.ones(2, np.float32))  # blocking: run in the caller's thread, timed the same way
+    out["blocking_duration"] = b.duration_ms is not None and (b.duration_ms >= 200 if rank == 0 else b.duration_ms >= 0)
     # several async ops on the comm's stream complete in order
     ws = [c.all_reduce(np.full(2, float(i), np.float32), async_op=True) for i in range(5)]
     ws[-1].wait()
