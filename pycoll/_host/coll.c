@@ -12,7 +12,7 @@
  * arrives, and after everyone has arrived copies the other slices of chunk s-1 out of outbuf. A
  * rank's reading of an inbox or an outbuf slice of step S-1 happens before it arrives at S+1, so
  * the parity rule above holds for outbuf too. Outputs too large for the caches are written with
- * streaming stores.
+ * streaming stores (PYCOLL_HOST_STREAM_MIN bytes and more: 8 MiB by default).
  *
  * Each rank transforms its own contribution before publishing it (PreMulSum/Avg scalars are
  * per rank, as in NCCL), and reductions run in rank order 0..n-1. */
@@ -31,7 +31,8 @@ enum algo { ALGO_LOCAL = 0, ALGO_ONESHOT, ALGO_TWOPHASE, ALGO_STEP };
 
 static size_t oneshot_max = 32 << 10;
 static size_t chunk_max = 512 << 10;
-static size_t stream_min = 8 << 20; /* outputs from this size on are written with streaming stores */
+/* outputs from this size on are written with streaming stores (PYCOLL_HOST_STREAM_MIN; 0: never) */
+static size_t stream_min = 8 << 20;
 
 __attribute__((constructor)) static void coll_tunables(void) {
   uint64_t v;
@@ -39,6 +40,8 @@ __attribute__((constructor)) static void coll_tunables(void) {
   oneshot_max = (size_t)v;
   env_u64("PYCOLL_HOST_CHUNK_BYTES", ENV_CHUNK_BYTES_MIN, ENV_CHUNK_BYTES_MAX, chunk_max, &v);
   chunk_max = (size_t)v;
+  env_u64("PYCOLL_HOST_STREAM_MIN", 0, ENV_STREAM_MIN_MAX, stream_min, &v);
+  stream_min = (size_t)v;
 }
 
 /* Slice k of n over `len` elements, boundaries aligned to a cache line. */
@@ -79,7 +82,7 @@ void coll_start(struct task* t) {
       } else {
         t->algo = ALGO_TWOPHASE;
         t->piece = MAX((size_t)1, MIN(chunk_max, ib) / es); /* never 0: it divides the step count */
-        t->stream_out = bytes >= stream_min;
+        t->stream_out = stream_min != 0 && bytes >= stream_min;
       }
       break;
     }

@@ -11,6 +11,7 @@
 #define ENV_CHUNK_BYTES_MIN 64ull
 #define ENV_CHUNK_BYTES_MAX (1ull << 30)
 #define ENV_ONESHOT_MAX_MAX (1ull << 30)
+#define ENV_STREAM_MIN_MAX (1ull << 62)  /* PYCOLL_HOST_STREAM_MIN: 0 (never) to 2^62 bytes */
 #define ENV_NS_MAX 10000000000ull   /* 10 s of spinning or yielding */
 #define ENV_PEER_CHECK_MIN_NS 100000ull /* PYCOLL_HOST_PEER_CHECK_NS: 0.1 ms to ENV_NS_MAX */
 #define ENV_INIT_TIMEOUT_MAX 1e7    /* seconds; 0 means forever */

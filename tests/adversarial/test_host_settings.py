@@ -83,6 +83,7 @@ def test_python_refuses_bad_host_settings_before_loading(name: str, value: str) 
 @pytest.mark.parametrize("name,good,bad", [
     ("PYCOLL_HOST_CHUNK_BYTES", ["64", "524288", str(1 << 30)], ["0", "1", "7", "63", "abc", "1_000", str(2 << 30)]),
     ("PYCOLL_HOST_ONESHOT_MAX", ["0", "32768"], ["-1", "x", "1.5"]),
+    ("PYCOLL_HOST_STREAM_MIN", ["0", "8388608", str(1 << 62)], ["-1", "8M", "1e6", str((1 << 62) + 1)]),
     ("PYCOLL_HOST_SPIN_NS", ["0", "50000"], ["-5", "1e3", "10000000001"]),
     ("PYCOLL_HOST_YIELD_NS", ["0", "300000"], ["inf", "-1"]),
     ("PYCOLL_HOST_PEER_CHECK_NS", ["100000", "1000000", "10000000000"], ["0", "99999", "1e6", "10000000001"]),

@@ -139,8 +139,8 @@ def _cases(n, kinds, dtypes, ops, sizes, inplaces=(False, True)):
     return out
 
 
-def _check(n, cases, timeout):
-    results = run_ranks(_worker, n, uid(), cases, timeout=timeout)
+def _check(n, cases, timeout, env=None):
+    results = run_ranks(_worker, n, uid(), cases, timeout=timeout, env=env)
     failures = [f for per_rank in results for f in per_rank]
     assert not failures, "\n".join(failures[:20])
 
@@ -162,17 +162,21 @@ def test_every_collective(n):
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_large_reductions_streaming_stores(n):
-    """AllReduce/Reduce outputs past the streaming-store threshold (8 MiB): odd counts (vector tails,
-    unaligned slice ends), in and out of place, the one-pass float32 sum and the blockwise kernels."""
-    f32 = (9 << 20) // 4 + 3
+@pytest.mark.parametrize("n, scale", [(2, "default"), (2, "small"), (3, "small"), (4, "small")])
+def test_large_reductions_streaming_stores(n, scale):
+    """AllReduce/Reduce outputs past the streaming-store threshold: odd counts (vector tails, unaligned
+    slice ends), in and out of place, the one-pass float32 sum and the blockwise kernels. "default": past
+    8 MiB, once; "small": PYCOLL_HOST_STREAM_MIN and PYCOLL_HOST_CHUNK_BYTES lowered so that outputs of
+    about 300 KB stream through several chunks."""
+    env = None if scale == "default" else {"PYCOLL_HOST_STREAM_MIN": "65536", "PYCOLL_HOST_CHUNK_BYTES": "65536"}
+    size = 9 << 20 if scale == "default" else 300_000
+    f32 = size // 4 + 3
     cases = _cases(n, ("allreduce",), (DataType.Float32,), (RedOp.Sum, RedOp.Avg, PREMUL_HOST), (f32,))
     cases += _cases(n, ("reduce",), (DataType.Float32,), (RedOp.Sum,), (f32,), inplaces=(False,))
-    f64 = (9 << 20) // 8 + 5
+    f64 = size // 8 + 5
     cases += _cases(n, ("allreduce",), (DataType.Float64, DataType.Int32), (RedOp.Sum, RedOp.Max), (f64,),
                     inplaces=(False,))
-    _check(n, cases, timeout=180)
+    _check(n, cases, timeout=180, env=env)
 
 
 @pytest.mark.slow
