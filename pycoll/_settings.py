@@ -165,7 +165,8 @@ _ALL = (
     Setting("PYCOLL_HOST_CHUNK_BYTES", "int", 524288, "pipeline chunk of larger host AllReduce/Reduce, bytes",
             minimum=64, maximum=1 << 30),
     Setting("PYCOLL_HOST_STREAM_MIN", "int", 8 << 20, "host AllReduce/Reduce outputs of at least this many bytes "
-            "are written with streaming (non-temporal) stores (0: never)", minimum=0, maximum=1 << 62),
+            "are written with streaming (non-temporal) stores (0: never); unset, outputs of 8 MiB and more use "
+            "whichever stores the process's first six such operations measured faster", minimum=0, maximum=1 << 62),
     Setting("PYCOLL_HOST_BIND", "choice", "0", "`1` binds the thread initialising host rank r to a CPU",
             choices=("0", "1")),
     # -- testing

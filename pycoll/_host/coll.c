@@ -34,14 +34,55 @@ static size_t chunk_max = 512 << 10;
 /* outputs from this size on are written with streaming stores (PYCOLL_HOST_STREAM_MIN; 0: never) */
 static size_t stream_min = 8 << 20;
 
+/* Whether streaming stores help depends on the machine: on some they make a large AllReduce faster, on
+ * others much slower (benchmarks/README.md). Unless PYCOLL_HOST_STREAM_MIN is set, the process measures:
+ * its first STORE_TRIALS AllReduce/Reduce with outputs past the threshold alternate between streaming and
+ * cached stores (every rank does the same operations in the same order, so the ranks alternate
+ * together), and the stores whose best time per byte was shorter are used from then on. */
+#define STORE_TRIALS 6
+static bool stores_fixed;             /* PYCOLL_HOST_STREAM_MIN is set: no measuring */
+static int stores_pick = -1;          /* -1: measuring; 1 streaming, 0 cached */
+static int store_trials_started;
+static pthread_mutex_t store_mu = PTHREAD_MUTEX_INITIALIZER;
+static int store_trials_done;
+static double store_best[2];          /* shortest ns per byte seen with cached (0) and streaming (1) stores */
+
 __attribute__((constructor)) static void coll_tunables(void) {
   uint64_t v;
   env_u64("PYCOLL_HOST_ONESHOT_MAX", 0, ENV_ONESHOT_MAX_MAX, oneshot_max, &v);
   oneshot_max = (size_t)v;
   env_u64("PYCOLL_HOST_CHUNK_BYTES", ENV_CHUNK_BYTES_MIN, ENV_CHUNK_BYTES_MAX, chunk_max, &v);
   chunk_max = (size_t)v;
-  env_u64("PYCOLL_HOST_STREAM_MIN", 0, ENV_STREAM_MIN_MAX, stream_min, &v);
+  const char* set = getenv("PYCOLL_HOST_STREAM_MIN");
+  stores_fixed = env_u64("PYCOLL_HOST_STREAM_MIN", 0, ENV_STREAM_MIN_MAX, stream_min, &v) && set && *set;
   stream_min = (size_t)v;
+}
+
+/* A large output (past the threshold): streaming stores or not, measured first (above). */
+static bool stream_large(struct task* t) {
+  int pick = __atomic_load_n(&stores_pick, __ATOMIC_ACQUIRE);
+  if (stores_fixed) return true;
+  if (pick >= 0) return pick == 1;
+  int k = __atomic_fetch_add(&store_trials_started, 1, __ATOMIC_RELAXED);
+  if (k >= STORE_TRIALS) return true; /* more started meanwhile than are measured: the default until decided */
+  t->timed_store = true;
+  t->t_start = now_ns();
+  return (k & 1) == 0; /* streaming first (the default), then cached, alternately */
+}
+
+static void store_trial_done(struct task* t, size_t bytes) {
+  double per_byte = (double)(now_ns() - t->t_start) / (double)bytes;
+  int mode = t->stream_out ? 1 : 0;
+  pthread_mutex_lock(&store_mu);
+  if (store_best[mode] == 0 || per_byte < store_best[mode]) store_best[mode] = per_byte;
+  if (++store_trials_done == STORE_TRIALS && store_best[0] > 0 && store_best[1] > 0) {
+    int pick = store_best[1] <= store_best[0];
+    __atomic_store_n(&stores_pick, pick, __ATOMIC_RELEASE);
+    INFO("AllReduce/Reduce outputs of %zu bytes and more: %s stores (measured: streaming %.3f, cached %.3f ns per "
+         "byte at best over %d operations; PYCOLL_HOST_STREAM_MIN decides instead)",
+         stream_min, pick ? "streaming" : "cached", store_best[1], store_best[0], STORE_TRIALS);
+  }
+  pthread_mutex_unlock(&store_mu);
 }
 
 /* Slice k of n over `len` elements, boundaries aligned to a cache line. */
@@ -62,6 +103,7 @@ void coll_start(struct task* t) {
   size_t es = dt_size(t->dtype), n = (size_t)c->nranks, ib = s->inbox_bytes;
   t->started = true;
   t->stream_out = false;
+  t->timed_store = false;
   t->step = 0;
   t->phase = PH_FILL;
   t->op_seq = c->op_seq++;
@@ -82,7 +124,7 @@ void coll_start(struct task* t) {
       } else {
         t->algo = ALGO_TWOPHASE;
         t->piece = MAX((size_t)1, MIN(chunk_max, ib) / es); /* never 0: it divides the step count */
-        t->stream_out = stream_min != 0 && bytes >= stream_min;
+        t->stream_out = stream_min != 0 && bytes >= stream_min && stream_large(t);
       }
       break;
     }
@@ -353,6 +395,7 @@ int coll_progress(struct task* t) {
     if (++t->step == t->nsteps) {
       if (UNLIKELY(fp_hit("host.coll.done")))
         return task_fail(t, ncclSystemError, "%s : failpoint host.coll.done", task_kind_name(t->kind));
+      if (t->timed_store) store_trial_done(t, t->count * dt_size(t->dtype));
       return PROG_DONE;
     }
     t->phase = PH_FILL;

@@ -55,6 +55,8 @@ struct task {
   size_t piece; /* elements per step (per block for the block-wise collectives) */
   uint32_t nchunks; /* pipelined AllReduce/Reduce: chunks of `piece` elements (nsteps = nchunks + 1) */
   bool stream_out;  /* write the output with streaming stores */
+  bool timed_store; /* one of the operations that measure which stores are faster (coll.c) */
+  uint64_t t_start; /* when it started, for that measurement */
   uint64_t op_seq;
   uint64_t msg_seq;
   size_t off;

@@ -38,9 +38,29 @@ _RANK = textwrap.dedent("""
 """)
 
 
-def _run(extra: dict, skip: bool) -> List[Tuple[int, str, str]]:
+# Rank script for the store choice: eight allreduces of 9 MiB (past PYCOLL_HOST_STREAM_MIN's 8 MiB), checked.
+_LARGE = textwrap.dedent("""
+    import sys
+    import numpy as np
+    rank, port = int(sys.argv[1]), int(sys.argv[2])
+    import pycoll
+    from pycoll.store import TCPStore
+    store = TCPStore("127.0.0.1", port, "adversarial-host", timeout=20)
+    comm = pycoll.init(rank, 2, store=store, backend="host", timeout=20, init_timeout=20)
+    for i in range(8):
+        x = np.full((9 << 20) // 4 + 5, rank + i + 1.0, dtype=np.float32)
+        y = np.empty_like(x)
+        comm.all_reduce(x, y)
+        assert (y == 2 * i + 3.0).all(), (i, y[:4])
+    print("OK", flush=True)
+    comm.destroy()
+""")
+
+
+def _run(extra: dict, skip: bool, script: str = _RANK) -> List[Tuple[int, str, str]]:
     with TCPStoreServer("127.0.0.1", 0, TOKEN).start() as srv:
-        children = [python(_RANK, str(r), str(srv.port), "1" if skip else "0", environ=env(**extra)) for r in range(2)]
+        args = ("1" if skip else "0",) if script is _RANK else ()
+        children = [python(script, str(r), str(srv.port), *args, environ=env(**extra)) for r in range(2)]
         try:
             return [c.communicate(40) for c in children]
         finally:
@@ -58,6 +78,23 @@ def test_bad_chunk_bytes_is_refused_in_c(value: str) -> None:
     for rc, out, err in _run({"PYCOLL_HOST_CHUNK_BYTES": value}, skip=True):
         assert rc == 0 and "OK" in out, (rc, out, err)
         assert f"PYCOLL_HOST_CHUNK_BYTES={value} is invalid" in err, err
+
+
+@pytest.mark.timeout(90)
+def test_the_stores_for_large_outputs_are_measured_unless_set() -> None:
+    """Unset, the process's first six AllReduce past 8 MiB alternate streaming and cached stores and it keeps the
+    faster (NCCL_DEBUG=INFO says which, once); PYCOLL_HOST_STREAM_MIN set decides without measuring. Results
+    are right either way."""
+    for extra, measured in (({}, True), ({"PYCOLL_HOST_STREAM_MIN": "8388608"}, False),
+                            ({"PYCOLL_HOST_STREAM_MIN": "0"}, False)):
+        for rc, out, err in _run({"NCCL_DEBUG": "INFO", **extra}, skip=False, script=_LARGE):
+            assert rc == 0 and "OK" in out, (extra, rc, out, err)
+            said = [ln for ln in err.splitlines() if "outputs of 8388608 bytes and more:" in ln]
+            if measured:
+                assert len(said) == 1 and ("streaming stores" in said[0] or "cached stores" in said[0]), err
+                assert "at best over 6 operations" in said[0], said
+            else:
+                assert said == [], (extra, said)
 
 
 @pytest.mark.timeout(60)
