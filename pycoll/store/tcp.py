@@ -329,6 +329,12 @@ class TCPStore(Store):
                              f"{self.max_message} bytes")
         return frame
 
+    def _lost(self, op: int, exc: BaseException) -> StoreError:
+        """The error for a request whose connection failed (it was discarded)."""
+        if self._closed:
+            return StoreError(f"{_OP_NAMES[op]}: the store client for {self._where()} was closed")
+        return StoreError(f"{_OP_NAMES[op]}: lost the connection to the store at {self._where()}: {exc}")
+
     def _call(self, op: int, args: Sequence[bytes], wait: float = 0.0, keys: Sequence[str] = ()) -> List[bytes]:
         frame = self._frame(op, args)
         _fp.hit(FP_BEFORE_REQUEST)
@@ -343,10 +349,7 @@ class TCPStore(Store):
                                f"{io_timeout:g} s") from None
         except (_ProtocolError, OSError) as exc:
             self._discard(conn)
-            if self._closed:
-                raise StoreError(f"{_OP_NAMES[op]}: the store client for {self._where()} was closed") from None
-            raise StoreError(f"{_OP_NAMES[op]}: lost the connection to the store at {self._where()}: "
-                             f"{exc}") from None
+            raise self._lost(op, exc) from None
         except BaseException:
             self._discard(conn)  # e.g. KeyboardInterrupt mid-reply: the connection is out of step
             raise
@@ -381,7 +384,7 @@ class TCPStore(Store):
             conn.posted.append(f"set of {key!r}")
         except OSError as exc:
             self._discard(conn)
-            raise StoreError(f"set: lost the connection to the store at {self._where()}: {exc}") from None
+            raise self._lost(_OP_SET, exc) from None
         except BaseException:
             self._discard(conn)  # e.g. KeyboardInterrupt mid-send: the connection is out of step
             raise
