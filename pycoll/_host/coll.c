@@ -60,8 +60,8 @@ __attribute__((constructor)) static void coll_tunables(void) {
 
 /* A large output (past the threshold): streaming stores or not, measured first (above). */
 static bool stream_large(struct task* t) {
-  int pick = __atomic_load_n(&stores_pick, __ATOMIC_ACQUIRE);
   if (stores_fixed) return true;
+  int pick = __atomic_load_n(&stores_pick, __ATOMIC_ACQUIRE);
   if (pick >= 0) return pick == 1;
   int k = __atomic_fetch_add(&store_trials_started, 1, __ATOMIC_RELAXED);
   if (k >= STORE_TRIALS) return true; /* more started meanwhile than are measured: the default until decided */

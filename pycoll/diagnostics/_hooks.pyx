@@ -197,7 +197,7 @@ cdef class RecorderCore(Hook):
         comm = w.comm
         # comm_created maps every communicator when it is made, so an id found here is that of this
         # communicator (a reused id is remapped by the new communicator's comm_created)
-        if self._last_comm == <size_t><PyObject*>comm and self._last_comm_info is not None:
+        if self._last_comm == <size_t><PyObject*>comm:  # 0 (never an address) while the info is unset
             info = self._last_comm_info
         else:
             info = self._infos.get(id(comm))
