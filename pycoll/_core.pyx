@@ -375,9 +375,9 @@ cdef class Work:
                 time.sleep(min(left, FIRST_SLEEP_S))  # inside an open group, or just being enqueued
                 continue
             try:
-                if not bounded and type(comm.device) is _HostDevice and _deadlines_watched():
+                if not bounded and type(comm.device) is _HostDevice and _releasable(comm):
                     # the wait may run the operation here (the stream's thread had not begun it):
-                    # no thread handoff; a watchdog enforces its deadline, as for an inline one
+                    # no thread handoff; its deadline releases this thread, as for an inline one
                     comm.device.wait_event(end, left, True)
                 else:
                     comm.device.wait_event(end, left)
@@ -954,12 +954,20 @@ cdef bint _deadlines_watched() except -1:
     return False
 
 
+cdef bint _releasable(CommCore comm) except -1:
+    """Whether a thread blocked inside the library in an operation of ``comm`` is released at its deadline: a
+    watchdog enforces deadlines and the failure policy aborts or revokes the communicator (under ``"report"``
+    nothing would end the call)."""
+    return _deadlines_watched() and comm._on_failure != "report"
+
+
 cdef object _own_stream(CommCore comm, bint blocking):
     """The communicator's own stream (created on first use).
 
     An idle host stream may run a blocking operation in the caller's thread -- the same
-    stream order and events, without a thread switch -- but only while a watchdog enforces
-    deadlines (a caller blocked inside the library cannot) and never for an asynchronous one (its
+    stream order and events, without a thread switch -- but only while a thread blocked there is
+    released at the deadline (:func:`_releasable`: a watchdog enforces deadlines and the policy aborts
+    or revokes) and never for an asynchronous one (its
     call must return at once); a wait for an asynchronous one may run it (when the stream's thread
     has not begun it), under the same condition. Inside a group nothing reaches the stream before
     the group ends: :class:`GroupScope` decides for the whole group then.
@@ -973,7 +981,7 @@ cdef object _own_stream(CommCore comm, bint blocking):
 
 
 cdef int _stream_mode(CommCore comm, object s, bint inline) except -1:
-    cdef bint watched = _deadlines_watched()
+    cdef bint watched = _releasable(comm)
     inline = inline and watched
     cdef int mode = (1 if inline else 0) | (2 if watched else 0)
     if comm._stream_mode != mode:
@@ -996,7 +1004,7 @@ cdef object _begin(CommCore comm, object what, object stream, bint async_op, obj
 cdef int _prepare_group_end(list works) except -1:
     """Before the ``ncclGroupEnd`` of an outermost group: when all its operations are blocking, of one
     communicator and on its own stream, that idle host stream may run them in this thread, as it runs a
-    blocking operation outside a group (under the same condition: a watchdog enforces deadlines); else
+    blocking operation outside a group (under the same condition, :func:`_releasable`); else
     the own streams of the group's communicators may not."""
     cdef Work w
     cdef CommCore c, first = (<Work>works[0]).comm

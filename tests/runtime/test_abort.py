@@ -101,3 +101,40 @@ def test_abort_while_another_thread_is_inside_an_enqueue(fakes):
     f.ctl.fakeSetDelayMs(0)
     t.join(5.0)
     assert took < 3.0 and errors == ["CommAborted"], (took, errors)
+
+
+def _stopped_peer(rank, n, uid, policy, async_op):
+    import os
+    import signal
+
+    c = pycoll.init(rank, n, unique_id=uid, backend="host", timeout=3.0, on_failure=policy)
+    x = np.ones(4, np.float32)
+    c.all_reduce(x)
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)  # stopped for good: rank 0's next operation waits for it
+    t0 = time.monotonic()
+    try:
+        w = c.all_reduce(x, async_op=async_op)
+        w.wait()
+        out = "no error"
+    except pycoll.PycollError as e:
+        out = type(e).__name__
+    took = time.monotonic() - t0
+    end = time.monotonic() + 10  # the policy acts on the thread that saw the deadline, perhaps after this one raised
+    while c.state == "active" and policy != "report" and time.monotonic() < end:
+        time.sleep(0.01)
+    state = c.state
+    c.abort()
+    return out, took, state
+
+
+@pytest.mark.parametrize("policy", ["abort", "revoke", "report"])
+@pytest.mark.parametrize("async_op", [False, True], ids=["blocking", "async"])
+def test_an_operation_whose_peer_stopped_raises_at_its_deadline_under_every_policy(policy, async_op):
+    """The deadline of a call holds whatever the policy: under "report" (nothing aborts the communicator) the call
+    must not run inside the caller's thread, where nothing would release it."""
+    uid = bytes(B.load("host").get_unique_id())
+    res = run_ranks(_stopped_peer, 2, uid, policy, async_op, may_die=[1], timeout=60)
+    out, took, state = res[0]
+    assert out == "CommTimeout" and 2.5 < took < 20, res
+    assert state == {"abort": "aborted", "revoke": "revoked", "report": "active"}[policy], res
