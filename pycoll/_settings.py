@@ -157,6 +157,9 @@ _ALL = (
             "seconds a host rendezvous waits for missing ranks (0: forever)", minimum=0, maximum=1e7),
     Setting("PYCOLL_HOST_SPIN_NS", "int", 50000, "ns a host waiter spins before yielding", minimum=0, maximum=1e10),
     Setting("PYCOLL_HOST_YIELD_NS", "int", 300000, "ns it then yields before sleeping", minimum=0, maximum=1e10),
+    Setting("PYCOLL_HOST_DEFER_NS", "int", 1000000,
+            "ranks outnumbering CPUs: ns queued work waits for a waiter to run it before its stream's thread is woken",
+            minimum=0, maximum=1e9),
     Setting("PYCOLL_HOST_PEER_CHECK_NS", "int", 1000000, "ns between a host waiter's looks at its peers' "
             "processes, and its longest sleep (a peer on this host that exits wakes it at once anyway)",
             minimum=100000, maximum=1e10),

@@ -14,6 +14,7 @@
 #define ENV_STREAM_MIN_MAX (1ull << 62)  /* PYCOLL_HOST_STREAM_MIN: 0 (never) to 2^62 bytes */
 #define ENV_NS_MAX 10000000000ull   /* 10 s of spinning or yielding */
 #define ENV_PEER_CHECK_MIN_NS 100000ull /* PYCOLL_HOST_PEER_CHECK_NS: 0.1 ms to ENV_NS_MAX */
+#define ENV_DEFER_MAX_NS 1000000000ull /* PYCOLL_HOST_DEFER_NS: at most 1 s */
 #define ENV_INIT_TIMEOUT_MAX 1e7    /* seconds; 0 means forever */
 
 /* Unset or empty: *out = def, true. A valid value: *out = it, true. Otherwise: a WARN on stderr that

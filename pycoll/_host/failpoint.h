@@ -12,6 +12,8 @@
  *   host.grow.begin, host.grow.end            ncclCommGrow's rendezvous
  *   host.window.exchange                      ncclCommWindowRegister, before its descriptor exchange
  *   host.signal.wait                          ncclWaitSignal, when it starts waiting
+ *   host.stream.defer                         before queuing work on a helping stream whose thread is not
+ *                                             woken for it at once (ranks outnumber CPUs: stream.c)
  */
 #ifndef PYCOLL_FAILPOINT_H
 #define PYCOLL_FAILPOINT_H

@@ -1,10 +1,15 @@
 #include "stream.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <sched.h>
 #include <stdlib.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
 
 #include "debug.h"
+#include "env.h"
+#include "failpoint.h"
 #include "handles.h"
 #include "wait.h"
 
@@ -41,6 +46,11 @@ struct pycollStream {
   int flags;        /* PYCOLL_STREAM_* */
   bool inline_busy; /* the caller's thread is running this stream's work (see stream_submit) */
   bool running;     /* the stream's thread is running an item it took off the queue */
+  /* Where the ranks outnumber the CPUs the idle thread sleeps in poll() on `kick_fd`, a timerfd, which a
+   * push arms: at once, or -- work a waiter may run itself (PYCOLL_STREAM_HELP) -- after defer_ns. */
+  int kick_fd;      /* -1: none (the thread sleeps on `work`) */
+  bool kick_sleep;  /* the thread sleeps in poll() on kick_fd */
+  uint64_t kick_at; /* when kick_fd fires (monotonic ns; 1: at once); 0: disarmed */
   struct pycollGraph* capture; /* the graph work submitted now is recorded into, instead of run */
   struct pycollStream* blocking_next; /* in the list of PYCOLL_STREAM_BLOCKING streams */
 };
@@ -112,10 +122,39 @@ static bool marker_wait_for(struct marker* m, uint64_t timeout_ns) {
 
 static void marker_wait(struct marker* m) { marker_wait_for(m, UINT64_MAX); }
 
+/* PYCOLL_HOST_DEFER_NS: where the ranks outnumber the CPUs, how long work queued on a helping stream
+ * (PYCOLL_STREAM_HELP) waits for a thread that waits for it -- which runs it in its own thread, one wake-up
+ * and two thread switches fewer, on CPUs the ranks share -- before the stream's thread is woken to run it.
+ * 0: woken at once. */
+static uint64_t defer_ns = 1000000;
+
+__attribute__((constructor)) static void stream_tunables(void) {
+  env_u64("PYCOLL_HOST_DEFER_NS", 0, ENV_DEFER_MAX_NS, defer_ns, &defer_ns);
+}
+
+/* Arms the sleeping thread's timer for `at` (1: at once) unless it fires earlier already (s->mu held). Setting a
+ * timerfd fails only for a bad descriptor or value, neither of which this passes. */
+static void kick(struct pycollStream* s, uint64_t at) {
+  if (s->kick_at && s->kick_at <= at) return;
+  struct itimerspec its = {{0, 0}, {(time_t)(at / 1000000000ull), (long)(at % 1000000000ull)}};
+  if (timerfd_settime(s->kick_fd, at == 1 ? 0 : TFD_TIMER_ABSTIME, &its, NULL) == 0) s->kick_at = at;
+  else WARN("pycollStream : cannot arm the stream thread's timer: %s", strerror(errno));
+}
+
+/* Wakes the stream's thread, if it sleeps, for the work queued: at once, or when `deferred` after defer_ns
+ * (s->mu held). */
+static void wake(struct pycollStream* s, bool deferred) {
+  if (!s->sleeping) return;
+  if (s->kick_sleep) kick(s, deferred ? now_ns() + defer_ns : 1);
+  else pthread_cond_signal(&s->work);
+}
+
 bool stream_valid(pycollStream_t s) { return handle_valid(s, H_STREAM); }
 bool event_valid(pycollEvent_t e) { return handle_valid(e, H_EVENT); }
 
 /* ---- the stream thread ---- */
+
+static void stream_hurry(struct marker* m);
 
 static void run_item(struct item* it) {
   switch (it->kind) {
@@ -125,7 +164,10 @@ static void run_item(struct item* it) {
       break;
     }
     case IT_RECORD: marker_fire(it->m); break;
-    case IT_WAIT: marker_wait(it->m); break;
+    case IT_WAIT:
+      stream_hurry(it->m);
+      marker_wait(it->m);
+      break;
     default: break;
   }
   if (it->m) marker_release(it->m);
@@ -145,8 +187,22 @@ static void* stream_main(void* arg) {
     /* another thread runs this stream's work (inline, or a waiter helping): what is queued follows it,
      * and a helper may have taken everything */
     while (!s->head || s->inline_busy) {
+      if (s->kick_fd < 0 && host_oversubscribed())
+        s->kick_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
       s->sleeping = true;
-      pthread_cond_wait(&s->work, &s->mu);
+      if (s->kick_fd >= 0) {
+        s->kick_sleep = true;
+        pthread_mutex_unlock(&s->mu);
+        struct pollfd pfd = {s->kick_fd, POLLIN, 0};
+        while (poll(&pfd, 1, -1) < 0 && errno == EINTR) {
+        }
+        pthread_mutex_lock(&s->mu);
+        uint64_t fired;
+        if (read(s->kick_fd, &fired, sizeof fired) == (ssize_t)sizeof fired) s->kick_at = 0; /* else re-armed */
+        s->kick_sleep = false;
+      } else {
+        pthread_cond_wait(&s->work, &s->mu);
+      }
       s->sleeping = false;
     }
     struct item* it = s->head;
@@ -167,6 +223,13 @@ static void* stream_main(void* arg) {
 }
 
 static ncclResult_t push_raw(struct pycollStream* s, int kind, struct task* tasks, struct marker* m) {
+  /* work a waiter may run itself: where the ranks outnumber the CPUs the thread is not woken for it at once */
+  bool deferred = defer_ns && (kind == IT_TASKS || kind == IT_RECORD) && host_oversubscribed() &&
+                  (__atomic_load_n(&s->flags, __ATOMIC_RELAXED) & PYCOLL_STREAM_HELP);
+  if (deferred && UNLIKELY(fp_hit("host.stream.defer"))) {
+    WARN("pycollStream : failpoint host.stream.defer");
+    return ncclSystemError;
+  }
   struct item* it = calloc(1, sizeof *it);
   if (!it) {
     WARN("pycollStream : out of memory");
@@ -180,7 +243,7 @@ static ncclResult_t push_raw(struct pycollStream* s, int kind, struct task* task
   else __atomic_store_n(&s->head, it, __ATOMIC_RELEASE);
   s->tail = it;
   s->enqueued++;
-  if (s->sleeping) pthread_cond_signal(&s->work);
+  wake(s, deferred);
   pthread_mutex_unlock(&s->mu);
   return ncclSuccess;
 }
@@ -274,7 +337,7 @@ static bool inline_begin(struct pycollStream* s) {
 static void inline_release(struct pycollStream* s) {
   s->inline_busy = false;
   pthread_cond_broadcast(&s->idle);
-  if (s->head) pthread_cond_signal(&s->work);
+  if (s->head) wake(s, false);
   pthread_mutex_unlock(&s->mu);
 }
 
@@ -302,21 +365,38 @@ ncclResult_t stream_submit(pycollStream_t s, struct task* list) {
   return push_raw(s, IT_TASKS, list, NULL);
 }
 
+/* The stream that fires `m` (a record on a stream not yet reached), locked; NULL when none. */
+static struct pycollStream* marker_stream_lock(struct marker* m) {
+  struct pycollStream* s = m->stream;
+  if (!s || __atomic_load_n(&m->done, __ATOMIC_ACQUIRE)) return NULL;
+  handle_lock(); /* the stream stays alive while its lock is taken */
+  if (!handle_valid_locked(s, H_STREAM)) {
+    handle_unlock();
+    return NULL;
+  }
+  pthread_mutex_lock(&s->mu);
+  handle_unlock();
+  return s;
+}
+
+/* A thread that waits for `m` without running work: the stream's thread takes what was queued before it now
+ * (not when a deferred wake would). */
+static void stream_hurry(struct marker* m) {
+  struct pycollStream* s = marker_stream_lock(m);
+  if (!s) return;
+  if (s->head) wake(s, false);
+  pthread_mutex_unlock(&s->mu);
+}
+
 /* A thread waiting for `m` (pycollEventWaitRun) runs the work queued on m's stream up to m itself, when the stream has
  * PYCOLL_STREAM_HELP and its thread has not begun that work: the same order, one thread handoff less.
  * It takes only tasks and records (a wait for another stream stays with the stream's thread), and
  * stops at the first other item. */
 static void stream_help(struct marker* m) {
-  struct pycollStream* s = m->stream;
-  if (!s || __atomic_load_n(&m->done, __ATOMIC_ACQUIRE)) return;
-  handle_lock(); /* the stream stays alive while its lock is taken */
-  if (!handle_valid_locked(s, H_STREAM) || !(__atomic_load_n(&s->flags, __ATOMIC_ACQUIRE) & PYCOLL_STREAM_HELP)) {
-    handle_unlock();
-    return;
-  }
-  pthread_mutex_lock(&s->mu);
-  handle_unlock();
-  if (s->running || s->inline_busy || !s->head) {
+  struct pycollStream* s = marker_stream_lock(m);
+  if (!s) return;
+  if (s->running || s->inline_busy || !s->head || !(__atomic_load_n(&s->flags, __ATOMIC_ACQUIRE) & PYCOLL_STREAM_HELP)) {
+    if (s->head && !s->running && !s->inline_busy) wake(s, false);
     pthread_mutex_unlock(&s->mu);
     return;
   }
@@ -339,6 +419,7 @@ static void stream_help(struct marker* m) {
 
 static void stream_sync(struct pycollStream* s) {
   pthread_mutex_lock(&s->mu);
+  if (s->head) wake(s, false);
   uint64_t target = s->enqueued;
   while (s->completed < target) pthread_cond_wait(&s->idle, &s->mu);
   pthread_mutex_unlock(&s->mu);
@@ -372,6 +453,7 @@ NCCL_API int pycollStreamCreateWithFlags(pycollStream_t* stream, int flags) {
   if (!s) return ncclSystemError;
   s->magic = STREAM_MAGIC;
   s->flags = flags;
+  s->kick_fd = -1;
   pthread_mutexattr_t ma; /* adaptive: the caller's push and the stream thread's pop hold it for
                            * nanoseconds; spinning briefly beats a futex sleep and wake */
   pthread_mutexattr_init(&ma);
@@ -414,6 +496,7 @@ NCCL_API int pycollStreamDestroy(pycollStream_t s) {
   __atomic_compare_exchange_n(&legacy_stream, &expected, NULL, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
   push_raw(s, IT_STOP, NULL, NULL);
   pthread_join(s->thread, NULL);
+  if (s->kick_fd >= 0) close(s->kick_fd);
   if (s->capture) pycollGraphDestroy(s->capture);
   pthread_mutex_destroy(&s->mu);
   pthread_cond_destroy(&s->work);
@@ -566,6 +649,7 @@ NCCL_API int pycollEventQuery(pycollEvent_t e) {
 static int event_wait(pycollEvent_t e, uint64_t timeout_ns, bool run) {
   struct marker* m = event_current(e);
   if (m && run) stream_help(m);
+  else if (m) stream_hurry(m);
   bool done = !m || marker_wait_for(m, timeout_ns);
   marker_release(m);
   return done ? ncclSuccess : ncclInProgress;
@@ -604,7 +688,10 @@ NCCL_API int pycollEventFire(pycollEvent_t e) {
 NCCL_API int pycollEventSynchronize(pycollEvent_t e) {
   CHECK_EVENT(e, "pycollEventSynchronize");
   struct marker* m = event_current(e);
-  if (m) marker_wait(m);
+  if (m) {
+    stream_hurry(m);
+    marker_wait(m);
+  }
   marker_release(m);
   return ncclSuccess;
 }

@@ -241,3 +241,59 @@ def test_an_oversubscribed_event_waiter_sleeps_instead_of_yielding():
     assert max(pinned) < 0.003, f"oversubscribed waiters used {pinned} s of CPU waiting 50 ms"
     if len(os.sched_getaffinity(0)) >= 2:  # the control: with a CPU each they yield (and spend CPU) first
         assert max(free) > 0.005, f"waiters with a CPU each spent only {free} s of CPU (the policy changed?)"
+
+
+def _deferred_work(rank, nranks, uid_bytes, pin):
+    """Two operations on a helping stream: the first waited for (with running allowed) after 0.15 s, the second
+    never waited for, only queried. Returns whether each was complete after 0.15 s, and when each completed."""
+    if pin:  # both ranks on one CPU: the ranks outnumber this process's CPUs
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    lib = nccl.load("host")
+    dev = HostDevice(lib)
+    comm = lib.comm_init_rank(nranks, nccl.UniqueId(uid_bytes), rank)
+    stream = dev.create_stream()
+    dev.allow_inline(stream, False, True)
+    time.sleep(0.05)  # the new stream's thread asleep (awake, it takes what is queued)
+    send, recv = np.full(64, rank + 1, np.float32), np.zeros((2, 64), np.float32)
+    early, took = [], []
+    for i in range(2):
+        ev = dev.create_event()
+        t0 = time.monotonic()
+        lib.all_reduce(send.ctypes.data, recv[i].ctypes.data, 64, nccl.DataType.Float32, nccl.RedOp.Sum, comm, stream)
+        dev.record_event(ev, stream)
+        time.sleep(0.15)
+        early.append(dev.query_event(ev))
+        if i == 0:
+            assert dev.wait_event(ev, 20.0, True)
+        else:
+            while not dev.query_event(ev) and time.monotonic() - t0 < 20:
+                time.sleep(0.005)
+        took.append(time.monotonic() - t0)
+        dev.destroy_event(ev)
+    dev.synchronize_stream(stream)
+    dev.destroy_stream(stream)
+    lib.comm_destroy(comm)
+    return early, took, float(recv.min()), float(recv.max())
+
+
+@pytest.mark.timeout(90)
+def test_an_oversubscribed_helping_stream_leaves_its_work_to_a_waiter_for_a_bounded_time():
+    """Where the ranks outnumber the CPUs, work queued on a helping stream does not wake the stream's thread at
+    once: a thread that waits for it runs it (no wake-up, no thread switches), and work nobody waits for still
+    runs, at most PYCOLL_HOST_DEFER_NS later (the thread's timer set by the first op still stands for the second:
+    it wakes 0.6 s after the first push). With a CPU per rank the thread takes the work at once."""
+    lib = _host_library()
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no sched_setaffinity here")
+    env = {"PYCOLL_HOST_DEFER_NS": "600000000"}  # 0.6 s
+    for rank, (early, took, lo, hi) in enumerate(
+            run_ranks(_deferred_work, 2, bytes(lib.get_unique_id()), True, timeout=60, env=env)):
+        assert early == [False, False], f"rank {rank}: the stream's thread ran deferred work at once"
+        assert took[0] < 0.5, f"rank {rank}: the waiter did not run the work itself ({took[0]:.3f} s)"
+        assert took[1] < 15, f"rank {rank}: work nobody waited for completed after {took[1]:.3f} s"
+        assert lo == hi == 3.0
+    if len(os.sched_getaffinity(0)) >= 2:  # the control: with a CPU per rank nothing is deferred
+        for rank, (early, _took, lo, hi) in enumerate(
+                run_ranks(_deferred_work, 2, bytes(lib.get_unique_id()), False, timeout=60, env=env)):
+            assert early == [True, True], f"rank {rank}: work waited although the ranks have a CPU each"
+            assert lo == hi == 3.0

@@ -1,0 +1,94 @@
+"""Ranks that outnumber the CPUs: the Communicator's asynchronous operations on the host backend.
+
+There a stream's thread is not woken at once for work that a waiter may run itself (PYCOLL_HOST_DEFER_NS):
+these tests pin both ranks of a communicator to one CPU and check that such work still runs when nobody waits
+for it, and that a rank killed, stopped or failed where its work is deferred (failpoint host.stream.defer)
+fails its peer's operation instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+from helpers.mp import Died, run_ranks
+
+import pycoll
+from pycoll import _bindings as B
+
+pytestmark = [pytest.mark.timeout(120),
+              pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no sched_setaffinity here")]
+
+
+def _uid() -> bytes:
+    return bytes(B.load("host").get_unique_id())
+
+
+def _pinned_comm(rank, n, uid, **kw):
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # every rank on one CPU
+    c = pycoll.init(rank, n, unique_id=uid, backend="host", **kw)
+    x = np.ones(4, np.float32)
+    c.all_reduce(x)  # the own stream exists (this blocking one ran in this thread)
+    time.sleep(0.05)  # and its thread sleeps
+    return c
+
+
+def _unwaited(rank, n, uid):
+    c = _pinned_comm(rank, n, uid, timeout=30)
+    send, out = np.full(8, rank + 1, np.float32), np.zeros((3, 8), np.float32)
+    t0 = time.monotonic()
+    works = [c.all_reduce(send, out[i], async_op=True) for i in range(3)]
+    while not all(w.is_completed() for w in works) and time.monotonic() - t0 < 20:
+        time.sleep(0.002)
+    took = time.monotonic() - t0
+    done = [w.is_completed() for w in works]
+    c.destroy()
+    return done, took, out.tolist()
+
+
+def test_asynchronous_operations_nobody_waits_for_complete():
+    env = {"PYCOLL_HOST_DEFER_NS": "200000000"}  # 0.2 s
+    for rank, (done, took, out) in enumerate(run_ranks(_unwaited, 2, _uid(), env=env)):
+        assert done == [True] * 3, f"rank {rank}: {done} after {took:.2f} s"
+        assert took < 15
+        assert out == [[3.0] * 8] * 3
+
+
+def _deferred_failpoint(rank, n, uid, spec, policy="abort"):
+    if rank == 1:
+        os.environ["PYCOLL_FAILPOINTS"] = spec
+    c = _pinned_comm(rank, n, uid, timeout=4, on_failure=policy)
+    t0 = time.monotonic()
+    try:
+        c.all_reduce(np.ones(4, np.float32), async_op=True).wait()
+    except pycoll.PycollError as e:
+        out = (type(e).__name__, time.monotonic() - t0)
+    else:
+        out = ("no error", time.monotonic() - t0)
+    c.abort()
+    return out
+
+
+@pytest.mark.parametrize("policy", ["abort", "revoke"])
+@pytest.mark.parametrize("action", ["kill", "stop"])
+def test_a_rank_killed_or_stopped_where_its_work_is_deferred_fails_its_peer(action, policy):
+    res = run_ranks(_deferred_failpoint, 2, _uid(), f"host.stream.defer={action}", policy, may_die=[1], timeout=60)
+    assert isinstance(res[1], Died), res
+    name, took = res[0]
+    assert name == ("RemoteError" if action == "kill" else "CommTimeout"), res
+    assert took < 20, res
+
+
+def test_a_deferred_push_refused_fails_the_operation_on_its_rank_and_its_peer():
+    res = run_ranks(_deferred_failpoint, 2, _uid(), "host.stream.defer=raise", timeout=60)
+    for rank, (name, took) in enumerate(res):
+        assert name != "no error" and took < 20, (rank, res)
+
+
+def test_under_the_report_policy_no_work_waits_for_a_waiter():
+    """Under "report" nothing releases a thread blocked inside the library, so no waiter runs the work and the
+    stream's thread is woken at once: the failpoint of a deferred push is never passed."""
+    res = run_ranks(_deferred_failpoint, 2, _uid(), "host.stream.defer=kill", "report", timeout=60)
+    assert [name for name, _ in res] == ["no error", "no error"], res
