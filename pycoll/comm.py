@@ -176,7 +176,10 @@ class Communicator(_core.CommCore):
     Failure policy (``on_failure``): when an operation times out or the library reports an
     asynchronous error, the communicator is aborted (``"abort"``, default), revoked
     (``"revoke"``: collectives are refused but split/shrink still work, as reshape needs), or left
-    alone (``"report"``); the failure is raised at the next wait or call.
+    alone (``"report"``); the failure is raised at the next wait or call. Under ``"report"`` nothing
+    would release a thread blocked inside the library at the deadline, so on the host backend no
+    operation runs in the calling thread: each is handed to the stream's thread (a thread switch more
+    per blocking call) and the call waits for it with its deadline.
 
     Not thread-safe for concurrent operations on one communicator (as NCCL); the watchdog thread
     only queries events and asynchronous errors, and aborts or revokes.
