@@ -958,7 +958,7 @@ cdef bint _releasable(CommCore comm) except -1:
     """Whether a thread blocked inside the library in an operation of ``comm`` is released at its deadline: a
     watchdog enforces deadlines and the failure policy aborts or revokes the communicator (under ``"report"``
     nothing would end the call)."""
-    return _deadlines_watched() and comm._on_failure != "report"
+    return not comm._report_only and _deadlines_watched()
 
 
 cdef object _own_stream(CommCore comm, bint blocking):

@@ -219,6 +219,7 @@ class Communicator(_core.CommCore):
         if on_failure not in _FAILURE_POLICIES:
             raise ValueError(f"on_failure must be one of {_FAILURE_POLICIES}, got {on_failure!r}")
         self._on_failure = on_failure
+        self._report_only = on_failure == "report"  # read by the compiled path (_core._releasable)
         self._store = store
         if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
             raise ValueError(f"generation must be an int >= 0, got {generation!r}")
