@@ -981,11 +981,11 @@ cdef object _own_stream(CommCore comm, bint blocking):
 
 
 cdef int _stream_mode(CommCore comm, object s, bint inline) except -1:
-    cdef bint watched = _releasable(comm)
-    inline = inline and watched
-    cdef int mode = (1 if inline else 0) | (2 if watched else 0)
+    cdef bint releasable = _releasable(comm)
+    inline = inline and releasable
+    cdef int mode = (1 if inline else 0) | (2 if releasable else 0)
     if comm._stream_mode != mode:
-        comm.device.allow_inline(s, inline, watched)
+        comm.device.allow_inline(s, inline, releasable)
         comm._stream_mode = mode
     return 0
 

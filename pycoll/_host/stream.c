@@ -149,6 +149,12 @@ static void wake(struct pycollStream* s, bool deferred) {
   else pthread_cond_signal(&s->work);
 }
 
+/* The stream's thread takes what is queued now, not when a deferred wake would, unless another thread runs the
+ * stream's work (which wakes it when done) (s->mu held). */
+static void hurry_locked(struct pycollStream* s) {
+  if (s->head && !s->inline_busy) wake(s, false);
+}
+
 bool stream_valid(pycollStream_t s) { return handle_valid(s, H_STREAM); }
 bool event_valid(pycollEvent_t e) { return handle_valid(e, H_EVENT); }
 
@@ -337,7 +343,7 @@ static bool inline_begin(struct pycollStream* s) {
 static void inline_release(struct pycollStream* s) {
   s->inline_busy = false;
   pthread_cond_broadcast(&s->idle);
-  if (s->head) wake(s, false);
+  hurry_locked(s);
   pthread_mutex_unlock(&s->mu);
 }
 
@@ -384,7 +390,7 @@ static struct pycollStream* marker_stream_lock(struct marker* m) {
 static void stream_hurry(struct marker* m) {
   struct pycollStream* s = marker_stream_lock(m);
   if (!s) return;
-  if (s->head) wake(s, false);
+  hurry_locked(s);
   pthread_mutex_unlock(&s->mu);
 }
 
@@ -396,7 +402,7 @@ static void stream_help(struct marker* m) {
   struct pycollStream* s = marker_stream_lock(m);
   if (!s) return;
   if (s->running || s->inline_busy || !s->head || !(__atomic_load_n(&s->flags, __ATOMIC_ACQUIRE) & PYCOLL_STREAM_HELP)) {
-    if (s->head && !s->running && !s->inline_busy) wake(s, false);
+    hurry_locked(s); /* not run here: its own thread takes it now (a no-op while a thread runs the stream) */
     pthread_mutex_unlock(&s->mu);
     return;
   }
@@ -419,7 +425,7 @@ static void stream_help(struct marker* m) {
 
 static void stream_sync(struct pycollStream* s) {
   pthread_mutex_lock(&s->mu);
-  if (s->head) wake(s, false);
+  hurry_locked(s);
   uint64_t target = s->enqueued;
   while (s->completed < target) pthread_cond_wait(&s->idle, &s->mu);
   pthread_mutex_unlock(&s->mu);
