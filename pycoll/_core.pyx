@@ -348,6 +348,7 @@ cdef class Work:
         while True:
             PyErr_CheckSignals()  # compiled: no eval loop runs the signal handlers (Ctrl-C raises here)
             if self._exc is not None:
+                comm.await_failure_handled()
                 raise self._exc
             if _final(self._state):
                 return
@@ -611,7 +612,7 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
         # Ctrl-C inside a blocking operation: the operation cannot complete consistently with the
         # other ranks any more; fail the communicator (its policy acts, the peers are told)
         comm.fail(CommAborted(f"communicator {comm.name!r} rank {comm._rank}: {op} (seq {w.seq}) was "
-                              "interrupted (KeyboardInterrupt)"), w)
+                              "interrupted (SIGINT): KeyboardInterrupt in the calling thread"), w)
         raise
     finally:
         comm._user = user  # None, or this thread's own (a nested launch)

@@ -231,6 +231,8 @@ class Communicator(_core.CommCore):
         # _lock, _plock and _hlock: made by CommCore (their order is there)
         self._pending = {}  # the outstanding Works, in issue order (a dict: no reallocation per operation)
         self._failure = None
+        self._failure_handled = threading.Event()  # fail() is done: observers told, the policy has acted
+        self._failing_thread = 0  # the thread running fail()
         self.failed_at: Optional[float] = None  # wall-clock time of the failure
         #: called as ``callback(comm, exc)`` in the thread that records a failure, after the
         #: observers and before the policy acts; must return quickly (the elastic layer starts its
@@ -502,10 +504,17 @@ class Communicator(_core.CommCore):
             if self._failure is not None or self._state in ("aborted", "destroyed"):
                 return
             self._failure = exc
+            self._failing_thread = threading.get_ident()
             self.failed_at = time.time()
             for w in self._pending:
                 if w._exc is None:
                     w._exc = exc
+        try:
+            self._handle_failure(exc, work)
+        finally:
+            self._failure_handled.set()
+
+    def _handle_failure(self, exc: BaseException, work: Optional[Work]) -> None:
         if not hooks.failures_reported():
             _log.error("%s", exc)  # else the watchdog logs it, with what the other ranks were doing
         hooks.notify_failed(self, exc, work)
@@ -523,10 +532,19 @@ class Communicator(_core.CommCore):
                 _log.warning("revoke of %r failed (%s); aborting instead", self.name, rexc)
                 self._abort()
 
+    def await_failure_handled(self) -> None:
+        """When another thread is handling this communicator's failure (the observers' report and dump, then
+        the policy's abort or revoke), wait until it is done: an operation's error is raised with the
+        communicator in the state its policy gives it. Bounded by twice ``PYCOLL_ABORT_TIMEOUT``."""
+        if (self._failure is not None and not self._failure_handled.is_set()
+                and self._failing_thread != threading.get_ident()):
+            self._failure_handled.wait(2 * _settings.get("PYCOLL_ABORT_TIMEOUT"))
+
     def handle_call_error(self, e: NCCLError, w: Optional[Work]) -> None:
         """Turn an error a library call on this communicator returned into the exception the user
         sees, and raise it (recording a communicator failure where the error is one)."""
         if self._failure is not None:
+            self.await_failure_handled()
             raise self._failure from e
         if self._state in ("aborted", "revoked"):  # by another thread while this call ran
             mine = w._exc if w is not None else None
