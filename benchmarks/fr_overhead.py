@@ -13,15 +13,13 @@ depth (16 frames plus pycoll's own two). Timed in batches of 1000 calls, interle
 that only make the Works (subtracted); median over batches, in ns per call.
 
 Part 2, **8 B allreduce** (2 float32, sum) on the host backend with ``--ranks`` processes, the
-blocking call that the host library runs in the caller's thread, in six configurations that are
+blocking call that the host library runs in the caller's thread, in five configurations that are
 interleaved round by round in the same processes (so machine noise hits them alike):
 
-* baseline: recording off and no watchdog threads, the operation still run inline (forced),
+* baseline: recording off and no watchdog threads,
 * recording on (no stacks), then with stacks, still without watchdog threads,
 * the watchdog (its threads, polling every 100 ms, a TCP store for progress), recording off,
-* everything on (pycoll's defaults),
-* for reference, what ``PYCOLL_WATCHDOG=0`` does: without a watchdog nobody could enforce the
-  deadline of an operation run inline, so pycoll runs it on a host stream and the caller waits.
+* everything on (pycoll's defaults).
 
 Each batch is ``--batch`` consecutive calls; a batch counts the slower rank. The table gives, per
 configuration, the median and the 10th percentile over batches in microseconds per call, each with
@@ -49,18 +47,12 @@ if HERE not in sys.path:  # also when loaded by file path, not run as a script
     sys.path.insert(0, HERE)
 from _common import import_pycoll  # noqa: E402
 
-# inline: True forces the inline host path without watchdog threads (to isolate the threads' cost),
-# False forces the stream path that pycoll takes when no watchdog runs, None leaves it to the watchdog
 CONFIGS: List[Tuple[str, Dict[str, Any]]] = [
-    ("baseline: no recording, no watchdog threads",
-     {"buffer_size": 0, "stacks": False, "watchdog": False, "inline": True}),
-    ("recording", {"buffer_size": 2000, "stacks": False, "watchdog": False, "inline": True}),
-    ("recording + stacks", {"buffer_size": 2000, "stacks": True, "watchdog": False, "inline": True}),
-    ("watchdog", {"buffer_size": 0, "stacks": False, "watchdog": True, "inline": None}),
-    ("recording + stacks + watchdog (defaults)",
-     {"buffer_size": 2000, "stacks": True, "watchdog": True, "inline": None}),
-    ("PYCOLL_WATCHDOG=0 (stream path, no recording)",
-     {"buffer_size": 0, "stacks": False, "watchdog": False, "inline": False}),
+    ("baseline: no recording, no watchdog threads", {"buffer_size": 0, "stacks": False, "watchdog": False}),
+    ("recording", {"buffer_size": 2000, "stacks": False, "watchdog": False}),
+    ("recording + stacks", {"buffer_size": 2000, "stacks": True, "watchdog": False}),
+    ("watchdog", {"buffer_size": 0, "stacks": False, "watchdog": True}),
+    ("recording + stacks + watchdog (defaults)", {"buffer_size": 2000, "stacks": True, "watchdog": True}),
 ]
 
 
@@ -153,8 +145,6 @@ def _rank(rank: int, n: int, uid: bytes, addr: Tuple[str, int], token: str, roun
                 else:
                     wd.stop()
                     wd.configure(enabled=False)
-                if cfg["inline"] is not None:  # the flag the path reads to run a blocking operation inline
-                    wd._active = cfg["inline"]
                 for _ in range(20):
                     comm.all_reduce(x)
                 t = time.perf_counter_ns()

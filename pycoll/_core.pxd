@@ -15,7 +15,6 @@ cdef class Work:
 cdef class Hook:
     cdef int enqueued(self, Work w) except -1
     cdef int completed(self, Work w) except -1
-    cdef bint watching_now(self) noexcept
 
 
 # The fields of a Communicator that every operation reads: C struct members, not instance-dict entries.
@@ -50,7 +49,6 @@ cdef class CommCore:
     cdef public long long _coll_seq, _p2p_seq, _last_op_id
     cdef public unsigned long _owner  # the ident of the thread that has it (0: none yet, or handed off)
     cdef public int _stream_mode
-    cdef public bint _report_only  # on_failure == "report": nothing releases a thread blocked in a call
     cdef public bint _guard_device
     cdef object _dev_seen  # the device the two facts below were read from
     cdef Library _hostlib  # its host library (None: another kind of device)

@@ -53,7 +53,6 @@ class CommCore:
     _coll_seq: int
     _p2p_seq: int
     _stream_mode: int
-    _report_only: bool
     _guard_device: bool
 
 class Work:

@@ -237,19 +237,16 @@ cdef class CommCore:
 
 cdef class Hook:
     """The base of an observer whose per-operation hooks are compiled (the flight recorder's and the
-    watchdog's base classes): every operation calls :meth:`enqueued` and :meth:`completed`, and every
-    blocking one :meth:`watching_now`, through C, with no Python call in between. :mod:`pycoll.hooks`
-    keeps such observers apart (``compiled_observers``); their Python-level methods
-    (``work_enqueued``, ``work_completed``, ``watching``) stay what other callers use."""
+    watchdog's base classes): every operation calls :meth:`enqueued` and :meth:`completed` through C,
+    with no Python call in between. :mod:`pycoll.hooks` keeps such observers apart
+    (``compiled_observers``); their Python-level methods (``work_enqueued``, ``work_completed``) stay
+    what other callers use."""
 
     cdef int enqueued(self, Work w) except -1:
         return 0
 
     cdef int completed(self, Work w) except -1:
         return 0
-
-    cdef bint watching_now(self) noexcept:
-        return False
 
     @property
     def compiled_hooks(self):
@@ -376,12 +373,9 @@ cdef class Work:
                 time.sleep(min(left, FIRST_SLEEP_S))  # inside an open group, or just being enqueued
                 continue
             try:
-                if not bounded and type(comm.device) is _HostDevice and _releasable(comm):
-                    # the wait may run the operation here (the stream's thread had not begun it):
-                    # no thread handoff; its deadline releases this thread, as for an inline one
-                    comm.device.wait_event(end, left, True)
-                else:
-                    comm.device.wait_event(end, left)
+                # the host library's wait may run the operation here (the stream's thread had not begun it),
+                # no longer than ``left``: no thread handoff
+                comm.device.wait_event(end, left, True)
             except Exception:  # released meanwhile (abort, destroy): the next round sees why
                 pass
 
@@ -504,17 +498,14 @@ cdef void _run_hooks(tuple calls, Work w) except *:
 
 
 # pycoll.hooks' tuples of observers and hooks, copied here whenever they change (a module attribute costs a
-# lookup in the module's dict on every operation); the observers that enforce deadlines, compiled or not
+# lookup in the module's dict on every operation)
 cdef tuple _compiled_observers = (), _enqueue_hooks = (), _completion_hooks = ()
-cdef tuple _compiled_watchers = (), _watchers = ()
 
 
 def _observers_changed():
-    global _compiled_observers, _enqueue_hooks, _completion_hooks, _compiled_watchers, _watchers
+    global _compiled_observers, _enqueue_hooks, _completion_hooks
     _compiled_observers, _enqueue_hooks = hooks.compiled_observers, hooks.enqueue_hooks
     _completion_hooks = hooks.completion_hooks
-    _compiled_watchers = tuple(o for o in hooks._watchers if o in _compiled_observers)
-    _watchers = tuple(o for o in hooks._watchers if o not in _compiled_observers)
 
 
 hooks.on_change(_observers_changed)
@@ -943,35 +934,16 @@ def buf(CommCore comm, obj, stream, *, writable, name):
     return _describe(comm, obj, stream, writable, name)
 
 
-cdef bint _deadlines_watched() except -1:
-    # hooks.deadlines_watched() without its frame (and through C for a compiled observer): read on every operation
-    cdef Hook h
-    for h in _compiled_watchers:
-        if h.watching_now():
-            return True
-    for o in _watchers:
-        if o.watching():
-            return True
-    return False
-
-
-cdef bint _releasable(CommCore comm) except -1:
-    """Whether a thread blocked inside the library in an operation of ``comm`` is released at its deadline: a
-    watchdog enforces deadlines and the failure policy aborts or revokes the communicator (under ``"report"``
-    nothing would end the call)."""
-    return not comm._report_only and _deadlines_watched()
-
-
 cdef object _own_stream(CommCore comm, bint blocking):
     """The communicator's own stream (created on first use).
 
-    An idle host stream may run a blocking operation in the caller's thread -- the same
-    stream order and events, without a thread switch -- but only while a thread blocked there is
-    released at the deadline (:func:`_releasable`: a watchdog enforces deadlines and the policy aborts
-    or revokes) and never for an asynchronous one (its
-    call must return at once); a wait for an asynchronous one may run it (when the stream's thread
-    has not begun it), under the same condition. Inside a group nothing reaches the stream before
-    the group ends: :class:`GroupScope` decides for the whole group then.
+    An idle host stream may run a blocking operation in the caller's thread -- the same stream order
+    and events, without a thread switch -- but never an asynchronous one (its call must return at
+    once); a wait for an asynchronous one may run it (when the stream's thread has not begun it). The
+    host library hands an operation that a caller's thread has run for ``PYCOLL_HOST_INLINE_NS``
+    (10 ms) to the stream's thread, so the caller's wait keeps its deadline under every policy. Inside
+    a group nothing reaches the stream before the group ends: :class:`GroupScope` decides for the
+    whole group then.
     """
     s = comm._stream
     if s is None:
@@ -982,11 +954,9 @@ cdef object _own_stream(CommCore comm, bint blocking):
 
 
 cdef int _stream_mode(CommCore comm, object s, bint inline) except -1:
-    cdef bint releasable = _releasable(comm)
-    inline = inline and releasable
-    cdef int mode = (1 if inline else 0) | (2 if releasable else 0)
+    cdef int mode = 1 if inline else 0
     if comm._stream_mode != mode:
-        comm.device.allow_inline(s, inline, releasable)
+        comm.device.allow_inline(s, inline, True)
         comm._stream_mode = mode
     return 0
 
@@ -1005,8 +975,7 @@ cdef object _begin(CommCore comm, object what, object stream, bint async_op, obj
 cdef int _prepare_group_end(list works) except -1:
     """Before the ``ncclGroupEnd`` of an outermost group: when all its operations are blocking, of one
     communicator and on its own stream, that idle host stream may run them in this thread, as it runs a
-    blocking operation outside a group (under the same condition, :func:`_releasable`); else
-    the own streams of the group's communicators may not."""
+    blocking operation outside a group; else the own streams of the group's communicators may not."""
     cdef Work w
     cdef CommCore c, first = (<Work>works[0]).comm
     cdef bint inline = not first._guard_device

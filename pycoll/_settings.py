@@ -160,6 +160,9 @@ _ALL = (
     Setting("PYCOLL_HOST_DEFER_NS", "int", 1000000,
             "ranks outnumbering CPUs: ns queued work waits for a waiter to run it before its stream's thread is woken",
             minimum=0, maximum=1e9),
+    Setting("PYCOLL_HOST_INLINE_NS", "int", 10000000, "ns a thread that is not a host stream's own (an idle "
+            "stream's caller, a waiter) runs its work at a time before the stream's thread takes what is unfinished",
+            minimum=100000, maximum=1e10),
     Setting("PYCOLL_HOST_PEER_CHECK_NS", "int", 1000000, "ns between a host waiter's looks at its peers' "
             "processes, and its longest sleep (a peer on this host that exits wakes it at once anyway)",
             minimum=100000, maximum=1e10),

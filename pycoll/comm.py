@@ -176,10 +176,10 @@ class Communicator(_core.CommCore):
     Failure policy (``on_failure``): when an operation times out or the library reports an
     asynchronous error, the communicator is aborted (``"abort"``, default), revoked
     (``"revoke"``: collectives are refused but split/shrink still work, as reshape needs), or left
-    alone (``"report"``); the failure is raised at the next wait or call. Under ``"report"`` nothing
-    would release a thread blocked inside the library at the deadline, so on the host backend no
-    operation runs in the calling thread: each is handed to the stream's thread (a thread switch more
-    per blocking call) and the call waits for it with its deadline.
+    alone (``"report"``); the failure is raised at the next wait or call, once the policy has acted.
+    On the host backend a blocking operation may run in the calling thread, for at most
+    ``PYCOLL_HOST_INLINE_NS`` (10 ms) at a time: then the stream's thread finishes it and the call
+    waits for it with its deadline, under every policy.
 
     Not thread-safe for concurrent operations on one communicator (as NCCL); the watchdog thread
     only queries events and asynchronous errors, and aborts or revokes.
@@ -219,7 +219,6 @@ class Communicator(_core.CommCore):
         if on_failure not in _FAILURE_POLICIES:
             raise ValueError(f"on_failure must be one of {_FAILURE_POLICIES}, got {on_failure!r}")
         self._on_failure = on_failure
-        self._report_only = on_failure == "report"  # read by the compiled path (_core._releasable)
         self._store = store
         if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
             raise ValueError(f"generation must be an int >= 0, got {generation!r}")

@@ -319,8 +319,9 @@ class Device:
         """Block until ``event`` completes or ``timeout`` seconds pass; True when it completed.
 
         ``run``: the waiting thread may run the work queued before ``event`` that the stream's thread
-        has not begun (the host library, on a stream allowed to with :meth:`allow_inline`); the wait then
-        lasts at least as long as that work.
+        has not begun (the host library, on a stream allowed to with :meth:`allow_inline`), within
+        ``timeout`` and for at most ``PYCOLL_HOST_INLINE_NS`` at a time; what is unfinished then goes
+        back to the stream's thread.
 
         The base polls (:func:`backoff`); the host library waits in C, GIL released.
         """
@@ -339,8 +340,8 @@ class Device:
         before it that the stream's thread has not begun (``waiters_run``).
 
         Only the host library does either (a GPU stream always runs on the device): stream order
-        and the event contract stay the same, but the thread is blocked while the work runs, so
-        the communicator allows them only while a watchdog enforces deadlines.
+        and the event contract stay the same, and the thread is back with its caller after
+        ``PYCOLL_HOST_INLINE_NS`` at the latest (the stream's thread finishes what is left).
         """
 
     def elapsed_ms(self, start: int, end: int) -> float:

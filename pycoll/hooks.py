@@ -171,10 +171,6 @@ class CommObserver:
     #: True when this observer logs a communicator's failure itself (the communicator then does not)
     reports_failures: bool = False
 
-    def watching(self) -> bool:
-        """True while this observer enforces the deadlines of outstanding operations (a thread polls them)."""
-        return False
-
     def comm_created(self, comm: CommView) -> None:
         """A communicator was built (complete: generation, members and store are final)."""
 
@@ -192,7 +188,6 @@ class CommObserver:
 
 
 _observers: List[CommObserver] = []
-_watchers: Tuple[CommObserver, ...] = ()
 
 #: Observers whose per-operation hooks are compiled (subclasses of ``pycoll._core.Hook``, which says
 #: so with ``compiled_hooks``): the path calls them through C, before the hooks below.
@@ -213,7 +208,7 @@ def on_change(listener: Callable[[], None]) -> None:
 
 
 def _rebuild() -> None:
-    global compiled_observers, enqueue_hooks, completion_hooks, _watchers
+    global compiled_observers, enqueue_hooks, completion_hooks
 
     def overrides(o: CommObserver, name: str) -> bool:
         return getattr(type(o), name, None) is not getattr(CommObserver, name)
@@ -222,7 +217,6 @@ def _rebuild() -> None:
     python = [o for o in _observers if o not in compiled_observers]
     enqueue_hooks = tuple(o.work_enqueued for o in python if overrides(o, "work_enqueued"))
     completion_hooks = tuple(o.work_completed for o in python if overrides(o, "work_completed"))
-    _watchers = tuple(o for o in _observers if overrides(o, "watching"))
     for listener in _listeners:
         listener()
 
@@ -246,14 +240,6 @@ def remove_observer(observer: CommObserver) -> None:
 def observers() -> Tuple[CommObserver, ...]:
     """The registered observers, in the order they are called."""
     return tuple(_observers)
-
-
-def deadlines_watched() -> bool:
-    """True when some observer's thread enforces operation deadlines now."""
-    for o in _watchers:  # noqa: SIM110 -- per collective (Communicator._begin): no generator for any()
-        if o.watching():
-            return True
-    return False
 
 
 def failures_reported() -> bool:

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "debug.h"
+#include "failpoint.h"
 #include "group.h"
 #include "handles.h"
 #include "stream.h"
@@ -177,6 +178,11 @@ static int lane_of(const struct task* t) {
 }
 
 ncclResult_t run_tasks(struct task* list) {
+  bool finished;
+  return run_tasks_until(list, UINT64_MAX, &finished);
+}
+
+ncclResult_t run_tasks_until(struct task* list, uint64_t deadline, bool* finished) {
   struct ncclComm* stack_comms[8];
   struct ncclComm** comms = stack_comms;
   int nc = 0, cap = 8;
@@ -203,11 +209,16 @@ ncclResult_t run_tasks(struct task* list) {
     oversub |= comms[i]->oversubscribed;
   }
   for (struct task* t = list; t; t = t->next) {
+    int i = 0;
+    while (comms[i] != t->comm) i++;
+    if (t->prepared) { /* an earlier call ran it part of the way: its state stands */
+      if (!t->done && !entered[i]) fail_aborted(t);
+      continue;
+    }
+    t->prepared = true;
     t->done = false;
     t->wait_peer = -1;
     t->lane_prev = NULL;
-    int i = 0;
-    while (comms[i] != t->comm) i++;
     if (!entered[i]) fail_aborted(t);
     else precheck(t);
     for (struct task* u = list; u != t; u = u->next)
@@ -216,10 +227,23 @@ ncclResult_t run_tasks(struct task* list) {
 
   struct backoff b;
   backoff_reset(&b, oversub);
+  bool bounded = deadline != UINT64_MAX;
+  unsigned rounds = 0;
+  *finished = false;
   for (;;) {
     bool moved = false;
     int remaining = pass(list, &moved);
-    if (!remaining) break;
+    if (!remaining) {
+      *finished = true;
+      break;
+    }
+    if (bounded && (!moved || (++rounds & 63) == 0) && now_ns() >= deadline) {
+      if (LIKELY(!fp_hit("host.stream.handback"))) break;
+      WARN("run_tasks : failpoint host.stream.handback");
+      for (struct task* t = list; t; t = t->next)
+        if (!t->done) task_fail(t, ncclSystemError, "%s : failpoint host.stream.handback", t->opname);
+      continue;
+    }
     if (moved) {
       backoff_reset(&b, oversub);
       continue;
@@ -230,6 +254,11 @@ ncclResult_t run_tasks(struct task* list) {
     check_peers(list, backoff_due(&b, peer_check_ns));
     if (ph == WAIT_SLEEP) {
       uint64_t ns = backoff_sleep_ns(&b);
+      if (bounded) {
+        uint64_t t = now_ns();
+        if (t >= deadline) continue; /* the next round returns */
+        ns = MIN(ns, deadline - t);
+      }
       struct ncclComm* only = nc == 1 ? comms[0] : NULL;
       if (only && entered[0]) {
         struct sleep_ctx ctx = {list};
@@ -248,6 +277,7 @@ ncclResult_t run_tasks(struct task* list) {
   }
   if (entered != entered_stack) free(entered);
   if (comms != stack_comms) free(comms);
+  if (!*finished) return ncclSuccess;
   for (struct task* t = list; t; t = t->next)
     if (t->result != ncclSuccess) return t->result;
   return ncclSuccess;

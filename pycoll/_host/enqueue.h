@@ -46,6 +46,7 @@ struct task {
 
   /* execution state */
   bool started, done;
+  bool prepared; /* run_tasks_until set it up (a call that returns unfinished leaves it so) */
   int algo;
   uint64_t step0;
   uint32_t nsteps, step;
@@ -75,6 +76,10 @@ ncclResult_t enqueue_task(const struct task* proto, const ncclCollConfig_t* cfg)
 /* Runs `list` (linked by next) to completion in the calling thread. Tasks keep their comm
  * references; the caller releases them. Returns the first error. */
 ncclResult_t run_tasks(struct task* list);
+/* The same, but returns once `deadline` (monotonic ns) has passed with tasks unfinished: *finished false, the
+ * tasks as far as they got (their comm references and buffers still theirs); a later call on the same list, in
+ * any thread, resumes them. *finished true: as run_tasks. */
+ncclResult_t run_tasks_until(struct task* list, uint64_t deadline, bool* finished);
 /* Releases what tasks hold (comm references, pending counts) and frees heap tasks. */
 void tasks_finish(struct task* list, bool heap);
 

@@ -14,6 +14,9 @@
  *   host.signal.wait                          ncclWaitSignal, when it starts waiting
  *   host.stream.defer                         before queuing work on a helping stream whose thread is not
  *                                             woken for it at once (ranks outnumber CPUs: stream.c)
+ *   host.stream.handback                      a thread that is not a stream's own has run its work for
+ *                                             PYCOLL_HOST_INLINE_NS: before it hands what is unfinished to
+ *                                             the stream's thread ("raise" fails those operations instead)
  */
 #ifndef PYCOLL_FAILPOINT_H
 #define PYCOLL_FAILPOINT_H

@@ -128,8 +128,14 @@ static void marker_wait(struct marker* m) { marker_wait_for(m, UINT64_MAX); }
  * 0: woken at once. */
 static uint64_t defer_ns = 1000000;
 
+/* PYCOLL_HOST_INLINE_NS: the longest a thread that is not a stream's own (the caller of an operation on an idle
+ * PYCOLL_STREAM_INLINE stream, a waiter helping) runs the stream's work at a time. Then it hands what is unfinished to
+ * the stream's thread and goes back to its caller, which may have a deadline to keep or a signal to handle. */
+static uint64_t inline_ns = 10000000;
+
 __attribute__((constructor)) static void stream_tunables(void) {
   env_u64("PYCOLL_HOST_DEFER_NS", 0, ENV_DEFER_MAX_NS, defer_ns, &defer_ns);
+  env_u64("PYCOLL_HOST_INLINE_NS", ENV_INLINE_MIN_NS, ENV_NS_MAX, inline_ns, &inline_ns);
 }
 
 /* Arms the sleeping thread's timer for `at` (1: at once) unless it fires earlier already (s->mu held). Setting a
@@ -353,9 +359,26 @@ static void inline_end(struct pycollStream* s) {
   inline_release(s);
 }
 
+/* Runs a stream's tasks in a thread that is not the stream's own, for at most inline_ns and not past `until`
+ * (monotonic ns): true when they finished (and were released), false when the stream's thread must finish them. */
+static bool run_borrowed(struct task* list, uint64_t until) {
+  bool finished;
+  run_tasks_until(list, MIN(now_ns() + inline_ns, until), &finished);
+  if (finished) tasks_finish(list, true);
+  return finished;
+}
+
+/* Unfinished work of a borrowed thread goes back to the head of the queue, before what was queued meanwhile, for
+ * the stream's thread (s->mu held). It counts as enqueued already. */
+static void hand_back_locked(struct pycollStream* s, struct item* it) {
+  it->next = s->head;
+  __atomic_store_n(&s->head, it, __ATOMIC_RELEASE);
+  if (!s->tail) s->tail = it;
+}
+
 /* An idle stream with PYCOLL_STREAM_INLINE runs the work in the caller's thread (as the stream
- * would, in order: work enqueued meanwhile from other threads waits for it); otherwise the
- * stream's thread runs it. Either way the result is reported as the stream's would be: errors
+ * would, in order: work enqueued meanwhile from other threads waits for it), for at most inline_ns:
+ * the stream's thread finishes what is left then; otherwise the stream's thread runs it. Either way the result is reported as the stream's would be: errors
  * land in the communicators' asynchronous errors, events recorded after it complete after it. */
 static bool capture_add(struct pycollStream* s, struct task* list);
 
@@ -363,8 +386,19 @@ ncclResult_t stream_submit(pycollStream_t s, struct task* list) {
   if (UNLIKELY(__atomic_load_n(&s->capture, __ATOMIC_ACQUIRE) != NULL) && capture_add(s, list)) return ncclSuccess;
   implicit_sync(s);
   if (inline_begin(s)) {
-    run_tasks(list);
-    tasks_finish(list, true);
+    if (!run_borrowed(list, UINT64_MAX)) {
+      struct item* it = calloc(1, sizeof *it);
+      if (it) {
+        it->kind = IT_TASKS;
+        it->tasks = list;
+        pthread_mutex_lock(&s->mu);
+        hand_back_locked(s, it);
+        inline_release(s);
+        return ncclSuccess;
+      }
+      run_tasks(list); /* nowhere to hand it: finished here */
+      tasks_finish(list, true);
+    }
     inline_end(s);
     return ncclSuccess;
   }
@@ -396,9 +430,10 @@ static void stream_hurry(struct marker* m) {
 
 /* A thread waiting for `m` (pycollEventWaitRun) runs the work queued on m's stream up to m itself, when the stream has
  * PYCOLL_STREAM_HELP and its thread has not begun that work: the same order, one thread handoff less.
- * It takes only tasks and records (a wait for another stream stays with the stream's thread), and
- * stops at the first other item. */
-static void stream_help(struct marker* m) {
+ * It takes only tasks and records (a wait for another stream stays with the stream's thread), stops at
+ * the first other item, and hands unfinished tasks back to the stream's thread after inline_ns or at
+ * `until` (monotonic ns: the waiter's own deadline), whichever comes first. */
+static void stream_help(struct marker* m, uint64_t until) {
   struct pycollStream* s = marker_stream_lock(m);
   if (!s) return;
   if (s->running || s->inline_busy || !s->head || !(__atomic_load_n(&s->flags, __ATOMIC_ACQUIRE) & PYCOLL_STREAM_HELP)) {
@@ -413,8 +448,13 @@ static void stream_help(struct marker* m) {
     s->head = it->next;
     if (!s->head) s->tail = NULL;
     pthread_mutex_unlock(&s->mu);
+    if (it->kind == IT_TASKS && !run_borrowed(it->tasks, until)) {
+      pthread_mutex_lock(&s->mu);
+      hand_back_locked(s, it);
+      break;
+    }
     bool mine = it->kind == IT_RECORD && it->m == m;
-    run_item(it);
+    if (it->kind == IT_RECORD) run_item(it);
     free(it);
     pthread_mutex_lock(&s->mu);
     s->completed++;
@@ -654,8 +694,16 @@ NCCL_API int pycollEventQuery(pycollEvent_t e) {
 
 static int event_wait(pycollEvent_t e, uint64_t timeout_ns, bool run) {
   struct marker* m = event_current(e);
-  if (m && run) stream_help(m);
-  else if (m) stream_hurry(m);
+  if (m && run) { /* the help counts against the wait's timeout */
+    uint64_t t0 = now_ns(), until = timeout_ns > UINT64_MAX - t0 ? UINT64_MAX : t0 + timeout_ns;
+    stream_help(m, until);
+    if (until != UINT64_MAX) {
+      uint64_t t = now_ns();
+      timeout_ns = t >= until ? 0 : until - t;
+    }
+  } else if (m) {
+    stream_hurry(m);
+  }
   bool done = !m || marker_wait_for(m, timeout_ns);
   marker_release(m);
   return done ? ncclSuccess : ncclInProgress;
@@ -830,7 +878,7 @@ NCCL_API int pycollGraphLaunch(pycollGraph_t g, pycollStream_t s) {
         return ncclSystemError;
       }
       *c = *t;
-      c->started = c->done = false;
+      c->started = c->done = c->prepared = false;
       c->result = ncclSuccess;
       c->next = NULL;
       comm_ref(c->comm);

@@ -6,7 +6,7 @@ from typing import Any, Dict, List, Optional
 from .._core import Hook
 
 __all__ = ["Entry", "RecorderCore", "WatchdogCore", "recorder_work_enqueued", "recorder_work_completed",
-           "watchdog_work_enqueued", "watchdog_watching"]
+           "watchdog_work_enqueued"]
 
 class Entry:
     @property
@@ -60,9 +60,7 @@ class WatchdogCore(Hook):
     _next_due: float
     _wake_at: float
     _poll_wake: threading.Event
-    _active: bool
 
 def recorder_work_enqueued(self: Any, work: Any) -> None: ...
 def recorder_work_completed(self: Any, work: Any) -> None: ...
 def watchdog_work_enqueued(self: Any, work: Any) -> None: ...
-def watchdog_watching(self: Any) -> bool: ...

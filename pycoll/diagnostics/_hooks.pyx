@@ -3,7 +3,7 @@
 
 They run on every operation, so they are compiled observer hooks (:class:`pycoll._core.Hook`): the
 path calls them through C. Their Python faces, ``FlightRecorder.work_enqueued`` / ``work_completed``
-and ``Watchdog.work_enqueued`` / ``watching``, are the functions below bound as methods. What they
+and ``Watchdog.work_enqueued``, are the functions below bound as methods. What they
 do is plain bookkeeping: the recorder writes what never changes about an operation into its ring
 entry, an :class:`Entry` that is reused in place when the ring wraps (no allocation per operation),
 with the top frames' code objects and offsets (formatted only at dump time); the watchdog wakes its
@@ -23,7 +23,7 @@ from ..buffers import Buffer
 from ..hooks import CommObserver
 
 __all__ = ["Entry", "RecorderCore", "WatchdogCore", "recorder_work_enqueued", "recorder_work_completed",
-           "watchdog_work_enqueued", "watchdog_watching"]
+           "watchdog_work_enqueued"]
 
 cdef extern from "../_bindings/frames.h":
     int pycoll_frames(PyObject** codes, int* lastis, int skip, int depth)
@@ -267,13 +267,12 @@ cdef class WatchdogCore(Hook):
     members (``Watchdog.__init__`` and its polling thread set them)."""
     cdef public double _next_due, _wake_at
     cdef public object _poll_wake
-    cdef public bint _active
 
     @property
     def compiled_hooks(self):
-        """True unless a subclass replaced ``work_enqueued``, ``watching`` or ``work_completed`` (which the
-        watchdog leaves to :class:`pycoll.hooks.CommObserver`)."""
-        return _faces_are(self, (("work_enqueued", watchdog_work_enqueued), ("watching", watchdog_watching),
+        """True unless a subclass replaced ``work_enqueued`` or ``work_completed`` (which the watchdog leaves
+        to :class:`pycoll.hooks.CommObserver`)."""
+        return _faces_are(self, (("work_enqueued", watchdog_work_enqueued),
                                  ("work_completed", CommObserver.work_completed)))
 
     cdef int enqueued(self, Work w) except -1:
@@ -286,9 +285,6 @@ cdef class WatchdogCore(Hook):
         if wake_at == 0 or due < wake_at:
             self._poll_wake.set()
         return 0
-
-    cdef bint watching_now(self) noexcept:
-        return self._active
 
 
 def recorder_work_enqueued(RecorderCore self, Work w):
@@ -304,8 +300,3 @@ def recorder_work_completed(RecorderCore self, Work w):
 def watchdog_work_enqueued(WatchdogCore self, Work w):
     """Wake the polling thread if ``w`` is due before its next round (``Watchdog.work_enqueued``)."""
     self.enqueued(w)
-
-
-def watchdog_watching(WatchdogCore self):
-    """True while the polling thread enforces deadlines (then blocking host operations run inline)."""
-    return self._active

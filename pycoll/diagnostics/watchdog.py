@@ -203,7 +203,6 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         self._count_lock = threading.Lock()
         self._failing = 0  # failures being reported now (their dump serves remote requests too)
         self._pid = os.getpid()
-        self._active = False  # cheap form of `running`, read before every blocking host operation
         self._comms = communicators
         self.enabled = True
         self._liveness = Liveness(0.2, 5.0, 1.0)
@@ -302,14 +301,12 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
                 self._signal.install(self._wake_w)
             for t in self._threads:
                 t.start()
-            self._active = True
         _log.debug("watchdog started (interval %.3g s, publish %.3g s, stall %.3g s)", self.interval,
                    self.publish_interval, self.stall_timeout)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the threads (they restart with the next communicator if ``enabled``)."""
         with self._lock:
-            self._active = False
             threads, self._threads = self._threads, []
             self._stop.set()
             self._poll_wake.set()
@@ -334,7 +331,6 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
     def after_fork(self) -> None:
         """In a forked child: no thread was inherited (and maybe a lock one of them held); start afresh."""
         # a forked child inherits none of the threads (and maybe a lock one of them held): start afresh
-        self._active = False
         self._lock = threading.Lock()
         self._count_lock = threading.Lock()
         self._failing = 0
@@ -367,8 +363,6 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         self._signal.install(self._wake_w)
 
     # -- observer interface (registered by install()) -------------------------------------------
-
-    watching = _hooks.watchdog_watching  # read before every blocking operation: compiled
 
     work_enqueued = _hooks.watchdog_work_enqueued  # compiled (pycoll/diagnostics/_hooks.pyx)
 

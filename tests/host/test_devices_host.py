@@ -297,3 +297,50 @@ def test_an_oversubscribed_helping_stream_leaves_its_work_to_a_waiter_for_a_boun
                 run_ranks(_deferred_work, 2, bytes(lib.get_unique_id()), False, timeout=60, env=env)):
             assert early == [True, True], f"rank {rank}: work waited although the ranks have a CPU each"
             assert lo == hi == 3.0
+
+
+def _late_peer(rank, nranks, uid_bytes, help_):
+    """Rank 1 joins an all_reduce 0.6 s late. Rank 0 runs it in its own thread: inline (an idle stream allowed to),
+    or as a waiter helping in a wait of 0.2 s. Returns how long rank 0's call (or wait) kept its thread, whether the
+    operation was complete then, when it completed, and the result."""
+    lib = nccl.load("host")
+    dev = HostDevice(lib)
+    comm = lib.comm_init_rank(nranks, nccl.UniqueId(uid_bytes), rank)
+    stream = dev.create_stream()
+    dev.allow_inline(stream, not help_, True)
+    send, recv = np.full(64, rank + 1, np.float32), np.zeros(64, np.float32)
+    ev = dev.create_event()
+    lib.all_reduce(send.ctypes.data, recv.ctypes.data, 64, nccl.DataType.Float32, nccl.RedOp.Sum, comm, 0)  # met
+    if rank == 1:
+        time.sleep(0.6)
+    t0 = time.monotonic()
+    lib.all_reduce(send.ctypes.data, recv.ctypes.data, 64, nccl.DataType.Float32, nccl.RedOp.Sum, comm, stream)
+    dev.record_event(ev, stream)
+    if help_:
+        dev.wait_event(ev, 0.2, True)
+    held = time.monotonic() - t0
+    done_then = dev.query_event(ev)
+    dev.synchronize_event(ev)
+    took = time.monotonic() - t0
+    dev.destroy_event(ev)
+    dev.destroy_stream(stream)
+    lib.comm_destroy(comm)
+    return held, done_then, took, float(recv.min()), float(recv.max())
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("help_", [False, True], ids=["inline", "waiter-helping"])
+def test_work_run_in_a_callers_thread_goes_to_the_streams_thread_after_the_inline_bound(help_):
+    """A thread that is not the stream's own runs the stream's work for at most PYCOLL_HOST_INLINE_NS at a time
+    (here 50 ms), and a waiter no longer than its wait: an operation whose peer is late then goes to the stream's
+    thread, which finishes it, and the caller's thread is back with its caller (which may have a deadline to keep)
+    long before the peer comes."""
+    lib = _host_library()
+    env = {"PYCOLL_HOST_INLINE_NS": "50000000"}
+    res = run_ranks(_late_peer, 2, bytes(lib.get_unique_id()), help_, timeout=60, env=env)
+    held, done_then, took, lo, hi = res[0]
+    assert held < 0.4, f"rank 0's thread ran the late operation for {held:.3f} s"
+    assert not done_then
+    assert took >= 0.5, res
+    for _held, _done, _took, lo, hi in res:
+        assert lo == hi == 3.0, res

@@ -115,7 +115,7 @@ def _wait_times_out(rank, n, uid):
 def test_wait_signal_timeout_is_a_comm_timeout_within_its_deadline():
     res = run_ranks(_wait_times_out, 2, _uid())
     kind, elapsed, named, state = res[1]
-    assert kind == "timeout" and named and state == "aborted"
+    assert kind == "timeout" and named and state == "aborted", res
     assert 0.9 <= elapsed < 6.0
 
 

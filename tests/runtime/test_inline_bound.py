@@ -1,0 +1,117 @@
+"""A blocking operation that the host library runs in the caller's thread (an idle own stream) is handed to the
+stream's thread after PYCOLL_HOST_INLINE_NS: the caller is back in the Communicator's wait, which keeps the
+operation's deadline and handles signals under every failure policy, and a rank killed or stopped at that hand-back
+(failpoint host.stream.handback) fails its peer instead of hanging it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+from helpers.mp import Died, run_ranks
+
+import pycoll
+from pycoll import _bindings as B
+
+pytestmark = pytest.mark.timeout(90)
+INLINE = {"PYCOLL_HOST_INLINE_NS": "20000000"}  # 20 ms
+
+
+def _uid() -> bytes:
+    return bytes(B.load("host").get_unique_id())
+
+
+def _late(rank, n, uid, policy, late_s):
+    """Rank 1 comes ``late_s`` late to a blocking all_reduce; returns rank 0's result and time."""
+    c = pycoll.init(rank, n, unique_id=uid, backend="host", timeout=20, on_failure=policy)
+    x = np.full(4, rank + 1, np.float32)
+    c.all_reduce(x.copy())  # the own stream exists and is idle
+    if rank == 1:
+        time.sleep(late_s)
+    t0 = time.monotonic()
+    c.all_reduce(x)
+    took = time.monotonic() - t0
+    c.destroy()
+    return x.tolist(), took
+
+
+@pytest.mark.parametrize("policy", ["abort", "revoke", "report"])
+def test_an_operation_handed_to_the_streams_thread_completes_with_the_right_result(policy):
+    res = run_ranks(_late, 2, _uid(), policy, 0.3, env=INLINE, timeout=60)
+    for x, _took in res:
+        assert x == [3.0] * 4, res
+    assert res[0][1] >= 0.25, res
+
+
+def _interrupted(rank, n, uid, policy):
+    c = pycoll.init(rank, n, unique_id=uid, backend="host", timeout=30, on_failure=policy)
+    c.all_reduce(np.ones(4, np.float32))
+    if rank == 1:
+        time.sleep(2.0)  # rank 0 is interrupted long before this, and aborts
+        try:
+            c.all_reduce(np.ones(4, np.float32))
+        except pycoll.PycollError:
+            pass
+        c.abort()
+        return None
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+    t0 = time.monotonic()
+    try:
+        c.all_reduce(np.ones(4, np.float32))
+    except KeyboardInterrupt:
+        out = ("KeyboardInterrupt", time.monotonic() - t0)
+    else:
+        out = ("completed", time.monotonic() - t0)
+    c.abort()
+    return out
+
+
+@pytest.mark.parametrize("policy", ["abort", "report"])
+def test_ctrl_c_interrupts_a_blocking_operation_whose_peer_is_late(policy):
+    """The caller's thread is not held in the library: a SIGINT raises KeyboardInterrupt at once, not when the
+    peer comes or the watchdog acts."""
+    res = run_ranks(_interrupted, 2, _uid(), policy, env=INLINE, timeout=60)
+    name, took = res[0]
+    assert name == "KeyboardInterrupt" and took < 1.5, res
+
+
+def _handback_failpoint(rank, n, uid, spec):
+    if rank == 1:
+        os.environ["PYCOLL_FAILPOINTS"] = spec
+    c = pycoll.init(rank, n, unique_id=uid, backend="host", timeout=3)
+    c.all_reduce(np.ones(4, np.float32))
+    if rank == 0:
+        time.sleep(0.3)  # rank 1 runs its operation in its own thread until the bound, then hands it back
+    t0 = time.monotonic()
+    try:
+        # rank 1 may have given its share of the first before it stopped: the second needs it
+        for _ in range(2):
+            c.all_reduce(np.ones(4, np.float32))
+    except pycoll.PycollError as e:
+        out = (type(e).__name__, time.monotonic() - t0)
+    else:
+        out = ("no error", time.monotonic() - t0)
+    c.abort()
+    return out
+
+
+@pytest.mark.parametrize("action", ["kill", "stop"])
+def test_a_rank_killed_or_stopped_where_it_hands_work_back_fails_its_peer(action):
+    res = run_ranks(_handback_failpoint, 2, _uid(), f"host.stream.handback={action}", may_die=[1], env=INLINE,
+                    timeout=60)
+    assert isinstance(res[1], Died), res
+    name, took = res[0]
+    assert name == ("RemoteError" if action == "kill" else "CommTimeout"), res
+    assert took < 10, res
+
+
+def test_a_hand_back_refused_fails_the_operation_on_its_rank_and_its_peer():
+    """"raise" fails the operation on the rank instead of handing it back; its peer fails too (at the latest in the
+    next operation: the rank's share of the first may have been given)."""
+    res = run_ranks(_handback_failpoint, 2, _uid(), "host.stream.handback=raise", env=INLINE, timeout=60)
+    for rank, (name, took) in enumerate(res):
+        assert name != "no error" and took < 10, (rank, res)
