@@ -115,3 +115,23 @@ def test_a_hand_back_refused_fails_the_operation_on_its_rank_and_its_peer():
     res = run_ranks(_handback_failpoint, 2, _uid(), "host.stream.handback=raise", env=INLINE, timeout=60)
     for rank, (name, took) in enumerate(res):
         assert name != "no error" and took < 10, (rank, res)
+
+
+def _large(rank, n, uid):
+    c = pycoll.init(rank, n, unique_id=uid, backend="host", timeout=60)
+    count = 4 << 20  # 16 MiB of float32: several ms of copying, handed over part way through
+    x = np.arange(count, dtype=np.float32) * (rank + 1)
+    outs = []
+    for _ in range(3):
+        y = np.empty_like(x)
+        c.all_reduce(x, y)
+        outs.append(bool(np.array_equal(y, np.arange(count, dtype=np.float32) * 3)))
+    c.destroy()
+    return outs
+
+
+def test_an_operation_handed_over_part_way_through_gives_the_right_result():
+    """An operation still moving data when the bound passes goes to the stream's thread in the middle (here after
+    0.1 ms), and the waiter may take it back: its resumable state carries over every time."""
+    res = run_ranks(_large, 2, _uid(), env={"PYCOLL_HOST_INLINE_NS": "100000"}, timeout=60)
+    assert res == [[True] * 3, [True] * 3], res
