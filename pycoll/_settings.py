@@ -121,7 +121,7 @@ _ALL = (
             choices=("abort", "revoke", "report")),
     Setting("PYCOLL_ABORT_TIMEOUT", "seconds", 10.0, "how long an abort may take before it is left behind, seconds"),
     # -- the watchdog
-    Setting("PYCOLL_WATCHDOG", "bool", True, "`0` disables the watchdog (then blocking host operations use a stream)"),
+    Setting("PYCOLL_WATCHDOG", "bool", True, "`0` disables the watchdog"),
     Setting("PYCOLL_WATCHDOG_INTERVAL", "seconds", 0.1, "watchdog poll interval, seconds"),
     Setting("PYCOLL_WATCHDOG_PUBLISH_INTERVAL", "seconds", 1.0,
             "how often progress and heartbeat go to the store, seconds"),

@@ -277,12 +277,13 @@ cdef class WatchdogCore(Hook):
 
     cdef int enqueued(self, Work w) except -1:
         """An operation due before the polling thread's next round wakes it (also while it is scanning:
-        it may have passed this communicator already): no interval delays a timeout."""
+        it may have passed this communicator already): no interval delays a timeout. Without a polling
+        thread (``_wake_at`` < 0: stopped, disabled) there is nothing to wake."""
         cdef double due = w.t0 + <double>w.timeout
         if due < self._next_due:
             self._next_due = due
         cdef double wake_at = self._wake_at
-        if wake_at == 0 or due < wake_at:
+        if wake_at == 0 or (wake_at > 0 and due < wake_at):
             self._poll_wake.set()
         return 0
 

@@ -179,7 +179,7 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         self._threads: List[threading.Thread] = []
         self._stop = threading.Event()
         self._poll_wake = threading.Event()
-        self._wake_at = 0.0  # when the polling thread wakes next (0: it is awake)
+        self._wake_at = -1.0  # when the polling thread wakes next (0: it is awake; -1: none runs)
         # the earliest deadline announced by work_enqueued: the hook runs before the operation is
         # outstanding, so a round it wakes may not find the operation yet, and waits for this instead
         self._next_due = math.inf
@@ -284,6 +284,7 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
             self._beat_t = time.monotonic()
             self._stalled = False
             self._report_q = queue.SimpleQueue()
+            self._wake_at = 0.0
             self._threads = [
                 threading.Thread(target=self._poll_loop, args=(self._stop,), name="pycoll-watchdog", daemon=True),
                 threading.Thread(target=self._monitor_loop, args=(self._stop,), name="pycoll-watchdog-monitor",
@@ -317,6 +318,7 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         for t in threads:
             if t is not threading.current_thread():
                 t.join(timeout)
+        self._wake_at = -1.0  # nothing to wake: an operation's hook costs nothing more
         self._signal.uninstall(self._wake_w)
         for s in (self._wake_r, self._wake_w):
             if s is not None:
@@ -335,6 +337,7 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         self._count_lock = threading.Lock()
         self._failing = 0
         self._threads = []
+        self._wake_at = -1.0
         self._dumps.reset()
         self._reports = set()
         self._report_q = queue.SimpleQueue()

@@ -74,6 +74,26 @@ def test_polls_at_the_earliest_deadline_not_the_interval(make_wd):
     assert wd.status()["running"] and wd.beats >= 2
 
 
+def test_an_operation_wakes_the_polling_thread_only_while_one_runs(make_wd):
+    """``work_enqueued`` sets the polling thread's wake-up only when one runs to be woken: without it (never
+    started, stopped, PYCOLL_WATCHDOG=0) it costs no Event.set() per operation, which is Python code."""
+    rec = fr.FlightRecorder(16)
+    c = Watched(rec, 0, 2)
+    wd = make_wd([c], interval=5.0, recorder=rec)
+    w = c.op("all_reduce", np.ones(1, np.float32), np.ones(1, np.float32), state="started", timeout=0.3)
+    wd._poll_wake.clear()  # (configure() sets it for a thread that may run)
+    wd.work_enqueued(w)
+    assert not wd._poll_wake.is_set()  # never started
+    wd.start()
+    assert _wait_for(lambda: wd._wake_at > 0, 3.0)  # asleep until its 5 s round
+    wd.work_enqueued(w)  # due in 0.3 s: before the round
+    assert wd._poll_wake.is_set() or wd._wake_at == 0  # set, or already awake and cleared it
+    wd.stop()
+    wd._poll_wake.clear()
+    wd.work_enqueued(w)
+    assert not wd._poll_wake.is_set()  # stopped
+
+
 def test_stalled_polling_thread_is_reported_and_dumped(make_wd, caplog):
     rec = fr.FlightRecorder(16)
     c = Watched(rec, 0, 2, block_first_check=1.2)
