@@ -609,7 +609,9 @@ class HostDevice(Device):
             self.wait_event = lib.host_event_wait  # type: ignore[method-assign]
 
     def create_stream(self) -> int:
-        handle = self.library.host_stream_create()
+        # a thread waiting for one of its events may run the work queued before it that the stream's thread has
+        # not begun (for at most PYCOLL_HOST_INLINE_NS at a time): one thread handoff fewer
+        handle = self.library.host_stream_create(_HOST_STREAM_HELP if self._flags else 0)
         with _HOST_STREAMS_LOCK:
             _HOST_STREAMS[handle] = self.library
         return handle

@@ -148,3 +148,16 @@ def shm_entries(prefix: str = "pycoll") -> List[str]:
         return sorted(e for e in os.listdir("/dev/shm") if e.startswith(prefix))
     except FileNotFoundError:
         return []
+
+
+def error_and_time(fn: Callable[[], Any]) -> tuple:
+    """Call ``fn()`` in a rank: the name of the pycoll error it raised ("no error" when none) and the seconds it
+    took."""
+    import pycoll
+
+    t0 = time.monotonic()
+    try:
+        fn()
+    except pycoll.PycollError as e:
+        return type(e).__name__, time.monotonic() - t0
+    return "no error", time.monotonic() - t0

@@ -65,7 +65,7 @@ class FakeHostLibrary:
             self.events[item]["done"] = True
         return item
 
-    def host_stream_create(self):
+    def host_stream_create(self, flags=0):
         s = self._new()
         self.streams[s] = []
         return s

@@ -1,18 +1,17 @@
 """A blocking operation that the host library runs in the caller's thread (an idle own stream) is handed to the
 stream's thread after PYCOLL_HOST_INLINE_NS: the caller is back in the Communicator's wait, which keeps the
-operation's deadline and handles signals under every failure policy, and a rank killed or stopped at that hand-back
-(failpoint host.stream.handback) fails its peer instead of hanging it."""
+operation's deadline and handles signals (tests/adversarial/test_comm_misuse.py: Ctrl-C) under every failure
+policy, and a rank killed or stopped at that hand-back (failpoint host.stream.handback) fails its peer instead
+of hanging it."""
 
 from __future__ import annotations
 
 import os
-import signal
-import threading
 import time
 
 import numpy as np
 import pytest
-from helpers.mp import Died, run_ranks
+from helpers.mp import Died, error_and_time, run_ranks
 
 import pycoll
 from pycoll import _bindings as B
@@ -47,38 +46,6 @@ def test_an_operation_handed_to_the_streams_thread_completes_with_the_right_resu
     assert res[0][1] >= 0.25, res
 
 
-def _interrupted(rank, n, uid, policy):
-    c = pycoll.init(rank, n, unique_id=uid, backend="host", timeout=30, on_failure=policy)
-    c.all_reduce(np.ones(4, np.float32))
-    if rank == 1:
-        time.sleep(2.0)  # rank 0 is interrupted long before this, and aborts
-        try:
-            c.all_reduce(np.ones(4, np.float32))
-        except pycoll.PycollError:
-            pass
-        c.abort()
-        return None
-    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
-    t0 = time.monotonic()
-    try:
-        c.all_reduce(np.ones(4, np.float32))
-    except KeyboardInterrupt:
-        out = ("KeyboardInterrupt", time.monotonic() - t0)
-    else:
-        out = ("completed", time.monotonic() - t0)
-    c.abort()
-    return out
-
-
-@pytest.mark.parametrize("policy", ["abort", "report"])
-def test_ctrl_c_interrupts_a_blocking_operation_whose_peer_is_late(policy):
-    """The caller's thread is not held in the library: a SIGINT raises KeyboardInterrupt at once, not when the
-    peer comes or the watchdog acts."""
-    res = run_ranks(_interrupted, 2, _uid(), policy, env=INLINE, timeout=60)
-    name, took = res[0]
-    assert name == "KeyboardInterrupt" and took < 1.5, res
-
-
 def _handback_failpoint(rank, n, uid, spec):
     if rank == 1:
         os.environ["PYCOLL_FAILPOINTS"] = spec
@@ -86,15 +53,12 @@ def _handback_failpoint(rank, n, uid, spec):
     c.all_reduce(np.ones(4, np.float32))
     if rank == 0:
         time.sleep(0.3)  # rank 1 runs its operation in its own thread until the bound, then hands it back
-    t0 = time.monotonic()
-    try:
-        # rank 1 may have given its share of the first before it stopped: the second needs it
+
+    def two():  # rank 1 may have given its share of the first before it stopped: the second needs it
         for _ in range(2):
             c.all_reduce(np.ones(4, np.float32))
-    except pycoll.PycollError as e:
-        out = (type(e).__name__, time.monotonic() - t0)
-    else:
-        out = ("no error", time.monotonic() - t0)
+
+    out = error_and_time(two)
     c.abort()
     return out
 
@@ -135,3 +99,38 @@ def test_an_operation_handed_over_part_way_through_gives_the_right_result():
     0.1 ms), and the waiter may take it back: its resumable state carries over every time."""
     res = run_ranks(_large, 2, _uid(), env={"PYCOLL_HOST_INLINE_NS": "100000"}, timeout=60)
     assert res == [[True] * 3, [True] * 3], res
+
+
+def _own_stream_waiter(rank, n, uid, spec):
+    if rank == 0:
+        os.environ["PYCOLL_FAILPOINTS"] = spec
+    # both ranks on one CPU: the stream's thread is not woken at once for work a waiter may run (a helping
+    # stream's deferred wake, PYCOLL_HOST_DEFER_NS), so the waiter, not that thread, runs it
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    c = pycoll.init(rank, n, unique_id=uid, backend="host", timeout=20)
+    s = c.device.new_stream()  # a host stream of the caller's (not the communicator's own)
+    x = np.full(4, rank + 1, np.float32)
+    c.all_reduce(x.copy(), stream=s)
+    if rank == 1:
+        time.sleep(0.3)
+    try:
+        c.all_reduce(x, stream=s)  # rank 0's wait runs it (the stream's thread had not begun it), until the bound
+        out = x.tolist()
+    except pycoll.PycollError as e:
+        out = type(e).__name__
+    c.abort()
+    s.close()
+    return out
+
+
+def test_a_waiter_runs_an_operation_on_a_host_stream_of_the_callers():
+    """Host streams that HostDevice makes let a thread waiting for their events run the work queued before them
+    (PYCOLL_STREAM_HELP): the Communicator's wait for an operation on such a stream runs it, one thread handoff
+    fewer, and hands it back at the bound like an inline run (seen through the hand-back's failpoint)."""
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no sched_setaffinity here")
+    env = {**INLINE, "PYCOLL_HOST_DEFER_NS": "500000000"}
+    res = run_ranks(_own_stream_waiter, 2, _uid(), "", env=env, timeout=60)
+    assert res == [[3.0] * 4, [3.0] * 4], res
+    res = run_ranks(_own_stream_waiter, 2, _uid(), "host.stream.handback=raise", env=env, timeout=60)
+    assert res[0] != [3.0] * 4, res  # rank 0's waiter was running it when the bound passed

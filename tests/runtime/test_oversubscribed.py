@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers.mp import Died, run_ranks
+from helpers.mp import Died, error_and_time, run_ranks
 
 import pycoll
 from pycoll import _bindings as B
@@ -60,13 +60,7 @@ def _deferred_failpoint(rank, n, uid, spec, policy="abort"):
     if rank == 1:
         os.environ["PYCOLL_FAILPOINTS"] = spec
     c = _pinned_comm(rank, n, uid, timeout=4, on_failure=policy)
-    t0 = time.monotonic()
-    try:
-        c.all_reduce(np.ones(4, np.float32), async_op=True).wait()
-    except pycoll.PycollError as e:
-        out = (type(e).__name__, time.monotonic() - t0)
-    else:
-        out = ("no error", time.monotonic() - t0)
+    out = error_and_time(lambda: c.all_reduce(np.ones(4, np.float32), async_op=True).wait())
     c.abort()
     return out
 
