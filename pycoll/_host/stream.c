@@ -378,8 +378,9 @@ static void hand_back_locked(struct pycollStream* s, struct item* it) {
 
 /* An idle stream with PYCOLL_STREAM_INLINE runs the work in the caller's thread (as the stream
  * would, in order: work enqueued meanwhile from other threads waits for it), for at most inline_ns:
- * the stream's thread finishes what is left then; otherwise the stream's thread runs it. Either way the result is reported as the stream's would be: errors
- * land in the communicators' asynchronous errors, events recorded after it complete after it. */
+ * the stream's thread finishes what is left then; otherwise the stream's thread runs it. Either way
+ * the result is reported as the stream's would be: errors land in the communicators' asynchronous
+ * errors, events recorded after it complete after it. */
 static bool capture_add(struct pycollStream* s, struct task* list);
 
 ncclResult_t stream_submit(pycollStream_t s, struct task* list) {
@@ -436,7 +437,8 @@ static void stream_hurry(struct marker* m) {
 static void stream_help(struct marker* m, uint64_t until) {
   struct pycollStream* s = marker_stream_lock(m);
   if (!s) return;
-  if (s->running || s->inline_busy || !s->head || !(__atomic_load_n(&s->flags, __ATOMIC_ACQUIRE) & PYCOLL_STREAM_HELP)) {
+  bool helps = __atomic_load_n(&s->flags, __ATOMIC_ACQUIRE) & PYCOLL_STREAM_HELP;
+  if (s->running || s->inline_busy || !s->head || !helps) {
     hurry_locked(s); /* not run here: its own thread takes it now (a no-op while a thread runs the stream) */
     pthread_mutex_unlock(&s->mu);
     return;
