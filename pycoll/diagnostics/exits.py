@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Type
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Type
 
 from .. import _settings, failpoints as _fp
 
@@ -65,7 +65,8 @@ class ExitDumps:
         self._wd = watchdog
         self._pid = os.getpid()  # a forked child (a multiprocessing worker) inherits the hooks, not the rank
         self._lock = threading.Lock()
-        self._dumped: Set[str] = set()  # "process" (its end) and "thread" (an uncaught exception in one)
+        # "process" (its end) and "thread" (an uncaught exception in one) -> (the dumping thread, set when done)
+        self._dumped: Dict[str, Tuple[int, threading.Event]] = {}
         self._terminating = False
         self._term_done = threading.Event()
         self._prev_excepthook: Any = None
@@ -123,9 +124,18 @@ class ExitDumps:
         if os.getpid() != self._pid:
             return []  # a forked child's dump would overwrite its parent's (same rank, same file)
         with self._lock:
-            if kind in self._dumped or not rec.has_communicators:
+            made = self._dumped.get(kind)
+            if made is None and not rec.has_communicators:
                 return []
-            self._dumped.add(kind)
+            if made is None:
+                done = threading.Event()
+                self._dumped[kind] = (threading.get_ident(), done)
+        if made is not None:
+            # made or being made by another thread (the monitor thread, for SIGTERM): the process may end
+            # once this returns, so wait for that dump rather than lose it with the daemon thread
+            if made[0] != threading.get_ident():
+                made[1].wait(self._wd.dump_timeout + 1.0)
+            return []
         try:
             unfinished = rec.unfinished()
             reason = f"{what} in rank {rec.global_rank()} " + (
@@ -145,6 +155,8 @@ class ExitDumps:
         except Exception:
             _log.exception("watchdog: the exit dump failed")
             return []
+        finally:
+            done.set()
 
     # -- the events ----------------------------------------------------------------------------------
 
@@ -181,8 +193,9 @@ class ExitDumps:
         with self._lock:
             first = not self._terminating
             self._terminating = True
-        if first:
-            self.dump("SIGTERM", flush=not in_monitor)  # the monitor thread cannot wait for itself
+        if first or not in_monitor:
+            # the monitor thread cannot wait for itself; the main thread, second, waits for its dump
+            self.dump("SIGTERM", flush=not in_monitor)
         prev = self._prev_term
         if callable(prev):
             if not in_monitor:

@@ -6,7 +6,8 @@ uncaught exception, ``sys.exit`` and SIGTERM take the interpreter's own path:
 * a rank raises while its all_reduce #5 is outstanding: its dump exists, with the reason and the op;
 * a rank exits (``sys.exit``) with #5 outstanding: the same, from the exit handler;
 * SIGTERM while the rank's main thread is blocked inside #5: the monitor thread dumps, then the
-  process ends by SIGTERM as it would have without pycoll; a user's SIGTERM handler still runs;
+  process ends by SIGTERM as it would have without pycoll; a user's SIGTERM handler still runs, and
+  not before that dump is written (a failpoint slows the dump);
 * ranks stuck in ``while True: pass`` and in ``time.sleep(100)`` while the others time out in #5:
   their watchdogs answer the dump request (fresh progress, then a dump showing where the main thread
   is), the failing ranks' line says they are behind from those answers, and pycoll-fr uses the dumps;
@@ -186,6 +187,16 @@ def test_sigterm_chains_to_the_users_handler(server, tmp_path):
     # the dump was written while the main thread was blocked; the user's handler ran once the call returned
     assert codes[1] == 3, outs[1]
     assert os.path.exists(os.path.join(d, "mark-1-users-handler"))
+    assert _dump(d, 1)["pycoll"]["reason"].startswith(f"SIGTERM in rank 1 while all_reduce #{K}")
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_users_handler_waits_for_a_slow_dump(server, tmp_path):
+    # the monitor thread's dump takes 1.5 s: the user's handler (sys.exit) must not end the process
+    # before it is written, whichever thread reached SIGTERM's handler first
+    env = {"PYCOLL_FAILPOINTS": "watchdog.exit.before_dump=sleep(1500);rank=1"}
+    d, codes, outs = _run(server, tmp_path, "sigterm_user", env=env, during=_sigterm_when_entered)
+    assert codes[1] == 3, outs[1]
     assert _dump(d, 1)["pycoll"]["reason"].startswith(f"SIGTERM in rank 1 while all_reduce #{K}")
 
 
