@@ -103,6 +103,10 @@ def group_library():
 def set_group(list works, library):
     """Open this thread's group (``works``: the list its Works go to, ``library``: the library it is on) or, with
     ``works=None``, close it (``pycoll.group`` does both)."""
+    _set_group(works, library)
+
+
+cdef int _set_group(list works, object library) except -1:
     global pycoll_group_works, pycoll_group_lib
     cdef PyObject* old_works = pycoll_group_works
     cdef PyObject* old_lib = pycoll_group_lib
@@ -114,6 +118,7 @@ def set_group(list works, library):
         pycoll_group_works, pycoll_group_lib = <PyObject*>works, <PyObject*>library
     Py_XDECREF(old_works)
     Py_XDECREF(old_lib)
+    return 0
 
 
 cdef extern from "<semaphore.h>" nogil:
@@ -233,6 +238,16 @@ cdef class CommCore:
         self._lock = RLock()  # serialises library calls on the handle (not aborts nor async-error reads)
         self._plock = Lock()  # guards _pending, work states and _failure
         self._hlock = Lock()  # held while the handle is read for an async-error query, and while it is freed
+
+    def group(self):
+        """Group the operations issued in the block (``ncclGroupStart``/``ncclGroupEnd``): ``with comm.group():``.
+
+        Operations of several communicators of the same library may be grouped. They are issued
+        together when the outermost group closes; blocking ones are then waited for, ``async_op``
+        ones return their :class:`Work` at once. Sends and receives to several peers must be
+        grouped.
+        """
+        return GroupScope(self)
 
 
 cdef class Hook:
@@ -998,31 +1013,33 @@ cdef class GroupScope:
     the library refuses fails its Works (nothing of it runs) and raises the library's error, unless
     the block itself raised.
     """
-    cdef object comm, lib
+    cdef CommCore comm
+    cdef object lib
     cdef bint outer
 
-    def __cinit__(self, comm):
+    def __cinit__(self, CommCore comm):
         self.comm = comm
 
     def __enter__(self):
         lib = self.comm.library
         self.outer = pycoll_group_works == NULL
-        if not self.outer and group_library() is not lib:
+        if not self.outer and <object>pycoll_group_lib is not lib:
             raise CommStateError("a group can only hold communicators of one library")
         lib.group_start()
         self.lib = lib
         if self.outer:
-            set_group([], lib)
+            _set_group([], lib)
         return None
 
     def __exit__(self, typ, value, tb):
         cdef Work w
+        cdef CommCore c
         cdef bint body_ok = typ is None
         cdef list works = []
         lib = self.lib
         if self.outer:
             works = _open_works()
-            set_group(None, None)
+            _set_group(None, None)
             if works:
                 _prepare_group_end(works)
         status = 0
@@ -1043,11 +1060,13 @@ cdef class GroupScope:
             for w in works:
                 w.comm.await_ready(w)
         for w in works:
-            _group_closed(w.comm, w, w.comm.device, _comm_lib(w.comm))
+            c = w.comm
+            _group_closed(c, w, c.device, _comm_lib(c))
         if body_ok:
             for w in works:
                 if not w.async_op:
-                    _complete(w.comm, w, w.comm.device, _comm_lib(w.comm))
+                    c = w.comm
+                    _complete(c, w, c.device, _comm_lib(c))
         return False
 
 

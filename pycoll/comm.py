@@ -46,7 +46,7 @@ from .errors import (
     RemoteError,
     error_class,
 )
-from .group import SimulatedGroup, group as _group, simulate as _group_simulate
+from .group import SimulatedGroup, simulate as _group_simulate
 from .hooks import CommObserver, Progress, add_observer, live_communicators, remove_observer
 from .premul import PreMulSum, datatype_of, scalar_argument
 from .properties import CommProperties, query_properties
@@ -923,16 +923,6 @@ class Communicator(_core.CommCore):
         self._launch("broadcast", lambda h, s: lib.broadcast(ptr, ptr, nbytes, _dtypes.UINT8, root, h, s),
                      st, [], [], False, timeout)
         return dev.copy_to_host(ptr, nbytes, st)
-
-    def group(self) -> ContextManager[None]:
-        """Group the operations issued in the block (``ncclGroupStart``/``ncclGroupEnd``).
-
-        Operations of several communicators of the same library may be grouped. They are issued
-        together when the outermost group closes; blocking ones are then waited for, ``async_op``
-        ones return their :class:`Work` at once. Sends and receives to several peers must be
-        grouped.
-        """
-        return _group(self)
 
     def group_simulate(self) -> ContextManager[SimulatedGroup]:
         """Like :meth:`group`, but closed with ncclGroupSimulateEnd: nothing runs; the yielded
