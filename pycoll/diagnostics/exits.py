@@ -132,8 +132,9 @@ class ExitDumps:
                 self._dumped[kind] = (threading.get_ident(), done)
         if made is not None:
             # made or being made by another thread (the monitor thread, for SIGTERM): the process may end
-            # once this returns, so wait for that dump rather than lose it with the daemon thread
-            if made[0] != threading.get_ident():
+            # once this returns, so wait for that dump rather than lose it with the daemon thread -- except
+            # in the monitor thread, which writes the dump the other thread waits for
+            if made[0] != threading.get_ident() and not self._wd.in_monitor_thread():
                 made[1].wait(self._wd.dump_timeout + 1.0)
             return []
         try:

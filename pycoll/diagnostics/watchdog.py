@@ -430,7 +430,7 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
                 t = threading.Thread(target=self._exchange, args=(store, report), name="pycoll-watchdog-exchange",
                                      daemon=True)
                 t.start()
-                if not report.exchanged.wait(0 if self._in_monitor() else self.report_timeout):
+                if not report.exchanged.wait(0 if self.in_monitor_thread() else self.report_timeout):
                     report.store_error = (report.store_error
                                           or f"the store did not answer within {self.report_timeout:g} s")
             _log.error("%s", report.line(self._stale_after))
@@ -491,7 +491,7 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
 
     def _dump(self, reason: str, trigger: str, wait: Optional[float], created: Optional[float] = None,
               extra: Optional[Dict[str, Any]] = None) -> List[str]:
-        if not self.running or (trigger == "exit" and self._in_monitor()):  # the monitor cannot wait for itself
+        if not self.running or (trigger == "exit" and self.in_monitor_thread()):  # the monitor cannot wait for itself
             self._dumps.last_start = time.monotonic()
             return self.recorder.dump(reason, trigger=trigger, changed_only=trigger in ("remote", "stall"),
                                       extra=extra)
@@ -553,7 +553,8 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
             except OSError:
                 pass  # full: the monitor is awake anyway
 
-    def _in_monitor(self) -> bool:
+    def in_monitor_thread(self) -> bool:
+        """True in the thread that writes the dumps (which must never wait for another thread's dump)."""
         return threading.current_thread().name == "pycoll-watchdog-monitor"
 
     # -- threads ---------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ uncaught exception, ``sys.exit`` and SIGTERM take the interpreter's own path:
 * a rank exits (``sys.exit``) with #5 outstanding: the same, from the exit handler;
 * SIGTERM while the rank's main thread is blocked inside #5: the monitor thread dumps, then the
   process ends by SIGTERM as it would have without pycoll; a user's SIGTERM handler still runs, and
-  not before that dump is written (a failpoint slows the dump);
+  not before that dump is written (a failpoint slows the dump); SIGTERM during a slow exception dump
+  still ends the process at once;
 * ranks stuck in ``while True: pass`` and in ``time.sleep(100)`` while the others time out in #5:
   their watchdogs answer the dump request (fresh progress, then a dump showing where the main thread
   is), the failing ranks' line says they are behind from those answers, and pycoll-fr uses the dumps;
@@ -198,6 +199,28 @@ def test_sigterm_users_handler_waits_for_a_slow_dump(server, tmp_path):
     d, codes, outs = _run(server, tmp_path, "sigterm_user", env=env, during=_sigterm_when_entered)
     assert codes[1] == 3, outs[1]
     assert _dump(d, 1)["pycoll"]["reason"].startswith(f"SIGTERM in rank 1 while all_reduce #{K}")
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_during_an_exception_dump_ends_the_process_at_once(server, tmp_path):
+    # rank 1's uncaught-exception dump is slowed (4 s) and SIGTERM arrives meanwhile: the monitor thread,
+    # which writes the dump the main thread waits for, must not wait for that dump in turn
+    trace = tmp_path / "trace"
+    d = str(tmp_path / "dumps")
+    os.makedirs(d)
+    env = {"PYCOLL_FAILPOINTS": f"watchdog.exit.before_dump=sleep(4000);rank=1;trace={trace}"}
+    ranks = Ranks(server, 3, d, "raise", env=env)
+    try:
+        assert _wait_for(str(trace))
+        t0 = time.monotonic()
+        ranks.procs[1].send_signal(signal.SIGTERM)
+        code = ranks.wait([1], 30)[0]
+        took = time.monotonic() - t0
+        out = ranks.output(1)
+    finally:
+        ranks.close()
+    assert code == -signal.SIGTERM, out
+    assert took < 3.0, (took, out)
 
 
 @pytest.mark.timeout(150)
