@@ -64,12 +64,19 @@ def test_nonblocking_init_completes_through_async_error():
     assert set(states) <= {0, 7}
     assert 7 in states  # at least the first rank to arrive waited in the background
 
-def _wait_ready(rank, n, idb):
+def _wait_ready(rank, n, idb, mark):
     l = lib()
     if rank == 1:
-        time.sleep(0.3)  # rank 0's init cannot end before rank 1 comes
+        # rank 0's init cannot end before rank 1 comes: only once rank 0 has begun it (its process may
+        # start late on a loaded machine), and 0.3 s later
+        deadline = time.monotonic() + 20.0
+        while not os.path.exists(mark) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)
     comm, status = l.comm_init_rank_config(n, UniqueId(idb), rank, Config(blocking=0))
     assert comm != 0 and status in (0, 7)
+    if rank == 0:
+        open(mark, "w").close()
     t0 = time.monotonic()
     early = l.comm_wait_ready(comm, 0.05) if rank == 0 else None
     t_early = time.monotonic() - t0
@@ -81,10 +88,11 @@ def _wait_ready(rank, n, idb):
 
 
 @pytest.mark.timeout(60)
-def test_wait_ready_returns_as_the_nonblocking_init_ends():
+def test_wait_ready_returns_as_the_nonblocking_init_ends(tmp_path):
     """pycollCommWaitReady (what pycoll's poll of a nonblocking init/shrink waits with on the host
     library): False after its timeout while the init is still in progress, True once it has ended."""
-    (early, t_early, done0, st0), (_, _, done1, st1) = run_ranks(_wait_ready, 2, uid(), timeout=30)
+    (early, t_early, done0, st0), (_, _, done1, st1) = run_ranks(_wait_ready, 2, uid(), str(tmp_path / "rank0-init"),
+                                                                 timeout=30)
     assert early is False and 0.04 < t_early < 0.25, (early, t_early)
     assert done0 and done1 and st0 == st1 == 0
     l = lib()
