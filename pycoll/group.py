@@ -25,9 +25,9 @@ def open_group() -> Optional[List[Work]]:
 
 
 def group(comm: Any) -> _core.GroupScope:
-    """The body of :meth:`pycoll.Communicator.group` (see there): compiled with the per-call path
-    (``pycoll._core.GroupScope``)."""
-    return _core.GroupScope(comm)
+    """What :meth:`pycoll.Communicator.group` returns (see there): ``comm``'s group scope, compiled with
+    the per-call path (``pycoll._core.GroupScope``)."""
+    return comm.group()
 
 
 @dataclasses.dataclass
