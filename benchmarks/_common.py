@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
+import tempfile
 from typing import Any, Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -42,3 +44,79 @@ def mpiexec_command(nranks: int, argv: List[str], env: Dict[str, str]) -> Option
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     return [mpiexec, "--oversubscribe", "-n", str(nranks), sys.executable, *argv]
+
+
+_ROUND_TRIP_C = r"""
+/* Two threads, pinned to the CPUs given, pass one cache line back and forth; prints ns per round trip. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+static _Alignas(64) atomic_int turn;
+static long rounds;
+static void relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+static void pin(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+}
+static void* peer(void* arg) {
+  pin(*(int*)arg);
+  for (long i = 0; i < rounds; i++) {
+    while (atomic_load_explicit(&turn, memory_order_acquire) != 1) relax();
+    atomic_store_explicit(&turn, 0, memory_order_release);
+  }
+  return NULL;
+}
+int main(int argc, char** argv) {
+  if (argc != 4) return 2;
+  int a = atoi(argv[1]), b = atoi(argv[2]);
+  rounds = atol(argv[3]);
+  pthread_t t;
+  pin(a);
+  if (pthread_create(&t, NULL, peer, &b)) return 1;
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (long i = 0; i < rounds; i++) {
+    atomic_store_explicit(&turn, 1, memory_order_release);
+    while (atomic_load_explicit(&turn, memory_order_acquire) != 0) relax();
+  }
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  pthread_join(t, NULL);
+  printf("%.1f\n", ((t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec)) / rounds);
+  return 0;
+}
+"""
+
+
+def cache_line_round_trip() -> Optional[str]:
+    """How long one cache line takes to go from the first CPU this process may run on to the second and back
+    (two pinned threads, 200,000 round trips), as a line for a benchmark's header; None without two CPUs or a C
+    compiler. On a VM the figure tells where the host put the vCPUs: tens of ns when they share a last-level
+    cache, several hundred when they do not -- and every transfer through shared memory between two ranks
+    is then several times slower (benchmarks/README.md)."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if len(cpus) < 2 or cc is None:
+        return None
+    with tempfile.TemporaryDirectory(prefix="pycoll-bench-") as d:
+        src, exe = os.path.join(d, "rt.c"), os.path.join(d, "rt")
+        with open(src, "w") as f:
+            f.write(_ROUND_TRIP_C)
+        try:
+            subprocess.run([cc, "-O2", "-std=c11", "-pthread", "-o", exe, src], check=True, capture_output=True,
+                           timeout=60)
+            out = subprocess.run([exe, str(cpus[0]), str(cpus[1]), "200000"], check=True, capture_output=True,
+                                 text=True, timeout=60)
+            ns = float(out.stdout.split()[0])
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+            return None
+    return f"{ns:.0f} ns (CPUs {cpus[0]} and {cpus[1]})"

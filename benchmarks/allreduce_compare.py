@@ -57,7 +57,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:  # also when loaded by file path, not run as a script
     sys.path.insert(0, HERE)
-from _common import env_with_pycoll, import_pycoll, mpiexec_command  # noqa: E402
+from _common import cache_line_round_trip, env_with_pycoll, import_pycoll, mpiexec_command  # noqa: E402
 
 DEFAULT_SIZES = "8,64,512,4K,32K,256K,2M,16M,64M"
 LIBS = ("copy", "pycoll", "mpi", "gloo")
@@ -109,11 +109,15 @@ def expected(nranks: int, count: int) -> np.ndarray:
 
 def run_sizes(rank: int, nranks: int, sizes: Sequence[int], scale: float,
               variants: Sequence[Tuple[str, Callable[[int], Tuple[Callable[[], Any], Callable[[], int]]]]],
-              barrier: Callable[[], Any], gather: Callable[[np.ndarray], Optional[np.ndarray]]) -> Dict[str, list]:
+              barrier: Callable[[], Any], gather: Callable[[np.ndarray], Optional[np.ndarray]],
+              batches: int = 0) -> Dict[str, list]:
     """Time every variant at every size. ``variants``: (name, setup(count) -> (call, check)).
 
     ``check()`` fills the inputs with :func:`pattern`, runs once and returns this rank's number of
     wrong output elements. ``gather(a)`` returns every rank's ``a`` stacked on rank 0 (None elsewhere).
+    With ``batches``, the calls are also timed back to back: ``batches`` batches of a tenth of the
+    timed iterations each, one clock read per batch; ``loop_us`` is the median over batches of the
+    slowest rank's time per call.
     """
     out: Dict[str, list] = {name: [] for name, _ in variants}
     clock = time.perf_counter_ns
@@ -126,12 +130,20 @@ def run_sizes(rank: int, nranks: int, sizes: Sequence[int], scale: float,
             for _ in range(warm):
                 call()
             barrier()
-            ts = np.empty(iters + 1)
+            ts = np.empty(iters + 1 + batches)
             for i in range(iters):
                 t0 = clock()
                 call()
                 ts[i] = clock() - t0
             ts[iters] = wrong
+            per_batch = max(1, iters // 10)
+            if batches:
+                barrier()
+            for i in range(batches):
+                t0 = clock()
+                for _ in range(per_batch):
+                    call()
+                ts[iters + 1 + i] = (clock() - t0) / per_batch
             table = gather(ts)
             if table is not None:
                 per_iter = table[:, :iters].max(axis=0) / 1e3
@@ -142,6 +154,8 @@ def run_sizes(rank: int, nranks: int, sizes: Sequence[int], scale: float,
                     "time_us_p90": float(np.percentile(per_iter, 90)),
                     "algbw": alg, "busbw": alg * 2 * (nranks - 1) / nranks, "wrong": int(table[:, iters].sum()),
                 })
+                if batches:
+                    out[name][-1]["loop_us"] = float(np.median(table[:, iters + 1:].max(axis=0))) / 1e3
     return out
 
 
@@ -592,10 +606,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for n in a.ranks:
         runs: Dict[str, List[Dict[str, Any]]] = {lib: [] for lib in libs}
         seconds: Dict[str, float] = dict.fromkeys(libs, 0.0)
+        trips: List[str] = []
         for _ in range(max(1, a.repeat)):
             for lib in libs:
+                trip = cache_line_round_trip()
+                if trip:
+                    trips.append(f"{trip.split()[0]} before {lib}")
                 t0 = time.monotonic()
                 one = run_library(lib, n, a)
+                one["round_trip_before"] = trip
                 seconds[lib] += time.monotonic() - t0
                 if "error" in one:
                     print(f"# {n} ranks, {lib}: {one['error']}", file=sys.stderr)
@@ -611,6 +630,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(plain(head, body))
         for line in targets(n, res, sizes):
             print("# " + line)
+        if trips:
+            print(f"# cross-CPU cache-line round trip (ns) before each run: {', '.join(trips)}")
         md += [f"### {n} ranks", "", f"{labels}", "", markdown(head, body), ""]
         md += [f"- {line}" for line in targets(n, res, sizes)] + [""]
     load1 = os.getloadavg()

@@ -24,9 +24,14 @@ bindings (reference)      ``Library.all_reduce`` on raw addresses,     -
                           NULL stream
 ========================  ===========================================  =========================================
 
-The time of an iteration is the slowest rank's wall-clock time of the call; each cell is the median
-over iterations, then the median of the ``--repeat`` runs, which run the libraries interleaved
-(pycoll, Open MPI, pycoll, ...). Ratios above 1 mean pycoll is slower.
+Two tables. **Per call**: the time of an iteration is the slowest rank's wall-clock time of the call
+(one clock read around each call); each cell is the median over iterations. **Back to back**: the
+same calls in 10 batches of a tenth as many, one clock read per batch; each cell is the median over
+batches of the slowest rank's time per call -- what a loop of calls costs, where a rank that returns
+early can start the next call while a peer is still finishing (on more ranks than CPUs, a rank
+descheduled in one call no longer counts whole against that call). Each cell is then the median of
+the ``--repeat`` runs, which run the libraries interleaved (pycoll, Open MPI, pycoll, ...). Ratios
+above 1 mean pycoll is slower.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
-from _common import env_with_pycoll, import_pycoll, mpiexec_command  # noqa: E402
+from _common import cache_line_round_trip, env_with_pycoll, import_pycoll, mpiexec_command  # noqa: E402
 from allreduce_compare import _RESULT, _run, expected, pattern, run_sizes  # noqa: E402
 
 COUNT = 2  # float32 elements: 8 bytes
@@ -208,7 +213,7 @@ def _time_and_report(args: argparse.Namespace, barrier: Callable[[], Any],
                      gather: Callable[[np.ndarray], Optional[np.ndarray]], variants: Dict[str, Setup], label: str,
                      rank: int, n: int) -> None:
     chosen = [(v, variants[v]) for v in VARIANTS if v in variants]
-    rows = run_sizes(rank, n, [COUNT * 4], args.scale, chosen, barrier, gather)
+    rows = run_sizes(rank, n, [COUNT * 4], args.scale, chosen, barrier, gather, batches=10)
     if rank == 0:
         print(_RESULT + json.dumps({"label": label, "rows": {k: v[0] for k, v in rows.items()}}), flush=True)
 
@@ -227,8 +232,10 @@ def run_library(lib: str, nranks: int, a: argparse.Namespace) -> Dict[str, Any]:
     return _run(cmd, env, a.timeout, "Open MPI")
 
 
-def table(results: Dict[int, Dict[str, List[Dict[str, Any]]]]) -> Tuple[List[str], List[List[str]]]:
-    """Rows: variants; per rank count: pycoll us, Open MPI us, ratio (the medians of the runs)."""
+def table(results: Dict[int, Dict[str, List[Dict[str, Any]]]],
+          key: str = "time_us") -> Tuple[List[str], List[List[str]]]:
+    """Rows: variants; per rank count: pycoll us, Open MPI us, ratio (the medians of the runs' ``key``:
+    ``time_us`` per call, ``loop_us`` back to back)."""
     head = ["variant"]
     for n in sorted(results):
         head += [f"{n} rank{'s' if n > 1 else ''}: pycoll us", "Open MPI us", "pycoll/OMPI"]
@@ -238,7 +245,7 @@ def table(results: Dict[int, Dict[str, List[Dict[str, Any]]]]) -> Tuple[List[str
         for n in sorted(results):
             cells = []
             for lib in ("pycoll", "mpi"):
-                runs = [r["rows"][v]["time_us"] for r in results[n][lib] if "rows" in r and v in r["rows"]]
+                runs = [r["rows"][v][key] for r in results[n][lib] if "rows" in r and key in r["rows"].get(v, {})]
                 cells.append(statistics.median(runs) if runs else None)
             p, m = cells
             if v == "bindings":
@@ -284,16 +291,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"# small operations, 8 B -- {datetime.now(timezone.utc).isoformat(timespec='seconds')}, "
           f"{os.cpu_count()} CPUs, load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     results: Dict[int, Dict[str, List[Dict[str, Any]]]] = {n: {lib: [] for lib in ("pycoll", "mpi")} for n in a.ranks}
+    trips: List[str] = []
     for _ in range(a.repeat):
         for n in a.ranks:
             for lib in libs:
-                results[n][lib].append(run_library(lib, n, a))
-    head, body = table(results)
-    widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
-    print("# us per call: median over iterations of the slowest rank's time, median of "
-          f"{a.repeat} interleaved runs; pycoll/OMPI > 1: pycoll slower")
-    for r in [head, *body]:
-        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))))
+                trip = cache_line_round_trip() if n > 1 else None
+                if trip:
+                    trips.append(f"{trip.split()[0]} before {lib} at {n} ranks")
+                results[n][lib].append({**run_library(lib, n, a), "round_trip_before": trip})
+    tables = []
+    for key, what in (("time_us", "per call: median over iterations of the slowest rank's time of one call"),
+                      ("loop_us", "back to back: median over 10 batches of the slowest rank's time per call")):
+        head, body = table(results, key)
+        tables.append((what, head, body))
+        widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
+        print(f"# us {what}, median of {a.repeat} interleaved runs; pycoll/OMPI > 1: pycoll slower")
+        for r in [head, *body]:
+            print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))))
+    if trips:
+        print(f"# cross-CPU cache-line round trip (ns) before each run: {', '.join(trips)}")
     for line in _wrong(results):
         print(f"# PROBLEM: {line}")
     load = os.getloadavg()
@@ -303,8 +319,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             json.dump({str(k): v for k, v in results.items()}, f, indent=1)
     if a.markdown:
         with open(a.markdown, "w") as f:
-            f.write("| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n")
-            f.writelines("| " + " | ".join(r) + " |\n" for r in body)
+            for what, head, body in tables:
+                f.write(f"us {what}\n\n| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n")
+                f.writelines("| " + " | ".join(r) + " |\n" for r in body)
+                f.write("\n")
     return 1 if _wrong(results) else 0
 
 

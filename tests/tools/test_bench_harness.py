@@ -83,5 +83,6 @@ def test_small_ops_runs_and_checks(tmp_path):
     rows = runs[0]["rows"]
     for v in ("bindings", "all_reduce numpy", "all_reduce torch", "all_reduce async", "broadcast", "send/recv pair",
               "group of 4 all_reduce"):
-        assert rows[v]["wrong"] == 0 and rows[v]["time_us"] > 0, (v, rows.get(v))
-    assert "| group of 4 all_reduce |" in (tmp_path / "s.md").read_text()
+        assert rows[v]["wrong"] == 0 and rows[v]["time_us"] > 0 and rows[v]["loop_us"] > 0, (v, rows.get(v))
+    md = (tmp_path / "s.md").read_text()
+    assert md.count("| group of 4 all_reduce |") == 2 and "back to back" in md, md
