@@ -277,89 +277,76 @@ def run_python(nranks: int, a: argparse.Namespace, workdir: str) -> Dict[str, Di
 
 
 def breakdown(a: argparse.Namespace) -> Dict[str, float]:
-    """Where the microseconds of one blocking ``Communicator.all_reduce`` (numpy, 8 B, 1 rank, defaults:
-    watchdog and flight recorder with stacks on) go: each stage of the call run on its own, in this
-    process, ``--batch`` times in a row, timed with the thread's CPU clock (what this thread spends,
-    not what other processes on a shared machine take from it); median of ``--batches`` batches.
-    "glue" is the total minus the stages: the Python statements between them."""
+    """Where the time of one blocking ``Communicator.all_reduce`` (8 B, 1 rank, defaults: watchdog and flight
+    recorder with stacks on) goes, read on the path itself: the compiled operations' stage clock
+    (``pycoll._core.stage_clock``) reads the monotonic clock where each stage ends, in the calling thread
+    only. ``--batches`` batches of ``--batch`` calls, alternately with the clock off and on; each figure is
+    the median over batches of ns per call. Each stage includes one clock read: "clock reads" is what the
+    clock added to the whole call (on minus off). "outside the stages" is the rest of the call with the
+    clock on: the Python call of the method and its return, the Work's release by the caller. The
+    bindings' call on the same arrays is the reference."""
     import_pycoll()
     import pycoll
-    from pycoll import hooks
-    from pycoll.work import Work
+    from pycoll import _core
 
     comm = pycoll.init(0, 1, unique_id=pycoll.get_unique_id(backend="host"), backend="host", name="breakdown")
-    a_np = np.ones(2, np.float32)
-    lib, h, dev = comm.library, comm.handle, comm.device
-    for _ in range(a.warmup):
-        comm.all_reduce(a_np)
-    st = comm._begin("all_reduce", None, False, (a_np, None))
-    buf = comm._buf(a_np, st, writable=True, name="tensor")
-    ev = dev.create_event()
-    work = Work(comm, "all_reduce", 1, 0, 1, False, None, 30.0, st, [buf], [buf])
-    # the recorder's and the watchdog's hooks are compiled (the path calls them through C; here through
-    # their Python faces, work_enqueued, which call the same C)
-    recorder = [o.work_enqueued for o in hooks.compiled_observers if type(o).__name__ == "FlightRecorder"]
-    watchdog = [o.work_enqueued for o in hooks.compiled_observers if type(o).__name__ == "Watchdog"]
-    assert recorder and watchdog, hooks.compiled_observers
-
-    def done_work() -> Any:  # a Work whose events completed: what refresh finds after an inline run
-        w = Work(comm, "all_reduce", 1, 0, 1, False, None, 30.0, st, [buf], [buf])
-        w._start = dev.create_event()
-        dev.record_event(w._start, st)
-        w._end = dev.create_event()
-        dev.record_event(w._end, st)
-        with comm._plock:
-            comm._pending[w] = None
-        return w
-
-    stages: Dict[str, Any] = {
-        "total: comm.all_reduce(numpy)": lambda: comm.all_reduce(a_np),
-        "state check + stream (_begin)": lambda: comm._begin("all_reduce", None, False, (a_np, None)),
-        "buffer description, numpy (_buf)": lambda: comm._buf(a_np, st, writable=True, name="tensor"),
-        "argument checks (dtype, count, op)": lambda: (pycoll.buffers.check_same_dtype(buf, buf),
-                                                       pycoll.buffers.check_count(buf, 2), comm._redop("sum", 7)),
-        "Work()": lambda: Work(comm, "all_reduce", 1, 0, 1, False, None, 30.0, st, [buf], [buf]),
-        "flight recorder entry (with stacks)": lambda: [hk(work) for hk in recorder],
-        "watchdog bookkeeping (enqueue hook)": lambda: [hk(work) for hk in watchdog],
-        "event record (x2 per call)": lambda: dev.record_event(ev, st),
-        "C call (Library.all_reduce)": lambda: lib.all_reduce(buf.ptr, buf.ptr, 2, 7, 0, h, st),
-    }
+    arrays: Dict[str, Tuple[Any, Any]] = {"numpy": (np.ones(2, np.float32), np.zeros(2, np.float32))}
     try:
         import torch
 
-        t = torch.ones(2)
-        stages["buffer description, torch (_buf)"] = lambda: comm._buf(t, st, writable=True, name="tensor")
+        arrays["torch"] = (torch.ones(2), torch.zeros(2))
     except ImportError:
         pass
-    clock = time.thread_time_ns
+    lib, h = comm.library, comm.handle
+    sp, rp = arrays["numpy"][0].ctypes.data, arrays["numpy"][1].ctypes.data
+    clock = time.perf_counter_ns
     out: Dict[str, float] = {}
-    for name, fn in stages.items():
-        per = []
-        for _ in range(a.batches):
-            t0 = clock()
-            for _ in range(a.batch):
-                fn()
-            per.append((clock() - t0) / a.batch)
-        out[name] = float(np.median(per))
-    per = []  # completion: refresh of a Work whose end event has completed (its setup is not timed)
-    for _ in range(a.batches):
-        ws = [done_work() for _ in range(a.batch)]
+
+    def batch(fn: Any) -> float:
         t0 = clock()
-        for w in ws:
-            comm.refresh(w)
-        per.append((clock() - t0) / a.batch)
-    out["completion (refresh: events, async error, retire, hooks)"] = float(np.median(per))
-    comm.destroy()
-    parts = sum(v for k, v in out.items() if not k.startswith("total") and "torch" not in k)
-    out["glue (total - stages; event record counted twice)"] = (
-        out["total: comm.all_reduce(numpy)"] - parts - out["event record (x2 per call)"])
+        for _ in range(a.batch):
+            fn()
+        return (clock() - t0) / a.batch
+
+    try:
+        for kind, (x, y) in arrays.items():
+            def call(x: Any = x, y: Any = y) -> Any:
+                return comm.all_reduce(x, y)
+
+            for _ in range(a.warmup):
+                call()
+            off, on, stages = [], [], []
+            for _ in range(a.batches):
+                off.append(batch(call))
+                _core.stage_clock(True)
+                on.append(batch(call))
+                counted = _core.stage_clock(False)
+                ops = counted.pop("operations")
+                stages.append({k: v / ops for k, v in counted.items()})
+            out[f"total: comm.all_reduce({kind}), clock off"] = float(np.median(off))
+            total_on = float(np.median(on))
+            parts = {k: float(np.median([st[k] for st in stages])) for k in _core.STAGES}
+            if kind == "numpy":
+                for k, v in parts.items():
+                    out[k] = v
+                out["outside the stages (method call and return, Work released)"] = total_on - sum(parts.values())
+                out[f"clock reads ({len(parts) + 1} per call, inside the stages)"] = total_on - out[
+                    "total: comm.all_reduce(numpy), clock off"]
+            else:
+                out[f"buffer description ({kind})"] = parts["buffer description"]
+        out["reference: bindings' Library.all_reduce alone"] = float(np.median(
+            [batch(lambda: lib.all_reduce(sp, rp, 2, 7, 0, h, 0)) for _ in range(a.batches)]))
+    finally:
+        _core.stage_clock(False)
+        comm.destroy()
     return out
 
 
 def print_breakdown(out: Dict[str, float]) -> None:
     w = max(len(k) for k in out)
-    print(f"# one blocking Communicator.all_reduce of 8 B, 1 rank, host backend, defaults; thread CPU ns "
-          f"per call, median of batches; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"# one blocking Communicator.all_reduce of 8 B, 1 rank, host backend, defaults; ns per call, median "
+          f"of batches; the stages as the path's own clock reads them (each includes one clock read); load "
+          f"average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     for k, v in out.items():
         print(f"{k.ljust(w)}  {v:9,.0f}")
 

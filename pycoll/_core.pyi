@@ -6,9 +6,12 @@ from .buffers import Buffer
 
 __all__ = ["CommCore", "Hook", "Lock", "RLock", "Work", "launch", "refresh", "retire", "begin", "buf",
            "all_reduce", "broadcast", "send", "recv", "GroupScope", "library_call", "open_group",
-           "group_library", "set_group", "DLPACK_CAPSULE_DESTRUCTOR"]
+           "group_library", "set_group", "DLPACK_CAPSULE_DESTRUCTOR", "STAGES", "stage_clock"]
 
 DLPACK_CAPSULE_DESTRUCTOR: int
+STAGES: tuple[str, ...]
+
+def stage_clock(on: Optional[bool] = ...) -> Dict[str, int]: ...
 
 def open_group() -> Optional[List[Work]]: ...
 def group_library() -> Any: ...

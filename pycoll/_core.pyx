@@ -45,7 +45,7 @@ from .errors import AsyncCommError, CommAborted, CommFailure, CommStateError, NC
 
 __all__ = ["CommCore", "Hook", "Lock", "RLock", "Work", "launch", "refresh", "retire", "begin", "buf",
            "all_reduce", "broadcast", "send", "recv", "GroupScope", "library_call", "open_group",
-           "group_library", "set_group", "DLPACK_CAPSULE_DESTRUCTOR"]
+           "group_library", "set_group", "DLPACK_CAPSULE_DESTRUCTOR", "STAGES", "stage_clock"]
 
 _log = logging.getLogger("pycoll.comm")
 
@@ -72,6 +72,59 @@ cdef inline long long _time_ns() noexcept nogil:
 
 cdef inline bint _final(object state):
     return state is _COMPLETED or state is _CAPTURED or state == "completed" or state == "captured"
+
+
+# -- the stage clock (benchmarks/overhead.py --breakdown): where the time of one operation goes --------
+
+cdef enum:
+    _ST_BEGIN, _ST_DESCRIBE, _ST_ARGS, _ST_WORK, _ST_ENQUEUED, _ST_START, _ST_CALL, _ST_END, _ST_COMPLETE, _ST_DONE, _ST_N
+
+#: the stages, in the order of the path (``stage_clock``'s keys)
+STAGES = ("state check + stream", "buffer description", "argument checks + library call object",
+          "Work", "observers at enqueue (recorder, watchdog)", "start event + outstanding", "library call",
+          "end event", "completion (events, async error, retire)", "observers at completion")
+cdef bint _clocking = False  # one load per stage while off
+cdef long _clock_thread = 0
+cdef long long _clock_ns[_ST_N]
+cdef long long _clock_last = 0, _clock_ops = 0
+
+
+cdef inline long long _mono_ns() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <long long>ts.tv_sec * 1000000000 + ts.tv_nsec
+
+
+cdef inline void _stage(int stage) noexcept:
+    """The stage that just ended (while the clock runs, in the thread that started it)."""
+    global _clock_last, _clock_ops
+    cdef long long t
+    if _clocking and PyThread_get_thread_ident() == <unsigned long>_clock_thread:
+        t = _mono_ns()
+        if stage >= 0:
+            _clock_ns[stage] += t - _clock_last
+        else:
+            _clock_ops += 1
+        _clock_last = t
+
+
+def stage_clock(on=None):
+    """Start (``on=True``: the counts cleared; operations of this thread only) or stop (``False``) the stage clock
+    of the compiled operations, and return what it counted: ``{"operations": n, stage: ns, ...}`` over
+    :data:`STAGES` (each stage's ns include one clock read). For ``benchmarks/overhead.py --breakdown``."""
+    global _clocking, _clock_thread, _clock_ops
+    cdef int i
+    if on is not None:
+        if on:
+            for i in range(_ST_N):
+                _clock_ns[i] = 0
+            _clock_ops = 0
+            _clock_thread = <long>PyThread_get_thread_ident()
+        _clocking = bool(on)
+    out = {"operations": _clock_ops}
+    for i in range(_ST_N):
+        out[STAGES[i]] = _clock_ns[i]
+    return out
 
 
 # -- this thread's open group (ncclGroupStart .. ncclGroupEnd): read on every operation --------------
@@ -571,7 +624,9 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
     w = Work.__new__(Work)
     _setup(w, comm, op, comm._coll_seq, comm._p2p_seq, comm._last_op_id, peer is not None, peer, timeout, stream,
            inputs, outputs, async_op, capture)
+    _stage(_ST_WORK)
     _notify(w, False)
+    _stage(_ST_ENQUEUED)
     h = comm._handle
     assert h is not None
     group = _open_works()
@@ -594,6 +649,7 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
                 comm._plock.give()
             finally:
                 comm._lock.give()
+            _stage(_ST_START)
             try:
                 if type(call) is _Call:
                     status = (<_Call>call).invoke(h, stream)
@@ -604,8 +660,10 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
                 comm.handle_call_error(e, w)
             if status == _IN_PROGRESS:
                 comm.await_ready(w)  # nothing is on the stream until the communicator is ready
+            _stage(_ST_CALL)
             if group is None:
                 _group_closed(comm, w, dev, lib)
+                _stage(_ST_END)
         finally:
             if previous is not None:
                 dev.restore_current(previous)
@@ -706,7 +764,9 @@ cdef _refresh(CommCore comm, Work w, object dev, Library lib):
     if failure is not None:
         comm.fail(failure, w)
     else:
+        _stage(_ST_COMPLETE)
         _notify(w, True)
+        _stage(_ST_DONE)
 
 
 cdef _retire(CommCore comm, Work w):
@@ -1221,13 +1281,17 @@ cdef object _output_fits(object inp, object out, str op):
 
 def all_reduce(CommCore comm, tensor, output=None, op="sum", *, stream=None, async_op=False, timeout=None, config=None):
     """Reduce ``tensor`` across ranks into ``output`` (in place when ``output`` is None)."""
+    _stage(-1)
     cc = () if config is None else _prepare_config(config)
     st = _begin(comm, "all_reduce", stream, async_op, tensor, output)
+    _stage(_ST_BEGIN)
     inp = _describe(comm, tensor, st, output is None, "tensor")
     out = inp if output is None else _describe(comm, output, st, True, "output")
+    _stage(_ST_DESCRIBE)
     count = _output_fits(inp, out, "all_reduce")
     redop = _redop(comm, op, (<tuple>inp)[3])
     call = _new_call(comm.library, _ALL_REDUCE, cc, (<tuple>inp)[0], (<tuple>out)[0], count, (<tuple>inp)[3], redop, 0)
+    _stage(_ST_ARGS)
     return _launch(comm, "all_reduce", call, st, [inp], [out], async_op, timeout, None)
 
 

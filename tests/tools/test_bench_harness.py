@@ -72,6 +72,19 @@ def test_overhead_layers(tmp_path):
 
 
 @pytest.mark.timeout(120)
+def test_overhead_breakdown_reads_the_stages_of_the_path_itself(tmp_path):
+    from pycoll._core import STAGES
+
+    out = tmp_path / "b.json"
+    res = _run("overhead.py", ["--breakdown", "--batches", "3", "--batch", "20", "--warmup", "10", "--json", str(out)])
+    assert res.returncode == 0, res.stderr
+    ns = json.loads(out.read_text())["breakdown_ns"]
+    assert all(ns[k] > 0 for k in STAGES), ns
+    assert ns["reference: bindings' Library.all_reduce alone"] > 0
+    assert "library call" in res.stdout and "outside the stages" in res.stdout
+
+
+@pytest.mark.timeout(120)
 def test_small_ops_runs_and_checks(tmp_path):
     libs = "pycoll" + (",mpi" if _mpiexec() else "")
     out = tmp_path / "s.json"
