@@ -83,8 +83,9 @@ cdef enum:
 STAGES = ("state check + stream", "buffer description", "argument checks + library call object",
           "Work", "observers at enqueue (recorder, watchdog)", "start event + outstanding", "library call",
           "end event", "completion (events, async error, retire)", "observers at completion")
-cdef bint _clocking = False  # one load per stage while off
-cdef long _clock_thread = 0
+cdef bint _clocking = False
+cdef bint _clock_armed = False  # an all_reduce of the clock's thread is under way: one load per stage while not
+cdef unsigned long _clock_thread = 0
 cdef long long _clock_ns[_ST_N]
 cdef long long _clock_last = 0, _clock_ops = 0
 
@@ -96,31 +97,30 @@ cdef inline long long _mono_ns() noexcept nogil:
 
 
 cdef inline void _stage(int stage) noexcept:
-    """The stage that just ended (while the clock runs, in the thread that started it)."""
-    global _clock_last, _clock_ops
+    """The stage that just ended, counted while an all_reduce of the clock's thread is under way."""
+    global _clock_last
     cdef long long t
-    if _clocking and PyThread_get_thread_ident() == <unsigned long>_clock_thread:
+    if _clock_armed and PyThread_get_thread_ident() == _clock_thread:
         t = _mono_ns()
-        if stage >= 0:
-            _clock_ns[stage] += t - _clock_last
-        else:
-            _clock_ops += 1
+        _clock_ns[stage] += t - _clock_last
         _clock_last = t
 
 
 def stage_clock(on=None):
-    """Start (``on=True``: the counts cleared; operations of this thread only) or stop (``False``) the stage clock
-    of the compiled operations, and return what it counted: ``{"operations": n, stage: ns, ...}`` over
-    :data:`STAGES` (each stage's ns include one clock read). For ``benchmarks/overhead.py --breakdown``."""
-    global _clocking, _clock_thread, _clock_ops
+    """Start (``on=True``: the counts cleared) or stop (``False``) the stage clock, and return what it counted:
+    ``{"operations": n, stage: ns, ...}`` over :data:`STAGES` (each stage's ns include one clock read). It follows
+    the blocking ``all_reduce`` calls made outside a group by the thread that started it; other operations, other
+    threads and what a failing call did after its failure are not counted. For ``benchmarks/overhead.py
+    --breakdown``."""
+    global _clocking, _clock_armed, _clock_thread, _clock_ops
     cdef int i
     if on is not None:
         if on:
             for i in range(_ST_N):
                 _clock_ns[i] = 0
             _clock_ops = 0
-            _clock_thread = <long>PyThread_get_thread_ident()
-        _clocking = bool(on)
+            _clock_thread = PyThread_get_thread_ident()
+        _clocking, _clock_armed = bool(on), False
     out = {"operations": _clock_ops}
     for i in range(_ST_N):
         out[STAGES[i]] = _clock_ns[i]
@@ -1281,7 +1281,21 @@ cdef object _output_fits(object inp, object out, str op):
 
 def all_reduce(CommCore comm, tensor, output=None, op="sum", *, stream=None, async_op=False, timeout=None, config=None):
     """Reduce ``tensor`` across ranks into ``output`` (in place when ``output`` is None)."""
-    _stage(-1)
+    global _clock_armed, _clock_last, _clock_ops
+    if not _clocking:
+        return _all_reduce(comm, tensor, output, op, stream, async_op, timeout, config)
+    if PyThread_get_thread_ident() == _clock_thread and not async_op and pycoll_group_works == NULL:
+        _clock_ops += 1
+        _clock_armed = True
+        _clock_last = _mono_ns()
+    try:
+        return _all_reduce(comm, tensor, output, op, stream, async_op, timeout, config)
+    finally:
+        _clock_armed = False
+
+
+cdef object _all_reduce(CommCore comm, object tensor, object output, object op, object stream, bint async_op,
+                        object timeout, object config):
     cc = () if config is None else _prepare_config(config)
     st = _begin(comm, "all_reduce", stream, async_op, tensor, output)
     _stage(_ST_BEGIN)

@@ -69,3 +69,19 @@ def test_a_failing_operation_under_the_clock_raises_as_without_it(comm):
     got = _core.stage_clock(False)
     assert got["operations"] == 3 and got["observers at completion"] > 0
     np.testing.assert_array_equal(b, np.ones(2, np.float32))
+
+
+@pytest.mark.timeout(60)
+def test_only_blocking_all_reduce_outside_a_group_is_followed(comm):
+    a, b = np.ones(2, np.float32), np.zeros(2, np.float32)
+    _core.stage_clock(True)
+    comm.all_reduce(a, b)
+    one = _core.stage_clock()
+    comm.all_reduce(a, b, async_op=True).wait()
+    with comm.group():
+        comm.all_reduce(a, b)
+    comm.broadcast(b, root=0)
+    comm.barrier()
+    comm.all_gather(a, np.zeros(2, np.float32))
+    time.sleep(0.05)  # the stages of these are not counted, nor is the time they take
+    assert _core.stage_clock(False) == one and one["operations"] == 1
