@@ -614,7 +614,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     trips.append(f"{trip.split()[0]} before {lib}")
                 t0 = time.monotonic()
                 one = run_library(lib, n, a)
-                one["round_trip_before"] = trip
                 seconds[lib] += time.monotonic() - t0
                 if "error" in one:
                     print(f"# {n} ranks, {lib}: {one['error']}", file=sys.stderr)
