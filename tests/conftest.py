@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import tempfile
@@ -27,6 +28,9 @@ def pytest_configure(config):
     if "PYCOLL_FR_DUMP_DIR" not in os.environ:
         config._pycoll_fr_dir = tempfile.mkdtemp(prefix="pycoll-fr-tests-")
         os.environ["PYCOLL_FR_DUMP_DIR"] = config._pycoll_fr_dir
+        # a communicator of a test that failed and was closed can still be alive when the session ends: pycoll's
+        # exit dump (its handler registered later, so run earlier) then writes into the folder once more
+        atexit.register(shutil.rmtree, config._pycoll_fr_dir, True)
 
 
 def pytest_unconfigure(config):
