@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
 import shutil
 import subprocess
@@ -97,6 +99,30 @@ int main(int argc, char** argv) {
 """
 
 
+def compile_c(source: str, path: str, *flags: str) -> Optional[str]:
+    """``source`` (C) written beside ``path`` and compiled with gcc (or cc) into ``path`` with ``flags``: ``path``,
+    or None without a C compiler; a compiler error raises ``subprocess.CalledProcessError`` (its output captured)."""
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        return None
+    with open(path + ".c", "w") as f:
+        f.write(source)
+    subprocess.run([cc, "-O2", *flags, "-o", path, path + ".c"], check=True, capture_output=True, text=True,
+                   timeout=120)
+    return path
+
+
+@functools.cache
+def _round_trip_program() -> Optional[str]:
+    """The round-trip program, compiled once per process (removed at exit); None where it cannot be."""
+    d = tempfile.mkdtemp(prefix="pycoll-bench-")
+    atexit.register(shutil.rmtree, d, True)
+    try:
+        return compile_c(_ROUND_TRIP_C, os.path.join(d, "rt"), "-std=c11", "-pthread")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def cache_line_round_trip() -> Optional[str]:
     """How long one cache line takes to go from the first CPU this process may run on to the second and back
     (two pinned threads, 200,000 round trips), as a line for a benchmark's header; None without two CPUs or a C
@@ -104,19 +130,13 @@ def cache_line_round_trip() -> Optional[str]:
     cache, several hundred when they do not -- and every transfer through shared memory between two ranks
     is then several times slower (benchmarks/README.md)."""
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if len(cpus) < 2 or cc is None:
+    exe = _round_trip_program() if len(cpus) >= 2 else None
+    if exe is None:
         return None
-    with tempfile.TemporaryDirectory(prefix="pycoll-bench-") as d:
-        src, exe = os.path.join(d, "rt.c"), os.path.join(d, "rt")
-        with open(src, "w") as f:
-            f.write(_ROUND_TRIP_C)
-        try:
-            subprocess.run([cc, "-O2", "-std=c11", "-pthread", "-o", exe, src], check=True, capture_output=True,
-                           timeout=60)
-            out = subprocess.run([exe, str(cpus[0]), str(cpus[1]), "200000"], check=True, capture_output=True,
-                                 text=True, timeout=60)
-            ns = float(out.stdout.split()[0])
-        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-            return None
+    try:
+        out = subprocess.run([exe, str(cpus[0]), str(cpus[1]), "200000"], check=True, capture_output=True,
+                             text=True, timeout=60)
+        ns = float(out.stdout.split()[0])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
     return f"{ns:.0f} ns (CPUs {cpus[0]} and {cpus[1]})"

@@ -44,7 +44,6 @@ import argparse
 import json
 import os
 import platform
-import shutil
 import socket
 import subprocess
 import sys
@@ -57,7 +56,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:  # also when loaded by file path, not run as a script
     sys.path.insert(0, HERE)
-from _common import cache_line_round_trip, env_with_pycoll, import_pycoll, mpiexec_command  # noqa: E402
+from _common import cache_line_round_trip, compile_c, env_with_pycoll, import_pycoll, mpiexec_command  # noqa: E402
 
 DEFAULT_SIZES = "8,64,512,4K,32K,256K,2M,16M,64M"
 LIBS = ("copy", "pycoll", "mpi", "gloo")
@@ -312,14 +311,10 @@ COPY_METHODS = ("numpy.copyto", "memcpy", "avx2", "avx2_stream")
 
 def compile_copies(workdir: str) -> Optional[str]:
     """Build the C copy routines as a shared library; None without a C compiler."""
-    gcc = shutil.which("gcc") or shutil.which("cc")
-    if gcc is None:
+    try:
+        return compile_c(COPY_C, os.path.join(workdir, "libcopies.so"), "-shared", "-fPIC")
+    except (OSError, subprocess.SubprocessError):
         return None
-    src, lib = os.path.join(workdir, "copies.c"), os.path.join(workdir, "libcopies.so")
-    with open(src, "w") as f:
-        f.write(COPY_C)
-    res = subprocess.run([gcc, "-O2", "-shared", "-fPIC", "-o", lib, src], capture_output=True, text=True)
-    return lib if res.returncode == 0 else None
 
 
 def _copy_proc(rank: int, sizes: List[int], scale: float, libpath: Optional[str], barrier: Any, queue: Any) -> None:

@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -53,7 +52,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:  # also when loaded by file path, not run as a script
     sys.path.insert(0, HERE)
-from _common import env_with_pycoll, import_pycoll  # noqa: E402
+from _common import compile_c, env_with_pycoll, import_pycoll  # noqa: E402
 
 C_DRIVER = r"""
 /* Calls ncclAllReduce of pycoll's host library in a loop; prints "b NS" per batch, then
@@ -163,14 +162,10 @@ int main(int argc, char** argv) {
 
 
 def compile_driver(workdir: str) -> str:
-    gcc = shutil.which("gcc") or shutil.which("cc")
-    if gcc is None:
+    exe = compile_c(C_DRIVER, os.path.join(workdir, "allreduce_driver"), "-std=c11", "-D_POSIX_C_SOURCE=200809L",
+                    "-ldl")
+    if exe is None:
         raise RuntimeError("no C compiler (gcc/cc) on PATH")
-    src, exe = os.path.join(workdir, "allreduce_driver.c"), os.path.join(workdir, "allreduce_driver")
-    with open(src, "w") as f:
-        f.write(C_DRIVER)
-    subprocess.run([gcc, "-O2", "-std=c11", "-D_POSIX_C_SOURCE=200809L", "-o", exe, src, "-ldl"], check=True,
-                   capture_output=True, text=True)
     return exe
 
 
