@@ -1066,7 +1066,7 @@ cdef int _prepare_group_end(list works) except -1:
 
 
 cdef class GroupScope:
-    """The body of ``with comm.group():`` (:func:`pycoll.group.group`), compiled as the operations it holds.
+    """The body of ``with comm.group():`` (what :meth:`CommCore.group` returns), compiled as the operations it holds.
 
     The outermost group of this thread collects the Works enqueued in it; at its end ``ncclGroupEnd``
     issues them, their completion events are recorded, and the blocking ones are waited for. A group
