@@ -62,6 +62,7 @@ _log = logging.getLogger("pycoll.comm")
 #: Reduction operator names accepted by the collectives.
 REDUCE_OPS: Dict[str, int] = _dtypes.REDUCE_OPS
 FP_BYTES_COPIED = _fp.declare("comm.broadcast_bytes.copied", "broadcast_bytes on a device, the root's bytes copied in")
+FP_REVOKED = _fp.declare("comm.revoke.revoked", "revoke: the library revoked the communicator, before the wait for it")
 _FAILURE_POLICIES = ("abort", "revoke", "report")
 
 
@@ -1156,14 +1157,27 @@ class Communicator(_core.CommCore):
         with self._lock:
             if self._state in ("revoked", "aborted", "destroyed"):
                 return  # a late policy action (another thread revoked, shrank or aborted first)
-            self.library.comm_revoke(self.handle, 0)
-            self._state = "revoked"
-        with self._plock:
-            exc = self._failure or CommRevoked(f"communicator {self.name!r} was revoked")
-            for w in self._pending:
-                if w._exc is None:
+            h = self.handle
+            # the outstanding works fail before the library stops them: once its revoke has finished, its
+            # asynchronous error is ncclSuccess again and a stopped operation's end event is complete, so a
+            # refresh in between (the caller of a blocking call, the watchdog) would call it completed
+            with self._plock:
+                exc = self._failure or CommRevoked(f"communicator {self.name!r} was revoked")
+                failed = [w for w in self._pending if w._exc is None]
+                for w in failed:
                     w._exc = exc
-        self._poll(self.handle, "ncclCommRevoke", self.timeout, lambda: None)
+            try:
+                self.library.comm_revoke(h, 0)
+            except BaseException:
+                with self._plock:
+                    for w in failed:
+                        if w._exc is exc:
+                            w._exc = None
+                raise
+            self._state = "revoked"
+        _fp.hit(FP_REVOKED)
+        if self._handle == h:  # else another thread aborted it meanwhile: nothing left to wait for
+            self._poll(h, "ncclCommRevoke", self.timeout, lambda: None)
 
     # -- reshape --------------------------------------------------------------------------------
 

@@ -284,6 +284,44 @@ def test_abort_or_revoke_from_another_thread_is_a_comm_failure(how, expected):
     assert run_ranks(_aborted_meanwhile, 2, _uid(), how, timeout=60)[0] == expected
 
 
+def _revoked_while_blocked(rank, n, uid):
+    """Rank 0's blocking all_reduce waits for rank 1 while another thread revokes; that thread then stops at
+    comm.revoke.revoked (after the library revoked, before its wait) while rank 0 goes on and aborts."""
+    c = _comm(rank, n, uid, timeout=20.0, on_failure="report")
+    if rank == 1:
+        time.sleep(3.0)
+        c.abort()
+        return None
+    pycoll.failpoints.configure("comm.revoke.revoked=sleep(700)", rank=0)
+    revoker: dict = {}
+
+    def revoke():
+        try:
+            c.revoke()
+            revoker["result"] = "returned"
+        except BaseException as e:  # whatever it was, for the assertion
+            revoker["result"] = repr(e)
+
+    t = threading.Timer(0.3, revoke)
+    t.start()
+    try:
+        c.all_reduce(np.ones(2, np.float32))
+    except pycoll.CommFailure as e:
+        result = type(e).__name__
+    else:
+        result = "completed"
+    c.abort()  # while the revoking thread sleeps at the failpoint
+    t.join(10)
+    return result, revoker.get("result")
+
+
+def test_a_revoke_racing_a_blocking_call_fails_it_and_an_abort_meanwhile_ends_the_revoke():
+    """The operation a revoke cut off never reports success (the library's asynchronous error is ncclSuccess again
+    once the revoke has finished, so the works must be failed before the library is told), and a revoke whose
+    communicator another thread aborts meanwhile returns instead of asserting on the freed handle."""
+    assert run_ranks(_revoked_while_blocked, 2, _uid(), timeout=60)[0] == ("CommRevoked", "returned")
+
+
 # -- finding 12 (communicator items) ------------------------------------------------------------------
 
 
