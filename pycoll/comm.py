@@ -17,7 +17,7 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from . import (
     _bindings as B,
@@ -1153,27 +1153,32 @@ class Communicator(_core.CommCore):
             raise CommStateError(f"communicator {self.name!r} is already revoked")
         self._revoke()
 
+    @contextlib.contextmanager
+    def _stopping_outstanding(self, exc: BaseException) -> Iterator[None]:
+        """Around a library call that stops the outstanding operations (revoke, an abortive shrink; under
+        ``_lock``): they fail with ``exc`` first. Once the library has stopped them their end events are
+        complete and its asynchronous error is ncclSuccess, so a refresh after the call (the caller of a
+        blocking operation, the watchdog) would find them completed. Undone if the call raises."""
+        with self._plock:
+            failed = [w for w in self._pending if w._exc is None]
+            for w in failed:
+                w._exc = exc
+        try:
+            yield
+        except BaseException:
+            with self._plock:
+                for w in failed:
+                    if w._exc is exc:
+                        w._exc = None
+            raise
+
     def _revoke(self) -> None:
         with self._lock:
             if self._state in ("revoked", "aborted", "destroyed"):
                 return  # a late policy action (another thread revoked, shrank or aborted first)
             h = self.handle
-            # the outstanding works fail before the library stops them: once its revoke has finished, its
-            # asynchronous error is ncclSuccess again and a stopped operation's end event is complete, so a
-            # refresh in between (the caller of a blocking call, the watchdog) would call it completed
-            with self._plock:
-                exc = self._failure or CommRevoked(f"communicator {self.name!r} was revoked")
-                failed = [w for w in self._pending if w._exc is None]
-                for w in failed:
-                    w._exc = exc
-            try:
+            with self._stopping_outstanding(self._failure or CommRevoked(f"communicator {self.name!r} was revoked")):
                 self.library.comm_revoke(h, 0)
-            except BaseException:
-                with self._plock:
-                    for w in failed:
-                        if w._exc is exc:
-                            w._exc = None
-                raise
             self._state = "revoked"
         _fp.hit(FP_REVOKED)
         if self._handle == h:  # else another thread aborted it meanwhile: nothing left to wait for
@@ -1275,7 +1280,8 @@ class Communicator(_core.CommCore):
 
         Only the survivors call it, all with the same ``exclude``; they are renumbered in rank
         order. ``abort_ops=True`` (NCCL_SHRINK_ABORT) first stops this communicator's outstanding
-        operations -- use it after a failure. This communicator stays valid and must still be
+        operations (they fail: with its failure, else :class:`pycoll.CommAborted`) -- use it after a
+        failure. This communicator stays valid and must still be
         released; after an abortive shrink release it with :meth:`abort`. The child inherits the
         failure policy, the store, the survivors' job-wide ranks and (unless ``generation`` is
         given) the generation; ``failure_callbacks`` are its own.
@@ -1293,7 +1299,11 @@ class Communicator(_core.CommCore):
         gr = None
         if self._global_ranks is not None:
             gr = [g for r, g in enumerate(self._global_ranks) if r not in excl]
-        with self._lock:
+        stop: ContextManager[None] = contextlib.nullcontext()
+        if abort_ops:
+            stop = self._stopping_outstanding(self._failure or CommAborted(
+                f"communicator {self.name!r}: the operation was stopped by shrink(abort_ops=True)"))
+        with self._lock, stop:
             slot, status = self.library.comm_shrink(self.handle, excl, self._reshape_config(config),
                                                     B.SHRINK_ABORT if abort_ops else B.SHRINK_DEFAULT)
         self._abort_only |= abort_ops

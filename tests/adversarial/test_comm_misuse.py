@@ -322,6 +322,32 @@ def test_a_revoke_racing_a_blocking_call_fails_it_and_an_abort_meanwhile_ends_th
     assert run_ranks(_revoked_while_blocked, 2, _uid(), timeout=60)[0] == ("CommRevoked", "returned")
 
 
+def _shrunk_with_abort_ops(rank, n, uid):
+    c = _comm(rank, n, uid, timeout=20.0, on_failure="report")
+    if rank == 1:
+        time.sleep(3.0)  # never joins rank 0's all_reduce
+        c.abort()
+        return None
+    w = c.all_reduce(np.ones(2, np.float32), async_op=True)
+    time.sleep(0.3)
+    child = c.shrink([1], abort_ops=True)
+    try:
+        w.wait(5.0)
+        result = "completed"
+    except pycoll.CommFailure as e:
+        result = f"{type(e).__name__}: {e}"
+    child.destroy()
+    c.abort()
+    return result
+
+
+def test_an_operation_an_abortive_shrink_stopped_fails():
+    """Without the parent's works failed first, the stopped all_reduce was reported completed (its output never
+    reduced): the library's end event is complete and its asynchronous error ncclSuccess once it stopped it."""
+    res = run_ranks(_shrunk_with_abort_ops, 2, _uid(), timeout=60)[0]
+    assert res.startswith("CommAborted") and "stopped by shrink(abort_ops=True)" in res, res
+
+
 # -- finding 12 (communicator items) ------------------------------------------------------------------
 
 
