@@ -289,7 +289,7 @@ def _revoked_while_blocked(rank, n, uid):
     comm.revoke.revoked (after the library revoked, before its wait) while rank 0 goes on and aborts."""
     c = _comm(rank, n, uid, timeout=20.0, on_failure="report")
     if rank == 1:
-        time.sleep(3.0)
+        time.sleep(2.0)
         c.abort()
         return None
     pycoll.failpoints.configure("comm.revoke.revoked=sleep(700)", rank=0)
@@ -325,7 +325,7 @@ def test_a_revoke_racing_a_blocking_call_fails_it_and_an_abort_meanwhile_ends_th
 def _shrunk_with_abort_ops(rank, n, uid):
     c = _comm(rank, n, uid, timeout=20.0, on_failure="report")
     if rank == 1:
-        time.sleep(3.0)  # never joins rank 0's all_reduce
+        time.sleep(2.0)  # never joins rank 0's all_reduce
         c.abort()
         return None
     w = c.all_reduce(np.ones(2, np.float32), async_op=True)
