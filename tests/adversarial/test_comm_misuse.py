@@ -262,47 +262,26 @@ def test_ctrl_c_raises_within_100_ms_and_fails_the_communicator(policy):
 # -- finding 7: abort or revoke from another thread ---------------------------------------------------
 
 
-def _aborted_meanwhile(rank, n, uid, how):
+def _aborted_meanwhile(rank, n, uid, how, failpoint=None):
+    """Rank 0's blocking all_reduce waits for rank 1 (which never calls it) while another thread aborts or
+    revokes; returns what the all_reduce did and what the other thread's call did."""
     c = _comm(rank, n, uid, timeout=20.0, on_failure="report")
     if rank == 1:
         time.sleep(2.0)
         c.abort()
         return None
-    threading.Timer(0.3, getattr(c, how)).start()
-    try:
-        c.all_reduce(np.ones(2, np.float32))
-    except pycoll.CommFailure as e:
-        result = type(e).__name__
-    else:
-        result = "completed"
-    c.abort()
-    return result
+    if failpoint:
+        pycoll.failpoints.configure(failpoint, rank=0)
+    other: dict = {}
 
-
-@pytest.mark.parametrize("how,expected", [("abort", "CommAborted"), ("revoke", "CommRevoked")])
-def test_abort_or_revoke_from_another_thread_is_a_comm_failure(how, expected):
-    assert run_ranks(_aborted_meanwhile, 2, _uid(), how, timeout=60)[0] == expected
-
-
-def _revoked_while_blocked(rank, n, uid):
-    """Rank 0's blocking all_reduce waits for rank 1 while another thread revokes; that thread then stops at
-    comm.revoke.revoked (after the library revoked, before its wait) while rank 0 goes on and aborts."""
-    c = _comm(rank, n, uid, timeout=20.0, on_failure="report")
-    if rank == 1:
-        time.sleep(2.0)
-        c.abort()
-        return None
-    pycoll.failpoints.configure("comm.revoke.revoked=sleep(700)", rank=0)
-    revoker: dict = {}
-
-    def revoke():
+    def act():
         try:
-            c.revoke()
-            revoker["result"] = "returned"
+            getattr(c, how)()
+            other["result"] = "returned"
         except BaseException as e:  # whatever it was, for the assertion
-            revoker["result"] = repr(e)
+            other["result"] = repr(e)
 
-    t = threading.Timer(0.3, revoke)
+    t = threading.Timer(0.3, act)
     t.start()
     try:
         c.all_reduce(np.ones(2, np.float32))
@@ -310,16 +289,23 @@ def _revoked_while_blocked(rank, n, uid):
         result = type(e).__name__
     else:
         result = "completed"
-    c.abort()  # while the revoking thread sleeps at the failpoint
+    c.abort()  # with the failpoint: while the other thread sleeps there
     t.join(10)
-    return result, revoker.get("result")
+    return result, other.get("result")
+
+
+@pytest.mark.parametrize("how,expected", [("abort", "CommAborted"), ("revoke", "CommRevoked")])
+def test_abort_or_revoke_from_another_thread_is_a_comm_failure(how, expected):
+    assert run_ranks(_aborted_meanwhile, 2, _uid(), how, timeout=60)[0] == (expected, "returned")
 
 
 def test_a_revoke_racing_a_blocking_call_fails_it_and_an_abort_meanwhile_ends_the_revoke():
     """The operation a revoke cut off never reports success (the library's asynchronous error is ncclSuccess again
     once the revoke has finished, so the works must be failed before the library is told), and a revoke whose
-    communicator another thread aborts meanwhile returns instead of asserting on the freed handle."""
-    assert run_ranks(_revoked_while_blocked, 2, _uid(), timeout=60)[0] == ("CommRevoked", "returned")
+    communicator another thread aborts meanwhile (while it stops at comm.revoke.revoked, after the library
+    revoked, before its wait) returns instead of asserting on the freed handle."""
+    res = run_ranks(_aborted_meanwhile, 2, _uid(), "revoke", "comm.revoke.revoked=sleep(700)", timeout=60)
+    assert res[0] == ("CommRevoked", "returned")
 
 
 def _shrunk_with_abort_ops(rank, n, uid):
