@@ -1145,6 +1145,8 @@ class Communicator(_core.CommCore):
     def revoke(self) -> None:
         """Revoke (``ncclCommRevoke``): stop outstanding operations and refuse new collectives.
 
+        The outstanding operations fail (with the communicator's failure, else :class:`pycoll.CommRevoked`).
+
         Local (other ranks are not told). Split, shrink, destroy and abort remain possible.
         Needs NCCL 2.28.7.
         """
