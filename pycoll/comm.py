@@ -506,13 +506,18 @@ class Communicator(_core.CommCore):
             self._failure = exc
             self._failing_thread = threading.get_ident()
             self.failed_at = time.time()
-            for w in self._pending:
-                if w._exc is None:
-                    w._exc = exc
+            self._fail_outstanding(exc)
         try:
             self._handle_failure(exc, work)
         finally:
             self._failure_handled.set()
+
+    def _fail_outstanding(self, exc: BaseException) -> List[Work]:
+        """Every outstanding operation not failed yet fails with ``exc`` (the caller holds ``_plock``); returns them."""
+        failed = [w for w in self._pending if w._exc is None]
+        for w in failed:
+            w._exc = exc
+        return failed
 
     def _handle_failure(self, exc: BaseException, work: Optional[Work]) -> None:
         if not hooks.failures_reported():
@@ -1094,11 +1099,8 @@ class Communicator(_core.CommCore):
             if self._state in ("aborted", "destroyed", "inherited"):
                 return None
             self._state = "aborted"
-            exc = CommAborted(f"communicator {self.name!r} was aborted"
-                              + (f" after: {self._failure}" if self._failure else ""))
-            for w in self._pending:
-                if w._exc is None:
-                    w._exc = exc
+            self._fail_outstanding(CommAborted(f"communicator {self.name!r} was aborted"
+                                               + (f" after: {self._failure}" if self._failure else "")))
         with self._hlock:  # async-error readers stop using the handle before it is freed
             h, self._handle = self._handle, None
         return h
@@ -1162,9 +1164,7 @@ class Communicator(_core.CommCore):
         complete and its asynchronous error is ncclSuccess, so a refresh after the call (the caller of a
         blocking operation, the watchdog) would find them completed. Undone if the call raises."""
         with self._plock:
-            failed = [w for w in self._pending if w._exc is None]
-            for w in failed:
-                w._exc = exc
+            failed = self._fail_outstanding(exc)
         try:
             yield
         except BaseException:
