@@ -278,22 +278,28 @@ def breakdown(a: argparse.Namespace) -> Dict[str, float]:
     only. ``--batches`` batches of ``--batch`` calls, alternately with the clock off and on; each figure is
     the median over batches of ns per call. Each stage includes one clock read: "clock reads" is what the
     clock added to the whole call (on minus off). "outside the stages" is the rest of the call with the
-    clock on: the Python call of the method and its return, the Work's release by the caller. The
-    bindings' call on the same arrays is the reference."""
+    clock on: the Python call of the method and its return, the Work's release by the caller. CPU torch
+    tensors are described both ways the compiled path can (torch's DLPack C exchange API where this torch has
+    it, the tensor's attributes: ``pycoll._core.torch_dlpack_view``). The bindings' call on the same arrays is
+    the reference."""
     import_pycoll()
     import pycoll
     from pycoll import _core
 
     comm = pycoll.init(0, 1, unique_id=pycoll.get_unique_id(backend="host"), backend="host", name="breakdown")
-    arrays: Dict[str, Tuple[Any, Any]] = {"numpy": (np.ones(2, np.float32), np.zeros(2, np.float32))}
+    # (label, input, output, whether torch tensors are described through torch's DLPack C exchange API)
+    arrays: List[Tuple[str, Any, Any, Optional[bool]]] = [
+        ("numpy", np.ones(2, np.float32), np.zeros(2, np.float32), None)]
     try:
         import torch
 
-        arrays["torch"] = (torch.ones(2), torch.zeros(2))
+        view_before = _core.torch_dlpack_view()
+        for view in [True, False] if view_before else [False]:
+            arrays.append((f"torch, {'DLPack view' if view else 'attributes'}", torch.ones(2), torch.zeros(2), view))
     except ImportError:
-        pass
+        view_before = None
     lib, h = comm.library, comm.handle
-    sp, rp = arrays["numpy"][0].ctypes.data, arrays["numpy"][1].ctypes.data
+    sp, rp = arrays[0][1].ctypes.data, arrays[0][2].ctypes.data
     clock = time.perf_counter_ns
     out: Dict[str, float] = {}
 
@@ -304,10 +310,12 @@ def breakdown(a: argparse.Namespace) -> Dict[str, float]:
         return (clock() - t0) / a.batch
 
     try:
-        for kind, (x, y) in arrays.items():
+        for kind, x, y, view in arrays:
             def call(x: Any = x, y: Any = y) -> Any:
                 return comm.all_reduce(x, y)
 
+            if view is not None:
+                _core.torch_dlpack_view(view)
             for _ in range(a.warmup):
                 call()
             off, on, stages = [], [], []
@@ -333,6 +341,8 @@ def breakdown(a: argparse.Namespace) -> Dict[str, float]:
             [batch(lambda: lib.all_reduce(sp, rp, 2, 7, 0, h, 0)) for _ in range(a.batches)]))
     finally:
         _core.stage_clock(False)
+        if view_before is not None:
+            _core.torch_dlpack_view(view_before)
         comm.destroy()
     return out
 

@@ -18,7 +18,7 @@ Also here: this thread's open group (:func:`open_group`), the observers' compile
 """
 
 cimport cython
-from cpython.exc cimport PyErr_CheckSignals, PyErr_Fetch, PyErr_Restore
+from cpython.exc cimport PyErr_CheckSignals, PyErr_Clear, PyErr_Fetch, PyErr_Restore
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
 from cpython.pythread cimport PyThread_get_thread_ident
 from cpython.ref cimport Py_INCREF, Py_XDECREF, PyObject
@@ -45,7 +45,7 @@ from .errors import AsyncCommError, CommAborted, CommFailure, CommStateError, NC
 
 __all__ = ["CommCore", "Hook", "Lock", "RLock", "Work", "launch", "refresh", "retire", "begin", "buf",
            "all_reduce", "broadcast", "send", "recv", "GroupScope", "library_call", "open_group",
-           "group_library", "set_group", "DLPACK_CAPSULE_DESTRUCTOR", "STAGES", "stage_clock"]
+           "group_library", "set_group", "DLPACK_CAPSULE_DESTRUCTOR", "STAGES", "stage_clock", "torch_dlpack_view"]
 
 _log = logging.getLogger("pycoll.comm")
 
@@ -929,17 +929,65 @@ cdef extern from *:
     object pycoll_descr_get(object d, object obj)
     object pycoll_descr_call(object d, object obj)
 
+cdef extern from *:
+    """
+    /* DLPack's C exchange API (dlpack.h 1.2 and later: DLPackExchangeAPI, a capsule named "dlpack_exchange_api" that
+     * a tensor type offers as __dlpack_c_exchange_api__): the DLTensor its producer fills for one of its objects,
+     * without allocating; the fields are valid while the object lives and is not resized. */
+    typedef struct { int32_t device_type; int32_t device_id; } pycoll_dl_device;
+    typedef struct { uint8_t code; uint8_t bits; uint16_t lanes; } pycoll_dl_dtype;
+    typedef struct { void* data; pycoll_dl_device device; int32_t ndim; pycoll_dl_dtype dtype; int64_t* shape;
+                     int64_t* strides; uint64_t byte_offset; } pycoll_dl_tensor;
+    typedef int (*pycoll_dl_view_fn)(void* py_object, pycoll_dl_tensor* out);
+    typedef struct { uint32_t major; uint32_t minor; } pycoll_dl_api_version;
+    typedef struct { pycoll_dl_api_version version; void* prev_api; void* managed_tensor_allocator;
+                     void* managed_tensor_from_py_object_no_sync; void* managed_tensor_to_py_object_no_sync;
+                     pycoll_dl_view_fn dltensor_from_py_object_no_sync; void* current_work_stream; } pycoll_dl_api;
+    _Static_assert(sizeof(Py_ssize_t) == sizeof(int64_t), "a DLTensor's int64_t dimensions are read as Py_ssize_t");
+    static int pycoll_dl_view(pycoll_dl_view_fn fn, PyObject* obj, pycoll_dl_tensor* out) { return fn(obj, out); }
+    """
+    ctypedef struct pycoll_dl_device:
+        int device_type
+    ctypedef struct pycoll_dl_dtype:
+        unsigned char code
+        unsigned char bits
+        unsigned short lanes
+    ctypedef struct pycoll_dl_tensor:
+        void* data
+        pycoll_dl_device device
+        int ndim
+        pycoll_dl_dtype dtype
+        Py_ssize_t* shape
+        Py_ssize_t* strides
+        unsigned long long byte_offset
+    ctypedef int (*pycoll_dl_view_fn)(void* py_object, pycoll_dl_tensor* out)
+    ctypedef struct pycoll_dl_api_version:
+        unsigned int major
+        unsigned int minor
+    ctypedef struct pycoll_dl_api:
+        pycoll_dl_api_version version
+        pycoll_dl_view_fn dltensor_from_py_object_no_sync
+    int pycoll_dl_view(pycoll_dl_view_fn fn, object obj, pycoll_dl_tensor* out)
+
 cdef object _torch_tensor = None  # torch.Tensor, once torch is imported
 cdef dict _TORCH_CODES = None  # torch dtype -> ncclDataType_t
 cdef object _torch_strided = None
 # torch.Tensor's attributes the description reads, as the descriptors its C base class defines them with: read
 # through them, an exact torch.Tensor's attribute costs no lookup in its type's MRO (and nothing else changes)
 cdef object _T_DTYPE, _T_LAYOUT, _T_IS_CPU, _T_SHAPE, _T_IS_CONTIGUOUS, _T_IS_NEG, _T_DATA_PTR
+# torch's DLPackDLTensorFromPyObjectNoSync (torch 2.10 and later), while the view is on; its capsule
+cdef pycoll_dl_view_fn _torch_view = NULL
+cdef pycoll_dl_view_fn _torch_view_found = NULL
+cdef object _torch_api_capsule = None
+cdef enum:
+    _DL_CPU = 1  # kDLCPU
+cdef signed char _DL_CODES[16][9]  # [DLPack type code][bits / 8] -> ncclDataType_t, -1: none
 
 
 cdef int _torch_init(object torch) except -1:
     global _TORCH_CODES, _torch_strided, _T_DTYPE, _T_LAYOUT, _T_IS_CPU, _T_SHAPE, _T_IS_CONTIGUOUS, _T_IS_NEG
-    global _T_DATA_PTR
+    global _T_DATA_PTR, _torch_view, _torch_view_found, _torch_api_capsule
+    cdef pycoll_dl_api* api
 
     def descriptor(name):
         for klass in torch.Tensor.__mro__:
@@ -951,7 +999,58 @@ cdef int _torch_init(object torch) except -1:
     _T_IS_CONTIGUOUS, _T_IS_NEG, _T_DATA_PTR = [descriptor(n) for n in ("is_contiguous", "is_neg", "data_ptr")]
     _torch_strided = torch.strided
     _TORCH_CODES = _buffers._TORCH_TYPES if _buffers._TORCH_TYPES is not None else _buffers._torch_table(torch)
+    for code in range(16):
+        for size in range(9):
+            _DL_CODES[code][size] = -1
+    for (code, bits), nccl in _buffers._DLPACK_TYPES.items():
+        _DL_CODES[code][bits // 8] = nccl
+    capsule = getattr(torch.Tensor, "__dlpack_c_exchange_api__", None)
+    if capsule is not None and PyCapsule_IsValid(capsule, b"dlpack_exchange_api"):
+        api = <pycoll_dl_api*>PyCapsule_GetPointer(capsule, b"dlpack_exchange_api")
+        if api.version.major == 1 and api.version.minor >= 2:  # the table's layout since DLPack 1.2
+            _torch_api_capsule = capsule
+            _torch_view = _torch_view_found = api.dltensor_from_py_object_no_sync
     return 0
+
+
+def torch_dlpack_view(on=None):
+    """Whether CPU torch tensors are described through torch's DLPack C exchange API (``__dlpack_c_exchange_api__``,
+    torch 2.10 and later: one C call fills the data pointer, dtype, device, shape and strides) rather than through
+    the tensor's attributes (about a dozen calls into torch), both in compiled code and giving the same Buffer.
+    ``on``: switch it (it can only be on where torch offers the API; for comparisons); returns the setting."""
+    global _torch_view
+    torch = sys.modules.get("torch")
+    if _TORCH_CODES is None and torch is not None and _buffers._torch_tensor_type(torch) != ():
+        _torch_init(torch)
+    if on is not None:
+        _torch_view = _torch_view_found if on else NULL
+    return _torch_view != NULL
+
+
+cdef object _torch_viewed_buffer(object t, object name):
+    """An exact CPU ``torch.Tensor`` described from the DLTensor torch fills for it (``_torch_view``): a Buffer when it
+    is dense, C-contiguous, of an NCCL dtype, not empty and without torch's negative bit (which a DLTensor does not
+    carry); else None: the attributes decide."""
+    cdef pycoll_dl_tensor d
+    cdef Py_ssize_t count = 1, expected = 1
+    cdef int i, code
+    if pycoll_dl_view(_torch_view, t, &d) != 0:
+        PyErr_Clear()  # torch has no DLTensor for it (sparse, meta, quantized, ...): the attributes say why
+        return None
+    if d.device.device_type != _DL_CPU or d.dtype.lanes != 1 or d.dtype.code >= 16 or d.dtype.bits > 64:
+        return None
+    code = _DL_CODES[d.dtype.code][d.dtype.bits // 8] if d.dtype.bits % 8 == 0 else -1
+    if code < 0:
+        return None
+    for i in range(d.ndim - 1, -1, -1):  # C order: torch's is_contiguous() (a dimension of one has any stride)
+        if d.shape[i] != 1 and d.strides != NULL and d.strides[i] != expected:
+            return None
+        expected *= d.shape[i]
+    count = expected
+    if count == 0 or pycoll_descr_call(_T_IS_NEG, t):
+        return None
+    return pycoll_buffer(Buffer, <uintptr_t>d.data + d.byte_offset, count * _ITEMSIZES[code], count, code,
+                         <object>_NAMES[code], pycoll_shape(d.ndim, d.shape), _CPU, 0, False, t, "torch", None, name)
 
 
 cdef object _torch_cpu_buffer(object t, object name):
@@ -960,6 +1059,10 @@ cdef object _torch_cpu_buffer(object t, object name):
     cdef Py_ssize_t count = 1
     if _TORCH_CODES is None:
         _torch_init(sys.modules["torch"])
+    if _torch_view != NULL:
+        b = _torch_viewed_buffer(t, name)
+        if b is not None:
+            return b
     code = _TORCH_CODES.get(pycoll_descr_get(_T_DTYPE, t))
     if (code is None or pycoll_descr_get(_T_LAYOUT, t) is not _torch_strided or not pycoll_descr_get(_T_IS_CPU, t)
             or not pycoll_descr_call(_T_IS_CONTIGUOUS, t) or pycoll_descr_call(_T_IS_NEG, t)):

@@ -269,18 +269,25 @@ def _nested():
         return torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)])
 
 
-def test_the_compiled_path_describes_torch_and_numpy_as_as_buffer_does():
+@pytest.mark.parametrize("view", [True, False], ids=["dlpack-view", "attributes"])
+def test_the_compiled_path_describes_torch_and_numpy_as_as_buffer_does(view):
     """A Communicator describes its arrays in compiled code (pycoll._core), with fast paths for numpy arrays
-    and CPU torch tensors: the same Buffer fields as as_buffer, and the same errors for what they do not take."""
+    and CPU torch tensors (through torch's DLPack C exchange API, or through the tensor's attributes): the same
+    Buffer fields as as_buffer, and the same errors for what they do not take."""
     import pycoll
     from pycoll import _core
 
     comm = pycoll.init(0, 1, backend="host", unique_id=pycoll.get_unique_id(backend="host"))
+    assert _core.torch_dlpack_view() == hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
+    if view and not _core.torch_dlpack_view():
+        pytest.skip("this torch has no DLPack C exchange API (torch 2.10 and later)")
+    before = _core.torch_dlpack_view(view)
     try:
         base = torch.arange(60, dtype=torch.float32).reshape(6, 10)
         arrays = [torch.zeros((2, 3), dtype=d) for d, _ in TORCH_CASES] + [
-            base[2], base[2:4], torch.as_strided(base, (1, 10), (777, 1)), torch.zeros(0, 5), torch.tensor(3.0),
-            torch.nn.Parameter(torch.zeros(4)), np.arange(6, dtype=np.float64).reshape(2, 3), np.zeros(0, np.int8)]
+            base[2], base[2:4], base[2:3, 4:5], torch.as_strided(base, (1, 10), (777, 1)), torch.zeros(0, 5),
+            torch.tensor(3.0), torch.zeros(4, requires_grad=True), torch.nn.Parameter(torch.zeros(4)),
+            torch.ones(3).expand(1, 3), np.arange(6, dtype=np.float64).reshape(2, 3), np.zeros(0, np.int8)]
         for x in arrays:
             for _ in range(2):  # the first call may take the general path (it learns the tensor type)
                 got = _core.buf(comm, x, 0, writable=True, name="t")
@@ -289,7 +296,11 @@ def test_the_compiled_path_describes_torch_and_numpy_as_as_buffer_does():
         bad = [(base.T, ValueError, "not C-contiguous"), (torch.zeros(3, dtype=torch.bool), TypeError, "not supported"),
                (torch._neg_view(torch.ones(4)), ValueError, "negative bit"),
                (torch.zeros(4, 4).to_sparse(), TypeError, "layout"), (_nested(), TypeError, "nested tensor"),
-               (torch.empty(4, device="meta"), ValueError, "device meta")]
+               (torch.empty(4, device="meta"), ValueError, "device meta"),
+               (torch._neg_view(torch.ones(1)), ValueError, "negative bit"),  # one element: contiguous
+               (torch.ones(3).expand(2, 3), ValueError, "not C-contiguous"),  # a stride of 0
+               (torch.zeros(2, dtype=torch.uint16), TypeError, "not supported"),
+               (torch.zeros(2, dtype=torch.complex64), TypeError, "not supported")]
         for x, exc, text in bad:
             with pytest.raises(exc, match=text):
                 _core.buf(comm, x, 0, writable=True, name="t")
@@ -297,6 +308,7 @@ def test_the_compiled_path_describes_torch_and_numpy_as_as_buffer_does():
                 comm.all_reduce(x)
         assert comm.state == "active"
     finally:
+        _core.torch_dlpack_view(before)
         comm.destroy()
 
 
