@@ -1028,14 +1028,14 @@ def torch_dlpack_view(on=None):
 
 
 cdef object _torch_viewed_buffer(object t, object name):
-    """An exact CPU ``torch.Tensor`` described from the DLTensor torch fills for it (``_torch_view``): a Buffer when it
-    is dense, C-contiguous, of an NCCL dtype, not empty and without torch's negative bit (which a DLTensor does not
-    carry); else None: the attributes decide."""
+    """An exact ``torch.Tensor`` described from the DLTensor torch fills for it (``_torch_view``): a Buffer when it is
+    on the CPU, dense, C-contiguous, of an NCCL dtype and without torch's negative bit (which a DLTensor does not
+    carry); else None: the general path decides (and raises what it must)."""
     cdef pycoll_dl_tensor d
     cdef Py_ssize_t count = 1, expected = 1
     cdef int i, code
     if pycoll_dl_view(_torch_view, t, &d) != 0:
-        PyErr_Clear()  # torch has no DLTensor for it (sparse, meta, quantized, ...): the attributes say why
+        PyErr_Clear()  # torch has no DLTensor for it (sparse, meta, quantized, ...): the general path says why
         return None
     if d.device.device_type != _DL_CPU or d.dtype.lanes != 1 or d.dtype.code >= 16 or d.dtype.bits > 64:
         return None
@@ -1047,7 +1047,9 @@ cdef object _torch_viewed_buffer(object t, object name):
             return None
         expected *= d.shape[i]
     count = expected
-    if count == 0 or pycoll_descr_call(_T_IS_NEG, t):
+    if count == 0:  # the DLTensor of an empty tensor need not point where its data_ptr() does
+        return _torch_attr_buffer(t, name)
+    if pycoll_descr_call(_T_IS_NEG, t):
         return None
     return pycoll_buffer(Buffer, <uintptr_t>d.data + d.byte_offset, count * _ITEMSIZES[code], count, code,
                          <object>_NAMES[code], pycoll_shape(d.ndim, d.shape), _CPU, 0, False, t, "torch", None, name)
@@ -1056,13 +1058,16 @@ cdef object _torch_viewed_buffer(object t, object name):
 cdef object _torch_cpu_buffer(object t, object name):
     """A dense, C-contiguous CPU torch tensor (exactly ``torch.Tensor``) of an NCCL dtype as a Buffer (the fields
     ``buffers.as_buffer`` gives it), or None: the general path decides (and raises what it must)."""
-    cdef Py_ssize_t count = 1
     if _TORCH_CODES is None:
         _torch_init(sys.modules["torch"])
     if _torch_view != NULL:
-        b = _torch_viewed_buffer(t, name)
-        if b is not None:
-            return b
+        return _torch_viewed_buffer(t, name)
+    return _torch_attr_buffer(t, name)
+
+
+cdef object _torch_attr_buffer(object t, object name):
+    """``_torch_cpu_buffer`` read from the tensor's attributes."""
+    cdef Py_ssize_t count = 1
     code = _TORCH_CODES.get(pycoll_descr_get(_T_DTYPE, t))
     if (code is None or pycoll_descr_get(_T_LAYOUT, t) is not _torch_strided or not pycoll_descr_get(_T_IS_CPU, t)
             or not pycoll_descr_call(_T_IS_CONTIGUOUS, t) or pycoll_descr_call(_T_IS_NEG, t)):
