@@ -45,7 +45,7 @@ import sys
 import tempfile
 import time
 from datetime import datetime, timezone
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -275,8 +275,8 @@ def breakdown(a: argparse.Namespace) -> Dict[str, float]:
     """Where the time of one blocking ``Communicator.all_reduce`` (8 B, 1 rank, defaults: watchdog and flight
     recorder with stacks on) goes, read on the path itself: the compiled operations' stage clock
     (``pycoll._core.stage_clock``) reads the monotonic clock where each stage ends, in the calling thread
-    only. ``--batches`` batches of ``--batch`` calls, alternately with the clock off and on; each figure is
-    the median over batches of ns per call. Each stage includes one clock read: "clock reads" is what the
+    only. ``--batches`` batches of ``--batch`` calls, alternately with the clock off and on, the array kinds
+    interleaved batch by batch; each figure is the median over batches of ns per call. Each stage includes one clock read: "clock reads" is what the
     clock added to the whole call (on minus off). "outside the stages" is the rest of the call with the
     clock on: the Python call of the method and its return, the Work's release by the caller. CPU torch
     tensors are described both ways the compiled path can (torch's DLPack C exchange API where this torch has
@@ -309,26 +309,33 @@ def breakdown(a: argparse.Namespace) -> Dict[str, float]:
             fn()
         return (clock() - t0) / a.batch
 
-    try:
-        for kind, x, y, view in arrays:
-            def call(x: Any = x, y: Any = y) -> Any:
-                return comm.all_reduce(x, y)
+    def call_with(x: Any, y: Any) -> Callable[[], Any]:
+        return lambda: comm.all_reduce(x, y)
 
+    calls = {kind: call_with(x, y) for kind, x, y, _ in arrays}
+    off: Dict[str, List[float]] = {kind: [] for kind in calls}
+    on: Dict[str, List[float]] = {kind: [] for kind in calls}
+    stages: Dict[str, List[Dict[str, float]]] = {kind: [] for kind in calls}
+    try:
+        for kind, _, _, view in arrays:
             if view is not None:
                 _core.torch_dlpack_view(view)
             for _ in range(a.warmup):
-                call()
-            off, on, stages = [], [], []
-            for _ in range(a.batches):
-                off.append(batch(call))
+                calls[kind]()
+        for _ in range(a.batches):  # the variants interleaved, batch by batch: the machine's drift hits them alike
+            for kind, _, _, view in arrays:
+                if view is not None:
+                    _core.torch_dlpack_view(view)
+                off[kind].append(batch(calls[kind]))
                 _core.stage_clock(True)
-                on.append(batch(call))
+                on[kind].append(batch(calls[kind]))
                 counted = _core.stage_clock(False)
                 ops = counted.pop("operations")
-                stages.append({k: v / ops for k, v in counted.items()})
-            out[f"total: comm.all_reduce({kind}), clock off"] = float(np.median(off))
-            total_on = float(np.median(on))
-            parts = {k: float(np.median([st[k] for st in stages])) for k in _core.STAGES}
+                stages[kind].append({k: v / ops for k, v in counted.items()})
+        for kind in calls:
+            out[f"total: comm.all_reduce({kind}), clock off"] = float(np.median(off[kind]))
+            total_on = float(np.median(on[kind]))
+            parts = {k: float(np.median([st[k] for st in stages[kind]])) for k in _core.STAGES}
             if kind == "numpy":
                 for k, v in parts.items():
                     out[k] = v
