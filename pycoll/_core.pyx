@@ -1016,7 +1016,7 @@ cdef int _torch_init(object torch) except -1:
 def torch_dlpack_view(on=None):
     """Whether CPU torch tensors are described through torch's DLPack C exchange API (``__dlpack_c_exchange_api__``,
     torch 2.10 and later: one C call fills the data pointer, dtype, device, shape and strides) rather than through
-    the tensor's attributes (about a dozen calls into torch), both in compiled code and giving the same Buffer.
+    the tensor's attributes (seven calls into torch), both in compiled code and giving the same Buffer.
     ``on``: switch it (it can only be on where torch offers the API; for comparisons); returns the setting."""
     global _torch_view
     torch = sys.modules.get("torch")
