@@ -276,12 +276,12 @@ def breakdown(a: argparse.Namespace) -> Dict[str, float]:
     recorder with stacks on) goes, read on the path itself: the compiled operations' stage clock
     (``pycoll._core.stage_clock``) reads the monotonic clock where each stage ends, in the calling thread
     only. ``--batches`` batches of ``--batch`` calls, alternately with the clock off and on, the array kinds
-    interleaved batch by batch; each figure is the median over batches of ns per call. Each stage includes one clock read: "clock reads" is what the
-    clock added to the whole call (on minus off). "outside the stages" is the rest of the call with the
-    clock on: the Python call of the method and its return, the Work's release by the caller. CPU torch
-    tensors are described both ways the compiled path can (torch's DLPack C exchange API where this torch has
-    it, the tensor's attributes: ``pycoll._core.torch_dlpack_view``). The bindings' call on the same arrays is
-    the reference."""
+    interleaved batch by batch; each figure is the median over batches of ns per call. Each stage includes
+    one clock read: "clock reads" is what the clock added to the whole call (on minus off). "outside the
+    stages" is the rest of the call with the clock on: the Python call of the method and its return, the
+    Work's release by the caller. CPU torch tensors are described both ways the compiled path can (torch's
+    DLPack C exchange API where this torch has it, the tensor's attributes:
+    ``pycoll._core.torch_dlpack_view``). The bindings' call on the same arrays is the reference."""
     import_pycoll()
     import pycoll
     from pycoll import _core
