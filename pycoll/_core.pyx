@@ -970,6 +970,7 @@ cdef extern from *:
     int pycoll_dl_view(pycoll_dl_view_fn fn, object obj, pycoll_dl_tensor* out)
 
 cdef object _torch_tensor = None  # torch.Tensor, once torch is imported
+cdef object _torch_parameter = None  # torch.nn.Parameter: a plain holder of a tensor (no torch function of its own)
 cdef dict _TORCH_CODES = None  # torch dtype -> ncclDataType_t
 cdef object _torch_strided = None
 # torch.Tensor's attributes the description reads, as the descriptors its C base class defines them with: read
@@ -1028,9 +1029,9 @@ def torch_dlpack_view(on=None):
 
 
 cdef object _torch_viewed_buffer(object t, object name):
-    """An exact ``torch.Tensor`` described from the DLTensor torch fills for it (``_torch_view``): a Buffer when it is
-    on the CPU, dense, C-contiguous, of an NCCL dtype and without torch's negative bit (which a DLTensor does not
-    carry); else None: the general path decides (and raises what it must)."""
+    """An exact ``torch.Tensor`` or ``nn.Parameter`` described from the DLTensor torch fills for it (``_torch_view``):
+    a Buffer when it is on the CPU, dense, C-contiguous, of an NCCL dtype and without torch's negative bit (which a
+    DLTensor does not carry); else None: the general path decides (and raises what it must)."""
     cdef pycoll_dl_tensor d
     cdef Py_ssize_t count = 1, expected = 1
     cdef int i, code
@@ -1056,8 +1057,8 @@ cdef object _torch_viewed_buffer(object t, object name):
 
 
 cdef object _torch_cpu_buffer(object t, object name):
-    """A dense, C-contiguous CPU torch tensor (exactly ``torch.Tensor``) of an NCCL dtype as a Buffer (the fields
-    ``buffers.as_buffer`` gives it), or None: the general path decides (and raises what it must)."""
+    """A dense, C-contiguous CPU torch tensor (exactly ``torch.Tensor`` or ``nn.Parameter``) of an NCCL dtype as a
+    Buffer (the fields ``buffers.as_buffer`` gives it), or None: the general path decides (and raises what it must)."""
     if _TORCH_CODES is None:
         _torch_init(sys.modules["torch"])
     if _torch_view != NULL:
@@ -1084,11 +1085,11 @@ cdef object _torch_attr_buffer(object t, object name):
 
 
 cdef object _describe(CommCore comm, object obj, object stream, bint writable, object name):
-    global _torch_tensor
+    global _torch_tensor, _torch_parameter
     tp = type(obj)
     if tp is _ndarray:
         b = _numpy_buffer(obj, writable, name)
-    elif tp is _torch_tensor:
+    elif tp is _torch_tensor or tp is _torch_parameter:
         b = _torch_cpu_buffer(obj, name)
     else:
         b = None
@@ -1096,6 +1097,7 @@ cdef object _describe(CommCore comm, object obj, object stream, bint writable, o
             torch = sys.modules.get("torch")
             if torch is not None and _buffers._torch_tensor_type(torch) != ():  # () while torch is imported
                 _torch_tensor = torch.Tensor
+                _torch_parameter = getattr(getattr(torch, "nn", None), "Parameter", None)
     if b is None:
         b = as_buffer(obj, writable=writable, stream=stream, name=name)
     backend = comm.backend

@@ -288,6 +288,7 @@ def test_the_compiled_path_describes_torch_and_numpy_as_as_buffer_does(view):
         arrays = [torch.zeros((2, 3), dtype=d) for d, _ in TORCH_CASES] + [
             base[2], base[2:4], base[2:3, 4:5], torch.as_strided(base, (1, 10), (777, 1)), torch.zeros(0, 5),
             torch.tensor(3.0), torch.zeros(4, requires_grad=True), torch.nn.Parameter(torch.zeros(4)),
+            torch.nn.Parameter(torch.zeros(3, dtype=torch.bfloat16), requires_grad=False),
             torch.ones(3).expand(1, 3), np.arange(6, dtype=np.float64).reshape(2, 3), np.zeros(0, np.int8)]
         for x in arrays:
             for _ in range(2):  # the first call may take the general path (it learns the tensor type)
@@ -301,7 +302,9 @@ def test_the_compiled_path_describes_torch_and_numpy_as_as_buffer_does(view):
                (torch._neg_view(torch.ones(1)), ValueError, "negative bit"),  # one element: contiguous
                (torch.ones(3).expand(2, 3), ValueError, "not C-contiguous"),  # a stride of 0
                (torch.zeros(2, dtype=torch.uint16), TypeError, "not supported"),
-               (torch.zeros(2, dtype=torch.complex64), TypeError, "not supported")]
+               (torch.zeros(2, dtype=torch.complex64), TypeError, "not supported"),
+               (torch.nn.Parameter(base.T), ValueError, "not C-contiguous"),
+               (torch.nn.Parameter(torch._neg_view(torch.ones(2))), ValueError, "negative bit")]
         for x, exc, text in bad:
             with pytest.raises(exc, match=text):
                 _core.buf(comm, x, 0, writable=True, name="t")

@@ -76,6 +76,13 @@ def _all_collectives(rank, n, uid, use_torch):
     bo = empty(k)
     c.broadcast(arr(np.full(k, float(rank))), root=0, output=bo)
     out["broadcast_oop"] = val(bo) == [0.0] * k
+    if use_torch:  # a model's weights, as a trainer sends them to its inference ranks (nn.Parameter, grad on)
+        import torch
+
+        weight = torch.nn.Parameter(torch.full((k,), float(rank)))
+        c.broadcast(weight, root=n - 1)
+        c.all_reduce(weight, op="max")
+        out["broadcast_parameter"] = weight.detach().numpy().tolist() == [float(n - 1)] * k
     # reduce
     r = arr(np.full(k, rank + 1.0))
     c.reduce(r, root=0)
