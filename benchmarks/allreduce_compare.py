@@ -109,52 +109,63 @@ def expected(nranks: int, count: int) -> np.ndarray:
 def run_sizes(rank: int, nranks: int, sizes: Sequence[int], scale: float,
               variants: Sequence[Tuple[str, Callable[[int], Tuple[Callable[[], Any], Callable[[], int]]]]],
               barrier: Callable[[], Any], gather: Callable[[np.ndarray], Optional[np.ndarray]],
-              batches: int = 0) -> Dict[str, list]:
+              batches: int = 0, rounds: int = 1) -> Dict[str, list]:
     """Time every variant at every size. ``variants``: (name, setup(count) -> (call, check)).
 
     ``check()`` fills the inputs with :func:`pattern`, runs once and returns this rank's number of
     wrong output elements. ``gather(a)`` returns every rank's ``a`` stacked on rank 0 (None elsewhere).
     With ``batches``, the calls are also timed back to back: ``batches`` batches of a tenth of the
     timed iterations each, one clock read per batch; ``loop_us`` is the median over batches of the
-    slowest rank's time per call.
+    slowest rank's time per call. With ``rounds`` > 1 the variants of a size are interleaved: all are set
+    up, checked and warmed first, then their timed iterations and batches run in ``rounds`` rounds, each
+    variant's share of a round in turn, so that the machine's drift during a run hits every variant alike
+    (with 1, each variant runs whole before the next is set up: one variant's buffers at a time).
     """
     out: Dict[str, list] = {name: [] for name, _ in variants}
     clock = time.perf_counter_ns
     for size in sizes:
         warm, iters = schedule(size, scale)
         count = max(1, size // 4)
-        for name, setup in variants:
-            call, check = setup(count)
-            wrong = check()
-            for _ in range(warm):
-                call()
-            barrier()
-            ts = np.empty(iters + 1 + batches)
-            for i in range(iters):
-                t0 = clock()
-                call()
-                ts[i] = clock() - t0
-            ts[iters] = wrong
-            per_batch = max(1, iters // 10)
-            if batches:
-                barrier()
-            for i in range(batches):
-                t0 = clock()
-                for _ in range(per_batch):
+        per_batch = max(1, iters // 10)
+        parts = max(1, min(rounds, iters, batches or iters))
+        for together in ([list(variants)] if parts > 1 else [[v] for v in variants]):
+            staged = []
+            for name, setup in together:
+                call, check = setup(count)
+                ts = np.empty(iters + 1 + batches)
+                ts[iters] = check()
+                for _ in range(warm):
                     call()
-                ts[iters + 1 + i] = (clock() - t0) / per_batch
-            table = gather(ts)
-            if table is not None:
-                per_iter = table[:, :iters].max(axis=0) / 1e3
-                med = float(np.median(per_iter))
-                alg = count * 4 / (med * 1e-6) / 1e9
-                out[name].append({
-                    "size": count * 4, "iters": iters, "time_us": med,
-                    "time_us_p90": float(np.percentile(per_iter, 90)),
-                    "algbw": alg, "busbw": alg * 2 * (nranks - 1) / nranks, "wrong": int(table[:, iters].sum()),
-                })
-                if batches:
-                    out[name][-1]["loop_us"] = float(np.median(table[:, iters + 1:].max(axis=0))) / 1e3
+                staged.append((name, call, ts))
+            for part in range(parts):
+                lo, hi = iters * part // parts, iters * (part + 1) // parts
+                blo, bhi = batches * part // parts, batches * (part + 1) // parts
+                for _, call, ts in staged:
+                    barrier()
+                    for i in range(lo, hi):
+                        t0 = clock()
+                        call()
+                        ts[i] = clock() - t0
+                    if bhi > blo:
+                        barrier()
+                    for i in range(blo, bhi):
+                        t0 = clock()
+                        for _ in range(per_batch):
+                            call()
+                        ts[iters + 1 + i] = (clock() - t0) / per_batch
+            for name, _, ts in staged:
+                table = gather(ts)
+                if table is not None:
+                    per_iter = table[:, :iters].max(axis=0) / 1e3
+                    med = float(np.median(per_iter))
+                    alg = count * 4 / (med * 1e-6) / 1e9
+                    out[name].append({
+                        "size": count * 4, "iters": iters, "time_us": med,
+                        "time_us_p90": float(np.percentile(per_iter, 90)),
+                        "algbw": alg, "busbw": alg * 2 * (nranks - 1) / nranks, "wrong": int(table[:, iters].sum()),
+                    })
+                    if batches:
+                        out[name][-1]["loop_us"] = float(np.median(table[:, iters + 1:].max(axis=0))) / 1e3
     return out
 
 

@@ -30,8 +30,11 @@ same calls in 10 batches of a tenth as many, one clock read per batch; each cell
 batches of the slowest rank's time per call -- what a loop of calls costs, where a rank that returns
 early can start the next call while a peer is still finishing (on more ranks than CPUs, a rank
 descheduled in one call no longer counts whole against that call). Each cell is then the median of
-the ``--repeat`` runs, which run the libraries interleaved (pycoll, Open MPI, pycoll, ...). Ratios
-above 1 mean pycoll is slower.
+the ``--repeat`` runs, which run the libraries interleaved (pycoll, Open MPI, pycoll, ...). Within a run
+the variants are interleaved too: all are checked and warmed first, then their iterations and batches
+run in 5 rounds, each variant's share of a round in turn, so that the machine's drift during a run
+lands on every row alike (the differences between rows -- torch against numpy, asynchronous against
+blocking -- are read from one run). Ratios above 1 mean pycoll is slower.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from _common import cache_line_round_trip, env_with_pycoll, import_pycoll, mpiex
 from allreduce_compare import _RESULT, _run, expected, pattern, run_sizes  # noqa: E402
 
 COUNT = 2  # float32 elements: 8 bytes
+ROUNDS = 5  # the variants' iterations run interleaved in this many rounds (run_sizes)
 VARIANTS = ["bindings", "all_reduce numpy", "all_reduce torch", "all_reduce async", "broadcast", "send/recv pair",
             "group of 4 all_reduce"]
 Setup = Callable[[int], Tuple[Callable[[], Any], Callable[[], int]]]
@@ -213,7 +217,7 @@ def _time_and_report(args: argparse.Namespace, barrier: Callable[[], Any],
                      gather: Callable[[np.ndarray], Optional[np.ndarray]], variants: Dict[str, Setup], label: str,
                      rank: int, n: int) -> None:
     chosen = [(v, variants[v]) for v in VARIANTS if v in variants]
-    rows = run_sizes(rank, n, [COUNT * 4], args.scale, chosen, barrier, gather, batches=10)
+    rows = run_sizes(rank, n, [COUNT * 4], args.scale, chosen, barrier, gather, batches=10, rounds=ROUNDS)
     if rank == 0:
         print(_RESULT + json.dumps({"label": label, "rows": {k: v[0] for k, v in rows.items()}}), flush=True)
 

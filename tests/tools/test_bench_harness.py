@@ -5,6 +5,7 @@ Tiny sizes and iteration counts: these tests look at what the harnesses produce,
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -99,3 +100,37 @@ def test_small_ops_runs_and_checks(tmp_path):
         assert rows[v]["wrong"] == 0 and rows[v]["time_us"] > 0 and rows[v]["loop_us"] > 0, (v, rows.get(v))
     md = (tmp_path / "s.md").read_text()
     assert md.count("| group of 4 all_reduce |") == 2 and "back to back" in md, md
+
+
+@pytest.mark.parametrize("rounds", [1, 4])
+def test_run_sizes_interleaves_the_variants_in_rounds(rounds, monkeypatch):
+    """run_sizes(rounds=k): every variant checked and warmed first, then its timed calls and batches in k shares,
+    the variants in turn; with 1 round each variant runs whole before the next is set up. Every iteration and
+    every batch is timed exactly once either way."""
+    monkeypatch.syspath_prepend(os.path.join(REPO, "benchmarks"))
+    from allreduce_compare import run_sizes, schedule
+
+    log = []
+
+    def variant(name, wrong):
+        def setup(count):
+            log.append((name, "setup"))
+            return (lambda: log.append((name, "call"))), (lambda: log.append((name, "check")) or wrong)
+        return setup
+
+    rows = run_sizes(0, 1, [8], 0.1, [("a", variant("a", 0)), ("b", variant("b", 3))], lambda: log.append("barrier"),
+                     lambda ts: ts[None, :], batches=10, rounds=rounds)
+    warm, iters = schedule(8, 0.1)
+    per_batch = max(1, iters // 10)
+    for name, wrong in (("a", 0), ("b", 3)):
+        assert log.count((name, "call")) == warm + iters + 10 * per_batch
+        (row,) = rows[name]
+        assert row["wrong"] == wrong and row["iters"] == iters and row["time_us"] >= 0 and row["loop_us"] >= 0
+    calls = [step[0] for step in log if step != "barrier" and step[1] == "call"]
+    switches = sum(1 for x, y in itertools.pairwise(calls) if x != y)
+    if rounds == 1:
+        assert log.index(("b", "setup")) > max(i for i, step in enumerate(log) if step == ("a", "call"))
+        assert switches == 1
+    else:
+        assert log.index(("b", "check")) < log.index("barrier")  # both set up and checked before any timing
+        assert switches == 1 + 2 * rounds  # a warmed, then b; then a and b in turn in every round
