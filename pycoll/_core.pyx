@@ -22,7 +22,7 @@ from cpython.exc cimport PyErr_CheckSignals, PyErr_Clear, PyErr_Fetch, PyErr_Res
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
 from cpython.pythread cimport PyThread_get_thread_ident
 from cpython.ref cimport Py_INCREF, Py_XDECREF, PyObject
-from libc.stdint cimport uintptr_t
+from libc.stdint cimport uint64_t, uintptr_t
 from libc.string cimport strncpy
 from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
 
@@ -402,9 +402,11 @@ cdef class Work:
         (``Work.timeout``) makes the communicator fail.
         """
         cdef double start, now, left, deadline = 0.0
-        if timeout is not None and timeout < 0:
+        cdef CommCore core
+        if timeout is not None and not timeout >= 0:  # NaN too
             raise ValueError(f"timeout must be >= 0 seconds, got {timeout}")
         comm = self.comm
+        core = comm
         start = _monotonic()
         bounded = timeout is not None
         if bounded:
@@ -417,7 +419,8 @@ cdef class Work:
                 raise self._exc
             if _final(self._state):
                 return
-            comm.refresh(self)
+            dev = core.device
+            _refresh(core, self, dev, _comm_lib(core))
             if _final(self._state) or self._exc is not None:
                 continue
             now = _monotonic()
@@ -443,7 +446,7 @@ cdef class Work:
             try:
                 # the host library's wait may run the operation here (the stream's thread had not begun it),
                 # no longer than ``left``: no thread handoff
-                comm.device.wait_event(end, left, True)
+                _wait_event(dev, _comm_lib(core), end, left)
             except Exception:  # released meanwhile (abort, destroy): the next round sees why
                 pass
 
@@ -525,6 +528,21 @@ cdef bint _query(object dev, Library lib, object event) except *:
         if r == _IN_PROGRESS:
             return False
     return bool(dev.query_event(event))
+
+
+cdef void _wait_event(object dev, Library lib, object event, double timeout) except *:
+    """Block until ``event`` completes or ``timeout`` seconds pass; the waiting thread may run the work queued before
+    it that the stream's thread has not begun (``Device.wait_event(.., run=True)``)."""
+    cdef int r
+    cdef uint64_t ns = <uint64_t>(timeout * 1e9) if timeout > 0 else 0
+    cdef pycollEvent_t ev
+    if lib is not None and lib.fn.pycollEventWaitRun != NULL:
+        ev = <pycollEvent_t><uintptr_t>event
+        with nogil:
+            r = lib.fn.pycollEventWaitRun(ev, ns)
+        if r == 0 or r == _IN_PROGRESS:
+            return
+    dev.wait_event(event, timeout, True)  # raises the error (or waits after all)
 
 
 cdef object _elapsed_ms(object dev, Library lib, object start, object end):

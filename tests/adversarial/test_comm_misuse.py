@@ -382,6 +382,20 @@ def test_premulsum_scalar_the_datatype_cannot_hold_is_refused():
         c.destroy()
 
 
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), -float("inf")], ids=["negative", "nan", "-inf"])
+def test_a_wait_with_a_bad_timeout_is_refused_and_the_operation_stays_waitable(bad):
+    c = pycoll.init(0, 1, backend="host")
+    try:
+        x = np.ones(4, np.float32)
+        w = c.all_reduce(x, async_op=True)
+        with pytest.raises(ValueError, match="timeout must be >= 0 seconds"):
+            w.wait(timeout=bad)
+        w.wait(timeout=10)
+        assert w.is_completed() and x.tolist() == [1.0] * 4
+    finally:
+        c.destroy()
+
+
 def _destroy_fails(rank, n, uid):
     c = _comm(rank, n, uid, timeout=2.0)
     if rank == 1:
