@@ -234,7 +234,7 @@ cdef class Lock:
         True if it was acquired."""
         if not blocking and timeout != -1:
             raise ValueError("can't specify a timeout for a non-blocking call")
-        if timeout < 0 and timeout != -1:
+        if not timeout >= 0 and timeout != -1:  # NaN too
             raise ValueError("timeout value must be a non-negative number")
         return self.take(0.0 if not blocking else (-1.0 if timeout == -1 else timeout))
 

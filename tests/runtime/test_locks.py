@@ -41,6 +41,10 @@ def test_bad_arguments_and_releasing_an_unheld_lock_raise(cls):
         lk.acquire(blocking=False, timeout=1)
     with pytest.raises(ValueError, match="non-negative"):
         lk.acquire(timeout=-2)
+    with pytest.raises(ValueError, match="non-negative"):
+        lk.acquire(timeout=float("nan"))
+    assert lk.acquire(timeout=0.01)  # still usable
+    lk.release()
 
 
 def test_rlock_is_reentrant_and_owned_by_its_thread():
