@@ -32,6 +32,7 @@ from pycoll._bindings.libnccl cimport (
 )
 
 import logging
+import numbers
 import sys
 import time
 
@@ -403,8 +404,11 @@ cdef class Work:
         """
         cdef double start, now, left, deadline = 0.0
         cdef CommCore core
-        if timeout is not None and not timeout >= 0:  # NaN too
-            raise ValueError(f"timeout must be >= 0 seconds, got {timeout}")
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+                raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
+            if not timeout >= 0:  # NaN too
+                raise ValueError(f"timeout must be >= 0 seconds, got {timeout}")
         comm = self.comm
         core = comm
         start = _monotonic()

@@ -382,13 +382,16 @@ def test_premulsum_scalar_the_datatype_cannot_hold_is_refused():
         c.destroy()
 
 
-@pytest.mark.parametrize("bad", [-1.0, float("nan"), -float("inf")], ids=["negative", "nan", "-inf"])
-def test_a_wait_with_a_bad_timeout_is_refused_and_the_operation_stays_waitable(bad):
+@pytest.mark.parametrize("bad, exc, text", [
+    (-1.0, ValueError, ">= 0 seconds"), (float("nan"), ValueError, ">= 0 seconds"),
+    (-float("inf"), ValueError, ">= 0 seconds"), ("1", TypeError, "a number of seconds, got str"),
+    (True, TypeError, "a number of seconds, got bool")], ids=["negative", "nan", "-inf", "str", "bool"])
+def test_a_wait_with_a_bad_timeout_is_refused_and_the_operation_stays_waitable(bad, exc, text):
     c = pycoll.init(0, 1, backend="host")
     try:
         x = np.ones(4, np.float32)
         w = c.all_reduce(x, async_op=True)
-        with pytest.raises(ValueError, match="timeout must be >= 0 seconds"):
+        with pytest.raises(exc, match=f"timeout must be {text}"):
             w.wait(timeout=bad)
         w.wait(timeout=10)
         assert w.is_completed() and x.tolist() == [1.0] * 4
