@@ -107,7 +107,7 @@ def test_run_sizes_interleaves_the_variants_in_rounds(rounds, monkeypatch):
     """run_sizes(rounds=k): every variant checked and warmed first, then its timed calls and batches in k shares,
     the variants in turn; with 1 round each variant runs whole before the next is set up. Every iteration and
     every batch is timed exactly once either way."""
-    monkeypatch.syspath_prepend(os.path.join(REPO, "benchmarks"))
+    monkeypatch.setattr(sys, "path", [os.path.join(REPO, "benchmarks"), *sys.path])  # undone after the test
     from allreduce_compare import run_sizes, schedule
 
     log = []
