@@ -404,6 +404,7 @@ cdef class Work:
         """
         cdef double start, now, left, deadline = 0.0
         cdef CommCore core
+        cdef Library lib
         if timeout is not None:
             if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
                 raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
@@ -424,7 +425,8 @@ cdef class Work:
             if _final(self._state):
                 return
             dev = core.device
-            _refresh(core, self, dev, _comm_lib(core))
+            lib = _comm_lib(core)
+            _refresh(core, self, dev, lib)
             if _final(self._state) or self._exc is not None:
                 continue
             now = _monotonic()
@@ -450,7 +452,7 @@ cdef class Work:
             try:
                 # the host library's wait may run the operation here (the stream's thread had not begun it),
                 # no longer than ``left``: no thread handoff
-                _wait_event(dev, _comm_lib(core), end, left)
+                _wait_event(dev, lib, end, left)
             except Exception:  # released meanwhile (abort, destroy): the next round sees why
                 pass
 
