@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import gc
 import os
 import shutil
 import tempfile
@@ -35,9 +34,6 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
-    # communicators that tests closed but left in a reference cycle (e.g. with the failure they raised) are freed
-    # now, not found alive by pycoll's exit handler, which would dump their recorder once more
-    gc.collect()
     folder = getattr(config, "_pycoll_fr_dir", None)
     if folder:
         shutil.rmtree(folder, ignore_errors=True)
