@@ -8,17 +8,26 @@ current communicator is its index in :attr:`ElasticGroup.members`.
 A loop looks like this::
 
     group = pycoll.ElasticGroup.from_env()          # under pycoll-run --keep-going
-    if group.joined:                                # a replacement: receive the state
-        send_state(group.comm)
-    for step in range(steps):
+    step, sync = 0, group.joined                    # a replacement first receives the state
+    while step < steps or sync:
         try:
+            if sync:                                # rank 0's model and step (after a reshape too)
+                step, sync = send_state(group.comm, params, step), False
+                continue
             grads = compute(...)
             group.comm.all_reduce(grads)
+            prev = params.copy(); update(params, grads)
+            group.commit(step)                      # this member completed the step
+            step += 1
+            if group.maybe_grow():                  # a step boundary: admit replacements
+                send_state(group.comm, params, step)
         except pycoll.CommFailure:
-            group.reshape()                         # survivors agree and shrink; the step is redone
-            continue
-        if group.maybe_grow():                      # a step boundary: admit replacements
-            send_state(group.comm)
+            mine = group.last_committed
+            group.reshape()                         # survivors agree on the members and on the last step
+            agreed = -1 if group.last_committed is None else group.last_committed
+            if mine is not None and mine > agreed:  # its collective completed where another's failed
+                params = prev
+            step, sync = agreed + 1, True           # the step is redone on the new communicator
 
 **Reshape.** A member that sees a communicator failure calls :meth:`ElasticGroup.reshape`. It raises
 the generation's reshape flag in the store; every member's watcher thread sees it, vouches that its
@@ -31,6 +40,13 @@ survivors end with the same member list and generation (a live member left out r
 :class:`Excluded`). Then ``ncclCommShrink(NCCL_SHRINK_ABORT)`` builds the new communicator where the
 library has it (else a fresh init with a new unique id); the parent is released with abort. A
 failure during the reshape starts another round with a fresh init.
+
+**One outcome per step.** A collective can complete on some members and fail on others (a member that dies
+right after the data moved; a communicator error read after the operation ended). :meth:`ElasticGroup.commit`
+records each step a member completed, and the reshape's agreement includes the last step every survivor
+completed (:attr:`ElasticGroup.last_committed`): a member one step ahead takes that step back, and every
+survivor goes on from the same step. A loop that only redoes its failed step can leave the members a step
+apart, mixing two steps' gradients and, at the end, calling different collectives.
 
 **Grow.** A new process (``pycoll-run --replace-failed``, or any process constructed with
 ``joiner=True``) asks to join and waits. At each :meth:`maybe_grow` call -- a step boundary every

@@ -8,7 +8,7 @@ watchdog reports it and every survivor dumps its flight recorder; the survivors 
 gone and shrink the communicator; rank 0 runs the flight-recorder analyzer on the dumps, which names
 the lost rank. The launcher starts a replacement process, which joins at a step boundary (the
 job grows back to 4 ranks) and receives the model from rank 0. At the end every rank checks that
-all ranks hold identical parameters, and rank 0 prints the recovery timeline. With ``--trace
+all ranks hold identical parameters at the same step, and rank 0 prints the recovery timeline. With ``--trace
 OUT.json`` every rank also dumps the generations it has not dumped yet at the end, and the demo
 writes the whole run (every rank, generation and recovery phase) as a Chrome trace-event file that
 Perfetto opens (:mod:`pycoll.diagnostics.trace`).
@@ -90,6 +90,17 @@ def _sync_state(group: ElasticGroup, params: np.ndarray, step: int) -> int:
     return int(state[-1])
 
 
+def _resume(group: ElasticGroup, mine: Optional[int], params: np.ndarray, before: np.ndarray) -> int:
+    """After a reshape: the step to go on from. The survivors agreed on the last step every one of them completed
+    (``group.last_committed``); a member whose all_reduce of the next step completed where another survivor's
+    failed (``mine``, what it had committed, is one more) takes that step back: ``params`` become ``before``."""
+    agreed = -1 if group.last_committed is None else group.last_committed
+    if mine is not None and mine > agreed:
+        params[:] = before
+        print(f"slot {group.slot}: step {mine} completed here but not on every survivor: taken back", flush=True)
+    return agreed + 1
+
+
 def _worker(args: argparse.Namespace) -> int:
     import numpy as np
 
@@ -101,40 +112,51 @@ def _worker(args: argparse.Namespace) -> int:
     group = ElasticGroup.from_env(backend="host", timeout=args.timeout, name="demo")
     x, y = _shard(group.slot, true_w)
     params = np.zeros(_DIM)
+    before = params.copy()  # the parameters before the last step (a member may have to take that step back)
     step = 0
-    if group.joined:
-        step = _sync_state(group, params, step)
-        print(f"replacement for slot {group.slot} joined as rank {group.rank} of generation "
-              f"{group.generation} ({group.size} ranks) at step {step}", flush=True)
-    elif group.rank == 0:
+    if group.rank == 0 and not group.joined:
         print(f"{group.size} ranks training a {_DIM}-parameter model (data parallel, all_reduce avg), "
               f"{args.steps} steps", flush=True)
     replaced = os.environ.get("PYCOLL_REPLACEMENT", "0") != "0"
     failed: Set[int] = set()  # generations whose communicator failed under this process
-    while step < args.steps:
+    sync = joining = group.joined  # a replacement first receives the model and the step from rank 0
+    while step < args.steps or sync:
         if step == args.kill_step and group.slot == args.kill_rank and not replaced:
             print(f"slot {group.slot}: killing myself with SIGKILL at step {step}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
-        grad = x.T @ (x @ params - y) / len(y)
         try:
+            if sync:  # a replacement, or every member after a reshape: rank 0's model and step
+                step, sync = _sync_state(group, params, step), False
+                if joining:
+                    print(f"replacement for slot {group.slot} joined as rank {group.rank} of generation "
+                          f"{group.generation} ({group.size} ranks) at step {step}", flush=True)
+                    joining = False
+                continue
+            grad = x.T @ (x @ params - y) / len(y)
             group.comm.all_reduce(grad, op="avg")
-        except pycoll.CommFailure as exc:
+            before[:] = params
+            params -= args.lr * grad
+            group.commit(step)  # this member completed the step
+            step += 1
+            if group.maybe_grow():  # a step boundary: admit a replacement, send it the model
+                _say(group, f"step {step}: grew: {group.transitions[-1].describe()}")
+                _sync_state(group, params, step)
+        except pycoll.CommFailure as exc:  # in the all_reduce, in maybe_grow() or in a sync
             if group.rank == 0:
                 print(f"step {step}: collective failed: {type(exc).__name__}: {exc}", flush=True)
-            before = group.generation
-            failed.add(before)
+            generation = group.generation
+            failed.add(generation)
+            mine = group.last_committed
             group.reshape()
             _say(group, f"step {step}: reshaped: {group.transitions[-1].describe()}")
+            # one outcome per step: every survivor goes on after the last step all of them completed (a
+            # replacement among them may not have the model yet: rank 0 sends it first)
+            step, sync = _resume(group, mine, params, before), True
             # the failure's dumps wait until the recovery is over; the analyzer wants them now
             pycoll.diagnostics.get_watchdog().wait_for_dumps()
             if group.rank == 0:
-                _analyze(group, args.dump_dir, before)
+                _analyze(group, args.dump_dir, generation)
             continue  # redo the step on the smaller communicator
-        params -= args.lr * grad
-        step += 1
-        if group.maybe_grow():
-            _say(group, f"step {step}: grew: {group.transitions[-1].describe()}")
-            _sync_state(group, params, step)
         if step % 10 == 0:
             loss = float(np.mean((x @ params - y) ** 2))
             _say(group, f"step {step}: {group.size} ranks, generation {group.generation}, local loss {loss:.5f}")
@@ -148,7 +170,7 @@ def _worker(args: argparse.Namespace) -> int:
             _sync_state(group, params, step)
         else:
             time.sleep(0.05)
-    hi, lo = params.copy(), params.copy()
+    hi, lo = np.append(params, step), np.append(params, step)  # the parameters and the step
     group.comm.all_reduce(hi, op="max")
     group.comm.all_reduce(lo, op="min")
     identical = bool(np.array_equal(hi, lo))

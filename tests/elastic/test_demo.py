@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -30,6 +31,23 @@ def test_demo_survives_a_killed_rank_and_grows_back(tmp_path):
     assert "PASS: 4 ranks (slots [0, 1, 3, 2]) hold identical parameters after 40 steps" in out
     dumps = sorted(os.listdir(tmp_path / "generation_0"))
     assert dumps == ["pycoll_trace_rank_0", "pycoll_trace_rank_1", "pycoll_trace_rank_3"]
+
+
+@pytest.mark.timeout(120)
+def test_demo_takes_back_a_step_that_completed_on_some_ranks_only(tmp_path):
+    """Slot 1's 11th collective (the all_reduce of step 5) fails after the data moved: the other ranks completed
+    it and applied it. All four reshape (nobody died) and agree that step 4 is the last one all of them completed:
+    the other three take step 5 back, and every rank ends at the same step with the same parameters. (Before, a
+    rank whose collective completed went on one step ahead of one whose collective failed.)"""
+    p = _run(["-m", "pycoll.demo", "--steps", "30", "--kill-step", "20", "--dump-dir", str(tmp_path)],
+             PYCOLL_FAILPOINTS="host.coll.done=raise@11;rank=1")
+    out = p.stdout
+    assert p.returncode == 0, out + p.stderr
+    taken = re.findall(r"slot (\d): step (\d+) completed here but not on every survivor: taken back", out)
+    assert sorted(taken) == [("0", "5"), ("2", "5"), ("3", "5")], out
+    assert "generation 1 (reinit): members [0, 1, 2, 3] -> [0, 1, 2, 3]" in out
+    assert "generation 2 (shrink): members [0, 1, 2, 3] -> [0, 1, 3]" in out
+    assert "PASS: 4 ranks (slots [0, 1, 3, 2]) hold identical parameters after 30 steps" in out
 
 
 @pytest.mark.timeout(120)

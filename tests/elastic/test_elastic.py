@@ -31,10 +31,12 @@ def _store(addr):
 def _train(group: ElasticGroup, steps: int, die_at: dict, stop_at: dict, log: list) -> np.ndarray:
     """A data-parallel 'training' loop: every step all-reduces a gradient that depends on the step.
 
-    Parameters stay identical on every member whatever the membership, because the update uses the
-    average gradient and every member redoes a step that failed.
+    Parameters stay identical on every member whatever the membership: the update uses the average
+    gradient, every member commits each step it completed, and after a reshape every survivor goes on
+    after the last step all of them completed (a member whose collective completed where another's
+    failed takes that step back).
     """
-    params = np.zeros(16, np.float64)
+    params, before = np.zeros(16, np.float64), np.zeros(16, np.float64)
     step = 0
     while step < steps:
         if die_at.get(group.slot) == step:
@@ -45,10 +47,17 @@ def _train(group: ElasticGroup, steps: int, die_at: dict, stop_at: dict, log: li
         try:
             group.comm.all_reduce(grad, op="avg")
         except pycoll.CommFailure:
+            mine = group.last_committed
             group.reshape()
+            agreed = -1 if group.last_committed is None else group.last_committed
+            if mine is not None and mine > agreed:
+                params[:] = before
+            step = agreed + 1
             log.append((step, group.generation, group.members))
             continue
+        before[:] = params
         params -= 0.01 * grad
+        group.commit(step)
         step += 1
     return params
 

@@ -345,8 +345,10 @@ def _elastic(rank, n, addr, spec, die_at_step):
             try:
                 group.comm.all_reduce(grad)
             except pycoll.CommFailure:
-                group.reshape()
+                group.reshape()  # go on after the last step every survivor completed (one outcome per step)
+                step = 0 if group.last_committed is None else group.last_committed + 1
                 continue
+            group.commit(step)
             step += 1
     except Excluded:
         return "excluded"
