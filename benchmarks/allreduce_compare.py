@@ -407,8 +407,15 @@ def _run(cmd: List[str], env: Dict[str, str], timeout: float, what: str) -> Dict
     for line in res.stdout.splitlines():
         if line.startswith(_RESULT):
             return json.loads(line[len(_RESULT):])
-    tail = (res.stderr or res.stdout).strip().splitlines()[-5:]
-    return {"error": f"{what} failed (exit {res.returncode}): " + " | ".join(tail)}
+    return {"error": f"{what} failed (exit {res.returncode}): " + _what_it_said(res.stderr or res.stdout)}
+
+
+def _what_it_said(text: str, lines: int = 25) -> str:
+    """The end of a failed run's output, one line: a rank's traceback, where there is one, from its start (a
+    launcher such as mpiexec prints its own banner after the ranks' output), else the last ``lines`` lines."""
+    out = [ln for ln in text.strip().splitlines() if ln.strip()]
+    start = max((i for i, ln in enumerate(out) if ln.startswith("Traceback")), default=max(0, len(out) - lines))
+    return " | ".join(out[start:start + lines])
 
 
 def _free_port() -> int:

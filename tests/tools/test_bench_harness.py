@@ -134,3 +134,18 @@ def test_run_sizes_interleaves_the_variants_in_rounds(rounds, monkeypatch):
     else:
         assert log.index(("b", "check")) < log.index("barrier")  # both set up and checked before any timing
         assert switches == 1 + 2 * rounds  # a warmed, then b; then a and b in turn in every round
+
+
+def test_a_failed_run_reports_the_ranks_traceback_before_the_launchers_banner(monkeypatch):
+    """mpiexec prints its banner after the ranks' output: the error keeps the rank's traceback, not only the
+    banner's last lines."""
+    monkeypatch.setattr(sys, "path", [os.path.join(REPO, "benchmarks"), *sys.path])
+    from allreduce_compare import _what_it_said
+
+    banner = ["-" * 20, "prterun detected that one or more processes exited with non-zero status,",
+              "thus causing the job to be terminated. The first process to do so was:", "",
+              "   Process name: [prterun-host-1@1,1]", "   Exit code:    1", "-" * 20]
+    said = _what_it_said("\n".join(["startup noise", "Traceback (most recent call last):", '  File "w.py", line 3',
+                                    "OSError: no such device", *banner]))
+    assert said.startswith("Traceback (most recent call last): | ") and "OSError: no such device" in said
+    assert _what_it_said("\n".join(f"line {i}" for i in range(40)), lines=3) == "line 37 | line 38 | line 39"
