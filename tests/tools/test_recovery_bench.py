@@ -9,12 +9,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
-from helpers import REPO
+from helpers import REPO, mpi_ready
 
 import pycoll
 
@@ -84,13 +83,8 @@ def test_pycoll_kill_and_stop_one_trial_each(tmp_path):
     assert "| total |" in md.read_text()
 
 
-def _mpi_ready():
-    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    return mpiexec is not None and importlib.util.find_spec("mpi4py") is not None
-
-
 @pytest.mark.timeout(120)
-@pytest.mark.skipif(not _mpi_ready(), reason="needs mpi4py and Open MPI's mpiexec")
+@pytest.mark.skipif(not mpi_ready(), reason="needs mpi4py and Open MPI's mpiexec")
 def test_mpi_ulfm_kill_one_trial(tmp_path):
     out = tmp_path / "m.json"
     res = _run(["--cases", "mpi-kill", "--trials", "1", "--warmup", "50", "--victim", "1", "--trial-timeout", "40",
