@@ -262,13 +262,22 @@ def test_ctrl_c_raises_within_100_ms_and_fails_the_communicator(policy):
 # -- finding 7: abort or revoke from another thread ---------------------------------------------------
 
 
-def _aborted_meanwhile(rank, n, uid, how, failpoint=None):
-    """Rank 0's blocking all_reduce waits for rank 1 (which never calls it) while another thread aborts or
-    revokes; returns what the all_reduce did and what the other thread's call did."""
+def _with_an_idle_peer(rank, n, uid):
+    """A communicator ("report" policy) for rank 0; rank 1 never joins rank 0's operation: it waits 2 s, aborts its
+    communicator and gets None."""
     c = _comm(rank, n, uid, timeout=20.0, on_failure="report")
     if rank == 1:
         time.sleep(2.0)
         c.abort()
+        return None
+    return c
+
+
+def _aborted_meanwhile(rank, n, uid, how, failpoint=None):
+    """Rank 0's blocking all_reduce waits for rank 1 (which never calls it) while another thread aborts or
+    revokes; returns what the all_reduce did and what the other thread's call did."""
+    c = _with_an_idle_peer(rank, n, uid)
+    if c is None:
         return None
     if failpoint:
         pycoll.failpoints.configure(failpoint, rank=0)
@@ -309,10 +318,8 @@ def test_a_revoke_racing_a_blocking_call_fails_it_and_an_abort_meanwhile_ends_th
 
 
 def _shrunk_with_abort_ops(rank, n, uid):
-    c = _comm(rank, n, uid, timeout=20.0, on_failure="report")
-    if rank == 1:
-        time.sleep(2.0)  # never joins rank 0's all_reduce
-        c.abort()
+    c = _with_an_idle_peer(rank, n, uid)
+    if c is None:
         return None
     w = c.all_reduce(np.ones(2, np.float32), async_op=True)
     time.sleep(0.3)
