@@ -403,7 +403,7 @@ cdef class Work:
         (``Work.timeout``) makes the communicator fail.
         """
         cdef double start, now, left, deadline = 0.0
-        cdef CommCore core
+        cdef CommCore comm
         cdef Library lib
         if timeout is not None:
             if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
@@ -411,7 +411,6 @@ cdef class Work:
             if not timeout >= 0:  # NaN too
                 raise ValueError(f"timeout must be >= 0 seconds, got {timeout}")
         comm = self.comm
-        core = comm
         start = _monotonic()
         bounded = timeout is not None
         if bounded:
@@ -424,9 +423,9 @@ cdef class Work:
                 raise self._exc
             if _final(self._state):
                 return
-            dev = core.device
-            lib = _comm_lib(core)
-            _refresh(core, self, dev, lib)
+            dev = comm.device
+            lib = _comm_lib(comm)
+            _refresh(comm, self, dev, lib)
             if _final(self._state) or self._exc is not None:
                 continue
             now = _monotonic()
