@@ -34,6 +34,7 @@ __all__ = ["main"]
 
 _DIM = 8
 _SHARD = 64
+_WAIT_S = 0.05  # between the step boundaries after training, while a replacement is awaited
 
 
 def _shard(slot: int, true_w: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
@@ -120,7 +121,13 @@ def _worker(args: argparse.Namespace) -> int:
     replaced = os.environ.get("PYCOLL_REPLACEMENT", "0") != "0"
     failed: Set[int] = set()  # generations whose communicator failed under this process
     sync = joining = group.joined  # a replacement first receives the model and the step from rank 0
-    while step < args.steps or sync:
+    waits = 0  # step boundaries passed after training while a replacement may still be on its way
+    while True:
+        trained = step >= args.steps
+        # after training, wait for a late replacement at further step boundaries; every member counts them
+        # alike (maybe_grow() is collective), and starts again after a grow or a reshape
+        if trained and not sync and (group.size >= args.ranks or waits * _WAIT_S >= args.grow_wait):
+            break
         if step == args.kill_step and group.slot == args.kill_rank and not replaced:
             print(f"slot {group.slot}: killing myself with SIGKILL at step {step}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
@@ -132,15 +139,21 @@ def _worker(args: argparse.Namespace) -> int:
                           f"{group.generation} ({group.size} ranks) at step {step}", flush=True)
                     joining = False
                 continue
-            grad = x.T @ (x @ params - y) / len(y)
-            group.comm.all_reduce(grad, op="avg")
-            before[:] = params
-            params -= args.lr * grad
-            group.commit(step)  # this member completed the step
-            step += 1
+            if trained:
+                waits += 1
+                time.sleep(_WAIT_S)
+            else:
+                grad = x.T @ (x @ params - y) / len(y)
+                group.comm.all_reduce(grad, op="avg")
+                before[:] = params
+                params -= args.lr * grad
+                group.commit(step)  # this member completed the step
+                step += 1
             if group.maybe_grow():  # a step boundary: admit a replacement, send it the model
-                _say(group, f"step {step}: grew: {group.transitions[-1].describe()}")
+                when = "after training" if trained else f"step {step}"
+                _say(group, f"{when}: grew: {group.transitions[-1].describe()}")
                 _sync_state(group, params, step)
+                waits = 0
         except pycoll.CommFailure as exc:  # in the all_reduce, in maybe_grow() or in a sync
             if group.rank == 0:
                 print(f"step {step}: collective failed: {type(exc).__name__}: {exc}", flush=True)
@@ -151,28 +164,26 @@ def _worker(args: argparse.Namespace) -> int:
             _say(group, f"step {step}: reshaped: {group.transitions[-1].describe()}")
             # one outcome per step: every survivor goes on after the last step all of them completed (a
             # replacement among them may not have the model yet: rank 0 sends it first)
-            step, sync = _resume(group, mine, params, before), True
+            step, sync, waits = _resume(group, mine, params, before), True, 0
             # the failure's dumps wait until the recovery is over; the analyzer wants them now
             pycoll.diagnostics.get_watchdog().wait_for_dumps()
             if group.rank == 0:
                 _analyze(group, args.dump_dir, generation)
             continue  # redo the step on the smaller communicator
+        if trained:
+            continue
         if step % 10 == 0:
             loss = float(np.mean((x @ params - y) ** 2))
             _say(group, f"step {step}: {group.size} ranks, generation {group.generation}, local loss {loss:.5f}")
         time.sleep(args.step_time)
-    # a replacement may still be on its way: wait for it at further step boundaries
-    for _ in range(int(10.0 / 0.05)):
-        if group.size >= args.ranks:
-            break
-        if group.maybe_grow():
-            _say(group, f"after training: grew: {group.transitions[-1].describe()}")
-            _sync_state(group, params, step)
-        else:
-            time.sleep(0.05)
     hi, lo = np.append(params, step), np.append(params, step)  # the parameters and the step
-    group.comm.all_reduce(hi, op="max")
-    group.comm.all_reduce(lo, op="min")
+    try:
+        group.comm.all_reduce(hi, op="max")
+        group.comm.all_reduce(lo, op="min")
+    except pycoll.CommFailure as exc:  # a member lost after training: no verdict on the parameters
+        print(f"slot {group.slot}: the final check failed: {type(exc).__name__}: {exc}", flush=True)
+        group.close()
+        return 1
     identical = bool(np.array_equal(hi, lo))
     if group.rank == 0:
         print("recovery timeline:", flush=True)
@@ -203,6 +214,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dump-dir", default=None, help="flight-recorder dump folder (default: a temporary one)")
     p.add_argument("--trace", metavar="OUT.json", default=None,
                    help="write the run as a Chrome trace-event file (open it in ui.perfetto.dev)")
+    p.add_argument("--grow-wait", type=float, default=10.0,
+                   help="seconds to wait after training for a replacement that is not there yet (default 10)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--final-dump", action="store_true", help=argparse.SUPPRESS)
     return p
@@ -221,7 +234,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     worker_args: List[str] = [
         "--worker", "--ranks", str(args.ranks), "--steps", str(args.steps), "--kill-rank", str(args.kill_rank),
         "--kill-step", str(args.kill_step), "--step-time", str(args.step_time), "--lr", str(args.lr),
-        "--timeout", str(args.timeout), "--dump-dir", dump_dir,
+        "--timeout", str(args.timeout), "--grow-wait", str(args.grow_wait), "--dump-dir", dump_dir,
     ]
     if args.trace:
         worker_args.append("--final-dump")

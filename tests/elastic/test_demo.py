@@ -59,3 +59,34 @@ def test_example_under_pycoll_run(tmp_path):
     assert "generation 1 (shrink): members [0, 1, 2, 3] -> [0, 2, 3]" in p.stdout
     assert "generation 2 (grow): members [0, 2, 3] -> [0, 2, 3, 1]" in p.stdout
     assert "done: 4 ranks, generation 2" in p.stdout
+
+
+@pytest.mark.timeout(120)
+def test_demo_waits_for_a_replacement_after_training(tmp_path):
+    """Slot 2 dies before the last step: the survivors finish training on three ranks before the replacement is
+    up, then wait for it at further step boundaries (under the same failure handling as the training steps) and
+    grow back to four before the final check."""
+    p = _run(["-m", "pycoll.demo", "--steps", "6", "--kill-step", "5", "--dump-dir", str(tmp_path)])
+    out = p.stdout
+    assert p.returncode == 0, out + p.stderr
+    assert "generation 1 (shrink): members [0, 1, 2, 3] -> [0, 1, 3]" in out
+    assert "after training: grew: " in out, out
+    assert "replacement for slot 2 joined as rank 3 of generation 2 (4 ranks) at step 6" in out
+    assert "PASS: 4 ranks (slots [0, 1, 3, 2]) hold identical parameters after 6 steps" in out
+
+
+@pytest.mark.timeout(120)
+def test_demo_survives_a_rank_killed_while_waiting_for_a_replacement(tmp_path):
+    """Slot 2 dies at step 0 and its replacement is slow to ask to join; slot 1 is killed at a step boundary after
+    training, while the survivors wait for that replacement. The survivors shrink again, keep waiting, and admit the
+    replacement; the launcher starts no second one (``--replace-failed 1``), so the demo ends with three ranks and
+    says FAIL. (Before, that wait was outside the failure handling: the survivors ended with a traceback.)"""
+    p = _run(["-m", "pycoll.demo", "--steps", "3", "--kill-step", "0", "--grow-wait", "2", "--dump-dir", str(tmp_path)],
+             PYCOLL_FAILPOINTS="elastic.grow.before_decision=kill@5;rank=1,"
+                               "elastic.join.request=sleep(1500);rank=2;replacement=1")
+    out = p.stdout
+    assert p.returncode == 1, out + p.stderr
+    assert "generation 2 (shrink): [0, 1, 3] -> [0, 3]" in out, out
+    assert "after training: grew: generation 3 (grow): members [0, 3] -> [0, 3, 2]" in out, out
+    assert "FAIL: 3 ranks (slots [0, 3, 2]) hold identical parameters after 3 steps" in out, out
+    assert "Traceback" not in out + p.stderr
