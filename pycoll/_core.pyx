@@ -32,7 +32,6 @@ from pycoll._bindings.libnccl cimport (
 )
 
 import logging
-import numbers
 import sys
 import time
 
@@ -406,10 +405,7 @@ cdef class Work:
         cdef CommCore comm
         cdef Library lib
         if timeout is not None:
-            if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
-                raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
-            if not timeout >= 0:  # NaN too
-                raise ValueError(f"timeout must be >= 0 seconds, got {timeout}")
+            timeout = _settings.seconds(timeout, "timeout", positive=False)
         comm = self.comm
         start = _monotonic()
         bounded = timeout is not None

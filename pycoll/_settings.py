@@ -13,6 +13,7 @@ A leaf module: it imports nothing of pycoll.
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import re
 import signal
@@ -36,7 +37,7 @@ def seconds(value: Any, what: str, *, positive: bool = True) -> float:
     TypeError for a non-number (bools included), ValueError naming ``what`` for a value out of range
     or not finite (an infinite deadline is no deadline: pass a large number instead).
     """
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{what} must be a number of seconds, got {type(value).__name__}")
     value = float(value)
     if not math.isfinite(value):

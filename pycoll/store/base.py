@@ -16,11 +16,11 @@ blocked ``get`` in one thread does not delay another thread's calls).
 from __future__ import annotations
 
 import abc
-import math
 import time
 from datetime import timedelta
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
+from .. import _settings
 from ..errors import NotSupported, StoreError, StoreTimeout
 
 __all__ = ["Store", "PrefixStore", "DEFAULT_TIMEOUT", "Value", "Keys"]
@@ -75,12 +75,7 @@ def _check_timeout(timeout: Any, default: float) -> float:
         timeout = default
     if isinstance(timeout, timedelta):
         timeout = timeout.total_seconds()
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
-    timeout = float(timeout)
-    if not math.isfinite(timeout) or timeout < 0:
-        raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout}")
-    return timeout
+    return _settings.seconds(timeout, "timeout", positive=False)
 
 
 def _check_size(size: Any) -> int:

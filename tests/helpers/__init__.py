@@ -13,13 +13,12 @@ REPO = os.path.dirname(TESTS)
 
 
 def mpi_ready() -> bool:
-    """Open MPI's mpiexec (beside this interpreter or on PATH) and mpi4py for this interpreter: the benchmarks' ranks
-    run this interpreter, so another environment's mpiexec on PATH alone is not enough."""
+    """The benchmarks would run Open MPI here: ``benchmarks/_common.find_mpiexec`` (an mpiexec beside this interpreter
+    or on PATH, and mpi4py for this interpreter) finds one."""
     import importlib.util
-    import shutil
-    import sys
 
-    if importlib.util.find_spec("mpi4py") is None:
-        return False
-    where = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
-    return shutil.which("mpiexec", path=where) is not None
+    spec = importlib.util.spec_from_file_location("_bench_common", os.path.join(REPO, "benchmarks", "_common.py"))
+    assert spec is not None and spec.loader is not None
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    return common.find_mpiexec() is not None
