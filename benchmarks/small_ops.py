@@ -19,6 +19,8 @@ all_reduce async          ``comm.all_reduce(.., async_op=True).wait()``  ``Iallr
 broadcast                 ``comm.broadcast(buf, root=0)``              ``Bcast(buf, root=0)``
 send/recv pair            ``send`` + ``recv`` with the partner         ``Sendrecv`` with the partner
                           (rank ^ 1) in one ``group()``
+sendrecv                  ``comm.sendrecv(send, recv, partner)``:      ``Sendrecv`` with the partner
+                          the same pair as one operation
 group of 4 all_reduce     four ``all_reduce`` in one ``group()``       four ``Iallreduce`` then ``Waitall``
 bindings (reference)      ``Library.all_reduce`` on raw addresses,     -
                           NULL stream
@@ -59,7 +61,7 @@ from allreduce_compare import _RESULT, _run, expected, pattern, run_sizes  # noq
 COUNT = 2  # float32 elements: 8 bytes
 ROUNDS = 5  # the variants' iterations run interleaved in this many rounds (run_sizes)
 VARIANTS = ["bindings", "all_reduce numpy", "all_reduce torch", "all_reduce async", "broadcast", "send/recv pair",
-            "group of 4 all_reduce"]
+            "sendrecv", "group of 4 all_reduce"]
 Setup = Callable[[int], Tuple[Callable[[], Any], Callable[[], int]]]
 
 
@@ -70,8 +72,10 @@ def _partner(rank: int, n: int) -> int:
 def _variants(rank: int, n: int, allreduce: Callable[[np.ndarray, np.ndarray], Any],
               iallreduce_wait: Callable[[np.ndarray, np.ndarray], Any], bcast: Callable[[np.ndarray], Any],
               sendrecv: Callable[[np.ndarray, np.ndarray, int], Any],
-              group4: Callable[[List[Tuple[np.ndarray, np.ndarray]]], Any]) -> Dict[str, Setup]:
-    """The checked, timed calls every library runs (the same data, the same checks)."""
+              group4: Callable[[List[Tuple[np.ndarray, np.ndarray]]], Any],
+              exchange: Callable[[np.ndarray, np.ndarray, int], Any]) -> Dict[str, Setup]:
+    """The checked, timed calls every library runs (the same data, the same checks). ``sendrecv``: the send/recv
+    pair as a group; ``exchange``: the same pair in one call."""
 
     def reduce_with(op: Callable[[np.ndarray, np.ndarray], Any]) -> Setup:
         def setup(count: int) -> Tuple[Callable[[], Any], Callable[[], int]]:
@@ -95,15 +99,17 @@ def _variants(rank: int, n: int, allreduce: Callable[[np.ndarray, np.ndarray], A
 
         return (lambda: bcast(buf)), check
 
-    def pair(count: int) -> Tuple[Callable[[], Any], Callable[[], int]]:
-        send, recv, peer = np.zeros(count, np.float32), np.zeros(count, np.float32), _partner(rank, n)
+    def pair_with(op: Callable[[np.ndarray, np.ndarray, int], Any]) -> Setup:
+        def setup(count: int) -> Tuple[Callable[[], Any], Callable[[], int]]:
+            send, recv, peer = np.zeros(count, np.float32), np.zeros(count, np.float32), _partner(rank, n)
 
-        def check() -> int:
-            send[:], recv[:] = pattern(rank, count), 0
-            sendrecv(send, recv, peer)
-            return int(np.count_nonzero(recv != pattern(peer, count)))
+            def check() -> int:
+                send[:], recv[:] = pattern(rank, count), 0
+                op(send, recv, peer)
+                return int(np.count_nonzero(recv != pattern(peer, count)))
 
-        return (lambda: sendrecv(send, recv, peer)), check
+            return (lambda: op(send, recv, peer)), check
+        return setup
 
     def four(count: int) -> Tuple[Callable[[], Any], Callable[[], int]]:
         bufs = [(np.zeros(count, np.float32), np.zeros(count, np.float32)) for _ in range(4)]
@@ -117,7 +123,8 @@ def _variants(rank: int, n: int, allreduce: Callable[[np.ndarray, np.ndarray], A
         return (lambda: group4(bufs)), check
 
     return {"all_reduce numpy": reduce_with(allreduce), "all_reduce async": reduce_with(iallreduce_wait),
-            "broadcast": broadcast, "send/recv pair": pair, "group of 4 all_reduce": four}
+            "broadcast": broadcast, "send/recv pair": pair_with(sendrecv), "sendrecv": pair_with(exchange),
+            "group of 4 all_reduce": four}
 
 
 def worker_pycoll(args: argparse.Namespace) -> None:
@@ -128,7 +135,7 @@ def worker_pycoll(args: argparse.Namespace) -> None:
     rank, n = comm.rank, comm.size
     lib, h = comm.library, comm.handle
 
-    def sendrecv(s: np.ndarray, r: np.ndarray, peer: int) -> None:
+    def pair_in_group(s: np.ndarray, r: np.ndarray, peer: int) -> None:
         with comm.group():
             comm.send(s, peer)
             comm.recv(r, peer)
@@ -140,7 +147,7 @@ def worker_pycoll(args: argparse.Namespace) -> None:
 
     variants = _variants(rank, n, lambda s, r: comm.all_reduce(s, r),
                          lambda s, r: comm.all_reduce(s, r, async_op=True).wait(),
-                         lambda b: comm.broadcast(b, root=0), sendrecv, group4)
+                         lambda b: comm.broadcast(b, root=0), pair_in_group, group4, comm.sendrecv)
 
     def raw(count: int) -> Tuple[Callable[[], Any], Callable[[], int]]:
         send, recv = np.zeros(count, np.float32), np.zeros(count, np.float32)
@@ -202,7 +209,7 @@ def worker_mpi(args: argparse.Namespace) -> None:
 
     variants = _variants(rank, n, lambda s, r: comm.Allreduce(s, r, op=MPI.SUM),
                          lambda s, r: comm.Iallreduce(s, r, op=MPI.SUM).Wait(), lambda b: comm.Bcast(b, root=0),
-                         sendrecv, group4)
+                         sendrecv, group4, sendrecv)
     variants["all_reduce torch"] = variants["all_reduce numpy"]  # MPI takes the same buffers
 
     def gather(ts: np.ndarray) -> Optional[np.ndarray]:

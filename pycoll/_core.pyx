@@ -1271,12 +1271,13 @@ def begin(CommCore comm, what, stream, async_op, arrays):
 # -- a library call made in C ---------------------------------------------------------------------
 
 cdef enum _Kind:
-    _ALL_REDUCE, _BROADCAST, _REDUCE, _ALL_GATHER, _REDUCE_SCATTER, _SEND, _RECV
+    _ALL_REDUCE, _BROADCAST, _REDUCE, _ALL_GATHER, _REDUCE_SCATTER, _SEND, _RECV, _SENDRECV
 
 cdef dict _KINDS = {"all_reduce": _ALL_REDUCE, "broadcast": _BROADCAST, "reduce": _REDUCE, "all_gather": _ALL_GATHER,
                     "reduce_scatter": _REDUCE_SCATTER, "send": _SEND, "recv": _RECV}
 cdef tuple _FUNCTIONS = ("ncclAllReduce", "ncclBroadcast", "ncclReduce", "ncclAllGather", "ncclReduceScatter",
                          "ncclSend", "ncclRecv")
+cdef tuple _SENDRECV_STEPS = ("ncclGroupStart", "ncclSend", "ncclRecv", "ncclGroupEnd")  # a sendrecv's four calls
 
 
 cdef void* _function(Library lib, int kind) noexcept:
@@ -1291,6 +1292,10 @@ cdef void* _function(Library lib, int kind) noexcept:
     if kind == _REDUCE_SCATTER:
         return <void*>lib.fn.ncclReduceScatter
     if kind == _SEND:
+        return <void*>lib.fn.ncclSend
+    if kind == _SENDRECV:  # ncclGroupStart, ncclSend, ncclRecv, ncclGroupEnd: all four or the binding's methods
+        if lib.fn.ncclGroupStart == NULL or lib.fn.ncclGroupEnd == NULL or lib.fn.ncclRecv == NULL:
+            return NULL
         return <void*>lib.fn.ncclSend
     return <void*>lib.fn.ncclRecv
 
@@ -1308,8 +1313,8 @@ cdef class _Call:
     cdef object library
     cdef int kind
     cdef uintptr_t send, recv
-    cdef size_t count
-    cdef int datatype, op, root
+    cdef size_t count, rcount  # rcount, rdatatype: a sendrecv's receive (count, datatype: its send)
+    cdef int datatype, op, root, rdatatype
     cdef object cc  # the collconfig.Prepared arguments: they hold the memory the config points into
 
     def __call__(self, h, stream):
@@ -1321,9 +1326,8 @@ cdef class _Call:
         cdef cudaStream_t st = <cudaStream_t><uintptr_t>stream
         cdef Library lib = self.library if isinstance(self.library, Library) and not self.cc else None
         cdef void* fp = NULL
-        cdef int r = 0
+        cdef int r = 0, r_end, step = 0
         cdef char text[1024]
-        cdef const char* last
         cdef const void* sb = <const void*>self.send
         cdef void* rb = <void*>self.recv
         cdef ncclDataType_t dt = <ncclDataType_t>self.datatype
@@ -1345,18 +1349,29 @@ cdef class _Call:
                 r = lib.fn.ncclReduceScatter(sb, rb, self.count, dt, <ncclRedOp_t>self.op, c, st)
             elif self.kind == _SEND:
                 r = lib.fn.ncclSend(sb, self.count, dt, self.root, c, st)
-            else:
+            elif self.kind == _RECV:
                 r = lib.fn.ncclRecv(rb, self.count, dt, self.root, c, st)
-            if r != 0 and r != _IN_PROGRESS and lib.fn.ncclGetLastError != NULL:
-                last = lib.fn.ncclGetLastError(c)
-                if last != NULL:
-                    strncpy(text, last, sizeof(text) - 1)
-                    text[sizeof(text) - 1] = 0
+            else:  # _SENDRECV: one group of a send and a receive with the same peer; the group always closed
+                r = lib.fn.ncclGroupStart()
+                if r == 0:
+                    step = 1
+                    r = lib.fn.ncclSend(sb, self.count, dt, self.root, c, st)
+                    if r == 0:
+                        step = 2
+                        r = lib.fn.ncclRecv(rb, self.rcount, <ncclDataType_t>self.rdatatype, self.root, c, st)
+                    if r != 0:
+                        _last_error(lib, c, text, sizeof(text))  # before the group's end replaces it
+                    r_end = lib.fn.ncclGroupEnd()
+                    if r == 0:
+                        step = 3
+                        r = r_end
+            if r != 0 and r != _IN_PROGRESS and text[0] == 0:
+                _last_error(lib, c, text, sizeof(text))
         PyErr_CheckSignals()  # a signal that came while the call ran: its handler runs now, as after a Python call
         if r == 0 or r == _IN_PROGRESS:
             return r
-        raise error_class(r)(r, _FUNCTIONS[self.kind], lib.get_error_string(r), text.decode("utf-8", "replace"),
-                             lib.path)
+        raise error_class(r)(r, _SENDRECV_STEPS[step] if self.kind == _SENDRECV else _FUNCTIONS[self.kind],
+                             lib.get_error_string(r), text.decode("utf-8", "replace"), lib.path)
 
     cdef _by_method(self, h, stream):
         lib, cc, k = self.library, self.cc, self.kind
@@ -1372,7 +1387,29 @@ cdef class _Call:
             return lib.reduce_scatter(self.send, self.recv, self.count, self.datatype, self.op, h, stream, *cc)
         if k == _SEND:
             return lib.send(self.send, self.count, self.datatype, self.root, h, stream)
+        if k == _SENDRECV:
+            lib.group_start()
+            try:
+                lib.send(self.send, self.count, self.datatype, self.root, h, stream)
+                lib.recv(self.recv, self.rcount, self.rdatatype, self.root, h, stream)
+            except BaseException:
+                try:
+                    lib.group_end()  # the group closed; the call's own error is the one to raise
+                except Exception:
+                    pass
+                raise
+            return lib.group_end()
         return lib.recv(self.recv, self.count, self.datatype, self.root, h, stream)
+
+
+cdef void _last_error(Library lib, ncclComm_t c, char* text, size_t size) noexcept nogil:
+    """The library's last error text for ``c`` into ``text`` (left as it is where the library has none)."""
+    cdef const char* last
+    if lib.fn.ncclGetLastError != NULL:
+        last = lib.fn.ncclGetLastError(c)
+        if last != NULL:
+            strncpy(text, last, size - 1)
+            text[size - 1] = 0
 
 
 cdef _Call _new_call(object library, int kind, object cc, uintptr_t send, uintptr_t recv, size_t count, int datatype,
@@ -1477,6 +1514,31 @@ def recv(CommCore comm, tensor, peer, *, stream=None, async_op=False, timeout=No
     b = _describe(comm, tensor, st, True, "tensor")
     call = _new_call(comm.library, _RECV, (), 0, (<tuple>b)[0], (<tuple>b)[2], (<tuple>b)[3], 0, peer)
     return _launch(comm, "recv", call, st, [], [b], async_op, timeout, peer)
+
+
+def sendrecv(CommCore comm, tensor, output, peer, *, stream=None, async_op=False, timeout=None):
+    """Send ``tensor`` to rank ``peer`` and receive ``output`` from it, as one operation.
+
+    The two transfers go in one group (``ncclGroupStart``, ``ncclSend``, ``ncclRecv``, ``ncclGroupEnd``),
+    so neither waits for the other; the peer posts the matching pair (its own ``sendrecv``, or a send
+    and a receive in a group). One :class:`Work`, one flight-recorder entry (``sendrecv a<->b``) and
+    one point-to-point sequence number for both. ``tensor`` and ``output`` may differ in size and
+    dtype (each must match what the peer receives and sends) but may not overlap in memory. Inside a
+    :meth:`group` the pair joins that group. To send to one rank and receive from another, put a
+    :meth:`send` and a :meth:`recv` in a group.
+    """
+    peer = _rank_arg(comm, peer, "peer")
+    st = _begin(comm, "sendrecv", stream, async_op, tensor, output)
+    sb = _describe(comm, tensor, st, False, "tensor")
+    rb = _describe(comm, output, st, True, "output")
+    cdef uintptr_t s0 = (<tuple>sb)[0], r0 = (<tuple>rb)[0]
+    cdef size_t sn = (<tuple>sb)[1], rn = (<tuple>rb)[1]
+    if sn and rn and s0 < r0 + rn and r0 < s0 + sn:
+        raise ValueError(f"sendrecv: tensor and output overlap in memory ({sn} bytes at {s0:#x}, {rn} bytes at "
+                         f"{r0:#x}): the receive would overwrite what is being sent; pass a separate output")
+    call = _new_call(comm.library, _SENDRECV, (), s0, r0, (<tuple>sb)[2], (<tuple>sb)[3], 0, peer)
+    call.rcount, call.rdatatype = (<tuple>rb)[2], (<tuple>rb)[3]
+    return _launch(comm, "sendrecv", call, st, [sb], [rb], async_op, timeout, peer)
 
 
 # -- a DLPack capsule destructor for producers written in Python -----------------------------------

@@ -875,6 +875,7 @@ class Communicator(_core.CommCore):
 
     send = _core.send  # compiled whole, as all_reduce: sends and receives between several peers go in a group()
     recv = _core.recv
+    sendrecv = _core.sendrecv  # a send and a receive with one peer, as one operation (one group, one Work)
 
     def barrier(self, *, stream: Any = None, async_op: bool = False, timeout: Optional[float] = None) -> Work:
         """Wait until every rank has reached the barrier (an all_reduce of one int32)."""

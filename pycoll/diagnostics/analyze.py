@@ -439,12 +439,13 @@ def _variant_text(kind: str, e: Dict[str, Any]) -> str:
     return f"in {_sizes(e.get('input_sizes'))} out {_sizes(e.get('output_sizes'))}"
 
 
-_P2P_RE = re.compile(r"(send|recv) (\d+)(->|<-)(\d+)")
+_P2P_RE = re.compile(r"(sendrecv|send|recv) (\d+)(<->|->|<-)(\d+)")
 
 
 def _check_p2p(members: List[int], present: List[int], p2p: Dict[int, List[Dict[str, Any]]],
                stack_limit: int) -> List[Dict[str, Any]]:
-    """Pair the k-th send src->dst with the k-th recv at dst from src; report the first problem per pair."""
+    """Pair the k-th send src->dst with the k-th recv at dst from src (a sendrecv a<->b is a send a->b and a recv at
+    a from b); report the first problem per pair."""
     sends: Dict[Tuple[int, int], List[Dict[str, Any]]] = defaultdict(list)
     recvs: Dict[Tuple[int, int], List[Dict[str, Any]]] = defaultdict(list)
     for rank in present:
@@ -453,7 +454,10 @@ def _check_p2p(members: List[int], present: List[int], p2p: Dict[int, List[Dict[
             if not m or int(m.group(2)) >= len(members) or int(m.group(4)) >= len(members):
                 continue
             kind, a, b = m.group(1), members[int(m.group(2))], members[int(m.group(4))]
-            (sends if kind == "send" else recvs)[(a, b) if kind == "send" else (b, a)].append(e)
+            if kind != "recv":
+                sends[(a, b)].append(e)
+            if kind != "send":
+                recvs[(b, a)].append(e)
     out = []
     for pair in sorted(set(sends) | set(recvs)):
         src, dst = pair

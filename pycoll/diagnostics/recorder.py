@@ -444,8 +444,9 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
             is_p2p = peer is not None
             if is_p2p:
                 me = info.rank
-                # one-sided operations keep their own names: pycoll-fr pairs only sends with recvs
-                arrow = "<-" if op in ("recv", "wait_signal") else "->"
+                # one-sided operations keep their own names: pycoll-fr pairs only sends with recvs (a sendrecv
+                # is both)
+                arrow = "<->" if op == "sendrecv" else "<-" if op in ("recv", "wait_signal") else "->"
                 name = f"{info.lib_prefix}:{op} {me}{arrow}{peer}"
             else:
                 name = f"{info.lib_prefix}:{op}"

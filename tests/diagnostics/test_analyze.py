@@ -160,6 +160,29 @@ def test_unmatched_send(tmp_path):
     assert "point-to-point problem" in analyze._verdict(c)
 
 
+def test_a_sendrecv_pairs_with_the_peers_send_and_recv(tmp_path):
+    """A sendrecv 0<->1 is a send 0->1 and a recv at 0 from 1: rank 1's group of a recv and a send matches it, and a
+    sendrecv whose peer posted nothing is reported in both directions."""
+    def script(r, c):
+        allreduces(c, 1)
+        if r == 0:
+            c.op("sendrecv", f32(4), f32(2), peer=1)
+        if r == 1:
+            c.op("recv", None, f32(4), peer=0)
+            c.op("send", f32(2), peer=0)
+        if r == 2:
+            c.op("sendrecv", f32(4), f32(4), peer=0, state="started")
+
+    _, c = one(make_dumps(tmp_path, 3, script))
+    assert [p["issue"] for p in c["p2p"]] == [
+        "recv #1 on rank 2 from rank 0 has no matching send on rank 0",
+        "send #1 from rank 2 to rank 0 has no matching recv on rank 0"]
+    names = set()
+    for f in (tmp_path / "json" / "generation_0").iterdir():
+        names |= {e["profiling_name"].split(":", 1)[-1] for e in json.loads(f.read_text())["entries"]}
+    assert {"sendrecv 0<->1", "sendrecv 2<->0"} <= names
+
+
 def test_wrapped_buffers_are_aligned(tmp_path):
     def script(r, c):
         allreduces(c, 10)

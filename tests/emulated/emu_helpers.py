@@ -92,6 +92,7 @@ def all_collectives(comm: Any, st: Streams, *, async_op: bool) -> Tuple[List[Any
     sc_in = st.array(np.arange(2 * n) * (1.0 if r == 0 else 0.0))
     sc_out = st.array(np.zeros(2))
     p2p = st.array(np.full(3, 5.0 if r == 0 else 0.0))
+    sr_in, sr_out = st.array(np.full(2, 7.0 + r)), st.array(np.zeros(2))
     kw = dict(stream=st.arg, async_op=async_op)
     works = [
         comm.all_reduce(a, **kw),
@@ -103,6 +104,7 @@ def all_collectives(comm: Any, st: Streams, *, async_op: bool) -> Tuple[List[Any
         comm.gather(st.array(np.full(2, r + 1.0)), g_out if r == 0 else None, root=0, **kw),
         comm.scatter(sc_in if r == 0 else None, sc_out, root=0, **kw),
         comm.send(p2p, 1, **kw) if r == 0 else comm.recv(p2p, 0, **kw),
+        comm.sendrecv(sr_in, sr_out, r ^ 1 if (r ^ 1) < n else r, **kw),
         comm.barrier(stream=st.plain, async_op=async_op),
     ]
 
@@ -110,7 +112,7 @@ def all_collectives(comm: Any, st: Streams, *, async_op: bool) -> Tuple[List[Any
         return {name: arr.numpy().tolist() for name, arr in
                 (("all_reduce", a), ("broadcast", b), ("reduce", red), ("all_gather", ag_out),
                  ("reduce_scatter", rs_out), ("all_to_all", a2a_out), ("gather", g_out), ("scatter", sc_out),
-                 ("p2p", p2p))}
+                 ("p2p", p2p), ("sendrecv", sr_out))}
 
     return works, results
 
@@ -128,6 +130,7 @@ def expected(rank: int, n: int = 2) -> Dict[str, Any]:
         "gather": [float(q + 1) for q in range(n) for _ in range(2)] if rank == 0 else [0.0] * (2 * n),
         "scatter": [float(2 * rank), float(2 * rank + 1)],
         "p2p": [5.0] * 3,
+        "sendrecv": [7.0 + (rank ^ 1 if (rank ^ 1) < n else rank)] * 2,
     }
 
 

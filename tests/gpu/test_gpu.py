@@ -144,6 +144,9 @@ def _torch_collectives(comm, torch, dtype):
         comm.recv(o, 0)
     checks.append(("send/recv to self", o, want))
     o = out()
+    comm.sendrecv(x, o, 0)
+    checks.append(("sendrecv with self", o, want))
+    o = out()
     work = comm.all_reduce(x, o, async_op=True)
     work.wait(timeout=60)
     assert work.is_completed() and work.exception() is None

@@ -1,0 +1,165 @@
+"""``Communicator.sendrecv``: a send and a receive with one peer as one operation."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+from helpers.mp import Died, run_ranks
+
+import pycoll
+from pycoll import _bindings as B
+
+
+def _uid() -> bytes:
+    return bytes(B.load("host").get_unique_id())
+
+
+def _partner(rank: int, n: int) -> int:
+    return rank ^ 1 if (rank ^ 1) < n else rank
+
+
+def _exchanges(rank, n, uid, use_torch):
+    c = pycoll.init(rank, n, unique_id=uid, backend="host")
+    peer = _partner(rank, n)
+    out = {}
+    # sizes differ per direction: rank r sends r + 1 elements and receives its peer's peer + 1
+    if use_torch:
+        import torch
+
+        s, o = torch.full((rank + 1,), float(rank)), torch.zeros(peer + 1)
+        w = c.sendrecv(s, o, peer)
+        out["torch"] = o.tolist() == [float(peer)] * (peer + 1) and w.is_completed() and w.op == "sendrecv"
+    else:
+        s, o = np.full(rank + 1, float(rank), np.float32), np.zeros(peer + 1, np.float32)
+        w = c.sendrecv(s, o, peer)
+        out["numpy"] = o.tolist() == [float(peer)] * (peer + 1) and w.is_completed() and w.peer == peer
+    # the two directions in different dtypes
+    s8, o8 = np.full(3, rank, np.int64), np.zeros(3, np.int64)
+    c.sendrecv(s8, o8, peer)
+    out["int64"] = o8.tolist() == [peer] * 3
+    # asynchronous, then waited for
+    a, b = np.full(5, rank + 10.0), np.zeros(5)
+    w = c.sendrecv(a, b, peer, async_op=True)
+    w.wait(timeout=30)
+    out["async"] = b.tolist() == [peer + 10.0] * 5
+    # the peer may post a send and a receive in a group instead, in either order
+    b[:] = 0
+    if rank % 2 == 0:
+        c.sendrecv(a, b, peer)
+    else:
+        with c.group():
+            c.recv(b, peer)
+            c.send(a, peer)
+    out["mixed"] = b.tolist() == [peer + 10.0] * 5
+    # two exchanges in one group (with the partner and with the rank two away), then a collective
+    if n >= 4:
+        far = rank ^ 2
+        x, y = np.zeros(2), np.zeros(2)
+        with c.group():
+            c.sendrecv(np.full(2, float(rank)), x, peer)
+            c.sendrecv(np.full(2, 100.0 + rank), y, far)
+        out["grouped"] = x.tolist() == [float(peer)] * 2 and y.tolist() == [100.0 + far] * 2
+    total = np.ones(1)
+    c.all_reduce(total)
+    out["after"] = total.tolist() == [float(n)]
+    out["p2p_seq"] = c.progress().p2p_enqueued == (6 if n >= 4 else 4) + (rank % 2 == 1)
+    c.destroy()
+    return out
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_sendrecv_exchanges_with_the_partner(n):
+    for res in run_ranks(_exchanges, n, _uid(), False, timeout=60):
+        assert all(res.values()), {k: v for k, v in res.items() if not v}
+
+
+@pytest.mark.timeout(90)
+def test_sendrecv_torch():
+    for res in run_ranks(_exchanges, 2, _uid(), True, timeout=60):
+        assert all(res.values()), {k: v for k, v in res.items() if not v}
+
+
+def test_bad_arguments_are_refused_and_the_communicator_stays_usable():
+    c = pycoll.init(0, 1, backend="host")
+    try:
+        x = np.arange(8, dtype=np.float32)
+        with pytest.raises(ValueError, match="sendrecv: tensor and output overlap in memory"):
+            c.sendrecv(x, x, 0)
+        with pytest.raises(ValueError, match="overlap"):
+            c.sendrecv(x[:5], x[4:], 0)
+        ro = np.zeros(8, np.float32)
+        ro.setflags(write=False)
+        with pytest.raises(ValueError, match="output: the array is read-only"):
+            c.sendrecv(x, ro, 0)
+        with pytest.raises(ValueError, match="peer 1 is out of range"):
+            c.sendrecv(x, np.zeros(8, np.float32), 1)
+        with pytest.raises(TypeError, match="output: cannot use an object of type list"):
+            c.sendrecv(x, [0.0] * 8, 0)
+        out = np.zeros(8, np.float32)
+        c.sendrecv(x[:4], out[4:], 0)  # adjacent, not overlapping: fine
+        assert out.tolist() == [0.0] * 4 + [0.0, 1.0, 2.0, 3.0]
+        assert c.progress().p2p_enqueued == 1
+    finally:
+        c.destroy()
+
+
+def _size_mismatch(rank, n, uid):
+    c = pycoll.init(rank, n, unique_id=uid, backend="host", timeout=10)
+    try:
+        c.sendrecv(np.ones(8), np.zeros(8 if rank == 0 else 4), 1 - rank)
+        return "completed"
+    except pycoll.CommFailure as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+@pytest.mark.timeout(60)
+def test_a_receive_smaller_than_the_peers_send_is_an_error_that_names_both_sizes():
+    res = run_ranks(_size_mismatch, 2, _uid(), timeout=30)
+    assert "size mismatch: rank 1 receives 32 bytes (count=4, ncclFloat64) from rank 0, which sends 64 bytes" in res[1]
+
+
+def _dead_partner(rank, n, uid):
+    c = pycoll.init(rank, n, unique_id=uid, backend="host", timeout=30)
+    c.barrier()
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        c.sendrecv(np.ones(4), np.zeros(4), _partner(rank, n))
+        return "no exception"
+    except pycoll.RemoteError as exc:
+        return time.monotonic() - t0, str(exc)
+
+
+@pytest.mark.timeout(60)
+def test_a_killed_partner_is_a_remote_error_at_once():
+    res = run_ranks(_dead_partner, 2, _uid(), timeout=30, may_die=[1])
+    assert isinstance(res[1], Died)
+    elapsed, text = res[0]
+    assert elapsed < 5.0 and "rank 1" in text and "exited" in text, text
+
+
+def _stopped_partner(rank, n, uid):
+    c = pycoll.init(rank, n, unique_id=uid, backend="host")
+    c.barrier()
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return None
+    t0 = time.monotonic()
+    try:
+        c.sendrecv(np.ones(4), np.zeros(4), 1, timeout=1.0)
+        return "no exception"
+    except pycoll.CommTimeout as exc:
+        return time.monotonic() - t0, str(exc), c.state
+
+
+@pytest.mark.timeout(60)
+def test_a_stopped_partner_times_out_with_the_operation_named():
+    res = run_ranks(_stopped_partner, 2, _uid(), timeout=30, may_die=[1])
+    elapsed, text, state = res[0]
+    assert 1.0 <= elapsed < 3.0 and "sendrecv" in text and state == "aborted", (elapsed, text, state)
