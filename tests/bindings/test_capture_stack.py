@@ -44,3 +44,37 @@ def test_negative_arguments_are_refused():
         capture_stack(-1, 3)
     with pytest.raises(ValueError, match="must be >= 0"):
         capture_stack(0, -3)
+
+
+def test_capture_matches_through_generators_coroutines_and_calls_from_c():
+    """Frames entered through C (map, sorted's key, a property), a generator and a coroutine: the frames the capture
+    walks in place are the ones Python's own frame objects list, with the same offsets."""
+    seen = []
+
+    def probe(*_):
+        seen.append((capture_stack(1, 50), _python_loop(1, 50)))  # from the caller on: probe calls the two apart
+        return 0
+
+    def gen():
+        yield probe()
+
+    async def coro():
+        return probe()
+
+    class Holder:
+        @property
+        def value(self):
+            return probe()
+
+    list(map(probe, [1]))
+    sorted([2, 1], key=probe)
+    next(gen())
+    c = coro()
+    try:
+        c.send(None)
+    except StopIteration:
+        pass
+    _nested(3, lambda: Holder().value)
+    assert len(seen) == 6
+    for got, ref in seen:
+        assert got == ref
