@@ -70,8 +70,39 @@ cdef inline long long _time_ns() noexcept nogil:
     return <long long>ts.tv_sec * 1000000000 + ts.tv_nsec
 
 
+cdef inline long long _mono_ns() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <long long>ts.tv_sec * 1000000000 + ts.tv_nsec
+
+
+cdef long long _wall_offset = 0  # CLOCK_REALTIME - CLOCK_MONOTONIC, ns, as last measured
+cdef long long _wall_measured = -(1LL << 62)  # when (CLOCK_MONOTONIC, ns)
+
+
+cdef inline long long _wall_ns(long long mono) noexcept nogil:
+    """The wall clock (CLOCK_REALTIME, ns) at the monotonic time ``mono`` (ns): an operation's times come from
+    one clock read. The offset between the two clocks changes only when the wall clock is stepped: it is
+    measured again once a second."""
+    global _wall_offset, _wall_measured
+    if mono - _wall_measured >= 1000000000:
+        _wall_offset = _time_ns() - _mono_ns()
+        _wall_measured = mono
+    return mono + _wall_offset
+
+
+cdef inline bint _is_state(object state, object const, str name):
+    """``state`` is the state ``const`` (whose name is ``name``). The path's states are these objects; a state
+    string made elsewhere is compared by value, and none of the path's own pays a string comparison."""
+    if state is const:
+        return True
+    if state is _SCHEDULED or state is _STARTED or state is _COMPLETED or state is _CAPTURED:
+        return False
+    return state == name
+
+
 cdef inline bint _final(object state):
-    return state is _COMPLETED or state is _CAPTURED or state == "completed" or state == "captured"
+    return _is_state(state, _COMPLETED, "completed") or _is_state(state, _CAPTURED, "captured")
 
 
 # -- the stage clock (benchmarks/overhead.py --breakdown): where the time of one operation goes --------
@@ -88,12 +119,6 @@ cdef bint _clock_armed = False  # an all_reduce of the clock's thread is under w
 cdef unsigned long _clock_thread = 0
 cdef long long _clock_ns[_ST_N]
 cdef long long _clock_last = 0, _clock_ops = 0
-
-
-cdef inline long long _mono_ns() noexcept nogil:
-    cdef timespec ts
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return <long long>ts.tv_sec * 1000000000 + ts.tv_nsec
 
 
 cdef inline void _stage(int stage) noexcept:
@@ -473,8 +498,9 @@ cdef inline int _setup(Work w, object comm, object op, long long seq, long long 
     w.stream = stream
     w.inputs = inputs
     w.outputs = outputs
-    w.time_created_ns = _time_ns()
-    w.t0 = _monotonic()
+    cdef long long mono = _mono_ns()
+    w.time_created_ns = _wall_ns(mono)
+    w.t0 = mono * 1e-9
     w._state = _SCHEDULED
     w.capture_id = capture_id  # the graph capture it was recorded into (state "captured")
     w.fr_pos = -1
@@ -711,7 +737,7 @@ cdef int _complete(CommCore comm, Work w, object dev, Library lib) except -1:
 
 
 cdef _group_closed(CommCore comm, Work w, object dev, Library lib):
-    if w._state is _CAPTURED or w._state == "captured":
+    if _is_state(w._state, _CAPTURED, "captured"):
         return
     comm._lock.take(-1)
     try:
@@ -743,7 +769,7 @@ cdef _refresh(CommCore comm, Work w, object dev, Library lib):
             done = timed == 0
         else:
             done = end is not None and _query(dev, lib, end)
-        started = done or w._state != "scheduled" or _query(dev, lib, start)
+        started = done or not _is_state(w._state, _SCHEDULED, "scheduled") or _query(dev, lib, start)
     except Exception as exc:  # a destroyed event (released meanwhile) or a sticky device error
         if w._start is start and w._exc is None:
             comm.fail(exc if isinstance(exc, CommFailure) else
@@ -754,19 +780,19 @@ cdef _refresh(CommCore comm, Work w, object dev, Library lib):
     failure = None
     comm._plock.take(-1)
     try:
-        if w._state is _COMPLETED or w._state == "completed" or w._exc is not None or w._start is not start:
+        if _is_state(w._state, _COMPLETED, "completed") or w._exc is not None or w._start is not start:
             return
         now = None  # one clock read for a start and a completion found together
-        if started and w._state == "scheduled":
+        if started and _is_state(w._state, _SCHEDULED, "scheduled"):
             w._state = _STARTED
-            w.time_started_ns = now = _time_ns()
+            w.time_started_ns = now = _wall_ns(_mono_ns())
         if not done:
             return
         if code != 0 and code != _IN_PROGRESS:
             failure = comm._async_exc(code)
         else:
             w._state = _COMPLETED
-            w.time_completed_ns = _time_ns() if now is None else now
+            w.time_completed_ns = _wall_ns(_mono_ns()) if now is None else now
             if w.time_started_ns is None:
                 w.time_started_ns = w.time_completed_ns
             w.duration_ms = None

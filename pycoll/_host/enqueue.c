@@ -179,10 +179,10 @@ static int lane_of(const struct task* t) {
 
 ncclResult_t run_tasks(struct task* list) {
   bool finished;
-  return run_tasks_until(list, UINT64_MAX, &finished);
+  return run_tasks_until(list, UINT64_MAX, UINT64_MAX, &finished);
 }
 
-ncclResult_t run_tasks_until(struct task* list, uint64_t deadline, bool* finished) {
+ncclResult_t run_tasks_until(struct task* list, uint64_t deadline, uint64_t budget_ns, bool* finished) {
   struct ncclComm* stack_comms[8];
   struct ncclComm** comms = stack_comms;
   int nc = 0, cap = 8;
@@ -227,7 +227,7 @@ ncclResult_t run_tasks_until(struct task* list, uint64_t deadline, bool* finishe
 
   struct backoff b;
   backoff_reset(&b, oversub);
-  bool bounded = deadline != UINT64_MAX;
+  bool bounded = deadline != UINT64_MAX || budget_ns != UINT64_MAX;
   unsigned rounds = 0;
   *finished = false;
   for (;;) {
@@ -237,12 +237,19 @@ ncclResult_t run_tasks_until(struct task* list, uint64_t deadline, bool* finishe
       *finished = true;
       break;
     }
-    if (bounded && (!moved || (++rounds & 63) == 0) && now_ns() >= deadline) {
-      if (LIKELY(!fp_hit("host.stream.handback"))) break;
-      WARN("run_tasks : failpoint host.stream.handback");
-      for (struct task* t = list; t; t = t->next)
-        if (!t->done) task_fail(t, ncclSystemError, "%s : failpoint host.stream.handback", t->opname);
-      continue;
+    if (bounded && (!moved || (++rounds & 63) == 0)) {
+      uint64_t t = now_ns();
+      if (budget_ns != UINT64_MAX) { /* the budget counts from the first look at the clock: no read for tasks done at once */
+        deadline = MIN(deadline, budget_ns > UINT64_MAX - t ? UINT64_MAX : t + budget_ns);
+        budget_ns = UINT64_MAX;
+      }
+      if (t >= deadline) {
+        if (LIKELY(!fp_hit("host.stream.handback"))) break;
+        WARN("run_tasks : failpoint host.stream.handback");
+        for (struct task* u = list; u; u = u->next)
+          if (!u->done) task_fail(u, ncclSystemError, "%s : failpoint host.stream.handback", u->opname);
+        continue;
+      }
     }
     if (moved) {
       backoff_reset(&b, oversub);

@@ -76,10 +76,11 @@ ncclResult_t enqueue_task(const struct task* proto, const ncclCollConfig_t* cfg)
 /* Runs `list` (linked by next) to completion in the calling thread. Tasks keep their comm
  * references; the caller releases them. Returns the first error. */
 ncclResult_t run_tasks(struct task* list);
-/* The same, but returns once `deadline` (monotonic ns) has passed with tasks unfinished: *finished false, the
- * tasks as far as they got (their comm references and buffers still theirs); a later call on the same list, in
- * any thread, resumes them. *finished true: as run_tasks. */
-ncclResult_t run_tasks_until(struct task* list, uint64_t deadline, bool* finished);
+/* The same, but returns once `deadline` (monotonic ns), or `budget_ns` after its first look at the clock (tasks
+ * that finish in the first pass make none), has passed with tasks unfinished (UINT64_MAX: none): *finished false,
+ * the tasks as far as they got (their comm references and buffers still theirs); a later call on the same list,
+ * in any thread, resumes them. *finished true: as run_tasks. */
+ncclResult_t run_tasks_until(struct task* list, uint64_t deadline, uint64_t budget_ns, bool* finished);
 /* Releases what tasks hold (comm references, pending counts) and frees heap tasks. */
 void tasks_finish(struct task* list, bool heap);
 

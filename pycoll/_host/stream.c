@@ -363,7 +363,7 @@ static void inline_end(struct pycollStream* s) {
  * (monotonic ns): true when they finished (and were released), false when the stream's thread must finish them. */
 static bool run_borrowed(struct task* list, uint64_t until) {
   bool finished;
-  run_tasks_until(list, MIN(now_ns() + inline_ns, until), &finished);
+  run_tasks_until(list, until, inline_ns, &finished);
   if (finished) tasks_finish(list, true);
   return finished;
 }
