@@ -16,18 +16,20 @@ The file opens unchanged in Perfetto (ui.perfetto.dev) and ``chrome://tracing``:
   slices on its ``elastic`` track: the recovery, then its phases (to agreement, agreement, revoke,
   shrink / grow / init, first collective).
 
-**Clocks.** Dumps record wall-clock times only (``time.time_ns()``: the entries' enqueue, start and
-completion times, the dump's ``time_ns``, the failures' and transitions' ``time``) and the host name;
-no monotonic time (it would mean nothing on another host). Ranks on one host share its clock; across
-hosts the rule is: a synchronising collective (all-reduce, all-gather, reduce-scatter, all-to-all,
-barrier) completes on no rank before every rank has entered it. So for every such collective that
-completed on a rank ``a`` of host A and a rank ``b`` of host B, the offset of B's clock from A's,
-``off``, satisfies ``enqueue_b - completed_a <= off <= completed_b - enqueue_a``. The estimate is the
-median of ``completed_b - completed_a`` (completions are close together), clamped into the
-intersection of those bounds when it is not empty. Hosts are aligned to the host of the lowest rank,
-through other hosts when they share no communicator with it; a host that shares no completed
-collective with any aligned host keeps its clock (``otherData.clock.unaligned`` names it). Times in
-the file are microseconds since the earliest event (``otherData.time_origin_unix_ns``).
+**Clocks.** Dumps record wall-clock times only (the entries' enqueue, start and completion times --
+the monotonic clock plus its offset from the wall clock, measured again every second, so one clock
+read serves an operation -- and ``time.time_ns()`` for the dump's ``time_ns``, the failures' and
+transitions' ``time``) and the host name; no monotonic time (it would mean nothing on another host).
+Ranks on one host share its clock; across hosts the rule is: a synchronising collective (all-reduce,
+all-gather, reduce-scatter, all-to-all, barrier) completes on no rank before every rank has entered
+it. So for every such collective that completed on a rank ``a`` of host A and a rank ``b`` of host
+B, the offset of B's clock from A's, ``off``, satisfies ``enqueue_b - completed_a <= off <=
+completed_b - enqueue_a``. The estimate is the median of ``completed_b - completed_a`` (completions
+are close together), clamped into the intersection of those bounds when it is not empty. Hosts are
+aligned to the host of the lowest rank, through other hosts when they share no communicator with it;
+a host that shares no completed collective with any aligned host keeps its clock
+(``otherData.clock.unaligned`` names it). Times in the file are microseconds since the earliest
+event (``otherData.time_origin_unix_ns``).
 
 This module works on loaded dumps; :func:`pycoll.diagnostics.analyze.trace_dir` reads a dump folder
 and calls it (``pycoll-fr DIR --trace out.json``).
