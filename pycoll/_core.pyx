@@ -58,21 +58,20 @@ cdef object _STARTED = "started"
 cdef object _HostDevice = HostDevice
 
 
-cdef inline double _monotonic() noexcept nogil:
+cdef inline long long _mono_ns() noexcept nogil:
     cdef timespec ts
     clock_gettime(CLOCK_MONOTONIC, &ts)
-    return ts.tv_sec + ts.tv_nsec * 1e-9
+    return <long long>ts.tv_sec * 1000000000 + ts.tv_nsec
+
+
+cdef inline double _monotonic() noexcept nogil:
+    """CLOCK_MONOTONIC in seconds (``time.monotonic()``), as a Work's ``t0`` holds it."""
+    return _mono_ns() * 1e-9
 
 
 cdef inline long long _time_ns() noexcept nogil:
     cdef timespec ts
     clock_gettime(CLOCK_REALTIME, &ts)
-    return <long long>ts.tv_sec * 1000000000 + ts.tv_nsec
-
-
-cdef inline long long _mono_ns() noexcept nogil:
-    cdef timespec ts
-    clock_gettime(CLOCK_MONOTONIC, &ts)
     return <long long>ts.tv_sec * 1000000000 + ts.tv_nsec
 
 
