@@ -38,7 +38,7 @@ import time
 import numpy as np
 
 from . import _bindings as B, _settings, buffers as _buffers, hooks
-from .buffers import Buffer, as_buffer, check_count, check_device, check_same_dtype
+from .buffers import Buffer, as_buffer, check_count, check_device, check_overlap, check_same_dtype
 from .collconfig import prepare as _prepare_config
 from .devices import FIRST_SLEEP_S, HostDevice
 from .errors import AsyncCommError, CommAborted, CommFailure, CommStateError, NCCLError, error_class
@@ -1460,13 +1460,16 @@ cdef object _redop(CommCore comm, object op, object datatype):
 
 
 cdef object _output_fits(object inp, object out, str op):
-    """``inp``'s count, once ``out`` has its dtype and room for it (``buffers.check_*`` raise otherwise);
-    both are Buffers (tuples)."""
+    """``inp``'s count, once ``out`` has its dtype and room for it and overlaps it only in place (the same
+    start) (``buffers.check_*`` raise otherwise); both are Buffers (tuples)."""
     if (<tuple>inp)[3] != (<tuple>out)[3]:
         check_same_dtype(inp, out, op=op)
     count = (<tuple>inp)[2]
     if (<tuple>out)[2] < count:
         check_count(out, count, op=op)
+    cdef uintptr_t i0 = (<tuple>inp)[0], o0 = (<tuple>out)[0]
+    if i0 != o0 and i0 < o0 + <size_t>(<tuple>out)[1] and o0 < i0 + <size_t>(<tuple>inp)[1]:
+        check_overlap(inp, out, op=op, in_place_form="output=None")
     return count
 
 
@@ -1556,12 +1559,9 @@ def sendrecv(CommCore comm, tensor, output, peer, *, stream=None, async_op=False
     st = _begin(comm, "sendrecv", stream, async_op, tensor, output)
     sb = _describe(comm, tensor, st, False, "tensor")
     rb = _describe(comm, output, st, True, "output")
-    cdef uintptr_t s0 = (<tuple>sb)[0], r0 = (<tuple>rb)[0]
-    cdef size_t sn = (<tuple>sb)[1], rn = (<tuple>rb)[1]
-    if sn and rn and s0 < r0 + rn and r0 < s0 + sn:
-        raise ValueError(f"sendrecv: tensor and output overlap in memory ({sn} bytes at {s0:#x}, {rn} bytes at "
-                         f"{r0:#x}): the receive would overwrite what is being sent; pass a separate output")
-    call = _new_call(comm.library, _SENDRECV, (), s0, r0, (<tuple>sb)[2], (<tuple>sb)[3], 0, peer)
+    check_overlap(sb, rb, op="sendrecv", in_place=None)  # a receive may not overwrite what is being sent
+    call = _new_call(comm.library, _SENDRECV, (), (<tuple>sb)[0], (<tuple>rb)[0], (<tuple>sb)[2], (<tuple>sb)[3], 0,
+                     peer)
     call.rcount, call.rdatatype = (<tuple>rb)[2], (<tuple>rb)[3]
     return _launch(comm, "sendrecv", call, st, [sb], [rb], async_op, timeout, peer)
 

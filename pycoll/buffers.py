@@ -42,6 +42,7 @@ __all__ = [
     "as_buffer",
     "check_device",
     "check_count",
+    "check_overlap",
     "check_same_dtype",
     "device_name",
 ]
@@ -766,6 +767,32 @@ def check_count(buf: Buffer, needed: int, *, exact: bool = False, op: str = "", 
     reason = f" ({why})" if why else ""
     amount = "exactly" if exact else "at least"
     raise ValueError(f"{prefix}{buf.name} has {buf.count} elements but needs {amount} {needed}{reason}")
+
+
+def check_overlap(src: Buffer, dst: Buffer, *, op: str, in_place: Optional[int] = 0, in_place_form: str = "") -> None:
+    """Refuse an input ``src`` and an output ``dst`` that share memory other than in the collective's in-place
+    layout; ``ValueError`` naming both if they do.
+
+    A collective reads its input while it writes its output piece by piece, so an output that overlaps the
+    input anywhere else makes it read what it already overwrote: wrong results, silently (NCCL leaves such
+    calls undefined). ``in_place``: the byte offset into ``dst`` at which ``src`` may start and overlap it --
+    0 for AllReduce (the same buffer), ``rank`` x the input's bytes for AllGather, minus ``rank`` x the output's
+    bytes for ReduceScatter; None where there is no in-place form. ``in_place_form`` names that form in the
+    message (e.g. ``"output=None"``).
+    """
+    if not src.nbytes or not dst.nbytes or src.device_type != dst.device_type:
+        return
+    if not (src.ptr < dst.ptr + dst.nbytes and dst.ptr < src.ptr + src.nbytes):
+        return
+    if in_place is not None and src.ptr == dst.ptr + in_place:
+        return
+    advice = "pass a separate output" if in_place is None else (
+        f"pass separate buffers, or the in-place form{f' ({in_place_form})' if in_place_form else ''}")
+    raise ValueError(
+        f"{op}: {src.name} and {dst.name} overlap in memory ({src.nbytes} bytes at 0x{src.ptr:x}, "
+        f"{dst.nbytes} bytes at 0x{dst.ptr:x}) other than in place: the {dst.name} would overwrite "
+        f"{src.name} data still to be read; {advice}"
+    )
 
 
 def check_same_dtype(a: Buffer, b: Buffer, *, op: str = "") -> None:

@@ -30,7 +30,7 @@ from . import (
     memory as _memory,
     windows as _windows,
 )
-from .buffers import Buffer, check_count, check_same_dtype
+from .buffers import Buffer, check_count, check_overlap, check_same_dtype
 from .collconfig import CollConfig, prepare as _prepare_config
 from .config import CommConfig
 from .devices import Device, backoff
@@ -728,6 +728,7 @@ class Communicator(_core.CommCore):
         out = inp if output is None else self._buf(output, st, writable=True, name="output")
         check_same_dtype(inp, out, op="reduce")
         check_count(out, inp.count, op="reduce")
+        check_overlap(inp, out, op="reduce", in_place_form="output=None")
         redop = self._redop(op, inp.datatype)
         lib = self.library
         call = _core.library_call(lib, "reduce", cc, inp.ptr, out.ptr, inp.count, inp.datatype, redop, root)
@@ -752,6 +753,7 @@ class Communicator(_core.CommCore):
             inp = self._buf(input, st, writable=False, name="input")
             check_same_dtype(inp, out, op="all_gather")
             check_count(out, inp.count * self._size, op="all_gather", why=f"{inp.count} elements x {self._size} ranks")
+            check_overlap(inp, out, op="all_gather", in_place=self._rank * inp.nbytes, in_place_form="input=None")
         lib = self.library
         return self._launch("all_gather",
                             _core.library_call(lib, "all_gather", cc, inp.ptr, out.ptr, inp.count, inp.datatype),
@@ -777,6 +779,8 @@ class Communicator(_core.CommCore):
             check_same_dtype(inp, out, op="reduce_scatter")
             check_count(inp, out.count * self._size, op="reduce_scatter",
                         why=f"{out.count} elements x {self._size} ranks")
+            check_overlap(inp, out, op="reduce_scatter", in_place=-self._rank * out.nbytes,
+                          in_place_form="output=None")
         redop = self._redop(op, inp.datatype)
         lib = self.library
         call = _core.library_call(lib, "reduce_scatter", cc, inp.ptr, out.ptr, out.count, inp.datatype, redop)
@@ -797,6 +801,7 @@ class Communicator(_core.CommCore):
         if inp.count % self._size:
             raise ValueError(f"all_to_all: input has {inp.count} elements, not a multiple of {self._size} ranks")
         check_count(out, inp.count, op="all_to_all")
+        check_overlap(inp, out, op="all_to_all", in_place_form="output=None")
         count = inp.count // self._size
         lib = self.library
         return self._launch("all_to_all", lambda h, s: lib.all_to_all(inp.ptr, out.ptr, count, inp.datatype, h, s, *cc),
@@ -830,6 +835,7 @@ class Communicator(_core.CommCore):
             if out is not None:
                 check_same_dtype(inp, out, op="gather")
                 check_count(out, inp.count * self._size, op="gather", why=f"{inp.count} elements x {self._size} ranks")
+                check_overlap(inp, out, op="gather", in_place=self._rank * inp.nbytes, in_place_form="input=None")
         outs = [out] if out is not None else []
         out_ptr = out.ptr if out is not None else 0
         lib = self.library
@@ -866,6 +872,7 @@ class Communicator(_core.CommCore):
                 check_same_dtype(inp, out, op="scatter")
                 check_count(inp, out.count * self._size, exact=True, op="scatter",
                             why=f"{out.count} elements x {self._size} ranks")
+                check_overlap(inp, out, op="scatter", in_place=-self._rank * out.nbytes, in_place_form="output=None")
         ins = [inp] if inp is not None else []
         in_ptr = inp.ptr if inp is not None else 0
         lib = self.library

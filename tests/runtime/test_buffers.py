@@ -42,6 +42,7 @@ from pycoll.buffers import (
     as_buffer,
     check_count,
     check_device,
+    check_overlap,
     check_same_dtype,
 )
 
@@ -701,3 +702,21 @@ def test_datatypes_match_the_bindings():
         assert DATATYPE_NAMES[int(member)]  # every binding datatype has a name here
     assert len(DATATYPE_NAMES) == len(nccl.DataType)
     assert int(nccl.DataType.Bfloat16) == 9 and int(nccl.DataType.Float8e5m2) == 11
+
+
+def test_check_overlap():
+    z = np.zeros(16, np.float32)
+    a, b = as_buffer(z[:8], name="input"), as_buffer(z[8:], name="output")
+    check_overlap(a, b, op="x")  # adjacent
+    check_overlap(a, as_buffer(z[:8], name="output"), op="x")  # the same start: in place
+    check_overlap(as_buffer(z[4:8], name="input"), as_buffer(z, name="output"), op="x", in_place=16)  # at its slot
+    check_overlap(as_buffer(z[:0], name="input"), as_buffer(z, name="output"), op="x")  # empty
+    with pytest.raises(ValueError, match=r"x: input and output overlap in memory \(32 bytes at 0x[0-9a-f]+, 32 bytes"
+                       r" at 0x[0-9a-f]+\) other than in place.*in-place form \(output=None\)"):
+        check_overlap(a, as_buffer(z[4:12], name="output"), op="x", in_place_form="output=None")
+    with pytest.raises(ValueError, match="pass a separate output"):
+        check_overlap(a, as_buffer(z[:8], name="output"), op="sendrecv", in_place=None)  # no in-place form at all
+    with pytest.raises(ValueError, match="overlap"):  # overlapping, but not at the in-place slot
+        check_overlap(as_buffer(z[4:8], name="input"), as_buffer(z, name="output"), op="x", in_place=0)
+    gpu = a._replace(device_type=DeviceType.CUDA)  # another address space: never compared
+    check_overlap(gpu, as_buffer(z[4:12], name="output"), op="x")

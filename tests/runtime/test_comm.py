@@ -299,6 +299,70 @@ def test_bad_input_leaves_communicator_usable():
         assert not bad, bad
 
 
+def _overlaps(rank, n, uid):
+    """Each collective with an output that overlaps its input other than in place: refused on every rank, the
+    communicator usable after; the explicit in-place layouts: right results."""
+    c = _comm(rank, n, uid)
+    out = {}
+
+    def refused(name, call, op):
+        try:
+            call()
+            out[name] = "accepted"
+        except ValueError as e:
+            out[name] = f"{op}: " in str(e) and "overlap in memory" in str(e)
+        x = np.ones(2, np.float32)
+        c.all_reduce(x)
+        out[name + " then"] = bool((x == n).all())
+
+    big = np.zeros((1 << 16) + 8, np.float32)
+    refused("all_reduce", lambda: c.all_reduce(big[:1 << 16], big[8:]), "all_reduce")
+    refused("broadcast", lambda: c.broadcast(big[:1 << 16], 0, big[8:]), "broadcast")
+    refused("reduce", lambda: c.reduce(big[:1 << 16], 0, big[8:]), "reduce")
+    g = np.zeros(4 * n, np.float32)
+    refused("all_gather", lambda: c.all_gather(g[1:5], g), "all_gather")
+    refused("reduce_scatter", lambda: c.reduce_scatter(g, g[1:5]), "reduce_scatter")
+    refused("all_to_all", lambda: c.all_to_all(g[:2 * n], g[1:2 * n + 1]), "all_to_all")
+    if n == 1:  # the root's output (gather) or input (scatter) alone can overlap: refused there, not elsewhere
+        refused("gather", lambda: c.gather(g[1:5], g, root=0), "gather")
+        refused("scatter", lambda: c.scatter(big[:4], big[2:6], root=0), "scatter")
+    refused("sendrecv", lambda: c.sendrecv(g[:4], g[2:6], rank ^ 1 if n > 1 else 0), "sendrecv")
+
+    # the in-place layouts, passed explicitly
+    x = np.full(6, rank + 1, np.float32)
+    c.all_reduce(x[:4], x)  # same start, a larger output
+    out["all_reduce in place"] = x[:4].tolist() == [n * (n + 1) / 2] * 4 and x[4:].tolist() == [rank + 1] * 2
+    a = np.zeros(4 * n, np.float32)
+    a[4 * rank:4 * rank + 4] = rank + 1
+    c.all_gather(a[4 * rank:4 * rank + 4], a)
+    out["all_gather in place"] = a.tolist() == [float(r + 1) for r in range(n) for _ in range(4)]
+    b = np.arange(4 * n, dtype=np.float32)
+    c.reduce_scatter(b, b[4 * rank:4 * rank + 4])
+    mine = range(4 * rank, 4 * rank + 4)
+    out["reduce_scatter in place"] = b[4 * rank:4 * rank + 4].tolist() == [n * float(v) for v in mine]
+    t = np.full(2 * n, 10 * rank, np.float32) + np.repeat(np.arange(n, dtype=np.float32), 2)
+    c.all_to_all(t, t)
+    out["all_to_all in place"] = t.tolist() == [float(10 * j + rank) for j in range(n) for _ in range(2)]
+    gth = np.zeros(2 * n, np.float32)
+    gth[2 * rank:2 * rank + 2] = rank + 1
+    c.gather(gth[2 * rank:2 * rank + 2], gth if rank == 0 else None, root=0)
+    out["gather in place"] = rank != 0 or gth.tolist() == [float(r + 1) for r in range(n) for _ in range(2)]
+    sc = np.repeat(np.arange(1, n + 1, dtype=np.float32), 2) if rank == 0 else None
+    dst = sc[:2] if rank == 0 else np.zeros(2, np.float32)
+    c.scatter(sc, dst, root=0)
+    out["scatter in place"] = dst.tolist() == [float(rank + 1)] * 2
+    c.destroy()
+    return out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("n", [1, 2])
+def test_overlapping_output_is_refused_and_in_place_layouts_work(n):
+    for res in run_ranks(_overlaps, n, _uid(), timeout=40):
+        bad = {k: v for k, v in res.items() if v is not True}
+        assert not bad, bad
+
+
 def test_bad_config_values():
     with pytest.raises(ValueError, match="blocking"):
         pycoll.CommConfig(blocking=3)
