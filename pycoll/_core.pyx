@@ -1506,7 +1506,7 @@ cdef object _all_reduce(CommCore comm, object tensor, object output, object op, 
 cdef object _rank_arg(CommCore comm, object root, object what):
     if type(root) is int and 0 <= root < comm._size:
         return root
-    return comm._root(root, what)  # raises what is wrong (or accepts an int subclass)
+    return comm._root(root, what)  # raises what is wrong (or accepts another integer: numpy's, an int subclass)
 
 
 def broadcast(CommCore comm, tensor, root=0, output=None, *, stream=None, async_op=False, timeout=None, config=None):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import operator
 import os
 import threading
 import time
@@ -162,6 +163,19 @@ def abort_all(comms: Sequence[Communicator], timeout: Optional[float] = None) ->
             _log.error("ncclCommAbort of %s failed: %s", names, errors[0])
     for c in begun:
         c._end_abort()
+
+
+def _integer(value: Any, what: str, expected: str) -> int:
+    """``value`` as an int: an int or another integer (numpy's, a 0-d integer tensor: what ``operator.index``
+    takes), never a bool; TypeError naming ``what`` and ``expected`` otherwise (a float is not rounded)."""
+    if type(value) is int:
+        return value
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise TypeError(f"{what} must be {expected}, got {type(value).__name__}")
+    try:
+        return operator.index(value)
+    except TypeError:  # an __index__ that refuses: numpy's bool, a tensor of several elements or of floats
+        raise TypeError(f"{what} must be {expected}, got {type(value).__name__} {value!r}") from None
 
 
 class Communicator(_core.CommCore):
@@ -698,8 +712,8 @@ class Communicator(_core.CommCore):
                          "a pycoll RedOp or a PreMulSum")
 
     def _root(self, root: Any, what: str = "root") -> int:
-        if isinstance(root, bool) or not isinstance(root, int):
-            raise TypeError(f"{what} must be an int rank, got {type(root).__name__}")
+        """``root`` as a rank of this communicator (:func:`_integer`); ValueError when out of range."""
+        root = _integer(root, what, "an int rank")
         if not 0 <= root < self._size:
             raise ValueError(f"{what} {root} is out of range for a communicator of {self._size} ranks")
         return root
@@ -1245,11 +1259,11 @@ class Communicator(_core.CommCore):
         if self._failure is not None and self._state != "revoked":
             raise self._failure
         timeout = _check_timeout(timeout, self.timeout)
-        if color is not None and (isinstance(color, bool) or not isinstance(color, int) or color < 0):
-            raise ValueError(f"color must be a non-negative int or None, got {color!r}")
-        key = self._rank if key is None else key
-        if isinstance(key, bool) or not isinstance(key, int):
-            raise TypeError(f"key must be an int, got {type(key).__name__}")
+        if color is not None:
+            color = _integer(color, "color", "a non-negative int or None")
+            if color < 0:
+                raise ValueError(f"color must be a non-negative int or None, got {color!r}")
+        key = self._rank if key is None else _integer(key, "key", "an int")
         uid = self._child_uid(f"split:{color}")
         members = self._split_members(-1 if color is None else color, key, timeout)
         with self._lock:
@@ -1300,7 +1314,7 @@ class Communicator(_core.CommCore):
         if self._failure is not None and not abort_ops and self._state != "revoked":
             raise self._failure
         timeout = _check_timeout(timeout, self.timeout)
-        excl = sorted({self._root(int(r), "excluded rank") for r in exclude})
+        excl = sorted({self._root(r, "excluded rank") for r in exclude})
         if not excl:
             raise ValueError("shrink needs at least one rank to exclude")
         if self._rank in excl:

@@ -263,6 +263,11 @@ def _bad_inputs(rank, n, uid):
         "bad_timeout": (ValueError, lambda: c.all_reduce(x, timeout=-1)),
         "not_an_array": (TypeError, lambda: c.all_reduce(object())),
         "scatter_sizes": (ValueError, lambda: c.scatter(np.ones(7, np.float32), np.empty(2, np.float32), root=rank)),
+        "float_root": (TypeError, lambda: c.broadcast(x, root=0.0)),
+        "bool_root": (TypeError, lambda: c.reduce(x, root=np.True_)),
+        "float_peer": (TypeError, lambda: c.sendrecv(x, np.empty(8, np.float32), peer=1.0)),
+        "float_excluded_rank": (TypeError, lambda: c.shrink([1.0 - rank])),  # not rounded to a rank
+        "float_color": (TypeError, lambda: c.split(0.5)),
     }
     out = {}
     for name, (exc, fn) in cases.items():
@@ -273,6 +278,17 @@ def _bad_inputs(rank, n, uid):
             out[name] = str(e) != ""
         except Exception as e:  # the wrong kind
             out[name] = f"{type(e).__name__}: {e}"
+    # numpy's integers (and 0-d integer tensors) are ranks, colors and keys like ints
+    import torch
+
+    z = np.full(4, rank + 1.0, np.float32)
+    c.broadcast(z, root=np.int64(1))
+    w = np.empty(4, np.float32)
+    c.sendrecv(z, w, peer=torch.tensor(1 - rank))
+    out["numpy_root_and_tensor_peer"] = z.tolist() == [2.0] * 4 and w.tolist() == [2.0] * 4
+    sub = c.split(np.uint8(0), key=np.int32(-rank))
+    out["numpy_color_and_key"] = sub.rank == 1 - rank
+    sub.destroy()
     # the communicator is still usable
     y = np.full(4, rank + 1.0, np.float32)
     c.all_reduce(y)
