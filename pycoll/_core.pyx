@@ -423,7 +423,8 @@ cdef class Work:
         only bounds this wait: if the operation is still running then, the builtin
         ``TimeoutError`` is raised and the operation and its communicator are left untouched.
         Without ``timeout`` the wait ends at the latest when the operation's own deadline
-        (``Work.timeout``) makes the communicator fail.
+        (``Work.timeout``) makes the communicator fail. An operation of this thread's open group has not
+        started (it starts at the group's end): waiting for it there raises :class:`pycoll.CommStateError`.
         """
         cdef double start, now, left, deadline = 0.0
         cdef CommCore comm
@@ -431,6 +432,12 @@ cdef class Work:
         if timeout is not None:
             timeout = _settings.seconds(timeout, "timeout", positive=False)
         comm = self.comm
+        if self._end is None and self._exc is None and not _final(self._state):
+            group = _open_works()
+            if group is not None and any(w is self for w in <list>group):
+                raise CommStateError(
+                    f"{self.op} (seq {self.seq}) on {comm.name} belongs to this thread's open group: it starts when "
+                    "the group ends (at the end of the `with comm.group()` block); wait for it after the group")
         start = _monotonic()
         bounded = timeout is not None
         if bounded:

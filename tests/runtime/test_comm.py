@@ -226,6 +226,19 @@ def _group_semantics(rank, n, uid):
     z = np.ones(2, np.float32)
     c.all_reduce(z)
     out["pair"] = r.tolist() == [float(1 - rank)] * 2 and z.tolist() == [2.0] * 2
+    # waiting inside the group for one of its own operations: refused at once (it starts at the group's end), and
+    # the group then runs as usual
+    q = np.full(2, float(rank), np.float32)
+    t0 = time.monotonic()
+    try:
+        with c.group():
+            w = c.all_reduce(q, async_op=True)
+            w.wait()
+        out["wait_in_group"] = "no exception"
+    except pycoll.CommStateError as e:
+        out["wait_in_group"] = "open group" in str(e) and time.monotonic() - t0 < 1.0
+    w.wait()
+    out["group_after_refused_wait"] = q.tolist() == [1.0] * 2 and c.failure is None
     c.destroy()
     return out
 
