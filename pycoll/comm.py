@@ -399,6 +399,14 @@ class Communicator(_core.CommCore):
 
     # -- state checks ---------------------------------------------------------------------------
 
+    def _outside_group(self, what: str) -> None:
+        """Refuse ``what`` inside this thread's open group: it needs its result (or the communicator's state)
+        at its return, and the group's operations only start when the group ends."""
+        if _core.open_group() is not None:
+            raise CommStateError(f"communicator {self.name!r}: {what} cannot be called inside a group (`with "
+                                 "comm.group()`): it needs its result at its return, and the group's operations "
+                                 "start only when the group ends; call it after the group")
+
     def _check_alive(self) -> None:
         if self._state == "inherited":
             raise CommStateError(
@@ -920,6 +928,7 @@ class Communicator(_core.CommCore):
         the bytes go through a buffer of this communicator's (allocated once, freed with it): the root
         copies them in and every rank copies them out, both ordered on the communicator's stream.
         """
+        self._outside_group("broadcast_bytes")
         root = self._root(root)
         if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
             raise ValueError(f"broadcast_bytes: nbytes must be an int > 0, got {nbytes!r}")
@@ -998,6 +1007,7 @@ class Communicator(_core.CommCore):
     def register_window(self, array: Any, flags: int = 0, *, timeout: Optional[float] = None) -> _windows.Window:
         """Register ``array`` as a window (``ncclCommWindowRegister``): collective, the same size on
         every rank; on the host backend it must come from :meth:`mem_alloc` or a SymmetricPool."""
+        self._outside_group("register_window")
         return _windows.register_window(self, array, flags, timeout)
 
     def mem_alloc(self, shape: Any, dtype: Any = "float32", like: Optional[str] = None) -> Any:
@@ -1049,6 +1059,7 @@ class Communicator(_core.CommCore):
 
         After it only :meth:`destroy` (then local and quick) or :meth:`abort` remain.
         """
+        self._outside_group("finalize")
         self._check_usable("finalize")
         timeout = _check_timeout(timeout, self.timeout)
         self._drain(timeout)
@@ -1073,6 +1084,7 @@ class Communicator(_core.CommCore):
         """
         if self._state in ("aborted", "destroyed", "inherited"):
             return
+        self._outside_group("destroy")
         timeout = _check_timeout(timeout, self.timeout)
         if not self._owns_handle and self._failure is None:
             self._detach(timeout)
@@ -1255,6 +1267,7 @@ class Communicator(_core.CommCore):
         first (over this communicator on the host backend, else through the store; unknown
         without one).
         """
+        self._outside_group("split")
         self._check_alive()
         if self._failure is not None and self._state != "revoked":
             raise self._failure
@@ -1310,6 +1323,7 @@ class Communicator(_core.CommCore):
         failure policy, the store, the survivors' job-wide ranks and (unless ``generation`` is
         given) the generation; ``failure_callbacks`` are its own.
         """
+        self._outside_group("shrink")
         self._check_alive()
         if self._failure is not None and not abort_ops and self._state != "revoked":
             raise self._failure
@@ -1361,6 +1375,7 @@ class Communicator(_core.CommCore):
         ``global_ranks``: every member's job-wide rank (unknown otherwise); the rest as for
         :meth:`shrink`.
         """
+        self._outside_group("grow")
         self._check_usable("grow")
         timeout = _check_timeout(timeout, self.timeout)
         if isinstance(size, bool) or not isinstance(size, int) or size <= self._size:

@@ -239,6 +239,22 @@ def _group_semantics(rank, n, uid):
         out["wait_in_group"] = "open group" in str(e) and time.monotonic() - t0 < 1.0
     w.wait()
     out["group_after_refused_wait"] = q.tolist() == [1.0] * 2 and c.failure is None
+    # what needs its result at its return is refused inside a group (split's new communicator, broadcast_bytes'
+    # bytes: the group's operations start at its end), at once, and the communicator stays usable
+    for name, call in [("split", lambda: c.split(0)), ("shrink", lambda: c.shrink([1 - rank])),
+                       ("grow", lambda: c.grow(n + 1)), ("broadcast_bytes", lambda: c.broadcast_bytes(b"ab", 2)),
+                       ("finalize", c.finalize), ("destroy", c.destroy)]:
+        try:
+            with c.group():
+                call()
+            out[f"{name}_in_group"] = "no exception"
+        except pycoll.CommStateError as e:
+            out[f"{name}_in_group"] = f"{name} cannot be called inside a group" in str(e)
+    sub = c.split(0)  # after the group: as usual
+    v = np.ones(2, np.float32)
+    sub.all_reduce(v)
+    out["split_after_group"] = v.tolist() == [2.0] * 2 and sub.size == n
+    sub.destroy()
     c.destroy()
     return out
 
