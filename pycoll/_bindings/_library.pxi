@@ -136,11 +136,15 @@ cdef class Library:
         cdef int rk = _cint(rank, "rank", 0)
         cdef ncclUniqueId* uid = _uid_ptr(unique_id, "unique_id")
         cdef ncclComm_t c = NULL
+        cdef ncclComm_t* out = &c
         cdef _Call cr
         if rk >= n:
             raise ValueError(f"rank must be < nranks ({n}), got {rk}")
         _need(self, <void*>self.fn.ncclCommInitRank, "ncclCommInitRank")
-        with nogil: _cap(&self.fn, NULL, &cr, self.fn.ncclCommInitRank(&c, n, uid[0], rk))
+        if self._in_group():
+            out = self._init_slot().ptr
+        with nogil: _cap(&self.fn, NULL, &cr, self.fn.ncclCommInitRank(out, n, uid[0], rk))
+        c = out[0]
         _check_new(self, &cr, "ncclCommInitRank", <uintptr_t>c, True)
         return <uintptr_t>c
 
@@ -157,11 +161,15 @@ cdef class Library:
         cdef ncclUniqueId* uid = _uid_ptr(unique_id, "unique_id")
         cdef ncclConfig_t* cfg = _config_ptr(config)
         cdef ncclComm_t c = NULL
+        cdef ncclComm_t* out = &c
         cdef _Call cr
         if rk >= n:
             raise ValueError(f"rank must be < nranks ({n}), got {rk}")
         _need(self, <void*>self.fn.ncclCommInitRankConfig, "ncclCommInitRankConfig")
-        with nogil: _cap(&self.fn, NULL, &cr, self.fn.ncclCommInitRankConfig(&c, n, uid[0], rk, cfg))
+        if self._in_group():
+            out = self._init_slot().ptr
+        with nogil: _cap(&self.fn, NULL, &cr, self.fn.ncclCommInitRankConfig(out, n, uid[0], rk, cfg))
+        c = out[0]
         status = _check_new(self, &cr, "ncclCommInitRankConfig", <uintptr_t>c, False)
         return (<uintptr_t>c, status)
 
@@ -171,6 +179,7 @@ cdef class Library:
         cdef int rk = _cint(rank, "rank", 0)
         cdef ncclConfig_t* cfg = _config_ptr(config)
         cdef ncclComm_t c = NULL
+        cdef ncclComm_t* out = &c
         cdef ncclUniqueId* ids
         cdef int nid
         cdef _Call cr
@@ -179,11 +188,14 @@ cdef class Library:
         ids_list = _unique_id_list(unique_ids, n)
         _need(self, <void*>self.fn.ncclCommInitRankScalable, "ncclCommInitRankScalable")
         nid = len(ids_list)
+        if self._in_group():
+            out = self._init_slot().ptr
         ids = _unique_id_array(ids_list)
         try:
-            with nogil: _cap(&self.fn, NULL, &cr, self.fn.ncclCommInitRankScalable(&c, n, rk, nid, ids, cfg))
+            with nogil: _cap(&self.fn, NULL, &cr, self.fn.ncclCommInitRankScalable(out, n, rk, nid, ids, cfg))
         finally:
             free(ids)  # NCCL copies the ids before it returns
+        c = out[0]
         status = _check_new(self, &cr, "ncclCommInitRankScalable", <uintptr_t>c, False)
         return (<uintptr_t>c, status)
 
@@ -287,9 +299,22 @@ cdef class Library:
         return (slot, _check(self, &cr, "ncclCommGrow"))
 
     cdef _track(self, CommSlot slot, int r):
-        if r == ncclInProgress:
+        if self._in_group():  # the library writes the slot at ncclGroupEnd: kept until the group has ended
+            self._groups.slots.append(slot)
+        elif r == ncclInProgress:
             slot._pending = True
             self._pending_slots.add(slot)
+
+    cdef bint _in_group(self):
+        """A group (group_start) is open on this thread."""
+        return getattr(self._groups, "depth", 0) > 0
+
+    cdef CommSlot _init_slot(self):
+        """Where a communicator init inside an open group writes its handle: heap memory the Library keeps until
+        the group has ended (the library may write it then: NULL after a failed init), not the caller's stack."""
+        cdef CommSlot slot = _new_slot(self, None)
+        self._groups.slots.append(slot)
+        return slot
 
     # --- teardown and state ----------------------------------------------------------------
     def comm_finalize(self, comm):
@@ -744,13 +769,31 @@ cdef class Library:
         cdef _Call cr
         _need(self, <void*>self.fn.ncclGroupStart, "ncclGroupStart")
         with nogil: _cap(&self.fn, NULL, &cr, self.fn.ncclGroupStart())
-        return _check(self, &cr, "ncclGroupStart")
+        status = _check(self, &cr, "ncclGroupStart")
+        g = self._groups
+        g.depth = getattr(g, "depth", 0) + 1
+        if g.depth == 1:
+            g.slots = []
+        return status
 
     def group_end(self):
-        """ncclGroupEnd; status (IN_PROGRESS when a nonblocking communicator is still issuing)."""
+        """ncclGroupEnd; status (IN_PROGRESS when a nonblocking communicator is still issuing).
+
+        The communicator slots of split/shrink/grow/init calls made in the group stay valid until the group has
+        ended (the library writes them at ncclGroupEnd), and while a nonblocking group is still issuing, until
+        their communicator is written."""
         cdef _Call cr
+        cdef CommSlot slot
         _need(self, <void*>self.fn.ncclGroupEnd, "ncclGroupEnd")
         with nogil: _cap(&self.fn, NULL, &cr, self.fn.ncclGroupEnd())
+        g = self._groups
+        depth = getattr(g, "depth", 0)
+        g.depth = max(0, depth - 1)  # ncclGroupEnd closes the group also when it fails
+        if depth == 1:
+            if cr.r == ncclInProgress:  # still issuing: the library writes them later
+                for slot in g.slots:
+                    self._track(slot, ncclInProgress)
+            g.slots = []
         return _check(self, &cr, "ncclGroupEnd")
 
     def group_simulate_end(self):

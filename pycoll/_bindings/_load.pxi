@@ -54,6 +54,7 @@ cdef Library _open(str target):
     lib.path = path
     lib._exported = {}
     lib._pending_slots = set()
+    lib._groups = threading.local()
     _resolve(lib)
     lib.version = lib.get_version()
     if lib._exported.get("pycollHostGetVersion"):

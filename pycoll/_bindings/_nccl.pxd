@@ -46,10 +46,13 @@ cdef class Library:
     cdef readonly int version
     cdef dict _exported
     cdef set _pending_slots
+    cdef object _groups  # threading.local: this thread's group depth and the slots made in its open group
     cdef object __weakref__
 
     cdef void* _sym(self, str name)
     cdef _track(self, CommSlot slot, int r)
+    cdef bint _in_group(self)
+    cdef CommSlot _init_slot(self)
 
 
 cdef class HostLibrary(Library):

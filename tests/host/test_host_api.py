@@ -578,3 +578,43 @@ def test_handle_checks_stay_right_while_other_threads_add_and_remove_handles():
         t.join(30)
     l.host_event_destroy(live)
     assert not wrong, wrong[:5]
+
+
+_GROUP_SLOTS = r"""
+import gc, sys
+from pycoll._bindings import load
+l = load("host")
+parent = l.comm_init_rank(1, l.get_unique_id(), 0)
+# a split inside a group whose slot the caller drops before the group ends: the library writes the new
+# communicator at ncclGroupEnd, into memory the Library keeps until then
+l.group_start()
+l.comm_split(parent, 0, 0)
+gc.collect()
+junk = [bytearray(24) for _ in range(20000)]
+l.group_end()
+del junk
+# one kept: the new communicator is there after the group
+l.group_start()
+slot, status = l.comm_split(parent, 0, 0)
+l.group_end()
+assert slot.value != 0, "no communicator after the group"
+l.comm_destroy(slot.value)
+# an init inside a group: the handle comes back at once and is usable after the group
+l.group_start()
+c = l.comm_init_rank(1, l.get_unique_id(), 0)
+l.group_end()
+assert c != 0
+l.comm_destroy(c)
+l.comm_destroy(parent)
+junk = [bytearray(24) for _ in range(200000)]
+print("ok")
+"""
+
+
+@pytest.mark.timeout(60)
+def test_communicators_made_in_a_group_are_written_into_memory_kept_until_its_end():
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _GROUP_SLOTS], capture_output=True, text=True, timeout=50)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout, r.stderr[-2000:])
