@@ -69,15 +69,16 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
-from . import _bindings as B, failpoints as _fp, membership as _mb, nodeagg as _node
+from . import _bindings as B, _settings, failpoints as _fp, membership as _mb, nodeagg as _node
 from ._procs import boot_id, exiting, stat_fields
-from .comm import Communicator, default_timeout
+from .comm import Communicator, _integer, default_timeout
 from .config import CommConfig
 from .create import init, join, load_library
 from .diagnostics import get_recorder, get_watchdog
 from .errors import CommFailure, CommStateError, NCCLError, StoreError, StoreTimeout
 from .launch import discovery
 from .launch.keys import mark_lost
+from .store import Store, wrap_torch_store
 
 __all__ = ["ElasticGroup", "Excluded", "Transition"]
 
@@ -229,14 +230,14 @@ class ElasticGroup:
             raise ValueError(f"slot must be an int >= 0, got {slot!r}")
         if not joiner and (world_size is None or not 0 <= slot < world_size):
             raise ValueError(f"slot {slot} must be below world_size {world_size} when forming the group")
-        if not window > 0:
-            raise ValueError(f"window must be > 0 seconds, got {window}")
-        self.store = store
+        if store is None or not hasattr(store, "set"):
+            raise TypeError(f"store must be a pycoll store or have torch's Store methods, got {type(store).__name__}")
+        self.store = store if isinstance(store, Store) else wrap_torch_store(store)
         self.slot = slot
         self.name = name
-        self.window = float(window)
-        self.join_timeout = float(join_timeout)
-        self.timeout = default_timeout() if timeout is None else float(timeout)
+        self.window = _settings.seconds(window, "window")
+        self.join_timeout = _settings.seconds(join_timeout, "join_timeout")
+        self.timeout = default_timeout() if timeout is None else _settings.seconds(timeout, "timeout")
         self.config = config
         self.on_change = on_change
         self.backend, self.library = load_library(backend, library)
@@ -591,8 +592,11 @@ class ElasticGroup:
         the same state -- one outcome per step even when a collective completed on some members and
         failed on others. A member is never more than one step ahead of that agreement.
         """
+        step = _integer(step, "commit: step", "an int >= 0")
+        if step < 0:
+            raise ValueError(f"commit: step must be an int >= 0, got {step}")
         _fp.hit(FP_COMMIT)
-        self._committed = int(step)
+        self._committed = step
 
     @property
     def last_committed(self) -> Optional[int]:

@@ -291,3 +291,26 @@ def test_the_store_work_of_a_recovery():
     # adds one flag and one or two proposals
     assert ops.get("append_get", 0) == 3, ops  # the survivors' votes
     assert ops.get("compare_set", 0) <= 3, ops
+
+
+def test_bad_arguments_are_refused_with_the_argument_named():
+    store = pycoll.MemoryStore()
+    for kwargs, exc, text in [
+        (dict(store=None), TypeError, "store must be a pycoll store"),
+        (dict(window="1"), TypeError, "window must be a number of seconds"),
+        (dict(join_timeout=0), ValueError, "join_timeout must be > 0 seconds"),
+        (dict(timeout=float("inf")), ValueError, "timeout must be a finite number of seconds"),
+    ]:
+        args = dict(store=store, slot=0, world_size=1, backend="host", name="bad-args") | kwargs
+        with pytest.raises(exc, match=text):
+            ElasticGroup(**args)
+    group = ElasticGroup(store, 0, 1, backend="host", name="bad-commit")
+    try:
+        for step, exc in [(-1, ValueError), (1.5, TypeError), ("3", TypeError), (True, TypeError)]:
+            with pytest.raises(exc, match="commit: step must be an int >= 0"):
+                group.commit(step)
+        assert group.last_committed is None  # nothing refused was recorded
+        group.commit(np.int64(4))
+        assert group.last_committed == 4 and type(group.last_committed) is int
+    finally:
+        group.close()
