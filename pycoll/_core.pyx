@@ -322,7 +322,9 @@ cdef class CommCore:
         Operations of several communicators of the same library may be grouped. They are issued
         together when the outermost group closes; blocking ones are then waited for, ``async_op``
         ones return their :class:`Work` at once. Sends and receives to several peers must be
-        grouped.
+        grouped. Nothing in the block can use a result of the group: waiting for one of its Works raises
+        :class:`pycoll.CommStateError`, and so do the calls that need their result at their return
+        (``split``, ``shrink``, ``grow``, ``broadcast_bytes``, ``register_window``, ``finalize``, ``destroy``).
         """
         return GroupScope(self)
 
