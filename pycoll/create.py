@@ -17,7 +17,7 @@ from .devices import Device, auto_backend, cuda_device_count, open_device, rocm_
 from .diagnostics import install as _install_diagnostics
 from .errors import NCCLError
 from .launch import discovery
-from .store import Store, wrap_torch_store
+from .store.torch import store_argument
 
 _log = logging.getLogger("pycoll.create")
 
@@ -173,10 +173,8 @@ def init(
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is out of range for world_size {world_size}")
-    if store is not None and not hasattr(store, "set"):
-        raise TypeError(f"store must be a pycoll store or have torch's Store methods, got {type(store).__name__}")
-    if store is not None and not isinstance(store, Store):
-        store = wrap_torch_store(store)
+    if store is not None:
+        store = store_argument(store)
 
     backend, lib = load_library(backend, library)
     dev, owns = _open_device(backend, lib, device, local_rank)

@@ -78,7 +78,7 @@ from .diagnostics import get_recorder, get_watchdog
 from .errors import CommFailure, CommStateError, NCCLError, StoreError, StoreTimeout
 from .launch import discovery
 from .launch.keys import mark_lost
-from .store import Store, wrap_torch_store
+from .store.torch import store_argument
 
 __all__ = ["ElasticGroup", "Excluded", "Transition"]
 
@@ -230,9 +230,7 @@ class ElasticGroup:
             raise ValueError(f"slot must be an int >= 0, got {slot!r}")
         if not joiner and (world_size is None or not 0 <= slot < world_size):
             raise ValueError(f"slot {slot} must be below world_size {world_size} when forming the group")
-        if store is None or not hasattr(store, "set"):
-            raise TypeError(f"store must be a pycoll store or have torch's Store methods, got {type(store).__name__}")
-        self.store = store if isinstance(store, Store) else wrap_torch_store(store)
+        self.store = store_argument(store)
         self.slot = slot
         self.name = name
         self.window = _settings.seconds(window, "window")

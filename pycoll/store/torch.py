@@ -142,3 +142,11 @@ def wrap_torch_store(store: Any, timeout: Optional[float] = None) -> Store:
     if isinstance(store, Store):
         return store
     return TorchStoreAdapter(store, timeout)
+
+
+def store_argument(store: Any) -> Store:
+    """A ``store=`` argument as a pycoll :class:`Store` (:func:`wrap_torch_store`); TypeError naming it for
+    anything without a ``set`` method, None included."""
+    if not hasattr(store, "set"):
+        raise TypeError(f"store must be a pycoll store or have torch's Store methods, got {type(store).__name__}")
+    return wrap_torch_store(store)
