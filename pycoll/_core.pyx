@@ -1477,6 +1477,7 @@ cdef object _output_fits(object inp, object out, str op):
     if (<tuple>out)[2] < count:
         check_count(out, count, op=op)
     cdef uintptr_t i0 = (<tuple>inp)[0], o0 = (<tuple>out)[0]
+    # check_overlap's own range test, in C: the common separate or same-start output makes no Python call
     if i0 != o0 and i0 < o0 + <size_t>(<tuple>out)[1] and o0 < i0 + <size_t>(<tuple>inp)[1]:
         check_overlap(inp, out, op=op, in_place_form="output=None")
     return count
