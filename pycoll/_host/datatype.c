@@ -278,72 +278,71 @@ static bool overlaps(const void* a, const void* b, size_t bytes) {
 #include <immintrin.h>
 
 /* float32 sum over any number of sources in one pass: each element is read once from every source
- * and written once to each output, summed left to right like the pairwise kernels. */
-__attribute__((target("avx2"))) static void f32_sum_many(float* dst, float* dst2, const float* const* srcs, int nsrc,
-                                                        size_t count, bool stream) {
+ * and written once to each output (the first `nstream` with streaming stores where the first's
+ * alignment aligns them too), summed left to right like the pairwise kernels. */
+__attribute__((target("avx2"))) static void f32_sum_many(float* const* dsts, int ndst, int nstream,
+                                                        const float* const* srcs, int nsrc, size_t count) {
   size_t i = 0;
-  if (stream)
-    for (; i < count && ((uintptr_t)(dst + i) & 31); i++) {
-      float v = srcs[0][i];
-      for (int k = 1; k < nsrc; k++) v = v + srcs[k][i];
-      dst[i] = v;
-      if (dst2) dst2[i] = v;
-    }
+  for (; nstream > 0 && i < count && ((uintptr_t)(dsts[0] + i) & 31); i++) {
+    float v = srcs[0][i];
+    for (int k = 1; k < nsrc; k++) v = v + srcs[k][i];
+    for (int d = 0; d < ndst; d++) dsts[d][i] = v;
+  }
+  bool st[ndst];
+  for (int d = 0; d < ndst; d++) st[d] = d < nstream && !((uintptr_t)(dsts[d] + i) & 31);
   for (; i + 16 <= count; i += 16) {
     __m256 a = _mm256_loadu_ps(srcs[0] + i), b = _mm256_loadu_ps(srcs[0] + i + 8);
     for (int k = 1; k < nsrc; k++) {
       a = _mm256_add_ps(a, _mm256_loadu_ps(srcs[k] + i));
       b = _mm256_add_ps(b, _mm256_loadu_ps(srcs[k] + i + 8));
     }
-    if (stream) {
-      _mm256_stream_ps(dst + i, a);
-      _mm256_stream_ps(dst + i + 8, b);
-    } else {
-      _mm256_storeu_ps(dst + i, a);
-      _mm256_storeu_ps(dst + i + 8, b);
-    }
-    if (dst2) {
-      _mm256_storeu_ps(dst2 + i, a);
-      _mm256_storeu_ps(dst2 + i + 8, b);
+    for (int d = 0; d < ndst; d++) {
+      if (st[d]) {
+        _mm256_stream_ps(dsts[d] + i, a);
+        _mm256_stream_ps(dsts[d] + i + 8, b);
+      } else {
+        _mm256_storeu_ps(dsts[d] + i, a);
+        _mm256_storeu_ps(dsts[d] + i + 8, b);
+      }
     }
   }
-  if (stream) _mm_sfence();
+  if (nstream > 0) _mm_sfence();
   for (; i < count; i++) {
     float v = srcs[0][i];
     for (int k = 1; k < nsrc; k++) v = v + srcs[k][i];
-    dst[i] = v;
-    if (dst2) dst2[i] = v;
+    for (int d = 0; d < ndst; d++) dsts[d][i] = v;
   }
 }
 #define HAVE_SUM_MANY 1
 #endif
 
-static void reduce_impl(const struct redop* op, void* dst, void* dst2, const void* const* srcs, int nsrc, int raw,
-                        size_t count, bool stream) {
+static void reduce_impl(const struct redop* op, void* const* dsts, int ndst, int nstream,
+                        const void* const* srcs, int nsrc, int raw, size_t count) {
   size_t es = dt_size(op->dtype), bytes = count * es;
+  char* dst = dsts[0];
   binfn comb = combiner(op);
   if (op->kind != RK_PREMULSUM) raw = -1;
   bool post_div = op->kind == RK_SUMDIV && op->divisor != 1;
 #ifdef HAVE_SUM_MANY
   if (op->dtype == ncclFloat32 && op->kind == RK_SUM && nsrc >= 2 && ph_has_avx2()) {
-    f32_sum_many(dst, dst2, (const float* const*)srcs, nsrc, count, stream);
+    f32_sum_many((float* const*)dsts, ndst, nstream, (const float* const*)srcs, nsrc, count);
     return;
   }
 #endif
-  if (nsrc == 2 && raw < 0 && !post_div && !stream) { /* the common case: one pass, no temporaries */
-    if (!dst2) {
+  if (nsrc == 2 && raw < 0 && !post_div && !nstream) { /* the common case: one pass, no temporaries */
+    if (ndst == 1) {
       comb(dst, srcs[0], srcs[1], count);
       return;
     }
-    size_t blk = BLOCK_BYTES / es; /* the second copy reads what L1 still holds */
+    size_t blk = BLOCK_BYTES / es; /* the other outputs' copies read what L1 still holds */
     for (size_t off = 0; off < count; off += blk) {
       size_t len = MIN(blk, count - off), boff = off * es;
-      comb((char*)dst + boff, (const char*)srcs[0] + boff, (const char*)srcs[1] + boff, len);
-      ph_copy((char*)dst2 + boff, (char*)dst + boff, len * es);
+      comb(dst + boff, (const char*)srcs[0] + boff, (const char*)srcs[1] + boff, len);
+      for (int d = 1; d < ndst; d++) ph_copy((char*)dsts[d] + boff, dst + boff, len * es);
     }
     return;
   }
-  bool alias = stream; /* streaming: accumulate in L1, write dst once */
+  bool alias = nstream > 0; /* streaming: accumulate in L1, write dst once */
   for (int k = 1; k < nsrc; k++)
     if (overlaps(dst, srcs[k], bytes)) alias = true;
   _Alignas(64) char tmp[BLOCK_BYTES];
@@ -351,7 +350,7 @@ static void reduce_impl(const struct redop* op, void* dst, void* dst2, const voi
   size_t blk = BLOCK_BYTES / es;
   for (size_t off = 0; off < count; off += blk) {
     size_t len = MIN(blk, count - off), boff = off * es;
-    char* acc = alias ? tmp : (char*)dst + boff;
+    char* acc = alias ? tmp : dst + boff;
     const void* s0 = (const char*)srcs[0] + boff;
     if (raw == 0) {
       dt_publish(op, rawbuf, s0, len);
@@ -370,17 +369,24 @@ static void reduce_impl(const struct redop* op, void* dst, void* dst2, const voi
       }
     }
     if (post_div) div_table[op->dtype](acc, len, op->divisor);
-    if (acc != (char*)dst + boff) (stream ? ph_stream : ph_copy)((char*)dst + boff, acc, len * es);
-    if (dst2) ph_copy((char*)dst2 + boff, acc, len * es);
+    for (int d = 0; d < ndst; d++)
+      if (d > 0 || acc != dst + boff) (d < nstream ? ph_stream : ph_copy)((char*)dsts[d] + boff, acc, len * es);
   }
 }
 
 void dt_reduce(const struct redop* op, void* dst, void* dst2, const void* const* srcs, int nsrc, int raw,
                size_t count) {
-  reduce_impl(op, dst, dst2, srcs, nsrc, raw, count, false);
+  void* dsts[2] = {dst, dst2};
+  reduce_impl(op, dsts, dst2 ? 2 : 1, 0, srcs, nsrc, raw, count);
 }
 
 void dt_reduce_stream(const struct redop* op, void* dst, void* dst2, const void* const* srcs, int nsrc, int raw,
                       size_t count) {
-  reduce_impl(op, dst, dst2, srcs, nsrc, raw, count, true);
+  void* dsts[2] = {dst, dst2};
+  reduce_impl(op, dsts, dst2 ? 2 : 1, 1, srcs, nsrc, raw, count);
+}
+
+void dt_reduce_to(const struct redop* op, void* const* dsts, int ndst, bool stream, const void* const* srcs, int nsrc,
+                  size_t count) {
+  reduce_impl(op, dsts, ndst, stream ? ndst : 0, srcs, nsrc, -1, count);
 }

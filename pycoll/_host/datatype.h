@@ -36,6 +36,11 @@ void dt_reduce(const struct redop* op, void* dst, void* dst2, const void* const*
 void dt_reduce_stream(const struct redop* op, void* dst, void* dst2, const void* const* srcs, int nsrc, int raw,
                       size_t count);
 
+/* dt_reduce of published values (no srcs[raw]) into ndst outputs, each written with streaming
+ * stores if `stream` (fenced on return). */
+void dt_reduce_to(const struct redop* op, void* const* dsts, int ndst, bool stream, const void* const* srcs, int nsrc,
+                  size_t count);
+
 /* Scalar conversions exposed for PreMulSum scalars and tests. */
 float dt_half_to_float(uint16_t h);
 uint16_t dt_float_to_half(float f);
