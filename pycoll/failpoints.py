@@ -214,7 +214,7 @@ def _fire(name: str, rank: Optional[int]) -> None:
 #: the host library's failpoints (pycoll/_host/failpoint.h lists the same; a test checks both)
 HOST_POINTS = tuple(declare(n, "host library") for n in (
     "host.init.begin", "host.init.end",
-    "host.coll.before_fill", "host.coll.after_arrive", "host.coll.after_consume", "host.coll.done",
+    "host.coll.before_fill", "host.coll.after_arrive", "host.coll.after_consume", "host.coll.done", "host.coll.window",
     "host.shrink.begin", "host.shrink.end", "host.grow.begin", "host.grow.end",
     "host.window.exchange", "host.signal.wait", "host.stream.defer", "host.stream.handback",
 ))

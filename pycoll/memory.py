@@ -11,7 +11,9 @@ collected -- never earlier, so an array may outlive its communicator (``ncclMemF
 communicator). Destroying or aborting the communicator releases its windows and registrations
 first; the arrays stay valid memory. A pool's array returns its block to the pool when it dies.
 On the host backend the memory is anonymous shared memory (memfd): nothing appears under
-/dev/shm, and nothing outlives the processes.
+/dev/shm, and nothing outlives the processes; an ``all_reduce`` past 32 KiB whose input and output
+are a pool's arrays (or lie in other windows) on every rank reduces straight between the ranks'
+memory, with no staging copy (``PYCOLL_HOST_WINDOW_ALLREDUCE``).
 """
 
 from __future__ import annotations

@@ -14,6 +14,16 @@
  * the parity rule above holds for outbuf too. Outputs too large for the caches are written with
  * streaming stores (PYCOLL_HOST_STREAM_MIN bytes and more: 8 MiB by default).
  *
+ * An AllReduce of that size whose send and receive buffers lie in windows (ncclCommWindowRegister) on
+ * every rank skips the inboxes and outbuf: the ranks publish, with step 0's descriptor, which windows
+ * hold their buffers and where, and if every rank's are in the same windows, each rank reduces its
+ * slice of the whole operation straight from every rank's send buffer into every rank's receive buffer
+ * (mapped through the windows), then all wait until everyone is done (the operation's last step). A
+ * rank's memory traffic is then one read of N bytes and one write of N, a copy's, instead of about
+ * twice that. Any rank without windows (or with PYCOLL_HOST_WINDOW_ALLREDUCE=0) makes every rank
+ * take the pipeline; the choice is made from the same descriptors on every rank (which is why step 0
+ * still publishes the pipeline's first chunk: a rank cannot know the verdict before it arrives).
+ *
  * Each rank transforms its own contribution before publishing it (PreMulSum/Avg scalars are
  * per rank, as in NCCL), and reductions run in rank order 0..n-1. */
 #include "core.h" /* first: defines _GNU_SOURCE */
@@ -25,27 +35,39 @@
 #include "debug.h"
 #include "enqueue.h"
 #include "env.h"
+#include "window.h"
 
-enum phase { PH_FILL = 0, PH_ARRIVE, PH_CONSUME };
-enum algo { ALGO_LOCAL = 0, ALGO_ONESHOT, ALGO_TWOPHASE, ALGO_STEP };
+enum phase { PH_FILL = 0, PH_ARRIVE, PH_CONSUME, PH_WINDOW };
+enum algo { ALGO_LOCAL = 0, ALGO_ONESHOT, ALGO_TWOPHASE, ALGO_STEP, ALGO_WINDOW };
 
 static size_t oneshot_max = 32 << 10;
 static size_t chunk_max = 512 << 10;
 /* outputs from this size on are written with streaming stores (PYCOLL_HOST_STREAM_MIN; 0: never) */
 static size_t stream_min = 8 << 20;
+/* AllReduce over windows (PYCOLL_HOST_WINDOW_ALLREDUCE, on by default), and how much of its slice a rank
+ * reduces before it returns to whoever runs it (who may have a deadline, or other work) */
+static bool window_allreduce = true;
+#define WINDOW_PIECE_BYTES (4 << 20)
 
-/* Whether streaming stores help depends on the machine: on some they make a large AllReduce faster, on
- * others much slower (benchmarks/README.md). Unless PYCOLL_HOST_STREAM_MIN is set, the process measures:
- * its first STORE_TRIALS AllReduce/Reduce with outputs past the threshold alternate between streaming and
- * cached stores (every rank does the same operations in the same order, so the ranks alternate
- * together), and the stores whose best time per byte was shorter are used from then on. */
+/* Whether streaming stores help depends on the machine and on the size: on some machines they make a
+ * large AllReduce faster, on others much slower, and outputs that the caches still hold lose by them
+ * (benchmarks/README.md). Unless PYCOLL_HOST_STREAM_MIN is set, the process measures, apart for the
+ * pipeline and for AllReduce over windows (their stores go to different places) and for each size
+ * class (stream_min to twice that, twice that to four times, ..., the last open-ended): the first
+ * STORE_TRIALS AllReduce/Reduce of a class alternate between streaming and cached stores (every rank
+ * does the same operations in the same order, so the ranks alternate together), and the stores whose
+ * best time per byte was shorter are used for that class from then on. */
 #define STORE_TRIALS 6
-static bool stores_fixed;             /* PYCOLL_HOST_STREAM_MIN is set: no measuring */
-static int stores_pick = -1;          /* -1: measuring; 1 streaming, 0 cached */
-static int store_trials_started;
+#define STORE_CLASSES 8
+static bool stores_fixed; /* PYCOLL_HOST_STREAM_MIN is set: no measuring */
+enum { STORES_PIPELINE = 0, STORES_WINDOWS, STORES_N };
+static const char* const store_what[STORES_N] = {"AllReduce/Reduce", "AllReduce over windows"};
+static struct store_choice {
+  int pick;           /* -1: measuring; 1 streaming, 0 cached */
+  int started, done;  /* trials */
+  double best[2];     /* shortest ns per byte seen with cached (0) and streaming (1) stores */
+} stores[STORES_N][STORE_CLASSES];
 static pthread_mutex_t store_mu = PTHREAD_MUTEX_INITIALIZER;
-static int store_trials_done;
-static double store_best[2];          /* shortest ns per byte seen with cached (0) and streaming (1) stores */
 
 __attribute__((constructor)) static void coll_tunables(void) {
   uint64_t v;
@@ -56,31 +78,49 @@ __attribute__((constructor)) static void coll_tunables(void) {
   const char* set = getenv("PYCOLL_HOST_STREAM_MIN");
   stores_fixed = env_u64("PYCOLL_HOST_STREAM_MIN", 0, ENV_STREAM_MIN_MAX, stream_min, &v) && set && *set;
   stream_min = (size_t)v;
+  for (int w = 0; w < STORES_N; w++)
+    for (int k = 0; k < STORE_CLASSES; k++) stores[w][k].pick = -1;
+  env_u64("PYCOLL_HOST_WINDOW_ALLREDUCE", 0, 1, 1, &v);
+  window_allreduce = v != 0;
 }
 
-/* A large output (past the threshold): streaming stores or not, measured first (above). */
-static bool stream_large(struct task* t) {
+static int store_class(size_t bytes) {
+  int k = 0;
+  for (size_t x = bytes / stream_min; x > 1 && k < STORE_CLASSES - 1; x >>= 1) k++;
+  return k;
+}
+
+/* A large output (past the threshold) of the pipeline or over windows (`which`): streaming stores or
+ * not, measured first (above). */
+static bool stream_large(struct task* t, int which, size_t bytes) {
   if (stores_fixed) return true;
-  int pick = __atomic_load_n(&stores_pick, __ATOMIC_ACQUIRE);
+  struct store_choice* sc = &stores[which][store_class(bytes)];
+  int pick = __atomic_load_n(&sc->pick, __ATOMIC_ACQUIRE);
   if (pick >= 0) return pick == 1;
-  int k = __atomic_fetch_add(&store_trials_started, 1, __ATOMIC_RELAXED);
+  int k = __atomic_fetch_add(&sc->started, 1, __ATOMIC_RELAXED);
   if (k >= STORE_TRIALS) return true; /* more started meanwhile than are measured: the default until decided */
-  t->timed_store = true;
+  t->timed_store = which + 1;
   t->t_start = now_ns();
   return (k & 1) == 0; /* streaming first (the default), then cached, alternately */
 }
 
 static void store_trial_done(struct task* t, size_t bytes) {
+  int which = t->timed_store - 1, cls = store_class(bytes);
+  if (which != (t->algo == ALGO_WINDOW ? STORES_WINDOWS : STORES_PIPELINE)) return; /* ranks disagreed on windows */
+  struct store_choice* sc = &stores[which][cls];
   double per_byte = (double)(now_ns() - t->t_start) / (double)bytes;
   int mode = t->stream_out ? 1 : 0;
   pthread_mutex_lock(&store_mu);
-  if (store_best[mode] == 0 || per_byte < store_best[mode]) store_best[mode] = per_byte;
-  if (++store_trials_done == STORE_TRIALS && store_best[0] > 0 && store_best[1] > 0) {
-    int pick = store_best[1] <= store_best[0];
-    __atomic_store_n(&stores_pick, pick, __ATOMIC_RELEASE);
-    INFO("AllReduce/Reduce outputs of %zu bytes and more: %s stores (measured: streaming %.3f, cached %.3f ns per "
-         "byte at best over %d operations; PYCOLL_HOST_STREAM_MIN decides instead)",
-         stream_min, pick ? "streaming" : "cached", store_best[1], store_best[0], STORE_TRIALS);
+  if (sc->best[mode] == 0 || per_byte < sc->best[mode]) sc->best[mode] = per_byte;
+  if (++sc->done == STORE_TRIALS && sc->best[0] > 0 && sc->best[1] > 0) {
+    int pick = sc->best[1] <= sc->best[0];
+    __atomic_store_n(&sc->pick, pick, __ATOMIC_RELEASE);
+    char upto[48] = "and more";
+    if (cls < STORE_CLASSES - 1) snprintf(upto, sizeof upto, "to %zu", (stream_min << (cls + 1)) - 1);
+    INFO("%s outputs of %zu %s bytes: %s stores (measured: streaming %.3f, cached %.3f ns per byte at best over %d "
+         "operations; PYCOLL_HOST_STREAM_MIN decides instead)",
+         store_what[which], stream_min << cls, upto, pick ? "streaming" : "cached", sc->best[1], sc->best[0],
+         STORE_TRIALS);
   }
   pthread_mutex_unlock(&store_mu);
 }
@@ -97,13 +137,31 @@ static inline char* at(const void* base, size_t elems, size_t es) { return (char
 
 static int redop_code(const struct task* t) { return t->op >= ncclNumOps ? ncclNumOps : t->op; }
 
+/* A large AllReduce: the windows of the comm that hold its buffers, if any (published in the descriptor).
+ * Not for PreMulSum/Avg on floats: their per-rank scalars are applied by the rank that publishes. */
+static void find_windows(struct task* t, size_t bytes) {
+  t->win_key = 0;
+  if (!window_allreduce || t->rop.kind == RK_PREMULSUM) return;
+  size_t off[2];
+  t->win[0] = window_holding(t->comm, t->sendbuff, bytes, &off[0]);
+  t->win[1] = t->win[0] ? window_holding(t->comm, t->recvbuff, bytes, &off[1]) : NULL;
+  if (!t->win[1]) {
+    if (t->win[0]) window_put(t->win[0]);
+    t->win[0] = NULL;
+    return;
+  }
+  t->win_off[0] = off[0];
+  t->win_off[1] = off[1];
+  t->win_key = (uint64_t)t->win[0]->ordinal << 32 | t->win[1]->ordinal;
+}
+
 void coll_start(struct task* t) {
   struct ncclComm* c = t->comm;
   struct seg* s = &c->seg;
   size_t es = dt_size(t->dtype), n = (size_t)c->nranks, ib = s->inbox_bytes;
   t->started = true;
   t->stream_out = false;
-  t->timed_store = false;
+  t->timed_store = 0;
   t->step = 0;
   t->phase = PH_FILL;
   t->op_seq = c->op_seq++;
@@ -124,7 +182,9 @@ void coll_start(struct task* t) {
       } else {
         t->algo = ALGO_TWOPHASE;
         t->piece = MAX((size_t)1, MIN(chunk_max, ib) / es); /* never 0: it divides the step count */
-        t->stream_out = stream_min != 0 && bytes >= stream_min && stream_large(t);
+        if (t->kind == TK_ALLREDUCE) find_windows(t, bytes);
+        t->stream_out = stream_min != 0 && bytes >= stream_min &&
+                        stream_large(t, t->win_key ? STORES_WINDOWS : STORES_PIPELINE, bytes);
       }
       break;
     }
@@ -160,6 +220,9 @@ static void write_desc(struct task* t, int parity) {
   d->root = t->root;
   d->step = t->step;
   d->nsteps = t->nsteps;
+  d->win_key = t->win_key;
+  d->win_off[0] = t->win_off[0];
+  d->win_off[1] = t->win_off[1];
 }
 
 static void describe(char* out, size_t len, int kind, uint64_t count, int dtype, int redop, int root) {
@@ -214,7 +277,7 @@ static void fill(struct task* t, int p) {
     case TK_REDUCE:
       if (t->algo == ALGO_ONESHOT) {
         dt_publish(&t->rop, mine, at(t->sendbuff, base, es), len);
-      } else if (t->step < t->nchunks) {
+      } else if (t->algo == ALGO_TWOPHASE && t->step < t->nchunks) {
         size_t align = MAX((size_t)1, CACHELINE / es);
         for (int k = 0; k < n; k++) {
           size_t lo, hi;
@@ -291,6 +354,39 @@ static void copy_out(struct task* t, int p) {
   }
 }
 
+/* Step 0 of a large AllReduce, everyone arrived: whether every rank's buffers are in the same windows
+ * (the same verdict on every rank: it reads the same descriptors). */
+static bool windows_agreed(const struct task* t, int p) {
+  if (!t->win_key) return false;
+  for (int k = 0; k < t->comm->nranks; k++)
+    if (t->comm->seg.ctrl[k].desc[p].win_key != t->win_key) return false;
+  return true;
+}
+
+/* AllReduce over windows: the next piece of this rank's slice of the operation (from t->off), reduced in
+ * one pass from every rank's send buffer into every rank's receive buffer; true once the slice is done.
+ * Every rank has arrived at step 0, so every buffer belongs to this operation; only this rank touches
+ * its slice, in place or not. */
+static bool reduce_windows(struct task* t, int p) {
+  struct ncclComm* c = t->comm;
+  int me = c->rank, n = c->nranks;
+  size_t es = dt_size(t->dtype), lo, hi;
+  slice(t->count, n, me, MAX((size_t)1, CACHELINE / es), &lo, &hi);
+  lo += t->off;
+  if (hi <= lo) return true;
+  size_t len = MIN(hi - lo, MAX((size_t)1, WINDOW_PIECE_BYTES / es));
+  const void* srcs[n];
+  void* dsts[n];
+  for (int k = 0; k < n; k++) {
+    const struct op_desc* d = &c->seg.ctrl[k].desc[p];
+    srcs[k] = at(t->win[0]->peers[k].ptr + d->win_off[0], lo, es);
+    dsts[(k - me + n) % n] = at(t->win[1]->peers[k].ptr + d->win_off[1], lo, es); /* this rank's first */
+  }
+  dt_reduce_to(&t->rop, dsts, n, t->stream_out, srcs, n, len);
+  t->off += len;
+  return lo + len == hi;
+}
+
 /* After everyone arrived at the step: read what this rank needs from the others. */
 static void consume(struct task* t, int p) {
   struct ncclComm* c = t->comm;
@@ -302,10 +398,8 @@ static void consume(struct task* t, int p) {
   switch (t->kind) {
     case TK_ALLREDUCE:
     case TK_REDUCE:
-      if (t->algo == ALGO_TWOPHASE) {
-        copy_out(t, p ^ 1);
-        return;
-      }
+      if (t->algo == ALGO_TWOPHASE) copy_out(t, p ^ 1);
+      if (t->algo == ALGO_TWOPHASE || t->algo == ALGO_WINDOW) return; /* the window's steps after 0 only wait */
       if (t->kind == TK_REDUCE && me != t->root) return;
       for (int k = 0; k < n; k++) srcs[k] = seg_inbox(s, k, p);
       dt_reduce(&t->rop, at(t->recvbuff, base, es), NULL, srcs, n, -1, len);
@@ -388,10 +482,25 @@ int coll_progress(struct task* t) {
         t->phase = PH_CONSUME;
         /* fall through */
       case PH_CONSUME:
-        consume(t, p);
+        if (t->algo != ALGO_TWOPHASE || t->step != 0 || !windows_agreed(t, p)) {
+          consume(t, p);
+          break;
+        }
+        t->algo = ALGO_WINDOW;
+        t->phase = PH_WINDOW;
+        t->off = 0;
+        /* fall through */
+      case PH_WINDOW:
+        if (!reduce_windows(t, p)) return PROG_MOVED;
+        if (UNLIKELY(fp_hit("host.coll.window")))
+          return task_fail(t, ncclSystemError, "%s : failpoint host.coll.window", task_kind_name(t->kind));
         break;
     }
     moved = true;
+    /* Over windows, the ranks skip the pipeline's steps: the next one is the last step of odd index
+     * (a descriptor slot no peer can still be reading: its parity was last used before step 0), then,
+     * where that is not the operation's last, the last one. */
+    if (t->algo == ALGO_WINDOW && t->step == 0) t->step = (t->nsteps - 1) % 2 ? t->nsteps - 2 : t->nsteps - 3;
     if (++t->step == t->nsteps) {
       if (UNLIKELY(fp_hit("host.coll.done")))
         return task_fail(t, ncclSystemError, "%s : failpoint host.coll.done", task_kind_name(t->kind));

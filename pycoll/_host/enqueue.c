@@ -12,6 +12,7 @@
 #include "group.h"
 #include "handles.h"
 #include "stream.h"
+#include "window.h"
 
 const char* task_kind_name(int kind) {
   static const char* names[TK_COUNT] = {"AllReduce", "Broadcast", "Reduce",  "AllGather", "ReduceScatter",
@@ -295,6 +296,8 @@ void tasks_finish(struct task* list, bool heap) {
     next = t->next;
     if (t->launch_marker) marker_release(t->launch_marker);
     if (t->rma) rma_release(t);
+    for (int i = 0; i < 2; i++)
+      if (t->win[i]) window_put(t->win[i]);
     __atomic_sub_fetch(&t->comm->pending, 1, __ATOMIC_ACQ_REL);
     comm_release(t->comm);
     if (heap) free(t);

@@ -10,6 +10,8 @@
  *                                             each step of a collective
  *   host.shrink.begin, host.shrink.end        ncclCommShrink's exchange on the parent
  *   host.grow.begin, host.grow.end            ncclCommGrow's rendezvous
+ *   host.coll.window                          an AllReduce over windows, after this rank reduced its slice
+ *                                             into every rank's buffer, before the last arrival
  *   host.window.exchange                      ncclCommWindowRegister, before its descriptor exchange
  *   host.signal.wait                          ncclWaitSignal, when it starts waiting
  *   host.stream.defer                         before queuing work on a helping stream whose thread is not

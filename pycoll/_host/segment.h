@@ -53,7 +53,10 @@ struct op_desc {
   int32_t root;
   uint32_t step;
   uint32_t nsteps;
-  uint64_t pad[3];
+  /* AllReduce over windows (coll.c): the ordinals of the windows holding this rank's send and receive
+   * buffers (send << 32 | recv; 0 where either is in none) and the buffers' offsets in them */
+  uint64_t win_key;
+  uint64_t win_off[2];
 };
 
 /* One reshape exchange (split, shrink) through the parent's segment; seq is written last. */

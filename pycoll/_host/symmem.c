@@ -73,6 +73,7 @@ NCCL_API ncclResult_t ncclMemFree(void* ptr) {
     WARN("ncclMemFree : %p was not allocated by ncclMemAlloc (or was freed already)", ptr);
     return ncclInvalidArgument;
   }
+  windows_memory_freed(m->base, m->size);
   munmap(m->base, m->size);
   close(m->fd);
   free(m);

@@ -109,6 +109,31 @@ ncclResult_t window_get(struct ncclComm* c, ncclWindow_t win, const char* opname
   return r;
 }
 
+struct ncclWindow_vidmem* window_holding(struct ncclComm* c, const void* p, size_t len, size_t* off) {
+  const char* b = p;
+  struct ncclWindow_vidmem* found = NULL;
+  pthread_mutex_lock(&wmu);
+  for (struct ncclWindow_vidmem* w = windows; w && !found; w = w->next) {
+    const char* wb = w->buff;
+    if (w->comm == c && __atomic_load_n(&w->state, __ATOMIC_ACQUIRE) == WIN_READY && !w->memory_freed && b >= wb &&
+        b < wb + w->size && len <= (size_t)(wb + w->size - b)) {
+      __atomic_add_fetch(&w->refs, 1, __ATOMIC_ACQ_REL);
+      *off = (size_t)(b - wb);
+      found = w;
+    }
+  }
+  pthread_mutex_unlock(&wmu);
+  return found;
+}
+
+void windows_memory_freed(const void* base, size_t len) {
+  const char* b = base;
+  pthread_mutex_lock(&wmu);
+  for (struct ncclWindow_vidmem* w = windows; w; w = w->next)
+    if ((const char*)w->buff < b + len && b < (const char*)w->buff + w->size) w->memory_freed = true;
+  pthread_mutex_unlock(&wmu);
+}
+
 /* ---- the collective part ---- */
 
 static ncclResult_t exchange(struct ncclComm* c, const void* mine, void* all, size_t bytes) {
@@ -297,6 +322,7 @@ NCCL_API ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t
   }
   w->magic = WINDOW_MAGIC;
   w->comm = c;
+  w->ordinal = __atomic_add_fetch(&c->win_count, 1, __ATOMIC_RELAXED);
   w->buff = buff;
   w->size = size;
   w->flags = winFlags;

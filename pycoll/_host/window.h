@@ -30,9 +30,11 @@ struct ncclWindow_vidmem {
   void* buff;
   size_t size;
   int flags;
+  uint32_t ordinal; /* 1, 2, ... in registration order on this communicator: the same on every rank */
   int refs;    /* the registration plus one per queued operation using the window */
   int state;   /* WIN_PENDING until every rank exchanged, then WIN_READY or WIN_FAILED */
   int fail_code;
+  bool memory_freed; /* ncclMemFree took this rank's buffer away: no AllReduce goes through this window */
   char fail_text[768];
   struct win_peer* peers;
   int npeers;
@@ -44,6 +46,12 @@ enum win_state { WIN_PENDING = 0, WIN_READY = 1, WIN_FAILED = 2 };
 /* Validates `win` as a ready window of `c` and takes a reference (window_put releases it). */
 ncclResult_t window_get(struct ncclComm* c, ncclWindow_t win, const char* opname);
 void window_put(ncclWindow_t win);
+/* The ready window of `c` that holds [p, p + len), with a reference taken (window_put releases it) and
+ * p's offset in it in *off; NULL where no window of `c` holds it all. */
+struct ncclWindow_vidmem* window_holding(struct ncclComm* c, const void* p, size_t len, size_t* off);
+/* ncclMemFree of [base, base + len): windows over it are no longer used for AllReduce (peers would write
+ * into the freed pages, not into what this process maps there next). */
+void windows_memory_freed(const void* base, size_t len);
 /* Releases every window of `c` still registered (the communicator is being freed). */
 void windows_comm_freed(struct ncclComm* c);
 

@@ -1,0 +1,232 @@
+"""AllReduce over windows on the host backend: an all_reduce past PYCOLL_HOST_ONESHOT_MAX whose buffers lie in
+windows (SymmetricPool, register_window) on every rank reduces straight between the ranks' windows.
+
+Whether an operation took that path is seen through its failpoint, ``host.coll.window`` (passed only
+there): armed with ``raise`` on every rank, an all_reduce over windows fails naming it and any other
+all_reduce does not. Results are compared element by element (bit for bit: both paths reduce in rank
+order) with the same reduction of private arrays, which always goes through the segment.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+from helpers.mp import Died, run_ranks
+
+import pycoll
+from pycoll import _bindings as B
+
+pytestmark = pytest.mark.timeout(120)
+
+COUNT = 50_001  # float32: 200 KB, past the one-phase limit (32 KiB); odd, so slices end off cache lines
+
+
+def _uid() -> bytes:
+    return bytes(B.load("host").get_unique_id())
+
+
+def _comm(rank, n, uid, **kw):
+    return pycoll.init(rank, n, unique_id=uid, backend="host", **kw)
+
+
+def _inputs(rank, count, dtype, seed):
+    rng = np.random.default_rng(seed * 100 + rank)
+    if np.dtype(dtype).kind == "f":
+        return rng.uniform(-4, 4, count).astype(dtype)
+    info = np.iinfo(dtype)
+    return rng.integers(max(info.min, -1000), min(info.max, 1000), count, endpoint=True).astype(dtype)
+
+
+CASES = [("float32", "sum"), ("float64", "prod"), ("int32", "max"), ("uint8", "min"), ("float16", "sum"),
+         ("int64", "avg"), ("float32", "avg")]
+
+
+def _compare(rank, n, uid, layout, misalign):
+    c = _comm(rank, n, uid)
+    pool = pycoll.SymmetricPool(c, 4 * COUNT * 8 + 4096, alignment=4)
+    if misalign and rank == 1:
+        pool.empty(3, "uint8")  # rank 1's blocks sit 4 bytes further on: the ranks' alignments differ
+    other = c.mem_alloc(COUNT * 8, "uint8")
+    win = c.register_window(other) if layout == "two windows" else None
+    wrong = []
+    for seed, (dt, op) in enumerate(CASES):
+        mine = _inputs(rank, COUNT, dt, seed)
+        want = np.empty_like(mine)
+        c.all_reduce(mine.copy(), want, op=op)  # private buffers: the segment's pipeline
+        send = pool.empty(COUNT, dt)
+        send[:] = mine
+        if layout == "in place":
+            c.all_reduce(send, op=op)
+            got = send
+        else:
+            recv = other.view(dt)[:COUNT] if layout == "two windows" else pool.empty(COUNT, dt)
+            c.all_reduce(send, recv, op=op)
+            got = recv
+        if not np.array_equal(got, want, equal_nan=True):
+            wrong.append((dt, op, int(np.count_nonzero(got != want))))
+        del send, got
+    if win is not None:
+        win.close()
+    pool.close()
+    c.destroy()
+    return wrong
+
+
+@pytest.mark.parametrize("n,layout,misalign", [
+    (2, "one pool", False), (3, "one pool", True), (4, "in place", False), (3, "two windows", False),
+    (2, "in place", True),
+])
+def test_results_equal_the_pipelines(n, layout, misalign):
+    assert run_ranks(_compare, n, _uid(), layout, misalign) == [[]] * n
+
+
+def test_results_with_streaming_stores():
+    """Streaming stores from 64 KiB on: the aligned and unaligned starts of every rank's outputs."""
+    env = {"PYCOLL_HOST_STREAM_MIN": "65536"}
+    assert run_ranks(_compare, 3, _uid(), "one pool", True, env=env) == [[]] * 3
+    assert run_ranks(_compare, 2, _uid(), "in place", False, env=env) == [[]] * 2
+
+
+def _which_path(rank, n, uid, case):
+    """Runs one all_reduce of `case` with host.coll.window=raise armed on every rank: "windows" where it failed
+    naming the failpoint, "segment" where it succeeded with the right result."""
+    if case == "rank 1 opts out" and rank == 1:
+        os.environ["PYCOLL_HOST_WINDOW_ALLREDUCE"] = "0"
+    os.environ["PYCOLL_FAILPOINTS"] = "host.coll.window=raise"
+    c = _comm(rank, n, uid, timeout=30, on_failure="report")
+    pool = pycoll.SymmetricPool(c, 4 * COUNT * 4 + 4096)
+    count = 1000 if case == "small" else COUNT
+    send, recv = pool.empty(count), pool.empty(count)
+    op = "sum"
+    if case == "rank 1 private" and rank == 1:
+        send, recv = np.empty(count, np.float32), np.empty(count, np.float32)
+    if case == "premul":
+        op = c.pre_mul_sum(2.0, "float32")
+    if case == "window closed on rank 1" and rank == 1:
+        pool.close()
+    send[:] = rank + 1
+    try:
+        c.all_reduce(send, recv, op=op)
+    except pycoll.PycollError as e:
+        out = "windows" if "failpoint host.coll.window" in str(e) else f"error: {e}"
+    else:
+        want = n * (n + 1) / 2 * (2 if case == "premul" else 1)
+        out = "segment" if (np.asarray(recv) == want).all() else "WRONG"
+    c.abort()
+    return out
+
+
+@pytest.mark.parametrize("case,path", [
+    ("windows", "windows"), ("small", "segment"), ("rank 1 private", "segment"), ("rank 1 opts out", "segment"),
+    ("premul", "segment"), ("window closed on rank 1", "segment"),
+])
+def test_the_path_taken(case, path):
+    res = run_ranks(_which_path, 2, _uid(), case)
+    if path == "windows":  # rank 1 may instead see rank 0's failure first
+        assert res[0] == "windows" and all(r == "windows" or r.startswith("error") for r in res), res
+    else:
+        assert res == [path] * 2, res
+
+
+def _victim(rank, n, uid, action):
+    if rank == 1:
+        os.environ["PYCOLL_FAILPOINTS"] = f"host.coll.window={action}"
+    c = _comm(rank, n, uid, timeout=8, on_failure="report")
+    pool = pycoll.SymmetricPool(c, 2 * COUNT * 4 + 1024)
+    send, recv = pool.empty(COUNT), pool.empty(COUNT)
+    send[:] = 1
+    t0 = time.monotonic()
+    try:
+        c.all_reduce(send, recv)
+    except pycoll.PycollError as e:
+        out = (type(e).__name__, time.monotonic() - t0, str(e)[:300])
+    else:
+        out = ("no error", time.monotonic() - t0, "")
+    c.abort()
+    return out
+
+
+@pytest.mark.parametrize("action", ["kill", "stop", "raise"])
+def test_a_rank_lost_at_the_window_reduction_fails_its_peers(action):
+    """Rank 1 killed, stopped or failed after writing its slice into every rank's window, before the last
+    arrival: the others do not hang -- a death or failure is reported at once, a stopped rank when the
+    watchdog's timeout (8 s) runs out."""
+    res = run_ranks(_victim, 3, _uid(), action, may_die=[1] if action != "raise" else [], timeout=60)
+    if action != "raise":
+        assert isinstance(res[1], Died), res
+    for name, elapsed, text in (res[0], res[2]):
+        assert name != "no error", res
+        if action == "stop":
+            assert name == "CommTimeout" and 7 < elapsed < 20, res
+        else:
+            assert elapsed < 5, res
+            assert "failpoint host.coll.window" in text or "exited" in text or "rank 1" in text, res
+
+
+def _large(rank, n, uid):
+    """12 MB: each rank's slice takes several pieces (4 MiB each), resumed between them; blocking and on the
+    communicator's stream (async_op)."""
+    c = _comm(rank, n, uid)
+    count = 3 << 20
+    pool = pycoll.SymmetricPool(c, 2 * count * 4 + 1024)
+    send, recv = pool.empty(count), pool.empty(count)
+    send[:] = np.arange(count, dtype=np.float32) % 1000 + rank
+    want = n * (np.arange(count, dtype=np.float32) % 1000) + n * (n - 1) / 2
+    c.all_reduce(send, recv)
+    ok = [bool(np.array_equal(recv, want))]
+    recv[:] = 0
+    c.all_reduce(send, recv, async_op=True).wait()
+    ok.append(bool(np.array_equal(recv, want)))
+    c.all_reduce(send, async_op=True).wait()
+    ok.append(bool(np.array_equal(send, want)))
+    pool.close()
+    c.destroy()
+    return ok
+
+
+def test_large_operations_in_pieces():
+    assert run_ranks(_large, 2, _uid()) == [[True] * 3] * 2
+
+
+def _freed_under_window(rank, n, uid):
+    """Rank 0 frees its window's memory (ncclMemFree, the window still registered) and maps private memory at
+    the same address: its all_reduce there must not go through the window (the peers would write into the
+    freed pages, not into the new memory) but through the segment, with the right result."""
+    import ctypes
+
+    os.environ["PYCOLL_FAILPOINTS"] = "host.coll.window=raise"
+    lib = B.load("host")
+    comm = lib.comm_init_rank(n, B.UniqueId(uid), rank)
+    size = 1 << 20
+    ptr = lib.mem_alloc(size)
+    win, _ = lib.comm_window_register(comm, ptr, size)
+    if rank == 0:
+        lib.mem_free(ptr)
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_long]
+        MAP_FIXED_NOREPLACE = 0x100000
+        got = libc.mmap(ptr, size, 3, 0x02 | 0x20 | MAP_FIXED_NOREPLACE, -1, 0)  # RW, private, anonymous
+        if got != ptr:
+            return "could not map at the same address"
+    count = size // 8
+    arr = (ctypes.c_float * (2 * count)).from_address(ptr)
+    x = np.frombuffer(arr, np.float32)
+    x[:count] = rank + 1
+    x[count:] = 0
+    try:
+        lib.all_reduce(ptr, ptr + size // 2, count, B.DataType.Float32, B.RedOp.Sum, comm, 0)
+    except pycoll.PycollError as e:
+        return f"error: {e}"
+    ok = bool((x[count:] == n * (n + 1) / 2).all())
+    lib.comm_window_deregister(comm, win)
+    lib.comm_destroy(comm)
+    return "segment" if ok else "WRONG"
+
+
+def test_a_window_over_freed_memory_is_not_used():
+    assert run_ranks(_freed_under_window, 2, _uid()) == ["segment"] * 2
