@@ -27,6 +27,10 @@ What runs, one after the other, for each rank count N:
 * **pycoll raw**: ``Library.all_reduce`` of the Cython bindings on raw addresses with the NULL
   stream (runs in the calling thread), N ranks started by ``pycoll-run``, host backend.
 * **pycoll comm**: ``Communicator.all_reduce(send, recv)`` on numpy arrays in the same ranks.
+* **pycoll window**: the same call on numpy arrays from a ``SymmetricPool`` (``ncclMemAlloc`` memory
+  registered as a window, as NCCL's symmetric kernels want their buffers): from 32 KiB on, the host
+  library then reduces straight from every rank's send buffer into every rank's receive buffer, with
+  no staging in the segment -- the memory traffic of one copy per rank, which the copy bound counts.
 * **Open MPI**: mpi4py ``Comm.Allreduce(send, recv)``, ``mpiexec --oversubscribe -n N``.
 * **gloo**: ``torch.distributed.all_reduce`` (gloo, in place: torch has no out-of-place
   allreduce), ``torch.set_num_threads(1)``, N ranks started by ``pycoll-run``.
@@ -199,13 +203,22 @@ def worker_pycoll(args: argparse.Namespace) -> None:
         call = lambda: comm.all_reduce(send, recv)  # noqa: E731
         return call, lambda: _numpy_check(send, recv, rank, n, call)
 
+    sizes = parse_sizes(args.sizes)
+    pool = pycoll.SymmetricPool(comm, 2 * max(max(sizes), 4) + 1024)
+
+    def window(count: int):
+        send, recv = pool.empty(count, "float32"), pool.empty(count, "float32")
+        call = lambda: comm.all_reduce(send, recv)  # noqa: E731
+        return call, lambda: _numpy_check(send, recv, rank, n, call)
+
     def gather(ts: np.ndarray) -> Optional[np.ndarray]:
         everyone = np.empty(ts.size * n)
         comm.all_gather(ts, everyone)
         return everyone.reshape(n, ts.size) if rank == 0 else None
 
-    rows = run_sizes(rank, n, parse_sizes(args.sizes), args.scale,
-                     [("pycoll_raw", raw), ("pycoll_comm", method)], comm.barrier, gather)
+    rows = run_sizes(rank, n, sizes, args.scale,
+                     [("pycoll_raw", raw), ("pycoll_comm", method), ("pycoll_window", window)], comm.barrier, gather)
+    pool.close()
     if rank == 0:
         hv = lib.host_version()
         label = f"pycoll {pycoll.__version__} (host library {hv // 10000}.{hv // 100 % 100}.{hv % 100})"
@@ -494,15 +507,17 @@ def _ratio(a: Optional[float], b: Optional[float]) -> str:
 def build_table(nranks: int, res: Dict[str, Dict[str, Any]], sizes: List[int]) -> Tuple[List[str], List[List[str]]]:
     raw = _rows_by_size(res.get("pycoll", {}), "pycoll_raw")
     meth = _rows_by_size(res.get("pycoll", {}), "pycoll_comm")
+    win = _rows_by_size(res.get("pycoll", {}), "pycoll_window")
     mpi = _rows_by_size(res.get("mpi", {}), "mpi")
     gloo = _rows_by_size(res.get("gloo", {}), "gloo")
     copy = _rows_by_size(res.get("copy", {}))
-    head = ["size", "pycoll raw us", "algbw", "busbw", "pycoll comm us", "algbw", "Open MPI us", "algbw", "busbw",
-            "gloo us", "algbw", "copy bound algbw", "raw/OMPI", "comm/OMPI", "raw/gloo", "raw/bound"]
+    head = ["size", "pycoll raw us", "algbw", "busbw", "pycoll comm us", "algbw", "pycoll window us", "algbw",
+            "Open MPI us", "algbw", "busbw", "gloo us", "algbw", "copy bound algbw", "raw/OMPI", "comm/OMPI",
+            "window/OMPI", "raw/gloo", "raw/bound", "window/bound"]
     body = []
     for s in sizes:
         count_bytes = max(4, s // 4 * 4)
-        r, m, o, g, c = (t.get(count_bytes) for t in (raw, meth, mpi, gloo, copy))
+        r, m, w, o, g, c = (t.get(count_bytes) for t in (raw, meth, win, mpi, gloo, copy))
         if count_bytes < BOUND_FROM:
             c = None  # the copy bound is numpy's call overhead there, not a bound (kept in the JSON)
 
@@ -516,9 +531,10 @@ def build_table(nranks: int, res: Dict[str, Dict[str, Any]], sizes: List[int]) -
             return "-" if x is None else f"{x[k]:.3g}"
 
         body.append([
-            fmt_size(count_bytes), t(r), bw(r), bw(r, "busbw"), t(m), bw(m), t(o), bw(o), bw(o, "busbw"), t(g), bw(g),
-            bw(c), _ratio(r and r["algbw"], o and o["algbw"]), _ratio(m and m["algbw"], o and o["algbw"]),
-            _ratio(r and r["algbw"], g and g["algbw"]), _ratio(r and r["algbw"], c and c["algbw"]),
+            fmt_size(count_bytes), t(r), bw(r), bw(r, "busbw"), t(m), bw(m), t(w), bw(w), t(o), bw(o), bw(o, "busbw"),
+            t(g), bw(g), bw(c), _ratio(r and r["algbw"], o and o["algbw"]), _ratio(m and m["algbw"], o and o["algbw"]),
+            _ratio(w and w["algbw"], o and o["algbw"]), _ratio(r and r["algbw"], g and g["algbw"]),
+            _ratio(r and r["algbw"], c and c["algbw"]), _ratio(w and w["algbw"], c and c["algbw"]),
         ])
     return head, body
 
@@ -539,6 +555,7 @@ def targets(nranks: int, res: Dict[str, Dict[str, Any]], sizes: List[int]) -> Li
     ran at about the same time)."""
     raw = _rows_by_size(res.get("pycoll", {}), "pycoll_raw")
     meth = _rows_by_size(res.get("pycoll", {}), "pycoll_comm")
+    win = _rows_by_size(res.get("pycoll", {}), "pycoll_window")
     mpi = _rows_by_size(res.get("mpi", {}), "mpi")
     copy = _rows_by_size(res.get("copy", {}))
     lines = []
@@ -556,11 +573,12 @@ def targets(nranks: int, res: Dict[str, Dict[str, Any]], sizes: List[int]) -> Li
         lines.append(f"{nranks} ranks, 64 MiB: pycoll algbw {raw[big]['algbw']:.3g} GB/s = {x:.2f}x Open MPI's "
                      f"(target >= 1.5x: {'met' if x >= 1.5 else 'NOT met'})"
                      f"{paired(raw[big], 'time_us', mpi[big], 'time_us')}")
-    if big in raw and big in copy:
-        x = raw[big]["algbw"] / copy[big]["algbw"]
-        lines.append(f"{nranks} ranks, 64 MiB: pycoll algbw = {100 * x:.0f}% of the copy bound "
-                     f"{copy[big]['algbw']:.3g} GB/s (target >= 80%: {'met' if x >= 0.8 else 'NOT met'})"
-                     f"{paired(raw[big], 'time_us', copy[big], 'copy_us')}")
+    for name, table in (("private buffers, bindings", raw), ("window buffers, Communicator", win)):
+        if big in table and big in copy:
+            x = table[big]["algbw"] / copy[big]["algbw"]
+            lines.append(f"{nranks} ranks, 64 MiB: pycoll ({name}) algbw = {100 * x:.0f}% of the copy bound "
+                         f"{copy[big]['algbw']:.3g} GB/s (target >= 80%: {'met' if x >= 0.8 else 'NOT met'})"
+                         f"{paired(table[big], 'time_us', copy[big], 'copy_us')}")
     for name, table in (("bindings", raw), ("Communicator", meth)):
         if small in table and small in mpi:
             a, b = table[small]["time_us"], mpi[small]["time_us"]
