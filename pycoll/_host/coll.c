@@ -152,7 +152,7 @@ static void find_windows(struct task* t, size_t bytes) {
   }
   t->win_off[0] = off[0];
   t->win_off[1] = off[1];
-  t->win_key = (uint64_t)t->win[0]->ordinal << 32 | t->win[1]->ordinal;
+  t->win_key = mix64(t->win[0]->key ^ mix64(t->win[1]->key)) | 1;
 }
 
 void coll_start(struct task* t) {

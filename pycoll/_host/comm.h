@@ -74,7 +74,6 @@ struct ncclComm {
   uint64_t* send_seq;
   uint64_t* recv_seq;
 
-  uint32_t win_count;    /* windows registered on this comm: the last ordinal handed out */
   uint64_t child_count; /* reshapes of this comm (split, shrink, grow) */
   uint64_t last_grow_seq; /* sequence number of the last grow: its id cannot be used again */
   bool grow_id_pending;

@@ -53,8 +53,8 @@ struct op_desc {
   int32_t root;
   uint32_t step;
   uint32_t nsteps;
-  /* AllReduce over windows (coll.c): the ordinals of the windows holding this rank's send and receive
-   * buffers (send << 32 | recv; 0 where either is in none) and the buffers' offsets in them */
+  /* AllReduce over windows (coll.c): which windows hold this rank's send and receive buffers (a hash of
+   * the two windows' keys; 0 where either is in none) and the buffers' offsets in them */
   uint64_t win_key;
   uint64_t win_off[2];
 };

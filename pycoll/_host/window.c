@@ -37,7 +37,8 @@ struct win_desc {
   uint64_t size;
   uint64_t offset;
   uint64_t map_size;
-  char why[88];
+  uint64_t nonce; /* this registration's, for the window's key */
+  char why[80];
 };
 _Static_assert(sizeof(struct win_desc) == 128, "window descriptor is 128 bytes");
 
@@ -152,6 +153,8 @@ static void local_desc(const struct ncclWindow_vidmem* w, struct win_desc* d) {
   d->fd = -1;
   d->flags = w->flags;
   d->size = w->size;
+  static uint64_t count;
+  d->nonce = mix64(now_ns() ^ ((uint64_t)(uint32_t)me.pid << 32) ^ mix64(__atomic_add_fetch(&count, 1, __ATOMIC_RELAXED)));
   struct symmem_ref ref;
   if (!symmem_find(w->buff, w->size, &ref)) {
     d->code = ncclInvalidArgument;
@@ -276,6 +279,9 @@ ncclResult_t job_run_window(struct job* j) {
       r = (ncclResult_t)codes[i];
       goto out;
     }
+  w->key = 0;
+  for (int i = 0; i < n; i++) w->key = mix64(w->key ^ all[i].nonce);
+  w->key |= 1;
   __atomic_store_n(&w->state, WIN_READY, __ATOMIC_RELEASE);
 out:
   if (r != ncclSuccess) {
@@ -322,7 +328,6 @@ NCCL_API ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t
   }
   w->magic = WINDOW_MAGIC;
   w->comm = c;
-  w->ordinal = __atomic_add_fetch(&c->win_count, 1, __ATOMIC_RELAXED);
   w->buff = buff;
   w->size = size;
   w->flags = winFlags;

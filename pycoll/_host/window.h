@@ -30,7 +30,7 @@ struct ncclWindow_vidmem {
   void* buff;
   size_t size;
   int flags;
-  uint32_t ordinal; /* 1, 2, ... in registration order on this communicator: the same on every rank */
+  uint64_t key; /* once ready: a hash of every rank's nonce in the exchange, the same on every rank, never 0 */
   int refs;    /* the registration plus one per queued operation using the window */
   int state;   /* WIN_PENDING until every rank exchanged, then WIN_READY or WIN_FAILED */
   int fail_code;
