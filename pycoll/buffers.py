@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import operator
 import platform
 import sys
 from typing import TYPE_CHECKING, Any, Dict, NamedTuple, Optional, Tuple
@@ -45,6 +46,7 @@ __all__ = [
     "check_overlap",
     "check_same_dtype",
     "device_name",
+    "integer",
 ]
 
 
@@ -767,6 +769,19 @@ def check_count(buf: Buffer, needed: int, *, exact: bool = False, op: str = "", 
     reason = f" ({why})" if why else ""
     amount = "exactly" if exact else "at least"
     raise ValueError(f"{prefix}{buf.name} has {buf.count} elements but needs {amount} {needed}{reason}")
+
+
+def integer(value: Any, what: str, expected: str) -> int:
+    """``value`` as an int: an int or another integer (numpy's, a 0-d integer tensor: what ``operator.index``
+    takes), never a bool; TypeError naming ``what`` and ``expected`` otherwise (a float is not rounded)."""
+    if type(value) is int:
+        return value
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise TypeError(f"{what} must be {expected}, got {type(value).__name__}")
+    try:
+        return operator.index(value)
+    except TypeError:  # an __index__ that refuses: numpy's bool, a tensor of several elements or of floats
+        raise TypeError(f"{what} must be {expected}, got {type(value).__name__} {value!r}") from None
 
 
 def check_overlap(src: Buffer, dst: Buffer, *, op: str, in_place: Optional[int] = 0, in_place_form: str = "") -> None:

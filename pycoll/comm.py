@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import operator
 import os
 import threading
 import time
@@ -31,7 +30,7 @@ from . import (
     memory as _memory,
     windows as _windows,
 )
-from .buffers import Buffer, check_count, check_overlap, check_same_dtype
+from .buffers import Buffer, check_count, check_overlap, check_same_dtype, integer as _integer
 from .collconfig import CollConfig, prepare as _prepare_config
 from .config import CommConfig
 from .devices import Device, backoff
@@ -163,19 +162,6 @@ def abort_all(comms: Sequence[Communicator], timeout: Optional[float] = None) ->
             _log.error("ncclCommAbort of %s failed: %s", names, errors[0])
     for c in begun:
         c._end_abort()
-
-
-def _integer(value: Any, what: str, expected: str) -> int:
-    """``value`` as an int: an int or another integer (numpy's, a 0-d integer tensor: what ``operator.index``
-    takes), never a bool; TypeError naming ``what`` and ``expected`` otherwise (a float is not rounded)."""
-    if type(value) is int:
-        return value
-    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
-        raise TypeError(f"{what} must be {expected}, got {type(value).__name__}")
-    try:
-        return operator.index(value)
-    except TypeError:  # an __index__ that refuses: numpy's bool, a tensor of several elements or of floats
-        raise TypeError(f"{what} must be {expected}, got {type(value).__name__} {value!r}") from None
 
 
 class Communicator(_core.CommCore):

@@ -27,6 +27,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from . import _bindings as B
+from .buffers import integer
 from .errors import CommStateError
 from .windows import Window, register_window
 
@@ -41,7 +42,8 @@ class _Allocation:
     """One ``ncclMemAlloc`` block, freed when the last object holding it goes."""
 
     def __init__(self, comm: Any, nbytes: int) -> None:
-        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
+        nbytes = integer(nbytes, "nbytes", "an int > 0")
+        if nbytes <= 0:
             raise ValueError(f"an allocation needs a size in bytes > 0, got {nbytes!r}")
         lib = comm.library
         previous = comm.device.swap_current() if comm._guard_device else None  # ncclMemAlloc: the current device
@@ -70,8 +72,17 @@ def _free(lib: Any, ptr: int) -> None:
 
 
 def _shape(shape: Shape) -> Tuple[int, ...]:
-    dims = (shape,) if isinstance(shape, int) else tuple(shape)
-    if any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in dims):
+    """An int or a sequence of ints (numpy's too) >= 0: TypeError for anything else, ValueError below 0."""
+    expected = "an int or a sequence of ints >= 0"
+    items: Any = shape
+    if hasattr(type(shape), "__index__"):
+        items = (shape,)
+    try:
+        items = tuple(items)
+    except TypeError:
+        raise TypeError(f"shape must be {expected}, got {type(shape).__name__} {shape!r}") from None
+    dims = tuple(integer(d, "shape", expected) for d in items)
+    if any(d < 0 for d in dims):
         raise ValueError(f"shape must be ints >= 0, got {shape!r}")
     return dims
 
@@ -194,7 +205,7 @@ class SymmetricPool:
         self.comm = comm
         self.alignment = alignment
         self._alloc = _Allocation(comm, nbytes)
-        self.nbytes = nbytes
+        self.nbytes = nbytes = self._alloc.nbytes
         self._mu = threading.Lock()
         self._free: List[Tuple[int, int]] = [(0, nbytes)]  # (offset, size), sorted
         whole = _array(self._alloc, self._alloc, self._alloc.ptr, (nbytes,), "uint8",

@@ -23,7 +23,7 @@ import logging
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
 from . import _bindings as B
-from .buffers import Buffer, as_buffer, check_device
+from .buffers import Buffer, as_buffer, check_device, integer
 from .errors import CommStateError, InvalidArgument, NCCLError, NotSupported
 
 __all__ = ["Registration", "Window", "SignalWait"]
@@ -172,12 +172,13 @@ class Window(_Tracked):
             return lib.get_multimem_device_le_info(self.handle, offset)
         return lib.get_peer_device_le_info(self.handle, offset, self.comm._root(peer, "peer"))
 
-    def check_span(self, offset: int, nbytes: int) -> None:
-        """Raise ValueError unless ``nbytes`` at byte ``offset`` fit in the window."""
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            raise ValueError(f"offset must be an int >= 0, got {offset!r}")
+    def check_span(self, offset: Any, nbytes: int) -> int:
+        """``offset`` as an int (:func:`~pycoll.buffers.integer`); ValueError unless ``nbytes`` at it fit in the
+        window."""
+        offset = _sig(offset, "offset")
         if offset + nbytes > self.nbytes:
             raise ValueError(f"{nbytes} bytes at offset {offset} do not fit in the {self.nbytes}-byte window")
+        return offset
 
 
 def register_window(comm: Any, array: Any, flags: int = 0, timeout: Optional[float] = None) -> Window:
@@ -236,7 +237,10 @@ def _window(comm: Any, window: Any) -> Window:
 
 
 def _sig(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    """An int >= 0 (any integer :func:`~pycoll.buffers.integer` takes): TypeError for another type,
+    ValueError below 0."""
+    value = integer(value, what, "an int >= 0")
+    if value < 0:
         raise ValueError(f"{what} must be an int >= 0, got {value!r}")
     return value
 
@@ -251,7 +255,7 @@ def put_signal(comm: Any, window: Window, offset: int, src: Any, peer: int, *, s
     si, cx = _sig(sig_idx, "sig_idx"), _sig(ctx, "ctx")
     st = comm._begin("put_signal", stream, async_op, (src,))
     buf = comm._buf(src, st, writable=False, name="src")
-    win.check_span(offset, buf.nbytes)
+    offset = win.check_span(offset, buf.nbytes)
     lib, h_win = comm.library, win.handle
     return comm._launch("put_signal", lambda h, s: lib.put_signal(buf.ptr, buf.count, buf.datatype, peer, h_win,
                                                                   offset, si, cx, 0, h, s),
@@ -277,11 +281,12 @@ def wait_signal(comm: Any, peer: Union[int, Sequence[SignalWait]], count: int = 
     once. Signals are counted: each wait consumes the ones it waited for. The deadline is the
     operation's ``timeout``, enforced by the watchdog like any collective's.
     """
-    if isinstance(peer, int):
-        rows: List[SignalWait] = [(peer, count, sig_idx, ctx)]
+    one: Any = peer
+    if hasattr(type(one), "__index__"):  # one peer: an int, numpy's, a 0-d tensor (a bool is refused below)
+        rows: List[SignalWait] = [(one, count, sig_idx, ctx)]
     else:
         try:
-            rows = [(a, b, c, d) for a, b, c, d in peer]
+            rows = [(a, b, c, d) for a, b, c, d in one]
         except (TypeError, ValueError):
             rows = []
         if not rows:

@@ -326,3 +326,46 @@ def _signal_failpoint(rank, n, uid):
 
 def test_wait_signal_failpoint_fails_the_waiter():
     assert run_ranks(_signal_failpoint, 2, _uid()) == ["signalled", True]
+
+
+# -- integers of any kind ----------------------------------------------------------------------------
+
+
+def _numpy_integers(rank, n, uid):
+    """Offsets, peers, counts, signal indices, shapes and sizes accept numpy's integers (and 0-d integer
+    tensors), like ranks do everywhere; floats and bools are refused with the argument named, never rounded."""
+    c = _comm(rank, n, uid)
+    pool = pycoll.SymmetricPool(c, np.int64(1 << 16))
+    dst = pool.empty(np.int64(4))
+    dst[:] = 0
+    c.barrier()  # zeroed before the left neighbour puts
+    right, left = np.int64((rank + 1) % n), np.int32((rank - 1) % n)
+    c.put_signal(pool.window, np.uint16(0), np.full(4, rank + 1, np.float32), right, sig_idx=np.int8(2))
+    c.wait_signal(left, np.int64(1), sig_idx=np.int8(2))
+    got = float(dst[0])
+    refused = {}
+    for name, call in (("offset", lambda: c.put_signal(pool.window, 4.0, np.ones(1, np.float32), right)),
+                       ("sig_idx", lambda: c.signal(right, sig_idx=1.0)),
+                       ("peer", lambda: c.wait_signal(True)),
+                       ("count", lambda: c.wait_signal(left, 1.5)),
+                       ("shape", lambda: pool.empty(2.0)),
+                       ("shape item", lambda: pool.empty((2, 1.5))),
+                       ("nbytes", lambda: pycoll.SymmetricPool(c, 4096.0))):
+        try:
+            call()
+        except TypeError as e:
+            refused[name] = str(e)
+    c.barrier()
+    shapes = (pool.empty((np.int64(2), 3)).shape, c.mem_alloc(np.int32(5)).shape)
+    pool.close()
+    c.destroy()
+    return got, refused, shapes
+
+
+def test_numpy_integers_are_taken_and_floats_refused():
+    for rank, (got, refused, shapes) in enumerate(run_ranks(_numpy_integers, 2, _uid())):
+        assert got == 2 - rank  # the left neighbour's value
+        assert set(refused) == {"offset", "sig_idx", "peer", "count", "shape", "shape item", "nbytes"}, refused
+        for name, text in refused.items():
+            assert name.split()[0] in text, (name, text)
+        assert shapes == ((2, 3), (5,))
