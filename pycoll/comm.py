@@ -916,7 +916,8 @@ class Communicator(_core.CommCore):
         """
         self._outside_group("broadcast_bytes")
         root = self._root(root)
-        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
+        nbytes = _integer(nbytes, "broadcast_bytes: nbytes", "an int > 0")
+        if nbytes <= 0:
             raise ValueError(f"broadcast_bytes: nbytes must be an int > 0, got {nbytes!r}")
         if self._rank == root and (data is None or len(data) != nbytes):
             raise ValueError(f"broadcast_bytes: the root must pass {nbytes} bytes, got "
@@ -1364,7 +1365,8 @@ class Communicator(_core.CommCore):
         self._outside_group("grow")
         self._check_usable("grow")
         timeout = _check_timeout(timeout, self.timeout)
-        if isinstance(size, bool) or not isinstance(size, int) or size <= self._size:
+        size = _integer(size, "grow: size", f"an int larger than the current {self._size}")
+        if size <= self._size:
             raise ValueError(f"grow: size must be an int larger than the current {self._size}, got {size!r}")
         if unique_id is not None and not isinstance(unique_id, B.UniqueId):
             unique_id = B.UniqueId.from_bytes(bytes(unique_id))

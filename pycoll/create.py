@@ -11,6 +11,7 @@ import time
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from . import _bindings as B, _settings
+from .buffers import integer
 from .comm import Communicator, _check_timeout, default_timeout, poll_ready
 from .config import CommConfig
 from .devices import Device, auto_backend, cuda_device_count, open_device, rocm_device_count
@@ -166,9 +167,7 @@ def init(
             store = discovery.open_store(info, connect_timeout=init_timeout)
     elif rank is None or world_size is None:
         raise ValueError("give both rank and world_size, or neither (to read them from the environment)")
-    for what, value in (("rank", rank), ("world_size", world_size)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{what} must be an int, got {type(value).__name__}")
+    rank, world_size = integer(rank, "rank", "an int"), integer(world_size, "world_size", "an int")
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if not 0 <= rank < world_size:
@@ -256,9 +255,11 @@ def join(
     _install_diagnostics()
     op_timeout = _check_timeout(timeout, default_timeout())
     init_timeout = _check_timeout(init_timeout, _default_init_timeout(), "init_timeout")
-    if isinstance(size, bool) or not isinstance(size, int) or size < 2:
+    size = integer(size, "join: size", "an int >= 2")
+    if size < 2:
         raise ValueError(f"join: size must be an int >= 2, got {size!r}")
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 < rank < size:
+    rank = integer(rank, "join: rank", f"an int in [1, {size})")
+    if not 0 < rank < size:
         raise ValueError(f"join: rank must be in [1, {size}), got {rank!r}")
     uid = unique_id if isinstance(unique_id, B.UniqueId) else B.UniqueId.from_bytes(bytes(unique_id))
     backend, lib = load_library(backend, library)

@@ -297,6 +297,8 @@ def _bad_inputs(rank, n, uid):
         "float_peer": (TypeError, lambda: c.sendrecv(x, np.empty(8, np.float32), peer=1.0)),
         "float_excluded_rank": (TypeError, lambda: c.shrink([1.0 - rank])),  # not rounded to a rank
         "float_color": (TypeError, lambda: c.split(0.5)),
+        "float_nbytes": (TypeError, lambda: c.broadcast_bytes(b"abc" if rank == 0 else None, 3.0)),
+        "float_grow_size": (TypeError, lambda: c.grow(3.0)),
     }
     out = {}
     for name, (exc, fn) in cases.items():
@@ -318,6 +320,12 @@ def _bad_inputs(rank, n, uid):
     sub = c.split(np.uint8(0), key=np.int32(-rank))
     out["numpy_color_and_key"] = sub.rank == 1 - rank
     sub.destroy()
+    out["numpy_nbytes"] = c.broadcast_bytes(b"xyz" if rank == 0 else None, np.int64(3)) == b"xyz"
+    # and init's rank and world_size
+    uid2 = c.broadcast_bytes(bytes(c.library.get_unique_id()) if rank == 0 else None, 128)
+    other = pycoll.init(np.int64(rank), np.int32(n), unique_id=uid2, backend="host")
+    out["numpy_init"] = (other.rank, other.size) == (rank, n)
+    other.destroy()
     # the communicator is still usable
     y = np.full(4, rank + 1.0, np.float32)
     c.all_reduce(y)
