@@ -226,8 +226,11 @@ class ElasticGroup:
         on_change: Optional[Callable[[ElasticGroup, Transition], None]] = None,
         node_hub: Optional[bool] = None,
     ) -> None:
-        if isinstance(slot, bool) or not isinstance(slot, int) or slot < 0:
+        slot = _integer(slot, "slot", "an int >= 0")
+        if slot < 0:
             raise ValueError(f"slot must be an int >= 0, got {slot!r}")
+        if world_size is not None:
+            world_size = _integer(world_size, "world_size", "an int > 0")
         if not joiner and (world_size is None or not 0 <= slot < world_size):
             raise ValueError(f"slot {slot} must be below world_size {world_size} when forming the group")
         self.store = store_argument(store)

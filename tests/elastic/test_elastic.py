@@ -300,11 +300,15 @@ def test_bad_arguments_are_refused_with_the_argument_named():
         (dict(window="1"), TypeError, "window must be a number of seconds"),
         (dict(join_timeout=0), ValueError, "join_timeout must be > 0 seconds"),
         (dict(timeout=float("inf")), ValueError, "timeout must be a finite number of seconds"),
+        (dict(slot=0.0), TypeError, "slot must be an int >= 0"),
+        (dict(slot=-1), ValueError, "slot must be an int >= 0"),
+        (dict(world_size=1.0), TypeError, "world_size must be an int > 0"),
     ]:
         args = dict(store=store, slot=0, world_size=1, backend="host", name="bad-args") | kwargs
         with pytest.raises(exc, match=text):
             ElasticGroup(**args)
-    group = ElasticGroup(store, 0, 1, backend="host", name="bad-commit")
+    group = ElasticGroup(store, np.int64(0), np.int32(1), backend="host", name="bad-commit")  # numpy's ints too
+    assert type(group.slot) is int
     try:
         for step, exc in [(-1, ValueError), (1.5, TypeError), ("3", TypeError), (True, TypeError)]:
             with pytest.raises(exc, match="commit: step must be an int >= 0"):
