@@ -771,17 +771,20 @@ def check_count(buf: Buffer, needed: int, *, exact: bool = False, op: str = "", 
     raise ValueError(f"{prefix}{buf.name} has {buf.count} elements but needs {amount} {needed}{reason}")
 
 
-def integer(value: Any, what: str, expected: str) -> int:
+def integer(value: Any, what: str, expected: str, minimum: Optional[int] = None) -> int:
     """``value`` as an int: an int or another integer (numpy's, a 0-d integer tensor: what ``operator.index``
-    takes), never a bool; TypeError naming ``what`` and ``expected`` otherwise (a float is not rounded)."""
-    if type(value) is int:
-        return value
-    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
-        raise TypeError(f"{what} must be {expected}, got {type(value).__name__}")
-    try:
-        return operator.index(value)
-    except TypeError:  # an __index__ that refuses: numpy's bool, a tensor of several elements or of floats
-        raise TypeError(f"{what} must be {expected}, got {type(value).__name__} {value!r}") from None
+    takes), never a bool; TypeError naming ``what`` and ``expected`` otherwise (a float is not rounded), and
+    ValueError below ``minimum``."""
+    if type(value) is not int:
+        if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+            raise TypeError(f"{what} must be {expected}, got {type(value).__name__}")
+        try:
+            value = operator.index(value)
+        except TypeError:  # an __index__ that refuses: numpy's bool, a tensor of several elements or of floats
+            raise TypeError(f"{what} must be {expected}, got {type(value).__name__} {value!r}") from None
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{what} must be {expected}, got {value!r}")
+    return value
 
 
 def check_overlap(src: Buffer, dst: Buffer, *, op: str, in_place: Optional[int] = 0, in_place_form: str = "") -> None:

@@ -916,9 +916,7 @@ class Communicator(_core.CommCore):
         """
         self._outside_group("broadcast_bytes")
         root = self._root(root)
-        nbytes = _integer(nbytes, "broadcast_bytes: nbytes", "an int > 0")
-        if nbytes <= 0:
-            raise ValueError(f"broadcast_bytes: nbytes must be an int > 0, got {nbytes!r}")
+        nbytes = _integer(nbytes, "broadcast_bytes: nbytes", "an int > 0", 1)
         if self._rank == root and (data is None or len(data) != nbytes):
             raise ValueError(f"broadcast_bytes: the root must pass {nbytes} bytes, got "
                              f"{None if data is None else len(data)}")
@@ -1260,9 +1258,7 @@ class Communicator(_core.CommCore):
             raise self._failure
         timeout = _check_timeout(timeout, self.timeout)
         if color is not None:
-            color = _integer(color, "color", "a non-negative int or None")
-            if color < 0:
-                raise ValueError(f"color must be a non-negative int or None, got {color!r}")
+            color = _integer(color, "color", "a non-negative int or None", 0)
         key = self._rank if key is None else _integer(key, "key", "an int")
         uid = self._child_uid(f"split:{color}")
         members = self._split_members(-1 if color is None else color, key, timeout)
@@ -1365,9 +1361,7 @@ class Communicator(_core.CommCore):
         self._outside_group("grow")
         self._check_usable("grow")
         timeout = _check_timeout(timeout, self.timeout)
-        size = _integer(size, "grow: size", f"an int larger than the current {self._size}")
-        if size <= self._size:
-            raise ValueError(f"grow: size must be an int larger than the current {self._size}, got {size!r}")
+        size = _integer(size, "grow: size", f"an int larger than the current {self._size}", self._size + 1)
         if unique_id is not None and not isinstance(unique_id, B.UniqueId):
             unique_id = B.UniqueId.from_bytes(bytes(unique_id))
         uid = (hashlib.sha1(bytes(unique_id)).hexdigest()[:16] if unique_id is not None

@@ -255,9 +255,7 @@ def join(
     _install_diagnostics()
     op_timeout = _check_timeout(timeout, default_timeout())
     init_timeout = _check_timeout(init_timeout, _default_init_timeout(), "init_timeout")
-    size = integer(size, "join: size", "an int >= 2")
-    if size < 2:
-        raise ValueError(f"join: size must be an int >= 2, got {size!r}")
+    size = integer(size, "join: size", "an int >= 2", 2)
     rank = integer(rank, "join: rank", f"an int in [1, {size})")
     if not 0 < rank < size:
         raise ValueError(f"join: rank must be in [1, {size}), got {rank!r}")

@@ -226,11 +226,9 @@ class ElasticGroup:
         on_change: Optional[Callable[[ElasticGroup, Transition], None]] = None,
         node_hub: Optional[bool] = None,
     ) -> None:
-        slot = _integer(slot, "slot", "an int >= 0")
-        if slot < 0:
-            raise ValueError(f"slot must be an int >= 0, got {slot!r}")
+        slot = _integer(slot, "slot", "an int >= 0", 0)
         if world_size is not None:
-            world_size = _integer(world_size, "world_size", "an int > 0")
+            world_size = _integer(world_size, "world_size", "an int > 0", 1)
         if not joiner and (world_size is None or not 0 <= slot < world_size):
             raise ValueError(f"slot {slot} must be below world_size {world_size} when forming the group")
         self.store = store_argument(store)
@@ -593,9 +591,7 @@ class ElasticGroup:
         the same state -- one outcome per step even when a collective completed on some members and
         failed on others. A member is never more than one step ahead of that agreement.
         """
-        step = _integer(step, "commit: step", "an int >= 0")
-        if step < 0:
-            raise ValueError(f"commit: step must be an int >= 0, got {step}")
+        step = _integer(step, "commit: step", "an int >= 0", 0)
         _fp.hit(FP_COMMIT)
         self._committed = step
 

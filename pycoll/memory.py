@@ -42,9 +42,7 @@ class _Allocation:
     """One ``ncclMemAlloc`` block, freed when the last object holding it goes."""
 
     def __init__(self, comm: Any, nbytes: int) -> None:
-        nbytes = integer(nbytes, "nbytes", "an int > 0")
-        if nbytes <= 0:
-            raise ValueError(f"an allocation needs a size in bytes > 0, got {nbytes!r}")
+        nbytes = integer(nbytes, "nbytes", "an int > 0", 1)
         lib = comm.library
         previous = comm.device.swap_current() if comm._guard_device else None  # ncclMemAlloc: the current device
         try:

@@ -239,10 +239,7 @@ def _window(comm: Any, window: Any) -> Window:
 def _sig(value: Any, what: str) -> int:
     """An int >= 0 (any integer :func:`~pycoll.buffers.integer` takes): TypeError for another type,
     ValueError below 0."""
-    value = integer(value, what, "an int >= 0")
-    if value < 0:
-        raise ValueError(f"{what} must be an int >= 0, got {value!r}")
-    return value
+    return integer(value, what, "an int >= 0", 0)
 
 
 def put_signal(comm: Any, window: Window, offset: int, src: Any, peer: int, *, sig_idx: int = 0, ctx: int = 0,
