@@ -18,7 +18,9 @@
  *     give ncclInvalidUsage naming both ranks.
  *   - ncclCommFinalize waits for the operations enqueued on the communicator and then for every
  *     rank to finalize or destroy it; ncclCommDestroy is local.
- *   - Memory statistics are 0 (no GPU memory); ncclCommWindowRegister is local bookkeeping.
+ *   - Memory statistics are 0 (no GPU memory). ncclCommWindowRegister is collective: every rank maps
+ *     every peer's ncclMemAlloc memory (window.c); an AllReduce whose buffers lie in windows on every
+ *     rank reduces straight between them (coll.c).
  *
  * Environment (read once per process unless noted):
  *   NCCL_COMM_BLOCKING        overrides config.blocking (0/1), as in NCCL
@@ -33,6 +35,10 @@
  *                             once anyway (its life word, a robust futex, and the exit watcher)
  *   PYCOLL_HOST_ONESHOT_MAX   AllReduce/Reduce up to this many bytes use one phase (32768)
  *   PYCOLL_HOST_CHUNK_BYTES   pipeline chunk of larger AllReduce/Reduce (524288; 64 to 2^30)
+ *   PYCOLL_HOST_STREAM_MIN    AllReduce/Reduce outputs of at least this many bytes are written with
+ *                             streaming stores (0: never); unset, from 8 MiB on each size class takes
+ *                             the stores its first six operations measured faster (coll.c)
+ *   PYCOLL_HOST_WINDOW_ALLREDUCE  0: no AllReduce goes straight between windows (1, the default)
  *   (each is checked by env.c: a bad value is refused with a WARN, see env.h for the bounds)
  *   PYCOLL_HOST_BIND=1        bind the thread initialising rank r to the (r mod #allowed)-th
  *                             allowed CPU when there are enough CPUs (off by default: threads it
