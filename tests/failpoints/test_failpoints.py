@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 from helpers import REPO
-from helpers.mp import Died, run_ranks
+from helpers.mp import Died, run_ranks, sweep_segments
 
 import pycoll
 import pycoll.elastic
@@ -454,19 +454,12 @@ def _check(res, victim, case, fired=True, also=()):
     return "fired" if victim not in finishers else "absorbed"
 
 
-def _sweep():
-    """A rank that run_ranks ends inside a rendezvous it created (a joiner still trying to join when
-    the others are done) leaves that segment for the next rendezvous on the host to sweep: do one."""
-    comm = pycoll.init(0, 1, backend="host", unique_id=pycoll.get_unique_id(backend="host"))
-    comm.destroy()
-
-
 def _run_case(server, name, action, victim, trace, nth=1, extra="", also=()):
     spec = f"{name}={action}@{nth};rank={victim};trace={trace}" + (f",{extra}" if extra else "")
     try:
         res = run_ranks(_scenario, 5, server, spec, timeout=75, may_die=sorted({victim, JOINER, *also}))
-    finally:
-        _sweep()
+    finally:  # a joiner that run_ranks ends while it still tries to join leaves its rendezvous's segment
+        sweep_segments()
     fired = os.path.exists(trace) and any(line.startswith(name + " ") for line in open(trace))
     return _check(res, victim, (name, action, victim), fired, also)
 

@@ -16,6 +16,7 @@ import time
 import numpy as np
 import pytest
 from helpers import REPO
+from helpers.mp import sweep_segments
 
 FULL = os.environ.get("PYCOLL_TEST_FULL") == "1"
 
@@ -212,6 +213,10 @@ def _launcher_case(tmp_path, name, action):
             proc.wait()
         for p in _job_pids(tmp_path, proc.pid):
             os.kill(p, signal.SIGKILL)
+        # a rank killed inside a rendezvous it created (a replacement that was starting) leaves that
+        # segment for the next rendezvous on the host: once the job is gone, run one
+        _wait(lambda: not _job_pids(tmp_path, proc.pid), 10, "the job's processes did not end")
+        sweep_segments()
 
 
 @pytest.mark.failpoints
