@@ -230,3 +230,32 @@ def _freed_under_window(rank, n, uid):
 
 def test_a_window_over_freed_memory_is_not_used():
     assert run_ranks(_freed_under_window, 2, _uid()) == ["segment"] * 2
+
+
+def _step_counts(rank, n, uid):
+    """Operations of 1 to 4 pipeline chunks (2 to 5 steps: the skipped steps end on either parity), back to back
+    and between operations through the segment, which must find the step numbering and descriptors as the
+    pipeline leaves them."""
+    c = _comm(rank, n, uid)
+    chunk = (512 << 10) // 4  # float32 elements of one pipeline chunk
+    counts = [chunk - 3, 2 * chunk - 7, 3 * chunk - 5, 4 * chunk + 1, 2 * chunk - 7, chunk - 3]
+    pool = pycoll.SymmetricPool(c, 2 * max(counts) * 4 + 4096)
+    wrong = []
+    for i, count in enumerate(counts):
+        send, recv = pool.empty(count), pool.empty(count)
+        send[:] = np.arange(count, dtype=np.float32) % 97 + rank + i
+        want = n * (np.arange(count, dtype=np.float32) % 97) + n * i + n * (n - 1) / 2
+        c.all_reduce(send, recv)
+        private = np.full(1000 + i, rank + 1.0, np.float32)
+        c.all_reduce(private)  # through the segment, between two operations over windows
+        if not (np.array_equal(recv, want) and (private == n * (n + 1) / 2).all()):
+            wrong.append(count)
+        del send, recv
+    pool.close()
+    c.destroy()
+    return wrong
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_operations_of_every_step_count(n):
+    assert run_ranks(_step_counts, n, _uid()) == [[]] * n
