@@ -1468,6 +1468,13 @@ cdef object _redop(CommCore comm, object op, object datatype):
     return comm._redop(op, datatype)
 
 
+cdef inline bint _share_memory(object a, object b):
+    """Whether two Buffers' byte ranges meet: check_overlap's own range test in C, so that the common separate
+    buffers make no Python call (check_overlap decides the rest)."""
+    cdef uintptr_t a0 = (<tuple>a)[0], b0 = (<tuple>b)[0]
+    return a0 < b0 + <size_t>(<tuple>b)[1] and b0 < a0 + <size_t>(<tuple>a)[1]
+
+
 cdef object _output_fits(object inp, object out, str op):
     """``inp``'s count, once ``out`` has its dtype and room for it and overlaps it only in place (the same
     start) (``buffers.check_*`` raise otherwise); both are Buffers (tuples)."""
@@ -1476,9 +1483,7 @@ cdef object _output_fits(object inp, object out, str op):
     count = (<tuple>inp)[2]
     if (<tuple>out)[2] < count:
         check_count(out, count, op=op)
-    cdef uintptr_t i0 = (<tuple>inp)[0], o0 = (<tuple>out)[0]
-    # check_overlap's own range test, in C: the common separate or same-start output makes no Python call
-    if i0 != o0 and i0 < o0 + <size_t>(<tuple>out)[1] and o0 < i0 + <size_t>(<tuple>inp)[1]:
+    if (<tuple>inp)[0] != (<tuple>out)[0] and _share_memory(inp, out):  # the same start: in place
         check_overlap(inp, out, op=op, in_place_form="output=None")
     return count
 
@@ -1569,7 +1574,8 @@ def sendrecv(CommCore comm, tensor, output, peer, *, stream=None, async_op=False
     st = _begin(comm, "sendrecv", stream, async_op, tensor, output)
     sb = _describe(comm, tensor, st, False, "tensor")
     rb = _describe(comm, output, st, True, "output")
-    check_overlap(sb, rb, op="sendrecv", in_place=None)  # a receive may not overwrite what is being sent
+    if _share_memory(sb, rb):  # a receive may not overwrite what is being sent
+        check_overlap(sb, rb, op="sendrecv", in_place=None)
     call = _new_call(comm.library, _SENDRECV, (), (<tuple>sb)[0], (<tuple>rb)[0], (<tuple>sb)[2], (<tuple>sb)[3], 0,
                      peer)
     call.rcount, call.rdatatype = (<tuple>rb)[2], (<tuple>rb)[3]
