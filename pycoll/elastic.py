@@ -71,7 +71,8 @@ import numpy as np
 
 from . import _bindings as B, _settings, failpoints as _fp, membership as _mb, nodeagg as _node
 from ._procs import boot_id, exiting, stat_fields
-from .comm import Communicator, _integer, default_timeout
+from .buffers import integer as _integer
+from .comm import Communicator, default_timeout
 from .config import CommConfig
 from .create import init, join, load_library
 from .diagnostics import get_recorder, get_watchdog
