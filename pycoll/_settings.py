@@ -171,13 +171,18 @@ _ALL = (
             minimum=0, maximum=1 << 30),
     Setting("PYCOLL_HOST_CHUNK_BYTES", "int", 524288, "pipeline chunk of larger host AllReduce/Reduce, bytes",
             minimum=64, maximum=1 << 30),
-    Setting("PYCOLL_HOST_STREAM_MIN", "int", 8 << 20, "host AllReduce/Reduce outputs of at least this many bytes "
-            "are written with streaming (non-temporal) stores (0: never); unset, outputs of 8 MiB and more use, per "
-            "size class (8-16 MiB, 16-32 MiB, ...) and apart for AllReduce over windows, whichever stores the "
-            "process's first six such operations measured faster", minimum=0, maximum=1 << 62),
+    Setting("PYCOLL_HOST_STREAM_MIN", "int", 8 << 20, "host AllReduce/Reduce outputs, and outputs of operations "
+            "over windows, of at least this many bytes are written with streaming (non-temporal) stores (0: never); "
+            "unset, outputs of 8 MiB and more use, per size class (8-16 MiB, 16-32 MiB, ...) and apart for each "
+            "operation over windows, whichever stores the process's first six such operations measured faster",
+            minimum=0, maximum=1 << 62),
     Setting("PYCOLL_HOST_WINDOW_ALLREDUCE", "choice", "1", "`1`: a host AllReduce of more than "
             "PYCOLL_HOST_ONESHOT_MAX bytes whose buffers lie in windows on every rank reduces straight between "
             "the ranks' windows; `0`: through the segment like any other", choices=("0", "1")),
+    Setting("PYCOLL_HOST_WINDOW_COLLECTIVES", "choice", "1", "`1`: a host Broadcast, AllGather or ReduceScatter of "
+            "more than one step of the segment (1 MiB per rank up to 8 ranks) whose buffers lie in windows on every "
+            "rank copies or reduces straight from the ranks' windows; `0`: through the segment like any other",
+            choices=("0", "1")),
     Setting("PYCOLL_HOST_BIND", "choice", "0", "`1` binds the thread initialising host rank r to a CPU",
             choices=("0", "1")),
     # -- testing

@@ -20,9 +20,13 @@
  * slice of the whole operation straight from every rank's send buffer into every rank's receive buffer
  * (mapped through the windows), then all wait until everyone is done (the operation's last step). A
  * rank's memory traffic is then one read of N bytes and one write of N, a copy's, instead of about
- * twice that. Any rank without windows (or with PYCOLL_HOST_WINDOW_ALLREDUCE=0) makes every rank
- * take the pipeline; the choice is made from the same descriptors on every rank (which is why step 0
- * still publishes the pipeline's first chunk: a rank cannot know the verdict before it arrives).
+ * twice that. Broadcast, AllGather and ReduceScatter of more than one step do the same with their own
+ * share: a rank copies the root's buffer, copies every rank's block, or reduces its block from every
+ * rank's send buffer, straight into its own output, which skips the copy into the inboxes. Any rank
+ * without windows (or with PYCOLL_HOST_WINDOW_ALLREDUCE=0, PYCOLL_HOST_WINDOW_COLLECTIVES=0 for the
+ * other three) makes every rank take the segment; the choice is made from the same descriptors on
+ * every rank (which is why step 0 still publishes its first piece: a rank cannot know the verdict
+ * before it arrives).
  *
  * Each rank transforms its own contribution before publishing it (PreMulSum/Avg scalars are
  * per rank, as in NCCL), and reductions run in rank order 0..n-1. */
@@ -44,24 +48,27 @@ static size_t oneshot_max = 32 << 10;
 static size_t chunk_max = 512 << 10;
 /* outputs from this size on are written with streaming stores (PYCOLL_HOST_STREAM_MIN; 0: never) */
 static size_t stream_min = 8 << 20;
-/* AllReduce over windows (PYCOLL_HOST_WINDOW_ALLREDUCE, on by default), and how much of its slice a rank
- * reduces before it returns to whoever runs it (who may have a deadline, or other work) */
-static bool window_allreduce = true;
+/* AllReduce over windows (PYCOLL_HOST_WINDOW_ALLREDUCE), Broadcast, AllGather and ReduceScatter over windows
+ * (PYCOLL_HOST_WINDOW_COLLECTIVES), both on by default; and how much of its share a rank handles before it
+ * returns to whoever runs it (who may have a deadline, or other work) */
+static bool window_allreduce = true, window_collectives = true;
 #define WINDOW_PIECE_BYTES (4 << 20)
 
 /* Whether streaming stores help depends on the machine and on the size: on some machines they make a
  * large AllReduce faster, on others much slower, and outputs that the caches still hold lose by them
  * (benchmarks/README.md). Unless PYCOLL_HOST_STREAM_MIN is set, the process measures, apart for the
- * pipeline and for AllReduce over windows (their stores go to different places) and for each size
- * class (stream_min to twice that, twice that to four times, ..., the last open-ended): the first
- * STORE_TRIALS AllReduce/Reduce of a class alternate between streaming and cached stores (every rank
+ * pipeline, for AllReduce over windows and for each other operation over windows (their stores go to
+ * different places, in different patterns) and for each size class of the output (stream_min to twice
+ * that, twice that to four times, ..., the last open-ended): the first STORE_TRIALS operations of a
+ * class alternate between streaming and cached stores (every rank
  * does the same operations in the same order, so the ranks alternate together), and the stores whose
  * best time per byte was shorter are used for that class from then on. */
 #define STORE_TRIALS 6
 #define STORE_CLASSES 8
 static bool stores_fixed; /* PYCOLL_HOST_STREAM_MIN is set: no measuring */
-enum { STORES_PIPELINE = 0, STORES_WINDOWS, STORES_N };
-static const char* const store_what[STORES_N] = {"AllReduce/Reduce", "AllReduce over windows"};
+enum { STORES_PIPELINE = 0, STORES_WINDOWS, STORES_BROADCAST, STORES_ALLGATHER, STORES_REDUCESCATTER, STORES_N };
+static const char* const store_what[STORES_N] = {"AllReduce/Reduce", "AllReduce over windows", "Broadcast over windows",
+                                                 "AllGather over windows", "ReduceScatter over windows"};
 static struct store_choice {
   int pick;           /* -1: measuring; 1 streaming, 0 cached */
   int started, done;  /* trials */
@@ -82,6 +89,26 @@ __attribute__((constructor)) static void coll_tunables(void) {
     for (int k = 0; k < STORE_CLASSES; k++) stores[w][k].pick = -1;
   env_u64("PYCOLL_HOST_WINDOW_ALLREDUCE", 0, 1, 1, &v);
   window_allreduce = v != 0;
+  env_u64("PYCOLL_HOST_WINDOW_COLLECTIVES", 0, 1, 1, &v);
+  window_collectives = v != 0;
+}
+
+/* The trials (stores[]) of an operation of t's kind, over windows or not; -1: none (only the outputs of
+ * AllReduce/Reduce through the segment, and of the operations over windows, are large enough to choose). */
+static int stores_of(const struct task* t, bool windows) {
+  switch (t->kind) {
+    case TK_ALLREDUCE: return windows ? STORES_WINDOWS : STORES_PIPELINE;
+    case TK_REDUCE: return STORES_PIPELINE;
+    case TK_BROADCAST: return windows ? STORES_BROADCAST : -1;
+    case TK_ALLGATHER: return windows ? STORES_ALLGATHER : -1;
+    case TK_REDUCESCATTER: return windows ? STORES_REDUCESCATTER : -1;
+    default: return -1;
+  }
+}
+
+/* Bytes of t's output on this rank (an AllGather's is nranks blocks). */
+static size_t out_bytes(const struct task* t) {
+  return t->count * dt_size(t->dtype) * (t->kind == TK_ALLGATHER ? (size_t)t->comm->nranks : 1);
 }
 
 static int store_class(size_t bytes) {
@@ -106,7 +133,7 @@ static bool stream_large(struct task* t, int which, size_t bytes) {
 
 static void store_trial_done(struct task* t, size_t bytes) {
   int which = t->timed_store - 1, cls = store_class(bytes);
-  if (which != (t->algo == ALGO_WINDOW ? STORES_WINDOWS : STORES_PIPELINE)) return; /* ranks disagreed on windows */
+  if (which != stores_of(t, t->algo == ALGO_WINDOW)) return; /* ranks disagreed on windows */
   struct store_choice* sc = &stores[which][cls];
   double per_byte = (double)(now_ns() - t->t_start) / (double)bytes;
   int mode = t->stream_out ? 1 : 0;
@@ -137,14 +164,20 @@ static inline char* at(const void* base, size_t elems, size_t es) { return (char
 
 static int redop_code(const struct task* t) { return t->op >= ncclNumOps ? ncclNumOps : t->op; }
 
-/* A large AllReduce: the windows of the comm that hold its buffers, if any (published in the descriptor).
- * Not for PreMulSum/Avg on floats: their per-rank scalars are applied by the rank that publishes. */
-static void find_windows(struct task* t, size_t bytes) {
+/* An operation of more than one step that can go over windows: the windows of the comm that hold its send
+ * and receive buffers, if any (published in the descriptor). Not for PreMulSum/Avg on floats: their per-rank
+ * scalars are applied by the rank that publishes. A Broadcast's receivers name their send buffer too (NCCL
+ * ignores it there): every rank's pair must be in the same windows. */
+static void find_windows(struct task* t) {
+  size_t bytes = t->count * dt_size(t->dtype), n = (size_t)t->comm->nranks, send = bytes, recv = bytes;
   t->win_key = 0;
-  if (!window_allreduce || t->rop.kind == RK_PREMULSUM) return;
+  if (t->kind == TK_ALLREDUCE ? !window_allreduce : !window_collectives) return;
+  if ((t->kind == TK_ALLREDUCE || t->kind == TK_REDUCESCATTER) && t->rop.kind == RK_PREMULSUM) return;
+  if (t->kind == TK_ALLGATHER) recv *= n;
+  if (t->kind == TK_REDUCESCATTER) send *= n;
   size_t off[2];
-  t->win[0] = window_holding(t->comm, t->sendbuff, bytes, &off[0]);
-  t->win[1] = t->win[0] ? window_holding(t->comm, t->recvbuff, bytes, &off[1]) : NULL;
+  t->win[0] = window_holding(t->comm, t->sendbuff, send, &off[0]);
+  t->win[1] = t->win[0] ? window_holding(t->comm, t->recvbuff, recv, &off[1]) : NULL;
   if (!t->win[1]) {
     if (t->win[0]) window_put(t->win[0]);
     t->win[0] = NULL;
@@ -164,6 +197,7 @@ void coll_start(struct task* t) {
   t->timed_store = 0;
   t->step = 0;
   t->phase = PH_FILL;
+  t->win_key = 0;
   t->op_seq = c->op_seq++;
   if (t->scalar_p) memcpy(&t->rop.scalar, t->scalar_p, es);
   if (n == 1) {
@@ -182,9 +216,8 @@ void coll_start(struct task* t) {
       } else {
         t->algo = ALGO_TWOPHASE;
         t->piece = MAX((size_t)1, MIN(chunk_max, ib) / es); /* never 0: it divides the step count */
-        if (t->kind == TK_ALLREDUCE) find_windows(t, bytes);
-        t->stream_out = stream_min != 0 && bytes >= stream_min &&
-                        stream_large(t, t->win_key ? STORES_WINDOWS : STORES_PIPELINE, bytes);
+        if (t->kind == TK_ALLREDUCE) find_windows(t);
+        t->stream_out = stream_min != 0 && bytes >= stream_min && stream_large(t, stores_of(t, t->win_key), bytes);
       }
       break;
     }
@@ -196,6 +229,11 @@ void coll_start(struct task* t) {
   t->nsteps = (uint32_t)((t->count + t->piece - 1) / t->piece);
   t->nchunks = t->nsteps;
   if (t->algo == ALGO_TWOPHASE) t->nsteps++; /* the last step only reduces and copies out */
+  else if (t->nsteps > 1 && (t->kind == TK_BROADCAST || t->kind == TK_ALLGATHER || t->kind == TK_REDUCESCATTER)) {
+    size_t out = out_bytes(t);
+    find_windows(t);
+    t->stream_out = t->win_key && stream_min != 0 && out >= stream_min && stream_large(t, stores_of(t, true), out);
+  }
   t->step0 = c->next_step;
   c->next_step += t->nsteps;
 }
@@ -272,6 +310,7 @@ static void fill(struct task* t, int p) {
   size_t es = dt_size(t->dtype), base, len;
   step_range(t, &base, &len);
   char* mine = seg_inbox(s, me, p);
+  if (t->algo == ALGO_WINDOW) return; /* the steps after 0 only wait */
   switch (t->kind) {
     case TK_ALLREDUCE:
     case TK_REDUCE:
@@ -354,8 +393,8 @@ static void copy_out(struct task* t, int p) {
   }
 }
 
-/* Step 0 of a large AllReduce, everyone arrived: whether every rank's buffers are in the same windows
- * (the same verdict on every rank: it reads the same descriptors). */
+/* Step 0 of an operation that can go over windows, everyone arrived: whether every rank's buffers are in the
+ * same windows (the same verdict on every rank: it reads the same descriptors). */
 static bool windows_agreed(const struct task* t, int p) {
   if (!t->win_key) return false;
   for (int k = 0; k < t->comm->nranks; k++)
@@ -363,10 +402,15 @@ static bool windows_agreed(const struct task* t, int p) {
   return true;
 }
 
+/* Rank k's send (which = 0) or receive (1) buffer of this operation, where this process maps it. Every rank
+ * has arrived at step 0, so every buffer belongs to this operation. */
+static char* peer_buffer(const struct task* t, int p, int k, int which) {
+  return t->win[which]->peers[k].ptr + t->comm->seg.ctrl[k].desc[p].win_off[which];
+}
+
 /* AllReduce over windows: the next piece of this rank's slice of the operation (from t->off), reduced in
  * one pass from every rank's send buffer into every rank's receive buffer; true once the slice is done.
- * Every rank has arrived at step 0, so every buffer belongs to this operation; only this rank touches
- * its slice, in place or not. */
+ * Only this rank touches its slice, in place or not. */
 static bool reduce_windows(struct task* t, int p) {
   struct ncclComm* c = t->comm;
   int me = c->rank, n = c->nranks;
@@ -378,13 +422,49 @@ static bool reduce_windows(struct task* t, int p) {
   const void* srcs[n];
   void* dsts[n];
   for (int k = 0; k < n; k++) {
-    const struct op_desc* d = &c->seg.ctrl[k].desc[p];
-    srcs[k] = at(t->win[0]->peers[k].ptr + d->win_off[0], lo, es);
-    dsts[(k - me + n) % n] = at(t->win[1]->peers[k].ptr + d->win_off[1], lo, es); /* this rank's first */
+    srcs[k] = at(peer_buffer(t, p, k, 0), lo, es);
+    dsts[(k - me + n) % n] = at(peer_buffer(t, p, k, 1), lo, es); /* this rank's first */
   }
   dt_reduce_to(&t->rop, dsts, n, t->stream_out, srcs, n, len);
   t->off += len;
   return lo + len == hi;
+}
+
+/* Broadcast, AllGather, ReduceScatter over windows: the next piece of this rank's own output (from t->off,
+ * elements of the output), straight from the ranks' send buffers; true once the output is done. An
+ * AllGather's rank starts with the block after its own, so that the ranks read different peers at once. */
+static bool gather_windows(struct task* t, int p) {
+  struct ncclComm* c = t->comm;
+  int me = c->rank, n = c->nranks;
+  size_t es = dt_size(t->dtype), count = t->count, total = count;
+  size_t len = MIN(total - t->off, MAX((size_t)1, WINDOW_PIECE_BYTES / es)), off = t->off;
+  switch (t->kind) {
+    case TK_BROADCAST:
+      if (me != t->root) (t->stream_out ? ph_stream : ph_copy)(at(t->recvbuff, off, es), at(peer_buffer(t, p, t->root, 0), off, es), len * es);
+      else if (t->recvbuff != t->sendbuff) memmove(at(t->recvbuff, off, es), at(t->sendbuff, off, es), len * es);
+      break;
+    case TK_ALLGATHER: /* this rank's block into every rank's output, a cache-sized part at a time: one read of it */
+      for (size_t done = 0, part = MAX((size_t)1, (64 << 10) / es); done < len; done += part) {
+        size_t m = MIN(part, len - done);
+        const char* src = at(t->sendbuff, off + done, es);
+        for (int j = 1; j <= n; j++) {
+          int k = (me + j) % n; /* this rank's own output last: its part is in cache for the others first */
+          char* dst = at(k == me ? t->recvbuff : peer_buffer(t, p, k, 1), (size_t)me * count + off + done, es);
+          if (dst != src) (t->stream_out ? ph_stream : ph_copy)(dst, src, m * es);
+        }
+      }
+      break;
+    case TK_REDUCESCATTER: {
+      const void* srcs[n];
+      void* dst = at(t->recvbuff, off, es);
+      for (int k = 0; k < n; k++)
+        srcs[k] = at(k == me ? (const char*)t->sendbuff : peer_buffer(t, p, k, 0), (size_t)me * count + off, es);
+      dt_reduce_to(&t->rop, &dst, 1, t->stream_out, srcs, n, len);
+      break;
+    }
+  }
+  t->off += len;
+  return t->off == total;
 }
 
 /* After everyone arrived at the step: read what this rank needs from the others. */
@@ -395,11 +475,12 @@ static void consume(struct task* t, int p) {
   size_t es = dt_size(t->dtype), base, len;
   step_range(t, &base, &len);
   const void* srcs[n];
+  if (t->algo == ALGO_WINDOW) return; /* the steps after 0 only wait */
   switch (t->kind) {
     case TK_ALLREDUCE:
     case TK_REDUCE:
       if (t->algo == ALGO_TWOPHASE) copy_out(t, p ^ 1);
-      if (t->algo == ALGO_TWOPHASE || t->algo == ALGO_WINDOW) return; /* the window's steps after 0 only wait */
+      if (t->algo == ALGO_TWOPHASE) return;
       if (t->kind == TK_REDUCE && me != t->root) return;
       for (int k = 0; k < n; k++) srcs[k] = seg_inbox(s, k, p);
       dt_reduce(&t->rop, at(t->recvbuff, base, es), NULL, srcs, n, -1, len);
@@ -482,7 +563,7 @@ int coll_progress(struct task* t) {
         t->phase = PH_CONSUME;
         /* fall through */
       case PH_CONSUME:
-        if (t->algo != ALGO_TWOPHASE || t->step != 0 || !windows_agreed(t, p)) {
+        if (t->step != 0 || !windows_agreed(t, p)) {
           consume(t, p);
           break;
         }
@@ -491,20 +572,20 @@ int coll_progress(struct task* t) {
         t->off = 0;
         /* fall through */
       case PH_WINDOW:
-        if (!reduce_windows(t, p)) return PROG_MOVED;
+        if (!(t->kind == TK_ALLREDUCE ? reduce_windows(t, p) : gather_windows(t, p))) return PROG_MOVED;
         if (UNLIKELY(fp_hit("host.coll.window")))
           return task_fail(t, ncclSystemError, "%s : failpoint host.coll.window", task_kind_name(t->kind));
         break;
     }
     moved = true;
-    /* Over windows, the ranks skip the pipeline's steps: the next one is the last step of odd index
+    /* Over windows, the ranks skip the steps in between: the next one is the last step of odd index
      * (a descriptor slot no peer can still be reading: its parity was last used before step 0), then,
      * where that is not the operation's last, the last one. */
     if (t->algo == ALGO_WINDOW && t->step == 0) t->step = (t->nsteps - 1) % 2 ? t->nsteps - 2 : t->nsteps - 3;
     if (++t->step == t->nsteps) {
       if (UNLIKELY(fp_hit("host.coll.done")))
         return task_fail(t, ncclSystemError, "%s : failpoint host.coll.done", task_kind_name(t->kind));
-      if (t->timed_store) store_trial_done(t, t->count * dt_size(t->dtype));
+      if (t->timed_store) store_trial_done(t, out_bytes(t));
       return PROG_DONE;
     }
     t->phase = PH_FILL;

@@ -35,10 +35,13 @@
  *                             once anyway (its life word, a robust futex, and the exit watcher)
  *   PYCOLL_HOST_ONESHOT_MAX   AllReduce/Reduce up to this many bytes use one phase (32768)
  *   PYCOLL_HOST_CHUNK_BYTES   pipeline chunk of larger AllReduce/Reduce (524288; 64 to 2^30)
- *   PYCOLL_HOST_STREAM_MIN    AllReduce/Reduce outputs of at least this many bytes are written with
- *                             streaming stores (0: never); unset, from 8 MiB on each size class takes
- *                             the stores its first six operations measured faster (coll.c)
+ *   PYCOLL_HOST_STREAM_MIN    AllReduce/Reduce outputs, and those of operations over windows, of at
+ *                             least this many bytes are written with streaming stores (0: never); unset,
+ *                             from 8 MiB on each size class takes the stores its first six operations
+ *                             measured faster (coll.c)
  *   PYCOLL_HOST_WINDOW_ALLREDUCE  0: no AllReduce goes straight between windows (1, the default)
+ *   PYCOLL_HOST_WINDOW_COLLECTIVES  0: no Broadcast, AllGather or ReduceScatter goes straight between
+ *                             windows (1, the default)
  *   (each is checked by env.c: a bad value is refused with a WARN, see env.h for the bounds)
  *   PYCOLL_HOST_BIND=1        bind the thread initialising rank r to the (r mod #allowed)-th
  *                             allowed CPU when there are enough CPUs (off by default: threads it

@@ -129,6 +129,7 @@ def test_python_refuses_bad_host_settings_before_loading(name: str, value: str) 
     ("PYCOLL_HOST_INIT_TIMEOUT", ["0", "0.5", "300"], ["-1", "inf", "nan", "1e8", "soon"]),
     ("PYCOLL_HOST_BIND", ["0", "1"], ["2", "yes", "true"]),
     ("PYCOLL_HOST_WINDOW_ALLREDUCE", ["0", "1"], ["2", "-1", "on"]),
+    ("PYCOLL_HOST_WINDOW_COLLECTIVES", ["0", "1"], ["2", "-1", "on"]),
 ])
 def test_settings_bounds_match_the_c_rules(name: str, good: List[str], bad: List[str]) -> None:
     for v in good:

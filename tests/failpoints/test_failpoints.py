@@ -538,8 +538,8 @@ def test_matrix_2_covers_every_point_the_scenario_passes():
     # host.window.exchange and host.signal.wait: the scenario registers no window and waits on no
     # signal (tests/runtime/test_windows.py kills and fails ranks there); host.coll.after_consume:
     # passed only by the two-phase path of large reductions, which the scenario's 8-element
-    # all_reduce does not take (every case of it was "not reached"); host.coll.window: only an all_reduce over
-    # windows (tests/host/test_window_allreduce.py kills, stops and fails ranks there); watchdog.report.signal_peer
+    # all_reduce does not take (every case of it was "not reached"); host.coll.window: only a collective over
+    # windows (tests/host/test_window_collectives.py kills, stops and fails ranks there); watchdog.report.signal_peer
     # (only with PYCOLL_FR_DUMP_SIGNAL) and watchdog.exit.* (a rank leaving with an operation
     # outstanding): tests/diagnostics/test_exit_dumps.py kills and stops ranks there; host.stream.defer: only where
     # the ranks outnumber the CPUs, which the scenario's ranks do not (tests/runtime/test_oversubscribed.py);
