@@ -21,12 +21,13 @@
  * (mapped through the windows), then all wait until everyone is done (the operation's last step). A
  * rank's memory traffic is then one read of N bytes and one write of N, a copy's, instead of about
  * twice that. Broadcast, AllGather and ReduceScatter of more than one step do the same with their own
- * share: a rank copies the root's buffer, copies every rank's block, or reduces its block from every
- * rank's send buffer, straight into its own output, which skips the copy into the inboxes. Any rank
+ * share: a receiver copies the root's buffer, a rank writes its block into every rank's output, or
+ * reduces its block from every rank's send buffer, which skips the copy into the inboxes. Any rank
  * without windows (or with PYCOLL_HOST_WINDOW_ALLREDUCE=0, PYCOLL_HOST_WINDOW_COLLECTIVES=0 for the
  * other three) makes every rank take the segment; the choice is made from the same descriptors on
- * every rank (which is why step 0 still publishes its first piece: a rank cannot know the verdict
- * before it arrives).
+ * every rank. A rank cannot know it before it arrives at step 0: an AllReduce's step 0 still
+ * publishes its first chunk (the pipeline's steps overlap), the other three publish nothing at step 0
+ * (one arrival more for the segment's path, no wasted copy for the windows').
  *
  * Each rank transforms its own contribution before publishing it (PreMulSum/Avg scalars are
  * per rank, as in NCCL), and reductions run in rank order 0..n-1. */
@@ -198,6 +199,7 @@ void coll_start(struct task* t) {
   t->step = 0;
   t->phase = PH_FILL;
   t->win_key = 0;
+  t->lead = 0;
   t->op_seq = c->op_seq++;
   if (t->scalar_p) memcpy(&t->rop.scalar, t->scalar_p, es);
   if (n == 1) {
@@ -230,6 +232,9 @@ void coll_start(struct task* t) {
   t->nchunks = t->nsteps;
   if (t->algo == ALGO_TWOPHASE) t->nsteps++; /* the last step only reduces and copies out */
   else if (t->nsteps > 1 && (t->kind == TK_BROADCAST || t->kind == TK_ALLGATHER || t->kind == TK_REDUCESCATTER)) {
+    /* step 0 only tells the ranks whether they all have windows: nothing is copied before the verdict */
+    t->lead = 1;
+    t->nsteps++;
     size_t out = out_bytes(t);
     find_windows(t);
     t->stream_out = t->win_key && stream_min != 0 && out >= stream_min && stream_large(t, stores_of(t, true), out);
@@ -301,16 +306,16 @@ static void chunk_range(const struct task* t, uint32_t k, size_t* base, size_t* 
   *len = MIN(t->piece, t->count - *base);
 }
 
-static void step_range(const struct task* t, size_t* base, size_t* len) { chunk_range(t, t->step, base, len); }
+static void step_range(const struct task* t, size_t* base, size_t* len) { chunk_range(t, t->step - t->lead, base, len); }
 
 static void fill(struct task* t, int p) {
   struct ncclComm* c = t->comm;
   struct seg* s = &c->seg;
   int me = c->rank, n = c->nranks;
   size_t es = dt_size(t->dtype), base, len;
+  if (t->algo == ALGO_WINDOW || t->step < t->lead) return; /* steps that only wait */
   step_range(t, &base, &len);
   char* mine = seg_inbox(s, me, p);
-  if (t->algo == ALGO_WINDOW) return; /* the steps after 0 only wait */
   switch (t->kind) {
     case TK_ALLREDUCE:
     case TK_REDUCE:
@@ -430,41 +435,49 @@ static bool reduce_windows(struct task* t, int p) {
   return lo + len == hi;
 }
 
-/* Broadcast, AllGather, ReduceScatter over windows: the next piece of this rank's own output (from t->off,
- * elements of the output), straight from the ranks' send buffers; true once the output is done. An
- * AllGather's rank starts with the block after its own, so that the ranks read different peers at once. */
+/* src's `bytes` into each of dsts (NULL or src itself: skipped), a cache-sized part at a time: src is read
+ * from memory once. */
+static void copy_to(char* const* dsts, int ndst, const char* src, size_t bytes, bool stream) {
+  for (size_t done = 0, part = 64 << 10; done < bytes; done += part) {
+    size_t m = MIN(part, bytes - done);
+    for (int k = 0; k < ndst; k++)
+      if (dsts[k] && dsts[k] != src) (stream ? ph_stream : ph_copy)(dsts[k] + done, src + done, m);
+  }
+}
+
+/* Broadcast, AllGather, ReduceScatter over windows: the next piece of this rank's share (from t->off),
+ * straight from the ranks' send buffers; true once the share is done. A Broadcast's rank copies its slice
+ * of the root's buffer into every rank's output, an AllGather's its block, reading it once (the root's
+ * output is skipped where it is the root's buffer, a rank's own block where in place); a ReduceScatter's
+ * rank reduces its block from every rank's send buffer into its output. The outputs are written starting
+ * with the next rank's, so that the ranks write to different peers at once. */
 static bool gather_windows(struct task* t, int p) {
   struct ncclComm* c = t->comm;
   int me = c->rank, n = c->nranks;
-  size_t es = dt_size(t->dtype), count = t->count, total = count;
-  size_t len = MIN(total - t->off, MAX((size_t)1, WINDOW_PIECE_BYTES / es)), off = t->off;
-  switch (t->kind) {
-    case TK_BROADCAST:
-      if (me != t->root) (t->stream_out ? ph_stream : ph_copy)(at(t->recvbuff, off, es), at(peer_buffer(t, p, t->root, 0), off, es), len * es);
-      else if (t->recvbuff != t->sendbuff) memmove(at(t->recvbuff, off, es), at(t->sendbuff, off, es), len * es);
-      break;
-    case TK_ALLGATHER: /* this rank's block into every rank's output, a cache-sized part at a time: one read of it */
-      for (size_t done = 0, part = MAX((size_t)1, (64 << 10) / es); done < len; done += part) {
-        size_t m = MIN(part, len - done);
-        const char* src = at(t->sendbuff, off + done, es);
-        for (int j = 1; j <= n; j++) {
-          int k = (me + j) % n; /* this rank's own output last: its part is in cache for the others first */
-          char* dst = at(k == me ? t->recvbuff : peer_buffer(t, p, k, 1), (size_t)me * count + off + done, es);
-          if (dst != src) (t->stream_out ? ph_stream : ph_copy)(dst, src, m * es);
-        }
-      }
-      break;
-    case TK_REDUCESCATTER: {
-      const void* srcs[n];
-      void* dst = at(t->recvbuff, off, es);
-      for (int k = 0; k < n; k++)
-        srcs[k] = at(k == me ? (const char*)t->sendbuff : peer_buffer(t, p, k, 0), (size_t)me * count + off, es);
-      dt_reduce_to(&t->rop, &dst, 1, t->stream_out, srcs, n, len);
-      break;
+  size_t es = dt_size(t->dtype), count = t->count, lo = 0, hi = count;
+  if (t->kind == TK_BROADCAST) slice(count, n, me, MAX((size_t)1, CACHELINE / es), &lo, &hi);
+  lo += t->off;
+  if (hi <= lo) return true;
+  size_t len = MIN(hi - lo, MAX((size_t)1, WINDOW_PIECE_BYTES / es));
+  if (t->kind == TK_REDUCESCATTER) {
+    const void* srcs[n];
+    void* dst = at(t->recvbuff, lo, es);
+    for (int k = 0; k < n; k++)
+      srcs[k] = at(k == me ? (const char*)t->sendbuff : peer_buffer(t, p, k, 0), (size_t)me * count + lo, es);
+    dt_reduce_to(&t->rop, &dst, 1, t->stream_out, srcs, n, len);
+  } else {
+    bool bcast = t->kind == TK_BROADCAST;
+    const char* src = bcast ? at(peer_buffer(t, p, t->root, 0), lo, es) : at(t->sendbuff, lo, es);
+    size_t at_out = bcast ? lo : (size_t)me * count + lo;
+    char* dsts[n];
+    for (int j = 0; j < n; j++) {
+      int k = (me + 1 + j) % n;
+      dsts[j] = at(k == me ? (char*)t->recvbuff : peer_buffer(t, p, k, 1), at_out, es);
     }
+    copy_to(dsts, n, src, len * es, t->stream_out);
   }
   t->off += len;
-  return t->off == total;
+  return lo + len == hi;
 }
 
 /* After everyone arrived at the step: read what this rank needs from the others. */
@@ -473,9 +486,9 @@ static void consume(struct task* t, int p) {
   struct seg* s = &c->seg;
   int me = c->rank, n = c->nranks;
   size_t es = dt_size(t->dtype), base, len;
+  if (t->algo == ALGO_WINDOW || t->step < t->lead) return; /* steps that only wait */
   step_range(t, &base, &len);
   const void* srcs[n];
-  if (t->algo == ALGO_WINDOW) return; /* the steps after 0 only wait */
   switch (t->kind) {
     case TK_ALLREDUCE:
     case TK_REDUCE:

@@ -55,6 +55,7 @@ struct task {
   int wait_peer;
   size_t piece; /* elements per step (per block for the block-wise collectives) */
   uint32_t nchunks; /* pipelined AllReduce/Reduce: chunks of `piece` elements (nsteps = nchunks + 1) */
+  uint32_t lead;    /* steps before the first piece: 1 where step 0 only exchanges descriptors (coll.c) */
   bool stream_out;  /* write the output with streaming stores */
   int timed_store;  /* one of the operations that measure which stores are faster (coll.c): which + 1, else 0 */
   uint64_t t_start; /* when it started, for that measurement */
