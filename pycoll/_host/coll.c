@@ -21,13 +21,13 @@
  * (mapped through the windows), then all wait until everyone is done (the operation's last step). A
  * rank's memory traffic is then one read of N bytes and one write of N, a copy's, instead of about
  * twice that. Broadcast, AllGather and ReduceScatter of more than one step do the same with their own
- * share: a receiver copies the root's buffer, a rank writes its block into every rank's output, or
+ * share: a rank copies its slice of the root's buffer, or its own block, into every rank's output, or
  * reduces its block from every rank's send buffer, which skips the copy into the inboxes. Any rank
  * without windows (or with PYCOLL_HOST_WINDOW_ALLREDUCE=0, PYCOLL_HOST_WINDOW_COLLECTIVES=0 for the
  * other three) makes every rank take the segment; the choice is made from the same descriptors on
- * every rank. A rank cannot know it before it arrives at step 0: an AllReduce's step 0 still
- * publishes its first chunk (the pipeline's steps overlap), the other three publish nothing at step 0
- * (one arrival more for the segment's path, no wasted copy for the windows').
+ * every rank. A rank cannot know it before it arrives at step 0, which is why step 0 still publishes
+ * the segment's first piece: an empty step 0 would save that copy on the windows' path but cost the
+ * segment's path its overlap between back-to-back operations (benchmarks/README.md).
  *
  * Each rank transforms its own contribution before publishing it (PreMulSum/Avg scalars are
  * per rank, as in NCCL), and reductions run in rank order 0..n-1. */
@@ -61,9 +61,9 @@ static bool window_allreduce = true, window_collectives = true;
  * pipeline, for AllReduce over windows and for each other operation over windows (their stores go to
  * different places, in different patterns) and for each size class of the output (stream_min to twice
  * that, twice that to four times, ..., the last open-ended): the first STORE_TRIALS operations of a
- * class alternate between streaming and cached stores (every rank
- * does the same operations in the same order, so the ranks alternate together), and the stores whose
- * best time per byte was shorter are used for that class from then on. */
+ * class alternate between streaming and cached stores (every rank does the same operations in the same
+ * order, so the ranks alternate together), and the stores whose best time per byte was shorter are used
+ * for that class from then on. */
 #define STORE_TRIALS 6
 #define STORE_CLASSES 8
 static bool stores_fixed; /* PYCOLL_HOST_STREAM_MIN is set: no measuring */
@@ -199,7 +199,6 @@ void coll_start(struct task* t) {
   t->step = 0;
   t->phase = PH_FILL;
   t->win_key = 0;
-  t->lead = 0;
   t->op_seq = c->op_seq++;
   if (t->scalar_p) memcpy(&t->rop.scalar, t->scalar_p, es);
   if (n == 1) {
@@ -232,9 +231,6 @@ void coll_start(struct task* t) {
   t->nchunks = t->nsteps;
   if (t->algo == ALGO_TWOPHASE) t->nsteps++; /* the last step only reduces and copies out */
   else if (t->nsteps > 1 && (t->kind == TK_BROADCAST || t->kind == TK_ALLGATHER || t->kind == TK_REDUCESCATTER)) {
-    /* step 0 only tells the ranks whether they all have windows: nothing is copied before the verdict */
-    t->lead = 1;
-    t->nsteps++;
     size_t out = out_bytes(t);
     find_windows(t);
     t->stream_out = t->win_key && stream_min != 0 && out >= stream_min && stream_large(t, stores_of(t, true), out);
@@ -306,14 +302,14 @@ static void chunk_range(const struct task* t, uint32_t k, size_t* base, size_t* 
   *len = MIN(t->piece, t->count - *base);
 }
 
-static void step_range(const struct task* t, size_t* base, size_t* len) { chunk_range(t, t->step - t->lead, base, len); }
+static void step_range(const struct task* t, size_t* base, size_t* len) { chunk_range(t, t->step, base, len); }
 
 static void fill(struct task* t, int p) {
   struct ncclComm* c = t->comm;
   struct seg* s = &c->seg;
   int me = c->rank, n = c->nranks;
   size_t es = dt_size(t->dtype), base, len;
-  if (t->algo == ALGO_WINDOW || t->step < t->lead) return; /* steps that only wait */
+  if (t->algo == ALGO_WINDOW) return; /* the steps after 0 only wait */
   step_range(t, &base, &len);
   char* mine = seg_inbox(s, me, p);
   switch (t->kind) {
@@ -486,7 +482,7 @@ static void consume(struct task* t, int p) {
   struct seg* s = &c->seg;
   int me = c->rank, n = c->nranks;
   size_t es = dt_size(t->dtype), base, len;
-  if (t->algo == ALGO_WINDOW || t->step < t->lead) return; /* steps that only wait */
+  if (t->algo == ALGO_WINDOW) return; /* the steps after 0 only wait */
   step_range(t, &base, &len);
   const void* srcs[n];
   switch (t->kind) {

@@ -55,12 +55,11 @@ struct task {
   int wait_peer;
   size_t piece; /* elements per step (per block for the block-wise collectives) */
   uint32_t nchunks; /* pipelined AllReduce/Reduce: chunks of `piece` elements (nsteps = nchunks + 1) */
-  uint32_t lead;    /* steps before the first piece: 1 where step 0 only exchanges descriptors (coll.c) */
   bool stream_out;  /* write the output with streaming stores */
   int timed_store;  /* one of the operations that measure which stores are faster (coll.c): which + 1, else 0 */
   uint64_t t_start; /* when it started, for that measurement */
-  /* AllReduce: the windows of this comm holding the send and receive buffers (referenced; NULL: none)
-   * and the buffers' offsets in them; win_key as op_desc's */
+  /* An operation that can go over windows: the windows of this comm holding the send and receive buffers
+   * (referenced; NULL: none) and the buffers' offsets in them; win_key as op_desc's */
   struct ncclWindow_vidmem* win[2];
   uint64_t win_off[2];
   uint64_t win_key;

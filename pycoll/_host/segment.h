@@ -53,7 +53,7 @@ struct op_desc {
   int32_t root;
   uint32_t step;
   uint32_t nsteps;
-  /* AllReduce over windows (coll.c): which windows hold this rank's send and receive buffers (a hash of
+  /* Operations over windows (coll.c): which windows hold this rank's send and receive buffers (a hash of
    * the two windows' keys; 0 where either is in none) and the buffers' offsets in them */
   uint64_t win_key;
   uint64_t win_off[2];
