@@ -56,6 +56,27 @@ def test_allreduce_compare_runs_and_checks(tmp_path):
 
 
 @pytest.mark.timeout(120)
+def test_window_collectives_runs_and_checks(tmp_path):
+    libs = "copy,pycoll" + (",mpi" if mpi_ready() else "")
+    out = tmp_path / "w.json"
+    res = _run("window_collectives.py", ["--ranks", "2", "--sizes", "2M", "--scale", "0.1", "--repeat", "1", "--only",
+                                         libs, "--json", str(out), "--markdown", str(tmp_path / "w.md"),
+                                         "--timeout", "60"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    res2 = json.loads(out.read_text())["results"]["2"]
+    for op in ("broadcast", "all_gather", "reduce_scatter"):
+        for kind in ("private", "window"):
+            (row,) = res2["pycoll"]["rows"][f"{op} {kind}"]
+            assert row["wrong"] == 0 and row["time_us"] > 0, (op, kind, row)
+        if "mpi" in libs:
+            assert res2["mpi"]["rows"][f"{op} mpi"][0]["wrong"] == 0, res2["mpi"]
+    # an all_gather's output (2 blocks); half a block, each rank's share of a broadcast's writes
+    assert [r["size"] for r in res2["copy"]["rows"]] == [1 << 20, 4 << 20]
+    md = (tmp_path / "w.md").read_text()
+    assert md.count("| 2 MiB |") == 3 and "| reduce_scatter | 2 MiB |" in md, md
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.skipif(shutil.which("gcc") is None and shutil.which("cc") is None, reason="no C compiler")
 def test_overhead_layers(tmp_path):
     out = tmp_path / "o.json"
