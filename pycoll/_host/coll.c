@@ -20,11 +20,11 @@
  * slice of the whole operation straight from every rank's send buffer into every rank's receive buffer
  * (mapped through the windows), then all wait until everyone is done (the operation's last step). A
  * rank's memory traffic is then one read of N bytes and one write of N, a copy's, instead of about
- * twice that. Broadcast, AllGather and ReduceScatter of more than one step do the same with their own
- * share: a rank copies its slice of the root's buffer, or its own block, into every rank's output, or
- * reduces its block from every rank's send buffer, which skips the copy into the inboxes. Any rank
- * without windows (or with PYCOLL_HOST_WINDOW_ALLREDUCE=0, PYCOLL_HOST_WINDOW_COLLECTIVES=0 for the
- * other three) makes every rank take the segment; the choice is made from the same descriptors on
+ * twice that. Broadcast, AllGather, ReduceScatter and AlltoAll of more than one step do the same with
+ * their own share: a rank copies its slice of the root's buffer, or its own block, into every rank's
+ * output, reduces its block from every rank's send buffer, or copies each of its blocks into its
+ * receiver's output, which skips the copy into the inboxes. Any rank without windows (or with
+ * PYCOLL_HOST_WINDOW_ALLREDUCE=0, PYCOLL_HOST_WINDOW_COLLECTIVES=0 for the other four) makes every rank take the segment; the choice is made from the same descriptors on
  * every rank. A rank cannot know it before it arrives at step 0, which is why step 0 still publishes
  * the segment's first piece: an empty step 0 would save that copy on the windows' path but cost the
  * segment's path its overlap between back-to-back operations (benchmarks/README.md).
@@ -49,8 +49,8 @@ static size_t oneshot_max = 32 << 10;
 static size_t chunk_max = 512 << 10;
 /* outputs from this size on are written with streaming stores (PYCOLL_HOST_STREAM_MIN; 0: never) */
 static size_t stream_min = 8 << 20;
-/* AllReduce over windows (PYCOLL_HOST_WINDOW_ALLREDUCE), Broadcast, AllGather and ReduceScatter over windows
- * (PYCOLL_HOST_WINDOW_COLLECTIVES), both on by default; and how much of its share a rank handles before it
+/* AllReduce over windows (PYCOLL_HOST_WINDOW_ALLREDUCE), Broadcast, AllGather, ReduceScatter and AlltoAll over
+ * windows (PYCOLL_HOST_WINDOW_COLLECTIVES), both on by default; and how much of its share a rank handles before it
  * returns to whoever runs it (who may have a deadline, or other work) */
 static bool window_allreduce = true, window_collectives = true;
 #define WINDOW_PIECE_BYTES (4 << 20)
@@ -67,9 +67,18 @@ static bool window_allreduce = true, window_collectives = true;
 #define STORE_TRIALS 6
 #define STORE_CLASSES 8
 static bool stores_fixed; /* PYCOLL_HOST_STREAM_MIN is set: no measuring */
-enum { STORES_PIPELINE = 0, STORES_WINDOWS, STORES_BROADCAST, STORES_ALLGATHER, STORES_REDUCESCATTER, STORES_N };
-static const char* const store_what[STORES_N] = {"AllReduce/Reduce", "AllReduce over windows", "Broadcast over windows",
-                                                 "AllGather over windows", "ReduceScatter over windows"};
+enum {
+  STORES_PIPELINE = 0,
+  STORES_WINDOWS,
+  STORES_BROADCAST,
+  STORES_ALLGATHER,
+  STORES_REDUCESCATTER,
+  STORES_ALLTOALL,
+  STORES_N
+};
+static const char* const store_what[STORES_N] = {"AllReduce/Reduce",        "AllReduce over windows",
+                                                 "Broadcast over windows",  "AllGather over windows",
+                                                 "ReduceScatter over windows", "AlltoAll over windows"};
 static struct store_choice {
   int pick;           /* -1: measuring; 1 streaming, 0 cached */
   int started, done;  /* trials */
@@ -103,13 +112,15 @@ static int stores_of(const struct task* t, bool windows) {
     case TK_BROADCAST: return windows ? STORES_BROADCAST : -1;
     case TK_ALLGATHER: return windows ? STORES_ALLGATHER : -1;
     case TK_REDUCESCATTER: return windows ? STORES_REDUCESCATTER : -1;
+    case TK_ALLTOALL: return windows ? STORES_ALLTOALL : -1;
     default: return -1;
   }
 }
 
-/* Bytes of t's output on this rank (an AllGather's is nranks blocks). */
+/* Bytes of t's output on this rank (an AllGather's and an AlltoAll's are nranks blocks). */
 static size_t out_bytes(const struct task* t) {
-  return t->count * dt_size(t->dtype) * (t->kind == TK_ALLGATHER ? (size_t)t->comm->nranks : 1);
+  bool blocks = t->kind == TK_ALLGATHER || t->kind == TK_ALLTOALL;
+  return t->count * dt_size(t->dtype) * (blocks ? (size_t)t->comm->nranks : 1);
 }
 
 static int store_class(size_t bytes) {
@@ -168,14 +179,17 @@ static int redop_code(const struct task* t) { return t->op >= ncclNumOps ? ncclN
 /* An operation of more than one step that can go over windows: the windows of the comm that hold its send
  * and receive buffers, if any (published in the descriptor). Not for PreMulSum/Avg on floats: their per-rank
  * scalars are applied by the rank that publishes. A Broadcast's receivers name their send buffer too (NCCL
- * ignores it there): every rank's pair must be in the same windows. */
+ * ignores it there): every rank's pair must be in the same windows. Not for an AlltoAll in place: a peer
+ * would write a block of this rank's output before this rank has sent what was there. */
 static void find_windows(struct task* t) {
   size_t bytes = t->count * dt_size(t->dtype), n = (size_t)t->comm->nranks, send = bytes, recv = bytes;
   t->win_key = 0;
   if (t->kind == TK_ALLREDUCE ? !window_allreduce : !window_collectives) return;
   if ((t->kind == TK_ALLREDUCE || t->kind == TK_REDUCESCATTER) && t->rop.kind == RK_PREMULSUM) return;
-  if (t->kind == TK_ALLGATHER) recv *= n;
-  if (t->kind == TK_REDUCESCATTER) send *= n;
+  if (t->kind == TK_ALLGATHER || t->kind == TK_ALLTOALL) recv *= n;
+  if (t->kind == TK_REDUCESCATTER || t->kind == TK_ALLTOALL) send *= n;
+  const char *s = t->sendbuff, *r = t->recvbuff;
+  if (t->kind == TK_ALLTOALL && s < r + recv && r < s + send) return;
   size_t off[2];
   t->win[0] = window_holding(t->comm, t->sendbuff, send, &off[0]);
   t->win[1] = t->win[0] ? window_holding(t->comm, t->recvbuff, recv, &off[1]) : NULL;
@@ -230,7 +244,8 @@ void coll_start(struct task* t) {
   t->nsteps = (uint32_t)((t->count + t->piece - 1) / t->piece);
   t->nchunks = t->nsteps;
   if (t->algo == ALGO_TWOPHASE) t->nsteps++; /* the last step only reduces and copies out */
-  else if (t->nsteps > 1 && (t->kind == TK_BROADCAST || t->kind == TK_ALLGATHER || t->kind == TK_REDUCESCATTER)) {
+  else if (t->nsteps > 1 && (t->kind == TK_BROADCAST || t->kind == TK_ALLGATHER || t->kind == TK_REDUCESCATTER ||
+                             t->kind == TK_ALLTOALL)) {
     size_t out = out_bytes(t);
     find_windows(t);
     t->stream_out = t->win_key && stream_min != 0 && out >= stream_min && stream_large(t, stores_of(t, true), out);
@@ -441,12 +456,13 @@ static void copy_to(char* const* dsts, int ndst, const char* src, size_t bytes, 
   }
 }
 
-/* Broadcast, AllGather, ReduceScatter over windows: the next piece of this rank's share (from t->off),
- * straight from the ranks' send buffers; true once the share is done. A Broadcast's rank copies its slice
- * of the root's buffer into every rank's output, an AllGather's its block, reading it once (the root's
+/* Broadcast, AllGather, ReduceScatter, AlltoAll over windows: the next piece of this rank's share (from
+ * t->off), straight from the ranks' send buffers; true once the share is done. A Broadcast's rank copies its
+ * slice of the root's buffer into every rank's output, an AllGather's its block, reading it once (the root's
  * output is skipped where it is the root's buffer, a rank's own block where in place); a ReduceScatter's
- * rank reduces its block from every rank's send buffer into its output. The outputs are written starting
- * with the next rank's, so that the ranks write to different peers at once. */
+ * rank reduces its block from every rank's send buffer into its output; an AlltoAll's copies its block k
+ * into rank k's output. The outputs are written starting with the next rank's, so that the ranks write to
+ * different peers at once. */
 static bool gather_windows(struct task* t, int p) {
   struct ncclComm* c = t->comm;
   int me = c->rank, n = c->nranks;
@@ -461,6 +477,12 @@ static bool gather_windows(struct task* t, int p) {
     for (int k = 0; k < n; k++)
       srcs[k] = at(k == me ? (const char*)t->sendbuff : peer_buffer(t, p, k, 0), (size_t)me * count + lo, es);
     dt_reduce_to(&t->rop, &dst, 1, t->stream_out, srcs, n, len);
+  } else if (t->kind == TK_ALLTOALL) {
+    for (int j = 0; j < n; j++) {
+      int k = (me + 1 + j) % n;
+      char* dst = at(k == me ? (char*)t->recvbuff : peer_buffer(t, p, k, 1), (size_t)me * count + lo, es);
+      (t->stream_out ? ph_stream : ph_copy)(dst, at(t->sendbuff, (size_t)k * count + lo, es), len * es);
+    }
   } else {
     bool bcast = t->kind == TK_BROADCAST;
     const char* src = bcast ? at(peer_buffer(t, p, t->root, 0), lo, es) : at(t->sendbuff, lo, es);

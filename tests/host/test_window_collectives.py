@@ -1,5 +1,6 @@
 """Collectives over windows on the host backend: an all_reduce past PYCOLL_HOST_ONESHOT_MAX, and a broadcast,
-all_gather or reduce_scatter of more than one step of the segment (1 MiB per rank and step up to 8 ranks),
+all_gather, reduce_scatter or all_to_all of more than one step of the segment (1 MiB per rank and step up to 8
+ranks; an all_to_all's blocks 1/N of that),
 whose buffers lie in windows (SymmetricPool, register_window) on every rank go straight between the ranks'
 windows.
 
@@ -263,14 +264,15 @@ def test_operations_of_every_step_count(n):
     assert run_ranks(_step_counts, n, _uid()) == [[]] * n
 
 
-# ---- Broadcast, AllGather, ReduceScatter -----------------------------------------------------------------
+# ---- Broadcast, AllGather, ReduceScatter, AlltoAll -------------------------------------------------------
 
 BIG = (1 << 20) // 4 + 1001  # float32: just past one step of the segment (1 MiB)
 
 
 def _collectives(rank, n, uid, layout, misalign):
-    """Every root of a broadcast, an all_gather and a reduce_scatter (every op) of several dtypes, over windows
-    and, for the expected values, on private arrays."""
+    """Every root of a broadcast, an all_gather, a reduce_scatter (every op) and an all_to_all of several dtypes,
+    over windows and, for the expected values, on private arrays (an all_to_all in place: through the segment,
+    checked all the same)."""
     c = _comm(rank, n, uid)
     pool = pycoll.SymmetricPool(c, (3 * n + 2) * BIG * 8 + 4096, alignment=4)
     if misalign and rank == 1:
@@ -329,6 +331,19 @@ def _collectives(rank, n, uid, layout, misalign):
             check(("reduce_scatter", dt, op), recv, want)
             del recv
         del send
+        want = np.empty(n * BIG, dt)
+        c.all_to_all(mine.copy(), want)
+        send = pool.empty(n * BIG, dt)
+        send[:] = mine
+        if layout == "in place":
+            c.all_to_all(send)
+            check(("all_to_all", dt), send, want)
+        else:
+            recv = output(n * BIG, dt)
+            c.all_to_all(send, recv)
+            check(("all_to_all", dt), recv, want)
+            del recv
+        del send
     if win is not None:
         win.close()
     pool.close()
@@ -340,7 +355,7 @@ def _collectives(rank, n, uid, layout, misalign):
     (2, "one pool", False, None), (3, "one pool", True, "65536"), (4, "in place", False, None),
     (3, "two windows", False, "0"), (2, "in place", True, "65536"),
 ])
-def test_broadcast_all_gather_reduce_scatter_equal_the_segments(n, layout, misalign, stores):
+def test_collectives_over_windows_equal_the_segments(n, layout, misalign, stores):
     """Streaming stores from 64 KiB on ("65536"), never ("0"), or as the process measures (None: the outputs here
     are below its 8 MiB)."""
     env = {"PYCOLL_HOST_STREAM_MIN": stores} if stores is not None else None
@@ -369,9 +384,17 @@ def _which_collective_path(rank, n, uid, kind, case):
         elif kind == "all_gather":
             c.all_gather(small, big)
             ok = np.array_equal(np.asarray(big), np.repeat(np.arange(1, n + 1, dtype=np.float32), count))
-        else:
+        elif kind == "reduce_scatter":
             c.reduce_scatter(big, small, op=op)
             ok = (np.asarray(small) == n * (n + 1) / 2 * (2 if case == "premul" else 1)).all()
+        else:
+            out_ = pool.empty(n * count) if case != "in place" else None
+            if case == "rank 1 private" and rank == 1:
+                out_ = np.empty(n * count, np.float32)
+            big[:] = np.repeat(np.arange(n, dtype=np.float32), count) + 10 * rank  # block k: k + 10 * rank
+            c.all_to_all(big, out_)
+            got = np.asarray(big if out_ is None else out_)
+            ok = np.array_equal(got, np.repeat(10 * np.arange(n, dtype=np.float32), count) + rank)
     except pycoll.PycollError as e:
         out = "windows" if "failpoint host.coll.window" in str(e) else f"error: {e}"
     else:
@@ -380,14 +403,16 @@ def _which_collective_path(rank, n, uid, kind, case):
     return out
 
 
-@pytest.mark.parametrize("kind", ["broadcast", "all_gather", "reduce_scatter"])
+@pytest.mark.parametrize("kind", ["broadcast", "all_gather", "reduce_scatter", "all_to_all"])
 @pytest.mark.parametrize("case,path", [
     ("windows", "windows"), ("all_reduce opted out", "windows"), ("one step", "segment"),
-    ("rank 1 private", "segment"), ("rank 1 opts out", "segment"), ("premul", None),
+    ("rank 1 private", "segment"), ("rank 1 opts out", "segment"), ("premul", None), ("in place", None),
 ])
 def test_the_collectives_path_taken(kind, case, path):
     if case == "premul":  # PreMulSum's per-rank scalars: only reduce_scatter has them, and it takes the segment
         path = "segment" if kind == "reduce_scatter" else "windows"
+    if case == "in place":  # only an all_to_all in place cannot go over windows (the others run out of place here)
+        path = "segment" if kind == "all_to_all" else "windows"
     res = run_ranks(_which_collective_path, 2, _uid(), kind, case)
     if path == "windows":  # a rank may instead see the other's failure first
         assert "windows" in res and all(r == "windows" or r.startswith("error") for r in res), res
@@ -399,7 +424,7 @@ def _collective_victim(rank, n, uid, kind, action):
     if rank == 1:
         os.environ["PYCOLL_FAILPOINTS"] = f"host.coll.window={action}"
     c = _comm(rank, n, uid, timeout=8, on_failure="report")
-    pool = pycoll.SymmetricPool(c, 2 * (n + 1) * BIG * 4 + 4096)
+    pool = pycoll.SymmetricPool(c, 2 * (2 * n + 1) * BIG * 4 + 4096)
     big, small = pool.empty(n * BIG), pool.empty(BIG)
     big[:] = small[:] = 1
     t0 = time.monotonic()
@@ -408,8 +433,10 @@ def _collective_victim(rank, n, uid, kind, action):
             c.broadcast(small, root=1)  # the root stops or dies while the others read its buffer
         elif kind == "all_gather":
             c.all_gather(small, big)
-        else:
+        elif kind == "reduce_scatter":
             c.reduce_scatter(big, small)
+        else:
+            c.all_to_all(big, pool.empty(n * BIG))
     except pycoll.PycollError as e:
         out = (type(e).__name__, time.monotonic() - t0, str(e)[:300])
     else:
@@ -418,11 +445,12 @@ def _collective_victim(rank, n, uid, kind, action):
     return out
 
 
-@pytest.mark.parametrize("kind", ["broadcast", "all_gather", "reduce_scatter"])
-@pytest.mark.parametrize("action", ["kill", "stop"])
+@pytest.mark.parametrize("kind,action", [("broadcast", "kill"), ("all_gather", "kill"), ("reduce_scatter", "kill"),
+                                         ("all_to_all", "kill"), ("broadcast", "stop")])
 def test_a_rank_lost_over_windows_fails_its_peers(kind, action):
     """Rank 1 killed or stopped after its share (the broadcast's root: with the others' copies of its buffer
-    under way), before the last arrival: a death is reported at once, a stopped rank at the timeout (8 s)."""
+    under way), before the last arrival: a death is reported at once, a stopped rank at the timeout (8 s; the
+    wait is the one every operation over windows ends with, so one kind is stopped)."""
     res = run_ranks(_collective_victim, 3, _uid(), kind, action, may_die=[1], timeout=60)
     assert isinstance(res[1], Died), res
     for name, elapsed, text in (res[0], res[2]):
@@ -437,9 +465,9 @@ def _large_collectives(rank, n, uid):
     """12 MB outputs: several pieces (4 MiB each), resumed between them; blocking and async_op."""
     c = _comm(rank, n, uid)
     count = 3 << 20
-    pool = pycoll.SymmetricPool(c, (2 * n + 1) * count * 4 + 4096)
+    pool = pycoll.SymmetricPool(c, (3 * n + 1) * count * 4 + 4096)
     x = np.arange(count, dtype=np.float32) % 1000
-    big, small = pool.empty(n * count), pool.empty(count)
+    big, small, other = pool.empty(n * count), pool.empty(count), pool.empty(n * count)
     ok = []
     for async_op in (False, True):
         small[:] = x + rank
@@ -454,14 +482,18 @@ def _large_collectives(rank, n, uid):
         w = c.reduce_scatter(big, small, async_op=async_op)
         w.wait() if async_op else None
         ok.append(bool(np.array_equal(small, n * x + n * (n - 1) / 2)))
-    del big, small
+        big[:] = np.tile(x, n) + rank
+        w = c.all_to_all(big, other, async_op=async_op)
+        w.wait() if async_op else None
+        ok.append(bool(np.array_equal(other, np.concatenate([x + k for k in range(n)]))))
+    del big, small, other
     pool.close()
     c.destroy()
     return ok
 
 
 def test_large_collectives_in_pieces():
-    assert run_ranks(_large_collectives, 2, _uid()) == [[True] * 6] * 2
+    assert run_ranks(_large_collectives, 2, _uid()) == [[True] * 8] * 2
 
 
 def _collective_steps(rank, n, uid):
