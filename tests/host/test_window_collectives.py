@@ -93,107 +93,6 @@ def test_results_with_streaming_stores():
     assert run_ranks(_compare, 2, _uid(), "in place", False, env=env) == [[]] * 2
 
 
-def _which_path(rank, n, uid, case):
-    """Runs one all_reduce of `case` with host.coll.window=raise armed on every rank: "windows" where it failed
-    naming the failpoint, "segment" where it succeeded with the right result."""
-    if case == "rank 1 opts out" and rank == 1:
-        os.environ["PYCOLL_HOST_WINDOW_ALLREDUCE"] = "0"
-    os.environ["PYCOLL_FAILPOINTS"] = "host.coll.window=raise"
-    c = _comm(rank, n, uid, timeout=30, on_failure="report")
-    pool = pycoll.SymmetricPool(c, 4 * COUNT * 4 + 4096)
-    count = 1000 if case == "small" else COUNT
-    send, recv = pool.empty(count), pool.empty(count)
-    op = "sum"
-    if case == "rank 1 private" and rank == 1:
-        send, recv = np.empty(count, np.float32), np.empty(count, np.float32)
-    if case == "premul":
-        op = c.pre_mul_sum(2.0, "float32")
-    if case == "window closed on rank 1" and rank == 1:
-        pool.close()
-    send[:] = rank + 1
-    try:
-        c.all_reduce(send, recv, op=op)
-    except pycoll.PycollError as e:
-        out = "windows" if "failpoint host.coll.window" in str(e) else f"error: {e}"
-    else:
-        want = n * (n + 1) / 2 * (2 if case == "premul" else 1)
-        out = "segment" if (np.asarray(recv) == want).all() else "WRONG"
-    c.abort()
-    return out
-
-
-@pytest.mark.parametrize("case,path", [
-    ("windows", "windows"), ("small", "segment"), ("rank 1 private", "segment"), ("rank 1 opts out", "segment"),
-    ("premul", "segment"), ("window closed on rank 1", "segment"),
-])
-def test_the_path_taken(case, path):
-    res = run_ranks(_which_path, 2, _uid(), case)
-    if path == "windows":  # rank 1 may instead see rank 0's failure first
-        assert res[0] == "windows" and all(r == "windows" or r.startswith("error") for r in res), res
-    else:
-        assert res == [path] * 2, res
-
-
-def _victim(rank, n, uid, action):
-    if rank == 1:
-        os.environ["PYCOLL_FAILPOINTS"] = f"host.coll.window={action}"
-    c = _comm(rank, n, uid, timeout=8, on_failure="report")
-    pool = pycoll.SymmetricPool(c, 2 * COUNT * 4 + 1024)
-    send, recv = pool.empty(COUNT), pool.empty(COUNT)
-    send[:] = 1
-    t0 = time.monotonic()
-    try:
-        c.all_reduce(send, recv)
-    except pycoll.PycollError as e:
-        out = (type(e).__name__, time.monotonic() - t0, str(e)[:300])
-    else:
-        out = ("no error", time.monotonic() - t0, "")
-    c.abort()
-    return out
-
-
-@pytest.mark.parametrize("action", ["kill", "stop", "raise"])
-def test_a_rank_lost_at_the_window_reduction_fails_its_peers(action):
-    """Rank 1 killed, stopped or failed after writing its slice into every rank's window, before the last
-    arrival: the others do not hang -- a death or failure is reported at once, a stopped rank when the
-    watchdog's timeout (8 s) runs out."""
-    res = run_ranks(_victim, 3, _uid(), action, may_die=[1] if action != "raise" else [], timeout=60)
-    if action != "raise":
-        assert isinstance(res[1], Died), res
-    for name, elapsed, text in (res[0], res[2]):
-        assert name != "no error", res
-        if action == "stop":
-            assert name == "CommTimeout" and 7 < elapsed < 20, res
-        else:
-            assert elapsed < 5, res
-            assert "failpoint host.coll.window" in text or "exited" in text or "rank 1" in text, res
-
-
-def _large(rank, n, uid):
-    """12 MB: each rank's slice takes several pieces (4 MiB each), resumed between them; blocking and on the
-    communicator's stream (async_op)."""
-    c = _comm(rank, n, uid)
-    count = 3 << 20
-    pool = pycoll.SymmetricPool(c, 2 * count * 4 + 1024)
-    send, recv = pool.empty(count), pool.empty(count)
-    send[:] = np.arange(count, dtype=np.float32) % 1000 + rank
-    want = n * (np.arange(count, dtype=np.float32) % 1000) + n * (n - 1) / 2
-    c.all_reduce(send, recv)
-    ok = [bool(np.array_equal(recv, want))]
-    recv[:] = 0
-    c.all_reduce(send, recv, async_op=True).wait()
-    ok.append(bool(np.array_equal(recv, want)))
-    c.all_reduce(send, async_op=True).wait()
-    ok.append(bool(np.array_equal(send, want)))
-    pool.close()
-    c.destroy()
-    return ok
-
-
-def test_large_operations_in_pieces():
-    assert run_ranks(_large, 2, _uid()) == [[True] * 3] * 2
-
-
 def _freed_under_window(rank, n, uid):
     """Rank 0 frees its window's memory (ncclMemFree, the window still registered) and maps private memory at
     the same address: its all_reduce there must not go through the window (the peers would write into the
@@ -362,138 +261,166 @@ def test_collectives_over_windows_equal_the_segments(n, layout, misalign, stores
     assert run_ranks(_collectives, n, _uid(), layout, misalign, env=env, timeout=240) == [[]] * n
 
 
-def _which_collective_path(rank, n, uid, kind, case):
+KINDS = ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all"]
+
+
+def _arrays(c, kind, count, empty):
+    """The (input, output) of one ``kind`` operation of ``count`` elements per block, made by ``empty(size)``, the
+    input filled so that :func:`_expected` knows the result (block k of rank r's input: r + 1 + 10 * k)."""
+    n, r = c.size, c.rank
+    blocks = {"all_reduce": (1, 1), "broadcast": (1, 1), "all_gather": (1, n), "reduce_scatter": (n, 1),
+              "all_to_all": (n, n)}[kind]
+    inp, out = empty(blocks[0] * count), empty(blocks[1] * count)
+    inp[:] = np.repeat(r + 1 + 10 * np.arange(blocks[0], dtype=np.float32), count)
+    return inp, out
+
+
+def _in_place(c, kind, inp, out):
+    """The same operation in place: (input, output) with the output holding the input (None: the input itself)."""
+    r, count = c.rank, out.size // (c.size if kind in ("all_gather", "all_to_all") else 1)
+    if kind == "all_gather":
+        out[r * count:(r + 1) * count] = inp
+        return out[r * count:(r + 1) * count], out
+    if kind == "reduce_scatter":
+        return inp, inp[r * count:(r + 1) * count]
+    return inp, None
+
+
+def _issue(c, kind, inp, out, op="sum", async_op=False, root=None):
+    """One ``kind`` operation (a broadcast from ``root``, by default the last rank), waited for."""
+    root = c.size - 1 if root is None else root
+    w = {"all_reduce": lambda: c.all_reduce(inp, out, op=op, async_op=async_op),
+         "broadcast": lambda: c.broadcast(inp, root=root, output=out, async_op=async_op),
+         "all_gather": lambda: c.all_gather(inp, out, async_op=async_op),
+         "reduce_scatter": lambda: c.reduce_scatter(inp, out, op=op, async_op=async_op),
+         "all_to_all": lambda: c.all_to_all(inp, out, async_op=async_op)}[kind]()
+    w.wait()
+
+
+def _expected(c, kind, count, scale=1.0):
+    n, r = c.size, c.rank
+    ranks = np.arange(1, n + 1, dtype=np.float32)
+    full = {"all_reduce": [ranks.sum() * scale], "broadcast": [n], "all_gather": ranks,
+            "reduce_scatter": [(ranks + 10 * r).sum() * scale], "all_to_all": ranks + 10 * r}[kind]
+    return np.repeat(np.asarray(full, np.float32), count)
+
+
+def _which_path(rank, n, uid, kind, case):
+    """Runs one ``kind`` operation of ``case`` with host.coll.window=raise armed on every rank: "windows" where it
+    failed naming the failpoint, "segment" where it succeeded with the right result."""
+    family = "PYCOLL_HOST_WINDOW_ALLREDUCE" if kind == "all_reduce" else "PYCOLL_HOST_WINDOW_COLLECTIVES"
+    others = "PYCOLL_HOST_WINDOW_COLLECTIVES" if kind == "all_reduce" else "PYCOLL_HOST_WINDOW_ALLREDUCE"
     if case == "rank 1 opts out" and rank == 1:
-        os.environ["PYCOLL_HOST_WINDOW_COLLECTIVES"] = "0"
-    if case == "all_reduce opted out":
-        os.environ["PYCOLL_HOST_WINDOW_ALLREDUCE"] = "0"  # the other three are not
+        os.environ[family] = "0"
+    if case == "the other family opted out":
+        os.environ[others] = "0"
     os.environ["PYCOLL_FAILPOINTS"] = "host.coll.window=raise"
     c = _comm(rank, n, uid, timeout=30, on_failure="report")
     count = 1000 if case == "one step" else BIG
-    pool = pycoll.SymmetricPool(c, 2 * (n + 1) * count * 4 + 4096)
-    big, small = pool.empty(n * count), pool.empty(count)
+    pool = pycoll.SymmetricPool(c, 2 * (2 * n + 1) * count * 4 + 4096)
+    empty = pool.empty
     if case == "rank 1 private" and rank == 1:
-        big, small = np.empty(n * count, np.float32), np.empty(count, np.float32)
-    big[:] = rank + 1
-    small[:] = rank + 1
+        empty = lambda size: np.empty(size, np.float32)  # noqa: E731
+    inp, out = _arrays(c, kind, count, empty)
+    if case == "in place":
+        inp, out = _in_place(c, kind, inp, out)
+    if case == "window closed on rank 1" and rank == 1:
+        pool.close()
     op = c.pre_mul_sum(2.0, "float32") if case == "premul" else "sum"
+    reducing = kind in ("all_reduce", "reduce_scatter")
     try:
-        if kind == "broadcast":
-            c.broadcast(small, root=n - 1)
-            ok = (np.asarray(small) == n).all()
-        elif kind == "all_gather":
-            c.all_gather(small, big)
-            ok = np.array_equal(np.asarray(big), np.repeat(np.arange(1, n + 1, dtype=np.float32), count))
-        elif kind == "reduce_scatter":
-            c.reduce_scatter(big, small, op=op)
-            ok = (np.asarray(small) == n * (n + 1) / 2 * (2 if case == "premul" else 1)).all()
-        else:
-            out_ = pool.empty(n * count) if case != "in place" else None
-            if case == "rank 1 private" and rank == 1:
-                out_ = np.empty(n * count, np.float32)
-            big[:] = np.repeat(np.arange(n, dtype=np.float32), count) + 10 * rank  # block k: k + 10 * rank
-            c.all_to_all(big, out_)
-            got = np.asarray(big if out_ is None else out_)
-            ok = np.array_equal(got, np.repeat(10 * np.arange(n, dtype=np.float32), count) + rank)
+        _issue(c, kind, inp, out, op=op if reducing else "sum")
     except pycoll.PycollError as e:
-        out = "windows" if "failpoint host.coll.window" in str(e) else f"error: {e}"
+        res = "windows" if "failpoint host.coll.window" in str(e) else f"error: {e}"
     else:
-        out = "segment" if ok else "WRONG"
+        got = np.asarray(inp if out is None else out)
+        want = _expected(c, kind, count, 2.0 if case == "premul" and reducing else 1.0)
+        res = "segment" if np.array_equal(got, want) else "WRONG"
     c.abort()
-    return out
+    return res
 
 
-@pytest.mark.parametrize("kind", ["broadcast", "all_gather", "reduce_scatter", "all_to_all"])
-@pytest.mark.parametrize("case,path", [
-    ("windows", "windows"), ("all_reduce opted out", "windows"), ("one step", "segment"),
-    ("rank 1 private", "segment"), ("rank 1 opts out", "segment"), ("premul", None), ("in place", None),
-])
-def test_the_collectives_path_taken(kind, case, path):
-    if case == "premul":  # PreMulSum's per-rank scalars: only reduce_scatter has them, and it takes the segment
-        path = "segment" if kind == "reduce_scatter" else "windows"
-    if case == "in place":  # only an all_to_all in place cannot go over windows (the others run out of place here)
-        path = "segment" if kind == "all_to_all" else "windows"
-    res = run_ranks(_which_collective_path, 2, _uid(), kind, case)
-    if path == "windows":  # a rank may instead see the other's failure first
+def _path(kind, case):
+    if case in ("one step", "rank 1 private", "rank 1 opts out", "window closed on rank 1"):
+        return "segment"
+    if case == "premul":  # PreMulSum's per-rank scalars: applied by the rank that publishes
+        return "segment" if kind in ("all_reduce", "reduce_scatter") else "windows"
+    if case == "in place":  # a peer would overwrite a block of an all_to_all's rank before it sends it
+        return "segment" if kind == "all_to_all" else "windows"
+    return "windows"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("case", ["windows", "the other family opted out", "one step", "rank 1 private",
+                                  "rank 1 opts out", "premul", "in place", "window closed on rank 1"])
+def test_the_path_taken(kind, case):
+    """Past PYCOLL_HOST_ONESHOT_MAX (all_reduce) or one step of the segment (the others: ``one step`` is below
+    it), with every rank's buffers in windows; PYCOLL_HOST_WINDOW_ALLREDUCE governs all_reduce,
+    PYCOLL_HOST_WINDOW_COLLECTIVES the others."""
+    res = run_ranks(_which_path, 2, _uid(), kind, case)
+    if _path(kind, case) == "windows":  # a rank may instead see the other's failure first
         assert "windows" in res and all(r == "windows" or r.startswith("error") for r in res), res
     else:
-        assert res == [path] * 2, res
+        assert res == ["segment"] * 2, res
 
 
-def _collective_victim(rank, n, uid, kind, action):
+def _victim(rank, n, uid, kind, action):
     if rank == 1:
         os.environ["PYCOLL_FAILPOINTS"] = f"host.coll.window={action}"
     c = _comm(rank, n, uid, timeout=8, on_failure="report")
     pool = pycoll.SymmetricPool(c, 2 * (2 * n + 1) * BIG * 4 + 4096)
-    big, small = pool.empty(n * BIG), pool.empty(BIG)
-    big[:] = small[:] = 1
+    inp, out = _arrays(c, kind, BIG, pool.empty)
     t0 = time.monotonic()
     try:
-        if kind == "broadcast":
-            c.broadcast(small, root=1)  # the root stops or dies while the others read its buffer
-        elif kind == "all_gather":
-            c.all_gather(small, big)
-        elif kind == "reduce_scatter":
-            c.reduce_scatter(big, small)
-        else:
-            c.all_to_all(big, pool.empty(n * BIG))
+        _issue(c, kind, inp, out, root=1)  # a broadcast's root stops while the others copy its buffer
     except pycoll.PycollError as e:
-        out = (type(e).__name__, time.monotonic() - t0, str(e)[:300])
+        res = (type(e).__name__, time.monotonic() - t0, str(e)[:300])
     else:
-        out = ("no error", time.monotonic() - t0, "")
+        res = ("no error", time.monotonic() - t0, "")
     c.abort()
-    return out
+    return res
 
 
-@pytest.mark.parametrize("kind,action", [("broadcast", "kill"), ("all_gather", "kill"), ("reduce_scatter", "kill"),
-                                         ("all_to_all", "kill"), ("broadcast", "stop")])
+@pytest.mark.parametrize("kind,action", [("all_reduce", "kill"), ("all_reduce", "stop"), ("all_reduce", "raise"),
+                                         ("broadcast", "kill"), ("all_gather", "kill"), ("reduce_scatter", "kill"),
+                                         ("all_to_all", "kill")])
 def test_a_rank_lost_over_windows_fails_its_peers(kind, action):
-    """Rank 1 killed or stopped after its share (the broadcast's root: with the others' copies of its buffer
-    under way), before the last arrival: a death is reported at once, a stopped rank at the timeout (8 s; the
-    wait is the one every operation over windows ends with, so one kind is stopped)."""
-    res = run_ranks(_collective_victim, 3, _uid(), kind, action, may_die=[1], timeout=60)
-    assert isinstance(res[1], Died), res
+    """Rank 1 killed, stopped or failed after its share (written into every rank's window, for most kinds),
+    before the last arrival: the others do not hang -- a death or failure is reported at once, a stopped rank
+    when the watchdog's timeout (8 s) runs out (the wait is the one every operation over windows ends with, so
+    one kind is stopped)."""
+    res = run_ranks(_victim, 3, _uid(), kind, action, may_die=[1] if action != "raise" else [], timeout=60)
+    if action != "raise":
+        assert isinstance(res[1], Died), res
     for name, elapsed, text in (res[0], res[2]):
+        assert name != "no error", res
         if action == "stop":
             assert name == "CommTimeout" and 7 < elapsed < 20, res
         else:
-            assert name != "no error" and elapsed < 5, res
-            assert "exited" in text or "rank 1" in text, res
+            assert elapsed < 5, res
+            assert "failpoint host.coll.window" in text or "exited" in text or "rank 1" in text, res
 
 
-def _large_collectives(rank, n, uid):
-    """12 MB outputs: several pieces (4 MiB each), resumed between them; blocking and async_op."""
+def _large(rank, n, uid):
+    """12 MB per block: each rank's share takes several pieces (4 MiB each), resumed between them; blocking and
+    async_op (on the communicator's stream)."""
     c = _comm(rank, n, uid)
     count = 3 << 20
-    pool = pycoll.SymmetricPool(c, (3 * n + 1) * count * 4 + 4096)
-    x = np.arange(count, dtype=np.float32) % 1000
-    big, small, other = pool.empty(n * count), pool.empty(count), pool.empty(n * count)
+    pool = pycoll.SymmetricPool(c, (2 * n + 1) * count * 4 + 4096)
     ok = []
-    for async_op in (False, True):
-        small[:] = x + rank
-        w = c.broadcast(small, root=0, async_op=async_op)
-        w.wait() if async_op else None
-        ok.append(bool(np.array_equal(small, x)))
-        small[:] = x + rank
-        w = c.all_gather(small, big, async_op=async_op)
-        w.wait() if async_op else None
-        ok.append(bool(np.array_equal(big, np.concatenate([x + k for k in range(n)]))))
-        big[:] = np.tile(x, n) + rank
-        w = c.reduce_scatter(big, small, async_op=async_op)
-        w.wait() if async_op else None
-        ok.append(bool(np.array_equal(small, n * x + n * (n - 1) / 2)))
-        big[:] = np.tile(x, n) + rank
-        w = c.all_to_all(big, other, async_op=async_op)
-        w.wait() if async_op else None
-        ok.append(bool(np.array_equal(other, np.concatenate([x + k for k in range(n)]))))
-    del big, small, other
+    for kind in KINDS:
+        for async_op in (False, True):
+            inp, out = _arrays(c, kind, count, pool.empty)
+            _issue(c, kind, inp, out, async_op=async_op)
+            ok.append(bool(np.array_equal(out, _expected(c, kind, count))))
+            del inp, out
     pool.close()
     c.destroy()
     return ok
 
 
-def test_large_collectives_in_pieces():
-    assert run_ranks(_large_collectives, 2, _uid()) == [[True] * 8] * 2
+def test_large_operations_in_pieces():
+    assert run_ranks(_large, 2, _uid()) == [[True] * 2 * len(KINDS)] * 2
 
 
 def _collective_steps(rank, n, uid):
