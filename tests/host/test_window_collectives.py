@@ -134,35 +134,6 @@ def test_a_window_over_freed_memory_is_not_used():
     assert run_ranks(_freed_under_window, 2, _uid()) == ["segment"] * 2
 
 
-def _step_counts(rank, n, uid):
-    """Operations of 1 to 4 pipeline chunks (2 to 5 steps: the skipped steps end on either parity), back to back
-    and between operations through the segment, which must find the step numbering and descriptors as the
-    pipeline leaves them."""
-    c = _comm(rank, n, uid)
-    chunk = (512 << 10) // 4  # float32 elements of one pipeline chunk
-    counts = [chunk - 3, 2 * chunk - 7, 3 * chunk - 5, 4 * chunk + 1, 2 * chunk - 7, chunk - 3]
-    pool = pycoll.SymmetricPool(c, 2 * max(counts) * 4 + 4096)
-    wrong = []
-    for i, count in enumerate(counts):
-        send, recv = pool.empty(count), pool.empty(count)
-        send[:] = np.arange(count, dtype=np.float32) % 97 + rank + i
-        want = n * (np.arange(count, dtype=np.float32) % 97) + n * i + n * (n - 1) / 2
-        c.all_reduce(send, recv)
-        private = np.full(1000 + i, rank + 1.0, np.float32)
-        c.all_reduce(private)  # through the segment, between two operations over windows
-        if not (np.array_equal(recv, want) and (private == n * (n + 1) / 2).all()):
-            wrong.append(count)
-        del send, recv
-    pool.close()
-    c.destroy()
-    return wrong
-
-
-@pytest.mark.parametrize("n", [2, 3])
-def test_operations_of_every_step_count(n):
-    assert run_ranks(_step_counts, n, _uid()) == [[]] * n
-
-
 # ---- Broadcast, AllGather, ReduceScatter, AlltoAll -------------------------------------------------------
 
 BIG = (1 << 20) // 4 + 1001  # float32: just past one step of the segment (1 MiB)
@@ -423,30 +394,35 @@ def test_large_operations_in_pieces():
     assert run_ranks(_large, 2, _uid()) == [[True] * 2 * len(KINDS)] * 2
 
 
-def _collective_steps(rank, n, uid):
-    """Broadcasts of 2 to 5 steps, and all_gathers, between operations through the segment."""
+def _step_counts(rank, n, uid):
+    """all_reduce of 1 to 4 pipeline chunks (2 to 5 steps), broadcast and all_gather of 2 to 5 steps: the skipped
+    steps end on either parity. Back to back and between operations through the segment, which must find the
+    step numbering and descriptors as the windows' path leaves them."""
     c = _comm(rank, n, uid)
-    step = (1 << 20) // 4
-    counts = [step + 1, 2 * step - 7, 3 * step + 5, 4 * step + 1, 2 * step - 7]
-    pool = pycoll.SymmetricPool(c, (n + 1) * max(counts) * 4 + 4096)
+    chunk, step = (512 << 10) // 4, (1 << 20) // 4  # float32 elements of a pipeline chunk, of a step
+    shapes = [(1, -3), (2, -7), (3, -5), (4, 1), (2, -7), (1, -3)]
+    pool = pycoll.SymmetricPool(c, (n + 2) * (5 * step + 1) * 4 + 4096)
     wrong = []
-    for i, count in enumerate(counts):
-        x = np.arange(count, dtype=np.float32) % 89 + i
-        buf, gathered = pool.empty(count), pool.empty(n * count)
-        buf[:] = x + rank
-        c.broadcast(buf, root=i % n)
-        private = np.full(1000 + i, rank + 1.0, np.float32)
-        c.all_reduce(private)  # through the segment, between two operations over windows
-        c.all_gather(buf, gathered)
-        if not (np.array_equal(buf, x + i % n) and np.array_equal(gathered, np.tile(x + i % n, n))
-                and (private == n * (n + 1) / 2).all()):
-            wrong.append(count)
-        del buf, gathered
+    for i, (k, d) in enumerate(shapes):
+        for kind, count in (("all_reduce", k * chunk + d), ("broadcast", (k + 1) * step + d),
+                            ("all_gather", (k + 1) * step + d)):
+            x = np.arange(count, dtype=np.float32) % 89 + i
+            inp = pool.empty(count)
+            inp[:] = x + rank
+            out = pool.empty(n * count if kind == "all_gather" else count)
+            _issue(c, kind, inp, out, root=i % n)
+            want = {"all_reduce": n * x + n * (n - 1) / 2, "broadcast": x + i % n,
+                    "all_gather": np.concatenate([x + r for r in range(n)])}[kind]
+            private = np.full(1000 + i, rank + 1.0, np.float32)
+            c.all_reduce(private)  # through the segment, between two operations over windows
+            if not (np.array_equal(out, want) and (private == n * (n + 1) / 2).all()):
+                wrong.append((kind, count))
+            del inp, out
     pool.close()
     c.destroy()
     return wrong
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_collectives_of_every_step_count(n):
-    assert run_ranks(_collective_steps, n, _uid()) == [[]] * n
+def test_operations_of_every_step_count(n):
+    assert run_ranks(_step_counts, n, _uid()) == [[]] * n
