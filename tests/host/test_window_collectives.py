@@ -139,15 +139,21 @@ def test_a_window_over_freed_memory_is_not_used():
 BIG = (1 << 20) // 4 + 1001  # float32: just past one step of the segment (1 MiB)
 
 
+def _big(dt):
+    """Elements of ``dt`` just past one step of the segment."""
+    return (1 << 20) // np.dtype(dt).itemsize + 1001
+
+
 def _collectives(rank, n, uid, layout, misalign):
     """Every root of a broadcast, an all_gather, a reduce_scatter (every op) and an all_to_all of several dtypes,
     over windows and, for the expected values, on private arrays (an all_to_all in place: through the segment,
     checked all the same)."""
     c = _comm(rank, n, uid)
-    pool = pycoll.SymmetricPool(c, (3 * n + 2) * BIG * 8 + 4096, alignment=4)
+    most = (1 << 20) + 8 * 1001  # bytes of the largest block: _big's of float64
+    pool = pycoll.SymmetricPool(c, (3 * n + 2) * most + 4096, alignment=4)
     if misalign and rank == 1:
         pool.empty(3, "uint8")
-    other = c.mem_alloc(n * BIG * 8, "uint8")
+    other = c.mem_alloc(n * most, "uint8")
     win = c.register_window(other) if layout == "two windows" else None
     wrong = []
 
@@ -159,57 +165,58 @@ def _collectives(rank, n, uid, layout, misalign):
             wrong.append((what, int(np.count_nonzero(got != want))))
 
     for seed, (dt, op) in enumerate(CASES):
-        mine = _inputs(rank, n * BIG, dt, seed)
+        big = _big(dt)
+        mine = _inputs(rank, n * big, dt, seed)
         for root in range(n):
-            want = mine[:BIG].copy()
+            want = mine[:big].copy()
             c.broadcast(want, root=root)
-            send = pool.empty(BIG, dt)
-            send[:] = mine[:BIG]
+            send = pool.empty(big, dt)
+            send[:] = mine[:big]
             if layout == "in place":
                 c.broadcast(send, root=root)
                 check(("broadcast", dt, root), send, want)
             else:
-                recv = output(BIG, dt)
+                recv = output(big, dt)
                 c.broadcast(send, root=root, output=recv)
                 check(("broadcast", dt, root), recv, want)
                 del recv
             del send
-        want = np.empty(n * BIG, dt)
-        c.all_gather(mine[:BIG].copy(), want)
+        want = np.empty(n * big, dt)
+        c.all_gather(mine[:big].copy(), want)
         if layout == "in place":
-            recv = pool.empty(n * BIG, dt)
-            recv[rank * BIG:(rank + 1) * BIG] = mine[:BIG]
-            c.all_gather(recv[rank * BIG:(rank + 1) * BIG], recv)
+            recv = pool.empty(n * big, dt)
+            recv[rank * big:(rank + 1) * big] = mine[:big]
+            c.all_gather(recv[rank * big:(rank + 1) * big], recv)
         else:
-            send = pool.empty(BIG, dt)
-            send[:] = mine[:BIG]
-            recv = output(n * BIG, dt)
+            send = pool.empty(big, dt)
+            send[:] = mine[:big]
+            recv = output(n * big, dt)
             c.all_gather(send, recv)
             del send
         check(("all_gather", dt), recv, want)
         del recv
-        want = np.empty(BIG, dt)
+        want = np.empty(big, dt)
         c.reduce_scatter(mine.copy(), want, op=op)
-        send = pool.empty(n * BIG, dt)
+        send = pool.empty(n * big, dt)
         send[:] = mine
         if layout == "in place":
-            c.reduce_scatter(send, send[rank * BIG:(rank + 1) * BIG], op=op)
-            check(("reduce_scatter", dt, op), send[rank * BIG:(rank + 1) * BIG], want)
+            c.reduce_scatter(send, send[rank * big:(rank + 1) * big], op=op)
+            check(("reduce_scatter", dt, op), send[rank * big:(rank + 1) * big], want)
         else:
-            recv = output(BIG, dt)
+            recv = output(big, dt)
             c.reduce_scatter(send, recv, op=op)
             check(("reduce_scatter", dt, op), recv, want)
             del recv
         del send
-        want = np.empty(n * BIG, dt)
+        want = np.empty(n * big, dt)
         c.all_to_all(mine.copy(), want)
-        send = pool.empty(n * BIG, dt)
+        send = pool.empty(n * big, dt)
         send[:] = mine
         if layout == "in place":
             c.all_to_all(send)
             check(("all_to_all", dt), send, want)
         else:
-            recv = output(n * BIG, dt)
+            recv = output(n * big, dt)
             c.all_to_all(send, recv)
             check(("all_to_all", dt), recv, want)
             del recv
