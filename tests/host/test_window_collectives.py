@@ -13,10 +13,13 @@ the same operation on private arrays, which always goes through the segment.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
 import numpy as np
 import pytest
+from helpers import REPO
 from helpers.mp import Died, run_ranks
 
 import pycoll
@@ -433,3 +436,36 @@ def _step_counts(rank, n, uid):
 @pytest.mark.parametrize("n", [2, 3])
 def test_operations_of_every_step_count(n):
     assert run_ranks(_step_counts, n, _uid()) == [[]] * n
+
+
+# ---- the weight-sync example ------------------------------------------------------------------------------
+
+
+def _weight_sync(tmp_path, *args, **env):
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               PYCOLL_FR_DUMP_DIR=str(tmp_path), **env)
+    cmd = [sys.executable, "-m", "pycoll.run", "-n", "3", "--timeout", "60",
+           os.path.join(REPO, "examples", "weight_sync.py"), "--mib", "4", "--steps", "6", *args]
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=90, env=env, cwd=REPO)
+    return p, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("private", [False, True])
+def test_the_weight_sync_example(tmp_path, private):
+    p, _ = _weight_sync(tmp_path, *(["--private"] if private else []))
+    assert p.returncode == 0, p.stdout + p.stderr
+    kind = "private arrays" if private else "a SymmetricPool"
+    assert f"6 weight syncs of 4.0 MiB from rank 0 to 2 ranks on {kind}" in p.stdout, p.stdout
+    assert "every version checked" in p.stdout
+
+
+def test_the_weight_sync_example_with_a_server_stopped(tmp_path):
+    """A serving rank stopped inside a broadcast over windows: the trainer and the other server fail with the
+    watchdog's error naming it, long before the 3 s deadline, and the run ends."""
+    p, elapsed = _weight_sync(tmp_path, "--timeout", "3", PYCOLL_FAILPOINTS="host.coll.window=stop@3;rank=2")
+    out = p.stdout + p.stderr
+    assert p.returncode != 0, out
+    assert "rank 2" in out and "is stopped (SIGSTOP)" in out and "broadcast" in out, out
+    assert elapsed < 30, (elapsed, out)
+
