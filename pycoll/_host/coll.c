@@ -129,9 +129,10 @@ static int store_class(size_t bytes) {
   return k;
 }
 
-/* A large output (past the threshold) of the pipeline or over windows (`which`): streaming stores or
- * not, measured first (above). */
+/* An output of `bytes` of the pipeline or over windows (`which`): streaming stores or not -- never below the
+ * threshold, measured first (above) past it. */
 static bool stream_large(struct task* t, int which, size_t bytes) {
+  if (stream_min == 0 || bytes < stream_min) return false;
   if (stores_fixed) return true;
   struct store_choice* sc = &stores[which][store_class(bytes)];
   int pick = __atomic_load_n(&sc->pick, __ATOMIC_ACQUIRE);
@@ -183,7 +184,6 @@ static int redop_code(const struct task* t) { return t->op >= ncclNumOps ? ncclN
  * would write a block of this rank's output before this rank has sent what was there. */
 static void find_windows(struct task* t) {
   size_t bytes = t->count * dt_size(t->dtype), n = (size_t)t->comm->nranks, send = bytes, recv = bytes;
-  t->win_key = 0;
   if (t->kind == TK_ALLREDUCE ? !window_allreduce : !window_collectives) return;
   if ((t->kind == TK_ALLREDUCE || t->kind == TK_REDUCESCATTER) && t->rop.kind == RK_PREMULSUM) return;
   if (t->kind == TK_ALLGATHER || t->kind == TK_ALLTOALL) recv *= n;
@@ -232,7 +232,7 @@ void coll_start(struct task* t) {
         t->algo = ALGO_TWOPHASE;
         t->piece = MAX((size_t)1, MIN(chunk_max, ib) / es); /* never 0: it divides the step count */
         if (t->kind == TK_ALLREDUCE) find_windows(t);
-        t->stream_out = stream_min != 0 && bytes >= stream_min && stream_large(t, stores_of(t, t->win_key), bytes);
+        t->stream_out = stream_large(t, stores_of(t, t->win_key), bytes);
       }
       break;
     }
@@ -246,9 +246,8 @@ void coll_start(struct task* t) {
   if (t->algo == ALGO_TWOPHASE) t->nsteps++; /* the last step only reduces and copies out */
   else if (t->nsteps > 1 && (t->kind == TK_BROADCAST || t->kind == TK_ALLGATHER || t->kind == TK_REDUCESCATTER ||
                              t->kind == TK_ALLTOALL)) {
-    size_t out = out_bytes(t);
     find_windows(t);
-    t->stream_out = t->win_key && stream_min != 0 && out >= stream_min && stream_large(t, stores_of(t, true), out);
+    t->stream_out = t->win_key && stream_large(t, stores_of(t, true), out_bytes(t));
   }
   t->step0 = c->next_step;
   c->next_step += t->nsteps;
