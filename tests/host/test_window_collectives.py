@@ -98,6 +98,15 @@ def _big(dt):
     return (1 << 20) // np.dtype(dt).itemsize + 1001
 
 
+KINDS = ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all"]
+
+
+def _blocks(kind, n):
+    """Blocks of ``kind``'s input and output at ``n`` ranks."""
+    return {"all_reduce": (1, 1), "broadcast": (1, 1), "all_gather": (1, n), "reduce_scatter": (n, 1),
+            "all_to_all": (n, n)}[kind]
+
+
 def _collectives(rank, n, uid, layout, misalign):
     """An all_reduce (every op), every root of a broadcast, an all_gather, a reduce_scatter (every op) and an
     all_to_all of several dtypes, over windows and, for the expected values, on private arrays (an all_to_all in
@@ -121,73 +130,20 @@ def _collectives(rank, n, uid, layout, misalign):
     for seed, (dt, op) in enumerate(CASES):
         big = _big(dt)
         mine = _inputs(rank, n * big, dt, seed)
-        want = np.empty(big, dt)
-        c.all_reduce(mine[:big].copy(), want, op=op)
-        send = pool.empty(big, dt)
-        send[:] = mine[:big]
-        if layout == "in place":
-            c.all_reduce(send, op=op)
-            check(("all_reduce", dt, op), send, want)
-        else:
-            recv = output(big, dt)
-            c.all_reduce(send, recv, op=op)
-            check(("all_reduce", dt, op), recv, want)
-            del recv
-        del send
-        for root in range(n):
-            want = mine[:big].copy()
-            c.broadcast(want, root=root)
-            send = pool.empty(big, dt)
-            send[:] = mine[:big]
+        for kind, root in [("all_reduce", 0), *(("broadcast", r) for r in range(n)), ("all_gather", 0),
+                           ("reduce_scatter", 0), ("all_to_all", 0)]:
+            blocks_in, blocks_out = _blocks(kind, n)
+            want = np.empty(blocks_out * big, dt)
+            _issue(c, kind, mine[:blocks_in * big].copy(), want, op=op, root=root)
+            inp = pool.empty(blocks_in * big, dt)
+            inp[:] = mine[:blocks_in * big]
             if layout == "in place":
-                c.broadcast(send, root=root)
-                check(("broadcast", dt, root), send, want)
+                inp, out = _in_place(c, kind, inp, pool.empty(blocks_out * big, dt))
             else:
-                recv = output(big, dt)
-                c.broadcast(send, root=root, output=recv)
-                check(("broadcast", dt, root), recv, want)
-                del recv
-            del send
-        want = np.empty(n * big, dt)
-        c.all_gather(mine[:big].copy(), want)
-        if layout == "in place":
-            recv = pool.empty(n * big, dt)
-            recv[rank * big:(rank + 1) * big] = mine[:big]
-            c.all_gather(recv[rank * big:(rank + 1) * big], recv)
-        else:
-            send = pool.empty(big, dt)
-            send[:] = mine[:big]
-            recv = output(n * big, dt)
-            c.all_gather(send, recv)
-            del send
-        check(("all_gather", dt), recv, want)
-        del recv
-        want = np.empty(big, dt)
-        c.reduce_scatter(mine.copy(), want, op=op)
-        send = pool.empty(n * big, dt)
-        send[:] = mine
-        if layout == "in place":
-            c.reduce_scatter(send, send[rank * big:(rank + 1) * big], op=op)
-            check(("reduce_scatter", dt, op), send[rank * big:(rank + 1) * big], want)
-        else:
-            recv = output(big, dt)
-            c.reduce_scatter(send, recv, op=op)
-            check(("reduce_scatter", dt, op), recv, want)
-            del recv
-        del send
-        want = np.empty(n * big, dt)
-        c.all_to_all(mine.copy(), want)
-        send = pool.empty(n * big, dt)
-        send[:] = mine
-        if layout == "in place":
-            c.all_to_all(send)
-            check(("all_to_all", dt), send, want)
-        else:
-            recv = output(n * big, dt)
-            c.all_to_all(send, recv)
-            check(("all_to_all", dt), recv, want)
-            del recv
-        del send
+                out = output(blocks_out * big, dt)
+            _issue(c, kind, inp, out, op=op, root=root)
+            check((kind, dt, op, root), inp if out is None else out, want)
+            del inp, out
     if win is not None:
         win.close()
     pool.close()
@@ -206,15 +162,12 @@ def test_collectives_over_windows_equal_the_segments(n, layout, misalign, stores
     assert run_ranks(_collectives, n, _uid(), layout, misalign, env=env, timeout=240) == [[]] * n
 
 
-KINDS = ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all"]
 
 
 def _arrays(c, kind, count, empty):
     """The (input, output) of one ``kind`` operation of ``count`` elements per block, made by ``empty(size)``, the
     input filled so that :func:`_expected` knows the result (block k of rank r's input: r + 1 + 10 * k)."""
-    n, r = c.size, c.rank
-    blocks = {"all_reduce": (1, 1), "broadcast": (1, 1), "all_gather": (1, n), "reduce_scatter": (n, 1),
-              "all_to_all": (n, n)}[kind]
+    r, blocks = c.rank, _blocks(kind, c.size)
     inp, out = empty(blocks[0] * count), empty(blocks[1] * count)
     inp[:] = np.repeat(r + 1 + 10 * np.arange(blocks[0], dtype=np.float32), count)
     return inp, out
