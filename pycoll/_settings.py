@@ -179,10 +179,10 @@ _ALL = (
     Setting("PYCOLL_HOST_WINDOW_ALLREDUCE", "choice", "1", "`1`: a host AllReduce of more than "
             "PYCOLL_HOST_ONESHOT_MAX bytes whose buffers lie in windows on every rank reduces straight between "
             "the ranks' windows; `0`: through the segment like any other", choices=("0", "1")),
-    Setting("PYCOLL_HOST_WINDOW_COLLECTIVES", "choice", "1", "`1`: a host Broadcast, AllGather, ReduceScatter or "
-            "AlltoAll of more than one step of the segment (1 MiB per rank up to 8 ranks) whose buffers lie in windows "
-            "on every rank copies or reduces straight between the ranks' windows; `0`: through the segment like any "
-            "other",
+    Setting("PYCOLL_HOST_WINDOW_COLLECTIVES", "choice", "1", "`1`: a host Reduce of more than "
+            "PYCOLL_HOST_ONESHOT_MAX bytes, and a Broadcast, AllGather, ReduceScatter, AlltoAll, Gather or Scatter of "
+            "more than one step of the segment (1 MiB per rank up to 8 ranks) whose buffers lie in windows on every "
+            "rank copies or reduces straight between the ranks' windows; `0`: through the segment like any other",
             choices=("0", "1")),
     Setting("PYCOLL_HOST_BIND", "choice", "0", "`1` binds the thread initialising host rank r to a CPU",
             choices=("0", "1")),

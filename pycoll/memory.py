@@ -13,8 +13,9 @@ first; the arrays stay valid memory. A pool's array returns its block to the poo
 On the host backend the memory is anonymous shared memory (memfd): nothing appears under
 /dev/shm, and nothing outlives the processes; an ``all_reduce`` past 32 KiB whose input and output
 are a pool's arrays (or lie in other windows) on every rank reduces straight between the ranks'
-memory, with no staging copy (``PYCOLL_HOST_WINDOW_ALLREDUCE``); so do a ``broadcast``, ``all_gather``,
-``reduce_scatter`` or ``all_to_all`` past one step of the segment (``PYCOLL_HOST_WINDOW_COLLECTIVES``).
+memory, with no staging copy (``PYCOLL_HOST_WINDOW_ALLREDUCE``); so do a ``reduce`` past 32 KiB and a
+``broadcast``, ``all_gather``, ``reduce_scatter``, ``all_to_all``, ``gather`` or ``scatter`` past one step of
+the segment (``PYCOLL_HOST_WINDOW_COLLECTIVES``).
 """
 
 from __future__ import annotations

@@ -74,11 +74,16 @@ enum {
   STORES_ALLGATHER,
   STORES_REDUCESCATTER,
   STORES_ALLTOALL,
+  STORES_REDUCE,
+  STORES_GATHER,
+  STORES_SCATTER,
   STORES_N
 };
 static const char* const store_what[STORES_N] = {"AllReduce/Reduce",        "AllReduce over windows",
                                                  "Broadcast over windows",  "AllGather over windows",
-                                                 "ReduceScatter over windows", "AlltoAll over windows"};
+                                                 "ReduceScatter over windows", "AlltoAll over windows",
+                                                 "Reduce over windows",     "Gather over windows",
+                                                 "Scatter over windows"};
 static struct store_choice {
   int pick;           /* -1: measuring; 1 streaming, 0 cached */
   int started, done;  /* trials */
@@ -108,11 +113,13 @@ __attribute__((constructor)) static void coll_tunables(void) {
 static int stores_of(const struct task* t, bool windows) {
   switch (t->kind) {
     case TK_ALLREDUCE: return windows ? STORES_WINDOWS : STORES_PIPELINE;
-    case TK_REDUCE: return STORES_PIPELINE;
+    case TK_REDUCE: return windows ? STORES_REDUCE : STORES_PIPELINE;
     case TK_BROADCAST: return windows ? STORES_BROADCAST : -1;
     case TK_ALLGATHER: return windows ? STORES_ALLGATHER : -1;
     case TK_REDUCESCATTER: return windows ? STORES_REDUCESCATTER : -1;
     case TK_ALLTOALL: return windows ? STORES_ALLTOALL : -1;
+    case TK_GATHER: return windows ? STORES_GATHER : -1;
+    case TK_SCATTER: return windows ? STORES_SCATTER : -1;
     default: return -1;
   }
 }
@@ -179,20 +186,27 @@ static int redop_code(const struct task* t) { return t->op >= ncclNumOps ? ncclN
 
 /* An operation of more than one step that can go over windows: the windows of the comm that hold its send
  * and receive buffers, if any (published in the descriptor). Not for PreMulSum/Avg on floats: their per-rank
- * scalars are applied by the rank that publishes. A Broadcast's receivers name their send buffer too (NCCL
- * ignores it there): every rank's pair must be in the same windows. Not for an AlltoAll in place: a peer
- * would write a block of this rank's output before this rank has sent what was there. */
+ * scalars are applied by the rank that publishes. A Broadcast's receivers name their send buffer too, a
+ * Reduce's non-roots their receive buffer (NCCL ignores them there): every rank's pair must be in the same
+ * windows. A Gather's non-root has no receive buffer, a Scatter's no send buffer: the buffer it has stands
+ * for both, so that its key matches the root's only where the root's two buffers lie in that one window.
+ * Not for an AlltoAll in place: a peer would write a block of this rank's output before this rank has sent
+ * what was there. */
 static void find_windows(struct task* t) {
   size_t bytes = t->count * dt_size(t->dtype), n = (size_t)t->comm->nranks, send = bytes, recv = bytes;
   if (t->kind == TK_ALLREDUCE ? !window_allreduce : !window_collectives) return;
-  if ((t->kind == TK_ALLREDUCE || t->kind == TK_REDUCESCATTER) && t->rop.kind == RK_PREMULSUM) return;
-  if (t->kind == TK_ALLGATHER || t->kind == TK_ALLTOALL) recv *= n;
-  if (t->kind == TK_REDUCESCATTER || t->kind == TK_ALLTOALL) send *= n;
+  bool reducing = t->kind == TK_ALLREDUCE || t->kind == TK_REDUCE || t->kind == TK_REDUCESCATTER;
+  if (reducing && t->rop.kind == RK_PREMULSUM) return;
+  bool root = t->comm->rank == t->root;
+  if (t->kind == TK_ALLGATHER || t->kind == TK_ALLTOALL || (t->kind == TK_GATHER && root)) recv *= n;
+  if (t->kind == TK_REDUCESCATTER || t->kind == TK_ALLTOALL || (t->kind == TK_SCATTER && root)) send *= n;
   const char *s = t->sendbuff, *r = t->recvbuff;
   if (t->kind == TK_ALLTOALL && s < r + recv && r < s + send) return;
+  if (t->kind == TK_GATHER && !root) r = s;
+  if (t->kind == TK_SCATTER && !root) s = r;
   size_t off[2];
-  t->win[0] = window_holding(t->comm, t->sendbuff, send, &off[0]);
-  t->win[1] = t->win[0] ? window_holding(t->comm, t->recvbuff, recv, &off[1]) : NULL;
+  t->win[0] = window_holding(t->comm, s, send, &off[0]);
+  t->win[1] = t->win[0] ? window_holding(t->comm, r, recv, &off[1]) : NULL;
   if (!t->win[1]) {
     if (t->win[0]) window_put(t->win[0]);
     t->win[0] = NULL;
@@ -231,7 +245,7 @@ void coll_start(struct task* t) {
       } else {
         t->algo = ALGO_TWOPHASE;
         t->piece = MAX((size_t)1, MIN(chunk_max, ib) / es); /* never 0: it divides the step count */
-        if (t->kind == TK_ALLREDUCE) find_windows(t);
+        find_windows(t);
         t->stream_out = stream_large(t, stores_of(t, t->win_key), bytes);
       }
       break;
@@ -244,8 +258,7 @@ void coll_start(struct task* t) {
   t->nsteps = (uint32_t)((t->count + t->piece - 1) / t->piece);
   t->nchunks = t->nsteps;
   if (t->algo == ALGO_TWOPHASE) t->nsteps++; /* the last step only reduces and copies out */
-  else if (t->nsteps > 1 && (t->kind == TK_BROADCAST || t->kind == TK_ALLGATHER || t->kind == TK_REDUCESCATTER ||
-                             t->kind == TK_ALLTOALL)) {
+  else if (t->nsteps > 1) { /* every kind but the point-to-point ones, which have no steps here */
     find_windows(t);
     t->stream_out = t->win_key && stream_large(t, stores_of(t, true), out_bytes(t));
   }
@@ -423,9 +436,9 @@ static char* peer_buffer(const struct task* t, int p, int k, int which) {
   return t->win[which]->peers[k].ptr + t->comm->seg.ctrl[k].desc[p].win_off[which];
 }
 
-/* AllReduce over windows: the next piece of this rank's slice of the operation (from t->off), reduced in
- * one pass from every rank's send buffer into every rank's receive buffer; true once the slice is done.
- * Only this rank touches its slice, in place or not. */
+/* AllReduce and Reduce over windows: the next piece of this rank's slice of the operation (from t->off),
+ * reduced in one pass from every rank's send buffer into every rank's receive buffer (a Reduce's root's
+ * only); true once the slice is done. Only this rank touches its slice, in place or not. */
 static bool reduce_windows(struct task* t, int p) {
   struct ncclComm* c = t->comm;
   int me = c->rank, n = c->nranks;
@@ -440,7 +453,8 @@ static bool reduce_windows(struct task* t, int p) {
     srcs[k] = at(peer_buffer(t, p, k, 0), lo, es);
     dsts[(k - me + n) % n] = at(peer_buffer(t, p, k, 1), lo, es); /* this rank's first */
   }
-  dt_reduce_to(&t->rop, dsts, n, t->stream_out, srcs, n, len);
+  if (t->kind == TK_REDUCE) dsts[0] = at(peer_buffer(t, p, t->root, 1), lo, es);
+  dt_reduce_to(&t->rop, dsts, t->kind == TK_REDUCE ? 1 : n, t->stream_out, srcs, n, len);
   t->off += len;
   return lo + len == hi;
 }
@@ -455,13 +469,14 @@ static void copy_to(char* const* dsts, int ndst, const char* src, size_t bytes, 
   }
 }
 
-/* Broadcast, AllGather, ReduceScatter, AlltoAll over windows: the next piece of this rank's share (from
- * t->off), straight from the ranks' send buffers; true once the share is done. A Broadcast's rank copies its
- * slice of the root's buffer into every rank's output, an AllGather's its block, reading it once (the root's
- * output is skipped where it is the root's buffer, a rank's own block where in place); a ReduceScatter's
- * rank reduces its block from every rank's send buffer into its output; an AlltoAll's copies its block k
- * into rank k's output. The outputs are written starting with the next rank's, so that the ranks write to
- * different peers at once. */
+/* Broadcast, AllGather, ReduceScatter, AlltoAll, Gather, Scatter over windows: the next piece of this rank's
+ * share (from t->off), straight from the ranks' send buffers; true once the share is done. A Broadcast's rank
+ * copies its slice of the root's buffer into every rank's output, an AllGather's its block, reading it once
+ * (the root's output is skipped where it is the root's buffer, a rank's own block where in place); a
+ * ReduceScatter's rank reduces its block from every rank's send buffer into its output; an AlltoAll's copies
+ * its block k into rank k's output, a Gather's its block into the root's output, a Scatter's its block of
+ * the root's input into its output (skipped where in place). The outputs are written starting with the next
+ * rank's, so that the ranks write to different peers at once. */
 static bool gather_windows(struct task* t, int p) {
   struct ncclComm* c = t->comm;
   int me = c->rank, n = c->nranks;
@@ -482,6 +497,12 @@ static bool gather_windows(struct task* t, int p) {
       char* dst = at(k == me ? (char*)t->recvbuff : peer_buffer(t, p, k, 1), (size_t)me * count + lo, es);
       (t->stream_out ? ph_stream : ph_copy)(dst, at(t->sendbuff, (size_t)k * count + lo, es), len * es);
     }
+  } else if (t->kind == TK_GATHER) {
+    char* dst = at(peer_buffer(t, p, t->root, 1), (size_t)me * count + lo, es);
+    copy_to(&dst, 1, at(t->sendbuff, lo, es), len * es, t->stream_out);
+  } else if (t->kind == TK_SCATTER) {
+    char* dst = at(t->recvbuff, lo, es);
+    copy_to(&dst, 1, at(peer_buffer(t, p, t->root, 0), (size_t)me * count + lo, es), len * es, t->stream_out);
   } else {
     bool bcast = t->kind == TK_BROADCAST;
     const char* src = bcast ? at(peer_buffer(t, p, t->root, 0), lo, es) : at(t->sendbuff, lo, es);
@@ -602,7 +623,8 @@ int coll_progress(struct task* t) {
         t->off = 0;
         /* fall through */
       case PH_WINDOW:
-        if (!(t->kind == TK_ALLREDUCE ? reduce_windows(t, p) : gather_windows(t, p))) return PROG_MOVED;
+        if (!(t->kind == TK_ALLREDUCE || t->kind == TK_REDUCE ? reduce_windows(t, p) : gather_windows(t, p)))
+          return PROG_MOVED;
         if (UNLIKELY(fp_hit("host.coll.window")))
           return task_fail(t, ncclSystemError, "%s : failpoint host.coll.window", task_kind_name(t->kind));
         break;

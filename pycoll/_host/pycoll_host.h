@@ -40,8 +40,8 @@
  *                             from 8 MiB on each size class takes the stores its first six operations
  *                             measured faster (coll.c)
  *   PYCOLL_HOST_WINDOW_ALLREDUCE  0: no AllReduce goes straight between windows (1, the default)
- *   PYCOLL_HOST_WINDOW_COLLECTIVES  0: no Broadcast, AllGather, ReduceScatter or AlltoAll goes
- *                             straight between windows (1, the default)
+ *   PYCOLL_HOST_WINDOW_COLLECTIVES  0: no Reduce, Broadcast, AllGather, ReduceScatter, AlltoAll,
+ *                             Gather or Scatter goes straight between windows (1, the default)
  *   (each is checked by env.c: a bad value is refused with a WARN, see env.h for the bounds)
  *   PYCOLL_HOST_BIND=1        bind the thread initialising rank r to the (r mod #allowed)-th
  *                             allowed CPU when there are enough CPUs (off by default: threads it
