@@ -449,12 +449,13 @@ static bool reduce_windows(struct task* t, int p) {
   size_t len = MIN(hi - lo, MAX((size_t)1, WINDOW_PIECE_BYTES / es));
   const void* srcs[n];
   void* dsts[n];
+  bool all = t->kind == TK_ALLREDUCE;
   for (int k = 0; k < n; k++) {
     srcs[k] = at(peer_buffer(t, p, k, 0), lo, es);
-    dsts[(k - me + n) % n] = at(peer_buffer(t, p, k, 1), lo, es); /* this rank's first */
+    if (all) dsts[(k - me + n) % n] = at(peer_buffer(t, p, k, 1), lo, es); /* this rank's first */
   }
-  if (t->kind == TK_REDUCE) dsts[0] = at(peer_buffer(t, p, t->root, 1), lo, es);
-  dt_reduce_to(&t->rop, dsts, t->kind == TK_REDUCE ? 1 : n, t->stream_out, srcs, n, len);
+  if (!all) dsts[0] = at(peer_buffer(t, p, t->root, 1), lo, es);
+  dt_reduce_to(&t->rop, dsts, all ? n : 1, t->stream_out, srcs, n, len);
   t->off += len;
   return lo + len == hi;
 }
