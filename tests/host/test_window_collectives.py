@@ -134,10 +134,10 @@ def _collectives(rank, n, uid, layout, misalign):
         if not np.array_equal(got, want, equal_nan=True):
             wrong.append((what, int(np.count_nonzero(got != want))))
 
+    rooted = [(kind, r) for r in range(n) for kind in ROOTED]  # every root
     for seed, (dt, op) in enumerate(CASES):
         big = _big(dt)
         mine = _inputs(rank, n * big, dt, seed)
-        rooted = [(kind, r) for r in range(n) for kind in ROOTED]
         for kind, root in [("all_reduce", 0), ("all_gather", 0), ("reduce_scatter", 0), ("all_to_all", 0), *rooted]:
             blocks_in, blocks_out = _blocks(kind, n)
             want = np.empty(blocks_out * big, dt)
