@@ -145,11 +145,14 @@ void backoff_reset(struct backoff* b, bool oversubscribed) {
   b->last_check = 0;
   b->sleep_ns = sleep_min_ns;
   b->spin_ns = oversubscribed ? 500 : spin_ns;
+  b->oversubscribed = oversubscribed;
 }
 
 enum wait_phase backoff_step(struct backoff* b) {
   if (b->iter == 0) b->start = now_ns();
-  if (++b->iter < 16) {
+  /* a few short spins first, unless the ranks outnumber the CPUs and the peer waited for last ran on this CPU
+   * (spin_ns 0: spin_or_yield in enqueue.c): it runs only once this thread yields */
+  if (++b->iter < 16 && !(b->oversubscribed && b->spin_ns == 0)) {
     for (int i = 0; i < 4; i++) cpu_relax();
     return WAIT_SPIN;
   }

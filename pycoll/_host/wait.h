@@ -39,6 +39,7 @@ struct backoff {
   uint64_t last_check;
   uint64_t sleep_ns;
   uint64_t spin_ns;
+  bool oversubscribed;
 };
 
 /* `oversubscribed`: more ranks than CPUs, so spinning only delays the peers we wait for. */
