@@ -54,6 +54,9 @@ static size_t stream_min = 8 << 20;
  * returns to whoever runs it (who may have a deadline, or other work) */
 static bool window_allreduce = true, window_collectives = true;
 #define WINDOW_PIECE_BYTES (4 << 20)
+/* Small collectives of one group published together in one step (PYCOLL_HOST_GROUP_BATCH), at most this many */
+static bool group_batch = true;
+#define BATCH_MAX 64
 
 /* Whether streaming stores help depends on the machine and on the size: on some machines they make a
  * large AllReduce faster, on others much slower, and outputs that the caches still hold lose by them
@@ -106,6 +109,8 @@ __attribute__((constructor)) static void coll_tunables(void) {
   window_allreduce = v != 0;
   env_u64("PYCOLL_HOST_WINDOW_COLLECTIVES", 0, 1, 1, &v);
   window_collectives = v != 0;
+  env_u64("PYCOLL_HOST_GROUP_BATCH", 0, 1, 1, &v);
+  group_batch = v != 0;
 }
 
 /* The trials (stores[]) of an operation of t's kind, over windows or not; -1: none (only the outputs of
@@ -217,6 +222,121 @@ static void find_windows(struct task* t) {
   t->win_key = mix64(t->win[0]->key ^ mix64(t->win[1]->key)) | 1;
 }
 
+/* ---- small collectives of one group, published together ----
+ *
+ * A group's collectives on one communicator run one after another, each in its own steps: k small ones cost
+ * k arrivals, k waits for every rank. When an operation of one step starts and the next ones of its lane in
+ * the group are single-step too (an AllReduce or Reduce of at most PYCOLL_HOST_ONESHOT_MAX bytes, a
+ * Broadcast, AllGather or Gather of at most one step), its rank publishes all of them in one step: each
+ * operation's payload at its own cache-line-aligned offset of the inbox, the first one's at 0, as alone, and
+ * in the descriptor -- the first operation's, as alone -- a key of the whole batch (hashing every member's
+ * kind, count, dtype, operation and root) and the number of members. After everyone has arrived the ranks
+ * read the same descriptors: if every rank published the same batch, each consumes every member at its
+ * offset and the whole batch is done after one wait; otherwise (a peer grouped differently, issued them one
+ * by one, or hit a limit this rank did not) every rank consumes the first operation only, exactly as if it had
+ * been published alone, and the others run one by one after it (each may lead a batch of the rest). So
+ * grouping stays a local matter, as in NCCL, and a mismatch is still found operation by operation.
+ *
+ * A member's send buffer is read when the batch is published, before the earlier members have written their
+ * outputs: an operation is batched only if its buffers meet no earlier member's output, nor its output an
+ * earlier member's input (the order in which a group's collectives see each other's results stays the call
+ * order). Not for operations with a launch marker (the *Config variants' ncclCollConfig), which fire when
+ * their own operation starts. */
+
+/* Payload bytes a single-step operation that a batch can take publishes in its inbox; 0: not one. */
+static size_t batch_bytes(const struct task* t) {
+  size_t bytes = t->count * dt_size(t->dtype), ib = t->comm->seg.inbox_bytes;
+  switch (t->kind) {
+    case TK_ALLREDUCE:
+    case TK_REDUCE: return bytes <= MIN(oneshot_max, ib) ? bytes : 0;
+    case TK_BROADCAST:
+    case TK_ALLGATHER:
+    case TK_GATHER: return bytes <= ib ? bytes : 0;
+    default: return 0;
+  }
+}
+
+struct span {
+  const char *lo, *hi; /* lo == hi: none */
+};
+
+static bool spans_meet(struct span a, struct span b) { return a.lo < b.hi && b.lo < a.hi; }
+
+/* The bytes of this rank's buffers an operation of batch_bytes() reads and writes. */
+static void batch_spans(const struct task* t, struct span* in, struct span* out) {
+  int me = t->comm->rank, n = t->comm->nranks;
+  size_t bytes = t->count * dt_size(t->dtype);
+  bool root = me == t->root, reads = t->kind != TK_BROADCAST || root;
+  bool writes = (t->kind != TK_REDUCE && t->kind != TK_GATHER) || root;
+  size_t obytes = t->kind == TK_ALLGATHER || t->kind == TK_GATHER ? bytes * (size_t)n : bytes;
+  const char *s = t->sendbuff, *r = t->recvbuff;
+  *in = reads ? (struct span){s, s + bytes} : (struct span){NULL, NULL};
+  *out = writes ? (struct span){r, r + obytes} : (struct span){NULL, NULL};
+}
+
+static uint64_t batch_mix(uint64_t key, const struct task* t) {
+  uint64_t what = (uint64_t)(uint32_t)t->kind | (uint64_t)(uint32_t)t->dtype << 8 |
+                  (uint64_t)(uint32_t)redop_code(t) << 16 | (uint64_t)(uint32_t)(t->root + 1) << 32;
+  return mix64(mix64(key ^ what) ^ t->count);
+}
+
+/* A single-step operation starting: the next operations of its lane that it can publish with it. */
+static void form_batch(struct task* t) {
+  struct span in[BATCH_MAX], out[BATCH_MAX];
+  size_t used = batch_bytes(t), ib = t->comm->seg.inbox_bytes;
+  if (!group_batch || !t->lane_next || t->launch_marker || !used) return;
+  batch_spans(t, &in[0], &out[0]);
+  uint64_t key = batch_mix(0, t);
+  uint32_t m = 1;
+  for (struct task* u = t->lane_next; u && m < BATCH_MAX; u = u->lane_next) {
+    size_t bytes = batch_bytes(u), off = ALIGN_UP(used, CACHELINE);
+    if (!bytes || u->started || u->done || u->launch_marker || off + bytes > ib) break;
+    batch_spans(u, &in[m], &out[m]);
+    bool clash = false;
+    for (uint32_t j = 0; j < m && !clash; j++)
+      clash = spans_meet(in[m], out[j]) || spans_meet(out[m], in[j]) || spans_meet(out[m], out[j]);
+    if (clash) break;
+    /* its state as coll_start would set it for one step (coll_start sets it again if it runs alone) */
+    u->ioff = off;
+    u->algo = u->kind == TK_ALLREDUCE || u->kind == TK_REDUCE ? ALGO_ONESHOT : ALGO_STEP;
+    u->piece = u->count;
+    u->step = 0;
+    u->nsteps = 1;
+    u->stream_out = false;
+    u->win_key = 0;
+    if (u->scalar_p) memcpy(&u->rop.scalar, u->scalar_p, dt_size(u->dtype));
+    key = batch_mix(key, u);
+    used = off + bytes;
+    m++;
+  }
+  if (m > 1) {
+    t->batch_n = m;
+    t->batch_key = key | 1;
+  }
+}
+
+static void consume(struct task* t, int p);
+
+/* The batch's step, everyone arrived (the leader consumed already): every member consumed and done if every
+ * rank published this batch, else nothing (the members run one by one). */
+static void end_batch(struct task* t, int p) {
+  struct ncclComm* c = t->comm;
+  uint32_t m = t->batch_n;
+  bool agreed = true;
+  for (int k = 0; k < c->nranks && agreed; k++)
+    agreed = c->seg.ctrl[k].desc[p].win_key == t->batch_key && c->seg.ctrl[k].desc[p].win_off[0] == m;
+  t->batch_key = 0;
+  t->batch_n = 1;
+  if (!agreed) return;
+  struct task* u = t->lane_next;
+  for (uint32_t j = 1; j < m; j++, u = u->lane_next) {
+    u->started = true;
+    u->op_seq = c->op_seq++;
+    consume(u, p);
+    u->done = true;
+  }
+}
+
 void coll_start(struct task* t) {
   struct ncclComm* c = t->comm;
   struct seg* s = &c->seg;
@@ -227,6 +347,9 @@ void coll_start(struct task* t) {
   t->step = 0;
   t->phase = PH_FILL;
   t->win_key = 0;
+  t->ioff = 0;
+  t->batch_n = 1;
+  t->batch_key = 0;
   t->op_seq = c->op_seq++;
   if (t->scalar_p) memcpy(&t->rop.scalar, t->scalar_p, es);
   if (n == 1) {
@@ -262,6 +385,7 @@ void coll_start(struct task* t) {
     find_windows(t);
     t->stream_out = t->win_key && stream_large(t, stores_of(t, true), out_bytes(t));
   }
+  if (t->nsteps == 1) form_batch(t);
   t->step0 = c->next_step;
   c->next_step += t->nsteps;
 }
@@ -289,6 +413,11 @@ static void write_desc(struct task* t, int parity) {
   d->win_key = t->win_key;
   d->win_off[0] = t->win_off[0];
   d->win_off[1] = t->win_off[1];
+  if (t->batch_key) { /* a single step: no windows; the slots say which batch (end_batch) */
+    d->win_key = t->batch_key;
+    d->win_off[0] = t->batch_n;
+    d->win_off[1] = 0;
+  }
 }
 
 static void describe(char* out, size_t len, int kind, uint64_t count, int dtype, int redop, int root) {
@@ -338,7 +467,7 @@ static void fill(struct task* t, int p) {
   size_t es = dt_size(t->dtype), base, len;
   if (t->algo == ALGO_WINDOW) return; /* the steps after 0 only wait */
   step_range(t, &base, &len);
-  char* mine = seg_inbox(s, me, p);
+  char* mine = seg_inbox(s, me, p) + t->ioff;
   switch (t->kind) {
     case TK_ALLREDUCE:
     case TK_REDUCE:
@@ -519,10 +648,12 @@ static bool gather_windows(struct task* t, int p) {
   return lo + len == hi;
 }
 
+/* Rank k's inbox of parity p, where this operation's payload lies (its offset in a batch). */
+static inline char* inbox_of(const struct task* t, int k, int p) { return seg_inbox(&t->comm->seg, k, p) + t->ioff; }
+
 /* After everyone arrived at the step: read what this rank needs from the others. */
 static void consume(struct task* t, int p) {
   struct ncclComm* c = t->comm;
-  struct seg* s = &c->seg;
   int me = c->rank, n = c->nranks;
   size_t es = dt_size(t->dtype), base, len;
   if (t->algo == ALGO_WINDOW) return; /* the steps after 0 only wait */
@@ -534,35 +665,35 @@ static void consume(struct task* t, int p) {
       if (t->algo == ALGO_TWOPHASE) copy_out(t, p ^ 1);
       if (t->algo == ALGO_TWOPHASE) return;
       if (t->kind == TK_REDUCE && me != t->root) return;
-      for (int k = 0; k < n; k++) srcs[k] = seg_inbox(s, k, p);
+      for (int k = 0; k < n; k++) srcs[k] = inbox_of(t, k, p);
       dt_reduce(&t->rop, at(t->recvbuff, base, es), NULL, srcs, n, -1, len);
       return;
     case TK_BROADCAST:
-      if (me != t->root) ph_copy(at(t->recvbuff, base, es), seg_inbox(s, t->root, p), len * es);
+      if (me != t->root) ph_copy(at(t->recvbuff, base, es), inbox_of(t, t->root, p), len * es);
       return;
     case TK_ALLGATHER:
       for (int k = 0; k < n; k++) {
         char* dst = at(t->recvbuff, (size_t)k * t->count + base, es);
-        const char* src = k == me ? at(t->sendbuff, base, es) : seg_inbox(s, k, p);
+        const char* src = k == me ? at(t->sendbuff, base, es) : inbox_of(t, k, p);
         if (dst != src) ph_copy(dst, src, len * es);
       }
       return;
     case TK_GATHER:
       if (me == t->root)
         for (int k = 0; k < n; k++)
-          if (k != me) ph_copy(at(t->recvbuff, (size_t)k * t->count + base, es), seg_inbox(s, k, p), len * es);
+          if (k != me) ph_copy(at(t->recvbuff, (size_t)k * t->count + base, es), inbox_of(t, k, p), len * es);
       return;
     case TK_REDUCESCATTER:
       for (int k = 0; k < n; k++)
-        srcs[k] = k == me ? at(t->sendbuff, (size_t)me * t->count + base, es) : at(seg_inbox(s, k, p), (size_t)me * t->piece, es);
+        srcs[k] = k == me ? at(t->sendbuff, (size_t)me * t->count + base, es) : at(inbox_of(t, k, p), (size_t)me * t->piece, es);
       dt_reduce(&t->rop, at(t->recvbuff, base, es), NULL, srcs, n, me, len);
       return;
     case TK_ALLTOALL:
       for (int k = 0; k < n; k++)
-        if (k != me) ph_copy(at(t->recvbuff, (size_t)k * t->count + base, es), at(seg_inbox(s, k, p), (size_t)me * t->piece, es), len * es);
+        if (k != me) ph_copy(at(t->recvbuff, (size_t)k * t->count + base, es), at(inbox_of(t, k, p), (size_t)me * t->piece, es), len * es);
       return;
     case TK_SCATTER:
-      if (me != t->root) ph_copy(at(t->recvbuff, base, es), at(seg_inbox(s, t->root, p), (size_t)me * t->piece, es), len * es);
+      if (me != t->root) ph_copy(at(t->recvbuff, base, es), at(inbox_of(t, t->root, p), (size_t)me * t->piece, es), len * es);
       return;
   }
 }
@@ -588,6 +719,10 @@ int coll_progress(struct task* t) {
         if (UNLIKELY(fp_hit("host.coll.before_fill")))
           return task_fail(t, ncclSystemError, "%s : failpoint host.coll.before_fill", task_kind_name(t->kind));
         fill(t, p);
+        if (t->batch_key) {
+          struct task* u = t->lane_next;
+          for (uint32_t j = 1; j < t->batch_n; j++, u = u->lane_next) fill(u, p);
+        }
         if (t->algo == ALGO_TWOPHASE && t->step > 0) {
           reduce_prev(t, p ^ 1);
           if (UNLIKELY(fp_hit("host.coll.after_consume")))
@@ -617,6 +752,7 @@ int coll_progress(struct task* t) {
       case PH_CONSUME:
         if (t->step != 0 || !windows_agreed(t, p)) {
           consume(t, p);
+          if (t->batch_key) end_batch(t, p);
           break;
         }
         t->algo = ALGO_WINDOW;

@@ -219,11 +219,12 @@ ncclResult_t run_tasks_until(struct task* list, uint64_t deadline, uint64_t budg
     t->prepared = true;
     t->done = false;
     t->wait_peer = -1;
-    t->lane_prev = NULL;
+    t->lane_prev = t->lane_next = NULL;
     if (!entered[i]) fail_aborted(t);
     else precheck(t);
     for (struct task* u = list; u != t; u = u->next)
       if (u->comm == t->comm && lane_of(u) == lane_of(t)) t->lane_prev = u;
+    if (t->lane_prev) t->lane_prev->lane_next = t;
   }
 
   struct backoff b;

@@ -68,7 +68,14 @@ struct task {
   size_t off;
   bool first_chunk;
   ncclResult_t result;
+  /* Small collectives of one group published together in one step (coll.c): where this operation's payload
+   * lies in its rank's inbox; a batch's first operation (its leader) also holds how many operations it
+   * publishes (1: itself only) and their key (0: no batch) */
+  size_t ioff;
+  uint32_t batch_n;
+  uint64_t batch_key;
   struct task* lane_prev;
+  struct task* lane_next; /* the next task of this lane in the list (run_tasks_until links them) */
   struct task* next;
 };
 

@@ -42,6 +42,8 @@
  *   PYCOLL_HOST_WINDOW_ALLREDUCE  0: no AllReduce goes straight between windows (1, the default)
  *   PYCOLL_HOST_WINDOW_COLLECTIVES  0: no Reduce, Broadcast, AllGather, ReduceScatter, AlltoAll,
  *                             Gather or Scatter goes straight between windows (1, the default)
+ *   PYCOLL_HOST_GROUP_BATCH   0: a group's small collectives take one step each; 1 (the default): those
+ *                             of one communicator that every rank groups alike share one step (coll.c)
  *   (each is checked by env.c: a bad value is refused with a WARN, see env.h for the bounds)
  *   PYCOLL_HOST_BIND=1        bind the thread initialising rank r to the (r mod #allowed)-th
  *                             allowed CPU when there are enough CPUs (off by default: threads it
