@@ -216,3 +216,23 @@ def test_a_rank_killed_publishing_a_batch_fails_its_peers_fast():
     for r in (results[0], results[2]):
         what, took = r
         assert what not in ("no error", "CommTimeout") and took < 5, results
+
+
+def _two_comms(rank, n, uid):
+    """One group over two communicators of the same ranks, their small all_reduce interleaved: each
+    communicator's run of them is batched on its own, and every result is right."""
+    comm = pycoll.init(rank, n, unique_id=uid, backend="host", timeout=30)
+    other = comm.split(0, rank)
+    xs = [np.full(3, (rank + 1) * (j + 1), np.uint32) for j in range(8)]
+    with comm.group():
+        for j, x in enumerate(xs):
+            (comm if j % 2 == 0 else other).all_reduce(x, op="sum" if j % 3 else "max")
+    want = [sum((r + 1) * (j + 1) for r in range(n)) if j % 3 else n * (j + 1) for j in range(8)]
+    got = [int(x[0]) for x in xs]
+    other.destroy()
+    comm.destroy()
+    return got == want or got
+
+
+def test_a_group_over_two_communicators():
+    assert run_ranks(_two_comms, 3, _uid(), timeout=60) == [True] * 3
