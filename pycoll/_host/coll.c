@@ -57,6 +57,9 @@ static bool window_allreduce = true, window_collectives = true;
 /* Small collectives of one group published together in one step (PYCOLL_HOST_GROUP_BATCH), at most this many */
 static bool group_batch = true;
 #define BATCH_MAX 64
+/* and at most this many bytes of payload in all: batching saves waits, which matter for small operations; a
+ * batch the ranks did not all publish costs its members' copies again, one by one */
+#define BATCH_BYTES (64 << 10)
 
 /* Whether streaming stores help depends on the machine and on the size: on some machines they make a
  * large AllReduce faster, on others much slower, and outputs that the caches still hold lose by them
@@ -234,7 +237,8 @@ static void find_windows(struct task* t) {
  * read the same descriptors: if every rank published the same batch, each consumes every member at its
  * offset and the whole batch is done after one wait; otherwise (a peer grouped differently, issued them one
  * by one, or hit a limit this rank did not) every rank consumes the first operation only, exactly as if it had
- * been published alone, and the others run one by one after it (each may lead a batch of the rest). So
+ * been published alone, and the others run one by one after it (each may lead a batch of the rest). A batch
+ * holds at most BATCH_MAX operations and BATCH_BYTES of payload: what a disagreement costs again. So
  * grouping stays a local matter, as in NCCL, and a mismatch is still found operation by operation.
  *
  * A member's send buffer is read when the batch is published, before the earlier members have written their
@@ -283,14 +287,14 @@ static uint64_t batch_mix(uint64_t key, const struct task* t) {
 /* A single-step operation starting: the next operations of its lane that it can publish with it. */
 static void form_batch(struct task* t) {
   struct span in[BATCH_MAX], out[BATCH_MAX];
-  size_t used = batch_bytes(t), ib = t->comm->seg.inbox_bytes;
+  size_t used = batch_bytes(t), room = MIN((size_t)BATCH_BYTES, t->comm->seg.inbox_bytes);
   if (!group_batch || !t->lane_next || t->launch_marker || !used) return;
   batch_spans(t, &in[0], &out[0]);
   uint64_t key = batch_mix(0, t);
   uint32_t m = 1;
   for (struct task* u = t->lane_next; u && m < BATCH_MAX; u = u->lane_next) {
     size_t bytes = batch_bytes(u), off = ALIGN_UP(used, CACHELINE);
-    if (!bytes || u->started || u->done || u->launch_marker || off + bytes > ib) break;
+    if (!bytes || u->started || u->done || u->launch_marker || off + bytes > room) break;
     batch_spans(u, &in[m], &out[m]);
     bool clash = false;
     for (uint32_t j = 0; j < m && !clash; j++)
