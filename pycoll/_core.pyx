@@ -1177,7 +1177,8 @@ cdef object _own_stream(CommCore comm, bint blocking):
 
     An idle host stream may run a blocking operation in the caller's thread -- the same stream order
     and events, without a thread switch -- but never an asynchronous one (its call must return at
-    once); a wait for an asynchronous one may run it (when the stream's thread has not begun it). The
+    once: the host library gives a small one only a pass that does not wait, ``PYCOLL_HOST_EAGER``); a wait
+    for an asynchronous one may run it (when the stream's thread has not begun it). The
     host library hands an operation that a caller's thread has run for ``PYCOLL_HOST_INLINE_NS``
     (10 ms) to the stream's thread, so the caller's wait keeps its deadline under every policy. Inside
     a group nothing reaches the stream before the group ends: :class:`GroupScope` decides for the

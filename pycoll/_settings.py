@@ -184,6 +184,10 @@ _ALL = (
             "more than one step of the segment (1 MiB per rank up to 8 ranks) whose buffers lie in windows on every "
             "rank copies or reduces straight between the ranks' windows; `0`: through the segment like any other",
             choices=("0", "1")),
+    Setting("PYCOLL_HOST_EAGER", "choice", "1", "`1`: a small host collective (one step of the segment, a few KiB) "
+            "queued on an idle helping stream (the Communicator's asynchronous operations) first runs as far as it "
+            "can without waiting in the caller's thread, to its end where the peers' shares are there; `0`: all of "
+            "it on the stream's thread", choices=("0", "1")),
     Setting("PYCOLL_HOST_GROUP_BATCH", "choice", "1", "`1`: a host group's small collectives on one communicator "
             "(AllReduce and Reduce of at most PYCOLL_HOST_ONESHOT_MAX bytes, Broadcast, AllGather and Gather of one "
             "step) are published in one step of the segment when every rank has the same ones in its group; `0`: "

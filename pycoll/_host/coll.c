@@ -319,6 +319,10 @@ static void form_batch(struct task* t) {
   }
 }
 
+bool coll_quick(const struct task* t) {
+  return t->kind < TK_SEND && batch_bytes(t) && t->count * dt_size(t->dtype) <= BATCH_BYTES / (size_t)t->comm->nranks;
+}
+
 static void consume(struct task* t, int p);
 
 /* The batch's step, everyone arrived (the leader consumed already): every member consumed and done if every

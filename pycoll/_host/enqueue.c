@@ -204,8 +204,23 @@ ncclResult_t run_tasks_until(struct task* list, uint64_t deadline, uint64_t budg
   bool entered_stack[8];
   bool* entered = nc <= 8 ? entered_stack : malloc(sizeof(bool) * (size_t)nc);
   bool oversub = false;
+  /* budget 0: a caller's pass before the stream's thread takes over (stream.c), which must not wait -- not for
+   * another thread running these comms' work either (it leaves the tasks untouched then) -- and hands back
+   * without the handback failpoint */
+  bool one_pass = budget_ns == 0;
+  *finished = false;
   for (int i = 0; i < nc; i++) {
-    pthread_mutex_lock(&comms[i]->exec_mu);
+    if (!one_pass) {
+      pthread_mutex_lock(&comms[i]->exec_mu);
+    } else if (pthread_mutex_trylock(&comms[i]->exec_mu) != 0) {
+      while (i-- > 0) {
+        if (entered[i]) comm_leave(comms[i]);
+        pthread_mutex_unlock(&comms[i]->exec_mu);
+      }
+      if (entered != entered_stack) free(entered);
+      if (comms != stack_comms) free(comms);
+      return ncclSuccess;
+    }
     entered[i] = comm_enter(comms[i]);
     oversub |= comms[i]->oversubscribed;
   }
@@ -246,7 +261,7 @@ ncclResult_t run_tasks_until(struct task* list, uint64_t deadline, uint64_t budg
         budget_ns = UINT64_MAX;
       }
       if (t >= deadline) {
-        if (LIKELY(!fp_hit("host.stream.handback"))) break;
+        if (one_pass || LIKELY(!fp_hit("host.stream.handback"))) break;
         WARN("run_tasks : failpoint host.stream.handback");
         for (struct task* u = list; u; u = u->next)
           if (!u->done) task_fail(u, ncclSystemError, "%s : failpoint host.stream.handback", u->opname);

@@ -99,6 +99,8 @@ void tasks_finish(struct task* list, bool heap);
 /* Per-kind progress (coll.c, p2p.c). */
 void coll_start(struct task* t);
 int coll_progress(struct task* t);
+/* A collective of one step and a few KiB at most (coll.c): what one pass of its rank does quickly. */
+bool coll_quick(const struct task* t);
 void p2p_start(struct task* t);
 int p2p_progress(struct task* t);
 /* One-sided operations (signal.c). */

@@ -42,6 +42,8 @@
  *   PYCOLL_HOST_WINDOW_ALLREDUCE  0: no AllReduce goes straight between windows (1, the default)
  *   PYCOLL_HOST_WINDOW_COLLECTIVES  0: no Reduce, Broadcast, AllGather, ReduceScatter, AlltoAll,
  *                             Gather or Scatter goes straight between windows (1, the default)
+ *   PYCOLL_HOST_EAGER         0: small collectives queued on an idle helping stream get no pass in the
+ *                             caller's thread first (1, the default; stream.c)
  *   PYCOLL_HOST_GROUP_BATCH   0: a group's small collectives take one step each; 1 (the default): those
  *                             of one communicator that every rank groups alike share one step (coll.c)
  *   (each is checked by env.c: a bad value is refused with a WARN, see env.h for the bounds)
@@ -80,7 +82,10 @@ int pycollHostGetVersion(int* version);
 #define PYCOLL_STREAM_BLOCKING 0x2
 /* PYCOLL_STREAM_HELP: a thread waiting for an event recorded on this stream with pycollEventWaitRun
  * runs the work queued before the event itself when the stream's thread has not begun it -- in stream
- * order, as that thread would -- instead of waking it and waiting. */
+ * order, as that thread would -- instead of waking it and waiting. And a small collective (one step of the
+ * segment, a few KiB) submitted while such a stream is idle and not PYCOLL_STREAM_INLINE runs as far as it
+ * can without waiting in the caller's thread first -- to its end where the peers' shares are there -- and
+ * only the rest goes to the stream's thread (PYCOLL_HOST_EAGER=0: none of it). */
 #define PYCOLL_STREAM_HELP 0x4
 
 int pycollStreamCreate(pycollStream_t* stream);

@@ -133,9 +133,16 @@ static uint64_t defer_ns = 1000000;
  * the stream's thread and goes back to its caller, which may have a deadline to keep or a signal to handle. */
 static uint64_t inline_ns = 10000000;
 
+/* PYCOLL_HOST_EAGER: small collectives queued on an idle helping stream get a pass in the caller's thread
+ * first (eager_begin) */
+static bool eager_pass = true;
+
 __attribute__((constructor)) static void stream_tunables(void) {
+  uint64_t v;
   env_u64("PYCOLL_HOST_DEFER_NS", 0, ENV_DEFER_MAX_NS, defer_ns, &defer_ns);
   env_u64("PYCOLL_HOST_INLINE_NS", ENV_INLINE_MIN_NS, ENV_NS_MAX, inline_ns, &inline_ns);
+  env_u64("PYCOLL_HOST_EAGER", 0, 1, 1, &v);
+  eager_pass = v != 0;
 }
 
 /* Arms the sleeping thread's timer for `at` (1: at once) unless it fires earlier already (s->mu held). Setting a
@@ -383,9 +390,63 @@ static void hand_back_locked(struct pycollStream* s, struct item* it) {
  * errors, events recorded after it complete after it. */
 static bool capture_add(struct pycollStream* s, struct task* list);
 
+/* Small collectives queued on an idle stream that waiters may help (PYCOLL_STREAM_HELP: the Communicator's own
+ * stream, whose asynchronous operations do not run inline) get one pass in the caller's thread first: what
+ * needs no waiting -- this rank's contribution published, its arrival; the whole operation where it needs no
+ * peer or the peers are there already -- is done before the call returns, and the rest goes to the stream's
+ * thread (woken as for work queued: where the ranks outnumber the CPUs, later). An operation that completes in
+ * the pass leaves the stream's thread idle: no wake-up, no hand-over between CPUs for its waiter to wait on. */
+static bool eager_begin(struct pycollStream* s, struct task* list) {
+  if (!eager_pass || !(__atomic_load_n(&s->flags, __ATOMIC_RELAXED) & PYCOLL_STREAM_HELP)) return false;
+  for (struct task* t = list; t; t = t->next)
+    if (!coll_quick(t)) return false;
+  pthread_mutex_lock(&s->mu);
+  bool ok = !s->inline_busy && s->completed == s->enqueued;
+  if (ok) {
+    s->inline_busy = true;
+    s->enqueued++;
+  }
+  pthread_mutex_unlock(&s->mu);
+  return ok;
+}
+
+static ncclResult_t eager_run(struct pycollStream* s, struct task* list) {
+  bool finished;
+  run_tasks_until(list, UINT64_MAX, 0, &finished);
+  if (finished) {
+    tasks_finish(list, true);
+    inline_end(s);
+    return ncclSuccess;
+  }
+  bool deferred = defer_ns && host_oversubscribed();
+  if (deferred && UNLIKELY(fp_hit("host.stream.defer"))) { /* as push_raw: the caller finishes the tasks */
+    WARN("pycollStream : failpoint host.stream.defer");
+    inline_end(s);
+    return ncclSystemError;
+  }
+  struct item* it = calloc(1, sizeof *it);
+  if (!it) {
+    run_tasks(list); /* nowhere to hand it: finished here */
+    tasks_finish(list, true);
+    inline_end(s);
+    return ncclSuccess;
+  }
+  it->kind = IT_TASKS;
+  it->tasks = list;
+  pthread_mutex_lock(&s->mu);
+  hand_back_locked(s, it);
+  s->inline_busy = false;
+  pthread_cond_broadcast(&s->idle);
+  wake(s, deferred);
+  pthread_mutex_unlock(&s->mu);
+  return ncclSuccess;
+}
+
 ncclResult_t stream_submit(pycollStream_t s, struct task* list) {
   if (UNLIKELY(__atomic_load_n(&s->capture, __ATOMIC_ACQUIRE) != NULL) && capture_add(s, list)) return ncclSuccess;
   implicit_sync(s);
+  if (!(__atomic_load_n(&s->flags, __ATOMIC_RELAXED) & PYCOLL_STREAM_INLINE) && eager_begin(s, list))
+    return eager_run(s, list);
   if (inline_begin(s)) {
     if (!run_borrowed(list, UINT64_MAX)) {
       struct item* it = calloc(1, sizeof *it);

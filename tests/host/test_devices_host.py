@@ -245,7 +245,9 @@ def test_an_oversubscribed_event_waiter_sleeps_instead_of_yielding():
 
 def _deferred_work(rank, nranks, uid_bytes, pin):
     """Two operations on a helping stream: the first waited for (with running allowed) after 0.15 s, the second
-    never waited for, only queried. Returns whether each was complete after 0.15 s, and when each completed."""
+    never waited for, only queried. Returns whether each was complete after 0.15 s, and when each completed. The
+    operations (64 KiB) are too large for the caller's own pass (PYCOLL_HOST_EAGER), which would finish the second
+    rank's at once."""
     if pin:  # both ranks on one CPU: the ranks outnumber this process's CPUs
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     lib = nccl.load("host")
@@ -254,12 +256,13 @@ def _deferred_work(rank, nranks, uid_bytes, pin):
     stream = dev.create_stream()
     dev.allow_inline(stream, False, True)
     time.sleep(0.05)  # the new stream's thread asleep (awake, it takes what is queued)
-    send, recv = np.full(64, rank + 1, np.float32), np.zeros((2, 64), np.float32)
+    send, recv = np.full(16384, rank + 1, np.float32), np.zeros((2, 16384), np.float32)
     early, took = [], []
     for i in range(2):
         ev = dev.create_event()
         t0 = time.monotonic()
-        lib.all_reduce(send.ctypes.data, recv[i].ctypes.data, 64, nccl.DataType.Float32, nccl.RedOp.Sum, comm, stream)
+        lib.all_reduce(send.ctypes.data, recv[i].ctypes.data, 16384, nccl.DataType.Float32, nccl.RedOp.Sum, comm,
+                       stream)
         dev.record_event(ev, stream)
         time.sleep(0.15)
         early.append(dev.query_event(ev))
@@ -344,3 +347,72 @@ def test_work_run_in_a_callers_thread_goes_to_the_streams_thread_after_the_inlin
     assert took >= 0.5, res
     for _held, _done, _took, lo, hi in res:
         assert lo == hi == 3.0, res
+
+
+def _eager_pass(rank, nranks, uid_bytes, count):
+    """Rank 1 queues an all_reduce of ``count`` floats on an idle helping stream (not inline) 0.2 s after rank 0,
+    records an event after it and queries it at once. Returns whether it was complete then and the result."""
+    lib = nccl.load("host")
+    dev = HostDevice(lib)
+    comm = lib.comm_init_rank(nranks, nccl.UniqueId(uid_bytes), rank)
+    stream = dev.create_stream()
+    dev.allow_inline(stream, False, True)
+    time.sleep(0.05 + 0.2 * rank)  # the stream's thread asleep; rank 0's share published first
+    send, recv = np.full(count, rank + 1, np.float32), np.zeros(count, np.float32)
+    ev = dev.create_event()
+    lib.all_reduce(send.ctypes.data, recv.ctypes.data, count, nccl.DataType.Float32, nccl.RedOp.Sum, comm, stream)
+    dev.record_event(ev, stream)
+    done = dev.query_event(ev)
+    dev.synchronize_stream(stream)
+    dev.destroy_event(ev)
+    dev.destroy_stream(stream)
+    lib.comm_destroy(comm)
+    return done, float(recv.min()), float(recv.max())
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("count,eager", [(16, "1"), (16, "0"), (16384, "1")])
+def test_a_small_operation_on_a_helping_stream_gets_a_pass_in_the_callers_thread(count, eager):
+    """PYCOLL_HOST_EAGER: a small collective queued on an idle helping stream first runs as far as it can in the
+    caller's thread: rank 1, whose peer's share is there already, finishes it before the call returns (no thread of
+    the stream woken); a larger one, or with the pass off, is the stream thread's, which has to wake for it."""
+    lib = _host_library()
+    res = run_ranks(_eager_pass, 2, bytes(lib.get_unique_id()), count, timeout=45,
+                    env={"PYCOLL_HOST_EAGER": eager})
+    assert [r[1:] for r in res] == [(3.0, 3.0)] * 2
+    assert res[1][0] is (count == 16 and eager == "1"), res
+
+
+def _busy_comm(rank, nranks, uid_bytes):
+    """Rank 0's stream A runs an all_reduce rank 1 joins 1 s late (its thread holds the communicator meanwhile);
+    rank 0 then queues a small all_reduce on an idle helping stream B. Returns how long that call took (rank 0) and
+    both results."""
+    lib = nccl.load("host")
+    dev = HostDevice(lib)
+    comm = lib.comm_init_rank(nranks, nccl.UniqueId(uid_bytes), rank)
+    a, b = dev.create_stream(), dev.create_stream()
+    dev.allow_inline(b, False, True)
+    x, y = np.full(4, rank + 1, np.float32), np.full(4, 10 * (rank + 1), np.float32)
+    if rank == 1:
+        time.sleep(1.0)
+    lib.all_reduce(x.ctypes.data, x.ctypes.data, 4, nccl.DataType.Float32, nccl.RedOp.Sum, comm, a)
+    time.sleep(0.1)  # stream A's thread has taken it
+    t0 = time.monotonic()
+    lib.all_reduce(y.ctypes.data, y.ctypes.data, 4, nccl.DataType.Float32, nccl.RedOp.Sum, comm, b)
+    took = time.monotonic() - t0
+    dev.synchronize_stream(a)
+    dev.synchronize_stream(b)
+    for s in (a, b):
+        dev.destroy_stream(s)
+    lib.comm_destroy(comm)
+    return took, float(x[0]), float(y[0])
+
+
+@pytest.mark.timeout(60)
+def test_the_callers_pass_does_not_wait_for_another_thread_running_the_communicator():
+    """The pass a small collective gets in its caller's thread never waits: not even for the communicator while
+    another stream's thread runs its work (waiting for a late peer); the operation goes to its stream's thread."""
+    lib = _host_library()
+    res = run_ranks(_busy_comm, 2, bytes(lib.get_unique_id()), timeout=45)
+    assert res[0][0] < 0.3, res
+    assert [r[1:] for r in res] == [(3.0, 30.0)] * 2

@@ -3,7 +3,8 @@
 There a stream's thread is not woken at once for work that a waiter may run itself (PYCOLL_HOST_DEFER_NS):
 these tests pin both ranks of a communicator to one CPU and check that such work still runs when nobody waits
 for it, and that a rank killed, stopped or failed where its work is deferred (failpoint host.stream.defer)
-fails its peer's operation instead of hanging it.
+fails its peer's operation instead of hanging it. A small collective gets one pass in the caller's thread first
+(PYCOLL_HOST_EAGER): what it cannot finish there is handed to the stream's thread, deferred alike.
 """
 
 from __future__ import annotations
@@ -57,10 +58,30 @@ def test_asynchronous_operations_nobody_waits_for_complete():
 
 
 def _deferred_failpoint(rank, n, uid, spec, policy="abort"):
+    """An all_reduce too large for the caller's pass (64 KiB) queued, deferred, on rank 1's stream."""
     if rank == 1:
         os.environ["PYCOLL_FAILPOINTS"] = spec
     c = _pinned_comm(rank, n, uid, timeout=4, on_failure=policy)
-    out = error_and_time(lambda: c.all_reduce(np.ones(4, np.float32), async_op=True).wait())
+    out = error_and_time(lambda: c.all_reduce(np.ones(16384, np.float32), async_op=True).wait())
+    c.abort()
+    return out
+
+
+def _handed_back_failpoint(rank, n, uid, spec, policy="abort"):
+    """A small all_reduce: rank 1's own pass publishes its share, rank 0 comes 0.3 s later, so rank 1 hands the rest
+    to its stream's thread, deferred: there the failpoint acts. Rank 0 then has everything its operation needs;
+    its next one meets the failure. Returns rank 0's error and time over both (rank 1's on its first)."""
+    if rank == 1:
+        os.environ["PYCOLL_FAILPOINTS"] = spec
+    c = _pinned_comm(rank, n, uid, timeout=4, on_failure=policy)
+    if rank == 0:
+        time.sleep(0.3)
+
+    def both():
+        c.all_reduce(np.ones(4, np.float32), async_op=True).wait()
+        c.all_reduce(np.ones(4, np.float32))
+
+    out = error_and_time(both)
     c.abort()
     return out
 
@@ -77,6 +98,21 @@ def test_a_rank_killed_or_stopped_where_its_work_is_deferred_fails_its_peer(acti
 
 def test_a_deferred_push_refused_fails_the_operation_on_its_rank_and_its_peer():
     res = run_ranks(_deferred_failpoint, 2, _uid(), "host.stream.defer=raise", timeout=60)
+    for rank, (name, took) in enumerate(res):
+        assert name != "no error" and took < 20, (rank, res)
+
+
+@pytest.mark.parametrize("action", ["kill", "stop"])
+def test_a_rank_killed_or_stopped_handing_its_pass_back_fails_its_peer(action):
+    res = run_ranks(_handed_back_failpoint, 2, _uid(), f"host.stream.defer={action}", may_die=[1], timeout=60)
+    assert isinstance(res[1], Died), res
+    name, took = res[0]
+    assert name == ("RemoteError" if action == "kill" else "CommTimeout"), res
+    assert took < 20, res
+
+
+def test_a_hand_back_refused_fails_the_operation_on_its_rank_and_its_peer():
+    res = run_ranks(_handed_back_failpoint, 2, _uid(), "host.stream.defer=raise", timeout=60)
     for rank, (name, took) in enumerate(res):
         assert name != "no error" and took < 20, (rank, res)
 
