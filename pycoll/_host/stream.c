@@ -338,9 +338,8 @@ static ncclResult_t push(struct pycollStream* s, int kind, struct task* tasks, s
   return push_raw(s, kind, tasks, m);
 }
 
-/* True (and the stream marked busy) when `s` may run the next work in the caller's thread now. */
-static bool inline_begin(struct pycollStream* s) {
-  if (!(s->flags & PYCOLL_STREAM_INLINE)) return false;
+/* True (and the stream marked busy) when `s` is idle: the caller's thread may run the next work now. */
+static bool claim_idle(struct pycollStream* s) {
   pthread_mutex_lock(&s->mu);
   bool ok = !s->inline_busy && s->completed == s->enqueued;
   if (ok) {
@@ -351,14 +350,19 @@ static bool inline_begin(struct pycollStream* s) {
   return ok;
 }
 
+/* True (and the stream marked busy) when `s` may run the next work in the caller's thread now. */
+static bool inline_begin(struct pycollStream* s) { return (s->flags & PYCOLL_STREAM_INLINE) && claim_idle(s); }
+
 /* The caller's thread is done running this stream's work (s->mu held; released here): the stream's
- * thread goes on with what was queued meanwhile. */
-static void inline_release(struct pycollStream* s) {
+ * thread goes on with what was queued meanwhile, woken at once or, `deferred`, as push_raw defers. */
+static void inline_release_as(struct pycollStream* s, bool deferred) {
   s->inline_busy = false;
   pthread_cond_broadcast(&s->idle);
-  hurry_locked(s);
+  if (s->head) wake(s, deferred);
   pthread_mutex_unlock(&s->mu);
 }
+
+static void inline_release(struct pycollStream* s) { inline_release_as(s, false); }
 
 static void inline_end(struct pycollStream* s) {
   pthread_mutex_lock(&s->mu);
@@ -383,12 +387,22 @@ static void hand_back_locked(struct pycollStream* s, struct item* it) {
   if (!s->tail) s->tail = it;
 }
 
-/* An idle stream with PYCOLL_STREAM_INLINE runs the work in the caller's thread (as the stream
- * would, in order: work enqueued meanwhile from other threads waits for it), for at most inline_ns:
- * the stream's thread finishes what is left then; otherwise the stream's thread runs it. Either way
- * the result is reported as the stream's would be: errors land in the communicators' asynchronous
- * errors, events recorded after it complete after it. */
-static bool capture_add(struct pycollStream* s, struct task* list);
+/* What the caller's thread did not finish goes to the stream's thread, ahead of what was queued meanwhile (woken
+ * at once or `deferred`); with no memory for the item, the caller finishes it. */
+static void hand_over(struct pycollStream* s, struct task* list, bool deferred) {
+  struct item* it = calloc(1, sizeof *it);
+  if (!it) {
+    run_tasks(list); /* nowhere to hand it: finished here */
+    tasks_finish(list, true);
+    inline_end(s);
+    return;
+  }
+  it->kind = IT_TASKS;
+  it->tasks = list;
+  pthread_mutex_lock(&s->mu);
+  hand_back_locked(s, it);
+  inline_release_as(s, deferred);
+}
 
 /* Small collectives queued on an idle stream that waiters may help (PYCOLL_STREAM_HELP: the Communicator's own
  * stream, whose asynchronous operations do not run inline) get one pass in the caller's thread first: what
@@ -400,14 +414,7 @@ static bool eager_begin(struct pycollStream* s, struct task* list) {
   if (!eager_pass || !(__atomic_load_n(&s->flags, __ATOMIC_RELAXED) & PYCOLL_STREAM_HELP)) return false;
   for (struct task* t = list; t; t = t->next)
     if (!coll_quick(t)) return false;
-  pthread_mutex_lock(&s->mu);
-  bool ok = !s->inline_busy && s->completed == s->enqueued;
-  if (ok) {
-    s->inline_busy = true;
-    s->enqueued++;
-  }
-  pthread_mutex_unlock(&s->mu);
-  return ok;
+  return claim_idle(s);
 }
 
 static ncclResult_t eager_run(struct pycollStream* s, struct task* list) {
@@ -424,23 +431,17 @@ static ncclResult_t eager_run(struct pycollStream* s, struct task* list) {
     inline_end(s);
     return ncclSystemError;
   }
-  struct item* it = calloc(1, sizeof *it);
-  if (!it) {
-    run_tasks(list); /* nowhere to hand it: finished here */
-    tasks_finish(list, true);
-    inline_end(s);
-    return ncclSuccess;
-  }
-  it->kind = IT_TASKS;
-  it->tasks = list;
-  pthread_mutex_lock(&s->mu);
-  hand_back_locked(s, it);
-  s->inline_busy = false;
-  pthread_cond_broadcast(&s->idle);
-  wake(s, deferred);
-  pthread_mutex_unlock(&s->mu);
+  hand_over(s, list, deferred);
   return ncclSuccess;
 }
+
+/* An idle stream with PYCOLL_STREAM_INLINE runs the work in the caller's thread (as the stream
+ * would, in order: work enqueued meanwhile from other threads waits for it), for at most inline_ns:
+ * the stream's thread finishes what is left then; otherwise the stream's thread runs it (a small collective on
+ * a helping stream after a pass in the caller's thread: eager_begin). Either way
+ * the result is reported as the stream's would be: errors land in the communicators' asynchronous
+ * errors, events recorded after it complete after it. */
+static bool capture_add(struct pycollStream* s, struct task* list);
 
 ncclResult_t stream_submit(pycollStream_t s, struct task* list) {
   if (UNLIKELY(__atomic_load_n(&s->capture, __ATOMIC_ACQUIRE) != NULL) && capture_add(s, list)) return ncclSuccess;
@@ -448,20 +449,8 @@ ncclResult_t stream_submit(pycollStream_t s, struct task* list) {
   if (!(__atomic_load_n(&s->flags, __ATOMIC_RELAXED) & PYCOLL_STREAM_INLINE) && eager_begin(s, list))
     return eager_run(s, list);
   if (inline_begin(s)) {
-    if (!run_borrowed(list, UINT64_MAX)) {
-      struct item* it = calloc(1, sizeof *it);
-      if (it) {
-        it->kind = IT_TASKS;
-        it->tasks = list;
-        pthread_mutex_lock(&s->mu);
-        hand_back_locked(s, it);
-        inline_release(s);
-        return ncclSuccess;
-      }
-      run_tasks(list); /* nowhere to hand it: finished here */
-      tasks_finish(list, true);
-    }
-    inline_end(s);
+    if (run_borrowed(list, UINT64_MAX)) inline_end(s);
+    else hand_over(s, list, false);
     return ncclSuccess;
   }
   return push_raw(s, IT_TASKS, list, NULL);

@@ -86,33 +86,24 @@ def _handed_back_failpoint(rank, n, uid, spec, policy="abort"):
     return out
 
 
-@pytest.mark.parametrize("policy", ["abort", "revoke", "report"])
+# where the work is deferred: queued whole, or handed back after the caller's pass
+WHERE = {"queued": _deferred_failpoint, "handed back": _handed_back_failpoint}
+
+
+@pytest.mark.parametrize("where,policy", [("queued", "abort"), ("queued", "revoke"), ("queued", "report"),
+                                          ("handed back", "abort")])
 @pytest.mark.parametrize("action", ["kill", "stop"])
-def test_a_rank_killed_or_stopped_where_its_work_is_deferred_fails_its_peer(action, policy):
-    res = run_ranks(_deferred_failpoint, 2, _uid(), f"host.stream.defer={action}", policy, may_die=[1], timeout=60)
+def test_a_rank_killed_or_stopped_where_its_work_is_deferred_fails_its_peer(action, where, policy):
+    res = run_ranks(WHERE[where], 2, _uid(), f"host.stream.defer={action}", policy, may_die=[1], timeout=60)
     assert isinstance(res[1], Died), res
     name, took = res[0]
     assert name == ("RemoteError" if action == "kill" else "CommTimeout"), res
     assert took < 20, res
 
 
-def test_a_deferred_push_refused_fails_the_operation_on_its_rank_and_its_peer():
-    res = run_ranks(_deferred_failpoint, 2, _uid(), "host.stream.defer=raise", timeout=60)
-    for rank, (name, took) in enumerate(res):
-        assert name != "no error" and took < 20, (rank, res)
-
-
-@pytest.mark.parametrize("action", ["kill", "stop"])
-def test_a_rank_killed_or_stopped_handing_its_pass_back_fails_its_peer(action):
-    res = run_ranks(_handed_back_failpoint, 2, _uid(), f"host.stream.defer={action}", may_die=[1], timeout=60)
-    assert isinstance(res[1], Died), res
-    name, took = res[0]
-    assert name == ("RemoteError" if action == "kill" else "CommTimeout"), res
-    assert took < 20, res
-
-
-def test_a_hand_back_refused_fails_the_operation_on_its_rank_and_its_peer():
-    res = run_ranks(_handed_back_failpoint, 2, _uid(), "host.stream.defer=raise", timeout=60)
+@pytest.mark.parametrize("where", list(WHERE))
+def test_deferred_work_refused_fails_the_operation_on_its_rank_and_its_peer(where):
+    res = run_ranks(WHERE[where], 2, _uid(), "host.stream.defer=raise", timeout=60)
     for rank, (name, took) in enumerate(res):
         assert name != "no error" and took < 20, (rank, res)
 
