@@ -286,9 +286,10 @@ static uint64_t batch_mix(uint64_t key, const struct task* t) {
 
 /* A single-step operation starting: the next operations of its lane that it can publish with it. */
 static void form_batch(struct task* t) {
+  if (!group_batch || !t->lane_next || t->launch_marker) return; /* an operation alone: nothing to look at */
   struct span in[BATCH_MAX], out[BATCH_MAX];
   size_t used = batch_bytes(t), room = MIN((size_t)BATCH_BYTES, t->comm->seg.inbox_bytes);
-  if (!group_batch || !t->lane_next || t->launch_marker || !used) return;
+  if (!used) return;
   batch_spans(t, &in[0], &out[0]);
   uint64_t key = batch_mix(0, t);
   uint32_t m = 1;
@@ -320,7 +321,8 @@ static void form_batch(struct task* t) {
 }
 
 bool coll_quick(const struct task* t) {
-  return t->kind < TK_SEND && batch_bytes(t) && t->count * dt_size(t->dtype) <= BATCH_BYTES / (size_t)t->comm->nranks;
+  size_t bytes = batch_bytes(t); /* 0 for every other kind */
+  return bytes && bytes <= BATCH_BYTES / (size_t)t->comm->nranks;
 }
 
 static void consume(struct task* t, int p);

@@ -246,7 +246,6 @@ ncclResult_t run_tasks_until(struct task* list, uint64_t deadline, uint64_t budg
   backoff_reset(&b, oversub);
   bool bounded = deadline != UINT64_MAX || budget_ns != UINT64_MAX;
   unsigned rounds = 0;
-  *finished = false;
   for (;;) {
     bool moved = false;
     int remaining = pass(list, &moved);

@@ -411,7 +411,8 @@ static void hand_over(struct pycollStream* s, struct task* list, bool deferred) 
  * thread (woken as for work queued: where the ranks outnumber the CPUs, later). An operation that completes in
  * the pass leaves the stream's thread idle: no wake-up, no hand-over between CPUs for its waiter to wait on. */
 static bool eager_begin(struct pycollStream* s, struct task* list) {
-  if (!eager_pass || !(__atomic_load_n(&s->flags, __ATOMIC_RELAXED) & PYCOLL_STREAM_HELP)) return false;
+  int flags = __atomic_load_n(&s->flags, __ATOMIC_RELAXED);
+  if (!eager_pass || (flags & (PYCOLL_STREAM_HELP | PYCOLL_STREAM_INLINE)) != PYCOLL_STREAM_HELP) return false;
   for (struct task* t = list; t; t = t->next)
     if (!coll_quick(t)) return false;
   return claim_idle(s);
@@ -446,8 +447,7 @@ static bool capture_add(struct pycollStream* s, struct task* list);
 ncclResult_t stream_submit(pycollStream_t s, struct task* list) {
   if (UNLIKELY(__atomic_load_n(&s->capture, __ATOMIC_ACQUIRE) != NULL) && capture_add(s, list)) return ncclSuccess;
   implicit_sync(s);
-  if (!(__atomic_load_n(&s->flags, __ATOMIC_RELAXED) & PYCOLL_STREAM_INLINE) && eager_begin(s, list))
-    return eager_run(s, list);
+  if (eager_begin(s, list)) return eager_run(s, list);
   if (inline_begin(s)) {
     if (run_borrowed(list, UINT64_MAX)) inline_end(s);
     else hand_over(s, list, false);
