@@ -203,8 +203,9 @@ def register_window(comm: Any, array: Any, flags: int = 0, timeout: Optional[flo
                            "the library filled the window handle after the call returned (nonblocking); "
                            "pycoll cannot read it yet")
     try:
-        with comm._lock:
-            lib.win_get_user_ptr(comm.handle, win)  # the exchange's verdict (the same on every rank)
+        if lib.has("ncclWinGetUserPtr"):  # NCCL 2.29+; older libraries report a refusal from the register itself
+            with comm._lock:
+                lib.win_get_user_ptr(comm.handle, win)  # the exchange's verdict (the same on every rank)
     except InvalidArgument as e:
         with comm._lock:
             lib.comm_window_deregister(comm.handle, win)

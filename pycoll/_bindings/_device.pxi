@@ -26,6 +26,7 @@ DEV_COMM_REQUIREMENTS_SIZE = sizeof(ncclDevCommRequirements_t)
 
 #: The minimum buffer pycoll hands ncclDevCommCreate when the library reports no runtime size.
 cdef size_t _DEV_COMM_MIN_BYTES = 4096
+cdef int _DEV_COMM_REQS_VERSIONED = 22900  # ncclDevCommRequirements starts with size/magic/version since 2.29
 
 
 cdef ncclTeam_t _team(object team) except *:
@@ -315,6 +316,10 @@ def _dev_comm_create(Library self, comm, requirements=None):
         raise TypeError(f"requirements must be a DevCommRequirements or None, not {type(requirements).__name__}")
     reqs = requirements
     _need(self, <void*>self.fn.ncclDevCommCreate, "ncclDevCommCreate")
+    if self.version < _DEV_COMM_REQS_VERSIONED:
+        raise NotSupported("ncclDevCommCreate", "2.29", self.path,
+                           f"NCCL {'.'.join(map(str, version_tuple(self.version)))} reads ncclDevCommRequirements "
+                           "without the size/magic/version header that 2.29 added and pycoll fills")
     n = _DEV_COMM_MIN_BYTES
     if self.fn.ncclCommQueryProperties != NULL:
         n = max(n, <size_t>_comm_query_properties(self, comm)["devCommRuntimeVersionSize"])

@@ -5,6 +5,7 @@
  *   -DFAKE_VERSION=n   the version ncclGetVersion reports
  *   -DFAKE_HOST        also export pycollHostGetVersion (kind "host")
  *   -DFAKE_RCCL        also export ncclAllToAllv (kind "rccl")
+ *   -DFAKE_DEVAPI      also export ncclDevCommCreate/Destroy (recording their arguments)
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -24,6 +25,7 @@ typedef struct { char internal[128]; } uid_t128;
 
 static char last_error[256] = "";
 static int delay_ms = 0;
+static int abort_delay_ms = 0;
 static int next_result = 0;     /* what the scripted calls return */
 static int async_state = 0;     /* what ncclCommGetAsyncError reports */
 static uintptr_t last_args[12];
@@ -44,6 +46,8 @@ static void record(int n, ...) {
 
 /* --- control ------------------------------------------------------------------------------ */
 API void fakeSetDelayMs(int ms) { delay_ms = ms; }
+/* ncclCommAbort takes this long (a real one waits for a kernel still queued behind other work) */
+API void fakeSetAbortDelayMs(int ms) { abort_delay_ms = ms; }
 API void fakeSetNextResult(int r) { next_result = r; }
 API void fakeSetAsyncState(int s) { async_state = s; }
 API void fakeLastArgs(uintptr_t* out) { memcpy(out, last_args, sizeof last_args); }
@@ -144,7 +148,11 @@ API int ncclCommShrink(comm_t comm, int* excl, int n, comm_t* newcomm, void* con
   return next_result;
 }
 
-API int ncclCommAbort(comm_t comm) { record(1, (uintptr_t)comm); return 0; }
+API int ncclCommAbort(comm_t comm) {
+  record(1, (uintptr_t)comm);
+  if (abort_delay_ms) usleep((useconds_t)abort_delay_ms * 1000);
+  return 0;
+}
 API int ncclCommDestroy(comm_t comm) { record(1, (uintptr_t)comm); return 0; }
 
 API int ncclCommCount(comm_t comm, int* count) {
@@ -173,6 +181,16 @@ API int ncclSend(const void* s, size_t n, int dt, int peer, comm_t comm, void* s
   record(6, (uintptr_t)s, (uintptr_t)n, (uintptr_t)dt, (uintptr_t)peer, (uintptr_t)comm, (uintptr_t)stream);
   return next_result;
 }
+
+#ifdef FAKE_DEVAPI
+/* records (comm, requirements' first word, requirements' magic) */
+API int ncclDevCommCreate(comm_t comm, const void* reqs, void* out) {
+  (void)out;
+  record(3, (uintptr_t)comm, (uintptr_t)((const size_t*)reqs)[0], (uintptr_t)((const unsigned*)reqs)[2]);
+  return next_result;
+}
+API int ncclDevCommDestroy(comm_t comm, const void* dc) { (void)comm; (void)dc; return 0; }
+#endif
 
 API int ncclGroupStart(void) { return 0; }
 API int ncclGroupEnd(void) { return next_result; }

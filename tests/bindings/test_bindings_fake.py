@@ -17,7 +17,7 @@ import time
 
 import pytest
 from helpers import REPO
-from helpers.fake_nccl import Fake
+from helpers.fake_nccl import SOURCE, Fake, _gcc
 
 import pycoll
 from pycoll._bindings import _nccl
@@ -214,6 +214,23 @@ def test_unique_id_passed_by_value(fake):
     assert bytes(uid) == bytes(range(128))
     assert fake.lib.comm_init_rank(2, uid, 1) == 0x1000
     assert fake.last_args()[:4] == [2, 1, 0, 127]
+
+
+@pytest.mark.parametrize("version", [22809, 22903])
+def test_dev_comm_create_only_where_the_requirements_are_versioned(tmp_path, version):
+    """NCCL 2.28 reads ncclDevCommRequirements without the size/magic/version header that pycoll fills
+    (2.29's layout): its first word would be taken for a list pointer. 2.28 is refused before the call."""
+    path = _gcc(str(tmp_path), f"libfake_{version}.so", SOURCE, "-DFAKE_DEVAPI", f"-DFAKE_VERSION={version}")
+    f = Fake(path)
+    reqs = _nccl.DevCommRequirements(lsaBarrierCount=1)
+    if version < 22900:
+        with pytest.raises(pycoll.NotSupported, match=r"ncclDevCommRequirements .*2\.29") as exc:
+            f.lib.dev_comm_create(0x1000, reqs)
+        assert "NCCL 2.28.9" in str(exc.value) and f.last_args()[:3] == [0, 0, 0]  # never called
+    else:
+        dc = f.lib.dev_comm_create(0x1000, reqs)
+        assert f.last_args()[:3] == [0x1000, _nccl.DEV_COMM_REQUIREMENTS_SIZE, 0xCAFEBEEF]  # size, NCCL_API_MAGIC
+        f.lib.dev_comm_destroy(0x1000, dc)
 
 
 # --- CommSlot: the library writes the new communicator later ------------------------------------

@@ -48,12 +48,17 @@ def test_register_and_refusals_on_cuda():
 
 
 def test_window_over_mem_alloc_torch_and_properties():
-    _nccl()
+    lib = _nccl()
     torch = _torch()
+    v = tuple(lib.version_tuple)
     comm = _one_rank(blocking=True)
     try:
-        p = comm.properties
-        assert (p.rank, p.n_ranks, p.cuda_dev) == (0, 1, 0)
+        if v >= (2, 29, 0):
+            p = comm.properties
+            assert (p.rank, p.n_ranks, p.cuda_dev) == (0, 1, 0)
+        else:
+            with pytest.raises(pycoll.NotSupported, match=r"ncclCommQueryProperties.*2\.29"):
+                _ = comm.properties
         a = comm.mem_alloc((256,), "float32", like="torch")
         assert isinstance(a, torch.Tensor) and a.is_cuda and a.shape == (256,)
         a.fill_(3.0)
@@ -62,10 +67,18 @@ def test_window_over_mem_alloc_torch_and_properties():
         except pycoll.NCCLError as e:  # symmetric windows need a capable GPU/driver
             pytest.skip(f"ncclCommWindowRegister refused here: {e}")
         with win:
-            assert win.user_ptr == a.data_ptr()
-            assert win.peer_pointer(0) != 0
-            stats = comm.memory_stats()
-            assert stats.total >= stats.persistent >= 0
+            if v >= (2, 29, 0):
+                assert win.user_ptr == a.data_ptr()
+                assert win.peer_pointer(0) != 0
+            else:  # the device API's pointer queries came with 2.29
+                with pytest.raises(pycoll.NotSupported, match=r"ncclGetPeerDevicePointer.*2\.29"):
+                    win.peer_pointer(0)
+            if v >= (2, 29, 7):
+                stats = comm.memory_stats()
+                assert stats.total >= stats.persistent >= 0
+            else:
+                with pytest.raises(pycoll.NotSupported, match=r"ncclCommMemStats.*2\.29\.7"):
+                    comm.memory_stats()
         assert win.closed and float(a[0]) == 3.0
     finally:
         comm.destroy()
@@ -78,8 +91,9 @@ def test_dev_comm_create_with_requirements_succeeds_or_fails_typed():
         req = pycoll.bindings.DevCommRequirements(lsaBarrierCount=1)
         try:
             dc = lib.dev_comm_create(comm.handle, req)
-        except pycoll.NCCLError as e:
+        except (pycoll.NCCLError, pycoll.NotSupported) as e:  # NotSupported: NCCL < 2.29 (another layout)
             assert "ncclDevCommCreate" in str(e), e
+            assert isinstance(e, pycoll.NotSupported) == (tuple(lib.version_tuple) < (2, 29, 0)), e
             return
         lib.dev_comm_destroy(comm.handle, dc)
     finally:

@@ -52,6 +52,7 @@ class Fake:
         self.ctl.fakeSetNextResult(0)
         self.ctl.fakeSetDelayMs(0)
         self.ctl.fakeSetAsyncState(0)
+        self.ctl.fakeSetAbortDelayMs(0)
 
     def last_args(self) -> List[int]:
         buf = (ctypes.c_uint64 * 12)()
