@@ -711,6 +711,9 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
             except NCCLError as e:
                 comm._withdraw(w)
                 comm.handle_call_error(e, w)
+            except Exception:  # refused before the library ran (a function it lacks, a bad argument)
+                comm._withdraw(w)
+                raise
             if status == _IN_PROGRESS:
                 comm.await_ready(w)  # nothing is on the stream until the communicator is ready
             _stage(_ST_CALL)

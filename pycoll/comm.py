@@ -17,7 +17,7 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from . import (
     _bindings as B,
@@ -129,13 +129,17 @@ def abort_all(comms: Sequence[Communicator], timeout: Optional[float] = None) ->
         if h is not None:
             by_library.setdefault(id(c.library), (c.library, []))[1].append((c, h))
         begun.append(c)
+    left: Set[int] = set()  # ids of the communicators whose abort was left behind
     for lib, items in by_library.values():
         names = ", ".join(repr(c.name) for c, _ in items)
         done = threading.Event()
         errors: List[BaseException] = []
+        late: List[Callable[[], None]] = []  # device releases the abort thread runs once its abort returns
+        handover = threading.Lock()
 
-        def run(lib: Any = lib, items: List[Tuple[Communicator, int]] = items,
-                done: threading.Event = done, errors: List[BaseException] = errors) -> None:
+        def run(lib: Any = lib, items: List[Tuple[Communicator, int]] = items, done: threading.Event = done,
+                errors: List[BaseException] = errors, late: List[Callable[[], None]] = late,
+                handover: threading.Lock = handover) -> None:
             # no per-communicator lock: aborting is how a thread blocked inside a call is released
             try:
                 items[0][0].device.enter_own_thread()  # this thread's own: never a context on another GPU
@@ -152,16 +156,28 @@ def abort_all(comms: Sequence[Communicator], timeout: Optional[float] = None) ->
             except BaseException as e:  # reported below
                 errors.append(e)
             finally:
-                done.set()
+                with handover:
+                    done.set()
+                for release in late:
+                    release()
 
         threading.Thread(target=run, name=f"pycoll-abort-{items[0][0].name}", daemon=True).start()
         if not done.wait(limit):
-            _log.error("ncclCommAbort of %s did not return within %.3g s; leaving it behind (if the library is "
-                       "wedged, ending the process with os._exit is the last resort)", names, limit)
+            with handover:
+                behind = not done.is_set()
+                if behind:
+                    # the library may hold the device (a real ncclCommAbort waits for kernels it cannot
+                    # stop): destroying streams and events now would block this thread with it
+                    late.extend(c._release_device_later() for c, _ in items)
+                    left.update(id(c) for c, _ in items)
+            if behind:
+                _log.error("ncclCommAbort of %s did not return within %.3g s; leaving it behind (if the library "
+                           "is wedged, ending the process with os._exit is the last resort); its streams and "
+                           "events are released when it returns", names, limit)
         elif errors:
             _log.error("ncclCommAbort of %s failed: %s", names, errors[0])
     for c in begun:
-        c._end_abort()
+        c._end_abort(device=id(c) not in left)
 
 
 class Communicator(_core.CommCore):
@@ -1124,38 +1140,49 @@ class Communicator(_core.CommCore):
             h, self._handle = self._handle, None
         return h
 
-    def _end_abort(self) -> None:
-        self._release()
+    def _end_abort(self, device: bool = True) -> None:
+        """After the abort: release what pycoll holds (the device side too unless the abort thread
+        took it, see :meth:`_release_device_later`) and close."""
+        self._release(device)
         self._closed()
 
-    def _release(self) -> None:
-        """Free pycoll-side resources: windows and registrations, premul ops (freed by the library),
-        stream, events, scratch."""
-        _windows.release_all(self, " (communicator destroyed)" if self._handle is not None
-                             else f" (communicator {self._state})")
-        for p in list(self._premul):
-            p.op = -1
-        self._premul.clear()
+    def _release_device_later(self) -> Callable[[], None]:
+        """Take this communicator's stream, events and scratch memory now; free them when the returned
+        function runs (the abort thread, once a left-behind abort returns)."""
+        stream, self._stream = self._stream, None
         with self._plock:
             events, self._events = self._events, []
             for w in self._pending:
                 events += [e for e in (w._start, w._end) if e is not None]
                 w._start = w._end = None
-            self._pending.clear()
+        scratch = [p for p in (self._scratch, self._bytes_scratch[0]) if p]
+        self._scratch, self._bytes_scratch = None, (0, 0)
+        return lambda: self._free_device(stream, events, scratch)
+
+    def _free_device(self, stream: Any, events: List[Any], scratch: List[int]) -> None:
         try:
-            if self._stream is not None:
-                stream, self._stream = self._stream, None
+            if stream is not None:
                 self.device.destroy_stream(stream)
             for ev in events:
                 self.device.destroy_event(ev)
-            if self._scratch is not None:
-                ptr, self._scratch = self._scratch, None
-                self.library.mem_free(ptr)
-            if self._bytes_scratch[0]:
-                ptr, self._bytes_scratch = self._bytes_scratch[0], (0, 0)
+            for ptr in scratch:
                 self.library.mem_free(ptr)
         except Exception:
             _log.exception("releasing resources of %r", self.name)
+
+    def _release(self, device: bool = True) -> None:
+        """Free pycoll-side resources: windows and registrations, premul ops (freed by the library),
+        and (``device``) the stream, events and scratch memory."""
+        _windows.release_all(self, " (communicator destroyed)" if self._handle is not None
+                             else f" (communicator {self._state})")
+        for p in list(self._premul):
+            p.op = -1
+        self._premul.clear()
+        free = self._release_device_later()  # nothing left when the abort thread took them
+        with self._plock:
+            self._pending.clear()
+        if device:
+            free()
 
     def _closed(self) -> None:
         hooks.discard_live(self)

@@ -82,6 +82,66 @@ def test_default_stream_op_is_outstanding_and_times_out(fake, rt):
         _close(c)
 
 
+@pytest.mark.parametrize("abort_s, limit_s", [(0.8, 10.0), (3.0, 0.6)])
+def test_blocking_op_failure_is_raised_once_the_abort_returned_or_was_left_behind(fake, rt, monkeypatch,
+                                                                                  abort_s, limit_s):
+    """On a GPU ncclCommAbort returns only once the device can free the communicator: after a kernel
+    queued ahead of NCCL's (which its abort flag cannot stop) ends. A blocking operation's CommTimeout
+    comes with the policy applied: after the abort, or after PYCOLL_ABORT_TIMEOUT leaves it behind."""
+    monkeypatch.setenv("PYCOLL_ABORT_TIMEOUT", str(limit_s))
+    fake.ctl.fakeSetAbortDelayMs(int(abort_s * 1000))
+    c = _comm(fake, rt, timeout=0.3)
+    try:
+        rt.launch(0, "kernel")  # the stream stays busy: the operation can never complete
+        t0 = time.monotonic()
+        with pytest.raises(pycoll.CommTimeout):
+            c.all_reduce(_x(), stream=0)
+        took = time.monotonic() - t0
+        assert 0.3 + min(abort_s, limit_s) - 0.1 < took < 0.3 + min(abort_s, limit_s) + 1.5, took
+        assert c.state == "aborted"
+    finally:
+        rt.finish(0)
+        _close(c)
+
+
+def test_a_left_behind_abort_frees_the_streams_and_events_when_it_returns(fake, rt, monkeypatch):
+    """Seen on an H200: once ncclCommAbort was left behind, destroying the communicator's stream in the
+    failing thread blocked until the device was idle (seconds past the deadline). The abort thread
+    frees them once its abort returns; until then they stay valid."""
+    monkeypatch.setenv("PYCOLL_ABORT_TIMEOUT", "0.3")
+    fake.ctl.fakeSetAbortDelayMs(1500)
+    c = _comm(fake, rt, timeout=0.3)
+    try:
+        before = set(rt.events)
+        rt.launch(0, "kernel")
+        t0 = time.monotonic()
+        with pytest.raises(pycoll.CommTimeout):
+            c.all_reduce(_x(), stream=0)
+        assert time.monotonic() - t0 < 1.2 and c.state == "aborted"
+        kept = set(rt.events) - before
+        assert kept  # the operation's events: not destroyed while the library is still aborting
+        assert _until(lambda: not (set(rt.events) & kept), timeout=5.0)  # freed once the abort returned
+    finally:
+        rt.finish(0)
+        _close(c)
+
+
+def test_a_call_the_library_cannot_make_leaves_no_work_behind(fake, rt):
+    """A per-call CollConfig on a library without ncclAllReduceConfig (NCCL < 2.31) is refused with
+    NotSupported; nothing was enqueued, so nothing stays outstanding and the communicator goes on."""
+    c = _comm(fake, rt)
+    try:
+        with pytest.raises(pycoll.NotSupported, match="ncclAllReduceConfig"):
+            c.all_reduce(_x(), config=pycoll.CollConfig(min_ctas=1), async_op=True)
+        assert c.outstanding() == [] and c.state == "active"
+        w = c.all_reduce(_x(), async_op=True)
+        assert c.outstanding() == [w]
+        w.wait(timeout=2.0)
+        assert c.outstanding() == [] and w.state == "completed"
+    finally:
+        _close(c)
+
+
 def test_default_stream_op_completes_when_the_stream_gets_there(fake, rt):
     c = _comm(fake, rt)
     try:
