@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Dict, NamedTuple, Optional, Tuple
 import numpy as np
 
 from . import _dtypes
+from .devices import torch_current_stream
 
 __all__ = [
     "Buffer",
@@ -322,7 +323,7 @@ def _from_torch(t: Any, torch: Any, name: str, stream: Optional[int] = None) -> 
     if device_type == _TORCH_GPU and stream is not None:
         # the kernels that wrote t run on torch's current stream of its device: a collective on
         # another stream must wait for them (as torch's own collectives make their stream wait)
-        current = int(torch.cuda.current_stream(t.device).cuda_stream)
+        current = torch_current_stream(torch, t)
         if current != stream and not (current == 0 and stream == 1):
             sync = current
     return _new_buffer(

@@ -464,6 +464,22 @@ def test_gpu_none_uses_torch_current_stream(gpu, monkeypatch):
     assert gpu.resolve_stream(None, [torch.zeros(2)], default=0x4440) == 0x4440  # CPU tensors
 
 
+def test_gpu_none_uses_torch_raw_current_stream_where_torch_has_it(gpu, monkeypatch):
+    """A CUDA build of torch answers in one C call (its compiled code's); the Python API is not asked."""
+    class FakeCudaTensor(torch.Tensor):
+        is_cuda = True
+
+        def get_device(self):
+            return 3
+
+    seen = []
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: seen.append(index) or 0x5555,
+                        raising=False)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: pytest.fail("the Python API was asked"))
+    t = torch.zeros(3).as_subclass(FakeCudaTensor)
+    assert gpu.resolve_stream(None, [t]) == 0x5555 and seen == [3]
+
+
 def test_gpu_none_uses_cupy_current_stream(gpu, monkeypatch):
     ndarray = type("ndarray", (), {})
     fake_cupy = types.ModuleType("cupy")
