@@ -15,6 +15,9 @@ from Python on torch's current stream, by:
 * **torch.distributed NCCL**: ``dist.all_reduce(x)`` on a one-rank ``nccl`` process group;
 * **nccl4py**, when it is installed (its API is tried defensively; a failure is recorded, not fatal).
 
+and writes where the Communicator's asynchronous call spends its host time (cProfile, own time per
+function) to ``overhead_profile.txt``.
+
 pycoll and torch use the same libnccl here: torch loads its own when imported, and pycoll's
 loader takes the libnccl already loaded. For each variant: ``enqueue_ns`` is the host time to
 issue one call (a batch of calls, divided), ``total_ns`` adds waiting for the batch to finish;
@@ -154,6 +157,8 @@ def overhead(out: str, calls: int, batches: int) -> Dict[str, Any]:
             lambda: _time(lambda: comm.all_reduce(x, async_op=True), finish_works, calls, batches, 50))
         results["pycoll Communicator blocking"] = _try(
             lambda: _time(lambda: comm.all_reduce(x), sync, max(1, calls // 5), batches, 20))
+        _try(lambda: _profile(out, lambda: comm.all_reduce(x, async_op=True), finish_works, calls))
+        results["pieces"] = _try(lambda: _pieces(comm, x, torch))
     finally:
         comm.destroy()
 
@@ -177,18 +182,76 @@ def overhead(out: str, calls: int, batches: int) -> Dict[str, Any]:
              "# enqueue: host ns per call to issue it; total: issue + finish the batch; median over batches",
              f"{'variant':40s} {'enqueue ns':>11s} {'total ns':>10s} {'enqueue / torch':>16s}"]
     for name, r in results.items():
-        if name == "libnccl":
+        if name in ("libnccl", "pieces"):
             continue
         if not isinstance(r, dict):
             lines.append(f"{name:40s} {r}")
             continue
         ratio = (f"{r['enqueue_ns'] / ref['enqueue_ns']:.2f}" if isinstance(ref, dict) and ref["enqueue_ns"] else "-")
         lines.append(f"{name:40s} {r['enqueue_ns']:11,.0f} {r['total_ns']:10,.0f} {ratio:>16s}")
+    pieces = results.get("pieces")
+    if isinstance(pieces, dict):
+        lines.append("# the pieces of one operation's path: host ns per call, median of 5 rounds")
+        lines.extend(f"{name:52s} {ns:9,.0f}" for name, ns in pieces.items())
+    else:
+        lines.append(f"pieces: {pieces}")
     text = "\n".join(lines) + "\n"
     _write(out, "overhead.json", results)
     _write(out, "overhead.txt", text)
     sys.stdout.write(text)
     return results
+
+
+def _pieces(comm: Any, x: Any, torch: Any, n: int = 20000) -> Dict[str, float]:
+    """Host ns per call of the pieces of one operation's path on this GPU (median of 5 rounds of ``n``)."""
+    from pycoll.buffers import as_buffer
+
+    dev = comm.device
+    stream = torch.cuda.current_stream().cuda_stream
+    ev = dev.create_event()
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    pieces: Dict[str, Callable[[], Any]] = {
+        "torch.cuda.current_stream().cuda_stream": lambda: torch.cuda.current_stream(x.device).cuda_stream,
+        "torch._C._cuda_getCurrentRawStream": (lambda: raw(0)) if raw is not None else (lambda: None),
+        "as_buffer(tensor, stream=current)": lambda: as_buffer(x, stream=stream),
+        "device.resolve_stream(None, [tensor])": lambda: dev.resolve_stream(None, [x]),
+        "device.record_event (cudaEventRecord)": lambda: dev.record_event(ev, stream),
+        "device.query_event (cudaEventQuery)": lambda: dev.query_event(ev),
+        "device.capture_status (cudaStreamGetCaptureInfo)": lambda: dev.capture_status(stream),
+        "device.swap_current + restore_current": lambda: dev.restore_current(dev.swap_current()),
+    }
+    found: Dict[str, float] = {}
+    clock = time.perf_counter_ns
+    try:
+        for name, fn in pieces.items():
+            rounds = []
+            for _ in range(5):
+                t0 = clock()
+                for _ in range(n):
+                    fn()
+                rounds.append((clock() - t0) / n)
+            found[name] = _median(rounds)
+    finally:
+        torch.cuda.synchronize()
+        dev.destroy_event(ev)
+    return found
+
+
+def _profile(out: str, issue: Callable[[], Any], finish: Callable[[List[Any]], None], calls: int) -> None:
+    """Where the host time of ``calls`` issues goes: cProfile's top functions by own time, in overhead_profile.txt."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    pending = [issue() for _ in range(calls)]
+    prof.disable()
+    finish(pending)
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(40)
+    _write(out, "overhead_profile.txt", f"# {calls} calls of comm.all_reduce(x, async_op=True) under cProfile\n"
+           + text.getvalue())
 
 
 def _nccl4py(x: Any, dev: Any, sync: Callable[[List[Any]], None], calls: int, batches: int) -> Dict[str, float]:

@@ -34,6 +34,7 @@ mkdir -p "$RUN_DIR"
 export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}"
 export PYTHONDONTWRITEBYTECODE=1
 export PYTHONUNBUFFERED=1
+export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"   # NCCL's own warnings land in the step logs
 
 declare -A RC
 # step NAME LIMIT CMD...: run CMD with a timeout of min(LIMIT, time left), log to OUTDIR/NAME.log
@@ -71,6 +72,9 @@ cd "$RUN_DIR"
 step env 60 "$PY" "$REPO/benchmarks/gpu_check.py" env --out "$OUT_DIR"
 TIMEOUT_OPT=()   # per-test deadlines when pytest-timeout is there; the step's timeout bounds the rest
 "$PY" -c "import pytest_timeout" 2>/dev/null && TIMEOUT_OPT=(--timeout 150)
+# with pytest-xdist, the tests run in one worker process: a test that crashes it (a segfault inside a
+# library) is reported as failed and the rest still run; tests/gpu/conftest.py writes each failure at once
+"$PY" -c "import xdist" 2>/dev/null && TIMEOUT_OPT+=(-n 1)
 # two runs, each with its own deadline and junit file: one hang cannot empty the other's results;
 # faulthandler prints every thread's stack when a test runs past 100 s
 MULTI="two_ranks or shrink or hung_collective"
