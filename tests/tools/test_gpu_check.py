@@ -55,3 +55,20 @@ def test_gpu_check_env_report_never_fails(tmp_path):
     assert set(report) >= {"python", "platform", "nvidia_smi", "distributions", "pycoll", "torch"}
     libs = {lib["spec"]: lib for lib in report["pycoll"]["libraries"]}
     assert libs["host"]["found"] is True
+
+
+@pytest.mark.timeout(60)
+def test_gpu_tests_write_each_failure_before_a_crash_can_hide_it(tmp_path):
+    """tests/gpu/conftest.py: a failure's traceback is in the output when the test ends, so a later
+    segfault of the process (seen on an H200: a library crashed at ncclDevCommCreate) cannot hide it."""
+    shutil.copy(os.path.join(REPO, "tests", "gpu", "conftest.py"), tmp_path / "conftest.py")
+    (tmp_path / "test_crash.py").write_text(
+        "import ctypes\n\n\n"
+        "def test_fails():\n    assert 1 == 2, 'the first failure'\n\n\n"
+        "def test_crashes():\n    ctypes.string_at(0)\n")
+    res = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "no:xdist",
+                          "test_crash.py"], cwd=tmp_path, capture_output=True, text=True, timeout=50)
+    assert res.returncode != 0
+    out = res.stdout
+    assert "the first failure" in out, out  # written before the crash ended the process
+    assert out.index("the first failure") < out.index("test_crashes"), out
