@@ -87,8 +87,8 @@ step overhead 90 "$PY" "$REPO/benchmarks/gpu_check.py" overhead --out "$OUT_DIR"
 step bench1 60 "$PY" -m pycoll.bench all_reduce,all_gather,broadcast -n 1 --backend nccl -b 8 -e 64M -f 8 \
   -N 20 -w 5 --op-timeout 30 --json "$OUT_DIR/bench1.json"
 # two ranks on one GPU need NCCL >= 2.30 (older ones refuse a duplicated GPU): skipped, with the version, below
-NCCL_VERSION=$("$PY" -c "import pycoll._bindings as b; print('.'.join(map(str, b.load('nccl').version_tuple)))" 2>/dev/null)
-if "$PY" -c "import sys; sys.exit(tuple(map(int, '$NCCL_VERSION'.split('.'))) < (2, 30, 0))" 2>/dev/null; then
+if NCCL_VERSION=$("$PY" -c "import sys, pycoll._bindings as b; v = b.load('nccl').version_tuple
+print('.'.join(map(str, v))); sys.exit(tuple(v) < (2, 30, 0))" 2>/dev/null); then
   step bench2 60 env NCCL_MULTI_RANK_GPU_ENABLE=1 NCCL_MAX_CTAS=2 "$PY" -m pycoll.bench all_reduce -n 2 --backend nccl -b 8 -e 64M -f 8 -N 20 -w 5 \
     --op-timeout 30 --timeout 50 --json "$OUT_DIR/bench2.json"
 else

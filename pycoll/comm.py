@@ -17,7 +17,7 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from . import (
     _bindings as B,
@@ -129,7 +129,6 @@ def abort_all(comms: Sequence[Communicator], timeout: Optional[float] = None) ->
         if h is not None:
             by_library.setdefault(id(c.library), (c.library, []))[1].append((c, h))
         begun.append(c)
-    left: Set[int] = set()  # ids of the communicators whose abort was left behind
     for lib, items in by_library.values():
         names = ", ".join(repr(c.name) for c, _ in items)
         done = threading.Event()
@@ -169,7 +168,6 @@ def abort_all(comms: Sequence[Communicator], timeout: Optional[float] = None) ->
                     # the library may hold the device (a real ncclCommAbort waits for kernels it cannot
                     # stop): destroying streams and events now would block this thread with it
                     late.extend(c._release_device_later() for c, _ in items)
-                    left.update(id(c) for c, _ in items)
             if behind:
                 _log.error("ncclCommAbort of %s did not return within %.3g s; leaving it behind (if the library "
                            "is wedged, ending the process with os._exit is the last resort); its streams and "
@@ -177,7 +175,7 @@ def abort_all(comms: Sequence[Communicator], timeout: Optional[float] = None) ->
         elif errors:
             _log.error("ncclCommAbort of %s failed: %s", names, errors[0])
     for c in begun:
-        c._end_abort(device=id(c) not in left)
+        c._end_abort()
 
 
 class Communicator(_core.CommCore):
@@ -1140,10 +1138,10 @@ class Communicator(_core.CommCore):
             h, self._handle = self._handle, None
         return h
 
-    def _end_abort(self, device: bool = True) -> None:
-        """After the abort: release what pycoll holds (the device side too unless the abort thread
-        took it, see :meth:`_release_device_later`) and close."""
-        self._release(device)
+    def _end_abort(self) -> None:
+        """After the abort: release what pycoll holds (on the device, what the abort thread did not take:
+        see :meth:`_release_device_later`) and close."""
+        self._release()
         self._closed()
 
     def _release_device_later(self) -> Callable[[], None]:
@@ -1170,9 +1168,9 @@ class Communicator(_core.CommCore):
         except Exception:
             _log.exception("releasing resources of %r", self.name)
 
-    def _release(self, device: bool = True) -> None:
+    def _release(self) -> None:
         """Free pycoll-side resources: windows and registrations, premul ops (freed by the library),
-        and (``device``) the stream, events and scratch memory."""
+        and the stream, events and scratch memory the abort thread did not take."""
         _windows.release_all(self, " (communicator destroyed)" if self._handle is not None
                              else f" (communicator {self._state})")
         for p in list(self._premul):
@@ -1181,8 +1179,7 @@ class Communicator(_core.CommCore):
         free = self._release_device_later()  # nothing left when the abort thread took them
         with self._plock:
             self._pending.clear()
-        if device:
-            free()
+        free()
 
     def _closed(self) -> None:
         hooks.discard_live(self)
