@@ -1252,7 +1252,10 @@ cdef class GroupScope:
         self.outer = pycoll_group_works == NULL
         if not self.outer and <object>pycoll_group_lib is not lib:
             raise CommStateError("a group can only hold communicators of one library")
-        lib.group_start()
+        if isinstance(lib, Library):  # the C call, as _Call makes the operations' calls
+            (<Library>lib)._group_start()
+        else:
+            lib.group_start()
         self.lib = lib
         if self.outer:
             _set_group([], lib)
@@ -1271,7 +1274,7 @@ cdef class GroupScope:
                 _prepare_group_end(works)
         status = 0
         try:
-            status = lib.group_end()
+            status = (<Library>lib)._group_end() if isinstance(lib, Library) else lib.group_end()
         except NCCLError as e:
             for w in works:
                 w.comm.group_failed(w, e)  # nothing of the group runs: no phantom outstanding work

@@ -1,5 +1,9 @@
 # Library: one loaded NCCL-ABI object and a wrapper per NCCL function (included by _nccl.pyx).
 
+cdef class _GroupState:
+    """A thread's group on one library: how deep, and the communicator slots made in it (None: none yet)."""
+
+
 cdef class Library:
     """One loaded NCCL-ABI shared object and its symbol table (resolved with dlsym).
 
@@ -300,20 +304,27 @@ cdef class Library:
 
     cdef _track(self, CommSlot slot, int r):
         if self._in_group():  # the library writes the slot at ncclGroupEnd: kept until the group has ended
-            self._groups.slots.append(slot)
+            self._group_slot(slot)
         elif r == ncclInProgress:
             slot._pending = True
             self._pending_slots.add(slot)
 
     cdef bint _in_group(self):
         """A group (group_start) is open on this thread."""
-        return getattr(self._groups, "depth", 0) > 0
+        return self._group_state().depth > 0
+
+    cdef _group_slot(self, CommSlot slot):
+        """Keep ``slot`` until this thread's open group has ended."""
+        cdef _GroupState g = self._group_state()
+        if g.slots is None:
+            g.slots = []
+        g.slots.append(slot)
 
     cdef CommSlot _init_slot(self):
         """Where a communicator init inside an open group writes its handle: heap memory the Library keeps until
         the group has ended (the library may write it then: NULL after a failed init), not the caller's stack."""
         cdef CommSlot slot = _new_slot(self, None)
-        self._groups.slots.append(slot)
+        self._group_slot(slot)
         return slot
 
     # --- teardown and state ----------------------------------------------------------------
@@ -766,15 +777,7 @@ cdef class Library:
     # --- groups ----------------------------------------------------------------------------
     def group_start(self):
         """ncclGroupStart; status."""
-        cdef _Call cr
-        _need(self, <void*>self.fn.ncclGroupStart, "ncclGroupStart")
-        with nogil: _cap(&self.fn, NULL, &cr, self.fn.ncclGroupStart())
-        status = _check(self, &cr, "ncclGroupStart")
-        g = self._groups
-        g.depth = getattr(g, "depth", 0) + 1
-        if g.depth == 1:
-            g.slots = []
-        return status
+        return self._group_start()
 
     def group_end(self):
         """ncclGroupEnd; status (IN_PROGRESS when a nonblocking communicator is still issuing).
@@ -782,19 +785,42 @@ cdef class Library:
         The communicator slots of split/shrink/grow/init calls made in the group stay valid until the group has
         ended (the library writes them at ncclGroupEnd), and while a nonblocking group is still issuing, until
         their communicator is written."""
+        return self._group_end()
+
+    cdef int _group_start(self) except -1:
+        """ncclGroupStart (``group_start``, and the Communicator's group, without a Python call)."""
+        cdef _Call cr
+        cdef _GroupState g = self._group_state()
+        _need(self, <void*>self.fn.ncclGroupStart, "ncclGroupStart")
+        _cap(&self.fn, NULL, &cr, self.fn.ncclGroupStart())  # a counter in NCCL: the GIL is kept
+        status = _check(self, &cr, "ncclGroupStart")
+        g.depth += 1
+        if g.depth == 1:
+            g.slots = None
+        return status
+
+    cdef int _group_end(self) except -1:
+        """ncclGroupEnd (``group_end``, and the Communicator's group, without a Python call)."""
         cdef _Call cr
         cdef CommSlot slot
+        cdef _GroupState g = self._group_state()
         _need(self, <void*>self.fn.ncclGroupEnd, "ncclGroupEnd")
         with nogil: _cap(&self.fn, NULL, &cr, self.fn.ncclGroupEnd())
-        g = self._groups
-        depth = getattr(g, "depth", 0)
+        cdef int depth = g.depth
         g.depth = max(0, depth - 1)  # ncclGroupEnd closes the group also when it fails
         if depth == 1:
-            if cr.r == ncclInProgress:  # still issuing: the library writes them later
+            if cr.r == ncclInProgress and g.slots is not None:  # still issuing: the library writes them later
                 for slot in g.slots:
                     self._track(slot, ncclInProgress)
-            g.slots = []
+            g.slots = None
         return _check(self, &cr, "ncclGroupEnd")
+
+    cdef _GroupState _group_state(self):
+        """This thread's group on this library (a thread-local: gone with the thread)."""
+        state = getattr(self._groups, "state", None)
+        if state is None:
+            state = self._groups.state = _GroupState()
+        return <_GroupState>state
 
     def group_simulate_end(self):
         """ncclGroupSimulateEnd: the estimated time of the group (NCCL's unit, microseconds)."""

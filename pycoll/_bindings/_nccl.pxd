@@ -38,6 +38,11 @@ cdef class CommSlot:
     cdef object config
 
 
+cdef class _GroupState:
+    cdef int depth
+    cdef list slots
+
+
 cdef class Library:
     cdef void* handle
     cdef pycoll_nccl_table fn
@@ -46,13 +51,17 @@ cdef class Library:
     cdef readonly int version
     cdef dict _exported
     cdef set _pending_slots
-    cdef object _groups  # threading.local: this thread's group depth and the slots made in its open group
+    cdef object _groups  # threading.local: this thread's _GroupState (group depth, the slots made in its open group)
     cdef object __weakref__
 
     cdef void* _sym(self, str name)
     cdef _track(self, CommSlot slot, int r)
     cdef bint _in_group(self)
     cdef CommSlot _init_slot(self)
+    cdef _group_slot(self, CommSlot slot)
+    cdef int _group_start(self) except -1
+    cdef int _group_end(self) except -1
+    cdef _GroupState _group_state(self)
 
 
 cdef class HostLibrary(Library):
