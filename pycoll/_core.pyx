@@ -326,7 +326,9 @@ cdef class CommCore:
         :class:`pycoll.CommStateError`, and so do the calls that need their result at their return
         (``split``, ``shrink``, ``grow``, ``broadcast_bytes``, ``register_window``, ``finalize``, ``destroy``).
         """
-        return GroupScope(self)
+        cdef GroupScope g = GroupScope.__new__(GroupScope)
+        g.comm = self
+        return g
 
 
 cdef class Hook:
@@ -1232,6 +1234,7 @@ cdef int _prepare_group_end(list works) except -1:
     return 0
 
 
+@cython.freelist(4)
 cdef class GroupScope:
     """The body of ``with comm.group():`` (what :meth:`CommCore.group` returns), compiled as the operations it holds.
 
@@ -1244,7 +1247,7 @@ cdef class GroupScope:
     cdef object lib
     cdef bint outer
 
-    def __cinit__(self, CommCore comm):
+    def __init__(self, CommCore comm):
         self.comm = comm
 
     def __enter__(self):
