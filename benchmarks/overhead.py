@@ -346,12 +346,44 @@ def breakdown(a: argparse.Namespace) -> Dict[str, float]:
                 out[f"buffer description ({kind})"] = parts["buffer description"]
         out["reference: bindings' Library.all_reduce alone"] = float(np.median(
             [batch(lambda: lib.all_reduce(sp, rp, 2, 7, 0, h, 0)) for _ in range(a.batches)]))
+        out.update(group_costs(comm, a, batch))
     finally:
         _core.stage_clock(False)
         if view_before is not None:
             _core.torch_dlpack_view(view_before)
         comm.destroy()
     return out
+
+
+def group_costs(comm: Any, a: argparse.Namespace, batch: Callable[[Any], float]) -> Dict[str, float]:
+    """What a ``with comm.group():`` adds: the group alone, one and four blocking all_reduce in it, and the
+    bindings' ``group_start`` + ``group_end`` under it; batches interleaved, ns per group (median)."""
+    lib = comm.library
+    bufs = [(np.ones(2, np.float32), np.zeros(2, np.float32)) for _ in range(4)]
+
+    def grouped(k: int) -> Callable[[], None]:
+        def run() -> None:
+            with comm.group():
+                for x, y in bufs[:k]:
+                    comm.all_reduce(x, y)
+        return run
+
+    def bindings_group() -> None:
+        lib.group_start()
+        lib.group_end()
+
+    calls = {"group: `with comm.group(): pass`": grouped(0),
+             "group: bindings' group_start() + group_end()": bindings_group,
+             "group: one all_reduce in a group": grouped(1),
+             "group: four all_reduce in a group": grouped(4)}
+    times: Dict[str, List[float]] = {k: [] for k in calls}
+    for fn in calls.values():
+        for _ in range(a.warmup):
+            fn()
+    for _ in range(a.batches):
+        for k, fn in calls.items():
+            times[k].append(batch(fn))
+    return {k: float(np.median(v)) for k, v in times.items()}
 
 
 def print_breakdown(out: Dict[str, float]) -> None:

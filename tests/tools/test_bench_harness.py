@@ -100,6 +100,9 @@ def test_overhead_breakdown_reads_the_stages_of_the_path_itself(tmp_path):
     ns = json.loads(out.read_text())["breakdown_ns"]
     assert all(ns[k] > 0 for k in STAGES), ns
     assert ns["reference: bindings' Library.all_reduce alone"] > 0
+    groups = [k for k in ns if k.startswith("group: ")]
+    assert len(groups) == 4 and all(ns[k] > 0 for k in groups), ns
+    assert ns["group: four all_reduce in a group"] > ns["group: `with comm.group(): pass`"], ns
     assert "library call" in res.stdout and "outside the stages" in res.stdout
 
 
