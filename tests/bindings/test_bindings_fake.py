@@ -255,6 +255,34 @@ def test_nonblocking_split_slot_written_in_background(fake):
     assert slot not in fake.lib.pending_slots
 
 
+def test_a_group_is_its_threads_own(fake):
+    """A split in this thread's open group is the group's (tracked from its end); another thread's split at the same
+    time is not in any group (tracked at once); a group that ends still issuing tracks its slots until written."""
+    fake.ctl.fakeSetNextResult(7)
+    fake.ctl.fakeSetDelayMs(300)
+    assert fake.lib.group_start() == 0
+    try:
+        mine, status = fake.lib.comm_split(0x1000, 2, 1)
+        assert status == _nccl.IN_PROGRESS and not mine.pending  # the group's: nothing is tracked before its end
+        other = {}
+        t = threading.Thread(target=lambda: other.update(r=fake.lib.comm_split(0x1000, 3, 0)))
+        t.start()
+        t.join(10)
+        theirs, status = other["r"]
+        assert status == _nccl.IN_PROGRESS and theirs.pending and theirs in fake.lib.pending_slots
+        assert mine not in fake.lib.pending_slots
+    finally:
+        assert fake.lib.group_end() == _nccl.IN_PROGRESS  # still issuing
+    assert mine.pending and mine in fake.lib.pending_slots
+    deadline = time.monotonic() + 10
+    while (mine.value == 0 or theirs.value == 0) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert (mine.value, theirs.value) == (0x3002, 0x3003) and not fake.lib.pending_slots
+    fake.ctl.fakeSetNextResult(0)
+    fake.ctl.fakeSetDelayMs(0)
+    assert fake.lib.group_start() == 0 and fake.lib.group_end() == 0  # a new group, nothing left of the last
+
+
 def test_pending_slot_survives_being_dropped(fake):
     import gc
 
