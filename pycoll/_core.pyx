@@ -18,7 +18,9 @@ Also here: this thread's open group (:func:`open_group`), the observers' compile
 """
 
 cimport cython
+from cpython.buffer cimport PyBuffer_IsContiguous
 from cpython.exc cimport PyErr_CheckSignals, PyErr_Clear, PyErr_Fetch, PyErr_Restore
+from cpython.memoryview cimport PyMemoryView_FromObject, PyMemoryView_GET_BUFFER
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
 from cpython.pythread cimport PyThread_get_thread_ident
 from cpython.ref cimport Py_INCREF, Py_XDECREF, PyObject
@@ -881,6 +883,10 @@ cdef int _np_code(object dt) except -2:
     return code
 cdef frozenset _HOST_MEMORY = _buffers.BACKEND_DEVICE_TYPES["host"]
 cdef object _CPU = _buffers._CPU
+cdef object _Buffer = Buffer
+
+cdef extern from "Python.h":
+    Py_ssize_t PY_SSIZE_T_MAX
 
 
 cdef extern from *:
@@ -1006,6 +1012,7 @@ cdef extern from *:
     """
     ctypedef struct pycoll_dl_device:
         int device_type
+        int device_id
     ctypedef struct pycoll_dl_dtype:
         unsigned char code
         unsigned char bits
@@ -1040,7 +1047,36 @@ cdef pycoll_dl_view_fn _torch_view_found = NULL
 cdef object _torch_api_capsule = None
 cdef enum:
     _DL_CPU = 1  # kDLCPU
-cdef signed char _DL_CODES[16][9]  # [DLPack type code][bits / 8] -> ncclDataType_t, -1: none
+cdef signed char _DL_CODES[16][9]  # [DLPack type code][bits / 8] -> ncclDataType_t, -1: none (buffers._DLPACK_TYPES)
+for _c in range(16):
+    for _s in range(9):
+        _DL_CODES[_c][_s] = -1
+for (_c, _s), _n in _buffers._DLPACK_TYPES.items():
+    _DL_CODES[_c][_s // 8] = _n
+
+
+cdef int _dl_layout(pycoll_dl_tensor* d, Py_ssize_t* count) noexcept:
+    """The ncclDataType_t of the DLTensor ``d``, and its element count in ``count``, when it is one lane of a dtype
+    NCCL has, C-contiguous (in elements; a dimension of one, and an empty tensor, may have any strides) and of a sane
+    shape; else -1: the general path says what is wrong."""
+    cdef Py_ssize_t n = 1, expected = 1
+    cdef int i, code
+    if d.dtype.lanes != 1 or d.dtype.code >= 16 or d.dtype.bits > 64 or d.dtype.bits % 8 != 0:
+        return -1
+    code = _DL_CODES[d.dtype.code][d.dtype.bits // 8]
+    if code < 0 or d.ndim < 0 or d.ndim > 1024 or (d.ndim > 0 and d.shape == NULL):
+        return -1
+    for i in range(d.ndim):
+        if d.shape[i] < 0 or (d.shape[i] > 0 and n > PY_SSIZE_T_MAX // 64 // d.shape[i]):
+            return -1  # negative, or a byte count near overflow
+        n *= d.shape[i]
+    if n != 0 and d.strides != NULL:
+        for i in range(d.ndim - 1, -1, -1):
+            if d.shape[i] != 1 and d.strides[i] != expected:
+                return -1
+            expected *= d.shape[i]
+    count[0] = n
+    return code
 
 
 cdef int _torch_init(object torch) except -1:
@@ -1058,11 +1094,6 @@ cdef int _torch_init(object torch) except -1:
     _T_IS_CONTIGUOUS, _T_IS_NEG, _T_DATA_PTR = [descriptor(n) for n in ("is_contiguous", "is_neg", "data_ptr")]
     _torch_strided = torch.strided
     _TORCH_CODES = _buffers._TORCH_TYPES if _buffers._TORCH_TYPES is not None else _buffers._torch_table(torch)
-    for code in range(16):
-        for size in range(9):
-            _DL_CODES[code][size] = -1
-    for (code, bits), nccl in _buffers._DLPACK_TYPES.items():
-        _DL_CODES[code][bits // 8] = nccl
     capsule = getattr(torch.Tensor, "__dlpack_c_exchange_api__", None)
     if capsule is not None and PyCapsule_IsValid(capsule, b"dlpack_exchange_api"):
         api = <pycoll_dl_api*>PyCapsule_GetPointer(capsule, b"dlpack_exchange_api")
@@ -1091,21 +1122,16 @@ cdef object _torch_viewed_buffer(object t, object name):
     a Buffer when it is on the CPU, dense, C-contiguous, of an NCCL dtype and without torch's negative bit (which a
     DLTensor does not carry); else None: the general path decides (and raises what it must)."""
     cdef pycoll_dl_tensor d
-    cdef Py_ssize_t count = 1, expected = 1
-    cdef int i, code
+    cdef Py_ssize_t count = 0
+    cdef int code
     if pycoll_dl_view(_torch_view, t, &d) != 0:
         PyErr_Clear()  # torch has no DLTensor for it (sparse, meta, quantized, ...): the general path says why
         return None
-    if d.device.device_type != _DL_CPU or d.dtype.lanes != 1 or d.dtype.code >= 16 or d.dtype.bits > 64:
+    if d.device.device_type != _DL_CPU:
         return None
-    code = _DL_CODES[d.dtype.code][d.dtype.bits // 8] if d.dtype.bits % 8 == 0 else -1
+    code = _dl_layout(&d, &count)  # C order as torch's is_contiguous() reads it
     if code < 0:
         return None
-    for i in range(d.ndim - 1, -1, -1):  # C order: torch's is_contiguous() (a dimension of one has any stride)
-        if d.shape[i] != 1 and d.strides != NULL and d.strides[i] != expected:
-            return None
-        expected *= d.shape[i]
-    count = expected
     if count == 0:  # the DLTensor of an empty tensor need not point where its data_ptr() does
         return _torch_attr_buffer(t, name)
     if pycoll_descr_call(_T_IS_NEG, t):
@@ -1142,6 +1168,117 @@ cdef object _torch_attr_buffer(object t, object name):
                          <object>_NAMES[c], shape, _CPU, 0, False, t, "torch", None, name)
 
 
+cdef extern from *:
+    """
+    /* DLPack's managed tensors, as a producer's capsule holds them ("dltensor": DLManagedTensor, the legacy ABI;
+     * "dltensor_versioned": DLManagedTensorVersioned, DLPack 1.0 and later) */
+    typedef struct { uint32_t major; uint32_t minor; } pycoll_dlpack_version;
+    typedef struct { pycoll_dl_tensor dl_tensor; void* manager_ctx; void (*deleter)(void*); } pycoll_dl_managed;
+    typedef struct { pycoll_dlpack_version version; void* manager_ctx; void (*deleter)(void*); uint64_t flags;
+                     pycoll_dl_tensor dl_tensor; } pycoll_dl_managed_versioned;
+    """
+    ctypedef struct pycoll_dlpack_version:
+        unsigned int major
+    ctypedef struct pycoll_dl_managed:
+        pycoll_dl_tensor dl_tensor
+    ctypedef struct pycoll_dl_managed_versioned:
+        pycoll_dlpack_version version
+        unsigned long long flags
+        pycoll_dl_tensor dl_tensor
+
+cdef enum:
+    _DLPACK_READ_ONLY = 1
+    _DLPACK_IS_COPIED = 2
+
+
+cdef tuple _DLPACK_V1 = (1, 0)
+
+
+cdef object _dlpack_capsule(object obj, object stream):
+    """The capsule a DLPack 1.0 producer's ``__dlpack__`` gives, asked as ``buffers._call_dlpack`` asks it; None where
+    the call raised: that makes it again and says what is wrong (or asks an older producer its way)."""
+    dev = getattr(obj, "__dlpack_device__", None)
+    try:
+        arg = _buffers._dlpack_stream_arg(int(dev()[0]) if dev is not None else _DL_CPU, stream)
+        return obj.__dlpack__(stream=arg, max_version=_DLPACK_V1, copy=False)
+    except Exception:
+        return None
+
+
+cdef object _dlpack_buffer(object obj, object stream, bint writable, object name):
+    """A DLPack producer's array (not a numpy array nor a torch tensor: they have their own paths) read in C from the
+    capsule its ``__dlpack__`` gives; what this does not take, the general path reads from the same capsule (and says
+    what is wrong)."""
+    cdef pycoll_dl_tensor* d
+    cdef pycoll_dl_managed_versioned* mv
+    cdef bint readonly = False
+    cdef Py_ssize_t count = 0
+    cdef int code = -1
+    capsule = _dlpack_capsule(obj, stream)
+    if capsule is None:
+        capsule = _buffers._call_dlpack(obj, stream, name)
+    if PyCapsule_IsValid(capsule, b"dltensor_versioned"):
+        mv = <pycoll_dl_managed_versioned*>PyCapsule_GetPointer(capsule, b"dltensor_versioned")
+        readonly = (mv.flags & _DLPACK_READ_ONLY) != 0
+        d = &mv.dl_tensor
+        if mv.version.major == 1 and not (writable and mv.flags & (_DLPACK_READ_ONLY | _DLPACK_IS_COPIED)):
+            code = _dl_layout(d, &count)
+    elif PyCapsule_IsValid(capsule, b"dltensor"):
+        d = &(<pycoll_dl_managed*>PyCapsule_GetPointer(capsule, b"dltensor")).dl_tensor
+        code = _dl_layout(d, &count)
+    if code < 0:
+        return _buffers._capsule_buffer(obj, capsule, writable, name)
+    return pycoll_buffer(Buffer, <uintptr_t>d.data + d.byte_offset, count * _ITEMSIZES[code], count, code,
+                         <object>_NAMES[code], pycoll_shape(d.ndim, d.shape), d.device.device_type, d.device.device_id,
+                         readonly, capsule, "dlpack", None, name)
+
+
+cdef dict _FORMAT_CODES = {}  # (struct format, item size) -> ncclDataType_t, as buffers._format_datatype reads them
+cdef signed char _FORMAT1_CODE[128]  # the same for a format of one character (the usual case), 0: not known yet
+cdef Py_ssize_t _FORMAT1_SIZE[128]  # ... and its item size (a code is known for this size only)
+
+cdef extern from "Python.h":
+    PyObject* _PyType_Lookup(object tp, object name)  # borrowed, NULL when absent, no exception: the type's MRO
+
+
+cdef int _format_code(const char* fmt, Py_ssize_t itemsize, object name) except -2:
+    """``buffers._format_datatype`` of a buffer's format and item size, remembered; -1 where it raises."""
+    cdef unsigned char c = <unsigned char>fmt[0]
+    cdef bint one = c != 0 and c < 128 and fmt[1] == 0
+    if one and _FORMAT1_SIZE[c] == itemsize and _FORMAT1_CODE[c] != 0:
+        return _FORMAT1_CODE[c] - 1
+    key = (<bytes>fmt, itemsize)
+    code = _FORMAT_CODES.get(key)
+    if code is None:
+        try:
+            code = _buffers._format_datatype((<bytes>fmt).decode("ascii"), itemsize, name)
+        except (TypeError, ValueError, UnicodeDecodeError):
+            return -1
+        _FORMAT_CODES[key] = code
+    if one:
+        _FORMAT1_CODE[c], _FORMAT1_SIZE[c] = <int>code + 1, itemsize
+    return code
+
+
+cdef object _protocol_buffer(object obj, bint writable, object name):
+    """An object of the buffer protocol (bytearray, array.array, memoryview, mmap, ctypes arrays...) read in C from a
+    memoryview of it (which holds the export: the Buffer's owner); None where the general path must say what is
+    wrong."""
+    cdef Py_buffer* pb
+    try:
+        view = PyMemoryView_FromObject(obj)
+    except TypeError:  # not a buffer: the general path says what it takes
+        return None
+    pb = PyMemoryView_GET_BUFFER(view)
+    if (writable and pb.readonly) or not PyBuffer_IsContiguous(pb, b"C") or pb.itemsize <= 0:
+        return None
+    cdef int c = _format_code(pb.format if pb.format != NULL else <const char*>"B", pb.itemsize, name)
+    if c < 0:
+        return None
+    return pycoll_buffer(Buffer, <uintptr_t>pb.buf, pb.len, pb.len // pb.itemsize, c, <object>_NAMES[c],
+                         pycoll_shape(pb.ndim, pb.shape), _CPU, 0, pb.readonly != 0, view, "buffer", None, name)
+
+
 cdef object _describe(CommCore comm, object obj, object stream, bint writable, object name):
     global _torch_tensor, _torch_parameter
     tp = type(obj)
@@ -1151,11 +1288,18 @@ cdef object _describe(CommCore comm, object obj, object stream, bint writable, o
         b = _torch_cpu_buffer(obj, name)
     else:
         b = None
-        if _torch_tensor is None:
-            torch = sys.modules.get("torch")
-            if torch is not None and _buffers._torch_tensor_type(torch) != ():  # () while torch is imported
-                _torch_tensor = torch.Tensor
-                _torch_parameter = getattr(getattr(torch, "nn", None), "Parameter", None)
+        torch = sys.modules.get("torch")
+        if _torch_tensor is None and torch is not None and _buffers._torch_tensor_type(torch) != ():  # (): importing
+            _torch_tensor = torch.Tensor
+            _torch_parameter = getattr(getattr(torch, "nn", None), "Parameter", None)
+        # as as_buffer tries them: arrays and tensors of subclasses and Buffers, then DLPack, the CUDA array
+        # interface, the buffer protocol (the first two and the CUDA array interface by the general path)
+        if tp is not _Buffer and not isinstance(obj, _ndarray) and (
+                torch is None or (_torch_tensor is not None and not isinstance(obj, _torch_tensor))):
+            if _PyType_Lookup(tp, "__dlpack__") != NULL:  # hasattr(tp, ...) without the AttributeError made when not
+                b = _dlpack_buffer(obj, stream, writable, name)
+            elif not hasattr(obj, "__cuda_array_interface__"):
+                b = _protocol_buffer(obj, writable, name)
     if b is None:
         b = as_buffer(obj, writable=writable, stream=stream, name=name)
     backend = comm.backend

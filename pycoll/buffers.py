@@ -179,7 +179,7 @@ class Buffer(NamedTuple):
         )
 
 
-# Buffer(...) runs NamedTuple's generated __new__ (~0.4 us); the two hot paths below build the
+# Buffer(...) runs NamedTuple's generated __new__ (~0.4 us); the paths below build the
 # tuple directly (~0.15 us), with the fields in declaration order.
 _new_buffer = tuple.__new__
 
@@ -447,7 +447,12 @@ def _call_dlpack(obj: Any, stream: Optional[int], name: str) -> Any:
 
 
 def _from_dlpack(obj: Any, writable: bool, stream: Optional[int], name: str) -> Buffer:
-    capsule = _call_dlpack(obj, stream, name)
+    return _capsule_buffer(obj, _call_dlpack(obj, stream, name), writable, name)
+
+
+def _capsule_buffer(obj: Any, capsule: Any, writable: bool, name: str) -> Buffer:
+    """The Buffer of the capsule ``obj.__dlpack__`` gave (``pycoll._core`` reads the usual ones in C, and hands
+    this the others)."""
     if _capsule_is_valid(capsule, b"dltensor_versioned"):
         managed = _DLManagedTensorVersioned.from_address(_capsule_pointer(capsule, b"dltensor_versioned"))
         major = managed.version.major
@@ -501,20 +506,23 @@ def _dltensor_buffer(tensor: _DLTensor, readonly: bool, capsule: Any, name: str)
         if not _is_c_contiguous(shape, strides, 1):
             raise _not_contiguous(name, shape, strides, "elements")
     device = tensor.device
-    return Buffer(
-        (tensor.data or 0) + tensor.byte_offset,
-        count * DATATYPE_ITEMSIZES[nccl],
-        count,
-        nccl,
-        DATATYPE_NAMES[nccl],
-        shape,
-        device.device_type,
-        device.device_id,
-        readonly,
-        capsule,
-        "dlpack",
-        None,
-        name,
+    return _new_buffer(
+        Buffer,
+        (
+            (tensor.data or 0) + tensor.byte_offset,
+            count * DATATYPE_ITEMSIZES[nccl],
+            count,
+            nccl,
+            DATATYPE_NAMES[nccl],
+            shape,
+            device.device_type,
+            device.device_id,
+            readonly,
+            capsule,
+            "dlpack",
+            None,
+            name,
+        ),
     )
 
 
@@ -576,20 +584,23 @@ def _from_cai(obj: Any, writable: bool, stream: Optional[int], name: str) -> Buf
             )
         if stream is not None and (producer == stream or (producer == 1 and stream == 0)):
             producer = None  # already the consumer's stream
-    return Buffer(
-        int(ptr or 0),
-        count * DATATYPE_ITEMSIZES[nccl],
-        count,
-        nccl,
-        DATATYPE_NAMES[nccl],
-        shape,
-        _CUDA,
-        -1,
-        readonly,
-        obj,
-        "cai",
-        producer,
-        name,
+    return _new_buffer(
+        Buffer,
+        (
+            int(ptr or 0),
+            count * DATATYPE_ITEMSIZES[nccl],
+            count,
+            nccl,
+            DATATYPE_NAMES[nccl],
+            shape,
+            _CUDA,
+            -1,
+            readonly,
+            obj,
+            "cai",
+            producer,
+            name,
+        ),
     )
 
 
@@ -647,20 +658,23 @@ def _from_buffer_protocol(obj: Any, writable: bool, name: str) -> Buffer:
     # a flat uint8 view of the same memory gives the address; it holds `view`, which holds the export
     flat = np.frombuffer(view, dtype=np.uint8)
     count = view.nbytes // view.itemsize
-    return Buffer(
-        _numpy_ptr(flat),
-        view.nbytes,
-        count,
-        nccl,
-        DATATYPE_NAMES[nccl],
-        tuple(view.shape or ()),
-        _CPU,
-        0,
-        view.readonly,
-        flat,
-        "buffer",
-        None,
-        name,
+    return _new_buffer(
+        Buffer,
+        (
+            _numpy_ptr(flat),
+            view.nbytes,
+            count,
+            nccl,
+            DATATYPE_NAMES[nccl],
+            tuple(view.shape or ()),
+            _CPU,
+            0,
+            view.readonly,
+            flat,
+            "buffer",
+            None,
+            name,
+        ),
     )
 
 

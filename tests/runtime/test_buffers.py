@@ -479,6 +479,132 @@ def test_dlpack_real_producers():
         as_buffer(_Wrap(torch.zeros(4, 4).T))
 
 
+def _compiled_and_general(comm, x, writable):
+    """What the Communicator's compiled path (pycoll._core) and as_buffer (with the host backend's device check) give
+    for ``x``: a Buffer or the exception, each."""
+    from pycoll import _core
+
+    out = []
+    for describe in (lambda: _core.buf(comm, x, 0, writable=writable, name="t"),
+                     lambda: check_device(b := as_buffer(x, writable=writable, stream=0, name="t"), "host") or b):
+        try:
+            out.append(describe())
+        except Exception as exc:  # compared by the caller
+            out.append(exc)
+    return out
+
+
+def _dlpack_and_buffer_cases():
+    a = np.arange(24, dtype=np.int64)
+    f32 = np.arange(12, dtype=np.float32)
+    ro = np.arange(4, dtype=np.int32)
+    ro.setflags(write=False)
+    good = [FakeDLPack(f32, (3, 4)), FakeDLPack(f32, (3, 4), versioned="v0"), FakeDLPack(f32, (12,)),
+            FakeDLPack(a, (2, 3, 4), strides=(12, 4, 1)), FakeDLPack(a, (2, 4), strides=(4, 1), byte_offset=64),
+            FakeDLPack(a, (1, 4, 1), strides=(1000, 1, 5)), FakeDLPack(a, (0, 4), strides=(1, 100)), FakeDLPack(a, ()),
+            FakeDLPack(a, (8,), flags=READ_ONLY), FakeDLPack(a, (8,), flags=IS_COPIED),
+            FakeDLPack(a, (8,), device=(KDL_CUDA_HOST, 3)), FakeDLPack(a, (2,), device=(11, 1)),
+            FakeDLPack(a, (4,), dtype=(BFLOAT, 16, 1)),
+            FakeDLPack(a, (4,), dtype=(F8_E4M3FN, 8, 1)), FakeDLPack(a, (4,), dtype=(F8_E5M2, 8, 1)),
+            FakeDLPack(a, (4,), dtype=(UINT, 64, 1)), FakeDLPack(a, (4,), dtype=(INT, 8, 1)),
+            _Wrap(np.arange(10, dtype=np.float64)[2:]), _Wrap(ro), _Wrap(torch.arange(20.0).reshape(4, 5)[1:3]),
+            bytearray(range(16)), bytearray(), b"abcd", memoryview(bytearray(48)).cast("f", (3, 4)),
+            memoryview(np.zeros(3, np.float16)), memoryview(np.zeros(2, "<f4")), (ctypes.c_double * 5)(),
+            memoryview(bytearray(8)).cast("B")] + [array.array(c, [1, 2, 3, 4]) for c in "bBiIlLqQfd"]
+    bad = [FakeDLPack(a, (4, 6), strides=(1, 4)), FakeDLPack(a, (3, 4), strides=(8, 1)),
+           FakeDLPack(a, (2, 3), dtype=(BOOL, 8, 1)), FakeDLPack(a, (2, 3), dtype=(COMPLEX, 64, 1)),
+           FakeDLPack(a, (2, 3), dtype=(FLOAT, 32, 4)), FakeDLPack(a, (2, 3), dtype=(INT, 16, 1)),
+           FakeDLPack(a, (2, 3), version=(2, 0), versioned="v1"), FakeDLPack(a, (2, 3), ndim=-1),
+           FakeDLPack(a, (2, -3)), FakeDLPack(GPU_PTR, (4,), device=(KDL_CUDA, 0)),
+           FakeDLPack(GPU_PTR, (4,), capsule="nope"), FakeDLPack(GPU_PTR, (4,), raise_on_export=BufferError("no")),
+           FakeDLPack(GPU_PTR, (4,), raise_on_export=TypeError("no stream for you")),
+           _Wrap(torch.zeros(4, 4).T), memoryview(bytearray(48))[::2], memoryview(bytearray(8)).cast("?"),
+           (ctypes.c_int16 * 4)(), memoryview(np.zeros(2, ">f4")), array.array("h", [1, 2]), [1, 2], "text", None]
+    return good, bad
+
+
+def test_the_compiled_path_describes_dlpack_and_buffer_objects_as_as_buffer_does(monkeypatch):
+    """The Communicator reads DLPack capsules and buffer-protocol objects in compiled code: the same fields as
+    as_buffer (the owner: the capsule, or a memoryview holding the export where as_buffer has a numpy view of it),
+    the same errors for what it does not take, each DLPack export deleted once."""
+    import pycoll
+    from pycoll import buffers
+
+    general = []  # what the compiled path left to the general one
+
+    def counted(name, fn):
+        return lambda *args: general.append(name) or fn(*args)
+
+    for name in ("_call_dlpack", "_capsule_buffer", "_from_buffer_protocol"):
+        monkeypatch.setattr(buffers, name, counted(name, getattr(buffers, name)))
+    comm = pycoll.init(0, 1, backend="host", unique_id=pycoll.get_unique_id(backend="host"))
+    before = live_exports()
+    try:
+        good, bad = _dlpack_and_buffer_cases()
+        for x in good:
+            for writable in (False, True):
+                del general[:]
+                try:
+                    _core_buf(comm, x, writable)
+                    # all in C; a producer older than DLPack 1.0 refuses max_version: the general path calls it
+                    assert general == (["_call_dlpack"] if getattr(x, "versioned", "") == "v0" else []), (x, general)
+                except ValueError:  # read-only memory as an output: the general path says so
+                    assert writable
+                got, want = _compiled_and_general(comm, x, writable)
+                if isinstance(want, Exception):  # read-only memory as an output
+                    assert type(got) is type(want) and str(got) == str(want), (x, writable, got, want)
+                    continue
+                assert tuple(got)[:9] + tuple(got)[10:] == tuple(want)[:9] + tuple(want)[10:], (x, got, want)
+                assert got.source == "dlpack" or isinstance(got.owner, memoryview), got
+        for x in bad:
+            got, want = _compiled_and_general(comm, x, True)
+            assert isinstance(want, Exception), (x, want)
+            assert type(got) is type(want) and str(got) == str(want), (x, got, want)
+        ba = bytearray(8)
+        b = _core_buf(comm, ba)
+        with pytest.raises(BufferError):
+            ba.append(1)  # the Buffer pins the memory: no reallocation while it lives
+        del b
+        gc.collect()
+        ba.append(1)
+        del good, bad, x, got, want
+        gc.collect()
+        assert live_exports() == before and FakeDLPack.stray_deletes == 0
+        assert comm.state == "active"
+    finally:
+        comm.destroy()
+
+
+def _core_buf(comm, x, writable=True):
+    from pycoll import _core
+
+    return _core.buf(comm, x, 0, writable=writable, name="t")
+
+
+def test_the_compiled_dlpack_path_deletes_each_export_once():
+    import pycoll
+
+    comm = pycoll.init(0, 1, backend="host", unique_id=pycoll.get_unique_id(backend="host"))
+    try:
+        a = np.arange(8, dtype=np.float32)
+        for versioned in ("v1", "v0"):
+            f = FakeDLPack(a, (8,), versioned=versioned)
+            b = _core_buf(comm, f)
+            gc.collect()
+            assert f.deleted == 0, "the capsule was released while the Buffer is alive"
+            comm.all_reduce(f)  # a Buffer of its own, released with its Work
+            del b
+            gc.collect()
+            assert f.deleted == 2 and len(f.calls) == 2
+        refused = FakeDLPack(a, (2, 3), dtype=(BOOL, 8, 1))
+        with pytest.raises(TypeError, match="bool8 is not supported"):
+            _core_buf(comm, refused)
+        gc.collect()
+        assert refused.deleted == 1 and len(refused.calls) == 1  # read once, from the one capsule
+    finally:
+        comm.destroy()
+
+
 # --- __cuda_array_interface__ ------------------------------------------------------------------
 
 
