@@ -15,6 +15,8 @@ variant                   pycoll                                       Open MPI 
 ========================  ===========================================  =========================================
 all_reduce numpy          ``comm.all_reduce(send, recv)``              ``Allreduce(send, recv)``
 all_reduce torch          the same on CPU torch tensors                (the numpy call)
+all_reduce DLPack         the same on objects offering only DLPack     ``Allreduce`` on the same objects
+                          (``DLPackOnly``: numpy arrays behind it)
 all_reduce async          ``comm.all_reduce(.., async_op=True).wait()``  ``Iallreduce(..).Wait()``
 broadcast                 ``comm.broadcast(buf, root=0)``              ``Bcast(buf, root=0)``
 send/recv pair            ``send`` + ``recv`` with the partner         ``Sendrecv`` with the partner
@@ -60,9 +62,25 @@ from allreduce_compare import _RESULT, _run, expected, pattern, run_sizes  # noq
 
 COUNT = 2  # float32 elements: 8 bytes
 ROUNDS = 5  # the variants' iterations run interleaved in this many rounds (run_sizes)
-VARIANTS = ["bindings", "all_reduce numpy", "all_reduce torch", "all_reduce async", "broadcast", "send/recv pair",
-            "sendrecv", "group of 4 all_reduce"]
+VARIANTS = ["bindings", "all_reduce numpy", "all_reduce torch", "all_reduce DLPack", "all_reduce async", "broadcast",
+            "send/recv pair", "sendrecv", "group of 4 all_reduce"]
 Setup = Callable[[int], Tuple[Callable[[], Any], Callable[[], int]]]
+
+
+class DLPackOnly:
+    """A numpy array seen only through the DLPack protocol, as a consumer sees a JAX or CuPy array (the same object
+    for both libraries: mpi4py reads DLPack too)."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self.array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> Tuple[int, int]:
+        return self.array.__dlpack_device__()
 
 
 def _partner(rank: int, n: int) -> int:
@@ -77,16 +95,17 @@ def _variants(rank: int, n: int, allreduce: Callable[[np.ndarray, np.ndarray], A
     """The checked, timed calls every library runs (the same data, the same checks). ``sendrecv``: the send/recv
     pair as a group; ``exchange``: the same pair in one call."""
 
-    def reduce_with(op: Callable[[np.ndarray, np.ndarray], Any]) -> Setup:
+    def reduce_with(op: Callable[[Any, Any], Any], wrap: Callable[[np.ndarray], Any] = lambda a: a) -> Setup:
         def setup(count: int) -> Tuple[Callable[[], Any], Callable[[], int]]:
             send, recv = np.zeros(count, np.float32), np.zeros(count, np.float32)
+            s, r = wrap(send), wrap(recv)
 
             def check() -> int:
                 send[:], recv[:] = pattern(rank, count), 0
-                op(send, recv)
+                op(s, r)
                 return int(np.count_nonzero(recv != expected(n, count)))
 
-            return (lambda: op(send, recv)), check
+            return (lambda: op(s, r)), check
         return setup
 
     def broadcast(count: int) -> Tuple[Callable[[], Any], Callable[[], int]]:
@@ -122,7 +141,8 @@ def _variants(rank: int, n: int, allreduce: Callable[[np.ndarray, np.ndarray], A
 
         return (lambda: group4(bufs)), check
 
-    return {"all_reduce numpy": reduce_with(allreduce), "all_reduce async": reduce_with(iallreduce_wait),
+    return {"all_reduce numpy": reduce_with(allreduce), "all_reduce DLPack": reduce_with(allreduce, DLPackOnly),
+            "all_reduce async": reduce_with(iallreduce_wait),
             "broadcast": broadcast, "send/recv pair": pair_with(sendrecv), "sendrecv": pair_with(exchange),
             "group of 4 all_reduce": four}
 
