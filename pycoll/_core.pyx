@@ -882,6 +882,7 @@ cdef int _np_code(object dt) except -2:
         _np_cached += 1
     return code
 cdef frozenset _HOST_MEMORY = _buffers.BACKEND_DEVICE_TYPES["host"]
+cdef dict _BACKEND_MEMORY = _buffers.BACKEND_DEVICE_TYPES
 cdef object _CPU = _buffers._CPU
 cdef object _Buffer = Buffer
 
@@ -1279,6 +1280,59 @@ cdef object _protocol_buffer(object obj, bint writable, object name):
                          pycoll_shape(pb.ndim, pb.shape), _CPU, 0, pb.readonly != 0, view, "buffer", None, name)
 
 
+cdef dict _TYPESTR_CODES = {}  # __cuda_array_interface__ typestr -> ncclDataType_t, as buffers._typestr_datatype reads it
+cdef object _CUDA = _buffers._CUDA
+
+
+cdef object _cai_buffer(object obj, object stream, bint writable, object name):
+    """An object of the CUDA array interface (Numba's and CuPy's arrays) read in compiled code when its dict is of the
+    usual form (a tuple of int dimensions, an int or None address, C-contiguous strides or None, no mask, an int
+    producer stream or None); else None: the general path reads it again and says what is wrong."""
+    cdef Py_ssize_t count = 1, expected, i
+    cdef int code
+    try:
+        cai = obj.__cuda_array_interface__
+    except Exception:
+        return None
+    if type(cai) is not dict or (<dict>cai).get("mask") is not None:
+        return None
+    shape, data, typestr = (<dict>cai).get("shape"), (<dict>cai).get("data"), (<dict>cai).get("typestr")
+    if type(shape) is not tuple or type(data) is not tuple or len(<tuple>data) != 2 or type(typestr) is not str:
+        return None
+    ptr, readonly = data
+    c = _TYPESTR_CODES.get(typestr)
+    if c is None:
+        try:
+            c = _TYPESTR_CODES[typestr] = _buffers._typestr_datatype(typestr, name)
+        except (TypeError, ValueError):
+            return None
+    code = c
+    for n in <tuple>shape:
+        if type(n) is not int or n < 0 or (n > 0 and count > PY_SSIZE_T_MAX // 64 // n):
+            return None
+        count *= <Py_ssize_t>n
+    strides = (<dict>cai).get("strides")
+    if strides is not None and count:
+        if type(strides) is not tuple or len(<tuple>strides) != len(<tuple>shape):
+            return None
+        expected = _ITEMSIZES[code]
+        for i in range(len(<tuple>shape) - 1, -1, -1):
+            s, n = (<tuple>strides)[i], (<tuple>shape)[i]
+            if type(s) is not int or (n != 1 and s != expected):
+                return None
+            expected *= <Py_ssize_t>n
+    if (ptr is not None and type(ptr) is not int) or (writable and readonly):
+        return None
+    producer = (<dict>cai).get("stream")
+    if producer is not None:
+        if type(producer) is not int or producer == 0:
+            return None
+        if stream is not None and (producer == stream or (producer == 1 and stream == 0)):
+            producer = None  # already the consumer's stream
+    return pycoll_buffer(Buffer, ptr or 0, count * _ITEMSIZES[code], count, code, <object>_NAMES[code], shape, _CUDA,
+                         -1, bool(readonly), obj, "cai", producer, name)
+
+
 cdef object _describe(CommCore comm, object obj, object stream, bint writable, object name):
     global _torch_tensor, _torch_parameter
     tp = type(obj)
@@ -1292,13 +1346,15 @@ cdef object _describe(CommCore comm, object obj, object stream, bint writable, o
         if _torch_tensor is None and torch is not None and _buffers._torch_tensor_type(torch) != ():  # (): importing
             _torch_tensor = torch.Tensor
             _torch_parameter = getattr(getattr(torch, "nn", None), "Parameter", None)
-        # as as_buffer tries them: arrays and tensors of subclasses and Buffers, then DLPack, the CUDA array
-        # interface, the buffer protocol (the first two and the CUDA array interface by the general path)
+        # as as_buffer tries them: arrays and tensors of subclasses and Buffers (by the general path), then DLPack, the
+        # CUDA array interface, the buffer protocol
         if tp is not _Buffer and not isinstance(obj, _ndarray) and (
                 torch is None or (_torch_tensor is not None and not isinstance(obj, _torch_tensor))):
             if _PyType_Lookup(tp, "__dlpack__") != NULL:  # hasattr(tp, ...) without the AttributeError made when not
                 b = _dlpack_buffer(obj, stream, writable, name)
-            elif not hasattr(obj, "__cuda_array_interface__"):
+            elif hasattr(obj, "__cuda_array_interface__"):
+                b = _cai_buffer(obj, stream, writable, name)
+            else:
                 b = _protocol_buffer(obj, writable, name)
     if b is None:
         b = as_buffer(obj, writable=writable, stream=stream, name=name)
@@ -1306,8 +1362,12 @@ cdef object _describe(CommCore comm, object obj, object stream, bint writable, o
     if backend == "host":
         if (<tuple>b)[6] not in _HOST_MEMORY:
             check_device(b, backend, None)
-    else:
-        check_device(b, backend, comm.device.device_id)
+    else:  # check_device's test, made here; it runs where that may raise (and says why)
+        device_id = comm.device.device_id
+        allowed = _BACKEND_MEMORY.get(backend)
+        bid = (<tuple>b)[7]
+        if allowed is None or (<tuple>b)[6] not in allowed or (device_id is not None and bid >= 0 and bid != device_id):
+            check_device(b, backend, device_id)
     sync = (<tuple>b)[11]
     if sync is not None:
         comm.device.wait_stream(stream, sync)

@@ -412,3 +412,60 @@ def test_lock_order_hammer(fake, rt):
             fake.ctl.fakeSetNextResult(0)
             fake.ctl.fakeSetAsyncState(0)
             _close(c)
+
+
+class _NotADict:
+    __cuda_array_interface__ = ("shape", (4,))
+
+
+def test_the_compiled_path_describes_gpu_arrays_as_as_buffer_does(fake, rt, monkeypatch):
+    """CUDA array interface objects and GPU DLPack producers: the Communicator reads the usual forms in compiled code
+    (the same Buffer as as_buffer and the nccl backend's device check give, the producer stream included) and leaves
+    the others to as_buffer, which reads them or says what is wrong."""
+    import numpy as np
+    from helpers.dlpack_fake import KDL_CUDA, FakeDLPack
+
+    from pycoll import _core, buffers
+    from pycoll.buffers import as_buffer, check_device
+
+    general = []
+    real = buffers._from_cai
+    monkeypatch.setattr(buffers, "_from_cai", lambda *a: general.append(a) or real(*a))
+    p = 0x7F0000001000
+    usual = [cai(), cai(shape=(2, 3), typestr="<f2"), cai(shape=(), typestr="|u1"), cai(shape=(0, 4), typestr="<i8"),
+             cai(shape=(2, 4), strides=(16, 4)), cai(shape=(1, 4), strides=(999, 4)), cai(shape=(0, 3), strides=(1, 1)),
+             cai(data=(p, True)), cai(data=(None, False), shape=(0,)), cai(stream=1), cai(stream=0x5000),
+             cai(stream=0x7777), cai(version=2), cai(typestr="<u8", shape=(3,), stream=None, mask=None)]
+    unusual = [cai(shape=[2, 3]), cai(shape=(np.int64(4),)), cai(data=[p, False]), cai(data=(np.uint64(p), 0)),
+               cai(strides=[4])]
+    bad = [cai(mask=object()), cai(shape=(2, -1)), cai(shape=(2, 4), strides=(4, 8)), cai(typestr="<c8"),
+           cai(typestr=">f4"), cai(typestr="f4"), cai(stream=0), cai(shape=(2, 4), strides=(16,)), _NotADict(),
+           cai(data=(p,)), FakeDLPack(p, (4,), device=(KDL_CUDA, 1))]
+    dlpack = [FakeDLPack(p, (2, 3), device=(KDL_CUDA, 0)), FakeDLPack(p, (4,), device=(KDL_CUDA, 0), versioned="v0")]
+    c = _comm(fake, rt)
+    try:
+        for stream in (0, 0x5000):
+            for x in usual + unusual + dlpack + bad:
+                for writable in (False, True):
+                    del general[:]
+                    got = want = None
+                    try:
+                        got = _core.buf(c, x, stream, writable=writable, name="t")
+                    except Exception as exc:  # compared below
+                        got = exc
+                    in_c = not general
+                    try:
+                        want = as_buffer(x, writable=writable, stream=stream, name="t")
+                        check_device(want, "nccl", 0)
+                    except Exception as exc:  # compared below
+                        want = exc
+                    if isinstance(want, Exception):
+                        assert type(got) is type(want) and str(got) == str(want), (x, got, want)
+                        continue
+                    assert tuple(got)[:9] + tuple(got)[10:] == tuple(want)[:9] + tuple(want)[10:], (x, got, want)
+                    assert (got.owner is x) == (got.source == "cai"), got
+                    if any(x is u for u in usual):
+                        assert in_c, x.__cuda_array_interface__
+        assert c.state == "active"
+    finally:
+        _close(c)
