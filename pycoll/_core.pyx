@@ -1282,18 +1282,16 @@ cdef object _protocol_buffer(object obj, bint writable, object name):
 
 cdef dict _TYPESTR_CODES = {}  # __cuda_array_interface__ typestr -> ncclDataType_t, as buffers._typestr_datatype reads it
 cdef object _CUDA = _buffers._CUDA
+cdef object _MISSING = object()
 
 
-cdef object _cai_buffer(object obj, object stream, bint writable, object name):
-    """An object of the CUDA array interface (Numba's and CuPy's arrays) read in compiled code when its dict is of the
-    usual form (a tuple of int dimensions, an int or None address, C-contiguous strides or None, no mask, an int
-    producer stream or None); else None: the general path reads it again and says what is wrong."""
+cdef object _cai_buffer(object obj, object cai, object stream, bint writable, object name):
+    """An object of the CUDA array interface (Numba's and CuPy's arrays; ``cai``: its ``__cuda_array_interface__``)
+    read in compiled code when that dict is of the usual form (a tuple of int dimensions, an int or None address,
+    C-contiguous strides or None, no mask, an int producer stream or None); else None: the general path reads it again
+    and says what is wrong."""
     cdef Py_ssize_t count = 1, expected, i
     cdef int code
-    try:
-        cai = obj.__cuda_array_interface__
-    except Exception:
-        return None
     if type(cai) is not dict or (<dict>cai).get("mask") is not None:
         return None
     shape, data, typestr = (<dict>cai).get("shape"), (<dict>cai).get("data"), (<dict>cai).get("typestr")
@@ -1352,10 +1350,12 @@ cdef object _describe(CommCore comm, object obj, object stream, bint writable, o
                 torch is None or (_torch_tensor is not None and not isinstance(obj, _torch_tensor))):
             if _PyType_Lookup(tp, "__dlpack__") != NULL:  # hasattr(tp, ...) without the AttributeError made when not
                 b = _dlpack_buffer(obj, stream, writable, name)
-            elif hasattr(obj, "__cuda_array_interface__"):
-                b = _cai_buffer(obj, stream, writable, name)
             else:
-                b = _protocol_buffer(obj, writable, name)
+                cai = getattr(obj, "__cuda_array_interface__", _MISSING)  # a property may make its dict: read once
+                if cai is _MISSING:
+                    b = _protocol_buffer(obj, writable, name)
+                else:
+                    b = _cai_buffer(obj, cai, stream, writable, name)
     if b is None:
         b = as_buffer(obj, writable=writable, stream=stream, name=name)
     backend = comm.backend

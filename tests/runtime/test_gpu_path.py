@@ -418,6 +418,18 @@ class _NotADict:
     __cuda_array_interface__ = ("shape", (4,))
 
 
+class _CountedCAI:
+    """Its interface made by a property at each read, as Numba and CuPy make it."""
+
+    def __init__(self):
+        self.reads = 0
+
+    @property
+    def __cuda_array_interface__(self):
+        self.reads += 1
+        return {"shape": (4,), "typestr": "<f4", "data": (0x7F0000001000, False), "version": 3}
+
+
 def test_the_compiled_path_describes_gpu_arrays_as_as_buffer_does(fake, rt, monkeypatch):
     """CUDA array interface objects and GPU DLPack producers: the Communicator reads the usual forms in compiled code
     (the same Buffer as as_buffer and the nccl backend's device check give, the producer stream included) and leaves
@@ -466,6 +478,8 @@ def test_the_compiled_path_describes_gpu_arrays_as_as_buffer_does(fake, rt, monk
                     assert (got.owner is x) == (got.source == "cai"), got
                     if any(x is u for u in usual):
                         assert in_c, x.__cuda_array_interface__
+        counted = _CountedCAI()
+        assert _core.buf(c, counted, 0, writable=True, name="t").count == 4 and counted.reads == 1  # read once
         assert c.state == "active"
     finally:
         _close(c)
