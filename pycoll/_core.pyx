@@ -5,7 +5,8 @@ described, launched, refreshed from its events and retired.
 :class:`CommCore` is the base of ``Communicator``: the fields every operation reads, as C struct members, and
 its three locks (:class:`Lock`, :class:`RLock`: threading's interface, taken here without a method call).
 The functions below are the bodies of ``Communicator._begin``, ``_buf``, ``_launch``, ``refresh``, ``_retire``,
-``all_reduce``, ``broadcast``, ``send`` and ``recv`` (the Communicator binds these functions as its methods), and
+``all_reduce``, ``broadcast``, ``reduce``, ``all_gather``, ``reduce_scatter``, ``send``, ``recv`` and ``sendrecv`` (the
+Communicator binds these functions as its methods), and
 :class:`GroupScope` the body of ``Communicator.group``: one path on every backend. An operation's start event
 is recorded on its stream, the Work becomes outstanding (the watchdog watches it from then on), the library call (:func:`library_call`: the C function
 pointer, GIL released) enqueues it, its end event is recorded after it; completion is read from the
@@ -46,7 +47,7 @@ from .devices import FIRST_SLEEP_S, HostDevice
 from .errors import AsyncCommError, CommAborted, CommFailure, CommStateError, NCCLError, error_class
 
 __all__ = ["CommCore", "Hook", "Lock", "RLock", "Work", "launch", "refresh", "retire", "begin", "buf",
-           "all_reduce", "broadcast", "send", "recv", "GroupScope", "library_call", "open_group",
+           "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "send", "recv", "GroupScope", "library_call", "open_group",
            "group_library", "set_group", "DLPACK_CAPSULE_DESTRUCTOR", "STAGES", "stage_clock", "torch_dlpack_view"]
 
 _log = logging.getLogger("pycoll.comm")
@@ -1749,6 +1750,82 @@ def broadcast(CommCore comm, tensor, root=0, output=None, *, stream=None, async_
     count = _output_fits(inp, out, "broadcast")
     call = _new_call(comm.library, _BROADCAST, cc, (<tuple>inp)[0], (<tuple>out)[0], count, (<tuple>inp)[3], 0, root)
     return _launch(comm, "broadcast", call, st, [inp], [out], async_op, timeout, None)
+
+
+def reduce(CommCore comm, tensor, root=0, output=None, op="sum", *, stream=None, async_op=False, timeout=None,
+           config=None):
+    """Reduce ``tensor`` across ranks into ``output`` on rank ``root`` (in place when None)."""
+    cc = () if config is None else _prepare_config(config)
+    root = _rank_arg(comm, root, "root")
+    st = _begin(comm, "reduce", stream, async_op, tensor, output)
+    inp = _describe(comm, tensor, st, output is None and comm._rank == root, "tensor")
+    out = inp if output is None else _describe(comm, output, st, True, "output")
+    count = _output_fits(inp, out, "reduce")
+    redop = _redop(comm, op, (<tuple>inp)[3])
+    call = _new_call(comm.library, _REDUCE, cc, (<tuple>inp)[0], (<tuple>out)[0], count, (<tuple>inp)[3], redop, root)
+    return _launch(comm, "reduce", call, st, [inp], [out], async_op, timeout, None)
+
+
+cdef int _blocks_fit(object whole, object block, Py_ssize_t size, int rank, bint gather, str op) except -1:
+    """``whole`` (size blocks) and ``block`` of an all_gather (``gather``: ``block`` is the input) or a reduce_scatter:
+    the same dtype, room for ``size`` blocks, and no overlap but the in-place one (``buffers.check_*`` raise
+    otherwise, named as the Python checks name them)."""
+    cdef Py_ssize_t count = (<tuple>block)[2], nbytes = (<tuple>block)[1]
+    inp, out = (block, whole) if gather else (whole, block)
+    if (<tuple>inp)[3] != (<tuple>out)[3]:
+        check_same_dtype(inp, out, op=op)
+    if (<tuple>whole)[2] < count * size:
+        check_count(whole, count * size, op=op, why=f"{count} elements x {size} ranks")
+    if _share_memory(inp, out):  # in place: the block at its rank's offset of the whole
+        if gather:
+            check_overlap(inp, out, op=op, in_place=rank * nbytes, in_place_form="input=None")
+        else:
+            check_overlap(inp, out, op=op, in_place=-rank * nbytes, in_place_form="output=None")
+    return 0
+
+
+def all_gather(CommCore comm, input, output, *, stream=None, async_op=False, timeout=None, config=None):
+    """Gather every rank's ``input`` into ``output`` (``size`` x input elements, rank order).
+
+    ``input=None`` is in place: each rank's contribution is already at its slot of ``output``.
+    """
+    cc = () if config is None else _prepare_config(config)
+    st = _begin(comm, "all_gather", stream, async_op, input, output)
+    out = _describe(comm, output, st, True, "output")
+    if input is None:
+        if (<tuple>out)[2] % comm._size:
+            raise ValueError(f"all_gather: in place, output has {(<tuple>out)[2]} elements, "
+                             f"not a multiple of {comm._size} ranks")
+        inp = comm._offset(out, comm._rank, (<tuple>out)[2] // comm._size, "input")
+    else:
+        inp = _describe(comm, input, st, False, "input")
+        _blocks_fit(out, inp, comm._size, comm._rank, True, "all_gather")
+    call = _new_call(comm.library, _ALL_GATHER, cc, (<tuple>inp)[0], (<tuple>out)[0], (<tuple>inp)[2],
+                     (<tuple>inp)[3], 0, 0)
+    return _launch(comm, "all_gather", call, st, [inp], [out], async_op, timeout, None)
+
+
+def reduce_scatter(CommCore comm, input, output=None, op="sum", *, stream=None, async_op=False, timeout=None,
+                   config=None):
+    """Reduce ``input`` (``size`` blocks) across ranks; rank r receives block r in ``output``.
+
+    ``output=None`` is in place: the result lands in this rank's block of ``input``.
+    """
+    cc = () if config is None else _prepare_config(config)
+    st = _begin(comm, "reduce_scatter", stream, async_op, input, output)
+    inp = _describe(comm, input, st, output is None, "input")
+    if output is None:
+        if (<tuple>inp)[2] % comm._size:
+            raise ValueError(f"reduce_scatter: input has {(<tuple>inp)[2]} elements, "
+                             f"not a multiple of {comm._size} ranks")
+        out = comm._offset(inp, comm._rank, (<tuple>inp)[2] // comm._size, "output")
+    else:
+        out = _describe(comm, output, st, True, "output")
+        _blocks_fit(inp, out, comm._size, comm._rank, False, "reduce_scatter")
+    redop = _redop(comm, op, (<tuple>inp)[3])
+    call = _new_call(comm.library, _REDUCE_SCATTER, cc, (<tuple>inp)[0], (<tuple>out)[0], (<tuple>out)[2],
+                     (<tuple>inp)[3], redop, 0)
+    return _launch(comm, "reduce_scatter", call, st, [inp], [out], async_op, timeout, None)
 
 
 def send(CommCore comm, tensor, peer, *, stream=None, async_op=False, timeout=None):

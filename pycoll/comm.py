@@ -739,74 +739,11 @@ class Communicator(_core.CommCore):
 
     broadcast = _core.broadcast  # compiled whole, as all_reduce
 
-    def reduce(self, tensor: Any, root: int = 0, output: Any = None, op: Any = "sum", *, stream: Any = None,
-               async_op: bool = False, timeout: Optional[float] = None,
-               config: Optional[CollConfig] = None) -> Work:
-        """Reduce ``tensor`` across ranks into ``output`` on rank ``root`` (in place when None)."""
-        cc = _prepare_config(config)
-        root = self._root(root)
-        st = self._begin("reduce", stream, async_op, (tensor, output))
-        inp = self._buf(tensor, st, writable=output is None and self._rank == root, name="tensor")
-        out = inp if output is None else self._buf(output, st, writable=True, name="output")
-        check_same_dtype(inp, out, op="reduce")
-        check_count(out, inp.count, op="reduce")
-        check_overlap(inp, out, op="reduce", in_place_form="output=None")
-        redop = self._redop(op, inp.datatype)
-        lib = self.library
-        call = _core.library_call(lib, "reduce", cc, inp.ptr, out.ptr, inp.count, inp.datatype, redop, root)
-        return self._launch("reduce", call, st, [inp], [out], async_op, timeout)
+    reduce = _core.reduce  # compiled whole, as all_reduce
 
-    def all_gather(self, input: Any, output: Any, *, stream: Any = None, async_op: bool = False,
-                   timeout: Optional[float] = None,
-                   config: Optional[CollConfig] = None) -> Work:
-        """Gather every rank's ``input`` into ``output`` (``size`` x input elements, rank order).
+    all_gather = _core.all_gather  # compiled whole, as all_reduce
 
-        ``input=None`` is in place: each rank's contribution is already at its slot of ``output``.
-        """
-        cc = _prepare_config(config)
-        st = self._begin("all_gather", stream, async_op, (input, output))
-        out = self._buf(output, st, writable=True, name="output")
-        if input is None:
-            if out.count % self._size:
-                raise ValueError(f"all_gather: in place, output has {out.count} elements, "
-                                 f"not a multiple of {self._size} ranks")
-            inp = self._offset(out, self._rank, out.count // self._size, "input")
-        else:
-            inp = self._buf(input, st, writable=False, name="input")
-            check_same_dtype(inp, out, op="all_gather")
-            check_count(out, inp.count * self._size, op="all_gather", why=f"{inp.count} elements x {self._size} ranks")
-            check_overlap(inp, out, op="all_gather", in_place=self._rank * inp.nbytes, in_place_form="input=None")
-        lib = self.library
-        return self._launch("all_gather",
-                            _core.library_call(lib, "all_gather", cc, inp.ptr, out.ptr, inp.count, inp.datatype),
-                            st, [inp], [out], async_op, timeout)
-
-    def reduce_scatter(self, input: Any, output: Any = None, op: Any = "sum", *, stream: Any = None,
-                       async_op: bool = False, timeout: Optional[float] = None,
-                       config: Optional[CollConfig] = None) -> Work:
-        """Reduce ``input`` (``size`` blocks) across ranks; rank r receives block r in ``output``.
-
-        ``output=None`` is in place: the result lands in this rank's block of ``input``.
-        """
-        cc = _prepare_config(config)
-        st = self._begin("reduce_scatter", stream, async_op, (input, output))
-        inp = self._buf(input, st, writable=output is None, name="input")
-        if output is None:
-            if inp.count % self._size:
-                raise ValueError(f"reduce_scatter: input has {inp.count} elements, "
-                                 f"not a multiple of {self._size} ranks")
-            out = self._offset(inp, self._rank, inp.count // self._size, "output")
-        else:
-            out = self._buf(output, st, writable=True, name="output")
-            check_same_dtype(inp, out, op="reduce_scatter")
-            check_count(inp, out.count * self._size, op="reduce_scatter",
-                        why=f"{out.count} elements x {self._size} ranks")
-            check_overlap(inp, out, op="reduce_scatter", in_place=-self._rank * out.nbytes,
-                          in_place_form="output=None")
-        redop = self._redop(op, inp.datatype)
-        lib = self.library
-        call = _core.library_call(lib, "reduce_scatter", cc, inp.ptr, out.ptr, out.count, inp.datatype, redop)
-        return self._launch("reduce_scatter", call, st, [inp], [out], async_op, timeout)
+    reduce_scatter = _core.reduce_scatter  # compiled whole, as all_reduce
 
     def all_to_all(self, input: Any, output: Any = None, *, stream: Any = None, async_op: bool = False,
                    timeout: Optional[float] = None,

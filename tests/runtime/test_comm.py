@@ -408,6 +408,50 @@ def _overlaps(rank, n, uid):
     return out
 
 
+def test_reduce_all_gather_and_reduce_scatter_check_their_arguments():
+    """Compiled whole (as all_reduce): each argument error named as before, the communicator usable after it, the
+    results and the flight recorder's entries as for any operation."""
+    c = pycoll.init(0, 1, unique_id=pycoll.get_unique_id(backend="host"), backend="host", name="checks")
+    try:
+        x, d = np.arange(4, dtype=np.float32), np.zeros(8, np.float64)
+        bad = [
+            (lambda: c.all_gather(x, d), ValueError, "all_gather: input is Float but output is Double; they must"),
+            (lambda: c.all_gather(x, np.zeros(3, np.float32)), ValueError,
+             r"all_gather: output has 3 elements but needs at least 4 \(4 elements x 1 ranks\)"),
+            (lambda: c.reduce_scatter(np.zeros(3, np.float32), np.zeros(4, np.float32)), ValueError,
+             r"reduce_scatter: input has 3 elements but needs at least 4 \(4 elements x 1 ranks\)"),
+            (lambda: c.reduce_scatter(x, d[:4]), ValueError, "reduce_scatter: input is Float but output is Double"),
+            (lambda: c.reduce_scatter(x, op="median"), ValueError, "unknown reduction op 'median'"),
+            (lambda: c.reduce(x, 1), ValueError, "root 1 is out of range for a communicator of 1 ranks"),
+            (lambda: c.reduce(x, 0, np.zeros(2, np.float32)), ValueError, "reduce: output has 2 elements"),
+            (lambda: c.reduce(x, 0.0), TypeError, "root must be an int rank"),
+            (lambda: c.all_gather(x, np.frombuffer(b"\0" * 16, np.float32)), ValueError,
+             "output: the array is read-only"),
+            (lambda: c.all_gather(x, [1, 2]), TypeError, "output: cannot use an object of type list"),
+        ]
+        for call, exc, text in bad:
+            with pytest.raises(exc, match=text):
+                call()
+        y = np.zeros(4, np.float32)
+        c.reduce(x, 0, y, op="max")
+        g = np.zeros(4, np.float32)
+        c.all_gather(x, g)
+        r = np.zeros(4, np.float32)
+        c.reduce_scatter(x, r)
+        inplace = x.copy()
+        c.all_gather(None, inplace)
+        w = c.reduce_scatter(x.copy(), async_op=True)
+        w.wait()
+        assert y.tolist() == g.tolist() == r.tolist() == inplace.tolist() == x.tolist()
+        rec = pycoll.flight_recorder.get_recorder()
+        ops = [e["profiling_name"] for e in rec.as_dict(0)["entries"] if e["process_group"][0] == c.uid][-5:]
+        assert ops == ["nccl:reduce", "nccl:all_gather", "nccl:reduce_scatter", "nccl:all_gather",
+                       "nccl:reduce_scatter"], ops
+        assert c.state == "active" and not c.outstanding()
+    finally:
+        c.destroy()
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("n", [1, 2])
 def test_overlapping_output_is_refused_and_in_place_layouts_work(n):
