@@ -1766,22 +1766,30 @@ def reduce(CommCore comm, tensor, root=0, output=None, op="sum", *, stream=None,
     return _launch(comm, "reduce", call, st, [inp], [out], async_op, timeout, None)
 
 
-cdef int _blocks_fit(object whole, object block, Py_ssize_t size, int rank, bint gather, str op) except -1:
-    """``whole`` (size blocks) and ``block`` of an all_gather (``gather``: ``block`` is the input) or a reduce_scatter:
-    the same dtype, room for ``size`` blocks, and no overlap but the in-place one (``buffers.check_*`` raise
-    otherwise, named as the Python checks name them)."""
-    cdef Py_ssize_t count = (<tuple>block)[2], nbytes = (<tuple>block)[1]
-    inp, out = (block, whole) if gather else (whole, block)
+cdef object _block(CommCore comm, object whole, object block, object st, bint gather, str op):
+    """The per-rank block of an all_gather (``gather``: its input) or a reduce_scatter (its output) next to ``whole``,
+    its ``size`` blocks: ``block`` described, with the same dtype, room in ``whole`` for ``size`` of it and no overlap
+    but the in-place one (``buffers.check_*`` raise otherwise); ``block`` None: this rank's block of ``whole``."""
+    cdef Py_ssize_t size = comm._size, n = (<tuple>whole)[2], count, nbytes
+    name = "input" if gather else "output"
+    if block is None:
+        if n % size:
+            raise ValueError(f"{op}: {'in place, ' if gather else ''}{(<tuple>whole)[12]} has {n} elements, "
+                             f"not a multiple of {size} ranks")
+        return comm._offset(whole, comm._rank, n // size, name)
+    b = _describe(comm, block, st, not gather, name)
+    count, nbytes = (<tuple>b)[2], (<tuple>b)[1]
+    inp, out = (b, whole) if gather else (whole, b)
     if (<tuple>inp)[3] != (<tuple>out)[3]:
         check_same_dtype(inp, out, op=op)
-    if (<tuple>whole)[2] < count * size:
+    if n < count * size:
         check_count(whole, count * size, op=op, why=f"{count} elements x {size} ranks")
     if _share_memory(inp, out):  # in place: the block at its rank's offset of the whole
         if gather:
-            check_overlap(inp, out, op=op, in_place=rank * nbytes, in_place_form="input=None")
+            check_overlap(inp, out, op=op, in_place=comm._rank * nbytes, in_place_form="input=None")
         else:
-            check_overlap(inp, out, op=op, in_place=-rank * nbytes, in_place_form="output=None")
-    return 0
+            check_overlap(inp, out, op=op, in_place=-comm._rank * nbytes, in_place_form="output=None")
+    return b
 
 
 def all_gather(CommCore comm, input, output, *, stream=None, async_op=False, timeout=None, config=None):
@@ -1792,14 +1800,7 @@ def all_gather(CommCore comm, input, output, *, stream=None, async_op=False, tim
     cc = () if config is None else _prepare_config(config)
     st = _begin(comm, "all_gather", stream, async_op, input, output)
     out = _describe(comm, output, st, True, "output")
-    if input is None:
-        if (<tuple>out)[2] % comm._size:
-            raise ValueError(f"all_gather: in place, output has {(<tuple>out)[2]} elements, "
-                             f"not a multiple of {comm._size} ranks")
-        inp = comm._offset(out, comm._rank, (<tuple>out)[2] // comm._size, "input")
-    else:
-        inp = _describe(comm, input, st, False, "input")
-        _blocks_fit(out, inp, comm._size, comm._rank, True, "all_gather")
+    inp = _block(comm, out, input, st, True, "all_gather")
     call = _new_call(comm.library, _ALL_GATHER, cc, (<tuple>inp)[0], (<tuple>out)[0], (<tuple>inp)[2],
                      (<tuple>inp)[3], 0, 0)
     return _launch(comm, "all_gather", call, st, [inp], [out], async_op, timeout, None)
@@ -1814,14 +1815,7 @@ def reduce_scatter(CommCore comm, input, output=None, op="sum", *, stream=None, 
     cc = () if config is None else _prepare_config(config)
     st = _begin(comm, "reduce_scatter", stream, async_op, input, output)
     inp = _describe(comm, input, st, output is None, "input")
-    if output is None:
-        if (<tuple>inp)[2] % comm._size:
-            raise ValueError(f"reduce_scatter: input has {(<tuple>inp)[2]} elements, "
-                             f"not a multiple of {comm._size} ranks")
-        out = comm._offset(inp, comm._rank, (<tuple>inp)[2] // comm._size, "output")
-    else:
-        out = _describe(comm, output, st, True, "output")
-        _blocks_fit(inp, out, comm._size, comm._rank, False, "reduce_scatter")
+    out = _block(comm, inp, output, st, False, "reduce_scatter")
     redop = _redop(comm, op, (<tuple>inp)[3])
     call = _new_call(comm.library, _REDUCE_SCATTER, cc, (<tuple>inp)[0], (<tuple>out)[0], (<tuple>out)[2],
                      (<tuple>inp)[3], redop, 0)

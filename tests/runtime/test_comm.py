@@ -309,6 +309,17 @@ def _bad_inputs(rank, n, uid):
             out[name] = str(e) != ""
         except Exception as e:  # the wrong kind
             out[name] = f"{type(e).__name__}: {e}"
+    # in place, a whole that is no multiple of the ranks (compiled whole: the messages as before)
+    for name, call, text in (
+            ("gather_in_place", lambda: c.all_gather(None, np.zeros(2 * n + 1, np.float32)),
+             f"all_gather: in place, output has {2 * n + 1} elements, not a multiple of {n} ranks"),
+            ("scatter_in_place", lambda: c.reduce_scatter(np.zeros(2 * n + 1, np.float32)),
+             f"reduce_scatter: input has {2 * n + 1} elements, not a multiple of {n} ranks")):
+        try:
+            call()
+            out[name] = "no exception"
+        except ValueError as e:
+            out[name] = str(e) == text or str(e)
     # numpy's integers (and 0-d integer tensors) are ranks, colors and keys like ints
     import torch
 
