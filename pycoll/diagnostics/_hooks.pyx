@@ -229,7 +229,7 @@ cdef class RecorderCore(Hook):
         capture = w.capture_id
         frozen = None if capture is None else _CAPTURED
         # the stack from the caller of the public call on (+ 1: a public call written in Python, e.g.
-        # reduce, has a frame of its own; a compiled one has none). Capturing may create frame objects,
+        # barrier, has a frame of its own; a compiled one has none). Capturing may create frame objects,
         # hence run the collector: done before the entry is touched
         if self.stacks:
             _reserve(&self._scratch, self.stack_depth + 1)
