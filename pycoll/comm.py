@@ -853,9 +853,8 @@ class Communicator(_core.CommCore):
             finally:
                 self.device.restore_current(previous)
         ptr = self._scratch
-        lib = self.library
-        return self._launch("barrier", lambda h, s: lib.all_reduce(ptr, ptr, 1, _dtypes.INT32, _dtypes.SUM, h, s),
-                            st, [], [], async_op, timeout)
+        call = _core.library_call(self.library, "all_reduce", (), ptr, ptr, 1, _dtypes.INT32, _dtypes.SUM)
+        return self._launch("barrier", call, st, [], [], async_op, timeout)
 
     def broadcast_bytes(self, data: Optional[bytes], nbytes: int, root: int = 0, *,
                         timeout: Optional[float] = None) -> bytes:
