@@ -1520,12 +1520,13 @@ def begin(CommCore comm, what, stream, async_op, arrays):
 # -- a library call made in C ---------------------------------------------------------------------
 
 cdef enum _Kind:
-    _ALL_REDUCE, _BROADCAST, _REDUCE, _ALL_GATHER, _REDUCE_SCATTER, _SEND, _RECV, _SENDRECV
+    _ALL_REDUCE, _BROADCAST, _REDUCE, _ALL_GATHER, _REDUCE_SCATTER, _SEND, _RECV, _ALL_TO_ALL, _GATHER, _SCATTER, _SENDRECV
 
 cdef dict _KINDS = {"all_reduce": _ALL_REDUCE, "broadcast": _BROADCAST, "reduce": _REDUCE, "all_gather": _ALL_GATHER,
-                    "reduce_scatter": _REDUCE_SCATTER, "send": _SEND, "recv": _RECV}
+                    "reduce_scatter": _REDUCE_SCATTER, "send": _SEND, "recv": _RECV, "all_to_all": _ALL_TO_ALL,
+                    "gather": _GATHER, "scatter": _SCATTER}
 cdef tuple _FUNCTIONS = ("ncclAllReduce", "ncclBroadcast", "ncclReduce", "ncclAllGather", "ncclReduceScatter",
-                         "ncclSend", "ncclRecv")
+                         "ncclSend", "ncclRecv", "ncclAlltoAll", "ncclGather", "ncclScatter")
 cdef tuple _SENDRECV_STEPS = ("ncclGroupStart", "ncclSend", "ncclRecv", "ncclGroupEnd")  # a sendrecv's four calls
 
 
@@ -1542,6 +1543,12 @@ cdef void* _function(Library lib, int kind) noexcept:
         return <void*>lib.fn.ncclReduceScatter
     if kind == _SEND:
         return <void*>lib.fn.ncclSend
+    if kind == _ALL_TO_ALL:
+        return <void*>lib.fn.ncclAlltoAll
+    if kind == _GATHER:
+        return <void*>lib.fn.ncclGather
+    if kind == _SCATTER:
+        return <void*>lib.fn.ncclScatter
     if kind == _SENDRECV:  # ncclGroupStart, ncclSend, ncclRecv, ncclGroupEnd: all four or the binding's methods
         if lib.fn.ncclGroupStart == NULL or lib.fn.ncclGroupEnd == NULL or lib.fn.ncclRecv == NULL:
             return NULL
@@ -1600,6 +1607,12 @@ cdef class _Call:
                 r = lib.fn.ncclSend(sb, self.count, dt, self.root, c, st)
             elif self.kind == _RECV:
                 r = lib.fn.ncclRecv(rb, self.count, dt, self.root, c, st)
+            elif self.kind == _ALL_TO_ALL:
+                r = lib.fn.ncclAlltoAll(sb, rb, self.count, dt, c, st)
+            elif self.kind == _GATHER:
+                r = lib.fn.ncclGather(sb, rb, self.count, dt, self.root, c, st)
+            elif self.kind == _SCATTER:
+                r = lib.fn.ncclScatter(sb, rb, self.count, dt, self.root, c, st)
             else:  # _SENDRECV: one group of a send and a receive with the same peer; the group always closed
                 r = lib.fn.ncclGroupStart()
                 if r == 0:
@@ -1636,6 +1649,12 @@ cdef class _Call:
             return lib.reduce_scatter(self.send, self.recv, self.count, self.datatype, self.op, h, stream, *cc)
         if k == _SEND:
             return lib.send(self.send, self.count, self.datatype, self.root, h, stream)
+        if k == _ALL_TO_ALL:
+            return lib.all_to_all(self.send, self.recv, self.count, self.datatype, h, stream, *cc)
+        if k == _GATHER:
+            return lib.gather(self.send, self.recv, self.count, self.datatype, self.root, h, stream, *cc)
+        if k == _SCATTER:
+            return lib.scatter(self.send, self.recv, self.count, self.datatype, self.root, h, stream, *cc)
         if k == _SENDRECV:
             lib.group_start()
             try:
@@ -1671,9 +1690,9 @@ cdef _Call _new_call(object library, int kind, object cc, uintptr_t send, uintpt
 
 def library_call(library, what, cc, send, recv, count, datatype, op=0, root=0):
     """The call of operation ``what`` (``"all_reduce"``, ``"broadcast"``, ``"reduce"``, ``"all_gather"``,
-    ``"reduce_scatter"``, ``"send"``, ``"recv"``) on ``library``, for :func:`launch`: ``call(handle,
-    stream)``. ``cc``: the prepared CollConfig arguments (``collconfig.prepare``); ``root`` is the
-    peer of a send or receive, whose buffer is ``send`` / ``recv``."""
+    ``"reduce_scatter"``, ``"all_to_all"``, ``"gather"``, ``"scatter"``, ``"send"``, ``"recv"``) on ``library``,
+    for :func:`launch`: ``call(handle, stream)``. ``cc``: the prepared CollConfig arguments
+    (``collconfig.prepare``); ``root`` is the peer of a send or receive, whose buffer is ``send`` / ``recv``."""
     return _new_call(library, _KINDS[what], cc, send, recv, count, datatype, op, root)
 
 
@@ -1766,10 +1785,11 @@ def reduce(CommCore comm, tensor, root=0, output=None, op="sum", *, stream=None,
     return _launch(comm, "reduce", call, st, [inp], [out], async_op, timeout, None)
 
 
-cdef object _block(CommCore comm, object whole, object block, object st, bint gather, str op):
-    """The per-rank block of an all_gather (``gather``: its input) or a reduce_scatter (its output) next to ``whole``,
-    its ``size`` blocks: ``block`` described, with the same dtype, room in ``whole`` for ``size`` of it and no overlap
-    but the in-place one (``buffers.check_*`` raise otherwise); ``block`` None: this rank's block of ``whole``."""
+cdef object _block(CommCore comm, object whole, object block, object st, bint gather, str op, bint exact=False):
+    """The per-rank block of an all_gather or a gather (``gather``: its input) or of a reduce_scatter or a scatter (its
+    output) next to ``whole``, its ``size`` blocks: ``block`` described, with the same dtype, room in ``whole`` for
+    ``size`` of it (``exact``: exactly that, a scatter's) and no overlap but the in-place one (``buffers.check_*``
+    raise otherwise); ``block`` None: this rank's block of ``whole``."""
     cdef Py_ssize_t size = comm._size, n = (<tuple>whole)[2], count, nbytes
     name = "input" if gather else "output"
     if block is None:
@@ -1782,8 +1802,8 @@ cdef object _block(CommCore comm, object whole, object block, object st, bint ga
     inp, out = (b, whole) if gather else (whole, b)
     if (<tuple>inp)[3] != (<tuple>out)[3]:
         check_same_dtype(inp, out, op=op)
-    if n < count * size:
-        check_count(whole, count * size, op=op, why=f"{count} elements x {size} ranks")
+    if n < count * size or (exact and n != count * size):
+        check_count(whole, count * size, exact=exact, op=op, why=f"{count} elements x {size} ranks")
     if _share_memory(inp, out):  # in place: the block at its rank's offset of the whole
         if gather:
             check_overlap(inp, out, op=op, in_place=comm._rank * nbytes, in_place_form="input=None")
@@ -1820,6 +1840,91 @@ def reduce_scatter(CommCore comm, input, output=None, op="sum", *, stream=None, 
     call = _new_call(comm.library, _REDUCE_SCATTER, cc, (<tuple>inp)[0], (<tuple>out)[0], (<tuple>out)[2],
                      (<tuple>inp)[3], redop, 0)
     return _launch(comm, "reduce_scatter", call, st, [inp], [out], async_op, timeout, None)
+
+
+def all_to_all(CommCore comm, input, output=None, *, stream=None, async_op=False, timeout=None, config=None):
+    """Send block j of ``input`` to rank j; receive rank j's block r into block j of ``output``.
+
+    ``input`` and ``output`` hold ``size`` equal blocks; ``output=None`` is in place.
+    """
+    cdef Py_ssize_t n, size = comm._size
+    cc = () if config is None else _prepare_config(config)
+    st = _begin(comm, "all_to_all", stream, async_op, input, output)
+    inp = _describe(comm, input, st, output is None, "input")
+    out = inp if output is None else _describe(comm, output, st, True, "output")
+    if (<tuple>inp)[3] != (<tuple>out)[3]:
+        check_same_dtype(inp, out, op="all_to_all")
+    n = (<tuple>inp)[2]
+    if n % size:
+        raise ValueError(f"all_to_all: input has {n} elements, not a multiple of {size} ranks")
+    if (<tuple>out)[2] < n:
+        check_count(out, n, op="all_to_all")
+    if (<tuple>inp)[0] != (<tuple>out)[0] and _share_memory(inp, out):  # the same start: in place
+        check_overlap(inp, out, op="all_to_all", in_place_form="output=None")
+    call = _new_call(comm.library, _ALL_TO_ALL, cc, (<tuple>inp)[0], (<tuple>out)[0], n // size, (<tuple>inp)[3], 0, 0)
+    return _launch(comm, "all_to_all", call, st, [inp], [out], async_op, timeout, None)
+
+
+def gather(CommCore comm, input, output=None, root=0, *, stream=None, async_op=False, timeout=None, config=None):
+    """Gather every rank's ``input`` into ``output`` on rank ``root`` (``size`` x input elements).
+
+    ``output`` is needed on the root only (elsewhere it is not looked at). On the root, ``input=None`` is in place
+    (its contribution already sits at its slot of ``output``).
+    """
+    cdef Py_ssize_t n, size = comm._size
+    cc = () if config is None else _prepare_config(config)
+    root = _rank_arg(comm, root, "root")
+    st = _begin(comm, "gather", stream, async_op, input, output)
+    out = None
+    if comm._rank == root:
+        if output is None:
+            raise ValueError("gather: the root needs an output buffer")
+        out = _describe(comm, output, st, True, "output")
+    if input is None:
+        if out is None:
+            raise ValueError("gather: input=None (in place) is only valid on the root")
+        n = (<tuple>out)[2]
+        if n % size:
+            raise ValueError(f"gather: output has {n} elements, not a multiple of {size} ranks")
+        inp = comm._offset(out, comm._rank, n // size, "input")
+    elif out is None:
+        inp = _describe(comm, input, st, False, "input")
+    else:
+        inp = _block(comm, out, input, st, True, "gather")
+    call = _new_call(comm.library, _GATHER, cc, (<tuple>inp)[0], 0 if out is None else (<tuple>out)[0],
+                     (<tuple>inp)[2], (<tuple>inp)[3], 0, root)
+    return _launch(comm, "gather", call, st, [inp], [] if out is None else [out], async_op, timeout, None)
+
+
+def scatter(CommCore comm, input, output=None, root=0, *, stream=None, async_op=False, timeout=None, config=None):
+    """Send block j of ``input`` on rank ``root`` to rank j's ``output``.
+
+    ``input`` (``size`` blocks) is needed on the root only (elsewhere it is not looked at). On the root,
+    ``output=None`` is in place (its block stays in ``input``).
+    """
+    cdef Py_ssize_t n, size = comm._size
+    cc = () if config is None else _prepare_config(config)
+    root = _rank_arg(comm, root, "root")
+    st = _begin(comm, "scatter", stream, async_op, input, output)
+    inp = None
+    if comm._rank == root:
+        if input is None:
+            raise ValueError("scatter: the root needs an input buffer")
+        inp = _describe(comm, input, st, output is None, "input")
+        n = (<tuple>inp)[2]
+        if n % size:
+            raise ValueError(f"scatter: input has {n} elements, not a multiple of {size} ranks")
+    if output is None:
+        if inp is None:
+            raise ValueError("scatter: output=None (in place) is only valid on the root")
+        out = comm._offset(inp, comm._rank, n // size, "output")
+    elif inp is None:
+        out = _describe(comm, output, st, True, "output")
+    else:
+        out = _block(comm, inp, output, st, False, "scatter", True)
+    call = _new_call(comm.library, _SCATTER, cc, 0 if inp is None else (<tuple>inp)[0], (<tuple>out)[0],
+                     (<tuple>out)[2], (<tuple>out)[3], 0, root)
+    return _launch(comm, "scatter", call, st, [] if inp is None else [inp], [out], async_op, timeout, None)
 
 
 def send(CommCore comm, tensor, peer, *, stream=None, async_op=False, timeout=None):

@@ -30,8 +30,7 @@ from . import (
     memory as _memory,
     windows as _windows,
 )
-from .buffers import Buffer, check_count, check_overlap, check_same_dtype, integer as _integer
-from .collconfig import CollConfig, prepare as _prepare_config
+from .buffers import Buffer, integer as _integer
 from .config import CommConfig
 from .devices import Device, backoff
 from .errors import (
@@ -745,99 +744,11 @@ class Communicator(_core.CommCore):
 
     reduce_scatter = _core.reduce_scatter  # compiled whole, as all_reduce
 
-    def all_to_all(self, input: Any, output: Any = None, *, stream: Any = None, async_op: bool = False,
-                   timeout: Optional[float] = None,
-                   config: Optional[CollConfig] = None) -> Work:
-        """Send block j of ``input`` to rank j; receive rank j's block r into block j of ``output``.
+    all_to_all = _core.all_to_all  # compiled whole, as all_reduce
 
-        ``input`` and ``output`` hold ``size`` equal blocks; ``output=None`` is in place.
-        """
-        cc = _prepare_config(config)
-        st = self._begin("all_to_all", stream, async_op, (input, output))
-        inp = self._buf(input, st, writable=output is None, name="input")
-        out = inp if output is None else self._buf(output, st, writable=True, name="output")
-        check_same_dtype(inp, out, op="all_to_all")
-        if inp.count % self._size:
-            raise ValueError(f"all_to_all: input has {inp.count} elements, not a multiple of {self._size} ranks")
-        check_count(out, inp.count, op="all_to_all")
-        check_overlap(inp, out, op="all_to_all", in_place_form="output=None")
-        count = inp.count // self._size
-        lib = self.library
-        return self._launch("all_to_all", lambda h, s: lib.all_to_all(inp.ptr, out.ptr, count, inp.datatype, h, s, *cc),
-                            st, [inp], [out], async_op, timeout)
+    gather = _core.gather  # compiled whole, as all_reduce
 
-    def gather(self, input: Any, output: Any = None, root: int = 0, *, stream: Any = None,
-               async_op: bool = False, timeout: Optional[float] = None,
-               config: Optional[CollConfig] = None) -> Work:
-        """Gather every rank's ``input`` into ``output`` on rank ``root`` (``size`` x input elements).
-
-        ``output`` is needed on the root only. On the root, ``input=None`` is in place (its
-        contribution already sits at its slot of ``output``).
-        """
-        cc = _prepare_config(config)
-        root = self._root(root)
-        is_root = self._rank == root
-        st = self._begin("gather", stream, async_op, (input, output))
-        out: Optional[Buffer] = None
-        if is_root:
-            if output is None:
-                raise ValueError("gather: the root needs an output buffer")
-            out = self._buf(output, st, writable=True, name="output")
-        if input is None:
-            if out is None:
-                raise ValueError("gather: input=None (in place) is only valid on the root")
-            if out.count % self._size:
-                raise ValueError(f"gather: output has {out.count} elements, not a multiple of {self._size} ranks")
-            inp = self._offset(out, self._rank, out.count // self._size, "input")
-        else:
-            inp = self._buf(input, st, writable=False, name="input")
-            if out is not None:
-                check_same_dtype(inp, out, op="gather")
-                check_count(out, inp.count * self._size, op="gather", why=f"{inp.count} elements x {self._size} ranks")
-                check_overlap(inp, out, op="gather", in_place=self._rank * inp.nbytes, in_place_form="input=None")
-        outs = [out] if out is not None else []
-        out_ptr = out.ptr if out is not None else 0
-        lib = self.library
-        return self._launch("gather",
-                            lambda h, s: lib.gather(inp.ptr, out_ptr, inp.count, inp.datatype, root, h, s, *cc),
-                            st, [inp], outs, async_op, timeout)
-
-    def scatter(self, input: Any, output: Any = None, root: int = 0, *, stream: Any = None,
-                async_op: bool = False, timeout: Optional[float] = None,
-                config: Optional[CollConfig] = None) -> Work:
-        """Send block j of ``input`` on rank ``root`` to rank j's ``output``.
-
-        ``input`` (``size`` blocks) is needed on the root only. On the root, ``output=None`` is in
-        place (its block stays in ``input``).
-        """
-        cc = _prepare_config(config)
-        root = self._root(root)
-        is_root = self._rank == root
-        st = self._begin("scatter", stream, async_op, (input, output))
-        inp: Optional[Buffer] = None
-        if is_root:
-            if input is None:
-                raise ValueError("scatter: the root needs an input buffer")
-            inp = self._buf(input, st, writable=output is None, name="input")
-            if inp.count % self._size:
-                raise ValueError(f"scatter: input has {inp.count} elements, not a multiple of {self._size} ranks")
-        if output is None:
-            if inp is None:
-                raise ValueError("scatter: output=None (in place) is only valid on the root")
-            out = self._offset(inp, self._rank, inp.count // self._size, "output")
-        else:
-            out = self._buf(output, st, writable=True, name="output")
-            if inp is not None:
-                check_same_dtype(inp, out, op="scatter")
-                check_count(inp, out.count * self._size, exact=True, op="scatter",
-                            why=f"{out.count} elements x {self._size} ranks")
-                check_overlap(inp, out, op="scatter", in_place=-self._rank * out.nbytes, in_place_form="output=None")
-        ins = [inp] if inp is not None else []
-        in_ptr = inp.ptr if inp is not None else 0
-        lib = self.library
-        return self._launch("scatter",
-                            lambda h, s: lib.scatter(in_ptr, out.ptr, out.count, out.datatype, root, h, s, *cc),
-                            st, ins, [out], async_op, timeout)
+    scatter = _core.scatter  # compiled whole, as all_reduce
 
     send = _core.send  # compiled whole, as all_reduce: sends and receives between several peers go in a group()
     recv = _core.recv

@@ -320,6 +320,43 @@ def _bad_inputs(rank, n, uid):
             out[name] = "no exception"
         except ValueError as e:
             out[name] = str(e) == text or str(e)
+    # all_to_all, gather and scatter (compiled whole): what each rank checks, root or not, named as before
+    f32, m = np.float32, 2 * n
+    for name, call, text in (
+            ("all_to_all_multiple", lambda: c.all_to_all(np.zeros(m + 1, f32)),
+             f"all_to_all: input has {m + 1} elements, not a multiple of {n} ranks"),
+            ("all_to_all_dtype", lambda: c.all_to_all(np.zeros(m, f32), np.zeros(m, np.float64)),
+             "all_to_all: input is Float but output is Double; they must have the same dtype"),
+            ("all_to_all_small", lambda: c.all_to_all(np.zeros(m, f32), np.zeros(m - 1, f32)),
+             f"all_to_all: output has {m - 1} elements but needs at least {m}"),
+            ("gather_root_output", lambda: c.gather(np.zeros(2, f32), None, root=rank),
+             "gather: the root needs an output buffer"),
+            ("gather_in_place_off_root", lambda: c.gather(None, np.zeros(m, f32), root=1 - rank),
+             "gather: input=None (in place) is only valid on the root"),
+            ("gather_in_place_multiple", lambda: c.gather(None, np.zeros(m + 1, f32), root=rank),
+             f"gather: output has {m + 1} elements, not a multiple of {n} ranks"),
+            ("gather_count", lambda: c.gather(np.zeros(2, f32), np.zeros(m - 1, f32), root=rank),
+             f"gather: output has {m - 1} elements but needs at least {m} (2 elements x {n} ranks)"),
+            ("scatter_root_input", lambda: c.scatter(None, np.zeros(2, f32), root=rank),
+             "scatter: the root needs an input buffer"),
+            ("scatter_in_place_off_root", lambda: c.scatter(np.zeros(m, f32), None, root=1 - rank),
+             "scatter: output=None (in place) is only valid on the root"),
+            ("scatter_exact", lambda: c.scatter(np.zeros(4 * n, f32), np.zeros(3, f32), root=rank),
+             f"scatter: input has {4 * n} elements but needs exactly {3 * n} (3 elements x {n} ranks)"),
+            ("scatter_dtype", lambda: c.scatter(np.zeros(m, f32), np.zeros(2, np.int32), root=rank),
+             "scatter: input is Float but output is Int; they must have the same dtype")):
+        try:
+            call()
+            out[name] = "no exception"
+        except ValueError as e:
+            out[name] = str(e) == text or str(e)
+    # off the root, gather's output and scatter's input are not looked at
+    g = np.zeros(m, f32)
+    c.gather(np.full(2, rank + 1.0, f32), g if rank == 0 else "not an array", root=0)
+    s = np.zeros(2, f32)
+    c.scatter(np.arange(m, dtype=f32) if rank == 1 else [None], s, root=1)
+    out["off_root_ignored"] = (rank != 0 or g.tolist() == [1.0, 1.0, 2.0, 2.0]) and s.tolist() == [2.0 * rank,
+                                                                                                 2.0 * rank + 1]
     # numpy's integers (and 0-d integer tensors) are ranks, colors and keys like ints
     import torch
 
@@ -459,6 +496,33 @@ def test_reduce_all_gather_and_reduce_scatter_check_their_arguments():
         assert ops == ["nccl:reduce", "nccl:all_gather", "nccl:reduce_scatter", "nccl:all_gather",
                        "nccl:reduce_scatter"], ops
         assert c.state == "active" and not c.outstanding()
+    finally:
+        c.destroy()
+
+
+def test_all_to_all_gather_and_scatter_compiled_whole():
+    """Compiled whole (as all_reduce): the results, in place and async, the library's calls and the flight
+    recorder's entries as for any operation, the communicator usable after a refused call."""
+    c = pycoll.init(0, 1, unique_id=pycoll.get_unique_id(backend="host"), backend="host", name="checks3")
+    try:
+        x = np.arange(4, dtype=np.float32)
+        a, g, s = np.zeros(4, np.float32), np.zeros(4, np.float32), np.zeros(4, np.float32)
+        c.all_to_all(x, a)
+        c.gather(x, g, root=0)
+        w = c.scatter(x, s, async_op=True)
+        w.wait()
+        with pytest.raises(ValueError, match="all_to_all: input is Float but output is Double"):
+            c.all_to_all(x, np.zeros(4, np.float64))
+        inplace = x.copy()
+        c.all_to_all(inplace)
+        c.gather(None, inplace)
+        c.scatter(inplace)
+        assert a.tolist() == g.tolist() == s.tolist() == inplace.tolist() == x.tolist()
+        rec = pycoll.flight_recorder.get_recorder()
+        ops = [e["profiling_name"] for e in rec.as_dict(0)["entries"] if e["process_group"][0] == c.uid][-6:]
+        assert ops == ["nccl:all_to_all", "nccl:gather", "nccl:scatter", "nccl:all_to_all", "nccl:gather",
+                       "nccl:scatter"], ops
+        assert c.state == "active" and not c.outstanding() and c.ops_issued == 6
     finally:
         c.destroy()
 
