@@ -24,6 +24,12 @@ send/recv pair            ``send`` + ``recv`` with the partner         ``Sendrec
 sendrecv                  ``comm.sendrecv(send, recv, partner)``:      ``Sendrecv`` with the partner
                           the same pair as one operation
 group of 4 all_reduce     four ``all_reduce`` in one ``group()``       four ``Iallreduce`` then ``Waitall``
+all_to_all                ``comm.all_to_all(send, recv)``: 8 B to and  ``Alltoall(send, recv)``
+                          from each rank
+gather                    ``comm.gather(send, recv, root=0)``: 8 B     ``Gather(send, recv, root=0)``
+                          from each rank
+scatter                   ``comm.scatter(send, recv, root=0)``: 8 B    ``Scatter(send, recv, root=0)``
+                          to each rank
 bindings (reference)      ``Library.all_reduce`` on raw addresses,     -
                           NULL stream
 ========================  ===========================================  =========================================
@@ -63,7 +69,7 @@ from allreduce_compare import _RESULT, _run, expected, pattern, run_sizes  # noq
 COUNT = 2  # float32 elements: 8 bytes
 ROUNDS = 5  # the variants' iterations run interleaved in this many rounds (run_sizes)
 VARIANTS = ["bindings", "all_reduce numpy", "all_reduce torch", "all_reduce DLPack", "all_reduce async", "broadcast",
-            "send/recv pair", "sendrecv", "group of 4 all_reduce"]
+            "send/recv pair", "sendrecv", "group of 4 all_reduce", "all_to_all", "gather", "scatter"]
 Setup = Callable[[int], Tuple[Callable[[], Any], Callable[[], int]]]
 
 
@@ -91,9 +97,13 @@ def _variants(rank: int, n: int, allreduce: Callable[[np.ndarray, np.ndarray], A
               iallreduce_wait: Callable[[np.ndarray, np.ndarray], Any], bcast: Callable[[np.ndarray], Any],
               sendrecv: Callable[[np.ndarray, np.ndarray, int], Any],
               group4: Callable[[List[Tuple[np.ndarray, np.ndarray]]], Any],
-              exchange: Callable[[np.ndarray, np.ndarray, int], Any]) -> Dict[str, Setup]:
+              exchange: Callable[[np.ndarray, np.ndarray, int], Any],
+              alltoall: Callable[[np.ndarray, np.ndarray], Any],
+              gather_to: Callable[[np.ndarray, Optional[np.ndarray]], Any],
+              scatter_from: Callable[[Optional[np.ndarray], np.ndarray], Any]) -> Dict[str, Setup]:
     """The checked, timed calls every library runs (the same data, the same checks). ``sendrecv``: the send/recv
-    pair as a group; ``exchange``: the same pair in one call."""
+    pair as a group; ``exchange``: the same pair in one call; ``gather_to`` and ``scatter_from``: rank 0 the root
+    (None for the buffer the other ranks do not have)."""
 
     def reduce_with(op: Callable[[Any, Any], Any], wrap: Callable[[np.ndarray], Any] = lambda a: a) -> Setup:
         def setup(count: int) -> Tuple[Callable[[], Any], Callable[[], int]]:
@@ -141,10 +151,45 @@ def _variants(rank: int, n: int, allreduce: Callable[[np.ndarray, np.ndarray], A
 
         return (lambda: group4(bufs)), check
 
+    def all_to_all(count: int) -> Tuple[Callable[[], Any], Callable[[], int]]:
+        # block j of rank i's input, pattern(i * n + j), lands in block i of rank j's output
+        send = np.concatenate([pattern(rank * n + j, count) for j in range(n)])
+        recv = np.zeros(count * n, np.float32)
+
+        def check() -> int:
+            recv[:] = 0
+            alltoall(send, recv)
+            return int(np.count_nonzero(recv != np.concatenate([pattern(i * n + rank, count) for i in range(n)])))
+
+        return (lambda: alltoall(send, recv)), check
+
+    def gather(count: int) -> Tuple[Callable[[], Any], Callable[[], int]]:
+        send, recv = pattern(rank, count), (np.zeros(count * n, np.float32) if rank == 0 else None)
+
+        def check() -> int:
+            if recv is not None:
+                recv[:] = 0
+            gather_to(send, recv)
+            return 0 if recv is None else int(np.count_nonzero(recv != np.concatenate(
+                [pattern(r, count) for r in range(n)])))
+
+        return (lambda: gather_to(send, recv)), check
+
+    def scatter(count: int) -> Tuple[Callable[[], Any], Callable[[], int]]:
+        send = np.concatenate([pattern(r, count) for r in range(n)]) if rank == 0 else None
+        recv = np.zeros(count, np.float32)
+
+        def check() -> int:
+            recv[:] = 0
+            scatter_from(send, recv)
+            return int(np.count_nonzero(recv != pattern(rank, count)))
+
+        return (lambda: scatter_from(send, recv)), check
+
     return {"all_reduce numpy": reduce_with(allreduce), "all_reduce DLPack": reduce_with(allreduce, DLPackOnly),
             "all_reduce async": reduce_with(iallreduce_wait),
             "broadcast": broadcast, "send/recv pair": pair_with(sendrecv), "sendrecv": pair_with(exchange),
-            "group of 4 all_reduce": four}
+            "group of 4 all_reduce": four, "all_to_all": all_to_all, "gather": gather, "scatter": scatter}
 
 
 def worker_pycoll(args: argparse.Namespace) -> None:
@@ -167,7 +212,8 @@ def worker_pycoll(args: argparse.Namespace) -> None:
 
     variants = _variants(rank, n, lambda s, r: comm.all_reduce(s, r),
                          lambda s, r: comm.all_reduce(s, r, async_op=True).wait(),
-                         lambda b: comm.broadcast(b, root=0), pair_in_group, group4, comm.sendrecv)
+                         lambda b: comm.broadcast(b, root=0), pair_in_group, group4, comm.sendrecv, comm.all_to_all,
+                         lambda s, r: comm.gather(s, r, root=0), lambda s, r: comm.scatter(s, r, root=0))
 
     def raw(count: int) -> Tuple[Callable[[], Any], Callable[[], int]]:
         send, recv = np.zeros(count, np.float32), np.zeros(count, np.float32)
@@ -229,7 +275,8 @@ def worker_mpi(args: argparse.Namespace) -> None:
 
     variants = _variants(rank, n, lambda s, r: comm.Allreduce(s, r, op=MPI.SUM),
                          lambda s, r: comm.Iallreduce(s, r, op=MPI.SUM).Wait(), lambda b: comm.Bcast(b, root=0),
-                         sendrecv, group4, sendrecv)
+                         sendrecv, group4, sendrecv, comm.Alltoall, lambda s, r: comm.Gather(s, r, root=0),
+                         lambda s, r: comm.Scatter(s, r, root=0))
     variants["all_reduce torch"] = variants["all_reduce numpy"]  # MPI takes the same buffers
 
     def gather(ts: np.ndarray) -> Optional[np.ndarray]:
