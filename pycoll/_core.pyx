@@ -22,6 +22,7 @@ cimport cython
 from cpython.buffer cimport PyBuffer_IsContiguous
 from cpython.exc cimport PyErr_CheckSignals, PyErr_Clear, PyErr_Fetch, PyErr_Restore
 from cpython.memoryview cimport PyMemoryView_FromObject, PyMemoryView_GET_BUFFER
+from cpython.object cimport PyTypeObject
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
 from cpython.pythread cimport PyThread_get_thread_ident
 from cpython.ref cimport Py_INCREF, Py_XDECREF, PyObject
@@ -1240,7 +1241,7 @@ cdef signed char _FORMAT1_CODE[128]  # the same for a format of one character (t
 cdef Py_ssize_t _FORMAT1_SIZE[128]  # ... and its item size (a code is known for this size only)
 
 cdef extern from "Python.h":
-    PyObject* _PyType_Lookup(object tp, object name)  # borrowed, NULL when absent, no exception: the type's MRO
+    PyObject* _PyType_Lookup(PyTypeObject* tp, object name)  # borrowed, NULL when absent, no exception: the type's MRO
 
 
 cdef int _format_code(const char* fmt, Py_ssize_t itemsize, object name) except -2:
@@ -1349,7 +1350,7 @@ cdef object _describe(CommCore comm, object obj, object stream, bint writable, o
         # CUDA array interface, the buffer protocol
         if tp is not _Buffer and not isinstance(obj, _ndarray) and (
                 torch is None or (_torch_tensor is not None and not isinstance(obj, _torch_tensor))):
-            if _PyType_Lookup(tp, "__dlpack__") != NULL:  # hasattr(tp, ...) without the AttributeError made when not
+            if _PyType_Lookup(<PyTypeObject*>tp, "__dlpack__") != NULL:  # hasattr(tp, ...) without the AttributeError made when not
                 b = _dlpack_buffer(obj, stream, writable, name)
             else:
                 cai = getattr(obj, "__cuda_array_interface__", _MISSING)  # a property may make its dict: read once
