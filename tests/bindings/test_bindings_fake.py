@@ -74,6 +74,12 @@ def test_missing_function_raises_not_supported(fakes):
         lib.comm_grow(0x1000, 4, None, -1)
     with pytest.raises(pycoll.NotSupported, match="ncclAlltoAll.*2.28"):
         lib.all_to_all(1, 2, 3, 7, 0x1000)
+    # the Communicator's compiled call of a function the library lacks: the binding's method says so
+    from pycoll import _core
+
+    for what, function in (("all_to_all", "ncclAlltoAll"), ("gather", "ncclGather"), ("scatter", "ncclScatter")):
+        with pytest.raises(pycoll.NotSupported, match=f"{function}.*2.28"):
+            _core.library_call(lib, what, (), 1, 2, 3, 7)(0x1000, 0)
     with pytest.raises(pycoll.NotSupported, match="pycollStreamCreate"):
         lib.host_stream_create()
 
