@@ -1350,7 +1350,8 @@ cdef object _describe(CommCore comm, object obj, object stream, bint writable, o
         # CUDA array interface, the buffer protocol
         if tp is not _Buffer and not isinstance(obj, _ndarray) and (
                 torch is None or (_torch_tensor is not None and not isinstance(obj, _torch_tensor))):
-            if _PyType_Lookup(<PyTypeObject*>tp, "__dlpack__") != NULL:  # hasattr(tp, ...) without the AttributeError made when not
+            # hasattr(tp, ...) without the AttributeError made when not
+            if _PyType_Lookup(<PyTypeObject*>tp, "__dlpack__") != NULL:
                 b = _dlpack_buffer(obj, stream, writable, name)
             else:
                 cai = getattr(obj, "__cuda_array_interface__", _MISSING)  # a property may make its dict: read once
@@ -1521,7 +1522,8 @@ def begin(CommCore comm, what, stream, async_op, arrays):
 # -- a library call made in C ---------------------------------------------------------------------
 
 cdef enum _Kind:
-    _ALL_REDUCE, _BROADCAST, _REDUCE, _ALL_GATHER, _REDUCE_SCATTER, _SEND, _RECV, _ALL_TO_ALL, _GATHER, _SCATTER, _SENDRECV
+    _ALL_REDUCE, _BROADCAST, _REDUCE, _ALL_GATHER, _REDUCE_SCATTER, _SEND, _RECV, _ALL_TO_ALL, _GATHER, _SCATTER,
+    _SENDRECV
 
 cdef dict _KINDS = {"all_reduce": _ALL_REDUCE, "broadcast": _BROADCAST, "reduce": _REDUCE, "all_gather": _ALL_GATHER,
                     "reduce_scatter": _REDUCE_SCATTER, "send": _SEND, "recv": _RECV, "all_to_all": _ALL_TO_ALL,
