@@ -5,8 +5,8 @@ described, launched, refreshed from its events and retired.
 :class:`CommCore` is the base of ``Communicator``: the fields every operation reads, as C struct members, and
 its three locks (:class:`Lock`, :class:`RLock`: threading's interface, taken here without a method call).
 The functions below are the bodies of ``Communicator._begin``, ``_buf``, ``_launch``, ``refresh``, ``_retire``,
-``all_reduce``, ``broadcast``, ``reduce``, ``all_gather``, ``reduce_scatter``, ``send``, ``recv`` and ``sendrecv`` (the
-Communicator binds these functions as its methods), and
+``all_reduce``, ``broadcast``, ``reduce``, ``all_gather``, ``reduce_scatter``, ``all_to_all``, ``gather``,
+``scatter``, ``send``, ``recv`` and ``sendrecv`` (the Communicator binds these functions as its methods), and
 :class:`GroupScope` the body of ``Communicator.group``: one path on every backend. An operation's start event
 is recorded on its stream, the Work becomes outstanding (the watchdog watches it from then on), the library call (:func:`library_call`: the C function
 pointer, GIL released) enqueues it, its end event is recorded after it; completion is read from the
@@ -48,8 +48,8 @@ from .devices import FIRST_SLEEP_S, HostDevice
 from .errors import AsyncCommError, CommAborted, CommFailure, CommStateError, NCCLError, error_class
 
 __all__ = ["CommCore", "Hook", "Lock", "RLock", "Work", "launch", "refresh", "retire", "begin", "buf",
-           "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "send", "recv", "GroupScope", "library_call", "open_group",
-           "group_library", "set_group", "DLPACK_CAPSULE_DESTRUCTOR", "STAGES", "stage_clock", "torch_dlpack_view"]
+           "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter", "send",
+           "recv", "sendrecv", "GroupScope", "library_call", "open_group", "group_library", "set_group", "DLPACK_CAPSULE_DESTRUCTOR", "STAGES", "stage_clock", "torch_dlpack_view"]
 
 _log = logging.getLogger("pycoll.comm")
 
@@ -1342,14 +1342,20 @@ cdef object _describe(CommCore comm, object obj, object stream, bint writable, o
         b = _torch_cpu_buffer(obj, name)
     else:
         b = None
-        torch = sys.modules.get("torch")
-        if _torch_tensor is None and torch is not None and _buffers._torch_tensor_type(torch) != ():  # (): importing
-            _torch_tensor = torch.Tensor
-            _torch_parameter = getattr(getattr(torch, "nn", None), "Parameter", None)
+        tensor_or_importing = False  # a torch tensor of a subclass, or torch half imported: the general path
+        if _torch_tensor is None:  # torch's modules are looked up until it is imported (then once only)
+            torch = sys.modules.get("torch")
+            if torch is not None:
+                if _buffers._torch_tensor_type(torch) != ():  # (): importing
+                    _torch_tensor = torch.Tensor
+                    _torch_parameter = getattr(getattr(torch, "nn", None), "Parameter", None)
+                else:
+                    tensor_or_importing = True
+        if _torch_tensor is not None and isinstance(obj, _torch_tensor):
+            tensor_or_importing = True
         # as as_buffer tries them: arrays and tensors of subclasses and Buffers (by the general path), then DLPack, the
         # CUDA array interface, the buffer protocol
-        if tp is not _Buffer and not isinstance(obj, _ndarray) and (
-                torch is None or (_torch_tensor is not None and not isinstance(obj, _torch_tensor))):
+        if tp is not _Buffer and not isinstance(obj, _ndarray) and not tensor_or_importing:
             # hasattr(tp, ...) without the AttributeError made when not
             if _PyType_Lookup(<PyTypeObject*>tp, "__dlpack__") != NULL:
                 b = _dlpack_buffer(obj, stream, writable, name)

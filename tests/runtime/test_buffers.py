@@ -482,10 +482,8 @@ def test_dlpack_real_producers():
 def _compiled_and_general(comm, x, writable):
     """What the Communicator's compiled path (pycoll._core) and as_buffer (with the host backend's device check) give
     for ``x``: a Buffer or the exception, each."""
-    from pycoll import _core
-
     out = []
-    for describe in (lambda: _core.buf(comm, x, 0, writable=writable, name="t"),
+    for describe in (lambda: _core_buf(comm, x, writable),
                      lambda: check_device(b := as_buffer(x, writable=writable, stream=0, name="t"), "host") or b):
         try:
             out.append(describe())

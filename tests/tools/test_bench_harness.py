@@ -117,7 +117,7 @@ def test_small_ops_runs_and_checks(tmp_path):
     runs = json.loads(out.read_text())["2"]["pycoll"]
     rows = runs[0]["rows"]
     for v in ("bindings", "all_reduce numpy", "all_reduce torch", "all_reduce DLPack", "all_reduce async", "broadcast",
-              "send/recv pair", "sendrecv", "group of 4 all_reduce"):
+              "send/recv pair", "sendrecv", "group of 4 all_reduce", "all_to_all", "gather", "scatter"):
         assert rows[v]["wrong"] == 0 and rows[v]["time_us"] > 0 and rows[v]["loop_us"] > 0, (v, rows.get(v))
     md = (tmp_path / "s.md").read_text()
     assert md.count("| group of 4 all_reduce |") == 2 and "back to back" in md, md
