@@ -276,14 +276,16 @@ cdef class WatchdogCore(Hook):
                                  ("work_completed", CommObserver.work_completed)))
 
     cdef int enqueued(self, Work w) except -1:
-        """An operation due before the polling thread's next round wakes it (also while it is scanning:
-        it may have passed this communicator already): no interval delays a timeout. Without a polling
-        thread (``_wake_at`` < 0: stopped, disabled) there is nothing to wake."""
+        """An operation due before the sleeping polling thread wakes wakes it: no interval delays a timeout.
+        While the thread scans (``_wake_at`` 0) the operation's deadline only lowers ``_next_due``, which the
+        thread reads again after it has published its next wake-up and before it sleeps: woken by every
+        operation issued during a scan, it would scan again at once, and under a steady stream of operations
+        never sleep. Without a polling thread (``_wake_at`` < 0: stopped, disabled) there is nothing to wake."""
         cdef double due = w.t0 + <double>w.timeout
         if due < self._next_due:
             self._next_due = due
         cdef double wake_at = self._wake_at
-        if wake_at == 0 or (wake_at > 0 and due < wake_at):
+        if wake_at > 0 and due < wake_at:
             self._poll_wake.set()
         return 0
 

@@ -585,7 +585,10 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
                     next_t = deadline + 1e-3
             c = None  # keep no communicator alive while waiting
             self._doing = None
-            self._wake_at = next_t
+            self._wake_at = next_t  # from here on an operation due earlier wakes this thread (WatchdogCore)
+            due = self._next_due  # ... and one issued during the scan left its deadline here
+            if due + 1e-3 < next_t:
+                next_t = self._wake_at = due + 1e-3
             wake.wait(max(1e-3, next_t - time.monotonic()))
             wake.clear()
             self._wake_at = 0.0

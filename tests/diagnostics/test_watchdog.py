@@ -94,6 +94,54 @@ def test_an_operation_wakes_the_polling_thread_only_while_one_runs(make_wd):
     assert not wd._poll_wake.is_set()  # stopped
 
 
+class SlowScan(Watched):
+    """Its check lets the issuing thread run meanwhile (the GIL released), as a contended lock or a slow event query
+    does."""
+
+    def check(self, now=None):
+        super().check(now)
+        time.sleep(0.002)
+
+
+def test_operations_issued_during_a_scan_do_not_keep_the_polling_thread_scanning(make_wd):
+    """An operation issued while the polling thread scans leaves its deadline for the thread to read before it sleeps;
+    it does not wake it: woken by each, the thread scanned again at once, never slept under a steady stream of
+    operations (one round per scan, some 200 in half a second here) and took the GIL from the issuing thread."""
+    rec = fr.FlightRecorder(16)
+    c = SlowScan(rec, 0, 2)
+    w = c.op("all_reduce", np.ones(1, np.float32), np.ones(1, np.float32), state="started", timeout=30.0)
+    wd = make_wd([c], interval=0.1, recorder=rec)
+    wd.start()
+    assert _wait_for(lambda: wd.beats >= 1, 3.0)
+    b0, t0 = wd.beats, time.monotonic()
+    while time.monotonic() - t0 < 0.5:
+        wd.work_enqueued(w)  # operations issued back to back, each due in 30 s: after the next round
+    rounds = wd.beats - b0
+    assert rounds <= 12, rounds  # one round per 0.1 s interval (5 here)
+
+
+def test_an_operation_issued_during_a_scan_is_checked_at_its_deadline(make_wd):
+    """The deadline an operation issued during a scan leaves behind wakes the thread (its interval is 5 s), also
+    where the scan could not see the operation itself (here: of a communicator the watchdog had not listed)."""
+    rec = fr.FlightRecorder(16)
+    c = Watched(rec, 0, 2)
+    other = Watched(rec, 0, 2)
+    wd = make_wd([c], interval=5.0, recorder=rec)
+    wd.start()
+    assert _wait_for(lambda: wd._wake_at > 0, 3.0)  # its first round done: asleep until the next, 5 s later
+    n = len(c.checks)
+    c._block = 0.5
+    wd._poll_wake.set()  # a round now, whose scan takes 0.5 s
+    assert _wait_for(lambda: len(c.checks) > n, 3.0)
+    time.sleep(0.05)  # scanning: its round began before the operation below was issued
+    t0 = time.monotonic()
+    w = other.op("all_reduce", np.ones(1, np.float32), np.ones(1, np.float32), state="started", timeout=1.0)
+    wd.work_enqueued(w)
+    assert _wait_for(lambda: any(t > t0 + 1.0 for t in c.checks), 4.0)
+    late = min(t for t in c.checks if t > t0 + 1.0) - (t0 + 1.0)
+    assert late < 0.5, late  # at its deadline, not at the next 5 s round
+
+
 def test_stalled_polling_thread_is_reported_and_dumped(make_wd, caplog):
     rec = fr.FlightRecorder(16)
     c = Watched(rec, 0, 2, block_first_check=1.2)
