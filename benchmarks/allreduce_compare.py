@@ -65,6 +65,7 @@ from _common import MPI_MISSING, cache_line_round_trip, compile_c, env_with_pyco
 DEFAULT_SIZES = "8,64,512,4K,32K,256K,2M,16M,64M"
 LIBS = ("copy", "pycoll", "mpi", "gloo")
 _RESULT = "RESULT "
+_NOTE = "NOTE "  # a line any rank may print: JSON the driver keeps beside the result ("notes")
 BOUND_FROM = 256 << 10  # smallest size whose copy bound is shown in the tables
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -417,9 +418,10 @@ def _run(cmd: List[str], env: Dict[str, str], timeout: float, what: str) -> Dict
         res = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"{what}: no result within {timeout:.0f} s"}
+    notes = [json.loads(line[len(_NOTE):]) for line in res.stdout.splitlines() if line.startswith(_NOTE)]
     for line in res.stdout.splitlines():
         if line.startswith(_RESULT):
-            return json.loads(line[len(_RESULT):])
+            return {**json.loads(line[len(_RESULT):]), **({"notes": notes} if notes else {})}
     return {"error": f"{what} failed (exit {res.returncode}): " + _what_it_said(res.stderr or res.stdout)}
 
 

@@ -45,29 +45,44 @@ the variants are interleaved too: all are checked and warmed first, then their i
 run in 5 rounds, each variant's share of a round in turn, so that the machine's drift during a run
 lands on every row alike (the differences between rows -- torch against numpy, asynchronous against
 blocking -- are read from one run). Ratios above 1 mean pycoll is slower.
+
+A third table says where the CPU goes once the variants ran: every rank makes ``all_reduce numpy`` back to back for
+1 s (x ``--scale``, at least 0.2 s; rank 0's clock decides, a broadcast tells the others) and reads, from the
+kernel's per-thread accounting, the CPU time of its calling thread, of its other threads (pycoll's watchdog, flight
+recorder, store and stream threads; Open MPI's progress threads) and of its launcher (``pycoll-run``, which serves
+the job's store; ``prterun``), each in % of one CPU; the busiest rank of each run, median of the runs. The threads
+other than the callers above 1% of a CPU are named below it. Reading it after the variants keeps the threads'
+start-up (their first rounds, the imports they make) out.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
+import threading
+import time
 from datetime import datetime, timezone
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # torch: no intra-op threads (8-byte tensors), none to count below
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 from _common import MPI_MISSING, cache_line_round_trip, env_with_pycoll, import_pycoll, mpiexec_command  # noqa: E402
-from allreduce_compare import _RESULT, _run, expected, pattern, run_sizes  # noqa: E402
+from allreduce_compare import _NOTE, _RESULT, _run, expected, pattern, run_sizes  # noqa: E402
 
 COUNT = 2  # float32 elements: 8 bytes
 ROUNDS = 5  # the variants' iterations run interleaved in this many rounds (run_sizes)
+STEADY_S = 1.0  # seconds (x --scale, at least 0.2) of the steady phase whose CPU use is reported
+STEADY_CHUNK = 100  # calls between two looks at rank 0's clock in it
+CPU_KEYS = ("caller_pct", "threads_pct", "launcher_pct")
 VARIANTS = ["bindings", "all_reduce numpy", "all_reduce torch", "all_reduce DLPack", "all_reduce async", "broadcast",
             "send/recv pair", "sendrecv", "group of 4 all_reduce", "all_to_all", "gather", "scatter"]
 Setup = Callable[[int], Tuple[Callable[[], Any], Callable[[], int]]]
@@ -247,7 +262,14 @@ def worker_pycoll(args: argparse.Namespace) -> None:
         variants["all_reduce torch"] = torch_reduce
     except ImportError:
         pass
-    _time_and_report(args, comm.barrier, _gather_with(comm, rank, n), variants,
+    flag = np.zeros(1, np.int32)
+
+    def agree(go: bool) -> bool:
+        flag[0] = go
+        comm.broadcast(flag, root=0)
+        return bool(flag[0])
+
+    _time_and_report(args, comm.barrier, _gather_with(comm, rank, n), agree, variants,
                      f"pycoll {pycoll.__version__}", rank, n)
     comm.barrier()
     comm.destroy()
@@ -284,16 +306,92 @@ def worker_mpi(args: argparse.Namespace) -> None:
         return np.stack(everyone) if rank == 0 else None
 
     label = " ".join(MPI.Get_library_version().splitlines()[0].replace(",", " ").split()[:3])
-    _time_and_report(args, comm.Barrier, gather, variants, f"{label} (mpi4py)", rank, n)
+    _time_and_report(args, comm.Barrier, gather, lambda go: bool(comm.bcast(go, root=0)), variants,
+                     f"{label} (mpi4py)", rank, n)
+
+
+def _parent_cpu_s() -> float:
+    """CPU seconds the parent process (the launcher: ``pycoll-run``, Open MPI's ``prterun``) has used, all its
+    threads (their schedstat, in ns; else the process's stat, in clock ticks); NaN where /proc does not say."""
+    ppid = os.getppid()
+    try:
+        total = 0
+        for tid in os.listdir(f"/proc/{ppid}/task"):
+            with open(f"/proc/{ppid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        return total / 1e9
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open(f"/proc/{ppid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
+def _threads_cpu_s() -> Dict[int, float]:
+    """CPU seconds of each thread of this process by its native id (schedstat, in ns); empty where /proc does not
+    say."""
+    out: Dict[int, float] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                out[int(tid)] = int(f.read().split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            pass  # gone meanwhile
+    return out
+
+
+def _cpu_now() -> Tuple[float, float, float, float]:
+    """Wall seconds, this thread's CPU seconds, this process's (all threads), the parent process's."""
+    return time.perf_counter(), time.thread_time(), time.process_time(), _parent_cpu_s()
+
+
+def _busiest_threads(before: Dict[int, float], after: Dict[int, float], wall: float, n: int = 3
+                     ) -> List[Tuple[str, float]]:
+    """The ``n`` threads other than this one that used the most CPU between the two readings, as (name, % of one
+    CPU); a thread Python did not start (the host library's, a BLAS pool's) by its id."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    me = threading.get_native_id()
+    used = sorted(((after[t] - before.get(t, 0.0), t) for t in after if t != me), reverse=True)[:n]
+    return [(f"{names[t]} ({t})" if t in names else f"thread {t}", round(cpu / wall * 100, 2)) for cpu, t in used
+            if cpu > 0]
 
 
 def _time_and_report(args: argparse.Namespace, barrier: Callable[[], Any],
-                     gather: Callable[[np.ndarray], Optional[np.ndarray]], variants: Dict[str, Setup], label: str,
-                     rank: int, n: int) -> None:
+                     gather: Callable[[np.ndarray], Optional[np.ndarray]], agree: Callable[[bool], bool],
+                     variants: Dict[str, Setup], label: str, rank: int, n: int) -> None:
     chosen = [(v, variants[v]) for v in VARIANTS if v in variants]
     rows = run_sizes(rank, n, [COUNT * 4], args.scale, chosen, barrier, gather, batches=10, rounds=ROUNDS)
+    cpu, threads = _steady_cpu(variants["all_reduce numpy"](COUNT)[0], agree, max(0.2, STEADY_S * args.scale))
+    print(_NOTE + json.dumps({"rank": rank, "threads": threads}), flush=True)
+    shares = gather(cpu)
     if rank == 0:
-        print(_RESULT + json.dumps({"label": label, "rows": {k: v[0] for k, v in rows.items()}}), flush=True)
+        assert shares is not None
+        print(_RESULT + json.dumps({"label": label, "rows": {k: v[0] for k, v in rows.items()},
+                                    "cpu": dict(zip(CPU_KEYS, (float(x) for x in shares.max(axis=0)), strict=True))}),
+              flush=True)
+
+
+def _steady_cpu(call: Callable[[], Any], agree: Callable[[bool], bool], seconds: float
+                ) -> Tuple[np.ndarray, List[Tuple[str, float]]]:
+    """Where the CPU goes while this rank makes ``call`` back to back for ``seconds`` (rank 0's clock decides,
+    ``agree`` tells the others), once the variants ran (the start-up of the library's threads is over): % of one CPU
+    for the calling thread, the library's other threads (pycoll: watchdog, recorder, store and stream threads), the
+    launcher; and the busiest other threads."""
+    before, threads = _cpu_now(), _threads_cpu_s()
+    end = before[0] + seconds
+    while agree(time.perf_counter() < end):
+        for _ in range(STEADY_CHUNK):
+            call()
+    wall, caller, process, parent = (b - a for a, b in zip(before, _cpu_now(), strict=True))
+    return (np.maximum(np.array([caller, process - caller, parent]) / wall * 100, 0.0),  # clocks' granularity
+            _busiest_threads(threads, _threads_cpu_s(), wall))
 
 
 def run_library(lib: str, nranks: int, a: argparse.Namespace) -> Dict[str, Any]:
@@ -334,6 +432,41 @@ def table(results: Dict[int, Dict[str, List[Dict[str, Any]]]],
     return head, body
 
 
+CPU_ROWS = dict(zip(CPU_KEYS, ("calling thread", "the library's other threads", "launcher (pycoll-run / prterun)"),
+                    strict=True))
+
+
+def cpu_table(results: Dict[int, Dict[str, List[Dict[str, Any]]]]) -> Tuple[List[str], List[List[str]]]:
+    """Rows: where the CPU went in the steady phase (:func:`_steady_cpu`), in % of one CPU (each run's busiest rank,
+    median of the runs); per rank count: pycoll, Open MPI."""
+    head = ["% of one CPU"]
+    for n in sorted(results):
+        head += [f"{n} rank{'s' if n > 1 else ''}: pycoll", "Open MPI"]
+    body = []
+    for key, name in CPU_ROWS.items():
+        row = [name]
+        for n in sorted(results):
+            for lib in ("pycoll", "mpi"):
+                runs = [r["cpu"][key] for r in results[n][lib] if "cpu" in r and not math.isnan(r["cpu"][key])]
+                row.append(f"{statistics.median(runs):.2f}" if runs else "-")
+        body.append(row)
+    return head, body
+
+
+def _busy_threads(results: Dict[int, Dict[str, List[Dict[str, Any]]]], above: float = 1.0) -> List[str]:
+    """The threads besides the callers that used more than ``above`` % of one CPU in a run, by rank."""
+    out = []
+    for n, by_lib in sorted(results.items()):
+        for lib, runs in by_lib.items():
+            for i, r in enumerate(runs):
+                for note in r.get("notes", []):
+                    busy = [f"{name} {pct:.1f}%" for name, pct in note.get("threads", []) if pct > above]
+                    if busy:
+                        out.append(f"{lib}, {n} ranks, run {i + 1}, rank {note['rank']}: other threads above "
+                                   f"{above:g}% of a CPU: {', '.join(busy)}")
+    return out
+
+
 def _wrong(results: Dict[int, Dict[str, List[Dict[str, Any]]]]) -> List[str]:
     out = []
     for n, by_lib in results.items():
@@ -345,6 +478,13 @@ def _wrong(results: Dict[int, Dict[str, List[Dict[str, Any]]]]) -> List[str]:
                     if row.get("wrong"):
                         out.append(f"{n} ranks, {lib}, {v}: {row['wrong']} wrong elements")
     return out
+
+
+def _print_table(title: str, head: List[str], body: List[List[str]]) -> None:
+    widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
+    print(f"# {title}")
+    for r in [head, *body]:
+        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -378,14 +518,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     trips.append(f"{trip.split()[0]} before {lib} at {n} ranks")
                 results[n][lib].append({**run_library(lib, n, a), "round_trip_before": trip})
     tables = []
-    for key, what in (("time_us", "per call: median over iterations of the slowest rank's time of one call"),
-                      ("loop_us", "back to back: median over 10 batches of the slowest rank's time per call")):
+    for key, what in (("time_us", "us per call: median over iterations of the slowest rank's time of one call"),
+                      ("loop_us", "us back to back: median over 10 batches of the slowest rank's time per call")):
         head, body = table(results, key)
         tables.append((what, head, body))
-        widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
-        print(f"# us {what}, median of {a.repeat} interleaved runs; pycoll/OMPI > 1: pycoll slower")
-        for r in [head, *body]:
-            print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))))
+        _print_table(f"{what}, median of {a.repeat} interleaved runs; pycoll/OMPI > 1: pycoll slower", head, body)
+    what = (f"CPU while all_reduce numpy runs back to back for {max(0.2, STEADY_S * a.scale):.3g} s after the "
+            "variants, % of one CPU: the calling thread, the library's other threads, the launcher; the busiest rank "
+            "of each run")
+    head, body = cpu_table(results)
+    tables.append((what, head, body))
+    _print_table(f"{what}, median of {a.repeat} runs", head, body)
+    for line in _busy_threads(results):
+        print(f"# {line}")
     if trips:
         print(f"# cross-CPU cache-line round trip (ns) before each run: {', '.join(trips)}")
     for line in _wrong(results):
@@ -398,7 +543,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if a.markdown:
         with open(a.markdown, "w") as f:
             for what, head, body in tables:
-                f.write(f"us {what}\n\n| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n")
+                f.write(f"{what}\n\n| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n")
                 f.writelines("| " + " | ".join(r) + " |\n" for r in body)
                 f.write("\n")
     return 1 if _wrong(results) else 0

@@ -119,8 +119,15 @@ def test_small_ops_runs_and_checks(tmp_path):
     for v in ("bindings", "all_reduce numpy", "all_reduce torch", "all_reduce DLPack", "all_reduce async", "broadcast",
               "send/recv pair", "sendrecv", "group of 4 all_reduce", "all_to_all", "gather", "scatter"):
         assert rows[v]["wrong"] == 0 and rows[v]["time_us"] > 0 and rows[v]["loop_us"] > 0, (v, rows.get(v))
+    cpu = runs[0]["cpu"]  # the steady phase: % of one CPU, the busiest rank's
+    assert set(cpu) == {"caller_pct", "threads_pct", "launcher_pct"}, cpu
+    assert 1 < cpu["caller_pct"] <= 105 and 0 <= cpu["threads_pct"] < 100 and 0 <= cpu["launcher_pct"] < 100, cpu
+    notes = runs[0]["notes"]  # each rank names its busiest other threads (pycoll's watchdog among them)
+    assert sorted(n["rank"] for n in notes) == [0, 1], notes
+    assert any(name.startswith("pycoll-watchdog") for n in notes for name, _ in n["threads"]), notes
     md = (tmp_path / "s.md").read_text()
     assert md.count("| group of 4 all_reduce |") == 2 and "back to back" in md, md
+    assert "| the library's other threads |" in md and "| launcher (pycoll-run / prterun) |" in md, md
 
 
 @pytest.mark.parametrize("rounds", [1, 4])
