@@ -5,6 +5,7 @@ Every test runs the real launcher (``python -m pycoll.run``) on small scripts th
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -277,6 +278,36 @@ def test_nothing_outlives_the_job(tmp_path):
     pids = _pids(tmp_path, "pid*")
     assert len(pids) == 6
     _assert_all_gone(pids)
+
+
+_CHILDREN = """
+import os, subprocess, sys, time
+from pycoll.launch import launcher as L
+L._prctl(L._PR_SET_CHILD_SUBREAPER, 1)
+kid = subprocess.Popen(["sleep", "30"])
+mid = subprocess.Popen([sys.executable, "-c", "import subprocess; print(subprocess.Popen(['sleep', '30']).pid)"],
+                       stdout=subprocess.PIPE, text=True)
+orphan = int(mid.stdout.readline())
+mid.wait()  # the orphan's parent is gone: it is re-parented to this process, the subreaper
+end = time.monotonic() + 10
+while orphan not in L._children_by_scan(os.getpid()) and time.monotonic() < end:
+    time.sleep(0.01)
+print(sorted(L._children_of(os.getpid())), sorted(L._children_by_scan(os.getpid())), sorted([kid.pid, orphan]))
+for p in (kid.pid, orphan):
+    os.kill(p, 9)
+kid.wait()
+os.waitpid(orphan, 0)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_the_launcher_finds_its_children_and_the_orphans_it_adopted():
+    """``_children_of`` (the threads' /proc children lists, read every 0.5 s for stray descendants) finds what a
+    scan of every process finds: a child, and a grandchild re-parented to the subreaper after its parent exited."""
+    res = subprocess.run([sys.executable, "-c", _CHILDREN], env=_env(), capture_output=True, text=True, timeout=50)
+    assert res.returncode == 0, res.stderr
+    fast, scan, expected = (json.loads(x) for x in re.findall(r"\[[\d, ]*\]", res.stdout))
+    assert fast == scan == expected and len(expected) == 2, res.stdout
 
 
 @pytest.mark.timeout(60)
