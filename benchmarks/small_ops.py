@@ -314,14 +314,19 @@ def _parent_cpu_s() -> float:
     """CPU seconds the parent process (the launcher: ``pycoll-run``, Open MPI's ``prterun``) has used, all its
     threads (their schedstat, in ns; else the process's stat, in clock ticks); NaN where /proc does not say."""
     ppid = os.getppid()
-    try:
+    if os.path.exists(f"/proc/{ppid}/task/{ppid}/schedstat"):
         total = 0
-        for tid in os.listdir(f"/proc/{ppid}/task"):
-            with open(f"/proc/{ppid}/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
+        try:
+            tids = os.listdir(f"/proc/{ppid}/task")
+        except OSError:
+            return float("nan")
+        for tid in tids:
+            try:
+                with open(f"/proc/{ppid}/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass  # a thread that ended meanwhile (its time is lost to both readings alike)
         return total / 1e9
-    except (OSError, ValueError, IndexError):
-        pass
     try:
         with open(f"/proc/{ppid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()

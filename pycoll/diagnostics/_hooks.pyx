@@ -276,8 +276,8 @@ cdef class WatchdogCore(Hook):
                                  ("work_completed", CommObserver.work_completed)))
 
     cdef int enqueued(self, Work w) except -1:
-        """An operation due before the sleeping polling thread wakes wakes it: no interval delays a timeout.
-        While the thread scans (``_wake_at`` 0) the operation's deadline only lowers ``_next_due``, which the
+        """An operation due before the sleeping polling thread's planned wake-up wakes it: no interval delays a
+        timeout. While the thread scans (``_wake_at`` 0) the operation's deadline only lowers ``_next_due``, which the
         thread reads again after it has published its next wake-up and before it sleeps: woken by every
         operation issued during a scan, it would scan again at once, and under a steady stream of operations
         never sleep. Without a polling thread (``_wake_at`` < 0: stopped, disabled) there is nothing to wake."""

@@ -106,7 +106,8 @@ class SlowScan(Watched):
 def test_operations_issued_during_a_scan_do_not_keep_the_polling_thread_scanning(make_wd):
     """An operation issued while the polling thread scans leaves its deadline for the thread to read before it sleeps;
     it does not wake it: woken by each, the thread scanned again at once, never slept under a steady stream of
-    operations (one round per scan, some 200 in half a second here) and took the GIL from the issuing thread."""
+    operations (one round per scan: 51 in half a second here with the old hook) and took the GIL from the issuing
+    thread."""
     rec = fr.FlightRecorder(16)
     c = SlowScan(rec, 0, 2)
     w = c.op("all_reduce", np.ones(1, np.float32), np.ones(1, np.float32), state="started", timeout=30.0)
