@@ -310,46 +310,36 @@ def worker_mpi(args: argparse.Namespace) -> None:
                      f"{label} (mpi4py)", rank, n)
 
 
+def _tasks_cpu_s(pid: str = "self") -> Dict[int, float]:
+    """CPU seconds of each thread of process ``pid`` by its native id (schedstat, in ns); empty where /proc does not
+    say."""
+    out: Dict[int, float] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                out[int(tid)] = int(f.read().split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            pass  # a thread that ended meanwhile (its time is lost to both readings alike)
+    return out
+
+
 def _parent_cpu_s() -> float:
     """CPU seconds the parent process (the launcher: ``pycoll-run``, Open MPI's ``prterun``) has used, all its
     threads (their schedstat, in ns; else the process's stat, in clock ticks); NaN where /proc does not say."""
     ppid = os.getppid()
     if os.path.exists(f"/proc/{ppid}/task/{ppid}/schedstat"):
-        total = 0
-        try:
-            tids = os.listdir(f"/proc/{ppid}/task")
-        except OSError:
-            return float("nan")
-        for tid in tids:
-            try:
-                with open(f"/proc/{ppid}/task/{tid}/schedstat") as f:
-                    total += int(f.read().split()[0])
-            except (OSError, ValueError, IndexError):
-                pass  # a thread that ended meanwhile (its time is lost to both readings alike)
-        return total / 1e9
+        tasks = _tasks_cpu_s(str(ppid))
+        return sum(tasks.values()) if tasks else float("nan")
     try:
         with open(f"/proc/{ppid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
     except (OSError, ValueError, IndexError):
         return float("nan")
-
-
-def _threads_cpu_s() -> Dict[int, float]:
-    """CPU seconds of each thread of this process by its native id (schedstat, in ns); empty where /proc does not
-    say."""
-    out: Dict[int, float] = {}
-    try:
-        tids = os.listdir("/proc/self/task")
-    except OSError:
-        return out
-    for tid in tids:
-        try:
-            with open(f"/proc/self/task/{tid}/schedstat") as f:
-                out[int(tid)] = int(f.read().split()[0]) / 1e9
-        except (OSError, ValueError, IndexError):
-            pass  # gone meanwhile
-    return out
 
 
 def _cpu_now() -> Tuple[float, float, float, float]:
@@ -389,14 +379,14 @@ def _steady_cpu(call: Callable[[], Any], agree: Callable[[bool], bool], seconds:
     ``agree`` tells the others), once the variants ran (the start-up of the library's threads is over): % of one CPU
     for the calling thread, the library's other threads (pycoll: watchdog, recorder, store and stream threads), the
     launcher; and the busiest other threads."""
-    before, threads = _cpu_now(), _threads_cpu_s()
+    before, threads = _cpu_now(), _tasks_cpu_s()
     end = before[0] + seconds
     while agree(time.perf_counter() < end):
         for _ in range(STEADY_CHUNK):
             call()
     wall, caller, process, parent = (b - a for a, b in zip(before, _cpu_now(), strict=True))
     return (np.maximum(np.array([caller, process - caller, parent]) / wall * 100, 0.0),  # clocks' granularity
-            _busiest_threads(threads, _threads_cpu_s(), wall))
+            _busiest_threads(threads, _tasks_cpu_s(), wall))
 
 
 def run_library(lib: str, nranks: int, a: argparse.Namespace) -> Dict[str, Any]:
