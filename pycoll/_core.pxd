@@ -19,7 +19,7 @@ cdef class Hook:
 
 # The fields of a Communicator that every operation reads: C struct members, not instance-dict entries.
 
-from pycoll._bindings._nccl cimport Library
+from pycoll._bindings._nccl cimport CudaDriver, Library
 
 
 cdef extern from "<semaphore.h>" nogil:
@@ -52,4 +52,6 @@ cdef class CommCore:
     cdef public bint _guard_device
     cdef object _dev_seen  # the device the two facts below were read from
     cdef Library _hostlib  # its host library (None: another kind of device)
+    cdef CudaDriver _driver  # its CUDA device's driver table (None: another kind of device, or none)
+    cdef int _cudev  # the driver's handle of its CUDA device
     cdef bint _timed  # its events measure time

@@ -6,13 +6,15 @@ from .buffers import Buffer
 
 __all__ = ["CommCore", "Hook", "Lock", "RLock", "Work", "launch", "refresh", "retire", "begin", "buf",
            "all_reduce", "broadcast", "send", "recv", "GroupScope", "library_call", "open_group",
-           "group_library", "set_group", "DLPACK_CAPSULE_DESTRUCTOR", "STAGES", "stage_clock", "torch_dlpack_view"]
+           "group_library", "set_group", "DLPACK_CAPSULE_DESTRUCTOR", "STAGES", "stage_clock", "torch_dlpack_view",
+           "gpu_driver_calls"]
 
 DLPACK_CAPSULE_DESTRUCTOR: int
 STAGES: tuple[str, ...]
 
 def stage_clock(on: Optional[bool] = ...) -> Dict[str, int]: ...
 def torch_dlpack_view(on: Optional[bool] = ...) -> bool: ...
+def gpu_driver_calls(on: Optional[bool] = ...) -> bool: ...
 
 def open_group() -> Optional[List[Work]]: ...
 def group_library() -> Any: ...

@@ -10,8 +10,9 @@ The functions below are the bodies of ``Communicator._begin``, ``_buf``, ``_laun
 :class:`GroupScope` the body of ``Communicator.group``: one path on every backend. An operation's start event
 is recorded on its stream, the Work becomes outstanding (the watchdog watches it from then on), the library call (:func:`library_call`: the C function
 pointer, GIL released) enqueues it, its end event is recorded after it; completion is read from the
-events. On pycoll's host library the event and async-error calls go straight to the C functions;
-every other device is called through its Python methods. Nothing here decides policy: failures go
+events. On pycoll's host library the event and async-error calls go straight to the C functions, on a
+CUDA device with a driver table (``CudaDevice.driver``) to the CUDA driver's; every other device is
+called through its Python methods. Nothing here decides policy: failures go
 to ``Communicator.fail`` and ``handle_call_error``, which stay Python.
 
 Also here: this thread's open group (:func:`open_group`), the observers' compiled hooks (:class:`Hook`), and
@@ -30,7 +31,7 @@ from libc.stdint cimport uint64_t, uintptr_t
 from libc.string cimport strncpy
 from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
 
-from pycoll._bindings._nccl cimport Library
+from pycoll._bindings._nccl cimport CudaDriver, Library
 from pycoll._bindings.libnccl cimport (
     cudaStream_t, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResult_t, pycollEvent_t, pycollStream_t,
 )
@@ -49,7 +50,8 @@ from .errors import AsyncCommError, CommAborted, CommFailure, CommStateError, NC
 
 __all__ = ["CommCore", "Hook", "Lock", "RLock", "Work", "launch", "refresh", "retire", "begin", "buf",
            "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter", "send",
-           "recv", "sendrecv", "GroupScope", "library_call", "open_group", "group_library", "set_group", "DLPACK_CAPSULE_DESTRUCTOR", "STAGES", "stage_clock", "torch_dlpack_view"]
+           "recv", "sendrecv", "GroupScope", "library_call", "open_group", "group_library", "set_group", "DLPACK_CAPSULE_DESTRUCTOR", "STAGES", "stage_clock", "torch_dlpack_view",
+           "gpu_driver_calls"]
 
 _log = logging.getLogger("pycoll.comm")
 
@@ -486,7 +488,7 @@ cdef class Work:
             try:
                 # the host library's wait may run the operation here (the stream's thread had not begun it),
                 # no longer than ``left``: no thread handoff
-                _wait_event(dev, lib, end, left)
+                _wait_event(dev, lib, _comm_driver(comm), end, left)
             except Exception:  # released meanwhile (abort, destroy): the next round sees why
                 pass
 
@@ -534,10 +536,63 @@ cdef inline Library _comm_lib(CommCore comm):
     """The host library behind ``comm``'s device (None for another device), read once per device."""
     dev = comm.device
     if dev is not comm._dev_seen:
-        comm._hostlib = _host_lib(dev)
-        comm._timed = bool(dev.events_timed)
-        comm._dev_seen = dev
+        _see_device(comm, dev)
     return comm._hostlib
+
+
+cdef int _see_device(CommCore comm, object dev) except -1:
+    cdef int handle = -1
+    comm._hostlib = _host_lib(dev)
+    comm._timed = bool(dev.events_timed)
+    driver = getattr(dev, "driver", None)
+    comm._driver = None
+    if isinstance(driver, CudaDriver) and (<CudaDriver>driver).device_get(&handle, <int>dev.device_id) == 0:
+        comm._driver, comm._cudev = driver, handle
+    comm._dev_seen = dev
+    return 0
+
+
+cdef bint _driver_on = True  # gpu_driver_calls()
+
+
+def gpu_driver_calls(on=None):
+    """Whether the operation path calls a CUDA device's driver table (``CudaDevice.driver``) rather than the
+    device's methods through the runtime module, where the device has one. ``on``: switch it (for comparisons);
+    returns the setting."""
+    global _driver_on
+    if on is not None:
+        _driver_on = bool(on)
+    return _driver_on
+
+
+cdef inline CudaDriver _comm_driver(CommCore comm):
+    """``comm``'s CUDA driver table while the calls are on (after :func:`_comm_lib` read the device), else None."""
+    return comm._driver if _driver_on else None
+
+
+cdef enum:
+    _CU_NOT_READY = 600  # CUDA_ERROR_NOT_READY
+    _CU_STREAM_LEGACY = 1  # CU_STREAM_LEGACY: what the runtime module's calls name stream 0 (CudaDevice)
+
+
+cdef inline void* _cu_stream(object stream) except? NULL:
+    return <void*><uintptr_t>(stream if stream else _CU_STREAM_LEGACY)
+
+
+cdef object _capture_id(object dev, CudaDriver drv, object stream):
+    """``dev.capture_id(stream)``: None at once where the driver says the stream captures nothing."""
+    cdef int status = -1
+    if drv is not None and drv.stream_is_capturing(_cu_stream(stream), &status) == 0 and status == 0:
+        return None
+    return dev.capture_id(stream)  # the capture's id, or the error (the driver's call failed: the runtime's says why)
+
+
+cdef object _swap_current(CommCore comm, object dev, CudaDriver drv):
+    """``dev.swap_current()``: None at once where the driver says the calling thread's context is the device's."""
+    cdef int current = -1
+    if drv is not None and drv.ctx_get_device(&current) == 0 and current == comm._cudev:
+        return None
+    return dev.swap_current()
 
 
 cdef object _new_event(CommCore comm, object dev):
@@ -551,16 +606,18 @@ cdef object _new_event(CommCore comm, object dev):
     return events.pop()
 
 
-cdef void _record(object dev, Library lib, object event, object stream) except *:
+cdef void _record(object dev, Library lib, CudaDriver drv, object event, object stream) except *:
     cdef int r
     if lib is not None and lib.fn.pycollEventRecord != NULL:
         r = lib.fn.pycollEventRecord(<pycollEvent_t><uintptr_t>event, <pycollStream_t><uintptr_t>stream)
         if r == 0:
             return
+    elif drv is not None and drv.event_record(<void*><uintptr_t>event, _cu_stream(stream)) == 0:
+        return
     dev.record_event(event, stream)  # raises the error (or records it after all)
 
 
-cdef bint _query(object dev, Library lib, object event) except *:
+cdef bint _query(object dev, Library lib, CudaDriver drv, object event) except *:
     cdef int r
     if lib is not None and lib.fn.pycollEventQuery != NULL:
         r = lib.fn.pycollEventQuery(<pycollEvent_t><uintptr_t>event)
@@ -568,21 +625,48 @@ cdef bint _query(object dev, Library lib, object event) except *:
             return True
         if r == _IN_PROGRESS:
             return False
+    elif drv is not None:
+        r = drv.event_query(<void*><uintptr_t>event)
+        if r == 0:
+            return True
+        if r == _CU_NOT_READY:
+            return False
     return bool(dev.query_event(event))
 
 
-cdef void _wait_event(object dev, Library lib, object event, double timeout) except *:
+cdef double _GPU_SPIN_S = 100e-6  # how long a wait polls a GPU event before it sleeps between polls
+
+
+cdef void _wait_event(object dev, Library lib, CudaDriver drv, object event, double timeout) except *:
     """Block until ``event`` completes or ``timeout`` seconds pass; the waiting thread may run the work queued before
-    it that the stream's thread has not begun (``Device.wait_event(.., run=True)``)."""
-    cdef int r
+    it that the stream's thread has not begun (``Device.wait_event(.., run=True)``). With a CUDA driver table the
+    event is polled for up to ``_GPU_SPIN_S`` first, GIL released (a short collective is done by then, and the
+    device's back-off would first sleep longer than it takes); then the device's wait."""
+    cdef int r = -1
     cdef uint64_t ns = <uint64_t>(timeout * 1e9) if timeout > 0 else 0
+    cdef long long t0, until
     cdef pycollEvent_t ev
+    cdef void* cu_ev
     if lib is not None and lib.fn.pycollEventWaitRun != NULL:
         ev = <pycollEvent_t><uintptr_t>event
         with nogil:
             r = lib.fn.pycollEventWaitRun(ev, ns)
         if r == 0 or r == _IN_PROGRESS:
             return
+    elif drv is not None:
+        cu_ev = <void*><uintptr_t>event
+        t0 = _mono_ns()
+        until = t0 + <long long>(min(timeout, _GPU_SPIN_S) * 1e9)
+        with nogil:
+            r = drv.event_query(cu_ev)
+            while r == _CU_NOT_READY and _mono_ns() < until:
+                r = drv.event_query(cu_ev)
+        if r == 0:
+            return
+        if r == _CU_NOT_READY:
+            timeout -= (_mono_ns() - t0) * 1e-9
+            if timeout <= 0:
+                return
     dev.wait_event(event, timeout, True)  # raises the error (or waits after all)
 
 
@@ -603,6 +687,8 @@ cdef int _async_code(CommCore comm, Library lib) except? -1:
         h = comm._handle
         if h is None:
             return 0
+        if lib is None and isinstance(comm.library, Library):  # a GPU's NCCL: its events are the device's
+            lib = comm.library
         if lib is not None and lib.fn.ncclCommGetAsyncError != NULL:
             r = lib.fn.ncclCommGetAsyncError(<ncclComm_t><uintptr_t>h, &state)
             if r == 0:
@@ -674,7 +760,8 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
     timeout = comm.timeout if timeout is None else _settings.seconds(timeout, "timeout")
     dev = comm.device
     cdef Library lib = _comm_lib(comm)
-    capture = None if lib is not None else dev.capture_id(stream)
+    cdef CudaDriver drv = _comm_driver(comm)
+    capture = None if lib is not None else _capture_id(dev, drv, stream)
     if peer is None:
         comm._coll_seq += 1
     else:
@@ -697,12 +784,12 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
     try:
         if capture is not None:
             return comm._captured(w, call, h, stream, group)
-        previous = dev.swap_current() if comm._guard_device else None
+        previous = _swap_current(comm, dev, drv) if comm._guard_device else None
         try:
             comm._lock.take(-1)
             try:
                 w._start = ev = _new_event(comm, dev)
-                _record(dev, lib, ev, stream)
+                _record(dev, lib, drv, ev, stream)
                 comm._plock.take(-1)
                 comm._pending[w] = None
                 comm._plock.give()
@@ -760,7 +847,7 @@ cdef _group_closed(CommCore comm, Work w, object dev, Library lib):
     try:
         if comm._handle is not None and w._exc is None and w._start is not None:
             w._end = _new_event(comm, dev)
-            _record(dev, lib, w._end, w.stream)
+            _record(dev, lib, _comm_driver(comm), w._end, w.stream)
     finally:
         comm._lock.give()
 
@@ -773,6 +860,7 @@ def refresh(CommCore comm, Work w):
 
 
 cdef _refresh(CommCore comm, Work w, object dev, Library lib):
+    cdef CudaDriver drv = _comm_driver(comm)
     start, end = w._start, w._end
     if w._state is _COMPLETED or w._exc is not None or start is None:
         return
@@ -785,8 +873,8 @@ cdef _refresh(CommCore comm, Work w, object dev, Library lib):
         if timed == 0 or timed == _IN_PROGRESS:  # one call says whether the end event completed, and the duration
             done = timed == 0
         else:
-            done = end is not None and _query(dev, lib, end)
-        started = done or not _is_state(w._state, _SCHEDULED, "scheduled") or _query(dev, lib, start)
+            done = end is not None and _query(dev, lib, drv, end)
+        started = done or not _is_state(w._state, _SCHEDULED, "scheduled") or _query(dev, lib, drv, start)
     except Exception as exc:  # a destroyed event (released meanwhile) or a sticky device error
         if w._start is start and w._exc is None:
             comm.fail(exc if isinstance(exc, CommFailure) else
@@ -1048,8 +1136,11 @@ cdef object _T_DTYPE, _T_LAYOUT, _T_IS_CPU, _T_SHAPE, _T_IS_CONTIGUOUS, _T_IS_NE
 cdef pycoll_dl_view_fn _torch_view = NULL
 cdef pycoll_dl_view_fn _torch_view_found = NULL
 cdef object _torch_api_capsule = None
+cdef object _torch_raw_stream = None  # torch._C._cuda_getCurrentRawStream: a GPU's current stream, one C call
 cdef enum:
     _DL_CPU = 1  # kDLCPU
+    _DL_CUDA = 2  # kDLCUDA
+    _DL_ROCM = 10  # kDLROCM
 cdef signed char _DL_CODES[16][9]  # [DLPack type code][bits / 8] -> ncclDataType_t, -1: none (buffers._DLPACK_TYPES)
 for _c in range(16):
     for _s in range(9):
@@ -1084,7 +1175,7 @@ cdef int _dl_layout(pycoll_dl_tensor* d, Py_ssize_t* count) noexcept:
 
 cdef int _torch_init(object torch) except -1:
     global _TORCH_CODES, _torch_strided, _T_DTYPE, _T_LAYOUT, _T_IS_CPU, _T_SHAPE, _T_IS_CONTIGUOUS, _T_IS_NEG
-    global _T_DATA_PTR, _torch_view, _torch_view_found, _torch_api_capsule
+    global _T_DATA_PTR, _torch_view, _torch_view_found, _torch_api_capsule, _torch_raw_stream
     cdef pycoll_dl_api* api
 
     def descriptor(name):
@@ -1096,6 +1187,7 @@ cdef int _torch_init(object torch) except -1:
     _T_DTYPE, _T_LAYOUT, _T_IS_CPU, _T_SHAPE = [descriptor(n) for n in ("dtype", "layout", "is_cpu", "shape")]
     _T_IS_CONTIGUOUS, _T_IS_NEG, _T_DATA_PTR = [descriptor(n) for n in ("is_contiguous", "is_neg", "data_ptr")]
     _torch_strided = torch.strided
+    _torch_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what devices.torch_current_stream calls
     _TORCH_CODES = _buffers._TORCH_TYPES if _buffers._TORCH_TYPES is not None else _buffers._torch_table(torch)
     capsule = getattr(torch.Tensor, "__dlpack_c_exchange_api__", None)
     if capsule is not None and PyCapsule_IsValid(capsule, b"dlpack_exchange_api"):
@@ -1107,9 +1199,10 @@ cdef int _torch_init(object torch) except -1:
 
 
 def torch_dlpack_view(on=None):
-    """Whether CPU torch tensors are described through torch's DLPack C exchange API (``__dlpack_c_exchange_api__``,
-    torch 2.10 and later: one C call fills the data pointer, dtype, device, shape and strides) rather than through
-    the tensor's attributes (seven calls into torch), both in compiled code and giving the same Buffer.
+    """Whether torch tensors are described through torch's DLPack C exchange API (``__dlpack_c_exchange_api__``,
+    torch 2.10 and later: one C call fills the data pointer, dtype, device, shape and strides) in compiled code: a
+    CPU tensor rather than through its attributes (seven calls into torch), a GPU tensor (where torch has its raw
+    current-stream call) rather than by the general path, which also chooses its stream; the same Buffer and stream.
     ``on``: switch it (it can only be on where torch offers the API; for comparisons); returns the setting."""
     global _torch_view
     torch = sys.modules.get("torch")
@@ -1120,17 +1213,20 @@ def torch_dlpack_view(on=None):
     return _torch_view != NULL
 
 
-cdef object _torch_viewed_buffer(object t, object name):
+cdef object _torch_viewed_buffer(object t, object stream, object name):
     """An exact ``torch.Tensor`` or ``nn.Parameter`` described from the DLTensor torch fills for it (``_torch_view``):
-    a Buffer when it is on the CPU, dense, C-contiguous, of an NCCL dtype and without torch's negative bit (which a
-    DLTensor does not carry); else None: the general path decides (and raises what it must)."""
+    a Buffer when it is on the CPU or a GPU, dense, C-contiguous, of an NCCL dtype and without torch's negative bit
+    (which a DLTensor does not carry); else None: the general path decides (and raises what it must). A GPU
+    tensor's Buffer names torch's current stream of its device as the one to wait for when that is not ``stream``
+    (None: no wait asked), as ``buffers.as_buffer`` does."""
     cdef pycoll_dl_tensor d
     cdef Py_ssize_t count = 0
     cdef int code
     if pycoll_dl_view(_torch_view, t, &d) != 0:
         PyErr_Clear()  # torch has no DLTensor for it (sparse, meta, quantized, ...): the general path says why
         return None
-    if d.device.device_type != _DL_CPU:
+    cdef int kind = d.device.device_type
+    if kind != _DL_CPU and ((kind != _DL_CUDA and kind != _DL_ROCM) or _torch_raw_stream is None):
         return None
     code = _dl_layout(&d, &count)  # C order as torch's is_contiguous() reads it
     if code < 0:
@@ -1139,22 +1235,33 @@ cdef object _torch_viewed_buffer(object t, object name):
         return _torch_attr_buffer(t, name)
     if pycoll_descr_call(_T_IS_NEG, t):
         return None
+    sync = None
+    if kind == _DL_CPU:
+        return pycoll_buffer(Buffer, <uintptr_t>d.data + d.byte_offset, count * _ITEMSIZES[code], count, code,
+                             <object>_NAMES[code], pycoll_shape(d.ndim, d.shape), _CPU, 0, False, t, "torch", None,
+                             name)
+    if stream is not None:  # the kernels that wrote t run on torch's current stream of its device
+        current = _torch_raw_stream(d.device.device_id)
+        if current != stream and not (current == 0 and stream == 1):
+            sync = current
     return pycoll_buffer(Buffer, <uintptr_t>d.data + d.byte_offset, count * _ITEMSIZES[code], count, code,
-                         <object>_NAMES[code], pycoll_shape(d.ndim, d.shape), _CPU, 0, False, t, "torch", None, name)
+                         <object>_NAMES[code], pycoll_shape(d.ndim, d.shape), kind, d.device.device_id, False, t,
+                         "torch", sync, name)
 
 
-cdef object _torch_cpu_buffer(object t, object name):
-    """A dense, C-contiguous CPU torch tensor (exactly ``torch.Tensor`` or ``nn.Parameter``) of an NCCL dtype as a
-    Buffer (the fields ``buffers.as_buffer`` gives it), or None: the general path decides (and raises what it must)."""
+cdef object _torch_buffer(object t, object stream, object name):
+    """A dense, C-contiguous torch tensor (exactly ``torch.Tensor`` or ``nn.Parameter``; on a GPU only through the
+    DLPack view) of an NCCL dtype as a Buffer (the fields ``buffers.as_buffer`` gives it), or None: the general path
+    decides (and raises what it must)."""
     if _TORCH_CODES is None:
         _torch_init(sys.modules["torch"])
     if _torch_view != NULL:
-        return _torch_viewed_buffer(t, name)
+        return _torch_viewed_buffer(t, stream, name)
     return _torch_attr_buffer(t, name)
 
 
 cdef object _torch_attr_buffer(object t, object name):
-    """``_torch_cpu_buffer`` read from the tensor's attributes."""
+    """``_torch_buffer`` of a CPU tensor, read from its attributes."""
     cdef Py_ssize_t count = 1
     code = _TORCH_CODES.get(pycoll_descr_get(_T_DTYPE, t))
     if (code is None or pycoll_descr_get(_T_LAYOUT, t) is not _torch_strided or not pycoll_descr_get(_T_IS_CPU, t)
@@ -1339,7 +1446,7 @@ cdef object _describe(CommCore comm, object obj, object stream, bint writable, o
     if tp is _ndarray:
         b = _numpy_buffer(obj, writable, name)
     elif tp is _torch_tensor or tp is _torch_parameter:
-        b = _torch_cpu_buffer(obj, name)
+        b = _torch_buffer(obj, stream, name)
     else:
         b = None
         tensor_or_importing = False  # a torch tensor of a subclass, or torch half imported: the general path
@@ -1425,6 +1532,13 @@ cdef object _begin(CommCore comm, object what, object stream, bint async_op, obj
         comm._check_usable(what)
     if stream is None and not comm._guard_device:  # the host: no framework streams, the own stream
         return _own_stream(comm, not async_op)
+    if stream is None and _torch_view != NULL and _torch_raw_stream is not None:
+        tp = type(a)
+        if (tp is _torch_tensor or tp is _torch_parameter) and (b is None or type(b) is _torch_tensor
+                                                                or type(b) is _torch_parameter):
+            d = a.get_device()  # -1 on the CPU
+            if d >= 0:  # torch's current stream of a GPU tensor's device (Device.resolve_stream's choice)
+                return _torch_raw_stream(d)
     return comm.device.resolve_stream(stream, [x for x in (a, b) if x is not None],
                                       default=_own_stream(comm, not async_op))
 

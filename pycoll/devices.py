@@ -969,7 +969,8 @@ class CudaDevice(_GpuDevice):
 
     Raises ``ImportError`` naming the ``pycoll-nccl[cuda]`` extra when cuda-bindings is missing,
     :class:`DeviceError` when there is no usable driver, ``ValueError`` for a device that does
-    not exist. ``runtime`` replaces the module (for tests).
+    not exist. ``runtime`` replaces the module (for tests); ``driver`` is then the
+    :attr:`driver` table that goes with it (default: none).
     """
 
     kind = "cuda"
@@ -978,6 +979,19 @@ class CudaDevice(_GpuDevice):
     _extra = "cuda"
     _import_name = "cuda.bindings.runtime"
     _stream_class = CudaStream
+
+    def __init__(self, device_id: int = 0, runtime: Any = None, driver: Any = None) -> None:
+        real = runtime is None
+        super().__init__(device_id, runtime)
+        if driver is None and real:
+            from ._bindings import cuda_driver
+
+            driver = cuda_driver()
+        #: the CUDA driver's per-operation functions (a ``pycoll._bindings.CudaDriver``) that the compiled
+        #: operation path calls instead of this object's methods (event record and query, capture status,
+        #: the current device): the process's ``libcuda.so.1`` with the real runtime, ``driver`` for another
+        #: runtime (the emulated GPU's); None: every call goes through the runtime module
+        self.driver = driver
 
     # Runtime calls name the legacy default stream cudaStreamLegacy (1): through cuda-bindings, 0
     # means the per-thread stream when CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM=1, while NCCL

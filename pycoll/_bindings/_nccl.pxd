@@ -66,3 +66,22 @@ cdef class Library:
 
 cdef class HostLibrary(Library):
     pass
+
+
+# The CUDA driver's per-operation functions (_cuda.pxi): _core calls them directly.
+
+ctypedef int (*cu_event_record_fn)(void* event, void* stream) noexcept nogil
+ctypedef int (*cu_event_query_fn)(void* event) noexcept nogil
+ctypedef int (*cu_stream_is_capturing_fn)(void* stream, int* status) noexcept nogil
+ctypedef int (*cu_ctx_get_device_fn)(int* device) noexcept nogil
+ctypedef int (*cu_device_get_fn)(int* device, int ordinal) noexcept nogil
+
+
+cdef class CudaDriver:
+    cdef cu_event_record_fn event_record
+    cdef cu_event_query_fn event_query
+    cdef cu_stream_is_capturing_fn stream_is_capturing
+    cdef cu_ctx_get_device_fn ctx_get_device
+    cdef cu_device_get_fn device_get
+    cdef readonly str source
+    cdef object _keep

@@ -32,6 +32,7 @@ __all__ = [
     "GIN_TYPE_PROXY", "GIN_TYPE_GDAKI", "GIN_TYPE_GPI", "GIN_TYPE_EFA_GDA", "GIN_MAX_TYPES", "GIN_CONNECTION_NONE",
     "GIN_CONNECTION_FULL", "GIN_CONNECTION_RAIL", "GIN_CONNECTION_CUSTOM_STRIDE", "CFT_TEAM_FLAT",
     "CFT_TEAM_HIER_MULTIMEM", "CFT_TEAM_HIER_LSA", "COMM_PROPERTIES_SIZE", "DEV_COMM_REQUIREMENTS_SIZE",
+    "CudaDriver", "cuda_driver",
 ]
 
 # --- constants -------------------------------------------------------------------------------
@@ -485,3 +486,29 @@ def capture_stack(skip: int, depth: int) -> List[Any]:
     """``[code, f_lasti, ...]`` of up to ``depth`` frames from ``skip`` frames above the calling
     Python frame, innermost first (what a loop over ``sys._getframe`` collecting ``f_code`` and
     ``f_lasti`` gives), read in C; the list is not tracked by the cyclic garbage collector."""
+
+class CudaDriver:
+    """The CUDA driver's per-operation functions (event record and query, a stream's capture status, the
+    current context's device) as C function pointers, which pycoll's compiled operation path calls
+    directly. Each method returns the driver's ``CUresult`` (0: success; 600 from :meth:`query` for an
+    event not reached yet); stream 0 is the legacy default stream."""
+
+    @property
+    def source(self) -> str: ...
+    @staticmethod
+    def from_addresses(event_record: int, event_query: int, stream_is_capturing: int, ctx_get_device: int,
+                       device_get: int, *, keep: Any = None, source: str = "addresses") -> CudaDriver:
+        """A table of the functions at these addresses, of the signatures of ``cuEventRecord``,
+        ``cuEventQuery``, ``cuStreamIsCapturing``, ``cuCtxGetDevice`` and ``cuDeviceGet``; ``keep`` is
+        held while the table lives. ``ValueError`` for a NULL address."""
+    def record(self, event: int, stream: int) -> int: ...
+    def query(self, event: int) -> int: ...
+    def capture_status(self, stream: int) -> Tuple[int, int]:
+        """``(CUresult, status)``: status 0 none, 1 active, 2 invalidated."""
+    def current_device(self) -> Tuple[int, int]:
+        """``(CUresult, device)`` of the calling thread's current context (201 when it has none)."""
+    def device_handle(self, ordinal: int) -> Tuple[int, int]: ...
+
+def cuda_driver() -> Optional[CudaDriver]:
+    """This process's :class:`CudaDriver` from ``libcuda.so.1``; None where it cannot be loaded, lacks a
+    function or ``cuInit`` fails. Looked for once; never raises."""

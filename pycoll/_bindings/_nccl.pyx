@@ -9,7 +9,8 @@ function the library lacks raises :class:`pycoll.errors.NotSupported` when calle
 This file is the one extension module; each concept is one included .pxi: _constants (constants,
 enums, the declared functions), _convert (argument checks), _values (UniqueId, Config, CollConfig,
 CommSlot), _errors (result codes -> exceptions), _library (Library), _host (HostLibrary), _device (the
-device-API host functions, bound as Library methods) and _load (dlopen, the dlsym table, load()). Where load() looks is the pure-Python _locate.py.
+device-API host functions, bound as Library methods), _load (dlopen, the dlsym table, load()) and _cuda (the
+CUDA driver functions of an operation's path, CudaDriver). Where load() looks is the pure-Python _locate.py.
 """
 
 import logging
@@ -65,7 +66,7 @@ __all__ = [
     "DevCommRequirements", "DevComm", "GIN_TYPE_NONE", "GIN_TYPE_PROXY", "GIN_TYPE_GDAKI", "GIN_TYPE_GPI",
     "GIN_TYPE_EFA_GDA", "GIN_MAX_TYPES", "GIN_CONNECTION_NONE", "GIN_CONNECTION_FULL", "GIN_CONNECTION_RAIL",
     "GIN_CONNECTION_CUSTOM_STRIDE", "CFT_TEAM_FLAT", "CFT_TEAM_HIER_MULTIMEM", "CFT_TEAM_HIER_LSA",
-    "COMM_PROPERTIES_SIZE", "DEV_COMM_REQUIREMENTS_SIZE",
+    "COMM_PROPERTIES_SIZE", "DEV_COMM_REQUIREMENTS_SIZE", "CudaDriver", "cuda_driver",
 ]
 
 include "_constants.pxi"
@@ -76,4 +77,5 @@ include "_library.pxi"
 include "_host.pxi"
 include "_device.pxi"
 include "_load.pxi"
+include "_cuda.pxi"
 include "_frames.pxi"

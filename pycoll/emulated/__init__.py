@@ -67,8 +67,10 @@ def runtime(ndev: int = 2) -> EmulatedCudaRuntime:
 
 
 def device(device_id: int = 0, rt: Optional[EmulatedCudaRuntime] = None) -> Any:
-    """A :class:`pycoll.devices.CudaDevice` for emulated GPU ``device_id``."""
-    return CudaDevice(device_id, runtime=rt if rt is not None else runtime())
+    """A :class:`pycoll.devices.CudaDevice` for emulated GPU ``device_id``, with the runtime's driver table
+    (the compiled operation path calls it as it calls the CUDA driver)."""
+    rt = rt if rt is not None else runtime()
+    return CudaDevice(device_id, runtime=rt, driver=rt.driver())
 
 
 def init(rank: Optional[int] = None, world_size: Optional[int] = None, *, device: Any = 0,
@@ -81,7 +83,7 @@ def init(rank: Optional[int] = None, world_size: Optional[int] = None, *, device
     ``backend`` is ``"host"``).
     """
     rt = runtime(ndev)
-    dev = device if isinstance(device, CudaDevice) else CudaDevice(device, runtime=rt)
+    dev = device if isinstance(device, CudaDevice) else CudaDevice(device, runtime=rt, driver=rt.driver())
     dev.make_current()
     kwargs.setdefault("backend", "host")
     return create.init(rank, world_size, device=dev, **kwargs)

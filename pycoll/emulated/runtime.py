@@ -209,6 +209,7 @@ class EmulatedCudaRuntime:
         self._ids = itertools.count(1)
         self._capture_ids = itertools.count(1)
         self._sticky: Optional[int] = None
+        self._driver: Any = None
         self._gates: List[Gate] = []
         self._kernels: List[threading.Thread] = []
         self.closed = False
@@ -337,6 +338,16 @@ class EmulatedCudaRuntime:
         if like not in kinds:
             raise ValueError(f"like must be 'torch' or 'cupy' on the emulated GPU (device memory), got {like!r}")
         return kinds[like].over(self, owner, ptr, tuple(shape), dtype, device=device)
+
+    def driver(self) -> Any:
+        """A :class:`pycoll._bindings.CudaDriver` whose functions are this runtime's, through ctypes
+        callbacks: what :func:`pycoll.emulated.device` gives its ``CudaDevice``, so that the compiled
+        operation path calls the emulated GPU as it calls ``libcuda.so.1`` (the calls are logged as the
+        runtime calls they stand for). ``cuCtxGetDevice`` answers ``CUDA_ERROR_INVALID_CONTEXT`` (201) in a
+        thread that has no context on its current device, as the driver does. Made once per runtime."""
+        if self._driver is None:
+            self._driver = _driver_table(self)
+        return self._driver
 
     def inject_error(self, code: int = int(_ERR.cudaErrorIllegalAddress)) -> None:
         """A sticky device error: every query and synchronisation returns ``code`` from now on."""
@@ -629,3 +640,54 @@ class EmulatedCudaRuntime:
         if not (self.lib.host_event_query(a.handle) and self.lib.host_event_query(b.handle)):
             return (_ERR.cudaErrorNotReady, 0.0)
         return (_ERR.cudaSuccess, self.lib.host_event_elapsed_ms(a.handle, b.handle))
+
+
+_CU_ERROR_INVALID_CONTEXT = 201
+_CU_ERROR_UNKNOWN = 999
+_RECORD = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+_QUERY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+_CAPTURING = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int))
+_CTX_DEVICE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int))
+_DEVICE_GET = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.c_int)
+
+
+def _driver_table(rt: EmulatedCudaRuntime) -> Any:
+    """The driver functions of ``rt`` as a CudaDriver (see :meth:`EmulatedCudaRuntime.driver`)."""
+
+    def guarded(fn: Callable[..., int]) -> Callable[..., int]:
+        def call(*args: Any) -> int:
+            try:
+                return int(fn(*args))
+            except Exception:  # an exception cannot cross the C call: an error code, and the runtime's path says why
+                return _CU_ERROR_UNKNOWN
+        return call
+
+    def record(event: Optional[int], stream: Optional[int]) -> int:
+        return int(rt.cudaEventRecord(event or 0, stream or 0)[0])
+
+    def query(event: Optional[int]) -> int:
+        return int(rt.cudaEventQuery(event or 0)[0])
+
+    def capturing(stream: Optional[int], status: Any) -> int:
+        res = rt.cudaStreamIsCapturing(stream or 0)
+        if int(res[0]) == 0:
+            status[0] = int(res[1])
+        return int(res[0])
+
+    def ctx_device(device: Any) -> int:
+        current = rt._current()
+        if threading.get_ident() not in rt.contexts[current]:
+            return _CU_ERROR_INVALID_CONTEXT
+        device[0] = current
+        return 0
+
+    def device_get(device: Any, ordinal: int) -> int:
+        if not 0 <= ordinal < rt.ndev:
+            return int(_ERR.cudaErrorInvalidDevice)
+        device[0] = ordinal
+        return 0
+
+    fns = (_RECORD(guarded(record)), _QUERY(guarded(query)), _CAPTURING(guarded(capturing)),
+           _CTX_DEVICE(guarded(ctx_device)), _DEVICE_GET(guarded(device_get)))
+    return _bindings.CudaDriver.from_addresses(*(ctypes.cast(f, ctypes.c_void_p).value or 0 for f in fns), keep=fns,
+                                               source="the emulated CUDA runtime")

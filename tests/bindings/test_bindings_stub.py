@@ -67,3 +67,26 @@ def test_library_signatures_match(method):
     stub_params = [a.arg for a in node.args.args]
     real_params = list(inspect.signature(obj).parameters)
     assert stub_params == real_params, method
+
+
+def test_cuda_driver_tables_take_only_real_addresses():
+    import ctypes
+
+    from pycoll import _bindings
+
+    ok = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(lambda e: 0)
+    addr = ctypes.cast(ok, ctypes.c_void_p).value
+    with pytest.raises(ValueError, match="event_query is NULL"):
+        _bindings.CudaDriver.from_addresses(addr, 0, addr, addr, addr)
+    with pytest.raises(TypeError, match="device_get"):
+        _bindings.CudaDriver.from_addresses(addr, addr, addr, addr, "libcuda")
+    with pytest.raises(TypeError, match="cuda_driver"):
+        _bindings.CudaDriver()
+    d = _bindings.CudaDriver.from_addresses(addr, addr, addr, addr, addr, keep=ok, source="test")
+    assert d.query(0x10) == 0 and repr(d) == "<CudaDriver from test>"
+    with pytest.raises(ValueError, match="event"):
+        d.query(-1)
+    # this machine's answer: a table where libcuda.so.1 loads and cuInit succeeds, else None; never an exception
+    found = _bindings.cuda_driver()
+    assert found is None or found.source == "libcuda.so.1"
+    assert _bindings.cuda_driver() is found
