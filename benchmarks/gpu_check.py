@@ -8,11 +8,17 @@ Usage::
 The overhead check times an 8-byte allreduce (2 float32, sum) on one rank and one GPU, issued
 from Python on torch's current stream, by:
 
-* **pycoll bindings**: ``Library.all_reduce(ptr, ptr, 2, Float32, Sum, comm, stream)``;
+* **pycoll bindings**: ``Library.all_reduce(ptr, ptr, 2, Float32, Sum, comm, stream)``, the stream read from
+  torch as the Communicator reads it (``torch._C._cuda_getCurrentRawStream``);
 * **pycoll Communicator, async_op=True**: ``comm.all_reduce(x, async_op=True)`` -- returns once the
   operation is queued, like torch.distributed's call;
 * **pycoll Communicator, blocking**: ``comm.all_reduce(x)`` -- waits until the GPU has finished;
-* **torch.distributed NCCL**: ``dist.all_reduce(x)`` on a one-rank ``nccl`` process group;
+* the Communicator's two forms again with its GPU calls through the runtime module (``_core.gpu_driver_calls(False)``:
+  cuda-bindings' Python layer for the event records and queries, the capture check and the current device)
+  and torch tensors described by the general path (``_core.torch_dlpack_view(False)``): the path before the
+  driver table, in rounds alternated with the current one (``old`` / ``new``);
+* **torch.distributed NCCL**: ``dist.all_reduce(x)`` on a one-rank ``nccl`` process group, and the same
+  followed by a synchronisation of torch's stream per call (what a blocking Communicator call includes);
 * **nccl4py**, when it is installed (its API is tried defensively; a failure is recorded, not fatal).
 
 and writes where the Communicator's asynchronous call spends its host time (cProfile, own time per
@@ -135,11 +141,15 @@ def overhead(out: str, calls: int, batches: int) -> Dict[str, Any]:
     comm = pycoll.init(0, 1, backend="nccl", device=0, timeout=60, init_timeout=60, name="overhead")
     lib, h = comm.library, comm.handle
     results["libnccl"] = {"path": lib.path, "version": ".".join(map(str, lib.version_tuple))}
+    results["driver"] = repr(comm.device.driver)
     try:
         ptr = x.data_ptr()
+        raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # torch's current stream in one C call
+        current = ((lambda: raw_stream(0)) if raw_stream is not None
+                   else (lambda: torch.cuda.current_stream(dev).cuda_stream))
 
         def raw() -> None:
-            status = lib.all_reduce(ptr, ptr, 2, 7, 0, h, torch.cuda.current_stream(dev).cuda_stream)
+            status = lib.all_reduce(ptr, ptr, 2, 7, 0, h, current())
             if status == 7:  # nonblocking communicator still setting up: poll, with a deadline
                 deadline = time.monotonic() + 60
                 while lib.comm_get_async_error(h) == 7:
@@ -153,12 +163,31 @@ def overhead(out: str, calls: int, batches: int) -> Dict[str, Any]:
                 w.wait(timeout=60)
             torch.cuda.synchronize(dev)
 
-        results["pycoll Communicator async_op=True"] = _try(
-            lambda: _time(lambda: comm.all_reduce(x, async_op=True), finish_works, calls, batches, 50))
-        results["pycoll Communicator blocking"] = _try(
-            lambda: _time(lambda: comm.all_reduce(x), sync, max(1, calls // 5), batches, 20))
+        from pycoll import _core
+
+        def paths(new: bool) -> None:
+            _core.gpu_driver_calls(new)
+            _core.torch_dlpack_view(new)
+
+        rounds: Dict[str, List[Dict[str, float]]] = {}
+        try:
+            for _ in range(5):  # old and new alternated: the machine's drift falls on both
+                for label, new in (("", True), (" (old path)", False)):
+                    paths(new)
+                    for name, issue, finish, n in (
+                            ("async_op=True", lambda: comm.all_reduce(x, async_op=True), finish_works, calls),
+                            ("blocking", lambda: comm.all_reduce(x), sync, max(1, calls // 5))):
+                        r = _try(lambda i=issue, f=finish, k=n: _time(i, f, k, batches, 20))
+                        if isinstance(r, dict):
+                            rounds.setdefault(f"pycoll Communicator {name}{label}", []).append(r)
+        finally:
+            paths(True)
+        for name, rs in rounds.items():
+            results[name] = {k: _median([r[k] for r in rs]) for k in ("enqueue_ns", "total_ns")}
+            results[name].update(calls=rs[0]["calls"], batches=rs[0]["batches"], rounds=len(rs))
         _try(lambda: _profile(out, lambda: comm.all_reduce(x, async_op=True), finish_works, calls))
         results["pieces"] = _try(lambda: _pieces(comm, x, torch))
+        results["stages"] = _try(lambda: _stages(comm, x, torch))
     finally:
         comm.destroy()
 
@@ -171,18 +200,28 @@ def overhead(out: str, calls: int, batches: int) -> Dict[str, Any]:
         except TypeError:  # torch without device_id
             dist.init_process_group("nccl", store=store, rank=0, world_size=1)
         try:
-            return _time(lambda: dist.all_reduce(x), sync, calls, batches, 50)
+            stream = torch.cuda.current_stream(dev)
+
+            def synced() -> None:
+                dist.all_reduce(x)
+                stream.synchronize()
+
+            return {"plain": _time(lambda: dist.all_reduce(x), sync, calls, batches, 50),
+                    "synced": _time(synced, sync, max(1, calls // 5), batches, 20)}
         finally:
             dist.destroy_process_group()
 
-    results["torch.distributed nccl"] = _try(torch_dist)
+    ran = _try(torch_dist)
+    results["torch.distributed nccl"] = ran["plain"] if isinstance(ran, dict) else ran
+    results["torch.distributed nccl + stream sync"] = ran["synced"] if isinstance(ran, dict) else ran
     results["nccl4py"] = _try(lambda: _nccl4py(x, dev, sync, calls, batches))
     ref = results.get("torch.distributed nccl")
-    lines = [f"# 8-byte allreduce, 1 rank, {torch.cuda.get_device_name(dev)}, libnccl {results['libnccl']}",
+    lines = [(f"# 8-byte allreduce, 1 rank, {torch.cuda.get_device_name(dev)}, libnccl {results['libnccl']}, "
+              f"driver table {results['driver']}"),
              "# enqueue: host ns per call to issue it; total: issue + finish the batch; median over batches",
              f"{'variant':40s} {'enqueue ns':>11s} {'total ns':>10s} {'enqueue / torch':>16s}"]
     for name, r in results.items():
-        if name in ("libnccl", "pieces"):
+        if name in ("libnccl", "pieces", "driver", "stages"):
             continue
         if not isinstance(r, dict):
             lines.append(f"{name:40s} {r}")
@@ -195,6 +234,12 @@ def overhead(out: str, calls: int, batches: int) -> Dict[str, Any]:
         lines.extend(f"{name:52s} {ns:9,.0f}" for name, ns in pieces.items())
     else:
         lines.append(f"pieces: {pieces}")
+    stages = results.get("stages")
+    if isinstance(stages, dict):
+        lines.append("# a blocking comm.all_reduce(x) by stage (_core.stage_clock): host ns per call, median of 5")
+        lines.extend(f"{name:52s} {ns:9,.0f}" for name, ns in stages.items())
+    else:
+        lines.append(f"stages: {stages}")
     text = "\n".join(lines) + "\n"
     _write(out, "overhead.json", results)
     _write(out, "overhead.txt", text)
@@ -204,13 +249,17 @@ def overhead(out: str, calls: int, batches: int) -> Dict[str, Any]:
 
 def _pieces(comm: Any, x: Any, torch: Any, n: int = 20000) -> Dict[str, float]:
     """Host ns per call of the pieces of one operation's path on this GPU (median of 5 rounds of ``n``)."""
+    from pycoll import _core
     from pycoll.buffers import as_buffer
 
     dev = comm.device
     stream = torch.cuda.current_stream().cuda_stream
     ev = dev.create_event()
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    drv = dev.driver
     pieces: Dict[str, Callable[[], Any]] = {
+        "_core.buf(tensor) (compiled, DLPack view)": lambda: _core.buf(comm, x, stream, writable=True, name="x"),
+        "_core.begin(tensor) (the stream chosen)": lambda: _core.begin(comm, "all_reduce", None, False, (x, x)),
         "torch.cuda.current_stream().cuda_stream": lambda: torch.cuda.current_stream(x.device).cuda_stream,
         "torch._C._cuda_getCurrentRawStream": (lambda: raw(0)) if raw is not None else (lambda: None),
         "as_buffer(tensor, stream=current)": lambda: as_buffer(x, stream=stream),
@@ -220,6 +269,13 @@ def _pieces(comm: Any, x: Any, torch: Any, n: int = 20000) -> Dict[str, float]:
         "device.capture_status (cudaStreamGetCaptureInfo)": lambda: dev.capture_status(stream),
         "device.swap_current + restore_current": lambda: dev.restore_current(dev.swap_current()),
     }
+    if drv is not None:  # the same calls through the driver table (from Python: a method call more than _core's)
+        pieces.update({
+            "driver.record (cuEventRecord)": lambda: drv.record(ev, stream),
+            "driver.query (cuEventQuery)": lambda: drv.query(ev),
+            "driver.capture_status (cuStreamIsCapturing)": lambda: drv.capture_status(stream),
+            "driver.current_device (cuCtxGetDevice)": lambda: drv.current_device(),
+        })
     found: Dict[str, float] = {}
     clock = time.perf_counter_ns
     try:
@@ -235,6 +291,26 @@ def _pieces(comm: Any, x: Any, torch: Any, n: int = 20000) -> Dict[str, float]:
         torch.cuda.synchronize()
         dev.destroy_event(ev)
     return found
+
+
+def _stages(comm: Any, x: Any, torch: Any, n: int = 2000) -> Dict[str, float]:
+    """Where a blocking ``comm.all_reduce(x)`` spends its host time, stage by stage (``_core.stage_clock``, the
+    clock of ``benchmarks/overhead.py --breakdown``): ns per call, median of 5 rounds of ``n``."""
+    from pycoll import _core
+
+    rounds = []
+    try:
+        for _ in range(5):
+            _core.stage_clock(True)
+            for _ in range(n):
+                comm.all_reduce(x)
+            counted = _core.stage_clock(False)
+            ops = counted.pop("operations")
+            rounds.append({k: v / ops for k, v in counted.items()})
+    finally:
+        _core.stage_clock(False)
+        torch.cuda.synchronize()
+    return {k: _median([r[k] for r in rounds]) for k in _core.STAGES}
 
 
 def _profile(out: str, issue: Callable[[], Any], finish: Callable[[List[Any]], None], calls: int) -> None:
