@@ -228,18 +228,15 @@ def overhead(out: str, calls: int, batches: int) -> Dict[str, Any]:
             continue
         ratio = (f"{r['enqueue_ns'] / ref['enqueue_ns']:.2f}" if isinstance(ref, dict) and ref["enqueue_ns"] else "-")
         lines.append(f"{name:40s} {r['enqueue_ns']:11,.0f} {r['total_ns']:10,.0f} {ratio:>16s}")
-    pieces = results.get("pieces")
-    if isinstance(pieces, dict):
-        lines.append("# the pieces of one operation's path: host ns per call, median of 5 rounds")
-        lines.extend(f"{name:52s} {ns:9,.0f}" for name, ns in pieces.items())
-    else:
-        lines.append(f"pieces: {pieces}")
-    stages = results.get("stages")
-    if isinstance(stages, dict):
-        lines.append("# a blocking comm.all_reduce(x) by stage (_core.stage_clock): host ns per call, median of 5")
-        lines.extend(f"{name:52s} {ns:9,.0f}" for name, ns in stages.items())
-    else:
-        lines.append(f"stages: {stages}")
+    for key, title in (("pieces", "the pieces of one operation's path: host ns per call, median of 5 rounds"),
+                       ("stages", ("a blocking comm.all_reduce(x) by stage (_core.stage_clock): host ns per call, "
+                                  "median of 5"))):
+        found = results.get(key)
+        if isinstance(found, dict):
+            lines.append(f"# {title}")
+            lines.extend(f"{name:52s} {ns:9,.0f}" for name, ns in found.items())
+        else:
+            lines.append(f"{key}: {found}")
     text = "\n".join(lines) + "\n"
     _write(out, "overhead.json", results)
     _write(out, "overhead.txt", text)

@@ -1235,18 +1235,15 @@ cdef object _torch_viewed_buffer(object t, object stream, object name):
         return _torch_attr_buffer(t, name)
     if pycoll_descr_call(_T_IS_NEG, t):
         return None
+    cdef int device_id = 0 if kind == _DL_CPU else d.device.device_id
     sync = None
-    if kind == _DL_CPU:
-        return pycoll_buffer(Buffer, <uintptr_t>d.data + d.byte_offset, count * _ITEMSIZES[code], count, code,
-                             <object>_NAMES[code], pycoll_shape(d.ndim, d.shape), _CPU, 0, False, t, "torch", None,
-                             name)
-    if stream is not None:  # the kernels that wrote t run on torch's current stream of its device
-        current = _torch_raw_stream(d.device.device_id)
+    if kind != _DL_CPU and stream is not None:  # the kernels that wrote t run on torch's current stream of its GPU
+        current = _torch_raw_stream(device_id)
         if current != stream and not (current == 0 and stream == 1):
             sync = current
     return pycoll_buffer(Buffer, <uintptr_t>d.data + d.byte_offset, count * _ITEMSIZES[code], count, code,
-                         <object>_NAMES[code], pycoll_shape(d.ndim, d.shape), kind, d.device.device_id, False, t,
-                         "torch", sync, name)
+                         <object>_NAMES[code], pycoll_shape(d.ndim, d.shape), kind, device_id, False, t, "torch", sync,
+                         name)
 
 
 cdef object _torch_buffer(object t, object stream, object name):
