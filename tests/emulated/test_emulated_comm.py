@@ -179,7 +179,10 @@ def test_capture_replay_runs_the_collective():
 @pytest.mark.timeout(30)
 def test_capture_watch_stream_times_out_a_hung_replay():
     res = H.run_ranks(_capture, 2, H.uid(), True)
-    assert all(r["watch"] == "CommTimeout" and r["elapsed"] < 4.0 for r in res), res
+    # both replays wait for rank 0's stuck one, with deadlines of the same length: a rank finds its own timeout,
+    # or first hears of the abort the other rank's timeout made (which one comes first is a race of equal timers)
+    assert all(r["watch"] in ("CommTimeout", "RemoteError") and r["elapsed"] < 4.0 for r in res), res
+    assert "CommTimeout" in [r["watch"] for r in res], res
 
 
 def _invalidated(rank, n, uid):
