@@ -78,6 +78,9 @@ if HERE not in sys.path:
 from _common import MPI_MISSING, cache_line_round_trip, env_with_pycoll, import_pycoll, mpiexec_command  # noqa: E402
 from allreduce_compare import _NOTE, _RESULT, _run, expected, pattern, run_sizes  # noqa: E402
 
+import_pycoll()  # this checkout's where none is installed; importing it starts no thread (Open MPI's ranks import it)
+from pycoll._procs import stat_fields, task_files  # noqa: E402
+
 COUNT = 2  # float32 elements: 8 bytes
 ROUNDS = 5  # the variants' iterations run interleaved in this many rounds (run_sizes)
 STEADY_S = 1.0  # seconds (x --scale, at least 0.2) of the steady phase whose CPU use is reported
@@ -310,20 +313,15 @@ def worker_mpi(args: argparse.Namespace) -> None:
                      f"{label} (mpi4py)", rank, n)
 
 
-def _tasks_cpu_s(pid: str = "self") -> Dict[int, float]:
+def _tasks_cpu_s(pid: int | str = "self") -> Dict[int, float]:
     """CPU seconds of each thread of process ``pid`` by its native id (schedstat, in ns); empty where /proc does not
-    say."""
+    say. A thread that ended between two readings is in neither (its time is lost to both alike)."""
     out: Dict[int, float] = {}
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tids:
+    for tid, text in task_files(pid, "schedstat").items():
         try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                out[int(tid)] = int(f.read().split()[0]) / 1e9
-        except (OSError, ValueError, IndexError):
-            pass  # a thread that ended meanwhile (its time is lost to both readings alike)
+            out[tid] = int(text.split()[0]) / 1e9
+        except (ValueError, IndexError):
+            pass
     return out
 
 
@@ -332,13 +330,12 @@ def _parent_cpu_s() -> float:
     threads (their schedstat, in ns; else the process's stat, in clock ticks); NaN where /proc does not say."""
     ppid = os.getppid()
     if os.path.exists(f"/proc/{ppid}/task/{ppid}/schedstat"):
-        tasks = _tasks_cpu_s(str(ppid))
+        tasks = _tasks_cpu_s(ppid)
         return sum(tasks.values()) if tasks else float("nan")
+    fields = stat_fields(ppid)
     try:
-        with open(f"/proc/{ppid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-    except (OSError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError):  # TypeError: no such process (None)
         return float("nan")
 
 

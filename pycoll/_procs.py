@@ -1,11 +1,13 @@
-"""This host's processes as Linux's /proc describes them: the one reader of ``/proc/<pid>/stat`` and
-of the boot id that the watchdog, the elastic layer and the launcher use to watch their peers."""
+"""This host's processes as Linux's /proc describes them: the one reader of ``/proc/<pid>/stat``, of its
+threads' files and of the boot id that the watchdog, the elastic layer and the launcher use to watch their
+peers."""
 
 from __future__ import annotations
 
-from typing import List, Optional
+import os
+from typing import Dict, List, Optional
 
-__all__ = ["boot_id", "stat_fields", "exiting"]
+__all__ = ["boot_id", "stat_fields", "exiting", "task_files"]
 
 _PF_EXITING = 0x4  # the kernel's task flag: the task is in do_exit
 _SIGKILL_PENDING = 1 << (9 - 1)  # SIGKILL in the pending-signals bitmap
@@ -31,6 +33,24 @@ def stat_fields(pid: int) -> Optional[List[str]]:
         return None
     _, sep, rest = text.rpartition(")")  # the command name may hold spaces and parentheses
     return rest.split() if sep else None
+
+
+def task_files(pid: int | str, name: str) -> Dict[int, bytes]:
+    """The file ``name`` of each thread of process ``pid`` (``/proc/<pid>/task/<tid>/<name>``; ``"self"``
+    names this process) by thread id; empty where the process's threads cannot be listed, without a
+    thread whose file cannot be read (it ended meanwhile)."""
+    out: Dict[int, bytes] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/{name}", "rb") as f:
+                out[int(tid)] = f.read()
+        except OSError:
+            continue
+    return out
 
 
 def exiting(fields: List[str]) -> bool:

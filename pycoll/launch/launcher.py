@@ -73,7 +73,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .. import failpoints as _fp
-from .._procs import stat_fields
+from .._procs import stat_fields, task_files
 from ..errors import StoreError, StoreTimeout
 from ..store import Store, TCPStore, TCPStoreServer
 from . import discovery
@@ -163,18 +163,7 @@ def _children_of(pid: int) -> List[int]:
     0.5 s, on a node with thousands of processes a few percent of a CPU)."""
     if not os.path.exists(f"/proc/{pid}/task/{pid}/children"):
         return _children_by_scan(pid)
-    out: List[int] = []
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
-                out += [int(c) for c in f.read().split()]
-        except OSError:
-            continue  # the thread ended meanwhile
-    return out
+    return [int(c) for listed in task_files(pid, "children").values() for c in listed.split()]
 
 
 def _children_by_scan(pid: int) -> List[int]:
