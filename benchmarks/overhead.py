@@ -347,6 +347,7 @@ def breakdown(a: argparse.Namespace) -> Dict[str, float]:
         out["reference: bindings' Library.all_reduce alone"] = float(np.median(
             [batch(lambda: lib.all_reduce(sp, rp, 2, 7, 0, h, 0)) for _ in range(a.batches)]))
         out.update(group_costs(comm, a, batch))
+        out.update(argument_costs(comm, a, batch))
     finally:
         _core.stage_clock(False)
         if view_before is not None:
@@ -376,6 +377,29 @@ def group_costs(comm: Any, a: argparse.Namespace, batch: Callable[[Any], float])
              "group: bindings' group_start() + group_end()": bindings_group,
              "group: one all_reduce in a group": grouped(1),
              "group: four all_reduce in a group": grouped(4)}
+    times: Dict[str, List[float]] = {k: [] for k in calls}
+    for fn in calls.values():
+        for _ in range(a.warmup):
+            fn()
+    for _ in range(a.batches):
+        for k, fn in calls.items():
+            times[k].append(batch(fn))
+    return {k: float(np.median(v)) for k, v in times.items()}
+
+
+def argument_costs(comm: Any, a: argparse.Namespace, batch: Callable[[Any], float]) -> Dict[str, float]:
+    """The same all_reduce with the per-call arguments users pass: another operator by name and by ``RedOp``, a
+    ``timeout=`` of its own, and an async call waited for with a ``timeout=``; batches interleaved, ns per call
+    (median)."""
+    from pycoll._bindings import RedOp
+
+    x, y = np.ones(2, np.float32), np.zeros(2, np.float32)
+    calls = {"arguments: all_reduce(x, y), for scale": lambda: comm.all_reduce(x, y),
+             "arguments: op='max'": lambda: comm.all_reduce(x, y, op="max"),
+             "arguments: op=RedOp.Max": lambda: comm.all_reduce(x, y, op=RedOp.Max),
+             "arguments: timeout=5.0": lambda: comm.all_reduce(x, y, timeout=5.0),
+             "arguments: async_op=True, then wait(timeout=5.0)":
+                 lambda: comm.all_reduce(x, y, async_op=True).wait(timeout=5.0)}
     times: Dict[str, List[float]] = {k: [] for k in calls}
     for fn in calls.values():
         for _ in range(a.warmup):

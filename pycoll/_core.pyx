@@ -28,6 +28,7 @@ from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
 from cpython.pythread cimport PyThread_get_thread_ident
 from cpython.ref cimport Py_INCREF, Py_XDECREF, PyObject
 from libc.stdint cimport uint64_t, uintptr_t
+from libc.math cimport INFINITY
 from libc.string cimport strncpy
 from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
 
@@ -42,7 +43,7 @@ import time
 
 import numpy as np
 
-from . import _bindings as B, _settings, buffers as _buffers, hooks
+from . import _bindings as B, _dtypes, _settings, buffers as _buffers, hooks
 from .buffers import Buffer, as_buffer, check_count, check_device, check_overlap, check_same_dtype
 from .collconfig import prepare as _prepare_config
 from .devices import FIRST_SLEEP_S, HostDevice
@@ -357,6 +358,23 @@ cdef class Hook:
         return True
 
 
+cdef object _EXACT_INT = 2 ** 53  # ints below it are floats exactly
+
+
+cdef object _seconds(object value, bint positive):
+    """A ``timeout=`` argument as seconds (a float): a finite float or an int in range at once, anything else by
+    ``_settings.seconds``, which converts it or says what is wrong (the same result either way)."""
+    cdef double v
+    tp = type(value)
+    if tp is float:
+        v = value
+        if (v > 0 if positive else v >= 0) and v < INFINITY:  # NaN passes neither comparison
+            return value
+    elif tp is int and (0 < value if positive else 0 <= value) and value < _EXACT_INT:
+        return float(value)
+    return _settings.seconds(value, "timeout", positive=positive)
+
+
 @cython.freelist(16)
 cdef class Work:
     """One operation on a :class:`~pycoll.Communicator`.
@@ -440,7 +458,7 @@ cdef class Work:
         cdef CommCore comm
         cdef Library lib
         if timeout is not None:
-            timeout = _settings.seconds(timeout, "timeout", positive=False)
+            timeout = _seconds(timeout, False)
         comm = self.comm
         if self._end is None and self._exc is None and not _final(self._state):
             group = _open_works()
@@ -757,7 +775,7 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
                     object timeout, object peer):
     cdef Work w
     cdef int status = 0
-    timeout = comm.timeout if timeout is None else _settings.seconds(timeout, "timeout")
+    timeout = comm.timeout if timeout is None else _seconds(timeout, True)
     dev = comm.device
     cdef Library lib = _comm_lib(comm)
     cdef CudaDriver drv = _comm_driver(comm)
@@ -1816,9 +1834,22 @@ def library_call(library, what, cc, send, recv, count, datatype, op=0, root=0):
     return _new_call(library, _KINDS[what], cc, send, recv, count, datatype, op, root)
 
 
+cdef dict _REDUCE_OPS = _dtypes.REDUCE_OPS
+cdef int _NUM_OPS = len(_dtypes.REDUCE_OPS)  # ncclNumOps: the built-in operators are 0 .. _NUM_OPS - 1
+
+
 cdef object _redop(CommCore comm, object op, object datatype):
-    if op is "sum" or op == "sum":
+    """``op`` as an ``ncclRedOp_t``: a built-in operator's name or number in C, the rest (another spelling, a
+    ``RedOp``, a ``PreMulSum``, a wrong value) by ``Communicator._redop``, which says what is wrong."""
+    if op is "sum":
         return 0
+    tp = type(op)
+    if tp is str:
+        code = _REDUCE_OPS.get(op)
+        if code is not None:
+            return code
+    elif isinstance(op, int) and tp is not bool and 0 <= op < _NUM_OPS:  # a number, or a RedOp (an IntEnum)
+        return int(op)
     return comm._redop(op, datatype)
 
 

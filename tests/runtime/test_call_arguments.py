@@ -1,0 +1,162 @@
+"""The per-call ``op=`` and ``timeout=`` arguments: the common values are read in compiled code and every other
+value goes where it always went (``Communicator._redop``, ``_settings.seconds``), with the same result or the
+same error."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from helpers.mp import run_ranks
+
+import pycoll
+from pycoll import _settings
+from pycoll._bindings import RedOp
+from pycoll.comm import Communicator
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def comm():
+    c = pycoll.init(0, 1, unique_id=pycoll.get_unique_id(backend="host"), backend="host", name="arguments")
+    try:
+        yield c
+    finally:
+        c.destroy()
+
+
+def _outcome(call):
+    try:
+        return call()
+    except Exception as e:  # the exception is the outcome compared
+        return type(e), str(e)
+
+
+def _spy(fn):
+    """``fn`` made through a wrapper that counts its calls (``wrapper.calls``); a function, so that it binds as a
+    method where it stands in for one."""
+    def wrapper(*args, **kwargs):
+        wrapper.calls += 1
+        return fn(*args, **kwargs)
+
+    wrapper.calls = 0
+    return wrapper
+
+
+OPS = ["sum", "prod", "max", "min", "avg", 0, 1, 2, 3, 4, RedOp.Max, RedOp.Avg, np.int64(2), "MAX", "Sum",
+       "median", "", 5, -1, 2 ** 70, True, False, 2.0, None, b"max", ["max"]]
+
+
+@pytest.mark.parametrize("op", OPS, ids=repr)
+def test_every_op_gives_what_the_communicator_gives(comm, op):
+    """all_reduce, reduce and reduce_scatter take ``op`` as ``Communicator._redop`` reads it: the same
+    operator, or the same exception and text."""
+    expected = _outcome(lambda: comm._redop(op, 7))
+    for call in (lambda x: comm.all_reduce(x, op=op), lambda x: comm.reduce(x, root=0, op=op),
+                 lambda x: comm.reduce_scatter(x, op=op)):
+        x = np.array([3.0, -2.0], np.float32)
+        got = _outcome(lambda: call(x))
+        if isinstance(expected, tuple):
+            assert got == expected
+        else:  # one rank: every operator leaves the values as they are
+            assert isinstance(got, pycoll.Work) and got.is_completed() and x.tolist() == [3.0, -2.0]
+    comm.all_reduce(np.ones(2, np.float32))  # usable afterwards
+
+
+def test_builtin_operators_are_read_without_the_python_method(comm, monkeypatch):
+    """The names and numbers of NCCL's five operators (and RedOp members) make no call of ``_redop``;
+    another spelling, a PreMulSum and a wrong value do."""
+    spy = _spy(Communicator._redop)
+    monkeypatch.setattr(Communicator, "_redop", spy)
+    x = np.ones(2, np.float32)
+    for op in ("sum", "prod", "max", "min", "avg", 0, 4, RedOp.Min):
+        comm.all_reduce(x, op=op)
+        comm.reduce_scatter(x, op=op)
+        comm.reduce(x, root=0, op=op)
+    assert spy.calls == 0
+    comm.all_reduce(x, op="MAX")
+    with comm.pre_mul_sum(2.0, "float32") as pm:
+        comm.all_reduce(x, op=pm)
+    with pytest.raises(ValueError, match="unknown reduction op 'median'"):
+        comm.all_reduce(x, op="median")
+    with pytest.raises(ValueError, match="unknown reduction op 5"):
+        comm.all_reduce(x, op=5)
+    assert spy.calls == 4
+    assert x.tolist() == [2.0, 2.0]  # the PreMulSum's factor applied
+
+
+def _each_spelling(rank, n, uid):
+    c = pycoll.init(rank, n, unique_id=uid, backend="host", name="spellings")
+    results = {}
+    try:
+        for name, code in (("sum", 0), ("prod", 1), ("max", 2), ("min", 3), ("avg", 4)):
+            for op in (name, name.upper(), code, RedOp(code)):
+                x = np.array([rank + 1.0, 2.0 * rank - 1.0], np.float32)
+                y = np.zeros(2, np.float32)
+                c.all_reduce(x, y, op=op)
+                r = np.zeros(1, np.float32)
+                c.reduce_scatter(np.array([rank + 1.0] * n, np.float32), r, op=op)
+                results[f"{name} as {op!r}"] = (y.tolist(), r.tolist())
+    finally:
+        c.destroy()
+    return results
+
+
+@pytest.mark.timeout(120)
+def test_every_spelling_of_an_operator_reduces_with_it():
+    """At 2 ranks (values 1, -1 and 2, 1): the name, its capitals, the number and the RedOp of each
+    operator give that operator's result."""
+    expected = {"sum": ([3.0, 0.0], [3.0]), "prod": ([2.0, -1.0], [2.0]), "max": ([2.0, 1.0], [2.0]),
+                "min": ([1.0, -1.0], [1.0]), "avg": ([1.5, 0.0], [1.5])}
+    for results in run_ranks(_each_spelling, 2, bytes(pycoll.get_unique_id(backend="host")), timeout=90):
+        assert len(results) == 20
+        for what, got in results.items():
+            assert got == expected[what.split()[0]], what
+
+
+TIMEOUTS = [5, 5.0, 0.25, 1e-9, 2 ** 53 - 1, 2 ** 53, 2 ** 80, np.float64(3), np.float32(2.5), np.int32(7),
+            0, 0.0, -0.0, -1, -1.5, math.inf, -math.inf, math.nan, 1e309, True, False, "5", None, complex(1, 0)]
+
+
+@pytest.mark.parametrize("value", TIMEOUTS, ids=repr)
+def test_every_timeout_gives_what_the_setting_gives(comm, value):
+    """An operation's ``timeout=`` (> 0) and ``Work.wait(timeout=)`` (>= 0) take every value as
+    ``_settings.seconds`` takes it: the same number of seconds on the Work, or the same exception and text."""
+    x = np.ones(2, np.float32)
+    if value is None:
+        assert comm.all_reduce(x, timeout=value).timeout == comm.timeout
+        return
+    expected = _outcome(lambda: _settings.seconds(value, "timeout"))
+    got = _outcome(lambda: comm.all_reduce(x, timeout=value))
+    if isinstance(expected, tuple):
+        assert got == expected
+    else:
+        assert isinstance(got, pycoll.Work) and type(got.timeout) is float and got.timeout == expected
+    expected = _outcome(lambda: _settings.seconds(value, "timeout", positive=False))
+    w = comm.all_reduce(x, async_op=True)
+    got = _outcome(lambda: w.wait(timeout=value))
+    assert got == expected if isinstance(expected, tuple) else got is None
+    w.wait()
+    assert x.tolist() == [1.0, 1.0]
+
+
+def test_plain_timeouts_are_read_without_the_setting(comm, monkeypatch):
+    """A float or an int timeout makes no call of ``_settings.seconds``; a numpy number, an int too large to be a
+    float exactly and a wrong value do."""
+    spy = _spy(_settings.seconds)
+    monkeypatch.setattr(_settings, "seconds", spy)
+    x = np.ones(2, np.float32)
+    for t in (5, 0.5, 120, 1e6):
+        assert comm.all_reduce(x, timeout=t).timeout == float(t)
+        comm.all_reduce(x, async_op=True).wait(timeout=t)
+    comm.all_reduce(x, async_op=True).wait(timeout=0)
+    assert spy.calls == 0
+    comm.all_reduce(x, timeout=np.float64(5))
+    comm.all_reduce(x, timeout=2 ** 60)
+    with pytest.raises(ValueError, match="timeout must be > 0 seconds"):
+        comm.all_reduce(x, timeout=0)
+    with pytest.raises(ValueError, match="finite number of seconds"):
+        comm.all_reduce(x, timeout=math.nan)
+    assert spy.calls == 4
