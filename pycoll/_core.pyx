@@ -1936,18 +1936,29 @@ def reduce(CommCore comm, tensor, root=0, output=None, op="sum", *, stream=None,
     return _launch(comm, "reduce", call, st, [inp], [out], async_op, timeout, None)
 
 
+cdef object _rank_block(CommCore comm, object whole, Py_ssize_t count, object name):
+    """This rank's block of ``count`` elements of the Buffer ``whole`` (an in-place form's other buffer): a Buffer of
+    the whole's array and fields but its address, size, shape and ``name``; ``whole`` holds ``size`` such blocks."""
+    cdef int code = (<tuple>whole)[3]
+    cdef Py_ssize_t nbytes = count * (_ITEMSIZES[code] if 0 <= code < _MAX_CODE else _buffers.DATATYPE_ITEMSIZES[code])
+    cdef Py_ssize_t rank = comm._rank
+    cdef tuple w = <tuple>whole
+    return pycoll_buffer(Buffer, <uintptr_t>w[0] + rank * nbytes, nbytes, count, w[3], w[4], (count,), w[6],
+                         w[7], w[8], w[9], w[10], w[11], name)
+
+
 cdef object _block(CommCore comm, object whole, object block, object st, bint gather, str op, bint exact=False):
     """The per-rank block of an all_gather or a gather (``gather``: its input) or of a reduce_scatter or a scatter (its
     output) next to ``whole``, its ``size`` blocks: ``block`` described, with the same dtype, room in ``whole`` for
     ``size`` of it (``exact``: exactly that, a scatter's) and no overlap but the in-place one (``buffers.check_*``
     raise otherwise); ``block`` None: this rank's block of ``whole``."""
-    cdef Py_ssize_t size = comm._size, n = (<tuple>whole)[2], count, nbytes
+    cdef Py_ssize_t size = comm._size, n = (<tuple>whole)[2], count, nbytes, rank = comm._rank
     name = "input" if gather else "output"
     if block is None:
         if n % size:
             raise ValueError(f"{op}: {'in place, ' if gather else ''}{(<tuple>whole)[12]} has {n} elements, "
                              f"not a multiple of {size} ranks")
-        return comm._offset(whole, comm._rank, n // size, name)
+        return _rank_block(comm, whole, n // size, name)
     b = _describe(comm, block, st, not gather, name)
     count, nbytes = (<tuple>b)[2], (<tuple>b)[1]
     inp, out = (b, whole) if gather else (whole, b)
@@ -1955,7 +1966,8 @@ cdef object _block(CommCore comm, object whole, object block, object st, bint ga
         check_same_dtype(inp, out, op=op)
     if n < count * size or (exact and n != count * size):
         check_count(whole, count * size, exact=exact, op=op, why=f"{count} elements x {size} ranks")
-    if _share_memory(inp, out):  # in place: the block at its rank's offset of the whole
+    # in place: the block at its rank's offset of the whole (what check_overlap allows without a look)
+    if _share_memory(inp, out) and <uintptr_t>(<tuple>b)[0] != <uintptr_t>(<tuple>whole)[0] + rank * nbytes:
         if gather:
             check_overlap(inp, out, op=op, in_place=comm._rank * nbytes, in_place_form="input=None")
         else:
@@ -2037,7 +2049,7 @@ def gather(CommCore comm, input, output=None, root=0, *, stream=None, async_op=F
         n = (<tuple>out)[2]
         if n % size:
             raise ValueError(f"gather: output has {n} elements, not a multiple of {size} ranks")
-        inp = comm._offset(out, comm._rank, n // size, "input")
+        inp = _rank_block(comm, out, n // size, "input")
     elif out is None:
         inp = _describe(comm, input, st, False, "input")
     else:
@@ -2068,7 +2080,7 @@ def scatter(CommCore comm, input, output=None, root=0, *, stream=None, async_op=
     if output is None:
         if inp is None:
             raise ValueError("scatter: output=None (in place) is only valid on the root")
-        out = comm._offset(inp, comm._rank, n // size, "output")
+        out = _rank_block(comm, inp, n // size, "output")
     elif inp is None:
         out = _describe(comm, output, st, True, "output")
     else:

@@ -30,7 +30,7 @@ from . import (
     memory as _memory,
     windows as _windows,
 )
-from .buffers import Buffer, integer as _integer
+from .buffers import integer as _integer
 from .config import CommConfig
 from .devices import Device, backoff
 from .errors import (
@@ -724,13 +724,6 @@ class Communicator(_core.CommCore):
         if not 0 <= root < self._size:
             raise ValueError(f"{what} {root} is out of range for a communicator of {self._size} ranks")
         return root
-
-    def _offset(self, buf: Buffer, index: int, count: int, name: str) -> Buffer:
-        """The ``index``-th block of ``count`` elements of ``buf`` (in-place variants)."""
-        if count * self._size > buf.count:
-            raise ValueError(f"{buf.name} has {buf.count} elements, fewer than {count} x {self._size} ranks")
-        ptr = buf.ptr + index * count * buf.itemsize
-        return buf._replace(ptr=ptr, nbytes=count * buf.itemsize, count=count, shape=(count,), name=name)
 
     # -- collectives ----------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
-"""The per-call ``op=`` and ``timeout=`` arguments: the common values are read in compiled code and every other
-value goes where it always went (``Communicator._redop``, ``_settings.seconds``), with the same result or the
-same error."""
+"""The per-call arguments read in compiled code: ``op=`` and ``timeout=`` (the common values in C, every other value
+where it always went -- ``Communicator._redop``, ``_settings.seconds`` -- with the same result or the same error),
+and the in-place forms of all_gather, reduce_scatter, gather and scatter (this rank's block of the whole)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from helpers.mp import run_ranks
 
 import pycoll
-from pycoll import _settings
+from pycoll import _settings, hooks
 from pycoll._bindings import RedOp
 from pycoll.comm import Communicator
 
@@ -160,3 +160,79 @@ def test_plain_timeouts_are_read_without_the_setting(comm, monkeypatch):
     with pytest.raises(ValueError, match="finite number of seconds"):
         comm.all_reduce(x, timeout=math.nan)
     assert spy.calls == 4
+
+
+def _in_place_forms(rank, n, uid):
+    """Each in-place form, by None and by a view at this rank's block, with every rank as the root of the rooted
+    ones: the results, and the block's Buffer as the operation recorded it next to the whole's."""
+    c = pycoll.init(rank, n, unique_id=uid, backend="host", name="in place")
+    k, got = 3, {}
+    seen = {}
+
+    class Arguments(hooks.CommObserver):  # the Buffers as the operation holds them when it is enqueued
+        def work_enqueued(self, work):
+            seen["inputs"], seen["outputs"] = list(work.inputs), list(work.outputs)
+
+    observer = Arguments()
+    hooks.add_observer(observer)
+
+    def block_fields(w, which, whole):
+        b = seen[which][0]
+        item = whole.dtype.itemsize
+        return (b.ptr == whole.ctypes.data + rank * k * item and b.nbytes == k * item and b.count == k
+                and b.shape == (k,) and b.datatype == 7 and b.dtype_name == "Float" and b.owner is whole
+                and b.source == "numpy" and b.device_type == 1 and b.readonly is False and b.sync_stream is None
+                and b.name == which[:-1])
+
+    try:
+        for by_view in (False, True):
+            form = "view" if by_view else "None"
+            whole = np.zeros(k * n, np.float32)
+            whole[rank * k:(rank + 1) * k] = rank + 1
+            w = c.all_gather(whole[rank * k:(rank + 1) * k] if by_view else None, whole)
+            got[f"all_gather {form}"] = (whole.tolist() == np.repeat(np.arange(1.0, n + 1), k).tolist(),
+                                         by_view or block_fields(w, "inputs", whole))
+            whole = np.full(k * n, rank + 1.0, np.float32)
+            w = c.reduce_scatter(whole, whole[rank * k:(rank + 1) * k] if by_view else None)
+            got[f"reduce_scatter {form}"] = (whole[rank * k:(rank + 1) * k].tolist() == [n * (n + 1) / 2] * k,
+                                             by_view or block_fields(w, "outputs", whole))
+            for root in range(n):
+                whole = np.zeros(k * n, np.float32)
+                whole[rank * k:(rank + 1) * k] = rank + 1
+                if rank == root:
+                    w = c.gather(whole[rank * k:(rank + 1) * k] if by_view else None, whole, root=root)
+                    got[f"gather {form} root {root}"] = (
+                        whole.tolist() == np.repeat(np.arange(1.0, n + 1), k).tolist(),
+                        by_view or block_fields(w, "inputs", whole))
+                else:
+                    c.gather(whole[rank * k:(rank + 1) * k].copy(), None, root=root)
+                if rank == root:
+                    whole = np.repeat(np.arange(10.0, 10 + n), k).astype(np.float32)
+                    w = c.scatter(whole, whole[rank * k:(rank + 1) * k] if by_view else None, root=root)
+                    got[f"scatter {form} root {root}"] = (whole.tolist() == np.repeat(np.arange(10.0, 10 + n),
+                                                                                      k).tolist(),
+                                                          by_view or block_fields(w, "outputs", whole))
+                else:
+                    out = np.zeros(k, np.float32)
+                    c.scatter(None, out, root=root)
+                    got[f"scatter {form} received from {root}"] = (out.tolist() == [10.0 + rank] * k, True)
+        whole = np.zeros(k * n, np.float32)  # a view one block off its rank's place is no in-place form
+        other = (rank + 1) % n
+        try:
+            c.all_gather(whole[other * k:(other + 1) * k], whole)
+            got["misplaced view refused"] = (False, False)
+        except ValueError as e:
+            got["misplaced view refused"] = ("overlap in memory" in str(e) and "input=None" in str(e), True)
+        c.all_reduce(np.ones(1, np.float32))  # usable afterwards
+    finally:
+        hooks.remove_observer(observer)
+        c.destroy()
+    return got
+
+
+@pytest.mark.timeout(120)
+def test_in_place_forms_use_this_ranks_block():
+    for got in run_ranks(_in_place_forms, 3, bytes(pycoll.get_unique_id(backend="host")), timeout=90):
+        assert len(got) == 2 * (2 + 2 + 2) + 1, sorted(got)  # per form: 2, its own root (2), 2 other roots; 1
+        bad = {what: ok for what, ok in got.items() if ok != (True, True)}
+        assert not bad, bad
