@@ -389,8 +389,8 @@ def group_costs(comm: Any, a: argparse.Namespace, batch: Callable[[Any], float])
 
 def argument_costs(comm: Any, a: argparse.Namespace, batch: Callable[[Any], float]) -> Dict[str, float]:
     """The same all_reduce with the per-call arguments users pass: another operator by name and by ``RedOp``, a
-    ``timeout=`` of its own, and an async call waited for with a ``timeout=``; a reduce_scatter out of place and in
-    place, an all_gather in place; batches interleaved, ns per call (median)."""
+    ``timeout=`` of its own, an async call waited for with a ``timeout=`` and one never waited for; a reduce_scatter
+    out of place and in place, an all_gather in place; batches interleaved, ns per call (median)."""
     from pycoll._bindings import RedOp
 
     x, y = np.ones(2, np.float32), np.zeros(2, np.float32)
@@ -400,6 +400,7 @@ def argument_costs(comm: Any, a: argparse.Namespace, batch: Callable[[Any], floa
              "arguments: timeout=5.0": lambda: comm.all_reduce(x, y, timeout=5.0),
              "arguments: async_op=True, then wait(timeout=5.0)":
                  lambda: comm.all_reduce(x, y, async_op=True).wait(timeout=5.0),
+             "arguments: async_op=True, the Work dropped": lambda: comm.all_reduce(x, y, async_op=True),
              "arguments: reduce_scatter(x, y)": lambda: comm.reduce_scatter(x, y),
              "arguments: reduce_scatter(x), in place": lambda: comm.reduce_scatter(x),
              "arguments: all_gather(None, x), in place": lambda: comm.all_gather(None, x)}

@@ -21,6 +21,7 @@ Also here: this thread's open group (:func:`open_group`), the observers' compile
 
 cimport cython
 from cpython.buffer cimport PyBuffer_IsContiguous
+from cpython.dict cimport PyDict_Next
 from cpython.exc cimport PyErr_CheckSignals, PyErr_Clear, PyErr_Fetch, PyErr_Restore
 from cpython.memoryview cimport PyMemoryView_FromObject, PyMemoryView_GET_BUFFER
 from cpython.object cimport PyTypeObject
@@ -1540,9 +1541,38 @@ cdef int _stream_mode(CommCore comm, object s, bint inline) except -1:
     return 0
 
 
+cdef enum:
+    _BACKLOG = 8  # outstanding operations from which an issuing thread retires the oldest completed ones, and it
+    _RETIRE_EVERY = 8  # looks at every 8th operation it issues only (a look at an incomplete one costs its queries)
+
+
+cdef int _retire_completed(CommCore comm) except -1:
+    """Refresh the oldest outstanding operations while they turn out complete (retired: out of the outstanding list,
+    their events back to the pool, their arrays released, the observers told): completed operations nobody waits
+    for (issued with ``async_op=True`` and dropped, or waited for only later) do not pile up between the watchdog's
+    rounds, nor for good without a watchdog. Each is refreshed once in all (the work the watchdog's round would do);
+    the first incomplete one stops it (one refresh, never a wait); a failure a refresh finds is recorded (and raised
+    by the state check after it)."""
+    cdef Py_ssize_t pos = 0
+    cdef PyObject* key
+    cdef PyObject* value
+    cdef dict pending = comm._pending
+    dev = comm.device
+    lib = _comm_lib(comm)
+    while PyDict_Next(pending, &pos, &key, &value):  # oldest first: the dict keeps issue order
+        w = <Work>key  # a reference of our own: the refresh may let other threads run
+        _refresh(comm, w, dev, lib)
+        if w in pending or comm._failure is not None:  # not retired: incomplete, failed, or left to its owner
+            return 0
+    return 0
+
+
 cdef object _begin(CommCore comm, object what, object stream, bint async_op, object a, object b):
     """The state checked and the stream resolved for an operation on arrays ``a`` and ``b`` (None: absent);
-    the compiled operations' form of :func:`begin`, which makes no tuple on the host's path."""
+    the compiled operations' form of :func:`begin`, which makes no tuple on the host's path. Where operations
+    are outstanding in numbers, the oldest completed ones are retired first (``_retire_completed``)."""
+    if comm._last_op_id % _RETIRE_EVERY == 0 and len(<dict>comm._pending) >= _BACKLOG and comm._failure is None:
+        _retire_completed(comm)
     if comm._state != "active" or comm._failure is not None:
         comm._check_usable(what)
     if stream is None and not comm._guard_device:  # the host: no framework streams, the own stream

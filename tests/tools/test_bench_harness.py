@@ -104,7 +104,7 @@ def test_overhead_breakdown_reads_the_stages_of_the_path_itself(tmp_path):
     assert len(groups) == 4 and all(ns[k] > 0 for k in groups), ns
     assert ns["group: four all_reduce in a group"] > ns["group: `with comm.group(): pass`"], ns
     arguments = [k for k in ns if k.startswith("arguments: ")]
-    assert len(arguments) == 8 and all(ns[k] > 0 for k in arguments), ns
+    assert len(arguments) == 9 and all(ns[k] > 0 for k in arguments), ns
     assert "library call" in res.stdout and "outside the stages" in res.stdout
 
 

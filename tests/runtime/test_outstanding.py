@@ -1,0 +1,129 @@
+"""Operations nobody waits for: once eight are outstanding, every eighth operation issued retires the oldest completed
+ones first (``pycoll._core._retire_completed``), so that they do not pile up between the watchdog's rounds, nor for good
+without a watchdog; an incomplete oldest one stops it (never a wait), and a failure it meets is raised by the
+operation being issued."""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+import weakref
+
+import numpy as np
+import pytest
+from helpers.mp import run_ranks
+
+import pycoll
+from pycoll import hooks
+
+BACKLOG = 8  # pycoll._core._BACKLOG
+EVERY = 8  # pycoll._core._RETIRE_EVERY
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _uid() -> bytes:
+    return bytes(pycoll.get_unique_id(backend="host"))
+
+
+def _fire_and_forget(rank, n, uid):
+    c = pycoll.init(rank, n, unique_id=uid, backend="host", name="fire and forget")
+    completed = []
+
+    class Completions(hooks.CommObserver):
+        def work_completed(self, work):
+            completed.append(work.seq)
+
+    observer = Completions()
+    hooks.add_observer(observer)
+    try:
+        most, arrays = 0, []
+        for i in range(2000):
+            x = np.full(4, float(rank + i), np.float32)
+            arrays.append(weakref.ref(x))
+            c.all_reduce(x, async_op=True)  # the Work dropped at once
+            most = max(most, len(c.outstanding()))
+        del x
+        last = np.ones(4, np.float32)
+        c.all_reduce(last, async_op=True).wait()  # every operation before it is complete now (one stream)
+        for _ in range(EVERY):  # one of their issues retires them
+            c.all_reduce(np.ones(1, np.float32))
+        gc.collect()
+        result = {"most outstanding": most, "outstanding": len(c.outstanding()),
+                  "arrays alive": sum(r() is not None for r in arrays), "completed": len(completed),
+                  "distinct": len(set(completed)), "last": last.tolist()}
+    finally:
+        hooks.remove_observer(observer)
+        c.destroy()
+    return result
+
+
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("watchdog", ["1", "0"])
+def test_dropped_async_operations_do_not_pile_up(n, watchdog):
+    """2,000 async all_reduce whose Works are dropped, then one waited for and eight blocking ones: once they are
+    complete an issue retires them (without a watchdog nothing else would): fewer than eight outstanding, every array
+    released, every operation completed once for the observers, the results right. At 1 rank, where each completes
+    as it is issued, at most 16 are ever outstanding (the watchdog's round is 100 ms or more)."""
+    for res in run_ranks(_fire_and_forget, n, _uid(), env={"PYCOLL_WATCHDOG": watchdog}, timeout=100):
+        assert res["outstanding"] < BACKLOG and res["arrays alive"] == 0, res
+        assert res["completed"] == res["distinct"] and res["completed"] >= 2002 - BACKLOG, res
+        assert res["last"] == [float(n)] * 4, res
+        if n == 1:
+            assert res["most outstanding"] <= BACKLOG + EVERY, res
+
+
+def _late_peer(rank, n, uid):
+    c = pycoll.init(rank, n, unique_id=uid, backend="host", name="late peer", timeout=30)
+    try:
+        if rank == 1:
+            time.sleep(1.0)
+        xs = [np.full(2, float(rank + i), np.float32) for i in range(3 * BACKLOG)]
+        t0 = time.monotonic()
+        works = [c.all_reduce(x, async_op=True) for x in xs]
+        issued = time.monotonic() - t0
+        outstanding = len(c.outstanding())
+        for w in works:
+            w.wait()
+        return {"issued s": issued, "outstanding after issue": outstanding,
+                "right": all(x.tolist() == [1.0 + 2 * i] * 2 for i, x in enumerate(xs)),
+                "left": len(c.outstanding())}
+    finally:
+        c.destroy()
+
+
+def test_an_incomplete_oldest_operation_stops_the_retiring_without_a_wait():
+    """Rank 0 issues 24 async all_reduce while rank 1 sleeps 1 s: none can complete, and issuing them waits for
+    none (the oldest is refreshed, found incomplete, left, twice); once rank 1 comes every result is right."""
+    res = run_ranks(_late_peer, 2, _uid(), timeout=100)
+    assert res[0]["issued s"] < 0.5 and res[0]["outstanding after issue"] >= 3 * BACKLOG - 2, res
+    assert all(r["right"] and r["left"] == 0 for r in res), res
+
+
+def _peer_dies(rank, n, uid):
+    c = pycoll.init(rank, n, unique_id=uid, backend="host", name="peer dies", timeout=20)
+    x = np.ones(2, np.float32)
+    c.all_reduce(x)
+    if rank == 1:
+        for _ in range(3):
+            c.all_reduce(x, async_op=True)
+        time.sleep(0.2)
+        os._exit(0)  # gone with operations of rank 0 still to come
+    t0 = time.monotonic()
+    try:
+        for _ in range(200):  # dropped: only the issuing path and the watchdog look at them
+            c.all_reduce(np.ones(2, np.float32), async_op=True)
+            time.sleep(0.01)
+        raised = None
+    except pycoll.CommFailure as e:
+        raised = type(e).__name__
+    return {"raised": raised, "after s": time.monotonic() - t0, "state": c.state}
+
+
+def test_a_dead_peer_is_raised_by_the_next_issue():
+    """Rank 1 exits with rank 0's dropped operations outstanding: rank 0's issuing, which refreshes the oldest of
+    them, raises a CommFailure within the 2 s the loop takes at most (no hang, no silent pile-up)."""
+    res = run_ranks(_peer_dies, 2, _uid(), may_die=[1], timeout=100)
+    r = res[0]
+    assert r["raised"] is not None and r["after s"] < 10, r
