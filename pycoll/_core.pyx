@@ -22,6 +22,7 @@ Also here: this thread's open group (:func:`open_group`), the observers' compile
 cimport cython
 from cpython.buffer cimport PyBuffer_IsContiguous
 from cpython.dict cimport PyDict_Next
+from cpython.number cimport PyIndex_Check, PyNumber_Index
 from cpython.exc cimport PyErr_CheckSignals, PyErr_Clear, PyErr_Fetch, PyErr_Restore
 from cpython.memoryview cimport PyMemoryView_FromObject, PyMemoryView_GET_BUFFER
 from cpython.object cimport PyTypeObject
@@ -1934,9 +1935,20 @@ cdef object _all_reduce(CommCore comm, object tensor, object output, object op, 
 
 
 cdef object _rank_arg(CommCore comm, object root, object what):
-    if type(root) is int and 0 <= root < comm._size:
-        return root
-    return comm._root(root, what)  # raises what is wrong (or accepts another integer: numpy's, an int subclass)
+    """A root or peer argument as an int rank of ``comm``: an int, or another integer (numpy's, an int subclass, a 0-d
+    integer tensor: what ``operator.index`` takes, never a bool), in range; ``comm._root`` says what is wrong."""
+    tp = type(root)
+    if tp is int:
+        if 0 <= root < comm._size:
+            return root
+    elif tp is not bool and PyIndex_Check(root):
+        try:
+            value = PyNumber_Index(root)
+        except TypeError:  # an __index__ that refuses (numpy's bool): comm._root names it
+            value = None
+        if value is not None and 0 <= value < comm._size:
+            return value
+    return comm._root(root, what)
 
 
 def broadcast(CommCore comm, tensor, root=0, output=None, *, stream=None, async_op=False, timeout=None, config=None):

@@ -1,6 +1,7 @@
-"""The per-call arguments read in compiled code: ``op=`` and ``timeout=`` (the common values in C, every other value
-where it always went -- ``Communicator._redop``, ``_settings.seconds`` -- with the same result or the same error),
-and the in-place forms of all_gather, reduce_scatter, gather and scatter (this rank's block of the whole)."""
+"""The per-call arguments read in compiled code: ``op=``, ``timeout=`` and a root or peer (the common values in C,
+every other value where it always went -- ``Communicator._redop``, ``_settings.seconds``, ``Communicator._root`` --
+with the same result or the same error), and the in-place forms of all_gather, reduce_scatter, gather and scatter
+(this rank's block of the whole)."""
 
 from __future__ import annotations
 
@@ -114,6 +115,76 @@ def test_every_spelling_of_an_operator_reduces_with_it():
         assert len(results) == 20
         for what, got in results.items():
             assert got == expected[what.split()[0]], what
+
+
+class _Rank(int):
+    pass
+
+
+RANKS = [0, np.int64(0), np.int32(0), np.uint8(0), _Rank(0), RedOp.Sum, 1, -1, np.int64(1), np.int64(-1), 2 ** 70,
+         True, False, np.bool_(False), 0.0, np.float32(0), "0", None, [0], complex(0)]
+
+
+@pytest.mark.parametrize("root", RANKS, ids=repr)
+def test_every_root_and_peer_gives_what_the_communicator_gives(comm, root):
+    """broadcast, reduce, gather, scatter (root) and send, recv, sendrecv (peer) take a rank as ``Communicator._root``
+    reads it (any integer ``operator.index`` takes, never a bool): the same rank, or the same exception and text."""
+    x, y = np.ones(2, np.float32), np.zeros(2, np.float32)
+    calls = {"root": [lambda: comm.broadcast(x, root=root), lambda: comm.reduce(x, root=root),
+                      lambda: comm.gather(x, y, root=root), lambda: comm.scatter(x, y, root=root)],
+             "peer": [lambda: comm.sendrecv(x, y, root)]}
+    for what, fns in calls.items():
+        expected = _outcome(lambda: comm._root(root, what))
+        for call in fns:
+            got = _outcome(call)
+            if isinstance(expected, tuple):
+                assert got == expected
+            else:
+                assert isinstance(got, pycoll.Work) and got.is_completed()
+    with comm.group():  # send and recv: in a group (alone they would wait for each other)
+        got = [_outcome(lambda: comm.send(x, root)), _outcome(lambda: comm.recv(y, root))]
+    expected = _outcome(lambda: comm._root(root, "peer"))
+    assert all(g == expected for g in got) if isinstance(expected, tuple) else all(
+        isinstance(g, pycoll.Work) for g in got)
+    comm.all_reduce(np.ones(2, np.float32))  # usable afterwards
+
+
+def test_integer_roots_are_read_without_the_python_method(comm, monkeypatch):
+    """An int, a numpy integer, an int subclass: no call of ``Communicator._root``; a bool, a float and a rank out of
+    range go there (which refuses them)."""
+    spy = _spy(Communicator._root)
+    monkeypatch.setattr(Communicator, "_root", spy)
+    x = np.ones(2, np.float32)
+    for root in (0, np.int64(0), np.uint16(0), _Rank(0)):
+        comm.broadcast(x, root=root)
+        comm.sendrecv(x, np.zeros(2, np.float32), root)
+    assert spy.calls == 0
+    for root in (True, 0.0, 1, np.int64(-1)):
+        with pytest.raises((TypeError, ValueError)):
+            comm.broadcast(x, root=root)
+    assert spy.calls == 4
+
+
+def _numpy_roots(rank, n, uid):
+    c = pycoll.init(rank, n, unique_id=uid, backend="host", name="numpy roots")
+    try:
+        got = []
+        for root in (np.int64(1), np.uint8(0), np.int32(1)):
+            x = np.full(2, 10.0 + rank, np.float32)
+            c.broadcast(x, root=root)
+            got.append(x.tolist())
+        peer = np.int64(1 - rank)
+        y = np.zeros(2, np.float32)
+        c.sendrecv(np.full(2, float(rank), np.float32), y, peer)
+        got.append(y.tolist())
+    finally:
+        c.destroy()
+    return got
+
+
+def test_numpy_integer_roots_and_peers_pick_that_rank():
+    for rank, got in enumerate(run_ranks(_numpy_roots, 2, bytes(pycoll.get_unique_id(backend="host")), timeout=90)):
+        assert got == [[11.0] * 2, [10.0] * 2, [11.0] * 2, [float(1 - rank)] * 2], got
 
 
 TIMEOUTS = [5, 5.0, 0.25, 1e-9, 2 ** 53 - 1, 2 ** 53, 2 ** 80, np.float64(3), np.float32(2.5), np.int32(7),
