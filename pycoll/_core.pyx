@@ -1543,8 +1543,7 @@ cdef int _stream_mode(CommCore comm, object s, bint inline) except -1:
 
 
 cdef enum:
-    _BACKLOG = 8  # outstanding operations from which an issuing thread retires the oldest completed ones, and it
-    _RETIRE_EVERY = 8  # looks at every 8th operation it issues only (a look at an incomplete one costs its queries)
+    _RETIRE_EVERY = 8  # an issuing thread retires the oldest completed operations at every 8th operation it issues
 
 
 cdef int _retire_completed(CommCore comm) except -1:
@@ -1570,9 +1569,10 @@ cdef int _retire_completed(CommCore comm) except -1:
 
 cdef object _begin(CommCore comm, object what, object stream, bint async_op, object a, object b):
     """The state checked and the stream resolved for an operation on arrays ``a`` and ``b`` (None: absent);
-    the compiled operations' form of :func:`begin`, which makes no tuple on the host's path. Where operations
-    are outstanding in numbers, the oldest completed ones are retired first (``_retire_completed``)."""
-    if comm._last_op_id % _RETIRE_EVERY == 0 and len(<dict>comm._pending) >= _BACKLOG and comm._failure is None:
+    the compiled operations' form of :func:`begin`, which makes no tuple on the host's path. At every 8th operation,
+    where operations are outstanding, the oldest completed ones are retired first (``_retire_completed``: a look at
+    an incomplete one costs its event queries, once per 8 operations)."""
+    if comm._last_op_id % _RETIRE_EVERY == 0 and comm._pending and comm._failure is None:
         _retire_completed(comm)
     if comm._state != "active" or comm._failure is not None:
         comm._check_usable(what)

@@ -151,3 +151,44 @@ def test_a_blocking_wait_polls_briefly_then_sleeps():
     assert r["value"] == [1.0] * 4 and r["elapsed"] >= 0.35, r
     # the driver is polled for 100 us, then the device's back-off sleeps: far less CPU than the 0.4 s waited
     assert r["cpu"] < 0.15, r
+
+
+def _dropped_async(rank, n, uid):
+    import gc
+    import weakref
+
+    import pycoll.emulated as emu
+
+    comm, rt = H.setup(rank, n, uid)
+    side = comm.device.create_stream()
+    arrays = []
+    for i in range(300):
+        x = emu.TorchLikeTensor(rt, np.full(4, float(i), np.float32))
+        arrays.append(weakref.ref(x))
+        comm.all_reduce(x, stream=side, async_op=True)  # the Work dropped at once
+    del x
+    rt.sleep(side, 0.3)  # a kernel ahead of the next operations: the oldest of them stays incomplete
+    t0 = time.monotonic()
+    held = [emu.TorchLikeTensor(rt, np.ones(4, np.float32)) for _ in range(20)]
+    for y in held:
+        comm.all_reduce(y, stream=side, async_op=True)
+    issued = time.monotonic() - t0
+    behind = len(comm.outstanding())
+    last = emu.TorchLikeTensor(rt, np.ones(4, np.float32))
+    comm.all_reduce(last, stream=side, async_op=True).wait()
+    for _ in range(8):
+        comm.all_reduce(emu.TorchLikeTensor(rt, np.ones(1, np.float32)), stream=side)
+    gc.collect()
+    out = {"issued s": issued, "behind": behind, "left": len(comm.outstanding()),
+           "alive": sum(r() is not None for r in arrays), "last": last.numpy().tolist()}
+    comm.destroy()
+    return out
+
+
+def test_dropped_async_operations_are_retired_by_the_issuing_thread_on_a_gpu():
+    """On the emulated GPU with the driver table (the path's event queries in C), without a watchdog: 300 async
+    all_reduce on a side stream whose Works are dropped; 20 more behind a 0.3 s kernel are issued without a wait
+    and stay outstanding until it ends; then later issues retire everything and the arrays are released."""
+    (r,) = H.run_ranks(_dropped_async, 1, H.uid(), env={"PYCOLL_WATCHDOG": "0"})
+    assert r["issued s"] < 0.2 and r["behind"] >= 20, r
+    assert r["left"] < 8 and r["alive"] == 0 and r["last"] == [1.0] * 4, r
