@@ -356,6 +356,20 @@ def breakdown(a: argparse.Namespace) -> Dict[str, float]:
     return out
 
 
+def interleaved(calls: Dict[str, Callable[[], Any]], a: argparse.Namespace,
+                batch: Callable[[Any], float]) -> Dict[str, float]:
+    """Each call warmed up, then timed batch by batch with the others interleaved (the machine's drift hits them
+    alike); ns per call, the median of the batches."""
+    times: Dict[str, List[float]] = {k: [] for k in calls}
+    for fn in calls.values():
+        for _ in range(a.warmup):
+            fn()
+    for _ in range(a.batches):
+        for k, fn in calls.items():
+            times[k].append(batch(fn))
+    return {k: float(np.median(v)) for k, v in times.items()}
+
+
 def group_costs(comm: Any, a: argparse.Namespace, batch: Callable[[Any], float]) -> Dict[str, float]:
     """What a ``with comm.group():`` adds: the group alone, one and four blocking all_reduce in it, and the
     bindings' ``group_start`` + ``group_end`` under it; batches interleaved, ns per group (median)."""
@@ -377,14 +391,7 @@ def group_costs(comm: Any, a: argparse.Namespace, batch: Callable[[Any], float])
              "group: bindings' group_start() + group_end()": bindings_group,
              "group: one all_reduce in a group": grouped(1),
              "group: four all_reduce in a group": grouped(4)}
-    times: Dict[str, List[float]] = {k: [] for k in calls}
-    for fn in calls.values():
-        for _ in range(a.warmup):
-            fn()
-    for _ in range(a.batches):
-        for k, fn in calls.items():
-            times[k].append(batch(fn))
-    return {k: float(np.median(v)) for k, v in times.items()}
+    return interleaved(calls, a, batch)
 
 
 def argument_costs(comm: Any, a: argparse.Namespace, batch: Callable[[Any], float]) -> Dict[str, float]:
@@ -404,14 +411,7 @@ def argument_costs(comm: Any, a: argparse.Namespace, batch: Callable[[Any], floa
              "arguments: reduce_scatter(x, y)": lambda: comm.reduce_scatter(x, y),
              "arguments: reduce_scatter(x), in place": lambda: comm.reduce_scatter(x),
              "arguments: all_gather(None, x), in place": lambda: comm.all_gather(None, x)}
-    times: Dict[str, List[float]] = {k: [] for k in calls}
-    for fn in calls.values():
-        for _ in range(a.warmup):
-            fn()
-    for _ in range(a.batches):
-        for k, fn in calls.items():
-            times[k].append(batch(fn))
-    return {k: float(np.median(v)) for k, v in times.items()}
+    return interleaved(calls, a, batch)
 
 
 def print_breakdown(out: Dict[str, float]) -> None:

@@ -1571,11 +1571,13 @@ cdef object _begin(CommCore comm, object what, object stream, bint async_op, obj
     """The state checked and the stream resolved for an operation on arrays ``a`` and ``b`` (None: absent);
     the compiled operations' form of :func:`begin`, which makes no tuple on the host's path. At every 8th operation,
     where operations are outstanding, the oldest completed ones are retired first (``_retire_completed``: a look at
-    an incomplete one costs its event queries, once per 8 operations)."""
-    if comm._last_op_id % _RETIRE_EVERY == 0 and comm._pending and comm._failure is None:
-        _retire_completed(comm)
+    an incomplete one costs its event queries, once per 8 operations); a failure found there is raised here."""
     if comm._state != "active" or comm._failure is not None:
         comm._check_usable(what)
+    if comm._last_op_id % _RETIRE_EVERY == 0 and comm._pending:
+        _retire_completed(comm)
+        if comm._failure is not None:
+            comm._check_usable(what)
     if stream is None and not comm._guard_device:  # the host: no framework streams, the own stream
         return _own_stream(comm, not async_op)
     if stream is None and _torch_view != NULL and _torch_raw_stream is not None:
