@@ -11,7 +11,8 @@ from Python on torch's current stream, by:
 * **pycoll bindings**: ``Library.all_reduce(ptr, ptr, 2, Float32, Sum, comm, stream)``, the stream read from
   torch as the Communicator reads it (``torch._C._cuda_getCurrentRawStream``);
 * **pycoll Communicator, async_op=True**: ``comm.all_reduce(x, async_op=True)`` -- returns once the
-  operation is queued, like torch.distributed's call;
+  operation is queued, like torch.distributed's call; once with its Works kept and waited for, once with them
+  dropped (retired by the issuing thread's looks at every eighth operation and the watchdog);
 * **pycoll Communicator, blocking**: ``comm.all_reduce(x)`` -- waits until the GPU has finished;
 * the Communicator's two forms again with its GPU calls through the runtime module (``_core.gpu_driver_calls(False)``:
   cuda-bindings' Python layer for the event records and queries, the capture check and the current device)
@@ -176,6 +177,8 @@ def overhead(out: str, calls: int, batches: int) -> Dict[str, Any]:
                     paths(new)
                     for name, issue, finish, n in (
                             ("async_op=True", lambda: comm.all_reduce(x, async_op=True), finish_works, calls),
+                            ("async_op=True, the Work dropped", lambda: comm.all_reduce(x, async_op=True) and None,
+                             sync, calls),
                             ("blocking", lambda: comm.all_reduce(x), sync, max(1, calls // 5))):
                         r = _try(lambda i=issue, f=finish, k=n: _time(i, f, k, batches, 20))
                         if isinstance(r, dict):
@@ -219,15 +222,15 @@ def overhead(out: str, calls: int, batches: int) -> Dict[str, Any]:
     lines = [(f"# 8-byte allreduce, 1 rank, {torch.cuda.get_device_name(dev)}, libnccl {results['libnccl']}, "
               f"driver table {results['driver']}"),
              "# enqueue: host ns per call to issue it; total: issue + finish the batch; median over batches",
-             f"{'variant':40s} {'enqueue ns':>11s} {'total ns':>10s} {'enqueue / torch':>16s}"]
+             f"{'variant':64s} {'enqueue ns':>11s} {'total ns':>10s} {'enqueue / torch':>16s}"]
     for name, r in results.items():
         if name in ("libnccl", "pieces", "driver", "stages"):
             continue
         if not isinstance(r, dict):
-            lines.append(f"{name:40s} {r}")
+            lines.append(f"{name:64s} {r}")
             continue
         ratio = (f"{r['enqueue_ns'] / ref['enqueue_ns']:.2f}" if isinstance(ref, dict) and ref["enqueue_ns"] else "-")
-        lines.append(f"{name:40s} {r['enqueue_ns']:11,.0f} {r['total_ns']:10,.0f} {ratio:>16s}")
+        lines.append(f"{name:64s} {r['enqueue_ns']:11,.0f} {r['total_ns']:10,.0f} {ratio:>16s}")
     for key, title in (("pieces", "the pieces of one operation's path: host ns per call, median of 5 rounds"),
                        ("stages", ("a blocking comm.all_reduce(x) by stage (_core.stage_clock): host ns per call, "
                                   "median of 5"))):
