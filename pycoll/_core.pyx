@@ -1557,8 +1557,8 @@ cdef int _retire_completed(CommCore comm) except -1:
     cdef PyObject* key
     cdef PyObject* value
     cdef dict pending = comm._pending
+    cdef Library lib = _comm_lib(comm)
     dev = comm.device
-    lib = _comm_lib(comm)
     while PyDict_Next(pending, &pos, &key, &value):  # oldest first: the dict keeps issue order
         w = <Work>key  # a reference of our own: the refresh may let other threads run
         _refresh(comm, w, dev, lib)
@@ -2013,9 +2013,9 @@ cdef object _block(CommCore comm, object whole, object block, object st, bint ga
     # in place: the block at its rank's offset of the whole (what check_overlap allows without a look)
     if _share_memory(inp, out) and <uintptr_t>(<tuple>b)[0] != <uintptr_t>(<tuple>whole)[0] + rank * nbytes:
         if gather:
-            check_overlap(inp, out, op=op, in_place=comm._rank * nbytes, in_place_form="input=None")
+            check_overlap(inp, out, op=op, in_place=rank * nbytes, in_place_form="input=None")
         else:
-            check_overlap(inp, out, op=op, in_place=-comm._rank * nbytes, in_place_form="output=None")
+            check_overlap(inp, out, op=op, in_place=-rank * nbytes, in_place_form="output=None")
     return b
 
 

@@ -97,7 +97,6 @@ def cuda_driver():
     global _cuda_driver
     cdef void* h
     cdef void* fns[6]
-    cdef CudaDriver d
     with _cuda_lock:
         if _cuda_driver is None:
             _cuda_driver = False
@@ -119,12 +118,7 @@ def cuda_driver():
             if r != _CUDA_SUCCESS:
                 _log.debug("cuda_driver: cuInit failed (%d)", r)
                 return None
-            d = CudaDriver.__new__(CudaDriver)
-            d.event_record = <cu_event_record_fn>fns[1]
-            d.event_query = <cu_event_query_fn>fns[2]
-            d.stream_is_capturing = <cu_stream_is_capturing_fn>fns[3]
-            d.ctx_get_device = <cu_ctx_get_device_fn>fns[4]
-            d.device_get = <cu_device_get_fn>fns[5]
-            d.source = "libcuda.so.1"
-            _cuda_driver = d  # the library stays loaded (its handle is never closed)
+            # the library stays loaded (its handle is never closed)
+            _cuda_driver = CudaDriver.from_addresses(<uintptr_t>fns[1], <uintptr_t>fns[2], <uintptr_t>fns[3],
+                                                     <uintptr_t>fns[4], <uintptr_t>fns[5], source="libcuda.so.1")
         return _cuda_driver or None
