@@ -268,7 +268,7 @@ ncclResult_t run_tasks_until(struct task* list, uint64_t deadline, uint64_t budg
       }
     }
     if (moved) {
-      backoff_reset(&b, oversub);
+      backoff_restart(&b, oversub);
       continue;
     }
     if (b.iter == 0) spin_or_yield(list, &b);

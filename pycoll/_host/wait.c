@@ -140,9 +140,13 @@ __attribute__((constructor)) static void wait_tunables(void) {
 }
 
 void backoff_reset(struct backoff* b, bool oversubscribed) {
+  b->last_check = 0;
+  backoff_restart(b, oversubscribed);
+}
+
+void backoff_restart(struct backoff* b, bool oversubscribed) {
   b->iter = 0;
   b->start = 0;
-  b->last_check = 0;
   b->sleep_ns = sleep_min_ns;
   b->spin_ns = oversubscribed ? 500 : spin_ns;
   b->oversubscribed = oversubscribed;
@@ -176,6 +180,10 @@ uint64_t backoff_sleep_ns(struct backoff* b) {
 
 bool backoff_due(struct backoff* b, uint64_t interval_ns) {
   uint64_t t = now_ns();
+  if (b->last_check == 0) { /* the first ask starts the clock */
+    b->last_check = t;
+    return false;
+  }
   if (t - b->last_check >= interval_ns) {
     b->last_check = t;
     return true;

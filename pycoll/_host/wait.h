@@ -42,13 +42,17 @@ struct backoff {
   bool oversubscribed;
 };
 
-/* `oversubscribed`: more ranks than CPUs, so spinning only delays the peers we wait for. */
+/* A new wait. `oversubscribed`: more ranks than CPUs, so spinning only delays the peers we wait for. */
 void backoff_reset(struct backoff* b, bool oversubscribed);
+/* Progress made: spin again from the start; the looks at the peers' processes (backoff_due) keep their clock. */
+void backoff_restart(struct backoff* b, bool oversubscribed);
 /* Waits a little according to the current phase (spin or yield) and returns the phase. When it
  * returns WAIT_SLEEP the caller should sleep (e.g. on a doorbell) for backoff_sleep_ns(). */
 enum wait_phase backoff_step(struct backoff* b);
 uint64_t backoff_sleep_ns(struct backoff* b);
-/* True about every `interval_ns` (for the slower checks: peer liveness). */
+/* True about every `interval_ns` (for the slower checks: peer liveness), the first time `interval_ns` after
+ * it was first asked in this wait: a wait that ends sooner makes no slow check (a syscall per wait that
+ * reaches its yields, at more ranks than CPUs nearly every one). */
 bool backoff_due(struct backoff* b, uint64_t interval_ns);
 /* How often a waiter looks for dead peers (pidfd polls), and the longest sleep between looks
  * (PYCOLL_HOST_PEER_CHECK_NS, 1 ms). A peer process of this host that exits is found at once anyway:
