@@ -351,7 +351,12 @@ def test_work_run_in_a_callers_thread_goes_to_the_streams_thread_after_the_inlin
 
 def _eager_pass(rank, nranks, uid_bytes, count):
     """Rank 1 queues an all_reduce of ``count`` floats on an idle helping stream (not inline) 0.2 s after rank 0,
-    records an event after it and queries it at once. Returns whether it was complete then and the result."""
+    records an event after it and queries it at once. Returns whether it was complete then and the result.
+    Rank 1 runs on one CPU (its ranks then outnumber its CPUs): work queued for its stream's thread wakes the
+    thread only after PYCOLL_HOST_DEFER_NS, so an operation complete at the query is one its caller's thread
+    ran, never one the stream's thread, woken at once on an idle CPU, finished in the microseconds before it."""
+    if rank == 1:
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     lib = nccl.load("host")
     dev = HostDevice(lib)
     comm = lib.comm_init_rank(nranks, nccl.UniqueId(uid_bytes), rank)
@@ -378,7 +383,7 @@ def test_a_small_operation_on_a_helping_stream_gets_a_pass_in_the_callers_thread
     the stream woken); a larger one, or with the pass off, is the stream thread's, which has to wake for it."""
     lib = _host_library()
     res = run_ranks(_eager_pass, 2, bytes(lib.get_unique_id()), count, timeout=45,
-                    env={"PYCOLL_HOST_EAGER": eager})
+                    env={"PYCOLL_HOST_EAGER": eager, "PYCOLL_HOST_DEFER_NS": "50000000"})
     assert [r[1:] for r in res] == [(3.0, 3.0)] * 2
     assert res[1][0] is (count == 16 and eager == "1"), res
 
