@@ -51,8 +51,8 @@ void backoff_restart(struct backoff* b, bool oversubscribed);
 enum wait_phase backoff_step(struct backoff* b);
 uint64_t backoff_sleep_ns(struct backoff* b);
 /* True about every `interval_ns` (for the slower checks: peer liveness), the first time `interval_ns` after
- * it was first asked in this wait: a wait that ends sooner makes no slow check (a syscall per wait that
- * reaches its yields, at more ranks than CPUs nearly every one). */
+ * it was first asked in this wait: a wait that ends sooner makes no slow check (one per wait would be a
+ * system call in nearly every operation where the ranks outnumber the CPUs). */
 bool backoff_due(struct backoff* b, uint64_t interval_ns);
 /* How often a waiter looks for dead peers (pidfd polls), and the longest sleep between looks
  * (PYCOLL_HOST_PEER_CHECK_NS, 1 ms). A peer process of this host that exits is found at once anyway:
