@@ -17,6 +17,7 @@ import sys
 import textwrap
 
 import pytest
+from helpers.fake_nccl import _gcc
 from helpers.host_util import uid
 
 pytestmark = pytest.mark.timeout(120)
@@ -25,9 +26,10 @@ SHIM = r"""
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <poll.h>
+#define EXPORT __attribute__((visibility("default")))
 static unsigned long looks;
-unsigned long peer_looks(void) { return __atomic_load_n(&looks, __ATOMIC_RELAXED); }
-int poll(struct pollfd* fds, nfds_t n, int timeout) {
+EXPORT unsigned long peer_looks(void) { return __atomic_load_n(&looks, __ATOMIC_RELAXED); }
+EXPORT int poll(struct pollfd* fds, nfds_t n, int timeout) {
   static int (*real)(struct pollfd*, nfds_t, int);
   if (!real) real = (int (*)(struct pollfd*, nfds_t, int))dlsym(RTLD_NEXT, "poll");
   if (n == 1 && timeout == 0) __atomic_add_fetch(&looks, 1, __ATOMIC_RELAXED);
@@ -73,7 +75,7 @@ def shim(tmp_path_factory):
         pytest.skip("gcc is needed to build the poll wrapper")
     d = tmp_path_factory.mktemp("looks")
     (d / "shim.c").write_text(SHIM)
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(d / "shim.so"), str(d / "shim.c"), "-ldl"], check=True)
+    _gcc(str(d), "shim.so", str(d / "shim.c"), "-ldl")
     (d / "rank.py").write_text(RANK)
     return d
 
