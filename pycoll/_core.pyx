@@ -1522,7 +1522,8 @@ cdef object _own_stream(CommCore comm, bint blocking):
     once: the host library gives a small one only a pass that does not wait, ``PYCOLL_HOST_EAGER``); a wait
     for an asynchronous one may run it (when the stream's thread has not begun it). The
     host library hands an operation that a caller's thread has run for ``PYCOLL_HOST_INLINE_NS``
-    (10 ms) to the stream's thread, so the caller's wait keeps its deadline under every policy. Inside
+    (10 ms) back to the stream, so the caller's wait keeps its deadline under every policy; that wait
+    takes it up again (the stream's thread what nobody comes back for: ``PYCOLL_HOST_DEFER_NS``). Inside
     a group nothing reaches the stream before the group ends: :class:`GroupScope` decides for the
     whole group then.
     """

@@ -159,10 +159,11 @@ _ALL = (
     Setting("PYCOLL_HOST_SPIN_NS", "int", 50000, "ns a host waiter spins before yielding", minimum=0, maximum=1e10),
     Setting("PYCOLL_HOST_YIELD_NS", "int", 300000, "ns it then yields before sleeping", minimum=0, maximum=1e10),
     Setting("PYCOLL_HOST_DEFER_NS", "int", 1000000,
-            "ranks outnumbering CPUs: ns queued work waits for a waiter to run it before its stream's thread is woken",
+            "ranks outnumbering CPUs: ns queued work waits for a waiter to run it before its stream's thread is woken; "
+            "any rank count: ns work handed back is left to the thread that waits for it next",
             minimum=0, maximum=1e9),
-    Setting("PYCOLL_HOST_INLINE_NS", "int", 10000000, "ns a thread that is not a host stream's own (an idle "
-            "stream's caller, a waiter) runs its work at a time before the stream's thread takes what is unfinished",
+    Setting("PYCOLL_HOST_INLINE_NS", "int", 10000000, "ns an idle host stream's caller runs its work at a time "
+            "before it hands what is unfinished back to the stream (its wait takes it up again)",
             minimum=100000, maximum=1e10),
     Setting("PYCOLL_HOST_PEER_CHECK_NS", "int", 1000000, "ns between a host waiter's looks at its peers' "
             "processes, and its longest sleep (a peer on this host that exits wakes it at once anyway)",

@@ -192,8 +192,9 @@ class Communicator(_core.CommCore):
     (``"revoke"``: collectives are refused but split/shrink still work, as reshape needs), or left
     alone (``"report"``); the failure is raised at the next wait or call, once the policy has acted.
     On the host backend a blocking operation may run in the calling thread, for at most
-    ``PYCOLL_HOST_INLINE_NS`` (10 ms) at a time: then the stream's thread finishes it and the call
-    waits for it with its deadline, under every policy.
+    ``PYCOLL_HOST_INLINE_NS`` (10 ms) at a time: then the call waits for it with its deadline, under
+    every policy, and that wait runs the rest (the stream's thread only what it does not come back for
+    within ``PYCOLL_HOST_DEFER_NS``).
 
     Not thread-safe for concurrent operations on one communicator (as NCCL); the watchdog thread
     only queries events and asynchronous errors, and aborts or revokes.

@@ -320,8 +320,8 @@ class Device:
 
         ``run``: the waiting thread may run the work queued before ``event`` that the stream's thread
         has not begun (the host library, on a stream allowed to with :meth:`allow_inline`), within
-        ``timeout`` and for at most ``PYCOLL_HOST_INLINE_NS`` at a time; what is unfinished then goes
-        back to the stream's thread.
+        ``timeout``; what is unfinished then goes back to the stream, left to this thread's next wait
+        for ``PYCOLL_HOST_DEFER_NS`` before the stream's thread takes it over.
 
         The base polls (:func:`backoff`); the host library waits in C, GIL released.
         """
@@ -341,7 +341,8 @@ class Device:
 
         Only the host library does either (a GPU stream always runs on the device): stream order
         and the event contract stay the same, and the thread is back with its caller after
-        ``PYCOLL_HOST_INLINE_NS`` at the latest (the stream's thread finishes what is left).
+        ``PYCOLL_HOST_INLINE_NS`` at the latest (what is left goes back to the stream: a wait takes it up
+        again, else the stream's thread).
         """
 
     def elapsed_ms(self, start: int, end: int) -> float:
@@ -610,7 +611,7 @@ class HostDevice(Device):
 
     def create_stream(self) -> int:
         # a thread waiting for one of its events may run the work queued before it that the stream's thread has
-        # not begun (for at most PYCOLL_HOST_INLINE_NS at a time): one thread handoff fewer
+        # not begun (within its wait): one thread handoff fewer
         handle = self.library.host_stream_create(_HOST_STREAM_HELP if self._flags else 0)
         with _HOST_STREAMS_LOCK:
             _HOST_STREAMS[handle] = self.library

@@ -217,6 +217,7 @@ HOST_POINTS = tuple(declare(n, "host library") for n in (
     "host.coll.before_fill", "host.coll.after_arrive", "host.coll.after_consume", "host.coll.done", "host.coll.window",
     "host.shrink.begin", "host.shrink.end", "host.grow.begin", "host.grow.end",
     "host.window.exchange", "host.signal.wait", "host.stream.defer", "host.stream.handback",
+    "host.stream.takeover",
 ))
 
 configure(_settings.get("PYCOLL_FAILPOINTS"))

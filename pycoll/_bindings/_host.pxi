@@ -48,8 +48,8 @@ cdef class HostLibrary(Library):
         """pycollEventWait: block (GIL released) until ``event`` completes or ``timeout`` seconds
         pass; True when it completed. ``run``: pycollEventWaitRun -- on a stream flagged
         ``HOST_STREAM_HELP`` this thread first runs the work queued before the event that the stream's
-        thread has not begun, within ``timeout`` and for at most ``PYCOLL_HOST_INLINE_NS`` at a time
-        (then the stream's thread takes what is unfinished)."""
+        thread has not begun, within ``timeout`` (what is unfinished then goes back to the stream, left
+        to the next such wait for ``PYCOLL_HOST_DEFER_NS`` before the stream's thread takes it)."""
         cdef pycollEvent_t ev = <pycollEvent_t>_handle(event, "event")
         cdef uint64_t ns
         cdef _Call cr

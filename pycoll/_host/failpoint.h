@@ -19,6 +19,9 @@
  *   host.stream.handback                      a thread that is not a stream's own has run its work for
  *                                             PYCOLL_HOST_INLINE_NS: before it hands what is unfinished to
  *                                             the stream's thread ("raise" fails those operations instead)
+ *   host.stream.takeover                      a stream's thread taking over work handed back to it whose
+ *                                             thread did not come back for it within PYCOLL_HOST_DEFER_NS
+ *                                             ("raise" fails those operations instead)
  */
 #ifndef PYCOLL_FAILPOINT_H
 #define PYCOLL_FAILPOINT_H

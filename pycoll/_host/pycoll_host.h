@@ -73,8 +73,9 @@ int pycollHostGetVersion(int* version);
 
 /* Stream flags. PYCOLL_STREAM_INLINE: work submitted while the stream is idle runs in the
  * caller's thread (in stream order; events recorded after it complete when it is done), for at most
- * PYCOLL_HOST_INLINE_NS (10 ms): then what is unfinished goes to the stream's thread, ahead of what
- * was queued meanwhile, and the call returns. */
+ * PYCOLL_HOST_INLINE_NS (10 ms): then what is unfinished goes back to the stream, ahead of what
+ * was queued meanwhile, and the call returns; a wait that runs work (pycollEventWaitRun) takes it up
+ * again, and the stream's thread takes it over only after PYCOLL_HOST_DEFER_NS. */
 #define PYCOLL_STREAM_INLINE 0x1
 /* PYCOLL_STREAM_BLOCKING (creation only): once a legacy stream is set (pycollStreamSetLegacy), work on
  * this stream and work on the legacy stream wait for each other, as a CUDA stream created without
@@ -110,8 +111,8 @@ int pycollEventSynchronize(pycollEvent_t event);
 int pycollEventWait(pycollEvent_t event, uint64_t timeout_ns);
 /* Like pycollEventWait, but when the event was recorded on a PYCOLL_STREAM_HELP stream whose thread
  * has not begun the work queued before it, the calling thread runs that work first (in stream order,
- * as the stream's thread would), within timeout_ns and for at most PYCOLL_HOST_INLINE_NS: what is
- * unfinished then goes back to the stream's thread. */
+ * as the stream's thread would), within timeout_ns: what is unfinished then goes back to the stream,
+ * left to this thread's next such wait for PYCOLL_HOST_DEFER_NS before the stream's thread takes it. */
 int pycollEventWaitRun(pycollEvent_t event, uint64_t timeout_ns);
 /* A host-controlled event: Arm makes it incomplete (streams waiting on it stop there) until Fire
  * completes it, from any thread. The emulated GPU runs user "kernels" with them. */

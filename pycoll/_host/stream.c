@@ -51,6 +51,9 @@ struct pycollStream {
   int kick_fd;      /* -1: none (the thread sleeps on `work`) */
   bool kick_sleep;  /* the thread sleeps in poll() on kick_fd */
   uint64_t kick_at; /* when kick_fd fires (monotonic ns; 1: at once); 0: disarmed */
+  /* Until when (monotonic ns; 0: no one) the work at the head, handed back by a thread that is not the stream's own
+   * and will wait for it (reserve_locked), is left to that thread: the stream's thread takes it only after that */
+  uint64_t reserved_until;
   struct pycollGraph* capture; /* the graph work submitted now is recorded into, instead of run */
   struct pycollStream* blocking_next; /* in the list of PYCOLL_STREAM_BLOCKING streams */
 };
@@ -124,13 +127,15 @@ static void marker_wait(struct marker* m) { marker_wait_for(m, UINT64_MAX); }
 
 /* PYCOLL_HOST_DEFER_NS: where the ranks outnumber the CPUs, how long work queued on a helping stream
  * (PYCOLL_STREAM_HELP) waits for a thread that waits for it -- which runs it in its own thread, one wake-up
- * and two thread switches fewer, on CPUs the ranks share -- before the stream's thread is woken to run it.
- * 0: woken at once. */
+ * and two thread switches fewer, on CPUs the ranks share -- before the stream's thread is woken to run it;
+ * and, at any rank count, how long work handed back by the thread that will wait for it is left to that thread
+ * (reserve_locked). 0: woken at once, nothing left to anyone. */
 static uint64_t defer_ns = 1000000;
 
-/* PYCOLL_HOST_INLINE_NS: the longest a thread that is not a stream's own (the caller of an operation on an idle
- * PYCOLL_STREAM_INLINE stream, a waiter helping) runs the stream's work at a time. Then it hands what is unfinished to
- * the stream's thread and goes back to its caller, which may have a deadline to keep or a signal to handle. */
+/* PYCOLL_HOST_INLINE_NS: the longest the caller of an operation on an idle PYCOLL_STREAM_INLINE stream runs the
+ * stream's work at a time. Then it hands what is unfinished back to the stream and goes back to its caller, which may
+ * have a deadline to keep or a signal to handle; the caller's wait takes it up again (stream_help) unless the stream's
+ * thread took it over by then (reserve_locked). */
 static uint64_t inline_ns = 10000000;
 
 /* PYCOLL_HOST_EAGER: small collectives queued on an idle helping stream get a pass in the caller's thread
@@ -158,14 +163,26 @@ static void kick(struct pycollStream* s, uint64_t at) {
  * (s->mu held). */
 static void wake(struct pycollStream* s, bool deferred) {
   if (!s->sleeping) return;
-  if (s->kick_sleep) kick(s, deferred ? now_ns() + defer_ns : 1);
-  else pthread_cond_signal(&s->work);
+  if (s->kick_sleep) kick(s, s->reserved_until ? s->reserved_until : deferred ? now_ns() + defer_ns : 1);
+  else pthread_cond_signal(&s->work); /* a reservation: the thread sleeps again until it ends (stream_main) */
 }
 
-/* The stream's thread takes what is queued now, not when a deferred wake would, unless another thread runs the
- * stream's work (which wakes it when done) (s->mu held). */
+/* The stream's thread takes what is queued now, not when a deferred wake or a reservation would, unless another
+ * thread runs the stream's work (which wakes it when done) (s->mu held). */
 static void hurry_locked(struct pycollStream* s) {
+  s->reserved_until = 0;
   if (s->head && !s->inline_busy) wake(s, false);
+}
+
+/* Work a thread that is not the stream's own hands back at the head of a helping stream (PYCOLL_STREAM_HELP) because
+ * its time ran out (inline_ns, or its own deadline) is left to it for defer_ns: a blocking caller or a waiter comes
+ * back for it from its wait (stream_help), after a look at its deadline and signals, and goes on running it where
+ * the stream's thread would otherwise take it over -- a thread switch and, with the ranks' CPUs busy, a cold start
+ * on another CPU in the middle of an operation. Who does not come back in time leaves it to the stream's thread
+ * (s->mu held). */
+static void reserve_locked(struct pycollStream* s) {
+  if (defer_ns && (__atomic_load_n(&s->flags, __ATOMIC_RELAXED) & PYCOLL_STREAM_HELP))
+    s->reserved_until = now_ns() + defer_ns;
 }
 
 bool stream_valid(pycollStream_t s) { return handle_valid(s, H_STREAM); }
@@ -205,11 +222,20 @@ static void* stream_main(void* arg) {
     }
     /* another thread runs this stream's work (inline, or a waiter helping): what is queued follows it,
      * and a helper may have taken everything */
-    while (!s->head || s->inline_busy) {
+    bool took_over = false; /* the head's reservation ran out: its thread did not come back for it */
+    for (;;) {
+      uint64_t until = 0; /* the head's reservation (reserve_locked), while it lasts */
+      if (s->head && !s->inline_busy && s->reserved_until) {
+        took_over = now_ns() >= s->reserved_until;
+        if (took_over) s->reserved_until = 0;
+        else until = s->reserved_until;
+      }
+      if (s->head && !s->inline_busy && !until) break;
       if (s->kick_fd < 0 && host_oversubscribed())
         s->kick_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
       s->sleeping = true;
       if (s->kick_fd >= 0) {
+        if (until) kick(s, until);
         s->kick_sleep = true;
         pthread_mutex_unlock(&s->mu);
         struct pollfd pfd = {s->kick_fd, POLLIN, 0};
@@ -219,6 +245,9 @@ static void* stream_main(void* arg) {
         uint64_t fired;
         if (read(s->kick_fd, &fired, sizeof fired) == (ssize_t)sizeof fired) s->kick_at = 0; /* else re-armed */
         s->kick_sleep = false;
+      } else if (until) {
+        struct timespec ts = {(time_t)(until / 1000000000ull), (long)(until % 1000000000ull)};
+        pthread_cond_timedwait(&s->work, &s->mu, &ts); /* `work` runs on CLOCK_MONOTONIC */
       } else {
         pthread_cond_wait(&s->work, &s->mu);
       }
@@ -229,6 +258,11 @@ static void* stream_main(void* arg) {
     if (!s->head) s->tail = NULL;
     s->running = true;
     pthread_mutex_unlock(&s->mu);
+    if (took_over && it->kind == IT_TASKS && UNLIKELY(fp_hit("host.stream.takeover"))) {
+      WARN("pycollStream : failpoint host.stream.takeover"); /* "raise": the operations fail instead */
+      for (struct task* u = it->tasks; u; u = u->next)
+        if (!u->done) task_fail(u, ncclSystemError, "%s : failpoint host.stream.takeover", u->opname);
+    }
     bool stop = it->kind == IT_STOP;
     run_item(it);
     free(it);
@@ -370,11 +404,11 @@ static void inline_end(struct pycollStream* s) {
   inline_release(s);
 }
 
-/* Runs a stream's tasks in a thread that is not the stream's own, for at most inline_ns and not past `until`
- * (monotonic ns): true when they finished (and were released), false when the stream's thread must finish them. */
-static bool run_borrowed(struct task* list, uint64_t until) {
+/* Runs a stream's tasks in a thread that is not the stream's own, for at most `budget_ns` and not past `until`
+ * (monotonic ns): true when they finished (and were released), false when they go back to the stream. */
+static bool run_borrowed(struct task* list, uint64_t until, uint64_t budget_ns) {
   bool finished;
-  run_tasks_until(list, until, inline_ns, &finished);
+  run_tasks_until(list, until, budget_ns, &finished);
   if (finished) tasks_finish(list, true);
   return finished;
 }
@@ -389,7 +423,7 @@ static void hand_back_locked(struct pycollStream* s, struct item* it) {
 
 /* What the caller's thread did not finish goes to the stream's thread, ahead of what was queued meanwhile (woken
  * at once or `deferred`); with no memory for the item, the caller finishes it. */
-static void hand_over(struct pycollStream* s, struct task* list, bool deferred) {
+static void hand_over(struct pycollStream* s, struct task* list, bool deferred, bool reserve) {
   struct item* it = calloc(1, sizeof *it);
   if (!it) {
     run_tasks(list); /* nowhere to hand it: finished here */
@@ -401,6 +435,7 @@ static void hand_over(struct pycollStream* s, struct task* list, bool deferred) 
   it->tasks = list;
   pthread_mutex_lock(&s->mu);
   hand_back_locked(s, it);
+  if (reserve) reserve_locked(s);
   inline_release_as(s, deferred);
 }
 
@@ -432,7 +467,7 @@ static ncclResult_t eager_run(struct pycollStream* s, struct task* list) {
     inline_end(s);
     return ncclSystemError;
   }
-  hand_over(s, list, deferred);
+  hand_over(s, list, deferred, false); /* an asynchronous operation: its caller may not wait for it soon */
   return ncclSuccess;
 }
 
@@ -449,8 +484,8 @@ ncclResult_t stream_submit(pycollStream_t s, struct task* list) {
   implicit_sync(s);
   if (eager_begin(s, list)) return eager_run(s, list);
   if (inline_begin(s)) {
-    if (run_borrowed(list, UINT64_MAX)) inline_end(s);
-    else hand_over(s, list, false);
+    if (run_borrowed(list, UINT64_MAX, inline_ns)) inline_end(s);
+    else hand_over(s, list, false, true); /* a blocking caller: it waits for the rest next */
     return ncclSuccess;
   }
   return push_raw(s, IT_TASKS, list, NULL);
@@ -482,8 +517,10 @@ static void stream_hurry(struct marker* m) {
 /* A thread waiting for `m` (pycollEventWaitRun) runs the work queued on m's stream up to m itself, when the stream has
  * PYCOLL_STREAM_HELP and its thread has not begun that work: the same order, one thread handoff less.
  * It takes only tasks and records (a wait for another stream stays with the stream's thread), stops at
- * the first other item, and hands unfinished tasks back to the stream's thread after inline_ns or at
- * `until` (monotonic ns: the waiter's own deadline), whichever comes first. */
+ * the first other item, and hands unfinished tasks back at `until` (monotonic ns: the end of the waiter's wait,
+ * which a caller of the Communicator's waits in slices of a few ms), left to the waiter for defer_ns
+ * (reserve_locked): it comes back for them after a look at its deadline and signals. Its wait blocks this thread
+ * until then in any case, so inline_ns, which bounds a caller's run in stream_submit, does not bound it. */
 static void stream_help(struct marker* m, uint64_t until) {
   struct pycollStream* s = marker_stream_lock(m);
   if (!s) return;
@@ -494,15 +531,17 @@ static void stream_help(struct marker* m, uint64_t until) {
     return;
   }
   s->inline_busy = true;
+  s->reserved_until = 0; /* a reservation is this waiter's, or ends for it */
   for (;;) {
     struct item* it = s->head;
     if (!it || (it->kind != IT_TASKS && it->kind != IT_RECORD) || __atomic_load_n(&m->done, __ATOMIC_ACQUIRE)) break;
     s->head = it->next;
     if (!s->head) s->tail = NULL;
     pthread_mutex_unlock(&s->mu);
-    if (it->kind == IT_TASKS && !run_borrowed(it->tasks, until)) {
+    if (it->kind == IT_TASKS && !run_borrowed(it->tasks, until, UINT64_MAX)) {
       pthread_mutex_lock(&s->mu);
       hand_back_locked(s, it);
+      reserve_locked(s); /* the waiter comes back for it unless its own deadline passed */
       break;
     }
     bool mine = it->kind == IT_RECORD && it->m == m;
@@ -558,7 +597,11 @@ NCCL_API int pycollStreamCreateWithFlags(pycollStream_t* stream, int flags) {
   pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_ADAPTIVE_NP);
   pthread_mutex_init(&s->mu, &ma);
   pthread_mutexattr_destroy(&ma);
-  pthread_cond_init(&s->work, NULL);
+  pthread_condattr_t ca; /* `work`'s timed waits (a reservation's end: stream_main) count monotonic time */
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&s->work, &ca);
+  pthread_condattr_destroy(&ca);
   pthread_cond_init(&s->idle, NULL);
   if (pthread_create(&s->thread, NULL, stream_main, s) != 0) {
     WARN("pycollStreamCreate : cannot start the stream thread: %s", strerror(errno));

@@ -543,10 +543,12 @@ def test_matrix_2_covers_every_point_the_scenario_passes():
     # (only with PYCOLL_FR_DUMP_SIGNAL) and watchdog.exit.* (a rank leaving with an operation
     # outstanding): tests/diagnostics/test_exit_dumps.py kills and stops ranks there; host.stream.defer: only where
     # the ranks outnumber the CPUs, which the scenario's ranks do not (tests/runtime/test_oversubscribed.py);
-    # host.stream.handback: only where a peer is later than PYCOLL_HOST_INLINE_NS (tests/runtime/test_inline_bound.py)
+    # host.stream.handback: only where a peer is later than PYCOLL_HOST_INLINE_NS, and host.stream.takeover: only where
+    # the thread that handed work back does not come back for it within PYCOLL_HOST_DEFER_NS
+    # (tests/runtime/test_inline_bound.py)
     assert set(scenario) - set(POINTS_2) == {"host.window.exchange", "host.signal.wait", "host.coll.after_consume",
                                              "host.coll.window",
-                                             "host.stream.defer", "host.stream.handback",
+                                             "host.stream.defer", "host.stream.handback", "host.stream.takeover",
                                              "watchdog.report.signal_peer", "watchdog.exit.before_dump",
                                              "watchdog.exit.terminate"}, scenario
 
