@@ -17,8 +17,9 @@
  *   host.stream.defer                         before queuing work on a helping stream whose thread is not
  *                                             woken for it at once (ranks outnumber CPUs: stream.c)
  *   host.stream.handback                      a thread that is not a stream's own has run its work for
- *                                             PYCOLL_HOST_INLINE_NS: before it hands what is unfinished to
- *                                             the stream's thread ("raise" fails those operations instead)
+ *                                             PYCOLL_HOST_INLINE_NS (a caller) or to the end of its wait (a
+ *                                             waiter): before it hands what is unfinished back to the stream
+ *                                             ("raise" fails those operations instead)
  *   host.stream.takeover                      a stream's thread taking over work handed back to it whose
  *                                             thread did not come back for it within PYCOLL_HOST_DEFER_NS
  *                                             ("raise" fails those operations instead)

@@ -1,5 +1,5 @@
-"""A blocking operation that the host library runs in the caller's thread (an idle own stream) is handed to the
-stream's thread after PYCOLL_HOST_INLINE_NS: the caller is back in the Communicator's wait, which keeps the
+"""A blocking operation that the host library runs in the caller's thread (an idle own stream) is handed back to the
+stream after PYCOLL_HOST_INLINE_NS: the caller is back in the Communicator's wait, which keeps the
 operation's deadline and handles signals (tests/adversarial/test_comm_misuse.py: Ctrl-C) under every failure
 policy, and a rank killed or stopped at that hand-back (failpoint host.stream.handback) fails its peer instead
 of hanging it. The work handed back is left to the thread that will wait for it for PYCOLL_HOST_DEFER_NS: that wait
@@ -128,14 +128,14 @@ def _own_stream_waiter(rank, n, uid, spec):
 def test_a_waiter_runs_an_operation_on_a_host_stream_of_the_callers():
     """Host streams that HostDevice makes let a thread waiting for their events run the work queued before them
     (PYCOLL_STREAM_HELP): the Communicator's wait for an operation on such a stream runs it, one thread handoff
-    fewer, and hands it back at the bound like an inline run (seen through the hand-back's failpoint)."""
+    fewer, and hands it back at the end of its wait's slice (seen through the hand-back's failpoint)."""
     if not hasattr(os, "sched_setaffinity"):
         pytest.skip("no sched_setaffinity here")
     env = {**INLINE, "PYCOLL_HOST_DEFER_NS": "500000000"}
     res = run_ranks(_own_stream_waiter, 2, _uid(), "", env=env, timeout=60)
     assert res == [[3.0] * 4, [3.0] * 4], res
     res = run_ranks(_own_stream_waiter, 2, _uid(), "host.stream.handback=raise", env=env, timeout=60)
-    assert res[0] != [3.0] * 4, res  # rank 0's waiter was running it when the bound passed
+    assert res[0] != [3.0] * 4, res  # rank 0's waiter was running it when its slice ended
 
 
 def _thread_cpu_s() -> tuple:
