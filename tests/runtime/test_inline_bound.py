@@ -17,6 +17,7 @@ from helpers.mp import Died, error_and_time, run_ranks
 
 import pycoll
 from pycoll import _bindings as B
+from pycoll._procs import task_files
 
 pytestmark = pytest.mark.timeout(90)
 INLINE = {"PYCOLL_HOST_INLINE_NS": "20000000"}  # 20 ms
@@ -139,14 +140,14 @@ def test_a_waiter_runs_an_operation_on_a_host_stream_of_the_callers():
 
 
 def _thread_cpu_s() -> tuple:
-    """This process's CPU seconds: its main thread's and all its other threads' together (/proc)."""
+    """This process's CPU seconds: its main thread's and all its other threads' together (their /proc stat files,
+    read by pycoll._procs.task_files; the fields after the command name, as stat_fields gives them)."""
     tick = os.sysconf("SC_CLK_TCK")
     main = others = 0.0
-    for tid in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{tid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+    for tid, text in task_files("self", "stat").items():
+        fields = text.rpartition(b")")[2].split()
         cpu = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-        if int(tid) == os.getpid():
+        if tid == os.getpid():
             main += cpu
         else:
             others += cpu
