@@ -253,8 +253,20 @@ ncclResult_t run_tasks_until(struct task* list, uint64_t deadline, uint64_t budg
       *finished = true;
       break;
     }
-    if (bounded && (!moved || (++rounds & 63) == 0)) {
-      uint64_t t = now_ns();
+    /* the deadline: every 64th round that made progress, and in a round that did not, when the backoff read the
+     * clock (one read per round once the first short spins are over; none in them) */
+    enum wait_phase ph = WAIT_SPIN;
+    uint64_t t = 0;
+    if (moved) {
+      backoff_restart(&b, oversub);
+      if (bounded && (++rounds & 63) == 0) t = now_ns();
+    } else {
+      if (one_pass) break; /* its deadline is its first look at the clock */
+      if (b.iter == 0) spin_or_yield(list, &b);
+      ph = backoff_step(&b);
+      if (bounded) t = b.now;
+    }
+    if (t) {
       if (budget_ns != UINT64_MAX) { /* the budget counts from the first look at the clock: no read for tasks done at once */
         deadline = MIN(deadline, budget_ns > UINT64_MAX - t ? UINT64_MAX : t + budget_ns);
         budget_ns = UINT64_MAX;
@@ -267,20 +279,13 @@ ncclResult_t run_tasks_until(struct task* list, uint64_t deadline, uint64_t budg
         continue;
       }
     }
-    if (moved) {
-      backoff_restart(&b, oversub);
-      continue;
-    }
-    if (b.iter == 0) spin_or_yield(list, &b);
-    enum wait_phase ph = backoff_step(&b);
-    if (ph == WAIT_SPIN) continue;
+    if (moved || ph == WAIT_SPIN) continue;
     check_peers(list, backoff_due(&b, peer_check_ns));
     if (ph == WAIT_SLEEP) {
       uint64_t ns = backoff_sleep_ns(&b);
       if (bounded) {
-        uint64_t t = now_ns();
-        if (t >= deadline) continue; /* the next round returns */
-        ns = MIN(ns, deadline - t);
+        if (b.now >= deadline) continue; /* the next round returns */
+        ns = MIN(ns, deadline - b.now);
       }
       struct ncclComm* only = nc == 1 ? comms[0] : NULL;
       if (only && entered[0]) {

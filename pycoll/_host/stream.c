@@ -102,6 +102,7 @@ void marker_fire(void* m_) {
 
 /* Waits for `m` to complete, at most `timeout_ns` (UINT64_MAX: forever); true once complete. */
 static bool marker_wait_for(struct marker* m, uint64_t timeout_ns) {
+  if (__atomic_load_n(&m->done, __ATOMIC_ACQUIRE)) return true; /* no look at the clock */
   struct backoff b;
   backoff_reset(&b, true);
   uint64_t t0 = timeout_ns == UINT64_MAX ? 0 : now_ns();
@@ -792,7 +793,7 @@ static int event_wait(pycollEvent_t e, uint64_t timeout_ns, bool run) {
   if (m && run) { /* the help counts against the wait's timeout */
     uint64_t t0 = now_ns(), until = timeout_ns > UINT64_MAX - t0 ? UINT64_MAX : t0 + timeout_ns;
     stream_help(m, until);
-    if (until != UINT64_MAX) {
+    if (until != UINT64_MAX && !__atomic_load_n(&m->done, __ATOMIC_ACQUIRE)) {
       uint64_t t = now_ns();
       timeout_ns = t >= until ? 0 : until - t;
     }

@@ -146,21 +146,23 @@ void backoff_reset(struct backoff* b, bool oversubscribed) {
 
 void backoff_restart(struct backoff* b, bool oversubscribed) {
   b->iter = 0;
-  b->start = 0;
+  b->start = b->now = 0;
   b->sleep_ns = sleep_min_ns;
   b->spin_ns = oversubscribed ? 500 : spin_ns;
   b->oversubscribed = oversubscribed;
 }
 
 enum wait_phase backoff_step(struct backoff* b) {
-  if (b->iter == 0) b->start = now_ns();
-  /* a few short spins first, unless the ranks outnumber the CPUs and the peer waited for last ran on this CPU
-   * (spin_ns 0: spin_or_yield in enqueue.c): it runs only once this thread yields */
-  if (++b->iter < 16 && !(b->oversubscribed && b->spin_ns == 0)) {
+  b->now = b->iter == 0 ? (b->start = now_ns()) : 0;
+  /* a few short spins first -- 4 rounds where the ranks outnumber the CPUs, whose spin_ns (0.5 us) 16 rounds of 4
+   * `pause` would outlast before the first look at the clock -- unless the ranks outnumber the CPUs and the peer
+   * waited for last ran on this CPU (spin_ns 0: spin_or_yield in enqueue.c): it runs only once this thread yields */
+  if (++b->iter < (b->oversubscribed ? 4u : 16u) && !(b->oversubscribed && b->spin_ns == 0)) {
     for (int i = 0; i < 4; i++) cpu_relax();
     return WAIT_SPIN;
   }
-  uint64_t elapsed = now_ns() - b->start;
+  if (!b->now) b->now = now_ns();
+  uint64_t elapsed = b->now - b->start;
   if (elapsed < b->spin_ns) {
     for (int i = 0; i < 8; i++) cpu_relax();
     return WAIT_SPIN;
@@ -179,7 +181,7 @@ uint64_t backoff_sleep_ns(struct backoff* b) {
 }
 
 bool backoff_due(struct backoff* b, uint64_t interval_ns) {
-  uint64_t t = now_ns();
+  uint64_t t = b->now ? b->now : now_ns();
   if (b->last_check == 0) { /* the first ask starts the clock */
     b->last_check = t;
     return false;

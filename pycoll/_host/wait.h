@@ -39,6 +39,7 @@ struct backoff {
   uint64_t last_check;
   uint64_t sleep_ns;
   uint64_t spin_ns;
+  uint64_t now; /* the clock (now_ns) as the last backoff_step read it; 0: that step read none */
   bool oversubscribed;
 };
 
@@ -47,13 +48,16 @@ void backoff_reset(struct backoff* b, bool oversubscribed);
 /* Progress made: spin again from the start; the looks at the peers' processes (backoff_due) keep their clock. */
 void backoff_restart(struct backoff* b, bool oversubscribed);
 /* Waits a little according to the current phase (spin or yield) and returns the phase. When it
- * returns WAIT_SLEEP the caller should sleep (e.g. on a doorbell) for backoff_sleep_ns(). */
+ * returns WAIT_SLEEP the caller should sleep (e.g. on a doorbell) for backoff_sleep_ns(). It reads the
+ * clock on the first step and on every step after the first short spins, and leaves that reading in
+ * `now` (0 where it read none): a waiter's loop looks at its deadline with it instead of a read of its
+ * own, so that a round costs one clock read, and the first short spins none. */
 enum wait_phase backoff_step(struct backoff* b);
 uint64_t backoff_sleep_ns(struct backoff* b);
 /* True about every `interval_ns` (for the slower checks: peer liveness), the first time `interval_ns` after
  * it was first asked in this wait: a wait that ends sooner makes no slow check (one per wait would be a
  * system call in nearly every operation where the ranks outnumber the CPUs). */
-bool backoff_due(struct backoff* b, uint64_t interval_ns);
+bool backoff_due(struct backoff* b, uint64_t interval_ns); /* with `now` where the last step read it */
 /* How often a waiter looks for dead peers (pidfd polls), and the longest sleep between looks
  * (PYCOLL_HOST_PEER_CHECK_NS, 1 ms). A peer process of this host that exits is found at once anyway:
  * the exit watcher (exitwatch.h) wakes the waiters; the looks catch what it cannot see. */
