@@ -1,10 +1,11 @@
-"""Ranks that outnumber the CPUs: the Communicator's asynchronous operations on the host backend.
+"""Ranks that outnumber the CPUs: the Communicator's operations on the host backend.
 
 There a stream's thread is not woken at once for work that a waiter may run itself (PYCOLL_HOST_DEFER_NS):
 these tests pin both ranks of a communicator to one CPU and check that such work still runs when nobody waits
 for it, and that a rank killed, stopped or failed where its work is deferred (failpoint host.stream.defer)
 fails its peer's operation instead of hanging it. A small collective gets one pass in the caller's thread first
-(PYCOLL_HOST_EAGER): what it cannot finish there is handed to the stream's thread, deferred alike.
+(PYCOLL_HOST_EAGER): what it cannot finish there is handed to the stream's thread, deferred alike. A blocking
+call whose peer comes late waits through every phase of the host library's backoff there and keeps its deadline.
 """
 
 from __future__ import annotations
@@ -107,3 +108,32 @@ def test_deferred_work_refused_fails_the_operation_on_its_rank_and_its_peer(wher
     for rank, (name, took) in enumerate(res):
         assert name != "no error" and took < 20, (rank, res)
 
+
+
+def _late_peer(rank, n, uid, late_s, timeout):
+    """Rank 1 calls its all_reduce ``late_s`` after rank 0, whose blocking one waits in the host library through
+    every phase of its backoff (the short spins, the yields, the sleeps): it returns rank 0's error (or "no
+    error"), its time and its result."""
+    c = _pinned_comm(rank, n, uid, timeout=30, on_failure="report")
+    x = np.full(4, rank + 1, np.float32)
+    if rank == 1:
+        time.sleep(late_s)
+    name, took = error_and_time(lambda: c.all_reduce(x, timeout=timeout))
+    c.abort()
+    return name, took, x.tolist()
+
+
+def test_a_blocking_call_waiting_for_a_late_peer_completes():
+    res = run_ranks(_late_peer, 2, _uid(), 0.3, 10.0, timeout=60)
+    name, took, x = res[0]
+    assert (name, x) == ("no error", [3.0] * 4), res
+    assert 0.25 < took < 5, res
+
+
+def test_a_blocking_call_waiting_for_a_late_peer_keeps_its_deadline():
+    # the waiter's look at its deadline rides on its backoff's clock reads (one per round, none in the first short
+    # spins): it still returns to the Communicator's wait at every slice and the deadline ends it in time
+    res = run_ranks(_late_peer, 2, _uid(), 2.0, 0.4, timeout=60)
+    name, took, _ = res[0]
+    assert name == "CommTimeout", res
+    assert 0.35 < took < 1.5, res
