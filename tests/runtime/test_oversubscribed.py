@@ -109,11 +109,10 @@ def test_deferred_work_refused_fails_the_operation_on_its_rank_and_its_peer(wher
         assert name != "no error" and took < 20, (rank, res)
 
 
-
 def _late_peer(rank, n, uid, late_s, timeout):
     """Rank 1 calls its all_reduce ``late_s`` after rank 0, whose blocking one waits in the host library through
-    every phase of its backoff (the short spins, the yields, the sleeps): it returns rank 0's error (or "no
-    error"), its time and its result."""
+    every phase of its backoff (the short spins, the yields, the sleeps). Each rank returns the name of its error
+    ("no error" when none), the seconds its call took and its array after it."""
     c = _pinned_comm(rank, n, uid, timeout=30, on_failure="report")
     x = np.full(4, rank + 1, np.float32)
     if rank == 1:
