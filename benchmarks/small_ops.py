@@ -4,6 +4,7 @@ Usage (from the repository root, pycoll built in place or installed; Open MPI: `
 
     python benchmarks/small_ops.py                       # 1, 2 and 4 ranks, 3 interleaved runs
     python benchmarks/small_ops.py --ranks 2 --repeat 5 --json out.json --markdown out.md
+    python benchmarks/small_ops.py --ranks 2 4 --load 1          # one busy process competing throughout
 
 What the per-call cost is for the calls people make in a decode step, a weight sync or a control
 plane: 8 bytes (2 float32) per operation, the Communicator with its defaults (watchdog on, flight
@@ -53,20 +54,26 @@ recorder, store and stream threads; Open MPI's progress threads) and of its laun
 the job's store; ``prterun``), each in % of one CPU; the busiest rank of each run, median of the runs. The threads
 other than the callers above 1% of a CPU are named below it. Reading it after the variants keeps the threads'
 start-up (their first rounds, the imports they make) out.
+
+``--load N`` runs everything under a competing load: N busy processes (a Python loop each, at the ranks' priority)
+start before the first run and are killed and reaped after the last, so both libraries meet the same load -- what
+a rank sharing its CPUs with a data loader or another job sees. The header says how many ran.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import threading
 import time
 from datetime import datetime, timezone
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # torch: no intra-op threads (8-byte tensors), none to count below
@@ -400,6 +407,27 @@ def run_library(lib: str, nranks: int, a: argparse.Namespace) -> Dict[str, Any]:
     return _run(cmd, env, a.timeout, "Open MPI")
 
 
+LOAD_MARK = "pycoll-small-ops-load"  # in each busy process's command line
+
+
+@contextlib.contextmanager
+def busy_load(n: int) -> Iterator[List[int]]:
+    """``n`` busy processes (an endless Python loop each, marked ``LOAD_MARK`` in their command lines) for the
+    duration of the block; killed and reaped when it ends, however it ends. Yields their pids."""
+    procs: List[subprocess.Popen] = []
+    try:
+        for _ in range(n):
+            procs.append(subprocess.Popen([sys.executable, "-c", "while True: pass", LOAD_MARK],
+                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL))
+        yield [p.pid for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+
+
 def table(results: Dict[int, Dict[str, List[Dict[str, Any]]]],
           key: str = "time_us") -> Tuple[List[str], List[List[str]]]:
     """Rows: variants; per rank count: pycoll us, Open MPI us, ratio (the medians of the runs' ``key``:
@@ -486,6 +514,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--scale", type=float, default=1.0, help="multiply every iteration count (default 1)")
     p.add_argument("--only", default="pycoll,mpi", help="subset of pycoll,mpi")
     p.add_argument("--timeout", type=float, default=300, help="seconds per library and rank count")
+    p.add_argument("--load", type=int, default=0, metavar="N",
+                   help="N busy processes compete for the CPUs throughout (default 0)")
     p.add_argument("--json", help="write every run to this JSON file")
     p.add_argument("--markdown", help="write the table as markdown to this file")
     p.add_argument("--worker", choices=["pycoll", "mpi"], help=argparse.SUPPRESS)
@@ -496,19 +526,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if a.worker == "mpi":
         worker_mpi(a)
         return 0
+    if a.load < 0:
+        p.error(f"--load must be 0 or more busy processes, got {a.load}")
     libs = [x for x in a.only.split(",") if x]
     load = os.getloadavg()
     print(f"# small operations, 8 B -- {datetime.now(timezone.utc).isoformat(timespec='seconds')}, "
-          f"{os.cpu_count()} CPUs, load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+          f"{os.cpu_count()} CPUs, load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+          + (f"; {a.load} busy process{'es' if a.load > 1 else ''} running throughout (--load)" if a.load else ""))
     results: Dict[int, Dict[str, List[Dict[str, Any]]]] = {n: {lib: [] for lib in ("pycoll", "mpi")} for n in a.ranks}
     trips: List[str] = []
-    for _ in range(a.repeat):
-        for n in a.ranks:
-            for lib in libs:
-                trip = cache_line_round_trip() if n > 1 else None
-                if trip:
-                    trips.append(f"{trip.split()[0]} before {lib} at {n} ranks")
-                results[n][lib].append({**run_library(lib, n, a), "round_trip_before": trip})
+    with busy_load(a.load):
+        for _ in range(a.repeat):
+            for n in a.ranks:
+                for lib in libs:
+                    trip = cache_line_round_trip() if n > 1 else None
+                    if trip:
+                        trips.append(f"{trip.split()[0]} before {lib} at {n} ranks")
+                    results[n][lib].append({**run_library(lib, n, a), "round_trip_before": trip, "load": a.load})
     tables = []
     for key, what in (("time_us", "us per call: median over iterations of the slowest rank's time of one call"),
                       ("loop_us", "us back to back: median over 10 batches of the slowest rank's time per call")):
@@ -534,6 +568,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             json.dump({str(k): v for k, v in results.items()}, f, indent=1)
     if a.markdown:
         with open(a.markdown, "w") as f:
+            if a.load:
+                f.write(f"Under a load of {a.load} busy process{'es' if a.load > 1 else ''} (`--load {a.load}`).\n\n")
             for what, head, body in tables:
                 f.write(f"{what}\n\n| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n")
                 f.writelines("| " + " | ".join(r) + " |\n" for r in body)

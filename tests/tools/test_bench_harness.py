@@ -11,11 +11,13 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 from helpers import REPO, mpi_ready
 
 import pycoll
+from pycoll._procs import stat_fields
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(pycoll.__file__)))
 
@@ -130,6 +132,61 @@ def test_small_ops_runs_and_checks(tmp_path):
     md = (tmp_path / "s.md").read_text()
     assert md.count("| group of 4 all_reduce |") == 2 and "back to back" in md, md
     assert "| the library's other threads |" in md and "| launcher (pycoll-run / prterun) |" in md, md
+
+
+def _marked_processes(mark):
+    """Pids of the processes whose command line holds ``mark`` (zombies have none: reaped or not, they are gone)."""
+    pids = []
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if mark.encode() in f.read():
+                    pids.append(int(pid))
+        except (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError):
+            pass
+    return pids
+
+
+def test_busy_load_runs_its_processes_and_reaps_them_however_the_block_ends(monkeypatch):
+    """small_ops' --load: N busy processes while the block runs, none left after it, also when it raises."""
+    monkeypatch.setattr(sys, "path", [os.path.join(REPO, "benchmarks"), *sys.path])  # undone after the test
+    from small_ops import LOAD_MARK, busy_load
+
+    with busy_load(0) as pids:
+        assert pids == []
+    def utime(pid):
+        return int(stat_fields(pid)[11])
+
+    with pytest.raises(RuntimeError, match="inside"), busy_load(2) as pids:
+        assert len(pids) == 2
+        deadline = time.monotonic() + 10
+        while sorted(_marked_processes(LOAD_MARK)) != sorted(pids) and time.monotonic() < deadline:
+            time.sleep(0.01)  # a child just started may show its command line a moment later
+        assert sorted(_marked_processes(LOAD_MARK)) == sorted(pids)
+        used = {p: utime(p) for p in pids}
+        while time.monotonic() < deadline and any(utime(p) <= used[p] for p in pids):
+            time.sleep(0.05)  # each one burns CPU: its utime grows
+        assert time.monotonic() < deadline, "the busy processes used no CPU"
+        raise RuntimeError("inside")
+    assert _marked_processes(LOAD_MARK) == []
+    for p in pids:
+        assert not os.path.exists(f"/proc/{p}"), p  # reaped, not left a zombie
+
+
+@pytest.mark.timeout(120)
+def test_small_ops_under_load_says_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "path", [os.path.join(REPO, "benchmarks"), *sys.path])  # undone after the test
+    from small_ops import LOAD_MARK
+
+    out = tmp_path / "s.json"
+    res = _run("small_ops.py", ["--ranks", "2", "--repeat", "1", "--scale", "0.02", "--only", "pycoll", "--load", "1",
+                                "--json", str(out), "--markdown", str(tmp_path / "s.md"), "--timeout", "60"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "1 busy process running throughout (--load)" in res.stdout.splitlines()[0], res.stdout
+    run = json.loads(out.read_text())["2"]["pycoll"][0]
+    assert run["load"] == 1 and run["rows"]["all_reduce numpy"]["wrong"] == 0, run
+    assert (tmp_path / "s.md").read_text().startswith("Under a load of 1 busy process (`--load 1`).")
+    assert _marked_processes(LOAD_MARK) == []
 
 
 @pytest.mark.parametrize("rounds", [1, 4])
