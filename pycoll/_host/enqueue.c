@@ -144,10 +144,8 @@ static void check_peers(struct task* list, bool check_process) {
   }
 }
 
-/* Spinning only helps when the peer we wait for runs on another CPU. Publish where we wait, and
- * yield at once when the peer last waited on this CPU (it needs ours to make progress). */
-static void spin_or_yield(struct task* list, struct backoff* b) {
-  int cpu = sched_getcpu();
+/* Publishes `cpu` as where the waiting tasks' ranks wait; the first of those tasks (NULL: none). */
+static struct task* publish_cpu(struct task* list, int cpu) {
   struct task* blocked = NULL;
   for (struct task* t = list; t; t = t->next) {
     if (!eligible(t) || !t->started) continue;
@@ -155,8 +153,21 @@ static void spin_or_yield(struct task* list, struct backoff* b) {
     if (__atomic_load_n(&me->cpu, __ATOMIC_RELAXED) != cpu) __atomic_store_n(&me->cpu, cpu, __ATOMIC_RELAXED);
     if (!blocked) blocked = t;
   }
-  if (blocked && blocked->wait_peer >= 0 &&
-      __atomic_load_n(&blocked->comm->seg.ctrl[blocked->wait_peer].cpu, __ATOMIC_RELAXED) == cpu)
+  return blocked;
+}
+
+/* Spinning only helps when the peer we wait for runs on another CPU. Publish where we wait; when the peer last
+ * waited on this CPU, move to another CPU where the ranks do not outnumber the CPUs (spread_from: they share this
+ * one by accident), else yield at once (it needs ours to make progress). */
+static void spin_or_yield(struct task* list, struct backoff* b) {
+  int cpu = sched_getcpu();
+  struct task* blocked = publish_cpu(list, cpu);
+  if (!blocked || blocked->wait_peer < 0 ||
+      __atomic_load_n(&blocked->comm->seg.ctrl[blocked->wait_peer].cpu, __ATOMIC_RELAXED) != cpu)
+    return;
+  if (!b->oversubscribed && spread_from(cpu))
+    publish_cpu(list, sched_getcpu());
+  else
     b->spin_ns = 0;
 }
 

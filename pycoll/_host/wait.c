@@ -127,6 +127,25 @@ static bool oversubscribed_seen;
 void host_note_oversubscribed(void) { __atomic_store_n(&oversubscribed_seen, true, __ATOMIC_RELAXED); }
 bool host_oversubscribed(void) { return __atomic_load_n(&oversubscribed_seen, __ATOMIC_RELAXED); }
 
+#define SPREAD_EVERY_NS 10000000ull
+static uint64_t spread = 1; /* PYCOLL_HOST_SPREAD */
+
+bool spread_from(int cpu) {
+  static __thread uint64_t last; /* this thread's last try */
+  if (!spread || cpu < 0 || cpu >= CPU_SETSIZE) return false;
+  uint64_t t = now_ns();
+  if (last && t - last < SPREAD_EVERY_NS) return false;
+  last = t;
+  cpu_set_t mask, elsewhere;
+  if (sched_getaffinity(0, sizeof mask, &mask) != 0 || CPU_COUNT(&mask) < 2 || !CPU_ISSET(cpu, &mask)) return false;
+  elsewhere = mask;
+  CPU_CLR(cpu, &elsewhere);
+  /* the kernel moves the thread as the call returns; the mask restored, it stays there until it balances again */
+  if (sched_setaffinity(0, sizeof elsewhere, &elsewhere) != 0) return false;
+  sched_setaffinity(0, sizeof mask, &mask);
+  return true;
+}
+
 /* Tunables (nanoseconds): how long to spin, then to yield, before sleeping; sleep bounds. */
 uint64_t peer_check_ns = 1000000;
 static uint64_t spin_ns = 50000, yield_ns = 300000, sleep_min_ns = 200000, sleep_max_ns = 1000000;
@@ -137,6 +156,7 @@ __attribute__((constructor)) static void wait_tunables(void) {
   env_u64("PYCOLL_HOST_PEER_CHECK_NS", ENV_PEER_CHECK_MIN_NS, ENV_NS_MAX, peer_check_ns, &peer_check_ns);
   sleep_max_ns = peer_check_ns;
   env_u64("PYCOLL_HOST_IDLE_DEAD", 0, 1, idle_dead, &idle_dead);
+  env_u64("PYCOLL_HOST_SPREAD", 0, 1, spread, &spread);
 }
 
 void backoff_reset(struct backoff* b, bool oversubscribed) {

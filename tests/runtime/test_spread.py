@@ -1,0 +1,86 @@
+"""Ranks that do not outnumber the CPUs but share one: the host library moves a waiter off it (PYCOLL_HOST_SPREAD).
+
+Two ranks of a communicator on two CPUs that wait for each other on the same CPU run only in turn, each when the
+other yields, while the other CPU runs something else; the kernel leaves them so. A waiter that finds the peer it
+waits for last waited on its own CPU moves to another CPU of its affinity mask and restores the mask. These tests
+put both ranks on one CPU, with a busy process pinned to the other (so the kernel does not separate them itself),
+and check where they then run, that the mask is restored, and that a rank pinned by its user stays pinned.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from helpers.mp import run_ranks
+
+import pycoll
+from pycoll import _bindings as B
+
+CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+pytestmark = [pytest.mark.timeout(120),
+              pytest.mark.skipif(len(CPUS) < 2, reason="needs sched_setaffinity and two CPUs")]
+
+
+def _uid() -> bytes:
+    return bytes(B.load("host").get_unique_id())
+
+
+def _cpu_now() -> int:
+    """The CPU this thread last ran on (``/proc``'s stat, field 39)."""
+    with open("/proc/thread-self/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[36])
+
+
+def _on_one_cpu(rank, n, uid, pin_for_good, calls=3000, every=20):
+    """Both ranks on the first CPU of the mask (the communicator made with the whole mask: its ranks do not outnumber
+    the CPUs), then, unless ``pin_for_good``, the mask given back; ``calls`` all_reduce, the CPU read every
+    ``every``. Returns the CPUs read, the sums' errors and the mask at the end."""
+    full = os.sched_getaffinity(0)
+    c = pycoll.init(rank, n, unique_id=uid, backend="host", timeout=60)
+    os.sched_setaffinity(0, {CPUS[0]})
+    c.barrier()
+    if not pin_for_good:
+        os.sched_setaffinity(0, full)
+    x = np.ones(4, np.float32)
+    cpus, wrong = [], 0
+    for i in range(calls):
+        x[:] = rank + 1
+        c.all_reduce(x)
+        wrong += int(np.count_nonzero(x != n * (n + 1) / 2))
+        if i % every == 0:
+            cpus.append(_cpu_now())
+    c.destroy()
+    return cpus, wrong, sorted(os.sched_getaffinity(0))
+
+
+BUSY = f"import os\nos.sched_setaffinity(0, {{{CPUS[1] if len(CPUS) > 1 else 0}}})\nwhile True: pass"
+
+
+def _run_beside_busy(pin_for_good):
+    """_on_one_cpu on two ranks while a busy process pinned to the second CPU runs."""
+    busy = subprocess.Popen([sys.executable, "-c", BUSY], stdin=subprocess.DEVNULL)
+    try:
+        return run_ranks(_on_one_cpu, 2, _uid(), pin_for_good, timeout=90)
+    finally:
+        busy.kill()
+        busy.wait()
+
+
+def test_two_ranks_sharing_a_cpu_by_accident_move_apart():
+    (cpus0, wrong0, mask0), (cpus1, wrong1, mask1) = _run_beside_busy(pin_for_good=False)
+    assert wrong0 == wrong1 == 0
+    assert mask0 == mask1 == CPUS, "the affinity mask was not restored"
+    late = len(cpus0) // 2  # once one of them has moved, they stay apart
+    apart = sum(a != b for a, b in zip(cpus0[late:], cpus1[late:], strict=True)) / (len(cpus0) - late)
+    assert apart >= 0.5, f"the ranks ran on one CPU: {cpus0[late:]} and {cpus1[late:]}"
+
+
+def test_a_rank_pinned_by_its_user_stays_pinned():
+    for cpus, wrong, mask in _run_beside_busy(pin_for_good=True):
+        assert wrong == 0
+        assert mask == [CPUS[0]]
+        assert set(cpus) == {CPUS[0]}
