@@ -169,6 +169,8 @@ static void init_header(void* base, void* arg_) {
   h->inbox_bytes = L->inbox_bytes;
   h->slot_bytes = L->slot_bytes;
   h->nslots = (uint32_t)L->nslots;
+  struct rank_ctrl* ctrl = (struct rank_ctrl*)((char*)base + L->ctrl_off);
+  for (int i = 0; i < a->r->nranks; i++) ctrl[i].cpu = -1; /* not waited anywhere yet (0 is a CPU) */
   h->magic = SEG_MAGIC; /* the segment only becomes visible (linked) after this */
 }
 

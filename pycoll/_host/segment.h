@@ -77,7 +77,7 @@ struct rank_ctrl {
   struct proc_id proc;
   int32_t state;
   int32_t fail_code;
-  int32_t cpu; /* where this rank last waited: a peer on the same CPU should yield, not spin */
+  int32_t cpu; /* where this rank last waited (-1: nowhere yet): a peer on the same CPU yields or moves (wait.h) */
   char fail_text[196];
   /* The rank's life word, a robust futex (exitwatch.h): the thread id of its process's exit watcher
    * with FUTEX_WAITERS set, written once when the rank attaches (0 before, or where the watcher has no

@@ -8,9 +8,11 @@
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "debug.h"
 #include "env.h"
 
 #ifndef SYS_pidfd_open
@@ -142,7 +144,10 @@ bool spread_from(int cpu) {
   CPU_CLR(cpu, &elsewhere);
   /* the kernel moves the thread as the call returns; the mask restored, it stays there until it balances again */
   if (sched_setaffinity(0, sizeof elsewhere, &elsewhere) != 0) return false;
-  sched_setaffinity(0, sizeof mask, &mask);
+  if (sched_setaffinity(0, sizeof mask, &mask) != 0)
+    WARN("wait : could not restore this thread's CPU affinity mask after moving it off CPU %d: %s (it keeps %d of "
+         "its %d CPUs; PYCOLL_HOST_SPREAD=0 turns these moves off)", cpu, strerror(errno), CPU_COUNT(&elsewhere),
+         CPU_COUNT(&mask));
   return true;
 }
 
