@@ -137,12 +137,12 @@ def test_small_ops_runs_and_checks(tmp_path):
 def _marked_processes(mark):
     """Pids of the processes whose command line holds ``mark`` (zombies have none: reaped or not, they are gone)."""
     pids = []
-    for pid in os.listdir("/proc"):
+    for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 if mark.encode() in f.read():
                     pids.append(int(pid))
-        except (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError):
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
             pass
     return pids
 
