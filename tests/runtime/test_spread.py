@@ -19,6 +19,7 @@ from helpers.mp import run_ranks
 
 import pycoll
 from pycoll import _bindings as B
+from pycoll._procs import stat_fields
 
 CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
 pytestmark = [pytest.mark.timeout(120),
@@ -30,9 +31,8 @@ def _uid() -> bytes:
 
 
 def _cpu_now() -> int:
-    """The CPU this thread last ran on (``/proc``'s stat, field 39)."""
-    with open("/proc/thread-self/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[36])
+    """The CPU this process's main thread (the rank's caller) last ran on: its stat's field 39."""
+    return int(stat_fields(os.getpid())[36])
 
 
 def _on_one_cpu(rank, n, uid, pin_for_good, calls=3000, every=20):
