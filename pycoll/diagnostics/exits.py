@@ -12,7 +12,11 @@ is on:
   ``SIG_IGN``), installed from the main thread: it dumps, then calls the handler it replaced, or
   -- for the default action -- ends the process by SIGTERM as it would have ended without pycoll. While
   the main thread is blocked inside a call, the watchdog's monitor thread sees the signal through
-  the wake-up fd and dumps (and, for the default action, ends the process) itself.
+  the wake-up fd and dumps (and, for the default action, ends the process) itself. A SIGTERM that
+  comes while the process is already ending -- the main thread in the exception hook or the exit
+  handler above, as when ``pycoll-run`` stops the other ranks of a job one of whose ranks died --
+  acts once that end's dump is written and the previous hook has run (the traceback printed): the
+  dump and the traceback are not lost, and the process still ends by SIGTERM.
 
 At most one such dump per process (the first of these events; an uncaught exception in another thread
 may add one), each bounded by ``dump_timeout`` (reports and dumps under way are let finish first,
@@ -24,6 +28,7 @@ Impossible: ``os._exit`` and SIGKILL run no code, and a signal's default action 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import logging
 import os
@@ -32,7 +37,7 @@ import sys
 import threading
 import time
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Type
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple, Type
 
 from .. import _settings, failpoints as _fp
 
@@ -46,6 +51,8 @@ _log = logging.getLogger("pycoll.watchdog")
 FP_EXIT_DUMP = _fp.declare("watchdog.exit.before_dump", "the process is going (exception, exit, SIGTERM), "
                                                         "before its own dump")
 FP_TERMINATE = _fp.declare("watchdog.exit.terminate", "SIGTERM: dumped, before ending the process")
+FP_TERM_DEFERRED = _fp.declare("watchdog.exit.deferred_sigterm", "a SIGTERM that came while the process was "
+                                                                 "ending: that end done, before the SIGTERM acts")
 
 
 def _frames(tb: Optional[TracebackType], limit: int = 32) -> List[Dict[str, Any]]:
@@ -64,11 +71,15 @@ class ExitDumps:
     def __init__(self, watchdog: Watchdog) -> None:
         self._wd = watchdog
         self._pid = os.getpid()  # a forked child (a multiprocessing worker) inherits the hooks, not the rank
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # reentrant: SIGTERM's handler may run in the main thread while it holds it
         # "process" (its end) and "thread" (an uncaught exception in one) -> (the dumping thread, set when done)
         self._dumped: Dict[str, Tuple[int, threading.Event]] = {}
         self._terminating = False
         self._term_done = threading.Event()
+        # the thread ending the process through the exception hook or the exit handler (None: none), and
+        # whether a SIGTERM came meanwhile: it acts when that thread is done (_ending)
+        self._ending: Optional[int] = None
+        self._term_deferred = False
         self._prev_excepthook: Any = None
         self._prev_thread_hook: Any = None
         self._prev_term: Any = None  # what SIGTERM did before ours (SIG_DFL or the user's handler)
@@ -161,13 +172,33 @@ class ExitDumps:
 
     # -- the events ----------------------------------------------------------------------------------
 
-    def _excepthook(self, typ: Type[BaseException], exc: BaseException, tb: Optional[TracebackType]) -> None:
+    @contextlib.contextmanager
+    def _ending_process(self) -> Iterator[None]:
+        """The main thread ends the process (an uncaught exception, its exit): a SIGTERM meanwhile waits for
+        the block to finish, then acts as it would have (``_terminate``)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield  # SIGTERM's handler runs in the main thread: nothing of it can interrupt this thread's end
+            return
+        with self._lock:
+            self._ending = threading.get_ident()
         try:
-            self.dump(f"uncaught {typ.__name__}", extra={"exception": {
-                "type": typ.__name__, "message": str(exc)[:2000], "frames": _frames(tb)}})
+            yield
         finally:
-            prev = self._prev_excepthook or sys.__excepthook__
-            prev(typ, exc, tb)
+            with self._lock:
+                self._ending = None
+                deferred, self._term_deferred = self._term_deferred, False
+            if deferred:
+                _fp.hit(FP_TERM_DEFERRED)
+                self._terminate(False)
+
+    def _excepthook(self, typ: Type[BaseException], exc: BaseException, tb: Optional[TracebackType]) -> None:
+        with self._ending_process():
+            try:
+                self.dump(f"uncaught {typ.__name__}", extra={"exception": {
+                    "type": typ.__name__, "message": str(exc)[:2000], "frames": _frames(tb)}})
+            finally:
+                prev = self._prev_excepthook or sys.__excepthook__
+                prev(typ, exc, tb)
 
     def _thread_excepthook(self, args: Any) -> None:
         try:
@@ -180,8 +211,9 @@ class ExitDumps:
             prev(args)
 
     def _at_exit(self) -> None:
-        if self._wd.recorder.has_communicators and self._wd.recorder.unfinished():
-            self.dump("exit")
+        with self._ending_process():
+            if self._wd.recorder.has_communicators and self._wd.recorder.unfinished():
+                self.dump("exit")
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self._terminate(False, frame)
@@ -192,6 +224,12 @@ class ExitDumps:
         if in_monitor and not self.sigterm_installed:
             return  # someone else's handler now: not ours to act on
         with self._lock:
+            if self._ending is not None and not self._terminating:
+                # the main thread is ending the process and dumping for it: interrupting it (this handler runs
+                # inside it, or the monitor thread would end the process under it) would lose that dump and
+                # the traceback; it acts on this SIGTERM when done
+                self._term_deferred = True
+                return
             first = not self._terminating
             self._terminating = True
         if first or not in_monitor:

@@ -8,7 +8,7 @@ uncaught exception, ``sys.exit`` and SIGTERM take the interpreter's own path:
 * SIGTERM while the rank's main thread is blocked inside #5: the monitor thread dumps, then the
   process ends by SIGTERM as it would have without pycoll; a user's SIGTERM handler still runs, and
   not before that dump is written (a failpoint slows the dump); SIGTERM during a slow exception dump
-  still ends the process at once;
+  ends the process once that dump is written and the traceback printed;
 * ranks stuck in ``while True: pass`` and in ``time.sleep(100)`` while the others time out in #5:
   their watchdogs answer the dump request (fresh progress, then a dump showing where the main thread
   is), the failing ranks' line says they are behind from those answers, and pycoll-fr uses the dumps;
@@ -201,14 +201,14 @@ def test_sigterm_users_handler_waits_for_a_slow_dump(server, tmp_path):
     assert _dump(d, 1)["pycoll"]["reason"].startswith(f"SIGTERM in rank 1 while all_reduce #{K}")
 
 
-@pytest.mark.timeout(120)
-def test_sigterm_during_an_exception_dump_ends_the_process_at_once(server, tmp_path):
-    # rank 1's uncaught-exception dump is slowed (4 s) and SIGTERM arrives meanwhile: the monitor thread,
-    # which writes the dump the main thread waits for, must not wait for that dump in turn
+def _sigterm_during_exception_dump(server, tmp_path, failpoints):
+    """Rank 1 raises with #K outstanding; its exception dump is slowed (2 s) and SIGTERM comes meanwhile, as
+    pycoll-run's fail-fast sends it to the other ranks of a job one of whose ranks died. Returns the dump
+    directory, rank 1's exit code, the seconds from the SIGTERM to its end, and its output."""
     trace = tmp_path / "trace"
     d = str(tmp_path / "dumps")
     os.makedirs(d)
-    env = {"PYCOLL_FAILPOINTS": f"watchdog.exit.before_dump=sleep(4000);rank=1;trace={trace}"}
+    env = {"PYCOLL_FAILPOINTS": f"watchdog.exit.before_dump=sleep(2000);rank=1;trace={trace}" + failpoints}
     ranks = Ranks(server, 3, d, "raise", env=env)
     try:
         assert _wait_for(str(trace))
@@ -219,8 +219,29 @@ def test_sigterm_during_an_exception_dump_ends_the_process_at_once(server, tmp_p
         out = ranks.output(1)
     finally:
         ranks.close()
+    return d, code, took, out
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_during_an_exception_dump_acts_once_the_dump_and_traceback_are_out(server, tmp_path):
+    # the SIGTERM waits for the ending thread: its dump is written, the previous excepthook prints the
+    # traceback, then the process ends by SIGTERM -- neither the main thread (the handler runs inside its
+    # dump) nor the monitor thread (which writes that dump) may end the process under it, and neither waits
+    # for the other (bounded: the dump's 2 s, not the 30 s limit)
+    d, code, took, out = _sigterm_during_exception_dump(server, tmp_path, "")
     assert code == -signal.SIGTERM, out
-    assert took < 3.0, (took, out)
+    assert took < 15.0, (took, out)
+    assert _dump(d, 1)["pycoll"]["reason"].startswith("uncaught ValueError in rank 1"), out
+    assert "ValueError: boom in the user's code" in out, out
+
+
+@pytest.mark.timeout(120)
+def test_killed_before_a_deferred_sigterm_acts(server, tmp_path):
+    # a kill where the deferred SIGTERM is about to act: the dump and the traceback are out already
+    d, code, took, out = _sigterm_during_exception_dump(server, tmp_path, ",watchdog.exit.deferred_sigterm=kill;rank=1")
+    assert code == -signal.SIGKILL, out
+    assert _dump(d, 1)["pycoll"]["reason"].startswith("uncaught ValueError in rank 1"), out
+    assert "ValueError: boom in the user's code" in out, out
 
 
 @pytest.mark.timeout(150)

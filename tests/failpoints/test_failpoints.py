@@ -550,7 +550,7 @@ def test_matrix_2_covers_every_point_the_scenario_passes():
                                              "host.coll.window",
                                              "host.stream.defer", "host.stream.handback", "host.stream.takeover",
                                              "watchdog.report.signal_peer", "watchdog.exit.before_dump",
-                                             "watchdog.exit.terminate"}, scenario
+                                             "watchdog.exit.terminate", "watchdog.exit.deferred_sigterm"}, scenario
 
 
 @pytest.mark.failpoints
