@@ -584,10 +584,13 @@ def _mismatch(rank, n, idb, what):
     else:
         cnt, dt, op = args[what]
         call = lambda: l.all_reduce(ptr(a), ptr(b), cnt, dt, op, comm)  # noqa: E731
+    for _ in range(2):  # the mismatch is the third collective: the text counts from 1, as pycoll's seq does
+        l.all_reduce(ptr(a), ptr(b), 10, F32, SUM, comm)
     with pytest.raises(errors.InvalidUsage) as ei:
         call()
     text = ei.value.last_error
     assert "mismatch" in text and "rank 0" in text and "rank 1" in text, text
+    assert "collective #3:" in text, text
     l.comm_abort(comm)
     return text
 
