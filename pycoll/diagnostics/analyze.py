@@ -697,7 +697,18 @@ def _verdict(c: Dict[str, Any]) -> str:
                else "no majority")
         out.append(f"{_MISMATCH_NAMES.get(m['kind'], m['kind'])} mismatch in {d['op']} on {name!r}: {who}")
     if not out and d["in_flight"]:
-        if not d["never_entered"] and not d["completed"] and not c["missing_dumps"]:
+        # an operation that never started on its stream (NCCL's "scheduled") waits for work queued before it on
+        # that rank's stream or device, while the ranks where it started wait for that rank
+        waiting = sorted(r for r, info in d["in_flight"].items() if info["state"] == "scheduled")
+        started = sorted(r for r in d["in_flight"] if r not in waiting)
+        if waiting and started:
+            one = len(waiting) == 1
+            out.append(f"rank{'' if one else 's'} {_fmt_ranks(waiting)} entered {d['op']} on {name!r} but "
+                       f"{'its' if one else 'their'} operation never started: work queued before it on "
+                       f"{'its' if one else 'their'} stream or device has not finished (a hung kernel, a wait "
+                       f"on an event) -- look there; rank{'' if len(started) == 1 else 's'} {_fmt_ranks(started)} "
+                       f"started it and wait{'s' if len(started) == 1 else ''} for {'it' if one else 'them'}")
+        elif not d["never_entered"] and not d["completed"] and not c["missing_dumps"]:
             out.append(f"every rank entered {d['op']} on {name!r} and none completed it: not a desync "
                        f"(suspect the transport, the device or a dependency outside this communicator)")
         else:

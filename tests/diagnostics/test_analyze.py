@@ -129,6 +129,23 @@ def test_everyone_stuck_is_not_a_desync(tmp_path):
     assert "every rank entered all_reduce #3" in analyze._verdict(c) and "not a desync" in analyze._verdict(c)
 
 
+@pytest.mark.parametrize("waiting", [[1], [0, 2]])
+def test_an_operation_that_never_started_names_its_rank(tmp_path, waiting):
+    # every rank entered #3, but on some its operation is still scheduled (queued behind a hung kernel on its
+    # stream): those ranks are named, not "not a desync"
+    def script(r, c):
+        allreduces(c, 2)
+        c.op("all_reduce", f32(2), f32(2), state="scheduled" if r in waiting else "started")
+
+    _, c = one(make_dumps(tmp_path, 3, script))
+    v = analyze._verdict(c)
+    started = [r for r in range(3) if r not in waiting]
+    who = "rank 1 entered" if waiting == [1] else "ranks 0, 2 entered"
+    assert v.startswith(f"{who} all_reduce #3 [Float(2,)] on 'world' but"), v
+    assert "never started" in v and "not a desync" not in v, v
+    assert f"rank{'s' if len(started) > 1 else ''} {', '.join(map(str, started))} started it" in v, v
+
+
 def test_healthy_run(tmp_path, capsys):
     def script(r, c):
         allreduces(c, 3)
