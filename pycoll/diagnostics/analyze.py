@@ -159,10 +159,22 @@ def _own(e: Optional[Dict[str, Any]]) -> str:
     return f"last {_describe(e)} {e.get('state')}" if e is not None else "no operation recorded"
 
 
+# a module of Python's standard library (not site-packages), as another host's dump names it
+_STDLIB_FRAME = re.compile(r"[/\\]lib[/\\]python3\.\d+[/\\](?!(?:site|dist)-packages[/\\])")
+
+
 def _main_site(dump: Dict[str, Any]) -> str:
-    """Where a dump says its main thread was (innermost frame outside pycoll's modules), when it says."""
-    for fr in (dump.get("pycoll") or {}).get("main_thread") or []:
-        fn = str(fr.get("filename", ""))
+    """Where a dump says its main thread was (innermost frame outside pycoll's modules), when it says. The
+    standard library's frames that pycoll itself called (its exit and SIGTERM hooks waiting for the dump being
+    written: ``threading.py in wait``) are pycoll's too; those the user's code called are the user's."""
+    frames = (dump.get("pycoll") or {}).get("main_thread") or []
+    names = [str(fr.get("filename", "")) for fr in frames]
+    first = 0
+    while first < len(names) and _STDLIB_FRAME.search(names[first]):
+        first += 1
+    if first == len(names) or not is_runtime_frame(names[first]):
+        first = 0  # no pycoll frame right outside them: the user's code called them
+    for fr, fn in zip(frames[first:], names[first:], strict=True):
         if not is_runtime_frame(fn) and not fn.startswith("<"):
             return f"{os.path.basename(fn)}:{fr.get('line')} in {fr.get('name')}"
     return ""

@@ -270,3 +270,19 @@ def test_torch_analyzer_reads_the_same_dumps(tmp_path):
     d = make_dumps(tmp_path, 3, script)
     out = torch_fr_trace(os.path.join(d, "generation_0"))
     assert "Culprit rank 1; Error type: COLLECTIVE_DTYPE_MISMATCH" in out
+
+
+def test_main_thread_site_skips_the_standard_library_pycoll_waits_in():
+    # a SIGTERM or exit dump: the main thread waits in threading.py for the dump pycoll's hook asked for; the site
+    # is the user's line around it, while a wait the user's own code makes stays the user's
+    lib, hook = "/usr/lib/python3.11/threading.py", "/srv/env/lib/python3.11/site-packages/pycoll/diagnostics/exits.py"
+    user, pkg = "/job/train.py", "/srv/env/lib/python3.11/site-packages/tqdm/std.py"
+
+    def site(*names):
+        return analyze._main_site({"pycoll": {"main_thread": [
+            {"filename": n, "line": i + 1, "name": f"f{i}"} for i, n in enumerate(names)]}})
+
+    assert site(lib, lib, hook, hook, user, user) == "train.py:5 in f4"
+    assert site(lib, user) == "threading.py:1 in f0"
+    assert site(lib, hook) == ""  # the exit handler, after the main module ended: no user frame
+    assert site(pkg, hook, user) == "std.py:1 in f0"
