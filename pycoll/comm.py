@@ -42,6 +42,7 @@ from .errors import (
     CommTimeout,
     InvalidArgument,
     NCCLError,
+    PeerFailure,
     RemoteError,
     error_class,
 )
@@ -65,6 +66,10 @@ FP_REVOKED = _fp.declare("comm.revoke.revoked", "revoke: the library revoked the
 _FAILURE_POLICIES = ("abort", "revoke", "report")
 
 
+#: how often a poll-until-ready loop asks whether to give up (a participant stopped or gone), seconds
+_GIVE_UP_EVERY = 0.1
+
+
 def default_timeout() -> float:
     """The default per-operation timeout in seconds: ``$PYCOLL_TIMEOUT`` or 30."""
     return float(_settings.get("PYCOLL_TIMEOUT"))
@@ -76,16 +81,21 @@ def _check_timeout(timeout: Optional[float], default: float, what: str = "timeou
 
 def poll_ready(library: Any, handle: int, what: str, timeout: float, *, on_error: Callable[[], None] = lambda: None,
                on_timeout: Callable[[], None] = lambda: None, describe_missing: Optional[Callable[[], str]] = None,
-               comm_name: Optional[str] = None, reported_timeout: Optional[float] = None) -> None:
+               comm_name: Optional[str] = None, reported_timeout: Optional[float] = None,
+               give_up: Optional[Callable[[float], Optional[BaseException]]] = None) -> None:
     """Poll ``ncclCommGetAsyncError(handle)`` until it leaves ncclInProgress, within ``timeout`` seconds.
 
     The one poll-until-ready loop of pycoll (nonblocking init, join, split, shrink, grow, finalize,
     revoke). An error code raises its typed exception after ``on_error()``; the deadline raises
     :class:`pycoll.CommTimeout` after ``on_timeout()`` (``describe_missing()`` may add who is missing).
+    ``give_up(seconds waited)``, asked every 0.1 s, may end the wait before the deadline: the exception it
+    returns is raised after ``on_timeout()`` (a participant found stopped or gone: ``Communicator._poll``).
     Between two looks it sleeps with a back-off, or, on the host library, waits for the state to
     change (``pycollCommWaitReady``): it then returns as the operation ends, not up to 1 ms later.
     """
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline = start + timeout
+    next_ask = start + _GIVE_UP_EVERY
     sleep = 0.0
     wait = library.comm_wait_ready if library.has("pycollCommWaitReady") else None
     while True:
@@ -96,7 +106,14 @@ def poll_ready(library: Any, handle: int, what: str, timeout: float, *, on_error
             last = library.get_last_error(handle)
             on_error()
             raise error_class(code)(code, what, library.get_error_string(code), last, library.path)
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        if give_up is not None and now >= next_ask:
+            next_ask = now + _GIVE_UP_EVERY
+            exc = give_up(now - start)
+            if exc is not None:
+                on_timeout()
+                raise exc
+        if now >= deadline:
             detail = describe_missing() if describe_missing is not None else ""
             on_timeout()
             where = f" on communicator {comm_name!r}" if comm_name else ""
@@ -104,7 +121,7 @@ def poll_ready(library: Any, handle: int, what: str, timeout: float, *, on_error
             raise CommTimeout(f"{what}{where} did not complete within {nominal:.3g} s{detail}",
                               comm_name=comm_name or "", op=what, timeout=nominal)
         if wait is not None:
-            wait(handle, min(max(0.0, deadline - time.monotonic()), 0.1))
+            wait(handle, min(max(0.0, deadline - time.monotonic()), _GIVE_UP_EVERY))
         else:
             sleep = backoff(sleep)
 
@@ -886,8 +903,35 @@ class Communicator(_core.CommCore):
 
     # -- lifecycle ------------------------------------------------------------------------------
 
-    def _poll(self, handle: int, what: str, timeout: float, on_timeout: Callable[[], None]) -> None:
-        poll_ready(self.library, handle, what, timeout, on_timeout=on_timeout, comm_name=self.name)
+    def _poll(self, handle: int, what: str, timeout: float, on_timeout: Callable[[], None],
+              peers: Optional[Sequence[int]] = ()) -> None:
+        """Wait for ``handle``'s nonblocking call ``what`` (``on_timeout``: the clean-up when it is given up). A
+        collective call (``peers``: the ranks that do not take part, e.g. a shrink's excluded ones; None: a local
+        call) is given up as soon as a participant is known stopped or gone (seen so twice, an observer's
+        liveness interval apart: a SIGSTOP at once followed by SIGCONT is no failure), with a
+        :class:`~pycoll.PeerFailure`, instead of at its timeout: nobody watches such a wait otherwise."""
+        give_up = None
+        if peers is not None and self._size > 1:
+            skip = tuple(peers)
+            seen: List[Any] = []  # the rank first found unable, and how long the wait had lasted then
+
+            def give_up(waited: float) -> Optional[BaseException]:
+                found = hooks.peer_unable(self, skip)
+                if found is None:
+                    seen.clear()
+                    return None
+                if not seen or seen[0] != found[0]:
+                    seen[:] = [found[0], waited]
+                    return None
+                if waited - seen[1] < _GIVE_UP_EVERY * 1.5:
+                    return None
+                rank, pid, why = found
+                gr = self._global_ranks[rank] if self._global_ranks is not None else rank
+                who = f"rank {rank} (pid {pid}" + (f", global rank {gr})" if gr != rank else ")")
+                return PeerFailure(f"{what} on communicator {self.name!r} rank {self._rank}: {who} is {why}; given up "
+                                   f"after {waited:.2f} s of its {timeout:g} s timeout", rank, pid, why)
+
+        poll_ready(self.library, handle, what, timeout, on_timeout=on_timeout, comm_name=self.name, give_up=give_up)
 
     def _drain(self, timeout: float) -> None:
         """Wait for outstanding operations (finalize/destroy flush them anyway)."""
@@ -1068,7 +1112,7 @@ class Communicator(_core.CommCore):
             self._state = "revoked"
         _fp.hit(FP_REVOKED)
         if self._handle == h:  # else another thread aborted it meanwhile: nothing left to wait for
-            self._poll(h, "ncclCommRevoke", self.timeout, lambda: None)
+            self._poll(h, "ncclCommRevoke", self.timeout, lambda: None, peers=None)
 
     # -- reshape --------------------------------------------------------------------------------
 
@@ -1078,7 +1122,8 @@ class Communicator(_core.CommCore):
 
     def _child(self, slot: Any, status: int, *, what: str, uid: str, name: str, global_ranks: Optional[Sequence[int]],
                timeout: float, poll_parent: bool, generation: Optional[int],
-               failure_callbacks: Sequence[Callable[[Communicator, BaseException], None]]) -> Optional[Communicator]:
+               failure_callbacks: Sequence[Callable[[Communicator, BaseException], None]],
+               leaving: Sequence[int] = ()) -> Optional[Communicator]:
         def on_timeout() -> None:
             child = slot.value
             self._abort()
@@ -1087,7 +1132,7 @@ class Communicator(_core.CommCore):
                     self.library.comm_abort(child)
 
         if status == B.IN_PROGRESS:
-            self._poll(self.handle if poll_parent else slot.value, what, timeout, on_timeout)
+            self._poll(self.handle if poll_parent else slot.value, what, timeout, on_timeout, peers=leaving)
         h = slot.value
         if not h:
             return None
@@ -1196,7 +1241,7 @@ class Communicator(_core.CommCore):
         child = self._child(slot, status, what="ncclCommShrink", uid=uid,
                             name=name or f"{self.name}.shrink{self._reshapes}",
                             global_ranks=gr, timeout=timeout, poll_parent=True, generation=generation,
-                            failure_callbacks=failure_callbacks)
+                            failure_callbacks=failure_callbacks, leaving=excl)
         assert child is not None
         return child
 

@@ -230,8 +230,14 @@ class ElasticGroup:
         slot = _integer(slot, "slot", "an int >= 0", 0)
         if world_size is not None:
             world_size = _integer(world_size, "world_size", "an int > 0", 1)
-        if not joiner and (world_size is None or not 0 <= slot < world_size):
+        if not joiner and world_size is None:
+            raise ValueError(f"slot {slot}: world_size is needed to form the group (only a joiner, joiner=True, "
+                             f"goes without it)")
+        if not joiner and not 0 <= slot < world_size:  # type: ignore[operator]
             raise ValueError(f"slot {slot} must be below world_size {world_size} when forming the group")
+        if on_change is not None and not callable(on_change):
+            raise TypeError(f"on_change must be None or callable as on_change(group, transition), "
+                            f"got {type(on_change).__name__}")
         self.store = store_argument(store)
         self.slot = slot
         self.name = name
@@ -249,6 +255,10 @@ class ElasticGroup:
         self.comm: Communicator
         self.joined = joiner
         self._grow_calls = 0
+        self._closed = False
+        # slots that left the group (a reshape without them) and were not admitted again: rank 0 marks them lost for
+        # the launcher after every reshape, so that one a rank 0 that died before it could mark is marked all the same
+        self._lost: set[int] = set()
         self._stop = threading.Event()
         self._gave_up = False  # the last reshape raised: hold no dumps
         self._reshaping = False
@@ -333,6 +343,7 @@ class ElasticGroup:
         # new process may take it and join: the watcher reads that one from the store)
         stay = set(self.members).intersection(members)
         self._proc_cache = {m: v for m, v in self._proc_cache.items() if m in stay}
+        self._lost = (self._lost | set(self.members)) - set(members)
         self.comm, self.members, self.generation = comm, tuple(members), generation
         self._grow_calls = 0
         self._moved.set()
@@ -630,6 +641,8 @@ class ElasticGroup:
         they do not slow the recovery down; ``pycoll.diagnostics.get_watchdog().wait_for_dumps()``
         writes them at once.
         """
+        if self._closed:
+            raise CommStateError(f"group {self.name!r} (slot {self.slot}) was closed: reshape() needs an open group")
         self._reshaping, self._gave_up = True, False
         try:
             comm = self._reshape()
@@ -722,7 +735,7 @@ class ElasticGroup:
                 members = new_members
                 attempt += 1
                 cause = f"{cause}; then during the reshape: {exc}"
-        lost = [m for m in tr.members_before if m not in kept] if self.rank == 0 else []
+        lost = sorted(self._lost) if self.rank == 0 else []  # this reshape's, and any a former rank 0 did not mark
         # off the critical path: the first collective on the new communicator need not wait for them
         threading.Thread(target=self._release, args=(old, lost, g + 1), name=f"pycoll-elastic-release-{self.name}",
                          daemon=True).start()
@@ -935,8 +948,14 @@ class ElasticGroup:
         """Stop the watcher and destroy the communicator (collective over the current members).
 
         Processes still waiting to join are told that the group has finished (they raise
-        :class:`Excluded`).
+        :class:`Excluded`). A member that died or stopped after the last step does not make it fail: the
+        communicator is aborted instead, the member's slot is marked lost for the launcher (as a reshape
+        would have), and a warning names it; a failure with every member alive raises as the destroy's does.
+        Closing again does nothing.
         """
+        if self._closed:
+            return
+        self._closed = True
         self._stop.set()
         self._announce_q.put(None)
         get_watchdog().remove_dump_gate(self._dump_gate)
@@ -946,11 +965,46 @@ class ElasticGroup:
             self._watcher.join(2.0)
         if self._node is not None:
             self._node.close()
-        if not self.comm.closed:
-            if self.comm.state == "active" and self.comm.failure is None:
+        if self.comm.closed:
+            return
+        error: Optional[BaseException] = None
+        if self.comm.state == "active" and self.comm.failure is None:
+            try:
                 self.comm.destroy()
-            else:
-                self.comm.abort()
+                self._closed_here()
+                return
+            except (CommFailure, NCCLError) as exc:
+                error = exc
+        if not self.comm.closed:
+            self.comm.abort()  # a failed communicator (its failure was the caller's to see), or a failed destroy
+        # gone, and not after a close of its own (a member that closed and ended is gone too, and no loss)
+        gone = [m for m in self.members if m != self.slot and self._slot_gone(m)
+                and not self._closed_there(m)]
+        self._closed_here()
+        if not gone:
+            if error is not None:
+                raise error
+            return
+        _log.warning("slot %d: closing group %r: slot%s %s gone (%s); the communicator was aborted and the slot%s "
+                     "marked lost", self.slot, self.name, "s" if len(gone) > 1 else "", ", ".join(map(str, gone)),
+                     error or self.comm.failure, "s" if len(gone) > 1 else "")
+        for m in gone:
+            try:
+                mark_lost(self.store, m, f"gone when group {self.name!r} closed")
+            except (StoreError, AttributeError):
+                pass
+
+    def _closed_here(self) -> None:
+        try:
+            self.store.set(f"{self._ns}/g{self.generation}/closed/{self.slot}", b"")
+        except StoreError as exc:
+            _log.debug("slot %d: recording the close of group %r failed: %s", self.slot, self.name, exc)
+
+    def _closed_there(self, slot: int) -> bool:
+        try:
+            return bool(self.store.check([f"{self._ns}/g{self.generation}/closed/{slot}"]))
+        except StoreError:
+            return False
 
     def __enter__(self) -> ElasticGroup:
         return self

@@ -186,6 +186,12 @@ class CommObserver:
     def comm_closed(self, comm: CommView) -> None:
         """The communicator was destroyed or aborted."""
 
+    def peer_unable(self, comm: CommView, skip: Sequence[int]) -> Optional[Tuple[int, int, str]]:
+        """A peer of ``comm`` (a rank not in ``skip``) known to be unable to take part any more (stopped, exited),
+        as ``(rank, pid, why)``; None when none is known. Asked by a thread that waits on ``comm`` outside any
+        operation (a shrink, grow, split or finalize), about every 0.1 s: it must return quickly."""
+        return None
+
 
 _observers: List[CommObserver] = []
 
@@ -265,6 +271,19 @@ def notify_failed(comm: CommView, exc: BaseException, work: Optional[WorkView]) 
 
 def notify_closed(comm: CommView) -> None:
     _each(lambda o: o.comm_closed(comm), "comm_closed")
+
+
+def peer_unable(comm: CommView, skip: Sequence[int] = ()) -> Optional[Tuple[int, int, str]]:
+    """The first observer's answer to :meth:`CommObserver.peer_unable` (None: no observer knows of one)."""
+    for o in list(_observers):
+        try:
+            found = o.peer_unable(comm, skip)
+        except Exception:  # an observer must never break a communicator
+            _log.exception("observer %r failed in peer_unable", o)
+            continue
+        if found is not None:
+            return found
+    return None
 
 
 # -- the live registry: every communicator of this process that is neither destroyed nor aborted ------

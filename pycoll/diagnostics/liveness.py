@@ -204,9 +204,21 @@ class Liveness:
         return (not _all_remote and me is not None and bool(rec.boot) and rec.boot == me.boot
                 and rec.pidns == me.pidns)
 
-    def _check_local(self, c: CommView, p: _Peers) -> Optional[Tuple[int, ProcRecord, str]]:
+    def unable_peer(self, c: CommView, now: float, skip: Sequence[int] = ()) -> Optional[Tuple[int, ProcRecord, str]]:
+        """A peer of ``c`` on this host, other than the ranks in ``skip``, that cannot take part any more (stopped,
+        exited): ``(rank, its record, why)``, else None. For a thread that waits on ``c`` outside any operation (a
+        shrink, grow, split or finalize: ``Communicator._poll``), which no round watches. The peers' records are
+        read from the store as a round reads them (until every peer's is known, at most once a period)."""
+        p = self.announce(c)
+        if p is None:
+            return None
+        if not p.complete and now >= p.next_fetch:
+            self._fetch(c, p, now)
+        return self._check_local(c, p, skip)
+
+    def _check_local(self, c: CommView, p: _Peers, skip: Sequence[int] = ()) -> Optional[Tuple[int, ProcRecord, str]]:
         for rank, rec in p.procs.items():
-            if not self._local(rec):
+            if rank in skip or not self._local(rec):
                 continue
             why = process_state(rec.pid, rec.start)
             if why is not None:

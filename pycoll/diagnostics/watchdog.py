@@ -71,7 +71,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from .. import _settings, failpoints as _fp, hooks
 from ..errors import CommAborted, StoreTimeout
@@ -592,6 +592,15 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
             wake.wait(max(1e-3, next_t - time.monotonic()))
             wake.clear()
             self._wake_at = 0.0
+
+    def peer_unable(self, comm: CommView, skip: Sequence[int] = ()) -> Optional[Tuple[int, int, str]]:
+        """A same-host peer of ``comm`` (not in ``skip``) that is stopped or gone, as ``(rank, pid, why)``, for a
+        wait outside any operation (:meth:`.liveness.Liveness.unable_peer`); None when there is none or liveness
+        checks are off (``PYCOLL_WATCHDOG_LIVENESS=0``)."""
+        if not self.liveness:
+            return None
+        found = self._liveness.unable_peer(comm, time.monotonic(), skip)
+        return None if found is None else (found[0], found[1].pid, found[2])
 
     def _liveness_loop(self, stop: threading.Event) -> None:
         """Watch the peers of outstanding work (:mod:`.liveness`); store calls only once per

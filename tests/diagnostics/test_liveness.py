@@ -313,3 +313,46 @@ def test_a_rank_stopped_right_after_a_grow_is_found_within_a_second(server, spec
     assert found, res  # and the first to fail named the stopped rank
     for out in found:
         assert f"rank {victim} (pid " in out[2] and "is stopped (SIGSTOP)" in out[2], (victim, res)
+
+
+def _stopped_peer_at_teardown(rank, n, addr, what):
+    """Rank 2 stops once every rank completed one all_reduce; the others then make a collective call that is no
+    operation (a finalize through destroy, a shrink without rank 3, which leaves), whose 30 s timeout
+    must not be waited out: returns (seconds it took, the exception's type, text and rank)."""
+    store = pycoll.TCPStore(addr[0], addr[1], TOKEN, timeout=30.0)
+    comm = pycoll.init(rank, n, backend="host", store=store, timeout=30.0, name="teardown")
+    comm.all_reduce(np.ones(4))
+    comm.barrier()
+    if rank == 2:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    if rank == 3 and what == "shrink":
+        return None  # excluded: it leaves (gone, as the shrink's excluded ranks may be)
+    time.sleep(0.3)  # rank 2 is stopped by now
+    t0 = time.monotonic()
+    try:
+        if what == "destroy":
+            comm.destroy()
+        else:
+            comm.shrink([3])
+    except pycoll.CommFailure as exc:
+        out = time.monotonic() - t0, type(exc).__name__, str(exc), getattr(exc, "rank", None)
+    else:
+        out = time.monotonic() - t0, None, "", None
+    comm.abort()
+    # stay until every rank that made the call has ended it: a rank that left would be found gone by the others
+    store.set(f"teardown-{what}/{rank}", b"")
+    store.wait([f"teardown-{what}/{r}" for r in range(n) if r != 2 and not (r == 3 and what == "shrink")])
+    return out
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("what", ["destroy", "shrink"])
+def test_a_peer_stopped_during_a_collective_call_that_is_no_operation_is_found_within_a_second(server, what):
+    # no Work is outstanding in a finalize, shrink or grow (a split on the host backend exchanges the members'
+    # ranks in an all_gather first, which the rounds watch): the waiting thread asks the watchdog's liveness
+    res = run_ranks(_stopped_peer_at_teardown, 4, server, what, timeout=90, may_die=[2, 3])
+    for r in (0, 1) if what == "shrink" else (0, 1, 3):
+        took, kind, text, rank = res[r]
+        assert kind == "PeerFailure" and rank == 2, res[r]
+        assert "rank 2 (pid" in text and "is stopped (SIGSTOP)" in text and "given up after" in text, text
+        assert took < 10.0, res[r]  # the timeout is 30 s

@@ -13,8 +13,9 @@ from helpers.mp import Died, run_ranks
 
 import pycoll
 import pycoll.hooks
-from pycoll import membership
+from pycoll import failpoints, membership
 from pycoll.elastic import ElasticGroup, Excluded
+from pycoll.launch.keys import KEY_LOST
 
 
 @pytest.fixture
@@ -143,6 +144,106 @@ def test_failure_during_the_reshape(server):
     res = run_ranks(_reshape_failure, 4, server, timeout=60, may_die=[2, 3])
     for r in (0, 1):
         assert res[r]["members"] == (0, 1) and res[r]["y"] == [2.0] * 4, res[r]
+
+
+def _stopped_in_the_reshape(rank, n, addr, point):
+    """Slot 3 dies; slot 1 stops at ``point`` of the survivors' reshape. The reshape's calls time out after 30 s:
+    the others must not wait that out (a stopped member is known at once)."""
+    store = _store(addr)
+    group = ElasticGroup(store, rank, n, backend="host", timeout=30.0, name="t")
+    if rank == 1:
+        failpoints.configure(f"{point}=stop", rank=rank)
+    x = np.ones(4)
+    group.comm.all_reduce(x)
+    if rank == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        group.comm.all_reduce(x)
+    except pycoll.CommFailure:
+        group.reshape()
+    while True:  # after the shrink slot 1 stops in the new communicator's first collective
+        y = np.ones(4)
+        try:
+            group.comm.all_reduce(y)
+            break
+        except pycoll.CommFailure:
+            group.reshape()
+    out = dict(members=group.members, y=y.tolist(), took=time.monotonic() - t0)
+    group.close()
+    return out
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("point", ["elastic.shrink.before", "elastic.shrink.after"])
+def test_a_member_stopped_in_the_reshape_costs_no_timeout(server, point):
+    res = run_ranks(_stopped_in_the_reshape, 4, server, point, timeout=60, may_die=[1, 3])
+    for r in (0, 2):
+        assert res[r]["members"] == (0, 2) and res[r]["y"] == [2.0] * 4, res[r]
+        assert res[r]["took"] < 10.0, res[r]  # not a 30 s timeout
+
+
+def _gone_after_the_last_step(rank, n, addr, action):
+    """Every member completes its steps; slot 2 then dies or stops before close(), which must neither raise nor
+    wait out its 30 s timeout on the others, and marks slot 2 lost for the launcher."""
+    store = _store(addr)
+    group = ElasticGroup(store, rank, n, backend="host", timeout=30.0, name="t")
+    for _ in range(3):
+        group.comm.all_reduce(np.ones(4))
+    group.comm.barrier()
+    if rank == 2:
+        os.kill(os.getpid(), signal.SIGSTOP if action == "stop" else signal.SIGKILL)
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    group.close()
+    took = time.monotonic() - t0
+    group.close()  # again: nothing
+    with pytest.raises(pycoll.CommStateError, match="was closed"):
+        group.reshape()
+    return dict(took=took, lost=[m for m in range(n) if store.check([KEY_LOST.format(rank=m)])])
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("action", ["kill", "stop"])
+def test_close_with_a_member_gone_after_the_last_step(server, action):
+    res = run_ranks(_gone_after_the_last_step, 4, server, action, timeout=60, may_die=[2])
+    for r in (0, 1, 3):
+        assert res[r]["took"] < 10.0 and res[r]["lost"] == [2], res[r]
+
+
+def _rank0_dies_before_it_marks(rank, n, addr):
+    """Slot 3 dies; slot 0, rank 0 of the survivors, dies right after their reshape, before it marked slot 3 lost
+    (that waits for the first operation); the next reshape's rank 0 marks both."""
+    store = _store(addr)
+    group = ElasticGroup(store, rank, n, backend="host", timeout=10.0, name="t")
+    if rank == 0:
+        failpoints.configure("elastic.reshape.done=kill", rank=rank)
+    x = np.ones(4)
+    group.comm.all_reduce(x)
+    if rank == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+    for _ in range(3):  # the failed step, the one slot 0's death fails, one on the last communicator
+        try:
+            group.comm.all_reduce(x)
+        except pycoll.CommFailure:
+            group.reshape()
+    deadline = time.monotonic() + 10.0
+    lost = []
+    while time.monotonic() < deadline:  # rank 0 marks them off the critical path
+        lost = [m for m in range(n) if store.check([KEY_LOST.format(rank=m)])]
+        if lost == [0, 3]:
+            break
+        time.sleep(0.05)
+    out = dict(members=group.members, lost=lost)
+    group.close()
+    return out
+
+
+@pytest.mark.timeout(90)
+def test_a_slot_lost_while_its_marker_died_is_marked_by_the_next_rank_0(server):
+    res = run_ranks(_rank0_dies_before_it_marks, 4, server, timeout=60, may_die=[0, 3])
+    for r in (1, 2):
+        assert res[r]["members"] == (1, 2) and res[r]["lost"] == [0, 3], res[r]
 
 
 def _late_policy(rank, n, addr):
@@ -303,6 +404,8 @@ def test_bad_arguments_are_refused_with_the_argument_named():
         (dict(slot=0.0), TypeError, "slot must be an int >= 0"),
         (dict(slot=-1), ValueError, "slot must be an int >= 0"),
         (dict(world_size=1.0), TypeError, "world_size must be an int > 0"),
+        (dict(world_size=None), ValueError, "world_size is needed to form the group"),
+        (dict(on_change=5), TypeError, "on_change must be None or callable"),
     ]:
         args = dict(store=store, slot=0, world_size=1, backend="host", name="bad-args") | kwargs
         with pytest.raises(exc, match=text):
