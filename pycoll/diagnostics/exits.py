@@ -160,9 +160,10 @@ class ExitDumps:
             if flush and kind == "process" and self._wd.running:
                 self._wd.wait_for_dumps(max(0.0, bound - 1.0))
             self.paths = self._wd.dump(reason, trigger="exit", wait=max(1.0, deadline - time.monotonic()), extra=info)
-            if not self.paths:
-                _log.warning("pycoll watchdog: the dump for %s was not written within %.3g s", what,
-                             self._wd.dump_timeout)
+            if not self.paths and time.monotonic() < deadline:  # it failed (the error is logged above)
+                _log.warning("pycoll watchdog: the dump for %s was not written (see the error above)", what)
+            elif not self.paths:
+                _log.warning("pycoll watchdog: the dump for %s was not written within %.3g s", what, bound)
             return self.paths
         except Exception:
             _log.exception("watchdog: the exit dump failed")

@@ -83,3 +83,14 @@ def test_a_forked_child_does_not_dump_in_its_parents_name(tmp_path):
     assert os.waitstatus_to_exitcode(status) == 0
     assert not (tmp_path / "generation_0").exists()
     assert ed.dump("SIGTERM") and rec.dump_count == 1  # the parent still dumps
+
+
+def test_a_dump_that_fails_at_once_is_not_said_to_have_timed_out(tmp_path, caplog):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    rec, c, wd, ed = _setup(tmp_path)
+    rec.dump_dir = str(blocker / "sub")  # a file where a folder should be: the write fails at once
+    with caplog.at_level("WARNING", logger="pycoll.watchdog"):
+        assert ed.dump("exit") == []
+    said = [r.getMessage() for r in caplog.records if "the dump for exit" in r.getMessage()]
+    assert said == ["pycoll watchdog: the dump for exit was not written (see the error above)"], said
