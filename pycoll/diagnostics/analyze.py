@@ -488,8 +488,17 @@ def _check_p2p(members: List[int], present: List[int], p2p: Dict[int, List[Dict[
                 issue = (f"send #{k + 1} {src}->{dst} of {_sizes(s.get('input_sizes'))} {s.get('input_dtypes')} "
                          f"vs recv of {_sizes(r.get('output_sizes'))} {r.get('output_dtypes')}")
             elif any(x is not None and x.get("state") != "completed" for x in (s, r)):
+                def state(x: Optional[Dict[str, Any]], rank: int) -> str:
+                    return str(x.get("state")) if x is not None else f"unknown: no dump from rank {rank}"
+
                 issue = (f"transfer #{k + 1} {src}->{dst} not completed "
-                         f"(send {s and s.get('state')}, recv {r and r.get('state')})")
+                         f"(send {state(s, src)}, recv {state(r, dst)})")
+                # what the library said where it failed (a size mismatch, a dead peer): the transfer's cause
+                failed = [(side, x) for side, x in (("send", s), ("recv", r))
+                          if x is not None and x.get("pycoll_error")]
+                if failed:
+                    side, x = failed[0]
+                    issue += f": the {side} failed with {str(x['pycoll_error'])[:300]}"
             if issue:
                 bad = s if s is not None and s.get("state") != "completed" else r
                 out.append({"src": src, "dst": dst, "index": k + 1, "issue": issue,

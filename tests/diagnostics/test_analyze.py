@@ -177,6 +177,24 @@ def test_unmatched_send(tmp_path):
     assert "point-to-point problem" in analyze._verdict(c)
 
 
+def test_a_failed_transfer_says_what_the_library_said(tmp_path):
+    # rank 0 sent and left without a dump; rank 1's recv failed with the library's size-mismatch text
+    def script(r, c):
+        allreduces(c, 1)
+        if r == 1:
+            w = c.op("recv", None, f32(4), peer=0, state="started")
+            w._exc = RuntimeError("Recv : size mismatch: rank 1 receives 16 bytes from rank 0, which sends 32 bytes")
+            c.recorder.comm_failed(c, w._exc, w)
+
+    d = make_dumps(tmp_path, 3, script)
+    os.unlink(os.path.join(d, "generation_0", f"{PREFIX}0"))
+    shutil.rmtree(os.path.join(d, "json"))
+    _, c = one(d)
+    issue = c["p2p"][0]["issue"]
+    assert issue.startswith("transfer #1 0->1 not completed (send unknown: no dump from rank 0, recv started): "
+                            "the recv failed with RuntimeError: Recv : size mismatch"), issue
+
+
 def test_a_sendrecv_pairs_with_the_peers_send_and_recv(tmp_path):
     """A sendrecv 0<->1 is a send 0->1 and a recv at 0 from 1: rank 1's group of a recv and a send matches it, and a
     sendrecv whose peer posted nothing is reported in both directions."""
