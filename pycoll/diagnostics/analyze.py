@@ -246,6 +246,24 @@ def _groups(dumps: Dict[int, Dict[str, Any]], problems: List[str]) -> Dict[str, 
     return groups
 
 
+def _apart(dumps: Dict[int, Dict[str, Any]], problems: List[str]) -> None:
+    """Say so where the dumps fall into sets that share no communicator: the dumps of different runs (a dump
+    folder used again, files copied together), which no analysis should mix."""
+    sets: List[Tuple[set, List[int]]] = []  # (communicator uids, ranks)
+    for rank, d in sorted(dumps.items()):
+        uids = set(d.get("pg_config") or {})
+        joined = [i for i, (u, _) in enumerate(sets) if u & uids]
+        merged: Tuple[set, List[int]] = (uids, [rank])
+        for i in reversed(joined):
+            u, rs = sets.pop(i)
+            merged = (merged[0] | u, sorted(merged[1] + rs))
+        sets.append(merged)
+    if len(sets) > 1:
+        problems.append("the dumps share no communicator across " + " and ".join(
+            f"ranks {_fmt_ranks(rs)}" if len(rs) > 1 else f"rank {rs[0]}" for _, rs in sorted(sets, key=lambda x: x[1]))
+            + ": dumps of different runs in one folder? (each set is analysed apart; remove the stale files)")
+
+
 def _store_view(dumps: Dict[int, Dict[str, Any]], uid: str, local: int) -> Optional[Dict[str, Any]]:
     """A missing rank's progress as the failing ranks read it from the store (freshest report)."""
     best = None
@@ -272,9 +290,13 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
     uid, members = g["uid"], g["members"]
     size = len(members)
     local_of = {gr: i for i, gr in enumerate(members)}
-    present = [r for r in members if r in dumps]
+    # a dump that does not know this communicator at all (another run's, left in the same folder) says nothing
+    # of it: its rank counts as one without a dump, never as one that did not enter its operations
+    present = [r for r in members if r in dumps and uid in (dumps[r].get("pg_config") or {})]
+    foreign = [r for r in members if r in dumps and r not in present]
     res: Dict[str, Any] = {"uid": uid, "name": g["name"], "members": members, "dumps_from": present,
-                           "missing_dumps": [r for r in members if r not in dumps], "problems": [],
+                           "missing_dumps": [r for r in members if r not in present], "foreign_dumps": foreign,
+                           "problems": [],
                            "first_divergence": None,
                            "matched_through": None, "p2p": [], "failures": [], "missing_dump_info": {}}
     coll: Dict[int, Dict[int, Dict[str, Any]]] = {}
@@ -368,7 +390,9 @@ def _check_seq(s: int, present: List[int], coll: Dict[int, Dict[int, Dict[str, A
     for r in res["missing_dumps"]:
         view = res["missing_dump_info"].get(r)
         if view is None:
-            div["missing_dumps"][r] = "no dump and no store report: unknown"
+            div["missing_dumps"][r] = ("its dump does not know this communicator (another run's?) and no store "
+                                       "report: unknown" if r in res["foreign_dumps"]
+                                       else "no dump and no store report: unknown")
             continue
         p = view["progress"]
         if view.get("failure"):
@@ -514,6 +538,7 @@ def analyze(dumps: Dict[int, Dict[str, Any]], *, stack_limit: int = 8) -> Dict[s
     if len(versions) > 1:
         problems.append(f"dumps disagree on the schema version: {sorted(versions)}")
     groups = _groups(dumps, problems)
+    _apart(dumps, problems)
     report: Dict[str, Any] = {"ranks": sorted(dumps), "versions": sorted(versions), "problems": problems,
                               "communicators": [], "triggers": {}}
     for r, d in sorted(dumps.items()):
@@ -732,9 +757,12 @@ def _verdict(c: Dict[str, Any]) -> str:
         elif not d["never_entered"] and not d["completed"] and not c["missing_dumps"]:
             out.append(f"every rank entered {d['op']} on {name!r} and none completed it: not a desync "
                        f"(suspect the transport, the device or a dependency outside this communicator)")
-        else:
+        elif d["completed"]:
             out.append(f"{d['op']} on {name!r} completed on ranks {_fmt_ranks(d['completed'])} but not on "
                        f"{_fmt_ranks(d['in_flight'])}")
+        else:
+            out.append(f"{d['op']} on {name!r} did not complete on ranks {_fmt_ranks(d['in_flight'])}; ranks "
+                       f"{_fmt_ranks(c['missing_dumps'])} left no dump of {name!r}")
     if not out and d["missing_dumps"]:
         out.append(f"{d['op']} on {name!r}: "
                    + "; ".join(f"rank {r}: {t}" for r, t in sorted(d["missing_dumps"].items())))

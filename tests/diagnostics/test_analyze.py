@@ -146,6 +146,24 @@ def test_an_operation_that_never_started_names_its_rank(tmp_path, waiting):
     assert f"rank{'s' if len(started) > 1 else ''} {', '.join(map(str, started))} started it" in v, v
 
 
+def test_dumps_of_two_runs_in_one_folder_are_said_to_be_and_not_mixed(tmp_path, capsys):
+    # rank 2's dump is from another run (another communicator): it must not count as rank 2 never entering
+    # the first run's operations, and the report says the folder mixes runs
+    d = make_dumps(tmp_path / "a", 3, stopped_rank, uid="aaaa000000000000")
+    other = make_dumps(tmp_path / "b", 3, lambda r, c: allreduces(c, 2), uid="bbbb000000000000")
+    name = f"{PREFIX}2"
+    shutil.copy(os.path.join(other, "generation_0", name), os.path.join(d, "generation_0", name))
+    shutil.rmtree(os.path.join(d, "json"))
+    rep = analyze.analyze_dir(d)[0]
+    assert any("share no communicator across ranks 0-1 and rank 2" in p for p in rep["problems"]), rep["problems"]
+    a = next(c for c in rep["communicators"] if c["uid"] == "aaaa000000000000")
+    assert a["missing_dumps"] == [2] and a["foreign_dumps"] == [2], a
+    div = a["first_divergence"]
+    assert 2 not in div["never_entered"] and "does not know this communicator" in div["missing_dumps"][2], div
+    assert run_cli(d) == 1
+    assert "dumps of different runs in one folder?" in capsys.readouterr().out
+
+
 def test_healthy_run(tmp_path, capsys):
     def script(r, c):
         allreduces(c, 3)
