@@ -63,6 +63,8 @@ _log = logging.getLogger("pycoll.comm")
 REDUCE_OPS: Dict[str, int] = _dtypes.REDUCE_OPS
 FP_BYTES_COPIED = _fp.declare("comm.broadcast_bytes.copied", "broadcast_bytes on a device, the root's bytes copied in")
 FP_REVOKED = _fp.declare("comm.revoke.revoked", "revoke: the library revoked the communicator, before the wait for it")
+FP_GIVE_UP = _fp.declare("comm.poll.give_up", "a finalize, shrink, grow or split found a participant stopped or "
+                                              "gone, before it gives up (aborts)")
 _FAILURE_POLICIES = ("abort", "revoke", "report")
 
 
@@ -907,8 +909,8 @@ class Communicator(_core.CommCore):
               peers: Optional[Sequence[int]] = ()) -> None:
         """Wait for ``handle``'s nonblocking call ``what`` (``on_timeout``: the clean-up when it is given up). A
         collective call (``peers``: the ranks that do not take part, e.g. a shrink's excluded ones; None: a local
-        call) is given up as soon as a participant is known stopped or gone (seen so twice, an observer's
-        liveness interval apart: a SIGSTOP at once followed by SIGCONT is no failure), with a
+        call) is given up as soon as a participant is known stopped or gone (seen so twice, at least 0.15 s
+        apart: a SIGSTOP at once followed by SIGCONT is no failure), with a
         :class:`~pycoll.PeerFailure`, instead of at its timeout: nobody watches such a wait otherwise."""
         give_up = None
         if peers is not None and self._size > 1:
@@ -925,6 +927,7 @@ class Communicator(_core.CommCore):
                     return None
                 if waited - seen[1] < _GIVE_UP_EVERY * 1.5:
                     return None
+                _fp.hit(FP_GIVE_UP)
                 rank, pid, why = found
                 gr = self._global_ranks[rank] if self._global_ranks is not None else rank
                 who = f"rank {rank} (pid {pid}" + (f", global rank {gr})" if gr != rank else ")")

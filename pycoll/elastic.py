@@ -109,6 +109,8 @@ FP_GROW_FIRST_COLLECTIVE = _fp.declare("elastic.grow.first_collective", "before 
 FP_JOIN_REQUEST = _fp.declare("elastic.join.request", "a joiner, before it asks to join")
 FP_JOIN_ADMITTED = _fp.declare("elastic.join.admitted", "a joiner was admitted, before it joins")
 FP_JOIN_AFTER_COMM = _fp.declare("elastic.join.after_comm", "a joiner's communicator is built")
+FP_CLOSE_GONE = _fp.declare("elastic.close.gone", "close(): the destroy failed and members are gone, before "
+                                                  "they are marked lost")
 
 #: the smallest membership that agrees through per-host hubs by default (``node_hub=None``): a hub
 #: saves the store two requests per local member and costs a hop and a thread in a member process
@@ -985,6 +987,7 @@ class ElasticGroup:
             if error is not None:
                 raise error
             return
+        _fp.hit(FP_CLOSE_GONE)
         _log.warning("slot %d: closing group %r: slot%s %s gone (%s); the communicator was aborted and the slot%s "
                      "marked lost", self.slot, self.name, "s" if len(gone) > 1 else "", ", ".join(map(str, gone)),
                      error or self.comm.failure, "s" if len(gone) > 1 else "")

@@ -315,10 +315,11 @@ def test_a_rank_stopped_right_after_a_grow_is_found_within_a_second(server, spec
         assert f"rank {victim} (pid " in out[2] and "is stopped (SIGSTOP)" in out[2], (victim, res)
 
 
-def _stopped_peer_at_teardown(rank, n, addr, what):
+def _stopped_peer_at_teardown(rank, n, addr, what, spec=""):
     """Rank 2 stops once every rank completed one all_reduce; the others then make a collective call that is no
     operation (a finalize through destroy, a shrink without rank 3, which leaves), whose 30 s timeout
     must not be waited out: returns (seconds it took, the exception's type, text and rank)."""
+    failpoints.configure(spec, rank=rank)
     store = pycoll.TCPStore(addr[0], addr[1], TOKEN, timeout=30.0)
     comm = pycoll.init(rank, n, backend="host", store=store, timeout=30.0, name="teardown")
     comm.all_reduce(np.ones(4))
@@ -341,7 +342,10 @@ def _stopped_peer_at_teardown(rank, n, addr, what):
     comm.abort()
     # stay until every rank that made the call has ended it: a rank that left would be found gone by the others
     store.set(f"teardown-{what}/{rank}", b"")
-    store.wait([f"teardown-{what}/{r}" for r in range(n) if r != 2 and not (r == 3 and what == "shrink")])
+    gone = {2, 3} if what == "shrink" else {2}
+    if spec:
+        gone.add(0)  # killed at the failpoint
+    store.wait([f"teardown-{what}/{r}" for r in range(n) if r not in gone])
     return out
 
 
@@ -356,3 +360,15 @@ def test_a_peer_stopped_during_a_collective_call_that_is_no_operation_is_found_w
         assert kind == "PeerFailure" and rank == 2, res[r]
         assert "rank 2 (pid" in text and "is stopped (SIGSTOP)" in text and "given up after" in text, text
         assert took < 10.0, res[r]  # the timeout is 30 s
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_killed_as_it_gives_up_leaves_the_others_to_give_up_too(server):
+    # rank 0 dies at the give-up (before its abort): ranks 1 and 3 still end their destroy within a second, on
+    # rank 2 stopped or on rank 0 gone, whichever they see first
+    res = run_ranks(_stopped_peer_at_teardown, 4, server, "destroy", "comm.poll.give_up=kill;rank=0", timeout=90,
+                    may_die=[0, 2])
+    assert isinstance(res[0], Died)
+    for r in (1, 3):
+        took, kind, text, rank = res[r]
+        assert kind == "PeerFailure" and rank in (0, 2) and took < 10.0, res[r]

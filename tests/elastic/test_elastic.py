@@ -183,9 +183,10 @@ def test_a_member_stopped_in_the_reshape_costs_no_timeout(server, point):
         assert res[r]["took"] < 10.0, res[r]  # not a 30 s timeout
 
 
-def _gone_after_the_last_step(rank, n, addr, action):
+def _gone_after_the_last_step(rank, n, addr, action, spec=""):
     """Every member completes its steps; slot 2 then dies or stops before close(), which must neither raise nor
     wait out its 30 s timeout on the others, and marks slot 2 lost for the launcher."""
+    failpoints.configure(spec, rank=rank)
     store = _store(addr)
     group = ElasticGroup(store, rank, n, backend="host", timeout=30.0, name="t")
     for _ in range(3):
@@ -209,6 +210,16 @@ def test_close_with_a_member_gone_after_the_last_step(server, action):
     res = run_ranks(_gone_after_the_last_step, 4, server, action, timeout=60, may_die=[2])
     for r in (0, 1, 3):
         assert res[r]["took"] < 10.0 and res[r]["lost"] == [2], res[r]
+
+
+@pytest.mark.timeout(90)
+def test_a_member_killed_before_it_marks_the_gone_one_lost(server):
+    # slot 0 dies in close() where it would mark slot 2 lost: the others mark it (slot 0 too, when they find it gone)
+    res = run_ranks(_gone_after_the_last_step, 4, server, "kill", "elastic.close.gone=kill;rank=0", timeout=60,
+                    may_die=[0, 2])
+    assert isinstance(res[0], Died)
+    for r in (1, 3):
+        assert res[r]["took"] < 10.0 and 2 in res[r]["lost"] and set(res[r]["lost"]) <= {0, 2}, res[r]
 
 
 def _rank0_dies_before_it_marks(rank, n, addr):
