@@ -694,7 +694,8 @@ def _not_contiguous(name: str, shape: Any, strides: Any, unit: str, hint: str = 
     hint = hint or "np.ascontiguousarray(x) / x.contiguous() / x.copy()"
     return ValueError(
         f"{name}: the array is not C-contiguous (shape {tuple(shape)}, strides {tuple(strides)} in {unit}); "
-        f"collectives need contiguous memory: pass {hint}"
+        f"collectives need contiguous memory: pass {hint} (where it is an output, receive into a contiguous "
+        f"array and copy that into yours: a contiguous copy passed as the output would not bring the result back)"
     )
 
 

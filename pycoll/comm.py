@@ -791,9 +791,19 @@ class Communicator(_core.CommCore):
         self._outside_group("broadcast_bytes")
         root = self._root(root)
         nbytes = _integer(nbytes, "broadcast_bytes: nbytes", "an int > 0", 1)
-        if self._rank == root and (data is None or len(data) != nbytes):
-            raise ValueError(f"broadcast_bytes: the root must pass {nbytes} bytes, got "
-                             f"{None if data is None else len(data)}")
+        if self._rank == root:
+            if data is None:
+                raise ValueError(f"broadcast_bytes: the root must pass {nbytes} bytes, got None")
+            try:
+                view = memoryview(data)
+            except TypeError:
+                raise TypeError(f"broadcast_bytes: the root's data must be bytes or another object with the buffer "
+                                f"protocol, got {type(data).__name__}") from None
+            if not view.c_contiguous:
+                raise ValueError("broadcast_bytes: the root's data must be contiguous")
+            data = view.cast("B").tobytes()  # its bytes, whatever its items (an array of floats too)
+            if len(data) != nbytes:
+                raise ValueError(f"broadcast_bytes: the root must pass {nbytes} bytes, got {len(data)}")
         dev = self.device
         if dev.kind == "host":
             arr = bytearray(data if self._rank == root and data is not None else nbytes)

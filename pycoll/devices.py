@@ -567,6 +567,11 @@ def _check_copy(ptr: int, nbytes: int) -> int:
 
 # live host stream handle -> the library that created it; an int is only accepted as a host
 # stream when it is in here, so a CUDA stream handle can never reach the host library
+def _handle_text(handle: int) -> str:
+    """A stream handle as an error names it: hexadecimal, as an address (a negative one as it was given)."""
+    return f"0x{handle:x}" if handle >= 0 else str(handle)
+
+
 _HOST_STREAMS: Dict[int, Any] = {}
 _HOST_STREAMS_LOCK = threading.Lock()
 
@@ -620,7 +625,7 @@ class HostDevice(Device):
     def destroy_stream(self, stream: int) -> None:
         with _HOST_STREAMS_LOCK:
             if _HOST_STREAMS.get(stream) is not self.library:
-                raise ValueError(f"0x{stream:x} is not a live host stream of {self.library!r}")
+                raise ValueError(f"{_handle_text(stream)} is not a live host stream of {self.library!r}")
             del _HOST_STREAMS[stream]
         self.library.host_stream_destroy(stream)
 
@@ -653,11 +658,11 @@ class HostDevice(Device):
             return handle
         if owner is None:
             raise ValueError(
-                f"0x{handle:x} is not a live host stream: pass a Stream from HostDevice.new_stream() "
+                f"{_handle_text(handle)} is not a live host stream: pass a Stream from HostDevice.new_stream() "
                 "or a handle from HostDevice.create_stream() (a CUDA stream handle cannot be used "
                 "with the host backend)"
             )
-        raise ValueError(f"host stream 0x{handle:x} belongs to another host library than {self.library!r}")
+        raise ValueError(f"host stream {_handle_text(handle)} belongs to another host library than {self.library!r}")
 
     def _foreign_gpu_stream(self, stream: Any, handle: int) -> int:
         raise TypeError(

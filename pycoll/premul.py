@@ -74,7 +74,12 @@ def scalar_argument(scalar: Any, datatype: int, backend: str, device_id: Any) ->
                 raise ValueError(f"pre_mul_sum: the scalar {scalar!r} is out of range [{lo}, {hi}] for the datatype")
         elif not math.isfinite(float(scalar)):
             raise ValueError(f"pre_mul_sum: the scalar must be finite, got {scalar!r}")
-        holder = np.array([scalar], dtype=_numpy_dtype(datatype))
+        dtype = _numpy_dtype(datatype)
+        with np.errstate(over="ignore", invalid="ignore"):
+            holder = np.array([scalar], dtype=dtype)
+        if datatype not in _INT_RANGES and not np.isfinite(holder.astype(np.float64)[0]):
+            raise ValueError(f"pre_mul_sum: the scalar {scalar!r} is not representable in {dtype.name} (it would be "
+                             f"{holder.astype(np.float64)[0]} there)")
         return holder, holder.ctypes.data, 1
     buf = as_buffer(scalar, name="scalar")
     check_device(buf, backend, device_id)

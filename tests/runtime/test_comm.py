@@ -298,6 +298,10 @@ def _bad_inputs(rank, n, uid):
         "float_excluded_rank": (TypeError, lambda: c.shrink([1.0 - rank])),  # not rounded to a rank
         "float_color": (TypeError, lambda: c.split(0.5)),
         "float_nbytes": (TypeError, lambda: c.broadcast_bytes(b"abc" if rank == 0 else None, 3.0)),
+        # every rank its own root: each refuses locally. 5 float64 are 40 bytes, not 5; a str has no bytes
+        "item_count_for_bytes": (ValueError, lambda: c.broadcast_bytes(np.zeros(5), 5, root=rank)),
+        "str_for_bytes": (TypeError, lambda: c.broadcast_bytes("abcde", 5, root=rank)),
+        "premul_scalar_overflows": (ValueError, lambda: c.pre_mul_sum(1e6, np.float16)),  # inf in float16
         "float_grow_size": (TypeError, lambda: c.grow(3.0)),
     }
     out = {}

@@ -183,6 +183,8 @@ def test_host_resolve_stream(host):
     assert host.resolve_stream(None, default=st.handle) == st.handle
     with pytest.raises(ValueError, match="0x1234 is not a live host stream.*a CUDA stream handle cannot"):
         host.resolve_stream(0x1234)
+    with pytest.raises(ValueError, match="^-5 is not a live host stream"):
+        host.resolve_stream(-5)
     with pytest.raises(TypeError, match="not a bool"):
         host.resolve_stream(True)
     with pytest.raises(
