@@ -20,7 +20,8 @@ import signal
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-__all__ = ["Setting", "SETTINGS", "HOST_LIBRARY_SETTINGS", "get", "explicit", "seconds", "check_host_library"]
+__all__ = ["Setting", "SETTINGS", "HOST_LIBRARY_SETTINGS", "MAX_SECONDS", "get", "explicit", "seconds",
+           "check_host_library", "check_all"]
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -31,8 +32,14 @@ _DUMP_SIGNALS = frozenset(
 )
 
 
+#: the longest duration pycoll takes (about 31 years): beyond it the waits of the threading module, sockets and
+#: the clocks overflow (an OverflowError in some thread instead of a wait)
+MAX_SECONDS = 1e9
+
+
 def seconds(value: Any, what: str, *, positive: bool = True) -> float:
-    """``value`` as a finite duration in seconds (> 0, or >= 0 with ``positive=False``).
+    """``value`` as a finite duration in seconds (> 0, or >= 0 with ``positive=False``; at most
+    :data:`MAX_SECONDS`).
 
     TypeError for a non-number (bools included), ValueError naming ``what`` for a value out of range
     or not finite (an infinite deadline is no deadline: pass a large number instead).
@@ -44,6 +51,8 @@ def seconds(value: Any, what: str, *, positive: bool = True) -> float:
         raise ValueError(f"{what} must be a finite number of seconds, got {value}")
     if not (value > 0 if positive else value >= 0):
         raise ValueError(f"{what} must be {'> 0' if positive else '>= 0'} seconds, got {value:g}")
+    if value > MAX_SECONDS:
+        raise ValueError(f"{what} must be at most {MAX_SECONDS:g} seconds (about 31 years), got {value:g}")
     return value
 
 
@@ -195,6 +204,11 @@ _ALL = (
             "one step each", choices=("0", "1")),
     Setting("PYCOLL_HOST_BIND", "choice", "0", "`1` binds the thread initialising host rank r to a CPU",
             choices=("0", "1")),
+    Setting("PYCOLL_HOST_IDLE_DEAD", "int", 1, "`1` puts the remaining threads of a peer process found dead on "
+            "`SCHED_IDLE`; `0` leaves them alone", minimum=0, maximum=1),
+    Setting("PYCOLL_HOST_SPREAD", "int", 1, "`1`: a waiter that finds the peer it waits for on its own CPU moves "
+            "to another CPU of its mask (where the ranks do not outnumber the CPUs); `0`: never",
+            minimum=0, maximum=1),
     # -- testing
     Setting("PYCOLL_FAILPOINTS", "text", None, "failpoints to arm, for tests: `NAME=ACTION[@N][;rank=R]` "
             "(action `kill`, `stop` or `raise`), comma-separated (see `pycoll/failpoints.py`; none)"),
@@ -211,6 +225,13 @@ def check_host_library(environ: Optional[Mapping[str, str]] = None) -> None:
     """ValueError naming the variable when a host-library variable is invalid (the library would warn and
     fall back to its default, or fail its next init)."""
     for name in HOST_LIBRARY_SETTINGS:
+        get(name, environ)
+
+
+def check_all(environ: Optional[Mapping[str, str]] = None) -> None:
+    """ValueError naming the first invalid variable of every setting: made as a communicator is created, so that a
+    bad value read only later (an abort's bound, read when a failure comes) is reported before anything runs."""
+    for name in SETTINGS:
         get(name, environ)
 
 

@@ -149,6 +149,7 @@ def init(
 
     The flight recorder and the watchdog are registered with the first communicator built.
     """
+    _settings.check_all()  # a bad PYCOLL_* value is named now, not when it is first read (on a failure, say)
     _install_diagnostics()
     _warn_blocking_env()
     op_timeout = _check_timeout(timeout, default_timeout())
@@ -252,6 +253,7 @@ def join(
     coordinator obtained with :meth:`Communicator.get_unique_id`. The other arguments are those
     of :func:`init`.
     """
+    _settings.check_all()
     _install_diagnostics()
     op_timeout = _check_timeout(timeout, default_timeout())
     init_timeout = _check_timeout(init_timeout, _default_init_timeout(), "init_timeout")

@@ -85,10 +85,16 @@ def load(spec=None):
     Raises ValueError naming the variable when a host library is asked for (or found) while one of
     its ``PYCOLL_HOST_*`` variables is invalid (pycoll._settings.check_host_library).
     """
+    from_env = spec is None and bool(_settings.explicit(_locate.ENV_VAR))
     spec = _locate.normalize_spec(spec)
     if spec == "host":
         _settings.check_host_library()  # before dlopen: the library reads them as it loads
-    lib = _load_spec(spec)
+    try:
+        lib = _load_spec(spec)
+    except LibraryError as e:
+        if not from_env:
+            raise
+        raise LibraryError(f"${_locate.ENV_VAR}={spec!r}: {e}", getattr(e, "path", None)) from e
     if lib.kind == "host" and spec != "host":
         _settings.check_host_library()
     return lib

@@ -8,7 +8,9 @@ import re
 import pytest
 from helpers import REPO
 
-from pycoll import _settings
+import pycoll
+from pycoll import _bindings as B, _settings
+from pycoll.errors import LibraryError
 from pycoll.launch import discovery
 
 ROOT = REPO
@@ -39,8 +41,7 @@ def test_readme_lists_every_setting_with_its_default():
 
 def test_readme_lists_nothing_unknown():
     launcher = {v for k, v in vars(discovery).items() if k.startswith("ENV_")}
-    host = set(re.findall(r"PYCOLL_HOST_[A-Z_]+", open(os.path.join(ROOT, "README.md")).read()))
-    unknown = set(_readme_table()) - set(_settings.SETTINGS) - launcher - host
+    unknown = set(_readme_table()) - set(_settings.SETTINGS) - launcher  # the host library's are validated too
     assert not unknown, f"README documents variables nothing reads: {sorted(unknown)}"
 
 
@@ -85,3 +86,30 @@ def test_values_are_parsed_and_bounded():
         _settings.seconds(True, "timeout")
     with pytest.raises(ValueError, match="timeout must be a finite number of seconds"):
         _settings.seconds(float("inf"), "timeout")
+
+
+def test_a_huge_duration_is_refused_naming_the_variable():
+    # finite, but past what threads, sockets and clocks can wait for: an OverflowError in a thread before
+    with pytest.raises(ValueError, match=r"\$PYCOLL_WATCHDOG_PUBLISH_INTERVAL must be at most 1e\+09 seconds"):
+        _settings.get("PYCOLL_WATCHDOG_PUBLISH_INTERVAL", {"PYCOLL_WATCHDOG_PUBLISH_INTERVAL": "1e30"})
+    with pytest.raises(ValueError, match="timeout must be at most 1e"):
+        _settings.seconds(1e30, "timeout")
+    assert _settings.seconds(_settings.MAX_SECONDS, "timeout") == _settings.MAX_SECONDS
+
+
+def test_every_variable_is_checked_as_a_communicator_is_made(monkeypatch):
+    # PYCOLL_ABORT_TIMEOUT is first read when a failure comes: a bad value must not wait for one (it then replaced
+    # the failure itself with this ValueError)
+    for name, raw in (("PYCOLL_ABORT_TIMEOUT", "abc"), ("PYCOLL_HOST_SPREAD", "2"), ("PYCOLL_HOST_IDLE_DEAD", "x")):
+        with pytest.raises(ValueError, match=rf"\${name} must be"):
+            _settings.check_all({name: raw})
+        monkeypatch.setenv(name, raw)
+        with pytest.raises(ValueError, match=rf"\${name} must be"):
+            pycoll.init(0, 1, backend="host")
+        monkeypatch.delenv(name)
+
+
+def test_a_library_named_by_the_variable_is_said_to_come_from_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("PYCOLL_NCCL_LIBRARY", str(tmp_path / "libmissing.so"))
+    with pytest.raises(LibraryError, match=r"^\$PYCOLL_NCCL_LIBRARY='.*libmissing\.so': "):
+        B.load()
