@@ -341,7 +341,22 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
                 break
             res["matched_through"] = s
     res["p2p"] = _check_p2p(members, present, p2p, stack_limit)
+    # a bystander: no rank recorded a failure of this communicator, and every dump was written for a failure (of
+    # another communicator: an elastic group's earlier generation, whose dump was held back until after the
+    # recovery). Its ranks were dumped at different moments while it ran: what is in flight on one rank and done
+    # on another is no divergence (a mismatch still is)
+    res["bystander"] = bool(present) and not res["failures"] and all(
+        (dumps[r].get("pycoll") or {}).get("trigger") == "failure"
+        and not (((dumps[r].get("pycoll") or {}).get("comms") or {}).get(uid) or {}).get("failure") for r in present)
     return res
+
+
+def _troubled(c: Dict[str, Any]) -> bool:
+    """Whether communicator report ``c`` shows a problem (a bystander's in-flight differences are none)."""
+    d = c["first_divergence"]
+    if c.get("bystander"):
+        return bool((d is not None and d["mismatch"]) or c["p2p"])
+    return d is not None or bool(c["p2p"]) or bool(c["missing_dumps"])
 
 
 def _check_seq(s: int, present: List[int], coll: Dict[int, Dict[int, Dict[str, Any]]],
@@ -547,8 +562,7 @@ def analyze(dumps: Dict[int, Dict[str, Any]], *, stack_limit: int = 8) -> Dict[s
             report["triggers"][r] = f"{pyc.get('trigger', '?')}: {pyc.get('reason', '')}"
     for _uid, g in sorted(groups.items(), key=lambda kv: (kv[1]["name"], kv[0])):
         report["communicators"].append(_analyze_group(g, dumps, stack_limit))
-    report["ok"] = not problems and all(
-        c["first_divergence"] is None and not c["p2p"] and not c["missing_dumps"] for c in report["communicators"])
+    report["ok"] = not problems and not any(_troubled(c) for c in report["communicators"])
     return report
 
 
@@ -635,6 +649,8 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
             if d is None:
                 if c["matched_through"] is not None or not c["p2p"]:
                     lines.append("  no divergence among the collectives")
+            elif c.get("bystander") and not _troubled(c):
+                lines.append(f"  at the dumps (not a divergence: this communicator did not fail), {d['op']}:")
             else:
                 lines.append(f"  FIRST DIVERGENCE at {d['op']}:")
                 for r, info in sorted(d["never_entered"].items()):
@@ -722,6 +738,10 @@ _MISMATCH_NAMES = {"type": "operation type", "size": "size", "dtype": "dtype", "
 def _verdict(c: Dict[str, Any]) -> str:
     d = c["first_divergence"]
     name = c["name"]
+    if c.get("bystander") and d is not None and not _troubled(c):
+        return (f"no failure of {name!r} (uid {c['uid']}) was recorded: its ranks were dumped for another "
+                f"communicator's failure, at different moments while it ran, so what is in flight on some and done "
+                f"on others is no divergence")
     if d is None:
         if c["p2p"]:
             return f"point-to-point problem on {name!r}: {c['p2p'][0]['issue']}"

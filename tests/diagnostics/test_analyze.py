@@ -164,6 +164,25 @@ def test_dumps_of_two_runs_in_one_folder_are_said_to_be_and_not_mixed(tmp_path, 
     assert "dumps of different runs in one folder?" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("trigger", ["failure", "manual"])
+def test_a_communicator_dumped_for_another_ones_failure_is_a_bystander(tmp_path, trigger):
+    # an elastic group's later generation, dumped (at different moments) for an earlier one's failure: its broadcast
+    # done on ranks 1-2 and in flight on rank 0 is no divergence; dumped by hand while it hangs, it is one
+    for r in range(3):
+        rec = fr.FlightRecorder(64, dump_dir=str(tmp_path))
+        c = FakeComm(rec, r, 3, uid="cccc000000000000", name="elastic", generation=2)
+        allreduces(c, 2)
+        c.op("broadcast", f32(2), f32(2), state="started" if r == 0 else "completed")
+        assert rec.dump("failure of generation 0", trigger=trigger)
+    rep, c = one(str(tmp_path))
+    v = analyze._verdict(c)
+    if trigger == "failure":
+        assert c["bystander"] and rep["ok"] and v.startswith("no failure of 'elastic'"), (c, v)
+        assert "not a divergence" in analyze.format_report([rep])
+    else:
+        assert not c["bystander"] and not rep["ok"] and "completed on ranks 1-2 but not on 0" in v, v
+
+
 def test_healthy_run(tmp_path, capsys):
     def script(r, c):
         allreduces(c, 3)
