@@ -17,6 +17,7 @@ Perfetto opens (:mod:`pycoll.diagnostics.trace`).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import subprocess
@@ -229,6 +230,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.ranks < 2 or not 0 <= args.kill_rank < args.ranks or not 0 <= args.kill_step < args.steps:
         print("demo: need --ranks >= 2, 0 <= --kill-rank < --ranks and 0 <= --kill-step < --steps", file=sys.stderr)
         return 2
+    for flag, value in (("--step-time", args.step_time), ("--grow-wait", args.grow_wait)):
+        if not (math.isfinite(value) and value >= 0):
+            print(f"demo: {flag} must be a finite number of seconds >= 0, got {value}", file=sys.stderr)
+            return 2
+    if not math.isfinite(args.lr):
+        print(f"demo: --lr must be finite, got {args.lr}", file=sys.stderr)
+        return 2
+    if args.dump_dir:
+        try:  # every rank writes there: a folder that cannot be made fails here, not in each rank
+            os.makedirs(args.dump_dir, exist_ok=True)
+        except OSError as e:
+            print(f"demo: cannot use --dump-dir {args.dump_dir!r}: {e}", file=sys.stderr)
+            return 2
     dump_dir = args.dump_dir or tempfile.mkdtemp(prefix="pycoll-demo-")
     env = dict(os.environ, PYCOLL_FR_DUMP_DIR=dump_dir, PYCOLL_BACKEND="host")
     worker_args: List[str] = [

@@ -10,6 +10,8 @@ import sys
 import pytest
 from helpers import REPO
 
+from pycoll.tools import demo
+
 ROOT = REPO
 
 
@@ -90,3 +92,22 @@ def test_demo_survives_a_rank_killed_while_waiting_for_a_replacement(tmp_path):
     assert "after training: grew: generation 3 (grow): members [0, 3] -> [0, 3, 2]" in out, out
     assert "FAIL: 3 ranks (slots [0, 3, 2]) hold identical parameters after 3 steps" in out, out
     assert "Traceback" not in out + p.stderr
+
+
+@pytest.mark.parametrize("args,text", [
+    (["--step-time", "-1"], "--step-time must be a finite number of seconds >= 0"),
+    (["--grow-wait", "nan"], "--grow-wait must be a finite number of seconds >= 0"),
+    (["--lr", "inf"], "--lr must be finite"),
+    (["--ranks", "1"], "need --ranks >= 2"),
+])
+def test_bad_demo_arguments_are_refused_before_any_rank_starts(args, text, capsys):
+    # a negative --step-time made every rank fail in time.sleep, and the job then hung until its timeouts
+    assert demo.main(args) == 2
+    assert text in capsys.readouterr().err
+
+
+def test_a_dump_dir_that_cannot_be_made_is_refused_before_any_rank_starts(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    assert demo.main(["--dump-dir", str(blocker / "dumps")]) == 2
+    assert "cannot use --dump-dir" in capsys.readouterr().err
