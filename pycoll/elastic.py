@@ -429,13 +429,37 @@ class ElasticGroup:
                     raise
                 _log.warning("slot %d: joining group %r failed (%s); asking again", self.slot, self.name, exc)
 
+    def _nobody_to_admit(self) -> Optional[str]:
+        """Why no member of the group is left to admit this joiner, when every process that took a slot of it (but
+        this one and the other joiners) ran on this host and is gone -- exited or stopped; else None (one lives,
+        runs on another host, or none took a slot yet)."""
+        prefix = f"{self._ns}/proc/"
+        try:
+            joiners = set(_mb.pending_joiners(self.store, self._ns, ()))
+            slots = sorted(int(k[len(prefix):]) for k in self.store.list_keys(prefix) if k[len(prefix):].isdigit())
+            others = [m for m in slots if m != self.slot and m not in joiners]
+            if not others:
+                return None
+            for raw in self.store.multi_get([f"{prefix}{m}" for m in others], timeout=1.0):
+                boot, pid = raw.decode().split()
+                if boot != self._boot or not _local_process_gone(int(pid)):
+                    return None
+        except (StoreError, ValueError):
+            return None
+        which = f"slot{'s' if len(others) > 1 else ''} {', '.join(map(str, others))}"
+        return (f"every member of group {self.name!r} is gone (the process{'es' if len(others) > 1 else ''} of "
+                f"{which} exited or stopped): nobody is left to admit slot {self.slot}")
+
     def _join_once(self, t0: float, deadline: float) -> None:
         _fp.hit(FP_JOIN_REQUEST)
         admitted = _mb.request_join(self.store, self._ns, self.slot)
         try:
-            raw = _mb.await_admission(self.store, self._ns, self.slot, admitted, deadline, self.join_timeout)
+            raw = _mb.await_admission(self.store, self._ns, self.slot, admitted, deadline, self.join_timeout,
+                                      self._nobody_to_admit)
         except StoreTimeout as exc:
             raise StoreTimeout(f"{exc} (group {self.name!r})") from None
+        except LookupError as exc:
+            raise Excluded(str(exc)) from None
         if not raw:
             raise Excluded(f"group {self.name!r} finished before slot {self.slot} was admitted")
         generation, rank, members, kind, committed = _mb.parse_admission(raw)

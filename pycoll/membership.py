@@ -263,12 +263,18 @@ def request_join(store: Any, ns: str, slot: int) -> str:
     return f"{ns}/admitted/{slot}/{incarnation}"
 
 
-def await_admission(store: Any, ns: str, slot: int, admitted: str, deadline: float, join_timeout: float) -> bytes:
+def await_admission(store: Any, ns: str, slot: int, admitted: str, deadline: float, join_timeout: float,
+                    nobody_left: Callable[[], Optional[str]] = lambda: None) -> bytes:
     """The admission record (:func:`parse_admission`) once the members' rank 0 wrote it; ``b""`` when
-    the group finished first. :class:`StoreTimeout` at ``deadline`` (monotonic)."""
+    the group finished first. :class:`StoreTimeout` at ``deadline`` (monotonic); ``nobody_left()``, asked about
+    every 0.5 s, may end the wait sooner: the text it returns (why no member is left to admit this slot) is raised
+    as a ``LookupError``."""
     while not store.check([admitted]):
         if store.check([f"{ns}/closed"]):
             return b""
+        why = nobody_left()
+        if why is not None and not store.check([admitted]):
+            raise LookupError(why)
         left = deadline - time.monotonic()
         if left <= 0:
             raise StoreTimeout(f"slot {slot} was not admitted within {join_timeout:g} s (the members admit "

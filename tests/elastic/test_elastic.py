@@ -384,6 +384,35 @@ def test_a_joiner_after_the_end_is_told_so(server):
     assert res == ["closed", "closed", ("excluded", True, True)]
 
 
+def _joiner_of_a_gone_group(rank, n, addr):
+    store = _store(addr)
+    if rank == n - 1:
+        while not store.check(["t-test/members-gone"]):
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        try:
+            ElasticGroup(store, 7, joiner=True, backend="host", timeout=10.0, join_timeout=60.0, name="t")
+            return "admitted"
+        except Excluded as e:
+            return ("excluded", str(e), time.monotonic() - t0)
+    group = ElasticGroup(store, rank, n - 1, backend="host", timeout=10.0, name="t")
+    group.comm.barrier()
+    if rank == 0:
+        os.kill(os.getpid(), signal.SIGSTOP)  # stopped: it cannot admit anyone either
+    time.sleep(0.5)
+    store.set("t-test/members-gone", b"")
+    os._exit(3)  # without close(): the group never says it finished
+
+
+@pytest.mark.timeout(90)
+def test_a_joiner_whose_group_is_gone_is_told_so(server):
+    # every member exited or stopped without closing the group: the joiner is told at once, not at its 60 s
+    res = run_ranks(_joiner_of_a_gone_group, 3, server, timeout=60, may_die=[0, 1])
+    kind, text, took = res[2]
+    assert kind == "excluded" and "every member of group 't' is gone (the processes of slots 0, 1" in text, res[2]
+    assert took < 10.0, res[2]
+
+
 @pytest.mark.timeout(90)
 def test_the_store_work_of_a_recovery():
     """A kill of 1 of 4 costs the store the agreement and little else: one vote per survivor (which
