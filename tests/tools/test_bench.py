@@ -173,6 +173,10 @@ def test_in_place_layout_matches_nccl_tests():
     (["all_reduce", "-N", "0"], "--iters"),
     (["all_reduce", "-n", "2", "-r", "2"], "--root 2 is out of range"),
     (["all_reduce", "--json", "-", "--csv", "-"], "cannot both"),
+    # refused before anything runs, not after every size ran (and the results are lost)
+    (["all_reduce", "--json", "/nonexistent-folder/out.json"], "--json /nonexistent-folder/out.json: /nonexistent"),
+    (["all_reduce", "--csv", "/nonexistent-folder/out.csv"], "is not a folder this process can write to"),
+    (["all_reduce", "--plot", "/nonexistent-folder/out.png"], "--plot /nonexistent-folder/out.png"),
 ])
 def test_bad_arguments(args, message, capsys):
     assert bench.main(args) == bench.EXIT_USAGE

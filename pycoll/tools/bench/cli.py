@@ -127,6 +127,11 @@ def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         a.modes = MODES
     if a.json and a.csv and a.json == "-" and a.csv == "-":
         p.error("--json - and --csv - cannot both go to stdout")
+    for flag, path in (("--json", a.json), ("--csv", a.csv), ("--plot", a.plot)):
+        folder = os.path.dirname(os.path.abspath(path)) if path and path != "-" else None
+        if folder is not None and not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
+            # found now, not once every size has run (the results would be lost)
+            p.error(f"{flag} {path}: {folder} is not a folder this process can write to")
 
 
 def _rank_meta(comm: Any, kit: _ArrayLib) -> Dict[str, Any]:
