@@ -360,7 +360,7 @@ cdef class Hook:
         return True
 
 
-cdef object _EXACT_INT = 2 ** 53  # ints below it are floats exactly
+cdef double _MAX_S = _settings.MAX_SECONDS  # the longest duration (_settings.seconds says so past it)
 
 
 cdef object _seconds(object value, bint positive):
@@ -370,9 +370,9 @@ cdef object _seconds(object value, bint positive):
     tp = type(value)
     if tp is float:
         v = value
-        if (v > 0 if positive else v >= 0) and v < INFINITY:  # NaN passes neither comparison
+        if (v > 0 if positive else v >= 0) and v <= _MAX_S:  # NaN passes neither comparison
             return value
-    elif tp is int and (0 < value if positive else 0 <= value) and value < _EXACT_INT:
+    elif tp is int and (0 < value if positive else 0 <= value) and value <= _MAX_S:  # a float exactly
         return float(value)
     return _settings.seconds(value, "timeout", positive=positive)
 

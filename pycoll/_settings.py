@@ -229,10 +229,12 @@ def check_host_library(environ: Optional[Mapping[str, str]] = None) -> None:
 
 
 def check_all(environ: Optional[Mapping[str, str]] = None) -> None:
-    """ValueError naming the first invalid variable of every setting: made as a communicator is created, so that a
-    bad value read only later (an abort's bound, read when a failure comes) is reported before anything runs."""
+    """ValueError naming the first invalid variable of pycoll's Python code: made as a communicator is created, so
+    that a bad value read only later (an abort's bound, read when a failure comes) is reported before anything
+    runs. The host library's variables are checked as it is loaded (:func:`check_host_library`)."""
     for name in SETTINGS:
-        get(name, environ)
+        if name not in HOST_LIBRARY_SETTINGS:
+            get(name, environ)
 
 
 def get(name: str, environ: Optional[Mapping[str, str]] = None) -> Any:

@@ -404,8 +404,12 @@ def _second_failure(name, victim):
     return "", ()
 
 
+#: points the scenario does not pass, and where else a rank is killed or stopped there
+ELSEWHERE = {"elastic.close.gone": "a member gone at close(): tests/elastic/test_elastic.py kills another one there"}
+
+
 def _cases():
-    names = failpoints.declared("elastic.")
+    names = [n for n in failpoints.declared("elastic.") if n not in ELSEWHERE]
     out = []
     for name in names:
         victims = [JOINER] if name.startswith("elastic.join.") else [0, 1]

@@ -101,8 +101,9 @@ def test_every_variable_is_checked_as_a_communicator_is_made(monkeypatch):
     # PYCOLL_ABORT_TIMEOUT is first read when a failure comes: a bad value must not wait for one (it then replaced
     # the failure itself with this ValueError)
     for name, raw in (("PYCOLL_ABORT_TIMEOUT", "abc"), ("PYCOLL_HOST_SPREAD", "2"), ("PYCOLL_HOST_IDLE_DEAD", "x")):
+        check = _settings.check_host_library if name.startswith("PYCOLL_HOST_") else _settings.check_all
         with pytest.raises(ValueError, match=rf"\${name} must be"):
-            _settings.check_all({name: raw})
+            check({name: raw})
         monkeypatch.setenv(name, raw)
         with pytest.raises(ValueError, match=rf"\${name} must be"):
             pycoll.init(0, 1, backend="host")
