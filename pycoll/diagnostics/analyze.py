@@ -252,6 +252,8 @@ def _apart(dumps: Dict[int, Dict[str, Any]], problems: List[str]) -> None:
     sets: List[Tuple[set, List[int]]] = []  # (communicator uids, ranks)
     for rank, d in sorted(dumps.items()):
         uids = set(d.get("pg_config") or {})
+        if not uids:
+            continue  # knows no communicator: it says nothing either way
         joined = [i for i, (u, _) in enumerate(sets) if u & uids]
         merged: Tuple[set, List[int]] = (uids, [rank])
         for i in reversed(joined):

@@ -183,6 +183,17 @@ def test_a_communicator_dumped_for_another_ones_failure_is_a_bystander(tmp_path,
         assert not c["bystander"] and not rep["ok"] and "completed on ranks 1-2 but not on 0" in v, v
 
 
+def test_a_dump_that_knows_no_communicator_is_no_other_run():
+    dumps = {r: {"pg_config": {"aaaa": {"ranks": "[0, 1]", "desc": "w"}}} for r in (0, 1)}
+    dumps[2] = {"pg_config": {}}  # a process without communicators: nothing says it belongs elsewhere
+    problems: list = []
+    analyze._apart(dumps, problems)
+    assert problems == []
+    dumps[3] = {"pg_config": {"bbbb": {"ranks": "[3]", "desc": "w"}}}
+    analyze._apart(dumps, problems)
+    assert problems and "across ranks 0-1 and rank 3" in problems[0], problems
+
+
 def test_healthy_run(tmp_path, capsys):
     def script(r, c):
         allreduces(c, 3)
