@@ -438,13 +438,11 @@ class ElasticGroup:
             joiners = set(_mb.pending_joiners(self.store, self._ns, ()))
             slots = sorted(int(k[len(prefix):]) for k in self.store.list_keys(prefix) if k[len(prefix):].isdigit())
             others = [m for m in slots if m != self.slot and m not in joiners]
-            if not others:
-                return None
-            for raw in self.store.multi_get([f"{prefix}{m}" for m in others], timeout=1.0):
-                boot, pid = raw.decode().split()
-                if boot != self._boot or not _local_process_gone(int(pid)):
-                    return None
+            procs = self._procs(others) if others else {}
         except (StoreError, ValueError):
+            return None
+        if not others or len(procs) < len(others) or any(
+                boot != self._boot or not _local_process_gone(pid) for boot, pid in procs.values()):
             return None
         which = f"slot{'s' if len(others) > 1 else ''} {', '.join(map(str, others))}"
         return (f"every member of group {self.name!r} is gone (the process{'es' if len(others) > 1 else ''} of "
@@ -1021,15 +1019,19 @@ class ElasticGroup:
             except (StoreError, AttributeError):
                 pass
 
+    def _closed_key(self, slot: int) -> str:
+        """The key a member sets once it closed this generation (a member gone after it is no loss)."""
+        return f"{self._ns}/g{self.generation}/closed/{slot}"
+
     def _closed_here(self) -> None:
         try:
-            self.store.set(f"{self._ns}/g{self.generation}/closed/{self.slot}", b"")
+            self.store.set(self._closed_key(self.slot), b"")
         except StoreError as exc:
             _log.debug("slot %d: recording the close of group %r failed: %s", self.slot, self.name, exc)
 
     def _closed_there(self, slot: int) -> bool:
         try:
-            return bool(self.store.check([f"{self._ns}/g{self.generation}/closed/{slot}"]))
+            return bool(self.store.check([self._closed_key(slot)]))
         except StoreError:
             return False
 
