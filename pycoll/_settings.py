@@ -62,7 +62,8 @@ class Setting:
 
     ``kind``: ``"seconds"`` (finite, > 0; ``minimum=0`` allows 0; at most ``maximum``), ``"int"`` (decimal,
     within ``minimum``/``maximum``), ``"bool"`` (1/true/yes/on, 0/false/no/off), ``"choice"`` (one of
-    ``choices``), ``"signal"`` (off, 1, SIGUSR1 or SIGUSR2; the text is returned) or ``"text"``.
+    ``choices``), ``"signal"`` (off, 1, SIGUSR1 or SIGUSR2; the text is returned), ``"failpoints"`` (the grammar of
+    :func:`pycoll.failpoints.parse`; the text is returned) or ``"text"``.
     ``default`` is the value when unset; ``doc`` what it means.
     """
 
@@ -116,6 +117,10 @@ class Setting:
             if raw not in self.choices:
                 raise ValueError(f"{name} must be one of {', '.join(self.choices)}, got {raw!r}")
             return raw
+        if self.kind == "failpoints":
+            from .failpoints import parse  # a leaf that imports this module: imported when first needed
+
+            parse(raw)  # raises the ValueError that names the bad entry
         return raw
 
 
@@ -154,7 +159,8 @@ _ALL = (
     Setting("PYCOLL_FR_STACK_DEPTH", "int", 16, "frames per stack", minimum=1, maximum=1000),
     Setting("PYCOLL_FR_DUMP_DIR", "text", None, "dump folder (default `~/.cache/pycoll/fr/<run id>`)"),
     Setting("PYCOLL_FR_FILE_PREFIX", "text", "pycoll_trace_rank_", "dump file prefix"),
-    Setting("PYCOLL_FR_DUMP_ON_FAILURE", "bool", True, "dump when a communicator fails"),
+    Setting("PYCOLL_FR_DUMP_ON_FAILURE", "bool", True,
+            "dump when a communicator fails (this rank's, or another's that asks every rank to dump)"),
     Setting("PYCOLL_FR_DUMP_JSON", "bool", True, "also write dumps as JSON"),
     Setting("PYCOLL_FR_DUMP_TIMEOUT", "seconds", 5.0, "how long exit waits for dumps being written, seconds",
             minimum=0),
@@ -210,8 +216,8 @@ _ALL = (
             "to another CPU of its mask (where the ranks do not outnumber the CPUs); `0`: never",
             minimum=0, maximum=1),
     # -- testing
-    Setting("PYCOLL_FAILPOINTS", "text", None, "failpoints to arm, for tests: `NAME=ACTION[@N][;rank=R]` "
-            "(action `kill`, `stop` or `raise`), comma-separated (see `pycoll/failpoints.py`; none)"),
+    Setting("PYCOLL_FAILPOINTS", "failpoints", None, "failpoints to arm, for tests: `NAME=ACTION[@N][;rank=R]` "
+            "(action `kill`, `stop`, `raise` or `sleep(MS)`), comma-separated (see `pycoll/failpoints.py`; none)"),
 )
 
 #: name -> :class:`Setting`, for every ``PYCOLL_*`` variable pycoll's Python code reads

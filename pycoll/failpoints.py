@@ -1,6 +1,8 @@
 """Failpoints: named places in pycoll where a test makes this process die, stop or raise.
 
-Switched on by ``PYCOLL_FAILPOINTS`` (read when this module is imported) or by :func:`configure`.
+Switched on by ``PYCOLL_FAILPOINTS`` (read when this module is imported; a value that does not parse arms nothing
+and is reported where the settings are checked: when a communicator is created, and by ``pycoll-run``) or by
+:func:`configure`.
 The grammar is a comma-separated list of entries::
 
     NAME=ACTION[@N][;rank=R][;replacement=K|any][;trace=PATH]
@@ -220,4 +222,8 @@ HOST_POINTS = tuple(declare(n, "host library") for n in (
     "host.stream.takeover",
 ))
 
-configure(_settings.get("PYCOLL_FAILPOINTS"))
+try:
+    configure(_settings.get("PYCOLL_FAILPOINTS"))
+except ValueError:
+    pass  # nothing armed; importing pycoll does not fail on it: a communicator's creation (settings.check_all) and
+    # pycoll-run name the bad entry

@@ -72,7 +72,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .. import failpoints as _fp
+from .. import _settings, failpoints as _fp
 from .._procs import stat_fields, task_files
 from ..errors import StoreError, StoreTimeout
 from ..store import Store, TCPStore, TCPStoreServer
@@ -849,6 +849,10 @@ def _config(argv: Optional[Sequence[str]]) -> _Config:
     master_port = a.master_port if a.master_port is not None else (29500 if a.nnodes > 1 else 0)
     if not 0 <= master_port <= 65535 or (a.nnodes > 1 and master_port == 0):
         parser.error(f"--master-port must be a TCP port, got {master_port}")
+    try:
+        _settings.get("PYCOLL_FAILPOINTS")  # the launcher's own failpoints, and its ranks', read this variable
+    except ValueError as e:
+        parser.error(str(e))
     if a.module:
         command = [sys.executable, "-u", "-m", a.target, *a.args]
     elif a.no_python:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 from helpers import REPO
@@ -108,6 +110,25 @@ def test_every_variable_is_checked_as_a_communicator_is_made(monkeypatch):
         with pytest.raises(ValueError, match=rf"\${name} must be"):
             pycoll.init(0, 1, backend="host")
         monkeypatch.delenv(name)
+
+
+def test_bad_failpoints_do_not_break_the_import_but_are_named_where_settings_are_checked(tmp_path):
+    # a test-only variable: importing pycoll with a typo in it must work (a tool that only imports pycoll), while a
+    # communicator's creation and pycoll-run refuse it, naming the entry
+    env = {**os.environ, "PYCOLL_FAILPOINTS": "abc"}
+    code = ("import pycoll, pycoll.failpoints as fp\nassert not fp._points\n"
+            "try:\n    pycoll.init(0, 1, backend='host')\nexcept ValueError as e:\n    print('refused:', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "refused: $PYCOLL_FAILPOINTS: 'abc' is not NAME=ACTION" in out.stdout
+    script = tmp_path / "rank.py"
+    script.write_text("print('ran')\n")
+    out = subprocess.run([sys.executable, "-m", "pycoll.launch.launcher", "-n", "1", str(script)], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "ran" not in out.stdout
+    assert "$PYCOLL_FAILPOINTS: 'abc' is not NAME=ACTION" in out.stderr
+    with pytest.raises(ValueError, match=r"\$PYCOLL_FAILPOINTS: 'x=explode'"):
+        _settings.check_all({"PYCOLL_FAILPOINTS": "x=explode"})
 
 
 def test_a_library_named_by_the_variable_is_said_to_come_from_it(monkeypatch, tmp_path):
