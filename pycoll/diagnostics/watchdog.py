@@ -94,6 +94,8 @@ from .records import (
 from .report import FailureReport
 from .signals import STACKS_DIR, DumpSignal, signal_number
 
+# the kinds of dump request in the store (_signal_store)
+_FAILURE, _REQUEST = "failure", "request"
 FP_ANSWER = _fp.declare("watchdog.request.answer", "a dump request from another rank, before answering it")
 
 __all__ = ["Watchdog", "get_watchdog", "configure", "install", "enable_dump_signal", "dump_flight_recorder",
@@ -137,7 +139,7 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         liveness: watch the peers of outstanding work (``PYCOLL_WATCHDOG_LIVENESS``).
         liveness_interval: period of the same-host peers' process-state checks.
         heartbeat_timeout: a peer on another host silent this long fails the outstanding work.
-        dump_on_failure: dump when a communicator fails.
+        dump_on_failure: dump when a communicator fails, this process's or (asked through the store) another rank's.
         dump_signal: a signal (``"SIGUSR1"``, True for SIGUSR1) whose delivery dumps; off by default.
         communicators: what is watched (default: every live communicator of the process).
     """
@@ -457,7 +459,7 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
                                                                   self.beats, origin()).encode())
             store.set(f"{fbase}{report.rank}", report.record().encode())
             report.request = self._signal_store(store, f"rank {report.global_rank}: {report.brief()} on "
-                                                       f"{report.comm_name!r}")
+                                                       f"{report.comm_name!r}", _FAILURE)
             answers.await_answers(store, report, t0 + self.abort_grace, self._stale_after, self._stop)
             answers.signal_unanswered(report, self._stale_after)
             if report.is_timeout and report.seq is not None and self.abort_grace > 0:
@@ -528,16 +530,18 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         told = 0
         for store in self._live_stores().values():
             try:
-                self._signal_store(store, f"rank {self._my_rank()}: {reason}")
+                self._signal_store(store, f"rank {self._my_rank()}: {reason}", _REQUEST)
                 told += 1
             except Exception as e:
                 _log.warning("watchdog: could not post a dump request to %r: %s", store, e)
         return told
 
     @staticmethod
-    def _signal_store(store: Any, text: str) -> int:
+    def _signal_store(store: Any, text: str, kind: str) -> int:
+        """Post a dump request (``kind``: ``_FAILURE``, made by a failure's report, or ``_REQUEST``, asked for by a
+        user); returns its number."""
         n = int(store.add(SIGNAL_COUNTER, 1))
-        store.set(f"{SIGNAL_COUNTER}/{n}", f"{origin()} {text}".encode())
+        store.set(f"{SIGNAL_COUNTER}/{n}", f"{origin()} {kind} {text}".encode())
         return n
 
     def _my_rank(self) -> int:
@@ -767,7 +771,7 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
                 self._stop.wait(min(wait, self.publish_interval))
             return
         me = origin() + " "
-        foreign = [t.split(" ", 1)[1] if " " in t else t for t in texts if not t.startswith(me)]
+        foreign = [t.split(" ", 2)[1:] for t in texts if not t.startswith(me)]  # [kind, text] each
         if not foreign:
             return
         # answer at once with this rank's progress (the asking rank waits briefly for it), whatever
@@ -777,10 +781,16 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         for c in self._comms():
             if c.store is store:
                 self._publish(c, n)
-        if self._failing or time.monotonic() - self._dumps.last_start < self.publish_interval:
-            _log.debug("watchdog: dump request (%s) served by the dump made just now", foreign[0])
+        # a request that another rank's failure made is served as this rank's own failure would be: not with
+        # PYCOLL_FR_DUMP_ON_FAILURE=0 here (its progress is answered all the same); one a user asked for always
+        asked = [f[-1] for f in foreign if self.dump_on_failure or f[0] != _FAILURE]
+        if not asked:
+            _log.debug("watchdog: no dump for the failure elsewhere (%s): dumps on failure are off", foreign[0][-1])
             return
-        self._queue(DumpJob("requested by " + "; ".join(dict.fromkeys(foreign)), "remote"))
+        if self._failing or time.monotonic() - self._dumps.last_start < self.publish_interval:
+            _log.debug("watchdog: dump request (%s) served by the dump made just now", asked[0])
+            return
+        self._queue(DumpJob("requested by " + "; ".join(dict.fromkeys(asked)), "remote"))
 
 
 # -- the process's watchdog ---------------------------------------------------------------------------

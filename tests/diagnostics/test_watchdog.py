@@ -15,7 +15,7 @@ from helpers.fakes import FakeComm
 
 from pycoll import flight_recorder as fr, watchdog as wdm
 from pycoll.diagnostics import watchdog as watchdog_mod
-from pycoll.diagnostics.records import FailureRecord
+from pycoll.diagnostics.records import FailureRecord, ProgressRecord
 from pycoll.diagnostics.report import FailureReport
 from pycoll.diagnostics.signals import signal_number
 from pycoll.errors import CommTimeout
@@ -374,14 +374,41 @@ def test_dump_request_from_another_process_is_served(make_wd, tmp_path):
     assert _wait_for(lambda: store.check([f"pycoll/fr/progress/{c.uid}/0"]), 3.0)
     time.sleep(0.2)  # let it read the current request counter
     n = store.add("pycoll/fr/dump_signal", 1)
-    store.set(f"pycoll/fr/dump_signal/{n}", b"otherhost:1 rank 1: please dump")
+    store.set(f"pycoll/fr/dump_signal/{n}", b"otherhost:1 request rank 1: please dump")
     assert _wait_for(lambda: rec.last_dump is not None, 5.0)
     assert rec.last_dump["trigger"] == "remote" and "rank 1: please dump" in rec.last_dump["reason"]
+    assert rec.last_dump["reason"] == "requested by rank 1: please dump"  # the request's kind is not its text
     # its own requests are not served twice
     count = rec.dump_count
     wd.signal_all("mine")
     time.sleep(0.5)
     assert rec.dump_count == count
+
+
+def test_dumps_on_failure_off_skip_the_dump_another_rank_failure_asks_for(make_wd, tmp_path):
+    # PYCOLL_FR_DUMP_ON_FAILURE=0 here: a failure elsewhere is answered (the failing rank reads this rank's progress)
+    # but makes no dump; a dump a user asks for (dump_flight_recorder(all_ranks=True)) is still made
+    store = MemoryStore()
+    rec = fr.FlightRecorder(8, dump_dir=str(tmp_path))
+    c = Watched(rec, 0, 2, store=store)
+    wd = make_wd([c], recorder=rec, publish_interval=0.1, dump_on_failure=False)
+    wd.start()
+    progress = f"pycoll/fr/progress/{c.uid}/0"
+    assert _wait_for(lambda: store.check([progress]), 3.0)
+    time.sleep(0.2)  # let it read the current request counter
+
+    def post(value):  # as another process's watchdog posts it (this process's own requests are not served)
+        n = store.add("pycoll/fr/dump_signal", 1)
+        store.set(f"pycoll/fr/dump_signal/{n}", value)
+        return n
+
+    n = post(b"otherhost:1 failure rank 1: CommTimeout in all_reduce #3")
+    assert _wait_for(lambda: ProgressRecord.decode(store.get(progress)).request == n, 3.0)  # answered
+    time.sleep(0.3)
+    assert rec.dump_count == 0
+    post(b"otherhost:1 request rank 1: have a look")
+    assert _wait_for(lambda: rec.dump_count == 1, 5.0)
+    assert rec.last_dump["trigger"] == "remote" and rec.last_dump["reason"] == "requested by rank 1: have a look"
 
 
 def test_configuration(monkeypatch):
