@@ -259,6 +259,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     t0 = time.monotonic()
     rc = subprocess.call(cmd, env=env)
     print(f"pycoll demo: finished in {time.monotonic() - t0:.1f} s with exit status {rc}", flush=True)
+    if not args.dump_dir:  # a folder of its own, kept for a second look: say so, and how
+        print(f"pycoll demo: the dumps stay in {dump_dir} (`pycoll-fr {dump_dir}` analyses them again; remove the "
+              "folder when done, or pass --dump-dir)", flush=True)
     if args.trace:
         from ..diagnostics.analyze import trace_dir
         from ..diagnostics.trace import write_trace

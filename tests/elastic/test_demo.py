@@ -111,3 +111,14 @@ def test_a_dump_dir_that_cannot_be_made_is_refused_before_any_rank_starts(tmp_pa
     blocker.write_text("x")
     assert demo.main(["--dump-dir", str(blocker / "dumps")]) == 2
     assert "cannot use --dump-dir" in capsys.readouterr().err
+
+
+def test_the_demo_says_where_its_own_dump_folder_stays(tmp_path, monkeypatch, capsys):
+    # without --dump-dir the demo makes a folder of its own and keeps it for a second look: it says so at the end
+    folder = str(tmp_path / "own")
+    monkeypatch.setattr(demo.tempfile, "mkdtemp", lambda prefix: os.makedirs(folder) or folder)
+    monkeypatch.setattr(demo.subprocess, "call", lambda cmd, env: 0 if env["PYCOLL_FR_DUMP_DIR"] == folder else 1)
+    assert demo.main([]) == 0
+    assert f"the dumps stay in {folder} (`pycoll-fr {folder}` analyses them again" in capsys.readouterr().out
+    assert demo.main(["--dump-dir", folder]) == 0
+    assert "the dumps stay in" not in capsys.readouterr().out  # the user's folder: nothing to say
