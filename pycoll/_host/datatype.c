@@ -69,7 +69,8 @@ static inline uint16_t f2b(float x) {
   return (uint16_t)((f + 0x7fffu + ((f >> 16) & 1)) >> 16);
 }
 
-/* ---- float8 (ml_dtypes semantics) ---- */
+/* ---- float8 (ml_dtypes' encodings and rounding; results saturate to the largest finite value, as NCCL's
+ * __NV_SATFINITE conversions do) ---- */
 
 static float f8_decode(uint8_t v, int mbits, int bias, bool fn) {
   int s = v >> 7, e = (v >> mbits) & ((1 << (7 - mbits)) - 1), m = v & ((1 << mbits) - 1);
@@ -86,8 +87,9 @@ static inline uint8_t f2f8(float x, int mbits, int bias, bool fn) {
   uint32_t f = u_of(x), a = f & 0x7fffffffu;
   uint8_t s = (uint8_t)((f >> 24) & 0x80);
   uint8_t nan = (uint8_t)(s | (fn ? 0x7f : 0x7e));
+  uint8_t top = (uint8_t)(s | (fn ? 0x7e : 0x7b)); /* the largest finite magnitude, with the sign */
   if (a > 0x7f800000u) return nan;
-  if (a == 0x7f800000u) return fn ? nan : (uint8_t)(s | 0x7c);
+  if (a == 0x7f800000u) return top;
   if ((a >> 23) == 0) return s; /* zero or a float32 subnormal: far below float8's range */
   int e = (int)(a >> 23) - 127, emin = 1 - bias;
   uint32_t sig = (a & 0x7fffff) | 0x800000;
@@ -105,8 +107,7 @@ static inline uint8_t f2f8(float x, int mbits, int bias, bool fn) {
     }
     code = ((uint32_t)(e + bias) << mbits) | (q & ((1u << mbits) - 1));
   }
-  uint32_t emax_code = fn ? 0x7e : 0x7b; /* largest finite magnitude */
-  if (code > emax_code) return fn ? nan : (uint8_t)(s | 0x7c);
+  if (code > (top & 0x7fu)) return top;
   return (uint8_t)(s | code);
 }
 
@@ -174,8 +175,10 @@ INT_KERNELS(i64, int64_t, uint64_t)
 INT_KERNELS(u64, uint64_t, uint64_t)
 
 /* Floating types: T is the storage type, TO/FROM convert to and from the arithmetic type AT.
- * max/min propagate NaN; on ties TIE_A selects a (numpy's float16) or b (float32/64, ml_dtypes). */
-#define FLOAT_KERNELS(N, T, AT, TO, FROM, TIE_A)                                          \
+ * max/min ignore a NaN operand (NCCL's); on ties TIE_A selects a (numpy's float16) or b (float32/64, ml_dtypes);
+ * SEL(v) is what a selected value becomes (float8: FROM(TO(v)), which saturates an e5m2 infinity, as NCCL's
+ * round trip through float16 does). */
+#define FLOAT_KERNELS(N, T, AT, TO, FROM, TIE_A, SEL)                                     \
   static void N##_sum(void* o_, const void* a_, const void* b_, size_t n) {              \
     T* o = o_;                                                                            \
     const T *a = a_, *b = b_;                                                             \
@@ -191,8 +194,8 @@ INT_KERNELS(u64, uint64_t, uint64_t)
     const T *a = a_, *b = b_;                                                             \
     for (size_t i = 0; i < n; i++) {                                                      \
       AT x = TO(a[i]), y = TO(b[i]);                                                      \
-      bool pick_a = (x != x) || (!(y != y) && (TIE_A ? x >= y : x > y));                  \
-      o[i] = pick_a ? a[i] : b[i];                                                        \
+      bool pick_a = (y != y) || (!(x != x) && (TIE_A ? x >= y : x > y));                  \
+      o[i] = SEL(pick_a ? a[i] : b[i]);                                                   \
     }                                                                                     \
   }                                                                                       \
   static void N##_min(void* o_, const void* a_, const void* b_, size_t n) {              \
@@ -200,8 +203,8 @@ INT_KERNELS(u64, uint64_t, uint64_t)
     const T *a = a_, *b = b_;                                                             \
     for (size_t i = 0; i < n; i++) {                                                      \
       AT x = TO(a[i]), y = TO(b[i]);                                                      \
-      bool pick_a = (x != x) || (!(y != y) && (TIE_A ? x <= y : x < y));                  \
-      o[i] = pick_a ? a[i] : b[i];                                                        \
+      bool pick_a = (y != y) || (!(x != x) && (TIE_A ? x <= y : x < y));                  \
+      o[i] = SEL(pick_a ? a[i] : b[i]);                                                   \
     }                                                                                     \
   }                                                                                       \
   static void N##_mul(void* o_, const void* a_, uint64_t s_, size_t n) {                 \
@@ -214,12 +217,14 @@ INT_KERNELS(u64, uint64_t, uint64_t)
   }
 
 #define ID(x) (x)
-FLOAT_KERNELS(f32, float, float, ID, ID, 0)
-FLOAT_KERNELS(f64, double, double, ID, ID, 0)
-FLOAT_KERNELS(f16, uint16_t, float, h_f, f2h, 1)
-FLOAT_KERNELS(bf16, uint16_t, float, b2f, f2b, 0)
-FLOAT_KERNELS(e4, uint8_t, float, e4_f, f_e4, 0)
-FLOAT_KERNELS(e5, uint8_t, float, e5_f, f_e5, 0)
+#define E4_SEL(v) f_e4(e4_f(v))
+#define E5_SEL(v) f_e5(e5_f(v))
+FLOAT_KERNELS(f32, float, float, ID, ID, 0, ID)
+FLOAT_KERNELS(f64, double, double, ID, ID, 0, ID)
+FLOAT_KERNELS(f16, uint16_t, float, h_f, f2h, 1, ID)
+FLOAT_KERNELS(bf16, uint16_t, float, b2f, f2b, 0, ID)
+FLOAT_KERNELS(e4, uint8_t, float, e4_f, f_e4, 0, E4_SEL)
+FLOAT_KERNELS(e5, uint8_t, float, e5_f, f_e5, 0, E5_SEL)
 
 /* Plain float32 sum, the hot path of the benchmark: kept separate so the compiler vectorises it. */
 #if defined(__x86_64__)

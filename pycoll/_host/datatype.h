@@ -1,7 +1,13 @@
-/* Datatypes and reductions. Every binary step rounds back to the element type, so a reduction
- * over ranks 0..n-1 in order equals numpy's / ml_dtypes' functools.reduce(op, arrays) bit for bit:
- * float16, bfloat16 and float8 values are widened to float32, combined, and rounded to nearest-even
- * (float8 e4m3fn has no infinity: overflow gives NaN, as ml_dtypes does). Integer arithmetic wraps. */
+/* Datatypes and reductions, with NCCL's results. Every binary step rounds back to the element type, as NCCL's
+ * kernels do, so a reduction over ranks 0..n-1 in order equals functools.reduce(op, arrays) in numpy / ml_dtypes
+ * arithmetic bit for bit, but where NCCL's arithmetic differs from numpy's:
+ *   - max and min ignore a NaN operand (NCCL's fmaxf/fminf, __hmax/__hmin: numpy's fmax/fmin): the result is NaN
+ *     only where every rank's value is;
+ *   - float8 results saturate (NCCL converts them with __NV_SATFINITE): a sum, product or scaled value beyond the
+ *     largest finite value, and an e5m2 infinity, become that value with its sign (448 for e4m3fn, 57344 for
+ *     e5m2), not NaN or infinity as in ml_dtypes; NaN stays NaN.
+ * float16, bfloat16 and float8 values are widened to float32, combined, and rounded to nearest-even (NCCL computes
+ * float8 in float16 on sm_90: the same roundings for two float8 operands). Integer arithmetic wraps. */
 #ifndef PYCOLL_DATATYPE_H
 #define PYCOLL_DATATYPE_H
 

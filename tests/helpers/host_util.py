@@ -3,7 +3,9 @@
 The references are what the host library promises to match bit for bit: reductions fold the
 ranks' arrays left to right, rounding to the element type after every step, i.e.
 ``functools.reduce(op, arrays)``; Avg premultiplies floating inputs by 1/n (rounded to the type
-through float32, as NCCL does) and divides integer sums, truncating towards zero.
+through float32, as NCCL does) and divides integer sums, truncating towards zero. Where NCCL's arithmetic
+differs from numpy's, the reference is NCCL's: max and min ignore a NaN operand, and float8 results saturate to
+the largest finite value (``__NV_SATFINITE``) instead of becoming NaN or infinity.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import signal
 import time
 from typing import Callable, List, Optional, Sequence
 
+import ml_dtypes
 import numpy as np
 
 from pycoll import _dtypes
@@ -95,13 +98,38 @@ def premul_scalar(dtype: int, rank: int) -> np.ndarray:
     return np.array([rank + 2], NP_DTYPES[dtype])
 
 
+FLOAT8 = (DataType.Float8e4m3, DataType.Float8e5m2)
+
+
+def _ignoring_nan(select: Callable) -> Callable:
+    """numpy's maximum/minimum (their choice on ties), but a NaN operand loses (NCCL's fmaxf/fminf, __hmax/__hmin)."""
+    return lambda a, b: np.where(np.isnan(b), a, np.where(np.isnan(a), b, select(a, b)))
+
+
+def _nccl_step(dtype: int, fn: Callable) -> Callable:
+    """One binary step of NCCL's arithmetic in `dtype`: numpy's, except that a float8 result saturates to the
+    largest finite value with its sign (NCCL's __NV_SATFINITE conversions; an e5m2 infinity too), NaN kept."""
+    if dtype not in FLOAT8:
+        return fn
+    npd = NP_DTYPES[dtype]
+    top = float(ml_dtypes.finfo(npd).max)
+
+    def step(a, b):
+        r = np.asarray(fn(np.asarray(a).astype(np.float32), np.asarray(b).astype(np.float32)), np.float32)
+        return np.where(np.isnan(r), r, np.clip(r, -top, top)).astype(npd)
+
+    return step
+
+
 def reduce_ref(dtype: int, op: int, arrays: Sequence[np.ndarray]) -> np.ndarray:
     """The reduction of `arrays` (rank order) that the library must reproduce bit for bit."""
     n = len(arrays)
     npd = NP_DTYPES[dtype]
+    add, mul = _nccl_step(dtype, np.add), _nccl_step(dtype, np.multiply)
     with np.errstate(all="ignore"):
         if op in (RedOp.Sum, RedOp.Prod, RedOp.Max, RedOp.Min):
-            fn = {RedOp.Sum: np.add, RedOp.Prod: np.multiply, RedOp.Max: np.maximum, RedOp.Min: np.minimum}[op]
+            fn = {RedOp.Sum: add, RedOp.Prod: mul, RedOp.Max: _nccl_step(dtype, _ignoring_nan(np.maximum)),
+                  RedOp.Min: _nccl_step(dtype, _ignoring_nan(np.minimum))}[op]
             return functools.reduce(fn, arrays)
         if op == RedOp.Avg:
             if dtype in FLOATS:
@@ -109,7 +137,7 @@ def reduce_ref(dtype: int, op: int, arrays: Sequence[np.ndarray]) -> np.ndarray:
                     s = np.array([1.0 / n], np.float64)
                 else:
                     s = np.array([1.0 / n], np.float64).astype(np.float32).astype(npd)
-                return functools.reduce(np.add, [a * s for a in arrays])
+                return functools.reduce(add, [mul(a, s) for a in arrays])
             total = functools.reduce(np.add, arrays)
             if np.iinfo(npd).min < 0:
                 t = total.astype(np.int64)
@@ -118,7 +146,7 @@ def reduce_ref(dtype: int, op: int, arrays: Sequence[np.ndarray]) -> np.ndarray:
                 q = total.astype(np.uint64) // np.uint64(n)
             return q.astype(npd)
         if op in (PREMUL_HOST, PREMUL_DEVICE):
-            return functools.reduce(np.add, [a * premul_scalar(dtype, r) for r, a in enumerate(arrays)])
+            return functools.reduce(add, [mul(a, premul_scalar(dtype, r)) for r, a in enumerate(arrays)])
     raise ValueError(op)
 
 
