@@ -16,7 +16,10 @@ is on:
   comes while the process is already ending -- the main thread in the exception hook or the exit
   handler above, as when ``pycoll-run`` stops the other ranks of a job one of whose ranks died --
   acts once that end's dump is written and the previous hook has run (the traceback printed): the
-  dump and the traceback are not lost, and the process still ends by SIGTERM.
+  dump and the traceback are not lost, and the process still ends by SIGTERM. So does a SIGTERM that comes
+  while the main thread reports a failure (a timeout it found: the watchdog's line, the store exchange, the
+  failure dump; bounded by ``PYCOLL_WATCHDOG_REPORT_TIMEOUT``); the monitor thread, dumping for a SIGTERM,
+  first lets the failure reports of the other threads finish, so that the dump holds their failures.
 
 At most one such dump per process (the first of these events; an uncaught exception in another thread
 may add one), each bounded by ``dump_timeout`` (reports and dumps under way are let finish first,
@@ -76,9 +79,10 @@ class ExitDumps:
         self._dumped: Dict[str, Tuple[int, threading.Event]] = {}
         self._terminating = False
         self._term_done = threading.Event()
-        # the thread ending the process through the exception hook or the exit handler (None: none), and
-        # whether a SIGTERM came meanwhile: it acts when that thread is done (_ending)
-        self._ending: Optional[int] = None
+        # how deep the main thread is in work whose output a SIGTERM must not cut off (ending the process through
+        # the exception hook or the exit handler, reporting a failure: holding_sigterm), and whether a SIGTERM
+        # came meanwhile: it acts when that work is done
+        self._holding = 0
         self._term_deferred = False
         self._prev_excepthook: Any = None
         self._prev_thread_hook: Any = None
@@ -159,6 +163,8 @@ class ExitDumps:
             deadline = time.monotonic() + bound
             if flush and kind == "process" and self._wd.running:
                 self._wd.wait_for_dumps(max(0.0, bound - 1.0))
+            elif kind == "process":  # the monitor thread: the failures being reported get into its dump
+                self._wd.wait_for_reports(time.monotonic() + max(0.0, bound - 1.0))
             self.paths = self._wd.dump(reason, trigger="exit", wait=max(1.0, deadline - time.monotonic()), extra=info)
             if not self.paths and time.monotonic() < deadline:  # it failed (the error is logged above)
                 _log.warning("pycoll watchdog: the dump for %s was not written (see the error above)", what)
@@ -174,26 +180,31 @@ class ExitDumps:
     # -- the events ----------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _ending_process(self) -> Iterator[None]:
-        """The main thread ends the process (an uncaught exception, its exit): a SIGTERM meanwhile waits for
-        the block to finish, then acts as it would have (``_terminate``)."""
+    def holding_sigterm(self) -> Iterator[None]:
+        """The main thread does bounded work whose output a SIGTERM must not cut off: it ends the process (an
+        uncaught exception, its exit) or reports a failure (the watchdog's line and the failure in the dump).
+        SIGTERM's handler would run inside that work and end the process there, the monitor thread under it: a
+        SIGTERM meanwhile waits for the block to finish, then acts as it would have (``_terminate``). Other
+        threads: nothing (SIGTERM's handler never runs inside them)."""
         if threading.current_thread() is not threading.main_thread():
-            yield  # SIGTERM's handler runs in the main thread: nothing of it can interrupt this thread's end
+            yield
             return
         with self._lock:
-            self._ending = threading.get_ident()
+            self._holding += 1
         try:
             yield
         finally:
             with self._lock:
-                self._ending = None
-                deferred, self._term_deferred = self._term_deferred, False
+                self._holding -= 1
+                deferred = self._term_deferred and self._holding == 0
+                if deferred:
+                    self._term_deferred = False
             if deferred:
                 _fp.hit(FP_TERM_DEFERRED)
                 self._terminate(False)
 
     def _excepthook(self, typ: Type[BaseException], exc: BaseException, tb: Optional[TracebackType]) -> None:
-        with self._ending_process():
+        with self.holding_sigterm():
             try:
                 self.dump(f"uncaught {typ.__name__}", extra={"exception": {
                     "type": typ.__name__, "message": str(exc)[:2000], "frames": _frames(tb)}})
@@ -212,7 +223,7 @@ class ExitDumps:
             prev(args)
 
     def _at_exit(self) -> None:
-        with self._ending_process():
+        with self.holding_sigterm():
             if self._wd.recorder.has_communicators and self._wd.recorder.unfinished():
                 self.dump("exit")
 
@@ -225,16 +236,17 @@ class ExitDumps:
         if in_monitor and not self.sigterm_installed:
             return  # someone else's handler now: not ours to act on
         with self._lock:
-            if self._ending is not None and not self._terminating:
-                # the main thread is ending the process and dumping for it: interrupting it (this handler runs
-                # inside it, or the monitor thread would end the process under it) would lose that dump and
-                # the traceback; it acts on this SIGTERM when done
+            if self._holding and not self._terminating:
+                # the main thread is ending the process or reporting a failure: interrupting it (this handler
+                # runs inside it, or the monitor thread would end the process under it) would lose that dump,
+                # the traceback or the failure's line; it acts on this SIGTERM when done
                 self._term_deferred = True
                 return
             first = not self._terminating
             self._terminating = True
         if first or not in_monitor:
-            # the monitor thread cannot wait for itself; the main thread, second, waits for its dump
+            # the monitor thread cannot wait for the dumps it writes itself, only for the failure reports other
+            # threads are making; the main thread, second, waits for its dump
             self.dump("SIGTERM", flush=not in_monitor)
         prev = self._prev_term
         if callable(prev):

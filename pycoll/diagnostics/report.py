@@ -75,6 +75,7 @@ class FailureReport:
         self.store_error = ""
         self.exchanged = threading.Event()  # the store exchange is over
         self.reported = threading.Event()  # the line is logged and the dump queued
+        self.maker: Optional[int] = None  # the thread making the report (its ident)
 
     def _site_sizes(self) -> Tuple[str, str]:
         if callable(self._issued_at):

@@ -60,6 +60,7 @@ report and its line), :mod:`.dumps` (the dump queue and its gates), :mod:`.signa
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import math
 import os
@@ -96,6 +97,7 @@ from .signals import STACKS_DIR, DumpSignal, signal_number
 
 # the kinds of dump request in the store (_signal_store)
 _FAILURE, _REQUEST = "failure", "request"
+FP_REPORT = _fp.declare("watchdog.report.begin", "a failure being reported, before its store exchange and line")
 FP_ANSWER = _fp.declare("watchdog.request.answer", "a dump request from another rank, before answering it")
 
 __all__ = ["Watchdog", "get_watchdog", "configure", "install", "enable_dump_signal", "dump_flight_recorder",
@@ -423,7 +425,14 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
             self._finish_report(*item, after_gates=True)
 
     def _finish_report(self, store: Any, report: FailureReport, after_gates: bool = False) -> None:
+        report.maker = threading.get_ident()
+        hold = exits.get_exit_dumps()
+        with hold.holding_sigterm() if hold is not None else contextlib.nullcontext():  # the main thread's report
+            self._report(store, report, after_gates)
+
+    def _report(self, store: Any, report: FailureReport, after_gates: bool) -> None:
         try:
+            _fp.hit(FP_REPORT)
             if after_gates:  # a recovery in progress goes first (see add_dump_gate)
                 deadline = time.monotonic() + self.dump_hold
                 while not self._dumps.flushing and not self._dumps.gates_open() and time.monotonic() < deadline:
@@ -519,11 +528,18 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         self._dumps.flushing = True  # held reports and dumps go ahead now
         self._poke()
         try:
-            for report in list(self._reports):  # failure reports still being made queue their dump next
-                report.reported.wait(max(0.0, deadline - time.monotonic()))
+            self.wait_for_reports(deadline)  # failure reports still being made queue their dump next
             return self._dumps.wait(deadline)
         finally:
             self._dumps.flushing = False
+
+    def wait_for_reports(self, deadline: float) -> None:
+        """Wait, until ``time.monotonic()`` reaches ``deadline`` at the latest, for the failure reports other threads
+        are making (their line logged, the failure recorded, the dump queued)."""
+        me = threading.get_ident()
+        for report in list(self._reports):
+            if report.maker != me:  # a report under this very thread (a signal's handler) cannot finish first
+                report.reported.wait(max(0.0, deadline - time.monotonic()))
 
     def signal_all(self, reason: str = "requested") -> int:
         """Ask every process sharing a store with this one's communicators to dump; returns stores told."""

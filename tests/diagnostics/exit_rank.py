@@ -72,7 +72,7 @@ def main() -> int:
     for _ in range(K - 1):
         comm.all_reduce(x)
     victim = 1
-    if scenario in ("raise", "exit", "sigterm", "sigterm_user", "sigint") and rank != victim:
+    if scenario in ("raise", "exit", "sigterm", "sigterm_user", "sigint", "timeout_sigterm") and rank != victim:
         # enter #K only once the victim is gone (or has dumped): its #K stays outstanding until then
         _wait_for(_dump_of(dump_dir, victim))
         time.sleep(0.2)
@@ -92,6 +92,9 @@ def main() -> int:
     if scenario == "exit":
         comm.all_reduce(x, async_op=True)
         sys.exit(0)
+    if scenario == "timeout_sigterm":  # #K times out here alone; a SIGTERM comes while the failure is reported
+        comm.all_reduce(x)
+        return 0
     if scenario in ("sigterm", "sigterm_user", "sigint"):
         _mark(dump_dir, rank, "entering")
         comm.all_reduce(x)  # blocks: the others wait for this rank's dump

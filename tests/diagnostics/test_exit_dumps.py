@@ -244,6 +244,30 @@ def test_killed_before_a_deferred_sigterm_acts(server, tmp_path):
     assert "ValueError: boom in the user's code" in out, out
 
 
+@pytest.mark.timeout(120)
+def test_sigterm_while_a_timeout_is_being_reported_waits_for_the_report(server, tmp_path):
+    # rank 1's #K times out; while the watchdog reports it (slowed by a failpoint: the store exchange of a rank that
+    # waits for a peer's answer), SIGTERM comes, as pycoll-run's fail-fast sends it when another rank has ended.
+    # Whichever thread found the timeout (the main thread in its wait, the polling thread), the line is logged, the
+    # dump holds the failure, and the process still ends by SIGTERM. Before, a handler in the main thread waited
+    # (4 s) for the report under itself, and the monitor's dump had no failure: no line, no failure in the dump.
+    trace = tmp_path / "trace"
+    env = {"PYCOLL_FAILPOINTS": f"watchdog.report.begin=sleep(1500);rank=1;trace={trace}"}
+
+    def sigterm(ranks, d):
+        assert _wait_for(str(trace))
+        time.sleep(0.2)
+        ranks.t0 = time.monotonic()
+        ranks.procs[1].send_signal(signal.SIGTERM)
+
+    d, codes, outs = _run(server, tmp_path, "timeout_sigterm", env=env, timeout=1.0, during=sigterm)
+    assert codes[1] == -signal.SIGTERM, outs[1]
+    assert f"pycoll watchdog: CommTimeout on communicator 'world'" in outs[1], outs[1]
+    pyc = _dump(d, 1)["pycoll"]
+    assert pyc["reason"].startswith(f"SIGTERM in rank 1 while all_reduce #{K}"), pyc["reason"]
+    assert [f["error_type"] for f in pyc["failures"]] == ["CommTimeout"], pyc["failures"]
+
+
 @pytest.mark.timeout(150)
 def test_ranks_stuck_in_user_code_answer_the_dump_request(server, tmp_path):
     n = 4

@@ -522,6 +522,7 @@ POINTS_2 = {
     # the joiner's death at step 8 makes the members ask each other for dumps and await the answers
     "watchdog.request.answer": (1, (0, 1), "", ()),
     "watchdog.report.await_answers": (1, (0, 1), "", ()),
+    "watchdog.report.begin": (1, (0, 1), "", ()),
 }
 
 
