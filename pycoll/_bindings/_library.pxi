@@ -105,7 +105,18 @@ cdef class Library:
         else:
             with nogil: _cap(&self.fn, c, &cr, self.fn.ncclCommGetAsyncError(c, &state))
         _done(self, &cr, "ncclCommGetAsyncError")
+        if state != ncclInProgress and self._pending_slots:
+            self._settle_slots(<uintptr_t>c)
         return <int>state
+
+    cdef _settle_slots(self, uintptr_t parent):
+        """``parent``'s split or shrink is over (its asynchronous state is final): the slots that it left empty
+        (SPLIT_NOCOLOR, a failed call) stay empty, so they are pending no longer."""
+        cdef CommSlot slot
+        for slot in list(self._pending_slots):
+            if slot.parent == parent and pycoll_load_ptr(<void**>slot.ptr) == NULL:
+                slot._pending = False
+                self._pending_slots.discard(slot)
 
     # --- unique ids and communicator creation ----------------------------------------------
     def get_unique_id(self):
@@ -247,6 +258,7 @@ cdef class Library:
             raise ValueError(f"color must be >= 0 or SPLIT_NOCOLOR (-1), got {col}")
         _need(self, <void*>self.fn.ncclCommSplit, "ncclCommSplit")
         slot = _new_slot(self, config)
+        slot.parent = <uintptr_t>c
         with nogil: _cap(&self.fn, c, &cr, self.fn.ncclCommSplit(c, col, ky, slot.ptr, cfg))
         self._track(slot, cr.r)
         return (slot, _check(self, &cr, "ncclCommSplit"))
@@ -266,6 +278,7 @@ cdef class Library:
         n = len(ranks)
         slot = _new_slot(self, config)
         slot.exclude = _int_array(ranks)  # NCCL sorts it in place, maybe in the background
+        slot.parent = <uintptr_t>c
         with nogil: _cap(&self.fn, c, &cr, self.fn.ncclCommShrink(c, slot.exclude, n, slot.ptr, cfg, fl))
         self._track(slot, cr.r)
         return (slot, _check(self, &cr, "ncclCommShrink"))

@@ -10,6 +10,8 @@
 #
 # A Library is never unloaded once loaded, so the pointers stay valid for the life of the process.
 
+from libc.stdint cimport uintptr_t
+
 from pycoll._bindings.libnccl cimport ncclCollConfig_t, ncclComm_t, ncclConfig_t, ncclUniqueId, pycoll_nccl_table
 
 
@@ -36,6 +38,7 @@ cdef class CommSlot:
     cdef bint keep_uid
     cdef Library lib
     cdef object config
+    cdef uintptr_t parent          # the communicator split or shrunk (0: none)
 
 
 cdef class _GroupState:
@@ -56,6 +59,7 @@ cdef class Library:
 
     cdef void* _sym(self, str name)
     cdef _track(self, CommSlot slot, int r)
+    cdef _settle_slots(self, uintptr_t parent)
     cdef bint _in_group(self)
     cdef CommSlot _init_slot(self)
     cdef _group_slot(self, CommSlot slot)

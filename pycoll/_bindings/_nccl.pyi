@@ -14,8 +14,10 @@ Conventions (they hold for every method of :class:`Library`):
   whose output is therefore not valid yet raises :class:`pycoll.errors.InProgressError` instead.
 * A function the loaded library does not export raises :class:`pycoll.errors.NotSupported`
   naming the function and the NCCL release that introduced it.
-* Bad Python-side arguments (negative counts or ranks, unknown datatypes or ops, ``None`` where a
-  handle is required) raise ``ValueError``/``TypeError`` before any C call.
+* Bad Python-side arguments (negative counts or ranks, unknown datatypes, an op outside the C int range,
+  ``None`` where a handle is required) raise ``ValueError``/``TypeError`` before any C call. An op number
+  in range that the communicator does not know (values from ``ncclNumOps`` up are PreMulSum handles) is the
+  library's to judge: :class:`pycoll.errors.InvalidArgument` with its text.
 """
 
 from enum import IntEnum
@@ -210,7 +212,7 @@ class CommSlot:
     @property
     def value(self) -> int: ...
     @property
-    def pending(self) -> bool: ...  # the call returned IN_PROGRESS and value is still 0
+    def pending(self) -> bool: ...  # IN_PROGRESS, value 0: an empty slot until the parent is no longer IN_PROGRESS
 
 class Library:
     """One loaded NCCL-ABI shared object and its symbol table (resolved with dlsym)."""
@@ -229,7 +231,7 @@ class Library:
     @property
     def symbols(self) -> Dict[str, bool]: ...  # every function looked up -> exported
     @property
-    def pending_slots(self) -> List[CommSlot]: ...  # slots of IN_PROGRESS split/shrink/grow not yet seen non-zero
+    def pending_slots(self) -> List[CommSlot]: ...  # slots of IN_PROGRESS split/shrink/grow still pending
     def __reduce__(self) -> tuple: ...  # pickles as load(path)
 
     # errors and versions

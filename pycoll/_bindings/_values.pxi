@@ -559,7 +559,9 @@ cdef class CommSlot:
 
     @property
     def pending(self):
-        """True while the call returned IN_PROGRESS and no communicator has been seen yet."""
+        """True while the call returned IN_PROGRESS and no communicator has been seen yet; a slot that stays
+        empty (SPLIT_NOCOLOR, a failed split or shrink) is pending until ``comm_get_async_error(parent)`` has
+        returned something other than IN_PROGRESS."""
         return self.value == 0 and self._pending
 
     def __repr__(self):

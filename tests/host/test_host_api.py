@@ -14,7 +14,7 @@ from helpers.host_util import NP_DTYPES, assert_bits_equal, lib, ptr, reduce_ref
 from helpers.mp import shm_entries
 
 from pycoll import errors
-from pycoll._bindings import SUSPEND_MEM, CommMemStat, Config, DataType, RedOp
+from pycoll._bindings import SPLIT_NOCOLOR, SUSPEND_MEM, CommMemStat, Config, DataType, RedOp
 
 F32 = int(DataType.Float32)
 SUM = int(RedOp.Sum)
@@ -334,6 +334,26 @@ def test_blocking_and_nonblocking_comms_cannot_share_a_group():
         l.group_end()
     l.comm_destroy(blocking)
     l.comm_destroy(nonblocking)
+
+
+def test_a_nonblocking_split_that_leaves_the_slot_empty_ends_pending_when_the_parent_is_ready():
+    # SPLIT_NOCOLOR on a nonblocking parent: the slot stays 0, so "written" never comes; once the parent's
+    # asynchronous state is final, the slot is pending no longer and the Library stops keeping it
+    l = lib()
+    parent, _ = l.comm_init_rank_config(1, l.get_unique_id(), 0, Config(blocking=0))
+    wait_ready(parent)
+    try:
+        slots = []
+        for color in (SPLIT_NOCOLOR, SPLIT_NOCOLOR, 0):
+            slot, _ = l.comm_split(parent, color, 0)
+            wait_ready(parent)
+            slots.append(slot)
+        assert [s.pending for s in slots] == [False, False, False] and not l.pending_slots
+        assert slots[0].value == slots[1].value == 0 and slots[2].value != 0
+        assert wait_ready(slots[2].value) == 0
+        l.comm_destroy(slots[2].value)
+    finally:
+        l.comm_destroy(parent)
 
 
 # ---- streams and events -------------------------------------------------------------------------------
