@@ -4,7 +4,7 @@ The public surface is what ``__all__`` lists; everything else may change. The la
 each lives: ARCHITECTURE.md.
 """
 
-from . import flight_recorder, watchdog  # noqa: F401  (the old module paths, as attributes)
+from . import bindings, flight_recorder, watchdog  # noqa: F401  (pycoll.bindings; the old module paths)
 from ._bindings import UniqueId
 from .collconfig import CollConfig, VendorOption
 from .comm import REDUCE_OPS, Communicator, PreMulSum, abort_all

@@ -124,7 +124,13 @@ def prepare(config: Optional[CollConfig]) -> Prepared:
     if config is None:
         return Prepared()
     if not isinstance(config, CollConfig):
-        raise TypeError(f"config must be a pycoll CollConfig or None, not {type(config).__name__}")
+        tp = type(config)
+        where = "pycoll.bindings" if tp.__module__.startswith("pycoll._bindings") else tp.__module__
+        hint = (" (the raw ncclCollConfig_t of the bindings' Library calls; pycoll.CollConfig takes the same settings "
+                "as min_ctas=, max_ctas=, alg_selection=, ...)"
+                if where == "pycoll.bindings" and tp.__name__ == "CollConfig" else "")
+        name = tp.__qualname__ if where == "builtins" else f"{where}.{tp.__qualname__}"
+        raise TypeError(f"config must be a pycoll.CollConfig or None, not {name}{hint}")
     c = B.CollConfig()
     for attr, field in (("min_ctas", "minCTAs"), ("max_ctas", "maxCTAs"), ("nvls_ctas", "nvlsCTAs"),
                         ("cga_cluster_size", "cgaClusterSize"), ("cta_policy", "CTAPolicy")):

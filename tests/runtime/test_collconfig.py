@@ -51,6 +51,15 @@ def test_bad_configs(kwargs, text):
         pycoll.VendorOption(1, 2, "a\0b")
 
 
+def test_a_config_of_another_kind_is_refused_naming_both_classes():
+    # the bindings' CollConfig has the same class name: the message must not read "a CollConfig, not CollConfig"
+    with pytest.raises(TypeError, match=r"must be a pycoll\.CollConfig or None, not pycoll\.bindings\.CollConfig "
+                                        r"\(the raw ncclCollConfig_t .*min_ctas="):
+        collconfig.prepare(B.CollConfig(minCTAs=2))
+    with pytest.raises(TypeError, match=r"must be a pycoll\.CollConfig or None, not dict$"):
+        collconfig.prepare({"min_ctas": 2})
+
+
 def test_every_collective_takes_a_config():
     comms = pycoll.init_all(2, backend="host", timeout=20)
     cfg = pycoll.CollConfig(max_ctas=4, vendor_options=(pycoll.VendorOption(1, 1, 1),))
