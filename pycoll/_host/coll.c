@@ -440,8 +440,10 @@ static void describe(char* out, size_t len, int kind, uint64_t count, int dtype,
   snprintf(out + n, len - (size_t)n, ")");
 }
 
-/* Compares rank k's descriptor with ours; fails the task on a mismatch. The text numbers the communicator's
- * collectives from 1, as pycoll's Works and flight recorder do (op_seq counts from 0). */
+/* Compares rank k's descriptor with ours; fails the task on a mismatch. The text numbers this rank's collective
+ * among all the communicator's collectives from 1, zero-element ones included, as pycoll's Works and flight recorder
+ * do; op_seq, which the ranks compare, counts only those that carry data (a zero-element collective is a no-op, as
+ * in NCCL), from 0. */
 static bool desc_ok(struct task* t, int k, int parity) {
   const struct op_desc* d = &t->comm->seg.ctrl[k].desc[parity];
   if (d->kind == t->kind && d->count == t->count && d->dtype == t->dtype && d->redop == redop_code(t) &&
@@ -453,13 +455,13 @@ static bool desc_ok(struct task* t, int k, int parity) {
   if (d->kind == t->kind && d->count == t->count && d->dtype == t->dtype && d->redop == redop_code(t) &&
       d->root == t->root)
     task_fail(t, ncclInvalidUsage,
-              "%s : collective sequence mismatch: rank %d is at collective #%llu step %u but rank %d is at "
-              "collective #%llu step %u of %s",
-              t->opname, t->comm->rank, (unsigned long long)t->op_seq + 1, t->step, k,
-              (unsigned long long)d->op_seq + 1, d->step, mine);
+              "%s : collective sequence mismatch: rank %d is at collective #%llu (its collective with data #%llu, "
+              "step %u) but rank %d is at its collective with data #%llu (step %u) of %s",
+              t->opname, t->comm->rank, (unsigned long long)t->issued, (unsigned long long)t->op_seq + 1, t->step,
+              k, (unsigned long long)d->op_seq + 1, d->step, mine);
   else
     task_fail(t, ncclInvalidUsage, "%s : collective mismatch at collective #%llu: rank %d called %s but rank %d called %s",
-              t->opname, (unsigned long long)t->op_seq + 1, t->comm->rank, mine, k, theirs);
+              t->opname, (unsigned long long)t->issued, t->comm->rank, mine, k, theirs);
   return false;
 }
 

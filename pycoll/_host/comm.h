@@ -71,6 +71,7 @@ struct ncclComm {
   /* sequencing, touched only under exec_mu */
   uint64_t next_step;
   uint64_t op_seq;
+  uint64_t coll_issued; /* collectives issued, those of zero elements too (atomic): pycoll's numbering of them */
   uint64_t* send_seq;
   uint64_t* recv_seq;
 

@@ -513,6 +513,7 @@ ncclResult_t enqueue_task(const struct task* proto, const ncclCollConfig_t* cfg)
   local.next = NULL;
   local.stream = stream_resolve(local.stream);
   r = local.kind >= TK_PUT ? rma_validate(c, &local) : validate(c, &local, cfg);
+  if (r == ncclSuccess && local.kind < TK_SEND) local.issued = __atomic_add_fetch(&c->coll_issued, 1, __ATOMIC_RELAXED);
   if (r != ncclSuccess || (local.count == 0 && local.kind < TK_SEND)) {
     if (local.rma) rma_release(&local);
     if (local.launch_marker) {

@@ -63,7 +63,8 @@ struct task {
   struct ncclWindow_vidmem* win[2];
   uint64_t win_off[2];
   uint64_t win_key;
-  uint64_t op_seq;
+  uint64_t op_seq; /* the comm's collectives that carry data, from 0 (compared across ranks) */
+  uint64_t issued; /* this collective's number among all the comm's collectives, from 1 (for messages) */
   uint64_t msg_seq;
   size_t off;
   bool first_chunk;

@@ -584,8 +584,8 @@ def _mismatch(rank, n, idb, what):
     else:
         cnt, dt, op = args[what]
         call = lambda: l.all_reduce(ptr(a), ptr(b), cnt, dt, op, comm)  # noqa: E731
-    for _ in range(2):  # the mismatch is the third collective: the text counts from 1, as pycoll's seq does
-        l.all_reduce(ptr(a), ptr(b), 10, F32, SUM, comm)
+    for count in (0, 10):  # the mismatch is the third collective: the text counts from 1, as pycoll's seq does,
+        l.all_reduce(ptr(a), ptr(b), count, F32, SUM, comm)  # the zero-element one too
     with pytest.raises(errors.InvalidUsage) as ei:
         call()
     text = ei.value.last_error
