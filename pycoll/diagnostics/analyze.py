@@ -3,7 +3,9 @@
 Reads the dumps pycoll's flight recorder writes (PyTorch's schema ``"2.10"``, pickle or JSON; torch's
 own dumps too) and reports, per communicator, the first operation where the ranks part ways:
 
-* ranks that never entered it (with their last operation and where it was issued),
+* ranks that never entered it (with their last operation of any kind and where it was issued; a send or receive
+  that holds such a rank is named in the verdict, with why it cannot complete: no matching peer operation, a
+  mismatched one, a wrong peer),
 * operation type, size and dtype mismatches (the minority is named the culprit), and reduction-op and root
   mismatches, read from the host library's mismatch text that a failed entry holds (``pycoll_error``),
 * ranks still in flight in it, with the Python stack that issued it,
@@ -145,18 +147,36 @@ def _numel(sizes: Sequence[Sequence[int]]) -> int:
     return sum(math.prod(s) for s in sizes)
 
 
-def _describe(e: Dict[str, Any]) -> str:
+# a point-to-point entry's name: "send 0->1", "recv 1<-0", "sendrecv 0<->1" (the communicator's own ranks: this
+# rank's, then its peer's); one-sided operations ("put_signal 0->1", "wait_signal 1<-0") are named alike
+_PEER_RE = re.compile(r"(\w+) (\d+)(<->|->|<-)(\d+)$")
+_TOWARDS = {"->": "to", "<-": "from", "<->": "with"}
+
+
+def _peer(e: Dict[str, Any], members: Optional[Sequence[int]]) -> Optional[Tuple[str, int]]:
+    """``(direction, the peer's global rank)`` of a point-to-point entry (None: not one)."""
+    m = _PEER_RE.search(str(e.get("profiling_name", "")))
+    if not e.get("is_p2p") or m is None:
+        return None
+    peer = int(m.group(4))
+    return _TOWARDS[m.group(3)], members[peer] if members is not None and peer < len(members) else peer
+
+
+def _describe(e: Dict[str, Any], members: Optional[Sequence[int]] = None) -> str:
+    """``'all_reduce #3 [Float(2,)]'``; a point-to-point operation with its peer (a global rank, given the
+    communicator's ``members``) and its p2p sequence number: ``'send to rank 1 (p2p #2) [Float(2,)]'``."""
     ins = _sizes(e.get("input_sizes"))
     outs = _sizes(e.get("output_sizes"))
     dts = list(e.get("input_dtypes") or e.get("output_dtypes") or [])
     shape = ins[0] if ins else (outs[0] if outs else [])
-    return f"{_op_of(e)} #{e.get('collective_seq_id')} [{dts[0] if dts else '-'}{tuple(shape)}]"
+    peer = _peer(e, members)
+    what = (f"{_op_of(e)} {peer[0]} rank {peer[1]} (p2p #{e.get('p2p_seq_id')})" if peer is not None
+            else f"{_op_of(e)} #{e.get('collective_seq_id')}")
+    return f"{what} [{dts[0] if dts else '-'}{tuple(shape)}]"
 
 
-
-
-def _own(e: Optional[Dict[str, Any]]) -> str:
-    return f"last {_describe(e)} {e.get('state')}" if e is not None else "no operation recorded"
+def _own(e: Optional[Dict[str, Any]], members: Optional[Sequence[int]] = None) -> str:
+    return f"last {_describe(e, members)} {e.get('state')}" if e is not None else "no operation recorded"
 
 
 # a module of Python's standard library (not site-packages), as another host's dump names it
@@ -303,7 +323,8 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
                            "matched_through": None, "p2p": [], "failures": [], "missing_dump_info": {}}
     coll: Dict[int, Dict[int, Dict[str, Any]]] = {}
     p2p: Dict[int, List[Dict[str, Any]]] = {}
-    last: Dict[int, Optional[Dict[str, Any]]] = {}
+    last: Dict[int, Optional[Dict[str, Any]]] = {}  # the last collective
+    latest: Dict[int, Optional[Dict[str, Any]]] = {}  # the last operation of any kind
     for r in present:
         es = sorted((e for e in dumps[r].get("entries") or []
                      if (e.get("process_group") or [None])[0] == uid), key=lambda e: e.get("record_id", 0))
@@ -315,6 +336,7 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
             elif _op_of(e) != "coalesced":
                 coll[r].setdefault(int(e.get("collective_seq_id", 0)), e)
         last[r] = max((e for e in coll[r].values()), key=lambda e: e["collective_seq_id"], default=None)
+        latest[r] = next((e for e in reversed(es) if _op_of(e) != "coalesced"), None)
         for rep in (dumps[r].get("pycoll") or {}).get("failures") or []:
             if rep.get("uid") == uid:
                 res["failures"].append({"rank": r, "error_type": rep.get("error_type"), "op": rep.get("op"),
@@ -327,7 +349,7 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
         if view is not None:
             res["missing_dump_info"][r] = view
     # what a rank's own dump says of itself: it supersedes what the others read of it in the store
-    res["own_dump"] = {r: _own(last[r]) for r in present}
+    res["own_dump"] = {r: _own(latest[r], members) for r in present}
     res["main_thread"] = {r: _main_site(dumps[r]) for r in present if _main_site(dumps[r])}
 
     with_entries = [r for r in present if coll[r]]
@@ -337,12 +359,16 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
         if start > 1:
             res["problems"].append(f"history starts at #{start} (older entries were overwritten on some rank)")
         for s in seqs:
-            div = _check_seq(s, present, coll, last, size, res, local_of, dumps, uid, stack_limit)
+            div = _check_seq(s, present, coll, last, latest, size, res, local_of, stack_limit)
             if div is not None:
                 res["first_divergence"] = div
                 break
             res["matched_through"] = s
     res["p2p"] = _check_p2p(members, present, p2p, stack_limit)
+    if res["first_divergence"] is not None:
+        # a rank that never entered the operation because it is held in an operation of its own
+        for r, info in res["first_divergence"]["never_entered"].items():
+            info["blocked_in"] = _blocked_in(latest[r], members, res["p2p"], r)
     # a bystander: no rank recorded a failure of this communicator, and every dump was written for a failure (of
     # another communicator: an elastic group's earlier generation, whose dump was held back until after the
     # recovery). Its ranks were dumped at different moments while it ran: what is in flight on one rank and done
@@ -362,20 +388,21 @@ def _troubled(c: Dict[str, Any]) -> bool:
 
 
 def _check_seq(s: int, present: List[int], coll: Dict[int, Dict[int, Dict[str, Any]]],
-               last: Dict[int, Optional[Dict[str, Any]]], size: int, res: Dict[str, Any], local_of: Dict[int, int],
-               dumps: Dict[int, Dict[str, Any]], uid: str, stack_limit: int) -> Optional[Dict[str, Any]]:
+               last: Dict[int, Optional[Dict[str, Any]]], latest: Dict[int, Optional[Dict[str, Any]]], size: int,
+               res: Dict[str, Any], local_of: Dict[int, int], stack_limit: int) -> Optional[Dict[str, Any]]:
     got = {r: coll[r][s] for r in present if s in coll[r]}
     absent = [r for r in present if s not in coll[r]]
     ref = next(iter(got.values()))
     div: Dict[str, Any] = {"seq": s, "op": _describe(ref), "never_entered": {}, "skipped": [], "mismatch": None,
                            "in_flight": {}, "completed": [], "missing_dumps": {}}
     for r in absent:
-        le = last[r]
-        if le is not None and le["collective_seq_id"] > s:
+        lc = last[r]
+        if lc is not None and lc["collective_seq_id"] > s:
             div["skipped"].append(r)
             continue
-        info: Dict[str, Any] = {"last_op": _describe(le) if le else None, "last_state": le.get("state") if le else None,
-                                "last_site": _site(le) if le else ""}
+        le = latest[r]  # a send or a receive after its last collective is its last operation
+        info: Dict[str, Any] = {"last_op": _describe(le, res["members"]) if le else None,
+                                "last_state": le.get("state") if le else None, "last_site": _site(le) if le else ""}
         div["never_entered"][r] = info
     # type, then sizes, then dtypes (then what the library's mismatch text names): the first that disagrees
     for kind in ("type", "size", "dtype"):
@@ -495,10 +522,22 @@ def _variant_text(kind: str, e: Dict[str, Any]) -> str:
 _P2P_RE = re.compile(r"(sendrecv|send|recv) (\d+)(<->|->|<-)(\d+)")
 
 
+def _side(x: Optional[Dict[str, Any]], rank: int) -> Optional[Dict[str, Any]]:
+    """One side of a transfer, as an issue names it: the rank, its entry's record and p2p ids, where it was issued."""
+    if x is None:
+        return None
+    return {"rank": rank, "record_id": x.get("record_id"), "p2p_seq": x.get("p2p_seq_id"), "site": _site(x),
+            "state": x.get("state")}
+
+
 def _check_p2p(members: List[int], present: List[int], p2p: Dict[int, List[Dict[str, Any]]],
                stack_limit: int) -> List[Dict[str, Any]]:
     """Pair the k-th send src->dst with the k-th recv at dst from src (a sendrecv a<->b is a send a->b and a recv at
-    a from b); report the first problem per pair."""
+    a from b); report the first problem per pair.
+
+    An issue's ``kind``: ``no_recv`` (a send with no matching recv), ``no_send``, ``mismatch`` (sizes or dtypes;
+    ``detail`` says how), ``incomplete`` (matched, not completed); ``send`` and ``recv`` are its two sides
+    (:func:`_side`, None where there is none)."""
     sends: Dict[Tuple[int, int], List[Dict[str, Any]]] = defaultdict(list)
     recvs: Dict[Tuple[int, int], List[Dict[str, Any]]] = defaultdict(list)
     for rank in present:
@@ -518,34 +557,84 @@ def _check_p2p(members: List[int], present: List[int], p2p: Dict[int, List[Dict[
         for k in range(max(len(ss), len(rr))):
             s = ss[k] if k < len(ss) else None
             r = rr[k] if k < len(rr) else None
-            issue = None
+            issue = kind = detail = None
             if s is None and dst in present and src in present:
+                kind = "no_send"
                 issue = f"recv #{k + 1} on rank {dst} from rank {src} has no matching send on rank {src}"
             elif r is None and src in present and dst in present:
+                kind = "no_recv"
                 issue = f"send #{k + 1} from rank {src} to rank {dst} has no matching recv on rank {dst}"
             elif s is not None and r is not None and (_sizes(s.get("input_sizes")) != _sizes(r.get("output_sizes"))
                                                       or list(s.get("input_dtypes") or [])
                                                       != list(r.get("output_dtypes") or [])):
-                issue = (f"send #{k + 1} {src}->{dst} of {_sizes(s.get('input_sizes'))} {s.get('input_dtypes')} "
-                         f"vs recv of {_sizes(r.get('output_sizes'))} {r.get('output_dtypes')}")
+                kind = "mismatch"
+                detail = (f"send of {_sizes(s.get('input_sizes'))} {s.get('input_dtypes')} "
+                          f"vs recv of {_sizes(r.get('output_sizes'))} {r.get('output_dtypes')}")
+                issue = f"send #{k + 1} {src}->{dst} of {detail[len('send of '):]}"
             elif any(x is not None and x.get("state") != "completed" for x in (s, r)):
                 def state(x: Optional[Dict[str, Any]], rank: int) -> str:
                     return str(x.get("state")) if x is not None else f"unknown: no dump from rank {rank}"
 
-                issue = (f"transfer #{k + 1} {src}->{dst} not completed "
-                         f"(send {state(s, src)}, recv {state(r, dst)})")
+                kind = "incomplete"
+                detail = f"send {state(s, src)}, recv {state(r, dst)}"
+                issue = f"transfer #{k + 1} {src}->{dst} not completed ({detail})"
                 # what the library said where it failed (a size mismatch, a dead peer): the transfer's cause
                 failed = [(side, x) for side, x in (("send", s), ("recv", r))
                           if x is not None and x.get("pycoll_error")]
                 if failed:
                     side, x = failed[0]
-                    issue += f": the {side} failed with {str(x['pycoll_error'])[:300]}"
+                    detail = f"the {side} failed with {str(x['pycoll_error'])[:300]}"
+                    issue += f": {detail}"
             if issue:
-                bad = s if s is not None and s.get("state") != "completed" else r
-                out.append({"src": src, "dst": dst, "index": k + 1, "issue": issue,
+                # where it was issued: the side still in flight, else the side there is
+                bad = next((x for x in (s, r) if x is not None and x.get("state") != "completed"), s or r)
+                out.append({"src": src, "dst": dst, "index": k + 1, "issue": issue, "kind": kind, "detail": detail,
+                            "send": _side(s, src), "recv": _side(r, dst),
                             "site": _site(bad) if bad else "", "stack": _stack(bad, stack_limit) if bad else []})
                 break
     return out
+
+
+def _blocked_in(e: Optional[Dict[str, Any]], members: List[int], issues: List[Dict[str, Any]],
+                rank: int) -> Optional[Dict[str, Any]]:
+    """What holds ``rank`` when its last operation ``e`` (on this communicator) is a send or receive that did not
+    complete: the operation, and ``why`` (from the point-to-point ``issues``), else None."""
+    if e is None or e.get("state") == "completed" or _peer(e, members) is None:
+        return None
+    mine = [i for i in issues
+            if any(i[side] is not None and i[side]["rank"] == rank and i[side]["record_id"] == e.get("record_id")
+                   for side in ("send", "recv"))]
+    return {"op": _describe(e, members), "state": e.get("state"), "site": _site(e),
+            "why": _p2p_why(mine[0], issues) if mine else ""}
+
+
+def _p2p_why(i: Dict[str, Any], issues: List[Dict[str, Any]]) -> str:
+    """Why the transfer of issue ``i`` is stuck, with the send or receive that a wrong peer may have gone to."""
+    src, dst = i["src"], i["dst"]
+    if i["kind"] == "no_recv":
+        why = f"rank {dst} posted no matching recv"
+        astray = [j for j in issues if j["kind"] == "no_send" and j["src"] == src and j["dst"] != dst]
+        if astray:
+            j = astray[0]
+            why += (f"; rank {j['dst']} waits for a recv from rank {src} (p2p #{j['recv']['p2p_seq']}"
+                    + (f", issued at {j['recv']['site']}" if j["recv"]["site"] else "") + ") that no send matches: "
+                    "a wrong peer?")
+        return why
+    if i["kind"] == "no_send":
+        why = f"rank {src} posted no matching send"
+        astray = [j for j in issues if j["kind"] == "no_recv" and j["dst"] == dst and j["src"] != src]
+        if astray:
+            j = astray[0]
+            why += (f"; rank {j['src']} sent to rank {dst} (p2p #{j['send']['p2p_seq']}"
+                    + (f", issued at {j['send']['site']}" if j["send"]["site"] else "") + ") but no recv matches it: "
+                    "a wrong peer?")
+        return why
+    if i["kind"] == "mismatch":
+        return (f"size or dtype mismatch between rank {src}'s send (p2p #{i['send']['p2p_seq']}"
+                + (f", issued at {i['send']['site']}" if i["send"]["site"] else "")
+                + f") and rank {dst}'s recv (p2p #{i['recv']['p2p_seq']}"
+                + (f", issued at {i['recv']['site']}" if i["recv"]["site"] else "") + f"): {i['detail']}")
+    return f"transfer {src}->{dst} not completed: {i['detail']}"
 
 
 def analyze(dumps: Dict[int, Dict[str, Any]], *, stack_limit: int = 8) -> Dict[str, Any]:
@@ -659,7 +748,10 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
                     last = (f"last op {info['last_op']} {info['last_state']}"
                             + (f", issued at {info['last_site']}" if info["last_site"] else "")
                             if info["last_op"] else "no operation recorded")
+                    held = info.get("blocked_in")
                     lines.append(f"    rank {r}: never entered it ({last})"
+                                 + (f"; held in {'it' if held['op'] == info['last_op'] else held['op']}"
+                                    + (f": {held['why']}" if held["why"] else "") if held else "")
                                  + (f"; when it dumped, its main thread was at {c['main_thread'][r]}"
                                     if r in c.get("main_thread", {}) else ""))
                 if d["skipped"]:
@@ -751,9 +843,14 @@ def _verdict(c: Dict[str, Any]) -> str:
             return f"no divergence among the dumps present; ranks {_fmt_ranks(c['missing_dumps'])} left no dump"
         return f"no problem found on {name!r}"
     out = []
-    behind = sorted(d["never_entered"])
+    held = {r: info["blocked_in"] for r, info in d["never_entered"].items() if info.get("blocked_in")}
+    behind = sorted(r for r in d["never_entered"] if r not in held)
     if behind:
         out.append(f"rank{'s' if len(behind) > 1 else ''} {_fmt_ranks(behind)} never entered {d['op']} on {name!r}")
+    for r, b in sorted(held.items()):
+        out.append(f"rank {r} never entered {d['op']} on {name!r}: it is stuck in {b['op']}"
+                   + (f" issued at {b['site']}" if b["site"] else "") + f" (state {b['state']})"
+                   + (f": {b['why']}" if b["why"] else ""))
     unseen = sorted(r for r, t in d["missing_dumps"].items() if "not seen entering" in t)
     if unseen:
         out.append(f"rank{'s' if len(unseen) > 1 else ''} {_fmt_ranks(unseen)} (no dump) "

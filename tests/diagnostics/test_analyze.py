@@ -225,6 +225,39 @@ def test_unmatched_send(tmp_path):
     assert "point-to-point problem" in analyze._verdict(c)
 
 
+@pytest.mark.parametrize("case", ["nomatch", "wrongpeer", "sizemm"])
+def test_a_rank_held_in_a_send_or_recv_is_named_with_it(tmp_path, capsys, case):
+    # the rank that never entered all_reduce #2 is in a send or recv that cannot complete: its last operation is
+    # that p2p operation, and the verdict names it (peer, p2p number) and why it cannot complete
+    stuck = 0 if case == "nomatch" else 1
+
+    def script(r, c):
+        allreduces(c, 1)
+        if r == 0:
+            c.op("send", f32(4), peer=1, state="started" if case == "nomatch" else "completed")
+        if r == 1 and case != "nomatch":
+            c.op("recv", None, f32(2 if case == "sizemm" else 4), peer=2 if case == "wrongpeer" else 0,
+                 state="started")
+        if r != stuck:
+            c.op("all_reduce", f32(2), f32(2), state="started")
+
+    d = make_dumps(tmp_path, 3, script)
+    _, c = one(d)
+    info = c["first_divergence"]["never_entered"][stuck]
+    peer, towards = {"nomatch": (1, "send to"), "wrongpeer": (2, "recv from"), "sizemm": (0, "recv from")}[case]
+    held = f"{towards} rank {peer} (p2p #1) [Float({2 if case == 'sizemm' else 4},)]"
+    assert info["last_op"] == held and info["last_state"] == "started", info
+    v = analyze._verdict(c)
+    assert v.startswith(f"rank {stuck} never entered all_reduce #2 [Float(2,)] on 'world': it is stuck in {held} "
+                        "issued at fakes.py:"), v
+    why = {"nomatch": "rank 1 posted no matching recv",
+           "wrongpeer": "rank 2 posted no matching send; rank 0 sent to rank 1 (p2p #1, issued at fakes.py:",
+           "sizemm": "size or dtype mismatch between rank 0's send (p2p #1, issued at fakes.py:"}[case]
+    assert why in v and (case != "wrongpeer" or v.endswith("a wrong peer?")), v
+    assert run_cli(d, "--no-stacks") == 1
+    assert f"rank {stuck}: never entered it (last op {held} started" in capsys.readouterr().out
+
+
 def test_a_failed_transfer_says_what_the_library_said(tmp_path):
     # rank 0 sent and left without a dump; rank 1's recv failed with the library's size-mismatch text
     def script(r, c):
@@ -315,7 +348,8 @@ def test_cli_errors_and_json(tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     assert data[0]["communicators"][0]["first_divergence"]["never_entered"] == {"0": {
         "last_op": "all_reduce #2 [Float(2,)]", "last_state": "completed",
-        "last_site": data[0]["communicators"][0]["first_divergence"]["never_entered"]["0"]["last_site"]}}
+        "last_site": data[0]["communicators"][0]["first_divergence"]["never_entered"]["0"]["last_site"],
+        "blocked_in": None}}
 
 
 def test_python_dash_m_and_console_script_entry(tmp_path):
