@@ -3,9 +3,9 @@
 Reads the dumps pycoll's flight recorder writes (PyTorch's schema ``"2.10"``, pickle or JSON; torch's
 own dumps too) and reports, per communicator, the first operation where the ranks part ways:
 
-* ranks that never entered it (with their last operation of any kind and where it was issued; a send or receive
-  that holds such a rank is named in the verdict, with why it cannot complete: no matching peer operation, a
-  mismatched one, a wrong peer),
+* ranks that never entered it (with their last operation of any kind and where it was issued), and what holds
+  such a rank when its dump says: a send or receive of its own (with why it cannot complete: no matching peer
+  operation, a mismatched one, a wrong peer) or an operation in flight on another communicator of its process,
 * operation type, size and dtype mismatches (the minority is named the culprit), and reduction-op and root
   mismatches, read from the host library's mismatch text that a failed entry holds (``pycoll_error``),
 * ranks still in flight in it, with the Python stack that issued it,
@@ -250,13 +250,20 @@ def _fmt_ranks(ranks: Iterable[int]) -> str:
 # -- analysis -------------------------------------------------------------------------------------
 
 
+def _parse_members(ranks: Any) -> Optional[List[int]]:
+    """A dump's member list (``pg_config[uid]["ranks"]``, ``"[0, 1]"``) as global ranks; None: unreadable."""
+    try:
+        return [int(x) for x in str(ranks if ranks is not None else "[]").strip("[] ").split(",") if x.strip()]
+    except ValueError:
+        return None
+
+
 def _groups(dumps: Dict[int, Dict[str, Any]], problems: List[str]) -> Dict[str, Dict[str, Any]]:
     groups: Dict[str, Dict[str, Any]] = {}
     for rank, d in sorted(dumps.items()):
         for key, cfg in (d.get("pg_config") or {}).items():
-            try:
-                members = [int(x) for x in str(cfg.get("ranks", "[]")).strip("[] ").split(",") if x.strip()]
-            except ValueError:
+            members = _parse_members(cfg.get("ranks", "[]"))
+            if members is None:
                 problems.append(f"rank {rank}: unreadable member list {cfg.get('ranks')!r} for group {key}")
                 continue
             g = groups.setdefault(key, {"uid": key, "name": cfg.get("desc", ""), "members": members, "seen_by": []})
@@ -349,7 +356,12 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
         if view is not None:
             res["missing_dump_info"][r] = view
     # what a rank's own dump says of itself: it supersedes what the others read of it in the store
-    res["own_dump"] = {r: _own(latest[r], members) for r in present}
+    res["own_dump"] = {}
+    for r in present:
+        res["own_dump"][r] = _own(latest[r], members)
+        b = _blocked_in(dumps[r], uid, members, [], r)
+        if b is not None and not b["here"]:
+            res["own_dump"][r] += f", then {b['comm']!r} (ranks {_fmt_ranks(b['members'])}) {b['op']} {b['state']}"
     res["main_thread"] = {r: _main_site(dumps[r]) for r in present if _main_site(dumps[r])}
 
     with_entries = [r for r in present if coll[r]]
@@ -368,7 +380,7 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
     if res["first_divergence"] is not None:
         # a rank that never entered the operation because it is held in an operation of its own
         for r, info in res["first_divergence"]["never_entered"].items():
-            info["blocked_in"] = _blocked_in(latest[r], members, res["p2p"], r)
+            info["blocked_in"] = _blocked_in(dumps[r], uid, members, res["p2p"], r)
     # a bystander: no rank recorded a failure of this communicator, and every dump was written for a failure (of
     # another communicator: an elastic group's earlier generation, whose dump was held back until after the
     # recovery). Its ranks were dumped at different moments while it ran: what is in flight on one rank and done
@@ -595,17 +607,41 @@ def _check_p2p(members: List[int], present: List[int], p2p: Dict[int, List[Dict[
     return out
 
 
-def _blocked_in(e: Optional[Dict[str, Any]], members: List[int], issues: List[Dict[str, Any]],
+def _blocked_in(dump: Dict[str, Any], uid: str, members: List[int], issues: List[Dict[str, Any]],
                 rank: int) -> Optional[Dict[str, Any]]:
-    """What holds ``rank`` when its last operation ``e`` (on this communicator) is a send or receive that did not
-    complete: the operation, and ``why`` (from the point-to-point ``issues``), else None."""
-    if e is None or e.get("state") == "completed" or _peer(e, members) is None:
+    """What holds ``rank`` (of communicator ``uid``, whose ``members`` are given), by its ``dump``: its newest
+    operation when that did not complete and is a send or receive on ``uid`` (``why`` it cannot complete, from
+    the point-to-point ``issues``) or any operation on another communicator (``comm``, its name and members).
+    None when its newest operation completed (it is elsewhere in its own code) or is none of these."""
+    es = [e for e in dump.get("entries") or [] if _op_of(e) != "coalesced"]
+    e = max(es, key=lambda e: e.get("record_id", 0), default=None)
+    if e is None or e.get("state") == "completed":
         return None
-    mine = [i for i in issues
-            if any(i[side] is not None and i[side]["rank"] == rank and i[side]["record_id"] == e.get("record_id")
-                   for side in ("send", "recv"))]
-    return {"op": _describe(e, members), "state": e.get("state"), "site": _site(e),
-            "why": _p2p_why(mine[0], issues) if mine else ""}
+    pg = e.get("process_group") or [None]
+    group = (pg[0], pg[1] if len(pg) > 1 else "")
+    out = {"uid": group[0], "comm": group[1], "members": members, "here": group[0] == uid, "op": "",
+           "state": e.get("state"), "site": _site(e), "why": ""}
+    if out["here"]:
+        if _peer(e, members) is None:
+            return None
+        mine = [i for i in issues if any(i[side] is not None and i[side]["rank"] == rank
+                                         and i[side]["record_id"] == e.get("record_id") for side in ("send", "recv"))]
+        out["why"] = _p2p_why(mine[0], issues) if mine else ""
+    else:
+        cfg = (dump.get("pg_config") or {}).get(group[0]) or {}
+        out["members"] = _parse_members(cfg.get("ranks")) or []
+    out["op"] = _describe(e, out["members"])
+    return out
+
+
+def _held(b: Dict[str, Any]) -> str:
+    """``'it is in 'pair' (ranks 2-3) all_reduce #2 [..] issued at x.py:3 in f, still in flight (state started)'``
+    for :func:`_blocked_in`'s record ``b``."""
+    where = "" if b["here"] else f"{b['comm']!r} (ranks {_fmt_ranks(b['members'])}) "
+    site = f" issued at {b['site']}" if b["site"] else ""
+    if b["why"]:
+        return f"it is stuck in {where}{b['op']}{site} (state {b['state']}): {b['why']}"
+    return f"it is in {where}{b['op']}{site}, still in flight (state {b['state']})"
 
 
 def _p2p_why(i: Dict[str, Any], issues: List[Dict[str, Any]]) -> str:
@@ -749,9 +785,11 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
                             + (f", issued at {info['last_site']}" if info["last_site"] else "")
                             if info["last_op"] else "no operation recorded")
                     held = info.get("blocked_in")
-                    lines.append(f"    rank {r}: never entered it ({last})"
-                                 + (f"; held in {'it' if held['op'] == info['last_op'] else held['op']}"
-                                    + (f": {held['why']}" if held["why"] else "") if held else "")
+                    if held and held["here"]:  # its last operation, named just before
+                        held_text = f"; held there: {held['why']}" if held["why"] else ""
+                    else:
+                        held_text = f"; {_held(held)}" if held else ""
+                    lines.append(f"    rank {r}: never entered it ({last}){held_text}"
                                  + (f"; when it dumped, its main thread was at {c['main_thread'][r]}"
                                     if r in c.get("main_thread", {}) else ""))
                 if d["skipped"]:
@@ -848,9 +886,7 @@ def _verdict(c: Dict[str, Any]) -> str:
     if behind:
         out.append(f"rank{'s' if len(behind) > 1 else ''} {_fmt_ranks(behind)} never entered {d['op']} on {name!r}")
     for r, b in sorted(held.items()):
-        out.append(f"rank {r} never entered {d['op']} on {name!r}: it is stuck in {b['op']}"
-                   + (f" issued at {b['site']}" if b["site"] else "") + f" (state {b['state']})"
-                   + (f": {b['why']}" if b["why"] else ""))
+        out.append(f"rank {r} never entered {d['op']} on {name!r}: {_held(b)}")
     unseen = sorted(r for r, t in d["missing_dumps"].items() if "not seen entering" in t)
     if unseen:
         out.append(f"rank{'s' if len(unseen) > 1 else ''} {_fmt_ranks(unseen)} (no dump) "

@@ -258,6 +258,55 @@ def test_a_rank_held_in_a_send_or_recv_is_named_with_it(tmp_path, capsys, case):
     assert f"rank {stuck}: never entered it (last op {held} started" in capsys.readouterr().out
 
 
+def split_dumps(folder, script, *, report=None):
+    """4 ranks, each with 'world' and its 'pair' ({0, 1} or {2, 3}); ``script(rank, world, pair)`` issues the
+    operations; rank 2 keeps failure report ``report`` (of its 'pair') when given."""
+    for r in range(4):
+        rec = fr.FlightRecorder(64, dump_dir=str(folder))
+        world = FakeComm(rec, r, 4, uid="w000000000000000", name="world")
+        pair = FakeComm(rec, r % 2, 2, uid=f"p{r // 2}00000000000000", name="pair",
+                        global_ranks=[2 * (r // 2), 2 * (r // 2) + 1])
+        world.op("all_reduce", f32(2), f32(2))
+        pair.op("all_reduce", f32(2), f32(2))
+        script(r, world, pair)
+        if r == 2 and report is not None:
+            rec.add_failure(0, report)
+        assert rec.dump("test")
+    return analyze.analyze_dir(str(folder))[0]
+
+
+@pytest.mark.parametrize("case", ["subhang", "mixed"])
+def test_a_rank_in_another_communicators_operation_is_said_to_be_there(tmp_path, case):
+    # subhang: rank 2 waits in its pair's all_reduce #2 (rank 3 never calls it) while ranks 0-1 wait in world's #2;
+    # mixed: rank 1 calls its pair's #2 while the others call world's #2
+    def script(r, world, pair):
+        if case == "subhang":
+            if r != 3:
+                pair.op("all_reduce", f32(2), f32(2), state="started" if r == 2 else "completed")
+            if r < 2:
+                world.op("all_reduce", f32(2), f32(2), state="started")
+        elif r == 1:
+            pair.op("all_reduce", f32(2), f32(2), state="started")
+        else:
+            world.op("all_reduce", f32(2), f32(2), state="started")
+
+    rep = split_dumps(tmp_path, script)
+    by = {(c["name"], tuple(c["members"])): c for c in rep["communicators"]}
+    world = by[("world", (0, 1, 2, 3))]
+    held, there = (2, "'pair' (ranks 2-3)") if case == "subhang" else (1, "'pair' (ranks 0-1)")
+    b = world["first_divergence"]["never_entered"][held]["blocked_in"]
+    assert b["comm"] == "pair" and b["members"] == ([2, 3] if case == "subhang" else [0, 1]) and not b["here"], b
+    v = analyze._verdict(world)
+    assert (f"rank {held} never entered all_reduce #2 [Float(2,)] on 'world': it is in {there} all_reduce #2 "
+            "[Float(2,)] issued at fakes.py:") in v and v.endswith(", still in flight (state started)"), v
+    if case == "mixed":  # and the pair's verdict says where rank 0 is
+        v = analyze._verdict(by[("pair", (0, 1))])
+        assert v.startswith("rank 0 never entered all_reduce #2 [Float(2,)] on 'pair': it is in 'world' "
+                            "(ranks 0-3) all_reduce #2"), v
+    # what the watchdogs' claims quote of the rank's own dump
+    assert world["own_dump"][held].endswith(f"completed, then {there} all_reduce #2 [Float(2,)] started"), world
+
+
 def test_a_failed_transfer_says_what_the_library_said(tmp_path):
     # rank 0 sent and left without a dump; rank 1's recv failed with the library's size-mismatch text
     def script(r, c):
