@@ -293,6 +293,18 @@ def _apart(dumps: Dict[int, Dict[str, Any]], problems: List[str]) -> None:
             + ": dumps of different runs in one folder? (each set is analysed apart; remove the stale files)")
 
 
+def _global_keys(by_local: Any, members: List[int]) -> Dict[str, Any]:
+    """A failure report's ``{local rank: value}`` (string keys) keyed by global rank (string keys)."""
+    out: Dict[str, Any] = {}
+    for k, v in (by_local or {}).items():
+        try:
+            local = int(k)
+        except (TypeError, ValueError):
+            continue
+        out[str(members[local] if 0 <= local < len(members) else local)] = v
+    return out
+
+
 def _store_view(dumps: Dict[int, Dict[str, Any]], uid: str, local: int) -> Optional[Dict[str, Any]]:
     """A missing rank's progress as the failing ranks read it from the store (freshest report)."""
     best = None
@@ -346,10 +358,12 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
         latest[r] = next((e for e in reversed(es) if _op_of(e) != "coalesced"), None)
         for rep in (dumps[r].get("pycoll") or {}).get("failures") or []:
             if rep.get("uid") == uid:
+                # the report names the communicator's own ranks; the analyzer's report, global ones throughout
                 res["failures"].append({"rank": r, "error_type": rep.get("error_type"), "op": rep.get("op"),
                                         "seq": rep.get("seq"), "message": rep.get("message"),
-                                        "behind": rep.get("behind"), "unconfirmed": rep.get("unconfirmed"),
-                                        "gone": rep.get("gone"),
+                                        "behind": _global_keys(rep.get("behind"), members),
+                                        "unconfirmed": _global_keys(rep.get("unconfirmed"), members),
+                                        "gone": _global_keys(rep.get("gone"), members),
                                         "elapsed_s": rep.get("elapsed_s")})
     for r in res["missing_dumps"]:
         view = _store_view(dumps, uid, local_of[r])

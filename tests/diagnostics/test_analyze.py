@@ -307,6 +307,25 @@ def test_a_rank_in_another_communicators_operation_is_said_to_be_there(tmp_path,
     assert world["own_dump"][held].endswith(f"completed, then {there} all_reduce #2 [Float(2,)] started"), world
 
 
+def test_a_sub_communicators_watchdog_claims_name_global_ranks(tmp_path):
+    # rank 2's failure report on its pair {2, 3} names its peer by the pair's own rank (1): the analyzer's text, in
+    # global ranks everywhere else, names it rank 3 and finds rank 3's own dump
+    report = {"time": 1.0, "uid": "p100000000000000", "rank": 0, "error_type": "CommTimeout", "op": "all_reduce",
+              "seq": 2, "message": "timed out", "elapsed_s": 3.0, "request": 1,
+              "behind": {"1": {"last_issued": 1, "report_age_s": 0.0, "answered": True}}, "unconfirmed": {},
+              "gone": {"1": 4242}, "peers": {}, "silent": {}, "peer_failures": {}}
+
+    def script(r, world, pair):
+        if r == 2:
+            pair.op("all_reduce", f32(2), f32(2), state="started")
+
+    rep = split_dumps(tmp_path, script, report=report)
+    c = next(c for c in rep["communicators"] if c["members"] == [2, 3])
+    assert list(c["failures"][0]["behind"]) == ["3"] and list(c["failures"][0]["gone"]) == ["3"], c["failures"]
+    line = next(ln for ln in analyze.format_report([rep]).splitlines() if "watchdog on rank 2" in ln)
+    assert line.endswith("it saw behind: rank 3 (its own dump: last all_reduce #1 [Float(2,)] completed)"), line
+
+
 def test_a_failed_transfer_says_what_the_library_said(tmp_path):
     # rank 0 sent and left without a dump; rank 1's recv failed with the library's size-mismatch text
     def script(r, c):
