@@ -294,13 +294,16 @@ def _apart(dumps: Dict[int, Dict[str, Any]], problems: List[str]) -> None:
 
 
 def _global_keys(by_local: Any, members: List[int]) -> Dict[str, Any]:
-    """A failure report's ``{local rank: value}`` (string keys) keyed by global rank (string keys)."""
+    """A failure report's ``{local rank: value}`` (string keys) keyed by global rank (string keys); a
+    ``report_age_s`` below 0 (a report made after the failure, as older pycoll wrote it) reads 0."""
     out: Dict[str, Any] = {}
     for k, v in (by_local or {}).items():
         try:
             local = int(k)
         except (TypeError, ValueError):
             continue
+        if isinstance(v, dict) and isinstance(v.get("report_age_s"), (int, float)) and v["report_age_s"] < 0:
+            v = {**v, "report_age_s": 0.0}
         out[str(members[local] if 0 <= local < len(members) else local)] = v
     return out
 
@@ -317,7 +320,7 @@ def _store_view(dumps: Dict[int, Dict[str, Any]], uid: str, local: int) -> Optio
                 continue
             age = None
             if isinstance(rep.get("time"), (int, float)) and isinstance(p.get("time_ns"), int):
-                age = rep["time"] - p["time_ns"] / 1e9
+                age = max(0.0, rep["time"] - p["time_ns"] / 1e9)  # an answer may postdate the failure
             answered = rep.get("request") is not None and int(p.get("request", -1)) >= int(rep["request"])
             cand = {"reported_by": rank, "progress": p, "silent_s": (rep.get("silent") or {}).get(str(local)),
                     "failure": (rep.get("peer_failures") or {}).get(str(local)), "age_s": age, "answered": answered,
@@ -688,7 +691,12 @@ def _p2p_why(i: Dict[str, Any], issues: List[Dict[str, Any]]) -> str:
 
 
 def analyze(dumps: Dict[int, Dict[str, Any]], *, stack_limit: int = 8) -> Dict[str, Any]:
-    """Analyse one generation's dumps (``{global rank: dump}``); returns a JSON-ready report."""
+    """Analyse one generation's dumps (``{global rank: dump}``); returns a JSON-ready report.
+
+    Ranks are global throughout. Each of ``communicators`` carries its ``verdict`` (the text ``pycoll-fr``
+    prints) and ``culprits`` (:func:`_culprits`), besides the facts they come from (``first_divergence``,
+    ``p2p``, ``failures``, ``missing_dumps``, ...); ``ok`` is False when any communicator shows a problem.
+    """
     problems: List[str] = []
     versions = {str(d.get("version")) for d in dumps.values()}
     if len(versions) > 1:
@@ -702,7 +710,10 @@ def analyze(dumps: Dict[int, Dict[str, Any]], *, stack_limit: int = 8) -> Dict[s
         if pyc:
             report["triggers"][r] = f"{pyc.get('trigger', '?')}: {pyc.get('reason', '')}"
     for _uid, g in sorted(groups.items(), key=lambda kv: (kv[1]["name"], kv[0])):
-        report["communicators"].append(_analyze_group(g, dumps, stack_limit))
+        c = _analyze_group(g, dumps, stack_limit)
+        c["verdict"] = _verdict(c)
+        c["culprits"] = _culprits(c)
+        report["communicators"].append(c)
     report["ok"] = not problems and not any(_troubled(c) for c in report["communicators"])
     return report
 
@@ -843,7 +854,7 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
                     what = f"{f['error_type']}: {f['message']}"
                 what += _claims(f, c)
                 lines.append(f"  watchdog on rank {f['rank']}: {what}")
-            lines.append(f"  verdict: {_verdict(c)}")
+            lines.append(f"  verdict: {c['verdict'] if 'verdict' in c else _verdict(c)}")
         if rep["triggers"]:
             lines.append("dumps were triggered by:")
             for r, t in sorted(rep["triggers"].items()):
@@ -938,6 +949,26 @@ def _verdict(c: Dict[str, Any]) -> str:
     return "; ".join(out)
 
 
+def _culprits(c: Dict[str, Any]) -> List[int]:
+    """The ranks communicator report ``c``'s verdict points at: those that never entered the first divergent
+    operation or were not seen entering it (no dump), the minority of a mismatch, those whose operation never
+    started on their stream; for a point-to-point problem alone, both ends of the first transfer in question.
+    Empty where it points at none (every rank stuck alike, no majority, no problem)."""
+    d = c["first_divergence"]
+    if c.get("bystander") and not _troubled(c):
+        return []
+    if d is None:
+        return sorted({c["p2p"][0]["src"], c["p2p"][0]["dst"]}) if c["p2p"] else []
+    out = set(d["never_entered"]) | {r for r, t in d["missing_dumps"].items() if "not seen entering" in t}
+    if d["mismatch"]:
+        out |= set(d["mismatch"]["culprits"])
+    if not out and d["in_flight"]:
+        waiting = {r for r, info in d["in_flight"].items() if info["state"] == "scheduled"}
+        if waiting and len(waiting) < len(d["in_flight"]):
+            out |= waiting
+    return sorted(out)
+
+
 def trace_dir(path: str, *, prefix: Optional[str] = None) -> Dict[str, Any]:
     """Every generation's dumps under ``path`` as one Chrome trace-event object (:mod:`pycoll.diagnostics.trace`),
     with the analyzer's first divergences and verdicts."""
@@ -948,8 +979,6 @@ def trace_dir(path: str, *, prefix: Optional[str] = None) -> Dict[str, Any]:
         if dumps:
             rep = analyze(dumps, stack_limit=0)
             rep["generation"] = gen
-            for c in rep["communicators"]:
-                c["verdict"] = _verdict(c)
             reports.append(rep)
     return build_trace(loaded, reports)
 
@@ -960,7 +989,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         description="Find where the ranks diverged, from pycoll (or PyTorch) flight-recorder dumps.")
     parser.add_argument("dir", help="a dump directory (with generation_<g> folders) or one generation's folder")
     parser.add_argument("-p", "--prefix", default=None, help="only read files whose name starts with this prefix")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--json", action="store_true",
+                        help="print the report as JSON (each communicator with its verdict and culprits)")
     parser.add_argument("--no-stacks", action="store_true", help="leave the stacks of in-flight operations out")
     parser.add_argument("--stack-depth", type=int, default=6, help="frames shown per stack (default 6)")
     parser.add_argument("--trace", metavar="OUT.json",

@@ -238,9 +238,10 @@ class FailureReport:
             "policy": self.policy, "peers": {str(r): p for r, p in (self.peers or {}).items()},
             "peers_known": self.peers is not None,
             "peer_failures": {str(r): rec.brief() for r, rec in self.peer_failures.items()},
-            "behind": {str(r): {"last_issued": last, "report_age_s": age, "answered": r in a["answered"]}
+            # a report made after the failure (an answer to its request) is 0 s old at the failure, not less
+            "behind": {str(r): {"last_issued": last, "report_age_s": max(0.0, age), "answered": r in a["answered"]}
                        for r, (last, age) in a["behind"].items()},
-            "unconfirmed": {str(r): {"last_issued": last, "report_age_s": age}
+            "unconfirmed": {str(r): {"last_issued": last, "report_age_s": max(0.0, age)}
                             for r, (last, age) in a["unconfirmed"].items()},
             "answered": a["answered"], "request": self.request, "answer_wait_s": self.answer_wait,
             "gone": {str(r): pid for r, pid in self.gone.items()},

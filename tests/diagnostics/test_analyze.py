@@ -254,6 +254,7 @@ def test_a_rank_held_in_a_send_or_recv_is_named_with_it(tmp_path, capsys, case):
            "wrongpeer": "rank 2 posted no matching send; rank 0 sent to rank 1 (p2p #1, issued at fakes.py:",
            "sizemm": "size or dtype mismatch between rank 0's send (p2p #1, issued at fakes.py:"}[case]
     assert why in v and (case != "wrongpeer" or v.endswith("a wrong peer?")), v
+    assert c["verdict"] == v and c["culprits"] == [stuck]
     assert run_cli(d, "--no-stacks") == 1
     assert f"rank {stuck}: never entered it (last op {held} started" in capsys.readouterr().out
 
@@ -418,6 +419,9 @@ def test_cli_errors_and_json(tmp_path, capsys):
         "last_op": "all_reduce #2 [Float(2,)]", "last_state": "completed",
         "last_site": data[0]["communicators"][0]["first_divergence"]["never_entered"]["0"]["last_site"],
         "blocked_in": None}}
+    # the verdict and the ranks it points at, as the text has them
+    c = data[0]["communicators"][0]
+    assert c["verdict"] == "rank 0 never entered all_reduce #3 [Float(2,)] on 'world'" and c["culprits"] == [0], c
 
 
 def test_python_dash_m_and_console_script_entry(tmp_path):

@@ -66,6 +66,9 @@ def test_an_answer_is_a_fact(tmp_path):
               "behind": {"2": {"last_issued": 20, "report_age_s": -0.01, "answered": True}},
               "peers": {"2": _progress(20, int((now + 0.01) * 1e9), request=3)}, "silent": {}, "peer_failures": {}}
     d = _dumps(tmp_path, report=report)
-    text = analyze.format_report(analyze.analyze_dir(d), stacks=False)
+    reps = analyze.analyze_dir(d)
+    text = analyze.format_report(reps, stacks=False)
     assert "it saw behind: rank 2 (answered: #20)" in text
+    # an answer made after the failure is 0 s old at it, not -0.01
+    assert reps[0]["communicators"][0]["failures"][0]["behind"]["2"]["report_age_s"] == 0.0
     assert "its answer to rank 1's dump request said #20" in text

@@ -305,6 +305,7 @@ def test_failure_line_alive_but_behind_and_unknown():
     r = _report({1: (5, 4, 0, 0.2), 2: (3, 3, 0, -0.01)}, answered={2})
     line = r.line(1.75)
     assert "behind: rank 2 (alive, answered: last issued #3)" in line and "never reported: ranks 3" in line
+    assert r.as_dict(1.75)["behind"]["2"]["report_age_s"] == 0.0  # answered after the failure: not -0.01 s old
     r2 = _report({1: (5, 4, 0, 0.2), 2: (5, 4, 0, 0.1), 3: (5, 4, 0, 0.1)})
     assert "no rank is behind: every rank issued #5" in r2.line(1.75)
     r3 = _report({1: (4, 4, 0, 0.1), 2: (4, 4, 0, 0.1)}, is_p2p=True, peer=2, answered={2})
