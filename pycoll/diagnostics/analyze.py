@@ -184,19 +184,37 @@ _STDLIB_FRAME = re.compile(r"[/\\]lib[/\\]python3\.\d+[/\\](?!(?:site|dist)-pack
 
 
 def _main_site(dump: Dict[str, Any]) -> str:
-    """Where a dump says its main thread was (innermost frame outside pycoll's modules), when it says. The
-    standard library's frames that pycoll itself called (its exit and SIGTERM hooks waiting for the dump being
-    written: ``threading.py in wait``) are pycoll's too; those the user's code called are the user's."""
+    """Where a dump says its main thread was (:func:`_user_site` of its ``main_thread`` frames), when it says."""
     frames = (dump.get("pycoll") or {}).get("main_thread") or []
-    names = [str(fr.get("filename", "")) for fr in frames]
+    return _user_site([(str(fr.get("filename", "")), fr.get("line"), str(fr.get("name"))) for fr in frames])
+
+
+def _user_site(frames: Sequence[Tuple[str, Any, str]]) -> str:
+    """``'file:line in function'`` of the innermost frame of the user's code among ``frames`` ((filename, line,
+    function), innermost first): neither pycoll's nor the standard library's. Where the user's code was inside a
+    call of the standard library (a C loop of ``re.match`` holding the GIL, a ``time.sleep`` wrapper), that call
+    follows: ``'x.py:7 in <module> (in re.match)'``; the standard library's frames that pycoll itself called (its
+    exit and SIGTERM hooks waiting for the dump being written: ``threading.py in wait``) are pycoll's. Without a
+    frame of the user's: the innermost one of the standard library that the user's code, not pycoll, called
+    (a thread of its own), else ''."""
+    names = [fn for fn, _, _ in frames]
+    for i, (fn, line, func) in enumerate(frames):
+        if is_runtime_frame(fn) or _STDLIB_FRAME.search(fn) or fn.startswith("<"):
+            continue
+        site = f"{os.path.basename(fn)}:{line} in {func}"
+        inner = _STDLIB_FRAME.search(names[i - 1]) if i else None
+        if inner is not None:
+            module = re.sub(r"(?:[/\\]__init__)?\.py[cw]?$", "", names[i - 1][inner.end():])
+            site += " (in " + re.sub(r"[/\\]", ".", module) + f".{frames[i - 1][2]})"
+        return site
     first = 0
     while first < len(names) and _STDLIB_FRAME.search(names[first]):
         first += 1
     if first == len(names) or not is_runtime_frame(names[first]):
         first = 0  # no pycoll frame right outside them: the user's code called them
-    for fr, fn in zip(frames[first:], names[first:], strict=True):
+    for fn, line, func in frames[first:]:
         if not is_runtime_frame(fn) and not fn.startswith("<"):
-            return f"{os.path.basename(fn)}:{fr.get('line')} in {fr.get('name')}"
+            return f"{os.path.basename(fn)}:{line} in {func}"
     return ""
 
 
@@ -747,11 +765,7 @@ def find_stacks(path: str) -> Dict[int, Dict[str, str]]:
                 if fm and blocks:
                     blocks[-1].append((fm.group(1), fm.group(2), fm.group(3)))
             main = [b for b in blocks if b and b[-1][2] == "<module>"]
-            site = ""
-            for fn, line_no, func in (main[-1] if main else []):
-                if not is_runtime_frame(fn):
-                    site = f"{os.path.basename(fn)}:{line_no} in {func}"
-                    break
+            site = _user_site(main[-1]) if main else ""
             if blocks:
                 out[int(m.group(1))] = {"path": full, "site": site}
         break

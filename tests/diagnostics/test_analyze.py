@@ -455,6 +455,11 @@ def test_main_thread_site_skips_the_standard_library_pycoll_waits_in():
             {"filename": n, "line": i + 1, "name": f"f{i}"} for i, n in enumerate(names)]}})
 
     assert site(lib, lib, hook, hook, user, user) == "train.py:5 in f4"
-    assert site(lib, user) == "threading.py:1 in f0"
+    assert site(lib, user) == "train.py:2 in f1 (in threading.f0)"
     assert site(lib, hook) == ""  # the exit handler, after the main module ended: no user frame
     assert site(pkg, hook, user) == "std.py:1 in f0"
+    # the user's line that holds the GIL in a call of the standard library's (re.match's C loop, issue 5 of the
+    # probe), seen from the SIGTERM hook: the user's line, with the call it is in
+    pkg_re = "/usr/lib/python3.11/re/__init__.py"
+    assert site(lib, lib, hook, hook, pkg_re, user) == "train.py:6 in f5 (in re.f4)"
+    assert site(lib, lib, "/usr/lib/python3.11/importlib/__init__.py") == "threading.py:1 in f0"  # no user frame
