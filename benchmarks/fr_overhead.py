@@ -9,8 +9,8 @@ Part 1, **recording cost per operation**, in this process: ``FlightRecorder.work
 the communicator calls for every operation) and ``work_completed`` (what it calls when the
 operation completes) on a new :class:`pycoll.Work` of a one-rank host communicator each time,
 called from 40 frames deep so that the stack capture takes its full default
-depth (16 frames plus pycoll's own two). Timed in batches of 1000 calls, interleaved with batches
-that only make the Works (subtracted); median over batches, in ns per call.
+depth (16 frames; the runs of 2026-12-02 and 12-03 captured one more). Timed in batches of 1000
+calls, interleaved with batches that only make the Works (subtracted); median over batches, in ns per call.
 
 Part 2, **8 B allreduce** (2 float32, sum) on the host backend with ``--ranks`` processes, the
 blocking call that the host library runs in the caller's thread, in five configurations that are

@@ -228,12 +228,12 @@ cdef class RecorderCore(Hook):
             odt = [(<tuple>b)[_DTYPE] for b in outs]
         capture = w.capture_id
         frozen = None if capture is None else _CAPTURED
-        # the stack from the caller of the public call on (+ 1: a public call written in Python, e.g.
-        # barrier, has a frame of its own; a compiled one has none). Capturing may create frame objects,
-        # hence run the collector: done before the entry is touched
+        # the stack_depth innermost Python frames, as the dump shows them: from the caller of a compiled public
+        # call (all_reduce, ...) on, or from the public call's own frame where it is written in Python (barrier).
+        # Capturing may create frame objects, hence run the collector: done before the entry is touched
         if self.stacks:
-            _reserve(&self._scratch, self.stack_depth + 1)
-            self._scratch.n = pycoll_frames(self._scratch.codes, self._scratch.lastis, 0, self.stack_depth + 1)
+            _reserve(&self._scratch, self.stack_depth)
+            self._scratch.n = pycoll_frames(self._scratch.codes, self._scratch.lastis, 0, self.stack_depth)
         # the entry, written whole without allocating: a reader (a dump, in another thread) needs the GIL
         e.pos = pos
         e.rid = rid

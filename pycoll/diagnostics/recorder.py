@@ -155,7 +155,8 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         buffer_size: entries kept, oldest dropped first (``$PYCOLL_FR_BUFFER_SIZE``, 2000);
             0 records nothing (dumps then hold no entries).
         stacks: capture the Python stack of each operation (``$PYCOLL_FR_STACKS``, on).
-        stack_depth: innermost frames kept (``$PYCOLL_FR_STACK_DEPTH``, 16; each costs about 0.1 us).
+        stack_depth: frames kept per stack, innermost first (``$PYCOLL_FR_STACK_DEPTH``, 16): a dump shows at
+            most this many (a public call written in Python, such as ``barrier``, counts its own frame).
         dump_dir: where dumps go (see :func:`default_dump_dir`).
         file_prefix: dump file prefix; the global rank follows (``$PYCOLL_FR_FILE_PREFIX``).
         write_json: also write the JSON form (``$PYCOLL_FR_DUMP_JSON``, on).

@@ -152,7 +152,20 @@ def test_stack_is_captured_cheaply_and_formatted_at_dump(rec):
     me = [f for f in frames if f["name"] == "test_stack_is_captured_cheaply_and_formatted_at_dump"]
     assert me and me[0]["line"] == line and me[0]["filename"] == __file__
     assert frames[0]["name"] == "op"  # innermost first
-    assert len(frames) <= rec.stack_depth + 2
+    assert len(frames) == rec.stack_depth  # pytest's stack is deeper: exactly the frames asked for
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+def test_stack_depth_is_the_number_of_frames_kept(tmp_path, depth):
+    rec = fr.FlightRecorder(8, stack_depth=depth, dump_dir=str(tmp_path))
+    c = FakeComm(rec, 0, 2)
+
+    def nested(n):
+        return c.op("all_reduce", f32(1), f32(1)) if n == 0 else nested(n - 1)
+
+    nested(5)
+    frames = rec.as_dict(0)["entries"][0]["frames"]
+    assert [f["name"] for f in frames] == ["op", "nested", "nested"][:depth]
 
 
 def test_stacks_off(tmp_path):
