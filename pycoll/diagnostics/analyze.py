@@ -997,6 +997,17 @@ def trace_dir(path: str, *, prefix: Optional[str] = None) -> Dict[str, Any]:
     return build_trace(loaded, reports)
 
 
+def _frame_count(text: str) -> int:
+    """``--stack-depth``'s value: an int, 0 or more."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of frames, got {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"a number of frames is 0 or more, got {n}")
+    return n
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="pycoll-fr",
@@ -1006,14 +1017,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--json", action="store_true",
                         help="print the report as JSON (each communicator with its verdict and culprits)")
     parser.add_argument("--no-stacks", action="store_true", help="leave the stacks of in-flight operations out")
-    parser.add_argument("--stack-depth", type=int, default=6, help="frames shown per stack (default 6)")
+    parser.add_argument("--stack-depth", type=_frame_count, default=6, metavar="N",
+                        help="frames shown per stack of an in-flight operation (default 6; 0 shows none, as "
+                             "--no-stacks)")
     parser.add_argument("--trace", metavar="OUT.json",
                         help="also write every rank and generation as a Chrome trace-event file (Perfetto)")
     parser.add_argument("--plot", metavar="OUT.png",
                         help="also draw the cross-rank timeline around the first divergence (needs matplotlib)")
     args = parser.parse_args(argv)
     try:
-        reports = analyze_dir(args.dir, prefix=args.prefix, stack_limit=max(0, args.stack_depth))
+        reports = analyze_dir(args.dir, prefix=args.prefix, stack_limit=args.stack_depth)
     except (FileNotFoundError, NotADirectoryError) as e:
         print(f"pycoll-fr: {e}", file=sys.stderr)
         return 2

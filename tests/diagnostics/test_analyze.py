@@ -78,6 +78,11 @@ def test_rank_that_never_entered(tmp_path, capsys):
     assert "verdict: rank 3 never entered all_reduce #5 [Float(2,)] on 'world'" in text
     assert "stopped_rank at " in text  # the stack of the in-flight operation
     assert run_cli(d, "--no-stacks") == 1 and "stopped_rank at " not in capsys.readouterr().out
+    assert run_cli(d, "--stack-depth", "0") == 1 and "stopped_rank at " not in capsys.readouterr().out
+    for bad in ("-1", "x"):
+        with pytest.raises(SystemExit) as e:
+            run_cli(d, "--stack-depth", bad)
+        assert e.value.code == 2 and "--stack-depth: " in capsys.readouterr().err
 
 
 def test_missing_dump_is_reported_not_fatal(tmp_path, capsys):
