@@ -1,8 +1,10 @@
 """A picture of a trace (:mod:`pycoll.diagnostics.trace`) for people who do not open Perfetto.
 
 :func:`plot_trace` draws the cross-rank timeline around the first divergence: one row per rank,
-its operations as bars coloured by state (completed, in flight, failed), its recovery phases as a
-thinner bar under them, the failures and dumps as markers and the divergence as a vertical line.
+its operations as bars coloured by state (completed, in flight, failed; those not completed labelled with
+their communicator and operation), its recovery phases as a thinner bar under them, the failures and dumps
+as markers and the divergence as a vertical line, named with its communicator (each communicator's first
+divergence, where several diverged).
 Needs matplotlib (the ``test`` and ``bench`` extras), imported only when a plot is drawn; the
 figure is rendered with matplotlib's Agg canvas (no pyplot, no change to the process's backend).
 """
@@ -35,6 +37,19 @@ def _state(ev: Dict[str, Any]) -> str:
     if not ev["args"].get("in_flight"):
         return "completed"
     return "failed" if ev["name"].endswith("(failed)") else "in flight"
+
+
+def _comm_label(args: Dict[str, Any]) -> str:
+    """``"'pair' (ranks 2-3)"`` for a first-divergence instant's arguments ('' for a trace without them)."""
+    name = args.get("communicator")
+    if name is None:
+        return ""
+    members = sorted(int(r) for r in args.get("members") or [])
+    if not members:
+        return repr(name)
+    contiguous = members == list(range(members[0], members[-1] + 1))
+    ranks = f"{members[0]}-{members[-1]}" if contiguous and len(members) > 1 else ", ".join(map(str, members))
+    return f"{name!r} (ranks {ranks})"
 
 
 def plot_window(trace: Dict[str, Any]) -> Tuple[float, float, Optional[float]]:
@@ -101,7 +116,7 @@ def plot_trace(trace: Dict[str, Any], path: str, *, title: Optional[str] = None,
     canvas_cls(fig)
     ax = fig.add_subplot(1, 1, 1)
     drawn: Dict[str, Any] = {"ranks": ranks, "ops": defaultdict(int), "phases": 0,
-                             "window_ms": (ms(start), ms(end))}
+                             "window_ms": (ms(start), ms(end)), "labels": {}, "divergence": ""}
     bars: Dict[Tuple[int, str], List[Tuple[float, float]]] = defaultdict(list)
     for e in evs:
         if e.get("ph") != "X" or e["ts"] > end or e["ts"] + e.get("dur", 0.0) < start or e["pid"] not in row:
@@ -112,6 +127,11 @@ def plot_trace(trace: Dict[str, Any], path: str, *, title: Optional[str] = None,
             st = _state(e)
             bars[(e["pid"], st)].append((ms(a), width))
             drawn["ops"][st] += 1
+            if st != "completed":  # which communicator's operation holds the rank: the text's verdicts name it
+                label = f"{e['args'].get('communicator')!r} {e['name']}"
+                ax.text(ms(a), row[e["pid"]] + 0.1, f" {label}", fontsize=7, va="center", ha="left",
+                        color="white" if st == "failed" else "black", clip_on=True)
+                drawn["labels"].setdefault(e["pid"], []).append(label)
         elif e.get("cat") == "elastic" and e["name"] in PHASE_COLOURS:
             y = row[e["pid"]] - 0.42
             ax.broken_barh([(ms(a), width)], (y, 0.22), facecolors=PHASE_COLOURS[e["name"]], edgecolor="none")
@@ -128,21 +148,34 @@ def plot_trace(trace: Dict[str, Any], path: str, *, title: Optional[str] = None,
             ax.plot([ms(e["ts"])], [row[e["pid"]] + 0.45], marker="v", color="black", markersize=6, zorder=5)
     if t_div is not None:
         ax.axvline(0.0, color="#d03030", linestyle="--", linewidth=1.2)
-        div_name = next((str(e["name"]).split(": ", 1)[-1] for e in evs if e.get("ph") == "i"
-                         and str(e.get("name", "")).startswith("first divergence")), "")
-        ax.text(0.0, 1.01, f"first divergence: {div_name}", color="#d03030", fontsize=8, va="bottom", ha="center",
-                transform=ax.get_xaxis_transform())
-        notes: Dict[int, str] = {}
-        for e in evs:
-            if e.get("ph") != "i" or e.get("cat") != "analysis" or not start <= e["ts"] <= end:
+        # each communicator's first divergence, named with it (the line is the earliest's)
+        divs: Dict[str, str] = {}
+        notes: Dict[int, List[str]] = defaultdict(list)
+        for e in sorted((e for e in evs if e.get("ph") == "i" and str(e.get("name", "")).startswith("first divergence")
+                         and start <= e["ts"] <= end), key=lambda e: e["ts"]):
+            a = e.get("args") or {}
+            op = str(e["name"]).split(": ", 1)[-1]
+            comm = _comm_label(a)
+            what = f"{comm} {op}" if comm else op
+            if divs.setdefault(str(a.get("uid", op)), what) != what:
                 continue
-            for r in e["args"].get("never_entered") or []:
-                notes.setdefault(int(r), "never entered it")
-            for r in e["args"].get("missing_dumps") or []:
-                notes.setdefault(int(r), "no dump: not seen entering it")
-        for r, text in notes.items():
+            for r in a.get("never_entered") or []:
+                if what not in notes[int(r)]:
+                    notes[int(r)].append(what)
+        drawn["divergence"] = "; ".join(divs.values())
+        ax.text(0.0, 1.01, f"first divergence{'s' if len(divs) > 1 else ''}: {drawn['divergence']}",
+                color="#d03030", fontsize=8, va="bottom", ha="center", transform=ax.get_xaxis_transform())
+        missing: set = set()
+        for e in evs:
+            if e.get("ph") == "i" and e.get("cat") == "analysis" and start <= e["ts"] <= end:
+                missing |= {int(r) for r in e["args"].get("missing_dumps") or []}
+        drawn["notes"] = {}
+        for r in sorted(set(notes) | missing):
             if r in row:
-                ax.text(0.0, row[r] + 0.1, f"  {text}", color="#d03030", fontsize=7, va="center")
+                text = (f"never entered {', '.join(notes[r])}" if notes[r] else "no dump: not seen entering it")
+                drawn["notes"][r] = text
+                y = row[r] + (0.5 if r in drawn["labels"] else 0.1)  # under the label of the op that holds it
+                ax.text(0.0, y, f"  {text}", color="#d03030", fontsize=7, va="center")
     ax.set_yticks(range(len(ranks)))
     ax.set_yticklabels([names.get(r, f"rank {r}") for r in ranks], fontsize=8)
     ax.set_ylim(-0.6, len(ranks) - 0.1)

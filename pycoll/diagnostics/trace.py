@@ -426,7 +426,8 @@ def _verdict_events(raw: List[Dict[str, Any]], c: Dict[str, Any], gen: Any,
         for ev in at:
             raw.append({"ph": "i", "s": "t", "name": f"first divergence: {div.get('op')}", "cat": "analysis",
                         "pid": ev["pid"], "tid": ev["tid"], "_t0": ev["_t0"],
-                        "args": {"never_entered": sorted(int(r) for r in div.get("never_entered") or {}),
+                        "args": {"communicator": c.get("name"), "uid": uid, "members": c.get("members"),
+                                 "never_entered": sorted(int(r) for r in div.get("never_entered") or {}),
                                  "in_flight": sorted(int(r) for r in div.get("in_flight") or {}),
                                  "completed": div.get("completed"), "mismatch": div.get("mismatch")}})
             counts["instants"] += 1

@@ -341,6 +341,31 @@ def test_plot_is_a_png_around_the_divergence(tmp_path):
     assert os.path.getsize(tmp_path / "p.png") < 150_000
 
 
+def test_plot_names_the_communicator_of_each_divergence_and_held_operation(tmp_path):
+    # s9's subhang: rank 2 waits in its pair's all_reduce #2 (rank 3 never calls it), ranks 0-1 in world's #2: the
+    # picture names each communicator, as the text does, instead of one unnamed 'all_reduce #2' line
+    recs = [fr.FlightRecorder(64, dump_dir=str(tmp_path)) for _ in range(4)]
+    world = [FakeComm(recs[r], r, 4, uid="w000000000000000", name="world") for r in range(4)]
+    pair = [FakeComm(recs[r], r % 2, 2, uid=f"p{r // 2}00000000000000", name="pair",
+                     global_ranks=[2 * (r // 2), 2 * (r // 2) + 1]) for r in range(4)]
+    for comms in (world, pair):  # the ranks side by side, as in a run
+        for c in comms:
+            c.op("all_reduce", f32(2), f32(2))
+    for r in range(3):
+        pair[r].op("all_reduce", f32(2), f32(2), state="started" if r == 2 else "completed")
+    for r in range(2):
+        world[r].op("all_reduce", f32(2), f32(2), state="started")
+    for rec in recs:
+        assert rec.dump("test")
+    drawn = plot.plot_trace(analyze.trace_dir(str(tmp_path)), str(tmp_path / "p.png"))
+    assert drawn["labels"][2] == ["'pair' all_reduce #2 (in flight)"], drawn["labels"]
+    assert drawn["labels"][0] == ["'world' all_reduce #2 (in flight)"], drawn["labels"]
+    assert sorted(drawn["divergence"].split("; ")) == ["'pair' (ranks 2-3) all_reduce #2 [Float(2,)]",
+                                                       "'world' (ranks 0-3) all_reduce #2 [Float(2,)]"], drawn
+    assert drawn["notes"][2] == "never entered 'world' (ranks 0-3) all_reduce #2 [Float(2,)]", drawn["notes"]
+    assert "'pair' (ranks 2-3) all_reduce #2" in drawn["notes"][3] and "'world'" in drawn["notes"][3]
+
+
 def test_plot_without_matplotlib_says_so(tmp_path, monkeypatch, capsys):
     d = _dumps(tmp_path / "d", 2, lambda r, c, rec: c.op("all_reduce", f32(2), f32(2)))
     for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
