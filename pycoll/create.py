@@ -16,7 +16,7 @@ from .comm import Communicator, _check_timeout, default_timeout, poll_ready
 from .config import CommConfig
 from .devices import Device, auto_backend, cuda_device_count, open_device, rocm_device_count
 from .diagnostics import install as _install_diagnostics
-from .errors import NCCLError
+from .errors import NCCLError, StoreError, StoreTimeout
 from .launch import discovery
 from .store.torch import store_argument
 
@@ -129,7 +129,12 @@ def init(
         unique_id: the ``UniqueId`` every rank uses (e.g. from :func:`pycoll.get_unique_id`,
             exchanged by the caller). Without it, rank 0 creates one and shares it through
             ``store``.
-        store: a pycoll store (or anything with torch's Store methods) for the unique-id exchange.
+        store: a pycoll store (or anything with torch's Store methods) for the unique-id exchange. The ranks meet
+            at keys named after ``name`` and how many times this process has called ``init`` with that name:
+            every rank of a group must have done so equally often, and each group sharing a store needs a name
+            of its own. A process that starts again (its count starts again) meets the others under a new name
+            (say, with an epoch in it) or with a ``unique_id``. A second rank 0 at the same keys is refused
+            (:class:`~pycoll.StoreError`), and a rank whose rank 0 does not come is told why.
         backend: ``"auto"`` (nccl with CUDA GPUs, rccl with ROCm GPUs, else host; or
             ``$PYCOLL_BACKEND``), ``"host"``, ``"nccl"`` or ``"rccl"``. ``library`` (a path or a
             loaded ``Library``) overrides it.
@@ -182,7 +187,7 @@ def init(
         with _init_lock:
             count = _init_counts[name] = _init_counts.get(name, 0) + 1
         base = f"pycoll/init/{name}/{count}"
-        uid = _exchange_unique_id(lib, unique_id, store, rank, world_size, base, left())
+        uid = _exchange_unique_id(lib, unique_id, store, rank, world_size, base, left(), name, count)
         cfg = (config or CommConfig()).to_nccl(lib, blocking_default=False)
         if store is not None:
             store.set(f"{base}/arrived/{rank}", b"1")
@@ -201,6 +206,8 @@ def init(
         if status == B.IN_PROGRESS:
             _poll_new(lib, handle, f"init of communicator {name!r} ({world_size} ranks)", left(), missing,
                       reported_timeout=init_timeout)
+        if store is not None and unique_id is None and world_size > 1:
+            _forget_init_keys(store, base, rank)
     except BaseException:
         if owns:
             dev.close()
@@ -214,7 +221,7 @@ def init(
 
 
 def _exchange_unique_id(lib: Any, unique_id: Any, store: Any, rank: int, world_size: int, base: str,
-                        timeout: float) -> Any:
+                        timeout: float, name: str, count: int) -> Any:
     if unique_id is not None:
         return unique_id if isinstance(unique_id, B.UniqueId) else B.UniqueId.from_bytes(bytes(unique_id))
     if world_size == 1:
@@ -222,11 +229,35 @@ def _exchange_unique_id(lib: Any, unique_id: Any, store: Any, rank: int, world_s
     if store is None:
         raise ValueError("init needs a unique_id or a store to exchange one (or a launcher's environment)")
     key = f"{base}/unique_id"
+    meets = ("(each process counts its own init calls per name: a group sharing the store under the same name, or "
+             "a process that started again, meets at the same keys; give each group its own name= -- with an epoch "
+             "in it for a process that restarts -- or pass unique_id=)")
     if rank == 0:
         uid = lib.get_unique_id()
-        store.set(key, bytes(uid))
+        mine = bytes(uid)
+        # only where nobody published yet: two rank 0s at one key would split their ranks between two ids, each
+        # rank joining whichever it read (the weights of one group going to the other), with no error
+        if bytes(store.compare_set(key, b"", mine)) != mine:
+            raise StoreError(f"init of {name!r} (this process's init #{count} with that name): another rank 0 already "
+                             f"published its unique id at {key!r} of the store {meets}")
         return uid
-    return B.UniqueId.from_bytes(store.get(key, timeout=timeout))
+    try:
+        return B.UniqueId.from_bytes(store.get(key, timeout=timeout))
+    except StoreTimeout as e:
+        raise StoreTimeout(f"init of {name!r} (this process's init #{count} with that name): rank 0 published no "
+                           f"unique id at {key!r} within {timeout:.3g} s: it has not reached its init #{count} with "
+                           f"this name, or is not running {meets}") from e
+
+
+def _forget_init_keys(store: Any, base: str, rank: int) -> None:
+    """The communicator is up, so every rank has read the unique id and arrived: the keys of the meeting go (the
+    store would otherwise keep 1 + size keys per communicator made). Best effort: the store may be going."""
+    try:
+        store.delete(f"{base}/arrived/{rank}")
+        if rank == 0:
+            store.delete(f"{base}/unique_id")
+    except Exception as e:  # a store error here is not the communicator's
+        _log.debug("init: could not delete the keys under %r: %s", base, e)
 
 
 def join(

@@ -676,6 +676,25 @@ def _init_store(rank, n, path, size):
 def test_init_through_a_store(tmp_path):
     res = run_ranks(_init_store, 3, str(tmp_path / "store"), 3, timeout=30)
     assert res == [[3.0, 3.0]] * 3
+    # the meeting's keys (the unique id, the arrivals) are gone once the communicator is up: a store that makes
+    # communicators over and over does not fill up
+    assert pycoll.FileStore(str(tmp_path / "store")).list_keys("pycoll/init/") == []
+
+
+def test_a_second_rank_0_at_the_same_keys_is_refused():
+    # two groups under one name on one store (or a restarted process whose count started again): the second rank 0
+    # must not replace the first one's unique id, which split their ranks between two ids with no error
+    store = pycoll.MemoryStore()
+    store.set("pycoll/init/clash-test/1/unique_id", bytes(pycoll.get_unique_id(backend="host")))
+    with pytest.raises(pycoll.StoreError, match=r"init of 'clash-test' \(this process's init #1 with that name\): "
+                                                r"another rank 0 already published its unique id .*own name="):
+        pycoll.init(0, 2, store=store, name="clash-test", backend="host", init_timeout=5)
+
+
+def test_a_rank_whose_rank_0_never_publishes_is_told_why():
+    with pytest.raises(pycoll.StoreTimeout, match=r"rank 0 published no unique id at 'pycoll/init/lonely-test/1/"
+                                                  r"unique_id' within .* it has not reached its init #1 .*unique_id="):
+        pycoll.init(1, 2, store=pycoll.MemoryStore(), name="lonely-test", backend="host", init_timeout=0.3)
 
 
 @pytest.mark.timeout(60)
