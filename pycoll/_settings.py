@@ -18,10 +18,10 @@ import os
 import re
 import signal
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 __all__ = ["Setting", "SETTINGS", "HOST_LIBRARY_SETTINGS", "MAX_SECONDS", "get", "explicit", "seconds",
-           "check_host_library", "check_all"]
+           "register_check", "check_host_library", "check_all"]
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -62,8 +62,8 @@ class Setting:
 
     ``kind``: ``"seconds"`` (finite, > 0; ``minimum=0`` allows 0; at most ``maximum``), ``"int"`` (decimal,
     within ``minimum``/``maximum``), ``"bool"`` (1/true/yes/on, 0/false/no/off), ``"choice"`` (one of
-    ``choices``), ``"signal"`` (off, 1, SIGUSR1 or SIGUSR2; the text is returned), ``"failpoints"`` (the grammar of
-    :func:`pycoll.failpoints.parse`; the text is returned) or ``"text"``.
+    ``choices``), ``"signal"`` (off, 1, SIGUSR1 or SIGUSR2; the text is returned) or ``"text"`` (checked by the
+    function the module that reads it registered, :func:`register_check`).
     ``default`` is the value when unset; ``doc`` what it means.
     """
 
@@ -117,10 +117,9 @@ class Setting:
             if raw not in self.choices:
                 raise ValueError(f"{name} must be one of {', '.join(self.choices)}, got {raw!r}")
             return raw
-        if self.kind == "failpoints":
-            from .failpoints import parse  # a leaf that imports this module: imported when first needed
-
-            parse(raw)  # raises the ValueError that names the bad entry
+        check = _CHECKS.get(self.name)
+        if check is not None:
+            check(raw)  # raises the ValueError that names what is wrong
         return raw
 
 
@@ -216,7 +215,7 @@ _ALL = (
             "to another CPU of its mask (where the ranks do not outnumber the CPUs); `0`: never",
             minimum=0, maximum=1),
     # -- testing
-    Setting("PYCOLL_FAILPOINTS", "failpoints", None, "failpoints to arm, for tests: `NAME=ACTION[@N][;rank=R]` "
+    Setting("PYCOLL_FAILPOINTS", "text", None, "failpoints to arm, for tests: `NAME=ACTION[@N][;rank=R]` "
             "(action `kill`, `stop`, `raise` or `sleep(MS)`), comma-separated (see `pycoll/failpoints.py`; none)"),
 )
 
@@ -225,6 +224,17 @@ SETTINGS: Dict[str, Setting] = {s.name: s for s in _ALL}
 
 #: the variables the host library reads in C (validated by :func:`check_host_library` before it is used)
 HOST_LIBRARY_SETTINGS: Tuple[str, ...] = tuple(s.name for s in _ALL if s.name.startswith("PYCOLL_HOST_"))
+
+#: name -> the check of a text setting's value, registered by the module that reads it (a leaf module like this one
+#: cannot import it): PYCOLL_FAILPOINTS's grammar is pycoll.failpoints.parse
+_CHECKS: Dict[str, Callable[[str], Any]] = {}
+
+
+def register_check(name: str, check: Callable[[str], Any]) -> None:
+    """Make ``check(raw)`` (raising ValueError naming what is wrong) part of reading the text setting ``name``."""
+    if SETTINGS[name].kind != "text":
+        raise ValueError(f"{name} is not a text setting")
+    _CHECKS[name] = check
 
 
 def check_host_library(environ: Optional[Mapping[str, str]] = None) -> None:

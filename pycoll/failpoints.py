@@ -222,6 +222,7 @@ HOST_POINTS = tuple(declare(n, "host library") for n in (
     "host.stream.takeover",
 ))
 
+_settings.register_check("PYCOLL_FAILPOINTS", parse)
 try:
     configure(_settings.get("PYCOLL_FAILPOINTS"))
 except ValueError:

@@ -89,6 +89,7 @@ from .records import (
     ProgressRecord,
     failure_prefix,
     origin,
+    proc_prefix,
     progress_prefix,
     read_records,
 )
@@ -382,6 +383,20 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
                 self._liveness.announce(comm)
             except Exception as e:  # the liveness thread's next round tries again
                 _log.debug("watchdog: could not publish this process for %r: %s", comm.name, e)
+
+    def comm_closed(self, comm: CommView) -> None:
+        """A communicator destroyed without a failure: this rank's records in its store (the process for the peers'
+        liveness checks, the progress for their failure reports) have served their purpose and go, so that a store
+        through which communicators are made over and over (a weight sync's) does not fill up. A failed or aborted
+        communicator's stay: the peers' reports still read them."""
+        store = comm.store
+        if store is None or comm.failure is not None or comm.state != "destroyed":
+            return
+        for key in (f"{proc_prefix(comm.uid)}{comm.rank}", f"{progress_prefix(comm.uid)}{comm.rank}"):
+            try:
+                store.delete(key)
+            except Exception as e:  # best effort: the store may be going too
+                _log.debug("watchdog: could not delete %r: %s", key, e)
 
     def comm_failed(self, comm: CommView, exc: BaseException, work: Optional[WorkView]) -> None:
         try:
@@ -760,7 +775,10 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
             progress = self._snapshots.get(c.uid) if c.failure is not None else None
             rec = ProgressRecord(progress or c.progress(), c.state, time.time_ns(), self.beats, origin(), request,
                                  self._signal.signum or 0)
-            c.store.set(f"{progress_prefix(c.uid)}{c.rank}", rec.encode())
+            key = f"{progress_prefix(c.uid)}{c.rank}"
+            c.store.set(key, rec.encode())
+            if c.state == "destroyed" and c.failure is None:  # destroyed meanwhile: comm_closed's delete came first
+                c.store.delete(key)
         except Exception as e:
             _log.debug("watchdog: could not publish the progress of %r: %s", c.name, e)
 

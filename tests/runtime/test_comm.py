@@ -676,9 +676,12 @@ def _init_store(rank, n, path, size):
 def test_init_through_a_store(tmp_path):
     res = run_ranks(_init_store, 3, str(tmp_path / "store"), 3, timeout=30)
     assert res == [[3.0, 3.0]] * 3
-    # the meeting's keys (the unique id, the arrivals) are gone once the communicator is up: a store that makes
-    # communicators over and over does not fill up
-    assert pycoll.FileStore(str(tmp_path / "store")).list_keys("pycoll/init/") == []
+    # the meeting's keys (the unique id, the arrivals) are gone once the communicator is up, and the watchdog's records
+    # of each rank (its process, its progress) once it is destroyed: a store that makes communicators over and over (a
+    # weight sync's) does not fill up
+    store = pycoll.FileStore(str(tmp_path / "store"))
+    assert store.list_keys("pycoll/init/") == []
+    assert [k for k in store.list_keys("pycoll/fr/") if k.startswith(("pycoll/fr/proc", "pycoll/fr/progress"))] == []
 
 
 def test_a_second_rank_0_at_the_same_keys_is_refused():
