@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 from typing import Any, Callable, List, Optional, Sequence
 
@@ -25,17 +26,24 @@ __all__ = ["TorchStoreAdapter", "wrap_torch_store"]
 
 _TORCH_METHODS = ("set", "get", "add", "wait", "compare_set", "delete_key", "check", "num_keys")
 
+# a wait polls check(): first at once, then after 1 ms, the pause doubling up to 50 ms (as Store.wait_size)
+POLL_FIRST, POLL_MAX = 0.001, 0.05
+
 
 class TorchStoreAdapter(Store):
     """The pycoll protocol over any object with torch's c10d ``Store`` methods.
 
-    Duck-typed: torch is never imported here. Per-call timeouts use the torch store's
-    ``wait(keys, timedelta)``; torch's timeout errors become :class:`StoreTimeout`, its other
-    errors :class:`StoreError`. ``list_keys`` needs a torch store that has it.
+    Duck-typed: torch is never imported here. A wait with a timeout (``wait``, ``get``,
+    ``multi_get``) polls the torch store's ``check()`` -- at once, then after 1 ms, the pause doubling
+    up to 50 ms -- instead of calling its ``wait(keys, timedelta)``: torch's TCPStore logs a c10d
+    warning ("waitForInput: socket ... timed out") for every wait that times out, and pycoll's threads
+    wait with short timeouts all the time. Every call this adapter makes on the torch store is then
+    one short request. torch's errors become :class:`StoreError` (:class:`StoreTimeout` where they
+    say they timed out). ``list_keys`` needs a torch store that has it.
 
-    torch's TCPStore client serialises calls on one socket, so a blocked ``wait`` would hold up
-    every other thread; when the store has ``clone()`` (torch >= 2.3), blocking calls run on a
-    per-thread clone (a separate connection) instead.
+    torch's TCPStore client serialises calls on one socket, so a user's blocked ``wait`` on it would
+    hold up the polls; when the store has ``clone()`` (torch >= 2.3), they run on a per-thread clone
+    (a separate connection) instead.
     """
 
     def __init__(self, store: Any, timeout: Optional[float] = None) -> None:
@@ -78,9 +86,21 @@ class TorchStoreAdapter(Store):
             raise StoreError(f"{what}: {type(self.torch_store).__name__} failed: {exc}") from exc
 
     def _wait(self, keys: List[str], timeout: float) -> None:
-        td = timedelta(seconds=timeout)
+        """Return once every key exists, polling ``check()``; StoreTimeout naming the missing keys after
+        ``timeout`` seconds. Never torch's ``wait()``: each one that times out logs a c10d warning."""
         store = self._blocking_store()
-        self._run("wait", lambda: store.wait(keys, td), keys, timeout)
+        deadline = time.monotonic() + timeout
+        delay = POLL_FIRST
+        while not self._run("wait", lambda: store.check(keys), keys, timeout):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = keys if len(keys) == 1 else [k for k in keys if not self._has(store, k, timeout)]
+                raise _timeout_error(keys, timeout, f" in {type(self.torch_store).__name__}", missing)
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, POLL_MAX)
+
+    def _has(self, store: Any, key: str, timeout: float) -> bool:
+        return bool(self._run("wait", lambda: store.check([key]), [key], timeout))
 
     def set(self, key: str, value: Value) -> None:
         key, value = _check_key(key), _to_bytes(value)

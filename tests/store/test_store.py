@@ -159,8 +159,7 @@ def test_get_wakes_when_another_thread_sets(make_store, kind):
     timer.start()
     assert s.get("late", timeout=10) == b"v"
     timer.join(10)
-    if kind == "torch-hash":
-        return  # torch's HashStore.add does not wake waiters (they return at their timeout)
+    # (torch's HashStore.add wakes no wait(): the torch adapter polls check() instead)
     timer = threading.Timer(0.2, s.add, args=("late-counter", 1))
     timer.start()
     t0 = time.monotonic()
@@ -706,3 +705,28 @@ def test_store_module_does_not_import_torch():
     code = "import sys, pycoll.store, pycoll.env, pycoll.run; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, PYTHONPATH=_repo_root()),
                    timeout=60)
+
+
+def test_torch_adapter_polls_instead_of_torch_wait(capfd):
+    """torch's TCPStore logs a c10d warning ("waitForInput: ... timed out") for every wait() that times out,
+    and pycoll's threads wait with short timeouts all the time: the adapter polls check() instead, and its
+    timeouts name the keys still missing."""
+    dist = pytest.importorskip("torch.distributed")
+    from datetime import timedelta
+
+    ts = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5))
+    s = wrap_torch_store(ts, timeout=5)
+    s.set("here", b"1")
+    for _ in range(3):
+        with pytest.raises(StoreTimeout) as info:
+            s.wait(["here", "absent"], timeout=0.1)
+        assert info.value.missing == ["absent"]
+        with pytest.raises(StoreTimeout, match="'absent'"):
+            s.get("absent", timeout=0.05)
+    timer = threading.Timer(0.05, s.set, args=("late", b"v"))
+    timer.start()
+    t0 = time.monotonic()
+    assert s.get("late", timeout=5) == b"v"
+    assert time.monotonic() - t0 < 1.0  # seen within a poll's pause (at most 50 ms) of being set
+    timer.join(5)
+    assert "waitForInput" not in capfd.readouterr().err
