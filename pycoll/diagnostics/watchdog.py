@@ -77,6 +77,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set,
 from .. import _settings, failpoints as _fp, hooks
 from ..errors import CommAborted, StoreTimeout
 from ..hooks import CommObserver, CommView, WorkView
+from ..store import torch as torch_store
 from . import _hooks, answers, exits, recorder as _recorder_module
 from .dumps import GATE_POLL, DumpJob, DumpQueue
 from .files import default_dump_dir
@@ -898,6 +899,7 @@ def install() -> None:
         _installed = True
     hooks.add_observer(get_recorder())
     hooks.add_observer(get_watchdog())
+    torch_store.register_exit_gate()  # its exit handler runs after the two below: reports may use the store
     atexit.register(_wait_for_dumps_at_exit)
     exits.install(get_watchdog())  # its exit handler runs before the one above
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import logging
+import os
 import threading
 import time
 from datetime import timedelta
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 from ..errors import NotSupported, StoreError
 from .base import (
@@ -28,6 +32,77 @@ _TORCH_METHODS = ("set", "get", "add", "wait", "compare_set", "delete_key", "che
 
 # a wait polls check(): first at once, then after 1 ms, the pause doubling up to 50 ms (as Store.wait_size)
 POLL_FIRST, POLL_MAX = 0.001, 0.05
+
+_log = logging.getLogger("pycoll.store")
+
+
+# --------------------------------------------------------------------------------------------------
+# the process's exit
+#
+# A daemon thread that is inside a torch call (its GIL released) while the interpreter finalizes dies
+# when that call returns: Python ends it with pthread_exit as it takes the GIL back, and the unwinding
+# through pybind11's GIL guard (a noexcept destructor) is std::terminate -- SIGABRT, "terminate called
+# without an active exception", the process's exit status lost. pycoll's threads (watchdog, elastic,
+# node hubs) call the store until the end, so the exit gate below, the last of pycoll's exit handlers,
+# lets no thread but the exiting one start a torch call any more and waits for those in flight (each
+# one short request: the waits poll).
+
+EXIT_DRAIN = 1.0  # longest wait at exit for the torch calls in flight, seconds
+EXIT_PARK = 1.0  # a call another thread tries during the exit waits this long, then raises StoreError
+
+
+class _ExitGate:
+    def __init__(self) -> None:
+        self.cond = threading.Condition(threading.Lock())
+        self.calls = 0  # torch calls in flight
+        self.exiting: Optional[int] = None  # the thread that runs the exit handlers, once they run
+
+    @contextlib.contextmanager
+    def call(self) -> Iterator[None]:
+        with self.cond:
+            refused = self.exiting is not None and self.exiting != threading.get_ident()
+            if not refused:
+                self.calls += 1
+        if refused:
+            time.sleep(EXIT_PARK)  # not at once: a thread that retries on errors must not spin
+            raise StoreError("the interpreter is exiting: torch store calls from pycoll's threads are refused")
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.calls -= 1
+                if self.calls == 0:
+                    self.cond.notify_all()
+
+    def close(self) -> None:
+        with self.cond:
+            self.exiting = threading.get_ident()
+            if not self.cond.wait_for(lambda: self.calls == 0, EXIT_DRAIN):
+                _log.debug("store: %d torch store call(s) still in flight at exit", self.calls)
+
+
+_gate = _ExitGate()
+_gate_registered = False
+_gate_lock = threading.Lock()
+
+
+def register_exit_gate() -> None:
+    """Make the exit wait for pycoll's torch store calls (idempotent; the first call registers it, so
+    that the exit handlers registered later -- the watchdog's reports and dumps -- run before it)."""
+    global _gate_registered
+    with _gate_lock:
+        if not _gate_registered:
+            _gate_registered = True
+            atexit.register(lambda: _gate.close())
+
+
+def _new_gate_after_fork() -> None:
+    global _gate, _gate_lock
+    _gate, _gate_lock = _ExitGate(), threading.Lock()  # no thread was inherited, nor a call in flight
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_gate_after_fork)
 
 
 class TorchStoreAdapter(Store):
@@ -56,6 +131,7 @@ class TorchStoreAdapter(Store):
             timeout = t.total_seconds() if isinstance(t, timedelta) else DEFAULT_TIMEOUT
         self.timeout = _check_timeout(timeout, DEFAULT_TIMEOUT)
         self._local = threading.local()
+        register_exit_gate()
 
     def __repr__(self) -> str:
         return f"TorchStoreAdapter({self.torch_store!r})"
@@ -65,16 +141,20 @@ class TorchStoreAdapter(Store):
         if clone is None:
             clone = self.torch_store
             if callable(getattr(self.torch_store, "clone", None)):
-                try:
-                    clone = self.torch_store.clone()
-                except Exception:  # a store that cannot clone: share the original
-                    clone = self.torch_store
+                with _gate.call():
+                    try:
+                        clone = self.torch_store.clone()
+                    except Exception:  # a store that cannot clone: share the original
+                        clone = self.torch_store
             self._local.store = clone
         return clone
 
     def _run(self, what: str, fn: Callable[[], Any], keys: Sequence[str] = (), timeout: float = 0.0) -> Any:
         try:
-            return fn()
+            with _gate.call():
+                return fn()
+        except StoreError:
+            raise
         except (TypeError, ValueError) as exc:
             if isinstance(exc, ValueError) and what == "add":
                 raise StoreError(f"add({keys[0]!r}): {exc}") from exc

@@ -730,3 +730,37 @@ def test_torch_adapter_polls_instead_of_torch_wait(capfd):
     assert time.monotonic() - t0 < 1.0  # seen within a poll's pause (at most 50 ms) of being set
     timer.join(5)
     assert "waitForInput" not in capfd.readouterr().err
+
+
+_EXIT_WITH_TORCH_STORE = r"""
+import threading, numpy as np, pycoll, torch.distributed as dist
+from datetime import timedelta
+from pycoll.errors import StoreError
+server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5))
+client = dist.TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=5))
+comm = pycoll.init(0, 1, store=client, timeout=5)  # the watchdog's threads use the store from now on
+comm.all_reduce(np.ones(4))
+store = pycoll.store.wrap_torch_store(client)
+
+def poll():  # as pycoll's own threads do, only without a pause: a torch call is in flight at any moment
+    while True:
+        try:
+            store.check(["never"])
+        except StoreError:
+            pass
+
+for _ in range(2):
+    threading.Thread(target=poll, daemon=True).start()
+"""
+
+
+def test_process_using_a_torch_store_exits_cleanly():
+    """A daemon thread inside a torch call when the interpreter finalizes dies as the call returns, through
+    pybind11's noexcept GIL guard: std::terminate, SIGABRT. The adapter's exit gate lets no other thread start
+    a torch call once the exit handlers run, and waits for those in flight."""
+    pytest.importorskip("torch.distributed")
+    env = dict(os.environ, PYTHONPATH=_repo_root(), PYCOLL_FR_DUMP_ON_FAILURE="0")
+    for _ in range(2):  # without the gate, 8 runs of 8 ended by SIGABRT
+        proc = subprocess.run([sys.executable, "-c", _EXIT_WITH_TORCH_STORE], env=env, capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr[-2000:]
