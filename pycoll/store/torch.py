@@ -131,12 +131,14 @@ class TorchStoreAdapter(Store):
             timeout = t.total_seconds() if isinstance(t, timedelta) else DEFAULT_TIMEOUT
         self.timeout = _check_timeout(timeout, DEFAULT_TIMEOUT)
         self._local = threading.local()
+        self._closed = False
         register_exit_gate()
 
     def __repr__(self) -> str:
         return f"TorchStoreAdapter({self.torch_store!r})"
 
     def _blocking_store(self) -> Any:
+        self._check_open()
         clone = getattr(self._local, "store", None)
         if clone is None:
             clone = self.torch_store
@@ -149,7 +151,12 @@ class TorchStoreAdapter(Store):
             self._local.store = clone
         return clone
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError(f"the adapter of {type(self.torch_store).__name__} is closed")
+
     def _run(self, what: str, fn: Callable[[], Any], keys: Sequence[str] = (), timeout: float = 0.0) -> Any:
+        self._check_open()
         try:
             with _gate.call():
                 return fn()
@@ -210,6 +217,17 @@ class TorchStoreAdapter(Store):
             return
         self._wait(keys, t)
 
+    def multi_get(self, keys: Keys, timeout: Optional[float] = None) -> List[bytes]:
+        """Poll until every key exists, then read them in one request (torch's ``multi_get``) where the
+        torch store has it."""
+        keys = _check_keys(keys)
+        t = _check_timeout(timeout, self.timeout)
+        self.wait(keys, t)
+        fn = getattr(self.torch_store, "multi_get", None)
+        if not keys or not callable(fn):
+            return [self.get(k, 0) for k in keys]
+        return [bytes(v) for v in self._run("multi_get", lambda: fn(keys), keys, t)]
+
     def compare_set(self, key: str, expected: Value, desired: Value) -> bytes:
         key = _check_key(key)
         expected, desired = _to_bytes(expected, "expected value"), _to_bytes(desired, "desired value")
@@ -234,7 +252,11 @@ class TorchStoreAdapter(Store):
         return sorted(k for k in self._run("list_keys", fn) if k.startswith(prefix))
 
     def close(self) -> None:
-        """Drop the reference to the torch store (torch stores close when garbage collected)."""
+        """Stop using the torch store: further calls raise :class:`StoreError` (a wait in another thread at
+        its next poll) and the per-thread clones are released. The torch store itself is the caller's and
+        stays open (torch stores close when garbage collected)."""
+        self._closed = True
+        self._local = threading.local()
 
 
 def wrap_torch_store(store: Any, timeout: Optional[float] = None) -> Store:

@@ -13,9 +13,18 @@ import time
 import pytest
 
 from pycoll.errors import StoreError, StoreTimeout
-from pycoll.store import FileStore, MemoryStore, PrefixStore, Store, TCPStore, TCPStoreServer, _wire as wire
+from pycoll.store import (
+    FileStore,
+    MemoryStore,
+    PrefixStore,
+    Store,
+    TCPStore,
+    TCPStoreServer,
+    _wire as wire,
+    wrap_torch_store,
+)
 
-KINDS = ["memory", "tcp", "file", "prefix", "legacy-tcp"]
+KINDS = ["memory", "tcp", "file", "prefix", "legacy-tcp", "torch-tcp", "torch-hash"]
 
 
 class _LegacyServer(TCPStoreServer):
@@ -41,6 +50,13 @@ def make_store(tmp_path):
             if kind == "prefix":
                 cleanup.append(s.close)
                 s = PrefixStore(s, "ns/")
+        elif kind.startswith("torch"):
+            dist = pytest.importorskip("torch.distributed")
+            from datetime import timedelta
+
+            ts = dist.HashStore() if kind == "torch-hash" else dist.TCPStore(
+                "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5))
+            s = wrap_torch_store(ts, timeout=5)
         else:
             s = FileStore(tmp_path / "fs", timeout=5)
         cleanup.append(s.close)
@@ -85,7 +101,7 @@ def test_append_and_wait_size(make_store, kind):
     t.join()
 
 
-@pytest.mark.parametrize("kind", ["memory", "tcp", "file", "prefix"])
+@pytest.mark.parametrize("kind", ["memory", "tcp", "file", "prefix", "torch-hash"])
 def test_bad_inputs(make_store, kind):
     s = make_store(kind)
     with pytest.raises(ValueError, match="non-empty"):

@@ -97,9 +97,8 @@ def test_semantics(make_store, kind):
     s.wait(["a", "b"], timeout=1)
     assert s.multi_get(["b", "n"]) == [b"text", b"-2"]
     assert s.num_keys() - base_keys == 3
-    if kind != "torch-tcp":  # torch 2.13's TCPStore.list_keys returns nothing
-        assert [k for k in s.list_keys() if k in ("a", "b", "n")] == ["a", "b", "n"]
-        assert s.list_keys("n") == ["n"]
+    assert [k for k in s.list_keys() if k in ("a", "b", "n")] == ["a", "b", "n"]
+    assert s.list_keys("n") == ["n"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -693,7 +692,7 @@ def test_torch_adapter_is_duck_typed():
     s.set("k", "v")
     assert s.get("k") == b"v" and s.add("n", 2) == 2
     with pytest.raises(StoreTimeout, match="'absent'"):
-        s.get("absent")
+        s.get("absent", timeout=0.05)
     with pytest.raises(NotSupported):
         s.list_keys()
     with pytest.raises(TypeError, match="lacks"):
@@ -730,6 +729,45 @@ def test_torch_adapter_polls_instead_of_torch_wait(capfd):
     assert time.monotonic() - t0 < 1.0  # seen within a poll's pause (at most 50 ms) of being set
     timer.join(5)
     assert "waitForInput" not in capfd.readouterr().err
+
+
+def test_torch_adapter_multi_get_is_one_read_and_close_ends_its_use():
+    dist = pytest.importorskip("torch.distributed")
+    calls = []
+
+    class Counting(dist.HashStore):
+        def get(self, key):
+            calls.append(("get", key))
+            return super().get(key)
+
+        def multi_get(self, keys):
+            calls.append(("multi_get", list(keys)))
+            return super().multi_get(keys)
+
+    ts = Counting()
+    s = wrap_torch_store(ts, timeout=5)
+    for i in range(4):
+        s.set(f"k/{i}", f"v{i}")
+    assert s.multi_get([f"k/{i}" for i in range(4)]) == [b"v0", b"v1", b"v2", b"v3"]
+    assert calls == [("multi_get", ["k/0", "k/1", "k/2", "k/3"])]  # not one get per key
+    assert s.multi_get([]) == []
+    errors = []
+
+    def blocked():
+        try:
+            s.get("never", timeout=30)
+        except StoreError as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=blocked)
+    t.start()
+    time.sleep(0.1)
+    s.close()
+    t.join(5)
+    assert not t.is_alive() and errors and not isinstance(errors[0], StoreTimeout)
+    with pytest.raises(StoreError, match="closed"):
+        s.get("k/0", 0)
+    assert ts.get("k/0") == b"v0"  # the torch store itself stays open
 
 
 _EXIT_WITH_TORCH_STORE = r"""
