@@ -9,17 +9,19 @@ is on:
 * an exit handler: a process that exits (end of the main module, ``sys.exit``) while an operation is
   outstanding dumps;
 * a SIGTERM handler, only where SIGTERM had the default action or a Python handler (never over
-  ``SIG_IGN``), installed from the main thread: it dumps, then calls the handler it replaced, or
-  -- for the default action -- ends the process by SIGTERM as it would have ended without pycoll. While
-  the main thread is blocked inside a call, the watchdog's monitor thread sees the signal through
-  the wake-up fd and dumps (and, for the default action, ends the process) itself. A SIGTERM that
-  comes while the process is already ending -- the main thread in the exception hook or the exit
-  handler above, as when ``pycoll-run`` stops the other ranks of a job one of whose ranks died --
-  acts once that end's dump is written and the previous hook has run (the traceback printed): the
-  dump and the traceback are not lost, and the process still ends by SIGTERM. So does a SIGTERM that comes
-  while the main thread reports a failure (a timeout it found: the watchdog's line, the store exchange, the
-  failure dump; bounded by ``PYCOLL_WATCHDOG_REPORT_TIMEOUT``); the monitor thread, dumping for a SIGTERM,
-  first lets the failure reports of the other threads finish, so that the dump holds their failures.
+  ``SIG_IGN``), installed from the main thread when the first communicator exists (before, there is
+  nothing to dump, and a main thread blocked in C -- connecting to a store -- could not run it): it
+  dumps, then calls the handler it replaced, or -- for the default action -- ends the process by SIGTERM
+  as it would have ended without pycoll. While the main thread is blocked inside a call, the watchdog's
+  monitor thread sees the signal through the wake-up fd and dumps (and, for the default action, ends the
+  process) itself. A SIGTERM that comes while the process is already ending -- the main thread in the
+  exception hook or the exit handler above, as when ``pycoll-run`` stops the other ranks of a job one of
+  whose ranks died -- acts once that end's dump is written and the previous hook has run (the traceback
+  printed): the dump and the traceback are not lost, and the process still ends by SIGTERM. So does a
+  SIGTERM that comes while the main thread reports a failure (a timeout it found: the watchdog's line,
+  the store exchange, the failure dump; bounded by ``PYCOLL_WATCHDOG_REPORT_TIMEOUT``); the monitor
+  thread, dumping for a SIGTERM, first lets the failure reports of the other threads finish, so that the
+  dump holds their failures.
 
 At most one such dump per process (the first of these events; an uncaught exception in another thread
 may add one), each bounded by ``dump_timeout`` (reports and dumps under way are let finish first,
@@ -87,6 +89,7 @@ class ExitDumps:
         self._prev_excepthook: Any = None
         self._prev_thread_hook: Any = None
         self._prev_term: Any = None  # what SIGTERM did before ours (SIG_DFL or the user's handler)
+        self._sigterm_tried = False  # first_communicator() installed (or tried to install) the SIGTERM handler
         self.reason: Optional[str] = None  # the reason of the dump made, once made
         self.paths: List[str] = []
 
@@ -99,6 +102,13 @@ class ExitDumps:
         threading.excepthook = self._thread_excepthook
         atexit.register(self._at_exit)
         if sigterm:
+            self.install_sigterm()
+
+    def first_communicator(self) -> None:
+        """A communicator exists (the watchdog's ``comm_created``): SIGTERM dumps from now on, once installed from
+        the main thread (a later communicator does not chain it again over a handler the user set since)."""
+        if not self._sigterm_tried and threading.current_thread() is threading.main_thread():
+            self._sigterm_tried = True
             self.install_sigterm()
 
     def install_sigterm(self) -> bool:
@@ -288,7 +298,10 @@ def install(watchdog: Watchdog) -> Optional[ExitDumps]:
     global _exit_dumps
     if _exit_dumps is None and _settings.get("PYCOLL_FR_DUMP_ON_FAILURE"):
         _exit_dumps = ExitDumps(watchdog)
-        _exit_dumps.install()
+        # SIGTERM's handler comes with the first communicator (first_communicator): until then a SIGTERM has
+        # nothing to dump and ends the process at once, also while the main thread is blocked in C (connecting to
+        # a store that is not there), where a Python handler could not run before the call returned
+        _exit_dumps.install(sigterm=False)
     return _exit_dumps
 
 

@@ -376,6 +376,9 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
     work_enqueued = _hooks.watchdog_work_enqueued  # compiled (pycoll/diagnostics/_hooks.pyx)
 
     def comm_created(self, comm: CommView) -> None:
+        ending = exits.get_exit_dumps()
+        if ending is not None:
+            ending.first_communicator()
         if self.enabled and not self.running:
             self.start()
         self._store_wake.set()  # publish the new communicator's progress at once

@@ -519,9 +519,11 @@ def _open_torch_store(info: RankInfo, env: Mapping[str, str], timeout: float, co
     agent = (_get(env, "TORCHELASTIC_USE_AGENT_STORE") or "").lower() in ("1", "true")
     attempt = _get(env, "TORCHELASTIC_RESTART_COUNT") or "0"
     try:
+        # torch's timeout bounds the connect (init_timeout's share), then each call (``timeout``)
         tcp = dist.TCPStore(info.store_addr, info.store_port, world_size=None,
                             is_master=info.rank == 0 and not agent,
-                            timeout=timedelta(seconds=max(timeout, connect_timeout)), wait_for_workers=False)
+                            timeout=timedelta(seconds=connect_timeout), wait_for_workers=False)
+        tcp.set_timeout(timedelta(seconds=timeout))
     except Exception as exc:  # torch raises DistNetworkError/RuntimeError
         raise StoreError(f"could not open torch's TCPStore at {info.store_addr}:{info.store_port}: {exc}") from None
     adapter = wrap_torch_store(tcp, timeout=timeout)

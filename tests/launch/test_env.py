@@ -248,3 +248,35 @@ def test_open_store_under_pycoll_run_env():
         store.close()
     finally:
         host.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_torchrun_rank_whose_store_never_comes_keeps_init_timeout_and_ends_on_sigterm():
+    # torch's TCPStore was opened with max(300 s, init_timeout) for its connect; and SIGTERM, while the main thread
+    # was blocked in that connect, ran into a Python handler of pycoll's that could not run before it returned
+    pytest.importorskip("torch.distributed")
+    import signal
+    import subprocess
+    import sys
+
+    from helpers import REPO
+
+    code = ("import pycoll, time\nfor limit in (1.0, 30.0):\n    t0 = time.monotonic()\n    try:\n"
+            "        pycoll.init(init_timeout=limit, backend='host')\n    except pycoll.StoreError as e:\n"
+            "        print(f'refused after {time.monotonic() - t0:.1f} s:', e, flush=True)\n")
+    env = dict(os.environ, PYTHONPATH=REPO, **_torchrun_env(_free_port(), 1, 2))
+    p = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        line = p.stdout.readline()  # the first init, refused after its 1 s (not torch's 300 s)
+        assert "could not open torch's TCPStore" in line, line + p.stderr.read()
+        assert float(line.split()[2]) < 5, line
+        time.sleep(0.5)  # the second one is connecting
+        assert p.poll() is None
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(10) == -signal.SIGTERM
+    finally:
+        p.kill()
+        p.wait()
+        p.stdout.close()
+        p.stderr.close()
