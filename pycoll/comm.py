@@ -89,7 +89,8 @@ def poll_ready(library: Any, handle: int, what: str, timeout: float, *, on_error
 
     The one poll-until-ready loop of pycoll (nonblocking init, join, split, shrink, grow, finalize,
     revoke). An error code raises its typed exception after ``on_error()``; the deadline raises
-    :class:`pycoll.CommTimeout` after ``on_timeout()`` (``describe_missing()`` may add who is missing).
+    :class:`pycoll.CommTimeout` after ``on_timeout()`` (``describe_missing()`` may add who is missing, to an error
+    code's exception too).
     ``give_up(seconds waited)``, asked every 0.1 s, may end the wait before the deadline: the exception it
     returns is raised after ``on_timeout()`` (a participant found stopped or gone: ``Communicator._poll``).
     Between two looks it sleeps with a back-off, or, on the host library, waits for the state to
@@ -106,6 +107,8 @@ def poll_ready(library: Any, handle: int, what: str, timeout: float, *, on_error
             return
         if code != B.IN_PROGRESS:
             last = library.get_last_error(handle)
+            if describe_missing is not None:  # e.g. a peer's abort of an init that timed out there: who is missing
+                last = f"{last}{describe_missing()}"
             on_error()
             raise error_class(code)(code, what, library.get_error_string(code), last, library.path)
         now = time.monotonic()
