@@ -63,8 +63,8 @@ _log = logging.getLogger("pycoll.comm")
 REDUCE_OPS: Dict[str, int] = _dtypes.REDUCE_OPS
 FP_BYTES_COPIED = _fp.declare("comm.broadcast_bytes.copied", "broadcast_bytes on a device, the root's bytes copied in")
 FP_REVOKED = _fp.declare("comm.revoke.revoked", "revoke: the library revoked the communicator, before the wait for it")
-FP_GIVE_UP = _fp.declare("comm.poll.give_up", "a finalize, shrink, grow or split found a participant stopped or "
-                                              "gone, before it gives up (aborts)")
+FP_GIVE_UP = _fp.declare("comm.poll.give_up", "a finalize, shrink, grow, split or init found a participant stopped "
+                                              "or gone (or its communicator failed), before it gives up (aborts)")
 _FAILURE_POLICIES = ("abort", "revoke", "report")
 
 
@@ -116,6 +116,7 @@ def poll_ready(library: Any, handle: int, what: str, timeout: float, *, on_error
             next_ask = now + _GIVE_UP_EVERY
             exc = give_up(now - start)
             if exc is not None:
+                _fp.hit(FP_GIVE_UP)
                 on_timeout()
                 raise exc
         if now >= deadline:
@@ -919,18 +920,29 @@ class Communicator(_core.CommCore):
     # -- lifecycle ------------------------------------------------------------------------------
 
     def _poll(self, handle: int, what: str, timeout: float, on_timeout: Callable[[], None],
-              peers: Optional[Sequence[int]] = ()) -> None:
+              peers: Optional[Sequence[int]] = (), watch_failure: bool = False) -> None:
         """Wait for ``handle``'s nonblocking call ``what`` (``on_timeout``: the clean-up when it is given up). A
         collective call (``peers``: the ranks that do not take part, e.g. a shrink's excluded ones; None: a local
         call) is given up as soon as a participant is known stopped or gone (seen so twice, at least 0.15 s
         apart: a SIGSTOP at once followed by SIGCONT is no failure), with a
-        :class:`~pycoll.PeerFailure`, instead of at its timeout: nobody watches such a wait otherwise."""
+        :class:`~pycoll.PeerFailure`, instead of at its timeout: nobody watches such a wait otherwise.
+        ``watch_failure``: also given up, with a :class:`~pycoll.CommFailure` naming it, as soon as this
+        communicator fails (another thread's ``fail()``: a grow's new ranks are no peers of this communicator,
+        and whoever watches them -- the elastic layer -- fails it when one is gone)."""
         give_up = None
-        if peers is not None and self._size > 1:
+        if peers is not None and (self._size > 1 or watch_failure):
             skip = tuple(peers)
             seen: List[Any] = []  # the rank first found unable, and how long the wait had lasted then
+            before = self._failure
 
             def give_up(waited: float) -> Optional[BaseException]:
+                failure = self._failure
+                if watch_failure and failure is not None and failure is not before:
+                    return CommFailure(f"{what} on communicator {self.name!r} rank {self._rank}: given up after "
+                                       f"{waited:.2f} s of its {timeout:g} s timeout, the communicator failed: "
+                                       f"{failure}")
+                if self._size < 2:
+                    return None
                 found = hooks.peer_unable(self, skip)
                 if found is None:
                     seen.clear()
@@ -940,7 +952,6 @@ class Communicator(_core.CommCore):
                     return None
                 if waited - seen[1] < _GIVE_UP_EVERY * 1.5:
                     return None
-                _fp.hit(FP_GIVE_UP)
                 rank, pid, why = found
                 gr = self._global_ranks[rank] if self._global_ranks is not None else rank
                 who = f"rank {rank} (pid {pid}" + (f", global rank {gr})" if gr != rank else ")")
@@ -1148,7 +1159,10 @@ class Communicator(_core.CommCore):
                     self.library.comm_abort(child)
 
         if status == B.IN_PROGRESS:
-            self._poll(self.handle if poll_parent else slot.value, what, timeout, on_timeout, peers=leaving)
+            # a grow (which polls the child) also ends when this communicator fails meanwhile: its joiners are
+            # no peers of this one, only the caller (the elastic layer) can tell that one of them is gone
+            self._poll(self.handle if poll_parent else slot.value, what, timeout, on_timeout, peers=leaving,
+                       watch_failure=not poll_parent)
         h = slot.value
         if not h:
             return None

@@ -96,11 +96,13 @@ def _uid_str(unique_id: Any) -> str:
 
 
 def _poll_new(lib: Any, handle: int, what: str, timeout: float,
-              describe_missing: Optional[Callable[[], str]] = None, reported_timeout: Optional[float] = None) -> None:
-    """Wait for a new communicator's nonblocking init; abort it on an error or at the deadline."""
+              describe_missing: Optional[Callable[[], str]] = None, reported_timeout: Optional[float] = None,
+              give_up: Optional[Callable[[float], Optional[BaseException]]] = None) -> None:
+    """Wait for a new communicator's nonblocking init; abort it on an error, at the deadline or when ``give_up``
+    says so (:func:`pycoll.comm.poll_ready`)."""
     poll_ready(lib, handle, what, timeout, on_error=lambda: lib.comm_abort(handle),
                on_timeout=lambda: lib.comm_abort(handle), describe_missing=describe_missing,
-               reported_timeout=reported_timeout)
+               reported_timeout=reported_timeout, give_up=give_up)
 
 
 def init(
@@ -120,6 +122,7 @@ def init(
     generation: int = 0,
     global_ranks: Optional[Sequence[int]] = None,
     failure_callbacks: Sequence[Callable[[Communicator, BaseException], None]] = (),
+    give_up: Optional[Callable[[float], Optional[BaseException]]] = None,
 ) -> Communicator:
     """Create a communicator of ``world_size`` ranks; this process is ``rank``.
 
@@ -151,6 +154,9 @@ def init(
         global_ranks: every member's job-wide rank in rank order (default ``0..world_size-1``).
         failure_callbacks: called as ``callback(comm, exc)`` in the thread that records a failure,
             after the observers and before the policy acts; must return quickly.
+        give_up: asked as ``give_up(seconds waited)`` about every 0.1 s while the init waits for the other
+            ranks; an exception it returns (a rank the caller knows to be gone, say) ends the init at once: the
+            new communicator is aborted and the exception raised. Must return quickly.
 
     The flight recorder and the watchdog are registered with the first communicator built.
     """
@@ -205,7 +211,7 @@ def init(
 
         if status == B.IN_PROGRESS:
             _poll_new(lib, handle, f"init of communicator {name!r} ({world_size} ranks)", left(), missing,
-                      reported_timeout=init_timeout)
+                      reported_timeout=init_timeout, give_up=give_up)
         if store is not None and unique_id is None and world_size > 1:
             _forget_init_keys(store, base, rank)
     except BaseException:

@@ -105,6 +105,8 @@ FP_GROW_AFTER_DECISION = _fp.declare("elastic.grow.after_decision", "maybe_grow(
 FP_GROW_ADMIT = _fp.declare("elastic.grow.admit", "rank 0, before it admits the joiners")
 FP_GROW_BEFORE_COMM = _fp.declare("elastic.grow.before_comm", "before ncclCommGrow (or the fresh init)")
 FP_GROW_AFTER_COMM = _fp.declare("elastic.grow.after_comm", "the grown communicator is built")
+FP_GROW_FAILED = _fp.declare("elastic.grow.failed", "the grow failed (a member or a joiner gone), before it is "
+                                                    "recorded")
 FP_GROW_FIRST_COLLECTIVE = _fp.declare("elastic.grow.first_collective", "before the grown group's first collective")
 FP_JOIN_REQUEST = _fp.declare("elastic.join.request", "a joiner, before it asks to join")
 FP_JOIN_ADMITTED = _fp.declare("elastic.join.admitted", "a joiner was admitted, before it joins")
@@ -330,8 +332,25 @@ class ElasticGroup:
         else:
             uid = self._wait_key(key, members[0], f"the unique id of generation {generation}")
         comm = init(rank, len(members), unique_id=uid, init_timeout=self.timeout,
+                    give_up=self._gone_give_up(members, f"init of generation {generation}"),
                     **self._comm_options(members, generation))
         return self._adopt(comm, members, generation)
+
+    def _gone_give_up(self, members: Sequence[int], what: str) -> Callable[[float], Optional[BaseException]]:
+        """For a fresh init of ``members``: the :func:`pycoll.init` ``give_up`` that ends it as soon as another
+        member is known gone (a same-host process that exited or is stopped), instead of at its timeout -- a
+        member that vouched and then died is still in the agreement's members."""
+        others = [m for m in members if m != self.slot]
+        gone = self._gone_test(others)
+
+        def give_up(waited: float) -> Optional[BaseException]:
+            for m in others:
+                if gone(m):
+                    return CommFailure(f"slot {m} is gone during the {what} of group {self.name!r} (given up after "
+                                       f"{waited:.2f} s)")
+            return None
+
+        return give_up
 
     def _comm_options(self, members: Sequence[int], generation: int) -> Dict[str, Any]:
         """What every communicator of the group is built with (revoked on failure, so it can be shrunk)."""
@@ -393,8 +412,10 @@ class ElasticGroup:
         return _mb.wait_key(self.store, key, writer, f"{what} of group {self.name!r}", self._slot_gone, self.timeout)
 
     def _guard(self, slots: Sequence[int], comm: Communicator, what: str) -> threading.Event:
-        """Watch ``slots`` while this thread is inside ``comm``'s grow: a process found gone fails
-        ``comm`` (its revoke ends the rendezvous at once). Set the event returned to stop."""
+        """Watch ``slots`` while this thread is inside ``comm``'s grow: a process found gone fails ``comm``, and
+        the grow gives up within 0.1 s (:meth:`Communicator.grow` ends when its communicator fails meanwhile: a
+        joiner is no peer of ``comm``, which the watchdog's liveness could find gone). Set the event returned
+        to stop."""
         done = threading.Event()
         procs = self._procs(slots)
 
@@ -406,7 +427,6 @@ class ElasticGroup:
                         # (its failure report), and the others' agreement window is running
                         self._announce(comm.generation, comm.global_ranks)
                         try:
-                            # the revoke policy ends the rendezvous and keeps the communicator shrinkable
                             comm.fail(CommFailure(f"slot {m} is gone during the {what} of group {self.name!r}"))
                         except Exception:  # already failed or closed: the rendezvous ends either way
                             pass
@@ -922,10 +942,11 @@ class ElasticGroup:
                 self._adopt(comm, members, g + 1)
             else:
                 comm = init(self.rank, len(members), unique_id=uid, init_timeout=self.timeout,
-                            **self._comm_options(members, g + 1))
+                            give_up=self._gone_give_up(members, "grow"), **self._comm_options(members, g + 1))
                 self._adopt(comm, members, g + 1)
         except (CommFailure, NCCLError, StoreError) as exc:
             guard.set()
+            _fp.hit(FP_GROW_FAILED)
             self._failed_grow = (g + 1, members)
             try:  # for the members whose grow failed too: this one is not in generation g + 1 (see _others_grew)
                 self.store.set(f"{self._ns}/g{g + 1}/failed/{self.slot}", b"")

@@ -361,6 +361,69 @@ def test_grow_back_to_four(server):
     assert len({res[r]["uid"] for r in (0, 1, 3, 4)}) == 1, res
 
 
+def _joiner_lost_in_the_grow(rank, n, addr, spec, member_spec):
+    """Slots 0-2 form; slot 3 asks to join and dies or stops inside the grow (``spec``: where). The members' grow
+    must give up within about a second (not at its 10 s timeout); they go on as three, and admit slot 4 later.
+    ``member_spec``: a failpoint armed in the members too."""
+    store = _store(addr)
+    if rank >= 3:  # the joiners; slot 4 asks once the others went on without slot 3
+        while rank == 4 and not store.check(["t-test/second"]):
+            time.sleep(0.01)
+        if rank == 3:
+            os.environ.update(PYCOLL_FAILPOINTS=spec, PYCOLL_RANK="3")  # the host library reads them
+            failpoints.configure(spec, rank=3)
+        group = ElasticGroup(store, rank, joiner=True, backend="host", timeout=10.0, name="t", join_timeout=30.0)
+        y = np.ones(4)
+        group.comm.all_reduce(y)
+        out = dict(members=group.members, y=y.tolist())
+        group.close()
+        return out
+    failpoints.configure(member_spec, rank=rank)
+    group = ElasticGroup(store, rank, 3, backend="host", timeout=10.0, name="t")
+    took = None
+    deadline = time.monotonic() + 30
+    while took is None and time.monotonic() < deadline:
+        t0 = time.monotonic()
+        try:
+            group.maybe_grow()  # slot 3 is admitted (rank 0 decides), then lost inside the grow
+        except pycoll.CommFailure:
+            took = time.monotonic() - t0
+            group.reshape()  # a fresh init (a grow failed): one without a member that voted, then died, too
+            took = (took, time.monotonic() - t0)
+        time.sleep(0.02)
+    x = np.ones(4)
+    group.comm.all_reduce(x)
+    after = (group.members, x.tolist())
+    if group.rank == 0:
+        store.set("t-test/second", b"")
+    while not group.maybe_grow() and time.monotonic() < deadline:  # slot 4 joins: the group grows again
+        time.sleep(0.02)
+    y = np.ones(4)
+    group.comm.all_reduce(y)
+    out = dict(took=took, after=after, members=group.members, y=y.tolist())
+    group.close()
+    return out
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("spec,member_spec", [
+    ("elastic.join.admitted=kill", ""),
+    ("host.grow.begin=stop", ""),
+    ("elastic.join.admitted=kill", "elastic.grow.failed=kill;rank=1"),  # and slot 1 dies as its grow fails
+])
+def test_a_joiner_lost_inside_the_grow_costs_no_timeout(server, spec, member_spec):
+    res = run_ranks(_joiner_lost_in_the_grow, 5, server, spec, member_spec, timeout=60, may_die=[1, 3])
+    assert isinstance(res[3], Died), res[3]
+    members = (0, 2) if member_spec else (0, 1, 2)
+    assert isinstance(res[1], Died) == bool(member_spec), res[1]
+    for r in members:
+        # the grow, then the grow and the reshape: not their 10 s timeout
+        assert res[r]["took"] is not None and res[r]["took"][0] < 2.0 and res[r]["took"][1] < 4.0, res[r]
+        assert res[r]["after"] == (members, [float(len(members))] * 4), res[r]
+        assert res[r]["members"] == (*members, 4) and res[r]["y"] == [len(members) + 1.0] * 4, res[r]
+    assert res[4] == dict(members=(*members, 4), y=[len(members) + 1.0] * 4), res[4]
+
+
 def _late_joiner(rank, n, addr):
     store = _store(addr)
     if rank == n - 1:
