@@ -78,7 +78,7 @@ from .create import init, join, load_library
 from .diagnostics import get_recorder, get_watchdog
 from .errors import CommFailure, CommStateError, NCCLError, StoreError, StoreTimeout
 from .launch import discovery
-from .launch.keys import mark_lost
+from .launch.keys import mark_lost, unmark_lost
 from .store.torch import store_argument
 
 __all__ = ["ElasticGroup", "Excluded", "Transition"]
@@ -888,6 +888,8 @@ class ElasticGroup:
         except Exception:
             _log.exception("slot %d: releasing generation %d failed", self.slot, generation - 1)
         for m in lost:
+            if m in self.members:
+                continue  # admitted again meanwhile (a replacement): no longer lost
             try:
                 mark_lost(self.store, m, f"left out of generation {generation}")
             except (StoreError, AttributeError):
@@ -970,6 +972,12 @@ class ElasticGroup:
         self.comm.barrier()
         tr.first_collective = time.time()
         self._record(tr)
+        if self.rank == 0:  # the joiners' slots take part again: for the launcher, a stop of them is no longer a hang
+            for m in joiners:
+                try:
+                    unmark_lost(self.store, m)
+                except (StoreError, AttributeError):
+                    pass
         return True
 
     def _grow_decision(self) -> List[int]:

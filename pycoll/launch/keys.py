@@ -6,7 +6,9 @@ The launcher writes its keys at the root of the job's store, under :data:`RUN_KE
 * ``pycoll-run/failures``: counter of failed processes; ``pycoll-run/failure/<n>`` (n from 1):
   ``"<rank> <exit code>"`` of the n-th failure. Waiting on ``failure/<n+1>`` learns of the next one.
 * ``pycoll-run/replacement/<rank>``: k, set when the k-th replacement of that slot is started.
-* ``pycoll-run/lost/<rank>``: written by :func:`mark_lost`, read by the launchers at the end.
+* ``pycoll-run/lost/<rank>``: written by :func:`mark_lost` (removed by :func:`unmark_lost` when the slot is a
+  member again), read by the launchers at the end, and while ranks run: a stopped process of a lost slot
+  is hung, the launcher kills it.
 * ``pycoll-run/abort``: ``"<node> <rank> <exit code>"``: a launcher stopping the job; the other
   launchers stop their ranks when it appears.
 * ``pycoll-run/node/<i>/heartbeat`` and ``pycoll-run/node/<i>/done``: multi-node bookkeeping.
@@ -21,7 +23,7 @@ from typing import List, Tuple
 
 from ..store import PrefixStore, Store
 
-__all__ = ["RUN_KEY_PREFIX", "mark_lost", "failures"]
+__all__ = ["RUN_KEY_PREFIX", "mark_lost", "unmark_lost", "failures"]
 
 #: Prefix of every key ``pycoll-run`` keeps in the job's store.
 RUN_KEY_PREFIX = "pycoll-run/"
@@ -44,6 +46,16 @@ def mark_lost(store: Store, rank: int, reason: str = "") -> None:
     if isinstance(store, PrefixStore):
         store = store.root
     store.set(KEY_LOST.format(rank=int(rank)), reason or "lost")
+
+
+def unmark_lost(store: Store, rank: int) -> None:
+    """Undo :func:`mark_lost`: rank slot ``rank`` takes part again (its replacement process was admitted).
+
+    Until then the launcher takes a stopped process of the slot for a hung one of a lost slot and kills it.
+    """
+    if isinstance(store, PrefixStore):
+        store = store.root
+    store.delete(KEY_LOST.format(rank=int(rank)))
 
 
 def failures(store: Store) -> List[Tuple[int, int]]:

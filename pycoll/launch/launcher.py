@@ -40,6 +40,9 @@ Exit status:
 * ``--replace-failed K`` (implies ``--keep-going``): start up to K replacement processes in total
   (on this node) for ranks that failed. A replacement has the same ``PYCOLL_RANK`` and local rank,
   ``PYCOLL_REPLACEMENT=k`` (k-th replacement of that slot) and ``PYCOLL_REPLACES=<rank>``.
+* A *hung* rank -- stopped (SIGSTOP, a tracer) while its slot is marked lost: the survivors went on
+  without it -- can never take part again. Under ``--keep-going`` the launcher kills it, and that
+  counts as the rank's failure, replaced as a crash is.
 * A job stopped by a signal exits with 128+signal; a job that exceeded ``--timeout`` with 124.
 * A job whose store is lost while ranks run (node 0's store server stopped, or another node can no
   longer reach it) fails: its ranks are stopped and the launcher exits with 1 (``EXIT_STORE_LOST``).
@@ -230,6 +233,7 @@ class _Proc:
     streams: List[_Stream] = field(default_factory=list)
     code: Optional[int] = None
     stopped: bool = False  # the launcher asked it to stop, so its exit status does not count
+    hung: bool = False  # stopped while its slot was marked lost: the launcher killed it, which counts as a failure
 
 
 @dataclass
@@ -460,16 +464,17 @@ class _Launcher:
         self.kill_stopped_lost()
 
     def kill_stopped_lost(self) -> None:
-        """A stopped rank whose slot the survivors declared lost can never take part again: end it
-        (its exit status does not count), so that the job ends when the others do."""
+        """A stopped rank whose slot the survivors declared lost (a hung rank) can never take part again: end
+        it, so that the job ends when the others do. Its end is the rank's failure: replaced if
+        ``--replace-failed`` allows it, as a rank that crashed would be (:meth:`on_exit`)."""
         if not self.cfg.keep_going:
             return
         for proc in self.live():
-            if proc.stopped or not _is_stopped(proc.popen.pid):
+            if proc.stopped or proc.hung or not _is_stopped(proc.popen.pid):
                 continue
             if self.store_call("read lost ranks", "check", [KEY_LOST.format(rank=proc.rank)]):
-                log.info("rank %d is stopped and was marked lost; killing it", proc.rank)
-                proc.stopped = True
+                log.info("rank %d is stopped and was marked lost (hung); killing it", proc.rank)
+                proc.hung = True
                 _killpg(proc.popen.pid, signal.SIGKILL)
 
     def reap_strays(self) -> None:
@@ -495,7 +500,9 @@ class _Launcher:
             log.debug("rank %d %s after being stopped", rank, _describe(code))
             return
         self.store_call("record an exit code", "set", KEY_EXIT.format(rank=rank), str(code))
-        if code == 0:
+        if proc.hung:  # killed here: a failure whatever the status says (0 if it was continued and finished)
+            code = code or 128 + signal.SIGKILL
+        elif code == 0:
             return
         self.failures.append((rank, code))
         n = self.store_call("count a failure", "add", KEY_FAILURES, 1)
@@ -514,7 +521,7 @@ class _Launcher:
             self.replacement_count[rank] = k
             self.replaced_failures.add(len(self.failures) - 1)
             log.warning("rank %d %s; starting replacement %d for it (%d replacements left)", rank,
-                        _describe(code), k, self.replacements_left)
+                        "hung (stopped) and was killed" if proc.hung else _describe(code), k, self.replacements_left)
             self.store_call("record a replacement", "set", KEY_REPLACEMENT.format(rank=rank), str(k))
             _fp.hit(FP_REPLACEMENT, rank)
             try:
@@ -522,7 +529,8 @@ class _Launcher:
             except OSError as exc:
                 log.error("could not start a replacement for rank %d: %s", rank, exc)
             return
-        log.warning("rank %d %s; the other ranks go on (--keep-going)", rank, _describe(code))
+        log.warning("rank %d %s; the other ranks go on (--keep-going)", rank,
+                    "hung (stopped) and was killed" if proc.hung else _describe(code))
 
     def stop(self, code: Optional[int], sig: int = signal.SIGTERM) -> None:
         """Stop every live rank: ``sig`` now, SIGKILL after the grace period."""

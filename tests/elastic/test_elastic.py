@@ -332,8 +332,11 @@ def _grow_run(rank, n, addr):
         group.comm.all_reduce(x)
     except pycoll.CommFailure:
         group.reshape()
-    grew = False
+    group.comm.all_reduce(x)  # the first operation after the reshape: rank 0 then marks slot 2 lost
     deadline = time.monotonic() + 20
+    while not store.check([KEY_LOST.format(rank=2)]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    grew = False
     while not grew and time.monotonic() < deadline:
         grew = group.maybe_grow()
         if not grew:
@@ -341,9 +344,10 @@ def _grow_run(rank, n, addr):
     state = np.arange(16, dtype=np.float64)
     group.comm.broadcast(state, root=0)
     y = np.ones(4)
-    group.comm.all_reduce(y)
+    group.comm.all_reduce(y)  # complete: rank 0 unmarked slot 2 (after the grow, before it issued this)
     out = dict(members=group.members, rank=group.rank, generation=group.generation, y=y.tolist(),
-               kinds=[t.kind for t in group.transitions], uid=group.comm.uid)
+               kinds=[t.kind for t in group.transitions], uid=group.comm.uid,
+               lost=[m for m in range(4) if store.check([KEY_LOST.format(rank=m)])])
     group.close()
     return out
 
@@ -354,6 +358,8 @@ def test_grow_back_to_four(server):
     for r in (0, 1, 3):
         assert res[r]["members"] == (0, 1, 3, 2) and res[r]["y"] == [4.0] * 4, res[r]
         assert res[r]["kinds"] == ["shrink", "grow"] and res[r]["generation"] == 2
+        # slot 2 takes part again: not lost for the launcher (which would take a stop of it for a hang)
+        assert res[r]["lost"] == [], res[r]
     joiner = res[4]
     assert joiner["rank"] == 3 and joiner["generation"] == 2 and joiner["state"] == list(range(16))
     assert joiner["y"] == [4.0] * 4

@@ -243,6 +243,48 @@ def test_replacement_budget_runs_out(tmp_path):
     assert "the other ranks go on" in res.stderr
 
 
+HUNG = """
+import os, signal, time
+from pycoll.env import discover, open_store
+from pycoll.run import failures, mark_lost
+info = discover()
+store = open_store(timeout=30)
+if info.rank == 1 and info.replacement == 0:
+    store.set("hung-pid", str(os.getpid()))
+    os.kill(os.getpid(), signal.SIGSTOP)  # hangs: nobody continues it
+    print("continued")
+elif info.rank == 1:
+    print("replacement", info.replacement)
+    store.set("replacement-ready", "1")
+else:
+    pid = int(store.get("hung-pid", timeout=30))
+    while open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "T":
+        time.sleep(0.01)
+    mark_lost(store, 1, "left out")  # as the elastic layer's survivors do: the launcher kills it now
+    store.get("pycoll-run/exit/1", timeout=30)
+    if REPLACE:
+        store.get("replacement-ready", timeout=30)
+    print("failures", failures(store))
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("replace", [0, 1])
+def test_a_hung_rank_marked_lost_is_killed_and_replaced(tmp_path, replace):
+    """A stopped rank whose slot is marked lost is killed; that is the rank's failure, replaced as a crash is."""
+    script = _script(tmp_path, f"REPLACE = {replace}", HUNG)
+    res = launch(["-n", "2", "--replace-failed", str(replace), "--keep-going", script], tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "rank 1 is stopped and was marked lost (hung); killing it" in res.stderr
+    assert "[rank0]: failures [(1, 137)]" in res.stdout.splitlines()
+    if replace:
+        assert "[rank1]: replacement 1" in res.stdout.splitlines(), res.stdout
+        assert "rank 1 hung (stopped) and was killed; starting replacement 1 for it" in res.stderr
+    else:
+        assert "rank 1 hung (stopped) and was killed; the other ranks go on" in res.stderr
+    assert "continued" not in res.stdout
+
+
 def test_module_target(tmp_path):
     pkg = tmp_path / "mypkg"
     pkg.mkdir()
