@@ -280,14 +280,15 @@ class ElasticGroup:
         self._release_at = 0  # dumps wait until the new communicator has issued this many operations
         self._watcher: Optional[threading.Thread] = None
         self._boot = boot_id()
-        self._node = None if node_hub is False else _node.NodeAggregation(
-            store, self._ns, slot, self._boot, self._slot_gone, min_members=1 if node_hub else NODE_HUB_MIN_MEMBERS)
+        self._node = None if node_hub is False else _node.NodeAggregation(  # the wrapped store: a torch one is not
+            self.store, self._ns, slot, self._boot, self._slot_gone,  # one (its get takes no timeout, no append_get)
+            min_members=1 if node_hub else NODE_HUB_MIN_MEMBERS)
         self._link: Optional[_node.NodeLink] = None  # to this host's hub (the watcher keeps it per generation)
         self._link_of: Tuple[int, Optional[_node.NodeLink]] = (-1, None)  # (generation, _link), set together
         self._hub_voted = (-1, -1)  # the last (generation, attempt) whose vote went to a hub only
         self._committed: Optional[int] = None  # the last step this member completed (commit())
         self._joiners_seen = False  # rank 0's watcher saw join requests (read by maybe_grow)
-        store.set(f"{self._ns}/proc/{slot}", f"{self._boot} {os.getpid()}")
+        self.store.set(f"{self._ns}/proc/{slot}", f"{self._boot} {os.getpid()}")
         if joiner:
             self._join()
         else:

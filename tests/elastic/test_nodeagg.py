@@ -404,3 +404,22 @@ def test_a_small_membership_agrees_without_a_hub():
             assert group._node is not None and group._node.min_members == expected
         finally:
             group.close()
+
+
+def test_a_torch_store_reaches_the_hub_wrapped():
+    """ElasticGroup wraps a torch store (c10d's, not a pycoll one: its get takes no timeout, it has no append_get);
+    its node hub must get the wrapped one too, or every wait and agreement through the hub fails."""
+    dist = pytest.importorskip("torch.distributed")
+    boot = "d" * 32
+    group = pycoll.ElasticGroup(dist.HashStore(), 0, 1, backend="host", name="torchhub", node_hub=True)
+    agg = group._node
+    assert agg is not None
+    try:
+        agg.boot = boot  # slot 1 on this host too: slot 0 hosts the hub of (0, 1)
+        link = agg.link((0, 1), {0: (boot, os.getpid()), 1: (boot, os.getpid())})
+        assert link is not None and agg.hub is not None
+        group.store.set("torchhub/key", b"v")
+        assert nodeagg.watch_key(link, group.store, "torchhub/key", 5.0) == b"v"
+        assert agg.hub.alive and not link.broken  # the hub got it from the store: it did not fail
+    finally:
+        group.close()
