@@ -76,7 +76,7 @@ from .comm import Communicator, default_timeout
 from .config import CommConfig
 from .create import init, join, load_library
 from .diagnostics import get_recorder, get_watchdog
-from .errors import CommFailure, CommStateError, NCCLError, StoreError, StoreTimeout
+from .errors import CommFailure, CommStateError, NCCLError, StoreError, StoreLost, StoreTimeout
 from .launch import discovery
 from .launch.keys import mark_lost, unmark_lost
 from .store.torch import store_argument
@@ -555,8 +555,11 @@ class ElasticGroup:
                 wait = 0.05 if self._node is not None and self._node.pending else 0.5  # the hub is starting
                 if _node.watch_key(self._link, self.store, key, wait) is None:
                     continue
-            except StoreError:
-                continue  # timeout (or a store hiccup): look again, the generation may have changed
+            except StoreTimeout:
+                continue  # look again, the generation may have changed
+            except StoreError:  # a store hiccup, or a store gone (it then fails at once): no spinning
+                self._stop.wait(0.1)
+                continue
             except Exception:
                 if self._stop.is_set():
                     return
@@ -673,7 +676,8 @@ class ElasticGroup:
 
         Call it from the thread that uses the communicator after a :class:`~pycoll.CommFailure`.
         Returns the new communicator (also :attr:`comm`). Raises :class:`Excluded` when this
-        process was left out.
+        process was left out, and :class:`~pycoll.StoreLost` (a :class:`~pycoll.StoreError`, no
+        :class:`~pycoll.CommFailure`: nothing can be agreed) when the store cannot be reached any more.
 
         When the loop calls :meth:`commit` at every step, the survivors also agree on the last step
         that every one of them completed, :attr:`last_committed` afterwards (None: none yet). A member
@@ -693,8 +697,10 @@ class ElasticGroup:
             comm = self._reshape()
             self._release_at = comm.ops_issued + 1
             return comm
-        except BaseException:
+        except BaseException as exc:
             self._gave_up = True
+            if isinstance(exc, StoreError):
+                self._raise_if_store_lost(exc, "reshape")
             raise
         finally:
             self._reshaping = False
@@ -777,6 +783,8 @@ class ElasticGroup:
                 if self.comm is not old and self.comm is not parent:
                     self.comm.abort()
                 self.comm, self.members, self.generation = old, members, g
+                if isinstance(exc, StoreError):
+                    self._raise_if_store_lost(exc, "reshape")  # no attempt can agree without the store
                 members = new_members
                 attempt += 1
                 cause = f"{cause}; then during the reshape: {exc}"
@@ -788,6 +796,20 @@ class ElasticGroup:
         self._record(tr)
         _fp.hit(FP_RESHAPE_DONE)
         return self.comm
+
+    def _raise_if_store_lost(self, exc: StoreError, what: str) -> None:
+        """Raise :class:`StoreLost` from ``exc``, with what it means for the group, when ``exc`` is one (the
+        connection to the store failed): the members cannot agree on anything without the store."""
+        if not isinstance(exc, StoreLost) or exc.group is not None:
+            return
+        lost = StoreLost(
+            f"group {self.name!r} (slot {self.slot}) lost its store during the {what}: {exc}. The store's server "
+            f"is gone or unreachable (with a torchrun-style rendezvous and no launcher it runs in rank 0's process, "
+            f"and dies with it); without the store the members cannot agree on a membership, so the group cannot "
+            f"go on. Host the store outside the ranks (pycoll-run does; or torchrun's agent store) for a job that "
+            f"survives the loss of any rank")
+        lost.group = self.name
+        raise lost from exc
 
     def _others_grew(self, g: int, wait: bool = False) -> bool:
         """True when this member's grow from generation g failed and another member's built g + 1.
@@ -910,7 +932,15 @@ class ElasticGroup:
         with the communicator: one 8-byte broadcast, no store round trip, when nobody waits. A
         member that died or stopped makes it raise :class:`~pycoll.CommFailure` on the others, as a
         collective would: handle it as one (:meth:`reshape`). Call :meth:`commit` before it.
+        A store that cannot be reached any more raises :class:`~pycoll.StoreLost` (no CommFailure).
         """
+        try:
+            return self._maybe_grow()
+        except StoreError as exc:
+            self._raise_if_store_lost(exc, "grow")
+            raise
+
+    def _maybe_grow(self) -> bool:
         self._grow_calls += 1
         _fp.hit(FP_GROW_BEFORE_DECISION)
         joiners = self._grow_decision()

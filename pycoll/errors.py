@@ -42,6 +42,7 @@ __all__ = [
     "StoreError",
     "StoreTimeout",
     "StoreAuthError",
+    "StoreLost",
     "error_class",
     "RESULT_NAMES",
 ]
@@ -330,6 +331,15 @@ class StoreTimeout(StoreError, TimeoutError):
 
 class StoreAuthError(StoreError, PermissionError):
     """The store refused the client's token."""
+
+
+class StoreLost(StoreError, ConnectionError):
+    """The connection to the store failed: its server is gone (the process or host that served it died) or
+    unreachable. :class:`pycoll.ElasticGroup` raises it from a reshape or a grow, which need the store: without
+    it the members cannot agree on a membership, so it is no :class:`CommFailure` -- a recovery loop must let
+    it end the process. ``group``: the name of the elastic group that raised it (None: the store's client)."""
+
+    group: Optional[str] = None
 
 
 class RankDiscoveryError(PycollError, ValueError):

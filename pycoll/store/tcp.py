@@ -12,7 +12,7 @@ import time
 from typing import Any, List, Optional, Sequence, Set, Tuple, Union, cast
 
 from .. import failpoints as _fp
-from ..errors import StoreAuthError, StoreError, StoreTimeout
+from ..errors import StoreAuthError, StoreError, StoreLost, StoreTimeout
 from ._wire import (
     _AUTH_BAD_TOKEN,
     _AUTH_BAD_VERSION,
@@ -333,7 +333,7 @@ class TCPStore(Store):
         """The error for a request whose connection failed (it was discarded)."""
         if self._closed:
             return StoreError(f"{_OP_NAMES[op]}: the store client for {self._where()} was closed")
-        return StoreError(f"{_OP_NAMES[op]}: lost the connection to the store at {self._where()}: {exc}")
+        return StoreLost(f"{_OP_NAMES[op]}: lost the connection to the store at {self._where()}: {exc}")
 
     def _call(self, op: int, args: Sequence[bytes], wait: float = 0.0, keys: Sequence[str] = ()) -> List[bytes]:
         frame = self._frame(op, args)

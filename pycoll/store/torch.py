@@ -11,7 +11,7 @@ import time
 from datetime import timedelta
 from typing import Any, Callable, Iterator, List, Optional, Sequence
 
-from ..errors import NotSupported, StoreError
+from ..errors import NotSupported, StoreError, StoreLost
 from .base import (
     DEFAULT_TIMEOUT,
     Keys,
@@ -132,6 +132,7 @@ class TorchStoreAdapter(Store):
         self.timeout = _check_timeout(timeout, DEFAULT_TIMEOUT)
         self._local = threading.local()
         self._closed = False
+        self._lost = False  # a call found the server gone: no new connection (a clone) is tried for it
         register_exit_gate()
 
     def __repr__(self) -> str:
@@ -142,7 +143,10 @@ class TorchStoreAdapter(Store):
         clone = getattr(self._local, "store", None)
         if clone is None:
             clone = self.torch_store
-            if callable(getattr(self.torch_store, "clone", None)):
+            if callable(getattr(self.torch_store, "clone", None)) and not self._lost:
+                # a clone connects anew, and torch retries a refused connection for the store's whole timeout:
+                # first one request on the existing connection, which fails at once when the server is gone
+                self._run("check", lambda: self.torch_store.check(["pycoll/clone-probe"]))
                 with _gate.call():
                     try:
                         clone = self.torch_store.clone()
@@ -170,6 +174,10 @@ class TorchStoreAdapter(Store):
             text = str(exc).lower()
             if "timeout" in type(exc).__name__.lower() or "timeout" in text or "timed out" in text:
                 raise _timeout_error(list(keys), timeout, f" in {type(self.torch_store).__name__}") from exc
+            if any(c.__name__ == "DistNetworkError" for c in type(exc).__mro__):  # its server is gone (or unreachable)
+                self._lost = True
+                raise StoreLost(f"{what}: lost the connection to the {type(self.torch_store).__name__}'s server: "
+                                f"{exc}") from exc
             raise StoreError(f"{what}: {type(self.torch_store).__name__} failed: {exc}") from exc
 
     def _wait(self, keys: List[str], timeout: float) -> None:

@@ -489,6 +489,32 @@ def test_a_joiner_whose_group_is_gone_is_told_so(server):
     assert took < 10.0, res[2]
 
 
+@pytest.mark.timeout(60)
+def test_a_store_whose_server_died_ends_the_group_with_store_lost():
+    """torchrun-style, without a launcher: rank 0's process hosts torch's TCPStore. When it dies the survivors'
+    reshape cannot agree on anything: StoreLost (no CommFailure, which a recovery loop would catch) that names the
+    cause, at once -- not a bare torch error, nor a wait for torch's connect timeout."""
+    import gc
+    from datetime import timedelta
+
+    dist = pytest.importorskip("torch.distributed")
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=20))
+    client = dist.TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=20))
+    group = ElasticGroup(client, 0, 1, backend="host", timeout=20.0, name="storelost")
+    try:
+        time.sleep(0.3)  # the group's threads have their connections (a new one would wait for torch's timeout)
+        del server
+        gc.collect()  # the server stops with its store object, as with its process
+        t0 = time.monotonic()
+        with pytest.raises(pycoll.StoreLost, match="group 'storelost' .slot 0. lost its store during the reshape") \
+                as info:
+            group.reshape()
+        assert time.monotonic() - t0 < 5.0 and not isinstance(info.value, pycoll.CommFailure)
+        assert info.value.group == "storelost" and "Host the store outside the ranks" in str(info.value)
+    finally:
+        group.close()
+
+
 @pytest.mark.timeout(90)
 def test_the_store_work_of_a_recovery():
     """A kill of 1 of 4 costs the store the agreement and little else: one vote per survivor (which
