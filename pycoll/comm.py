@@ -270,6 +270,7 @@ class Communicator(_core.CommCore):
         self._failure = None
         self._failure_handled = threading.Event()  # fail() is done: observers told, the policy has acted
         self._failing_thread = 0  # the thread running fail()
+        self._revoke_expected = False  # expect_revoke(): a failure found from then on revokes instead
         self.failed_at: Optional[float] = None  # wall-clock time of the failure
         #: called as ``callback(comm, exc)`` in the thread that records a failure, after the
         #: observers and before the policy acts; must return quickly (the elastic layer starts its
@@ -543,8 +544,15 @@ class Communicator(_core.CommCore):
         """Record ``exc`` as this communicator's failure, tell the observers, then act by ``on_failure``.
 
         The first failure wins (later calls are no-ops). Every outstanding operation fails with it.
-        The elastic layer calls it to stop a communicator whose generation is being reshaped.
+        The elastic layer calls it to stop a communicator whose generation is being reshaped. After
+        :meth:`expect_revoke` it revokes instead (where the library can), recording no failure.
         """
+        if self._revoke_expected and self._failure is None and self._state == "active":
+            try:
+                self._revoke()  # the outstanding operations fail with CommRevoked
+                return
+            except Exception as rexc:  # no revoke here: a failure after all
+                _log.debug("revoke of %r failed (%s); recording the failure", self.name, rexc)
         with self._plock:
             if self._failure is not None or self._state in ("aborted", "destroyed"):
                 return
@@ -1098,6 +1106,14 @@ class Communicator(_core.CommCore):
         hooks.notify_closed(self)
         if self._owns_device:
             self.device.close()
+
+    def expect_revoke(self) -> None:
+        """Say that this communicator is being revoked on purpose on every rank, nothing having failed (the
+        elastic layer's requested reshape): from now on a failure found on it -- an operation that meets a peer
+        which revoked first -- revokes it instead (:meth:`fail`). No failure is recorded: the observers (the
+        watchdog's report, the flight recorder's dump) hear of none, and the operations raise
+        :class:`~pycoll.CommRevoked`. Local; a peer that dies meanwhile is found by whoever reshapes."""
+        self._revoke_expected = True
 
     def revoke(self) -> None:
         """Revoke (``ncclCommRevoke``): stop outstanding operations and refuse new collectives.

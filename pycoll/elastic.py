@@ -37,7 +37,10 @@ is stopped) are waited for up to ``window`` seconds. The first live member colle
 (:mod:`pycoll.membership`), proposes the survivors and writes the decision with an atomic
 compare-and-set, which every member adopts (another member takes over if it is gone), so all
 survivors end with the same member list and generation (a live member left out raises
-:class:`Excluded`). Then ``ncclCommShrink(NCCL_SHRINK_ABORT)`` builds the new communicator where the
+:class:`Excluded`). A member may also ask for a reshape with nothing failed (:meth:`ElasticGroup.reshape`
+outside a failure): the others' communicators are then revoked without a failure (their operations raise
+:class:`~pycoll.CommRevoked`), nothing is reported or dumped, and the transition's kind is ``"requested"``.
+Then ``ncclCommShrink(NCCL_SHRINK_ABORT)`` builds the new communicator where the
 library has it (else a fresh init with a new unique id); the parent is released with abort. A
 failure during the reshape starts another round with a fresh init.
 
@@ -119,6 +122,21 @@ FP_CLOSE_GONE = _fp.declare("elastic.close.gone", "close(): the destroy failed a
 NODE_HUB_MIN_MEMBERS = 16
 
 
+#: the end of a reshape flag's value (the slot that raised it) when that member asked for it, nothing having failed
+_REQUESTED = " requested"
+
+
+def _requester(flag: bytes) -> Optional[int]:
+    """The slot that asked for a reshape with nothing failed, from its reshape flag; None: a failure's flag."""
+    text = bytes(flag).decode("utf-8", "replace")
+    if not text.endswith(_REQUESTED):
+        return None
+    try:
+        return int(text[:-len(_REQUESTED)])
+    except ValueError:
+        return None
+
+
 class Excluded(CommFailure):
     """This process was left out of the new membership (it was too slow to vouch for itself).
 
@@ -133,7 +151,7 @@ class Transition:
     Times are wall-clock seconds (``time.time()``); ``phases_ms()`` gives the durations.
     """
 
-    kind: str  # "shrink", "reinit", "grow" or "grow-reinit"
+    kind: str  # "shrink", "reinit", "requested" (nothing failed, the same members), "grow" or "grow-reinit"
     generation: int  # the new generation
     members_before: Tuple[int, ...]
     members_after: Tuple[int, ...]
@@ -269,7 +287,9 @@ class ElasticGroup:
         self._announced = -1  # the last generation whose reshape this member announced
         # (generation, members) of a grow that failed here: the others may have built it (see _reshape)
         self._failed_grow: Optional[Tuple[int, Tuple[int, ...]]] = None
-        self._announce_q: queue.SimpleQueue[Optional[Tuple[int, Optional[Sequence[int]]]]] = queue.SimpleQueue()
+        self._announce_q: queue.SimpleQueue[Optional[Tuple[int, Optional[Sequence[int]], bool]]] = queue.SimpleQueue()
+        # (generation, slot) of the last reshape another member requested with nothing failed (its flag says so)
+        self._requested: Tuple[int, int] = (-1, -1)
         self._vouched: Tuple[int, int] = (-1, -1)  # the last (generation, attempt) this member vouched for
         # what that vote learnt: ((generation, attempt), whether it was the first vote, the members it
         # decided for and the decision, when it was the vote that completed the set)
@@ -553,7 +573,8 @@ class ElasticGroup:
                 if self.members and self.members[0] == self.slot:  # rank 0 decides the grows
                     self._joiners_seen = bool(self.pending_joiners())
                 wait = 0.05 if self._node is not None and self._node.pending else 0.5  # the hub is starting
-                if _node.watch_key(self._link, self.store, key, wait) is None:
+                flag = _node.watch_key(self._link, self.store, key, wait)
+                if flag is None:
                     continue
             except StoreTimeout:
                 continue  # look again, the generation may have changed
@@ -572,11 +593,19 @@ class ElasticGroup:
             # revoke first, then vouch: the step this member vouches with is then at most one behind
             # what it completes (see commit())
             comm = self.comm
+            requester = _requester(flag)
             if comm.state == "active" and comm.generation == g:
-                try:
-                    comm.fail(CommFailure(f"generation {g} of {self.name!r} is being reshaped by another member"))
-                except Exception:  # revoke unsupported: the policy aborts instead
-                    _log.exception("revoking generation %d", g)
+                if requester is not None and comm.failure is None:
+                    # asked for with nothing failed: no failure here either (nothing reported, no dump). The
+                    # requester revokes its communicator once every member voted, i.e. saw this flag: what this
+                    # member then finds failed (an operation meeting that revoke) revokes this one quietly
+                    self._requested = (g, requester)
+                    comm.expect_revoke()
+                else:
+                    try:
+                        comm.fail(CommFailure(f"generation {g} of {self.name!r} is being reshaped by another member"))
+                    except Exception:  # revoke unsupported: the policy aborts instead
+                        _log.exception("revoking generation %d", g)
             _fp.hit(FP_WATCHER_AFTER_REVOKE)
             self._vouch(g, 0, comm.global_ranks if comm.generation == g else None)
 
@@ -674,7 +703,9 @@ class ElasticGroup:
     def reshape(self) -> Communicator:
         """Agree with the other survivors on the new membership and build its communicator.
 
-        Call it from the thread that uses the communicator after a :class:`~pycoll.CommFailure`.
+        Call it from the thread that uses the communicator after a :class:`~pycoll.CommFailure`; called with
+        nothing failed it asks for a new communicator of the same members (the others' operations raise
+        :class:`~pycoll.CommRevoked`, which their loops handle as any failure; no failure is reported).
         Returns the new communicator (also :attr:`comm`). Raises :class:`Excluded` when this
         process was left out, and :class:`~pycoll.StoreLost` (a :class:`~pycoll.StoreError`, no
         :class:`~pycoll.CommFailure`: nothing can be agreed) when the store cannot be reached any more.
@@ -710,11 +741,15 @@ class ElasticGroup:
         old = self.comm
         g = self.generation
         detected = getattr(old, "failed_at", None) or time.time()
-        cause = str(old.failure) if old.failure is not None else "reshape requested"
-        if old.state == "active" and old.failure is None:
-            old.fail(CommFailure(f"generation {g} of {self.name!r}: reshape requested by slot {self.slot}"))
+        # asked for with nothing failed (here, or by the member whose flag revoked this one): no failure, nothing
+        # reported and no dump anywhere. The others' watchers see the flag, expect a revoke (Communicator.
+        # expect_revoke) and vote; this member's communicator is revoked once every member voted, and what the
+        # others' operations then meet revokes theirs (quietly)
+        requested = old.failure is None and (old.state == "active" or self._requested[0] == g)
+        requester = self._requested[1] if self._requested[0] == g else self.slot
+        cause = str(old.failure) if not requested else f"reshape requested by slot {requester}"
         t_start = time.time()
-        self._announce(g, old.global_ranks)  # done already when the failure was recorded
+        self._announce(g, old.global_ranks, requested)  # done already when the failure was recorded
         members, parent = self.members, old
         attempt = 0
         while True:
@@ -742,6 +777,8 @@ class ElasticGroup:
                 raise Excluded(f"slot {self.slot} was left out of generation {g + 1} of {self.name!r} "
                                f"(members {list(new_members)})")
             _fp.hit(FP_REVOKE_BEFORE)
+            if parent.state == "active" and requested and parent.failure is None:
+                self._quiet_revoke(parent)
             if parent.state == "active":
                 parent.fail(CommFailure("reshape"))
             if parent.state == "active":
@@ -771,7 +808,7 @@ class ElasticGroup:
                                          failure_callbacks=[self._on_comm_failure])
                     self._adopt(comm, new_members, g + 1)
                 else:
-                    tr.kind = "reinit"
+                    tr.kind = "requested" if requested and new_members == self.members else "reinit"
                     self._new_comm(new_members.index(self.slot), new_members, f"{self._ns}/g{g}/a{attempt}/uid", g + 1)
                 tr.comm_ready = time.time()
                 # no barrier: the shrink (or init) returns on no survivor before every survivor has
@@ -834,32 +871,43 @@ class ElasticGroup:
         except StoreError:
             return False
 
+    def _quiet_revoke(self, comm: Communicator) -> None:
+        """Revoke ``comm`` without recording a failure (a requested reshape); abort it where revoke fails."""
+        try:
+            comm.revoke()
+        except CommStateError:
+            pass  # revoked (or failed) meanwhile
+        except Exception as exc:  # no revoke in this library: abort (the reshape re-initialises)
+            _log.debug("slot %d: revoking generation %d failed (%s); aborting it", self.slot, comm.generation, exc)
+            comm.abort()
+
     def _on_comm_failure(self, comm: Communicator, exc: BaseException) -> None:
         if comm is self.comm:
             self._announce(comm.generation, comm.global_ranks)
 
-    def _announce(self, g: int, members: Optional[Sequence[int]]) -> None:
+    def _announce(self, g: int, members: Optional[Sequence[int]], requested: bool = False) -> None:
         """Start generation ``g``'s reshape in the background: vouch for this process and raise the
         reshape flag, which wakes the members that are not inside a collective (their watcher
         revokes and vouches). Called when the failure is recorded, before the caller even sees it.
-        ``members``: generation g's (None: not known here; the vote then never decides)."""
+        ``members``: generation g's (None: not known here; the vote then never decides). ``requested``:
+        nothing failed, this member asks for the reshape (the flag says so: the others record no failure)."""
         if self._announced >= g:
             return
         self._announced = g
-        self._announce_q.put((g, members))  # the announcer thread (starting a thread here would cost ~1 ms)
+        self._announce_q.put((g, members, requested))  # the announcer thread (starting one here would cost ~1 ms)
 
     def _step(self) -> int:
         """What a voucher says: the last step this member committed (-1: none)."""
         return -1 if self._committed is None else self._committed
 
-    def _vouch_and_flag(self, g: int, members: Optional[Sequence[int]]) -> None:
+    def _vouch_and_flag(self, g: int, members: Optional[Sequence[int]], requested: bool = False) -> None:
         try:
             self._vouch(g, 0, members)
             _fp.hit(FP_ANNOUNCE_BEFORE_FLAG)
             vote = self._vote
             if vote is not None and vote[0] == (g, 0) and not vote[1]:
                 return  # an earlier vote's member raises the flag (or, dead, fails the others' collectives)
-            self.store.compare_set(f"{self._ns}/g{g}/reshape", b"", str(self.slot))
+            self.store.compare_set(f"{self._ns}/g{g}/reshape", b"", f"{self.slot}{_REQUESTED if requested else ''}")
         except Exception as exc:  # the agreement's own store calls will report a broken store
             _log.debug("slot %d: announcing the reshape of generation %d failed: %s", self.slot, g, exc)
 
@@ -1044,7 +1092,11 @@ class ElasticGroup:
         self._announce_q.put(None)
         get_watchdog().remove_dump_gate(self._dump_gate)
         if self.slot == self.members[0] and self.comm.failure is None:
-            self.store.set(f"{self._ns}/closed", b"1")
+            try:
+                self.store.set(f"{self._ns}/closed", b"1")
+            except StoreError as exc:  # a store that is gone: the communicator is still released
+                _log.warning("slot %d: closing group %r: could not tell waiting joiners (%s)", self.slot, self.name,
+                             exc)
         if self._watcher is not None:
             self._watcher.join(2.0)
         if self._node is not None:

@@ -489,6 +489,59 @@ def test_a_joiner_whose_group_is_gone_is_told_so(server):
     assert took < 10.0, res[2]
 
 
+def _requested_reshape(rank, n, addr, spec):
+    """Nothing fails: slot 1 asks for a reshape between two steps, while the others wait for it in a collective.
+    ``spec``: a failpoint armed in every member."""
+    failpoints.configure(spec, rank=rank)
+    failures = []
+
+    class Failures(pycoll.hooks.CommObserver):
+        def comm_failed(self, comm, exc, work):  # what the watchdog reports and dumps
+            failures.append(f"{type(exc).__name__}: {exc}")
+
+    pycoll.comm.add_observer(Failures())
+    group = ElasticGroup(_store(addr), rank, n, backend="host", timeout=10.0, name="t")
+    step, sums, t0 = 0, [], time.monotonic()
+    while step < 5:
+        if rank == 1 and step == 3 and group.generation == 0:
+            group.reshape()
+        x = np.ones(4)
+        try:
+            group.comm.all_reduce(x)
+        except pycoll.CommFailure:
+            group.reshape()
+            continue
+        sums.append(x[0])
+        step += 1
+    out = dict(members=group.members, generation=group.generation, sums=sums, failures=failures,
+               transitions=[(t.kind, t.members_before, t.members_after, t.cause) for t in group.transitions],
+               took=time.monotonic() - t0)
+    group.close()
+    return out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("spec", ["", "elastic.revoke.before=kill;rank=1"])
+def test_a_requested_reshape_is_no_failure(spec):
+    """A reshape asked for with nothing failed builds a new communicator of the same members on every member, is
+    recorded as such (kind "requested"), and is no failure: nothing is reported, no dump is made. Killed where it
+    would revoke its communicator (after every member voted), the requester is left out at once."""
+    srv = pycoll.TCPStoreServer(token="elastic-test").start()
+    try:
+        res = run_ranks(_requested_reshape, 3, srv.address, spec, timeout=40, may_die=[1] if spec else [])
+    finally:
+        srv.close()
+    if spec:
+        assert isinstance(res[1], Died), res[1]
+        for out in (res[0], res[2]):
+            assert out["members"] == (0, 2) and out["sums"][-1] == 2.0 and out["took"] < 5.0, out
+        return
+    for out in res:
+        assert out["members"] == (0, 1, 2) and out["generation"] == 1 and out["sums"] == [3.0] * 5, out
+        assert out["transitions"] == [("requested", (0, 1, 2), (0, 1, 2), "reshape requested by slot 1")], out
+        assert out["failures"] == [], out
+
+
 @pytest.mark.timeout(60)
 def test_a_store_whose_server_died_ends_the_group_with_store_lost():
     """torchrun-style, without a launcher: rank 0's process hosts torch's TCPStore. When it dies the survivors'
