@@ -499,15 +499,17 @@ class _Launcher:
         if proc.stopped:
             log.debug("rank %d %s after being stopped", rank, _describe(code))
             return
-        self.store_call("record an exit code", "set", KEY_EXIT.format(rank=rank), str(code))
         if proc.hung:  # killed here: a failure whatever the status says (0 if it was continued and finished)
             code = code or 128 + signal.SIGKILL
-        elif code == 0:
+        if code != 0:
+            self.failures.append((rank, code))
+            n = self.store_call("count a failure", "add", KEY_FAILURES, 1)
+            if n is not None:
+                self.store_call("record a failure", "set", KEY_FAILURE.format(n=n), f"{rank} {code}")
+        # last: whoever waits for the exit code finds the failure recorded
+        self.store_call("record an exit code", "set", KEY_EXIT.format(rank=rank), str(code))
+        if code == 0:
             return
-        self.failures.append((rank, code))
-        n = self.store_call("count a failure", "add", KEY_FAILURES, 1)
-        if n is not None:
-            self.store_call("record a failure", "set", KEY_FAILURE.format(n=n), f"{rank} {code}")
         if self.stopping:
             return
         if not self.cfg.keep_going:
