@@ -5,9 +5,12 @@ is on:
 
 * ``sys.excepthook`` and ``threading.excepthook``: an uncaught exception (KeyboardInterrupt too) dumps,
   with a reason such as ``"uncaught ValueError in rank 1 while all_reduce #7 on 'world' (started)
-  outstanding"``, then the previous hook runs as before;
+  outstanding"``, then the previous hook runs as before. Outstanding are the operations of communicators still
+  open; where there are none, the reason names those a failure ended on a communicator closed since (``"uncaught
+  KeyboardInterrupt in rank 1 after all_reduce #7 on 'world' (started) failed"``: Ctrl-C inside it failed it);
 * an exit handler: a process that exits (end of the main module, ``sys.exit``) while an operation is
-  outstanding dumps;
+  outstanding on a communicator still open dumps. After a failure whose communicator was aborted or destroyed
+  nothing is outstanding: the exit writes no dump, and the failure's dump, in the same file, stays;
 * a SIGTERM handler, only where SIGTERM had the default action or a Python handler (never over
   ``SIG_IGN``), installed from the main thread when the first communicator exists (before, there is
   nothing to dump, and a main thread blocked in C -- connecting to a store -- could not run it): it
@@ -164,11 +167,15 @@ class ExitDumps:
             return []
         try:
             unfinished = rec.unfinished()
+            failed = [] if unfinished else rec.failed_closed()
             reason = f"{what} in rank {rec.global_rank()} " + (
-                f"while {', '.join(unfinished)} outstanding" if unfinished else "with no operation outstanding")
+                f"while {', '.join(unfinished)} outstanding" if unfinished
+                else f"after {', '.join(failed)} failed" if failed else "with no operation outstanding")
             self.reason = reason
             _fp.hit(FP_EXIT_DUMP)
             info = {"exit": {"event": what, "pid": os.getpid(), "unfinished": unfinished, **(extra or {})}}
+            if failed:
+                info["exit"]["failed"] = failed
             bound = self._wd.dump_timeout
             deadline = time.monotonic() + bound
             if flush and kind == "process" and self._wd.running:

@@ -45,7 +45,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .. import _settings
 from ..buffers import Buffer
@@ -343,26 +343,27 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
     # -- reading ---------------------------------------------------------------------------------
 
     def unfinished(self, limit: int = 4) -> List[str]:
-        """The operations not completed on communicators not closed (or failed and closed, without a successor
-        of the same name), newest last, as
+        """The operations not completed on communicators still open (neither destroyed nor aborted), newest last, as
         ``"all_reduce #7 on 'world' (started)"`` (at most ``limit``; a last item counts the rest)."""
         with self._lock:
-            alive = [i for i in self._infos.values() if i.ref() is not None]
-        live = {i.uid for i in alive}
+            live = {i.uid for i in self._infos.values() if i.ref() is not None}
+        return self._not_completed(lambda i: i.closed_at is None and i.uid in live, limit)
+
+    def failed_closed(self, limit: int = 4) -> List[str]:
+        """The operations a failure ended on a communicator that was closed since (its policy's abort, or the
+        user's destroy) and has no successor of its name, as :meth:`unfinished` gives them: what this process was
+        doing when, say, Ctrl-C inside a collective failed the communicator. They are not outstanding."""
         entries = self.entries()
+        with self._lock:
+            alive = [i for i in self._infos.values() if i.ref() is not None]
         newest: Dict[str, int] = {}  # name -> the latest communicator of that name (pg_id: in creation order)
         for i in [*alive, *(e[_INFO] for e in entries)]:
             newest[i.name] = max(newest.get(i.name, -1), i.pg_id)
+        return self._not_completed(
+            lambda i: i.closed_at is not None and i.failure is not None and i.pg_id == newest[i.name], limit)
 
-        def unfinished_on(i: _CommInfo) -> bool:
-            if i.closed_at is None:
-                return i.uid in live
-            # a communicator that failed and was closed, with no successor of its name: a failure's abort
-            # may close it before the dump that names what this process was doing (Ctrl-C inside a
-            # collective: the watchdog fails the communicator, then KeyboardInterrupt ends the process)
-            return i.failure is not None and i.pg_id == newest[i.name]
-
-        raw = [e for e in entries if unfinished_on(e[_INFO])]
+    def _not_completed(self, on: Callable[[_CommInfo], bool], limit: int) -> List[str]:
+        raw = [e for e in self.entries() if on(e[_INFO])]
         infos: Dict[str, _CommInfo] = {e[_INFO].uid: e[_INFO] for e in raw}
         outstanding = _outstanding(c for c in (i.ref() for i in infos.values()) if c is not None)
         out = []
@@ -378,9 +379,12 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         return out
 
     def global_rank(self) -> int:
-        """This process's job-wide rank, as its dumps are named (see :meth:`as_dict`)."""
+        """This process's job-wide rank, as its dumps are named (see :meth:`as_dict`): from its open communicators,
+        else from those it recorded operations of (destroyed or aborted since)."""
         with self._lock:
             infos = [i for i in self._infos.values() if i.ref() is not None]
+        if not infos:
+            infos = list({id(e[_INFO]): e[_INFO] for e in self.entries()}.values())
         return self._global_rank(infos)
 
     @property

@@ -66,6 +66,25 @@ def test_excepthook_chains_and_no_outstanding_op_is_said(tmp_path):
     assert rec.dump_count == 1
 
 
+def test_an_exit_after_the_failed_communicator_was_closed_keeps_the_failure_dump(tmp_path):
+    """A rank that caught a failure (its communicator aborted, then destroyed) and exits: nothing is outstanding,
+    so no exit dump replaces the failure's (same file); a later event's reason says what failed, in its rank."""
+    rec = fr.FlightRecorder(16, dump_dir=str(tmp_path))
+    c = FakeComm(rec, 1, 2)
+    c.op("all_reduce", np.ones(2, np.float32), np.ones(2, np.float32))
+    w = c.op("all_reduce", np.ones(2, np.float32), np.ones(2, np.float32), state="started")
+    rec.comm_failed(c, RuntimeError("peer gone"), w)
+    rec.dump("failure in all_reduce #2", trigger="failure")
+    rec.comm_closed(c)
+    ed = exits.ExitDumps(wdm.Watchdog(rec, enabled=False, communicators=list))
+    ed._at_exit()
+    assert rec.dump_count == 1
+    with open(tmp_path / "generation_0" / f"{fr.DEFAULT_FILE_PREFIX}1", "rb") as f:
+        assert pickle.load(f)["pycoll"]["trigger"] == "failure"
+    ed.dump("SIGTERM")
+    assert ed.reason == "SIGTERM in rank 1 after all_reduce #2 on 'world' (started) failed"
+
+
 def test_no_communicator_no_dump(tmp_path):
     rec = fr.FlightRecorder(16, dump_dir=str(tmp_path))
     ed = exits.ExitDumps(wdm.Watchdog(rec, enabled=False, communicators=list))

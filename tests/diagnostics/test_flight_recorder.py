@@ -109,24 +109,27 @@ def test_entries_cost_the_garbage_collector_nothing(rec):
     assert ref() is None and rec.as_dict(0)["entries"][0]["state"] == "completed"
 
 
-def test_unfinished_names_the_operation_of_a_failed_closed_communicator_without_successor(rec):
+def test_failed_closed_names_the_operation_of_a_failed_closed_communicator_without_successor(rec):
     """What a process was doing when it went: also on a communicator a failure's abort closed before the dump
-    (Ctrl-C inside a collective), but not on one a later communicator of the same name replaced."""
-    c = FakeComm(rec, 0, 2, uid="aaaa000000000000")
+    (Ctrl-C inside a collective), but not on one a later communicator of the same name replaced; never as
+    outstanding (unfinished), and its rank stays the process's."""
+    c = FakeComm(rec, 1, 2, uid="aaaa000000000000")
     c.op("all_reduce", f32(3), f32(3))
     w = c.op("all_reduce", f32(3), f32(3), state="started")
     rec.comm_failed(c, RuntimeError("interrupted"), w)
     rec.comm_closed(c)
-    assert rec.unfinished() == ["all_reduce #2 on 'world' (started)"]
+    assert rec.unfinished() == [] and rec.global_rank() == 1  # closed: nothing outstanding; the rank it had
+    assert rec.failed_closed() == ["all_reduce #2 on 'world' (started)"]
     ok = FakeComm(rec, 0, 2, uid="bbbb000000000000", name="other")  # another name: no successor
     ok.op("all_reduce", f32(3), f32(3))
-    assert rec.unfinished() == ["all_reduce #2 on 'world' (started)"]
+    assert rec.failed_closed() == ["all_reduce #2 on 'world' (started)"]
     nxt = FakeComm(rec, 0, 2, uid="cccc000000000000", generation=1)  # the next generation of 'world'
-    assert rec.unfinished() == [] and nxt.name == "world"
+    assert rec.failed_closed() == [] and nxt.name == "world"
     clean = FakeComm(rec, 0, 2, uid="dddd000000000000", name="clean")  # closed without a failure
     clean.op("all_reduce", f32(3), f32(3), state="started")
+    assert rec.unfinished() == ["all_reduce #1 on 'clean' (started)"]
     rec.comm_closed(clean)
-    assert rec.unfinished() == []
+    assert rec.unfinished() == [] and rec.failed_closed() == []
 
 
 def test_failure_freezes_the_state_of_outstanding_operations(rec):
