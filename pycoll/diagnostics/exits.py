@@ -52,7 +52,7 @@ from .. import _settings, failpoints as _fp
 if TYPE_CHECKING:
     from .watchdog import Watchdog
 
-__all__ = ["ExitDumps", "install", "get_exit_dumps"]
+__all__ = ["ExitDumps", "install", "get_exit_dumps", "after_fork"]
 
 _log = logging.getLogger("pycoll.watchdog")
 
@@ -78,7 +78,9 @@ class ExitDumps:
 
     def __init__(self, watchdog: Watchdog) -> None:
         self._wd = watchdog
-        self._pid = os.getpid()  # a forked child (a multiprocessing worker) inherits the hooks, not the rank
+        # a forked child (a multiprocessing worker) inherits the hooks, not the rank: it dumps only once after_fork()
+        # (the process's hooks, with the process's recorder, which forgets the parent's communicators then)
+        self._pid = os.getpid()
         self._lock = threading.RLock()  # reentrant: SIGTERM's handler may run in the main thread while it holds it
         # "process" (its end) and "thread" (an uncaught exception in one) -> (the dumping thread, set when done)
         self._dumped: Dict[str, Tuple[int, threading.Event]] = {}
@@ -95,6 +97,18 @@ class ExitDumps:
         self._sigterm_tried = False  # first_communicator() installed (or tried to install) the SIGTERM handler
         self.reason: Optional[str] = None  # the reason of the dump made, once made
         self.paths: List[str] = []
+
+    def after_fork(self) -> None:
+        """In a forked child, once the process's recorder has forgotten the parent's communicators: the child's own
+        communicators dump in its name; what the parent's threads were dumping or doing is not the child's."""
+        self._lock = threading.RLock()
+        self._dumped = {}
+        self._terminating = False
+        self._term_deferred = False
+        self._term_done = threading.Event()
+        self.reason = None
+        self.paths = []
+        self._pid = os.getpid()
 
     # -- installing --------------------------------------------------------------------------------
 
@@ -150,7 +164,7 @@ class ExitDumps:
         its own dump is the last word."""
         rec = self._wd.recorder
         if os.getpid() != self._pid:
-            return []  # a forked child's dump would overwrite its parent's (same rank, same file)
+            return []  # a forked child's dump would hold its parent's communicators (same rank, same file)
         with self._lock:
             made = self._dumped.get(kind)
             if made is None and not rec.has_communicators:
@@ -310,6 +324,12 @@ def install(watchdog: Watchdog) -> Optional[ExitDumps]:
         # a store that is not there), where a Python handler could not run before the call returned
         _exit_dumps.install(sigterm=False)
     return _exit_dumps
+
+
+def after_fork() -> None:
+    """In a forked child (after the process's recorder's own ``after_fork``): see :meth:`ExitDumps.after_fork`."""
+    if _exit_dumps is not None:
+        _exit_dumps.after_fork()
 
 
 def get_exit_dumps() -> Optional[ExitDumps]:

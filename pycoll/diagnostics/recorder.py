@@ -243,9 +243,22 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
             self.write_json = bool(write_json)
 
     def after_fork(self) -> None:
-        """In a forked child: locks another thread of the parent may have held are made afresh."""
+        """In a forked child: locks another thread of the parent may have held are made afresh, and what the
+        parent recorded is forgotten (its communicators refuse every use in the child): the child's dumps hold
+        its own communicators, under its own rank, and it has none to dump until it makes one."""
         self._lock = threading.Lock()
         self._dump_lock = threading.Lock()
+        self._infos = {}
+        self._infos_changed()
+        self._gen_counters = {}
+        self._pg_ids = itertools.count()
+        self.clear()
+        self._dumped_gen = {}
+        self._closes = {}
+        self._failures = {}
+        self._transitions = []
+        self.last_dump = None
+        self.dump_count = 0
 
     @property
     def buffer_size(self) -> int:

@@ -74,6 +74,17 @@ def signal_number(spec: Any) -> Optional[int]:
     return number
 
 
+def _give_back(fd: int) -> bool:
+    """Make ``fd``, someone else's wake-up fd (asyncio's) that set_wakeup_fd just replaced, the wake-up fd again;
+    False where it no longer can be (closed, or its number reused by a blocking file): nobody's, it stays replaced."""
+    try:
+        signal.set_wakeup_fd(fd)
+    except (ValueError, OSError) as e:
+        _log.debug("watchdog: the previous wake-up fd %d is stale (%s); taking its place", fd, e)
+        return False
+    return True
+
+
 class DumpSignal:
     """The installed dump signal of one watchdog: ``wanted`` (a number or None), ``signum`` (installed)."""
 
@@ -97,14 +108,24 @@ class DumpSignal:
             old = signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
         except (ValueError, OSError):
             return False
-        if old not in (-1, wake_w.fileno()):
-            signal.set_wakeup_fd(old)  # someone else's (asyncio): leave it
+        if old not in (-1, wake_w.fileno()) and _give_back(old):
             return False
         self._wake_fd = wake_w.fileno()
         return True
 
-    def after_fork(self) -> None:
-        """In a forked child: nothing is installed for it (and the parent's stacks file is not its own)."""
+    def after_fork(self, wake_fd: int = -1) -> None:
+        """In a forked child: nothing is installed for it (and the parent's stacks file is not its own).
+
+        ``wake_fd``: the parent's watchdog's wake-up socket as the child inherited it (-1: none). Where it is
+        the wake-up fd, it is released: the watchdog closes that socket, and the next file the child opens
+        would take its number, and the signals' bytes."""
+        if wake_fd >= 0:
+            try:
+                fd = signal.set_wakeup_fd(-1)
+                if fd not in (-1, wake_fd):
+                    _give_back(fd)
+            except (ValueError, OSError):
+                pass
         if self._stacks_file is not None and self.signum is not None:
             try:
                 faulthandler.unregister(self.signum)
@@ -136,7 +157,7 @@ class DumpSignal:
             if wake_w is not None:
                 old = signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
                 if old not in (-1, wake_w.fileno()):
-                    signal.set_wakeup_fd(old)  # someone else's (asyncio): leave it, use the handler only
+                    _give_back(old)  # someone else's (asyncio): leave it, use the handler only
         except (ValueError, OSError) as e:
             _log.debug("watchdog: set_wakeup_fd failed (%s); the dump signal waits for the main thread", e)
         self._register_stacks(signum)

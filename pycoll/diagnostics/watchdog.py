@@ -337,20 +337,33 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         return self._pid == os.getpid()
 
     def after_fork(self) -> None:
-        """In a forked child: no thread was inherited (and maybe a lock one of them held); start afresh."""
-        # a forked child inherits none of the threads (and maybe a lock one of them held): start afresh
+        """In a forked child: no thread was inherited (and maybe a lock one of them held); start afresh.
+
+        The child's first communicator starts its own threads. The parent's wake-up socket is closed here, and
+        released as the signals' wake-up fd first (its number goes to the next file the child opens)."""
         self._lock = threading.Lock()
         self._count_lock = threading.Lock()
         self._failing = 0
         self._threads = []
+        self._stop = threading.Event()
+        self._poll_wake = threading.Event()
+        self._store_wake = threading.Event()
+        self._liveness_wake = threading.Event()
         self._wake_at = -1.0
+        self._next_due = math.inf
         self._dumps.reset()
         self._reports = set()
         self._report_q = queue.SimpleQueue()
         self._stores = {}
+        self._snapshots = {}
         self._liveness = Liveness(self.liveness_interval, self.heartbeat_timeout, self.publish_interval)
+        self._signal.after_fork(self._wake_w.fileno() if self._wake_w is not None else -1)
+        for s in (self._wake_r, self._wake_w):
+            if s is not None:
+                s.close()
         self._wake_r = self._wake_w = None
-        self._signal.after_fork()
+        self._stalled = False
+        self._doing = None
         self._pid = os.getpid()
 
     def status(self) -> Dict[str, Any]:
@@ -918,6 +931,7 @@ def _reinit_after_fork() -> None:
     if _watchdog is not None:
         _watchdog.after_fork()
     _recorder_module.after_fork()
+    exits.after_fork()
 
 
 if hasattr(os, "register_at_fork"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 
@@ -451,6 +452,35 @@ def test_threads_are_named_and_stop(make_wd):
     assert all(t.daemon and t.is_alive() for t in threads)
     wd.stop()
     assert not wd.running and not any(t.is_alive() for t in threads)
+
+
+def test_after_fork_releases_the_parents_wake_up_fd_and_a_stale_one_is_taken_over():
+    """A forked child closes its parent's watchdog socket: it must not stay the signals' wake-up fd (its number goes
+    to the next file the child opens). A wake-up fd someone else closed is replaced, not restored (it cannot be)."""
+    prev = signal.set_wakeup_fd(-1)
+    pairs = [socket.socketpair() for _ in range(3)]
+    for s in (s for p in pairs for s in p):
+        s.setblocking(False)
+    (r, w), (_, other), (_, mine) = pairs
+    try:
+        wd = wdm.Watchdog(fr.FlightRecorder(4), enabled=False, communicators=list)
+        wd._wake_r, wd._wake_w = r, w  # as a started watchdog has them
+        signal.set_wakeup_fd(w.fileno())
+        wd.after_fork()
+        assert signal.set_wakeup_fd(-1) == -1 and w.fileno() == -1  # released, then closed
+        signal.set_wakeup_fd(other.fileno())  # someone else's (asyncio's) stays
+        wd._signal.after_fork(mine.fileno())
+        assert signal.set_wakeup_fd(other.fileno()) == other.fileno()
+        other.close()  # ... until its owner closes it without a word
+        assert wd._signal.watch_interrupts(mine)
+        assert signal.set_wakeup_fd(-1) == mine.fileno()
+    finally:
+        try:
+            signal.set_wakeup_fd(prev)
+        except (ValueError, OSError):
+            signal.set_wakeup_fd(-1)
+        for s in (s for p in pairs for s in p):
+            s.close()
 
 
 def test_started_before_tells_a_reused_pid():

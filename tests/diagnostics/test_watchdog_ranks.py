@@ -339,3 +339,86 @@ def test_dump_request_makes_healthy_ranks_dump(server, tmp_path):
     assert _dumped_ranks(d) == {0, 1, 2}
     rep = analyze.analyze_dir(d)[0]
     assert rep["ok"] and rep["communicators"][0]["matched_through"] == 3
+
+
+# -- a forked child's own communicator -------------------------------------------------------------
+
+
+def _forked_kid(rank, uid, dump_dir, done, conn):
+    """A fork of a process whose watchdog runs: its own communicator gets its own watchdog."""
+    lines = _Lines()
+    logging.getLogger("pycoll").addHandler(lines)
+    pycoll.flight_recorder.configure(dump_dir=dump_dir)
+    c = pycoll.init(rank, 2, unique_id=uid, backend="host", name="kid", timeout=1.0)
+    if rank == 1:  # never joins the all_reduce
+        done.wait(20)
+        c.abort()
+        return
+    wd = pycoll.watchdog.get_watchdog()
+    fd = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(fd)
+    t0 = time.monotonic()
+    c.all_reduce(np.ones(4, np.float32), async_op=True)  # nobody waits for it: only the watchdog sees the timeout
+    while c.state == "active" and time.monotonic() - t0 < 10:
+        time.sleep(0.01)
+    elapsed = time.monotonic() - t0
+    wd.wait_for_dumps()
+    done.set()
+    with open(os.path.join(_gen0(dump_dir), f"{PREFIX}0"), "rb") as f:
+        failure = pickle.load(f)
+    conn.send({"state": c.state, "elapsed": elapsed, "wake_fd_ours": fd == wd._wake_w.fileno(),
+               "threads": sorted(t.name for t in threading.enumerate() if t.name.startswith("pycoll-watchdog")),
+               "errors": [m for _, level, m in lines.lines if level == "ERROR" and "CommTimeout" not in m],
+               "failure": (failure["pycoll"]["trigger"], sorted(g["desc"] for g in failure["pg_config"].values()))})
+    conn.close()
+    os.kill(os.getpid(), signal.SIGTERM)  # its exit dump is its own too
+
+
+@pytest.mark.timeout(120)
+def test_a_forked_child_gets_its_own_watchdog(tmp_path):
+    """multiprocessing's fork children of a process with a communicator (this one: its watchdog runs, the wake-up
+    fd is its socket) make their own: their watchdog starts, times out what nobody waits for, dumps in their
+    name; the parent goes on unaffected."""
+    import multiprocessing as mp
+
+    d, uid = str(tmp_path), _uid()
+    solo = pycoll.init(0, 1, backend="host", name="parent")
+    x = np.ones(2, np.float32)
+    ctx = mp.get_context("fork")
+    done = ctx.Event()
+    r, w = ctx.Pipe(duplex=False)
+    kids = [ctx.Process(target=_forked_kid, args=(k, uid, d, done, w)) for k in range(2)]
+    try:
+        solo.all_reduce(x)
+        for p in kids:
+            p.start()
+        w.close()
+        try:
+            kid = r.recv() if r.poll(30) else None
+        except EOFError:  # the child failed before it sent anything
+            kid = None
+        for p in kids:
+            p.join(20)
+        solo.all_reduce(x)  # the parent is unaffected
+        running = pycoll.watchdog.get_watchdog().running
+    finally:
+        done.set()
+        for p in kids:
+            if p.is_alive():
+                p.kill()
+            p.join(5)
+        r.close()
+        solo.destroy()
+    assert kid is not None, [p.exitcode for p in kids]
+    assert kid["errors"] == [], kid["errors"]  # no observer failed in comm_created
+    assert kid["threads"] == ["pycoll-watchdog", "pycoll-watchdog-liveness", "pycoll-watchdog-monitor",
+                              "pycoll-watchdog-report", "pycoll-watchdog-store"]
+    assert kid["wake_fd_ours"]  # not the parent's socket's number, inherited
+    assert kid["state"] == "aborted" and 0.9 < kid["elapsed"] < 2.0, kid  # the watchdog's timeout, unwaited for
+    assert kid["failure"] == ("failure", ["kid"])  # its dump holds its own communicator only
+    assert [p.exitcode for p in kids] == [-signal.SIGTERM, 0]
+    with open(os.path.join(_gen0(d), f"{PREFIX}0"), "rb") as f:
+        exit_dump = pickle.load(f)
+    assert exit_dump["pycoll"]["reason"].startswith("SIGTERM in rank 0 ")  # the child's own rank
+    assert sorted(g["desc"] for g in exit_dump["pg_config"].values()) == ["kid"]
+    assert x.tolist() == [1.0, 1.0] and running
