@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
-from . import _bindings as B, _settings
+from . import _bindings as B, _settings, hooks
 from .buffers import integer
 from .comm import Communicator, _check_timeout, default_timeout, poll_ready
 from .config import CommConfig
@@ -98,11 +98,24 @@ def _uid_str(unique_id: Any) -> str:
 def _poll_new(lib: Any, handle: int, what: str, timeout: float,
               describe_missing: Optional[Callable[[], str]] = None, reported_timeout: Optional[float] = None,
               give_up: Optional[Callable[[float], Optional[BaseException]]] = None) -> None:
-    """Wait for a new communicator's nonblocking init; abort it on an error, at the deadline or when ``give_up``
-    says so (:func:`pycoll.comm.poll_ready`)."""
-    poll_ready(lib, handle, what, timeout, on_error=lambda: lib.comm_abort(handle),
-               on_timeout=lambda: lib.comm_abort(handle), describe_missing=describe_missing,
-               reported_timeout=reported_timeout, give_up=give_up)
+    """Wait for a new communicator's nonblocking init; abort it on an error, at the deadline, when ``give_up`` says
+    so (:func:`pycoll.comm.poll_ready`), when an exception ends the wait (KeyboardInterrupt) or when SIGTERM is about
+    to end the process (:func:`hooks.abort_initializing`: the host library then removes the rendezvous segment this
+    rank may have created)."""
+    once = threading.Lock()
+
+    def abort() -> None:
+        if once.acquire(blocking=False):
+            lib.comm_abort(handle)
+
+    with hooks.initializing(abort, any_thread=lib.kind == "host"):
+        try:
+            poll_ready(lib, handle, what, timeout, on_error=abort, on_timeout=abort,
+                       describe_missing=describe_missing, reported_timeout=reported_timeout, give_up=give_up)
+        except BaseException:
+            with contextlib.suppress(NCCLError):
+                abort()
+            raise
 
 
 def init(

@@ -3,16 +3,20 @@
 The core (:class:`~pycoll.Communicator`, :class:`~pycoll.Work`) publishes what the diagnostics
 (flight recorder, watchdog) and the elastic layer may see of it through the read-only views
 :class:`CommView` and :class:`WorkView`, plus a few public actions (``check``, ``try_refresh``,
-``fail``, ``revoke``, ``abort``). Observers register here and hear every communicator's events.
+``fail``, ``revoke``, ``abort``). Observers register here and hear every communicator's events. The
+initialisations being waited for register here too, so that SIGTERM's handler (the diagnostics) can abort them.
 This module is a leaf: it imports nothing of pycoll, so every layer may depend on it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import logging
 import os
+import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Protocol, Sequence, Tuple
 
 if TYPE_CHECKING:  # pragma: no cover
     from .comm import Communicator
@@ -304,11 +308,44 @@ def live_communicators() -> List[Communicator]:
     return [c for c in list(_live) if c.state not in ("aborted", "destroyed", "inherited")]
 
 
+# communicators whose initialisation is being waited for: a process that SIGTERM is about to end aborts them
+# (abort, the waiting thread's ident, whether another thread may call abort)
+_initializing: Dict[int, Tuple[Callable[[], None], int, bool]] = {}
+_init_tokens = itertools.count()
+
+
+@contextlib.contextmanager
+def initializing(abort: Callable[[], None], any_thread: bool) -> Iterator[None]:
+    """While the block waits for a new communicator's initialisation, :func:`abort_initializing` may call
+    ``abort``: from any thread where ``any_thread`` (a library that checks every handle it is given, as the host
+    library does), else only from the waiting thread itself (a signal's handler running in it)."""
+    token = next(_init_tokens)
+    _initializing[token] = (abort, threading.get_ident(), any_thread)
+    try:
+        yield
+    finally:
+        _initializing.pop(token, None)
+
+
+def abort_initializing() -> None:
+    """Abort the communicators this process is initialising (see :func:`initializing`) -- the process is about to
+    end by SIGTERM: the host library then removes the rendezvous segment of a rank still waiting for the others
+    (which a later init would otherwise sweep away only). Errors are logged and ignored."""
+    me = threading.get_ident()
+    for abort, thread, any_thread in list(_initializing.values()):
+        if any_thread or thread == me:
+            try:
+                abort()
+            except Exception as e:
+                _log.debug("aborting a communicator being initialised failed: %s", e)
+
+
 def _after_fork_in_child() -> None:
     # a forked child inherits the parent's communicators: they are the parent's, never the child's
     for c in list(_live):
         c.mark_inherited()
     _live.clear()
+    _initializing.clear()
 
 
 if hasattr(os, "register_at_fork"):

@@ -47,7 +47,7 @@ import time
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple, Type
 
-from .. import _settings, failpoints as _fp
+from .. import _settings, failpoints as _fp, hooks
 
 if TYPE_CHECKING:
     from .watchdog import Watchdog
@@ -289,6 +289,7 @@ class ExitDumps:
                 return
             self._term_done.wait(self._wd.dump_timeout + 1.0)  # the monitor thread is dumping, then ends it
         _fp.hit(FP_TERMINATE)
+        hooks.abort_initializing()  # a rendezvous segment this rank created goes with it
         self._term_done.set()
         _die_by_sigterm()
 

@@ -29,6 +29,7 @@ import time
 
 import pytest
 from helpers import REPO
+from helpers.mp import shm_entries
 
 from pycoll import _bindings as B, analyze
 from pycoll.store import TCPStoreServer
@@ -183,6 +184,56 @@ def test_ctrl_c_while_blocked_in_a_collective_dumps(server, tmp_path):
     assert re.fullmatch(rf"uncaught KeyboardInterrupt in rank 1 (while all_reduce #{K} on 'world' \(\w+\) "
                         rf"outstanding|after all_reduce #{K} on 'world' \(\w+\) failed)", pyc["reason"]), pyc["reason"]
     assert pyc["failures"] and "interrupted (SIGINT)" in pyc["failures"][0]["message"]
+
+
+_WAITING_IN_INIT = """
+import sys, pycoll
+pycoll.init(0, 2, unique_id=bytes.fromhex(sys.argv[1]), backend="host", init_timeout=60)
+"""
+
+
+def _mapped_segment(pid):
+    """The name in /dev/shm of the pycoll segment process ``pid`` maps (by inode: it mapped it under a temporary
+    name, linked under its own since)."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            inodes = {int(line.split()[4]) for line in f if "/dev/shm/pycoll-" in line}
+    except OSError:
+        return None
+    for name in shm_entries():
+        try:
+            if os.stat(os.path.join("/dev/shm", name)).st_ino in inodes:
+                return name
+        except OSError:
+            pass
+    return None
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_while_waiting_in_init_removes_the_segment_it_created(tmp_path):
+    """The first rank to arrive creates the rendezvous segment and waits in it for the others; SIGTERM (pycoll's
+    handler, SIGTERM's default action) aborts that init, so the segment goes with the process, not at a later
+    init's sweep."""
+    lib = B.load("host")
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               PYCOLL_FR_DUMP_DIR=str(tmp_path))
+    p = subprocess.Popen([sys.executable, "-c", _WAITING_IN_INIT, bytes(lib.get_unique_id()).hex()], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        seg, deadline = None, time.monotonic() + 30
+        while seg is None and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+            seg = _mapped_segment(p.pid)
+        assert seg is not None, p.communicate(timeout=10)[0] if p.poll() is not None else "no segment"
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(20) == -signal.SIGTERM
+        assert not os.path.exists(os.path.join("/dev/shm", seg))
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait(10)
+        p.stdout.close()
+        lib.get_unique_id()  # sweeps a segment whose creator is gone, should the test fail
 
 
 @pytest.mark.timeout(120)
