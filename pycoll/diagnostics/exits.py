@@ -12,8 +12,8 @@ is on:
   outstanding on a communicator still open dumps. After a failure whose communicator was aborted or destroyed
   nothing is outstanding: the exit writes no dump, and the failure's dump, in the same file, stays;
 * a SIGTERM handler, only where SIGTERM had the default action or a Python handler (never over
-  ``SIG_IGN``), installed from the main thread when the first communicator exists (before, there is
-  nothing to dump, and a main thread blocked in C -- connecting to a store -- could not run it): it
+  ``SIG_IGN``), installed from the main thread as the first communicator is made, once the store is open
+  (before, there is nothing to dump, and a main thread blocked in C -- connecting to a store -- could not run it): it
   dumps, then calls the handler it replaced, or -- for the default action -- ends the process by SIGTERM
   as it would have ended without pycoll. While the main thread is blocked inside a call, the watchdog's
   monitor thread sees the signal through the wake-up fd and dumps (and, for the default action, ends the
@@ -121,9 +121,10 @@ class ExitDumps:
         if sigterm:
             self.install_sigterm()
 
-    def first_communicator(self) -> None:
-        """A communicator exists (the watchdog's ``comm_created``): SIGTERM dumps from now on, once installed from
-        the main thread (a later communicator does not chain it again over a handler the user set since)."""
+    def arm_sigterm(self) -> None:
+        """A communicator is being made (once the job's store is open: :func:`pycoll.init`, :func:`pycoll.join`) or
+        exists (the watchdog's ``comm_created``): SIGTERM dumps from now on, installed once from the main thread (a
+        later communicator does not chain it again over a handler the user set since)."""
         if not self._sigterm_tried and threading.current_thread() is threading.main_thread():
             self._sigterm_tried = True
             self.install_sigterm()
@@ -320,9 +321,9 @@ def install(watchdog: Watchdog) -> Optional[ExitDumps]:
     global _exit_dumps
     if _exit_dumps is None and _settings.get("PYCOLL_FR_DUMP_ON_FAILURE"):
         _exit_dumps = ExitDumps(watchdog)
-        # SIGTERM's handler comes with the first communicator (first_communicator): until then a SIGTERM has
-        # nothing to dump and ends the process at once, also while the main thread is blocked in C (connecting to
-        # a store that is not there), where a Python handler could not run before the call returned
+        # SIGTERM's handler comes with the first communicator, once the job's store is open (arm_sigterm): until
+        # then a SIGTERM has nothing to dump or abort and ends the process at once, also while the main thread is
+        # blocked in C (connecting to a torch store that is not there), where a Python handler could not run
         _exit_dumps.install(sigterm=False)
     return _exit_dumps
 

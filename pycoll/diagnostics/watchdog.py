@@ -391,7 +391,7 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
     def comm_created(self, comm: CommView) -> None:
         ending = exits.get_exit_dumps()
         if ending is not None:
-            ending.first_communicator()
+            ending.arm_sigterm()
         if self.enabled and not self.running:
             self.start()
         self._store_wake.set()  # publish the new communicator's progress at once
