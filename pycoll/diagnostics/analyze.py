@@ -679,6 +679,11 @@ def _held(b: Dict[str, Any]) -> str:
     return f"it is in {where}{b['op']}{site}, still in flight (state {b['state']})"
 
 
+def _p2p_ref(op: Dict[str, Any]) -> str:
+    """A send's or receive's number, and where it was issued when known."""
+    return f"p2p #{op['p2p_seq']}" + (f", issued at {op['site']}" if op["site"] else "")
+
+
 def _p2p_why(i: Dict[str, Any], issues: List[Dict[str, Any]]) -> str:
     """Why the transfer of issue ``i`` is stuck, with the send or receive that a wrong peer may have gone to."""
     src, dst = i["src"], i["dst"]
@@ -687,24 +692,19 @@ def _p2p_why(i: Dict[str, Any], issues: List[Dict[str, Any]]) -> str:
         astray = [j for j in issues if j["kind"] == "no_send" and j["src"] == src and j["dst"] != dst]
         if astray:
             j = astray[0]
-            why += (f"; rank {j['dst']} waits for a recv from rank {src} (p2p #{j['recv']['p2p_seq']}"
-                    + (f", issued at {j['recv']['site']}" if j["recv"]["site"] else "") + ") that no send matches: "
-                    "a wrong peer?")
+            why += (f"; rank {j['dst']} waits for a recv from rank {src} ({_p2p_ref(j['recv'])}) that no send "
+                    "matches: a wrong peer?")
         return why
     if i["kind"] == "no_send":
         why = f"rank {src} posted no matching send"
         astray = [j for j in issues if j["kind"] == "no_recv" and j["dst"] == dst and j["src"] != src]
         if astray:
             j = astray[0]
-            why += (f"; rank {j['src']} sent to rank {dst} (p2p #{j['send']['p2p_seq']}"
-                    + (f", issued at {j['send']['site']}" if j["send"]["site"] else "") + ") but no recv matches it: "
-                    "a wrong peer?")
+            why += f"; rank {j['src']} sent to rank {dst} ({_p2p_ref(j['send'])}) but no recv matches it: a wrong peer?"
         return why
     if i["kind"] == "mismatch":
-        return (f"size or dtype mismatch between rank {src}'s send (p2p #{i['send']['p2p_seq']}"
-                + (f", issued at {i['send']['site']}" if i["send"]["site"] else "")
-                + f") and rank {dst}'s recv (p2p #{i['recv']['p2p_seq']}"
-                + (f", issued at {i['recv']['site']}" if i["recv"]["site"] else "") + f"): {i['detail']}")
+        return (f"size or dtype mismatch between rank {src}'s send ({_p2p_ref(i['send'])}) and rank {dst}'s recv "
+                f"({_p2p_ref(i['recv'])}): {i['detail']}")
     return f"transfer {src}->{dst} not completed: {i['detail']}"
 
 
