@@ -16,7 +16,7 @@ from .comm import Communicator, _check_timeout, default_timeout, poll_ready
 from .config import CommConfig
 from .devices import Device, auto_backend, cuda_device_count, open_device, rocm_device_count
 from .diagnostics import install as _install_diagnostics
-from .diagnostics.exits import get_exit_dumps
+from .diagnostics.exits import arm_sigterm
 from .errors import NCCLError, StoreError, StoreTimeout
 from .launch import discovery
 from .store.torch import store_argument
@@ -200,7 +200,9 @@ def init(
         raise ValueError(f"rank {rank} is out of range for world_size {world_size}")
     if store is not None:
         store = store_argument(store)
-    _arm_sigterm()
+    # from here on a SIGTERM dumps and aborts the init under way (its segment removed); not before the store is
+    # open: torch's connect blocks the main thread in C, where a Python handler cannot run
+    arm_sigterm()
 
     backend, lib = load_library(backend, library)
     dev, owns = _open_device(backend, lib, device, local_rank)
@@ -239,14 +241,6 @@ def init(
         on_failure=on_failure, store=store, owns_device=owns, generation=generation,
         failure_callbacks=failure_callbacks,
     )
-
-
-def _arm_sigterm() -> None:
-    """From here on a SIGTERM dumps and aborts the init under way (its segment removed); not before the store is
-    open: torch's connect blocks the main thread in C, where a Python handler cannot run (exits.arm_sigterm)."""
-    ending = get_exit_dumps()
-    if ending is not None:
-        ending.arm_sigterm()
 
 
 def _exchange_unique_id(lib: Any, unique_id: Any, store: Any, rank: int, world_size: int, base: str,
@@ -322,7 +316,7 @@ def join(
     if not 0 < rank < size:
         raise ValueError(f"join: rank must be in [1, {size}), got {rank!r}")
     uid = unique_id if isinstance(unique_id, B.UniqueId) else B.UniqueId.from_bytes(bytes(unique_id))
-    _arm_sigterm()
+    arm_sigterm()  # a SIGTERM from here on dumps and aborts the join (see init)
     backend, lib = load_library(backend, library)
     dev, owns = _open_device(backend, lib, device, _local_rank())
     try:

@@ -45,14 +45,14 @@ import sys
 import threading
 import time
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple, Type
+from typing import TYPE_CHECKING, Any, ContextManager, Dict, Iterator, List, Optional, Tuple, Type
 
 from .. import _settings, failpoints as _fp, hooks
 
 if TYPE_CHECKING:
     from .watchdog import Watchdog
 
-__all__ = ["ExitDumps", "install", "get_exit_dumps", "after_fork"]
+__all__ = ["ExitDumps", "install", "get_exit_dumps", "after_fork", "arm_sigterm", "holding_sigterm"]
 
 _log = logging.getLogger("pycoll.watchdog")
 
@@ -94,7 +94,7 @@ class ExitDumps:
         self._prev_excepthook: Any = None
         self._prev_thread_hook: Any = None
         self._prev_term: Any = None  # what SIGTERM did before ours (SIG_DFL or the user's handler)
-        self._sigterm_tried = False  # first_communicator() installed (or tried to install) the SIGTERM handler
+        self._sigterm_tried = False  # arm_sigterm() installed (or tried to install) the SIGTERM handler
         self.reason: Optional[str] = None  # the reason of the dump made, once made
         self.paths: List[str] = []
 
@@ -332,6 +332,17 @@ def after_fork() -> None:
     """In a forked child (after the process's recorder's own ``after_fork``): see :meth:`ExitDumps.after_fork`."""
     if _exit_dumps is not None:
         _exit_dumps.after_fork()
+
+
+def arm_sigterm() -> None:
+    """:meth:`ExitDumps.arm_sigterm` of the installed hooks (nothing with dumps on failure off)."""
+    if _exit_dumps is not None:
+        _exit_dumps.arm_sigterm()
+
+
+def holding_sigterm() -> ContextManager[None]:
+    """:meth:`ExitDumps.holding_sigterm` of the installed hooks (no holding with dumps on failure off)."""
+    return _exit_dumps.holding_sigterm() if _exit_dumps is not None else contextlib.nullcontext()
 
 
 def get_exit_dumps() -> Optional[ExitDumps]:

@@ -60,7 +60,6 @@ report and its line), :mod:`.dumps` (the dump queue and its gates), :mod:`.signa
 from __future__ import annotations
 
 import atexit
-import contextlib
 import logging
 import math
 import os
@@ -389,9 +388,7 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
     work_enqueued = _hooks.watchdog_work_enqueued  # compiled (pycoll/diagnostics/_hooks.pyx)
 
     def comm_created(self, comm: CommView) -> None:
-        ending = exits.get_exit_dumps()
-        if ending is not None:
-            ending.arm_sigterm()
+        exits.arm_sigterm()
         if self.enabled and not self.running:
             self.start()
         self._store_wake.set()  # publish the new communicator's progress at once
@@ -458,8 +455,7 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
 
     def _finish_report(self, store: Any, report: FailureReport, after_gates: bool = False) -> None:
         report.maker = threading.get_ident()
-        hold = exits.get_exit_dumps()
-        with hold.holding_sigterm() if hold is not None else contextlib.nullcontext():  # the main thread's report
+        with exits.holding_sigterm():  # the main thread's report: a SIGTERM meanwhile waits for it
             self._report(store, report, after_gates)
 
     def _report(self, store: Any, report: FailureReport, after_gates: bool) -> None:
