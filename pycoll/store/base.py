@@ -86,6 +86,16 @@ def _check_size(size: Any) -> int:
     return size
 
 
+POLL_FIRST, POLL_MAX = 0.001, 0.05  # a polling wait's first pause, doubling up to the last
+
+
+def _pause(delay: float, left: float, limit: float = POLL_MAX) -> float:
+    """Sleep ``delay`` between two polls of a store's waiting loop (at most ``left``, what remains of its timeout);
+    returns the next pause: doubled, at most ``limit``."""
+    time.sleep(min(delay, left))
+    return min(delay * 2, limit)
+
+
 def _size_timeout(key: str, size: int, timeout: float, where: str = "") -> StoreTimeout:
     exc = StoreTimeout(f"timed out after {timeout:g} s waiting for key {key!r} to hold {size} bytes{where}")
     exc.keys = [key]
@@ -222,11 +232,11 @@ class Store(abc.ABC):
         size = _check_size(size)
         t = _check_timeout(timeout, self.timeout)
         deadline = time.monotonic() + t
-        delay = 0.001
+        delay = POLL_FIRST
         while True:
             left = deadline - time.monotonic()
             try:
-                value = self.get(key, max(0.0, min(left, 0.05)))
+                value = self.get(key, max(0.0, min(left, POLL_MAX)))
                 if len(value) >= size:
                     return value
             except StoreTimeout:
@@ -234,8 +244,7 @@ class Store(abc.ABC):
             left = deadline - time.monotonic()
             if left <= 0:
                 raise _size_timeout(key, size, t)
-            time.sleep(min(delay, left))
-            delay = min(delay * 2, 0.05)
+            delay = _pause(delay, left)
 
     def close(self) -> None:  # noqa: B027 -- a no-op by default: a store with nothing to release keeps it
         """Release the store's resources (connections, files). Further calls raise StoreError."""

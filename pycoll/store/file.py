@@ -16,6 +16,7 @@ from ..errors import StoreError
 from . import _safefiles
 from .base import (
     DEFAULT_TIMEOUT,
+    POLL_FIRST,
     Keys,
     Store,
     Value,
@@ -23,6 +24,7 @@ from .base import (
     _check_key,
     _check_keys,
     _check_timeout,
+    _pause,
     _Table,
     _timeout_error,
     _to_bytes,
@@ -257,7 +259,7 @@ class FileStore(Store):
 
     def _poll(self, keys: List[str], timeout: float, done: Callable[[], Any]) -> Any:
         deadline = time.monotonic() + timeout
-        delay = 0.001
+        delay = POLL_FIRST
         while True:
             with self._locked():
                 self._sync()
@@ -267,8 +269,7 @@ class FileStore(Store):
             now = time.monotonic()
             if now >= deadline:
                 raise _timeout_error(keys, timeout, f" in {self.path}", missing)
-            time.sleep(min(delay, deadline - now))
-            delay = min(delay * 2, self.poll_interval)
+            delay = _pause(delay, deadline - now, self.poll_interval)
 
     # ---- the protocol
 

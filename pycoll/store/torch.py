@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence
 from ..errors import NotSupported, StoreError, StoreLost
 from .base import (
     DEFAULT_TIMEOUT,
+    POLL_FIRST,
     Keys,
     Store,
     Value,
@@ -21,6 +22,7 @@ from .base import (
     _check_key,
     _check_keys,
     _check_timeout,
+    _pause,
     _timeout_error,
     _to_bytes,
 )
@@ -29,9 +31,6 @@ __all__ = ["TorchStoreAdapter", "wrap_torch_store"]
 
 
 _TORCH_METHODS = ("set", "get", "add", "wait", "compare_set", "delete_key", "check", "num_keys")
-
-# a wait polls check(): first at once, then after 1 ms, the pause doubling up to 50 ms (as Store.wait_size)
-POLL_FIRST, POLL_MAX = 0.001, 0.05
 
 _log = logging.getLogger("pycoll.store")
 
@@ -191,8 +190,7 @@ class TorchStoreAdapter(Store):
             if left <= 0:
                 missing = keys if len(keys) == 1 else [k for k in keys if not self._has(store, k, timeout)]
                 raise _timeout_error(keys, timeout, f" in {type(self.torch_store).__name__}", missing)
-            time.sleep(min(delay, left))
-            delay = min(delay * 2, POLL_MAX)
+            delay = _pause(delay, left)
 
     def _has(self, store: Any, key: str, timeout: float) -> bool:
         return bool(self._run("wait", lambda: store.check([key]), [key], timeout))
