@@ -360,7 +360,7 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         ``"all_reduce #7 on 'world' (started)"`` (at most ``limit``; a last item counts the rest)."""
         with self._lock:
             live = {i.uid for i in self._infos.values() if i.ref() is not None}
-        return self._not_completed(lambda i: i.closed_at is None and i.uid in live, limit)
+        return self._not_completed(self.entries(), lambda i: i.closed_at is None and i.uid in live, limit)
 
     def failed_closed(self, limit: int = 4) -> List[str]:
         """The operations a failure ended on a communicator that was closed since (its policy's abort, or the
@@ -373,10 +373,10 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         for i in [*alive, *(e[_INFO] for e in entries)]:
             newest[i.name] = max(newest.get(i.name, -1), i.pg_id)
         return self._not_completed(
-            lambda i: i.closed_at is not None and i.failure is not None and i.pg_id == newest[i.name], limit)
+            entries, lambda i: i.closed_at is not None and i.failure is not None and i.pg_id == newest[i.name], limit)
 
-    def _not_completed(self, on: Callable[[_CommInfo], bool], limit: int) -> List[str]:
-        raw = [e for e in self.entries() if on(e[_INFO])]
+    def _not_completed(self, entries: List[Any], on: Callable[[_CommInfo], bool], limit: int) -> List[str]:
+        raw = [e for e in entries if on(e[_INFO])]
         infos: Dict[str, _CommInfo] = {e[_INFO].uid: e[_INFO] for e in raw}
         outstanding = _outstanding(c for c in (i.ref() for i in infos.values()) if c is not None)
         out = []
