@@ -37,14 +37,18 @@ KEY_HEARTBEAT = RUN_KEY_PREFIX + "node/{node}/heartbeat"
 KEY_DONE = RUN_KEY_PREFIX + "node/{node}/done"
 
 
+def _job_store(store: Store) -> Store:
+    """The job's root store of ``store`` (a prefixed view's root): the launchers' keys are not under a prefix."""
+    return store.root if isinstance(store, PrefixStore) else store
+
+
 def mark_lost(store: Store, rank: int, reason: str = "") -> None:
     """Declare that the job goes on without rank slot ``rank`` (for ``pycoll-run --keep-going``).
 
     ``store`` is the job's root store (not a prefixed view). Survivors call this after they have
     reshaped without the rank; the launcher then does not count that rank's failure against the job.
     """
-    if isinstance(store, PrefixStore):
-        store = store.root
+    store = _job_store(store)
     store.set(KEY_LOST.format(rank=int(rank)), reason or "lost")
 
 
@@ -53,15 +57,13 @@ def unmark_lost(store: Store, rank: int) -> None:
 
     Until then the launcher takes a stopped process of the slot for a hung one of a lost slot and kills it.
     """
-    if isinstance(store, PrefixStore):
-        store = store.root
+    store = _job_store(store)
     store.delete(KEY_LOST.format(rank=int(rank)))
 
 
 def failures(store: Store) -> List[Tuple[int, int]]:
     """The ``(rank, exit code)`` of every failed process the launchers have seen so far, in order."""
-    if isinstance(store, PrefixStore):
-        store = store.root
+    store = _job_store(store)
     n = store.add(KEY_FAILURES, 0)
     out = []
     for value in store.multi_get([KEY_FAILURE.format(n=i) for i in range(1, n + 1)], timeout=10.0):

@@ -510,10 +510,11 @@ class _Launcher:
         self.store_call("record an exit code", "set", KEY_EXIT.format(rank=rank), str(code))
         if code == 0:
             return
+        what = "hung (stopped) and was killed" if proc.hung else _describe(code)
         if self.stopping:
             return
         if not self.cfg.keep_going:
-            log.error("rank %d %s; stopping the other ranks", rank, _describe(code))
+            log.error("rank %d %s; stopping the other ranks", rank, what)
             self.store_call("tell the other nodes", "set", KEY_ABORT, f"{self.cfg.node_rank} {rank} {code}")
             self.stop(code)
             return
@@ -522,8 +523,8 @@ class _Launcher:
             k = self.replacement_count.get(rank, 0) + 1
             self.replacement_count[rank] = k
             self.replaced_failures.add(len(self.failures) - 1)
-            log.warning("rank %d %s; starting replacement %d for it (%d replacements left)", rank,
-                        "hung (stopped) and was killed" if proc.hung else _describe(code), k, self.replacements_left)
+            log.warning("rank %d %s; starting replacement %d for it (%d replacements left)", rank, what, k,
+                        self.replacements_left)
             self.store_call("record a replacement", "set", KEY_REPLACEMENT.format(rank=rank), str(k))
             _fp.hit(FP_REPLACEMENT, rank)
             try:
@@ -531,8 +532,7 @@ class _Launcher:
             except OSError as exc:
                 log.error("could not start a replacement for rank %d: %s", rank, exc)
             return
-        log.warning("rank %d %s; the other ranks go on (--keep-going)", rank,
-                    "hung (stopped) and was killed" if proc.hung else _describe(code))
+        log.warning("rank %d %s; the other ranks go on (--keep-going)", rank, what)
 
     def stop(self, code: Optional[int], sig: int = signal.SIGTERM) -> None:
         """Stop every live rank: ``sig`` now, SIGKILL after the grace period."""
