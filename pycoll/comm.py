@@ -1174,11 +1174,18 @@ class Communicator(_core.CommCore):
                 with contextlib.suppress(NCCLError):
                     self.library.comm_abort(child)
 
+        def abort_child() -> None:  # SIGTERM ends the process: the child's rendezvous segment goes with it
+            child = slot.value
+            if child and once.acquire(blocking=False):
+                self.library.comm_abort(child)
+
+        once = threading.Lock()
         if status == B.IN_PROGRESS:
             # a grow (which polls the child) also ends when this communicator fails meanwhile: its joiners are
             # no peers of this one, only the caller (the elastic layer) can tell that one of them is gone
-            self._poll(self.handle if poll_parent else slot.value, what, timeout, on_timeout, peers=leaving,
-                       watch_failure=not poll_parent)
+            with hooks.initializing(abort_child, any_thread=self.library.kind == "host"):
+                self._poll(self.handle if poll_parent else slot.value, what, timeout, on_timeout, peers=leaving,
+                           watch_failure=not poll_parent)
         h = slot.value
         if not h:
             return None

@@ -316,9 +316,10 @@ _init_tokens = itertools.count()
 
 @contextlib.contextmanager
 def initializing(abort: Callable[[], None], any_thread: bool) -> Iterator[None]:
-    """While the block waits for a new communicator's initialisation, :func:`abort_initializing` may call
-    ``abort``: from any thread where ``any_thread`` (a library that checks every handle it is given, as the host
-    library does), else only from the waiting thread itself (a signal's handler running in it)."""
+    """While the block waits for a new communicator's initialisation (init, or a split, shrink or grow's child),
+    :func:`abort_initializing` may call ``abort``: from any thread where ``any_thread`` (a library that checks every
+    handle it is given, as the host library does), else only from the waiting thread itself (a signal's handler
+    running in it)."""
     token = next(_init_tokens)
     _initializing[token] = (abort, threading.get_ident(), any_thread)
     try:

@@ -190,6 +190,11 @@ _WAITING_IN_INIT = """
 import sys, pycoll
 pycoll.init(0, 2, unique_id=bytes.fromhex(sys.argv[1]), backend="host", init_timeout=60)
 """
+_WAITING_IN_GROW = """
+import sys, pycoll
+comm = pycoll.init(0, 1, unique_id=bytes.fromhex(sys.argv[1]), backend="host")
+comm.grow(2, comm.get_unique_id(), timeout=60)
+"""
 
 
 def _mapped_segment(pid):
@@ -210,14 +215,15 @@ def _mapped_segment(pid):
 
 
 @pytest.mark.timeout(60)
-def test_sigterm_while_waiting_in_init_removes_the_segment_it_created(tmp_path):
-    """The first rank to arrive creates the rendezvous segment and waits in it for the others; SIGTERM (pycoll's
-    handler, SIGTERM's default action) aborts that init, so the segment goes with the process, not at a later
-    init's sweep."""
+@pytest.mark.parametrize("script", [_WAITING_IN_INIT, _WAITING_IN_GROW], ids=["init", "grow"])
+def test_sigterm_while_waiting_in_init_removes_the_segment_it_created(tmp_path, script):
+    """The first rank to arrive creates the rendezvous segment and waits in it for the others (a new
+    communicator's, or the child's of a grow whose joiner is late); SIGTERM (pycoll's handler, SIGTERM's default
+    action) aborts that init, so the segment goes with the process, not at a later init's sweep."""
     lib = B.load("host")
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
                PYCOLL_FR_DUMP_DIR=str(tmp_path))
-    p = subprocess.Popen([sys.executable, "-c", _WAITING_IN_INIT, bytes(lib.get_unique_id()).hex()], env=env,
+    p = subprocess.Popen([sys.executable, "-c", script, bytes(lib.get_unique_id()).hex()], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         seg, deadline = None, time.monotonic() + 30
