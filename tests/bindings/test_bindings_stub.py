@@ -90,3 +90,14 @@ def test_cuda_driver_tables_take_only_real_addresses():
     found = _bindings.cuda_driver()
     assert found is None or found.source == "libcuda.so.1"
     assert _bindings.cuda_driver() is found
+
+
+def test_the_public_module_path_is_the_bindings():
+    """``pycoll.bindings`` (an attribute once ``pycoll`` is imported, as nccl4py users write it) is the same objects."""
+    import subprocess
+    import sys
+
+    code = ("import pycoll; from pycoll._bindings import _nccl; b = pycoll.bindings; "
+            "assert all(getattr(b, n) is getattr(_nccl, n) for n in _nccl.__all__); print(b.Library.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "Library", out.stderr
