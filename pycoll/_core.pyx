@@ -1622,11 +1622,14 @@ cdef class GroupScope:
     cdef CommCore comm
     cdef object lib
     cdef bint outer
+    cdef bint entered
 
     def __init__(self, CommCore comm):
         self.comm = comm
 
     def __enter__(self):
+        if self.entered:  # its one record of the open group would be overwritten: every later call in a "group"
+            raise CommStateError("this group() is already open: a nested group needs its own comm.group()")
         lib = self.comm.library
         self.outer = pycoll_group_works == NULL
         if not self.outer and <object>pycoll_group_lib is not lib:
@@ -1638,6 +1641,7 @@ cdef class GroupScope:
         self.lib = lib
         if self.outer:
             _set_group([], lib)
+        self.entered = True
         return None
 
     def __exit__(self, typ, value, tb):
@@ -1645,6 +1649,9 @@ cdef class GroupScope:
         cdef CommCore c
         cdef bint body_ok = typ is None
         cdef list works = []
+        if not self.entered:
+            raise CommStateError("group() exited without being entered")
+        self.entered = False
         lib = self.lib
         if self.outer:
             works = _open_works()

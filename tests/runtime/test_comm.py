@@ -250,6 +250,25 @@ def _group_semantics(rank, n, uid):
             out[f"{name}_in_group"] = "no exception"
         except pycoll.CommStateError as e:
             out[f"{name}_in_group"] = f"{name} cannot be called inside a group" in str(e)
+    # one group() entered twice (its one record of the open group) is refused, the outer group runs as usual, and
+    # the next call outside runs (it ran as "in a group" for good before); exiting one never entered is refused
+    g, u = c.group(), np.full(2, float(rank), np.float32)
+    try:
+        with g:
+            c.all_reduce(u)
+            with g:
+                pass
+        out["group_reentered"] = "no exception"
+    except pycoll.CommStateError as e:
+        out["group_reentered"] = "already open" in str(e)
+    t = np.full(2, float(rank), np.float32)
+    w = c.all_reduce(t)
+    out["after_reentered"] = u.tolist() == t.tolist() == [1.0] * 2 and w.state == "completed"
+    try:
+        c.group().__exit__(None, None, None)
+        out["group_exit_unentered"] = "no exception"
+    except pycoll.CommStateError as e:
+        out["group_exit_unentered"] = "without being entered" in str(e)
     sub = c.split(0)  # after the group: as usual
     v = np.ones(2, np.float32)
     sub.all_reduce(v)
