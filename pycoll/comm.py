@@ -928,7 +928,8 @@ class Communicator(_core.CommCore):
     # -- lifecycle ------------------------------------------------------------------------------
 
     def _poll(self, handle: int, what: str, timeout: float, on_timeout: Callable[[], None],
-              peers: Optional[Sequence[int]] = (), watch_failure: bool = False) -> None:
+              peers: Optional[Sequence[int]] = (), watch_failure: bool = False,
+              reported_timeout: Optional[float] = None) -> None:
         """Wait for ``handle``'s nonblocking call ``what`` (``on_timeout``: the clean-up when it is given up). A
         collective call (``peers``: the ranks that do not take part, e.g. a shrink's excluded ones; None: a local
         call) is given up as soon as a participant is known stopped or gone (seen so twice, at least 0.15 s
@@ -936,7 +937,8 @@ class Communicator(_core.CommCore):
         :class:`~pycoll.PeerFailure`, instead of at its timeout: nobody watches such a wait otherwise.
         ``watch_failure``: also given up, with a :class:`~pycoll.CommFailure` naming it, as soon as this
         communicator fails (another thread's ``fail()``: a grow's new ranks are no peers of this communicator,
-        and whoever watches them -- the elastic layer -- fails it when one is gone)."""
+        and whoever watches them -- the elastic layer -- fails it when one is gone). ``reported_timeout``: the
+        timeout a :class:`~pycoll.CommTimeout` names, where ``timeout`` is what is left of it."""
         give_up = None
         if peers is not None and (self._size > 1 or watch_failure):
             skip = tuple(peers)
@@ -966,22 +968,37 @@ class Communicator(_core.CommCore):
                 return PeerFailure(f"{what} on communicator {self.name!r} rank {self._rank}: {who} is {why}; given up "
                                    f"after {waited:.2f} s of its {timeout:g} s timeout", rank, pid, why)
 
-        poll_ready(self.library, handle, what, timeout, on_timeout=on_timeout, comm_name=self.name, give_up=give_up)
+        poll_ready(self.library, handle, what, timeout, on_timeout=on_timeout, comm_name=self.name, give_up=give_up,
+                   reported_timeout=reported_timeout)
 
-    def _drain(self, timeout: float) -> None:
-        """Wait for outstanding operations (finalize/destroy flush them anyway)."""
+    def _drain(self, deadline: float, timeout: float, what: str, then: str = "") -> None:
+        """Wait for outstanding operations (finalize/destroy flush them anyway): one still running at ``deadline``
+        (``timeout`` after the call began) is a :class:`CommTimeout` of ``what`` (``then``: what follows, as the
+        message says)."""
         for w in list(self._pending):
-            w.wait(timeout)
+            try:
+                w.wait(max(1e-3, deadline - time.monotonic()))
+            except CommFailure:
+                raise
+            except TimeoutError as e:
+                raise CommTimeout(f"communicator {self.name!r}: {what} timed out after {timeout:g} s waiting for "
+                                  f"its outstanding operations: {e}{then}", self.name, w.op, w.seq, timeout,
+                                  timeout) from None
 
     def finalize(self, timeout: Optional[float] = None) -> None:
         """Flush outstanding operations and synchronise with the other ranks (collective).
 
-        After it only :meth:`destroy` (then local and quick) or :meth:`abort` remain.
+        After it only :meth:`destroy` (then local and quick) or :meth:`abort` remain. Not done within
+        ``timeout`` (the whole call's): :class:`pycoll.CommTimeout`; an operation still running then leaves the
+        communicator as it was, a finalize that the other ranks do not join aborts it.
         """
         self._outside_group("finalize")
         self._check_usable("finalize")
         timeout = _check_timeout(timeout, self.timeout)
-        self._drain(timeout)
+        self._finalize(time.monotonic() + timeout, timeout, "finalize")
+
+    def _finalize(self, deadline: float, timeout: float, what: str, then: str = "") -> None:
+        self._drain(deadline, timeout, what, then)
         err: Optional[NCCLError] = None
         with self._lock:
             try:
@@ -991,15 +1008,17 @@ class Communicator(_core.CommCore):
         if err is not None:
             self.handle_call_error(err, None)  # outside the lock: lock order
         self._state = "finalized"
-        self._poll(self.handle, "ncclCommFinalize", timeout, self._abort)
+        self._poll(self.handle, "ncclCommFinalize", max(1e-3, deadline - time.monotonic()), self._abort,
+                   reported_timeout=timeout)
 
     def destroy(self, timeout: Optional[float] = None) -> None:
         """Release the communicator: finalize (collective: every rank must call it), then free.
 
-        If the other ranks do not arrive within ``timeout`` the communicator is aborted and
-        :class:`pycoll.CommTimeout` raised. After an abort this is a no-op. A communicator that
-        failed, was revoked or was the parent of an abortive :meth:`shrink` is aborted instead
-        (NCCL's destroy would wait for the ranks that are gone); a failing finalize aborts too.
+        If its outstanding operations have not completed and the other ranks have not arrived within
+        ``timeout`` (the whole call's) the communicator is aborted and :class:`pycoll.CommTimeout` raised. After
+        an abort this is a no-op. A communicator that failed, was revoked or was the parent of an abortive
+        :meth:`shrink` is aborted instead (NCCL's destroy would wait for the ranks that are gone); a failing
+        finalize aborts too.
         """
         if self._state in ("aborted", "destroyed", "inherited"):
             return
@@ -1013,7 +1032,8 @@ class Communicator(_core.CommCore):
             return
         if self._state == "active":
             try:
-                self.finalize(timeout)
+                self._check_usable("destroy")
+                self._finalize(time.monotonic() + timeout, timeout, "destroy", "; the communicator is aborted")
             except BaseException:
                 self._abort()  # never leave a live handle behind a failed destroy
                 raise
@@ -1028,7 +1048,7 @@ class Communicator(_core.CommCore):
 
     def _detach(self, timeout: float) -> None:
         """destroy() of a handle pycoll does not own: wait for its operations, then let go of it."""
-        self._drain(timeout)
+        self._drain(time.monotonic() + timeout, timeout, "destroy")
         self._release()
         with self._lock:
             with self._hlock:

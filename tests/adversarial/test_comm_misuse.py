@@ -5,6 +5,7 @@ Each test runs real ranks (helpers.mp) under a hard timeout; a rank's result is 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -422,6 +423,33 @@ def _destroy_fails(rank, n, uid):
 def test_a_failed_destroy_still_releases_the_communicator():
     res = run_ranks(_destroy_fails, 2, _uid(), timeout=60, may_die=[1])
     assert res[0] == ("aborted", True), res
+
+
+def _destroy_with_a_late_peer(rank, n, uid):
+    c = _comm(rank, n, uid, timeout=30.0)
+    if rank == 1:  # joins the three operations 0.6 s apart, then leaves without destroying
+        with contextlib.suppress(pycoll.CommFailure):  # rank 0 gives up before the second
+            for _ in range(3):
+                time.sleep(0.6)
+                c.all_reduce(np.ones(1))
+        return None
+    works = [c.all_reduce(np.ones(1), async_op=True) for _ in range(3)]
+    t0 = time.monotonic()
+    try:
+        c.destroy(timeout=1.0)
+    except pycoll.CommTimeout as e:
+        return "CommTimeout", str(e), time.monotonic() - t0, c.state, works[0].is_completed()
+    return "returned", "", time.monotonic() - t0, c.state, None
+
+
+def test_destroy_times_out_as_a_comm_timeout_within_its_own_timeout():
+    """destroy(timeout) with operations the peer joins late: one CommTimeout, after about the timeout of the whole
+    call (not the timeout per operation, then again for the finalize), the communicator aborted."""
+    kind, msg, took, state, first_done = run_ranks(_destroy_with_a_late_peer, 2, _uid(), timeout=60)[0]
+    assert kind == "CommTimeout" and state == "aborted", (kind, msg, state)
+    assert "destroy timed out after 1 s waiting for its outstanding operations" in msg and "aborted" in msg, msg
+    assert 0.9 <= took < 1.6, took
+    assert first_done  # the first operation completed within the call's second
 
 
 def test_a_huge_flight_recorder_buffer_is_a_clear_error():
