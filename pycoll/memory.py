@@ -28,7 +28,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import _bindings as B
+from . import _bindings as B, _settings
 from .buffers import integer
 from .errors import CommStateError
 from .windows import Window, register_window
@@ -201,6 +201,8 @@ class SymmetricPool:
         if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment <= 0 \
                 or alignment & (alignment - 1):
             raise ValueError(f"alignment must be a power of two, got {alignment!r}")
+        if timeout is not None:
+            timeout = _settings.seconds(timeout, "SymmetricPool: timeout")
         comm._check_usable("SymmetricPool")
         self.comm = comm
         self.alignment = alignment

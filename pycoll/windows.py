@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
-from . import _bindings as B
+from . import _bindings as B, _settings
 from .buffers import Buffer, as_buffer, check_device, integer
 from .errors import CommStateError, InvalidArgument, NCCLError, NotSupported
 
@@ -186,7 +186,7 @@ def register_window(comm: Any, array: Any, flags: int = 0, timeout: Optional[flo
     comm._check_usable("register_window")
     if isinstance(flags, bool) or not isinstance(flags, int) or flags < 0:
         raise ValueError(f"flags must be a combination of pycoll.bindings.WIN_* flags, got {flags!r}")
-    timeout = comm.timeout if timeout is None else float(timeout)
+    timeout = comm.timeout if timeout is None else _settings.seconds(timeout, "register_window: timeout")
     buf = _local_buffer(comm, array, "register_window")
     lib = comm.library
     previous = comm.device.swap_current() if comm._guard_device else None

@@ -16,6 +16,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple, Union
 
+from .. import _settings
 from ..errors import StoreError
 from ._wire import (
     _AUTH_BAD_TOKEN,
@@ -177,7 +178,7 @@ class TCPStoreServer:
         if max_message < 1024:
             raise ValueError(f"max_message must be at least 1024 bytes, got {max_message}")
         self.max_message = int(max_message)
-        self.handshake_timeout = float(handshake_timeout)
+        self.handshake_timeout = _settings.seconds(handshake_timeout, "handshake_timeout")
         for what, value in (("max_unauthenticated", max_unauthenticated), ("max_connections", max_connections),
                             ("max_keys", max_keys), ("max_bytes", max_bytes), ("max_waits", max_waits)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

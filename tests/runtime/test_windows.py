@@ -220,6 +220,11 @@ def _bad_input(rank, n, uid):
     catch("size", lambda: c.register_window(buf), InvalidArgument)
     # private memory is refused on every rank, pointing at mem_alloc
     catch("private", lambda: c.register_window(np.zeros(1024, np.uint8)), InvalidArgument)
+    # a bad timeout is refused before anything is registered, and the communicator stays usable
+    for bad in (-1, 0, float("nan"), float("inf"), "x"):
+        catch(f"window_timeout_{bad}", lambda: c.register_window(c.mem_alloc(4096, "uint8"), timeout=bad),
+              (TypeError, ValueError))
+        catch(f"pool_timeout_{bad}", lambda: pycoll.SymmetricPool(c, 4096, timeout=bad), (TypeError, ValueError))
     good = c.mem_alloc(4096, "uint8")
     win = c.register_window(good)
     src = np.zeros(16, np.uint8)
@@ -249,6 +254,9 @@ def test_bad_input():
         assert "sigIdx 99" in errs["sig_idx"]
         assert "Window" in errs["not_window"]
         assert "released" in errs["released"]
+        for bad in (-1, 0, float("nan"), float("inf"), "x"):
+            assert "register_window: timeout must be" in errs[f"window_timeout_{bad}"], errs
+            assert "SymmetricPool: timeout must be" in errs[f"pool_timeout_{bad}"], errs
 
 
 # -- suspend / resume / statistics -------------------------------------------------------------------
