@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import operator
 import os
 import threading
 import time
@@ -736,8 +737,9 @@ class Communicator(_core.CommCore):
             if op.op < 0:
                 raise ValueError("this PreMulSum operator was destroyed")
             if op.datatype != datatype:
-                raise ValueError(f"this PreMulSum operator was created for datatype {op.datatype}, "
-                                 f"the buffers have {datatype}")
+                raise ValueError(f"this PreMulSum operator was created for "
+                                 f"{_dtypes.BY_CODE[op.datatype].array_name}, the buffers are "
+                                 f"{_dtypes.BY_CODE[datatype].array_name}")
             return op.op
         if isinstance(op, str):
             try:
@@ -745,8 +747,13 @@ class Communicator(_core.CommCore):
             except KeyError:
                 raise ValueError(f"unknown reduction op {op!r}; expected one of {sorted(REDUCE_OPS)} "
                                  "or a PreMulSum") from None
-        if isinstance(op, int) and not isinstance(op, bool) and 0 <= op < len(REDUCE_OPS):
-            return int(op)
+        if not isinstance(op, bool) and hasattr(type(op), "__index__"):  # numpy's integers too (never its bool)
+            try:
+                code = operator.index(op)
+            except TypeError:
+                code = -1
+            if 0 <= code < len(REDUCE_OPS):
+                return code
         raise ValueError(f"unknown reduction op {op!r}; expected one of {sorted(REDUCE_OPS)}, "
                          "a pycoll RedOp or a PreMulSum")
 

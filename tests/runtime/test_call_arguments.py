@@ -84,7 +84,13 @@ def test_builtin_operators_are_read_without_the_python_method(comm, monkeypatch)
         comm.all_reduce(x, op="median")
     with pytest.raises(ValueError, match="unknown reduction op 5"):
         comm.all_reduce(x, op=5)
-    assert spy.calls == 4
+    comm.all_reduce(x, op=np.int64(2))  # numpy's integers, as roots and peers take them
+    with pytest.raises(ValueError, match="unknown reduction op np.True_"):
+        comm.all_reduce(x, op=np.True_)
+    with comm.pre_mul_sum(2.0, "float64") as pm, \
+            pytest.raises(ValueError, match="PreMulSum operator was created for float64, the buffers are float32"):
+        comm.all_reduce(x, op=pm)
+    assert spy.calls == 7
     assert x.tolist() == [2.0, 2.0]  # the PreMulSum's factor applied
 
 
