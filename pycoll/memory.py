@@ -95,13 +95,11 @@ def _nbytes(dims: Tuple[int, ...], itemsize: int) -> int:
 
 
 def _itemsize(dtype: Any, like: str) -> int:
+    """The size of ``dtype`` as the array ``like`` is made reads it (torch's "float" is float32, numpy's float64)."""
     if like == "torch":
-        try:
-            return int(np.dtype(dtype).itemsize)
-        except TypeError:  # a torch dtype, or a name numpy lacks (bfloat16)
-            import torch
+        import torch
 
-            return int(torch.empty((), dtype=_torch_dtype(dtype)).element_size())
+        return int(torch.empty((), dtype=_torch_dtype(dtype)).element_size())
     return int(np.dtype(dtype).itemsize)
 
 
@@ -135,10 +133,10 @@ class _DeviceView:
 
 
 def _array(owner: Any, alloc: _Allocation, ptr: int, dims: Tuple[int, ...], dtype: Any, like: Optional[str]) -> Any:
-    nbytes = _nbytes(dims, _itemsize(dtype, like or "numpy"))
     host = alloc.backend == "host"
     if like is None:
         like = "numpy" if host else "torch"
+    nbytes = _nbytes(dims, _itemsize(dtype, like))
     if not host and callable(alloc.device_array):
         return alloc.device_array(owner, ptr, dims, dtype, like, alloc.device_id)
     if like == "numpy":

@@ -175,7 +175,7 @@ class Window(_Tracked):
     def check_span(self, offset: Any, nbytes: int) -> int:
         """``offset`` as an int (:func:`~pycoll.buffers.integer`); ValueError unless ``nbytes`` at it fit in the
         window."""
-        offset = _sig(offset, "offset")
+        offset = integer(offset, "offset", "an int >= 0", 0)
         if offset + nbytes > self.nbytes:
             raise ValueError(f"{nbytes} bytes at offset {offset} do not fit in the {self.nbytes}-byte window")
         return offset
@@ -237,10 +237,16 @@ def _window(comm: Any, window: Any) -> Window:
     return window
 
 
+_INT_MAX = 2**31 - 1  # the C int the library takes
+
+
 def _sig(value: Any, what: str) -> int:
-    """An int >= 0 (any integer :func:`~pycoll.buffers.integer` takes): TypeError for another type,
-    ValueError below 0."""
-    return integer(value, what, "an int >= 0", 0)
+    """An int in [0, 2**31 - 1] (any integer :func:`~pycoll.buffers.integer` takes): TypeError for another type,
+    ValueError out of that range."""
+    v = integer(value, what, "an int >= 0", 0)
+    if v > _INT_MAX:
+        raise ValueError(f"{what} must be at most {_INT_MAX} (a C int), got {v}")
+    return v
 
 
 def put_signal(comm: Any, window: Window, offset: int, src: Any, peer: int, *, sig_idx: int = 0, ctx: int = 0,

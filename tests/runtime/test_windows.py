@@ -82,9 +82,11 @@ def _pool(rank, n, uid, like):
     c.wait_signal((rank - 1) % n)
     got = float(np.asarray(a)[0])
     b[:] = 7  # the arrays are ordinary writable arrays
+    # "float" read as the array library reads it: float32 for torch, float64 for numpy (the block's size too)
+    sizes = [int(np.asarray(x).nbytes) for x in (pool.empty(4, "float", like=like), c.mem_alloc(4, "float", like=like))]
     pool.close()
     c.destroy()
-    return offs, freed, got, int(np.asarray(b).sum())
+    return offs, freed, got, int(np.asarray(b).sum()), sizes
 
 
 @pytest.mark.parametrize("like", ["numpy", "torch"])
@@ -96,6 +98,7 @@ def test_symmetric_pool(like):
     assert [r[1] for r in res] == [True, True]
     assert [r[2] for r in res] == [2.0, 1.0]
     assert [r[3] for r in res] == [112, 112]
+    assert [r[4] for r in res] == [[16, 16] if like == "torch" else [32, 32]] * 2
 
 
 def _wait_times_out(rank, n, uid):
@@ -233,6 +236,7 @@ def _bad_input(rank, n, uid):
     catch("wait_peer", lambda: c.wait_signal([(0, 1, 0, 0), (n + 3, 1, 0, 0)]), ValueError)
     catch("span", lambda: c.put_signal(win, 4090, src, 0), ValueError)
     catch("sig_idx", lambda: c.signal(0, sig_idx=99), InvalidArgument)
+    catch("count_big", lambda: c.wait_signal(0, count=2**40), ValueError)
     catch("not_window", lambda: c.put_signal(object(), 0, src, 0), TypeError)
     c.barrier()
     win.close()
@@ -252,6 +256,7 @@ def test_bad_input():
         assert "out of range" in errs["wait_peer"]
         assert "do not fit in the 4096-byte window" in errs["span"]
         assert "sigIdx 99" in errs["sig_idx"]
+        assert errs["count_big"] == f"count must be at most {2**31 - 1} (a C int), got {2**40}", errs["count_big"]
         assert "Window" in errs["not_window"]
         assert "released" in errs["released"]
         for bad in (-1, 0, float("nan"), float("inf"), "x"):
