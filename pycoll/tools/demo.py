@@ -212,7 +212,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--step-time", type=float, default=0.02, help="seconds of simulated compute per step")
     p.add_argument("--lr", type=float, default=0.1, help="learning rate")
     p.add_argument("--timeout", type=float, default=5.0, help="per-operation timeout in seconds")
-    p.add_argument("--dump-dir", default=None, help="flight-recorder dump folder (default: a temporary one)")
+    p.add_argument("--dump-dir", default=None, help="flight-recorder dump folder (default: a new temporary one, not "
+                   "PYCOLL_FR_DUMP_DIR: the analysis reads only this run's dumps)")
     p.add_argument("--trace", metavar="OUT.json", default=None,
                    help="write the run as a Chrome trace-event file (open it in ui.perfetto.dev)")
     p.add_argument("--grow-wait", type=float, default=10.0,
