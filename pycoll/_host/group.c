@@ -219,6 +219,54 @@ static float estimate_us(struct task* list) {
   return us;
 }
 
+static bool spans_streams(const struct task* list) {
+  for (const struct task* t = list->next; t; t = t->next)
+    if (t->stream != list->stream) return true;
+  return false;
+}
+
+/* A group whose tasks are on more than one stream: NCCL matches a group's operations across the ranks in the order
+ * they were issued, whatever their streams, and joins those streams around the group (the group runs after the work
+ * queued on each before it, and the work queued on each after the group runs after it). Run per stream, the
+ * streams' lists would meet the other ranks' in an order the threads' timing decides: a mismatch, or silently the
+ * wrong pairs where their shapes agree. So the whole list runs on the first task's stream (the first that is not
+ * NULL), joined with the others; NULL-stream tasks in it make the group return once it has run. */
+static ncclResult_t submit_joined(struct task* tasks) {
+  pycollStream_t s = NULL, small[8], *others = small;
+  int n = 0, cap = 8;
+  bool has_null = false;
+  ncclResult_t r = ncclSuccess;
+  for (struct task* t = tasks; t && r == ncclSuccess; t = t->next) {
+    if (!t->stream) {
+      has_null = true;
+      continue;
+    }
+    if (!s) {
+      s = t->stream;
+      continue;
+    }
+    bool seen = t->stream == s;
+    for (int i = 0; i < n && !seen; i++) seen = others[i] == t->stream;
+    if (seen) continue;
+    if (n == cap) {
+      pycollStream_t* grown = malloc(sizeof *grown * (size_t)cap * 2);
+      if (!grown) {
+        r = ncclSystemError;
+        break;
+      }
+      memcpy(grown, others, sizeof *grown * (size_t)n);
+      if (others != small) free(others);
+      others = grown;
+      cap *= 2;
+    }
+    others[n++] = t->stream;
+  }
+  if (r == ncclSuccess) r = stream_submit_joined(s, others, n, tasks, has_null);
+  if (r != ncclSuccess) tasks_finish(tasks, true);
+  if (others != small) free(others);
+  return r;
+}
+
 static ncclResult_t group_flush(ncclSimInfo_t* sim) {
   ncclResult_t err = group_error;
   int blocking = group_blocking;
@@ -258,6 +306,10 @@ static ncclResult_t group_flush(ncclSimInfo_t* sim) {
     memcpy(sim, &info, MIN(size, sizeof info));
     tasks_finish(tasks, true);
     return ret;
+  }
+  if (tasks && spans_streams(tasks)) {
+    ncclResult_t r = submit_joined(tasks);
+    return r != ncclSuccess && (ret == ncclSuccess || ret == ncclInProgress) ? r : ret;
   }
   /* queue the tasks of each stream first, so they progress while the NULL-stream tasks run here */
   struct task *local = NULL, **local_tail = &local;

@@ -492,6 +492,22 @@ ncclResult_t stream_submit(pycollStream_t s, struct task* list) {
   return push_raw(s, IT_TASKS, list, NULL);
 }
 
+static void stream_sync(struct pycollStream* s);
+
+ncclResult_t stream_submit_joined(pycollStream_t s, pycollStream_t const* others, int n, struct task* list,
+                                  bool wait) {
+  /* a capture records the list into its graph, whose launches replay it on one stream: no joins to record */
+  bool capturing = __atomic_load_n(&s->capture, __ATOMIC_ACQUIRE) != NULL;
+  if (!capturing)
+    for (int i = 0; i < n; i++) order_after(s, others[i]);
+  ncclResult_t r = stream_submit(s, list);
+  if (r != ncclSuccess) return r;
+  if (!capturing)
+    for (int i = 0; i < n; i++) order_after(others[i], s);
+  if (wait) stream_sync(s);
+  return ncclSuccess;
+}
+
 /* The stream that fires `m` (a record on a stream not yet reached), locked; NULL when none. */
 static struct pycollStream* marker_stream_lock(struct marker* m) {
   struct pycollStream* s = m->stream;

@@ -10,6 +10,12 @@ bool stream_valid(pycollStream_t s);
 bool event_valid(pycollEvent_t e);
 /* Queues a list of tasks (one group's tasks for this stream) to run together, in order. */
 ncclResult_t stream_submit(pycollStream_t s, struct task* list);
+/* Queues one group's tasks spanning several streams on `s`, in issue order, as NCCL joins a group's streams: the
+ * list waits for the work queued so far on the `n` streams `others`, and their work queued from now on waits for
+ * the list. `wait`: returns once the list has run (it holds NULL-stream tasks, which run before the group returns).
+ * An error: nothing was queued (the caller finishes the list). */
+ncclResult_t stream_submit_joined(pycollStream_t s, pycollStream_t const* others, int n, struct task* list,
+                                  bool wait);
 /* What a stream handle means for the calling thread (NULL, 1, 2: see pycollStreamSetLegacy). */
 pycollStream_t stream_resolve(pycollStream_t s);
 /* Records `e` on `s` (NULL: completes now). */

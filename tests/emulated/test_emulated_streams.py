@@ -125,3 +125,31 @@ def _peer_missing(rank, n, uid, kind):
 def test_abort_from_the_watchdog_unblocks_the_stream(kind):
     res = H.run_ranks(_peer_missing, 2, H.uid(), kind)
     assert res[0] == {"error": "CommTimeout", "drained": True, "state": "aborted"}
+
+
+def _group_on_several_streams(rank, n, uid):
+    import pycoll.emulated as emu
+
+    comm, rt = H.setup(rank, n, uid)
+    s1, s2 = comm.device.create_stream(), comm.device.create_stream()
+    if rank == 1:  # rank 1's first stream is busy for a while: its group must still meet rank 0's in issue order
+        rt.launch(s1, lambda: time.sleep(0.3))
+    out = []
+    for _ in range(3):
+        xs = [emu.TorchLikeTensor(rt, np.full(k, (rank + 1.0) * 10 ** i, np.float32)) for i, k in enumerate((4, 4, 4))]
+        with comm.group():
+            ws = [comm.all_reduce(x, stream=s, async_op=True) for x, s in zip(xs, (s1, s2, s1))]
+        for w in ws:
+            w.wait()
+        out.append([x.numpy().tolist() for x in xs])
+    comm.destroy()
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_a_group_on_several_streams_matches_in_issue_order():
+    """A group's operations on two streams meet the other rank's in the order they were issued (the host library
+    joins the streams around the group, as NCCL does), not in an order its streams' timing picks: same-shaped
+    operations paired wrongly gave wrong sums, silently."""
+    want = [[[3.0 * 10 ** i] * 4 for i in range(3)]] * 3
+    assert H.run_ranks(_group_on_several_streams, 2, H.uid()) == [want, want]

@@ -6,6 +6,7 @@ the datatype arithmetic checked exhaustively against ml_dtypes.
 from __future__ import annotations
 
 import ctypes
+import threading
 import time
 
 import numpy as np
@@ -389,6 +390,64 @@ def test_streams_run_in_order_and_events_complete(comms):
         l.host_stream_query(s0)
     with pytest.raises(errors.InvalidArgument):
         l.host_event_query(e_done)
+
+
+@pytest.mark.parametrize("with_null", [False, True], ids=["streams", "null-stream-too"])
+def test_a_group_on_several_streams_runs_in_issue_order_joined_with_them(comms, with_null):
+    """NCCL matches a group's operations in the order they were issued, whatever their streams, and joins those
+    streams around the group. Rank 1's second stream is held by a gate: its group waits for that (it neither
+    runs part of the group nor meets rank 0's operations out of order), work queued on that stream after the
+    group waits for the group, and the results are right. With a NULL-stream operation in it, the group returns
+    once it has run."""
+    l = lib()
+    counts = (8, 16, 8)
+    ins = [[np.full(k, float(r + 1) * 10 ** i, np.float32) for i, k in enumerate(counts)] for r in range(2)]
+    outs = [[np.zeros(k, np.float32) for k in counts] for _ in range(2)]
+    streams = [(l.host_stream_create(), l.host_stream_create()) for _ in range(2)]
+    gate, after = l.host_event_create(), l.host_event_create()
+    l.host_event_arm(gate)
+    l.host_stream_wait_event(streams[1][1], gate)
+    errs = []
+
+    def rank(r):
+        try:
+            a, b = streams[r]
+            on = [a, b, 0 if with_null else a]
+            l.group_start()
+            for i, k in enumerate(counts):
+                l.all_reduce(ptr(ins[r][i]), ptr(outs[r][i]), k, F32, SUM, comms[r], on[i])
+            l.group_end()
+            if r == 1:
+                l.host_event_record(after, b)
+        except Exception as e:  # reported below
+            errs.append(e)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    threads[0].start()
+    threads[0].join(0.3)  # rank 0's group waits for rank 1's, which waits for the gate
+    threads[1].start()
+    threads[1].join(0.3 if not with_null else 0.0)
+    if not with_null:
+        assert not threads[1].is_alive()
+        assert not l.host_event_query(after)  # the stream's later work waits for the group
+    time.sleep(0.1)
+    assert all(not o.any() for o in outs[1]) and l.comm_get_async_error(comms[1]) == 0
+    l.host_event_fire(gate)
+    for t in threads:
+        t.join(30)
+    assert not errs, errs
+    l.host_event_synchronize(after)
+    for a, b in streams:
+        l.host_stream_synchronize(a)
+        l.host_stream_synchronize(b)
+    assert [l.comm_get_async_error(c) for c in comms] == [0, 0], l.get_last_error(comms[0])
+    for r in range(2):
+        assert [o.tolist() for o in outs[r]] == [[3.0 * 10 ** i] * k for i, k in enumerate(counts)]
+    for pair in streams:
+        for st in pair:
+            l.host_stream_destroy(st)
+    l.host_event_destroy(gate)
+    l.host_event_destroy(after)
 
 
 def test_errors_of_enqueued_work_go_to_the_async_error(comms):
