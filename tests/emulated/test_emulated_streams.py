@@ -138,7 +138,7 @@ def _group_on_several_streams(rank, n, uid):
     for _ in range(3):
         xs = [emu.TorchLikeTensor(rt, np.full(k, (rank + 1.0) * 10 ** i, np.float32)) for i, k in enumerate((4, 4, 4))]
         with comm.group():
-            ws = [comm.all_reduce(x, stream=s, async_op=True) for x, s in zip(xs, (s1, s2, s1))]
+            ws = [comm.all_reduce(x, stream=s, async_op=True) for x, s in zip(xs, (s1, s2, s1), strict=True)]
         for w in ws:
             w.wait()
         out.append([x.numpy().tolist() for x in xs])
