@@ -10,6 +10,7 @@ from .collconfig import CollConfig, VendorOption
 from .comm import REDUCE_OPS, Communicator, PreMulSum, abort_all
 from .config import CommConfig
 from .create import BACKENDS, from_handle, get_unique_id, init, init_all, join
+from .devices import DeviceError
 from .diagnostics import FlightRecorder, Watchdog, dump_flight_recorder, enable_dump_signal
 from .elastic import ElasticGroup, Excluded, Transition
 from .errors import *  # noqa: F403
@@ -39,6 +40,7 @@ __all__ = [
     "get_unique_id",
     "BACKENDS",
     "Communicator",
+    "DeviceError",
     "abort_all",
     "Work",
     "CommConfig",

@@ -717,6 +717,7 @@ _HOST_STREAM_INLINE = 0x1  # pycoll_host.h PYCOLL_STREAM_INLINE
 _HOST_STREAM_HELP = 0x4  # pycoll_host.h PYCOLL_STREAM_HELP
 _STREAM_LEGACY = 1  # cudaStreamLegacy
 _STREAM_PER_THREAD = 2  # cudaStreamPerThread / hipStreamPerThread
+_INVALID_HANDLE = 400  # cudaErrorInvalidResourceHandle / hipErrorInvalidHandle
 _MEMCPY_H2D, _MEMCPY_D2H = 1, 2  # cuda/hipMemcpyHostToDevice, cuda/hipMemcpyDeviceToHost
 
 
@@ -848,7 +849,14 @@ class _GpuDevice(Device):
         self._call(self._event_destroy, self._prefix + "EventDestroy", event)
 
     def record_event(self, event: int, stream: int) -> None:
-        self._call(self._event_record, self._prefix + "EventRecord", event, stream)
+        res = self._event_record(event, stream)
+        err = res[0] if isinstance(res, tuple) else res
+        if int(err) == _INVALID_HANDLE:  # the event is this device's, which leaves the stream
+            raise self._error(self._prefix + "EventRecord", err,
+                              f"stream 0x{stream:x} is no live stream of device {self.device_id}, this communicator's "
+                              "(a stream of another device, or one destroyed)")
+        if int(err) != 0:
+            raise self._error(self._prefix + "EventRecord", err)
 
     def query_event(self, event: int) -> bool:
         return self._ready(self._event_query, self._prefix + "EventQuery", event)
@@ -967,6 +975,12 @@ class _GpuDevice(Device):
                     handle = torch_current_stream(torch, a)
                 else:
                     handle = int(cupy.cuda.get_current_stream().ptr)
+        if handle == _STREAM_PER_THREAD:  # as refused when passed: it means another stream in another thread
+            raise ValueError(
+                f"the {found} current stream is {self._prefix}StreamPerThread ({handle}), the calling thread's "
+                "default stream; NCCL may launch from a thread of its own, where it names another one: pass "
+                "stream= a created stream or 0 (the legacy default stream)"
+            )
         return handle
 
 

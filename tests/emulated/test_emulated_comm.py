@@ -286,6 +286,16 @@ def _device_one(rank, n, uid):
     comm.all_reduce(x)
     w = comm.all_reduce(x, async_op=True)
     w.wait()
+    # a stream of device 0: refused with a message that says so, and the communicator stays usable
+    rt.cudaSetDevice(0)
+    s0 = rt.cudaStreamCreateWithFlags(0)[1]
+    rt.cudaSetDevice(1)
+    try:
+        comm.all_reduce(x, stream=s0)
+        other_device = "no error"
+    except pycoll.DeviceError as e:
+        other_device = str(e)
+    comm.all_reduce(x)
     main = threading.get_ident()
     # a timeout: the watchdog's poll, the abort thread and the dumps all run
     gate = rt.hang(0)
@@ -299,10 +309,12 @@ def _device_one(rank, n, uid):
     setup_calls = ("cudaGetDevice", "cudaSetDevice")
     on_zero = sorted({c.thread_name for c in rt.log if c.device == 0 and c.name not in setup_calls
                       and c.thread != main and not c.thread_name.startswith("emulated")})
-    return {"threads_on_device_0": on_zero, "current": rt.cudaGetDevice()[1]}
+    return {"threads_on_device_0": on_zero, "current": rt.cudaGetDevice()[1], "other_device": other_device,
+            "value": float(np.asarray(x.numpy())[0])}
 
 
 @pytest.mark.timeout(30)
 def test_pycoll_threads_do_not_use_device_0_for_a_communicator_on_device_1():
     for r in H.run_ranks(_device_one, 2, H.uid()):
-        assert r == {"threads_on_device_0": [], "current": 1}
+        assert "is no live stream of device 1, this communicator's (a stream of another device" in r.pop("other_device")
+        assert r == {"threads_on_device_0": [], "current": 1, "value": 8.0}  # 1 doubled three times

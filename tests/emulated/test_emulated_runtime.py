@@ -170,8 +170,8 @@ def test_framework_current_streams_resolve(rt):
     assert dev.resolve_stream(None, [t], default=s) == 0  # torch's default stream is the legacy stream
     rt.torch.set_stream(s)
     assert dev.resolve_stream(None, [t]) == s
-    with rt.cupy.stream(2):
-        assert dev.resolve_stream(None, [c]) == 2
+    with rt.cupy.stream(2), pytest.raises(ValueError, match="emulated CuPy current stream is cudaStreamPerThread"):
+        dev.resolve_stream(None, [c])  # refused as stream=2 is: it names another stream in NCCL's own thread
     with pytest.raises(ValueError, match="both emulated CuPy and emulated torch"):
         dev.resolve_stream(None, [t, c])
 
