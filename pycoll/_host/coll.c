@@ -711,6 +711,18 @@ static void consume(struct task* t, int p) {
   }
 }
 
+ncclResult_t coll_check_waited(struct task* t, bool check_process, char* text, size_t len) {
+  if (t->phase != PH_ARRIVE) return ncclSuccess;
+  struct ncclComm* c = t->comm;
+  uint64_t S = t->step0 + t->step;
+  for (int k = t->wait_idx + 1; k < c->nranks; k++) { /* the ranks before wait_idx have arrived */
+    if (k == c->rank || __atomic_load_n(&c->seg.ctrl[k].arrive, __ATOMIC_ACQUIRE) >= S + 1) continue;
+    ncclResult_t err = comm_check_peer(c, k, check_process, text, len);
+    if (err != ncclSuccess) return err;
+  }
+  return ncclSuccess;
+}
+
 int coll_progress(struct task* t) {
   struct ncclComm* c = t->comm;
   struct seg* s = &c->seg;

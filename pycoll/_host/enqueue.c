@@ -136,6 +136,7 @@ static void check_peers(struct task* list, bool check_process) {
   for (struct task* t = list; t; t = t->next) {
     if (!eligible(t) || !t->started) continue;
     ncclResult_t err = comm_check_peer(t->comm, t->wait_peer, check_process, text, sizeof text);
+    if (err == ncclSuccess && t->kind < TK_SEND) err = coll_check_waited(t, check_process, text, sizeof text);
     if (err == ncclSuccess) continue;
     /* the peer may have published what we wait for right before leaving */
     int r = task_progress(t);

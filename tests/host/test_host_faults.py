@@ -257,6 +257,33 @@ def test_the_exit_watcher_wakes_a_waiter_as_its_peer_exits():
     assert 0.4 < out[1] < 3.0, out  # rank 0's half second, then its exit: not the 10 s between looks
 
 
+def _late_peer_and_a_dead_one(rank, n, idb):
+    l = lib()
+    comm = init(n, rank, idb)
+    _allreduce(l, comm, n)
+    if rank == 2:
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGKILL)
+    if rank == 0:
+        time.sleep(2.0)  # alive, and late: rank 1 first waits for this one
+    t0 = time.monotonic()
+    with pytest.raises(errors.RemoteError, match="rank 2 .* exited"):
+        _allreduce(l, comm)
+    took = time.monotonic() - t0
+    l.comm_abort(comm)
+    return took
+
+
+@pytest.mark.timeout(60)
+def test_a_collective_fails_as_any_rank_it_waits_for_dies_not_only_the_first():
+    """Rank 1 waits for the arrivals of ranks 0 (alive, 2 s late) and 2 (SIGKILLed 0.3 s in): it fails as rank 2
+    dies, not when rank 0 comes (the collective can never complete without rank 2)."""
+    out = run_ranks(_late_peer_and_a_dead_one, 3, uid(), timeout=40, may_die=[2])
+    assert isinstance(out[2], Died)
+    assert 0.2 < out[1] < 1.2, out
+    assert out[0] < 1.0, out  # it finds rank 2 gone at once when it comes
+
+
 def _pidfd_readable(pid):
     try:
         fd = os.pidfd_open(pid)
