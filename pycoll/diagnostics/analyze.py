@@ -11,6 +11,11 @@ own dumps too) and reports, per communicator, the first operation where the rank
 * ranks still in flight in it, with the Python stack that issued it,
 * point-to-point operations without a matching peer operation,
 
+An operation captured in a CUDA graph (state ``captured``) never completes by design: it runs only at the
+graph's replays (where a ``graph_replay`` entry of :meth:`pycoll.Communicator.watch_stream` watches it). It is
+neither in flight nor a divergence; its type, size and dtype are still matched across ranks, and the report
+lists it as captured.
+
 plus dumps missing from member ranks (reported, not fatal: the store progress that the failing ranks
 recorded in their dumps stands in for them) and the failure lines the watchdogs logged.
 
@@ -132,6 +137,12 @@ def load_generation(folder: str, prefix: Optional[str] = None) -> Tuple[Dict[int
 
 
 # -- entries --------------------------------------------------------------------------------------
+
+
+def _outstanding(e: Dict[str, Any]) -> bool:
+    """Whether entry ``e`` was still to run when its rank dumped: neither completed nor captured in a CUDA graph
+    (a captured operation runs only at the graph's replays; its entry never completes)."""
+    return e.get("state") not in ("completed", "captured")
 
 
 def _op_of(entry: Dict[str, Any]) -> str:
@@ -398,6 +409,7 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
         if b is not None and not b["here"]:
             res["own_dump"][r] += f", then {b['comm']!r} (ranks {_fmt_ranks(b['members'])}) {b['op']} {b['state']}"
     res["main_thread"] = {r: _main_site(dumps[r]) for r in present if _main_site(dumps[r])}
+    res["captured"] = _captured(present, coll, p2p, members)
 
     with_entries = [r for r in present if coll[r]]
     if with_entries:
@@ -426,6 +438,42 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
     return res
 
 
+def _captured(present: List[int], coll: Dict[int, Dict[int, Dict[str, Any]]], p2p: Dict[int, List[Dict[str, Any]]],
+              members: List[int]) -> List[Dict[str, Any]]:
+    """The operations captured in a CUDA graph (state ``captured``), in order: each with its text (``op``), the
+    ranks that captured it and their captures' ids (each process numbers its own captures)."""
+    found: Dict[Tuple[Any, ...], Dict[str, Any]] = {}
+    for r in present:
+        ops: List[Tuple[Tuple[Any, ...], Dict[str, Any]]] = [(("coll", s), e) for s, e in coll[r].items()]
+        ops += [(("p2p", r, e.get("p2p_seq_id")), e) for e in p2p[r]]
+        for key, e in ops:
+            if e.get("state") != "captured":
+                continue
+            item = found.setdefault(key, {"seq": e.get("collective_seq_id"), "op": _describe(e, members),
+                                          "ranks": [], "capture_ids": []})
+            item["ranks"].append(r)
+            cid = e.get("pycoll_capture_id")
+            if cid is not None and cid not in item["capture_ids"]:
+                item["capture_ids"].append(cid)
+    return sorted(found.values(), key=lambda i: (i["seq"] or 0, i["ranks"]))
+
+
+def _captured_text(c: Dict[str, Any], limit: int = 6) -> str:
+    """``'all_reduce #2 [Float(4,)] (capture 1), ...'``: communicator report ``c``'s captured operations (the
+    ranks named where not every rank with a dump captured it)."""
+    items = []
+    for i in c.get("captured") or []:
+        text = i["op"]
+        if sorted(i["ranks"]) != sorted(c["dumps_from"]):
+            text += f" on {_who(i['ranks'])}"
+        ids = sorted(i["capture_ids"])
+        if ids:
+            text += f" (capture{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))})"
+        items.append(text)
+    more = len(items) - limit
+    return ", ".join(items[:limit]) + (f" and {more} more" if more > 0 else "")
+
+
 def _troubled(c: Dict[str, Any]) -> bool:
     """Whether communicator report ``c`` shows a problem (a bystander's in-flight differences are none)."""
     d = c["first_divergence"]
@@ -441,7 +489,7 @@ def _check_seq(s: int, present: List[int], coll: Dict[int, Dict[int, Dict[str, A
     absent = [r for r in present if s not in coll[r]]
     ref = next(iter(got.values()))
     div: Dict[str, Any] = {"seq": s, "op": _describe(ref), "never_entered": {}, "skipped": [], "mismatch": None,
-                           "in_flight": {}, "completed": [], "missing_dumps": {}}
+                           "in_flight": {}, "completed": [], "captured": [], "missing_dumps": {}}
     for r in absent:
         lc = last[r]
         if lc is not None and lc["collective_seq_id"] > s:
@@ -473,11 +521,13 @@ def _check_seq(s: int, present: List[int], coll: Dict[int, Dict[int, Dict[str, A
     for r, e in got.items():
         if e.get("state") == "completed":
             div["completed"].append(r)
+        elif e.get("state") == "captured":
+            div["captured"].append(r)
         else:
             div["in_flight"][r] = {"state": e.get("state"), "site": _site(e), "stack": _stack(e, stack_limit),
                                    "error": e.get("pycoll_error")}
     if not absent and not div["mismatch"] and not div["in_flight"]:
-        return None  # completed on every rank with a dump: the ranks without one took part too
+        return None  # completed (or captured) on every rank with a dump: the ranks without one took part too
     for r in res["missing_dumps"]:
         view = res["missing_dump_info"].get(r)
         if view is None:
@@ -618,7 +668,7 @@ def _check_p2p(members: List[int], present: List[int], p2p: Dict[int, List[Dict[
                 detail = (f"send of {_sizes(s.get('input_sizes'))} {s.get('input_dtypes')} "
                           f"vs recv of {_sizes(r.get('output_sizes'))} {r.get('output_dtypes')}")
                 issue = f"send #{k + 1} {src}->{dst} of {detail[len('send of '):]}"
-            elif any(x is not None and x.get("state") != "completed" for x in (s, r)):
+            elif any(x is not None and _outstanding(x) for x in (s, r)):
                 def state(x: Optional[Dict[str, Any]], rank: int) -> str:
                     return str(x.get("state")) if x is not None else f"unknown: no dump from rank {rank}"
 
@@ -634,7 +684,7 @@ def _check_p2p(members: List[int], present: List[int], p2p: Dict[int, List[Dict[
                     issue += f": {detail}"
             if issue:
                 # where it was issued: the side still in flight, else the side there is
-                bad = next((x for x in (s, r) if x is not None and x.get("state") != "completed"), s or r)
+                bad = next((x for x in (s, r) if x is not None and _outstanding(x)), s or r)
                 out.append({"src": src, "dst": dst, "index": k + 1, "issue": issue, "kind": kind, "detail": detail,
                             "send": _side(s, src), "recv": _side(r, dst),
                             "site": _site(bad) if bad else "", "stack": _stack(bad, stack_limit) if bad else []})
@@ -647,10 +697,11 @@ def _blocked_in(dump: Dict[str, Any], uid: str, members: List[int], issues: List
     """What holds ``rank`` (of communicator ``uid``, whose ``members`` are given), by its ``dump``: its newest
     operation when that did not complete and is a send or receive on ``uid`` (``why`` it cannot complete, from
     the point-to-point ``issues``) or any operation on another communicator (``comm``, its name and members).
-    None when its newest operation completed (it is elsewhere in its own code) or is none of these."""
+    None when its newest operation completed or was captured in a graph (it is elsewhere in its own code) or is
+    none of these."""
     es = [e for e in dump.get("entries") or [] if _op_of(e) != "coalesced"]
     e = max(es, key=lambda e: e.get("record_id", 0), default=None)
-    if e is None or e.get("state") == "completed":
+    if e is None or not _outstanding(e):
         return None
     pg = e.get("process_group") or [None]
     group = (pg[0], pg[1] if len(pg) > 1 else "")
@@ -810,7 +861,13 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
             for p in c["problems"]:
                 lines.append(f"  ! {p}")
             if c["matched_through"] is not None:
-                lines.append(f"  ops up to #{c['matched_through']} match and completed on every rank with a dump")
+                lines.append(f"  ops up to #{c['matched_through']} match and completed on every rank with a dump"
+                             + (" (or were captured in a graph)" if any(
+                                 i["seq"] and i["seq"] <= c["matched_through"] for i in c.get("captured") or [])
+                                else ""))
+            if c.get("captured"):
+                lines.append("  captured in a CUDA graph, not in flight (each runs at the graph's replays, which "
+                             f"watch_stream puts a deadline on): {_captured_text(c)}")
             d = c["first_divergence"]
             if d is None:
                 if c["matched_through"] is not None or not c["p2p"]:
@@ -842,6 +899,9 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
                         lines.append(f"      {_who(v['ranks'])}: {v['value']}")
                 if d["completed"]:
                     lines.append(f"    completed on {_who(d['completed'])}")
+                if d.get("captured"):
+                    lines.append(f"    captured in a graph on {_who(d['captured'])} (it runs there when the graph "
+                                 "is replayed)")
                 same: Dict[Tuple[Any, ...], List[int]] = defaultdict(list)
                 for r, info in sorted(d["in_flight"].items()):
                     same[(info["state"], info["site"], tuple(info["stack"]))].append(r)
@@ -948,6 +1008,10 @@ def _verdict(c: Dict[str, Any]) -> str:
                        f"{'its' if one else 'their'} stream or device has not finished (a hung kernel, a wait "
                        f"on an event) -- look there; rank{'' if len(started) == 1 else 's'} {_fmt_ranks(started)} "
                        f"started it and wait{'s' if len(started) == 1 else ''} for {'it' if one else 'them'}")
+        elif d.get("captured"):
+            out.append(f"{d['op']} on {name!r} was captured in a graph on {_who(d['captured'])} (it runs there only "
+                       f"when the graph is replayed) but issued directly on {_who(d['in_flight'])}, where it did not "
+                       f"complete")
         elif not d["never_entered"] and not d["completed"] and not c["missing_dumps"]:
             out.append(f"every rank entered {d['op']} on {name!r} and none completed it: not a desync "
                        f"(suspect the transport, the device or a dependency outside this communicator)")

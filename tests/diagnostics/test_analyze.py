@@ -151,6 +151,85 @@ def test_an_operation_that_never_started_names_its_rank(tmp_path, waiting):
     assert f"rank{'s' if len(started) > 1 else ''} {', '.join(map(str, started))} started it" in v, v
 
 
+def test_a_captured_operation_is_neither_in_flight_nor_a_divergence(tmp_path, capsys):
+    # an all_reduce captured in a CUDA graph (its entry stays "captured": it runs at the graph's replays), the
+    # replay watched and done, then rank 0's stream hangs under all_reduce #5: the verdict is on #5
+    def script(r, c):
+        allreduces(c, 1)
+        c.op("all_reduce", f32(2), f32(2), state="captured")
+        c.op("graph_replay")
+        c.op("barrier")
+        c.op("all_reduce", f32(2), f32(2), state="scheduled" if r == 0 else "started")
+        c.op("send", f32(2), peer=1 - r, state="captured")  # a captured send and recv pair: no P2P issue
+        c.op("recv", None, f32(2), peer=1 - r, state="captured")
+
+    d = make_dumps(tmp_path, 2, script)
+    rep, c = one(d)
+    div = c["first_divergence"]
+    assert div["seq"] == 5 and c["matched_through"] == 4 and not c["p2p"], c
+    assert c["verdict"].startswith("rank 0 entered all_reduce #5 [Float(2,)] on 'world' but its operation never "
+                                   "started"), c["verdict"]
+    assert c["culprits"] == [0]
+    first = c["captured"][0]
+    assert (first["seq"], first["ranks"], first["capture_ids"]) == (2, [0, 1], [1])
+    run_cli(d)
+    out = capsys.readouterr().out
+    assert "state captured" not in out and "captured in a CUDA graph, not in flight" in out, out
+    assert "all_reduce #2 [Float(2,)] (capture 1)" in out, out
+
+
+def test_a_hung_graph_replay_is_named_not_the_operations_captured_in_it(tmp_path):
+    # the graph's two all_reduces were captured on every rank; its replay (watch_stream's graph_replay #4) is
+    # still to finish everywhere: the replay is the divergence
+    def script(r, c):
+        allreduces(c, 1)
+        c.op("all_reduce", f32(2), f32(2), state="captured")
+        c.op("all_reduce", f32(2), f32(2), state="captured")
+        c.op("graph_replay", state="scheduled")
+
+    _, c = one(make_dumps(tmp_path, 2, script))
+    assert c["first_divergence"]["seq"] == 4 and c["first_divergence"]["op"].startswith("graph_replay #4"), c
+    assert c["verdict"].startswith("every rank entered graph_replay #4"), c["verdict"]
+    assert [i["seq"] for i in c["captured"]] == [2, 3]
+
+
+def test_a_rank_whose_last_operation_was_captured_is_not_held_in_it(tmp_path):
+    # rank 2 never entered all_reduce #3; its last operation, a send captured in a graph, holds nothing
+    def script(r, c):
+        allreduces(c, 2)
+        if r == 2:
+            c.op("send", f32(2), peer=0, state="captured")
+        else:
+            c.op("all_reduce", f32(2), f32(2), state="started")
+
+    _, c = one(make_dumps(tmp_path, 3, script))
+    info = c["first_divergence"]["never_entered"][2]
+    assert info["last_state"] == "captured" and info["blocked_in"] is None, info
+    assert c["verdict"].startswith("rank 2 never entered all_reduce #3"), c["verdict"]
+
+
+@pytest.mark.parametrize("case", ["dtype", "some_ranks"])
+def test_captured_operations_are_still_matched_across_ranks(tmp_path, case):
+    # a capture of another dtype on one rank is a mismatch; a capture on one rank of what another issued directly
+    # (and is still waiting in) is said to be that
+    def script(r, c):
+        allreduces(c, 1)
+        if case == "dtype":
+            c.op("all_reduce", f32(2, np.float64 if r == 1 else np.float32), f32(2), state="captured")
+        else:
+            c.op("all_reduce", f32(2), f32(2), state="captured" if r == 0 else "started")
+
+    _, c = one(make_dumps(tmp_path, 3 if case == "dtype" else 2, script))
+    div = c["first_divergence"]
+    assert div is not None and div["seq"] == 2, c
+    if case == "dtype":
+        assert div["mismatch"]["kind"] == "dtype" and c["culprits"] == [1], div
+    else:
+        assert div["captured"] == [0] and list(div["in_flight"]) == [1], div
+        assert ("was captured in a graph on rank 0 (it runs there only when the graph is replayed) but issued "
+                "directly on rank 1") in c["verdict"], c["verdict"]
+
+
 def test_dumps_of_two_runs_in_one_folder_are_said_to_be_and_not_mixed(tmp_path, capsys):
     # rank 2's dump is from another run (another communicator): it must not count as rank 2 never entering
     # the first run's operations, and the report says the folder mixes runs

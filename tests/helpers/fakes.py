@@ -68,7 +68,11 @@ class FakeComm:
 
     # -- driving it -----------------------------------------------------------------------------
 
-    def op(self, name, inp=None, out=None, *, peer=None, state="completed", timeout=30.0):
+    def op(self, name, inp=None, out=None, *, peer=None, state="completed", timeout=30.0, capture_id=None):
+        """Record one operation, left in ``state``; ``"captured"``: recorded into CUDA graph capture
+        ``capture_id`` (1 when not given), as the Communicator does on a capturing stream (never outstanding)."""
+        if state == "captured" and capture_id is None:
+            capture_id = 1
         is_p2p = peer is not None
         if is_p2p:
             self.p2p_seq += 1
@@ -76,10 +80,13 @@ class FakeComm:
             self.coll_seq += 1
         ins = [as_buffer(inp)] if inp is not None else []
         outs = [as_buffer(out, writable=True)] if out is not None else []
-        w = Work(self, name, self.coll_seq, self.p2p_seq, self.ops_issued, is_p2p, peer, timeout, 0, ins, outs)
+        w = Work(self, name, self.coll_seq, self.p2p_seq, self.ops_issued, is_p2p, peer, timeout, 0, ins, outs,
+                 capture_id=capture_id)
         self.recorder.work_enqueued(w)  # as Communicator._launch: before the library call
         w._state = state
-        if state == "completed":
+        if state == "captured":
+            w.inputs = w.outputs = []  # as Communicator._captured: it runs at the graph's replays
+        elif state == "completed":
             w.time_started_ns = w.time_created_ns
             w.time_completed_ns = w.time_created_ns + 1000
             w.duration_ms = 0.001
