@@ -1,10 +1,10 @@
 """A picture of a trace (:mod:`pycoll.diagnostics.trace`) for people who do not open Perfetto.
 
 :func:`plot_trace` draws the cross-rank timeline around the first divergence: one row per rank,
-its operations as bars coloured by state (completed, in flight, failed; those not completed labelled with
-their communicator and operation), its recovery phases as a thinner bar under them, the failures and dumps
-as markers and the divergence as a vertical line, named with its communicator (each communicator's first
-divergence, where several diverged).
+its operations as bars coloured by state (completed, captured in a CUDA graph, in flight, failed; those in
+flight or failed labelled with their communicator and operation), its recovery phases as a thinner bar under
+them, the failures and dumps as markers and the divergence as a vertical line, named with its communicator
+(each communicator's first divergence, where several diverged).
 Needs matplotlib (the ``test`` and ``bench`` extras), imported only when a plot is drawn; the
 figure is rendered with matplotlib's Agg canvas (no pyplot, no change to the process's backend).
 """
@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 __all__ = ["plot_trace", "plot_window", "STATE_COLOURS", "PHASE_COLOURS"]
 
-STATE_COLOURS = {"completed": "#8fa8c8", "in flight": "#f0a030", "failed": "#d03030"}
+STATE_COLOURS = {"completed": "#8fa8c8", "captured": "#c8c8c8", "in flight": "#f0a030", "failed": "#d03030"}
 PHASE_COLOURS = {"to agreement": "#b8b8b8", "agreement": "#6a5acd", "revoke": "#c71585", "shrink": "#2e8b57",
                  "grow": "#3cb371", "init": "#20b2aa", "first collective": "#1e90ff"}
 OPS_BEFORE = 6  # operations shown before the divergence, per rank
@@ -34,6 +34,8 @@ def _need_matplotlib() -> Any:
 
 
 def _state(ev: Dict[str, Any]) -> str:
+    if ev["args"].get("captured"):
+        return "captured"  # recorded into a CUDA graph: it runs at the graph's replays
     if not ev["args"].get("in_flight"):
         return "completed"
     return "failed" if ev["name"].endswith("(failed)") else "in flight"
@@ -127,7 +129,7 @@ def plot_trace(trace: Dict[str, Any], path: str, *, title: Optional[str] = None,
             st = _state(e)
             bars[(e["pid"], st)].append((ms(a), width))
             drawn["ops"][st] += 1
-            if st != "completed":  # which communicator's operation holds the rank: the text's verdicts name it
+            if st in ("in flight", "failed"):  # which communicator's operation holds the rank: the verdicts name it
                 label = f"{e['args'].get('communicator')!r} {e['name']}"
                 ax.text(ms(a), row[e["pid"]] + 0.1, f" {label}", fontsize=7, va="center", ha="left",
                         color="white" if st == "failed" else "black", clip_on=True)
@@ -138,7 +140,7 @@ def plot_trace(trace: Dict[str, Any], path: str, *, title: Optional[str] = None,
             drawn["phases"] += 1
     for (pid, st), spans in bars.items():
         ax.broken_barh(spans, (row[pid] - 0.15, 0.5), facecolors=STATE_COLOURS[st],
-                       edgecolor="#404040" if st != "completed" else "none", linewidth=0.4)
+                       edgecolor="#404040" if st in ("in flight", "failed") else "none", linewidth=0.4)
     for e in evs:
         if e.get("ph") != "i" or not start <= e["ts"] <= end:
             continue
@@ -187,7 +189,8 @@ def plot_trace(trace: Dict[str, Any], path: str, *, title: Optional[str] = None,
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    handles: List[Any] = [Patch(color=c, label=f"op {s}") for s, c in STATE_COLOURS.items()]
+    handles: List[Any] = [Patch(color=c, label=f"op {s}") for s, c in STATE_COLOURS.items()
+                          if s != "captured" or drawn["ops"][s]]
     used = {e["name"] for e in evs if e.get("ph") == "X" and e.get("cat") == "elastic"}
     handles += [Patch(color=c, label=p) for p, c in PHASE_COLOURS.items() if p in used]
     handles += [Line2D([], [], marker="X", color="#a00000", linestyle="none", label="failure"),

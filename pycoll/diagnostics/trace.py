@@ -9,7 +9,9 @@ The file opens unchanged in Perfetto (ui.perfetto.dev) and ``chrome://tracing``:
 * every recorded operation as a complete (``"X"``) slice from its enqueue to its completion, with its
   sequence numbers, sizes, dtypes and state in ``args``; an operation not completed when the dump was
   written is drawn to the dump's time (or to its communicator's failure, when it failed), its name ends
-  in ``(in flight)`` or ``(failed)`` and ``args.in_flight`` is true;
+  in ``(in flight)`` or ``(failed)`` and ``args.in_flight`` is true; an operation captured in a CUDA graph
+  (it runs only at the graph's replays) is a zero-length slice at its enqueue ending in ``(captured)``,
+  ``args.captured`` true;
 * the failures the watchdog recorded, the dump triggers and the analyzer's first divergence and
   verdict as instant (``"i"``) events;
 * each :class:`pycoll.elastic.Transition` a rank's dumps carry (``pycoll.transitions``) as nested
@@ -257,7 +259,13 @@ def build_trace(generations: Generations, reports: Optional[Sequence[Dict[str, A
                 if e.get("pycoll_error"):
                     args["error"] = str(e["pycoll_error"])[:500]
                 name = _slice_name(e)
-                if state == "completed":
+                if state == "captured":
+                    # recorded into a CUDA graph: it runs at the graph's replays, never as this entry
+                    done, name = t0, name + " (captured)"
+                    args["captured"] = True
+                    if e.get("pycoll_capture_id") is not None:
+                        args["capture_id"] = e["pycoll_capture_id"]
+                elif state == "completed":
                     if done is None:
                         dur_ms = e.get("duration_ms")
                         done = t0 + int(float(dur_ms) * 1e6) if isinstance(dur_ms, (int, float)) else t0

@@ -176,6 +176,12 @@ def test_a_captured_operation_is_neither_in_flight_nor_a_divergence(tmp_path, ca
     out = capsys.readouterr().out
     assert "state captured" not in out and "captured in a CUDA graph, not in flight" in out, out
     assert "all_reduce #2 [Float(2,)] (capture 1)" in out, out
+    # the trace draws it as captured at its enqueue, not in flight to the dump
+    slices = [e for e in analyze.trace_dir(d)["traceEvents"] if e.get("ph") == "X"]
+    captured = [e for e in slices if e["args"].get("captured")]
+    assert sorted(e["name"] for e in captured if e["pid"] == 0) == [
+        "all_reduce #2 (captured)", "recv 0<-1 #2 (captured)", "send 0->1 #1 (captured)"], captured
+    assert not any(e["args"]["in_flight"] for e in captured) and all(e["dur"] == 0 for e in captured)
 
 
 def test_a_hung_graph_replay_is_named_not_the_operations_captured_in_it(tmp_path):
