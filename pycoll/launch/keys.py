@@ -6,9 +6,14 @@ The launcher writes its keys at the root of the job's store, under :data:`RUN_KE
 * ``pycoll-run/failures``: counter of failed processes; ``pycoll-run/failure/<n>`` (n from 1):
   ``"<rank> <exit code>"`` of the n-th failure. Waiting on ``failure/<n+1>`` learns of the next one.
 * ``pycoll-run/replacement/<rank>``: k, set when the k-th replacement of that slot is started.
+* ``pycoll-run/proc/<rank>``: ``"<boot id> <pid> <k>"`` of the slot's latest process (k: its replacement number, 0
+  for the first), set as it is started: before a process has said who it is, the others can tell from it that the
+  slot's first process exited or is stopped (:func:`launched_processes`).
 * ``pycoll-run/lost/<rank>``: written by :func:`mark_lost` (removed by :func:`unmark_lost` when the slot is a
   member again), read by the launchers at the end, and while ranks run: a stopped process of a lost slot
   is hung, the launcher kills it.
+* ``pycoll-run/group-lost``: why a group of the job lost every member, written by :func:`mark_group_lost` (a
+  replacement that found nobody left to admit it); the launchers then exit non-zero.
 * ``pycoll-run/abort``: ``"<node> <rank> <exit code>"``: a launcher stopping the job; the other
   launchers stop their ranks when it appears.
 * ``pycoll-run/node/<i>/heartbeat`` and ``pycoll-run/node/<i>/done``: multi-node bookkeeping.
@@ -19,11 +24,11 @@ elastic layer) can import it at module level.
 
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 from ..store import PrefixStore, Store
 
-__all__ = ["RUN_KEY_PREFIX", "mark_lost", "unmark_lost", "failures"]
+__all__ = ["RUN_KEY_PREFIX", "mark_lost", "unmark_lost", "mark_group_lost", "launched_processes", "failures"]
 
 #: Prefix of every key ``pycoll-run`` keeps in the job's store.
 RUN_KEY_PREFIX = "pycoll-run/"
@@ -32,6 +37,8 @@ KEY_FAILURES = RUN_KEY_PREFIX + "failures"
 KEY_FAILURE = RUN_KEY_PREFIX + "failure/{n}"
 KEY_REPLACEMENT = RUN_KEY_PREFIX + "replacement/{rank}"
 KEY_LOST = RUN_KEY_PREFIX + "lost/{rank}"
+KEY_PROC = RUN_KEY_PREFIX + "proc/{rank}"
+KEY_GROUP_LOST = RUN_KEY_PREFIX + "group-lost"
 KEY_ABORT = RUN_KEY_PREFIX + "abort"
 KEY_HEARTBEAT = RUN_KEY_PREFIX + "node/{node}/heartbeat"
 KEY_DONE = RUN_KEY_PREFIX + "node/{node}/done"
@@ -59,6 +66,29 @@ def unmark_lost(store: Store, rank: int) -> None:
     """
     store = _job_store(store)
     store.delete(KEY_LOST.format(rank=int(rank)))
+
+
+def mark_group_lost(store: Store, reason: str) -> None:
+    """Declare that the job failed as a whole although no process of it may have failed since: every member of
+    one of its groups is gone (the elastic layer: a replacement that found nobody left to admit it). The launcher
+    then exits non-zero even where every failed slot was replaced or marked lost (a replacement that was not
+    needed, and exited 0, does not make the job a success)."""
+    _job_store(store).compare_set(KEY_GROUP_LOST, b"", reason or "lost")  # the first reason stays
+
+
+def launched_processes(store: Store, ranks: Sequence[int]) -> Dict[int, Tuple[str, int, int]]:
+    """``{rank: (boot id, pid, k)}``: the latest process ``pycoll-run`` started for each of ``ranks`` (k: its
+    replacement number, 0 for the first). Empty unless the launcher recorded every one of them (another launcher,
+    or one still starting them)."""
+    store = _job_store(store)
+    keys = [KEY_PROC.format(rank=int(r)) for r in ranks]
+    if not keys or not store.check(keys):
+        return {}
+    out: Dict[int, Tuple[str, int, int]] = {}
+    for rank, raw in zip(ranks, store.multi_get(keys, timeout=1.0), strict=True):
+        boot, pid, k = raw.decode().split(" ")  # the boot id may be empty
+        out[int(rank)] = (boot, int(pid), int(k))
+    return out
 
 
 def failures(store: Store) -> List[Tuple[int, int]]:

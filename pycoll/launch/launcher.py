@@ -43,6 +43,9 @@ Exit status:
 * A *hung* rank -- stopped (SIGSTOP, a tracer) while its slot is marked lost: the survivors went on
   without it -- can never take part again. Under ``--keep-going`` the launcher kills it, and that
   counts as the rank's failure, replaced as a crash is.
+* A job one of whose groups lost every member (:func:`~pycoll.launch.keys.mark_group_lost`: the elastic layer's
+  replacements found nobody left to admit them) failed, whatever its replacements exited with: the launcher exits
+  with the earliest failure's code (1 if none).
 * A job stopped by a signal exits with 128+signal; a job that exceeded ``--timeout`` with 124.
 * A job whose store is lost while ranks run (node 0's store server stopped, or another node can no
   longer reach it) fails: its ranks are stopped and the launcher exits with 1 (``EXIT_STORE_LOST``).
@@ -76,11 +79,22 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .. import _settings, failpoints as _fp
-from .._procs import stat_fields, task_files
+from .._procs import boot_id, stat_fields, task_files
 from ..errors import StoreError, StoreTimeout
 from ..store import Store, TCPStore, TCPStoreServer
 from . import discovery
-from .keys import KEY_ABORT, KEY_DONE, KEY_EXIT, KEY_FAILURE, KEY_FAILURES, KEY_HEARTBEAT, KEY_LOST, KEY_REPLACEMENT
+from .keys import (
+    KEY_ABORT,
+    KEY_DONE,
+    KEY_EXIT,
+    KEY_FAILURE,
+    KEY_FAILURES,
+    KEY_GROUP_LOST,
+    KEY_HEARTBEAT,
+    KEY_LOST,
+    KEY_PROC,
+    KEY_REPLACEMENT,
+)
 
 __all__ = ["main", "EXIT_TIMEOUT", "EXIT_STORE_LOST"]
 
@@ -288,6 +302,7 @@ class _Launcher:
             s.setblocking(False)
         self.old_handlers: Dict[int, object] = {}
         self.old_wakeup = -1
+        self.boot = boot_id()
 
     # ---- output
 
@@ -415,6 +430,10 @@ class _Launcher:
         )
         proc = _Proc(rank, local_rank, replacement, popen)
         self.known_pids.add(popen.pid)
+        # before the process says who it is (it may be stopped or die before it can), the others can tell this
+        # one's fate from its pid: the elastic layer's formation does
+        self.store_call("record a rank's process", "set", KEY_PROC.format(rank=rank),
+                        f"{self.boot} {popen.pid} {replacement}")
         prefix = f"[rank{rank}]: ".encode() if self.cfg.prefix else b""
         for pipe, dest in ((popen.stdout, 1), (popen.stderr, 2)):
             assert pipe is not None
@@ -674,6 +693,12 @@ class _Launcher:
     def result(self) -> int:
         if self.stop_code is not None:
             return self.stop_code
+        if self.store_call("read whether a group was lost", "check", [KEY_GROUP_LOST]):
+            why = self.store_call("read why a group was lost", "get", KEY_GROUP_LOST, 1.0)
+            code = self.failures[0][1] if self.failures else 1
+            log.error("the job failed: %s (exit code %d)",
+                      why.decode("utf-8", "replace") if why else "a group lost every member", code)
+            return code
         if not self.cfg.keep_going:
             return self.failures[0][1] if self.failures else 0
         lost: Dict[int, bool] = {}

@@ -208,6 +208,30 @@ def test_keep_going(tmp_path, mark):
         assert "neither replaced nor marked lost" in res.stderr
 
 
+GROUP_LOST = """
+import os, sys
+from pycoll.env import discover, open_store
+from pycoll.launch.keys import launched_processes, mark_group_lost
+info = discover()
+store = open_store(timeout=30)
+if info.replacement == 0:
+    sys.exit(7)  # every original process dies
+if info.rank == 1:  # its replacement finds nobody left to admit it, says so, and is not needed (exit 0)
+    print("recorded", launched_processes(store, [0, 1])[1][1:] == (os.getpid(), 1))
+    mark_group_lost(store, "every member of group 'g' is gone")
+"""
+
+
+def test_a_job_whose_group_was_lost_fails_although_its_replacements_exit_0(tmp_path):
+    """Every failed slot was replaced and every replacement ended with 0, but a group of the job lost every member
+    (its replacements were not needed): the job failed, with the earliest failure's code."""
+    script = _script(tmp_path, GROUP_LOST)
+    res = launch(["-n", "2", "--replace-failed", "2", script], tmp_path)
+    assert res.stdout.splitlines() == ["[rank1]: recorded True"], res.stdout
+    assert res.returncode == 7, res.stderr
+    assert "the job failed: every member of group 'g' is gone (exit code 7)" in res.stderr, res.stderr
+
+
 REPLACE = """
 import os, sys
 from pycoll.env import discover, open_store
