@@ -81,7 +81,7 @@ from .create import init, join, load_library
 from .diagnostics import get_recorder, get_watchdog
 from .errors import CommFailure, CommStateError, NCCLError, StoreError, StoreLost, StoreTimeout
 from .launch import discovery
-from .launch.keys import mark_lost, unmark_lost
+from .launch.keys import launched_processes, mark_group_lost, mark_lost, unmark_lost
 from .store.torch import store_argument
 
 __all__ = ["ElasticGroup", "Excluded", "Transition"]
@@ -91,6 +91,8 @@ _log = logging.getLogger("pycoll.elastic")
 # failpoints (pycoll.failpoints): every store interaction and state transition of the protocol
 FP_FORM_BEFORE_INIT = _fp.declare("elastic.form.before_init", "forming: before the first communicator")
 FP_FORM_AFTER_INIT = _fp.declare("elastic.form.after_init", "forming: the first communicator is up")
+FP_FORM_MARK_LOST = _fp.declare("elastic.form.mark_lost", "formed without some slots: rank 0, before it marks them "
+                                                          "lost")
 FP_UID_BEFORE_PUBLISH = _fp.declare("elastic.uid.before_publish", "a new rank 0, before it writes the unique id")
 FP_WATCHER_WAKE = _fp.declare("elastic.watcher.wake", "the watcher saw another member's reshape flag")
 FP_WATCHER_AFTER_REVOKE = _fp.declare("elastic.watcher.after_revoke", "the watcher revoked, before vouching")
@@ -114,6 +116,8 @@ FP_GROW_FIRST_COLLECTIVE = _fp.declare("elastic.grow.first_collective", "before 
 FP_JOIN_REQUEST = _fp.declare("elastic.join.request", "a joiner, before it asks to join")
 FP_JOIN_ADMITTED = _fp.declare("elastic.join.admitted", "a joiner was admitted, before it joins")
 FP_JOIN_AFTER_COMM = _fp.declare("elastic.join.after_comm", "a joiner's communicator is built")
+FP_JOIN_NOBODY_LEFT = _fp.declare("elastic.join.nobody_left", "a joiner found every member gone, before it marks "
+                                                              "them and the group lost")
 FP_CLOSE_GONE = _fp.declare("elastic.close.gone", "close(): the destroy failed and members are gone, before "
                                                   "they are marked lost")
 
@@ -308,6 +312,8 @@ class ElasticGroup:
         self._hub_voted = (-1, -1)  # the last (generation, attempt) whose vote went to a hub only
         self._committed: Optional[int] = None  # the last step this member completed (commit())
         self._joiners_seen = False  # rank 0's watcher saw join requests (read by maybe_grow)
+        # a joiner: the members it found gone, the last time it looked (a stopped one must be seen twice)
+        self._gone_members: Tuple[Tuple[int, ...], bool] = ((), False)
         self.store.set(f"{self._ns}/proc/{slot}", f"{self._boot} {os.getpid()}")
         if joiner:
             self._join()
@@ -344,25 +350,29 @@ class ElasticGroup:
 
     # -- forming and joining ----------------------------------------------------------------------
 
-    def _new_comm(self, rank: int, members: Sequence[int], key: str, generation: int) -> Communicator:
-        """A fresh communicator of ``members`` (unique id from the new rank 0 through the store)."""
+    def _new_comm(self, rank: int, members: Sequence[int], key: str, generation: int,
+                  gone: Optional[Callable[[int], bool]] = None) -> Communicator:
+        """A fresh communicator of ``members`` (unique id from the new rank 0 through the store). ``gone``: the
+        liveness rule of the members (default: their registered processes)."""
         if rank == 0:
             uid = self.library.get_unique_id()
             _fp.hit(FP_UID_BEFORE_PUBLISH)
             self.store.set(key, bytes(uid))
         else:
-            uid = self._wait_key(key, members[0], f"the unique id of generation {generation}")
+            uid = self._wait_key(key, members[0], f"the unique id of generation {generation}", gone)
         comm = init(rank, len(members), unique_id=uid, init_timeout=self.timeout,
-                    give_up=self._gone_give_up(members, f"init of generation {generation}"),
+                    give_up=self._gone_give_up(members, f"init of generation {generation}", gone),
                     **self._comm_options(members, generation))
         return self._adopt(comm, members, generation)
 
-    def _gone_give_up(self, members: Sequence[int], what: str) -> Callable[[float], Optional[BaseException]]:
+    def _gone_give_up(self, members: Sequence[int], what: str,
+                      gone: Optional[Callable[[int], bool]] = None) -> Callable[[float], Optional[BaseException]]:
         """For a fresh init of ``members``: the :func:`pycoll.init` ``give_up`` that ends it as soon as another
         member is known gone (a same-host process that exited or is stopped), instead of at its timeout -- a
         member that vouched and then died is still in the agreement's members."""
         others = [m for m in members if m != self.slot]
-        gone = self._gone_test(others)
+        if gone is None:
+            gone = self._gone_test(others)
 
         def give_up(waited: float) -> Optional[BaseException]:
             for m in others:
@@ -394,24 +404,72 @@ class ElasticGroup:
     def _form(self, world_size: int) -> None:
         """The first communicator; a member that dies meanwhile is left out (the others agree without it)."""
         members = tuple(range(world_size))
+        gone = self._forming_gone(members)
         attempt = 0
         while True:
             key = f"{self._ns}/g0/uid" if attempt == 0 else f"{self._ns}/form/a{attempt}/uid"
             try:
                 _fp.hit(FP_FORM_BEFORE_INIT)
-                self._new_comm(members.index(self.slot), members, key, 0)
-                _fp.hit(FP_FORM_AFTER_INIT)
-                return
+                self._new_comm(members.index(self.slot), members, key, 0, gone)
+                break
             except (CommFailure, NCCLError, StoreError) as exc:
                 _log.warning("slot %d: forming group %r (attempt %d) failed: %s", self.slot, self.name, attempt, exc)
             # a member that failed on its own (a raise) is out of init at once, the others only at
             # their init timeout: wait that long for their vouchers
             members, _ = self._agree_at(f"{self._ns}/form/a{attempt}/", members, None,
-                                        window=self.timeout + self.window)
+                                        window=self.timeout + self.window, gone=gone)
             if self.slot not in members:
                 raise Excluded(f"slot {self.slot} was left out while group {self.name!r} formed "
                                f"(members {list(members)})")
             attempt += 1
+        # the slots left out are lost, as after a reshape without them: rank 0 tells the launcher (which kills such
+        # a slot's process if it is stopped, and may replace it), and every member keeps them for a later rank 0
+        self._lost = set(range(world_size)) - set(members)
+        if self._lost and self.rank == 0:
+            _fp.hit(FP_FORM_MARK_LOST)
+            for m in sorted(self._lost):
+                try:
+                    mark_lost(self.store, m, f"left out when group {self.name!r} formed")
+                except (StoreError, AttributeError):
+                    pass
+        _fp.hit(FP_FORM_AFTER_INIT)
+
+    def _forming_gone(self, members: Sequence[int]) -> Callable[[int], bool]:
+        """While the group forms: whether a slot's first process is gone (exited, exiting or stopped; this host
+        only). Its registration tells which process that is; so does, from its start, pycoll-run's record of the
+        process it started for the slot (:func:`pycoll.launch.keys.launched_processes`): a process stopped or killed
+        before it registered is then known at once, not at the init's timeout and the agreement's window. What is
+        not known yet is looked up again at most every 0.25 s."""
+        others = [m for m in members if m != self.slot]
+        procs: Dict[int, Tuple[str, int]] = {}
+        launched: Dict[int, Tuple[str, int, int]] = {}
+        next_look = 0.0
+
+        def look() -> None:
+            nonlocal next_look, procs, launched
+            next_look = time.monotonic() + 0.25
+            try:
+                if not procs and self.store.check([f"{self._ns}/proc/{m}" for m in others]):
+                    procs = self._procs(others)  # every one registered: one read, kept (a replacement that
+                    # registers later for a slot whose first process died does not hide that death)
+                if not launched:
+                    launched = launched_processes(self.store, others)
+            except (StoreError, AttributeError, ValueError):
+                pass
+
+        def gone(m: int) -> bool:
+            if m == self.slot:
+                return False
+            if (not procs or not launched) and time.monotonic() >= next_look:
+                look()
+            proc = procs.get(m)
+            if proc is not None and proc[0] == self._boot and _local_process_gone(proc[1]):
+                return True
+            first = launched.get(m)
+            # k > 0: the launcher replaced the slot's first process, which therefore ended
+            return first is not None and (first[2] > 0 or (first[0] == self._boot and _local_process_gone(first[1])))
+
+        return gone
 
     # -- liveness of the other members ------------------------------------------------------------
 
@@ -427,10 +485,12 @@ class ElasticGroup:
             proc = (boot, int(pid))
         return proc[0] == self._boot and _local_process_gone(proc[1])
 
-    def _wait_key(self, key: str, writer: int, what: str) -> bytes:
+    def _wait_key(self, key: str, writer: int, what: str, gone: Optional[Callable[[int], bool]] = None) -> bytes:
         """The value of ``key``, which only slot ``writer`` writes. CommFailure (a member failure) as
-        soon as that process is gone, or when the key has not come within the timeout."""
-        return _mb.wait_key(self.store, key, writer, f"{what} of group {self.name!r}", self._slot_gone, self.timeout)
+        soon as that process is gone (``gone``; default: its registered process), or when the key has not come
+        within the timeout."""
+        return _mb.wait_key(self.store, key, writer, f"{what} of group {self.name!r}", gone or self._slot_gone,
+                            self.timeout)
 
     def _guard(self, slots: Sequence[int], comm: Communicator, what: str) -> threading.Event:
         """Watch ``slots`` while this thread is inside ``comm``'s grow: a process found gone fails ``comm``, and
@@ -472,22 +532,51 @@ class ElasticGroup:
 
     def _nobody_to_admit(self) -> Optional[str]:
         """Why no member of the group is left to admit this joiner, when every process that took a slot of it (but
-        this one and the other joiners) ran on this host and is gone -- exited or stopped; else None (one lives,
-        runs on another host, or none took a slot yet)."""
+        this one and the joiners: a slot whose join request is pending, or whose joiner gave up, has no member) ran
+        on this host and is gone -- exited, or stopped on two looks in a row; else None (one lives, runs on another
+        host, or the group has not begun to form)."""
         prefix = f"{self._ns}/proc/"
         try:
             joiners = set(_mb.pending_joiners(self.store, self._ns, ()))
             slots = sorted(int(k[len(prefix):]) for k in self.store.list_keys(prefix) if k[len(prefix):].isdigit())
             others = [m for m in slots if m != self.slot and m not in joiners]
             procs = self._procs(others) if others else {}
+            # no member at all: gone (their slots' processes are joiners now), or not started yet
+            if not others and not (self.store.check([f"{self._ns}/g0/uid"])
+                                   or self.store.check([f"{self._ns}/form/a0/votes"])):
+                return None
         except (StoreError, ValueError):
             return None
-        if not others or len(procs) < len(others) or any(
+        if len(procs) < len(others) or any(
                 boot != self._boot or not _local_process_gone(pid) for boot, pid in procs.values()):
+            self._gone_members = ((), False)
             return None
+        # a stopped member counts as gone once seen stopped twice (about 0.5 s apart), as the watchdog's liveness
+        # and pycoll-run's hung ranks have it: a short pause must not end the group
+        stopped = any(not exiting(f) and f[0] in ("T", "t")
+                      for f in (stat_fields(pid) for _, pid in procs.values()) if f)
+        seen, was_stopped = self._gone_members
+        self._gone_members = (tuple(others), stopped)
+        if stopped and not (seen == tuple(others) and was_stopped):
+            return None
+        if not others:
+            return (f"every member of group {self.name!r} is gone (the other slots' processes are joiners that were "
+                    f"not admitted): nobody is left to admit slot {self.slot}")
         which = f"slot{'s' if len(others) > 1 else ''} {', '.join(map(str, others))}"
         return (f"every member of group {self.name!r} is gone (the process{'es' if len(others) > 1 else ''} of "
                 f"{which} exited or stopped): nobody is left to admit slot {self.slot}")
+
+    def _group_gone(self, why: str) -> None:
+        """This joiner found every member gone: mark their slots lost (pycoll-run kills a stopped one, as the
+        others would have had they been left to reshape without it) and the group lost (pycoll-run exits non-zero:
+        the job failed, however its replacements end)."""
+        _fp.hit(FP_JOIN_NOBODY_LEFT)
+        try:
+            for m in self._gone_members[0]:
+                mark_lost(self.store, m, f"gone with every other member of group {self.name!r}")
+            mark_group_lost(self.store, why)
+        except (StoreError, AttributeError) as exc:
+            _log.warning("slot %d: could not mark group %r lost: %s", self.slot, self.name, exc)
 
     def _join_once(self, t0: float, deadline: float) -> None:
         _fp.hit(FP_JOIN_REQUEST)
@@ -498,6 +587,7 @@ class ElasticGroup:
         except StoreTimeout as exc:
             raise StoreTimeout(f"{exc} (group {self.name!r})") from None
         except LookupError as exc:
+            self._group_gone(str(exc))
             raise Excluded(str(exc)) from None
         if not raw:
             raise Excluded(f"group {self.name!r} finished before slot {self.slot} was admitted")
@@ -626,8 +716,8 @@ class ElasticGroup:
         return self._agree_at(f"{self._ns}/g{g}/a{attempt}/", members, g,
                               window=None if attempt == 0 else self.timeout + self.window)
 
-    def _agree_at(self, base: str, members: Tuple[int, ...], g: Optional[int],
-                  window: Optional[float] = None) -> Tuple[Tuple[int, ...], Optional[int]]:
+    def _agree_at(self, base: str, members: Tuple[int, ...], g: Optional[int], window: Optional[float] = None,
+                  gone: Optional[Callable[[int], bool]] = None) -> Tuple[Tuple[int, ...], Optional[int]]:
         """The agreement under the keys ``base`` (:func:`pycoll.membership.agree`): vote, then the first
         live member waits for the votes (``window`` seconds at most; default: the group's window) and
         decides while the others wait for the decision -- two store round trips per member when every
@@ -636,7 +726,7 @@ class ElasticGroup:
             _fp.hit(FP_AGREE_BEFORE_VOTE)
             _mb.vouch(self.store, base, self.slot, self._step())
         link = self._hub_link(g) if g is not None and window is None else None  # attempt 0: through this host's hub
-        return _node.agree(link, self.store, base, self.slot, members, self._step(), self._gone_test(members),
+        return _node.agree(link, self.store, base, self.slot, members, self._step(), gone or self._gone_test(members),
                            window=self.window if window is None else window, timeout=self.timeout,
                            hub_voted=g is not None and window is None and self._hub_voted == (g, 0))
 

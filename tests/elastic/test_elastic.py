@@ -14,8 +14,9 @@ from helpers.mp import Died, run_ranks
 import pycoll
 import pycoll.hooks
 from pycoll import failpoints, membership
+from pycoll._procs import boot_id
 from pycoll.elastic import ElasticGroup, Excluded
-from pycoll.launch.keys import KEY_LOST
+from pycoll.launch.keys import KEY_GROUP_LOST, KEY_LOST, KEY_PROC
 
 
 @pytest.fixture
@@ -616,3 +617,87 @@ def test_bad_arguments_are_refused_with_the_argument_named():
         assert group.last_committed == 4 and type(group.last_committed) is int
     finally:
         group.close()
+
+
+# -- a slot lost while the group forms; every member gone while replacements wait ------------------
+
+
+def _formed_without_a_stopped_slot(rank, n, addr, how):
+    """Slot 2 stops while the group forms: registered (stopped inside the formation), or before it registered,
+    with only pycoll-run's record of its process (as the launcher writes it when it starts a rank)."""
+    store = _store(addr)
+    store.set(KEY_PROC.format(rank=rank), f"{boot_id()} {os.getpid()} 0")  # what pycoll-run records
+    if rank == 2:
+        if how == "unregistered":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        failpoints.configure("elastic.form.before_init=stop", rank=2)
+        ElasticGroup(store, 2, n, backend="host", timeout=3.0, window=0.5, name="f")
+        return "formed"
+    if how == "marker dies":  # slot 0 dies as it marks slot 2 lost: slot 1, rank 0 after its reshape, marks it
+        failpoints.configure("elastic.form.mark_lost=kill", rank=rank)
+    t0 = time.monotonic()
+    group = ElasticGroup(store, rank, n, backend="host", timeout=3.0, window=0.5, name="f")
+    took = time.monotonic() - t0
+    members = group.members
+    try:
+        group.comm.barrier()
+    except pycoll.CommFailure:
+        group.reshape()
+    deadline = time.monotonic() + 5.0
+    while not store.check([KEY_LOST.format(rank=2)]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    lost = store.check([KEY_LOST.format(rank=2)])
+    group.close()
+    return members, took, lost
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["registered", "unregistered", "marker dies"])
+def test_a_slot_stopped_while_the_group_forms_is_left_out_at_once_and_marked_lost(server, how):
+    """The others form without it within a fraction of the 3 s timeout (not after the timeout and the agreement's
+    window: they know its process is stopped, from its registration or from pycoll-run's record) and mark it lost,
+    so that pycoll-run kills it (and may replace it) instead of waiting for it until the job's --timeout."""
+    res = run_ranks(_formed_without_a_stopped_slot, 3, server, how, timeout=40,
+                    may_die=[0, 2] if how == "marker dies" else [2])
+    survivors = [1] if how == "marker dies" else [0, 1]
+    for r in survivors:
+        members, took, lost = res[r]
+        assert members == (0, 1) and lost, res
+        assert took < 2.0, res  # before: 3 s of init and 3.5 s of agreement
+
+
+def _replacements_of_a_gone_group(rank, n, addr, spec):
+    """Slots 0 and 1 form, then both die at once; ranks 2 and 3 are their replacements (slots 0 and 1), started
+    together as pycoll-run starts them: each must learn at once that nobody is left to admit it."""
+    store = _store(addr)
+    if rank < 2:
+        group = ElasticGroup(store, rank, 2, backend="host", timeout=3.0, name="k")
+        group.comm.barrier()
+        store.add("k-test/formed", 1)
+        while store.add("k-test/formed", 0) < 2:
+            time.sleep(0.01)
+        os._exit(9)
+    while store.add("k-test/formed", 0) < 2:
+        time.sleep(0.01)
+    time.sleep(0.3)  # the members are gone
+    if spec and rank == 2:
+        failpoints.configure(spec, rank=2)
+    t0 = time.monotonic()
+    try:
+        ElasticGroup(store, rank - 2, joiner=True, backend="host", timeout=3.0, join_timeout=20.0, name="k")
+        return "admitted"
+    except Excluded as e:
+        return ("excluded", str(e), time.monotonic() - t0, store.check([KEY_GROUP_LOST]))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("spec", ["", "elastic.join.nobody_left=kill", "elastic.join.nobody_left=stop"])
+def test_replacements_of_a_group_whose_members_all_died_are_all_told_so(server, spec):
+    """Every replacement is excluded within about a second (a slot whose joiner waits, or gave up, has no member
+    to admit anyone), not the last one at its 20 s join_timeout; the group is marked lost for pycoll-run, which
+    then exits non-zero. ``spec``: the first replacement dies or stops as it would mark the group lost."""
+    res = run_ranks(_replacements_of_a_gone_group, 4, server, spec, timeout=40, may_die=[0, 1, 2] if spec else [0, 1])
+    for r in ([3] if spec else [2, 3]):
+        kind, text, took, group_lost = res[r]
+        assert kind == "excluded" and "nobody is left to admit slot" in text, res
+        assert took < 3.0 and group_lost, res

@@ -407,7 +407,11 @@ def _second_failure(name, victim):
 #: points the scenario does not pass, and where else a rank is killed or stopped there
 ELSEWHERE = {"elastic.close.gone": "a member gone at close(): tests/elastic/test_elastic.py kills another one there",
              "elastic.grow.failed": "a joiner lost inside the grow: tests/elastic/test_elastic.py kills a member "
-                                    "there (test_a_joiner_lost_inside_the_grow_costs_no_timeout)"}
+                                    "there (test_a_joiner_lost_inside_the_grow_costs_no_timeout)",
+             "elastic.form.mark_lost": "a slot left out while the group forms: tests/elastic/test_elastic.py kills "
+                                       "rank 0 there (test_a_slot_stopped_while_the_group_forms_is_left_out_...)",
+             "elastic.join.nobody_left": "every member gone while replacements wait: tests/elastic/test_elastic.py "
+                                         "kills and stops a replacement there (test_replacements_of_a_group_whose_...)"}
 
 
 def _cases():
