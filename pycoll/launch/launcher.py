@@ -45,7 +45,8 @@ Exit status:
   counts as the rank's failure, replaced as a crash is.
 * A job one of whose groups lost every member (:func:`~pycoll.launch.keys.mark_group_lost`: the elastic layer's
   replacements found nobody left to admit them) failed, whatever its replacements exited with: the launcher exits
-  with the earliest failure's code (1 if none).
+  with the earliest failure's code (where no rank failed, its members ended on their own, without ``close()``: no
+  failure).
 * A job stopped by a signal exits with 128+signal; a job that exceeded ``--timeout`` with 124.
 * A job whose store is lost while ranks run (node 0's store server stopped, or another node can no
   longer reach it) fails: its ranks are stopped and the launcher exits with 1 (``EXIT_STORE_LOST``).
@@ -695,10 +696,13 @@ class _Launcher:
             return self.stop_code
         if self.store_call("read whether a group was lost", "check", [KEY_GROUP_LOST]):
             why = self.store_call("read why a group was lost", "get", KEY_GROUP_LOST, 1.0)
-            code = self.failures[0][1] if self.failures else 1
-            log.error("the job failed: %s (exit code %d)",
-                      why.decode("utf-8", "replace") if why else "a group lost every member", code)
-            return code
+            text = why.decode("utf-8", "replace") if why else "a group lost every member"
+            if self.failures:
+                code = self.failures[0][1]
+                log.error("the job failed: %s (exit code %d)", text, code)
+                return code
+            # no rank failed: the members ended on their own (without close()) while a replacement waited
+            log.warning("%s, but no rank failed (its members ended without close()): not counted", text)
         if not self.cfg.keep_going:
             return self.failures[0][1] if self.failures else 0
         lost: Dict[int, bool] = {}

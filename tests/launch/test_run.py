@@ -232,6 +232,15 @@ def test_a_job_whose_group_was_lost_fails_although_its_replacements_exit_0(tmp_p
     assert "the job failed: every member of group 'g' is gone (exit code 7)" in res.stderr, res.stderr
 
 
+def test_a_lost_group_whose_ranks_all_ended_on_their_own_is_no_failure(tmp_path):
+    """A group marked lost while no rank failed: its members ended (without close()) while a replacement waited."""
+    script = _script(tmp_path, "from pycoll.env import open_store\nfrom pycoll.launch.keys import mark_group_lost\n"
+                               "mark_group_lost(open_store(timeout=30), 'nobody is left to admit slot 1')\n")
+    res = launch(["-n", "1", "--replace-failed", "1", script], tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "nobody is left to admit slot 1, but no rank failed" in res.stderr, res.stderr
+
+
 REPLACE = """
 import os, sys
 from pycoll.env import discover, open_store
