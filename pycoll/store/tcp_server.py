@@ -125,6 +125,9 @@ class _Waiter:
         self.done = False
 
 
+_LONGEST_WAIT_S = 3600.0  # the longest the server's loop waits for the next deadline at a time
+
+
 class TCPStoreServer:
     """The server of pycoll's TCP store.
 
@@ -386,7 +389,8 @@ class TCPStoreServer:
             nxt = self._accept_paused_until if nxt is None else min(nxt, self._accept_paused_until)
         if nxt is None:
             return None
-        return max(0.0, nxt - now)
+        # the OS's wait takes at most 2**31 - 1 ms (and Python refuses more): a far deadline is looked at again
+        return min(max(0.0, nxt - now), _LONGEST_WAIT_S)
 
     def _drain_wake(self) -> None:
         try:

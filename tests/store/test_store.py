@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import socket
@@ -450,6 +451,28 @@ def test_stalled_handshake_is_dropped():
         client = server.client(timeout=5)
         client.set("k", b"v")
         client.close()
+
+
+def test_a_wait_of_30_days_leaves_the_server_serving_the_others():
+    """The OS's wait takes at most 2**31 - 1 ms: a client's wait due in 30 days (or a handshake timeout as long) made
+    the server's loop fail and retry without serving anyone until its deadline came within that."""
+    from datetime import timedelta
+
+    for srv in (TCPStoreServer(), TCPStoreServer(handshake_timeout=30 * 86400)):
+        srv.start()
+        try:
+            a, b = srv.client(timeout=5), srv.client(timeout=2)
+
+            def wait(a=a):
+                with contextlib.suppress(StoreError):  # the server's close ends it
+                    a.get("never", timedelta(days=30))
+
+            threading.Thread(target=wait, daemon=True).start()
+            time.sleep(0.2)
+            b.set("k", b"v")
+            assert b.get("k") == b"v"
+        finally:
+            srv.close()
 
 
 def test_unreachable_server_fails_after_connect_timeout():
