@@ -293,6 +293,17 @@ class FileStore(Store):
             self._set_locked(key, scratch.data[key])
             return value
 
+    def append(self, key: str, value: Value) -> int:
+        """Native: under the file's lock (the generic compare-and-set loop may lose one of two identical appends)."""
+        key, data = _check_key(key), _to_bytes(value)
+        if not data:
+            raise ValueError("append() needs a non-empty value")
+        with self._locked():
+            self._sync()
+            new = self._table.data.get(key, b"") + data
+            self._set_locked(key, new)
+            return len(new)
+
     def wait(self, keys: Keys, timeout: Optional[float] = None) -> None:
         keys = _check_keys(keys)
         self._poll(keys, _check_timeout(timeout, self.timeout), lambda: None)

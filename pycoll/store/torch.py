@@ -239,6 +239,18 @@ class TorchStoreAdapter(Store):
         expected, desired = _to_bytes(expected, "expected value"), _to_bytes(desired, "desired value")
         return bytes(self._run("compare_set", lambda: self.torch_store.compare_set(key, expected, desired), [key]))
 
+    def append(self, key: str, value: Value) -> int:
+        """torch's native ``append`` where the store has it (the generic compare-and-set loop may lose one of two
+        identical appends); the length returned is the key's just after (later appends of others may be in it)."""
+        key, data = _check_key(key), _to_bytes(value)
+        fn = getattr(self.torch_store, "append", None)
+        if not callable(fn):
+            return super().append(key, data)
+        if not data:
+            raise ValueError("append() needs a non-empty value")
+        self._run("append", lambda: fn(key, data), [key])
+        return len(self.get(key, 0))
+
     def delete(self, key: str) -> bool:
         key = _check_key(key)
         return bool(self._run("delete", lambda: self.torch_store.delete_key(key), [key]))

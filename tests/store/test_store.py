@@ -453,6 +453,19 @@ def test_stalled_handshake_is_dropped():
         client.close()
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_identical_appends_racing_all_land(make_store, kind):
+    """Four threads append the same record 150 times each: every append lands (a compare-and-set loop lost some:
+    two appends from the same old value give the same new one)."""
+    s = make_store(kind)
+    threads = [threading.Thread(target=lambda: [s.append("log", b"x") for _ in range(150)]) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert s.get("log") == b"x" * 600
+
+
 def test_a_wait_of_30_days_leaves_the_server_serving_the_others():
     """The OS's wait takes at most 2**31 - 1 ms: a client's wait due in 30 days (or a handshake timeout as long) made
     the server's loop fail and retry without serving anyone until its deadline came within that."""
