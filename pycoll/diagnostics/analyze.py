@@ -71,7 +71,26 @@ def _load_file(path: str) -> Dict[str, Any]:
     data = json.loads(raw.decode("utf-8")) if path.endswith(".json") else _PlainUnpickler(io.BytesIO(raw)).load()
     if not isinstance(data, dict) or "entries" not in data or "version" not in data:
         raise ValueError("not a flight-recorder dump (no 'entries'/'version')")
-    return data
+    return _merged(data)
+
+
+def _merged(data: Dict[str, Any]) -> Dict[str, Any]:
+    """A dump as the recorder held it: the entries a pycoll dump keeps out of torch's analyzer's reach
+    (``pycoll.other_entries``: sends and receives, one-sided operations, watched streams; see
+    :mod:`pycoll.diagnostics.recorder`) back among its ``entries``, each with its own record id again
+    (``pycoll_record_id``), in record-id order. A dump without them (torch's, an older pycoll's) stays as it is."""
+    pyc = data.get("pycoll")
+    other = pyc.get("other_entries") if isinstance(pyc, dict) else None
+    entries = data.get("entries") or []
+    if not isinstance(other, list) and not any(isinstance(e, dict) and "pycoll_record_id" in e for e in entries):
+        return data
+    out = dict(data)
+    if isinstance(pyc, dict):
+        out["pycoll"] = {k: v for k, v in pyc.items() if k != "other_entries"}
+    own = [{**{k: v for k, v in e.items() if k != "pycoll_record_id"}, "record_id": e["pycoll_record_id"]}
+           if isinstance(e, dict) and "pycoll_record_id" in e else e for e in entries]
+    out["entries"] = sorted(own + list(other or []), key=lambda e: e.get("record_id", 0) if isinstance(e, dict) else 0)
+    return out
 
 
 def find_generations(path: str) -> List[Tuple[Optional[int], str]]:

@@ -44,14 +44,19 @@ def generation_dir(dump_dir: str, generation: int, *, json_form: bool = False) -
     return os.path.join(dump_dir, f"generation_{generation}")
 
 
+def _json_entries(entries: Any) -> Any:
+    return [{**e, "time_discovered_started_ns": e.get("time_discovered_started_ns") or 0,
+             "time_discovered_completed_ns": e.get("time_discovered_completed_ns") or 0} for e in entries]
+
+
 def json_form(data: Dict[str, Any]) -> Dict[str, Any]:
-    """The JSON variant of a dump dict: unset timestamps 0, ``pg_status`` values as strings."""
+    """The JSON variant of a dump dict: unset timestamps 0 (in ``pycoll.other_entries`` too), ``pg_status`` values
+    as strings."""
     out = dict(data)
-    out["entries"] = [
-        {**e, "time_discovered_started_ns": e.get("time_discovered_started_ns") or 0,
-         "time_discovered_completed_ns": e.get("time_discovered_completed_ns") or 0}
-        for e in data.get("entries", [])
-    ]
+    out["entries"] = _json_entries(data.get("entries", []))
+    pyc = data.get("pycoll")
+    if isinstance(pyc, dict) and "other_entries" in pyc:
+        out["pycoll"] = {**pyc, "other_entries": _json_entries(pyc["other_entries"])}
     out["pg_status"] = {k: {kk: str(vv) for kk, vv in v.items()} for k, v in data.get("pg_status", {}).items()}
     return out  # json writes tuples as arrays and int keys as strings
 

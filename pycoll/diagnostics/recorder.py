@@ -8,6 +8,26 @@ recorder (schema ``"2.10"``), so torch's analyzer (``torchfrtrace`` /
 JSON file with the same fields. pycoll's own analyzer (``pycoll-fr``, :mod:`pycoll.analyze`)
 reads both without torch.
 
+What torch's analyzer reads: a dump file's ``entries`` hold only the collectives whose type it knows
+(:data:`TORCH_COLLECTIVES`: all_reduce, broadcast, reduce, all_gather, reduce_scatter, all_to_all, gather,
+scatter, barrier); every other entry -- sends, receives and ``sendrecv``, the one-sided ``put_signal``,
+``signal`` and ``wait_signal``, and :meth:`~pycoll.Communicator.watch_stream`'s (``graph_replay`` or the name
+given) -- is kept, in the same form, under ``pycoll.other_entries``, which torch ignores and ``pycoll-fr`` merges
+back in record-id order. Torch's analyzer cannot model them: it stops (AssertionError) at a type it does not know;
+it matches every entry, a point-to-point one too, against all members of its group by ``collective_seq_id``, so a
+transfer between two ranks of three reads as the third never joining it (a false culprit); a send whose
+``p2p_seq_id`` equals the preceding collective's ``collective_seq_id`` reads as a coalesced group, on which it
+stops too (``can't get dst of non-p2p op``): it pairs sends and receives only in torch's own coalesced batches,
+which pycoll does not record. One-sided operations do not pair one to one (a wait counts signals), and a watched
+stream is no collective: written under names torch knows, they would make it report what did not happen. Left
+out, they leave gaps in the collectives' numbers, which torch does not mind (it matches equal numbers): it still
+names a rank that never entered a collective, or a mismatched one. A kept entry's ``record_id`` counts only the
+kept entries (each left-out one before it lowers it by one; its own is ``pycoll_record_id``): torch aligns the
+ranks at the latest of their first record ids, and a rank's sends before its first collective would otherwise
+hide another rank's first collectives from it. (When a ring wrapped, the left-out entries it lost are not known:
+there, the alignment stays the guess it is on torch's own dumps.) In memory, :meth:`FlightRecorder.as_dict` gives
+every entry under ``entries`` unless asked for the file's form (``for_file``).
+
 Layout of a dump (``dump_dir`` defaults to ``$PYCOLL_FR_DUMP_DIR``, else
 ``$XDG_CACHE_HOME/pycoll/fr/<run id>`` where the run id comes from the launcher)::
 
@@ -60,6 +80,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FlightRecorder",
     "SCHEMA_VERSION",
+    "TORCH_COLLECTIVES",
     "DEFAULT_BUFFER_SIZE",
     "DEFAULT_FILE_PREFIX",
     "get_recorder",
@@ -73,6 +94,10 @@ _log = logging.getLogger("pycoll.flight_recorder")
 
 #: The ``version`` field of PyTorch's flight-recorder dumps that pycoll writes.
 SCHEMA_VERSION = "2.10"
+#: The operations pycoll records that torch's analyzer models (its ``COLLECTIVES``): a dump file's ``entries`` hold
+#: only these; the others are under ``pycoll.other_entries`` (see the module's docstring).
+TORCH_COLLECTIVES = frozenset({"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all",
+                               "gather", "scatter", "barrier"})
 DEFAULT_BUFFER_SIZE: int = _settings.SETTINGS["PYCOLL_FR_BUFFER_SIZE"].default
 DEFAULT_FILE_PREFIX: str = _settings.SETTINGS["PYCOLL_FR_FILE_PREFIX"].default
 DEFAULT_STACK_DEPTH: int = _settings.SETTINGS["PYCOLL_FR_STACK_DEPTH"].default
@@ -432,12 +457,16 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         json_form: bool = False,
         extra: Optional[Dict[str, Any]] = None,
         refresh: bool = True,
+        for_file: bool = False,
     ) -> Dict[str, Any]:
         """The dump of one generation, as PyTorch's flight recorder writes it (schema ``"2.10"``).
 
         ``json_form`` gives the JSON variant (``process_group`` as a list, unset timestamps as 0,
         ``pg_status`` values as strings). pycoll's own facts (ranks, communicator states,
         failure reports) are under the extra top-level key ``"pycoll"``, which torch ignores.
+        ``entries`` holds every entry, unless ``for_file``: then, as a dump file holds them, only those torch's
+        analyzer models (:data:`TORCH_COLLECTIVES`, each with its ``record_id`` counting only these and its own
+        as ``pycoll_record_id``), the others under ``pycoll.other_entries`` (the module's docstring says why).
         """
         raw = [e for e in self.entries() if e[_INFO].generation == generation]
         with self._lock:
@@ -456,6 +485,7 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         formatted: Dict[Tuple[Any, ...], List[Dict[str, Any]]] = {}
         threads = {t.ident: t.name for t in threading.enumerate()}
         entries = []
+        other: List[Dict[str, Any]] = []  # for_file: the entries torch's analyzer does not read
         for e in raw:
             info = e[_INFO]
             state, started, completed, duration, error = _dynamic(e, outstanding)
@@ -504,7 +534,15 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
                 if frames is None:
                     frames = formatted[key] = format_stack(e[_STACK], cache)
                 entry["frames"] = frames
-            entries.append(entry)
+            if not for_file:
+                entries.append(entry)
+            elif is_p2p or op not in TORCH_COLLECTIVES:
+                other.append(entry)
+            else:
+                # torch aligns ranks by their first record ids: count only what it reads (record ids are the
+                # generation's, and raw holds its entries in their order)
+                entry["record_id"], entry["pycoll_record_id"] = e[_RID] - len(other), e[_RID]
+                entries.append(entry)
 
         pg_config: Dict[str, Dict[str, str]] = {}
         pg_status: Dict[str, Dict[str, Any]] = {}
@@ -546,6 +584,8 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
             "failures": list(self._failures.get(generation, ())),
             "transitions": list(self._transitions),
         }
+        if for_file:
+            pyc["other_entries"] = other
         if stacks and self.stacks:
             pyc["main_thread"] = _main_stack()
         if extra:
@@ -609,7 +649,7 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
                 if extra:
                     info.update(extra)
                 try:
-                    data = self.as_dict(gen, stacks=stacks, extra=info)
+                    data = self.as_dict(gen, stacks=stacks, extra=info, for_file=True)
                 except Exception:
                     _log.exception("flight recorder: could not assemble the dump of generation %d", gen)
                     continue
@@ -633,11 +673,12 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
                         jpath = None
                 self._dumped_gen[gen] = closes
                 self.dump_count += 1
+                count = len(data["entries"]) + len(data["pycoll"]["other_entries"])
                 self.last_dump = {"path": path, "json": jpath, "generation": gen, "reason": reason,
-                                  "trigger": trigger, "time": time.time(), "entries": len(data["entries"])}
+                                  "trigger": trigger, "time": time.time(), "entries": count}
                 _log.warning(
                     "pycoll flight recorder: rank %s dumped %d entries of generation %d to %s%s in %.0f ms (%s: %s)",
-                    rank, len(data["entries"]), gen, path, f" (+ {jpath})" if jpath else "",
+                    rank, count, gen, path, f" (+ {jpath})" if jpath else "",
                     (time.monotonic() - t0) * 1e3, trigger, reason,
                 )
         return written

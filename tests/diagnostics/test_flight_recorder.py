@@ -24,7 +24,7 @@ from helpers.fakes import FakeComm
 import pycoll
 import pycoll.diagnostics
 import pycoll.hooks
-from pycoll import flight_recorder as fr
+from pycoll import analyze, flight_recorder as fr
 
 
 def f32(n):
@@ -253,6 +253,46 @@ def test_full_and_wrapped_buffer(tmp_path):
 
 
 # -- dump files -------------------------------------------------------------------------------------
+
+
+def test_a_dump_file_gives_torch_only_the_collectives_its_analyzer_models(tmp_path):
+    """Torch's analyzer refuses operation types it does not know and cannot pair sends and receives outside its
+    own coalesced batches: a dump file's ``entries`` hold the collectives it knows, renumbered to count only
+    these (torch aligns ranks by their first record ids); every other entry is under ``pycoll.other_entries``
+    (pickle and JSON alike), and pycoll-fr's loader puts the dump back together as the recorder holds it."""
+    rec = fr.FlightRecorder(32, dump_dir=str(tmp_path))
+    c = FakeComm(rec, 0, 2)
+    c.op("sendrecv", f32(4), f32(4), peer=1)
+    c.op("all_reduce", f32(2), f32(2))
+    c.op("put_signal", f32(4), peer=1)
+    c.op("signal", peer=1)
+    c.op("wait_signal", peer=1, state="started")
+    c.op("all_reduce", f32(2), f32(2), state="captured")
+    c.op("graph_replay")  # Communicator.watch_stream's entry
+    c.op("barrier")
+    c.op("broadcast")  # broadcast_bytes on a device: no buffer described
+    c.op("send", f32(2), peer=1)
+    c.op("recv", None, f32(2), peer=1)
+    c.op("all_gather", f32(2), f32(4))
+    whole = rec.as_dict(0)["entries"]  # in memory: every entry, as recorded
+    assert [e["record_id"] for e in whole] == list(range(12))
+    paths = rec.dump("split")
+    for d in (load(paths[0]), json.load(open(paths[1]))):
+        torch_view = d["entries"]
+        assert [e["profiling_name"] for e in torch_view] == [
+            "nccl:all_reduce", "nccl:all_reduce", "nccl:barrier", "nccl:broadcast", "nccl:all_gather"]
+        assert [e["record_id"] for e in torch_view] == [0, 1, 2, 3, 4]
+        assert [e["pycoll_record_id"] for e in torch_view] == [1, 5, 7, 8, 11]
+        other = d["pycoll"]["other_entries"]
+        assert [e["profiling_name"] for e in other] == [
+            "nccl:sendrecv 0<->1", "nccl:put_signal 0->1", "nccl:signal 0->1", "nccl:wait_signal 0<-1",
+            "nccl:graph_replay", "nccl:send 0->1", "nccl:recv 0<-1"]
+        assert [e["record_id"] for e in other] == [0, 2, 3, 4, 6, 9, 10]
+    assert other[3]["time_discovered_completed_ns"] == 0  # the JSON form's unset timestamps, there too
+    assert rec.last_dump["entries"] == 12
+    dumps, problems = analyze.load_generation(os.path.dirname(paths[0]))
+    assert not problems and "other_entries" not in dumps[0]["pycoll"]
+    assert dumps[0]["entries"] == whole
 
 
 def test_dump_files_are_atomic_and_logged(tmp_path, caplog):
