@@ -118,15 +118,22 @@ class FileStore(Store):
         self.path = os.path.abspath(os.fspath(path))
         self.timeout = _check_timeout(timeout, DEFAULT_TIMEOUT)
         self.poll_interval = _check_timeout(poll_interval, 0.02)
-        self._plock = _PathLock.acquire_ref(self.path + ".lock")
+        try:
+            self._plock = _PathLock.acquire_ref(self.path + ".lock")
+        except OSError as e:
+            raise StoreError(f"cannot open the FileStore at {self.path}: {e.strerror or e}") from None
         self._fd = -1
         self._ino: Optional[Tuple[int, int]] = None
         self._offset = 0
         self._table = _Table()
         self._live_bytes = 0
         self._closed = False
-        with self._locked():
-            self._sync()
+        try:
+            with self._locked():
+                self._sync()
+        except BaseException:
+            self.close()
+            raise
 
     def __reduce__(self) -> Any:
         return (FileStore, (self.path, self.timeout, self.poll_interval))
@@ -163,7 +170,10 @@ class FileStore(Store):
         if self._closed:
             raise StoreError(f"the FileStore on {self.path} is closed")
         with self._plock:
-            yield
+            try:
+                yield
+            except OSError as e:  # its folder removed, a full disk, ...: a store error, naming the file
+                raise StoreError(f"the FileStore on {self.path}: {e.strerror or e}") from None
 
     def _open_data(self) -> None:
         fd = _open_store_file(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
@@ -189,6 +199,9 @@ class FileStore(Store):
             st = os.stat(self.path)
         except FileNotFoundError:
             st = None
+        if st is None and self._fd >= 0:  # never gone by a compaction (an atomic rename): removed, keys and all
+            raise StoreError(f"the FileStore file {self.path} was removed while the store was in use: its keys "
+                             "are gone (remove_files() only once no process uses it)")
         if st is None or self._fd < 0 or (st.st_dev, st.st_ino) != self._ino or st.st_size < self._offset:
             self._open_data()
             st = os.fstat(self._fd)

@@ -453,6 +453,22 @@ def test_stalled_handshake_is_dropped():
         client.close()
 
 
+def test_a_file_store_whose_file_or_folder_goes_says_so(tmp_path):
+    """Its file removed while in use: a StoreError that says the keys are gone (it was silently made again, empty);
+    its folder missing: a StoreError naming the path (was a bare FileNotFoundError)."""
+    path = tmp_path / "d" / "s"
+    with pytest.raises(StoreError, match="cannot open the FileStore at .*: No such file or directory"):
+        FileStore(path)
+    os.makedirs(path.parent)
+    s = FileStore(path, timeout=1)
+    s.set("k", b"v")
+    os.unlink(path)
+    for call in (lambda: s.get("k", 0), lambda: s.set("k", b"w"), lambda: s.append("k", b"w")):
+        with pytest.raises(StoreError, match="was removed while the store was in use: its keys are gone"):
+            call()
+    s.close()
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_identical_appends_racing_all_land(make_store, kind):
     """Four threads append the same record 150 times each: every append lands (a compare-and-set loop lost some:
