@@ -16,8 +16,9 @@ TCP wire protocol (version 1; big-endian):
   then uses the generic implementation. So did operation 13 (append_get: timeout, key, value, wait
   key -> appends value to key, then answers as get does for the wait key: a vote and the wait for
   the decision in one request).
-* Frames longer than the server's ``max_message`` (64 MiB by default), malformed payloads and
-  stalled handshakes close that connection only.
+* A frame longer than the server's ``max_message`` (64 MiB by default) is answered with an error and its bytes
+  dropped (one of more than 256 MiB, garbage, closes the connection); malformed payloads and stalled handshakes close
+  that connection only.
 """
 
 from __future__ import annotations

@@ -75,6 +75,10 @@ FP_BEFORE_REQUEST = _fp.declare("store.request.before", "the TCP store client, b
 FP_AFTER_REQUEST = _fp.declare("store.request.after", "the TCP store client, after the reply")
 
 
+class _ReplyTooLarge(Exception):
+    """A reply larger than the client's ``max_message``: the store is there, the client refuses what it sent."""
+
+
 class _UnknownOp(StoreError):
     """The server does not know an operation added after version 1 of the protocol."""
 
@@ -116,7 +120,8 @@ class _ClientConn:
     def _reply(self) -> Tuple[int, List[bytes]]:
         (n,) = _LEN.unpack(self._recv_exact(_LEN.size))
         if n > self.max_message:
-            raise _ProtocolError(f"reply of {n} bytes exceeds the client's limit of {self.max_message} bytes")
+            raise _ReplyTooLarge(f"the reply of {n} bytes exceeds this client's limit of {self.max_message} bytes "
+                                 "(its max_message)")
         return _decode(memoryview(self._recv_exact(n)))
 
     def request(self, frame: bytes, io_timeout: float) -> Tuple[int, List[bytes]]:
@@ -347,6 +352,9 @@ class TCPStore(Store):
             self._discard(conn)
             raise StoreTimeout(f"{_OP_NAMES[op]}: the store at {self._where()} did not answer within "
                                f"{io_timeout:g} s") from None
+        except _ReplyTooLarge as exc:
+            self._discard(conn)  # the reply is left unread: the connection is out of step
+            raise StoreError(f"{_OP_NAMES[op]}: {exc}") from None
         except (_ProtocolError, OSError) as exc:
             self._discard(conn)
             raise self._lost(op, exc) from None

@@ -94,7 +94,7 @@ class _RateLimitedLog:
 class _Conn:
     """Server-side state of one client connection."""
 
-    __slots__ = ("sock", "peer", "inbuf", "outbuf", "authed", "nonce", "waiter", "closed", "opened")
+    __slots__ = ("sock", "peer", "inbuf", "outbuf", "authed", "nonce", "waiter", "closed", "opened", "skip")
 
     def __init__(self, sock: socket.socket, peer: Any) -> None:
         self.sock = sock
@@ -106,6 +106,7 @@ class _Conn:
         self.waiter: Optional[_Waiter] = None
         self.closed = False
         self.opened = time.monotonic()
+        self.skip = 0  # bytes of a refused (too large) request still to come, discarded as they arrive
 
 
 class _Waiter:
@@ -125,6 +126,7 @@ class _Waiter:
         self.done = False
 
 
+_SKIP_MAX = 1 << 28  # a request up to this size over the server's limit is refused and skipped, a larger one closes
 _LONGEST_WAIT_S = 3600.0  # the longest the server's loop waits for the next deadline at a time
 
 
@@ -140,7 +142,8 @@ class TCPStoreServer:
         port: TCP port; 0 picks a free one.
         token: shared secret the clients must know (str or bytes); a random one is made if None
             (read it from :attr:`token`).
-        max_message: largest accepted request, in bytes; larger ones close the connection.
+        max_message: largest accepted request, in bytes; a larger one (of up to 256 MiB: a client's own limit may
+            be larger) is refused with an error and its bytes dropped as they come, the connection staying usable.
         handshake_timeout: seconds a new connection has to authenticate before it is closed.
         max_unauthenticated: most connections that have not completed the handshake; a new one beyond
             it closes the oldest of them, so that unauthenticated clients can never hold the file
@@ -498,12 +501,23 @@ class TCPStoreServer:
         if not n:
             self._close_conn(conn)
             return
-        conn.inbuf += self._rview[:n]
+        if conn.skip:  # the rest of a request refused for its size: dropped, the connection stays usable
+            k = min(conn.skip, n)
+            conn.skip -= k
+            if k == n:
+                return
+            conn.inbuf += self._rview[k:n]
+        else:
+            conn.inbuf += self._rview[:n]
         # Input is read even while a request is pending (to notice a closed peer), but a client
         # may have at most one maximal frame queued behind it.
-        if len(conn.inbuf) > self.max_message + 2 * _LEN.size + _CLIENT_HELLO.size:
-            self._warn.warning("input", "store: closing connection from %s: too much unanswered input", conn.peer)
-            self._close_conn(conn)
+        limit = self.max_message + 2 * _LEN.size + _CLIENT_HELLO.size
+        if len(conn.inbuf) > limit:
+            self._process(conn)  # a request refused for its size is dropped there: what is left may fit
+            if len(conn.inbuf) > limit and not conn.closed:
+                self._warn.warning("input", "store: closing connection from %s: too much unanswered input",
+                                   conn.peer)
+                self._close_conn(conn)
             return
         self._process(conn)
 
@@ -518,13 +532,21 @@ class TCPStoreServer:
             if len(conn.inbuf) < _LEN.size:
                 return
             (n,) = _LEN.unpack_from(conn.inbuf, 0)
+            if n > _SKIP_MAX:  # no client sends such a frame: garbage
+                self._warn.warning("size", "store: closing connection from %s: a message of %d bytes", conn.peer, n)
+                self._close_conn(conn)
+                return
             if n > self.max_message:
-                self._warn.warning("size", "store: closing connection from %s: message of %d bytes exceeds the "
-                                   "%d-byte limit", conn.peer, n, self.max_message)
+                # refused with an error reply; its bytes are dropped as they come (closing the connection under a
+                # client still sending would reset it before the client reads why: a lost store, to the client)
+                self._warn.warning("size", "store: refusing a message of %d bytes from %s: it exceeds the %d-byte "
+                                   "limit", n, conn.peer, self.max_message)
+                k = min(n, len(conn.inbuf) - _LEN.size)
+                del conn.inbuf[:_LEN.size + k]
+                conn.skip = n - k
                 self._send(conn, _encode(_ST_ERROR, [f"message of {n} bytes exceeds the server's limit of "
                                                      f"{self.max_message} bytes".encode()]))
-                self._close_conn_after_flush(conn)
-                return
+                continue
             if len(conn.inbuf) < _LEN.size + n:
                 return
             payload = memoryview(bytes(conn.inbuf[_LEN.size:_LEN.size + n]))
