@@ -16,6 +16,7 @@ blocked ``get`` in one thread does not delay another thread's calls).
 from __future__ import annotations
 
 import abc
+import re
 import time
 from datetime import timedelta
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
@@ -38,9 +39,18 @@ Keys = Union[str, Iterable[str]]
 # argument checking shared by every store
 
 
+_COUNTER = re.compile(rb"-?[0-9]+")
+
+
 def _check_key(key: Any) -> str:
     if not isinstance(key, str):
         raise TypeError(f"store keys must be str, got {type(key).__name__}")
+    if not key.isascii():  # every store keeps keys as UTF-8, which a lone surrogate has no form in
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"store key {key!r} is no valid text (UTF-8 cannot hold {e.object[e.start:e.end]!r})") \
+                from None
     return key
 
 
@@ -383,10 +393,9 @@ class _Table:
         old = self.data.get(key)
         current = 0
         if old is not None:
-            try:
-                current = int(old.decode("ascii").strip())
-            except (UnicodeDecodeError, ValueError):
-                raise StoreError(f"add({key!r}): the key holds {old[:40]!r}, not an integer counter") from None
+            if not _COUNTER.fullmatch(old):  # decimal ASCII only (int() would take "1_000", " +5 ")
+                raise StoreError(f"add({key!r}): the key holds {old[:40]!r}, not an integer counter")
+            current = int(old)
         new = current + amount
         if not _INT64_MIN <= new <= _INT64_MAX:
             raise StoreError(f"add({key!r}): counter overflows int64 ({current} + {amount})")

@@ -462,6 +462,20 @@ def test_stalled_handshake_is_dropped():
         client.close()
 
 
+@pytest.mark.parametrize("kind", ["memory", "tcp", "file", "prefix"])
+def test_keys_are_text_and_counters_decimal(make_store, kind):
+    s = make_store(kind)
+    with pytest.raises(ValueError, match="is no valid text"):
+        s.set("\udc80", b"1")  # a lone surrogate: UTF-8 has no form for it (it raised UnicodeEncodeError, or not)
+    s.set("é", b"1")
+    for held in (b"1_000", b" 12 ", b"+5", b"0x10"):  # what int() would take, or half of it
+        s.set("c", held)
+        with pytest.raises(StoreError, match="not an integer counter"):
+            s.add("c", 1)
+    s.set("c", b"-7")
+    assert s.add("c", 1) == -6
+
+
 def test_a_file_store_whose_file_or_folder_goes_says_so(tmp_path):
     """Its file removed while in use: a StoreError that says the keys are gone (it was silently made again, empty);
     its folder missing: a StoreError naming the path (was a bare FileNotFoundError)."""
