@@ -4,8 +4,8 @@ Every operation enqueued on any :class:`~pycoll.Communicator` of the process is 
 recorder is a :class:`pycoll.hooks.CommObserver`; :func:`pycoll.diagnostics.install` registers it
 with the first communicator). A dump writes one file per global rank in the pickle format of PyTorch's flight
 recorder (schema ``"2.10"``), so torch's analyzer (``torchfrtrace`` /
-``python -m torch.distributed.flight_recorder.fr_trace``) reads pycoll dumps unchanged, and a
-JSON file with the same fields. pycoll's own analyzer (``pycoll-fr``, :mod:`pycoll.analyze`)
+``python -m torch.distributed.flight_recorder.fr_trace``) reads pycoll dumps as they are (their collectives,
+below), and a JSON file with the same fields. pycoll's own analyzer (``pycoll-fr``, :mod:`pycoll.analyze`)
 reads both without torch.
 
 What torch's analyzer reads: a dump file's ``entries`` hold only the collectives whose type it knows
