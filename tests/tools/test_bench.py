@@ -106,7 +106,11 @@ def test_count_wrong_integers_exact_floats_within_precision():
     got[1] = np.nan
     got[3] += 1e-3
     assert bench._count_wrong(got, want, f32, 2, reduced=True) == 2  # NaN and a real difference
-    assert bench._count_wrong(want * (1 + 2e-7), want, f32, 2, reduced=True) == 0  # rounding
+    assert bench._count_wrong(want * (1 + 1e-7), want, f32, 2, reduced=True) == 0  # rounding
+    assert bench._count_wrong(want * (1 + 3e-7), want, f32, 2, reduced=True) == 4  # more than 2 roundings' worth
+    for name in ("f8e4m3", "f8e5m2", "bfloat16"):  # low precision: zeros, or one rank's half, are wrong
+        assert bench._count_wrong(np.zeros(4), want, DTYPES[name], 2, reduced=True) == 4, name
+        assert bench._count_wrong(want / 2, want, DTYPES[name], 2, reduced=True) == 4, name
     assert bench._count_wrong(np.array([1, 2, 4]), np.array([1, 2, 3]), i8, 2, reduced=True) == 1
     assert bench._count_wrong(np.zeros(3), np.zeros(4), f32, 2, reduced=False) == 4  # wrong length
 
