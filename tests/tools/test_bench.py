@@ -260,6 +260,8 @@ def test_two_ranks_table_json_csv_plot(tmp_path):
     rows = table_rows(out)
     # 8, 32, 128, 512 B for all_reduce and send_recv; all_gather's 8 B is one float per rank
     assert [r[0] for r in rows] == ["8", "32", "128", "512"] * 3
+    # the count column is the call's count argument, as nccl-tests prints it: a rank's block for all_gather
+    assert [r[1] for r in rows] == ["2", "8", "32", "128", "1", "4", "16", "64", "2", "8", "32", "128"]
     assert all(r[2] == "float" for r in rows)
     assert all(r[-4:] == ["N/A"] * 4 for r in rows[-4:])  # send_recv has no in-place variant
 

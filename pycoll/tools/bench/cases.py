@@ -75,7 +75,7 @@ class Case:
     root: int
     nranks: int
     rank: int
-    count: int  # nccl-tests' count: elements of the size column
+    count: int  # elements of the size column (for the blocks collectives, n times nccl-tests' count column)
     block: int  # elements per rank block (blocks collectives), else == count
     in_place: bool
     kit: _ArrayLib

@@ -240,7 +240,9 @@ def _run_rank(a: argparse.Namespace, reporter: _Reporter, *, rank: Optional[int]
                     del case
                 if me == 0:
                     reporter.row({
-                        "collective": coll, "size": count * dt.itemsize, "count": count, "type": dt.name,
+                        # nccl-tests' count column: the count argument, a rank's block for the blocks collectives
+                        "collective": coll, "size": count * dt.itemsize,
+                        "count": count // n if spec.blocks else count, "type": dt.name,
                         "redop": opname or "none", "root": a.root if spec.rooted else -1, "results": results,
                     })
         if me == 0:

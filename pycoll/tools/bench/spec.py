@@ -197,7 +197,8 @@ def _size_plan(spec: CollSpec, dt: DType, nranks: int, sizes: Sequence[int]) -> 
 
 
 def _element_count(spec: CollSpec, nbytes: int, dt: DType, nranks: int) -> int:
-    """nccl-tests' ``count`` for a size: whole elements, whole blocks per rank, never 0."""
+    """The elements of a size (whole elements, whole blocks per rank, never 0): the size column's; nccl-tests'
+    count column is a rank's block of them for the blocks collectives."""
     count = max(1, nbytes // dt.itemsize)
     if spec.blocks:
         count = max(1, count // nranks) * nranks
