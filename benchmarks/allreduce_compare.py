@@ -114,7 +114,7 @@ def expected(nranks: int, count: int) -> np.ndarray:
 def run_sizes(rank: int, nranks: int, sizes: Sequence[int], scale: float,
               variants: Sequence[Tuple[str, Callable[[int], Tuple[Callable[[], Any], Callable[[], int]]]]],
               barrier: Callable[[], Any], gather: Callable[[np.ndarray], Optional[np.ndarray]],
-              batches: int = 0, rounds: int = 1) -> Dict[str, list]:
+              batches: int = 0, rounds: int = 1, bandwidth: bool = True) -> Dict[str, list]:
     """Time every variant at every size. ``variants``: (name, setup(count) -> (call, check)).
 
     ``check()`` fills the inputs with :func:`pattern`, runs once and returns this rank's number of
@@ -125,6 +125,8 @@ def run_sizes(rank: int, nranks: int, sizes: Sequence[int], scale: float,
     up, checked and warmed first, then their timed iterations and batches run in ``rounds`` rounds, each
     variant's share of a round in turn, so that the machine's drift during a run hits every variant alike
     (with 1, each variant runs whole before the next is set up: one variant's buffers at a time).
+    ``bandwidth``: the rows carry an allreduce's algbw and busbw of the size (callers timing other operations
+    pass False and say what their sizes move themselves).
     """
     out: Dict[str, list] = {name: [] for name, _ in variants}
     clock = time.perf_counter_ns
@@ -163,12 +165,13 @@ def run_sizes(rank: int, nranks: int, sizes: Sequence[int], scale: float,
                 if table is not None:
                     per_iter = table[:, :iters].max(axis=0) / 1e3
                     med = float(np.median(per_iter))
-                    alg = count * 4 / (med * 1e-6) / 1e9
                     out[name].append({
                         "size": count * 4, "iters": iters, "time_us": med,
-                        "time_us_p90": float(np.percentile(per_iter, 90)),
-                        "algbw": alg, "busbw": alg * 2 * (nranks - 1) / nranks, "wrong": int(table[:, iters].sum()),
+                        "time_us_p90": float(np.percentile(per_iter, 90)), "wrong": int(table[:, iters].sum()),
                     })
+                    if bandwidth:
+                        alg = count * 4 / (med * 1e-6) / 1e9
+                        out[name][-1].update(algbw=alg, busbw=alg * 2 * (nranks - 1) / nranks)
                     if batches:
                         out[name][-1]["loop_us"] = float(np.median(table[:, iters + 1:].max(axis=0))) / 1e3
     return out
@@ -477,9 +480,10 @@ def combine(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
             if "time_us" in row:
                 times = [c["time_us"] for c in cells]
                 med = float(np.median(times))
-                row.update(time_us=med, time_us_runs=times, algbw=row["size"] / (med * 1e3),
-                           wrong=sum(c["wrong"] for c in cells))
-                row["busbw"] = row["algbw"] * cells[0]["busbw"] / cells[0]["algbw"]
+                row.update(time_us=med, time_us_runs=times, wrong=sum(c["wrong"] for c in cells))
+                if "algbw" in row:
+                    row["algbw"] = row["size"] / (med * 1e3)
+                    row["busbw"] = row["algbw"] * cells[0]["busbw"] / cells[0]["algbw"]
             else:  # copy bound
                 t = float(np.median([c["copy_us"] for c in cells]))
                 row.update(copy_us=t, copy_us_runs=[c["copy_us"] for c in cells], copy_GBps=row["size"] / (t * 1e3),
@@ -493,6 +497,22 @@ def combine(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
               else merge([r["rows"] for r in ok]))
     return {"label": first["label"], "rows": merged, "runs": len(ok),
             "errors": [r["error"] for r in runs if "error" in r]}
+
+
+def short_runs(res: Dict[str, Dict[str, Any]], repeat: int) -> str:
+    """What the tables' "median of K runs" must take back: the libraries of which fewer runs succeeded."""
+    short = [f"{lib} {r.get('runs', 0)} of {repeat}" for lib, r in res.items() if r.get("runs", 0) < max(1, repeat)]
+    return "medians of fewer runs (the others failed, above): " + ", ".join(short) if short else ""
+
+
+def wrong_results(res: Dict[str, Dict[str, Any]]) -> int:
+    """Wrong output elements over every library, variant and size of one rank count."""
+    total = 0
+    for r in res.values():
+        rows = r.get("rows", [])
+        for row in (x for v in rows.values() for x in v) if isinstance(rows, dict) else rows:
+            total += int(row.get("wrong", 0))
+    return total
 
 
 def _rows_by_size(result: Dict[str, Any], key: Optional[str] = None) -> Dict[int, Dict[str, Any]]:
@@ -636,6 +656,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           + (f", median of {a.repeat} interleaved runs" if a.repeat > 1 else "")
           + "; algbw/busbw in GB/s; ratios are algbw ratios (> 1: pycoll faster)")
     md: List[str] = []
+    wrong = 0
     for n in a.ranks:
         runs: Dict[str, List[Dict[str, Any]]] = {lib: [] for lib in libs}
         seconds: Dict[str, float] = dict.fromkeys(libs, 0.0)
@@ -662,6 +683,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(plain(head, body))
         for line in targets(n, res, sizes):
             print("# " + line)
+        if short_runs(res, a.repeat):
+            print("# " + short_runs(res, a.repeat))
+        wrong += wrong_results(res)
         if trips:
             print(f"# cross-CPU cache-line round trip (ns) before each run: {', '.join(trips)}")
         md += [f"### {n} ranks", "", f"{labels}", "", markdown(head, body), ""]
@@ -677,7 +701,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             f.write(f"Measured {started} on {os.cpu_count()} CPUs; load average before "
                     f"{' '.join(f'{x:.2f}' for x in load0)}, after {' '.join(f'{x:.2f}' for x in load1)}.\n\n")
             f.write("\n".join(md))
-    return 0
+    if wrong:
+        print(f"# PROBLEM: {wrong} wrong output elements (the cells marked WRONG)", file=sys.stderr)
+    return 1 if wrong else 0
 
 
 if __name__ == "__main__":

@@ -366,7 +366,8 @@ def _time_and_report(args: argparse.Namespace, barrier: Callable[[], Any],
                      gather: Callable[[np.ndarray], Optional[np.ndarray]], agree: Callable[[bool], bool],
                      variants: Dict[str, Setup], label: str, rank: int, n: int) -> None:
     chosen = [(v, variants[v]) for v in VARIANTS if v in variants]
-    rows = run_sizes(rank, n, [COUNT * 4], args.scale, chosen, barrier, gather, batches=10, rounds=ROUNDS)
+    rows = run_sizes(rank, n, [COUNT * 4], args.scale, chosen, barrier, gather, batches=10, rounds=ROUNDS,
+                     bandwidth=False)
     cpu, threads = _steady_cpu(variants["all_reduce numpy"](COUNT)[0], agree, max(0.2, STEADY_S * args.scale))
     print(_NOTE + json.dumps({"rank": rank, "threads": threads}), flush=True)
     shares = gather(cpu)

@@ -65,6 +65,8 @@ from allreduce_compare import (  # noqa: E402
     pattern,
     plain,
     run_sizes,
+    short_runs,
+    wrong_results,
 )
 
 OPS = ("broadcast", "all_gather", "reduce_scatter", "all_to_all", "reduce", "gather", "scatter")
@@ -157,7 +159,7 @@ def worker_pycoll(args: argparse.Namespace) -> None:
         return everyone.reshape(n, ts.size) if rank == 0 else None
 
     # one variant's buffers at a time (rounds=1): the pool holds one operation's arrays
-    rows = run_sizes(rank, n, sizes, args.scale, variants, comm.barrier, gather)
+    rows = run_sizes(rank, n, sizes, args.scale, variants, comm.barrier, gather, bandwidth=False)
     pool.close()
     if rank == 0:
         print(_RESULT + json.dumps({"label": f"pycoll {pycoll.__version__}", "rows": rows}), flush=True)
@@ -181,7 +183,7 @@ def worker_mpi(args: argparse.Namespace) -> None:
         return np.stack(everyone) if rank == 0 else None
 
     rows = run_sizes(rank, n, parse_sizes(args.sizes), args.scale, [(f"{op} mpi", setups[op]) for op in _ops(args)],
-                     comm.Barrier, gather)
+                     comm.Barrier, gather, bandwidth=False)
     if rank == 0:
         label = " ".join(MPI.Get_library_version().splitlines()[0].replace(",", " ").split()[:3])
         print(_RESULT + json.dumps({"label": f"{label} (mpi4py)", "rows": rows}), flush=True)
@@ -216,11 +218,12 @@ def _measure(lib: str, n: int, a: argparse.Namespace, sizes: List[int]) -> Dict[
         return {"error": f"copy reference failed: {exc!r}"}
 
 
-def _cell(res: Dict[str, Any], name: str, size: int) -> Optional[float]:
+def _cell(res: Dict[str, Any], name: str, size: int) -> Tuple[Optional[float], int]:
+    """The time of ``name`` at ``size`` (None: not run, or wrong) and its wrong elements."""
     for row in res.get("rows", {}).get(name, []):
-        if row["size"] == size and not row["wrong"]:
-            return float(row["time_us"])
-    return None
+        if row["size"] == size:
+            return (None if row["wrong"] else float(row["time_us"])), int(row["wrong"])
+    return None, 0
 
 
 def table(n: int, res: Dict[str, Dict[str, Any]], sizes: List[int],
@@ -233,17 +236,18 @@ def table(n: int, res: Dict[str, Dict[str, Any]], sizes: List[int],
         for size in sizes:
             count = max(1, size // 4)
             out = count * 4 * (n if op in BLOCKS_OUT else 1)
-            p, w, m = (_cell(res.get(lib, {}), f"{op} {kind}", count * 4)
-                       for lib, kind in (("pycoll", "private"), ("pycoll", "window"), ("mpi", "mpi")))
+            (p, pw), (w, ww), (m, mw) = (_cell(res.get(lib, {}), f"{op} {kind}", count * 4)
+                                         for lib, kind in (("pycoll", "private"), ("pycoll", "window"), ("mpi", "mpi")))
             b = copy.get(_copied(op, n, count * 4)) if op not in NO_REFERENCE else None
 
-            def ms(t: Optional[float]) -> str:
-                return "-" if t is None else f"{t / 1e3:.2f}"
+            def ms(t: Optional[float], wrong: int) -> str:
+                return f"WRONG ({wrong})" if wrong else "-" if t is None else f"{t / 1e3:.2f}"
 
             def ratio(x: Optional[float], y: Optional[float]) -> str:  # speed of window over y
                 return "-" if x is None or y is None else f"{y / x:.2f}x"
-            body.append([op, fmt_size(size), ms(p), ms(w), ms(m), "-" if w is None else f"{out / (w * 1e3):.2f}",
-                         "-" if b is None else f"{out / (b * 1e3):.2f}", ratio(w, b), ratio(w, p), ratio(w, m)])
+            body.append([op, fmt_size(size), ms(p, pw), ms(w, ww), ms(m, mw),
+                         "-" if w is None else f"{out / (w * 1e3):.2f}", "-" if b is None else f"{out / (b * 1e3):.2f}",
+                         ratio(w, b), ratio(w, p), ratio(w, m)])
     return head, body
 
 
@@ -278,6 +282,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           "ratios > 1: window buffers faster")
     doc: Dict[str, Any] = {"started": started, "sizes": sizes, "repeat": a.repeat, "results": {}}
     md: List[str] = []
+    wrong = 0
     for n in a.ranks:
         runs: Dict[str, List[Dict[str, Any]]] = {lib: [] for lib in libs}
         for _ in range(max(1, a.repeat)):
@@ -292,6 +297,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         labels = "; ".join(f"{k}: {v['label']}" for k, v in res.items() if "label" in v)
         print(f"\n## {n} ranks ({labels})")
         print(plain(head, body))
+        if short_runs(res, a.repeat):
+            print("# " + short_runs(res, a.repeat))
+        wrong += wrong_results(res)
         md += [f"### {n} ranks", "", labels, "", markdown(head, body), ""]
     print(f"\n# load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if a.json:
@@ -300,7 +308,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if a.markdown:
         with open(a.markdown, "w") as f:
             f.write(f"Measured {started} on {os.cpu_count()} CPUs.\n\n" + "\n".join(md))
-    return 0
+    if wrong:
+        print(f"# PROBLEM: {wrong} wrong output elements (the cells marked WRONG)", file=sys.stderr)
+    return 1 if wrong else 0
 
 
 if __name__ == "__main__":

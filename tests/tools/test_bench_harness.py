@@ -250,3 +250,29 @@ def test_open_mpi_is_used_only_where_this_interpreter_has_mpi4py(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mpi4py" else real(name, *a))
     assert _common.find_mpiexec() is None and _common.mpiexec_command(2, ["w.py"], {}) is None
     assert not mpi_ready()
+
+
+def test_wrong_cells_and_failed_runs_are_shown(monkeypatch):
+    """A wrong result is a WRONG cell (it printed "-", as not run), a library with fewer successful runs than asked
+    for is named, and only the allreduce rows carry an allreduce's bandwidth."""
+    monkeypatch.setattr(sys, "path", [os.path.join(REPO, "benchmarks"), *sys.path])  # undone after the test
+    from allreduce_compare import combine, run_sizes, short_runs, wrong_results
+    from window_collectives import table
+
+    def rows(wrong):
+        return {"label": "x", "rows": {"broadcast private": [{"size": 4096, "time_us": 10.0, "wrong": 0}],
+                                       "broadcast window": [{"size": 4096, "time_us": 5.0, "wrong": wrong}]}}
+
+    res = {"pycoll": combine([rows(3), {"error": "rank 1 died"}, rows(0)])}
+    _, body = table(2, res, [4096], ["broadcast"])
+    assert body[0][3] == "WRONG (3)" and body[0][2] == "0.01", body
+    assert wrong_results(res) == 3
+    assert short_runs(res, 3) == "medians of fewer runs (the others failed, above): pycoll 2 of 3"
+    assert short_runs(res, 2) == ""
+
+    def setup(count):
+        return (lambda: None), (lambda: 0)
+
+    got = run_sizes(0, 2, [8], 0.01, [("v", setup)], lambda: None, lambda a: a[None, :], bandwidth=False)
+    assert "algbw" not in got["v"][0] and "busbw" not in got["v"][0]
+    assert "algbw" not in combine([{"label": "x", "rows": got}] * 2)["rows"]["v"][0]
