@@ -16,8 +16,13 @@ What it does:
   ``PYCOLL_NNODES``, ``PYCOLL_STORE_ADDR``, ``PYCOLL_STORE_PORT``, ``PYCOLL_STORE_TOKEN``,
   ``PYCOLL_RUN_ID``, ``PYCOLL_REPLACEMENT``, ``PYCOLL_REPLACES``) and ``PYTHONUNBUFFERED=1``
   unless already set. Standard input is ``/dev/null``.
-* Prefixes every line a rank writes with ``[rank<r>]: `` (stdout to stdout, stderr to stderr); each
-  line goes out in one write, so lines of different ranks never mix.
+* Prefixes every line a rank writes with ``[rank<r>]: `` (stdout to stdout, stderr to stderr); lines
+  go out whole and in order (a thread per destination writes them, the launcher's own messages with
+  the ranks' stderr), so lines of different ranks never mix. A reader of the launcher's output that
+  falls behind holds the ranks up (their pipes are not read while more than 1 MiB waits for it), as
+  it would hold up a program writing to it, but never the launcher: ``--timeout``, signals and
+  failures act at once. Once the job was stopped by ``--timeout`` or a signal, output that nothing
+  reads for 0.5 s is dropped, with a note on stderr.
 * Forwards SIGINT, SIGTERM and SIGHUP to every rank and then stops the job (a second one kills it);
   forwards SIGUSR1 and SIGUSR2 without stopping anything.
 * Each rank runs in its own process group. Ranks die when the launcher dies (``PR_SET_PDEATHSIG``),
@@ -64,6 +69,7 @@ Store keys the launcher writes (at the root of the store, under ``pycoll-run/``)
 from __future__ import annotations
 
 import argparse
+import collections
 import logging
 import os
 import secrets
@@ -77,7 +83,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple
 
 from .. import _settings, failpoints as _fp
 from .._procs import boot_id, stat_fields, task_files
@@ -104,10 +110,23 @@ log = logging.getLogger("pycoll.run")
 FP_SPAWN = _fp.declare("launch.spawn", "the launcher, before it starts a rank (rank= the rank started)")
 FP_REPLACEMENT = _fp.declare("launch.replacement.start", "the launcher, before it starts a replacement")
 FP_EXIT = _fp.declare("launch.exit", "the launcher, handling a rank's exit (rank= the rank that ended)")
+FP_OUTPUT_WRITE = {
+    fd: _fp.declare(f"launch.output.write.{name}", f"the launcher's {name} thread, before it writes a batch of lines "
+                                                   f"(sleep: a slow reader)")
+    for fd, name in ((1, "stdout"), (2, "stderr"))
+}
+FP_OUTPUT_FLUSH = _fp.declare("launch.output.flush", "the launcher at exit, waiting for its output to be written")
 
 EXIT_TIMEOUT = 124
 EXIT_STORE_LOST = 1
 _MAX_LINE = 1 << 16
+# bytes queued for the launcher's stdout (or stderr) above which it stops reading the ranks' pipes to it, so that a
+# rank blocks in its write as it would writing to that reader itself; below _OUT_LOW it reads them again
+_OUT_HIGH = 1 << 20
+_OUT_LOW = 1 << 18
+# once the job was stopped by --timeout or a signal: how long output that nothing reads may make no progress before
+# the launcher drops it and exits
+_OUT_LINGER_S = 0.5
 _HEARTBEAT_S = 2.0
 _NODE_SILENCE_S = 30.0
 #: most ranks one launcher starts (-n)
@@ -235,6 +254,104 @@ class _Stream:
             self.buf.clear()
 
 
+class _Writer:
+    """Writes batches of whole lines to one of the launcher's file descriptors (stdout or stderr) from a thread of
+    its own, in the order queued, so that a reader that does not read blocks that thread, never the launcher's loop.
+
+    The loop stops reading the ranks' pipes to a writer that is :attr:`full` (more than ``_OUT_HIGH`` bytes queued)
+    until ``on_room`` says it drained below ``_OUT_LOW``; with :attr:`drop_excess` it drops (and counts) what would
+    go beyond ``_OUT_HIGH`` instead. :meth:`abandon` drops what is queued: the thread, if it is blocked in a write,
+    is left behind (a daemon), and writes nothing more once that write returns."""
+
+    def __init__(self, fd: int, on_room: Callable[[], None]) -> None:
+        self.fd = fd
+        self.on_room = on_room
+        self.cond = threading.Condition()
+        self.queue: Deque[bytes] = collections.deque()
+        self.pending = 0  # bytes queued and not yet written
+        self.written = 0
+        self.dropped = 0
+        self.full = False
+        self.drop_excess = False
+        self.dead = False  # the descriptor failed (its reader went away) or was abandoned: output is dropped
+        self.thread: Optional[threading.Thread] = None
+
+    def put(self, data: bytes) -> None:
+        with self.cond:
+            if self.dead:
+                return
+            if self.drop_excess and self.pending + len(data) > _OUT_HIGH:
+                self.dropped += len(data)
+                return
+            self.queue.append(data)
+            self.pending += len(data)
+            if self.pending > _OUT_HIGH and not self.drop_excess:
+                self.full = True
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, name=f"pycoll-run-output-{self.fd}", daemon=True)
+                self.thread.start()
+            self.cond.notify()
+
+    def abandon(self) -> int:
+        """Drop what is queued (and whatever comes later); returns the bytes dropped in all."""
+        with self.cond:
+            self.dead = True
+            self.dropped += self.pending
+            self.pending = 0
+            self.queue.clear()
+            return self.dropped
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                while not self.queue:
+                    self.cond.wait()
+                data = self.queue[0]
+            _fp.hit(FP_OUTPUT_WRITE[self.fd])
+            view = memoryview(data)
+            failed = False
+            while view:
+                try:
+                    n = os.write(self.fd, view)
+                except InterruptedError:
+                    continue
+                except BlockingIOError:  # a non-blocking descriptor the launcher inherited
+                    select.select([], [self.fd], [], 1.0)
+                    continue
+                except OSError:  # e.g. the reader of our stdout went away: drop this output
+                    failed = True
+                    break
+                view = view[n:]
+                with self.cond:
+                    if self.dead:  # abandoned meanwhile
+                        return
+                    self.pending -= n
+                    self.written += n
+            with self.cond:
+                if failed:
+                    self.dead = True
+                    self.pending = 0
+                    self.queue.clear()
+                elif self.queue:  # abandon() may have emptied it
+                    self.queue.popleft()
+                room = self.full and self.pending <= _OUT_LOW
+                if room:
+                    self.full = False
+            if room:
+                self.on_room()
+            if failed:
+                return
+
+
+def _write_if_ready(fd: int, data: bytes) -> None:
+    """One write of a short text to ``fd`` where that cannot block (its reader may have stopped reading)."""
+    try:
+        if select.select([], [fd], [], 0)[1]:
+            os.write(fd, data)
+    except (OSError, ValueError):
+        pass
+
+
 # --------------------------------------------------------------------------------------------------
 # the launcher
 
@@ -292,37 +409,89 @@ class _Launcher:
         self.signals_seen = 0
         self.sigchld = True
         self.last_poll = 0.0
-        self.dead_dests: set = set()
+        self.notify_r, self.notify_w = socket.socketpair()
+        #: the launcher's stdout and stderr, written from threads of their own (the ranks' lines, the launcher's log)
+        self.writers = {fd: _Writer(fd, self._notify_room) for fd in (1, 2)}
+        self.paused: Set[int] = set()  # the ranks' pipes not read while their destination's reader is behind
+        self.output_bounded = False
+        self.t0 = time.monotonic()
+        self.deadline = self.t0 + cfg.timeout if cfg.timeout else None
         self.events: List[str] = []
         self.events_lock = threading.Lock()
         self.watch_stop = threading.Event()
         self.watcher: Optional[threading.Thread] = None
         self.wake_r, self.wake_w = socket.socketpair()
-        self.notify_r, self.notify_w = socket.socketpair()
         for s in (self.wake_r, self.wake_w, self.notify_r, self.notify_w):
             s.setblocking(False)
         self.old_handlers: Dict[int, object] = {}
         self.old_wakeup = -1
         self.boot = boot_id()
+        self.sel.register(self.wake_r, selectors.EVENT_READ)
+        self.sel.register(self.notify_r, selectors.EVENT_READ)
 
     # ---- output
 
     def write(self, dest: int, data: bytes) -> None:
-        if dest in self.dead_dests:
-            return
-        view = memoryview(data)
-        while view:
-            try:
-                n = os.write(dest, view)
-            except InterruptedError:
-                continue
-            except BlockingIOError:
-                select.select([], [dest], [], 1.0)
-                continue
-            except OSError:  # e.g. the reader of our stdout went away: drop this output
-                self.dead_dests.add(dest)
-                return
-            view = view[n:]
+        """Queue ``data`` (whole lines) for the launcher's ``dest`` (1: stdout, 2: stderr); never blocks."""
+        self.writers[dest].put(data)
+
+    def pause_reading(self, dest: int) -> None:
+        """Stop reading the ranks' pipes to ``dest``, whose reader is behind (until :meth:`resume_reading`)."""
+        log.debug("the reader of %s is behind; not reading the ranks' output to it until it catches up",
+                  "stdout" if dest == 1 else "stderr")
+        for fd, (stream, _) in self.fd_to_stream.items():
+            if stream.dest == dest and fd not in self.paused:
+                self.sel.unregister(fd)
+                self.paused.add(fd)
+
+    def resume_reading(self) -> None:
+        for fd in list(self.paused):
+            stream, _ = self.fd_to_stream[fd]
+            if self.output_bounded or not self.writers[stream.dest].full:
+                self.paused.discard(fd)
+                self.sel.register(fd, selectors.EVENT_READ)
+
+    def bound_output(self) -> None:
+        """The job was stopped by --timeout or a signal: from now on output that the launcher's stdout or stderr
+        does not take is dropped (and counted) rather than waited for."""
+        if not self.output_bounded:
+            self.output_bounded = True
+            for w in self.writers.values():
+                w.drop_excess = True
+            self.resume_reading()
+
+    def flush_output(self) -> None:
+        """At exit: wait until the queued output is written -- for as long as it takes (as a program writing to a
+        pipe waits for its reader) unless the job was stopped by --timeout or a signal, --timeout passed, or a
+        signal comes meanwhile: then until it makes no progress for ``_OUT_LINGER_S``. What is left is dropped, with
+        a note on stderr where stderr takes one."""
+        writers = list(self.writers.values())
+        last, since = -1, time.monotonic()
+        while any(w.pending for w in writers):
+            _fp.hit(FP_OUTPUT_FLUSH)
+            now = time.monotonic()
+            if self.deadline is not None and now >= self.deadline:
+                self.bound_output()
+            if self.output_bounded:
+                written = sum(w.written for w in writers)
+                if written != last:
+                    last, since = written, now
+                elif now - since >= _OUT_LINGER_S:
+                    break
+            for key, _ in self.sel.select(0.05):
+                if key.fileobj is self.wake_r:
+                    self.on_signals()
+                elif key.fileobj is self.notify_r:
+                    self.on_notify()
+        stderr_free = not self.writers[2].dead and not self.writers[2].pending
+        notes = []
+        for w in writers:
+            dropped = w.abandon()
+            if dropped:
+                name = "stdout" if w.fd == 1 else "stderr"
+                notes.append(f"pycoll-run: dropped {dropped} bytes of output to {name}: nothing read it\n")
+        if notes and stderr_free:
+            _write_if_ready(2, "".join(notes).encode())
 
     # ---- store
 
@@ -386,6 +555,9 @@ class _Launcher:
                 return
             self._notify("abort " + value.decode("utf-8", "replace"))
             return
+
+    def _notify_room(self) -> None:
+        self._notify("output-room")
 
     def _notify(self, event: str) -> None:
         with self.events_lock:
@@ -460,12 +632,17 @@ class _Launcher:
             data = b""
         if data:
             stream.feed(data)
+            if self.writers[stream.dest].full and not self.output_bounded:
+                self.pause_reading(stream.dest)
             return
         stream.finish()
         self.close_stream(fd)
 
     def close_stream(self, fd: int) -> None:
-        self.sel.unregister(fd)
+        if fd in self.paused:
+            self.paused.discard(fd)
+        else:
+            self.sel.unregister(fd)
         del self.fd_to_stream[fd]
         os.close(fd)
 
@@ -596,6 +773,7 @@ class _Launcher:
                     _killpg(proc.popen.pid, signum)
                 continue
             self.signals_seen += 1
+            self.bound_output()
             if self.signals_seen == 1:
                 log.warning("received %s; forwarding it to the ranks and stopping the job",
                             signal.Signals(signum).name)
@@ -613,7 +791,9 @@ class _Launcher:
         with self.events_lock:
             events, self.events = self.events, []
         for event in events:
-            if event.startswith("store-lost "):
+            if event == "output-room":
+                self.resume_reading()
+            elif event.startswith("store-lost "):
                 self.on_store_lost(event[len("store-lost "):])
             elif event.startswith("abort "):
                 parts = event.split()
@@ -651,9 +831,7 @@ class _Launcher:
                 self.spawn(rank, local_rank, 0)
             except OSError as exc:  # the ranks already started are stopped and reaped by cleanup()
                 raise SystemExit(f"pycoll-run: cannot start rank {rank} of {self.world}: {exc}") from None
-        self.sel.register(self.wake_r, selectors.EVENT_READ)
-        self.sel.register(self.notify_r, selectors.EVENT_READ)
-        deadline = time.monotonic() + cfg.timeout if cfg.timeout else None
+        deadline = self.deadline
         drain_deadline: Optional[float] = None
         self.poll_children(force=True)
         while True:
@@ -661,22 +839,26 @@ class _Launcher:
             if not self.live():
                 if not self.fd_to_stream:
                     break
-                if drain_deadline is None:
+                if self.paused and not self.output_bounded:
+                    drain_deadline = None  # the reader of our output is behind: wait for it, as the ranks did
+                elif drain_deadline is None:
                     drain_deadline = now + 2.0
                 elif now >= drain_deadline:
                     for fd in list(self.fd_to_stream):
                         self.fd_to_stream[fd][0].finish()
                         self.close_stream(fd)
                     break
-            if deadline is not None and now >= deadline and not self.stopping:
-                log.error("the job exceeded --timeout %g s; stopping it", cfg.timeout)
-                self.stop(EXIT_TIMEOUT)
+            if deadline is not None and now >= deadline and not self.output_bounded:
+                if self.live() and not self.stopping:
+                    log.error("the job exceeded --timeout %g s; stopping it", cfg.timeout)
+                    self.stop(EXIT_TIMEOUT)
+                self.bound_output()
             if self.kill_deadline is not None and now >= self.kill_deadline and self.live():
                 log.warning("ranks still running %g s after being asked to stop; killing them", cfg.grace)
                 self.kill_all()
                 self.kill_deadline = None
             waits = [0.5]
-            for t in (deadline if not self.stopping else None, self.kill_deadline, drain_deadline):
+            for t in (deadline if not self.output_bounded else None, self.kill_deadline, drain_deadline):
                 if t is not None:
                     waits.append(max(0.0, t - now))
             for key, _ in self.sel.select(min(waits)):
@@ -787,6 +969,7 @@ class _Launcher:
             self.watcher.join(5.0)
         if self.server is not None:
             self.server.close()
+        self.flush_output()
         self.sel.close()
         for s in (self.wake_r, self.wake_w, self.notify_r, self.notify_w):
             s.close()
@@ -817,6 +1000,22 @@ def _check_fd_limit(nproc: int) -> None:
     if need > soft:
         raise SystemExit(f"pycoll-run: {nproc} ranks need about {need} file descriptors but this process may open "
                          f"only {soft} (ulimit -n); raise the limit or start fewer ranks")
+
+
+class _LogHandler(logging.Handler):
+    """The launcher's log, queued for its stderr (:class:`_Writer`)."""
+
+    def __init__(self, writer: _Writer) -> None:
+        super().__init__()
+        self.writer = writer
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = self.format(record) + "\n"
+        except Exception:
+            self.handleError(record)
+            return
+        self.writer.put(text.encode("utf-8", "replace"))
 
 
 def _ignore(signum: int, frame: object) -> None:
@@ -914,13 +1113,13 @@ def _config(argv: Optional[Sequence[str]]) -> _Config:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``pycoll-run``; returns the exit status. Must run in the main thread."""
     cfg = _config(argv)
-    handler = logging.StreamHandler(sys.stderr)
+    launcher = _Launcher(cfg)
+    handler = _LogHandler(launcher.writers[2])  # in order with the ranks' stderr, and never blocking the loop
     handler.setFormatter(logging.Formatter("pycoll-run: %(message)s"))
     root = logging.getLogger("pycoll")
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if cfg.verbose else logging.INFO)
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
-    launcher = _Launcher(cfg)
     code = 1
     try:
         launcher.install_signals()
@@ -928,6 +1127,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         launcher.start_watcher()
         code = launcher.run()
         launcher.finish_nodes(code)
+    except BaseException:
+        launcher.bound_output()  # leaving on an error: do not wait long for a reader that does not read
+        raise
     finally:
         launcher.cleanup()
         launcher.restore_signals()

@@ -506,3 +506,60 @@ def test_two_nodes_on_one_machine(tmp_path, fail):
         assert "node 1 stopped the job (rank 3 exited with code 4)" in outs[1][1]
     else:
         assert codes == [0, 0], outs
+
+
+FLOOD = """
+line = "x" * 99 + "\\n"
+while True:
+    sys.stdout.write(line * 100)
+"""
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("stop", ["timeout", "sigterm"])
+def test_a_reader_that_does_not_read_holds_up_neither_timeout_nor_signals(tmp_path, stop):
+    """The launcher's stdout is a pipe nobody reads: --timeout and SIGTERM still end the job at once, and what could
+    not be written is dropped with a note."""
+    script = _script(tmp_path, WRITE_PID, FLOOD)
+    args = ["-n", "1", "--timeout", "1", script] if stop == "timeout" else ["-n", "1", script]
+    with open(tmp_path / "err", "w") as err:
+        proc = subprocess.Popen(_cmd(args), cwd=str(tmp_path), env=_env(), stdout=subprocess.PIPE, stderr=err)
+    try:
+        if stop == "sigterm":
+            _wait_files([tmp_path / "pid0"])
+            time.sleep(0.3)  # the pipe and the launcher's queue fill in a few ms
+            proc.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        code = proc.wait(timeout=10)
+        took = time.monotonic() - t0
+    finally:
+        proc.kill()
+        proc.wait(10)
+        assert proc.stdout is not None
+        proc.stdout.close()
+    err_text = (tmp_path / "err").read_text()
+    assert code == (124 if stop == "timeout" else 128 + signal.SIGTERM), err_text
+    assert took < 5, took
+    assert re.search(r"dropped \d+ bytes of output to stdout: nothing read it", err_text), err_text
+    _assert_all_gone(_pids(tmp_path))
+
+
+def test_a_slow_reader_loses_no_line(tmp_path):
+    """Output the launcher's stdout takes slowly holds up the ranks'
+    pipes (once it took none for 0.3 s), without losing or mixing a line."""
+    script = _script(tmp_path, """
+        import os, sys
+        r = int(os.environ["PYCOLL_RANK"])
+        for i in range(6000):
+            sys.stdout.write(f"{r} {i} " + "y" * 200 + "\\n")
+    """)
+    slow = {"PYCOLL_FAILPOINTS": "launch.output.write.stdout=sleep(300)@1"}
+    res = launch(["-v", "-n", "2", script], tmp_path, env=slow)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "the reader of stdout is behind" in res.stderr
+    seen: Dict[int, List[int]] = {0: [], 1: []}
+    for line in res.stdout.splitlines():
+        m = re.fullmatch(r"\[rank(\d)\]: (\d) (\d+) y{200}", line)
+        assert m and m.group(1) == m.group(2), f"mangled line: {line[:120]!r}"
+        seen[int(m.group(1))].append(int(m.group(3)))
+    assert seen == {0: list(range(6000)), 1: list(range(6000))}
