@@ -14,8 +14,11 @@ The launcher writes its keys at the root of the job's store, under :data:`RUN_KE
   is hung, the launcher kills it.
 * ``pycoll-run/group-lost``: why a group of the job lost every member, written by :func:`mark_group_lost` (a
   replacement that found nobody left to admit it); the launchers then exit non-zero.
-* ``pycoll-run/abort``: ``"<node> <rank> <exit code>"``: a launcher stopping the job; the other
-  launchers stop their ranks when it appears.
+* ``pycoll-run/abort``: ``"<node> <rank> <exit code>[ <why>]"``: a launcher stopping the job (rank -1: not for a
+  rank's failure, e.g. ``--timeout`` or a node that never joined; ``<why>`` says why); the other launchers stop their
+  ranks when it appears.
+* ``pycoll-run/node/<i>/joined``: ``"<run id> <host> <pid>"`` of the launcher that joined as node i > 0 (the first
+  one: a second launcher with the same node rank is refused).
 * ``pycoll-run/node/<i>/heartbeat`` and ``pycoll-run/node/<i>/done``: multi-node bookkeeping.
 
 This module imports only the store, never the launcher's command line, so that the runtime (the
@@ -40,6 +43,7 @@ KEY_LOST = RUN_KEY_PREFIX + "lost/{rank}"
 KEY_PROC = RUN_KEY_PREFIX + "proc/{rank}"
 KEY_GROUP_LOST = RUN_KEY_PREFIX + "group-lost"
 KEY_ABORT = RUN_KEY_PREFIX + "abort"
+KEY_JOINED = RUN_KEY_PREFIX + "node/{node}/joined"
 KEY_HEARTBEAT = RUN_KEY_PREFIX + "node/{node}/heartbeat"
 KEY_DONE = RUN_KEY_PREFIX + "node/{node}/done"
 

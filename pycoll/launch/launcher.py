@@ -52,15 +52,23 @@ Exit status:
   replacements found nobody left to admit them) failed, whatever its replacements exited with: the launcher exits
   with the earliest failure's code (where no rank failed, its members ended on their own, without ``close()``: no
   failure).
-* A job stopped by a signal exits with 128+signal; a job that exceeded ``--timeout`` with 124.
+* A job stopped by a signal exits with 128+signal; a job that exceeded ``--timeout`` (counted from the launcher's
+  start) with 124, on every node.
+* Multi-node: a node that did not join within ``--join-timeout`` fails the job (``EXIT_NODE``, 1), and so does a
+  launcher whose ``--node-rank`` another launcher already joined as (that second launcher exits 1 at once).
 * A job whose store is lost while ranks run (node 0's store server stopped, or another node can no
   longer reach it) fails: its ranks are stopped and the launcher exits with 1 (``EXIT_STORE_LOST``).
 
 Multi-node (as torchrun): run one launcher per node with ``--nnodes M --node-rank i --master-addr
 HOST --master-port PORT`` and the same ``PYCOLL_STORE_TOKEN`` exported on every node. Node 0's
-launcher hosts the store bound to ``--master-addr`` (``--store-bind`` overrides) and keeps it up
-until every node has finished (or stopped sending heartbeats for 30 s). A failure that stops one
-node's launcher stops the others.
+launcher hosts the store bound to ``--master-addr`` (``--store-bind`` overrides). Node i > 0's launcher
+says "waiting for node 0's store at HOST:PORT" while it is not there, waits at most ``--join-timeout``
+seconds (300; SIGINT and SIGTERM end the wait), then joins as node i (a second launcher for the same
+node rank is refused: "node rank i joined twice"). Node 0 fails the job when a node has not joined
+within ``--join-timeout`` ("node i never joined within N s"), and keeps the store up until every node
+that joined has finished (or stopped sending heartbeats for 30 s); once the job was stopped, for
+``--grace`` seconds and 2 more at most. A failure that stops one node's launcher -- a failed rank
+(without ``--keep-going``), ``--timeout``, a node that never joined -- stops the others.
 
 Store keys the launcher writes (at the root of the store, under ``pycoll-run/``): see
 :mod:`pycoll.launch.keys`.
@@ -98,6 +106,7 @@ from .keys import (
     KEY_FAILURES,
     KEY_GROUP_LOST,
     KEY_HEARTBEAT,
+    KEY_JOINED,
     KEY_LOST,
     KEY_PROC,
     KEY_REPLACEMENT,
@@ -115,10 +124,18 @@ FP_OUTPUT_WRITE = {
                                                    f"(sleep: a slow reader)")
     for fd, name in ((1, "stdout"), (2, "stderr"))
 }
+FP_STORE_WAIT = _fp.declare("launch.store.wait", "node i > 0's launcher, before each try to reach node 0's store")
+FP_NODE_JOIN = _fp.declare("launch.node.join", "node i > 0's launcher, reaching node 0's store, before it joins")
+FP_ABORT_SEND = _fp.declare("launch.abort.send", "a launcher, before it tells the other nodes to stop the job")
+FP_ABORT_RECEIVE = _fp.declare("launch.abort.receive", "a launcher told by another node to stop the job, before it "
+                               "stops its ranks")
+FP_NODES_FINISH = _fp.declare("launch.nodes.finish", "node 0's launcher, each pass of its wait for the other nodes "
+                              "to finish")
 FP_OUTPUT_FLUSH = _fp.declare("launch.output.flush", "the launcher at exit, waiting for its output to be written")
 
 EXIT_TIMEOUT = 124
 EXIT_STORE_LOST = 1
+EXIT_NODE = 1  # a node never joined (--join-timeout), or joined twice
 _MAX_LINE = 1 << 16
 # bytes queued for the launcher's stdout (or stderr) above which it stops reading the ranks' pipes to it, so that a
 # rank blocks in its write as it would writing to that reader itself; below _OUT_LOW it reads them again
@@ -129,6 +146,11 @@ _OUT_LOW = 1 << 18
 _OUT_LINGER_S = 0.5
 _HEARTBEAT_S = 2.0
 _NODE_SILENCE_S = 30.0
+# node 0 waits for the nodes it (or another node) told to stop --grace seconds and this much more: their launchers
+# learn of it at once (a blocking store get), then stop their ranks and report
+_STOP_MARGIN_S = 2.0
+# one try of node i > 0 to reach node 0's store; signals are handled between tries
+_CONNECT_TRY_S = 0.5
 #: most ranks one launcher starts (-n)
 MAX_NPROC = 4096
 # file descriptors the launcher needs per rank (its stdout and stderr pipes, and the pipes Popen
@@ -380,6 +402,7 @@ class _Config:
     keep_going: bool
     replace_failed: int
     timeout: Optional[float]
+    join_timeout: float
     grace: float
     prefix: bool
     verbose: bool
@@ -416,6 +439,11 @@ class _Launcher:
         self.output_bounded = False
         self.t0 = time.monotonic()
         self.deadline = self.t0 + cfg.timeout if cfg.timeout else None
+        self.join_deadline = self.t0 + cfg.join_timeout
+        #: node 0: the nodes that have not joined yet (checked every 0.25 s until they have)
+        self.unjoined: Set[int] = set(range(1, cfg.nnodes)) if cfg.node_rank == 0 else set()
+        self.missing_reported = False
+        self.last_join_check = 0.0
         self.events: List[str] = []
         self.events_lock = threading.Lock()
         self.watch_stop = threading.Event()
@@ -495,7 +523,9 @@ class _Launcher:
 
     # ---- store
 
-    def open_store(self) -> None:
+    def open_store(self) -> bool:
+        """Host the store (node 0) or reach node 0's and join (node i > 0); False: a signal stopped the launcher
+        meanwhile (then :attr:`stop_code` is its exit code)."""
         cfg = self.cfg
         if cfg.nnodes > 1:
             self.token = os.environ.get(discovery.ENV_STORE_TOKEN, "")
@@ -515,11 +545,67 @@ class _Launcher:
             self.store = self.server.client(timeout=30.0)
             log.debug("store on %s:%d", bind, self.store_port)
         else:
+            store = self.wait_for_node0()
+            if store is None:
+                return False
+            self.store = store
+            self.join()
+        return True
+
+    def wait_for_node0(self) -> Optional[TCPStore]:
+        """Node i > 0: reach node 0's store, trying until --join-timeout (or --timeout) passes; signals are handled
+        meanwhile (None: one stopped the launcher; its exit code is :attr:`stop_code`)."""
+        cfg = self.cfg
+        where = f"{cfg.master_addr}:{cfg.master_port}"
+        announced = False
+        while True:
+            _fp.hit(FP_STORE_WAIT)
             try:
-                self.store = TCPStore(cfg.master_addr, cfg.master_port, self.token, timeout=30.0,
-                                      connect_timeout=300.0)
+                store = TCPStore(cfg.master_addr, cfg.master_port, self.token, timeout=30.0,
+                                 connect_timeout=_CONNECT_TRY_S)
+            except StoreTimeout:  # nobody answers there yet
+                pass
             except StoreError as exc:
-                raise SystemExit(f"pycoll-run: node {cfg.node_rank} cannot reach the store of node 0: {exc}") from None
+                raise SystemExit(f"pycoll-run: node {cfg.node_rank} cannot use the store of node 0 at {where}: "
+                                 f"{exc}") from None
+            else:
+                store.connect_timeout = 30.0  # for the connections it opens later
+                return store
+            now = time.monotonic()
+            if self.deadline is not None and now >= self.deadline:
+                log.error("the job exceeded --timeout %g s while waiting for node 0's store at %s", cfg.timeout,
+                          where)
+                self.stop(EXIT_TIMEOUT)
+                return None
+            if now >= self.join_deadline:
+                raise SystemExit(f"pycoll-run: node 0's store at {where} did not answer within {cfg.join_timeout:g} "
+                                 f"s (--join-timeout): is node 0's launcher running, with this --master-addr and "
+                                 f"--master-port?")
+            if not announced:
+                log.info("waiting for node 0's store at %s (up to %g s, --join-timeout)", where, cfg.join_timeout)
+                announced = True
+            for key, _ in self.sel.select(0.25):
+                if key.fileobj is self.wake_r:
+                    self.on_signals()
+            if self.stopping:
+                return None
+
+    def join(self) -> None:
+        """Node i > 0: register as node i in the job's store; SystemExit if another launcher did first."""
+        assert self.store is not None
+        cfg = self.cfg
+        _fp.hit(FP_NODE_JOIN)
+        me = f"{self.run_id} {socket.gethostname()} {os.getpid()}"
+        try:
+            first = self.store.compare_set(KEY_JOINED.format(node=cfg.node_rank), b"", me).decode("utf-8", "replace")
+        except StoreError as exc:
+            raise SystemExit(f"pycoll-run: node {cfg.node_rank} could not join the job in node 0's store: "
+                             f"{exc}") from None
+        if first != me:
+            _, host, pid = [*first.split(" "), "?", "?", "?"][:3]
+            raise SystemExit(f"pycoll-run: node rank {cfg.node_rank} joined twice: the launcher on {host} (pid {pid}) "
+                             f"joined as node {cfg.node_rank} first; give each node's launcher its own --node-rank")
+        log.debug("joined as node %d", cfg.node_rank)
 
     def store_call(self, what: str, method: str, *args: Any) -> Any:
         """Call a store method; log and return None when the store cannot be reached."""
@@ -712,7 +798,7 @@ class _Launcher:
             return
         if not self.cfg.keep_going:
             log.error("rank %d %s; stopping the other ranks", rank, what)
-            self.store_call("tell the other nodes", "set", KEY_ABORT, f"{self.cfg.node_rank} {rank} {code}")
+            self.tell_nodes(rank, code)
             self.stop(code)
             return
         if self.replacements_left > 0:
@@ -730,6 +816,35 @@ class _Launcher:
                 log.error("could not start a replacement for rank %d: %s", rank, exc)
             return
         log.warning("rank %d %s; the other ranks go on (--keep-going)", rank, what)
+
+    def tell_nodes(self, rank: int, code: int, why: str = "") -> None:
+        """Tell the other nodes' launchers to stop the job (``rank`` -1: not for a rank's failure, ``why`` says
+        why)."""
+        if self.cfg.nnodes == 1:
+            return
+        _fp.hit(FP_ABORT_SEND)
+        self.store_call("tell the other nodes", "set", KEY_ABORT,
+                        f"{self.cfg.node_rank} {rank} {code}" + (f" {why}" if why else ""))
+
+    def check_joined(self, now: float) -> None:
+        """Node 0, while ranks run: a node that has not joined by --join-timeout fails the job."""
+        if not self.unjoined or now - self.last_join_check < 0.25:
+            return
+        self.last_join_check = now
+        for node in sorted(self.unjoined):
+            if self.store_call("read which nodes joined", "check", [KEY_JOINED.format(node=node)]):
+                self.unjoined.discard(node)
+        if self.unjoined and now >= self.join_deadline and not self.stopping:
+            why = self.missing_nodes()
+            log.error("%s; stopping the job", why)
+            self.tell_nodes(-1, EXIT_NODE, why)
+            self.stop(EXIT_NODE)
+
+    def missing_nodes(self) -> str:
+        self.missing_reported = True
+        nodes = sorted(self.unjoined)
+        names = f"node {nodes[0]}" if len(nodes) == 1 else "nodes " + ", ".join(map(str, nodes))
+        return f"{names} never joined within {self.cfg.join_timeout:g} s (--join-timeout)"
 
     def stop(self, code: Optional[int], sig: int = signal.SIGTERM) -> None:
         """Stop every live rank: ``sig`` now, SIGKILL after the grace period."""
@@ -774,7 +889,10 @@ class _Launcher:
                 continue
             self.signals_seen += 1
             self.bound_output()
-            if self.signals_seen == 1:
+            if self.signals_seen == 1 and not self.procs:
+                log.warning("received %s before any rank started; exiting", signal.Signals(signum).name)
+                self.stop(128 + signum, signum)
+            elif self.signals_seen == 1:
                 log.warning("received %s; forwarding it to the ranks and stopping the job",
                             signal.Signals(signum).name)
                 self.stop(128 + signum, signum)
@@ -803,8 +921,13 @@ class _Launcher:
                     node, rank, code = -1, -1, 1
                 if node == self.cfg.node_rank or self.stopping:
                     continue
-                log.error("node %d stopped the job (rank %d %s); stopping this node's ranks", node, rank,
-                          _describe(code))
+                if rank >= 0:
+                    log.error("node %d stopped the job (rank %d %s); stopping this node's ranks", node, rank,
+                              _describe(code))
+                else:
+                    log.error("node %d stopped the job (%s; exit code %d); stopping this node's ranks", node,
+                              " ".join(parts[4:]) or "no reason given", code)
+                _fp.hit(FP_ABORT_RECEIVE)
                 self.stop(code)
 
     def check_server(self) -> None:
@@ -851,6 +974,7 @@ class _Launcher:
             if deadline is not None and now >= deadline and not self.output_bounded:
                 if self.live() and not self.stopping:
                     log.error("the job exceeded --timeout %g s; stopping it", cfg.timeout)
+                    self.tell_nodes(-1, EXIT_TIMEOUT, f"it exceeded --timeout {cfg.timeout:g} s")
                     self.stop(EXIT_TIMEOUT)
                 self.bound_output()
             if self.kill_deadline is not None and now >= self.kill_deadline and self.live():
@@ -871,6 +995,7 @@ class _Launcher:
                     self.read_stream(fd)
             self.poll_children()
             self.check_server()
+            self.check_joined(time.monotonic())
         return self.result()
 
     def result(self) -> int:
@@ -902,39 +1027,61 @@ class _Launcher:
 
     # ---- multi-node end
 
-    def finish_nodes(self, code: int) -> None:
-        """Node i > 0 says it is done; node 0 keeps the store up until every node is done."""
-        if self.cfg.nnodes == 1 or self.store is None:
-            return
-        if self.cfg.node_rank != 0:
-            self.store_call("report this node done", "set", KEY_DONE.format(node=self.cfg.node_rank), str(code))
-            return
-        pending = {i: (-1, time.monotonic()) for i in range(1, self.cfg.nnodes)}
+    def finish_nodes(self, code: int) -> int:
+        """Node i > 0 says it is done; node 0 keeps the store up until every node that joined is done, and fails
+        the job (``code`` 0 becomes ``EXIT_NODE``) when a node never joined within --join-timeout. A job that was
+        stopped waits for the other nodes --grace seconds and ``_STOP_MARGIN_S`` more at most. Returns the exit
+        code."""
+        cfg = self.cfg
+        if cfg.nnodes == 1 or self.store is None:
+            return code
+        if cfg.node_rank != 0:
+            self.store_call("report this node done", "set", KEY_DONE.format(node=cfg.node_rank), str(code))
+            return code
+        pending = {i: (-1, time.monotonic()) for i in range(1, cfg.nnodes)}
+        stop_end = time.monotonic() + cfg.grace + _STOP_MARGIN_S if self.stopping else None
         announced = False
         while pending and self.signals_seen == 0:
+            _fp.hit(FP_NODES_FINISH)
+            now = time.monotonic()
             for node in list(pending):
                 if self.store_call("check nodes", "check", [KEY_DONE.format(node=node)]):
                     del pending[node]
                     continue
+                if node in self.unjoined:
+                    if self.store_call("read which nodes joined", "check", [KEY_JOINED.format(node=node)]):
+                        self.unjoined.discard(node)
+                    elif now >= self.join_deadline:
+                        del pending[node]
+                    continue
                 beats = self.store_call("read heartbeats", "add", KEY_HEARTBEAT.format(node=node), 0)
                 last, since = pending[node]
                 if beats is None:
-                    return
+                    return code
                 if beats != last:
-                    pending[node] = (beats, time.monotonic())
-                elif time.monotonic() - since > _NODE_SILENCE_S:
+                    pending[node] = (beats, now)
+                elif now - since > _NODE_SILENCE_S:
                     log.warning("node %d sent no heartbeat for %g s; closing the store without it", node,
                                 _NODE_SILENCE_S)
                     del pending[node]
+            if pending and stop_end is not None and now >= stop_end:
+                log.warning("node%s %s did not finish within %g s of the job's stop; closing the store without "
+                            "%s", "s" if len(pending) > 1 else "", ", ".join(map(str, sorted(pending))),
+                            cfg.grace + _STOP_MARGIN_S, "them" if len(pending) > 1 else "it")
+                break
             if pending:
                 if not announced:
                     log.info("waiting for nodes %s to finish before closing the store", sorted(pending))
                     announced = True
-                for key, _ in self.sel.select(1.0):
+                for key, _ in self.sel.select(0.25):
                     if key.fileobj is self.wake_r:
                         self.on_signals()
                     elif key.fileobj is self.notify_r:
                         self.on_notify()
+        if self.unjoined and time.monotonic() >= self.join_deadline and not self.missing_reported:
+            log.error("the job failed: %s", self.missing_nodes())
+            code = code or EXIT_NODE
+        return code
 
     # ---- teardown
 
@@ -1054,6 +1201,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="start up to K replacement processes for failed ranks (implies --keep-going)")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                    help="stop the job after this many seconds and exit with 124")
+    p.add_argument("--join-timeout", dest="join_timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="multi-node: how long a node's launcher waits for node 0's store, and node 0 for every "
+                        "node to join; a node missing then fails the job (default 300)")
     p.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
                    help="seconds between SIGTERM and SIGKILL when stopping ranks (default 5)")
     p.add_argument("--no-prefix", dest="prefix", action="store_false", help="do not prefix output lines")
@@ -1078,6 +1228,8 @@ def _config(argv: Optional[Sequence[str]]) -> _Config:
         parser.error(f"--replace-failed must be >= 0, got {a.replace_failed}")
     if a.timeout is not None and not a.timeout > 0:
         parser.error(f"--timeout must be > 0, got {a.timeout}")
+    if not 0 < a.join_timeout <= 1e9:
+        parser.error(f"--join-timeout must be > 0 and at most 1e9, got {a.join_timeout}")
     if not a.grace >= 0:
         parser.error(f"--grace must be >= 0, got {a.grace}")
     if a.module and a.no_python:
@@ -1106,7 +1258,7 @@ def _config(argv: Optional[Sequence[str]]) -> _Config:
         command=command, nproc=a.nproc, nnodes=a.nnodes, node_rank=a.node_rank,
         master_addr=a.master_addr or "127.0.0.1", master_port=master_port, store_bind=a.store_bind,
         keep_going=a.keep_going or a.replace_failed > 0, replace_failed=a.replace_failed, timeout=a.timeout,
-        grace=a.grace, prefix=a.prefix, verbose=a.verbose,
+        join_timeout=a.join_timeout, grace=a.grace, prefix=a.prefix, verbose=a.verbose,
     )
 
 
@@ -1123,10 +1275,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     code = 1
     try:
         launcher.install_signals()
-        launcher.open_store()
-        launcher.start_watcher()
-        code = launcher.run()
-        launcher.finish_nodes(code)
+        if launcher.open_store():
+            launcher.start_watcher()
+            code = launcher.run()
+            code = launcher.finish_nodes(code)
+        else:  # a signal or --timeout stopped node i > 0 while it waited for node 0's store
+            code = launcher.stop_code if launcher.stop_code is not None else 1
     except BaseException:
         launcher.bound_output()  # leaving on an error: do not wait long for a reader that does not read
         raise

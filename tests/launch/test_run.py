@@ -563,3 +563,135 @@ def test_a_slow_reader_loses_no_line(tmp_path):
         assert m and m.group(1) == m.group(2), f"mangled line: {line[:120]!r}"
         seen[int(m.group(1))].append(int(m.group(3)))
     assert seen == {0: list(range(6000)), 1: list(range(6000))}
+
+
+# -- multi-node: joining, timeouts, stopping -----------------------------------------------------------------------
+
+
+def _node(tmp_path: Path, node: int, port: int, script: str, *extra: str, argv: List[str] = (), name: str = "",
+          env: Optional[Dict[str, str]] = None) -> subprocess.Popen:
+    """Start node ``node``'s launcher (-n 1, two nodes; ``extra``: its options, ``argv``: the script's arguments);
+    its stderr goes to the file err<node><name>."""
+    args = ["-n", "1", "--nnodes", "2", "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port",
+            str(port), *extra, script, *argv]
+    with open(tmp_path / f"err{node}{name}", "w") as err:
+        return subprocess.Popen(_cmd(args), cwd=str(tmp_path), env=_env({"PYCOLL_STORE_TOKEN": "t", **(env or {})}),
+                                stdout=subprocess.DEVNULL, stderr=err)
+
+
+def _end(procs: List[subprocess.Popen]) -> None:
+    for p in procs:
+        p.kill()
+        p.wait(10)
+
+
+def _wait_text(path: Path, text: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and text in path.read_text()):
+        assert time.monotonic() < deadline, f"{text!r} not in {path}: {path.read_text() if path.exists() else ''}"
+        time.sleep(0.02)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("end", ["SIGINT", "SIGTERM", "join-timeout"])
+def test_a_node_waiting_for_node_0_says_so_and_ends_on_a_signal_or_its_join_timeout(tmp_path, end):
+    script = _script(tmp_path, "")
+    port = _free_port()
+    trace = tmp_path / "trace"
+    proc = _node(tmp_path, 1, port, script, "--join-timeout", "0.5" if end == "join-timeout" else "60",
+                 env={"PYCOLL_FAILPOINTS": f"launch.store.wait=note;trace={trace}"})
+    try:
+        _wait_text(tmp_path / "err1", f"waiting for node 0's store at 127.0.0.1:{port} (up to")
+        assert trace.read_text().startswith("launch.store.wait note")
+        t0 = time.monotonic()
+        if end != "join-timeout":
+            proc.send_signal(getattr(signal, end))
+        code = proc.wait(10)
+        took = time.monotonic() - t0
+    finally:
+        _end([proc])
+    err = (tmp_path / "err1").read_text()
+    if end == "join-timeout":
+        assert code == 1 and f"node 0's store at 127.0.0.1:{port} did not answer within 0.5 s (--join-timeout)" in err
+    else:
+        assert code == 128 + getattr(signal, end), err
+        assert took < 3 and f"received {end} before any rank started; exiting" in err, (took, err)
+
+
+SLEEPER = WRITE_PID + "time.sleep(float(sys.argv[1]))\n"
+
+
+@pytest.mark.timeout(30)
+def test_a_timeout_stops_every_node_and_node_0_waits_for_the_others_no_longer_than_the_grace(tmp_path):
+    """Node 0's --timeout stops node 1 too (through the store). Node 1's launcher is stopped (SIGSTOP) as it learns
+    of it: node 0 still exits once --grace and 2 s have passed; continued, node 1 exits with 124 too."""
+    script = _script(tmp_path, SLEEPER)
+    port = _free_port()
+    trace = tmp_path / "trace"
+    procs = [_node(tmp_path, 0, port, script, "--timeout", "0.8", "--grace", "0.2", argv=["30"]),
+             _node(tmp_path, 1, port, script, argv=["30"],
+                   env={"PYCOLL_FAILPOINTS": f"launch.abort.receive=stop;trace={trace}"})]
+    try:
+        t0 = time.monotonic()
+        code0 = procs[0].wait(15)
+        took = time.monotonic() - t0
+        assert trace.exists() and "launch.abort.receive stop" in trace.read_text()
+        os.kill(procs[1].pid, signal.SIGCONT)
+        code1 = procs[1].wait(10)
+    finally:
+        _end(procs)
+    err0, err1 = (tmp_path / "err0").read_text(), (tmp_path / "err1").read_text()
+    assert code0 == 124 and took < 6, (took, err0)
+    assert "node 1 did not finish within 2.2 s of the job's stop" in err0
+    assert code1 == 124, err1
+    assert "node 0 stopped the job (it exceeded --timeout 0.8 s; exit code 124)" in err1
+    _assert_all_gone(_pids(tmp_path))
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("ranks", ["running", "done"])
+def test_a_node_that_never_joins_fails_the_job(tmp_path, ranks):
+    """Node 1's launcher dies as it reaches node 0's store, before it joins: node 0 fails the job after
+    --join-timeout, whether its ranks still run then (it stops them) or are done."""
+    script = _script(tmp_path, SLEEPER)
+    port = _free_port()
+    trace = tmp_path / "trace"
+    kill = {"PYCOLL_FAILPOINTS": f"launch.node.join=kill;trace={trace}"}
+    procs = [_node(tmp_path, 1, port, script, argv=["30"], env=kill),
+             _node(tmp_path, 0, port, script, "--join-timeout", "0.8", argv=["30" if ranks == "running" else "0"])]
+    try:
+        codes = [p.wait(15) for p in procs]
+    finally:
+        _end(procs)
+    err0 = (tmp_path / "err0").read_text()
+    assert codes == [-signal.SIGKILL, 1], err0
+    assert trace.read_text().startswith("launch.node.join kill")
+    if ranks == "running":
+        assert "node 1 never joined within 0.8 s (--join-timeout); stopping the job" in err0
+    else:
+        assert "the job failed: node 1 never joined within 0.8 s (--join-timeout)" in err0
+    _assert_all_gone(_pids(tmp_path))
+
+
+@pytest.mark.timeout(30)
+def test_a_node_rank_joined_twice_is_refused(tmp_path):
+    script = _script(tmp_path, WRITE_PID, """
+        end = time.monotonic() + 20
+        while not os.path.exists("go") and time.monotonic() < end:
+            time.sleep(0.02)
+    """)
+    port = _free_port()
+    procs = [_node(tmp_path, 0, port, script), _node(tmp_path, 1, port, script)]
+    try:
+        _wait_files([tmp_path / "pid1"])  # node 1 joined and started its rank
+        procs.append(_node(tmp_path, 1, port, script, name="again"))
+        code = procs[2].wait(10)
+        (tmp_path / "go").write_text("1")
+        codes = [p.wait(10) for p in procs[:2]]
+    finally:
+        _end(procs)
+    err = (tmp_path / "err1again").read_text()
+    assert code == 1 and re.search(r"node rank 1 joined twice: the launcher on \S+ \(pid \d+\) joined as node 1 first",
+                                   err), err
+    assert codes == [0, 0]
+    _assert_all_gone(_pids(tmp_path))
