@@ -14,8 +14,11 @@ What it does:
   with it. Each rank gets the variables documented in :mod:`pycoll.launch.discovery` (``PYCOLL_RANK``,
   ``PYCOLL_WORLD_SIZE``, ``PYCOLL_LOCAL_RANK``, ``PYCOLL_LOCAL_WORLD_SIZE``, ``PYCOLL_NODE_RANK``,
   ``PYCOLL_NNODES``, ``PYCOLL_STORE_ADDR``, ``PYCOLL_STORE_PORT``, ``PYCOLL_STORE_TOKEN``,
-  ``PYCOLL_RUN_ID``, ``PYCOLL_REPLACEMENT``, ``PYCOLL_REPLACES``) and ``PYTHONUNBUFFERED=1``
-  unless already set. Standard input is ``/dev/null``.
+  ``PYCOLL_RUN_ID``, ``PYCOLL_REPLACEMENT``, ``PYCOLL_REPLACES``), torchrun's ``RANK``, ``WORLD_SIZE``,
+  ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``GROUP_WORLD_SIZE`` and ``MASTER_ADDR`` for this job
+  (``MASTER_PORT`` is left as given: pycoll-run hosts no torch store; an outer torchrun's ``TORCHELASTIC_*``,
+  ``ROLE_RANK``, ``ROLE_WORLD_SIZE`` and ``ROLE_NAME`` are removed) and ``PYTHONUNBUFFERED=1`` unless already set.
+  Standard input is ``/dev/null``.
 * Prefixes every line a rank writes with ``[rank<r>]: `` (stdout to stdout, stderr to stderr); lines
   go out whole and in order (a thread per destination writes them, the launcher's own messages with
   the ranks' stderr), so lines of different ranks never mix. A reader of the launcher's output that
@@ -657,7 +660,16 @@ class _Launcher:
 
     def rank_env(self, rank: int, local_rank: int, replacement: int) -> Dict[str, str]:
         cfg = self.cfg
-        env = {k: v for k, v in os.environ.items() if k not in _MANAGED_VARS}
+        env = {k: v for k, v in os.environ.items()
+               if k not in _MANAGED_VARS and k not in _STALE_VARS and not k.startswith("TORCHELASTIC_")}
+        store_addr = self.store_addr if self.store_addr not in ("", "0.0.0.0", "::") else "127.0.0.1"
+        env.update({
+            # torchrun's names, so that torch code's env:// sees this job rather than an outer one's (MASTER_PORT
+            # stays as given: pycoll-run hosts no torch store)
+            "RANK": str(rank), "WORLD_SIZE": str(self.world), "LOCAL_RANK": str(local_rank),
+            "LOCAL_WORLD_SIZE": str(cfg.nproc), "GROUP_RANK": str(cfg.node_rank), "GROUP_WORLD_SIZE": str(cfg.nnodes),
+            "MASTER_ADDR": store_addr,
+        })
         env.update({
             discovery.ENV_RANK: str(rank),
             discovery.ENV_WORLD_SIZE: str(self.world),
@@ -665,7 +677,7 @@ class _Launcher:
             discovery.ENV_LOCAL_WORLD_SIZE: str(cfg.nproc),
             discovery.ENV_NODE_RANK: str(cfg.node_rank),
             discovery.ENV_NNODES: str(cfg.nnodes),
-            discovery.ENV_STORE_ADDR: self.store_addr if self.store_addr not in ("", "0.0.0.0", "::") else "127.0.0.1",
+            discovery.ENV_STORE_ADDR: store_addr,
             discovery.ENV_STORE_PORT: str(self.store_port),
             discovery.ENV_STORE_TOKEN: self.token,
             discovery.ENV_RUN_ID: self.run_id,
@@ -1127,6 +1139,12 @@ _MANAGED_VARS = {
     discovery.ENV_NODE_RANK, discovery.ENV_NNODES, discovery.ENV_STORE_ADDR, discovery.ENV_STORE_PORT,
     discovery.ENV_STORE_TOKEN, discovery.ENV_RUN_ID, discovery.ENV_REPLACEMENT, discovery.ENV_REPLACES,
 }
+
+
+# an outer torchrun's variables that would mislead torch code in the ranks, removed with every TORCHELASTIC_* one
+# (TORCHELASTIC_USE_AGENT_STORE makes its env:// wait for an agent's store that is not there); those pycoll-run
+# knows it sets instead (rank_env)
+_STALE_VARS = {"ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME"}
 
 
 def _check_fd_limit(nproc: int) -> None:

@@ -565,6 +565,24 @@ def test_a_slow_reader_loses_no_line(tmp_path):
     assert seen == {0: list(range(6000)), 1: list(range(6000))}
 
 
+def test_ranks_get_torchruns_variables_not_an_outer_jobs(tmp_path):
+    """Stale torchrun variables of an outer job are replaced (or removed); MASTER_PORT is left as given."""
+    script = _script(tmp_path, """
+        import os
+        names = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                 "MASTER_ADDR", "MASTER_PORT", "ROLE_RANK", "TORCHELASTIC_USE_AGENT_STORE"]
+        print(" ".join(f"{n}={os.environ.get(n)}" for n in names))
+    """)
+    outer = {"RANK": "7", "WORLD_SIZE": "9", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "2",
+             "GROUP_WORLD_SIZE": "3", "MASTER_ADDR": "10.9.9.9", "MASTER_PORT": "1234", "ROLE_RANK": "7",
+             "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    res = launch(["-n", "2", script], tmp_path, env=outer)
+    assert res.returncode == 0, res.stderr
+    assert sorted(res.stdout.splitlines()) == [
+        f"[rank{r}]: RANK={r} WORLD_SIZE=2 LOCAL_RANK={r} LOCAL_WORLD_SIZE=2 GROUP_RANK=0 GROUP_WORLD_SIZE=1 "
+        f"MASTER_ADDR=127.0.0.1 MASTER_PORT=1234 ROLE_RANK=None TORCHELASTIC_USE_AGENT_STORE=None" for r in range(2)]
+
+
 # -- multi-node: joining, timeouts, stopping -----------------------------------------------------------------------
 
 
