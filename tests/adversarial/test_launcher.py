@@ -21,8 +21,9 @@ _LAUNCH_AND_KILL_STORE = textwrap.dedent("""
     from pycoll.launch import launcher as L
     orig = L._Launcher.open_store
     def open_store(self):
-        orig(self)
+        opened = orig(self)
         threading.Timer(1.5, self.server.close).start()  # the store server stops under the job
+        return opened
     L._Launcher.open_store = open_store
     sys.exit(L.main(sys.argv[1:]))
 """)
