@@ -251,7 +251,7 @@ def _interrupted(rank, n, uid, policy):
     return None
 
 
-@pytest.mark.parametrize("policy", ["abort", "report"])
+@pytest.mark.parametrize("policy", [pytest.param("abort", marks=pytest.mark.slow), "report"])
 def test_ctrl_c_raises_within_100_ms_and_fails_the_communicator(policy):
     """Also under "report", where no abort releases a thread inside the library: the host library hands an
     operation a caller's thread has run for PYCOLL_HOST_INLINE_NS (10 ms) to the stream's thread."""

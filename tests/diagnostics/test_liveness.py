@@ -136,7 +136,8 @@ def test_liveness_off_leaves_a_stopped_rank_to_the_timeout(server):
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("spec", ["watchdog.liveness.found=kill", "watchdog.liveness.check=kill@2"])
+@pytest.mark.parametrize("spec", ["watchdog.liveness.found=kill",
+                                  pytest.param("watchdog.liveness.check=kill@2", marks=pytest.mark.slow)])
 def test_watcher_dies_at_the_liveness_check(server, spec):
     """Rank 3 stops; rank 1, the only one watching, dies in its check: the others still go on (without
     a watcher, rank 3's stop costs them their timeout, 3 s here)."""

@@ -329,8 +329,10 @@ def _killed_with_a_slow_teardown(rank, n, idb, pidfile, churn):
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("churn,idle", [(False, True), (True, True), (False, False)],
-                         ids=["one-comm", "after-12-comms", "teardown-not-idled"])
+@pytest.mark.parametrize("churn,idle", [
+    pytest.param(False, True, id="one-comm"),
+    pytest.param(True, True, id="after-12-comms", marks=pytest.mark.slow),
+    pytest.param(False, False, id="teardown-not-idled", marks=pytest.mark.slow)])
 def test_a_killed_peer_is_found_before_the_kernel_has_torn_it_down(tmp_path, churn, idle):
     """A killed process turns into a zombie (its pidfd readable) only after the kernel has freed its
     memory: about 0.1 s for 2 GiB of small pages here, milliseconds for any process with torch loaded.
