@@ -19,7 +19,7 @@ import abc
 import re
 import time
 from datetime import timedelta
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from .. import _settings
 from ..errors import NotSupported, StoreError, StoreTimeout
@@ -60,6 +60,14 @@ def _check_keys(keys: Any) -> List[str]:
     if isinstance(keys, (bytes, bytearray)):
         raise TypeError("store keys must be str, got bytes")
     return [_check_key(k) for k in keys]
+
+
+def _append_args(key: Any, value: Any) -> Tuple[str, bytes]:
+    """``append``'s key and value, checked: a str key, and a value of at least one byte."""
+    key, data = _check_key(key), _to_bytes(value)
+    if not data:
+        raise ValueError("append() needs a non-empty value")
+    return key, data
 
 
 def _to_bytes(value: Any, what: str = "value") -> bytes:
@@ -206,10 +214,7 @@ class Store(abc.ABC):
         store with a native append overrides it); two identical appends racing from the same old
         value may then land once, so give each writer's records something of its own (a slot).
         """
-        key = _check_key(key)
-        data = _to_bytes(value)
-        if not data:
-            raise ValueError("append() needs a non-empty value")
+        key, data = _append_args(key, value)
         while True:
             try:
                 old = self.get(key, 0)

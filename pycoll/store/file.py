@@ -20,6 +20,7 @@ from .base import (
     Keys,
     Store,
     Value,
+    _append_args,
     _check_amount,
     _check_key,
     _check_keys,
@@ -308,9 +309,7 @@ class FileStore(Store):
 
     def append(self, key: str, value: Value) -> int:
         """Native: under the file's lock (the generic compare-and-set loop may lose one of two identical appends)."""
-        key, data = _check_key(key), _to_bytes(value)
-        if not data:
-            raise ValueError("append() needs a non-empty value")
+        key, data = _append_args(key, value)
         with self._locked():
             self._sync()
             new = self._table.data.get(key, b"") + data

@@ -10,6 +10,7 @@ from .base import (
     Keys,
     Store,
     Value,
+    _append_args,
     _check_amount,
     _check_key,
     _check_keys,
@@ -78,9 +79,7 @@ class MemoryStore(Store):
             return value
 
     def append(self, key: str, value: Value) -> int:
-        key, data = _check_key(key), _to_bytes(value)
-        if not data:
-            raise ValueError("append() needs a non-empty value")
+        key, data = _append_args(key, value)
         with self._cond:
             n = self._table.append(key, data)
             self._cond.notify_all()

@@ -18,6 +18,7 @@ from .base import (
     Keys,
     Store,
     Value,
+    _append_args,
     _check_amount,
     _check_key,
     _check_keys,
@@ -242,12 +243,10 @@ class TorchStoreAdapter(Store):
     def append(self, key: str, value: Value) -> int:
         """torch's native ``append`` where the store has it (the generic compare-and-set loop may lose one of two
         identical appends); the length returned is the key's just after (later appends of others may be in it)."""
-        key, data = _check_key(key), _to_bytes(value)
+        key, data = _append_args(key, value)
         fn = getattr(self.torch_store, "append", None)
         if not callable(fn):
             return super().append(key, data)
-        if not data:
-            raise ValueError("append() needs a non-empty value")
         self._run("append", lambda: fn(key, data), [key])
         return len(self.get(key, 0))
 
