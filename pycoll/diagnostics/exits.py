@@ -78,37 +78,30 @@ class ExitDumps:
 
     def __init__(self, watchdog: Watchdog) -> None:
         self._wd = watchdog
-        # a forked child (a multiprocessing worker) inherits the hooks, not the rank: it dumps only once after_fork()
-        # (the process's hooks, with the process's recorder, which forgets the parent's communicators then)
+        # how deep the main thread is in work whose output a SIGTERM must not cut off (ending the process through
+        # the exception hook or the exit handler, reporting a failure: holding_sigterm); _term_deferred (below):
+        # whether a SIGTERM came meanwhile: it acts when that work is done
+        self._holding = 0
+        self._prev_excepthook: Any = None
+        self._prev_thread_hook: Any = None
+        self._prev_term: Any = None  # what SIGTERM did before ours (SIG_DFL or the user's handler)
+        self._sigterm_tried = False  # arm_sigterm() installed (or tried to install) the SIGTERM handler
+        self.after_fork()
+
+    def after_fork(self) -> None:
+        """This process's own state (``__init__``; again in a forked child, once the process's recorder has
+        forgotten the parent's communicators): the child's own communicators dump in its name; what the parent's
+        threads were dumping or doing is not the child's. A forked child (a multiprocessing worker) inherits the
+        hooks, not the rank: it dumps only once this ran."""
         self._pid = os.getpid()
         self._lock = threading.RLock()  # reentrant: SIGTERM's handler may run in the main thread while it holds it
         # "process" (its end) and "thread" (an uncaught exception in one) -> (the dumping thread, set when done)
         self._dumped: Dict[str, Tuple[int, threading.Event]] = {}
         self._terminating = False
-        self._term_done = threading.Event()
-        # how deep the main thread is in work whose output a SIGTERM must not cut off (ending the process through
-        # the exception hook or the exit handler, reporting a failure: holding_sigterm), and whether a SIGTERM
-        # came meanwhile: it acts when that work is done
-        self._holding = 0
         self._term_deferred = False
-        self._prev_excepthook: Any = None
-        self._prev_thread_hook: Any = None
-        self._prev_term: Any = None  # what SIGTERM did before ours (SIG_DFL or the user's handler)
-        self._sigterm_tried = False  # arm_sigterm() installed (or tried to install) the SIGTERM handler
+        self._term_done = threading.Event()
         self.reason: Optional[str] = None  # the reason of the dump made, once made
         self.paths: List[str] = []
-
-    def after_fork(self) -> None:
-        """In a forked child, once the process's recorder has forgotten the parent's communicators: the child's own
-        communicators dump in its name; what the parent's threads were dumping or doing is not the child's."""
-        self._lock = threading.RLock()
-        self._dumped = {}
-        self._terminating = False
-        self._term_deferred = False
-        self._term_done = threading.Event()
-        self.reason = None
-        self.paths = []
-        self._pid = os.getpid()
 
     # -- installing --------------------------------------------------------------------------------
 
