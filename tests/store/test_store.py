@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
 import socket
@@ -28,6 +27,21 @@ from pycoll.store import (
 )
 
 KINDS = ["memory", "tcp", "file", "prefix", "torch-hash", "torch-tcp"]
+
+
+def _blocked_get(store, timeout=30):
+    """``store.get("never", timeout)`` in a thread of its own, started: (the thread, the StoreErrors it ended with)."""
+    errors = []
+
+    def blocked():
+        try:
+            store.get("never", timeout)
+        except StoreError as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=blocked, daemon=True)
+    t.start()
+    return t, errors
 
 
 @pytest.fixture
@@ -514,12 +528,7 @@ def test_a_wait_of_30_days_leaves_the_server_serving_the_others():
         srv.start()
         try:
             a, b = srv.client(timeout=5), srv.client(timeout=2)
-
-            def wait(a=a):
-                with contextlib.suppress(StoreError):  # the server's close ends it
-                    a.get("never", timedelta(days=30))
-
-            threading.Thread(target=wait, daemon=True).start()
+            _blocked_get(a, timedelta(days=30))  # the server's close ends it
             time.sleep(0.2)
             b.set("k", b"v")
             assert b.get("k") == b"v"
@@ -565,16 +574,7 @@ def test_client_may_start_before_server():
 def test_server_going_away_fails_blocked_calls_quickly():
     server = TCPStoreServer().start()
     client = server.client(timeout=30, connect_timeout=0.5)
-    errors = []
-
-    def blocked():
-        try:
-            client.get("never", timeout=30)
-        except StoreError as exc:
-            errors.append(exc)
-
-    t = threading.Thread(target=blocked)
-    t.start()
+    t, errors = _blocked_get(client)
     time.sleep(0.2)
     t0 = time.monotonic()
     server.close()
@@ -590,16 +590,7 @@ def test_close_unblocks_waiting_threads():
     with TCPStoreServer() as server:
         server.start()
         client = server.client(timeout=30)
-        errors = []
-
-        def blocked():
-            try:
-                client.get("never", 30)
-            except StoreError as exc:
-                errors.append(exc)
-
-        t = threading.Thread(target=blocked)
-        t.start()
+        t, errors = _blocked_get(client)
         time.sleep(0.2)
         client.close()
         t.join(10)
@@ -826,16 +817,7 @@ def test_torch_adapter_multi_get_is_one_read_and_close_ends_its_use():
     assert s.multi_get([f"k/{i}" for i in range(4)]) == [b"v0", b"v1", b"v2", b"v3"]
     assert calls == [("multi_get", ["k/0", "k/1", "k/2", "k/3"])]  # not one get per key
     assert s.multi_get([]) == []
-    errors = []
-
-    def blocked():
-        try:
-            s.get("never", timeout=30)
-        except StoreError as exc:
-            errors.append(exc)
-
-    t = threading.Thread(target=blocked)
-    t.start()
+    t, errors = _blocked_get(s)
     time.sleep(0.1)
     s.close()
     t.join(5)
