@@ -509,11 +509,7 @@ class _Launcher:
                     last, since = written, now
                 elif now - since >= _OUT_LINGER_S:
                     break
-            for key, _ in self.sel.select(0.05):
-                if key.fileobj is self.wake_r:
-                    self.on_signals()
-                elif key.fileobj is self.notify_r:
-                    self.on_notify()
+            self.wait_events(0.05)
         stderr_free = not self.writers[2].dead and not self.writers[2].pending
         notes = []
         for w in writers:
@@ -587,9 +583,7 @@ class _Launcher:
             if not announced:
                 log.info("waiting for node 0's store at %s (up to %g s, --join-timeout)", where, cfg.join_timeout)
                 announced = True
-            for key, _ in self.sel.select(0.25):
-                if key.fileobj is self.wake_r:
-                    self.on_signals()
+            self.wait_events(0.25)
             if self.stopping:
                 return None
 
@@ -844,13 +838,19 @@ class _Launcher:
             return
         self.last_join_check = now
         for node in sorted(self.unjoined):
-            if self.store_call("read which nodes joined", "check", [KEY_JOINED.format(node=node)]):
-                self.unjoined.discard(node)
+            self.joined(node)
         if self.unjoined and now >= self.join_deadline and not self.stopping:
             why = self.missing_nodes()
             log.error("%s; stopping the job", why)
             self.tell_nodes(-1, EXIT_NODE, why)
             self.stop(EXIT_NODE)
+
+    def joined(self, node: int) -> bool:
+        """Node 0: whether ``node`` has joined the job (it leaves :attr:`unjoined` once it has)."""
+        if node in self.unjoined and self.store_call("read which nodes joined", "check",
+                                                     [KEY_JOINED.format(node=node)]):
+            self.unjoined.discard(node)
+        return node not in self.unjoined
 
     def missing_nodes(self) -> str:
         self.missing_reported = True
@@ -911,6 +911,19 @@ class _Launcher:
             else:
                 log.warning("received %s again; killing the ranks", signal.Signals(signum).name)
                 self.kill_all()
+
+    def wait_events(self, timeout: float) -> List[int]:
+        """Wait up to ``timeout`` seconds for the launcher's own events -- signals, its threads' notices -- and
+        handle them; returns the other descriptors found ready (the ranks' pipes)."""
+        ready = []
+        for key, _ in self.sel.select(timeout):
+            if key.fileobj is self.wake_r:
+                self.on_signals()
+            elif key.fileobj is self.notify_r:
+                self.on_notify()
+            else:
+                ready.append(key.fd)
+        return ready
 
     def on_notify(self) -> None:
         try:
@@ -997,13 +1010,8 @@ class _Launcher:
             for t in (deadline if not self.output_bounded else None, self.kill_deadline, drain_deadline):
                 if t is not None:
                     waits.append(max(0.0, t - now))
-            for key, _ in self.sel.select(min(waits)):
-                fd = key.fd
-                if key.fileobj is self.wake_r:
-                    self.on_signals()
-                elif key.fileobj is self.notify_r:
-                    self.on_notify()
-                elif fd in self.fd_to_stream:
+            for fd in self.wait_events(min(waits)):
+                if fd in self.fd_to_stream:
                     self.read_stream(fd)
             self.poll_children()
             self.check_server()
@@ -1061,9 +1069,7 @@ class _Launcher:
                     del pending[node]
                     continue
                 if node in self.unjoined:
-                    if self.store_call("read which nodes joined", "check", [KEY_JOINED.format(node=node)]):
-                        self.unjoined.discard(node)
-                    elif now >= self.join_deadline:
+                    if not self.joined(node) and now >= self.join_deadline:
                         del pending[node]
                     continue
                 beats = self.store_call("read heartbeats", "add", KEY_HEARTBEAT.format(node=node), 0)
@@ -1085,11 +1091,7 @@ class _Launcher:
                 if not announced:
                     log.info("waiting for nodes %s to finish before closing the store", sorted(pending))
                     announced = True
-                for key, _ in self.sel.select(0.25):
-                    if key.fileobj is self.wake_r:
-                        self.on_signals()
-                    elif key.fileobj is self.notify_r:
-                        self.on_notify()
+                self.wait_events(0.25)
         if self.unjoined and time.monotonic() >= self.join_deadline and not self.missing_reported:
             log.error("the job failed: %s", self.missing_nodes())
             code = code or EXIT_NODE
