@@ -203,6 +203,10 @@ _ALL = (
             "queued on an idle helping stream (the Communicator's asynchronous operations) first runs as far as it "
             "can without waiting in the caller's thread, to its end where the peers' shares are there; `0`: all of "
             "it on the stream's thread", choices=("0", "1")),
+    Setting("PYCOLL_HOST_EAGER_ROOTED", "choice", "1", "`1`: a host Broadcast or Scatter of blocks of at most 960 "
+            "bytes, and a Gather or Reduce of such blocks, go over the eager lane (a sender writes and is done, up to "
+            "16 operations ahead of a receiver); `0`: through the segment's steps. The same on every rank",
+            choices=("0", "1")),
     Setting("PYCOLL_HOST_GROUP_BATCH", "choice", "1", "`1`: a host group's small collectives on one communicator "
             "(AllReduce and Reduce of at most PYCOLL_HOST_ONESHOT_MAX bytes, Broadcast, AllGather and Gather of one "
             "step) are published in one step of the segment when every rank has the same ones in its group; `0`: "

@@ -29,6 +29,10 @@ void seg_layout(int n, struct seg_layout* L) {
   off += (size_t)n * n * L->nslots * L->slot_bytes;
   L->sig_off = off;
   off += ALIGN_UP((size_t)n * n * SIG_SLOTS * SIG_CTXS * sizeof(struct sig_ctr), 4096);
+  L->echan_off = off;
+  off += ALIGN_UP((size_t)n * n * sizeof(struct chan_ctrl), 4096);
+  L->eager_off = off;
+  off += (size_t)n * n * EAGER_SLOTS * EAGER_SLOT_BYTES;
   L->total = off;
 }
 
@@ -44,6 +48,8 @@ void seg_view(struct seg* s, void* base, size_t size) {
   s->outbuf = (char*)base + h->outbuf_off;
   s->p2p = (char*)base + h->p2p_off;
   s->sig = (struct sig_ctr*)((char*)base + h->sig_off);
+  s->echan = (struct chan_ctrl*)((char*)base + h->echan_off);
+  s->eager = (char*)base + h->eager_off;
   s->inbox_bytes = h->inbox_bytes;
   s->slot_bytes = h->slot_bytes;
   s->nslots = (int)h->nslots;
@@ -166,11 +172,16 @@ static void init_header(void* base, void* arg_) {
   h->outbuf_off = L->outbuf_off;
   h->p2p_off = L->p2p_off;
   h->sig_off = L->sig_off;
+  h->echan_off = L->echan_off;
+  h->eager_off = L->eager_off;
   h->inbox_bytes = L->inbox_bytes;
   h->slot_bytes = L->slot_bytes;
   h->nslots = (uint32_t)L->nslots;
   struct rank_ctrl* ctrl = (struct rank_ctrl*)((char*)base + L->ctrl_off);
-  for (int i = 0; i < a->r->nranks; i++) ctrl[i].cpu = -1; /* not waited anywhere yet (0 is a CPU) */
+  for (int i = 0; i < a->r->nranks; i++) {
+    ctrl[i].cpu = -1;                /* not waited anywhere yet (0 is a CPU) */
+    ctrl[i].cur.op_seq = UINT64_MAX; /* in no collective yet */
+  }
   h->magic = SEG_MAGIC; /* the segment only becomes visible (linked) after this */
 }
 

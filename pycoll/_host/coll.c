@@ -43,7 +43,7 @@
 #include "window.h"
 
 enum phase { PH_FILL = 0, PH_ARRIVE, PH_CONSUME, PH_WINDOW };
-enum algo { ALGO_LOCAL = 0, ALGO_ONESHOT, ALGO_TWOPHASE, ALGO_STEP, ALGO_WINDOW };
+enum algo { ALGO_LOCAL = 0, ALGO_ONESHOT, ALGO_TWOPHASE, ALGO_STEP, ALGO_WINDOW, ALGO_EAGER };
 
 static size_t oneshot_max = 32 << 10;
 static size_t chunk_max = 512 << 10;
@@ -60,6 +60,8 @@ static bool group_batch = true;
 /* and at most this many bytes of payload in all: batching saves waits, which matter for small operations; a
  * batch the ranks did not all publish costs its members' copies again, one by one */
 #define BATCH_BYTES (64 << 10)
+/* Small rooted collectives over the eager lane (PYCOLL_HOST_EAGER_ROOTED) */
+static bool eager_rooted = true;
 
 /* Whether streaming stores help depends on the machine and on the size: on some machines they make a
  * large AllReduce faster, on others much slower, and outputs that the caches still hold lose by them
@@ -114,6 +116,8 @@ __attribute__((constructor)) static void coll_tunables(void) {
   window_collectives = v != 0;
   env_u64("PYCOLL_HOST_GROUP_BATCH", 0, 1, 1, &v);
   group_batch = v != 0;
+  env_u64("PYCOLL_HOST_EAGER_ROOTED", 0, 1, 1, &v);
+  eager_rooted = v != 0;
 }
 
 /* The trials (stores[]) of an operation of t's kind, over windows or not; -1: none (only the outputs of
@@ -247,9 +251,14 @@ static void find_windows(struct task* t) {
  * order). Not for operations with a launch marker (the *Config variants' ncclCollConfig), which fire when
  * their own operation starts. */
 
-/* Payload bytes a single-step operation that a batch can take publishes in its inbox; 0: not one. */
+static bool eager_ok(const struct task* t);
+static void publish_current(const struct task* t);
+
+/* Payload bytes a single-step operation that a batch can take publishes in its inbox; 0: not one (an operation
+ * of the eager lane takes no step). */
 static size_t batch_bytes(const struct task* t) {
   size_t bytes = t->count * dt_size(t->dtype), ib = t->comm->seg.inbox_bytes;
+  if (eager_ok(t)) return 0;
   switch (t->kind) {
     case TK_ALLREDUCE:
     case TK_REDUCE: return bytes <= MIN(oneshot_max, ib) ? bytes : 0;
@@ -321,6 +330,7 @@ static void form_batch(struct task* t) {
 }
 
 bool coll_quick(const struct task* t) {
+  if (eager_ok(t)) return true;
   size_t bytes = batch_bytes(t); /* 0 for every other kind */
   return bytes && bytes <= BATCH_BYTES / (size_t)t->comm->nranks;
 }
@@ -365,6 +375,13 @@ void coll_start(struct task* t) {
   if (n == 1) {
     t->algo = ALGO_LOCAL;
     t->nsteps = 0;
+    return;
+  }
+  publish_current(t);
+  if (eager_ok(t)) {
+    t->algo = ALGO_EAGER;
+    t->nsteps = 0;
+    t->wait_idx = 0;
     return;
   }
   t->algo = ALGO_STEP;
@@ -440,20 +457,20 @@ static void describe(char* out, size_t len, int kind, uint64_t count, int dtype,
   snprintf(out + n, len - (size_t)n, ")");
 }
 
-/* Compares rank k's descriptor with ours; fails the task on a mismatch. The text numbers this rank's collective
- * among all the communicator's collectives from 1, zero-element ones included, as pycoll's Works and flight recorder
- * do; op_seq, which the ranks compare, counts only those that carry data (a zero-element collective is a no-op, as
- * in NCCL), from 0. */
-static bool desc_ok(struct task* t, int k, int parity) {
-  const struct op_desc* d = &t->comm->seg.ctrl[k].desc[parity];
-  if (d->kind == t->kind && d->count == t->count && d->dtype == t->dtype && d->redop == redop_code(t) &&
-      d->root == t->root && d->step == t->step && d->op_seq == t->op_seq)
-    return true;
+static bool same_op(const struct task* t, const struct op_desc* d) {
+  return d->kind == t->kind && d->count == t->count && d->dtype == t->dtype && d->redop == redop_code(t) &&
+         d->root == t->root;
+}
+
+/* Fails the task: rank k's descriptor `d` (of a step, of an eager message, or the collective it is in) is not this
+ * task's. The text numbers this rank's collective among all the communicator's collectives from 1, zero-element
+ * ones included, as pycoll's Works and flight recorder do; op_seq, which the ranks compare, counts only those that
+ * carry data (a zero-element collective is a no-op, as in NCCL), from 0. */
+static void fail_mismatch(struct task* t, int k, const struct op_desc* d) {
   char mine[160], theirs[160];
   describe(mine, sizeof mine, t->kind, t->count, t->dtype, redop_code(t), t->root);
   describe(theirs, sizeof theirs, d->kind, d->count, d->dtype, d->redop, d->root);
-  if (d->kind == t->kind && d->count == t->count && d->dtype == t->dtype && d->redop == redop_code(t) &&
-      d->root == t->root)
+  if (same_op(t, d))
     task_fail(t, ncclInvalidUsage,
               "%s : collective sequence mismatch: rank %d is at collective #%llu (its collective with data #%llu, "
               "step %u) but rank %d is at its collective with data #%llu (step %u) of %s",
@@ -462,7 +479,229 @@ static bool desc_ok(struct task* t, int k, int parity) {
   else
     task_fail(t, ncclInvalidUsage, "%s : collective mismatch at collective #%llu: rank %d called %s but rank %d called %s",
               t->opname, (unsigned long long)t->issued, t->comm->rank, mine, k, theirs);
+}
+
+/* Compares rank k's descriptor of the step in parity `parity` with ours; fails the task on a mismatch. */
+static bool desc_ok(struct task* t, int k, int parity) {
+  const struct op_desc* d = &t->comm->seg.ctrl[k].desc[parity];
+  if (same_op(t, d) && d->step == t->step && d->op_seq == t->op_seq) return true;
+  fail_mismatch(t, k, d);
   return false;
+}
+
+/* ---- the collective each rank is in ----
+ *
+ * Each rank publishes the collective it starts (rank_ctrl.cur) before it publishes anything of it. A rank waiting
+ * for a peer reads it: a peer in the same collective (the same op_seq) with other arguments, or one that went past
+ * it without doing its part for this rank, called something else -- an error now, not a hang, also where the two
+ * took different paths (a step, the eager lane) because their arguments differ. */
+static void publish_current(const struct task* t) {
+  struct op_desc* d = &t->comm->seg.ctrl[t->comm->rank].cur;
+  __atomic_store_n(&d->op_seq, UINT64_MAX, __ATOMIC_RELAXED);
+  __atomic_thread_fence(__ATOMIC_RELEASE);
+  d->count = t->count;
+  d->kind = t->kind;
+  d->dtype = t->dtype;
+  d->redop = redop_code(t);
+  d->root = t->root;
+  d->step = 0;
+  __atomic_store_n(&d->op_seq, t->op_seq, __ATOMIC_RELEASE);
+}
+
+/* Rank k's current collective into *out; false while it has none or is writing it. */
+static bool peer_current(const struct ncclComm* c, int k, struct op_desc* out) {
+  const struct op_desc* d = &c->seg.ctrl[k].cur;
+  uint64_t seq = __atomic_load_n(&d->op_seq, __ATOMIC_ACQUIRE);
+  if (seq == UINT64_MAX) return false;
+  out->count = d->count;
+  out->kind = d->kind;
+  out->dtype = d->dtype;
+  out->redop = d->redop;
+  out->root = d->root;
+  out->step = 0;
+  __atomic_thread_fence(__ATOMIC_ACQUIRE);
+  out->op_seq = seq;
+  return __atomic_load_n(&d->op_seq, __ATOMIC_RELAXED) == seq;
+}
+
+/* A task waiting for rank k's part of it: fails it (true) if rank k is in this collective with other arguments,
+ * or -- `passed(t, k)` re-read after k's state, for a peer whose part is published before it moves on -- went past
+ * it without doing its part. */
+static bool peer_diverged(struct task* t, int k, bool (*done_part)(const struct task*, int)) {
+  struct op_desc d;
+  if (!peer_current(t->comm, k, &d)) return false;
+  if (d.op_seq == t->op_seq) {
+    if (same_op(t, &d)) return false;
+    fail_mismatch(t, k, &d);
+    return true;
+  }
+  if (d.op_seq < t->op_seq || done_part(t, k)) return false;
+  char mine[160];
+  describe(mine, sizeof mine, t->kind, t->count, t->dtype, redop_code(t), t->root);
+  task_fail(t, ncclInvalidUsage,
+            "%s : collective mismatch at collective #%llu: rank %d called %s but rank %d went past it (to its "
+            "collective with data #%llu) without doing its part for rank %d: it called another operation or other "
+            "arguments there",
+            t->opname, (unsigned long long)t->issued, t->comm->rank, mine, k, (unsigned long long)d.op_seq + 1,
+            t->comm->rank);
+  return true;
+}
+
+/* Whether rank k arrived at the step t waits at (a step task's part). */
+static bool arrived(const struct task* t, int k) {
+  return __atomic_load_n(&t->comm->seg.ctrl[k].arrive, __ATOMIC_ACQUIRE) >= t->step0 + t->step + 1;
+}
+
+/* ---- small rooted collectives: the eager lane ----
+ *
+ * A Broadcast or Scatter whose block is at most EAGER_PAYLOAD bytes, and a Gather or Reduce of such blocks, take
+ * no step: their senders (the root of a Broadcast or Scatter; the other ranks of a Gather or Reduce) write their
+ * block, behind the operation's descriptor, into a slot of the ring each ordered pair of ranks has for it, and are
+ * done; their receivers wait for a slot from each sender, compare its descriptor with their own (a mismatch is an
+ * error, as at a step), copy or reduce it out and free the slot. A sender waits only when a receiver is
+ * EAGER_SLOTS operations behind: a root runs that many operations ahead of its receivers, as Open MPI's and
+ * NCCL's small messages do, instead of meeting every rank at every operation. Every rank decides the same
+ * (from the kind, count, datatype and rank count every rank passes, PYCOLL_HOST_EAGER_ROOTED=0 turns it off):
+ * ranks whose arguments differ take different paths, which the collective each rank publishes (above) turns into
+ * the mismatch error. The lane is not the point-to-point rings: a send and a collective between the same ranks
+ * never meet. A Reduce's root reduces in rank order from published values, its own published first (the bits
+ * of the step path). */
+static bool eager_ok(const struct task* t) {
+  if (!eager_rooted || t->comm->nranks == 1) return false;
+  if (t->kind != TK_BROADCAST && t->kind != TK_SCATTER && t->kind != TK_GATHER && t->kind != TK_REDUCE) return false;
+  return t->count * dt_size(t->dtype) <= EAGER_PAYLOAD;
+}
+
+/* Whether an eager task sends (the root of a Broadcast or Scatter, the other ranks of a Gather or Reduce) or
+ * receives. */
+static bool eager_sends(const struct task* t) {
+  bool root = t->comm->rank == t->root;
+  return t->kind == TK_BROADCAST || t->kind == TK_SCATTER ? root : !root;
+}
+
+/* Whether an eager task exchanges a message with rank k: the root with every other rank, the others with it. */
+static bool eager_peer(const struct task* t, int k) {
+  return k != t->comm->rank && (t->comm->rank == t->root || k == t->root);
+}
+
+/* Whether rank k's message for t is in the lane from k to this rank (a receiver's peer's part). */
+static bool eager_sent(const struct task* t, int k) {
+  const struct chan_ctrl* ch = seg_echan(&t->comm->seg, k, t->comm->rank);
+  return __atomic_load_n(&ch->head, __ATOMIC_ACQUIRE) != __atomic_load_n(&ch->tail, __ATOMIC_RELAXED);
+}
+
+/* A sender's receiver behind: its part comes later, never "went past" */
+static bool never_passed(const struct task* t, int k) {
+  (void)t;
+  (void)k;
+  return true;
+}
+
+static int eager_send(struct task* t, bool moved) {
+  struct ncclComm* c = t->comm;
+  struct seg* s = &c->seg;
+  int me = c->rank, n = c->nranks;
+  size_t bytes = t->count * dt_size(t->dtype);
+  for (; t->wait_idx < n; t->wait_idx++) {
+    int k = t->wait_idx;
+    if (!eager_peer(t, k)) continue;
+    struct chan_ctrl* ch = seg_echan(s, me, k);
+    uint64_t h = __atomic_load_n(&ch->head, __ATOMIC_RELAXED);
+    if (h - __atomic_load_n(&ch->tail, __ATOMIC_ACQUIRE) >= EAGER_SLOTS) {
+      t->wait_peer = k;
+      if (peer_diverged(t, k, never_passed)) return PROG_DONE;
+      return moved ? PROG_MOVED : PROG_BLOCKED;
+    }
+    if (UNLIKELY(fp_hit("host.coll.eager")))
+      return task_fail(t, ncclSystemError, "%s : failpoint host.coll.eager", task_kind_name(t->kind));
+    char* slot = seg_eslot(s, me, k, h);
+    struct op_desc* d = (struct op_desc*)slot;
+    memset(d, 0, sizeof *d);
+    d->op_seq = t->op_seq;
+    d->count = t->count;
+    d->kind = t->kind;
+    d->dtype = t->dtype;
+    d->redop = redop_code(t);
+    d->root = t->root;
+    char* payload = slot + sizeof *d;
+    if (t->kind == TK_REDUCE) dt_publish(&t->rop, payload, t->sendbuff, t->count);
+    else if (t->kind == TK_SCATTER) ph_copy(payload, at(t->sendbuff, (size_t)k * t->count, dt_size(t->dtype)), bytes);
+    else ph_copy(payload, t->sendbuff, bytes);
+    __atomic_store_n(&ch->head, h + 1, __ATOMIC_RELEASE);
+    seg_ring(s);
+    moved = true;
+  }
+  /* A peer that sent this rank a message of this very operation, or is in it with other arguments, did not call
+   * it as this rank did (where the peer comes later, it finds the mismatch: this rank fails at its next wait
+   * for it) */
+  for (int k = 0; k < n; k++) {
+    if (!eager_peer(t, k)) continue;
+    const struct chan_ctrl* ch = seg_echan(s, k, me);
+    uint64_t tl = __atomic_load_n(&ch->tail, __ATOMIC_RELAXED);
+    const struct op_desc* d = (const struct op_desc*)seg_eslot(s, k, me, tl);
+    if (__atomic_load_n(&ch->head, __ATOMIC_ACQUIRE) != tl && d->op_seq == t->op_seq) {
+      fail_mismatch(t, k, d);
+      return PROG_DONE;
+    }
+    if (peer_diverged(t, k, never_passed)) return PROG_DONE;
+  }
+  if (me == t->root) { /* a Broadcast's or Scatter's root: its own output */
+    const char* src = t->kind == TK_SCATTER ? at(t->sendbuff, (size_t)me * t->count, dt_size(t->dtype)) : t->sendbuff;
+    if (src != (const char*)t->recvbuff) memmove(t->recvbuff, src, bytes);
+  }
+  return PROG_DONE;
+}
+
+static int eager_receive(struct task* t, bool moved) {
+  struct ncclComm* c = t->comm;
+  struct seg* s = &c->seg;
+  int me = c->rank, n = c->nranks;
+  size_t es = dt_size(t->dtype), bytes = t->count * es;
+  for (; t->wait_idx < n; t->wait_idx++) { /* every sender's slot there and of this operation */
+    int k = t->wait_idx;
+    if (!eager_peer(t, k)) continue;
+    const struct chan_ctrl* ch = seg_echan(s, k, me);
+    uint64_t tl = __atomic_load_n(&ch->tail, __ATOMIC_RELAXED);
+    if (__atomic_load_n(&ch->head, __ATOMIC_ACQUIRE) == tl) {
+      t->wait_peer = k;
+      if (peer_diverged(t, k, eager_sent)) return PROG_DONE;
+      return moved ? PROG_MOVED : PROG_BLOCKED;
+    }
+    const struct op_desc* d = (const struct op_desc*)seg_eslot(s, k, me, tl);
+    if (!same_op(t, d) || d->op_seq != t->op_seq) {
+      fail_mismatch(t, k, d);
+      return PROG_DONE;
+    }
+  }
+  const void* srcs[n];
+  char own[EAGER_PAYLOAD];
+  for (int k = 0; k < n; k++) {
+    if (!eager_peer(t, k)) continue;
+    struct chan_ctrl* ch = seg_echan(s, k, me);
+    uint64_t tl = __atomic_load_n(&ch->tail, __ATOMIC_RELAXED);
+    const char* payload = seg_eslot(s, k, me, tl) + sizeof(struct op_desc);
+    if (t->kind == TK_REDUCE) {
+      srcs[k] = payload;
+      continue; /* freed once reduced */
+    }
+    ph_copy(t->kind == TK_GATHER ? at(t->recvbuff, (size_t)k * t->count, es) : (char*)t->recvbuff, payload, bytes);
+    __atomic_store_n(&ch->tail, tl + 1, __ATOMIC_RELEASE);
+  }
+  if (t->kind == TK_GATHER) {
+    char* dst = at(t->recvbuff, (size_t)me * t->count, es);
+    if (dst != (const char*)t->sendbuff) memmove(dst, t->sendbuff, bytes);
+  } else if (t->kind == TK_REDUCE) {
+    dt_publish(&t->rop, own, t->sendbuff, t->count);
+    srcs[me] = own;
+    dt_reduce(&t->rop, t->recvbuff, NULL, srcs, n, -1, t->count);
+    for (int k = 0; k < n; k++) {
+      if (!eager_peer(t, k)) continue;
+      struct chan_ctrl* ch = seg_echan(s, k, me);
+      __atomic_store_n(&ch->tail, __atomic_load_n(&ch->tail, __ATOMIC_RELAXED) + 1, __ATOMIC_RELEASE);
+    }
+  }
+  seg_ring(s);
+  return PROG_DONE;
 }
 
 /* Elements [base, base+len) of the operation are handled by step (or chunk) `k`. */
@@ -712,11 +951,11 @@ static void consume(struct task* t, int p) {
 }
 
 ncclResult_t coll_check_waited(struct task* t, bool check_process, char* text, size_t len) {
-  if (t->phase != PH_ARRIVE) return ncclSuccess;
+  bool eager = t->algo == ALGO_EAGER; /* a receiver waits for every sender's message, a sender for one slot */
+  if (eager ? eager_sends(t) : t->phase != PH_ARRIVE) return ncclSuccess;
   struct ncclComm* c = t->comm;
-  uint64_t S = t->step0 + t->step;
-  for (int k = t->wait_idx + 1; k < c->nranks; k++) { /* the ranks before wait_idx have arrived */
-    if (k == c->rank || __atomic_load_n(&c->seg.ctrl[k].arrive, __ATOMIC_ACQUIRE) >= S + 1) continue;
+  for (int k = t->wait_idx + 1; k < c->nranks; k++) { /* the ranks before wait_idx have arrived (sent) */
+    if (k == c->rank || (eager ? !eager_peer(t, k) || eager_sent(t, k) : arrived(t, k))) continue;
     ncclResult_t err = comm_check_peer(c, k, check_process, text, len);
     if (err != ncclSuccess) return err;
   }
@@ -736,6 +975,7 @@ int coll_progress(struct task* t) {
     run_local(t);
     return PROG_DONE;
   }
+  if (t->algo == ALGO_EAGER) return eager_sends(t) ? eager_send(t, moved) : eager_receive(t, moved);
   for (;;) {
     uint64_t S = t->step0 + t->step;
     int p = (int)(S & 1);
@@ -766,6 +1006,7 @@ int coll_progress(struct task* t) {
           if (k == me) continue;
           if (__atomic_load_n(&s->ctrl[k].arrive, __ATOMIC_ACQUIRE) < S + 1) {
             t->wait_peer = k;
+            if (peer_diverged(t, k, arrived)) return PROG_DONE;
             return moved ? PROG_MOVED : PROG_BLOCKED;
           }
           if (!desc_ok(t, k, p)) return PROG_DONE;

@@ -12,6 +12,8 @@
  *   host.grow.begin, host.grow.end            ncclCommGrow's rendezvous
  *   host.coll.window                          an AllReduce over windows, after this rank reduced its slice
  *                                             into every rank's buffer, before the last arrival
+ *   host.coll.eager                           a small rooted collective's sender, before each message it
+ *                                             writes into the eager lane (coll.c)
  *   host.window.exchange                      ncclCommWindowRegister, before its descriptor exchange
  *   host.signal.wait                          ncclWaitSignal, when it starts waiting
  *   host.stream.defer                         before queuing work on a helping stream whose thread is not

@@ -7,6 +7,9 @@
  *   outbuf[2]        per step parity: reduced slices of the pipelined allreduce/reduce
  *   p2p[n*n][slots]  per ordered pair: ring of slots, each a slot_hdr plus payload
  *   sig[n*n]         per ordered pair (receiver, sender): one-sided signal counters (signal.c)
+ *   echan[n*n]       per ordered pair (src, dst): the eager lane's head (src writes) and tail (dst writes)
+ *   eager[n*n][EAGER_SLOTS]  per ordered pair: the eager lane's ring, each slot an op_desc plus payload
+ *                    (small rooted collectives, coll.c)
  */
 #ifndef PYCOLL_SEGMENT_H
 #define PYCOLL_SEGMENT_H
@@ -16,12 +19,17 @@
 #include "wait.h"
 
 #define SEG_MAGIC 0x7079636f6c6c5347ull
-#define SEG_LAYOUT_VERSION 4
+#define SEG_LAYOUT_VERSION 5
 #define SEG_HEADER_BYTES 4096
 #define SLOT_HDR_BYTES 64
 /* One-sided signals: sigIdx < SIG_SLOTS, ctx < SIG_CTXS. */
 #define SIG_SLOTS 8
 #define SIG_CTXS 2
+/* The eager lane of small rooted collectives (coll.c): slots per ordered pair, and each slot's bytes (a 64-byte
+ * op_desc, then the payload) */
+#define EAGER_SLOTS 16
+#define EAGER_SLOT_BYTES 1024
+#define EAGER_PAYLOAD (EAGER_SLOT_BYTES - 64)
 
 /* Signals from one sender to one receiver on (sigIdx, ctx): the sender adds to `posted`, the
  * receiver's ncclWaitSignal adds to `consumed`. */
@@ -73,6 +81,9 @@ struct mbox {
 struct rank_ctrl {
   _Alignas(64) uint64_t arrive;
   _Alignas(64) struct op_desc desc[2];
+  /* The collective this rank is in (or last ran), written when it starts: op_seq is UINT64_MAX while the
+   * fields are written (and before the first), so a peer reads a consistent copy (coll.c: peer_current) */
+  _Alignas(64) struct op_desc cur;
   _Alignas(64) uint64_t token; /* who claimed this rank: (pid << 32) | per-process counter */
   struct proc_id proc;
   int32_t state;
@@ -115,7 +126,7 @@ struct seg_header {
   uint64_t ids_hash;
   int32_t kind;
   int32_t pad0;
-  uint64_t ctrl_off, chan_off, inbox_off, outbuf_off, p2p_off, sig_off;
+  uint64_t ctrl_off, chan_off, inbox_off, outbuf_off, p2p_off, sig_off, echan_off, eager_off;
   uint64_t inbox_bytes, slot_bytes;
   uint32_t nslots;
   uint32_t pad1;
@@ -132,7 +143,7 @@ _Static_assert(sizeof(struct seg_header) <= SEG_HEADER_BYTES, "segment header to
 _Static_assert(sizeof(struct op_desc) == 64, "op_desc is one cache line");
 
 struct seg_layout {
-  size_t ctrl_off, chan_off, inbox_off, outbuf_off, p2p_off, sig_off, total;
+  size_t ctrl_off, chan_off, inbox_off, outbuf_off, p2p_off, sig_off, echan_off, eager_off, total;
   size_t inbox_bytes, slot_bytes;
   int nslots;
 };
@@ -149,6 +160,8 @@ struct seg {
   char* outbuf;
   char* p2p;
   struct sig_ctr* sig;
+  struct chan_ctrl* echan;
+  char* eager;
   size_t inbox_bytes, slot_bytes;
   int nslots;
   char name[64];
@@ -169,6 +182,13 @@ static inline struct chan_ctrl* seg_chan(const struct seg* s, int src, int dst) 
 static inline char* seg_slot(const struct seg* s, int src, int dst, uint64_t idx) {
   size_t ring = (size_t)src * s->nranks + dst;
   return s->p2p + (ring * s->nslots + (size_t)(idx % (uint64_t)s->nslots)) * s->slot_bytes;
+}
+static inline struct chan_ctrl* seg_echan(const struct seg* s, int src, int dst) {
+  return &s->echan[(size_t)src * s->nranks + dst];
+}
+static inline char* seg_eslot(const struct seg* s, int src, int dst, uint64_t idx) {
+  size_t ring = (size_t)src * s->nranks + dst;
+  return s->eager + (ring * EAGER_SLOTS + (size_t)(idx % EAGER_SLOTS)) * EAGER_SLOT_BYTES;
 }
 static inline struct sig_ctr* seg_sig(const struct seg* s, int recv, int send, int sig, int ctx) {
   return &s->sig[(((size_t)recv * s->nranks + send) * SIG_SLOTS + sig) * SIG_CTXS + ctx];

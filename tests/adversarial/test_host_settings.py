@@ -132,6 +132,7 @@ def test_python_refuses_bad_host_settings_before_loading(name: str, value: str) 
     ("PYCOLL_HOST_WINDOW_COLLECTIVES", ["0", "1"], ["2", "-1", "on"]),
     ("PYCOLL_HOST_GROUP_BATCH", ["0", "1"], ["2", "-1", "on"]),
     ("PYCOLL_HOST_EAGER", ["0", "1"], ["2", "-1", "on"]),
+    ("PYCOLL_HOST_EAGER_ROOTED", ["0", "1"], ["2", "-1", "on"]),
     ("PYCOLL_HOST_SPREAD", ["0", "1"], ["2", "-1", "on"]),
     ("PYCOLL_HOST_IDLE_DEAD", ["0", "1"], ["2", "-1", "on"]),
 ])

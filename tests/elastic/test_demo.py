@@ -37,12 +37,13 @@ def test_demo_survives_a_killed_rank_and_grows_back(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_demo_takes_back_a_step_that_completed_on_some_ranks_only(tmp_path):
-    """Slot 1's 11th collective (the all_reduce of step 5) fails after the data moved: the other ranks completed
+    """Slot 1's 6th collective through the segment's steps (the all_reduce of step 5: maybe_grow's 8-byte broadcasts
+    go over the eager lane, which passes no host.coll.done) fails after the data moved: the other ranks completed
     it and applied it. All four reshape (nobody died) and agree that step 4 is the last one all of them completed:
     the other three take step 5 back, and every rank ends at the same step with the same parameters. (Before, a
     rank whose collective completed went on one step ahead of one whose collective failed.)"""
     p = _run(["-m", "pycoll.demo", "--steps", "30", "--kill-step", "20", "--dump-dir", str(tmp_path)],
-             PYCOLL_FAILPOINTS="host.coll.done=raise@11;rank=1")
+             PYCOLL_FAILPOINTS="host.coll.done=raise@6;rank=1")
     out = p.stdout
     assert p.returncode == 0, out + p.stderr
     taken = re.findall(r"slot (\d): step (\d+) completed here but not on every survivor: taken back", out)

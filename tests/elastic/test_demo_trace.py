@@ -42,7 +42,9 @@ def test_demo_writes_a_trace_with_the_recovery(tmp_path):
     assert {"agreement", "shrink", "grow", "first collective"} <= phases
     ops = [e for e in evs if e["ph"] == "X" and e["cat"] == "collective"]
     failed = [e for e in ops if e["args"]["in_flight"]]
-    assert sorted(e["pid"] for e in failed) == [0, 1, 3] and all(e["args"]["generation"] == 0 for e in failed)
+    # the survivors' operations in flight as slot 2 died (a survivor the failure reached between two operations --
+    # rank 0's broadcasts in maybe_grow() run ahead of the others, so it meets the death first -- has none)
+    assert failed and {e["pid"] for e in failed} <= {0, 1, 3} and all(e["args"]["generation"] == 0 for e in failed)
     assert all(e["args"].get("first_divergence") for e in failed)
     assert sorted(e["pid"] for e in evs if e["ph"] == "i" and e["cat"] == "failure") == [0, 1, 3]
     verdicts = [e["args"]["verdict"] for e in evs if e["ph"] == "i" and e["name"].startswith("verdict")]

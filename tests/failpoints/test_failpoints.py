@@ -550,7 +550,9 @@ def test_matrix_2_covers_every_point_the_scenario_passes():
     # signal (tests/runtime/test_windows.py kills and fails ranks there); host.coll.after_consume:
     # passed only by the two-phase path of large reductions, which the scenario's 8-element
     # all_reduce does not take (every case of it was "not reached"); host.coll.window: only a collective over
-    # windows (tests/host/test_window_collectives.py kills, stops and fails ranks there); watchdog.report.signal_peer
+    # windows (tests/host/test_window_collectives.py kills, stops and fails ranks there); host.coll.eager: only a small
+    # rooted collective, which the scenario does not make (tests/host/test_eager_rooted.py kills and stops a root
+    # there); watchdog.report.signal_peer
     # (only with PYCOLL_FR_DUMP_SIGNAL) and watchdog.exit.* (a rank leaving with an operation
     # outstanding): tests/diagnostics/test_exit_dumps.py kills and stops ranks there; host.stream.defer: only where
     # the ranks outnumber the CPUs, which the scenario's ranks do not (tests/runtime/test_oversubscribed.py);
@@ -558,7 +560,7 @@ def test_matrix_2_covers_every_point_the_scenario_passes():
     # the thread that handed work back does not come back for it within PYCOLL_HOST_DEFER_NS
     # (tests/runtime/test_inline_bound.py)
     assert set(scenario) - set(POINTS_2) == {"host.window.exchange", "host.signal.wait", "host.coll.after_consume",
-                                             "host.coll.window",
+                                             "host.coll.window", "host.coll.eager",
                                              "host.stream.defer", "host.stream.handback", "host.stream.takeover",
                                              "watchdog.report.signal_peer", "watchdog.exit.before_dump",
                                              "watchdog.exit.terminate", "watchdog.exit.deferred_sigterm"}, scenario
