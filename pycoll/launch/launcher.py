@@ -27,7 +27,11 @@ What it does:
   failures act at once. Once the job was stopped by ``--timeout`` or a signal, output that nothing
   reads for 0.5 s is dropped, with a note on stderr.
 * Forwards SIGINT, SIGTERM and SIGHUP to every rank and then stops the job (a second one kills it);
-  forwards SIGUSR1 and SIGUSR2 without stopping anything.
+  forwards SIGUSR1 and SIGUSR2 without stopping anything. Multi-node, a signal to any node's launcher stops the
+  job on every node, under ``--keep-going`` and ``--replace-failed`` too: a signal asks for the job to stop, and
+  a node's slots stopped on request could not be replaced on another node. (A node that *fails* -- its launcher
+  killed, its host lost -- is what an elastic job survives: its ranks die with its launcher and the survivors
+  reshape without them.)
 * Each rank runs in its own process group. Ranks die when the launcher dies (``PR_SET_PDEATHSIG``),
   whatever is left in a rank's process group is killed when the rank ends, and the launcher (a child
   subreaper) kills any remaining descendant before it exits: no process outlives the launcher.
@@ -55,8 +59,8 @@ Exit status:
   replacements found nobody left to admit them) failed, whatever its replacements exited with: the launcher exits
   with the earliest failure's code (where no rank failed, its members ended on their own, without ``close()``: no
   failure).
-* A job stopped by a signal exits with 128+signal; a job that exceeded ``--timeout`` (counted from the launcher's
-  start) with 124, on every node.
+* A job stopped by a signal exits with 128+signal, and a job that exceeded ``--timeout`` (counted from the
+  launcher's start) with 124, on every node; the other nodes' launchers say which node stopped the job and why.
 * Multi-node: a node that did not join within ``--join-timeout`` fails the job (``EXIT_NODE``, 1), and so does a
   launcher whose ``--node-rank`` another launcher already joined as (that second launcher exits 1 at once).
 * A job whose store is lost while ranks run (node 0's store server stopped, or another node can no
@@ -70,8 +74,9 @@ seconds (300; SIGINT and SIGTERM end the wait), then joins as node i (a second l
 node rank is refused: "node rank i joined twice"). Node 0 fails the job when a node has not joined
 within ``--join-timeout`` ("node i never joined within N s"), and keeps the store up until every node
 that joined has finished (or stopped sending heartbeats for 30 s); once the job was stopped, for
-``--grace`` seconds and 2 more at most. A failure that stops one node's launcher -- a failed rank
-(without ``--keep-going``), ``--timeout``, a node that never joined -- stops the others.
+``--grace`` seconds and 2 more at most (a second signal to node 0 ends that wait). A failure or request that stops
+one node's launcher -- a failed rank (without ``--keep-going``), ``--timeout``, a signal, a node that never
+joined -- stops the others.
 
 Store keys the launcher writes (at the root of the store, under ``pycoll-run/``): see
 :mod:`pycoll.launch.keys`.
@@ -905,9 +910,13 @@ class _Launcher:
                 log.warning("received %s before any rank started; exiting", signal.Signals(signum).name)
                 self.stop(128 + signum, signum)
             elif self.signals_seen == 1:
-                log.warning("received %s; forwarding it to the ranks and stopping the job",
-                            signal.Signals(signum).name)
+                name = signal.Signals(signum).name
+                told = not self.stopping and self.cfg.nnodes > 1
+                log.warning("received %s; forwarding it to the ranks and stopping the job%s", name,
+                            " on every node" if told else "")
                 self.stop(128 + signum, signum)
+                if told:  # after this node's ranks have the signal: a store that is slow to answer holds up nothing
+                    self.tell_nodes(-1, 128 + signum, f"its launcher received {name}")
             else:
                 log.warning("received %s again; killing the ranks", signal.Signals(signum).name)
                 self.kill_all()
@@ -1061,7 +1070,7 @@ class _Launcher:
         pending = {i: (-1, time.monotonic()) for i in range(1, cfg.nnodes)}
         stop_end = time.monotonic() + cfg.grace + _STOP_MARGIN_S if self.stopping else None
         announced = False
-        while pending and self.signals_seen == 0:
+        while pending and self.signals_seen < 2:  # a second signal ends the wait
             _fp.hit(FP_NODES_FINISH)
             now = time.monotonic()
             for node in list(pending):

@@ -713,3 +713,26 @@ def test_a_node_rank_joined_twice_is_refused(tmp_path):
                                    err), err
     assert codes == [0, 0]
     _assert_all_gone(_pids(tmp_path))
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("node, sig", [(1, signal.SIGTERM), (0, signal.SIGINT)])
+def test_a_signal_to_any_nodes_launcher_stops_every_node(tmp_path, node, sig):
+    """SIGTERM to node 1's launcher (SIGINT to node 0's) stops the whole job at once: every launcher exits with
+    128+N, and the other node says which node was signalled."""
+    script = _script(tmp_path, SLEEPER)
+    port = _free_port()
+    procs = [_node(tmp_path, 0, port, script, "--timeout", "20", argv=["30"]), _node(tmp_path, 1, port, script,
+                                                                                  argv=["30"])]
+    try:
+        _wait_files([tmp_path / "pid0", tmp_path / "pid1"])
+        procs[node].send_signal(sig)
+        codes = [p.wait(10) for p in procs]
+    finally:
+        _end(procs)
+    errs = [(tmp_path / f"err{i}").read_text() for i in (0, 1)]
+    assert codes == [128 + sig] * 2, errs
+    assert f"received {sig.name}; forwarding it to the ranks and stopping the job on every node" in errs[node]
+    assert (f"node {node} stopped the job (its launcher received {sig.name}; exit code {128 + sig}); stopping this "
+            f"node's ranks") in errs[1 - node], errs
+    _assert_all_gone(_pids(tmp_path))
