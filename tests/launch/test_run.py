@@ -736,3 +736,102 @@ def test_a_signal_to_any_nodes_launcher_stops_every_node(tmp_path, node, sig):
     assert (f"node {node} stopped the job (its launcher received {sig.name}; exit code {128 + sig}); stopping this "
             f"node's ranks") in errs[1 - node], errs
     _assert_all_gone(_pids(tmp_path))
+
+
+# -- the launcher's failpoints: killed or stopped there, the job still ends as documented ---------------------------
+
+
+def _fired(trace: Path, name: str, timeout: float = 20) -> None:
+    _wait_text(trace, f"{name} ", timeout)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("action", ["kill", "stop"])
+def test_a_launcher_killed_or_stopped_as_it_tells_the_other_nodes(tmp_path, action):
+    """kill: node 0's launcher dies as it tells node 1 of its --timeout: its rank dies with it, node 1 loses the store
+    and stops its rank (exit 1). stop: node 1's launcher, signalled, has forwarded the signal to its rank and stops
+    before it tells node 0, which runs on; continued, it tells, and both exit 128+SIGTERM."""
+    script = _script(tmp_path, SLEEPER)
+    port = _free_port()
+    trace = tmp_path / "trace"
+    fp = {"PYCOLL_FAILPOINTS": f"launch.abort.send={action};trace={trace}"}
+    if action == "kill":
+        procs = [_node(tmp_path, 0, port, script, "--timeout", "0.5", argv=["30"], env=fp),
+                 _node(tmp_path, 1, port, script, argv=["30"])]
+    else:
+        procs = [_node(tmp_path, 0, port, script, argv=["30"]), _node(tmp_path, 1, port, script, argv=["30"], env=fp)]
+    try:
+        if action == "stop":
+            _wait_files([tmp_path / "pid0", tmp_path / "pid1"])
+            procs[1].send_signal(signal.SIGTERM)
+            _fired(trace, "launch.abort.send stop")
+            _assert_all_gone(_pids(tmp_path, "pid1"))  # the signal reached node 1's rank before the failpoint
+            assert procs[0].poll() is None and _alive(_pids(tmp_path, "pid0")[0])  # node 0 not told yet
+            os.kill(procs[1].pid, signal.SIGCONT)
+        codes = [p.wait(10) for p in procs]
+    finally:
+        _end(procs)
+    errs = [(tmp_path / f"err{i}").read_text() for i in (0, 1)]
+    _fired(trace, f"launch.abort.send {action}", 0)
+    if action == "kill":
+        assert codes == [-signal.SIGKILL, 1], errs
+        assert "lost the job's store (node 0's store:" in errs[1]
+    else:
+        assert codes == [128 + signal.SIGTERM] * 2, errs
+        assert "node 1 stopped the job (its launcher received SIGTERM; exit code 143)" in errs[0]
+    _assert_all_gone(_pids(tmp_path))
+
+
+@pytest.mark.timeout(30)
+def test_node_0_killed_while_it_waits_for_the_other_nodes_to_finish(tmp_path):
+    """Node 0's rank is done and its launcher dies as it waits for node 1 to finish: node 1 loses the store, stops its
+    rank and exits 1; no rank is left."""
+    script = _script(tmp_path, WRITE_PID, """
+        while RANK == 0 and not os.path.exists("pid1"):  # node 0's rank ends once node 1 has joined
+            time.sleep(0.01)
+        time.sleep(0 if RANK == 0 else 30)
+    """)
+    port = _free_port()
+    trace = tmp_path / "trace"
+    procs = [_node(tmp_path, 0, port, script, env={"PYCOLL_FAILPOINTS": f"launch.nodes.finish=kill;trace={trace}"}),
+             _node(tmp_path, 1, port, script)]
+    try:
+        codes = [p.wait(10) for p in procs]
+    finally:
+        _end(procs)
+    err1 = (tmp_path / "err1").read_text()
+    _fired(trace, "launch.nodes.finish kill", 0)
+    assert codes == [-signal.SIGKILL, 1], err1
+    assert "lost the job's store (node 0's store:" in err1
+    _assert_all_gone(_pids(tmp_path))
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("action", ["kill", "stop"])
+def test_a_launcher_killed_or_stopped_as_it_flushes_its_output_at_exit(tmp_path, action):
+    """The ranks are done and their output still queued (a slow reader) when the launcher exits. kill: it dies there,
+    and no rank outlives it. stop: continued, it writes every line and exits with the job's status."""
+    script = _script(tmp_path, WRITE_PID, """
+        for i in range(200):
+            print(RANK, i)
+        sys.exit(RANK)
+    """)
+    trace = tmp_path / "trace"
+    fp = f"launch.output.write.stdout=sleep(300)@1,launch.output.flush={action};trace={trace}"
+    proc = subprocess.Popen(_cmd(["-n", "2", "--keep-going", script]), cwd=str(tmp_path), env=_env(
+        {"PYCOLL_FAILPOINTS": fp}), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        if action == "stop":
+            _fired(trace, "launch.output.flush stop")
+            os.kill(proc.pid, signal.SIGCONT)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+        proc.wait(10)
+    _fired(trace, f"launch.output.flush {action}", 0)
+    if action == "kill":
+        assert proc.returncode == -signal.SIGKILL, err
+    else:
+        assert proc.returncode == 1, err  # rank 1's exit code, neither replaced nor marked lost
+        assert sorted(out.splitlines()) == sorted(f"[rank{r}]: {r} {i}" for r in range(2) for i in range(200))
+    _assert_all_gone(_pids(tmp_path))
