@@ -17,8 +17,9 @@ The launcher writes its keys at the root of the job's store, under :data:`RUN_KE
 * ``pycoll-run/abort``: ``"<node> <rank> <exit code>[ <why>]"``: a launcher stopping the job (rank -1: not for a
   rank's failure, e.g. ``--timeout`` or a node that never joined; ``<why>`` says why); the other launchers stop their
   ranks when it appears.
-* ``pycoll-run/node/<i>/joined``: ``"<run id> <host> <pid>"`` of the launcher that joined as node i > 0 (the first
-  one: a second launcher with the same node rank is refused).
+* ``pycoll-run/node/<i>/joined``: ``"<run id> <host> <pid> <boot id> <start time>"`` of the launcher that joined as
+  node i > 0 (the first one: a second launcher with the same node rank is refused; the boot id and the process's
+  start time, in clock ticks since boot, tell a launcher on the same host whether that one still runs).
 * ``pycoll-run/node/<i>/heartbeat`` and ``pycoll-run/node/<i>/done``: multi-node bookkeeping.
 
 This module imports only the store, never the launcher's command line, so that the runtime (the

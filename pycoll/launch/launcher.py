@@ -61,8 +61,9 @@ Exit status:
   failure).
 * A job stopped by a signal exits with 128+signal, and a job that exceeded ``--timeout`` (counted from the
   launcher's start) with 124, on every node; the other nodes' launchers say which node stopped the job and why.
-* Multi-node: a node that did not join within ``--join-timeout`` fails the job (``EXIT_NODE``, 1), and so does a
-  launcher whose ``--node-rank`` another launcher already joined as (that second launcher exits 1 at once).
+* Multi-node: a node that did not join within ``--join-timeout`` fails the job (``EXIT_NODE``, 1). A launcher whose
+  ``--node-rank`` another launcher already joined as exits 1 and starts no rank: "joined twice" while that launcher
+  runs, "already ran in this job" once it is gone (a restarted node: see below).
 * A job whose store is lost while ranks run (node 0's store server stopped, or another node can no
   longer reach it) fails: its ranks are stopped and the launcher exits with 1 (``EXIT_STORE_LOST``).
 
@@ -70,9 +71,14 @@ Multi-node (as torchrun): run one launcher per node with ``--nnodes M --node-ran
 HOST --master-port PORT`` and the same ``PYCOLL_STORE_TOKEN`` exported on every node. Node 0's
 launcher hosts the store bound to ``--master-addr`` (``--store-bind`` overrides). Node i > 0's launcher
 says "waiting for node 0's store at HOST:PORT" while it is not there, waits at most ``--join-timeout``
-seconds (300; SIGINT and SIGTERM end the wait), then joins as node i (a second launcher for the same
-node rank is refused: "node rank i joined twice"). Node 0 fails the job when a node has not joined
-within ``--join-timeout`` ("node i never joined within N s"), and keeps the store up until every node
+seconds (300; SIGINT and SIGTERM end the wait), then joins as node i. A second launcher for the same
+node rank is refused: "node rank i joined twice" while the first runs -- on this host its process tells at once,
+on another one a heartbeat of it within 4.5 s --, and "node rank i already ran in this job" once the first
+finished (its node reported done), exited, or sent no heartbeat for 4.5 s. A running job cannot take a
+restarted node, elastic or not: its ranks ended with its first launcher, and replacements are started only by
+the launcher whose rank failed (on its own node, ``--replace-failed``); an elastic job's survivors can go on
+without the node's ranks, and a job that needs them has to be started again. Node 0 fails the job when a node
+has not joined within ``--join-timeout`` ("node i never joined within N s"), and keeps the store up until every node
 that joined has finished (or stopped sending heartbeats for 30 s); once the job was stopped, for
 ``--grace`` seconds and 2 more at most (a second signal to node 0 ends that wait). A failure or request that stops
 one node's launcher -- a failed rank (without ``--keep-going``), ``--timeout``, a signal, a node that never
@@ -134,6 +140,8 @@ FP_OUTPUT_WRITE = {
 }
 FP_STORE_WAIT = _fp.declare("launch.store.wait", "node i > 0's launcher, before each try to reach node 0's store")
 FP_NODE_JOIN = _fp.declare("launch.node.join", "node i > 0's launcher, reaching node 0's store, before it joins")
+FP_NODE_REJOIN = _fp.declare("launch.node.rejoin", "node i > 0's launcher whose node rank a launcher on another host "
+                             "joined first, each pass of its wait for that one's heartbeat")
 FP_ABORT_SEND = _fp.declare("launch.abort.send", "a launcher, before it tells the other nodes to stop the job")
 FP_ABORT_RECEIVE = _fp.declare("launch.abort.receive", "a launcher told by another node to stop the job, before it "
                                "stops its ranks")
@@ -143,7 +151,7 @@ FP_OUTPUT_FLUSH = _fp.declare("launch.output.flush", "the launcher at exit, wait
 
 EXIT_TIMEOUT = 124
 EXIT_STORE_LOST = 1
-EXIT_NODE = 1  # a node never joined (--join-timeout), or joined twice
+EXIT_NODE = 1  # a node never joined (--join-timeout), or joined twice, or again after its first launcher ended
 _MAX_LINE = 1 << 16
 # bytes queued for the launcher's stdout (or stderr) above which it stops reading the ranks' pipes to it, so that a
 # rank blocks in its write as it would writing to that reader itself; below _OUT_LOW it reads them again
@@ -528,8 +536,8 @@ class _Launcher:
     # ---- store
 
     def open_store(self) -> bool:
-        """Host the store (node 0) or reach node 0's and join (node i > 0); False: a signal stopped the launcher
-        meanwhile (then :attr:`stop_code` is its exit code)."""
+        """Host the store (node 0) or reach node 0's and join (node i > 0); False: a signal or --timeout stopped the
+        launcher meanwhile (then :attr:`stop_code` is its exit code)."""
         cfg = self.cfg
         if cfg.nnodes > 1:
             self.token = os.environ.get(discovery.ENV_STORE_TOKEN, "")
@@ -553,7 +561,7 @@ class _Launcher:
             if store is None:
                 return False
             self.store = store
-            self.join()
+            return self.join()
         return True
 
     def wait_for_node0(self) -> Optional[TCPStore]:
@@ -592,22 +600,69 @@ class _Launcher:
             if self.stopping:
                 return None
 
-    def join(self) -> None:
-        """Node i > 0: register as node i in the job's store; SystemExit if another launcher did first."""
+    def join(self) -> bool:
+        """Node i > 0: register as node i in the job's store. SystemExit if another launcher did first: "joined twice"
+        while that launcher lives (two launchers were given one --node-rank), else "already ran in this job" (a
+        restarted node, which a running job cannot take). False: a signal or --timeout stopped this launcher while
+        it looked at that launcher (:attr:`stop_code` is its exit code)."""
         assert self.store is not None
         cfg = self.cfg
         _fp.hit(FP_NODE_JOIN)
-        me = f"{self.run_id} {socket.gethostname()} {os.getpid()}"
+        fields = stat_fields(os.getpid())
+        me = f"{self.run_id} {socket.gethostname()} {os.getpid()} {self.boot} {fields[19] if fields else ''}"
         try:
             first = self.store.compare_set(KEY_JOINED.format(node=cfg.node_rank), b"", me).decode("utf-8", "replace")
         except StoreError as exc:
             raise SystemExit(f"pycoll-run: node {cfg.node_rank} could not join the job in node 0's store: "
                              f"{exc}") from None
-        if first != me:
-            _, host, pid = [*first.split(" "), "?", "?", "?"][:3]
-            raise SystemExit(f"pycoll-run: node rank {cfg.node_rank} joined twice: the launcher on {host} (pid {pid}) "
-                             f"joined as node {cfg.node_rank} first; give each node's launcher its own --node-rank")
-        log.debug("joined as node %d", cfg.node_rank)
+        if first == me:
+            log.debug("joined as node %d", cfg.node_rank)
+            return True
+        _, host, pid, boot, start = [*first.split(" "), "?", "?", "", "", ""][:5]
+        gone = self.gone_why(host, pid, boot, start)
+        if gone is None:
+            return False
+        node = cfg.node_rank
+        if not gone:
+            raise SystemExit(f"pycoll-run: node rank {node} joined twice: the launcher on {host} (pid {pid}) joined as "
+                             f"node {node} first and is running; give each node's launcher its own --node-rank")
+        raise SystemExit(f"pycoll-run: node rank {node} already ran in this job: the launcher on {host} (pid {pid}) "
+                         f"joined as node {node} and {gone}. A running job cannot take a restarted node: its ranks "
+                         f"ended with that launcher, and pycoll-run starts no rank of a job again on a new launcher "
+                         f"(a replacement is started by the launcher whose rank failed); restart the whole job -- an "
+                         f"elastic job (ElasticGroup, --keep-going) can go on without this node's ranks")
+
+    def gone_why(self, host: str, pid: str, boot: str, start: str) -> Optional[str]:
+        """Node i > 0, whose node rank the launcher on ``host`` (``pid``, its boot id and start time) joined first:
+        how that launcher ended ("" while it is running; None: a signal or --timeout stopped this launcher while it
+        looked). On this host its process tells; on another one, its node's "done" key or its heartbeats (sent
+        every ``_HEARTBEAT_S`` s) that stop for twice that."""
+        assert self.store is not None
+        node = self.cfg.node_rank
+        done_key, hb_key = KEY_DONE.format(node=node), KEY_HEARTBEAT.format(node=node)
+        if self.store_call("read whether a node finished", "check", [done_key]):
+            code = self.store_call("read a node's exit code", "get", done_key, 1.0)
+            return f"finished (exit code {code.decode('utf-8', 'replace') if code else '?'})"
+        if boot and boot == self.boot and pid.isdigit():
+            fields = stat_fields(int(pid))
+            if fields is None or fields[0] in ("Z", "X") or (start and fields[19] != start):
+                return "is gone (its process exited)"
+            return ""
+        beats = self.store_call("read a node's heartbeats", "add", hb_key, 0)
+        end = time.monotonic() + 2 * _HEARTBEAT_S + 0.5
+        while time.monotonic() < end:
+            _fp.hit(FP_NODE_REJOIN)
+            self.wait_events(0.25)
+            if self.stopping:
+                return None
+            if self.deadline is not None and time.monotonic() >= self.deadline:
+                log.error("the job exceeded --timeout %g s while node %d's launcher looked whether node %d's first "
+                          "launcher lives", self.cfg.timeout, node, node)
+                self.stop(EXIT_TIMEOUT)
+                return None
+            if self.store_call("read a node's heartbeats", "add", hb_key, 0) != beats:
+                return ""
+        return f"sent no heartbeat for {2 * _HEARTBEAT_S + 0.5:g} s (it is gone, or hangs)"
 
     def store_call(self, what: str, method: str, *args: Any) -> Any:
         """Call a store method; log and return None when the store cannot be reached."""
@@ -1308,7 +1363,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             launcher.start_watcher()
             code = launcher.run()
             code = launcher.finish_nodes(code)
-        else:  # a signal or --timeout stopped node i > 0 while it waited for node 0's store
+        else:  # a signal or --timeout stopped node i > 0 while it waited for node 0's store, or before it joined
             code = launcher.stop_code if launcher.stop_code is not None else 1
     except BaseException:
         launcher.bound_output()  # leaving on an error: do not wait long for a reader that does not read

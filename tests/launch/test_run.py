@@ -835,3 +835,79 @@ def test_a_launcher_killed_or_stopped_as_it_flushes_its_output_at_exit(tmp_path,
         assert proc.returncode == 1, err  # rank 1's exit code, neither replaced nor marked lost
         assert sorted(out.splitlines()) == sorted(f"[rank{r}]: {r} {i}" for r in range(2) for i in range(200))
     _assert_all_gone(_pids(tmp_path))
+
+
+def _stop_node_0(tmp_path: Path, proc: subprocess.Popen) -> int:
+    """SIGTERM node 0's launcher, and if it then waits for node 1 to finish, a second one (it waits no longer)."""
+    proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while proc.poll() is None and "waiting for nodes [1] to finish" not in (tmp_path / "err0").read_text():
+        assert time.monotonic() < deadline, (tmp_path / "err0").read_text()
+        time.sleep(0.02)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    return proc.wait(10)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("how", ["killed", "finished"])
+def test_a_restarted_node_is_told_it_already_ran(tmp_path, how):
+    """Node 1's launcher is killed (or finished), then started again in the same job: refused, not as a node rank
+    joined twice, but as a node that already ran, which the running job cannot take; node 0 goes on."""
+    script = _script(tmp_path, WRITE_PID, "time.sleep(30 if RANK == 0 or not os.path.exists('quick') else 0)\n")
+    if how == "finished":
+        (tmp_path / "quick").write_text("1")
+    port = _free_port()
+    procs = [_node(tmp_path, 0, port, script, "--grace", "0.2"), _node(tmp_path, 1, port, script)]
+    try:
+        _wait_files([tmp_path / "pid0", tmp_path / "pid1"])
+        if how == "killed":
+            procs[1].kill()
+        assert procs[1].wait(10) == (-signal.SIGKILL if how == "killed" else 0)
+        first = procs[1].pid
+        procs.append(_node(tmp_path, 1, port, script, name="again"))
+        code = procs[2].wait(10)
+        assert procs[0].poll() is None  # node 0's rank runs on
+        code0 = _stop_node_0(tmp_path, procs[0])
+    finally:
+        _end(procs)
+    err = (tmp_path / "err1again").read_text()
+    gone = "is gone (its process exited)" if how == "killed" else "finished (exit code 0)"
+    assert code == 1 and re.search(rf"node rank 1 already ran in this job: the launcher on \S+ \(pid {first}\) joined "
+                                   rf"as node 1 and {re.escape(gone)}\. A running job cannot take a restarted node",
+                                   err), err
+    assert "joined twice" not in err and code0 == 128 + signal.SIGTERM
+    _assert_all_gone(_pids(tmp_path))
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("action", ["note", "kill"])
+def test_a_node_rank_joined_from_another_host_is_judged_by_its_heartbeats(tmp_path, action):
+    """Node 1's rank was joined by a launcher on another host (written here into node 0's store): the second launcher
+    watches that one's heartbeats. note: a heartbeat comes, so it runs: "joined twice". kill: the launcher dies at
+    launch.node.rejoin, having started no rank; node 0 goes on."""
+    script = _script(tmp_path, SLEEPER)
+    port = _free_port()
+    trace = tmp_path / "trace"
+    procs = [_node(tmp_path, 0, port, script, "--grace", "0.2", argv=["30"])]
+    try:
+        _wait_files([tmp_path / "pid0"])
+        store = pycoll.TCPStore("127.0.0.1", port, "t", timeout=10)
+        store.set("pycoll-run/node/1/joined", "0123 elsewhere 4242 another-boot 17")
+        procs.append(_node(tmp_path, 1, port, script, argv=["30"],
+                           env={"PYCOLL_FAILPOINTS": f"launch.node.rejoin={action};trace={trace}"}))
+        _fired(trace, f"launch.node.rejoin {action}")
+        store.add("pycoll-run/node/1/heartbeat", 1)
+        code = procs[1].wait(10)
+        store.close()
+        code0 = _stop_node_0(tmp_path, procs[0])
+    finally:
+        _end(procs)
+    err = (tmp_path / "err1").read_text()
+    if action == "kill":
+        assert code == -signal.SIGKILL and not (tmp_path / "pid1").exists(), err
+    else:
+        assert code == 1 and ("node rank 1 joined twice: the launcher on elsewhere (pid 4242) joined as node 1 first "
+                              "and is running") in err, err
+    assert code0 == 128 + signal.SIGTERM
+    _assert_all_gone(_pids(tmp_path))
