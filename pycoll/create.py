@@ -229,8 +229,8 @@ def init(
         if status == B.IN_PROGRESS:
             _poll_new(lib, handle, f"init of communicator {name!r} ({world_size} ranks)", left(), missing,
                       reported_timeout=init_timeout, give_up=give_up)
-        if store is not None and unique_id is None and world_size > 1:
-            _forget_init_keys(store, base, rank)
+        if store is not None:
+            _forget_init_keys(store, base, rank, published=unique_id is None and world_size > 1)
     except BaseException:
         if owns:
             dev.close()
@@ -272,12 +272,14 @@ def _exchange_unique_id(lib: Any, unique_id: Any, store: Any, rank: int, world_s
                            f"this name, or is not running {meets}") from e
 
 
-def _forget_init_keys(store: Any, base: str, rank: int) -> None:
+def _forget_init_keys(store: Any, base: str, rank: int, published: bool) -> None:
     """The communicator is up, so every rank has read the unique id and arrived: the keys of the meeting go (the
-    store would otherwise keep 1 + size keys per communicator made). Best effort: the store may be going."""
+    store would otherwise keep 1 + size keys per communicator made; the arrivals also where the unique id was
+    given, as the elastic layer's inits give it). ``published``: rank 0 put the unique id in the store. Best
+    effort: the store may be going."""
     try:
         store.delete(f"{base}/arrived/{rank}")
-        if rank == 0:
+        if published and rank == 0:
             store.delete(f"{base}/unique_id")
     except Exception as e:  # a store error here is not the communicator's
         _log.debug("init: could not delete the keys under %r: %s", base, e)

@@ -703,6 +703,18 @@ def test_init_through_a_store(tmp_path):
     assert [k for k in store.list_keys("pycoll/fr/") if k.startswith(("pycoll/fr/proc", "pycoll/fr/progress"))] == []
 
 
+@pytest.mark.timeout(30)
+def test_init_keys_go_also_where_the_unique_id_is_given():
+    """The arrival keys of an init through a store go once it is up also where the unique id was given (the elastic
+    layer's inits give it) and at one rank: a store shared by communicators made over and over keeps none of them."""
+    store = pycoll.MemoryStore()
+    uid = pycoll.get_unique_id(backend="host")
+    for kwargs in ({"unique_id": uid}, {}):
+        for _ in range(3):
+            pycoll.init(0, 1, store=store, backend="host", name="keys", **kwargs).destroy()
+    assert store.list_keys("pycoll/init/") == []
+
+
 def test_a_second_rank_0_at_the_same_keys_is_refused():
     # two groups under one name on one store (or a restarted process whose count started again): the second rank 0
     # must not replace the first one's unique id, which split their ranks between two ids with no error
