@@ -151,6 +151,9 @@ _ALL = (
             "a peer on another host whose heartbeat stopped this long (at least 3 publish intervals) fails "
             "the outstanding work, seconds"),
     Setting("PYCOLL_WATCHDOG_STALL_TIMEOUT", "seconds", 15.0, "a stalled watchdog is reported after this, seconds"),
+    Setting("PYCOLL_WATCHDOG_RECORDS_KEEP", "seconds", 120.0,
+            "how long a rank's records in the store of a communicator that failed or was aborted stay for its peers "
+            "before the rank deletes them, seconds", minimum=0),
     # -- the flight recorder and its dumps
     Setting("PYCOLL_FR_BUFFER_SIZE", "int", 2000, "flight-recorder entries (0 turns recording off)",
             minimum=0, maximum=10_000_000),

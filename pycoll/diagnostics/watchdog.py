@@ -71,7 +71,8 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from collections import deque
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from .. import _settings, failpoints as _fp, hooks
 from ..errors import CommAborted, StoreTimeout
@@ -100,6 +101,8 @@ from .signals import STACKS_DIR, DumpSignal, signal_number
 _FAILURE, _REQUEST = "failure", "request"
 FP_REPORT = _fp.declare("watchdog.report.begin", "a failure being reported, before its store exchange and line")
 FP_ANSWER = _fp.declare("watchdog.request.answer", "a dump request from another rank, before answering it")
+FP_FORGET = _fp.declare("watchdog.records.forget", "the records of a communicator that failed or was aborted, kept for "
+                        "its peers, before this rank deletes them from the store")
 
 __all__ = ["Watchdog", "get_watchdog", "configure", "install", "enable_dump_signal", "dump_flight_recorder",
            "FR_KEY_PREFIX", "KEY_PREFIX"]
@@ -142,6 +145,8 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         liveness: watch the peers of outstanding work (``PYCOLL_WATCHDOG_LIVENESS``).
         liveness_interval: period of the same-host peers' process-state checks.
         heartbeat_timeout: a peer on another host silent this long fails the outstanding work.
+        records_keep: how long this rank's records in the store of a communicator that failed or was aborted stay
+            for its peers before this rank deletes them (``PYCOLL_WATCHDOG_RECORDS_KEEP``; set with :meth:`configure`).
         dump_on_failure: dump when a communicator fails, this process's or (asked through the store) another rank's.
         dump_signal: a signal (``"SIGUSR1"``, True for SIGUSR1) whose delivery dumps; off by default.
         communicators: what is watched (default: every live communicator of the process).
@@ -159,6 +164,7 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
     liveness: bool
     liveness_interval: float
     heartbeat_timeout: float
+    records_keep: float
 
     def __init__(
         self,
@@ -198,6 +204,8 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         self._signal.stacks_target = self._stacks_target
         self._stores: Dict[int, _StoreState] = {}
         self._snapshots: Dict[str, Any] = {}  # communicator uid -> its Progress when it failed
+        # the records of closed communicators kept for their peers: (when they go, the store, the keys), by time
+        self._stale: Deque[Tuple[float, Any, Tuple[str, ...]]] = deque()
         # SIGTERM seen by the monitor thread (the main thread may be blocked inside a call): set by
         # pycoll.diagnostics.exits, called with in_monitor=True
         self.on_terminate: Optional[Callable[[bool], None]] = None
@@ -234,6 +242,7 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         liveness: Optional[bool] = None,
         liveness_interval: Optional[float] = None,
         heartbeat_timeout: Optional[float] = None,
+        records_keep: Optional[float] = None,
         _initial: bool = False,
     ) -> None:
         """Change settings (None keeps the current value; at construction, the environment's)."""
@@ -252,6 +261,7 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         pick(dump_hold, "dump_hold", "PYCOLL_FR_DUMP_HOLD", False)
         pick(liveness_interval, "liveness_interval", "PYCOLL_WATCHDOG_LIVENESS_INTERVAL")
         pick(heartbeat_timeout, "heartbeat_timeout", "PYCOLL_WATCHDOG_HEARTBEAT_TIMEOUT")
+        pick(records_keep, "records_keep", "PYCOLL_WATCHDOG_RECORDS_KEEP", False)
         if liveness is not None or _initial:
             self.liveness = bool(liveness) if liveness is not None else _settings.get("PYCOLL_WATCHDOG_LIVENESS")
         lv = self._liveness
@@ -355,6 +365,7 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         self._report_q = queue.SimpleQueue()
         self._stores = {}
         self._snapshots = {}
+        self._stale = deque()  # the parent's to delete
         self._liveness = Liveness(self.liveness_interval, self.heartbeat_timeout, self.publish_interval)
         self._signal.after_fork(self._wake_w.fileno() if self._wake_w is not None else -1)
         for s in (self._wake_r, self._wake_w):
@@ -402,15 +413,37 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         """A communicator destroyed without a failure: this rank's records in its store (the process for the peers'
         liveness checks, the progress for their failure reports) have served their purpose and go, so that a store
         through which communicators are made over and over (a weight sync's) does not fill up. A failed or aborted
-        communicator's stay: the peers' reports still read them."""
+        communicator's (its failure record too) stay ``records_keep`` seconds, while the peers' reports and liveness
+        checks may still read them, and then go (the store thread deletes them): a store shared by a loop of
+        failures and recoveries does not fill up either. Those of a process that exits or dies before stay."""
         store = comm.store
-        if store is None or comm.failure is not None or comm.state != "destroyed":
+        if store is None:
             return
-        for key in (f"{proc_prefix(comm.uid)}{comm.rank}", f"{progress_prefix(comm.uid)}{comm.rank}"):
+        keys: Tuple[str, ...] = (f"{proc_prefix(comm.uid)}{comm.rank}", f"{progress_prefix(comm.uid)}{comm.rank}")
+        if (comm.failure is not None or comm.state != "destroyed") and self.running:  # else no thread would delete them
+            with self._lock:
+                self._stale.append((time.monotonic() + self.records_keep, store,
+                                    (*keys, f"{failure_prefix(comm.uid)}{comm.rank}")))
+            return
+        self._delete(store, keys)
+
+    @staticmethod
+    def _delete(store: Any, keys: Sequence[str]) -> None:
+        for key in keys:
             try:
                 store.delete(key)
             except Exception as e:  # best effort: the store may be going too
                 _log.debug("watchdog: could not delete %r: %s", key, e)
+
+    def _forget_stale(self, now: float) -> None:
+        """Delete the kept records of closed communicators whose time is up (the store thread)."""
+        due = []
+        with self._lock:
+            while self._stale and self._stale[0][0] <= now:
+                due.append(self._stale.popleft())
+        for _, store, keys in due:
+            _fp.hit(FP_FORGET)
+            self._delete(store, keys)
 
     def comm_failed(self, comm: CommView, exc: BaseException, work: Optional[WorkView]) -> None:
         try:
@@ -754,6 +787,7 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
     def _store_loop(self, stop: threading.Event) -> None:
         while not stop.is_set():
             t0 = time.monotonic()
+            self._forget_stale(t0)
             comms = [c for c in self._comms() if c.store is not None]
             c: Optional[CommView]
             for c in comms:

@@ -422,3 +422,44 @@ def test_a_forked_child_gets_its_own_watchdog(tmp_path):
     assert exit_dump["pycoll"]["reason"].startswith("SIGTERM in rank 0 ")  # the child's own rank
     assert sorted(g["desc"] for g in exit_dump["pg_config"].values()) == ["kid"]
     assert x.tolist() == [1.0, 1.0] and running
+
+
+def _aborted_records(rank, n, path, spec):
+    from pycoll import failpoints
+    from pycoll.diagnostics.records import proc_prefix, progress_prefix
+
+    failpoints.configure(spec, rank=rank)
+    store = pycoll.FileStore(path)
+    c = pycoll.init(rank, n, store=store, backend="host", name="kept")
+    c.all_reduce(np.ones(2, np.float32))
+    keys = [f"{proc_prefix(c.uid)}{rank}", f"{progress_prefix(c.uid)}{rank}"]
+    store.wait(keys, timeout=10)  # published: the process at once, the progress by the store thread
+    c.barrier()
+    c.abort()
+    kept = store.check(keys)
+    t0 = time.monotonic()
+    while store.check(keys[:1]) or store.check(keys[1:]):
+        if time.monotonic() - t0 > 10:
+            return kept, None
+        time.sleep(0.01)
+    return kept, time.monotonic() - t0
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("spec", ["", "watchdog.records.forget=kill;rank=1"])
+def test_the_records_of_an_aborted_communicator_go_after_records_keep(tmp_path, spec):
+    """A rank's records in the store (its process, its progress) of a communicator it aborted stay for its peers
+    PYCOLL_WATCHDOG_RECORDS_KEEP seconds, then the store thread deletes them: a loop of aborts (or failures and
+    recoveries) over one store does not fill it up. Killed just before it deletes them, a rank's stay; the others'
+    go as before."""
+    env = {"PYCOLL_WATCHDOG_RECORDS_KEEP": "0.5", "PYCOLL_WATCHDOG_PUBLISH_INTERVAL": "0.05"}
+    path = str(tmp_path / "store")
+    res = run_ranks(_aborted_records, 2, path, spec, env=env, timeout=40, may_die=[1] if spec else [])
+    for rank, r in enumerate(res):
+        if spec and rank == 1:
+            assert isinstance(r, Died), r
+            continue
+        kept, gone_after = r
+        assert kept and gone_after is not None and gone_after < 5.0, (rank, r)
+    left = [k for k in pycoll.FileStore(path).list_keys("pycoll/fr/") if not k.startswith("pycoll/fr/dump_signal")]
+    assert sorted(k.rsplit("/", 1)[1] for k in left) == (["1", "1"] if spec else []), left
