@@ -210,6 +210,9 @@ static void run_item(struct item* it) {
   if (it->m) marker_release(it->m);
 }
 
+/* An event's record item is counted done and its marker fired together, under the stream's lock: a query of the
+ * stream once the event completed finds it idle, and a query of the event once a synchronize of the stream
+ * returned finds it complete (CUDA's order; fired before it was counted, a query in between saw the stream busy). */
 static void* stream_main(void* arg) {
   struct pycollStream* s = arg;
   for (;;) {
@@ -264,14 +267,16 @@ static void* stream_main(void* arg) {
       for (struct task* u = it->tasks; u; u = u->next)
         if (!u->done) task_fail(u, ncclSystemError, "%s : failpoint host.stream.takeover", u->opname);
     }
-    bool stop = it->kind == IT_STOP;
-    run_item(it);
-    free(it);
+    bool stop = it->kind == IT_STOP, record = it->kind == IT_RECORD;
+    if (!record) run_item(it);
     pthread_mutex_lock(&s->mu);
     s->running = false;
     s->completed++;
+    if (record) marker_fire(it->m); /* counted and fired together: record_locked */
     pthread_cond_broadcast(&s->idle);
     pthread_mutex_unlock(&s->mu);
+    if (record) marker_release(it->m);
+    free(it);
     if (stop) return NULL;
   }
 }
@@ -562,10 +567,14 @@ static void stream_help(struct marker* m, uint64_t until) {
       break;
     }
     bool mine = it->kind == IT_RECORD && it->m == m;
-    if (it->kind == IT_RECORD) run_item(it);
+    struct marker* fired = it->kind == IT_RECORD ? it->m : NULL;
     free(it);
     pthread_mutex_lock(&s->mu);
     s->completed++;
+    if (fired) { /* counted and fired together, as the stream's own thread does */
+      marker_fire(fired);
+      marker_release(fired);
+    }
     if (mine) break;
   }
   inline_release(s);
