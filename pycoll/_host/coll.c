@@ -524,9 +524,9 @@ static bool peer_current(const struct ncclComm* c, int k, struct op_desc* out) {
   return __atomic_load_n(&d->op_seq, __ATOMIC_RELAXED) == seq;
 }
 
-/* A task waiting for rank k's part of it: fails it (true) if rank k is in this collective with other arguments,
- * or -- `passed(t, k)` re-read after k's state, for a peer whose part is published before it moves on -- went past
- * it without doing its part. */
+/* A task waiting for rank k's part of it: fails it (true) if rank k is in this collective with other arguments, or
+ * went past it without doing its part -- `done_part(t, k)`, read after k's collective (k publishes its part before
+ * it moves on), says whether it did. */
 static bool peer_diverged(struct task* t, int k, bool (*done_part)(const struct task*, int)) {
   struct op_desc d;
   if (!peer_current(t->comm, k, &d)) return false;
@@ -590,7 +590,7 @@ static bool eager_sent(const struct task* t, int k) {
   return __atomic_load_n(&ch->head, __ATOMIC_ACQUIRE) != __atomic_load_n(&ch->tail, __ATOMIC_RELAXED);
 }
 
-/* A sender's receiver behind: its part comes later, never "went past" */
+/* A sender's receiver: its part comes later, so it never "went past" without it */
 static bool never_passed(const struct task* t, int k) {
   (void)t;
   (void)k;
