@@ -3,7 +3,8 @@
 :func:`pycoll.diagnostics.install` (the first communicator) chains, when ``PYCOLL_FR_DUMP_ON_FAILURE``
 is on:
 
-* ``sys.excepthook`` and ``threading.excepthook``: an uncaught exception (KeyboardInterrupt too) dumps,
+* ``sys.excepthook`` and ``threading.excepthook``: an uncaught exception (KeyboardInterrupt too; not the
+  ``SystemExit`` of a ``sys.exit()`` in another thread, which ends that thread quietly, as in Python) dumps,
   with a reason such as ``"uncaught ValueError in rank 1 while all_reduce #7 on 'world' (started)
   outstanding"``, then the previous hook runs as before. Outstanding are the operations of communicators still
   open; where there are none, the reason names those a failure ended on a communicator closed since (``"uncaught
@@ -238,6 +239,10 @@ class ExitDumps:
                 prev(typ, exc, tb)
 
     def _thread_excepthook(self, args: Any) -> None:
+        if issubclass(args.exc_type, SystemExit):  # sys.exit() in a thread ends that thread quietly, as Python's
+            prev = self._prev_thread_hook or threading.__excepthook__  # own hook has it: no dump, no line
+            prev(args)
+            return
         try:
             name = args.thread.name if args.thread is not None else "?"
             self.dump(f"uncaught {args.exc_type.__name__} in thread {name!r}", extra={"exception": {

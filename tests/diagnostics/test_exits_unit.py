@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import sys
 import threading
 
 import numpy as np
@@ -49,6 +50,19 @@ def test_thread_exception_dumps_once_and_leaves_the_process_its_own(tmp_path, mo
     assert rec.dump_count == 2 and _reason(tmp_path)["reason"].startswith("exit in rank 0 while all_reduce #2")
     ed.dump("SIGTERM")
     assert rec.dump_count == 2  # once per process
+
+
+def test_sys_exit_in_a_thread_ends_it_quietly(tmp_path, monkeypatch):
+    """sys.exit() in a thread other than the main one ends that thread, silently in Python: no dump, no line."""
+    rec, c, wd, ed = _setup(tmp_path)
+    seen = []
+    ed._prev_thread_hook = seen.append
+    monkeypatch.setattr(threading, "excepthook", ed._thread_excepthook)
+    t = threading.Thread(target=lambda: sys.exit(3), name="leaver")
+    t.start()
+    t.join()
+    assert [a.exc_type for a in seen] == [SystemExit]  # the previous hook still runs (Python's ignores it)
+    assert rec.dump_count == 0 and ed.reason is None
 
 
 def test_excepthook_chains_and_no_outstanding_op_is_said(tmp_path):
