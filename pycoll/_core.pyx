@@ -842,10 +842,7 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
             _complete(comm, w, dev, lib)
         return w
     except KeyboardInterrupt:
-        # Ctrl-C inside a blocking operation: the operation cannot complete consistently with the
-        # other ranks any more; fail the communicator (its policy acts, the peers are told)
-        comm.fail(CommAborted(f"communicator {comm.name!r} rank {comm._rank}: {op} (seq {w.seq}) was "
-                              "interrupted (SIGINT): KeyboardInterrupt in the calling thread"), w)
+        comm._interrupted(w, f"{op} (seq {w.seq})")  # fail the communicator; its policy has acted on return
         raise
     finally:
         comm._user = user  # None, or this thread's own (a nested launch)
@@ -1681,9 +1678,25 @@ cdef class GroupScope:
         if body_ok:
             for w in works:
                 if not w.async_op:
-                    c = w.comm
-                    _complete(c, w, c.device, _comm_lib(c))
+                    _complete_in_group(w)
         return False
+
+
+cdef int _complete_in_group(Work w) except -1:
+    """Wait for a blocking operation of a group that ended, as a blocking operation outside a group: this thread
+    is inside an operation of its communicator meanwhile (the watchdog's SIGINT handling looks for that), and
+    Ctrl-C fails the communicator (its policy acts, the peers are told) before the KeyboardInterrupt goes on."""
+    cdef CommCore c = w.comm
+    user = c._user
+    c._user = PyThread_get_thread_ident()
+    try:
+        _complete(c, w, c.device, _comm_lib(c))
+    except KeyboardInterrupt:
+        c._interrupted(w, f"{w.op} (seq {w.seq}) of a group")
+        raise
+    finally:
+        c._user = user
+    return 0
 
 
 def begin(CommCore comm, what, stream, async_op, arrays):

@@ -63,6 +63,8 @@ _log = logging.getLogger("pycoll.comm")
 #: Reduction operator names accepted by the collectives.
 REDUCE_OPS: Dict[str, int] = _dtypes.REDUCE_OPS
 FP_BYTES_COPIED = _fp.declare("comm.broadcast_bytes.copied", "broadcast_bytes on a device, the root's bytes copied in")
+FP_INTERRUPTED = _fp.declare("comm.interrupted.before_wait", "Ctrl-C inside a blocking operation: the communicator's "
+                             "failure recorded, before the wait for its policy to act")
 FP_REVOKED = _fp.declare("comm.revoke.revoked", "revoke: the library revoked the communicator, before the wait for it")
 FP_GIVE_UP = _fp.declare("comm.poll.give_up", "a finalize, shrink, grow, split or init found a participant stopped "
                                               "or gone (or its communicator failed), before it gives up (aborts)")
@@ -590,6 +592,17 @@ class Communicator(_core.CommCore):
             except Exception as rexc:  # a library without revoke: abort instead
                 _log.warning("revoke of %r failed (%s); aborting instead", self.name, rexc)
                 self._abort()
+
+    def _interrupted(self, w: Work, what: str) -> None:
+        """Ctrl-C (KeyboardInterrupt) came while this thread waited inside the blocking operation ``w`` (``what``
+        names it): the operation cannot complete consistently with the other ranks any more. Fail the communicator
+        (its policy acts, the peers are told) and return once the policy has acted, whichever thread acts (the
+        watchdog's, which SIGINT wakes, may have failed it first): the caller re-raises the KeyboardInterrupt with
+        the communicator in its policy's state, as any failed operation's error."""
+        self.fail(CommAborted(f"communicator {self.name!r} rank {self._rank}: {what} was interrupted (SIGINT): "
+                              "KeyboardInterrupt in the calling thread"), w)
+        _fp.hit(FP_INTERRUPTED)
+        self.await_failure_handled()
 
     def await_failure_handled(self) -> None:
         """When another thread is handling this communicator's failure (the observers' report and dump, then

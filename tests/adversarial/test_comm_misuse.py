@@ -260,6 +260,68 @@ def test_ctrl_c_raises_within_100_ms_and_fails_the_communicator(policy):
     assert took < 0.1 + 0.05 and failed, res  # 50 ms of slack for a loaded machine
 
 
+def _interrupted_at_once(rank, n, uid, where):
+    from pycoll.diagnostics.recorder import get_recorder
+
+    c = _comm(rank, n, uid, timeout=20.0)
+    if rank == 1:
+        time.sleep(0.6)  # rank 0 waits for its all_reduce meanwhile
+        c.abort()
+        return None
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+    t0 = time.monotonic()
+    try:
+        if where == "group":
+            with c.group():
+                c.all_reduce(np.ones(2, np.float32))  # blocking: waited for as the group ends
+        else:
+            c.all_reduce(np.ones(2, np.float32))
+    except KeyboardInterrupt:
+        # read at once: the failure's handling (the watchdog's thread may do it: SIGINT wakes it) is over
+        return (time.monotonic() - t0 - 0.3, c.state, repr(c.failure), [repr(w) for w in c.outstanding()],
+                get_recorder().unfinished())
+    return None
+
+
+@pytest.mark.parametrize("where", ["group", "blocking"])
+def test_ctrl_c_raises_with_the_communicator_aborted_and_closed(where):
+    """KeyboardInterrupt comes once the policy has acted, as any failed operation's error: the communicator aborted
+    and closed, nothing outstanding (an exit then writes no dump over the failure's; a destroy() right after
+    returned while the watchdog's thread was still aborting it). The blocking operations of a group are waited for
+    as the group ends: Ctrl-C there is Ctrl-C inside a blocking operation too (it left the communicator active, the
+    operation outstanding and the peers waiting until their timeout)."""
+    took, state, failure, outstanding, unfinished = run_ranks(_interrupted_at_once, 2, _uid(), where, timeout=60)[0]
+    assert took < 0.1 + 0.05 and state == "aborted" and "interrupted (SIGINT)" in failure, (took, state, failure)
+    assert outstanding == [] and unfinished == []
+
+
+def _killed_while_interrupted(rank, n, uid, trace):
+    if rank == 0:
+        pycoll.failpoints.configure(f"comm.interrupted.before_wait=kill;trace={trace}")
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+    c = _comm(rank, n, uid, timeout=20.0)
+    t0 = time.monotonic()
+    try:
+        c.recv(np.ones(2, np.float32), 1 - rank)  # neither sends: both wait, rank 1 until rank 0 fails or is gone
+    except pycoll.CommFailure as e:
+        took = time.monotonic() - t0
+        time.sleep(0.3)  # rank 0 reaches its failpoint meanwhile (right after the failure is recorded)
+        return type(e).__name__, took
+    return None
+
+
+def test_a_rank_killed_while_its_ctrl_c_is_handled_fails_the_peers_operation_at_once(tmp_path):
+    """The wait for the policy to act after Ctrl-C (failpoint comm.interrupted.before_wait): a rank that dies there
+    leaves its peer's operation failing at once, not at its 20 s timeout."""
+    trace = str(tmp_path / "fired")
+    res = run_ranks(_killed_while_interrupted, 2, _uid(), trace, timeout=60, may_die=[0])
+    with open(trace) as f:
+        assert f.read().startswith("comm.interrupted.before_wait kill")
+    assert res[0].exitcode == -signal.SIGKILL, res
+    kind, took = res[1]
+    assert kind in ("RemoteError", "PeerFailure") and took < 2.0, res
+
+
 # -- finding 7: abort or revoke from another thread ---------------------------------------------------
 
 
