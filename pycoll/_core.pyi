@@ -5,7 +5,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from .buffers import Buffer
 
 __all__ = ["CommCore", "Hook", "Lock", "RLock", "Work", "launch", "refresh", "retire", "begin", "buf",
-           "all_reduce", "broadcast", "send", "recv", "GroupScope", "library_call", "open_group",
+           "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter",
+           "send", "recv", "sendrecv", "GroupScope", "library_call", "open_group",
            "group_library", "set_group", "DLPACK_CAPSULE_DESTRUCTOR", "STAGES", "stage_clock", "torch_dlpack_view",
            "gpu_driver_calls"]
 

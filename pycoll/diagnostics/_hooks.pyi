@@ -1,13 +1,14 @@
 """Stubs of the compiled per-operation observer hooks (pycoll/diagnostics/_hooks.pyx)."""
 
 import threading
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, final
 
 from .._core import Hook
 
 __all__ = ["Entry", "RecorderCore", "WatchdogCore", "recorder_work_enqueued", "recorder_work_completed",
            "watchdog_work_enqueued"]
 
+@final  # cython.final: not subclassable
 class Entry:
     @property
     def pos(self) -> int: ...

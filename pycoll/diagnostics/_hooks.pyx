@@ -290,16 +290,17 @@ cdef class WatchdogCore(Hook):
         return 0
 
 
-def recorder_work_enqueued(RecorderCore self, Work w):
+# The parameters are named as CommObserver's (``work``): these are its methods, callable by keyword too.
+def recorder_work_enqueued(RecorderCore self, Work work):
     """Record one operation (``FlightRecorder.work_enqueued``)."""
-    self.enqueued(w)
+    self.enqueued(work)
 
 
-def recorder_work_completed(RecorderCore self, Work w):
+def recorder_work_completed(RecorderCore self, Work work):
     """Freeze a completed operation's times into its entry (``FlightRecorder.work_completed``)."""
-    self.completed(w)
+    self.completed(work)
 
 
-def watchdog_work_enqueued(WatchdogCore self, Work w):
-    """Wake the polling thread if ``w`` is due before its next round (``Watchdog.work_enqueued``)."""
-    self.enqueued(w)
+def watchdog_work_enqueued(WatchdogCore self, Work work):
+    """Wake the polling thread if ``work`` is due before its next round (``Watchdog.work_enqueued``)."""
+    self.enqueued(work)

@@ -1,4 +1,4 @@
-"""The type stub _nccl.pyi (the contract others code against) matches the compiled module."""
+"""The type stubs of the compiled modules (the contract others code against; _nccl.pyi above all) match them."""
 
 from __future__ import annotations
 
@@ -67,6 +67,49 @@ def test_library_signatures_match(method):
     stub_params = [a.arg for a in node.args.args]
     real_params = list(inspect.signature(obj).parameters)
     assert stub_params == real_params, method
+
+
+_KINDS = {inspect.Parameter.POSITIONAL_ONLY: "positional", inspect.Parameter.POSITIONAL_OR_KEYWORD: "positional",
+          inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.KEYWORD_ONLY: "keyword",
+          inspect.Parameter.VAR_KEYWORD: "**"}
+
+
+def _stub_params(node):
+    a = node.args
+    pos = a.posonlyargs + a.args
+    out = [(p.arg, "positional", i >= len(pos) - len(a.defaults)) for i, p in enumerate(pos)]
+    out += [(a.vararg.arg, "*", False)] if a.vararg else []
+    out += [(p.arg, "keyword", d is not None) for p, d in zip(a.kwonlyargs, a.kw_defaults, strict=True)]
+    return out + ([(a.kwarg.arg, "**", False)] if a.kwarg else [])
+
+
+def _real_params(obj):
+    return [(p.name, _KINDS[p.kind], p.default is not p.empty) for p in inspect.signature(obj).parameters.values()]
+
+
+@pytest.mark.parametrize("module", ["pycoll._core", "pycoll.diagnostics._hooks"])
+def test_the_other_compiled_modules_match_their_stubs(module):
+    """Their ``__all__``, and every function's and method's parameters (names, kinds, which have defaults) as the
+    compiled code has them: a parameter the stub names otherwise cannot be passed by keyword as the stub says."""
+    import importlib
+
+    mod = importlib.import_module(module)
+    with open(os.path.join(os.path.dirname(mod.__file__), module.rsplit(".", 1)[1] + ".pyi")) as f:
+        tree = ast.parse(f.read())
+    functions, bad = [], []
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["__all__"]:
+            assert set(ast.literal_eval(node.value)) == set(mod.__all__)
+        elif isinstance(node, ast.FunctionDef):
+            functions.append((node.name, getattr(mod, node.name), node))
+        elif isinstance(node, ast.ClassDef):
+            functions += [(f"{node.name}.{m.name}", vars(getattr(mod, node.name))[m.name], m) for m in node.body
+                          if isinstance(m, ast.FunctionDef) and not m.name.startswith("__")
+                          and not any(getattr(d, "id", None) == "property" for d in m.decorator_list)]
+    for name, obj, node in functions:
+        if _stub_params(node) != _real_params(obj):
+            bad.append((name, _stub_params(node), _real_params(obj)))
+    assert functions and bad == []
 
 
 def test_cuda_driver_tables_take_only_real_addresses():
