@@ -342,6 +342,7 @@ class ElasticGroup:
 
     @property
     def size(self) -> int:
+        """The number of members now (the current communicator's size)."""
         return len(self.members)
 
     def __repr__(self) -> str:

@@ -292,6 +292,7 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
 
     @property
     def enabled(self) -> bool:
+        """True while recording is on (a buffer of at least one entry)."""
         return self._capacity > 0
 
     def clear(self) -> None:

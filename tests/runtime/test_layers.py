@@ -160,3 +160,27 @@ def test_observers_use_the_declared_view(layer):
                     continue
                 found.append(f"{os.path.relpath(path, PKG)}:{i}: {var}.{attr}")
     assert not found, "private attributes read across objects:\n" + "\n".join(found)
+
+
+def test_the_public_surface_is_documented():
+    """Every name of ``pycoll.__all__``, and every public method and property of its classes, has a docstring (its
+    own, or the one it overrides: a store's ``get`` is documented by ``Store.get``)."""
+    import inspect
+
+    import pycoll
+
+    def documented(cls, name, value):
+        return any((getattr(vars(c).get(name), "__doc__", None) or "").strip()
+                   for c in (cls.__mro__ if cls is not None else ()) if name in vars(c)) or bool(
+            cls is None and (inspect.getdoc(value) or "").strip())
+
+    missing = []
+    for name in pycoll.__all__:
+        obj = getattr(pycoll, name)
+        if inspect.isclass(obj):
+            missing += [] if (obj.__doc__ or "").strip() else [name]
+            missing += [f"{name}.{m}" for m, v in vars(obj).items() if not m.startswith("_")
+                        and (isinstance(v, property) or callable(v)) and not documented(obj, m, v)]
+        elif callable(obj) and not documented(None, name, obj):
+            missing.append(name)
+    assert missing == []
