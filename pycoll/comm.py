@@ -668,13 +668,24 @@ class Communicator(_core.CommCore):
         has ended, until ``hand_off()`` is called; the next thread to issue an operation then has it.
         Call it where the program orders the threads' operations the same way on every rank: after the
         last operation of one thread and before the first of the next (from either thread).
-        Outstanding operations stay valid and may be waited on from any thread.
+        Outstanding operations stay valid and may be waited on from any thread. Refused
+        (:class:`CommStateError`) while a thread is inside an operation of it, or while its operations wait in a
+        ``group()`` that has not ended: they are issued as the group ends, which would come before the next
+        thread's operations on some ranks and after them on others.
         """
         user = self._user
         if user is not None and user != threading.get_ident():
             raise CommStateError(f"communicator {self.name!r}: hand_off() from thread "
                                  f"{threading.current_thread().name!r} while thread {self._owner_name!r} is "
                                  "inside an operation of it")
+        with self._plock:  # enqueued in a group, not issued yet: a start event, no end event (nor a failure)
+            grouped = [w for w in self._pending if w._start is not None and w._end is None and w._exc is None]
+        if grouped:
+            raise CommStateError(f"communicator {self.name!r}: hand_off() from thread "
+                                 f"{threading.current_thread().name!r} while {grouped[0].op} (seq {grouped[0].seq}) "
+                                 f"of it waits in a group() of thread {self._owner_name!r} that has not ended: the "
+                                 "group issues it as it ends, after another thread's operations on some ranks and "
+                                 "before them on others; hand the communicator off once the group has ended")
         self._owner = 0
 
     @property

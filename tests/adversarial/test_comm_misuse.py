@@ -171,6 +171,28 @@ def test_hand_off_is_refused_while_another_thread_is_inside_an_operation():
     assert run_ranks(_hand_off_mid_operation, 2, _uid(), timeout=60)[0] is True
 
 
+def _hand_off_in_group(rank, n, uid):
+    c = _comm(rank, n, uid, timeout=10.0)
+    x = np.ones(2, np.float32)
+    refused = []
+    with c.group():
+        c.all_reduce(x)  # issued as the group ends: another thread's operations would overtake it on some ranks
+        for hand_off in (c.hand_off, lambda: _in_thread(c.hand_off, "helper")):
+            try:
+                refused.append(hand_off() or "handed off")
+            except pycoll.CommStateError as e:
+                refused.append(str(e))
+    c.hand_off()  # the group has ended: its operation was issued
+    done = _in_thread(lambda: c.all_reduce(x).state, "successor")
+    c.hand_off()
+    c.destroy()
+    return [("waits in a group()" in r and "'MainThread'" in r) for r in refused], done, x.tolist()
+
+
+def test_hand_off_is_refused_while_operations_of_the_communicator_wait_in_an_open_group():
+    assert run_ranks(_hand_off_in_group, 1, _uid(), timeout=60) == [([True, True], "completed", [1.0, 1.0])]
+
+
 def _forked(rank, n, uid):
     c = _comm(rank, n, uid, timeout=10.0)
     r, w = os.pipe()
