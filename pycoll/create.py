@@ -10,14 +10,14 @@ import threading
 import time
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
-from . import _bindings as B, _settings, hooks
+from . import _bindings as B, _settings, failpoints as _fp, hooks
 from .buffers import integer
 from .comm import Communicator, _check_timeout, default_timeout, poll_ready
 from .config import CommConfig
 from .devices import Device, auto_backend, cuda_device_count, open_device, rocm_device_count
 from .diagnostics import install as _install_diagnostics
 from .diagnostics.exits import arm_sigterm
-from .errors import NCCLError, StoreError, StoreTimeout
+from .errors import CommAborted, NCCLError, StoreError, StoreTimeout
 from .launch import discovery
 from .store.torch import store_argument
 
@@ -29,6 +29,10 @@ __all__ = ["init", "join", "init_all", "from_handle", "get_unique_id", "load_lib
 BACKENDS = ("auto", "host", "nccl", "rccl")
 _init_counts: Dict[str, int] = {}
 _init_lock = threading.Lock()
+FP_INIT_GIVEN_UP = _fp.declare("init.given_up.before_publish", "an init through a store ended in this rank (an error, "
+                                                               "its timeout, Ctrl-C), before it says so at the store")
+#: what replaces the unique id at an init's store key once a rank gave the init up (followed by who and why)
+_GIVEN_UP = b"pycoll-init-given-up "
 
 
 def _default_init_timeout() -> float:
@@ -151,7 +155,10 @@ def init(
             every rank of a group must have done so equally often, and each group sharing a store needs a name
             of its own. A process that starts again (its count starts again) meets the others under a new name
             (say, with an epoch in it) or with a ``unique_id``. A second rank 0 at the same keys is refused
-            (:class:`~pycoll.StoreError`), and a rank whose rank 0 does not come is told why.
+            (:class:`~pycoll.StoreError`), and a rank whose rank 0 does not come is told why. A rank whose init
+            ends without the communicator (an error, its timeout, Ctrl-C) says so at the store: a rank that
+            arrives later raises :class:`~pycoll.CommAborted` at once, naming it, instead of waiting out its own
+            ``init_timeout`` for ranks that have left (the ranks already waiting are told by the library).
         backend: ``"auto"`` (nccl with CUDA GPUs, rccl with ROCm GPUs, else host; or
             ``$PYCOLL_BACKEND``), ``"host"``, ``"nccl"`` or ``"rccl"``. ``library`` (a path or a
             loaded ``Library``) overrides it.
@@ -210,6 +217,7 @@ def init(
         with _init_lock:
             count = _init_counts[name] = _init_counts.get(name, 0) + 1
         base = f"pycoll/init/{name}/{count}"
+        meeting = store is not None and unique_id is None and world_size > 1  # the unique id comes through the store
         uid = _exchange_unique_id(lib, unique_id, store, rank, world_size, base, left(), name, count)
         cfg = (config or CommConfig()).to_nccl(lib, blocking_default=False)
         if store is not None:
@@ -224,13 +232,21 @@ def init(
             if store is None:
                 return ""
             absent = [r for r in range(world_size) if not store.check([f"{base}/arrived/{r}"])]
-            return f"; ranks that never arrived: {absent}" if absent else "; every rank arrived"
+            gone = _given_up(store, base) if meeting else ""
+            return ((f"; ranks that never arrived: {absent}" if absent else "; every rank arrived")
+                    + (f"; {gone}" if gone else ""))
 
         if status == B.IN_PROGRESS:
-            _poll_new(lib, handle, f"init of communicator {name!r} ({world_size} ranks)", left(), missing,
-                      reported_timeout=init_timeout, give_up=give_up)
+            try:
+                _poll_new(lib, handle, f"init of communicator {name!r} ({world_size} ranks)", left(), missing,
+                          reported_timeout=init_timeout, give_up=give_up)
+            except BaseException as exc:
+                if meeting:  # the communicator is aborted: this init cannot complete on any rank any more
+                    assert store is not None
+                    _give_up_init(store, base, uid, rank, exc)
+                raise
         if store is not None:
-            _forget_init_keys(store, base, rank, published=unique_id is None and world_size > 1)
+            _forget_init_keys(store, base, rank, published=meeting)
     except BaseException:
         if owns:
             dev.close()
@@ -265,11 +281,38 @@ def _exchange_unique_id(lib: Any, unique_id: Any, store: Any, rank: int, world_s
                              f"published its unique id at {key!r} of the store {meets}")
         return uid
     try:
-        return B.UniqueId.from_bytes(store.get(key, timeout=timeout))
+        value = bytes(store.get(key, timeout=timeout))
+        if value.startswith(_GIVEN_UP):
+            raise CommAborted(f"init of {name!r} (this process's init #{count} with that name): "
+                              f"{value[len(_GIVEN_UP):].decode(errors='replace')} before this rank (rank {rank}) "
+                              "arrived; nothing is waiting for it any more")
+        return B.UniqueId.from_bytes(value)
     except StoreTimeout as e:
         raise StoreTimeout(f"init of {name!r} (this process's init #{count} with that name): rank 0 published no "
                            f"unique id at {key!r} within {timeout:.3g} s: it has not reached its init #{count} with "
                            f"this name, or is not running {meets}") from e
+
+
+def _give_up_init(store: Any, base: str, uid: Any, rank: int, exc: BaseException) -> None:
+    """This rank's init ended without the communicator (aborted): put that in place of the unique id ``uid``, so that
+    a rank arriving later fails at once (:func:`_exchange_unique_id`) instead of waiting for ranks that have left. The
+    first rank to give up is the one named (the others' errors follow from its). Best effort: the store may be what
+    failed."""
+    _fp.hit(FP_INIT_GIVEN_UP)
+    what = f"rank {rank} gave the init up ({type(exc).__name__}{': ' + str(exc)[:200] if str(exc) else ''})"
+    try:
+        store.compare_set(f"{base}/unique_id", bytes(uid), _GIVEN_UP + what.encode())
+    except Exception as e:
+        _log.debug("init: could not tell the store that it was given up: %s", e)
+
+
+def _given_up(store: Any, base: str) -> str:
+    """Who gave the init at ``base`` up and why (see :func:`_give_up_init`), or ""."""
+    try:
+        value = bytes(store.get(f"{base}/unique_id", timeout=1.0))
+    except Exception:
+        return ""
+    return value[len(_GIVEN_UP):].decode(errors="replace") if value.startswith(_GIVEN_UP) else ""
 
 
 def _forget_init_keys(store: Any, base: str, rank: int, published: bool) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import signal
 import time
 
@@ -743,6 +744,45 @@ def test_init_timeout_names_missing_ranks(tmp_path):
     for msg in res:
         assert msg.startswith("CommTimeout") or "aborted" in msg, msg
         assert "never arrived: [2]" in msg, msg  # the abort a timeout made elsewhere names the missing rank too
+    # rank 2 comes late: the first rank to give up said so at the store, so it fails at once (it waited out its own
+    # init_timeout alone before, for ranks that had left)
+    (kind, took, msg), = run_ranks(_late_rank_2, 1, str(tmp_path / "store"), timeout=30)
+    assert kind == "CommAborted" and took < 1.0, (kind, took, msg)
+    assert re.match(r"init of 'world' \(this process's init #1 with that name\): rank [01] gave the init up "
+                    r"\((CommTimeout|RemoteError): .*\) before this rank \(rank 2\) arrived", msg), msg
+
+
+def _late_rank_2(_, n, path):
+    t0 = time.monotonic()
+    try:
+        pycoll.init(2, 3, store=pycoll.FileStore(path), backend="host", init_timeout=5.0)
+    except Exception as e:
+        return type(e).__name__, time.monotonic() - t0, str(e)
+    return None
+
+
+def _init_given_up_killed(rank, n, path, trace):
+    if rank == 0:
+        pycoll.failpoints.configure(f"init.given_up.before_publish=kill;trace={trace}")
+    try:
+        pycoll.init(rank, 3, store=pycoll.FileStore(path), backend="host", init_timeout=1.0)
+    except (pycoll.CommTimeout, pycoll.RemoteError) as e:
+        time.sleep(0.3)  # rank 0 reaches its failpoint meanwhile, if it gave up after this rank
+        return type(e).__name__
+    return None
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_killed_as_it_gives_an_init_up_leaves_it_given_up_by_the_others(tmp_path):
+    """Failpoint init.given_up.before_publish: rank 0, killed before it says at the store that it gave the init up,
+    leaves that to rank 1; rank 2, late, still fails at once, naming rank 1."""
+    path, trace = str(tmp_path / "store"), str(tmp_path / "fired")
+    res = run_ranks(_init_given_up_killed, 2, path, trace, timeout=30, may_die=[0])
+    with open(trace) as f:
+        assert f.read().startswith("init.given_up.before_publish kill")
+    assert res[0] == Died(0, -signal.SIGKILL) and res[1] in ("CommTimeout", "RemoteError"), res
+    (kind, took, msg), = run_ranks(_late_rank_2, 1, path, timeout=30)
+    assert kind == "CommAborted" and took < 1.0 and "rank 1 gave the init up" in msg, (kind, took, msg)
 
 
 # -- reshape through the Communicator -------------------------------------------------------------
