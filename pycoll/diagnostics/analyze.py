@@ -17,7 +17,12 @@ neither in flight nor a divergence; its type, size and dtype are still matched a
 lists it as captured.
 
 plus dumps missing from member ranks (reported, not fatal: the store progress that the failing ranks
-recorded in their dumps stands in for them) and the failure lines the watchdogs logged.
+recorded in their dumps stands in for them) and the failure lines the watchdogs logged. An operation that
+completed on every rank with a dump shows that a rank without one took part only where its completion needed
+that rank: a broadcast's or scatter's root and a gather's or reduce's other ranks complete without waiting for
+the ranks they send to (on the host library's eager lane up to 16 operations ahead), so where such operations
+follow the last one that shows a rank without a dump took part, the report says it may have stopped as early as
+the first of them (``unshown``), not only where the ranks with dumps got stuck.
 
 ``DIR`` is a dump directory holding ``generation_<g>`` folders (each generation is analysed on its
 own) or one generation's folder. Needs no torch. Pickles are loaded with a loader that refuses
@@ -431,17 +436,24 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
     res["captured"] = _captured(present, coll, p2p, members)
 
     with_entries = [r for r in present if coll[r]]
+    res["unshown"] = {}
     if with_entries:
         start = max(min(coll[r]) for r in with_entries)  # older entries were overwritten on some rank
         seqs = sorted({s for r in with_entries for s in coll[r] if s >= start})
         if start > 1:
             res["problems"].append(f"history starts at #{start} (older entries were overwritten on some rank)")
+        # the last collective each rank without a dump is shown to have taken part in
+        shown: Dict[int, int] = dict.fromkeys(res["missing_dumps"], start - 1)
         for s in seqs:
             div = _check_seq(s, present, coll, last, latest, size, res, local_of, stack_limit)
             if div is not None:
                 res["first_divergence"] = div
                 break
             res["matched_through"] = s
+            done = {r: coll[r][s] for r in present if s in coll[r] and coll[r][s].get("state") == "completed"}
+            for r in _parts_shown(done, res["missing_dumps"]):
+                shown[r] = s
+        res["unshown"] = _unshown(res, shown, coll, present)
     res["p2p"] = _check_p2p(members, present, p2p, stack_limit)
     if res["first_divergence"] is not None:
         # a rank that never entered the operation because it is held in an operation of its own
@@ -455,6 +467,70 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
         (dumps[r].get("pycoll") or {}).get("trigger") == "failure"
         and not (((dumps[r].get("pycoll") or {}).get("comms") or {}).get(uid) or {}).get("failure") for r in present)
     return res
+
+
+# Collectives whose senders complete without waiting for the ranks they send to: a broadcast's or scatter's root, a
+# gather's or reduce's other ranks (the host library's eager lane runs them up to 16 operations ahead, as NCCL's and
+# Open MPI's small messages do). Their completion on a rank shows the part of the ranks that sent to it only.
+_SENDERS_RUN_AHEAD = frozenset({"broadcast", "_broadcast_oop", "scatter", "gather", "reduce", "_reduce_oop"})
+
+
+def _parts_shown(done: Dict[int, Dict[str, Any]], missing: List[int]) -> List[int]:
+    """The ranks of ``missing`` (without a dump) whose part in one collective its completion on the ranks of ``done``
+    (rank -> completed entry) shows: every one for a collective that completes on no rank before every rank has
+    entered it; for one whose senders run ahead (:data:`_SENDERS_RUN_AHEAD`), only a sender to a rank of ``done``
+    that is known to be one: the other ranks of a gather whose root (the rank with an output) completed, the root of
+    a scatter (the rank with an input) when it is the only rank without a dump. A broadcast's or reduce's root is
+    not in the entries: there, none."""
+    if not done or not missing:
+        return []
+    op = _op_of(next(iter(done.values())))
+    if op not in _SENDERS_RUN_AHEAD:
+        return list(missing)
+    if op == "gather" and any(_sizes(e.get("output_sizes")) for e in done.values()):
+        return list(missing)
+    if op == "scatter" and len(missing) == 1 and not any(_sizes(e.get("input_sizes")) for e in done.values()):
+        return list(missing)
+    return []
+
+
+def _unshown(res: Dict[str, Any], shown: Dict[int, int], coll: Dict[int, Dict[int, Dict[str, Any]]],
+             present: List[int]) -> Dict[int, Dict[str, Any]]:
+    """Rank without a dump -> the collectives up to ``matched_through`` that completed on every rank with a dump but
+    do not show that it took part (``shown``: the last one that does; its store report, when it says it issued more,
+    shows those too): ``{"from", "through", "ops"}`` (the operations' names), for ranks with such collectives."""
+    through = res["matched_through"]
+    out: Dict[int, Dict[str, Any]] = {}
+    if through is None:
+        return out
+    for r, last in shown.items():
+        view = res["missing_dump_info"].get(r)
+        if view is not None and not view.get("failure"):
+            last = max(last, int(view["progress"].get("coll_enqueued", 0) or 0))
+        if last >= through:
+            continue
+        ops = sorted({_op_of(coll[q][s]) for q in present for s in coll[q] if last < s <= through})
+        out[r] = {"from": last + 1, "through": through, "ops": ops}
+    return out
+
+
+def _unshown_text(u: Dict[str, Any], *, short: bool = False) -> str:
+    """Why a rank without a dump may have stopped before the first divergence: ``u`` is an :func:`_unshown` item;
+    ``short``: the verdict's form."""
+    rooted = [op for op in u["ops"] if op in _SENDERS_RUN_AHEAD]
+    why = []
+    if any(op in ("broadcast", "_broadcast_oop", "scatter") for op in rooted):
+        why.append("a broadcast's or scatter's root completes without waiting for its receivers")
+    if any(op in ("gather", "reduce", "_reduce_oop") for op in rooted):
+        why.append("a gather's or reduce's other ranks complete without waiting for the root")
+    span = f"{'/'.join(u['ops'])} " + (f"#{u['from']}" if u["from"] == u["through"]
+                                        else f"#{u['from']}-#{u['through']}")
+    if short:
+        return (f"may have stopped as early as #{u['from']}: {span} completed on the ranks with dumps, which shows its "
+                f"part only where it sent to them")
+    return (f"its part is shown only through #{u['from'] - 1}: {span} completed on the ranks with dumps, which shows "
+            f"it took part only where it sent to them ({'; '.join(why)}), so it may have stopped as early as "
+            f"#{u['from']}")
 
 
 def _captured(present: List[int], coll: Dict[int, Dict[int, Dict[str, Any]]], p2p: Dict[int, List[Dict[str, Any]]],
@@ -884,6 +960,8 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
                              + (" (or were captured in a graph)" if any(
                                  i["seq"] and i["seq"] <= c["matched_through"] for i in c.get("captured") or [])
                                 else ""))
+                for r, u in sorted((c.get("unshown") or {}).items()):
+                    lines.append(f"    rank {r} (no dump): {_unshown_text(u)}")
             if c.get("captured"):
                 lines.append("  captured in a CUDA graph, not in flight (each runs at the graph's replays, which "
                              f"watch_stream puts a deadline on): {_captured_text(c)}")
@@ -992,11 +1070,13 @@ def _verdict(c: Dict[str, Any]) -> str:
         return (f"no failure of {name!r} (uid {c['uid']}) was recorded: its ranks were dumped for another "
                 f"communicator's failure, at different moments while it ran, so what is in flight on some and done "
                 f"on others is no divergence")
+    unshown = c.get("unshown") or {}
     if d is None:
         if c["p2p"]:
             return f"point-to-point problem on {name!r}: {c['p2p'][0]['issue']}"
         if c["missing_dumps"]:
-            return f"no divergence among the dumps present; ranks {_fmt_ranks(c['missing_dumps'])} left no dump"
+            return (f"no divergence among the dumps present; ranks {_fmt_ranks(c['missing_dumps'])} left no dump"
+                    + "".join(f"; rank {r} {_unshown_text(u, short=True)}" for r, u in sorted(unshown.items())))
         return f"no problem found on {name!r}"
     out = []
     held = {r: info["blocked_in"] for r, info in d["never_entered"].items() if info.get("blocked_in")}
@@ -1010,6 +1090,8 @@ def _verdict(c: Dict[str, Any]) -> str:
         out.append(f"rank{'s' if len(unseen) > 1 else ''} {_fmt_ranks(unseen)} (no dump) "
                    f"{'were' if len(unseen) > 1 else 'was'} not seen entering "
                    f"{d['op']} on {name!r}")
+    # a rank without a dump whose part in the collectives before it no dump shows: where it stopped is open
+    out += [f"rank {r} (no dump) {_unshown_text(u, short=True)}" for r, u in sorted(unshown.items())]
     m = d["mismatch"]
     if m:
         who = (_who(m["culprits"]) + (" differs" if len(m["culprits"]) == 1 else " differ") if m["culprits"]

@@ -95,6 +95,69 @@ def test_missing_dump_is_reported_not_fatal(tmp_path, capsys):
     assert "missing dumps: ranks 3" in capsys.readouterr().out
 
 
+def _rooted_loop(op, ops_done, *, ar_at=()):
+    """A script: all_reduce #1, then ``op`` (small: the host library's eager lane) until rank r has completed
+    ``ops_done[r]`` operations after #1 (all_reduce at the sequence ids in ``ar_at``); each rank's next one is left
+    in flight. Rank 0 is the root: it has a gather's output and a scatter's input."""
+    def script(r, c):
+        c.op("all_reduce", f32(2), f32(2))
+        for i in range(ops_done[r] + 1):
+            state = "completed" if i < ops_done[r] else "started"
+            if i + 2 in ar_at:
+                c.op("all_reduce", f32(2), f32(2), state=state)
+            elif op == "gather":
+                c.op("gather", f32(2), f32(2 * 3) if r == 0 else None, state=state)
+            elif op == "scatter":
+                c.op("scatter", f32(2 * 3) if r == 0 else None, f32(2), state=state)
+            else:
+                c.op(op, f32(2), f32(2), state=state)
+    return script
+
+
+# (op, operations each rank completed after all_reduce #1, the rank whose dump is missing, all_reduce's seq ids,
+#  the collectives its part in is not shown: (from, through) or None)
+RAN_AHEAD = {
+    # a broadcast's receiver killed: its root ran ahead, the other receiver with it, and the root waits at #8
+    "broadcast receiver": ("broadcast", [6, 7, 2], 2, (), (2, 7)),
+    # an all_reduce in between shows that it got that far (#4), not further
+    "broadcast receiver, all_reduce": ("broadcast", [6, 7, 4], 2, (4,), (5, 7)),
+    # a gather's root killed: its other ranks completed #2-#6 without it
+    "gather root": ("gather", [2, 5, 5], 0, (), (2, 6)),
+    # a gather's other rank killed: the root's completions show its part
+    "gather sender": ("gather", [2, 5, 1], 2, (), None),
+    # a scatter's root killed (the only rank without a dump): its receivers' completions show its part
+    "scatter root": ("scatter", [2, 4, 4], 0, (), None),
+    # a reduce's other rank: a reduce's root is not in the entries, so nothing shows its part
+    "reduce sender": ("reduce", [3, 5, 1], 2, (), (2, 4)),
+}
+
+
+@pytest.mark.parametrize("case", list(RAN_AHEAD))
+def test_a_rank_without_a_dump_is_not_taken_to_have_done_what_senders_ran_ahead_with(tmp_path, case, capsys):
+    # a rooted collective's senders complete without waiting for the ranks they send to (up to 16 operations ahead
+    # on the host library's eager lane): their completions must not pass for the part of a rank without a dump,
+    # which the report said took part in every operation before the ranks with dumps got stuck
+    op, done, missing, ar_at, unshown = RAN_AHEAD[case]
+    d = make_dumps(tmp_path, 3, _rooted_loop(op, done, ar_at=ar_at), write_json=False)
+    os.unlink(os.path.join(d, "generation_0", f"{PREFIX}{missing}"))
+    _, c = one(d)
+    assert c["missing_dumps"] == [missing]
+    if unshown is None:
+        assert c["unshown"] == {} and "may have stopped" not in c["verdict"], c
+        return
+    first, through = unshown
+    assert c["unshown"] == {missing: {"from": first, "through": through,
+                                      "ops": sorted({op} | ({"all_reduce"} if first in ar_at else set()))}}, c
+    assert c["matched_through"] == through and c["first_divergence"]["seq"] == through + 1, c
+    assert (f"rank {missing} (no dump) may have stopped as early as #{first}: {op} #{first}-#{through} completed "
+            "on the ranks with dumps, which shows its part only where it sent to them") in c["verdict"], c["verdict"]
+    assert run_cli(d) == 1
+    text = capsys.readouterr().out
+    assert f"rank {missing} (no dump): its part is shown only through #{first - 1}: {op} #{first}-#{through}" in text
+    assert ("a broadcast's or scatter's root completes without waiting for its receivers" if op == "broadcast"
+            else "a gather's or reduce's other ranks complete without waiting for the root") in text
+
+
 @pytest.mark.parametrize("kind,culprit", [("size", 2), ("dtype", 1), ("type", 0)])
 def test_mismatches_name_the_culprit(tmp_path, kind, culprit):
     def script(r, c):
