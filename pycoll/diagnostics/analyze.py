@@ -7,7 +7,10 @@ own dumps too) and reports, per communicator, the first operation where the rank
   such a rank when its dump says: a send or receive of its own (with why it cannot complete: no matching peer
   operation, a mismatched one, a wrong peer) or an operation in flight on another communicator of its process,
 * operation type, size and dtype mismatches (the minority is named the culprit), and reduction-op and root
-  mismatches, read from the host library's mismatch text that a failed entry holds (``pycoll_error``),
+  mismatches, read from the host library's mismatch text that a failed entry holds (``pycoll_error``; a rank
+  that completed the operation without an error, such as a sender that compared its call with no one's, is
+  said to be of unknown call), and the call of a rank whose peer went past the operation without doing its
+  part for it (``"call"``: where one rank ran ahead, only the rank left waiting finds the mismatch),
 * ranks still in flight in it, with the Python stack that issued it,
 * point-to-point operations without a matching peer operation,
 
@@ -611,8 +614,13 @@ def _check_seq(s: int, present: List[int], coll: Dict[int, Dict[int, Dict[str, A
         for kind in ("op", "root", "count", "datatype"):
             keyed = {r: c[kind] for r, c in calls.items() if kind in c}
             if len(set(keyed.values())) > 1:
-                div["mismatch"] = _mismatch(kind, keyed, {r: f"{kind}={v}" for r, v in keyed.items()})
+                # what a rank that completed it without an error called is known only where an error names it (a
+                # broadcast's root and a gather's other ranks complete without comparing their call with anyone's)
+                div["mismatch"] = {**_mismatch(kind, keyed, {r: f"{kind}={v}" for r, v in keyed.items()}),
+                                   "known": sorted(keyed)}
                 break
+    if div["mismatch"] is None:
+        div["mismatch"] = _went_past(got, res["members"])
     for r, e in got.items():
         if e.get("state") == "completed":
             div["completed"].append(r)
@@ -672,6 +680,36 @@ def _mismatch(kind: str, keyed: Dict[int, Any], texts: Dict[int, str]) -> Dict[s
 # The host library's text for a mismatched collective: "... rank A called Op(count=.., datatype=.., op=..) but
 # rank B called Op(...)" (ranks are the communicator's own).
 _CALLS_RE = re.compile(r"rank (\d+) called (\w+)\(([^)]*)\) but rank (\d+) called (\w+)\(([^)]*)\)")
+
+
+# The host library's text where a rank waits for a peer that went past the collective without doing its part for it
+# (the peer called another operation or other arguments there: arguments that differ can send ranks down different
+# paths, a small broadcast's over the eager lane and a larger one's steps): "... rank A called Op(...) but rank B went
+# past it (...)" (ranks are the communicator's own).
+_PASSED_RE = re.compile(r"rank (\d+) called (\w+\([^)]*\)) but rank (\d+) went past it")
+
+
+def _went_past(got: Dict[int, Dict[str, Any]], members: List[int]) -> Optional[Dict[str, Any]]:
+    """The mismatch record (kind ``"call"``) of the library's "went past it" errors among the entries ``got`` (global
+    rank -> entry), None without one: each rank that waited, with what it called. Its culprits: those ranks, where
+    they are fewer than the others with a dump and every other one completed the operation."""
+    found: Dict[int, Tuple[str, int]] = {}  # global rank that waited -> (its call, the global rank that went past)
+    for e in got.values():
+        m = _PASSED_RE.search(str(e.get("pycoll_error") or ""))
+        if m is None:
+            continue
+        a, b = int(m.group(1)), int(m.group(3))
+        if 0 <= a < len(members) and 0 <= b < len(members):
+            found.setdefault(members[a], (m.group(2), members[b]))
+    if not found:
+        return None
+    others = [r for r in got if r not in found]
+    done = bool(others) and len(found) < len(others) and all(got[r].get("state") == "completed" for r in others)
+    return {"kind": "call",
+            "variants": [{"ranks": [a], "value": f"called {call}; rank {b} went past it without doing its part for "
+                                                 f"rank {a} (it called another operation or other arguments there)"}
+                         for a, (call, b) in sorted(found.items())],
+            "culprits": sorted(found) if done else []}
 
 
 def _parse_call(args: str) -> Dict[str, str]:
@@ -1060,7 +1098,7 @@ def _claims(f: Dict[str, Any], c: Dict[str, Any]) -> str:
 
 
 _MISMATCH_NAMES = {"type": "operation type", "size": "size", "dtype": "dtype", "op": "reduction op",
-                   "root": "root", "count": "count", "datatype": "datatype"}
+                   "root": "root", "count": "count", "datatype": "datatype", "call": "collective call"}
 
 
 def _verdict(c: Dict[str, Any]) -> str:
@@ -1096,6 +1134,13 @@ def _verdict(c: Dict[str, Any]) -> str:
     if m:
         who = (_who(m["culprits"]) + (" differs" if len(m["culprits"]) == 1 else " differ") if m["culprits"]
                else "no majority")
+        known = m.get("known")
+        entered = set(d["in_flight"]) | set(d["completed"]) | set(d.get("captured") or [])
+        if not m["culprits"] and known and not entered <= set(known):
+            rest = entered - set(known)
+            who += (f" among {_who(known)}, whose {_MISMATCH_NAMES.get(m['kind'], m['kind'])} the library's errors "
+                    f"give ({_who(rest)} completed it: what {'it' if len(rest) == 1 else 'they'} called is not in "
+                    "the dumps)")
         out.append(f"{_MISMATCH_NAMES.get(m['kind'], m['kind'])} mismatch in {d['op']} on {name!r}: {who}")
     if not out and d["in_flight"]:
         # an operation that never started on its stream (NCCL's "scheduled") waits for work queued before it on

@@ -179,6 +179,46 @@ def test_mismatches_name_the_culprit(tmp_path, kind, culprit):
     assert f"{kind.upper() if kind != 'type' else 'OPERATION TYPE'} MISMATCH: culprit rank {culprit}" in text
 
 
+PASSED = ("Broadcast : collective mismatch at collective #2: rank 2 called Broadcast(count=2, datatype=ncclFloat32, "
+          "root=1) but rank 1 went past it (to its collective with data #4) without doing its part for rank 2: it "
+          "called another operation or other arguments there")
+ROOTS = ("Broadcast : collective mismatch at collective #2: rank 1 called Broadcast(count=2, datatype=ncclFloat32, "
+         "root=1) but rank 0 called Broadcast(count=2, datatype=ncclFloat32, root=0)")
+
+
+@pytest.mark.parametrize("case", ["went past", "roots of two"])
+def test_a_mismatch_that_only_the_waiting_rank_found_is_named(tmp_path, case, capsys):
+    # the host library's eager lane: a broadcast's root completes without its receivers and runs ahead, so only the
+    # rank that waits finds the mismatch. "went past": rank 2 called root=1 (it waits for rank 1's message) while
+    # ranks 0-1 called root=0 and went on; the library's text names no call of rank 1's, and the report said only
+    # "completed on ranks 0-1 but not on 2". "roots of two": rank 1 called root=1; its error gives ranks 0's and
+    # 1's roots, ranks 2-3 completed it: "no majority" is among the ranks whose root is known
+    n, odd, text = (3, 2, PASSED) if case == "went past" else (4, 1, ROOTS)
+
+    def script(r, c):
+        allreduces(c, 1)
+        w = c.op("broadcast", f32(2), f32(2), state="started" if r == odd else "completed")
+        if r == odd:
+            w._exc = RuntimeError(text)
+            c.recorder.comm_failed(c, w._exc, w)
+        else:
+            c.op("broadcast", f32(2), f32(2), state="started")
+
+    _, c = one(make_dumps(tmp_path, n, script, write_json=False))
+    m = c["first_divergence"]["mismatch"]
+    if case == "went past":
+        assert m["kind"] == "call" and m["culprits"] == [2], m
+        assert c["verdict"] == "collective call mismatch in broadcast #2 [Float(2,)] on 'world': rank 2 differs"
+        assert run_cli(tmp_path) == 1
+        assert ("rank 2: called Broadcast(count=2, datatype=ncclFloat32, root=1); rank 1 went past it without doing "
+                "its part for rank 2 (it called another operation or other arguments there)") in capsys.readouterr().out
+    else:
+        assert m["kind"] == "root" and m["culprits"] == [] and m["known"] == [0, 1], m
+        assert c["verdict"] == ("root mismatch in broadcast #2 [Float(2,)] on 'world': no majority among ranks 0-1, "
+                                "whose root the library's errors give (ranks 2-3 completed it: what they called is "
+                                "not in the dumps)"), c["verdict"]
+
+
 def test_no_majority_names_no_culprit(tmp_path):
     def script(r, c):
         c.op("all_reduce", f32(4 if r < 2 else 8), f32(4 if r < 2 else 8), state="started")
