@@ -1128,8 +1128,6 @@ def _verdict(c: Dict[str, Any]) -> str:
         out.append(f"rank{'s' if len(unseen) > 1 else ''} {_fmt_ranks(unseen)} (no dump) "
                    f"{'were' if len(unseen) > 1 else 'was'} not seen entering "
                    f"{d['op']} on {name!r}")
-    # a rank without a dump whose part in the collectives before it no dump shows: where it stopped is open
-    out += [f"rank {r} (no dump) {_unshown_text(u, short=True)}" for r, u in sorted(unshown.items())]
     m = d["mismatch"]
     if m:
         who = (_who(m["culprits"]) + (" differs" if len(m["culprits"]) == 1 else " differ") if m["culprits"]
@@ -1170,20 +1168,24 @@ def _verdict(c: Dict[str, Any]) -> str:
     if not out and d["missing_dumps"]:
         out.append(f"{d['op']} on {name!r}: "
                    + "; ".join(f"rank {r}: {t}" for r, t in sorted(d["missing_dumps"].items())))
+    # a rank without a dump whose part in the collectives before it no dump shows: where it stopped is open
+    out += [f"rank {r} (no dump) {_unshown_text(u, short=True)}" for r, u in sorted(unshown.items())]
     return "; ".join(out)
 
 
 def _culprits(c: Dict[str, Any]) -> List[int]:
     """The ranks communicator report ``c``'s verdict points at: those that never entered the first divergent
     operation or were not seen entering it (no dump), the minority of a mismatch, those whose operation never
-    started on their stream; for a point-to-point problem alone, both ends of the first transfer in question.
-    Empty where it points at none (every rank stuck alike, no majority, no problem)."""
+    started on their stream, those without a dump that may have stopped before it (``unshown``); for a
+    point-to-point problem alone, both ends of the first transfer in question. Empty where it points at none (every
+    rank stuck alike, no majority, no problem)."""
     d = c["first_divergence"]
     if c.get("bystander") and not _troubled(c):
         return []
     if d is None:
-        return sorted({c["p2p"][0]["src"], c["p2p"][0]["dst"]}) if c["p2p"] else []
+        return sorted({c["p2p"][0]["src"], c["p2p"][0]["dst"]}) if c["p2p"] else sorted(c.get("unshown") or {})
     out = set(d["never_entered"]) | {r for r, t in d["missing_dumps"].items() if "not seen entering" in t}
+    out |= set(c.get("unshown") or {})
     if d["mismatch"]:
         out |= set(d["mismatch"]["culprits"])
     if not out and d["in_flight"]:

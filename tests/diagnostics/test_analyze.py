@@ -149,8 +149,11 @@ def test_a_rank_without_a_dump_is_not_taken_to_have_done_what_senders_ran_ahead_
     assert c["unshown"] == {missing: {"from": first, "through": through,
                                       "ops": sorted({op} | ({"all_reduce"} if first in ar_at else set()))}}, c
     assert c["matched_through"] == through and c["first_divergence"]["seq"] == through + 1, c
+    assert missing in c["culprits"], c["culprits"]
     assert (f"rank {missing} (no dump) may have stopped as early as #{first}: {op} #{first}-#{through} completed "
             "on the ranks with dumps, which shows its part only where it sent to them") in c["verdict"], c["verdict"]
+    # after what the verdict says of the operation where the ranks with dumps are held, not instead of it
+    assert c["verdict"].startswith(f"{op} #{through + 1} [Float("), c["verdict"]
     assert run_cli(d) == 1
     text = capsys.readouterr().out
     assert f"rank {missing} (no dump): its part is shown only through #{first - 1}: {op} #{first}-#{through}" in text
