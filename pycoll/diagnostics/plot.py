@@ -58,7 +58,8 @@ def plot_window(trace: Dict[str, Any]) -> Tuple[float, float, Optional[float]]:
     """(start, end, divergence) in the trace's microseconds: what :func:`plot_trace` shows.
 
     Around the first divergence when the analyzer found one: the last few operations before it on
-    every rank, through the in-flight and failed operations, the failures and the recovery that
+    every rank, through the in-flight and failed operations (those under way at it, and those after it on
+    the tracks of its communicator: where each of its ranks is held), the failures and the recovery that
     follow it. The whole trace otherwise.
     """
     evs = trace.get("traceEvents", [])
@@ -78,8 +79,13 @@ def plot_window(trace: Dict[str, Any]) -> Tuple[float, float, Optional[float]]:
     starts = [sorted(v)[-OPS_BEFORE] if len(v) >= OPS_BEFORE else min(v) for v in before.values()]
     start = min(starts) if starts else t_div
     ends = [t_div]
+    # the tracks (rank, communicator) of the divergence: a rank there may be held in a later operation (a broadcast's
+    # root that ran ahead of a receiver) or have entered it well after the others (the ranks need not meet at every
+    # operation)
+    held = {(e["pid"], e["tid"]) for e in ops if e["args"].get("first_divergence")}
     for e in ops:
-        if e["args"].get("in_flight") and e["ts"] <= t_div + 1.0 and e["ts"] + e["dur"] >= t_div:
+        if e["args"].get("in_flight") and (e["ts"] <= t_div + 1.0 or (e["pid"], e["tid"]) in held) \
+                and e["ts"] + e["dur"] >= t_div:
             ends.append(e["ts"] + e["dur"])
     recovery = [e for e in evs if e.get("ph") == "X" and e.get("cat") == "elastic" and e["ts"] >= t_div]
     if recovery:

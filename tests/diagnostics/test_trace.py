@@ -341,6 +341,29 @@ def test_plot_is_a_png_around_the_divergence(tmp_path):
     assert os.path.getsize(tmp_path / "p.png") < 150_000
 
 
+def test_plot_goes_through_where_ranks_that_ran_ahead_are_held(tmp_path):
+    # small broadcasts on the host library's eager lane: rank 2 never enters #5, while its root, rank 0, runs 16
+    # ahead and waits in #21 for it and rank 1 waits in #22 for the root; no operation is under way at the
+    # divergence, and the picture ended 0.1 ms after it, with no in-flight operation and no failure in it
+    d = tmp_path / "d" / "generation_0"
+    d.mkdir(parents=True)
+    for r, last in ((0, 20), (1, 21), (2, 4)):
+        ops = [(s, T0 + s * MS // 10 + r * 50_000, T0 + s * MS // 10 + r * 50_000 + 20_000) for s in range(1, last + 1)]
+        if r != 2:
+            ops.append((last + 1, T0 + (last + 1) * MS // 10 + r * 50_000, 0))
+        dump = _synthetic(r, "h", 0, ops, members=(0, 1, 2))
+        for e in dump["entries"]:
+            e["profiling_name"] = "nccl:broadcast"
+        (d / f"{PREFIX}{r}.json").write_text(json.dumps(dump))
+    t = analyze.trace_dir(str(tmp_path / "d"))
+    start, end, div = plot.plot_window(t)
+    held = [e for e in slices(t) if e["args"]["in_flight"]]
+    assert sorted(e["args"]["seq"] for e in held) == [21, 22] and all(e["ts"] > div for e in held), held
+    assert all(e["ts"] + e["dur"] <= end for e in held), (end, held)
+    drawn = plot.plot_trace(t, str(tmp_path / "p.png"))
+    assert drawn["ops"]["in flight"] == 2 and sorted(drawn["labels"]) == [0, 1], drawn
+
+
 def test_plot_names_the_communicator_of_each_divergence_and_held_operation(tmp_path):
     # s9's subhang: rank 2 waits in its pair's all_reduce #2 (rank 3 never calls it), ranks 0-1 in world's #2: the
     # picture names each communicator, as the text does, instead of one unnamed 'all_reduce #2' line
