@@ -1,7 +1,7 @@
 # The compiled Work, for the compiled observer hooks (pycoll/diagnostics/_hooks.pyx) that read its fields.
 
 cdef class Work:
-    cdef public object comm, op, async_op, is_p2p, peer, timeout, stream
+    cdef public object comm, op, async_op, is_p2p, peer, root, timeout, stream
     cdef public long long seq, p2p_seq, op_id, time_created_ns  # C: no int object made per operation
     cdef public double t0
     cdef public object inputs, outputs, time_started_ns, time_completed_ns, duration_ms

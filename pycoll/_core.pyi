@@ -72,6 +72,7 @@ class Work:
     async_op: bool
     is_p2p: bool
     peer: Optional[int]
+    root: Optional[int]
     timeout: float
     stream: int
     inputs: List[Any]

@@ -394,7 +394,7 @@ cdef class Work:
     Attributes for diagnostics (the flight recorder reads them): ``op`` (e.g. ``"all_reduce"``),
     ``seq`` (the communicator's collective sequence id: incremented by collectives, kept by
     point-to-point operations), ``p2p_seq`` (incremented by sends and receives), ``is_p2p``,
-    ``peer``, ``timeout`` (seconds),
+    ``peer``, ``root`` (a broadcast's, reduce's, gather's or scatter's root; None for the others), ``timeout`` (seconds),
     ``time_created_ns``, ``inputs``/``outputs`` (the :class:`pycoll.buffers.Buffer` arguments).
     """
 
@@ -773,6 +773,10 @@ def launch(CommCore comm, op, call, stream, inputs, outputs, async_op, timeout, 
                    outputs if type(outputs) is list else list(outputs), async_op, timeout, peer)
 
 
+cdef inline bint _rooted(int kind) noexcept:
+    return kind == _BROADCAST or kind == _REDUCE or kind == _GATHER or kind == _SCATTER
+
+
 cdef object _launch(CommCore comm, object op, object call, object stream, list inputs, list outputs, bint async_op,
                     object timeout, object peer):
     cdef Work w
@@ -790,6 +794,8 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
     w = Work.__new__(Work)
     _setup(w, comm, op, comm._coll_seq, comm._p2p_seq, comm._last_op_id, peer is not None, peer, timeout, stream,
            inputs, outputs, async_op, capture)
+    if type(call) is _Call and _rooted((<_Call>call).kind):  # the flight recorder keeps it: a root mismatch is seen
+        w.root = (<_Call>call).root                         # in the entries, also where no rank's library found it
     _stage(_ST_WORK)
     _notify(w, False)
     _stage(_ST_ENQUEUED)

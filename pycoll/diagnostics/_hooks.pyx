@@ -85,7 +85,7 @@ cdef class Entry:
     operation a Work's entry was written for). Readers take a :meth:`snapshot`.
     """
     cdef readonly long long pos
-    cdef readonly object rid, info, isz, idt, osz, odt, op, peer, timeout
+    cdef readonly object rid, info, isz, idt, osz, odt, op, peer, root, timeout
     cdef readonly long long seq, p2p_seq, op_id, created
     cdef readonly object capture
     cdef object _frozen  # set by freeze() (or "captured")
@@ -127,7 +127,7 @@ cdef class Entry:
         return out
 
     def snapshot(self):
-        """The entry as a list (``pycoll.diagnostics.recorder``'s layout, ``_POS`` .. ``_CAPTURE``), or None
+        """The entry as a list (``pycoll.diagnostics.recorder``'s layout, ``_POS`` .. ``_ROOT``), or None
         when it holds no operation. Consistent: an entry rewritten while it was being copied is copied again."""
         cdef long long pos
         while True:
@@ -135,7 +135,8 @@ cdef class Entry:
             if pos < 0:
                 return None
             out = [pos, self.rid, self.info, self.isz, self.idt, self.osz, self.odt, self._tid, self.stack, self.op,
-                   self.seq, self.p2p_seq, self.op_id, self.peer, self.timeout, self.created, self.frozen, self.capture]
+                   self.seq, self.p2p_seq, self.op_id, self.peer, self.timeout, self.created, self.frozen, self.capture,
+                   self.root]
             if self.pos == pos:
                 return out
 
@@ -240,7 +241,7 @@ cdef class RecorderCore(Hook):
         e.info = info
         e.isz, e.idt, e.osz, e.odt = isz, idt, osz, odt
         e._tid = PyThread_get_thread_ident()
-        e.op, e.seq, e.p2p_seq, e.op_id, e.peer = w.op, w.seq, w.p2p_seq, w.op_id, w.peer
+        e.op, e.seq, e.p2p_seq, e.op_id, e.peer, e.root = w.op, w.seq, w.p2p_seq, w.op_id, w.peer, w.root
         e.timeout, e.created, e._frozen, e.capture = w.timeout, w.time_created_ns, frozen, capture
         e._completed, e._t_started, e._t_completed, e._duration = False, None, None, None
         old = e._frames

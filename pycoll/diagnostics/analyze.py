@@ -609,6 +609,11 @@ def _check_seq(s: int, present: List[int], coll: Dict[int, Dict[int, Dict[str, A
         if len(counts) > 1:
             div["mismatch"] = _mismatch(kind, keyed, {r: _variant_text(kind, e) for r, e in got.items()})
             break
+    if div["mismatch"] is None:  # the roots the entries recorded (a rooted collective's, every rank with a dump)
+        roots = {r: e["pycoll_root"] for r, e in got.items() if e.get("pycoll_root") is not None}
+        if len(set(roots.values())) > 1:
+            div["mismatch"] = {**_mismatch("root", roots, {r: f"root={v}" for r, v in roots.items()}),
+                               "known": sorted(roots)}
     if div["mismatch"] is None:
         calls = _library_calls(got, res["members"], local_of)
         for kind in ("op", "root", "count", "datatype"):

@@ -26,7 +26,11 @@ kept entries (each left-out one before it lowers it by one; its own is ``pycoll_
 ranks at the latest of their first record ids, and a rank's sends before its first collective would otherwise
 hide another rank's first collectives from it. (When a ring wrapped, the left-out entries it lost are not known:
 there, the alignment stays the guess it is on torch's own dumps.) In memory, :meth:`FlightRecorder.as_dict` gives
-every entry under ``entries`` unless asked for the file's form (``for_file``).
+every entry under ``entries`` unless asked for the file's form (``for_file``). Besides torch's fields an entry may
+carry pycoll's: ``pycoll_error`` (a failed operation's error), ``pycoll_capture_id`` (captured in a CUDA graph),
+``pycoll_root`` (a broadcast's, reduce's, gather's or scatter's root, a rank of its communicator: pycoll-fr
+compares them across ranks, which also finds a root mismatch that no rank's library saw -- NCCL's, or the host
+library's eager lane, where a sender completes before its receivers compare anything) and ``pycoll_record_id``.
 
 Layout of a dump (``dump_dir`` defaults to ``$PYCOLL_FR_DUMP_DIR``, else
 ``$XDG_CACHE_HOME/pycoll/fr/<run id>`` where the run id comes from the launcher)::
@@ -111,7 +115,7 @@ _MAX_BUFFER_SIZE = int(_settings.SETTINGS["PYCOLL_FR_BUFFER_SIZE"].maximum or 0)
 # the position it was written for), or frozen into _FROZEN when it completes (work_completed) or its
 # communicator fails or closes. An entry whose Work is no longer outstanding and was not frozen completed.
 (_POS, _RID, _INFO, _ISZ, _IDT, _OSZ, _ODT, _TID, _STACK, _OP, _SEQ, _P2P_SEQ, _OP_ID, _PEER, _TIMEOUT,
- _CREATED, _FROZEN, _CAPTURE) = range(18)
+ _CREATED, _FROZEN, _CAPTURE, _ROOT) = range(19)
 # an operation recorded into a CUDA graph: it runs at replay, this entry keeps the capture's id
 _CAPTURED = ("captured", None, None, None, None)
 _SHAPE = Buffer._fields.index("shape")
@@ -529,6 +533,8 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
                 entry["pycoll_error"] = error
             if e[_CAPTURE] is not None:
                 entry["pycoll_capture_id"] = e[_CAPTURE]
+            if e[_ROOT] is not None:  # a rooted collective's root (the communicator's rank), for pycoll-fr
+                entry["pycoll_root"] = e[_ROOT]
             if stacks and e[_STACK] is not None:
                 key = tuple(e[_STACK])
                 frames = formatted.get(key)

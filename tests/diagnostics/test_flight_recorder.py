@@ -407,6 +407,8 @@ def test_real_host_communicator_is_recorded(tmp_path):
     assert names == ["nccl:all_reduce", "nccl:broadcast", "nccl:reduce", "nccl:all_reduce", "nccl:barrier"]
     assert all(e["state"] == "completed" and e["duration_ms"] >= 0 for e in d["entries"])
     assert d["pg_config"][c.uid] == {"name": c.uid, "desc": "solo", "ranks": "[0]"}
+    # a rooted collective's root (pycoll-fr compares them across ranks); none for the others
+    assert [e.get("pycoll_root") for e in d["entries"]] == [None, 0, 0, None, None]
     # the stack starts at the innermost Python frame: the caller's for the compiled all_reduce, broadcast and
     # reduce (they have no frame of their own), the public method's for one written in Python (barrier)
     for i in range(4):
