@@ -1528,7 +1528,9 @@ cdef object _own_stream(CommCore comm, bint blocking):
     (10 ms) back to the stream, so the caller's wait keeps its deadline under every policy; that wait
     takes it up again (the stream's thread what nobody comes back for: ``PYCOLL_HOST_DEFER_NS``). Inside
     a group nothing reaches the stream before the group ends: :class:`GroupScope` decides for the
-    whole group then.
+    whole group then. An operation (or a group's end) that finds ``PYCOLL_HOST_STREAM_DEPTH`` operations queued
+    on it and not begun waits in its library call, as a GPU launch waits on a full queue, until one is taken or
+    the communicator fails, is aborted or revoked (then the call raises that), or a signal comes.
     """
     s = comm._stream
     if s is None:

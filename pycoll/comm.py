@@ -618,7 +618,9 @@ class Communicator(_core.CommCore):
         if self._failure is not None:
             self.await_failure_handled()
             raise self._failure from e
-        if self._state in ("aborted", "revoked"):  # by another thread while this call ran
+        # aborted or revoked by another thread while this call ran (a revoke fails the outstanding operations, this
+        # one too, before its state says so: the call may return first, e.g. from a wait for room on a full stream)
+        if self._state in ("aborted", "revoked") or (w is not None and w._exc is not None):
             mine = w._exc if w is not None else None
             if mine is None:
                 mine = (CommAborted if self._state == "aborted" else CommRevoked)(

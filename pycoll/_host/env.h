@@ -16,6 +16,7 @@
 #define ENV_PEER_CHECK_MIN_NS 100000ull /* PYCOLL_HOST_PEER_CHECK_NS: 0.1 ms to ENV_NS_MAX */
 #define ENV_DEFER_MAX_NS 1000000000ull /* PYCOLL_HOST_DEFER_NS: at most 1 s */
 #define ENV_INLINE_MIN_NS 100000ull    /* PYCOLL_HOST_INLINE_NS: 0.1 ms to ENV_NS_MAX */
+#define ENV_STREAM_DEPTH_MAX (1ull << 24) /* PYCOLL_HOST_STREAM_DEPTH: 0 (no bound) to 2^24 operations */
 #define ENV_INIT_TIMEOUT_MAX 1e7    /* seconds; 0 means forever */
 
 /* Unset or empty: *out = def, true. A valid value: *out = it, true. Otherwise: a WARN on stderr that

@@ -25,6 +25,9 @@
  *   host.stream.takeover                      a stream's thread taking over work handed back to it whose
  *                                             thread did not come back for it within PYCOLL_HOST_DEFER_NS
  *                                             ("raise" fails those operations instead)
+ *   host.stream.full                          a thread queuing an operation onto a stream that holds
+ *                                             PYCOLL_HOST_STREAM_DEPTH already, as it begins to wait for room
+ *                                             ("raise": the call fails instead, nothing queued)
  */
 #ifndef PYCOLL_FAILPOINT_H
 #define PYCOLL_FAILPOINT_H

@@ -18,6 +18,12 @@
  *     give ncclInvalidUsage naming both ranks.
  *   - ncclCommFinalize waits for the operations enqueued on the communicator and then for every
  *     rank to finalize or destroy it; ncclCommDestroy is local.
+ *   - A stream holds at most PYCOLL_HOST_STREAM_DEPTH operations queued and not begun (a GPU's launch queue
+ *     holds about 1024 kernels): a collective, or the ncclGroupEnd of a group, queuing one more onto a full stream
+ *     waits until one is taken. The wait ends with the error that the work queued before it meets when the
+ *     communicator is aborted (ncclInvalidUsage), revoked (ncclInvalidUsage) or fails (its error; a peer that
+ *     exited: ncclRemoteError), nothing queued; and with the operation queued over the bound when a signal is
+ *     delivered to the waiting thread, so that the caller handles it. The NULL stream queues nothing.
  *   - Memory statistics are 0 (no GPU memory). ncclCommWindowRegister is collective: every rank maps
  *     every peer's ncclMemAlloc memory (window.c); an AllReduce whose buffers lie in windows on every
  *     rank reduces straight between them (coll.c).
@@ -44,6 +50,8 @@
  *                             Gather or Scatter goes straight between windows (1, the default)
  *   PYCOLL_HOST_EAGER         0: small collectives queued on an idle helping stream get no pass in the
  *                             caller's thread first (1, the default; stream.c)
+ *   PYCOLL_HOST_STREAM_DEPTH  the most operations a stream holds queued and not begun (1024; 0: no bound;
+ *                             at most 2^24; stream.c)
  *   PYCOLL_HOST_GROUP_BATCH   0: a group's small collectives take one step each; 1 (the default): those
  *                             of one communicator that every rank groups alike share one step (coll.c)
  *   (each is checked by env.c: a bad value is refused with a WARN, see env.h for the bounds)

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
@@ -54,6 +55,14 @@ struct pycollStream {
   /* Until when (monotonic ns; 0: no one) the work at the head, handed back by a thread that is not the stream's own
    * and will wait for it (reserve_locked), is left to that thread: the stream's thread takes it only after that */
   uint64_t reserved_until;
+  /* The bound on what is queued (PYCOLL_HOST_STREAM_DEPTH): `queued` counts the task lists (an operation, or a
+   * group's operations on this stream) in the queue that no thread has taken yet; a push of one more onto a full
+   * queue waits (wait_room_locked) on the futex word `room`, which a thread that takes a task list off the queue
+   * bumps and wakes while `room_waiters` is not 0. `destroying`: pycollStreamDestroy has begun, a waiter leaves. */
+  uint64_t queued;
+  uint32_t room;
+  int room_waiters;
+  bool destroying;
   struct pycollGraph* capture; /* the graph work submitted now is recorded into, instead of run */
   struct pycollStream* blocking_next; /* in the list of PYCOLL_STREAM_BLOCKING streams */
 };
@@ -143,9 +152,15 @@ static uint64_t inline_ns = 10000000;
  * first (eager_begin) */
 static bool eager_pass = true;
 
+/* PYCOLL_HOST_STREAM_DEPTH: the most task lists (operations) a stream's queue holds that no thread has begun, as a
+ * GPU's launch queue holds about 1024 kernels: the thread that queues one more waits until one is taken
+ * (wait_room_locked), instead of running ahead of a slow peer by as many operations as memory holds. 0: no bound. */
+static uint64_t stream_depth = 1024;
+
 __attribute__((constructor)) static void stream_tunables(void) {
   uint64_t v;
   env_u64("PYCOLL_HOST_DEFER_NS", 0, ENV_DEFER_MAX_NS, defer_ns, &defer_ns);
+  env_u64("PYCOLL_HOST_STREAM_DEPTH", 0, ENV_STREAM_DEPTH_MAX, stream_depth, &stream_depth);
   env_u64("PYCOLL_HOST_INLINE_NS", ENV_INLINE_MIN_NS, ENV_NS_MAX, inline_ns, &inline_ns);
   env_u64("PYCOLL_HOST_EAGER", 0, 1, 1, &v);
   eager_pass = v != 0;
@@ -184,6 +199,92 @@ static void hurry_locked(struct pycollStream* s) {
 static void reserve_locked(struct pycollStream* s) {
   if (defer_ns && (__atomic_load_n(&s->flags, __ATOMIC_RELAXED) & PYCOLL_STREAM_HELP))
     s->reserved_until = now_ns() + defer_ns;
+}
+
+/* A task list left the queue (s->mu held): a thread waiting for room (wait_room_locked) looks again. */
+static void room_taken_locked(struct pycollStream* s) {
+  s->queued--;
+  if (UNLIKELY(s->room_waiters)) {
+    __atomic_add_fetch(&s->room, 1, __ATOMIC_SEQ_CST);
+    futex_wake(&s->room, false);
+  }
+}
+
+/* What ends a wait for room besides room: the failures that make the queued work of the list's communicators fail
+ * too -- aborted (also by a shrink), revoked, failed (a peer found gone, a remote error), a peer that exited or
+ * failed meanwhile (looked at here as well: the work at the head may be another communicator's). The error to
+ * return, ncclSuccess while none. */
+static ncclResult_t room_check(struct task* list) {
+  char text[512];
+  for (struct task* t = list; t; t = t->next) {
+    struct ncclComm* c = t->comm;
+    if (t != list && c == list->comm) continue;
+    if (comm_aborting(c) || c->revoked) {
+      int why = __atomic_load_n(&c->abort_reason, __ATOMIC_ACQUIRE);
+      CWARN(c, "%s : communicator was %s while the operation waited for room on its stream (PYCOLL_HOST_STREAM_DEPTH "
+            "operations queued)", t->opname, why == AB_REVOKE || c->revoked ? "revoked" :
+            why == AB_SHRINK ? "shrunk with NCCL_SHRINK_ABORT" : "aborted");
+      return ncclInvalidUsage;
+    }
+    int b = __atomic_load_n(&c->broken, __ATOMIC_ACQUIRE);
+    if (b) {
+      comm_copy_last_error(c, text, sizeof text);
+      CWARN(c, "%s : communicator failed while the operation waited for room on its stream: %s", t->opname, text);
+      return (ncclResult_t)b;
+    }
+    if (!comm_enter(c)) continue; /* aborting now: the next look says so */
+    ncclResult_t r = ncclSuccess;
+    for (int k = 0; k < c->nranks && r == ncclSuccess; k++) r = comm_check_peer(c, k, false, text, sizeof text);
+    comm_leave(c);
+    if (r != ncclSuccess) { /* the communicator fails as the work queued before would */
+      char msg[700];
+      snprintf(msg, sizeof msg, "%s : %s (while this rank waited for room on its stream)", t->opname, text);
+      CWARN(c, "%s", msg);
+      comm_fail(c, r, msg);
+      return r;
+    }
+  }
+  return ncclSuccess;
+}
+
+/* How long a thread waiting for room sleeps before it looks at the list's communicators again (room_check): an
+ * abort or a failure of the work queued before it empties the queue anyway, which wakes it sooner. */
+#define ROOM_LOOK_NS 10000000ull
+
+/* Waits until `s` has room for one more task list (s->mu held; held again on return): ncclSuccess, or the error
+ * that ended the wait -- the list's communicators failed (room_check), the stream is being destroyed. A signal
+ * delivered to this thread ends it too, with success: the list is queued over the bound and the call returns, so
+ * that the caller's handler runs (Python's, at once; Ctrl-C raises KeyboardInterrupt there). */
+static ncclResult_t wait_room_locked(struct pycollStream* s, struct task* list) {
+  s->room_waiters++;
+  hurry_locked(s); /* the stream's thread takes the head now, not when a deferred wake or a reservation would */
+  ncclResult_t r = ncclSuccess;
+  bool first = true;
+  while (s->queued >= stream_depth) {
+    if (s->destroying) {
+      WARN("%s : the stream was destroyed while the operation waited for room on it", list->opname);
+      r = ncclInvalidUsage;
+      break;
+    }
+    uint32_t seen = __atomic_load_n(&s->room, __ATOMIC_SEQ_CST);
+    pthread_mutex_unlock(&s->mu);
+    if (first) {
+      first = false;
+      if (UNLIKELY(fp_hit("host.stream.full"))) {
+        WARN("%s : failpoint host.stream.full", list->opname);
+        r = ncclSystemError;
+      }
+      if (r == ncclSuccess) r = room_check(list);
+    }
+    int e = r == ncclSuccess ? futex_wait(&s->room, seen, ROOM_LOOK_NS, false) : 0;
+    /* after each wake, also the one for room: an abort or a failure empties the queue, and the operation is then
+     * refused with its error rather than queued to fail */
+    if (r == ncclSuccess && e != EINTR) r = room_check(list);
+    pthread_mutex_lock(&s->mu);
+    if (r != ncclSuccess || e == EINTR) break;
+  }
+  if (--s->room_waiters == 0 && s->destroying) pthread_cond_broadcast(&s->idle);
+  return r;
 }
 
 bool stream_valid(pycollStream_t s) { return handle_valid(s, H_STREAM); }
@@ -260,6 +361,7 @@ static void* stream_main(void* arg) {
     struct item* it = s->head;
     s->head = it->next;
     if (!s->head) s->tail = NULL;
+    if (it->kind == IT_TASKS) room_taken_locked(s);
     s->running = true;
     pthread_mutex_unlock(&s->mu);
     if (took_over && it->kind == IT_TASKS && UNLIKELY(fp_hit("host.stream.takeover"))) {
@@ -298,6 +400,17 @@ static ncclResult_t push_raw(struct pycollStream* s, int kind, struct task* task
   it->tasks = tasks;
   it->m = m;
   pthread_mutex_lock(&s->mu);
+  if (kind == IT_TASKS) {
+    if (UNLIKELY(s->queued >= stream_depth && stream_depth)) {
+      ncclResult_t r = wait_room_locked(s, tasks);
+      if (r != ncclSuccess) {
+        pthread_mutex_unlock(&s->mu);
+        free(it);
+        return r;
+      }
+    }
+    s->queued++;
+  }
   if (s->tail) s->tail->next = it;
   else __atomic_store_n(&s->head, it, __ATOMIC_RELEASE);
   s->tail = it;
@@ -425,6 +538,7 @@ static void hand_back_locked(struct pycollStream* s, struct item* it) {
   it->next = s->head;
   __atomic_store_n(&s->head, it, __ATOMIC_RELEASE);
   if (!s->tail) s->tail = it;
+  s->queued++; /* may pass the bound by this one: it was begun already */
 }
 
 /* What the caller's thread did not finish goes to the stream's thread, ahead of what was queued meanwhile (woken
@@ -559,6 +673,7 @@ static void stream_help(struct marker* m, uint64_t until) {
     if (!it || (it->kind != IT_TASKS && it->kind != IT_RECORD) || __atomic_load_n(&m->done, __ATOMIC_ACQUIRE)) break;
     s->head = it->next;
     if (!s->head) s->tail = NULL;
+    if (it->kind == IT_TASKS) room_taken_locked(s);
     pthread_mutex_unlock(&s->mu);
     if (it->kind == IT_TASKS && !run_borrowed(it->tasks, until, UINT64_MAX)) {
       pthread_mutex_lock(&s->mu);
@@ -661,6 +776,12 @@ NCCL_API int pycollStreamDestroy(pycollStream_t s) {
   }
   struct pycollStream* expected = s;
   __atomic_compare_exchange_n(&legacy_stream, &expected, NULL, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+  pthread_mutex_lock(&s->mu); /* a thread waiting for room on it leaves (with an error) before it goes */
+  s->destroying = true;
+  __atomic_add_fetch(&s->room, 1, __ATOMIC_SEQ_CST);
+  futex_wake(&s->room, false);
+  while (s->room_waiters) pthread_cond_wait(&s->idle, &s->mu);
+  pthread_mutex_unlock(&s->mu);
   push_raw(s, IT_STOP, NULL, NULL);
   pthread_join(s->thread, NULL);
   if (s->kick_fd >= 0) close(s->kick_fd);

@@ -126,6 +126,7 @@ def test_python_refuses_bad_host_settings_before_loading(name: str, value: str) 
     ("PYCOLL_HOST_DEFER_NS", ["0", "1000000", "1000000000"], ["-1", "1e6", "1000000001"]),
     ("PYCOLL_HOST_INLINE_NS", ["100000", "10000000", "10000000000"], ["0", "99999", "1e7", "10000000001"]),
     ("PYCOLL_HOST_PEER_CHECK_NS", ["100000", "1000000", "10000000000"], ["0", "99999", "1e6", "10000000001"]),
+    ("PYCOLL_HOST_STREAM_DEPTH", ["0", "1", "1024", str(1 << 24)], ["-1", "1e3", "1k", str((1 << 24) + 1)]),
     ("PYCOLL_HOST_INIT_TIMEOUT", ["0", "0.5", "300"], ["-1", "inf", "nan", "1e8", "soon"]),
     ("PYCOLL_HOST_BIND", ["0", "1"], ["2", "yes", "true"]),
     ("PYCOLL_HOST_WINDOW_ALLREDUCE", ["0", "1"], ["2", "-1", "on"]),

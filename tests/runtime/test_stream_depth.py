@@ -1,0 +1,207 @@
+"""A host stream holds at most PYCOLL_HOST_STREAM_DEPTH operations queued and not begun, as a GPU's launch queue holds
+about 1024 kernels: a rank that issues ``async_op=True`` operations and drops their Works waits for room once its
+stream is full instead of running thousands of operations ahead of a slow peer (their Works, arrays and events all
+kept meanwhile). The wait for room ends when the communicator is aborted, revoked or fails (a peer gone), and on a
+signal (Ctrl-C raises at once); a process killed, stopped or failed where it begins that wait (failpoint
+host.stream.full) fails its peer, no hang."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+from helpers.host_util import wait_until
+from helpers.mp import Died, error_and_time, run_ranks
+
+import pycoll
+from pycoll import _bindings as B
+
+pytestmark = pytest.mark.timeout(60)
+
+DEPTH = 48  # PYCOLL_HOST_STREAM_DEPTH in these tests
+ENV = {"PYCOLL_HOST_STREAM_DEPTH": str(DEPTH)}
+EVERY = 8  # pycoll._core._RETIRE_EVERY
+
+
+def _uid() -> bytes:
+    return bytes(B.load("host").get_unique_id())
+
+
+def _traced(path: str) -> bool:
+    return os.path.exists(path) and os.path.getsize(path) > 0
+
+
+def _ahead(rank, n, uid, trace):
+    """Rank 1 stops itself; rank 0 issues 400 operations (every fourth a group of two) and drops their Works. The
+    parent continues rank 1 once rank 0 waits for room (the failpoint's note)."""
+    if rank == 0:
+        os.environ["PYCOLL_FAILPOINTS"] = f"host.stream.full=note;trace={trace}"
+    c = pycoll.init(rank, n, unique_id=uid, backend="host", name="ahead", timeout=30)
+    try:
+        c.all_reduce(np.ones(1, np.float32))
+        if rank == 1:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        xs, most = [], 0
+        for i in range(400):
+            x = np.full(2, float(rank + i), np.float32)
+            xs.append(x)
+            if i % 4 == 3:
+                y = np.full(2, float(rank - i), np.float32)
+                xs.append(y)
+                with c.group():
+                    c.all_reduce(x, async_op=True)
+                    c.all_reduce(y, async_op=True)
+            else:
+                c.all_reduce(x, async_op=True)
+            most = max(most, len(c.outstanding()))
+        c.all_reduce(np.ones(1, np.float32), async_op=True).wait()  # everything before it is complete
+        for _ in range(EVERY):  # one of these retires them
+            c.all_reduce(np.ones(1, np.float32))
+        want = []
+        for i in range(400):
+            want.append([1.0 + 2 * i] * 2)
+            if i % 4 == 3:
+                want.append([1.0 - 2 * i] * 2)
+        return {"most": most, "right": [x.tolist() for x in xs] == want, "outstanding": len(c.outstanding())}
+    finally:
+        c.destroy()
+
+
+def _continue_when(trace):
+    """on_start: SIGCONT rank 1 once it has stopped and rank 0 waits for room."""
+
+    def on_start(procs):
+        def go():
+            pid = procs[1].pid
+
+            def stopped():
+                with open(f"/proc/{pid}/stat") as f:
+                    return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+            wait_until(lambda: stopped() and _traced(trace), 30, "rank 1 stopped and rank 0 waiting for room")
+            os.kill(pid, signal.SIGCONT)
+
+        threading.Thread(target=go, daemon=True).start()
+
+    return on_start
+
+
+def test_a_rank_ahead_of_a_stopped_peer_stays_within_the_depth(tmp_path):
+    """At most DEPTH task lists queued (a group's two operations are one), plus the one running and those completed
+    since the last retiring look: about 70 outstanding operations, not the 500 issued; every result right once rank 1
+    comes back, groups too; none left outstanding."""
+    trace = str(tmp_path / "full")
+    res = run_ranks(_ahead, 2, _uid(), trace, env=ENV, on_start=_continue_when(trace), timeout=50)
+    assert _traced(trace)
+    for r in res:
+        assert r["right"] and r["outstanding"] == 0, res
+    assert DEPTH <= res[0]["most"] < 2 * DEPTH, res
+
+
+def _issuer_waits(rank, n, uid, trace, done, what):
+    """Rank 0 issues until it waits for room on its full stream (rank 1 issues nothing until then); then ``what``:
+    rank 1 kills or stops itself, or a thread of rank 0 aborts or revokes its communicator or sends it SIGINT.
+    Returns what rank 0's loop raised and how long after the wait began."""
+    if rank == 0:
+        os.environ["PYCOLL_FAILPOINTS"] = f"host.stream.full=note;trace={trace}"
+    c = pycoll.init(rank, n, unique_id=uid, backend="host", name="waits", timeout=1.0,
+                    on_failure="report" if what == "sigint" else "abort")
+    c.all_reduce(np.ones(1, np.float32))
+    if rank == 1:
+        wait_until(lambda: _traced(trace), 30, "rank 0 waiting for room")
+        if what in ("kill", "stop"):
+            os.kill(os.getpid(), signal.SIGKILL if what == "kill" else signal.SIGSTOP)
+        wait_until(lambda: os.path.exists(done), 30, "rank 0 done")
+        c.abort()
+        return None
+    began = []
+
+    def act():
+        wait_until(lambda: _traced(trace), 30, "the wait for room")
+        began.append(time.monotonic())
+        if what == "sigint":
+            os.kill(os.getpid(), signal.SIGINT)
+        elif what in ("abort", "revoke"):
+            getattr(c, what)()
+
+    threading.Thread(target=act, daemon=True).start()
+
+    def loop():
+        for i in range(10 * DEPTH):
+            c.all_reduce(np.full(2, float(i), np.float32), async_op=True)
+
+    try:
+        name, _ = error_and_time(loop)
+    except KeyboardInterrupt:
+        name = "KeyboardInterrupt"
+    took = time.monotonic() - began[0] if began else None
+    open(done, "w").close()
+    c.abort()
+    return name, took
+
+
+@pytest.mark.parametrize("what,raised,within", [
+    ("kill", ("RemoteError", "PeerFailure"), 1.0),  # the peer's death fails the stream's work, then the wait
+    ("stop", ("CommTimeout",), 4.0),  # the watchdog's abort at the operations' 1 s deadline
+    ("abort", ("CommAborted",), 1.0),
+    ("revoke", ("CommRevoked",), 1.0),
+    ("sigint", ("KeyboardInterrupt",), 0.15),  # under "report", where nothing else releases it
+])
+def test_the_wait_for_room_ends_when_the_peer_dies_or_the_communicator_is_stopped(tmp_path, what, raised, within):
+    res = run_ranks(_issuer_waits, 2, _uid(), str(tmp_path / "full"), str(tmp_path / "done"), what, env=ENV,
+                    may_die=[1] if what in ("kill", "stop") else [], timeout=50)
+    name, took = res[0]
+    assert name in raised and took is not None and took < within, res
+    if what == "kill":
+        assert isinstance(res[1], Died), res
+
+
+def _killed_at_the_wait(rank, n, uid, trace, done, action):
+    """Rank 1 issues until its stream is full, where the failpoint acts; rank 0 issues nothing until then, then
+    blocking operations."""
+    if rank == 1:
+        os.environ["PYCOLL_FAILPOINTS"] = f"host.stream.full={action};trace={trace}"
+    c = pycoll.init(rank, n, unique_id=uid, backend="host", name="at the wait", timeout=1.0)
+    c.all_reduce(np.ones(1, np.float32))
+    if rank == 1:
+        try:
+            for i in range(10 * DEPTH):
+                c.all_reduce(np.full(2, float(i), np.float32), async_op=True)
+            out = "no error"
+        except pycoll.PycollError as e:
+            out = f"{type(e).__name__}: {e}"
+        open(done, "w").close()
+        c.abort()
+        return out
+    wait_until(lambda: _traced(trace), 30, "rank 1 at the failpoint")
+    if action == "raise":
+        wait_until(lambda: os.path.exists(done), 30, "rank 1 done")
+        c.abort()
+        return None
+
+    def blocking():
+        for _ in range(2 * DEPTH):
+            c.all_reduce(np.ones(2, np.float32))
+
+    out = error_and_time(blocking)
+    c.abort()
+    return out
+
+
+@pytest.mark.parametrize("action", ["kill", "stop"])
+def test_a_rank_killed_or_stopped_where_it_waits_for_room_fails_its_peer(tmp_path, action):
+    res = run_ranks(_killed_at_the_wait, 2, _uid(), str(tmp_path / "fp"), str(tmp_path / "done"), action, env=ENV,
+                    may_die=[1], timeout=50)
+    assert isinstance(res[1], Died), res
+    name, took = res[0]
+    assert name == ("RemoteError" if action == "kill" else "CommTimeout") and took < 4, res
+
+
+def test_a_wait_for_room_refused_fails_the_call_naming_the_failpoint(tmp_path):
+    res = run_ranks(_killed_at_the_wait, 2, _uid(), str(tmp_path / "fp"), str(tmp_path / "done"), "raise", env=ENV,
+                    timeout=50)
+    assert "host.stream.full" in res[1], res
