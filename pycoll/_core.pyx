@@ -942,15 +942,38 @@ cdef _refresh(CommCore comm, Work w, object dev, Library lib):
         _stage(_ST_DONE)
 
 
+cdef enum:
+    # the most events a communicator's pool keeps (two per operation): what a burst of outstanding operations
+    # returned beyond it is destroyed as it comes back, so that the pool does not keep the burst's peak for the
+    # communicator's life
+    _EVENTS_KEPT = 64
+
+
 cdef _retire(CommCore comm, Work w):
     (<dict>comm._pending).pop(w, None)
-    events = comm._events
+    cdef list events = comm._events
     if w._start is not None:
         events.append(w._start)
     if w._end is not None:
         events.append(w._end)
     w._start = w._end = None
     w.inputs = w.outputs = []  # let the arrays go
+    if len(events) > _EVENTS_KEPT:
+        _give_back_events(comm, events)
+
+
+cdef int _give_back_events(CommCore comm, list events) except -1:
+    """Destroy the events of ``comm``'s pool beyond ``_EVENTS_KEPT`` (completed, and no operation's any more)."""
+    extra = events[_EVENTS_KEPT:]
+    del events[_EVENTS_KEPT:]
+    dev = comm.device
+    for ev in extra:
+        try:
+            dev.destroy_event(ev)
+        except Exception:  # a device that fails here loses an event's memory, never an operation
+            _log.exception("destroying an event of the pool of %r", comm.name)
+            return 0
+    return 0
 
 
 def retire(CommCore comm, Work w):

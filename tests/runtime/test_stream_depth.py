@@ -1,9 +1,9 @@
 """A host stream holds at most PYCOLL_HOST_STREAM_DEPTH operations queued and not begun, as a GPU's launch queue holds
 about 1024 kernels: a rank that issues ``async_op=True`` operations and drops their Works waits for room once its
 stream is full instead of running thousands of operations ahead of a slow peer (their Works, arrays and events all
-kept meanwhile). The wait for room ends when the communicator is aborted, revoked or fails (a peer gone), and on a
-signal (Ctrl-C raises at once); a process killed, stopped or failed where it begins that wait (failpoint
-host.stream.full) fails its peer, no hang."""
+kept meanwhile), and the Communicator's event pool gives back what a burst left beyond its bound. The wait for room
+ends when the communicator is aborted, revoked or fails (a peer gone), and on a signal (Ctrl-C raises at once); a
+process killed, stopped or failed where it begins that wait (failpoint host.stream.full) fails its peer, no hang."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ pytestmark = pytest.mark.timeout(60)
 DEPTH = 48  # PYCOLL_HOST_STREAM_DEPTH in these tests
 ENV = {"PYCOLL_HOST_STREAM_DEPTH": str(DEPTH)}
 EVERY = 8  # pycoll._core._RETIRE_EVERY
+KEPT = 64  # pycoll._core._EVENTS_KEPT
 
 
 def _uid() -> bytes:
@@ -66,7 +67,8 @@ def _ahead(rank, n, uid, trace):
             want.append([1.0 + 2 * i] * 2)
             if i % 4 == 3:
                 want.append([1.0 - 2 * i] * 2)
-        return {"most": most, "right": [x.tolist() for x in xs] == want, "outstanding": len(c.outstanding())}
+        return {"most": most, "right": [x.tolist() for x in xs] == want, "outstanding": len(c.outstanding()),
+                "pooled": len(c._events)}
     finally:
         c.destroy()
 
@@ -90,16 +92,19 @@ def _continue_when(trace):
     return on_start
 
 
-def test_a_rank_ahead_of_a_stopped_peer_stays_within_the_depth(tmp_path):
+def test_a_rank_ahead_of_a_stopped_peer_stays_within_the_depth_and_its_pool_shrinks(tmp_path):
     """At most DEPTH task lists queued (a group's two operations are one), plus the one running and those completed
     since the last retiring look: about 70 outstanding operations, not the 500 issued; every result right once rank 1
-    comes back, groups too; none left outstanding."""
+    comes back, groups too; none left outstanding, and the event pool, which the outstanding operations' events
+    refilled past its bound, back to KEPT events."""
     trace = str(tmp_path / "full")
     res = run_ranks(_ahead, 2, _uid(), trace, env=ENV, on_start=_continue_when(trace), timeout=50)
     assert _traced(trace)
     for r in res:
         assert r["right"] and r["outstanding"] == 0, res
+        assert r["pooled"] <= KEPT, res
     assert DEPTH <= res[0]["most"] < 2 * DEPTH, res
+    assert res[0]["pooled"] == KEPT, res  # 2 events for each of more than KEPT / 2 operations came back
 
 
 def _issuer_waits(rank, n, uid, trace, done, what):
