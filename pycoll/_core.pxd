@@ -55,3 +55,4 @@ cdef class CommCore:
     cdef CudaDriver _driver  # its CUDA device's driver table (None: another kind of device, or none)
     cdef int _cudev  # the driver's handle of its CUDA device
     cdef bint _timed  # its events measure time
+    cdef Py_ssize_t _depth  # its host library's PYCOLL_HOST_STREAM_DEPTH (0: no bound, or not a host device)

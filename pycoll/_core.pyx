@@ -563,6 +563,9 @@ cdef inline Library _comm_lib(CommCore comm):
 cdef int _see_device(CommCore comm, object dev) except -1:
     cdef int handle = -1
     comm._hostlib = _host_lib(dev)
+    comm._depth = 0
+    if comm._hostlib is not None and comm._hostlib.fn.pycollStreamWaitRoom != NULL:
+        comm._depth = _settings.get("PYCOLL_HOST_STREAM_DEPTH")  # what the library read as it was loaded
     comm._timed = bool(dev.events_timed)
     driver = getattr(dev, "driver", None)
     comm._driver = None
@@ -810,6 +813,8 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
     try:
         if capture is not None:
             return comm._captured(w, call, h, stream, group)
+        if comm._depth and group is None and stream and len(<dict>comm._pending) >= comm._depth:
+            _wait_room(comm, w, lib, stream)  # its stream may be full: wait here, not in the library call
         previous = _swap_current(comm, dev, drv) if comm._guard_device else None
         try:
             comm._lock.take(-1)
@@ -852,6 +857,42 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
         raise
     finally:
         comm._user = user  # None, or this thread's own (a nested launch)
+
+
+cdef int _wait_room(CommCore comm, Work w, Library lib, object stream) except -1:
+    """Wait until the host stream ``stream`` has room for ``w`` (fewer than ``PYCOLL_HOST_STREAM_DEPTH`` operations
+    queued and not begun), as a GPU launch waits on a full queue, but in slices of ``_SLICE_S``, as a Work's wait:
+    in between, the signals' handlers run (Ctrl-C raises), the oldest outstanding operations are retired, the
+    oldest one's deadline is looked at (past it, :meth:`Communicator.check` records the timeout and its policy acts,
+    ``"report"`` too) and the communicator's failure, abort or revoke is raised. Only where the communicator has at
+    least that many operations outstanding (its stream cannot be full otherwise): one comparison per operation."""
+    cdef pycollStream_t s = <pycollStream_t><uintptr_t>stream
+    cdef uint64_t ns = <uint64_t>(_SLICE_S * 1e9)
+    cdef int r
+    cdef char text[1024]
+    cdef ncclComm_t c
+    while True:
+        with nogil:
+            r = lib.fn.pycollStreamWaitRoom(s, ns)
+        if r == 0:
+            return 0
+        if r != _IN_PROGRESS:  # refused (failpoint host.stream.full): raised as the library call's error would be
+            text[0] = 0
+            c = <ncclComm_t><uintptr_t>(comm._handle or 0)
+            _last_error(lib, c, text, sizeof(text))
+            comm.handle_call_error(error_class(r)(r, "pycollStreamWaitRoom", lib.get_error_string(r),
+                                                  text.decode("utf-8", "replace"), lib.path), w)
+        PyErr_CheckSignals()
+        if comm._failure is None and comm._state == "active":
+            _retire_completed(comm)
+            oldest = next(iter(<dict>comm._pending), None)
+            if oldest is not None and _monotonic() - (<Work>oldest).t0 > (<Work>oldest).timeout:
+                comm.check(_monotonic())
+        if comm._failure is not None:
+            comm.await_failure_handled()
+            raise comm._failure
+        if comm._state != "active":
+            comm._check_usable(w.op)
 
 
 cdef int _complete(CommCore comm, Work w, object dev, Library lib) except -1:
@@ -1551,9 +1592,10 @@ cdef object _own_stream(CommCore comm, bint blocking):
     (10 ms) back to the stream, so the caller's wait keeps its deadline under every policy; that wait
     takes it up again (the stream's thread what nobody comes back for: ``PYCOLL_HOST_DEFER_NS``). Inside
     a group nothing reaches the stream before the group ends: :class:`GroupScope` decides for the
-    whole group then. An operation (or a group's end) that finds ``PYCOLL_HOST_STREAM_DEPTH`` operations queued
-    on it and not begun waits in its library call, as a GPU launch waits on a full queue, until one is taken or
-    the communicator fails, is aborted or revoked (then the call raises that), or a signal comes.
+    whole group then. An operation that may find ``PYCOLL_HOST_STREAM_DEPTH`` operations queued on it and not
+    begun waits for room first (:func:`_wait_room`: in slices, with the deadlines, the failure and the signals
+    looked at in between); a group's end waits in its library call, until one is taken, the communicator fails, is
+    aborted or revoked (the call raises that), or a signal comes.
     """
     s = comm._stream
     if s is None:

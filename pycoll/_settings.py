@@ -183,8 +183,9 @@ _ALL = (
             "before it hands what is unfinished back to the stream (its wait takes it up again)",
             minimum=100000, maximum=1e10),
     Setting("PYCOLL_HOST_STREAM_DEPTH", "int", 1024, "the most operations a host stream holds queued and not begun "
-            "(a GPU's launch queue holds about 1024): queuing one more waits until one is taken, the communicator "
-            "fails or is aborted or revoked, or a signal comes; 0: no bound", minimum=0, maximum=1 << 24),
+            "(a GPU's launch queue holds about 1024): queuing one more waits until one is taken (the Communicator as a "
+            "Work's wait does: deadlines, failure, abort, revoke, Ctrl-C), the communicator fails or is aborted or "
+            "revoked, or a signal comes; 0: no bound", minimum=0, maximum=1 << 24),
     Setting("PYCOLL_HOST_PEER_CHECK_NS", "int", 1000000, "ns between a host waiter's looks at its peers' "
             "processes, and its longest sleep (a peer on this host that exits wakes it at once anyway)",
             minimum=100000, maximum=1e10),

@@ -237,6 +237,7 @@ HOST_FUNCTIONS = (
     "pycollStreamDestroy",
     "pycollStreamSynchronize",
     "pycollStreamQuery",
+    "pycollStreamWaitRoom",
     "pycollStreamWaitEvent",
     "pycollEventCreate",
     "pycollEventDestroy",

@@ -119,6 +119,20 @@ cdef class HostLibrary(Library):
         with nogil: _cap(&self.fn, NULL, &cr, self.fn.pycollStreamQuery(s))
         return _check(self, &cr, "pycollStreamQuery") == ncclSuccess
 
+    def host_stream_wait_room(self, stream, double timeout):
+        """pycollStreamWaitRoom: block (GIL released) until ``stream`` holds fewer than ``PYCOLL_HOST_STREAM_DEPTH``
+        operations not begun, or ``timeout`` seconds pass; True when it has room (a call queuing one more would not
+        wait for it)."""
+        cdef pycollStream_t s = <pycollStream_t>_handle(stream, "stream")
+        cdef uint64_t ns
+        cdef _Call cr
+        if not timeout >= 0:
+            raise ValueError(f"timeout must be >= 0 seconds, got {timeout}")
+        ns = <uint64_t>(timeout * 1e9) if timeout < 1e9 else <uint64_t>0xFFFFFFFFFFFFFFFF
+        _need(self, <void*>self.fn.pycollStreamWaitRoom, "pycollStreamWaitRoom")
+        with nogil: _cap(&self.fn, NULL, &cr, self.fn.pycollStreamWaitRoom(s, ns))
+        return _check(self, &cr, "pycollStreamWaitRoom") == ncclSuccess
+
     def host_stream_wait_event(self, stream, event):
         """pycollStreamWaitEvent: later work on ``stream`` waits for ``event``."""
         cdef pycollStream_t s = <pycollStream_t>_handle(stream, "stream")

@@ -241,6 +241,7 @@ cdef _resolve(Library lib):
     t.pycollStreamDestroy = <pycollStreamDestroy_fn>lib._sym("pycollStreamDestroy")
     t.pycollStreamSynchronize = <pycollStreamSynchronize_fn>lib._sym("pycollStreamSynchronize")
     t.pycollStreamQuery = <pycollStreamQuery_fn>lib._sym("pycollStreamQuery")
+    t.pycollStreamWaitRoom = <pycollStreamWaitRoom_fn>lib._sym("pycollStreamWaitRoom")
     t.pycollStreamWaitEvent = <pycollStreamWaitEvent_fn>lib._sym("pycollStreamWaitEvent")
     t.pycollEventCreate = <pycollEventCreate_fn>lib._sym("pycollEventCreate")
     t.pycollEventDestroy = <pycollEventDestroy_fn>lib._sym("pycollEventDestroy")

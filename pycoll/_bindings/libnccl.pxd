@@ -654,6 +654,7 @@ ctypedef int (*pycollStreamCreate_fn)(pycollStream_t* stream) noexcept nogil
 ctypedef int (*pycollStreamDestroy_fn)(pycollStream_t stream) noexcept nogil
 ctypedef int (*pycollStreamSynchronize_fn)(pycollStream_t stream) noexcept nogil
 ctypedef int (*pycollStreamQuery_fn)(pycollStream_t stream) noexcept nogil
+ctypedef int (*pycollStreamWaitRoom_fn)(pycollStream_t stream, uint64_t timeout_ns) noexcept nogil
 ctypedef int (*pycollStreamWaitEvent_fn)(pycollStream_t stream, pycollEvent_t event) noexcept nogil
 ctypedef int (*pycollEventCreate_fn)(pycollEvent_t* event) noexcept nogil
 ctypedef int (*pycollEventDestroy_fn)(pycollEvent_t event) noexcept nogil
@@ -780,6 +781,7 @@ ctypedef struct pycoll_nccl_table:
     pycollStreamDestroy_fn pycollStreamDestroy
     pycollStreamSynchronize_fn pycollStreamSynchronize
     pycollStreamQuery_fn pycollStreamQuery
+    pycollStreamWaitRoom_fn pycollStreamWaitRoom
     pycollStreamWaitEvent_fn pycollStreamWaitEvent
     pycollEventCreate_fn pycollEventCreate
     pycollEventDestroy_fn pycollEventDestroy

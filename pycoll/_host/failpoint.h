@@ -26,8 +26,10 @@
  *                                             thread did not come back for it within PYCOLL_HOST_DEFER_NS
  *                                             ("raise" fails those operations instead)
  *   host.stream.full                          a thread queuing an operation onto a stream that holds
- *                                             PYCOLL_HOST_STREAM_DEPTH already, as it begins to wait for room
- *                                             ("raise": the call fails instead, nothing queued)
+ *                                             PYCOLL_HOST_STREAM_DEPTH already, as it begins to wait for room,
+ *                                             and each pycollStreamWaitRoom that finds the stream full (the
+ *                                             Communicator's wait calls it every 5 ms) ("raise": the call fails
+ *                                             instead, nothing queued)
  */
 #ifndef PYCOLL_FAILPOINT_H
 #define PYCOLL_FAILPOINT_H

@@ -105,6 +105,11 @@ int pycollStreamDestroy(pycollStream_t stream);
 int pycollStreamSynchronize(pycollStream_t stream);
 /* ncclSuccess when everything enqueued has run, ncclInProgress otherwise. */
 int pycollStreamQuery(pycollStream_t stream);
+/* Waits at most `timeout_ns` for room on `stream`: ncclSuccess once it holds fewer than PYCOLL_HOST_STREAM_DEPTH
+ * operations not begun (at once where it does, or has no bound), ncclInProgress while it is still full. A caller
+ * that would rather wait in slices -- to look at its deadlines and signals in between -- than in the queuing call
+ * (pycoll's Communicator) calls it first. A signal delivered to the calling thread ends it early. */
+int pycollStreamWaitRoom(pycollStream_t stream, uint64_t timeout_ns);
 /* Work enqueued on `stream` after this call waits until `event` has completed. */
 int pycollStreamWaitEvent(pycollStream_t stream, pycollEvent_t event);
 

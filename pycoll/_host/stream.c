@@ -810,6 +810,30 @@ NCCL_API int pycollStreamSynchronize(pycollStream_t s) {
   return ncclSuccess;
 }
 
+NCCL_API int pycollStreamWaitRoom(pycollStream_t s, uint64_t timeout_ns) {
+  CHECK_STREAM(s, "pycollStreamWaitRoom");
+  pthread_mutex_lock(&s->mu);
+  if (!stream_depth || s->queued < stream_depth || s->destroying) {
+    pthread_mutex_unlock(&s->mu);
+    return ncclSuccess;
+  }
+  s->room_waiters++;
+  hurry_locked(s);
+  uint32_t seen = __atomic_load_n(&s->room, __ATOMIC_SEQ_CST);
+  pthread_mutex_unlock(&s->mu);
+  int r = ncclInProgress;
+  if (UNLIKELY(fp_hit("host.stream.full"))) {
+    WARN("pycollStreamWaitRoom : failpoint host.stream.full");
+    r = ncclSystemError;
+  }
+  if (r == ncclInProgress && timeout_ns) futex_wait(&s->room, seen, timeout_ns, false);
+  pthread_mutex_lock(&s->mu);
+  if (r == ncclInProgress && (s->queued < stream_depth || s->destroying)) r = ncclSuccess;
+  if (--s->room_waiters == 0 && s->destroying) pthread_cond_broadcast(&s->idle);
+  pthread_mutex_unlock(&s->mu);
+  return r;
+}
+
 NCCL_API int pycollStreamQuery(pycollStream_t s) {
   CHECK_STREAM(s, "pycollStreamQuery");
   pthread_mutex_lock(&s->mu);

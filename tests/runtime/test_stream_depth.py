@@ -109,16 +109,17 @@ def test_a_rank_ahead_of_a_stopped_peer_stays_within_the_depth_and_its_pool_shri
 
 def _issuer_waits(rank, n, uid, trace, done, what):
     """Rank 0 issues until it waits for room on its full stream (rank 1 issues nothing until then); then ``what``:
-    rank 1 kills or stops itself, or a thread of rank 0 aborts or revokes its communicator or sends it SIGINT.
+    rank 1 kills or stops itself, or a thread of rank 0 aborts or revokes its communicator or sends it SIGINT
+    ("sigint" and "stop, report" under on_failure="report").
     Returns what rank 0's loop raised and how long after the wait began."""
     if rank == 0:
         os.environ["PYCOLL_FAILPOINTS"] = f"host.stream.full=note;trace={trace}"
     c = pycoll.init(rank, n, unique_id=uid, backend="host", name="waits", timeout=1.0,
-                    on_failure="report" if what == "sigint" else "abort")
+                    on_failure="report" if what in ("sigint", "stop, report") else "abort")
     c.all_reduce(np.ones(1, np.float32))
     if rank == 1:
         wait_until(lambda: _traced(trace), 30, "rank 0 waiting for room")
-        if what in ("kill", "stop"):
+        if what in ("kill", "stop", "stop, report"):
             os.kill(os.getpid(), signal.SIGKILL if what == "kill" else signal.SIGSTOP)
         wait_until(lambda: os.path.exists(done), 30, "rank 0 done")
         c.abort()
@@ -152,13 +153,19 @@ def _issuer_waits(rank, n, uid, trace, done, what):
 @pytest.mark.parametrize("what,raised,within", [
     ("kill", ("RemoteError", "PeerFailure"), 1.0),  # the peer's death fails the stream's work, then the wait
     ("stop", ("CommTimeout",), 4.0),  # the watchdog's abort at the operations' 1 s deadline
+    ("stop, report", ("CommTimeout",), 2.0),  # no watchdog, no abort: the wait looks at the oldest one's deadline
     ("abort", ("CommAborted",), 1.0),
     ("revoke", ("CommRevoked",), 1.0),
     ("sigint", ("KeyboardInterrupt",), 0.15),  # under "report", where nothing else releases it
 ])
 def test_the_wait_for_room_ends_when_the_peer_dies_or_the_communicator_is_stopped(tmp_path, what, raised, within):
-    res = run_ranks(_issuer_waits, 2, _uid(), str(tmp_path / "full"), str(tmp_path / "done"), what, env=ENV,
-                    may_die=[1] if what in ("kill", "stop") else [], timeout=50)
+    """The Communicator waits for room in slices (``_core._wait_room``), as a Work's wait: a peer's death fails the
+    operations queued before (and the wait with them); a stopped peer's operations time out at their deadline, which
+    the watchdog's round or, without one, the wait itself finds (under "report" too); an abort or revoke from another
+    thread and Ctrl-C raise at once."""
+    env = {**ENV, "PYCOLL_WATCHDOG": "0"} if what == "stop, report" else ENV
+    res = run_ranks(_issuer_waits, 2, _uid(), str(tmp_path / "full"), str(tmp_path / "done"), what, env=env,
+                    may_die=[1] if what.startswith(("kill", "stop")) else [], timeout=50)
     name, took = res[0]
     assert name in raised and took is not None and took < within, res
     if what == "kill":
