@@ -56,3 +56,6 @@ cdef class CommCore:
     cdef int _cudev  # the driver's handle of its CUDA device
     cdef bint _timed  # its events measure time
     cdef Py_ssize_t _depth  # its host library's PYCOLL_HOST_STREAM_DEPTH (0: no bound, or not a host device)
+    cdef Py_ssize_t _pool_low  # the fewest events its pool held since its last look at the pool (_trim_pool)
+    cdef Py_ssize_t _pool_retired  # operations retired since the last _TRIM_EVERY-th
+    cdef double _pool_since  # when that look was (monotonic s)

@@ -626,7 +626,10 @@ cdef object _new_event(CommCore comm, object dev):
     if not events:
         for _ in range(4):
             events.append(dev.create_event())
-    return events.pop()
+    ev = events.pop()
+    if len(events) < comm._pool_low:
+        comm._pool_low = len(events)
+    return ev
 
 
 cdef void _record(object dev, Library lib, CudaDriver drv, object event, object stream) except *:
@@ -984,10 +987,19 @@ cdef _refresh(CommCore comm, Work w, object dev, Library lib):
 
 
 cdef enum:
-    # the most events a communicator's pool keeps (two per operation): what a burst of outstanding operations
-    # returned beyond it is destroyed as it comes back, so that the pool does not keep the burst's peak for the
-    # communicator's life
-    _EVENTS_KEPT = 64
+    _EVENTS_KEPT = 64  # the events a communicator's pool keeps whatever happens (two per operation)
+    _TRIM_EVERY = 256  # its pool is looked at every this many operations retired
+
+cdef double _trim_after = 1.0  # seconds: events no operation took for that long are surplus (pool_trim_after)
+
+
+def pool_trim_after(seconds=None):
+    """How long the events of a communicator's pool must have stayed unused before they are given back (1 s);
+    ``seconds``: change it (tests: 0 gives them back at the next look); returns the setting."""
+    global _trim_after
+    if seconds is not None:
+        _trim_after = _seconds(seconds, False)
+    return _trim_after
 
 
 cdef _retire(CommCore comm, Work w):
@@ -999,21 +1011,34 @@ cdef _retire(CommCore comm, Work w):
         events.append(w._end)
     w._start = w._end = None
     w.inputs = w.outputs = []  # let the arrays go
-    if len(events) > _EVENTS_KEPT:
-        _give_back_events(comm, events)
+    comm._pool_retired += 1
+    if comm._pool_retired >= _TRIM_EVERY:
+        _trim_pool(comm, events)
 
 
-cdef int _give_back_events(CommCore comm, list events) except -1:
-    """Destroy the events of ``comm``'s pool beyond ``_EVENTS_KEPT`` (completed, and no operation's any more)."""
-    extra = events[_EVENTS_KEPT:]
-    del events[_EVENTS_KEPT:]
-    dev = comm.device
-    for ev in extra:
-        try:
-            dev.destroy_event(ev)
-        except Exception:  # a device that fails here loses an event's memory, never an operation
-            _log.exception("destroying an event of the pool of %r", comm.name)
-            return 0
+cdef int _trim_pool(CommCore comm, list events) except -1:
+    """Every ``_TRIM_EVERY`` retirements: destroy the events of ``comm``'s pool that no operation took for
+    ``pool_trim_after()`` seconds or more (its fewest events in that time), beyond ``_EVENTS_KEPT``. A burst of
+    outstanding operations, whose events all came back to the pool, does not keep that peak for the communicator's
+    life; a loop that keeps drawing on the pool (operations issued faster than they complete, groups of many waited
+    for together) destroys none and makes none again."""
+    comm._pool_retired = 0
+    cdef double now = _monotonic()
+    cdef Py_ssize_t keep
+    if now - comm._pool_since < _trim_after:
+        return 0
+    keep = _EVENTS_KEPT + len(events) - min(comm._pool_low, len(events))
+    if len(events) > keep:
+        extra = events[keep:]
+        del events[keep:]
+        dev = comm.device
+        for ev in extra:
+            try:
+                dev.destroy_event(ev)
+            except Exception:  # a device that fails here loses an event's memory, never an operation
+                _log.exception("destroying an event of the pool of %r", comm.name)
+                break
+    comm._pool_low, comm._pool_since = len(events), now
     return 0
 
 

@@ -19,6 +19,7 @@ from helpers.mp import Died, error_and_time, run_ranks
 
 import pycoll
 from pycoll import _bindings as B
+from pycoll._core import pool_trim_after
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -26,6 +27,7 @@ DEPTH = 48  # PYCOLL_HOST_STREAM_DEPTH in these tests
 ENV = {"PYCOLL_HOST_STREAM_DEPTH": str(DEPTH)}
 EVERY = 8  # pycoll._core._RETIRE_EVERY
 KEPT = 64  # pycoll._core._EVENTS_KEPT
+TRIM_EVERY = 256  # pycoll._core._TRIM_EVERY
 
 
 def _uid() -> bytes:
@@ -41,6 +43,7 @@ def _ahead(rank, n, uid, trace):
     parent continues rank 1 once rank 0 waits for room (the failpoint's note)."""
     if rank == 0:
         os.environ["PYCOLL_FAILPOINTS"] = f"host.stream.full=note;trace={trace}"
+    pool_trim_after(0)  # the pool's surplus goes at its next look (1 s unused by default)
     c = pycoll.init(rank, n, unique_id=uid, backend="host", name="ahead", timeout=30)
     try:
         c.all_reduce(np.ones(1, np.float32))
@@ -67,8 +70,11 @@ def _ahead(rank, n, uid, trace):
             want.append([1.0 + 2 * i] * 2)
             if i % 4 == 3:
                 want.append([1.0 - 2 * i] * 2)
+        pooled = len(c._events)  # the burst's events, back
+        for _ in range(2 * TRIM_EVERY):  # each takes two events and gives them back; the pool is looked at twice in
+            c.all_reduce(np.ones(1, np.float32))  # these: the first look starts a window, the second trims
         return {"most": most, "right": [x.tolist() for x in xs] == want, "outstanding": len(c.outstanding()),
-                "pooled": len(c._events)}
+                "pooled after the burst": pooled, "pooled": len(c._events)}
     finally:
         c.destroy()
 
@@ -95,16 +101,17 @@ def _continue_when(trace):
 def test_a_rank_ahead_of_a_stopped_peer_stays_within_the_depth_and_its_pool_shrinks(tmp_path):
     """At most DEPTH task lists queued (a group's two operations are one), plus the one running and those completed
     since the last retiring look: about 70 outstanding operations, not the 500 issued; every result right once rank 1
-    comes back, groups too; none left outstanding, and the event pool, which the outstanding operations' events
-    refilled past its bound, back to KEPT events."""
+    comes back, groups too; none left outstanding. The event pool, which the outstanding operations' events refilled
+    past its bound, gives back what no operation took between two of its looks (here, with the trim window at 0):
+    KEPT events and the two a blocking operation takes are left."""
     trace = str(tmp_path / "full")
     res = run_ranks(_ahead, 2, _uid(), trace, env=ENV, on_start=_continue_when(trace), timeout=50)
     assert _traced(trace)
     for r in res:
         assert r["right"] and r["outstanding"] == 0, res
-        assert r["pooled"] <= KEPT, res
+        assert r["pooled"] <= KEPT + 2, res
     assert DEPTH <= res[0]["most"] < 2 * DEPTH, res
-    assert res[0]["pooled"] == KEPT, res  # 2 events for each of more than KEPT / 2 operations came back
+    assert res[0]["pooled after the burst"] > KEPT + 2, res  # 2 events for each of the ~70 operations came back
 
 
 def _issuer_waits(rank, n, uid, trace, done, what):
@@ -217,3 +224,28 @@ def test_a_wait_for_room_refused_fails_the_call_naming_the_failpoint(tmp_path):
     res = run_ranks(_killed_at_the_wait, 2, _uid(), str(tmp_path / "fp"), str(tmp_path / "done"), "raise", env=ENV,
                     timeout=50)
     assert "host.stream.full" in res[1], res
+
+
+def _bursts(rank, n, uid):
+    """Ten rounds of 100 async all_reduce waited for together, the pool trimmed at every look (window 0): each round
+    draws on the events the one before gave back."""
+    pool_trim_after(0)
+    c = pycoll.init(rank, n, unique_id=uid, backend="host", name="bursts")
+    made = []
+    create = c.device.create_event
+    c.device.create_event = lambda *a: made.append(1) or create(*a)
+    try:
+        for _ in range(10):
+            works = [c.all_reduce(np.ones(2, np.float32), async_op=True) for _ in range(100)]
+            for w in works:
+                w.wait()
+        return len(made)
+    finally:
+        c.destroy()
+
+
+def test_a_loop_of_bursts_makes_its_events_once():
+    """Events the next round takes again are no surplus: about 200 events made in all (two per operation of one
+    round), not 200 a round."""
+    for made in run_ranks(_bursts, 2, _uid(), timeout=50):
+        assert made <= 2 * 100 + 8, made
