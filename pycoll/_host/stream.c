@@ -377,7 +377,7 @@ static void* stream_main(void* arg) {
     pthread_mutex_lock(&s->mu);
     s->running = false;
     s->completed++;
-    if (record) marker_fire(it->m); /* counted and fired together: record_locked */
+    if (record) marker_fire(it->m); /* counted and fired together (above) */
     pthread_cond_broadcast(&s->idle);
     pthread_mutex_unlock(&s->mu);
     if (record) marker_release(it->m);
