@@ -427,14 +427,20 @@ static void run_local(struct task* t) {
   }
 }
 
-static void write_desc(struct task* t, int parity) {
-  struct op_desc* d = &t->comm->seg.ctrl[t->comm->rank].desc[parity];
-  d->op_seq = t->op_seq;
+/* What the ranks compare of an operation (same_op), into a descriptor: a step's, an eager message's, the collective
+ * a rank is in. */
+static void op_fields(struct op_desc* d, const struct task* t) {
   d->count = t->count;
   d->kind = t->kind;
   d->dtype = t->dtype;
   d->redop = redop_code(t);
   d->root = t->root;
+}
+
+static void write_desc(struct task* t, int parity) {
+  struct op_desc* d = &t->comm->seg.ctrl[t->comm->rank].desc[parity];
+  d->op_seq = t->op_seq;
+  op_fields(d, t);
   d->step = t->step;
   d->nsteps = t->nsteps;
   d->win_key = t->win_key;
@@ -499,11 +505,7 @@ static void publish_current(const struct task* t) {
   struct op_desc* d = &t->comm->seg.ctrl[t->comm->rank].cur;
   __atomic_store_n(&d->op_seq, UINT64_MAX, __ATOMIC_RELAXED);
   __atomic_thread_fence(__ATOMIC_RELEASE);
-  d->count = t->count;
-  d->kind = t->kind;
-  d->dtype = t->dtype;
-  d->redop = redop_code(t);
-  d->root = t->root;
+  op_fields(d, t);
   d->step = 0;
   __atomic_store_n(&d->op_seq, t->op_seq, __ATOMIC_RELEASE);
 }
@@ -618,11 +620,7 @@ static int eager_send(struct task* t, bool moved) {
     struct op_desc* d = (struct op_desc*)slot;
     memset(d, 0, sizeof *d);
     d->op_seq = t->op_seq;
-    d->count = t->count;
-    d->kind = t->kind;
-    d->dtype = t->dtype;
-    d->redop = redop_code(t);
-    d->root = t->root;
+    op_fields(d, t);
     char* payload = slot + sizeof *d;
     if (t->kind == TK_REDUCE) dt_publish(&t->rop, payload, t->sendbuff, t->count);
     else if (t->kind == TK_SCATTER) ph_copy(payload, at(t->sendbuff, (size_t)k * t->count, dt_size(t->dtype)), bytes);

@@ -159,7 +159,8 @@ def _issuer_waits(rank, n, uid, trace, done, what):
 
 @pytest.mark.parametrize("what,raised,within", [
     ("kill", ("RemoteError", "PeerFailure"), 1.0),  # the peer's death fails the stream's work, then the wait
-    ("stop", ("CommTimeout",), 4.0),  # the watchdog's abort at the operations' 1 s deadline
+    # the watchdog's abort at the operations' 1 s deadline (1.7 s; what many tests check of the watchdog): --runslow
+    pytest.param("stop", ("CommTimeout",), 4.0, marks=pytest.mark.slow),
     ("stop, report", ("CommTimeout",), 2.0),  # no watchdog, no abort: the wait looks at the oldest one's deadline
     ("abort", ("CommAborted",), 1.0),
     ("revoke", ("CommRevoked",), 1.0),
