@@ -145,25 +145,29 @@ def test_a_receiver_fails_as_any_sender_it_waits_for_dies_not_only_the_first():
     assert 0.2 < out[0] < 1.5, out
 
 
-def _killed_or_stopped_root(rank, n, path, action):
+def _killed_or_stopped_root(rank, n, folder, action):
     if rank == 0:
         os.environ["PYCOLL_FAILPOINTS"] = f"host.coll.eager={action}@3"
     # a store: the watchdog's liveness checks find a stopped peer through the process record it publishes there
-    comm = pycoll.init(rank, n, store=pycoll.FileStore(path), backend="host", timeout=20)
+    comm = pycoll.init(rank, n, store=pycoll.FileStore(os.path.join(folder, "store")), backend="host", timeout=20)
     x = np.ones(4, np.float32)
     comm.all_reduce(x)
     t0 = time.monotonic()
+    out = "no error", 0.0, ""
     try:
         for _ in range(4):
             comm.broadcast(x, root=0)  # the root dies (stops) sending its second, to rank 1 (before rank 2)
     except pycoll.CommFailure as e:
-        return type(e).__name__, time.monotonic() - t0, str(e)
-    return "no error", time.monotonic() - t0, ""
+        out = type(e).__name__, time.monotonic() - t0, str(e)
+    # both receivers stay until both failed: one that left first would be what the other's liveness check finds
+    open(os.path.join(folder, f"failed{rank}"), "w").close()
+    wait_until(lambda: all(os.path.exists(os.path.join(folder, f"failed{r}")) for r in (1, 2)), 20, "both failures")
+    return out
 
 
 @pytest.mark.parametrize("action", ["kill", "stop"])
 def test_a_root_killed_or_stopped_sending_fails_its_receivers(action, tmp_path):
-    out = run_ranks(_killed_or_stopped_root, 3, str(tmp_path / "store"), action, timeout=40, may_die=[0])
+    out = run_ranks(_killed_or_stopped_root, 3, str(tmp_path), action, timeout=40, may_die=[0])
     assert isinstance(out[0], Died)
     for name, took, text in out[1:]:
         assert name != "no error" and took < 8, out
