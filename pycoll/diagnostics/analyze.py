@@ -454,7 +454,7 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
                 break
             res["matched_through"] = s
             done = {r: coll[r][s] for r in present if s in coll[r] and coll[r][s].get("state") == "completed"}
-            for r in _parts_shown(done, res["missing_dumps"]):
+            for r in _parts_shown(done, res["missing_dumps"], members):
                 shown[r] = s
         res["unshown"] = _unshown(res, shown, coll, present)
     res["p2p"] = _check_p2p(members, present, p2p, stack_limit)
@@ -478,18 +478,26 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
 _SENDERS_RUN_AHEAD = frozenset({"broadcast", "_broadcast_oop", "scatter", "gather", "reduce", "_reduce_oop"})
 
 
-def _parts_shown(done: Dict[int, Dict[str, Any]], missing: List[int]) -> List[int]:
+def _parts_shown(done: Dict[int, Dict[str, Any]], missing: List[int], members: List[int]) -> List[int]:
     """The ranks of ``missing`` (without a dump) whose part in one collective its completion on the ranks of ``done``
     (rank -> completed entry) shows: every one for a collective that completes on no rank before every rank has
-    entered it; for one whose senders run ahead (:data:`_SENDERS_RUN_AHEAD`), only a sender to a rank of ``done``
-    that is known to be one: the other ranks of a gather whose root (the rank with an output) completed, the root of
-    a scatter (the rank with an input) when it is the only rank without a dump. A broadcast's or reduce's root is
-    not in the entries: there, none."""
+    entered it; for one whose senders run ahead (:data:`_SENDERS_RUN_AHEAD`), only a sender to a rank of ``done``:
+    by the root the entries recorded (``pycoll_root``, a rank of the communicator whose ``members`` are these global
+    ranks), every other rank where a gather's or reduce's root completed, the root where a broadcast's or scatter's
+    receiver did. Entries without a root (dumps of an earlier pycoll): the other ranks of a gather whose root (the
+    rank with an output) completed, the root of a scatter (the rank with an input) when it is the only rank without
+    a dump; none for a broadcast or a reduce."""
     if not done or not missing:
         return []
     op = _op_of(next(iter(done.values())))
     if op not in _SENDERS_RUN_AHEAD:
         return list(missing)
+    local = next((e["pycoll_root"] for e in done.values() if e.get("pycoll_root") is not None), None)
+    if isinstance(local, int) and 0 <= local < len(members):
+        root = members[local]
+        if op in ("gather", "reduce", "_reduce_oop"):
+            return list(missing) if root in done else []
+        return [root] if root in missing and any(r != root for r in done) else []
     if op == "gather" and any(_sizes(e.get("output_sizes")) for e in done.values()):
         return list(missing)
     if op == "scatter" and len(missing) == 1 and not any(_sizes(e.get("input_sizes")) for e in done.values()):

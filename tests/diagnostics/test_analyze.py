@@ -95,10 +95,13 @@ def test_missing_dump_is_reported_not_fatal(tmp_path, capsys):
     assert "missing dumps: ranks 3" in capsys.readouterr().out
 
 
-def _rooted_loop(op, ops_done, *, ar_at=()):
+def _rooted_loop(op, ops_done, *, ar_at=(), roots=True):
     """A script: all_reduce #1, then ``op`` (small: the host library's eager lane) until rank r has completed
     ``ops_done[r]`` operations after #1 (all_reduce at the sequence ids in ``ar_at``); each rank's next one is left
-    in flight. Rank 0 is the root: it has a gather's output and a scatter's input."""
+    in flight. Rank 0 is the root: it has a gather's output and a scatter's input, and the entries record it as the
+    root (``roots``; False: as an earlier pycoll's dumps, without)."""
+    root = 0 if roots else None
+
     def script(r, c):
         c.op("all_reduce", f32(2), f32(2))
         for i in range(ops_done[r] + 1):
@@ -106,29 +109,35 @@ def _rooted_loop(op, ops_done, *, ar_at=()):
             if i + 2 in ar_at:
                 c.op("all_reduce", f32(2), f32(2), state=state)
             elif op == "gather":
-                c.op("gather", f32(2), f32(2 * 3) if r == 0 else None, state=state)
+                c.op("gather", f32(2), f32(2 * 3) if r == 0 else None, state=state, root=root)
             elif op == "scatter":
-                c.op("scatter", f32(2 * 3) if r == 0 else None, f32(2), state=state)
+                c.op("scatter", f32(2 * 3) if r == 0 else None, f32(2), state=state, root=root)
             else:
-                c.op(op, f32(2), f32(2), state=state)
+                c.op(op, f32(2), f32(2), state=state, root=root)
     return script
 
 
 # (op, operations each rank completed after all_reduce #1, the rank whose dump is missing, all_reduce's seq ids,
-#  the collectives its part in is not shown: (from, through) or None)
+#  the collectives its part in is not shown: (from, through) or None, the entries record the root)
 RAN_AHEAD = {
     # a broadcast's receiver killed: its root ran ahead, the other receiver with it, and the root waits at #8
-    "broadcast receiver": ("broadcast", [6, 7, 2], 2, (), (2, 7)),
+    "broadcast receiver": ("broadcast", [6, 7, 2], 2, (), (2, 7), True),
     # an all_reduce in between shows that it got that far (#4), not further
-    "broadcast receiver, all_reduce": ("broadcast", [6, 7, 4], 2, (4,), (5, 7)),
+    "broadcast receiver, all_reduce": ("broadcast", [6, 7, 4], 2, (4,), (5, 7), True),
+    # a broadcast's root killed: its receivers' completions show its part
+    "broadcast root": ("broadcast", [2, 5, 4], 0, (), None, True),
     # a gather's root killed: its other ranks completed #2-#6 without it
-    "gather root": ("gather", [2, 5, 5], 0, (), (2, 6)),
+    "gather root": ("gather", [2, 5, 5], 0, (), (2, 6), True),
     # a gather's other rank killed: the root's completions show its part
-    "gather sender": ("gather", [2, 5, 1], 2, (), None),
-    # a scatter's root killed (the only rank without a dump): its receivers' completions show its part
-    "scatter root": ("scatter", [2, 4, 4], 0, (), None),
-    # a reduce's other rank: a reduce's root is not in the entries, so nothing shows its part
-    "reduce sender": ("reduce", [3, 5, 1], 2, (), (2, 4)),
+    "gather sender": ("gather", [2, 5, 1], 2, (), None, True),
+    # a scatter's root killed: its receivers' completions show its part
+    "scatter root": ("scatter", [2, 4, 4], 0, (), None, True),
+    # a reduce's other rank killed: the root's completions show its part
+    "reduce sender": ("reduce", [3, 5, 1], 2, (), None, True),
+    # dumps without the roots (an earlier pycoll's): a scatter's root only where it is the only rank without a dump
+    # (its input tells), a reduce's or broadcast's root nowhere, so nothing shows a reduce's sender's part
+    "scatter root, no roots": ("scatter", [2, 4, 4], 0, (), None, False),
+    "reduce sender, no roots": ("reduce", [3, 5, 1], 2, (), (2, 4), False),
 }
 
 
@@ -137,8 +146,8 @@ def test_a_rank_without_a_dump_is_not_taken_to_have_done_what_senders_ran_ahead_
     # a rooted collective's senders complete without waiting for the ranks they send to (up to 16 operations ahead
     # on the host library's eager lane): their completions must not pass for the part of a rank without a dump,
     # which the report said took part in every operation before the ranks with dumps got stuck
-    op, done, missing, ar_at, unshown = RAN_AHEAD[case]
-    d = make_dumps(tmp_path, 3, _rooted_loop(op, done, ar_at=ar_at), write_json=False)
+    op, done, missing, ar_at, unshown, roots = RAN_AHEAD[case]
+    d = make_dumps(tmp_path, 3, _rooted_loop(op, done, ar_at=ar_at, roots=roots), write_json=False)
     os.unlink(os.path.join(d, "generation_0", f"{PREFIX}{missing}"))
     _, c = one(d)
     assert c["missing_dumps"] == [missing]

@@ -68,9 +68,10 @@ class FakeComm:
 
     # -- driving it -----------------------------------------------------------------------------
 
-    def op(self, name, inp=None, out=None, *, peer=None, state="completed", timeout=30.0, capture_id=None):
+    def op(self, name, inp=None, out=None, *, peer=None, state="completed", timeout=30.0, capture_id=None, root=None):
         """Record one operation, left in ``state``; ``"captured"``: recorded into CUDA graph capture
-        ``capture_id`` (1 when not given), as the Communicator does on a capturing stream (never outstanding)."""
+        ``capture_id`` (1 when not given), as the Communicator does on a capturing stream (never outstanding);
+        ``root``: a rooted collective's root, as the Communicator sets ``Work.root``."""
         if state == "captured" and capture_id is None:
             capture_id = 1
         is_p2p = peer is not None
@@ -82,6 +83,7 @@ class FakeComm:
         outs = [as_buffer(out, writable=True)] if out is not None else []
         w = Work(self, name, self.coll_seq, self.p2p_seq, self.ops_issued, is_p2p, peer, timeout, 0, ins, outs,
                  capture_id=capture_id)
+        w.root = root
         self.recorder.work_enqueued(w)  # as Communicator._launch: before the library call
         w._state = state
         if state == "captured":
