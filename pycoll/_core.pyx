@@ -883,8 +883,7 @@ cdef int _wait_room(CommCore comm, Work w, Library lib, object stream) except -1
             text[0] = 0
             c = <ncclComm_t><uintptr_t>(comm._handle or 0)
             _last_error(lib, c, text, sizeof(text))
-            comm.handle_call_error(error_class(r)(r, "pycollStreamWaitRoom", lib.get_error_string(r),
-                                                  text.decode("utf-8", "replace"), lib.path), w)
+            comm.handle_call_error(_library_error(lib, r, "pycollStreamWaitRoom", text), w)
         PyErr_CheckSignals()
         if comm._failure is None and comm._state == "active":
             _retire_completed(comm)
@@ -1922,8 +1921,7 @@ cdef class _Call:
         PyErr_CheckSignals()  # a signal that came while the call ran: its handler runs now, as after a Python call
         if r == 0 or r == _IN_PROGRESS:
             return r
-        raise error_class(r)(r, _SENDRECV_STEPS[step] if self.kind == _SENDRECV else _FUNCTIONS[self.kind],
-                             lib.get_error_string(r), text.decode("utf-8", "replace"), lib.path)
+        raise _library_error(lib, r, _SENDRECV_STEPS[step] if self.kind == _SENDRECV else _FUNCTIONS[self.kind], text)
 
     cdef _by_method(self, h, stream):
         lib, cc, k = self.library, self.cc, self.kind
@@ -1958,6 +1956,12 @@ cdef class _Call:
                 raise
             return lib.group_end()
         return lib.recv(self.recv, self.count, self.datatype, self.root, h, stream)
+
+
+cdef object _library_error(Library lib, int r, object function, const char* text):
+    """The error ``r`` of the library's ``function`` as the bindings raise it, with the library's last error
+    ``text``."""
+    return error_class(r)(r, function, lib.get_error_string(r), text.decode("utf-8", "replace"), lib.path)
 
 
 cdef void _last_error(Library lib, ncclComm_t c, char* text, size_t size) noexcept nogil:

@@ -282,10 +282,10 @@ def _exchange_unique_id(lib: Any, unique_id: Any, store: Any, rank: int, world_s
         return uid
     try:
         value = bytes(store.get(key, timeout=timeout))
-        if value.startswith(_GIVEN_UP):
-            raise CommAborted(f"init of {name!r} (this process's init #{count} with that name): "
-                              f"{value[len(_GIVEN_UP):].decode(errors='replace')} before this rank (rank {rank}) "
-                              "arrived; nothing is waiting for it any more")
+        gone = _given_up_text(value)
+        if gone:
+            raise CommAborted(f"init of {name!r} (this process's init #{count} with that name): {gone} before this "
+                              f"rank (rank {rank}) arrived; nothing is waiting for it any more")
         return B.UniqueId.from_bytes(value)
     except StoreTimeout as e:
         raise StoreTimeout(f"init of {name!r} (this process's init #{count} with that name): rank 0 published no "
@@ -306,13 +306,17 @@ def _give_up_init(store: Any, base: str, uid: Any, rank: int, exc: BaseException
         _log.debug("init: could not tell the store that it was given up: %s", e)
 
 
+def _given_up_text(value: bytes) -> str:
+    """Who gave an init up and why, from the value at its unique id's key (see :func:`_give_up_init`), or ""."""
+    return value[len(_GIVEN_UP):].decode(errors="replace") if value.startswith(_GIVEN_UP) else ""
+
+
 def _given_up(store: Any, base: str) -> str:
-    """Who gave the init at ``base`` up and why (see :func:`_give_up_init`), or ""."""
+    """Who gave the init at ``base`` up and why, or "" (a store that does not answer: "")."""
     try:
-        value = bytes(store.get(f"{base}/unique_id", timeout=1.0))
+        return _given_up_text(bytes(store.get(f"{base}/unique_id", timeout=1.0)))
     except Exception:
         return ""
-    return value[len(_GIVEN_UP):].decode(errors="replace") if value.startswith(_GIVEN_UP) else ""
 
 
 def _forget_init_keys(store: Any, base: str, rank: int, published: bool) -> None:

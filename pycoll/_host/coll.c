@@ -586,11 +586,17 @@ static bool eager_peer(const struct task* t, int k) {
   return k != t->comm->rank && (t->comm->rank == t->root || k == t->root);
 }
 
-/* Whether rank k's message for t is in the lane from k to this rank (a receiver's peer's part). */
-static bool eager_sent(const struct task* t, int k) {
-  const struct chan_ctrl* ch = seg_echan(&t->comm->seg, k, t->comm->rank);
-  return __atomic_load_n(&ch->head, __ATOMIC_ACQUIRE) != __atomic_load_n(&ch->tail, __ATOMIC_RELAXED);
+/* The descriptor of the oldest message in the lane from rank k to this rank, NULL while it is empty. */
+static const struct op_desc* lane_front(const struct task* t, int k) {
+  const struct seg* s = &t->comm->seg;
+  const struct chan_ctrl* ch = seg_echan(s, k, t->comm->rank);
+  uint64_t tl = __atomic_load_n(&ch->tail, __ATOMIC_RELAXED);
+  if (__atomic_load_n(&ch->head, __ATOMIC_ACQUIRE) == tl) return NULL;
+  return (const struct op_desc*)seg_eslot(s, k, t->comm->rank, tl);
 }
+
+/* Whether rank k's message for t is in the lane from k to this rank (a receiver's peer's part). */
+static bool eager_sent(const struct task* t, int k) { return lane_front(t, k) != NULL; }
 
 /* A sender's receiver: its part comes later, so it never "went past" without it */
 static bool never_passed(const struct task* t, int k) {
@@ -634,10 +640,8 @@ static int eager_send(struct task* t, bool moved) {
    * for it) */
   for (int k = 0; k < n; k++) {
     if (!eager_peer(t, k)) continue;
-    const struct chan_ctrl* ch = seg_echan(s, k, me);
-    uint64_t tl = __atomic_load_n(&ch->tail, __ATOMIC_RELAXED);
-    const struct op_desc* d = (const struct op_desc*)seg_eslot(s, k, me, tl);
-    if (__atomic_load_n(&ch->head, __ATOMIC_ACQUIRE) != tl && d->op_seq == t->op_seq) {
+    const struct op_desc* d = lane_front(t, k);
+    if (d && d->op_seq == t->op_seq) {
       fail_mismatch(t, k, d);
       return PROG_DONE;
     }
@@ -658,14 +662,12 @@ static int eager_receive(struct task* t, bool moved) {
   for (; t->wait_idx < n; t->wait_idx++) { /* every sender's slot there and of this operation */
     int k = t->wait_idx;
     if (!eager_peer(t, k)) continue;
-    const struct chan_ctrl* ch = seg_echan(s, k, me);
-    uint64_t tl = __atomic_load_n(&ch->tail, __ATOMIC_RELAXED);
-    if (__atomic_load_n(&ch->head, __ATOMIC_ACQUIRE) == tl) {
+    const struct op_desc* d = lane_front(t, k);
+    if (!d) {
       t->wait_peer = k;
       if (peer_diverged(t, k, eager_sent)) return PROG_DONE;
       return moved ? PROG_MOVED : PROG_BLOCKED;
     }
-    const struct op_desc* d = (const struct op_desc*)seg_eslot(s, k, me, tl);
     if (!same_op(t, d) || d->op_seq != t->op_seq) {
       fail_mismatch(t, k, d);
       return PROG_DONE;
