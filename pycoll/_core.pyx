@@ -877,9 +877,10 @@ cdef int _wait_room(CommCore comm, Work w, Library lib, object stream) except -1
     while True:
         with nogil:
             r = lib.fn.pycollStreamWaitRoom(s, ns)
-        if r == 0:
-            return 0
-        if r != _IN_PROGRESS:  # refused (failpoint host.stream.full): raised as the library call's error would be
+        if r == 0:  # room -- or the stream going, as an abort or a destroy from another thread frees it: raised below
+            if comm._failure is None and comm._state == "active":
+                return 0
+        elif r != _IN_PROGRESS:  # refused (failpoint host.stream.full): raised as the library call's error would be
             text[0] = 0
             c = <ncclComm_t><uintptr_t>(comm._handle or 0)
             _last_error(lib, c, text, sizeof(text))
