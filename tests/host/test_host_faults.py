@@ -231,15 +231,20 @@ def test_sigkill_mid_allreduce_then_shrink_with_abort():
     assert all(t < 1.0 for t in out[:3]), out  # detection itself takes < 100 ms unloaded
 
 
-def _blocked_on_a_peer_that_exits(rank, n, idb):
+def _a_peer_killed_meanwhile(rank, n, idb, victim, kill_after, late, late_by, match):
+    """Everyone initialised, rank ``victim`` is SIGKILLed ``kill_after`` seconds in and rank ``late`` (None: none)
+    comes ``late_by`` seconds late: how long this rank's next allreduce takes to fail with a RemoteError (its text
+    matching ``match``)."""
     l = lib()
     comm = init(n, rank, idb)
     _allreduce(l, comm, n)
-    if rank == 0:
-        time.sleep(0.5)  # rank 1 is asleep in its wait by then
+    if rank == victim:
+        time.sleep(kill_after)
         os.kill(os.getpid(), signal.SIGKILL)
+    if rank == late:
+        time.sleep(late_by)
     t0 = time.monotonic()
-    with pytest.raises(errors.RemoteError):
+    with pytest.raises(errors.RemoteError, match=match):
         _allreduce(l, comm)
     took = time.monotonic() - t0
     l.comm_abort(comm)
@@ -251,34 +256,19 @@ def test_the_exit_watcher_wakes_a_waiter_as_its_peer_exits():
     """Rank 1 waits in an allreduce that rank 0 never joins; rank 0 is SIGKILLed half a second later. With
     the waiters' own looks at their peers 10 s apart, only the exit watcher (a thread asleep on the peers'
     pidfds) can end the wait soon: it marks the peer gone and rings the communicator's doorbell."""
-    out = run_ranks(_blocked_on_a_peer_that_exits, 2, uid(), timeout=40, may_die=[0],
+    # rank 1 is asleep in its wait by the time rank 0 dies
+    out = run_ranks(_a_peer_killed_meanwhile, 2, uid(), 0, 0.5, None, 0.0, None, timeout=40, may_die=[0],
                     env={"PYCOLL_HOST_PEER_CHECK_NS": "10000000000"})
     assert isinstance(out[0], Died)
     assert 0.4 < out[1] < 3.0, out  # rank 0's half second, then its exit: not the 10 s between looks
-
-
-def _late_peer_and_a_dead_one(rank, n, idb):
-    l = lib()
-    comm = init(n, rank, idb)
-    _allreduce(l, comm, n)
-    if rank == 2:
-        time.sleep(0.3)
-        os.kill(os.getpid(), signal.SIGKILL)
-    if rank == 0:
-        time.sleep(2.0)  # alive, and late: rank 1 first waits for this one
-    t0 = time.monotonic()
-    with pytest.raises(errors.RemoteError, match="rank 2 .* exited"):
-        _allreduce(l, comm)
-    took = time.monotonic() - t0
-    l.comm_abort(comm)
-    return took
 
 
 @pytest.mark.timeout(60)
 def test_a_collective_fails_as_any_rank_it_waits_for_dies_not_only_the_first():
     """Rank 1 waits for the arrivals of ranks 0 (alive, 2 s late) and 2 (SIGKILLed 0.3 s in): it fails as rank 2
     dies, not when rank 0 comes (the collective can never complete without rank 2)."""
-    out = run_ranks(_late_peer_and_a_dead_one, 3, uid(), timeout=40, may_die=[2])
+    # rank 0 alive and late: rank 1 first waits for that one
+    out = run_ranks(_a_peer_killed_meanwhile, 3, uid(), 2, 0.3, 0, 2.0, "rank 2 .* exited", timeout=40, may_die=[2])
     assert isinstance(out[2], Died)
     assert 0.2 < out[1] < 1.2, out
     assert out[0] < 1.0, out  # it finds rank 2 gone at once when it comes
