@@ -12,7 +12,8 @@ import threading
 import time
 from typing import Any, Callable, ClassVar, Dict, Iterator, List, Optional, Tuple, Union
 
-from ..errors import StoreError
+from .._procs import stat_fields
+from ..errors import StoreError, StoreTimeout
 from . import _safefiles
 from .base import (
     DEFAULT_TIMEOUT,
@@ -37,6 +38,9 @@ log = logging.getLogger("pycoll.store")
 
 
 _FILE_MAGIC = b"PYCOLLFS\x01"
+_FLOCK = struct.Struct("@hhqqi4x")  # struct flock: type, whence, start, len, pid
+_HOLDER_STATES = {"T": " (stopped: SIGSTOP or a debugger)", "t": " (stopped by a tracer)", "Z": " (exiting)"}
+_LOCK_POLL_FIRST, _LOCK_POLL_MAX = 50e-6, 0.005  # the lock's polls: the first pause, doubling up to the last
 _REC = struct.Struct("!BII")  # kind, key length, value length
 _REC_SET, _REC_DELETE = 1, 2
 
@@ -50,6 +54,13 @@ def _open_store_file(path: str, flags: int) -> int:
             raise StoreError(f"FileStore: {path} is a symbolic link; refusing to follow it (give the real path)") \
                 from None
         raise
+
+
+def _has_magic(path: str) -> bool:
+    try:
+        return os.path.getsize(path) >= len(_FILE_MAGIC)
+    except OSError:
+        return False
 
 
 class _PathLock:
@@ -85,15 +96,44 @@ class _PathLock:
                 del self._registry[self.path]
                 os.close(self.fd)
 
-    def __enter__(self) -> None:
-        self.lock.acquire()
+    def acquire(self, timeout: float, where: str) -> None:
+        """Take the lock within ``timeout`` seconds, else :class:`StoreTimeout` naming who holds it: a
+        process stopped (SIGSTOP, a debugger) holding it would otherwise hang every process of the store."""
+        deadline = time.monotonic() + timeout
+        if not self.lock.acquire(timeout=timeout):
+            raise StoreTimeout(f"{where}: another thread of this process held its lock for {timeout:g} s")
         try:
-            fcntl.lockf(self.fd, fcntl.LOCK_EX)
+            delay = _LOCK_POLL_FIRST
+            while True:
+                try:
+                    fcntl.lockf(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return
+                except OSError as e:
+                    if e.errno not in (errno.EACCES, errno.EAGAIN):
+                        raise
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise StoreTimeout(f"{where}: its lock file {self.path} was held for {timeout:g} s by "
+                                       f"{self.holder()}")
+                delay = _pause(delay, left, _LOCK_POLL_MAX)
         except BaseException:
             self.lock.release()
             raise
 
-    def __exit__(self, *exc: Any) -> None:
+    def holder(self) -> str:
+        """Who holds the lock file's lock, as far as this host can tell."""
+        try:
+            got = fcntl.fcntl(self.fd, fcntl.F_GETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0))
+            pid = _FLOCK.unpack(got)[4]
+        except OSError:
+            return "another process"
+        if pid <= 0:
+            return "a process on another host"
+        fields = stat_fields(pid)
+        state = _HOLDER_STATES.get(fields[0], "") if fields else " (not in this pid namespace)"
+        return f"pid {pid}{state}"
+
+    def release(self) -> None:
         try:
             fcntl.lockf(self.fd, fcntl.LOCK_UN)
         finally:
@@ -104,9 +144,12 @@ class FileStore(Store):
     """The store protocol over a file, for processes on one machine or a shared filesystem.
 
     The data file ``path`` is an append-only log (compacted when mostly stale, by an atomic rename);
-    ``path + ".lock"`` serialises access with POSIX ``fcntl`` locks, which also work over NFS.
-    Every process caches what it has read and reads only what was appended since. Waits poll the
-    file (every 1 ms at first, then at most every ``poll_interval`` seconds).
+    ``path + ".lock"`` serialises the writers with POSIX ``fcntl`` locks, which also work over NFS;
+    a writer that cannot take it within ``timeout`` raises :class:`StoreTimeout` naming the process
+    holding it (one stopped by SIGSTOP or a debugger holds it until it is continued). Readers take no
+    lock: every process caches what it has read and reads only the complete records appended since, so
+    reads and waits go on whatever a writer does. Waits poll the file (every 1 ms at first, then at
+    most every ``poll_interval`` seconds).
 
     The files stay when the store is closed; :meth:`remove_files` deletes them once no process
     uses them. Every process must use the same path.
@@ -123,6 +166,7 @@ class FileStore(Store):
             self._plock = _PathLock.acquire_ref(self.path + ".lock")
         except OSError as e:
             raise StoreError(f"cannot open the FileStore at {self.path}: {e.strerror or e}") from None
+        self._mu = threading.RLock()  # this object's cache and descriptor (a writer takes it after the file lock)
         self._fd = -1
         self._ino: Optional[Tuple[int, int]] = None
         self._offset = 0
@@ -130,8 +174,8 @@ class FileStore(Store):
         self._live_bytes = 0
         self._closed = False
         try:
-            with self._locked():
-                self._sync()
+            with self._locked(write=not _has_magic(self.path)):  # made (its magic written) under the lock
+                pass
         except BaseException:
             self.close()
             raise
@@ -155,7 +199,7 @@ class FileStore(Store):
     def close(self) -> None:
         if self._closed:
             return
-        with self._plock:
+        with self._mu:
             if self._closed:
                 return
             self._closed = True
@@ -164,24 +208,34 @@ class FileStore(Store):
                 self._fd = -1
         self._plock.release_ref()
 
-    # ---- file access (callers hold self._plock)
+    # ---- file access (writers hold the file lock and self._mu, readers self._mu)
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
+    def _locked(self, write: bool = True) -> Iterator[None]:
+        """Hold this object's cache (and for a writer the file's lock first); the cache synced with the file."""
         if self._closed:
             raise StoreError(f"the FileStore on {self.path} is closed")
-        with self._plock:
-            try:
-                yield
-            except OSError as e:  # its folder removed, a full disk, ...: a store error, naming the file
-                raise StoreError(f"the FileStore on {self.path}: {e.strerror or e}") from None
+        if write:
+            self._plock.acquire(self.timeout, f"the FileStore on {self.path}")
+        try:
+            with self._mu:
+                if self._closed:
+                    raise StoreError(f"the FileStore on {self.path} is closed")
+                try:
+                    self._sync(write)
+                    yield
+                except OSError as e:  # its folder removed, a full disk, ...: a store error, naming the file
+                    raise StoreError(f"the FileStore on {self.path}: {e.strerror or e}") from None
+        finally:
+            if write:
+                self._plock.release()
 
-    def _open_data(self) -> None:
+    def _open_data(self, locked: bool) -> None:
         fd = _open_store_file(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
         st = os.fstat(fd)
-        if st.st_size == 0:
+        if st.st_size == 0 and locked:
             os.write(fd, _FILE_MAGIC)
-        elif os.pread(fd, len(_FILE_MAGIC), 0) != _FILE_MAGIC:
+        elif (locked or st.st_size >= len(_FILE_MAGIC)) and os.pread(fd, len(_FILE_MAGIC), 0) != _FILE_MAGIC:
             os.close(fd)
             raise StoreError(f"{self.path} is not a pycoll FileStore file")
         if self._fd >= 0:
@@ -192,8 +246,9 @@ class FileStore(Store):
         self._table = _Table()
         self._live_bytes = 0
 
-    def _sync(self) -> None:
-        """Bring the cache up to date with the file."""
+    def _sync(self, locked: bool = False) -> None:
+        """Bring the cache up to date with the file's complete records (``locked``: this process holds the file
+        lock, no record is being written: an incomplete one at the end is a dead writer's, and goes)."""
         if self._closed:
             raise StoreError(f"the FileStore on {self.path} is closed")
         try:
@@ -204,9 +259,9 @@ class FileStore(Store):
             raise StoreError(f"the FileStore file {self.path} was removed while the store was in use: its keys "
                              "are gone (remove_files() only once no process uses it)")
         if st is None or self._fd < 0 or (st.st_dev, st.st_ino) != self._ino or st.st_size < self._offset:
-            self._open_data()
+            self._open_data(locked)
             st = os.fstat(self._fd)
-        if st.st_size == self._offset:
+        if st.st_size <= self._offset:  # nothing new (or, to a reader, a file its maker is still writing)
             return
         data = os.pread(self._fd, st.st_size - self._offset, self._offset)
         pos = 0
@@ -224,7 +279,7 @@ class FileStore(Store):
             else:
                 self._pop_cached(key)
             pos = end
-        if pos < len(data):
+        if pos < len(data) and locked:
             # a writer died in the middle of a record (we hold the lock): drop the torn tail
             log.warning("FileStore %s: dropping %d bytes of an incomplete record", self.path, len(data) - pos)
             os.ftruncate(self._fd, self._offset + pos)
@@ -263,7 +318,7 @@ class FileStore(Store):
         # a new file (never a link someone planted at the .tmp name), then a rename over the data file
         _safefiles.write_private_atomic(self.path, b"".join(parts), tmp)
         table, live = self._table, self._live_bytes
-        self._open_data()
+        self._open_data(True)
         self._table, self._live_bytes = table, live
         self._offset = os.fstat(self._fd).st_size
 
@@ -275,8 +330,7 @@ class FileStore(Store):
         deadline = time.monotonic() + timeout
         delay = POLL_FIRST
         while True:
-            with self._locked():
-                self._sync()
+            with self._locked(write=False):
                 if not self._table.missing(keys):
                     return done()
                 missing = self._table.missing(keys)
@@ -290,7 +344,6 @@ class FileStore(Store):
     def set(self, key: str, value: Value) -> None:
         key, value = _check_key(key), _to_bytes(value)
         with self._locked():
-            self._sync()
             self._set_locked(key, value)
 
     def get(self, key: str, timeout: Optional[float] = None) -> bytes:
@@ -300,7 +353,6 @@ class FileStore(Store):
     def add(self, key: str, amount: int) -> int:
         key, amount = _check_key(key), _check_amount(amount)
         with self._locked():
-            self._sync()
             scratch = _Table()
             scratch.data = {key: self._table.data[key]} if key in self._table.data else {}
             value = scratch.add(key, amount)
@@ -311,7 +363,6 @@ class FileStore(Store):
         """Native: under the file's lock (the generic compare-and-set loop may lose one of two identical appends)."""
         key, data = _append_args(key, value)
         with self._locked():
-            self._sync()
             new = self._table.data.get(key, b"") + data
             self._set_locked(key, new)
             return len(new)
@@ -328,7 +379,6 @@ class FileStore(Store):
         key = _check_key(key)
         expected, desired = _to_bytes(expected, "expected value"), _to_bytes(desired, "desired value")
         with self._locked():
-            self._sync()
             old = self._table.data.get(key)
             scratch = _Table()
             scratch.data = {} if old is None else {key: old}
@@ -340,7 +390,6 @@ class FileStore(Store):
     def delete(self, key: str) -> bool:
         key = _check_key(key)
         with self._locked():
-            self._sync()
             if self._pop_cached(key) is None:
                 return False
             self._append(self._record(_REC_DELETE, key))
@@ -348,17 +397,14 @@ class FileStore(Store):
 
     def check(self, keys: Keys) -> bool:
         keys = _check_keys(keys)
-        with self._locked():
-            self._sync()
+        with self._locked(write=False):
             return not self._table.missing(keys)
 
     def num_keys(self) -> int:
-        with self._locked():
-            self._sync()
+        with self._locked(write=False):
             return len(self._table.data)
 
     def list_keys(self, prefix: str = "") -> List[str]:
         prefix = _check_key(prefix)
-        with self._locked():
-            self._sync()
+        with self._locked(write=False):
             return self._table.list_keys(prefix)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import socket
 import struct
 import subprocess
@@ -14,6 +15,7 @@ import time
 import pytest
 from helpers.mp import run_ranks
 
+from pycoll._procs import stat_fields
 from pycoll.errors import NotSupported, StoreAuthError, StoreError, StoreLost, StoreTimeout
 from pycoll.store import (
     FileStore,
@@ -700,6 +702,45 @@ def test_file_store_compacts_and_survives_torn_writes(tmp_path):
     b.close()
     FileStore.remove_files(path)
     assert not os.path.exists(path) and not os.path.exists(f"{path}.lock")
+
+
+_HOLD_AND_STOP = """
+import os, signal, sys
+from pycoll.store import FileStore
+s = FileStore(sys.argv[1])
+s.set("k", b"v")
+s._plock.acquire(5, "test")  # as if stopped in the middle of a write
+print("held", flush=True)
+os.kill(os.getpid(), signal.SIGSTOP)
+s._plock.release()
+s.set("after", b"continued")
+"""
+
+
+def test_a_file_store_reads_past_a_stopped_writer_and_names_it_as_its_writes_time_out(tmp_path):
+    path = str(tmp_path / "fs")
+    child = subprocess.Popen([sys.executable, "-c", _HOLD_AND_STOP, path], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "held\n"
+        deadline = time.monotonic() + 10
+        while stat_fields(child.pid)[0] != "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        s = FileStore(path, timeout=0.5)  # an existing store opens without its lock
+        # reads take no lock (they would wait for it until the child is continued)
+        assert s.get("k") == b"v" and s.check(["k"]) and s.list_keys() == ["k"] and s.num_keys() == 1
+        s.wait(["k"])
+        with pytest.raises(StoreTimeout, match=rf"lock file .*fs.lock was held for 0.5 s by pid {child.pid} "
+                                               r"\(stopped: SIGSTOP"):
+            s.set("x", b"1")
+        os.kill(child.pid, signal.SIGCONT)
+        assert child.wait(10) == 0
+        assert s.get("after", timeout=5) == b"continued"
+        s.set("x", b"1")
+        s.close()
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()
 
 
 def test_file_store_rejects_foreign_files(tmp_path):
