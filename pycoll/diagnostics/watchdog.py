@@ -99,7 +99,12 @@ from .signals import STACKS_DIR, DumpSignal, signal_number
 
 # the kinds of dump request in the store (_signal_store)
 _FAILURE, _REQUEST = "failure", "request"
+# requests posted just before a rank first read a store's counter that it still serves when they name one of its
+# communicators (its store thread's first look may come after its communicator took part in operations)
+_LOOK_BACK = 8
 FP_REPORT = _fp.declare("watchdog.report.begin", "a failure being reported, before its store exchange and line")
+FP_FIRST_LOOK = _fp.declare("watchdog.request.first_look", "the store thread's first look at a store's dump requests, "
+                            "before it reads their counter")
 FP_ANSWER = _fp.declare("watchdog.request.answer", "a dump request from another rank, before answering it")
 FP_FORGET = _fp.declare("watchdog.records.forget", "the records of a communicator that failed or was aborted, kept for "
                         "its peers, before this rank deletes them from the store")
@@ -117,11 +122,12 @@ def _seconds(value: Optional[float], env: str, what: str, positive: bool) -> flo
 
 
 class _StoreState:
-    __slots__ = ("store", "last_seen", "answered")
+    __slots__ = ("store", "last_seen", "first_seen", "answered")
 
     def __init__(self, store: Any) -> None:
         self.store = store
         self.last_seen: Optional[int] = None
+        self.first_seen = 0  # the counter at the first look: earlier requests are served only for our communicators
         self.answered = -1  # the latest dump request answered: every later progress record names it
 
 
@@ -529,7 +535,7 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
                                                                   self.beats, origin()).encode())
             store.set(f"{fbase}{report.rank}", report.record().encode())
             report.request = self._signal_store(store, f"rank {report.global_rank}: {report.brief()} on "
-                                                       f"{report.comm_name!r}", _FAILURE)
+                                                       f"{report.comm_name!r}", _FAILURE, [report.uid])
             answers.await_answers(store, report, t0 + self.abort_grace, self._stale_after, self._stop)
             answers.signal_unanswered(report, self._stale_after)
             if report.is_timeout and report.seq is not None and self.abort_grace > 0:
@@ -607,18 +613,19 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         told = 0
         for store in self._live_stores().values():
             try:
-                self._signal_store(store, f"rank {self._my_rank()}: {reason}", _REQUEST)
+                uids = [c.uid for c in self._comms() if c.store is store]
+                self._signal_store(store, f"rank {self._my_rank()}: {reason}", _REQUEST, uids)
                 told += 1
             except Exception as e:
                 _log.warning("watchdog: could not post a dump request to %r: %s", store, e)
         return told
 
     @staticmethod
-    def _signal_store(store: Any, text: str, kind: str) -> int:
+    def _signal_store(store: Any, text: str, kind: str, uids: Sequence[str]) -> int:
         """Post a dump request (``kind``: ``_FAILURE``, made by a failure's report, or ``_REQUEST``, asked for by a
-        user); returns its number."""
+        user) about the communicators ``uids``; returns its number."""
         n = int(store.add(SIGNAL_COUNTER, 1))
-        store.set(f"{SIGNAL_COUNTER}/{n}", f"{origin()} {kind} {text}".encode())
+        store.set(f"{SIGNAL_COUNTER}/{n}", f"{origin()} {kind}@{','.join(uids)} {text}".encode())
         return n
 
     def _my_rank(self) -> int:
@@ -833,7 +840,9 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         store = st.store
         try:
             if st.last_seen is None:
-                st.last_seen = int(store.add(SIGNAL_COUNTER, 0))
+                _fp.hit(FP_FIRST_LOOK)
+                st.first_seen = int(store.add(SIGNAL_COUNTER, 0))
+                st.last_seen = max(0, st.first_seen - _LOOK_BACK)
             nxt = f"{SIGNAL_COUNTER}/{st.last_seen + 1}"
             if wait > 0:
                 try:
@@ -852,7 +861,13 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
                 self._stop.wait(min(wait, self.publish_interval))
             return
         me = origin() + " "
-        foreign = [t.split(" ", 2)[1:] for t in texts if not t.startswith(me)]  # [kind, text] each
+        mine = {c.uid for c in self._comms() if c.store is store}
+        foreign = []  # [kind, text] each
+        for i, t in zip(range(n - len(texts) + 1, n + 1), texts, strict=True):
+            parts = t.split(" ", 2)  # origin, kind@uids, text
+            kind, _, uids = parts[1].partition("@") if len(parts) == 3 else ("", "", "")
+            if kind and not t.startswith(me) and (i > st.first_seen or mine & set(uids.split(","))):
+                foreign.append([kind, parts[2]])
         if not foreign:
             return
         # answer at once with this rank's progress (the asking rank waits briefly for it), whatever

@@ -311,6 +311,8 @@ def test_manual_and_signal_dumps_stop_nothing(tmp_path):
 
 
 def _requested_rank(rank, n, uid, addr, token, dump_dir):
+    if rank == 2:  # its store thread first looks at the requests after rank 0 posted its own: still served
+        pycoll.failpoints.configure("watchdog.request.first_look=sleep(1000)")
     comm, _ = _setup(rank, n, uid, dump_dir, addr, token)
     x = np.ones(4, np.float32)
     for _ in range(3):

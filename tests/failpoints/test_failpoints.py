@@ -529,6 +529,8 @@ POINTS_2 = {
     "watchdog.request.answer": (1, (0, 1), "", ()),
     "watchdog.report.await_answers": (1, (0, 1), "", ()),
     "watchdog.report.begin": (1, (0, 1), "", ()),
+    # the store thread's first look at the dump requests, as the group forms
+    "watchdog.request.first_look": (1, (0, 1), "", ()),
 }
 
 
