@@ -47,9 +47,10 @@ input/output shapes and dtypes, the thread id, and -- unless stacks are off -- t
 code objects and instruction offsets, formatted only when dumping. Its state, completion time and
 duration are read at dump time from the outstanding :class:`~pycoll.Work` (found through its
 communicator's ``outstanding()``), and frozen into the entry when it completes or its communicator
-fails or closes. The ring keeps no array and no communicator
-alive. Recording costs about 0.1 us per operation (75-112 ns measured), its Python stack of 17 frames
-0.07 us more since stacks are read in place (0.13-0.17 us before); on an 8-byte all_reduce at 2 ranks,
+fails or closes. The ring keeps no array alive, and a communicator only while an operation of it is
+outstanding (the recorder holds its outstanding Works: one its user dropped is still watched, and an exit's
+dump names its operation). Recording costs about 0.1 us per operation (75-112 ns measured), its Python stack
+of 17 frames 0.07 us more since stacks are read in place (0.13-0.17 us before); on an 8-byte all_reduce at 2 ranks,
 recording with stacks adds 0.35-0.6 us per call (``benchmarks/fr_overhead.py``; benchmarks/README.md,
 "Flight recorder and watchdog overhead" and "Stacks read in place").
 
@@ -128,7 +129,7 @@ class _CommInfo:
     """What the recorder keeps about one communicator (it outlives the communicator)."""
 
     __slots__ = ("ref", "uid", "name", "rank", "size", "global_ranks", "generation", "backend", "lib_prefix",
-                 "pg_id", "rid", "lib_version", "state", "failure", "closed_at", "progress")
+                 "pg_id", "rid", "lib_version", "state", "failure", "closed_at", "progress", "pending")
 
     def __init__(self, comm: CommView, pg_id: int, rid: itertools.count[int]) -> None:
         self.ref = weakref.ref(comm)
@@ -151,6 +152,10 @@ class _CommInfo:
         self.failure: Optional[str] = None
         self.closed_at: Optional[float] = None
         self.progress: Optional[Dict[str, int]] = None  # frozen when the communicator fails
+        # the communicator's own dict of outstanding Works, held: a Work holds its communicator, which so stays
+        # alive -- watched, and named by an exit's dump -- while an operation is outstanding, also once its user
+        # dropped it (a process that exits right after an asynchronous operation); empty once they retired
+        self.pending: Any = getattr(comm, "_pending", None)
 
     def refresh(self) -> Optional[Any]:
         """Copy the live communicator's mutable facts; return it (None once it is gone)."""

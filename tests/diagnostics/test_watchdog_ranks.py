@@ -465,3 +465,36 @@ def test_the_records_of_an_aborted_communicator_go_after_records_keep(tmp_path, 
         assert kept and gone_after is not None and gone_after < 5.0, (rank, r)
     left = [k for k in pycoll.FileStore(path).list_keys("pycoll/fr/") if not k.startswith("pycoll/fr/dump_signal")]
     assert sorted(k.rsplit("/", 1)[1] for k in left) == (["1", "1"] if spec else []), left
+
+
+def _dropped_with_work_outstanding(rank, n, uid, dump_dir):
+    import gc
+
+    comm, _ = _setup(rank, n, uid, dump_dir)
+    x = np.ones(4, np.float32)
+    comm.all_reduce(x)
+    marker = os.path.join(dump_dir, "checked")
+    if rank == 0:
+        deadline = time.monotonic() + 20
+        while not os.path.exists(marker) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        comm.all_reduce(x)
+        comm.abort()
+        return None
+    comm.all_reduce(x, async_op=True)
+    del comm  # the user dropped it (and the Work) with the operation outstanding, as a process about to exit does
+    gc.collect()
+    unfinished = pycoll.flight_recorder.get_recorder().unfinished()
+    alive = [c.name for c in pycoll.hooks.live_communicators()]
+    open(marker, "w").close()
+    c = pycoll.hooks.live_communicators()[0]
+    c.outstanding()[0].wait()
+    c.abort()
+    return unfinished, alive
+
+
+def test_a_dropped_communicator_stays_alive_and_outstanding_while_an_operation_is(tmp_path):
+    out = run_ranks(_dropped_with_work_outstanding, 2, _uid(), str(tmp_path), timeout=40)
+    unfinished, alive = out[1]
+    assert unfinished in (["all_reduce #2 on 'world' (scheduled)"], ["all_reduce #2 on 'world' (started)"])
+    assert alive == ["world"]
