@@ -423,8 +423,12 @@ def _joiner_lost_in_the_grow(rank, n, addr, spec, member_spec):
 @pytest.mark.parametrize("spec,member_spec", [
     ("elastic.join.admitted=kill", ""),
     ("host.grow.begin=stop", ""),
-    ("elastic.join.admitted=kill", "elastic.grow.failed=kill;rank=1"),  # and slot 1 dies as its grow fails
-])
+    # and slot 1 dies as its grow fails; the others hold their failure 0.5 s: the decision and the id reach slot 1
+    # without a step (rooted broadcasts: the eager lane), and a late slot 1 would otherwise learn of the failure
+    # before it entered its grow
+    ("elastic.join.admitted=kill", ("elastic.grow.failed=kill;rank=1,elastic.grow.failed=sleep(500);rank=0,"
+                                    "elastic.grow.failed=sleep(500);rank=2")),
+], ids=["joiner-killed", "joiner-stopped", "joiner-killed-then-member-1"])
 def test_a_joiner_lost_inside_the_grow_costs_no_timeout(server, spec, member_spec):
     res = run_ranks(_joiner_lost_in_the_grow, 5, server, spec, member_spec, timeout=60, may_die=[1, 3])
     assert isinstance(res[3], Died), res[3]
