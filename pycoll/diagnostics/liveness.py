@@ -16,7 +16,8 @@ outstanding:
   ``PYCOLL_WATCHDOG_PUBLISH_INTERVAL`` seconds. Read from the store only while an operation has been
   outstanding for longer than the peer's period, at most once per period; a record that has not
   changed for ``PYCOLL_WATCHDOG_HEARTBEAT_TIMEOUT`` seconds (at least three periods), measured on
-  this host's clock, fails the work.
+  this host's clock, fails the work -- unless this rank's own heartbeat has not changed there either: then the
+  store takes no writes (a process stopped holding a FileStore's lock), and silence proves nothing.
 
 A rank that is alive but slow (computing, sleeping in Python, blocked in another call) is running
 or sleeping and keeps its heartbeat, so it gets its full timeout. The failure is a
@@ -236,21 +237,30 @@ class Liveness:
         gap = now - p.next_beat > 2 * period  # not read for a while: every heartbeat starts afresh
         p.next_beat = now + period
         ranks = sorted(remote)
+        read = (*ranks, c.rank)  # this rank's own heartbeat too: it tells whether the store takes writes
         try:
-            raws = c.store.multi_get([f"{progress_prefix(c.uid)}{r}" for r in ranks], timeout=min(1.0, period))
+            raws = c.store.multi_get([f"{progress_prefix(c.uid)}{r}" for r in read], timeout=min(1.0, period))
         except (StoreError, OSError) as e:  # no verdict on a store that does not answer
             _log.debug("watchdog: could not read the heartbeats of %r: %s", c.name, e)
             return None
-        for rank, raw in zip(ranks, raws, strict=False):
+        silent: Dict[int, float] = {}
+        for rank, raw in zip(read, raws, strict=True):
             rec = ProgressRecord.decode(raw)
             beat = (rec.time_ns, rec.beats) if rec is not None else (0, 0)
             last = p.beats.get(rank)
             if last is None or gap or last[0] != beat:
                 p.beats[rank] = (beat, now)
-                continue
-            silent = now - last[1]
-            if silent >= max(self.heartbeat_timeout, 3 * remote[rank].period):
-                return rank, remote[rank], f"silent: no heartbeat for {silent:.1f} s"
+            else:
+                silent[rank] = now - last[1]
+        if silent.get(c.rank, 0.0) >= max(self.heartbeat_timeout, 3 * self.period):
+            # this rank's own heartbeat has not reached the store either: the store takes no writes (a process
+            # stopped holding a FileStore's lock), which says nothing of the peers
+            _log.debug("watchdog: %r: this rank's own heartbeat is %.1f s old in the store: no verdict on the "
+                       "peers' silence", c.name, silent[c.rank])
+            return None
+        for rank in ranks:
+            if silent.get(rank, 0.0) >= max(self.heartbeat_timeout, 3 * remote[rank].period):
+                return rank, remote[rank], f"silent: no heartbeat for {silent[rank]:.1f} s"
         return None
 
     def _fail(self, c: CommView, work: WorkView, now: float, rank: int, rec: ProcRecord, why: str) -> None:

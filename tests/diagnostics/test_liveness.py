@@ -256,6 +256,40 @@ def test_a_gone_peer_fails_only_work_still_pending_one_round_later(monkeypatch):
     assert isinstance(c.failure, pycoll.PeerFailure) and "rank 1 (pid 999999) is exited" in str(c.failure)
 
 
+def test_a_store_that_takes_no_writes_is_no_verdict_on_a_remote_peers_silence(monkeypatch):
+    """A process stopped holding a FileStore's lock stops every heartbeat, this rank's own too: a remote peer's
+    unchanged heartbeat then says nothing of the peer (a slow one keeps its whole timeout)."""
+    import dataclasses
+
+    from helpers.fakes import FakeComm
+
+    from pycoll.diagnostics.recorder import FlightRecorder
+    from pycoll.diagnostics.records import ProgressRecord, progress_prefix
+    from pycoll.store import MemoryStore
+
+    lv = liveness
+    monkeypatch.setattr(lv, "_all_remote", True)
+    store = MemoryStore(timeout=1)
+    c = FakeComm(FlightRecorder(), 0, 2, store=store)
+    store.set(f"{lv.proc_prefix(c.uid)}1", dataclasses.replace(lv.this_process(0.2), pid=999_999).encode())
+
+    def beat(rank, n):
+        store.set(f"{progress_prefix(c.uid)}{rank}", ProgressRecord(c.progress(), "active", n, n, "x").encode())
+
+    beat(0, 1)
+    beat(1, 1)
+    live = lv.Liveness(0.2, 1.0, 0.2)
+    t0 = c.op("all_reduce", state="started").t0
+    for i in range(12):  # neither heartbeat moves for 2.4 s: the store takes no writes
+        live.round(c, t0 + 1.0 + 0.2 * i)
+    assert c.failure is None
+    for i in range(12):  # this rank's own moves again, the peer's does not: the peer is silent
+        beat(0, 2 + i)
+        live.round(c, t0 + 3.6 + 0.2 * i)
+    assert isinstance(c.failure, pycoll.PeerFailure) and "rank 1 (pid 999999" in str(c.failure), c.failure
+    assert "silent: no heartbeat for" in str(c.failure)
+
+
 def _stop_after_grow(rank, n, addr, spec, victim):
     """Slots 0-2 form and admit slot 3; ``spec`` stops one of them (a member or the joiner) as soon as the
     grown communicator is built. The others' next collective (the grow's own barrier, or the first
