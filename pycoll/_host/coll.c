@@ -957,7 +957,8 @@ ncclResult_t coll_check_waited(struct task* t, bool check_process, char* text, s
   for (int k = t->wait_idx + 1; k < c->nranks; k++) { /* the ranks before wait_idx have arrived (sent) */
     if (k == c->rank || (eager ? !eager_peer(t, k) || eager_sent(t, k) : arrived(t, k))) continue;
     ncclResult_t err = comm_check_peer(c, k, check_process, text, len);
-    if (err != ncclSuccess) return err;
+    /* a peer that did its part right before it left (finished, finalized) is no failure of this operation */
+    if (err != ncclSuccess && !(eager ? eager_sent(t, k) : arrived(t, k))) return err;
   }
   return ncclSuccess;
 }
