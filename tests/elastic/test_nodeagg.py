@@ -415,6 +415,9 @@ def test_a_torch_store_reaches_the_hub_wrapped():
     agg = group._node
     assert agg is not None
     try:
+        # the group's watcher links its own members, (0,) alone, and so closes any hub: stopped first
+        group._stop.set()
+        group._watcher.join(5.0)
         agg.boot = boot  # slot 1 on this host too: slot 0 hosts the hub of (0, 1)
         link = agg.link((0, 1), {0: (boot, os.getpid()), 1: (boot, os.getpid())})
         assert link is not None and agg.hub is not None
