@@ -950,15 +950,18 @@ static void consume(struct task* t, int p) {
   }
 }
 
+/* Whether rank k's part of t, which t waits for, is there: its message (the eager lane) or its arrival (a step). */
+static bool part_there(const struct task* t, int k) { return t->algo == ALGO_EAGER ? eager_sent(t, k) : arrived(t, k); }
+
 ncclResult_t coll_check_waited(struct task* t, bool check_process, char* text, size_t len) {
   bool eager = t->algo == ALGO_EAGER; /* a receiver waits for every sender's message, a sender for one slot */
   if (eager ? eager_sends(t) : t->phase != PH_ARRIVE) return ncclSuccess;
   struct ncclComm* c = t->comm;
   for (int k = t->wait_idx + 1; k < c->nranks; k++) { /* the ranks before wait_idx have arrived (sent) */
-    if (k == c->rank || (eager ? !eager_peer(t, k) || eager_sent(t, k) : arrived(t, k))) continue;
+    if (k == c->rank || (eager && !eager_peer(t, k)) || part_there(t, k)) continue;
     ncclResult_t err = comm_check_peer(c, k, check_process, text, len);
     /* a peer that did its part right before it left (finished, finalized) is no failure of this operation */
-    if (err != ncclSuccess && !(eager ? eager_sent(t, k) : arrived(t, k))) return err;
+    if (err != ncclSuccess && !part_there(t, k)) return err;
   }
   return ncclSuccess;
 }
