@@ -695,7 +695,11 @@ static void stream_help(struct marker* m, uint64_t until) {
     }
     if (mine) break;
   }
-  inline_release(s);
+  /* what is queued after `m` was queued by a thread that may come to wait for it as well: where the ranks
+   * outnumber the CPUs its wake-up stays deferred, as push_raw deferred it -- woken at once, the stream's thread
+   * would take the CPU this thread runs on (the kernel favours a thread it wakes) and wait for the peers there,
+   * while this thread, back in its next wait, sleeps until it is done: two thread switches per operation */
+  inline_release_as(s, defer_ns && host_oversubscribed());
 }
 
 static void stream_sync(struct pycollStream* s) {

@@ -244,10 +244,11 @@ def test_an_oversubscribed_event_waiter_sleeps_instead_of_yielding():
 
 
 def _deferred_work(rank, nranks, uid_bytes, pin):
-    """Two operations on a helping stream: the first waited for (with running allowed) after 0.15 s, the second
-    never waited for, only queried. Returns whether each was complete after 0.15 s, and when each completed. The
-    operations (64 KiB) are too large for the caller's own pass (PYCOLL_HOST_EAGER), which would finish the second
-    rank's at once."""
+    """Two operations queued at once on a helping stream, each followed by its event: the first waited for (with
+    running allowed) after 0.15 s, the second never waited for, only queried -- 0.15 s after that wait, and until it
+    completes. Returns whether each was complete 0.15 s after it was queued, whether the second was 0.15 s after the
+    wait for the first, and when each completed. The operations (64 KiB) are too large for the caller's own pass
+    (PYCOLL_HOST_EAGER), which would finish the second rank's at once."""
     if pin:  # both ranks on one CPU: the ranks outnumber this process's CPUs
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     lib = nccl.load("host")
@@ -257,46 +258,50 @@ def _deferred_work(rank, nranks, uid_bytes, pin):
     dev.allow_inline(stream, False, True)
     time.sleep(0.05)  # the new stream's thread asleep (awake, it takes what is queued)
     send, recv = np.full(16384, rank + 1, np.float32), np.zeros((2, 16384), np.float32)
-    early, took = [], []
-    for i in range(2):
-        ev = dev.create_event()
-        t0 = time.monotonic()
+    events = [dev.create_event() for _ in range(2)]
+    t0 = time.monotonic()
+    for i, ev in enumerate(events):
         lib.all_reduce(send.ctypes.data, recv[i].ctypes.data, 16384, nccl.DataType.Float32, nccl.RedOp.Sum, comm,
                        stream)
         dev.record_event(ev, stream)
-        time.sleep(0.15)
-        early.append(dev.query_event(ev))
-        if i == 0:
-            assert dev.wait_event(ev, 20.0, True)
-        else:
-            while not dev.query_event(ev) and time.monotonic() - t0 < 20:
-                time.sleep(0.005)
-        took.append(time.monotonic() - t0)
+    time.sleep(0.15)
+    early = [dev.query_event(ev) for ev in events]
+    assert dev.wait_event(events[0], 20.0, True)
+    took = [time.monotonic() - t0]
+    time.sleep(0.15)
+    after_wait = dev.query_event(events[1])
+    while not dev.query_event(events[1]) and time.monotonic() - t0 < 20:
+        time.sleep(0.005)
+    took.append(time.monotonic() - t0)
+    for ev in events:
         dev.destroy_event(ev)
     dev.synchronize_stream(stream)
     dev.destroy_stream(stream)
     lib.comm_destroy(comm)
-    return early, took, float(recv.min()), float(recv.max())
+    return early, after_wait, took, float(recv.min()), float(recv.max())
 
 
 @pytest.mark.timeout(90)
 def test_an_oversubscribed_helping_stream_leaves_its_work_to_a_waiter_for_a_bounded_time():
     """Where the ranks outnumber the CPUs, work queued on a helping stream does not wake the stream's thread at
     once: a thread that waits for it runs it (no wake-up, no thread switches), and work nobody waits for still
-    runs, at most PYCOLL_HOST_DEFER_NS later (the thread's timer set by the first op still stands for the second:
-    it wakes 0.6 s after the first push). With a CPU per rank the thread takes the work at once."""
+    runs, at most PYCOLL_HOST_DEFER_NS after it was queued. The waiter's run ends at what it waits for; what was
+    queued after it stays deferred too (woken at once there, the stream's thread would take the waiter's CPU and
+    leave the thread that queued it, which is likely to wait for it next, asleep). With a CPU per rank the thread
+    takes the work at once."""
     lib = _host_library()
     if not hasattr(os, "sched_setaffinity"):
         pytest.skip("no sched_setaffinity here")
     env = {"PYCOLL_HOST_DEFER_NS": "600000000"}  # 0.6 s
-    for rank, (early, took, lo, hi) in enumerate(
+    for rank, (early, after_wait, took, lo, hi) in enumerate(
             run_ranks(_deferred_work, 2, bytes(lib.get_unique_id()), True, timeout=60, env=env)):
         assert early == [False, False], f"rank {rank}: the stream's thread ran deferred work at once"
         assert took[0] < 0.5, f"rank {rank}: the waiter did not run the work itself ({took[0]:.3f} s)"
+        assert not after_wait, f"rank {rank}: the stream's thread took the work left after the waiter's at once"
         assert took[1] < 15, f"rank {rank}: work nobody waited for completed after {took[1]:.3f} s"
         assert lo == hi == 3.0
     if len(os.sched_getaffinity(0)) >= 2:  # the control: with a CPU per rank nothing is deferred
-        for rank, (early, _took, lo, hi) in enumerate(
+        for rank, (early, _after, _took, lo, hi) in enumerate(
                 run_ranks(_deferred_work, 2, bytes(lib.get_unique_id()), False, timeout=60, env=env)):
             assert early == [True, True], f"rank {rank}: work waited although the ranks have a CPU each"
             assert lo == hi == 3.0
