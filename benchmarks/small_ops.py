@@ -25,6 +25,10 @@ send/recv pair            ``send`` + ``recv`` with the partner         ``Sendrec
 sendrecv                  ``comm.sendrecv(send, recv, partner)``:      ``Sendrecv`` with the partner
                           the same pair as one operation
 group of 4 all_reduce     four ``all_reduce`` in one ``group()``       four ``Iallreduce`` then ``Waitall``
+send/recv pair async      the pair with ``async_op=True`` in one       ``Isend`` + ``Irecv`` with the partner, then
+                          ``group()``, then ``wait()`` on both          ``Waitall``
+4 all_reduce async        four ``all_reduce(.., async_op=True)``, then  four ``Iallreduce`` then ``Waitall``
+                          ``wait()`` on each: a bucketed gradient sync
 all_to_all                ``comm.all_to_all(send, recv)``: 8 B to and  ``Alltoall(send, recv)``
                           from each rank
 gather                    ``comm.gather(send, recv, root=0)``: 8 B     ``Gather(send, recv, root=0)``
@@ -94,7 +98,8 @@ STEADY_S = 1.0  # seconds (x --scale, at least 0.2) of the steady phase whose CP
 STEADY_CHUNK = 100  # calls between two looks at rank 0's clock in it
 CPU_KEYS = ("caller_pct", "threads_pct", "launcher_pct")
 VARIANTS = ["bindings", "all_reduce numpy", "all_reduce torch", "all_reduce DLPack", "all_reduce async", "broadcast",
-            "send/recv pair", "sendrecv", "group of 4 all_reduce", "all_to_all", "gather", "scatter"]
+            "send/recv pair", "sendrecv", "group of 4 all_reduce", "send/recv pair async", "4 all_reduce async",
+            "all_to_all", "gather", "scatter"]
 Setup = Callable[[int], Tuple[Callable[[], Any], Callable[[], int]]]
 
 
@@ -125,10 +130,13 @@ def _variants(rank: int, n: int, allreduce: Callable[[np.ndarray, np.ndarray], A
               exchange: Callable[[np.ndarray, np.ndarray, int], Any],
               alltoall: Callable[[np.ndarray, np.ndarray], Any],
               gather_to: Callable[[np.ndarray, Optional[np.ndarray]], Any],
-              scatter_from: Callable[[Optional[np.ndarray], np.ndarray], Any]) -> Dict[str, Setup]:
+              scatter_from: Callable[[Optional[np.ndarray], np.ndarray], Any],
+              sendrecv_async: Callable[[np.ndarray, np.ndarray, int], Any],
+              four_async: Callable[[List[Tuple[np.ndarray, np.ndarray]]], Any]) -> Dict[str, Setup]:
     """The checked, timed calls every library runs (the same data, the same checks). ``sendrecv``: the send/recv
     pair as a group; ``exchange``: the same pair in one call; ``gather_to`` and ``scatter_from``: rank 0 the root
-    (None for the buffer the other ranks do not have)."""
+    (None for the buffer the other ranks do not have); ``sendrecv_async`` and ``four_async``: the pair and four
+    all_reduce issued asynchronously, then waited for."""
 
     def reduce_with(op: Callable[[Any, Any], Any], wrap: Callable[[np.ndarray], Any] = lambda a: a) -> Setup:
         def setup(count: int) -> Tuple[Callable[[], Any], Callable[[], int]]:
@@ -165,16 +173,18 @@ def _variants(rank: int, n: int, allreduce: Callable[[np.ndarray, np.ndarray], A
             return (lambda: op(send, recv, peer)), check
         return setup
 
-    def four(count: int) -> Tuple[Callable[[], Any], Callable[[], int]]:
-        bufs = [(np.zeros(count, np.float32), np.zeros(count, np.float32)) for _ in range(4)]
+    def four_with(op: Callable[[List[Tuple[np.ndarray, np.ndarray]]], Any]) -> Setup:
+        def setup(count: int) -> Tuple[Callable[[], Any], Callable[[], int]]:
+            bufs = [(np.zeros(count, np.float32), np.zeros(count, np.float32)) for _ in range(4)]
 
-        def check() -> int:
-            for s, r in bufs:
-                s[:], r[:] = pattern(rank, count), 0
-            group4(bufs)
-            return sum(int(np.count_nonzero(r != expected(n, count))) for _, r in bufs)
+            def check() -> int:
+                for s, r in bufs:
+                    s[:], r[:] = pattern(rank, count), 0
+                op(bufs)
+                return sum(int(np.count_nonzero(r != expected(n, count))) for _, r in bufs)
 
-        return (lambda: group4(bufs)), check
+            return (lambda: op(bufs)), check
+        return setup
 
     def all_to_all(count: int) -> Tuple[Callable[[], Any], Callable[[], int]]:
         # block j of rank i's input, pattern(i * n + j), lands in block i of rank j's output
@@ -214,7 +224,9 @@ def _variants(rank: int, n: int, allreduce: Callable[[np.ndarray, np.ndarray], A
     return {"all_reduce numpy": reduce_with(allreduce), "all_reduce DLPack": reduce_with(allreduce, DLPackOnly),
             "all_reduce async": reduce_with(iallreduce_wait),
             "broadcast": broadcast, "send/recv pair": pair_with(sendrecv), "sendrecv": pair_with(exchange),
-            "group of 4 all_reduce": four, "all_to_all": all_to_all, "gather": gather, "scatter": scatter}
+            "group of 4 all_reduce": four_with(group4), "send/recv pair async": pair_with(sendrecv_async),
+            "4 all_reduce async": four_with(four_async), "all_to_all": all_to_all, "gather": gather,
+            "scatter": scatter}
 
 
 def worker_pycoll(args: argparse.Namespace) -> None:
@@ -235,10 +247,21 @@ def worker_pycoll(args: argparse.Namespace) -> None:
             for s, r in bufs:
                 comm.all_reduce(s, r)
 
+    def pair_async(s: np.ndarray, r: np.ndarray, peer: int) -> None:
+        with comm.group():
+            works = [comm.send(s, peer, async_op=True), comm.recv(r, peer, async_op=True)]
+        for w in works:
+            w.wait()
+
+    def four_async(bufs: List[Tuple[np.ndarray, np.ndarray]]) -> None:
+        for w in [comm.all_reduce(s, r, async_op=True) for s, r in bufs]:
+            w.wait()
+
     variants = _variants(rank, n, lambda s, r: comm.all_reduce(s, r),
                          lambda s, r: comm.all_reduce(s, r, async_op=True).wait(),
                          lambda b: comm.broadcast(b, root=0), pair_in_group, group4, comm.sendrecv, comm.all_to_all,
-                         lambda s, r: comm.gather(s, r, root=0), lambda s, r: comm.scatter(s, r, root=0))
+                         lambda s, r: comm.gather(s, r, root=0), lambda s, r: comm.scatter(s, r, root=0),
+                         pair_async, four_async)
 
     def raw(count: int) -> Tuple[Callable[[], Any], Callable[[], int]]:
         send, recv = np.zeros(count, np.float32), np.zeros(count, np.float32)
@@ -305,10 +328,13 @@ def worker_mpi(args: argparse.Namespace) -> None:
     def group4(bufs: List[Tuple[np.ndarray, np.ndarray]]) -> None:
         MPI.Request.Waitall([comm.Iallreduce(s, r, op=MPI.SUM) for s, r in bufs])
 
+    def pair_async(s: np.ndarray, r: np.ndarray, peer: int) -> None:
+        MPI.Request.Waitall([comm.Isend(s, dest=peer), comm.Irecv(r, source=peer)])
+
     variants = _variants(rank, n, lambda s, r: comm.Allreduce(s, r, op=MPI.SUM),
                          lambda s, r: comm.Iallreduce(s, r, op=MPI.SUM).Wait(), lambda b: comm.Bcast(b, root=0),
                          sendrecv, group4, sendrecv, comm.Alltoall, lambda s, r: comm.Gather(s, r, root=0),
-                         lambda s, r: comm.Scatter(s, r, root=0))
+                         lambda s, r: comm.Scatter(s, r, root=0), pair_async, group4)
     variants["all_reduce torch"] = variants["all_reduce numpy"]  # MPI takes the same buffers
 
     def gather(ts: np.ndarray) -> Optional[np.ndarray]:

@@ -121,7 +121,8 @@ def test_small_ops_runs_and_checks(tmp_path):
     runs = json.loads(out.read_text())["2"]["pycoll"]
     rows = runs[0]["rows"]
     for v in ("bindings", "all_reduce numpy", "all_reduce torch", "all_reduce DLPack", "all_reduce async", "broadcast",
-              "send/recv pair", "sendrecv", "group of 4 all_reduce", "all_to_all", "gather", "scatter"):
+              "send/recv pair", "sendrecv", "group of 4 all_reduce", "send/recv pair async", "4 all_reduce async",
+              "all_to_all", "gather", "scatter"):
         assert rows[v]["wrong"] == 0 and rows[v]["time_us"] > 0 and rows[v]["loop_us"] > 0, (v, rows.get(v))
     cpu = runs[0]["cpu"]  # the steady phase: % of one CPU, the busiest rank's
     assert set(cpu) == {"caller_pct", "threads_pct", "launcher_pct"}, cpu
