@@ -331,6 +331,9 @@ static void form_batch(struct task* t) {
 
 bool coll_quick(const struct task* t) {
   if (eager_ok(t)) return true;
+  if (t->kind == TK_SEND || t->kind == TK_RECV) /* one chunk, one slot of its ring: a send's pass publishes it, a
+                                                 * receive's takes it where it is there */
+    return t->count * dt_size(t->dtype) <= MIN(BATCH_BYTES / 2, t->comm->seg.slot_bytes - SLOT_HDR_BYTES);
   size_t bytes = batch_bytes(t); /* 0 for every other kind */
   return bytes && bytes <= BATCH_BYTES / (size_t)t->comm->nranks;
 }

@@ -103,7 +103,8 @@ int coll_progress(struct task* t);
 /* A collective waiting for its ranks' arrival waits for all of them, not only the first one it waits for
  * (wait_peer): the error of another one that is gone or failed (ncclSuccess: none), its text in `text`. */
 ncclResult_t coll_check_waited(struct task* t, bool check_process, char* text, size_t len);
-/* A collective of one step and a few KiB at most (coll.c): what one pass of its rank does quickly. */
+/* A collective of one step and a few KiB at most, a send or receive of one chunk of at most 32 KiB (coll.c): what one
+ * pass of its rank does quickly. */
 bool coll_quick(const struct task* t);
 void p2p_start(struct task* t);
 int p2p_progress(struct task* t);

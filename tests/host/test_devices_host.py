@@ -354,9 +354,10 @@ def test_work_run_in_a_callers_thread_goes_to_the_streams_thread_after_the_inlin
         assert lo == hi == 3.0, res
 
 
-def _eager_pass(rank, nranks, uid_bytes, count):
-    """Rank 1 queues an all_reduce of ``count`` floats on an idle helping stream (not inline) 0.2 s after rank 0,
-    records an event after it and queries it at once. Returns whether it was complete then and the result.
+def _eager_pass(rank, nranks, uid_bytes, op, count):
+    """Rank 1 queues an all_reduce of ``count`` floats -- or, ``op`` "send/recv", a receive of them from rank 0, which
+    sends them -- on an idle helping stream (not inline) 0.2 s after rank 0, records an event after it and queries it
+    at once. Returns whether it was complete then and the result.
     Rank 1 runs on one CPU (its ranks then outnumber its CPUs): work queued for its stream's thread wakes the
     thread only after PYCOLL_HOST_DEFER_NS, so an operation complete at the query is one its caller's thread
     ran, never one the stream's thread, woken at once on an idle CPU, finished in the microseconds before it."""
@@ -370,7 +371,13 @@ def _eager_pass(rank, nranks, uid_bytes, count):
     time.sleep(0.05 + 0.2 * rank)  # the stream's thread asleep; rank 0's share published first
     send, recv = np.full(count, rank + 1, np.float32), np.zeros(count, np.float32)
     ev = dev.create_event()
-    lib.all_reduce(send.ctypes.data, recv.ctypes.data, count, nccl.DataType.Float32, nccl.RedOp.Sum, comm, stream)
+    if op == "all_reduce":
+        lib.all_reduce(send.ctypes.data, recv.ctypes.data, count, nccl.DataType.Float32, nccl.RedOp.Sum, comm, stream)
+    elif rank == 0:
+        lib.send(send.ctypes.data, count, nccl.DataType.Float32, 1, comm, stream)
+        recv[:] = 1.0
+    else:
+        lib.recv(recv.ctypes.data, count, nccl.DataType.Float32, 0, comm, stream)
     dev.record_event(ev, stream)
     done = dev.query_event(ev)
     dev.synchronize_stream(stream)
@@ -381,15 +388,19 @@ def _eager_pass(rank, nranks, uid_bytes, count):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("count,eager", [(16, "1"), (16, "0"), (16384, "1")])
-def test_a_small_operation_on_a_helping_stream_gets_a_pass_in_the_callers_thread(count, eager):
-    """PYCOLL_HOST_EAGER: a small collective queued on an idle helping stream first runs as far as it can in the
-    caller's thread: rank 1, whose peer's share is there already, finishes it before the call returns (no thread of
-    the stream woken); a larger one, or with the pass off, is the stream thread's, which has to wake for it."""
+@pytest.mark.parametrize("op,count,eager", [("all_reduce", 16, "1"), ("all_reduce", 16, "0"),
+                                            ("all_reduce", 16384, "1"), ("send/recv", 16, "1"),
+                                            ("send/recv", 16384, "1")])
+def test_a_small_operation_on_a_helping_stream_gets_a_pass_in_the_callers_thread(op, count, eager):
+    """PYCOLL_HOST_EAGER: a small collective, send or receive queued on an idle helping stream first runs as far as it
+    can in the caller's thread: rank 1, whose peer's share or message is there already, finishes it before the call
+    returns (no thread of the stream woken); a larger one (above 32 KiB for a receive), or with the pass off, is the
+    stream thread's, which has to wake for it."""
     lib = _host_library()
-    res = run_ranks(_eager_pass, 2, bytes(lib.get_unique_id()), count, timeout=45,
+    res = run_ranks(_eager_pass, 2, bytes(lib.get_unique_id()), op, count, timeout=45,
                     env={"PYCOLL_HOST_EAGER": eager, "PYCOLL_HOST_DEFER_NS": "50000000"})
-    assert [r[1:] for r in res] == [(3.0, 3.0)] * 2
+    value = 3.0 if op == "all_reduce" else 1.0
+    assert [r[1:] for r in res] == [(value, value)] * 2
     assert res[1][0] is (count == 16 and eager == "1"), res
 
 
