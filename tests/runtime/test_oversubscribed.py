@@ -11,6 +11,7 @@ call whose peer comes late waits through every phase of the host library's backo
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import numpy as np
@@ -99,6 +100,34 @@ WHERE = {"queued": _deferred_failpoint, "handed back": _handed_back_failpoint}
                                            ("handed back", "abort"))])
 def test_a_rank_killed_or_stopped_where_its_work_is_deferred_fails_its_peer(action, where, policy):
     res = run_ranks(WHERE[where], 2, _uid(), f"host.stream.defer={action}", policy, may_die=[1], timeout=60)
+    assert isinstance(res[1], Died), res
+    name, took = res[0]
+    assert name == ("RemoteError" if action == "kill" else "CommTimeout"), res
+    assert took < 20, res
+
+
+def _left_after_a_wait(rank, n, uid, action):
+    """Two all_reduce too large for the caller's pass, queued deferred; each rank's wait for the first runs it and
+    leaves the second deferred (stream.c: stream_help); rank 1 is then killed or stopped. Returns rank 0's error and
+    time."""
+    c = _pinned_comm(rank, n, uid, timeout=4)
+
+    def both():
+        first, second = (c.all_reduce(np.ones(16384, np.float32), async_op=True) for _ in range(2))
+        first.wait()
+        if rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL if action == "kill" else signal.SIGSTOP)
+        second.wait()
+
+    out = error_and_time(both)
+    c.abort()
+    return out
+
+
+# a stopped rank costs its peer's deadline (4 s): under --runslow
+@pytest.mark.parametrize("action", [pytest.param("kill"), pytest.param("stop", marks=pytest.mark.slow)])
+def test_a_rank_killed_or_stopped_with_work_left_deferred_after_its_wait_fails_its_peer(action):
+    res = run_ranks(_left_after_a_wait, 2, _uid(), action, may_die=[1], timeout=60)
     assert isinstance(res[1], Died), res
     name, took = res[0]
     assert name == ("RemoteError" if action == "kill" else "CommTimeout"), res
