@@ -408,12 +408,16 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         exits.arm_sigterm()
         if self.enabled and not self.running:
             self.start()
-        self._store_wake.set()  # publish the new communicator's progress at once
+        self._store_wake.set()  # the store thread looks at the new communicator's store at once
         if self.enabled:
             try:  # where this process runs, before the caller goes on (see Liveness.announce)
                 self._liveness.announce(comm)
             except Exception as e:  # the liveness thread's next round tries again
                 _log.debug("watchdog: could not publish this process for %r: %s", comm.name, e)
+            if comm.store is not None:
+                # and its progress (#0), in this thread too: a rank killed or stopped before the store thread's first
+                # round is then known to the peers' failure reports as one not seen entering their operation
+                self._publish(comm)
 
     def comm_closed(self, comm: CommView) -> None:
         """A communicator destroyed without a failure: this rank's records in its store (the process for the peers'

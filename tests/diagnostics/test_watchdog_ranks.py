@@ -426,6 +426,30 @@ def test_a_forked_child_gets_its_own_watchdog(tmp_path):
     assert x.tolist() == [1.0, 1.0] and running
 
 
+def _made_with_the_store_thread_held(rank, n, path):
+    """A communicator made while this process's watchdog store thread does nothing (its loop replaced): which of
+    this rank's records the store holds as init returns."""
+    from pycoll.diagnostics import watchdog as wd
+    from pycoll.diagnostics.records import proc_prefix, progress_prefix
+
+    wd.Watchdog._store_loop = lambda self, stop: stop.wait()
+    store = pycoll.FileStore(path)
+    c = pycoll.init(rank, n, store=store, backend="host", name="held")
+    there = [store.check([f"{proc_prefix(c.uid)}{rank}"]), store.check([f"{progress_prefix(c.uid)}{rank}"])]
+    c.barrier()
+    c.destroy()
+    return there
+
+
+@pytest.mark.timeout(60)
+def test_a_communicator_is_published_before_its_init_returns(tmp_path):
+    """A rank's process and progress records are in the store as its init returns, not only once the watchdog's
+    threads publish them: a rank killed or stopped before then (the store thread not yet scheduled, on busy CPUs) is
+    known to its peers' liveness checks and failure reports ("not seen entering" their operation)."""
+    res = run_ranks(_made_with_the_store_thread_held, 2, str(tmp_path / "store"), timeout=40)
+    assert res == [[True, True]] * 2, res
+
+
 def _aborted_records(rank, n, path, spec):
     from pycoll import failpoints
     from pycoll.diagnostics.records import proc_prefix, progress_prefix
