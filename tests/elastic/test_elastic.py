@@ -118,14 +118,16 @@ def test_sigstop_instead_of_sigkill(server):
 
 
 def _reshape_failure(rank, n, addr):
-    """Slot 3 dies; slot 2 dies while the others are reshaping (after vouching for itself)."""
+    """Slot 3 dies; slot 2 dies while the others are reshaping (after vouching for itself). A member still finishing
+    the first all_reduce when slot 0 begins the reshape has it failed by the reshape's revoke: that one too leads to
+    the reshape."""
     store = _store(addr)
     group = ElasticGroup(store, rank, n, backend="host", timeout=10.0, name="t")
     x = np.ones(4)
-    group.comm.all_reduce(x)
-    if rank == 3:
-        os.kill(os.getpid(), signal.SIGKILL)
     try:
+        group.comm.all_reduce(x)
+        if rank == 3:
+            os.kill(os.getpid(), signal.SIGKILL)
         group.comm.all_reduce(x)
     except pycoll.CommFailure:
         if rank == 2:
@@ -155,11 +157,11 @@ def _stopped_in_the_reshape(rank, n, addr, point):
     if rank == 1:
         failpoints.configure(f"{point}=stop", rank=rank)
     x = np.ones(4)
-    group.comm.all_reduce(x)
-    if rank == 3:
-        os.kill(os.getpid(), signal.SIGKILL)
     t0 = time.monotonic()
-    try:
+    try:  # the first all_reduce too: a member finishing it as the others begin the reshape has it revoked
+        group.comm.all_reduce(x)
+        if rank == 3:
+            os.kill(os.getpid(), signal.SIGKILL)
         group.comm.all_reduce(x)
     except pycoll.CommFailure:
         group.reshape()
@@ -231,14 +233,19 @@ def _rank0_dies_before_it_marks(rank, n, addr):
     if rank == 0:
         failpoints.configure("elastic.reshape.done=kill", rank=rank)
     x = np.ones(4)
-    group.comm.all_reduce(x)
-    if rank == 3:
-        os.kill(os.getpid(), signal.SIGKILL)
-    for _ in range(3):  # the failed step, the one slot 0's death fails, one on the last communicator
+    # the first step, the failed one, the one slot 0's death fails, one on the last communicator (a member finishing
+    # the first as the others begin the reshape has it revoked: it then reshapes one step earlier)
+    first = True
+    while True:
         try:
             group.comm.all_reduce(x)
+            if rank == 3:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if not first and group.members == (1, 2):
+                break
         except pycoll.CommFailure:
             group.reshape()
+        first = False
     deadline = time.monotonic() + 10.0
     lost = []
     while time.monotonic() < deadline:  # rank 0 marks them off the critical path
@@ -265,7 +272,11 @@ def _late_policy(rank, n, addr):
     store = _store(addr)
     group = ElasticGroup(store, rank, n, backend="host", timeout=10.0, name="t")
     x = np.ones(4)
-    group.comm.all_reduce(x)
+    try:
+        group.comm.all_reduce(x)
+        first_failed = False
+    except pycoll.CommFailure:  # slot 0's reshape began before this member saw it complete: its revoke failed it
+        first_failed = True
     if rank == 3:
         os.kill(os.getpid(), signal.SIGKILL)
     old = group.comm
@@ -289,6 +300,8 @@ def _late_policy(rank, n, addr):
         pycoll.comm.remove_observer(hold)
     elif rank == 2:
         time.sleep(0.3)
+        group.reshape()
+    elif first_failed:
         group.reshape()
     else:
         try:
