@@ -105,6 +105,8 @@ _LOOK_BACK = 8
 FP_REPORT = _fp.declare("watchdog.report.begin", "a failure being reported, before its store exchange and line")
 FP_FIRST_LOOK = _fp.declare("watchdog.request.first_look", "the store thread's first look at a store's dump requests, "
                             "before it reads their counter")
+FP_CREATED = _fp.declare("watchdog.progress.created", "a communicator just made, before this rank's first progress "
+                         "record for it is written (in the thread that made it)")
 FP_ANSWER = _fp.declare("watchdog.request.answer", "a dump request from another rank, before answering it")
 FP_FORGET = _fp.declare("watchdog.records.forget", "the records of a communicator that failed or was aborted, kept for "
                         "its peers, before this rank deletes them from the store")
@@ -417,6 +419,7 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
             if comm.store is not None:
                 # and its progress (#0), in this thread too: a rank killed or stopped before the store thread's first
                 # round is then known to the peers' failure reports as one not seen entering their operation
+                _fp.hit(FP_CREATED)
                 self._publish(comm)
 
     def comm_closed(self, comm: CommView) -> None:

@@ -531,6 +531,8 @@ POINTS_2 = {
     "watchdog.report.begin": (1, (0, 1), "", ()),
     # the store thread's first look at the dump requests, as the group forms
     "watchdog.request.first_look": (1, (0, 1), "", ()),
+    # the first progress record, written as the group's communicator is made
+    "watchdog.progress.created": (1, (0, 1), "", ()),
 }
 
 
