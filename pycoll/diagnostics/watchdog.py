@@ -417,7 +417,7 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
             except Exception as e:  # the liveness thread's next round tries again
                 _log.debug("watchdog: could not publish this process for %r: %s", comm.name, e)
             if comm.store is not None:
-                # and its progress (#0), in this thread too: a rank killed or stopped before the store thread's first
+                # and its progress, in this thread too: a rank killed or stopped before the store thread's first
                 # round is then known to the peers' failure reports as one not seen entering their operation
                 _fp.hit(FP_CREATED)
                 self._publish(comm)
