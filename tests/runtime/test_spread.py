@@ -73,8 +73,8 @@ def _run_beside_busy(pin_for_good, spread="1"):
 def test_two_ranks_sharing_a_cpu_by_accident_move_apart():
     """The ranks move apart -- again and again: the kernel's balancer, which sees the busy process's CPU with two
     tasks and theirs with one, tends to bring the one that moved back, so how long they stay apart varies from run to
-    run (a fifth to all of the readings; half of them on average). Without the move (PYCOLL_HOST_SPREAD=0, the
-    control) no reading found them apart in ten runs."""
+    run (a third to all of the readings in 15 runs here). Without the move (PYCOLL_HOST_SPREAD=0,
+    the control) no reading found them apart in 5 runs."""
     (cpus0, wrong0, mask0), (cpus1, wrong1, mask1) = _run_beside_busy(pin_for_good=False)
     assert wrong0 == wrong1 == 0
     assert mask0 == mask1 == CPUS, "the affinity mask was not restored"
