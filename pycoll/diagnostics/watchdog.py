@@ -620,8 +620,7 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         told = 0
         for store in self._live_stores().values():
             try:
-                uids = [c.uid for c in self._comms() if c.store is store]
-                self._signal_store(store, f"rank {self._my_rank()}: {reason}", _REQUEST, uids)
+                self._signal_store(store, f"rank {self._my_rank()}: {reason}", _REQUEST, self._uids_on(store))
                 told += 1
             except Exception as e:
                 _log.warning("watchdog: could not post a dump request to %r: %s", store, e)
@@ -798,6 +797,10 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
     def _live_stores(self) -> Dict[int, Any]:
         return {id(c.store): c.store for c in self._comms() if c.store is not None}
 
+    def _uids_on(self, store: Any) -> List[str]:
+        """The uids of this process's communicators on ``store`` (the ones its dump requests are about)."""
+        return [c.uid for c in self._comms() if c.store is store]
+
     def _store_loop(self, stop: threading.Event) -> None:
         while not stop.is_set():
             t0 = time.monotonic()
@@ -868,7 +871,7 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
                 self._stop.wait(min(wait, self.publish_interval))
             return
         me = origin() + " "
-        mine = {c.uid for c in self._comms() if c.store is store}
+        mine = set(self._uids_on(store))
         foreign = []  # [kind, text] each
         for i, t in zip(range(n - len(texts) + 1, n + 1), texts, strict=True):
             parts = t.split(" ", 2)  # origin, kind@uids, text
