@@ -223,7 +223,8 @@ _ALL = (
     Setting("PYCOLL_HOST_IDLE_DEAD", "int", 1, "`1` puts the remaining threads of a peer process found dead on "
             "`SCHED_IDLE`; `0` leaves them alone", minimum=0, maximum=1),
     Setting("PYCOLL_HOST_SPREAD", "int", 1, "`1`: a waiter that finds the peer it waits for on its own CPU moves "
-            "to another CPU of its mask (where the ranks do not outnumber the CPUs); `0`: never",
+            "to another CPU of its mask (where the ranks do not outnumber the CPUs), and one on a CPU holding two of "
+            "its communicator's ranks more than another CPU of its mask moves there (where they do); `0`: never",
             minimum=0, maximum=1),
     # -- testing
     Setting("PYCOLL_FAILPOINTS", "text", None, "failpoints to arm, for tests: `NAME=ACTION[@N][;rank=R]` "

@@ -157,16 +157,42 @@ static struct task* publish_cpu(struct task* list, int cpu) {
   return blocked;
 }
 
-/* Spinning only helps when the peer we wait for runs on another CPU. Publish where we wait; when the peer last
- * waited on this CPU, move to another CPU where the ranks do not outnumber the CPUs (spread_from: they share this
- * one by accident), else yield at once (it needs ours to make progress). */
+/* Where the ranks outnumber the CPUs, at the first wait of this thread and every 64th after: a CPU of this thread's
+ * mask where at least two fewer of c's ranks last waited than on `cpu` (this rank's), if this rank is the highest
+ * there (one of them moves, not all); -1: none. */
+static int emptier_cpu(struct ncclComm* c, int cpu) {
+  static __thread unsigned waits;
+  if ((waits++ & 63) != 0 || cpu < 0 || cpu >= CPU_SETSIZE) return -1;
+  cpu_set_t mask;
+  if (sched_getaffinity(0, sizeof mask, &mask) != 0 || CPU_COUNT(&mask) < 2) return -1;
+  uint16_t on[CPU_SETSIZE];
+  memset(on, 0, sizeof on);
+  for (int k = 0; k < c->nranks; k++) {
+    int w = __atomic_load_n(&c->seg.ctrl[k].cpu, __ATOMIC_RELAXED);
+    if (w < 0 || w >= CPU_SETSIZE) continue;
+    if (w == cpu && k > c->rank) return -1;
+    on[w]++;
+  }
+  int to = -1;
+  for (int x = 0; x < CPU_SETSIZE; x++)
+    if (x != cpu && CPU_ISSET(x, &mask) && (to < 0 || on[x] < on[to])) to = x;
+  return to >= 0 && on[to] + 2 <= on[cpu] ? to : -1;
+}
+
+/* Spinning only helps when the peer we wait for runs on another CPU. Publish where we wait; where the ranks
+ * outnumber the CPUs and this CPU holds two of them more than another, move there (spread_from); when the peer last
+ * waited on this CPU, move to another CPU where the ranks do not outnumber the CPUs (they share this one by
+ * accident), else yield at once (it needs ours to make progress). */
 static void spin_or_yield(struct task* list, struct backoff* b) {
   int cpu = sched_getcpu();
   struct task* blocked = publish_cpu(list, cpu);
-  if (!blocked || blocked->wait_peer < 0 ||
+  if (!blocked) return;
+  int to = b->oversubscribed ? emptier_cpu(blocked->comm, cpu) : -1;
+  if (to >= 0 && spread_from(cpu, to)) publish_cpu(list, cpu = sched_getcpu());
+  if (blocked->wait_peer < 0 ||
       __atomic_load_n(&blocked->comm->seg.ctrl[blocked->wait_peer].cpu, __ATOMIC_RELAXED) != cpu)
     return;
-  if (!b->oversubscribed && spread_from(cpu))
+  if (!b->oversubscribed && spread_from(cpu, -1))
     publish_cpu(list, sched_getcpu());
   else
     b->spin_ns = 0;

@@ -132,16 +132,22 @@ bool host_oversubscribed(void) { return __atomic_load_n(&oversubscribed_seen, __
 #define SPREAD_EVERY_NS 10000000ull
 static uint64_t spread = 1; /* PYCOLL_HOST_SPREAD */
 
-bool spread_from(int cpu) {
+bool spread_from(int cpu, int to) {
   static __thread uint64_t last; /* this thread's last try */
-  if (!spread || cpu < 0 || cpu >= CPU_SETSIZE) return false;
+  if (!spread || cpu < 0 || cpu >= CPU_SETSIZE || to >= CPU_SETSIZE || to == cpu) return false;
   uint64_t t = now_ns();
   if (last && t - last < SPREAD_EVERY_NS) return false;
   last = t;
   cpu_set_t mask, elsewhere;
-  if (sched_getaffinity(0, sizeof mask, &mask) != 0 || CPU_COUNT(&mask) < 2 || !CPU_ISSET(cpu, &mask)) return false;
+  if (sched_getaffinity(0, sizeof mask, &mask) != 0 || CPU_COUNT(&mask) < 2 || !CPU_ISSET(cpu, &mask) ||
+      (to >= 0 && !CPU_ISSET(to, &mask)))
+    return false;
   elsewhere = mask;
   CPU_CLR(cpu, &elsewhere);
+  if (to >= 0) {
+    CPU_ZERO(&elsewhere);
+    CPU_SET(to, &elsewhere);
+  }
   /* the kernel moves the thread as the call returns; the mask restored, it stays there until it balances again */
   if (sched_setaffinity(0, sizeof elsewhere, &elsewhere) != 0) return false;
   if (sched_setaffinity(0, sizeof mask, &mask) != 0)

@@ -75,10 +75,13 @@ void doorbell_sleep_on(struct doorbell* d, uint32_t* life, uint64_t timeout_ns, 
 /* Where a communicator's ranks do not outnumber the CPUs, two of them that wait for each other on one CPU share it
  * by an accident of placement: each runs only when the other yields, while another CPU runs something else. The
  * kernel's balancer leaves them so (two tasks here, one there balances as well as it can); a sleeper woken next to
- * its waker most likely puts them there. Moves the calling thread off `cpu` to another CPU of its own affinity
- * mask, which it then restores as it was: true when it moved. Never where the mask holds one CPU (a thread pinned
- * stays where it is), at most once every SPREAD_EVERY_NS per thread, not at all with PYCOLL_HOST_SPREAD=0. */
-bool spread_from(int cpu);
+ * its waker most likely puts them there. Where they outnumber the CPUs, one CPU can hold two ranks more than another
+ * (three and one for four ranks on two CPUs) for as long as none of them sleeps: every operation then waits for the
+ * three that take turns, while the one alone spins. Moves the calling thread off `cpu` to CPU `to` (-1: to another
+ * CPU) of its own affinity mask, which it then restores as it was: true when it moved. Never where the mask holds one
+ * CPU (a thread pinned stays where it is), at most once every SPREAD_EVERY_NS per thread, not at all with
+ * PYCOLL_HOST_SPREAD=0. */
+bool spread_from(int cpu, int to);
 
 int host_ncpus(void);
 /* A communicator of this process has more ranks on this machine than it has CPUs (set at its init, never
