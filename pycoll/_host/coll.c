@@ -962,6 +962,10 @@ ncclResult_t coll_check_waited(struct task* t, bool check_process, char* text, s
   struct ncclComm* c = t->comm;
   for (int k = t->wait_idx + 1; k < c->nranks; k++) { /* the ranks before wait_idx have arrived (sent) */
     if (k == c->rank || (eager && !eager_peer(t, k)) || part_there(t, k)) continue;
+    if (UNLIKELY(fp_hit("host.coll.check_waited"))) {
+      snprintf(text, len, "failpoint host.coll.check_waited");
+      return ncclSystemError;
+    }
     ncclResult_t err = comm_check_peer(c, k, check_process, text, len);
     /* a peer that did its part right before it left (finished, finalized) is no failure of this operation */
     if (err != ncclSuccess && !part_there(t, k)) return err;

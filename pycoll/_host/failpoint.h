@@ -14,6 +14,9 @@
  *                                             into every rank's buffer, before the last arrival
  *   host.coll.eager                           a small rooted collective's sender, before each message it
  *                                             writes into the eager lane (coll.c)
+ *   host.coll.check_waited                    a collective waiting for one rank looks at another that has not
+ *                                             done its part yet, before it asks whether that one failed or
+ *                                             left (coll.c: coll_check_waited, every PYCOLL_HOST_PEER_CHECK_NS)
  *   host.window.exchange                      ncclCommWindowRegister, before its descriptor exchange
  *   host.signal.wait                          ncclWaitSignal, when it starts waiting
  *   host.stream.defer                         before queuing work on a helping stream whose thread is not

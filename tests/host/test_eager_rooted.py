@@ -145,6 +145,29 @@ def test_a_receiver_fails_as_any_sender_it_waits_for_dies_not_only_the_first():
     assert 0.2 < out[0] < 1.5, out
 
 
+def _sent_then_left(rank, n, idb):
+    """A Reduce's root waits for rank 1 (1 s late); rank 2 sends 0.1 s in and destroys its communicator at once. The
+    root's first look at rank 2 (failpoint host.coll.check_waited: not sent yet) sleeps 0.4 s before it asks whether
+    rank 2 failed or left: by then rank 2 has sent and gone."""
+    if rank == 0:
+        os.environ["PYCOLL_FAILPOINTS"] = "host.coll.check_waited=sleep(400)@1"
+    l = lib()
+    comm = init(n, rank, idb)
+    x = np.full(4, rank + 1, np.float32)
+    time.sleep({0: 0.0, 1: 1.0, 2: 0.1}[rank])
+    l.reduce(ptr(x), ptr(x), 4, F32, SUM, 0, comm)
+    l.comm_destroy(comm)
+    return float(x[0])
+
+
+def test_a_sender_that_sent_and_left_is_no_failure_of_its_receiver():
+    """A sender that did its part right before it left (here: destroyed its communicator) is no failure of the
+    receiver still waiting for another sender: the receiver looks at its part again once it sees it gone. Without
+    that second look the root failed with "rank 2 has destroyed the communicator while rank 0 waits for it"."""
+    out = run_ranks(_sent_then_left, 3, uid(), timeout=40)
+    assert out[0] == 6.0, out
+
+
 def _killed_or_stopped_root(rank, n, folder, action):
     if rank == 0:
         os.environ["PYCOLL_FAILPOINTS"] = f"host.coll.eager={action}@3"
