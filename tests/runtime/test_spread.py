@@ -37,16 +37,15 @@ def _cpu_now() -> int:
     return int(stat_fields(os.getpid())[36])
 
 
-def _on_one_cpu(rank, n, uid, pin_for_good, calls=3000, every=20):
-    """Both ranks on the first CPU of the mask (the communicator made with the whole mask: its ranks do not outnumber
-    the CPUs), then, unless ``pin_for_good``, the mask given back; ``calls`` all_reduce, the CPU read every
-    ``every``. Returns the CPUs read, the sums' errors and the mask at the end."""
-    full = os.sched_getaffinity(0)
+def _placed_then_run(rank, n, uid, made_with, start_on, then, calls=3000, every=20):
+    """The communicator made with the affinity mask ``made_with``, this rank put on the CPUs ``start_on`` until every
+    rank is placed (a barrier), its mask then made ``then``; ``calls`` all_reduce, the CPU read every ``every``.
+    Returns the CPUs read, the sums' errors and the mask at the end."""
+    os.sched_setaffinity(0, made_with)
     c = pycoll.init(rank, n, unique_id=uid, backend="host", timeout=60)
-    os.sched_setaffinity(0, {CPUS[0]})
+    os.sched_setaffinity(0, start_on)
     c.barrier()
-    if not pin_for_good:
-        os.sched_setaffinity(0, full)
+    os.sched_setaffinity(0, then)
     x = np.ones(4, np.float32)
     cpus, wrong = [], 0
     for i in range(calls):
@@ -57,6 +56,13 @@ def _on_one_cpu(rank, n, uid, pin_for_good, calls=3000, every=20):
             cpus.append(_cpu_now())
     c.destroy()
     return cpus, wrong, sorted(os.sched_getaffinity(0))
+
+
+def _on_one_cpu(rank, n, uid, pin_for_good):
+    """Both ranks on the first CPU of the mask (the communicator made with the whole mask: its ranks do not outnumber
+    the CPUs), then, unless ``pin_for_good``, the mask given back."""
+    full = os.sched_getaffinity(0)
+    return _placed_then_run(rank, n, uid, full, {CPUS[0]}, {CPUS[0]} if pin_for_good else full)
 
 
 BUSY = f"import os\nos.sched_setaffinity(0, {{{CPUS[1] if len(CPUS) > 1 else 0}}})\nwhile True: pass"
@@ -94,26 +100,11 @@ def test_a_rank_pinned_by_its_user_stays_pinned():
         assert set(cpus) == {CPUS[0]}
 
 
-def _three_and_one(rank, n, uid, calls=3000, every=20):
+def _three_and_one(rank, n, uid):
     """Four ranks on two CPUs (the mask of each made the first two CPUs before the communicator: they outnumber
-    them), ranks 0-2 put on the first, rank 3 on the second, the two-CPU mask given back; then ``calls``
-    all_reduce, the CPU read every ``every``. Returns the CPUs read, the sums' errors and the mask at the end."""
+    them), ranks 0-2 put on the first, rank 3 on the second, then the two-CPU mask given back."""
     two = set(CPUS[:2])
-    os.sched_setaffinity(0, two)
-    c = pycoll.init(rank, n, unique_id=uid, backend="host", timeout=60)
-    os.sched_setaffinity(0, {CPUS[0] if rank < 3 else CPUS[1]})
-    c.barrier()
-    os.sched_setaffinity(0, two)
-    x = np.ones(4, np.float32)
-    cpus, wrong = [], 0
-    for i in range(calls):
-        x[:] = rank + 1
-        c.all_reduce(x)
-        wrong += int(np.count_nonzero(x != n * (n + 1) / 2))
-        if i % every == 0:
-            cpus.append(_cpu_now())
-    c.destroy()
-    return cpus, wrong, sorted(os.sched_getaffinity(0))
+    return _placed_then_run(rank, n, uid, two, {CPUS[0] if rank < 3 else CPUS[1]}, two)
 
 
 def _balanced(results) -> float:
