@@ -17,6 +17,8 @@
  *   host.coll.check_waited                    a collective waiting for one rank looks at another that has not
  *                                             done its part yet, before it asks whether that one failed or
  *                                             left (coll.c: coll_check_waited, every PYCOLL_HOST_PEER_CHECK_NS)
+ *   host.wait.check_peer                      a waiter, before it asks whether the rank it waits for failed or
+ *                                             left (every round of its yields and sleeps: enqueue.c, check_peers)
  *   host.window.exchange                      ncclCommWindowRegister, before its descriptor exchange
  *   host.signal.wait                          ncclWaitSignal, when it starts waiting
  *   host.stream.defer                         before queuing work on a helping stream whose thread is not

@@ -558,7 +558,9 @@ def test_matrix_2_covers_every_point_the_scenario_passes():
     # rooted collective, which the scenario does not make (tests/host/test_eager_rooted.py kills and stops a root
     # there); host.coll.check_waited: only where a waiting collective finds a rank other than the one it waits for
     # late as well, which the scenario's ranks may or may not be (tests/host/test_eager_rooted.py holds a root there
-    # while a sender sends and leaves); watchdog.report.signal_peer
+    # while a sender sends and leaves); host.wait.check_peer: only where a waiter gets to yield or sleep, which the
+    # scenario's ranks may or may not (tests/host/test_eager_rooted.py holds a root there while the sender it waits
+    # for sends and leaves); watchdog.report.signal_peer
     # (only with PYCOLL_FR_DUMP_SIGNAL) and watchdog.exit.* (a rank leaving with an operation
     # outstanding): tests/diagnostics/test_exit_dumps.py kills and stops ranks there; host.stream.defer: only where
     # the ranks outnumber the CPUs, which the scenario's ranks do not (tests/runtime/test_oversubscribed.py);
@@ -570,8 +572,8 @@ def test_matrix_2_covers_every_point_the_scenario_passes():
     # (tests/diagnostics/test_watchdog_ranks.py kills a rank there)
     assert set(scenario) - set(POINTS_2) == {"host.window.exchange", "host.signal.wait", "host.coll.after_consume",
                                              "host.coll.window", "host.coll.eager", "host.coll.check_waited",
-                                             "host.stream.defer", "host.stream.handback", "host.stream.takeover",
-                                             "host.stream.full",
+                                             "host.wait.check_peer", "host.stream.defer", "host.stream.handback",
+                                             "host.stream.takeover", "host.stream.full",
                                              "watchdog.report.signal_peer", "watchdog.exit.before_dump",
                                              "watchdog.exit.terminate", "watchdog.exit.deferred_sigterm",
                                              "watchdog.records.forget"}, scenario

@@ -168,6 +168,31 @@ def test_a_sender_that_sent_and_left_is_no_failure_of_its_receiver():
     assert out[0] == 6.0, out
 
 
+def _waited_for_sent_then_left(rank, n, idb):
+    """A Reduce's root waits for rank 1, which sends 0.1 s in and destroys its communicator at once, and for rank 2
+    (1 s late). The root's first look at rank 1 (failpoint host.wait.check_peer) sleeps 0.4 s before it asks whether
+    rank 1 failed or left: by then rank 1 has sent and gone."""
+    if rank == 0:
+        os.environ["PYCOLL_FAILPOINTS"] = "host.wait.check_peer=sleep(400)@1"
+    l = lib()
+    comm = init(n, rank, idb)
+    x = np.full(4, rank + 1, np.float32)
+    time.sleep({0: 0.0, 1: 0.1, 2: 1.0}[rank])
+    l.reduce(ptr(x), ptr(x), 4, F32, SUM, 0, comm)
+    l.comm_destroy(comm)
+    return float(x[0])
+
+
+def test_the_sender_waited_for_that_sent_and_left_is_no_failure_of_its_receiver():
+    """The same for the sender the receiver waits for: found gone, its part is there, and the receiver goes on to
+    wait for the next sender. Before, the receiver's second look took rank 1's part but reported no progress (it
+    moved on to rank 2 without taking anything yet), and the root failed with "rank 1 has destroyed the communicator
+    while rank 0 waits for it" (CI: a Gather's root of test_group_batch.py, "rank 1 has finalized the
+    communicator while rank 3 waits for it")."""
+    out = run_ranks(_waited_for_sent_then_left, 3, uid(), timeout=40)
+    assert out[0] == 6.0, out
+
+
 def _killed_or_stopped_root(rank, n, folder, action):
     if rank == 0:
         os.environ["PYCOLL_FAILPOINTS"] = f"host.coll.eager={action}@3"
