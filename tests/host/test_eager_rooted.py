@@ -145,51 +145,38 @@ def test_a_receiver_fails_as_any_sender_it_waits_for_dies_not_only_the_first():
     assert 0.2 < out[0] < 1.5, out
 
 
-def _sent_then_left(rank, n, idb):
-    """A Reduce's root waits for rank 1 (1 s late); rank 2 sends 0.1 s in and destroys its communicator at once. The
-    root's first look at rank 2 (failpoint host.coll.check_waited: not sent yet) sleeps 0.4 s before it asks whether
-    rank 2 failed or left: by then rank 2 has sent and gone."""
+def _sent_then_left(rank, n, idb, failpoint, delays):
+    """A Reduce's root is held 0.4 s at ``failpoint`` the first time it passes it; each rank starts the reduce
+    ``delays[rank]`` seconds in: one sender 0.1 s (it then destroys its communicator at once, done with its program),
+    the other 1 s. The root's first look at the early sender comes before it sent; by the time the root asks whether
+    it failed or left, it has sent and gone."""
     if rank == 0:
-        os.environ["PYCOLL_FAILPOINTS"] = "host.coll.check_waited=sleep(400)@1"
+        os.environ["PYCOLL_FAILPOINTS"] = f"{failpoint}=sleep(400)@1"
     l = lib()
     comm = init(n, rank, idb)
     x = np.full(4, rank + 1, np.float32)
-    time.sleep({0: 0.0, 1: 1.0, 2: 0.1}[rank])
+    time.sleep(delays[rank])
     l.reduce(ptr(x), ptr(x), 4, F32, SUM, 0, comm)
     l.comm_destroy(comm)
     return float(x[0])
 
 
 def test_a_sender_that_sent_and_left_is_no_failure_of_its_receiver():
-    """A sender that did its part right before it left (here: destroyed its communicator) is no failure of the
-    receiver still waiting for another sender: the receiver looks at its part again once it sees it gone. Without
-    that second look the root failed with "rank 2 has destroyed the communicator while rank 0 waits for it"."""
-    out = run_ranks(_sent_then_left, 3, uid(), timeout=40)
+    """A sender that did its part right before it left is no failure of the receiver still waiting for another
+    sender: the receiver looks at its part again once it sees it gone. Here rank 2, which the root checks besides
+    rank 1 (the one it waits for), at failpoint host.coll.check_waited. Without that second look the root failed with
+    "rank 2 has destroyed the communicator while rank 0 waits for it"."""
+    out = run_ranks(_sent_then_left, 3, uid(), "host.coll.check_waited", (0.0, 1.0, 0.1), timeout=40)
     assert out[0] == 6.0, out
 
 
-def _waited_for_sent_then_left(rank, n, idb):
-    """A Reduce's root waits for rank 1, which sends 0.1 s in and destroys its communicator at once, and for rank 2
-    (1 s late). The root's first look at rank 1 (failpoint host.wait.check_peer) sleeps 0.4 s before it asks whether
-    rank 1 failed or left: by then rank 1 has sent and gone."""
-    if rank == 0:
-        os.environ["PYCOLL_FAILPOINTS"] = "host.wait.check_peer=sleep(400)@1"
-    l = lib()
-    comm = init(n, rank, idb)
-    x = np.full(4, rank + 1, np.float32)
-    time.sleep({0: 0.0, 1: 0.1, 2: 1.0}[rank])
-    l.reduce(ptr(x), ptr(x), 4, F32, SUM, 0, comm)
-    l.comm_destroy(comm)
-    return float(x[0])
-
-
 def test_the_sender_waited_for_that_sent_and_left_is_no_failure_of_its_receiver():
-    """The same for the sender the receiver waits for: found gone, its part is there, and the receiver goes on to
-    wait for the next sender. Before, the receiver's second look took rank 1's part but reported no progress (it
-    moved on to rank 2 without taking anything yet), and the root failed with "rank 1 has destroyed the communicator
-    while rank 0 waits for it" (CI: a Gather's root of test_group_batch.py, "rank 1 has finalized the
-    communicator while rank 3 waits for it")."""
-    out = run_ranks(_waited_for_sent_then_left, 3, uid(), timeout=40)
+    """The same for the sender the receiver waits for (rank 1, at failpoint host.wait.check_peer): found gone, its
+    part is there, and the receiver goes on to wait for rank 2. Before, the receiver's second look found rank 1's part
+    but reported no progress (it moved on to rank 2 without taking anything yet), and the root failed with "rank 1
+    has destroyed the communicator while rank 0 waits for it" (CI: a Gather's root of test_group_batch.py, "rank 1
+    has finalized the communicator while rank 3 waits for it")."""
+    out = run_ranks(_sent_then_left, 3, uid(), "host.wait.check_peer", (0.0, 0.1, 1.0), timeout=40)
     assert out[0] == 6.0, out
 
 
