@@ -142,11 +142,12 @@ bool spread_from(int cpu, int to) {
   if (sched_getaffinity(0, sizeof mask, &mask) != 0 || CPU_COUNT(&mask) < 2 || !CPU_ISSET(cpu, &mask) ||
       (to >= 0 && !CPU_ISSET(to, &mask)))
     return false;
-  elsewhere = mask;
-  CPU_CLR(cpu, &elsewhere);
   if (to >= 0) {
     CPU_ZERO(&elsewhere);
     CPU_SET(to, &elsewhere);
+  } else {
+    elsewhere = mask;
+    CPU_CLR(cpu, &elsewhere);
   }
   /* the kernel moves the thread as the call returns; the mask restored, it stays there until it balances again */
   if (sched_setaffinity(0, sizeof elsewhere, &elsewhere) != 0) return false;
