@@ -317,8 +317,12 @@ def _requested_rank(rank, n, uid, addr, token, dump_dir):
     x = np.ones(4, np.float32)
     for _ in range(3):
         comm.all_reduce(x)
+    # every rank out of its third all_reduce before the request: a rank still inside it as its store thread answers
+    # dumps it as started, and the dumps then match through #2 only
+    comm.store.set(f"test/third_done/{rank}", b"1")
     rec = pycoll.flight_recorder.get_recorder()
     if rank == 0:
+        comm.store.wait([f"test/third_done/{r}" for r in range(n)], timeout=20)
         pycoll.dump_flight_recorder("have a look", all_ranks=True)
     deadline = time.monotonic() + 20
     while rec.dump_count == 0 and time.monotonic() < deadline:
