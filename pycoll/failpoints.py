@@ -217,7 +217,7 @@ def _fire(name: str, rank: Optional[int]) -> None:
 HOST_POINTS = tuple(declare(n, "host library") for n in (
     "host.init.begin", "host.init.end",
     "host.coll.before_fill", "host.coll.after_arrive", "host.coll.after_consume", "host.coll.done", "host.coll.window",
-    "host.coll.eager", "host.coll.check_waited", "host.wait.check_peer",
+    "host.coll.eager", "host.coll.check_waited", "host.wait.check_peer", "host.wait.brief",
     "host.shrink.begin", "host.shrink.end", "host.grow.begin", "host.grow.end",
     "host.window.exchange", "host.signal.wait", "host.stream.defer", "host.stream.handback",
     "host.stream.takeover", "host.stream.full",

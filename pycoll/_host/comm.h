@@ -69,6 +69,7 @@ struct ncclComm {
   bool oversubscribed;
 
   /* sequencing, touched only under exec_mu */
+  struct yield_record yields; /* how its operations' waits for the peers ended of late (wait.h) */
   uint64_t next_step;
   uint64_t op_seq;
   uint64_t coll_issued; /* collectives issued, those of zero elements too (atomic): pycoll's numbering of them */

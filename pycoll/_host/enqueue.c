@@ -287,7 +287,12 @@ ncclResult_t run_tasks_until(struct task* list, uint64_t deadline, uint64_t budg
   }
 
   struct backoff b;
-  backoff_reset(&b, oversub);
+  backoff_reset_adaptive(&b, oversub, &comms[0]->yields);
+  if (backoff_brief(&b) && UNLIKELY(fp_hit("host.wait.brief"))) {
+    WARN("run_tasks : failpoint host.wait.brief");
+    for (struct task* u = list; u; u = u->next)
+      if (!u->done) task_fail(u, ncclSystemError, "%s : failpoint host.wait.brief", u->opname);
+  }
   bool bounded = deadline != UINT64_MAX || budget_ns != UINT64_MAX;
   unsigned rounds = 0;
   for (;;) {

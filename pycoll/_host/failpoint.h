@@ -19,6 +19,10 @@
  *                                             left (coll.c: coll_check_waited, every PYCOLL_HOST_PEER_CHECK_NS)
  *   host.wait.check_peer                      a waiter, before it asks whether the rank it waits for failed or
  *                                             left (every round of its yields and sleeps: enqueue.c, check_peers)
+ *   host.wait.brief                           an operation's wait for its peers that begins yielding briefly,
+ *                                             its communicator's such waits having mostly slept of late
+ *                                             (PYCOLL_HOST_YIELD_ADAPT: wait.h), before its first step
+ *                                             ("raise" fails the operations instead)
  *   host.window.exchange                      ncclCommWindowRegister, before its descriptor exchange
  *   host.signal.wait                          ncclWaitSignal, when it starts waiting
  *   host.stream.defer                         before queuing work on a helping stream whose thread is not

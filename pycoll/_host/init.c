@@ -114,6 +114,7 @@ static ncclResult_t init_common(ncclComm_t* newcomm, int nranks, int nid, const 
   }
   if (c->config.commName) snprintf(c->name, sizeof c->name, "%s", c->config.commName);
   c->config.commName = c->name[0] ? c->name : NULL;
+  c->yields.name = c->name;
   c->config.netName = NULL;
   c->nranks = nranks;
   c->rank = rank;

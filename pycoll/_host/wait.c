@@ -162,9 +162,30 @@ bool spread_from(int cpu, int to) {
 uint64_t peer_check_ns = 1000000;
 static uint64_t spin_ns = 50000, yield_ns = 300000, sleep_min_ns = 200000, sleep_max_ns = 1000000;
 
+/* PYCOLL_HOST_YIELD_ADAPT (wait.h: struct yield_record) */
+static uint64_t yield_adapt = 1;
+#define SHORT_YIELD_NS 10000ull
+#define RECORD_ONE 65536u /* the record's fixed point: slept every time */
+#define FULL_EVERY 32u
+
+static void yield_record(struct yield_record* r, bool slept) {
+  r->yielded = false;
+  if (slept) r->slept += (RECORD_ONE - r->slept) / 16;
+  else r->slept -= r->slept / 16;
+  bool was = r->brief;
+  if (!r->brief && r->slept > RECORD_ONE / 2) r->brief = true;
+  else if (r->brief && r->slept < RECORD_ONE / 4) r->brief = false;
+  if (r->brief != was)
+    INFO("wait : the waits of communicator '%s' for its peers yield %s before they sleep now: %u%% of those that "
+         "yielded %.3g ms slept of late (PYCOLL_HOST_YIELD_ADAPT)", r->name && r->name[0] ? r->name : "(unnamed)",
+         r->brief ? "10 us" : "the whole PYCOLL_HOST_YIELD_NS", (unsigned)((uint64_t)r->slept * 100 / RECORD_ONE),
+         (double)yield_ns / 1e6);
+}
+
 __attribute__((constructor)) static void wait_tunables(void) {
   env_u64("PYCOLL_HOST_SPIN_NS", 0, ENV_NS_MAX, spin_ns, &spin_ns);
   env_u64("PYCOLL_HOST_YIELD_NS", 0, ENV_NS_MAX, yield_ns, &yield_ns);
+  env_u64("PYCOLL_HOST_YIELD_ADAPT", 0, 1, yield_adapt, &yield_adapt);
   env_u64("PYCOLL_HOST_PEER_CHECK_NS", ENV_PEER_CHECK_MIN_NS, ENV_NS_MAX, peer_check_ns, &peer_check_ns);
   sleep_max_ns = peer_check_ns;
   env_u64("PYCOLL_HOST_IDLE_DEAD", 0, 1, idle_dead, &idle_dead);
@@ -173,8 +194,21 @@ __attribute__((constructor)) static void wait_tunables(void) {
 
 void backoff_reset(struct backoff* b, bool oversubscribed) {
   b->last_check = 0;
+  b->record = NULL;
+  b->slept = false;
+  b->yield_ns = yield_ns;
   backoff_restart(b, oversubscribed);
 }
+
+void backoff_reset_adaptive(struct backoff* b, bool oversubscribed, struct yield_record* r) {
+  backoff_reset(b, oversubscribed);
+  if (!yield_adapt) return;
+  if (r->yielded) yield_record(r, false); /* the last wait it counted ended while it yielded */
+  if (!r->brief || ++r->waits % FULL_EVERY == 0) b->record = r;
+  else b->yield_ns = MIN(yield_ns, SHORT_YIELD_NS);
+}
+
+bool backoff_brief(const struct backoff* b) { return b->yield_ns < yield_ns; }
 
 void backoff_restart(struct backoff* b, bool oversubscribed) {
   b->iter = 0;
@@ -199,9 +233,14 @@ enum wait_phase backoff_step(struct backoff* b) {
     for (int i = 0; i < 8; i++) cpu_relax();
     return WAIT_SPIN;
   }
-  if (elapsed < b->spin_ns + yield_ns) {
+  if (elapsed < b->spin_ns + b->yield_ns) {
+    if (b->record) b->record->yielded = true;
     sched_yield();
     return WAIT_YIELD;
+  }
+  if (!b->slept) {
+    b->slept = true;
+    if (b->record && b->record->yielded) yield_record(b->record, true);
   }
   return WAIT_SLEEP;
 }

@@ -33,6 +33,25 @@ void idle_dead_process(int32_t pid, int pidfd);
 
 /* Backoff of one waiter. `phase` tells the caller what to do next. */
 enum wait_phase { WAIT_SPIN = 0, WAIT_YIELD, WAIT_SLEEP };
+/* How the waits of an operation for its peers ended of late (one record per communicator, under its exec_mu), which
+ * sets how long such a wait yields before it sleeps (PYCOLL_HOST_YIELD_ADAPT). Yielding helps where the peer waited
+ * for needs this thread's CPU to post what it waits for: this kernel then switches to it within a few yields, and
+ * the wait ends before it sleeps (four ranks on two CPUs: 1 in 1,000 of the waits that yielded slept). Where other
+ * processes compete for the CPUs, a yield mostly returns at once and the peer runs only when the scheduler gives it
+ * its turn: the waiter spins through its yielding phase, taking its share of a CPU from the peers it waits for,
+ * and then sleeps anyway (four ranks beside two busy processes on two CPUs: two in three); a sleeper is woken by
+ * the post it waits for (the doorbell) and, having slept, runs at once. The record averages the outcomes (slept or
+ * not) of the waits that yielded with the whole PYCOLL_HOST_YIELD_NS, 1/16 per wait: above one half the waits
+ * yield only 10 us before they sleep ("brief"), below one quarter the whole budget again; while brief, every 32nd
+ * wait yields the whole budget and is counted, so that the record sees the load go. */
+struct yield_record {
+  const char* name; /* whose (its communicator's name), for the log */
+  uint32_t slept;   /* the average, 65536: all slept */
+  uint32_t waits;   /* waits begun while brief */
+  bool brief;
+  bool yielded;     /* the last wait counted yielded; its outcome is not counted yet */
+};
+
 struct backoff {
   uint32_t iter;
   uint64_t start;
@@ -40,11 +59,19 @@ struct backoff {
   uint64_t sleep_ns;
   uint64_t spin_ns;
   uint64_t now; /* the clock (now_ns) as the last backoff_step read it; 0: that step read none */
+  uint64_t yield_ns; /* how long this wait yields before it sleeps */
   bool oversubscribed;
+  struct yield_record* record; /* its outcome counts there (backoff_reset_adaptive); NULL: not counted */
+  bool slept; /* it reached its sleeping phase */
 };
 
 /* A new wait. `oversubscribed`: more ranks than CPUs, so spinning only delays the peers we wait for. */
 void backoff_reset(struct backoff* b, bool oversubscribed);
+/* The same for a wait of an operation for its peers, whose yielding phase adapts to how the waits counted in `r`
+ * ended of late (struct yield_record); the caller holds what guards `r`. */
+void backoff_reset_adaptive(struct backoff* b, bool oversubscribed, struct yield_record* r);
+/* The wait yields briefly (its record says so). */
+bool backoff_brief(const struct backoff* b);
 /* Progress made: spin again from the start; the looks at the peers' processes (backoff_due) keep their clock. */
 void backoff_restart(struct backoff* b, bool oversubscribed);
 /* Waits a little according to the current phase (spin or yield) and returns the phase. When it

@@ -123,6 +123,7 @@ def test_python_refuses_bad_host_settings_before_loading(name: str, value: str) 
     ("PYCOLL_HOST_STREAM_MIN", ["0", "8388608", str(1 << 62)], ["-1", "8M", "1e6", str((1 << 62) + 1)]),
     ("PYCOLL_HOST_SPIN_NS", ["0", "50000"], ["-5", "1e3", "10000000001"]),
     ("PYCOLL_HOST_YIELD_NS", ["0", "300000"], ["inf", "-1"]),
+    ("PYCOLL_HOST_YIELD_ADAPT", ["0", "1"], ["2", "-1", "on"]),
     ("PYCOLL_HOST_DEFER_NS", ["0", "1000000", "1000000000"], ["-1", "1e6", "1000000001"]),
     ("PYCOLL_HOST_INLINE_NS", ["100000", "10000000", "10000000000"], ["0", "99999", "1e7", "10000000001"]),
     ("PYCOLL_HOST_PEER_CHECK_NS", ["100000", "1000000", "10000000000"], ["0", "99999", "1e6", "10000000001"]),

@@ -560,10 +560,11 @@ def test_matrix_2_covers_every_point_the_scenario_passes():
     # late as well, which the scenario's ranks may or may not be (tests/host/test_eager_rooted.py holds a root there
     # while a sender sends and leaves); host.wait.check_peer: only where a waiter gets to yield or sleep, which the
     # scenario's ranks may or may not (tests/host/test_eager_rooted.py holds a root there while the sender it waits
-    # for sends and leaves); watchdog.report.signal_peer
-    # (only with PYCOLL_FR_DUMP_SIGNAL) and watchdog.exit.* (a rank leaving with an operation
-    # outstanding): tests/diagnostics/test_exit_dumps.py kills and stops ranks there; host.stream.defer: only where
-    # the ranks outnumber the CPUs, which the scenario's ranks do not (tests/runtime/test_oversubscribed.py);
+    # for sends and leaves); host.wait.brief: only where a communicator's waits for its peers mostly slept of late,
+    # which the scenario's need not (tests/host/test_yield_adapt.py kills and stops a rank there);
+    # watchdog.report.signal_peer (only with PYCOLL_FR_DUMP_SIGNAL) and watchdog.exit.* (a rank leaving with an
+    # operation outstanding): tests/diagnostics/test_exit_dumps.py kills and stops ranks there; host.stream.defer: only
+    # where the ranks outnumber the CPUs, which the scenario's ranks do not (tests/runtime/test_oversubscribed.py);
     # host.stream.handback: only where a peer is later than PYCOLL_HOST_INLINE_NS, and host.stream.takeover: only where
     # the thread that handed work back does not come back for it within PYCOLL_HOST_DEFER_NS
     # (tests/runtime/test_inline_bound.py); host.stream.full: only where a stream holds PYCOLL_HOST_STREAM_DEPTH
@@ -572,8 +573,8 @@ def test_matrix_2_covers_every_point_the_scenario_passes():
     # (tests/diagnostics/test_watchdog_ranks.py kills a rank there)
     assert set(scenario) - set(POINTS_2) == {"host.window.exchange", "host.signal.wait", "host.coll.after_consume",
                                              "host.coll.window", "host.coll.eager", "host.coll.check_waited",
-                                             "host.wait.check_peer", "host.stream.defer", "host.stream.handback",
-                                             "host.stream.takeover", "host.stream.full",
+                                             "host.wait.check_peer", "host.wait.brief", "host.stream.defer",
+                                             "host.stream.handback", "host.stream.takeover", "host.stream.full",
                                              "watchdog.report.signal_peer", "watchdog.exit.before_dump",
                                              "watchdog.exit.terminate", "watchdog.exit.deferred_sigterm",
                                              "watchdog.records.forget"}, scenario
