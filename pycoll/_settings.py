@@ -176,7 +176,7 @@ _ALL = (
     Setting("PYCOLL_HOST_SPIN_NS", "int", 50000, "ns a host waiter spins before yielding", minimum=0, maximum=1e10),
     Setting("PYCOLL_HOST_YIELD_NS", "int", 300000, "ns it then yields before sleeping", minimum=0, maximum=1e10),
     Setting("PYCOLL_HOST_YIELD_ADAPT", "int", 1, "`1`: where most of a communicator's waits for its peers that "
-            "yielded PYCOLL_HOST_YIELD_NS slept anyway of late, they yield 10 us before sleeping (every 32nd the "
+            "yielded PYCOLL_HOST_YIELD_NS slept anyway of late, they yield 25 us before sleeping (every 32nd the "
             "whole budget, to see the load go); `0`: always the whole budget", minimum=0, maximum=1),
     Setting("PYCOLL_HOST_DEFER_NS", "int", 1000000,
             "ranks outnumbering CPUs: ns queued work waits for a waiter to run it before its stream's thread is woken; "

@@ -38,7 +38,7 @@
  *   PYCOLL_HOST_YIELD_NS      how long it then yields before sleeping on a futex (300000)
  *   PYCOLL_HOST_YIELD_ADAPT   1 (default): where most of a communicator's waits for its peers that
  *                             yielded that long slept anyway of late (other processes compete for the
- *                             CPUs), they yield 10 us before sleeping, every 32nd the whole budget
+ *                             CPUs), they yield 25 us before sleeping, every 32nd the whole budget
  *                             (wait.h: struct yield_record); 0: always the whole budget
  *   PYCOLL_HOST_PEER_CHECK_NS how often a waiter looks at its peers' processes, and its longest sleep
  *                             (1000000; 100000 to 1e10); a peer on this host that dies wakes it at

@@ -164,21 +164,21 @@ static uint64_t spin_ns = 50000, yield_ns = 300000, sleep_min_ns = 200000, sleep
 
 /* PYCOLL_HOST_YIELD_ADAPT (wait.h: struct yield_record) */
 static uint64_t yield_adapt = 1;
-#define SHORT_YIELD_NS 10000ull
+#define SHORT_YIELD_NS 25000ull
 #define RECORD_ONE 65536u /* the record's fixed point: slept every time */
 #define FULL_EVERY 32u
 
 static void yield_record(struct yield_record* r, bool slept) {
   r->yielded = false;
-  if (slept) r->slept += (RECORD_ONE - r->slept) / 16;
-  else r->slept -= r->slept / 16;
+  if (slept) r->slept += (RECORD_ONE - r->slept) / 64;
+  else r->slept -= r->slept / 64;
   bool was = r->brief;
   if (!r->brief && r->slept > RECORD_ONE / 2) r->brief = true;
   else if (r->brief && r->slept < RECORD_ONE / 4) r->brief = false;
   if (r->brief != was)
     INFO("wait : the waits of communicator '%s' for its peers yield %s before they sleep now: %u%% of those that "
          "yielded %.3g ms slept of late (PYCOLL_HOST_YIELD_ADAPT)", r->name && r->name[0] ? r->name : "(unnamed)",
-         r->brief ? "10 us" : "the whole PYCOLL_HOST_YIELD_NS", (unsigned)((uint64_t)r->slept * 100 / RECORD_ONE),
+         r->brief ? "25 us" : "the whole PYCOLL_HOST_YIELD_NS", (unsigned)((uint64_t)r->slept * 100 / RECORD_ONE),
          (double)yield_ns / 1e6);
 }
 

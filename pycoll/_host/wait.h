@@ -41,8 +41,8 @@ enum wait_phase { WAIT_SPIN = 0, WAIT_YIELD, WAIT_SLEEP };
  * its turn: the waiter spins through its yielding phase, taking its share of a CPU from the peers it waits for,
  * and then sleeps anyway (four ranks beside two busy processes on two CPUs: two in three); a sleeper is woken by
  * the post it waits for (the doorbell) and, having slept, runs at once. The record averages the outcomes (slept or
- * not) of the waits that yielded with the whole PYCOLL_HOST_YIELD_NS, 1/16 per wait: above one half the waits
- * yield only 10 us before they sleep ("brief"), below one quarter the whole budget again; while brief, every 32nd
+ * not) of the waits that yielded with the whole PYCOLL_HOST_YIELD_NS, 1/64 per wait: above one half the waits
+ * yield only 25 us before they sleep ("brief"), below one quarter the whole budget again; while brief, every 32nd
  * wait yields the whole budget and is counted, so that the record sees the load go. */
 struct yield_record {
   const char* name; /* whose (its communicator's name), for the log */
