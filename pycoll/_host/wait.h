@@ -34,9 +34,8 @@ void idle_dead_process(int32_t pid, int pidfd);
 /* Backoff of one waiter. `phase` tells the caller what to do next. */
 enum wait_phase { WAIT_SPIN = 0, WAIT_YIELD, WAIT_SLEEP };
 /* How the waits of an operation for its peers ended of late (one record per communicator, under its exec_mu), which
- * sets how long such a wait yields before it sleeps (PYCOLL_HOST_YIELD_ADAPT). Yielding helps where the peer waited
- * for needs this thread's CPU to post what it waits for: this kernel then switches to it within a few yields, and
- * the wait ends before it sleeps (four ranks on two CPUs: 1 in 1,000 of the waits that yielded slept). Where other
+ * sets how long such a wait yields before it sleeps (PYCOLL_HOST_YIELD_ADAPT). Without other load, a wait that yields
+ * ends before it sleeps (four ranks on two CPUs: 1-2 in 3,000 of the waits that yielded slept). Where other
  * processes compete for the CPUs, a yield mostly returns at once and the peer runs only when the scheduler gives it
  * its turn: the waiter spins through its yielding phase, taking its share of a CPU from the peers it waits for,
  * and then sleeps anyway (four ranks beside two busy processes on two CPUs: two in three); a sleeper is woken by

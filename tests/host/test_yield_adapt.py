@@ -65,12 +65,11 @@ def _killed_or_stopped_while_brief(rank, n, idb, folder, action):
     comm = pycoll.init(rank, n, unique_id=idb, store=pycoll.FileStore(os.path.join(folder, "store")), backend="host",
                        timeout=20)
     x = np.ones(2, np.float32)
-    t0 = time.monotonic()
     try:
         for _ in range(300):  # rank 0 waits 10 ms each time: its waits sleep, and turn brief within 50 or so
             if rank == 1:
                 time.sleep(10e-3)
-            t0 = time.monotonic()
+            t0 = time.monotonic()  # when the call that fails began
             comm.all_reduce(x)
     except pycoll.CommFailure as e:
         return type(e).__name__, time.monotonic() - t0, str(e)
