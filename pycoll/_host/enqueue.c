@@ -287,7 +287,7 @@ ncclResult_t run_tasks_until(struct task* list, uint64_t deadline, uint64_t budg
   }
 
   struct backoff b;
-  backoff_reset_adaptive(&b, oversub, &comms[0]->yields);
+  backoff_reset_adaptive(&b, oversub, nc ? &comms[0]->yields : NULL); /* an empty list has no communicator */
   if (backoff_brief(&b) && UNLIKELY(fp_hit("host.wait.brief"))) {
     WARN("run_tasks : failpoint host.wait.brief");
     for (struct task* u = list; u; u = u->next)

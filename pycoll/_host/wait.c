@@ -202,7 +202,7 @@ void backoff_reset(struct backoff* b, bool oversubscribed) {
 
 void backoff_reset_adaptive(struct backoff* b, bool oversubscribed, struct yield_record* r) {
   backoff_reset(b, oversubscribed);
-  if (!yield_adapt) return;
+  if (!yield_adapt || !r) return;
   if (r->yielded) yield_record(r, false); /* the last wait it counted ended while it yielded */
   if (!r->brief || ++r->waits % FULL_EVERY == 0) b->record = r;
   else b->yield_ns = MIN(yield_ns, SHORT_YIELD_NS);

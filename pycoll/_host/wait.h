@@ -67,7 +67,7 @@ struct backoff {
 /* A new wait. `oversubscribed`: more ranks than CPUs, so spinning only delays the peers we wait for. */
 void backoff_reset(struct backoff* b, bool oversubscribed);
 /* The same for a wait of an operation for its peers, whose yielding phase adapts to how the waits counted in `r`
- * ended of late (struct yield_record); the caller holds what guards `r`. */
+ * ended of late (struct yield_record); the caller holds what guards `r` (NULL: as backoff_reset). */
 void backoff_reset_adaptive(struct backoff* b, bool oversubscribed, struct yield_record* r);
 /* The wait yields briefly (its record says so). */
 bool backoff_brief(const struct backoff* b);
