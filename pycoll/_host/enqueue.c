@@ -38,6 +38,12 @@ int task_fail(struct task* t, int code, const char* fmt, ...) {
   return PROG_DONE;
 }
 
+void tasks_fail_at(struct task* list, const char* who, const char* point) {
+  WARN("%s : failpoint %s", who, point);
+  for (struct task* u = list; u; u = u->next)
+    if (!u->done) task_fail(u, ncclSystemError, "%s : failpoint %s", u->opname, point);
+}
+
 /* The comm is being aborted, revoked or shrunk with NCCL_SHRINK_ABORT under this task. */
 static void fail_aborted(struct task* t) {
   struct ncclComm* c = t->comm;
@@ -288,11 +294,7 @@ ncclResult_t run_tasks_until(struct task* list, uint64_t deadline, uint64_t budg
 
   struct backoff b;
   backoff_reset_adaptive(&b, oversub, nc ? &comms[0]->yields : NULL); /* an empty list has no communicator */
-  if (backoff_brief(&b) && UNLIKELY(fp_hit("host.wait.brief"))) {
-    WARN("run_tasks : failpoint host.wait.brief");
-    for (struct task* u = list; u; u = u->next)
-      if (!u->done) task_fail(u, ncclSystemError, "%s : failpoint host.wait.brief", u->opname);
-  }
+  if (backoff_brief(&b) && UNLIKELY(fp_hit("host.wait.brief"))) tasks_fail_at(list, "run_tasks", "host.wait.brief");
   bool bounded = deadline != UINT64_MAX || budget_ns != UINT64_MAX;
   unsigned rounds = 0;
   for (;;) {
@@ -322,9 +324,7 @@ ncclResult_t run_tasks_until(struct task* list, uint64_t deadline, uint64_t budg
       }
       if (t >= deadline) {
         if (one_pass || LIKELY(!fp_hit("host.stream.handback"))) break;
-        WARN("run_tasks : failpoint host.stream.handback");
-        for (struct task* u = list; u; u = u->next)
-          if (!u->done) task_fail(u, ncclSystemError, "%s : failpoint host.stream.handback", u->opname);
+        tasks_fail_at(list, "run_tasks", "host.stream.handback");
         continue;
       }
     }

@@ -118,5 +118,8 @@ ncclResult_t task_check_comm(struct ncclComm* c, const char* opname);
 
 /* Fails `t` with `code`; marks the comm broken unless the failure is the comm being aborted. */
 int task_fail(struct task* t, int code, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
+/* A failpoint's "raise" where a thread takes up a task list: "`who` : failpoint `point`" logged, and every task of
+ * `list` not done yet failed with it. */
+void tasks_fail_at(struct task* list, const char* who, const char* point);
 
 #endif

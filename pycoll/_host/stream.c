@@ -367,11 +367,8 @@ static void* stream_main(void* arg) {
     if (it->kind == IT_TASKS) room_taken_locked(s);
     s->running = true;
     pthread_mutex_unlock(&s->mu);
-    if (took_over && it->kind == IT_TASKS && UNLIKELY(fp_hit("host.stream.takeover"))) {
-      WARN("pycollStream : failpoint host.stream.takeover"); /* "raise": the operations fail instead */
-      for (struct task* u = it->tasks; u; u = u->next)
-        if (!u->done) task_fail(u, ncclSystemError, "%s : failpoint host.stream.takeover", u->opname);
-    }
+    if (took_over && it->kind == IT_TASKS && UNLIKELY(fp_hit("host.stream.takeover")))
+      tasks_fail_at(it->tasks, "pycollStream", "host.stream.takeover"); /* "raise": the operations fail instead */
     bool stop = it->kind == IT_STOP, record = it->kind == IT_RECORD;
     if (!record) run_item(it);
     pthread_mutex_lock(&s->mu);
