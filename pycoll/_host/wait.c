@@ -195,7 +195,6 @@ __attribute__((constructor)) static void wait_tunables(void) {
 void backoff_reset(struct backoff* b, bool oversubscribed) {
   b->last_check = 0;
   b->record = NULL;
-  b->slept = false;
   b->yield_ns = yield_ns;
   backoff_restart(b, oversubscribed);
 }
@@ -238,10 +237,8 @@ enum wait_phase backoff_step(struct backoff* b) {
     sched_yield();
     return WAIT_YIELD;
   }
-  if (!b->slept) {
-    b->slept = true;
-    if (b->record && b->record->yielded) yield_record(b->record, true);
-  }
+  /* counted once: yield_record clears `yielded`, which only a yield sets again (after progress restarted the wait) */
+  if (b->record && b->record->yielded) yield_record(b->record, true);
   return WAIT_SLEEP;
 }
 

@@ -61,7 +61,6 @@ struct backoff {
   uint64_t yield_ns; /* how long this wait yields before it sleeps */
   bool oversubscribed;
   struct yield_record* record; /* its outcome counts there (backoff_reset_adaptive); NULL: not counted */
-  bool slept; /* it reached its sleeping phase */
 };
 
 /* A new wait. `oversubscribed`: more ranks than CPUs, so spinning only delays the peers we wait for. */
