@@ -829,10 +829,16 @@ cdef class Library:
         return _check(self, &cr, "ncclGroupEnd")
 
     cdef _GroupState _group_state(self):
-        """This thread's group on this library (a thread-local: gone with the thread)."""
+        """This thread's group on this library (a thread-local: gone with the thread). The last thread's is kept
+        beside it under the id of that thread's state, which the interpreter never gives another thread: a group's
+        start and end on one thread read no thread-local."""
+        cdef unsigned long long tid = PyThreadState_GetID(PyThreadState_Get())
+        if tid == self._gs_thread and self._gs_last is not None:
+            return self._gs_last
         state = getattr(self._groups, "state", None)
         if state is None:
             state = self._groups.state = _GroupState()
+        self._gs_thread, self._gs_last = tid, <_GroupState>state
         return <_GroupState>state
 
     def group_simulate_end(self):

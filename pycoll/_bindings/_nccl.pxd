@@ -55,6 +55,8 @@ cdef class Library:
     cdef dict _exported
     cdef set _pending_slots
     cdef object _groups  # threading.local: this thread's _GroupState (group depth, the slots made in its open group)
+    cdef unsigned long long _gs_thread  # the thread (its PyThreadState's unique id) whose _GroupState is _gs_last
+    cdef _GroupState _gs_last
     cdef object __weakref__
 
     cdef void* _sym(self, str name)

@@ -22,6 +22,7 @@ from enum import IntEnum
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.number cimport PyNumber_Index
+from cpython.pystate cimport PyThreadState, PyThreadState_Get
 from libc.limits cimport INT_MAX, INT_MIN, UINT_MAX
 from libc.stdint cimport uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free
@@ -46,6 +47,9 @@ cdef extern from "<link.h>":
 cdef extern from "<dlfcn.h>":
     int dlinfo(void* handle, int request, void* info) nogil
     int RTLD_DI_LINKMAP
+
+cdef extern from "Python.h":
+    unsigned long long PyThreadState_GetID(PyThreadState* tstate)  # never the same for two threads (Python 3.9+)
 
 cdef extern from *:
     """

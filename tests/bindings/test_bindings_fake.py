@@ -289,6 +289,44 @@ def test_a_group_is_its_threads_own(fake):
     assert fake.lib.group_start() == 0 and fake.lib.group_end() == 0  # a new group, nothing left of the last
 
 
+def test_a_thread_gone_inside_a_group_leaves_it_to_nobody(fake):
+    """A thread that ended with its group open takes the group with it: the threads after it (which may get its
+    ident again) and the thread that opened a group before it are each in their own group or none."""
+    fake.ctl.fakeSetNextResult(7)  # a split in progress: tracked at once outside a group, at the group's end inside
+    fake.ctl.fakeSetDelayMs(300)
+    slots = []
+
+    def split_outside_a_group(key):
+        slot, status = fake.lib.comm_split(0x1000, key, 0)
+        slots.append(slot)
+        assert status == _nccl.IN_PROGRESS
+        return slot.pending and slot in fake.lib.pending_slots
+
+    assert fake.lib.group_start() == 0
+    try:
+        idents, outside = set(), []
+        opener = threading.Thread(target=fake.lib.group_start)  # its group never ends
+        opener.start()
+        opener.join(10)
+        for key in range(11, 31):  # threads one after the other: the system gives their idents again
+            t = threading.Thread(target=lambda k=key: outside.append(split_outside_a_group(k)))
+            t.start()
+            t.join(10)
+            idents.add(t.ident)
+        assert outside == [True] * 20 and opener.ident in idents
+        mine, _ = fake.lib.comm_split(0x1000, 10, 0)
+        assert not mine.pending  # still this thread's group
+    finally:
+        assert fake.lib.group_end() == _nccl.IN_PROGRESS
+    assert split_outside_a_group(31)  # this thread's group ended
+    deadline = time.monotonic() + 10
+    while any(slot.value == 0 for slot in slots + [mine]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not fake.lib.pending_slots
+    fake.ctl.fakeSetNextResult(0)
+    fake.ctl.fakeSetDelayMs(0)
+
+
 def test_pending_slot_survives_being_dropped(fake):
     import gc
 
