@@ -1585,7 +1585,7 @@ cdef object _describe(CommCore comm, object obj, object stream, bint writable, o
         b = as_buffer(obj, writable=writable, stream=stream, name=name)
     backend = comm.backend
     if backend == "host":
-        if (<tuple>b)[6] not in _HOST_MEMORY:
+        if (<tuple>b)[6] is not _CPU and (<tuple>b)[6] not in _HOST_MEMORY:  # numpy's and torch's CPU: no hashing
             check_device(b, backend, None)
     else:  # check_device's test, made here; it runs where that may raise (and says why)
         device_id = comm.device.device_id
