@@ -618,15 +618,29 @@ cdef object _swap_current(CommCore comm, object dev, CudaDriver drv):
     return dev.swap_current()
 
 
+cdef extern from *:
+    """
+    /* The last item of a non-empty list, taken out without giving back the list's spare room (list.pop shrinks
+     * the storage of a list that falls below half of it, and the appends that follow grow it again). */
+    static inline PyObject* pycoll_list_take_last(PyObject* list) {
+        Py_ssize_t n = PyList_GET_SIZE(list) - 1;
+        PyObject* item = PyList_GET_ITEM(list, n);
+        Py_SET_SIZE(list, n);
+        return item;  /* the list's reference, now the caller's */
+    }
+    """
+    object pycoll_list_take_last(list events)
+
+
 cdef object _new_event(CommCore comm, object dev):
-    """An event from the communicator's pool. An empty pool gets four: an operation takes two and gives them
-    back at retirement, so the pool's list then never shrinks to nothing and grows again (a reallocation
-    each time)."""
+    """An event from the communicator's pool. An empty pool gets four. An operation takes two and gives them
+    back at retirement, a group of them as many pairs: the pool's list swings between full and empty and keeps its
+    storage meanwhile (no reallocation per operation)."""
     cdef list events = comm._events
     if not events:
         for _ in range(4):
             events.append(dev.create_event())
-    ev = events.pop()
+    ev = pycoll_list_take_last(events)
     if len(events) < comm._pool_low:
         comm._pool_low = len(events)
     return ev
