@@ -166,6 +166,7 @@ cdef class RecorderCore(Hook):
     cdef public int stack_depth
     cdef _Frames _scratch  # where a stack is captured before it is swapped into its entry
     cdef object _last_comm_info  # the _infos entry of the communicator recorded last (None: look it up)
+    cdef object _last_rid  # its record-id counter (set with the entry: no attribute lookup per operation)
     cdef size_t _last_comm  # that communicator's address (its id)
 
     def __cinit__(self, *args, **kwargs):
@@ -175,7 +176,7 @@ cdef class RecorderCore(Hook):
 
     def _infos_changed(self):
         """``_infos`` changed (a communicator mapped or forgotten): the next operation looks its communicator up."""
-        self._last_comm_info = None
+        self._last_comm_info = self._last_rid = None
         self._last_comm = 0
 
     def __dealloc__(self):
@@ -204,14 +205,14 @@ cdef class RecorderCore(Hook):
             info = self._infos.get(id(comm))
             if info is None:
                 info = self._info(comm)
-            self._last_comm_info, self._last_comm = info, <size_t><PyObject*>comm
+            self._last_comm_info, self._last_comm, self._last_rid = info, <size_t><PyObject*>comm, info.rid
         pos = self._next_pos
         self._next_pos = pos + 1
         slot = ring[pos % n]
         if slot is None:
             slot = ring[pos % n] = Entry()
         e = <Entry>slot
-        rid = next(info.rid)
+        rid = next(self._last_rid)
         # one buffer (the usual case): its shape tuple and dtype name as they are, no new objects; several: lists
         cdef list ins = w.inputs
         cdef list outs = w.outputs
