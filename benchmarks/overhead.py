@@ -5,6 +5,7 @@ Usage (from the repository root, pycoll built in place or installed; needs gcc):
     python benchmarks/overhead.py                  # 1 and 2 ranks
     python benchmarks/overhead.py --ranks 1 --batches 50 --batch 500 --json out.json
     python benchmarks/overhead.py --breakdown      # where the time of one call goes, stage by stage
+    python benchmarks/overhead.py --instructions   # instructions per call, counted by valgrind's callgrind
 
 Variants, all ``ncclAllReduce`` of 2 float32 (8 B, sum) with the NULL stream, so the host library
 runs the operation in the calling thread:
@@ -38,8 +39,10 @@ ranks sometimes land on one core for a whole run, which costs a context switch p
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -414,6 +417,138 @@ def argument_costs(comm: Any, a: argparse.Namespace, batch: Callable[[Any], floa
     return interleaved(calls, a, batch)
 
 
+CALLGRIND_CONTROL = r"""
+/* Callgrind's client requests (valgrind/callgrind.h) for the instruction counts: zero the counters before a
+ * variant's loop, dump them (labelled) after it. Outside valgrind they do nothing. */
+#include <valgrind/callgrind.h>
+int pycoll_cg_running(void) { return RUNNING_ON_VALGRIND; }
+void pycoll_cg_zero(void) { CALLGRIND_ZERO_STATS; }
+void pycoll_cg_dump(const char* label) { CALLGRIND_DUMP_STATS_AT(label); }
+"""
+
+
+def instruction_variants(comm: Any) -> Dict[str, Callable[[], Any]]:
+    """The calls ``--instructions`` counts, on a 1-rank host communicator (8 B, float32, sum)."""
+    x, y, b = np.ones(2, np.float32), np.zeros(2, np.float32), np.zeros(2, np.float32)
+    lib, h = comm.library, comm.handle
+    xp, yp = x.ctypes.data, y.ctypes.data
+
+    def pair() -> None:
+        with comm.group():
+            comm.send(x, 0)
+            comm.recv(y, 0)
+
+    def empty_group() -> None:
+        with comm.group():
+            pass
+
+    def group4() -> None:
+        with comm.group():
+            comm.all_reduce(x, y)
+            comm.all_reduce(x, y)
+            comm.all_reduce(x, y)
+            comm.all_reduce(x, y)
+
+    variants: Dict[str, Callable[[], Any]] = {
+        "loop (subtracted from the others)": lambda: None,
+        "bindings: Library.all_reduce": lambda: lib.all_reduce(xp, yp, 2, 7, 0, h, 0),
+        "bindings: group_start() + group_end()": lambda: (lib.group_start(), lib.group_end()),
+        "all_reduce numpy": lambda: comm.all_reduce(x, y),
+    }
+    try:
+        import torch
+
+        t = torch.ones(2)
+        variants["all_reduce torch, in place"] = lambda: comm.all_reduce(t)
+    except ImportError:
+        pass
+    variants.update({
+        "all_reduce async, then wait": lambda: comm.all_reduce(x, y, async_op=True).wait(),
+        "broadcast": lambda: comm.broadcast(b, root=0),
+        "sendrecv": lambda: comm.sendrecv(x, y, 0),
+        "send/recv pair in a group": pair,
+        "group of 4 all_reduce": group4,
+        "with comm.group(): pass": empty_group,
+    })
+    return variants
+
+
+def instructions(a: argparse.Namespace) -> Dict[str, float]:
+    """Instructions per call of the :func:`instruction_variants`, counted by valgrind's callgrind in this process
+    (re-run under valgrind when it is not): exact and independent of the machine's load and speed, so that a change
+    of a few percent shows on a noisy VM where the clock cannot (the instructions are not the time: a cache miss
+    or a lock's contention costs time, not instructions). Per variant: ``--warmup`` calls, the counters zeroed,
+    ``--batch`` x ``--batches`` / 10 calls, the counters dumped; the empty loop's count is subtracted. Python's
+    hash seed is fixed, so two runs of one build give the same counts within a few instructions."""
+    with tempfile.TemporaryDirectory(prefix="pycoll-instructions-") as tmp:
+        if os.environ.get("PYCOLL_BENCH_UNDER_CALLGRIND") != "1":
+            valgrind = shutil.which("valgrind")
+            if valgrind is None:
+                raise SystemExit("--instructions needs valgrind (callgrind) on the PATH")
+            env = dict(env_with_pycoll(), PYCOLL_BENCH_UNDER_CALLGRIND="1", PYTHONHASHSEED="0")
+            env["PYCOLL_BENCH_CG_DIR"] = tmp
+            argv = [sys.executable, os.path.abspath(__file__), *sys.argv[1:]]
+            if "--json" in argv:  # written by this process from the child's numbers
+                i = argv.index("--json")
+                del argv[i:i + 2]
+            out = os.path.join(tmp, "cg.out")
+            subprocess.run([valgrind, "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={out}",
+                            *argv], env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           timeout=a.timeout * 20)
+            with open(os.path.join(tmp, "counts.json")) as f:
+                return dict(json.load(f))
+        ctl = compile_c(CALLGRIND_CONTROL, os.path.join(tmp, "libcgctl.so"), "-shared", "-fPIC")
+        if ctl is None:
+            raise SystemExit("--instructions needs gcc (and valgrind's headers)")
+        cg = ctypes.CDLL(ctl)
+        cg.pycoll_cg_dump.argtypes = [ctypes.c_char_p]
+        import_pycoll()
+        import pycoll
+
+        comm = pycoll.init(0, 1, unique_id=pycoll.get_unique_id(backend="host"), backend="host", name="instructions")
+        calls = max(1, a.batch * a.batches // 10)
+        totals: Dict[str, float] = {}
+        try:
+            for i, (label, f) in enumerate(instruction_variants(comm).items()):
+                for _ in range(a.warmup):
+                    f()
+                cg.pycoll_cg_zero()
+                for _ in range(calls):
+                    f()
+                cg.pycoll_cg_dump(f"variant {i}".encode())
+                totals[label] = float(_dumped_total(os.environ["PYCOLL_BENCH_CG_DIR"], i))
+        finally:
+            comm.destroy()
+        loop = totals.pop("loop (subtracted from the others)")
+        counts = {k: (v - loop) / calls for k, v in totals.items()}
+        with open(os.path.join(os.environ["PYCOLL_BENCH_CG_DIR"], "counts.json"), "w") as f:
+            json.dump(counts, f)
+        return counts
+
+
+def _dumped_total(directory: str, i: int) -> int:
+    """The instruction total of this (the main) thread in callgrind's dump labelled ``variant i`` (the dumps go
+    beside ``cg.out``, a file per thread: the library's threads, which wait by the clock, are left out)."""
+    for name in os.listdir(directory):
+        if not (name.startswith("cg.out") and name.endswith("-01")):
+            continue
+        with open(os.path.join(directory, name)) as f:
+            text = f.read()
+        if f"Client Request: variant {i}\n" in text:
+            for line in text.splitlines():
+                if line.startswith(("summary:", "totals:")):
+                    return int(line.split()[1])
+    raise RuntimeError(f"callgrind wrote no dump for variant {i}")
+
+
+def print_instructions(counts: Dict[str, float]) -> None:
+    print("# instructions per call, 1 rank, host backend, defaults (watchdog and flight recorder with stacks on), "
+          "counted by callgrind (the empty loop subtracted)")
+    width = max(len(k) for k in counts)
+    for k, v in counts.items():
+        print(f"{k.ljust(width)}  {v:>10,.0f}")
+
+
 def print_breakdown(out: Dict[str, float]) -> None:
     w = max(len(k) for k in out)
     print(f"# one blocking Communicator.all_reduce of 8 B, 1 rank, host backend, defaults; ns per call, median "
@@ -448,11 +583,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--markdown", help="write the table as markdown to this file")
     p.add_argument("--breakdown", action="store_true",
                    help="print where the time of one call goes, stage by stage (1 rank, this process)")
+    p.add_argument("--instructions", action="store_true",
+                   help="count the instructions of one call of each variant with valgrind's callgrind (1 rank)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--result-file", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker:
         worker(a)
+        return 0
+    if a.instructions:
+        counts = instructions(a)
+        if os.environ.get("PYCOLL_BENCH_UNDER_CALLGRIND") != "1":
+            print_instructions(counts)
+            if a.json:
+                with open(a.json, "w") as f:
+                    json.dump({"instructions_per_call": counts}, f, indent=2)
         return 0
     if a.breakdown:
         out = breakdown(a)
