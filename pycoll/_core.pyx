@@ -2044,6 +2044,12 @@ cdef object _output_fits(object inp, object out, str op):
     return count
 
 
+cdef inline list _outputs_of(list inputs, object out):
+    """An operation's outputs list: its inputs list itself when it runs in place (one Buffer, one list: the Work
+    holds both, and nothing changes either in place -- its retirement replaces both with one empty list)."""
+    return inputs if out is inputs[0] else [out]
+
+
 def all_reduce(CommCore comm, tensor, output=None, op="sum", *, stream=None, async_op=False, timeout=None, config=None):
     """Reduce ``tensor`` across ranks into ``output`` (in place when ``output`` is None)."""
     global _clock_armed, _clock_last, _clock_ops
@@ -2071,7 +2077,8 @@ cdef object _all_reduce(CommCore comm, object tensor, object output, object op, 
     redop = _redop(comm, op, (<tuple>inp)[3])
     call = _new_call(comm.library, _ALL_REDUCE, cc, (<tuple>inp)[0], (<tuple>out)[0], count, (<tuple>inp)[3], redop, 0)
     _stage(_ST_ARGS)
-    return _launch(comm, "all_reduce", call, st, [inp], [out], async_op, timeout, None)
+    ins = [inp]
+    return _launch(comm, "all_reduce", call, st, ins, _outputs_of(ins, out), async_op, timeout, None)
 
 
 cdef object _rank_arg(CommCore comm, object root, object what):
@@ -2101,7 +2108,8 @@ def broadcast(CommCore comm, tensor, root=0, output=None, *, stream=None, async_
     out = inp if output is None else _describe(comm, output, st, True, "output")
     count = _output_fits(inp, out, "broadcast")
     call = _new_call(comm.library, _BROADCAST, cc, (<tuple>inp)[0], (<tuple>out)[0], count, (<tuple>inp)[3], 0, root)
-    return _launch(comm, "broadcast", call, st, [inp], [out], async_op, timeout, None)
+    ins = [inp]
+    return _launch(comm, "broadcast", call, st, ins, _outputs_of(ins, out), async_op, timeout, None)
 
 
 def reduce(CommCore comm, tensor, root=0, output=None, op="sum", *, stream=None, async_op=False, timeout=None,
@@ -2115,7 +2123,8 @@ def reduce(CommCore comm, tensor, root=0, output=None, op="sum", *, stream=None,
     count = _output_fits(inp, out, "reduce")
     redop = _redop(comm, op, (<tuple>inp)[3])
     call = _new_call(comm.library, _REDUCE, cc, (<tuple>inp)[0], (<tuple>out)[0], count, (<tuple>inp)[3], redop, root)
-    return _launch(comm, "reduce", call, st, [inp], [out], async_op, timeout, None)
+    ins = [inp]
+    return _launch(comm, "reduce", call, st, ins, _outputs_of(ins, out), async_op, timeout, None)
 
 
 cdef object _rank_block(CommCore comm, object whole, Py_ssize_t count, object name):
@@ -2168,7 +2177,8 @@ def all_gather(CommCore comm, input, output, *, stream=None, async_op=False, tim
     inp = _block(comm, out, input, st, True, "all_gather")
     call = _new_call(comm.library, _ALL_GATHER, cc, (<tuple>inp)[0], (<tuple>out)[0], (<tuple>inp)[2],
                      (<tuple>inp)[3], 0, 0)
-    return _launch(comm, "all_gather", call, st, [inp], [out], async_op, timeout, None)
+    ins = [inp]
+    return _launch(comm, "all_gather", call, st, ins, _outputs_of(ins, out), async_op, timeout, None)
 
 
 def reduce_scatter(CommCore comm, input, output=None, op="sum", *, stream=None, async_op=False, timeout=None,
@@ -2184,7 +2194,8 @@ def reduce_scatter(CommCore comm, input, output=None, op="sum", *, stream=None, 
     redop = _redop(comm, op, (<tuple>inp)[3])
     call = _new_call(comm.library, _REDUCE_SCATTER, cc, (<tuple>inp)[0], (<tuple>out)[0], (<tuple>out)[2],
                      (<tuple>inp)[3], redop, 0)
-    return _launch(comm, "reduce_scatter", call, st, [inp], [out], async_op, timeout, None)
+    ins = [inp]
+    return _launch(comm, "reduce_scatter", call, st, ins, _outputs_of(ins, out), async_op, timeout, None)
 
 
 def all_to_all(CommCore comm, input, output=None, *, stream=None, async_op=False, timeout=None, config=None):
@@ -2207,7 +2218,8 @@ def all_to_all(CommCore comm, input, output=None, *, stream=None, async_op=False
     if (<tuple>inp)[0] != (<tuple>out)[0] and _share_memory(inp, out):  # the same start: in place
         check_overlap(inp, out, op="all_to_all", in_place_form="output=None")
     call = _new_call(comm.library, _ALL_TO_ALL, cc, (<tuple>inp)[0], (<tuple>out)[0], n // size, (<tuple>inp)[3], 0, 0)
-    return _launch(comm, "all_to_all", call, st, [inp], [out], async_op, timeout, None)
+    ins = [inp]
+    return _launch(comm, "all_to_all", call, st, ins, _outputs_of(ins, out), async_op, timeout, None)
 
 
 def gather(CommCore comm, input, output=None, root=0, *, stream=None, async_op=False, timeout=None, config=None):
