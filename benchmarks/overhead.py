@@ -421,7 +421,6 @@ CALLGRIND_CONTROL = r"""
 /* Callgrind's client requests (valgrind/callgrind.h) for the instruction counts: zero the counters before a
  * variant's loop, dump them (labelled) after it. Outside valgrind they do nothing. */
 #include <valgrind/callgrind.h>
-int pycoll_cg_running(void) { return RUNNING_ON_VALGRIND; }
 void pycoll_cg_zero(void) { CALLGRIND_ZERO_STATS; }
 void pycoll_cg_dump(const char* label) { CALLGRIND_DUMP_STATS_AT(label); }
 """
@@ -474,56 +473,55 @@ def instruction_variants(comm: Any) -> Dict[str, Callable[[], Any]]:
 
 
 def instructions(a: argparse.Namespace) -> Dict[str, float]:
-    """Instructions per call of the :func:`instruction_variants`, counted by valgrind's callgrind in this process
-    (re-run under valgrind when it is not): exact and independent of the machine's load and speed, so that a change
-    of a few percent shows on a noisy VM where the clock cannot (the instructions are not the time: a cache miss
-    or a lock's contention costs time, not instructions). Per variant: ``--warmup`` calls, the counters zeroed,
-    ``--batch`` x ``--batches`` / 10 calls, the counters dumped; the empty loop's count is subtracted. Python's
-    hash seed is fixed, so two runs of one build give the same counts within a few instructions."""
+    """Instructions per call of the :func:`instruction_variants`, counted by valgrind's callgrind in a child process
+    (:func:`count_instructions`): exact and independent of the machine's load and speed, so that a change of a few
+    percent shows on a noisy VM where the clock cannot (the instructions are not the time: a cache miss or a lock's
+    contention costs time, not instructions). Python's hash seed is fixed: two runs of one build agree within a few
+    tens of instructions per call."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        raise SystemExit("--instructions needs valgrind (callgrind) on the PATH")
     with tempfile.TemporaryDirectory(prefix="pycoll-instructions-") as tmp:
-        if os.environ.get("PYCOLL_BENCH_UNDER_CALLGRIND") != "1":
-            valgrind = shutil.which("valgrind")
-            if valgrind is None:
-                raise SystemExit("--instructions needs valgrind (callgrind) on the PATH")
-            env = dict(env_with_pycoll(), PYCOLL_BENCH_UNDER_CALLGRIND="1", PYTHONHASHSEED="0")
-            env["PYCOLL_BENCH_CG_DIR"] = tmp
-            argv = [sys.executable, os.path.abspath(__file__), *sys.argv[1:]]
-            if "--json" in argv:  # written by this process from the child's numbers
-                i = argv.index("--json")
-                del argv[i:i + 2]
-            out = os.path.join(tmp, "cg.out")
-            subprocess.run([valgrind, "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={out}",
-                            *argv], env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                           timeout=a.timeout * 20)
-            with open(os.path.join(tmp, "counts.json")) as f:
-                return dict(json.load(f))
-        ctl = compile_c(CALLGRIND_CONTROL, os.path.join(tmp, "libcgctl.so"), "-shared", "-fPIC")
-        if ctl is None:
-            raise SystemExit("--instructions needs gcc (and valgrind's headers)")
-        cg = ctypes.CDLL(ctl)
-        cg.pycoll_cg_dump.argtypes = [ctypes.c_char_p]
-        import_pycoll()
-        import pycoll
+        env = dict(env_with_pycoll(), PYCOLL_BENCH_CG_DIR=tmp, PYTHONHASHSEED="0")
+        child = [sys.executable, os.path.abspath(__file__), "--count-instructions", "--batch", str(a.batch),
+                 "--batches", str(a.batches), "--warmup", str(a.warmup)]
+        subprocess.run([valgrind, "--tool=callgrind", "--separate-threads=yes",
+                        f"--callgrind-out-file={os.path.join(tmp, 'cg.out')}", *child], env=env, check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=a.timeout * 20)
+        with open(os.path.join(tmp, "counts.json")) as f:
+            return dict(json.load(f))
 
-        comm = pycoll.init(0, 1, unique_id=pycoll.get_unique_id(backend="host"), backend="host", name="instructions")
-        calls = max(1, a.batch * a.batches // 10)
-        totals: Dict[str, float] = {}
-        try:
-            for i, (label, f) in enumerate(instruction_variants(comm).items()):
-                for _ in range(a.warmup):
-                    f()
-                cg.pycoll_cg_zero()
-                for _ in range(calls):
-                    f()
-                cg.pycoll_cg_dump(f"variant {i}".encode())
-                totals[label] = float(_dumped_total(os.environ["PYCOLL_BENCH_CG_DIR"], i))
-        finally:
-            comm.destroy()
-        loop = totals.pop("loop (subtracted from the others)")
-        counts = {k: (v - loop) / calls for k, v in totals.items()}
-        with open(os.path.join(os.environ["PYCOLL_BENCH_CG_DIR"], "counts.json"), "w") as f:
-            json.dump(counts, f)
-        return counts
+
+def count_instructions(a: argparse.Namespace) -> None:
+    """The child of :func:`instructions`, under callgrind: per variant, ``--warmup`` calls, the counters zeroed,
+    ``--batch`` x ``--batches`` / 10 calls, the counters dumped; the empty loop's count subtracted. The counts go to
+    ``counts.json`` in ``$PYCOLL_BENCH_CG_DIR``, beside callgrind's dumps."""
+    folder = os.environ["PYCOLL_BENCH_CG_DIR"]
+    ctl = compile_c(CALLGRIND_CONTROL, os.path.join(folder, "libcgctl.so"), "-shared", "-fPIC")
+    if ctl is None:
+        raise SystemExit("--instructions needs gcc (and valgrind's headers)")
+    cg = ctypes.CDLL(ctl)
+    cg.pycoll_cg_dump.argtypes = [ctypes.c_char_p]
+    import_pycoll()
+    import pycoll
+
+    comm = pycoll.init(0, 1, unique_id=pycoll.get_unique_id(backend="host"), backend="host", name="instructions")
+    calls = max(1, a.batch * a.batches // 10)
+    totals: Dict[str, float] = {}
+    try:
+        for i, (label, f) in enumerate(instruction_variants(comm).items()):
+            for _ in range(a.warmup):
+                f()
+            cg.pycoll_cg_zero()
+            for _ in range(calls):
+                f()
+            cg.pycoll_cg_dump(f"variant {i}".encode())
+            totals[label] = float(_dumped_total(folder, i))
+    finally:
+        comm.destroy()
+    loop = totals.pop("loop (subtracted from the others)")
+    with open(os.path.join(folder, "counts.json"), "w") as f:
+        json.dump({k: (v - loop) / calls for k, v in totals.items()}, f)
 
 
 def _dumped_total(directory: str, i: int) -> int:
@@ -586,18 +584,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--instructions", action="store_true",
                    help="count the instructions of one call of each variant with valgrind's callgrind (1 rank)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--count-instructions", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--result-file", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker:
         worker(a)
         return 0
+    if a.count_instructions:
+        count_instructions(a)
+        return 0
     if a.instructions:
         counts = instructions(a)
-        if os.environ.get("PYCOLL_BENCH_UNDER_CALLGRIND") != "1":
-            print_instructions(counts)
-            if a.json:
-                with open(a.json, "w") as f:
-                    json.dump({"instructions_per_call": counts}, f, indent=2)
+        print_instructions(counts)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"instructions_per_call": counts}, f, indent=2)
         return 0
     if a.breakdown:
         out = breakdown(a)
