@@ -1,5 +1,13 @@
 # The compiled Work, for the compiled observer hooks (pycoll/diagnostics/_hooks.pyx) that read its fields.
 
+cdef class _Shared:  # the events of consecutive operations of one group (_core.pyx)
+    cdef object start, end
+    cdef int users
+    cdef bint done
+    cdef int timed
+    cdef float ms
+
+
 cdef class Work:
     cdef public object comm, op, async_op, is_p2p, peer, root, timeout, stream
     cdef public long long seq, p2p_seq, op_id, time_created_ns  # C: no int object made per operation
@@ -7,6 +15,7 @@ cdef class Work:
     cdef public object inputs, outputs, time_started_ns, time_completed_ns, duration_ms
     cdef public object _start, _end, _state, _exc, capture_id, fr_entry
     cdef public long long fr_pos  # the position its flight-recorder entry was written for (entries are reused)
+    cdef _Shared _share  # the events it shares with its neighbours in a group, or None
     cdef object __weakref__
 
 

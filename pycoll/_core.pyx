@@ -51,7 +51,7 @@ from .collconfig import prepare as _prepare_config
 from .devices import FIRST_SLEEP_S, HostDevice
 from .errors import AsyncCommError, CommAborted, CommFailure, CommStateError, NCCLError, error_class
 
-__all__ = ["CommCore", "Hook", "Lock", "RLock", "Work", "launch", "refresh", "retire", "begin", "buf",
+__all__ = ["CommCore", "Hook", "Lock", "RLock", "Work", "launch", "refresh", "retire", "events_back", "begin", "buf",
            "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter", "send",
            "recv", "sendrecv", "GroupScope", "library_call", "open_group", "group_library", "set_group", "DLPACK_CAPSULE_DESTRUCTOR", "STAGES", "stage_clock", "torch_dlpack_view",
            "gpu_driver_calls"]
@@ -836,8 +836,11 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
         try:
             comm._lock.take(-1)
             try:
-                w._start = ev = _new_event(comm, dev)
-                _record(dev, lib, drv, ev, stream)
+                if group and _shares_start(<Work>(<list>group)[len(<list>group) - 1], comm, stream):
+                    _join(<Work>(<list>group)[len(<list>group) - 1], w)
+                else:
+                    w._start = ev = _new_event(comm, dev)
+                    _record(dev, lib, drv, ev, stream)
                 comm._plock.take(-1)
                 comm._pending[w] = None
                 comm._plock.give()
@@ -924,13 +927,84 @@ cdef int _complete(CommCore comm, Work w, object dev, Library lib) except -1:
 cdef _group_closed(CommCore comm, Work w, object dev, Library lib):
     if _is_state(w._state, _CAPTURED, "captured"):
         return
+    cdef _Shared s = w._share
     comm._lock.take(-1)
     try:
         if comm._handle is not None and w._exc is None and w._start is not None:
-            w._end = _new_event(comm, dev)
-            _record(dev, lib, _comm_driver(comm), w._end, w.stream)
+            if s is not None and s.end is not None:
+                w._end = s.end  # recorded for the operation before it, right after the same ncclGroupEnd
+            else:
+                w._end = _new_event(comm, dev)
+                _record(dev, lib, _comm_driver(comm), w._end, w.stream)
+                if s is not None:
+                    s.end = w._end
     finally:
         comm._lock.give()
+
+
+@cython.freelist(8)
+cdef class _Shared:
+    """The events of consecutive operations of one group on one communicator and stream, recorded once.
+
+    Nothing of a group reaches its streams before ``ncclGroupEnd``: every start event recorded inside it marks the
+    same point of its stream, and every end event recorded right after it the same later point (on a GPU too: the
+    kernels are launched at the group's end). So the first operation of such a run records the start event and the
+    first one closed records the end event; the others take them (a group of four all_reduce records two events,
+    not eight), and the first found complete tells the others (one query of the events and of the asynchronous
+    error for them all). ``users``: the operations holding them; the last to give them back returns them to the pool
+    (:func:`_events_back`)."""
+    # the fields (_core.pxd): ``start``, ``end``; ``users``; ``done``: the end event found complete (and no
+    # asynchronous error then), the others need not ask again; ``timed``, ``ms``: as _refresh's (``timed`` 0
+    # where ``ms`` holds the host library's elapsed time of the two events)
+
+
+cdef inline bint _shares_start(Work prev, CommCore comm, object stream):
+    """Whether an operation of ``comm`` on ``stream`` enqueued in an open group right after ``prev`` takes
+    ``prev``'s start event: the same communicator and stream, and ``prev`` has its events (none when the
+    library refused it or a graph captured it) and has not been closed."""
+    return prev.comm is comm and prev._start is not None and prev._end is None and prev.stream == stream
+
+
+cdef int _join(Work prev, Work w) except -1:
+    cdef _Shared s = prev._share
+    if s is None:
+        s = _Shared.__new__(_Shared)
+        s.start = prev._start
+        s.users = 1
+        prev._share = s
+    s.users += 1
+    w._share = s
+    w._start = s.start
+    return 0
+
+
+cdef inline int _events_back(list pool, Work w) except -1:
+    """``w``'s events back to ``pool``: its own, or the ones it shares in a group once the last operation
+    sharing them gives them back. ``w`` holds none afterwards."""
+    cdef _Shared s = w._share
+    if s is None:
+        if w._start is not None:
+            pool.append(w._start)
+        if w._end is not None:
+            pool.append(w._end)
+    else:
+        w._share = None
+        s.users -= 1
+        if s.users == 0:
+            if s.start is not None:
+                pool.append(s.start)
+            if s.end is not None:
+                pool.append(s.end)
+            s.start = s.end = None
+    w._start = w._end = None
+    return 0
+
+
+def events_back(list pool, Work w):
+    """Give ``w``'s events back to ``pool`` (a list): its own, or the ones it shares with its neighbours in a group
+    once none of them holds them any more (``Communicator._withdraw`` and ``_release_device_later``; call with the
+    communicator's ``_plock`` held)."""
+    _events_back(pool, w)
 
 
 def refresh(CommCore comm, Work w):
@@ -948,21 +1022,32 @@ cdef _refresh(CommCore comm, Work w, object dev, Library lib):
     cdef bint done, started
     cdef float ms = 0
     cdef int timed = -1  # the host library's elapsed time of the two events: 0 (both complete, ms set) or why not
-    try:
-        if comm._timed and end is not None and lib is not None and lib.fn.pycollEventElapsedTime != NULL:
-            timed = lib.fn.pycollEventElapsedTime(&ms, <pycollEvent_t><uintptr_t>start, <pycollEvent_t><uintptr_t>end)
-        if timed == 0 or timed == _IN_PROGRESS:  # one call says whether the end event completed, and the duration
-            done = timed == 0
-        else:
-            done = end is not None and _query(dev, lib, drv, end)
-        started = done or not _is_state(w._state, _SCHEDULED, "scheduled") or _query(dev, lib, drv, start)
-    except Exception as exc:  # a destroyed event (released meanwhile) or a sticky device error
-        if w._start is start and w._exc is None:
-            comm.fail(exc if isinstance(exc, CommFailure) else
-                      AsyncCommError(f"communicator {comm.name!r} rank {comm._rank}: querying the events of "
-                                     f"{w.op} (seq {w.seq}) failed: {exc}", getattr(exc, "code", -1)), w)
-        return
-    cdef int code = _async_code(comm, lib) if done else 0  # read before _plock: lock order
+    cdef _Shared s = w._share
+    cdef int code = 0
+    if s is not None and s.done and end is not None:  # an operation sharing its events (its group's neighbour) found them complete
+        done = started = True
+        timed, ms = s.timed, s.ms
+    else:
+        try:
+            if comm._timed and end is not None and lib is not None and lib.fn.pycollEventElapsedTime != NULL:
+                timed = lib.fn.pycollEventElapsedTime(&ms, <pycollEvent_t><uintptr_t>start,
+                                                      <pycollEvent_t><uintptr_t>end)
+            if timed == 0 or timed == _IN_PROGRESS:  # one call says whether the end event completed, and the duration
+                done = timed == 0
+            else:
+                done = end is not None and _query(dev, lib, drv, end)
+            started = done or not _is_state(w._state, _SCHEDULED, "scheduled") or _query(dev, lib, drv, start)
+        except Exception as exc:  # a destroyed event (released meanwhile) or a sticky device error
+            if w._start is start and w._exc is None:
+                comm.fail(exc if isinstance(exc, CommFailure) else
+                          AsyncCommError(f"communicator {comm.name!r} rank {comm._rank}: querying the events of "
+                                         f"{w.op} (seq {w.seq}) failed: {exc}", getattr(exc, "code", -1)), w)
+            return
+        if done:
+            code = _async_code(comm, lib)  # read before _plock: lock order
+            if s is not None and (code == 0 or code == _IN_PROGRESS):
+                s.timed, s.ms = timed, ms
+                s.done = True
     failure = None
     comm._plock.take(-1)
     try:
@@ -1019,11 +1104,7 @@ def pool_trim_after(seconds=None):
 cdef _retire(CommCore comm, Work w):
     (<dict>comm._pending).pop(w, None)
     cdef list events = comm._events
-    if w._start is not None:
-        events.append(w._start)
-    if w._end is not None:
-        events.append(w._end)
-    w._start = w._end = None
+    _events_back(events, w)
     w.inputs = w.outputs = []  # let the arrays go
     comm._pool_retired += 1
     if comm._pool_retired >= _TRIM_EVERY:

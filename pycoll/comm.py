@@ -725,10 +725,7 @@ class Communicator(_core.CommCore):
         """Forget an operation the library refused (nothing was enqueued)."""
         with self._plock:
             self._pending.pop(w, None)
-            for ev in (w._start, w._end):
-                if ev is not None:
-                    self._events.append(ev)
-            w._start = w._end = None
+            _core.events_back(self._events, w)
 
     def await_ready(self, w: Work) -> None:
         """After ncclInProgress: poll until the communicator is ready, within the operation's deadline."""
@@ -1124,8 +1121,7 @@ class Communicator(_core.CommCore):
         with self._plock:
             events, self._events = self._events, []
             for w in self._pending:
-                events += [e for e in (w._start, w._end) if e is not None]
-                w._start = w._end = None
+                _core.events_back(events, w)
         scratch = [p for p in (self._scratch, self._bytes_scratch[0]) if p]
         self._scratch, self._bytes_scratch = None, (0, 0)
         return lambda: self._free_device(stream, events, scratch)

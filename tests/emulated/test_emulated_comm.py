@@ -318,3 +318,54 @@ def test_pycoll_threads_do_not_use_device_0_for_a_communicator_on_device_1():
     for r in H.run_ranks(_device_one, 2, H.uid()):
         assert "is no live stream of device 1, this communicator's (a stream of another device" in r.pop("other_device")
         assert r == {"threads_on_device_0": [], "current": 1, "value": 8.0}  # 1 doubled three times
+
+
+# -- a group's operations on one stream share their events -------------------------------------------
+
+
+def _group_events(rank, n, uid):
+    comm, rt = H.setup(rank, n, uid, timeout=5.0)
+    import pycoll.emulated as emu
+
+    dev = comm.device
+    s1, s2 = dev.create_stream(), dev.create_stream()
+    xs = [emu.TorchLikeTensor(rt, np.full(4, rank + i + 1.0, np.float32)) for i in range(5)]
+    comm.all_reduce(xs[4], stream=s1)  # warm-up: the pool has its events
+    pool = len(comm._events)
+    del rt.log[:]
+    gate = rt.hang(s1)  # nothing of the group may complete before the kernel ahead of it on s1
+    with comm.group():
+        ws = [comm.all_reduce(x, stream=s, async_op=True) for x, s in zip(xs[:4], (s1, s1, s2, s2), strict=True)]
+        shared_inside = (ws[0]._start is ws[1]._start, ws[1]._start is ws[2]._start, ws[2]._start is ws[3]._start)
+    records = [int(c.args[1]) for c in rt.calls("cudaEventRecord")]
+    time.sleep(0.2)
+    held = [w.is_completed() for w in ws[:2]]
+    gate.release()
+    ws[0].wait()  # the first one gives its share back: the others still hold the events
+    held_events = {e for w in ws[1:] for e in (w._start, w._end)}
+    mid = {"pool": len(comm._events), "distinct": len(set(comm._events)), "held": len(held_events),
+           "in_pool": len(held_events & set(comm._events))}
+    comm.all_reduce(xs[4], stream=s1)  # takes events from the pool: none of the ones the group still holds
+    for w in ws[1:]:
+        w.wait()
+    created = len(rt.calls("cudaEventCreateWithFlags")) + len(rt.calls("cudaEventCreate"))
+    out = {"shared_inside": shared_inside, "created": created, "records_s1": records.count(s1),
+           "records_s2": records.count(s2), "held": held, "mid": mid, "grown": len(comm._events) - pool,
+           "pool": len(comm._events), "distinct": len(set(comm._events)), "values": [float(x.host[0]) for x in xs]}
+    comm.destroy()
+    return out
+
+
+@pytest.mark.timeout(30)
+def test_a_group_records_one_start_and_one_end_event_per_stream():
+    """Four all_reduce in a group, two on each of two streams of one communicator: two events recorded per stream,
+    not two per operation (nothing of a group reaches a stream before its end); none completes while its stream is
+    held up; the events go back to the pool once, when the last operation sharing them gives them back."""
+    for r in H.run_ranks(_group_events, 2, H.uid()):
+        assert r["shared_inside"] == (True, False, True)
+        assert (r["records_s1"], r["records_s2"]) == (2, 2)
+        assert r["held"] == [False, False]
+        assert r["mid"]["held"] == 4 and r["mid"]["in_pool"] == 0, r  # still held: none of them back yet
+        assert r["mid"]["pool"] == r["mid"]["distinct"] and r["distinct"] == r["pool"], r
+        assert r["grown"] == r["created"], r  # every event made since is back in the pool, none lost
+        assert r["values"] == [3.0, 5.0, 7.0, 9.0, 22.0]

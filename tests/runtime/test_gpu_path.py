@@ -483,3 +483,40 @@ def test_the_compiled_path_describes_gpu_arrays_as_as_buffer_does(fake, rt, monk
         assert c.state == "active"
     finally:
         _close(c)
+
+
+def test_a_group_shares_its_events_and_gives_them_back_once(fake, rt):
+    """Operations of one group on one stream share a start and an end event (nothing of the group reaches the
+    stream before ncclGroupEnd). One the library refuses inside the group, and a group the library refuses as a
+    whole, give the events back only once no operation holds them any more: the pool never holds an event twice,
+    and never one that an outstanding operation still has."""
+    c = _comm(fake, rt, timeout=5.0)
+    try:
+        c.all_reduce(_x())  # the pool has its events
+        del rt.log[:]
+        with c.group():
+            w1 = c.all_reduce(_x(), async_op=True)
+            fake.ctl.fakeSetNextResult(4)  # the second one: InvalidArgument (the fake's result stays until reset)
+            with pytest.raises(pycoll.InvalidArgument):
+                c.all_reduce(_x(), async_op=True)
+            fake.ctl.fakeSetNextResult(0)
+            w3 = c.all_reduce(_x(), async_op=True)
+            assert w3._start is w1._start
+            assert w1._start not in c._events
+        assert [e[0] for e in rt.log].count("record") == 2  # one start, one end: not one pair per operation
+        assert w3._end is w1._end and not {w1._start, w1._end} & set(c._events)
+        w1.wait()
+        assert not {w3._start, w3._end} & set(c._events)  # w3 still holds them
+        w3.wait()
+        pool = list(c._events)
+        assert len(set(pool)) == len(pool)
+        with pytest.raises(pycoll.InvalidArgument), c.group():  # refused as a whole: all three withdrawn
+            ws = [c.all_reduce(_x(), async_op=True) for _ in range(3)]
+            fake.ctl.fakeSetNextResult(4)  # ncclGroupEnd
+        fake.ctl.fakeSetNextResult(0)
+        assert all(w._start is None for w in ws) and c.outstanding() == []
+        assert sorted(c._events) == sorted(pool)  # each event back once
+        c.all_reduce(_x())
+        assert c.state == "active" and c.failure is None
+    finally:
+        _close(c)
