@@ -757,8 +757,13 @@ cdef tuple _compiled_observers = (), _enqueue_hooks = (), _completion_hooks = ()
 
 def _observers_changed():
     global _compiled_observers, _enqueue_hooks, _completion_hooks
-    _compiled_observers, _enqueue_hooks = hooks.compiled_observers, hooks.enqueue_hooks
-    _completion_hooks = hooks.completion_hooks
+    # _notify calls the compiled observers through C without a type test per operation: an observer that says it
+    # has compiled hooks but is no Hook is called through its Python methods instead
+    compiled = tuple(o for o in hooks.compiled_observers if isinstance(o, Hook))
+    others = [o for o in hooks.compiled_observers if not isinstance(o, Hook)]
+    _compiled_observers = compiled
+    _enqueue_hooks = tuple(hooks.enqueue_hooks) + tuple(o.work_enqueued for o in others)
+    _completion_hooks = tuple(hooks.completion_hooks) + tuple(o.work_completed for o in others)
 
 
 hooks.on_change(_observers_changed)
@@ -767,8 +772,11 @@ hooks.on_change(_observers_changed)
 cdef void _notify(Work w, bint completed) except *:
     """Every observer hears of ``w`` (before its library call; ``completed``: once it completed): the compiled
     ones through C, then the others."""
+    cdef tuple observers = _compiled_observers
+    cdef Py_ssize_t i
     cdef Hook o
-    for o in _compiled_observers:
+    for i in range(len(observers)):
+        o = <Hook>observers[i]  # Hooks only (_observers_changed)
         try:
             if completed:
                 o.completed(w)
@@ -776,7 +784,9 @@ cdef void _notify(Work w, bint completed) except *:
                 o.enqueued(w)
         except Exception:  # an observer must never break a collective
             _log.exception("observer %r failed in %s", o, "work_completed" if completed else "work_enqueued")
-    _run_hooks(_completion_hooks if completed else _enqueue_hooks, w)
+    calls = _completion_hooks if completed else _enqueue_hooks
+    if calls:
+        _run_hooks(calls, w)
 
 
 def launch(CommCore comm, op, call, stream, inputs, outputs, async_op, timeout, peer=None):

@@ -444,6 +444,36 @@ def test_a_subclass_that_overrides_a_hook_has_it_called(tmp_path):
     assert all(e["state"] == "completed" for e in entries)
 
 
+def test_an_observer_that_only_says_its_hooks_are_compiled_is_called_through_python():
+    """The path calls compiled observers through C with no type test per operation: an observer that says
+    ``compiled_hooks`` without being a compiled hook (a Python class) is called through its Python methods, and
+    the operations go on."""
+    seen = []
+
+    class Claims(pycoll.hooks.CommObserver):
+        compiled_hooks = True
+
+        def work_enqueued(self, w):
+            seen.append(("enqueued", w.op))
+
+        def work_completed(self, w):
+            seen.append(("completed", w.op))
+
+    obs = Claims()
+    pycoll.hooks.add_observer(obs)
+    c = pycoll.init(0, 1, backend="host", name="claims")
+    try:
+        x = np.ones(3, np.float32)
+        c.all_reduce(x)
+        c.broadcast(x, root=0)
+    finally:
+        pycoll.hooks.remove_observer(obs)
+        c.destroy()
+    assert seen == [("enqueued", "all_reduce"), ("completed", "all_reduce"), ("enqueued", "broadcast"),
+                    ("completed", "broadcast")]
+    assert x.tolist() == [1.0] * 3
+
+
 def test_the_first_communicator_registers_the_recorder_and_the_watchdog():
     code = (
         "import threading, pycoll, pycoll.hooks as h, pycoll.diagnostics as d\n"
