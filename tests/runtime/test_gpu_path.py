@@ -520,3 +520,22 @@ def test_a_group_shares_its_events_and_gives_them_back_once(fake, rt):
         assert c.state == "active" and c.failure is None
     finally:
         _close(c)
+
+
+def test_an_abort_with_a_group_outstanding_destroys_its_shared_events_once(fake, rt, caplog):
+    """A group's operations still running when the communicator is aborted: the events they share are destroyed
+    once with the rest of the communicator's events (a second destroy of one would fail and leave the others)."""
+    c = _comm(fake, rt, timeout=30.0)
+    try:
+        c.all_reduce(_x(), stream=0)  # the pool has its events
+        rt.launch(0, "kernel")  # the group's operations stay outstanding behind it
+        with c.group():
+            ws = [c.all_reduce(_x(), stream=0, async_op=True) for _ in range(3)]
+        assert not any(w.is_completed() for w in ws) and len({(w._start, w._end) for w in ws}) == 1
+        c.abort()
+        assert _until(lambda: c.closed)
+        assert rt.events == {}, "events left behind: one of them was destroyed twice, or not at all"
+        assert not [r for r in caplog.records if "releasing resources" in r.getMessage()]
+    finally:
+        rt.finish(0)
+        _close(c)
