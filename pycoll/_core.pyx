@@ -51,8 +51,8 @@ from .collconfig import prepare as _prepare_config
 from .devices import FIRST_SLEEP_S, HostDevice
 from .errors import AsyncCommError, CommAborted, CommFailure, CommStateError, NCCLError, error_class
 
-__all__ = ["CommCore", "Hook", "Lock", "RLock", "Work", "launch", "refresh", "retire", "events_back", "begin", "buf",
-           "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter", "send",
+__all__ = ["CommCore", "Hook", "Lock", "RLock", "Work", "launch", "refresh", "retire", "events_back", "begin",
+           "buf", "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter", "send",
            "recv", "sendrecv", "GroupScope", "library_call", "open_group", "group_library", "set_group", "DLPACK_CAPSULE_DESTRUCTOR", "STAGES", "stage_clock", "torch_dlpack_view",
            "gpu_driver_calls"]
 
@@ -1034,8 +1034,8 @@ cdef _refresh(CommCore comm, Work w, object dev, Library lib):
     cdef int timed = -1  # the host library's elapsed time of the two events: 0 (both complete, ms set) or why not
     cdef _Shared s = w._share
     cdef int code = 0
-    if s is not None and s.done and end is not None:  # an operation sharing its events (its group's neighbour) found them complete
-        done = started = True
+    if s is not None and s.done and end is not None:
+        done = started = True  # an operation sharing its events (its group's neighbour) found them complete
         timed, ms = s.timed, s.ms
     else:
         try:

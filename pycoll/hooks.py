@@ -200,7 +200,8 @@ class CommObserver:
 _observers: List[CommObserver] = []
 
 #: Observers whose per-operation hooks are compiled (subclasses of ``pycoll._core.Hook``, which says
-#: so with ``compiled_hooks``): the path calls them through C, before the hooks below.
+#: so with ``compiled_hooks``): the path calls them through C, before the hooks below (one that says so without
+#: being a ``Hook`` through its Python methods, after them).
 compiled_observers: Tuple[CommObserver, ...] = ()
 #: The other observers' ``work_enqueued`` / ``work_completed``, as tuples: read on every operation's path.
 enqueue_hooks: Tuple[Callable[[WorkView], None], ...] = ()
