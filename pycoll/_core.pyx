@@ -846,9 +846,7 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
         try:
             comm._lock.take(-1)
             try:
-                if group and _shares_start(<Work>(<list>group)[len(<list>group) - 1], comm, stream):
-                    _join(<Work>(<list>group)[len(<list>group) - 1], w)
-                else:
+                if not (group and _joined(<list>group, w, comm, stream)):
                     w._start = ev = _new_event(comm, dev)
                     _record(dev, lib, drv, ev, stream)
                 comm._plock.take(-1)
@@ -968,14 +966,13 @@ cdef class _Shared:
     # where ``ms`` holds the host library's elapsed time of the two events)
 
 
-cdef inline bint _shares_start(Work prev, CommCore comm, object stream):
-    """Whether an operation of ``comm`` on ``stream`` enqueued in an open group right after ``prev`` takes
-    ``prev``'s start event: the same communicator and stream, and ``prev`` has its events (none when the
-    library refused it or a graph captured it) and has not been closed."""
-    return prev.comm is comm and prev._start is not None and prev._end is None and prev.stream == stream
-
-
-cdef int _join(Work prev, Work w) except -1:
+cdef int _joined(list group, Work w, CommCore comm, object stream) except -1:
+    """In an open group (``group``: its operations so far, at least one): ``w``, of ``comm`` on ``stream``, takes the
+    start event of the operation enqueued right before it where that one is of the same communicator and stream, has
+    its events (none when the library refused it or a graph captured it) and has not been closed. 1 when it did."""
+    cdef Work prev = <Work>group[len(group) - 1]
+    if prev.comm is not comm or prev._start is None or prev._end is not None or prev.stream != stream:
+        return 0
     cdef _Shared s = prev._share
     if s is None:
         s = _Shared.__new__(_Shared)
@@ -985,7 +982,7 @@ cdef int _join(Work prev, Work w) except -1:
     s.users += 1
     w._share = s
     w._start = s.start
-    return 0
+    return 1
 
 
 cdef inline int _events_back(list pool, Work w) except -1:
