@@ -86,8 +86,17 @@ def fmt_size(n: int) -> str:
     return f"{n} B"
 
 
+#: The host library picks streaming or cached stores for outputs of 8 MiB and more (PYCOLL_HOST_STREAM_MIN
+#: unset) by timing the first 6 operations of each size class in each process, alternately with each
+#: (pycoll/_host/coll.c, STORE_TRIALS): half of those run with the slower stores (2-3x slower at 64 MiB).
+STORE_TRIALS, STORE_MIN = 6, 8 << 20
+
+
 def schedule(size: int, scale: float) -> Tuple[int, int]:
-    """(warm-up, timed) iterations for a size; the same for every library."""
+    """(warm-up, timed) iterations for a size; the same for every library. From ``STORE_MIN`` on, at least
+    ``STORE_TRIALS`` warm-ups whatever the scale, so that the timed iterations see the host library's
+    choice of stores rather than its trials (a one-time cost per process and size class, not the steady
+    state a loop of collectives runs in)."""
     if size <= 64 << 10:
         warm, iters = 20, 300
     elif size <= 1 << 20:
@@ -96,7 +105,8 @@ def schedule(size: int, scale: float) -> Tuple[int, int]:
         warm, iters = 3, 20
     else:
         warm, iters = 2, 10
-    return max(1, int(warm * scale)), max(3, int(iters * scale))
+    warm = max(1, int(warm * scale))
+    return (max(warm, STORE_TRIALS) if size >= STORE_MIN else warm), max(3, int(iters * scale))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -222,6 +223,23 @@ def test_run_sizes_interleaves_the_variants_in_rounds(rounds, monkeypatch):
     else:
         assert log.index(("b", "check")) < log.index("barrier")  # both set up and checked before any timing
         assert switches == 1 + 2 * rounds  # a warmed, then b; then a and b in turn in every round
+
+
+def test_the_schedule_warms_up_past_the_host_librarys_store_trials(monkeypatch):
+    """From the size on which the host library times its first operations to choose its stores (half of them
+    with the slower ones), the warm-ups cover those trials at every scale: the timed iterations see the choice.
+    The two numbers are the host library's own (pycoll/_host/coll.c)."""
+    monkeypatch.setattr(sys, "path", [os.path.join(REPO, "benchmarks"), *sys.path])
+    from allreduce_compare import STORE_MIN, STORE_TRIALS, schedule
+
+    with open(os.path.join(REPO, "pycoll", "_host", "coll.c")) as f:
+        src = f.read()
+    assert re.search(r"#define STORE_TRIALS (\d+)\n", src).group(1) == str(STORE_TRIALS)
+    assert int(re.search(r"static size_t stream_min = (\d+) << 20;", src).group(1)) << 20 == STORE_MIN
+    for scale in (0.05, 0.5, 1.0):
+        for size in (STORE_MIN, 64 << 20, 1 << 30):
+            assert schedule(size, scale)[0] >= STORE_TRIALS
+    assert schedule(STORE_MIN - 1, 0.05)[0] == 1 and schedule(64 << 20, 1.0) == (STORE_TRIALS, 10)
 
 
 def test_a_failed_run_reports_the_ranks_traceback_before_the_launchers_banner(monkeypatch):
