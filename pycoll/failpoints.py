@@ -220,7 +220,7 @@ HOST_POINTS = tuple(declare(n, "host library") for n in (
     "host.coll.eager", "host.coll.check_waited", "host.wait.check_peer", "host.wait.brief",
     "host.shrink.begin", "host.shrink.end", "host.grow.begin", "host.grow.end",
     "host.window.exchange", "host.signal.wait", "host.stream.defer", "host.stream.handback",
-    "host.stream.takeover", "host.stream.full",
+    "host.stream.takeover", "host.stream.full", "host.stream.order",
 ))
 
 _settings.register_check("PYCOLL_FAILPOINTS", parse)

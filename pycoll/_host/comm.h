@@ -58,6 +58,12 @@ struct ncclComm {
   pthread_mutex_t err_mu;  /* last_error */
   pthread_mutex_t exec_mu; /* one thread executes operations of this comm at a time */
   int job_running;         /* a background job (init, finalize, split, ...) runs on this comm */
+  /* Its operations run in the order they were issued whatever their streams, as NCCL's do (each of its kernels waits
+   * for the one before on the communicator's own stream): the last task submitted to a stream and not yet finished
+   * (NULL: none), and that stream; under the spin lock order_lock (stream.c, stream_order) */
+  uint32_t order_lock;
+  struct task* order_last;
+  struct pycollStream* order_stream;
 
   struct seg seg;
   struct peer* peers;

@@ -363,6 +363,7 @@ ncclResult_t run_tasks_until(struct task* list, uint64_t deadline, uint64_t budg
 void tasks_finish(struct task* list, bool heap) {
   for (struct task *t = list, *next; t; t = next) {
     next = t->next;
+    if (t->ordered) stream_order_done(t);
     if (t->launch_marker) marker_release(t->launch_marker);
     if (t->rma) rma_release(t);
     for (int i = 0; i < 2; i++)
@@ -576,6 +577,7 @@ ncclResult_t enqueue_task(const struct task* proto, const ncclCollConfig_t* cfg)
     if (r != ncclSuccess) tasks_finish(t, true);
     return r;
   }
+  stream_order_wait(&local);
   r = run_tasks(&local);
   tasks_finish(&local, false);
   return r;

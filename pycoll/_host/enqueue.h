@@ -43,6 +43,10 @@ struct task {
   pycollStream_t stream;
   void* launch_marker; /* *Config variants: completes when the operation starts executing */
   struct rma_args* rma; /* one-sided operations: owned by the task (rma_release) */
+  /* its communicator's last task on a stream when submitted (stream_order): `after`, made by a later operation of the
+   * communicator on another stream (or the NULL stream), is fired once it has finished (tasks_finish) */
+  bool ordered;
+  void* after;
 
   /* execution state */
   bool started, done;

@@ -34,6 +34,10 @@
  *   host.stream.takeover                      a stream's thread taking over work handed back to it whose
  *                                             thread did not come back for it within PYCOLL_HOST_DEFER_NS
  *                                             ("raise" fails those operations instead)
+ *   host.stream.order                         an operation submitted to another stream than its communicator's
+ *                                             last unfinished one (or to the NULL stream), before it is made to
+ *                                             wait for that one (stream.c: stream_order) ("raise" fails the
+ *                                             operation instead)
  *   host.stream.full                          a thread queuing an operation onto a stream that holds
  *                                             PYCOLL_HOST_STREAM_DEPTH already, as it begins to wait for room,
  *                                             and each pycollStreamWaitRoom that finds the stream full (the

@@ -343,6 +343,7 @@ static ncclResult_t group_flush(ncclSimInfo_t* sim) {
     }
   }
   if (local) {
+    stream_order_wait(local);
     ncclResult_t r = run_tasks(local);
     tasks_finish(local, true);
     if (r != ncclSuccess && (ret == ncclSuccess || ret == ncclInProgress)) ret = r;

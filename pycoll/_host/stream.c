@@ -486,6 +486,87 @@ static void implicit_sync(struct pycollStream* s) {
   }
 }
 
+/* ---- a communicator's operations in the order they were issued, whatever their streams ----
+ * NCCL makes each kernel of a communicator wait for the communicator's kernel before it (on the communicator's own
+ * stream), whatever the streams they were issued on: the ranks' operations meet in the order each rank issued them.
+ * A host stream runs its own queue only, so a task list submitted to a stream other than the one its communicator's
+ * last unfinished task was submitted to waits for that task first: on its stream, behind a wait item; on the NULL
+ * stream, in the calling thread. Lists a capture records are ordered when a launch submits them. */
+
+/* order_lock: a spin lock (its holders run a few instructions, an allocation at most), two atomic operations where a
+ * mutex costs four times that on every operation */
+static void order_lock(struct ncclComm* c) {
+  while (__atomic_exchange_n(&c->order_lock, 1, __ATOMIC_ACQUIRE)) sched_yield();
+}
+
+static void order_unlock(struct ncclComm* c) { __atomic_store_n(&c->order_lock, 0, __ATOMIC_RELEASE); }
+
+/* The marker fired once `c`'s last submitted task has finished, a reference for the caller; NULL where none is
+ * unfinished or it went to `s` (whose queue orders what follows it). Then `last` (NULL: unchanged) is `c`'s last. */
+static struct marker* order_take(struct ncclComm* c, struct pycollStream* s, struct task* last) {
+  struct marker* m = NULL;
+  order_lock(c);
+  struct task* prev = c->order_last;
+  if (prev && (!s || c->order_stream != s)) {
+    m = prev->after;
+    if (!m) {
+      m = marker_new();
+      if (m) m->stream = c->order_stream; /* a waiter hurries the stream that finishes it */
+      else WARN("%s : out of memory: not ordered after the operation before it on another stream", prev->opname);
+      prev->after = m;
+    }
+    if (m) marker_ref(m);
+  }
+  if (last) {
+    last->ordered = true;
+    __atomic_store_n(&c->order_last, last, __ATOMIC_RELEASE);
+    c->order_stream = s;
+  }
+  order_unlock(c);
+  return m;
+}
+
+/* Orders `list`, to run on `s` (NULL: in the calling thread, now), after the earlier tasks of its communicators. */
+static void stream_order(struct pycollStream* s, struct task* list) {
+  for (struct task* t = list; t; t = t->next) {
+    bool seen = false;
+    for (struct task* u = list; u != t && !seen; u = u->next) seen = u->comm == t->comm;
+    if (seen) continue;
+    /* the NULL stream: nothing to wait for while no task of the comm is unfinished (a call of another thread at
+     * the same time is not ordered with this one anyway) */
+    if (!s && !__atomic_load_n(&t->comm->order_last, __ATOMIC_ACQUIRE)) continue;
+    struct task* last = NULL;
+    for (struct task* u = t; s && u; u = u->next)
+      if (u->comm == t->comm) last = u;
+    struct marker* m = order_take(t->comm, s, last);
+    if (!m) continue;
+    if (UNLIKELY(fp_hit("host.stream.order"))) /* "raise": the list's tasks of this comm fail, not wait */
+      for (struct task* u = t; u; u = u->next)
+        if (u->comm == t->comm && !u->done)
+          task_fail(u, ncclSystemError, "%s : failpoint host.stream.order", u->opname);
+    if (s && push_raw(s, IT_WAIT, NULL, m) == ncclSuccess) continue; /* the item holds the reference */
+    stream_hurry(m);
+    marker_wait(m);
+    marker_release(m);
+  }
+}
+
+void stream_order_wait(struct task* list) { stream_order(NULL, list); }
+
+void stream_order_done(struct task* t) {
+  struct ncclComm* c = t->comm;
+  order_lock(c);
+  if (c->order_last == t) __atomic_store_n(&c->order_last, NULL, __ATOMIC_RELEASE);
+  struct marker* m = t->after;
+  t->after = NULL;
+  t->ordered = false;
+  order_unlock(c);
+  if (m) {
+    marker_fire(m);
+    marker_release(m);
+  }
+}
+
 static ncclResult_t push(struct pycollStream* s, int kind, struct task* tasks, struct marker* m) {
   implicit_sync(s);
   return push_raw(s, kind, tasks, m);
@@ -602,6 +683,7 @@ static bool capture_add(struct pycollStream* s, struct task* list);
 ncclResult_t stream_submit(pycollStream_t s, struct task* list) {
   if (UNLIKELY(__atomic_load_n(&s->capture, __ATOMIC_ACQUIRE) != NULL) && capture_add(s, list)) return ncclSuccess;
   implicit_sync(s);
+  stream_order(s, list);
   if (eager_begin(s, list)) return eager_run(s, list);
   if (inline_begin(s)) {
     if (run_borrowed(list, UINT64_MAX, inline_ns)) inline_end(s);
@@ -1148,7 +1230,8 @@ NCCL_API int pycollGraphLaunch(pycollGraph_t g, pycollStream_t s) {
         return ncclSystemError;
       }
       *c = *t;
-      c->started = c->done = c->prepared = false;
+      c->started = c->done = c->prepared = c->ordered = false;
+      c->after = NULL;
       c->result = ncclSuccess;
       c->next = NULL;
       comm_ref(c->comm);

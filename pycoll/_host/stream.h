@@ -16,6 +16,11 @@ ncclResult_t stream_submit(pycollStream_t s, struct task* list);
  * An error: nothing was queued (the caller finishes the list). */
 ncclResult_t stream_submit_joined(pycollStream_t s, pycollStream_t const* others, int n, struct task* list,
                                   bool wait);
+/* A task list about to run in the calling thread (the NULL stream) waits here for its communicators' unfinished
+ * tasks submitted to streams before it (their operations run in issue order, as NCCL's). */
+void stream_order_wait(struct task* list);
+/* A task finished (tasks_finish): what waits for it as its communicator's last goes on. */
+void stream_order_done(struct task* t);
 /* What a stream handle means for the calling thread (NULL, 1, 2: see pycollStreamSetLegacy). */
 pycollStream_t stream_resolve(pycollStream_t s);
 /* Records `e` on `s` (NULL: completes now). */

@@ -369,3 +369,34 @@ def test_a_group_records_one_start_and_one_end_event_per_stream():
         assert r["mid"]["pool"] == r["mid"]["distinct"] and r["distinct"] == r["pool"], r
         assert r["grown"] == r["created"], r  # every event made since is back in the pool, none lost
         assert r["values"] == [3.0, 5.0, 7.0, 9.0, 22.0]
+
+
+# -- one communicator's operations on two streams run in issue order (NCCL orders a communicator's kernels) --------
+
+
+def _two_streams_behind_a_kernel(rank, n, uid):
+    comm, rt = H.setup(rank, n, uid)
+    dev = comm.device
+    s1, s2 = dev.create_stream(), dev.create_stream()
+    import pycoll.emulated as emu
+
+    x, y = (emu.TorchLikeTensor(rt, np.full(4, rank + k, np.float32)) for k in (1.0, 10.0))
+    gate = rt.hang(s1)  # a kernel holds s1: the all_reduce queued behind it waits, and so must the one on s2
+    first = comm.all_reduce(x, stream=s1, async_op=True)
+    second = comm.all_reduce(y, stream=s2, async_op=True)
+    time.sleep(0.2)
+    held = (first.is_completed(), second.is_completed())
+    gate.release()
+    first.wait()
+    second.wait()
+    out = {"held": held, "values": (float(x.host[0]), float(y.host[0]))}
+    comm.destroy()
+    return out
+
+
+@pytest.mark.timeout(30)
+def test_an_operation_on_a_second_stream_waits_for_the_communicators_operation_behind_a_kernel():
+    """The all_reduce on s2 is issued after the one on s1, which waits behind a kernel: it starts only after it (on a
+    GPU, NCCL makes each of a communicator's kernels wait for the one before), so the ranks meet in issue order."""
+    for r in H.run_ranks(_two_streams_behind_a_kernel, 2, H.uid()):
+        assert r == {"held": (False, False), "values": (3.0, 21.0)}

@@ -568,13 +568,16 @@ def test_matrix_2_covers_every_point_the_scenario_passes():
     # host.stream.handback: only where a peer is later than PYCOLL_HOST_INLINE_NS, and host.stream.takeover: only where
     # the thread that handed work back does not come back for it within PYCOLL_HOST_DEFER_NS
     # (tests/runtime/test_inline_bound.py); host.stream.full: only where a stream holds PYCOLL_HOST_STREAM_DEPTH
-    # operations not begun (tests/runtime/test_stream_depth.py); watchdog.records.forget: only
+    # operations not begun (tests/runtime/test_stream_depth.py); host.stream.order: only where a communicator's
+    # operation goes to another stream than the one before it, which the scenario's do not
+    # (tests/host/test_stream_order.py kills, stops and fails a rank there); watchdog.records.forget: only
     # PYCOLL_WATCHDOG_RECORDS_KEEP (120 s) after a communicator failed or was aborted
     # (tests/diagnostics/test_watchdog_ranks.py kills a rank there)
     assert set(scenario) - set(POINTS_2) == {"host.window.exchange", "host.signal.wait", "host.coll.after_consume",
                                              "host.coll.window", "host.coll.eager", "host.coll.check_waited",
                                              "host.wait.check_peer", "host.wait.brief", "host.stream.defer",
                                              "host.stream.handback", "host.stream.takeover", "host.stream.full",
+                                             "host.stream.order",
                                              "watchdog.report.signal_peer", "watchdog.exit.before_dump",
                                              "watchdog.exit.terminate", "watchdog.exit.deferred_sigterm",
                                              "watchdog.records.forget"}, scenario
