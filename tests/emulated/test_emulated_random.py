@@ -15,12 +15,9 @@ import random
 import emu_helpers as H
 import numpy as np
 import pytest
+from helpers.programs import drive, value
 
 pytestmark = pytest.mark.emulated_gpu
-
-
-def _value(rank, i, count, dtype):
-    return ((np.arange(count) % 13) * (rank + 1) + i % 7).astype(dtype)
 
 
 def _program(rank, n, uid, seed, length):
@@ -30,7 +27,7 @@ def _program(rank, n, uid, seed, length):
     dev = comm.device
     rng = random.Random(seed)
     streams = [None, 0, dev.create_stream(), dev.create_stream()]
-    wrong, pending = [], []
+    wrong = []
 
     def issue(i, async_op):
         kind, count = rng.choice(("all_reduce", "in_place", "broadcast", "all_gather", "reduce_scatter", "ring")), \
@@ -45,8 +42,8 @@ def _program(rank, n, uid, seed, length):
         def arr(a):
             return flavour(rt, a, device=dev.device_id)
 
-        mine, kw = _value(rank, i, count, dtype), dict(stream=stream, async_op=async_op)
-        total = sum(_value(k, i, count, dtype) for k in range(n))
+        mine, kw = value(rank, i, count, dtype), dict(stream=stream, async_op=async_op)
+        total = sum(value(k, i, count, dtype) for k in range(n))
         if kind == "all_reduce":
             x, out = arr(mine), arr(np.zeros(count, dtype))
             w, want = comm.all_reduce(x, out, **kw), total
@@ -55,12 +52,12 @@ def _program(rank, n, uid, seed, length):
             w, want = comm.all_reduce(out, **kw), total
         elif kind == "broadcast":
             out = arr(mine)
-            w, want = comm.broadcast(out, root=root, **kw), _value(root, i, count, dtype)
+            w, want = comm.broadcast(out, root=root, **kw), value(root, i, count, dtype)
         elif kind == "all_gather":
             x, out = arr(mine), arr(np.zeros(count * n, dtype))
-            w, want = comm.all_gather(x, out, **kw), np.concatenate([_value(k, i, count, dtype) for k in range(n)])
+            w, want = comm.all_gather(x, out, **kw), np.concatenate([value(k, i, count, dtype) for k in range(n)])
         elif kind == "reduce_scatter":
-            whole = [_value(k, i, count * n, dtype) for k in range(n)]
+            whole = [value(k, i, count * n, dtype) for k in range(n)]
             x, out = arr(whole[rank]), arr(np.zeros(count, dtype))
             w, want = comm.reduce_scatter(x, out, **kw), sum(whole)[rank * count:(rank + 1) * count]
         else:
@@ -68,7 +65,7 @@ def _program(rank, n, uid, seed, length):
             with comm.group():
                 comm.send(x, (rank + 1) % n, **kw)
                 w = comm.recv(out, (rank - 1) % n, **kw)
-            want = _value((rank - 1) % n, i, count, dtype)
+            want = value((rank - 1) % n, i, count, dtype)
         return w, (kind, i, out, want.astype(dtype))
 
     def check(w, item):
@@ -77,33 +74,7 @@ def _program(rank, n, uid, seed, length):
         if not np.array_equal(out.host, want):
             wrong.append((kind, i))
 
-    i = 0
-    while i < length:
-        mode = rng.choice(["blocking", "async", "group", "wait"])
-        if mode == "wait":
-            rng.shuffle(pending)
-            k = rng.randrange(len(pending) + 1)
-            for w, item in pending[:k]:
-                check(w, item)
-            del pending[:k]
-            continue
-        async_op = mode == "async" or (mode == "group" and rng.random() < 0.5)
-        issued = []
-        if mode == "group":
-            with comm.group():
-                for _ in range(rng.randint(1, 5)):
-                    issued.append(issue(i, async_op))
-                    i += 1
-        else:
-            issued.append(issue(i, async_op))
-            i += 1
-        for w, item in issued:
-            if async_op:
-                pending.append((w, item))
-            else:
-                check(w, item)
-    for w, item in pending:
-        check(w, item)
+    drive(comm, rng, length, issue, check)
     comm.destroy()
     return wrong
 

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from helpers.mp import Died, error_and_time, run_ranks
+from helpers.programs import drive, value
 
 import pycoll
 from pycoll import _bindings as B
@@ -85,10 +86,6 @@ def test_a_null_stream_operation_waits_for_the_communicators_operation_on_a_stre
 KINDS = ("all_reduce", "all_reduce_in_place", "broadcast", "all_gather", "reduce_scatter", "ring")
 
 
-def _value(rank, i, count, dtype):
-    return ((np.arange(count) % 13) * (rank + 1) + i % 7).astype(dtype)
-
-
 def _program(rank, n, uid, seed, length):
     """``length`` operations drawn the same on every rank -- kinds, sizes, dtypes, numpy or torch, the
     communicator's stream or one of two others -- issued one by one (blocking or not) or in groups of up to five,
@@ -96,71 +93,44 @@ def _program(rank, n, uid, seed, length):
     comm = pycoll.init(rank, n, unique_id=uid, backend="host", timeout=30)
     rng = random.Random(seed)
     streams = [None, comm.device.new_stream(), comm.device.new_stream()]
-    wrong, pending = [], []
+    wrong = []
 
     def issue(i, async_op):
         kind, count = rng.choice(KINDS), rng.choice([1, 7, 64, 4096, 70000])
         dtype, stream, root = rng.choice([np.float32, np.float64, np.int32]), rng.choice(streams), rng.randrange(n)
         wrap = torch.from_numpy if rng.random() < 0.3 else (lambda a: a)
-        mine = _value(rank, i, count, dtype)
+        mine = value(rank, i, count, dtype)
         out = np.zeros(count * (n if kind == "all_gather" else 1), dtype)
         kw = dict(stream=stream, async_op=async_op)
         if kind == "all_reduce":
-            w, want = comm.all_reduce(wrap(mine), wrap(out), **kw), sum(_value(k, i, count, dtype) for k in range(n))
+            w, want = comm.all_reduce(wrap(mine), wrap(out), **kw), sum(value(k, i, count, dtype) for k in range(n))
         elif kind == "all_reduce_in_place":
             out = mine
-            w, want = comm.all_reduce(wrap(mine), **kw), sum(_value(k, i, count, dtype) for k in range(n))
+            w, want = comm.all_reduce(wrap(mine), **kw), sum(value(k, i, count, dtype) for k in range(n))
         elif kind == "broadcast":
             out = mine
-            w, want = comm.broadcast(wrap(mine), root=root, **kw), _value(root, i, count, dtype)
+            w, want = comm.broadcast(wrap(mine), root=root, **kw), value(root, i, count, dtype)
         elif kind == "all_gather":
             w = comm.all_gather(wrap(mine), wrap(out), **kw)
-            want = np.concatenate([_value(k, i, count, dtype) for k in range(n)])
+            want = np.concatenate([value(k, i, count, dtype) for k in range(n)])
         elif kind == "reduce_scatter":
-            whole = [_value(k, i, count * n, dtype) for k in range(n)]
+            whole = [value(k, i, count * n, dtype) for k in range(n)]
             w = comm.reduce_scatter(wrap(whole[rank]), wrap(out), **kw)
             want = sum(whole)[rank * count:(rank + 1) * count]
         else:  # a send to the next rank and a receive from the one before, in a group of their own or the caller's
             with comm.group():
                 comm.send(wrap(mine), (rank + 1) % n, **kw)
                 w = comm.recv(wrap(out), (rank - 1) % n, **kw)
-            want = _value((rank - 1) % n, i, count, dtype)
+            want = value((rank - 1) % n, i, count, dtype)
         return w, (kind, i, out, want.astype(dtype))
 
-    def check(item):
+    def check(w, item):
+        w.wait()
         kind, i, out, want = item
         if not np.array_equal(out, want):
             wrong.append((kind, i))
 
-    i = 0
-    while i < length:
-        mode = rng.choice(["blocking", "async", "group", "wait"])
-        if mode == "wait":
-            rng.shuffle(pending)
-            k = rng.randrange(len(pending) + 1)
-            for w, item in pending[:k]:
-                w.wait()
-                check(item)
-            del pending[:k]
-            continue
-        if mode == "group":
-            async_op, issued = rng.random() < 0.5, []
-            with comm.group():
-                for _ in range(rng.randint(1, 5)):
-                    issued.append(issue(i, async_op))
-                    i += 1
-        else:
-            async_op = mode == "async"
-            issued = [issue(i, async_op)]
-            i += 1
-        for w, item in issued:
-            if async_op:
-                pending.append((w, item))
-            else:
-                check(item)
-    for w, item in pending:
-        w.wait()
-        check(item)
+    drive(comm, rng, length, issue, check)
     comm.destroy()
     return wrong
 
