@@ -1,3 +1,6 @@
+from cpython.ref cimport PyObject
+
+
 # The compiled Work, for the compiled observer hooks (pycoll/diagnostics/_hooks.pyx) that read its fields.
 
 cdef class _Shared:  # the events of consecutive operations of one group (_core.pyx)
@@ -16,7 +19,22 @@ cdef class Work:
     cdef public object _start, _end, _state, _exc, capture_id, fr_entry
     cdef public long long fr_pos  # the position its flight-recorder entry was written for (entries are reused)
     cdef _Shared _share  # the events it shares with its neighbours in a group, or None
+    # its place among its communicator's outstanding operations (Outstanding): the next one (held), the one before
+    # (borrowed: the chain holds it) and the list holding it (only compared), NULL when none
+    cdef Work _next
+    cdef PyObject* _prev
+    cdef PyObject* _listed
     cdef object __weakref__
+
+
+# A communicator's outstanding operations, oldest first: a list through the Works (no hashing, no allocation).
+
+cdef class Outstanding:
+    cdef Work head
+    cdef PyObject* tail
+    cdef readonly Py_ssize_t n
+    cdef int add(self, Work w) except -1
+    cdef bint discard(self, Work w) noexcept
 
 
 # An observer whose per-operation hooks are compiled: the path calls them without a Python call.
@@ -54,7 +72,8 @@ cdef class CommCore:
     cdef readonly RLock _lock
     cdef readonly Lock _plock, _hlock
     cdef public object _handle, library, device, name, timeout, backend, _rank, _size
-    cdef public object _pending, _events, _failure, _state, _stream, _user
+    cdef public Outstanding _pending  # its outstanding operations, oldest first
+    cdef public object _events, _failure, _state, _stream, _user
     cdef public long long _coll_seq, _p2p_seq, _last_op_id
     cdef public unsigned long _owner  # the ident of the thread that has it (0: none yet, or handed off)
     cdef public int _stream_mode

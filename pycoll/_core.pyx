@@ -21,7 +21,6 @@ Also here: this thread's open group (:func:`open_group`), the observers' compile
 
 cimport cython
 from cpython.buffer cimport PyBuffer_IsContiguous
-from cpython.dict cimport PyDict_Next
 from cpython.number cimport PyIndex_Check, PyNumber_Index
 from cpython.exc cimport PyErr_CheckSignals, PyErr_Clear, PyErr_Fetch, PyErr_Restore
 from cpython.memoryview cimport PyMemoryView_FromObject, PyMemoryView_GET_BUFFER
@@ -516,6 +515,88 @@ cdef class Work:
         return f"<Work {self.op} seq={self.seq} {self._state}{' failed' if self._exc else ''} on {self.comm.name}>"
 
 
+@cython.final
+cdef class Outstanding:
+    """A communicator's outstanding operations, oldest first (``Communicator._pending``, guarded by its ``_plock``).
+
+    A list through the Works themselves: an operation goes in and out with a few pointer writes, where a dict hashed
+    it, grew its table and rebuilt it (about 450 instructions an operation). Iterating gives a snapshot: the list may
+    change meanwhile. A Work is in one list at most."""
+
+    def __len__(self):
+        return self.n
+
+    def __bool__(self):
+        return self.n > 0
+
+    def __iter__(self):
+        return iter(self.snapshot())
+
+    def __contains__(self, w):
+        return isinstance(w, Work) and (<Work>w)._listed == <PyObject*>self
+
+    def __repr__(self):
+        return f"<Outstanding {self.n} operations>"
+
+    def snapshot(self):
+        """The operations as a list, oldest first."""
+        out = []
+        w = self.head
+        while w is not None:
+            out.append(w)
+            w = w._next
+        return out
+
+    def append(self, Work w):
+        """Put ``w`` in, the newest; RuntimeError where it is in a list already."""
+        self.add(w)
+
+    def pop(self, Work w, default=None):
+        """Take ``w`` out; None (or ``default`` where it was not in): a dict's ``pop`` of a key whose value is None."""
+        return None if self.discard(w) else default
+
+    def clear(self):
+        """Take every operation out (one at a time: a long chain is not freed recursively)."""
+        cdef Work w = self.head, nxt
+        self.head, self.tail, self.n = None, NULL, 0
+        while w is not None:
+            nxt, w._next = w._next, None
+            w._prev = w._listed = NULL
+            w = nxt
+
+    def __dealloc__(self):
+        self.clear()
+
+    cdef int add(self, Work w) except -1:
+        if w._listed != NULL:
+            raise RuntimeError(f"{w.op} (seq {w.seq}) is outstanding already")
+        w._prev, w._listed = self.tail, <PyObject*>self
+        if self.tail == NULL:
+            self.head = w
+        else:
+            (<Work>self.tail)._next = w
+        self.tail = <PyObject*>w
+        self.n += 1
+        return 0
+
+    cdef bint discard(self, Work w) noexcept:
+        """Take ``w`` out; False where it was not in (the caller holds a reference to it)."""
+        if w._listed != <PyObject*>self:
+            return False
+        cdef Work nxt = w._next
+        if nxt is None:
+            self.tail = w._prev
+        else:
+            nxt._prev = w._prev
+        if w._prev == NULL:
+            self.head = nxt
+        else:
+            (<Work>w._prev)._next = nxt
+        w._next, w._prev, w._listed = None, NULL, NULL
+        self.n -= 1
+        return True
+
+
 cdef inline int _setup(Work w, object comm, object op, long long seq, long long p2p_seq, long long op_id, object is_p2p,
                         object peer, object timeout, object stream, list inputs, list outputs, object async_op,
                         object capture_id) except -1:
@@ -840,7 +921,7 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
     try:
         if capture is not None:
             return comm._captured(w, call, h, stream, group)
-        if comm._depth and group is None and stream and len(<dict>comm._pending) >= comm._depth:
+        if comm._depth and group is None and stream and comm._pending.n >= comm._depth:
             _wait_room(comm, w, lib, stream)  # its stream may be full: wait here, not in the library call
         previous = _swap_current(comm, dev, drv) if comm._guard_device else None
         try:
@@ -850,7 +931,7 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
                     w._start = ev = _new_event(comm, dev)
                     _record(dev, lib, drv, ev, stream)
                 comm._plock.take(-1)
-                comm._pending[w] = None
+                comm._pending.add(w)
                 comm._plock.give()
             finally:
                 comm._lock.give()
@@ -913,7 +994,7 @@ cdef int _wait_room(CommCore comm, Work w, Library lib, object stream) except -1
         PyErr_CheckSignals()
         if comm._failure is None and comm._state == "active":
             _retire_completed(comm)
-            oldest = next(iter(<dict>comm._pending), None)
+            oldest = comm._pending.head
             if oldest is not None and _monotonic() - (<Work>oldest).t0 > (<Work>oldest).timeout:
                 comm.check(_monotonic())
         if comm._failure is not None:
@@ -1109,7 +1190,7 @@ def pool_trim_after(seconds=None):
 
 
 cdef _retire(CommCore comm, Work w):
-    (<dict>comm._pending).pop(w, None)
+    comm._pending.discard(w)
     cdef list events = comm._events
     _events_back(events, w)
     w.inputs = w.outputs = []  # let the arrays go
@@ -1751,17 +1832,15 @@ cdef int _retire_completed(CommCore comm) except -1:
     rounds, nor for good without a watchdog. Each is refreshed once in all (the work the watchdog's round would do);
     the first incomplete one stops it (one refresh, never a wait); a failure a refresh finds is recorded (and raised
     by the state check after it)."""
-    cdef Py_ssize_t pos = 0
-    cdef PyObject* key
-    cdef PyObject* value
-    cdef dict pending = comm._pending
+    cdef Outstanding pending = comm._pending
     cdef Library lib = _comm_lib(comm)
+    cdef Work w
     dev = comm.device
-    while PyDict_Next(pending, &pos, &key, &value):  # oldest first: the dict keeps issue order
-        w = <Work>key  # a reference of our own: the refresh may let other threads run
+    while pending.head is not None:  # oldest first
+        w = pending.head  # a reference of our own: the refresh may let other threads run
         _refresh(comm, w, dev, lib)
-        if w in pending or comm._failure is not None:  # not retired: incomplete, failed, or left to its owner
-            return 0
+        if w._listed == <PyObject*>pending or comm._failure is not None:  # not retired: incomplete, failed, or
+            return 0                                                      # left to its owner
     return 0
 
 
@@ -1772,7 +1851,7 @@ cdef object _begin(CommCore comm, object what, object stream, bint async_op, obj
     an incomplete one costs its event queries, once per 8 operations); a failure found there is raised here."""
     if comm._state != "active" or comm._failure is not None:
         comm._check_usable(what)
-    if comm._last_op_id % _RETIRE_EVERY == 0 and comm._pending:
+    if comm._last_op_id % _RETIRE_EVERY == 0 and comm._pending.n:
         _retire_completed(comm)
         if comm._failure is not None:
             comm._check_usable(what)

@@ -269,7 +269,7 @@ class Communicator(_core.CommCore):
         self._stream_mode = -1  # how the own stream may run work in other threads (_core._own_stream)
         self._guard_device = device.kind != "host"  # launches run with the communicator's GPU current
         # _lock, _plock and _hlock: made by CommCore (their order is there)
-        self._pending = {}  # the outstanding Works, in issue order (a dict: no reallocation per operation)
+        self._pending = _core.Outstanding()  # the outstanding Works, in issue order
         self._failure = None
         self._failure_handled = threading.Event()  # fail() is done: observers told, the policy has acted
         self._failing_thread = 0  # the thread running fail()
@@ -513,7 +513,7 @@ class Communicator(_core.CommCore):
             self.fail(self._async_exc(code), next(iter(self._pending), None))
             return
         now = time.monotonic() if now is None else now
-        for w in list(self._pending):
+        for w in self._pending.snapshot():
             self.refresh(w)
             if w._state != "completed" and w._exc is None and now - w.t0 > w.timeout:
                 elapsed = now - w.t0
@@ -531,17 +531,17 @@ class Communicator(_core.CommCore):
     def outstanding(self) -> List[Work]:
         """Operations enqueued and not yet retired (oldest first)."""
         with self._plock:
-            return list(self._pending)
+            return self._pending.snapshot()
 
     def next_deadline(self) -> Optional[float]:
         """The earliest ``time.monotonic()`` deadline of the outstanding operations (None: nothing to watch)."""
         if self._failure is not None:
             return None
-        return min((w.t0 + w.timeout for w in list(self._pending)), default=None)
+        return min((w.t0 + w.timeout for w in self._pending.snapshot()), default=None)
 
     def progress(self) -> Progress:
         """The last sequence ids enqueued, started and completed, collectives and point-to-point apart."""
-        return Progress.of(self._coll_seq, self._p2p_seq, list(self._pending))
+        return Progress.of(self._coll_seq, self._p2p_seq, self._pending.snapshot())
 
     def fail(self, exc: BaseException, work: Optional[Work] = None) -> None:
         """Record ``exc`` as this communicator's failure, tell the observers, then act by ``on_failure``.
@@ -699,7 +699,7 @@ class Communicator(_core.CommCore):
         """In a forked child: this communicator belongs to the parent; refuse every use, free nothing."""
         self._state = "inherited"
         self._handle = None
-        self._pending = {}
+        self._pending = _core.Outstanding()
         self._stream = None
         self._events = []
         self._scratch = None
@@ -1005,7 +1005,7 @@ class Communicator(_core.CommCore):
         """Wait for outstanding operations (finalize/destroy flush them anyway): one still running at ``deadline``
         (``timeout`` after the call began) is a :class:`CommTimeout` of ``what`` (``then``: what follows, as the
         message says)."""
-        for w in list(self._pending):
+        for w in self._pending.snapshot():
             try:
                 w.wait(max(1e-3, deadline - time.monotonic()))
             except CommFailure:

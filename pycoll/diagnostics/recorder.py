@@ -152,7 +152,7 @@ class _CommInfo:
         self.failure: Optional[str] = None
         self.closed_at: Optional[float] = None
         self.progress: Optional[Dict[str, int]] = None  # frozen when the communicator fails
-        # the communicator's own dict of outstanding Works, held: a Work holds its communicator, which so stays
+        # the communicator's own list of outstanding Works, held: a Work holds its communicator, which so stays
         # alive -- watched, and named by an exit's dump -- while an operation is outstanding, also once its user
         # dropped it (a process that exits right after an asynchronous operation); empty once they retired
         self.pending: Any = getattr(comm, "_pending", None)

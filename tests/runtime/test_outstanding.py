@@ -146,3 +146,69 @@ def test_a_few_dropped_operations_are_retired_too():
     eight issues: however few there are, none stays."""
     (res,) = run_ranks(_a_few_dropped, 1, _uid(), env={"PYCOLL_WATCHDOG": "0"}, timeout=60)
     assert res == (3, 0), res
+
+
+# -- the list itself (pycoll._core.Outstanding: a list through the Works, a communicator's ``_pending``) -------------
+
+
+def _works(k):
+    from pycoll import _core
+
+    return [_core.Work.__new__(_core.Work) for _ in range(k)]
+
+
+def test_the_outstanding_list_keeps_issue_order_through_removals():
+    from pycoll import _core
+
+    out, other = _core.Outstanding(), _core.Outstanding()
+    a, b, c, d = _works(4)
+    assert not out and len(out) == 0 and list(out) == []
+    for w in (a, b, c):
+        out.append(w)
+    assert len(out) == 3 and out and list(out) == [a, b, c] and b in out and d not in out and "b" not in out
+    assert out.pop(b) is None and list(out) == [a, c] and b not in out
+    assert out.pop(b, "absent") == "absent"  # a dict's pop of a missing key
+    out.append(d)
+    out.append(b)  # taken out, it may come back: the newest
+    assert list(out) == [a, c, d, b]
+    assert out.pop(a) is None and out.pop(b) is None and list(out) == [c, d]  # the oldest and the newest
+    with pytest.raises(RuntimeError, match="outstanding already"):
+        out.append(c)
+    with pytest.raises(RuntimeError, match="outstanding already"):
+        other.append(c)  # one list at most
+    assert other.pop(c, "absent") == "absent" and list(out) == [c, d]  # another list's pop leaves it
+    snapshot = iter(out)
+    out.pop(c)
+    assert list(snapshot) == [c, d]  # iterating gives the list as it was
+    out.clear()
+    assert list(out) == [] and not out and d not in out
+    other.append(d)  # out of the cleared list, free for another
+    assert list(other) == [d]
+
+
+def test_a_long_outstanding_list_goes_without_recursion():
+    """Each Work holds the next: dropping or clearing a list of 200,000 unlinks them one at a time (a recursive
+    release would overflow the C stack), and its Works are free for another list."""
+    from pycoll import _core
+
+    works = _works(200_000)
+    for drop in (True, False):
+        out = _core.Outstanding()
+        for w in works:
+            out.append(w)
+        assert len(out) == len(works)
+        if drop:
+            del out
+            gc.collect()
+        else:
+            out.clear()
+        again = _core.Outstanding()
+        again.append(works[0])
+        again.append(works[-1])
+        assert list(again) == [works[0], works[-1]]
+        again.clear()
+    head = _core.Outstanding()
+    for w in _works(200_000):  # the list holds the only references
+        head.append(w)
+    del head
+    gc.collect()
