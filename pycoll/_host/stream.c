@@ -83,9 +83,18 @@ struct pycollGraph {
 
 struct pycollEvent {
   uint64_t magic;
-  pthread_mutex_t mu;
+  uint32_t lock;    /* a spin lock (spin_lock) over m */
   struct marker* m; /* the most recent record; NULL if never recorded */
 };
+
+/* A spin lock for critical sections of a few instructions (an event's marker, a communicator's last task: every
+ * operation takes such locks several times): two atomic operations, where a mutex's lock and unlock cost about 50
+ * instructions; a holder descheduled meanwhile costs the others yields. */
+static inline void spin_lock(uint32_t* l) {
+  while (__atomic_exchange_n(l, 1, __ATOMIC_ACQUIRE)) sched_yield();
+}
+
+static inline void spin_unlock(uint32_t* l) { __atomic_store_n(l, 0, __ATOMIC_RELEASE); }
 
 static struct marker* marker_new(void) {
   struct marker* m = calloc(1, sizeof *m);
@@ -493,19 +502,11 @@ static void implicit_sync(struct pycollStream* s) {
  * last unfinished task was submitted to waits for that task first: on its stream, behind a wait item; on the NULL
  * stream, in the calling thread. Lists a capture records are ordered when a launch submits them. */
 
-/* order_lock: a spin lock (its holders run a few instructions, an allocation at most), two atomic operations where a
- * mutex costs four times that on every operation */
-static void order_lock(struct ncclComm* c) {
-  while (__atomic_exchange_n(&c->order_lock, 1, __ATOMIC_ACQUIRE)) sched_yield();
-}
-
-static void order_unlock(struct ncclComm* c) { __atomic_store_n(&c->order_lock, 0, __ATOMIC_RELEASE); }
-
 /* The marker fired once `c`'s last submitted task has finished, a reference for the caller; NULL where none is
  * unfinished or it went to `s` (whose queue orders what follows it). Then `last` (NULL: unchanged) is `c`'s last. */
 static struct marker* order_take(struct ncclComm* c, struct pycollStream* s, struct task* last) {
   struct marker* m = NULL;
-  order_lock(c);
+  spin_lock(&c->order_lock);
   struct task* prev = c->order_last;
   if (prev && (!s || c->order_stream != s)) {
     m = prev->after;
@@ -522,7 +523,7 @@ static struct marker* order_take(struct ncclComm* c, struct pycollStream* s, str
     __atomic_store_n(&c->order_last, last, __ATOMIC_RELEASE);
     c->order_stream = s;
   }
-  order_unlock(c);
+  spin_unlock(&c->order_lock);
   return m;
 }
 
@@ -555,12 +556,12 @@ void stream_order_wait(struct task* list) { stream_order(NULL, list); }
 
 void stream_order_done(struct task* t) {
   struct ncclComm* c = t->comm;
-  order_lock(c);
+  spin_lock(&c->order_lock);
   if (c->order_last == t) __atomic_store_n(&c->order_last, NULL, __ATOMIC_RELEASE);
   struct marker* m = t->after;
   t->after = NULL;
   t->ordered = false;
-  order_unlock(c);
+  spin_unlock(&c->order_lock);
   if (m) {
     marker_fire(m);
     marker_release(m);
@@ -929,10 +930,10 @@ NCCL_API int pycollStreamQuery(pycollStream_t s) {
 }
 
 static struct marker* event_current(struct pycollEvent* e) {
-  pthread_mutex_lock(&e->mu);
+  spin_lock(&e->lock);
   struct marker* m = e->m;
   if (m) marker_ref(m);
-  pthread_mutex_unlock(&e->mu);
+  spin_unlock(&e->lock);
   return m;
 }
 
@@ -958,7 +959,6 @@ NCCL_API int pycollEventCreate(pycollEvent_t* event) {
   struct pycollEvent* e = calloc(1, sizeof *e);
   if (!e) return ncclSystemError;
   e->magic = EVENT_MAGIC;
-  pthread_mutex_init(&e->mu, NULL);
   handle_add(e, H_EVENT, 0);
   *event = e;
   return ncclSuccess;
@@ -970,17 +970,16 @@ NCCL_API int pycollEventDestroy(pycollEvent_t e) {
     return ncclInvalidArgument;
   }
   marker_release(e->m);
-  pthread_mutex_destroy(&e->mu);
   e->magic = 0;
   quarantine_free(e);
   return ncclSuccess;
 }
 
 static void event_set(struct pycollEvent* e, struct marker* m) {
-  pthread_mutex_lock(&e->mu);
+  spin_lock(&e->lock);
   struct marker* old = e->m;
   e->m = m;
-  pthread_mutex_unlock(&e->mu);
+  spin_unlock(&e->lock);
   marker_release(old);
 }
 
@@ -988,14 +987,14 @@ static void event_set(struct pycollEvent* e, struct marker* m) {
  * nobody else holds it (a waiter or a query holds a reference while it looks), takes the new time in place --
  * what a new, fired marker would say, without an allocation and a free per record. */
 static bool event_refire(struct pycollEvent* e) {
-  pthread_mutex_lock(&e->mu);
+  spin_lock(&e->lock);
   struct marker* m = e->m;
   bool reuse = m && __atomic_load_n(&m->refs, __ATOMIC_ACQUIRE) == 1 && __atomic_load_n(&m->done, __ATOMIC_ACQUIRE);
   if (reuse) {
     m->t_ns = now_ns();
     m->stream = NULL;
   }
-  pthread_mutex_unlock(&e->mu);
+  spin_unlock(&e->lock);
   return reuse;
 }
 
