@@ -73,7 +73,8 @@ cdef class CommCore:
     cdef readonly Lock _plock, _hlock
     cdef public object _handle, library, device, name, timeout, backend, _rank, _size
     cdef public Outstanding _pending  # its outstanding operations, oldest first
-    cdef public object _events, _failure, _state, _stream, _user
+    cdef public object _events, _failure, _state, _stream
+    cdef public unsigned long _user  # the ident of the thread inside an operation of it now (0: none)
     cdef public long long _coll_seq, _p2p_seq, _last_op_id
     cdef public unsigned long _owner  # the ident of the thread that has it (0: none yet, or handed off)
     cdef public int _stream_mode

@@ -54,7 +54,7 @@ class CommCore:
     _failure: Optional[BaseException]
     _state: str
     _stream: Optional[int]
-    _user: Optional[int]
+    _user: int  # 0: none
     _owner: int
     _last_op_id: int
     _coll_seq: int

@@ -913,10 +913,10 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
     h = comm._handle
     assert h is not None
     group = _open_works()
-    me = PyThread_get_thread_ident()
+    cdef unsigned long me = PyThread_get_thread_ident()
     if comm._owner != me:
         comm._take_over(me, op)  # refused while another thread has it (until hand_off: comm.py)
-    user = comm._user
+    cdef unsigned long user = comm._user
     comm._user = me
     try:
         if capture is not None:
@@ -965,7 +965,7 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
         comm._interrupted(w, f"{op} (seq {w.seq})")  # fail the communicator; its policy has acted on return
         raise
     finally:
-        comm._user = user  # None, or this thread's own (a nested launch)
+        comm._user = user  # 0, or this thread's own (a nested launch)
 
 
 cdef int _wait_room(CommCore comm, Work w, Library lib, object stream) except -1:
@@ -1966,7 +1966,7 @@ cdef int _complete_in_group(Work w) except -1:
     is inside an operation of its communicator meanwhile (the watchdog's SIGINT handling looks for that), and
     Ctrl-C fails the communicator (its policy acts, the peers are told) before the KeyboardInterrupt goes on."""
     cdef CommCore c = w.comm
-    user = c._user
+    cdef unsigned long user = c._user
     c._user = PyThread_get_thread_ident()
     try:
         _complete(c, w, c.device, _comm_lib(c))

@@ -285,7 +285,7 @@ class Communicator(_core.CommCore):
         self._last_op_id = 0  # op_id of the last operation issued (Work.op_id: 1, 2, ...)
         self._reshapes = 0  # split/shrink/grow calls so far: names children identically on every rank
         self._abort_only = False  # after an abortive shrink: released with abort, never destroy
-        self._user = None  # the thread inside an operation now (one at a time)
+        self._user = 0  # the ident of the thread inside an operation now (one at a time; 0: none)
         self._owner_name = ""  # the name of the thread that has it (_owner: its ident; 0: none)
         self._pid = os.getpid()
         self._stream = None
@@ -646,7 +646,7 @@ class Communicator(_core.CommCore):
         """``me`` issues ``op`` but is not this communicator's thread: it becomes it if no thread has
         the communicator (none issued an operation yet, or the last one called :meth:`hand_off`)."""
         user, owner = self._user, self._owner
-        if user is not None and user != me:
+        if user and user != me:
             raise self._refusal(op, "is inside an operation of it")
         if owner:
             raise self._refusal(op, "issued its operations so far and has not handed it off")
@@ -676,7 +676,7 @@ class Communicator(_core.CommCore):
         thread's operations on some ranks and after them on others.
         """
         user = self._user
-        if user is not None and user != threading.get_ident():
+        if user and user != threading.get_ident():
             raise CommStateError(f"communicator {self.name!r}: hand_off() from thread "
                                  f"{threading.current_thread().name!r} while thread {self._owner_name!r} is "
                                  "inside an operation of it")
@@ -693,7 +693,7 @@ class Communicator(_core.CommCore):
     @property
     def busy_thread(self) -> Optional[int]:
         """The ident of the thread inside an operation of this communicator now, or None."""
-        return self._user
+        return self._user or None
 
     def mark_inherited(self) -> None:
         """In a forked child: this communicator belongs to the parent; refuse every use, free nothing."""
