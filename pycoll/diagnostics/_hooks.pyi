@@ -5,8 +5,14 @@ from typing import Any, Dict, List, Optional, final
 
 from .._core import Hook
 
-__all__ = ["Entry", "RecorderCore", "WatchdogCore", "recorder_work_enqueued", "recorder_work_completed",
+__all__ = ["Entry", "RecordIds", "RecorderCore", "WatchdogCore", "recorder_work_enqueued", "recorder_work_completed",
            "watchdog_work_enqueued"]
+
+@final  # cython.final: not subclassable
+class RecordIds:
+    next_id: int
+    def __iter__(self) -> RecordIds: ...
+    def __next__(self) -> int: ...
 
 @final  # cython.final: not subclassable
 class Entry:

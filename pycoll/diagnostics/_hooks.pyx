@@ -22,7 +22,7 @@ from pycoll._core cimport Hook, Work
 from ..buffers import Buffer
 from ..hooks import CommObserver
 
-__all__ = ["Entry", "RecorderCore", "WatchdogCore", "recorder_work_enqueued", "recorder_work_completed",
+__all__ = ["Entry", "RecordIds", "RecorderCore", "WatchdogCore", "recorder_work_enqueued", "recorder_work_completed",
            "watchdog_work_enqueued"]
 
 cdef extern from "../_bindings/frames.h":
@@ -71,6 +71,20 @@ cdef void _free(_Frames* f) noexcept:
     f.codes, f.lastis, f.cap = NULL, NULL, 0
 
 
+@cython.final
+cdef class RecordIds:
+    """The record ids of a generation's operations, 0, 1, 2, ... (``itertools.count()``'s role: ``next(ids)``); the
+    compiled hook takes the next without a call or an int object."""
+    cdef public long long next_id
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        self.next_id += 1
+        return self.next_id - 1
+
+
 # Entries are not tracked by the cyclic garbage collector: the ring keeps thousands of them, and a
 # collection would walk each one over and over. No cycle can run through an entry: it holds ints,
 # strings, shape tuples, code objects and its communicator's _CommInfo, which refers to no entry
@@ -84,8 +98,8 @@ cdef class Entry:
     reused when the ring wraps: ``pos`` says which operation it holds now (``Work.fr_pos`` which
     operation a Work's entry was written for). Readers take a :meth:`snapshot`.
     """
-    cdef readonly long long pos
-    cdef readonly object rid, info, isz, idt, osz, odt, op, peer, root, timeout
+    cdef readonly long long pos, rid
+    cdef readonly object info, isz, idt, osz, odt, op, peer, root, timeout
     cdef readonly long long seq, p2p_seq, op_id, created
     cdef readonly object capture
     cdef object _frozen  # set by freeze() (or "captured")
@@ -166,7 +180,7 @@ cdef class RecorderCore(Hook):
     cdef public int stack_depth
     cdef _Frames _scratch  # where a stack is captured before it is swapped into its entry
     cdef object _last_comm_info  # the _infos entry of the communicator recorded last (None: look it up)
-    cdef object _last_rid  # its record-id counter (set with the entry: no attribute lookup per operation)
+    cdef RecordIds _last_rid  # its record ids (set with the entry: no attribute lookup per operation)
     cdef size_t _last_comm  # that communicator's address (its id)
 
     def __cinit__(self, *args, **kwargs):
@@ -193,7 +207,7 @@ cdef class RecorderCore(Hook):
         cdef Py_ssize_t n = len(ring)
         cdef Entry e
         cdef _Frames old
-        cdef long long pos
+        cdef long long pos, rid
         if n == 0:
             return 0
         comm = w.comm
@@ -212,7 +226,8 @@ cdef class RecorderCore(Hook):
         if slot is None:
             slot = ring[pos % n] = Entry()
         e = <Entry>slot
-        rid = next(self._last_rid)
+        rid = self._last_rid.next_id
+        self._last_rid.next_id = rid + 1
         # one buffer (the usual case): its shape tuple and dtype name as they are, no new objects; several: lists
         cdef list ins = w.inputs
         cdef list outs = w.outputs

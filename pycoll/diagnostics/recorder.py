@@ -76,6 +76,7 @@ from .. import _settings
 from ..buffers import Buffer
 from ..hooks import CommObserver, CommView, WorkView
 from . import _hooks
+from ._hooks import RecordIds
 from .files import default_dump_dir, generation_dir, json_form, write_atomic
 from .stacks import format_stack, is_runtime_frame
 
@@ -131,7 +132,7 @@ class _CommInfo:
     __slots__ = ("ref", "uid", "name", "rank", "size", "global_ranks", "generation", "backend", "lib_prefix",
                  "pg_id", "rid", "lib_version", "state", "failure", "closed_at", "progress", "pending")
 
-    def __init__(self, comm: CommView, pg_id: int, rid: itertools.count[int]) -> None:
+    def __init__(self, comm: CommView, pg_id: int, rid: RecordIds) -> None:
         self.ref = weakref.ref(comm)
         self.uid = str(comm.uid)
         self.name = str(comm.name)
@@ -213,7 +214,7 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         self._lock = threading.Lock()  # guards _infos/_gen_counters and dump bookkeeping
         self._dump_lock = threading.Lock()  # one dump at a time
         self._infos = {}  # id(comm) -> _CommInfo
-        self._gen_counters: Dict[int, itertools.count[int]] = {}
+        self._gen_counters: Dict[int, RecordIds] = {}
         self._pg_ids = itertools.count()
         self._next_pos = 0
         self._ring = []
@@ -319,10 +320,10 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
                 self._infos_changed()
             return info
 
-    def _counter(self, generation: int) -> itertools.count[int]:
+    def _counter(self, generation: int) -> RecordIds:
         rid = self._gen_counters.get(generation)
         if rid is None:
-            rid = self._gen_counters[generation] = itertools.count()
+            rid = self._gen_counters[generation] = RecordIds()
         return rid
 
     def comm_created(self, comm: CommView) -> None:
