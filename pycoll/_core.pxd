@@ -15,7 +15,11 @@ cdef class Work:
     cdef public object comm, op, async_op, is_p2p, peer, root, timeout, stream
     cdef public long long seq, p2p_seq, op_id, time_created_ns  # C: no int object made per operation
     cdef public double t0
-    cdef public object inputs, outputs, time_started_ns, time_completed_ns, duration_ms
+    cdef public object inputs, outputs
+    # time_started_ns, time_completed_ns, duration_ms (properties: None where unset) as C values: no objects made
+    cdef long long _t_started, _t_completed  # wall-clock ns; 0: not yet
+    cdef double _ms  # the events' elapsed time, where _has_ms
+    cdef bint _has_ms
     cdef public object _start, _end, _state, _exc, capture_id, fr_entry
     cdef public long long fr_pos  # the position its flight-recorder entry was written for (entries are reused)
     cdef _Shared _share  # the events it shares with its neighbours in a group, or None

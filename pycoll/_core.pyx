@@ -511,6 +511,34 @@ cdef class Work:
             except Exception:  # released meanwhile (abort, destroy): the next round sees why
                 pass
 
+    @property
+    def time_started_ns(self):
+        """When it was found started (wall clock, ns), or None."""
+        return self._t_started or None
+
+    @time_started_ns.setter
+    def time_started_ns(self, ns):
+        self._t_started = 0 if ns is None else ns
+
+    @property
+    def time_completed_ns(self):
+        """When it was found complete (wall clock, ns), or None."""
+        return self._t_completed or None
+
+    @time_completed_ns.setter
+    def time_completed_ns(self, ns):
+        self._t_completed = 0 if ns is None else ns
+
+    @property
+    def duration_ms(self):
+        """The time between its events (ms; where the events measure time), or None."""
+        return self._ms if self._has_ms else None
+
+    @duration_ms.setter
+    def duration_ms(self, ms):
+        self._has_ms = ms is not None
+        self._ms = ms if self._has_ms else 0.0
+
     def __repr__(self):
         return f"<Work {self.op} seq={self.seq} {self._state}{' failed' if self._exc else ''} on {self.comm.name}>"
 
@@ -1112,6 +1140,7 @@ cdef _refresh(CommCore comm, Work w, object dev, Library lib):
     cdef int timed = -1  # the host library's elapsed time of the two events: 0 (both complete, ms set) or why not
     cdef _Shared s = w._share
     cdef int code = 0
+    cdef long long now = 0  # one clock read for a start and a completion found together
     if s is not None and s.done and end is not None:
         done = started = True  # an operation sharing its events (its group's neighbour) found them complete
         timed, ms = s.timed, s.ms
@@ -1141,25 +1170,25 @@ cdef _refresh(CommCore comm, Work w, object dev, Library lib):
     try:
         if _is_state(w._state, _COMPLETED, "completed") or w._exc is not None or w._start is not start:
             return
-        now = None  # one clock read for a start and a completion found together
         if started and _is_state(w._state, _SCHEDULED, "scheduled"):
             w._state = _STARTED
-            w.time_started_ns = now = _wall_ns(_mono_ns())
+            w._t_started = now = _wall_ns(_mono_ns())
         if not done:
             return
         if code != 0 and code != _IN_PROGRESS:
             failure = comm._async_exc(code)
         else:
             w._state = _COMPLETED
-            w.time_completed_ns = _wall_ns(_mono_ns()) if now is None else now
-            if w.time_started_ns is None:
-                w.time_started_ns = w.time_completed_ns
-            w.duration_ms = None
+            w._t_completed = now if now else _wall_ns(_mono_ns())
+            if not w._t_started:
+                w._t_started = w._t_completed
+            w._has_ms = False
             if timed == 0:
-                w.duration_ms = ms
+                w._ms, w._has_ms = ms, True
             elif comm._timed and end is not None:  # end is set: done
                 try:
-                    w.duration_ms = _elapsed_ms(dev, lib, start, end)
+                    w._ms = _elapsed_ms(dev, lib, start, end)
+                    w._has_ms = True
                 except Exception:
                     pass
             _retire(comm, w)

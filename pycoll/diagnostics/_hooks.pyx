@@ -104,7 +104,9 @@ cdef class Entry:
     cdef readonly object capture
     cdef object _frozen  # set by freeze() (or "captured")
     cdef bint _completed  # completed, at these times (set without making the state's tuple)
-    cdef object _t_started, _t_completed, _duration
+    cdef long long _t_started, _t_completed  # its Work's, as C values
+    cdef double _ms
+    cdef bint _has_ms
     cdef unsigned long _tid
     cdef _Frames _frames
 
@@ -125,7 +127,8 @@ cdef class Entry:
         """The operation's final state, ``(state, started ns, completed ns, duration ms, error)``, or None while
         its Work has it."""
         if self._frozen is None and self._completed:
-            return ("completed", self._t_started, self._t_completed, self._duration, None)
+            return ("completed", self._t_started or None, self._t_completed or None,
+                    self._ms if self._has_ms else None, None)
         return self._frozen
 
     @property
@@ -259,7 +262,7 @@ cdef class RecorderCore(Hook):
         e._tid = PyThread_get_thread_ident()
         e.op, e.seq, e.p2p_seq, e.op_id, e.peer, e.root = w.op, w.seq, w.p2p_seq, w.op_id, w.peer, w.root
         e.timeout, e.created, e._frozen, e.capture = w.timeout, w.time_created_ns, frozen, capture
-        e._completed, e._t_started, e._t_completed, e._duration = False, None, None, None
+        e._completed, e._t_started, e._t_completed, e._has_ms = False, 0, 0, False
         old = e._frames
         e._frames = self._scratch
         self._scratch = old
@@ -274,8 +277,8 @@ cdef class RecorderCore(Hook):
         if w.fr_entry is not None:
             e = <Entry>w.fr_entry
             if e.pos == w.fr_pos:
-                e._completed, e._t_started, e._t_completed, e._duration = (
-                    True, w.time_started_ns, w.time_completed_ns, w.duration_ms)
+                e._completed, e._t_started, e._t_completed = True, w._t_started, w._t_completed
+                e._ms, e._has_ms = w._ms, w._has_ms
         return 0
 
 

@@ -212,3 +212,15 @@ def test_a_long_outstanding_list_goes_without_recursion():
         head.append(w)
     del head
     gc.collect()
+
+
+def test_a_works_times_read_none_until_set_and_a_zero_duration_stays_zero():
+    """time_started_ns, time_completed_ns and duration_ms are C values behind properties: None until set (or set to
+    None), what was set after; a duration of 0.0 ms is a duration, not None."""
+    (w,) = _works(1)
+    assert (w.time_started_ns, w.time_completed_ns, w.duration_ms) == (None, None, None)
+    w.time_started_ns, w.time_completed_ns, w.duration_ms = 1_700_000_000_000_000_000, 1_700_000_000_000_001_000, 0.0
+    assert (w.time_started_ns, w.time_completed_ns, w.duration_ms) == (
+        1_700_000_000_000_000_000, 1_700_000_000_000_001_000, 0.0)
+    w.time_started_ns = w.time_completed_ns = w.duration_ms = None
+    assert (w.time_started_ns, w.time_completed_ns, w.duration_ms) == (None, None, None)
