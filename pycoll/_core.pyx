@@ -377,6 +377,7 @@ cdef object _seconds(object value, bint positive):
 
 
 @cython.freelist(16)
+@cython.trashcan(True)  # a Work holds the next outstanding one (Outstanding): a long chain is freed without recursion
 cdef class Work:
     """One operation on a :class:`~pycoll.Communicator`.
 
@@ -544,6 +545,7 @@ cdef class Work:
 
 
 @cython.final
+@cython.no_gc_clear  # the collector leaves the chain to __dealloc__, which unlinks it one Work at a time
 cdef class Outstanding:
     """A communicator's outstanding operations, oldest first (``Communicator._pending``, guarded by its ``_plock``).
 
