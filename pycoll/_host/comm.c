@@ -4,6 +4,7 @@
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "debug.h"
@@ -192,11 +193,16 @@ ncclResult_t comm_attach(struct ncclComm* c, struct seg* s, int rank) {
     p->same_process = p->proc.pid == me.pid && p->proc.pidns == me.pidns;
     if (!p->same_process && p->proc.pidns == me.pidns) {
       /* a peer may already have finished and exited: that only matters if we ever wait for it */
-      p->pidfd = pidfd_open_pid(p->proc.pid);
-      if (p->pidfd < 0 || proc_alive(&p->proc) == 0) {
+      int fd = pidfd_open_pid(p->proc.pid);
+      p->pidfd = fd >= 0 ? fd : -1;
+      if (fd == -ESRCH || proc_alive(&p->proc) == 0) {
         if (p->pidfd >= 0) close(p->pidfd);
         p->pidfd = -1;
         p->gone = true;
+      } else if (fd < 0) { /* alive, but no pidfd: the exit watcher cannot see it, the waiters read /proc */
+        p->read_proc = true;
+        INFO("rank %d: no pidfd for rank %d (pid %d): %s; its exit is found through its life word, else by reading "
+             "/proc every PYCOLL_HOST_PEER_CHECK_NS", rank, k, p->proc.pid, strerror(-fd));
       }
     }
   }
@@ -242,8 +248,11 @@ void comm_teardown(struct ncclComm* c, int final_state) {
 
 bool comm_peer_died(struct ncclComm* c, int k, bool check_process) {
   if (__atomic_load_n(&c->peers[k].gone, __ATOMIC_ACQUIRE)) return true;
-  if (!(__atomic_load_n(&c->seg.ctrl[k].life, __ATOMIC_ACQUIRE) & FUTEX_OWNER_DIED))
-    return check_process && c->peers[k].pidfd >= 0 && pidfd_exited(c->peers[k].pidfd);
+  if (!(__atomic_load_n(&c->seg.ctrl[k].life, __ATOMIC_ACQUIRE) & FUTEX_OWNER_DIED)) {
+    if (!check_process) return false;
+    struct peer* p = &c->peers[k];
+    return p->pidfd >= 0 ? pidfd_exited(p->pidfd) == 1 : p->read_proc && proc_alive(&p->proc) == 0;
+  }
   /* the kernel woke one waiter of the word at most: wake this segment's others */
   if (!__atomic_exchange_n(&c->peers[k].gone, true, __ATOMIC_ACQ_REL)) {
     doorbell_wake(&c->seg.hdr->bell);

@@ -17,8 +17,9 @@ enum abort_reason { AB_NONE = 0, AB_USER, AB_REVOKE, AB_SHRINK, AB_INIT };
 
 struct peer {
   struct proc_id proc;
-  int pidfd;          /* -1 when not watched (same process, other pid namespace) */
+  int pidfd;          /* -1 when not watched so (same process, other pid namespace, no pidfd to be had) */
   bool same_process;
+  bool read_proc; /* of this pid namespace but without a pidfd (the kernel refused one): /proc says when it exits */
   bool gone; /* exited: when this rank attached, or found by the exit watcher since (atomic) */
 };
 
@@ -142,7 +143,8 @@ ncclResult_t comm_wait_pending(struct ncclComm* c, bool abortable);
 
 /* True when peer `k`'s process is known to be dead: marked gone (the exit watcher saw its pidfd fire),
  * or its life word (segment.h) says so -- then it is marked gone and the segment's sleepers are woken --
- * or, with `check_process`, its pidfd is readable now (a poll). Two loads when alive and not checked. */
+ * or, with `check_process`, its pidfd is readable now (a poll), or, where it has none, /proc says it
+ * exited. Two loads when alive and not checked. */
 bool comm_peer_died(struct ncclComm* c, int k, bool check_process);
 /* Peer health while waiting on it: ncclSuccess, or the error to report. */
 ncclResult_t comm_check_peer(struct ncclComm* c, int peer, bool check_process, char* text, size_t len);

@@ -11,11 +11,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static uint64_t read_start_time(int32_t pid, char* state) {
+/* The start time of process `pid` (0: none such, or unreadable: `*unknown` then says which). */
+static uint64_t read_start_time(int32_t pid, char* state, bool* unknown) {
   char path[64], buf[1024];
   snprintf(path, sizeof path, "/proc/%d/stat", pid);
   int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
+  if (fd < 0) {
+    if (unknown) *unknown = errno != ENOENT && errno != ESRCH; /* out of descriptors, no /proc to read... */
+    return 0;
+  }
   ssize_t n = read(fd, buf, sizeof buf - 1);
   close(fd);
   if (n <= 0) return 0;
@@ -43,7 +47,7 @@ void proc_self(struct proc_id* out) {
   pid_t me = getpid();
   if (cached_pid != me) { /* recompute after fork */
     cached.pid = me;
-    cached.start = read_start_time(me, NULL);
+    cached.start = read_start_time(me, NULL, NULL);
     cached.pidns = read_pidns();
     cached_pid = me;
   }
@@ -53,10 +57,11 @@ void proc_self(struct proc_id* out) {
 int proc_alive(const struct proc_id* p) {
   struct proc_id me;
   proc_self(&me);
-  if (p->pid <= 0 || p->pidns != me.pidns) return -1;
+  if (p->pid <= 0 || p->pidns != me.pidns || me.start == 0) return -1; /* me.start 0: no /proc to read */
   char state = 0;
-  uint64_t start = read_start_time(p->pid, &state);
-  if (start == 0) return 0;
+  bool unknown = false;
+  uint64_t start = read_start_time(p->pid, &state, &unknown);
+  if (start == 0) return unknown ? -1 : 0;
   if (p->start && start != p->start) return 0;
   if (state == 'Z' || state == 'X') return 0;
   return 1;

@@ -84,7 +84,7 @@ void doorbell_sleep(struct doorbell* d, uint64_t timeout_ns, bool (*still_blocke
 
 int pidfd_open_pid(int32_t pid) {
   long fd = syscall(SYS_pidfd_open, pid, 0);
-  return fd < 0 ? -1 : (int)fd;
+  return fd < 0 ? -(errno ? errno : ESRCH) : (int)fd;
 }
 
 int pidfd_exited(int fd) {

@@ -25,6 +25,8 @@ void doorbell_wake(struct doorbell* d);
 int futex_wait(uint32_t* addr, uint32_t expected, uint64_t timeout_ns, bool shared);
 void futex_wake(uint32_t* addr, bool shared);
 
+/* A pidfd of process `pid`, or -errno: -ESRCH where it is gone; -ENOSYS, -EPERM (a kernel before 5.3, a seccomp
+ * filter), -EMFILE (out of descriptors) and the like where the process may live but cannot be watched so. */
 int pidfd_open_pid(int32_t pid);
 /* 1 when the process behind `fd` has exited (also as a zombie), 0 when running. */
 int pidfd_exited(int fd);
