@@ -299,7 +299,7 @@ def _give_up_init(store: Any, base: str, uid: Any, rank: int, exc: BaseException
     first rank to give up is the one named (the others' errors follow from its). Best effort: the store may be what
     failed."""
     _fp.hit(FP_INIT_GIVEN_UP)
-    what = f"rank {rank} gave the init up ({type(exc).__name__}{': ' + str(exc)[:200] if str(exc) else ''})"
+    what = f"rank {rank} gave the init up ({type(exc).__name__}{': ' + str(exc)[:1000] if str(exc) else ''})"
     try:
         store.compare_set(f"{base}/unique_id", bytes(uid), _GIVEN_UP + what.encode())
     except Exception as e:

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "debug.h"
@@ -248,6 +249,16 @@ ncclResult_t rendezvous_join(const struct rendezvous* r, struct seg* out) {
       err = shm_create_map(s.name, L.total, init_header, &(struct init_arg){r, &L}, &base);
       if (err == EEXIST) continue;
       size = L.total;
+    }
+    if (err == ENOSPC) {
+      struct statvfs fs;
+      double mib = 1024.0 * 1024.0, free_mib = statvfs(SHM_DIR, &fs) == 0 ? (double)fs.f_bavail * fs.f_frsize / mib : -1;
+      snprintf(text, sizeof text,
+               "%s : not enough shared memory in %s for the communicator's segment: %d ranks need %.1f MiB, %.1f MiB "
+               "are free (a container's /dev/shm is often 64 MiB: give it more, e.g. docker run --shm-size=1g)",
+               r->opname, SHM_DIR, r->nranks, (double)L.total / mib, free_mib);
+      CWARN(r->comm, "%s", text);
+      return ncclSystemError;
     }
     if (err != 0) {
       snprintf(text, sizeof text, "%s : cannot create or map shared memory %s%s: %s", r->opname, SHM_DIR, s.name,

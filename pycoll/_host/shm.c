@@ -155,6 +155,11 @@ int shm_create_map(const char* name, size_t size, void (*init)(void* base, void*
     err = errno;
     goto fail;
   }
+  /* The pages now, not at their first touch: a tmpfs too small for the segment (a container's 64 MiB /dev/shm)
+   * is ENOSPC here instead of a SIGBUS in whichever rank first writes past the room there was. */
+  err = posix_fallocate(fd, 0, (off_t)size);
+  if (err == EOPNOTSUPP || err == EINVAL) err = 0; /* a filesystem that cannot: pages at first touch, as before */
+  if (err) goto fail;
   p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
     err = errno;

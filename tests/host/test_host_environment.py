@@ -1,11 +1,15 @@
-"""The host library on machines that give it less: a kernel that refuses pidfds.
+"""The host library on machines that give it less: a small ``/dev/shm``, a kernel that refuses pidfds.
 
+* A container's ``/dev/shm`` is often 64 MiB, and the segment of a communicator of 8 ranks takes 35 MiB. The
+  segment's pages are taken when it is created (``posix_fallocate``): a ``/dev/shm`` too small for it is a clear
+  error at the communicator's creation, not a SIGBUS in the rank that first writes past the room there was.
 * ``pidfd_open`` is refused before Linux 5.3, by some seccomp filters and under valgrind (ENOSYS, EPERM), and fails
   when a process is out of descriptors (EMFILE). A peer without a pidfd was taken for gone: the first wait for it
   long enough to look at its process (1 ms) failed with "rank k exited". Such a peer is now watched through its
   life word and /proc.
 
-The refused syscalls come from a ``syscall`` wrapper preloaded into the ranks.
+The small ``/dev/shm`` is a tmpfs mounted over it in a mount namespace of the test's own (``unshare -m``: root, or
+a kernel that lets the user make one); the refused syscalls come from a ``syscall`` wrapper preloaded into the ranks.
 """
 
 from __future__ import annotations
@@ -34,6 +38,73 @@ def _run_all(procs: list, timeout: float) -> list:
             p.kill()
             p.wait()
     return [(p.returncode, out, err) for p, (out, err) in zip(procs, outs, strict=True)]
+
+
+# ---- a /dev/shm too small for the segment ---------------------------------------------------------------------
+
+SHM_RANK = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import pycoll
+    from pycoll.errors import CommAborted, NCCLSystemError
+    try:
+        comm = pycoll.init(backend="host", timeout=30, name="shm")
+    except (NCCLSystemError, CommAborted) as e:  # a rank whose init found the first one's given up: CommAborted
+        print("init failed:", type(e).__name__, e)
+        sys.exit(0)
+    x = np.ones(4 << 20, np.float32)  # 16 MiB: the chunks go through the whole of each rank's inbox
+    comm.all_reduce(x)
+    assert (x == comm.size).all(), x[:4]
+    print("ok")
+    comm.destroy()
+""")
+
+
+def _private_shm_ok() -> bool:
+    if shutil.which("unshare") is None or sys.platform != "linux":
+        return False
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"],
+                           capture_output=True, timeout=30)
+    return probe.returncode == 0
+
+
+@pytest.fixture(scope="module")
+def private_shm():
+    if not _private_shm_ok():
+        pytest.skip("needs a mount namespace of its own with a tmpfs over /dev/shm (unshare -m; root)")
+
+
+def _ranks_in_small_shm(tmp_path, size: str, n: int) -> tuple:
+    script = tmp_path / "rank.py"
+    script.write_text(SHM_RANK)
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # the launcher and its ranks in one mount namespace, whose /dev/shm is a fresh tmpfs of `size`; it goes with them
+    cmd = ["unshare", "-m", "sh", "-c", f'mount -t tmpfs -o size={size} tmpfs /dev/shm && exec "$@"', "sh",
+           sys.executable, "-m", "pycoll.run", "-n", str(n), "--timeout", "60", str(script)]
+    (rc, out, err), = _run_all([subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                                 text=True, start_new_session=True)], timeout=90)
+    return rc, out + err
+
+
+def test_a_dev_shm_too_small_for_the_segment_fails_the_creation_clearly(private_shm, tmp_path):
+    """Two ranks need a 7 MiB segment; /dev/shm has 4 MiB. Before, the segment was made sparse, the creation
+    succeeded and the 16 MiB all_reduce killed a rank with SIGBUS as it wrote past 4 MiB. Now every rank's
+    creation fails with an error that says what is missing and what to do."""
+    rc, text = _ranks_in_small_shm(tmp_path, "4m", 2)
+    assert "SIGBUS" not in text and "ok" not in text.split(), text
+    assert rc == 0, text
+    fails = [line for line in text.splitlines() if "init failed:" in line]
+    assert len(fails) == 2, text
+    for line in fails:
+        assert "not enough shared memory in /dev/shm" in line, line
+        assert "2 ranks need" in line and "MiB are free" in line and "--shm-size" in line, line
+
+
+def test_a_dev_shm_with_room_for_the_segment_serves_it_whole(private_shm, tmp_path):
+    """The same ranks with 16 MiB of /dev/shm: the segment's pages are all there, the all_reduce is right."""
+    rc, text = _ranks_in_small_shm(tmp_path, "16m", 2)
+    assert rc == 0, text
+    assert text.split().count("ok") == 2, text
 
 
 # ---- no pidfds -------------------------------------------------------------------------------------------------
