@@ -57,6 +57,7 @@ struct task {
   int phase;
   int wait_idx;
   int wait_peer;
+  uint32_t polls; /* of the peers' arrivals at this step, while below ARRIVE_QUIET_POLLS (coll.c) */
   size_t piece; /* elements per step (per block for the block-wise collectives) */
   uint32_t nchunks; /* pipelined AllReduce/Reduce: chunks of `piece` elements (nsteps = nchunks + 1) */
   bool stream_out;  /* write the output with streaming stores */
