@@ -1,8 +1,9 @@
 """The host library on machines that give it less: a small ``/dev/shm``, a kernel that refuses pidfds.
 
-* A container's ``/dev/shm`` is often 64 MiB, and the segment of a communicator of 8 ranks takes 35 MiB. The
-  segment's pages are taken when it is created (``posix_fallocate``): a ``/dev/shm`` too small for it is a clear
-  error at the communicator's creation, not a SIGBUS in the rank that first writes past the room there was.
+* A container's ``/dev/shm`` is often 64 MiB, and the segment of a communicator of 8 ranks takes 35 MiB. Where
+  room is short (less than 16 segments' worth free) the segment's pages are taken when it is created
+  (``posix_fallocate``): a ``/dev/shm`` too small for it is a clear error at the communicator's creation, not a
+  SIGBUS in the rank that first writes past the room there was.
 * ``pidfd_open`` is refused before Linux 5.3, by some seccomp filters and under valgrind (ENOSYS, EPERM), and fails
   when a process is out of descriptors (EMFILE). A peer without a pidfd was taken for gone: the first wait for it
   long enough to look at its process (1 ms) failed with "rank k exited". Such a peer is now watched through its
