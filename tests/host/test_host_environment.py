@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -30,12 +31,18 @@ pytestmark = pytest.mark.timeout(120)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _run_all(procs: list, timeout: float) -> list:
-    """The (returncode, stdout, stderr) of each of ``procs``, which are killed and reaped whatever happens."""
+def _run_all(procs: list, timeout: float, groups: bool = False) -> list:
+    """The (returncode, stdout, stderr) of each of ``procs``, which are killed and reaped whatever happens; with
+    ``groups`` (each started in a session of its own) their process groups too: a launcher's ranks go with it."""
     try:
         outs = [p.communicate(timeout=timeout) for p in procs]
     finally:
         for p in procs:
+            if groups:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             p.kill()
             p.wait()
     return [(p.returncode, out, err) for p, (out, err) in zip(procs, outs, strict=True)]
@@ -83,7 +90,7 @@ def _ranks_in_small_shm(tmp_path, size: str, n: int) -> tuple:
     cmd = ["unshare", "-m", "sh", "-c", f'mount -t tmpfs -o size={size} tmpfs /dev/shm && exec "$@"', "sh",
            sys.executable, "-m", "pycoll.run", "-n", str(n), "--timeout", "60", str(script)]
     (rc, out, err), = _run_all([subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                                 text=True, start_new_session=True)], timeout=90)
+                                                 text=True, start_new_session=True)], timeout=90, groups=True)
     return rc, out + err
 
 
