@@ -28,6 +28,19 @@ def _gcc(out_dir: str, name: str, source: str, *flags: str) -> str:
     return path
 
 
+def preload_kit(d: str, shim: str, rank: str, what: str) -> str:
+    """Folder ``d`` with ``shim.so`` (C source ``shim``: a wrapper to preload into ranks, LD_PRELOAD) and ``rank.py``
+    (the ranks' script ``rank``); skips the test without gcc, naming ``what`` the wrapper is."""
+    if shutil.which("gcc") is None:
+        pytest.skip(f"gcc is needed to build the {what}")
+    with open(os.path.join(d, "shim.c"), "w") as f:
+        f.write(shim)
+    _gcc(d, "shim.so", os.path.join(d, "shim.c"), "-ldl")
+    with open(os.path.join(d, "rank.py"), "w") as f:
+        f.write(rank)
+    return d
+
+
 def build_fakes(d: str) -> Dict[str, str]:
     """Build the fakes into folder ``d``: paths of "nccl", "host", "rccl" and "plain" (not NCCL at all)."""
     if shutil.which("gcc") is None:

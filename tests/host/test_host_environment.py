@@ -21,9 +21,10 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
-from helpers.fake_nccl import _gcc
+from helpers.fake_nccl import preload_kit
 from helpers.host_util import uid
 
 pytestmark = pytest.mark.timeout(120)
@@ -172,13 +173,7 @@ PIDFD_RANK = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def syscall_shim(tmp_path_factory):
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc is needed to build the syscall wrapper")
-    d = tmp_path_factory.mktemp("nopidfd")
-    (d / "shim.c").write_text(SHIM)
-    _gcc(str(d), "shim.so", str(d / "shim.c"), "-ldl")
-    (d / "rank.py").write_text(PIDFD_RANK)
-    return d
+    return Path(preload_kit(str(tmp_path_factory.mktemp("nopidfd")), SHIM, PIDFD_RANK, "syscall wrapper"))
 
 
 @pytest.mark.parametrize("robust", [True, False], ids=["life-word", "no-robust-list"])

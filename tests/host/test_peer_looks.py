@@ -11,13 +11,13 @@ library's other polls wait).
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
-from helpers.fake_nccl import _gcc
+from helpers.fake_nccl import preload_kit
 from helpers.host_util import uid
 
 pytestmark = pytest.mark.timeout(120)
@@ -71,13 +71,7 @@ RANK = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def shim(tmp_path_factory):
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc is needed to build the poll wrapper")
-    d = tmp_path_factory.mktemp("looks")
-    (d / "shim.c").write_text(SHIM)
-    _gcc(str(d), "shim.so", str(d / "shim.c"), "-ldl")
-    (d / "rank.py").write_text(RANK)
-    return d
+    return Path(preload_kit(str(tmp_path_factory.mktemp("looks")), SHIM, RANK, "poll wrapper"))
 
 
 def _run(d, mode: str, env: dict) -> list:
