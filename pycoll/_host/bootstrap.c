@@ -252,7 +252,8 @@ ncclResult_t rendezvous_join(const struct rendezvous* r, struct seg* out) {
     }
     if (err == ENOSPC) {
       struct statvfs fs;
-      double mib = 1024.0 * 1024.0, free_mib = statvfs(SHM_DIR, &fs) == 0 ? (double)fs.f_bavail * fs.f_frsize / mib : -1;
+      double mib = 1024.0 * 1024.0;
+      double free_mib = statvfs(SHM_DIR, &fs) == 0 ? (double)fs.f_bavail * fs.f_frsize / mib : -1;
       snprintf(text, sizeof text,
                "%s : not enough shared memory in %s for the communicator's segment: %d ranks need %.1f MiB, %.1f MiB "
                "are free (a container's /dev/shm is often 64 MiB: give it more, e.g. docker run --shm-size=1g)",

@@ -1020,8 +1020,9 @@ int coll_progress(struct task* t) {
           if (k == me) continue;
           if (__atomic_load_n(&s->ctrl[k].arrive, __ATOMIC_ACQUIRE) < S + 1) {
             t->wait_peer = k;
-            /* the peer's collective is read once a wait has lasted a few polls: a wait that ends sooner leaves the
-             * line the peer writes as it starts its next collective alone (two ranks: 20-40 ns of an 8-byte AllReduce) */
+            /* the peer's collective is read once a wait has lasted a few polls: a wait that ends sooner leaves
+             * the line the peer writes as it starts its next collective alone (two ranks: 20-40 ns of an 8-byte
+             * AllReduce) */
             if (t->polls < ARRIVE_QUIET_POLLS) t->polls++;
             else if (peer_diverged(t, k, arrived)) return PROG_DONE;
             return moved ? PROG_MOVED : PROG_BLOCKED;

@@ -165,7 +165,8 @@ int shm_create_map(const char* name, size_t size, void (*init)(void* base, void*
    * ms, which a shrink's new communicator would add to a recovery of 5. */
   struct statvfs fs;
   if (fstatvfs(fd, &fs) != 0 || (uint64_t)fs.f_bavail * fs.f_frsize / RESERVE_FACTOR < (uint64_t)size) {
-    err = posix_fallocate(fd, 0, (off_t)size);
+    do err = posix_fallocate(fd, 0, (off_t)size); /* a signal interrupts a large one: go on */
+    while (err == EINTR);
     if (err == EOPNOTSUPP || err == EINVAL) err = 0; /* a filesystem that cannot: pages at first touch, as before */
     if (err) goto fail;
   }
