@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 
 import numpy as np
 import pytest
@@ -142,13 +143,17 @@ def test_random_programs_over_three_streams_give_every_result(n, seed):
 
 def _ordered_failpoint(rank, n, uid, spec):
     """A large all_reduce on one stream, then a small one on another (made to wait for the first: there the
-    failpoint acts on rank 1). Returns this rank's error and time over both."""
+    failpoint acts on rank 1). Returns this rank's error and time over both. Rank 0 issues its first 0.3 s late,
+    so rank 1's first is surely unfinished when rank 1 issues the second (else the second has nothing to wait
+    for: on a loaded machine rank 1's thread was once held off the CPU while both ranks' first ones ran)."""
     if rank == 1:
         os.environ["PYCOLL_FAILPOINTS"] = spec
     comm = pycoll.init(rank, n, unique_id=uid, backend="host", timeout=4)
     s1, s2 = comm.device.new_stream(), comm.device.new_stream()
 
     def both():
+        if rank == 0:
+            time.sleep(0.3)
         first = comm.all_reduce(np.ones(BIG, np.float32), stream=s1, async_op=True)
         second = comm.all_reduce(np.ones(4, np.float32), stream=s2, async_op=True)
         first.wait()
