@@ -57,6 +57,7 @@ from typing import Iterator, List, Literal, Mapping, Optional, overload
 
 from ..errors import RankDiscoveryError, StoreError
 from ..store import DEFAULT_TIMEOUT, MemoryStore, PrefixStore, Store, TCPStore, wrap_torch_store
+from ..store.tcp_server import unauthenticated_for
 
 __all__ = [
     "RankInfo",
@@ -502,7 +503,8 @@ def open_store(
         bind = _LOOPBACK if single_node else "0.0.0.0"
     try:
         return TCPStore.hosting(bind, info.store_port, info.store_token, timeout=timeout,
-                                connect_timeout=connect_timeout)
+                                connect_timeout=connect_timeout,
+                                max_unauthenticated=unauthenticated_for(info.world_size))
     except StoreError as exc:
         raise StoreError(f"rank 0 could not host the store on {bind}:{info.store_port} ({exc}); "
                          f"choose another port with {ENV_STORE_PORT}") from None

@@ -111,6 +111,7 @@ from .. import _settings, failpoints as _fp
 from .._procs import boot_id, stat_fields, task_files
 from ..errors import StoreError, StoreTimeout
 from ..store import Store, TCPStore, TCPStoreServer
+from ..store.tcp_server import unauthenticated_for
 from . import discovery
 from .keys import (
     KEY_ABORT,
@@ -550,7 +551,8 @@ class _Launcher:
         if cfg.node_rank == 0:
             bind = cfg.store_bind if cfg.store_bind is not None else cfg.master_addr
             try:
-                self.server = TCPStoreServer(bind, cfg.master_port, self.token).start()
+                self.server = TCPStoreServer(bind, cfg.master_port, self.token,
+                                             max_unauthenticated=unauthenticated_for(self.world)).start()
             except StoreError as exc:
                 raise SystemExit(f"pycoll-run: cannot host the store: {exc}") from None
             self.store_port = self.server.port

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hmac
 import logging
 import os
+import random
 import secrets
 import socket
 import threading
@@ -64,7 +65,7 @@ from .base import (
     _timeout_error,
     _to_bytes,
 )
-from .tcp_server import TCPStoreServer
+from .tcp_server import DEFAULT_MAX_UNAUTHENTICATED, TCPStoreServer
 
 __all__ = ["TCPStore"]
 
@@ -73,10 +74,16 @@ _log = logging.getLogger("pycoll.store")
 
 FP_BEFORE_REQUEST = _fp.declare("store.request.before", "the TCP store client, before a request")
 FP_AFTER_REQUEST = _fp.declare("store.request.after", "the TCP store client, after the reply")
+FP_HANDSHAKE = _fp.declare("store.connect.handshake", "the TCP store client, a new connection greeted by the server, "
+                           "before the client's answer")
 
 
 class _ReplyTooLarge(Exception):
     """A reply larger than the client's ``max_message``: the store is there, the client refuses what it sent."""
+
+
+class _Shed(StoreError):
+    """The server closed a new connection before it answered the handshake: it sheds load (tried again)."""
 
 
 class _UnknownOp(StoreError):
@@ -147,7 +154,9 @@ class TCPStore(Store):
     """A client of a :class:`TCPStoreServer`.
 
     Connects (and authenticates) at construction, retrying refused connections until
-    ``connect_timeout`` since ranks may start before the server. Threads share the client: each
+    ``connect_timeout`` since ranks may start before the server, and connections the server closes
+    before it answers the handshake (it sheds them while more than its ``max_unauthenticated`` wait,
+    as when hundreds of ranks connect at once). Threads share the client: each
     concurrent call uses its own connection from a small pool, so one thread's blocked ``get`` never
     delays another's ``set``. After ``fork`` the child opens its own connections.
 
@@ -203,14 +212,17 @@ class TCPStore(Store):
         token: Union[str, bytes, None] = None,
         *,
         max_message: int = DEFAULT_MAX_MESSAGE,
+        max_unauthenticated: int = DEFAULT_MAX_UNAUTHENTICATED,
         **kwargs: Any,
     ) -> TCPStore:
         """Start a :class:`TCPStoreServer` in this process and return a client that owns it.
 
         Closing the returned client stops the server: every other client then loses the store.
-        The server is available as the client's ``server`` attribute.
+        The server is available as the client's ``server`` attribute. ``max_message`` and
+        ``max_unauthenticated`` are the server's (and ``max_message`` the client's) limits.
         """
-        server = TCPStoreServer(bind, port, token, max_message=max_message).start()
+        server = TCPStoreServer(bind, port, token, max_message=max_message,
+                                max_unauthenticated=max_unauthenticated).start()
         try:
             client = cast(TCPStore, server.client(max_message=max_message, **kwargs))
         except BaseException:
@@ -241,18 +253,24 @@ class TCPStore(Store):
                 sock = socket.create_connection((self.host, self.port), timeout=max(0.05, min(remaining, 10.0)))
             except (OSError, socket.gaierror) as exc:
                 last = exc
-                if time.monotonic() + delay >= deadline:
-                    raise StoreTimeout(f"could not connect to the store at {self._where()} within "
-                                       f"{self.connect_timeout:g} s (last error: {last})") from None
-                time.sleep(delay)
-                delay = min(delay * 2, 0.5)
-                continue
-            try:
-                # the handshake counts against the same deadline (a floor keeps a last try possible)
-                return self._handshake(sock, max(deadline - time.monotonic(), 0.5))
-            except BaseException:
-                sock.close()
-                raise
+            else:
+                try:
+                    # the handshake counts against the same deadline (a floor keeps a last try possible)
+                    return self._handshake(sock, max(deadline - time.monotonic(), 0.5))
+                except _Shed as exc:
+                    # closed before it answered: a pycoll server sheds connections that have not authenticated
+                    # when more than its max_unauthenticated wait (hundreds of ranks connecting at once, a round
+                    # trip apart), or when it is out of descriptors or connections; it takes this one later
+                    sock.close()
+                    last = exc
+                except BaseException:
+                    sock.close()
+                    raise
+            if time.monotonic() + delay >= deadline:
+                raise StoreTimeout(f"could not connect to the store at {self._where()} within "
+                                   f"{self.connect_timeout:g} s (last error: {last})") from None
+            time.sleep(delay * random.uniform(0.5, 1.5))  # the ones refused or shed together come back spread out
+            delay = min(delay * 2, 0.5)
 
     def _handshake(self, sock: socket.socket, timeout: float) -> _ClientConn:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -265,6 +283,7 @@ class TCPStore(Store):
                 raise StoreError(f"{self._where()} is not a pycoll store (unexpected greeting)")
             if version != _VERSION:
                 raise StoreError(f"the store at {self._where()} speaks protocol {version}, this client {_VERSION}")
+            _fp.hit(FP_HANDSHAKE)
             client_nonce = secrets.token_bytes(_NONCE)
             sock.sendall(_CLIENT_HELLO.pack(_MAGIC, _VERSION, client_nonce,
                                             _mac(self._token, b"client", server_nonce, client_nonce)))
@@ -272,8 +291,7 @@ class TCPStore(Store):
         except TimeoutError:
             raise StoreTimeout(f"the store at {self._where()} did not complete the handshake in time") from None
         except ConnectionError as exc:
-            raise StoreError(f"the store at {self._where()} closed the connection during the handshake "
-                             f"({exc})") from None
+            raise _Shed(f"the store at {self._where()} closed the connection during the handshake ({exc})") from None
         if status == _AUTH_BAD_TOKEN:
             raise StoreAuthError(f"the store at {self._where()} refused this client's token")
         if status == _AUTH_BAD_VERSION:

@@ -58,7 +58,7 @@ from ._wire import (
 )
 from .base import Store, _Table
 
-__all__ = ["TCPStoreServer"]
+__all__ = ["TCPStoreServer", "unauthenticated_for"]
 
 log = logging.getLogger("pycoll.store")
 
@@ -68,6 +68,13 @@ DEFAULT_MAX_CONNECTIONS = 16384
 DEFAULT_MAX_KEYS = 1_000_000
 DEFAULT_MAX_BYTES = 1 << 30
 DEFAULT_MAX_WAITS = 65536
+
+
+def unauthenticated_for(world_size: int) -> int:
+    """A job's server's ``max_unauthenticated``: every rank of a job may connect at once (two connections each: its
+    main thread's and its watchdog's), and a handshake takes a round trip, so hundreds of ranks over a network have
+    more handshakes under way than the default allows; shed ones try again (:class:`TCPStore`), but take longer."""
+    return max(DEFAULT_MAX_UNAUTHENTICATED, 2 * world_size)
 
 
 class _RateLimitedLog:
@@ -210,6 +217,7 @@ class TCPStoreServer:
         self._waits = 0
         self._ops: Dict[str, int] = dict.fromkeys(_OP_NAMES.values(), 0)
         self._keys_in = 0
+        self._shed = 0  # connections closed before they authenticated (_evict_unauthed)
         self._warn = _RateLimitedLog()
         #: what stopped the serving thread when it ended by an error, else None
         self.error: Optional[BaseException] = None
@@ -260,11 +268,12 @@ class TCPStoreServer:
     def stats(self) -> Dict[str, int]:
         """Counters since the server started: ``requests`` (every request served), one entry per
         operation name, ``arguments`` (request arguments parsed: keys, values, timeouts), and the
-        current ``waiting`` (blocked requests) and ``connections``. Read from any thread (a snapshot
-        that may be one request behind)."""
+        current ``waiting`` (blocked requests) and ``connections``, and ``shed``: connections closed before they
+        authenticated because too many had not (``max_unauthenticated``) or descriptors ran out (their clients
+        connect again). Read from any thread (a snapshot that may be one request behind)."""
         ops = dict(self._ops)
         out = {"requests": sum(ops.values()), "arguments": self._keys_in, "waiting": self._waits,
-               "connections": len(self._conns)}
+               "connections": len(self._conns), "shed": self._shed}
         out.update(ops)
         return out
 
@@ -407,6 +416,7 @@ class TCPStoreServer:
         if not self._unauthed:
             return False
         conn = next(iter(self._unauthed))
+        self._shed += 1
         self._warn.warning("evict", "store: closing unauthenticated connection from %s (%s)", conn.peer, why)
         self._close_conn(conn)
         return True

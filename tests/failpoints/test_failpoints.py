@@ -158,7 +158,8 @@ def test_every_host_failpoint_is_in_the_c_sources():
 def test_elastic_failpoints_are_declared():
     names = failpoints.declared("elastic.")
     assert len(names) >= 20 and "elastic.grow.before_decision" in names and "elastic.join.request" in names
-    assert set(failpoints.declared("store.")) == {"store.request.before", "store.request.after"}
+    assert set(failpoints.declared("store.")) == {"store.request.before", "store.request.after",
+                                                  "store.connect.handshake"}
 
 
 def _host_raise(rank, n, spec, uid):
@@ -297,10 +298,10 @@ def _scenario(rank, n, addr, spec):
     """Slots 0-3 form, train, admit slot 4 at step 2 (a joiner), slot 4 dies at step 8 (the others
     reshape): every window of the protocol is passed once; ``spec`` adds a failure somewhere."""
     _arm(spec, rank)
-    store = _store(addr)
     log: list = []
     hub = _node_hub(spec)
     try:
+        store = _store(addr)  # store.connect.handshake raises here
         if rank == JOINER:
             deadline = time.monotonic() + 20
             while not store.check(["fp/go-join"]) and time.monotonic() < deadline:
@@ -523,6 +524,8 @@ POINTS_2 = {
     "host.coll.done": (20, (0, 1), "", ()),
     "store.request.before": (20, (0, 1), "", ()),
     "store.request.after": (20, (0, 1), "", ()),
+    # a rank's first connection to the store, as it starts
+    "store.connect.handshake": (1, (0, 1), "", ()),
     "watchdog.liveness.check": (1, (0, 1), STOP2, (2,)),
     "watchdog.liveness.found": (1, (0, 1), STOP2, (2,)),
     # the joiner's death at step 8 makes the members ask each other for dumps and await the answers

@@ -15,6 +15,7 @@ import time
 import pytest
 from helpers.mp import run_ranks
 
+from pycoll import failpoints
 from pycoll._procs import stat_fields
 from pycoll.errors import NotSupported, StoreAuthError, StoreError, StoreLost, StoreTimeout
 from pycoll.store import (
@@ -27,6 +28,7 @@ from pycoll.store import (
     TorchStoreAdapter,
     wrap_torch_store,
 )
+from pycoll.store.tcp_server import unauthenticated_for
 
 KINDS = ["memory", "tcp", "file", "prefix", "torch-hash", "torch-tcp"]
 
@@ -900,3 +902,70 @@ def test_process_using_a_torch_store_exits_cleanly():
         proc = subprocess.run([sys.executable, "-c", _EXIT_WITH_TORCH_STORE], env=env, capture_output=True,
                               text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_a_client_the_server_sheds_during_its_handshake_connects_again():
+    """A server sheds the oldest connection that has not authenticated while more than its max_unauthenticated wait
+    (hundreds of ranks connecting at once over a network, a round trip each): a client shed there connects again
+    (it failed with "closed the connection during the handshake", and its rank with it)."""
+    with TCPStoreServer(token="t", max_unauthenticated=1) as server:
+        server.start()
+        failpoints.configure("store.connect.handshake=sleep(400)")  # the client's first try stays unanswered
+        try:
+            out: dict = {}
+            t = threading.Thread(target=lambda: out.update(c=server.client(timeout=5, connect_timeout=20)))
+            t.start()
+            deadline = time.monotonic() + 10
+            while server.stats()["connections"] < 1 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            raw = _raw_connect(server)  # one more without a handshake: the client's, the oldest, is shed
+            t.join(20)
+        finally:
+            failpoints.reset()
+        assert server.stats()["shed"] >= 1
+        out["c"].set("k", b"v")
+        assert out["c"].get("k") == b"v"
+        out["c"].close()
+        raw.close()
+
+
+def test_a_client_shed_until_its_connect_timeout_says_why():
+    """A server that greets and then closes every connection: the client tries again until its connect_timeout,
+    then a StoreTimeout names the last error."""
+    from pycoll.store import _wire as st
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    stop = threading.Event()
+
+    def serve():
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                sock, _ = listener.accept()
+            except TimeoutError:
+                continue
+            sock.sendall(st._SERVER_HELLO.pack(st._MAGIC, st._VERSION, os.urandom(st._NONCE)))
+            sock.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(StoreTimeout, match=r"within 1 s \(last error: .*closed the connection during the hand"):
+            TCPStore("127.0.0.1", port, "t", connect_timeout=1)
+        assert 0.3 < time.monotonic() - t0 < 5  # it gives up where its next try would come past the deadline
+    finally:
+        stop.set()
+        t.join(5)
+        listener.close()
+
+
+def test_a_job_store_takes_every_rank_handshaking_at_once():
+    """pycoll-run's store and a SLURM/Open MPI rank 0's take twice the job's ranks in handshakes at once."""
+    assert unauthenticated_for(4) == 64 and unauthenticated_for(1000) == 2000
+    host = TCPStore.hosting(token="t", timeout=5, max_unauthenticated=300)
+    try:
+        assert host.server.max_unauthenticated == 300
+    finally:
+        host.close()
