@@ -15,12 +15,15 @@ import threading
 import time
 from typing import Any, Callable, Deque, Dict, List, Optional, Set
 
+from .. import failpoints as _fp
+
 __all__ = ["DumpJob", "DumpQueue", "HOLDABLE"]
 
 _log = logging.getLogger("pycoll.watchdog")
 
 HOLDABLE = ("failure", "remote")  # dump triggers a gate may hold back
 GATE_POLL = 0.02  # how often held dumps look at the gates
+FP_DUMP_WRITE = _fp.declare("watchdog.dump.write", "the monitor thread is about to write a dump")
 
 
 class DumpJob:
@@ -90,14 +93,12 @@ class DumpQueue:
         return (self.flushing or not self._held or time.monotonic() - self._held[0].created >= self._hold()
                 or self.gates_open())
 
-    def take(self, extra: Optional[DumpJob] = None) -> List[DumpJob]:
+    def take(self) -> List[DumpJob]:
         """The jobs to write now (monitor thread): new ones not holdable, plus the held ones once released."""
         jobs: List[DumpJob] = []
         while self._jobs:
             job = self._jobs.popleft()
             (self._held if job.trigger in HOLDABLE else jobs).append(job)
-        if extra is not None:
-            jobs.append(extra)
         if self._held and self.may_release():
             jobs, self._held = self._held + jobs, []
         return jobs
@@ -113,6 +114,7 @@ class DumpQueue:
         for j in jobs:
             extra.update(j.extra or {})
         try:
+            _fp.hit(FP_DUMP_WRITE)
             paths = dump(reason, trigger="+".join(triggers),
                          changed_only=all(j.trigger in ("remote", "stall") for j in jobs), extra=extra or None)
         except Exception:

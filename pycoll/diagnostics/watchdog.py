@@ -194,6 +194,7 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         heartbeat_timeout: Optional[float] = None,
     ) -> None:
         self.recorder = recorder or get_recorder()
+        self._rounds = 0  # the monitor thread's rounds: a dump signal read in one is queued by its end
         self._lock = threading.Lock()
         self._threads: List[threading.Thread] = []
         self._stop = threading.Event()
@@ -600,9 +601,15 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         """
         deadline = time.monotonic() + (self.dump_timeout if timeout is None else timeout)
         self._dumps.flushing = True  # held reports and dumps go ahead now
+        rounds = self._rounds
         self._poke()
         try:
             self.wait_for_reports(deadline)  # failure reports still being made queue their dump next
+            # a dump signal delivered before now (its byte on the wake-up socket, or pending) is queued by the end of
+            # the monitor's first round begun after the poke (the round under way may have missed it)
+            while (self._rounds < rounds + 2 and self.running and not self.in_monitor_thread()
+                   and time.monotonic() < deadline):
+                time.sleep(0.002)
             return self._dumps.wait(deadline)
         finally:
             self._dumps.flushing = False
@@ -734,13 +741,14 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
             if sig.pending:
                 sig.pending = False
                 signalled = True
-            extra = None
-            if signalled:
-                extra = DumpJob(f"signal {signal.Signals(sig.signum).name if sig.signum else '?'}", "signal")
-            jobs = self._dumps.take(extra)
+            if signalled:  # submitted, so that exit waits for it (wait_for_dumps)
+                self._dumps.submit(DumpJob(f"signal {signal.Signals(sig.signum).name if sig.signum else '?'}",
+                                           "signal"))
+            jobs = self._dumps.take()
             if jobs:
                 self._dumps.run(jobs, self.recorder.dump)
             self._check_stall()
+            self._rounds += 1
 
     def _interrupted(self) -> None:
         """SIGINT arrived: fail the communicators the main thread is blocked in (the main thread

@@ -465,3 +465,46 @@ def test_a_rank_stopped_before_it_signals_a_silent_peer(server, tmp_path):
     finally:
         ranks.close()
     assert "2" in _dump(d, 1)["pycoll"]["failures"][0]["signalled"]
+
+
+_SIGNAL_THEN_EXIT = """
+import os, signal
+import numpy as np, pycoll
+comm = pycoll.init(0, 1, unique_id=pycoll.get_unique_id(backend="host"), backend="host")
+comm.all_reduce(np.ones(2, np.float32))
+os.kill(os.getpid(), signal.SIGUSR1)
+"""
+
+
+def _signal_then_exit(tmp_path, env):
+    d = tmp_path / "dumps"
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               PYCOLL_FR_DUMP_SIGNAL="SIGUSR1", PYCOLL_FR_DUMP_DIR=str(d), **env)
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-c", _SIGNAL_THEN_EXIT], env=env, capture_output=True, text=True, timeout=60)
+    return p, time.monotonic() - t0, d / "generation_0"
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("slow_ms", [0, 600])
+def test_a_dump_signal_right_before_a_normal_exit_is_written(tmp_path, slow_ms):
+    # the process ends right after the signal: exit waits for the monitor thread to read it and write the dump
+    # (failpoint watchdog.dump.write: the dump starts 0.6 s late), not only for the dumps queued when it looked
+    env = {"PYCOLL_FAILPOINTS": f"watchdog.dump.write=sleep({slow_ms})"} if slow_ms else {}
+    p, _, gen = _signal_then_exit(tmp_path, env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    with open(gen / f"{PREFIX}0", "rb") as f:
+        dump = pickle.load(f)
+    assert dump["pycoll"]["trigger"] == "signal" and dump["pycoll"]["reason"] == "signal SIGUSR1"
+    assert [e["state"] for e in dump["entries"]] == ["completed"]
+    assert os.listdir(gen) == [f"{PREFIX}0"]  # no temporary file left
+
+
+@pytest.mark.timeout(90)
+def test_a_dump_signal_whose_dump_outlasts_the_dump_timeout_delays_exit_by_that_long(tmp_path):
+    p, took, gen = _signal_then_exit(tmp_path, {"PYCOLL_FAILPOINTS": "watchdog.dump.write=sleep(20000)",
+                                                "PYCOLL_FR_DUMP_TIMEOUT": "1"})
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert took < 15, took
+    assert "a flight-recorder dump was still being written at exit (dump_timeout 1 s)" in p.stderr, p.stderr
+    assert not gen.exists() or not os.listdir(gen)

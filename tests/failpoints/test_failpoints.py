@@ -575,7 +575,9 @@ def test_matrix_2_covers_every_point_the_scenario_passes():
     # operation goes to another stream than the one before it, which the scenario's do not
     # (tests/host/test_stream_order.py kills, stops and fails a rank there); watchdog.records.forget: only
     # PYCOLL_WATCHDOG_RECORDS_KEEP (120 s) after a communicator failed or was aborted
-    # (tests/diagnostics/test_watchdog_ranks.py kills a rank there)
+    # (tests/diagnostics/test_watchdog_ranks.py kills a rank there); watchdog.dump.write: the scenario's ranks write
+    # their held dumps as they end, or not (tests/diagnostics/test_exit_dumps.py holds the monitor thread there while
+    # its process ends)
     assert set(scenario) - set(POINTS_2) == {"host.window.exchange", "host.signal.wait", "host.coll.after_consume",
                                              "host.coll.window", "host.coll.eager", "host.coll.check_waited",
                                              "host.wait.check_peer", "host.wait.brief", "host.stream.defer",
@@ -583,7 +585,7 @@ def test_matrix_2_covers_every_point_the_scenario_passes():
                                              "host.stream.order",
                                              "watchdog.report.signal_peer", "watchdog.exit.before_dump",
                                              "watchdog.exit.terminate", "watchdog.exit.deferred_sigterm",
-                                             "watchdog.records.forget"}, scenario
+                                             "watchdog.records.forget", "watchdog.dump.write"}, scenario
 
 
 @pytest.mark.failpoints
