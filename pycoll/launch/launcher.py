@@ -52,9 +52,10 @@ Exit status:
 * ``--replace-failed K`` (implies ``--keep-going``): start up to K replacement processes in total
   (on this node) for ranks that failed. A replacement has the same ``PYCOLL_RANK`` and local rank,
   ``PYCOLL_REPLACEMENT=k`` (k-th replacement of that slot) and ``PYCOLL_REPLACES=<rank>``.
-* A *hung* rank -- stopped (SIGSTOP, a tracer) while its slot is marked lost: the survivors went on
-  without it -- can never take part again. Under ``--keep-going`` the launcher kills it, and that
-  counts as the rank's failure, replaced as a crash is.
+* A *hung* rank can never take part again: stopped (SIGSTOP, a tracer) while its slot is marked lost (the
+  survivors went on without it), or, in a job of one node, stopped by a signal for 2 s while every other rank has
+  ended (nobody is left to continue it). The launcher kills it, and that counts as the rank's failure: replaced as
+  a crash is under ``--replace-failed``, else it fails the job unless ``--keep-going``.
 * A job one of whose groups lost every member (:func:`~pycoll.launch.keys.mark_group_lost`: the elastic layer's
   replacements found nobody left to admit them) failed, whatever its replacements exited with: the launcher exits
   with the earliest failure's code (where no rank failed, its members ended on their own, without ``close()``: no
@@ -162,6 +163,7 @@ _OUT_LOW = 1 << 18
 # the launcher drops it and exits
 _OUT_LINGER_S = 0.5
 _HEARTBEAT_S = 2.0
+HUNG_ALONE_S = 2.0  # a rank stopped this long while every other rank has ended is hung (kill_hung)
 _NODE_SILENCE_S = 30.0
 # node 0 waits for the nodes it (or another node) told to stop --grace seconds and this much more: their launchers
 # learn of it at once (a blocking store get), then stop their ranks and report
@@ -228,9 +230,10 @@ def _killpg(pgid: int, sig: int) -> None:
         pass
 
 
-def _is_stopped(pid: int) -> bool:
+def _is_stopped(pid: int, traced: bool = True) -> bool:
+    """True while process ``pid`` is stopped by a signal (state T) or, ``traced``, by its tracer (t)."""
     fields = stat_fields(pid)
-    return bool(fields and fields[0] in ("T", "t"))
+    return bool(fields and fields[0] in (("T", "t") if traced else ("T",)))
 
 
 def _children_of(pid: int) -> List[int]:
@@ -404,7 +407,7 @@ class _Proc:
     streams: List[_Stream] = field(default_factory=list)
     code: Optional[int] = None
     stopped: bool = False  # the launcher asked it to stop, so its exit status does not count
-    hung: bool = False  # stopped while its slot was marked lost: the launcher killed it, which counts as a failure
+    hung: bool = False  # stopped and never to take part again (kill_hung): killed, which counts as a failure
 
 
 @dataclass
@@ -449,6 +452,7 @@ class _Launcher:
         self.signals_seen = 0
         self.sigchld = True
         self.last_poll = 0.0
+        self.alone_since: Optional[float] = None  # since when the ranks still running are all stopped (kill_hung)
         self.notify_r, self.notify_w = socket.socketpair()
         #: the launcher's stdout and stderr, written from threads of their own (the ranks' lines, the launcher's log)
         self.writers = {fd: _Writer(fd, self._notify_room) for fd in (1, 2)}
@@ -812,19 +816,36 @@ class _Launcher:
             if rc is not None:
                 self.on_exit(proc, _exit_code(rc))
         self.reap_strays()
-        self.kill_stopped_lost()
+        self.kill_hung(now)
 
-    def kill_stopped_lost(self) -> None:
-        """A stopped rank whose slot the survivors declared lost (a hung rank) can never take part again: end
-        it, so that the job ends when the others do. Its end is the rank's failure: replaced if
-        ``--replace-failed`` allows it, as a rank that crashed would be (:meth:`on_exit`)."""
-        if not self.cfg.keep_going:
-            return
-        for proc in self.live():
-            if proc.stopped or proc.hung or not _is_stopped(proc.popen.pid):
-                continue
+    def kill_hung(self, now: float) -> None:
+        """A stopped rank that can never take part again is hung: end it, so that the job ends when the others do
+        (nobody else would). Its end is the rank's failure: replaced if ``--replace-failed`` allows it, as a rank that
+        crashed would be, else under ``--keep-going`` the slot's loss, else the job's failure (:meth:`on_exit`).
+
+        Hung: stopped (SIGSTOP, a tracer) while its slot is marked lost (the survivors went on without it), or, in a
+        job of one node, stopped by a signal for ``HUNG_ALONE_S`` while every other rank has ended (no peer is left
+        to continue it; a debugger's stop is not such a stop)."""
+        live = [p for p in self.live() if not (p.stopped or p.hung)]
+        stopped = [p for p in live if _is_stopped(p.popen.pid)]
+        for proc in stopped:
             if self.store_call("read lost ranks", "check", [KEY_LOST.format(rank=proc.rank)]):
                 log.info("rank %d is stopped and was marked lost (hung); killing it", proc.rank)
+                proc.hung = True
+                _killpg(proc.popen.pid, signal.SIGKILL)
+        alone = (self.cfg.nnodes == 1 and stopped and len(stopped) == len(live) and len(self.procs) >= self.world
+                 and all(_is_stopped(p.popen.pid, traced=False) for p in stopped if not p.hung))
+        if not alone:
+            self.alone_since = None
+            return
+        if self.alone_since is None:
+            self.alone_since = now
+        if now - self.alone_since < HUNG_ALONE_S:
+            return
+        for proc in stopped:
+            if not proc.hung:
+                log.error("rank %d is stopped (SIGSTOP) and every other rank has ended: nobody is left to continue it "
+                          "(hung); killing it", proc.rank)
                 proc.hung = True
                 _killpg(proc.popen.pid, signal.SIGKILL)
 

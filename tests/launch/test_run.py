@@ -318,6 +318,87 @@ def test_a_hung_rank_marked_lost_is_killed_and_replaced(tmp_path, replace):
     assert "continued" not in res.stdout
 
 
+@pytest.mark.timeout(60)
+def test_a_hung_rank_marked_lost_fails_a_fail_fast_job(tmp_path):
+    """Without --keep-going the killed hung rank fails the job, as a rank killed by SIGKILL does."""
+    script = _script(tmp_path, "REPLACE = 0", HUNG)
+    res = launch(["-n", "2", script], tmp_path)
+    assert res.returncode == 137, res.stderr
+    assert "rank 1 is stopped and was marked lost (hung); killing it" in res.stderr
+    assert "rank 1 hung (stopped) and was killed; stopping the other ranks" in res.stderr
+    assert "continued" not in res.stdout
+
+
+ALONE = """
+import os, signal
+if os.environ["PYCOLL_RANK"] == "1":
+    os.kill(os.getpid(), signal.SIGSTOP)  # the others end meanwhile
+    print("continued", flush=True)
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("keep_going", [False, True])
+def test_a_rank_stopped_after_every_other_ended_is_killed_as_hung(tmp_path, keep_going):
+    """Nobody is left to continue it: killed as hung (a failure) instead of waited for forever."""
+    script = _script(tmp_path, ALONE)
+    t0 = time.monotonic()
+    res = launch(["-n", "3", *(["--keep-going"] if keep_going else []), script], tmp_path, timeout=40)
+    took = time.monotonic() - t0
+    assert res.returncode == 137, res.stderr
+    assert ("rank 1 is stopped (SIGSTOP) and every other rank has ended: nobody is left to continue it (hung); "
+            "killing it") in res.stderr
+    assert "rank 1 hung (stopped) and was killed" in res.stderr
+    assert "continued" not in res.stdout
+    assert took < 20, took
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_stopped_for_less_than_the_hung_bound_is_not_killed(tmp_path):
+    """Continued 1 s after it stopped (the other rank ended at once): it finishes, nothing is killed."""
+    script = _script(tmp_path, ALONE)
+    proc = subprocess.Popen(_cmd(["-n", "2", script]), env=_env(), cwd=str(tmp_path),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        stopped = []
+        while time.monotonic() < deadline and not stopped:
+            stopped = [pid for pid in _descendants(proc.pid) if _state(pid) == "T"]
+            time.sleep(0.01)
+        assert stopped
+        time.sleep(1.0)
+        os.kill(stopped[0], signal.SIGCONT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert "[rank1]: continued" in out.splitlines(), out
+    assert "hung" not in err
+
+
+def _state(pid: int) -> str:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return ""
+
+
+def _descendants(pid: int) -> List[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            kids = [int(k) for t in os.listdir(f"/proc/{p}/task")
+                    for k in open(f"/proc/{p}/task/{t}/children").read().split()]
+        except OSError:
+            kids = []
+        out += kids
+        todo += kids
+    return out
+
+
 def test_module_target(tmp_path):
     pkg = tmp_path / "mypkg"
     pkg.mkdir()
