@@ -171,10 +171,17 @@ class TCPStore(Store):
         StoreTimeout: the server could not be reached within ``connect_timeout``.
         StoreAuthError: the server refused the token (or could not prove it knows it).
         StoreError: anything else that prevents talking to the server.
+
+    Once the client has reached its server, a call whose connection fails raises :class:`~pycoll.StoreLost`, and so
+    does a call that must connect again while nothing listens at the server's address any more (every try refused
+    for ``REFUSED_GONE`` seconds): it does not wait ``connect_timeout`` for a server that stopped.
     """
 
     #: Extra seconds a client waits for the server's answer beyond a wait's own timeout.
     REPLY_GRACE = 10.0
+    #: Seconds a client that reached its server before goes on connecting while every try is refused (nothing
+    #: listens there any more) before it raises StoreLost.
+    REFUSED_GONE = 0.5
 
     def __init__(
         self,
@@ -202,6 +209,7 @@ class TCPStore(Store):
         self._legacy_server = False  # the server predates append/wait_size/append_get: use the generic versions
         #: the server this client hosts (see :meth:`hosting`), else None
         self.server: Optional[TCPStoreServer] = None
+        self._connected = False  # reached the server once: a refused connection then means it is gone
         self._release(self._connect())
 
     @classmethod
@@ -247,16 +255,30 @@ class TCPStore(Store):
         deadline = time.monotonic() + self.connect_timeout
         delay = 0.01
         last: Optional[BaseException] = None
+        refused_since: Optional[float] = None
         while True:
             remaining = deadline - time.monotonic()
             try:
                 sock = socket.create_connection((self.host, self.port), timeout=max(0.05, min(remaining, 10.0)))
             except (OSError, socket.gaierror) as exc:
                 last = exc
+                if isinstance(exc, ConnectionRefusedError) and self._connected:
+                    # nothing listens where this client's server answered before: it is gone (a server that has not
+                    # started yet is waited for until connect_timeout, one that stopped is not)
+                    now = time.monotonic()
+                    refused_since = now if refused_since is None else refused_since
+                    if now - refused_since >= self.REFUSED_GONE:
+                        raise StoreLost(f"the store at {self._where()} refuses connections: its server, which this "
+                                        f"client reached before, is gone (refused for {now - refused_since:.1f} s)"
+                                        ) from None
+                else:
+                    refused_since = None
             else:
                 try:
                     # the handshake counts against the same deadline (a floor keeps a last try possible)
-                    return self._handshake(sock, max(deadline - time.monotonic(), 0.5))
+                    conn = self._handshake(sock, max(deadline - time.monotonic(), 0.5))
+                    self._connected = True
+                    return conn
                 except _Shed as exc:
                     # closed before it answered: a pycoll server sheds connections that have not authenticated
                     # when more than its max_unauthenticated wait (hundreds of ranks connecting at once, a round

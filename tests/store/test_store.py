@@ -590,6 +590,23 @@ def test_server_going_away_fails_blocked_calls_quickly():
     client.close()
 
 
+def test_a_server_that_stopped_is_lost_at_once_not_waited_for_until_the_connect_timeout():
+    # a client that reached its server before: every call after the server stopped raises StoreLost within about
+    # REFUSED_GONE s, where it kept connecting for its connect_timeout (60 s) and then raised StoreTimeout
+    server = TCPStoreServer().start()
+    client = server.client(timeout=30)  # connect_timeout: the default, 60 s
+    client.set("k", b"v")
+    server.close()
+    for _ in range(3):  # the pooled connection's loss, then calls that must connect again
+        t0 = time.monotonic()
+        with pytest.raises(StoreLost):
+            client.get("k", 0)
+        assert time.monotonic() - t0 < 5
+    with pytest.raises(StoreLost, match=r"refuses connections: its server, which this client reached before, is gone"):
+        client.check(["k"])
+    client.close()
+
+
 def test_close_unblocks_waiting_threads():
     with TCPStoreServer() as server:
         server.start()
