@@ -84,6 +84,15 @@ def _check_timeout(timeout: Optional[float], default: float, what: str = "timeou
     return default if timeout is None else _settings.seconds(timeout, what)
 
 
+def _missing(describe_missing: Callable[[], str]) -> str:
+    """``describe_missing()``'s words for an error being raised, or why there are none: its failure (a store that
+    went with a peer) must not take the error's place."""
+    try:
+        return describe_missing()
+    except Exception as exc:
+        return f"; who is missing is unknown ({type(exc).__name__}: {exc})"
+
+
 def poll_ready(library: Any, handle: int, what: str, timeout: float, *, on_error: Callable[[], None] = lambda: None,
                on_timeout: Callable[[], None] = lambda: None, describe_missing: Optional[Callable[[], str]] = None,
                comm_name: Optional[str] = None, reported_timeout: Optional[float] = None,
@@ -111,7 +120,7 @@ def poll_ready(library: Any, handle: int, what: str, timeout: float, *, on_error
         if code != B.IN_PROGRESS:
             last = library.get_last_error(handle)
             if describe_missing is not None:  # e.g. a peer's abort of an init that timed out there: who is missing
-                last = f"{last}{describe_missing()}"
+                last = f"{last}{_missing(describe_missing)}"
             on_error()
             raise error_class(code)(code, what, library.get_error_string(code), last, library.path)
         now = time.monotonic()
@@ -123,7 +132,7 @@ def poll_ready(library: Any, handle: int, what: str, timeout: float, *, on_error
                 on_timeout()
                 raise exc
         if now >= deadline:
-            detail = describe_missing() if describe_missing is not None else ""
+            detail = _missing(describe_missing) if describe_missing is not None else ""
             on_timeout()
             where = f" on communicator {comm_name!r}" if comm_name else ""
             nominal = timeout if reported_timeout is None else reported_timeout  # e.g. init's whole deadline

@@ -6,6 +6,7 @@ import gc
 import os
 import re
 import signal
+import socket
 import time
 
 import numpy as np
@@ -750,6 +751,36 @@ def test_init_timeout_names_missing_ranks(tmp_path):
     assert kind == "CommAborted" and took < 1.0, (kind, took, msg)
     assert re.match(r"init of 'world' \(this process's init #1 with that name\): rank [01] gave the init up "
                     r"\((CommTimeout|RemoteError): .*\) before this rank \(rank 2\) arrived", msg), msg
+
+
+def _init_losing_the_store(rank, n, port):
+    import threading
+
+    t0 = time.monotonic()
+    if rank == 0:  # hosts the store, and stops it 1 s in, while the ranks wait for rank 2
+        store = pycoll.TCPStore.hosting("127.0.0.1", port, token="t")
+        threading.Timer(1.0, store.server.close).start()
+    else:
+        store = pycoll.TCPStore("127.0.0.1", port, "t")
+    try:
+        pycoll.init(rank, 3, store=store, backend="host", init_timeout=2.0 if rank == 0 else 8.0)
+    except Exception as e:
+        return type(e).__name__, time.monotonic() - t0, str(e)
+    return "no error", time.monotonic() - t0, ""
+
+
+@pytest.mark.timeout(60)
+def test_an_init_whose_store_is_gone_raises_its_own_error_in_time():
+    # who is missing is read from the store as the error is raised: a store that went (its server in rank 0) must
+    # neither replace the error (StoreLost) nor hold it back for the store client's connect_timeout (60 s)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    (k0, t0, m0), (k1, t1, m1) = run_ranks(_init_losing_the_store, 2, port, timeout=45)
+    assert k0 == "CommTimeout" and t0 < 6, (k0, t0, m0)
+    assert "did not complete within 2 s; who is missing is unknown (StoreLost: " in m0, m0
+    assert k1 == "RemoteError" and t1 < 8, (k1, t1, m1)
+    assert "rank 0 aborted while the other ranks were joining; who is missing is unknown (StoreLost: " in m1, m1
 
 
 def _late_rank_2(_, n, path):
