@@ -205,7 +205,7 @@ class FailureReport:
                     + (f"its process (pid {self.gone[r]}, this host) is gone)" if r in self.gone
                        else f"no answer within {self.answer_wait:.1f} s)")
                     for r, (last, age) in sorted(a["unconfirmed"].items())))
-            if not items and not a["unconfirmed"] and self.op is not None and not self.is_p2p:
+            if not items and not a["unconfirmed"] and not a["unknown"] and self.op is not None and not self.is_p2p:
                 parts.append(f"no rank is behind: every rank issued #{self.seq}")
             if a["in_op"]:
                 parts.append(f"also in #{self.seq}: ranks {_fmt_ranks(a['in_op'])}")

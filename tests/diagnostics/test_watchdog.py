@@ -309,6 +309,10 @@ def test_failure_line_alive_but_behind_and_unknown():
     assert r.as_dict(1.75)["behind"]["2"]["report_age_s"] == 0.0  # answered after the failure: not -0.01 s old
     r2 = _report({1: (5, 4, 0, 0.2), 2: (5, 4, 0, 0.1), 3: (5, 4, 0, 0.1)})
     assert "no rank is behind: every rank issued #5" in r2.line(1.75)
+    # a rank that never reported (its watchdog off) may be behind: not said to have issued #5
+    r4 = _report({1: (5, 4, 0, 0.2), 2: (5, 4, 0, 0.1)})
+    line4 = r4.line(1.75)
+    assert "never reported: ranks 3" in line4 and "no rank is behind" not in line4, line4
     r3 = _report({1: (4, 4, 0, 0.1), 2: (4, 4, 0, 0.1)}, is_p2p=True, peer=2, answered={2})
     line3 = r3.line(1.75)
     assert "send #1 with peer 2" in line3 and "peer: rank 2 (alive, answered: last issued p2p #0)" in line3
