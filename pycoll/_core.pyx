@@ -2312,12 +2312,14 @@ def broadcast(CommCore comm, tensor, root=0, output=None, *, stream=None, async_
 
 def reduce(CommCore comm, tensor, root=0, output=None, op="sum", *, stream=None, async_op=False, timeout=None,
            config=None):
-    """Reduce ``tensor`` across ranks into ``output`` on rank ``root`` (in place when None)."""
+    """Reduce ``tensor`` across ranks into ``output`` on rank ``root`` (in place when None); elsewhere ``output`` is
+    not written (it may be read-only)."""
     cc = () if config is None else _prepare_config(config)
     root = _rank_arg(comm, root, "root")
     st = _begin(comm, "reduce", stream, async_op, tensor, output)
     inp = _describe(comm, tensor, st, output is None and comm._rank == root, "tensor")
-    out = inp if output is None else _describe(comm, output, st, True, "output")
+    # written on the root only: elsewhere a read-only output is fine (as a broadcast's input)
+    out = inp if output is None else _describe(comm, output, st, comm._rank == root, "output")
     count = _output_fits(inp, out, "reduce")
     redop = _redop(comm, op, (<tuple>inp)[3])
     call = _new_call(comm.library, _REDUCE, cc, (<tuple>inp)[0], (<tuple>out)[0], count, (<tuple>inp)[3], redop, root)

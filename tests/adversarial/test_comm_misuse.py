@@ -443,6 +443,30 @@ def test_broadcast_root_may_pass_a_read_only_array():
     assert run_ranks(_broadcast_readonly, 2, _uid(), timeout=60) == [[0.0, 1.0, 2.0, 3.0]] * 2
 
 
+def _reduce_readonly(rank, n, uid):
+    c = _comm(rank, n, uid)
+    x = np.full(4, float(rank + 1), np.float32)
+    out = np.zeros(4, np.float32)
+    if rank == 1:
+        out.setflags(write=False)  # not the root: its output is never written
+    c.reduce(x, root=0, output=out)
+    try:
+        if rank == 0:
+            out.setflags(write=False)
+            c.reduce(x, root=0, output=out)  # the root's is
+    except ValueError as e:
+        return out.tolist(), str(e)
+    finally:
+        c.destroy()
+    return out.tolist(), ""
+
+
+def test_reduce_takes_a_read_only_output_where_it_writes_none():
+    (out0, err0), (out1, err1) = run_ranks(_reduce_readonly, 2, _uid(), timeout=60)
+    assert out0 == [3.0] * 4 and out1 == [0.0] * 4 and err1 == ""
+    assert "output: the array is read-only but the collective writes its result into it" in err0, err0
+
+
 def _p2p_dtype(rank, n, uid):
     c = _comm(rank, n, uid, timeout=5.0)
     try:
