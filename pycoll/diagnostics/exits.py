@@ -190,7 +190,7 @@ class ExitDumps:
             if flush and kind == "process" and self._wd.running:
                 self._wd.wait_for_dumps(max(0.0, bound - 1.0))
             elif kind == "process":  # the monitor thread: the failures being reported get into its dump
-                self._wd.wait_for_reports(time.monotonic() + max(0.0, bound - 1.0))
+                self._wd.wait_for_reports(time.monotonic() + max(0.0, bound - 1.0), ending=True)
             self.paths = self._wd.dump(reason, trigger="exit", wait=max(1.0, deadline - time.monotonic()), extra=info)
             if not self.paths and time.monotonic() < deadline:  # it failed (the error is logged above)
                 _log.warning("pycoll watchdog: the dump for %s was not written (see the error above)", what)

@@ -614,9 +614,12 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         finally:
             self._dumps.flushing = False
 
-    def wait_for_reports(self, deadline: float) -> None:
+    def wait_for_reports(self, deadline: float, ending: bool = False) -> None:
         """Wait, until ``time.monotonic()`` reaches ``deadline`` at the latest, for the failure reports other threads
-        are making (their line logged, the failure recorded, the dump queued)."""
+        are making (their line logged, the failure recorded, the dump queued). ``ending``: the process ends (SIGTERM):
+        reports a recovery holds back (add_dump_gate) go ahead now, as at exit."""
+        if ending:
+            self._dumps.flushing = True
         me = threading.get_ident()
         for report in list(self._reports):
             if report.maker != me:  # a report under this very thread (a signal's handler) cannot finish first

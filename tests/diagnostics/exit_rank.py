@@ -100,6 +100,19 @@ def main() -> int:
         comm.all_reduce(x)  # blocks: the others wait for this rank's dump
         time.sleep(5)  # the user's handler runs once the call returns
         return 0
+    if scenario == "held":  # rank 1 dies; rank 0's report of it is held by a recovery that never ends (a gate)
+        if rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        pycoll.watchdog.get_watchdog().add_dump_gate(lambda: False)
+        try:
+            comm.all_reduce(x)
+        except pycoll.CommFailure:
+            _mark(dump_dir, rank, "failed")
+        # blocked where SIGTERM's Python handler cannot run (as inside a recovery's wait): another thread takes the
+        # signal, and the watchdog's monitor thread acts on it
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
+        time.sleep(100)
+        return 0
     if scenario == "gil":
         if rank == 2:
             _mark(dump_dir, rank, "stuck")

@@ -168,6 +168,30 @@ def test_sigterm_while_blocked_in_a_collective_dumps_then_ends_by_sigterm(server
 
 
 @pytest.mark.timeout(120)
+def test_sigterm_while_a_recovery_holds_a_failures_report_ends_the_rank_at_once(server, tmp_path):
+    # the process ends: the report a recovery holds back (up to PYCOLL_FR_DUMP_HOLD, 60 s here) goes ahead, and its
+    # SIGTERM acts once it is made, not PYCOLL_FR_DUMP_TIMEOUT later (30 s here; with the defaults it took 4 s more,
+    # past a launcher's --grace of 1 or 2 s)
+    took = []
+
+    def sigterm(ranks, d):
+        assert _wait_for(os.path.join(d, "mark-0-failed"))
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        ranks.procs[0].send_signal(signal.SIGTERM)
+        ranks.procs[0].wait(60)
+        took.append(time.monotonic() - t0)
+
+    d, codes, outs = _run(server, tmp_path, "held", n=2, during=sigterm,
+                          env={"PYCOLL_FR_DUMP_HOLD": "60", "PYCOLL_FR_DUMP_TIMEOUT": "30"})
+    assert codes[0] == -signal.SIGTERM, outs[0]
+    assert took[0] < 5, (took, outs[0])
+    assert "rank 1" in outs[0] and "exited" in outs[0], outs[0]  # the failure's line was written before it ended
+    dump = _dump(d, 0)
+    assert dump["pycoll"]["trigger"].startswith("exit") and "SIGTERM in rank 0" in dump["pycoll"]["reason"], dump
+
+
+@pytest.mark.timeout(120)
 def test_ctrl_c_while_blocked_in_a_collective_dumps(server, tmp_path):
     def sigint(ranks, d):
         assert _wait_for(os.path.join(d, "mark-1-entering"))
