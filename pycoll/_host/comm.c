@@ -136,10 +136,31 @@ void comm_fail(struct ncclComm* c, int code, const char* text) {
       doorbell_wake(&c->seg.hdr->bell);
     }
   }
+  comm_set_last_error(c, text);
+  pthread_mutex_lock(&c->err_mu);
+  if (!c->fail_error[0]) snprintf(c->fail_error, sizeof c->fail_error, "%s", text);
+  pthread_mutex_unlock(&c->err_mu);
   int ok = ncclSuccess;
   if (__atomic_compare_exchange_n(&c->async, &ok, code, false, __ATOMIC_SEQ_CST, __ATOMIC_ACQUIRE))
     comm_async_changed(c);
-  comm_set_last_error(c, text);
+}
+
+void comm_note_async(struct ncclComm* c, int v) {
+  pthread_mutex_lock(&c->err_mu);
+  if (v != ncclSuccess && !c->fail_error[0])
+    snprintf(c->fail_error, sizeof c->fail_error, "%s", c->last_error[0] ? c->last_error : ncclGetErrorString(v));
+  else if (v == ncclSuccess && !__atomic_load_n(&c->broken, __ATOMIC_ACQUIRE))
+    c->fail_error[0] = 0;
+  pthread_mutex_unlock(&c->err_mu);
+}
+
+ncclResult_t comm_refuse_failed(struct ncclComm* c, int code) {
+  char text[sizeof c->fail_error];
+  pthread_mutex_lock(&c->err_mu);
+  snprintf(text, sizeof text, "%s", c->fail_error[0] ? c->fail_error : c->last_error);
+  pthread_mutex_unlock(&c->err_mu);
+  CWARN(c, "%s", text[0] ? text : ncclGetErrorString((ncclResult_t)code));
+  return (ncclResult_t)code;
 }
 
 ncclResult_t comm_ensure_ready(struct ncclComm* c, const char* opname) {
@@ -148,14 +169,7 @@ ncclResult_t comm_ensure_ready(struct ncclComm* c, const char* opname) {
     CWARN(c, "%s : Attempt to use communicator before the previous operation returned ncclSuccess", opname);
     return ncclInvalidArgument;
   }
-  if (a != ncclSuccess) {
-    char text[1100];
-    pthread_mutex_lock(&c->err_mu);
-    snprintf(text, sizeof text, "%s", c->last_error);
-    pthread_mutex_unlock(&c->err_mu);
-    WARN("%s", text[0] ? text : ncclGetErrorString((ncclResult_t)a));
-    return (ncclResult_t)a;
-  }
+  if (a != ncclSuccess) return comm_refuse_failed(c, a);
   return ncclSuccess;
 }
 

@@ -92,6 +92,9 @@ struct ncclComm {
   struct reg_entry* regs;
 
   char last_error[1024];
+  /* the text of the error that first put the comm in its error state (broken, or an asynchronous error): what the
+   * calls this state refuses report, not whatever a later failed call left in last_error (err_mu) */
+  char fail_error[1024];
 };
 
 /* ---- registry and references ---- */
@@ -115,7 +118,11 @@ static inline int comm_async(struct ncclComm* c) { return __atomic_load_n(&c->as
 static inline void comm_async_changed(struct ncclComm* c) {
   if (__atomic_load_n(&c->async_waiters, __ATOMIC_SEQ_CST)) futex_wake((uint32_t*)&c->async, false);
 }
+/* Keeps the comm's last error as the text of its error state (fail_error) where none is kept yet; forgets it when
+ * `v` is ncclSuccess and the comm is not broken. */
+void comm_note_async(struct ncclComm* c, int v);
 static inline void comm_set_async(struct ncclComm* c, int v) {
+  if (v != ncclInProgress) comm_note_async(c, v);
   __atomic_store_n(&c->async, v, __ATOMIC_SEQ_CST);
   comm_async_changed(c);
 }
@@ -128,6 +135,9 @@ void comm_leave(struct ncclComm* c);
 
 /* The checks NCCL's ncclCommEnsureReady performs before using a comm (init done, no error). */
 ncclResult_t comm_ensure_ready(struct ncclComm* c, const char* opname);
+/* A call refused by the comm's error state: its last error becomes that state's text again (fail_error), which a
+ * later call's own error may have replaced; returns `code`. */
+ncclResult_t comm_refuse_failed(struct ncclComm* c, int code);
 
 /* Sets up a freshly rendezvoused comm (peers, pidfds, sequencing) and publishes RS_ACTIVE. */
 ncclResult_t comm_attach(struct ncclComm* c, struct seg* s, int rank);

@@ -476,12 +476,7 @@ ncclResult_t task_check_comm(struct ncclComm* c, const char* opn) {
   ncclResult_t r = comm_ensure_ready(c, opn);
   if (r != ncclSuccess) return r;
   int b = __atomic_load_n(&c->broken, __ATOMIC_ACQUIRE);
-  if (b) { /* an earlier failure: report its text */
-    char text[1024];
-    comm_copy_last_error(c, text, sizeof text);
-    WARN("%s", text);
-    return (ncclResult_t)b;
-  }
+  if (b) return comm_refuse_failed(c, b); /* an earlier failure: report its text */
   if (c->finalize_called || c->destroy_called) {
     CWARN(c, "%s : communicator is finalized or being destroyed", opn);
     return ncclInvalidUsage;

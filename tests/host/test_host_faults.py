@@ -633,6 +633,34 @@ def test_descriptor_mismatch_is_invalid_usage(what):
     assert all(texts) if what != "root" else any(texts), texts
 
 
+def _failed_then_unrelated(rank, n, idb):
+    l = lib()
+    comm = init(n, rank, idb)
+    a = np.ones(64, np.float32)
+    b = np.empty_like(a)
+    with pytest.raises(errors.InvalidUsage) as ei:
+        l.all_reduce(ptr(a), ptr(b), 10 + rank, F32, SUM, comm)  # a mismatch: the communicator is in error now
+    first = ei.value.last_error
+    with pytest.raises(errors.InvalidArgument, match="not registered"):
+        l.comm_deregister(comm, 0x999)  # an unrelated call's own error: the communicator's last error for a while
+    texts = []
+    for call in (lambda: l.all_reduce(ptr(a), ptr(b), 10, F32, SUM, comm), lambda: l.comm_count(comm),
+                 lambda: l.comm_split(comm, 0, rank)):
+        with pytest.raises(errors.InvalidUsage) as ei:
+            call()
+        texts.append(ei.value.last_error)
+    last = l.get_last_error(comm)
+    l.comm_abort(comm)
+    return first, texts, last
+
+
+@pytest.mark.timeout(60)
+def test_calls_a_failed_communicator_refuses_name_its_failure_not_a_later_calls_error():
+    for first, texts, last in run_ranks(_failed_then_unrelated, 2, uid(), timeout=30):
+        assert "collective mismatch at collective #1" in first, first
+        assert texts == [first] * 3 and last == first, (first, texts, last)
+
+
 def _init_expect(rank, n, idb, nranks, myrank, code):
     l = lib()
     with pytest.raises(errors.NCCLError) as ei:
