@@ -48,6 +48,11 @@ def test_every_stub_name_exists():
 def test_every_public_name_is_in_the_stub():
     names, classes = _stub()
     assert set(_nccl.__all__) <= names
+    # and every public name of the stub is exported (pycoll.bindings re-exports __all__)
+    assert {n for n in names if not n.startswith("_")} - set(_nccl.__all__) == set()
+    import pycoll.bindings
+
+    assert pycoll.bindings.HOST_STREAM_HELP == _nccl.HOST_STREAM_HELP
     for cls in ("Library", "Config", "CollConfig", "UniqueId", "CommSlot"):
         public = {m for m in vars(getattr(_nccl, cls)) if not m.startswith("_")}
         assert public - set(classes[cls]) == set(), f"{cls}: not in the stub"
