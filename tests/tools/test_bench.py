@@ -181,6 +181,10 @@ def test_in_place_layout_matches_nccl_tests():
     (["all_reduce", "--json", "/nonexistent-folder/out.json"], "--json /nonexistent-folder/out.json: /nonexistent"),
     (["all_reduce", "--csv", "/nonexistent-folder/out.csv"], "is not a folder this process can write to"),
     (["all_reduce", "--plot", "/nonexistent-folder/out.png"], "--plot /nonexistent-folder/out.png"),
+    (["all_reduce", "--plot", "out.txt"], "--plot out.txt: the file name must end in one of .eps"),
+    (["all_reduce", "--plot", "-"], "--plot needs a file name"),
+    (["all_reduce", "--json", "/"], "--json /: a folder, not a file"),
+    (["all_reduce", "--backend", "host", "--array", "cupy"], "--array cupy needs a GPU backend"),
 ])
 def test_bad_arguments(args, message, capsys):
     assert bench.main(args) == bench.EXIT_USAGE

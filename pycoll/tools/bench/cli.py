@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
+from ...devices import auto_backend
 from ...errors import RankDiscoveryError
 from ...launch import discovery
 from .arrays import _ArrayLib, _make_kit, _TorchKit
@@ -102,6 +103,9 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+_PLOT_FORMATS = {"png", "pdf", "svg", "svgz", "jpg", "jpeg", "eps", "ps", "tif", "tiff", "webp", "pgf"}  # matplotlib's
+
+
 def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     if a.nranks is not None and a.nranks < 1:
         p.error(f"-n must be at least 1, got {a.nranks}")
@@ -127,11 +131,23 @@ def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         a.modes = MODES
     if a.json and a.csv and a.json == "-" and a.csv == "-":
         p.error("--json - and --csv - cannot both go to stdout")
+    if a.plot == "-":
+        p.error("--plot needs a file name ('-', standard output, is for --json and --csv)")
+    if a.plot and os.path.splitext(a.plot)[1].lower().lstrip(".") not in _PLOT_FORMATS:
+        p.error(f"--plot {a.plot}: the file name must end in one of "
+                f"{', '.join('.' + f for f in sorted(_PLOT_FORMATS))}")
+    # found now, not once every size has run (the results would be lost)
     for flag, path in (("--json", a.json), ("--csv", a.csv), ("--plot", a.plot)):
         folder = os.path.dirname(os.path.abspath(path)) if path and path != "-" else None
         if folder is not None and not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
-            # found now, not once every size has run (the results would be lost)
             p.error(f"{flag} {path}: {folder} is not a folder this process can write to")
+        if path and path != "-" and os.path.isdir(path):
+            p.error(f"{flag} {path}: a folder, not a file")
+    backend = a.backend if a.backend != "auto" else auto_backend()
+    if backend == "host" and a.array == "cupy":
+        p.error("--array cupy needs a GPU backend; the host backend takes numpy or torch arrays")
+    if backend != "host" and a.array == "numpy":
+        p.error(f"the {backend} backend needs GPU arrays: --array torch or cupy")
 
 
 def _rank_meta(comm: Any, kit: _ArrayLib) -> Dict[str, Any]:
