@@ -111,7 +111,11 @@ def _worker(args: argparse.Namespace) -> int:
     from ..elastic import ElasticGroup
 
     true_w = np.linspace(-1.0, 1.0, _DIM)
-    group = ElasticGroup.from_env(backend="host", timeout=args.timeout, name="demo")
+    try:
+        group = ElasticGroup.from_env(backend="host", timeout=args.timeout, name="demo")
+    except pycoll.Excluded as exc:  # a replacement that came after the others stopped waiting (--grow-wait)
+        print(f"replacement for slot {os.environ.get('PYCOLL_RANK')}: not admitted: {exc}", flush=True)
+        return 0
     x, y = _shard(group.slot, true_w)
     params = np.zeros(_DIM)
     before = params.copy()  # the parameters before the last step (a member may have to take that step back)
@@ -196,7 +200,9 @@ def _worker(args: argparse.Namespace) -> int:
         verdict = "PASS" if identical and group.size == args.ranks else "FAIL"
         print(f"{verdict}: {group.size} ranks (slots {list(group.members)}) hold "
               f"{'identical' if identical else 'DIFFERENT'} parameters after {step} steps "
-              f"(max |w - w_true| = {err:.4f})", flush=True)
+              f"(max |w - w_true| = {err:.4f})"
+              + ("" if group.size == args.ranks else f"; the job did not grow back to {args.ranks} ranks: no "
+                 f"replacement was admitted within --grow-wait {args.grow_wait:g} s after training"), flush=True)
     if args.final_dump:
         _final_dump(failed)
     group.close()
@@ -238,6 +244,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not math.isfinite(args.lr):
         print(f"demo: --lr must be finite, got {args.lr}", file=sys.stderr)
         return 2
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        print(f"demo: --timeout must be a finite number of seconds > 0, got {args.timeout}", file=sys.stderr)
+        return 2
+    if args.trace:  # written at the end: a place it cannot go fails here, not after the run
+        folder = os.path.dirname(os.path.abspath(args.trace))
+        if os.path.isdir(args.trace) or not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
+            why = "a folder" if os.path.isdir(args.trace) else f"{folder} is not a folder this process can write to"
+            print(f"demo: cannot write --trace {args.trace!r}: {why}", file=sys.stderr)
+            return 2
     if args.dump_dir:
         try:  # every rank writes there: a folder that cannot be made fails here, not in each rank
             os.makedirs(args.dump_dir, exist_ok=True)

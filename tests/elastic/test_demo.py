@@ -95,11 +95,28 @@ def test_demo_survives_a_rank_killed_while_waiting_for_a_replacement(tmp_path):
     assert "Traceback" not in out + p.stderr
 
 
+@pytest.mark.timeout(120)
+def test_demo_whose_replacement_comes_after_it_stopped_waiting_says_so(tmp_path):
+    """--grow-wait 0: the survivors stop at the end of training; the replacement that comes later is told so and
+    ends without a traceback, and the verdict says why the job is short of a rank."""
+    p = _run(["-m", "pycoll.demo", "--steps", "6", "--kill-step", "5", "--grow-wait", "0", "--dump-dir",
+              str(tmp_path)])
+    out = p.stdout
+    assert p.returncode == 1, out + p.stderr
+    assert ("FAIL: 3 ranks (slots [0, 1, 3]) hold identical parameters after 6 steps" in out
+            and "the job did not grow back to 4 ranks: no replacement was admitted within --grow-wait 0 s" in out), out
+    assert "replacement for slot 2: not admitted: group 'demo' finished before slot 2 was admitted" in out, out
+    assert "Traceback" not in out + p.stderr
+
+
 @pytest.mark.parametrize("args,text", [
     (["--step-time", "-1"], "--step-time must be a finite number of seconds >= 0"),
     (["--grow-wait", "nan"], "--grow-wait must be a finite number of seconds >= 0"),
     (["--lr", "inf"], "--lr must be finite"),
     (["--ranks", "1"], "need --ranks >= 2"),
+    (["--timeout", "0"], "--timeout must be a finite number of seconds > 0, got 0.0"),  # every rank's traceback
+    (["--trace", "/nonexistent-folder/t.json"], "cannot write --trace '/nonexistent-folder/t.json'"),  # at the end
+    (["--trace", "/"], "cannot write --trace '/': a folder"),
 ])
 def test_bad_demo_arguments_are_refused_before_any_rank_starts(args, text, capsys):
     # a negative --step-time made every rank fail in time.sleep, and the job then hung until its timeouts
