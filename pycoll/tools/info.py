@@ -108,7 +108,11 @@ def show_versions(file: Optional[TextIO] = None) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Entry point of ``python -m pycoll.info``; always returns 0."""
+    """Entry point of ``python -m pycoll.info``: 0 (whatever it found), 2 for arguments (it takes none but --help)."""
+    import argparse
+
+    argparse.ArgumentParser(prog="python -m pycoll.info", description=__doc__.split("\n\n")[0].split("\n")[0]
+                            ).parse_args(sys.argv[1:] if argv is None else argv)
     show_versions()
     return 0
 

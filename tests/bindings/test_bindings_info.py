@@ -33,6 +33,16 @@ def test_cli_reports_every_library(tmp_path):
         assert "nccl: found" in text and "version  2." in text
 
 
+def test_cli_takes_help_and_refuses_other_arguments():
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    run = [sys.executable, "-m", "pycoll.info"]
+    out = subprocess.run(run + ["--help"], capture_output=True, text=True, timeout=100, env=env)
+    assert out.returncode == 0 and out.stdout.startswith("usage: python -m pycoll.info"), out.stdout
+    assert "host:" not in out.stdout  # the help, not the report
+    out = subprocess.run(run + ["--bogus"], capture_output=True, text=True, timeout=100, env=env)
+    assert out.returncode == 2 and "unrecognized arguments: --bogus" in out.stderr, out.stderr
+
+
 def test_probe_found_and_not_found(tmp_path):
     missing = info.probe(str(tmp_path / "nothing.so"))
     assert missing["found"] is False and "no such file" in missing["error"]
