@@ -439,6 +439,8 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
     res["captured"] = _captured(present, coll, p2p, members)
 
     with_entries = [r for r in present if coll[r]]
+    # no dump holds an operation of it (recording off: PYCOLL_FR_BUFFER_SIZE=0): nothing to compare
+    res["unrecorded"] = bool(present) and not with_entries and not any(p2p[r] for r in present)
     res["unshown"] = {}
     if with_entries:
         start = max(min(coll[r]) for r in with_entries)  # older entries were overwritten on some rank
@@ -585,7 +587,8 @@ def _troubled(c: Dict[str, Any]) -> bool:
     d = c["first_divergence"]
     if c.get("bystander"):
         return bool((d is not None and d["mismatch"]) or c["p2p"])
-    return d is not None or bool(c["p2p"]) or bool(c["missing_dumps"])
+    return (d is not None or bool(c["p2p"]) or bool(c["missing_dumps"])
+            or bool(c["failures"] and c.get("unrecorded")))
 
 
 def _check_seq(s: int, present: List[int], coll: Dict[int, Dict[int, Dict[str, Any]]],
@@ -1018,7 +1021,9 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
                              f"watch_stream puts a deadline on): {_captured_text(c)}")
             d = c["first_divergence"]
             if d is None:
-                if c["matched_through"] is not None or not c["p2p"]:
+                if c.get("unrecorded"):
+                    lines.append("  no operation recorded (recording off)")
+                elif c["matched_through"] is not None or not c["p2p"]:
                     lines.append("  no divergence among the collectives")
             elif c.get("bystander") and not _troubled(c):
                 lines.append(f"  at the dumps (not a divergence: this communicator did not fail), {d['op']}:")
@@ -1128,6 +1133,10 @@ def _verdict(c: Dict[str, Any]) -> str:
         if c["missing_dumps"]:
             return (f"no divergence among the dumps present; ranks {_fmt_ranks(c['missing_dumps'])} left no dump"
                     + "".join(f"; rank {r} {_unshown_text(u, short=True)}" for r, u in sorted(unshown.items())))
+        if c["failures"] and c.get("unrecorded"):
+            return (f"{name!r} failed on {_who(sorted({f['rank'] for f in c['failures']}))}, but no dump holds its "
+                    f"operations (recording was off: PYCOLL_FR_BUFFER_SIZE=0): what the watchdog said above is all "
+                    f"there is to go on")
         return f"no problem found on {name!r}"
     out = []
     held = {r: info["blocked_in"] for r, info in d["never_entered"].items() if info.get("blocked_in")}

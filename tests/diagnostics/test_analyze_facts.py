@@ -72,3 +72,25 @@ def test_an_answer_is_a_fact(tmp_path):
     # an answer made after the failure is 0 s old at it, not -0.01
     assert reps[0]["communicators"][0]["failures"][0]["behind"]["2"]["report_age_s"] == 0.0
     assert "its answer to rank 1's dump request said #20" in text
+
+
+def test_a_failure_whose_operations_were_not_recorded_is_no_all_clear(tmp_path):
+    # PYCOLL_FR_BUFFER_SIZE=0: the dumps hold no operation, only the watchdog's report of the failure; the analyzer
+    # said "no problem found" and exited 0
+    now = time.time()
+    report = {"time": now, "uid": UID, "rank": 0, "error_type": "CommTimeout", "op": "all_reduce", "seq": 11,
+              "message": "timed out", "elapsed_s": 2.0, "request": 1, "behind": {}, "peers": {}, "silent": {},
+              "peer_failures": {}}
+    for r in range(2):
+        rec = fr.FlightRecorder(0, dump_dir=str(tmp_path))
+        c = FakeComm(rec, r, 2, uid=UID, name="world")
+        c.op("all_reduce", np.ones(2, np.float32), np.ones(2, np.float32))  # not recorded
+        if r == 0:
+            rec.add_failure(0, report)
+        assert rec.dump("test")
+    rep = analyze.analyze_dir(str(tmp_path))[0]
+    assert not rep["ok"]
+    text = analyze.format_report([rep], stacks=False)
+    assert "no operation recorded (recording off)" in text
+    assert "verdict: 'world' failed on rank 0, but no dump holds its operations (recording was off" in text, text
+    assert analyze.main([str(tmp_path)]) == 1
