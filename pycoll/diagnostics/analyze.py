@@ -931,6 +931,8 @@ def analyze(dumps: Dict[int, Dict[str, Any]], *, stack_limit: int = 8) -> Dict[s
         c = _analyze_group(g, dumps, stack_limit)
         c["verdict"] = _verdict(c)
         c["culprits"] = _culprits(c)
+        # its first_divergence is only where its ranks were at the dumps (a bystander that did not fail)
+        c["not_a_divergence"] = bool(c["first_divergence"] is not None and c.get("bystander") and not _troubled(c))
         report["communicators"].append(c)
     report["ok"] = not problems and not any(_troubled(c) for c in report["communicators"])
     return report
@@ -1027,6 +1029,13 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
                     lines.append("  no divergence among the collectives")
             elif c.get("bystander") and not _troubled(c):
                 lines.append(f"  at the dumps (not a divergence: this communicator did not fail), {d['op']}:")
+                where = [f"{_who(d['never_entered'])}: not entered yet"] if d["never_entered"] else []
+                for state in sorted({info["state"] for info in d["in_flight"].values()}):
+                    where.append(f"{_who(r for r, i in d['in_flight'].items() if i['state'] == state)}: in flight "
+                                 f"(state {state})")
+                if d["completed"]:
+                    where.append(f"{_who(d['completed'])}: completed")
+                lines.append("    " + "; ".join(where))
             else:
                 lines.append(f"  FIRST DIVERGENCE at {d['op']}:")
                 for r, info in sorted(d["never_entered"].items()):

@@ -416,7 +416,7 @@ def _transition(raw: List[Dict[str, Any]], tracks: _Tracks, rank: int, tr: Dict[
 def _verdict_events(raw: List[Dict[str, Any]], c: Dict[str, Any], gen: Any,
                     slices_at: Dict[Tuple[Any, str, int], List[Dict[str, Any]]], counts: Dict[str, int]) -> None:
     uid = str(c.get("uid"))
-    div = c.get("first_divergence")
+    div = None if c.get("not_a_divergence") else c.get("first_divergence")
     at: List[Dict[str, Any]] = []
     if div is not None:
         at = slices_at.get((gen, uid, int(div.get("seq") or 0)), [])

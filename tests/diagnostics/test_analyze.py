@@ -14,6 +14,7 @@ import pytest
 from helpers.fakes import FakeComm
 
 from pycoll import analyze, flight_recorder as fr
+from pycoll.diagnostics.analyze import trace_dir
 
 PREFIX = fr.DEFAULT_FILE_PREFIX
 
@@ -381,11 +382,18 @@ def test_a_communicator_dumped_for_another_ones_failure_is_a_bystander(tmp_path,
         assert rec.dump("failure of generation 0", trigger=trigger)
     rep, c = one(str(tmp_path))
     v = analyze._verdict(c)
+    trace = trace_dir(str(tmp_path))
+    instants = [e["name"] for e in trace["traceEvents"] if e.get("ph") == "i"]
     if trigger == "failure":
         assert c["bystander"] and rep["ok"] and v.startswith("no failure of 'elastic'"), (c, v)
-        assert "not a divergence" in analyze.format_report([rep])
+        text = analyze.format_report([rep])
+        assert "not a divergence" in text
+        assert "    rank 0: in flight (state started); ranks 1-2: completed" in text, text  # where each rank was
+        # the timeline draws no divergence there either (it drew one, and the plot titled it so)
+        assert not any(n.startswith("first divergence") for n in instants), instants
     else:
         assert not c["bystander"] and not rep["ok"] and "completed on ranks 1-2 but not on 0" in v, v
+        assert any(n.startswith("first divergence: broadcast #3") for n in instants), instants
 
 
 def test_a_dump_that_knows_no_communicator_is_no_other_run():
