@@ -415,6 +415,8 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         raw = [e for e in entries if on(e[_INFO])]
         infos: Dict[str, _CommInfo] = {e[_INFO].uid: e[_INFO] for e in raw}
         outstanding = _outstanding(c for c in (i.ref() for i in infos.values()) if c is not None)
+        for w in outstanding.values():  # the state now, as the dump that follows gives it (as_dict)
+            w.comm.try_refresh(w)
         out = []
         for e in raw:
             state = _dynamic(e, outstanding)[0]

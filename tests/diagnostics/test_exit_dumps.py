@@ -147,8 +147,11 @@ def test_uncaught_exception_mid_collective_dumps(server, tmp_path):
 def test_exit_with_an_outstanding_collective_dumps(server, tmp_path):
     d, codes, outs = _run(server, tmp_path, "exit")
     assert codes[1] == 0, outs[1]
-    pyc = _dump(d, 1)["pycoll"]
+    dump = _dump(d, 1)
+    pyc = dump["pycoll"]
     assert pyc["trigger"] == "exit" and pyc["reason"].startswith(f"exit in rank 1 while all_reduce #{K} on 'world'")
+    # the reason names the state the dump gives (it said "scheduled" of an operation its dump had as "started")
+    assert f"on 'world' ({_entry(dump, K)['state']}) outstanding" in pyc["reason"], (pyc["reason"], _entry(dump, K))
 
 
 def _sigterm_when_entered(ranks, d):
