@@ -283,11 +283,7 @@ NCCL_API ncclResult_t ncclCommFinalize(ncclComm_t comm) {
 NCCL_API ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (!comm) return ncclSuccess;
   struct ncclComm* c;
-  if (!handle_valid(comm, H_COMM)) {
-    WARN("comm %p has already been destroyed", (void*)comm);
-    return ncclInvalidArgument;
-  }
-  ncclResult_t r = comm_acquire(comm, "ncclCommDestroy", &c);
+  ncclResult_t r = comm_acquire(comm, "ncclCommDestroy", &c); /* refuses a handle destroyed, aborted or never made */
   if (r != ncclSuccess) return r;
   /* a background job publishes its result just before it stops counting as running: once the
    * result is out, destroy waits for that last step instead of refusing */

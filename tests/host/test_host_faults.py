@@ -799,3 +799,15 @@ def test_stale_segment_of_a_dead_creator_is_swept():
     time.sleep(0.06)
     lib().get_unique_id()  # sweeps segments whose creator is dead
     assert not set(shm_entries()) - before
+
+
+def test_a_handle_no_longer_a_communicator_is_refused_alike_by_every_call():
+    # a destroyed (or aborted, or another library's) handle: destroy said "has already been destroyed" where every
+    # other call says what is known, that it is not a valid communicator
+    l = lib()
+    c = l.comm_init_rank(1, l.get_unique_id(), 0)
+    l.comm_destroy(c)
+    for call in (lambda: l.comm_destroy(c), lambda: l.comm_count(c), lambda: l.comm_abort(c)):
+        with pytest.raises(errors.InvalidArgument) as ei:
+            call()
+        assert "is not a valid communicator (it was destroyed or aborted, or never created)" in ei.value.last_error
