@@ -21,6 +21,7 @@ The launcher writes its keys at the root of the job's store, under :data:`RUN_KE
   node i > 0 (the first one: a second launcher with the same node rank is refused; the boot id and the process's
   start time, in clock ticks since boot, tell a launcher on the same host whether that one still runs).
 * ``pycoll-run/node/<i>/heartbeat`` and ``pycoll-run/node/<i>/done``: multi-node bookkeeping.
+* ``pycoll-run/shape``: ``"<nnodes> <nproc>"`` of node 0's launcher: a node that joins with others is refused.
 
 This module imports only the store, never the launcher's command line, so that the runtime (the
 elastic layer) can import it at module level.
@@ -47,6 +48,7 @@ KEY_ABORT = RUN_KEY_PREFIX + "abort"
 KEY_JOINED = RUN_KEY_PREFIX + "node/{node}/joined"
 KEY_HEARTBEAT = RUN_KEY_PREFIX + "node/{node}/heartbeat"
 KEY_DONE = RUN_KEY_PREFIX + "node/{node}/done"
+KEY_SHAPE = RUN_KEY_PREFIX + "shape"
 
 
 def _job_store(store: Store) -> Store:

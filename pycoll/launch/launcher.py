@@ -78,12 +78,16 @@ on another one a heartbeat of it within 4.5 s --, and "node rank i already ran i
 finished (its node reported done), exited, or sent no heartbeat for 4.5 s. A running job cannot take a
 restarted node, elastic or not: its ranks ended with its first launcher, and replacements are started only by
 the launcher whose rank failed (on its own node, ``--replace-failed``); an elastic job's survivors can go on
-without the node's ranks, and a job that needs them has to be started again. Node 0 fails the job when a node
-has not joined within ``--join-timeout`` ("node i never joined within N s"), and keeps the store up until every node
-that joined has finished (or stopped sending heartbeats for 30 s); once the job was stopped, for
-``--grace`` seconds and 2 more at most (a second signal to node 0 ends that wait). A failure or request that stops
-one node's launcher -- a failed rank (without ``--keep-going``), ``--timeout``, a signal, a node that never
-joined -- stops the others.
+without the node's ranks, and a job that needs them has to be started again. A launcher given another ``--nnodes``
+or ``-n`` than node 0's is refused as it joins. Node 0 fails the job when a node
+has not joined within ``--join-timeout`` ("node i never joined within N s") or, while ranks run, when a node that
+joined sends no heartbeat for 30 s (its launcher is gone or hangs; under ``--keep-going`` only its ranks are lost),
+and keeps the store up until every node that joined has finished (or stopped sending heartbeats for 30 s); once the
+job was stopped -- before that wait or during it --, for ``--grace`` seconds and 2 more at most (a second signal to
+node 0 ends that wait). A failure or request that stops one node's launcher -- a failed rank (without
+``--keep-going``), ``--timeout``, a signal, a node that never joined -- stops the others, and every launcher exits
+with that status: node 0 too where its own ranks had ended with 0, and where another node reports a failure as it
+finishes.
 
 Store keys the launcher writes (at the root of the store, under ``pycoll-run/``): see
 :mod:`pycoll.launch.keys`.
@@ -126,6 +130,7 @@ from .keys import (
     KEY_LOST,
     KEY_PROC,
     KEY_REPLACEMENT,
+    KEY_SHAPE,
 )
 
 __all__ = ["main", "EXIT_TIMEOUT", "EXIT_STORE_LOST"]
@@ -465,6 +470,10 @@ class _Launcher:
         self.unjoined: Set[int] = set(range(1, cfg.nnodes)) if cfg.node_rank == 0 else set()
         self.missing_reported = False
         self.last_join_check = 0.0
+        #: node 0: each node's last heartbeat count and when it changed; the nodes given up for their silence
+        self.beats: Dict[int, Tuple[int, float]] = {}
+        self.silent: Set[int] = set()
+        self.last_beat_check = 0.0
         self.events: List[str] = []
         self.events_lock = threading.Lock()
         self.watch_stop = threading.Event()
@@ -561,6 +570,7 @@ class _Launcher:
                 raise SystemExit(f"pycoll-run: cannot host the store: {exc}") from None
             self.store_port = self.server.port
             self.store = self.server.client(timeout=30.0)
+            self.store.set(KEY_SHAPE, f"{cfg.nnodes} {cfg.nproc}")  # what the other nodes must have been given
             log.debug("store on %s:%d", bind, self.store_port)
         else:
             store = self.wait_for_node0()
@@ -614,6 +624,7 @@ class _Launcher:
         assert self.store is not None
         cfg = self.cfg
         _fp.hit(FP_NODE_JOIN)
+        self.check_shape()
         fields = stat_fields(os.getpid())
         me = f"{self.run_id} {socket.gethostname()} {os.getpid()} {self.boot} {fields[19] if fields else ''}"
         try:
@@ -637,6 +648,21 @@ class _Launcher:
                          f"ended with that launcher, and pycoll-run starts no rank of a job again on a new launcher "
                          f"(a replacement is started by the launcher whose rank failed); restart the whole job -- an "
                          f"elastic job (ElasticGroup, --keep-going) can go on without this node's ranks")
+
+    def check_shape(self) -> None:
+        """Node i > 0: SystemExit unless node 0's launcher was given the same --nnodes and -n (ranks are numbered
+        node rank x -n + local rank: other numbers give two ranks one number, or the ranks different world sizes)."""
+        assert self.store is not None
+        cfg = self.cfg
+        try:
+            shape = self.store.get(KEY_SHAPE, 30.0).decode("utf-8", "replace")
+        except StoreError as exc:
+            raise SystemExit(f"pycoll-run: node {cfg.node_rank} could not read node 0's --nnodes and -n in its store: "
+                             f"{exc}") from None
+        if shape != f"{cfg.nnodes} {cfg.nproc}":
+            nnodes, _, nproc = shape.partition(" ")
+            raise SystemExit(f"pycoll-run: node {cfg.node_rank} was started with --nnodes {cfg.nnodes} -n {cfg.nproc} "
+                             f"but node 0 with --nnodes {nnodes} -n {nproc}: give every node's launcher the same")
 
     def gone_why(self, host: str, pid: str, boot: str, start: str) -> Optional[str]:
         """Node i > 0, whose node rank the launcher on ``host`` (``pid``, its boot id and start time) joined first:
@@ -928,6 +954,43 @@ class _Launcher:
             self.tell_nodes(-1, EXIT_NODE, why)
             self.stop(EXIT_NODE)
 
+    def node_silence(self, node: int, now: float) -> Optional[float]:
+        """Node 0: for how long ``node`` has sent no heartbeat, counted from node 0's first look (None: the store
+        cannot tell)."""
+        beats = self.store_call("read heartbeats", "add", KEY_HEARTBEAT.format(node=node), 0)
+        if beats is None:
+            return None
+        last, since = self.beats.get(node, (-1, now))
+        if beats != last:
+            self.beats[node] = (beats, now)
+            return 0.0
+        return now - since
+
+    def check_heartbeats(self, now: float) -> None:
+        """Node 0, while ranks run: a node that joined and then sent no heartbeat for ``_NODE_SILENCE_S`` (its
+        launcher is gone or hangs, its ranks with it) fails the job as a failed rank does; under --keep-going its
+        ranks are lost and the others go on."""
+        cfg = self.cfg
+        if cfg.node_rank != 0 or cfg.nnodes == 1 or now - self.last_beat_check < 1.0:
+            return
+        self.last_beat_check = now
+        for node in range(1, cfg.nnodes):
+            if node in self.unjoined or node in self.silent:
+                continue
+            silent = self.node_silence(node, now)
+            if silent is None or silent <= _NODE_SILENCE_S:
+                continue
+            if self.store_call("check nodes", "check", [KEY_DONE.format(node=node)]):
+                continue  # finished: no more heartbeats
+            self.silent.add(node)
+            why = f"node {node} sent no heartbeat for {_NODE_SILENCE_S:g} s (its launcher is gone or hangs)"
+            if cfg.keep_going:
+                log.warning("%s; its ranks are lost, the others go on (--keep-going)", why)
+            elif not self.stopping:
+                log.error("%s; stopping the job", why)
+                self.tell_nodes(-1, EXIT_NODE, why)
+                self.stop(EXIT_NODE)
+
     def joined(self, node: int) -> bool:
         """Node 0: whether ``node`` has joined the job (it leaves :attr:`unjoined` once it has)."""
         if node in self.unjoined and self.store_call("read which nodes joined", "check",
@@ -1103,6 +1166,7 @@ class _Launcher:
             self.poll_children()
             self.check_server()
             self.check_joined(time.monotonic())
+            self.check_heartbeats(time.monotonic())
         return self.result()
 
     def result(self) -> int:
@@ -1145,30 +1209,35 @@ class _Launcher:
         if cfg.node_rank != 0:
             self.store_call("report this node done", "set", KEY_DONE.format(node=cfg.node_rank), str(code))
             return code
-        pending = {i: (-1, time.monotonic()) for i in range(1, cfg.nnodes)}
-        stop_end = time.monotonic() + cfg.grace + _STOP_MARGIN_S if self.stopping else None
+        pending = set(range(1, cfg.nnodes)) - self.silent
+        stop_end: Optional[float] = None
         announced = False
+        failed_elsewhere = 0  # the first non-zero exit code another node reported
         while pending and self.signals_seen < 2:  # a second signal ends the wait
             _fp.hit(FP_NODES_FINISH)
             now = time.monotonic()
-            for node in list(pending):
-                if self.store_call("check nodes", "check", [KEY_DONE.format(node=node)]):
-                    del pending[node]
+            if stop_end is None and self.stopping:  # stopped before the wait or during it (a signal, another node)
+                stop_end = now + cfg.grace + _STOP_MARGIN_S
+            for node in sorted(pending):
+                done_key = KEY_DONE.format(node=node)
+                if self.store_call("check nodes", "check", [done_key]):
+                    pending.discard(node)
+                    done = self.store_call("read a node's exit code", "get", done_key, 1.0) or b"0"
+                    if not failed_elsewhere and done.strip().lstrip(b"-").isdigit() and int(done):
+                        failed_elsewhere = int(done)
                     continue
                 if node in self.unjoined:
                     if not self.joined(node) and now >= self.join_deadline:
-                        del pending[node]
+                        pending.discard(node)
                     continue
-                beats = self.store_call("read heartbeats", "add", KEY_HEARTBEAT.format(node=node), 0)
-                last, since = pending[node]
-                if beats is None:
+                silent = self.node_silence(node, now)
+                if silent is None:
                     return code
-                if beats != last:
-                    pending[node] = (beats, now)
-                elif now - since > _NODE_SILENCE_S:
+                if silent > _NODE_SILENCE_S:
                     log.warning("node %d sent no heartbeat for %g s; closing the store without it", node,
                                 _NODE_SILENCE_S)
-                    del pending[node]
+                    self.silent.add(node)
+                    pending.discard(node)
             if pending and stop_end is not None and now >= stop_end:
                 log.warning("node%s %s did not finish within %g s of the job's stop; closing the store without "
                             "%s", "s" if len(pending) > 1 else "", ", ".join(map(str, sorted(pending))),
@@ -1179,9 +1248,14 @@ class _Launcher:
                     log.info("waiting for nodes %s to finish before closing the store", sorted(pending))
                     announced = True
                 self.wait_events(0.25)
+        # every node's launcher exits with the job's status: one stopped while this one waited (a signal here,
+        # another node's failure), or a failure another node ended with, is this node's too
+        code = code or (self.stop_code or 0) or failed_elsewhere
         if self.unjoined and time.monotonic() >= self.join_deadline and not self.missing_reported:
             log.error("the job failed: %s", self.missing_nodes())
             code = code or EXIT_NODE
+        if self.silent and not cfg.keep_going:
+            code = code or EXIT_NODE  # a node whose launcher went silent: its ranks did not finish
         return code
 
     # ---- teardown

@@ -5,6 +5,7 @@ Every test runs the real launcher (``python -m pycoll.run``) on small scripts th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -817,6 +818,77 @@ def test_a_signal_to_any_nodes_launcher_stops_every_node(tmp_path, node, sig):
     assert (f"node {node} stopped the job (its launcher received {sig.name}; exit code {128 + sig}); stopping this "
             f"node's ranks") in errs[1 - node], errs
     _assert_all_gone(_pids(tmp_path))
+
+
+# rank 0 (node 0) ends at once with 0, rank 1 (node 1) after argv[1] s with argv[2]
+ENDS = WRITE_PID + "if RANK == 1:\n    time.sleep(float(sys.argv[1]))\n    sys.exit(int(sys.argv[2]))\n"
+
+
+@pytest.mark.timeout(40)
+@pytest.mark.parametrize("how", ["rank", "signal"])
+def test_node_0_whose_ranks_ended_exits_with_the_jobs_status(tmp_path, how):
+    """Node 0's ranks end with 0 and it waits for node 1 to finish; then node 1's rank fails (or node 0's launcher is
+    sent SIGTERM): every launcher exits with that status (node 0 exited 0, and waited out the other node)."""
+    script = _script(tmp_path, ENDS)
+    port = _free_port()
+    procs = [_node(tmp_path, 0, port, script, argv=["1.5" if how == "rank" else "30", "7"]),
+             _node(tmp_path, 1, port, script, argv=["1.5" if how == "rank" else "30", "7"])]
+    try:
+        _wait_files([tmp_path / "pid0", tmp_path / "pid1"])
+        if how == "signal":
+            _wait_text(tmp_path / "err0", "waiting for nodes [1] to finish")
+            procs[0].send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        codes = [p.wait(20) for p in procs]
+        took = time.monotonic() - t0
+    finally:
+        _end(procs)
+    errs = [(tmp_path / f"err{i}").read_text() for i in (0, 1)]
+    assert codes == ([7, 7] if how == "rank" else [143, 143]), errs
+    assert took < 8, (took, errs)
+
+
+@pytest.mark.timeout(30)
+def test_a_node_given_other_nnodes_or_n_than_node_0_is_refused(tmp_path):
+    """Node 1 with -n 2 where node 0 has -n 1: its ranks would take numbers node 0's have, with another world size."""
+    script = _script(tmp_path, SLEEPER)
+    port = _free_port()
+    procs = [_node(tmp_path, 0, port, script, "--join-timeout", "3", argv=["30"])]
+    args = ["-n", "2", "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
+            script, "30"]
+    try:
+        res = subprocess.run(_cmd(args), cwd=str(tmp_path), env=_env({"PYCOLL_STORE_TOKEN": "t"}),
+                             capture_output=True, text=True, timeout=20)
+        code0 = procs[0].wait(20)
+    finally:
+        _end(procs)
+    assert res.returncode == 1 and ("node 1 was started with --nnodes 2 -n 2 but node 0 with --nnodes 2 -n 1: give "
+                                    "every node's launcher the same") in res.stderr, res.stderr
+    assert code0 == 1 and "node 1 never joined within 3 s" in (tmp_path / "err0").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_a_node_whose_launcher_dies_fails_the_job_after_its_heartbeats_stop(tmp_path):
+    """Node 1's launcher is SIGKILLed while the ranks run (they exchange nothing): node 0 stops the job once node 1
+    sent no heartbeat for 30 s, and exits 1 (it let its rank run on, then exited 0)."""
+    script = _script(tmp_path, SLEEPER)
+    port = _free_port()
+    procs = [_node(tmp_path, 0, port, script, argv=["70"]), _node(tmp_path, 1, port, script, argv=["70"])]
+    try:
+        _wait_files([tmp_path / "pid0", tmp_path / "pid1"])
+        procs[1].kill()
+        t0 = time.monotonic()
+        code0 = procs[0].wait(60)
+        took = time.monotonic() - t0
+    finally:
+        _end(procs)
+        for pid in _pids(tmp_path):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    err = (tmp_path / "err0").read_text()
+    assert code0 == 1 and "node 1 sent no heartbeat for 30 s (its launcher is gone or hangs); stopping the job" in err
+    assert 28 < took < 45, took
 
 
 # -- the launcher's failpoints: killed or stopped there, the job still ends as documented ---------------------------
