@@ -722,7 +722,11 @@ class TCPStoreServer:
 
     def _append(self, key: str, value: bytes) -> int:
         old = self._table.data.get(key)
-        self._reserve(key, old, len(value) + (len(old) if old is not None else 0))
+        total = len(value) + (len(old) if old is not None else 0)
+        if len(_encode(_ST_OK, [b""])) - _LEN.size + total > self.max_message:  # a get could not return it
+            raise StoreError(f"the value under {key[:80]!r} would grow to {total} bytes, more than a reply "
+                             f"may hold (the server's max_message, {self.max_message} bytes)")
+        self._reserve(key, old, total)
         new_len = self._table.append(key, value)
         self._account(key, old)
         self._wake(key)

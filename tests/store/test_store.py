@@ -463,6 +463,14 @@ def test_oversized_value_is_refused_without_harm():
         assert not isinstance(e.value, StoreLost)
         assert tiny.get("k") == b"fits"
         tiny.close()
+        # an append that would grow a value past what a reply may hold is refused: the value stays readable
+        big.set("grow", b"a" * 3000)
+        with pytest.raises(StoreError, match=r"the value under 'grow' would grow to 6000 bytes, more than a reply "
+                                             r"may hold \(the server's max_message, 4096 bytes\)"):
+            big.append("grow", b"b" * 3000)
+        with pytest.raises(StoreError, match="would grow to"):
+            big.append_get("grow", b"b" * 3000, "grow", 1.0)
+        assert big.get("grow") == b"a" * 3000 and big.append("grow", b"c") == 3001
         small.close()
         big.close()
 
