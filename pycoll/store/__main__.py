@@ -8,6 +8,7 @@ import os
 import sys
 from typing import Optional, Sequence, cast
 
+from ..errors import StoreError
 from ._wire import DEFAULT_MAX_MESSAGE
 from .tcp_server import TCPStoreServer
 
@@ -23,7 +24,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="pycoll.store: %(message)s")
     token = os.environ.get("PYCOLL_STORE_TOKEN") or None
-    server = TCPStoreServer(args.host, args.port, token, max_message=args.max_message)
+    try:
+        server = TCPStoreServer(args.host, args.port, token, max_message=args.max_message)
+    except ValueError as exc:  # a bad argument or token
+        parser.error(str(exc))
+    except StoreError as exc:  # cannot listen there (the port in use, an address not this host's)
+        sys.stderr.write(f"python -m pycoll.store: {exc}\n")
+        return 1
     sys.stdout.write(f"PYCOLL_STORE_ADDR={server.host}\nPYCOLL_STORE_PORT={server.port}\n")
     if token is None:
         sys.stdout.write(f"PYCOLL_STORE_TOKEN={cast(str, server.token)}\n")  # the server made it: a hex str

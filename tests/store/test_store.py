@@ -700,6 +700,20 @@ def test_standalone_server_cli():
         proc.stderr.close()
 
 
+def test_standalone_server_cli_refuses_bad_arguments_in_a_line():
+    env = dict(os.environ, PYTHONPATH=_repo_root())
+    run = [sys.executable, "-m", "pycoll.store"]
+    bad = subprocess.run(run + ["--max-message", "10"], capture_output=True, text=True, timeout=30, env=env)
+    assert bad.returncode == 2 and "max_message must be at least 1024 bytes" in bad.stderr, bad.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = subprocess.run(run + ["--port", str(taken.getsockname()[1])], capture_output=True, text=True,
+                              timeout=30, env=env)
+    assert busy.returncode == 1 and "cannot listen on 127.0.0.1:" in busy.stderr, busy.stderr
+    assert "Traceback" not in bad.stderr + busy.stderr
+
+
 def _repo_root() -> str:
     import pycoll
 
