@@ -437,6 +437,8 @@ cdef class Work:
         """True once the operation has finished, successfully or not (see :meth:`exception`). Never blocks."""
         if self._exc is not None or _final(self._state):
             return True
+        if (<CommCore>self.comm)._state == "inherited":  # a forked child: the parent's operation is not its own
+            self.comm._check_alive()
         self.comm.refresh(self)
         return _final(self._state) or self._exc is not None
 
@@ -462,6 +464,8 @@ cdef class Work:
         if timeout is not None:
             timeout = _seconds(timeout, False)
         comm = self.comm
+        if comm._state == "inherited" and self._exc is None and not _final(self._state):
+            comm._check_alive()  # a forked child: the parent's operation, unfinished at the fork, is not its own
         if self._end is None and self._exc is None and not _final(self._state):
             group = _open_works()
             if group is not None and any(w is self for w in <list>group):
@@ -941,7 +945,9 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
     _notify(w, False)
     _stage(_ST_ENQUEUED)
     h = comm._handle
-    assert h is not None
+    if h is None:  # another thread aborted or destroyed it since this operation's state check
+        comm._check_usable(op)
+        raise CommStateError(f"{op}: communicator {comm.name!r} has no handle (state {comm._state})")
     group = _open_works()
     cdef unsigned long me = PyThread_get_thread_ident()
     if comm._owner != me:
@@ -993,6 +999,10 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
         return w
     except KeyboardInterrupt:
         comm._interrupted(w, f"{op} (seq {w.seq})")  # fail the communicator; its policy has acted on return
+        raise
+    except Exception as e:
+        if not isinstance(e, CommFailure):  # not the failure itself: another thread's abort freed what this used
+            _raise_if_closed(comm)
         raise
     finally:
         comm._user = user  # 0, or this thread's own (a nested launch)
@@ -1838,10 +1848,33 @@ cdef object _own_stream(CommCore comm, bint blocking):
     """
     s = comm._stream
     if s is None:
-        s = comm._stream = comm.device.create_stream()
+        s = _new_own_stream(comm)
     if pycoll_group_works == NULL:
         _stream_mode(comm, s, blocking)
     return s
+
+
+cdef object _new_own_stream(CommCore comm):
+    """The own stream, made now: not once another thread's abort or destroy has begun (it takes the stream under the
+    same lock, after the state changed), which would leave this one behind."""
+    comm._plock.take(-1)
+    try:
+        if comm._state != "active":
+            comm._check_usable("an operation")
+        s = comm._stream
+        if s is None:
+            s = comm._stream = comm.device.create_stream()
+        return s
+    finally:
+        comm._plock.give()
+
+
+cdef int _raise_if_closed(CommCore comm) except -1:
+    """Another thread aborted or destroyed ``comm`` while this one was in an operation of it (an abort may come from
+    any thread at any time): what then failed here is that, raised as it is for an operation issued after it."""
+    if comm._state == "aborted" or comm._state == "destroyed":
+        comm._check_alive()
+    return 0
 
 
 cdef int _stream_mode(CommCore comm, object s, bint inline) except -1:
@@ -1887,7 +1920,12 @@ cdef object _begin(CommCore comm, object what, object stream, bint async_op, obj
         if comm._failure is not None:
             comm._check_usable(what)
     if stream is None and not comm._guard_device:  # the host: no framework streams, the own stream
-        return _own_stream(comm, not async_op)
+        try:
+            return _own_stream(comm, not async_op)
+        except Exception as e:
+            if not isinstance(e, CommFailure):  # another thread's abort freed the stream
+                _raise_if_closed(comm)
+            raise
     if stream is None and _torch_view != NULL and _torch_raw_stream is not None:
         tp = type(a)
         if (tp is _torch_tensor or tp is _torch_parameter) and (b is None or type(b) is _torch_tensor

@@ -661,13 +661,28 @@ class Communicator(_core.CommCore):
             raise self._refusal(op, "issued its operations so far and has not handed it off")
         self._owner, self._owner_name = me, threading.current_thread().name
 
-    def _refusal(self, op: str, doing: str) -> CommStateError:
+    def _claim(self, what: str) -> None:
+        """``what`` (destroy: collective, and ordered with the operations) from this thread, refused as an operation
+        is while another thread is inside an operation or has the communicator, unless that thread has ended; then
+        this thread has it. abort() is not: it may come from any thread at any time."""
+        me = threading.get_ident()
+        if self._owner == me:
+            return
+        user, owner = self._user, self._owner
+        hint = "; abort() may be called from any thread"
+        if user and user != me:
+            raise self._refusal(what, "is inside an operation of it", hint)
+        if owner and any(t.ident == owner for t in threading.enumerate()):
+            raise self._refusal(what, "issued its operations so far and has not handed it off", hint)
+        self._owner, self._owner_name = me, threading.current_thread().name
+
+    def _refusal(self, op: str, doing: str, hint: str = "") -> CommStateError:
         return CommStateError(
             f"communicator {self.name!r}: thread {threading.current_thread().name!r} entered {op} while thread "
             f"{self._owner_name!r} {doing}; a communicator serves one thread at a time (NCCL's rule: calls from "
             "two threads interleave differently on different ranks and mix up their data): give each thread its "
             "own communicator (split), or pass it on where the program orders the two threads' operations the "
-            "same way on every rank (comm.hand_off(), then the other thread's operations)"
+            f"same way on every rank (comm.hand_off(), then the other thread's operations){hint}"
         )
 
     def hand_off(self) -> None:
@@ -1053,6 +1068,10 @@ class Communicator(_core.CommCore):
     def destroy(self, timeout: Optional[float] = None) -> None:
         """Release the communicator: finalize (collective: every rank must call it), then free.
 
+        From the thread that has the communicator (see :meth:`hand_off`; or any thread once that one has ended):
+        from another one it raises :class:`pycoll.CommStateError`, as an operation does. :meth:`abort` may be called
+        from any thread.
+
         If its outstanding operations have not completed and the other ranks have not arrived within
         ``timeout`` (the whole call's) the communicator is aborted and :class:`pycoll.CommTimeout` raised. After
         an abort this is a no-op. A communicator that failed, was revoked or was the parent of an abortive
@@ -1062,6 +1081,7 @@ class Communicator(_core.CommCore):
         if self._state in ("aborted", "destroyed", "inherited"):
             return
         self._outside_group("destroy")
+        self._claim("destroy")
         timeout = _check_timeout(timeout, self.timeout)
         if not self._owns_handle and self._failure is None:
             self._detach(timeout)
@@ -1126,8 +1146,8 @@ class Communicator(_core.CommCore):
     def _release_device_later(self) -> Callable[[], None]:
         """Take this communicator's stream, events and scratch memory now; free them when the returned
         function runs (the abort thread, once a left-behind abort returns)."""
-        stream, self._stream = self._stream, None
-        with self._plock:
+        with self._plock:  # an operation of another thread makes no new stream once the state is not active
+            stream, self._stream = self._stream, None
             events, self._events = self._events, []
             for w in self._pending:
                 _core.events_back(events, w)

@@ -220,6 +220,110 @@ def test_a_forked_child_cannot_use_the_parents_communicator():
     assert run_ranks(_forked, 2, _uid(), timeout=60) == [("refused", [2.0, 2.0])] * 2
 
 
+def _abort_race(rank, n, uid):
+    """A worker thread issues operations back to back; another thread aborts the communicator at a random moment."""
+    import random
+
+    seen = {}
+    for _ in range(80):
+        c = _comm(rank, n, uid=pycoll.get_unique_id(backend="host"))
+        c.all_reduce(np.ones(1, np.float32))
+        c.hand_off()
+
+        def work(c=c):
+            x = np.ones(64, np.float32)
+            try:
+                while True:
+                    ws = [c.all_reduce(x, async_op=True) for _ in range(4)]
+                    c.all_reduce(x)
+                    for w in ws:
+                        w.wait()
+            except Exception as e:  # what the worker got is the result
+                seen[type(e).__name__] = seen.get(type(e).__name__, 0) + 1
+
+        t = threading.Thread(target=work)
+        t.start()
+        time.sleep(random.uniform(0.0005, 0.01))
+        c.abort()
+        t.join(20)
+        assert not t.is_alive()
+    return seen
+
+
+@pytest.mark.timeout(120)
+def test_an_abort_from_another_thread_fails_the_operations_with_comm_aborted():
+    # the worker got AssertionError (no handle) or InvalidArgument (a stream the abort had freed) in 1 of 10
+    assert run_ranks(_abort_race, 1, _uid(), timeout=100) == [{"CommAborted": 80}]
+
+
+def _destroy_from_another_thread(rank, n, uid):
+    c = _comm(rank, n, uid)
+    x = np.ones(2, np.float32)
+    c.all_reduce(x)  # the main thread has it
+    out = []
+
+    def destroy():
+        try:
+            c.destroy()
+            out.append("destroyed")
+        except pycoll.CommStateError as e:
+            out.append("refused" if "abort() may be called from any thread" in str(e) else str(e))
+
+    for _ in range(2):
+        t = threading.Thread(target=destroy)
+        t.start()
+        t.join(20)
+        if out[-1] != "refused":
+            break
+        c.all_reduce(x)  # still the main thread's, and usable
+        c.hand_off()  # now the next thread may destroy it
+    return out, c.state
+
+
+def test_destroy_from_a_thread_that_has_not_the_communicator_is_refused():
+    # a collective ordered with the operations: another thread's destroy ran while the main thread was inside one
+    # (its operation then hung past its deadline on freed resources)
+    assert run_ranks(_destroy_from_another_thread, 1, _uid(), timeout=60) == [(["refused", "destroyed"], "destroyed")]
+
+
+def _forked_wait(rank, n, uid):
+    c = _comm(rank, n, uid, timeout=10.0)
+    x = np.ones(2, np.float32)
+    if rank == 1:
+        time.sleep(1.0)  # rank 0's operation is outstanding across its fork
+        c.all_reduce(x)
+        c.destroy()
+        return x.tolist()
+    w = c.all_reduce(x, async_op=True)
+    r, wr = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            seen = []
+            for call in (w.is_completed, w.wait):  # the parent's operation: not the child's to wait for
+                try:
+                    call()
+                    seen.append("returned")
+                except pycoll.CommStateError as e:
+                    seen.append("refused" if "fork" in str(e) else "other")
+            os.write(wr, " ".join(seen).encode())
+        finally:
+            os._exit(0)
+    os.close(wr)
+    seen = os.read(r, 64).decode()
+    os.waitpid(pid, 0)
+    os.close(r)
+    w.wait()  # the parent's is unharmed
+    c.destroy()
+    return seen, x.tolist()
+
+
+@pytest.mark.timeout(60)
+def test_a_forked_child_cannot_wait_for_the_parents_operation():
+    # it hung past the operation's deadline (wait) or reported it completed (wait(timeout), is_completed)
+    assert run_ranks(_forked_wait, 2, _uid(), timeout=60) == [("refused refused", [2.0, 2.0]), [2.0, 2.0]]
+
+
 # -- finding 5: no interval delays a timeout ----------------------------------------------------------
 
 
