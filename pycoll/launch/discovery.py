@@ -15,7 +15,7 @@ first match wins:
    ``PYCOLL_STORE_ADDR``         host of the job's TCP store (hosted by the launcher of node 0)
    ``PYCOLL_STORE_PORT``         its port
    ``PYCOLL_STORE_TOKEN``        its shared secret (also read by SLURM/Open MPI jobs, see below)
-   ``PYCOLL_RUN_ID``             random id of this launch (for file names, logs)
+   ``PYCOLL_RUN_ID``             random id of this launch, the same on every node (for file names, logs)
    ``PYCOLL_REPLACEMENT``        0 for a rank started with the job; k >= 1 for the k-th process
                                  started to replace a dead process of the same rank slot
    ``PYCOLL_REPLACES``           set on replacements only: the rank slot whose process died

@@ -21,7 +21,8 @@ The launcher writes its keys at the root of the job's store, under :data:`RUN_KE
   node i > 0 (the first one: a second launcher with the same node rank is refused; the boot id and the process's
   start time, in clock ticks since boot, tell a launcher on the same host whether that one still runs).
 * ``pycoll-run/node/<i>/heartbeat`` and ``pycoll-run/node/<i>/done``: multi-node bookkeeping.
-* ``pycoll-run/shape``: ``"<nnodes> <nproc>"`` of node 0's launcher: a node that joins with others is refused.
+* ``pycoll-run/shape``: ``"<nnodes> <nproc> <run id>"`` of node 0's launcher: a node that joins with other numbers
+  is refused; the others take its run id.
 
 This module imports only the store, never the launcher's command line, so that the runtime (the
 elastic layer) can import it at module level.

@@ -570,7 +570,8 @@ class _Launcher:
                 raise SystemExit(f"pycoll-run: cannot host the store: {exc}") from None
             self.store_port = self.server.port
             self.store = self.server.client(timeout=30.0)
-            self.store.set(KEY_SHAPE, f"{cfg.nnodes} {cfg.nproc}")  # what the other nodes must have been given
+            # what the other nodes must have been given, and the job's run id (one dump folder for the job)
+            self.store.set(KEY_SHAPE, f"{cfg.nnodes} {cfg.nproc} {self.run_id}")
             log.debug("store on %s:%d", bind, self.store_port)
         else:
             store = self.wait_for_node0()
@@ -651,7 +652,8 @@ class _Launcher:
 
     def check_shape(self) -> None:
         """Node i > 0: SystemExit unless node 0's launcher was given the same --nnodes and -n (ranks are numbered
-        node rank x -n + local rank: other numbers give two ranks one number, or the ranks different world sizes)."""
+        node rank x -n + local rank: other numbers give two ranks one number, or the ranks different world sizes);
+        its ranks get node 0's run id (``PYCOLL_RUN_ID``: the job's dumps go to one folder)."""
         assert self.store is not None
         cfg = self.cfg
         try:
@@ -659,8 +661,10 @@ class _Launcher:
         except StoreError as exc:
             raise SystemExit(f"pycoll-run: node {cfg.node_rank} could not read node 0's --nnodes and -n in its store: "
                              f"{exc}") from None
-        if shape != f"{cfg.nnodes} {cfg.nproc}":
-            nnodes, _, nproc = shape.partition(" ")
+        nnodes, nproc, run_id = [*shape.split(" "), "", "", ""][:3]
+        if run_id:
+            self.run_id = run_id
+        if (nnodes, nproc) != (str(cfg.nnodes), str(cfg.nproc)):
             raise SystemExit(f"pycoll-run: node {cfg.node_rank} was started with --nnodes {cfg.nnodes} -n {cfg.nproc} "
                              f"but node 0 with --nnodes {nnodes} -n {nproc}: give every node's launcher the same")
 

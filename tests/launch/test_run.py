@@ -552,8 +552,10 @@ from pycoll.env import discover, open_store
 info = discover()
 store = open_store(timeout=30)
 store.set(f"rank{info.rank}", str(info.node_rank))
+store.set(f"run{info.rank}", os.environ["PYCOLL_RUN_ID"])
 values = store.multi_get([f"rank{r}" for r in range(info.world_size)], timeout=30)
-print(info.rank, info.local_rank, info.node_rank, info.nnodes, [v.decode() for v in values])
+runs = {v.decode() for v in store.multi_get([f"run{r}" for r in range(info.world_size)], timeout=30)}
+print(info.rank, info.local_rank, info.node_rank, info.nnodes, [v.decode() for v in values], len(runs))
 if FAIL and info.rank == 3:
     sys.exit(4)
 if FAIL:
@@ -581,7 +583,8 @@ def test_two_nodes_on_one_machine(tmp_path, fail):
             p.wait(10)
     codes = [p.returncode for p in procs]
     lines = sorted(line for out, _ in outs for line in out.splitlines())
-    expected = [f"[rank{r}]: {r} {r % 2} {r // 2} 2 ['0', '0', '1', '1']" for r in range(4)]
+    # one run id on every node (the job's dumps in one folder)
+    expected = [f"[rank{r}]: {r} {r % 2} {r // 2} 2 ['0', '0', '1', '1'] 1" for r in range(4)]
     assert lines == expected, outs
     if fail:
         assert codes == [4, 4], outs
