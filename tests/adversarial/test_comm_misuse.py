@@ -193,23 +193,32 @@ def test_hand_off_is_refused_while_operations_of_the_communicator_wait_in_an_ope
     assert run_ranks(_hand_off_in_group, 1, _uid(), timeout=60) == [([True, True], "completed", [1.0, 1.0])]
 
 
-def _forked(rank, n, uid):
-    c = _comm(rank, n, uid, timeout=10.0)
+def _in_forked_child(*calls):
+    """Each call made in a forked child, as 'returned', 'refused' (a CommStateError naming the fork) or 'other'."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
-            try:
-                c.all_reduce(np.ones(2, np.float32))
-                os.write(w, b"used")
-            except pycoll.CommStateError as e:
-                os.write(w, b"refused" if "fork" in str(e) else b"other")
+            seen = []
+            for call in calls:
+                try:
+                    call()
+                    seen.append("returned")
+                except pycoll.CommStateError as e:
+                    seen.append("refused" if "fork" in str(e) else "other")
+            os.write(w, " ".join(seen).encode())
         finally:
             os._exit(0)
     os.close(w)
-    seen = os.read(r, 16).decode()
+    seen = os.read(r, 64).decode()
     os.waitpid(pid, 0)
     os.close(r)
+    return seen
+
+
+def _forked(rank, n, uid):
+    c = _comm(rank, n, uid, timeout=10.0)
+    seen = _in_forked_child(lambda: c.all_reduce(np.ones(2, np.float32)))
     x = np.ones(2, np.float32)
     c.all_reduce(x)  # the parent's communicator is unharmed
     c.destroy()
@@ -295,24 +304,7 @@ def _forked_wait(rank, n, uid):
         c.destroy()
         return x.tolist()
     w = c.all_reduce(x, async_op=True)
-    r, wr = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            seen = []
-            for call in (w.is_completed, w.wait):  # the parent's operation: not the child's to wait for
-                try:
-                    call()
-                    seen.append("returned")
-                except pycoll.CommStateError as e:
-                    seen.append("refused" if "fork" in str(e) else "other")
-            os.write(wr, " ".join(seen).encode())
-        finally:
-            os._exit(0)
-    os.close(wr)
-    seen = os.read(r, 64).decode()
-    os.waitpid(pid, 0)
-    os.close(r)
+    seen = _in_forked_child(w.is_completed, w.wait)  # the parent's operation: not the child's to wait for
     w.wait()  # the parent's is unharmed
     c.destroy()
     return seen, x.tolist()

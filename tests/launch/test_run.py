@@ -339,7 +339,7 @@ if os.environ["PYCOLL_RANK"] == "1":
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("keep_going", [False, True])
+@pytest.mark.parametrize("keep_going", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_a_rank_stopped_after_every_other_ended_is_killed_as_hung(tmp_path, keep_going):
     """Nobody is left to continue it: killed as hung (a failure) instead of waited for forever."""
     script = _script(tmp_path, ALONE)
@@ -856,7 +856,7 @@ def test_a_node_given_other_nnodes_or_n_than_node_0_is_refused(tmp_path):
     """Node 1 with -n 2 where node 0 has -n 1: its ranks would take numbers node 0's have, with another world size."""
     script = _script(tmp_path, SLEEPER)
     port = _free_port()
-    procs = [_node(tmp_path, 0, port, script, "--join-timeout", "3", argv=["30"])]
+    procs = [_node(tmp_path, 0, port, script, "--join-timeout", "1.5", argv=["30"])]
     args = ["-n", "2", "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
             script, "30"]
     try:
@@ -867,7 +867,7 @@ def test_a_node_given_other_nnodes_or_n_than_node_0_is_refused(tmp_path):
         _end(procs)
     assert res.returncode == 1 and ("node 1 was started with --nnodes 2 -n 2 but node 0 with --nnodes 2 -n 1: give "
                                     "every node's launcher the same") in res.stderr, res.stderr
-    assert code0 == 1 and "node 1 never joined within 3 s" in (tmp_path / "err0").read_text()
+    assert code0 == 1 and "node 1 never joined within 1.5 s" in (tmp_path / "err0").read_text()
 
 
 @pytest.mark.slow
