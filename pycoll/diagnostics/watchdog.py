@@ -194,7 +194,8 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         heartbeat_timeout: Optional[float] = None,
     ) -> None:
         self.recorder = recorder or get_recorder()
-        self._rounds = 0  # the monitor thread's rounds: a dump signal read in one is queued by its end
+        # the monitor thread's rounds, begun and done: a dump signal read in one is queued by its end
+        self._rounds_begun = self._rounds_done = 0
         self._lock = threading.Lock()
         self._threads: List[threading.Thread] = []
         self._stop = threading.Event()
@@ -601,13 +602,14 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         """
         deadline = time.monotonic() + (self.dump_timeout if timeout is None else timeout)
         self._dumps.flushing = True  # held reports and dumps go ahead now
-        rounds = self._rounds
+        begun = self._rounds_begun
         self._poke()
         try:
             self.wait_for_reports(deadline)  # failure reports still being made queue their dump next
             # a dump signal delivered before now (its byte on the wake-up socket, or pending) is queued by the end of
-            # the monitor's first round begun after the poke (the round under way may have missed it)
-            while (self._rounds < rounds + 2 and self.running and not self.in_monitor_thread()
+            # the monitor's first round begun after the poke (the round under way may have missed it; the poke's byte
+            # starts the next one at once)
+            while (self._rounds_done < begun + 1 and self.running and not self.in_monitor_thread()
                    and time.monotonic() < deadline):
                 time.sleep(0.002)
             return self._dumps.wait(deadline)
@@ -725,6 +727,7 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
                 ready, _, _ = select.select([r], [], [], GATE_POLL if self._dumps.holding else period)
             except (OSError, ValueError):
                 return  # closed by stop()
+            self._rounds_begun += 1
             signalled = False
             if ready:
                 try:
@@ -751,7 +754,7 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
             if jobs:
                 self._dumps.run(jobs, self.recorder.dump)
             self._check_stall()
-            self._rounds += 1
+            self._rounds_done += 1
 
     def _interrupted(self) -> None:
         """SIGINT arrived: fail the communicators the main thread is blocked in (the main thread
