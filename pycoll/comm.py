@@ -651,29 +651,15 @@ class Communicator(_core.CommCore):
 
     # -- launching operations -------------------------------------------------------------------
 
-    def _take_over(self, me: int, op: str) -> None:
+    def _take_over(self, me: int, op: str, hint: str = "", unless_ended: bool = False) -> None:
         """``me`` issues ``op`` but is not this communicator's thread: it becomes it if no thread has
-        the communicator (none issued an operation yet, or the last one called :meth:`hand_off`)."""
+        the communicator (none issued an operation yet, or the last one called :meth:`hand_off`; ``unless_ended``:
+        or the one that has it has ended). ``hint``: added to the refusal."""
         user, owner = self._user, self._owner
         if user and user != me:
-            raise self._refusal(op, "is inside an operation of it")
-        if owner:
-            raise self._refusal(op, "issued its operations so far and has not handed it off")
-        self._owner, self._owner_name = me, threading.current_thread().name
-
-    def _claim(self, what: str) -> None:
-        """``what`` (destroy: collective, and ordered with the operations) from this thread, refused as an operation
-        is while another thread is inside an operation or has the communicator, unless that thread has ended; then
-        this thread has it. abort() is not: it may come from any thread at any time."""
-        me = threading.get_ident()
-        if self._owner == me:
-            return
-        user, owner = self._user, self._owner
-        hint = "; abort() may be called from any thread"
-        if user and user != me:
-            raise self._refusal(what, "is inside an operation of it", hint)
-        if owner and any(t.ident == owner for t in threading.enumerate()):
-            raise self._refusal(what, "issued its operations so far and has not handed it off", hint)
+            raise self._refusal(op, "is inside an operation of it", hint)
+        if owner and not (unless_ended and all(t.ident != owner for t in threading.enumerate())):
+            raise self._refusal(op, "issued its operations so far and has not handed it off", hint)
         self._owner, self._owner_name = me, threading.current_thread().name
 
     def _refusal(self, op: str, doing: str, hint: str = "") -> CommStateError:
@@ -1081,7 +1067,9 @@ class Communicator(_core.CommCore):
         if self._state in ("aborted", "destroyed", "inherited"):
             return
         self._outside_group("destroy")
-        self._claim("destroy")
+        me = threading.get_ident()
+        if self._owner != me:  # collective, and ordered with the operations: from their thread (abort: from any)
+            self._take_over(me, "destroy", "; abort() may be called from any thread", unless_ended=True)
         timeout = _check_timeout(timeout, self.timeout)
         if not self._owns_handle and self._failure is None:
             self._detach(timeout)
