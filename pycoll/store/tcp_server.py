@@ -70,6 +70,9 @@ DEFAULT_MAX_BYTES = 1 << 30
 DEFAULT_MAX_WAITS = 65536
 
 
+_REPLY_OVERHEAD = len(_encode(_ST_OK, [b""])) - _LEN.size  # a reply of one value: its bytes beside the value's
+
+
 def unauthenticated_for(world_size: int) -> int:
     """A job's server's ``max_unauthenticated``: every rank of a job may connect at once (two connections each: its
     main thread's and its watchdog's), and a handshake takes a round trip, so hundreds of ranks over a network have
@@ -723,7 +726,7 @@ class TCPStoreServer:
     def _append(self, key: str, value: bytes) -> int:
         old = self._table.data.get(key)
         total = len(value) + (len(old) if old is not None else 0)
-        if len(_encode(_ST_OK, [b""])) - _LEN.size + total > self.max_message:  # a get could not return it
+        if _REPLY_OVERHEAD + total > self.max_message:  # a get could not return it
             raise StoreError(f"the value under {key[:80]!r} would grow to {total} bytes, more than a reply "
                              f"may hold (the server's max_message, {self.max_message} bytes)")
         self._reserve(key, old, total)
