@@ -26,6 +26,8 @@ import tempfile
 import time
 from typing import TYPE_CHECKING, List, Optional, Sequence, Set, Tuple
 
+from . import unwritable
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -247,12 +249,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         print(f"demo: --timeout must be a finite number of seconds > 0, got {args.timeout}", file=sys.stderr)
         return 2
-    if args.trace:  # written at the end: a place it cannot go fails here, not after the run
-        folder = os.path.dirname(os.path.abspath(args.trace))
-        if os.path.isdir(args.trace) or not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
-            why = "a folder" if os.path.isdir(args.trace) else f"{folder} is not a folder this process can write to"
-            print(f"demo: cannot write --trace {args.trace!r}: {why}", file=sys.stderr)
-            return 2
+    why = unwritable(args.trace) if args.trace else None  # written at the end: refused now, not after the run
+    if why:
+        print(f"demo: cannot write --trace {args.trace!r}: {why}", file=sys.stderr)
+        return 2
     if args.dump_dir:
         try:  # every rank writes there: a folder that cannot be made fails here, not in each rank
             os.makedirs(args.dump_dir, exist_ok=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -114,15 +114,21 @@ class _CupyKit(_ArrayLib):
             self.cupy.cuda.runtime.deviceSynchronize()
 
 
+def array_refusal(array: str, backend: str) -> Optional[str]:
+    """Why ``--array array`` cannot be used on ``backend`` (resolved: not "auto"), else None."""
+    if backend == "host" and array not in ("auto", "numpy", "torch"):
+        return f"--array {array} needs a GPU backend; the host backend takes numpy or torch arrays"
+    if backend != "host" and array == "numpy":
+        return f"the {backend} backend needs GPU arrays: --array torch or cupy"
+    return None
+
+
 def _make_kit(array: str, backend: str, device_id: int) -> _ArrayLib:
+    why = array_refusal(array, backend)
+    if why:
+        raise ValueError(why)
     if backend == "host":
-        if array in ("auto", "numpy"):
-            return _NumpyKit()
-        if array == "torch":
-            return _TorchKit("cpu")
-        raise ValueError(f"--array {array} needs a GPU backend; the host backend takes numpy or torch arrays")
-    if array == "numpy":
-        raise ValueError(f"the {backend} backend needs GPU arrays: --array torch or cupy")
+        return _TorchKit("cpu") if array == "torch" else _NumpyKit()
     if array in ("auto", "torch"):
         try:
             return _TorchKit(f"cuda:{device_id}")

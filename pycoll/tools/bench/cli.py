@@ -18,7 +18,8 @@ import numpy as np
 from ...devices import auto_backend
 from ...errors import RankDiscoveryError
 from ...launch import discovery
-from .arrays import _ArrayLib, _make_kit, _TorchKit
+from .. import unwritable
+from .arrays import _ArrayLib, _make_kit, _TorchKit, array_refusal
 from .cases import build_case
 from .report import _dispatch, _EventReporter, _Reporter, _TableReporter
 from .runner import _Runner, measure
@@ -138,16 +139,12 @@ def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
                 f"{', '.join('.' + f for f in sorted(_PLOT_FORMATS))}")
     # found now, not once every size has run (the results would be lost)
     for flag, path in (("--json", a.json), ("--csv", a.csv), ("--plot", a.plot)):
-        folder = os.path.dirname(os.path.abspath(path)) if path and path != "-" else None
-        if folder is not None and not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
-            p.error(f"{flag} {path}: {folder} is not a folder this process can write to")
-        if path and path != "-" and os.path.isdir(path):
-            p.error(f"{flag} {path}: a folder, not a file")
-    backend = a.backend if a.backend != "auto" else auto_backend()
-    if backend == "host" and a.array == "cupy":
-        p.error("--array cupy needs a GPU backend; the host backend takes numpy or torch arrays")
-    if backend != "host" and a.array == "numpy":
-        p.error(f"the {backend} backend needs GPU arrays: --array torch or cupy")
+        why = unwritable(path) if path and path != "-" else None
+        if why:
+            p.error(f"{flag} {path}: {why}")
+    why = array_refusal(a.array, a.backend if a.backend != "auto" else auto_backend())
+    if why:
+        p.error(why)
 
 
 def _rank_meta(comm: Any, kit: _ArrayLib) -> Dict[str, Any]:
