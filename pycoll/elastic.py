@@ -32,7 +32,9 @@ A loop looks like this::
 **Reshape.** A member that sees a communicator failure calls :meth:`ElasticGroup.reshape`. It raises
 the generation's reshape flag in the store; every member's watcher thread sees it, vouches that its
 process is alive and revokes its communicator, so members stuck in a collective or busy computing
-join promptly. Members that neither vouch nor are provably gone (a same-host process that exited or
+join promptly (their operations raise :class:`~pycoll.CommRevoked`, the failure their dumps record: the
+analyzer names no rank that never entered an operation only because of it while another explains the failure).
+Members that neither vouch nor are provably gone (a same-host process that exited or
 is stopped) are waited for up to ``window`` seconds. The first live member collects the votes
 (:mod:`pycoll.membership`), proposes the survivors and writes the decision with an atomic
 compare-and-set, which every member adopts (another member takes over if it is gone), so all
@@ -79,7 +81,7 @@ from .comm import Communicator, default_timeout
 from .config import CommConfig
 from .create import init, join, load_library
 from .diagnostics import get_recorder, get_watchdog
-from .errors import CommFailure, CommStateError, NCCLError, StoreError, StoreLost, StoreTimeout
+from .errors import CommFailure, CommRevoked, CommStateError, NCCLError, StoreError, StoreLost, StoreTimeout
 from .launch import discovery
 from .launch.keys import launched_processes, mark_group_lost, mark_lost, unmark_lost
 from .store.torch import store_argument
@@ -693,8 +695,8 @@ class ElasticGroup:
                     self._requested = (g, requester)
                     comm.expect_revoke()
                 else:
-                    try:
-                        comm.fail(CommFailure(f"generation {g} of {self.name!r} is being reshaped by another member"))
+                    try:  # a CommRevoked: the recovery stops it, this member's own part did not fail
+                        comm.fail(CommRevoked(f"generation {g} of {self.name!r} is being reshaped by another member"))
                     except Exception:  # revoke unsupported: the policy aborts instead
                         _log.exception("revoking generation %d", g)
             _fp.hit(FP_WATCHER_AFTER_REVOKE)

@@ -462,8 +462,12 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
     res["p2p"] = _check_p2p(members, present, p2p, stack_limit)
     if res["first_divergence"] is not None:
         # a rank that never entered the operation because it is held in an operation of its own
+        # or because the recovery stopped it first: its failure of this communicator is the revoke the elastic
+        # layer makes when another member begins a reshape (CommRevoked, in no operation)
+        revoked = {f["rank"] for f in res["failures"] if f.get("error_type") == "CommRevoked" and f.get("op") is None}
         for r, info in res["first_divergence"]["never_entered"].items():
             info["blocked_in"] = _blocked_in(dumps[r], uid, members, res["p2p"], r)
+            info["revoked"] = r in revoked
     # a bystander: no rank recorded a failure of this communicator, and every dump was written for a failure (of
     # another communicator: an elastic group's earlier generation, whose dump was held back until after the
     # recovery). Its ranks were dumped at different moments while it ran: what is in flight on one rank and done
@@ -580,6 +584,19 @@ def _captured_text(c: Dict[str, Any], limit: int = 6) -> str:
         items.append(text)
     more = len(items) - limit
     return ", ".join(items[:limit]) + (f" and {more} more" if more > 0 else "")
+
+
+def _overtaken(c: Dict[str, Any]) -> List[int]:
+    """The ranks that never entered communicator report ``c``'s first divergent operation only because the recovery
+    revoked their communicator before they issued it (a reshape another member began: a peer died while they were
+    between two operations), where the verdict has others to point at. Where it has none, every rank that never
+    entered it was so stopped, and they stay culprits: late enough for the others to time out waiting for them."""
+    d = c["first_divergence"]
+    revoked = {r for r, info in d["never_entered"].items() if info.get("revoked")}
+    others = ((set(d["never_entered"]) - revoked) | set(c.get("unshown") or {})
+              | {r for r, t in d["missing_dumps"].items() if "not seen entering" in t}
+              | set((d["mismatch"] or {}).get("culprits") or []))
+    return sorted(revoked) if revoked and others else []
 
 
 def _troubled(c: Dict[str, Any]) -> bool:
@@ -1047,6 +1064,8 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
                         held_text = f"; held there: {held['why']}" if held["why"] else ""
                     else:
                         held_text = f"; {_held(held)}" if held else ""
+                    if info.get("revoked"):
+                        held_text += "; the recovery revoked it first (a reshape another member began)"
                     lines.append(f"    rank {r}: never entered it ({last}){held_text}"
                                  + (f"; when it dumped, its main thread was at {c['main_thread'][r]}"
                                     if r in c.get("main_thread", {}) else ""))
@@ -1148,8 +1167,10 @@ def _verdict(c: Dict[str, Any]) -> str:
                     f"there is to go on")
         return f"no problem found on {name!r}"
     out = []
-    held = {r: info["blocked_in"] for r, info in d["never_entered"].items() if info.get("blocked_in")}
-    behind = sorted(r for r in d["never_entered"] if r not in held)
+    overtaken = _overtaken(c)
+    held = {r: info["blocked_in"] for r, info in d["never_entered"].items()
+            if info.get("blocked_in") and r not in overtaken}
+    behind = sorted(r for r in d["never_entered"] if r not in held and r not in overtaken)
     if behind:
         out.append(f"rank{'s' if len(behind) > 1 else ''} {_fmt_ranks(behind)} never entered {d['op']} on {name!r}")
     for r, b in sorted(held.items()):
@@ -1215,7 +1236,8 @@ def _culprits(c: Dict[str, Any]) -> List[int]:
         return []
     if d is None:
         return sorted({c["p2p"][0]["src"], c["p2p"][0]["dst"]}) if c["p2p"] else sorted(c.get("unshown") or {})
-    out = set(d["never_entered"]) | {r for r, t in d["missing_dumps"].items() if "not seen entering" in t}
+    out = set(d["never_entered"]) - set(_overtaken(c))
+    out |= {r for r, t in d["missing_dumps"].items() if "not seen entering" in t}
     out |= set(c.get("unshown") or {})
     if d["mismatch"]:
         out |= set(d["mismatch"]["culprits"])

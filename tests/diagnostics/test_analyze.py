@@ -632,7 +632,7 @@ def test_cli_errors_and_json(tmp_path, capsys):
     assert data[0]["communicators"][0]["first_divergence"]["never_entered"] == {"0": {
         "last_op": "all_reduce #2 [Float(2,)]", "last_state": "completed",
         "last_site": data[0]["communicators"][0]["first_divergence"]["never_entered"]["0"]["last_site"],
-        "blocked_in": None}}
+        "blocked_in": None, "revoked": False}}
     # the verdict and the ranks it points at, as the text has them
     c = data[0]["communicators"][0]
     assert c["verdict"] == "rank 0 never entered all_reduce #3 [Float(2,)] on 'world'" and c["culprits"] == [0], c

@@ -94,3 +94,57 @@ def test_a_failure_whose_operations_were_not_recorded_is_no_all_clear(tmp_path):
     assert "no operation recorded (recording off)" in text
     assert "verdict: 'world' failed on rank 0, but no dump holds its operations (recording was off" in text, text
     assert analyze.main([str(tmp_path)]) == 1
+
+
+def _revoked_report(now, rank):
+    """What the watchdog reports of a rank whose generation the elastic layer revoked for a reshape another member
+    began, between two of its operations."""
+    return {"time": now, "uid": UID, "rank": rank, "error_type": "CommRevoked", "op": None, "seq": None,
+            "message": "generation 0 of 'demo' is being reshaped by another member", "elapsed_s": None,
+            "behind": {}, "peers": {}, "silent": {}, "peer_failures": {}}
+
+
+def _stopped_between_ops(folder, *, ranks, in_flight, reports):
+    """``ranks`` of 4 dump 20 completed all_reduces, those of ``in_flight`` a 21st one in flight; ``reports``: rank
+    -> its failure report."""
+    for r in ranks:
+        rec = fr.FlightRecorder(64, dump_dir=str(folder))
+        c = FakeComm(rec, r, 4, uid=UID, name="demo")
+        for _ in range(20):
+            c.op("all_reduce", np.ones(2, np.float32), np.ones(2, np.float32))
+        if r in in_flight:
+            c.op("all_reduce", np.ones(2, np.float32), np.ones(2, np.float32), state="started")
+        rec.add_failure(0, reports[r])
+        assert rec.dump("test")
+    return analyze.analyze_dir(str(folder))[0]
+
+
+def test_a_rank_the_recovery_stopped_before_it_issued_the_operation_is_no_culprit(tmp_path):
+    # rank 2 died between #20 and #21; rank 3 saw it in #21 and began the reshape, whose revoke stopped rank 0
+    # before it issued #21 (seen in the demo under load: the verdict named rank 0 first, as a rank that never entered)
+    now = time.time()
+    gone = {"time": now, "uid": UID, "rank": 3, "error_type": "RemoteError", "op": "all_reduce", "seq": 21,
+            "message": "rank 2 exited", "elapsed_s": 0.0, "behind": {}, "peers": {"2": _progress(0, int(now * 1e9))},
+            "silent": {}, "peer_failures": {}, "gone": {"2": 4242}}
+    rep = _stopped_between_ops(tmp_path, ranks=[0, 1, 3], in_flight=[1, 3],
+                               reports={0: _revoked_report(now, 0), 1: _revoked_report(now, 1), 3: gone})
+    c = rep["communicators"][0]
+    assert c["verdict"].startswith("rank 2 (no dump) was not seen entering all_reduce #21"), c["verdict"]
+    assert "rank 0" not in c["verdict"]
+    assert c["culprits"] == [2]
+    text = analyze.format_report([rep], stacks=False)
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith("rank 0: never entered it"))
+    assert "the recovery revoked it first (a reshape another member began)" in line
+
+
+def test_ranks_the_recovery_stopped_stay_culprits_where_nothing_else_explains_the_others_wait(tmp_path):
+    # every rank dumped; rank 0 was late (the others timed out in #21 and reshaped, which revoked it): it is the one
+    now = time.time()
+    timeout = {"time": now, "uid": UID, "error_type": "CommTimeout", "op": "all_reduce", "seq": 21,
+               "message": "timed out", "elapsed_s": 30.0, "behind": {}, "peers": {}, "silent": {},
+               "peer_failures": {}}
+    c = _stopped_between_ops(tmp_path, ranks=[0, 1, 2, 3], in_flight=[1, 2, 3],
+                             reports={0: _revoked_report(now, 0), **{r: {**timeout, "rank": r} for r in (1, 2, 3)}}
+                             )["communicators"][0]
+    assert c["verdict"].startswith("rank 0 never entered all_reduce #21"), c["verdict"]
+    assert c["culprits"] == [0]
