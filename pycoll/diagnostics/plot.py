@@ -168,8 +168,9 @@ def plot_trace(trace: Dict[str, Any], path: str, *, title: Optional[str] = None,
             if divs.setdefault(str(a.get("uid", op)), what) != what:
                 continue
             for r in a.get("never_entered") or []:
-                if what not in notes[int(r)]:
-                    notes[int(r)].append(what)
+                note = what + (" (the recovery revoked it first)" if r in (a.get("revoked_first") or []) else "")
+                if note not in notes[int(r)]:
+                    notes[int(r)].append(note)
         drawn["divergence"] = "; ".join(divs.values())
         ax.text(0.0, 1.01, f"first divergence{'s' if len(divs) > 1 else ''}: {drawn['divergence']}",
                 color="#d03030", fontsize=8, va="bottom", ha="center", transform=ax.get_xaxis_transform())

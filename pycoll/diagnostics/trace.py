@@ -436,6 +436,8 @@ def _verdict_events(raw: List[Dict[str, Any]], c: Dict[str, Any], gen: Any,
                         "pid": ev["pid"], "tid": ev["tid"], "_t0": ev["_t0"],
                         "args": {"communicator": c.get("name"), "uid": uid, "members": c.get("members"),
                                  "never_entered": sorted(int(r) for r in div.get("never_entered") or {}),
+                                 "revoked_first": sorted(int(r) for r, i in (div.get("never_entered") or {}).items()
+                                                         if i.get("revoked")),
                                  "in_flight": sorted(int(r) for r in div.get("in_flight") or {}),
                                  "completed": div.get("completed"), "mismatch": div.get("mismatch")}})
             counts["instants"] += 1

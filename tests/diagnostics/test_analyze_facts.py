@@ -7,9 +7,11 @@ import os
 import time
 
 import numpy as np
+import pytest
 from helpers.fakes import FakeComm
 
 from pycoll import analyze, flight_recorder as fr
+from pycoll.diagnostics import plot
 
 PREFIX = fr.DEFAULT_FILE_PREFIX
 UID = "abcdef0123456789"
@@ -135,6 +137,9 @@ def test_a_rank_the_recovery_stopped_before_it_issued_the_operation_is_no_culpri
     text = analyze.format_report([rep], stacks=False)
     line = next(ln for ln in text.splitlines() if ln.strip().startswith("rank 0: never entered it"))
     assert "the recovery revoked it first (a reshape another member began)" in line
+    pytest.importorskip("matplotlib")
+    drawn = plot.plot_trace(analyze.trace_dir(str(tmp_path)), str(tmp_path / "p.png"))
+    assert drawn["notes"][0].endswith("all_reduce #21 [Float(2,)] (the recovery revoked it first)"), drawn["notes"]
 
 
 def test_ranks_the_recovery_stopped_stay_culprits_where_nothing_else_explains_the_others_wait(tmp_path):
