@@ -48,7 +48,7 @@ from . import _bindings as B, _dtypes, _settings, buffers as _buffers, hooks
 from .buffers import Buffer, as_buffer, check_count, check_device, check_overlap, check_same_dtype
 from .collconfig import prepare as _prepare_config
 from .devices import FIRST_SLEEP_S, HostDevice
-from .errors import AsyncCommError, CommAborted, CommFailure, CommStateError, NCCLError, error_class
+from .errors import AsyncCommError, CommAborted, CommFailure, CommStateError, NCCLError, NotSupported, error_class
 
 __all__ = ["CommCore", "Hook", "Lock", "RLock", "Work", "launch", "refresh", "retire", "events_back", "begin",
            "buf", "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter", "send",
@@ -166,9 +166,12 @@ cdef extern from *:
     /* The Works of this thread's open group (a list; NULL outside one) and its library: owned references */
     static _Thread_local PyObject* pycoll_group_works = NULL;
     static _Thread_local PyObject* pycoll_group_lib = NULL;
+    /* a nested group's body raised: the outermost one drops what it holds */
+    static _Thread_local int pycoll_group_raised = 0;
     """
     PyObject* pycoll_group_works
     PyObject* pycoll_group_lib
+    int pycoll_group_raised
 
 
 cdef inline object _open_works():
@@ -333,6 +336,8 @@ cdef class CommCore:
         grouped. Nothing in the block can use a result of the group: waiting for one of its Works raises
         :class:`pycoll.CommStateError`, and so do the calls that need their result at their return
         (``split``, ``shrink``, ``grow``, ``broadcast_bytes``, ``register_window``, ``finalize``, ``destroy``).
+        A block that raises (or holds a nested group whose block raised) drops the group: none of its operations
+        runs, their Works fail with :class:`pycoll.CommStateError` (see :class:`GroupScope`).
         """
         cdef GroupScope g = GroupScope.__new__(GroupScope)
         g.comm = self
@@ -1962,7 +1967,11 @@ cdef class GroupScope:
     The outermost group of this thread collects the Works enqueued in it; at its end ``ncclGroupEnd``
     issues them, their completion events are recorded, and the blocking ones are waited for. A group
     the library refuses fails its Works (nothing of it runs) and raises the library's error, unless
-    the block itself raised.
+    the block itself raised. A group whose block raised (its own or a nested group's, even one it caught) is
+    dropped: ``ncclGroupSimulateEnd`` closes it, so none of its operations runs (a peer's matching ones wait for
+    them, as for any operation a rank never issued), and its Works fail with a :class:`~pycoll.CommStateError`;
+    the block's exception goes on (a note says what was dropped), or where the outermost block ended normally, a
+    CommStateError says so. A library without ``ncclGroupSimulateEnd`` (NCCL < 2.22) runs them, as it would.
     """
     cdef CommCore comm
     cdef object lib
@@ -1973,12 +1982,15 @@ cdef class GroupScope:
         self.comm = comm
 
     def __enter__(self):
+        global pycoll_group_raised
         if self.entered:  # its one record of the open group would be overwritten: every later call in a "group"
             raise CommStateError("this group() is already open: a nested group needs its own comm.group()")
         lib = self.comm.library
         self.outer = pycoll_group_works == NULL
         if not self.outer and <object>pycoll_group_lib is not lib:
             raise CommStateError("a group can only hold communicators of one library")
+        if self.outer:
+            pycoll_group_raised = 0
         if isinstance(lib, Library):  # the C call, as _Call makes the operations' calls
             (<Library>lib)._group_start()
         else:
@@ -1992,15 +2004,26 @@ cdef class GroupScope:
     def __exit__(self, typ, value, tb):
         cdef Work w
         cdef CommCore c
+        global pycoll_group_raised
         cdef bint body_ok = typ is None
+        cdef bint nested_raised = False
         cdef list works = []
         if not self.entered:
             raise CommStateError("group() exited without being entered")
         self.entered = False
         lib = self.lib
-        if self.outer:
+        if not self.outer:
+            if not body_ok:
+                pycoll_group_raised = 1
+        else:
             works = _open_works()
             _set_group(None, None)
+            nested_raised, pycoll_group_raised = pycoll_group_raised, 0
+            if works and (nested_raised or not body_ok) and _drop_group(lib, works, value):
+                if body_ok:
+                    raise CommStateError(f"a nested group's block raised (and this one's went on): the group was "
+                                         f"dropped, none of its {len(works)} operations ran")
+                return False
             if works:
                 _prepare_group_end(works)
         status = 0
@@ -2028,6 +2051,24 @@ cdef class GroupScope:
                 if not w.async_op:
                     _complete_in_group(w)
         return False
+
+
+cdef bint _drop_group(object lib, list works, object raised) except -1:
+    """Close the outermost group holding ``works`` with ``ncclGroupSimulateEnd``: none of them runs; they fail with
+    a CommStateError, and ``raised`` (the block's exception, or None) gets a note saying so. False where the library
+    has no ncclGroupSimulateEnd: the group is still open then, for the caller to end."""
+    try:
+        lib.group_simulate_end()
+        why = "its block raised: the group was dropped (ncclGroupSimulateEnd), none of its operations ran"
+    except NotSupported:
+        return False
+    except NCCLError as e:  # the library refused the group (what the block raised, most often): nothing ran either
+        why = f"the library refused the group: {e}"
+    for w in works:
+        w.comm.group_failed(w, CommStateError(f"{w.op} (seq {w.seq}) never ran: {why}"))
+    if isinstance(raised, BaseException):
+        raised.add_note(f"pycoll: none of the {len(works)} operations of the group() it left ran (dropped)")
+    return True
 
 
 cdef int _complete_in_group(Work w) except -1:
