@@ -2301,6 +2301,15 @@ cdef object _redop(CommCore comm, object op, object datatype):
     return comm._redop(op, datatype)
 
 
+cdef inline object _holding(CommCore comm, object w, object op, object redop):
+    """``w``, which keeps the scalar of the PreMulSum ``op`` (``redop``: its operator) alive while it lives: NCCL reads
+    an array scalar when the operation runs, and the operator may be destroyed (and the PreMulSum, holding the scalar,
+    dropped) as soon as the call returned."""
+    if <int>redop >= _NUM_OPS:
+        comm._scalar_holds[w] = op._scalar
+    return w
+
+
 cdef inline bint _share_memory(object a, object b):
     """Whether two Buffers' byte ranges meet: check_overlap's own range test in C, so that the common separate
     buffers make no Python call (check_overlap decides the rest)."""
@@ -2355,7 +2364,8 @@ cdef object _all_reduce(CommCore comm, object tensor, object output, object op, 
     call = _new_call(comm.library, _ALL_REDUCE, cc, (<tuple>inp)[0], (<tuple>out)[0], count, (<tuple>inp)[3], redop, 0)
     _stage(_ST_ARGS)
     ins = [inp]
-    return _launch(comm, "all_reduce", call, st, ins, _outputs_of(ins, out), async_op, timeout, None)
+    return _holding(comm, _launch(comm, "all_reduce", call, st, ins, _outputs_of(ins, out), async_op, timeout, None), op,
+                    redop)
 
 
 cdef object _rank_arg(CommCore comm, object root, object what):
@@ -2403,7 +2413,8 @@ def reduce(CommCore comm, tensor, root=0, output=None, op="sum", *, stream=None,
     redop = _redop(comm, op, (<tuple>inp)[3])
     call = _new_call(comm.library, _REDUCE, cc, (<tuple>inp)[0], (<tuple>out)[0], count, (<tuple>inp)[3], redop, root)
     ins = [inp]
-    return _launch(comm, "reduce", call, st, ins, _outputs_of(ins, out), async_op, timeout, None)
+    return _holding(comm, _launch(comm, "reduce", call, st, ins, _outputs_of(ins, out), async_op, timeout, None), op,
+                    redop)
 
 
 cdef object _rank_block(CommCore comm, object whole, Py_ssize_t count, object name):
@@ -2474,7 +2485,8 @@ def reduce_scatter(CommCore comm, input, output=None, op="sum", *, stream=None, 
     call = _new_call(comm.library, _REDUCE_SCATTER, cc, (<tuple>inp)[0], (<tuple>out)[0], (<tuple>out)[2],
                      (<tuple>inp)[3], redop, 0)
     ins = [inp]
-    return _launch(comm, "reduce_scatter", call, st, ins, _outputs_of(ins, out), async_op, timeout, None)
+    return _holding(comm, _launch(comm, "reduce_scatter", call, st, ins, _outputs_of(ins, out), async_op, timeout, None), op,
+                    redop)
 
 
 def all_to_all(CommCore comm, input, output=None, *, stream=None, async_op=False, timeout=None, config=None):

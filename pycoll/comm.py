@@ -302,6 +302,8 @@ class Communicator(_core.CommCore):
         self._scratch: Optional[int] = None
         self._bytes_scratch: Tuple[int, int] = (0, 0)  # broadcast_bytes' device buffer: (pointer, size)
         self._premul: weakref.WeakSet[PreMulSum] = weakref.WeakSet()
+        # Work -> the scalar of the PreMulSum it was given, kept while the Work lives (_core._holding)
+        self._scalar_holds: weakref.WeakKeyDictionary[Work, Any] = weakref.WeakKeyDictionary()
         self._resources: List[Any] = []  # registrations and windows (pycoll.windows), released with the comm
         self.created_at = time.time()
         hooks.register_live(self)
@@ -899,7 +901,8 @@ class Communicator(_core.CommCore):
 
         ``scalar``: a Python number (stored in ``dtype``, which must represent it exactly for
         integer types; NCCL reads it now), or a one-element array on the communicator's device
-        (read when the operation runs). ``dtype``: a numpy or torch dtype or a name such as
+        (read when the operation runs: each operation given the operator keeps it alive while its Work lives, so
+        the operator may be destroyed as soon as the call returned). ``dtype``: a numpy or torch dtype or a name such as
         ``"float32"``.
         """
         self._check_usable("pre_mul_sum")

@@ -941,13 +941,28 @@ def _premul(rank, n, uid):
         wrong = False
     except ValueError:
         wrong = True
+    # an array scalar, read when the operation runs: the operator destroyed and its PreMulSum dropped while the
+    # operation waits for a late peer (it read freed memory: 1000003 instead of 6)
+    a, y = np.ones(1 << 18, np.float32), np.ones(1 << 18, np.float32)
+    if rank == 1:
+        time.sleep(0.5)
+    w0 = c.all_reduce(a, async_op=True)
+    with c.pre_mul_sum(np.array([3.0], np.float32), np.float32) as op:
+        w = c.all_reduce(y, op=op, async_op=True)
+    del op
+    gc.collect()
+    junk = [np.full(1, 1e6, np.float32) for _ in range(2000)]
+    w0.wait()
+    w.wait()
+    held = y[:3].tolist() == [3.0 * n] * 3 or y[:3].tolist()
+    del junk
     c.destroy()
-    return ok and wrong
+    return ok, wrong, held
 
 
 @pytest.mark.timeout(60)
 def test_pre_mul_sum():
-    assert run_ranks(_premul, 2, _uid(), timeout=30) == [True, True]
+    assert run_ranks(_premul, 2, _uid(), timeout=30) == [(True, True, True)] * 2
 
 
 _SCRIPT = """
