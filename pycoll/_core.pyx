@@ -1780,14 +1780,16 @@ cdef object _cai_buffer(object obj, object cai, object stream, bint writable, ob
 
 cdef object _describe(CommCore comm, object obj, object stream, bint writable, object name):
     global _torch_tensor, _torch_parameter
+    cdef bint tensor_or_importing = False  # a torch tensor of a subclass, or torch half imported: the general path
     tp = type(obj)
     if tp is _ndarray:
         b = _numpy_buffer(obj, writable, name)
     elif tp is _torch_tensor or tp is _torch_parameter:
         b = _torch_buffer(obj, stream, name)
+        if writable and obj.requires_grad:
+            _written_in_place(obj)
     else:
         b = None
-        tensor_or_importing = False  # a torch tensor of a subclass, or torch half imported: the general path
         if _torch_tensor is None:  # torch's modules are looked up until it is imported (then once only)
             torch = sys.modules.get("torch")
             if torch is not None:
@@ -1812,6 +1814,9 @@ cdef object _describe(CommCore comm, object obj, object stream, bint writable, o
                     b = _cai_buffer(obj, cai, stream, writable, name)
     if b is None:
         b = as_buffer(obj, writable=writable, stream=stream, name=name)
+        if writable and tensor_or_importing and _torch_tensor is not None and isinstance(obj, _torch_tensor) \
+                and obj.requires_grad:
+            _written_in_place(obj)
     backend = comm.backend
     if backend == "host":
         if (<tuple>b)[6] is not _CPU and (<tuple>b)[6] not in _HOST_MEMORY:  # numpy's and torch's CPU: no hashing
@@ -1826,6 +1831,21 @@ cdef object _describe(CommCore comm, object obj, object stream, bint writable, o
     if sync is not None:
         comm.device.wait_stream(stream, sync)
     return b
+
+
+cdef object _increment_version = None
+
+
+cdef int _written_in_place(object tensor) except -1:
+    """Tell autograd that the operation writes ``tensor`` (one that requires grad) in place, as torch's own in-place
+    operations do: a backward that saved it then raises (\"modified by an inplace operation\") instead of computing
+    wrong gradients silently. (A tensor that does not require grad is not told: its check would cost every call.)"""
+    global _increment_version
+    if _increment_version is None:
+        from torch.autograd.graph import increment_version
+        _increment_version = increment_version
+    _increment_version(tensor)
+    return 0
 
 
 def buf(CommCore comm, obj, stream, *, writable, name):

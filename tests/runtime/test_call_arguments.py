@@ -314,3 +314,28 @@ def test_in_place_forms_use_this_ranks_block():
         assert len(got) == 2 * (2 + 2 + 2) + 1, sorted(got)  # per form: 2, its own root (2), 2 other roots; 1
         bad = {what: ok for what, ok in got.items() if ok != (True, True)}
         assert not bad, bad
+
+
+def test_a_tensor_autograd_saved_and_written_in_place_makes_backward_raise(comm):
+    """As torch's own in-place operations: the write bumps the tensor's version, so a backward that saved it raises
+    (it computed wrong gradients silently); a subclass tensor too, an input only read is not bumped."""
+    torch = pytest.importorskip("torch")
+
+    class Sub(torch.Tensor):
+        pass
+
+    for make in (lambda t: t, lambda t: t.as_subclass(Sub)):
+        x = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+        h = make(x * 1.0)
+        loss = (h * h).sum()
+        v = h._version
+        comm.all_reduce(torch.ones(3), h)  # h is only written
+        assert h._version > v
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            loss.backward()
+    x = torch.tensor([1.0, 2.0], requires_grad=True)
+    h = x * 1.0
+    loss = (h * h).sum()
+    comm.all_reduce(h, torch.empty(2))  # h is only read
+    loss.backward()
+    assert x.grad.tolist() == [2.0, 4.0]
