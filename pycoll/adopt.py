@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
-from . import _bindings as B, hooks
+from . import _bindings as B, _settings, hooks
 from .devices import Device, open_device
 from .errors import NCCLError, NotSupported
 
@@ -71,6 +71,7 @@ def from_handle(cls: Any, handle: Any, *, owned: bool = False, library: Any = No
                 name: Optional[str] = None, uid: Optional[str] = None, timeout: float,
                 on_failure: str = "abort", store: Any = None) -> Any:
     """Build a ``cls`` (Communicator) on an existing handle; see Communicator.from_handle."""
+    _settings.check_all()  # as init: a bad value read only later (an abort's bound) is named now
     h = handle_of(handle)
     if not isinstance(owned, bool):
         raise TypeError(f"owned must be a bool, not {type(owned).__name__}")

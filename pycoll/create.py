@@ -419,6 +419,7 @@ def init_all(devices: Any, *, backend: str = "auto", library: Any = None, timeou
         for d in devlist:
             if isinstance(d, bool) or not isinstance(d, int) or d < 0:
                 raise ValueError(f"devices must be ordinals >= 0, got {d!r}")
+    _settings.check_all()  # as init: before the communicators exist
     _, lib = load_library(backend, library)
     _install_diagnostics()
     handles = lib.comm_init_all(len(devlist), devlist)

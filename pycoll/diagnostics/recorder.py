@@ -83,6 +83,16 @@ from .stacks import format_stack, is_runtime_frame
 if TYPE_CHECKING:
     pass
 
+
+def _check_prefix(prefix: object, what: str) -> None:
+    """ValueError unless ``prefix`` can start a dump's file name (its rank follows it)."""
+    if not isinstance(prefix, str) or not prefix or os.sep in prefix or prefix[-1].isdigit():
+        raise ValueError(f"{what} must be a non-empty file name not ending in a digit (the rank follows it), "
+                         f"got {prefix!r}")
+
+
+_settings.register_check("PYCOLL_FR_FILE_PREFIX", lambda raw: _check_prefix(raw, "$PYCOLL_FR_FILE_PREFIX"))
+
 __all__ = [
     "FlightRecorder",
     "SCHEMA_VERSION",
@@ -269,10 +279,7 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         if dump_dir is not None:
             self.dump_dir = os.fspath(dump_dir)
         if file_prefix is not None:
-            if (not isinstance(file_prefix, str) or not file_prefix or os.sep in file_prefix
-                    or file_prefix[-1].isdigit()):
-                raise ValueError("file_prefix must be a non-empty file name not ending in a digit, "
-                                 f"got {file_prefix!r}")
+            _check_prefix(file_prefix, "file_prefix")
             self.file_prefix = file_prefix
         if write_json is not None:
             self.write_json = bool(write_json)

@@ -110,6 +110,21 @@ def test_every_variable_is_checked_as_a_communicator_is_made(monkeypatch):
         with pytest.raises(ValueError, match=rf"\${name} must be"):
             pycoll.init(0, 1, backend="host")
         monkeypatch.delenv(name)
+    # every other way a communicator is made checks them too (init_all's aborts raised the ValueError instead of
+    # the failure, and a communicator adopted from a handle could not be aborted)
+    lib = pycoll.bindings.load("host")
+    handle = lib.comm_init_all(1, [0])[0]
+    monkeypatch.setenv("PYCOLL_ABORT_TIMEOUT", "abc")
+    for make in (lambda: pycoll.init_all(1, backend="host"), lambda: pycoll.from_handle(handle, library=lib),
+                 lambda: pycoll.Communicator.from_handle(handle, library=lib, timeout=5.0)):
+        with pytest.raises(ValueError, match=r"\$PYCOLL_ABORT_TIMEOUT must be"):
+            make()
+    monkeypatch.delenv("PYCOLL_ABORT_TIMEOUT")
+    lib.comm_abort(handle)
+    # a text setting with a rule of its own (the dump file prefix: the rank follows it)
+    monkeypatch.setenv("PYCOLL_FR_FILE_PREFIX", "rank0")
+    with pytest.raises(ValueError, match=r"\$PYCOLL_FR_FILE_PREFIX must be a non-empty file name not ending in a "):
+        pycoll.init(0, 1, backend="host")
 
 
 def test_bad_failpoints_do_not_break_the_import_but_are_named_where_settings_are_checked(tmp_path):
