@@ -212,6 +212,30 @@ def abort_all(comms: Sequence[Communicator], timeout: Optional[float] = None) ->
         c._end_abort()
 
 
+def check_arguments(size: int, global_ranks: Optional[Sequence[int]], on_failure: str, generation: int,
+                    failure_callbacks: Sequence[Callable[..., Any]]) -> Optional[Tuple[int, ...]]:
+    """ValueError/TypeError naming what is wrong with the arguments a communicator of ``size`` ranks keeps (checked
+    by :func:`pycoll.init` before the collective init, so a rank never leaves a made communicator on them);
+    ``global_ranks`` as a tuple."""
+    ranks = None
+    if global_ranks is not None:
+        if isinstance(global_ranks, (str, bytes)):
+            raise TypeError(f"global_ranks must be a sequence of ints, not {type(global_ranks).__name__}")
+        ranks = tuple(global_ranks)
+        if len(ranks) != size:
+            raise ValueError(f"global_ranks has {len(ranks)} entries for a communicator of {size} ranks")
+        if any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in ranks) or len(set(ranks)) != size:
+            raise ValueError(f"global_ranks must be distinct ints >= 0, got {list(ranks)}")
+    if on_failure not in _FAILURE_POLICIES:
+        raise ValueError(f"on_failure must be one of {_FAILURE_POLICIES}, got {on_failure!r}")
+    if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
+        raise ValueError(f"generation must be an int >= 0, got {generation!r}")
+    for cb in failure_callbacks:
+        if not callable(cb):
+            raise TypeError(f"failure_callbacks must be callables, got {cb!r}")
+    return ranks
+
+
 class Communicator(_core.CommCore):
     """A communicator of ``size`` ranks; this process is ``rank``.
 
@@ -262,16 +286,10 @@ class Communicator(_core.CommCore):
         self._size = size
         self.name = name
         self.uid = uid
-        self._global_ranks: Optional[Tuple[int, ...]] = tuple(global_ranks) if global_ranks is not None else None
-        if self._global_ranks is not None and len(self._global_ranks) != size:
-            raise ValueError(f"global_ranks has {len(self._global_ranks)} entries for a communicator of {size} ranks")
+        self._global_ranks = check_arguments(size, global_ranks, on_failure, generation, failure_callbacks)
         self.timeout = timeout
-        if on_failure not in _FAILURE_POLICIES:
-            raise ValueError(f"on_failure must be one of {_FAILURE_POLICIES}, got {on_failure!r}")
         self._on_failure = on_failure
         self._store = store
-        if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
-            raise ValueError(f"generation must be an int >= 0, got {generation!r}")
         self._generation = generation
         self._owns_device = owns_device
         self.backend = device.backend

@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from . import _bindings as B, _settings, failpoints as _fp, hooks
 from .buffers import integer
-from .comm import Communicator, _check_timeout, default_timeout, poll_ready
+from .comm import Communicator, _check_timeout, check_arguments, default_timeout, poll_ready
 from .config import CommConfig
 from .devices import Device, auto_backend, cuda_device_count, open_device, rocm_device_count
 from .diagnostics import install as _install_diagnostics
@@ -205,6 +205,13 @@ def init(
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is out of range for world_size {world_size}")
+    # what the communicator keeps, refused before the collective init (a rank refusing it after left a made
+    # communicator behind, and its peers one whose member never came)
+    check_arguments(world_size, global_ranks, on_failure, generation, failure_callbacks)
+    if config is not None and not isinstance(config, CommConfig):
+        raise TypeError(f"config must be a pycoll.CommConfig, not {type(config).__name__}")
+    if give_up is not None and not callable(give_up):
+        raise TypeError(f"give_up must be a callable, got {give_up!r}")
     if store is not None:
         store = store_argument(store)
     # from here on a SIGTERM dumps and aborts the init under way (its segment removed); not before the store is

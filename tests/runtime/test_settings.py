@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 from helpers import REPO
@@ -150,3 +151,21 @@ def test_a_library_named_by_the_variable_is_said_to_come_from_it(monkeypatch, tm
     monkeypatch.setenv("PYCOLL_NCCL_LIBRARY", str(tmp_path / "libmissing.so"))
     with pytest.raises(LibraryError, match=r"^\$PYCOLL_NCCL_LIBRARY='.*libmissing\.so': "):
         B.load()
+
+
+@pytest.mark.parametrize("kw,exc,text", [
+    ({"on_failure": "explode"}, ValueError, "on_failure must be one of"),
+    ({"global_ranks": [0, 0]}, ValueError, "global_ranks must be distinct ints"),
+    ({"global_ranks": "ab"}, TypeError, "global_ranks must be a sequence of ints"),
+    ({"generation": -1}, ValueError, "generation must be an int >= 0"),
+    ({"failure_callbacks": [5]}, TypeError, "failure_callbacks must be callables"),
+    ({"config": {"blocking": True}}, TypeError, "config must be a pycoll.CommConfig"),
+    ({"give_up": 5}, TypeError, "give_up must be a callable"),
+])
+def test_what_the_communicator_keeps_is_refused_before_the_collective_init(kw, exc, text):
+    # refused after the init had made the communicator (its peers then had one whose member never took part); rank 1
+    # never comes here: refused at once, not after the init's timeout
+    t0 = time.monotonic()
+    with pytest.raises(exc, match=text):
+        pycoll.init(0, 2, unique_id=pycoll.get_unique_id(backend="host"), backend="host", init_timeout=2, **kw)
+    assert time.monotonic() - t0 < 1.0
