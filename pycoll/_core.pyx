@@ -2505,8 +2505,8 @@ def reduce_scatter(CommCore comm, input, output=None, op="sum", *, stream=None, 
     call = _new_call(comm.library, _REDUCE_SCATTER, cc, (<tuple>inp)[0], (<tuple>out)[0], (<tuple>out)[2],
                      (<tuple>inp)[3], redop, 0)
     ins = [inp]
-    return _holding(comm, _launch(comm, "reduce_scatter", call, st, ins, _outputs_of(ins, out), async_op, timeout, None), op,
-                    redop)
+    w = _launch(comm, "reduce_scatter", call, st, ins, _outputs_of(ins, out), async_op, timeout, None)
+    return _holding(comm, w, op, redop)
 
 
 def all_to_all(CommCore comm, input, output=None, *, stream=None, async_op=False, timeout=None, config=None):
