@@ -17,6 +17,7 @@ import numbers
 import os
 import re
 import signal
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
@@ -75,9 +76,16 @@ class Setting:
     maximum: Optional[float] = None
     choices: Tuple[str, ...] = ()
 
+    def raw(self, environ: Optional[Mapping[str, str]] = None) -> str:
+        """The variable's text in ``environ`` (default ``os.environ``) without the blanks around it: for a host
+        library variable only those its C parsers skip (spaces and tabs before, and newlines after), so that every
+        value accepted here is one the library accepts too."""
+        value = (os.environ if environ is None else environ).get(self.name, "")
+        return value.lstrip(" \t").rstrip(" \t\n") if self.name.startswith("PYCOLL_HOST_") else value.strip()
+
     def read(self, environ: Optional[Mapping[str, str]] = None) -> Any:
         """The value from ``environ`` (default ``os.environ``), validated; the default when unset or empty."""
-        raw = (os.environ if environ is None else environ).get(self.name, "").strip()
+        raw = self.raw(environ)
         if not raw:
             return self.default
         return self.parse(raw)
@@ -85,17 +93,21 @@ class Setting:
     def parse(self, raw: str) -> Any:
         name = f"${self.name}"
         if self.kind == "seconds":
-            try:
-                value = float(raw)
-            except ValueError:
-                raise ValueError(f"{name} must be a number of seconds, got {raw!r}") from None
+            # a decimal number in ASCII, as C's strtod reads it (float() takes '1_0' and other scripts' digits too),
+            # and no underflow (strtod's ERANGE)
+            if not re.fullmatch(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?", raw):
+                raise ValueError(f"{name} must be a number of seconds, got {raw!r}")
+            value = float(raw)
+            if value != 0 and abs(value) < sys.float_info.min:
+                raise ValueError(f"{name} must be a number of seconds, got {raw!r} (too small to represent)")
             value = seconds(value, name, positive=self.minimum != 0)
             if self.maximum is not None and value > self.maximum:
                 raise ValueError(f"{name} must be <= {self.maximum:g} seconds, got {value:g}")
             return value
         if self.kind == "int":
-            if not re.fullmatch(r"-?[0-9]+", raw):  # as strictly as the host library's C parser
-                raise ValueError(f"{name} must be an integer, got {raw!r}")
+            # as strictly as the host library's C parser: ASCII digits, no sign (not even '-0'; none is < 0)
+            if not re.fullmatch(r"[0-9]+", raw):
+                raise ValueError(f"{name} must be a whole number, got {raw!r}")
             value = int(raw)
             if self.minimum is not None and value < self.minimum:
                 raise ValueError(f"{name} must be >= {self.minimum:g}, got {value}")
@@ -276,5 +288,5 @@ def get(name: str, environ: Optional[Mapping[str, str]] = None) -> Any:
 def explicit(name: str, environ: Optional[Mapping[str, str]] = None) -> Any:
     """The value of setting ``name`` when it is set (validated), else None (for reports of what is set)."""
     s = SETTINGS[name]
-    raw = (os.environ if environ is None else environ).get(name, "").strip()
+    raw = s.raw(environ)
     return s.parse(raw) if raw else None

@@ -121,14 +121,18 @@ def test_python_refuses_bad_host_settings_before_loading(name: str, value: str) 
     ("PYCOLL_HOST_CHUNK_BYTES", ["64", "524288", str(1 << 30)], ["0", "1", "7", "63", "abc", "1_000", str(2 << 30)]),
     ("PYCOLL_HOST_ONESHOT_MAX", ["0", "32768"], ["-1", "x", "1.5"]),
     ("PYCOLL_HOST_STREAM_MIN", ["0", "8388608", str(1 << 62)], ["-1", "8M", "1e6", str((1 << 62) + 1)]),
-    ("PYCOLL_HOST_SPIN_NS", ["0", "50000"], ["-5", "1e3", "10000000001"]),
+    # what C's parser takes and refuses alike: blanks it skips (spaces and tabs before, newlines too after), no
+    # sign, ASCII digits ('-0' and '5\r' passed here while the library warned and took its default)
+    ("PYCOLL_HOST_SPIN_NS", ["0", "50000", " \t50000 \n"], ["-5", "1e3", "10000000001", "-0", "+5", "5\r", "\n5",
+                                                           "\u0665"]),
     ("PYCOLL_HOST_YIELD_NS", ["0", "300000"], ["inf", "-1"]),
     ("PYCOLL_HOST_YIELD_ADAPT", ["0", "1"], ["2", "-1", "on"]),
     ("PYCOLL_HOST_DEFER_NS", ["0", "1000000", "1000000000"], ["-1", "1e6", "1000000001"]),
     ("PYCOLL_HOST_INLINE_NS", ["100000", "10000000", "10000000000"], ["0", "99999", "1e7", "10000000001"]),
     ("PYCOLL_HOST_PEER_CHECK_NS", ["100000", "1000000", "10000000000"], ["0", "99999", "1e6", "10000000001"]),
     ("PYCOLL_HOST_STREAM_DEPTH", ["0", "1", "1024", str(1 << 24)], ["-1", "1e3", "1k", str((1 << 24) + 1)]),
-    ("PYCOLL_HOST_INIT_TIMEOUT", ["0", "0.5", "300"], ["-1", "inf", "nan", "1e8", "soon"]),
+    ("PYCOLL_HOST_INIT_TIMEOUT", ["0", "0.5", "300", ".5", "1e2", " 5\n"],
+     ["-1", "inf", "nan", "1e8", "soon", "1_0", "5\r", "\u0661\u0660", "1e-320", "0x10"]),
     ("PYCOLL_HOST_BIND", ["0", "1"], ["2", "yes", "true"]),
     ("PYCOLL_HOST_WINDOW_ALLREDUCE", ["0", "1"], ["2", "-1", "on"]),
     ("PYCOLL_HOST_WINDOW_COLLECTIVES", ["0", "1"], ["2", "-1", "on"]),
@@ -136,7 +140,7 @@ def test_python_refuses_bad_host_settings_before_loading(name: str, value: str) 
     ("PYCOLL_HOST_EAGER", ["0", "1"], ["2", "-1", "on"]),
     ("PYCOLL_HOST_EAGER_ROOTED", ["0", "1"], ["2", "-1", "on"]),
     ("PYCOLL_HOST_SPREAD", ["0", "1"], ["2", "-1", "on"]),
-    ("PYCOLL_HOST_IDLE_DEAD", ["0", "1"], ["2", "-1", "on"]),
+    ("PYCOLL_HOST_IDLE_DEAD", ["0", "1"], ["2", "-1", "on", "-0"]),
 ])
 def test_settings_bounds_match_the_c_rules(name: str, good: List[str], bad: List[str]) -> None:
     for v in good:
