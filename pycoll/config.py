@@ -53,14 +53,14 @@ class CommConfig:
         "shrinkShare", "2.27", "children of ncclCommShrink share the parent's resources", bool)
     nvls_ctas: Optional[int] = _f("nvlsCTAs", "2.27", "number of CTAs for NVLS collectives", int, 1, _INT_MAX)
     n_channels_per_net_peer: Optional[int] = _f(
-        "nChannelsPerNetPeer", "2.28", "channels per network peer for p2p", int, 1, _INT_MAX)
+        "nChannelsPerNetPeer", "2.28", "channels per network peer for p2p (1-64)", int, 1, 64)
     nvlink_centric_sched: Optional[bool] = _f("nvlinkCentricSched", "2.28", "NVLink-centric scheduling", bool)
     graph_usage_mode: Optional[int] = _f(
-        "graphUsageMode", "2.29", "how the communicator is used with CUDA graphs", int, 0, _INT_MAX)
+        "graphUsageMode", "2.29", "how the communicator is used with CUDA graphs (0-2)", int, 0, 2)
     num_rma_ctx: Optional[int] = _f("numRmaCtx", "2.29", "number of RMA contexts", int, 0, _INT_MAX)
     max_p2p_peers: Optional[int] = _f("maxP2pPeers", "2.30.3", "maximum number of p2p peers per rank", int, 1, _INT_MAX)
     graph_stream_ordering: Optional[int] = _f(
-        "graphStreamOrdering", "2.30.7", "stream ordering of captured operations", int, 0, _INT_MAX)
+        "graphStreamOrdering", "2.30.7", "stream ordering of captured operations (0 or 1)", int, 0, 1)
     launch_order_implicit: Optional[bool] = _f(
         "launchOrderImplicit", "2.31", "order operations of several communicators by host issue order", bool)
     num_rma_sig: Optional[int] = _f("numRmaSig", "2.31", "number of RMA signals", int, 0, _INT_MAX)
@@ -120,6 +120,7 @@ class CommConfig:
         """
         from ._bindings import Config  # local: keep this module importable without the extension
 
+        self.__post_init__()  # a field set after construction is checked too
         lib_version = library.version
         cfg = Config()
         values = self.as_dict()

@@ -220,6 +220,7 @@ def init(
 
     backend, lib = load_library(backend, library)
     dev, owns = _open_device(backend, lib, device, local_rank)
+    uid = meeting = None
     try:
         with _init_lock:
             count = _init_counts[name] = _init_counts.get(name, 0) + 1
@@ -244,17 +245,13 @@ def init(
                     + (f"; {gone}" if gone else ""))
 
         if status == B.IN_PROGRESS:
-            try:
-                _poll_new(lib, handle, f"init of communicator {name!r} ({world_size} ranks)", left(), missing,
-                          reported_timeout=init_timeout, give_up=give_up)
-            except BaseException as exc:
-                if meeting:  # the communicator is aborted: this init cannot complete on any rank any more
-                    assert store is not None
-                    _give_up_init(store, base, uid, rank, exc)
-                raise
+            _poll_new(lib, handle, f"init of communicator {name!r} ({world_size} ranks)", left(), missing,
+                      reported_timeout=init_timeout, give_up=give_up)
         if store is not None:
             _forget_init_keys(store, base, rank, published=meeting)
-    except BaseException:
+    except BaseException as exc:
+        if meeting and uid is not None:  # no communicator here (aborted, or never made): the init cannot complete
+            _give_up_init(store, base, uid, rank, exc)
         if owns:
             dev.close()
         raise
@@ -283,7 +280,12 @@ def _exchange_unique_id(lib: Any, unique_id: Any, store: Any, rank: int, world_s
         mine = bytes(uid)
         # only where nobody published yet: two rank 0s at one key would split their ranks between two ids, each
         # rank joining whichever it read (the weights of one group going to the other), with no error
-        if bytes(store.compare_set(key, b"", mine)) != mine:
+        there = bytes(store.compare_set(key, b"", mine))
+        if there != mine:
+            gone = _given_up_text(there)
+            if gone:  # a rank that waited for the unique id in vain (its timeout) left: the init cannot complete
+                raise CommAborted(f"init of {name!r} (this process's init #{count} with that name): {gone} before "
+                                  f"this rank (rank 0) arrived; nothing is waiting for it any more")
             raise StoreError(f"init of {name!r} (this process's init #{count} with that name): another rank 0 already "
                              f"published its unique id at {key!r} of the store {meets}")
         return uid
@@ -295,9 +297,11 @@ def _exchange_unique_id(lib: Any, unique_id: Any, store: Any, rank: int, world_s
                               f"rank (rank {rank}) arrived; nothing is waiting for it any more")
         return B.UniqueId.from_bytes(value)
     except StoreTimeout as e:
-        raise StoreTimeout(f"init of {name!r} (this process's init #{count} with that name): rank 0 published no "
+        err = StoreTimeout(f"init of {name!r} (this process's init #{count} with that name): rank 0 published no "
                            f"unique id at {key!r} within {timeout:.3g} s: it has not reached its init #{count} with "
-                           f"this name, or is not running {meets}") from e
+                           f"this name, or is not running {meets}")
+        _give_up_init(store, base, b"", rank, err)  # in place of the unique id: rank 0, arriving later, fails at once
+        raise err from e
 
 
 def _give_up_init(store: Any, base: str, uid: Any, rank: int, exc: BaseException) -> None:

@@ -72,6 +72,13 @@ def backoff(last: float, limit: float = _MAX_SLEEP_S) -> float:
     return sleep
 
 
+def stream_text(stream: Any) -> str:
+    """How a GPU operation's stream is named in reports: `` on stream 0x...`` (the legacy default stream by name)."""
+    if isinstance(stream, bool) or not isinstance(stream, int):
+        return ""
+    return " on the legacy default stream" if stream in (0, 1) else f" on stream {stream:#x}"
+
+
 class DeviceError(PycollError, RuntimeError):
     """A CUDA or HIP runtime call failed.
 
@@ -367,6 +374,8 @@ class Device:
         try:
             status = self.capture_status(stream)
         except DeviceError as e:
+            if e.code != _CAPTURE_IMPLICIT:  # no capture involved: a stream destroyed, say (the error says so)
+                raise
             raise CaptureError(f"cannot tell whether stream 0x{stream:x} is capturing a graph: {e}",
                                stream, None, CaptureStatus.NONE) from e
         if status == CaptureStatus.NONE:
@@ -852,9 +861,7 @@ class _GpuDevice(Device):
         res = self._event_record(event, stream)
         err = res[0] if isinstance(res, tuple) else res
         if int(err) == _INVALID_HANDLE:  # the event is this device's, which leaves the stream
-            raise self._error(self._prefix + "EventRecord", err,
-                              f"stream 0x{stream:x} is no live stream of device {self.device_id}, this communicator's "
-                              "(a stream of another device, or one destroyed)")
+            raise self._error(self._prefix + "EventRecord", err, self._dead_stream(stream))
         if int(err) != 0:
             raise self._error(self._prefix + "EventRecord", err)
 
@@ -907,9 +914,15 @@ class _GpuDevice(Device):
         self._copy(ctypes.addressof(out), src_ptr, n, self._d2h, stream)
         return out.raw
 
+    def _dead_stream(self, stream: int) -> str:
+        return (f"stream 0x{stream:x} is no live stream of device {self.device_id}, this communicator's (a stream of "
+                "another device, or one destroyed)")
+
     def capture_status(self, stream: int) -> int:
         res = self._is_capturing(stream)
         err = int(res[0])
+        if err == _INVALID_HANDLE:
+            raise self._error(self._prefix + "StreamIsCapturing", res[0], self._dead_stream(stream))
         if err == _CAPTURE_IMPLICIT:
             raise self._error(
                 self._prefix + "StreamIsCapturing",
@@ -950,8 +963,7 @@ class _GpuDevice(Device):
     def _framework_stream(self, arrays: Iterable[Any]) -> Optional[int]:
         torch: Any = sys.modules.get("torch")
         cupy: Any = sys.modules.get("cupy")
-        found: Optional[str] = None
-        handle: Optional[int] = None
+        current: Dict[str, int] = {}  # framework -> its current stream
         for a in arrays:
             other: Optional[Callable[[Any], int]] = None
             if torch is not None and isinstance(a, torch.Tensor) and a.is_cuda:
@@ -962,19 +974,19 @@ class _GpuDevice(Device):
                 kind, other = entry
             else:
                 continue
-            if found is not None and kind != found:
-                first, second = sorted((found, kind), key=lambda k: (k != "torch", k != "CuPy", k))
-                raise ValueError(
-                    f"the arrays come from both {first} and {second}, whose current streams differ: pass stream="
-                )
-            if found is None:
-                found = kind
+            if kind not in current:
                 if other is not None:
-                    handle = int(other(a))
+                    current[kind] = int(other(a))
                 elif kind == "torch":
-                    handle = torch_current_stream(torch, a)
+                    current[kind] = torch_current_stream(torch, a)
                 else:
-                    handle = int(cupy.cuda.get_current_stream().ptr)
+                    current[kind] = int(cupy.cuda.get_current_stream().ptr)
+        if len(set(current.values())) > 1:
+            first, second = sorted(current, key=lambda k: (k != "torch", k != "CuPy", k))[:2]
+            raise ValueError(f"the arrays come from both {first} and {second}, whose current streams differ "
+                             f"({current[first]:#x} and {current[second]:#x}): pass stream=")
+        found = next(iter(current), None)
+        handle = current[found] if found is not None else None
         if handle == _STREAM_PER_THREAD:  # as refused when passed: it means another stream in another thread
             raise ValueError(
                 f"the {found} current stream is {self._prefix}StreamPerThread ({handle}), the calling thread's "

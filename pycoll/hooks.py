@@ -79,6 +79,7 @@ class WorkView(Protocol):
     peer: Optional[int]
     timeout: float
     async_op: bool
+    stream: Any  # the stream it runs on (a raw handle)
     t0: float  # time.monotonic() at enqueue
     time_created_ns: int
     time_started_ns: Optional[int]

@@ -1204,6 +1204,10 @@ def _verdict(c: Dict[str, Any]) -> str:
                        f"{'its' if one else 'their'} stream or device has not finished (a hung kernel, a wait "
                        f"on an event) -- look there; rank{'' if len(started) == 1 else 's'} {_fmt_ranks(started)} "
                        f"started it and wait{'s' if len(started) == 1 else ''} for {'it' if one else 'them'}")
+        elif waiting and not d["never_entered"] and not d["completed"] and not c["missing_dumps"]:
+            out.append(f"every rank entered {d['op']} on {name!r} and on none did it start: work queued before it "
+                       f"on their streams or devices has not finished (a hung kernel, a wait on an event) -- look "
+                       f"there, not at the transport")
         elif d.get("captured"):
             out.append(f"{d['op']} on {name!r} was captured in a graph on {_who(d['captured'])} (it runs there only "
                        f"when the graph is replayed) but issued directly on {_who(d['in_flight'])}, where it did not "

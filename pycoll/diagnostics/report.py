@@ -11,6 +11,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
+from ..devices import stream_text
 from ..errors import CommTimeout
 from ..hooks import CommView, Progress, WorkView
 from .records import FailureRecord
@@ -52,6 +53,7 @@ class FailureReport:
         self.state: Optional[str] = None
         self.is_p2p = False
         self.peer: Optional[int] = None
+        self.stream = ""
         self._issued_at: Union[Tuple[str, str], Callable[[], Tuple[str, str]]] = ("", "")
         if work is not None:
             self.op = work.op
@@ -61,6 +63,8 @@ class FailureReport:
             self.elapsed = time.monotonic() - work.t0
             self.timeout = work.timeout
             self.state = work.last_state
+            # its stream, on a GPU: where a user's several streams may hold the work it waits for
+            self.stream = stream_text(work.stream) if getattr(comm.device, "kind", "host") != "host" else ""
             self._issued_at = issued_at
         try:  # this rank's own progress, before the policy releases the outstanding operations
             self.progress: Optional[Progress] = comm.progress()
@@ -175,8 +179,9 @@ class FailureReport:
             if self.sizes:
                 what += f" [{self.sizes}]"
             if self.is_timeout:
-                parts.append(f"{what} not completed after {self.elapsed:.2f} s (timeout {self.timeout:g} s, "
-                             f"state {self.state})")
+                never = ": it never started on its stream" if self.state == "scheduled" else ""
+                parts.append(f"{what}{self.stream} not completed after {self.elapsed:.2f} s (timeout "
+                             f"{self.timeout:g} s, state {self.state}{never})")
             else:
                 parts.append(f"{self.message}; in flight: {what} for {self.elapsed:.2f} s (state {self.state})")
             if self.site:

@@ -489,10 +489,12 @@ class EmulatedCudaRuntime:
         if st is None:
             return (_ERR.cudaErrorInvalidResourceHandle, _STATUS.cudaStreamCaptureStatusNone)
         if int(stream) in (0, 1):
+            # CUDA: the legacy stream while a blocking stream (one that synchronises with it) captures; the query
+            # leaves that capture valid. A non-blocking stream's capture is none of the legacy stream's business
             for other in self._capturing(st.device):
                 relaxed = cudaStreamCaptureMode.cudaStreamCaptureModeRelaxed
-                if other.capture is not None and other.capture.mode != relaxed:
-                    self._invalidate(other)
+                if (other.capture is not None and other.capture.mode != relaxed
+                        and not other.flags & self.cudaStreamNonBlocking):
                     return (_ERR.cudaErrorStreamCaptureImplicit, _STATUS.cudaStreamCaptureStatusNone)
         cap = st.capture
         return (_ERR.cudaSuccess, _STATUS.cudaStreamCaptureStatusNone if cap is None else cap.status)

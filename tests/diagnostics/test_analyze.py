@@ -267,6 +267,18 @@ def test_an_operation_that_never_started_names_its_rank(tmp_path, waiting):
     assert f"rank{'s' if len(started) > 1 else ''} {', '.join(map(str, started))} started it" in v, v
 
 
+def test_an_operation_started_on_no_rank_points_at_the_streams_not_the_transport(tmp_path):
+    # every rank behind a hung kernel of its own (an SPMD job): the transport cannot be what holds it
+    def script(r, c):
+        allreduces(c, 2)
+        c.op("all_reduce", f32(2), f32(2), state="scheduled")
+
+    _, c = one(make_dumps(tmp_path, 3, script))
+    v = analyze._verdict(c)
+    assert v.startswith("every rank entered all_reduce #3 [Float(2,)] on 'world' and on none did it start"), v
+    assert "not a desync" not in v and "transport" in v and c["culprits"] == [], (v, c["culprits"])
+
+
 def test_a_captured_operation_is_neither_in_flight_nor_a_divergence(tmp_path, capsys):
     # an all_reduce captured in a CUDA graph (its entry stays "captured": it runs at the graph's replays), the
     # replay watched and done, then rank 0's stream hangs under all_reduce #5: the verdict is on #5

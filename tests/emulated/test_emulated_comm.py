@@ -4,6 +4,7 @@ current device of pycoll's threads (F5)."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -220,21 +221,29 @@ def _legacy_during_global_capture(rank, n, uid):
     comm, rt = H.setup(rank, n, uid)
     import pycoll.emulated as emu
 
-    s = comm.device.create_stream()
-    rt.cudaStreamBeginCapture(s, 0)  # global mode
-    try:
-        comm.all_reduce(emu.TorchLikeTensor(rt, np.ones(2, np.float32)), stream=0)
-        err = None
-    except pycoll.CaptureError as e:
-        err = str(e)
-    rt.cudaStreamEndCapture(s)
-    return err
+    out = {}
+    for flags in (0, rt.cudaStreamNonBlocking):  # a blocking stream (it synchronises with the legacy one), then not
+        s = rt.cudaStreamCreateWithFlags(flags)[1]
+        rt.cudaStreamBeginCapture(s, 0)  # global mode
+        x = emu.TorchLikeTensor(rt, np.ones(2, np.float32))
+        try:
+            comm.all_reduce(x, stream=0)
+            err = None
+        except pycoll.CaptureError as e:
+            err = str(e)
+        out[flags] = (err, int(rt.cudaStreamEndCapture(s)[0]), x.host.tolist())
+        rt.cudaStreamDestroy(s)
+    return out
 
 
 @pytest.mark.timeout(30)
 def test_capture_legacy_stream_during_a_global_capture_is_refused():
-    for err in H.run_ranks(_legacy_during_global_capture, 2, H.uid()):
-        assert err is not None and "legacy default stream" in err
+    # only while a blocking stream captures (CUDA's rule), and the refusal leaves that capture valid; the emulator
+    # refused it, and invalidated the capture, for a non-blocking stream too
+    for out in H.run_ranks(_legacy_during_global_capture, 2, H.uid()):
+        err, ended, x = out[0]
+        assert err is not None and "legacy default stream" in err and ended == 0 and x == [1.0, 1.0], out
+        assert out[1] == (None, 0, [2.0, 2.0]), out
 
 
 # -- F4: a sticky device error fails the communicator ---------------------------------------------
@@ -400,3 +409,98 @@ def test_an_operation_on_a_second_stream_waits_for_the_communicators_operation_b
     GPU, NCCL makes each of a communicator's kernels wait for the one before), so the ranks meet in issue order."""
     for r in H.run_ranks(_two_streams_behind_a_kernel, 2, H.uid()):
         assert r == {"held": (False, False), "values": (3.0, 21.0)}
+
+
+def _destroyed_stream(rank, n, uid):
+    import pycoll
+
+    comm, rt = H.setup(rank, n, uid)
+    import pycoll.emulated as emu
+
+    s = rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking)[1]
+    x = emu.TorchLikeTensor(rt, np.ones(2, np.float32))
+    rt.cudaStreamDestroy(s)
+    out = []
+    for h in (s, 12345):
+        try:
+            comm.all_reduce(x, stream=h)
+            out.append("no error")
+        except pycoll.CaptureError as e:
+            out.append(f"CaptureError: {e}")
+        except pycoll.DeviceError as e:
+            out.append("is no live stream of device" in str(e) or str(e))
+    comm.all_reduce(x)  # still usable
+    out.append(x.host.tolist() == [2.0, 2.0])
+    return out
+
+
+@pytest.mark.timeout(30)
+def test_a_destroyed_stream_is_said_to_be_one_not_a_capture_problem():
+    # it raised CaptureError ("cannot tell whether stream ... is capturing a graph"), which a caller falling back from
+    # graph capture catches
+    for out in H.run_ranks(_destroyed_stream, 2, H.uid()):
+        assert out == [True, True, True], out
+
+
+def _two_frameworks(rank, n, uid):
+    import pycoll.emulated as emu
+
+    comm, rt = H.setup(rank, n, uid)
+    out = emu.CupyLikeArray(rt, np.zeros(2 * n, np.float32))
+    comm.all_gather(emu.TorchLikeTensor(rt, np.full(2, rank, np.float32)), out)  # both current streams are 0
+    res = [out.host.tolist() == [float(r) for r in range(n) for _ in range(2)]]
+    s = comm.device.create_stream()
+    rt.torch.set_stream(s, comm.device.device_id)
+    try:
+        comm.all_gather(emu.TorchLikeTensor(rt, np.ones(2, np.float32)), out)
+        res.append("no error")
+    except ValueError as e:
+        msg = str(e)
+        res.append(("whose current streams differ (" in msg and f"{s:#x}" in msg and "0x0" in msg) or msg)
+    rt.torch.set_stream(0, comm.device.device_id)
+    return res
+
+
+@pytest.mark.timeout(30)
+def test_arrays_of_two_frameworks_are_refused_only_where_their_current_streams_differ():
+    for res in H.run_ranks(_two_frameworks, 2, H.uid()):
+        assert res == [True, True], res
+
+
+def _hung_stream(rank, n, uid):
+    import logging
+
+    import pycoll
+    import pycoll.emulated as emu
+
+    lines = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    logging.getLogger("pycoll.watchdog").addHandler(Keep())
+    comm, rt = H.setup(rank, n, uid, timeout=0.5)
+    s = comm.device.create_stream()
+    gate = rt.hang(s)
+    try:
+        comm.all_reduce(emu.TorchLikeTensor(rt, np.ones(2, np.float32)), stream=s)
+        err = None
+    except pycoll.CommTimeout as e:
+        err = str(e)
+    pycoll.watchdog.get_watchdog().wait_for_dumps()
+    gate.release()
+    line = next((ln for ln in lines if ln.startswith("pycoll watchdog: CommTimeout")), "")
+    return err, line, s
+
+
+@pytest.mark.timeout(30)
+def test_a_timeout_behind_a_hung_kernel_names_the_stream_and_that_the_operation_never_started(tmp_path, monkeypatch):
+    # with several streams, which one holds the work it waits for; "ran for 1 s" was said of an operation that
+    # never started
+    monkeypatch.setenv("PYCOLL_FR_DUMP_DIR", str(tmp_path))
+    for err, line, s in H.run_ranks(_hung_stream, 1, H.uid()):
+        assert err is not None and re.search(rf"issued 0\.5\d* s ago on stream {s:#x}, state scheduled: it never "
+                                             r"started on its stream", err), err
+        assert f"all_reduce #1 [Float(2,)] on stream {s:#x} not completed after" in line, line
+        assert "state scheduled: it never started on its stream" in line, line

@@ -110,13 +110,16 @@ def test_capture_status_id_captured_event_and_implicit_legacy_use(rt):
     ev = _ok(rt.cudaEventCreateWithFlags(0))
     rt.cudaEventRecord(ev, s)
     assert int(rt.cudaEventQuery(ev)[0]) == 907
+    assert dev.capture_status(0) == devices.CaptureStatus.NONE  # s is non-blocking: no business of the legacy one
+    assert int(rt.cudaStreamEndCapture(s)[0]) == 0
+    b = _ok(rt.cudaStreamCreateWithFlags(0))  # a blocking stream synchronises with the legacy one
+    rt.cudaStreamBeginCapture(b, 0)
     with pytest.raises(devices.DeviceError, match="legacy default stream"):
         dev.capture_status(0)
-    err, graph = rt.cudaStreamEndCapture(s)
-    assert int(err) == 901  # using the legacy stream during a global capture invalidated it
-    rt.cudaStreamBeginCapture(s, 2)  # relaxed mode: the legacy stream may be used
+    assert int(rt.cudaStreamEndCapture(b)[0]) == 0  # CUDA: the query leaves the capture valid
+    rt.cudaStreamBeginCapture(b, 2)  # relaxed mode: the legacy stream may be used
     assert dev.capture_status(0) == devices.CaptureStatus.NONE
-    assert int(rt.cudaStreamEndCapture(s)[0]) == 0
+    assert int(rt.cudaStreamEndCapture(b)[0]) == 0
 
 
 def test_sticky_error_injection_and_failing_kernel(rt):

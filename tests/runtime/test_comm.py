@@ -628,6 +628,14 @@ def test_bad_config_values():
         pycoll.CommConfig(comm_name=5)
     with pytest.raises(ValueError, match="nvls_host_mode"):
         pycoll.CommConfig(nvls_host_mode=7)
+    # NCCL's ranges (the host library's too): refused at init before, where the ranks had met
+    for field, bad in (("graph_usage_mode", 3), ("graph_stream_ordering", 2), ("n_channels_per_net_peer", 65)):
+        with pytest.raises(ValueError, match=rf"CommConfig.{field} must be in"):
+            pycoll.CommConfig(**{field: bad})
+    cfg = pycoll.CommConfig(min_ctas=2)
+    cfg.min_ctas = -7  # set after it was checked: checked again as it is used
+    with pytest.raises(ValueError, match="CommConfig.min_ctas must be in"):
+        cfg.to_nccl(B.load("host"))
 
 
 def test_config_field_too_new_for_library():
@@ -790,6 +798,41 @@ def test_a_rank_whose_rank_0_never_publishes_is_told_why():
     with pytest.raises(pycoll.StoreTimeout, match=r"rank 0 published no unique id at 'pycoll/init/lonely-test/1/"
                                                   r"unique_id' within .* it has not reached its init #1 .*unique_id="):
         pycoll.init(1, 2, store=pycoll.MemoryStore(), name="lonely-test", backend="host", init_timeout=0.3)
+
+
+def _init_given_up_early(rank, n, path, case):
+    from pycoll.store import FileStore
+
+    class Refusing(FileStore):
+        def set(self, key, value):
+            if "/arrived/" in key:
+                raise pycoll.StoreError("refused here")
+            return super().set(key, value)
+
+    store = Refusing(path) if case == "failed-0" and rank == 0 else FileStore(path)
+    late = 0 if case == "late-0" else 1
+    if rank == late:
+        time.sleep(1.0)
+    t0 = time.monotonic()
+    try:
+        pycoll.init(rank, 2, store=store, backend="host", init_timeout=0.3 if rank != late else 5.0)
+    except Exception as e:
+        return type(e).__name__, time.monotonic() - t0, str(e)
+    return None
+
+
+@pytest.mark.timeout(60)
+def test_an_init_given_up_before_the_communicator_was_made_is_said_at_the_store(tmp_path):
+    # late-0: rank 1 timed out waiting for the unique id; rank 0, arriving later, fails at once (it published and
+    # waited out its own init_timeout for a rank that had left). failed-0: rank 0 failed after it published the
+    # unique id, before its communicator was made (as on an error the library raises at once); rank 1, arriving
+    # later, fails at once (it waited out its init_timeout, told "every rank arrived")
+    r0, r1 = run_ranks(_init_given_up_early, 2, str(tmp_path / "a"), "late-0", timeout=30)
+    assert r1[0] == "StoreTimeout" and r0[0] == "CommAborted" and r0[1] < 1.0, (r0, r1)
+    assert re.search(r"rank 1 gave the init up \(StoreTimeout: .*\) before this rank \(rank 0\) arrived", r0[2]), r0
+    r0, r1 = run_ranks(_init_given_up_early, 2, str(tmp_path / "b"), "failed-0", timeout=30)
+    assert r0[0] == "StoreError" and r1[0] == "CommAborted" and r1[1] < 1.0, (r0, r1)
+    assert "rank 0 gave the init up (StoreError: refused here) before this rank (rank 1) arrived" in r1[2], r1
 
 
 @pytest.mark.timeout(60)
