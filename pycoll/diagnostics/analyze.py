@@ -586,6 +586,14 @@ def _captured_text(c: Dict[str, Any], limit: int = 6) -> str:
     return ", ".join(items[:limit]) + (f" and {more} more" if more > 0 else "")
 
 
+def _first_p2p(c: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The point-to-point issue communicator report ``c``'s verdict names: the first one of a transfer without its
+    other side or with sides that differ, where there is one, before one merely not completed (a send whose receive
+    completed waits for the rest of its group: the transfer the group waits for is the one to name), else the first;
+    None where there is none."""
+    return next((i for i in c["p2p"] if i["kind"] != "incomplete"), c["p2p"][0] if c["p2p"] else None)
+
+
 def _overtaken(c: Dict[str, Any]) -> List[int]:
     """The ranks that never entered communicator report ``c``'s first divergent operation only because the recovery
     revoked their communicator before they issued it (a reshape another member began: a peer died while they were
@@ -1156,8 +1164,9 @@ def _verdict(c: Dict[str, Any]) -> str:
                 f"on others is no divergence")
     unshown = c.get("unshown") or {}
     if d is None:
-        if c["p2p"]:
-            return f"point-to-point problem on {name!r}: {c['p2p'][0]['issue']}"
+        first = _first_p2p(c)
+        if first:
+            return f"point-to-point problem on {name!r}: {first['issue']}"
         if c["missing_dumps"]:
             return (f"no divergence among the dumps present; ranks {_fmt_ranks(c['missing_dumps'])} left no dump"
                     + "".join(f"; rank {r} {_unshown_text(u, short=True)}" for r, u in sorted(unshown.items())))
@@ -1239,7 +1248,8 @@ def _culprits(c: Dict[str, Any]) -> List[int]:
     if c.get("bystander") and not _troubled(c):
         return []
     if d is None:
-        return sorted({c["p2p"][0]["src"], c["p2p"][0]["dst"]}) if c["p2p"] else sorted(c.get("unshown") or {})
+        first = _first_p2p(c)
+        return sorted({first["src"], first["dst"]}) if first else sorted(c.get("unshown") or {})
     out = set(d["never_entered"]) - set(_overtaken(c))
     out |= {r for r, t in d["missing_dumps"].items() if "not seen entering" in t}
     out |= set(c.get("unshown") or {})

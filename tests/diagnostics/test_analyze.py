@@ -267,6 +267,23 @@ def test_an_operation_that_never_started_names_its_rank(tmp_path, waiting):
     assert f"rank{'s' if len(started) > 1 else ''} {', '.join(map(str, started))} started it" in v, v
 
 
+def test_a_group_waiting_for_a_transfer_with_no_sender_names_that_transfer_not_its_delivered_send(tmp_path):
+    # rank 0 groups a send to rank 1 (delivered: rank 1's recv completed) and a recv from rank 2, which never sends:
+    # the verdict named the send 0->1 ("not completed (send started, recv completed)") and ranks 0 and 1
+    def script(r, c):
+        allreduces(c, 1)
+        if r == 0:
+            c.op("send", f32(4), peer=1, state="started")
+            c.op("recv", None, f32(4), peer=2, state="started")
+        elif r == 1:
+            c.op("recv", None, f32(4), peer=0)
+
+    _, c = one(make_dumps(tmp_path, 3, script))
+    assert c["verdict"] == ("point-to-point problem on 'world': recv #1 on rank 0 from rank 2 has no matching send "
+                            "on rank 2"), c["verdict"]
+    assert c["culprits"] == [0, 2]
+
+
 def test_an_operation_started_on_no_rank_points_at_the_streams_not_the_transport(tmp_path):
     # every rank behind a hung kernel of its own (an SPMD job): the transport cannot be what holds it
     def script(r, c):
