@@ -438,6 +438,11 @@ cdef class Work:
         """Drop the references to the operation's arrays (an abandoned operation need not keep them)."""
         self.inputs = self.outputs = []
 
+    def completes_with(self, Work other):
+        """Whether ``other`` completes with this operation: both of one group, on one communicator and stream,
+        share their events (which of them the group waits for, its completion cannot say)."""
+        return self._share is not None and self._share is other._share
+
     def is_completed(self):
         """True once the operation has finished, successfully or not (see :meth:`exception`). Never blocks."""
         if self._exc is not None or _final(self._state):

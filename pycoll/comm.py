@@ -48,7 +48,7 @@ from .errors import (
     error_class,
 )
 from .group import SimulatedGroup, simulate as _group_simulate
-from .hooks import CommObserver, Progress, add_observer, live_communicators, remove_observer
+from .hooks import CommObserver, Progress, add_observer, group_mates, live_communicators, op_text, remove_observer
 from .premul import PreMulSum, datatype_of, scalar_argument
 from .properties import CommProperties, query_properties
 from .work import Work
@@ -542,16 +542,24 @@ class Communicator(_core.CommCore):
             self.fail(self._async_exc(code), next(iter(self._pending), None))
             return
         now = time.monotonic() if now is None else now
-        for w in self._pending.snapshot():
+        pending = self._pending.snapshot()
+        for w in pending:
             self.refresh(w)
             if w._state != "completed" and w._exc is None and now - w.t0 > w.timeout:
+                # the operations of its group that complete with it: which one the group waits for is not known;
+                # the last collective is the one a rank that issued fewer did not enter (the report looks at every
+                # peer of the group's sends and receives)
+                mates: List[Any] = group_mates(pending, w)
+                w = next((x for x in reversed(mates) if not x.is_p2p), w)
                 elapsed = now - w.t0
+                group = (f"; it completes with its group: {', '.join(op_text(x) for x in mates)}"
+                         if len(mates) > 1 else "")
                 self.fail(
                     CommTimeout(
                         f"communicator {self.name!r} rank {self._rank}/{self._size}: {w.op} "
                         f"(seq {w.seq if not w.is_p2p else w.p2p_seq}) did not complete within "
                         f"{w.timeout:.3g} s (issued {elapsed:.3g} s ago{self._on_stream(w)}, state {w._state}"
-                        f"{': it never started on its stream' if w._state == 'scheduled' else ''})",
+                        f"{': it never started on its stream' if w._state == 'scheduled' else ''}){group}",
                         comm_name=self.name, op=w.op, seq=w.seq, elapsed=elapsed, timeout=w.timeout,
                     ),
                     w,

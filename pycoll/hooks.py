@@ -24,6 +24,8 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "Progress",
     "WorkView",
+    "op_text",
+    "group_mates",
     "CommView",
     "CommObserver",
     "add_observer",
@@ -104,6 +106,20 @@ class WorkView(Protocol):
     def deadline(self) -> float: ...
 
     def release_arrays(self) -> None: ...
+
+
+def op_text(w: WorkView) -> str:
+    """An operation as reports name it: ``all_reduce #3``, ``send #2 with peer 1``."""
+    if w.is_p2p:
+        return f"{w.op} #{w.p2p_seq}" + (f" with peer {w.peer}" if w.peer is not None else "")
+    return f"{w.op} #{w.seq}"
+
+
+def group_mates(outstanding: Sequence[WorkView], w: WorkView) -> List[WorkView]:
+    """The operations of ``outstanding`` that complete with ``w`` (of one group, sharing its events: which of them
+    the group waits for, its completion cannot say), ``w`` among them, in issue order."""
+    same = getattr(w, "completes_with", None)
+    return [x for x in outstanding if x is w or (same is not None and same(x))] or [w]
 
 
 class CommView(Protocol):

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
 from ..devices import stream_text
 from ..errors import CommTimeout
-from ..hooks import CommView, Progress, WorkView
+from ..hooks import CommView, Progress, WorkView, group_mates, op_text
 from .records import FailureRecord
 
 __all__ = ["FailureReport"]
@@ -54,6 +54,8 @@ class FailureReport:
         self.is_p2p = False
         self.peer: Optional[int] = None
         self.stream = ""
+        self.group = ""
+        self.peers_of_group: Set[int] = set()
         self._issued_at: Union[Tuple[str, str], Callable[[], Tuple[str, str]]] = ("", "")
         if work is not None:
             self.op = work.op
@@ -66,6 +68,13 @@ class FailureReport:
             # its stream, on a GPU: where a user's several streams may hold the work it waits for
             self.stream = stream_text(work.stream) if getattr(comm.device, "kind", "host") != "host" else ""
             self._issued_at = issued_at
+            try:
+                mates = group_mates(comm.outstanding(), work)
+            except Exception:
+                mates = [work]
+            if len(mates) > 1:  # which of them its group waits for is unknown: every peer of its transfers is looked at
+                self.group = f" (it completes with its group: {', '.join(op_text(x) for x in mates)})"
+                self.peers_of_group = {x.peer for x in mates if x.is_p2p and x.peer is not None}
         try:  # this rank's own progress, before the policy releases the outstanding operations
             self.progress: Optional[Progress] = comm.progress()
         except Exception:
@@ -156,7 +165,7 @@ class FailureReport:
             if theirs is not None and not failed_here and theirs.seq is not None and theirs.is_p2p == self.is_p2p:
                 known = True  # its own record says where it failed
             if self.is_p2p:
-                if r == self.peer:
+                if r == self.peer or r in self.peers_of_group:
                     (behind if known else unconfirmed)[r] = (p["p2p_enqueued"], age)
                 continue
             issued = p["coll_enqueued"]
@@ -180,7 +189,7 @@ class FailureReport:
                 what += f" [{self.sizes}]"
             if self.is_timeout:
                 never = ": it never started on its stream" if self.state == "scheduled" else ""
-                parts.append(f"{what}{self.stream} not completed after {self.elapsed:.2f} s (timeout "
+                parts.append(f"{what}{self.stream}{self.group} not completed after {self.elapsed:.2f} s (timeout "
                              f"{self.timeout:g} s, state {self.state}{never})")
             else:
                 parts.append(f"{self.message}; in flight: {what} for {self.elapsed:.2f} s (state {self.state})")
@@ -203,7 +212,8 @@ class FailureReport:
                 else:
                     items.append(f"{who} (alive, answered: last issued {kind}#{last})")
             if items:
-                parts.append(("peer: " if self.is_p2p else "behind: ") + "; ".join(items))
+                parts.append(("peer: " if self.is_p2p and len(items) == 1 else "peers: " if self.is_p2p
+                              else "behind: ") + "; ".join(items))
             if a["unconfirmed"]:
                 parts.append("not confirmed: " + "; ".join(
                     f"{self._who(r)} (last report {age:.1f} s old said {kind}#{last}; "

@@ -526,3 +526,51 @@ def test_a_dropped_communicator_stays_alive_and_outstanding_while_an_operation_i
     unfinished, alive = out[1]
     assert unfinished in (["all_reduce #2 on 'world' (scheduled)"], ["all_reduce #2 on 'world' (started)"])
     assert alive == ["world"]
+
+
+def _group_one_skips(rank, n, uid, addr, token, dump_dir, kind):
+    """kind "p2p": rank 0 groups a send to rank 1 and a recv from rank 2; rank 1 receives; rank 2 sends nothing.
+    kind "coll": rank 0 groups two all_reduce, rank 1 issues one. The skipping rank waits for the others' dumps."""
+    comm, lines = _setup(rank, n, uid, dump_dir, addr, token, timeout=1.0)
+    a, b = np.full(4, 7, np.float32), np.zeros(4, np.float32)
+    err = None
+    try:
+        if rank == 0:
+            with comm.group():
+                if kind == "p2p":
+                    comm.send(a, 1)
+                    comm.recv(b, 2)
+                else:
+                    comm.all_reduce(a)
+                    comm.all_reduce(b)
+        elif rank == 1:
+            if kind == "p2p":
+                comm.recv(b, 0)
+            else:
+                comm.all_reduce(a)
+    except pycoll.CommTimeout as e:
+        err = str(e)
+    if rank != 0:
+        time.sleep(3.0)  # answers rank 0's dump request
+    else:
+        pycoll.watchdog.get_watchdog().wait_for_dumps()
+    comm.abort()
+    return err, [m for _, _, m in lines.lines if m.startswith("pycoll watchdog: CommTimeout")]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind,n", [("p2p", 3), ("coll", 2)])
+def test_a_group_that_times_out_is_reported_whole_with_every_peer_it_waits_for(server, tmp_path, kind, n):
+    # its operations complete together, so which one it waits for is unknown: the report named its first one (a send
+    # already delivered) and only that one's peer, or a collective every rank had entered ("no rank is behind")
+    res = run_ranks(_group_one_skips, n, _uid(), server.address, server.token, str(tmp_path), kind, timeout=45)
+    err, lines = res[0]
+    line = lines[0] if lines else ""
+    if kind == "p2p":
+        assert "it completes with its group: send #1 with peer 1, recv #2 with peer 2" in err, err
+        assert "peers: rank 1 (alive, answered: last issued p2p #1); rank 2 (alive, answered: last issued p2p #0)" \
+            in line, line
+    else:
+        assert "all_reduce (seq 2) did not complete" in err and "its group: all_reduce #1, all_reduce #2" in err, err
+        assert "all_reduce #2 [Float(4,)] (it completes with its group" in line, line
+        assert "behind: rank 1 (alive, answered: last issued #1)" in line, line
