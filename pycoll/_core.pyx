@@ -2434,7 +2434,9 @@ def reduce(CommCore comm, tensor, root=0, output=None, op="sum", *, stream=None,
     inp = _describe(comm, tensor, st, output is None and comm._rank == root, "tensor")
     # written on the root only: elsewhere a read-only output is fine (as a broadcast's input)
     out = inp if output is None else _describe(comm, output, st, comm._rank == root, "output")
-    count = _output_fits(inp, out, "reduce")
+    # off the root the output is not looked at (NCCL ignores recvbuff there): one too small is taken
+    count = (_output_fits(inp, out, "reduce") if comm._rank == root or (<tuple>out)[2] >= (<tuple>inp)[2]
+             else (<tuple>inp)[2])
     redop = _redop(comm, op, (<tuple>inp)[3])
     call = _new_call(comm.library, _REDUCE, cc, (<tuple>inp)[0], (<tuple>out)[0], count, (<tuple>inp)[3], redop, root)
     ins = [inp]

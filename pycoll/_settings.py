@@ -96,7 +96,8 @@ class Setting:
             # a decimal number in ASCII, as C's strtod reads it (float() takes '1_0' and other scripts' digits too),
             # and no underflow (strtod's ERANGE)
             if not re.fullmatch(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?", raw):
-                raise ValueError(f"{name} must be a number of seconds, got {raw!r}")
+                infinite = raw.lower().lstrip("+-") in ("inf", "infinity", "nan")
+                raise ValueError(f"{name} must be a {'finite ' if infinite else ''}number of seconds, got {raw!r}")
             value = float(raw)
             if value != 0 and abs(value) < sys.float_info.min:
                 raise ValueError(f"{name} must be a number of seconds, got {raw!r} (too small to represent)")

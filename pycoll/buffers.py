@@ -700,7 +700,7 @@ def _not_contiguous(name: str, shape: Any, strides: Any, unit: str, hint: str = 
 
 
 def _read_only(name: str) -> ValueError:
-    return ValueError(f"{name}: the array is read-only but the collective writes its result into it")
+    return ValueError(f"{name}: the array is read-only but the operation writes into it")
 
 
 def as_buffer(obj: Any, *, writable: bool = False, stream: Optional[int] = None, name: str = "buffer") -> Buffer:

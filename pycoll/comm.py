@@ -18,7 +18,7 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, ContextManager, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from . import (
     _bindings as B,
@@ -1375,6 +1375,9 @@ class Communicator(_core.CommCore):
         if self._failure is not None and not abort_ops and self._state != "revoked":
             raise self._failure
         timeout = _check_timeout(timeout, self.timeout)
+        if isinstance(exclude, (str, bytes)) or not isinstance(exclude, Iterable):
+            raise TypeError(f"shrink: exclude must be a sequence of ranks, got {exclude!r}"
+                            + (f" (one rank: [{exclude}])" if isinstance(exclude, int) else ""))
         excl = sorted({self._root(r, "excluded rank") for r in exclude})
         if not excl:
             raise ValueError("shrink needs at least one rank to exclude")

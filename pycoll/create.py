@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import re
 import threading
 import time
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
@@ -90,8 +91,11 @@ def _local_rank() -> int:
 
 
 def _warn_blocking_env() -> None:
-    if os.environ.get("NCCL_COMM_BLOCKING", "").strip() == "1":
-        _log.warning("NCCL_COMM_BLOCKING=1 makes every NCCL call block: the watchdog cannot interrupt a call "
+    # read as NCCL reads it (atoi: blanks, a sign, the leading digits): '01', '+1' and '1abc' mean blocking too
+    m = re.match(r"\s*([+-]?\d+)", os.environ.get("NCCL_COMM_BLOCKING", ""))
+    if m and int(m.group(1)) != 0:
+        _log.warning(f"NCCL_COMM_BLOCKING={os.environ['NCCL_COMM_BLOCKING']!r} makes every NCCL call block: the "
+                     "watchdog cannot interrupt a call "
                      "that hangs, and deadlines hold only between calls; unset it (pycoll's communicators are "
                      "nonblocking)")
 
@@ -205,6 +209,8 @@ def init(
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is out of range for world_size {world_size}")
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be a non-empty str, got {name!r}")
     # what the communicator keeps, refused before the collective init (a rank refusing it after left a made
     # communicator behind, and its peers one whose member never came)
     check_arguments(world_size, global_ranks, on_failure, generation, failure_callbacks)

@@ -560,7 +560,7 @@ def _reduce_readonly(rank, n, uid):
 def test_reduce_takes_a_read_only_output_where_it_writes_none():
     (out0, err0), (out1, err1) = run_ranks(_reduce_readonly, 2, _uid(), timeout=60)
     assert out0 == [3.0] * 4 and out1 == [0.0] * 4 and err1 == ""
-    assert "output: the array is read-only but the collective writes its result into it" in err0, err0
+    assert "output: the array is read-only but the operation writes into it" in err0, err0
 
 
 def _p2p_dtype(rank, n, uid):

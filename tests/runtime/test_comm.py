@@ -1003,6 +1003,21 @@ def _premul(rank, n, uid):
     return ok, wrong, held
 
 
+def _reduce_nonroot_output(rank, n, uid):
+    c = _comm(rank, n, uid)
+    x = np.full(4, rank + 1.0, np.float32)
+    out = np.zeros(4, np.float32) if rank == 0 else np.empty(0, np.float32)  # not looked at off the root
+    c.reduce(x, root=0, output=out)
+    c.destroy()
+    return out.tolist()
+
+
+@pytest.mark.timeout(60)
+def test_reduce_takes_any_output_off_the_root():
+    # refused there as too small ("output has 0 elements but needs at least 4"), and the root then failed
+    assert run_ranks(_reduce_nonroot_output, 2, _uid(), timeout=30) == [[3.0] * 4, []]
+
+
 @pytest.mark.timeout(60)
 def test_pre_mul_sum():
     assert run_ranks(_premul, 2, _uid(), timeout=30) == [(True, True, True)] * 2

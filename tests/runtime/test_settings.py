@@ -169,3 +169,23 @@ def test_what_the_communicator_keeps_is_refused_before_the_collective_init(kw, e
     with pytest.raises(exc, match=text):
         pycoll.init(0, 2, unique_id=pycoll.get_unique_id(backend="host"), backend="host", init_timeout=2, **kw)
     assert time.monotonic() - t0 < 1.0
+
+
+def test_arguments_named_in_their_errors(monkeypatch, caplog):
+    uid = pycoll.get_unique_id(backend="host")
+    for name in (None, 123, ""):
+        with pytest.raises(TypeError, match="name must be a non-empty str"):
+            pycoll.init(0, 1, unique_id=uid, backend="host", name=name)
+    c = pycoll.init(0, 1, unique_id=uid, backend="host")
+    try:
+        with pytest.raises(TypeError, match=r"shrink: exclude must be a sequence of ranks, got 3 \(one rank: \[3\]\)"):
+            c.shrink(3)  # "'int' object is not iterable"
+    finally:
+        c.destroy()
+    # NCCL reads it with atoi: '01' and '+1' make it blocking as '1' does, and the warning says so
+    for value in ("01", "+1", " 1x"):
+        monkeypatch.setenv("NCCL_COMM_BLOCKING", value)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="pycoll"):
+            pycoll.init(0, 1, unique_id=pycoll.get_unique_id(backend="host"), backend="host").destroy()
+        assert any("makes every NCCL call block" in r.getMessage() for r in caplog.records), value
