@@ -1310,20 +1310,26 @@ class Communicator(_core.CommCore):
         """Split into sub-communicators by ``color`` (collective over every rank of this one).
 
         Ranks passing the same color form a new communicator, ordered by ``key`` (default: this
-        rank) then by rank. ``color=None`` takes part without joining any: it returns None.
-        The child inherits the failure policy, the store and (unless ``generation`` is given) the
-        generation; ``failure_callbacks`` are its own. Its members' job-wide ranks are exchanged
-        first (over this communicator on the host backend, else through the store; unknown
-        without one).
+        rank) then by rank. ``color=None`` (or NCCL's ``NCCL_SPLIT_NOCOLOR``, -1) takes part without joining
+        any: it returns None. ``color`` and ``key`` must fit NCCL's int. The child inherits the failure policy,
+        the store and (unless ``generation`` is given) the generation; ``failure_callbacks`` are its own. Its
+        members' job-wide ranks are exchanged first (over this communicator on the host backend, else through the
+        store; unknown without one).
         """
         self._outside_group("split")
         self._check_alive()
         if self._failure is not None and self._state != "revoked":
             raise self._failure
         timeout = _check_timeout(timeout, self.timeout)
+        if type(color) is int and color == B.SPLIT_NOCOLOR:  # NCCL's spelling of None
+            color = None
         if color is not None:
-            color = _integer(color, "color", "a non-negative int or None", 0)
+            color = _integer(color, "color", "a non-negative int below 2**31, or None (NCCL_SPLIT_NOCOLOR)", 0)
+            if color >= 1 << 31:
+                raise ValueError(f"color must be below 2**31 (NCCL's int), got {color}")
         key = self._rank if key is None else _integer(key, "key", "an int")
+        if not -(1 << 31) <= key < 1 << 31:  # refused here, before the other ranks meet it in the exchange below
+            raise ValueError(f"key must fit NCCL's int (-2**31 .. 2**31-1), got {key}")
         uid = self._child_uid(f"split:{color}")
         members = self._split_members(-1 if color is None else color, key, timeout)
         with self._lock:

@@ -180,6 +180,14 @@ def test_arguments_named_in_their_errors(monkeypatch, caplog):
     try:
         with pytest.raises(TypeError, match=r"shrink: exclude must be a sequence of ranks, got 3 \(one rank: \[3\]\)"):
             c.shrink(3)  # "'int' object is not iterable"
+        # refused before split's exchange of colors (they were refused after it, each having used it up)
+        seq = c.progress().coll_enqueued
+        for kw, text in (({"color": 1 << 31}, "color must be below 2\\*\\*31"),
+                         ({"color": 0, "key": -(1 << 40)}, "key must fit NCCL's int")):
+            with pytest.raises(ValueError, match=text):
+                c.split(**kw)
+        assert c.progress().coll_enqueued == seq
+        assert c.split(pycoll.bindings.SPLIT_NOCOLOR) is None  # NCCL's spelling of None
     finally:
         c.destroy()
     # NCCL reads it with atoi: '01' and '+1' make it blocking as '1' does, and the warning says so
