@@ -93,6 +93,16 @@ def _check_prefix(prefix: object, what: str) -> None:
 
 _settings.register_check("PYCOLL_FR_FILE_PREFIX", lambda raw: _check_prefix(raw, "$PYCOLL_FR_FILE_PREFIX"))
 
+
+def _check_dump_dir(raw: str) -> None:
+    """ValueError where the dump folder is something else already (every dump would fail, with a log line only)."""
+    path = os.path.expanduser(raw)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"$PYCOLL_FR_DUMP_DIR names {raw!r}, which is not a folder: no dump could be written there")
+
+
+_settings.register_check("PYCOLL_FR_DUMP_DIR", _check_dump_dir)
+
 __all__ = [
     "FlightRecorder",
     "SCHEMA_VERSION",

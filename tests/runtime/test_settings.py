@@ -100,7 +100,7 @@ def test_a_huge_duration_is_refused_naming_the_variable():
     assert _settings.seconds(_settings.MAX_SECONDS, "timeout") == _settings.MAX_SECONDS
 
 
-def test_every_variable_is_checked_as_a_communicator_is_made(monkeypatch):
+def test_every_variable_is_checked_as_a_communicator_is_made(monkeypatch, tmp_path):
     # PYCOLL_ABORT_TIMEOUT is first read when a failure comes: a bad value must not wait for one (it then replaced
     # the failure itself with this ValueError)
     for name, raw in (("PYCOLL_ABORT_TIMEOUT", "abc"), ("PYCOLL_HOST_SPREAD", "2"), ("PYCOLL_HOST_IDLE_DEAD", "x")):
@@ -122,6 +122,12 @@ def test_every_variable_is_checked_as_a_communicator_is_made(monkeypatch):
             make()
     monkeypatch.delenv("PYCOLL_ABORT_TIMEOUT")
     lib.comm_abort(handle)
+    # a dump folder that is a file: every dump failed, with a log line only
+    (tmp_path / "afile").write_text("")
+    monkeypatch.setenv("PYCOLL_FR_DUMP_DIR", str(tmp_path / "afile"))
+    with pytest.raises(ValueError, match=r"\$PYCOLL_FR_DUMP_DIR names .*afile', which is not a folder"):
+        pycoll.init(0, 1, backend="host")
+    monkeypatch.delenv("PYCOLL_FR_DUMP_DIR")
     # a text setting with a rule of its own (the dump file prefix: the rank follows it)
     monkeypatch.setenv("PYCOLL_FR_FILE_PREFIX", "rank0")
     with pytest.raises(ValueError, match=r"\$PYCOLL_FR_FILE_PREFIX must be a non-empty file name not ending in a "):
