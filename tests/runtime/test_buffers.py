@@ -139,7 +139,7 @@ def test_numpy_read_only():
     a.setflags(write=False)
     b = as_buffer(a, name="input")
     assert b.readonly is True
-    with pytest.raises(ValueError, match="output: the array is read-only but the collective writes"):
+    with pytest.raises(ValueError, match="output: the array is read-only but the operation writes into it"):
         as_buffer(a, writable=True, name="output")
 
 
