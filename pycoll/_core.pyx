@@ -1786,13 +1786,13 @@ cdef object _cai_buffer(object obj, object cai, object stream, bint writable, ob
 cdef object _describe(CommCore comm, object obj, object stream, bint writable, object name):
     global _torch_tensor, _torch_parameter
     cdef bint tensor_or_importing = False  # a torch tensor of a subclass, or torch half imported: the general path
+    cdef bint tensor = False  # a torch tensor, of torch's own classes or a subclass
     tp = type(obj)
     if tp is _ndarray:
         b = _numpy_buffer(obj, writable, name)
     elif tp is _torch_tensor or tp is _torch_parameter:
         b = _torch_buffer(obj, stream, name)
-        if writable and obj.requires_grad:
-            _written_in_place(obj)
+        tensor = True
     else:
         b = None
         if _torch_tensor is None:  # torch's modules are looked up until it is imported (then once only)
@@ -1804,7 +1804,7 @@ cdef object _describe(CommCore comm, object obj, object stream, bint writable, o
                 else:
                     tensor_or_importing = True
         if _torch_tensor is not None and isinstance(obj, _torch_tensor):
-            tensor_or_importing = True
+            tensor_or_importing = tensor = True
         # as as_buffer tries them: arrays and tensors of subclasses and Buffers (by the general path), then DLPack, the
         # CUDA array interface, the buffer protocol
         if tp is not _Buffer and not isinstance(obj, _ndarray) and not tensor_or_importing:
@@ -1819,9 +1819,8 @@ cdef object _describe(CommCore comm, object obj, object stream, bint writable, o
                     b = _cai_buffer(obj, cai, stream, writable, name)
     if b is None:
         b = as_buffer(obj, writable=writable, stream=stream, name=name)
-        if writable and tensor_or_importing and _torch_tensor is not None and isinstance(obj, _torch_tensor) \
-                and obj.requires_grad:
-            _written_in_place(obj)
+    if tensor and writable and obj.requires_grad:
+        _written_in_place(obj)
     backend = comm.backend
     if backend == "host":
         if (<tuple>b)[6] is not _CPU and (<tuple>b)[6] not in _HOST_MEMORY:  # numpy's and torch's CPU: no hashing
@@ -2389,8 +2388,8 @@ cdef object _all_reduce(CommCore comm, object tensor, object output, object op, 
     call = _new_call(comm.library, _ALL_REDUCE, cc, (<tuple>inp)[0], (<tuple>out)[0], count, (<tuple>inp)[3], redop, 0)
     _stage(_ST_ARGS)
     ins = [inp]
-    return _holding(comm, _launch(comm, "all_reduce", call, st, ins, _outputs_of(ins, out), async_op, timeout, None), op,
-                    redop)
+    w = _launch(comm, "all_reduce", call, st, ins, _outputs_of(ins, out), async_op, timeout, None)
+    return _holding(comm, w, op, redop)
 
 
 cdef object _rank_arg(CommCore comm, object root, object what):
@@ -2440,8 +2439,8 @@ def reduce(CommCore comm, tensor, root=0, output=None, op="sum", *, stream=None,
     redop = _redop(comm, op, (<tuple>inp)[3])
     call = _new_call(comm.library, _REDUCE, cc, (<tuple>inp)[0], (<tuple>out)[0], count, (<tuple>inp)[3], redop, root)
     ins = [inp]
-    return _holding(comm, _launch(comm, "reduce", call, st, ins, _outputs_of(ins, out), async_op, timeout, None), op,
-                    redop)
+    w = _launch(comm, "reduce", call, st, ins, _outputs_of(ins, out), async_op, timeout, None)
+    return _holding(comm, w, op, redop)
 
 
 cdef object _rank_block(CommCore comm, object whole, Py_ssize_t count, object name):

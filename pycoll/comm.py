@@ -558,18 +558,14 @@ class Communicator(_core.CommCore):
                     CommTimeout(
                         f"communicator {self.name!r} rank {self._rank}/{self._size}: {w.op} "
                         f"(seq {w.seq if not w.is_p2p else w.p2p_seq}) did not complete within "
-                        f"{w.timeout:.3g} s (issued {elapsed:.3g} s ago{self._on_stream(w)}, state {w._state}"
+                        f"{w.timeout:.3g} s (issued {elapsed:.3g} s ago{stream_text(w.stream, self.device)}, "
+                        f"state {w._state}"
                         f"{': it never started on its stream' if w._state == 'scheduled' else ''}){group}",
                         comm_name=self.name, op=w.op, seq=w.seq, elapsed=elapsed, timeout=w.timeout,
                     ),
                     w,
                 )
                 return
-
-    def _on_stream(self, w: Any) -> str:
-        """`` on stream 0x...`` for an operation ``w`` on a GPU (where a user's several streams may hold the work it
-        waits for), else ''."""
-        return stream_text(w.stream) if self.device.kind != "host" else ""
 
     def outstanding(self) -> List[Work]:
         """Operations enqueued and not yet retired (oldest first)."""

@@ -72,9 +72,10 @@ def backoff(last: float, limit: float = _MAX_SLEEP_S) -> float:
     return sleep
 
 
-def stream_text(stream: Any) -> str:
-    """How a GPU operation's stream is named in reports: `` on stream 0x...`` (the legacy default stream by name)."""
-    if isinstance(stream, bool) or not isinstance(stream, int):
+def stream_text(stream: Any, device: Any) -> str:
+    """How an operation's stream on ``device`` is named in reports: `` on stream 0x...`` (the legacy default stream
+    by name) on a GPU, where a user's several streams may hold the work it waits for; '' on the host."""
+    if getattr(device, "kind", "host") == "host" or isinstance(stream, bool) or not isinstance(stream, int):
         return ""
     return " on the legacy default stream" if stream in (0, 1) else f" on stream {stream:#x}"
 

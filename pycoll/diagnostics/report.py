@@ -65,8 +65,7 @@ class FailureReport:
             self.elapsed = time.monotonic() - work.t0
             self.timeout = work.timeout
             self.state = work.last_state
-            # its stream, on a GPU: where a user's several streams may hold the work it waits for
-            self.stream = stream_text(work.stream) if getattr(comm.device, "kind", "host") != "host" else ""
+            self.stream = stream_text(work.stream, comm.device)
             self._issued_at = issued_at
             try:
                 mates = group_mates(comm.outstanding(), work)
