@@ -195,8 +195,11 @@ def _worker(slots: Sequence[int], addr: Tuple[str, int], token: str, conn: Any, 
 
 
 def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ``values``, interpolated between the two nearest (0.5 of two values: their mean)."""
     v = sorted(values)
-    return v[min(len(v) - 1, max(0, round(q * (len(v) - 1))))]
+    x = min(len(v) - 1.0, max(0.0, q * (len(v) - 1)))
+    lo = int(x)
+    return v[lo] + (v[min(lo + 1, len(v) - 1)] - v[lo]) * (x - lo)
 
 
 def _node_member(slot: int, k: int, addr: Tuple[str, int], token: str, run: str, conn: Any) -> None:

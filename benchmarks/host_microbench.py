@@ -155,7 +155,7 @@ def main():
                          "which leaves its ranks unbound)")
     args = ap.parse_args()
     sizes = [max(4, parse_size(s) // 4 * 4) for s in args.sizes.split(",")]  # whole float32 elements: what moves
-    print(f"memcpy reference at {sizes[-1]} B: {memcpy_reference(sizes[-1]):.2f} GB/s (one process)")
+    print(f"memcpy reference at {max(sizes)} B: {memcpy_reference(max(sizes)):.2f} GB/s (one process)")
     for n in args.n or [2, 4]:
         host = run_host(n, sizes, args.bind)
         mpi = run_mpi(n, sizes) if args.mpi else None

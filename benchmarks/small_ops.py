@@ -555,7 +555,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     if a.load < 0:
         p.error(f"--load must be 0 or more busy processes, got {a.load}")
-    libs = [x for x in a.only.split(",") if x]
+    libs = [x.strip() for x in a.only.split(",") if x.strip()]
+    unknown = sorted(set(libs) - {"pycoll", "mpi"})
+    if unknown or not libs:
+        p.error(f"--only: unknown entries {unknown}; choose from pycoll,mpi" if unknown else "--only names nothing")
     load = os.getloadavg()
     print(f"# small operations, 8 B -- {datetime.now(timezone.utc).isoformat(timespec='seconds')}, "
           f"{os.cpu_count()} CPUs, load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"

@@ -110,13 +110,14 @@ def _setups(rank: int, n: int, empty: Callable[[int], np.ndarray],
         blocks = n if op == "reduce_scatter" else 1
         inp, out = empty(blocks * count), empty(count)
 
-        def check() -> int:
-            inp[:] = np.tile(pattern(rank, count), blocks)
+        def check() -> int:  # block b of rank r: pattern(r * n + b), so a rank given another block's sum is seen
+            inp[:] = np.concatenate([pattern(rank * n + b, count) for b in range(blocks)])
             out[:] = 0
             calls[op](inp, out)
             if op == "reduce" and rank != 0:
                 return 0
-            return int(np.count_nonzero(out != sum(pattern(k, count) for k in range(n))))
+            mine = rank if op == "reduce_scatter" else 0
+            return int(np.count_nonzero(out != sum(pattern(k * n + mine, count) for k in range(n))))
         return lambda: calls[op](inp, out), check
 
     def spreading(op: str, count: int):  # all_to_all: block k of rank r: pattern(r * n + k); scatter: rank 0's

@@ -20,7 +20,7 @@ _OWNERS = {
            "EXIT_OK", "EXIT_WRONG", "EXIT_USAGE", "EXIT_FAILED", "MODES", "_collectives", "_pick", "_size_plan",
            "_element_count"),
     arrays: ("_ArrayLib", "_NumpyKit", "_TorchKit", "_CupyKit", "_make_kit"),
-    cases: ("Case", "build_case", "_pattern", "_reduce_ref", "_count_wrong", "_layout"),
+    cases: ("Case", "build_case", "_pattern", "_reduce_ref", "_count_wrong", "_exact_sums", "_layout"),
     runner: ("Measurement", "measure", "_Runner", "_comm_call", "_raw_call"),
     report: ("write_plot", "_Reporter", "_TableReporter", "_EventReporter"),
     cli: ("main", "_parser", "_check_args", "_run_rank", "_launch"),

@@ -115,6 +115,34 @@ def test_count_wrong_integers_exact_floats_within_precision():
     assert bench._count_wrong(np.zeros(3), np.zeros(4), f32, 2, reduced=False) == 4  # wrong length
 
 
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("name", ["float", "int32", "bfloat16", "f8e4m3", "f8e5m2"])
+def test_the_check_sees_misplaced_blocks_a_wrong_op_and_a_missing_rank(name, n):
+    """What a faulty collective gives is counted wrong: another block's (or a rolled) result, max where prod was
+    asked, and a sum without one rank's part (fp8 at 4 ranks included: the patterns' sums are exact there)."""
+    dt, count = DTYPES[name], 256
+
+    def parts(kind, ranks=range(n)):
+        return [bench._pattern(kind, dt, r, 0, count, n) for r in ranks]
+
+    def wrong(got, op):
+        rounds = not bench._exact_sums(dt, n, op)
+        return bench._count_wrong(got, bench._reduce_ref(parts("prod" if op == 1 else "reduce"), op, dt, n), dt,
+                                  n, rounds)
+
+    for op in (0, 1, 2, 3, 4):
+        want = bench._reduce_ref(parts("prod" if op == 1 else "reduce"), op, dt, n)
+        assert wrong(want, op) == 0
+        for shift in (8, 16, count // 2):  # a block of the result in another block's place
+            assert wrong(np.roll(want, shift), op) > count // 16, (op, shift)
+    assert wrong(bench._reduce_ref(parts("prod"), 2, dt, n), 1) > count // 8  # max computed for prod
+    assert wrong(bench._reduce_ref(parts("reduce", range(n - 1)), 0, dt, n), 0) == count  # one rank left out
+    data = parts("data")
+    assert all(bench._count_wrong(data[r], data[s], dt, n, False) > count // 2 for r in range(n) for s in range(n)
+               if r != s)  # another rank's block
+    assert bench._count_wrong(np.roll(data[0], 8), data[0], dt, n, False) > count // 2
+
+
 def test_reference_wraps_integers_and_truncates_avg():
     i8 = DTYPES["int8"]
     parts = [np.array([100, 7, 3]), np.array([100, 6, 4])]
@@ -185,6 +213,7 @@ def test_in_place_layout_matches_nccl_tests():
     (["all_reduce", "--plot", "-"], "--plot needs a file name"),
     (["all_reduce", "--json", "/"], "--json /: a folder, not a file"),
     (["all_reduce", "--backend", "host", "--array", "cupy"], "--array cupy needs a GPU backend"),
+    (["send_recv", "--in-place"], "send_recv has no in-place variant: nothing to run"),
 ])
 def test_bad_arguments(args, message, capsys):
     assert bench.main(args) == bench.EXIT_USAGE
@@ -247,6 +276,33 @@ def test_check_can_be_disabled(monkeypatch, capsys):
     assert rc == bench.EXIT_OK, cap.err
     rows = list(csv.DictReader(cap.out.splitlines()))
     assert [r["wrong"] for r in rows] == ["", ""]
+
+
+@pytest.mark.timeout(60)
+def test_timeout_stops_a_rank_in_this_process(monkeypatch, capsys):
+    """--timeout holds where pycoll-bench starts no ranks (one rank here; ranks another launcher started)."""
+    _single(monkeypatch)
+    rc = bench.main(["all_reduce", "-b", "8", "-e", "8", "-N", "100000000", "-w", "0", "--backend", "host",
+                     "--out-of-place", "--timeout", "0.5", "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == bench.EXIT_FAILED, err
+    assert "--timeout 0.5 s passed" in err and "CommAborted" in err
+
+
+@pytest.mark.timeout(60)
+def test_a_crash_is_a_failed_run_not_wrong_values(monkeypatch, capsys):
+    """An exception pycoll-bench does not expect ends the run with status 3 and its traceback, not 1."""
+    _single(monkeypatch)
+    from pycoll.tools.bench import cli
+
+    def broken(*args, **kwargs):
+        raise KeyError("a defect")
+
+    monkeypatch.setattr(cli, "measure", broken)
+    rc = bench.main(["all_reduce", "-b", "8", "-e", "8", "-N", "1", "-w", "0", "--backend", "host"])
+    err = capsys.readouterr().err
+    assert rc == bench.EXIT_FAILED
+    assert "Traceback" in err and "KeyError: 'a defect'" in err
 
 
 # -- two ranks through the real CLI --------------------------------------------------------------

@@ -11,14 +11,44 @@ from .arrays import _ArrayLib
 from .spec import CollSpec, DType, _element_count
 
 
-def _pattern(kind: str, dt: DType, rank: int, start: int, length: int) -> np.ndarray:
-    """Rank ``rank``'s input values at elements ``[start, start+length)``: small exact integers >= 1."""
+def _mix(i: np.ndarray, rank: int) -> np.ndarray:
+    """A hash of each element index (and ``rank``): no period, so a block in the wrong place or from the wrong rank
+    shows, where a pattern repeating every few elements would give the same values there."""
+    x = (i.astype(np.uint64) + np.uint64(rank << 40)) * np.uint64(0x9E3779B97F4A7C15)
+    x ^= x >> np.uint64(31)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(29)
+    return x
+
+
+def _reduce_range(dt: DType, nranks: int) -> int:
+    """The reduction pattern's values are 1..this: where it can, small enough that any sum of ``nranks`` of them,
+    in any order, is an integer the datatype holds exactly."""
+    return max(2, min(8, dt.exact // max(nranks, 1)))
+
+
+def _exact_sums(dt: DType, nranks: int, op: Optional[int]) -> bool:
+    """Whether reducing the patterns of ``nranks`` ranks with ``op`` rounds nowhere (so the check allows nothing):
+    the products of 1s and 2s are powers of two; max and min pick an input; a sum stays exact where ``nranks``
+    times the pattern's largest value fits ``exact``; an average of such a sum where ``nranks`` is a power of two
+    (dividing, or multiplying each input by 1/n, is then exact)."""
+    if not dt.is_float or op in (1, 2, 3):
+        return True
+    if op == 4 and nranks & (nranks - 1):
+        return False
+    return nranks * _reduce_range(dt, nranks) <= dt.exact
+
+
+def _pattern(kind: str, dt: DType, rank: int, start: int, length: int, nranks: int) -> np.ndarray:
+    """Rank ``rank``'s input values at elements ``[start, start+length)``: small exact integers >= 1, unlike at
+    every other element and on every other rank, so misplaced data is wrong data."""
     i = np.arange(start, start + length, dtype=np.int64)
-    if kind == "prod":
-        return 1 + ((i + rank) % 4 == 0).astype(np.int64)  # 1s and 2s: exact products
+    if kind == "prod":  # 1s and 2s, products exact (powers of two): rank r has a 2 where (hash + r) mod 8 is 0 or 1,
+        # so two neighbouring ranks share each 2 (a product is no maximum) and about n/4 ranks give an element 2s
+        return 1 + ((_mix(i, 0) + np.uint64(rank)) % np.uint64(8) < np.uint64(2)).astype(np.int64)
     if kind == "reduce":
-        return 1 + (i + 3 * rank) % min(8, dt.exact)
-    return 1 + (i * 7 + rank * 131) % dt.exact  # data movement: tells ranks and positions apart
+        return 1 + (_mix(i, rank) % np.uint64(_reduce_range(dt, nranks))).astype(np.int64)
+    return 1 + (_mix(i, rank) % np.uint64(dt.exact)).astype(np.int64)  # data movement: ranks and positions apart
 
 
 def _reduce_ref(parts: Iterable[np.ndarray], op: int, dt: DType, nranks: int) -> np.ndarray:
@@ -51,8 +81,9 @@ def _count_wrong(got: np.ndarray, want: np.ndarray, dt: DType, nranks: int, redu
         return int(max(got.size, want.size))
     if not dt.is_float:
         return int(np.count_nonzero(got != want))
-    # the inputs are positive: each of the n - 1 additions (and an average's division) rounds by at most half an
-    # ulp of a partial result no larger than the result (4 n eps allowed fp8 results of any value: zeros passed)
+    # ``reduced``: the result may round (an average; a sum beyond what the datatype holds exactly, _exact_sums). The
+    # inputs are positive: each of the n - 1 additions (and an average's division) rounds by at most half an ulp of
+    # a partial result no larger than the result (4 n eps allowed fp8 results of any value: zeros passed)
     tol = 0.5 * nranks * dt.eps * np.abs(want) if reduced else 0.0
     return int(np.count_nonzero(~(np.abs(got - want) <= tol)))  # NaN counts as wrong
 
@@ -94,7 +125,7 @@ class Case:
         return "prod" if self.op == 1 else "reduce"
 
     def inputs_of(self, rank: int, start: int, length: int) -> np.ndarray:
-        return _pattern(self.kind, self.dt, rank, start, length)
+        return _pattern(self.kind, self.dt, rank, start, length, self.nranks)
 
     def fill(self) -> None:
         """Write the check pattern into this rank's input and zeros into its output."""
@@ -140,7 +171,8 @@ class Case:
         got = self.kit.fetch(self.recv, self.dt)
         if corrupt and got.size:
             got[got.size // 2] += 1  # the fault injected by --debug-corrupt-rank
-        return _count_wrong(got, want, self.dt, self.nranks, self.spec.reduces)
+        rounds = self.spec.reduces and not _exact_sums(self.dt, self.nranks, self.op)
+        return _count_wrong(got, want, self.dt, self.nranks, rounds)
 
 
 def _length(arr: Any) -> int:

@@ -10,6 +10,8 @@ import platform
 import socket
 import subprocess
 import sys
+import threading
+import traceback
 from datetime import datetime, timezone
 from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 
@@ -98,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--op-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="deadline of every operation and of initialisation (default 60)")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
-                   help="stop the whole run after this many seconds (ranks pycoll-bench starts itself)")
+                   help="stop the whole run after this many seconds (exit status 3)")
     p.add_argument("--emit-events", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--debug-corrupt-rank", type=int, default=None, help=argparse.SUPPRESS)
     return p
@@ -130,6 +132,10 @@ def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error("--timeout must be > 0")
     if a.modes is None:
         a.modes = MODES
+    if a.modes == ("in-place",):
+        without = [c for c in a.collective if not COLLECTIVES[c].in_place]
+        if len(without) == len(a.collective):
+            p.error(f"--in-place: {', '.join(without)} has no in-place variant: nothing to run")
     if a.json and a.csv and a.json == "-" and a.csv == "-":
         p.error("--json - and --csv - cannot both go to stdout")
     if a.plot == "-":
@@ -194,6 +200,7 @@ def _run_rank(a: argparse.Namespace, reporter: _Reporter, *, rank: Optional[int]
                        name="pycoll-bench")
     runner: Optional[_Runner] = None
     status = EXIT_FAILED
+    deadline = _deadline(comm, a.timeout)
     try:
         n, me = comm.size, comm.rank
         if not 0 <= a.root < n:
@@ -267,10 +274,29 @@ def _run_rank(a: argparse.Namespace, reporter: _Reporter, *, rank: Optional[int]
             })
         status = EXIT_OK if wrong_total == 0 else EXIT_WRONG
     finally:
+        if deadline is not None:
+            deadline.cancel()
         if runner is not None:
             runner.close()
         _teardown(comm, clean=status != EXIT_FAILED)
     return status
+
+
+def _deadline(comm: Any, seconds: Optional[float]) -> Optional[threading.Timer]:
+    """``--timeout`` in a rank's own process (one rank, or ranks another launcher started; pycoll-run enforces it
+    for the ranks pycoll-bench starts): once it passes, the communicator is aborted, so that the rank's operation
+    raises and the run ends with status 3."""
+    if not seconds:
+        return None
+
+    def expire() -> None:
+        sys.stderr.write(f"pycoll-bench: rank {comm.rank}: --timeout {seconds:g} s passed; stopping the run\n")
+        comm.abort()
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def _teardown(comm: Any, clean: bool) -> None:
@@ -374,7 +400,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except Exception as exc:
         from ...errors import PycollError
 
-        if not isinstance(exc, (PycollError, RuntimeError, ValueError, TimeoutError, ImportError, OSError)):
-            raise
+        if not isinstance(exc, (PycollError, RuntimeError, ValueError, TimeoutError, ImportError, OSError,
+                                MemoryError)):
+            traceback.print_exc()  # a defect: its traceback, but the run's status all the same (1 is wrong values)
         sys.stderr.write(f"pycoll-bench: rank {info.rank}: {type(exc).__name__}: {exc}\n")
         return EXIT_FAILED
