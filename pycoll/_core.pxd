@@ -14,7 +14,8 @@ cdef class _Shared:  # the events of consecutive operations of one group (_core.
 cdef class Work:
     cdef public object comm, op, async_op, is_p2p, peer, root, timeout, stream
     cdef public long long seq, p2p_seq, op_id, time_created_ns  # C: no int object made per operation
-    cdef public double t0
+    cdef public double t0  # its deadline counts from here: its issue (enqueue; the end of the group that held it)
+    cdef public bint grouped  # it waits in an open group(): not issued yet (no events looked at, no deadline)
     cdef public object inputs, outputs
     # time_started_ns, time_completed_ns, duration_ms (properties: None where unset) as C values: no objects made
     cdef long long _t_started, _t_completed  # wall-clock ns; 0: not yet

@@ -91,6 +91,7 @@ class Work:
     outputs: List[Any]
     time_created_ns: int
     t0: float
+    grouped: bool
     time_started_ns: Optional[int]
     time_completed_ns: Optional[int]
     duration_ms: Optional[float]

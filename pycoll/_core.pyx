@@ -1003,6 +1003,7 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
             if previous is not None:
                 dev.restore_current(previous)
         if group is not None:
+            w.grouped = True  # issued at the group's end (GroupScope.__exit__): no deadline nor start before
             group.append(w)
         elif not async_op:
             _complete(comm, w, dev, lib)
@@ -1155,8 +1156,8 @@ def refresh(CommCore comm, Work w):
 cdef _refresh(CommCore comm, Work w, object dev, Library lib):
     cdef CudaDriver drv = _comm_driver(comm)
     start, end = w._start, w._end
-    if w._state is _COMPLETED or w._exc is not None or start is None:
-        return
+    if w._state is _COMPLETED or w._exc is not None or start is None or w.grouped:
+        return  # a grouped one: its start event may complete before the group's end issues it
     cdef bint done, started
     cdef float ms = 0
     cdef int timed = -1  # the host library's elapsed time of the two events: 0 (both complete, ms set) or why not
@@ -2042,6 +2043,7 @@ cdef class GroupScope:
         else:
             works = _open_works()
             _set_group(None, None)
+            _issued(works)
             nested_raised, pycoll_group_raised = pycoll_group_raised, 0
             if works and (nested_raised or not body_ok) and _drop_group(lib, works, value):
                 if body_ok:
@@ -2075,6 +2077,17 @@ cdef class GroupScope:
                 if not w.async_op:
                     _complete_in_group(w)
         return False
+
+
+cdef int _issued(list works) except -1:
+    """The Works of an outermost group that ends now (or is dropped): no longer waiting in it; their deadlines
+    count from now, when ``ncclGroupEnd`` issues them, not from their enqueue."""
+    cdef Work w
+    cdef double now = _mono_ns() * 1e-9
+    for w in works:
+        w.grouped = False
+        w.t0 = now
+    return 0
 
 
 cdef bint _drop_group(object lib, list works, object raised) except -1:

@@ -544,6 +544,8 @@ class Communicator(_core.CommCore):
         now = time.monotonic() if now is None else now
         pending = self._pending.snapshot()
         for w in pending:
+            if w.grouped:  # not issued yet: its group() has not ended (its deadline counts from that end)
+                continue
             self.refresh(w)
             if w._state != "completed" and w._exc is None and now - w.t0 > w.timeout:
                 # the operations of its group that complete with it: which one the group waits for is not known;
@@ -576,7 +578,7 @@ class Communicator(_core.CommCore):
         """The earliest ``time.monotonic()`` deadline of the outstanding operations (None: nothing to watch)."""
         if self._failure is not None:
             return None
-        return min((w.t0 + w.timeout for w in self._pending.snapshot()), default=None)
+        return min((w.t0 + w.timeout for w in self._pending.snapshot() if not w.grouped), default=None)
 
     def progress(self) -> Progress:
         """The last sequence ids enqueued, started and completed, collectives and point-to-point apart."""
@@ -720,8 +722,8 @@ class Communicator(_core.CommCore):
             raise CommStateError(f"communicator {self.name!r}: hand_off() from thread "
                                  f"{threading.current_thread().name!r} while thread {self._owner_name!r} is "
                                  "inside an operation of it")
-        with self._plock:  # enqueued in a group, not issued yet: a start event, no end event (nor a failure)
-            grouped = [w for w in self._pending if w._start is not None and w._end is None and w._exc is None]
+        with self._plock:  # enqueued in a group, not issued yet
+            grouped = [w for w in self._pending if w.grouped]
         if grouped:
             raise CommStateError(f"communicator {self.name!r}: hand_off() from thread "
                                  f"{threading.current_thread().name!r} while {grouped[0].op} (seq {grouped[0].seq}) "

@@ -56,11 +56,15 @@ class Progress(NamedTuple):
 
     @classmethod
     def of(cls, coll_enqueued: int, p2p_enqueued: int, outstanding: Sequence[WorkView]) -> Progress:
-        """The progress of a communicator that issued that many operations and has ``outstanding`` ones."""
+        """The progress of a communicator that issued that many operations and has ``outstanding`` ones. Those
+        waiting in a ``group()`` that has not ended are not enqueued yet: the group issues them as it ends."""
         vals: List[int] = []
         for last, p2p in ((coll_enqueued, False), (p2p_enqueued, True)):
+            held = [w.p2p_seq if p2p else w.seq for w in outstanding if w.is_p2p == p2p and w.grouped]
+            if held:
+                last = min(last, min(held) - 1)
             mine = [(w.p2p_seq if p2p else w.seq, w.last_state) for w in outstanding
-                    if w.is_p2p == p2p and w.last_state != "completed"]
+                    if w.is_p2p == p2p and w.last_state != "completed" and not w.grouped]
             completed = min(seq for seq, _ in mine) - 1 if mine else last
             started = max((seq for seq, st in mine if st == "started"), default=completed)
             vals += [last, started, completed]
@@ -82,7 +86,8 @@ class WorkView(Protocol):
     timeout: float
     async_op: bool
     stream: Any  # the stream it runs on (a raw handle)
-    t0: float  # time.monotonic() at enqueue
+    t0: float  # time.monotonic() at its issue: its enqueue, or the end of the group() that held it
+    grouped: bool  # it waits in a group() that has not ended (not issued yet)
     time_created_ns: int
     time_started_ns: Optional[int]
     time_completed_ns: Optional[int]

@@ -468,6 +468,12 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
         for r, info in res["first_divergence"]["never_entered"].items():
             info["blocked_in"] = _blocked_in(dumps[r], uid, members, res["p2p"], r)
             info["revoked"] = r in revoked
+        # an operation its rank's dump does not count as issued (the progress it gives) waits in a group() there
+        # that had not ended: the group issues it as it ends
+        seq = res["first_divergence"]["seq"]
+        for r, info in res["first_divergence"]["in_flight"].items():
+            p = ((((dumps[r].get("pycoll") or {}).get("comms") or {}).get(uid) or {}).get("progress") or {})
+            info["grouped"] = info["state"] == "scheduled" and int(p.get("coll_enqueued", seq)) < seq
     # a bystander: no rank recorded a failure of this communicator, and every dump was written for a failure (of
     # another communicator: an elastic group's earlier generation, whose dump was held back until after the
     # recovery). Its ranks were dumped at different moments while it ran: what is in flight on one rank and done
@@ -1204,9 +1210,17 @@ def _verdict(c: Dict[str, Any]) -> str:
     if not out and d["in_flight"]:
         # an operation that never started on its stream (NCCL's "scheduled") waits for work queued before it on
         # that rank's stream or device, while the ranks where it started wait for that rank
-        waiting = sorted(r for r, info in d["in_flight"].items() if info["state"] == "scheduled")
-        started = sorted(r for r in d["in_flight"] if r not in waiting)
-        if waiting and started:
+        grouped = sorted(r for r, info in d["in_flight"].items() if info.get("grouped"))
+        waiting = sorted(r for r, info in d["in_flight"].items() if info["state"] == "scheduled" and r not in grouped)
+        started = sorted(r for r in d["in_flight"] if r not in waiting and r not in grouped)
+        if grouped:
+            one = len(grouped) == 1
+            out.append(f"rank{'' if one else 's'} {_fmt_ranks(grouped)} never issued {d['op']} on {name!r}: it waited "
+                       f"in a group() that had not ended there (a group issues its operations as it ends) -- look at "
+                       f"what {'that rank' if one else 'those ranks'} did inside the group"
+                       + (f"; rank{'' if len(started) == 1 else 's'} {_fmt_ranks(started)} started it and "
+                          f"wait{'s' if len(started) == 1 else ''} for {'it' if one else 'them'}" if started else ""))
+        elif waiting and started:
             one = len(waiting) == 1
             out.append(f"rank{'' if one else 's'} {_fmt_ranks(waiting)} entered {d['op']} on {name!r} but "
                        f"{'its' if one else 'their'} operation never started: work queued before it on "

@@ -267,6 +267,21 @@ def test_an_operation_that_never_started_names_its_rank(tmp_path, waiting):
     assert f"rank{'s' if len(started) > 1 else ''} {', '.join(map(str, started))} started it" in v, v
 
 
+def test_an_operation_held_in_an_open_group_is_named_not_issued(tmp_path):
+    # rank 0's all_reduce #3 waits in a group() it has not ended (its dump's progress does not count it as issued):
+    # it was "every rank entered ... not a desync", or its stream was blamed
+    def script(r, c):
+        allreduces(c, 2)
+        c.op("all_reduce", f32(2), f32(2), state="scheduled" if r == 0 else "started", grouped=r == 0)
+
+    _, c = one(make_dumps(tmp_path, 3, script))
+    v = analyze._verdict(c)
+    assert v.startswith("rank 0 never issued all_reduce #3 [Float(2,)] on 'world': it waited in a group() that had "
+                        "not ended there"), v
+    assert "ranks 1-2 started it and wait for it" in v, v
+    assert c["first_divergence"]["in_flight"][0]["grouped"] and not c["first_divergence"]["in_flight"][1]["grouped"]
+
+
 def test_a_group_waiting_for_a_transfer_with_no_sender_names_that_transfer_not_its_delivered_send(tmp_path):
     # rank 0 groups a send to rank 1 (delivered: rank 1's recv completed) and a recv from rank 2, which never sends:
     # the verdict named the send 0->1 ("not completed (send started, recv completed)") and ranks 0 and 1

@@ -68,10 +68,12 @@ class FakeComm:
 
     # -- driving it -----------------------------------------------------------------------------
 
-    def op(self, name, inp=None, out=None, *, peer=None, state="completed", timeout=30.0, capture_id=None, root=None):
+    def op(self, name, inp=None, out=None, *, peer=None, state="completed", timeout=30.0, capture_id=None, root=None,
+           grouped=False):
         """Record one operation, left in ``state``; ``"captured"``: recorded into CUDA graph capture
         ``capture_id`` (1 when not given), as the Communicator does on a capturing stream (never outstanding);
-        ``root``: a rooted collective's root, as the Communicator sets ``Work.root``."""
+        ``root``: a rooted collective's root, as the Communicator sets ``Work.root``; ``grouped``: it waits in a
+        group() that has not ended (state scheduled)."""
         if state == "captured" and capture_id is None:
             capture_id = 1
         is_p2p = peer is not None
@@ -84,6 +86,7 @@ class FakeComm:
         w = Work(self, name, self.coll_seq, self.p2p_seq, self.ops_issued, is_p2p, peer, timeout, 0, ins, outs,
                  capture_id=capture_id)
         w.root = root
+        w.grouped = grouped
         self.recorder.work_enqueued(w)  # as Communicator._launch: before the library call
         w._state = state
         if state == "captured":

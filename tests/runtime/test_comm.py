@@ -345,6 +345,31 @@ def test_a_group_whose_block_raised_runs_none_of_its_operations():
         assert all(v is True for v in res.values()), res
 
 
+def _group_held_past_its_timeout(rank, n, uid):
+    # both ranks hold an operation in a group() for longer than its timeout: its deadline counts from the group's
+    # end, where it is issued (the watchdog aborted the communicator on every rank before anything was issued), and
+    # it is scheduled meanwhile (it read "started")
+    c = _comm(rank, n, uid, timeout=0.5)
+    x = np.full(4, rank + 1.0, np.float32)
+    out = {}
+    with c.group():
+        w = c.all_reduce(x, async_op=True)
+        time.sleep(1.0)
+        out["scheduled"] = w.state == "scheduled" or w.state
+        out["not_issued"] = c.progress().coll_enqueued == 0 or c.progress()
+    w.wait()
+    out["sum"] = x.tolist() == [3.0] * 4 or x.tolist()
+    out["state"] = c.state == "active" or c.state
+    c.destroy()
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_an_operation_held_in_a_group_counts_its_deadline_from_the_group_end():
+    for res in run_ranks(_group_held_past_its_timeout, 2, _uid(), timeout=40):
+        assert all(v is True for v in res.values()), res
+
+
 # -- bad input ------------------------------------------------------------------------------------
 
 
