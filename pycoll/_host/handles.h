@@ -1,5 +1,5 @@
 /* A registry of the live handles the library gave out (communicators, streams, events, memory,
- * windows), so that every call can validate its handles: a destroyed or made-up handle is an
+ * windows, graphs), so that every call can validate its handles: a destroyed or made-up handle is an
  * ncclInvalidArgument, never a crash. Freed objects are kept in a quarantine for a while, so a
  * stale handle does not alias a new object. */
 #ifndef PYCOLL_HANDLES_H
@@ -7,7 +7,7 @@
 
 #include "core.h"
 
-enum handle_kind { H_COMM = 1, H_STREAM = 2, H_EVENT = 3, H_MEM = 4, H_WINDOW = 5 };
+enum handle_kind { H_COMM = 1, H_STREAM = 2, H_EVENT = 3, H_MEM = 4, H_WINDOW = 5, H_GRAPH = 6 };
 
 void handle_lock(void);
 void handle_unlock(void);

@@ -1210,13 +1210,14 @@ NCCL_API int pycollStreamEndCapture(pycollStream_t s, pycollGraph_t* graph) {
     WARN("pycollStreamEndCapture : stream %p is not capturing", (void*)s);
     return ncclInvalidUsage;
   }
+  handle_add(g, H_GRAPH, 0); /* from here on a handle the user has: checked as the others are */
   *graph = g;
   return ncclSuccess;
 }
 
 NCCL_API int pycollGraphLaunch(pycollGraph_t g, pycollStream_t s) {
-  if (!g || g->magic != GRAPH_MAGIC) {
-    WARN("pycollGraphLaunch : %p is not a pycoll host graph", (void*)g);
+  if (!g || !handle_valid(g, H_GRAPH)) {
+    WARN("pycollGraphLaunch : %p is not a pycoll host graph (made up, or destroyed)", (void*)g);
     return ncclInvalidArgument;
   }
   CHECK_STREAM(s, "pycollGraphLaunch");
@@ -1248,8 +1249,8 @@ NCCL_API int pycollGraphLaunch(pycollGraph_t g, pycollStream_t s) {
 }
 
 NCCL_API int pycollGraphDestroy(pycollGraph_t g) {
-  if (!g || g->magic != GRAPH_MAGIC) {
-    WARN("pycollGraphDestroy : %p is not a pycoll host graph", (void*)g);
+  if (!g || !handle_remove(g, H_GRAPH, NULL)) {
+    WARN("pycollGraphDestroy : %p is not a pycoll host graph (made up, or destroyed)", (void*)g);
     return ncclInvalidArgument;
   }
   for (struct gnode *n = g->head, *next; n; n = next) {
@@ -1258,6 +1259,6 @@ NCCL_API int pycollGraphDestroy(pycollGraph_t g) {
     free(n);
   }
   g->magic = 0;
-  free(g);
+  quarantine_free(g); /* a stale handle does not alias a new graph */
   return ncclSuccess;
 }

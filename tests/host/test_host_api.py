@@ -169,6 +169,25 @@ def test_use_after_destroy_and_abort(comms):
     assert l.comm_abort(0) == 0 and l.comm_destroy(0) == 0 and l.comm_revoke(0) == 0
 
 
+def test_made_up_and_destroyed_graphs_are_refused_as_other_handles():
+    # a graph handle was checked by reading a magic number at the address given: a made-up one crashed
+    l = lib()
+    s = l.host_stream_create()
+    try:
+        for call in (lambda: l.host_graph_destroy(0x4242), lambda: l.host_graph_launch(0x4242, s)):
+            with pytest.raises(errors.InvalidArgument, match="is not a pycoll host graph"):
+                call()
+        l.host_stream_begin_capture(s)
+        g = l.host_stream_end_capture(s)
+        l.host_graph_launch(g, s)
+        l.host_graph_destroy(g)
+        for call in (lambda: l.host_graph_destroy(g), lambda: l.host_graph_launch(g, s)):
+            with pytest.raises(errors.InvalidArgument, match="made up, or destroyed"):
+                call()
+    finally:
+        l.host_stream_destroy(s)
+
+
 def _raw():
     """The C functions themselves, for checks the bindings already make in Python."""
     return ctypes.CDLL(lib().path)
