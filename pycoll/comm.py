@@ -537,7 +537,16 @@ class Communicator(_core.CommCore):
         if self._failure is not None or self._handle is None:
             return
         self.device.enter_own_thread()
-        code = self._async_code()
+        try:
+            code = self._async_code()
+        except NCCLError as e:  # the handle is no communicator any more: an adopted one its maker destroyed or
+            # aborted (the watchdog logged this traceback every round, and every operation raised it)
+            if self._handle is not None and self._failure is None:
+                self.fail(AsyncCommError(f"communicator {self.name!r} rank {self._rank}: its handle is no live "
+                                         f"communicator of the library any more (destroyed or aborted by its maker, "
+                                         f"if adopted with from_handle?): {e}", getattr(e, "code", -1)),
+                          next(iter(self._pending), None))
+            return
         if code not in (0, B.IN_PROGRESS):
             self.fail(self._async_exc(code), next(iter(self._pending), None))
             return
@@ -620,11 +629,24 @@ class Communicator(_core.CommCore):
         if not hooks.failures_reported():
             _log.error("%s", exc)  # else the watchdog logs it, with what the other ranks were doing
         hooks.notify_failed(self, exc, work)
+        leave: Optional[BaseException] = None  # a callback's SystemExit or KeyboardInterrupt, raised once acted
         for callback in list(self.failure_callbacks):
             try:
                 callback(self, exc)
             except Exception:
                 _log.exception("failure callback %r of %r failed", callback, self.name)
+            except BaseException as e:
+                if threading.current_thread() is threading.main_thread():
+                    leave = leave or e
+                else:  # it would end this thread (the watchdog's: every later hang unseen), not the process
+                    _log.error("failure callback %r of %r raised %s in thread %r, where it cannot end the process: "
+                               "ignored (the policy acts as always; os._exit() ends the process from any thread)",
+                               callback, self.name, type(e).__name__, threading.current_thread().name)
+        self._act_on_failure()
+        if leave is not None:
+            raise leave
+
+    def _act_on_failure(self) -> None:
         if self._on_failure == "abort":
             self._abort()
         elif self._on_failure == "revoke":

@@ -178,7 +178,10 @@ def init(
             are kept per generation).
         global_ranks: every member's job-wide rank in rank order (default ``0..world_size-1``).
         failure_callbacks: called as ``callback(comm, exc)`` in the thread that records a failure,
-            after the observers and before the policy acts; must return quickly.
+            after the observers and before the policy acts; must return quickly. What one raises is logged and the
+            policy acts all the same; a ``SystemExit`` or ``KeyboardInterrupt`` goes on once the policy has acted,
+            in the main thread only: in the watchdog's threads it is logged and ignored (they go on watching; a
+            thread cannot end the process with it: ``os._exit`` can).
         give_up: asked as ``give_up(seconds waited)`` about every 0.1 s while the init waits for the other
             ranks; an exception it returns (a rank the caller knows to be gone, say) ends the init at once: the
             new communicator is aborted and the exception raised. Must return quickly.

@@ -741,6 +741,29 @@ def test_stopped_peer_times_out_and_aborts():
         assert later == "aborted" and state == "aborted"
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("leave", [SystemExit, KeyboardInterrupt])
+def test_a_callback_that_exits_keeps_the_policy_and_the_thread(leave, caplog):
+    # sys.exit() in a failure callback ended the watchdog thread running it, silently, before the policy acted:
+    # the communicator stayed active and no later hang was seen. Off the main thread it is logged and ignored now;
+    # in the main thread it goes on once the policy has acted
+    import threading
+
+    c = pycoll.init(0, 1, backend="host", name="exits")
+    c.failure_callbacks.append(lambda comm, exc: (_ for _ in ()).throw(leave()))
+    survived = []
+    t = threading.Thread(target=lambda: (c.fail(pycoll.CommFailure("made up")), survived.append(True)), name="w")
+    t.start()
+    t.join(10)
+    assert survived == [True] and c.state == "aborted"
+    assert f"raised {leave.__name__} in thread 'w', where it cannot end the process" in caplog.text
+    d = pycoll.init(0, 1, backend="host", name="exits-main")
+    d.failure_callbacks.append(lambda comm, exc: (_ for _ in ()).throw(leave()))
+    with pytest.raises(leave):
+        d.fail(pycoll.CommFailure("made up"))
+    assert d.state == "aborted"
+
+
 def _dead_peer(rank, n, uid):
     c = _comm(rank, n, uid)
     seen = []
