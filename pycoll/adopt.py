@@ -75,6 +75,11 @@ def from_handle(cls: Any, handle: Any, *, owned: bool = False, library: Any = No
     h = handle_of(handle)
     if not isinstance(owned, bool):
         raise TypeError(f"owned must be a bool, not {type(owned).__name__}")
+    # as init does: a bad timeout made the first operation time out at once and abort the maker's handle
+    timeout = _settings.seconds(timeout, "timeout")
+    for what, value in (("name", name), ("uid", uid)):
+        if value is not None and (not isinstance(value, str) or not value):
+            raise TypeError(f"{what} must be a non-empty str or None, got {value!r}")
     lib = _library(library)
     if lib.kind != "host" and not _readable(h):
         # NCCL reads the communicator's magic words to check a handle: never let it touch unmapped memory

@@ -96,6 +96,17 @@ def test_bad_handles_are_refused():
         pycoll.Communicator.from_handle(c, library=lib)  # destroyed
     with pytest.raises(TypeError, match="library"):
         pycoll.Communicator.from_handle(c, library=3.5)
+    # refused as init refuses them, before the handle is touched (-1 timed the first operation out at once, and its
+    # abort killed the maker's handle; "5" broke the watchdog and destroy)
+    (live,) = lib.comm_init_all(1)
+    for kw, exc, text in (({"timeout": -1}, ValueError, "timeout must be > 0"),
+                          ({"timeout": float("nan")}, ValueError, "timeout"),
+                          ({"timeout": "5"}, TypeError, "timeout"), ({"name": 5}, TypeError, "name must be"),
+                          ({"uid": ""}, TypeError, "uid must be")):
+        with pytest.raises(exc, match=text):
+            pycoll.Communicator.from_handle(live, library=lib, **kw)
+    assert lib.comm_count(live) == 1  # untouched
+    lib.comm_destroy(live)
 
 
 class _Nccl4pyLike:
@@ -196,3 +207,20 @@ def test_real_libnccl_refuses_what_is_not_a_communicator():
             pycoll.Communicator.from_handle(raw, library=lib)  # another library's communicator
     finally:
         host.comm_destroy(raw)
+
+
+def test_a_handle_its_maker_aborted_fails_the_communicator_once(monkeypatch, tmp_path):
+    # the watchdog logged a traceback every round and every operation raised the library's InvalidArgument, the
+    # communicator staying "active": now its first check fails it, with the reason
+    monkeypatch.setenv("PYCOLL_FR_DUMP_DIR", str(tmp_path))
+    lib = B.load("host")
+    (raw,) = lib.comm_init_all(1)
+    c = pycoll.from_handle(raw, library=lib, timeout=5)
+    c.all_reduce(np.ones(2, np.float32))
+    lib.comm_abort(raw)  # the maker's own abort, behind the wrapper's back
+    c.check()
+    assert isinstance(c.failure, pycoll.AsyncCommError) and c.state == "aborted"
+    assert "its handle is no live communicator of the library any more" in str(c.failure)
+    with pytest.raises(pycoll.CommAborted, match="no live communicator"):
+        c.all_reduce(np.ones(2, np.float32))
+    c.destroy()
