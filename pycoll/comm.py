@@ -568,11 +568,12 @@ class Communicator(_core.CommCore):
                 self.fail(
                     CommTimeout(
                         f"communicator {self.name!r} rank {self._rank}/{self._size}: {w.op} "
-                        f"(seq {w.seq if not w.is_p2p else w.p2p_seq}) did not complete within "
-                        f"{w.timeout:.3g} s (issued {elapsed:.3g} s ago{stream_text(w.stream, self.device)}, "
-                        f"state {w._state}"
+                        f"({f'p2p seq {w.p2p_seq} with peer {w.peer}' if w.is_p2p else f'seq {w.seq}'}) did not "
+                        f"complete within {w.timeout:.3g} s (issued {elapsed:.3g} s ago"
+                        f"{stream_text(w.stream, self.device)}, state {w._state}"
                         f"{': it never started on its stream' if w._state == 'scheduled' else ''}){group}",
-                        comm_name=self.name, op=w.op, seq=w.seq, elapsed=elapsed, timeout=w.timeout,
+                        comm_name=self.name, op=w.op, seq=w.p2p_seq if w.is_p2p else w.seq, elapsed=elapsed,
+                        timeout=w.timeout, peer=w.peer if w.is_p2p else None,
                     ),
                     w,
                 )

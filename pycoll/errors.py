@@ -235,7 +235,8 @@ def error_class(code: int) -> Type[NCCLError]:
 class CommTimeout(CommFailure, TimeoutError):
     """An operation on a communicator did not complete within its timeout.
 
-    Attributes name what timed out: ``comm_name``, ``op``, ``seq`` (the collective sequence id),
+    Attributes name what timed out: ``comm_name``, ``op``, ``seq`` (its sequence id: the collective one, or
+    for a send or receive, ``peer`` set, the point-to-point one, as the flight recorder numbers them),
     ``elapsed`` and ``timeout`` in seconds.
     """
 
@@ -247,6 +248,7 @@ class CommTimeout(CommFailure, TimeoutError):
         seq: int = -1,
         elapsed: float = 0.0,
         timeout: float = 0.0,
+        peer: Optional[int] = None,
     ) -> None:
         super().__init__(message)
         self.comm_name = comm_name
@@ -254,12 +256,13 @@ class CommTimeout(CommFailure, TimeoutError):
         self.seq = seq
         self.elapsed = elapsed
         self.timeout = timeout
+        self.peer = peer
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
 
     def __reduce__(self) -> Any:
-        return (type(self), (str(self), self.comm_name, self.op, self.seq, self.elapsed, self.timeout))
+        return (type(self), (str(self), self.comm_name, self.op, self.seq, self.elapsed, self.timeout, self.peer))
 
 
 class CommAborted(CommFailure):

@@ -147,6 +147,7 @@ def test_a_killed_partner_is_a_remote_error_at_once():
 def _stopped_partner(rank, n, uid):
     c = pycoll.init(rank, n, unique_id=uid, backend="host")
     c.barrier()
+    c.barrier()  # collective #2; the sendrecv is point-to-point #1
     if rank == 1:
         os.kill(os.getpid(), signal.SIGSTOP)
         return None
@@ -155,11 +156,13 @@ def _stopped_partner(rank, n, uid):
         c.sendrecv(np.ones(4), np.zeros(4), 1, timeout=1.0)
         return "no exception"
     except pycoll.CommTimeout as exc:
-        return time.monotonic() - t0, str(exc), c.state
+        return time.monotonic() - t0, str(exc), c.state, (exc.op, exc.seq, exc.peer)
 
 
 @pytest.mark.timeout(60)
 def test_a_stopped_partner_times_out_with_the_operation_named():
     res = run_ranks(_stopped_partner, 2, _uid(), timeout=30, may_die=[1])
-    elapsed, text, state = res[0]
-    assert 1.0 <= elapsed < 3.0 and "sendrecv" in text and state == "aborted", (elapsed, text, state)
+    elapsed, text, state, attrs = res[0]
+    assert 1.0 <= elapsed < 3.0 and state == "aborted", (elapsed, text, state)
+    # its own number and its peer (it was "(seq 1)" with the attribute seq the collectives' count, 2, no peer)
+    assert "sendrecv (p2p seq 1 with peer 1) did not complete" in text and attrs == ("sendrecv", 1, 1), (text, attrs)
