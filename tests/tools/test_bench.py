@@ -214,8 +214,20 @@ def test_in_place_layout_matches_nccl_tests():
     (["all_reduce", "--json", "/"], "--json /: a folder, not a file"),
     (["all_reduce", "--backend", "host", "--array", "cupy"], "--array cupy needs a GPU backend"),
     (["send_recv", "--in-place"], "send_recv has no in-place variant: nothing to run"),
+    # found before the run, not once it reached them
+    (["all_reduce", "--backend", "host", "--plot", "out.png", "--no-matplotlib"], "--plot out.png needs matplotlib"),
+    (["all_reduce", "--backend", "host", "-d", "float,bfloat16", "--no-ml_dtypes"],
+     "bfloat16 with numpy arrays need the ml_dtypes package (pip install ml_dtypes), or --array torch"),
 ])
-def test_bad_arguments(args, message, capsys):
+def test_bad_arguments(args, message, capsys, monkeypatch):
+    import importlib.util
+
+    for missing in ("matplotlib", "ml_dtypes"):
+        if f"--no-{missing}" in args:  # as on a machine without it
+            args = [a for a in args if a != f"--no-{missing}"]
+            real = importlib.util.find_spec
+            monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a, m=missing: None if name == m
+                                else real(name, *a))
     assert bench.main(args) == bench.EXIT_USAGE
     assert message in capsys.readouterr().err
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import os
@@ -17,6 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
+from ... import _dtypes
 from ...devices import auto_backend
 from ...errors import RankDiscoveryError
 from ...launch import discovery
@@ -148,9 +150,18 @@ def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         why = unwritable(path) if path and path != "-" else None
         if why:
             p.error(f"{flag} {path}: {why}")
-    why = array_refusal(a.array, a.backend if a.backend != "auto" else auto_backend())
+    backend = a.backend if a.backend != "auto" else auto_backend()
+    why = array_refusal(a.array, backend)
     if why:
         p.error(why)
+    # what would fail only once the run reached it (the results before it lost)
+    if a.plot and importlib.util.find_spec("matplotlib") is None:
+        p.error(f"--plot {a.plot} needs matplotlib (pip install matplotlib)")
+    if backend == "host" and a.array in ("auto", "numpy") and importlib.util.find_spec("ml_dtypes") is None:
+        need = [d for d in a.datatype if _dtypes.BY_CODE[DTYPES[d].nccl].ml_dtypes]
+        if need:
+            p.error(f"{', '.join(need)} with numpy arrays need the ml_dtypes package (pip install ml_dtypes), or "
+                    f"--array torch")
 
 
 def _rank_meta(comm: Any, kit: _ArrayLib) -> Dict[str, Any]:
