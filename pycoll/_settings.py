@@ -108,7 +108,7 @@ class Setting:
         if self.kind == "int":
             # as strictly as the host library's C parser: ASCII digits, no sign (not even '-0'; none is < 0)
             if not re.fullmatch(r"[0-9]+", raw):
-                raise ValueError(f"{name} must be a whole number, got {raw!r}")
+                raise ValueError(f"{name} must be a whole number >= 0 written in digits only, got {raw!r}")
             value = int(raw)
             if self.minimum is not None and value < self.minimum:
                 raise ValueError(f"{name} must be >= {self.minimum:g}, got {value}")

@@ -95,10 +95,20 @@ _settings.register_check("PYCOLL_FR_FILE_PREFIX", lambda raw: _check_prefix(raw,
 
 
 def _check_dump_dir(raw: str) -> None:
-    """ValueError where the dump folder is something else already (every dump would fail, with a log line only)."""
-    path = os.path.expanduser(raw)
+    """ValueError where no dump could be written in the dump folder (every dump would fail, with a log line only):
+    it, or the nearest of its parents that exists, is something else than a folder this process can write to."""
+    path = os.path.abspath(os.path.expanduser(raw))
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"$PYCOLL_FR_DUMP_DIR names {raw!r}, which is not a folder: no dump could be written there")
+    there = path
+    while not os.path.exists(there):
+        there = os.path.dirname(there)
+    if not os.path.isdir(there):
+        raise ValueError(f"$PYCOLL_FR_DUMP_DIR names {raw!r}, under {there!r}, which is not a folder: no dump could "
+                         f"be written there")
+    if not os.access(there, os.W_OK | os.X_OK):
+        raise ValueError(f"$PYCOLL_FR_DUMP_DIR names {raw!r}: {there!r} is a folder this process cannot write to, "
+                         f"so no dump could be written there")
 
 
 _settings.register_check("PYCOLL_FR_DUMP_DIR", _check_dump_dir)

@@ -127,6 +127,11 @@ def test_every_variable_is_checked_as_a_communicator_is_made(monkeypatch, tmp_pa
     monkeypatch.setenv("PYCOLL_FR_DUMP_DIR", str(tmp_path / "afile"))
     with pytest.raises(ValueError, match=r"\$PYCOLL_FR_DUMP_DIR names .*afile', which is not a folder"):
         pycoll.init(0, 1, backend="host")
+    monkeypatch.setenv("PYCOLL_FR_DUMP_DIR", str(tmp_path / "afile" / "fr" / "run"))  # under the file: the same
+    with pytest.raises(ValueError, match=r"\$PYCOLL_FR_DUMP_DIR names .*run', under .*afile', which is not a folder"):
+        pycoll.init(0, 1, backend="host")
+    monkeypatch.setenv("PYCOLL_FR_DUMP_DIR", str(tmp_path / "new" / "fr"))  # not there yet: made at the first dump
+    pycoll.init(0, 1, backend="host").destroy()
     monkeypatch.delenv("PYCOLL_FR_DUMP_DIR")
     # a text setting with a rule of its own (the dump file prefix: the rank follows it)
     monkeypatch.setenv("PYCOLL_FR_FILE_PREFIX", "rank0")
