@@ -89,13 +89,23 @@ def test_the_loader_resolves_exactly_the_declared_table():
     assert set(_nccl.WRAPPERS) == set(_nccl.FUNCTIONS)
 
 
-def _stub_library_methods():
+def _stub_library_methods(cls="Library"):
     with open(STUB) as f:
         tree = ast.parse(f.read())
     for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == "Library":
+        if isinstance(node, ast.ClassDef) and node.name == cls:
             return {item.name for item in node.body if isinstance(item, ast.FunctionDef)}
-    raise AssertionError("no Library class in the stub")
+    raise AssertionError(f"no {cls} class in the stub")
+
+
+def test_the_stub_has_every_public_name_and_host_library_method():
+    with open(STUB) as f:
+        tree = ast.parse(f.read())
+    (names,) = [ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                and any(getattr(t, "id", None) == "__all__" for t in n.targets)]
+    assert sorted(names) == sorted(_nccl.__all__)
+    public = {m for m in vars(_nccl.HostLibrary) if not m.startswith("_")}
+    assert sorted(public - _stub_library_methods("HostLibrary")) == []
 
 
 def test_every_declared_function_has_a_wrapper_and_a_stub():
