@@ -48,7 +48,8 @@ from . import _bindings as B, _dtypes, _settings, buffers as _buffers, hooks
 from .buffers import Buffer, as_buffer, check_count, check_device, check_overlap, check_same_dtype
 from .collconfig import prepare as _prepare_config
 from .devices import FIRST_SLEEP_S, HostDevice
-from .errors import AsyncCommError, CommAborted, CommFailure, CommStateError, NCCLError, NotSupported, error_class
+from .errors import (AsyncCommError, CommAborted, CommFailure, CommStateError, NCCLError, NotSupported, WaitTimeout,
+                     error_class)
 
 __all__ = ["CommCore", "Hook", "Lock", "RLock", "Work", "launch", "refresh", "retire", "events_back", "begin",
            "buf", "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter", "send",
@@ -462,8 +463,10 @@ cdef class Work:
 
         Raises the operation's failure (:class:`pycoll.CommFailure` subclasses: a timeout detected
         against the operation's own deadline, a remote error, an abort). ``timeout`` (seconds)
-        only bounds this wait: if the operation is still running then, the builtin
-        ``TimeoutError`` is raised and the operation and its communicator are left untouched.
+        only bounds this wait: if the operation is still running then, :class:`pycoll.WaitTimeout` (a
+        ``TimeoutError``) is raised and the operation and its communicator are left untouched. Poll with
+        ``except pycoll.WaitTimeout``, not ``except TimeoutError``: the operation's own timeout, a failure, is a
+        ``CommTimeout``, also a ``TimeoutError``, raised again by every later wait.
         Without ``timeout`` the wait ends at the latest when the operation's own deadline
         (``Work.timeout``) makes the communicator fail. An operation of this thread's open group has not
         started (it starts at the group's end): waiting for it there raises :class:`pycoll.CommStateError`.
@@ -506,7 +509,7 @@ cdef class Work:
                     continue
             waited = True
             if bounded and now >= deadline:
-                raise TimeoutError(
+                raise WaitTimeout(
                     f"{self.op} (seq {self.seq}) on {comm.name} still running after {timeout:.3g} s "
                     f"(its own deadline is {self.timeout:.3g} s after it was issued)"
                 )
@@ -555,7 +558,11 @@ cdef class Work:
         self._ms = ms if self._has_ms else 0.0
 
     def __repr__(self):
-        return f"<Work {self.op} seq={self.seq} {self._state}{' failed' if self._exc else ''} on {self.comm.name}>"
+        try:
+            state = self.state  # as its events say now, not as last looked at
+        except Exception:
+            state = self._state
+        return f"<Work {self.op} seq={self.seq} {state}{' failed' if self._exc else ''} on {self.comm.name}>"
 
 
 @cython.final

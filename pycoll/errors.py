@@ -38,6 +38,7 @@ __all__ = [
     "PeerFailure",
     "AsyncCommError",
     "CommStateError",
+    "WaitTimeout",
     "CaptureError",
     "StoreError",
     "StoreTimeout",
@@ -296,6 +297,13 @@ class AsyncCommError(CommFailure):
 
     def __reduce__(self) -> Any:
         return (type(self), (str(self.args[0]) if self.args else "", self.code))
+
+
+class WaitTimeout(PycollError, TimeoutError):
+    """``Work.wait(timeout=)`` returned before the operation completed: only that wait is over; the operation
+    and its communicator are untouched (no failure). A :class:`CommTimeout` is a ``TimeoutError`` too, but a
+    failure: a loop that polls with ``wait(timeout=)`` catches this class, not ``TimeoutError``, so as not to
+    poll a failed operation for ever."""
 
 
 class CommStateError(PycollError, RuntimeError):

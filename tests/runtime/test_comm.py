@@ -167,8 +167,8 @@ def _work_semantics(rank, n, uid):
         try:
             w.wait(timeout=0.05)
             out["wait_timeout_raised"] = False
-        except TimeoutError as e:
-            out["wait_timeout_raised"] = not isinstance(e, pycoll.CommFailure)
+        except pycoll.WaitTimeout as e:  # a TimeoutError, and no failure (a CommTimeout is both)
+            out["wait_timeout_raised"] = isinstance(e, TimeoutError) and not isinstance(e, pycoll.CommFailure)
     w.wait()
     out["completed"] = w.is_completed() and w.exception() is None and w.state == "completed"
     out["value"] = x.tolist() == [2.0] * 4
