@@ -183,7 +183,9 @@ class FailureReport:
             head += f" (global {self.global_rank})"
         parts = [head]
         if self.op is not None:
-            what = f"{self.op} #{self.seq}" + (f" with peer {self.peer}" if self.is_p2p else "")
+            what = f"{self.op} #{self.seq}"
+            if self.is_p2p and self.peer is not None:
+                what += f" with peer {self._who(self.peer)[5:]}"
             if self.sizes:
                 what += f" [{self.sizes}]"
             if self.is_timeout:
@@ -222,25 +224,35 @@ class FailureReport:
             if not items and not a["unconfirmed"] and not a["unknown"] and self.op is not None and not self.is_p2p:
                 parts.append(f"no rank is behind: every rank issued #{self.seq}")
             if a["in_op"]:
-                parts.append(f"also in #{self.seq}: ranks {_fmt_ranks(a['in_op'])}")
+                parts.append(f"also in #{self.seq}: ranks {self._ranks(a['in_op'])}")
             others = {r: age for r, age in a["silent"].items() if r not in a["behind"]}
             if others:
-                parts.append("silent: " + "; ".join(f"rank {r} (no report for {age:.1f} s)"
+                parts.append("silent: " + "; ".join(f"{self._who(r)} (no report for {age:.1f} s)"
                                                      for r, age in sorted(others.items())))
             if a["unknown"]:
-                parts.append(f"never reported: ranks {_fmt_ranks(a['unknown'])}")
+                parts.append(f"never reported: ranks {self._ranks(a['unknown'])}")
         if self.signalled:
             parts.append("sent the dump signal (no answer; stacks from faulthandler): " + "; ".join(
                 f"{self._who(r)} (pid {pid}, {name})" for r, (pid, name) in sorted(self.signalled.items())))
         if self.peer_failures:
-            parts.append("failed too: " + "; ".join(f"rank {r}: {rec.brief()}"
+            parts.append("failed too: " + "; ".join(f"{self._who(r)}: {rec.brief()}"
                                                    for r, rec in sorted(self.peer_failures.items())))
         parts.append(f"policy: {self.policy}")
         return "; ".join(parts)
 
     def _who(self, r: int) -> str:
-        return f"rank {r}" + (f" (global {self.global_ranks[r]})" if self.global_ranks and
-                              self.global_ranks[r] != r else "")
+        return f"rank {r}{self._global(r)}"
+
+    def _global(self, r: int) -> str:
+        """`` (global G)`` where this communicator's rank ``r`` is another rank of the job, else ''."""
+        g = self.global_ranks
+        return f" (global {g[r]})" if g and 0 <= r < len(g) and g[r] != r else ""
+
+    def _ranks(self, ranks: List[int]) -> str:
+        """Several ranks of this communicator, each with its job-wide rank where that differs."""
+        if not any(self._global(r) for r in ranks):
+            return _fmt_ranks(ranks)
+        return ", ".join(f"{r}{self._global(r)}" for r in sorted(ranks))
 
     def as_dict(self, stale_after: float) -> Dict[str, Any]:
         a = self.analysis(stale_after)

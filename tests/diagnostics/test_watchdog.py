@@ -301,6 +301,19 @@ def test_failure_line_names_the_ranks_behind():
     assert d["behind"]["3"]["last_issued"] == 4 and d["in_op"] == [1, 2] and "3" in d["silent"]
 
 
+def test_failure_line_gives_every_rank_its_global_rank_where_they_differ():
+    # a reversed split: "also in", "never reported", "silent" and "failed too" gave the communicator's ranks bare,
+    # beside "behind" giving the job's: rank 0 seemed both behind and in the operation
+    r = _report({1: (5, 4, 0, 0.2), 2: (5, 4, 0, 3.0)}, failures={1: "RemoteError in all_reduce #5 after 1.0 s"})
+    r.global_ranks = [3, 2, 1, 0]
+    line = r.line(1.75)
+    assert "also in #5: ranks 1 (global 2), 2 (global 1); silent: rank 2 (global 1) (no report for 3.0 s)" in line
+    assert "never reported: ranks 3 (global 0); failed too: rank 1 (global 2): RemoteError" in line, line
+    p2p = _report({2: (4, 4, 0, 0.1)}, is_p2p=True, peer=2, answered={2})
+    p2p.global_ranks = [3, 2, 1, 0]
+    assert "send #1 with peer 2 (global 1)" in p2p.line(1.75)
+
+
 def test_failure_line_alive_but_behind_and_unknown():
     # issue 17 changed this: only a fresh answer to the report's request makes a rank "behind"
     r = _report({1: (5, 4, 0, 0.2), 2: (3, 3, 0, -0.01)}, answered={2})
