@@ -285,8 +285,16 @@ ncclResult_t comm_check_peer(struct ncclComm* c, int k, bool check_process, char
       snprintf(text, len, "rank %d has %s the communicator while rank %d waits for it", k,
                st == RS_FINALIZED ? "finalized" : "destroyed", c->rank);
       return ncclRemoteError;
-    case RS_ABORTED: snprintf(text, len, "rank %d aborted the communicator", k); return ncclRemoteError;
-    case RS_REVOKED: snprintf(text, len, "rank %d revoked the communicator", k); return ncclRemoteError;
+    case RS_ABORTED:
+    case RS_REVOKED:
+      /* a rank that failed first and then aborted or revoked (its policy): why it failed, which names the rank at
+       * fault, where the state alone would name this one */
+      if (pc->fail_text[0])
+        snprintf(text, len, "rank %d %s the communicator after it failed: %.*s", k,
+                 st == RS_ABORTED ? "aborted" : "revoked", (int)sizeof pc->fail_text, pc->fail_text);
+      else
+        snprintf(text, len, "rank %d %s the communicator", k, st == RS_ABORTED ? "aborted" : "revoked");
+      return ncclRemoteError;
     case RS_FAILED: {
       int code = __atomic_load_n(&pc->fail_code, __ATOMIC_ACQUIRE);
       snprintf(text, len, "rank %d failed: %.*s", k, (int)sizeof pc->fail_text, pc->fail_text);

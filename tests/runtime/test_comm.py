@@ -764,6 +764,28 @@ def test_a_callback_that_exits_keeps_the_policy_and_the_thread(leave, caplog):
     assert d.state == "aborted"
 
 
+def _revoked_after_a_death(rank, n, uid):
+    c = _comm(rank, n, uid, on_failure="revoke")
+    c.barrier()
+    if rank == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if rank == 1:
+        time.sleep(1.0)  # rank 0 has met rank 2's death and revoked by now
+    try:  # rank 0 waits for the dead rank 2, rank 1 for rank 0 only
+        c.recv(np.ones(4, np.float32), peer=2 if rank == 0 else 0)
+        return "no exception"
+    except pycoll.CommFailure as e:
+        return str(e)
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_that_revoked_after_a_death_names_the_dead_rank():
+    # rank 1 was told only "rank 0 revoked the communicator": its recovery would exclude the wrong rank
+    res = run_ranks(_revoked_after_a_death, 3, _uid(), timeout=30, may_die=[2])
+    assert "rank 2" in res[0] and "exited" in res[0], res[0]
+    assert "rank 0 revoked the communicator after it failed: " in res[1] and "rank 2 (pid" in res[1], res[1]
+
+
 def _dead_peer(rank, n, uid):
     c = _comm(rank, n, uid)
     seen = []
