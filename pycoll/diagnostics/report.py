@@ -208,8 +208,11 @@ class FailureReport:
                 who = self._who(r)
                 if r in a["silent"]:
                     items.append(f"{who} (last reported {kind}#{last} {age:.1f} s ago: stopped, hung or dead)")
-                elif r in self.peer_failures:
-                    items.append(f"{who} (failed at {kind}#{last})")
+                elif r in self.peer_failures:  # where it failed, by its own record (maybe a collective where this
+                    # is a send, or the other way round), and how far it got in this operation's numbering
+                    rec = self.peer_failures[r]
+                    where = f"in {rec.op} #{rec.seq}; " if rec.op is not None else ""
+                    items.append(f"{who} (failed {where}last issued {kind}#{last})")
                 else:
                     items.append(f"{who} (alive, answered: last issued {kind}#{last})")
             if items:

@@ -355,7 +355,15 @@ def test_a_rank_that_failed_in_this_operation_is_not_behind():
     a = r.analysis(1.75)
     # issue 17: where rank 2 failed comes from its own failure record (#4), not its older report (#1)
     assert list(a["behind"]) == [2] and a["behind"][2][0] == 4 and a["in_op"] == [1]
-    assert "behind: rank 2 (failed at #4)" in r.line(1.75)
+    assert "behind: rank 2 (failed in all_reduce #4; last issued #4)" in r.line(1.75)
+
+
+def test_a_peer_that_failed_in_a_collective_is_not_said_to_fail_at_a_send():
+    # rank 0's send timed out; its peer failed in all_reduce #2 and never sent: "failed at p2p #0" read as a
+    # point-to-point failure
+    r = _report({1: (2, 1, 0, 0.5)}, is_p2p=True, peer=1, failures={1: "CommTimeout in all_reduce #2 after 3.0 s"},
+                answered={1})
+    assert "peer: rank 1 (failed in all_reduce #2; last issued p2p #0)" in r.line(1.75), r.line(1.75)
 
 
 def test_exchange_through_a_store(make_wd):
