@@ -18,7 +18,7 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Callable, ContextManager, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, ContextManager, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, cast
 
 from . import (
     _bindings as B,
@@ -236,6 +236,9 @@ def check_arguments(size: int, global_ranks: Optional[Sequence[int]], on_failure
     return ranks
 
 
+_CORE_TIMEOUT: Any = vars(_core.CommCore)["timeout"]  # the compiled field, under Communicator.timeout's check
+
+
 class Communicator(_core.CommCore):
     """A communicator of ``size`` ranks; this process is ``rank``.
 
@@ -328,6 +331,16 @@ class Communicator(_core.CommCore):
         hooks.notify_created(self)
 
     # -- properties -----------------------------------------------------------------------------
+
+    @property
+    def timeout(self) -> float:
+        """The operations' default deadline in seconds (``timeout=`` of a call overrides it); settable, checked as
+        ``init`` checks it (the compiled path reads the field itself)."""
+        return cast(float, _CORE_TIMEOUT.__get__(self))
+
+    @timeout.setter
+    def timeout(self, value: float) -> None:
+        _CORE_TIMEOUT.__set__(self, _settings.seconds(value, "timeout"))
 
     @property
     def rank(self) -> int:
@@ -1333,9 +1346,10 @@ class Communicator(_core.CommCore):
         Ranks passing the same color form a new communicator, ordered by ``key`` (default: this
         rank) then by rank. ``color=None`` (or NCCL's ``NCCL_SPLIT_NOCOLOR``, -1) takes part without joining
         any: it returns None. ``color`` and ``key`` must fit NCCL's int. The child inherits the failure policy,
-        the store and (unless ``generation`` is given) the generation; ``failure_callbacks`` are its own. Its
-        members' job-wide ranks are exchanged first (over this communicator on the host backend, else through the
-        store; unknown without one).
+        the store, the operations' default timeout (``comm.timeout``; set the child's own after) and (unless
+        ``generation`` is given) the generation; ``failure_callbacks`` are its own. ``timeout`` bounds the split
+        itself (default this communicator's). Its members' job-wide ranks are exchanged first (over this
+        communicator on the host backend, else through the store; unknown without one).
         """
         self._outside_group("split")
         self._check_alive()
@@ -1394,8 +1408,9 @@ class Communicator(_core.CommCore):
         operations (they fail: with its failure, else :class:`pycoll.CommAborted`) -- use it after a
         failure. This communicator stays valid and must still be
         released; after an abortive shrink release it with :meth:`abort`. The child inherits the
-        failure policy, the store, the survivors' job-wide ranks and (unless ``generation`` is
-        given) the generation; ``failure_callbacks`` are its own.
+        failure policy, the store, the operations' default timeout, the survivors' job-wide ranks and (unless
+        ``generation`` is given) the generation; ``failure_callbacks`` are its own. ``timeout`` bounds the shrink
+        itself (default this communicator's).
         """
         self._outside_group("shrink")
         self._check_alive()

@@ -786,6 +786,23 @@ def test_a_rank_that_revoked_after_a_death_names_the_dead_rank():
     assert "rank 0 revoked the communicator after it failed: " in res[1] and "rank 2 (pid" in res[1], res[1]
 
 
+def test_the_default_timeout_is_checked_as_it_is_set_and_inherited_by_a_split():
+    # comm.timeout = "5" (or -1) was taken, and broke the watchdog and every deadline
+    c = pycoll.init(0, 1, backend="host", timeout=7)
+    try:
+        for bad, exc in (("5", TypeError), (-1, ValueError), (float("inf"), ValueError)):
+            with pytest.raises(exc, match="timeout"):
+                c.timeout = bad
+        c.timeout = 3
+        w = c.all_reduce(np.ones(2, np.float32))
+        assert c.timeout == 3.0 and w.timeout == 3.0
+        child = c.split(0, timeout=60)  # bounds the split; the child's operations take the parent's default
+        assert child.timeout == 3.0
+        child.destroy()
+    finally:
+        c.destroy()
+
+
 def _dead_peer(rank, n, uid):
     c = _comm(rank, n, uid)
     seen = []
