@@ -654,7 +654,7 @@ def _check_seq(s: int, present: List[int], coll: Dict[int, Dict[int, Dict[str, A
     if div["mismatch"] is None:  # the roots the entries recorded (a rooted collective's, every rank with a dump)
         roots = {r: e["pycoll_root"] for r, e in got.items() if e.get("pycoll_root") is not None}
         if len(set(roots.values())) > 1:
-            div["mismatch"] = {**_mismatch("root", roots, {r: f"root={v}" for r, v in roots.items()}),
+            div["mismatch"] = {**_mismatch("root", roots, {r: _root_text(v, res["members"]) for r, v in roots.items()}),
                                "known": sorted(roots)}
     if div["mismatch"] is None:
         calls = _library_calls(got, res["members"], local_of)
@@ -663,7 +663,8 @@ def _check_seq(s: int, present: List[int], coll: Dict[int, Dict[int, Dict[str, A
             if len(set(keyed.values())) > 1:
                 # what a rank that completed it without an error called is known only where an error names it (a
                 # broadcast's root and a gather's other ranks complete without comparing their call with anyone's)
-                div["mismatch"] = {**_mismatch(kind, keyed, {r: f"{kind}={v}" for r, v in keyed.items()}),
+                div["mismatch"] = {**_mismatch(kind, keyed, {r: _root_text(v, res["members"]) if kind == "root"
+                                                             else f"{kind}={v}" for r, v in keyed.items()}),
                                    "known": sorted(keyed)}
                 break
     if div["mismatch"] is None:
@@ -766,6 +767,16 @@ def _parse_call(args: str) -> Dict[str, str]:
         if sep and key in ("count", "datatype", "op", "root"):
             out[key] = value.strip()
     return out
+
+
+def _root_text(root: Any, members: List[int]) -> str:
+    """A root as the mismatch lines give it: a rank of its communicator, with its job-wide rank where that differs
+    (the lines are labelled with job-wide ranks)."""
+    try:
+        g = members[int(root)] if 0 <= int(root) < len(members) else None
+    except (TypeError, ValueError):
+        g = None
+    return f"root={root}" + (f" (global {g})" if g is not None and g != int(root) else "")
 
 
 def _library_calls(got: Dict[int, Dict[str, Any]], members: List[int], local_of: Dict[int, int]

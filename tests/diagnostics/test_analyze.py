@@ -282,6 +282,22 @@ def test_an_operation_held_in_an_open_group_is_named_not_issued(tmp_path):
     assert c["first_divergence"]["in_flight"][0]["grouped"] and not c["first_divergence"]["in_flight"][1]["grouped"]
 
 
+def test_a_root_mismatch_on_a_reordered_split_gives_the_roots_job_wide_rank_too(tmp_path):
+    # 'half' holds jobs ranks 3 and 2 in that order; both meant job rank 3 as the root, rank 2 passed 1 (itself):
+    # "rank 3: root=0" read as job rank 0, no member at all
+    members = [3, 2]
+    for local, g in enumerate(members):
+        rec = fr.FlightRecorder(16, dump_dir=str(tmp_path))
+        c = FakeComm(rec, local, 2, uid="0123456789abcdef", name="half", global_ranks=members)
+        c.op("broadcast", f32(2), f32(2), state="started", root=1 if g == 2 else 0)
+        assert rec.dump("test")
+    _, c = one(str(tmp_path))
+    m = c["first_divergence"]["mismatch"]
+    assert m["kind"] == "root", m
+    texts = json.dumps(m)
+    assert "root=1 (global 2)" in texts and "root=0 (global 3)" in texts, texts
+
+
 def test_a_group_waiting_for_a_transfer_with_no_sender_names_that_transfer_not_its_delivered_send(tmp_path):
     # rank 0 groups a send to rank 1 (delivered: rank 1's recv completed) and a recv from rank 2, which never sends:
     # the verdict named the send 0->1 ("not completed (send started, recv completed)") and ranks 0 and 1
