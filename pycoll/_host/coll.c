@@ -807,6 +807,42 @@ static void copy_out(struct task* t, int p) {
   }
 }
 
+/* Over windows, before a piece: whether a peer of t left the communicator (aborted or revoked). No rank ends
+ * the operation before every rank has written its pieces (they meet at its last step after them), so that
+ * peer's operation failed there: this one fails too, as NCCL's would (it would hang for the peer's missing
+ * part), and writes nothing more into the peer's buffers, which it owns again. A peer that finished or
+ * finalized left in order after the operation: it is no failure here. */
+static bool peer_left(struct task* t) {
+  struct ncclComm* c = t->comm;
+  for (int k = 0; k < c->nranks; k++) {
+    if (k == c->rank) continue;
+    int st = __atomic_load_n(&c->seg.ctrl[k].state, __ATOMIC_ACQUIRE);
+    if (LIKELY(st != RS_ABORTED && st != RS_REVOKED)) continue;
+    char text[320];
+    comm_check_peer(c, k, false, text, sizeof text);
+    task_fail(t, ncclRemoteError, "%s : %s", task_kind_name(t->kind), text);
+    return true;
+  }
+  return false;
+}
+
+/* Before a piece written into the peers' windows: this rank says it writes (a peer's abort or revoke waits for
+ * that to end: comm_wait_window_writers), then looks whether a peer left; false (t failed) where one did. The
+ * store and the peer's state store are each followed by a full fence, so either this rank sees the peer gone
+ * or the peer sees it writing. */
+static bool window_piece_begin(struct task* t) {
+  struct rank_ctrl* me = &t->comm->seg.ctrl[t->comm->rank];
+  __atomic_store_n(&me->in_windows, 1, __ATOMIC_RELAXED);
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  if (!peer_left(t)) return true;
+  __atomic_store_n(&me->in_windows, 0, __ATOMIC_RELEASE);
+  return false;
+}
+
+static void window_piece_end(struct task* t) {
+  __atomic_store_n(&t->comm->seg.ctrl[t->comm->rank].in_windows, 0, __ATOMIC_RELEASE);
+}
+
 /* Step 0 of an operation that can go over windows, everyone arrived: whether every rank's buffers are in the
  * same windows (the same verdict on every rank: it reads the same descriptors). */
 static bool windows_agreed(const struct task* t, int p) {
@@ -1043,12 +1079,15 @@ int coll_progress(struct task* t) {
         t->phase = PH_WINDOW;
         t->off = 0;
         /* fall through */
-      case PH_WINDOW:
-        if (!(t->kind == TK_ALLREDUCE || t->kind == TK_REDUCE ? reduce_windows(t, p) : gather_windows(t, p)))
-          return PROG_MOVED;
+      case PH_WINDOW: {
+        if (!window_piece_begin(t)) return PROG_DONE;
+        bool done = t->kind == TK_ALLREDUCE || t->kind == TK_REDUCE ? reduce_windows(t, p) : gather_windows(t, p);
+        window_piece_end(t);
+        if (!done) return PROG_MOVED;
         if (UNLIKELY(fp_hit("host.coll.window")))
           return task_fail(t, ncclSystemError, "%s : failpoint host.coll.window", task_kind_name(t->kind));
         break;
+      }
     }
     moved = true;
     /* Over windows, the ranks skip the steps in between: the next one is the last step of odd index

@@ -182,6 +182,24 @@ void comm_publish_state(struct ncclComm* c, int state) {
   pthread_mutex_unlock(&c->mu);
 }
 
+void comm_wait_window_writers(struct ncclComm* c) {
+  if (!c->seg.base || c->torn_down || c->rank < 0) return;
+  __atomic_thread_fence(__ATOMIC_SEQ_CST); /* pairs with coll.c's window_piece_begin */
+  uint64_t until = now_ns() + 1000000000ull;
+  for (int k = 0; k < c->nranks; k++) {
+    if (k == c->rank) continue;
+    struct backoff b;
+    backoff_reset(&b, true);
+    while (__atomic_load_n(&c->seg.ctrl[k].in_windows, __ATOMIC_ACQUIRE) && !comm_peer_died(c, k, true)) {
+      if (now_ns() > until) {
+        CWARN(c, "rank %d still writes into this rank's windows 1 s after it left: given up waiting", k);
+        return;
+      }
+      if (backoff_step(&b) == WAIT_SLEEP) usleep(100);
+    }
+  }
+}
+
 ncclResult_t comm_attach(struct ncclComm* c, struct seg* s, int rank) {
   int n = s->nranks;
   pthread_mutex_lock(&c->mu);

@@ -143,6 +143,10 @@ ncclResult_t comm_refuse_failed(struct ncclComm* c, int code);
 ncclResult_t comm_attach(struct ncclComm* c, struct seg* s, int rank);
 /* Publishes this rank's state (aborted, revoked) in the segment, if mapped, and wakes sleepers. */
 void comm_publish_state(struct ncclComm* c, int state);
+/* After this rank published that it aborted or revoked: wait until no peer writes into its windows (a piece
+ * a peer began before it could see that), so that none does once the abort or revoke returns. Bounded: a
+ * peer stopped in the middle of a piece is given up on after a second (warned). */
+void comm_wait_window_writers(struct ncclComm* c);
 /* Releases the segment and everything that belongs to it (idempotent). */
 void comm_teardown(struct ncclComm* c, int final_state);
 

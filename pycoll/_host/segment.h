@@ -89,6 +89,9 @@ struct rank_ctrl {
   int32_t state;
   int32_t fail_code;
   int32_t cpu; /* where this rank last waited (-1: nowhere yet): a peer on the same CPU yields or moves (wait.h) */
+  /* 1 while this rank writes a piece of an operation into its peers' windows (coll.c: window_piece_begin): a
+   * rank that aborts or revokes waits for its peers' to end, so none writes its buffers once that returns */
+  uint32_t in_windows;
   char fail_text[196];
   /* The rank's life word, a robust futex (exitwatch.h): the thread id of its process's exit watcher
    * with FUTEX_WAITERS set, written once when the rank attaches (0 before, or where the watcher has no

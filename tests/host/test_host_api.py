@@ -273,6 +273,41 @@ def test_memory_registration_and_windows(comms):
         l.mem_free(p)
 
 
+@pytest.mark.parametrize("leave", ["abort", "revoke"])
+def test_a_peer_that_left_gets_nothing_written_into_its_windows(leave):
+    # rank 0 queues an AllReduce over windows, then aborts (or revokes) and reuses its buffers; rank 1 issues the
+    # matching one only then. It wrote rank 0's reused output (7 -> 102) after rank 0's abort had returned
+    l = lib()
+    c0, c1 = l.comm_init_all(2)
+    size = 1 << 20
+    count = size // 8
+    p = [l.mem_alloc(size) for _ in range(2)]
+    wins = []
+    _grouped(l, [lambda: wins.append(l.comm_window_register(c0, p[0], size)[0]),
+                 lambda: wins.append(l.comm_window_register(c1, p[1], size)[0])])
+    arr = [np.frombuffer((ctypes.c_float * (2 * count)).from_address(q), np.float32) for q in p]
+    for r in range(2):
+        arr[r][:count], arr[r][count:] = r + 1, -1
+    s = l.host_stream_create()
+    try:
+        l.all_reduce(p[0], p[0] + size // 2, count, F32, SUM, c0, s)
+        time.sleep(0.05)
+        (l.comm_abort if leave == "abort" else l.comm_revoke)(c0)
+        l.host_stream_synchronize(s)
+        assert (arr[0][count:] == -1).all()
+        arr[0][:count], arr[0][count:] = 100.0, 7.0  # rank 0's user reuses what it was told the operation failed on
+        with pytest.raises(errors.RemoteError, match=f"rank 0 {leave.rstrip('e')}ed the communicator"):
+            l.all_reduce(p[1], p[1] + size // 2, count, F32, SUM, c1)
+        assert (arr[0][count:] == 7.0).all() and (arr[0][:count] == 100.0).all()
+    finally:
+        l.comm_abort(c1)
+        if leave == "revoke":
+            l.comm_destroy(c0)
+        l.host_stream_destroy(s)
+        for q in p:
+            l.mem_free(q)
+
+
 def test_suspend_resume_and_mem_stats(comms):
     l = lib()
     c0, c1 = comms
