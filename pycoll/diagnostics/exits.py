@@ -94,6 +94,9 @@ class ExitDumps:
         forgotten the parent's communicators): the child's own communicators dump in its name; what the parent's
         threads were dumping or doing is not the child's. A forked child (a multiprocessing worker) inherits the
         hooks, not the rank: it dumps only once this ran."""
+        if getattr(self, "_pid", None) not in (None, os.getpid()):
+            self._forget_sigterm()
+            self._holding = 0  # the parent's main thread's, not this one's
         self._pid = os.getpid()
         self._lock = threading.RLock()  # reentrant: SIGTERM's handler may run in the main thread while it holds it
         # "process" (its end) and "thread" (an uncaught exception in one) -> (the dumping thread, set when done)
@@ -137,6 +140,18 @@ class ExitDumps:
         signal.signal(signal.SIGTERM, self._on_sigterm)
         self._wd.on_terminate = self._terminate
         return True
+
+    def _forget_sigterm(self) -> None:
+        """In a forked child: SIGTERM does what it did before ours until the child's own first communicator arms
+        it again (``arm_sigterm``); there is nothing of the child's to dump before. A Python-level handler lost a
+        SIGTERM now and then in a child just forked (CPython drops what comes before its after-fork setup):
+        ``Pool.terminate()`` then waited for ever for that worker."""
+        self._sigterm_tried = False
+        try:
+            if signal.getsignal(signal.SIGTERM) == self._on_sigterm:
+                signal.signal(signal.SIGTERM, self._prev_term if self._prev_term is not None else signal.SIG_DFL)
+        except (ValueError, OSError, TypeError):
+            pass
 
     @property
     def sigterm_installed(self) -> bool:

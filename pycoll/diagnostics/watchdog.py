@@ -996,12 +996,44 @@ def _wait_for_dumps_at_exit() -> None:
                      wd.dump_timeout)
 
 
+_forking = threading.local()  # the forking thread's signal mask before fork() (see _fork_begins)
+
+
+def _fork_begins() -> None:
+    """Before ``fork()``: block, in the forking thread, the signals pycoll handles, until the child has reset them
+    (``_reinit_after_fork``) and the parent goes on. A signal the child got in between was lost to its Python-level
+    handler (CPython forgets the signals that came before its own after-fork setup: ``Pool.terminate()`` then waited
+    for ever for a worker that its SIGTERM never ended), or woke the parent through the wake-up socket both share
+    until then (the parent ended by its child's SIGTERM). Blocked, it waits in the kernel and comes once reset."""
+    signals = {signal.SIGTERM, signal.SIGINT}
+    wanted = _watchdog._signal.signum if _watchdog is not None else None
+    if wanted is not None:
+        signals.add(signal.Signals(wanted))
+    try:
+        _forking.mask = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    except (OSError, ValueError):
+        _forking.mask = None
+
+
+def _fork_ends() -> None:
+    """After ``fork()``, in the parent and (last) in the child: the forking thread's mask as it was."""
+    mask, _forking.mask = getattr(_forking, "mask", None), None
+    if mask is not None:
+        try:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        except (OSError, ValueError):
+            pass
+
+
 def _reinit_after_fork() -> None:
-    if _watchdog is not None:
-        _watchdog.after_fork()
-    _recorder_module.after_fork()
-    exits.after_fork()
+    try:
+        if _watchdog is not None:
+            _watchdog.after_fork()
+        _recorder_module.after_fork()
+        exits.after_fork()
+    finally:
+        _fork_ends()  # what came meanwhile is delivered now
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reinit_after_fork)
+    os.register_at_fork(before=_fork_begins, after_in_parent=_fork_ends, after_in_child=_reinit_after_fork)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import pickle
+import subprocess
 import sys
 import threading
 
 import numpy as np
+import pytest
 from helpers.fakes import FakeComm
 
 from pycoll import flight_recorder as fr, watchdog as wdm
@@ -127,3 +130,39 @@ def test_a_dump_that_fails_at_once_is_not_said_to_have_timed_out(tmp_path, caplo
         assert ed.dump("exit") == []
     said = [r.getMessage() for r in caplog.records if "the dump for exit" in r.getMessage()]
     assert said == ["pycoll watchdog: the dump for exit was not written (see the error above)"], said
+
+
+_FORKS = r"""
+import multiprocessing as mp, os, signal, sys, time
+import pycoll
+comm = pycoll.init(0, 1, backend="host")
+survived = 0
+for i in range(30):  # a SIGTERM right after fork(): lost to the inherited Python handler, the child lived on
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(3)
+        os._exit(7)
+    os.kill(pid, signal.SIGTERM)
+    _, st = os.waitpid(pid, 0)
+    survived += os.WIFEXITED(st) and os.WEXITSTATUS(st) == 7
+for i in range(10):  # Pool.__exit__ terminates its workers: it waited for ever for one that lived on
+    with mp.Pool(2) as pool:
+        pool.map(abs, [-1, -2])
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:  # a child has SIGTERM's action as it was before pycoll's, until a communicator of its own
+    os.write(w, b"dfl" if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL else b"ours")
+    os._exit(0)
+os.waitpid(pid, 0)
+print("survived", survived, "child", os.read(r, 8).decode(), "parent",
+      "ours" if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL else "dfl", flush=True)
+comm.destroy()
+"""
+
+
+@pytest.mark.timeout(90)
+def test_forked_children_end_by_sigterm_as_without_pycoll(tmp_path):
+    env = dict(os.environ, PYCOLL_FR_DUMP_DIR=str(tmp_path))
+    p = subprocess.run([sys.executable, "-c", _FORKS], capture_output=True, text=True, timeout=80, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "survived 0 child dfl parent ours" in p.stdout, p.stdout + p.stderr
