@@ -20,6 +20,8 @@ import warnings
 import weakref
 from typing import Any, Callable, ContextManager, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, cast
 
+import numpy as np
+
 from . import (
     _bindings as B,
     _core,
@@ -237,6 +239,16 @@ def check_arguments(size: int, global_ranks: Optional[Sequence[int]], on_failure
 
 
 _CORE_TIMEOUT: Any = vars(_core.CommCore)["timeout"]  # the compiled field, under Communicator.timeout's check
+
+
+#: torch.distributed.ReduceOp's names -> pycoll's (torch numbers them otherwise: its AVG is 1, NCCL's prod)
+_TORCH_REDUCE_OPS = {"SUM": "sum", "AVG": "avg", "PRODUCT": "prod", "MIN": "min", "MAX": "max"}
+
+
+def _is_torch_reduce_op(op: Any) -> bool:
+    """Whether ``op`` is one of torch.distributed's ``ReduceOp`` values (a ``RedOpType``, or a ``ReduceOp``)."""
+    tp = type(op)
+    return tp.__module__.startswith("torch") and tp.__name__ in ("RedOpType", "ReduceOp")
 
 
 class Communicator(_core.CommCore):
@@ -848,15 +860,22 @@ class Communicator(_core.CommCore):
             except KeyError:
                 raise ValueError(f"unknown reduction op {op!r}; expected one of {sorted(REDUCE_OPS)} "
                                  "or a PreMulSum") from None
-        if not isinstance(op, bool) and hasattr(type(op), "__index__"):  # numpy's integers too (never its bool)
-            try:
-                code = operator.index(op)
-            except TypeError:
-                code = -1
+        torch_name = (_TORCH_REDUCE_OPS.get(str(getattr(getattr(op, "op", op), "name", "")))  # ReduceOp(x) holds x
+                      if _is_torch_reduce_op(op) else None)
+        if torch_name is not None:  # torch.distributed.ReduceOp.X: its own numbering differs from NCCL's
+            return REDUCE_OPS[torch_name]
+        if _is_torch_reduce_op(op):
+            raise ValueError(f"torch's reduction op {op!r} has no pycoll counterpart here; pycoll takes torch's "
+                             f"{', '.join(f'ReduceOp.{k}' for k in _TORCH_REDUCE_OPS)} or a PreMulSum "
+                             "(Communicator.pre_mul_sum) for PREMUL_SUM")
+        # an NCCL op number: an int, a pycoll.bindings.RedOp or a numpy integer (never a bool). Not just any object
+        # with __index__: torch's ReduceOp has one, numbered otherwise (its AVG is NCCL's prod)
+        if isinstance(op, (int, np.integer)) and not isinstance(op, (bool, np.bool_)):
+            code = operator.index(op)
             if 0 <= code < len(REDUCE_OPS):
                 return code
-        raise ValueError(f"unknown reduction op {op!r}; expected one of {sorted(REDUCE_OPS)}, "
-                         "a pycoll RedOp or a PreMulSum")
+        raise ValueError(f"unknown reduction op {op!r}; expected one of {sorted(REDUCE_OPS)}, its number, "
+                         "a pycoll.bindings.RedOp, a torch.distributed.ReduceOp or a PreMulSum")
 
     def _root(self, root: Any, what: str = "root") -> int:
         """``root`` as a rank of this communicator (:func:`_integer`); ValueError when out of range."""

@@ -803,6 +803,40 @@ def test_the_default_timeout_is_checked_as_it_is_set_and_inherited_by_a_split():
         c.destroy()
 
 
+def _torch_reduce_ops(rank, n, uid):
+    import torch
+    import torch.distributed as dist
+
+    c = _comm(rank, n, uid)
+    out = {}
+    for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN, dist.ReduceOp.MAX,
+               dist.ReduceOp(dist.ReduceOp.MAX)):
+        x = torch.tensor([2.0 + rank])
+        c.all_reduce(x, op=op)
+        y = torch.zeros(1)
+        c.reduce_scatter(torch.tensor([2.0 + rank, 2.0 + rank]), y, op=op)
+        out[str(getattr(op, "op", op))] = (x.item(), y.item())
+    for bad in (dist.ReduceOp.BAND, dist.ReduceOp.PREMUL_SUM):
+        try:
+            c.all_reduce(torch.ones(1), op=bad)
+            out[str(bad)] = "no exception"
+        except ValueError as e:
+            out[str(bad)] = "has no pycoll counterpart" in str(e) or str(e)
+    c.destroy()
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_torch_reduce_ops_mean_what_they_mean_in_torch():
+    # torch numbers its ReduceOp otherwise than NCCL (AVG 1, PRODUCT 2, MAX 4) and gives it __index__: AVG ran as
+    # a product, PRODUCT as max, MAX as an average, silently
+    pytest.importorskip("torch.distributed")
+    for res in run_ranks(_torch_reduce_ops, 2, _uid(), timeout=40):
+        assert res == {"RedOpType.SUM": (5.0, 5.0), "RedOpType.AVG": (2.5, 2.5), "RedOpType.PRODUCT": (6.0, 6.0),
+                       "RedOpType.MIN": (2.0, 2.0), "RedOpType.MAX": (3.0, 3.0), "RedOpType.BAND": True,
+                       "RedOpType.PREMUL_SUM": True}, res
+
+
 def _dead_peer(rank, n, uid):
     c = _comm(rank, n, uid)
     seen = []
