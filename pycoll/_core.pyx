@@ -2474,11 +2474,12 @@ cdef object _rank_block(CommCore comm, object whole, Py_ssize_t count, object na
                          w[7], w[8], w[9], w[10], w[11], name)
 
 
-cdef object _block(CommCore comm, object whole, object block, object st, bint gather, str op, bint exact=False):
+cdef object _block(CommCore comm, object whole, object block, object st, bint gather, str op):
     """The per-rank block of an all_gather or a gather (``gather``: its input) or of a reduce_scatter or a scatter (its
-    output) next to ``whole``, its ``size`` blocks: ``block`` described, with the same dtype, room in ``whole`` for
-    ``size`` of it (``exact``: exactly that, a scatter's) and no overlap but the in-place one (``buffers.check_*``
-    raise otherwise); ``block`` None: this rank's block of ``whole``."""
+    output) next to ``whole``, its ``size`` blocks: ``block`` described, with the same dtype, exactly ``size`` of it in
+    ``whole`` (a bigger whole's rest was ignored, or its blocks taken where the caller's were not: a reduce_scatter's
+    rank got a block straddling two) and no overlap but the in-place one (``buffers.check_*`` raise otherwise);
+    ``block`` None: this rank's block of ``whole``."""
     cdef Py_ssize_t size = comm._size, n = (<tuple>whole)[2], count, nbytes, rank = comm._rank
     name = "input" if gather else "output"
     if block is None:
@@ -2491,8 +2492,8 @@ cdef object _block(CommCore comm, object whole, object block, object st, bint ga
     inp, out = (b, whole) if gather else (whole, b)
     if (<tuple>inp)[3] != (<tuple>out)[3]:
         check_same_dtype(inp, out, op=op)
-    if n < count * size or (exact and n != count * size):
-        check_count(whole, count * size, exact=exact, op=op, why=f"{count} elements x {size} ranks")
+    if n != count * size:
+        check_count(whole, count * size, exact=True, op=op, why=f"{count} elements x {size} ranks")
     # in place: the block at its rank's offset of the whole (what check_overlap allows without a look)
     if _share_memory(inp, out) and <uintptr_t>(<tuple>b)[0] != <uintptr_t>(<tuple>whole)[0] + rank * nbytes:
         if gather:
@@ -2615,7 +2616,7 @@ def scatter(CommCore comm, input, output=None, root=0, *, stream=None, async_op=
     elif inp is None:
         out = _describe(comm, output, st, True, "output")
     else:
-        out = _block(comm, inp, output, st, False, "scatter", True)
+        out = _block(comm, inp, output, st, False, "scatter")
     call = _new_call(comm.library, _SCATTER, cc, 0 if inp is None else (<tuple>inp)[0], (<tuple>out)[0],
                      (<tuple>out)[2], (<tuple>out)[3], 0, root)
     return _launch(comm, "scatter", call, st, [] if inp is None else [inp], [out], async_op, timeout, None)

@@ -386,6 +386,11 @@ def _bad_inputs(rank, n, uid):
         ),
         "unsupported_dtype": (TypeError, lambda: c.all_reduce(np.ones(4, bool))),
         "output_too_small": (ValueError, lambda: c.all_gather(x, np.empty(8, np.float32))),
+        # exactly size blocks: a bigger whole's blocks were taken where the caller's were not (a reduce_scatter's
+        # rank 1 got elements 3-5 of 8, straddling two), or its rest silently ignored
+        "reduce_scatter_bigger_input": (ValueError, lambda: c.reduce_scatter(np.ones(3 * n + 2, np.float32),
+                                                                             np.empty(3, np.float32))),
+        "all_gather_bigger_output": (ValueError, lambda: c.all_gather(x, np.empty(8 * n + 2, np.float32))),
         "dtype_mismatch": (ValueError, lambda: c.all_reduce(x, np.empty(8, np.float64))),
         "root_out_of_range": (ValueError, lambda: c.broadcast(x, root=n)),
         "negative_root": (ValueError, lambda: c.reduce(x, root=-1)),
@@ -445,7 +450,7 @@ def _bad_inputs(rank, n, uid):
             ("gather_in_place_multiple", lambda: c.gather(None, np.zeros(m + 1, f32), root=rank),
              f"gather: output has {m + 1} elements, not a multiple of {n} ranks"),
             ("gather_count", lambda: c.gather(np.zeros(2, f32), np.zeros(m - 1, f32), root=rank),
-             f"gather: output has {m - 1} elements but needs at least {m} (2 elements x {n} ranks)"),
+             f"gather: output has {m - 1} elements but needs exactly {m} (2 elements x {n} ranks)"),
             ("scatter_root_input", lambda: c.scatter(None, np.zeros(2, f32), root=rank),
              "scatter: the root needs an input buffer"),
             ("scatter_in_place_off_root", lambda: c.scatter(np.zeros(m, f32), None, root=1 - rank),
@@ -529,12 +534,13 @@ def _overlaps(rank, n, uid):
     refused("all_reduce", lambda: c.all_reduce(big[:1 << 16], big[8:]), "all_reduce")
     refused("broadcast", lambda: c.broadcast(big[:1 << 16], 0, big[8:]), "broadcast")
     refused("reduce", lambda: c.reduce(big[:1 << 16], 0, big[8:]), "reduce")
-    g = np.zeros(4 * n, np.float32)
-    refused("all_gather", lambda: c.all_gather(g[1:5], g), "all_gather")
-    refused("reduce_scatter", lambda: c.reduce_scatter(g, g[1:5]), "reduce_scatter")
+    g = np.zeros(4 * n + 1, np.float32)
+    whole = g[:4 * n]  # exactly n blocks of 4, as the block g[1:5] needs
+    refused("all_gather", lambda: c.all_gather(g[1:5], whole), "all_gather")
+    refused("reduce_scatter", lambda: c.reduce_scatter(whole, g[1:5]), "reduce_scatter")
     refused("all_to_all", lambda: c.all_to_all(g[:2 * n], g[1:2 * n + 1]), "all_to_all")
     if n == 1:  # the root's output (gather) or input (scatter) alone can overlap: refused there, not elsewhere
-        refused("gather", lambda: c.gather(g[1:5], g, root=0), "gather")
+        refused("gather", lambda: c.gather(g[1:5], whole, root=0), "gather")
         refused("scatter", lambda: c.scatter(big[:4], big[2:6], root=0), "scatter")
     refused("sendrecv", lambda: c.sendrecv(g[:4], g[2:6], rank ^ 1 if n > 1 else 0), "sendrecv")
 
@@ -574,9 +580,9 @@ def test_reduce_all_gather_and_reduce_scatter_check_their_arguments():
         bad = [
             (lambda: c.all_gather(x, d), ValueError, "all_gather: input is Float but output is Double; they must"),
             (lambda: c.all_gather(x, np.zeros(3, np.float32)), ValueError,
-             r"all_gather: output has 3 elements but needs at least 4 \(4 elements x 1 ranks\)"),
+             r"all_gather: output has 3 elements but needs exactly 4 \(4 elements x 1 ranks\)"),
             (lambda: c.reduce_scatter(np.zeros(3, np.float32), np.zeros(4, np.float32)), ValueError,
-             r"reduce_scatter: input has 3 elements but needs at least 4 \(4 elements x 1 ranks\)"),
+             r"reduce_scatter: input has 3 elements but needs exactly 4 \(4 elements x 1 ranks\)"),
             (lambda: c.reduce_scatter(x, d[:4]), ValueError, "reduce_scatter: input is Float but output is Double"),
             (lambda: c.reduce_scatter(x, op="median"), ValueError, "unknown reduction op 'median'"),
             (lambda: c.reduce(x, 1), ValueError, "root 1 is out of range for a communicator of 1 ranks"),
