@@ -369,12 +369,13 @@ def join(
     on_failure: Optional[str] = None,
     generation: int = 0,
     failure_callbacks: Sequence[Callable[[Communicator, BaseException], None]] = (),
+    give_up: Optional[Callable[[float], Optional[BaseException]]] = None,
 ) -> Communicator:
     """Join a communicator that existing ranks are growing to ``size`` (``ncclCommGrow``, NCCL 2.29).
 
     ``rank`` is this new process's rank (>= the old size); ``unique_id`` the id the existing
     coordinator obtained with :meth:`Communicator.get_unique_id`. The other arguments are those
-    of :func:`init`.
+    of :func:`init` (``give_up`` too: a member known gone ends the join at once, not at ``init_timeout``).
     """
     _settings.check_all()
     _install_diagnostics()
@@ -384,6 +385,8 @@ def join(
     rank = integer(rank, "join: rank", f"an int in [1, {size})")
     if not 0 < rank < size:
         raise ValueError(f"join: rank must be in [1, {size}), got {rank!r}")
+    if give_up is not None and not callable(give_up):
+        raise TypeError(f"give_up must be a callable, got {give_up!r}")
     uid = unique_id if isinstance(unique_id, B.UniqueId) else B.UniqueId.from_bytes(bytes(unique_id))
     arm_sigterm()  # a SIGTERM from here on dumps and aborts the join (see init)
     backend, lib = load_library(backend, library)
@@ -397,7 +400,8 @@ def join(
             raise
         handle = slot.value
         if status == B.IN_PROGRESS:
-            _poll_new(lib, handle, f"join of communicator {name!r} as rank {rank}/{size}", init_timeout)
+            _poll_new(lib, handle, f"join of communicator {name!r} as rank {rank}/{size}", init_timeout,
+                      give_up=give_up)
     except BaseException:
         if owns:
             dev.close()

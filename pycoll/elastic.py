@@ -601,10 +601,13 @@ class ElasticGroup:
                         detected=t0, agreement_started=t0, agreed=time.time(), committed=committed)
         tr.revoked = tr.agreed
         options = self._comm_options(members, generation)
+        # a member gone meanwhile (one that died before the grow it was admitted to) ends the wait at once, as the
+        # members' own: it waited out the timeout, and the job's end with it
+        give_up = self._gone_give_up(members, "join")
         if kind == "grow":
-            comm = join(len(members), rank, uid, init_timeout=self.timeout, **options)
+            comm = join(len(members), rank, uid, init_timeout=self.timeout, give_up=give_up, **options)
         else:
-            comm = init(rank, len(members), unique_id=uid, init_timeout=self.timeout, **options)
+            comm = init(rank, len(members), unique_id=uid, init_timeout=self.timeout, give_up=give_up, **options)
         self._adopt(comm, members, generation)
         self._committed = None if committed is None or committed < 0 else committed
         tr.comm_ready = time.time()

@@ -69,6 +69,14 @@ static void job_complete(struct job* j, ncclResult_t r) {
   switch (j->kind) {
     case JOB_INIT:
     case JOB_GROW:
+      if (r != ncclSuccess && j->kind == JOB_GROW && j->parent) {
+        /* a grow that failed here counts as no reshape of the parent: a member that never reached it (it found
+         * the communicator failed first) would otherwise number the parent's next shrink or split otherwise,
+         * and the two would wait for each other's exchange until their timeout */
+        pthread_mutex_lock(&j->parent->mu);
+        if (j->parent->child_count == j->child_seq) j->parent->child_count = j->prev_child_count;
+        pthread_mutex_unlock(&j->parent->mu);
+      }
       if (r == ncclSuccess) {
         comm_set_async(j->comm, ncclSuccess);
       } else if (j->comm->config.blocking) {

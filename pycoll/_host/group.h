@@ -30,6 +30,7 @@ struct job {
   int nexclude;
   int flags;
   uint64_t child_seq;
+  uint64_t prev_child_count; /* grow: the parent's count of reshapes before this one (restored if it fails) */
   struct ncclWindow_vidmem* window; /* window registration (window.c) */
   ncclResult_t result;
   pthread_t thread;

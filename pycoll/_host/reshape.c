@@ -344,7 +344,7 @@ NCCL_API ncclResult_t ncclCommGrow(ncclComm_t comm, int nRanks, const ncclUnique
   struct ncclComm* p = NULL;
   struct host_uid u;
   uint64_t nonce[2];
-  uint64_t seq = 0;
+  uint64_t seq = 0, prev_count = 0;
   int myrank = rank;
   ncclResult_t r;
   if (comm) {
@@ -373,6 +373,7 @@ NCCL_API ncclResult_t ncclCommGrow(ncclComm_t comm, int nRanks, const ncclUnique
         r = ncclInvalidArgument;
       }
       if (r == ncclSuccess) {
+        prev_count = p->child_count;
         if (seq > p->child_count) p->child_count = seq;
         p->last_grow_seq = seq;
         p->grow_id_pending = false;
@@ -438,6 +439,8 @@ NCCL_API ncclResult_t ncclCommGrow(ncclComm_t comm, int nRanks, const ncclUnique
   comm_ref(c);
   j->kind = JOB_GROW;
   j->opname = "ncclCommGrow";
+  j->child_seq = seq;
+  j->prev_child_count = prev_count;
   j->comm = c;
   j->parent = p; /* the reference taken by comm_acquire */
   j->slot = newcomm;

@@ -122,6 +122,28 @@ def test_failpoint_through_the_environment(tmp_path, spec, victim, request):
             proc.wait()
 
 
+@pytest.mark.failpoints
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("spec", [
+    # slot 2 dies; its replacement is admitted; slot 1 dies before the grow's communicator, which slot 0 reached
+    # and slot 3 (late) never did: the survivors' shrink waited out the timeout, their reshape counts differing
+    "elastic.commit=kill@51;rank=2,elastic.grow.before_comm=kill;rank=1,elastic.grow.before_comm=sleep(300);rank=3",
+    # the same without the late slot: the replacement waited out its join's timeout for the dead slot 1
+    "elastic.commit=kill@51;rank=2,elastic.grow.before_comm=kill;rank=1",
+])
+def test_a_grow_that_loses_a_member_holds_nobody_up_to_the_timeout(tmp_path, spec, request):
+    _rotating(request, spec, k=1, of=2)
+    env = dict(os.environ, FT_DIR=str(tmp_path), PYTHONPATH=REPO, PYCOLL_FAILPOINTS=spec)
+    cmd = [sys.executable, "-m", "pycoll.launch.launcher", "-n", "4", "--replace-failed", "2", "--timeout", "100",
+           LOOP, "300"]
+    p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120, cwd=REPO)
+    text = p.stdout.decode(errors="replace")
+    assert p.returncode == 0, text[-4000:]
+    assert "did not complete within" not in text, text[-4000:]  # ElasticGroup's 5 s: a shrink's, or a join's
+    for slot in (0, 3):  # the survivors finished together
+        assert (tmp_path / f"out.{slot}").exists(), text[-4000:]
+
+
 # -- the launcher's own failpoints ----------------------------------------------------------------
 #
 # They fire in the launcher process, which no job survives the death of. What must happen:
