@@ -14,6 +14,7 @@ import hashlib
 import logging
 import operator
 import os
+import re
 import threading
 import time
 import warnings
@@ -240,6 +241,9 @@ def check_arguments(size: int, global_ranks: Optional[Sequence[int]], on_failure
 
 _CORE_TIMEOUT: Any = vars(_core.CommCore)["timeout"]  # the compiled field, under Communicator.timeout's check
 
+
+#: a peer as the host library's error texts name it ("rank 2 (pid 123) exited", "rank 0 aborted the ...")
+_PEER_RANK = re.compile(r"\brank (\d+)(?= \(pid | aborted | revoked | failed| has | exited)")
 
 #: torch.distributed.ReduceOp's names -> pycoll's (torch numbers them otherwise: its AVG is 1, NCCL's prod)
 _TORCH_REDUCE_OPS = {"SUM": "sum", "AVG": "avg", "PRODUCT": "prod", "MIN": "min", "MAX": "max"}
@@ -524,7 +528,7 @@ class Communicator(_core.CommCore):
 
     def _async_exc(self, code: int) -> CommFailure:
         try:
-            last = self.library.get_last_error(self._handle or 0)
+            last = self._job_ranks(self.library.get_last_error(self._handle or 0))
         except Exception:
             last = ""
         text = self.library.get_error_string(code)
@@ -536,6 +540,20 @@ class Communicator(_core.CommCore):
             f"{error_class(code).__name__} ({code}): {text}{' -- ' + last if last else ''}",
             code,
         )
+
+    def _job_ranks(self, text: str) -> str:
+        """The library's error text with each rank it names as a peer followed by its job-wide rank where that
+        differs ("rank 2 (global 3) (pid 123) exited"): after a reshape the communicator's numbers are not the
+        launcher's, and the text named a live process."""
+        g = self._global_ranks
+        if not g or not text:
+            return text
+
+        def add(m: re.Match[str]) -> str:
+            r = int(m.group(1))
+            return m.group(0) + (f" (global {g[r]})" if 0 <= r < len(g) and g[r] != r else "")
+
+        return _PEER_RANK.sub(add, text)
 
     # the per-call path, compiled (pycoll/_core.pyx): launch one operation, read its completion from its
     # events, retire it, record its end event when its call (or ncclGroupEnd) issued it

@@ -843,6 +843,18 @@ def test_torch_reduce_ops_mean_what_they_mean_in_torch():
                        "RedOpType.PREMUL_SUM": True}, res
 
 
+def test_a_library_error_gives_the_job_wide_rank_of_the_peer_it_names():
+    # after a reshape the communicator's ranks are not the launcher's: "rank 2 (pid ...) exited" named a live
+    # process (the replacement in slot 2) where slot 3 had died
+    c = pycoll.init(0, 1, backend="host", global_ranks=[5])
+    try:
+        assert c._job_ranks("AllReduce : rank 0 (pid 17) exited; rank 0 revoked the communicator") == \
+            "AllReduce : rank 0 (global 5) (pid 17) exited; rank 0 (global 5) revoked the communicator"
+        assert c._job_ranks("count mismatch at collective #2") == "count mismatch at collective #2"
+    finally:
+        c.destroy()
+
+
 def _dead_peer(rank, n, uid):
     c = _comm(rank, n, uid)
     seen = []
