@@ -351,6 +351,11 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         self._wake_r = self._wake_w = None
 
     @property
+    def dump_signal(self) -> Optional[int]:
+        """The signal that dumps the flight recorder (``enable_signal``), None while none is installed."""
+        return self._signal.signum
+
+    @property
     def owned_by_this_process(self) -> bool:
         """False in a forked child that has not used the watchdog yet (it inherited the parent's state)."""
         return self._pid == os.getpid()
@@ -1006,7 +1011,7 @@ def _fork_begins() -> None:
     for ever for a worker that its SIGTERM never ended), or woke the parent through the wake-up socket both share
     until then (the parent ended by its child's SIGTERM). Blocked, it waits in the kernel and comes once reset."""
     signals = {signal.SIGTERM, signal.SIGINT}
-    wanted = _watchdog._signal.signum if _watchdog is not None else None
+    wanted = _watchdog.dump_signal if _watchdog is not None else None
     if wanted is not None:
         signals.add(signal.Signals(wanted))
     try:
