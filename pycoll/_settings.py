@@ -12,6 +12,7 @@ A leaf module: it imports nothing of pycoll.
 
 from __future__ import annotations
 
+import datetime
 import math
 import numbers
 import os
@@ -42,11 +43,15 @@ def seconds(value: Any, what: str, *, positive: bool = True) -> float:
     """``value`` as a finite duration in seconds (> 0, or >= 0 with ``positive=False``; at most
     :data:`MAX_SECONDS`).
 
-    TypeError for a non-number (bools included), ValueError naming ``what`` for a value out of range
-    or not finite (an infinite deadline is no deadline: pass a large number instead).
+    A ``datetime.timedelta`` (torch.distributed's form) is taken as its seconds. TypeError for a non-number (bools
+    included), ValueError naming ``what`` for a value out of range or not finite (an infinite deadline is no
+    deadline: pass a large number instead).
     """
+    if isinstance(value, datetime.timedelta):
+        value = value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{what} must be a number of seconds, got {type(value).__name__}")
+        raise TypeError(f"{what} must be a number of seconds, got {type(value).__name__} (a datetime.timedelta is "
+                        "taken too)")
     value = float(value)
     if not math.isfinite(value):
         raise ValueError(f"{what} must be a finite number of seconds, got {value}")

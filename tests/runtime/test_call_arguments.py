@@ -5,6 +5,7 @@ with the same result or the same error), and the in-place forms of all_gather, r
 
 from __future__ import annotations
 
+import datetime
 import math
 
 import numpy as np
@@ -194,7 +195,10 @@ def test_numpy_integer_roots_and_peers_pick_that_rank():
 
 
 TIMEOUTS = [5, 5.0, 0.25, 2 ** 53 - 1, 2 ** 53, 2 ** 80, np.float64(3), np.float32(2.5), np.int32(7),
-            0, 0.0, -0.0, -1, -1.5, math.inf, -math.inf, math.nan, 1e309, True, False, "5", None, complex(1, 0)]
+            0, 0.0, -0.0, -1, -1.5, math.inf, -math.inf, math.nan, 1e309, True, False, "5", None, complex(1, 0),
+            # torch.distributed's form: its seconds
+            datetime.timedelta(seconds=30), datetime.timedelta(milliseconds=1), datetime.timedelta(0),
+            datetime.timedelta(seconds=-1)]
 
 
 @pytest.mark.parametrize("value", TIMEOUTS, ids=repr)
@@ -339,3 +343,13 @@ def test_a_tensor_autograd_saved_and_written_in_place_makes_backward_raise(comm)
     comm.all_reduce(h, torch.empty(2))  # h is only read
     loss.backward()
     assert x.grad.tolist() == [2.0, 4.0]
+
+
+def test_a_timedelta_is_its_seconds(comm):
+    """torch.distributed's timeouts are timedeltas: ported code passes them (they were refused as "not a number")."""
+    x = np.ones(2, np.float32)
+    assert comm.all_reduce(x, timeout=datetime.timedelta(seconds=30)).timeout == 30.0
+    comm.all_reduce(x, async_op=True).wait(timeout=datetime.timedelta(milliseconds=500))
+    with pytest.raises(ValueError, match="timeout must be > 0 seconds"):
+        comm.all_reduce(x, timeout=datetime.timedelta(0))
+    assert _settings.seconds(datetime.timedelta(minutes=2), "init_timeout") == 120.0
