@@ -1110,10 +1110,12 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
                                  "is replayed)")
                 same: Dict[Tuple[Any, ...], List[int]] = defaultdict(list)
                 for r, info in sorted(d["in_flight"].items()):
-                    same[(info["state"], info["site"], tuple(info["stack"]))].append(r)
-                for (state, site, stack), rs in same.items():
+                    failed = str(info.get("error") or "").split(":", 1)[0]  # its error's type: it failed there
+                    same[(info["state"], info["site"], tuple(info["stack"]), failed)].append(r)
+                for (state, site, stack, failed), rs in same.items():
                     who = _who(rs)
-                    lines.append(f"    {who}: still in flight (state {state})"
+                    lines.append(f"    {who}: " + (f"failed in it ({failed}; state {state})" if failed
+                                                   else f"still in flight (state {state})")
                                  + (f", issued at {site}" if site else ""))
                     if stacks:
                         for fr in stack:

@@ -241,6 +241,23 @@ def test_no_majority_names_no_culprit(tmp_path):
     assert "no majority" in analyze._verdict(c)
 
 
+def test_a_rank_whose_operation_failed_is_not_said_to_be_in_flight(tmp_path, capsys):
+    # "rank 0: still in flight (state started)" was said of an operation that had failed there (its error recorded)
+    from pycoll import CommTimeout
+
+    def script(r, c):
+        allreduces(c, 2)
+        if r != 2:
+            w = c.op("all_reduce", f32(2), f32(2), state="started")
+            if r == 0:
+                w._exc = CommTimeout("all_reduce (seq 3) did not complete within 2 s")
+
+    assert run_cli(make_dumps(tmp_path, 3, script)) == 1
+    text = capsys.readouterr().out
+    assert "rank 0: failed in it (CommTimeout; state started)" in text, text
+    assert "rank 1: still in flight (state started)" in text, text
+
+
 def test_everyone_stuck_is_not_a_desync(tmp_path):
     def script(r, c):
         allreduces(c, 2)
