@@ -1150,21 +1150,24 @@ def _claims(f: Dict[str, Any], c: Dict[str, Any]) -> str:
     over what was read of it in the store; a store report is given with its age."""
     own = c.get("own_dump", {})
     out = []
-    for key, label in (("behind", "it saw behind"), ("unconfirmed", "not confirmed")):
+    # a send's or receive's watchdog lists its peers there, behind or not (the line's "peer:"), by their p2p numbers
+    p2p = bool(f.get("is_p2p"))
+    for key, label in (("behind", "its peers" if p2p else "it saw behind"), ("unconfirmed", "not confirmed")):
         items = []
         for r, v in sorted((f.get(key) or {}).items(), key=lambda kv: int(kv[0])):
             last = v.get("last_issued") if isinstance(v, dict) else v
+            last = f"p2p #{last}" if p2p else f"#{last}"
             age = v.get("report_age_s") if isinstance(v, dict) else None
             rank = int(r)
             if rank in own:
                 items.append(f"rank {rank} (its own dump: {own[rank]})")
             elif isinstance(v, dict) and v.get("answered"):
-                items.append(f"rank {rank} (answered: #{last})")
+                items.append(f"rank {rank} (answered: {last})")
             elif isinstance(age, (int, float)):
                 gone = " (its process is gone)" if str(rank) in (f.get("gone") or {}) else ""
-                items.append(f"rank {rank} (report {age:.1f} s old said #{last}){gone}")
+                items.append(f"rank {rank} (report {age:.1f} s old said {last}){gone}")
             else:
-                items.append(f"rank {rank} (last reported #{last})")
+                items.append(f"rank {rank} (last reported {last})")
         if items:
             out.append(f"; {label}: " + ", ".join(items))
     return "".join(out)

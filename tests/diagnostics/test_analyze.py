@@ -802,3 +802,12 @@ def test_main_thread_site_skips_the_standard_library_pycoll_waits_in():
     pkg_re = "/usr/lib/python3.11/re/__init__.py"
     assert site(lib, lib, hook, hook, pkg_re, user) == "train.py:6 in f5 (in re.f4)"
     assert site(lib, lib, "/usr/lib/python3.11/importlib/__init__.py") == "threading.py:1 in f0"  # no user frame
+
+
+def test_a_send_s_peers_are_not_said_to_be_behind():
+    # a send's watchdog lists its peers ("peer:") whether they are behind or not, by their point-to-point numbers:
+    # pycoll-fr gave them as "it saw behind: rank 1 (answered: #0)"
+    f = {"is_p2p": True, "behind": {"1": {"last_issued": 3, "report_age_s": 0.1, "answered": True}}}
+    assert analyze._claims(f, {"own_dump": {}}) == "; its peers: rank 1 (answered: p2p #3)"
+    f = {"is_p2p": False, "behind": {"2": {"last_issued": 4, "report_age_s": 0.1, "answered": True}}}
+    assert analyze._claims(f, {"own_dump": {}}) == "; it saw behind: rank 2 (answered: #4)"
