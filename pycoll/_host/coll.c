@@ -807,19 +807,22 @@ static void copy_out(struct task* t, int p) {
   }
 }
 
-/* Over windows, before a piece: whether a peer of t left the communicator (aborted or revoked). No rank ends
- * the operation before every rank has written its pieces (they meet at its last step after them), so that
- * peer's operation failed there: this one fails too, as NCCL's would (it would hang for the peer's missing
- * part), and writes nothing more into the peer's buffers, which it owns again. A peer that finished or
- * finalized left in order after the operation: it is no failure here. */
-static bool peer_left(struct task* t) {
+/* Whether a peer of t left the communicator (aborted or revoked) before it completed step S of it, which every
+ * rank has arrived at: that peer's operation failed there, so this one fails too, as NCCL's would (it would hang
+ * for the peer's missing part), and takes nothing of the peer's -- neither the part it published before it left
+ * (the ranks agreed otherwise on whether the operation ran) nor, over windows, its buffers, which it owns again.
+ * A peer that completed the step and left after (a program's end by abort()) or finished or finalized is no
+ * failure. Over windows no rank completes step 0 before every piece is written, so a peer that left then failed. */
+static bool peer_left(struct task* t, uint64_t S) {
   struct ncclComm* c = t->comm;
   for (int k = 0; k < c->nranks; k++) {
     if (k == c->rank) continue;
-    int st = __atomic_load_n(&c->seg.ctrl[k].state, __ATOMIC_ACQUIRE);
-    if (LIKELY(st != RS_ABORTED && st != RS_REVOKED)) continue;
+    const struct rank_ctrl* pc = &c->seg.ctrl[k];
+    int st = __atomic_load_n(&pc->left_state, __ATOMIC_ACQUIRE);
+    if (LIKELY(!st) || __atomic_load_n(&pc->left_done, __ATOMIC_RELAXED) > S) continue;
     char text[320];
-    comm_check_peer(c, k, false, text, sizeof text);
+    if (comm_check_peer(c, k, false, text, sizeof text) == ncclSuccess) /* its state not published yet */
+      snprintf(text, sizeof text, "rank %d %s the communicator", k, st == RS_ABORTED ? "aborted" : "revoked");
     task_fail(t, ncclRemoteError, "%s : %s", task_kind_name(t->kind), text);
     return true;
   }
@@ -834,7 +837,7 @@ static bool window_piece_begin(struct task* t) {
   struct rank_ctrl* me = &t->comm->seg.ctrl[t->comm->rank];
   __atomic_store_n(&me->in_windows, 1, __ATOMIC_RELAXED);
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
-  if (!peer_left(t)) return true;
+  if (!peer_left(t, t->step0)) return true;
   __atomic_store_n(&me->in_windows, 0, __ATOMIC_RELEASE);
   return false;
 }
@@ -1070,6 +1073,7 @@ int coll_progress(struct task* t) {
         t->phase = PH_CONSUME;
         /* fall through */
       case PH_CONSUME:
+        if (UNLIKELY(peer_left(t, S))) return PROG_DONE;
         if (t->step != 0 || !windows_agreed(t, p)) {
           consume(t, p);
           if (t->batch_key) end_batch(t, p);
@@ -1098,6 +1102,7 @@ int coll_progress(struct task* t) {
       if (UNLIKELY(fp_hit("host.coll.done")))
         return task_fail(t, ncclSystemError, "%s : failpoint host.coll.done", task_kind_name(t->kind));
       if (t->timed_store) store_trial_done(t, out_bytes(t));
+      __atomic_store_n(&c->steps_done, t->step0 + t->nsteps, __ATOMIC_RELEASE);
       return PROG_DONE;
     }
     t->phase = PH_FILL;

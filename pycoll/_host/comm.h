@@ -78,6 +78,7 @@ struct ncclComm {
   /* sequencing, touched only under exec_mu */
   struct yield_record yields; /* how its operations' waits for the peers ended of late (wait.h) */
   uint64_t next_step;
+  uint64_t steps_done; /* the collective steps this rank completed (atomic: read as it aborts or revokes) */
   uint64_t op_seq;
   uint64_t coll_issued; /* collectives issued, those of zero elements too (atomic): pycoll's numbering of them */
   uint64_t* send_seq;

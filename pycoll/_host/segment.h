@@ -102,6 +102,11 @@ struct rank_ctrl {
    * the owner's kernel. */
   _Alignas(64) uint64_t life_next;
   uint32_t life;
+  /* Written once, as the rank aborts or revokes (comm_publish_state): the state it left in (0: it has not) and the
+   * collective steps it had completed then (comm.h: steps_done). Peers read it at every step (coll.c: peer_left):
+   * a line nothing else writes, so that read stays in their caches. */
+  _Alignas(64) uint64_t left_done;
+  int32_t left_state;
   _Alignas(64) struct mbox mbox[2];
 };
 

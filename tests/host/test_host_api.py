@@ -274,12 +274,13 @@ def test_memory_registration_and_windows(comms):
 
 
 @pytest.mark.parametrize("leave", ["abort", "revoke"])
-def test_a_peer_that_left_gets_nothing_written_into_its_windows(leave):
+@pytest.mark.parametrize("size", [800, 1 << 20])  # the one-shot lane, the window path
+def test_a_peer_that_left_takes_no_part_and_writes_nothing(leave, size):
     # rank 0 queues an AllReduce over windows, then aborts (or revokes) and reuses its buffers; rank 1 issues the
-    # matching one only then. It wrote rank 0's reused output (7 -> 102) after rank 0's abort had returned
+    # matching one only then. It completed from rank 0's part (the one-shot lane: the ranks disagreed whether it
+    # ran), and over windows wrote rank 0's reused output (7 -> 102) after rank 0's abort had returned
     l = lib()
     c0, c1 = l.comm_init_all(2)
-    size = 1 << 20
     count = size // 8
     p = [l.mem_alloc(size) for _ in range(2)]
     wins = []
@@ -306,6 +307,26 @@ def test_a_peer_that_left_gets_nothing_written_into_its_windows(leave):
         l.host_stream_destroy(s)
         for q in p:
             l.mem_free(q)
+
+
+def test_a_peer_that_completed_the_operation_and_left_is_no_failure():
+    # the ordinary end of a program that calls abort(): rank 1 completed the last AllReduce and aborted while rank
+    # 0 was still reading it; rank 0's must complete (a check of the peer's state alone failed it)
+    l = lib()
+    c0, c1 = l.comm_init_all(2)
+    x0, x1 = np.full(4, 1.0, np.float32), np.full(4, 2.0, np.float32)
+    s = l.host_stream_create()
+    try:
+        l.host_stream_set_flags(s, 0)  # rank 0's part runs on the stream's thread, rank 1's here
+        l.all_reduce(ptr(x0), ptr(x0), 4, F32, SUM, c0, s)
+        l.all_reduce(ptr(x1), ptr(x1), 4, F32, SUM, c1)
+        l.comm_abort(c1)
+        l.host_stream_synchronize(s)
+        assert x0.tolist() == x1.tolist() == [3.0] * 4
+        assert l.comm_get_async_error(c0) == 0
+    finally:
+        l.comm_destroy(c0)
+        l.host_stream_destroy(s)
 
 
 def test_suspend_resume_and_mem_stats(comms):
