@@ -1099,10 +1099,12 @@ int coll_progress(struct task* t) {
      * where that is not the operation's last, the last one. */
     if (t->algo == ALGO_WINDOW && t->step == 0) t->step = (t->nsteps - 1) % 2 ? t->nsteps - 2 : t->nsteps - 3;
     if (++t->step == t->nsteps) {
+      /* its part is done (the data moved): a peer still reading the last step takes it, whatever befalls this
+       * rank now (the failpoint: a failure after the data moved, which the others' completions do not undo) */
+      __atomic_store_n(&c->steps_done, t->step0 + t->nsteps, __ATOMIC_RELEASE);
       if (UNLIKELY(fp_hit("host.coll.done")))
         return task_fail(t, ncclSystemError, "%s : failpoint host.coll.done", task_kind_name(t->kind));
       if (t->timed_store) store_trial_done(t, out_bytes(t));
-      __atomic_store_n(&c->steps_done, t->step0 + t->nsteps, __ATOMIC_RELEASE);
       return PROG_DONE;
     }
     t->phase = PH_FILL;
