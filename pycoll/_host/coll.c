@@ -820,9 +820,8 @@ static bool peer_left(struct task* t, uint64_t S) {
     const struct rank_ctrl* pc = &c->seg.ctrl[k];
     int st = __atomic_load_n(&pc->left_state, __ATOMIC_ACQUIRE);
     if (LIKELY(!st) || __atomic_load_n(&pc->left_done, __ATOMIC_RELAXED) > S) continue;
-    char text[320];
-    if (comm_check_peer(c, k, false, text, sizeof text) == ncclSuccess) /* its state not published yet */
-      snprintf(text, sizeof text, "rank %d %s the communicator", k, st == RS_ABORTED ? "aborted" : "revoked");
+    char text[320]; /* its state, published before left_state (comm_publish_state), says why */
+    comm_check_peer(c, k, false, text, sizeof text);
     task_fail(t, ncclRemoteError, "%s : %s", task_kind_name(t->kind), text);
     return true;
   }

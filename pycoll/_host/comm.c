@@ -177,12 +177,13 @@ void comm_publish_state(struct ncclComm* c, int state) {
   pthread_mutex_lock(&c->mu);
   if (c->seg.base && !c->torn_down && c->rank >= 0 && c->rank < c->seg.nranks) {
     struct rank_ctrl* me = &c->seg.ctrl[c->rank];
+    __atomic_store_n(&me->state, state, __ATOMIC_RELEASE);
     if ((state == RS_ABORTED || state == RS_REVOKED) && !__atomic_load_n(&me->left_state, __ATOMIC_RELAXED)) {
-      /* how far it got, then that it left: a peer still reading a step this rank completed is no failure */
+      /* after the state (a peer that reads this reads why it left there: comm_check_peer), how far it got, then
+       * that it left: a peer still reading a step this rank completed is no failure */
       __atomic_store_n(&me->left_done, __atomic_load_n(&c->steps_done, __ATOMIC_ACQUIRE), __ATOMIC_RELAXED);
       __atomic_store_n(&me->left_state, state, __ATOMIC_RELEASE);
     }
-    __atomic_store_n(&c->seg.ctrl[c->rank].state, state, __ATOMIC_RELEASE);
     doorbell_wake(&c->seg.hdr->bell);
   }
   pthread_mutex_unlock(&c->mu);

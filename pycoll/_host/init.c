@@ -321,7 +321,8 @@ NCCL_API ncclResult_t ncclCommAbort(ncclComm_t comm) {
   __atomic_store_n(&c->abort_reason, AB_USER, __ATOMIC_RELEASE);
   __atomic_store_n(&c->abort_flag, 1, __ATOMIC_SEQ_CST);
   comm_publish_state(c, RS_ABORTED); /* peers waiting on us fail now */
-  comm_wait_window_writers(c);  struct backoff b;
+  comm_wait_window_writers(c);
+  struct backoff b;
   backoff_reset(&b, true);
   while (__atomic_load_n(&c->job_running, __ATOMIC_ACQUIRE)) {
     if (backoff_step(&b) == WAIT_SLEEP) usleep(200);
