@@ -878,11 +878,10 @@ class Communicator(_core.CommCore):
             except KeyError:
                 raise ValueError(f"unknown reduction op {op!r}; expected one of {sorted(REDUCE_OPS)} "
                                  "or a PreMulSum") from None
-        torch_name = (_TORCH_REDUCE_OPS.get(str(getattr(getattr(op, "op", op), "name", "")))  # ReduceOp(x) holds x
-                      if _is_torch_reduce_op(op) else None)
-        if torch_name is not None:  # torch.distributed.ReduceOp.X: its own numbering differs from NCCL's
-            return REDUCE_OPS[torch_name]
-        if _is_torch_reduce_op(op):
+        if _is_torch_reduce_op(op):  # torch.distributed.ReduceOp.X: its own numbering differs from NCCL's
+            torch_name = _TORCH_REDUCE_OPS.get(str(getattr(getattr(op, "op", op), "name", "")))  # ReduceOp(x) holds x
+            if torch_name is not None:
+                return REDUCE_OPS[torch_name]
             raise ValueError(f"torch's reduction op {op!r} has no pycoll counterpart here; pycoll takes torch's "
                              f"{', '.join(f'ReduceOp.{k}' for k in _TORCH_REDUCE_OPS)} or a PreMulSum "
                              "(Communicator.pre_mul_sum) for PREMUL_SUM")

@@ -185,7 +185,7 @@ class FailureReport:
         if self.op is not None:
             what = f"{self.op} #{self.seq}"
             if self.is_p2p and self.peer is not None:
-                what += f" with peer {self._who(self.peer)[5:]}"
+                what += f" with peer {self.peer}{self._global(self.peer)}"
             if self.sizes:
                 what += f" [{self.sizes}]"
             if self.is_timeout:
