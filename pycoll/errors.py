@@ -16,7 +16,7 @@ Everything pycoll raises on its own behalf derives from :class:`PycollError`.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Type
+from typing import Any, Dict, List, Optional, Tuple, Type
 
 __all__ = [
     "PycollError",
@@ -238,7 +238,10 @@ class CommTimeout(CommFailure, TimeoutError):
 
     Attributes name what timed out: ``comm_name``, ``op``, ``seq`` (its sequence id: the collective one, or
     for a send or receive, ``peer`` set, the point-to-point one, as the flight recorder numbers them),
-    ``elapsed`` and ``timeout`` in seconds.
+    ``elapsed`` and ``timeout`` in seconds. ``behind``: the ranks of the communicator that the watchdog found
+    had not issued the operation (by their answers, or stopped reporting), as its line names them; the
+    message then ends with that verdict on the other ranks. None where no watchdog looked (``watchdog=False``,
+    no store), ``()`` where it found no rank behind.
     """
 
     def __init__(
@@ -250,6 +253,7 @@ class CommTimeout(CommFailure, TimeoutError):
         elapsed: float = 0.0,
         timeout: float = 0.0,
         peer: Optional[int] = None,
+        behind: Optional[Tuple[int, ...]] = None,
     ) -> None:
         super().__init__(message)
         self.comm_name = comm_name
@@ -258,12 +262,14 @@ class CommTimeout(CommFailure, TimeoutError):
         self.elapsed = elapsed
         self.timeout = timeout
         self.peer = peer
+        self.behind = behind
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
 
     def __reduce__(self) -> Any:
-        return (type(self), (str(self), self.comm_name, self.op, self.seq, self.elapsed, self.timeout, self.peer))
+        return (type(self), (str(self), self.comm_name, self.op, self.seq, self.elapsed, self.timeout, self.peer,
+                             self.behind))
 
 
 class CommAborted(CommFailure):

@@ -198,7 +198,30 @@ class FailureReport:
                 parts.append(f"issued at {self.site}")
         else:
             parts.append(self.message)
+        parts.extend(self._peer_parts(self.analysis(stale_after)))
+        if self.signalled:
+            parts.append("sent the dump signal (no answer; stacks from faulthandler): " + "; ".join(
+                f"{self._who(r)} (pid {pid}, {name})" for r, (pid, name) in sorted(self.signalled.items())))
+        if self.peer_failures:
+            parts.append("failed too: " + "; ".join(f"{self._who(r)}: {rec.brief()}"
+                                                   for r, rec in sorted(self.peer_failures.items())))
+        parts.append(f"policy: {self.policy}")
+        return "; ".join(parts)
+
+    def tell(self, exc: BaseException, stale_after: float) -> None:
+        """Give the timeout ``exc`` that the caller sees what the other ranks' progress says: its text gets
+        the line's verdict on them (who is behind, silent or unconfirmed), ``exc.behind`` the ranks found behind."""
+        if not isinstance(exc, CommTimeout) or self.peers is None:
+            return
         a = self.analysis(stale_after)
+        exc.behind = tuple(sorted(a["behind"]))
+        parts = self._peer_parts(a)
+        if parts:
+            exc.args = (f"{exc}; " + "; ".join(parts), *exc.args[1:])
+
+    def _peer_parts(self, a: Dict[str, Any]) -> List[str]:
+        """What the line says of the other ranks, from :meth:`analysis`'s classification ``a``."""
+        parts: List[str] = []
         if self.peers is None:
             parts.append(f"other ranks' progress unknown ({self.store_error or 'no store'})")
         else:
@@ -234,14 +257,7 @@ class FailureReport:
                                                      for r, age in sorted(others.items())))
             if a["unknown"]:
                 parts.append(f"never reported: ranks {self._ranks(a['unknown'])}")
-        if self.signalled:
-            parts.append("sent the dump signal (no answer; stacks from faulthandler): " + "; ".join(
-                f"{self._who(r)} (pid {pid}, {name})" for r, (pid, name) in sorted(self.signalled.items())))
-        if self.peer_failures:
-            parts.append("failed too: " + "; ".join(f"{self._who(r)}: {rec.brief()}"
-                                                   for r, rec in sorted(self.peer_failures.items())))
-        parts.append(f"policy: {self.policy}")
-        return "; ".join(parts)
+        return parts
 
     def _who(self, r: int) -> str:
         return f"rank {r}{self._global(r)}"

@@ -490,6 +490,7 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         self._reports.add(report)  # wait_for_dumps() waits for it (another thread may see the failure first)
         if report.is_timeout or comm.store is None:
             self._finish_report(comm.store, report)
+            report.tell(exc, self._stale_after)  # before the caller sees it
             return
         # an asynchronous or remote error is final: the policy acts at once, and the report (store
         # exchange, the line, the dump) follows in the report thread

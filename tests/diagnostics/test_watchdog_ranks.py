@@ -549,7 +549,7 @@ def _group_one_skips(rank, n, uid, addr, token, dump_dir, kind):
             else:
                 comm.all_reduce(a)
     except pycoll.CommTimeout as e:
-        err = str(e)
+        err = (str(e), e.behind)
     if rank != 0:
         time.sleep(3.0)  # answers rank 0's dump request
     else:
@@ -564,13 +564,17 @@ def test_a_group_that_times_out_is_reported_whole_with_every_peer_it_waits_for(s
     # its operations complete together, so which one it waits for is unknown: the report named its first one (a send
     # already delivered) and only that one's peer, or a collective every rank had entered ("no rank is behind")
     res = run_ranks(_group_one_skips, n, _uid(), server.address, server.token, str(tmp_path), kind, timeout=45)
-    err, lines = res[0]
+    (err, behind), lines = res[0]
     line = lines[0] if lines else ""
     if kind == "p2p":
         assert "it completes with its group: send #1 with peer 1, recv #2 with peer 2" in err, err
-        assert "peers: rank 1 (alive, answered: last issued p2p #1); rank 2 (alive, answered: last issued p2p #0)" \
-            in line, line
+        verdict = "peers: rank 1 (alive, answered: last issued p2p #1); rank 2 (alive, answered: last issued p2p #0)"
+        assert behind == (1, 2), behind
     else:
         assert "all_reduce (seq 2) did not complete" in err and "its group: all_reduce #1, all_reduce #2" in err, err
         assert "all_reduce #2 [Float(4,)] (it completes with its group" in line, line
-        assert "behind: rank 1 (alive, answered: last issued #1)" in line, line
+        verdict = "behind: rank 1 (alive, answered: last issued #1)"
+        assert behind == (1,), behind
+    # the caller's exception ends with the line's verdict on the other ranks
+    assert verdict in line, line
+    assert err.endswith("; " + verdict), err
