@@ -1224,8 +1224,12 @@ class Communicator(_core.CommCore):
             if self._state in ("aborted", "destroyed", "inherited"):
                 return None
             self._state = "aborted"
-            self._fail_outstanding(CommAborted(f"communicator {self.name!r} was aborted"
-                                               + (f" after: {self._failure}" if self._failure else "")))
+            why = (f" after: {self._failure}" if self._failure is not None
+                   else f" (abort() in thread {threading.current_thread().name!r})")
+            for w in self._pending:  # each is told which operation the abort stopped
+                if w._exc is None:
+                    w._exc = CommAborted(f"{hooks.op_text(w)} on communicator {self.name!r} did not complete: the "
+                                         f"communicator was aborted{why}")
         with self._hlock:  # async-error readers stop using the handle before it is freed
             h, self._handle = self._handle, None
         return h

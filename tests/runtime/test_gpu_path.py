@@ -333,8 +333,12 @@ def test_abort_from_another_thread_surfaces_as_comm_aborted(fake, rt):
     c = _comm(fake, rt, timeout=10.0)
     try:
         rt.launch(0, "kernel")
-        threading.Timer(0.2, c.abort).start()
-        with pytest.raises(pycoll.CommAborted):
+        t = threading.Timer(0.2, c.abort)
+        t.name = "aborter"
+        t.start()
+        # it names the operation the abort stopped and where the abort came from
+        with pytest.raises(pycoll.CommAborted, match=r"all_reduce #1 on communicator .* did not complete: the "
+                           r"communicator was aborted \(abort\(\) in thread 'aborter'\)"):
             c.all_reduce(_x(), stream=0)
     finally:
         _close(c)
