@@ -1144,17 +1144,47 @@ class Communicator(_core.CommCore):
 
     def _finalize(self, deadline: float, timeout: float, what: str, then: str = "") -> None:
         self._drain(deadline, timeout, what, then)
-        err: Optional[NCCLError] = None
         with self._lock:
-            try:
-                self.library.comm_finalize(self.handle)
-            except NCCLError as e:
-                err = e
+            err = self._finalize_call(deadline, timeout)
         if err is not None:
             self.handle_call_error(err, None)  # outside the lock: lock order
         self._state = "finalized"
         self._poll(self.handle, "ncclCommFinalize", max(1e-3, deadline - time.monotonic()), self._abort,
                    reported_timeout=timeout)
+
+    def _finalize_call(self, deadline: float, timeout: float) -> Optional[NCCLError]:
+        """``ncclCommFinalize``, in a thread of its own: a nonblocking communicator's returns at once (in progress,
+        polled by the caller), a blocking one's (adopted, ``init_all``'s, ``CommConfig(blocking=True)``) only once
+        every rank finalized. That wait is bounded here by ``deadline``: then, or at Ctrl-C, the communicator is
+        aborted, which ends the call, and :class:`pycoll.CommTimeout` (or the KeyboardInterrupt) raised."""
+        h, lib, dev = self.handle, self.library, self.device
+        out: List[BaseException] = []
+
+        def call() -> None:
+            try:
+                dev.enter_own_thread()
+                lib.comm_finalize(h)
+            except BaseException as e:  # the caller takes it
+                out.append(e)
+
+        t = threading.Thread(target=call, name=f"pycoll-finalize-{self.name}", daemon=True)
+        t.start()
+        gave_up = False
+        try:
+            while t.is_alive() and time.monotonic() < deadline:
+                t.join(min(0.1, max(1e-3, deadline - time.monotonic())))  # Ctrl-C raises between the slices
+        finally:
+            if t.is_alive():  # given up (the deadline, an interrupt): the abort ends the library's wait
+                gave_up = True
+                self._abort()
+                t.join(1.0)
+        if gave_up:
+            raise CommTimeout(f"ncclCommFinalize on communicator {self.name!r} rank {self._rank} did not complete "
+                              f"within {timeout:g} s (a blocking communicator: the other ranks did not finalize); "
+                              "the communicator is aborted", self.name, "finalize", -1, timeout, timeout)
+        if out and not isinstance(out[0], NCCLError):
+            raise out[0]
+        return out[0] if out else None
 
     def destroy(self, timeout: Optional[float] = None) -> None:
         """Release the communicator: finalize (collective: every rank must call it), then free.

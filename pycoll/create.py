@@ -429,6 +429,9 @@ def init_all(devices: Any, *, backend: str = "auto", library: Any = None, timeou
 
     Their operations must be issued from one thread inside :meth:`Communicator.group` (or from one
     thread per communicator), as with NCCL: a blocking collective on one of them waits for the others.
+    They are blocking communicators, as NCCL makes them: ``destroy()`` finalizes, which waits for every rank's,
+    so end them with :func:`abort_all`, or destroy each from a thread of its own (:meth:`Communicator.hand_off`);
+    one thread destroying them in turn gets a :class:`pycoll.CommTimeout` at the first one's timeout.
     """
     if isinstance(devices, bool):
         raise TypeError("devices must be an int or a sequence of device ordinals, not bool")

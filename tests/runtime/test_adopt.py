@@ -5,6 +5,7 @@ on the host backend."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 
 import numpy as np
@@ -224,3 +225,37 @@ def test_a_handle_its_maker_aborted_fails_the_communicator_once(monkeypatch, tmp
     with pytest.raises(pycoll.CommAborted, match="no live communicator"):
         c.all_reduce(np.ones(2, np.float32))
     c.destroy()
+
+
+def test_a_blocking_communicators_destroy_is_bounded_by_its_timeout():
+    # init_all's communicators are blocking, as NCCL makes them: ncclCommFinalize returns only once every rank
+    # finalized. destroy(timeout) from the one thread waited inside it for ever (Ctrl-C did not end it either)
+    comms = pycoll.init_all(2, backend="host", timeout=20)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(pycoll.CommTimeout, match=r"ncclCommFinalize on communicator .* did not complete within "
+                                                     r"0.5 s \(a blocking communicator"):
+            comms[0].destroy(timeout=0.5)
+        assert time.monotonic() - t0 < 3.0
+        assert comms[0].state == "aborted"
+    finally:
+        for c in comms:
+            c.abort()
+    # one thread per communicator: both finalize, and the blocking call returns
+    comms = pycoll.init_all(2, backend="host", timeout=20)
+    comms[1].hand_off()
+    errors = []
+    t = threading.Thread(target=lambda: errors.extend(_destroyed(comms[1])))
+    t.start()
+    errors.extend(_destroyed(comms[0]))
+    t.join(20)
+    assert not errors and [c.state for c in comms] == ["destroyed", "destroyed"]
+
+
+def _destroyed(comm):
+    try:
+        comm.destroy(timeout=10)
+    except Exception as e:
+        comm.abort()
+        return [e]
+    return []
