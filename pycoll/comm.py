@@ -1182,9 +1182,11 @@ class Communicator(_core.CommCore):
             raise CommTimeout(f"ncclCommFinalize on communicator {self.name!r} rank {self._rank} did not complete "
                               f"within {timeout:g} s (a blocking communicator: the other ranks did not finalize); "
                               "the communicator is aborted", self.name, "finalize", -1, timeout, timeout)
-        if out and not isinstance(out[0], NCCLError):
+        if not out:
+            return None
+        if not isinstance(out[0], NCCLError):
             raise out[0]
-        return out[0] if out else None
+        return out[0]
 
     def destroy(self, timeout: Optional[float] = None) -> None:
         """Release the communicator: finalize (collective: every rank must call it), then free.
