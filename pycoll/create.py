@@ -176,7 +176,9 @@ def init(
         on_failure: ``"abort"`` (default, or ``$PYCOLL_ON_FAILURE``), ``"revoke"`` or ``"report"``.
         generation: the membership generation (the elastic layer numbers its communicators; dumps
             are kept per generation).
-        global_ranks: every member's job-wide rank in rank order (default ``0..world_size-1``).
+        global_ranks: every member's job-wide rank in rank order (default ``0..world_size-1``; unknown where a
+            launcher's environment says this process is another rank of a job of another size). Groups sharing a
+            store and a name meet apart when they give it.
         failure_callbacks: called as ``callback(comm, exc)`` in the thread that records a failure,
             after the observers and before the policy acts; must return quickly. What one raises is logged and the
             policy acts all the same; a ``SystemExit`` or ``KeyboardInterrupt`` goes on once the policy has acted,
@@ -234,6 +236,8 @@ def init(
         with _init_lock:
             count = _init_counts[name] = _init_counts.get(name, 0) + 1
         base = f"pycoll/init/{name}/{count}"
+        if global_ranks is not None:  # groups of one name meet apart (their counts of that name are equal)
+            base += "/" + _members_key(global_ranks)
         meeting = store is not None and unique_id is None and world_size > 1  # the unique id comes through the store
         uid = _exchange_unique_id(lib, unique_id, store, rank, world_size, base, left(), name, count)
         cfg = (config or CommConfig()).to_nccl(lib, blocking_default=False)
@@ -266,10 +270,31 @@ def init(
         raise
     return Communicator(
         handle, library=lib, device=dev, rank=rank, size=world_size, name=name, uid=_uid_str(uid),
-        global_ranks=range(world_size) if global_ranks is None else global_ranks, timeout=op_timeout,
+        global_ranks=_job_ranks(rank, world_size) if global_ranks is None else global_ranks, timeout=op_timeout,
         on_failure=on_failure, store=store, owns_device=owns, generation=generation,
         failure_callbacks=failure_callbacks,
     )
+
+
+def _members_key(global_ranks: Sequence[int]) -> str:
+    """The part of an init's store keys that names its members: two groups that share a store and a name (each
+    process counting its own inits of that name) would otherwise meet at one key, each rank joining whichever
+    group's unique id it read first -- a communicator of the wrong ranks, with no error."""
+    text = ",".join(str(int(r)) for r in global_ranks)
+    return "members-" + hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def _job_ranks(rank: int, world_size: int) -> Optional[range]:
+    """The default ``global_ranks``: ``0..world_size-1``, unless the launcher's environment says this process is
+    another rank of a job of another size (a group made with explicit ranks): its members' job ranks are then
+    unknown (None), and dumps and messages name this process by the launcher's rank, not by its rank here."""
+    try:
+        info = discovery.discover()
+    except Exception:  # a partial environment: init reports it where it reads it
+        return range(world_size)
+    if info.source != "single" and (info.world_size, info.rank) != (world_size, rank):
+        return None
+    return range(world_size)
 
 
 def _exchange_unique_id(lib: Any, unique_id: Any, store: Any, rank: int, world_size: int, base: str,

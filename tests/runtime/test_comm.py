@@ -911,6 +911,47 @@ def test_init_through_a_store(tmp_path):
     assert [k for k in store.list_keys("pycoll/fr/") if k.startswith(("pycoll/fr/proc", "pycoll/fr/progress"))] == []
 
 
+def _init_two_groups_one_name(rank, n, path):
+    from pycoll.store import FileStore
+
+    members = (0, 1) if rank < 2 else (2, 3)
+    if rank in (1, 2):
+        time.sleep(0.5)  # rank 3 asks first: rank 0's unique id was there, another group's
+    c = pycoll.init(members.index(rank), 2, store=FileStore(path), backend="host", name="tp", global_ranks=members,
+                    init_timeout=20)
+    x = np.full(2, float(rank), np.float32)
+    c.all_reduce(x)
+    out = (x.tolist(), c.global_ranks)
+    c.destroy()
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_groups_sharing_a_store_and_a_name_meet_apart_by_their_members(tmp_path):
+    # two groups of two, both init(name="tp"), each process at its init #1 of that name: they met at one key, and a
+    # rank took whichever group's unique id it found -- communicators of ranks {0, 3} and {1, 2}, with no error
+    res = run_ranks(_init_two_groups_one_name, 4, str(tmp_path / "store"), timeout=40)
+    assert res == [([1.0, 1.0], (0, 1))] * 2 + [([5.0, 5.0], (2, 3))] * 2
+
+
+def test_a_group_of_another_size_than_the_launchers_job_has_unknown_job_ranks(monkeypatch):
+    # init(0, 1) in rank 3 of a launched job of 4: its job rank is 3, not 0 (dumps named rank 0 overwrote rank 0's)
+    monkeypatch.setenv("PYCOLL_RANK", "3")
+    monkeypatch.setenv("PYCOLL_WORLD_SIZE", "4")
+    c = pycoll.init(0, 1, backend="host", name="alone")
+    try:
+        assert c.global_ranks is None and c.global_rank == 0
+    finally:
+        c.destroy()
+    monkeypatch.setenv("PYCOLL_RANK", "0")
+    monkeypatch.setenv("PYCOLL_WORLD_SIZE", "1")
+    c = pycoll.init(0, 1, backend="host", name="alone")
+    try:
+        assert c.global_ranks == (0,)
+    finally:
+        c.destroy()
+
+
 @pytest.mark.timeout(30)
 def test_init_keys_go_also_where_the_unique_id_is_given():
     """The arrival keys of an init through a store go once it is up also where the unique id was given (the elastic
