@@ -439,7 +439,7 @@ cdef class Work:
         """Drop the references to the operation's arrays (an abandoned operation need not keep them)."""
         self.inputs = self.outputs = []
 
-    def completes_with(self, Work other):
+    def completes_with(self, Work other not None):
         """Whether ``other`` completes with this operation: both of one group, on one communicator and stream,
         share their events (which of them the group waits for, its completion cannot say)."""
         return self._share is not None and self._share is other._share
@@ -598,11 +598,11 @@ cdef class Outstanding:
             w = w._next
         return out
 
-    def append(self, Work w):
+    def append(self, Work w not None):
         """Put ``w`` in, the newest; RuntimeError where it is in a list already."""
         self.add(w)
 
-    def pop(self, Work w, default=None):
+    def pop(self, Work w not None, default=None):
         """Take ``w`` out; None (or ``default`` where it was not in): a dict's ``pop`` of a key whose value is None."""
         return None if self.discard(w) else default
 
@@ -1146,16 +1146,18 @@ cdef inline int _events_back(list pool, Work w) except -1:
     return 0
 
 
-def events_back(list pool, Work w):
+def events_back(list pool not None, Work w not None):
     """Give ``w``'s events back to ``pool`` (a list): its own, or the ones it shares with its neighbours in a group
     once none of them holds them any more (``Communicator._withdraw`` and ``_release_device_later``; call with the
     communicator's ``_plock`` held)."""
     _events_back(pool, w)
 
 
-def refresh(CommCore comm, Work w):
+def refresh(CommCore comm, Work w not None):
     """Update ``w``'s state from its events (and retire it once complete). Never waits for a
     library call in progress; a device error from an event query fails the communicator."""
+    if w.comm is not comm:
+        raise ValueError(f"{w!r} is an operation of another communicator than {comm.name!r}")
     dev = comm.device
     _refresh(comm, w, dev, _comm_lib(comm))
 
@@ -1284,7 +1286,7 @@ cdef int _trim_pool(CommCore comm, list events) except -1:
     return 0
 
 
-def retire(CommCore comm, Work w):
+def retire(CommCore comm, Work w not None):
     """Forget a completed operation: out of the outstanding list, its events back to the pool."""
     _retire(comm, w)
 

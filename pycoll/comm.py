@@ -147,6 +147,14 @@ def poll_ready(library: Any, handle: int, what: str, timeout: float, *, on_error
             sleep = backoff(sleep)
 
 
+def _own_work(comm: Communicator, w: Any) -> None:
+    """Refuse an argument that is not one of ``comm``'s operations (a Work of another communicator, or no Work)."""
+    if not isinstance(w, Work):
+        raise TypeError(f"expected a pycoll Work of communicator {comm.name!r}, got {type(w).__name__}")
+    if w.comm is not comm:
+        raise ValueError(f"{w!r} is an operation of another communicator than {comm.name!r}")
+
+
 def abort_all(comms: Sequence[Communicator], timeout: Optional[float] = None) -> None:
     """Abort several communicators together (local; idempotent for each).
 
@@ -564,7 +572,9 @@ class Communicator(_core.CommCore):
     _retire = _core.retire
 
     def try_refresh(self, w: Work) -> None:
-        """Like :meth:`refresh`, for observers: never raises, skipped once the communicator failed."""
+        """Like :meth:`refresh`, for observers: never raises for the communicator's state (skipped once it failed);
+        ``w`` must be one of its operations."""
+        _own_work(self, w)
         if w._state == "completed" or w._exc is not None or self._failure is not None:
             return
         if self._state != "active" or self._handle is None:
@@ -837,6 +847,7 @@ class Communicator(_core.CommCore):
 
     def await_ready(self, w: Work) -> None:
         """After ncclInProgress: poll until the communicator is ready, within the operation's deadline."""
+        _own_work(self, w)
         h = self._handle
         if h is None:
             return

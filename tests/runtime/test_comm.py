@@ -704,6 +704,31 @@ def test_single_rank_lifecycle_and_gc_warning():
         gc.collect()
 
 
+def test_operation_arguments_of_the_observer_methods_are_checked():
+    # comm.refresh(None) read fields of None in compiled code (a segfault); another communicator's Work was taken
+    a = pycoll.init(0, 1, backend="host", name="a")
+    b = pycoll.init(0, 1, backend="host", name="b")
+    try:
+        w = b.all_reduce(np.ones(2, np.float32), async_op=True)
+        w.wait()
+        for method in (a.refresh, a.try_refresh, a.await_ready, a._retire):
+            with pytest.raises(TypeError):
+                method(None)
+        for method in (a.refresh, a.try_refresh, a.await_ready):
+            with pytest.raises(ValueError, match="another communicator than 'a'"):
+                method(w)
+        with pytest.raises(TypeError):
+            w.completes_with(None)
+        with pytest.raises(TypeError):
+            a._pending.append(None)
+        x = np.ones(2, np.float32)
+        a.all_reduce(x)  # still usable
+        assert x.tolist() == [1.0, 1.0]
+    finally:
+        a.destroy()
+        b.destroy()
+
+
 def test_abort_then_any_call_raises():
     c = pycoll.init(0, 1, backend="host")
     c.abort()
