@@ -149,6 +149,9 @@ def datatype_of(dtype: Any) -> int:
         return d.code
     import numpy as np
 
+    if isinstance(dtype, np.generic):  # numpy would take the value's type (np.int64(7): int64, not datatype 7)
+        raise TypeError(f"dtype must be a dtype, a name or an NCCL datatype code (a Python int), got the numpy value "
+                        f"{dtype!r}")
     try:
         npdt = np.dtype(dtype)
     except TypeError:

@@ -60,11 +60,11 @@ class VendorOption:
                              f"got {self.value!r}")
 
 
-def _opt_int(name: str, value: Optional[int], lo: int = 0) -> None:
+def _opt_int(name: str, value: Optional[int], lo: int = 0, hi: int = _INT_MAX) -> None:
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= _INT_MAX:
-        raise ValueError(f"CollConfig.{name} must be None or an int in [{lo}, {_INT_MAX}], got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValueError(f"CollConfig.{name} must be None or an int in [{lo}, {hi}], got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,8 +91,9 @@ class CollConfig:
     vendor_options: Tuple[VendorOption, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("min_ctas", "max_ctas", "nvls_ctas", "cga_cluster_size", "cta_policy"):
-            _opt_int(name, getattr(self, name))
+        for name in ("min_ctas", "max_ctas", "nvls_ctas", "cga_cluster_size"):  # NCCL refuses 0 and below
+            _opt_int(name, getattr(self, name), 1)
+        _opt_int("cta_policy", self.cta_policy, 0, B.CTA_POLICY_EFFICIENCY | B.CTA_POLICY_ZERO)
         if self.min_ctas is not None and self.max_ctas is not None and self.min_ctas > self.max_ctas:
             raise ValueError(f"CollConfig.min_ctas ({self.min_ctas}) > max_ctas ({self.max_ctas})")
         if self.alg_selection is not None and (not isinstance(self.alg_selection, str) or "\0" in self.alg_selection):

@@ -147,6 +147,26 @@ def poll_ready(library: Any, handle: int, what: str, timeout: float, *, on_error
             sleep = backoff(sleep)
 
 
+def _child_name(name: Any, what: str) -> None:
+    if name is not None and (not isinstance(name, str) or not name):
+        raise TypeError(f"{what}: name must be a non-empty str or None, got {name!r}")
+
+
+def unique_id_argument(value: Any, what: str = "unique_id") -> Any:
+    """A ``UniqueId`` from one, or from its 128 bytes (bytes, or anything ``bytes()`` takes but a number or a
+    str: an array of uint8, say); else a clear error."""
+    if isinstance(value, B.UniqueId):
+        return value
+    if not isinstance(value, (int, float, str)):
+        try:
+            data = bytes(value)
+        except (TypeError, ValueError):
+            pass
+        else:
+            return B.UniqueId.from_bytes(data)
+    raise TypeError(f"{what} must be a pycoll UniqueId or its 128 bytes (bytes(uid)), got {type(value).__name__}")
+
+
 def _own_work(comm: Communicator, w: Any) -> None:
     """Refuse an argument that is not one of ``comm``'s operations (a Work of another communicator, or no Work)."""
     if not isinstance(w, Work):
@@ -869,6 +889,8 @@ class Communicator(_core.CommCore):
         Call it right after ``graph.replay()`` on the replay's stream: the Work completes when
         everything queued on ``stream`` so far has run.
         """
+        if not isinstance(what, str) or not what:
+            raise TypeError(f"watch_stream: what must be a non-empty str (the operation's name), got {what!r}")
         st = self._begin(what, stream, True, ())
         return self._launch(what, lambda h, s: 0, st, [], [], True, timeout)
 
@@ -973,7 +995,10 @@ class Communicator(_core.CommCore):
                 raise ValueError(f"broadcast_bytes: the root must pass {nbytes} bytes, got {len(data)}")
         dev = self.device
         if dev.kind == "host":
-            arr = bytearray(data if self._rank == root and data is not None else nbytes)
+            try:
+                arr = bytearray(data if self._rank == root and data is not None else nbytes)
+            except (MemoryError, OverflowError):
+                raise MemoryError(f"broadcast_bytes: cannot hold nbytes={nbytes} bytes in this process") from None
             self.broadcast(arr, root=root, timeout=timeout)
             return bytes(arr)
         st = self._begin("broadcast", None, False, ())
@@ -1418,6 +1443,8 @@ class Communicator(_core.CommCore):
     def _reshape_config(self, config: Optional[CommConfig]) -> Any:
         if config is None:
             return None  # inherit the parent's (nonblocking) configuration
+        if not isinstance(config, CommConfig):
+            raise TypeError(f"config must be a pycoll.CommConfig or None, not {type(config).__name__}")
         return config.to_nccl(self.library, blocking_default=False)
 
     def split(self, color: Optional[int], key: Optional[int] = None, *, config: Optional[CommConfig] = None,
@@ -1448,11 +1475,12 @@ class Communicator(_core.CommCore):
         key = self._rank if key is None else _integer(key, "key", "an int")
         if not -(1 << 31) <= key < 1 << 31:  # refused here, before the other ranks meet it in the exchange below
             raise ValueError(f"key must fit NCCL's int (-2**31 .. 2**31-1), got {key}")
+        cfg = self._reshape_config(config)
+        _child_name(name, "split")
         uid = self._child_uid(f"split:{color}")
         members = self._split_members(-1 if color is None else color, key, timeout)
         with self._lock:
-            slot, status = self.library.comm_split(self.handle, B.SPLIT_NOCOLOR if color is None else color, key,
-                                                   self._reshape_config(config))
+            slot, status = self.library.comm_split(self.handle, B.SPLIT_NOCOLOR if color is None else color, key, cfg)
         return self._child(slot, status, what="ncclCommSplit", uid=uid,
                            name=name or f"{self.name}.split{self._reshapes}",
                            global_ranks=members, timeout=timeout, poll_parent=True, generation=generation,
@@ -1508,6 +1536,8 @@ class Communicator(_core.CommCore):
             raise ValueError("shrink needs at least one rank to exclude")
         if self._rank in excl:
             raise ValueError(f"rank {self._rank} is in the exclude list: excluded ranks must not call shrink")
+        cfg = self._reshape_config(config)
+        _child_name(name, "shrink")
         uid = self._child_uid("shrink:" + ",".join(map(str, excl)))
         gr = None
         if self._global_ranks is not None:
@@ -1517,7 +1547,7 @@ class Communicator(_core.CommCore):
             stop = self._stopping_outstanding(self._failure or CommAborted(
                 f"communicator {self.name!r}: the operation was stopped by shrink(abort_ops=True)"))
         with self._lock, stop:
-            slot, status = self.library.comm_shrink(self.handle, excl, self._reshape_config(config),
+            slot, status = self.library.comm_shrink(self.handle, excl, cfg,
                                                     B.SHRINK_ABORT if abort_ops else B.SHRINK_DEFAULT)
         self._abort_only |= abort_ops
         child = self._child(slot, status, what="ncclCommShrink", uid=uid,
@@ -1554,12 +1584,14 @@ class Communicator(_core.CommCore):
         self._check_usable("grow")
         timeout = _check_timeout(timeout, self.timeout)
         size = _integer(size, "grow: size", f"an int larger than the current {self._size}", self._size + 1)
-        if unique_id is not None and not isinstance(unique_id, B.UniqueId):
-            unique_id = B.UniqueId.from_bytes(bytes(unique_id))
+        if unique_id is not None:
+            unique_id = unique_id_argument(unique_id, "grow: unique_id")
+        cfg = self._reshape_config(config)
+        _child_name(name, "grow")
         uid = (hashlib.sha1(bytes(unique_id)).hexdigest()[:16] if unique_id is not None
                else self._child_uid(f"grow:{size}"))
         with self._lock:
-            slot, status = self.library.comm_grow(self.handle, size, unique_id, -1, self._reshape_config(config))
+            slot, status = self.library.comm_grow(self.handle, size, unique_id, -1, cfg)
         self._reshapes += 1
         child = self._child(slot, status, what="ncclCommGrow", uid=uid,
                             name=name or f"{self.name}.grow{self._reshapes}",

@@ -8,6 +8,7 @@ NCCL release that introduced it; asking for a field the loaded library is too ol
 from __future__ import annotations
 
 import dataclasses
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
@@ -82,8 +83,11 @@ class CommConfig:
                 if not isinstance(value, (bool, int)) or value not in (0, 1):
                     raise ValueError(f"CommConfig.{f.name} must be True or False, got {value!r}")
             elif kind is int:
-                if isinstance(value, bool) or not isinstance(value, int):
+                if isinstance(value, bool) or not hasattr(type(value), "__index__"):
                     raise TypeError(f"CommConfig.{f.name} must be an int, got {type(value).__name__}")
+                if type(value) is not int:  # numpy's integers, as the other int arguments take them
+                    value = operator.index(value)
+                    setattr(self, f.name, value)
                 if m["choices"] is not None and value not in m["choices"]:
                     raise ValueError(f"CommConfig.{f.name} must be one of {m['choices']}, got {value}")
                 if m["lo"] is not None and not (m["lo"] <= value <= m["hi"]):

@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from . import _bindings as B, _settings, failpoints as _fp, hooks
 from .buffers import integer
-from .comm import Communicator, _check_timeout, check_arguments, default_timeout, poll_ready
+from .comm import Communicator, _check_timeout, check_arguments, default_timeout, poll_ready, unique_id_argument
 from .config import CommConfig
 from .devices import Device, auto_backend, cuda_device_count, open_device, rocm_device_count
 from .diagnostics import install as _install_diagnostics
@@ -43,7 +43,10 @@ def _default_init_timeout() -> float:
 def load_library(backend: str = "auto", library: Any = None) -> Tuple[str, Any]:
     """Resolve ``(backend, Library)``. ``library`` (a path or a loaded Library) overrides ``backend``."""
     if library is not None:
-        lib = library if isinstance(library, B.Library) else B.load(str(library))
+        if not isinstance(library, (B.Library, str, os.PathLike)):
+            raise TypeError(f"library must be a loaded pycoll Library, a path or a backend name, or None; got "
+                            f"{type(library).__name__}")
+        lib = library if isinstance(library, B.Library) else B.load(os.fspath(library))
         kind = lib.kind if lib.kind in ("host", "nccl", "rccl") else "nccl"
         return kind, lib
     if backend not in BACKENDS:
@@ -58,17 +61,22 @@ def get_unique_id(backend: str = "auto", library: Any = None) -> Any:
     return load_library(backend, library)[1].get_unique_id()
 
 
+def _on_failure(value: Any) -> str:
+    """The failure policy asked for, or ``$PYCOLL_ON_FAILURE``'s (only None means the default: '' is refused)."""
+    return str(_settings.get("PYCOLL_ON_FAILURE")) if value is None else value
+
+
 def _open_device(backend: str, lib: Any, device: Any, local_rank: int) -> Tuple[Device, bool]:
     if isinstance(device, Device):
         device.make_current()  # NCCL builds the communicator on the current device
         return device, False
+    if device is not None:
+        device = integer(device, "device", "a GPU ordinal >= 0, a pycoll Device or None", 0)
     if backend == "host":
         return open_device("host", library=lib), True
     if device is None:
         count = cuda_device_count() if backend == "nccl" else rocm_device_count()
         device = local_rank % count if count else 0
-    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
-        raise ValueError(f"device must be a GPU ordinal >= 0 or a pycoll Device, got {device!r}")
     dev = open_device(backend, device_id=device)
     dev.make_current()
     return dev, True
@@ -200,7 +208,7 @@ def init(
     def left() -> float:
         return max(1e-3, deadline - time.monotonic())
 
-    on_failure = on_failure or _settings.get("PYCOLL_ON_FAILURE")
+    on_failure = _on_failure(on_failure)
     local_rank = 0
     if rank is None and world_size is None:
         info = discovery.discover()
@@ -300,7 +308,7 @@ def _job_ranks(rank: int, world_size: int) -> Optional[range]:
 def _exchange_unique_id(lib: Any, unique_id: Any, store: Any, rank: int, world_size: int, base: str,
                         timeout: float, name: str, count: int) -> Any:
     if unique_id is not None:
-        return unique_id if isinstance(unique_id, B.UniqueId) else B.UniqueId.from_bytes(bytes(unique_id))
+        return unique_id_argument(unique_id)
     if world_size == 1:
         return lib.get_unique_id()
     if store is None:
@@ -412,7 +420,7 @@ def join(
         raise ValueError(f"join: rank must be in [1, {size}), got {rank!r}")
     if give_up is not None and not callable(give_up):
         raise TypeError(f"give_up must be a callable, got {give_up!r}")
-    uid = unique_id if isinstance(unique_id, B.UniqueId) else B.UniqueId.from_bytes(bytes(unique_id))
+    uid = unique_id_argument(unique_id, "join: unique_id")
     arm_sigterm()  # a SIGTERM from here on dumps and aborts the join (see init)
     backend, lib = load_library(backend, library)
     dev, owns = _open_device(backend, lib, device, _local_rank())
@@ -434,7 +442,7 @@ def join(
     return Communicator(
         handle, library=lib, device=dev, rank=rank, size=size, name=name, uid=_uid_str(uid),
         global_ranks=global_ranks, timeout=op_timeout,
-        on_failure=on_failure or _settings.get("PYCOLL_ON_FAILURE"), store=store, owns_device=owns,
+        on_failure=_on_failure(on_failure), store=store, owns_device=owns,
         generation=generation, failure_callbacks=failure_callbacks,
     )
 
@@ -461,8 +469,8 @@ def init_all(devices: Any, *, backend: str = "auto", library: Any = None, timeou
     if isinstance(devices, bool):
         raise TypeError("devices must be an int or a sequence of device ordinals, not bool")
     if isinstance(devices, int):
-        if devices < 1:
-            raise ValueError(f"devices must be >= 1, got {devices}")
+        if not 1 <= devices < 1 << 31:  # NCCL's int; the host library refuses what it cannot hold
+            raise ValueError(f"devices must be >= 1 and below 2**31, got {devices}")
         devlist = list(range(devices))
     else:
         devlist = list(devices)
@@ -480,7 +488,7 @@ def init_all(devices: Any, *, backend: str = "auto", library: Any = None, timeou
         for h in handles:
             comms.append(Communicator.from_handle(
                 h, owned=True, library=lib, timeout=_check_timeout(timeout, default_timeout()),
-                on_failure=on_failure or str(_settings.get("PYCOLL_ON_FAILURE"))))
+                on_failure=_on_failure(on_failure)))
     except BaseException:
         for c in comms:
             c.abort()

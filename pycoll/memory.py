@@ -75,6 +75,8 @@ def _shape(shape: Shape) -> Tuple[int, ...]:
     """An int or a sequence of ints (numpy's too) >= 0: TypeError for anything else, ValueError below 0."""
     expected = "an int or a sequence of ints >= 0"
     items: Any = shape
+    if isinstance(shape, (str, bytes, bytearray, memoryview)):  # a sequence, but of characters or bytes
+        raise TypeError(f"shape must be {expected}, got {type(shape).__name__} {shape!r}")
     if hasattr(type(shape), "__index__"):
         items = (shape,)
     try:
@@ -91,11 +93,15 @@ def _nbytes(dims: Tuple[int, ...], itemsize: int) -> int:
     n = itemsize
     for d in dims:
         n *= d
+    if n >= 1 << 63:
+        raise ValueError(f"shape {dims} of {itemsize}-byte items is {n} bytes: more than a size_t allocation holds")
     return n
 
 
 def _itemsize(dtype: Any, like: str) -> int:
     """The size of ``dtype`` as the array ``like`` is made reads it (torch's "float" is float32, numpy's float64)."""
+    if isinstance(dtype, (np.generic, int, float)) and not isinstance(dtype, type):  # numpy takes a value's type
+        raise TypeError(f"dtype must be a dtype (a name, a numpy or torch dtype), got the value {dtype!r}")
     if like == "torch":
         import torch
 

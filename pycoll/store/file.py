@@ -159,6 +159,8 @@ class FileStore(Store):
 
     def __init__(self, path: Union[str, os.PathLike], timeout: float = DEFAULT_TIMEOUT,
                  poll_interval: float = 0.02) -> None:
+        if not os.fspath(path):
+            raise ValueError("FileStore: path must name a file, got ''")
         self.path = os.path.abspath(os.fspath(path))
         self.timeout = _check_timeout(timeout, DEFAULT_TIMEOUT)
         self.poll_interval = _check_timeout(poll_interval, 0.02)

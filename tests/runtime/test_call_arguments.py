@@ -353,3 +353,41 @@ def test_a_timedelta_is_its_seconds(comm):
     with pytest.raises(ValueError, match="timeout must be > 0 seconds"):
         comm.all_reduce(x, timeout=datetime.timedelta(0))
     assert _settings.seconds(datetime.timedelta(minutes=2), "init_timeout") == 120.0
+
+
+def test_bad_arguments_are_refused_with_their_names(comm, tmp_path):
+    # what a fuzz of the public API found taken silently (by truthiness, as a numpy value's type, a str as a
+    # sequence) or refused by an AttributeError/OverflowError from deep inside
+    def refused(exc, match, call):
+        with pytest.raises(exc, match=match):
+            call()
+
+    x = np.ones(2, np.float32)
+    refused(TypeError, "async_op must be True or False, got str 'no'", lambda: comm.all_reduce(x, async_op="no"))
+    refused(TypeError, "async_op must be True or False", lambda: comm.barrier(async_op=[1]))
+    refused(TypeError, "async_op must be True or False", lambda: comm.send(x, 0, async_op=0.5))
+    comm.all_reduce(x, async_op=np.bool_(True)).wait()
+    comm.all_reduce(x, async_op=1).wait()
+    refused(TypeError, "config must be a pycoll.CommConfig or None, not str", lambda: comm.split(0, config="x"))
+    refused(TypeError, "split: name must be a non-empty str or None, got 1.5", lambda: comm.split(0, name=1.5))
+    refused(TypeError, "split: name must be a non-empty str or None, got ''", lambda: comm.split(0, name=""))
+    refused(TypeError, "watch_stream: what must be a non-empty str", lambda: comm.watch_stream(None, what=[1]))
+    refused(TypeError, "dtype must be a dtype .* got the value", lambda: comm.mem_alloc(4, dtype=np.int64(7)))
+    refused(TypeError, "shape must be an int or a sequence of ints", lambda: comm.mem_alloc(b"ab"))
+    refused(ValueError, "more than a size_t allocation holds", lambda: comm.mem_alloc(2**63))
+    refused(TypeError, "dtype must be a dtype", lambda: comm.pre_mul_sum(2.0, dtype=np.int64(7)))
+    refused(ValueError, "CollConfig.min_ctas must be None or an int in \\[1,", lambda: pycoll.CollConfig(min_ctas=0))
+    refused(ValueError, "CollConfig.cta_policy must be None or an int in \\[0, 3\\]",
+            lambda: pycoll.CollConfig(cta_policy=4))
+    assert type(pycoll.CommConfig(min_ctas=np.int64(2)).min_ctas) is int  # numpy's ints, as the other arguments
+    refused(ValueError, "FileStore: path must name a file", lambda: pycoll.FileStore(""))
+    init = {"rank": 0, "world_size": 1, "backend": "host", "name": "refused"}
+    refused(ValueError, "on_failure must be one of", lambda: pycoll.init(**init, on_failure=""))
+    refused(TypeError, "device must be a GPU ordinal >= 0", lambda: pycoll.init(**init, device=float("nan")))
+    refused(TypeError, "unique_id must be a pycoll UniqueId or its 128 bytes", lambda: pycoll.init(**init, unique_id=5))
+    refused(TypeError, "library must be a loaded pycoll Library, a path", lambda: pycoll.init(**init, library=1.5))
+    refused(ValueError, "devices must be >= 1 and below 2\\*\\*31", lambda: pycoll.init_all(2**63, backend="host"))
+    uid = np.frombuffer(bytes(pycoll.get_unique_id(backend="host")), np.uint8)  # its bytes in an array: taken
+    pycoll.init(**init, unique_id=uid, device=np.int64(0)).destroy()
+    comm.all_reduce(x)  # still usable
+    assert x.tolist() == [1.0, 1.0]
