@@ -101,7 +101,8 @@ def process_state(pid: int, start: int) -> Optional[str]:
 class _Peers:
     """What is known of one communicator's peers."""
 
-    __slots__ = ("procs", "complete", "next_fetch", "beats", "next_beat", "published", "suspect", "suspect_at")
+    __slots__ = ("procs", "complete", "next_fetch", "beats", "next_beat", "remote", "published", "suspect",
+                 "suspect_at")
 
     def __init__(self) -> None:
         self.procs: Dict[int, ProcRecord] = {}
@@ -109,6 +110,10 @@ class _Peers:
         self.next_fetch = 0.0
         self.beats: Dict[int, Tuple[Tuple[int, int], float]] = {}  # rank -> (heartbeat, local time it changed)
         self.next_beat = 0.0
+        # the last heartbeat read's verdict, which stands until the next read (once a period): a round between
+        # two reads that said "nothing found" cleared the suspicion every time, and a silent peer on another host
+        # was never failed where the period is longer than the rounds' interval (the defaults: 1 s and 0.2 s)
+        self.remote: Optional[Tuple[int, ProcRecord, str]] = None
         self.published = False
         self.suspect: Optional[int] = None  # op_id of the oldest work pending when a peer was found unable
         self.suspect_at = 0.0  # when (a round woken early, e.g. by a new communicator, is no round later)
@@ -156,7 +161,7 @@ class Liveness:
             return
         outstanding = c.outstanding() if check else ()
         if not outstanding:
-            p.suspect = None
+            p.suspect = p.remote = None
             return
         _fp.hit(FP_LIVENESS_CHECK)
         if not p.complete and now >= p.next_fetch:
@@ -232,10 +237,18 @@ class Liveness:
         if not remote:
             return None
         period = max(rec.period for rec in remote.values())
-        if now - oldest.t0 < period or now < p.next_beat:
+        if now - oldest.t0 < period:
             return None
+        if now < p.next_beat:
+            return p.remote
         gap = now - p.next_beat > 2 * period  # not read for a while: every heartbeat starts afresh
         p.next_beat = now + period
+        p.remote = self._read_heartbeats(c, p, remote, now, gap, period)
+        return p.remote
+
+    def _read_heartbeats(self, c: CommView, p: _Peers, remote: Dict[int, ProcRecord], now: float, gap: bool,
+                         period: float) -> Optional[Tuple[int, ProcRecord, str]]:
+        """Read the peers' heartbeats: a peer whose heartbeat has not changed for the heartbeat timeout, else None."""
         ranks = sorted(remote)
         read = (*ranks, c.rank)  # this rank's own heartbeat too: it tells whether the store takes writes
         try:
