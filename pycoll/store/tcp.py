@@ -251,8 +251,10 @@ class TCPStore(Store):
     def _where(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def _connect(self) -> _ClientConn:
-        deadline = time.monotonic() + self.connect_timeout
+    def _connect(self, limit: Optional[float] = None) -> _ClientConn:
+        """A new connection, within ``connect_timeout`` (and ``limit``: what the call needing it may take)."""
+        bound = self.connect_timeout if limit is None else min(self.connect_timeout, limit)
+        deadline = time.monotonic() + bound
         delay = 0.01
         last: Optional[BaseException] = None
         refused_since: Optional[float] = None
@@ -290,7 +292,7 @@ class TCPStore(Store):
                     raise
             if time.monotonic() + delay >= deadline:
                 raise StoreTimeout(f"could not connect to the store at {self._where()} within "
-                                   f"{self.connect_timeout:g} s (last error: {last})") from None
+                                   f"{bound:g} s (last error: {last})") from None
             time.sleep(delay * random.uniform(0.5, 1.5))  # the ones refused or shed together come back spread out
             delay = min(delay * 2, 0.5)
 
@@ -323,7 +325,7 @@ class TCPStore(Store):
             raise StoreAuthError(f"the server at {self._where()} could not prove it knows the token")
         return conn
 
-    def _acquire(self) -> _ClientConn:
+    def _acquire(self, limit: Optional[float] = None) -> _ClientConn:
         with self._lock:
             if self._closed:
                 raise StoreError(f"the store client for {self._where()} is closed")
@@ -335,7 +337,7 @@ class TCPStore(Store):
                 conn = self._idle.pop()
                 self._busy.add(conn)
                 return conn
-        conn = self._connect()
+        conn = self._connect(limit)
         with self._lock:
             if self._closed:
                 conn.close()
@@ -355,6 +357,13 @@ class TCPStore(Store):
         with self._lock:
             self._busy.discard(conn)
         conn.close()
+
+    def close_idle(self) -> None:
+        """Close the connections kept for later calls; the next call opens one (see :meth:`Store.close_idle`)."""
+        with self._lock:
+            idle, self._idle = (self._idle, []) if self._pid == os.getpid() else ([], self._idle)
+        for c in idle:
+            c.close()
 
     def close(self) -> None:
         """Close every connection; calls blocked in other threads raise StoreError. Idempotent."""
@@ -383,9 +392,11 @@ class TCPStore(Store):
     def _call(self, op: int, args: Sequence[bytes], wait: float = 0.0, keys: Sequence[str] = ()) -> List[bytes]:
         frame = self._frame(op, args)
         _fp.hit(FP_BEFORE_REQUEST)
-        conn = self._acquire()
         io_timeout = (wait + self.REPLY_GRACE) if op in (_OP_GET, _OP_WAIT, _OP_MULTI_GET, _OP_WAIT_SIZE,
                                                           _OP_APPEND_GET) else self.timeout
+        # a new connection (the last one was dropped: a timeout, a lost server) counts against the call's own bound,
+        # not the client's connect_timeout: a server that accepts but does not answer (stopped) held get(timeout=1) 30 s
+        conn = self._acquire(max(io_timeout, 1.0))
         try:
             status, out = conn.request(frame, max(io_timeout, 1.0))
         except TimeoutError:
@@ -426,7 +437,7 @@ class TCPStore(Store):
         order, and its next request reads this answer first (and logs it if it is an error)."""
         frame = self._frame(_OP_SET, [_check_key(key).encode(), _to_bytes(value)])
         _fp.hit(FP_BEFORE_REQUEST)
-        conn = self._acquire()
+        conn = self._acquire(max(self.timeout, 1.0))
         try:
             conn.send(frame, max(self.timeout, 1.0))
             conn.posted.append(f"set of {key!r}")

@@ -253,3 +253,31 @@ def test_append_get_is_one_request():
         s.close()
     finally:
         server.close()
+
+
+def test_a_new_connection_counts_against_the_calls_own_bound():
+    # the client's connection was dropped (a timeout) and its server stopped: it still accepts connections (the
+    # kernel does) and never answers. The next get(timeout=1) reconnected within connect_timeout (60 s; the handshake
+    # alone waited 30 s), not within its own bound (timeout + REPLY_GRACE)
+    import socket
+
+    server = TCPStoreServer().start()
+    silent = socket.socket()
+    try:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # accepts, never greets
+        s = server.client(timeout=5, connect_timeout=60)
+        s.REPLY_GRACE = 0.5
+        s.set("k", b"v")
+        for c in s._idle:
+            c.close()
+        s._idle.clear()
+        s.port = silent.getsockname()[1]
+        t0 = time.monotonic()
+        with pytest.raises(StoreTimeout):
+            s.get("k", timeout=0.5)
+        assert time.monotonic() - t0 < 3.0
+        s.close()
+    finally:
+        silent.close()
+        server.close()
