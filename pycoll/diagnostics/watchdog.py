@@ -444,6 +444,14 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
             with self._lock:
                 self._stale.append((time.monotonic() + self.records_keep, store,
                                     (*keys, f"{failure_prefix(comm.uid)}{comm.rank}")))
+            # kept for that one late call, the store must not hold its connections meanwhile: a loop of inits (each
+            # with a client of its own) and aborts ran out of descriptors, in the ranks and in the launcher's server
+            close_idle = getattr(store, "close_idle", None)
+            if close_idle is not None:
+                try:
+                    close_idle()
+                except Exception as e:  # best effort
+                    _log.debug("watchdog: could not close the idle connections of %r's store: %s", comm.name, e)
             return
         self._delete(store, keys)
 

@@ -264,6 +264,10 @@ class Store(abc.ABC):
     def close(self) -> None:  # noqa: B027 -- a no-op by default: a store with nothing to release keeps it
         """Release the store's resources (connections, files). Further calls raise StoreError."""
 
+    def close_idle(self) -> None:  # noqa: B027 -- a no-op by default: a store that keeps no connections
+        """Close what the store keeps open between calls (a client's idle connections); it stays usable, a later call
+        opens what it needs. For a store kept only for a late call (see :meth:`Watchdog.comm_closed`)."""
+
     def __enter__(self) -> Store:
         return self
 
@@ -379,6 +383,9 @@ class PrefixStore(Store):
         except StoreTimeout as exc:
             raise _size_timeout(_check_key(key), size, getattr(exc, "timeout", 0.0),
                                 f" (under prefix {self.prefix!r})") from None
+
+    def close_idle(self) -> None:
+        self.store.close_idle()
 
     def __repr__(self) -> str:
         return f"PrefixStore({self.store!r}, {self.prefix!r})"

@@ -495,6 +495,25 @@ def test_the_records_of_an_aborted_communicator_go_after_records_keep(tmp_path, 
     assert sorted(k.rsplit("/", 1)[1] for k in left) == (["1", "1"] if spec else []), left
 
 
+@pytest.mark.timeout(30)
+def test_an_aborted_communicators_store_keeps_no_connection_while_its_records_wait():
+    """The watchdog keeps an aborted communicator's store records_keep seconds (120) for one late deletion: its client
+    kept its connections meanwhile, and a loop of inits (each with a client of its own, as pycoll.init() opens one
+    from the launcher's environment) and aborts ran out of descriptors in the ranks and in the launcher's server."""
+    from pycoll.store import TCPStoreServer
+
+    with TCPStoreServer().start() as server:
+        client = server.client(timeout=10)
+        c = pycoll.init(0, 1, store=client, backend="host", name="kept-store")
+        c.all_reduce(np.ones(2, np.float32))
+        assert client._idle  # published through it
+        c.abort()
+        assert client._idle == []
+        client.set("after", b"1")  # still usable: a call opens a connection
+        assert client.get("after") == b"1"
+        client.close()
+
+
 def _dropped_with_work_outstanding(rank, n, uid, dump_dir):
     import gc
 
