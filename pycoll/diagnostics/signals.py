@@ -181,25 +181,35 @@ class DumpSignal:
             return
         self._stacks_file, self.stacks_path = f, path
 
-    def uninstall(self, wake_w: Optional[socket.socket]) -> None:
+    def uninstall(self, wake_w: Optional[socket.socket]) -> bool:
+        """Remove the dump signal's handler, and ``wake_w`` as the signals' wake-up fd (set by
+        :meth:`watch_interrupts` whether or not a dump signal is installed). False where the wake-up fd stays
+        ``wake_w``'s (only the main thread may change it): the caller must then keep that socket open, since
+        the next file opened would take its number, and every signal's byte."""
         signum, self.signum = self.signum, None
-        if signum is None or threading.current_thread() is not threading.main_thread():
-            return
-        if self._stacks_file is not None:
+        if threading.current_thread() is not threading.main_thread():
+            return self._wake_fd == -1
+        if signum is not None:
+            if self._stacks_file is not None:
+                try:
+                    faulthandler.unregister(signum)
+                    self._stacks_file.close()
+                except (OSError, ValueError, RuntimeError):
+                    pass
+                self._stacks_file = None
             try:
-                faulthandler.unregister(signum)
-                self._stacks_file.close()
-            except (OSError, ValueError, RuntimeError):
+                if signal.getsignal(signum) == self._on_signal:
+                    signal.signal(signum, signal.SIG_DFL)
+            except (ValueError, OSError):
                 pass
-            self._stacks_file = None
         try:
-            if signal.getsignal(signum) == self._on_signal:
-                signal.signal(signum, signal.SIG_DFL)
             fd = signal.set_wakeup_fd(-1)
             if wake_w is None or fd != wake_w.fileno():
                 signal.set_wakeup_fd(fd)
         except (ValueError, OSError):
             pass
+        self._wake_fd = -1
+        return True
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         # runs in the main thread once it is back in Python; when the wakeup fd is ours the monitor

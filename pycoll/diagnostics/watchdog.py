@@ -303,9 +303,10 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
             if self.running:
                 return
             self._stop = threading.Event()
-            self._wake_r, self._wake_w = socket.socketpair()
-            self._wake_r.setblocking(False)
-            self._wake_w.setblocking(False)
+            if self._wake_w is None:  # else kept by a stop() off the main thread (still the signals' wake-up fd)
+                self._wake_r, self._wake_w = socket.socketpair()
+                self._wake_r.setblocking(False)
+                self._wake_w.setblocking(False)
             self._beat_t = time.monotonic()
             self._stalled = False
             self._report_q = queue.SimpleQueue()
@@ -344,7 +345,8 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
             if t is not threading.current_thread():
                 t.join(timeout)
         self._wake_at = -1.0  # nothing to wake: an operation's hook costs nothing more
-        self._signal.uninstall(self._wake_w)
+        if not self._signal.uninstall(self._wake_w):
+            return  # stopped off the main thread: the wake-up socket stays (a restart reuses it)
         for s in (self._wake_r, self._wake_w):
             if s is not None:
                 s.close()

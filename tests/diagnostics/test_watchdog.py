@@ -479,6 +479,32 @@ def test_threads_are_named_and_stop(make_wd):
     assert not wd.running and not any(t.is_alive() for t in threads)
 
 
+def test_stop_releases_the_wake_up_fd_also_without_a_dump_signal(make_wd):
+    """The watchdog makes its socket the signals' wake-up fd whether or not a dump signal is installed (the default:
+    none); stop() released it only with one, then closed the socket: the next file opened took its number, and every
+    signal with a Python handler wrote a byte into it. Stopped off the main thread, it keeps the socket."""
+    prev = signal.set_wakeup_fd(-1)
+    try:
+        wd = make_wd([])
+        wd.start()
+        fd = wd._wake_w.fileno()
+        assert signal.set_wakeup_fd(fd) == fd and wd.dump_signal is None  # its own, no dump signal
+        wd.stop()
+        assert signal.set_wakeup_fd(-1) == -1 and wd._wake_w is None
+        wd.start()
+        fd = wd._wake_w.fileno()
+        t = threading.Thread(target=wd.stop)
+        t.start()
+        t.join(10)
+        assert signal.set_wakeup_fd(fd) == fd and wd._wake_w is not None and wd._wake_w.fileno() == fd
+        wd.start()  # takes it up again
+        assert wd._wake_w.fileno() == fd
+        wd.stop()
+        assert signal.set_wakeup_fd(-1) == -1
+    finally:
+        signal.set_wakeup_fd(prev)
+
+
 def test_after_fork_releases_the_parents_wake_up_fd_and_a_stale_one_is_taken_over():
     """A forked child closes its parent's watchdog socket: it must not stay the signals' wake-up fd (its number goes
     to the next file the child opens). A wake-up fd someone else closed is replaced, not restored (it cannot be)."""
