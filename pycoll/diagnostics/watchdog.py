@@ -774,7 +774,11 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
 
     def _interrupted(self) -> None:
         """SIGINT arrived: fail the communicators the main thread is blocked in (the main thread
-        raises KeyboardInterrupt as soon as the call returns; failing unblocks it and tells the peers)."""
+        raises KeyboardInterrupt as soon as the call returns; failing unblocks it and tells the peers).
+        Only under Python's own handler: a program's handler (a "stop after this step" flag) decides itself, and
+        runs when the wait looks at signals; the operation goes on."""
+        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            return
         main = threading.main_thread().ident
         for c in self._comms():
             if c.busy_thread == main and c.state == "active":

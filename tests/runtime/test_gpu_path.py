@@ -361,6 +361,25 @@ def test_ctrl_c_inside_a_blocking_operation(fake, rt):
         _close(c)
 
 
+def test_a_programs_own_sigint_handler_lets_the_operation_go_on(fake, rt):
+    """Under a handler of the program's own ("stop after this step"), Ctrl-C is the program's: the watchdog failed the
+    communicator all the same (CommAborted in place of the handler's own exception, the peers told)."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals are delivered to the main thread")
+    c = _comm(fake, rt, timeout=20.0)
+    stop = []
+    previous = signal.signal(signal.SIGINT, lambda s, f: stop.append(s))
+    try:
+        rt.launch(0, "kernel")
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+        threading.Timer(0.8, rt.finish, (0,)).start()
+        c.all_reduce(_x(), stream=0)
+        assert stop == [signal.SIGINT] and c.state == "active" and c.failure is None
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        _close(c)
+
+
 def test_forked_child_cannot_use_the_parents_communicator(fake, rt):
     c = _comm(fake, rt)
     try:
