@@ -110,41 +110,50 @@ def poll_ready(library: Any, handle: int, what: str, timeout: float, *, on_error
     returns is raised after ``on_timeout()`` (a participant found stopped or gone: ``Communicator._poll``).
     Between two looks it sleeps with a back-off, or, on the host library, waits for the state to
     change (``pycollCommWaitReady``): it then returns as the operation ends, not up to 1 ms later.
+    A KeyboardInterrupt (Ctrl-C) or SystemExit meanwhile is raised after ``on_timeout()``, as at the deadline.
     """
     start = time.monotonic()
     deadline = start + timeout
     next_ask = start + _GIVE_UP_EVERY
     sleep = 0.0
     wait = library.comm_wait_ready if library.has("pycollCommWaitReady") else None
-    while True:
-        code = library.comm_get_async_error(handle)
-        if code == 0:
-            return
-        if code != B.IN_PROGRESS:
-            last = library.get_last_error(handle)
-            if describe_missing is not None:  # e.g. a peer's abort of an init that timed out there: who is missing
-                last = f"{last}{_missing(describe_missing)}"
-            on_error()
-            raise error_class(code)(code, what, library.get_error_string(code), last, library.path)
-        now = time.monotonic()
-        if give_up is not None and now >= next_ask:
-            next_ask = now + _GIVE_UP_EVERY
-            exc = give_up(now - start)
-            if exc is not None:
-                _fp.hit(FP_GIVE_UP)
+    acted = False  # on_timeout() called
+    try:
+        while True:
+            code = library.comm_get_async_error(handle)
+            if code == 0:
+                return
+            if code != B.IN_PROGRESS:
+                last = library.get_last_error(handle)
+                if describe_missing is not None:  # e.g. a peer's abort of an init that timed out there: who is missing
+                    last = f"{last}{_missing(describe_missing)}"
+                on_error()
+                raise error_class(code)(code, what, library.get_error_string(code), last, library.path)
+            now = time.monotonic()
+            if give_up is not None and now >= next_ask:
+                next_ask = now + _GIVE_UP_EVERY
+                exc = give_up(now - start)
+                if exc is not None:
+                    _fp.hit(FP_GIVE_UP)
+                    acted = True
+                    on_timeout()
+                    raise exc
+            if now >= deadline:
+                detail = _missing(describe_missing) if describe_missing is not None else ""
+                acted = True
                 on_timeout()
-                raise exc
-        if now >= deadline:
-            detail = _missing(describe_missing) if describe_missing is not None else ""
+                where = f" on communicator {comm_name!r}" if comm_name else ""
+                nominal = timeout if reported_timeout is None else reported_timeout  # e.g. init's whole deadline
+                raise CommTimeout(f"{what}{where} did not complete within {nominal:.3g} s{detail}",
+                                  comm_name=comm_name or "", op=what, timeout=nominal)
+            if wait is not None:
+                wait(handle, min(max(0.0, deadline - time.monotonic()), _GIVE_UP_EVERY))
+            else:
+                sleep = backoff(sleep)
+    except (KeyboardInterrupt, SystemExit):  # Ctrl-C mid-wait: given up as at the deadline (the peers are told)
+        if not acted:
             on_timeout()
-            where = f" on communicator {comm_name!r}" if comm_name else ""
-            nominal = timeout if reported_timeout is None else reported_timeout  # e.g. init's whole deadline
-            raise CommTimeout(f"{what}{where} did not complete within {nominal:.3g} s{detail}",
-                              comm_name=comm_name or "", op=what, timeout=nominal)
-        if wait is not None:
-            wait(handle, min(max(0.0, deadline - time.monotonic()), _GIVE_UP_EVERY))
-        else:
-            sleep = backoff(sleep)
+        raise
 
 
 def _child_name(name: Any, what: str) -> None:

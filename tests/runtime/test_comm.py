@@ -1251,3 +1251,31 @@ def test_init_from_the_launchers_environment(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     for r in range(3):
         assert f"[rank{r}]: rank {r} of 3 sum [6.0, 6.0, 6.0] global {r}" in p.stdout, p.stdout
+
+
+def test_ctrl_c_in_a_nonblocking_wait_gives_it_up_as_its_deadline_does():
+    # Ctrl-C in shrink() or grow() left the new communicator made on the other ranks, and the parent with a reshape
+    # in progress ("Attempt to use communicator before the previous operation returned ncclSuccess"): the wait now
+    # gives up as at its deadline (init's and join's did: they abort the new communicator)
+    from pycoll.comm import poll_ready
+
+    class Waiting:
+        looks = 0
+
+        def has(self, name):
+            return False
+
+        def comm_get_async_error(self, handle):
+            self.looks += 1
+            if self.looks == 3:
+                raise KeyboardInterrupt  # as the signal handler raises it between two looks
+            return B.IN_PROGRESS
+
+    given_up = []
+    with pytest.raises(KeyboardInterrupt):
+        poll_ready(Waiting(), 1, "ncclCommShrink", 10.0, on_timeout=lambda: given_up.append(1))
+    assert given_up == [1]
+    given_up.clear()
+    with pytest.raises(pycoll.CommTimeout):  # at the deadline: once, as before
+        poll_ready(Waiting(), 1, "ncclCommShrink", 0.0, on_timeout=lambda: given_up.append(1))
+    assert given_up == [1]
