@@ -26,12 +26,13 @@ What it does:
   it would hold up a program writing to it, but never the launcher: ``--timeout``, signals and
   failures act at once. Once the job was stopped by ``--timeout`` or a signal, output that nothing
   reads for 0.5 s is dropped, with a note on stderr.
-* Forwards SIGINT, SIGTERM and SIGHUP to every rank and then stops the job (a second one kills it);
-  forwards SIGUSR1 and SIGUSR2 without stopping anything. Multi-node, a signal to any node's launcher stops the
-  job on every node, under ``--keep-going`` and ``--replace-failed`` too: a signal asks for the job to stop, and
-  a node's slots stopped on request could not be replaced on another node. (A node that *fails* -- its launcher
-  killed, its host lost -- is what an elastic job survives: its ranks die with its launcher and the survivors
-  reshape without them.)
+* Forwards SIGINT, SIGTERM and SIGHUP to every rank and then stops the job (a second one kills it); forwards SIGUSR1
+  and SIGUSR2 without stopping anything, to each rank that handles them (not to its process group; a rank without a
+  handler, which they would end, is skipped with a warning). Multi-node, a signal to any node's launcher stops the job
+  on every node, under ``--keep-going`` and ``--replace-failed`` too: a signal asks for the job to stop, and a node's
+  slots stopped on request could not be replaced on another node. (A node that *fails* -- its launcher killed, its
+  host lost -- is what an elastic job survives: its ranks die with its launcher and the survivors reshape without
+  them.)
 * Each rank runs in its own process group. Ranks die when the launcher dies (``PR_SET_PDEATHSIG``),
   whatever is left in a rank's process group is killed when the rank ends, and the launcher (a child
   subreaper) kills any remaining descendant before it exits: no process outlives the launcher.
@@ -97,6 +98,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import logging
 import os
 import secrets
@@ -226,6 +228,18 @@ def _describe(code: int) -> str:
         except ValueError:
             pass
     return f"exited with code {code}"
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` (its ``SigCgt`` mask in /proc; False when unreadable)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
 
 
 def _killpg(pgid: int, sig: int) -> None:
@@ -1036,6 +1050,23 @@ class _Launcher:
             signal.signal(sig, handler)  # type: ignore[arg-type]  # what signal.signal() returned for sig
         signal.set_wakeup_fd(self.old_wakeup)
 
+
+    def forward_user_signal(self, signum: int) -> None:
+        """SIGUSR1/SIGUSR2 to each rank's process (not its process group: its own helpers are not its to signal) that
+        handles it: one without a handler (pycoll's dump signal is off unless ``PYCOLL_FR_DUMP_SIGNAL`` is set, and
+        not installed before its init) would be killed by it, and the job with it."""
+        name = signal.Signals(signum).name
+        skipped = []
+        for proc in self.live():
+            if _catches(proc.popen.pid, signum):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.popen.pid, signum)
+            else:
+                skipped.append(proc.rank)
+        if skipped:
+            log.warning("received %s; not forwarded to rank%s %s, which do%s not handle it (it would end them; "
+                        "PYCOLL_FR_DUMP_SIGNAL=1 makes it pycoll's flight-recorder dump signal)", name,
+                        "s" if len(skipped) > 1 else "", ", ".join(map(str, skipped)), "" if len(skipped) > 1 else "es")
     def on_signals(self) -> None:
         try:
             data = self.wake_r.recv(4096)
@@ -1046,8 +1077,7 @@ class _Launcher:
                 self.sigchld = True
                 continue
             if signum in (signal.SIGUSR1, signal.SIGUSR2):
-                for proc in self.live():
-                    _killpg(proc.popen.pid, signum)
+                self.forward_user_signal(signum)
                 continue
             self.signals_seen += 1
             self.bound_output()
