@@ -813,19 +813,24 @@ static void copy_out(struct task* t, int p) {
  * (the ranks agreed otherwise on whether the operation ran) nor, over windows, its buffers, which it owns again.
  * A peer that completed the step and left after (a program's end by abort()) or finished or finalized is no
  * failure. Over windows no rank completes step 0 before every piece is written, so a peer that left then failed. */
-static bool peer_left(struct task* t, uint64_t S) {
-  struct ncclComm* c = t->comm;
+/* A peer of c that left (aborted, revoked) before completing step S, or -1. */
+static int left_before(const struct ncclComm* c, uint64_t S) {
   for (int k = 0; k < c->nranks; k++) {
     if (k == c->rank) continue;
     const struct rank_ctrl* pc = &c->seg.ctrl[k];
     int st = __atomic_load_n(&pc->left_state, __ATOMIC_ACQUIRE);
-    if (LIKELY(!st) || __atomic_load_n(&pc->left_done, __ATOMIC_RELAXED) > S) continue;
-    char text[320]; /* its state, published before left_state (comm_publish_state), says why */
-    comm_check_peer(c, k, false, text, sizeof text);
-    task_fail(t, ncclRemoteError, "%s : %s", task_kind_name(t->kind), text);
-    return true;
+    if (UNLIKELY(st) && __atomic_load_n(&pc->left_done, __ATOMIC_RELAXED) <= S) return k;
   }
-  return false;
+  return -1;
+}
+
+static bool peer_left(struct task* t, uint64_t S) {
+  int k = left_before(t->comm, S);
+  if (LIKELY(k < 0)) return false;
+  char text[320]; /* its state, published before left_state (comm_publish_state), says why */
+  comm_check_peer(t->comm, k, false, text, sizeof text);
+  task_fail(t, ncclRemoteError, "%s : %s", task_kind_name(t->kind), text);
+  return true;
 }
 
 /* Before a piece written into the peers' windows: this rank says it writes (a peer's abort or revoke waits for
@@ -1010,7 +1015,12 @@ ncclResult_t coll_check_waited(struct task* t, bool check_process, char* text, s
     /* a peer that did its part right before it left (finished, finalized) is no failure of this operation */
     if (err != ncclSuccess && !part_there(t, k)) return err;
   }
-  return ncclSuccess;
+  if (eager) return ncclSuccess;
+  /* a peer that arrived at this step and then aborted or revoked before completing it (Ctrl-C there): the step
+   * cannot complete, and the ranks waiting for another, late peer would otherwise learn it only once that one
+   * arrived -- at their timeout, where it never does */
+  int k = left_before(c, t->step0 + t->step);
+  return k < 0 ? ncclSuccess : comm_check_peer(c, k, false, text, len);
 }
 
 int coll_progress(struct task* t) {

@@ -157,9 +157,10 @@ def _stuck_then(rank, n, idb, action, use_stream):
     th.join()
     latency = t_ret - box["t"]
     assert t_ret - t0 >= 0.25, "the operation must have waited for the stopped peer"
-    if not use_stream:
-        assert isinstance(err, errors.InvalidUsage), err
-        assert ("aborted" if action == "abort" else "revoked") in err.last_error
+    if not use_stream:  # its own abort or revoke, or the other waiting rank's where that came first
+        done = "aborted" if action == "abort" else "revoked"
+        assert (isinstance(err, errors.InvalidUsage) and done in err.last_error) or (
+            isinstance(err, errors.RemoteError) and f"rank {1 - rank} {done} the communicator" in err.last_error), err
     if use_stream:
         l.host_stream_synchronize(stream)
         l.host_event_destroy(ev)
@@ -395,6 +396,36 @@ def _peer_aborts(rank, n, idb):
 @pytest.mark.timeout(60)
 def test_peer_that_aborts_surfaces_as_remote_error():
     run_ranks(_peer_aborts, 2, uid(), timeout=30)
+
+
+def _peer_aborts_while_another_is_late(rank, n, idb, count):
+    l = lib()
+    comm = init(n, rank, idb)
+    _allreduce(l, comm, n, count=count)
+    if rank == 0:  # arrives, then aborts inside the operation (Ctrl-C there)
+        threading.Timer(0.3, lambda: l.comm_abort(comm)).start()
+        with pytest.raises(errors.NCCLError):
+            _allreduce(l, comm, count=count)
+        return None
+    if rank == 1:
+        time.sleep(3.0)  # late
+    t0 = time.monotonic()
+    with pytest.raises(errors.RemoteError) as ei:
+        _allreduce(l, comm, count=count)
+    waited = time.monotonic() - t0
+    l.comm_abort(comm)
+    return waited, ei.value.last_error
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("count", [4, 1 << 16])
+def test_a_peer_that_aborts_inside_an_operation_fails_the_ranks_waiting_for_another(count):
+    # rank 2 waited for the late rank 1, and learned of rank 0's abort only once rank 1 arrived: never, where rank 1
+    # did not (its own call failed at once, seeing the abort), so rank 2 waited out its timeout
+    res = run_ranks(_peer_aborts_while_another_is_late, 3, uid(), count, timeout=30)
+    waited, text = res[2]
+    assert waited < 2.0 and "rank 0 aborted the communicator" in text, res[2]
+    assert "rank 0 aborted the communicator" in res[1][1], res[1]
 
 
 # ---- reshape ------------------------------------------------------------------------------------

@@ -318,8 +318,9 @@ def test_a_rank_lost_over_windows_fails_its_peers(kind, action):
         assert isinstance(res[1], Died), res
     for name, elapsed, text in (res[0], res[2]):
         assert name != "no error", res
-        if action == "stop":
-            assert name == "CommTimeout" and 3.5 < elapsed < 16, res
+        if action == "stop":  # its timeout, or the other survivor's abort after its own timeout
+            assert (name == "CommTimeout" or (name == "RemoteError" and "aborted the communicator" in text)) \
+                and 3.5 < elapsed < 16, res
         else:  # at once, not at the timeout
             assert name != "CommTimeout" and elapsed < 3, res
             assert "failpoint host.coll.window" in text or "exited" in text or "rank 1" in text, res
