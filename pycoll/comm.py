@@ -280,7 +280,7 @@ _CORE_TIMEOUT: Any = vars(_core.CommCore)["timeout"]  # the compiled field, unde
 
 
 #: a peer as the host library's error texts name it ("rank 2 (pid 123) exited", "rank 0 aborted the ...")
-_PEER_RANK = re.compile(r"\brank (\d+)(?= \(pid | aborted | revoked | failed| has | exited)")
+_PEER_RANK = re.compile(r"\brank (\d+)(?= \(pid | aborted | revoked | failed| has | exited| called\b)")
 
 #: torch.distributed.ReduceOp's names -> pycoll's (torch numbers them otherwise: its AVG is 1, NCCL's prod)
 _TORCH_REDUCE_OPS = {"SUM": "sum", "AVG": "avg", "PRODUCT": "prod", "MIN": "min", "MAX": "max"}
@@ -778,7 +778,8 @@ class Communicator(_core.CommCore):
         if code not in (0, B.IN_PROGRESS):
             failure: BaseException = self._async_exc(code)
         elif isinstance(e, RemoteError):
-            failure = e
+            last = self._job_ranks(e.last_error)  # the peers it names by their job-wide ranks too
+            failure = e if last == e.last_error else type(e)(e.code, e.function, e.error_string, last, e.library)
         else:
             raise e
         if w is not None:

@@ -278,7 +278,7 @@ def init(
         raise
     return Communicator(
         handle, library=lib, device=dev, rank=rank, size=world_size, name=name, uid=_uid_str(uid),
-        global_ranks=_job_ranks(rank, world_size) if global_ranks is None else global_ranks, timeout=op_timeout,
+        global_ranks=_default_global_ranks(rank, world_size) if global_ranks is None else global_ranks, timeout=op_timeout,
         on_failure=on_failure, store=store, owns_device=owns, generation=generation,
         failure_callbacks=failure_callbacks,
     )
@@ -292,7 +292,7 @@ def _members_key(global_ranks: Sequence[int]) -> str:
     return "members-" + hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
-def _job_ranks(rank: int, world_size: int) -> Optional[range]:
+def _default_global_ranks(rank: int, world_size: int) -> Optional[range]:
     """The default ``global_ranks``: ``0..world_size-1``, unless the launcher's environment says this process is
     another rank of a job of another size (a group made with explicit ranks): its members' job ranks are then
     unknown (None), and dumps and messages name this process by the launcher's rank, not by its rank here."""

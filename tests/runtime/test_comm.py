@@ -876,8 +876,14 @@ def test_a_library_error_gives_the_job_wide_rank_of_the_peer_it_names():
         assert c._job_ranks("AllReduce : rank 0 (pid 17) exited; rank 0 revoked the communicator") == \
             "AllReduce : rank 0 (global 5) (pid 17) exited; rank 0 (global 5) revoked the communicator"
         assert c._job_ranks("count mismatch at collective #2") == "count mismatch at collective #2"
+        assert c._job_ranks("rank 0 called AllReduce(count=5) but rank 0 called") == \
+            "rank 0 (global 5) called AllReduce(count=5) but rank 0 (global 5) called"
+        # an error a call returned (a finalize's, say) too, not only an asynchronous one
+        e = pycoll.RemoteError(6, "ncclCommFinalize", "remote process exited", "rank 0 (pid 17) exited", "lib")
+        with pytest.raises(pycoll.RemoteError, match=r"rank 0 \(global 5\) \(pid 17\) exited"):
+            c.handle_call_error(e, None)
     finally:
-        c.destroy()
+        c.abort()
 
 
 def _dead_peer(rank, n, uid):
