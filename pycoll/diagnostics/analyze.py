@@ -439,8 +439,10 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
     res["captured"] = _captured(present, coll, p2p, members)
 
     with_entries = [r for r in present if coll[r]]
-    # no dump holds an operation of it (recording off: PYCOLL_FR_BUFFER_SIZE=0): nothing to compare
+    # no dump holds an operation of it: nothing to compare (recording off, PYCOLL_FR_BUFFER_SIZE=0, or none issued)
     res["unrecorded"] = bool(present) and not with_entries and not any(p2p[r] for r in present)
+    res["recording_off"] = res["unrecorded"] and all(
+        (dumps[r].get("pycoll") or {}).get("buffer_size") == 0 for r in present)
     res["unshown"] = {}
     if with_entries:
         start = max(min(coll[r]) for r in with_entries)  # older entries were overwritten on some rank
@@ -1066,7 +1068,8 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
             d = c["first_divergence"]
             if d is None:
                 if c.get("unrecorded"):
-                    lines.append("  no operation recorded (recording off)")
+                    lines.append("  no operation recorded (recording off)" if c.get("recording_off") else
+                                 "  no operation recorded: none was issued on it (or all were overwritten)")
                 elif c["matched_through"] is not None or not c["p2p"]:
                     lines.append("  no divergence among the collectives")
             elif c.get("bystander") and not _troubled(c):
@@ -1193,9 +1196,10 @@ def _verdict(c: Dict[str, Any]) -> str:
             return (f"no divergence among the dumps present; ranks {_fmt_ranks(c['missing_dumps'])} left no dump"
                     + "".join(f"; rank {r} {_unshown_text(u, short=True)}" for r, u in sorted(unshown.items())))
         if c["failures"] and c.get("unrecorded"):
+            why = ("recording was off: PYCOLL_FR_BUFFER_SIZE=0" if c.get("recording_off")
+                   else "none recorded: none issued, or all overwritten")
             return (f"{name!r} failed on {_who(sorted({f['rank'] for f in c['failures']}))}, but no dump holds its "
-                    f"operations (recording was off: PYCOLL_FR_BUFFER_SIZE=0): what the watchdog said above is all "
-                    f"there is to go on")
+                    f"operations ({why}): what the watchdog said above is all there is to go on")
         return f"no problem found on {name!r}"
     out = []
     overtaken = _overtaken(c)

@@ -98,6 +98,17 @@ def test_a_failure_whose_operations_were_not_recorded_is_no_all_clear(tmp_path):
     assert analyze.main([str(tmp_path)]) == 1
 
 
+def test_a_communicator_with_no_operation_is_not_said_to_have_recording_off(tmp_path):
+    # recording on, nothing issued on it: pycoll-fr said "no operation recorded (recording off)"
+    kept = []
+    for r in range(2):
+        rec = fr.FlightRecorder(16, dump_dir=str(tmp_path))
+        kept.append(FakeComm(rec, r, 2, uid=UID, name="idle"))
+        assert rec.dump("test")
+    text = analyze.format_report(analyze.analyze_dir(str(tmp_path)), stacks=False)
+    assert "no operation recorded: none was issued on it" in text and "recording off" not in text, text
+
+
 def _revoked_report(now, rank):
     """What the watchdog reports of a rank whose generation the elastic layer revoked for a reshape another member
     began, between two of its operations."""
