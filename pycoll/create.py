@@ -278,8 +278,8 @@ def init(
         raise
     return Communicator(
         handle, library=lib, device=dev, rank=rank, size=world_size, name=name, uid=_uid_str(uid),
-        global_ranks=_default_global_ranks(rank, world_size) if global_ranks is None else global_ranks, timeout=op_timeout,
-        on_failure=on_failure, store=store, owns_device=owns, generation=generation,
+        global_ranks=_default_global_ranks(rank, world_size) if global_ranks is None else global_ranks,
+        timeout=op_timeout, on_failure=on_failure, store=store, owns_device=owns, generation=generation,
         failure_callbacks=failure_callbacks,
     )
 
