@@ -168,7 +168,8 @@ class EmulatedCudaRuntime:
     Args:
         ndev: how many emulated GPUs (ordinals 0..ndev-1; each thread's current device starts at 0).
         library: a loaded host library (default ``pycoll._bindings.load("host")``).
-        log_calls: keep :attr:`log` (every call, with its thread and current device).
+        log_calls: keep :attr:`log` (the calls, with their thread and current device; at most ``LOG_LIMIT``, the
+            oldest half dropped when it is reached: a long run does not grow without bound).
 
     Close it with :meth:`close` (or use it as a context manager): it releases hung kernels, turns
     the host library's legacy stream off and destroys the streams it created.
@@ -188,6 +189,7 @@ class EmulatedCudaRuntime:
     cudaMemcpyKind = cudaMemcpyKind
 
     array_types: ClassVar[Dict[str, Any]] = {}  # like= -> array class (filled by .arrays)
+    LOG_LIMIT: ClassVar[int] = 50_000
 
     def __init__(self, ndev: int = 2, *, library: Any = None, log_calls: bool = True) -> None:
         global _open_runtime
@@ -236,7 +238,11 @@ class EmulatedCudaRuntime:
             dev = self._current()
             if self.log_calls:
                 t = threading.current_thread()
-                self.log.append(Call(name, args, t.ident or 0, t.name, dev))
+                log = self.log
+                log.append(Call(name, args, t.ident or 0, t.name, dev))
+                if len(log) > self.LOG_LIMIT:
+                    with self._lock:
+                        del log[:len(log) - self.LOG_LIMIT // 2]
             if name not in _NO_CONTEXT:
                 self.contexts[dev].add(threading.get_ident())
             if self._sticky is not None and name in _QUERIES:
