@@ -20,7 +20,7 @@ from typing import Any, Dict, Optional
 
 from .. import failpoints as _fp
 from .._procs import stat_fields
-from .records import FailureRecord, ProgressRecord, failure_prefix, progress_prefix, read_records
+from .records import CLOSED_STATES, FailureRecord, ProgressRecord, failure_prefix, progress_prefix, read_records
 from .report import FailureReport
 from .signals import signal_number
 
@@ -34,7 +34,8 @@ ANSWER_POLL = 0.02  # how often a failure report looks for the peers' answers
 def await_answers(store: Any, report: FailureReport, deadline: float, stale_after: float,
                   stop: Optional[threading.Event] = None) -> None:
     """Read the others' progress and failures into ``report``, waiting until ``deadline`` (monotonic)
-    for every rank that still reports (not silent, not gone) to answer the report's dump request."""
+    for every rank that still reports (not silent, not gone, its communicator not closed) to answer the report's
+    dump request."""
     t0 = time.monotonic()
     fbase = failure_prefix(report.uid)
     while True:
@@ -44,8 +45,11 @@ def await_answers(store: Any, report: FailureReport, deadline: float, stale_afte
         report.peer_failures = read_records(store, fbase, report.size, FailureRecord.decode, report.rank)
         report.answer_wait = time.monotonic() - t0
         a = report.analysis(stale_after)
+        # a peer that closed the communicator (aborted it: its last record says so) answers no more: each report
+        # waited out the whole bound for it (reports are made one at a time: 16 failed communicators, 5 s)
         waiting = [r for r in range(report.size) if r != report.rank and r not in a["answered"]
-                   and r not in a["silent"] and r not in a["unknown"]]
+                   and r not in a["silent"] and r not in a["unknown"]
+                   and (report.peers.get(r) or {}).get("state") not in CLOSED_STATES]
         for r in waiting:  # a peer on this host whose process is gone will not answer
             if r not in report.gone and gone(report.peers.get(r)):
                 report.gone[r] = int(str(report.peers[r]["origin"]).rpartition(":")[2])

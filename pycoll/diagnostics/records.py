@@ -68,6 +68,10 @@ def _load(raw: Any) -> Optional[Dict[str, Any]]:
     return data
 
 
+#: a communicator's states in a ProgressRecord after which nothing answers for it (its rank closed it)
+CLOSED_STATES = ("aborted", "destroyed")
+
+
 @dataclass(frozen=True)
 class ProgressRecord:
     """A rank's progress on one communicator, its state, and when it said so (its heartbeat)."""

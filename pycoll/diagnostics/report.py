@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 from ..devices import stream_text
 from ..errors import CommTimeout
 from ..hooks import CommView, Progress, WorkView, group_mates, op_text
-from .records import FailureRecord
+from .records import CLOSED_STATES, FailureRecord
 
 __all__ = ["FailureReport"]
 
@@ -245,6 +245,7 @@ class FailureReport:
                 parts.append("not confirmed: " + "; ".join(
                     f"{self._who(r)} (last report {age:.1f} s old said {kind}#{last}; "
                     + (f"its process (pid {self.gone[r]}, this host) is gone)" if r in self.gone
+                       else f"it {self._closed(r)} the communicator since)" if self._closed(r)
                        else f"no answer within {self.answer_wait:.1f} s)")
                     for r, (last, age) in sorted(a["unconfirmed"].items())))
             if not items and not a["unconfirmed"] and not a["unknown"] and self.op is not None and not self.is_p2p:
@@ -258,6 +259,11 @@ class FailureReport:
             if a["unknown"]:
                 parts.append(f"never reported: ranks {self._ranks(a['unknown'])}")
         return parts
+
+    def _closed(self, r: int) -> str:
+        """``"aborted"`` or ``"destroyed"`` where rank ``r``'s last record says it closed the communicator, else ''."""
+        state = str(((self.peers or {}).get(r) or {}).get("state", ""))
+        return state if state in CLOSED_STATES else ""
 
     def _who(self, r: int) -> str:
         return f"rank {r}{self._global(r)}"

@@ -446,6 +446,8 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
             with self._lock:
                 self._stale.append((time.monotonic() + self.records_keep, store,
                                     (*keys, f"{failure_prefix(comm.uid)}{comm.rank}")))
+            # its last state ("aborted"): a peer's failure report does not wait for answers it can no longer give
+            self._publish(comm)
             # kept for that one late call, the store must not hold its connections meanwhile: a loop of inits (each
             # with a client of its own) and aborts ran out of descriptors, in the ranks and in the launcher's server
             close_idle = getattr(store, "close_idle", None)
