@@ -2062,6 +2062,10 @@ cdef class GroupScope:
             works = _open_works()
             _set_group(None, None)
             _issued(works)
+            for w in works:
+                if w.comm is not (<Work>works[0]).comm:  # the library ends it as one: reports name the others
+                    hooks.note_cross_group(works)
+                    break
             nested_raised, pycoll_group_raised = pycoll_group_raised, 0
             if works and (nested_raised or not body_ok) and _drop_group(lib, works, value):
                 if body_ok:

@@ -127,6 +127,27 @@ def group_mates(outstanding: Sequence[WorkView], w: WorkView) -> List[WorkView]:
     return [x for x in outstanding if x is w or (same is not None and same(x))] or [w]
 
 
+#: Work -> the operations of other communicators in its group (see note_cross_group)
+_cross_groups: weakref.WeakKeyDictionary[Any, Tuple[str, ...]] = weakref.WeakKeyDictionary()
+
+
+def note_cross_group(works: Sequence[WorkView]) -> None:
+    """A group that ends now holds operations of several communicators (``works``): the library ends it as one, so
+    an operation of it may wait for another communicator's (a report of its timeout names them: its own peers may
+    all be there). Called where the group ends; keeps only text, so nothing of the group stays alive."""
+    for w in works:
+        _cross_groups[w] = tuple(f"{op_text(x)} on {getattr(x.comm, 'name', '?')!r}" for x in works
+                                 if x.comm is not w.comm)
+
+
+def cross_group(w: WorkView) -> Tuple[str, ...]:
+    """The operations of other communicators ``w``'s group held (``note_cross_group``), or ()."""
+    try:
+        return _cross_groups.get(w, ())
+    except TypeError:  # not weak-referenceable: no Work
+        return ()
+
+
 class CommView(Protocol):
     """What observers may read of a communicator, and the actions they may take on it.
 

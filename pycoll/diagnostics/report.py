@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
 from ..devices import stream_text
 from ..errors import CommTimeout
-from ..hooks import CommView, Progress, WorkView, group_mates, op_text
+from ..hooks import CommView, Progress, WorkView, cross_group, group_mates, op_text
 from .records import CLOSED_STATES, FailureRecord
 
 __all__ = ["FailureReport"]
@@ -56,6 +56,7 @@ class FailureReport:
         self.stream = ""
         self.group = ""
         self.peers_of_group: Set[int] = set()
+        self.others: Tuple[str, ...] = ()  # other communicators' operations of its group (hooks.cross_group)
         self._issued_at: Union[Tuple[str, str], Callable[[], Tuple[str, str]]] = ("", "")
         if work is not None:
             self.op = work.op
@@ -74,6 +75,10 @@ class FailureReport:
             if len(mates) > 1:  # which of them its group waits for is unknown: every peer of its transfers is looked at
                 self.group = f" (it completes with its group: {', '.join(op_text(x) for x in mates)})"
                 self.peers_of_group = {x.peer for x in mates if x.is_p2p and x.peer is not None}
+            self.others = cross_group(work)
+            if self.others:  # the group also held other communicators' operations, which it may wait for
+                self.group += (f" (its group held operations of other communicators too, which the library ends with "
+                               f"it: {', '.join(self.others)})")
         try:  # this rank's own progress, before the policy releases the outstanding operations
             self.progress: Optional[Progress] = comm.progress()
         except Exception:
@@ -249,7 +254,9 @@ class FailureReport:
                        else f"no answer within {self.answer_wait:.1f} s)")
                     for r, (last, age) in sorted(a["unconfirmed"].items())))
             if not items and not a["unconfirmed"] and not a["unknown"] and self.op is not None and not self.is_p2p:
-                parts.append(f"no rank is behind: every rank issued #{self.seq}")
+                parts.append(f"no rank is behind: every rank issued #{self.seq}" + (
+                    " (the group waits for the other communicators' operations too: see their reports)"
+                    if self.others else ""))
             if a["in_op"]:
                 parts.append(f"also in #{self.seq}: ranks {self._ranks(a['in_op'])}")
             others = {r: age for r, age in a["silent"].items() if r not in a["behind"]}

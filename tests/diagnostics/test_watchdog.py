@@ -269,6 +269,33 @@ def test_a_report_formats_its_site_when_first_asked():
     assert calls == [1]
 
 
+def test_a_report_names_the_other_communicators_operations_its_group_ends_with():
+    # a group holding operations of tp and dp ends as one: tp's operation timed out waiting for dp's, and its report
+    # said "no rank is behind" of tp alone, which blamed nothing (the healthy communicator was the one aborted)
+    import pycoll
+
+    tp = pycoll.init(0, 1, backend="host", name="tp")
+    dp = pycoll.init(0, 1, backend="host", name="dp")
+    try:
+        with tp.group():
+            wa = tp.all_reduce(np.ones(2, np.float32), async_op=True)
+            wb = dp.all_reduce(np.ones(2, np.float32), async_op=True)
+        wa.wait()
+        wb.wait()
+        exc = CommTimeout("timed out", comm_name="tp", op="all_reduce", seq=1, elapsed=3.0, timeout=3.0)
+        r = FailureReport(tp, exc, wa)
+        r.peers, r.seq = {}, 1
+        held = "(its group held operations of other communicators too, which the library ends with it: "
+        assert held + "all_reduce #1 on 'dp')" in r.line(1.0)
+        with tp.group():  # one communicator's group: nothing of the kind
+            wc = tp.all_reduce(np.ones(2, np.float32), async_op=True)
+        wc.wait()
+        assert "other communicators" not in FailureReport(tp, exc, wc).line(1.0)
+    finally:
+        tp.destroy()
+        dp.destroy()
+
+
 def _report(peers, *, seq=5, failures=None, is_p2p=False, peer=None, answered=()):
     rec = fr.FlightRecorder(8)
     c = FakeComm(rec, 0, 4, uid="feedbeef")
