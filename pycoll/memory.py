@@ -20,11 +20,12 @@ the segment (``PYCOLL_HOST_WINDOW_COLLECTIVES``).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import threading
 import weakref
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, Deque, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -184,8 +185,8 @@ def mem_alloc(comm: Any, shape: Shape, dtype: Any = "float32", like: Optional[st
 class _Block:
     """One block handed out by a pool: returned to it when the array viewing it dies."""
 
-    def __init__(self, pool: SymmetricPool, offset: int, nbytes: int) -> None:
-        self.alloc = pool._alloc
+    def __init__(self, alloc: Any, pool: SymmetricPool, offset: int, nbytes: int) -> None:
+        self.alloc = alloc
         self.offset = offset
         weakref.finalize(self, pool._give_back, offset, nbytes)
 
@@ -195,9 +196,9 @@ class SymmetricPool:
 
     ``pool.empty(shape, dtype)`` returns an array; ``pool.offset_of(array)`` its byte offset in
     ``pool.window``, for :meth:`~pycoll.Communicator.put_signal`. Blocks are handed out first-fit
-    at ``alignment`` bytes; an array's block goes back to the pool when the array dies. Offsets
-    match across ranks when every rank allocates (and frees) in the same order. ``close()``
-    releases the window; the memory goes when its last array does.
+    at ``alignment`` bytes; an array's block goes back to the pool when the array dies (also when the cyclic
+    garbage collector frees it, in whatever thread). Offsets match across ranks when every rank allocates (and frees)
+    in the same order. ``close()`` releases the window; the memory goes when its last array does.
     """
 
     def __init__(self, comm: Any, nbytes: int, *, flags: int = 0, alignment: int = 256,
@@ -207,30 +208,41 @@ class SymmetricPool:
             raise ValueError(f"alignment must be a power of two, got {alignment!r}")
         if timeout is not None:
             timeout = _settings.seconds(timeout, "SymmetricPool: timeout")
+        comm._outside_group("SymmetricPool")  # a collective registration, with its result needed now
         comm._check_usable("SymmetricPool")
         self.comm = comm
         self.alignment = alignment
-        self._alloc = _Allocation(comm, nbytes)
-        self.nbytes = nbytes = self._alloc.nbytes
+        alloc = _Allocation(comm, nbytes)
+        # held by the window (its array over the whole block) and by the arrays handed out, not by the pool: once
+        # the window is released (close(), or the communicator's end) the block goes with its last array
+        self._alloc = weakref.ref(alloc)
+        self.nbytes = nbytes = alloc.nbytes
+        self._ptr = alloc.ptr
         self._mu = threading.Lock()
         self._free: List[Tuple[int, int]] = [(0, nbytes)]  # (offset, size), sorted
-        whole = _array(self._alloc, self._alloc, self._alloc.ptr, (nbytes,), "uint8",
+        # blocks given back by dead arrays, taken into _free under _mu: a block's finalizer may run inside empty()
+        # (the cyclic collector runs where an allocation starts it), where taking _mu deadlocked the thread
+        self._returned: Deque[Tuple[int, int]] = collections.deque()
+        whole = _array(alloc, alloc, alloc.ptr, (nbytes,), "uint8",
                        "numpy" if comm.backend == "host" else "torch")
         self.window: Window = register_window(comm, whole, flags, timeout)
 
     @property
     def ptr(self) -> int:
         """The address of the pool's block."""
-        return self._alloc.ptr
+        return self._ptr
 
     def empty(self, shape: Shape, dtype: Any = "float32", like: Optional[str] = None) -> Any:
         """An uninitialised array from the pool (MemoryError when no free block is big enough)."""
         if self.window.closed:
-            raise CommStateError("this SymmetricPool was closed")
+            state = getattr(self.comm, "state", "active")
+            raise CommStateError("this SymmetricPool was closed" + (
+                f" (its communicator {self.comm.name!r} is {state})" if state != "active" else ""))
         dims = _shape(shape)
         size = max(_nbytes(dims, _itemsize(dtype, like or ("numpy" if self.comm.backend == "host" else "torch"))), 1)
         need = -(-size // self.alignment) * self.alignment
         with self._mu:
+            self._reclaim()
             for i, (off, n) in enumerate(self._free):
                 if n >= need:
                     self._free[i:i + 1] = [(off + need, n - need)] if n > need else []
@@ -238,36 +250,46 @@ class SymmetricPool:
             else:
                 raise MemoryError(f"SymmetricPool: no free block of {need} bytes in {self.nbytes} "
                                   f"(free: {sum(n for _, n in self._free)} bytes in {len(self._free)} blocks)")
-        block = _Block(self, off, need)
-        return _array(block, self._alloc, self._alloc.ptr + off, dims, dtype, like)
+        alloc = self._alloc()
+        assert alloc is not None  # the open window holds it
+        block = _Block(alloc, self, off, need)
+        return _array(block, alloc, alloc.ptr + off, dims, dtype, like)
 
     def offset_of(self, array: Any) -> int:
         """The byte offset of ``array`` (from :meth:`empty`, or a view into it) in the window."""
         p = _data_ptr(array)
-        if not self._alloc.ptr <= p < self._alloc.ptr + self.nbytes:
+        if not self._ptr <= p < self._ptr + self.nbytes:
             raise ValueError("this array does not lie in the pool")
-        return p - self._alloc.ptr
+        return p - self._ptr
 
     def _give_back(self, offset: int, size: int) -> None:
-        with self._mu:
-            self._free.append((offset, size))
-            self._free.sort()
-            merged: List[Tuple[int, int]] = []
-            for off, n in self._free:
-                if merged and merged[-1][0] + merged[-1][1] == off:
-                    merged[-1] = (merged[-1][0], merged[-1][1] + n)
-                else:
-                    merged.append((off, n))
-            self._free = merged
+        self._returned.append((offset, size))  # no lock: see _returned
+
+    def _reclaim(self) -> None:
+        """The blocks given back since, into the free list, merged with their neighbours (``_mu`` held)."""
+        if not self._returned:
+            return
+        while self._returned:
+            self._free.append(self._returned.popleft())
+        self._free.sort()
+        merged: List[Tuple[int, int]] = []
+        for off, n in self._free:
+            if merged and merged[-1][0] + merged[-1][1] == off:
+                merged[-1] = (merged[-1][0], merged[-1][1] + n)
+            else:
+                merged.append((off, n))
+        self._free = merged
 
     @property
     def free_bytes(self) -> int:
         """Bytes not handed out."""
         with self._mu:
+            self._reclaim()
             return sum(n for _, n in self._free)
 
     def close(self) -> None:
-        """Release the window (local; idempotent). The arrays stay valid memory."""
+        """Release the window (local; idempotent). The arrays stay valid memory; the pool's block goes with the
+        last of them (the pool object does not hold it)."""
         self.window.close()
 
     def __enter__(self) -> SymmetricPool:
@@ -315,6 +337,9 @@ def memory_stats(comm: Any) -> MemoryStats:
 
 def suspend(comm: Any, flags: int = B.SUSPEND_MEM) -> None:
     comm._check_usable("suspend")
+    flags = integer(flags, "suspend: flags", "an int of pycoll.bindings.SUSPEND_* bits")
+    if flags & ~B.SUSPEND_MEM or not flags:  # NCCL's only flag; without it, ncclCommSuspend suspends nothing
+        raise ValueError(f"suspend: flags must be pycoll.bindings.SUSPEND_MEM ({B.SUSPEND_MEM}), got {flags}")
     if comm.outstanding():
         raise CommStateError(f"suspend: communicator {comm.name!r} has outstanding operations; wait for them first")
     with comm._lock:

@@ -37,8 +37,8 @@ def _resources(comm: Any) -> List[Any]:
     return comm._resources
 
 
-def _local_buffer(comm: Any, array: Any, what: str) -> Buffer:
-    buf = as_buffer(array, writable=True, name=what)
+def _local_buffer(comm: Any, array: Any, what: str, writable: bool = True) -> Buffer:
+    buf = as_buffer(array, writable=writable, name=what)
     check_device(buf, comm.backend, None if comm.backend == "host" else comm.device.device_id)
     if buf.nbytes == 0:
         raise ValueError(f"{what}: cannot register an empty array")
@@ -121,7 +121,7 @@ class Registration(_Tracked):
 def register(comm: Any, array: Any) -> Registration:
     """``ncclCommRegister`` of ``array`` (contiguous, on the communicator's device)."""
     comm._check_usable("register")
-    buf = _local_buffer(comm, array, "register")
+    buf = _local_buffer(comm, array, "register", writable=False)  # a registration writes nothing: a send buffer
     with comm._lock:
         h = comm.library.comm_register(comm.handle, buf.ptr, buf.nbytes)
     reg = Registration(comm, h, buf, array)

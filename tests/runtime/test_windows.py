@@ -382,3 +382,43 @@ def test_numpy_integers_are_taken_and_floats_refused():
         for name, text in refused.items():
             assert name.split()[0] in text, (name, text)
         assert shapes == ((2, 3), (5,))
+
+
+@pytest.mark.timeout(60)
+def test_symmetric_pool_lifetimes_and_misuse():
+
+    c = _comm(0, 1, _uid(), name="pool-life")
+    try:
+        pool = pycoll.SymmetricPool(c, 1 << 20)
+        # a dead array's block, freed by the cyclic collector inside empty() (an allocation there starts it): its
+        # give-back took the pool's lock again and the thread deadlocked (within 20,000 of these, every time)
+        for _ in range(40000):
+            layer = {"weight": pool.empty(16, "float32")}
+            layer["parent"] = layer
+        del layer
+        gc.collect()
+        assert pool.free_bytes == pool.nbytes
+        # a collective registration inside a group is refused before anything starts, as register_window is
+        with pytest.raises(CommStateError, match="SymmetricPool cannot be called inside a group"), c.group():
+            pycoll.SymmetricPool(c, 4096)
+        # the pool object does not keep its block once the window is released and the last array is gone
+        a = pool.empty(4, "float32")
+        alloc = pool._alloc  # a weak reference
+        pool.close()
+        assert alloc() is not None  # the array holds it
+        del a
+        gc.collect()
+        assert alloc() is None, "the block outlived close() and its last array"
+        # a registration writes nothing: a read-only send buffer is registered
+        ro = np.ones(16, np.float32)
+        ro.flags.writeable = False
+        c.register(ro).close()
+        # suspend's flags: NCCL's one flag; anything else (0: nothing suspended) refused
+        for bad in (0, 12345, True, "1"):
+            with pytest.raises((ValueError, TypeError), match="suspend: flags"):
+                c.suspend(flags=bad)
+        x = np.ones(2, np.float32)
+        c.all_reduce(x)
+        assert x.tolist() == [1.0, 1.0]
+    finally:
+        c.destroy()
