@@ -870,10 +870,13 @@ class Communicator(_core.CommCore):
         return w
 
     def _withdraw(self, w: Work) -> None:
-        """Forget an operation the library refused (nothing was enqueued)."""
+        """Forget an operation the library refused (nothing was enqueued); the observers hear that it failed, where
+        it did (the flight recorder took an operation no longer outstanding for completed)."""
         with self._plock:
             self._pending.pop(w, None)
             _core.events_back(self._events, w)
+        if w._exc is not None:
+            hooks.notify_withdrawn(w)
 
     def await_ready(self, w: Work) -> None:
         """After ncclInProgress: poll until the communicator is ready, within the operation's deadline."""

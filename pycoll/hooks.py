@@ -206,6 +206,10 @@ class CommView(Protocol):
 
     def fail(self, exc: BaseException, work: Any = None) -> None: ...
 
+    def revoke(self) -> None: ...
+
+    def abort(self) -> None: ...
+
 
 class CommObserver:
     """Base class of what hears every communicator's events (the flight recorder, the watchdog).
@@ -226,6 +230,10 @@ class CommObserver:
 
     def work_completed(self, work: WorkView) -> None:
         """An operation completed successfully (its times are final)."""
+
+    def work_withdrawn(self, work: WorkView) -> None:
+        """An operation enqueued but never run: its group was dropped or refused by the library (``work.error``
+        says why); the communicator goes on."""
 
     def comm_failed(self, comm: CommView, exc: BaseException, work: Optional[WorkView]) -> None:
         """The communicator failed (``work``: the operation it failed in); called before the policy acts."""
@@ -315,6 +323,10 @@ def notify_created(comm: CommView) -> None:
 
 def notify_failed(comm: CommView, exc: BaseException, work: Optional[WorkView]) -> None:
     _each(lambda o: o.comm_failed(comm, exc, work), "comm_failed")
+
+
+def notify_withdrawn(work: WorkView) -> None:
+    _each(lambda o: o.work_withdrawn(work), "work_withdrawn")
 
 
 def notify_closed(comm: CommView) -> None:

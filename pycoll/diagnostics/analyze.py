@@ -1231,9 +1231,19 @@ def _verdict(c: Dict[str, Any]) -> str:
         # an operation that never started on its stream (NCCL's "scheduled") waits for work queued before it on
         # that rank's stream or device, while the ranks where it started wait for that rank
         grouped = sorted(r for r, info in d["in_flight"].items() if info.get("grouped"))
-        waiting = sorted(r for r, info in d["in_flight"].items() if info["state"] == "scheduled" and r not in grouped)
-        started = sorted(r for r in d["in_flight"] if r not in waiting and r not in grouped)
-        if grouped:
+        # enqueued and never run: its group() was dropped (its block raised) or refused there (a CommStateError)
+        dropped = {r: info["error"] for r, info in d["in_flight"].items()
+                   if str(info.get("error") or "").startswith("CommStateError") and "never ran" in info["error"]}
+        waiting = sorted(r for r, info in d["in_flight"].items()
+                         if info["state"] == "scheduled" and r not in grouped and r not in dropped)
+        started = sorted(r for r in d["in_flight"] if r not in waiting and r not in grouped and r not in dropped)
+        if dropped:
+            one = len(dropped) == 1
+            out.append(f"rank{'' if one else 's'} {_fmt_ranks(list(dropped))} never ran {d['op']} on {name!r}: "
+                       + "; ".join(f"rank {r}: {why}" for r, why in sorted(dropped.items()))
+                       + (f"; rank{'' if len(started) == 1 else 's'} {_fmt_ranks(started)} started it and "
+                          f"wait{'s' if len(started) == 1 else ''} for {'it' if one else 'them'}" if started else ""))
+        elif grouped:
             one = len(grouped) == 1
             out.append(f"rank{'' if one else 's'} {_fmt_ranks(grouped)} never issued {d['op']} on {name!r}: it waited "
                        f"in a group() that had not ended there (a group issues its operations as it ends) -- look at "

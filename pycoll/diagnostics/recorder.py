@@ -393,6 +393,12 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
             if w.last_state != "completed":
                 w.release_arrays()  # an abandoned operation need not keep its arrays
 
+    def work_withdrawn(self, work: WorkView) -> None:
+        e = _entry_of(work)
+        if e is not None and e.frozen is None:  # never ran: its entry keeps its state and why, not "completed"
+            e.freeze(_state_of(work))
+            work.release_arrays()
+
     # the per-operation hooks, compiled (pycoll/diagnostics/_hooks.pyx)
     work_completed = _hooks.recorder_work_completed
     work_enqueued = _hooks.recorder_work_enqueued

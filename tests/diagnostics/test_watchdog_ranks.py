@@ -554,6 +554,34 @@ def test_reports_do_not_wait_for_the_answers_of_a_peer_that_aborted(tmp_path):
                                    for m in lines), lines
 
 
+def _group_dropped_on_one_rank(rank, n, uid, dump_dir):
+    comm, _ = _setup(rank, n, uid, dump_dir, timeout=1.0)
+    x = np.ones(4, np.float32)
+    comm.all_reduce(x)
+    try:
+        with comm.group():
+            comm.all_reduce(x)
+            comm.all_reduce(x)
+            if rank == 0:
+                raise ValueError("a bug in rank 0's group block")
+    except ValueError:
+        pass
+    except pycoll.CommTimeout:
+        pass
+    time.sleep(1.5 if rank == 0 else 0.0)
+    pycoll.flight_recorder.get_recorder().dump("test")
+    comm.abort()
+
+
+def test_operations_of_a_dropped_group_are_not_recorded_as_completed(tmp_path):
+    # a group whose block raised runs none of its operations; the recorder took them (no longer outstanding, not
+    # frozen) for completed, and pycoll-fr said rank 0 completed #2 where rank 1 waited for it
+    run_ranks(_group_dropped_on_one_rank, 2, _uid(), str(tmp_path), timeout=40)
+    text = analyze.format_report(analyze.analyze_dir(_gen0(str(tmp_path))), stacks=False)
+    assert "verdict: rank 0 never ran all_reduce #2" in text and "the group was dropped" in text, text
+    assert "completed on rank" not in text, text
+
+
 def _dropped_with_work_outstanding(rank, n, uid, dump_dir):
     import gc
 
