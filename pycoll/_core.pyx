@@ -875,11 +875,16 @@ cdef int _async_code(CommCore comm, Library lib) except? -1:
 cdef void _run_hooks(tuple calls, Work w) except *:
     """Call the observers' Python hooks on ``w``; an error is logged (a compiled path has no frame of its own,
     so the recorder's stack starts at the caller's)."""
+    leave = None
     for hook in calls:
         try:
             hook(w)
         except Exception:  # an observer must never break a collective
             _log.exception("observer hook %r failed", hook)
+        except BaseException as e:  # SystemExit, KeyboardInterrupt: in the main thread only, after the others
+            leave = leave or hooks.held_exit(e, f"observer hook {hook!r}")
+    if leave is not None:
+        raise leave
 
 
 # pycoll.hooks' tuples of observers and hooks, copied here whenever they change (a module attribute costs a
@@ -959,7 +964,11 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
     if type(call) is _Call and _rooted((<_Call>call).kind):  # the flight recorder keeps it: a root mismatch is seen
         w.root = (<_Call>call).root                         # in the entries, also where no rank's library found it
     _stage(_ST_WORK)
-    _notify(w, False)
+    try:
+        _notify(w, False)
+    except KeyboardInterrupt:  # in an observer's hook: the operation has its number, the peers may wait for it
+        comm._interrupted(w, f"{op} (seq {w.seq})")
+        raise
     _stage(_ST_ENQUEUED)
     h = comm._handle
     if h is None:  # another thread aborted or destroyed it since this operation's state check

@@ -711,20 +711,18 @@ class Communicator(_core.CommCore):
     def _handle_failure(self, exc: BaseException, work: Optional[Work]) -> None:
         if not hooks.failures_reported():
             _log.error("%s", exc)  # else the watchdog logs it, with what the other ranks were doing
-        hooks.notify_failed(self, exc, work)
-        leave: Optional[BaseException] = None  # a callback's SystemExit or KeyboardInterrupt, raised once acted
+        leave: Optional[BaseException] = None  # an observer's or callback's SystemExit or KeyboardInterrupt, raised
+        try:                                   # once the policy has acted (hooks.held_exit)
+            hooks.notify_failed(self, exc, work)
+        except BaseException as e:  # what hooks._each raises: only that, in the main thread
+            leave = e
         for callback in list(self.failure_callbacks):
             try:
                 callback(self, exc)
             except Exception:
                 _log.exception("failure callback %r of %r failed", callback, self.name)
             except BaseException as e:
-                if threading.current_thread() is threading.main_thread():
-                    leave = leave or e
-                else:  # it would end this thread (the watchdog's: every later hang unseen), not the process
-                    _log.error("failure callback %r of %r raised %s in thread %r, where it cannot end the process: "
-                               "ignored (the policy acts as always; os._exit() ends the process from any thread)",
-                               callback, self.name, type(e).__name__, threading.current_thread().name)
+                leave = leave or hooks.held_exit(e, f"failure callback {callback!r} of {self.name!r}")
         self._act_on_failure()
         if leave is not None:
             raise leave

@@ -309,12 +309,28 @@ def failures_reported() -> bool:
     return any(o.reports_failures for o in _observers)
 
 
+def held_exit(e: BaseException, what: str) -> Optional[BaseException]:
+    """A ``SystemExit`` or ``KeyboardInterrupt`` that user code pycoll runs (an observer, a failure callback) raised:
+    returned, for the caller to raise once it has done its part, in the main thread; logged and dropped elsewhere,
+    where it would end the thread -- the watchdog's: every later hang unseen --, not the process."""
+    if threading.current_thread() is threading.main_thread():
+        return e
+    _log.error("%s raised %s in thread %r, where it cannot end the process: ignored (os._exit() ends the process "
+               "from any thread)", what, type(e).__name__, threading.current_thread().name)
+    return None
+
+
 def _each(call: Callable[[CommObserver], None], what: str) -> None:
+    leave: Optional[BaseException] = None
     for o in list(_observers):
         try:
             call(o)
         except Exception:  # an observer must never break a communicator
             _log.exception("observer %r failed in %s", o, what)
+        except BaseException as e:
+            leave = leave or held_exit(e, f"observer {o!r} in {what}")
+    if leave is not None:
+        raise leave
 
 
 def notify_created(comm: CommView) -> None:

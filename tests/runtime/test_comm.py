@@ -795,6 +795,57 @@ def test_a_callback_that_exits_keeps_the_policy_and_the_thread(leave, caplog):
     assert d.state == "aborted"
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("leave", [SystemExit, KeyboardInterrupt])
+def test_an_observer_that_exits_keeps_the_policy_and_the_thread(leave, caplog):
+    # sys.exit() in an observer's comm_failed, in the watchdog's thread, ended that thread before the policy acted
+    # (the communicator stayed active, every later hang unseen), as a failure callback's did
+    import threading
+
+    from pycoll import hooks
+
+    class Exits(hooks.CommObserver):
+        def comm_failed(self, comm, exc, work):
+            raise leave()
+
+    obs = Exits()
+    hooks.add_observer(obs)
+    try:
+        c = pycoll.init(0, 1, backend="host", name="observer-exits")
+        survived = []
+        t = threading.Thread(target=lambda: (c.fail(pycoll.CommFailure("made up")), survived.append(True)), name="w")
+        t.start()
+        t.join(10)
+        assert survived == [True] and c.state == "aborted"
+        assert f"in comm_failed raised {leave.__name__} in thread 'w', where it cannot end the process" in caplog.text
+        d = pycoll.init(0, 1, backend="host", name="observer-exits-main")
+        with pytest.raises(leave):
+            d.fail(pycoll.CommFailure("made up"))
+        assert d.state == "aborted"
+    finally:
+        hooks.remove_observer(obs)
+
+
+def test_ctrl_c_in_an_observers_enqueue_hook_fails_the_communicator():
+    # the operation had its number (peers wait for it) and was left neither outstanding nor failed: the recorder
+    # said completed, and the peers' reports "every rank issued" it
+    from pycoll import hooks
+
+    class Interrupted(hooks.CommObserver):
+        def work_enqueued(self, work):
+            raise KeyboardInterrupt
+
+    c = pycoll.init(0, 1, backend="host", name="hook-interrupted")
+    obs = Interrupted()
+    hooks.add_observer(obs)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            c.all_reduce(np.ones(2, np.float32))
+    finally:
+        hooks.remove_observer(obs)
+    assert isinstance(c.failure, pycoll.CommAborted) and "interrupted" in str(c.failure) and c.state == "aborted"
+
+
 def _revoked_after_a_death(rank, n, uid):
     c = _comm(rank, n, uid, on_failure="revoke")
     c.barrier()
