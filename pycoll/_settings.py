@@ -62,6 +62,15 @@ def seconds(value: Any, what: str, *, positive: bool = True) -> float:
     return value
 
 
+def flag(value: Any, what: str) -> bool:
+    """``value`` as a bool: True, False, 0, 1 or a numpy bool; TypeError naming ``what`` for anything else (a str's
+    truth is not what it says: ``"no"`` would mean True)."""
+    numpy_bool = type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")
+    if isinstance(value, bool) or (type(value) is int and value in (0, 1)) or numpy_bool:
+        return bool(value)
+    raise TypeError(f"{what} must be True or False, got {type(value).__name__} {value!r}")
+
+
 @dataclass(frozen=True)
 class Setting:
     """One ``PYCOLL_*`` variable.

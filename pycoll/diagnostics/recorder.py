@@ -291,10 +291,11 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
                 self._capacity = buffer_size
                 self._next_pos = 0
         if stacks is not None:
-            self.stacks = bool(stacks)
+            self.stacks = _settings.flag(stacks, "stacks")
         if stack_depth is not None:
-            if isinstance(stack_depth, bool) or not isinstance(stack_depth, int) or stack_depth < 1:
-                raise ValueError(f"stack_depth must be an int >= 1, got {stack_depth!r}")
+            most = int(_settings.SETTINGS["PYCOLL_FR_STACK_DEPTH"].maximum or 1000)  # every entry keeps that many
+            if isinstance(stack_depth, bool) or not isinstance(stack_depth, int) or not 1 <= stack_depth <= most:
+                raise ValueError(f"stack_depth must be an int in [1, {most}], got {stack_depth!r}")
             self.stack_depth = stack_depth
         if dump_dir is not None:
             self.dump_dir = os.fspath(dump_dir)
@@ -302,7 +303,7 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
             _check_prefix(file_prefix, "file_prefix")
             self.file_prefix = file_prefix
         if write_json is not None:
-            self.write_json = bool(write_json)
+            self.write_json = _settings.flag(write_json, "write_json")
 
     def after_fork(self) -> None:
         """In a forked child: locks another thread of the parent may have held are made afresh, and what the

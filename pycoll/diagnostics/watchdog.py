@@ -261,7 +261,8 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
                 setattr(self, attr, _seconds(value, env, attr, positive))
 
         if enabled is not None or _initial:
-            self.enabled = bool(enabled) if enabled is not None else _settings.get("PYCOLL_WATCHDOG")
+            self.enabled = (_settings.flag(enabled, "enabled") if enabled is not None
+                            else _settings.get("PYCOLL_WATCHDOG"))
         pick(interval, "interval", "PYCOLL_WATCHDOG_INTERVAL")
         pick(publish_interval, "publish_interval", "PYCOLL_WATCHDOG_PUBLISH_INTERVAL")
         pick(stall_timeout, "stall_timeout", "PYCOLL_WATCHDOG_STALL_TIMEOUT")
@@ -273,13 +274,14 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         pick(heartbeat_timeout, "heartbeat_timeout", "PYCOLL_WATCHDOG_HEARTBEAT_TIMEOUT")
         pick(records_keep, "records_keep", "PYCOLL_WATCHDOG_RECORDS_KEEP", False)
         if liveness is not None or _initial:
-            self.liveness = bool(liveness) if liveness is not None else _settings.get("PYCOLL_WATCHDOG_LIVENESS")
+            self.liveness = (_settings.flag(liveness, "liveness") if liveness is not None
+                             else _settings.get("PYCOLL_WATCHDOG_LIVENESS"))
         lv = self._liveness
         lv.interval, lv.heartbeat_timeout, lv.period = self.liveness_interval, self.heartbeat_timeout, \
             self.publish_interval
         self._liveness_wake.set()
         if dump_on_failure is not None or _initial:
-            self.dump_on_failure = (bool(dump_on_failure) if dump_on_failure is not None
+            self.dump_on_failure = (_settings.flag(dump_on_failure, "dump_on_failure") if dump_on_failure is not None
                                     else _settings.get("PYCOLL_FR_DUMP_ON_FAILURE"))
         if dump_signal is not None or _initial:
             self._signal.wanted = signal_number(dump_signal if dump_signal is not None

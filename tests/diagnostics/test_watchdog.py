@@ -584,3 +584,22 @@ def test_gone_needs_this_host_and_a_dead_process():
     assert not _gone({"origin": f"{host}:{os.getpid()}", "time_ns": now})
     assert not _gone({"origin": f"another-host:{p.pid}", "time_ns": now})
     assert not _gone(None)
+
+
+def test_configure_takes_bools_as_bools_and_bounds_the_stack_depth():
+    # configure(enabled="no") switched the watchdog on (a str's truth); stack_depth had no bound (every ring entry
+    # keeps a buffer of that many frames: 100000 took 2.9 GB), where PYCOLL_FR_STACK_DEPTH stops at 1000
+    wd = wdm.Watchdog(fr.FlightRecorder(4), enabled=False, communicators=list)
+    for kw in ({"enabled": "no"}, {"liveness": "no"}, {"dump_on_failure": 2}):
+        with pytest.raises(TypeError, match="must be True or False"):
+            wd.configure(**kw)
+    wd.configure(liveness=False, dump_on_failure=np.bool_(True))
+    assert wd.liveness is False and wd.dump_on_failure is True
+    rec = fr.FlightRecorder(4)
+    for kw in ({"stacks": "no"}, {"write_json": "false"}):
+        with pytest.raises(TypeError, match="must be True or False"):
+            rec.configure(**kw)
+    with pytest.raises(ValueError, match=r"stack_depth must be an int in \[1, 1000\]"):
+        rec.configure(stack_depth=100000)
+    rec.configure(stacks=False, stack_depth=1000)
+    assert rec.stacks is False and rec.stack_depth == 1000
