@@ -15,6 +15,7 @@ import itertools
 import logging
 import os
 import threading
+import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Protocol, Sequence, Tuple
 
@@ -221,6 +222,8 @@ class CommObserver:
 
     #: True when this observer logs a communicator's failure itself (the communicator then does not)
     reports_failures: bool = False
+    #: True for an observer that keeps its entry in each operation (``Work.fr_entry``): one per process
+    keeps_work_entries: bool = False
 
     def comm_created(self, comm: CommView) -> None:
         """A communicator was built (complete: generation, members and store are final)."""
@@ -288,6 +291,11 @@ def add_observer(observer: CommObserver) -> None:
     if not isinstance(observer, CommObserver):
         raise TypeError(f"an observer must be a pycoll.hooks.CommObserver, got {type(observer).__name__}")
     if observer not in _observers:
+        if observer.keeps_work_entries and any(o.keeps_work_entries for o in _observers):
+            warnings.warn(f"a second flight recorder ({observer!r}) registered: each operation keeps the entry of the "
+                          "last one registered, and the other one's entries are not kept up to date (a failed "
+                          "operation may read as completed there); configure the process's recorder instead",
+                          RuntimeWarning, stacklevel=2)
         _observers.append(observer)
         _rebuild()
 

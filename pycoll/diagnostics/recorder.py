@@ -229,7 +229,14 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         write_json: also write the JSON form (``$PYCOLL_FR_DUMP_JSON``, on).
 
     Thread-safe: operations may be recorded from any thread while another dumps.
+
+    One recorder per process: an operation keeps its entry (``Work.fr_entry``) from the last recorder registered
+    (:func:`pycoll.hooks.add_observer`), and another one's entries are not kept up to date with it (a failed
+    operation would read as completed there); registering a second one warns. Configure the process's own
+    (:func:`get_recorder`, :func:`pycoll.flight_recorder.configure`) instead.
     """
+
+    keeps_work_entries = True
 
     def __init__(
         self,

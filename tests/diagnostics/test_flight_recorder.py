@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import types
+import warnings
 import weakref
 
 import numpy as np
@@ -392,7 +393,8 @@ def test_recording_from_many_threads(tmp_path):
 def test_real_host_communicator_is_recorded(tmp_path):
     rec = fr.FlightRecorder(32, dump_dir=str(tmp_path))
     pycoll.diagnostics.install()  # the process's recorder first: a Work carries the last recorder's entry
-    pycoll.hooks.add_observer(rec)
+    with pytest.warns(RuntimeWarning, match="a second flight recorder"):  # documented as one per process
+        pycoll.hooks.add_observer(rec)
     c = pycoll.init(0, 1, backend="host", name="solo")
     try:
         x = np.ones(3, np.float32)
@@ -430,7 +432,9 @@ def test_a_subclass_that_overrides_a_hook_has_it_called(tmp_path):
 
     rec = Counting(8, dump_dir=str(tmp_path))
     assert not rec.compiled_hooks and fr.FlightRecorder(8, dump_dir=str(tmp_path)).compiled_hooks
-    pycoll.hooks.add_observer(rec)
+    with warnings.catch_warnings():  # a second recorder, where the process's is registered (one per process)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        pycoll.hooks.add_observer(rec)
     c = pycoll.init(0, 1, backend="host", name="subclass")
     try:
         c.all_reduce(np.ones(3, np.float32))
