@@ -1,16 +1,19 @@
 """Stubs of the compiled per-operation observer hooks (pycoll/diagnostics/_hooks.pyx)."""
 
 import threading
-from typing import Any, Dict, List, Optional, final
+from typing import Any, Dict, FrozenSet, List, Optional, final
 
 from .._core import Hook
 
-__all__ = ["Entry", "RecordIds", "RecorderCore", "WatchdogCore", "recorder_work_enqueued", "recorder_work_completed",
-           "watchdog_work_enqueued"]
+__all__ = ["TORCH_COLLECTIVES", "Entry", "RecordIds", "RecorderCore", "WatchdogCore", "recorder_work_enqueued",
+           "recorder_work_completed", "watchdog_work_enqueued"]
+
+TORCH_COLLECTIVES: FrozenSet[str]
 
 @final  # cython.final: not subclassable
 class RecordIds:
     next_id: int
+    left_out: int
     def __iter__(self) -> RecordIds: ...
     def __next__(self) -> int: ...
 
@@ -20,6 +23,8 @@ class Entry:
     def pos(self) -> int: ...
     @property
     def rid(self) -> int: ...
+    @property
+    def kept(self) -> int: ...
     @property
     def info(self) -> Any: ...
     @property

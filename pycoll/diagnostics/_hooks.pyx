@@ -22,8 +22,12 @@ from pycoll._core cimport Hook, Work
 from ..buffers import Buffer
 from ..hooks import CommObserver
 
-__all__ = ["Entry", "RecordIds", "RecorderCore", "WatchdogCore", "recorder_work_enqueued", "recorder_work_completed",
-           "watchdog_work_enqueued"]
+#: the operations torch's analyzer models (the others are kept apart in a dump: pycoll.diagnostics.recorder)
+TORCH_COLLECTIVES = frozenset({"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all",
+                               "gather", "scatter", "barrier"})
+
+__all__ = ["TORCH_COLLECTIVES", "Entry", "RecordIds", "RecorderCore", "WatchdogCore", "recorder_work_enqueued",
+           "recorder_work_completed", "watchdog_work_enqueued"]
 
 cdef extern from "../_bindings/frames.h":
     int pycoll_frames(PyObject** codes, int* lastis, int skip, int depth)
@@ -74,8 +78,9 @@ cdef void _free(_Frames* f) noexcept:
 @cython.final
 cdef class RecordIds:
     """The record ids of a generation's operations, 0, 1, 2, ... (``itertools.count()``'s role: ``next(ids)``); the
-    compiled hook takes the next without a call or an int object."""
-    cdef public long long next_id
+    compiled hook takes the next without a call or an int object. ``left_out``: how many of them were given to
+    operations torch's analyzer does not read (sends, receives, one-sided operations, watched streams)."""
+    cdef public long long next_id, left_out
 
     def __iter__(self):
         return self
@@ -99,6 +104,7 @@ cdef class Entry:
     operation a Work's entry was written for). Readers take a :meth:`snapshot`.
     """
     cdef readonly long long pos, rid
+    cdef readonly long long kept  # rid counting only what torch's analyzer reads (-1: one it does not read)
     cdef readonly object info, isz, idt, osz, odt, op, peer, root, timeout
     cdef readonly long long seq, p2p_seq, op_id, created
     cdef readonly object capture
@@ -153,7 +159,7 @@ cdef class Entry:
                 return None
             out = [pos, self.rid, self.info, self.isz, self.idt, self.osz, self.odt, self._tid, self.stack, self.op,
                    self.seq, self.p2p_seq, self.op_id, self.peer, self.timeout, self.created, self.frozen, self.capture,
-                   self.root]
+                   self.root, self.kept]
             if self.pos == pos:
                 return out
 
@@ -210,7 +216,7 @@ cdef class RecorderCore(Hook):
         cdef Py_ssize_t n = len(ring)
         cdef Entry e
         cdef _Frames old
-        cdef long long pos, rid
+        cdef long long pos, rid, kept
         if n == 0:
             return 0
         comm = w.comm
@@ -231,6 +237,11 @@ cdef class RecorderCore(Hook):
         e = <Entry>slot
         rid = self._last_rid.next_id
         self._last_rid.next_id = rid + 1
+        if w.peer is None and w.op in TORCH_COLLECTIVES:  # counted as it is recorded: known also after a wrap
+            kept = rid - self._last_rid.left_out
+        else:
+            self._last_rid.left_out += 1
+            kept = -1
         # one buffer (the usual case): its shape tuple and dtype name as they are, no new objects; several: lists
         cdef list ins = w.inputs
         cdef list outs = w.outputs
@@ -257,6 +268,7 @@ cdef class RecorderCore(Hook):
         # the entry, written whole without allocating: a reader (a dump, in another thread) needs the GIL
         e.pos = pos
         e.rid = rid
+        e.kept = kept
         e.info = info
         e.isz, e.idt, e.osz, e.odt = isz, idt, osz, odt
         e._tid = PyThread_get_thread_ident()

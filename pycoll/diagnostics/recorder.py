@@ -24,8 +24,8 @@ out, they leave gaps in the collectives' numbers, which torch does not mind (it 
 names a rank that never entered a collective, or a mismatched one. A kept entry's ``record_id`` counts only the
 kept entries (each left-out one before it lowers it by one; its own is ``pycoll_record_id``): torch aligns the
 ranks at the latest of their first record ids, and a rank's sends before its first collective would otherwise
-hide another rank's first collectives from it. (When a ring wrapped, the left-out entries it lost are not known:
-there, the alignment stays the guess it is on torch's own dumps.) In memory, :meth:`FlightRecorder.as_dict` gives
+hide another rank's first collectives from it (they are counted as they are recorded: also those a wrapped ring
+lost). In memory, :meth:`FlightRecorder.as_dict` gives
 every entry under ``entries`` unless asked for the file's form (``for_file``). Besides torch's fields an entry may
 carry pycoll's: ``pycoll_error`` (a failed operation's error), ``pycoll_capture_id`` (captured in a CUDA graph),
 ``pycoll_root`` (a broadcast's, reduce's, gather's or scatter's root, a rank of its communicator: pycoll-fr
@@ -132,8 +132,7 @@ _log = logging.getLogger("pycoll.flight_recorder")
 SCHEMA_VERSION = "2.10"
 #: The operations pycoll records that torch's analyzer models (its ``COLLECTIVES``): a dump file's ``entries`` hold
 #: only these; the others are under ``pycoll.other_entries`` (see the module's docstring).
-TORCH_COLLECTIVES = frozenset({"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all",
-                               "gather", "scatter", "barrier"})
+TORCH_COLLECTIVES = _hooks.TORCH_COLLECTIVES
 DEFAULT_BUFFER_SIZE: int = _settings.SETTINGS["PYCOLL_FR_BUFFER_SIZE"].default
 DEFAULT_FILE_PREFIX: str = _settings.SETTINGS["PYCOLL_FR_FILE_PREFIX"].default
 DEFAULT_STACK_DEPTH: int = _settings.SETTINGS["PYCOLL_FR_STACK_DEPTH"].default
@@ -147,7 +146,7 @@ _MAX_BUFFER_SIZE = int(_settings.SETTINGS["PYCOLL_FR_BUFFER_SIZE"].maximum or 0)
 # the position it was written for), or frozen into _FROZEN when it completes (work_completed) or its
 # communicator fails or closes. An entry whose Work is no longer outstanding and was not frozen completed.
 (_POS, _RID, _INFO, _ISZ, _IDT, _OSZ, _ODT, _TID, _STACK, _OP, _SEQ, _P2P_SEQ, _OP_ID, _PEER, _TIMEOUT,
- _CREATED, _FROZEN, _CAPTURE, _ROOT) = range(19)
+ _CREATED, _FROZEN, _CAPTURE, _ROOT, _KEPT) = range(20)
 # an operation recorded into a CUDA graph: it runs at replay, this entry keeps the capture's id
 _CAPTURED = ("captured", None, None, None, None)
 _SHAPE = Buffer._fields.index("shape")
@@ -595,9 +594,9 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
             elif is_p2p or op not in TORCH_COLLECTIVES:
                 other.append(entry)
             else:
-                # torch aligns ranks by their first record ids: count only what it reads (record ids are the
-                # generation's, and raw holds its entries in their order)
-                entry["record_id"], entry["pycoll_record_id"] = e[_RID] - len(other), e[_RID]
+                # torch aligns ranks by their first record ids: count only what it reads (counted as recorded, so
+                # also the left-out entries a wrapped ring lost)
+                entry["record_id"], entry["pycoll_record_id"] = e[_KEPT], e[_RID]
                 entries.append(entry)
 
         pg_config: Dict[str, Dict[str, str]] = {}

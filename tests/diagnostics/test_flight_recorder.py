@@ -296,6 +296,23 @@ def test_a_dump_file_gives_torch_only_the_collectives_its_analyzer_models(tmp_pa
     assert dumps[0]["entries"] == whole
 
 
+def test_the_record_ids_torch_reads_count_only_its_entries_also_after_a_wrap(tmp_path):
+    # the left-out entries a wrapped ring lost were not subtracted: a rank that had sent 30 times before its
+    # collectives numbered them 30 higher than a rank that had not, and torch's analyzer, which aligns the ranks at
+    # their first record ids, threw away the other rank's history and reported completed collectives as missing
+    dumps = []
+    for rank, sends in ((0, 30), (1, 0)):
+        rec = fr.FlightRecorder(20, dump_dir=str(tmp_path / str(rank)))
+        c = FakeComm(rec, rank, 2)
+        for _ in range(sends):
+            c.op("sendrecv", f32(4), f32(4), peer=1 - rank)
+        for _ in range(40):
+            c.op("all_reduce", f32(2), f32(2))
+        dumps.append(load(rec.dump("wrap")[0])["entries"])
+    for entries in dumps:
+        assert [(e["collective_seq_id"], e["record_id"]) for e in entries] == [(k, k - 1) for k in range(21, 41)]
+
+
 def test_dump_files_are_atomic_and_logged(tmp_path, caplog):
     rec = fr.FlightRecorder(8, dump_dir=str(tmp_path))
     c = FakeComm(rec, 2, 4)
