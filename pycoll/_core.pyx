@@ -2134,7 +2134,7 @@ cdef bint _drop_group(object lib, list works, object raised) except -1:
         why = f"the library refused the group: {e}"
     for w in works:
         w.comm.group_failed(w, CommStateError(f"{w.op} (seq {w.seq}) never ran: {why}"))
-    if isinstance(raised, BaseException):
+    if isinstance(raised, BaseException) and hasattr(raised, "add_note"):  # Python >= 3.11
         raised.add_note(f"pycoll: none of the {len(works)} operations of the group() it left ran (dropped)")
     return True
 

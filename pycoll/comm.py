@@ -48,6 +48,7 @@ from .errors import (
     NCCLError,
     PeerFailure,
     RemoteError,
+    StoreError,
     error_class,
 )
 from .group import SimulatedGroup, simulate as _group_simulate
@@ -367,6 +368,7 @@ class Communicator(_core.CommCore):
         self._p2p_seq = 0
         self._last_op_id = 0  # op_id of the last operation issued (Work.op_id: 1, 2, ...)
         self._reshapes = 0  # split/shrink/grow calls so far: names children identically on every rank
+        self._children: weakref.WeakSet[Communicator] = weakref.WeakSet()  # made from it (split, shrink, grow)
         self._abort_only = False  # after an abortive shrink: released with abort, never destroy
         self._user = 0  # the ident of the thread inside an operation now (one at a time; 0: none)
         self._owner_name = ""  # the name of the thread that has it (_owner: its ident; 0: none)
@@ -1444,12 +1446,24 @@ class Communicator(_core.CommCore):
         if not h:
             return None
         lib = self.library
-        return Communicator(
+        child = Communicator(
             h, library=lib, device=self.device, rank=lib.comm_user_rank(h), size=lib.comm_count(h), name=name,
             uid=uid, global_ranks=global_ranks, timeout=self.timeout, on_failure=self._on_failure,
             store=self._store, generation=self._generation if generation is None else generation,
             failure_callbacks=failure_callbacks,
         )
+        self._children.add(child)
+        return child
+
+    def descendants(self, closed: bool = False) -> List[Communicator]:
+        """The communicators made from this one (``split``, ``shrink``, ``grow``) and from those, that are still
+        open (not destroyed, not aborted; ``closed=True``: those too, while something holds them)."""
+        out: List[Communicator] = []
+        for child in list(self._children):
+            if closed or not child.closed:
+                out.append(child)
+            out.extend(child.descendants(closed))
+        return out
 
     def _reshape_config(self, config: Optional[CommConfig]) -> Any:
         if config is None:
@@ -1470,7 +1484,9 @@ class Communicator(_core.CommCore):
         the store, the operations' default timeout (``comm.timeout``; set the child's own after) and (unless
         ``generation`` is given) the generation; ``failure_callbacks`` are its own. ``timeout`` bounds the split
         itself (default this communicator's). Its members' job-wide ranks are exchanged first (over this
-        communicator on the host backend, else through the store; unknown without one).
+        communicator on the host backend, else through the store; unknown without one): on the host backend that
+        exchange is an ``all_gather`` of this communicator (the flight recorder shows it), so a rank that does not
+        call ``split`` makes it time out as any collective does, and this communicator fails by its policy.
         """
         self._outside_group("split")
         self._check_alive()
@@ -1489,7 +1505,14 @@ class Communicator(_core.CommCore):
         cfg = self._reshape_config(config)
         _child_name(name, "split")
         uid = self._child_uid(f"split:{color}")
-        members = self._split_members(-1 if color is None else color, key, timeout)
+        try:
+            members = self._split_members(-1 if color is None else color, key, timeout)
+        except (CommFailure, StoreError) as e:
+            note = getattr(e, "add_note", None)  # Python >= 3.11
+            if note is not None:
+                note(f"pycoll: in split() of communicator {self.name!r}: the exchange of the new communicators' "
+                     "members (every rank of this one takes part)")
+            raise
         with self._lock:
             slot, status = self.library.comm_split(self.handle, B.SPLIT_NOCOLOR if color is None else color, key, cfg)
         return self._child(slot, status, what="ncclCommSplit", uid=uid,

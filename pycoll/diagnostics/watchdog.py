@@ -1015,9 +1015,13 @@ def install() -> None:
 
 def _wait_for_dumps_at_exit() -> None:
     wd = _watchdog
-    if wd is not None and wd.owned_by_this_process and not wd.wait_for_dumps():
-        _log.warning("watchdog: a flight-recorder dump was still being written at exit (dump_timeout %.3g s)",
-                     wd.dump_timeout)
+    try:
+        if wd is not None and wd.owned_by_this_process and not wd.wait_for_dumps():
+            _log.warning("watchdog: a flight-recorder dump was still being written at exit (dump_timeout %.3g s)",
+                         wd.dump_timeout)
+    except KeyboardInterrupt:  # a second Ctrl-C as the process ends: said so, not a traceback of this wait
+        _log.warning("watchdog: interrupted (SIGINT) while waiting at exit for the failure reports and dumps; "
+                     "they may be incomplete")
 
 
 _forking = threading.local()  # the forking thread's signal mask before fork() (see _fork_begins)

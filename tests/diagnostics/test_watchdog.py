@@ -603,3 +603,18 @@ def test_configure_takes_bools_as_bools_and_bounds_the_stack_depth():
         rec.configure(stack_depth=100000)
     rec.configure(stacks=False, stack_depth=1000)
     assert rec.stacks is False and rec.stack_depth == 1000
+
+
+def test_a_second_ctrl_c_at_exit_is_said_not_a_traceback(monkeypatch, caplog):
+    # the exit's wait for the reports and dumps, interrupted by a second Ctrl-C, printed "Exception ignored in atexit
+    # callback" with this wait's traceback, and the failure line was lost
+    class Interrupted:
+        owned_by_this_process = True
+
+        def wait_for_dumps(self):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(watchdog_mod, "_watchdog", Interrupted())
+    with caplog.at_level(logging.WARNING, logger="pycoll.watchdog"):
+        watchdog_mod._wait_for_dumps_at_exit()
+    assert "interrupted (SIGINT) while waiting at exit" in caplog.text

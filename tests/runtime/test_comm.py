@@ -1336,3 +1336,27 @@ def test_ctrl_c_in_a_nonblocking_wait_gives_it_up_as_its_deadline_does():
     with pytest.raises(pycoll.CommTimeout):  # at the deadline: once, as before
         poll_ready(Waiting(), 1, "ncclCommShrink", 0.0, on_timeout=lambda: given_up.append(1))
     assert given_up == [1]
+
+
+def _split_alone(rank, n, uid):
+    c = _comm(rank, n, uid)
+    if rank == 1:
+        time.sleep(2.0)
+        c.abort()
+        return None
+    try:
+        c.split(0, timeout=0.5)
+        return "no exception"
+    except pycoll.CommTimeout as e:
+        notes = getattr(e, "__notes__", [])
+        c.abort()
+        return str(e), notes
+
+
+@pytest.mark.timeout(60)
+def test_a_split_that_times_out_says_so():
+    # a rank that never called split(): the caller got "all_gather (seq 1) did not complete", naming no split
+    text, notes = run_ranks(_split_alone, 2, _uid(), timeout=30)[0]
+    note = ("pycoll: in split() of communicator 'world': the exchange of the new communicators' members (every rank "
+            "of this one takes part)")
+    assert "all_gather" in text and notes == [note], (text, notes)
