@@ -702,8 +702,23 @@ class ElasticGroup:
                         comm.fail(CommRevoked(f"generation {g} of {self.name!r} is being reshaped by another member"))
                     except Exception:  # revoke unsupported: the policy aborts instead
                         _log.exception("revoking generation %d", g)
+            if comm.generation == g:
+                self._revoke_descendants(comm, g)
             _fp.hit(FP_WATCHER_AFTER_REVOKE)
             self._vouch(g, 0, comm.global_ranks if comm.generation == g else None)
+
+    def _revoke_descendants(self, comm: Communicator, g: int) -> None:
+        """The communicators the program made from generation ``g``'s (``group.comm.split()``: tensor- and
+        data-parallel groups): an operation of theirs may wait for a member that is in the reshape now, or gone;
+        they fail too (revoked, as the group's), so that whoever waits in one comes to the reshape, instead of
+        waiting out its timeout (and the group's reshape with it)."""
+        for child in comm.descendants():
+            if child.state == "active" and child.failure is None:
+                try:
+                    child.fail(CommRevoked(f"generation {g} of {self.name!r} is being reshaped: communicator "
+                                           f"{child.name!r} was made from its communicator"))
+                except Exception:  # revoke unsupported: the policy aborts instead
+                    _log.exception("revoking %r, made from generation %d", child.name, g)
 
     # -- reshape ----------------------------------------------------------------------------------
 
@@ -844,6 +859,11 @@ class ElasticGroup:
         requested = old.failure is None and (old.state == "active" or self._requested[0] == g)
         requester = self._requested[1] if self._requested[0] == g else self.slot
         cause = str(old.failure) if not requested else f"reshape requested by slot {requester}"
+        if requested:  # what failed in a communicator made from the group's (not revoked by the reshape itself)
+            seen = [c for c in old.descendants(closed=True)
+                    if c.failure is not None and not isinstance(c.failure, CommRevoked)]
+            if seen:
+                cause += f" after {seen[0].name!r} failed: {seen[0].failure}"
         t_start = time.time()
         self._announce(g, old.global_ranks, requested)  # done already when the failure was recorded
         members, parent = self.members, old

@@ -117,6 +117,51 @@ def test_sigstop_instead_of_sigkill(server):
         assert out["members"] == (0, 1, 3), out
 
 
+def _grid_with_a_death(rank, n, addr):
+    """A 2x2 grid of communicators split from the group's (tensor- and data-parallel); slot 3 dies at step 2."""
+    store = _store(addr)
+    group = ElasticGroup(store, rank, n, backend="host", timeout=8.0, name="grid")
+
+    def grid():
+        c = group.comm
+        return (c.split(c.rank // 2, name="tp"), c.split(c.rank % 2, name="dp")) if c.size == 4 else (c, c)
+
+    tp, dp = grid()
+    step, took, causes = 0, [], []
+    while step < 4:
+        if group.slot == 3 and step == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        x = np.ones(4)
+        try:
+            tp.all_reduce(x)
+            dp.all_reduce(x)
+            group.comm.all_reduce(x)
+        except pycoll.CommFailure:
+            t0 = time.monotonic()
+            group.reshape()
+            took.append(time.monotonic() - t0)
+            causes.append(group.transitions[-1].cause)
+            tp, dp = grid()
+            step = (group.last_committed or -1) + 1
+            continue
+        group.commit(step)
+        step += 1
+    group.close()
+    return took, causes
+
+
+@pytest.mark.timeout(90)
+def test_communicators_split_from_the_groups_fail_with_it(server):
+    """A member blocked in a healthy tensor- or data-parallel communicator (split from the group's) waited there for
+    a peer that was in the reshape: the reshape took two operation timeouts (16 s at timeout 8, a minute at the
+    default). Now they are revoked with the group's, and the reshape's cause names the failure that started it."""
+    res = run_ranks(_grid_with_a_death, 4, server, timeout=60, may_die=[3])
+    assert isinstance(res[3], Died)
+    for took, _ in res[:3]:
+        assert len(took) == 1 and took[0] < 4.0, res[:3]
+    assert any("'tp' failed" in c or "'dp' failed" in c for _, causes in res[:3] for c in causes), res[:3]
+
+
 def _reshape_failure(rank, n, addr):
     """Slot 3 dies; slot 2 dies while the others are reshaping (after vouching for itself). A member still finishing
     the first all_reduce when slot 0 begins the reshape has it failed by the reshape's revoke: that one too leads to
