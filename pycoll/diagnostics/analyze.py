@@ -453,6 +453,8 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
         shown: Dict[int, int] = dict.fromkeys(res["missing_dumps"], start - 1)
         for s in seqs:
             div = _check_seq(s, present, coll, last, latest, size, res, local_of, stack_limit)
+            if div is not None and not div["mismatch"] and _failed_with_a_later_one(s, present, coll):
+                continue  # its group failed on a later collective's mismatch: that one is the divergence
             if div is not None:
                 res["first_divergence"] = div
                 break
@@ -730,6 +732,7 @@ def _mismatch(kind: str, keyed: Dict[int, Any], texts: Dict[int, str]) -> Dict[s
 # The host library's text for a mismatched collective: "... rank A called Op(count=.., datatype=.., op=..) but
 # rank B called Op(...)" (ranks are the communicator's own).
 _CALLS_RE = re.compile(r"rank (\d+) called (\w+)\(([^)]*)\) but rank (\d+) called (\w+)\(([^)]*)\)")
+_AT_RE = re.compile(r"collective mismatch at collective #(\d+)")
 
 
 # The host library's text where a rank waits for a peer that went past the collective without doing its part for it
@@ -781,14 +784,33 @@ def _root_text(root: Any, members: List[int]) -> str:
     return f"root={root}" + (f" (global {g})" if g is not None and g != int(root) else "")
 
 
+def _mismatch_at(e: Dict[str, Any]) -> Optional[int]:
+    """The collective number the library's mismatch text in entry ``e``'s error names, or None."""
+    m = _AT_RE.search(str(e.get("pycoll_error") or ""))
+    return int(m.group(1)) if m else None
+
+
+def _failed_with_a_later_one(s: int, present: List[int], coll: Dict[int, Dict[int, Dict[str, Any]]]) -> bool:
+    """Whether collective #``s`` failed, on every rank with a dump that entered it, with the library's mismatch of
+    one later collective (a group's operations fail together: its first one carries the text of the one that
+    differs)."""
+    at = {_mismatch_at(coll[r][s]) for r in present if s in coll[r]}
+    n = at.pop() if len(at) == 1 else None
+    return n is not None and n > s and all(n in coll[r] for r in present)
+
+
 def _library_calls(got: Dict[int, Dict[str, Any]], members: List[int], local_of: Dict[int, int]
                    ) -> Dict[int, Dict[str, str]]:
-    """Global rank -> the call the library saw it make (count, datatype, op, root), from the entries' errors."""
+    """Global rank -> the call the library saw it make (count, datatype, op, root), from the entries' errors (those
+    naming this collective: a group's other operations carry the text too)."""
     calls: Dict[int, Dict[str, str]] = {}
     told: Dict[int, Dict[str, str]] = {}  # what a rank's peer said it called, for ranks that did not say so
     for r, e in got.items():
         m = _CALLS_RE.search(str(e.get("pycoll_error") or ""))
         if m is None:
+            continue
+        at = _mismatch_at(e)
+        if at is not None and at != e.get("collective_seq_id"):
             continue
         for local_s, args in ((m.group(1), m.group(3)), (m.group(4), m.group(6))):
             local = int(local_s)

@@ -582,6 +582,31 @@ def test_operations_of_a_dropped_group_are_not_recorded_as_completed(tmp_path):
     assert "completed on rank" not in text, text
 
 
+def _mismatch_inside_a_group(rank, n, uid, dump_dir):
+    comm, _ = _setup(rank, n, uid, dump_dir, timeout=3.0)
+    x = np.ones(4, np.float32)
+    comm.all_reduce(x)
+    try:
+        with comm.group():
+            comm.all_reduce(x)  # #2: the same on every rank
+            if rank != 2:
+                comm.all_reduce(np.ones(2, np.float32))  # #3 on ranks 0 and 1
+            comm.broadcast(x, root=0)  # rank 2's #3
+    except pycoll.CommFailure:
+        pass
+    pycoll.flight_recorder.get_recorder().dump("test")
+    comm.abort()
+
+
+def test_a_mismatch_inside_a_group_is_placed_at_the_collective_that_differs(tmp_path):
+    # every operation of the group carries the library's mismatch text, which names collective #3: pycoll-fr took it
+    # for the group's first one (#2, the same everywhere) and called it a count mismatch there
+    run_ranks(_mismatch_inside_a_group, 3, _uid(), str(tmp_path), timeout=40)
+    text = analyze.format_report(analyze.analyze_dir(_gen0(str(tmp_path))), stacks=False)
+    assert "FIRST DIVERGENCE at all_reduce #3" in text, text
+    assert "verdict: operation type mismatch in all_reduce #3 [Float(2,)] on 'world': rank 2 differs" in text, text
+
+
 def _dropped_with_work_outstanding(rank, n, uid, dump_dir):
     import gc
 
