@@ -197,7 +197,8 @@ void shm_unlink_name(const char* name) {
   unlink(path);
 }
 
-static void sweep_one(const char* entry) {
+/* Removes the segment `entry` where its creator is dead or, with `mine` set, is this process. */
+static void sweep_one(const char* entry, const struct proc_id* mine) {
   char path[300];
   snprintf(path, sizeof path, "%s/%s", SHM_DIR, entry);
   struct proc_id creator = {0};
@@ -224,7 +225,30 @@ static void sweep_one(const char* entry) {
     munmap(p, len);
     if (ok != 0) return;
   }
-  if (proc_alive(&creator) == 0) unlink(path);
+  if (mine ? creator.pid == mine->pid && creator.start == mine->start && creator.pidns == mine->pidns
+           : proc_alive(&creator) == 0)
+    unlink(path);
+}
+
+static void sweep_dir(const struct proc_id* mine) {
+  DIR* d = opendir(SHM_DIR);
+  if (!d) return;
+  struct dirent* e;
+  while ((e = readdir(d)) != NULL) {
+    if (strncmp(e->d_name, SHM_PREFIX, strlen(SHM_PREFIX)) != 0) continue;
+    sweep_one(e->d_name, mine);
+  }
+  closedir(d);
+}
+
+/* As the process ends: the segments it created go now, as the next sweep of another process would remove them
+ * once it is dead -- an init never finished (abandoned, or in a thread the exit did not wait for) left its
+ * rendezvous segment until some pycoll process on this host made a communicator. Mappings stay valid; a killed
+ * process runs no destructor, and the sweeps remove its segments. */
+__attribute__((destructor)) static void sweep_own_at_exit(void) {
+  struct proc_id me;
+  proc_self(&me);
+  sweep_dir(&me);
 }
 
 void shm_sweep(void) {
@@ -238,12 +262,5 @@ void shm_sweep(void) {
   }
   last = t;
   pthread_mutex_unlock(&mu);
-  DIR* d = opendir(SHM_DIR);
-  if (!d) return;
-  struct dirent* e;
-  while ((e = readdir(d)) != NULL) {
-    if (strncmp(e->d_name, SHM_PREFIX, strlen(SHM_PREFIX)) != 0) continue;
-    sweep_one(e->d_name);
-  }
-  closedir(d);
+  sweep_dir(NULL);
 }

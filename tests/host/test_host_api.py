@@ -772,3 +772,31 @@ def test_communicators_made_in_a_group_are_written_into_memory_kept_until_its_en
 
     r = subprocess.run([sys.executable, "-c", _GROUP_SLOTS], capture_output=True, text=True, timeout=50)
     assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout, r.stderr[-2000:])
+
+
+_ABANDONED = """
+import sys, threading, time
+import pycoll
+from pycoll import _bindings as B
+lib = B.load("host")
+for _ in range(3):  # nonblocking inits whose peers never come, left as they are
+    lib.comm_init_rank_config(2, lib.get_unique_id(), 0, B.Config(blocking=0))
+threading.Thread(target=lambda: pycoll.init(0, 2, unique_id=pycoll.get_unique_id(backend="host"), backend="host",
+                                            init_timeout=60), daemon=True).start()
+time.sleep(0.3)
+print(len([f for f in __import__("os").listdir("/dev/shm") if f.startswith("pycoll")]), flush=True)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_process_that_exits_leaves_no_segment_of_its_own():
+    # inits never finished (abandoned, or in a daemon thread the exit does not wait for) left their rendezvous
+    # segments in /dev/shm after the process ended, until another pycoll process on the host swept them
+    import subprocess
+    import sys
+
+    before = set(shm_entries())
+    out = subprocess.run([sys.executable, "-c", _ABANDONED], capture_output=True, text=True, timeout=50)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.strip()) >= 4  # they were there while it ran
+    assert set(shm_entries()) - before == set()
