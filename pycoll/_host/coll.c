@@ -813,19 +813,20 @@ static void copy_out(struct task* t, int p) {
  * (the ranks agreed otherwise on whether the operation ran) nor, over windows, its buffers, which it owns again.
  * A peer that completed the step and left after (a program's end by abort()) or finished or finalized is no
  * failure. Over windows no rank completes step 0 before every piece is written, so a peer that left then failed. */
-/* A peer of c that left (aborted, revoked) before completing step S, or -1. */
-static int left_before(const struct ncclComm* c, uint64_t S) {
+/* A peer of c that left before completing step S -- aborted, or (`revoked` set) revoked --, or -1. */
+static int left_before(const struct ncclComm* c, uint64_t S, bool revoked) {
   for (int k = 0; k < c->nranks; k++) {
     if (k == c->rank) continue;
     const struct rank_ctrl* pc = &c->seg.ctrl[k];
     int st = __atomic_load_n(&pc->left_state, __ATOMIC_ACQUIRE);
-    if (UNLIKELY(st) && __atomic_load_n(&pc->left_done, __ATOMIC_RELAXED) <= S) return k;
+    if (UNLIKELY(st) && (revoked || st == RS_ABORTED) && __atomic_load_n(&pc->left_done, __ATOMIC_RELAXED) <= S)
+      return k;
   }
   return -1;
 }
 
 static bool peer_left(struct task* t, uint64_t S) {
-  int k = left_before(t->comm, S);
+  int k = left_before(t->comm, S, true);
   if (LIKELY(k < 0)) return false;
   char text[320]; /* its state, published before left_state (comm_publish_state), says why */
   comm_check_peer(t->comm, k, false, text, sizeof text);
@@ -1016,10 +1017,10 @@ ncclResult_t coll_check_waited(struct task* t, bool check_process, char* text, s
     if (err != ncclSuccess && !part_there(t, k)) return err;
   }
   if (eager) return ncclSuccess;
-  /* a peer that arrived at this step and then aborted or revoked before completing it (Ctrl-C there): the step
-   * cannot complete, and the ranks waiting for another, late peer would otherwise learn it only once that one
-   * arrived -- at their timeout, where it never does */
-  int k = left_before(c, t->step0 + t->step);
+  /* a peer that arrived at this step and then aborted before completing it (Ctrl-C there): the step cannot
+   * complete, and the ranks waiting for another, late peer would otherwise learn it only once that one arrived --
+   * at their timeout, where it never does. A revoke is left to each rank's own (NCCL's: every rank revokes) */
+  int k = left_before(c, t->step0 + t->step, false);
   return k < 0 ? ncclSuccess : comm_check_peer(c, k, false, text, len);
 }
 
