@@ -214,7 +214,7 @@ def init(
         info = discovery.discover()
         rank, world_size, local_rank = info.rank, info.world_size, info.local_rank
         if store is None and unique_id is None and world_size > 1:
-            store = discovery.open_store(info, connect_timeout=init_timeout)
+            store = discovery.job_store(info, connect_timeout=init_timeout)
     elif rank is None or world_size is None:
         raise ValueError("give both rank and world_size, or neither (to read them from the environment)")
     rank, world_size = integer(rank, "rank", "an int"), integer(world_size, "world_size", "an int")

@@ -332,7 +332,7 @@ class ElasticGroup:
         A replacement process (``PYCOLL_REPLACEMENT`` >= 1) joins; the others form the group.
         """
         info = discovery.discover()
-        store = kwargs.pop("store", None) or discovery.open_store(info)
+        store = kwargs.pop("store", None) or discovery.job_store(info)
         return cls(store, info.rank, info.world_size, joiner=info.is_replacement, **kwargs)
 
     # -- properties -----------------------------------------------------------------------------

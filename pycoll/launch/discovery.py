@@ -50,10 +50,11 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import zlib
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Iterator, List, Literal, Mapping, Optional, overload
+from typing import Any, Dict, Iterator, List, Literal, Mapping, Optional, Tuple, overload
 
 from ..errors import RankDiscoveryError, StoreError
 from ..store import DEFAULT_TIMEOUT, MemoryStore, PrefixStore, Store, TCPStore, wrap_torch_store
@@ -64,6 +65,7 @@ __all__ = [
     "RankDiscoveryError",
     "discover",
     "open_store",
+    "job_store",
     "expand_nodelist",
     "first_host",
     "expand_tasks_per_node",
@@ -507,7 +509,31 @@ def open_store(
                                 max_unauthenticated=unauthenticated_for(info.world_size))
     except StoreError as exc:
         raise StoreError(f"rank 0 could not host the store on {bind}:{info.store_port} ({exc}); "
-                         f"choose another port with {ENV_STORE_PORT}") from None
+                         f"choose another port with {ENV_STORE_PORT}{_SHARED_PORT_HINT}") from None
+
+
+# where rank 0 cannot host the store on the port: torch.distributed's env:// store (init_process_group) takes
+# MASTER_PORT too, outside torchrun's agent
+_SHARED_PORT_HINT = (" (if torch.distributed's init_process_group hosts its store on that port -- env:// with the "
+                     "same MASTER_PORT --, pass it to pycoll: init(store=torch.distributed.distributed_c10d."
+                     "_get_default_store()))")
+
+_job_stores: Dict[Tuple[Any, ...], Store] = {}
+_job_lock = threading.Lock()
+
+
+def job_store(info: RankInfo, *, connect_timeout: float = 120.0) -> Store:
+    """The store of the job ``info`` describes, opened once per process (:func:`open_store`) and shared by every
+    :func:`pycoll.init` and ``ElasticGroup.from_env()`` that reads the environment: under SLURM, Open MPI and a
+    torch ``env://`` launch rank 0 hosts it, and a second one on the same port failed ("Address already in use");
+    each also held its connections. A store closed since (``close()``) is opened again."""
+    key = (os.getpid(), info.source, info.store_addr, info.store_port, info.rank, info.world_size)
+    with _job_lock:
+        store = _job_stores.get(key)
+        inner = getattr(store, "root", store)
+        if store is None or getattr(inner, "_closed", False):
+            store = _job_stores[key] = open_store(info, connect_timeout=connect_timeout)
+        return store
 
 
 def _open_torch_store(info: RankInfo, env: Mapping[str, str], timeout: float, connect_timeout: float) -> Store:
@@ -527,6 +553,7 @@ def _open_torch_store(info: RankInfo, env: Mapping[str, str], timeout: float, co
                             timeout=timedelta(seconds=connect_timeout), wait_for_workers=False)
         tcp.set_timeout(timedelta(seconds=timeout))
     except Exception as exc:  # torch raises DistNetworkError/RuntimeError
-        raise StoreError(f"could not open torch's TCPStore at {info.store_addr}:{info.store_port}: {exc}") from None
+        raise StoreError(f"could not open torch's TCPStore at {info.store_addr}:{info.store_port}: {exc}"
+                         + (_SHARED_PORT_HINT if "in use" in str(exc).lower() else "")) from None
     adapter = wrap_torch_store(tcp, timeout=timeout)
     return PrefixStore(adapter, f"pycoll/attempt_{attempt}/")

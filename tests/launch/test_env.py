@@ -11,6 +11,7 @@ import time
 import pytest
 from helpers.mp import run_ranks
 
+import pycoll
 from pycoll.env import (
     RankDiscoveryError,
     RankInfo,
@@ -237,6 +238,27 @@ def test_open_store_across_processes(launcher):
         assert results[1][2][0] == "TCPStore"
 
 
+def _two_inits(rank, n, make_env):
+    import numpy as np
+
+    os.environ.update(make_env(rank, n))
+    out = []
+    for name in ("dp", "tp"):  # the second hosted a second store on the same port: "Address already in use"
+        c = pycoll.init(name=name, backend="host", init_timeout=30)
+        x = np.ones(2, np.float32)
+        c.all_reduce(x)
+        out.append(x.tolist())
+        c.destroy()
+    return out
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("launcher", ["openmpi", "slurm"])
+def test_two_inits_from_the_environment_share_the_jobs_store(launcher):
+    make_env = functools.partial({"openmpi": _ompi_env, "slurm": _slurm_env}[launcher], _free_port())
+    assert run_ranks(_two_inits, 2, make_env, timeout=75) == [[[2.0, 2.0], [2.0, 2.0]]] * 2
+
+
 def test_open_store_under_pycoll_run_env():
     host = TCPStore.hosting(token="tok", timeout=5)
     try:
@@ -280,3 +302,17 @@ def test_a_torchrun_rank_whose_store_never_comes_keeps_init_timeout_and_ends_on_
         p.wait()
         p.stdout.close()
         p.stderr.close()
+
+
+def test_a_port_taken_by_another_store_says_how_to_share_it():
+    # torch.distributed's env:// rank 0 hosts its store on MASTER_PORT, which pycoll takes too outside torchrun
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    try:
+        info = discover(_slurm_env(taken.getsockname()[1], 0, 2))
+        with pytest.raises(pycoll.StoreError, match=r"choose another port with PYCOLL_STORE_PORT \(if "
+                                                    r"torch.distributed's init_process_group hosts its store"):
+            open_store(info, connect_timeout=2)
+    finally:
+        taken.close()
