@@ -20,6 +20,10 @@ def _run_id() -> str:
     for var in ("PYCOLL_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
         value = os.environ.get(var, "").strip()
         if value:
+            if var == "TORCHELASTIC_RUN_ID":  # a restarted attempt's dumps apart from those that explain the restart
+                attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "").strip()
+                if attempt.isdigit() and int(attempt) > 0:
+                    value += f".attempt{int(attempt)}"
             return "".join(c if c.isalnum() or c in "-_." else "_" for c in value)
     return "default"
 
@@ -27,8 +31,9 @@ def _run_id() -> str:
 def default_dump_dir() -> str:
     """``$PYCOLL_FR_DUMP_DIR``, else ``${XDG_CACHE_HOME:-~/.cache}/pycoll/fr/<run id>``.
 
-    The run id is ``$PYCOLL_RUN_ID`` (set by pycoll-run), ``$TORCHELASTIC_RUN_ID`` or
-    ``$SLURM_JOB_ID``, else ``default`` (set ``PYCOLL_FR_DUMP_DIR`` per job to keep runs apart).
+    The run id is ``$PYCOLL_RUN_ID`` (set by pycoll-run), ``$TORCHELASTIC_RUN_ID`` (with ``.attempt<n>`` after a
+    torchrun restart, ``$TORCHELASTIC_RESTART_COUNT``: the dumps that explain a restart are not overwritten by the
+    next attempt's) or ``$SLURM_JOB_ID``, else ``default`` (set ``PYCOLL_FR_DUMP_DIR`` per job to keep runs apart).
     """
     explicit = _settings.get("PYCOLL_FR_DUMP_DIR")
     if explicit:

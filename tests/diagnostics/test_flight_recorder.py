@@ -534,3 +534,18 @@ def test_each_entry_names_its_own_communicator_also_when_an_address_is_reused(re
     rec.comm_created(b)
     b.op("all_reduce", f32(2), f32(2))
     assert rec.as_dict(0)["entries"][-1]["process_group"][0] == "c" * 16
+
+
+def test_a_torchrun_restart_dumps_apart_from_the_attempt_it_restarted(monkeypatch):
+    # every attempt dumped into ~/.cache/pycoll/fr/<TORCHELASTIC_RUN_ID>: the next attempt's exit dumps overwrote
+    # the ones that explained the restart, and pycoll-fr found no problem
+    from pycoll.diagnostics import files
+
+    monkeypatch.delenv("PYCOLL_FR_DUMP_DIR", raising=False)
+    monkeypatch.delenv("PYCOLL_RUN_ID", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", "/cache")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job7")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    assert files.default_dump_dir() == "/cache/pycoll/fr/job7"
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    assert files.default_dump_dir() == "/cache/pycoll/fr/job7.attempt2"
