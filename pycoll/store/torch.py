@@ -133,6 +133,7 @@ class TorchStoreAdapter(Store):
         self._local = threading.local()
         self._closed = False
         self._lost = False  # a call found the server gone: no new connection (a clone) is tried for it
+        self._lost_at = 0.0  # when: calls fail at once for LOST_RETRY seconds (each of torch's logs a warning)
         register_exit_gate()
 
     def __repr__(self) -> str:
@@ -159,11 +160,19 @@ class TorchStoreAdapter(Store):
         if self._closed:
             raise StoreError(f"the adapter of {type(self.torch_store).__name__} is closed")
 
+    #: seconds a lost server is not asked again (torch logs a warning with a backtrace for each failed call)
+    LOST_RETRY = 10.0
+
     def _run(self, what: str, fn: Callable[[], Any], keys: Sequence[str] = (), timeout: float = 0.0) -> Any:
         self._check_open()
+        if self._lost and time.monotonic() - self._lost_at < self.LOST_RETRY:
+            raise StoreLost(f"{what}: the {type(self.torch_store).__name__}'s server was lost "
+                            f"{time.monotonic() - self._lost_at:.1f} s ago (asked again every {self.LOST_RETRY:g} s)")
         try:
             with _gate.call():
-                return fn()
+                result = fn()
+            self._lost = False
+            return result
         except StoreError:
             raise
         except (TypeError, ValueError) as exc:
@@ -175,7 +184,10 @@ class TorchStoreAdapter(Store):
             if "timeout" in type(exc).__name__.lower() or "timeout" in text or "timed out" in text:
                 raise _timeout_error(list(keys), timeout, f" in {type(self.torch_store).__name__}") from exc
             if any(c.__name__ == "DistNetworkError" for c in type(exc).__mro__):  # its server is gone (or unreachable)
-                self._lost = True
+                if not self._lost:
+                    _log.warning("the %s's server cannot be reached (%s): its calls fail at once for %g s at a time",
+                                 type(self.torch_store).__name__, str(exc).splitlines()[0][:200], self.LOST_RETRY)
+                self._lost, self._lost_at = True, time.monotonic()
                 raise StoreLost(f"{what}: lost the connection to the {type(self.torch_store).__name__}'s server: "
                                 f"{exc}") from exc
             raise StoreError(f"{what}: {type(self.torch_store).__name__} failed: {exc}") from exc

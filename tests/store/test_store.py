@@ -1008,3 +1008,36 @@ def test_a_job_store_takes_every_rank_handshaking_at_once():
         assert host.server.max_unauthenticated == 300
     finally:
         host.close()
+
+
+def test_a_torch_store_whose_server_is_gone_is_not_asked_again_at_once(caplog):
+    # the watchdog's rounds went on calling a torch store whose server had died: torch logged a warning with a C++
+    # backtrace for each call (about two a second per rank) and pycoll said nothing
+    from pycoll.store import wrap_torch_store
+
+    class DistNetworkError(RuntimeError):
+        pass
+
+    class Gone:
+        calls = 0
+
+        def __getattr__(self, name):
+            if name not in ("set", "get", "add", "wait", "compare_set", "delete_key", "check", "num_keys"):
+                raise AttributeError(name)
+
+            def call(*args):
+                Gone.calls += 1
+                raise DistNetworkError("Broken pipe")
+            return call
+
+    s = wrap_torch_store(Gone(), timeout=5)
+    with caplog.at_level("WARNING", logger="pycoll.store"):
+        for _ in range(5):
+            with pytest.raises(StoreLost):
+                s.set("k", b"v")
+    assert Gone.calls == 1  # asked once; the others fail at once for LOST_RETRY seconds
+    assert sum("cannot be reached" in r.getMessage() for r in caplog.records) == 1
+    s.LOST_RETRY = 0.0
+    with pytest.raises(StoreLost, match="lost the connection"):
+        s.set("k", b"v")  # asked again after it
+    assert Gone.calls == 2
