@@ -107,7 +107,21 @@ def _itemsize(dtype: Any, like: str) -> int:
         import torch
 
         return int(torch.empty((), dtype=_torch_dtype(dtype)).element_size())
-    return int(np.dtype(dtype).itemsize)
+    return int(_np_dtype(dtype).itemsize)
+
+
+def _np_dtype(dtype: Any) -> Any:
+    """``dtype`` as numpy's (a torch dtype by its name, as the torch arrays' take a numpy one), refusing what holds
+    Python objects (references cannot live in communicator memory)."""
+    if type(dtype).__module__ == "torch":
+        from ._dtypes import datatype_of, numpy_dtype
+
+        dt = numpy_dtype(datatype_of(dtype))
+    else:
+        dt = np.dtype(dtype)
+    if dt.hasobject:
+        raise TypeError(f"dtype {dt} holds Python objects: it cannot be allocated in a communicator's memory")
+    return dt
 
 
 def _torch_dtype(dtype: Any) -> Any:
@@ -150,7 +164,7 @@ def _array(owner: Any, alloc: _Allocation, ptr: int, dims: Tuple[int, ...], dtyp
         if not host:
             raise ValueError("like='numpy' needs the host backend: this memory is on a GPU (use 'torch' or 'cupy')")
         raw = np.asarray(_HostView(owner, ptr, max(nbytes, 1)))[:nbytes]
-        return raw.view(np.dtype(dtype)).reshape(dims)
+        return raw.view(_np_dtype(dtype)).reshape(dims)
     if like == "torch":
         import torch
 

@@ -422,3 +422,19 @@ def test_symmetric_pool_lifetimes_and_misuse():
         assert x.tolist() == [1.0, 1.0]
     finally:
         c.destroy()
+
+
+def test_allocations_take_torch_dtypes_on_the_host_and_refuse_object_dtypes():
+    # pool.empty(4, torch.float32) on the host (numpy arrays) failed in numpy ("Cannot interpret 'torch.float32'"),
+    # where mem_alloc's docstring takes a torch dtype; mem_alloc(4, object) failed in numpy's view
+    torch = pytest.importorskip("torch")
+    c = _comm(0, 1, _uid(), name="alloc-dtypes")
+    try:
+        with pycoll.SymmetricPool(c, 4096) as pool:
+            a = pool.empty(4, torch.float32)
+            assert a.dtype == np.float32 and a.shape == (4,)
+        assert c.mem_alloc(3, torch.int64).dtype == np.int64
+        with pytest.raises(TypeError, match="holds Python objects"):
+            c.mem_alloc(4, object)
+    finally:
+        c.destroy()
