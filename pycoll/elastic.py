@@ -668,7 +668,12 @@ class ElasticGroup:
             try:
                 if self.members and self.members[0] == self.slot:  # rank 0 decides the grows
                     self._joiners_seen = bool(self.pending_joiners())
-                wait = 0.05 if self._node is not None and self._node.pending else 0.5  # the hub is starting
+                # a generation that changes (a grow, a reshape) is seen at the end of this wait: short for a group
+                # without node hubs (a few members: a few requests a second each), where a member waiting in a
+                # communicator split from the new generation's would otherwise wait that long to be revoked (its
+                # vouch late too: a reshape window shorter than the wait left it out)
+                wait = (0.05 if self._node is not None and self._node.pending else 0.5 if self._node is not None
+                        else 0.1)
                 flag = _node.watch_key(self._link, self.store, key, wait)
                 if flag is None:
                     continue
@@ -851,6 +856,7 @@ class ElasticGroup:
     def _reshape(self) -> Communicator:
         old = self.comm
         g = self.generation
+        self._revoke_descendants(old, g)  # also where the watcher saw the flag after this member had moved on
         detected = getattr(old, "failed_at", None) or time.time()
         # asked for with nothing failed (here, or by the member whose flag revoked this one): no failure, nothing
         # reported and no dump anywhere. The others' watchers see the flag, expect a revoke (Communicator.

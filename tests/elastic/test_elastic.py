@@ -141,7 +141,9 @@ def _grid_with_a_death(rank, n, addr):
             group.reshape()
             took.append(time.monotonic() - t0)
             causes.append(group.transitions[-1].cause)
+            olds = [tp.state, dp.state]  # the old generation's: revoked (or aborted), never left usable
             tp, dp = grid()
+            causes.append(f"old states {olds}")
             step = (group.last_committed or -1) + 1
             continue
         group.commit(step)
@@ -157,8 +159,9 @@ def test_communicators_split_from_the_groups_fail_with_it(server):
     default). Now they are revoked with the group's, and the reshape's cause names the failure that started it."""
     res = run_ranks(_grid_with_a_death, 4, server, timeout=60, may_die=[3])
     assert isinstance(res[3], Died)
-    for took, _ in res[:3]:
+    for took, causes in res[:3]:
         assert len(took) == 1 and took[0] < 4.0, res[:3]
+        assert "active" not in causes[-1], causes
     assert any("'tp' failed" in c or "'dp' failed" in c for _, causes in res[:3] for c in causes), res[:3]
 
 
