@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/statvfs.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "debug.h"
@@ -237,6 +238,7 @@ ncclResult_t rendezvous_join(const struct rendezvous* r, struct seg* out) {
   shm_sweep();
 
   /* open the segment, creating it if we are first */
+  int enospc_tries = 0;
   for (int attempt = 0;; attempt++) {
     if (aborted(r)) {
       snprintf(text, sizeof text, "%s : rank %d aborted while joining", r->opname, r->rank);
@@ -249,6 +251,14 @@ ncclResult_t rendezvous_join(const struct rendezvous* r, struct seg* out) {
       err = shm_create_map(s.name, L.total, init_header, &(struct init_arg){r, &L}, &base);
       if (err == EEXIST) continue;
       size = L.total;
+    }
+    /* ranks racing to create it each reserve its pages in a file of their own before one of them links it: with
+     * room for one segment and not for two, every one of them failed. Again after a pause of its own (1-20 ms, apart
+     * from the others'): the winner's segment, or a creation that no other reservation holds up any more */
+    if (err == ENOSPC && enospc_tries++ < 8) {
+      struct timespec pause = {0, (long)(1 + (now_ns() ^ (uint64_t)getpid() * 7919u) % 20) * 1000 * 1000};
+      nanosleep(&pause, NULL);
+      continue;
     }
     if (err == ENOSPC) {
       struct statvfs fs;

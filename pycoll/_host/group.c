@@ -1,6 +1,7 @@
 #include "group.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "debug.h"
 #include "stream.h"
@@ -145,13 +146,14 @@ static void* job_thread_joined(void* arg) {
   return NULL;
 }
 
-static bool spawn(struct job* j, void* (*fn)(void*), bool detached) {
+/* 0, or why the thread did not start (pthread_create's error number: it sets no errno) */
+static int spawn(struct job* j, void* (*fn)(void*), bool detached) {
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   if (detached) pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
   int e = pthread_create(&j->thread, &attr, fn, j);
   pthread_attr_destroy(&attr);
-  return e == 0;
+  return e;
 }
 
 static ncclResult_t run_jobs(struct job* list, bool blocking) {
@@ -163,8 +165,9 @@ static ncclResult_t run_jobs(struct job* list, bool blocking) {
   if (!blocking) {
     for (struct job *j = list, *next; j; j = next) {
       next = j->next;
-      if (!spawn(j, job_thread_detached, true)) {
-        WARN("ncclGroupEnd : cannot start a thread");
+      int e = spawn(j, job_thread_detached, true);
+      if (e != 0) {
+        WARN("ncclGroupEnd : cannot start a thread: %s", strerror(e));
         job_complete(j, ncclSystemError);
         __atomic_sub_fetch(&j->comm->job_running, 1, __ATOMIC_ACQ_REL);
         job_free(j);
@@ -177,7 +180,7 @@ static ncclResult_t run_jobs(struct job* list, bool blocking) {
     ret = job_exec(list);
   } else {
     for (struct job* j = list; j; j = j->next)
-      if (!spawn(j, job_thread_joined, false)) j->thread = 0, job_exec(j);
+      if (spawn(j, job_thread_joined, false) != 0) j->thread = 0, job_exec(j);
     for (struct job* j = list; j; j = j->next) {
       if (j->thread) pthread_join(j->thread, NULL);
       if (ret == ncclSuccess && j->result != ncclSuccess) ret = j->result;

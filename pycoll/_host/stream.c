@@ -831,8 +831,9 @@ NCCL_API int pycollStreamCreateWithFlags(pycollStream_t* stream, int flags) {
   pthread_cond_init(&s->work, &ca);
   pthread_condattr_destroy(&ca);
   pthread_cond_init(&s->idle, NULL);
-  if (pthread_create(&s->thread, NULL, stream_main, s) != 0) {
-    WARN("pycollStreamCreate : cannot start the stream thread: %s", strerror(errno));
+  int e = pthread_create(&s->thread, NULL, stream_main, s);
+  if (e != 0) { /* its error number: pthread_create sets no errno */
+    WARN("pycollStreamCreate : cannot start the stream thread: %s", strerror(e));
     free(s);
     return ncclSystemError;
   }

@@ -800,3 +800,33 @@ def test_a_process_that_exits_leaves_no_segment_of_its_own():
     assert out.returncode == 0, out.stderr
     assert int(out.stdout.strip()) >= 4  # they were there while it ran
     assert set(shm_entries()) - before == set()
+
+
+_SPLITS = """
+import pycoll
+comm = pycoll.init(backend="host", timeout=20, name="parent")
+for i in range(10):
+    comm.split(0, name=f"s{i}").destroy()
+comm.barrier()
+print("ok", flush=True)
+comm.destroy()
+"""
+
+
+@pytest.mark.timeout(90)
+def test_ranks_racing_to_create_a_segment_with_room_for_one(tmp_path):
+    # each racing rank reserves the segment's pages in a file of its own before one links it: room for one segment,
+    # not two, failed them all ("2 ranks need 7.1 MiB, 10.9 MiB are free"), and the split's error broke the parent
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("unshare") is None or subprocess.run(
+            ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"], capture_output=True).returncode:
+        pytest.skip("needs a mount namespace of its own (unshare -m, as root) for a small /dev/shm")
+    script = tmp_path / "splits.py"
+    script.write_text(_SPLITS)
+    run = [sys.executable, "-m", "pycoll.run", "-n", "2", "--timeout", "60", str(script)]
+    out = subprocess.run(["unshare", "-m", "sh", "-c", 'mount -t tmpfs -o size=18m tmpfs /dev/shm && exec "$@"', "sh",
+                          *run], capture_output=True, text=True, timeout=80)
+    assert out.returncode == 0 and out.stdout.count("ok") == 2, out.stdout + out.stderr
