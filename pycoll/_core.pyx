@@ -953,6 +953,9 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
     cdef Library lib = _comm_lib(comm)
     cdef CudaDriver drv = _comm_driver(comm)
     capture = None if lib is not None else _capture_id(dev, drv, stream)
+    cdef unsigned long me = PyThread_get_thread_ident()
+    if comm._owner != me:  # refused (another thread has it, until hand_off) before it takes a number: the peers'
+        comm._take_over(me, op)  # reports and the flight recorder count only what ran
     if peer is None:
         comm._coll_seq += 1
     else:
@@ -975,9 +978,6 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
         comm._check_usable(op)
         raise CommStateError(f"{op}: communicator {comm.name!r} has no handle (state {comm._state})")
     group = _open_works()
-    cdef unsigned long me = PyThread_get_thread_ident()
-    if comm._owner != me:
-        comm._take_over(me, op)  # refused while another thread has it (until hand_off: comm.py)
     cdef unsigned long user = comm._user
     comm._user = me
     try:

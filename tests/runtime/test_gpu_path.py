@@ -318,10 +318,15 @@ def test_two_threads_on_one_communicator_is_refused(fake, rt):
             except pycoll.CommStateError as e:
                 errors.append(str(e))
 
+        recorded = pycoll.flight_recorder.get_recorder().recorded
         t = threading.Thread(target=second, name="second", daemon=True)
         t.start()
         t.join(5.0)
         assert errors and "'second'" in errors[0] and "'first'" in errors[0]
+        # the refused call took no number (it took #2: the peers' reports said this rank had issued what never ran,
+        # and the flight recorder recorded it as completed)
+        assert c.progress().coll_enqueued == 1
+        assert pycoll.flight_recorder.get_recorder().recorded == recorded
         rt.finish(0)
         first.join(5.0)
         assert c.state == "active" and not first.is_alive()
