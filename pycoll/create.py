@@ -267,7 +267,8 @@ def init(
 
         if status == B.IN_PROGRESS:
             _poll_new(lib, handle, f"init of communicator {name!r} ({world_size} ranks)", left(), missing,
-                      reported_timeout=init_timeout, give_up=give_up)
+                      reported_timeout=init_timeout,
+                      give_up=_watching_given_up(store, base, name, give_up) if meeting else give_up)
         if store is not None:
             _forget_init_keys(store, base, rank, published=meeting)
     except BaseException as exc:
@@ -328,8 +329,12 @@ def _exchange_unique_id(lib: Any, unique_id: Any, store: Any, rank: int, world_s
             if gone:  # a rank that waited for the unique id in vain (its timeout) left: the init cannot complete
                 raise CommAborted(f"init of {name!r} (this process's init #{count} with that name): {gone} before "
                                   f"this rank (rank 0) arrived; nothing is waiting for it any more")
-            raise StoreError(f"init of {name!r} (this process's init #{count} with that name): another rank 0 already "
-                             f"published its unique id at {key!r} of the store {meets}")
+            err = StoreError(f"init of {name!r} (this process's init #{count} with that name): another rank 0 "
+                             f"already published its unique id at {key!r} of the store {meets}")
+            # the init met there cannot complete either (two rank 0s: a rank number given twice): its ranks, waiting
+            # for one that never comes, are told now, not at their init_timeout
+            _give_up_init(store, base, there, rank, err)
+            raise err
         return uid
     try:
         value = bytes(store.get(key, timeout=timeout))
@@ -357,6 +362,30 @@ def _give_up_init(store: Any, base: str, uid: Any, rank: int, exc: BaseException
         store.compare_set(f"{base}/unique_id", bytes(uid), _GIVEN_UP + what.encode())
     except Exception as e:
         _log.debug("init: could not tell the store that it was given up: %s", e)
+
+
+def _watching_given_up(store: Any, base: str, name: str, give_up: Optional[Callable[[float], Optional[BaseException]]]
+                        ) -> Callable[[float], Optional[BaseException]]:
+    """``give_up`` (the caller's, or None) that also, about once a second, looks at the store for a rank that gave
+    this init up (:func:`_give_up_init`): the ranks already waiting end then, as the library tells them of a rank
+    that aborted, also where the one that gave up never joined (a second rank 0, say)."""
+    next_look = [0.0]
+
+    def check(waited: float) -> Optional[BaseException]:
+        if give_up is not None:
+            exc = give_up(waited)
+            if exc is not None:
+                return exc
+        if waited < next_look[0]:
+            return None
+        next_look[0] = waited + 1.0
+        try:
+            gone = _given_up_text(bytes(store.get(f"{base}/unique_id", timeout=0.2)))
+        except Exception:  # deleted (the init completed), or a store that does not answer now
+            return None
+        return CommAborted(f"init of {name!r}: {gone}; the init cannot complete") if gone else None
+
+    return check
 
 
 def _given_up_text(value: bytes) -> str:

@@ -1056,6 +1056,28 @@ def test_a_second_rank_0_at_the_same_keys_is_refused():
         pycoll.init(0, 2, store=store, name="clash-test", backend="host", init_timeout=5)
 
 
+def _two_rank_0s(rank, n, path):
+    from pycoll.store import FileStore
+
+    if rank == 1:
+        time.sleep(0.5)  # the second process that thinks it is rank 0
+    t0 = time.monotonic()
+    try:
+        pycoll.init(0, 2, store=FileStore(path), backend="host", name="twice", init_timeout=20)
+        return "no exception"
+    except (pycoll.StoreError, pycoll.CommAborted) as e:
+        return type(e).__name__, time.monotonic() - t0, str(e)
+
+
+@pytest.mark.timeout(60)
+def test_a_second_rank_0_ends_the_first_ones_init_too(tmp_path):
+    # the second rank 0 was refused at once, and the first one waited its whole init_timeout (120 s by default) for a
+    # rank 1 that never came, then said only "ranks that never arrived: [1]"
+    first, second = run_ranks(_two_rank_0s, 2, str(tmp_path / "store"), timeout=40)
+    assert second[0] == "StoreError" and "another rank 0 already published" in second[2], second
+    assert first[0] == "CommAborted" and first[1] < 5.0 and "rank 0 gave the init up (StoreError" in first[2], first
+
+
 def test_a_rank_whose_rank_0_never_publishes_is_told_why():
     with pytest.raises(pycoll.StoreTimeout, match=r"rank 0 published no unique id at 'pycoll/init/lonely-test/1/"
                                                   r"unique_id' within .* it has not reached its init #1 .*unique_id="):
