@@ -1440,8 +1440,15 @@ class Communicator(_core.CommCore):
             # a grow (which polls the child) also ends when this communicator fails meanwhile: its joiners are
             # no peers of this one, only the caller (the elastic layer) can tell that one of them is gone
             with hooks.initializing(abort_child, any_thread=self.library.kind == "host"):
-                self._poll(self.handle if poll_parent else slot.value, what, timeout, on_timeout, peers=leaving,
-                           watch_failure=not poll_parent)
+                try:
+                    self._poll(self.handle if poll_parent else slot.value, what, timeout, on_timeout, peers=leaving,
+                               watch_failure=not poll_parent)
+                except NCCLError as e:
+                    if poll_parent and self._failure is None and self._state == "active":
+                        # the error is this communicator's asynchronous error now: it is failed, as its state says
+                        # (it read "active" while every operation raised the split's error)
+                        self.fail(self._async_exc(e.code), None)
+                    raise
         h = slot.value
         if not h:
             return None
@@ -1486,7 +1493,9 @@ class Communicator(_core.CommCore):
         itself (default this communicator's). Its members' job-wide ranks are exchanged first (over this
         communicator on the host backend, else through the store; unknown without one): on the host backend that
         exchange is an ``all_gather`` of this communicator (the flight recorder shows it), so a rank that does not
-        call ``split`` makes it time out as any collective does, and this communicator fails by its policy.
+        call ``split`` makes it time out as any collective does, and this communicator fails by its policy. A split
+        the library fails (no room for the new communicator's shared memory, say) fails this communicator too: the
+        library keeps the error as its asynchronous error.
         """
         self._outside_group("split")
         self._check_alive()

@@ -1382,3 +1382,25 @@ def test_a_split_that_times_out_says_so():
     note = ("pycoll: in split() of communicator 'world': the exchange of the new communicators' members (every rank "
             "of this one takes part)")
     assert "all_gather" in text and notes == [note], (text, notes)
+
+
+def _split_refused_by_the_library(rank, n, uid):
+    if rank == 0:  # the split's rendezvous (the second on this rank) fails: what a /dev/shm without room does
+        os.environ["PYCOLL_FAILPOINTS"] = "host.init.begin=raise@2"
+    c = _comm(rank, n, uid, timeout=10)
+    try:
+        c.split(0)
+        out = ("no exception", c.state)
+    except pycoll.PycollError as e:
+        out = (type(e).__name__, c.state)
+    c.abort()
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_a_split_the_library_failed_leaves_its_parent_failed_as_its_state_says():
+    # the library keeps a failed split's error as the parent's asynchronous error: the parent said "active" while
+    # every later operation raised the split's error (and the watchdog then failed it in an operation that did nothing
+    # wrong)
+    res = run_ranks(_split_refused_by_the_library, 2, _uid(), timeout=40)
+    assert res[0][0] == "NCCLSystemError" and res[0][1] == "aborted", res
