@@ -970,7 +970,12 @@ class Communicator(_core.CommCore):
     sendrecv = _core.sendrecv  # a send and a receive with one peer, as one operation (one group, one Work)
 
     def barrier(self, *, stream: Any = None, async_op: bool = False, timeout: Optional[float] = None) -> Work:
-        """Wait until every rank has reached the barrier (an all_reduce of one int32)."""
+        """Wait until every rank has reached the barrier.
+
+        It is an ``all_reduce`` of three uint8 with ``max`` (NCCL has no barrier): an odd signature on purpose, which a
+        program's own small all_reduce (one int32 summed: a counter) does not have. A rank that calls ``barrier()``
+        where another calls that all_reduce is then a mismatch the library reports, not a silent match (one int32 was
+        the barrier's, and a counter summed on one rank met the barrier of another, with no error)."""
         st = self._begin("barrier", stream, async_op, ())
         if self._scratch is None:
             previous = self.device.swap_current()  # ncclMemAlloc allocates on the current device
@@ -979,7 +984,8 @@ class Communicator(_core.CommCore):
             finally:
                 self.device.restore_current(previous)
         ptr = self._scratch
-        call = _core.library_call(self.library, "all_reduce", (), ptr, ptr, 1, _dtypes.INT32, _dtypes.SUM)
+        call = _core.library_call(self.library, "all_reduce", (), ptr, ptr, 3, _dtypes.UINT8,
+                                  _dtypes.REDUCE_OPS["max"])
         return self._launch("barrier", call, st, [], [], async_op, timeout)
 
     def broadcast_bytes(self, data: Optional[bytes], nbytes: int, root: int = 0, *,

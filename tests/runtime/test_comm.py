@@ -1404,3 +1404,25 @@ def test_a_split_the_library_failed_leaves_its_parent_failed_as_its_state_says()
     # wrong)
     res = run_ranks(_split_refused_by_the_library, 2, _uid(), timeout=40)
     assert res[0][0] == "NCCLSystemError" and res[0][1] == "aborted", res
+
+
+def _barrier_against_a_counter(rank, n, uid):
+    c = _comm(rank, n, uid, timeout=10)
+    counter = np.array([10 * (rank + 1)], np.int32)
+    try:
+        if rank == 0:
+            c.barrier()  # rank 1 skipped its barrier (an if-branch)
+        c.all_reduce(counter)
+        out = ("no exception", counter.tolist())
+    except pycoll.CommFailure as e:
+        out = (type(e).__name__, "mismatch" in str(e))
+    c.abort()
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_a_barrier_does_not_silently_match_a_programs_one_int32_all_reduce():
+    # the barrier was an all_reduce of one int32 summed: rank 0's barrier met rank 1's counter, which came out 20
+    # where 30, with no error
+    for res in run_ranks(_barrier_against_a_counter, 2, _uid(), timeout=40):
+        assert res[0] != "no exception" and res[1] is True, res
