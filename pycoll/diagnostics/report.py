@@ -246,6 +246,16 @@ class FailureReport:
             if items:
                 parts.append(("peer: " if self.is_p2p and len(items) == 1 else "peers: " if self.is_p2p
                               else "behind: ") + "; ".join(items))
+            # a peer that issued as many sends and receives (or failed in one of its own): it waits in its own
+            waiting_too = [r for r, (last, _) in sorted(a["behind"].items())
+                           if self.is_p2p and self.seq is not None and last >= self.seq and r not in a["silent"]
+                           and (self.peer_failures[r].is_p2p if r in self.peer_failures
+                                else self.peers[r].get("p2p_completed", last) < last)]
+            if waiting_too:
+                parts.append(f"{', '.join(self._who(r) for r in waiting_too)} waits in a send or receive of its own: "
+                             "two ranks that each post a send (or a receive) to the other first wait for ever -- put "
+                             "a rank's send and receive in one comm.group() (or use sendrecv), and check that every "
+                             "receive has its send")
             if a["unconfirmed"]:
                 parts.append("not confirmed: " + "; ".join(
                     f"{self._who(r)} (last report {age:.1f} s old said {kind}#{last}; "

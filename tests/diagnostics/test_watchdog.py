@@ -618,3 +618,15 @@ def test_a_second_ctrl_c_at_exit_is_said_not_a_traceback(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="pycoll.watchdog"):
         watchdog_mod._wait_for_dumps_at_exit()
     assert "interrupted (SIGINT) while waiting at exit" in caplog.text
+
+
+def test_a_send_whose_peer_waits_in_one_of_its_own_says_to_group_them():
+    # two ranks that each send (or receive) first, outside a group: each waited out its timeout and was told only
+    # "peer: rank 1 (alive, answered: last issued p2p #1)", nothing of the deadlock or of comm.group()
+    r = _report({2: (4, 4, 1, 0.1)}, is_p2p=True, peer=2, answered={2})
+    r.peers[2]["p2p_completed"] = 0  # its own send #1 is outstanding
+    line = r.line(1.75)
+    assert "rank 2 waits in a send or receive of its own" in line and "one comm.group() (or use sendrecv)" in line
+    r.peers[2]["p2p_completed"] = 1  # it completed its own: it waits in none
+    assert "of its own" not in r.line(1.75)
+    assert "of its own" not in _report({2: (4, 4, 0, 0.1)}, is_p2p=True, peer=2, answered={2}).line(1.75)  # behind

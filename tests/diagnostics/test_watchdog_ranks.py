@@ -689,4 +689,4 @@ def test_a_group_that_times_out_is_reported_whole_with_every_peer_it_waits_for(s
         assert behind == (1,), behind
     # the caller's exception ends with the line's verdict on the other ranks
     assert verdict in line, line
-    assert err.endswith("; " + verdict), err
+    assert "; " + verdict in err, err
