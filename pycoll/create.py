@@ -297,13 +297,20 @@ def _default_global_ranks(rank: int, world_size: int) -> Optional[range]:
     """The default ``global_ranks``: ``0..world_size-1``, unless the launcher's environment says this process is
     another rank of a job of another size (a group made with explicit ranks): its members' job ranks are then
     unknown (None), and dumps and messages name this process by the launcher's rank, not by its rank here."""
-    try:
-        info = discovery.discover()
-    except Exception:  # a partial environment: init reports it where it reads it
-        return range(world_size)
-    if info.source != "single" and (info.world_size, info.rank) != (world_size, rank):
+    info = _launched()
+    if info is not None and (info.world_size, info.rank) != (world_size, rank):
         return None
     return range(world_size)
+
+
+def _launched() -> Any:
+    """The launcher's view of this process (``discovery.RankInfo``), or None without a launcher's environment (or
+    with a partial one: init reports that where it reads it)."""
+    try:
+        info = discovery.discover()
+    except Exception:
+        return None
+    return info if info.source != "single" else None
 
 
 def _exchange_unique_id(lib: Any, unique_id: Any, store: Any, rank: int, world_size: int, base: str,
@@ -313,7 +320,10 @@ def _exchange_unique_id(lib: Any, unique_id: Any, store: Any, rank: int, world_s
     if world_size == 1:
         return lib.get_unique_id()
     if store is None:
-        raise ValueError("init needs a unique_id or a store to exchange one (or a launcher's environment)")
+        launched = _launched() is not None
+        raise ValueError("init needs a unique_id or a store to exchange one (or a launcher's environment"
+                         + ("; there is one: call pycoll.init() without rank and world_size to use it, or pass its "
+                            "store" if launched else "") + ")")
     key = f"{base}/unique_id"
     meets = ("(each process counts its own init calls per name: a group sharing the store under the same name, or "
              "a process that started again, meets at the same keys; give each group its own name= -- with an epoch "

@@ -1025,6 +1025,9 @@ def test_a_group_of_another_size_than_the_launchers_job_has_unknown_job_ranks(mo
         assert c.global_ranks is None and c.global_rank == 0
     finally:
         c.destroy()
+    # rank and world_size given where the launcher's environment would give them (and its store): said so
+    with pytest.raises(ValueError, match="there is one: call pycoll.init.. without rank and world_size"):
+        pycoll.init(3, 4, backend="host", name="given")
     monkeypatch.setenv("PYCOLL_RANK", "0")
     monkeypatch.setenv("PYCOLL_WORLD_SIZE", "1")
     c = pycoll.init(0, 1, backend="host", name="alone")
