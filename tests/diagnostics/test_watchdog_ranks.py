@@ -554,21 +554,26 @@ def test_reports_do_not_wait_for_the_answers_of_a_peer_that_aborted(tmp_path):
                                    for m in lines), lines
 
 
-def _group_dropped_on_one_rank(rank, n, uid, dump_dir):
-    comm, _ = _setup(rank, n, uid, dump_dir, timeout=1.0)
+def _group_differs(rank, n, uid, dump_dir, how):
+    """``how`` "raises": rank 0's group block raises (its group is dropped there); "mismatch": rank 2 leaves the group's
+    second all_reduce out (its #3 is the broadcast). Every rank dumps."""
+    comm, _ = _setup(rank, n, uid, dump_dir, timeout=1.0 if how == "raises" else 3.0)
     x = np.ones(4, np.float32)
     comm.all_reduce(x)
     try:
         with comm.group():
-            comm.all_reduce(x)
-            comm.all_reduce(x)
-            if rank == 0:
-                raise ValueError("a bug in rank 0's group block")
-    except ValueError:
+            comm.all_reduce(x)  # #2: the same on every rank
+            if how == "raises":
+                comm.all_reduce(x)
+                if rank == 0:
+                    raise ValueError("a bug in rank 0's group block")
+            else:
+                if rank != 2:
+                    comm.all_reduce(np.ones(2, np.float32))  # #3 on ranks 0 and 1
+                comm.broadcast(x, root=0)  # rank 2's #3
+    except (ValueError, pycoll.CommFailure):
         pass
-    except pycoll.CommTimeout:
-        pass
-    time.sleep(1.5 if rank == 0 else 0.0)
+    time.sleep(1.5 if how == "raises" and rank == 0 else 0.0)  # rank 1 times out meanwhile
     pycoll.flight_recorder.get_recorder().dump("test")
     comm.abort()
 
@@ -576,32 +581,16 @@ def _group_dropped_on_one_rank(rank, n, uid, dump_dir):
 def test_operations_of_a_dropped_group_are_not_recorded_as_completed(tmp_path):
     # a group whose block raised runs none of its operations; the recorder took them (no longer outstanding, not
     # frozen) for completed, and pycoll-fr said rank 0 completed #2 where rank 1 waited for it
-    run_ranks(_group_dropped_on_one_rank, 2, _uid(), str(tmp_path), timeout=40)
+    run_ranks(_group_differs, 2, _uid(), str(tmp_path), "raises", timeout=40)
     text = analyze.format_report(analyze.analyze_dir(_gen0(str(tmp_path))), stacks=False)
     assert "verdict: rank 0 never ran all_reduce #2" in text and "the group was dropped" in text, text
     assert "completed on rank" not in text, text
 
 
-def _mismatch_inside_a_group(rank, n, uid, dump_dir):
-    comm, _ = _setup(rank, n, uid, dump_dir, timeout=3.0)
-    x = np.ones(4, np.float32)
-    comm.all_reduce(x)
-    try:
-        with comm.group():
-            comm.all_reduce(x)  # #2: the same on every rank
-            if rank != 2:
-                comm.all_reduce(np.ones(2, np.float32))  # #3 on ranks 0 and 1
-            comm.broadcast(x, root=0)  # rank 2's #3
-    except pycoll.CommFailure:
-        pass
-    pycoll.flight_recorder.get_recorder().dump("test")
-    comm.abort()
-
-
 def test_a_mismatch_inside_a_group_is_placed_at_the_collective_that_differs(tmp_path):
     # every operation of the group carries the library's mismatch text, which names collective #3: pycoll-fr took it
     # for the group's first one (#2, the same everywhere) and called it a count mismatch there
-    run_ranks(_mismatch_inside_a_group, 3, _uid(), str(tmp_path), timeout=40)
+    run_ranks(_group_differs, 3, _uid(), str(tmp_path), "mismatch", timeout=40)
     text = analyze.format_report(analyze.analyze_dir(_gen0(str(tmp_path))), stacks=False)
     assert "FIRST DIVERGENCE at all_reduce #3" in text, text
     assert "verdict: operation type mismatch in all_reduce #3 [Float(2,)] on 'world': rank 2 differs" in text, text

@@ -774,51 +774,36 @@ def test_stopped_peer_times_out_and_aborts():
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("leave", [SystemExit, KeyboardInterrupt])
-def test_a_callback_that_exits_keeps_the_policy_and_the_thread(leave, caplog):
-    # sys.exit() in a failure callback ended the watchdog thread running it, silently, before the policy acted:
-    # the communicator stayed active and no later hang was seen. Off the main thread it is logged and ignored now;
-    # in the main thread it goes on once the policy has acted
-    import threading
-
-    c = pycoll.init(0, 1, backend="host", name="exits")
-    c.failure_callbacks.append(lambda comm, exc: (_ for _ in ()).throw(leave()))
-    survived = []
-    t = threading.Thread(target=lambda: (c.fail(pycoll.CommFailure("made up")), survived.append(True)), name="w")
-    t.start()
-    t.join(10)
-    assert survived == [True] and c.state == "aborted"
-    assert f"raised {leave.__name__} in thread 'w', where it cannot end the process" in caplog.text
-    d = pycoll.init(0, 1, backend="host", name="exits-main")
-    d.failure_callbacks.append(lambda comm, exc: (_ for _ in ()).throw(leave()))
-    with pytest.raises(leave):
-        d.fail(pycoll.CommFailure("made up"))
-    assert d.state == "aborted"
-
-
-@pytest.mark.timeout(30)
-@pytest.mark.parametrize("leave", [SystemExit, KeyboardInterrupt])
-def test_an_observer_that_exits_keeps_the_policy_and_the_thread(leave, caplog):
-    # sys.exit() in an observer's comm_failed, in the watchdog's thread, ended that thread before the policy acted
-    # (the communicator stayed active, every later hang unseen), as a failure callback's did
+@pytest.mark.parametrize("where", ["callback", "observer"])
+def test_user_code_that_exits_keeps_the_policy_and_the_thread(where, leave, caplog):
+    # sys.exit() in a failure callback, or in an observer's comm_failed, ended the watchdog thread running it,
+    # silently, before the policy acted: the communicator stayed active and no later hang was seen. Off the main
+    # thread it is logged and ignored now; in the main thread it goes on once the policy has acted
     import threading
 
     from pycoll import hooks
 
+    def exits(*args):
+        raise leave()
+
     class Exits(hooks.CommObserver):
-        def comm_failed(self, comm, exc, work):
-            raise leave()
+        comm_failed = staticmethod(exits)
 
     obs = Exits()
-    hooks.add_observer(obs)
+    if where == "observer":
+        hooks.add_observer(obs)
     try:
-        c = pycoll.init(0, 1, backend="host", name="observer-exits")
+        c = pycoll.init(0, 1, backend="host", name=f"exits-{where}")
+        d = pycoll.init(0, 1, backend="host", name=f"exits-{where}-main")
+        if where == "callback":
+            c.failure_callbacks.append(exits)
+            d.failure_callbacks.append(exits)
         survived = []
         t = threading.Thread(target=lambda: (c.fail(pycoll.CommFailure("made up")), survived.append(True)), name="w")
         t.start()
         t.join(10)
         assert survived == [True] and c.state == "aborted"
-        assert f"in comm_failed raised {leave.__name__} in thread 'w', where it cannot end the process" in caplog.text
-        d = pycoll.init(0, 1, backend="host", name="observer-exits-main")
+        assert f"raised {leave.__name__} in thread 'w', where it cannot end the process" in caplog.text
         with pytest.raises(leave):
             d.fail(pycoll.CommFailure("made up"))
         assert d.state == "aborted"
