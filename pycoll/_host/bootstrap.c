@@ -42,6 +42,7 @@ void seg_view(struct seg* s, void* base, size_t size) {
   struct seg_header* h = base;
   s->base = base;
   s->size = size;
+  shm_note_mapped(base, size, true);
   s->hdr = h;
   s->nranks = h->nranks;
   s->ctrl = (struct rank_ctrl*)((char*)base + h->ctrl_off);
@@ -58,7 +59,10 @@ void seg_view(struct seg* s, void* base, size_t size) {
 }
 
 void seg_unmap(struct seg* s) {
-  if (s->base) munmap(s->base, s->size);
+  if (s->base) {
+    shm_note_mapped(s->base, s->size, false);
+    munmap(s->base, s->size);
+  }
   memset(s, 0, sizeof *s);
 }
 
@@ -264,10 +268,15 @@ ncclResult_t rendezvous_join(const struct rendezvous* r, struct seg* out) {
       struct statvfs fs;
       double mib = 1024.0 * 1024.0;
       double free_mib = statvfs(SHM_DIR, &fs) == 0 ? (double)fs.f_bavail * fs.f_frsize / mib : -1;
+      double promised_mib = (double)shm_unbacked_bytes() / mib;
+      char promised[160] = "";
+      if (promised_mib >= 0.1)
+        snprintf(promised, sizeof promised, ", of which %.1f MiB this process's other communicators will take as "
+                 "they touch their segments", promised_mib);
       snprintf(text, sizeof text,
                "%s : not enough shared memory in %s for the communicator's segment: %d ranks need %.1f MiB, %.1f MiB "
-               "are free (a container's /dev/shm is often 64 MiB: give it more, e.g. docker run --shm-size=1g)",
-               r->opname, SHM_DIR, r->nranks, (double)L.total / mib, free_mib);
+               "are free%s (a container's /dev/shm is often 64 MiB: give it more, e.g. docker run --shm-size=1g)",
+               r->opname, SHM_DIR, r->nranks, (double)L.total / mib, free_mib, promised);
       CWARN(r->comm, "%s", text);
       return ncclSystemError;
     }

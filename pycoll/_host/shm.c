@@ -141,6 +141,56 @@ int shm_open_map(const char* name, void** base, size_t* size) {
 /* shm_create_map takes a segment's pages at once where less than this many segments' worth is free */
 #define RESERVE_FACTOR 16
 
+static pthread_mutex_t maps_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct mapped {
+  void* base;
+  size_t size;
+} * maps;
+static int nmaps, capmaps;
+
+void shm_note_mapped(void* base, size_t size, bool mapped) {
+  pthread_mutex_lock(&maps_mu);
+  if (mapped) {
+    if (nmaps == capmaps) {
+      int cap = capmaps ? 2 * capmaps : 16;
+      struct mapped* m = realloc(maps, (size_t)cap * sizeof *m);
+      if (m) maps = m, capmaps = cap;
+    }
+    if (nmaps < capmaps) maps[nmaps++] = (struct mapped){base, size};
+  } else {
+    for (int i = 0; i < nmaps; i++)
+      if (maps[i].base == base) {
+        maps[i] = maps[--nmaps];
+        break;
+      }
+  }
+  pthread_mutex_unlock(&maps_mu);
+}
+
+/* The bytes of this process's mapped segments that no page backs yet (mincore: a page nobody touched is not in the
+ * page cache): room /dev/shm's free space does not show as taken, but which they take at their first touch. */
+uint64_t shm_unbacked_bytes(void) {
+  long page = sysconf(_SC_PAGESIZE);
+  uint64_t total = 0;
+  unsigned char* vec = NULL;
+  size_t veclen = 0;
+  pthread_mutex_lock(&maps_mu);
+  for (int i = 0; i < nmaps; i++) {
+    size_t n = (maps[i].size + (size_t)page - 1) / (size_t)page;
+    if (n > veclen) {
+      unsigned char* v = realloc(vec, n);
+      if (!v) continue;
+      vec = v, veclen = n;
+    }
+    if (mincore(maps[i].base, maps[i].size, vec) != 0) continue;
+    for (size_t k = 0; k < n; k++)
+      if (!(vec[k] & 1)) total += (uint64_t)page;
+  }
+  pthread_mutex_unlock(&maps_mu);
+  free(vec);
+  return total;
+}
+
 int shm_create_map(const char* name, size_t size, void (*init)(void* base, void* arg), void* arg, void** base) {
   char tmpname[128], tmppath[256], path[256];
   struct proc_id me;
@@ -163,14 +213,26 @@ int shm_create_map(const char* name, size_t size, void (*init)(void* base, void*
    * pages now, not at their first touch: too little room is ENOSPC here instead of a SIGBUS in whichever rank first
    * writes past the room there was. Where there is plenty, at first touch: taking 10 MiB of pages costs about 0.7
    * ms, which a shrink's new communicator would add to a recovery of 5. */
+  /* What is free counts what this process's segments may still take (each created sparse saw plenty free, and many
+   * -- a job's splits -- together promised more than there was: a SIGBUS where a rank wrote past it, no message).
+   * A reservation may not take that room either: then too little room is ENOSPC for this one, not for them. */
   struct statvfs fs;
-  if (fstatvfs(fd, &fs) != 0 || (uint64_t)fs.f_bavail * fs.f_frsize / RESERVE_FACTOR < (uint64_t)size) {
+  uint64_t promised = shm_unbacked_bytes();
+  uint64_t room = fstatvfs(fd, &fs) == 0 ? (uint64_t)fs.f_bavail * fs.f_frsize : 0;
+  room = room > promised ? room - promised : 0;
+  if (room < (uint64_t)size) {
+    err = ENOSPC;
+    goto fail;
+  }
+  int populate = 0;
+  if (room / RESERVE_FACTOR < (uint64_t)size) {
     do err = posix_fallocate(fd, 0, (off_t)size); /* a signal interrupts a large one: go on */
     while (err == EINTR);
     if (err == EOPNOTSUPP || err == EINVAL) err = 0; /* a filesystem that cannot: pages at first touch, as before */
     if (err) goto fail;
+    populate = MAP_POPULATE; /* reserved pages count as backed (mincore) in every process only once faulted in */
   }
-  p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | populate, fd, 0);
   if (p == MAP_FAILED) {
     err = errno;
     goto fail;

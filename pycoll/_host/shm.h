@@ -30,6 +30,10 @@ int shm_open_map(const char* name, void** base, size_t* size);
  * Returns 0 and maps it, or EEXIST when someone else published it first. */
 int shm_create_map(const char* name, size_t size, void (*init)(void* base, void* arg), void* arg, void** base);
 void shm_unlink_name(const char* name);
+/* The communicator segments this process maps (seg_view adds one, seg_unmap takes it away): shm_create_map counts
+ * what of them no page backs yet -- room they were promised where they were created sparse. */
+void shm_note_mapped(void* base, size_t size, bool mapped);
+uint64_t shm_unbacked_bytes(void);
 /* Unlinks segments whose creator is dead (and temporary files of dead processes). */
 void shm_sweep(void);
 

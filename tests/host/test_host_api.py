@@ -813,10 +813,8 @@ comm.destroy()
 """
 
 
-@pytest.mark.timeout(90)
-def test_ranks_racing_to_create_a_segment_with_room_for_one(tmp_path):
-    # each racing rank reserves the segment's pages in a file of its own before one links it: room for one segment,
-    # not two, failed them all ("2 ranks need 7.1 MiB, 10.9 MiB are free"), and the split's error broke the parent
+def _in_a_small_shm(tmp_path, script, size):
+    """``script`` run by 2 ranks under pycoll-run, with a /dev/shm of ``size`` of a mount namespace of its own."""
     import shutil
     import subprocess
     import sys
@@ -824,9 +822,42 @@ def test_ranks_racing_to_create_a_segment_with_room_for_one(tmp_path):
     if shutil.which("unshare") is None or subprocess.run(
             ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"], capture_output=True).returncode:
         pytest.skip("needs a mount namespace of its own (unshare -m, as root) for a small /dev/shm")
-    script = tmp_path / "splits.py"
-    script.write_text(_SPLITS)
-    run = [sys.executable, "-m", "pycoll.run", "-n", "2", "--timeout", "60", str(script)]
-    out = subprocess.run(["unshare", "-m", "sh", "-c", 'mount -t tmpfs -o size=18m tmpfs /dev/shm && exec "$@"', "sh",
-                          *run], capture_output=True, text=True, timeout=80)
+    path = tmp_path / "script.py"
+    path.write_text(script)
+    run = [sys.executable, "-m", "pycoll.run", "-n", "2", "--timeout", "60", str(path)]
+    return subprocess.run(["unshare", "-m", "sh", "-c", f'mount -t tmpfs -o size={size} tmpfs /dev/shm && exec "$@"',
+                           "sh", *run], capture_output=True, text=True, timeout=80)
+
+
+@pytest.mark.timeout(90)
+def test_ranks_racing_to_create_a_segment_with_room_for_one(tmp_path):
+    # each racing rank reserves the segment's pages in a file of its own before one links it: room for one segment,
+    # not two, failed them all ("2 ranks need 7.1 MiB, 10.9 MiB are free"), and the split's error broke the parent
+    out = _in_a_small_shm(tmp_path, _SPLITS, "18m")
     assert out.returncode == 0 and out.stdout.count("ok") == 2, out.stdout + out.stderr
+
+
+_MANY = """
+import numpy as np, pycoll
+comm = pycoll.init(backend="host", timeout=20, name="base")
+comms = []
+try:
+    for i in range(24):  # more than the room: each found plenty free while the ones before were untouched
+        comms.append(comm.split(0, name=f"c{i}"))
+except pycoll.NCCLSystemError as e:
+    print("refused:", "not enough shared memory" in str(e), flush=True)
+for c in comms:
+    x = np.ones(4 << 20, np.float32)  # touches its segment's pages
+    c.all_reduce(x)
+print("touched", len(comms), flush=True)
+"""
+
+
+@pytest.mark.timeout(90)
+def test_communicators_that_together_need_more_shm_than_there_is_are_refused_not_killed(tmp_path):
+    # segments were created sparse wherever 16 of them fitted in what was free, not counting the ones before, which
+    # nothing had touched yet: 24 two-rank communicators on a 128 MiB /dev/shm, and the rank that wrote past the room
+    # died of SIGBUS, no message. Now the 18th is refused, and every one made works
+    out = _in_a_small_shm(tmp_path, _MANY, "128m")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("refused: True") == 2 and out.stdout.count("touched") == 2, out.stdout
