@@ -1956,20 +1956,13 @@ cdef int _retire_completed(CommCore comm) except -1:
     return 0
 
 
-cdef int _not_a_flag(object value, object what) except -1:
-    """Refuse a ``what`` (``async_op``) that is not True, False, 0, 1 or a numpy bool (``"no"`` was true)."""
-    if (type(value) is int and (value == 0 or value == 1)) or type(value) is np.bool_:
-        return 0
-    raise TypeError(f"{what} must be True or False, got {type(value).__name__} {value!r}")
-
-
 cdef object _begin(CommCore comm, object what, object stream, object async_op, object a, object b):
     """The state checked and the stream resolved for an operation on arrays ``a`` and ``b`` (None: absent);
     the compiled operations' form of :func:`begin`, which makes no tuple on the host's path. At every 8th operation,
     where operations are outstanding, the oldest completed ones are retired first (``_retire_completed``: a look at
     an incomplete one costs its event queries, once per 8 operations); a failure found there is raised here."""
-    if async_op is not False and async_op is not True:
-        _not_a_flag(async_op, "async_op")
+    if async_op is not False and async_op is not True:  # "no" was true
+        _settings.flag(async_op, "async_op")
     if comm._state != "active" or comm._failure is not None:
         comm._check_usable(what)
     if comm._last_op_id % _RETIRE_EVERY == 0 and comm._pending.n:

@@ -389,10 +389,7 @@ def _watching_given_up(store: Any, base: str, name: str, give_up: Optional[Calla
         if waited < next_look[0]:
             return None
         next_look[0] = waited + 1.0
-        try:
-            gone = _given_up_text(bytes(store.get(f"{base}/unique_id", timeout=0.2)))
-        except Exception:  # deleted (the init completed), or a store that does not answer now
-            return None
+        gone = _given_up(store, base, timeout=0.2)  # not in the way of the poll for long
         return CommAborted(f"init of {name!r}: {gone}; the init cannot complete") if gone else None
 
     return check
@@ -403,10 +400,10 @@ def _given_up_text(value: bytes) -> str:
     return value[len(_GIVEN_UP):].decode(errors="replace") if value.startswith(_GIVEN_UP) else ""
 
 
-def _given_up(store: Any, base: str) -> str:
-    """Who gave the init at ``base`` up and why, or "" (a store that does not answer: "")."""
+def _given_up(store: Any, base: str, timeout: float = 1.0) -> str:
+    """Who gave the init at ``base`` up and why, or "" (its key gone, or a store that does not answer: "")."""
     try:
-        return _given_up_text(bytes(store.get(f"{base}/unique_id", timeout=1.0)))
+        return _given_up_text(bytes(store.get(f"{base}/unique_id", timeout=timeout)))
     except Exception:
         return ""
 
