@@ -807,12 +807,6 @@ static void copy_out(struct task* t, int p) {
   }
 }
 
-/* Whether a peer of t left the communicator (aborted or revoked) before it completed step S of it, which every
- * rank has arrived at: that peer's operation failed there, so this one fails too, as NCCL's would (it would hang
- * for the peer's missing part), and takes nothing of the peer's -- neither the part it published before it left
- * (the ranks agreed otherwise on whether the operation ran) nor, over windows, its buffers, which it owns again.
- * A peer that completed the step and left after (a program's end by abort()) or finished or finalized is no
- * failure. Over windows no rank completes step 0 before every piece is written, so a peer that left then failed. */
 /* A peer of c that left before completing step S -- aborted, or (`revoked` set) revoked --, or -1. */
 static int left_before(const struct ncclComm* c, uint64_t S, bool revoked) {
   for (int k = 0; k < c->nranks; k++) {
@@ -825,6 +819,13 @@ static int left_before(const struct ncclComm* c, uint64_t S, bool revoked) {
   return -1;
 }
 
+/* Whether a peer of t left the communicator (aborted or revoked) before it completed step S of it, which every
+ * rank has arrived at (t failed then): that peer's operation failed there, so this one fails too, as NCCL's would
+ * (it would hang for the peer's missing part), and takes nothing of the peer's -- neither the part it published
+ * before it left (the ranks agreed otherwise on whether the operation ran) nor, over windows, its buffers, which it
+ * owns again. A peer that completed the step and left after (a program's end by abort()) or finished or finalized
+ * is no failure. Over windows no rank completes step 0 before every piece is written, so a peer that left then
+ * failed. */
 static bool peer_left(struct task* t, uint64_t S) {
   int k = left_before(t->comm, S, true);
   if (LIKELY(k < 0)) return false;

@@ -212,10 +212,10 @@ int shm_create_map(const char* name, size_t size, void (*init)(void* base, void*
   /* Where room is short -- less than RESERVE_FACTOR segments' worth free, as in a container's 64 MiB /dev/shm -- the
    * pages now, not at their first touch: too little room is ENOSPC here instead of a SIGBUS in whichever rank first
    * writes past the room there was. Where there is plenty, at first touch: taking 10 MiB of pages costs about 0.7
-   * ms, which a shrink's new communicator would add to a recovery of 5. */
-  /* What is free counts what this process's segments may still take (each created sparse saw plenty free, and many
-   * -- a job's splits -- together promised more than there was: a SIGBUS where a rank wrote past it, no message).
-   * A reservation may not take that room either: then too little room is ENOSPC for this one, not for them. */
+   * ms, which a shrink's new communicator would add to a recovery of 5. The room is what is free less what this
+   * process's segments may still take: each created sparse saw plenty free, and many (a job's splits) together
+   * promised more than there was -- a SIGBUS where a rank wrote past it, no message. A reservation may not take that
+   * room either: then too little room is ENOSPC for this one, not for them. */
   struct statvfs fs;
   uint64_t promised = shm_unbacked_bytes();
   uint64_t room = fstatvfs(fd, &fs) == 0 ? (uint64_t)fs.f_bavail * fs.f_frsize : 0;
