@@ -1,8 +1,8 @@
 """Failpoints: named places in pycoll where a test makes this process die, stop or raise.
 
 Switched on by ``PYCOLL_FAILPOINTS`` (read when this module is imported; a value that does not parse arms nothing
-and is reported where the settings are checked: when a communicator is created, and by ``pycoll-run``) or by
-:func:`configure`.
+and is reported where the settings are checked: when a communicator is created, and by ``pycoll-run``, which also warn
+about an entry that names no declared failpoint) or by :func:`configure`.
 The grammar is a comma-separated list of entries::
 
     NAME=ACTION[@N][;rank=R][;replacement=K|any][;trace=PATH]
@@ -42,7 +42,7 @@ from typing import Dict, List, Optional, Tuple
 
 from . import _settings
 
-__all__ = ["FailpointError", "Failpoint", "configure", "reset", "hit", "declare", "declared", "parse",
+__all__ = ["FailpointError", "Failpoint", "configure", "reset", "hit", "declare", "declared", "parse", "unknown",
            "HOST_POINTS"]
 
 ACTIONS = ("kill", "stop", "raise", "note", "sleep(MS)", "off")
@@ -223,9 +223,44 @@ HOST_POINTS = tuple(declare(n, "host library") for n in (
     "host.stream.takeover", "host.stream.full", "host.stream.order",
 ))
 
-_settings.register_check("PYCOLL_FAILPOINTS", parse)
+#: the modules that declare pycoll's failpoints (each imports the ones that it builds on); a test checks the list
+DECLARING_MODULES = ("pycoll.comm", "pycoll.elastic", "pycoll.launch.launcher")
+_unknown_checked: Dict[str, List[str]] = {}
+
+
+def unknown(points: List[Failpoint]) -> List[str]:
+    """The names (or ``prefix*`` patterns) among ``points`` that match no failpoint of pycoll's or of a module
+    that declared its own (:func:`declare`) so far: typically a typo, which would arm nothing."""
+    import importlib
+
+    for module in DECLARING_MODULES:  # imported here, not above: this module is a leaf
+        importlib.import_module(module)
+    names = list(_declared)
+    return [p.name for p in points if not any(p.matches(n) for n in names)]
+
+
+def _check(raw: str) -> None:
+    """The setting's check: :func:`parse`'s ValueError, and once per value a warning naming an entry that matches
+    no declared failpoint, with the nearest declared names."""
+    points = parse(raw)
+    if raw in _unknown_checked:
+        return
+    _unknown_checked[raw] = bad = unknown(points)
+    if bad:
+        import difflib
+        import warnings
+
+        hints = []
+        for name in bad:
+            near = difflib.get_close_matches(name.rstrip("*"), list(_declared), n=2, cutoff=0.6)
+            hints.append(f"{name!r}" + (f" (did you mean {' or '.join(map(repr, near))}?)" if near else ""))
+        warnings.warn(f"$PYCOLL_FAILPOINTS: no failpoint is named {', '.join(hints)}: such an entry arms nothing "
+                      f"(pycoll.failpoints.declared() lists the names)", stacklevel=2)
+
+
 try:
     configure(_settings.get("PYCOLL_FAILPOINTS"))
 except ValueError:
     pass  # nothing armed; importing pycoll does not fail on it: a communicator's creation (settings.check_all) and
     # pycoll-run name the bad entry
+_settings.register_check("PYCOLL_FAILPOINTS", _check)  # after the read above: the check imports the declaring modules

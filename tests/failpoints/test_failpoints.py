@@ -162,6 +162,44 @@ def test_elastic_failpoints_are_declared():
                                                   "store.connect.handshake"}
 
 
+def test_an_entry_naming_no_failpoint_is_warned_about_once():
+    """A typo arms nothing: the settings' check (made as a communicator is created) warns with the nearest names."""
+    spec = "elastic.agree.befor_vote=kill, host.coll.done=note, store.*=note, nothing*=kill"
+    assert failpoints.unknown(failpoints.parse(spec)) == ["elastic.agree.befor_vote", "nothing*"]
+    with pytest.warns(UserWarning, match=r"named 'elastic.agree.befor_vote' \(did you mean "
+                                         r"'elastic.agree.before_vote'.*'nothing\*'.*arms nothing"):
+        _settings_get(spec)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _settings_get(spec)  # once per value
+        _settings_get("elastic.agree.before_vote=kill;rank=3")
+
+
+def _settings_get(spec):
+    from pycoll import _settings
+    return _settings.get("PYCOLL_FAILPOINTS", {"PYCOLL_FAILPOINTS": spec})
+
+
+def test_the_declaring_modules_are_all_that_declare():
+    """failpoints.unknown imports DECLARING_MODULES: with them every module of pycoll that declares a failpoint."""
+    import subprocess
+    import sys
+    folder = os.path.join(REPO, "pycoll")
+    declaring = set()
+    for root, _, files in os.walk(folder):
+        for f in files:
+            path = os.path.join(root, f)
+            if f.endswith(".py") and f != "failpoints.py" and re.search(r"\bdeclare\(", open(path).read()):
+                declaring.add(os.path.relpath(path[:-3], REPO).replace(os.sep, ".").removesuffix(".__init__"))
+    assert len(declaring) >= 8
+    code = ("import sys, importlib; from pycoll import failpoints as f\n"
+            "[importlib.import_module(m) for m in f.DECLARING_MODULES]; print(' '.join(sorted(sys.modules)))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                            check=True).stdout.split()
+    assert declaring <= set(loaded), declaring - set(loaded)
+
+
 def _host_raise(rank, n, spec, uid):
     _arm(spec, rank)
     comm = pycoll.init(rank, n, backend="host", unique_id=uid, timeout=5.0, on_failure="report")
