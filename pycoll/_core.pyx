@@ -1666,15 +1666,20 @@ cdef enum:
 cdef tuple _DLPACK_V1 = (1, 0)
 
 
-cdef object _dlpack_capsule(object obj, object stream):
-    """The capsule a DLPack 1.0 producer's ``__dlpack__`` gives, asked as ``buffers._call_dlpack`` asks it; None where
-    the call raised: that makes it again and says what is wrong (or asks an older producer its way)."""
+cdef object _dlpack_capsule(object obj, object stream, object name):
+    """The capsule a DLPack 1.0 producer's ``__dlpack__`` gives, asked as ``buffers._call_dlpack`` asks it first; its
+    error named where it refused; else (its device unknown, a keyword it does not take) that asks it."""
     dev = getattr(obj, "__dlpack_device__", None)
     try:
         arg = _buffers._dlpack_stream_arg(int(dev()[0]) if dev is not None else _DL_CPU, stream)
-        return obj.__dlpack__(stream=arg, max_version=_DLPACK_V1, copy=False)
     except Exception:
-        return None
+        return _buffers._call_dlpack(obj, stream, name)  # says what is wrong
+    try:
+        return obj.__dlpack__(stream=arg, max_version=_DLPACK_V1, copy=False)
+    except TypeError:
+        return _buffers._call_dlpack(obj, stream, name, True)  # an older producer, asked its ways
+    except Exception as exc:
+        raise _buffers._refused(obj, exc, name) from exc
 
 
 cdef object _dlpack_buffer(object obj, object stream, bint writable, object name):
@@ -1686,9 +1691,9 @@ cdef object _dlpack_buffer(object obj, object stream, bint writable, object name
     cdef bint readonly = False
     cdef Py_ssize_t count = 0
     cdef int code = -1
-    capsule = _dlpack_capsule(obj, stream)
-    if capsule is None:
-        capsule = _buffers._call_dlpack(obj, stream, name)
+    if writable:
+        _buffers.check_mutable(obj, name)
+    capsule = _dlpack_capsule(obj, stream, name)
     if PyCapsule_IsValid(capsule, b"dltensor_versioned"):
         mv = <pycoll_dl_managed_versioned*>PyCapsule_GetPointer(capsule, b"dltensor_versioned")
         readonly = (mv.flags & _DLPACK_READ_ONLY) != 0
@@ -1739,7 +1744,7 @@ cdef object _protocol_buffer(object obj, bint writable, object name):
     cdef Py_buffer* pb
     try:
         view = PyMemoryView_FromObject(obj)
-    except TypeError:  # not a buffer: the general path says what it takes
+    except (TypeError, ValueError):  # not a buffer, or one released: the general path says what it takes, or names it
         return None
     pb = PyMemoryView_GET_BUFFER(view)
     if (writable and pb.readonly) or not PyBuffer_IsContiguous(pb, b"C") or pb.itemsize <= 0:

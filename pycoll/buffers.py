@@ -28,7 +28,7 @@ import enum
 import operator
 import platform
 import sys
-from typing import TYPE_CHECKING, Any, Dict, NamedTuple, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -427,26 +427,60 @@ def _dlpack_stream_arg(device_type: int, stream: Optional[int]) -> Optional[int]
     return None
 
 
-def _call_dlpack(obj: Any, stream: Optional[int], name: str) -> Any:
+def _call_dlpack(obj: Any, stream: Optional[int], name: str, versioned_tried: bool = False) -> Any:
+    """The capsule of ``obj.__dlpack__``, asked as DLPack 1.0 (``max_version``, ``copy=False``), then as a 1.0
+    producer without ``copy``, then as an older producer; ``versioned_tried``: the first form raised TypeError
+    already (``pycoll._core`` asked it)."""
     dev = getattr(obj, "__dlpack_device__", None)
-    device_type = int(dev()[0]) if dev is not None else _CPU
-    stream_arg = _dlpack_stream_arg(device_type, stream)
     try:
+        device_type = int(dev()[0]) if dev is not None else _CPU
+    except Exception as exc:
+        raise _device_failed(obj, exc, name) from exc
+    stream_arg = _dlpack_stream_arg(device_type, stream)
+    forms: List[Dict[str, Any]] = [{"stream": stream_arg, "max_version": (1, 0), "copy": False},
+                                   {"stream": stream_arg, "max_version": (1, 0)},
+                                   {} if stream_arg is None else {"stream": stream_arg}]
+    for kwargs in forms[1 if versioned_tried else 0:]:
         try:
-            return obj.__dlpack__(stream=stream_arg, max_version=(1, 0), copy=False)
-        except TypeError:
-            # producers older than DLPack 1.0 accept neither max_version nor copy
-            try:
-                if stream_arg is None:
-                    return obj.__dlpack__()
-                return obj.__dlpack__(stream=stream_arg)
-            except TypeError as exc:
-                raise TypeError(f"{name}: {type(obj).__name__}.__dlpack__ failed: {exc}") from exc
-    except (BufferError, ValueError, RuntimeError) as exc:
-        raise ValueError(f"{name}: {type(obj).__name__}.__dlpack__ refused to export it: {exc}") from exc
+            return obj.__dlpack__(**kwargs)
+        except TypeError as exc:  # a keyword this producer does not take
+            last = exc
+        except Exception as exc:
+            raise _refused(obj, exc, name) from exc
+    raise TypeError(f"{name}: {type(obj).__name__}.__dlpack__ failed: {last}") from last
+
+
+def _refused(obj: Any, exc: BaseException, name: str) -> ValueError:
+    return ValueError(f"{name}: {type(obj).__name__}.__dlpack__ refused to export it: {exc}")
+
+
+def _device_failed(obj: Any, exc: BaseException, name: str) -> ValueError:
+    """The error of a producer whose ``__dlpack_device__`` failed: its ``__dlpack__`` usually says why (a deleted or
+    donated jax.Array), else the device's failure."""
+    try:
+        obj.__dlpack__()
+    except Exception as why:
+        return _refused(obj, why, name)
+    return ValueError(f"{name}: {type(obj).__name__}.__dlpack_device__() failed: {exc!r}")
+
+
+#: top-level modules whose arrays are immutable (their DLPack capsules carry no read-only flag), and what to call them
+_IMMUTABLE = {"jax": "jax.Array", "jaxlib": "jax.Array"}
+
+
+def check_mutable(obj: Any, name: str) -> None:
+    """ValueError where ``obj`` is an immutable array (a jax.Array) that an operation would write into: its readers
+    would see old values, new ones or a mix (jax reads it asynchronously, caches it in compiled functions)."""
+    kind = _IMMUTABLE.get(type(obj).__module__.partition(".")[0])
+    if kind is not None:
+        raise ValueError(f"{name}: a {kind} is immutable, and this operation writes its result into {name}. Pass a "
+                         "numpy array to receive it (out = np.empty(x.shape, x.dtype)) and make a jax.Array of it "
+                         "afterwards (jnp.asarray(out))")
 
 
 def _from_dlpack(obj: Any, writable: bool, stream: Optional[int], name: str) -> Buffer:
+    if writable:
+        check_mutable(obj, name)
     return _capsule_buffer(obj, _call_dlpack(obj, stream, name), writable, name)
 
 
@@ -644,6 +678,8 @@ def _format_datatype(fmt: str, itemsize: int, name: str) -> int:
 def _from_buffer_protocol(obj: Any, writable: bool, name: str) -> Buffer:
     try:
         view = memoryview(obj)
+    except ValueError as exc:  # a released memoryview, a closed mmap
+        raise ValueError(f"{name}: {type(obj).__qualname__} cannot be read: {exc}") from None
     except TypeError:
         raise TypeError(
             f"{name}: cannot use an object of type {type(obj).__qualname__}; pass a torch tensor, a numpy "
@@ -654,6 +690,9 @@ def _from_buffer_protocol(obj: Any, writable: bool, name: str) -> Buffer:
     if not view.c_contiguous:
         raise _not_contiguous(name, view.shape, view.strides, "bytes")
     if writable and view.readonly:
+        if isinstance(obj, np.generic):
+            raise ValueError(f"{name}: a numpy scalar ({type(obj).__name__}) cannot receive a result; pass an array "
+                             "(np.array(x) or np.empty(...))")
         raise _read_only(name)
     # a flat uint8 view of the same memory gives the address; it holds `view`, which holds the export
     flat = np.frombuffer(view, dtype=np.uint8)
@@ -725,7 +764,8 @@ def as_buffer(obj: Any, *, writable: bool = False, stream: Optional[int] = None,
         TypeError: ``obj`` is not an array pycoll can read, or its dtype has no NCCL datatype
             (bool, complex, int16, object...).
         ValueError: not C-contiguous, non-native byte order, read-only where ``writable``, a
-            malformed DLPack capsule or array interface, or a masked array.
+            malformed DLPack capsule or array interface, a masked array, or an immutable array (a jax.Array)
+            where ``writable``.
     """
     tp = type(obj)
     if tp is _ndarray:
@@ -734,6 +774,10 @@ def as_buffer(obj: Any, *, writable: bool = False, stream: Optional[int] = None,
     if torch is not None and isinstance(obj, _torch_tensor_type(torch)):
         return _from_torch(obj, torch, name, stream)
     if isinstance(obj, _ndarray):
+        ma = sys.modules.get("numpy.ma")
+        if ma is not None and isinstance(obj, ma.MaskedArray):
+            raise ValueError(f"{name}: masked arrays are not supported: the mask would be ignored (the masked-out "
+                             "values sent, results written under the mask); pass x.filled(fill) or the data")
         return _from_numpy(obj, writable, name)
     if tp is Buffer:
         if writable and obj.readonly:

@@ -394,6 +394,7 @@ def test_dlpack_read_only_flag():
 
 
 def test_dlpack_deleter_runs_exactly_once_when_buffer_dies():
+    gc.collect()  # exports an earlier test's exceptions still held
     before = live_exports()
     for versioned in ("v1", "v0"):
         f = FakeDLPack(GPU_PTR, (8,), device=(KDL_CUDA, 0), versioned=versioned)
@@ -479,6 +480,63 @@ def test_dlpack_real_producers():
         as_buffer(_Wrap(torch.zeros(4, 4).T))
 
 
+class _JaxLike(_Wrap):
+    """A jax.Array as pycoll sees it: a legacy capsule (no read-only flag) of memory jax treats as immutable."""
+
+    __module__ = "jaxlib._jax"
+
+    def __dlpack__(self, **kwargs):
+        kwargs.pop("max_version", None)
+        kwargs.pop("copy", None)
+        return self.inner.__dlpack__(**kwargs)
+
+
+class _Odd:
+    """A producer whose __dlpack_device__ gives ``device`` (or raises it) and whose __dlpack__ raises ``export``
+    (else exports ``array`` as a DLPack 1.0 producer without the ``copy`` keyword); counts the export calls."""
+
+    def __init__(self, device=(1, 0), export=None, array=None):
+        self.device, self.export, self.array, self.calls = device, export, array, 0
+
+    def __dlpack__(self, stream=None, max_version=None):
+        self.calls += 1
+        if self.export is not None:
+            raise self.export
+        return self.array.__dlpack__(stream=stream, max_version=max_version)
+
+    def __dlpack_device__(self):
+        if isinstance(self.device, Exception):
+            raise self.device
+        return self.device
+
+
+def test_odd_producers_and_objects_are_refused_naming_the_argument():
+    """A jax.Array as an output (immutable: written in place its readers saw a mix), a deleted (donated) jax array,
+    a broken __dlpack_device__, a masked array (its mask was ignored), released memory, a numpy scalar as an output:
+    each a ValueError naming the argument; an input that is a jax.Array works."""
+    a = np.arange(4, dtype=np.float32)
+    assert as_buffer(_JaxLike(a)).ptr == np_ptr(a)
+    with pytest.raises(ValueError, match=r"^arg: a jax.Array is immutable.*np.empty\(x.shape, x.dtype\)"):
+        as_buffer(_JaxLike(a), writable=True, name="arg")
+    deleted = _Odd(device=TypeError("object of type 'NoneType' has no len()"),
+                   export=RuntimeError("Array has been deleted with shape=float32[4]."))
+    cases = [(deleted, "_Odd.__dlpack__ refused to export it: Array has been deleted"),
+             (_Odd(device="cpu", array=a), r"_Odd.__dlpack_device__\(\) failed: ValueError"),
+             (_Odd(export=KeyError("k"), array=a), "_Odd.__dlpack__ refused to export it: 'k'"),
+             (np.ma.array([1.0, 1e30], mask=[False, True]), "masked arrays are not supported"),
+             (np.float32(2.0), "a numpy scalar .float32. cannot receive a result")]
+    released = memoryview(bytearray(8))
+    released.release()
+    cases.append((released, "memoryview cannot be read: operation forbidden on released memoryview"))
+    for x, message in cases:
+        with pytest.raises(ValueError, match="^arg: " + message):
+            as_buffer(x, writable=True, name="arg")
+    ro = np.arange(2.0)
+    ro.setflags(write=False)
+    no_copy = _Odd(array=ro)  # a DLPack 1.0 producer without ``copy``: still asked for a versioned capsule
+    assert as_buffer(no_copy).readonly and no_copy.calls == 1  # (asked with ``copy``: a TypeError before it ran)
+
+
 def _compiled_and_general(comm, x, writable):
     """What the Communicator's compiled path (pycoll._core) and as_buffer (with the host backend's device check) give
     for ``x``: a Buffer or the exception, each."""
@@ -509,6 +567,8 @@ def _dlpack_and_buffer_cases():
             bytearray(range(16)), bytearray(), b"abcd", memoryview(bytearray(48)).cast("f", (3, 4)),
             memoryview(np.zeros(3, np.float16)), memoryview(np.zeros(2, "<f4")), (ctypes.c_double * 5)(),
             memoryview(bytearray(8)).cast("B")] + [array.array(c, [1, 2, 3, 4]) for c in "bBiIlLqQfd"]
+    released = memoryview(bytearray(8))
+    released.release()
     bad = [FakeDLPack(a, (4, 6), strides=(1, 4)), FakeDLPack(a, (3, 4), strides=(8, 1)),
            FakeDLPack(a, (2, 3), dtype=(BOOL, 8, 1)), FakeDLPack(a, (2, 3), dtype=(COMPLEX, 64, 1)),
            FakeDLPack(a, (2, 3), dtype=(FLOAT, 32, 4)), FakeDLPack(a, (2, 3), dtype=(INT, 16, 1)),
@@ -517,7 +577,9 @@ def _dlpack_and_buffer_cases():
            FakeDLPack(GPU_PTR, (4,), capsule="nope"), FakeDLPack(GPU_PTR, (4,), raise_on_export=BufferError("no")),
            FakeDLPack(GPU_PTR, (4,), raise_on_export=TypeError("no stream for you")),
            _Wrap(torch.zeros(4, 4).T), memoryview(bytearray(48))[::2], memoryview(bytearray(8)).cast("?"),
-           (ctypes.c_int16 * 4)(), memoryview(np.zeros(2, ">f4")), array.array("h", [1, 2]), [1, 2], "text", None]
+           (ctypes.c_int16 * 4)(), memoryview(np.zeros(2, ">f4")), array.array("h", [1, 2]), [1, 2], "text", None,
+           _JaxLike(np.zeros(2)), _Odd(device="cpu"), _Odd(device=TypeError("len"), export=RuntimeError("deleted")),
+           _Odd(export=KeyError("k")), np.ma.array([1.0, 2.0], mask=[0, 1]), np.float32(1.0), released]
     return good, bad
 
 
