@@ -97,10 +97,19 @@ def _missing(describe_missing: Callable[[], str]) -> str:
         return f"; who is missing is unknown ({type(exc).__name__}: {exc})"
 
 
+class _HandleGone(Exception):
+    """Raised by a ``poll_ready`` reader whose handle another thread freed (an abort): ``failure`` is raised."""
+
+    def __init__(self, failure: BaseException) -> None:
+        super().__init__(str(failure))
+        self.failure = failure
+
+
 def poll_ready(library: Any, handle: int, what: str, timeout: float, *, on_error: Callable[[], None] = lambda: None,
                on_timeout: Callable[[], None] = lambda: None, describe_missing: Optional[Callable[[], str]] = None,
                comm_name: Optional[str] = None, reported_timeout: Optional[float] = None,
-               give_up: Optional[Callable[[float], Optional[BaseException]]] = None) -> None:
+               give_up: Optional[Callable[[float], Optional[BaseException]]] = None,
+               read: Optional[Callable[[], int]] = None) -> None:
     """Poll ``ncclCommGetAsyncError(handle)`` until it leaves ncclInProgress, within ``timeout`` seconds.
 
     The one poll-until-ready loop of pycoll (nonblocking init, join, split, shrink, grow, finalize,
@@ -112,6 +121,9 @@ def poll_ready(library: Any, handle: int, what: str, timeout: float, *, on_error
     Between two looks it sleeps with a back-off, or, on the host library, waits for the state to
     change (``pycollCommWaitReady``): it then returns as the operation ends, not up to 1 ms later.
     A KeyboardInterrupt (Ctrl-C) or SystemExit meanwhile is raised after ``on_timeout()``, as at the deadline.
+    ``read()``: the asynchronous error, read where another thread may free the handle (a communicator's own: under
+    its handle lock); it raises :class:`_HandleGone` once the handle is freed, whose failure is raised after
+    ``on_timeout()``.
     """
     start = time.monotonic()
     deadline = start + timeout
@@ -119,9 +131,17 @@ def poll_ready(library: Any, handle: int, what: str, timeout: float, *, on_error
     sleep = 0.0
     wait = library.comm_wait_ready if library.has("pycollCommWaitReady") else None
     acted = False  # on_timeout() called
+    if read is None:
+        def read() -> int:
+            return library.comm_get_async_error(handle)  # type: ignore[no-any-return]
     try:
         while True:
-            code = library.comm_get_async_error(handle)
+            try:
+                code = read()
+            except _HandleGone as gone:
+                acted = True
+                on_timeout()
+                raise gone.failure from None
             if code == 0:
                 return
             if code != B.IN_PROGRESS:
@@ -364,6 +384,7 @@ class Communicator(_core.CommCore):
         #: agreement here)
         self.failure_callbacks: List[Callable[[Communicator, BaseException], None]] = list(failure_callbacks)
         self._state = "active"  # active | revoked | finalized | aborted | destroyed
+        self._aborted_why = ""  # what the abort's CommAborted says of it
         self._coll_seq = 0
         self._p2p_seq = 0
         self._last_op_id = 0  # op_id of the last operation issued (Work.op_id: 1, 2, ...)
@@ -1168,8 +1189,19 @@ class Communicator(_core.CommCore):
                 return PeerFailure(f"{what} on communicator {self.name!r} rank {self._rank}: {who} is {why}; given up "
                                    f"after {waited:.2f} s of its {timeout:g} s timeout", rank, pid, why)
 
+        read = None
+        if handle == self._handle:  # this communicator's: another thread's abort() may free it meanwhile
+            lib = self.library
+
+            def read() -> int:
+                with self._hlock:
+                    if self._handle != handle:
+                        raise _HandleGone(CommAborted(f"{what} on communicator {self.name!r} did not complete: the "
+                                                      f"communicator was aborted{self._aborted_why}"))
+                    return lib.comm_get_async_error(handle)  # type: ignore[no-any-return]
+
         poll_ready(self.library, handle, what, timeout, on_timeout=on_timeout, comm_name=self.name, give_up=give_up,
-                   reported_timeout=reported_timeout)
+                   reported_timeout=reported_timeout, read=read)
 
     def _drain(self, deadline: float, timeout: float, what: str, then: str = "") -> None:
         """Wait for outstanding operations (finalize/destroy flush them anyway): one still running at ``deadline``
@@ -1311,8 +1343,8 @@ class Communicator(_core.CommCore):
             if self._state in ("aborted", "destroyed", "inherited"):
                 return None
             self._state = "aborted"
-            why = (f" after: {self._failure}" if self._failure is not None
-                   else f" (abort() in thread {threading.current_thread().name!r})")
+            why = self._aborted_why = (f" after: {self._failure}" if self._failure is not None
+                                       else f" (abort() in thread {threading.current_thread().name!r})")
             for w in self._pending:  # each is told which operation the abort stopped
                 if w._exc is None:
                     w._exc = CommAborted(f"{hooks.op_text(w)} on communicator {self.name!r} did not complete: the "
@@ -1454,6 +1486,13 @@ class Communicator(_core.CommCore):
                         # the error is this communicator's asynchronous error now: it is failed, as its state says
                         # (it read "active" while every operation raised the split's error)
                         self.fail(self._async_exc(e.code), None)
+                    failure = self._failure
+                    if failure is not None and not isinstance(e, CommFailure):
+                        # the communicator failed meanwhile (another thread's fail(): a reshape elsewhere revoked
+                        # it), which stopped this call: what the caller's recovery catches, naming both
+                        cls = CommRevoked if isinstance(failure, CommRevoked) else CommFailure
+                        raise cls(f"{what} on communicator {self.name!r} rank {self._rank} did not complete: the "
+                                  f"communicator failed meanwhile ({failure}); the library said: {e}") from e
                     raise
         h = slot.value
         if not h:

@@ -1394,6 +1394,49 @@ def test_a_split_the_library_failed_leaves_its_parent_failed_as_its_state_says()
     assert res[0][0] == "NCCLSystemError" and res[0][1] == "aborted", res
 
 
+def _stopped_in_a_reshape(rank, n, uid, mode, action):
+    """Rank 0 waits in the library's split (or shrink of rank 1), rank 2 never calls it; 0.5 s in, another thread of
+    rank 0 aborts the communicator, or fails it with a CommRevoked as the elastic layer's watcher does."""
+    import threading
+
+    from pycoll.errors import CommRevoked
+    c = _comm(rank, n, uid, timeout=10, on_failure="revoke")
+    if rank == 2:
+        if mode == "split":
+            c._split_members(0, rank, 10)  # the members' exchange every rank makes first
+        time.sleep(3.0)
+        c.abort()
+        return None
+    if rank == 1 and mode == "shrink":
+        return None  # the excluded rank
+    if rank == 0:
+        stop = (c.abort if action == "abort" else
+                lambda: c.fail(CommRevoked("generation 0 is being reshaped by another member")))
+        threading.Timer(0.5, stop).start()
+    t0 = time.monotonic()
+    try:
+        c.split(0, timeout=8) if mode == "split" else c.shrink([1], timeout=8)
+        out = ("no exception",)
+    except pycoll.PycollError as e:
+        out = (type(e).__name__, isinstance(e, pycoll.CommFailure), str(e), round(time.monotonic() - t0, 1))
+    c.abort()
+    return out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode,action", [("split", "abort"), ("split", "revoke"), ("shrink", "abort")])
+def test_a_reshape_stopped_by_another_thread_raises_a_comm_failure(mode, action):
+    # abort() from another thread: the wait went on reading the freed handle (InvalidArgument "is not a valid
+    # communicator"; on NCCL a use after free); the elastic watcher's revoke: InvalidUsage, no CommFailure, so the
+    # README's loop died of it
+    res = run_ranks(_stopped_in_a_reshape, 3, _uid(), mode, action, timeout=40)[0]
+    assert res[1] is True and res[3] < 3.0, res
+    if action == "abort":
+        assert res[0] == "CommAborted" and "the communicator was aborted (abort() in thread" in res[2], res
+    else:
+        assert res[0] == "CommRevoked" and "failed meanwhile (generation 0 is being reshaped" in res[2], res
+
+
 def _barrier_against_a_counter(rank, n, uid):
     c = _comm(rank, n, uid, timeout=10)
     counter = np.array([10 * (rank + 1)], np.int32)
