@@ -133,7 +133,7 @@ def poll_ready(library: Any, handle: int, what: str, timeout: float, *, on_error
     acted = False  # on_timeout() called
     if read is None:
         def read() -> int:
-            return library.comm_get_async_error(handle)  # type: ignore[no-any-return]
+            return library.comm_get_async_error(handle)
     try:
         while True:
             try:
@@ -1198,7 +1198,7 @@ class Communicator(_core.CommCore):
                     if self._handle != handle:
                         raise _HandleGone(CommAborted(f"{what} on communicator {self.name!r} did not complete: the "
                                                       f"communicator was aborted{self._aborted_why}"))
-                    return lib.comm_get_async_error(handle)  # type: ignore[no-any-return]
+                    return lib.comm_get_async_error(handle)
 
         poll_ready(self.library, handle, what, timeout, on_timeout=on_timeout, comm_name=self.name, give_up=give_up,
                    reported_timeout=reported_timeout, read=read)
