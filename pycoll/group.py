@@ -10,8 +10,8 @@ import contextlib
 import dataclasses
 from typing import TYPE_CHECKING, Any, Iterator, List, Optional
 
-from . import _core
-from .errors import CommStateError
+from . import _bindings as B, _core
+from .errors import CommStateError, NotSupported
 
 if TYPE_CHECKING:  # pragma: no cover
     from .work import Work
@@ -44,6 +44,8 @@ def simulate(comm: Any) -> Iterator[SimulatedGroup]:
     lib = comm.library
     if open_group() is not None:
         raise CommStateError("group_simulate() cannot be nested in an open group")
+    if not lib.has("ncclGroupSimulateEnd"):  # before the group opens: nothing could close it but a real end
+        raise NotSupported("ncclGroupSimulateEnd", B.FUNCTIONS.get("ncclGroupSimulateEnd", ""), lib.path)
     result = SimulatedGroup()
     lib.group_start()
     _core.set_group([], lib)

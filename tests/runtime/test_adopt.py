@@ -145,6 +145,40 @@ def test_abort_of_a_non_owned_handle_frees_it():
         lib.comm_count(raw)
 
 
+def test_group_simulate_on_a_library_without_it_leaves_no_group_open():
+    """NCCL < 2.22 has no ncclGroupSimulateEnd: NotSupported before the group opens -- the group was left open, and
+    every later blocking operation "completed" without running (a split returned None, destroy timed out)."""
+    from pycoll import group as _group
+
+    c = pycoll.init(0, 1, backend="host")
+    real = c.library
+
+    class Old:  # the loaded library as NCCL 2.21 has it
+        path = "libnccl-2.21.so"
+
+        def has(self, name):
+            return name != "ncclGroupSimulateEnd" and real.has(name)
+
+        def group_simulate_end(self):
+            raise pycoll.NotSupported("ncclGroupSimulateEnd", "2.22", self.path)
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    class Comm:
+        library = Old()
+
+    try:
+        with pytest.raises(pycoll.NotSupported, match="ncclGroupSimulateEnd is not available in libnccl-2.21.so; "
+                                                      "it was introduced in NCCL 2.22"), _group.simulate(Comm()):
+            pass
+        x, out = np.full(3, 2.0, np.float32), np.zeros(3, np.float32)
+        c.all_reduce(x, output=out)
+        assert out.tolist() == [2.0] * 3
+    finally:
+        c.abort()
+
+
 def test_init_all_one_thread_drives_every_rank():
     comms = pycoll.init_all([0, 1, 2], backend="host", timeout=20)
     try:
