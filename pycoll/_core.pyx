@@ -38,6 +38,7 @@ from pycoll._bindings.libnccl cimport (
     cudaStream_t, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResult_t, pycollEvent_t, pycollStream_t,
 )
 
+import contextvars
 import logging
 import sys
 import time
@@ -169,10 +170,18 @@ cdef extern from *:
     static _Thread_local PyObject* pycoll_group_lib = NULL;
     /* a nested group's body raised: the outermost one drops what it holds */
     static _Thread_local int pycoll_group_raised = 0;
+    /* the token of the context (an asyncio task) that opened the group (an owned reference), the scopes open */
+    static _Thread_local PyObject* pycoll_group_owner = NULL;
+    static _Thread_local int pycoll_group_depth = 0;
     """
     PyObject* pycoll_group_works
     PyObject* pycoll_group_lib
     int pycoll_group_raised
+    PyObject* pycoll_group_owner
+    int pycoll_group_depth
+
+#: which context (an asyncio task runs in its own) opened this thread's group: the token _set_group gave it
+cdef object _group_token = contextvars.ContextVar("pycoll_group_token")
 
 
 cdef inline object _open_works():
@@ -196,18 +205,60 @@ def set_group(list works, library):
 
 
 cdef int _set_group(list works, object library) except -1:
-    global pycoll_group_works, pycoll_group_lib
+    global pycoll_group_works, pycoll_group_lib, pycoll_group_owner, pycoll_group_depth
     cdef PyObject* old_works = pycoll_group_works
     cdef PyObject* old_lib = pycoll_group_lib
+    cdef PyObject* old_owner = pycoll_group_owner
     if works is None:
-        pycoll_group_works = pycoll_group_lib = NULL
+        pycoll_group_works = pycoll_group_lib = pycoll_group_owner = NULL
+        pycoll_group_depth = 0
     else:
+        pycoll_group_depth = 1  # the scope (or group_simulate) that opens it
+        token = object()
+        _group_token.set(token)
         Py_INCREF(works)
         Py_INCREF(library)
-        pycoll_group_works, pycoll_group_lib = <PyObject*>works, <PyObject*>library
+        Py_INCREF(token)
+        pycoll_group_works, pycoll_group_lib, pycoll_group_owner = <PyObject*>works, <PyObject*>library, <PyObject*>token
     Py_XDECREF(old_works)
     Py_XDECREF(old_lib)
+    Py_XDECREF(old_owner)
     return 0
+
+
+cdef int _group_check(object op, list inputs, list outputs, bint p2p) except -1:
+    """An operation about to join this thread's open group: refused where another context (an asyncio task) opened
+    the group -- it would run at that group's end, its blocking call returning at once -- and where it is a send or
+    receive (or meets one) whose memory meets another operation's of the group, one of them writing it: a group's
+    operations run together, unordered (a receive into what was being sent got either's data, by size)."""
+    cdef Work w
+    if _group_token.get(None) is not <object>pycoll_group_owner:
+        raise CommStateError(
+            f"{op}: this thread's open group() was opened by another asyncio task (or context), and {op} would join "
+            "it: it would run when that group ends, a blocking call returning before. Keep a group's block free of "
+            "awaits, or issue the operations of concurrent tasks from threads of their own")
+    for w in <list>pycoll_group_works:
+        if not (p2p or w.is_p2p):
+            continue  # collectives run in their order
+        for b in outputs:
+            for o in w.inputs:
+                if _share_memory(b, o):
+                    _group_overlap(op, "output", w, "input")
+            for o in w.outputs:
+                if _share_memory(b, o):
+                    _group_overlap(op, "output", w, "output")
+        for b in inputs:
+            for o in w.outputs:
+                if _share_memory(b, o):
+                    _group_overlap(op, "input", w, "output")
+    return 0
+
+
+cdef int _group_overlap(object op, str mine, Work w, str theirs) except -1:
+    raise ValueError(
+        f"{op}: its {mine} overlaps in memory with the {theirs} of {hooks.op_text(w)} in the same group, and one of "
+        "them writes it: a group's operations run together, unordered, so the result would be either's data. Use "
+        "separate buffers (sendrecv needs two), or two groups")
 
 
 cdef extern from "<semaphore.h>" nogil:
@@ -339,6 +390,12 @@ cdef class CommCore:
         (``split``, ``shrink``, ``grow``, ``broadcast_bytes``, ``register_window``, ``finalize``, ``destroy``).
         A block that raises (or holds a nested group whose block raised) drops the group: none of its operations
         runs, their Works fail with :class:`pycoll.CommStateError` (see :class:`GroupScope`).
+
+        The group's operations run together, unordered (collectives in their order among themselves): a send or
+        receive whose memory meets another operation's of the group, where one of them writes it, raises
+        ValueError. The open group belongs to the thread and the context (an asyncio task) that opened it: an
+        operation or group of another task on the thread raises :class:`pycoll.CommStateError` (keep a group's
+        block free of awaits); nested blocks must end in reverse order.
         """
         cdef GroupScope g = GroupScope.__new__(GroupScope)
         g.comm = self
@@ -956,6 +1013,8 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
     cdef unsigned long me = PyThread_get_thread_ident()
     if comm._owner != me:  # refused (another thread has it, until hand_off) before it takes a number: the peers'
         comm._take_over(me, op)  # reports and the flight recorder count only what ran
+    if pycoll_group_works != NULL:
+        _group_check(op, inputs, outputs, peer is not None)
     if peer is None:
         comm._coll_seq += 1
     else:
@@ -2027,18 +2086,24 @@ cdef class GroupScope:
     cdef object lib
     cdef bint outer
     cdef bint entered
+    cdef int depth  # how many scopes of this thread's group were open once this one was
 
     def __init__(self, CommCore comm):
         self.comm = comm
 
     def __enter__(self):
-        global pycoll_group_raised
+        global pycoll_group_raised, pycoll_group_depth
         if self.entered:  # its one record of the open group would be overwritten: every later call in a "group"
             raise CommStateError("this group() is already open: a nested group needs its own comm.group()")
         lib = self.comm.library
         self.outer = pycoll_group_works == NULL
         if not self.outer and <object>pycoll_group_lib is not lib:
             raise CommStateError("a group can only hold communicators of one library")
+        if not self.outer and _group_token.get(None) is not <object>pycoll_group_owner:
+            raise CommStateError(  # two asyncio tasks' groups on one thread: whichever block ends first ends neither
+                "group(): this thread's open group() was opened by another asyncio task (or context); one task's "
+                "group may not hold another's. Keep a group's block free of awaits, or issue the operations of "
+                "concurrent tasks from threads of their own")
         if self.outer:
             pycoll_group_raised = 0
         if isinstance(lib, Library):  # the C call, as _Call makes the operations' calls
@@ -2047,24 +2112,29 @@ cdef class GroupScope:
             lib.group_start()
         self.lib = lib
         if self.outer:
-            _set_group([], lib)
+            _set_group([], lib)  # depth 1
+        else:
+            pycoll_group_depth += 1
+        self.depth = pycoll_group_depth
         self.entered = True
         return None
 
     def __exit__(self, typ, value, tb):
         cdef Work w
         cdef CommCore c
-        global pycoll_group_raised
+        global pycoll_group_raised, pycoll_group_depth
         cdef bint body_ok = typ is None
         cdef bint nested_raised = False
+        cdef bint in_order = self.depth == pycoll_group_depth
         cdef list works = []
         if not self.entered:
             raise CommStateError("group() exited without being entered")
         self.entered = False
         lib = self.lib
-        if not self.outer:
-            if not body_ok:
-                pycoll_group_raised = 1
+        if pycoll_group_depth > 1:  # an inner scope's end, or one that ends before a later one (out of order)
+            pycoll_group_depth -= 1
+            if not (body_ok and in_order):
+                pycoll_group_raised = 1  # the whole group is dropped where it ends
         else:
             works = _open_works()
             _set_group(None, None)
@@ -2101,6 +2171,10 @@ cdef class GroupScope:
         for w in works:
             c = w.comm
             _group_closed(c, w, c.device, _comm_lib(c))
+        if not in_order and body_ok:
+            raise CommStateError("group(): the blocks of one group ended out of order (this one, opened first, "
+                                 "ends while a later one is open), so none of them can wait for its operations: the "
+                                 "group is dropped where its last block ends")
         if body_ok:
             for w in works:
                 if not w.async_op:

@@ -1482,11 +1482,11 @@ class Communicator(_core.CommCore):
                     self._poll(self.handle if poll_parent else slot.value, what, timeout, on_timeout, peers=leaving,
                                watch_failure=not poll_parent)
                 except NCCLError as e:
-                    if poll_parent and self._failure is None and self._state == "active":
+                    failure = self._failure
+                    if poll_parent and failure is None and self._state == "active":
                         # the error is this communicator's asynchronous error now: it is failed, as its state says
                         # (it read "active" while every operation raised the split's error)
                         self.fail(self._async_exc(e.code), None)
-                    failure = self._failure
                     if failure is not None and not isinstance(e, CommFailure):
                         # the communicator failed meanwhile (another thread's fail(): a reshape elsewhere revoked
                         # it), which stopped this call: what the caller's recovery catches, naming both

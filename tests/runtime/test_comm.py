@@ -1434,7 +1434,8 @@ def test_a_reshape_stopped_by_another_thread_raises_a_comm_failure(mode, action)
     if action == "abort":
         assert res[0] == "CommAborted" and "the communicator was aborted (abort() in thread" in res[2], res
     else:
-        assert res[0] == "CommRevoked" and "failed meanwhile (generation 0 is being reshaped" in res[2], res
+        # revoked; or aborted, where the revoke met the split first (the policy then aborts): either names the cause
+        assert res[0] in ("CommRevoked", "CommAborted") and "generation 0 is being reshaped" in res[2], res
 
 
 def _barrier_against_a_counter(rank, n, uid):
