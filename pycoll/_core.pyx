@@ -2647,8 +2647,8 @@ def all_to_all(CommCore comm, input, output=None, *, stream=None, async_op=False
     n = (<tuple>inp)[2]
     if n % size:
         raise ValueError(f"all_to_all: input has {n} elements, not a multiple of {size} ranks")
-    if (<tuple>out)[2] < n:
-        check_count(out, n, op="all_to_all")
+    if (<tuple>out)[2] != n:  # its blocks are input's: a bigger output's would not be where they land
+        check_count(out, n, exact=True, op="all_to_all", why=f"{size} blocks of {n // size}, as input's")
     if (<tuple>inp)[0] != (<tuple>out)[0] and _share_memory(inp, out):  # the same start: in place
         check_overlap(inp, out, op="all_to_all", in_place_form="output=None")
     call = _new_call(comm.library, _ALL_TO_ALL, cc, (<tuple>inp)[0], (<tuple>out)[0], n // size, (<tuple>inp)[3], 0, 0)

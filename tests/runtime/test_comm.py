@@ -442,7 +442,10 @@ def _bad_inputs(rank, n, uid):
             ("all_to_all_dtype", lambda: c.all_to_all(np.zeros(m, f32), np.zeros(m, np.float64)),
              "all_to_all: input is Float but output is Double; they must have the same dtype"),
             ("all_to_all_small", lambda: c.all_to_all(np.zeros(m, f32), np.zeros(m - 1, f32)),
-             f"all_to_all: output has {m - 1} elements but needs at least {m}"),
+             f"all_to_all: output has {m - 1} elements but needs exactly {m} ({n} blocks of 2, as input's)"),
+            # a bigger output: its blocks are not where input's land (a padded buffer got rank 1's at offset 2, not 3)
+            ("all_to_all_big", lambda: c.all_to_all(np.zeros(m, f32), np.zeros(m + n, f32)),
+             f"all_to_all: output has {m + n} elements but needs exactly {m} ({n} blocks of 2, as input's)"),
             ("gather_root_output", lambda: c.gather(np.zeros(2, f32), None, root=rank),
              "gather: the root needs an output buffer"),
             ("gather_in_place_off_root", lambda: c.gather(None, np.zeros(m, f32), root=1 - rank),
