@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "debug.h"
+#include "enqueue.h"
 #include "env.h"
 
 /* ---- layout ---- */
@@ -183,6 +184,7 @@ static void init_header(void* base, void* arg_) {
   h->inbox_bytes = L->inbox_bytes;
   h->slot_bytes = L->slot_bytes;
   h->nslots = (uint32_t)L->nslots;
+  coll_plan(h->plan);
   struct rank_ctrl* ctrl = (struct rank_ctrl*)((char*)base + L->ctrl_off);
   for (int i = 0; i < a->r->nranks; i++) {
     ctrl[i].cpu = -1;                /* not waited anywhere yet (0 is a CPU) */
@@ -320,6 +322,17 @@ ncclResult_t rendezvous_join(const struct rendezvous* r, struct seg* out) {
              r->opname, r->rank, h->creator.pid);
     return fail_with(r, &s, ncclInvalidUsage, text, false);
   }
+  uint64_t plan[SEG_PLAN_N];
+  coll_plan(plan);
+  for (int i = 0; i < SEG_PLAN_N; i++)
+    if (plan[i] != h->plan[i]) {
+      snprintf(text, sizeof text,
+               "%s : %s is %llu in rank %d (pid %d) but %llu in the process that created the communicator (pid %d): "
+               "the ranks plan each collective alike, so it must be the same in every rank's environment",
+               r->opname, coll_plan_names[i], (unsigned long long)plan[i], r->rank, (int)getpid(),
+               (unsigned long long)h->plan[i], h->creator.pid);
+      return fail_with(r, &s, ncclInvalidUsage, text, false);
+    }
   struct rank_ctrl* me = &s.ctrl[r->rank];
   uint64_t expected = 0;
   if (!__atomic_compare_exchange_n(&me->token, &expected, r->token, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {

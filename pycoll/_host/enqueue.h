@@ -102,6 +102,11 @@ ncclResult_t run_tasks_until(struct task* list, uint64_t deadline, uint64_t budg
 /* Releases what tasks hold (comm references, pending counts) and frees heap tasks. */
 void tasks_finish(struct task* list, bool heap);
 
+/* The settings that decide how a collective runs (its algorithm, its pieces, which lane), which every rank of a
+ * communicator must share -- a rank planning alone a one-phase reduction where the others pipeline it returned
+ * unreduced data -- and their variables' names (coll.c). */
+void coll_plan(uint64_t plan[SEG_PLAN_N]);
+extern const char* const coll_plan_names[SEG_PLAN_N];
 /* Per-kind progress (coll.c, p2p.c). */
 void coll_start(struct task* t);
 int coll_progress(struct task* t);

@@ -62,9 +62,7 @@ bool env_seconds(const char* name, double lo, double hi, double def, double* out
 }
 
 bool env_bind(void) {
-  const char* e = env_value("PYCOLL_HOST_BIND");
-  if (!e || !strcmp(e, "0")) return false;
-  if (!strcmp(e, "1")) return true;
-  env_warn("PYCOLL_HOST_BIND", e, "it must be 0 or 1", "; binding stays off");
-  return false;
+  uint64_t v; /* the blanks env_u64 skips (Python's check strips the same): " 1" was accepted there, ignored here */
+  env_u64("PYCOLL_HOST_BIND", 0, 1, 0, &v);
+  return v != 0;
 }

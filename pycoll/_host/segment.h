@@ -19,7 +19,9 @@
 #include "wait.h"
 
 #define SEG_MAGIC 0x7079636f6c6c5347ull
-#define SEG_LAYOUT_VERSION 5
+#define SEG_LAYOUT_VERSION 6
+/* how many of the host library's settings plan a collective alike on every rank (coll.c: coll_plan) */
+#define SEG_PLAN_N 6
 #define SEG_HEADER_BYTES 4096
 #define SLOT_HDR_BYTES 64
 /* One-sided signals: sigIdx < SIG_SLOTS, ctx < SIG_CTXS. */
@@ -138,6 +140,7 @@ struct seg_header {
   uint64_t inbox_bytes, slot_bytes;
   uint32_t nslots;
   uint32_t pad1;
+  uint64_t plan[SEG_PLAN_N]; /* the creator's settings that plan collectives (coll_plan): every rank's must match */
   _Alignas(64) uint32_t joined; /* ranks that claimed their slot */
   uint32_t arrived;             /* processes that opened the segment, successful or not */
   uint32_t fail_claim;

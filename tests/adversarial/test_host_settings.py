@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import textwrap
-from typing import List, Tuple
+from typing import List, Tuple, Union
 
 import pytest
 
@@ -57,10 +57,12 @@ _LARGE = textwrap.dedent("""
 """)
 
 
-def _run(extra: dict, skip: bool, script: str = _RANK) -> List[Tuple[int, str, str]]:
+def _run(extra: Union[dict, List[dict]], skip: bool, script: str = _RANK) -> List[Tuple[int, str, str]]:
+    """Both ranks of ``script`` with the variables ``extra`` (a list: each rank's own)."""
+    each = extra if isinstance(extra, list) else [extra, extra]
     with TCPStoreServer("127.0.0.1", 0, TOKEN).start() as srv:
         args = ("1" if skip else "0",) if script is _RANK else ()
-        children = [python(script, str(r), str(srv.port), *args, environ=env(**extra)) for r in range(2)]
+        children = [python(script, str(r), str(srv.port), *args, environ=env(**each[r])) for r in range(2)]
         try:
             return [c.communicate(40) for c in children]
         finally:
@@ -115,6 +117,25 @@ def test_python_refuses_bad_host_settings_before_loading(name: str, value: str) 
     for rc, out, err in results:
         assert rc == 3 and "VALUEERROR" in out and name in out, (rc, out, err)
         assert "pycoll host library: WARN" not in err  # refused before the library read it
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name,values", [("PYCOLL_HOST_ONESHOT_MAX", ("0", "32768")),
+                                         ("PYCOLL_HOST_CHUNK_BYTES", ("64", "1048576")),
+                                         ("PYCOLL_HOST_WINDOW_ALLREDUCE", ("1", "0"))])
+def test_ranks_that_would_plan_collectives_apart_fail_their_init_naming_the_variable(name: str,
+                                                                                    values: Tuple[str, str]) -> None:
+    # PYCOLL_HOST_ONESHOT_MAX=0 on one rank: it reduced in two phases where the other reduced in one, and returned
+    # unreduced data ([2.] where 3.); CHUNK_BYTES apart: a mismatch error naming a Reduce nobody called
+    for rc, out, err in _run([{name: values[0]}, {name: values[1]}], skip=False):
+        assert rc != 0 and "OK" not in out, (rc, out, err)
+        assert f"{name} is" in err and "must be the same in every rank's environment" in err, err
+
+
+@pytest.mark.timeout(60)
+def test_the_library_takes_the_blanks_around_bind_that_python_takes() -> None:
+    for rc, out, err in _run({"PYCOLL_HOST_BIND": " 1\n"}, skip=False):  # " 1" passed Python, the library warned
+        assert rc == 0 and "OK" in out and "WARN" not in err, (rc, out, err)
 
 
 @pytest.mark.parametrize("name,good,bad", [
