@@ -126,14 +126,12 @@ void coll_plan(uint64_t plan[SEG_PLAN_N]) {
   plan[0] = oneshot_max;
   plan[1] = chunk_max;
   plan[2] = eager_rooted;
-  plan[3] = window_allreduce;
-  plan[4] = window_collectives;
-  plan[5] = group_batch;
 }
 
+/* (PYCOLL_HOST_WINDOW_* and PYCOLL_HOST_GROUP_BATCH are not among them: each operation finds out whether every rank
+ * takes that path) */
 const char* const coll_plan_names[SEG_PLAN_N] = {"PYCOLL_HOST_ONESHOT_MAX", "PYCOLL_HOST_CHUNK_BYTES",
-                                                 "PYCOLL_HOST_EAGER_ROOTED", "PYCOLL_HOST_WINDOW_ALLREDUCE",
-                                                 "PYCOLL_HOST_WINDOW_COLLECTIVES", "PYCOLL_HOST_GROUP_BATCH"};
+                                                 "PYCOLL_HOST_EAGER_ROOTED"};
 
 /* The trials (stores[]) of an operation of t's kind, over windows or not; -1: none (only the outputs of
  * AllReduce/Reduce through the segment, and of the operations over windows, are large enough to choose). */

@@ -21,7 +21,7 @@
 #define SEG_MAGIC 0x7079636f6c6c5347ull
 #define SEG_LAYOUT_VERSION 6
 /* how many of the host library's settings plan a collective alike on every rank (coll.c: coll_plan) */
-#define SEG_PLAN_N 6
+#define SEG_PLAN_N 3
 #define SEG_HEADER_BYTES 4096
 #define SLOT_HDR_BYTES 64
 /* One-sided signals: sigIdx < SIG_SLOTS, ctx < SIG_CTXS. */

@@ -122,7 +122,7 @@ def test_python_refuses_bad_host_settings_before_loading(name: str, value: str) 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("name,values", [("PYCOLL_HOST_ONESHOT_MAX", ("0", "32768")),
                                          ("PYCOLL_HOST_CHUNK_BYTES", ("64", "1048576")),
-                                         ("PYCOLL_HOST_WINDOW_ALLREDUCE", ("1", "0"))])
+                                         ("PYCOLL_HOST_EAGER_ROOTED", ("1", "0"))])
 def test_ranks_that_would_plan_collectives_apart_fail_their_init_naming_the_variable(name: str,
                                                                                     values: Tuple[str, str]) -> None:
     # PYCOLL_HOST_ONESHOT_MAX=0 on one rank: it reduced in two phases where the other reduced in one, and returned
