@@ -19,6 +19,39 @@ def _loaded_objects():
     return [os.fsdecode(n) for n in names]
 
 
+def _truncated_elf(path):
+    """Why the ELF file ``path`` cannot be loaded whole: shorter than its program headers or its loadable segments say
+    (a half-copied or half-downloaded library: dlopen maps past its end, and the process dies of SIGBUS as the loader
+    reads there); None for one that is whole, or no ELF file (dlopen says what it is)."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(64)
+            if len(head) < 52 or head[:4] != b"\x7fELF" or head[4] not in (1, 2) or head[5] not in (1, 2):
+                return None
+            bits64, order = head[4] == 2, "<" if head[5] == 1 else ">"
+            if bits64 and len(head) < 64:
+                return None
+            phoff = struct.unpack_from(order + ("Q" if bits64 else "I"), head, 32 if bits64 else 28)[0]
+            phentsize, phnum = struct.unpack_from(order + "HH", head, 54 if bits64 else 42)
+            if phentsize < (56 if bits64 else 32):
+                return None
+            if phoff + phentsize * phnum > size:
+                return f"its program headers end at byte {phoff + phentsize * phnum}, past its end ({size} bytes)"
+            f.seek(phoff)
+            table = f.read(phentsize * phnum)
+    except OSError:
+        return None  # dlopen says why it cannot read it
+    for i in range(phnum):
+        if bits64:
+            kind, _, offset, _, _, filesz = struct.unpack_from(order + "IIQQQQ", table, i * phentsize)
+        else:
+            kind, offset, _, _, filesz = struct.unpack_from(order + "IIIII", table, i * phentsize)
+        if kind == 1 and offset + filesz > size:  # PT_LOAD
+            return f"its segment {i} ends at byte {offset + filesz}, past its end ({size} bytes)"
+    return None
+
+
 cdef Library _open(str target):
     """dlopen ``target`` (a path, or a name for the dynamic linker's search) and wrap it."""
     cdef bytes btarget = os.fsencode(target)
@@ -28,6 +61,10 @@ cdef Library _open(str target):
     cdef Library lib
     if "/" in target and not os.path.exists(target):
         raise LibraryError(f"{target}: no such file", target)
+    broken = _truncated_elf(target) if "/" in target else None
+    if broken is not None:
+        raise LibraryError(f"{target}: the file is cut short ({broken}): a copy or download that did not "
+                           "finish?", target)
     with nogil:
         h = dlopen(ctarget, RTLD_NOW | RTLD_LOCAL)
     if h == NULL:

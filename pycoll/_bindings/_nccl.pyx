@@ -15,6 +15,7 @@ CUDA driver functions of an operation's path, CudaDriver). Where load() looks is
 
 import logging
 import os
+import struct
 import sys
 import threading
 from enum import IntEnum

@@ -99,6 +99,20 @@ def test_missing_path(tmp_path):
     assert isinstance(info.value, OSError)
 
 
+def test_a_library_cut_short_is_refused_before_dlopen(tmp_path):
+    """dlopen of a half-copied library maps past its end: the process died of SIGBUS (pycoll.info too)."""
+    whole = open(os.path.join(REPO, "pycoll", "_bindings", "libpycoll_host.so"), "rb").read()
+    for size in (100, 1000, 4096, 20000, 150000):  # (its loadable segments end before its last quarter)
+        path = str(tmp_path / f"libcut{size}.so")
+        open(path, "wb").write(whole[:size])
+        code = ("import sys, pycoll; from pycoll import _bindings as B\n"
+                "try: B.load(sys.argv[1])\nexcept pycoll.LibraryError as e: print(e)")
+        out = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and out.stdout.startswith(path), (size, out)
+        if size >= 64:  # long enough to hold the ELF header that says how long it should be
+            assert "the file is cut short" in out.stdout, (size, out.stdout)
+
+
 def test_unknown_name_says_what_the_linker_said():
     with pytest.raises(pycoll.LibraryError, match="libpycoll_does_not_exist.so"):
         _nccl.load("libpycoll_does_not_exist.so")
