@@ -140,6 +140,15 @@ class _PathLock:
             self.lock.release()
 
 
+def _forked() -> None:
+    """After a fork, in the child: the path locks are the child's own (a parent's thread may hold the registry's)."""
+    _PathLock._registry_lock = threading.Lock()
+    _PathLock._registry = {}
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 class FileStore(Store):
     """The store protocol over a file, for processes on one machine or a shared filesystem.
 
@@ -169,6 +178,7 @@ class FileStore(Store):
         except OSError as e:
             raise StoreError(f"cannot open the FileStore at {self.path}: {e.strerror or e}") from None
         self._mu = threading.RLock()  # this object's cache and descriptor (a writer takes it after the file lock)
+        self._pid = os.getpid()
         self._fd = -1
         self._ino: Optional[Tuple[int, int]] = None
         self._offset = 0
@@ -201,6 +211,8 @@ class FileStore(Store):
     def close(self) -> None:
         if self._closed:
             return
+        if self._pid != os.getpid():
+            self._after_fork()
         with self._mu:
             if self._closed:
                 return
@@ -212,9 +224,20 @@ class FileStore(Store):
 
     # ---- file access (writers hold the file lock and self._mu, readers self._mu)
 
+    def _after_fork(self) -> None:
+        """In a forked child: locks, descriptor and cache of its own -- the parent's locks stay held where a parent's
+        thread held them at the fork (a child that wrote waited forever and held the lock file: every other process
+        of the job timed out), and its descriptors' offsets are the parent's."""
+        self._pid = os.getpid()
+        self._mu = threading.RLock()
+        self._plock = _PathLock.acquire_ref(self.path + ".lock")
+        self._fd, self._ino, self._offset, self._table, self._live_bytes = -1, None, 0, _Table(), 0
+
     @contextlib.contextmanager
     def _locked(self, write: bool = True) -> Iterator[None]:
         """Hold this object's cache (and for a writer the file's lock first); the cache synced with the file."""
+        if self._pid != os.getpid():
+            self._after_fork()
         if self._closed:
             raise StoreError(f"the FileStore on {self.path} is closed")
         if write:

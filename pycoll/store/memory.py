@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import threading
-from typing import List, Optional
+from typing import Any, List, Optional
 
+from ..errors import StoreError
 from .base import (
     DEFAULT_TIMEOUT,
     Keys,
@@ -31,7 +33,21 @@ class MemoryStore(Store):
     def __init__(self, timeout: float = DEFAULT_TIMEOUT) -> None:
         self.timeout = _check_timeout(timeout, DEFAULT_TIMEOUT)
         self._table = _Table()
-        self._cond = threading.Condition()
+        self._cond_ = threading.Condition()
+        self._pid = os.getpid()
+
+    @property
+    def _cond(self) -> threading.Condition:
+        """The store's lock (every call takes it), in the process that made the store only: a forked child's copy
+        is another store (its ranks waited out their timeouts for each other's keys, blaming the ranks)."""
+        if os.getpid() != self._pid:
+            raise StoreError("a MemoryStore lives in the process that made it (its threads share it), not in a "
+                             "forked child: between processes use a TCPStore or a FileStore")
+        return self._cond_
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a MemoryStore cannot be pickled (passed to another process): it lives in one process, whose "
+                        "threads share it; between processes use a TCPStore or a FileStore")
 
     def set(self, key: str, value: Value) -> None:
         key, value = _check_key(key), _to_bytes(value)

@@ -1041,3 +1041,70 @@ def test_a_torch_store_whose_server_is_gone_is_not_asked_again_at_once(caplog):
     with pytest.raises(StoreLost, match="lost the connection"):
         s.set("k", b"v")  # asked again after it
     assert Gone.calls == 2
+
+
+def _in_a_fork(fn):
+    """fn() in a forked child (of this test process, whose threads may hold locks at the fork): what it returned
+    or raised, as text; the child is killed after 8 s."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            out = f"ok {fn()!r}"
+        except BaseException as e:  # the parent reads it
+            out = f"{type(e).__name__}: {e}"
+        os.write(w, out.encode())
+        os._exit(0)
+    os.close(w)
+    try:
+        deadline = time.monotonic() + 8
+        while os.waitpid(pid, os.WNOHANG) == (0, 0):
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return "hung"
+            time.sleep(0.01)
+        return os.read(r, 4096).decode()
+    finally:
+        os.close(r)
+
+
+@pytest.mark.timeout(60)
+def test_a_forked_child_uses_a_file_store_of_its_own_while_a_parent_thread_holds_its_locks(tmp_path):
+    """A parent's thread inside the store at the fork held its locks there for good: the child's first write waited
+    forever, holding the lock file, and every other process of the job timed out."""
+    path = str(tmp_path / "store")
+    s = FileStore(path, timeout=5)
+    s.set("a", b"1")
+    for held in ("reader", "writer", "registry"):
+        lock = {"reader": s._mu, "writer": s._plock.lock, "registry": type(s._plock)._registry_lock}[held]
+        taken, done = threading.Event(), threading.Event()
+
+        def hold(lock=lock, taken=taken, done=done):  # a reading or writing thread at the fork
+            with lock:
+                taken.set()
+                done.wait(30)
+
+        t = threading.Thread(target=hold)
+        t.start()
+        taken.wait(10)
+        try:
+            got = _in_a_fork(lambda: (s.set("k", held), s.get("a"), FileStore(path, timeout=5).get("k")))
+        finally:
+            done.set()
+            t.join()
+        assert got == f"ok (None, b'1', b'{held}')", (held, got)
+        assert s.get("k", timeout=5) == held.encode()  # the parent goes on
+    s.close()
+
+
+def test_a_memory_store_stays_in_its_process():
+    """Forked, a MemoryStore was another store (the ranks waited out their init timeout blaming each other);
+    pickled for a spawned process, a message about an RLock."""
+    s = MemoryStore()
+    s.set("a", b"1")
+    assert "StoreError: a MemoryStore lives in the process that made it" in _in_a_fork(lambda: s.get("a"))
+    with pytest.raises(TypeError, match="a MemoryStore cannot be pickled .* use a TCPStore or a FileStore"):
+        pickle.dumps(s)
+    assert s.get("a") == b"1"
