@@ -2,6 +2,16 @@
 # _locate.py.
 
 _lock = threading.RLock()
+
+
+def _forked():
+    """After a fork, in the child: a lock of its own (another thread of the parent may have been loading a library
+    at the fork: the child's first load waited forever for it)."""
+    global _lock
+    _lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_forked)
 _by_path = {}  # resolved path -> Library
 _by_spec = {}  # spec as given -> Library
 

@@ -610,3 +610,32 @@ def test_fake_and_real_libnccl_side_by_side(fakes):
     assert fake.get_version() == 22703 and real.get_version() == real.version != 22703
     assert fake.get_error_string(4) == "fake: invalid argument"
     assert real.get_error_string(4).startswith("invalid argument")
+
+
+@pytest.mark.timeout(60)
+def test_a_forked_child_loads_while_a_parent_thread_was_loading():
+    """A thread of the parent inside load() at the fork: the child's first load waited forever for its lock."""
+    taken, done = threading.Event(), threading.Event()
+
+    def loading():
+        with _nccl._lock:  # as load() holds it across dlopen
+            taken.set()
+            done.wait(30)
+
+    t = threading.Thread(target=loading)
+    t.start()
+    taken.wait(10)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if _nccl.load("host").version else 1)
+        deadline = time.monotonic() + 10
+        while (got := os.waitpid(pid, os.WNOHANG)) == (0, 0) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if got == (0, 0):
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        assert got[0] == pid and os.waitstatus_to_exitcode(got[1]) == 0, got
+    finally:
+        done.set()
+        t.join()
