@@ -37,7 +37,7 @@ def default_dump_dir() -> str:
     """
     explicit = _settings.get("PYCOLL_FR_DUMP_DIR")
     if explicit:
-        return explicit
+        return os.path.expanduser(explicit)  # as its check reads it: '~/dumps' went to a folder named '~
     cache = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(cache, "pycoll", "fr", _run_id())
 

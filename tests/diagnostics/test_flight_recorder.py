@@ -549,3 +549,12 @@ def test_a_torchrun_restart_dumps_apart_from_the_attempt_it_restarted(monkeypatc
     assert files.default_dump_dir() == "/cache/pycoll/fr/job7"
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
     assert files.default_dump_dir() == "/cache/pycoll/fr/job7.attempt2"
+
+
+def test_a_dump_folder_under_home_is_home_s(monkeypatch, tmp_path):
+    # PYCOLL_FR_DUMP_DIR='~/dumps' passed its check (which expands it) and the dumps went to a folder named '~'
+    from pycoll.diagnostics import files
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("PYCOLL_FR_DUMP_DIR", "~/dumps")
+    assert files.default_dump_dir() == str(tmp_path / "dumps")
