@@ -148,6 +148,8 @@ def load(spec=None):
 
 
 def _load_spec(spec):
+    if "/" in spec and not os.path.isabs(spec):  # a path relative to the working folder, which may change
+        spec = os.path.abspath(spec)
     lib = _by_spec.get(spec)
     if lib is not None:
         return lib

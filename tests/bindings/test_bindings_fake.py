@@ -639,3 +639,16 @@ def test_a_forked_child_loads_while_a_parent_thread_was_loading():
     finally:
         done.set()
         t.join()
+
+
+def test_a_relative_path_is_loaded_from_the_working_folder_of_the_call(tmp_path, monkeypatch):
+    """load('./libx.so') was remembered by its text: after a chdir it gave the other folder's library."""
+    whole = os.path.join(REPO, "pycoll", "_bindings", "libpycoll_host.so")
+    for d in "ab":
+        (tmp_path / d).mkdir()
+        shutil.copy(whole, tmp_path / d / "libx.so")
+    monkeypatch.chdir(tmp_path / "a")
+    a = _nccl.load("./libx.so")
+    monkeypatch.chdir(tmp_path / "b")
+    b = _nccl.load("./libx.so")
+    assert (a.path, b.path) == (str(tmp_path / "a" / "libx.so"), str(tmp_path / "b" / "libx.so"))
