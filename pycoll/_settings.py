@@ -153,7 +153,8 @@ class Setting:
 _ALL = (
     # -- libraries and communicators
     Setting("PYCOLL_NCCL_LIBRARY", "text", "nccl",
-            "library for `load()` without a spec: a path or `nccl`/`rccl`/`host`"),
+            "the library of `load()` without a spec and of `init()` without `library=`: a path or "
+            "`nccl`/`rccl`/`host` (`init`'s backend is its kind; another backend asked for is refused)"),
     Setting("PYCOLL_BACKEND", "choice", None, "backend of `init(backend=\"auto\")` (default: by the GPUs present)",
             choices=("host", "nccl", "rccl")),
     Setting("PYCOLL_TIMEOUT", "seconds", 30.0, "per-operation timeout, seconds"),

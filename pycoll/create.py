@@ -41,7 +41,9 @@ def _default_init_timeout() -> float:
 
 
 def load_library(backend: str = "auto", library: Any = None) -> Tuple[str, Any]:
-    """Resolve ``(backend, Library)``. ``library`` (a path or a loaded Library) overrides ``backend``."""
+    """Resolve ``(backend, Library)``. ``library`` (a path or a loaded Library) overrides ``backend``; without it
+    ``$PYCOLL_NCCL_LIBRARY``, where set, is the library (``"auto"``: of its kind; another backend: ValueError where
+    its kind differs), else the backend's own."""
     if library is not None:
         if not isinstance(library, (B.Library, str, os.PathLike)):
             raise TypeError(f"library must be a loaded pycoll Library, a path or a backend name, or None; got "
@@ -51,9 +53,17 @@ def load_library(backend: str = "auto", library: Any = None) -> Tuple[str, Any]:
         return kind, lib
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
+    chosen = _settings.explicit("PYCOLL_NCCL_LIBRARY")  # a custom libnccl: init() went on to the wheel's, silently
     if backend == "auto":
-        backend = _settings.get("PYCOLL_BACKEND") or auto_backend()
-    return backend, B.load(backend)
+        backend = _settings.get("PYCOLL_BACKEND") or ("" if chosen else auto_backend())
+    if not chosen:
+        return backend, B.load(backend)
+    lib = B.load()  # the variable's library (its LibraryError names the variable)
+    kind = lib.kind if lib.kind in ("host", "nccl", "rccl") else "nccl"
+    if backend and kind != backend:
+        raise ValueError(f"$PYCOLL_NCCL_LIBRARY={chosen!r} is a {kind} library, but the backend asked for is "
+                         f"{backend!r} (init's backend= or $PYCOLL_BACKEND): make them agree, or unset one")
+    return kind, lib
 
 
 def get_unique_id(backend: str = "auto", library: Any = None) -> Any:

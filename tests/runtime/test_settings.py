@@ -208,3 +208,24 @@ def test_arguments_named_in_their_errors(monkeypatch, caplog):
         with caplog.at_level("WARNING", logger="pycoll"):
             pycoll.init(0, 1, unique_id=pycoll.get_unique_id(backend="host"), backend="host").destroy()
         assert any("makes every NCCL call block" in r.getMessage() for r in caplog.records), value
+
+
+def test_init_uses_the_library_the_variable_names(monkeypatch, tmp_path):
+    """init() went on to the backend's own library (the wheel's NCCL), silently, whatever the variable named."""
+    import shutil
+
+    from pycoll import create
+
+    copy = tmp_path / "libmyhost.so"
+    shutil.copy(B.load("host").path, copy)
+    monkeypatch.delenv("PYCOLL_BACKEND", raising=False)
+    monkeypatch.setenv("PYCOLL_NCCL_LIBRARY", str(copy))
+    backend, lib = create.load_library("auto")
+    assert (backend, lib.path) == ("host", str(copy))
+    assert create.load_library("host")[1].path == str(copy)
+    with pytest.raises(ValueError, match=r"PYCOLL_NCCL_LIBRARY='.*libmyhost.so' is a host library, but the backend "
+                                         r"asked for is 'nccl'"):
+        create.load_library("nccl")
+    monkeypatch.setenv("PYCOLL_NCCL_LIBRARY", str(tmp_path / "libmissing.so"))
+    with pytest.raises(LibraryError, match=r"^\$PYCOLL_NCCL_LIBRARY='.*libmissing\.so': "):
+        pycoll.init(0, 1)
