@@ -1657,7 +1657,7 @@ cdef object _torch_viewed_buffer(object t, object stream, object name):
         return None
     if count == 0:  # the DLTensor of an empty tensor need not point where its data_ptr() does
         return _torch_attr_buffer(t, name)
-    if pycoll_descr_call(_T_IS_NEG, t):
+    if pycoll_descr_call(_T_IS_NEG, t) or <uintptr_t>d.data + d.byte_offset == 0:  # (no memory: the general path)
         return None
     cdef int device_id = 0 if kind == _DL_CPU else d.device.device_id
     sync = None
@@ -1695,7 +1695,10 @@ cdef object _torch_attr_buffer(object t, object name):
     for d in <tuple>shape:
         count *= <Py_ssize_t>d
     cdef int c = code
-    return pycoll_buffer(Buffer, pycoll_descr_call(_T_DATA_PTR, t), count * _ITEMSIZES[c], count, code,
+    ptr = pycoll_descr_call(_T_DATA_PTR, t)
+    if count and not ptr:  # no memory (a ZeroTensor): the general path says so
+        return None
+    return pycoll_buffer(Buffer, ptr, count * _ITEMSIZES[c], count, code,
                          <object>_NAMES[c], shape, _CPU, 0, False, t, "torch", None, name)
 
 

@@ -319,6 +319,10 @@ def _from_torch(t: Any, torch: Any, name: str, stream: Optional[int] = None) -> 
     if t.is_neg():
         raise ValueError(f"{name}: the tensor has its negative bit set; call .resolve_neg() first")
     count = t.numel()
+    ptr = t.data_ptr()
+    if count and not ptr:
+        raise ValueError(f"{name}: the tensor has no memory (data_ptr() is 0: a ZeroTensor, as autograd makes for a "
+                         "known-zero gradient, or a fake tensor); pass a tensor with storage (torch.zeros(...))")
     sync = None
     if device_type == _TORCH_GPU and stream is not None:
         # the kernels that wrote t run on torch's current stream of its device: a collective on
@@ -328,7 +332,7 @@ def _from_torch(t: Any, torch: Any, name: str, stream: Optional[int] = None) -> 
             sync = current
     return _new_buffer(
         Buffer,
-        (t.data_ptr(), count * DATATYPE_ITEMSIZES[nccl], count, nccl, DATATYPE_NAMES[nccl], t.shape,
+        (ptr, count * DATATYPE_ITEMSIZES[nccl], count, nccl, DATATYPE_NAMES[nccl], t.shape,
          device_type, device_id, False, t, "torch", sync, name),
     )
 

@@ -906,3 +906,21 @@ def test_check_overlap():
         check_overlap(as_buffer(z[4:8], name="input"), as_buffer(z, name="output"), op="x", in_place=0)
     gpu = a._replace(device_type=DeviceType.CUDA)  # another address space: never compared
     check_overlap(gpu, as_buffer(z[4:12], name="output"), op="x")
+
+
+def test_a_tensor_without_memory_is_refused_naming_the_argument():
+    """A ZeroTensor (autograd's known-zero gradient) has data_ptr() 0: the library said 'sendbuff argument is NULL',
+    and the peers waited out their timeout."""
+    import pycoll
+
+    z = torch._efficientzerotensor(3)
+    with pytest.raises(ValueError, match="^arg: the tensor has no memory .data_ptr.. is 0: a ZeroTensor"):
+        as_buffer(z, name="arg")
+    comm = pycoll.init(0, 1, backend="host")
+    try:
+        for call in (lambda: comm.all_reduce(z, torch.empty(3)), lambda: comm.all_reduce(torch.ones(3), z)):
+            with pytest.raises(ValueError, match="has no memory"):
+                call()
+        assert comm.state == "active" and as_buffer(torch.empty(0)).count == 0
+    finally:
+        comm.abort()
