@@ -614,6 +614,10 @@ cdef class Work:
         self._has_ms = ms is not None
         self._ms = ms if self._has_ms else 0.0
 
+    def __reduce__(self):
+        raise TypeError(f"{self.op} (seq {self.seq}): a Work cannot be pickled (sent to another process): it is an "
+                        "operation of this process's communicator; wait for it here, send its result")
+
     def __repr__(self):
         try:
             state = self.state  # as its events say now, not as last looked at

@@ -515,6 +515,10 @@ class Communicator(_core.CommCore):
         """Operations (collective and point-to-point) issued on this communicator so far."""
         return self._coll_seq + self._p2p_seq
 
+    def __reduce__(self) -> Any:
+        raise TypeError(f"communicator {self.name!r} cannot be pickled (sent to another process): it is this "
+                        "process's; every process makes its own (pycoll.init with the job's store or unique id)")
+
     def __repr__(self) -> str:
         return f"<Communicator {self.name!r} rank {self._rank}/{self._size} {self.backend} {self._state}>"
 

@@ -1461,3 +1461,19 @@ def test_a_barrier_does_not_silently_match_a_programs_one_int32_all_reduce():
     # where 30, with no error
     for res in run_ranks(_barrier_against_a_counter, 2, _uid(), timeout=40):
         assert res[0] != "no exception" and res[1] is True, res
+
+
+def test_a_communicator_or_work_cannot_be_pickled_and_says_so():
+    # (a spawned Process given one: "no default __reduce__ due to non-trivial __cinit__", Cython's words)
+    import pickle
+
+    c = pycoll.init(0, 1, backend="host", name="tp")
+    try:
+        w = c.all_reduce(np.ones(2), async_op=True)
+        with pytest.raises(TypeError, match="communicator 'tp' cannot be pickled .sent to another process."):
+            pickle.dumps(c)
+        with pytest.raises(TypeError, match=r"all_reduce \(seq 1\): a Work cannot be pickled"):
+            pickle.dumps(w)
+        w.wait()
+    finally:
+        c.abort()
