@@ -1390,10 +1390,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except (ImportError, OSError) as e:
             print(f"pycoll-fr: {e}", file=sys.stderr)
             return 2
-    if args.json:
-        print(json.dumps(reports, indent=2, default=str))
-    else:
-        print(format_report(reports, stacks=not args.no_stacks), end="")
+    try:
+        if args.json:
+            print(json.dumps(reports, indent=2, default=str))
+        else:
+            print(format_report(reports, stacks=not args.no_stacks), end="")
+        sys.stdout.flush()
+    except BrokenPipeError:  # `pycoll-fr DIR | head`: the reader has what it wanted
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 -- stdout for the rest of the process (its flush at exit)
     if not any(rep["ranks"] for rep in reports):
         return 2
     return 0 if all(rep["ok"] for rep in reports) else 1

@@ -156,7 +156,7 @@ class FailureReport:
             fresh = self.answered(p)
             if fresh:
                 answered.append(r)
-            age = (now_ns - p["time_ns"]) / 1e9
+            age = max(0.0, (now_ns - p["time_ns"]) / 1e9)  # a report published after now was read: "-0.0 s old"
             if not fresh and age > stale_after and r not in self.peer_failures:
                 silent[r] = age
             if self.seq is None:

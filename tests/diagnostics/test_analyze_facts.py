@@ -164,3 +164,25 @@ def test_ranks_the_recovery_stopped_stay_culprits_where_nothing_else_explains_th
                              )["communicators"][0]
     assert c["verdict"].startswith("rank 0 never entered all_reduce #21"), c["verdict"]
     assert c["culprits"] == [0]
+
+
+def test_a_report_piped_into_a_reader_that_stops_ends_quietly(tmp_path, monkeypatch):
+    # `pycoll-fr DIR --json | head` ended with a BrokenPipeError traceback
+    import sys
+
+    for r in range(2):
+        rec = fr.FlightRecorder(64, dump_dir=str(tmp_path))
+        c = FakeComm(rec, r, 2, uid=UID, name="world")
+        c.op("all_reduce", np.ones(2, np.float32), np.ones(2, np.float32))
+        assert rec.dump("test")
+
+    class Closed:  # a pipe whose reader has gone
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    for args in ([str(tmp_path), "--json"], [str(tmp_path)]):
+        monkeypatch.setattr(sys, "stdout", Closed())
+        assert analyze.main(args) in (0, 1)
