@@ -695,8 +695,9 @@ class ElasticGroup:
             # what it completes (see commit())
             comm = self.comm
             requester = _requester(flag)
+            quiet = requester is not None and comm.failure is None
             if comm.state == "active" and comm.generation == g:
-                if requester is not None and comm.failure is None:
+                if requester is not None and quiet:
                     # asked for with nothing failed: no failure here either (nothing reported, no dump). The
                     # requester revokes its communicator once every member voted, i.e. saw this flag: what this
                     # member then finds failed (an operation meeting that revoke) revokes this one quietly
@@ -708,17 +709,25 @@ class ElasticGroup:
                     except Exception:  # revoke unsupported: the policy aborts instead
                         _log.exception("revoking generation %d", g)
             if comm.generation == g:
-                self._revoke_descendants(comm, g)
+                self._revoke_descendants(comm, g, "expect" if quiet else "fail")
             _fp.hit(FP_WATCHER_AFTER_REVOKE)
             self._vouch(g, 0, comm.global_ranks if comm.generation == g else None)
 
-    def _revoke_descendants(self, comm: Communicator, g: int) -> None:
+    def _revoke_descendants(self, comm: Communicator, g: int, how: str = "fail") -> None:
         """The communicators the program made from generation ``g``'s (``group.comm.split()``: tensor- and
         data-parallel groups): an operation of theirs may wait for a member that is in the reshape now, or gone;
         they fail too (revoked, as the group's), so that whoever waits in one comes to the reshape, instead of
-        waiting out its timeout (and the group's reshape with it)."""
+        waiting out its timeout (and the group's reshape with it). A requested reshape (nothing failed) records no
+        failure, as for the group's own: ``how="expect"``, before this member votes, makes what their operations
+        meet revoke them quietly; ``"quiet"`` (the requester once every member voted, the others in their reshape)
+        revokes them so."""
         for child in comm.descendants():
             if child.state == "active" and child.failure is None:
+                if how != "fail":
+                    child.expect_revoke()
+                    if how == "quiet":
+                        self._quiet_revoke(child)
+                    continue
                 try:
                     child.fail(CommRevoked(f"generation {g} of {self.name!r} is being reshaped: communicator "
                                            f"{child.name!r} was made from its communicator"))
@@ -856,13 +865,18 @@ class ElasticGroup:
     def _reshape(self) -> Communicator:
         old = self.comm
         g = self.generation
-        self._revoke_descendants(old, g)  # also where the watcher saw the flag after this member had moved on
         detected = getattr(old, "failed_at", None) or time.time()
         # asked for with nothing failed (here, or by the member whose flag revoked this one): no failure, nothing
         # reported and no dump anywhere. The others' watchers see the flag, expect a revoke (Communicator.
         # expect_revoke) and vote; this member's communicator is revoked once every member voted, and what the
         # others' operations then meet revokes theirs (quietly)
         requested = old.failure is None and (old.state == "active" or self._requested[0] == g)
+        # also where the watcher saw the flag after this member had moved on; this member's own request revokes them
+        # once every member voted (with the group's, below): the others expect it then
+        own_request = requested and self._requested[0] != g
+        made_from = old.descendants()  # released with it (held until then: the program drops them as it remakes them)
+        if not own_request:
+            self._revoke_descendants(old, g, "quiet" if requested else "fail")
         requester = self._requested[1] if self._requested[0] == g else self.slot
         cause = str(old.failure) if not requested else f"reshape requested by slot {requester}"
         if requested:  # what failed in a communicator made from the group's (not revoked by the reshape itself)
@@ -900,6 +914,7 @@ class ElasticGroup:
                                f"(members {list(new_members)})")
             _fp.hit(FP_REVOKE_BEFORE)
             if parent.state == "active" and requested and parent.failure is None:
+                self._revoke_descendants(parent, g, "quiet")
                 self._quiet_revoke(parent)
             if parent.state == "active":
                 parent.fail(CommFailure("reshape"))
@@ -949,8 +964,8 @@ class ElasticGroup:
                 cause = f"{cause}; then during the reshape: {exc}"
         lost = sorted(self._lost) if self.rank == 0 else []  # this reshape's, and any a former rank 0 did not mark
         # off the critical path: the first collective on the new communicator need not wait for them
-        threading.Thread(target=self._release, args=(old, lost, g + 1), name=f"pycoll-elastic-release-{self.name}",
-                         daemon=True).start()
+        threading.Thread(target=self._release, args=(old, made_from, lost, g + 1),
+                         name=f"pycoll-elastic-release-{self.name}", daemon=True).start()
         self._committed = tr.committed
         self._record(tr)
         _fp.hit(FP_RESHAPE_DONE)
@@ -1066,20 +1081,24 @@ class ElasticGroup:
                 self._vouched = (-1, -1)
                 raise
 
-    def _release(self, old: Communicator, lost: Sequence[int], generation: int) -> None:
-        """Abort the replaced communicator; tell the launcher which slots were lost (rank 0).
+    def _release(self, old: Communicator, made_from: Sequence[Communicator], lost: Sequence[int],
+                 generation: int) -> None:
+        """Abort the replaced communicator and those the program made from it (``made_from``: revoked with it --
+        each held its segment until the process ended, and the flight recorder took its failed operations for
+        unfinished ones at exit); tell the launcher which slots were lost (rank 0).
 
         Runs after the first operation on the new communicator (as the held dumps do), at most 2 s later.
         """
         deadline = time.monotonic() + 2.0
         while not self._dumps_may_run() and time.monotonic() < deadline:
             time.sleep(0.005)
-        try:
-            # after an abortive shrink the parent is released with abort, never destroy (NCCL's
-            # destroy barrier would wait for the dead)
-            old.abort()
-        except Exception:
-            _log.exception("slot %d: releasing generation %d failed", self.slot, generation - 1)
+        for comm in [*made_from, old]:
+            try:
+                # after an abortive shrink the parent is released with abort, never destroy (NCCL's
+                # destroy barrier would wait for the dead)
+                comm.abort()
+            except Exception:
+                _log.exception("slot %d: releasing %r of generation %d failed", self.slot, comm.name, generation - 1)
         for m in lost:
             if m in self.members:
                 continue  # admitted again meanwhile (a replacement): no longer lost
