@@ -182,8 +182,8 @@ class DumpSignal:
         self._stacks_file, self.stacks_path = f, path
 
     def uninstall(self, wake_w: Optional[socket.socket]) -> bool:
-        """Remove the dump signal's handler, and ``wake_w`` as the signals' wake-up fd (set by
-        :meth:`watch_interrupts` whether or not a dump signal is installed). False where the wake-up fd stays
+        """Remove the dump signal's handler (the signal is ignored then), and ``wake_w`` as the signals' wake-up fd
+        (set by :meth:`watch_interrupts` whether or not a dump signal is installed). False where the wake-up fd stays
         ``wake_w``'s (only the main thread may change it): the caller must then keep that socket open, since
         the next file opened would take its number, and every signal's byte."""
         signum, self.signum = self.signum, None
@@ -198,8 +198,10 @@ class DumpSignal:
                     pass
                 self._stacks_file = None
             try:
+                # ignored from now on, not its default action (ending the process): a peer that read this rank's
+                # published dump signal may still send it -- a rank ending normally was killed by it (exit 138)
                 if signal.getsignal(signum) == self._on_signal:
-                    signal.signal(signum, signal.SIG_DFL)
+                    signal.signal(signum, signal.SIG_IGN)
             except (ValueError, OSError):
                 pass
         try:

@@ -532,6 +532,22 @@ def test_stop_releases_the_wake_up_fd_also_without_a_dump_signal(make_wd):
         signal.set_wakeup_fd(prev)
 
 
+def test_a_stopped_watchdog_leaves_its_dump_signal_ignored(make_wd):
+    """A peer may still send the dump signal it read from this rank's published state after the watchdog stopped (at
+    exit): the signal's default action then killed a rank that was ending normally (exit 138)."""
+    prev = signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+    try:
+        wd = make_wd([])
+        wd.enable_signal("SIGUSR2")
+        assert signal.getsignal(signal.SIGUSR2) not in (signal.SIG_DFL, signal.SIG_IGN)
+        wd.stop()
+        assert signal.getsignal(signal.SIGUSR2) is signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGUSR2)  # this test process lives on
+        time.sleep(0.05)
+    finally:
+        signal.signal(signal.SIGUSR2, prev)
+
+
 def test_after_fork_releases_the_parents_wake_up_fd_and_a_stale_one_is_taken_over():
     """A forked child closes its parent's watchdog socket: it must not stay the signals' wake-up fd (its number goes
     to the next file the child opens). A wake-up fd someone else closed is replaced, not restored (it cannot be)."""
