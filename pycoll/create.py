@@ -208,17 +208,12 @@ def init(
 
     The flight recorder and the watchdog are registered with the first communicator built.
     """
-    _settings.check_all()  # a bad PYCOLL_* value is named now, not when it is first read (on a failure, say)
-    _install_diagnostics()
-    _warn_blocking_env()
-    op_timeout = _check_timeout(timeout, default_timeout())
     init_timeout = _check_timeout(init_timeout, _default_init_timeout(), "init_timeout")
     deadline = time.monotonic() + init_timeout  # bounds everything init does, store connect included
 
     def left() -> float:
         return max(1e-3, deadline - time.monotonic())
 
-    on_failure = _on_failure(on_failure)
     local_rank = 0
     if rank is None and world_size is None:
         info = discovery.discover()
@@ -234,29 +229,38 @@ def init(
         raise ValueError(f"rank {rank} is out of range for world_size {world_size}")
     if not isinstance(name, str) or not name:
         raise TypeError(f"name must be a non-empty str, got {name!r}")
-    # what the communicator keeps, refused before the collective init (a rank refusing it after left a made
-    # communicator behind, and its peers one whose member never came)
-    check_arguments(world_size, global_ranks, on_failure, generation, failure_callbacks)
-    if config is not None and not isinstance(config, CommConfig):
-        raise TypeError(f"config must be a pycoll.CommConfig, not {type(config).__name__}")
-    if give_up is not None and not callable(give_up):
-        raise TypeError(f"give_up must be a callable, got {give_up!r}")
     if store is not None:
         store = store_argument(store)
-    # from here on a SIGTERM dumps and aborts the init under way (its segment removed); not before the store is
-    # open: torch's connect blocks the main thread in C, where a Python handler cannot run
-    arm_sigterm()
-
-    backend, lib = load_library(backend, library)
-    dev, owns = _open_device(backend, lib, device, local_rank)
-    uid = meeting = None
+    uid = meeting = base = None
+    owns = False
     try:
+        # from here on a rank that gives up says so at the store (below): the others end at once, not at their
+        # init_timeout -- a bad setting or argument, a library or GPU this rank lacks, as much as a failed exchange
+        # (its init's count is taken then: a retry meets the others' retries, the meeting given up being over)
         with _init_lock:
             count = _init_counts[name] = _init_counts.get(name, 0) + 1
         base = f"pycoll/init/{name}/{count}"
-        if global_ranks is not None:  # groups of one name meet apart (their counts of that name are equal)
-            base += "/" + _members_key(global_ranks)
         meeting = store is not None and unique_id is None and world_size > 1  # the unique id comes through the store
+        if global_ranks is not None:  # groups of one name meet apart (their counts of that name are equal)
+            with contextlib.suppress(TypeError, ValueError):  # not ranks: check_arguments says what is wrong
+                base += "/" + _members_key(global_ranks)
+        _settings.check_all()  # a bad PYCOLL_* value is named now, not when it is first read (on a failure, say)
+        _install_diagnostics()
+        _warn_blocking_env()
+        op_timeout = _check_timeout(timeout, default_timeout())
+        on_failure = _on_failure(on_failure)
+        # what the communicator keeps, refused before the collective init (a rank refusing it after left a made
+        # communicator behind, and its peers one whose member never came)
+        check_arguments(world_size, global_ranks, on_failure, generation, failure_callbacks)
+        if config is not None and not isinstance(config, CommConfig):
+            raise TypeError(f"config must be a pycoll.CommConfig, not {type(config).__name__}")
+        if give_up is not None and not callable(give_up):
+            raise TypeError(f"give_up must be a callable, got {give_up!r}")
+        # from here on a SIGTERM dumps and aborts the init under way (its segment removed); not before the store is
+        # open: torch's connect blocks the main thread in C, where a Python handler cannot run
+        arm_sigterm()
+        backend, lib = load_library(backend, library)
+        dev, owns = _open_device(backend, lib, device, local_rank)
         uid = _exchange_unique_id(lib, unique_id, store, rank, world_size, base, left(), name, count)
         cfg = (config or CommConfig()).to_nccl(lib, blocking_default=False)
         if store is not None:
@@ -282,8 +286,8 @@ def init(
         if store is not None:
             _forget_init_keys(store, base, rank, published=meeting)
     except BaseException as exc:
-        if meeting and uid is not None:  # no communicator here (aborted, or never made): the init cannot complete
-            _give_up_init(store, base, uid, rank, exc)
+        if meeting:  # no communicator here (aborted, or never made): the init cannot complete
+            _give_up_init(store, base, uid, rank, exc)  # type: ignore[arg-type]
         if owns:
             dev.close()
         raise
@@ -372,14 +376,18 @@ def _exchange_unique_id(lib: Any, unique_id: Any, store: Any, rank: int, world_s
 
 
 def _give_up_init(store: Any, base: str, uid: Any, rank: int, exc: BaseException) -> None:
-    """This rank's init ended without the communicator (aborted): put that in place of the unique id ``uid``, so that
-    a rank arriving later fails at once (:func:`_exchange_unique_id`) instead of waiting for ranks that have left. The
-    first rank to give up is the one named (the others' errors follow from its). Best effort: the store may be what
-    failed."""
+    """This rank's init ended without the communicator (aborted): put that in place of the unique id ``uid`` (None:
+    not exchanged yet -- whatever rank 0 published, or nothing), so that a rank arriving later fails at once
+    (:func:`_exchange_unique_id`) and the ranks waiting in the library look there (:func:`_watching_given_up`),
+    instead of waiting for ranks that have left. The first rank to give up is the one named (the others' errors
+    follow from its). Best effort: the store may be what failed."""
     _fp.hit(FP_INIT_GIVEN_UP)
     what = f"rank {rank} gave the init up ({type(exc).__name__}{': ' + str(exc)[:1000] if str(exc) else ''})"
+    key, marker = f"{base}/unique_id", _GIVEN_UP + what.encode()
     try:
-        store.compare_set(f"{base}/unique_id", bytes(uid), _GIVEN_UP + what.encode())
+        there = bytes(store.compare_set(key, b"" if uid is None else bytes(uid), marker))
+        if uid is None and there not in (b"", marker) and not _given_up_text(there):  # rank 0's, published before
+            store.compare_set(key, there, marker)
     except Exception as e:
         _log.debug("init: could not tell the store that it was given up: %s", e)
 
