@@ -214,7 +214,7 @@ cdef int _set_group(list works, object library) except -1:
         pycoll_group_depth = 0
     else:
         pycoll_group_depth = 1  # the scope (or group_simulate) that opens it
-        token = object()
+        token = (object(), _current_task())
         _group_token.set(token)
         Py_INCREF(works)
         Py_INCREF(library)
@@ -226,29 +226,68 @@ cdef int _set_group(list works, object library) except -1:
     return 0
 
 
-cdef int _group_check(object op, list inputs, list outputs, bint p2p) except -1:
+#: a group's operations are checked against each other as they join it up to this many; a bigger group is checked
+#: once more, whole, as it ends (sorted by address: no time quadratic in its size)
+DEF _GROUP_PAIRWISE = 16
+
+
+cdef object _current_task():
+    """The running asyncio task of this thread, or None (no asyncio loop runs here)."""
+    aio = sys.modules.get("asyncio")
+    if aio is None:
+        return None
+    loop = aio._get_running_loop()
+    return None if loop is None else aio.current_task(loop)
+
+
+cdef inline bint _group_mine():
+    """Whether this context is the one that opened this thread's group: the same context (contextvars: a trio task,
+    a greenlet's) and the same asyncio task (a task made in the group's block copies its context)."""
+    owner = <object>pycoll_group_owner
+    return _group_token.get(None) is owner and (<tuple>owner)[1] is _current_task()
+
+
+cdef list _written(object op, object root, object rank, list outputs):
+    """What of ``outputs`` an operation writes on this rank: nothing on a broadcast's root (it only reads its buffer,
+    in place too) nor on a reduce's other ranks (their output is not looked at)."""
+    if root is not None and ((op == "broadcast" and root == rank) or (op == "reduce" and root != rank)):
+        return []
+    return outputs
+
+
+cdef inline bint _exempt(bint p2p, object comm, Work w):
+    """Collectives of one communicator run in their order: they may share memory within a group."""
+    return not p2p and not w.is_p2p and w.comm is comm
+
+
+cdef int _group_check(CommCore comm, object op, list inputs, list written, bint p2p) except -1:
     """An operation about to join this thread's open group: refused where another context (an asyncio task) opened
-    the group -- it would run at that group's end, its blocking call returning at once -- and where it is a send or
-    receive (or meets one) whose memory meets another operation's of the group, one of them writing it: a group's
-    operations run together, unordered (a receive into what was being sent got either's data, by size)."""
+    the group -- it would run at that group's end, its blocking call returning at once -- and where its memory meets
+    another operation's of the group, one of them writing it (``written``: what it writes), but for two collectives of
+    one communicator: a group's operations run together, unordered (a receive into what was being sent got either's
+    data, by size). Past _GROUP_PAIRWISE operations, GroupScope.__exit__ checks the whole group (_group_sweep)."""
     cdef Work w
-    if _group_token.get(None) is not <object>pycoll_group_owner:
+    if not _group_mine():
         raise CommStateError(
             f"{op}: this thread's open group() was opened by another asyncio task (or context), and {op} would join "
             "it: it would run when that group ends, a blocking call returning before. Keep a group's block free of "
             "awaits, or issue the operations of concurrent tasks from threads of their own")
-    for w in <list>pycoll_group_works:
-        if not (p2p or w.is_p2p):
-            continue  # collectives run in their order
-        for b in outputs:
+    works = <list>pycoll_group_works
+    if len(works) >= _GROUP_PAIRWISE:
+        return 0
+    for w in works:
+        if _exempt(p2p, comm, w):
+            continue
+        theirs = _written(w.op, w.root, w.comm._rank, w.outputs)
+        for b in written:
             for o in w.inputs:
                 if _share_memory(b, o):
                     _group_overlap(op, "output", w, "input")
-            for o in w.outputs:
+            for o in theirs:
                 if _share_memory(b, o):
                     _group_overlap(op, "output", w, "output")
         for b in inputs:
-            for o in w.outputs:
+            for o in theirs:
                 if _share_memory(b, o):
                     _group_overlap(op, "input", w, "output")
     return 0
@@ -259,6 +298,45 @@ cdef int _group_overlap(object op, str mine, Work w, str theirs) except -1:
         f"{op}: its {mine} overlaps in memory with the {theirs} of {hooks.op_text(w)} in the same group, and one of "
         "them writes it: a group's operations run together, unordered, so the result would be either's data. Use "
         "separate buffers (sendrecv needs two), or two groups")
+
+
+cdef int _group_sweep(list works) except -1:
+    """:func:`_group_check`'s test over a whole group, in time n log n: every buffer as (start, end, writes, work),
+    sorted by start; each one meets the earlier ones that end past its start -- only those (a writer among them, or any
+    where it writes) are looked at one by one."""
+    cdef list spans = []
+    cdef Work w, v
+    cdef Py_ssize_t i, j, k, n
+    cdef uintptr_t lo, hi, end_any = 0, end_written = 0
+    for i in range(len(works)):
+        w = works[i]
+        written = _written(w.op, w.root, w.comm._rank, w.outputs)
+        for b in w.inputs:
+            if (<tuple>b)[1]:
+                spans.append(((<tuple>b)[0], (<tuple>b)[0] + (<tuple>b)[1], False, i))
+        for b in written:
+            if (<tuple>b)[1]:
+                spans.append(((<tuple>b)[0], (<tuple>b)[0] + (<tuple>b)[1], True, i))
+    spans.sort()
+    n = len(spans)
+    for k in range(n):
+        lo, hi, writes, i = spans[k]
+        if lo < (end_any if writes else end_written):  # it may meet an earlier one: which, and does it count?
+            w = works[i]
+            for j in range(k):
+                other = spans[j]
+                v = works[<Py_ssize_t>other[3]]
+                if <uintptr_t>other[1] > lo and other[3] != i and (writes or other[2]) and \
+                        not _exempt(w.is_p2p, w.comm, v):
+                    first, second = (v, w) if v.op_id < w.op_id else (w, v)
+                    mine = "output" if (writes if second is w else other[2]) else "input"
+                    theirs = "output" if (other[2] if second is w else writes) else "input"
+                    _group_overlap(hooks.op_text(second), mine, first, theirs)
+        if hi > end_any:
+            end_any = hi
+        if writes and hi > end_written:
+            end_written = hi
+    return 0
 
 
 cdef extern from "<semaphore.h>" nogil:
@@ -1018,7 +1096,9 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
     if comm._owner != me:  # refused (another thread has it, until hand_off) before it takes a number: the peers'
         comm._take_over(me, op)  # reports and the flight recorder count only what ran
     if pycoll_group_works != NULL:
-        _group_check(op, inputs, outputs, peer is not None)
+        _group_check(comm, op, inputs, _written(op, (<_Call>call).root if type(call) is _Call and
+                                                     _rooted((<_Call>call).kind) else None, comm._rank, outputs),
+                     peer is not None)
     if peer is None:
         comm._coll_seq += 1
     else:
@@ -2106,7 +2186,7 @@ cdef class GroupScope:
         self.outer = pycoll_group_works == NULL
         if not self.outer and <object>pycoll_group_lib is not lib:
             raise CommStateError("a group can only hold communicators of one library")
-        if not self.outer and _group_token.get(None) is not <object>pycoll_group_owner:
+        if not self.outer and not _group_mine():
             raise CommStateError(  # two asyncio tasks' groups on one thread: whichever block ends first ends neither
                 "group(): this thread's open group() was opened by another asyncio task (or context); one task's "
                 "group may not hold another's. Keep a group's block free of awaits, or issue the operations of "
@@ -2134,6 +2214,7 @@ cdef class GroupScope:
         cdef bint nested_raised = False
         cdef bint in_order = self.depth == pycoll_group_depth
         cdef list works = []
+        overlap = None  # a whole group's overlap (_group_sweep)
         if not self.entered:
             raise CommStateError("group() exited without being entered")
         self.entered = False
@@ -2151,7 +2232,15 @@ cdef class GroupScope:
                     hooks.note_cross_group(works)
                     break
             nested_raised, pycoll_group_raised = pycoll_group_raised, 0
-            if works and (nested_raised or not body_ok) and _drop_group(lib, works, value):
+            if body_ok and len(works) > _GROUP_PAIRWISE:  # checked whole now (its first ones as they joined)
+                try:
+                    _group_sweep(works)
+                except ValueError as e:
+                    overlap = e
+            if works and (nested_raised or not body_ok or overlap is not None) and \
+                    _drop_group(lib, works, value if overlap is None else overlap):
+                if overlap is not None:
+                    raise overlap
                 if body_ok:
                     raise CommStateError(f"a nested group's block raised (and this one's went on): the group was "
                                          f"dropped, none of its {len(works)} operations ran")
@@ -2178,6 +2267,8 @@ cdef class GroupScope:
         for w in works:
             c = w.comm
             _group_closed(c, w, c.device, _comm_lib(c))
+        if overlap is not None:  # the library could not drop the group (NCCL < 2.22): it ran; said all the same
+            raise overlap
         if not in_order and body_ok:
             raise CommStateError("group(): the blocks of one group ended out of order (this one, opened first, "
                                  "ends while a later one is open), so none of them can wait for its operations: the "

@@ -300,6 +300,9 @@ def _torch_table(torch: Any) -> Dict[Any, int]:
 
 
 def _from_torch(t: Any, torch: Any, name: str, stream: Optional[int] = None) -> Buffer:
+    if type(t).__name__ == "MaskedTensor":  # torch.masked's: as numpy's masked arrays
+        raise ValueError(f"{name}: masked tensors are not supported: the mask would be ignored; pass "
+                         "t.get_data() (or a filled tensor)")
     table = _TORCH_TYPES if _TORCH_TYPES is not None else _torch_table(torch)
     nccl = table.get(t.dtype)
     if nccl is None:

@@ -35,8 +35,10 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sys
 import threading
 import time
+import types
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
@@ -239,11 +241,16 @@ def unknown(points: List[Failpoint]) -> List[str]:
     return [p.name for p in points if not any(p.matches(n) for n in names)]
 
 
+#: whether the setting's check warns about names nobody declared: not in a process that runs no program of the
+#: user's (the launcher), where the names a program declares for itself (:func:`declare`) are not known
+WARN_UNKNOWN = True
+
+
 def _check(raw: str) -> None:
     """The setting's check: :func:`parse`'s ValueError, and once per value a warning naming an entry that matches
     no declared failpoint, with the nearest declared names."""
     points = parse(raw)
-    if raw in _unknown_checked:
+    if raw in _unknown_checked or not WARN_UNKNOWN:
         return
     _unknown_checked[raw] = bad = unknown(points)
     if bad:
@@ -254,8 +261,12 @@ def _check(raw: str) -> None:
         for name in bad:
             near = difflib.get_close_matches(name.rstrip("*"), list(_declared), n=2, cutoff=0.6)
             hints.append(f"{name!r}" + (f" (did you mean {' or '.join(map(repr, near))}?)" if near else ""))
+        level, here = 2, os.path.dirname(os.path.abspath(__file__))
+        frame: Optional[types.FrameType] = sys._getframe(1)
+        while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(here):
+            frame, level = frame.f_back, level + 1  # the warning names the program's line, not pycoll's
         warnings.warn(f"$PYCOLL_FAILPOINTS: no failpoint is named {', '.join(hints)}: such an entry arms nothing "
-                      f"(pycoll.failpoints.declared() lists the names)", stacklevel=2)
+                      f"(pycoll.failpoints.declared() lists the names)", stacklevel=level)
 
 
 try:

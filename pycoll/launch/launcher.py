@@ -1454,6 +1454,7 @@ def _config(argv: Optional[Sequence[str]]) -> _Config:
     master_port = a.master_port if a.master_port is not None else (29500 if a.nnodes > 1 else 0)
     if not 0 <= master_port <= 65535 or (a.nnodes > 1 and master_port == 0):
         parser.error(f"--master-port must be a TCP port, got {master_port}")
+    _fp.WARN_UNKNOWN = False  # the ranks' programs may declare names of their own: their processes warn
     try:
         _settings.get("PYCOLL_FAILPOINTS")  # the launcher's own failpoints, and its ranks', read this variable
     except ValueError as e:

@@ -640,3 +640,18 @@ def test_failpoint_matrix_2(server, name, action, victim, request, tmp_path):
         # communicator, and the others leave the collective before their checker looks
         pytest.skip("another member's liveness checker found the frozen rank first")
     assert outcome != "not reached", (name, action, victim)
+
+
+@pytest.mark.timeout(60)
+def test_the_launcher_leaves_the_names_a_program_declares_to_its_ranks(tmp_path):
+    """A failpoint the user's program declares (declare is public) fired, and pycoll-run said it armed nothing."""
+    import subprocess
+    import sys
+    script = tmp_path / "prog.py"
+    script.write_text("import pycoll\nfrom pycoll import failpoints as f\nf.declare('myapp.train.step')\n"
+                      "c = pycoll.init(backend='host')\nf.hit('myapp.train.step')\nc.destroy()\n")
+    env = dict(os.environ, PYCOLL_FAILPOINTS="myapp.train.step=note;trace=" + str(tmp_path / "trace"))
+    out = subprocess.run([sys.executable, "-m", "pycoll.launch.launcher", "-n", "1", str(script)], env=env,
+                         capture_output=True, text=True, timeout=50)
+    assert out.returncode == 0 and "no failpoint is named" not in out.stderr, out.stderr
+    assert (tmp_path / "trace").read_text().startswith("myapp.train.step note 0 ")

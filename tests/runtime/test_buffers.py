@@ -916,6 +916,13 @@ def test_a_tensor_without_memory_is_refused_naming_the_argument():
     z = torch._efficientzerotensor(3)
     with pytest.raises(ValueError, match="^arg: the tensor has no memory .data_ptr.. is 0: a ZeroTensor"):
         as_buffer(z, name="arg")
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.masked is a prototype
+        from torch.masked import masked_tensor
+        m = masked_tensor(torch.ones(3), torch.tensor([True, False, True]))
+    with pytest.raises(ValueError, match="^arg: masked tensors are not supported"):
+        as_buffer(m, name="arg")
     comm = pycoll.init(0, 1, backend="host")
     try:
         for call in (lambda: comm.all_reduce(z, torch.empty(3)), lambda: comm.all_reduce(torch.ones(3), z)):

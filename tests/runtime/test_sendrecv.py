@@ -260,3 +260,69 @@ def test_group_blocks_that_end_out_of_order_are_dropped_with_an_error():
         c.all_reduce(x)
     finally:
         c.abort()
+
+
+def test_a_groups_memory_check_knows_what_each_operation_writes_and_checks_big_groups_whole():
+    """Collectives of two communicators on one array in one group run unordered too (each rank got another wrong
+    value); a broadcast's root and a reduce's other ranks do not write their buffer (a send of it alongside was
+    refused); a big group is checked whole as it ends."""
+    c = pycoll.init(0, 1, backend="host")
+    d = c.split(0, name="d")
+    try:
+        x = np.ones(4, np.float32)
+        with pytest.raises(ValueError, match=r"all_reduce: its output overlaps .* of all_reduce #\d+ in"), c.group():
+            c.all_reduce(x, async_op=True)
+            d.all_reduce(x, async_op=True)
+        ro = np.ones(4, np.float32)
+        ro.setflags(write=False)
+        with c.group():  # nothing writes it: a broadcast's root reads its buffer
+            c.broadcast(ro, root=0, async_op=True)
+            c.send(ro, 0, async_op=True)
+            c.recv(x, 0, async_op=True)
+        assert x.tolist() == [1.0] * 4
+        for clash in (False, True):  # 40 operations: the last one's receive meets the first send
+            src = np.arange(40, dtype=np.float32)
+            dst = np.zeros(40, np.float32)
+            try:
+                with c.group():
+                    for i in range(20):
+                        c.send(src[i:i + 1], 0, async_op=True)
+                        c.recv(src[:1] if clash and i == 19 else dst[i:i + 1], 0, async_op=True)
+            except ValueError as e:
+                assert clash and "recv #" in str(e) and "overlaps in memory with the input of send #" in str(e), e
+                assert dst.tolist() == [0.0] * 40  # the group was dropped: nothing ran
+            else:
+                assert not clash and dst[:20].tolist() == list(range(20))
+        assert c.state == "active" and d.state == "active"
+    finally:
+        d.abort()
+        c.abort()
+
+
+def test_a_task_made_inside_a_groups_block_does_not_join_it():
+    """A task copies the context of the one that made it: made inside the group's block, its blocking receive joined
+    the group and returned before its data came."""
+    import asyncio
+
+    c = pycoll.init(0, 1, backend="host")
+    seen = []
+
+    async def child():
+        try:
+            c.all_reduce(np.ones(2))
+            seen.append("joined")
+        except pycoll.CommStateError as e:
+            seen.append(str(e))
+
+    async def main():
+        with c.group():
+            c.all_reduce(np.ones(2), async_op=True)
+            t = asyncio.get_running_loop().create_task(child())
+            await asyncio.sleep(0)
+        await t
+
+    try:
+        asyncio.run(main())
+        assert len(seen) == 1 and "opened by another asyncio task" in seen[0], seen
+    finally:
+        c.abort()
