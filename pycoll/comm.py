@@ -255,7 +255,11 @@ def abort_all(comms: Sequence[Communicator], timeout: Optional[float] = None) ->
                 for release in late:
                     release()
 
-        threading.Thread(target=run, name=f"pycoll-abort-{items[0][0].name}", daemon=True).start()
+        try:
+            threading.Thread(target=run, name=f"pycoll-abort-{items[0][0].name}", daemon=True).start()
+        except RuntimeError:  # no thread left to start (a pids limit): aborted here, unbounded -- else never
+            _log.warning("abort of %s: no thread could be started; aborting in this thread", names)
+            run()
         if not done.wait(limit):
             with handover:
                 behind = not done.is_set()
@@ -1259,7 +1263,10 @@ class Communicator(_core.CommCore):
                 out.append(e)
 
         t = threading.Thread(target=call, name=f"pycoll-finalize-{self.name}", daemon=True)
-        t.start()
+        try:
+            t.start()
+        except RuntimeError:  # no thread left to start (a pids limit): called here (a nonblocking one returns at once)
+            call()
         gave_up = False
         try:
             while t.is_alive() and time.monotonic() < deadline:

@@ -1505,3 +1505,29 @@ def test_a_communicator_or_work_cannot_be_pickled_and_says_so():
         w.wait()
     finally:
         c.abort()
+
+
+def test_destroy_and_abort_work_where_no_thread_can_be_started(monkeypatch):
+    """At a pids limit destroy() raised "can't start new thread" and its abort too, after the state said aborted:
+    the handle was never freed, and abort() or destroy() again did nothing."""
+    import threading
+
+    start = threading.Thread.start
+
+    def refuse(self):
+        if self.name.startswith(("pycoll-abort", "pycoll-finalize")):
+            raise RuntimeError("can't start new thread")
+        return start(self)
+
+    lib = B.load("host")
+    for end in ("destroy", "abort"):
+        c = pycoll.init(0, 1, backend="host")
+        h = c.handle
+        monkeypatch.setattr(threading.Thread, "start", refuse)
+        try:
+            getattr(c, end)()
+        finally:
+            monkeypatch.setattr(threading.Thread, "start", start)
+        assert c.state == ("destroyed" if end == "destroy" else "aborted")
+        with pytest.raises(pycoll.NCCLError, match="not a valid communicator"):
+            lib.comm_count(h)  # freed
