@@ -167,7 +167,8 @@ static ncclResult_t run_jobs(struct job* list, bool blocking) {
       next = j->next;
       int e = spawn(j, job_thread_detached, true);
       if (e != 0) {
-        WARN("ncclGroupEnd : cannot start a thread: %s", strerror(e));
+        CWARN(j->comm, "ncclGroupEnd : cannot start a thread for %s: %s (a limit on threads or processes?)", j->opname,
+              strerror(e));
         job_complete(j, ncclSystemError);
         __atomic_sub_fetch(&j->comm->job_running, 1, __ATOMIC_ACQ_REL);
         job_free(j);
