@@ -83,7 +83,7 @@ from .create import init, join, load_library
 from .diagnostics import get_recorder, get_watchdog
 from .errors import CommFailure, CommRevoked, CommStateError, NCCLError, StoreError, StoreLost, StoreTimeout
 from .launch import discovery
-from .launch.keys import launched_processes, mark_group_lost, mark_lost, unmark_lost
+from .launch.keys import launched_processes, mark_group_lost, mark_lost, mark_not_needed, unmark_lost
 from .store.torch import store_argument
 
 __all__ = ["ElasticGroup", "Excluded", "Transition"]
@@ -593,7 +593,12 @@ class ElasticGroup:
             self._group_gone(str(exc))
             raise Excluded(str(exc)) from None
         if not raw:
-            raise Excluded(f"group {self.name!r} finished before slot {self.slot} was admitted")
+            why = f"group {self.name!r} finished before slot {self.slot} was admitted"
+            try:
+                mark_not_needed(self.store, self.slot, why)  # the launcher starts no other replacement for it
+            except (StoreError, AttributeError):
+                pass
+            raise Excluded(why)
         generation, rank, members, kind, committed = _mb.parse_admission(raw)
         _fp.hit(FP_JOIN_ADMITTED)
         uid = self.store.get(f"{self._ns}/g{generation}/uid", timeout=self.timeout)

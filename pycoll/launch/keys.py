@@ -34,7 +34,8 @@ from typing import Dict, List, Sequence, Tuple
 
 from ..store import PrefixStore, Store
 
-__all__ = ["RUN_KEY_PREFIX", "mark_lost", "unmark_lost", "mark_group_lost", "launched_processes", "failures"]
+__all__ = ["RUN_KEY_PREFIX", "mark_lost", "unmark_lost", "mark_group_lost", "mark_not_needed", "launched_processes",
+           "failures"]
 
 #: Prefix of every key ``pycoll-run`` keeps in the job's store.
 RUN_KEY_PREFIX = "pycoll-run/"
@@ -45,6 +46,7 @@ KEY_REPLACEMENT = RUN_KEY_PREFIX + "replacement/{rank}"
 KEY_LOST = RUN_KEY_PREFIX + "lost/{rank}"
 KEY_PROC = RUN_KEY_PREFIX + "proc/{rank}"
 KEY_GROUP_LOST = RUN_KEY_PREFIX + "group-lost"
+KEY_NOT_NEEDED = RUN_KEY_PREFIX + "not-needed/{rank}"
 KEY_ABORT = RUN_KEY_PREFIX + "abort"
 KEY_JOINED = RUN_KEY_PREFIX + "node/{node}/joined"
 KEY_HEARTBEAT = RUN_KEY_PREFIX + "node/{node}/heartbeat"
@@ -65,6 +67,13 @@ def mark_lost(store: Store, rank: int, reason: str = "") -> None:
     """
     store = _job_store(store)
     store.set(KEY_LOST.format(rank=int(rank)), reason or "lost")
+
+
+def mark_not_needed(store: Store, rank: int, reason: str = "") -> None:
+    """Declare that rank slot ``rank`` needs no replacement any more (its group finished before a replacement of it
+    was admitted): ``pycoll-run --replace-failed`` then starts none when its process exits (it started one after
+    another, each finding the group finished)."""
+    _job_store(store).set(KEY_NOT_NEEDED.format(rank=int(rank)), reason or "not needed")
 
 
 def unmark_lost(store: Store, rank: int) -> None:

@@ -130,6 +130,7 @@ from .keys import (
     KEY_HEARTBEAT,
     KEY_JOINED,
     KEY_LOST,
+    KEY_NOT_NEEDED,
     KEY_PROC,
     KEY_REPLACEMENT,
     KEY_SHAPE,
@@ -933,6 +934,10 @@ class _Launcher:
             log.error("rank %d %s; stopping the other ranks", rank, what)
             self.tell_nodes(rank, code)
             self.stop(code)
+            return
+        if self.replacements_left > 0 and self.store_call("read whether a replacement is needed", "check",
+                                                          [KEY_NOT_NEEDED.format(rank=rank)]):
+            log.info("rank %d %s: its group finished before it was admitted; no replacement", rank, what)
             return
         if self.replacements_left > 0:
             self.replacements_left -= 1

@@ -242,6 +242,29 @@ def test_a_lost_group_whose_ranks_all_ended_on_their_own_is_no_failure(tmp_path)
     assert "nobody is left to admit slot 1, but no rank failed" in res.stderr, res.stderr
 
 
+LATE_JOINER = """
+import os, numpy as np, pycoll
+group = pycoll.ElasticGroup.from_env(backend="host", timeout=10.0)
+if group.slot == 2 and not group.joined:
+    os._exit(7)  # its replacement comes once the others have finished
+for step in range(20):
+    try:
+        group.comm.all_reduce(np.ones(2))
+    except pycoll.CommFailure:
+        group.reshape()
+group.close()
+"""
+
+
+def test_a_replacement_whose_group_finished_is_not_replaced_again(tmp_path):
+    """--replace-failed 30: each replacement found the group finished, exited, and was replaced, 30 times over."""
+    script = _script(tmp_path, LATE_JOINER)
+    res = launch(["-n", "3", "--replace-failed", "30", script], tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.count("starting replacement") == 1, res.stderr
+    assert "rank 2 exited with code 1: its group finished before it was admitted; no replacement" in res.stderr
+
+
 REPLACE = """
 import os, sys
 from pycoll.env import discover, open_store
