@@ -293,6 +293,17 @@ cdef int _group_check(CommCore comm, object op, list inputs, list written, bint 
     return 0
 
 
+cdef bint _failure_handled(object comm):
+    """Whether ``comm``'s failure, where one is recorded, has been handled (observers told, the policy acted), is
+    being handled in this thread (which must not wait for itself), or has been for longer than
+    ``CommCore.await_failure_handled`` waits (twice PYCOLL_ABORT_TIMEOUT)."""
+    failure_handled = comm._failure_handled
+    if comm._failure is None or failure_handled.is_set() or comm._failing_thread == PyThread_get_thread_ident():
+        return True
+    since = comm.failed_at
+    return since is not None and time.time() - since > 2 * _settings.get("PYCOLL_ABORT_TIMEOUT")
+
+
 cdef int _group_overlap(object op, str mine, Work w, str theirs) except -1:
     raise ValueError(
         f"{op}: its {mine} overlaps in memory with the {theirs} of {hooks.op_text(w)} in the same group, and one of "
@@ -580,18 +591,25 @@ cdef class Work:
         return self._share is not None and self._share is other._share
 
     def is_completed(self):
-        """True once the operation has finished, successfully or not (see :meth:`exception`). Never blocks."""
-        if self._exc is not None or _final(self._state):
+        """True once the operation has finished, successfully or not (see :meth:`exception`). Never blocks. A failed
+        one is finished once its communicator's policy has acted (as :meth:`wait` raises then): the communicator's
+        state is the policy's."""
+        if _final(self._state):
             return True
-        if (<CommCore>self.comm)._state == "inherited":  # a forked child: the parent's operation is not its own
-            self.comm._check_alive()
-        self.comm.refresh(self)
-        return _final(self._state) or self._exc is not None
+        if self._exc is None:
+            if (<CommCore>self.comm)._state == "inherited":  # a forked child: the parent's operation is not its own
+                self.comm._check_alive()
+            self.comm.refresh(self)
+            if _final(self._state):
+                return True
+            if self._exc is None:
+                return False
+        return _failure_handled(self.comm)
 
     def exception(self):
-        """The failure of this operation (or of its communicator), or None."""
-        self.is_completed()
-        return self._exc
+        """The failure of this operation (or of its communicator) once it has finished (:meth:`is_completed`),
+        else None."""
+        return self._exc if self.is_completed() else None
 
     def wait(self, timeout=None):
         """Block until the operation has completed.

@@ -577,6 +577,7 @@ class Communicator(_core.CommCore):
     def _check_usable(self, what: str) -> None:
         self._check_alive()
         if self._failure is not None:
+            self.await_failure_handled()  # raised with the communicator as its policy leaves it, as Work.wait does
             raise self._failure
         if self._state == "revoked":
             raise CommRevoked(f"{what}: communicator {self.name!r} was revoked; "

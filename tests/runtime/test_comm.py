@@ -1531,3 +1531,29 @@ def test_destroy_and_abort_work_where_no_thread_can_be_started(monkeypatch):
         assert c.state == ("destroyed" if end == "destroy" else "aborted")
         with pytest.raises(pycoll.NCCLError, match="not a valid communicator"):
             lib.comm_count(h)  # freed
+
+
+def _polled_until_failed(rank, n, uid):
+    c = _comm(rank, n, uid, timeout=0.5)
+    if rank == 1:
+        time.sleep(3.0)
+        c.abort()
+        return None
+    w = c.all_reduce(np.ones(2), async_op=True)
+    while not w.is_completed():
+        time.sleep(0.001)
+    out = (type(w.exception()).__name__, c.state)
+    try:
+        c.all_reduce(np.ones(2))
+    except pycoll.CommFailure as e:
+        out += (type(e).__name__, c.state)
+    c.abort()
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_a_polled_failure_is_seen_with_the_communicator_as_its_policy_left_it():
+    # is_completed()/exception() and the next call saw the CommTimeout while the communicator still said "active",
+    # about 0.5 s before the policy aborted it (what Work.wait() and the README promise)
+    assert run_ranks(_polled_until_failed, 2, _uid(), timeout=30)[0] == ("CommTimeout", "aborted", "CommAborted",
+                                                                         "aborted")

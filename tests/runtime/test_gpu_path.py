@@ -271,7 +271,9 @@ def test_a_blocked_call_does_not_freeze_the_watchdog(fake, rt):
         while b.failure is None and time.monotonic() - t0 < 2.5:
             time.sleep(0.02)  # the watchdog, not this thread, must find it
         assert isinstance(b.failure, pycoll.CommTimeout) and time.monotonic() - t0 < 2.0
-        assert w.exception() is not None
+        while not w.is_completed() and time.monotonic() - t0 < 5.0:
+            time.sleep(0.01)  # finished once the policy has acted (its abort)
+        assert w.exception() is not None and b.state == "aborted"
         t.join(5.0)
     finally:
         _close(a)
