@@ -27,7 +27,7 @@ from cpython.memoryview cimport PyMemoryView_FromObject, PyMemoryView_GET_BUFFER
 from cpython.object cimport PyTypeObject
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
 from cpython.pythread cimport PyThread_get_thread_ident
-from cpython.ref cimport Py_INCREF, Py_XDECREF, PyObject
+from cpython.ref cimport Py_INCREF, Py_XDECREF, Py_XINCREF, PyObject
 from libc.stdint cimport uint64_t, uintptr_t
 from libc.math cimport INFINITY
 from libc.string cimport strncpy
@@ -38,7 +38,6 @@ from pycoll._bindings.libnccl cimport (
     cudaStream_t, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResult_t, pycollEvent_t, pycollStream_t,
 )
 
-import contextvars
 import logging
 import sys
 import time
@@ -170,18 +169,18 @@ cdef extern from *:
     static _Thread_local PyObject* pycoll_group_lib = NULL;
     /* a nested group's body raised: the outermost one drops what it holds */
     static _Thread_local int pycoll_group_raised = 0;
-    /* the token of the context (an asyncio task) that opened the group (an owned reference), the scopes open */
+    /* the contextvars context that opened the group (an owned reference; NULL: the thread's, none set yet): each
+     * asyncio task runs in its own, and a task made in the group's block in a copy -- and the scopes open */
     static _Thread_local PyObject* pycoll_group_owner = NULL;
     static _Thread_local int pycoll_group_depth = 0;
+    static inline PyObject* pycoll_context(void) { return PyThreadState_Get()->context; }
     """
     PyObject* pycoll_group_works
     PyObject* pycoll_group_lib
     int pycoll_group_raised
     PyObject* pycoll_group_owner
     int pycoll_group_depth
-
-#: which context (an asyncio task runs in its own) opened this thread's group: the token _set_group gave it
-cdef object _group_token = contextvars.ContextVar("pycoll_group_token")
+    PyObject* pycoll_context()
 
 
 cdef inline object _open_works():
@@ -214,12 +213,10 @@ cdef int _set_group(list works, object library) except -1:
         pycoll_group_depth = 0
     else:
         pycoll_group_depth = 1  # the scope (or group_simulate) that opens it
-        token = (object(), _current_task())
-        _group_token.set(token)
         Py_INCREF(works)
         Py_INCREF(library)
-        Py_INCREF(token)
-        pycoll_group_works, pycoll_group_lib, pycoll_group_owner = <PyObject*>works, <PyObject*>library, <PyObject*>token
+        Py_XINCREF(pycoll_context())  # held: its address is not another context's while the group is open
+        pycoll_group_works, pycoll_group_lib, pycoll_group_owner = <PyObject*>works, <PyObject*>library, pycoll_context()
     Py_XDECREF(old_works)
     Py_XDECREF(old_lib)
     Py_XDECREF(old_owner)
@@ -231,20 +228,10 @@ cdef int _set_group(list works, object library) except -1:
 DEF _GROUP_PAIRWISE = 16
 
 
-cdef object _current_task():
-    """The running asyncio task of this thread, or None (no asyncio loop runs here)."""
-    aio = sys.modules.get("asyncio")
-    if aio is None:
-        return None
-    loop = aio._get_running_loop()
-    return None if loop is None else aio.current_task(loop)
-
-
 cdef inline bint _group_mine():
-    """Whether this context is the one that opened this thread's group: the same context (contextvars: a trio task,
-    a greenlet's) and the same asyncio task (a task made in the group's block copies its context)."""
-    owner = <object>pycoll_group_owner
-    return _group_token.get(None) is owner and (<tuple>owner)[1] is _current_task()
+    """Whether this context is the one that opened this thread's group (an asyncio task, a trio task or a greenlet
+    with contextvars runs in its own; a task made inside the group's block in a copy)."""
+    return pycoll_context() == pycoll_group_owner
 
 
 cdef list _written(object op, object root, object rank, list outputs):
