@@ -49,6 +49,7 @@ from .errors import (
     PeerFailure,
     RemoteError,
     StoreError,
+    StoreTimeout,
     error_class,
 )
 from .group import SimulatedGroup, simulate as _group_simulate
@@ -1516,6 +1517,8 @@ class Communicator(_core.CommCore):
             store=self._store, generation=self._generation if generation is None else generation,
             failure_callbacks=failure_callbacks,
         )
+        if self._revoke_expected:  # made while a requested reshape revokes its parent's generation: so is it
+            child.expect_revoke()
         self._children.add(child)
         return child
 
@@ -1586,6 +1589,22 @@ class Communicator(_core.CommCore):
                            global_ranks=members, timeout=timeout, poll_parent=True, generation=generation,
                            failure_callbacks=failure_callbacks)
 
+    def _store_get(self, key: str, timeout: float, what: str) -> bytes:
+        """``store.get(key)`` within ``timeout``, in slices: another thread's abort of this communicator ends it
+        (CommAborted naming it, as a library wait's), not the store's timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return bytes(self._store.get(key, timeout=max(1e-3, min(0.1, left))))
+            except StoreTimeout:
+                if self._state == "aborted":
+                    raise CommAborted(f"{what} on communicator {self.name!r} did not complete: the communicator was "
+                                      f"aborted{self._aborted_why}") from None
+                if left <= 0.1:
+                    raise StoreTimeout(f"{what} on communicator {self.name!r}: timed out after {timeout:g} s waiting "
+                                       f"for key {key!r} of the store (a rank that has not called {what})") from None
+
     def _split_members(self, color: int, key: int, timeout: float) -> Optional[Tuple[int, ...]]:
         """The job-wide ranks of this rank's split child, in the child's rank order (NCCL orders the
         ranks of a color by key, then by rank), from every rank's (color, key, global rank)."""
@@ -1599,7 +1618,7 @@ class Communicator(_core.CommCore):
         elif self._store is not None:
             base = f"pycoll/split/{self.uid}/{self._reshapes}"
             self._store.set(f"{base}/{self._rank}", " ".join(map(str, mine)))
-            rows = [tuple(int(v) for v in self._store.get(f"{base}/{r}", timeout=timeout).split())
+            rows = [tuple(int(v) for v in self._store_get(f"{base}/{r}", timeout, "split").split())
                     for r in range(self._size)]
         else:
             return None

@@ -1195,6 +1195,12 @@ class ElasticGroup:
         old.abort()
         _fp.hit(FP_GROW_FIRST_COLLECTIVE)
         self.comm.barrier()
+        # the communicators the program made from generation g's belong to it (the program makes them again): past
+        # the barrier every member is, so none of them is in use -- each kept its segment (10 MiB a grow and split)
+        keep = {id(self.comm)} | {id(c) for c in self.comm.descendants(closed=True)}
+        for child in old.descendants():
+            if id(child) not in keep:
+                child.abort()
         tr.first_collective = time.time()
         self._record(tr)
         if self.rank == 0:  # the joiners' slots take part again: for the launcher, a stop of them is no longer a hang

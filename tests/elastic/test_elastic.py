@@ -398,17 +398,19 @@ def _grow_run(rank, n, addr):
     deadline = time.monotonic() + 20
     while not store.check([KEY_LOST.format(rank=2)]) and time.monotonic() < deadline:
         time.sleep(0.01)
+    dp = group.comm.split(0, name="dp")  # made from generation 1's communicator: released by the grow
     grew = False
     while not grew and time.monotonic() < deadline:
         grew = group.maybe_grow()
         if not grew:
             time.sleep(0.05)
+    dp_state = dp.state
     state = np.arange(16, dtype=np.float64)
     group.comm.broadcast(state, root=0)
     y = np.ones(4)
     group.comm.all_reduce(y)  # complete: rank 0 unmarked slot 2 (after the grow, before it issued this)
     out = dict(members=group.members, rank=group.rank, generation=group.generation, y=y.tolist(),
-               kinds=[t.kind for t in group.transitions], uid=group.comm.uid,
+               kinds=[t.kind for t in group.transitions], uid=group.comm.uid, dp=dp_state,
                lost=[m for m in range(4) if store.check([KEY_LOST.format(rank=m)])])
     group.close()
     return out
@@ -420,6 +422,7 @@ def test_grow_back_to_four(server):
     for r in (0, 1, 3):
         assert res[r]["members"] == (0, 1, 3, 2) and res[r]["y"] == [4.0] * 4, res[r]
         assert res[r]["kinds"] == ["shrink", "grow"] and res[r]["generation"] == 2
+        assert res[r]["dp"] == "aborted", res[r]  # it kept its segment for the life of the process
         # slot 2 takes part again: not lost for the launcher (which would take a stop of it for a hang)
         assert res[r]["lost"] == [], res[r]
     joiner = res[4]

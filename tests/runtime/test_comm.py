@@ -1425,13 +1425,21 @@ def test_a_split_the_library_failed_leaves_its_parent_failed_as_its_state_says()
     assert res[0][0] == "NCCLSystemError" and res[0][1] == "aborted", res
 
 
-def _stopped_in_a_reshape(rank, n, uid, mode, action):
+def _stopped_in_a_reshape(rank, n, uid, mode, action, path):
     """Rank 0 waits in the library's split (or shrink of rank 1), rank 2 never calls it; 0.5 s in, another thread of
     rank 0 aborts the communicator, or fails it with a CommRevoked as the elastic layer's watcher does."""
     import threading
 
     from pycoll.errors import CommRevoked
-    c = _comm(rank, n, uid, timeout=10, on_failure="revoke")
+    c = _comm(rank, n, uid, timeout=10, on_failure="revoke",
+              store=pycoll.FileStore(path) if mode == "split of a revoked one" else None)
+    if mode == "split of a revoked one":  # its members are exchanged through the store: rank 2 never comes
+        c.revoke()
+        mode = "split"
+        if rank > 0:
+            time.sleep(1.0)
+            c.abort()
+            return None
     if rank == 2:
         if mode == "split":
             c._split_members(0, rank, 10)  # the members' exchange every rank makes first
@@ -1455,12 +1463,15 @@ def _stopped_in_a_reshape(rank, n, uid, mode, action):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("mode,action", [("split", "abort"), ("split", "revoke"), ("shrink", "abort")])
-def test_a_reshape_stopped_by_another_thread_raises_a_comm_failure(mode, action):
+@pytest.mark.parametrize("mode,action", [("split", "abort"), ("split", "revoke"), ("shrink", "abort"),
+                                         ("split of a revoked one", "abort")])
+def test_a_reshape_stopped_by_another_thread_raises_a_comm_failure(mode, action, tmp_path):
     # abort() from another thread: the wait went on reading the freed handle (InvalidArgument "is not a valid
     # communicator"; on NCCL a use after free); the elastic watcher's revoke: InvalidUsage, no CommFailure, so the
     # README's loop died of it
-    res = run_ranks(_stopped_in_a_reshape, 3, _uid(), mode, action, timeout=40)[0]
+    # a split of a revoked communicator exchanges its members through the store: the abort ended nothing there (a
+    # StoreTimeout at the split's timeout)
+    res = run_ranks(_stopped_in_a_reshape, 3, _uid(), mode, action, str(tmp_path / "store"), timeout=40)[0]
     assert res[1] is True and res[3] < 3.0, res
     if action == "abort":
         assert res[0] == "CommAborted" and "the communicator was aborted (abort() in thread" in res[2], res
@@ -1557,3 +1568,15 @@ def test_a_polled_failure_is_seen_with_the_communicator_as_its_policy_left_it():
     # about 0.5 s before the policy aborted it (what Work.wait() and the README promise)
     assert run_ranks(_polled_until_failed, 2, _uid(), timeout=30)[0] == ("CommTimeout", "aborted", "CommAborted",
                                                                          "aborted")
+
+
+def test_a_communicator_made_while_its_parent_expects_a_revoke_expects_it_too():
+    # a split returning after a requested reshape's flag was seen: its peer's revoke was a failure (reported, dumped)
+    c = pycoll.init(0, 1, backend="host")
+    try:
+        c.expect_revoke()
+        d = c.split(0)
+        assert d._revoke_expected
+        d.abort()
+    finally:
+        c.abort()
