@@ -1100,10 +1100,12 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
     cdef unsigned long me = PyThread_get_thread_ident()
     if comm._owner != me:  # refused (another thread has it, until hand_off) before it takes a number: the peers'
         comm._take_over(me, op)  # reports and the flight recorder count only what ran
+    root = (<_Call>call).root if type(call) is _Call and _rooted((<_Call>call).kind) else None
     if pycoll_group_works != NULL:
-        _group_check(comm, op, inputs, _written(op, (<_Call>call).root if type(call) is _Call and
-                                                     _rooted((<_Call>call).kind) else None, comm._rank, outputs),
-                     peer is not None)
+        _group_check(comm, op, inputs, _written(op, root, comm._rank, outputs), peer is not None)
+    for b in outputs:  # a torch tensor that requires grad: autograd is told, now that nothing refused the call
+        if (<tuple>b)[10] == "torch" and (<tuple>b)[9].requires_grad and _written(op, root, comm._rank, [b]):
+            _written_in_place((<tuple>b)[9])
     if peer is None:
         comm._coll_seq += 1
     else:
@@ -1961,13 +1963,11 @@ cdef object _cai_buffer(object obj, object cai, object stream, bint writable, ob
 cdef object _describe(CommCore comm, object obj, object stream, bint writable, object name):
     global _torch_tensor, _torch_parameter
     cdef bint tensor_or_importing = False  # a torch tensor of a subclass, or torch half imported: the general path
-    cdef bint tensor = False  # a torch tensor, of torch's own classes or a subclass
     tp = type(obj)
     if tp is _ndarray:
         b = _numpy_buffer(obj, writable, name)
     elif tp is _torch_tensor or tp is _torch_parameter:
         b = _torch_buffer(obj, stream, name)
-        tensor = True
     else:
         b = None
         if _torch_tensor is None:  # torch's modules are looked up until it is imported (then once only)
@@ -1979,7 +1979,7 @@ cdef object _describe(CommCore comm, object obj, object stream, bint writable, o
                 else:
                     tensor_or_importing = True
         if _torch_tensor is not None and isinstance(obj, _torch_tensor):
-            tensor_or_importing = tensor = True
+            tensor_or_importing = True
         # as as_buffer tries them: arrays and tensors of subclasses and Buffers (by the general path), then DLPack, the
         # CUDA array interface, the buffer protocol
         if tp is not _Buffer and not isinstance(obj, _ndarray) and not tensor_or_importing:
@@ -1994,8 +1994,6 @@ cdef object _describe(CommCore comm, object obj, object stream, bint writable, o
                     b = _cai_buffer(obj, cai, stream, writable, name)
     if b is None:
         b = as_buffer(obj, writable=writable, stream=stream, name=name)
-    if tensor and writable and obj.requires_grad:
-        _written_in_place(obj)
     backend = comm.backend
     if backend == "host":
         if (<tuple>b)[6] is not _CPU and (<tuple>b)[6] not in _HOST_MEMORY:  # numpy's and torch's CPU: no hashing

@@ -20,7 +20,7 @@ import re
 import signal
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
 __all__ = ["Setting", "SETTINGS", "HOST_LIBRARY_SETTINGS", "MAX_SECONDS", "get", "explicit", "seconds",
            "register_check", "check_host_library", "check_all"]
@@ -37,6 +37,10 @@ _DUMP_SIGNALS = frozenset(
 #: the longest duration pycoll takes (about 31 years): beyond it the waits of the threading module, sockets and
 #: the clocks overflow (an OverflowError in some thread instead of a wait)
 MAX_SECONDS = 1e9
+
+
+#: a duration as pycoll's calls take it: seconds, or a datetime.timedelta (torch.distributed's timeouts are)
+Seconds = Union[float, datetime.timedelta]
 
 
 def seconds(value: Any, what: str, *, positive: bool = True) -> float:

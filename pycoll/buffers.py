@@ -322,8 +322,15 @@ def _from_torch(t: Any, torch: Any, name: str, stream: Optional[int] = None) -> 
     if t.is_neg():
         raise ValueError(f"{name}: the tensor has its negative bit set; call .resolve_neg() first")
     count = t.numel()
-    ptr = t.data_ptr()
+    try:
+        ptr = t.data_ptr()
+    except RuntimeError as e:  # a functorch tensor (inside torch.func.grad/vmap), a wrapper subclass
+        raise ValueError(f"{name}: the tensor has no storage pycoll can read ({e}); inside a torch.func transform "
+                         "(grad, vmap) call pycoll outside it") from None
     if count and not ptr:
+        if type(t) not in (torch.Tensor, torch.nn.Parameter):
+            raise ValueError(f"{name}: a {type(t).__name__} has no memory of its own (a wrapper subclass: data_ptr() "
+                             "is 0); pass the tensor it holds (a DTensor's: d.to_local())")
         raise ValueError(f"{name}: the tensor has no memory (data_ptr() is 0: a ZeroTensor, as autograd makes for a "
                          "known-zero gradient, or a fake tensor); pass a tensor with storage (torch.zeros(...))")
     sync = None

@@ -34,6 +34,7 @@ from . import (
     memory as _memory,
     windows as _windows,
 )
+from ._settings import Seconds
 from .buffers import integer as _integer
 from .config import CommConfig
 from .devices import Device, backoff, stream_text
@@ -85,7 +86,7 @@ def default_timeout() -> float:
     return float(_settings.get("PYCOLL_TIMEOUT"))
 
 
-def _check_timeout(timeout: Optional[float], default: float, what: str = "timeout") -> float:
+def _check_timeout(timeout: Optional[Seconds], default: float, what: str = "timeout") -> float:
     return default if timeout is None else _settings.seconds(timeout, what)
 
 
@@ -924,7 +925,7 @@ class Communicator(_core.CommCore):
         except NCCLError as e:
             self.handle_call_error(e, w)
 
-    def watch_stream(self, stream: Any, *, timeout: Optional[float] = None, what: str = "graph_replay") -> Work:
+    def watch_stream(self, stream: Any, *, timeout: Optional[Seconds] = None, what: str = "graph_replay") -> Work:
         """Put a deadline on work this communicator does not launch itself -- e.g. a CUDA graph replay
         holding its collectives: events are recorded on ``stream`` around whatever is queued there
         now and later, and the returned Work is watched like any operation (``wait()``, the
@@ -1000,7 +1001,7 @@ class Communicator(_core.CommCore):
     recv = _core.recv
     sendrecv = _core.sendrecv  # a send and a receive with one peer, as one operation (one group, one Work)
 
-    def barrier(self, *, stream: Any = None, async_op: bool = False, timeout: Optional[float] = None) -> Work:
+    def barrier(self, *, stream: Any = None, async_op: bool = False, timeout: Optional[Seconds] = None) -> Work:
         """Wait until every rank has reached the barrier.
 
         It is an ``all_reduce`` of three uint8 with ``max`` (NCCL has no barrier): an odd signature on purpose, which a
@@ -1020,7 +1021,7 @@ class Communicator(_core.CommCore):
         return self._launch("barrier", call, st, [], [], async_op, timeout)
 
     def broadcast_bytes(self, data: Optional[bytes], nbytes: int, root: int = 0, *,
-                        timeout: Optional[float] = None) -> bytes:
+                        timeout: Optional[Seconds] = None) -> bytes:
         """Rank ``root``'s ``data`` (``nbytes`` bytes; the others pass None) on every rank, as host bytes.
 
         One broadcast on the communicator (deadline, flight recorder and watchdog as any). On a device
@@ -1116,7 +1117,7 @@ class Communicator(_core.CommCore):
         """Register ``array`` for zero-copy operations (``ncclCommRegister``, local); see :mod:`pycoll.windows`."""
         return _windows.register(self, array)
 
-    def register_window(self, array: Any, flags: int = 0, *, timeout: Optional[float] = None) -> _windows.Window:
+    def register_window(self, array: Any, flags: int = 0, *, timeout: Optional[Seconds] = None) -> _windows.Window:
         """Register ``array`` as a window (``ncclCommWindowRegister``): collective, the same size on
         every rank; on the host backend it must come from :meth:`mem_alloc` or a SymmetricPool."""
         self._outside_group("register_window")
@@ -1127,19 +1128,19 @@ class Communicator(_core.CommCore):
         return _memory.mem_alloc(self, shape, dtype, like)
 
     def put_signal(self, window: _windows.Window, offset: int, src: Any, peer: int, *, sig_idx: int = 0,
-                   ctx: int = 0, stream: Any = None, async_op: bool = False, timeout: Optional[float] = None) -> Work:
+                   ctx: int = 0, stream: Any = None, async_op: bool = False, timeout: Optional[Seconds] = None) -> Work:
         """Write ``src`` into ``peer``'s ``window`` at byte ``offset`` and signal it (``ncclPutSignal``)."""
         return _windows.put_signal(self, window, offset, src, peer, sig_idx=sig_idx, ctx=ctx, stream=stream,
                                    async_op=async_op, timeout=timeout)
 
     def signal(self, peer: int, *, sig_idx: int = 0, ctx: int = 0, stream: Any = None, async_op: bool = False,
-               timeout: Optional[float] = None) -> Work:
+               timeout: Optional[Seconds] = None) -> Work:
         """Signal ``peer`` without data (``ncclSignal``)."""
         return _windows.signal(self, peer, sig_idx=sig_idx, ctx=ctx, stream=stream, async_op=async_op,
                                timeout=timeout)
 
     def wait_signal(self, peer: Any, count: int = 1, *, sig_idx: int = 0, ctx: int = 0, stream: Any = None,
-                    async_op: bool = False, timeout: Optional[float] = None) -> Work:
+                    async_op: bool = False, timeout: Optional[Seconds] = None) -> Work:
         """Wait for ``count`` signals from ``peer``, or for ``(peer, count, sig_idx, ctx)`` rows (ncclWaitSignal)."""
         return _windows.wait_signal(self, peer, count, sig_idx=sig_idx, ctx=ctx, stream=stream, async_op=async_op,
                                     timeout=timeout)
@@ -1227,7 +1228,7 @@ class Communicator(_core.CommCore):
                                   f"its outstanding operations: {e}{then}", self.name, w.op, w.seq, timeout,
                                   timeout) from None
 
-    def finalize(self, timeout: Optional[float] = None) -> None:
+    def finalize(self, timeout: Optional[Seconds] = None) -> None:
         """Flush outstanding operations and synchronise with the other ranks (collective).
 
         After it only :meth:`destroy` (then local and quick) or :meth:`abort` remain. Not done within
@@ -1288,7 +1289,7 @@ class Communicator(_core.CommCore):
             raise out[0]
         return out[0]
 
-    def destroy(self, timeout: Optional[float] = None) -> None:
+    def destroy(self, timeout: Optional[Seconds] = None) -> None:
         """Release the communicator: finalize (collective: every rank must call it), then free.
 
         From the thread that has the communicator (see :meth:`hand_off`; or any thread once that one has ended):
@@ -1540,7 +1541,7 @@ class Communicator(_core.CommCore):
         return config.to_nccl(self.library, blocking_default=False)
 
     def split(self, color: Optional[int], key: Optional[int] = None, *, config: Optional[CommConfig] = None,
-              name: Optional[str] = None, timeout: Optional[float] = None, generation: Optional[int] = None,
+              name: Optional[str] = None, timeout: Optional[Seconds] = None, generation: Optional[int] = None,
               failure_callbacks: Sequence[Callable[[Communicator, BaseException], None]] = (),
               ) -> Optional[Communicator]:
         """Split into sub-communicators by ``color`` (collective over every rank of this one).
@@ -1628,7 +1629,7 @@ class Communicator(_core.CommCore):
         return tuple(rows[r][2] for _, r in same)
 
     def shrink(self, exclude: Sequence[int], *, abort_ops: bool = False, config: Optional[CommConfig] = None,
-               name: Optional[str] = None, timeout: Optional[float] = None, generation: Optional[int] = None,
+               name: Optional[str] = None, timeout: Optional[Seconds] = None, generation: Optional[int] = None,
                failure_callbacks: Sequence[Callable[[Communicator, BaseException], None]] = (),
                ) -> Communicator:
         """A new communicator without the ranks in ``exclude`` (``ncclCommShrink``; NCCL 2.27).
@@ -1683,7 +1684,7 @@ class Communicator(_core.CommCore):
             return self.library.comm_get_unique_id(self.handle)
 
     def grow(self, size: int, unique_id: Any = None, *, config: Optional[CommConfig] = None,
-             name: Optional[str] = None, timeout: Optional[float] = None,
+             name: Optional[str] = None, timeout: Optional[Seconds] = None,
              global_ranks: Optional[Sequence[int]] = None, generation: Optional[int] = None,
              failure_callbacks: Sequence[Callable[[Communicator, BaseException], None]] = (),
              ) -> Communicator:

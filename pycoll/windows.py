@@ -23,6 +23,7 @@ import logging
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
 from . import _bindings as B, _settings
+from ._settings import Seconds
 from .buffers import Buffer, as_buffer, check_device, integer
 from .errors import CommStateError, InvalidArgument, NCCLError, NotSupported
 
@@ -181,7 +182,7 @@ class Window(_Tracked):
         return offset
 
 
-def register_window(comm: Any, array: Any, flags: int = 0, timeout: Optional[float] = None) -> Window:
+def register_window(comm: Any, array: Any, flags: int = 0, timeout: Optional[Seconds] = None) -> Window:
     """``ncclCommWindowRegister`` (collective: every rank, the same size), polled within ``timeout``."""
     comm._check_usable("register_window")
     if isinstance(flags, bool) or not isinstance(flags, int) or flags < 0:
@@ -250,7 +251,7 @@ def _sig(value: Any, what: str) -> int:
 
 
 def put_signal(comm: Any, window: Window, offset: int, src: Any, peer: int, *, sig_idx: int = 0, ctx: int = 0,
-               stream: Any = None, async_op: bool = False, timeout: Optional[float] = None) -> Any:
+               stream: Any = None, async_op: bool = False, timeout: Optional[Seconds] = None) -> Any:
     """Copy ``src`` into ``peer``'s part of ``window`` at byte ``offset``, then signal ``peer``
     on (``sig_idx``, ``ctx``) (``ncclPutSignal``). The peer sees the data once its
     :func:`wait_signal` for this signal returns."""
@@ -267,7 +268,7 @@ def put_signal(comm: Any, window: Window, offset: int, src: Any, peer: int, *, s
 
 
 def signal(comm: Any, peer: int, *, sig_idx: int = 0, ctx: int = 0, stream: Any = None, async_op: bool = False,
-           timeout: Optional[float] = None) -> Any:
+           timeout: Optional[Seconds] = None) -> Any:
     """Signal ``peer`` on (``sig_idx``, ``ctx``) without data (``ncclSignal``)."""
     peer = comm._root(peer, "peer")
     si, cx = _sig(sig_idx, "sig_idx"), _sig(ctx, "ctx")
@@ -278,7 +279,7 @@ def signal(comm: Any, peer: int, *, sig_idx: int = 0, ctx: int = 0, stream: Any 
 
 
 def wait_signal(comm: Any, peer: Union[int, Sequence[SignalWait]], count: int = 1, *, sig_idx: int = 0,
-                ctx: int = 0, stream: Any = None, async_op: bool = False, timeout: Optional[float] = None) -> Any:
+                ctx: int = 0, stream: Any = None, async_op: bool = False, timeout: Optional[Seconds] = None) -> Any:
     """Wait until ``peer`` has sent ``count`` more signals on (``sig_idx``, ``ctx``) (``ncclWaitSignal``).
 
     ``peer`` may instead be a sequence of ``(peer, count, sig_idx, ctx)`` to wait for several at

@@ -923,6 +923,28 @@ def test_a_tensor_without_memory_is_refused_naming_the_argument():
         m = masked_tensor(torch.ones(3), torch.tensor([True, False, True]))
     with pytest.raises(ValueError, match="^arg: masked tensors are not supported"):
         as_buffer(m, name="arg")
+
+    class Wrapper(torch.Tensor):  # as DTensor: a wrapper subclass, no storage of its own
+        @staticmethod
+        def __new__(cls, inner):
+            return torch.Tensor._make_wrapper_subclass(cls, inner.shape, dtype=inner.dtype)
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            raise NotImplementedError
+
+    with pytest.raises(ValueError, match=r"^arg: a Wrapper has no memory of its own .*d.to_local\(\)"):
+        as_buffer(Wrapper(torch.ones(3)), name="arg")
+    seen = []
+
+    def loss(x):  # torch's RuntimeError about the data pointer escaped, naming no argument
+        with pytest.raises(ValueError, match="^arg: the tensor has no storage .* inside a torch.func transform"):
+            as_buffer(x, name="arg")
+        seen.append(1)
+        return x.sum()
+
+    torch.func.grad(loss)(torch.ones(3))
+    assert seen == [1]
     comm = pycoll.init(0, 1, backend="host")
     try:
         for call in (lambda: comm.all_reduce(z, torch.empty(3)), lambda: comm.all_reduce(torch.ones(3), z)):

@@ -343,6 +343,20 @@ def test_a_tensor_autograd_saved_and_written_in_place_makes_backward_raise(comm)
     comm.all_reduce(h, torch.empty(2))  # h is only read
     loss.backward()
     assert x.grad.tolist() == [2.0, 4.0]
+    # a refused call writes nothing and tells autograd nothing: it bumped the version before its checks, and the
+    # backward of a program that caught the ValueError raised "modified by an inplace operation"
+    x = torch.ones(3, requires_grad=True)
+    h = torch.exp(x)
+    f64 = torch.ones(3, dtype=torch.float64)
+    for refused in (lambda: comm.all_reduce(h, op="mean"), lambda: comm.all_reduce(f64, h),
+                    lambda: comm.all_reduce(h, op=comm.pre_mul_sum(2.0, "float64"))):
+        with pytest.raises(ValueError):
+            refused()
+    assert h._version == 0
+    h.sum().backward()
+    ro = torch.exp(torch.ones(2, requires_grad=True))
+    comm.broadcast(ro, root=comm.rank)  # the root only reads its tensor
+    assert ro._version == 0
 
 
 def test_a_timedelta_is_its_seconds(comm):
