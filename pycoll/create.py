@@ -208,7 +208,11 @@ def init(
 
     The flight recorder and the watchdog are registered with the first communicator built.
     """
-    init_timeout = _check_timeout(init_timeout, _default_init_timeout(), "init_timeout")
+    try:
+        init_timeout = _check_timeout(init_timeout, _default_init_timeout(), "init_timeout")
+        bad_timeout: Optional[ValueError] = None
+    except ValueError as exc:  # raised once the store is known: the others are told (below)
+        init_timeout, bad_timeout = 120.0, exc
     deadline = time.monotonic() + init_timeout  # bounds everything init does, store connect included
 
     def left() -> float:
@@ -244,6 +248,8 @@ def init(
         if global_ranks is not None:  # groups of one name meet apart (their counts of that name are equal)
             with contextlib.suppress(TypeError, ValueError):  # not ranks: check_arguments says what is wrong
                 base += "/" + _members_key(global_ranks)
+        if bad_timeout is not None:
+            raise bad_timeout
         _settings.check_all()  # a bad PYCOLL_* value is named now, not when it is first read (on a failure, say)
         _install_diagnostics()
         _warn_blocking_env()

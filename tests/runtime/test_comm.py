@@ -1073,13 +1073,14 @@ def _one_rank_cannot_start(rank, n, path, how, late):
     from pycoll.store import FileStore
 
     if rank == 1:
-        if how == "setting":
-            os.environ["PYCOLL_TIMEOUT"] = "abc"  # a stale environment on one node
+        if how in ("setting", "init timeout"):  # a stale environment on one node
+            os.environ["PYCOLL_TIMEOUT" if how == "setting" else "PYCOLL_INIT_TIMEOUT"] = "abc"
         if late:
             time.sleep(0.5)  # after rank 0 published the unique id and waits in the library
     t0 = time.monotonic()
     try:
-        pycoll.init(rank, n, store=FileStore(path), backend="host", name="half", init_timeout=20,
+        pycoll.init(rank, n, store=FileStore(path), backend="host", name="half",
+                    init_timeout=None if how == "init timeout" and rank else 20,
                     library=str(os.path.join(path + ".none", "libnccl.so.2")) if how == "library" and rank else None)
         return "no exception"
     except Exception as e:
@@ -1087,13 +1088,13 @@ def _one_rank_cannot_start(rank, n, path, how, late):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("how", ["setting", "library"])
+@pytest.mark.parametrize("how", ["setting", "library", "init timeout"])
 @pytest.mark.parametrize("late", [False, True])
 def test_a_rank_that_cannot_start_its_init_ends_the_others(tmp_path, how, late):
     # a bad PYCOLL_* value, a library (or GPU) one rank lacks: raised before the init's give-up was armed, so rank 0
     # waited its whole init_timeout (120 s by default) and blamed "ranks that never arrived: [1]"
     r0, r1 = run_ranks(_one_rank_cannot_start, 2, str(tmp_path / "store"), how, late, timeout=40)
-    assert r1[0] == ("ValueError" if how == "setting" else "LibraryError"), r1
+    assert r1[0] == ("LibraryError" if how == "library" else "ValueError"), r1
     assert r0[0] == "CommAborted" and r0[1] < 5.0 and f"rank 1 gave the init up ({r1[0]}" in r0[2], r0
 
 
