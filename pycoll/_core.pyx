@@ -1104,7 +1104,7 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
     if pycoll_group_works != NULL:
         _group_check(comm, op, inputs, _written(op, root, comm._rank, outputs), peer is not None)
     for b in outputs:  # a torch tensor that requires grad: autograd is told, now that nothing refused the call
-        if (<tuple>b)[10] == "torch" and (<tuple>b)[9].requires_grad and _written(op, root, comm._rank, [b]):
+        if (<tuple>b)[10] is _TORCH_SOURCE and (<tuple>b)[9].requires_grad and _written(op, root, comm._rank, [b]):
             _written_in_place((<tuple>b)[9])
     if peer is None:
         comm._coll_seq += 1
@@ -2011,6 +2011,7 @@ cdef object _describe(CommCore comm, object obj, object stream, bint writable, o
 
 
 cdef object _increment_version = None
+cdef object _TORCH_SOURCE = "torch"  # a Buffer's source for a torch tensor (an interned str: compared by identity)
 
 
 cdef int _written_in_place(object tensor) except -1:
