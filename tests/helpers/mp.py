@@ -10,13 +10,15 @@ whatever happens.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
+import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
 _CTX = None
 
@@ -171,3 +173,50 @@ def sweep_segments() -> None:
 
     comm = pycoll.init(0, 1, backend="host", unique_id=pycoll.get_unique_id(backend="host"))
     comm.destroy()
+
+
+@contextlib.contextmanager
+def held_by_another_thread(lock: Any) -> Iterator[None]:
+    """``lock`` held by another thread for the block: as a thread inside a library or store call holds it at a fork."""
+    taken, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with lock:
+            taken.set()
+            done.wait(30)
+
+    t = threading.Thread(target=hold, daemon=True)
+    t.start()
+    taken.wait(10)
+    try:
+        yield
+    finally:
+        done.set()
+        t.join()
+
+
+def in_a_fork(fn: Callable[[], Any], limit: float = 8.0) -> str:
+    """``fn()`` in a forked child of this process (whose other threads may hold locks at the fork): ``"ok <repr of
+    what it returned>"``, ``"<type>: <text>"`` of what it raised, or ``"hung"`` (killed after ``limit`` seconds)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            out = f"ok {fn()!r}"
+        except BaseException as e:  # the parent reads it
+            out = f"{type(e).__name__}: {e}"
+        os.write(w, out.encode())
+        os._exit(0)
+    os.close(w)
+    try:
+        deadline = time.monotonic() + limit
+        while os.waitpid(pid, os.WNOHANG) == (0, 0):
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return "hung"
+            time.sleep(0.01)
+        return os.read(r, 4096).decode()
+    finally:
+        os.close(r)

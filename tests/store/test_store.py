@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from helpers.mp import run_ranks
+from helpers.mp import held_by_another_thread, in_a_fork, run_ranks
 
 from pycoll import failpoints
 from pycoll._procs import stat_fields
@@ -1043,33 +1043,6 @@ def test_a_torch_store_whose_server_is_gone_is_not_asked_again_at_once(caplog):
     assert Gone.calls == 2
 
 
-def _in_a_fork(fn):
-    """fn() in a forked child (of this test process, whose threads may hold locks at the fork): what it returned
-    or raised, as text; the child is killed after 8 s."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        try:
-            out = f"ok {fn()!r}"
-        except BaseException as e:  # the parent reads it
-            out = f"{type(e).__name__}: {e}"
-        os.write(w, out.encode())
-        os._exit(0)
-    os.close(w)
-    try:
-        deadline = time.monotonic() + 8
-        while os.waitpid(pid, os.WNOHANG) == (0, 0):
-            if time.monotonic() > deadline:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                return "hung"
-            time.sleep(0.01)
-        return os.read(r, 4096).decode()
-    finally:
-        os.close(r)
-
-
 @pytest.mark.timeout(60)
 def test_a_forked_child_uses_a_file_store_of_its_own_while_a_parent_thread_holds_its_locks(tmp_path):
     """A parent's thread inside the store at the fork held its locks there for good: the child's first write waited
@@ -1079,21 +1052,8 @@ def test_a_forked_child_uses_a_file_store_of_its_own_while_a_parent_thread_holds
     s.set("a", b"1")
     for held in ("reader", "writer", "registry"):
         lock = {"reader": s._mu, "writer": s._plock.lock, "registry": type(s._plock)._registry_lock}[held]
-        taken, done = threading.Event(), threading.Event()
-
-        def hold(lock=lock, taken=taken, done=done):  # a reading or writing thread at the fork
-            with lock:
-                taken.set()
-                done.wait(30)
-
-        t = threading.Thread(target=hold)
-        t.start()
-        taken.wait(10)
-        try:
-            got = _in_a_fork(lambda: (s.set("k", held), s.get("a"), FileStore(path, timeout=5).get("k")))
-        finally:
-            done.set()
-            t.join()
+        with held_by_another_thread(lock):  # a reading or writing thread at the fork
+            got = in_a_fork(lambda: (s.set("k", held), s.get("a"), FileStore(path, timeout=5).get("k")))
         assert got == f"ok (None, b'1', b'{held}')", (held, got)
         assert s.get("k", timeout=5) == held.encode()  # the parent goes on
     s.close()
@@ -1104,7 +1064,7 @@ def test_a_memory_store_stays_in_its_process():
     pickled for a spawned process, a message about an RLock."""
     s = MemoryStore()
     s.set("a", b"1")
-    assert "StoreError: a MemoryStore lives in the process that made it" in _in_a_fork(lambda: s.get("a"))
+    assert "StoreError: a MemoryStore lives in the process that made it" in in_a_fork(lambda: s.get("a"))
     with pytest.raises(TypeError, match="a MemoryStore cannot be pickled .* use a TCPStore or a FileStore"):
         pickle.dumps(s)
     assert s.get("a") == b"1"
