@@ -467,9 +467,9 @@ cdef class CommCore:
         A block that raises (or holds a nested group whose block raised) drops the group: none of its operations
         runs, their Works fail with :class:`pycoll.CommStateError` (see :class:`GroupScope`).
 
-        The group's operations run together, unordered (collectives in their order among themselves): a send or
-        receive whose memory meets another operation's of the group, where one of them writes it, raises
-        ValueError. The open group belongs to the thread and the context (an asyncio task) that opened it: an
+        The group's operations run together, unordered (the collectives of one communicator in their order): an
+        operation whose memory meets another one's of the group, where one of them writes it, raises ValueError
+        (two collectives of one communicator excepted). The open group belongs to the thread and the context (an asyncio task) that opened it: an
         operation or group of another task on the thread raises :class:`pycoll.CommStateError` (keep a group's
         block free of awaits); nested blocks must end in reverse order.
         """
