@@ -531,8 +531,8 @@ static ncclResult_t validate(struct ncclComm* c, struct task* t, const ncclCollC
     return ncclInvalidArgument;
   }
   if (t->stream && !stream_valid(t->stream)) {
-    CWARN(c, "%s : stream %p is not a valid pycoll host stream (create it with pycollStreamCreate)", opn,
-          (void*)t->stream);
+    CWARN(c, "%s : stream %p is not a valid pycoll host stream (create it with pycollStreamCreate; one made before "
+          "this process was forked is its parent's)", opn, (void*)t->stream);
     return ncclInvalidArgument;
   }
   return check_coll_config(c, opn, cfg, t);

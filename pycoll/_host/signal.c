@@ -66,8 +66,8 @@ ncclResult_t rma_validate(struct ncclComm* c, struct task* t) {
   ncclResult_t r = task_check_comm(c, opn);
   if (r != ncclSuccess) return r;
   if (t->stream && !stream_valid(t->stream)) {
-    CWARN(c, "%s : stream %p is not a valid pycoll host stream (create it with pycollStreamCreate)", opn,
-          (void*)t->stream);
+    CWARN(c, "%s : stream %p is not a valid pycoll host stream (create it with pycollStreamCreate; one made before "
+          "this process was forked is its parent's)", opn, (void*)t->stream);
     return ncclInvalidArgument;
   }
   if (a->flags != 0) {

@@ -37,6 +37,7 @@ struct item {
 
 struct pycollStream {
   uint64_t magic;
+  unsigned fork_gen; /* stream_fork_gen when it was made: a forked child has none of its parent's stream threads */
   pthread_t thread;
   pthread_mutex_t mu;
   pthread_cond_t work;
@@ -299,7 +300,16 @@ static ncclResult_t wait_room_locked(struct pycollStream* s, struct task* list) 
   return r;
 }
 
-bool stream_valid(pycollStream_t s) { return handle_valid(s, H_STREAM); }
+/* forks of this process so far, in its line (the child's count is one more than its parent's): a stream made before a
+ * fork is not the child's -- its thread stayed with the parent, so work queued on it never ran and a wait for it
+ * waited for ever */
+static unsigned stream_fork_gen;
+static void stream_forked(void) { stream_fork_gen++; }
+__attribute__((constructor)) static void stream_atfork(void) { pthread_atfork(NULL, NULL, stream_forked); }
+
+bool stream_valid(pycollStream_t s) {
+  return handle_valid(s, H_STREAM) && ((struct pycollStream*)s)->fork_gen == stream_fork_gen;
+}
 bool event_valid(pycollEvent_t e) { return handle_valid(e, H_EVENT); }
 
 /* ---- the stream thread ---- */
@@ -794,7 +804,7 @@ static void stream_sync(struct pycollStream* s) {
 
 #define CHECK_STREAM(s, name)                                                                              \
   if (!(s) || !stream_valid(s)) {                                                                          \
-    WARN("%s : stream %p is not a valid pycoll host stream", name, (void*)(s));                            \
+    WARN("%s : stream %p is not a valid pycoll host stream (or its process's parent made it)", name, (void*)(s)); \
     return ncclInvalidArgument;                                                                            \
   }
 #define CHECK_EVENT(e, name)                                                                               \
@@ -817,6 +827,7 @@ NCCL_API int pycollStreamCreateWithFlags(pycollStream_t* stream, int flags) {
   struct pycollStream* s = calloc(1, sizeof *s);
   if (!s) return ncclSystemError;
   s->magic = STREAM_MAGIC;
+  s->fork_gen = stream_fork_gen;
   s->flags = flags;
   s->kick_fd = -1;
   pthread_mutexattr_t ma; /* adaptive: the caller's push and the stream thread's pop hold it for

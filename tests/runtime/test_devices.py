@@ -586,3 +586,37 @@ def test_discovery_through_hip_python(monkeypatch):
     hip_mod.hipGetDeviceCount = no_runtime
     monkeypatch.delitem(sys.modules, "torch")
     assert rocm_device_count() == 0
+
+
+@pytest.mark.timeout(60)
+def test_a_host_stream_made_before_a_fork_is_refused_in_the_child():
+    """Its thread stayed with the parent: an operation queued on it in the child never ran (a CommTimeout blamed the
+    1-rank communicator) and Stream.synchronize() waited for ever."""
+    import numpy as np
+    from helpers.mp import in_a_fork
+
+    import pycoll
+
+    c = pycoll.init(0, 1, backend="host")
+    s = c.device.new_stream()
+
+    def child():
+        k = pycoll.init(0, 1, backend="host", timeout=3, name="kid")
+        out = []
+        for call in (lambda: k.all_reduce(np.ones(4), stream=s), s.synchronize, s.query):
+            try:
+                call()
+                out.append("ran")
+            except pycoll.NCCLError as e:
+                out.append("parent made it" in str(e))
+        x = np.ones(4)
+        k.all_reduce(x, stream=k.device.new_stream())
+        k.destroy()
+        return out, x.tolist()
+
+    try:
+        assert in_a_fork(child) == "ok ([True, True, True], [1.0, 1.0, 1.0, 1.0])"
+        c.all_reduce(np.ones(4), stream=s)  # the parent's own
+        s.synchronize()
+    finally:
+        c.destroy()
