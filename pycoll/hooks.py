@@ -421,8 +421,19 @@ def abort_initializing() -> None:
                 _log.debug("aborting a communicator being initialised failed: %s", e)
 
 
+#: whether this process is a fork of one that held communicators (a rank's data-loader or pool worker)
+_forked_from_a_rank = False
+
+
+def forked_from_a_rank() -> bool:
+    """Whether this process is a fork of one that held communicators: its own are apart from its parent's."""
+    return _forked_from_a_rank
+
+
 def _after_fork_in_child() -> None:
     # a forked child inherits the parent's communicators: they are the parent's, never the child's
+    global _forked_from_a_rank
+    _forked_from_a_rank = _forked_from_a_rank or bool(_live)
     for c in list(_live):
         c.mark_inherited()
     _live.clear()

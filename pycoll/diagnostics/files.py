@@ -10,7 +10,7 @@ import os
 import threading
 from typing import Any, Dict
 
-from .. import _settings
+from .. import _settings, hooks
 from ..store import _safefiles
 
 __all__ = ["default_dump_dir", "generation_dir", "json_form", "write_atomic"]
@@ -29,7 +29,9 @@ def _run_id() -> str:
 
 
 def default_dump_dir() -> str:
-    """``$PYCOLL_FR_DUMP_DIR``, else ``${XDG_CACHE_HOME:-~/.cache}/pycoll/fr/<run id>``.
+    """``$PYCOLL_FR_DUMP_DIR``, else ``${XDG_CACHE_HOME:-~/.cache}/pycoll/fr/<run id>``; in a forked child of a process
+    that held communicators (a rank's data-loader or pool worker), its subfolder ``fork-<pid>``: the child's
+    communicators are its own, and its rank numbers would overwrite its parent's (and its parent's peers') dumps.
 
     The run id is ``$PYCOLL_RUN_ID`` (set by pycoll-run), ``$TORCHELASTIC_RUN_ID`` (with ``.attempt<n>`` after a
     torchrun restart, ``$TORCHELASTIC_RESTART_COUNT``: the dumps that explain a restart are not overwritten by the
@@ -37,9 +39,11 @@ def default_dump_dir() -> str:
     """
     explicit = _settings.get("PYCOLL_FR_DUMP_DIR")
     if explicit:
-        return os.path.expanduser(explicit)  # as its check reads it: '~/dumps' went to a folder named '~
-    cache = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "pycoll", "fr", _run_id())
+        base = os.path.expanduser(explicit)  # as its check reads it: '~/dumps' went to a folder named '~'
+    else:
+        cache = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(os.path.expanduser("~"), ".cache")
+        base = os.path.join(cache, "pycoll", "fr", _run_id())
+    return os.path.join(base, f"fork-{os.getpid()}") if hooks.forked_from_a_rank() else base
 
 
 def generation_dir(dump_dir: str, generation: int, *, json_form: bool = False) -> str:

@@ -558,3 +558,25 @@ def test_a_dump_folder_under_home_is_home_s(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("PYCOLL_FR_DUMP_DIR", "~/dumps")
     assert files.default_dump_dir() == str(tmp_path / "dumps")
+
+
+def test_a_fork_of_a_rank_dumps_apart_from_it(monkeypatch, tmp_path):
+    """A rank's forked worker that made its own communicators dumped under its own rank numbers into the job's folder:
+    its dumps replaced its parent's (and the parent's peers'), and pycoll-fr blamed the wrong run."""
+    import os
+
+    from helpers.mp import in_a_fork
+
+    import pycoll
+    from pycoll.diagnostics import files
+
+    monkeypatch.setenv("PYCOLL_FR_DUMP_DIR", str(tmp_path))
+    assert in_a_fork(files.default_dump_dir) == f"ok {str(tmp_path)!r}"  # no communicator here: the same folder
+    c = pycoll.init(0, 1, backend="host")
+    try:
+        got = in_a_fork(lambda: (files.default_dump_dir(), os.getpid()))
+        folder, pid = eval(got[3:])
+        assert folder == str(tmp_path / f"fork-{pid}"), got
+        assert files.default_dump_dir() == str(tmp_path)
+    finally:
+        c.destroy()
