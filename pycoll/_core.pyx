@@ -580,7 +580,7 @@ cdef class Work:
     def is_completed(self):
         """True once the operation has finished, successfully or not (see :meth:`exception`). Never blocks. A failed
         one is finished once its communicator's policy has acted (as :meth:`wait` raises then): the communicator's
-        state is the policy's."""
+        state is the policy's. One past its deadline has failed (``CommTimeout``), with or without a watchdog."""
         if _final(self._state):
             return True
         if self._exc is None:
@@ -589,6 +589,8 @@ cdef class Work:
             self.comm.refresh(self)
             if _final(self._state):
                 return True
+            if self._exc is None and not self.grouped and _monotonic() - self.t0 > self.timeout:
+                self.comm.check()  # past its deadline: failed here too, where no watchdog looks (PYCOLL_WATCHDOG=0)
             if self._exc is None:
                 return False
         return _failure_handled(self.comm)

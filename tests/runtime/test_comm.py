@@ -1564,11 +1564,13 @@ def _polled_until_failed(rank, n, uid):
 
 
 @pytest.mark.timeout(60)
-def test_a_polled_failure_is_seen_with_the_communicator_as_its_policy_left_it():
+@pytest.mark.parametrize("watchdog", ["1", "0"])
+def test_a_polled_failure_is_seen_with_the_communicator_as_its_policy_left_it(watchdog):
     # is_completed()/exception() and the next call saw the CommTimeout while the communicator still said "active",
-    # about 0.5 s before the policy aborted it (what Work.wait() and the README promise)
-    assert run_ranks(_polled_until_failed, 2, _uid(), timeout=30)[0] == ("CommTimeout", "aborted", "CommAborted",
-                                                                         "aborted")
+    # about 0.5 s before the policy aborted it (what Work.wait() and the README promise); without a watchdog
+    # (PYCOLL_WATCHDOG=0) a loop polling is_completed() never saw the deadline at all
+    res = run_ranks(_polled_until_failed, 2, _uid(), timeout=30, env={"PYCOLL_WATCHDOG": watchdog})[0]
+    assert res == ("CommTimeout", "aborted", "CommAborted", "aborted"), res
 
 
 def test_a_communicator_made_while_its_parent_expects_a_revoke_expects_it_too():
