@@ -985,8 +985,9 @@ def dump_flight_recorder(
     """Dump this process's flight recorder now; return the files written. Stops nothing.
 
     With ``all_ranks=True`` every other process sharing a store with this one's communicators is
-    asked to dump too (through the store; their watchdogs act on it within about a second).
-    Every dump logs where it went.
+    asked to dump too (through the store; their watchdogs act on it within about a second), each into its own dump
+    folder (its ``PYCOLL_FR_DUMP_DIR``, else the default), not ``dump_dir``: give every rank the same
+    ``PYCOLL_FR_DUMP_DIR`` to find them all in one folder. Every dump logs where it went.
     """
     paths = get_recorder().dump(reason, trigger="manual", dump_dir=dump_dir, stacks=stacks, write_json=write_json)
     if all_ranks:
