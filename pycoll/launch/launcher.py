@@ -1490,8 +1490,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     handler = _LogHandler(launcher.writers[2])  # in order with the ranks' stderr, and never blocking the loop
     handler.setFormatter(logging.Formatter("pycoll-run: %(message)s"))
     root = logging.getLogger("pycoll")
+    level, propagate = root.level, root.propagate  # the caller's (pycoll.run.main() from a program), restored
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if cfg.verbose else logging.INFO)
+    root.propagate = False  # its lines once, through this handler (a program's root handler printed them again)
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     code = 1
     try:
@@ -1509,6 +1511,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         launcher.cleanup()
         launcher.restore_signals()
         root.removeHandler(handler)
+        root.setLevel(level)
+        root.propagate = propagate
     return code
 
 

@@ -1120,3 +1120,16 @@ def test_a_node_rank_joined_from_another_host_is_judged_by_its_heartbeats(tmp_pa
                               "and is running") in err, err
     assert code0 == 128 + signal.SIGTERM
     _assert_all_gone(_pids(tmp_path))
+
+
+def test_main_called_from_a_program_leaves_its_logging_as_it_was(tmp_path):
+    """pycoll.run.main() left the 'pycoll' logger at INFO (later INFO records reached the program's handlers) and its
+    lines came twice, once through the program's root handler."""
+    script = _script(tmp_path, "import sys\nsys.exit(3)\n")
+    code = (f"import logging, pycoll.run\nlogging.basicConfig(level=logging.WARNING, format='ROOT %(message)s')\n"
+            f"logging.getLogger('pycoll').setLevel(logging.ERROR)\n"
+            f"rc = pycoll.run.main(['-n', '1', {script!r}])\n"
+            f"lg = logging.getLogger('pycoll')\nprint('after', rc, lg.level, lg.propagate)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "after 3 40 True" in out.stdout, out
+    assert "ROOT" not in out.stderr and out.stderr.count("rank 0 exited with code 3") == 1, out.stderr
