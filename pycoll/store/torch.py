@@ -133,7 +133,8 @@ class TorchStoreAdapter(Store):
         self._local = threading.local()
         self._closed = False
         self._lost = False  # a call found the server gone: no new connection (a clone) is tried for it
-        self._lost_at = 0.0  # when: calls fail at once for LOST_RETRY seconds (each of torch's logs a warning)
+        self._lost_at = 0.0  # when: calls fail at once for _retry_in seconds (each of torch's logs a warning)
+        self._retry_in = self.LOST_RETRY
         register_exit_gate()
 
     def __repr__(self) -> str:
@@ -160,14 +161,17 @@ class TorchStoreAdapter(Store):
         if self._closed:
             raise StoreError(f"the adapter of {type(self.torch_store).__name__} is closed")
 
-    #: seconds a lost server is not asked again (torch logs a warning with a backtrace for each failed call)
+    #: seconds a lost server is not asked again (torch logs a warning with a backtrace for each failed call), doubled
+    #: at each try that finds it still gone, up to LOST_RETRY_MAX (an idle rank's heartbeats asked it every 10 s,
+    #: logging a C++ backtrace each time, for as long as the rank lived)
     LOST_RETRY = 10.0
+    LOST_RETRY_MAX = 300.0
 
     def _run(self, what: str, fn: Callable[[], Any], keys: Sequence[str] = (), timeout: float = 0.0) -> Any:
         self._check_open()
-        if self._lost and time.monotonic() - self._lost_at < self.LOST_RETRY:
+        if self._lost and time.monotonic() - self._lost_at < self._retry_in:
             raise StoreLost(f"{what}: the {type(self.torch_store).__name__}'s server was lost "
-                            f"{time.monotonic() - self._lost_at:.1f} s ago (asked again every {self.LOST_RETRY:g} s)")
+                            f"{time.monotonic() - self._lost_at:.1f} s ago (asked again {self._retry_in:g} s after)")
         try:
             with _gate.call():
                 result = fn()
@@ -185,8 +189,12 @@ class TorchStoreAdapter(Store):
                 raise _timeout_error(list(keys), timeout, f" in {type(self.torch_store).__name__}") from exc
             if any(c.__name__ == "DistNetworkError" for c in type(exc).__mro__):  # its server is gone (or unreachable)
                 if not self._lost:
-                    _log.warning("the %s's server cannot be reached (%s): its calls fail at once for %g s at a time",
-                                 type(self.torch_store).__name__, str(exc).splitlines()[0][:200], self.LOST_RETRY)
+                    _log.warning("the %s's server cannot be reached (%s): its calls fail at once for %g s, then "
+                                 "longer each time it is still gone (up to %g s)", type(self.torch_store).__name__,
+                                 str(exc).splitlines()[0][:200], self.LOST_RETRY, self.LOST_RETRY_MAX)
+                    self._retry_in = self.LOST_RETRY
+                else:
+                    self._retry_in = min(self.LOST_RETRY_MAX, 2 * self._retry_in)
                 self._lost, self._lost_at = True, time.monotonic()
                 raise StoreLost(f"{what}: lost the connection to the {type(self.torch_store).__name__}'s server: "
                                 f"{exc}") from exc

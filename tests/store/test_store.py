@@ -1037,10 +1037,17 @@ def test_a_torch_store_whose_server_is_gone_is_not_asked_again_at_once(caplog):
                 s.set("k", b"v")
     assert Gone.calls == 1  # asked once; the others fail at once for LOST_RETRY seconds
     assert sum("cannot be reached" in r.getMessage() for r in caplog.records) == 1
-    s.LOST_RETRY = 0.0
+    s._lost_at -= 10.0  # 10 s later
     with pytest.raises(StoreLost, match="lost the connection"):
         s.set("k", b"v")  # asked again after it
     assert Gone.calls == 2
+    s._lost_at -= 10.0  # still gone: asked again after 20 s, not 10 (an idle rank logged a backtrace every 10 s)
+    with pytest.raises(StoreLost, match="asked again 20 s after"):
+        s.set("k", b"v")
+    s._lost_at -= 10.0
+    with pytest.raises(StoreLost, match="lost the connection"):
+        s.set("k", b"v")
+    assert Gone.calls == 3
 
 
 @pytest.mark.timeout(60)
