@@ -221,6 +221,7 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         self.on_terminate: Optional[Callable[[bool], None]] = None
         self.beats = 0
         self._beat_t = time.monotonic()
+        self._monitor_t = self._beat_t  # the stall monitor's last look
         self._doing: Optional[str] = None
         self._stalled = False
         self._count_lock = threading.Lock()
@@ -309,7 +310,7 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
                 self._wake_r, self._wake_w = socket.socketpair()
                 self._wake_r.setblocking(False)
                 self._wake_w.setblocking(False)
-            self._beat_t = time.monotonic()
+            self._beat_t = self._monitor_t = time.monotonic()
             self._stalled = False
             self._report_q = queue.SimpleQueue()
             self._wake_at = 0.0
@@ -816,7 +817,15 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
     def _check_stall(self) -> None:
         if not self.running:
             return
-        silent = time.monotonic() - self._beat_t
+        now = time.monotonic()
+        # this thread looks every stall_timeout / 4 at most: held up past half of it, it was kept from running as
+        # the polling thread was -- the process was (the main thread holding the GIL in a C call, a SIGSTOP), not
+        # the polling thread: look again once both have had their turn (an idle job's GIL hold was reported as the
+        # watchdog's own stall, with its stack, and dumped)
+        held, self._monitor_t = now - self._monitor_t > self.stall_timeout / 2, now
+        silent = now - self._beat_t
+        if held and not self._stalled:
+            return
         if silent > self.stall_timeout and not self._stalled:
             self._stalled = True
             ident = self._threads[0].ident if self._threads else None

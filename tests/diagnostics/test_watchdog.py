@@ -9,6 +9,7 @@ import signal
 import socket
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -646,3 +647,19 @@ def test_a_send_whose_peer_waits_in_one_of_its_own_says_to_group_them():
     r.peers[2]["p2p_completed"] = 1  # it completed its own: it waits in none
     assert "of its own" not in r.line(1.75)
     assert "of its own" not in _report({2: (4, 4, 0, 0.1)}, is_p2p=True, peer=2, answered={2}).line(1.75)  # behind
+
+
+def test_a_process_held_up_as_a_whole_is_no_stall_of_the_polling_thread(make_wd, caplog, monkeypatch):
+    """The main thread holding the GIL in a C call for 22 s, the job idle: the monitor, held up as long, woke first
+    and reported the polling thread stalled (with its stack, parked in a wait), and dumped."""
+    wd = make_wd([], interval=0.05, stall_timeout=0.3)
+    monkeypatch.setattr(type(wd), "running", property(lambda self: True))
+    now = time.monotonic()
+    wd._beat_t = wd._monitor_t = now - 1.0  # neither ran for a second
+    with caplog.at_level(logging.WARNING, logger="pycoll"):
+        wd._check_stall()
+        assert not wd._stalled and not any("has not completed a round" in r.getMessage() for r in caplog.records)
+        wd._beat_t = time.monotonic() - 1.0  # the monitor ran since, the polling thread did not: a stall
+        monkeypatch.setattr(wd, "_dumps", types.SimpleNamespace(run=lambda jobs, dump: None))
+        wd._check_stall()
+        assert wd._stalled and any("has not completed a round" in r.getMessage() for r in caplog.records)
