@@ -1246,7 +1246,10 @@ class Communicator(_core.CommCore):
             err = self._finalize_call(deadline, timeout)
         if err is not None:
             self.handle_call_error(err, None)  # outside the lock: lock order
-        self._state = "finalized"
+        with self._plock:
+            if self._state in ("active", "revoked"):  # not over an abort made meanwhile (the policy: a peer gone)
+                self._state = "finalized"
+        self._check_alive()  # aborted meanwhile: its CommAborted (an AssertionError escaped from the handle)
         self._poll(self.handle, "ncclCommFinalize", max(1e-3, deadline - time.monotonic()), self._abort,
                    reported_timeout=timeout)
 
