@@ -1207,8 +1207,7 @@ class Communicator(_core.CommCore):
             def read() -> int:
                 with self._hlock:
                     if self._handle != handle:
-                        raise _HandleGone(CommAborted(f"{what} on communicator {self.name!r} did not complete: the "
-                                                      f"communicator was aborted{self._aborted_why}"))
+                        raise _HandleGone(self._aborted_during(what))
                     return lib.comm_get_async_error(handle)
 
         poll_ready(self.library, handle, what, timeout, on_timeout=on_timeout, comm_name=self.name, give_up=give_up,
@@ -1249,7 +1248,8 @@ class Communicator(_core.CommCore):
         with self._plock:
             if self._state in ("active", "revoked"):  # not over an abort made meanwhile (the policy: a peer gone)
                 self._state = "finalized"
-        self._check_alive()  # aborted meanwhile: its CommAborted (an AssertionError escaped from the handle)
+        # aborted meanwhile: handle raises its CommAborted (an AssertionError escaped from it while "finalized" could
+        # overwrite "aborted")
         self._poll(self.handle, "ncclCommFinalize", max(1e-3, deadline - time.monotonic()), self._abort,
                    reported_timeout=timeout)
 
@@ -1593,6 +1593,11 @@ class Communicator(_core.CommCore):
                            global_ranks=members, timeout=timeout, poll_parent=True, generation=generation,
                            failure_callbacks=failure_callbacks)
 
+    def _aborted_during(self, what: str) -> CommAborted:
+        """The error of a wait for ``what`` that another thread's abort of this communicator ended."""
+        return CommAborted(f"{what} on communicator {self.name!r} did not complete: the communicator was "
+                           f"aborted{self._aborted_why}")
+
     def _store_get(self, key: str, timeout: float, what: str) -> bytes:
         """``store.get(key)`` within ``timeout``, in slices: another thread's abort of this communicator ends it
         (CommAborted naming it, as a library wait's), not the store's timeout."""
@@ -1603,8 +1608,7 @@ class Communicator(_core.CommCore):
                 return bytes(self._store.get(key, timeout=max(1e-3, min(0.1, left))))
             except StoreTimeout:
                 if self._state == "aborted":
-                    raise CommAborted(f"{what} on communicator {self.name!r} did not complete: the communicator was "
-                                      f"aborted{self._aborted_why}") from None
+                    raise self._aborted_during(what) from None
                 if left <= 0.1:
                     raise StoreTimeout(f"{what} on communicator {self.name!r}: timed out after {timeout:g} s waiting "
                                        f"for key {key!r} of the store (a rank that has not called {what})") from None

@@ -1,8 +1,8 @@
 """Failpoints: named places in pycoll where a test makes this process die, stop or raise.
 
 Switched on by ``PYCOLL_FAILPOINTS`` (read when this module is imported; a value that does not parse arms nothing
-and is reported where the settings are checked: when a communicator is created, and by ``pycoll-run``, which also warn
-about an entry that names no declared failpoint) or by :func:`configure`.
+and is reported where the settings are checked: when a communicator is created, which also warns about an entry that
+names no declared failpoint, and by ``pycoll-run``) or by :func:`configure`.
 The grammar is a comma-separated list of entries::
 
     NAME=ACTION[@N][;rank=R][;replacement=K|any][;trace=PATH]
