@@ -37,6 +37,7 @@ host = Extension(
     HOST_LIB,
     sources=sorted(glob.glob("pycoll/_host/*.c")),
     include_dirs=["pycoll/_host"],
+    depends=sorted(glob.glob("pycoll/_host/*.h")),  # a header's change rebuilds every source (setuptools checks)
     extra_compile_args=["-O3", "-std=gnu11", "-pthread", "-fvisibility=hidden", "-Wall", "-Wno-unused-function"],
     extra_link_args=["-pthread", "-Wl,-Bsymbolic", "-Wl,--no-undefined"],
     libraries=["rt", "m"],

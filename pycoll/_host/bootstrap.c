@@ -291,9 +291,20 @@ ncclResult_t rendezvous_join(const struct rendezvous* r, struct seg* out) {
     struct seg_header* h = base;
     if (size < SEG_HEADER_BYTES || h->magic != SEG_MAGIC || h->layout_version != SEG_LAYOUT_VERSION ||
         h->total_size != size) {
+      /* magic and layout_version keep their place in every layout: say what was found (another build of the library,
+       * or something else under that name) */
+      if (size < SEG_HEADER_BYTES || h->magic != SEG_MAGIC)
+        snprintf(text, sizeof text, "%s : %s%s is not a pycoll host segment (%zu bytes, no segment header)",
+                 r->opname, SHM_DIR, s.name, (size_t)size);
+      else if (h->layout_version != SEG_LAYOUT_VERSION)
+        snprintf(text, sizeof text,
+                 "%s : %s%s was made by a host library of segment layout %u, this one is of layout %u: the ranks "
+                 "of a job must load the same pycoll build",
+                 r->opname, SHM_DIR, s.name, h->layout_version, SEG_LAYOUT_VERSION);
+      else
+        snprintf(text, sizeof text, "%s : %s%s is %zu bytes but its header says %llu", r->opname, SHM_DIR,
+                 s.name, (size_t)size, (unsigned long long)h->total_size);
       munmap(base, size);
-      snprintf(text, sizeof text, "%s : %s%s is not a segment of this host library version", r->opname, SHM_DIR,
-               s.name);
       CWARN(r->comm, "%s", text);
       return ncclInvalidUsage;
     }

@@ -200,3 +200,32 @@ def test_huge_fr_buffer_size_is_a_clear_error() -> None:
     with python(code, environ=env(PYCOLL_FR_BUFFER_SIZE="1000000000000")) as child:
         rc, _, err = child.communicate(20)
     assert rc != 0 and "MemoryError" not in err and "PYCOLL_FR_BUFFER_SIZE" in err, err
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_of_another_segment_layout_is_told_the_two_layouts() -> None:
+    # another build of the library (its segment layout changed) joining: it said "is not a segment of this host
+    # library version", naming neither build
+    import glob
+    import struct
+    import time
+
+    before = set(glob.glob("/dev/shm/pycoll*"))
+    with TCPStoreServer("127.0.0.1", 0, TOKEN).start() as srv:
+        first = python(_RANK, "0", str(srv.port), "0", environ=env())
+        with first:
+            deadline, made = time.monotonic() + 30, []
+            while not made and time.monotonic() < deadline and first.popen.poll() is None:
+                made = sorted(set(glob.glob("/dev/shm/pycoll*")) - before)
+                time.sleep(0.01)
+            assert made, "rank 0 made no segment"
+            with open(made[0], "r+b") as f:  # magic (8 bytes), then the layout version
+                f.seek(8)
+                ours = struct.unpack("<I", f.read(4))[0]
+                f.seek(8)
+                f.write(struct.pack("<I", ours + 1))
+            with python(_RANK, "1", str(srv.port), "0", environ=env()) as second:
+                rc, out, err = second.communicate(40)
+            first.communicate(40)
+    assert rc != 0 and "OK" not in out, (rc, out, err)
+    assert f"was made by a host library of segment layout {ours + 1}, this one is of layout {ours}" in err, err
