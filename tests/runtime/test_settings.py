@@ -48,6 +48,20 @@ def test_readme_lists_nothing_unknown():
     assert not unknown, f"README documents variables nothing reads: {sorted(unknown)}"
 
 
+def test_readme_names_every_logger_and_no_other():
+    text = open(os.path.join(ROOT, "README.md")).read()
+    para = text[text.index("**Logging.**"):]
+    para = para[: para.index("\n\n")]
+    documented = set(re.findall(r"`(pycoll(?:\.[a-z_]+)?)`", para)) - {"pycoll"}
+    used = set()
+    for root, _, files in os.walk(os.path.join(ROOT, "pycoll")):
+        for f in files:
+            if f.endswith((".py", ".pyx")):
+                source = open(os.path.join(root, f)).read()
+                used |= set(re.findall(r"""getLogger\(\s*["'](pycoll\.[a-z_]+)["']""", source))
+    assert used and documented == used, (sorted(documented - used), sorted(used - documented))
+
+
 def test_no_module_reads_a_setting_itself():
     """Only _settings reads PYCOLL_* configuration; the launcher's per-rank contract lives in launch/."""
     offenders = []
