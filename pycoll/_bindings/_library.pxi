@@ -59,7 +59,9 @@ cdef class Library:
 
     @property
     def pending_slots(self):
-        """CommSlots of nonblocking split/shrink/grow calls whose communicator was not seen yet."""
+        """CommSlots of nonblocking split/shrink/grow calls whose communicator was not seen yet, and those of
+        communicators made in a group that ended IN_PROGRESS until their state is final (``comm_get_async_error``
+        returned SUCCESS) or they were destroyed or aborted."""
         return list(self._pending_slots)
 
     @property
@@ -106,15 +108,19 @@ cdef class Library:
             with nogil: _cap(&self.fn, c, &cr, self.fn.ncclCommGetAsyncError(c, &state))
         _done(self, &cr, "ncclCommGetAsyncError")
         if state != ncclInProgress and self._pending_slots:
-            self._settle_slots(<uintptr_t>c)
+            self._settle_slots(<uintptr_t>c, state)
         return <int>state
 
-    cdef _settle_slots(self, uintptr_t parent):
-        """``parent``'s split or shrink is over (its asynchronous state is final): the slots that it left empty
-        (SPLIT_NOCOLOR, a failed call) stay empty, so they are pending no longer."""
+    cdef _settle_slots(self, uintptr_t comm, int state):
+        """``comm``'s asynchronous state is final (``state``; ncclSuccess also where it was destroyed or aborted):
+        the slots its split or shrink left empty (SPLIT_NOCOLOR, a failed call) stay empty, and a grouped init's
+        slot holding ``comm`` itself -- the library writes NULL there only when its init fails -- is written for
+        good once it succeeded; neither is pending any longer."""
         cdef CommSlot slot
+        cdef uintptr_t v
         for slot in list(self._pending_slots):
-            if slot.parent == parent and pycoll_load_ptr(<void**>slot.ptr) == NULL:
+            v = <uintptr_t>pycoll_load_ptr(<void**>slot.ptr)
+            if (slot.parent == comm and v == 0) or (v == comm and state == ncclSuccess):
                 slot._pending = False
                 self._pending_slots.discard(slot)
 
@@ -356,6 +362,8 @@ cdef class Library:
         cdef _Call cr
         _need(self, <void*>self.fn.ncclCommDestroy, "ncclCommDestroy")
         with nogil: _cap(&self.fn, NULL, &cr, self.fn.ncclCommDestroy(c))
+        if self._pending_slots and c != NULL:  # a grouped init's slot holding it is never written again
+            self._settle_slots(<uintptr_t>c, ncclSuccess)
         return _check(self, &cr, "ncclCommDestroy")
 
     def comm_abort(self, comm):
@@ -365,6 +373,8 @@ cdef class Library:
         cdef _Call cr
         _need(self, <void*>self.fn.ncclCommAbort, "ncclCommAbort")
         with nogil: _cap(&self.fn, NULL, &cr, self.fn.ncclCommAbort(c))
+        if self._pending_slots and c != NULL:  # a grouped init's slot holding it is never written again
+            self._settle_slots(<uintptr_t>c, ncclSuccess)
         return _check(self, &cr, "ncclCommAbort")
 
     def comm_revoke(self, comm, flags=0):
@@ -815,18 +825,24 @@ cdef class Library:
     cdef int _group_end(self) except -1:
         """ncclGroupEnd (``group_end``, and the Communicator's group, without a Python call)."""
         cdef _Call cr
-        cdef CommSlot slot
-        cdef _GroupState g = self._group_state()
         _need(self, <void*>self.fn.ncclGroupEnd, "ncclGroupEnd")
         with nogil: _cap(&self.fn, NULL, &cr, self.fn.ncclGroupEnd())
+        self._group_closed(cr.r)
+        return _check(self, &cr, "ncclGroupEnd")
+
+    cdef _group_closed(self, int r):
+        """This thread's ncclGroupEnd or ncclGroupSimulateEnd returned ``r``: the group is one level less deep (also
+        where it failed: the library closes it anyway); the outermost's slots are kept while it is still issuing
+        (the library writes them later)."""
+        cdef CommSlot slot
+        cdef _GroupState g = self._group_state()
         cdef int depth = g.depth
-        g.depth = max(0, depth - 1)  # ncclGroupEnd closes the group also when it fails
+        g.depth = max(0, depth - 1)
         if depth == 1:
-            if cr.r == ncclInProgress and g.slots is not None:  # still issuing: the library writes them later
+            if r == ncclInProgress and g.slots is not None:
                 for slot in g.slots:
                     self._track(slot, ncclInProgress)
             g.slots = None
-        return _check(self, &cr, "ncclGroupEnd")
 
     cdef _GroupState _group_state(self):
         """This thread's group on this library (a thread-local: gone with the thread). The last thread's is kept
@@ -847,6 +863,7 @@ cdef class Library:
         cdef _Call cr
         _need(self, <void*>self.fn.ncclGroupSimulateEnd, "ncclGroupSimulateEnd")
         with nogil: _cap(&self.fn, NULL, &cr, self.fn.ncclGroupSimulateEnd(&info))
+        self._group_closed(cr.r)  # it ends the group as ncclGroupEnd does
         _done(self, &cr, "ncclGroupSimulateEnd")
         return info.estimatedTime
 

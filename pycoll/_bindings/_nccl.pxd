@@ -61,12 +61,13 @@ cdef class Library:
 
     cdef void* _sym(self, str name)
     cdef _track(self, CommSlot slot, int r)
-    cdef _settle_slots(self, uintptr_t parent)
+    cdef _settle_slots(self, uintptr_t comm, int state)
     cdef bint _in_group(self)
     cdef CommSlot _init_slot(self)
     cdef _group_slot(self, CommSlot slot)
     cdef int _group_start(self) except -1
     cdef int _group_end(self) except -1
+    cdef _group_closed(self, int r)
     cdef _GroupState _group_state(self)
 
 

@@ -231,7 +231,7 @@ class Library:
     @property
     def symbols(self) -> Dict[str, bool]: ...  # every function looked up -> exported
     @property
-    def pending_slots(self) -> List[CommSlot]: ...  # slots of IN_PROGRESS split/shrink/grow still pending
+    def pending_slots(self) -> List[CommSlot]: ...  # IN_PROGRESS split/shrink/grow; grouped inits not yet final
     def __reduce__(self) -> tuple: ...  # pickles as load(path)
 
     # errors and versions

@@ -3,7 +3,10 @@
  * The host library (libpycoll_host.so) exports the NCCL 2.32 host API (same names, signatures,
  * return codes) and moves data in host memory between processes of one machine over POSIX shared
  * memory. The `cudaStream_t stream` argument of every collective is a pycollStream_t created here
- * (or NULL, which runs the operation in the calling thread). Streams and events have CUDA's shape:
+ * (or NULL, which runs the operation in the calling thread -- on a nonblocking communicator too: the call returns
+ * when the operation has run or failed, never ncclInProgress, and waits as long as a live peer stays away; only an
+ * abort or revoke from another thread, or the peer's death, ends it early; pass a stream for a call that returns at
+ * once). Streams and events have CUDA's shape:
  * work enqueued on a stream runs in order on the stream's own thread; an event recorded on a
  * stream completes when everything enqueued before it has run. Errors of enqueued work are
  * reported through ncclCommGetAsyncError, never through events.

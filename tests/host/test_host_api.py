@@ -432,6 +432,42 @@ def test_a_nonblocking_split_that_leaves_the_slot_empty_ends_pending_when_the_pa
         l.comm_destroy(parent)
 
 
+def test_group_simulate_end_closes_the_bindings_group_too():
+    # the bindings counted the group still open after ncclGroupSimulateEnd: a nonblocking split after it (the runtime
+    # drops a raised group() that way) was kept for a group that never ends, reported not pending while in progress
+    l = lib()
+    parent, _ = l.comm_init_rank_config(1, l.get_unique_id(), 0, Config(blocking=0))
+    wait_ready(parent)
+    try:
+        a = np.ones(4, np.float32)
+        l.group_start()
+        l.all_reduce(ptr(a), ptr(a), 4, F32, SUM, parent)
+        l.group_simulate_end()
+        slot, status = l.comm_split(parent, 0, 0)
+        assert status != 0 or slot.value != 0  # done at once, or still in progress ...
+        assert slot.value != 0 or (slot.pending and slot in l.pending_slots)  # ... and then pending, not in a group
+        assert wait_ready(parent) == 0 and slot.value != 0 and wait_ready(slot.value) == 0
+        l.comm_destroy(slot.value)
+    finally:
+        l.comm_destroy(parent)
+
+
+def test_communicators_made_in_a_nonblocking_group_are_not_kept_once_ready_or_aborted():
+    # every grouped nonblocking init's slot stayed in pending_slots for the life of the Library
+    l = lib()
+    for ready_first in (True, False):
+        uid = l.get_unique_id()
+        l.group_start()
+        cs = [l.comm_init_rank_config(2, uid, r, Config(blocking=0))[0] for r in range(2)]
+        assert l.group_end() in (0, 7)
+        if ready_first:
+            assert [wait_ready(c) for c in cs] == [0, 0]
+            assert not l.pending_slots
+        for c in cs:
+            (l.comm_destroy if ready_first else l.comm_abort)(c)  # a destroy waits for ready; an abort does not
+        assert not l.pending_slots
+
+
 # ---- streams and events -------------------------------------------------------------------------------
 
 
