@@ -490,10 +490,12 @@ def test_healthy_run(tmp_path, capsys):
         c.op("gather", f32(2), f32(6) if r == 0 else None)  # root-only buffers are no mismatch
         c.op("scatter", f32(6) if r == 1 else None, f32(2))
         c.op("broadcast", f32(3), f32(3))
+        shaped = np.ones((2, 3), np.float32) if r == 1 else f32(6)  # the library matches counts: no size mismatch
+        c.op("all_reduce", shaped, shaped)
 
     d = make_dumps(tmp_path, 3, script)
     rep, c = one(d)
-    assert rep["ok"] and c["first_divergence"] is None and c["matched_through"] == 6
+    assert rep["ok"] and c["first_divergence"] is None and c["matched_through"] == 7
     assert run_cli(d) == 0
     out = capsys.readouterr().out
     assert "no problem found on 'world'" in out
