@@ -19,6 +19,8 @@ from cpython.ref cimport PyObject, Py_XDECREF
 
 from pycoll._core cimport Hook, Work
 
+import threading
+
 from ..buffers import Buffer
 from ..hooks import CommObserver
 
@@ -31,6 +33,12 @@ __all__ = ["TORCH_COLLECTIVES", "Entry", "RecordIds", "RecorderCore", "WatchdogC
 
 cdef extern from "../_bindings/frames.h":
     int pycoll_frames(PyObject** codes, int* lastis, int skip, int depth)
+
+cdef extern from "Python.h":
+    ctypedef struct PyThreadState:
+        pass
+    PyThreadState* PyThreadState_Get()
+    unsigned long long PyThreadState_GetID(PyThreadState* tstate)  # never the same for two threads (Python 3.9+)
 
 cdef Py_ssize_t _SHAPE = Buffer._fields.index("shape")
 cdef Py_ssize_t _DTYPE = Buffer._fields.index("dtype_name")
@@ -114,6 +122,7 @@ cdef class Entry:
     cdef double _ms
     cdef bint _has_ms
     cdef unsigned long _tid
+    cdef object _tname  # the issuing thread's name when it issued the operation (its ident may be reused since)
     cdef _Frames _frames
 
     def __cinit__(self):
@@ -127,6 +136,11 @@ cdef class Entry:
     def tid(self):
         """The identifier of the thread that issued the operation."""
         return self._tid
+
+    @property
+    def thread_name(self):
+        """The name the issuing thread had when it first issued an operation recorded here."""
+        return self._tname
 
     @property
     def frozen(self):
@@ -159,7 +173,7 @@ cdef class Entry:
                 return None
             out = [pos, self.rid, self.info, self.isz, self.idt, self.osz, self.odt, self._tid, self.stack, self.op,
                    self.seq, self.p2p_seq, self.op_id, self.peer, self.timeout, self.created, self.frozen, self.capture,
-                   self.root, self.kept]
+                   self.root, self.kept, self._tname]
             if self.pos == pos:
                 return out
 
@@ -191,10 +205,15 @@ cdef class RecorderCore(Hook):
     cdef object _last_comm_info  # the _infos entry of the communicator recorded last (None: look it up)
     cdef RecordIds _last_rid  # its record ids (set with the entry: no attribute lookup per operation)
     cdef size_t _last_comm  # that communicator's address (its id)
+    cdef dict _threads  # thread state id (never reused, unlike a thread's ident) -> (ident, name) at its first record
+    cdef unsigned long long _last_ts  # the thread that recorded last: its state's id (0: none yet), ident and name
+    cdef unsigned long _last_tid
+    cdef object _last_tname
 
     def __cinit__(self, *args, **kwargs):
         self._ring = []
         self._infos = {}
+        self._threads = {}
         self._scratch.n = -1
 
     def _infos_changed(self):
@@ -217,6 +236,8 @@ cdef class RecorderCore(Hook):
         cdef Entry e
         cdef _Frames old
         cdef long long pos, rid, kept
+        cdef unsigned long long ts
+        cdef unsigned long tid
         if n == 0:
             return 0
         comm = w.comm
@@ -262,6 +283,11 @@ cdef class RecorderCore(Hook):
         # the stack_depth innermost Python frames, as the dump shows them: from the caller of a compiled public
         # call (all_reduce, ...) on, or from the public call's own frame where it is written in Python (barrier).
         # Capturing may create frame objects, hence run the collector: done before the entry is touched
+        ts = PyThreadState_GetID(PyThreadState_Get())
+        if ts == self._last_ts:
+            tid, tname = self._last_tid, self._last_tname
+        else:
+            tid, tname = self._thread_changed(ts)
         if self.stacks:
             _reserve(&self._scratch, self.stack_depth)
             self._scratch.n = pycoll_frames(self._scratch.codes, self._scratch.lastis, 0, self.stack_depth)
@@ -271,7 +297,7 @@ cdef class RecorderCore(Hook):
         e.kept = kept
         e.info = info
         e.isz, e.idt, e.osz, e.odt = isz, idt, osz, odt
-        e._tid = PyThread_get_thread_ident()
+        e._tid, e._tname = tid, tname
         e.op, e.seq, e.p2p_seq, e.op_id, e.peer, e.root = w.op, w.seq, w.p2p_seq, w.op_id, w.peer, w.root
         e.timeout, e.created, e._frozen, e.capture = w.timeout, w.time_created_ns, frozen, capture
         e._completed, e._t_started, e._t_completed, e._has_ms = False, 0, 0, False
@@ -282,6 +308,18 @@ cdef class RecorderCore(Hook):
         w.fr_entry = e
         w.fr_pos = pos
         return 0
+
+    cdef tuple _thread_changed(self, unsigned long long ts):
+        """Another thread than the last records: its ``(ident, name)``, looked up at its first record (a name read
+        at dump time named whichever thread had the ident then, or nobody once the thread had ended)."""
+        known = self._threads.get(ts)
+        if known is None:
+            if len(self._threads) >= 4096:  # a program of many short-lived threads: the ended ones' go
+                self._threads.clear()
+            known = self._threads[ts] = (PyThread_get_thread_ident(), threading.current_thread().name)
+        self._last_tid, self._last_tname = known
+        self._last_ts = ts
+        return known
 
     cdef int completed(self, Work w) except -1:
         """Freeze a completed operation's times into its entry (the communicator calls it when one completes)."""

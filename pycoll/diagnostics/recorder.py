@@ -146,7 +146,7 @@ _MAX_BUFFER_SIZE = int(_settings.SETTINGS["PYCOLL_FR_BUFFER_SIZE"].maximum or 0)
 # the position it was written for), or frozen into _FROZEN when it completes (work_completed) or its
 # communicator fails or closes. An entry whose Work is no longer outstanding and was not frozen completed.
 (_POS, _RID, _INFO, _ISZ, _IDT, _OSZ, _ODT, _TID, _STACK, _OP, _SEQ, _P2P_SEQ, _OP_ID, _PEER, _TIMEOUT,
- _CREATED, _FROZEN, _CAPTURE, _ROOT, _KEPT) = range(20)
+ _CREATED, _FROZEN, _CAPTURE, _ROOT, _KEPT, _TNAME) = range(21)
 # an operation recorded into a CUDA graph: it runs at replay, this entry keeps the capture's id
 _CAPTURED = ("captured", None, None, None, None)
 _SHAPE = Buffer._fields.index("shape")
@@ -536,7 +536,6 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         # a loop issues its collectives from a few call sites: format each distinct stack once and
         # share the list (pickle stores it once, too)
         formatted: Dict[Tuple[Any, ...], List[Dict[str, Any]]] = {}
-        threads = {t.ident: t.name for t in threading.enumerate()}
         entries = []
         other: List[Dict[str, Any]] = []  # for_file: the entries torch's analyzer does not read
         for e in raw:
@@ -573,7 +572,7 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
                 "timeout_ms": round(e[_TIMEOUT] * 1000),
                 "is_p2p": is_p2p,
                 "thread_id": str(e[_TID]),
-                "thread_name": threads.get(e[_TID], ""),
+                "thread_name": e[_TNAME],
             }
             if done and duration is not None:
                 entry["duration_ms"] = float(duration)

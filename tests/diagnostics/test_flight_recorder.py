@@ -78,6 +78,27 @@ def test_entry_fields_follow_torch_schema(rec):
     assert works[0].fr_entry.snapshot() == rec.entries()[0] and works[0].fr_pos == 0
 
 
+def test_an_entry_names_the_thread_that_issued_it_as_it_was_named_then(rec):
+    # the name was looked up by ident at dump time: a later thread given the same ident was named for the ended
+    # thread's operations, and an ended thread's were blank
+    c = FakeComm(rec, 0, 1)
+    issuer = threading.Thread(target=lambda: c.op("all_reduce", f32(1), f32(1)), name="loader")
+    issuer.start()
+    issuer.join()
+    later = threading.Thread(target=threading.Event().wait, args=(0.5,), name="idle-logger")
+    later.start()  # may well have the loader's ident
+    try:
+        c.op("all_reduce", f32(1), f32(1))
+        threading.current_thread().name, was = "renamed", threading.current_thread().name
+        try:
+            names = [e["thread_name"] for e in rec.as_dict(0)["entries"]]
+        finally:
+            threading.current_thread().name = was
+    finally:
+        later.join()
+    assert names == ["loader", was]
+
+
 def test_entries_do_not_keep_works_or_communicators_alive(rec):
     c = FakeComm(rec, 0, 2)
     c.op("all_reduce", f32(3), f32(3))  # completed, and dropped by everyone
