@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 __all__ = ["format_stack", "is_runtime_frame"]
 
@@ -29,19 +30,34 @@ def _line_of(code: Any, lasti: int, cache: Dict[Tuple[Any, int], int]) -> int:
     return line
 
 
-# a module of the package or of one of its subpackages (as another host's dump names it)
-_RUNTIME_FRAME = re.compile(r"[/\\]pycoll[/\\](?:(?!tools[/\\])[A-Za-z_]+[/\\])?[A-Za-z_]+\.py$")
+# a module of the package or of one of its subpackages, as another host's dump names it (its install path elsewhere)
+_RUNTIME_FRAME = re.compile(r"[/\\]pycoll[/\\]((?:[A-Za-z_]+[/\\])?[A-Za-z_]+\.py)$")
+
+
+@functools.lru_cache(maxsize=1)
+def _modules() -> FrozenSet[str]:
+    """The package's modules outside its tools, as paths under it (``'comm.py'``, ``'store/tcp.py'``)."""
+    found: set = set()
+    for root, _, files in os.walk(_PKG_DIR):
+        rel = os.path.relpath(root, _PKG_DIR)
+        parts = [] if rel == os.curdir else rel.split(os.sep)
+        if parts[:1] != ["tools"]:
+            found.update("/".join([*parts, f]) for f in files if f.endswith(".py"))
+    return frozenset(found)
 
 
 def is_runtime_frame(filename: str) -> bool:
     """True for a frame of pycoll's runtime (not the caller's code): the 'issued at' site skips them.
 
-    The rule is the path: a module under the ``pycoll`` package, except its tools (the bench tool
-    and the demo issue operations as users do).
+    The rule is the path: a module of the ``pycoll`` package, except its tools (the bench tool
+    and the demo issue operations as users do). A path elsewhere -- another host's install -- is one where it ends
+    in ``pycoll/`` and the name of one of the package's modules: a user's ``pycoll/examples/train.py`` (a clone of
+    this repository) is the user's.
     """
     if filename.startswith(_PKG_DIR):
         return not filename.startswith(_TOOLS_DIR)
-    return _RUNTIME_FRAME.search(filename) is not None
+    m = _RUNTIME_FRAME.search(filename)
+    return m is not None and m.group(1).replace("\\", "/") in _modules()
 
 
 def format_stack(stack: Optional[Sequence[Any]], cache: Dict[Tuple[Any, int], int]) -> List[Dict[str, Any]]:

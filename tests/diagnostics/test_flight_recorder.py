@@ -601,3 +601,16 @@ def test_a_fork_of_a_rank_dumps_apart_from_it(monkeypatch, tmp_path):
         assert files.default_dump_dir() == str(tmp_path)
     finally:
         c.destroy()
+
+
+def test_a_users_file_in_a_folder_named_pycoll_is_the_users():
+    # any path ending in pycoll/<dir>/<name>.py was taken for pycoll's own code: the README's examples run from a
+    # clone of the repository (a folder named pycoll) lost their 'issued at' site in every report
+    from pycoll.diagnostics.stacks import is_runtime_frame
+
+    assert not is_runtime_frame("/home/u/pycoll/examples/train.py")
+    assert not is_runtime_frame("/home/u/pycoll/train.py")
+    assert is_runtime_frame(pycoll.comm.__file__)
+    assert is_runtime_frame("/elsewhere/site-packages/pycoll/comm.py")  # another host's install, in its dump
+    assert is_runtime_frame("C:\\py\\site-packages\\pycoll\\store\\tcp.py")
+    assert not is_runtime_frame("/elsewhere/site-packages/pycoll/tools/bench/cli.py")  # issues operations as users do
