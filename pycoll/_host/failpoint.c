@@ -1,11 +1,13 @@
 /* Failpoints (see failpoint.h). */
 #include "failpoint.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -42,14 +44,35 @@ static long env_long(const char* name, long dflt) {
   return *end ? dflt : x;
 }
 
-static void trim(char** s, char** e) {
-  while (*s < *e && (**s == ' ' || **s == '\t')) (*s)++;
-  while (*e > *s && ((*e)[-1] == ' ' || (*e)[-1] == '\t')) (*e)--;
+static void trim(char** s, char** e) { /* as Python's str.strip(): every blank, newlines included */
+  while (*s < *e && isspace((unsigned char)**s)) (*s)++;
+  while (*e > *s && isspace((unsigned char)(*e)[-1])) (*e)--;
 }
 
-/* one entry [s, e): NAME=ACTION[@N[+]][;rank=R][;replacement=K|any]; host.* entries only */
+/* [s, e) is a whole integer (blanks around it allowed, as Python's int()) */
+static bool whole_long(const char* s, const char* e, long* out) {
+  char *ts = (char*)s, *te = (char*)e;
+  trim(&ts, &te);
+  if (ts == te || te - ts > 24) return false;
+  char buf[32], *end;
+  memcpy(buf, ts, (size_t)(te - ts));
+  buf[te - ts] = 0;
+  errno = 0;
+  *out = strtol(buf, &end, 10);
+  return *end == 0 && errno == 0;
+}
+
+static bool is_word(const char* s, const char* e, const char* word) {
+  return (size_t)(e - s) == strlen(word) && !memcmp(s, word, (size_t)(e - s));
+}
+
+/* one entry [s, e): NAME=ACTION[@N[+]][;rank=R][;replacement=K|any][;trace=PATH]; host.* entries only. The grammar
+ * and the blanks it allows are pycoll/failpoints.py's parse(): an entry it would refuse arms nothing here (the
+ * Python side refuses the whole value where it runs); a filter not understood drops the entry, never only the
+ * filter (a rank=1 restriction lost would fire the failpoint in every rank) */
 static void parse_entry(char* s, char* e) {
   trim(&s, &e);
+  if (s == e) return;
   char* semi = memchr(s, ';', (size_t)(e - s));
   char* head_end = semi ? semi : e;
   char* eq = memchr(s, '=', (size_t)(head_end - s));
@@ -69,33 +92,49 @@ static void parse_entry(char* s, char* e) {
   size_t cmp = f.prefix ? MIN(strlen(f.name), 5) : 5; /* keep what can match a host.* name */
   if (strncmp(f.name, "host.", cmp) != 0) return;
   char* at = memchr(as, '@', (size_t)(ae - as));
-  char* act_end = at ? at : ae;
-  size_t alen = (size_t)(act_end - as);
-  if (alen == 4 && !memcmp(as, "kill", 4)) f.action = 1;
-  else if (alen == 4 && !memcmp(as, "stop", 4)) f.action = 2;
-  else if (alen == 5 && !memcmp(as, "raise", 5)) f.action = 3;
-  else if (alen == 4 && !memcmp(as, "note", 4)) f.action = 4;
-  else if (alen > 7 && !memcmp(as, "sleep(", 6) && as[alen - 1] == ')') {
-    char* end;
-    f.ms = strtol(as + 6, &end, 10);
-    if (end != as + alen - 1 || f.ms < 0) return;
+  char *act_s = as, *act_e = at ? at : ae;
+  trim(&act_s, &act_e);
+  size_t alen = (size_t)(act_e - act_s);
+  if (is_word(act_s, act_e, "kill")) f.action = 1;
+  else if (is_word(act_s, act_e, "stop")) f.action = 2;
+  else if (is_word(act_s, act_e, "raise")) f.action = 3;
+  else if (is_word(act_s, act_e, "note")) f.action = 4;
+  else if (alen > 7 && !memcmp(act_s, "sleep(", 6) && act_e[-1] == ')') {
+    for (const char* d = act_s + 6; d < act_e - 1; d++)
+      if (*d < '0' || *d > '9') return; /* digits only, as Python's sleep\((\d+)\) */
+    if (!whole_long(act_s + 6, act_e - 1, &f.ms) || f.ms < 0) return;
     f.action = 5;
   } else return; /* "off" or unknown: the Python side reports bad values */
   if (at) {
-    f.nth = strtol(at + 1, NULL, 10);
-    f.repeat = ae > at && ae[-1] == '+';
-    if (f.nth < 1) return;
+    char *cs = at + 1, *ce = ae;
+    trim(&cs, &ce);
+    f.repeat = ce > cs && ce[-1] == '+';
+    if (!whole_long(cs, f.repeat ? ce - 1 : ce, &f.nth) || f.nth < 1) return;
   }
   while (semi && semi < e) {
     char* fs = semi + 1;
     semi = memchr(fs, ';', (size_t)(e - fs));
     char* fe = semi ? semi : e;
-    trim(&fs, &fe);
-    if ((size_t)(fe - fs) > 5 && !memcmp(fs, "rank=", 5)) f.rank = strtol(fs + 5, NULL, 10);
-    else if ((size_t)(fe - fs) > 12 && !memcmp(fs, "replacement=", 12))
-      f.replacement = !memcmp(fs + 12, "any", 3) ? -1 : strtol(fs + 12, NULL, 10);
-    else if ((size_t)(fe - fs) > 6 && (size_t)(fe - fs) - 6 < sizeof f.trace && !memcmp(fs, "trace=", 6))
-      memcpy(f.trace, fs + 6, (size_t)(fe - fs) - 6);
+    char* feq = memchr(fs, '=', (size_t)(fe - fs));
+    char *ks = fs, *ke = feq ? feq : fe, *vs = feq ? feq + 1 : fe, *ve = fe;
+    trim(&ks, &ke);
+    trim(&vs, &ve);
+    bool ok;
+    if (is_word(ks, ke, "rank")) ok = whole_long(vs, ve, &f.rank);
+    else if (is_word(ks, ke, "replacement"))
+      ok = is_word(vs, ve, "any") ? (f.replacement = -1, true) : whole_long(vs, ve, &f.replacement);
+    else if (is_word(ks, ke, "trace") && ve > vs && (size_t)(ve - vs) < sizeof f.trace) {
+      memcpy(f.trace, vs, (size_t)(ve - vs));
+      f.trace[ve - vs] = 0;
+      ok = true;
+    } else
+      ok = false;
+    if (!ok) {
+      WARN("PYCOLL_FAILPOINTS: the filter '%.*s' of %s is not rank=R, replacement=K|any or trace=PATH: the entry is "
+           "ignored",
+           (int)(fe - fs), fs, f.name);
+      return;
+    }
   }
   fp_entries[fp_count++] = f;
 }
@@ -108,9 +147,9 @@ static void fp_read(void) {
     char* copy = strdup(spec);
     if (copy) {
       char *s = copy, *end = copy + strlen(copy);
-      while (s < end) {
-        char* comma = memchr(s, ',', (size_t)(end - s));
-        char* e = comma ? comma : end;
+      while (s < end) { /* entries end at a comma or a newline, as in Python's parse() */
+        char* e = s;
+        while (e < end && *e != ',' && *e != '\n') e++;
         parse_entry(s, e);
         s = e + 1;
       }
