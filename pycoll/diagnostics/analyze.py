@@ -213,8 +213,24 @@ def _describe(e: Dict[str, Any], members: Optional[Sequence[int]] = None) -> str
     return f"{what} [{dts[0] if dts else '-'}{tuple(shape)}]"
 
 
-def _own(e: Optional[Dict[str, Any]], members: Optional[Sequence[int]] = None) -> str:
-    return f"last {_describe(e, members)} {e.get('state')}" if e is not None else "no operation recorded"
+def _own(e: Optional[Dict[str, Any]], members: Optional[Sequence[int]] = None, issued: int = 0) -> str:
+    return f"last {_describe(e, members)} {e.get('state')}" if e is not None else _nothing_recorded(issued)
+
+
+def _nothing_recorded(issued: int) -> str:
+    """A rank's dump holds no operation of a communicator on which it had ``issued`` some (the ring overwrote them
+    with newer ones, of other communicators)."""
+    if issued:
+        return (f"no operation recorded: its ring no longer holds the {issued} it issued (a bigger "
+                "PYCOLL_FR_BUFFER_SIZE keeps more)")
+    return "no operation recorded"
+
+
+def _issued(dump: Dict[str, Any], uid: str) -> int:
+    """How many operations the dump's rank had issued on communicator ``uid``, by its progress counters."""
+    comm = ((dump.get("pycoll") or {}).get("comms") or {}).get(uid) or {}
+    progress = comm.get("progress") or {}
+    return int(progress.get("coll_enqueued") or 0) + int(progress.get("p2p_enqueued") or 0)
 
 
 # a module of Python's standard library (not site-packages), as another host's dump names it
@@ -431,8 +447,9 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
             res["missing_dump_info"][r] = view
     # what a rank's own dump says of itself: it supersedes what the others read of it in the store
     res["own_dump"] = {}
+    res["issued"] = {r: _issued(dumps[r], uid) for r in present}
     for r in present:
-        res["own_dump"][r] = _own(latest[r], members)
+        res["own_dump"][r] = _own(latest[r], members, res["issued"][r])
         b = _blocked_in(dumps[r], uid, members, [], r)
         if b is not None and not b["here"]:
             res["own_dump"][r] += f", then {b['comm']!r} (ranks {_fmt_ranks(b['members'])}) {b['op']} {b['state']}"
@@ -642,7 +659,8 @@ def _check_seq(s: int, present: List[int], coll: Dict[int, Dict[int, Dict[str, A
             continue
         le = latest[r]  # a send or a receive after its last collective is its last operation
         info: Dict[str, Any] = {"last_op": _describe(le, res["members"]) if le else None,
-                                "last_state": le.get("state") if le else None, "last_site": _site(le) if le else ""}
+                                "last_state": le.get("state") if le else None, "last_site": _site(le) if le else "",
+                                "issued": res["issued"].get(r, 0)}
         div["never_entered"][r] = info
     # type, then sizes, then dtypes (then what the library's mismatch text names): the first that disagrees
     for kind in ("type", "size", "dtype"):
@@ -922,7 +940,8 @@ def _blocked_in(dump: Dict[str, Any], uid: str, members: List[int], issues: List
     pg = e.get("process_group") or [None]
     group = (pg[0], pg[1] if len(pg) > 1 else "")
     out = {"uid": group[0], "comm": group[1], "members": members, "here": group[0] == uid, "op": "",
-           "state": e.get("state"), "site": _site(e), "why": ""}
+           "state": e.get("state"), "site": _site(e), "why": "",
+           "failed": str(e.get("pycoll_error") or "").split(":", 1)[0]}  # its error's type: it failed there
     if out["here"]:
         if _peer(e, members) is None:
             return None
@@ -943,6 +962,8 @@ def _held(b: Dict[str, Any]) -> str:
     site = f" issued at {b['site']}" if b["site"] else ""
     if b["why"]:
         return f"it is stuck in {where}{b['op']}{site} (state {b['state']}): {b['why']}"
+    if b.get("failed"):
+        return f"it failed in {where}{b['op']}{site} ({b['failed']}; state {b['state']})"
     return f"it is in {where}{b['op']}{site}, still in flight (state {b['state']})"
 
 
@@ -961,6 +982,11 @@ def _p2p_why(i: Dict[str, Any], issues: List[Dict[str, Any]]) -> str:
             j = astray[0]
             why += (f"; rank {j['dst']} waits for a recv from rank {src} ({_p2p_ref(j['recv'])}) that no send "
                     "matches: a wrong peer?")
+        elsewhere = [j for j in issues if j["kind"] == "no_send" and j["dst"] == dst and j["src"] != src]
+        if elsewhere and not astray:  # the receiver named another sender
+            j = elsewhere[0]
+            why += (f"; it receives from rank {j['src']} instead ({_p2p_ref(j['recv'])}), which sent it nothing: a "
+                    "wrong peer?")
         return why
     if i["kind"] == "no_send":
         why = f"rank {src} posted no matching send"
@@ -968,6 +994,11 @@ def _p2p_why(i: Dict[str, Any], issues: List[Dict[str, Any]]) -> str:
         if astray:
             j = astray[0]
             why += f"; rank {j['src']} sent to rank {dst} ({_p2p_ref(j['send'])}) but no recv matches it: a wrong peer?"
+        elsewhere = [j for j in issues if j["kind"] == "no_recv" and j["src"] == src and j["dst"] != dst]
+        if elsewhere and not astray:  # the sender sent to another rank
+            j = elsewhere[0]
+            why += (f"; it sent to rank {j['dst']} instead ({_p2p_ref(j['send'])}), which received nothing: a wrong "
+                    "peer?")
         return why
     if i["kind"] == "mismatch":
         return (f"size or dtype mismatch between rank {src}'s send ({_p2p_ref(i['send'])}) and rank {dst}'s recv "
@@ -1109,7 +1140,7 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
                 for r, info in sorted(d["never_entered"].items()):
                     last = (f"last op {info['last_op']} {info['last_state']}"
                             + (f", issued at {info['last_site']}" if info["last_site"] else "")
-                            if info["last_op"] else "no operation recorded")
+                            if info["last_op"] else _nothing_recorded(info.get("issued", 0)))
                     held = info.get("blocked_in")
                     if held and held["here"]:  # its last operation, named just before
                         held_text = f"; held there: {held['why']}" if held["why"] else ""

@@ -551,6 +551,39 @@ def test_a_rank_held_in_a_send_or_recv_is_named_with_it(tmp_path, capsys, case):
     assert f"rank {stuck}: never entered it (last op {held} started" in capsys.readouterr().out
 
 
+def test_a_receive_whose_sender_sent_elsewhere_says_where_the_send_went(tmp_path):
+    # "rank 0 posted no matching send" where rank 0 had sent -- to rank 2, which received nothing
+    def script(r, c):
+        allreduces(c, 1)
+        if r == 0:
+            c.op("send", f32(4), peer=2, state="started")
+        if r == 1:
+            c.op("recv", None, f32(4), peer=0, state="started")
+        if r != 1:
+            c.op("all_reduce", f32(2), f32(2), state="started")
+
+    _, c = one(make_dumps(tmp_path, 3, script))
+    v = analyze._verdict(c)
+    assert "rank 0 posted no matching send; it sent to rank 2 instead (p2p #1, issued at fakes.py:" in v, v
+    assert v.endswith("which received nothing: a wrong peer?"), v
+
+
+def test_a_rank_whose_ring_overwrote_a_communicators_operations_says_it_issued_them(tmp_path):
+    # "no operation recorded" of a rank that had issued three operations on the communicator, its ring (4 entries)
+    # since filled by another communicator's
+    def script(r, c):
+        allreduces(c, 3)
+        if r != 0:
+            c.op("all_reduce", f32(2), f32(2), state="started")
+        other = FakeComm(c.recorder, r, 3, uid="0ther00000000000", name="other")
+        allreduces(other, 4)
+
+    _, world = next((rep, c) for rep in analyze.analyze_dir(make_dumps(tmp_path, 3, script, buffer_size=4))
+                for c in rep["communicators"] if c["name"] == "world")
+    assert world["own_dump"][0] == ("no operation recorded: its ring no longer holds the 3 it issued (a bigger "
+                                    "PYCOLL_FR_BUFFER_SIZE keeps more)"), world["own_dump"]
+
+
 def split_dumps(folder, script, *, report=None):
     """4 ranks, each with 'world' and its 'pair' ({0, 1} or {2, 3}); ``script(rank, world, pair)`` issues the
     operations; rank 2 keeps failure report ``report`` (of its 'pair') when given."""
@@ -598,6 +631,22 @@ def test_a_rank_in_another_communicators_operation_is_said_to_be_there(tmp_path,
                             "(ranks 0-3) all_reduce #2"), v
     # what the watchdogs' claims quote of the rank's own dump
     assert world["own_dump"][held].endswith(f"completed, then {there} all_reduce #2 [Float(2,)] started"), world
+
+
+def test_a_rank_whose_operation_on_another_communicator_failed_is_not_said_to_be_in_flight_there(tmp_path):
+    from pycoll import CommTimeout
+
+    def script(r, world, pair):
+        if r == 1:
+            w = pair.op("all_reduce", f32(2), f32(2), state="started")
+            w._exc = CommTimeout("all_reduce (seq 2) did not complete within 2 s")
+        else:
+            world.op("all_reduce", f32(2), f32(2), state="started")
+
+    world = next(c for c in split_dumps(tmp_path, script)["communicators"] if c["name"] == "world")
+    v = analyze._verdict(world)
+    assert "it failed in 'pair' (ranks 0-1) all_reduce #2 [Float(2,)] issued at fakes.py:" in v, v
+    assert v.endswith("(CommTimeout; state started)"), v
 
 
 def test_a_sub_communicators_watchdog_claims_name_global_ranks(tmp_path):
@@ -711,7 +760,7 @@ def test_cli_errors_and_json(tmp_path, capsys):
     assert data[0]["communicators"][0]["first_divergence"]["never_entered"] == {"0": {
         "last_op": "all_reduce #2 [Float(2,)]", "last_state": "completed",
         "last_site": data[0]["communicators"][0]["first_divergence"]["never_entered"]["0"]["last_site"],
-        "blocked_in": None, "revoked": False}}
+        "issued": 2, "blocked_in": None, "revoked": False}}
     # the verdict and the ranks it points at, as the text has them
     c = data[0]["communicators"][0]
     assert c["verdict"] == "rank 0 never entered all_reduce #3 [Float(2,)] on 'world'" and c["culprits"] == [0], c
