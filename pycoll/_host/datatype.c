@@ -134,37 +134,38 @@ typedef void (*binfn)(void* o, const void* a, const void* b, size_t n);
 typedef void (*mulfn)(void* o, const void* a, uint64_t s, size_t n);
 typedef void (*divfn)(void* x, size_t n, int d);
 
-#define INT_KERNELS(N, T, UT)                                                            \
+#define INT_KERNELS(N, T, UT)                                                           \
+  typedef T N##_u __attribute__((aligned(1))); /* arrays may be unaligned */       \
   static void N##_sum(void* o_, const void* a_, const void* b_, size_t n) {             \
-    T* o = o_;                                                                           \
-    const T *a = a_, *b = b_;                                                            \
-    for (size_t i = 0; i < n; i++) o[i] = (T)((UT)a[i] + (UT)b[i]);                      \
-  }                                                                                      \
+    N##_u* o = o_;                                                                      \
+    const N##_u *a = a_, *b = b_;                                                       \
+    for (size_t i = 0; i < n; i++) o[i] = (T)((UT)a[i] + (UT)b[i]);                     \
+  }                                                                                     \
   static void N##_prod(void* o_, const void* a_, const void* b_, size_t n) {            \
-    T* o = o_;                                                                           \
-    const T *a = a_, *b = b_;                                                            \
-    for (size_t i = 0; i < n; i++) o[i] = (T)((UT)a[i] * (UT)b[i]);                      \
-  }                                                                                      \
+    N##_u* o = o_;                                                                      \
+    const N##_u *a = a_, *b = b_;                                                       \
+    for (size_t i = 0; i < n; i++) o[i] = (T)((UT)a[i] * (UT)b[i]);                     \
+  }                                                                                     \
   static void N##_max(void* o_, const void* a_, const void* b_, size_t n) {             \
-    T* o = o_;                                                                           \
-    const T *a = a_, *b = b_;                                                            \
-    for (size_t i = 0; i < n; i++) o[i] = a[i] > b[i] ? a[i] : b[i];                     \
-  }                                                                                      \
+    N##_u* o = o_;                                                                      \
+    const N##_u *a = a_, *b = b_;                                                       \
+    for (size_t i = 0; i < n; i++) o[i] = a[i] > b[i] ? a[i] : b[i];                    \
+  }                                                                                     \
   static void N##_min(void* o_, const void* a_, const void* b_, size_t n) {             \
-    T* o = o_;                                                                           \
-    const T *a = a_, *b = b_;                                                            \
-    for (size_t i = 0; i < n; i++) o[i] = a[i] < b[i] ? a[i] : b[i];                     \
-  }                                                                                      \
+    N##_u* o = o_;                                                                      \
+    const N##_u *a = a_, *b = b_;                                                       \
+    for (size_t i = 0; i < n; i++) o[i] = a[i] < b[i] ? a[i] : b[i];                    \
+  }                                                                                     \
   static void N##_mul(void* o_, const void* a_, uint64_t s_, size_t n) {                \
-    T* o = o_;                                                                           \
-    const T* a = a_;                                                                     \
-    T s;                                                                                 \
-    memcpy(&s, &s_, sizeof s);                                                           \
-    for (size_t i = 0; i < n; i++) o[i] = (T)((UT)a[i] * (UT)s);                         \
-  }                                                                                      \
-  static void N##_div(void* x_, size_t n, int d) {                                       \
-    T* x = x_;                                                                           \
-    for (size_t i = 0; i < n; i++) x[i] = (T)(x[i] / d);                                  \
+    N##_u* o = o_;                                                                      \
+    const N##_u* a = a_;                                                                \
+    T s;                                                                                \
+    memcpy(&s, &s_, sizeof s);                                                          \
+    for (size_t i = 0; i < n; i++) o[i] = (T)((UT)a[i] * (UT)s);                        \
+  }                                                                                     \
+  static void N##_div(void* x_, size_t n, int d) {                                      \
+    N##_u* x = x_;                                                                      \
+    for (size_t i = 0; i < n; i++) x[i] = (T)(x[i] / d);                                \
   }
 
 INT_KERNELS(i8, int8_t, uint8_t)
@@ -178,42 +179,43 @@ INT_KERNELS(u64, uint64_t, uint64_t)
  * max/min ignore a NaN operand (NCCL's); on ties TIE_A selects a (numpy's float16) or b (float32/64, ml_dtypes);
  * SEL(v) is what a selected value becomes (float8: FROM(TO(v)), which saturates an e5m2 infinity, as NCCL's
  * round trip through float16 does). */
-#define FLOAT_KERNELS(N, T, AT, TO, FROM, TIE_A, SEL)                                     \
+#define FLOAT_KERNELS(N, T, AT, TO, FROM, TIE_A, SEL)                                    \
+  typedef T N##_u __attribute__((aligned(1))); /* arrays may be unaligned */       \
   static void N##_sum(void* o_, const void* a_, const void* b_, size_t n) {              \
-    T* o = o_;                                                                            \
-    const T *a = a_, *b = b_;                                                             \
-    for (size_t i = 0; i < n; i++) o[i] = FROM((AT)(TO(a[i]) + TO(b[i])));                \
-  }                                                                                       \
+    N##_u* o = o_;                                                                       \
+    const N##_u *a = a_, *b = b_;                                                        \
+    for (size_t i = 0; i < n; i++) o[i] = FROM((AT)(TO(a[i]) + TO(b[i])));               \
+  }                                                                                      \
   static void N##_prod(void* o_, const void* a_, const void* b_, size_t n) {             \
-    T* o = o_;                                                                            \
-    const T *a = a_, *b = b_;                                                             \
-    for (size_t i = 0; i < n; i++) o[i] = FROM((AT)(TO(a[i]) * TO(b[i])));                \
-  }                                                                                       \
+    N##_u* o = o_;                                                                       \
+    const N##_u *a = a_, *b = b_;                                                        \
+    for (size_t i = 0; i < n; i++) o[i] = FROM((AT)(TO(a[i]) * TO(b[i])));               \
+  }                                                                                      \
   static void N##_max(void* o_, const void* a_, const void* b_, size_t n) {              \
-    T* o = o_;                                                                            \
-    const T *a = a_, *b = b_;                                                             \
-    for (size_t i = 0; i < n; i++) {                                                      \
-      AT x = TO(a[i]), y = TO(b[i]);                                                      \
-      bool pick_a = (y != y) || (!(x != x) && (TIE_A ? x >= y : x > y));                  \
-      o[i] = SEL(pick_a ? a[i] : b[i]);                                                   \
-    }                                                                                     \
-  }                                                                                       \
+    N##_u* o = o_;                                                                       \
+    const N##_u *a = a_, *b = b_;                                                        \
+    for (size_t i = 0; i < n; i++) {                                                     \
+      AT x = TO(a[i]), y = TO(b[i]);                                                     \
+      bool pick_a = (y != y) || (!(x != x) && (TIE_A ? x >= y : x > y));                 \
+      o[i] = SEL(pick_a ? a[i] : b[i]);                                                  \
+    }                                                                                    \
+  }                                                                                      \
   static void N##_min(void* o_, const void* a_, const void* b_, size_t n) {              \
-    T* o = o_;                                                                            \
-    const T *a = a_, *b = b_;                                                             \
-    for (size_t i = 0; i < n; i++) {                                                      \
-      AT x = TO(a[i]), y = TO(b[i]);                                                      \
-      bool pick_a = (y != y) || (!(x != x) && (TIE_A ? x <= y : x < y));                  \
-      o[i] = SEL(pick_a ? a[i] : b[i]);                                                   \
-    }                                                                                     \
-  }                                                                                       \
+    N##_u* o = o_;                                                                       \
+    const N##_u *a = a_, *b = b_;                                                        \
+    for (size_t i = 0; i < n; i++) {                                                     \
+      AT x = TO(a[i]), y = TO(b[i]);                                                     \
+      bool pick_a = (y != y) || (!(x != x) && (TIE_A ? x <= y : x < y));                 \
+      o[i] = SEL(pick_a ? a[i] : b[i]);                                                  \
+    }                                                                                    \
+  }                                                                                      \
   static void N##_mul(void* o_, const void* a_, uint64_t s_, size_t n) {                 \
-    T* o = o_;                                                                            \
-    const T* a = a_;                                                                      \
-    T s;                                                                                  \
-    memcpy(&s, &s_, sizeof s);                                                            \
-    AT sv = TO(s);                                                                        \
-    for (size_t i = 0; i < n; i++) o[i] = FROM((AT)(TO(a[i]) * sv));                      \
+    N##_u* o = o_;                                                                       \
+    const N##_u* a = a_;                                                                 \
+    T s;                                                                                 \
+    memcpy(&s, &s_, sizeof s);                                                           \
+    AT sv = TO(s);                                                                       \
+    for (size_t i = 0; i < n; i++) o[i] = FROM((AT)(TO(a[i]) * sv));                     \
   }
 
 #define ID(x) (x)
@@ -233,8 +235,8 @@ FLOAT_KERNELS(e5, uint8_t, float, e5_f, f_e5, 0, E5_SEL)
 #define VECTOR_CLONES
 #endif
 VECTOR_CLONES static void f32_sum_fast(void* o_, const void* a_, const void* b_, size_t n) {
-  float* o = o_;
-  const float *a = a_, *b = b_;
+  f32_u* o = o_;
+  const f32_u *a = a_, *b = b_;
   for (size_t i = 0; i < n; i++) o[i] = a[i] + b[i];
 }
 
@@ -289,9 +291,9 @@ __attribute__((target("avx2"))) static void f32_sum_many(float* const* dsts, int
                                                         const float* const* srcs, int nsrc, size_t count) {
   size_t i = 0;
   for (; nstream > 0 && i < count && ((uintptr_t)(dsts[0] + i) & 31); i++) {
-    float v = srcs[0][i];
-    for (int k = 1; k < nsrc; k++) v = v + srcs[k][i];
-    for (int d = 0; d < ndst; d++) dsts[d][i] = v;
+    float v = ((const f32_u*)srcs[0])[i];
+    for (int k = 1; k < nsrc; k++) v = v + ((const f32_u*)srcs[k])[i];
+    for (int d = 0; d < ndst; d++) ((f32_u*)dsts[d])[i] = v;
   }
   bool st[ndst];
   for (int d = 0; d < ndst; d++) st[d] = d < nstream && !((uintptr_t)(dsts[d] + i) & 31);
@@ -313,9 +315,9 @@ __attribute__((target("avx2"))) static void f32_sum_many(float* const* dsts, int
   }
   if (nstream > 0) _mm_sfence();
   for (; i < count; i++) {
-    float v = srcs[0][i];
-    for (int k = 1; k < nsrc; k++) v = v + srcs[k][i];
-    for (int d = 0; d < ndst; d++) dsts[d][i] = v;
+    float v = ((const f32_u*)srcs[0])[i];
+    for (int k = 1; k < nsrc; k++) v = v + ((const f32_u*)srcs[k])[i];
+    for (int d = 0; d < ndst; d++) ((f32_u*)dsts[d])[i] = v;
   }
 }
 #define HAVE_SUM_MANY 1
