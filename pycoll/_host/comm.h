@@ -114,6 +114,11 @@ bool comm_copy_last_error(ncclComm_t comm, char* out, size_t len);
 
 /* ---- state ---- */
 
+/* The flags one thread sets (ncclCommRevoke, Suspend, Resume, Finalize, Destroy) and the stream threads read:
+ * relaxed atomics -- the abort flag and the async state order what must be ordered; these are never torn. */
+#define COMM_FLAG(c, f) __atomic_load_n(&(c)->f, __ATOMIC_RELAXED)
+#define COMM_SET_FLAG(c, f, v) __atomic_store_n(&(c)->f, (v), __ATOMIC_RELAXED)
+
 static inline int comm_async(struct ncclComm* c) { return __atomic_load_n(&c->async, __ATOMIC_ACQUIRE); }
 /* After the asynchronous state changed: wakes the threads in pycollCommWaitReady, if any. */
 static inline void comm_async_changed(struct ncclComm* c) {

@@ -66,7 +66,7 @@ static void fail_aborted(struct task* t) {
  * queued task may start long after it was enqueued). */
 static bool precheck(struct task* t) {
   struct ncclComm* c = t->comm;
-  if (c->revoked) {
+  if (COMM_FLAG(c, revoked)) {
     CWARN(c, "%s: communicator was revoked", t->opname);
     finish_task(t, ncclInvalidUsage);
     return false;
@@ -76,7 +76,7 @@ static bool precheck(struct task* t) {
     finish_task(t, b);
     return false;
   }
-  if (c->suspended) {
+  if (COMM_FLAG(c, suspended)) {
     CWARN(c, "%s : communicator is suspended (ncclCommSuspend); call ncclCommResume first", t->opname);
     finish_task(t, ncclInvalidUsage);
     return false;
@@ -469,7 +469,7 @@ static ncclResult_t check_coll_config(struct ncclComm* c, const char* opname, co
 }
 
 ncclResult_t task_check_comm(struct ncclComm* c, const char* opn) {
-  if (c->revoked) {
+  if (COMM_FLAG(c, revoked)) {
     CWARN(c, "%s: communicator was revoked", opn);
     return ncclInvalidUsage;
   }
@@ -477,11 +477,11 @@ ncclResult_t task_check_comm(struct ncclComm* c, const char* opn) {
   if (r != ncclSuccess) return r;
   int b = __atomic_load_n(&c->broken, __ATOMIC_ACQUIRE);
   if (b) return comm_refuse_failed(c, b); /* an earlier failure: report its text */
-  if (c->finalize_called || c->destroy_called) {
+  if (COMM_FLAG(c, finalize_called) || COMM_FLAG(c, destroy_called)) {
     CWARN(c, "%s : communicator is finalized or being destroyed", opn);
     return ncclInvalidUsage;
   }
-  if (c->suspended) {
+  if (COMM_FLAG(c, suspended)) {
     CWARN(c, "%s : communicator is suspended (ncclCommSuspend); call ncclCommResume first", opn);
     return ncclInvalidUsage;
   }

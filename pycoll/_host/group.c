@@ -20,7 +20,7 @@ ncclResult_t group_note_error(ncclResult_t r) {
 }
 
 static ncclResult_t check_blocking(struct ncclComm* c) {
-  int b = c->destroy_called ? 1 : c->config.blocking;
+  int b = COMM_FLAG(c, destroy_called) ? 1 : c->config.blocking;
   if (group_blocking == -1) {
     group_blocking = b;
   } else if (group_blocking != b) {

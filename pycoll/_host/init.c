@@ -256,11 +256,11 @@ NCCL_API ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   struct ncclComm* c;
   ncclResult_t r = comm_acquire(comm, "ncclCommFinalize", &c);
   if (r != ncclSuccess) return group_note_error(r);
-  if (c->revoked) {
+  if (COMM_FLAG(c, revoked)) {
     CWARN(c, "ncclCommFinalize : communicator was revoked; destroy or abort it instead");
     r = ncclInvalidUsage;
   } else if ((r = comm_ensure_ready(c, "ncclCommFinalize")) != ncclSuccess) {
-  } else if (c->finalize_called) {
+  } else if (COMM_FLAG(c, finalize_called)) {
     CWARN(c, "ncclCommFinalize : communicator was already finalized");
     r = ncclInvalidArgument;
   }
@@ -268,7 +268,7 @@ NCCL_API ncclResult_t ncclCommFinalize(ncclComm_t comm) {
     comm_release(c);
     return group_note_error(r);
   }
-  c->finalize_called = true;
+  COMM_SET_FLAG(c, finalize_called, true);
   struct job* j = calloc(1, sizeof *j);
   if (!j) {
     comm_release(c);
@@ -298,7 +298,7 @@ NCCL_API ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     comm_release(c);
     return ncclInvalidArgument;
   }
-  c->destroy_called = true;
+  COMM_SET_FLAG(c, destroy_called, true);
   comm_wait_pending(c, false);
   comm_wait_inactive(c);
   comm_teardown(c, RS_DESTROYED);
@@ -317,7 +317,7 @@ NCCL_API ncclResult_t ncclCommAbort(ncclComm_t comm) {
     comm_release(c);
     return ncclInvalidArgument;
   }
-  c->destroy_called = true;
+  COMM_SET_FLAG(c, destroy_called, true);
   __atomic_store_n(&c->abort_reason, AB_USER, __ATOMIC_RELEASE);
   __atomic_store_n(&c->abort_flag, 1, __ATOMIC_SEQ_CST);
   comm_publish_state(c, RS_ABORTED); /* peers waiting on us fail now */
@@ -342,16 +342,17 @@ NCCL_API ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
   if (revokeFlags != NCCL_REVOKE_DEFAULT) {
     CWARN(c, "ncclCommRevoke : invalid revokeFlags %d (only NCCL_REVOKE_DEFAULT is supported)", revokeFlags);
     r = ncclInvalidArgument;
-  } else if (c->destroy_called || c->finalize_called) {
-    CWARN(c, "ncclCommRevoke : communicator is %s", c->revoked ? "already revoked" : "being finalized or destroyed");
+  } else if (COMM_FLAG(c, destroy_called) || COMM_FLAG(c, finalize_called)) {
+    CWARN(c, "ncclCommRevoke : communicator is %s",
+          COMM_FLAG(c, revoked) ? "already revoked" : "being finalized or destroyed");
     r = ncclInvalidArgument;
   }
   if (r != ncclSuccess) {
     comm_release(c);
     return r;
   }
-  c->revoked = true;
-  c->finalize_called = true;
+  COMM_SET_FLAG(c, revoked, true);
+  COMM_SET_FLAG(c, finalize_called, true);
   int was = comm_async(c);
   if (was != ncclInProgress) comm_set_async(c, ncclInProgress); /* until every operation has stopped */
   __atomic_store_n(&c->abort_reason, AB_REVOKE, __ATOMIC_RELEASE);
@@ -429,7 +430,8 @@ NCCL_API ncclResult_t ncclCommSuspend(ncclComm_t comm, int flags) {
   struct ncclComm* c;
   ncclResult_t r = comm_acquire(comm, "ncclCommSuspend", &c);
   if (r != ncclSuccess) return r;
-  if ((r = comm_ensure_ready(c, "ncclCommSuspend")) == ncclSuccess && (flags & NCCL_SUSPEND_MEM)) c->suspended = true;
+  if ((r = comm_ensure_ready(c, "ncclCommSuspend")) == ncclSuccess && (flags & NCCL_SUSPEND_MEM))
+    COMM_SET_FLAG(c, suspended, true);
   comm_release(c);
   return r;
 }
@@ -438,7 +440,7 @@ NCCL_API ncclResult_t ncclCommResume(ncclComm_t comm) {
   struct ncclComm* c;
   ncclResult_t r = comm_acquire(comm, "ncclCommResume", &c);
   if (r != ncclSuccess) return r;
-  if ((r = comm_ensure_ready(c, "ncclCommResume")) == ncclSuccess) c->suspended = false;
+  if ((r = comm_ensure_ready(c, "ncclCommResume")) == ncclSuccess) COMM_SET_FLAG(c, suspended, false);
   comm_release(c);
   return r;
 }
@@ -454,7 +456,7 @@ NCCL_API ncclResult_t ncclCommMemStats(ncclComm_t comm, ncclCommMemStat_t stat, 
     CWARN(c, "ncclCommMemStats : value argument is NULL");
     r = ncclInvalidArgument;
   } else if (stat == ncclStatGpuMemSuspended) {
-    *value = c->suspended ? 1 : 0;
+    *value = COMM_FLAG(c, suspended) ? 1 : 0;
   } else if (stat == ncclStatGpuMemSuspend || stat == ncclStatGpuMemPersist || stat == ncclStatGpuMemTotal) {
     *value = 0;
   } else {

@@ -200,9 +200,9 @@ static ncclResult_t start_child(struct ncclComm* p, int kind, ncclComm_t* newcom
   }
   if (kind == JOB_SPLIT) {
     ncclResult_t r = comm_ensure_ready(p, opname);
-    if (r != ncclSuccess && !p->revoked) return r;
+    if (r != ncclSuccess && !COMM_FLAG(p, revoked)) return r;
   }
-  if (p->destroy_called) {
+  if (COMM_FLAG(p, destroy_called)) {
     CWARN(p, "%s : the parent communicator is being destroyed", opname);
     return ncclInvalidUsage;
   }

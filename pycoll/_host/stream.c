@@ -232,10 +232,10 @@ static ncclResult_t room_check(struct task* list) {
   for (struct task* t = list; t; t = t->next) {
     struct ncclComm* c = t->comm;
     if (t != list && c == list->comm) continue;
-    if (comm_aborting(c) || c->revoked) {
+    if (comm_aborting(c) || COMM_FLAG(c, revoked)) {
       int why = __atomic_load_n(&c->abort_reason, __ATOMIC_ACQUIRE);
       CWARN(c, "%s : communicator was %s while the operation waited for room on its stream (PYCOLL_HOST_STREAM_DEPTH "
-            "operations queued)", t->opname, why == AB_REVOKE || c->revoked ? "revoked" :
+            "operations queued)", t->opname, why == AB_REVOKE || COMM_FLAG(c, revoked) ? "revoked" :
             why == AB_SHRINK ? "shrunk with NCCL_SHRINK_ABORT" : "aborted");
       return ncclInvalidUsage;
     }
@@ -381,7 +381,7 @@ static void* stream_main(void* arg) {
       s->sleeping = false;
     }
     struct item* it = s->head;
-    s->head = it->next;
+    __atomic_store_n(&s->head, it->next, __ATOMIC_RELAXED); /* read without the lock by stream_main's spin */
     if (!s->head) s->tail = NULL;
     if (it->kind == IT_TASKS) room_taken_locked(s);
     s->running = true;
@@ -764,7 +764,7 @@ static void stream_help(struct marker* m, uint64_t until) {
   for (;;) {
     struct item* it = s->head;
     if (!it || (it->kind != IT_TASKS && it->kind != IT_RECORD) || __atomic_load_n(&m->done, __ATOMIC_ACQUIRE)) break;
-    s->head = it->next;
+    __atomic_store_n(&s->head, it->next, __ATOMIC_RELAXED);
     if (!s->head) s->tail = NULL;
     if (it->kind == IT_TASKS) room_taken_locked(s);
     pthread_mutex_unlock(&s->mu);
