@@ -1407,14 +1407,13 @@ class Communicator(_core.CommCore):
         for p in list(self._premul):
             p.op = -1
         self._premul.clear()
-        free = self._release_device_later()  # nothing left when the abort thread took them
-        with self._plock:
-            self._pending.clear()
-        free()
+        self._release_device_later()()  # nothing left when the abort thread took them
 
     def _closed(self) -> None:
         hooks.discard_live(self)
-        hooks.notify_closed(self)
+        hooks.notify_closed(self)  # the operations an abort stopped still listed: the recorder keeps how they ended
+        with self._plock:
+            self._pending.clear()
         if self._owns_device:
             self.device.close()
 

@@ -141,3 +141,29 @@ def test_an_operation_whose_peer_stopped_raises_at_its_deadline_under_every_poli
     out, took, state = res[0]
     assert out == "CommTimeout" and 2.5 < took < 20, res
     assert state == {"abort": "aborted", "revoke": "revoked", "report": "active"}[policy], res
+
+
+def _aborted_in_a_collective(rank, n, uid):
+    comm = pycoll.init(rank, n, backend="host", unique_id=uid, timeout=20.0)
+    comm.all_reduce(np.ones(4))
+    if rank == 1:
+        aborter = threading.Timer(0.3, comm.abort)
+        aborter.start()
+        try:
+            comm.all_reduce(np.ones(4))
+        except pycoll.CommAborted:
+            pass
+        aborter.join(10)  # the abort has released the communicator: a dump after it
+        e = [e for e in pycoll.flight_recorder.get_recorder().as_dict(0)["entries"]
+             if e["process_group"][0] == comm.uid][-1]
+        return e["collective_seq_id"], e["state"], e.get("pycoll_error", "")
+    time.sleep(1.0)  # never calls the second
+    comm.abort()
+    return None
+
+
+def test_an_operation_an_abort_stopped_is_recorded_as_failed_not_completed():
+    # the flight recorder said 'completed' (no error, no completion time) of an all_reduce that an abort() from
+    # another thread had stopped: its timeline drew a completed operation of 0 ms, pycoll-fr said it completed
+    _, (seq, state, error) = run_ranks(_aborted_in_a_collective, 2, bytes(pycoll.get_unique_id(backend="host")))
+    assert seq == 2 and state != "completed" and error.startswith("CommAborted: all_reduce #2"), (seq, state, error)
