@@ -222,10 +222,11 @@ def abort_all(comms: Sequence[Communicator], timeout: Optional[float] = None) ->
     by_library: Dict[int, Tuple[Any, List[Tuple[Communicator, int]]]] = {}
     begun: List[Communicator] = []
     for c in comms:
-        h = c._begin_abort()
+        began, h = c._begin_abort()
         if h is not None:
             by_library.setdefault(id(c.library), (c.library, []))[1].append((c, h))
-        begun.append(c)
+        if began:  # an abort before this one (or a destroy) released and closed it: observers hear of it once
+            begun.append(c)
     for lib, items in by_library.values():
         names = ", ".join(repr(c.name) for c, _ in items)
         done = threading.Event()
@@ -277,6 +278,9 @@ def abort_all(comms: Sequence[Communicator], timeout: Optional[float] = None) ->
             _log.error("ncclCommAbort of %s failed: %s", names, errors[0])
     for c in begun:
         c._end_abort()
+    for c in comms:  # one another thread is aborting: returns once it is done, as an abort that does it itself
+        if c not in begun and c._state == "aborted":
+            c._released.wait(limit)
 
 
 def check_arguments(size: int, global_ranks: Optional[Sequence[int]], on_failure: str, generation: int,
@@ -382,6 +386,7 @@ class Communicator(_core.CommCore):
         self._pending = _core.Outstanding()  # the outstanding Works, in issue order
         self._failure = None
         self._failure_handled = threading.Event()  # fail() is done: observers told, the policy has acted
+        self._released = threading.Event()  # an abort or destroy has released what pycoll held
         self._failing_thread = 0  # the thread running fail()
         self._revoke_expected = False  # expect_revoke(): a failure found from then on revokes instead
         self.failed_at: Optional[float] = None  # wall-clock time of the failure
@@ -1354,11 +1359,12 @@ class Communicator(_core.CommCore):
 
     _abort = abort  # the failure policy's and the timeouts' name for it
 
-    def _begin_abort(self) -> Optional[int]:
-        """Mark the communicator aborted; return the handle to free (None: nothing to do)."""
+    def _begin_abort(self) -> Tuple[bool, Optional[int]]:
+        """Mark the communicator aborted: whether this call did (False: aborted, destroyed or inherited already),
+        and the handle to free (None: none)."""
         with self._plock:
             if self._state in ("aborted", "destroyed", "inherited"):
-                return None
+                return False, None
             self._state = "aborted"
             why = self._aborted_why = (f" after: {self._failure}" if self._failure is not None
                                        else f" (abort() in thread {threading.current_thread().name!r})")
@@ -1368,7 +1374,7 @@ class Communicator(_core.CommCore):
                                          f"communicator was aborted{why}")
         with self._hlock:  # async-error readers stop using the handle before it is freed
             h, self._handle = self._handle, None
-        return h
+        return True, h
 
     def _end_abort(self) -> None:
         """After the abort: release what pycoll holds (on the device, what the abort thread did not take:
@@ -1410,6 +1416,7 @@ class Communicator(_core.CommCore):
         self._release_device_later()()  # nothing left when the abort thread took them
 
     def _closed(self) -> None:
+        self._released.set()
         hooks.discard_live(self)
         hooks.notify_closed(self)  # the operations an abort stopped still listed: the recorder keeps how they ended
         with self._plock:

@@ -167,3 +167,28 @@ def test_an_operation_an_abort_stopped_is_recorded_as_failed_not_completed():
     # another thread had stopped: its timeline drew a completed operation of 0 ms, pycoll-fr said it completed
     _, (seq, state, error) = run_ranks(_aborted_in_a_collective, 2, bytes(pycoll.get_unique_id(backend="host")))
     assert seq == 2 and state != "completed" and error.startswith("CommAborted: all_reduce #2"), (seq, state, error)
+
+
+def test_an_abort_after_an_abort_or_a_destroy_tells_the_observers_nothing_again():
+    # every abort() released the communicator again and told the observers comm_closed again (a cleanup path and an
+    # atexit handler each aborting; the policy's abort, then the user's)
+    from pycoll import hooks
+
+    class Closed(hooks.CommObserver):
+        def __init__(self):
+            self.closed = []
+
+        def comm_closed(self, comm):
+            self.closed.append(comm.name)
+
+    obs = Closed()
+    hooks.add_observer(obs)
+    try:
+        for first in ("abort", "destroy"):
+            c = pycoll.init(0, 1, backend="host", unique_id=pycoll.get_unique_id(backend="host"), name=first)
+            getattr(c, first)()
+            c.abort()
+            pycoll.abort_all([c, c])
+            assert obs.closed.count(first) == 1, obs.closed
+    finally:
+        hooks.remove_observer(obs)
