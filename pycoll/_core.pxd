@@ -62,6 +62,7 @@ cdef extern from "<semaphore.h>" nogil:
 cdef class Lock:
     cdef sem_t _sem
     cdef bint _held
+    cdef unsigned long _holder  # the thread that took it (0: none)
     cdef bint take(self, double timeout) except -1
     cdef int give(self) except -1
 

@@ -366,6 +366,14 @@ cdef class Lock:
         cdef bint got = sem_trywait(&self._sem) == 0
         cdef double end = 0, left
         cdef timespec until
+        cdef unsigned long me = PyThread_get_thread_ident()
+        if not got and self._held and self._holder == me and timeout < 0:
+            # this thread holds it and would wait for itself for ever: code that ran while pycoll held it -- a
+            # finalizer or __del__ of an array let go, a gc callback, a signal handler -- called pycoll back
+            raise CommStateError(
+                "pycoll was called back from code that ran while it held a communicator's lock in this thread (a "
+                "finalizer or __del__ of an array it let go, a gc.callbacks function, a signal handler): calling "
+                "it there would wait for itself for ever; call it outside such code (e.g. set a flag there)")
         if not got and timeout > 0:
             end = _monotonic() + timeout  # read the clock only when the lock is contended
         while not got:
@@ -383,12 +391,14 @@ cdef class Lock:
             if not got:
                 PyErr_CheckSignals()
         self._held = True
+        self._holder = me
         return True
 
     cdef int give(self) except -1:
         if not self._held:
             raise RuntimeError("release unlocked lock")
         self._held = False
+        self._holder = 0
         sem_post(&self._sem)
         return 0
 
@@ -1384,9 +1394,10 @@ cdef _refresh(CommCore comm, Work w, object dev, Library lib):
                     w._has_ms = True
                 except Exception:
                     pass
-            _retire(comm, w)
+            arrays = _retire(comm, w)
     finally:
         comm._plock.give()
+    arrays = None  # the arrays go here, outside the lock
     if failure is not None:
         comm.fail(failure, w)
     else:
@@ -1411,14 +1422,19 @@ def pool_trim_after(seconds=None):
     return _trim_after
 
 
-cdef _retire(CommCore comm, Work w):
+cdef tuple _retire(CommCore comm, Work w):
+    """Out of the outstanding list, its events back to the pool; returns its arrays, which the caller lets go once it
+    no longer holds ``_plock`` (the last reference to an array may run its finalizer: user code, which may call
+    pycoll)."""
     comm._pending.discard(w)
     cdef list events = comm._events
     _events_back(events, w)
-    w.inputs = w.outputs = []  # let the arrays go
+    arrays = (w.inputs, w.outputs)
+    w.inputs = w.outputs = []
     comm._pool_retired += 1
     if comm._pool_retired >= _TRIM_EVERY:
         _trim_pool(comm, events)
+    return arrays
 
 
 cdef int _trim_pool(CommCore comm, list events) except -1:
@@ -1449,7 +1465,8 @@ cdef int _trim_pool(CommCore comm, list events) except -1:
 
 def retire(CommCore comm, Work w not None):
     """Forget a completed operation: out of the outstanding list, its events back to the pool."""
-    _retire(comm, w)
+    arrays = _retire(comm, w)
+    arrays = None
 
 
 # -- the arguments of an operation -------------------------------------------------------------------

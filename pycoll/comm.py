@@ -1420,7 +1420,9 @@ class Communicator(_core.CommCore):
         hooks.discard_live(self)
         hooks.notify_closed(self)  # the operations an abort stopped still listed: the recorder keeps how they ended
         with self._plock:
+            works = self._pending.snapshot()
             self._pending.clear()
+        del works  # their arrays go outside the lock (an array's finalizer may call pycoll)
         if self._owns_device:
             self.device.close()
 

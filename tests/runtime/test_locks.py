@@ -3,8 +3,10 @@
 import threading
 import time
 
+import numpy as np
 import pytest
 
+import pycoll
 from pycoll._core import CommCore, Lock, RLock
 
 
@@ -120,3 +122,35 @@ def test_every_communicator_core_has_its_own_locks():
     assert a._lock is not b._lock and a._plock is not a._hlock
     with pytest.raises(AttributeError):
         a._plock = Lock()  # the per-call path relies on them: never replaced
+
+
+@pytest.mark.timeout(30)
+def test_an_arrays_finalizer_may_call_pycoll_when_its_operation_completes():
+    # retiring an operation let its arrays go under the communicator's lock: a weakref.finalize or __del__ that
+    # called comm.outstanding() or abort() then waited for that lock in the same thread, for ever (in the watchdog's
+    # thread: no timeout was detected any more)
+    import weakref
+
+    comm = pycoll.init(0, 1, backend="host", unique_id=pycoll.get_unique_id(backend="host"))
+    seen = []
+    try:
+        x = np.ones(4)
+        w = comm.all_reduce(x, async_op=True)
+        weakref.finalize(x, lambda: seen.append(len(comm.outstanding())))
+        del x
+        w.wait()
+        assert seen == [0]
+    finally:
+        comm.destroy()
+
+
+@pytest.mark.timeout(30)
+def test_a_call_back_into_pycoll_under_its_own_lock_raises_instead_of_waiting_for_ever():
+    comm = pycoll.init(0, 1, backend="host", unique_id=pycoll.get_unique_id(backend="host"))
+    try:
+        # as a gc callback or signal handler run while pycoll holds it
+        with comm._plock, pytest.raises(pycoll.CommStateError, match="called back from code that ran while it held"):
+            comm.outstanding()
+        assert comm.outstanding() == []
+    finally:
+        comm.destroy()
