@@ -40,6 +40,7 @@ from pycoll._bindings.libnccl cimport (
 
 import logging
 import sys
+import threading
 import time
 
 import numpy as np
@@ -174,6 +175,8 @@ cdef extern from *:
     static _Thread_local PyObject* pycoll_group_owner = NULL;
     static _Thread_local int pycoll_group_depth = 0;
     static inline PyObject* pycoll_context(void) { return PyThreadState_Get()->context; }
+    /* the thread's state's id: never another thread's, unlike its ident (reused once the thread is gone) */
+    static inline unsigned long long pycoll_thread_id(void) { return PyThreadState_GetID(PyThreadState_Get()); }
     """
     PyObject* pycoll_group_works
     PyObject* pycoll_group_lib
@@ -181,6 +184,7 @@ cdef extern from *:
     PyObject* pycoll_group_owner
     int pycoll_group_depth
     PyObject* pycoll_context()
+    unsigned long long pycoll_thread_id()
 
 
 cdef inline object _open_works():
@@ -228,6 +232,33 @@ cdef int _set_group(list works, object library) except -1:
 DEF _GROUP_PAIRWISE = 16
 
 
+# groups whose block ended in another thread than the one that opened it (a generator suspended in the block and
+# closed there): opening thread's id (pycoll_thread_id) -> what happened; that thread's next operation or group drops the group
+cdef dict _orphaned = {}
+cdef int _n_orphaned = 0
+
+
+cdef int _orphan_check(object op) except -1:
+    """This thread's open group was left by its block (ended in another thread): drop it (none of its operations
+    runs) and raise, naming ``op``, the call that found it."""
+    global _n_orphaned
+    why = _orphaned.pop(pycoll_thread_id(), None)
+    _n_orphaned = len(_orphaned)
+    if why is None or pycoll_group_works == NULL:
+        return 0
+    works = _open_works()
+    lib = <object>pycoll_group_lib
+    _set_group(None, None)
+    try:
+        lib.group_simulate_end()
+    except NCCLError:  # nothing of it runs either way
+        pass
+    for w in works:
+        w.comm.group_failed(w, CommStateError(f"{w.op} (seq {w.seq}) never ran: {why}"))
+    raise CommStateError(f"{op}: this thread's open group() was dropped, none of its {len(works)} operations ran "
+                         f"(nor does this call): {why}")
+
+
 cdef inline bint _group_mine():
     """Whether this context is the one that opened this thread's group (an asyncio task, a trio task or a greenlet
     with contextvars runs in its own; a task made inside the group's block in a copy)."""
@@ -254,6 +285,8 @@ cdef int _group_check(CommCore comm, object op, list inputs, list written, bint 
     one communicator: a group's operations run together, unordered (a receive into what was being sent got either's
     data, by size). Past _GROUP_PAIRWISE operations, GroupScope.__exit__ checks the whole group (_group_sweep)."""
     cdef Work w
+    if _n_orphaned:
+        _orphan_check(op)
     if not _group_mine():
         raise CommStateError(
             f"{op}: this thread's open group() was opened by another asyncio task (or context), and {op} would join "
@@ -481,7 +514,10 @@ cdef class CommCore:
         operation whose memory meets another one's of the group, where one of them writes it, raises ValueError
         (two collectives of one communicator excepted). The open group belongs to the thread and the context (an asyncio task) that opened it: an
         operation or group of another task on the thread raises :class:`pycoll.CommStateError` (keep a group's
-        block free of awaits); nested blocks must end in reverse order.
+        block free of awaits); nested blocks must end in reverse order. A generator that yields inside the block (a
+        ``@contextmanager`` helper does) leaves the group open to what its caller issues meanwhile, as intended for
+        such a helper; a block ended in another thread (a suspended generator closed there) raises there, and the
+        opening thread's next operation drops the group with a CommStateError.
         """
         cdef GroupScope g = GroupScope.__new__(GroupScope)
         g.comm = self
@@ -2197,6 +2233,7 @@ cdef class GroupScope:
     cdef bint outer
     cdef bint entered
     cdef int depth  # how many scopes of this thread's group were open once this one was
+    cdef unsigned long long thread  # the thread that entered it (pycoll_thread_id): the group is that thread's
 
     def __init__(self, CommCore comm):
         self.comm = comm
@@ -2205,6 +2242,8 @@ cdef class GroupScope:
         global pycoll_group_raised, pycoll_group_depth
         if self.entered:  # its one record of the open group would be overwritten: every later call in a "group"
             raise CommStateError("this group() is already open: a nested group needs its own comm.group()")
+        if _n_orphaned:
+            _orphan_check("group()")
         lib = self.comm.library
         self.outer = pycoll_group_works == NULL
         if not self.outer and <object>pycoll_group_lib is not lib:
@@ -2226,6 +2265,7 @@ cdef class GroupScope:
         else:
             pycoll_group_depth += 1
         self.depth = pycoll_group_depth
+        self.thread = pycoll_thread_id()
         self.entered = True
         return None
 
@@ -2238,9 +2278,17 @@ cdef class GroupScope:
         cdef bint in_order = self.depth == pycoll_group_depth
         cdef list works = []
         overlap = None  # a whole group's overlap (_group_sweep)
+        global _n_orphaned
         if not self.entered:
             raise CommStateError("group() exited without being entered")
         self.entered = False
+        if self.thread != pycoll_thread_id():  # the group is the opening thread's: it cannot end it here
+            why = (f"its block ended in another thread ({threading.current_thread().name!r}) than the one that "
+                   "opened it (a generator suspended inside `with comm.group()`, closed there?)")
+            _orphaned[self.thread] = why
+            _n_orphaned = len(_orphaned)
+            raise CommStateError(f"group(): {why}; the opening thread's next operation drops it, none of its "
+                                 "operations runs")
         lib = self.lib
         if pycoll_group_depth > 1:  # an inner scope's end, or one that ends before a later one (out of order)
             pycoll_group_depth -= 1

@@ -262,6 +262,42 @@ def test_group_blocks_that_end_out_of_order_are_dropped_with_an_error():
         c.abort()
 
 
+def test_a_group_whose_block_ends_in_another_thread_is_dropped_by_the_opening_threads_next_call():
+    """A generator suspended inside ``with comm.group()`` and closed in another thread: its block's end raised a bare
+    TypeError there, and the opening thread's group stayed open for good -- its blocking calls returned without
+    running, destroy() said it was inside a group."""
+    import threading
+
+    c = pycoll.init(0, 1, backend="host")
+    try:
+        def stage():
+            with c.group():
+                c.all_reduce(np.ones(2), async_op=True)
+                yield
+
+        g = stage()
+        next(g)
+        raised = []
+
+        def close():
+            try:
+                g.close()
+            except pycoll.CommStateError as e:
+                raised.append(str(e))
+
+        t = threading.Thread(target=close)
+        t.start()
+        t.join(10)
+        assert raised and "ended in another thread" in raised[0], raised
+        y = np.ones(2)
+        with pytest.raises(pycoll.CommStateError, match="was dropped, none of its 1 operations ran"):
+            c.all_reduce(y)
+        c.all_reduce(y)
+        assert y.tolist() == [1.0, 1.0] and c.ops_issued == 2  # the dropped one and this one
+    finally:
+        c.destroy()
+
+
 def test_a_groups_memory_check_knows_what_each_operation_writes_and_checks_big_groups_whole():
     """Collectives of two communicators on one array in one group run unordered too (each rank got another wrong
     value); a broadcast's root and a reduce's other ranks do not write their buffer (a send of it alongside was
