@@ -247,8 +247,9 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         file_prefix: Optional[str] = None,
         write_json: Optional[bool] = None,
     ) -> None:
-        self._lock = threading.Lock()  # guards _infos/_gen_counters and dump bookkeeping
-        self._dump_lock = threading.Lock()  # one dump at a time
+        # reentrant: a signal handler (or gc callback) that dumps may run in a thread inside a dump or inside these
+        self._lock = threading.RLock()  # guards _infos/_gen_counters and dump bookkeeping
+        self._dump_lock = threading.RLock()  # one dump at a time (a handler's nested dump runs whole inside it)
         self._infos = {}  # id(comm) -> _CommInfo
         self._gen_counters: Dict[int, RecordIds] = {}
         self._pg_ids = itertools.count()
@@ -315,8 +316,8 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         """In a forked child: locks another thread of the parent may have held are made afresh, and what the
         parent recorded is forgotten (its communicators refuse every use in the child): the child's dumps hold
         its own communicators, under its own rank, and it has none to dump until it makes one."""
-        self._lock = threading.Lock()
-        self._dump_lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._dump_lock = threading.RLock()
         self._infos = {}
         self._infos_changed()
         self._gen_counters = {}

@@ -614,3 +614,12 @@ def test_a_users_file_in_a_folder_named_pycoll_is_the_users():
     assert is_runtime_frame("/elsewhere/site-packages/pycoll/comm.py")  # another host's install, in its dump
     assert is_runtime_frame("C:\\py\\site-packages\\pycoll\\store\\tcp.py")
     assert not is_runtime_frame("/elsewhere/site-packages/pycoll/tools/bench/cli.py")  # issues operations as users do
+
+
+@pytest.mark.timeout(30)
+def test_a_dump_from_a_signal_handler_that_ran_inside_a_dump_is_written(tmp_path):
+    # the handler's dump waited for the lock of the dump it interrupted, in the same thread: for ever
+    rec = fr.FlightRecorder(16, dump_dir=str(tmp_path))
+    FakeComm(rec, 0, 1).op("all_reduce", f32(2), f32(2))
+    with rec._dump_lock, rec._lock:  # where the handler ran
+        assert rec.dump("handler")
