@@ -408,7 +408,12 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         }
 
     def enable_signal(self, signum: Any = "SIGUSR1") -> None:
-        """Make ``signum`` dump (see :func:`enable_dump_signal`); starts the threads. Main thread only."""
+        """Make ``signum`` dump (see :func:`enable_dump_signal`); starts the threads. Main thread only: ValueError
+        elsewhere (it returned, the signal left to its default action: the first one killed the process)."""
+        if threading.current_thread() is not threading.main_thread():
+            raise ValueError("enable_dump_signal() must be called from the main thread: Python runs signal handlers "
+                             "there only (or set PYCOLL_FR_DUMP_SIGNAL and make the first communicator in the main "
+                             "thread)")
         self._signal.wanted = signal_number(signum)
         if not self.running:
             self.start()
@@ -975,7 +980,8 @@ def configure(**settings: Any) -> Watchdog:
 
 
 def enable_dump_signal(signum: Any = "SIGUSR1") -> None:
-    """Make ``signum`` dump the flight recorder without stopping anything. Call from the main thread.
+    """Make ``signum`` dump the flight recorder without stopping anything. Call from the main thread (ValueError
+    elsewhere).
 
     The handler only wakes the watchdog's monitor thread, which dumps, even while the main thread is
     blocked inside a collective.

@@ -663,3 +663,21 @@ def test_a_process_held_up_as_a_whole_is_no_stall_of_the_polling_thread(make_wd,
         monkeypatch.setattr(wd, "_dumps", types.SimpleNamespace(run=lambda jobs, dump: None))
         wd._check_stall()
         assert wd._stalled and any("has not completed a round" in r.getMessage() for r in caplog.records)
+
+
+def test_the_dump_signal_asked_for_off_the_main_thread_is_refused(make_wd):
+    # it returned after a log line, the signal left to its default action: the first SIGUSR1 killed the process
+    wd = make_wd([])
+    caught = []
+
+    def ask():
+        try:
+            wd.enable_signal("SIGUSR2")
+        except ValueError as e:
+            caught.append(str(e))
+
+    t = threading.Thread(target=ask)
+    t.start()
+    t.join(10)
+    assert caught and "main thread" in caught[0]
+    assert signal.getsignal(signal.SIGUSR2) in (signal.SIG_DFL, None)
