@@ -1,6 +1,6 @@
 """Stubs of the compiled per-call path (pycoll/_core.pyx)."""
 
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, SupportsIndex, final
+from typing import Any, Callable, Dict, Iterator, List, Literal, Optional, Sequence, SupportsIndex, final
 
 from ._settings import Seconds
 from .buffers import Buffer
@@ -131,7 +131,7 @@ def begin(comm: Any, what: str, stream: Any, async_op: bool, arrays: Sequence[An
 class GroupScope:
     def __init__(self, comm: CommCore) -> None: ...
     def __enter__(self) -> None: ...
-    def __exit__(self, typ: Any, value: Any, tb: Any) -> bool: ...
+    def __exit__(self, typ: Any, value: Any, tb: Any) -> Literal[False]: ...  # never swallows the block's exception
 def buf(comm: Any, obj: Any, stream: int, *, writable: bool, name: str) -> Buffer: ...
 def all_reduce(comm: Any, tensor: Any, output: Any = ..., op: Any = ..., *, stream: Any = ..., async_op: bool = ...,
                timeout: Optional[Seconds] = ..., config: Any = ...) -> Work: ...

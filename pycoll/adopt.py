@@ -13,6 +13,7 @@ import os
 from typing import Any, Optional
 
 from . import _bindings as B, _settings, hooks
+from ._settings import Seconds
 from .devices import Device, open_device
 from .errors import NCCLError, NotSupported
 
@@ -68,7 +69,7 @@ def _library(library: Any) -> Any:
 
 
 def from_handle(cls: Any, handle: Any, *, owned: bool = False, library: Any = None, device: Optional[Device] = None,
-                name: Optional[str] = None, uid: Optional[str] = None, timeout: float,
+                name: Optional[str] = None, uid: Optional[str] = None, timeout: Seconds,
                 on_failure: str = "abort", store: Any = None) -> Any:
     """Build a ``cls`` (Communicator) on an existing handle; see Communicator.from_handle."""
     _settings.check_all()  # as init: a bad value read only later (an abort's bound) is named now

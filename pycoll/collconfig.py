@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any, List, Optional, Sequence, Union
 
 from . import _bindings as B
 
@@ -88,7 +88,7 @@ class CollConfig:
     cta_policy: Optional[int] = None
     user_profiler_tag: int = 0
     launch_completion_event: Optional[int] = None
-    vendor_options: Tuple[VendorOption, ...] = ()
+    vendor_options: Sequence[VendorOption] = ()  # kept as a tuple
 
     def __post_init__(self) -> None:
         for name in ("min_ctas", "max_ctas", "nvls_ctas", "cga_cluster_size"):  # NCCL refuses 0 and below

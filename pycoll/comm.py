@@ -19,7 +19,21 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Callable, ContextManager, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, cast
+from typing import (
+    Any,
+    Callable,
+    ContextManager,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    SupportsIndex,
+    Tuple,
+    Union,
+    cast,
+)
 
 import numpy as np
 
@@ -207,7 +221,7 @@ def _own_work(comm: Communicator, w: Any) -> None:
         raise ValueError(f"{w!r} is an operation of another communicator than {comm.name!r}")
 
 
-def abort_all(comms: Sequence[Communicator], timeout: Optional[float] = None) -> None:
+def abort_all(comms: Sequence[Communicator], timeout: Optional[Seconds] = None) -> None:
     """Abort several communicators together (local; idempotent for each).
 
     The communicators of one library are aborted inside one ``ncclGroupStart``/``ncclGroupEnd``:
@@ -357,7 +371,7 @@ class Communicator(_core.CommCore):
         name: str,
         uid: str,
         global_ranks: Optional[Sequence[int]],
-        timeout: float,
+        timeout: Seconds,
         on_failure: str = "abort",
         store: Any = None,
         generation: int = 0,
@@ -426,7 +440,7 @@ class Communicator(_core.CommCore):
         return cast(float, _CORE_TIMEOUT.__get__(self))
 
     @timeout.setter
-    def timeout(self, value: float) -> None:
+    def timeout(self, value: Seconds) -> None:
         _CORE_TIMEOUT.__set__(self, _settings.seconds(value, "timeout"))
 
     @property
@@ -459,7 +473,7 @@ class Communicator(_core.CommCore):
 
     @classmethod
     def from_handle(cls, handle: Any, *, owned: bool = False, library: Any = None, device: Optional[Device] = None,
-                    name: Optional[str] = None, uid: Optional[str] = None, timeout: Optional[float] = None,
+                    name: Optional[str] = None, uid: Optional[str] = None, timeout: Optional[Seconds] = None,
                     on_failure: str = "abort", store: Any = None) -> Communicator:
         """Wrap an ``ncclComm_t`` made elsewhere, so pycoll's operations, deadlines, watchdog and
         flight recorder work on it.
@@ -1025,7 +1039,8 @@ class Communicator(_core.CommCore):
                                   _dtypes.REDUCE_OPS["max"])
         return self._launch("barrier", call, st, [], [], async_op, timeout)
 
-    def broadcast_bytes(self, data: Optional[bytes], nbytes: int, root: int = 0, *,
+    def broadcast_bytes(self, data: Optional[Union[bytes, bytearray, memoryview]], nbytes: SupportsIndex,
+                        root: SupportsIndex = 0, *,
                         timeout: Optional[Seconds] = None) -> bytes:
         """Rank ``root``'s ``data`` (``nbytes`` bytes; the others pass None) on every rank, as host bytes.
 
@@ -1132,7 +1147,8 @@ class Communicator(_core.CommCore):
         """An array over its own ``ncclMemAlloc`` block (``like``: numpy, torch, cupy); see :mod:`pycoll.memory`."""
         return _memory.mem_alloc(self, shape, dtype, like)
 
-    def put_signal(self, window: _windows.Window, offset: int, src: Any, peer: int, *, sig_idx: int = 0,
+    def put_signal(self, window: _windows.Window, offset: SupportsIndex, src: Any, peer: SupportsIndex, *,
+                   sig_idx: int = 0,
                    ctx: int = 0, stream: Any = None, async_op: bool = False, timeout: Optional[Seconds] = None) -> Work:
         """Write ``src`` into ``peer``'s ``window`` at byte ``offset`` and signal it (``ncclPutSignal``)."""
         return _windows.put_signal(self, window, offset, src, peer, sig_idx=sig_idx, ctx=ctx, stream=stream,

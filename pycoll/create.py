@@ -9,9 +9,10 @@ import os
 import re
 import threading
 import time
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import _bindings as B, _settings, failpoints as _fp, hooks
+from ._settings import Seconds
 from .buffers import integer
 from .comm import Communicator, _check_timeout, check_arguments, default_timeout, poll_ready, unique_id_argument
 from .config import CommConfig
@@ -155,8 +156,8 @@ def init(
     library: Any = None,
     device: Any = None,
     config: Optional[CommConfig] = None,
-    timeout: Optional[float] = None,
-    init_timeout: Optional[float] = None,
+    timeout: Optional[Seconds] = None,
+    init_timeout: Optional[Seconds] = None,
     name: str = "world",
     on_failure: Optional[str] = None,
     generation: int = 0,
@@ -456,8 +457,8 @@ def join(
     library: Any = None,
     device: Any = None,
     config: Optional[CommConfig] = None,
-    timeout: Optional[float] = None,
-    init_timeout: Optional[float] = None,
+    timeout: Optional[Seconds] = None,
+    init_timeout: Optional[Seconds] = None,
     name: str = "world",
     store: Any = None,
     global_ranks: Any = None,
@@ -516,8 +517,8 @@ def from_handle(handle: Any, **kwargs: Any) -> Communicator:
     return Communicator.from_handle(handle, **kwargs)
 
 
-def init_all(devices: Any, *, backend: str = "auto", library: Any = None, timeout: Optional[float] = None,
-             on_failure: Optional[str] = None) -> list:
+def init_all(devices: Any, *, backend: str = "auto", library: Any = None, timeout: Optional[Seconds] = None,
+             on_failure: Optional[str] = None) -> List[Communicator]:
     """One process driving several devices: ``ncclCommInitAll`` over ``devices`` (an int ``n`` for
     devices ``0..n-1``, or a sequence of GPU ordinals; on the host backend the numbers only label
     the ranks). Returns one :class:`Communicator` per device, rank ``i`` on ``devices[i]``, all owned.

@@ -76,6 +76,7 @@ import numpy as np
 
 from . import _bindings as B, _settings, failpoints as _fp, membership as _mb, nodeagg as _node
 from ._procs import boot_id, exiting, stat_fields
+from ._settings import Seconds
 from .buffers import integer as _integer
 from .comm import Communicator, default_timeout
 from .config import CommConfig
@@ -248,9 +249,9 @@ class ElasticGroup:
         library: Any = None,
         device: Any = None,
         config: Optional[CommConfig] = None,
-        timeout: Optional[float] = None,
-        window: float = 1.0,
-        join_timeout: float = 120.0,
+        timeout: Optional[Seconds] = None,
+        window: Seconds = 1.0,
+        join_timeout: Seconds = 120.0,
         name: str = "elastic",
         on_change: Optional[Callable[[ElasticGroup, Transition], None]] = None,
         node_hub: Optional[bool] = None,

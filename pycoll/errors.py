@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional, Tuple, Type
 
 __all__ = [
     "PycollError",
+    "RankDiscoveryError",
     "LibraryError",
     "NotSupported",
     "NCCLError",
@@ -338,12 +339,21 @@ class StoreError(PycollError):
 
 
 class StoreTimeout(StoreError, TimeoutError):
-    """A store operation did not complete within its timeout."""
+    """A store operation did not complete within its timeout.
 
-    # set where a store raises it: the keys waited for, those still missing, the timeout in seconds
+    ``keys``: the keys waited for, ``missing``: those still missing (both empty where it was no wait for keys: a
+    connection, a handshake, a reply, a lock), ``timeout``: the timeout in seconds (None where not known)."""
+
     keys: List[str]
     missing: List[str]
-    timeout: float
+    timeout: Optional[float]
+
+    def __init__(self, *args: Any, keys: Optional[List[str]] = None, missing: Optional[List[str]] = None,
+                 timeout: Optional[float] = None) -> None:
+        super().__init__(*args)
+        self.keys = list(keys or [])
+        self.missing = list(missing or [])
+        self.timeout = timeout
 
 
 class StoreAuthError(StoreError, PermissionError):

@@ -1,6 +1,10 @@
 """Alias of :mod:`pycoll.diagnostics.recorder` (the module moved there)."""
 
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what type checkers see: the module's public names (at run time this module is that module)
+    from .diagnostics.recorder import *  # noqa: F403
 
 from .diagnostics import recorder as _module
 

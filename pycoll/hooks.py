@@ -158,9 +158,11 @@ class CommView(Protocol):
     name: str
     uid: str
     backend: str
-    timeout: float
     library: Any
     device: Any  # its pycoll.devices.Device (the watchdog makes it current in its own thread)
+
+    @property
+    def timeout(self) -> float: ...
 
     @property
     def rank(self) -> int: ...
@@ -203,7 +205,7 @@ class CommView(Protocol):
 
     def check(self, now: Optional[float] = None) -> None: ...
 
-    def try_refresh(self, work: Any) -> None: ...
+    def try_refresh(self, w: Any, /) -> None: ...
 
     def fail(self, exc: BaseException, work: Any = None) -> None: ...
 

@@ -30,6 +30,7 @@ from typing import Any, Deque, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from . import _bindings as B, _settings
+from ._settings import Seconds
 from .buffers import integer
 from .errors import CommStateError
 from .windows import Window, register_window
@@ -216,7 +217,7 @@ class SymmetricPool:
     """
 
     def __init__(self, comm: Any, nbytes: int, *, flags: int = 0, alignment: int = 256,
-                 timeout: Optional[float] = None) -> None:
+                 timeout: Optional[Seconds] = None) -> None:
         if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment <= 0 \
                 or alignment & (alignment - 1):
             raise ValueError(f"alignment must be a power of two, got {alignment!r}")

@@ -20,7 +20,7 @@ side).
 from __future__ import annotations
 
 import logging
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, SupportsIndex, Tuple, Union
 
 from . import _bindings as B, _settings
 from ._settings import Seconds
@@ -250,7 +250,8 @@ def _sig(value: Any, what: str) -> int:
     return v
 
 
-def put_signal(comm: Any, window: Window, offset: int, src: Any, peer: int, *, sig_idx: int = 0, ctx: int = 0,
+def put_signal(comm: Any, window: Window, offset: SupportsIndex, src: Any, peer: SupportsIndex, *, sig_idx: int = 0,
+               ctx: int = 0,
                stream: Any = None, async_op: bool = False, timeout: Optional[Seconds] = None) -> Any:
     """Copy ``src`` into ``peer``'s part of ``window`` at byte ``offset``, then signal ``peer``
     on (``sig_idx``, ``ctx``) (``ncclPutSignal``). The peer sees the data once its

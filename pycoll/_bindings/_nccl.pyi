@@ -21,7 +21,7 @@ Conventions (they hold for every method of :class:`Library`):
 """
 
 from enum import IntEnum
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 __all__ = [
     "SUCCESS", "IN_PROGRESS", "UNIQUE_ID_BYTES", "SPLIT_NOCOLOR", "SHRINK_DEFAULT", "SHRINK_ABORT",
@@ -122,7 +122,7 @@ class UniqueId:
     """A 128-byte ncclUniqueId: a value type (bytes, equality, hash, pickle)."""
 
     # data: None gives zeros; any bytes-like of exactly 128 bytes, else ValueError
-    def __init__(self, data: Optional[bytes] = None) -> None: ...
+    def __init__(self, data: Optional[Union[bytes, bytearray, memoryview]] = None) -> None: ...
     @classmethod
     def from_bytes(cls, data: bytes) -> UniqueId: ...
     def __bytes__(self) -> bytes: ...

@@ -70,7 +70,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from .. import _settings
 from ..buffers import Buffer
@@ -243,7 +243,7 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         *,
         stacks: Optional[bool] = None,
         stack_depth: Optional[int] = None,
-        dump_dir: Optional[str] = None,
+        dump_dir: Optional[Union[str, os.PathLike]] = None,
         file_prefix: Optional[str] = None,
         write_json: Optional[bool] = None,
     ) -> None:
@@ -284,7 +284,7 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         buffer_size: Optional[int] = None,
         stacks: Optional[bool] = None,
         stack_depth: Optional[int] = None,
-        dump_dir: Optional[str] = None,
+        dump_dir: Optional[Union[str, os.PathLike]] = None,
         file_prefix: Optional[str] = None,
         write_json: Optional[bool] = None,
     ) -> None:
@@ -672,7 +672,7 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         reason: str = "manual",
         *,
         trigger: str = "manual",
-        dump_dir: Optional[str] = None,
+        dump_dir: Optional[Union[str, os.PathLike]] = None,
         generations: Optional[Iterable[int]] = None,
         stacks: bool = True,
         write_json: Optional[bool] = None,

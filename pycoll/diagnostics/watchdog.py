@@ -72,9 +72,10 @@ import threading
 import time
 import traceback
 from collections import deque
-from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 from .. import _settings, failpoints as _fp, hooks
+from .._settings import Seconds
 from ..errors import CommAborted, StoreTimeout
 from ..hooks import CommObserver, CommView, WorkView
 from ..store import torch as torch_store
@@ -179,19 +180,19 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         recorder: Optional[FlightRecorder] = None,
         *,
         enabled: Optional[bool] = None,
-        interval: Optional[float] = None,
-        publish_interval: Optional[float] = None,
-        stall_timeout: Optional[float] = None,
-        report_timeout: Optional[float] = None,
-        abort_grace: Optional[float] = None,
-        dump_timeout: Optional[float] = None,
+        interval: Optional[Seconds] = None,
+        publish_interval: Optional[Seconds] = None,
+        stall_timeout: Optional[Seconds] = None,
+        report_timeout: Optional[Seconds] = None,
+        abort_grace: Optional[Seconds] = None,
+        dump_timeout: Optional[Seconds] = None,
         dump_hold: Optional[float] = None,
         dump_on_failure: Optional[bool] = None,
         dump_signal: Any = None,
         communicators: Callable[[], Iterable[CommView]] = hooks.live_communicators,
         liveness: Optional[bool] = None,
-        liveness_interval: Optional[float] = None,
-        heartbeat_timeout: Optional[float] = None,
+        liveness_interval: Optional[Seconds] = None,
+        heartbeat_timeout: Optional[Seconds] = None,
     ) -> None:
         self.recorder = recorder or get_recorder()
         # the monitor thread's rounds, begun and done: a dump signal read in one is queued by its end
@@ -241,18 +242,18 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         self,
         *,
         enabled: Optional[bool] = None,
-        interval: Optional[float] = None,
-        publish_interval: Optional[float] = None,
-        stall_timeout: Optional[float] = None,
-        report_timeout: Optional[float] = None,
-        abort_grace: Optional[float] = None,
-        dump_timeout: Optional[float] = None,
+        interval: Optional[Seconds] = None,
+        publish_interval: Optional[Seconds] = None,
+        stall_timeout: Optional[Seconds] = None,
+        report_timeout: Optional[Seconds] = None,
+        abort_grace: Optional[Seconds] = None,
+        dump_timeout: Optional[Seconds] = None,
         dump_hold: Optional[float] = None,
         dump_on_failure: Optional[bool] = None,
         dump_signal: Any = None,
         liveness: Optional[bool] = None,
-        liveness_interval: Optional[float] = None,
-        heartbeat_timeout: Optional[float] = None,
+        liveness_interval: Optional[Seconds] = None,
+        heartbeat_timeout: Optional[Seconds] = None,
         records_keep: Optional[float] = None,
         _initial: bool = False,
     ) -> None:
@@ -334,8 +335,9 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         _log.debug("watchdog started (interval %.3g s, publish %.3g s, stall %.3g s)", self.interval,
                    self.publish_interval, self.stall_timeout)
 
-    def stop(self, timeout: float = 5.0) -> None:
+    def stop(self, timeout: Seconds = 5.0) -> None:
         """Stop the threads (they restart with the next communicator if ``enabled``)."""
+        timeout = _settings.seconds(timeout, "timeout", positive=False)  # before anything is stopped
         with self._lock:
             threads, self._threads = self._threads, []
             self._stop.set()
@@ -592,7 +594,7 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
 
     # -- dumps -----------------------------------------------------------------------------------
 
-    def dump(self, reason: str = "manual", *, trigger: str = "manual", wait: Optional[float] = None,
+    def dump(self, reason: str = "manual", *, trigger: str = "manual", wait: Optional[Seconds] = None,
              extra: Optional[Dict[str, Any]] = None) -> List[str]:
         """Dump the flight recorder from the monitor thread; wait up to ``wait`` s (None: dump_timeout).
 
@@ -600,7 +602,8 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         written (empty when the wait ended first: the dump still happens). ``extra``: facts added
         to the dump's ``pycoll`` section.
         """
-        return self._dump(reason, trigger, wait, extra=extra)
+        return self._dump(reason, trigger, None if wait is None else _settings.seconds(wait, "wait", positive=False),
+                          extra=extra)
 
     def _dump(self, reason: str, trigger: str, wait: Optional[float], created: Optional[float] = None,
               extra: Optional[Dict[str, Any]] = None) -> List[str]:
@@ -619,14 +622,15 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         self._poke()
         return job
 
-    def wait_for_dumps(self, timeout: Optional[float] = None) -> bool:
+    def wait_for_dumps(self, timeout: Optional[Seconds] = None) -> bool:
         """Write the reports and dumps queued or held so far, waiting up to ``timeout`` s (None:
         ``dump_timeout``); True when all were written.
 
         Runs at interpreter exit, so that a failure dump being written when the user's code ends
         is not lost with the daemon threads.
         """
-        deadline = time.monotonic() + (self.dump_timeout if timeout is None else timeout)
+        deadline = time.monotonic() + (self.dump_timeout if timeout is None else
+                                       _settings.seconds(timeout, "timeout", positive=False))
         self._dumps.flushing = True  # held reports and dumps go ahead now
         begun = self._rounds_begun
         self._poke()
@@ -992,7 +996,7 @@ def enable_dump_signal(signum: Any = "SIGUSR1") -> None:
 def dump_flight_recorder(
     reason: str = "manual",
     *,
-    dump_dir: Optional[str] = None,
+    dump_dir: Optional[Union[str, os.PathLike]] = None,
     all_ranks: bool = False,
     stacks: bool = True,
     write_json: Optional[bool] = None,

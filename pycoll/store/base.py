@@ -19,10 +19,13 @@ import abc
 import re
 import time
 from datetime import timedelta
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar, Union
 
 from .. import _settings
+from .._settings import Seconds
 from ..errors import NotSupported, StoreError, StoreTimeout
+
+_S = TypeVar("_S", bound="Store")
 
 __all__ = ["Store", "PrefixStore", "DEFAULT_TIMEOUT", "Value", "Keys"]
 
@@ -159,7 +162,7 @@ class Store(abc.ABC):
         self.set(key, value)
 
     @abc.abstractmethod
-    def get(self, key: str, timeout: Optional[float] = None) -> bytes:
+    def get(self, key: str, timeout: Optional[Seconds] = None) -> bytes:
         """Return the value of ``key``, waiting up to ``timeout`` seconds for it to be set.
 
         Raises :class:`StoreTimeout` if the key does not exist when the timeout expires.
@@ -173,7 +176,7 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
-    def wait(self, keys: Keys, timeout: Optional[float] = None) -> None:
+    def wait(self, keys: Keys, timeout: Optional[Seconds] = None) -> None:
         """Wait until every key in ``keys`` exists; :class:`StoreTimeout` names the missing ones."""
 
     @abc.abstractmethod
@@ -200,7 +203,7 @@ class Store(abc.ABC):
         """Return the sorted keys that start with ``prefix``."""
         raise NotSupported("list_keys", library=type(self).__name__)
 
-    def multi_get(self, keys: Keys, timeout: Optional[float] = None) -> List[bytes]:
+    def multi_get(self, keys: Keys, timeout: Optional[Seconds] = None) -> List[bytes]:
         """Return the values of ``keys``, waiting up to ``timeout`` seconds for all of them."""
         keys = _check_keys(keys)
         timeout = _check_timeout(timeout, self.timeout)
@@ -224,7 +227,7 @@ class Store(abc.ABC):
             if self.compare_set(key, old, new) == new:
                 return len(new)
 
-    def append_get(self, key: str, value: Value, wait_key: str, timeout: Optional[float] = None) -> bytes:
+    def append_get(self, key: str, value: Value, wait_key: str, timeout: Optional[Seconds] = None) -> bytes:
         """:meth:`append` ``value`` to ``key``, then return the value of ``wait_key`` once it exists, as
         :meth:`get` does (:class:`StoreTimeout` after ``timeout`` seconds; the append stays made).
 
@@ -236,7 +239,7 @@ class Store(abc.ABC):
         self.append(key, value)
         return self.get(wait_key, t)
 
-    def wait_size(self, key: str, size: int, timeout: Optional[float] = None) -> bytes:
+    def wait_size(self, key: str, size: int, timeout: Optional[Seconds] = None) -> bytes:
         """Return the value of ``key`` once it holds at least ``size`` bytes (``append`` makes it grow),
         waiting up to ``timeout`` seconds: one request however many writers append, instead of one
         poll per writer. :class:`StoreTimeout` names the key and the size.
@@ -268,7 +271,7 @@ class Store(abc.ABC):
         """Close what the store keeps open between calls (a client's idle connections); it stays usable, a later call
         opens what it needs. For a store kept only for a late call (see :meth:`Watchdog.comm_closed`)."""
 
-    def __enter__(self) -> Store:
+    def __enter__(self: _S) -> _S:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -332,7 +335,7 @@ class PrefixStore(Store):
     def set_nowait(self, key: str, value: Value) -> None:
         self.store.set_nowait(self._k(key), value)
 
-    def get(self, key: str, timeout: Optional[float] = None) -> bytes:
+    def get(self, key: str, timeout: Optional[Seconds] = None) -> bytes:
         try:
             return self.store.get(self._k(key), timeout)
         except StoreTimeout as exc:
@@ -341,7 +344,7 @@ class PrefixStore(Store):
     def add(self, key: str, amount: int) -> int:
         return self.store.add(self._k(key), amount)
 
-    def wait(self, keys: Keys, timeout: Optional[float] = None) -> None:
+    def wait(self, keys: Keys, timeout: Optional[Seconds] = None) -> None:
         try:
             self.store.wait([self._k(k) for k in _check_keys(keys)], timeout)
         except StoreTimeout as exc:
@@ -362,7 +365,7 @@ class PrefixStore(Store):
     def list_keys(self, prefix: str = "") -> List[str]:
         return self._strip(self.store.list_keys(self._k(prefix)))
 
-    def multi_get(self, keys: Keys, timeout: Optional[float] = None) -> List[bytes]:
+    def multi_get(self, keys: Keys, timeout: Optional[Seconds] = None) -> List[bytes]:
         try:
             return self.store.multi_get([self._k(k) for k in _check_keys(keys)], timeout)
         except StoreTimeout as exc:
@@ -371,13 +374,13 @@ class PrefixStore(Store):
     def append(self, key: str, value: Value) -> int:
         return self.store.append(self._k(key), value)
 
-    def append_get(self, key: str, value: Value, wait_key: str, timeout: Optional[float] = None) -> bytes:
+    def append_get(self, key: str, value: Value, wait_key: str, timeout: Optional[Seconds] = None) -> bytes:
         try:
             return self.store.append_get(self._k(key), value, self._k(wait_key), timeout)
         except StoreTimeout as exc:
             raise self._unprefixed(exc) from None
 
-    def wait_size(self, key: str, size: int, timeout: Optional[float] = None) -> bytes:
+    def wait_size(self, key: str, size: int, timeout: Optional[Seconds] = None) -> bytes:
         try:
             return self.store.wait_size(self._k(key), size, timeout)
         except StoreTimeout as exc:

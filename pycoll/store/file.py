@@ -13,6 +13,7 @@ import time
 from typing import Any, Callable, ClassVar, Dict, Iterator, List, Optional, Tuple, Union
 
 from .._procs import stat_fields
+from .._settings import Seconds
 from ..errors import StoreError, StoreTimeout
 from . import _safefiles
 from .base import (
@@ -166,7 +167,7 @@ class FileStore(Store):
 
     COMPACT_MIN_BYTES = 1 << 16
 
-    def __init__(self, path: Union[str, os.PathLike], timeout: float = DEFAULT_TIMEOUT,
+    def __init__(self, path: Union[str, os.PathLike], timeout: Seconds = DEFAULT_TIMEOUT,
                  poll_interval: float = 0.02) -> None:
         if not os.fspath(path):
             raise ValueError("FileStore: path must name a file, got ''")
@@ -371,7 +372,7 @@ class FileStore(Store):
         with self._locked():
             self._set_locked(key, value)
 
-    def get(self, key: str, timeout: Optional[float] = None) -> bytes:
+    def get(self, key: str, timeout: Optional[Seconds] = None) -> bytes:
         key = _check_key(key)
         return self._poll([key], _check_timeout(timeout, self.timeout), lambda: self._table.data[key])
 
@@ -392,11 +393,11 @@ class FileStore(Store):
             self._set_locked(key, new)
             return len(new)
 
-    def wait(self, keys: Keys, timeout: Optional[float] = None) -> None:
+    def wait(self, keys: Keys, timeout: Optional[Seconds] = None) -> None:
         keys = _check_keys(keys)
         self._poll(keys, _check_timeout(timeout, self.timeout), lambda: None)
 
-    def multi_get(self, keys: Keys, timeout: Optional[float] = None) -> List[bytes]:
+    def multi_get(self, keys: Keys, timeout: Optional[Seconds] = None) -> List[bytes]:
         keys = _check_keys(keys)
         return self._poll(keys, _check_timeout(timeout, self.timeout), lambda: [self._table.data[k] for k in keys])
 

@@ -6,6 +6,7 @@ import os
 import threading
 from typing import Any, List, Optional
 
+from .._settings import Seconds
 from ..errors import StoreError
 from .base import (
     DEFAULT_TIMEOUT,
@@ -30,7 +31,7 @@ __all__ = ["MemoryStore"]
 class MemoryStore(Store):
     """A store held in this process; threads share it. Useful for one-process jobs and tests."""
 
-    def __init__(self, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(self, timeout: Seconds = DEFAULT_TIMEOUT) -> None:
         self.timeout = _check_timeout(timeout, DEFAULT_TIMEOUT)
         self._table = _Table()
         self._cond_ = threading.Condition()
@@ -59,7 +60,7 @@ class MemoryStore(Store):
         if not self._cond.wait_for(lambda: not self._table.missing(keys), timeout):
             raise _timeout_error(keys, timeout, missing=self._table.missing(keys))
 
-    def get(self, key: str, timeout: Optional[float] = None) -> bytes:
+    def get(self, key: str, timeout: Optional[Seconds] = None) -> bytes:
         key = _check_key(key)
         timeout = _check_timeout(timeout, self.timeout)
         with self._cond:
@@ -73,13 +74,13 @@ class MemoryStore(Store):
             self._cond.notify_all()
             return value
 
-    def wait(self, keys: Keys, timeout: Optional[float] = None) -> None:
+    def wait(self, keys: Keys, timeout: Optional[Seconds] = None) -> None:
         keys = _check_keys(keys)
         timeout = _check_timeout(timeout, self.timeout)
         with self._cond:
             self._wait_locked(keys, timeout)
 
-    def multi_get(self, keys: Keys, timeout: Optional[float] = None) -> List[bytes]:
+    def multi_get(self, keys: Keys, timeout: Optional[Seconds] = None) -> List[bytes]:
         keys = _check_keys(keys)
         timeout = _check_timeout(timeout, self.timeout)
         with self._cond:
@@ -101,7 +102,7 @@ class MemoryStore(Store):
             self._cond.notify_all()
             return n
 
-    def wait_size(self, key: str, size: int, timeout: Optional[float] = None) -> bytes:
+    def wait_size(self, key: str, size: int, timeout: Optional[Seconds] = None) -> bytes:
         key, size = _check_key(key), _check_size(size)
         t = _check_timeout(timeout, self.timeout)
         with self._cond:

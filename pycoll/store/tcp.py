@@ -10,9 +10,10 @@ import secrets
 import socket
 import threading
 import time
-from typing import Any, List, Optional, Sequence, Set, Tuple, Union, cast
+from typing import Any, List, Optional, Sequence, Set, Tuple, Union
 
 from .. import failpoints as _fp
+from .._settings import Seconds
 from ..errors import StoreAuthError, StoreError, StoreLost, StoreTimeout
 from ._wire import (
     _AUTH_BAD_TOKEN,
@@ -189,8 +190,8 @@ class TCPStore(Store):
         port: int,
         token: Union[str, bytes, None] = None,
         *,
-        timeout: float = DEFAULT_TIMEOUT,
-        connect_timeout: float = 60.0,
+        timeout: Seconds = DEFAULT_TIMEOUT,
+        connect_timeout: Seconds = 60.0,
         max_message: int = DEFAULT_MAX_MESSAGE,
     ) -> None:
         if not isinstance(port, int) or not 0 < port <= 65535:
@@ -232,7 +233,7 @@ class TCPStore(Store):
         server = TCPStoreServer(bind, port, token, max_message=max_message,
                                 max_unauthenticated=max_unauthenticated).start()
         try:
-            client = cast(TCPStore, server.client(max_message=max_message, **kwargs))
+            client = server.client(max_message=max_message, **kwargs)
         except BaseException:
             server.close()
             raise
@@ -450,7 +451,7 @@ class TCPStore(Store):
         self._release(conn)
         _fp.hit(FP_AFTER_REQUEST)
 
-    def get(self, key: str, timeout: Optional[float] = None) -> bytes:
+    def get(self, key: str, timeout: Optional[Seconds] = None) -> bytes:
         key = _check_key(key)
         t = _check_timeout(timeout, self.timeout)
         return self._call(_OP_GET, [key.encode(), _D.pack(t)], t, [key])[0]
@@ -459,12 +460,12 @@ class TCPStore(Store):
         out = self._call(_OP_ADD, [_check_key(key).encode(), _Q.pack(_check_amount(amount))])
         return _Q.unpack(out[0])[0]
 
-    def wait(self, keys: Keys, timeout: Optional[float] = None) -> None:
+    def wait(self, keys: Keys, timeout: Optional[Seconds] = None) -> None:
         keys = _check_keys(keys)
         t = _check_timeout(timeout, self.timeout)
         self._call(_OP_WAIT, [_D.pack(t)] + [k.encode() for k in keys], t, keys)
 
-    def multi_get(self, keys: Keys, timeout: Optional[float] = None) -> List[bytes]:
+    def multi_get(self, keys: Keys, timeout: Optional[Seconds] = None) -> List[bytes]:
         keys = _check_keys(keys)
         t = _check_timeout(timeout, self.timeout)
         return self._call(_OP_MULTI_GET, [_D.pack(t)] + [k.encode() for k in keys], t, keys)
@@ -484,7 +485,7 @@ class TCPStore(Store):
                 self._legacy_server = True
         return super().append(key, data)
 
-    def append_get(self, key: str, value: Value, wait_key: str, timeout: Optional[float] = None) -> bytes:
+    def append_get(self, key: str, value: Value, wait_key: str, timeout: Optional[Seconds] = None) -> bytes:
         data = _to_bytes(value)
         if not data:
             raise ValueError("append_get() needs a non-empty value")
@@ -498,7 +499,7 @@ class TCPStore(Store):
                 self._legacy_server = True
         return super().append_get(key, data, wait_key, t)
 
-    def wait_size(self, key: str, size: int, timeout: Optional[float] = None) -> bytes:
+    def wait_size(self, key: str, size: int, timeout: Optional[Seconds] = None) -> bytes:
         key, size = _check_key(key), _check_size(size)
         t = _check_timeout(timeout, self.timeout)
         if not self._legacy_server:

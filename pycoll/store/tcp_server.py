@@ -14,9 +14,10 @@ import socket
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from .. import _settings
+from .._settings import Seconds
 from ..errors import StoreError
 from ._wire import (
     _AUTH_BAD_TOKEN,
@@ -56,7 +57,10 @@ from ._wire import (
     _ProtocolError,
     _token_bytes,
 )
-from .base import Store, _Table
+from .base import _Table
+
+if TYPE_CHECKING:
+    from .tcp import TCPStore
 
 __all__ = ["TCPStoreServer", "unauthenticated_for"]
 
@@ -169,7 +173,7 @@ class TCPStoreServer:
     """
 
     # The class client() makes: TCPStore, which sets it (pycoll.store.tcp imports this module, not the reverse).
-    _client_class: Optional[Callable[..., Store]] = None
+    _client_class: Optional[Callable[..., TCPStore]] = None
 
     def __init__(
         self,
@@ -178,7 +182,7 @@ class TCPStoreServer:
         token: Union[str, bytes, None] = None,
         *,
         max_message: int = DEFAULT_MAX_MESSAGE,
-        handshake_timeout: float = 10.0,
+        handshake_timeout: Seconds = 10.0,
         backlog: int = 1024,
         max_unauthenticated: int = DEFAULT_MAX_UNAUTHENTICATED,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
@@ -262,7 +266,7 @@ class TCPStoreServer:
         """``(host, port)`` the server listens on."""
         return (self.host, self.port)
 
-    def client(self, **kwargs: Any) -> Store:
+    def client(self, **kwargs: Any) -> TCPStore:
         """A :class:`~pycoll.store.TCPStore` connected to this server over loopback (or its bound address)."""
         host = self.host if self.host not in ("", "0.0.0.0", "::") else "127.0.0.1"
         assert self._client_class is not None

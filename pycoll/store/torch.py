@@ -11,6 +11,7 @@ import time
 from datetime import timedelta
 from typing import Any, Callable, Iterator, List, Optional, Sequence
 
+from .._settings import Seconds
 from ..errors import NotSupported, StoreError, StoreLost
 from .base import (
     DEFAULT_TIMEOUT,
@@ -121,7 +122,7 @@ class TorchStoreAdapter(Store):
     (a separate connection) instead.
     """
 
-    def __init__(self, store: Any, timeout: Optional[float] = None) -> None:
+    def __init__(self, store: Any, timeout: Optional[Seconds] = None) -> None:
         missing = [m for m in _TORCH_METHODS if not callable(getattr(store, m, None))]
         if missing:
             raise TypeError(f"{type(store).__name__} is not a torch-style store: it lacks {', '.join(missing)}")
@@ -220,7 +221,7 @@ class TorchStoreAdapter(Store):
         key, value = _check_key(key), _to_bytes(value)
         self._run("set", lambda: self.torch_store.set(key, value))
 
-    def get(self, key: str, timeout: Optional[float] = None) -> bytes:
+    def get(self, key: str, timeout: Optional[Seconds] = None) -> bytes:
         key = _check_key(key)
         t = _check_timeout(timeout, self.timeout)
         if t == 0:
@@ -234,7 +235,7 @@ class TorchStoreAdapter(Store):
         key, amount = _check_key(key), _check_amount(amount)
         return int(self._run("add", lambda: self.torch_store.add(key, amount), [key]))
 
-    def wait(self, keys: Keys, timeout: Optional[float] = None) -> None:
+    def wait(self, keys: Keys, timeout: Optional[Seconds] = None) -> None:
         keys = _check_keys(keys)
         t = _check_timeout(timeout, self.timeout)
         if t == 0:
@@ -244,7 +245,7 @@ class TorchStoreAdapter(Store):
             return
         self._wait(keys, t)
 
-    def multi_get(self, keys: Keys, timeout: Optional[float] = None) -> List[bytes]:
+    def multi_get(self, keys: Keys, timeout: Optional[Seconds] = None) -> List[bytes]:
         """Poll until every key exists, then read them in one request (torch's ``multi_get``) where the
         torch store has it."""
         keys = _check_keys(keys)
@@ -296,7 +297,7 @@ class TorchStoreAdapter(Store):
         self._local = threading.local()
 
 
-def wrap_torch_store(store: Any, timeout: Optional[float] = None) -> Store:
+def wrap_torch_store(store: Any, timeout: Optional[Seconds] = None) -> Store:
     """Return ``store`` as a pycoll :class:`Store`: pycoll stores unchanged, torch-style ones adapted."""
     if isinstance(store, Store):
         return store

@@ -681,3 +681,15 @@ def test_the_dump_signal_asked_for_off_the_main_thread_is_refused(make_wd):
     t.join(10)
     assert caught and "main thread" in caught[0]
     assert signal.getsignal(signal.SIGUSR2) in (signal.SIG_DFL, None)
+
+
+def test_the_watchdogs_waits_take_timedeltas_as_every_timeout_does(make_wd):
+    # dump(wait=), wait_for_dumps(timeout=) and stop(timeout=) raised TypeError on a timedelta (stop() after it had
+    # half stopped the watchdog)
+    import datetime
+
+    wd = make_wd([])
+    wd.dump("td", wait=datetime.timedelta(seconds=5))
+    assert wd.wait_for_dumps(datetime.timedelta(seconds=5))
+    wd.stop(datetime.timedelta(seconds=5))
+    assert not wd.running

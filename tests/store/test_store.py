@@ -1075,3 +1075,19 @@ def test_a_memory_store_stays_in_its_process():
     with pytest.raises(TypeError, match="a MemoryStore cannot be pickled .* use a TCPStore or a FileStore"):
         pickle.dumps(s)
     assert s.get("a") == b"1"
+
+
+def test_a_connect_timeout_has_the_attributes_a_wait_timeout_has():
+    # a handler reading e.timeout/e.missing (declared on the class) got AttributeError from a connect timeout
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    with pytest.raises(StoreTimeout) as ei:
+        TCPStore("127.0.0.1", port, "tok", connect_timeout=0.3)
+    assert ei.value.keys == [] and ei.value.missing == [] and ei.value.timeout is None
+    with pytest.raises(StoreTimeout) as ei:
+        MemoryStore().get("k", timeout=0.05)
+    assert ei.value.keys == ["k"] and ei.value.missing == ["k"] and ei.value.timeout == 0.05
