@@ -63,6 +63,7 @@ cdef class Lock:
     cdef sem_t _sem
     cdef bint _held
     cdef unsigned long _holder  # the thread that took it (0: none)
+    cdef bint _no_self_wait  # a communicator's: its holder waiting for it again raises (nobody else releases it)
     cdef bint take(self, double timeout) except -1
     cdef int give(self) except -1
 

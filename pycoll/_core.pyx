@@ -400,7 +400,7 @@ cdef class Lock:
         cdef double end = 0, left
         cdef timespec until
         cdef unsigned long me = PyThread_get_thread_ident()
-        if not got and self._held and self._holder == me and timeout < 0:
+        if not got and self._no_self_wait and self._held and self._holder == me and timeout < 0:
             # this thread holds it and would wait for itself for ever: code that ran while pycoll held it -- a
             # finalizer or __del__ of an array let go, a gc callback, a signal handler -- called pycoll back
             raise CommStateError(
@@ -497,6 +497,7 @@ cdef class CommCore:
         self._lock = RLock()  # serialises library calls on the handle (not aborts nor async-error reads)
         self._plock = Lock()  # guards _pending, work states and _failure
         self._hlock = Lock()  # held while the handle is read for an async-error query, and while it is freed
+        self._plock._no_self_wait = self._hlock._no_self_wait = True  # only their holder ever releases them
 
     def group(self):
         """Group the operations issued in the block (``ncclGroupStart``/``ncclGroupEnd``): ``with comm.group():``.

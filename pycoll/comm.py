@@ -292,8 +292,9 @@ def abort_all(comms: Sequence[Communicator], timeout: Optional[Seconds] = None) 
             _log.error("ncclCommAbort of %s failed: %s", names, errors[0])
     for c in begun:
         c._end_abort()
-    for c in comms:  # one another thread is aborting: returns once it is done, as an abort that does it itself
-        if c not in begun and c._state == "aborted":
+    me = threading.get_ident()
+    for c in comms:  # one another thread is aborting: returns once it is done, as an abort that does it itself (one
+        if c not in begun and c._state == "aborted" and c._aborter != me:  # this thread began finishes after this)
             c._released.wait(limit)
 
 
@@ -401,6 +402,7 @@ class Communicator(_core.CommCore):
         self._failure = None
         self._failure_handled = threading.Event()  # fail() is done: observers told, the policy has acted
         self._released = threading.Event()  # an abort or destroy has released what pycoll held
+        self._aborter: Optional[int] = None  # the thread that began its abort
         self._failing_thread = 0  # the thread running fail()
         self._revoke_expected = False  # expect_revoke(): a failure found from then on revokes instead
         self.failed_at: Optional[float] = None  # wall-clock time of the failure
@@ -1382,6 +1384,7 @@ class Communicator(_core.CommCore):
             if self._state in ("aborted", "destroyed", "inherited"):
                 return False, None
             self._state = "aborted"
+            self._aborter = threading.get_ident()
             why = self._aborted_why = (f" after: {self._failure}" if self._failure is not None
                                        else f" (abort() in thread {threading.current_thread().name!r})")
             for w in self._pending:  # each is told which operation the abort stopped
@@ -1432,7 +1435,10 @@ class Communicator(_core.CommCore):
         self._release_device_later()()  # nothing left when the abort thread took them
 
     def _closed(self) -> None:
-        self._released.set()
+        with self._plock:  # once: a destroy that finished as another thread's abort did calls it too
+            if self._released.is_set():
+                return
+            self._released.set()
         hooks.discard_live(self)
         hooks.notify_closed(self)  # the operations an abort stopped still listed: the recorder keeps how they ended
         with self._plock:

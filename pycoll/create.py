@@ -284,8 +284,7 @@ def init(
             absent = [r for r in range(world_size) if not store.check([f"{base}/arrived/{r}"])]
             gone = _given_up(store, base) if meeting else ""
             return ((f"; ranks that never arrived: {absent}" if absent
-                     else "; every rank arrived at the store and called the library's init: one of them stopped, "
-                          "died or is held inside it")
+                     else "; every rank arrived at the store and called the library's init")
                     + (f"; {gone}" if gone else ""))
 
         if status == B.IN_PROGRESS:

@@ -23,8 +23,9 @@ struct fp_entry {
   long ms;     /* sleep(MS) */
   long nth;
   bool repeat;
-  long rank; /* -1: any */
-  long replacement; /* -1: any */
+  bool any_rank, any_replacement; /* no rank= filter; replacement=any */
+  long rank;
+  long replacement;
   long passes;
   char trace[256]; /* a file each firing is appended to ("" none) */
 };
@@ -33,6 +34,7 @@ int fp_state = 0;
 static struct fp_entry fp_entries[FP_MAX];
 static int fp_count = 0;
 static long fp_rank = -1, fp_replacement = 0;
+static bool fp_rank_known = false; /* PYCOLL_RANK set: a rank=R filter matches nothing without it (as in Python) */
 static pthread_once_t fp_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t fp_mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -82,7 +84,7 @@ static void parse_entry(char* s, char* e) {
   trim(&as, &ae);
   size_t nlen = (size_t)(ne - ns);
   if (nlen == 0 || nlen >= FP_NAME) return;
-  struct fp_entry f = {.nth = 1, .rank = -1, .replacement = 0};
+  struct fp_entry f = {.nth = 1, .any_rank = true, .replacement = 0};
   memcpy(f.name, ns, nlen);
   f.name[nlen] = 0;
   if (nlen && f.name[nlen - 1] == '*') {
@@ -120,10 +122,13 @@ static void parse_entry(char* s, char* e) {
     trim(&ks, &ke);
     trim(&vs, &ve);
     bool ok;
-    if (is_word(ks, ke, "rank")) ok = whole_long(vs, ve, &f.rank);
-    else if (is_word(ks, ke, "replacement"))
-      ok = is_word(vs, ve, "any") ? (f.replacement = -1, true) : whole_long(vs, ve, &f.replacement);
-    else if (is_word(ks, ke, "trace") && ve > vs && (size_t)(ve - vs) < sizeof f.trace) {
+    if (is_word(ks, ke, "rank")) {
+      ok = whole_long(vs, ve, &f.rank);
+      f.any_rank = false;
+    } else if (is_word(ks, ke, "replacement")) {
+      f.any_replacement = is_word(vs, ve, "any");
+      ok = f.any_replacement || whole_long(vs, ve, &f.replacement);
+    } else if (is_word(ks, ke, "trace") && ve > vs && (size_t)(ve - vs) < sizeof f.trace) {
       memcpy(f.trace, vs, (size_t)(ve - vs));
       f.trace[ve - vs] = 0;
       ok = true;
@@ -142,6 +147,7 @@ static void parse_entry(char* s, char* e) {
 static void fp_read(void) {
   const char* spec = getenv("PYCOLL_FAILPOINTS");
   fp_rank = env_long("PYCOLL_RANK", -1);
+  fp_rank_known = env_long("PYCOLL_RANK", -1) == env_long("PYCOLL_RANK", -2); /* set, and an integer */
   fp_replacement = env_long("PYCOLL_REPLACEMENT", 0);
   if (spec && *spec) {
     char* copy = strdup(spec);
@@ -170,8 +176,8 @@ int fp_hit_slow(const char* name) {
   for (int i = 0; i < fp_count && !action; i++) {
     struct fp_entry* f = &fp_entries[i];
     bool match = f->prefix ? strncmp(name, f->name, strlen(f->name)) == 0 : strcmp(name, f->name) == 0;
-    if (!match || (f->rank >= 0 && f->rank != fp_rank)) continue;
-    if (f->replacement >= 0 && f->replacement != fp_replacement) continue;
+    if (!match || (!f->any_rank && (!fp_rank_known || f->rank != fp_rank))) continue;
+    if (!f->any_replacement && f->replacement != fp_replacement) continue;
     long n = ++f->passes;
     if (n == f->nth || (f->repeat && n > f->nth)) {
       action = f->action;

@@ -895,9 +895,9 @@ def _check_p2p(members: List[int], present: List[int], p2p: Dict[int, List[Dict[
             elif r is None and src in present and dst in present:
                 kind = "no_recv"
                 issue = f"send #{k + 1} from rank {src} to rank {dst} has no matching recv on rank {dst}"
-            elif s is not None and r is not None and (_sizes(s.get("input_sizes")) != _sizes(r.get("output_sizes"))
-                                                      or list(s.get("input_dtypes") or [])
-                                                      != list(r.get("output_dtypes") or [])):
+            elif s is not None and r is not None and (  # element counts, as the library matches them (not shapes)
+                    _numel(_sizes(s.get("input_sizes"))) != _numel(_sizes(r.get("output_sizes")))
+                    or list(s.get("input_dtypes") or []) != list(r.get("output_dtypes") or [])):
                 kind = "mismatch"
                 detail = (f"send of {_sizes(s.get('input_sizes'))} {s.get('input_dtypes')} "
                           f"vs recv of {_sizes(r.get('output_sizes'))} {r.get('output_dtypes')}")

@@ -437,7 +437,8 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         ``"all_reduce #7 on 'world' (started)"`` (at most ``limit``; a last item counts the rest)."""
         with self._lock:
             live = {i.uid for i in self._infos.values() if i.ref() is not None}
-        return self._not_completed(self.entries(), lambda i: i.closed_at is None and i.uid in live, limit)
+        return self._not_completed(self.entries(), lambda i: i.closed_at is None and i.uid in live, limit,
+                                   withdrawn=False)
 
     def failed_closed(self, limit: int = 4) -> List[str]:
         """The operations a failure ended on a communicator that was closed since (its policy's abort, or the
@@ -452,7 +453,10 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         return self._not_completed(
             entries, lambda i: i.closed_at is not None and i.failure is not None and i.pg_id == newest[i.name], limit)
 
-    def _not_completed(self, entries: List[Any], on: Callable[[_CommInfo], bool], limit: int) -> List[str]:
+    def _not_completed(self, entries: List[Any], on: Callable[[_CommInfo], bool], limit: int,
+                       withdrawn: bool = True) -> List[str]:
+        """``withdrawn=False``: leave out the operations that failed and left the outstanding list (a dropped group's:
+        they never ran, and nothing waits for them)."""
         raw = [e for e in entries if on(e[_INFO])]
         infos: Dict[str, _CommInfo] = {e[_INFO].uid: e[_INFO] for e in raw}
         outstanding = _outstanding(c for c in (i.ref() for i in infos.values()) if c is not None)
@@ -460,8 +464,8 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
             w.comm.try_refresh(w)
         out = []
         for e in raw:
-            state = _dynamic(e, outstanding)[0]
-            if state == "completed":
+            state, _, _, _, error = _dynamic(e, outstanding)
+            if state == "completed" or (not withdrawn and error is not None and e[_POS] not in outstanding):
                 continue
             what = (f"{e[_OP]} #{e[_P2P_SEQ]} with peer {e[_PEER]}" if e[_PEER] is not None
                     else f"{e[_OP]} #{e[_SEQ]}")

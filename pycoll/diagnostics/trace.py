@@ -9,7 +9,10 @@ The file opens unchanged in Perfetto (ui.perfetto.dev) and ``chrome://tracing``:
 * every recorded operation as a complete (``"X"``) slice from its enqueue to its completion, with its
   sequence numbers, sizes, dtypes and state in ``args``; an operation not completed when the dump was
   written is drawn to the dump's time (or to its communicator's failure, when it failed), its name ends
-  in ``(in flight)`` or ``(failed)`` and ``args.in_flight`` is true; an operation captured in a CUDA graph
+  in ``(in flight)`` or ``(failed)`` and ``args.in_flight`` is true; one that failed where its communicator did
+  not (an abort, a revoke) ends in ``(failed)``, drawn to the dump (when it ended is not recorded), and one that
+  never ran (its group dropped or refused) is a zero-length slice at its enqueue ending in ``(never ran)``,
+  ``args.never_ran`` true; an operation captured in a CUDA graph
   (it runs only at the graph's replays) is a zero-length slice at its enqueue ending in ``(captured)``,
   ``args.captured`` true;
 * the failures the watchdog recorded, the dump triggers and the analyzer's first divergence and
@@ -23,9 +26,9 @@ the monotonic clock plus its offset from the wall clock, measured again every se
 read serves an operation -- and ``time.time_ns()`` for the dump's ``time_ns``, the failures' and
 transitions' ``time``) and the host name; no monotonic time (it would mean nothing on another host).
 Ranks on one host share its clock; across hosts the rule is: a synchronising collective (all-reduce,
-all-gather, reduce-scatter, all-to-all, barrier) completes on no rank before every rank has entered
-it. So for every such collective that completed on a rank ``a`` of host A and a rank ``b`` of host
-B, the offset of B's clock from A's, ``off``, satisfies ``enqueue_b - completed_a <= off <=
+all-gather, reduce-scatter, all-to-all, barrier; one of no element meets nothing) completes on no rank
+before every rank has entered it. So for every such collective that completed on a rank ``a`` of host A
+and a rank ``b`` of host B, the offset of B's clock from A's, ``off``, satisfies ``enqueue_b - completed_a <= off <=
 completed_b - enqueue_a``. The estimate is the median of ``completed_b - completed_a`` (completions
 are close together), clamped into the intersection of those bounds when it is not empty. Hosts are
 aligned to the host of the lowest rank, through other hosts when they share no communicator with it;
@@ -40,6 +43,7 @@ and calls it (``pycoll-fr DIR --trace out.json``).
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections import defaultdict
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -118,6 +122,9 @@ def clock_offsets(generations: Generations) -> Tuple[Dict[str, int], Dict[str, A
             for e in d.get("entries") or []:
                 if e.get("is_p2p") or e.get("state") != "completed" or _op(e) not in SYNC_OPS:
                     continue
+                if _op(e) != "barrier" and not any(math.prod(s) for s in (e.get("input_sizes") or []) +
+                                                   (e.get("output_sizes") or [])):
+                    continue  # no element: it meets nothing (NCCL's empty collectives return at once)
                 enq, done = _ns(e.get("time_created_ns")), _ns(e.get("time_discovered_completed_ns"))
                 if enq is None or done is None or done < enq:
                     continue
@@ -270,6 +277,14 @@ def build_trace(generations: Generations, reports: Optional[Sequence[Dict[str, A
                         dur_ms = e.get("duration_ms")
                         done = t0 + int(float(dur_ms) * 1e6) if isinstance(dur_ms, (int, float)) else t0
                         args["completion_time"] = "not recorded"
+                elif e.get("pycoll_error") and failed_at.get(uid) is None and state == "scheduled":
+                    # failed without its communicator failing and never issued: its group was dropped or refused
+                    done, name = t0, name + " (never ran)"
+                    args["never_ran"] = True
+                elif e.get("pycoll_error") and failed_at.get(uid) is None:
+                    # stopped without its communicator failing (an abort, a revoke): when is not recorded
+                    done, name = max(t0, dump_t or t0), name + " (failed)"
+                    args["drawn_to"] = "the dump (when it ended is not recorded)"
                 else:
                     args["in_flight"] = True
                     counts["in_flight"] += 1

@@ -501,6 +501,18 @@ def test_healthy_run(tmp_path, capsys):
     assert "no problem found on 'world'" in out
 
 
+def test_a_send_and_its_receive_of_other_shapes_but_as_many_elements_match(tmp_path):
+    def script(r, c):
+        if r == 0:
+            c.op("send", np.ones((2, 3), np.float32), peer=1)
+        else:
+            c.op("recv", None, f32(6), peer=0)
+        allreduces(c, 1)
+
+    rep, c = one(make_dumps(tmp_path, 2, script))
+    assert rep["ok"] and not c["p2p"], c["p2p"]
+
+
 def test_unmatched_send(tmp_path):
     def script(r, c):
         allreduces(c, 1)

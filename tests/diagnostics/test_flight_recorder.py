@@ -623,3 +623,15 @@ def test_a_dump_from_a_signal_handler_that_ran_inside_a_dump_is_written(tmp_path
     FakeComm(rec, 0, 1).op("all_reduce", f32(2), f32(2))
     with rec._dump_lock, rec._lock:  # where the handler ran
         assert rec.dump("handler")
+
+
+def test_a_dropped_groups_operations_are_not_outstanding_at_exit(rec):
+    # the exit dump said 'exit in rank 0 while all_reduce #2 (scheduled) ... outstanding' of operations that had
+    # failed with their dropped group and left the outstanding list
+    c = FakeComm(rec, 0, 1)
+    w = c.op("all_reduce", f32(2), f32(2), state="scheduled")
+    w._exc = pycoll.CommStateError("all_reduce (seq 1) never ran: its block raised")
+    c.pending.remove(w)
+    rec.work_withdrawn(w)
+    assert rec.unfinished() == []
+    assert rec.as_dict(0)["entries"][0]["pycoll_error"].startswith("CommStateError")

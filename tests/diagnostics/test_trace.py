@@ -399,3 +399,37 @@ def test_plot_without_matplotlib_says_so(tmp_path, monkeypatch, capsys):
     assert analyze.main([d, "--plot", str(tmp_path / "p.png")]) == 2
     assert "needs matplotlib" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "p.png")
+
+
+def test_collectives_of_no_element_do_not_set_the_clocks():
+    # they meet nothing (each rank's returns at once): a host late to five of them was shifted by its lateness
+    ops = [(s, T0 + s * 5 * MS, T0 + s * 5 * MS + 100_000) for s in range(1, 4)]
+    late = [(s, T0 + s * 5 * MS + 400 * MS, T0 + s * 5 * MS + 400 * MS + 10_000) for s in range(4, 9)]
+    early = [(s, T0 + s * 5 * MS, T0 + s * 5 * MS + 10_000) for s in range(4, 9)]
+    dumps = {0: _synthetic(0, "hostA", 0, ops + early, members=(0, 1)),
+             1: _synthetic(1, "hostB", 0, ops + late, members=(0, 1))}
+    for d in dumps.values():
+        for e in d["entries"]:
+            if e["collective_seq_id"] >= 4:
+                e["input_sizes"] = e["output_sizes"] = [[0]]
+    offsets, notes = trace.clock_offsets([(0, dumps)])
+    assert offsets["hostB"] == pytest.approx(0, abs=200_000) and notes["pairs"]["hostA->hostB"]["samples"] == 3
+
+
+def test_operations_that_failed_without_their_communicator_are_not_drawn_in_flight(tmp_path):
+    # an abort's or a dropped group's operations were drawn '(in flight)' up to the dump
+    from pycoll import CommAborted, CommStateError
+
+    def script(r, c, rec):
+        c.op("all_reduce", f32(2), f32(2))
+        w = c.op("all_reduce", f32(2), f32(2), state="scheduled")
+        w._exc = CommStateError("all_reduce (seq 2) never ran: its block raised")
+        w = c.op("all_reduce", f32(2), f32(2), state="started")
+        w._exc = CommAborted("all_reduce #3 on communicator 'world' did not complete: the communicator was aborted")
+
+    t = analyze.trace_dir(_dumps(tmp_path, 1, script))
+    assert trace.check_trace(t) == []
+    by_seq = {e["args"]["seq"]: e for e in slices(t)}
+    assert by_seq[2]["name"].endswith("(never ran)") and by_seq[2]["dur"] == 0 and not by_seq[2]["args"]["in_flight"]
+    assert by_seq[3]["name"].endswith("(failed)") and not by_seq[3]["args"]["in_flight"]
+    assert t["otherData"]["counts"]["in_flight"] == 0

@@ -131,14 +131,16 @@ def _host_notes(rank, n, spec, uid):
 def test_the_host_library_reads_the_blanks_and_newlines_python_reads(tmp_path):
     # the host library took 'rank = 1' for an unknown filter and dropped it: the failpoint fired in every rank (a
     # kill killed the job); 'note @ 2' armed nothing, and a newline between entries joined them
-    done, fill = tmp_path / "done", tmp_path / "fill"
+    done, fill, never = tmp_path / "done", tmp_path / "fill", tmp_path / "never"
     spec = (f" host.coll.done = note @ 2+ ; rank = 1 ; trace = {done} \n"
-            f"host.coll.before_fill =note;\trank=0;trace={fill}")
-    assert len(failpoints.parse(spec)) == 2
+            f"host.coll.before_fill =note;\trank=0;trace={fill},"
+            f"host.coll.done=note;rank=-1;trace={never}")  # no rank is -1 (the library took it for any rank)
+    assert len(failpoints.parse(spec)) == 3
     run_ranks(_host_notes, 2, spec, bytes(pycoll.get_unique_id(backend="host")), timeout=60)
     fired = [ln.split() for ln in done.read_text().splitlines()]
     assert [(f[0], f[2], f[4]) for f in fired] == [("host.coll.done", "1", "2"), ("host.coll.done", "1", "3")], fired
     assert [ln.split()[2] for ln in fill.read_text().splitlines()] == ["0"]
+    assert not never.exists()
 
 
 def test_trace_records_each_firing_and_note_only_records(tmp_path):

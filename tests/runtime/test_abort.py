@@ -192,3 +192,27 @@ def test_an_abort_after_an_abort_or_a_destroy_tells_the_observers_nothing_again(
             assert obs.closed.count(first) == 1, obs.closed
     finally:
         hooks.remove_observer(obs)
+
+
+@pytest.mark.timeout(30)
+def test_an_abort_inside_an_abort_of_the_same_thread_does_not_wait_for_itself():
+    # an observer closing a child when its parent closed, during abort_all([parent, child]): the child's abort waited
+    # PYCOLL_ABORT_TIMEOUT (10 s) for the abort its own thread was in
+    from pycoll import hooks
+
+    parent = pycoll.init(0, 1, backend="host", unique_id=pycoll.get_unique_id(backend="host"), name="parent")
+    child = parent.split(0, name="child")
+
+    class CloseChild(hooks.CommObserver):
+        def comm_closed(self, comm):
+            if comm is parent:
+                child.abort()
+
+    obs = CloseChild()
+    hooks.add_observer(obs)
+    try:
+        t0 = time.monotonic()
+        pycoll.abort_all([parent, child])
+        assert time.monotonic() - t0 < 5 and child.closed
+    finally:
+        hooks.remove_observer(obs)

@@ -154,3 +154,13 @@ def test_a_call_back_into_pycoll_under_its_own_lock_raises_instead_of_waiting_fo
         assert comm.outstanding() == []
     finally:
         comm.destroy()
+
+
+def test_a_lock_another_thread_releases_may_be_waited_for_by_its_holder():
+    # as threading.Lock: only a communicator's own locks, which no other thread releases, refuse that wait
+    lock = Lock()
+    assert lock.acquire()
+    threading.Timer(0.2, lock.release).start()
+    t0 = time.monotonic()
+    assert lock.acquire(timeout=10) and time.monotonic() - t0 >= 0.15
+    lock.release()
