@@ -6,7 +6,9 @@ The file opens unchanged in Perfetto (ui.perfetto.dev) and ``chrome://tracing``:
 * one process track per rank (``pid`` = the rank in the job, named ``rank R (host)``) and, in it, one
   thread track per communicator and generation (``tid``; a second lane when asynchronous operations
   overlap), plus an ``elastic`` track when the rank took part in a recovery;
-* every recorded operation as a complete (``"X"``) slice from its enqueue to its completion, with its
+* every recorded operation as a complete (``"X"``) slice from its enqueue to its completion as the rank saw it
+  (``time_discovered_completed_ns``: a blocking call's return, an asynchronous one's ``wait()``, poll or watchdog
+  round; ``args.device_duration_ms`` is the device's own time, where events timed it), with its
   sequence numbers, sizes, dtypes and state in ``args``; an operation not completed when the dump was
   written is drawn to the dump's time (or to its communicator's failure, when it failed), its name ends
   in ``(in flight)`` or ``(failed)`` and ``args.in_flight`` is true; one that failed where its communicator did
