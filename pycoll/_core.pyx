@@ -399,8 +399,8 @@ cdef class Lock:
         cdef bint got = sem_trywait(&self._sem) == 0
         cdef double end = 0, left
         cdef timespec until
-        cdef unsigned long me = PyThread_get_thread_ident()
-        if not got and self._no_self_wait and self._held and self._holder == me and timeout < 0:
+        if not got and self._no_self_wait and self._held and timeout < 0 and \
+                self._holder == PyThread_get_thread_ident():
             # this thread holds it and would wait for itself for ever: code that ran while pycoll held it -- a
             # finalizer or __del__ of an array let go, a gc callback, a signal handler -- called pycoll back
             raise CommStateError(
@@ -424,7 +424,8 @@ cdef class Lock:
             if not got:
                 PyErr_CheckSignals()
         self._held = True
-        self._holder = me
+        if self._no_self_wait:  # only then is the holder looked at
+            self._holder = PyThread_get_thread_ident()
         return True
 
     cdef int give(self) except -1:
@@ -1431,10 +1432,11 @@ cdef _refresh(CommCore comm, Work w, object dev, Library lib):
                     w._has_ms = True
                 except Exception:
                     pass
-            arrays = _retire(comm, w)
+            held_in, held_out = w.inputs, w.outputs
+            _retire(comm, w)
     finally:
         comm._plock.give()
-    arrays = None  # the arrays go here, outside the lock
+    held_in = held_out = None  # the arrays go here, outside the lock
     if failure is not None:
         comm.fail(failure, w)
     else:
@@ -1459,19 +1461,18 @@ def pool_trim_after(seconds=None):
     return _trim_after
 
 
-cdef tuple _retire(CommCore comm, Work w):
-    """Out of the outstanding list, its events back to the pool; returns its arrays, which the caller lets go once it
-    no longer holds ``_plock`` (the last reference to an array may run its finalizer: user code, which may call
-    pycoll)."""
+cdef int _retire(CommCore comm, Work w) except -1:
+    """Out of the outstanding list, its events back to the pool, its arrays let go: a caller that holds ``_plock``
+    keeps them until it has given it back (the last reference to an array may run its finalizer: user code, which may
+    call pycoll)."""
     comm._pending.discard(w)
     cdef list events = comm._events
     _events_back(events, w)
-    arrays = (w.inputs, w.outputs)
     w.inputs = w.outputs = []
     comm._pool_retired += 1
     if comm._pool_retired >= _TRIM_EVERY:
         _trim_pool(comm, events)
-    return arrays
+    return 0
 
 
 cdef int _trim_pool(CommCore comm, list events) except -1:
@@ -1502,8 +1503,7 @@ cdef int _trim_pool(CommCore comm, list events) except -1:
 
 def retire(CommCore comm, Work w not None):
     """Forget a completed operation: out of the outstanding list, its events back to the pool."""
-    arrays = _retire(comm, w)
-    arrays = None
+    _retire(comm, w)
 
 
 # -- the arguments of an operation -------------------------------------------------------------------
