@@ -459,13 +459,15 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         they never ran, and nothing waits for them)."""
         raw = [e for e in entries if on(e[_INFO])]
         infos: Dict[str, _CommInfo] = {e[_INFO].uid: e[_INFO] for e in raw}
-        outstanding = _outstanding(c for c in (i.ref() for i in infos.values()) if c is not None)
+        comms = [c for c in (i.ref() for i in infos.values()) if c is not None]
+        outstanding = _outstanding(comms)
         for w in outstanding.values():  # the state now, as the dump that follows gives it (as_dict)
             w.comm.try_refresh(w)
+        listed = set() if withdrawn else {w.fr_pos for c in comms for w in c.outstanding()}  # frozen ones too
         out = []
         for e in raw:
             state, _, _, _, error = _dynamic(e, outstanding)
-            if state == "completed" or (not withdrawn and error is not None and e[_POS] not in outstanding):
+            if state == "completed" or (not withdrawn and error is not None and e[_POS] not in listed):
                 continue
             what = (f"{e[_OP]} #{e[_P2P_SEQ]} with peer {e[_PEER]}" if e[_PEER] is not None
                     else f"{e[_OP]} #{e[_SEQ]}")
