@@ -233,7 +233,8 @@ DEF _GROUP_PAIRWISE = 16
 
 
 # groups whose block ended in another thread than the one that opened it (a generator suspended in the block and
-# closed there): opening thread's id (pycoll_thread_id) -> what happened; that thread's next operation or group drops the group
+# closed there): opening thread's id (pycoll_thread_id) -> what happened; that thread's next operation or group
+# drops the group
 cdef dict _orphaned = {}
 cdef int _n_orphaned = 0
 

@@ -441,9 +441,10 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
                                    withdrawn=False)
 
     def failed_closed(self, limit: int = 4) -> List[str]:
-        """The operations a failure ended on a communicator that was closed since (its policy's abort, or the
-        user's destroy) and has no successor of its name, as :meth:`unfinished` gives them: what this process was
-        doing when, say, Ctrl-C inside a collective failed the communicator. They are not outstanding."""
+        """The operations a failure or an abort ended on a communicator that was closed since (its policy's abort,
+        the user's abort or destroy) and has no successor of its name, as :meth:`unfinished` gives them: what this
+        process was doing when, say, Ctrl-C inside a collective failed the communicator, or another thread's
+        ``abort()`` stopped it. They are not outstanding."""
         entries = self.entries()
         with self._lock:
             alive = [i for i in self._infos.values() if i.ref() is not None]
@@ -451,12 +452,13 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         for i in [*alive, *(e[_INFO] for e in entries)]:
             newest[i.name] = max(newest.get(i.name, -1), i.pg_id)
         return self._not_completed(
-            entries, lambda i: i.closed_at is not None and i.failure is not None and i.pg_id == newest[i.name], limit)
+            entries, lambda i: i.closed_at is not None and i.pg_id == newest[i.name], limit, stopped_only=True)
 
     def _not_completed(self, entries: List[Any], on: Callable[[_CommInfo], bool], limit: int,
-                       withdrawn: bool = True) -> List[str]:
+                       withdrawn: bool = True, stopped_only: bool = False) -> List[str]:
         """``withdrawn=False``: leave out the operations that failed and left the outstanding list (a dropped group's:
-        they never ran, and nothing waits for them)."""
+        they never ran, and nothing waits for them); ``stopped_only``: on a communicator without a recorded failure,
+        only those that ended with an error (an abort stopped them)."""
         raw = [e for e in entries if on(e[_INFO])]
         infos: Dict[str, _CommInfo] = {e[_INFO].uid: e[_INFO] for e in raw}
         comms = [c for c in (i.ref() for i in infos.values()) if c is not None]
@@ -468,6 +470,8 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         for e in raw:
             state, _, _, _, error = _dynamic(e, outstanding)
             if state == "completed" or (not withdrawn and error is not None and e[_POS] not in listed):
+                continue
+            if stopped_only and error is None and e[_INFO].failure is None:
                 continue
             what = (f"{e[_OP]} #{e[_P2P_SEQ]} with peer {e[_PEER]}" if e[_PEER] is not None
                     else f"{e[_OP]} #{e[_SEQ]}")

@@ -635,3 +635,13 @@ def test_a_dropped_groups_operations_are_not_outstanding_at_exit(rec):
     rec.work_withdrawn(w)
     assert rec.unfinished() == []
     assert rec.as_dict(0)["entries"][0]["pycoll_error"].startswith("CommStateError")
+
+
+def test_an_exit_after_an_abort_names_the_operation_the_abort_stopped(rec):
+    # an exit dump after a user's abort() of a blocking operation said 'with no operation outstanding': only
+    # communicators with a recorded failure were looked at
+    c = FakeComm(rec, 0, 1)
+    w = c.op("all_reduce", f32(2), f32(2), state="started")
+    w._exc = pycoll.CommAborted("all_reduce #1 on communicator 'world' did not complete: the communicator was aborted")
+    rec.comm_closed(c)
+    assert rec.failed_closed() == ["all_reduce #1 on 'world' (started)"]
