@@ -118,11 +118,8 @@ def _pause(delay: float, left: float, limit: float = POLL_MAX) -> float:
 
 
 def _size_timeout(key: str, size: int, timeout: float, where: str = "") -> StoreTimeout:
-    exc = StoreTimeout(f"timed out after {timeout:g} s waiting for key {key!r} to hold {size} bytes{where}")
-    exc.keys = [key]
-    exc.missing = [key]
-    exc.timeout = timeout
-    return exc
+    return StoreTimeout(f"timed out after {timeout:g} s waiting for key {key!r} to hold {size} bytes{where}",
+                        keys=[key], missing=[key], timeout=timeout)
 
 
 def _timeout_error(keys: Sequence[str], timeout: float, where: str = "", missing: Sequence[str] = ()) -> StoreTimeout:
@@ -130,11 +127,8 @@ def _timeout_error(keys: Sequence[str], timeout: float, where: str = "", missing
     what = f"key {missing[0]!r}" if len(missing) == 1 else f"keys {missing!r}"
     if len(keys) > len(missing):
         what += f" (of {len(keys)} waited for)"
-    exc = StoreTimeout(f"timed out after {timeout:g} s waiting for {what}{where}")
-    exc.keys = list(keys)
-    exc.missing = missing
-    exc.timeout = timeout
-    return exc
+    return StoreTimeout(f"timed out after {timeout:g} s waiting for {what}{where}", keys=list(keys), missing=missing,
+                        timeout=timeout)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -322,12 +316,10 @@ class PrefixStore(Store):
         return [k[n:] if k.startswith(self.prefix) else k for k in keys]
 
     def _unprefixed(self, exc: StoreTimeout) -> StoreTimeout:
-        keys = self._strip(getattr(exc, "keys", []))
+        keys = self._strip(exc.keys)
         if not keys:
             return exc
-        new = _timeout_error(keys, getattr(exc, "timeout", 0.0), f" (under prefix {self.prefix!r})",
-                             self._strip(getattr(exc, "missing", [])))
-        return new
+        return _timeout_error(keys, exc.timeout or 0.0, f" (under prefix {self.prefix!r})", self._strip(exc.missing))
 
     def set(self, key: str, value: Value) -> None:
         self.store.set(self._k(key), value)
@@ -384,7 +376,7 @@ class PrefixStore(Store):
         try:
             return self.store.wait_size(self._k(key), size, timeout)
         except StoreTimeout as exc:
-            raise _size_timeout(_check_key(key), size, getattr(exc, "timeout", 0.0),
+            raise _size_timeout(_check_key(key), size, exc.timeout or 0.0,
                                 f" (under prefix {self.prefix!r})") from None
 
     def close_idle(self) -> None:
