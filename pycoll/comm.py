@@ -1385,12 +1385,11 @@ class Communicator(_core.CommCore):
                 return False, None
             self._state = "aborted"
             self._aborter = threading.get_ident()
-            why = self._aborted_why = (f" after: {self._failure}" if self._failure is not None
-                                       else f" (abort() in thread {threading.current_thread().name!r})")
+            self._aborted_why = (f" after: {self._failure}" if self._failure is not None
+                                 else f" (abort() in thread {threading.current_thread().name!r})")
             for w in self._pending:  # each is told which operation the abort stopped
                 if w._exc is None:
-                    w._exc = CommAborted(f"{hooks.op_text(w)} on communicator {self.name!r} did not complete: the "
-                                         f"communicator was aborted{why}")
+                    w._exc = self._aborted_during(hooks.op_text(w))
         with self._hlock:  # async-error readers stop using the handle before it is freed
             h, self._handle = self._handle, None
         return True, h
