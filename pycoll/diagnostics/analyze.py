@@ -213,6 +213,12 @@ def _describe(e: Dict[str, Any], members: Optional[Sequence[int]] = None) -> str
     return f"{what} [{dts[0] if dts else '-'}{tuple(shape)}]"
 
 
+def _error_type(error: Any) -> str:
+    """The type of an entry's recorded error (``'CommTimeout'`` of ``'CommTimeout: ...'``): it failed there; '' for
+    none."""
+    return str(error or "").split(":", 1)[0]
+
+
 def _own(e: Optional[Dict[str, Any]], members: Optional[Sequence[int]] = None, issued: int = 0) -> str:
     return f"last {_describe(e, members)} {e.get('state')}" if e is not None else _nothing_recorded(issued)
 
@@ -941,7 +947,7 @@ def _blocked_in(dump: Dict[str, Any], uid: str, members: List[int], issues: List
     group = (pg[0], pg[1] if len(pg) > 1 else "")
     out = {"uid": group[0], "comm": group[1], "members": members, "here": group[0] == uid, "op": "",
            "state": e.get("state"), "site": _site(e), "why": "",
-           "failed": str(e.get("pycoll_error") or "").split(":", 1)[0]}  # its error's type: it failed there
+           "failed": _error_type(e.get("pycoll_error"))}
     if out["here"]:
         if _peer(e, members) is None:
             return None
@@ -1167,7 +1173,7 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
                                  "is replayed)")
                 same: Dict[Tuple[Any, ...], List[int]] = defaultdict(list)
                 for r, info in sorted(d["in_flight"].items()):
-                    failed = str(info.get("error") or "").split(":", 1)[0]  # its error's type: it failed there
+                    failed = _error_type(info.get("error"))
                     same[(info["state"], info["site"], tuple(info["stack"]), failed)].append(r)
                 for (state, site, stack, failed), rs in same.items():
                     who = _who(rs)
