@@ -250,14 +250,12 @@ cdef int _orphan_check(object op) except -1:
     works = _open_works()
     lib = <object>pycoll_group_lib
     _set_group(None, None)
-    try:
-        lib.group_simulate_end()
-    except NCCLError:  # nothing of it runs either way
-        pass
-    for w in works:
-        w.comm.group_failed(w, CommStateError(f"{w.op} (seq {w.seq}) never ran: {why}"))
-    raise CommStateError(f"{op}: this thread's open group() was dropped, none of its {len(works)} operations ran "
-                         f"(nor does this call): {why}")
+    if _drop_group(lib, works, None, why):
+        raise CommStateError(f"{op}: this thread's open group() was dropped, none of its {len(works)} operations ran "
+                             f"(nor does this call): {why}")
+    lib.group_end()  # NCCL < 2.22 cannot drop a group: it runs, as a raised block's group does there
+    raise CommStateError(f"{op}: this thread's open group() was ended here, its {len(works)} operations issued (this "
+                         f"library cannot drop a group; this call was not issued): {why}")
 
 
 cdef inline bint _group_mine():
@@ -2364,13 +2362,14 @@ cdef int _issued(list works) except -1:
     return 0
 
 
-cdef bint _drop_group(object lib, list works, object raised) except -1:
+cdef bint _drop_group(object lib, list works, object raised, object dropped_why=None) except -1:
     """Close the outermost group holding ``works`` with ``ncclGroupSimulateEnd``: none of them runs; they fail with
-    a CommStateError, and ``raised`` (the block's exception, or None) gets a note saying so. False where the library
-    has no ncclGroupSimulateEnd: the group is still open then, for the caller to end."""
+    a CommStateError saying ``dropped_why`` (None: its block raised), and ``raised`` (the block's exception, or None)
+    gets a note saying so. False where the library has no ncclGroupSimulateEnd: the group is still open then, for the
+    caller to end."""
     try:
         lib.group_simulate_end()
-        why = "its block raised: the group was dropped (ncclGroupSimulateEnd), none of its operations ran"
+        why = dropped_why or "its block raised: the group was dropped (ncclGroupSimulateEnd), none of its operations ran"
     except NotSupported:
         return False
     except NCCLError as e:  # the library refused the group (what the block raised, most often): nothing ran either
