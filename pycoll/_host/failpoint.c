@@ -3,6 +3,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -146,8 +147,9 @@ static void parse_entry(char* s, char* e) {
 
 static void fp_read(void) {
   const char* spec = getenv("PYCOLL_FAILPOINTS");
-  fp_rank = env_long("PYCOLL_RANK", -1);
-  fp_rank_known = env_long("PYCOLL_RANK", -1) == env_long("PYCOLL_RANK", -2); /* set, and an integer */
+  long rank = env_long("PYCOLL_RANK", LONG_MIN);
+  fp_rank_known = rank != LONG_MIN; /* set, and an integer */
+  fp_rank = fp_rank_known ? rank : -1;
   fp_replacement = env_long("PYCOLL_REPLACEMENT", 0);
   if (spec && *spec) {
     char* copy = strdup(spec);
