@@ -61,13 +61,15 @@ def await_answers(store: Any, report: FailureReport, deadline: float, stale_afte
 
 def signal_unanswered(report: FailureReport, stale_after: float) -> None:
     """The last resort for peers that did not answer: those on this host that publish a dump signal
-    get it (recorded in ``report.signalled``)."""
+    get it (recorded in ``report.signalled``). A peer that closed the communicator is not stuck in it and may be
+    ending: it is left alone."""
     answered = set(report.analysis(stale_after)["answered"])
     host = socket.gethostname()
     for r, p in sorted((report.peers or {}).items()):
         signum = int(p.get("dump_signal") or 0)
         peer_host, _, pid = str(p.get("origin", "")).rpartition(":")
-        if (r == report.rank or r in answered or signal_number(signum or None) is None or peer_host != host
+        if (r == report.rank or r in answered or p.get("state") in CLOSED_STATES
+                or signal_number(signum or None) is None or peer_host != host
                 or not pid.isdigit() or not started_before(int(pid), int(p["time_ns"]))):
             continue
         _fp.hit(FP_SIGNAL_PEER)

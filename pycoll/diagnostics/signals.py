@@ -186,24 +186,10 @@ class DumpSignal:
         (set by :meth:`watch_interrupts` whether or not a dump signal is installed). False where the wake-up fd stays
         ``wake_w``'s (only the main thread may change it): the caller must then keep that socket open, since
         the next file opened would take its number, and every signal's byte."""
-        signum, self.signum = self.signum, None
         if threading.current_thread() is not threading.main_thread():
+            self.signum = None
             return self._wake_fd == -1
-        if signum is not None:
-            if self._stacks_file is not None:
-                try:
-                    faulthandler.unregister(signum)
-                    self._stacks_file.close()
-                except (OSError, ValueError, RuntimeError):
-                    pass
-                self._stacks_file = None
-            try:
-                # ignored from now on, not its default action (ending the process): a peer that read this rank's
-                # published dump signal may still send it -- a rank ending normally was killed by it (exit 138)
-                if signal.getsignal(signum) == self._on_signal:
-                    signal.signal(signum, signal.SIG_IGN)
-            except (ValueError, OSError):
-                pass
+        self.ignore()
         try:
             fd = signal.set_wakeup_fd(-1)
             if wake_w is None or fd != wake_w.fileno():
@@ -212,6 +198,27 @@ class DumpSignal:
             pass
         self._wake_fd = -1
         return True
+
+    def ignore(self) -> None:
+        """Main thread only: the installed dump signal is ignored from now on, not given its default action (ending
+        the process): a peer that read this rank's published dump signal may still send it -- a rank ending
+        normally was killed by it (exit 138). At exit the handler may be one a stop off the main thread left."""
+        signum = self.signum if self.signum is not None else self.wanted
+        self.signum = None
+        if signum is None:
+            return
+        if self._stacks_file is not None:
+            try:
+                faulthandler.unregister(signum)
+                self._stacks_file.close()
+            except (OSError, ValueError, RuntimeError):
+                pass
+            self._stacks_file = None
+        try:
+            if signal.getsignal(signum) == self._on_signal:
+                signal.signal(signum, signal.SIG_IGN)
+        except (ValueError, OSError):
+            pass
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         # runs in the main thread once it is back in Python; when the wakeup fd is ours the monitor

@@ -367,6 +367,13 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         """False in a forked child that has not used the watchdog yet (it inherited the parent's state)."""
         return self._pid == os.getpid()
 
+    def ignore_dump_signal(self) -> None:
+        """From now on the installed dump signal is ignored, not given its default action (main thread only; pycoll's
+        last exit handler calls it). The interpreter's end gives a Python-level handler back the default action
+        (ending the process), and a peer that read this rank's published dump signal may still send it."""
+        if threading.current_thread() is threading.main_thread():
+            self._signal.ignore()
+
     def after_fork(self) -> None:
         """In a forked child: no thread was inherited (and maybe a lock one of them held); start afresh.
 
@@ -1028,6 +1035,7 @@ def install() -> None:
         _installed = True
     hooks.add_observer(get_recorder())
     hooks.add_observer(get_watchdog())
+    atexit.register(_ignore_dump_signal_at_exit)  # the last of pycoll's exit handlers
     torch_store.register_exit_gate()  # its exit handler runs after the two below: reports may use the store
     atexit.register(_wait_for_dumps_at_exit)
     exits.install(get_watchdog())  # its exit handler runs before the one above
@@ -1042,6 +1050,12 @@ def _wait_for_dumps_at_exit() -> None:
     except KeyboardInterrupt:  # a second Ctrl-C as the process ends: said so, not a traceback of this wait
         _log.warning("watchdog: interrupted (SIGINT) while waiting at exit for the failure reports and dumps; "
                      "they may be incomplete")
+
+
+def _ignore_dump_signal_at_exit() -> None:
+    wd = _watchdog
+    if wd is not None and wd.owned_by_this_process:
+        wd.ignore_dump_signal()
 
 
 _forking = threading.local()  # the forking thread's signal mask before fork() (see _fork_begins)

@@ -18,6 +18,7 @@ uncaught exception, ``sys.exit`` and SIGTERM take the interpreter's own path:
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import pickle
@@ -503,12 +504,25 @@ os.kill(os.getpid(), signal.SIGUSR1)
 """
 
 
-def _signal_then_exit(tmp_path, env):
+# glibc's on_exit() calls raise(exit status) once the interpreter has ended: the dump signal comes after Python's end
+_SIGNAL_AFTER_EXIT = """
+import ctypes, signal, sys
+import numpy as np, pycoll
+comm = pycoll.init(0, 1, unique_id=pycoll.get_unique_id(backend="host"), backend="host")
+comm.all_reduce(np.ones(2, np.float32))
+libc = ctypes.CDLL(None)
+libc.on_exit.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+libc.on_exit(ctypes.cast(libc["raise"], ctypes.c_void_p), None)
+sys.exit(int(signal.SIGUSR1))
+"""
+
+
+def _signal_then_exit(tmp_path, env, script=_SIGNAL_THEN_EXIT):
     d = tmp_path / "dumps"
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
                PYCOLL_FR_DUMP_SIGNAL="SIGUSR1", PYCOLL_FR_DUMP_DIR=str(d), **env)
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-c", _SIGNAL_THEN_EXIT], env=env, capture_output=True, text=True, timeout=60)
+    p = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
     return p, time.monotonic() - t0, d / "generation_0"
 
 
@@ -535,3 +549,12 @@ def test_a_dump_signal_whose_dump_outlasts_the_dump_timeout_delays_exit_by_that_
     assert took < 15, took
     assert "a flight-recorder dump was still being written at exit (dump_timeout 1 s)" in p.stderr, p.stderr
     assert not gen.exists() or not os.listdir(gen)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "on_exit"), reason="needs glibc's on_exit()")
+def test_a_dump_signal_that_comes_as_the_interpreter_ends_is_ignored(tmp_path):
+    # a peer that read this rank's published dump signal may send it while the rank ends normally: the interpreter's
+    # end gave the handler back its default action (killed: exit -10) or left faulthandler's chained to it (SIGSEGV)
+    p, _, _ = _signal_then_exit(tmp_path, {}, _SIGNAL_AFTER_EXIT)
+    assert p.returncode == signal.SIGUSR1, p.stdout + p.stderr  # the exit status the script gave

@@ -603,6 +603,32 @@ def test_gone_needs_this_host_and_a_dead_process():
     assert not _gone(None)
 
 
+def test_the_dump_signal_is_sent_to_a_silent_peer_but_not_to_one_that_closed_the_communicator():
+    """A peer whose last record says it aborted the communicator is not stuck in it and may be ending: the dump signal
+    sent to it (as to a peer that did not answer) killed it as its interpreter finished (exit -10)."""
+    import socket
+    import subprocess
+    import sys
+
+    from pycoll.diagnostics.answers import signal_unanswered
+
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2)]
+    try:
+        time.sleep(0.2)  # the records below are published after the processes started
+        r = _report({1: (5, 4, 0, 0.0), 2: (5, 4, 0, 0.0)})
+        for k, p in zip((1, 2), procs, strict=True):
+            r.peers[k].update(origin=f"{socket.gethostname()}:{p.pid}", dump_signal=int(signal.SIGUSR1),
+                              time_ns=time.time_ns())
+        r.peers[2]["state"] = "aborted"
+        signal_unanswered(r, 10.0)
+        assert r.signalled == {1: (procs[0].pid, "SIGUSR1")}
+        assert procs[0].wait(10) == -signal.SIGUSR1 and procs[1].poll() is None
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
 def test_configure_takes_bools_as_bools_and_bounds_the_stack_depth():
     # configure(enabled="no") switched the watchdog on (a str's truth); stack_depth had no bound (every ring entry
     # keeps a buffer of that many frames: 100000 took 2.9 GB), where PYCOLL_FR_STACK_DEPTH stops at 1000
