@@ -1065,6 +1065,10 @@ def find_stacks(path: str) -> Dict[int, Dict[str, str]]:
                 continue
             blocks: List[List[Tuple[str, str, str]]] = []
             for line in lines[1:]:
+                head = _STACKS_HEAD.match(line)
+                if head is not None:  # the rank became known after the first line (see DumpSignal.retitle)
+                    m = head
+                    continue
                 if line.startswith(("Thread ", "Current thread ")):
                     blocks.append([])
                 fm = _FH_FRAME.match(line)

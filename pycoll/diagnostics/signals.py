@@ -13,17 +13,19 @@ publish that they have it (see :class:`~pycoll.diagnostics.records.ProgressRecor
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import logging
 import os
 import signal
 import socket
 import threading
-from typing import IO, Any, Callable, Optional, Tuple
+import weakref
+from typing import IO, Any, Callable, Optional, Set, Tuple
 
 from ..store import _safefiles
 
-__all__ = ["signal_number", "DumpSignal", "stacks_file_name", "STACKS_DIR"]
+__all__ = ["signal_number", "DumpSignal", "stacks_file_name", "register_exit", "STACKS_DIR"]
 
 STACKS_DIR = "stacks"
 
@@ -37,6 +39,29 @@ _log = logging.getLogger("pycoll.watchdog")
 
 
 _ALLOWED = (int(signal.SIGUSR1), int(signal.SIGUSR2))
+
+_installed: weakref.WeakSet[DumpSignal] = weakref.WeakSet()  # the DumpSignals that installed a handler
+_exit_lock = threading.Lock()
+_exit_registered = False
+
+
+def _ignore_at_exit() -> None:
+    if threading.current_thread() is threading.main_thread():
+        for d in list(_installed):
+            d.ignore()
+
+
+def register_exit() -> None:
+    """Make every installed dump signal ignored once the exit handlers registered after this call have run (once per
+    process; :func:`pycoll.diagnostics.install` calls it first, so pycoll's own run before). The interpreter's end
+    gives a Python-level handler back its default action, ending the process, and leaves faulthandler's chained to
+    a handler whose interpreter is gone (SIGSEGV); a peer that read this rank's published dump signal may still
+    send it then."""
+    global _exit_registered
+    with _exit_lock:
+        if not _exit_registered:
+            _exit_registered = True
+            atexit.register(_ignore_at_exit)
 
 
 def signal_number(spec: Any) -> Optional[int]:
@@ -98,6 +123,8 @@ class DumpSignal:
         self.stacks_target: Optional[Callable[[], Optional[Tuple[str, str]]]] = None
         self.stacks_path: Optional[str] = None
         self._stacks_file: Optional[IO[str]] = None
+        self._header = ""
+        self._ignored: Set[int] = set()  # the signals this object left ignored (SIG_IGN): its own to take back
 
     def watch_interrupts(self, wake_w: Optional[socket.socket]) -> bool:
         """Let the C-level signal handler write to ``wake_w`` (when nobody else uses the wake-up fd):
@@ -144,11 +171,16 @@ class DumpSignal:
                          "pycoll.watchdog.enable_dump_signal() there")
             return
         current = signal.getsignal(signum)
-        if current not in (signal.SIG_DFL, None) and getattr(current, "__self__", None) is not self:
+        if (current not in (signal.SIG_DFL, None) and getattr(current, "__self__", None) is not self
+                and not (current == signal.SIG_IGN and signum in self._ignored)):
             _log.warning("watchdog: %s already has a handler (%r); not installing the dump signal",
                          signal.Signals(signum).name, current)
             return
+        if self.signum is not None:  # another one before: ignored from now on (peers may have read it)
+            self.ignore()
+        register_exit()
         signal.signal(signum, self._on_signal)
+        _installed.add(self)
         self.signum = signum
         self._wake_fd = wake_w.fileno() if wake_w is not None else -1
         # the C-level handler writes the signal number to this socket at once, even while the main
@@ -169,6 +201,7 @@ class DumpSignal:
         if target is None:
             return
         folder, header = target
+        self._header = header
         path = os.path.join(folder, stacks_file_name(socket.gethostname(), os.getpid()))
         try:
             _safefiles.private_dirs(folder)
@@ -180,6 +213,18 @@ class DumpSignal:
             _log.debug("watchdog: no faulthandler stacks for the dump signal (%s)", e)
             return
         self._stacks_file, self.stacks_path = f, path
+
+    def retitle(self, header: str) -> None:
+        """A new first line for the stacks written from now on (the rank became known: a signal enabled before the
+        first communicator named rank 0); ``pycoll-fr`` reads the file's last one."""
+        f = self._stacks_file
+        if f is None or header == self._header:
+            return
+        try:
+            f.write(header + "\n")
+        except (OSError, ValueError):
+            return
+        self._header = header
 
     def uninstall(self, wake_w: Optional[socket.socket]) -> bool:
         """Remove the dump signal's handler (the signal is ignored then), and ``wake_w`` as the signals' wake-up fd
@@ -217,6 +262,7 @@ class DumpSignal:
         try:
             if signal.getsignal(signum) == self._on_signal:
                 signal.signal(signum, signal.SIG_IGN)
+                self._ignored.add(signum)
         except (ValueError, OSError):
             pass
 

@@ -96,7 +96,7 @@ from .records import (
     read_records,
 )
 from .report import FailureReport
-from .signals import STACKS_DIR, DumpSignal, signal_number
+from .signals import STACKS_DIR, DumpSignal, register_exit, signal_number
 
 # the kinds of dump request in the store (_signal_store)
 _FAILURE, _REQUEST = "failure", "request"
@@ -288,7 +288,13 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         if dump_signal is not None or _initial:
             self._signal.wanted = signal_number(dump_signal if dump_signal is not None
                                                 else _settings.get("PYCOLL_FR_DUMP_SIGNAL"))
-            if self.running and self._signal.wanted is not None:
+            if self._signal.wanted is None and self._signal.signum is not None:  # turned off
+                if threading.current_thread() is threading.main_thread():
+                    self._signal.ignore()  # not its default action: peers may have read it
+                else:
+                    _log.warning("watchdog: the dump signal can only be turned off from the main thread; %s still "
+                                 "dumps", signal.Signals(self._signal.signum).name)
+            elif self.running and self._signal.wanted is not None:
                 self._signal.install(self._wake_w)
         self._poll_wake.set()
 
@@ -367,13 +373,6 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         """False in a forked child that has not used the watchdog yet (it inherited the parent's state)."""
         return self._pid == os.getpid()
 
-    def ignore_dump_signal(self) -> None:
-        """From now on the installed dump signal is ignored, not given its default action (main thread only; pycoll's
-        last exit handler calls it). The interpreter's end gives a Python-level handler back the default action
-        (ending the process), and a peer that read this rank's published dump signal may still send it."""
-        if threading.current_thread() is threading.main_thread():
-            self._signal.ignore()
-
     def after_fork(self) -> None:
         """In a forked child: no thread was inherited (and maybe a lock one of them held); start afresh.
 
@@ -416,6 +415,15 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
             "heartbeat_timeout": self.heartbeat_timeout,
         }
 
+    def arm_dump_signal(self) -> None:
+        """Where a dump signal is configured and the watchdog enabled, start the watchdog (and so the signal) now, in
+        the main thread, not with the first communicator: :func:`pycoll.init` and :func:`pycoll.join` call it before
+        they wait for their peers, so the signal sent to a rank waiting in its init dumps, its stacks saying where it
+        waits, instead of ending it (the signal's default action)."""
+        if (self.enabled and self._signal.wanted is not None and self._signal.signum is None
+                and threading.current_thread() is threading.main_thread()):
+            self.start()
+
     def enable_signal(self, signum: Any = "SIGUSR1") -> None:
         """Make ``signum`` dump (see :func:`enable_dump_signal`); starts the threads. Main thread only: ValueError
         elsewhere (it returned, the signal left to its default action: the first one killed the process)."""
@@ -436,6 +444,8 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         exits.arm_sigterm()
         if self.enabled and not self.running:
             self.start()
+        if self._signal.stacks_path is not None:  # the rank its stacks file named before may not be this one
+            self._signal.retitle(self._stacks_target()[1])
         self._store_wake.set()  # the store thread looks at the new communicator's store at once
         if self.enabled:
             try:  # where this process runs, before the caller goes on (see Liveness.announce)
@@ -1030,15 +1040,15 @@ def install() -> None:
     """
     global _installed
     with _wd_lock:
-        if _installed:
-            return
-        _installed = True
-    hooks.add_observer(get_recorder())
-    hooks.add_observer(get_watchdog())
-    atexit.register(_ignore_dump_signal_at_exit)  # the last of pycoll's exit handlers
-    torch_store.register_exit_gate()  # its exit handler runs after the two below: reports may use the store
-    atexit.register(_wait_for_dumps_at_exit)
-    exits.install(get_watchdog())  # its exit handler runs before the one above
+        first, _installed = not _installed, True
+    if first:
+        register_exit()  # its exit handler runs after the three below: the dump signal is ignored from then on
+        hooks.add_observer(get_recorder())
+        hooks.add_observer(get_watchdog())
+        torch_store.register_exit_gate()  # its exit handler runs after the two below: reports may use the store
+        atexit.register(_wait_for_dumps_at_exit)
+        exits.install(get_watchdog())  # its exit handler runs before the one above
+    get_watchdog().arm_dump_signal()
 
 
 def _wait_for_dumps_at_exit() -> None:
@@ -1050,12 +1060,6 @@ def _wait_for_dumps_at_exit() -> None:
     except KeyboardInterrupt:  # a second Ctrl-C as the process ends: said so, not a traceback of this wait
         _log.warning("watchdog: interrupted (SIGINT) while waiting at exit for the failure reports and dumps; "
                      "they may be incomplete")
-
-
-def _ignore_dump_signal_at_exit() -> None:
-    wd = _watchdog
-    if wd is not None and wd.owned_by_this_process:
-        wd.ignore_dump_signal()
 
 
 _forking = threading.local()  # the forking thread's signal mask before fork() (see _fork_begins)

@@ -506,10 +506,16 @@ os.kill(os.getpid(), signal.SIGUSR1)
 
 # glibc's on_exit() calls raise(exit status) once the interpreter has ended: the dump signal comes after Python's end
 _SIGNAL_AFTER_EXIT = """
-import ctypes, signal, sys
+import ctypes, os, signal, sys
 import numpy as np, pycoll
-comm = pycoll.init(0, 1, unique_id=pycoll.get_unique_id(backend="host"), backend="host")
-comm.all_reduce(np.ones(2, np.float32))
+how = os.environ["HOW"]
+if how == "no communicator":
+    pycoll.enable_dump_signal("SIGUSR1")
+else:  # $PYCOLL_FR_DUMP_SIGNAL
+    comm = pycoll.init(0, 1, unique_id=pycoll.get_unique_id(backend="host"), backend="host")
+    comm.all_reduce(np.ones(2, np.float32))
+if how == "switched":  # SIGUSR1, the one used before, is what comes
+    pycoll.enable_dump_signal("SIGUSR2")
 libc = ctypes.CDLL(None)
 libc.on_exit.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
 libc.on_exit(ctypes.cast(libc["raise"], ctypes.c_void_p), None)
@@ -553,8 +559,64 @@ def test_a_dump_signal_whose_dump_outlasts_the_dump_timeout_delays_exit_by_that_
 
 @pytest.mark.timeout(90)
 @pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "on_exit"), reason="needs glibc's on_exit()")
-def test_a_dump_signal_that_comes_as_the_interpreter_ends_is_ignored(tmp_path):
+@pytest.mark.parametrize("how", ["communicator", "switched", "no communicator"])
+def test_a_dump_signal_that_comes_as_the_interpreter_ends_is_ignored(tmp_path, how):
     # a peer that read this rank's published dump signal may send it while the rank ends normally: the interpreter's
-    # end gave the handler back its default action (killed: exit -10) or left faulthandler's chained to it (SIGSEGV)
-    p, _, _ = _signal_then_exit(tmp_path, {}, _SIGNAL_AFTER_EXIT)
+    # end gave the handler back its default action (killed: exit -10) or left faulthandler's chained to it (SIGSEGV);
+    # also the signal used before another was enabled, and one enabled where no communicator was made
+    p, _, _ = _signal_then_exit(tmp_path, {"HOW": how}, _SIGNAL_AFTER_EXIT)
     assert p.returncode == signal.SIGUSR1, p.stdout + p.stderr  # the exit status the script gave
+
+
+_WAITING_IN_INIT = """
+import sys, pycoll
+try:
+    pycoll.init(0, 2, store=pycoll.FileStore(sys.argv[1]), backend="host", init_timeout=6)
+except pycoll.CommFailure as e:
+    print("init:", type(e).__name__)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_the_dump_signal_dumps_a_rank_waiting_in_its_init(tmp_path):
+    # PYCOLL_FR_DUMP_SIGNAL was installed with the first communicator: sent to a rank waiting for its peers in init
+    # (a rank stuck in init: the case to send it for), its default action ended the rank (exit -10)
+    d = tmp_path / "dumps"
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               PYCOLL_FR_DUMP_SIGNAL="SIGUSR1", PYCOLL_FR_DUMP_DIR=str(d))
+    p = subprocess.Popen([sys.executable, "-c", _WAITING_IN_INIT, str(tmp_path / "store")], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not (d / "stacks").is_dir() and time.monotonic() < deadline:  # made as the signal is installed
+            time.sleep(0.02)
+        time.sleep(0.3)
+        os.kill(p.pid, signal.SIGUSR1)
+        out, _ = p.communicate(timeout=30)
+    finally:
+        p.kill()
+        p.wait()
+    assert p.returncode == 0 and "init: CommTimeout" in out, out
+    assert "dumped 0 entries" in out and "(signal: signal SIGUSR1)" in out, out
+    [stacks] = list((d / "stacks").iterdir())
+    assert " in init" in stacks.read_text()  # where it waited
+    assert list(analyze.find_stacks(str(d))) == [0]
+
+
+_SIGNAL_BEFORE_INIT = """
+import os, signal, time
+import numpy as np, pycoll
+pycoll.enable_dump_signal()
+comm = pycoll.init(0, 1, unique_id=pycoll.get_unique_id(backend="host"), backend="host", global_ranks=[3])
+os.kill(os.getpid(), signal.SIGUSR1)
+pycoll.watchdog.get_watchdog().wait_for_dumps()
+"""
+
+
+def test_stacks_of_a_signal_enabled_before_the_communicator_name_its_rank(tmp_path):
+    # the stacks file's first line, written as the signal was installed, named rank 0 (no communicator yet), and
+    # pycoll-fr filed the stacks of global rank 3 under rank 0
+    p, _, gen = _signal_then_exit(tmp_path, {}, _SIGNAL_BEFORE_INIT)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert os.listdir(gen) == [f"{PREFIX}3"]
+    assert list(analyze.find_stacks(str(tmp_path / "dumps"))) == [3]  # was rank 0, the header written at install

@@ -549,6 +549,30 @@ def test_a_stopped_watchdog_leaves_its_dump_signal_ignored(make_wd):
         signal.signal(signal.SIGUSR2, prev)
 
 
+def test_the_dump_signal_comes_back_with_a_restart_and_goes_when_turned_off_or_switched(make_wd, caplog):
+    """The signal a stop left ignored was taken for another's handler: a restarted watchdog had none ("SIGUSR2
+    already has a handler (SIG_IGN)"). ``configure(dump_signal=False)`` left it installed (it still dumped, and was
+    still published to the peers); a switch to another signal left the first one's handler and stacks."""
+    prev = {s: signal.signal(s, signal.SIG_DFL) for s in (signal.SIGUSR1, signal.SIGUSR2)}
+    try:
+        wd = make_wd([])
+        wd.enable_signal("SIGUSR2")
+        wd.stop()
+        with caplog.at_level(logging.WARNING, "pycoll.watchdog"):
+            wd.start()
+        assert wd.dump_signal == signal.SIGUSR2 and not caplog.records, caplog.text
+        assert signal.getsignal(signal.SIGUSR2) not in (signal.SIG_DFL, signal.SIG_IGN)
+        wd.configure(dump_signal=False)
+        assert wd.dump_signal is None and signal.getsignal(signal.SIGUSR2) is signal.SIG_IGN
+        wd.enable_signal("SIGUSR2")
+        wd.enable_signal("SIGUSR1")
+        assert wd.dump_signal == signal.SIGUSR1 and signal.getsignal(signal.SIGUSR2) is signal.SIG_IGN
+        wd.stop()
+    finally:
+        for s, h in prev.items():
+            signal.signal(s, h)
+
+
 def test_after_fork_releases_the_parents_wake_up_fd_and_a_stale_one_is_taken_over():
     """A forked child closes its parent's watchdog socket: it must not stay the signals' wake-up fd (its number goes
     to the next file the child opens). A wake-up fd someone else closed is replaced, not restored (it cannot be)."""
