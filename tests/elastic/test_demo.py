@@ -47,7 +47,15 @@ def test_demo_takes_back_a_step_that_completed_on_some_ranks_only(tmp_path):
     out = p.stdout
     assert p.returncode == 0, out + p.stderr
     taken = re.findall(r"slot (\d): step (\d+) completed here but not on every survivor: taken back", out)
-    assert sorted(taken) == [("0", "5"), ("2", "5"), ("3", "5")], out
+    # the ranks whose all_reduce completed, as the analyzer read generation 0's dumps (slot = rank there): usually
+    # 0, 2 and 3; on a slow machine the reshape's revoke can fail rank 0's before it saw its completion
+    assert "FIRST DIVERGENCE at all_reduce" in out, out
+    m = re.search(r"completed on ranks? ([\d, -]+)\n", out.split("FIRST DIVERGENCE at all_reduce", 1)[1])
+    assert m, out
+    completed = [r for part in m.group(1).replace(" ", "").split(",") if part
+                 for r in (range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1))]
+    assert 1 not in completed and len(completed) >= 2, m.group(0)
+    assert sorted(taken) == [(str(r), "5") for r in completed], out
     assert "generation 1 (reinit): members [0, 1, 2, 3] -> [0, 1, 2, 3]" in out
     assert "generation 2 (shrink): members [0, 1, 2, 3] -> [0, 1, 3]" in out
     assert "PASS: 4 ranks (slots [0, 1, 3, 2]) hold identical parameters after 30 steps" in out
