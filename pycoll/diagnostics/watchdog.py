@@ -1036,7 +1036,8 @@ def install() -> None:
 
     :func:`pycoll.init` and :func:`pycoll.join` call it before they build a communicator; importing
     pycoll has no side effect. The recorder is registered first: it freezes a failed operation's
-    state before the watchdog reports it.
+    state before the watchdog reports it. Each call also installs a configured dump signal not installed yet
+    (:meth:`Watchdog.arm_dump_signal`).
     """
     global _installed
     with _wd_lock:
