@@ -1298,10 +1298,8 @@ def _verdict(c: Dict[str, Any]) -> str:
         # enqueued and never run: its group() was dropped (its block raised) or refused there (a CommStateError)
         dropped = {r: info["error"] for r, info in d["in_flight"].items()
                    if str(info.get("error") or "").startswith("CommStateError") and "never ran" in info["error"]}
-        # (one that failed before it was seen starting waits for nothing)
         waiting = sorted(r for r, info in d["in_flight"].items()
-                         if info["state"] == "scheduled" and not info.get("error") and r not in grouped
-                         and r not in dropped)
+                         if info["state"] == "scheduled" and r not in grouped and r not in dropped)
         started = sorted(r for r in d["in_flight"] if r not in waiting and r not in grouped and r not in dropped)
         if dropped:
             one = len(dropped) == 1
@@ -1316,7 +1314,9 @@ def _verdict(c: Dict[str, Any]) -> str:
                        f"what {'that rank' if one else 'those ranks'} did inside the group"
                        + (f"; rank{'' if len(started) == 1 else 's'} {_fmt_ranks(started)} started it and "
                           f"wait{'s' if len(started) == 1 else ''} for {'it' if one else 'them'}" if started else ""))
-        elif waiting and started and not d["completed"]:  # completed elsewhere: every rank's part ran
+        # (not where it completed on other ranks: every rank's part ran, and a revoke can fail a rank's operation
+        # before that rank saw it start)
+        elif waiting and started and not d["completed"]:
             one = len(waiting) == 1
             out.append(f"rank{'' if one else 's'} {_fmt_ranks(waiting)} entered {d['op']} on {name!r} but "
                        f"{'its' if one else 'their'} operation never started: work queued before it on "
@@ -1367,7 +1367,7 @@ def _culprits(c: Dict[str, Any]) -> List[int]:
         out |= set(d["mismatch"]["culprits"])
     if not out and d["in_flight"]:
         waiting = {r for r, info in d["in_flight"].items() if info["state"] == "scheduled"}
-        if waiting and len(waiting) < len(d["in_flight"]):
+        if waiting and len(waiting) < len(d["in_flight"]) and not d["completed"]:  # as the verdict
             out |= waiting
     return sorted(out)
 

@@ -287,7 +287,8 @@ def test_an_operation_that_never_started_names_its_rank(tmp_path, waiting):
 def test_an_operation_failed_before_it_started_is_not_said_to_wait_for_its_stream(tmp_path):
     # rank 1's all_reduce #3 failed after its data moved (ranks 2-3 completed it), and rank 0's was failed by a revoke
     # before it was seen starting (scheduled): the verdict blamed rank 0's stream ("never started: work queued before
-    # it ... has not finished") and had rank 1 "started it and waits for it"
+    # it ... has not finished") and had rank 1 "started it and waits for it", and the culprits said rank 0. A
+    # collective completed on some ranks had every rank's part run
     def script(r, c):
         allreduces(c, 2)
         w = c.op("all_reduce", f32(2), f32(2), state={0: "scheduled", 1: "started"}.get(r, "completed"))
@@ -297,6 +298,7 @@ def test_an_operation_failed_before_it_started_is_not_said_to_wait_for_its_strea
 
     _, c = one(make_dumps(tmp_path, 4, script, write_json=False))
     assert c["verdict"] == "all_reduce #3 [Float(2,)] on 'world' completed on ranks 2-3 but not on 0-1", c["verdict"]
+    assert analyze._culprits(c) == []
 
 
 def test_an_operation_held_in_an_open_group_is_named_not_issued(tmp_path):
