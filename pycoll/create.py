@@ -252,7 +252,7 @@ def init(
         if bad_timeout is not None:
             raise bad_timeout
         _settings.check_all()  # a bad PYCOLL_* value is named now, not when it is first read (on a failure, say)
-        _install_diagnostics()
+        _install_diagnostics(rank, global_ranks)
         _warn_blocking_env()
         op_timeout = _check_timeout(timeout, default_timeout())
         on_failure = _on_failure(on_failure)
@@ -473,7 +473,7 @@ def join(
     of :func:`init` (``give_up`` too: a member known gone ends the join at once, not at ``init_timeout``).
     """
     _settings.check_all()
-    _install_diagnostics()
+    _install_diagnostics(rank, global_ranks)
     op_timeout = _check_timeout(timeout, default_timeout())
     init_timeout = _check_timeout(init_timeout, _default_init_timeout(), "init_timeout")
     size = integer(size, "join: size", "an int >= 2", 2)

@@ -252,6 +252,7 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         self._dump_lock = threading.RLock()  # one dump at a time (a handler's nested dump runs whole inside it)
         self._infos = {}  # id(comm) -> _CommInfo
         self._gen_counters: Dict[int, RecordIds] = {}
+        self._init_rank: Optional[Tuple[int, Optional[int]]] = None  # see note_init_rank
         self._pg_ids = itertools.count()
         self._next_pos = 0
         self._ring = []
@@ -321,6 +322,7 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         self._infos = {}
         self._infos_changed()
         self._gen_counters = {}
+        self._init_rank = None
         self._pg_ids = itertools.count()
         self.clear()
         self._dumped_gen = {}
@@ -488,6 +490,19 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         if not infos:
             infos = list({id(e[_INFO]): e[_INFO] for e in self.entries()}.values())
         return self._global_rank(infos)
+
+    def note_init_rank(self, rank: int, global_ranks: Any = None) -> None:
+        """The rank an init in progress gives this process (``global_ranks[rank]`` where given): its dumps and stacks
+        are named by it until a communicator exists -- a rank stuck in its init dumped as rank 0, two into one file."""
+        if isinstance(rank, bool) or not isinstance(rank, int):  # init refuses it
+            return
+        job_rank: Optional[int] = None
+        if global_ranks is not None:
+            try:
+                job_rank = int(global_ranks[rank])
+            except (TypeError, ValueError, IndexError, KeyError):  # init refuses them (check_arguments)
+                pass
+        self._init_rank = (rank, job_rank)
 
     @property
     def has_communicators(self) -> bool:
@@ -665,15 +680,19 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         }
 
     def _global_rank(self, infos: Sequence[_CommInfo]) -> int:
-        """This process's job-wide rank: from a communicator that knows it, else the environment."""
+        """This process's job-wide rank: from a communicator that knows it, else the environment; without a
+        communicator, from the init in progress (:meth:`note_init_rank`)."""
         for info in sorted(infos, key=lambda i: i.pg_id):
             if info.global_ranks is not None:
                 return info.global_rank()
+        init = self._init_rank if not infos else None
+        if init is not None and init[1] is not None:
+            return init[1]
         for var in ("PYCOLL_RANK", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"):
             value = os.environ.get(var, "").strip()
             if value.isdigit():
                 return int(value)
-        return infos[0].rank if infos else 0
+        return infos[0].rank if infos else init[0] if init is not None else 0
 
     # -- dumping ---------------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ import signal
 import socket
 import threading
 import weakref
-from typing import IO, Any, Callable, Optional, Set, Tuple
+from typing import IO, Any, Callable, Optional, Tuple
 
 from ..store import _safefiles
 
@@ -124,7 +124,6 @@ class DumpSignal:
         self.stacks_path: Optional[str] = None
         self._stacks_file: Optional[IO[str]] = None
         self._header = ""
-        self._ignored: Set[int] = set()  # the signals this object left ignored (SIG_IGN): its own to take back
 
     def watch_interrupts(self, wake_w: Optional[socket.socket]) -> bool:
         """Let the C-level signal handler write to ``wake_w`` (when nobody else uses the wake-up fd):
@@ -171,8 +170,9 @@ class DumpSignal:
                          "pycoll.watchdog.enable_dump_signal() there")
             return
         current = signal.getsignal(signum)
-        if (current not in (signal.SIG_DFL, None) and getattr(current, "__self__", None) is not self
-                and not (current == signal.SIG_IGN and signum in self._ignored)):
+        # SIG_IGN is no handler: pycoll's own stop or exit leaves it, and a child process inherits it across exec
+        if (current not in (signal.SIG_DFL, signal.SIG_IGN, None)
+                and getattr(current, "__self__", None) is not self):
             _log.warning("watchdog: %s already has a handler (%r); not installing the dump signal",
                          signal.Signals(signum).name, current)
             return
@@ -262,9 +262,21 @@ class DumpSignal:
         try:
             if signal.getsignal(signum) == self._on_signal:
                 signal.signal(signum, signal.SIG_IGN)
-                self._ignored.add(signum)
         except (ValueError, OSError):
             pass
+
+    def still_ours(self) -> bool:
+        """False (and the signal no longer counted as installed, nor published) where the program has since given it
+        a handler of its own: its deliveries are the program's, not requests to dump."""
+        signum = self.signum
+        if signum is None:
+            return False
+        if signal.getsignal(signum) == self._on_signal:
+            return True
+        self.signum = None
+        _log.warning("watchdog: %s has another handler now (%r); it no longer dumps the flight recorder",
+                     signal.Signals(signum).name, signal.getsignal(signum))
+        return False
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         # runs in the main thread once it is back in Python; when the wakeup fd is ours the monitor

@@ -422,7 +422,10 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         waits, instead of ending it (the signal's default action)."""
         if (self.enabled and self._signal.wanted is not None and self._signal.signum is None
                 and threading.current_thread() is threading.main_thread()):
-            self.start()
+            if self.running:  # started by a communicator made in another thread, where it could not be installed
+                self._signal.install(self._wake_w)
+            else:
+                self.start()
 
     def enable_signal(self, signum: Any = "SIGUSR1") -> None:
         """Make ``signum`` dump (see :func:`enable_dump_signal`); starts the threads. Main thread only: ValueError
@@ -783,7 +786,7 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
                     data = b""
                 except OSError:
                     return
-                signalled = sig.signum is not None and sig.signum in data
+                signalled = sig.signum is not None and sig.signum in data and sig.still_ours()
                 if signal.SIGINT in data:
                     self._interrupted()
                 hook = self.on_terminate
@@ -1031,13 +1034,14 @@ def dump_flight_recorder(
     return paths
 
 
-def install() -> None:
+def install(rank: Optional[int] = None, global_ranks: Any = None) -> None:
     """Register the flight recorder and the watchdog with every communicator (idempotent).
 
     :func:`pycoll.init` and :func:`pycoll.join` call it before they build a communicator; importing
     pycoll has no side effect. The recorder is registered first: it freezes a failed operation's
     state before the watchdog reports it. Each call also installs a configured dump signal not installed yet
-    (:meth:`Watchdog.arm_dump_signal`).
+    (:meth:`Watchdog.arm_dump_signal`); ``rank`` and ``global_ranks``: those of the init about to wait for its
+    peers, which name this process's dumps and stacks until its communicator exists.
     """
     global _installed
     with _wd_lock:
@@ -1049,6 +1053,8 @@ def install() -> None:
         torch_store.register_exit_gate()  # its exit handler runs after the two below: reports may use the store
         atexit.register(_wait_for_dumps_at_exit)
         exits.install(get_watchdog())  # its exit handler runs before the one above
+    if rank is not None:
+        get_recorder().note_init_rank(rank, global_ranks)
     get_watchdog().arm_dump_signal()
 
 

@@ -571,8 +571,8 @@ def test_a_dump_signal_that_comes_as_the_interpreter_ends_is_ignored(tmp_path, h
 _WAITING_IN_INIT = """
 import sys, pycoll
 try:
-    pycoll.init(0, 2, store=pycoll.FileStore(sys.argv[1]), backend="host", init_timeout=6)
-except pycoll.CommFailure as e:
+    pycoll.init(1, 2, store=pycoll.FileStore(sys.argv[1]), backend="host", init_timeout=6, global_ranks=[4, 7])
+except pycoll.StoreTimeout as e:  # rank 0 never came with the unique id
     print("init:", type(e).__name__)
 """
 
@@ -580,7 +580,8 @@ except pycoll.CommFailure as e:
 @pytest.mark.timeout(60)
 def test_the_dump_signal_dumps_a_rank_waiting_in_its_init(tmp_path):
     # PYCOLL_FR_DUMP_SIGNAL was installed with the first communicator: sent to a rank waiting for its peers in init
-    # (a rank stuck in init: the case to send it for), its default action ended the rank (exit -10)
+    # (a rank stuck in init: the case to send it for), its default action ended the rank (exit -10). Its dump and
+    # stacks are named by the rank its init gives it (they said rank 0: two such ranks wrote one file)
     d = tmp_path / "dumps"
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
                PYCOLL_FR_DUMP_SIGNAL="SIGUSR1", PYCOLL_FR_DUMP_DIR=str(d))
@@ -596,11 +597,11 @@ def test_the_dump_signal_dumps_a_rank_waiting_in_its_init(tmp_path):
     finally:
         p.kill()
         p.wait()
-    assert p.returncode == 0 and "init: CommTimeout" in out, out
-    assert "dumped 0 entries" in out and "(signal: signal SIGUSR1)" in out, out
+    assert p.returncode == 0 and "init: StoreTimeout" in out, out
+    assert "rank 7 dumped 0 entries" in out and "(signal: signal SIGUSR1)" in out, out
     [stacks] = list((d / "stacks").iterdir())
     assert " in init" in stacks.read_text()  # where it waited
-    assert list(analyze.find_stacks(str(d))) == [0]
+    assert list(analyze.find_stacks(str(d))) == [7]
 
 
 _SIGNAL_BEFORE_INIT = """
@@ -620,3 +621,42 @@ def test_stacks_of_a_signal_enabled_before_the_communicator_name_its_rank(tmp_pa
     assert p.returncode == 0, p.stdout + p.stderr
     assert os.listdir(gen) == [f"{PREFIX}3"]
     assert list(analyze.find_stacks(str(tmp_path / "dumps"))) == [3]  # was rank 0, the header written at install
+
+
+_WHOSE_SIGNAL = """
+import os, signal, sys, threading, time
+import numpy as np, pycoll
+how, seen = os.environ["HOW"], []
+if how == "ignored before":  # as a child of a process that turned its dump signal off inherits it across exec
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+if how == "thread first":  # the watchdog started there, where the signal cannot be installed
+    t = threading.Thread(target=lambda: pycoll.init(0, 1, unique_id=pycoll.get_unique_id(backend="host"),
+                                                    backend="host", name="worker").destroy())
+    t.start()
+    t.join()
+comm = pycoll.init(0, 1, unique_id=pycoll.get_unique_id(backend="host"), backend="host")
+comm.all_reduce(np.ones(2, np.float32))
+if how == "program's own after":
+    signal.signal(signal.SIGUSR1, lambda s, f: seen.append(s))
+os.kill(os.getpid(), signal.SIGUSR1)
+time.sleep(0.5)
+pycoll.watchdog.get_watchdog().wait_for_dumps()
+print("dump signal", pycoll.watchdog.get_watchdog().dump_signal, "program's handler ran", len(seen))
+"""
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("how", ["ignored before", "thread first", "program's own after"])
+def test_whose_the_dump_signal_is(tmp_path, how):
+    # "ignored before": SIG_IGN was taken for another's handler, so a process started by one that had turned its dump
+    # signal off (left ignored) could not have one. "thread first": an init in the main thread after one in another
+    # thread left it uninstalled, and the signal killed the process. "program's own after": a handler the program
+    # installed after pycoll's had its deliveries dumped by pycoll as well, which still published the signal
+    p, _, gen = _signal_then_exit(tmp_path, {"HOW": how}, _WHOSE_SIGNAL)
+    assert p.returncode == 0, p.stdout + p.stderr
+    if how == "program's own after":
+        assert "dump signal None program's handler ran 1" in p.stdout, p.stdout
+        assert "SIGUSR1 has another handler now" in p.stderr and not gen.exists(), p.stderr
+    else:
+        assert "dump signal 10 program's handler ran 0" in p.stdout and "already has a handler" not in p.stderr
+        assert os.listdir(gen) == [f"{PREFIX}0"]
