@@ -88,8 +88,10 @@ def test_the_lane_and_sends_between_the_same_ranks_never_meet():
     assert r1 == [0.0, 0.0, [0.0, 1.0], 10.0, 10.0, [10.0, 11.0], 20.0, 20.0, [20.0, 21.0]]
 
 
-def _paths_differ(rank, n, idb, big_rank):
-    """Rank `big_rank` broadcasts more than the lane takes (the step path), the other a small count (the lane)."""
+def _paths_differ(rank, n, idb, big_rank, folder):
+    """Rank `big_rank` broadcasts more than the lane takes (the step path), the other a small count (the lane). The
+    ranks abort once both are through (files in `folder`): a rank's abort fails its peer (a RemoteError) when that
+    peer has not looked yet -- on one busy CPU, before it entered its broadcast."""
     l = lib()
     comm = init(n, rank, idb)
     x = np.ones(4 * EAGER_F32, np.float32)
@@ -103,14 +105,18 @@ def _paths_differ(rank, n, idb, big_rank):
         with pytest.raises(errors.NCCLError):
             l.all_reduce(ptr(x), ptr(x), 4, F32, SUM, comm)
         text = None
+    open(os.path.join(folder, f"through_{rank}"), "w").close()
+    deadline = time.monotonic() + 20
+    while not os.path.exists(os.path.join(folder, f"through_{1 - rank}")) and time.monotonic() < deadline:
+        time.sleep(0.01)
     l.comm_abort(comm)
     return text
 
 
 @pytest.mark.parametrize("big_rank", [0, 1], ids=["root-on-the-steps", "receiver-on-the-steps"])
-def test_arguments_that_take_different_paths_are_a_mismatch_not_a_hang(big_rank):
+def test_arguments_that_take_different_paths_are_a_mismatch_not_a_hang(big_rank, tmp_path):
     t0 = time.monotonic()
-    texts = run_ranks(_paths_differ, 2, uid(), big_rank, timeout=30)
+    texts = run_ranks(_paths_differ, 2, uid(), big_rank, str(tmp_path), timeout=30)
     assert time.monotonic() - t0 < 20
     assert texts[1] is not None  # the receiver always finds it
     for text in filter(None, texts):

@@ -25,7 +25,13 @@ MARK = "PYCOLL_HOST_YIELD_ADAPT"
 def _late_then_prompt(rank, n, idb, folder):
     """Rank 1 is 10 ms late for 80 all_reduce (rank 0's waits yield 0.3 ms and sleep, also where a yield hands its CPU
     to another process for a time slice), then 0.12 ms late for 4,000 (rank 0's waits that yield the whole budget end
-    while they yield). Returns rank 0's log lines of the changes."""
+    while they yield: each rank on a CPU of its own, so that they run at the same time -- sharing one, a yield hands
+    the CPU over for a time slice and the wait sleeps after all). Returns rank 0's log lines of the changes."""
+    if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) >= 2:
+        try:
+            os.sched_setaffinity(0, {rank})
+        except OSError:  # that CPU is not this process's to use
+            pass
     log = os.path.join(folder, f"err{rank}")
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(fd, 2)  # the host library logs to stderr
