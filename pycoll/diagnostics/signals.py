@@ -214,12 +214,17 @@ class DumpSignal:
             return
         self._stacks_file, self.stacks_path = f, path
 
-    def retitle(self, header: str) -> None:
-        """A new first line for the stacks written from now on (the rank became known: a signal enabled before the
-        first communicator named rank 0); ``pycoll-fr`` reads the file's last one."""
+    def retitle(self) -> None:
+        """A new first line for the stacks written from now on where ``stacks_target`` names the process otherwise now
+        (the rank became known: a signal enabled before the first communicator named rank 0); ``pycoll-fr`` reads
+        the file's last one."""
         f = self._stacks_file
-        if f is None or header == self._header:
+        if f is None or self.stacks_target is None:
             return
+        target = self.stacks_target()
+        if target is None or target[1] == self._header:
+            return
+        header = target[1]
         try:
             f.write(header + "\n")
         except (OSError, ValueError):
@@ -258,7 +263,7 @@ class DumpSignal:
                 self._stacks_file.close()
             except (OSError, ValueError, RuntimeError):
                 pass
-            self._stacks_file = None
+            self._stacks_file = self.stacks_path = None
         try:
             if signal.getsignal(signum) == self._on_signal:
                 signal.signal(signum, signal.SIG_IGN)

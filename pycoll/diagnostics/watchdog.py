@@ -422,10 +422,7 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         waits, instead of ending it (the signal's default action)."""
         if (self.enabled and self._signal.wanted is not None and self._signal.signum is None
                 and threading.current_thread() is threading.main_thread()):
-            if self.running:  # started by a communicator made in another thread, where it could not be installed
-                self._signal.install(self._wake_w)
-            else:
-                self.start()
+            self.enable_signal(self._signal.wanted)  # also where a communicator made in another thread started it
 
     def enable_signal(self, signum: Any = "SIGUSR1") -> None:
         """Make ``signum`` dump (see :func:`enable_dump_signal`); starts the threads. Main thread only: ValueError
@@ -447,8 +444,7 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         exits.arm_sigterm()
         if self.enabled and not self.running:
             self.start()
-        if self._signal.stacks_path is not None:  # the rank its stacks file named before may not be this one
-            self._signal.retitle(self._stacks_target()[1])
+        self._signal.retitle()  # the rank its stacks file named before may not be this one
         self._store_wake.set()  # the store thread looks at the new communicator's store at once
         if self.enabled:
             try:  # where this process runs, before the caller goes on (see Liveness.announce)
