@@ -523,12 +523,17 @@ sys.exit(int(signal.SIGUSR1))
 """
 
 
+def _signal_env(d, env=None):
+    """A script's environment: this checkout's pycoll, SIGUSR1 its dump signal, dumps into ``d``."""
+    return dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                PYCOLL_FR_DUMP_SIGNAL="SIGUSR1", PYCOLL_FR_DUMP_DIR=str(d), **(env or {}))
+
+
 def _signal_then_exit(tmp_path, env, script=_SIGNAL_THEN_EXIT):
     d = tmp_path / "dumps"
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               PYCOLL_FR_DUMP_SIGNAL="SIGUSR1", PYCOLL_FR_DUMP_DIR=str(d), **env)
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    p = subprocess.run([sys.executable, "-c", script], env=_signal_env(d, env), capture_output=True, text=True,
+                       timeout=60)
     return p, time.monotonic() - t0, d / "generation_0"
 
 
@@ -583,9 +588,7 @@ def test_the_dump_signal_dumps_a_rank_waiting_in_its_init(tmp_path):
     # (a rank stuck in init: the case to send it for), its default action ended the rank (exit -10). Its dump and
     # stacks are named by the rank its init gives it (they said rank 0: two such ranks wrote one file)
     d = tmp_path / "dumps"
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               PYCOLL_FR_DUMP_SIGNAL="SIGUSR1", PYCOLL_FR_DUMP_DIR=str(d))
-    p = subprocess.Popen([sys.executable, "-c", _WAITING_IN_INIT, str(tmp_path / "store")], env=env,
+    p = subprocess.Popen([sys.executable, "-c", _WAITING_IN_INIT, str(tmp_path / "store")], env=_signal_env(d),
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 20
