@@ -78,11 +78,10 @@ class Ranks:
     def close(self):
         for p in self.procs:
             if p.poll() is None:
-                for sig in (signal.SIGCONT, signal.SIGKILL):
-                    try:
-                        p.send_signal(sig)
-                    except ProcessLookupError:
-                        pass
+                try:
+                    p.send_signal(signal.SIGKILL)  # alone: a SIGCONT first let a stopped rank run on (run_ranks)
+                except ProcessLookupError:
+                    pass
         for p in self.procs:
             try:
                 p.wait(10)

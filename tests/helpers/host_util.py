@@ -193,8 +193,7 @@ def kill_when_done(victims: Sequence[int]):
                 time.sleep(0.01)
             for r in victims:
                 try:
-                    os.kill(procs[r].pid, signal.SIGCONT)
-                    os.kill(procs[r].pid, signal.SIGKILL)
+                    os.kill(procs[r].pid, signal.SIGKILL)  # not SIGCONT first: see run_ranks
                 except ProcessLookupError:
                     pass
 

@@ -133,11 +133,12 @@ def run_ranks(
     finally:
         for p in procs:
             if p.pid is not None and p.is_alive():
-                for sig in (signal.SIGCONT, signal.SIGKILL):
-                    try:
-                        os.kill(p.pid, sig)
-                    except ProcessLookupError:
-                        pass
+                # SIGKILL alone: it ends a stopped rank too, where a SIGCONT first let the rank run on for a moment
+                # into what it was stopped before (a segment half made, left in /dev/shm by the kill)
+                try:
+                    os.kill(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         for p in procs:
             p.join(5.0)
         for conn in pipes:
