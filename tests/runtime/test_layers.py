@@ -184,3 +184,20 @@ def test_the_public_surface_is_documented():
         elif callable(obj) and not documented(None, name, obj):
             missing.append(name)
     assert missing == []
+
+
+def test_the_public_surface_is_one_literal_list():
+    """``pycoll.__all__`` is a list of string literals, every error class among them, each bound in the package: the
+    one form every type checker reads (mypy took no name from a starred ``*errors.__all__`` element, so ``from pycoll
+    import *`` gave a checked program no ``CommTimeout``)."""
+    import pycoll
+    import pycoll.errors
+
+    tree = ast.parse(open(os.path.join(PKG, "__init__.py")).read())
+    (value,) = [node.value for node in tree.body if isinstance(node, ast.Assign)
+                and [getattr(t, "id", None) for t in node.targets] == ["__all__"]]
+    assert isinstance(value, ast.List) and all(isinstance(e, ast.Constant) for e in value.elts), ast.dump(value)
+    names = [e.value for e in value.elts]
+    assert names == pycoll.__all__ and len(set(names)) == len(names)
+    assert set(pycoll.errors.__all__) <= set(names)
+    assert all(hasattr(pycoll, n) for n in names)
