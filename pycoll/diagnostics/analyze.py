@@ -1415,7 +1415,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="also draw the cross-rank timeline around the first divergence (needs matplotlib)")
     args = parser.parse_args(argv)
     try:
-        reports = analyze_dir(args.dir, prefix=args.prefix, stack_limit=args.stack_depth)
+        # --no-stacks is --stack-depth 0 in both forms (--json printed the stacks it was told to leave out)
+        reports = analyze_dir(args.dir, prefix=args.prefix, stack_limit=0 if args.no_stacks else args.stack_depth)
     except (FileNotFoundError, NotADirectoryError) as e:
         print(f"pycoll-fr: {e}", file=sys.stderr)
         return 2

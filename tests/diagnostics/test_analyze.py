@@ -80,6 +80,9 @@ def test_rank_that_never_entered(tmp_path, capsys):
     assert "stopped_rank at " in text  # the stack of the in-flight operation
     assert run_cli(d, "--no-stacks") == 1 and "stopped_rank at " not in capsys.readouterr().out
     assert run_cli(d, "--stack-depth", "0") == 1 and "stopped_rank at " not in capsys.readouterr().out
+    for flags in (["--no-stacks"], ["--stack-depth", "0"]):  # the JSON form leaves them out alike
+        assert run_cli(d, "--json", *flags) == 1 and "stopped_rank at " not in capsys.readouterr().out
+    assert run_cli(d, "--json") == 1 and "stopped_rank at " in capsys.readouterr().out
     for bad in ("-1", "x"):
         with pytest.raises(SystemExit) as e:
             run_cli(d, "--stack-depth", bad)
