@@ -1070,8 +1070,10 @@ class _Launcher:
                 skipped.append(proc.rank)
         if skipped:
             log.warning("received %s; not forwarded to rank%s %s, which do%s not handle it (it would end them; "
-                        "PYCOLL_FR_DUMP_SIGNAL=1 makes it pycoll's flight-recorder dump signal)", name,
-                        "s" if len(skipped) > 1 else "", ", ".join(map(str, skipped)), "" if len(skipped) > 1 else "es")
+                        "PYCOLL_FR_DUMP_SIGNAL=%s makes it pycoll's flight-recorder dump signal)", name,
+                        "s" if len(skipped) > 1 else "", ", ".join(map(str, skipped)), "" if len(skipped) > 1 else "es",
+                        name)
+
     def on_signals(self) -> None:
         try:
             data = self.wake_r.recv(4096)

@@ -532,32 +532,35 @@ def test_signals_are_forwarded(tmp_path, sig):
 
 
 @pytest.mark.timeout(60)
-def test_user_signals_go_only_to_the_ranks_that_handle_them(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGUSR2])
+def test_user_signals_go_only_to_the_ranks_that_handle_them(tmp_path, sig):
     # SIGUSR1 went to every rank's process group: a rank without a handler (pycoll's dump signal is off by default)
     # was killed by it, and the job with it
-    script = _script(tmp_path, WRITE_PID, """
+    script = _script(tmp_path, WRITE_PID, f"""
         import signal
         if RANK == 0:
-            signal.signal(signal.SIGUSR1, lambda s, f: write("got0", "SIGUSR1"))
-        write(f"ready{RANK}", "1")
+            signal.signal(signal.{sig.name}, lambda s, f: write("got0", "{sig.name}"))
+        write(f"ready{{RANK}}", "1")
         deadline = time.monotonic() + 30
         while not os.path.exists("got0") and time.monotonic() < deadline:
             time.sleep(0.01)
         time.sleep(0.2)
-        write(f"done{RANK}", "1")
+        write(f"done{{RANK}}", "1")
     """)
     proc = subprocess.Popen(_cmd(["-n", "2", script]), cwd=str(tmp_path), env=_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         _wait_files([tmp_path / "ready0", tmp_path / "ready1"])
-        proc.send_signal(signal.SIGUSR1)
+        proc.send_signal(sig)
         out, err = proc.communicate(timeout=40)
     finally:
         proc.kill()
         proc.wait(10)
     assert proc.returncode == 0, err
-    assert (tmp_path / "got0").read_text() == "SIGUSR1" and (tmp_path / "done1").exists()
+    assert (tmp_path / "got0").read_text() == sig.name and (tmp_path / "done1").exists()
     assert "not forwarded to rank 1, which does not handle it" in err, err
+    # the advice names the signal received (it said PYCOLL_FR_DUMP_SIGNAL=1, SIGUSR1, for a SIGUSR2 too)
+    assert f"PYCOLL_FR_DUMP_SIGNAL={sig.name} makes it" in err, err
     _assert_all_gone(_pids(tmp_path))
 
 
