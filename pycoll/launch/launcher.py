@@ -1419,7 +1419,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="address node 0 binds the store to (default: --master-addr)")
     p.add_argument("--keep-going", dest="keep_going", action="store_true",
                    help="a failing rank does not stop the others (see the exit status rules)")
-    p.add_argument("--replace-failed", dest="replace_failed", type=int, default=0, metavar="K",
+    p.add_argument("--replace-failed", dest="replace_failed", type=int, default=None, metavar="K",
                    help="start up to K replacement processes for failed ranks (implies --keep-going)")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                    help="stop the job after this many seconds and exit with 124")
@@ -1430,7 +1430,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="seconds between SIGTERM and SIGKILL when stopping ranks (default 5)")
     p.add_argument("--no-prefix", dest="prefix", action="store_false", help="do not prefix output lines")
     p.add_argument("-v", "--verbose", action="store_true", help="log the launcher's decisions")
-    p.add_argument("target", help="script, module (-m) or executable (--no-python)")
+    # optional to argparse only so that a missing one is said plainly ("required: target, args" named the optional
+    # args too)
+    p.add_argument("target", nargs="?", help="script, module (-m) or executable (--no-python)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the target")
     return p
 
@@ -1438,6 +1440,8 @@ def _parser() -> argparse.ArgumentParser:
 def _config(argv: Optional[Sequence[str]]) -> _Config:
     parser = _parser()
     a = parser.parse_args(argv)
+    if a.target is None:
+        parser.error("no target given: a script, a module (-m) or an executable (--no-python) to run")
     if a.nproc < 1:
         parser.error(f"-n must be at least 1, got {a.nproc}")
     if a.nproc > MAX_NPROC:
@@ -1446,7 +1450,7 @@ def _config(argv: Optional[Sequence[str]]) -> _Config:
         parser.error(f"--nnodes must be at least 1, got {a.nnodes}")
     if not 0 <= a.node_rank < a.nnodes:
         parser.error(f"--node-rank must be in [0, {a.nnodes}), got {a.node_rank}")
-    if a.replace_failed < 0:
+    if a.replace_failed is not None and a.replace_failed < 0:
         parser.error(f"--replace-failed must be >= 0, got {a.replace_failed}")
     if a.timeout is not None and not a.timeout > 0:
         parser.error(f"--timeout must be > 0, got {a.timeout}")
@@ -1474,13 +1478,17 @@ def _config(argv: Optional[Sequence[str]]) -> _Config:
             parser.error(f"cannot find executable {a.target!r}")
         command = [a.target, *a.args]
     else:
-        if not os.path.isfile(a.target):
-            parser.error(f"no such script: {a.target!r}")
+        # as python runs it: a file, or a folder or zip file with a __main__.py
+        if not os.path.isfile(a.target) and not os.path.isfile(os.path.join(a.target, "__main__.py")):
+            parser.error(f"no such script: {a.target!r}" if not os.path.isdir(a.target) else
+                         f"{a.target!r} is a folder without a __main__.py: nothing to run")
         command = [sys.executable, "-u", a.target, *a.args]
     return _Config(
         command=command, nproc=a.nproc, nnodes=a.nnodes, node_rank=a.node_rank,
         master_addr=a.master_addr or "127.0.0.1", master_port=master_port, store_bind=a.store_bind,
-        keep_going=a.keep_going or a.replace_failed > 0, replace_failed=a.replace_failed, timeout=a.timeout,
+        # --replace-failed given, 0 too (a K from a variable), implies --keep-going as --help says
+        keep_going=a.keep_going or a.replace_failed is not None, replace_failed=a.replace_failed or 0,
+        timeout=a.timeout,
         join_timeout=a.join_timeout, grace=a.grace, prefix=a.prefix, verbose=a.verbose,
     )
 

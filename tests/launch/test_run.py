@@ -196,10 +196,11 @@ if RANK == 0 and MARK:
 """
 
 
-@pytest.mark.parametrize("mark", [False, True])
-def test_keep_going(tmp_path, mark):
+@pytest.mark.parametrize("mark, flags", [(False, ["--keep-going"]), (True, ["--keep-going"]),
+                                         (False, ["--replace-failed", "0"])])  # it implies --keep-going, K=0 too
+def test_keep_going(tmp_path, mark, flags):
     script = _script(tmp_path, f"MARK = {mark}", KEEP_GOING)
-    res = launch(["-n", "3", "--keep-going", script], tmp_path)
+    res = launch(["-n", "3", *flags, script], tmp_path)
     assert sorted(res.stdout.splitlines()) == ["[rank0]: survived 1 5", "[rank2]: survived 1 5"]
     if mark:
         assert res.returncode == 0, res.stderr
@@ -574,6 +575,8 @@ def test_job_timeout(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["-n", "2", "missing.py"], "no such script"),
+    (["-n", "2"], "no target given: a script"),  # it said "required: target, args", args being optional
+    (["-n", "2", "."], "is a folder without a __main__.py"),
     (["-n", "0", "x.py"], "-n must be at least 1"),
     (["--nnodes", "2", "--node-rank", "2", "--master-addr", "h", "x.py"], "--node-rank must be in"),
     (["--nnodes", "2", "x.py"], "--master-addr is required"),
@@ -585,6 +588,15 @@ def test_usage_errors(tmp_path, args, message):
     res = launch(args, tmp_path, timeout=30)
     assert res.returncode == 2
     assert message in res.stderr
+
+
+def test_a_folder_with_a_main_runs_as_python_runs_it(tmp_path):
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "__main__.py").write_text(
+        "import os, sys; print('app', os.environ['PYCOLL_RANK'], sys.argv[1:])")
+    res = launch(["-n", "2", "app", "--x"], tmp_path, timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert sorted(res.stdout.splitlines()) == ["[rank0]: app 0 ['--x']", "[rank1]: app 1 ['--x']"]
 
 
 def test_multi_node_needs_a_shared_token(tmp_path):
