@@ -25,7 +25,9 @@ What it does:
   falls behind holds the ranks up (their pipes are not read while more than 1 MiB waits for it), as
   it would hold up a program writing to it, but never the launcher: ``--timeout``, signals and
   failures act at once. Once the job was stopped by ``--timeout`` or a signal, output that nothing
-  reads for 0.5 s is dropped, with a note on stderr.
+  reads for 0.5 s is dropped, with a note on stderr. A write that fails (a full disk; a reader that went
+  away, as ``| head``, is none) drops the rest of that output with a note on stderr, and the exit status is
+  then 1 where the job's would be 0.
 * Forwards SIGINT, SIGTERM and SIGHUP to every rank and then stops the job (a second one kills it); forwards SIGUSR1
   and SIGUSR2 without stopping anything, to each rank that handles them (not to its process group; a rank without a
   handler, which they would end, is skipped with a warning). Multi-node, a signal to any node's launcher stops the job
@@ -99,6 +101,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import errno
 import logging
 import os
 import secrets
@@ -336,11 +339,14 @@ class _Writer:
         self.full = False
         self.drop_excess = False
         self.dead = False  # the descriptor failed (its reader went away) or was abandoned: output is dropped
+        self.error: Optional[OSError] = None  # a write's failure other than its reader going away (a full disk)
         self.thread: Optional[threading.Thread] = None
 
     def put(self, data: bytes) -> None:
         with self.cond:
             if self.dead:
+                if self.error is not None:
+                    self.dropped += len(data)
                 return
             if self.drop_excess and self.pending + len(data) > _OUT_HIGH:
                 self.dropped += len(data)
@@ -380,8 +386,10 @@ class _Writer:
                 except BlockingIOError:  # a non-blocking descriptor the launcher inherited
                     select.select([], [self.fd], [], 1.0)
                     continue
-                except OSError:  # e.g. the reader of our stdout went away: drop this output
+                except OSError as e:  # e.g. the reader of our stdout went away: drop this output
                     failed = True
+                    if e.errno != errno.EPIPE:  # not `| head`: said at exit, and the job fails (as `cat > /dev/full`)
+                        self.error = e
                     break
                 view = view[n:]
                 with self.cond:
@@ -392,6 +400,8 @@ class _Writer:
             with self.cond:
                 if failed:
                     self.dead = True
+                    if self.error is not None:
+                        self.dropped += self.pending
                     self.pending = 0
                     self.queue.clear()
                 elif self.queue:  # abandon() may have emptied it
@@ -478,6 +488,7 @@ class _Launcher:
         self.writers = {fd: _Writer(fd, self._notify_room) for fd in (1, 2)}
         self.paused: Set[int] = set()  # the ranks' pipes not read while their destination's reader is behind
         self.output_bounded = False
+        self.output_failed = False  # a write of the output to stdout or stderr failed (not a reader gone)
         self.t0 = time.monotonic()
         self.deadline = self.t0 + cfg.timeout if cfg.timeout else None
         self.join_deadline = self.t0 + cfg.join_timeout
@@ -556,8 +567,12 @@ class _Launcher:
         notes = []
         for w in writers:
             dropped = w.abandon()
-            if dropped:
-                name = "stdout" if w.fd == 1 else "stderr"
+            name = "stdout" if w.fd == 1 else "stderr"
+            if w.error is not None:
+                self.output_failed = True
+                notes.append(f"pycoll-run: writing the output to {name} failed ({w.error.strerror or w.error}): "
+                             f"dropped {dropped} bytes\n")
+            elif dropped:
                 notes.append(f"pycoll-run: dropped {dropped} bytes of output to {name}: nothing read it\n")
         if notes and stderr_free:
             _write_if_ready(2, "".join(notes).encode())
@@ -1523,7 +1538,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         root.removeHandler(handler)
         root.setLevel(level)
         root.propagate = propagate
-    return code
+    return code or (1 if launcher.output_failed else 0)  # output lost to a write error is no success
 
 
 if __name__ == "__main__":

@@ -697,6 +697,30 @@ def test_a_reader_that_does_not_read_holds_up_neither_timeout_nor_signals(tmp_pa
     _assert_all_gone(_pids(tmp_path))
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_output_lost_to_a_write_error_is_said_and_fails_the_job(tmp_path):
+    """stdout on a full disk (/dev/full): the ranks' lines were dropped without a word and the job exited 0. Now the
+    loss is said on stderr and the exit status is 1 (a rank's own failure keeps its code); a reader gone (`| head`)
+    is still no error."""
+    script = _script(tmp_path, WRITE_PID, """
+        print("line of rank", RANK)
+        sys.exit(3 if RANK == 1 and len(sys.argv) > 1 else 0)
+    """)
+    for args, code in (([], 1), (["fail"], 3)):
+        with open("/dev/full", "w") as full:
+            res = subprocess.run(_cmd(["-n", "2", script, *args]), stdout=full, stderr=subprocess.PIPE, text=True,
+                                 timeout=60, env=_env(), cwd=str(tmp_path))
+        assert res.returncode == code, res.stderr
+        assert re.search(r"writing the output to stdout failed \(No space left on device\): dropped \d+ bytes",
+                         res.stderr), res.stderr
+    proc = subprocess.Popen(_cmd(["-n", "2", script]), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(), cwd=str(tmp_path))
+    assert proc.stdout is not None
+    proc.stdout.close()  # the reader went away before the first line
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "failed" not in err, err
+
+
 def test_a_slow_reader_loses_no_line(tmp_path):
     """Output the launcher's stdout takes slowly holds up the ranks'
     pipes (once it took none for 0.3 s), without losing or mixing a line."""
