@@ -7,7 +7,7 @@ The grammar is a comma-separated list of entries::
 
     NAME=ACTION[@N][;rank=R][;replacement=K|any][;trace=PATH]
 
-* ``NAME``: a failpoint (``elastic.agree.before_vote``, ``host.coll.after_fill``, ...); ``*`` at the
+* ``NAME``: a failpoint (``elastic.agree.before_vote``, ``host.coll.after_arrive``, ...); ``*`` at the
   end matches every name with that prefix.
 * ``ACTION``: ``kill`` (SIGKILL this process), ``stop`` (SIGSTOP it), ``raise`` (raise
   :class:`FailpointError` here; in the host library the call returns ``ncclSystemError``),
