@@ -60,6 +60,7 @@ Configuration: the arguments of :class:`FlightRecorder` / :func:`configure`, els
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import logging
@@ -70,7 +71,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from .. import _settings
 from ..buffers import Buffer
@@ -137,6 +138,7 @@ DEFAULT_BUFFER_SIZE: int = _settings.SETTINGS["PYCOLL_FR_BUFFER_SIZE"].default
 DEFAULT_FILE_PREFIX: str = _settings.SETTINGS["PYCOLL_FR_FILE_PREFIX"].default
 DEFAULT_STACK_DEPTH: int = _settings.SETTINGS["PYCOLL_FR_STACK_DEPTH"].default
 _MAX_BUFFER_SIZE = int(_settings.SETTINGS["PYCOLL_FR_BUFFER_SIZE"].maximum or 0)
+_FAILED_CLOSED_KEPT = 16  # closed communicators that had failed, kept for the dumps (see _failed_closed)
 
 # Entry layout: the ring holds compiled entries (_hooks.Entry), written in place and reused when the ring
 # wraps; readers work on snapshots, lists in this layout. The entry does not refer to its Work (a Work
@@ -264,6 +266,9 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         self.write_json = True
         self._dumped_gen: Dict[int, int] = {}  # generation -> number of comm closes seen at its last dump
         self._closes: Dict[int, int] = {}
+        # closed communicators that had failed: dumped though no entry refers to them (recording off, or a ring that
+        # wrapped), as the communicators those dumps explain
+        self._failed_closed: Deque[_CommInfo] = collections.deque(maxlen=_FAILED_CLOSED_KEPT)
         self._failures: Dict[int, List[Dict[str, Any]]] = {}  # generation -> failure reports
         self._transitions: List[Dict[str, Any]] = []  # the elastic layer's membership changes, every dump
         self.last_dump: Optional[Dict[str, Any]] = None
@@ -327,6 +332,7 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         self.clear()
         self._dumped_gen = {}
         self._closes = {}
+        self._failed_closed.clear()
         self._failures = {}
         self._transitions = []
         self.last_dump = None
@@ -374,6 +380,8 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
             self._freeze(comm)
             with self._lock:
                 self._closes[info.generation] = self._closes.get(info.generation, 0) + 1
+                if info.failure is not None:
+                    self._failed_closed.append(info)
                 # keep the info while entries refer to it; forget the id (it may be reused)
                 del self._infos[id(comm)]
                 self._infos_changed()
@@ -526,6 +534,7 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         gens = {e[_INFO].generation for e in self.entries()}
         with self._lock:
             gens |= {i.generation for i in self._infos.values() if i.ref() is not None}
+            gens |= {i.generation for i in self._failed_closed}
         return sorted(gens)
 
     def as_dict(
@@ -550,6 +559,7 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         raw = [e for e in self.entries() if e[_INFO].generation == generation]
         with self._lock:
             live = [i for i in self._infos.values() if i.generation == generation and i.ref() is not None]
+            live += [i for i in self._failed_closed if i.generation == generation]
         infos: Dict[str, _CommInfo] = {}
         for info in live + [e[_INFO] for e in raw]:
             infos.setdefault(info.uid, info)

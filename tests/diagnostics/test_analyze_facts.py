@@ -98,6 +98,30 @@ def test_a_failure_whose_operations_were_not_recorded_is_no_all_clear(tmp_path):
     assert analyze.main([str(tmp_path)]) == 1
 
 
+def test_a_failed_communicator_closed_before_the_dump_is_in_it_with_recording_off(tmp_path):
+    # the exit dump of an uncaught CommTimeout comes after the abort closed the communicator: with no entry referring
+    # to it, the dump named no communicator, and pycoll-fr said the failing ranks "left no dump"
+    now = time.time()
+    report = {"time": now, "uid": UID, "rank": 0, "error_type": "CommTimeout", "op": "all_reduce", "seq": 11,
+              "message": "timed out", "elapsed_s": 2.0, "request": 1, "behind": {}, "peers": {}, "silent": {},
+              "peer_failures": {}}
+    for r in range(2):
+        rec = fr.FlightRecorder(0, dump_dir=str(tmp_path))
+        c = FakeComm(rec, r, 2, uid=UID, name="world")
+        c.op("all_reduce", np.ones(2, np.float32), np.ones(2, np.float32))  # not recorded
+        if r == 0:
+            rec.comm_failed(c, RuntimeError("timed out"), None)
+            rec.add_failure(0, report)
+            rec.comm_closed(c)
+            del c
+            assert rec.generations() == [0]
+        assert rec.dump("test")
+    rep = analyze.analyze_dir(str(tmp_path))[0]
+    text = analyze.format_report([rep], stacks=False)
+    assert "missing dumps" not in text and "left no dump" not in text, text
+    assert "verdict: 'world' failed on rank 0, but no dump holds its operations (recording was off" in text, text
+
+
 def test_a_communicator_with_no_operation_is_not_said_to_have_recording_off(tmp_path):
     # recording on, nothing issued on it: pycoll-fr said "no operation recorded (recording off)"
     kept = []
