@@ -266,8 +266,10 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         self.write_json = True
         self._dumped_gen: Dict[int, int] = {}  # generation -> number of comm closes seen at its last dump
         self._closes: Dict[int, int] = {}
-        # closed communicators that had failed: dumped though no entry refers to them (recording off, or a ring that
-        # wrapped), as the communicators those dumps explain
+        # closed communicators that had failed: in a dump of their generation though no entry refers to them
+        # (recording off, or a ring that wrapped), as the communicators those dumps explain. They do not make their
+        # generation one to dump (generations()): a later dump, at exit, would write an old generation again from
+        # what is left of it, over the dump its failure wrote
         self._failed_closed: Deque[_CommInfo] = collections.deque(maxlen=_FAILED_CLOSED_KEPT)
         self._failures: Dict[int, List[Dict[str, Any]]] = {}  # generation -> failure reports
         self._transitions: List[Dict[str, Any]] = []  # the elastic layer's membership changes, every dump
@@ -534,7 +536,6 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         gens = {e[_INFO].generation for e in self.entries()}
         with self._lock:
             gens |= {i.generation for i in self._infos.values() if i.ref() is not None}
-            gens |= {i.generation for i in self._failed_closed}
         return sorted(gens)
 
     def as_dict(

@@ -114,12 +114,26 @@ def test_a_failed_communicator_closed_before_the_dump_is_in_it_with_recording_of
             rec.add_failure(0, report)
             rec.comm_closed(c)
             del c
-            assert rec.generations() == [0]
         assert rec.dump("test")
     rep = analyze.analyze_dir(str(tmp_path))[0]
     text = analyze.format_report([rep], stacks=False)
     assert "missing dumps" not in text and "left no dump" not in text, text
     assert "verdict: 'world' failed on rank 0, but no dump holds its operations (recording was off" in text, text
+
+
+def test_a_failed_communicator_kept_for_the_dumps_does_not_make_its_old_generation_dumped_again(tmp_path):
+    # generation 0 failed and dumped; the reshape's generation 1 goes on; a dump at exit wrote generation 0 again from
+    # what was left of it (no entry, a ring that had wrapped) over its failure dump, and pycoll-fr blamed a survivor
+    rec = fr.FlightRecorder(0, dump_dir=str(tmp_path))
+    old = FakeComm(rec, 0, 3, uid=UID, name="world")
+    rec.comm_failed(old, RuntimeError("rank 2 exited"), None)
+    first = rec.dump("failure")
+    assert [os.path.basename(os.path.dirname(p)) for p in first if "json" not in p] == ["generation_0"]
+    rec.comm_closed(old)
+    new = FakeComm(rec, 0, 2, uid="0123456789abcdef", name="world", generation=1)
+    written = rec.dump("exit")
+    assert written and all("generation_1" in p for p in written), written
+    assert new.generation == 1
 
 
 def test_a_communicator_with_no_operation_is_not_said_to_have_recording_off(tmp_path):
