@@ -61,8 +61,8 @@ def seconds(value: Any, what: str, *, positive: bool = True) -> float:
         raise ValueError(f"{what} must be a finite number of seconds, got {value}")
     if not (value > 0 if positive else value >= 0):
         raise ValueError(f"{what} must be {'> 0' if positive else '>= 0'} seconds, got {value:g}")
-    if value > MAX_SECONDS:
-        raise ValueError(f"{what} must be at most {MAX_SECONDS:g} seconds (about 31 years), got {value:g}")
+    if value > MAX_SECONDS:  # the value as given: :g rounded 1000000001 to the limit itself
+        raise ValueError(f"{what} must be at most {MAX_SECONDS:g} seconds (about 31 years), got {value!r}")
     return value
 
 

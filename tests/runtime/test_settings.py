@@ -112,6 +112,8 @@ def test_a_huge_duration_is_refused_naming_the_variable():
     with pytest.raises(ValueError, match="timeout must be at most 1e"):
         _settings.seconds(1e30, "timeout")
     assert _settings.seconds(_settings.MAX_SECONDS, "timeout") == _settings.MAX_SECONDS
+    with pytest.raises(ValueError, match=r"got 1000000001\.0$"):  # not rounded to the limit (it said "got 1e+09")
+        _settings.seconds(_settings.MAX_SECONDS + 1, "timeout")
 
 
 def test_every_variable_is_checked_as_a_communicator_is_made(monkeypatch, tmp_path):
