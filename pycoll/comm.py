@@ -125,7 +125,7 @@ def poll_ready(library: Any, handle: int, what: str, timeout: float, *, on_error
                on_timeout: Callable[[], None] = lambda: None, describe_missing: Optional[Callable[[], str]] = None,
                comm_name: Optional[str] = None, reported_timeout: Optional[float] = None,
                give_up: Optional[Callable[[float], Optional[BaseException]]] = None,
-               read: Optional[Callable[[], int]] = None) -> None:
+               read: Optional[Callable[[], int]] = None, rank: Optional[int] = None) -> None:
     """Poll ``ncclCommGetAsyncError(handle)`` until it leaves ncclInProgress, within ``timeout`` seconds.
 
     The one poll-until-ready loop of pycoll (nonblocking init, join, split, shrink, grow, finalize,
@@ -139,7 +139,7 @@ def poll_ready(library: Any, handle: int, what: str, timeout: float, *, on_error
     A KeyboardInterrupt (Ctrl-C) or SystemExit meanwhile is raised after ``on_timeout()``, as at the deadline.
     ``read()``: the asynchronous error, read where another thread may free the handle (a communicator's own: under
     its handle lock); it raises :class:`_HandleGone` once the handle is freed, whose failure is raised after
-    ``on_timeout()``.
+    ``on_timeout()``. ``rank``: this rank in ``comm_name``, named in the timeout's text.
     """
     start = time.monotonic()
     deadline = start + timeout
@@ -179,7 +179,8 @@ def poll_ready(library: Any, handle: int, what: str, timeout: float, *, on_error
                 detail = _missing(describe_missing) if describe_missing is not None else ""
                 acted = True
                 on_timeout()
-                where = f" on communicator {comm_name!r}" if comm_name else ""
+                where = (f" on communicator {comm_name!r}" if comm_name else "") + (
+                    f" rank {rank}" if rank is not None else "")
                 nominal = timeout if reported_timeout is None else reported_timeout  # e.g. init's whole deadline
                 raise CommTimeout(f"{what}{where} did not complete within {nominal:.3g} s{detail}",
                                   comm_name=comm_name or "", op=what, timeout=nominal)
@@ -1195,6 +1196,7 @@ class Communicator(_core.CommCore):
         and whoever watches them -- the elastic layer -- fails it when one is gone). ``reported_timeout``: the
         timeout a :class:`~pycoll.CommTimeout` names, where ``timeout`` is what is left of it."""
         give_up = None
+        shown = timeout if reported_timeout is None else reported_timeout  # the timeout given, not what is left of it
         if peers is not None and (self._size > 1 or watch_failure):
             skip = tuple(peers)
             seen: List[Any] = []  # the rank first found unable, and how long the wait had lasted then
@@ -1204,7 +1206,7 @@ class Communicator(_core.CommCore):
                 failure = self._failure
                 if watch_failure and failure is not None and failure is not before:
                     return CommFailure(f"{what} on communicator {self.name!r} rank {self._rank}: given up after "
-                                       f"{waited:.2f} s of its {timeout:g} s timeout, the communicator failed: "
+                                       f"{waited:.2f} s of its {shown:g} s timeout, the communicator failed: "
                                        f"{failure}")
                 if self._size < 2:
                     return None
@@ -1221,7 +1223,7 @@ class Communicator(_core.CommCore):
                 gr = self._global_ranks[rank] if self._global_ranks is not None else rank
                 who = f"rank {rank} (pid {pid}" + (f", global rank {gr})" if gr != rank else ")")
                 return PeerFailure(f"{what} on communicator {self.name!r} rank {self._rank}: {who} is {why}; given up "
-                                   f"after {waited:.2f} s of its {timeout:g} s timeout", rank, pid, why)
+                                   f"after {waited:.2f} s of its {shown:g} s timeout", rank, pid, why)
 
         read = None
         if handle == self._handle:  # this communicator's: another thread's abort() may free it meanwhile
@@ -1234,7 +1236,7 @@ class Communicator(_core.CommCore):
                     return lib.comm_get_async_error(handle)
 
         poll_ready(self.library, handle, what, timeout, on_timeout=on_timeout, comm_name=self.name, give_up=give_up,
-                   reported_timeout=reported_timeout, read=read)
+                   reported_timeout=reported_timeout, read=read, rank=self._rank)
 
     def _drain(self, deadline: float, timeout: float, what: str, then: str = "") -> None:
         """Wait for outstanding operations (finalize/destroy flush them anyway): one still running at ``deadline``
