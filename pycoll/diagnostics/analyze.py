@@ -442,7 +442,7 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
             if rep.get("uid") == uid:
                 # the report names the communicator's own ranks; the analyzer's report, global ones throughout
                 res["failures"].append({"rank": r, "error_type": rep.get("error_type"), "op": rep.get("op"),
-                                        "seq": rep.get("seq"), "message": rep.get("message"),
+                                        "seq": rep.get("seq"), "message": rep.get("message"), "time": rep.get("time"),
                                         "behind": _global_keys(rep.get("behind"), members),
                                         "unconfirmed": _global_keys(rep.get("unconfirmed"), members),
                                         "gone": _global_keys(rep.get("gone"), members),
@@ -705,7 +705,7 @@ def _check_seq(s: int, present: List[int], coll: Dict[int, Dict[int, Dict[str, A
             div["captured"].append(r)
         else:
             div["in_flight"][r] = {"state": e.get("state"), "site": _site(e), "stack": _stack(e, stack_limit),
-                                   "error": e.get("pycoll_error")}
+                                   "error": e.get("pycoll_error"), "enqueued_ns": e.get("time_created_ns")}
     if not absent and not div["mismatch"] and not div["in_flight"]:
         return None  # completed (or captured) on every rank with a dump: the ranks without one took part too
     for r in res["missing_dumps"]:
@@ -1244,6 +1244,30 @@ _MISMATCH_NAMES = {"type": "operation type", "size": "size", "dtype": "dtype", "
                    "root": "root", "count": "count", "datatype": "datatype", "call": "collective call"}
 
 
+_LATE_MARGIN_S = 0.2  # clocks of different hosts differ: later than a timeout by less than this is not "after" it
+
+
+def _late(c: Dict[str, Any], d: Dict[str, Any]) -> str:
+    """Where ranks entered the divergence's collective only after another rank's watchdog had given it up (its
+    timeout): they were late, not stuck in it -- their entry failed on the aborted communicator, which reads as every
+    rank having entered it. The verdict that says so, or ""."""
+    gave_up = [f for f in c["failures"] if f.get("error_type") == "CommTimeout" and f.get("seq") == d["seq"]
+               and isinstance(f.get("time"), (int, float))]
+    if not gave_up:
+        return ""
+    first = min(gave_up, key=lambda f: f["time"])
+    timed_out = {f["rank"] for f in gave_up}  # in it, as their own timeouts say
+    late = {r: info["enqueued_ns"] / 1e9 - first["time"] for r, info in d["in_flight"].items()
+            if r not in timed_out and isinstance(info.get("enqueued_ns"), int)
+            and info["enqueued_ns"] / 1e9 > first["time"] + _LATE_MARGIN_S}
+    if not late:
+        return ""
+    one = len(late) == 1
+    return (f"rank{'' if one else 's'} {_fmt_ranks(list(late))} entered {d['op']} on {c['name']!r} only "
+            f"{max(late.values()):.1f} s after rank {first['rank']} gave it up at its timeout: late, not stuck in it "
+            f"(not the transport) -- look at what {'that rank' if one else 'those ranks'} did before it")
+
+
 def _verdict(c: Dict[str, Any]) -> str:
     d = c["first_divergence"]
     name = c["name"]
@@ -1332,7 +1356,7 @@ def _verdict(c: Dict[str, Any]) -> str:
                        f"when the graph is replayed) but issued directly on {_who(d['in_flight'])}, where it did not "
                        f"complete")
         elif not d["never_entered"] and not d["completed"] and not c["missing_dumps"]:
-            out.append(f"every rank entered {d['op']} on {name!r} and none completed it: not a desync "
+            out.append(_late(c, d) or f"every rank entered {d['op']} on {name!r} and none completed it: not a desync "
                        f"(suspect the transport, the device or a dependency outside this communicator)")
         elif d["completed"]:
             out.append(f"{d['op']} on {name!r} completed on ranks {_fmt_ranks(d['completed'])} but not on "

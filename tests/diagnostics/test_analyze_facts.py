@@ -136,6 +136,29 @@ def test_a_failed_communicator_kept_for_the_dumps_does_not_make_its_old_generati
     assert new.generation == 1
 
 
+def test_a_rank_that_entered_only_after_the_timeout_is_late_not_the_transport(tmp_path):
+    # rank 1 slept through rank 0's timeout, then entered all_reduce #21 on the aborted communicator (a RemoteError):
+    # its failure dump replaced the one it made at rank 0's request, and pycoll-fr said "every rank entered it and
+    # none completed it: suspect the transport"
+    now = time.time()
+    for r in range(2):
+        rec = fr.FlightRecorder(64, dump_dir=str(tmp_path))
+        c = FakeComm(rec, r, 2, uid=UID, name="world")
+        for _ in range(20):
+            c.op("all_reduce", np.ones(2, np.float32), np.ones(2, np.float32))
+        c.op("all_reduce", np.ones(2, np.float32), np.ones(2, np.float32), state="started")
+        timed_out = r == 0
+        rec.add_failure(0, {"time": now - (2.0 if timed_out else 0.0), "uid": UID, "rank": r,
+                            "error_type": "CommTimeout" if timed_out else "RemoteError", "op": "all_reduce", "seq": 21,
+                            "message": "timed out" if timed_out else "rank 0 aborted the communicator",
+                            "elapsed_s": 1.0, "behind": {}, "peers": {}, "silent": {}, "peer_failures": {}})
+        assert rec.dump("test")
+    text = analyze.format_report(analyze.analyze_dir(str(tmp_path)), stacks=False)
+    assert ("verdict: rank 1 entered all_reduce #21 [Float(2,)] on 'world' only 2.0 s after rank 0 gave it up at its "
+            "timeout: late, not stuck in it (not the transport)") in text, text
+    assert "suspect the transport" not in text
+
+
 def test_a_communicator_with_no_operation_is_not_said_to_have_recording_off(tmp_path):
     # recording on, nothing issued on it: pycoll-fr said "no operation recorded (recording off)"
     kept = []
