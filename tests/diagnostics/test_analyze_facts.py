@@ -76,21 +76,31 @@ def test_an_answer_is_a_fact(tmp_path):
     assert "its answer to rank 1's dump request said #20" in text
 
 
-def test_a_failure_whose_operations_were_not_recorded_is_no_all_clear(tmp_path):
-    # PYCOLL_FR_BUFFER_SIZE=0: the dumps hold no operation, only the watchdog's report of the failure; the analyzer
-    # said "no problem found" and exited 0
-    now = time.time()
-    report = {"time": now, "uid": UID, "rank": 0, "error_type": "CommTimeout", "op": "all_reduce", "seq": 11,
+def _unrecorded_failure(folder, *, closed):
+    """Two ranks dump with recording off (PYCOLL_FR_BUFFER_SIZE=0); rank 0's communicator failed in all_reduce #11
+    (a CommTimeout report), and with ``closed`` it was closed before the dump (as its abort does before an exit
+    dump). Returns pycoll-fr's report of the folder."""
+    report = {"time": time.time(), "uid": UID, "rank": 0, "error_type": "CommTimeout", "op": "all_reduce", "seq": 11,
               "message": "timed out", "elapsed_s": 2.0, "request": 1, "behind": {}, "peers": {}, "silent": {},
               "peer_failures": {}}
     for r in range(2):
-        rec = fr.FlightRecorder(0, dump_dir=str(tmp_path))
+        rec = fr.FlightRecorder(0, dump_dir=str(folder))
         c = FakeComm(rec, r, 2, uid=UID, name="world")
         c.op("all_reduce", np.ones(2, np.float32), np.ones(2, np.float32))  # not recorded
         if r == 0:
+            rec.comm_failed(c, RuntimeError("timed out"), None)
             rec.add_failure(0, report)
+            if closed:
+                rec.comm_closed(c)
+                del c
         assert rec.dump("test")
-    rep = analyze.analyze_dir(str(tmp_path))[0]
+    return analyze.analyze_dir(str(folder))[0]
+
+
+def test_a_failure_whose_operations_were_not_recorded_is_no_all_clear(tmp_path):
+    # the dumps hold no operation, only the watchdog's report of the failure; the analyzer said "no problem found"
+    # and exited 0
+    rep = _unrecorded_failure(tmp_path, closed=False)
     assert not rep["ok"]
     text = analyze.format_report([rep], stacks=False)
     assert "no operation recorded (recording off)" in text
@@ -101,22 +111,7 @@ def test_a_failure_whose_operations_were_not_recorded_is_no_all_clear(tmp_path):
 def test_a_failed_communicator_closed_before_the_dump_is_in_it_with_recording_off(tmp_path):
     # the exit dump of an uncaught CommTimeout comes after the abort closed the communicator: with no entry referring
     # to it, the dump named no communicator, and pycoll-fr said the failing ranks "left no dump"
-    now = time.time()
-    report = {"time": now, "uid": UID, "rank": 0, "error_type": "CommTimeout", "op": "all_reduce", "seq": 11,
-              "message": "timed out", "elapsed_s": 2.0, "request": 1, "behind": {}, "peers": {}, "silent": {},
-              "peer_failures": {}}
-    for r in range(2):
-        rec = fr.FlightRecorder(0, dump_dir=str(tmp_path))
-        c = FakeComm(rec, r, 2, uid=UID, name="world")
-        c.op("all_reduce", np.ones(2, np.float32), np.ones(2, np.float32))  # not recorded
-        if r == 0:
-            rec.comm_failed(c, RuntimeError("timed out"), None)
-            rec.add_failure(0, report)
-            rec.comm_closed(c)
-            del c
-        assert rec.dump("test")
-    rep = analyze.analyze_dir(str(tmp_path))[0]
-    text = analyze.format_report([rep], stacks=False)
+    text = analyze.format_report([_unrecorded_failure(tmp_path, closed=True)], stacks=False)
     assert "missing dumps" not in text and "left no dump" not in text, text
     assert "verdict: 'world' failed on rank 0, but no dump holds its operations (recording was off" in text, text
 
