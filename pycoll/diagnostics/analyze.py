@@ -1247,20 +1247,26 @@ _MISMATCH_NAMES = {"type": "operation type", "size": "size", "dtype": "dtype", "
 _LATE_MARGIN_S = 0.2  # clocks of different hosts differ: later than a timeout by less than this is not "after" it
 
 
-def _late(c: Dict[str, Any], d: Dict[str, Any]) -> str:
-    """Where ranks entered the divergence's collective only after another rank's watchdog had given it up (its
-    timeout): they were late, not stuck in it -- their entry failed on the aborted communicator, which reads as every
-    rank having entered it. The verdict that says so, or ""."""
+def _late(c: Dict[str, Any], d: Dict[str, Any]) -> Tuple[Dict[int, float], Optional[Dict[str, Any]]]:
+    """The ranks that entered the divergence's collective only after another rank's watchdog had given it up at its
+    timeout, with how many seconds after it, and the first such timeout report: they were late, not stuck in it --
+    their entry failed on the aborted communicator, which reads as every rank having entered it."""
     gave_up = [f for f in c["failures"] if f.get("error_type") == "CommTimeout" and f.get("seq") == d["seq"]
                and isinstance(f.get("time"), (int, float))]
     if not gave_up:
-        return ""
+        return {}, None
     first = min(gave_up, key=lambda f: f["time"])
     timed_out = {f["rank"] for f in gave_up}  # in it, as their own timeouts say
     late = {r: info["enqueued_ns"] / 1e9 - first["time"] for r, info in d["in_flight"].items()
             if r not in timed_out and isinstance(info.get("enqueued_ns"), int)
             and info["enqueued_ns"] / 1e9 > first["time"] + _LATE_MARGIN_S}
-    if not late:
+    return late, first
+
+
+def _late_text(c: Dict[str, Any], d: Dict[str, Any]) -> str:
+    """The verdict on the ranks :func:`_late` finds, or "" where it finds none."""
+    late, first = _late(c, d)
+    if not late or first is None:
         return ""
     one = len(late) == 1
     return (f"rank{'' if one else 's'} {_fmt_ranks(list(late))} entered {d['op']} on {c['name']!r} only "
@@ -1356,8 +1362,8 @@ def _verdict(c: Dict[str, Any]) -> str:
                        f"when the graph is replayed) but issued directly on {_who(d['in_flight'])}, where it did not "
                        f"complete")
         elif not d["never_entered"] and not d["completed"] and not c["missing_dumps"]:
-            out.append(_late(c, d) or f"every rank entered {d['op']} on {name!r} and none completed it: not a desync "
-                       f"(suspect the transport, the device or a dependency outside this communicator)")
+            out.append(_late_text(c, d) or f"every rank entered {d['op']} on {name!r} and none completed it: not a "
+                       f"desync (suspect the transport, the device or a dependency outside this communicator)")
         elif d["completed"]:
             out.append(f"{d['op']} on {name!r} completed on ranks {_fmt_ranks(d['completed'])} but not on "
                        f"{_fmt_ranks(d['in_flight'])}")
@@ -1393,6 +1399,8 @@ def _culprits(c: Dict[str, Any]) -> List[int]:
         waiting = {r for r, info in d["in_flight"].items() if info["state"] == "scheduled"}
         if waiting and len(waiting) < len(d["in_flight"]) and not d["completed"]:  # as the verdict
             out |= waiting
+        elif not d["never_entered"] and not d["completed"] and not c["missing_dumps"]:  # as the verdict
+            out |= set(_late(c, d)[0])
     return sorted(out)
 
 

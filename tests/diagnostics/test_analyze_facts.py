@@ -148,7 +148,9 @@ def test_a_rank_that_entered_only_after_the_timeout_is_late_not_the_transport(tm
                             "message": "timed out" if timed_out else "rank 0 aborted the communicator",
                             "elapsed_s": 1.0, "behind": {}, "peers": {}, "silent": {}, "peer_failures": {}})
         assert rec.dump("test")
-    text = analyze.format_report(analyze.analyze_dir(str(tmp_path)), stacks=False)
+    reps = analyze.analyze_dir(str(tmp_path))
+    assert reps[0]["communicators"][0]["culprits"] == [1]  # --json names it too
+    text = analyze.format_report(reps, stacks=False)
     assert ("verdict: rank 1 entered all_reduce #21 [Float(2,)] on 'world' only 2.0 s after rank 0 gave it up at its "
             "timeout: late, not stuck in it (not the transport)") in text, text
     assert "suspect the transport" not in text
