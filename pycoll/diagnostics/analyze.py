@@ -421,7 +421,8 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
                            "missing_dumps": [r for r in members if r not in present], "foreign_dumps": foreign,
                            "problems": [],
                            "first_divergence": None,
-                           "matched_through": None, "p2p": [], "failures": [], "missing_dump_info": {}}
+                           "matched_through": None, "p2p": [], "failures": [], "missing_dump_info": {},
+                           "hosts": {r: str((dumps[r].get("pycoll") or {}).get("hostname") or "") for r in present}}
     coll: Dict[int, Dict[int, Dict[str, Any]]] = {}
     p2p: Dict[int, List[Dict[str, Any]]] = {}
     last: Dict[int, Optional[Dict[str, Any]]] = {}  # the last collective
@@ -1251,15 +1252,21 @@ def _late(c: Dict[str, Any], d: Dict[str, Any]) -> Tuple[Dict[int, float], Optio
     """The ranks that entered the divergence's collective only after another rank's watchdog had given it up at its
     timeout, with how many seconds after it, and the first such timeout report: they were late, not stuck in it --
     their entry failed on the aborted communicator, which reads as every rank having entered it."""
-    gave_up = [f for f in c["failures"] if f.get("error_type") == "CommTimeout" and f.get("seq") == d["seq"]
-               and isinstance(f.get("time"), (int, float))]
+    # a group's timeout is reported at its last operation, after the divergence's
+    gave_up = [f for f in c["failures"] if f.get("error_type") == "CommTimeout" and isinstance(f.get("seq"), int)
+               and f["seq"] >= d["seq"] and isinstance(f.get("time"), (int, float))]
     if not gave_up:
         return {}, None
     first = min(gave_up, key=lambda f: f["time"])
     timed_out = {f["rank"] for f in gave_up}  # in it, as their own timeouts say
+    hosts = c.get("hosts") or {}
+    # only ranks on the timed-out rank's host (one clock), whose entry failed on the communicator the timeout ended
+    # (a peer's abort or revoke; not its own wait in a live one: under on_failure="report" nothing was ended)
     late = {r: info["enqueued_ns"] / 1e9 - first["time"] for r, info in d["in_flight"].items()
             if r not in timed_out and isinstance(info.get("enqueued_ns"), int)
-            and info["enqueued_ns"] / 1e9 > first["time"] + _LATE_MARGIN_S}
+            and info["enqueued_ns"] / 1e9 > first["time"] + _LATE_MARGIN_S
+            and hosts.get(r) and hosts.get(r) == hosts.get(first["rank"])
+            and str(info.get("error") or "").startswith(("RemoteError", "CommAborted", "CommRevoked"))}
     return late, first
 
 
