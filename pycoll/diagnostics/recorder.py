@@ -269,7 +269,8 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         # closed communicators that had failed: in a dump of their generation though no entry refers to them
         # (recording off, or a ring that wrapped), as the communicators those dumps explain. They do not make their
         # generation one to dump (generations()): a later dump, at exit, would write an old generation again from
-        # what is left of it, over the dump its failure wrote
+        # what is left of it, over the dump its failure wrote. Where nothing else is there to dump, the latest one's
+        # generation is dumped (dump())
         self._failed_closed: Deque[_CommInfo] = collections.deque(maxlen=_FAILED_CLOSED_KEPT)
         self._failures: Dict[int, List[Dict[str, Any]]] = {}  # generation -> failure reports
         self._transitions: List[Dict[str, Any]] = []  # the elastic layer's membership changes, every dump
@@ -731,8 +732,9 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         written: List[str] = []
         with self._dump_lock:
             gens = sorted(set(generations)) if generations is not None else self.generations()
-            if not gens:
-                gens = [0]
+            if not gens:  # nothing live or recorded: the latest failed communicator's generation (0 where none)
+                with self._lock:
+                    gens = [max((i.generation for i in self._failed_closed), default=0)]
             for gen in gens:
                 with self._lock:
                     closes = self._closes.get(gen, 0)
