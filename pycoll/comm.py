@@ -1196,7 +1196,9 @@ class Communicator(_core.CommCore):
         and whoever watches them -- the elastic layer -- fails it when one is gone). ``reported_timeout``: the
         timeout a :class:`~pycoll.CommTimeout` names, where ``timeout`` is what is left of it."""
         give_up = None
-        shown = timeout if reported_timeout is None else reported_timeout  # the timeout given, not what is left of it
+        # the timeout given, not what is left of it, and the seconds of it spent before this wait (a finalize's drain)
+        shown = timeout if reported_timeout is None else reported_timeout
+        spent = max(0.0, shown - timeout)
         if peers is not None and (self._size > 1 or watch_failure):
             skip = tuple(peers)
             seen: List[Any] = []  # the rank first found unable, and how long the wait had lasted then
@@ -1206,7 +1208,7 @@ class Communicator(_core.CommCore):
                 failure = self._failure
                 if watch_failure and failure is not None and failure is not before:
                     return CommFailure(f"{what} on communicator {self.name!r} rank {self._rank}: given up after "
-                                       f"{waited:.2f} s of its {shown:g} s timeout, the communicator failed: "
+                                       f"{waited + spent:.2f} s of its {shown:g} s timeout, the communicator failed: "
                                        f"{failure}")
                 if self._size < 2:
                     return None
@@ -1223,7 +1225,7 @@ class Communicator(_core.CommCore):
                 gr = self._global_ranks[rank] if self._global_ranks is not None else rank
                 who = f"rank {rank} (pid {pid}" + (f", global rank {gr})" if gr != rank else ")")
                 return PeerFailure(f"{what} on communicator {self.name!r} rank {self._rank}: {who} is {why}; given up "
-                                   f"after {waited:.2f} s of its {shown:g} s timeout", rank, pid, why)
+                                   f"after {waited + spent:.2f} s of its {shown:g} s timeout", rank, pid, why)
 
         read = None
         if handle == self._handle:  # this communicator's: another thread's abort() may free it meanwhile
