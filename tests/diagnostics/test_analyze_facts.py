@@ -4,13 +4,14 @@ is given with its age (issue 17)."""
 from __future__ import annotations
 
 import os
+import pickle
 import time
 
 import numpy as np
 import pytest
 from helpers.fakes import FakeComm
 
-from pycoll import analyze, flight_recorder as fr
+from pycoll import RemoteError, analyze, flight_recorder as fr
 from pycoll.diagnostics import plot
 
 PREFIX = fr.DEFAULT_FILE_PREFIX
@@ -129,6 +130,13 @@ def test_a_failed_communicator_kept_for_the_dumps_does_not_make_its_old_generati
     written = rec.dump("exit")
     assert written and all("generation_1" in p for p in written), written
     assert new.generation == 1
+    # with nothing live or recorded, a dump goes to the latest failed communicator's generation (it went to
+    # generation_0, apart from its generation's other dumps)
+    rec.comm_failed(new, RuntimeError("rank 1 exited"), None)
+    rec.comm_closed(new)
+    del new
+    written = rec.dump("exit")
+    assert written and all("generation_1" in p for p in written), written
 
 
 def test_a_rank_that_entered_only_after_the_timeout_is_late_not_the_transport(tmp_path):
@@ -141,8 +149,10 @@ def test_a_rank_that_entered_only_after_the_timeout_is_late_not_the_transport(tm
         c = FakeComm(rec, r, 2, uid=UID, name="world")
         for _ in range(20):
             c.op("all_reduce", np.ones(2, np.float32), np.ones(2, np.float32))
-        c.op("all_reduce", np.ones(2, np.float32), np.ones(2, np.float32), state="started")
+        w = c.op("all_reduce", np.ones(2, np.float32), np.ones(2, np.float32), state="started")
         timed_out = r == 0
+        if not timed_out:  # its late entry failed on the communicator rank 0's timeout aborted
+            w._exc = RemoteError(6, "ncclAllReduce", "remote process exited", "rank 0 aborted the communicator")
         rec.add_failure(0, {"time": now - (2.0 if timed_out else 0.0), "uid": UID, "rank": r,
                             "error_type": "CommTimeout" if timed_out else "RemoteError", "op": "all_reduce", "seq": 21,
                             "message": "timed out" if timed_out else "rank 0 aborted the communicator",
@@ -154,6 +164,24 @@ def test_a_rank_that_entered_only_after_the_timeout_is_late_not_the_transport(tm
     assert ("verdict: rank 1 entered all_reduce #21 [Float(2,)] on 'world' only 2.0 s after rank 0 gave it up at its "
             "timeout: late, not stuck in it (not the transport)") in text, text
     assert "suspect the transport" not in text
+    # not where the late rank's entry was not ended by the timeout (on_failure="report": it waited in a live
+    # collective that did not complete either), nor across hosts (their clocks differ; the dumps' times are raw)
+    for r, change in ((1, "error"), (0, "host")):
+        path = os.path.join(tmp_path, "generation_0", f"{PREFIX}{r}")
+        with open(path, "rb") as f:
+            original = f.read()
+        dump = pickle.loads(original)
+        if change == "error":
+            for e in dump["entries"]:
+                e.pop("pycoll_error", None)
+        else:
+            dump["pycoll"]["hostname"] = "another-host"
+        with open(path, "wb") as f:
+            pickle.dump(dump, f)
+        text = analyze.format_report(analyze.analyze_dir(str(tmp_path)), stacks=False)
+        assert "late, not stuck" not in text and "suspect the transport" in text, (change, text)
+        with open(path, "wb") as f:
+            f.write(original)
 
 
 def test_a_communicator_with_no_operation_is_not_said_to_have_recording_off(tmp_path):
