@@ -1338,6 +1338,7 @@ def _verdict(c: Dict[str, Any]) -> str:
         waiting = sorted(r for r, info in d["in_flight"].items()
                          if info["state"] == "scheduled" and r not in grouped and r not in dropped)
         started = sorted(r for r in d["in_flight"] if r not in waiting and r not in grouped and r not in dropped)
+        late = _late_text(c, d)
         if dropped:
             one = len(dropped) == 1
             out.append(f"rank{'' if one else 's'} {_fmt_ranks(list(dropped))} never ran {d['op']} on {name!r}: "
@@ -1353,6 +1354,8 @@ def _verdict(c: Dict[str, Any]) -> str:
                           f"wait{'s' if len(started) == 1 else ''} for {'it' if one else 'them'}" if started else ""))
         # (not where it completed on other ranks: every rank's part ran, and a revoke can fail a rank's operation
         # before that rank saw it start)
+        elif late and not d["never_entered"] and not d["completed"] and not c["missing_dumps"]:
+            out.append(late)  # before "never started": a late entry can fail on the ended communicator still queued
         elif waiting and started and not d["completed"]:
             one = len(waiting) == 1
             out.append(f"rank{'' if one else 's'} {_fmt_ranks(waiting)} entered {d['op']} on {name!r} but "
@@ -1369,8 +1372,8 @@ def _verdict(c: Dict[str, Any]) -> str:
                        f"when the graph is replayed) but issued directly on {_who(d['in_flight'])}, where it did not "
                        f"complete")
         elif not d["never_entered"] and not d["completed"] and not c["missing_dumps"]:
-            out.append(_late_text(c, d) or f"every rank entered {d['op']} on {name!r} and none completed it: not a "
-                       f"desync (suspect the transport, the device or a dependency outside this communicator)")
+            out.append(f"every rank entered {d['op']} on {name!r} and none completed it: not a desync (suspect the "
+                       f"transport, the device or a dependency outside this communicator)")
         elif d["completed"]:
             out.append(f"{d['op']} on {name!r} completed on ranks {_fmt_ranks(d['completed'])} but not on "
                        f"{_fmt_ranks(d['in_flight'])}")
@@ -1404,10 +1407,12 @@ def _culprits(c: Dict[str, Any]) -> List[int]:
         out |= set(d["mismatch"]["culprits"])
     if not out and d["in_flight"]:
         waiting = {r for r, info in d["in_flight"].items() if info["state"] == "scheduled"}
-        if waiting and len(waiting) < len(d["in_flight"]) and not d["completed"]:  # as the verdict
+        every_rank_in = not d["never_entered"] and not d["completed"] and not c["missing_dumps"]
+        late = set(_late(c, d)[0]) if every_rank_in else set()
+        if late:  # as the verdict
+            out |= late
+        elif waiting and len(waiting) < len(d["in_flight"]) and not d["completed"]:  # as the verdict
             out |= waiting
-        elif not d["never_entered"] and not d["completed"] and not c["missing_dumps"]:  # as the verdict
-            out |= set(_late(c, d)[0])
     return sorted(out)
 
 

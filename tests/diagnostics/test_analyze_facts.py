@@ -139,7 +139,8 @@ def test_a_failed_communicator_kept_for_the_dumps_does_not_make_its_old_generati
     assert written and all("generation_1" in p for p in written), written
 
 
-def test_a_rank_that_entered_only_after_the_timeout_is_late_not_the_transport(tmp_path):
+@pytest.mark.parametrize("state", ["started", "scheduled"])  # failed still queued: it was "a hung kernel"
+def test_a_rank_that_entered_only_after_the_timeout_is_late_not_the_transport(tmp_path, state):
     # rank 1 slept through rank 0's timeout, then entered all_reduce #21 on the aborted communicator (a RemoteError):
     # its failure dump replaced the one it made at rank 0's request, and pycoll-fr said "every rank entered it and
     # none completed it: suspect the transport"
@@ -149,7 +150,8 @@ def test_a_rank_that_entered_only_after_the_timeout_is_late_not_the_transport(tm
         c = FakeComm(rec, r, 2, uid=UID, name="world")
         for _ in range(20):
             c.op("all_reduce", np.ones(2, np.float32), np.ones(2, np.float32))
-        w = c.op("all_reduce", np.ones(2, np.float32), np.ones(2, np.float32), state="started")
+        w = c.op("all_reduce", np.ones(2, np.float32), np.ones(2, np.float32),
+                 state="started" if r == 0 else state)
         timed_out = r == 0
         if not timed_out:  # its late entry failed on the communicator rank 0's timeout aborted
             w._exc = RemoteError(6, "ncclAllReduce", "remote process exited", "rank 0 aborted the communicator")
@@ -179,7 +181,8 @@ def test_a_rank_that_entered_only_after_the_timeout_is_late_not_the_transport(tm
         with open(path, "wb") as f:
             pickle.dump(dump, f)
         text = analyze.format_report(analyze.analyze_dir(str(tmp_path)), stacks=False)
-        assert "late, not stuck" not in text and "suspect the transport" in text, (change, text)
+        assert "late, not stuck" not in text, (change, text)
+        assert ("suspect the transport" if state == "started" else "its operation never started") in text, text
         with open(path, "wb") as f:
             f.write(original)
 
