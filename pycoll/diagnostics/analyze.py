@@ -1251,7 +1251,10 @@ _LATE_MARGIN_S = 0.2  # clocks of different hosts differ: later than a timeout b
 def _late(c: Dict[str, Any], d: Dict[str, Any]) -> Tuple[Dict[int, float], Optional[Dict[str, Any]]]:
     """The ranks that entered the divergence's collective only after another rank's watchdog had given it up at its
     timeout, with how many seconds after it, and the first such timeout report: they were late, not stuck in it --
-    their entry failed on the aborted communicator, which reads as every rank having entered it."""
+    their entry failed on the aborted communicator, which reads as every rank having entered it. Only where every
+    rank with a dump entered it and none completed it."""
+    if d["never_entered"] or d["completed"] or c["missing_dumps"]:
+        return {}, None
     # a group's timeout is reported at its last operation, after the divergence's
     gave_up = [f for f in c["failures"] if f.get("error_type") == "CommTimeout" and isinstance(f.get("seq"), int)
                and f["seq"] >= d["seq"] and isinstance(f.get("time"), (int, float))]
@@ -1352,10 +1355,10 @@ def _verdict(c: Dict[str, Any]) -> str:
                        f"what {'that rank' if one else 'those ranks'} did inside the group"
                        + (f"; rank{'' if len(started) == 1 else 's'} {_fmt_ranks(started)} started it and "
                           f"wait{'s' if len(started) == 1 else ''} for {'it' if one else 'them'}" if started else ""))
+        elif late:  # before "never started": a late entry can fail on the ended communicator still queued
+            out.append(late)
         # (not where it completed on other ranks: every rank's part ran, and a revoke can fail a rank's operation
         # before that rank saw it start)
-        elif late and not d["never_entered"] and not d["completed"] and not c["missing_dumps"]:
-            out.append(late)  # before "never started": a late entry can fail on the ended communicator still queued
         elif waiting and started and not d["completed"]:
             one = len(waiting) == 1
             out.append(f"rank{'' if one else 's'} {_fmt_ranks(waiting)} entered {d['op']} on {name!r} but "
@@ -1407,8 +1410,7 @@ def _culprits(c: Dict[str, Any]) -> List[int]:
         out |= set(d["mismatch"]["culprits"])
     if not out and d["in_flight"]:
         waiting = {r for r, info in d["in_flight"].items() if info["state"] == "scheduled"}
-        every_rank_in = not d["never_entered"] and not d["completed"] and not c["missing_dumps"]
-        late = set(_late(c, d)[0]) if every_rank_in else set()
+        late = set(_late(c, d)[0])
         if late:  # as the verdict
             out |= late
         elif waiting and len(waiting) < len(d["in_flight"]) and not d["completed"]:  # as the verdict
