@@ -249,6 +249,23 @@ def _main_site(dump: Dict[str, Any]) -> str:
     return _user_site([(str(fr.get("filename", "")), fr.get("line"), str(fr.get("name"))) for fr in frames])
 
 
+def _earlier_site(dump: Dict[str, Any]) -> str:
+    """Where the main thread was at the first of the rank's earlier dumps of this generation that says (a dump this
+    one replaced: one a peer's timeout asked for, before the rank's own failure; ``pycoll.earlier_dumps``), with
+    why that dump was made: ``'x.py:7 in <module> at its earlier dump (remote: requested by rank 0: ...)'``; ''
+    where none says."""
+    for earlier in (dump.get("pycoll") or {}).get("earlier_dumps") or []:
+        site = _main_site({"pycoll": earlier})
+        if site:
+            return f"{site} at its earlier dump ({_trigger(earlier)})"
+    return ""
+
+
+def _trigger(pyc: Dict[str, Any]) -> str:
+    """Why a dump was made, from its ``pycoll`` section (or an entry of its ``earlier_dumps``)."""
+    return f"{pyc.get('trigger', '?')}: {str(pyc.get('reason', ''))[:200]}"
+
+
 def _user_site(frames: Sequence[Tuple[str, Any, str]]) -> str:
     """``'file:line in function'`` of the innermost frame of the user's code among ``frames`` ((filename, line,
     function), innermost first): neither pycoll's nor the standard library's. Where the user's code was inside a
@@ -461,6 +478,7 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
         if b is not None and not b["here"]:
             res["own_dump"][r] += f", then {b['comm']!r} (ranks {_fmt_ranks(b['members'])}) {b['op']} {b['state']}"
     res["main_thread"] = {r: _main_site(dumps[r]) for r in present if _main_site(dumps[r])}
+    res["earlier_main_thread"] = {r: _earlier_site(dumps[r]) for r in present if _earlier_site(dumps[r])}
     res["captured"] = _captured(present, coll, p2p, members)
 
     with_entries = [r for r in present if coll[r]]
@@ -1031,7 +1049,8 @@ def analyze(dumps: Dict[int, Dict[str, Any]], *, stack_limit: int = 8) -> Dict[s
     for r, d in sorted(dumps.items()):
         pyc = d.get("pycoll") or {}
         if pyc:
-            report["triggers"][r] = f"{pyc.get('trigger', '?')}: {pyc.get('reason', '')}"
+            report["triggers"][r] = _trigger(pyc) + "".join(
+                f" (replacing its dump of {_trigger(e)})" for e in pyc.get("earlier_dumps") or [])
     for _uid, g in sorted(groups.items(), key=lambda kv: (kv[1]["name"], kv[0])):
         c = _analyze_group(g, dumps, stack_limit)
         c["verdict"] = _verdict(c)
@@ -1159,9 +1178,11 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
                         held_text = f"; {_held(held)}" if held else ""
                     if info.get("revoked"):
                         held_text += "; the recovery revoked it first (a reshape another member began)"
-                    lines.append(f"    rank {r}: never entered it ({last}){held_text}"
-                                 + (f"; when it dumped, its main thread was at {c['main_thread'][r]}"
-                                    if r in c.get("main_thread", {}) else ""))
+                    if r in c.get("main_thread", {}):
+                        held_text += f"; when it dumped, its main thread was at {c['main_thread'][r]}"
+                    elif r in c.get("earlier_main_thread", {}):
+                        held_text += f"; its main thread was at {c['earlier_main_thread'][r]}"
+                    lines.append(f"    rank {r}: never entered it ({last}){held_text}")
                 if d["skipped"]:
                     lines.append(f"    {_who(d['skipped'])}: later operations recorded but not this one")
                 m = d["mismatch"]
@@ -1208,7 +1229,7 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
         if rep["triggers"]:
             lines.append("dumps were triggered by:")
             for r, t in sorted(rep["triggers"].items()):
-                lines.append(f"  rank {r}: {t[:200]}")
+                lines.append(f"  rank {r}: {t}")
         lines.append("")
     return "\n".join(lines)
 
@@ -1279,9 +1300,12 @@ def _late_text(c: Dict[str, Any], d: Dict[str, Any]) -> str:
     if not late or first is None:
         return ""
     one = len(late) == 1
+    sites = "; ".join(f"rank {r}'s main thread was at {c['earlier_main_thread'][r]}" for r in sorted(late)
+                      if r in c.get("earlier_main_thread", {}))
     return (f"rank{'' if one else 's'} {_fmt_ranks(list(late))} entered {d['op']} on {c['name']!r} only "
             f"{max(late.values()):.1f} s after rank {first['rank']} gave it up at its timeout: late, not stuck in it "
-            f"(not the transport) -- look at what {'that rank' if one else 'those ranks'} did before it")
+            f"(not the transport) -- look at what {'that rank' if one else 'those ranks'} did before it"
+            + (f" ({sites})" if sites else ""))
 
 
 def _verdict(c: Dict[str, Any]) -> str:

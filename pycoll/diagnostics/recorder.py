@@ -32,6 +32,12 @@ carry pycoll's: ``pycoll_error`` (a failed operation's error), ``pycoll_capture_
 compares them across ranks, which also finds a root mismatch that no rank's library saw -- NCCL's, or the host
 library's eager lane, where a sender completes before its receivers compare anything) and ``pycoll_record_id``.
 
+A rank's dump of a generation replaces its earlier one (one file per rank, as torch's analyzer reads them): a slow
+rank asked to dump by a peer's timeout, which then enters the collective on the aborted communicator and fails,
+writes its failure dump over the one that said where it was. What the replaced dumps said of the process --
+when, why, and where its main thread was -- goes on under ``pycoll.earlier_dumps`` (the last
+:data:`EARLIER_DUMPS_KEPT`, oldest first), which ``pycoll-fr`` reads.
+
 Layout of a dump (``dump_dir`` defaults to ``$PYCOLL_FR_DUMP_DIR``, else
 ``$XDG_CACHE_HOME/pycoll/fr/<run id>`` where the run id comes from the launcher)::
 
@@ -139,6 +145,7 @@ DEFAULT_FILE_PREFIX: str = _settings.SETTINGS["PYCOLL_FR_FILE_PREFIX"].default
 DEFAULT_STACK_DEPTH: int = _settings.SETTINGS["PYCOLL_FR_STACK_DEPTH"].default
 _MAX_BUFFER_SIZE = int(_settings.SETTINGS["PYCOLL_FR_BUFFER_SIZE"].maximum or 0)
 _FAILED_CLOSED_KEPT = 16  # closed communicators that had failed, kept for the dumps (see _failed_closed)
+EARLIER_DUMPS_KEPT = 4  # a rank's replaced dumps of a generation whose facts its next dump carries (the module)
 
 # Entry layout: the ring holds compiled entries (_hooks.Entry), written in place and reused when the ring
 # wraps; readers work on snapshots, lists in this layout. The entry does not refer to its Work (a Work
@@ -274,6 +281,7 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         self._failed_closed: Deque[_CommInfo] = collections.deque(maxlen=_FAILED_CLOSED_KEPT)
         self._failures: Dict[int, List[Dict[str, Any]]] = {}  # generation -> failure reports
         self._transitions: List[Dict[str, Any]] = []  # the elastic layer's membership changes, every dump
+        self._earlier: Dict[int, List[Dict[str, Any]]] = {}  # generation -> what its replaced dumps said (the module)
         self.last_dump: Optional[Dict[str, Any]] = None
         self.dump_count = 0
 
@@ -338,6 +346,7 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         self._failed_closed.clear()
         self._failures = {}
         self._transitions = []
+        self._earlier = {}
         self.last_dump = None
         self.dump_count = 0
 
@@ -742,9 +751,11 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
                 if changed_only and not live and self._dumped_gen.get(gen) == closes:
                     continue
                 t0 = time.monotonic()
-                info = {"reason": reason, "trigger": trigger}
+                info: Dict[str, Any] = {"reason": reason, "trigger": trigger}
                 if extra:
                     info.update(extra)
+                if self._earlier.get(gen):
+                    info["earlier_dumps"] = list(self._earlier[gen])
                 try:
                     data = self.as_dict(gen, stacks=stacks, extra=info, for_file=True)
                 except Exception:
@@ -769,6 +780,9 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
                         _log.error("flight recorder: could not write %s: %s", jpath, exc)
                         jpath = None
                 self._dumped_gen[gen] = closes
+                kept = self._earlier.setdefault(gen, [])
+                kept.append({k: data["pycoll"].get(k) for k in ("time_ns", "trigger", "reason", "main_thread")})
+                del kept[:-EARLIER_DUMPS_KEPT]
                 self.dump_count += 1
                 count = len(data["entries"]) + len(data["pycoll"]["other_entries"])
                 self.last_dump = {"path": path, "json": jpath, "generation": gen, "reason": reason,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import threading
 import time
 
 import numpy as np
@@ -185,6 +186,45 @@ def test_a_rank_that_entered_only_after_the_timeout_is_late_not_the_transport(tm
         assert ("suspect the transport" if state == "started" else "its operation never started") in text, text
         with open(path, "wb") as f:
             f.write(original)
+
+
+def _dump_from_a_thread(rec, reason, trigger):
+    """``rec``'s dump made in another thread, as the watchdog's monitor makes one a peer asked for: it says where the
+    main thread -- this test, here -- was."""
+    t = threading.Thread(target=rec.dump, args=(reason,), kwargs={"trigger": trigger})
+    t.start()
+    t.join()  # the main thread's site: this line
+
+
+def test_a_late_rank_s_replaced_dump_still_says_where_it_was_when_asked(tmp_path):
+    # rank 1 dumped at rank 0's request while it was elsewhere, then entered all_reduce #21 late and failed: its
+    # failure dump replaced the first, and with it where its main thread had been
+    now = time.time()
+    line = _dump_from_a_thread.__code__.co_firstlineno + 5
+    for r in range(2):
+        rec = fr.FlightRecorder(64, dump_dir=str(tmp_path))
+        c = FakeComm(rec, r, 2, uid=UID, name="world")
+        for _ in range(20):
+            c.op("all_reduce", np.ones(2, np.float32), np.ones(2, np.float32))
+        if r == 1:
+            _dump_from_a_thread(rec, "requested by rank 0: CommTimeout in all_reduce #21", "remote")
+        w = c.op("all_reduce", np.ones(2, np.float32), np.ones(2, np.float32), state="started")
+        if r == 1:
+            w._exc = RemoteError(6, "ncclAllReduce", "remote process exited", "rank 0 aborted the communicator")
+        rec.add_failure(0, {"time": now - (2.0 if r == 0 else 0.0), "uid": UID, "rank": r,
+                            "error_type": "CommTimeout" if r == 0 else "RemoteError", "op": "all_reduce", "seq": 21,
+                            "message": "failed", "elapsed_s": 1.0, "behind": {}, "peers": {}, "silent": {},
+                            "peer_failures": {}})
+        assert rec.dump("failure in all_reduce #21", trigger="failure")
+        if r == 1:  # a third dump carries both earlier ones
+            earlier = pickle.loads(open(rec.last_dump["path"], "rb").read())["pycoll"]["earlier_dumps"]
+            assert [e["trigger"] for e in earlier] == ["remote"], earlier
+    text = analyze.format_report(analyze.analyze_dir(str(tmp_path)), stacks=False)
+    site = f"test_analyze_facts.py:{line} in _dump_from_a_thread (in threading.join)"
+    assert (f"late, not stuck in it (not the transport) -- look at what that rank did before it (rank 1's main thread "
+            f"was at {site} at its earlier dump (remote: requested by rank 0: CommTimeout in all_reduce #21))") in text
+    assert ("rank 1: failure: failure in all_reduce #21 (replacing its dump of remote: requested by rank 0: "
+            "CommTimeout in all_reduce #21)") in text, text
 
 
 def test_a_communicator_with_no_operation_is_not_said_to_have_recording_off(tmp_path):
