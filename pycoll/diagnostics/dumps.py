@@ -27,12 +27,15 @@ FP_DUMP_WRITE = _fp.declare("watchdog.dump.write", "the monitor thread is about 
 
 
 class DumpJob:
-    """One request to dump: why, what triggered it; ``done`` is set once written (``paths``)."""
+    """One request to dump: why, what triggered it; ``done`` is set once written (``paths``). ``generation``: the
+    generation it is about (a failure's), dumped even where none of its communicators is left by the time the dump is
+    written (held through a reshape, with recording off)."""
 
-    __slots__ = ("reason", "trigger", "done", "paths", "extra", "created")
+    __slots__ = ("reason", "trigger", "done", "paths", "extra", "created", "generation")
 
     def __init__(self, reason: str, trigger: str, extra: Optional[Dict[str, Any]] = None,
-                 created: Optional[float] = None) -> None:
+                 created: Optional[float] = None, generation: Optional[int] = None) -> None:
+        self.generation = generation
         self.created = time.monotonic() if created is None else created  # a gate holds it `hold` from here
         self.reason = reason
         self.trigger = trigger
@@ -113,10 +116,12 @@ class DumpQueue:
         extra: Dict[str, Any] = {}
         for j in jobs:
             extra.update(j.extra or {})
+        about = sorted({j.generation for j in jobs if j.generation is not None})
         try:
             _fp.hit(FP_DUMP_WRITE)
             paths = dump(reason, trigger="+".join(triggers),
-                         changed_only=all(j.trigger in ("remote", "stall") for j in jobs), extra=extra or None)
+                         changed_only=all(j.trigger in ("remote", "stall") for j in jobs), extra=extra or None,
+                         **({"also": about} if about else {}))
         except Exception:
             _log.exception("watchdog: dump failed")
         finally:

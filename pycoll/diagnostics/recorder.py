@@ -728,19 +728,21 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         write_json: Optional[bool] = None,
         extra: Optional[Dict[str, Any]] = None,
         changed_only: bool = False,
+        also: Iterable[int] = (),
     ) -> List[str]:
         """Write this process's dump of each generation; return the paths written.
 
         ``generations`` defaults to every generation with live communicators or entries (with
         ``changed_only``, generations whose communicators are all closed and were dumped since
-        are skipped). Never raises for I/O problems: they are logged and the path is left out.
-        Safe from any thread; concurrent dumps run one after the other.
+        are skipped); ``also``: generations dumped besides (a failure's, whose communicators may all be closed by
+        the time its dump is written, with no entry left to make it one to dump). Never raises for I/O problems:
+        they are logged and the path is left out. Safe from any thread; concurrent dumps run one after the other.
         """
         base = os.fspath(dump_dir) if dump_dir is not None else (self.dump_dir or default_dump_dir())
         write_json = self.write_json if write_json is None else write_json
         written: List[str] = []
         with self._dump_lock:
-            gens = sorted(set(generations)) if generations is not None else self.generations()
+            gens = sorted(set(generations if generations is not None else self.generations()) | set(also))
             if not gens:  # nothing live or recorded: the latest failed communicator's generation (0 where none)
                 with self._lock:
                     gens = [max((i.generation for i in self._failed_closed), default=0)]

@@ -568,7 +568,8 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
             self.recorder.add_failure(report.generation, report.as_dict(self._stale_after))
             if self.dump_on_failure:
                 # held (at most dump_hold) from the failure on, however long the report itself was held
-                self._dump(f"{report.brief()} on {report.comm_name!r}", "failure", 0, created=report.monotonic)
+                self._dump(f"{report.brief()} on {report.comm_name!r}", "failure", 0, created=report.monotonic,
+                           generation=report.generation)
         except Exception:
             _log.exception("watchdog: reporting the failure of %r failed", report.comm_name)
         finally:
@@ -622,12 +623,12 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
                           extra=extra)
 
     def _dump(self, reason: str, trigger: str, wait: Optional[float], created: Optional[float] = None,
-              extra: Optional[Dict[str, Any]] = None) -> List[str]:
+              extra: Optional[Dict[str, Any]] = None, generation: Optional[int] = None) -> List[str]:
         if not self.running or (trigger == "exit" and self.in_monitor_thread()):  # the monitor cannot wait for itself
             self._dumps.last_start = time.monotonic()
             return self.recorder.dump(reason, trigger=trigger, changed_only=trigger in ("remote", "stall"),
-                                      extra=extra)
-        job = self._queue(DumpJob(reason, trigger, extra, created=created))
+                                      extra=extra, also=() if generation is None else (generation,))
+        job = self._queue(DumpJob(reason, trigger, extra, created=created, generation=generation))
         if trigger == "failure":
             self._dumps.last_start = time.monotonic()  # dump requests from the other ranks are served by it
         job.done.wait(self.dump_timeout if wait is None else wait)

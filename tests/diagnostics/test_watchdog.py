@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import signal
 import socket
 import threading
@@ -212,6 +213,38 @@ def test_dump_gate_holds_failure_dumps_until_it_opens(make_wd, tmp_path):
     wd.release_dumps()
     assert _wait_for(lambda: rec.last_dump["trigger"] == "failure", 3.0)
     wd.remove_dump_gate(token)
+
+
+def test_a_failure_dump_held_through_a_reshape_goes_to_the_failed_generation(make_wd, tmp_path):
+    # recording off: the failed generation-0 communicator was closed and generation 1 made while the gate held the
+    # dump; the dump went to generation_1/ only, generation 0's failure in no dump of its own generation
+    rec = fr.FlightRecorder(0, dump_dir=str(tmp_path))
+    old = Watched(rec, 0, 3)
+    w = old.op("all_reduce", np.ones(1, np.float32), np.ones(1, np.float32), state="started", timeout=1.0)
+    wd = make_wd([], recorder=rec, dump_hold=30.0)
+    wd.start()
+    open_ = []
+    token = wd.add_dump_gate(lambda: bool(open_))
+    exc = RuntimeError("remote process exited")
+    for observer in (rec, wd):  # as a communicator tells its observers
+        observer.comm_failed(old, exc, w)
+    time.sleep(0.2)
+    assert rec.last_dump is None  # held
+    old.state = "aborted"
+    rec.comm_closed(old)
+    del old, w
+    new = Watched(rec, 0, 2, uid="fedcba9876543210", generation=1)
+    new.op("all_reduce", np.ones(1, np.float32), np.ones(1, np.float32))
+    open_.append(1)
+    wd.release_dumps()
+    assert _wait_for(lambda: rec.last_dump is not None and rec.last_dump["trigger"] == "failure", 3.0)
+    wd.remove_dump_gate(token)
+    path = os.path.join(tmp_path, "generation_0", f"{fr.DEFAULT_FILE_PREFIX}0")
+    assert os.path.exists(path), os.listdir(tmp_path)
+    with open(path, "rb") as f:
+        dump = pickle.load(f)
+    assert [f["message"] for f in dump["pycoll"]["failures"]] == ["remote process exited"], dump["pycoll"]["failures"]
+    assert list(dump["pycoll"]["comms"]) == ["0123456789abcdef"]
 
 
 def test_dump_hold_is_bounded_and_exit_writes_held_dumps(make_wd, tmp_path):
