@@ -49,7 +49,8 @@ from . import _bindings as B, _dtypes, _settings, buffers as _buffers, hooks
 from .buffers import Buffer, as_buffer, check_count, check_device, check_overlap, check_same_dtype
 from .collconfig import prepare as _prepare_config
 from .devices import FIRST_SLEEP_S, HostDevice
-from .errors import (AsyncCommError, CommAborted, CommFailure, CommStateError, NCCLError, NotSupported, WaitTimeout,
+from .errors import (AsyncCommError, CaptureError, CommAborted, CommFailure, CommStateError, NCCLError, NotSupported,
+                     WaitTimeout,
                      error_class)
 
 __all__ = ["CommCore", "Hook", "Lock", "RLock", "Work", "launch", "refresh", "retire", "events_back", "begin",
@@ -174,6 +175,8 @@ cdef extern from *:
      * asyncio task runs in its own, and a task made in the group's block in a copy -- and the scopes open */
     static _Thread_local PyObject* pycoll_group_owner = NULL;
     static _Thread_local int pycoll_group_depth = 0;
+    /* the first Work that joined the open group, captured or not (a captured one is in no list): owned, or NULL */
+    static _Thread_local PyObject* pycoll_group_first = NULL;
     static inline PyObject* pycoll_context(void) { return PyThreadState_Get()->context; }
     /* the thread's state's id: never another thread's, unlike its ident (reused once the thread is gone) */
     static inline unsigned long long pycoll_thread_id(void) { return PyThreadState_GetID(PyThreadState_Get()); }
@@ -183,6 +186,7 @@ cdef extern from *:
     int pycoll_group_raised
     PyObject* pycoll_group_owner
     int pycoll_group_depth
+    PyObject* pycoll_group_first
     PyObject* pycoll_context()
     unsigned long long pycoll_thread_id()
 
@@ -208,10 +212,12 @@ def set_group(list works, library):
 
 
 cdef int _set_group(list works, object library) except -1:
-    global pycoll_group_works, pycoll_group_lib, pycoll_group_owner, pycoll_group_depth
+    global pycoll_group_works, pycoll_group_lib, pycoll_group_owner, pycoll_group_depth, pycoll_group_first
     cdef PyObject* old_works = pycoll_group_works
     cdef PyObject* old_lib = pycoll_group_lib
     cdef PyObject* old_owner = pycoll_group_owner
+    cdef PyObject* old_first = pycoll_group_first
+    pycoll_group_first = NULL
     if works is None:
         pycoll_group_works = pycoll_group_lib = pycoll_group_owner = NULL
         pycoll_group_depth = 0
@@ -224,6 +230,7 @@ cdef int _set_group(list works, object library) except -1:
     Py_XDECREF(old_works)
     Py_XDECREF(old_lib)
     Py_XDECREF(old_owner)
+    Py_XDECREF(old_first)
     return 0
 
 
@@ -310,6 +317,30 @@ cdef int _group_check(CommCore comm, object op, list inputs, list written, bint 
                 if _share_memory(b, o):
                     _group_overlap(op, "input", w, "output")
     return 0
+
+
+cdef int _group_first(Work w) except -1:
+    global pycoll_group_first
+    Py_INCREF(w)
+    pycoll_group_first = <PyObject*>w
+    return 0
+
+
+cdef int _group_capture_check(object op, object capture, object stream, Work first) except -1:
+    """An operation joining this thread's open group: refused where its stream's graph capture (None: not capturing)
+    is not the group's first operation's, as NCCL refuses such a group (ncclInvalidUsage): the group runs as one, so
+    an operation not captured would run at the graph's replays, or a captured one at once."""
+    if first.capture_id == capture:
+        return 0
+    raise CaptureError(
+        f"{op}: the streams of one group() must all be uncaptured or all captured by the same graph, as NCCL "
+        f"requires: this operation's is {_capture_text(capture, stream)}, the group's first operation's ({first.op}, "
+        f"seq {first.seq}) {_capture_text(first.capture_id, first.stream)}", stream or 0, capture)
+
+
+cdef str _capture_text(object capture, object stream):
+    return (f"not captured" if capture is None else f"captured by graph capture {capture}") + \
+        f" (stream 0x{stream or 0:x})"
 
 
 cdef bint _failure_handled(object comm):
@@ -1152,6 +1183,8 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
     root = (<_Call>call).root if type(call) is _Call and _rooted((<_Call>call).kind) else None
     if pycoll_group_works != NULL:
         _group_check(comm, op, inputs, _written(op, root, comm._rank, outputs), peer is not None)
+        if pycoll_group_first != NULL:
+            _group_capture_check(op, capture, stream, <Work>pycoll_group_first)
     for b in outputs:  # a torch tensor that requires grad: autograd is told, now that nothing refused the call
         if (<tuple>b)[10] is _TORCH_SOURCE and (<tuple>b)[9].requires_grad and _written(op, root, comm._rank, [b]):
             _written_in_place((<tuple>b)[9])
@@ -1165,6 +1198,8 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
            inputs, outputs, async_op, capture)
     if type(call) is _Call and _rooted((<_Call>call).kind):  # the flight recorder keeps it: a root mismatch is seen
         w.root = (<_Call>call).root                         # in the entries, also where no rank's library found it
+    if pycoll_group_works != NULL and pycoll_group_first == NULL:
+        _group_first(w)
     _stage(_ST_WORK)
     try:
         _notify(w, False)

@@ -215,6 +215,52 @@ def test_capture_invalidated_raises_capture_error_naming_the_capture():
         assert r["end"] == 901 and r["after"] == [2.0] * 4
 
 
+def _mixed_capture_group(rank, n, uid, captured_first):
+    import pycoll
+
+    comm, rt = H.setup(rank, n, uid)
+    import pycoll.emulated as emu
+
+    cap, plain = comm.device.create_stream(), comm.device.create_stream()
+    x = emu.TorchLikeTensor(rt, np.full(2, rank + 1.0, np.float32))
+    y = emu.TorchLikeTensor(rt, np.full(2, rank + 1.0, np.float32))
+    rt.cudaStreamBeginCapture(cap, 0)
+    order = [(x, cap), (y, plain)] if captured_first else [(y, plain), (x, cap)]
+    try:
+        with comm.group():
+            for a, s in order:
+                comm.all_reduce(a, stream=s, async_op=True)
+        out = {"error": None}
+    except pycoll.CaptureError as e:
+        out = {"error": str(e)}
+    rt.cudaStreamEndCapture(cap)
+    out["dropped"] = (x.host.tolist(), y.host.tolist())  # neither ran: the group was dropped
+    with comm.group():  # the communicator is still usable
+        comm.all_reduce(x, stream=plain)
+        comm.all_reduce(y, stream=plain)
+    rt.cudaStreamSynchronize(plain)
+    out["after"] = (x.host.tolist(), y.host.tolist(), comm.ops_issued)
+    comm.destroy()
+    return out
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("captured_first", [True, False])
+def test_a_group_of_captured_and_uncaptured_streams_is_refused(captured_first):
+    # NCCL: "Streams given to a communicator within a NCCL group must either be all uncaptured or all captured by the
+    # same graph" (ncclInvalidUsage). The group ran as one on its first stream: an uncaptured all_reduce completed
+    # without running (it was in the graph), or a captured one ran at once
+    for rank, r in enumerate(H.run_ranks(_mixed_capture_group, 2, H.uid(), captured_first)):
+        assert r["error"] is not None, r
+        first, second = ("captured by graph capture", "not captured") if captured_first else \
+            ("not captured", "captured by graph capture")
+        assert re.search(rf"all_reduce: the streams of one group\(\) must all be uncaptured or all captured by the "
+                         rf"same graph, as NCCL requires: this operation's is {second}.* the group's first operation's "
+                         rf"\(all_reduce, seq 1\) {first}", r["error"]), r["error"]
+        assert r["dropped"] == ([rank + 1.0] * 2, [rank + 1.0] * 2)
+        assert r["after"] == ([3.0] * 2, [3.0] * 2, 3)  # the refused one took no number
+
+
 def _legacy_during_global_capture(rank, n, uid):
     import pycoll
 
