@@ -1224,8 +1224,13 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
             comm._lock.take(-1)
             try:
                 if not (group and _joined(<list>group, w, comm, stream)):
-                    w._start = ev = _new_event(comm, dev)
-                    _record(dev, lib, drv, ev, stream)
+                    try:
+                        w._start = ev = _new_event(comm, dev)
+                        _record(dev, lib, drv, ev, stream)
+                    except Exception as e:  # refused before anything was enqueued (a stream of another device): its
+                        w._exc = e          # entry says so, not "completed" (it is in no outstanding list)
+                        comm._withdraw(w)
+                        raise
                 comm._plock.take(-1)
                 comm._pending.add(w)
                 comm._plock.give()

@@ -954,7 +954,9 @@ class Communicator(_core.CommCore):
         watchdog's timeout and failure policy, a flight-recorder entry named ``what``).
 
         Call it right after ``graph.replay()`` on the replay's stream: the Work completes when
-        everything queued on ``stream`` so far has run.
+        everything queued on ``stream`` so far has run. It takes the communicator's next collective sequence
+        number, as a collective does: call it on every rank at the same point (each rank replays the graph), or
+        the ranks' numbers, which the watchdog's reports and the flight recorder's dumps compare, part ways.
         """
         if not isinstance(what, str) or not what:
             raise TypeError(f"watch_stream: what must be a non-empty str (the operation's name), got {what!r}")

@@ -215,6 +215,47 @@ def test_capture_invalidated_raises_capture_error_naming_the_capture():
         assert r["end"] == 901 and r["after"] == [2.0] * 4
 
 
+def _refused_at_its_start_event(rank, n, uid):
+    import pycoll
+
+    comm, rt = H.setup(rank, n, uid)
+    import pycoll.emulated as emu
+
+    x = emu.TorchLikeTensor(rt, np.ones(4, np.float32))
+    rt.cudaSetDevice(1)
+    other = rt.cudaStreamCreateWithFlags(1)[1]  # a stream of GPU 1 (a torch.cuda.Stream of cuda:1)
+    rt.cudaSetDevice(0)
+
+    class Device1Stream:
+        def __cuda_stream__(self):
+            return (0, other)
+
+    comm.all_reduce(x)  # the pool holds an event
+    pooled = len(comm._events)
+    try:
+        comm.all_reduce(x, stream=Device1Stream())
+        error = None
+    except pycoll.DeviceError as e:
+        error = str(e)
+    out = {"error": error, "pooled": (pooled, len(comm._events)), "outstanding": comm.outstanding()}
+    comm.all_reduce(x)  # still usable
+    out["value"] = x.host.tolist()
+    out["entries"] = [(e["collective_seq_id"], e["state"], (e.get("pycoll_error") or "").split(":")[0])
+                      for e in pycoll.flight_recorder.get_recorder().as_dict()["entries"]]
+    comm.destroy()
+    return out
+
+
+@pytest.mark.timeout(30)
+def test_a_call_refused_at_its_start_event_is_recorded_failed_not_completed():
+    # its entry said "completed" with no error (nothing had run), and its start event was lost to the pool
+    for r in H.run_ranks(_refused_at_its_start_event, 1, H.uid()):
+        assert r["error"] and "no live stream of device 0" in r["error"], r
+        assert r["pooled"][1] == r["pooled"][0] and r["outstanding"] == []
+        assert r["value"] == [1.0] * 4
+        assert r["entries"] == [(1, "completed", ""), (2, "scheduled", "DeviceError"), (3, "completed", "")], r
+
+
 def _mixed_capture_group(rank, n, uid, captured_first):
     import pycoll
 
