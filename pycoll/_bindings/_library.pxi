@@ -362,7 +362,9 @@ cdef class Library:
         cdef _Call cr
         _need(self, <void*>self.fn.ncclCommDestroy, "ncclCommDestroy")
         with nogil: _cap(&self.fn, NULL, &cr, self.fn.ncclCommDestroy(c))
-        if self._pending_slots and c != NULL:  # a grouped init's slot holding it is never written again
+        # freed: a grouped init's slot holding it is never written again (refused: a split or shrink of it still
+        # in progress may still write its slot, which must stay alive)
+        if self._pending_slots and c != NULL and cr.r == ncclSuccess:
             self._settle_slots(<uintptr_t>c, ncclSuccess)
         return _check(self, &cr, "ncclCommDestroy")
 
@@ -373,7 +375,9 @@ cdef class Library:
         cdef _Call cr
         _need(self, <void*>self.fn.ncclCommAbort, "ncclCommAbort")
         with nogil: _cap(&self.fn, NULL, &cr, self.fn.ncclCommAbort(c))
-        if self._pending_slots and c != NULL:  # a grouped init's slot holding it is never written again
+        # freed: a grouped init's slot holding it is never written again (refused: a split or shrink of it still
+        # in progress may still write its slot, which must stay alive)
+        if self._pending_slots and c != NULL and cr.r == ncclSuccess:
             self._settle_slots(<uintptr_t>c, ncclSuccess)
         return _check(self, &cr, "ncclCommAbort")
 

@@ -15,9 +15,10 @@ cdef class UniqueId:
             raise TypeError("UniqueId data must be bytes-like, not str")
         cdef const unsigned char[::1] view
         try:
-            view = memoryview(data).cast("B")
+            m = memoryview(data)
         except TypeError:
             raise TypeError(f"UniqueId data must be bytes-like, not {type(data).__name__}") from None
+        view = (m if m.c_contiguous else memoryview(m.tobytes())).cast("B")  # a strided view: its bytes in order
         if view.shape[0] != sizeof(ncclUniqueId):
             raise ValueError(f"a UniqueId is {sizeof(ncclUniqueId)} bytes, got {view.shape[0]}")
         memcpy(&self.c, &view[0], sizeof(ncclUniqueId))

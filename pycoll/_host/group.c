@@ -14,6 +14,12 @@ static __thread struct job *job_head, *job_tail;
 
 int group_depth(void) { return depth; }
 
+bool group_holds(const struct ncclComm* c) {
+  for (const struct task* t = task_head; t; t = t->next)
+    if (t->comm == c) return true;
+  return false;
+}
+
 ncclResult_t group_note_error(ncclResult_t r) {
   if (depth > 0 && r != ncclSuccess && r != ncclInProgress && group_error == ncclSuccess) group_error = r;
   return r;

@@ -38,6 +38,8 @@ struct job {
 };
 
 int group_depth(void);
+/* Whether this thread's open group holds an operation of `c` (issued only at its ncclGroupEnd). */
+bool group_holds(const struct ncclComm* c);
 /* Records an error returned inside a group: ncclGroupEnd then fails and drops the group. */
 ncclResult_t group_note_error(ncclResult_t r);
 ncclResult_t group_add_task(struct task* t);

@@ -259,6 +259,10 @@ NCCL_API ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   if (COMM_FLAG(c, revoked)) {
     CWARN(c, "ncclCommFinalize : communicator was revoked; destroy or abort it instead");
     r = ncclInvalidUsage;
+  } else if (group_holds(c)) { /* its finalize would wait for them, and they run only after it */
+    CWARN(c, "ncclCommFinalize : operations of this communicator wait in this thread's open group; end the group "
+             "(ncclGroupEnd) before finalizing it");
+    r = ncclInvalidUsage;
   } else if ((r = comm_ensure_ready(c, "ncclCommFinalize")) != ncclSuccess) {
   } else if (COMM_FLAG(c, finalize_called)) {
     CWARN(c, "ncclCommFinalize : communicator was already finalized");
@@ -292,6 +296,12 @@ NCCL_API ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     CWARN(c, "ncclCommDestroy : Attempt to use communicator before the previous operation returned ncclSuccess");
     comm_release(c);
     return ncclInvalidArgument;
+  }
+  if (group_holds(c)) { /* destroy would wait for them, and they run only at this thread's ncclGroupEnd */
+    CWARN(c, "ncclCommDestroy : operations of this communicator wait in this thread's open group; end the group "
+             "(ncclGroupEnd) before destroying it, or abort it");
+    comm_release(c);
+    return ncclInvalidUsage;
   }
   if (!comm_unregister(c)) {
     WARN("comm %p has already been destroyed", (void*)comm);

@@ -18,7 +18,9 @@
  *   - An operation interrupted by ncclCommAbort or ncclCommRevoke returns ncclInvalidUsage; a
  *     peer that died, aborted, revoked or destroyed the communicator while this rank waits for it
  *     gives ncclRemoteError. Mismatched operations (type, count, datatype, op, root) across ranks
- *     give ncclInvalidUsage naming both ranks.
+ *     give ncclInvalidUsage naming both ranks -- on the ranks that compare them: a rank that completes without
+ *     waiting for its peers' calls (the sender of a small Send, the root of a Broadcast or Scatter and the other
+ *     ranks of a Gather or Reduce on the eager lane) returns ncclSuccess, and only its peers report the mismatch.
  *   - ncclCommFinalize waits for the operations enqueued on the communicator and then for every
  *     rank to finalize or destroy it; ncclCommDestroy is local.
  *   - A stream holds at most PYCOLL_HOST_STREAM_DEPTH operations queued and not begun (a GPU's launch queue

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import pickle
 
+import numpy as np
 import pytest
 
 from pycoll._bindings import _nccl
@@ -185,6 +186,8 @@ def test_unique_id_value_semantics():
     assert a.hex() == data.hex()
     assert (a == data) is False  # a UniqueId never equals raw bytes
     assert _nccl.UniqueId(memoryview(data)) == a
+    strided = np.frombuffer(bytes(range(256)), np.uint8)[::2]  # bytes-like, 128 bytes, not contiguous
+    assert bytes(_nccl.UniqueId(strided)) == bytes(strided)
 
 
 @pytest.mark.parametrize("n", [0, 1, 127, 129, 256])

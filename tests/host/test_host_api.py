@@ -432,6 +432,75 @@ def test_a_nonblocking_split_that_leaves_the_slot_empty_ends_pending_when_the_pa
         l.comm_destroy(parent)
 
 
+_REFUSED_DESTROY = r"""
+import time
+from pycoll._bindings import IN_PROGRESS, Config, load
+from pycoll import errors
+l = load("host")
+parent, _ = l.comm_init_rank_config(1, l.get_unique_id(), 0, Config(blocking=0))
+while l.comm_get_async_error(parent) == IN_PROGRESS:
+    time.sleep(0.001)
+refused = 0
+for _ in range(5):
+    slot, status = l.comm_split(parent, 0, 0)
+    keep = slot if refused % 2 else None  # dropped or kept: the Library keeps it alive while the split may write it
+    del slot
+    try:
+        l.comm_destroy(parent)  # refused while the split runs
+        break
+    except errors.InvalidArgument:
+        refused += 1
+    if keep is not None and keep.value == 0:
+        assert keep.pending and keep in l.pending_slots, "a slot the split still writes was taken for settled"
+    junk = [bytearray(24) for _ in range(20000)]
+    while l.comm_get_async_error(parent) == IN_PROGRESS:
+        time.sleep(0.001)
+    del junk
+    if keep is not None:
+        assert keep.value != 0 and not keep.pending
+        l.comm_destroy(keep.value)
+else:
+    l.comm_destroy(parent)
+print("refused", refused)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_refused_destroy_leaves_the_slot_of_a_split_in_progress_alive():
+    # comm_destroy refused while a nonblocking split ran settled the split's slot all the same: the Library freed it
+    # (dropped by the caller) and the split then wrote the new communicator into freed memory -- heap corruption
+    import subprocess
+    import sys
+
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", _REFUSED_DESTROY], capture_output=True, text=True, timeout=50)
+        assert r.returncode == 0 and r.stdout.startswith("refused"), (r.returncode, r.stdout, r.stderr[-2000:])
+        assert int(r.stdout.split()[1]) > 0, "no destroy was refused: the split ended first, nothing was tried"
+
+
+@pytest.mark.parametrize("call", ["destroy", "finalize"])
+def test_destroy_or_finalize_of_a_communicator_with_operations_in_the_open_group_is_refused(call):
+    # they waited for the group's operations, which run only at this thread's ncclGroupEnd: a hang no signal ended
+    l = lib()
+    comm = l.comm_init_rank(1, l.get_unique_id(), 0)
+    a, b = np.ones(4, np.float32), np.zeros(4, np.float32)
+    l.group_start()
+    l.all_reduce(ptr(a), ptr(b), 4, F32, SUM, comm)
+    with pytest.raises(errors.InvalidUsage) as ei:
+        (l.comm_destroy if call == "destroy" else l.comm_finalize)(comm)
+    assert f"ncclComm{call.title()} : operations of this communicator wait in this thread's open group" in \
+        ei.value.last_error
+    if call == "destroy":  # nothing else changed: the group runs
+        l.group_end()
+        assert b.tolist() == [1.0] * 4
+    else:  # an error inside a group fails the group, as NCCL's do
+        with pytest.raises(errors.InvalidUsage):
+            l.group_end()
+        assert b.tolist() == [0.0] * 4
+        l.comm_finalize(comm)
+    l.comm_destroy(comm)
+
+
 def test_group_simulate_end_closes_the_bindings_group_too():
     # the bindings counted the group still open after ncclGroupSimulateEnd: a nonblocking split after it (the runtime
     # drops a raised group() that way) was kept for a group that never ends, reported not pending while in progress
