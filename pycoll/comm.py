@@ -854,6 +854,13 @@ class Communicator(_core.CommCore):
             raise self._refusal(op, "issued its operations so far and has not handed it off", hint)
         self._owner, self._owner_name = me, threading.current_thread().name
 
+    def claim(self, op: str) -> None:
+        """Refuse, as an operation ``op`` of this thread would be refused, where another thread has this communicator
+        (:meth:`hand_off`); else this thread has it from now on. For a call made of several operations (the elastic
+        layer's), checked before it changes anything, with its own name."""
+        if self._owner != threading.get_ident():
+            self._take_over(threading.get_ident(), op)
+
     def _refusal(self, op: str, doing: str, hint: str = "") -> CommStateError:
         return CommStateError(
             f"communicator {self.name!r}: thread {threading.current_thread().name!r} entered {op} while thread "

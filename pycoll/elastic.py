@@ -884,7 +884,9 @@ class ElasticGroup:
         if not own_request:
             self._revoke_descendants(old, g, "quiet" if requested else "fail")
         requester = self._requested[1] if self._requested[0] == g else self.slot
-        cause = str(old.failure) if not requested else f"reshape requested by slot {requester}"
+        cause = (f"reshape requested by slot {requester}" if requested else str(old.failure)
+                 if old.failure is not None else f"this member's communicator was {old.state} (no failure recorded: "
+                 f"{'abort()' if old.state == 'aborted' else 'closed'} called in this process)")
         if requested:  # what failed in a communicator made from the group's (not revoked by the reshape itself)
             seen = [c for c in old.descendants(closed=True)
                     if c.failure is not None and not isinstance(c.failure, CommRevoked)]
@@ -1129,6 +1131,8 @@ class ElasticGroup:
         collective would: handle it as one (:meth:`reshape`). Call :meth:`commit` before it.
         A store that cannot be reached any more raises :class:`~pycoll.StoreLost` (no CommFailure).
         """
+        if not self.comm.closed and self.comm.failure is None:
+            self.comm.claim("ElasticGroup.maybe_grow")  # refused as itself, not as the broadcast it makes
         try:
             return self._maybe_grow()
         except StoreError as exc:
@@ -1236,10 +1240,14 @@ class ElasticGroup:
         :class:`Excluded`). A member that died or stopped after the last step does not make it fail: the
         communicator is aborted instead, the member's slot is marked lost for the launcher (as a reshape
         would have), and a warning names it; a failure with every member alive raises as the destroy's does.
-        Closing again does nothing.
+        Closing again does nothing. Refused (:class:`~pycoll.CommStateError`), with nothing changed, from a thread
+        other than the one that has the communicator (:meth:`~pycoll.Communicator.hand_off`).
         """
         if self._closed:
             return
+        healthy = not self.comm.closed and self.comm.failure is None
+        if healthy:
+            self.comm.claim("ElasticGroup.close")  # before anything changes: a refused close can be made again
         self._closed = True
         self._stop.set()
         self._announce_q.put(None)
@@ -1264,12 +1272,23 @@ class ElasticGroup:
                 return
             except (CommFailure, NCCLError) as exc:
                 error = exc
+            except BaseException:  # Ctrl-C in the destroy: nothing is left half closed (a second close does nothing)
+                self.comm.abort()
+                raise
         if not self.comm.closed:
             self.comm.abort()  # a failed communicator (its failure was the caller's to see), or a failed destroy
         # gone, and not after a close of its own (a member that closed and ended is gone too, and no loss)
         gone = [m for m in self.members if m != self.slot and self._slot_gone(m)
                 and not self._closed_there(m)]
         self._closed_here()
+        if healthy and self.members[0] in gone and self.slot == min(m for m in self.members if m not in gone):
+            # the member that tells waiting joiners the group finished died after the last step: the first member
+            # left tells them (else a replacement of it found every member gone: a finished job failed)
+            try:
+                self.store.set(f"{self._ns}/closed", b"1")
+            except StoreError as exc:
+                _log.warning("slot %d: closing group %r: could not tell waiting joiners (%s)", self.slot, self.name,
+                             exc)
         if not gone:
             if error is not None:
                 raise error

@@ -234,16 +234,17 @@ def test_a_member_stopped_in_the_reshape_costs_no_timeout(server, point):
         assert res[r]["took"] < 10.0, res[r]  # not a 30 s timeout
 
 
-def _gone_after_the_last_step(rank, n, addr, action, spec=""):
-    """Every member completes its steps; slot 2 then dies or stops before close(), which must neither raise nor
-    wait out its 30 s timeout on the others, and marks slot 2 lost for the launcher."""
+def _gone_after_the_last_step(rank, n, addr, action, spec="", gone=2):
+    """Every member completes its steps; slot ``gone`` then dies or stops before close(), which must neither raise
+    nor wait out its 30 s timeout on the others, marks it lost for the launcher, and tells waiting joiners the group
+    finished (``closed``)."""
     failpoints.configure(spec, rank=rank)
     store = _store(addr)
     group = ElasticGroup(store, rank, n, backend="host", timeout=30.0, name="t")
     for _ in range(3):
         group.comm.all_reduce(np.ones(4))
     group.comm.barrier()
-    if rank == 2:
+    if rank == gone:
         os.kill(os.getpid(), signal.SIGSTOP if action == "stop" else signal.SIGKILL)
     time.sleep(0.3)
     t0 = time.monotonic()
@@ -252,15 +253,77 @@ def _gone_after_the_last_step(rank, n, addr, action, spec=""):
     group.close()  # again: nothing
     with pytest.raises(pycoll.CommStateError, match="was closed"):
         group.reshape()
-    return dict(took=took, lost=[m for m in range(n) if store.check([KEY_LOST.format(rank=m)])])
+    return dict(took=took, lost=[m for m in range(n) if store.check([KEY_LOST.format(rank=m)])],
+                closed=store.check([f"{group._ns}/closed"]))
 
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("action", ["kill", "stop"])
-def test_close_with_a_member_gone_after_the_last_step(server, action):
-    res = run_ranks(_gone_after_the_last_step, 4, server, action, timeout=60, may_die=[2])
-    for r in (0, 1, 3):
-        assert res[r]["took"] < 10.0 and res[r]["lost"] == [2], res[r]
+@pytest.mark.parametrize("gone", [2, 0])
+def test_close_with_a_member_gone_after_the_last_step(server, action, gone):
+    # slot 0 is the member that tells waiting joiners the group finished: where it was the one gone, nobody did, and
+    # its replacement found every member gone -- pycoll-run --replace-failed failed a job that had finished
+    res = run_ranks(_gone_after_the_last_step, 4, server, action, "", gone, timeout=60, may_die=[gone])
+    for r in set(range(4)) - {gone}:
+        assert res[r]["took"] < 10.0 and res[r]["lost"] == [gone] and res[r]["closed"], res[r]
+
+
+def _closed_from_another_thread(rank, n, addr):
+    """The main thread has the communicator; close() and maybe_grow() from another thread are refused, naming
+    themselves, with nothing changed: the main thread's close then destroys the communicator."""
+    group = ElasticGroup(_store(addr), rank, n, backend="host", timeout=30.0, name="t")
+    group.comm.all_reduce(np.ones(4))
+    errors = []
+
+    def other():
+        for call in (group.maybe_grow, group.close):
+            try:
+                call()
+                errors.append(None)
+            except pycoll.CommStateError as e:
+                errors.append(str(e))
+
+    t = threading.Thread(target=other, name="closer")
+    t.start()
+    t.join()
+    assert not group.maybe_grow()  # the group still works
+    group.close()
+    return dict(errors=errors, state=group.comm.state)
+
+
+@pytest.mark.timeout(60)
+def test_close_from_another_thread_is_refused_before_it_changes_anything(server):
+    # the group was half closed (watcher stopped, joiners told the group finished) and a second close() did nothing:
+    # its communicator stayed active, never destroyed
+    for r in run_ranks(_closed_from_another_thread, 2, server, timeout=40):
+        assert r["state"] == "destroyed", r
+        for call, e in zip(("maybe_grow", "close"), r["errors"], strict=True):
+            assert e and f"thread 'closer' entered ElasticGroup.{call} while thread 'MainThread'" in e, r
+
+
+def _own_abort_then_reshape(rank, n, addr):
+    group = ElasticGroup(_store(addr), rank, n, backend="host", timeout=30.0, name="t")
+    group.comm.all_reduce(np.ones(4))
+    try:
+        if rank == 1:
+            group.comm.abort()
+        group.comm.all_reduce(np.ones(4))
+    except pycoll.CommFailure:
+        group.reshape()
+    y = np.ones(4)
+    group.comm.all_reduce(y)
+    out = dict(cause=group.transitions[-1].cause, y=y.tolist())
+    group.close()
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_a_reshape_after_the_member_s_own_abort_says_so(server):
+    res = run_ranks(_own_abort_then_reshape, 2, server, timeout=40)
+    assert all(r["y"] == [2.0] * 4 for r in res), res
+    assert res[1]["cause"] == ("this member's communicator was aborted (no failure recorded: abort() called in this "
+                               "process)"), res  # it was 'None'
+    assert "rank 1 aborted" in res[0]["cause"], res
 
 
 @pytest.mark.timeout(90)
