@@ -406,6 +406,7 @@ class Communicator(_core.CommCore):
         self._aborter: Optional[int] = None  # the thread that began its abort
         self._failing_thread = 0  # the thread running fail()
         self._revoke_expected = False  # expect_revoke(): a failure found from then on revokes instead
+        self._superseded: Optional[str] = None  # superseded(): what replaced it, said by every later refusal
         self.failed_at: Optional[float] = None  # wall-clock time of the failure
         #: called as ``callback(comm, exc)`` in the thread that records a failure, after the
         #: observers and before the policy acts; must return quickly (the elastic layer starts its
@@ -599,6 +600,9 @@ class Communicator(_core.CommCore):
             raise CommStateError(f"communicator {self.name!r} was destroyed; create a new one")
 
     def _check_usable(self, what: str) -> None:
+        if self._superseded is not None and (self._state != "active" or self._failure is not None):
+            raise CommStateError(f"{what}: {self._superseded} (it is {self._state}" + (
+                f"; it failed: {self._failure})" if self._failure is not None else ")")) from self._failure
         self._check_alive()
         if self._failure is not None:
             self.await_failure_handled()  # raised with the communicator as its policy leaves it, as Work.wait does
@@ -608,6 +612,13 @@ class Communicator(_core.CommCore):
                               "only split, shrink, destroy and abort remain")
         if self._state == "finalized":
             raise CommStateError(f"{what}: communicator {self.name!r} was finalized; only destroy remains")
+
+    def superseded(self, why: str) -> None:
+        """Record that another communicator replaced this one (``why``: what replaced it; the elastic layer's
+        reshape says its generation and group). Once it failed or was closed, an operation on it raises a
+        :class:`CommStateError` saying ``why`` (with its failure), not that failure again: a program holding on to
+        a replaced communicator learns why, instead of recovering from the same failure at every step."""
+        self._superseded = why
 
     # -- progress and failure -------------------------------------------------------------------
 

@@ -400,6 +400,11 @@ class ElasticGroup:
         stay = set(self.members).intersection(members)
         self._proc_cache = {m: v for m, v in self._proc_cache.items() if m in stay}
         self._lost = (self._lost | set(self.members)) - set(members)
+        old: Optional[Communicator] = getattr(self, "comm", None)
+        if old is not None and old is not comm:
+            old.superseded(f"communicator {old.name!r} of generation {old.generation} of elastic group "
+                           f"{self.name!r} was replaced by generation {generation}: use group.comm, not a reference "
+                           "kept from before the reshape")
         self.comm, self.members, self.generation = comm, tuple(members), generation
         self._grow_calls = 0
         self._moved.set()

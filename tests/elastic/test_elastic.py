@@ -303,6 +303,7 @@ def test_close_from_another_thread_is_refused_before_it_changes_anything(server)
 
 def _own_abort_then_reshape(rank, n, addr):
     group = ElasticGroup(_store(addr), rank, n, backend="host", timeout=30.0, name="t")
+    old = group.comm
     group.comm.all_reduce(np.ones(4))
     try:
         if rank == 1:
@@ -313,6 +314,10 @@ def _own_abort_then_reshape(rank, n, addr):
     y = np.ones(4)
     group.comm.all_reduce(y)
     out = dict(cause=group.transitions[-1].cause, y=y.tolist())
+    try:  # a reference kept from before: it repeated its failure at every step, each taken for a new one
+        old.all_reduce(np.ones(4))
+    except pycoll.CommStateError as e:
+        out["stale"] = str(e)
     group.close()
     return out
 
@@ -324,6 +329,10 @@ def test_a_reshape_after_the_member_s_own_abort_says_so(server):
     assert res[1]["cause"] == ("this member's communicator was aborted (no failure recorded: abort() called in this "
                                "process)"), res  # it was 'None'
     assert "rank 1 aborted" in res[0]["cause"], res
+    for r in res:
+        assert r["stale"].startswith("all_reduce: communicator 't' of generation 0 of elastic group 't' was replaced "
+                                     "by generation 1: use group.comm, not a reference kept from before the "
+                                     "reshape"), r
 
 
 @pytest.mark.timeout(90)
