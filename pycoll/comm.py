@@ -1301,25 +1301,39 @@ class Communicator(_core.CommCore):
                    reported_timeout=timeout)
 
     def _finalize_call(self, deadline: float, timeout: float) -> Optional[NCCLError]:
-        """``ncclCommFinalize``, in a thread of its own: a nonblocking communicator's returns at once (in progress,
-        polled by the caller), a blocking one's (adopted, ``init_all``'s, ``CommConfig(blocking=True)``) only once
-        every rank finalized. That wait is bounded here by ``deadline``: then, or at Ctrl-C, the communicator is
-        aborted, which ends the call, and :class:`pycoll.CommTimeout` (or the KeyboardInterrupt) raised."""
-        h, lib, dev = self.handle, self.library, self.device
-        out: List[BaseException] = []
+        """``ncclCommFinalize`` within ``deadline`` (:meth:`_bounded`); the library's error returned, not raised."""
+        h, lib = self.handle, self.library
+        try:
+            self._bounded(lambda: lib.comm_finalize(h), "ncclCommFinalize", "finalize", deadline, timeout,
+                          "the other ranks did not finalize")
+        except NCCLError as e:
+            return e
+        return None
 
-        def call() -> None:
+    def _bounded(self, call: Callable[[], Any], what: str, op: str, deadline: float, timeout: float, why: str,
+                 on_give_up: Callable[[], None] = lambda: None) -> Any:
+        """``call()``, a collective library call of this communicator (``what``), in a thread of its own: a
+        nonblocking communicator's returns at once (in progress, polled by the caller), a blocking one's (adopted,
+        ``init_all``'s, ``CommConfig(blocking=True)``) only once every rank made it. That wait is bounded here by
+        ``deadline``: then, or at Ctrl-C, the communicator is aborted, which ends the call, ``on_give_up()`` is called
+        (to abort what the call was making), and :class:`pycoll.CommTimeout` (``why``: what the other ranks did
+        not do) or the KeyboardInterrupt raised. Returns what ``call()`` returned, or raises what it raised."""
+        dev = self.device
+        out: List[Any] = []
+        raised: List[BaseException] = []
+
+        def run() -> None:
             try:
                 dev.enter_own_thread()
-                lib.comm_finalize(h)
+                out.append(call())
             except BaseException as e:  # the caller takes it
-                out.append(e)
+                raised.append(e)
 
-        t = threading.Thread(target=call, name=f"pycoll-finalize-{self.name}", daemon=True)
+        t = threading.Thread(target=run, name=f"pycoll-{op}-{self.name}", daemon=True)
         try:
             t.start()
         except RuntimeError:  # no thread left to start (a pids limit): called here (a nonblocking one returns at once)
-            call()
+            run()
         gave_up = False
         try:
             while t.is_alive() and time.monotonic() < deadline:
@@ -1329,15 +1343,33 @@ class Communicator(_core.CommCore):
                 gave_up = True
                 self._abort()
                 t.join(1.0)
+                on_give_up()
         if gave_up:
-            raise CommTimeout(f"ncclCommFinalize on communicator {self.name!r} rank {self._rank} did not complete "
-                              f"within {timeout:g} s (a blocking communicator: the other ranks did not finalize); "
-                              "the communicator is aborted", self.name, "finalize", -1, timeout, timeout)
-        if not out:
-            return None
-        if not isinstance(out[0], NCCLError):
-            raise out[0]
+            raise CommTimeout(f"{what} on communicator {self.name!r} rank {self._rank} did not complete within "
+                              f"{timeout:g} s (a blocking communicator: {why}); the communicator is aborted",
+                              self.name, op, -1, timeout, timeout)
+        if raised:
+            raise raised[0]
         return out[0]
+
+    def _reshape_call(self, call: Callable[[], Any], what: str, op: str, timeout: float) -> Any:
+        """A split's, shrink's or grow's library call (returning ``(slot, status)``), bounded by ``timeout`` on a
+        blocking communicator too (:meth:`_bounded`): a child the call was making when it was given up is
+        aborted."""
+        made: List[Any] = []
+
+        def run() -> Any:
+            made.append(call())
+            return made[-1]
+
+        def abort_child() -> None:
+            child = made[0][0].value if made else 0
+            if child:
+                with contextlib.suppress(NCCLError):
+                    self.library.comm_abort(child)
+
+        return self._bounded(run, what, op, time.monotonic() + timeout, timeout,
+                             f"the other ranks did not call {op}", abort_child)
 
     def destroy(self, timeout: Optional[Seconds] = None) -> None:
         """Release the communicator: finalize (collective: every rank must call it), then free.
@@ -1639,8 +1671,11 @@ class Communicator(_core.CommCore):
                 note(f"pycoll: in split() of communicator {self.name!r}: the exchange of the new communicators' "
                      "members (every rank of this one takes part)")
             raise
+        h = self.handle
         with self._lock:
-            slot, status = self.library.comm_split(self.handle, B.SPLIT_NOCOLOR if color is None else color, key, cfg)
+            slot, status = self._reshape_call(
+                lambda: self.library.comm_split(h, B.SPLIT_NOCOLOR if color is None else color, key, cfg),
+                "ncclCommSplit", "split", timeout)
         return self._child(slot, status, what="ncclCommSplit", uid=uid,
                            name=name or f"{self.name}.split{self._reshapes}",
                            global_ranks=members, timeout=timeout, poll_parent=True, generation=generation,
@@ -1726,9 +1761,11 @@ class Communicator(_core.CommCore):
         if abort_ops:
             stop = self._stopping_outstanding(self._failure or CommAborted(
                 f"communicator {self.name!r}: the operation was stopped by shrink(abort_ops=True)"))
+        h = self.handle
         with self._lock, stop:
-            slot, status = self.library.comm_shrink(self.handle, excl, cfg,
-                                                    B.SHRINK_ABORT if abort_ops else B.SHRINK_DEFAULT)
+            slot, status = self._reshape_call(
+                lambda: self.library.comm_shrink(h, excl, cfg, B.SHRINK_ABORT if abort_ops else B.SHRINK_DEFAULT),
+                "ncclCommShrink", "shrink", timeout)
         self._abort_only |= abort_ops
         child = self._child(slot, status, what="ncclCommShrink", uid=uid,
                             name=name or f"{self.name}.shrink{self._reshapes}",
@@ -1770,8 +1807,10 @@ class Communicator(_core.CommCore):
         _child_name(name, "grow")
         uid = (hashlib.sha1(bytes(unique_id)).hexdigest()[:16] if unique_id is not None
                else self._child_uid(f"grow:{size}"))
+        h = self.handle
         with self._lock:
-            slot, status = self.library.comm_grow(self.handle, size, unique_id, -1, cfg)
+            slot, status = self._reshape_call(lambda: self.library.comm_grow(h, size, unique_id, -1, cfg),
+                                              "ncclCommGrow", "grow", timeout)
         self._reshapes += 1
         child = self._child(slot, status, what="ncclCommGrow", uid=uid,
                             name=name or f"{self.name}.grow{self._reshapes}",
