@@ -1198,8 +1198,6 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
            inputs, outputs, async_op, capture)
     if type(call) is _Call and _rooted((<_Call>call).kind):  # the flight recorder keeps it: a root mismatch is seen
         w.root = (<_Call>call).root                         # in the entries, also where no rank's library found it
-    if pycoll_group_works != NULL and pycoll_group_first == NULL:
-        _group_first(w)
     _stage(_ST_WORK)
     try:
         _notify(w, False)
@@ -1216,7 +1214,10 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
     comm._user = me
     try:
         if capture is not None:
-            return comm._captured(w, call, h, stream, group)
+            comm._captured(w, call, h, stream, group)
+            if group is not None and pycoll_group_first == NULL:  # joined it (a captured one in no list)
+                _group_first(w)
+            return w
         if comm._depth and group is None and stream and comm._pending.n >= comm._depth:
             _wait_room(comm, w, lib, stream)  # its stream may be full: wait here, not in the library call
         previous = _swap_current(comm, dev, drv) if comm._guard_device else None
@@ -1260,6 +1261,8 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
         if group is not None:
             w.grouped = True  # issued at the group's end (GroupScope.__exit__): no deadline nor start before
             group.append(w)
+            if pycoll_group_first == NULL:
+                _group_first(w)
         elif not async_op:
             _complete(comm, w, dev, lib)
         return w

@@ -865,12 +865,16 @@ class Communicator(_core.CommCore):
             raise self._refusal(op, "issued its operations so far and has not handed it off", hint)
         self._owner, self._owner_name = me, threading.current_thread().name
 
-    def claim(self, op: str) -> None:
+    def claim(self, op: str, *, closing: bool = False) -> None:
         """Refuse, as an operation ``op`` of this thread would be refused, where another thread has this communicator
         (:meth:`hand_off`); else this thread has it from now on. For a call made of several operations (the elastic
-        layer's), checked before it changes anything, with its own name."""
+        layer's), checked before it changes anything, with its own name. ``closing``: ``op`` ends with this
+        communicator's destroy, which is also allowed once the thread that had it has ended, and never inside a
+        ``group()``."""
+        if closing:
+            self._outside_group(op)
         if self._owner != threading.get_ident():
-            self._take_over(threading.get_ident(), op)
+            self._take_over(threading.get_ident(), op, unless_ended=closing)
 
     def _refusal(self, op: str, doing: str, hint: str = "") -> CommStateError:
         return CommStateError(

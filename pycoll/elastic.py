@@ -405,6 +405,10 @@ class ElasticGroup:
             old.superseded(f"communicator {old.name!r} of generation {old.generation} of elastic group "
                            f"{self.name!r} was replaced by generation {generation}: use group.comm, not a reference "
                            "kept from before the reshape")
+            for made in old.descendants(closed=True):  # split from it: remade from group.comm (README)
+                made.superseded(f"communicator {made.name!r} was made from generation {old.generation} of elastic "
+                                f"group {self.name!r}, which generation {generation} replaced: make it again from "
+                                "group.comm")
         self.comm, self.members, self.generation = comm, tuple(members), generation
         self._grow_calls = 0
         self._moved.set()
@@ -1251,8 +1255,8 @@ class ElasticGroup:
         if self._closed:
             return
         healthy = not self.comm.closed and self.comm.failure is None
-        if healthy:
-            self.comm.claim("ElasticGroup.close")  # before anything changes: a refused close can be made again
+        if healthy:  # refused before anything changes: a refused close can be made again
+            self.comm.claim("ElasticGroup.close", closing=True)
         self._closed = True
         self._stop.set()
         self._announce_q.put(None)
@@ -1277,7 +1281,7 @@ class ElasticGroup:
                 return
             except (CommFailure, NCCLError) as exc:
                 error = exc
-            except BaseException:  # Ctrl-C in the destroy: nothing is left half closed (a second close does nothing)
+            except KeyboardInterrupt:  # in the destroy: nothing is left half closed (a second close does nothing)
                 self.comm.abort()
                 raise
         if not self.comm.closed:

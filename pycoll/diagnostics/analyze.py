@@ -250,14 +250,15 @@ def _main_site(dump: Dict[str, Any]) -> str:
 
 
 def _earlier_site(dump: Dict[str, Any]) -> str:
-    """Where the main thread was at the first of the rank's earlier dumps of this generation that says (a dump this
-    one replaced: one a peer's timeout asked for, before the rank's own failure; ``pycoll.earlier_dumps``), with
-    why that dump was made: ``'x.py:7 in <module> at its earlier dump (remote: requested by rank 0: ...)'``; ''
-    where none says."""
-    for earlier in (dump.get("pycoll") or {}).get("earlier_dumps") or []:
-        site = _main_site({"pycoll": earlier})
+    """Where the main thread was at the rank's earlier dumps of this generation (the dumps this one replaced,
+    ``pycoll.earlier_dumps``): at the latest one a peer asked for (a peer's timeout, before the rank's own failure),
+    else at the latest that says, with why that dump was made: ``'x.py:7 in <module> at its earlier dump (remote:
+    requested by rank 0: ...)'``; '' where none says."""
+    earlier = list(reversed((dump.get("pycoll") or {}).get("earlier_dumps") or []))
+    for e in sorted(earlier, key=lambda e: e.get("trigger") != "remote"):  # stable: the latest first of each kind
+        site = _main_site({"pycoll": e})
         if site:
-            return f"{site} at its earlier dump ({_trigger(earlier)})"
+            return f"{site} at its earlier dump ({_trigger(e)})"
     return ""
 
 
@@ -1049,8 +1050,10 @@ def analyze(dumps: Dict[int, Dict[str, Any]], *, stack_limit: int = 8) -> Dict[s
     for r, d in sorted(dumps.items()):
         pyc = d.get("pycoll") or {}
         if pyc:
-            report["triggers"][r] = _trigger(pyc) + "".join(
-                f" (replacing its dump of {_trigger(e)})" for e in pyc.get("earlier_dumps") or [])
+            earlier = pyc.get("earlier_dumps") or []
+            report["triggers"][r] = _trigger(pyc) + (
+                f" (replacing its dump{'s' if len(earlier) > 1 else ''} of {'; '.join(map(_trigger, earlier))})"
+                if earlier else "")
     for _uid, g in sorted(groups.items(), key=lambda kv: (kv[1]["name"], kv[0])):
         c = _analyze_group(g, dumps, stack_limit)
         c["verdict"] = _verdict(c)

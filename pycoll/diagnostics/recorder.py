@@ -281,7 +281,8 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         self._failed_closed: Deque[_CommInfo] = collections.deque(maxlen=_FAILED_CLOSED_KEPT)
         self._failures: Dict[int, List[Dict[str, Any]]] = {}  # generation -> failure reports
         self._transitions: List[Dict[str, Any]] = []  # the elastic layer's membership changes, every dump
-        self._earlier: Dict[int, List[Dict[str, Any]]] = {}  # generation -> what its replaced dumps said (the module)
+        # (folder, generation) -> what the dumps its next dump replaces said (the module's docstring)
+        self._earlier: Dict[Tuple[str, int], List[Dict[str, Any]]] = {}
         self.last_dump: Optional[Dict[str, Any]] = None
         self.dump_count = 0
 
@@ -756,8 +757,8 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
                 info: Dict[str, Any] = {"reason": reason, "trigger": trigger}
                 if extra:
                     info.update(extra)
-                if self._earlier.get(gen):
-                    info["earlier_dumps"] = list(self._earlier[gen])
+                if self._earlier.get((base, gen)):
+                    info["earlier_dumps"] = list(self._earlier[base, gen])
                 try:
                     data = self.as_dict(gen, stacks=stacks, extra=info, for_file=True)
                 except Exception:
@@ -782,7 +783,7 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
                         _log.error("flight recorder: could not write %s: %s", jpath, exc)
                         jpath = None
                 self._dumped_gen[gen] = closes
-                kept = self._earlier.setdefault(gen, [])
+                kept = self._earlier.setdefault((base, gen), [])
                 kept.append({k: data["pycoll"].get(k) for k in ("time_ns", "trigger", "reason", "main_thread")})
                 del kept[:-EARLIER_DUMPS_KEPT]
                 self.dump_count += 1

@@ -197,6 +197,10 @@ def _dump_from_a_thread(rec, reason, trigger):
     t.join()  # the main thread's site: this line
 
 
+def _check_from_a_thread(rec, reason):
+    _dump_from_a_thread(rec, reason, "manual")
+
+
 def test_a_late_rank_s_replaced_dump_still_says_where_it_was_when_asked(tmp_path):
     # rank 1 dumped at rank 0's request while it was elsewhere, then entered all_reduce #21 late and failed: its
     # failure dump replaced the first, and with it where its main thread had been
@@ -208,6 +212,8 @@ def test_a_late_rank_s_replaced_dump_still_says_where_it_was_when_asked(tmp_path
         for _ in range(20):
             c.op("all_reduce", np.ones(2, np.float32), np.ones(2, np.float32))
         if r == 1:
+            rec.dump("a dump of another folder", dump_dir=str(tmp_path / "elsewhere"))  # replaces nothing here
+            _check_from_a_thread(rec, "user dump at start-up")  # older, where the main thread was elsewhere
             _dump_from_a_thread(rec, "requested by rank 0: CommTimeout in all_reduce #21", "remote")
         w = c.op("all_reduce", np.ones(2, np.float32), np.ones(2, np.float32), state="started")
         if r == 1:
@@ -220,15 +226,15 @@ def test_a_late_rank_s_replaced_dump_still_says_where_it_was_when_asked(tmp_path
         if r == 1:  # the failure dump carries what the one it replaced said
             with open(rec.last_dump["path"], "rb") as f:
                 earlier = pickle.load(f)["pycoll"]["earlier_dumps"]
-            assert [e["trigger"] for e in earlier] == ["remote"], earlier
+            assert [e["trigger"] for e in earlier] == ["manual", "remote"], earlier
     text = analyze.format_report(analyze.analyze_dir(str(tmp_path)), stacks=False)
     # the main thread waits in the thread's start or join
     assert re.search(r"late, not stuck in it \(not the transport\) -- look at what that rank did before it \(rank 1's "
                      rf"main thread was at test_analyze_facts.py:(?:{line - 1}|{line}) in _dump_from_a_thread \(in "
                      r"threading.(start|join)\) at its earlier dump \(remote: requested by rank 0: CommTimeout in "
                      r"all_reduce #21\)\)", text), text
-    assert ("rank 1: failure: failure in all_reduce #21 (replacing its dump of remote: requested by rank 0: "
-            "CommTimeout in all_reduce #21)") in text, text
+    assert ("rank 1: failure: failure in all_reduce #21 (replacing its dumps of manual: user dump at start-up; "
+            "remote: requested by rank 0: CommTimeout in all_reduce #21)") in text, text
 
 
 def test_a_communicator_with_no_operation_is_not_said_to_have_recording_off(tmp_path):

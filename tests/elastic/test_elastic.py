@@ -253,8 +253,7 @@ def _gone_after_the_last_step(rank, n, addr, action, spec="", gone=2):
     group.close()  # again: nothing
     with pytest.raises(pycoll.CommStateError, match="was closed"):
         group.reshape()
-    return dict(took=took, lost=[m for m in range(n) if store.check([KEY_LOST.format(rank=m)])],
-                closed=store.check([f"{group._ns}/closed"]))
+    return dict(took=took, lost=[m for m in range(n) if store.check([KEY_LOST.format(rank=m)])])
 
 
 @pytest.mark.timeout(90)
@@ -265,7 +264,8 @@ def test_close_with_a_member_gone_after_the_last_step(server, action, gone):
     # its replacement found every member gone -- pycoll-run --replace-failed failed a job that had finished
     res = run_ranks(_gone_after_the_last_step, 4, server, action, "", gone, timeout=60, may_die=[gone])
     for r in set(range(4)) - {gone}:
-        assert res[r]["took"] < 10.0 and res[r]["lost"] == [gone] and res[r]["closed"], res[r]
+        assert res[r]["took"] < 10.0 and res[r]["lost"] == [gone], res[r]
+    assert _store(server).check(["pycoll/elastic/t/closed"])  # once every member closed (slot 1 tells, for slot 0)
 
 
 def _closed_from_another_thread(rank, n, addr):
@@ -301,9 +301,36 @@ def test_close_from_another_thread_is_refused_before_it_changes_anything(server)
             assert e and f"thread 'closer' entered ElasticGroup.{call} while thread 'MainThread'" in e, r
 
 
+def _closed_after_the_trainer_thread_ended(rank, n, addr):
+    """A thread of its own trained and ended; the main thread closes (a destroy: allowed once that thread ended),
+    first inside a group() by mistake (refused, nothing changed), then after it."""
+    group = ElasticGroup(_store(addr), rank, n, backend="host", timeout=30.0, name="t")
+    t = threading.Thread(target=lambda: [group.comm.all_reduce(np.ones(4)) for _ in range(3)], name="trainer")
+    t.start()
+    t.join()
+    refused = None
+    with group.comm.group():
+        try:
+            group.close()
+        except pycoll.CommStateError as e:
+            refused = str(e)
+    group.close()
+    return dict(refused=refused, state=group.comm.state)
+
+
+@pytest.mark.timeout(60)
+def test_close_after_the_training_thread_ended_and_after_a_refusal_in_a_group(server):
+    # claim() refused the close as another thread's use (destroy allows it once that thread ended); a close refused
+    # inside a group aborted the communicator on its way out (its peer's close then failed)
+    for r in run_ranks(_closed_after_the_trainer_thread_ended, 2, server, timeout=40):
+        assert r["state"] == "destroyed", r
+        assert "ElasticGroup.close cannot be called inside a group" in r["refused"], r
+
+
 def _own_abort_then_reshape(rank, n, addr):
     group = ElasticGroup(_store(addr), rank, n, backend="host", timeout=30.0, name="t")
     old = group.comm
+    tp = old.split(0, name="tp")
     group.comm.all_reduce(np.ones(4))
     try:
         if rank == 1:
@@ -314,10 +341,11 @@ def _own_abort_then_reshape(rank, n, addr):
     y = np.ones(4)
     group.comm.all_reduce(y)
     out = dict(cause=group.transitions[-1].cause, y=y.tolist())
-    try:  # a reference kept from before: it repeated its failure at every step, each taken for a new one
-        old.all_reduce(np.ones(4))
-    except pycoll.CommStateError as e:
-        out["stale"] = str(e)
+    for key, kept in (("stale", old), ("stale_split", tp)):
+        try:  # a reference kept from before: it repeated its failure at every step, each taken for a new one
+            kept.all_reduce(np.ones(4))
+        except pycoll.CommStateError as e:
+            out[key] = str(e)
     group.close()
     return out
 
@@ -333,6 +361,8 @@ def test_a_reshape_after_the_member_s_own_abort_says_so(server):
         assert r["stale"].startswith("all_reduce: communicator 't' of generation 0 of elastic group 't' was replaced "
                                      "by generation 1: use group.comm, not a reference kept from before the "
                                      "reshape"), r
+        assert r["stale_split"].startswith("all_reduce: communicator 'tp' was made from generation 0 of elastic group "
+                                           "'t', which generation 1 replaced: make it again from group.comm"), r
 
 
 @pytest.mark.timeout(90)

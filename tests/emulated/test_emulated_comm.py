@@ -256,6 +256,40 @@ def test_a_call_refused_at_its_start_event_is_recorded_failed_not_completed():
         assert r["entries"] == [(1, "completed", ""), (2, "scheduled", "DeviceError"), (3, "completed", "")], r
 
 
+def _refused_first_in_a_captured_group(rank, n, uid):
+    import pycoll
+
+    comm, rt = H.setup(rank, n, uid)
+    import pycoll.emulated as emu
+
+    x = emu.TorchLikeTensor(rt, np.ones(4, np.float32))
+    rt.cudaSetDevice(1)
+    other = rt.cudaStreamCreateWithFlags(1)[1]
+    rt.cudaSetDevice(0)
+    cap = comm.device.create_stream()
+    rt.cudaStreamBeginCapture(cap, 0)
+    with comm.group():
+        try:
+            comm.all_reduce(x, stream=other)  # refused at its start event: it never joined the group
+        except pycoll.DeviceError:
+            pass
+        w = comm.all_reduce(x, stream=cap)
+    err, graph = rt.cudaStreamEndCapture(cap)
+    _, exe = rt.cudaGraphInstantiate(graph, 0)
+    rt.cudaGraphLaunch(exe, cap)
+    rt.cudaStreamSynchronize(cap)
+    out = {"state": w.state, "end": int(err), "value": x.host.tolist()}
+    comm.destroy()
+    return out
+
+
+@pytest.mark.timeout(30)
+def test_a_refused_operation_does_not_set_the_capture_of_its_group():
+    # the refused one was taken for the group's first operation, and the captured one after it was refused as a mix
+    for r in H.run_ranks(_refused_first_in_a_captured_group, 1, H.uid()):
+        assert r == {"state": "captured", "end": 0, "value": [1.0] * 4}, r
+
+
 def _mixed_capture_group(rank, n, uid, captured_first):
     import pycoll
 
