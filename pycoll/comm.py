@@ -234,6 +234,10 @@ def abort_all(comms: Sequence[Communicator], timeout: Optional[Seconds] = None) 
     ``os._exit`` is then the only way out that does not wait for it.
     """
     limit = _settings.get("PYCOLL_ABORT_TIMEOUT") if timeout is None else _settings.seconds(timeout, "timeout")
+    comms = list(comms)
+    bad = [(i, c) for i, c in enumerate(comms) if not isinstance(c, Communicator)]
+    if bad:  # refused before any is touched: the ones before it were marked aborted, never aborted
+        raise TypeError(f"abort_all: element {bad[0][0]} is not a Communicator: {bad[0][1]!r}")
     by_library: Dict[int, Tuple[Any, List[Tuple[Communicator, int]]]] = {}
     begun: List[Communicator] = []
     for c in comms:
@@ -1712,6 +1716,7 @@ class Communicator(_core.CommCore):
         if self._state == "active" and self.backend == "host":
             import numpy as np
 
+            self.claim("split")  # refused as itself, not as the all_gather below
             everyone = np.empty(3 * self._size, dtype=np.int64)
             self.all_gather(np.array(mine, dtype=np.int64), everyone, timeout=timeout)
             rows = [tuple(int(v) for v in everyone[3 * r:3 * r + 3]) for r in range(self._size)]

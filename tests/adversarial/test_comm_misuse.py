@@ -125,6 +125,8 @@ def _handed_off(rank, n, uid):
     refused = _in_thread(total, "intruder")  # refused on both ranks alike: nothing was issued
     seen.append("'intruder'" in refused and "'MainThread'" in refused and "hand_off" in refused)
     seen.append(total())  # the communicator is unharmed
+    refused = _in_thread(lambda: c.split(0), "splitter")  # named as itself (was: "entered all_gather")
+    seen.append("'splitter' entered split while thread 'MainThread'" in refused)
     c.hand_off()
     seen.append(_in_thread(total, "successor"))
     try:
@@ -141,7 +143,7 @@ def _handed_off(rank, n, uid):
 def test_a_communicator_passes_to_another_thread_only_when_handed_off():
     """A second thread is refused while the first has the communicator, and after it ended too (on
     another rank the two threads' calls may have run in the other order); hand_off() passes it on."""
-    assert run_ranks(_handed_off, 2, _uid(), timeout=60) == [[[3.0, 3.0], True, [3.0, 3.0], [3.0, 3.0], True,
+    assert run_ranks(_handed_off, 2, _uid(), timeout=60) == [[[3.0, 3.0], True, [3.0, 3.0], True, [3.0, 3.0], True,
                                                               [3.0, 3.0]]] * 2
 
 

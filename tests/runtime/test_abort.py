@@ -47,6 +47,21 @@ def test_abort_all_aborts_several_communicators_together():
     assert took < 2.0 and failures == ["aborted", "aborted"] and sa == sb == "aborted"
 
 
+def test_abort_all_refuses_what_is_no_communicator_before_it_touches_any():
+    # the ones before the bad element were marked aborted without being aborted (their library handles lived on,
+    # their peers waited out their timeouts), and a second abort did nothing
+    comms = pycoll.init_all(2, backend="host")
+    lib, handles = comms[0].library, [c.handle for c in comms]
+    with pytest.raises(TypeError, match="abort_all: element 2 is not a Communicator: None"):
+        pycoll.abort_all([*comms, None])
+    assert [c.state for c in comms] == ["active", "active"]
+    pycoll.abort_all(comms)
+    assert [c.state for c in comms] == ["aborted", "aborted"]
+    for h in handles:  # freed by the library: its handle is refused
+        with pytest.raises(pycoll.NCCLError):
+            lib.comm_count(h)
+
+
 def test_abort_has_a_deadline_and_leaves_a_wedged_library_behind(fakes, caplog):
     f = Fake(fakes["nccl"])
     c = Communicator(0x1000, library=f.lib, device=CudaDevice(0, runtime=FakeGpuRuntime("cuda")), rank=0, size=2,
