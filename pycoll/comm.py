@@ -1745,7 +1745,9 @@ class Communicator(_core.CommCore):
         released; after an abortive shrink release it with :meth:`abort`. The child inherits the
         failure policy, the store, the operations' default timeout, the survivors' job-wide ranks and (unless
         ``generation`` is given) the generation; ``failure_callbacks`` are its own. ``timeout`` bounds the shrink
-        itself (default this communicator's).
+        itself (default this communicator's). A rank left out while alive keeps this communicator, but on the host
+        library it cannot take part in a later split, shrink or grow of it with the others: the ranks number the
+        reshapes they made and its number is one behind (they fail with a mismatch naming the two calls).
         """
         self._outside_group("shrink")
         self._check_alive()
