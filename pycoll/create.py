@@ -220,9 +220,11 @@ def init(
         return max(1e-3, deadline - time.monotonic())
 
     local_rank = 0
+    job = ""  # the launcher's id of the job, where the environment gives one: its ranks meet under it
     if rank is None and world_size is None:
         info = discovery.discover()
         rank, world_size, local_rank = info.rank, info.world_size, info.local_rank
+        job = f"{info.run_id}/" if info.run_id else ""
         if store is None and unique_id is None and world_size > 1:
             store = discovery.job_store(info, connect_timeout=init_timeout)
     elif rank is None or world_size is None:
@@ -244,7 +246,9 @@ def init(
         # (its init's count is taken then: a retry meets the others' retries, the meeting given up being over)
         with _init_lock:
             count = _init_counts[name] = _init_counts.get(name, 0) + 1
-        base = f"pycoll/init/{name}/{count}"
+        # two jobs whose stores meet (one port and token: a second job's ranks reach the first job's store where its
+        # own rank 0 could not host it) do not meet under one key: they mixed ranks, a silent wrong sum
+        base = f"pycoll/init/{job}{name}/{count}"
         meeting = store is not None and unique_id is None and world_size > 1  # the unique id comes through the store
         if global_ranks is not None:  # groups of one name meet apart (their counts of that name are equal)
             with contextlib.suppress(TypeError, ValueError):  # not ranks: check_arguments says what is wrong

@@ -114,7 +114,8 @@ class RankInfo:
         source: ``"pycoll"``, ``"torchrun"``, ``"slurm"``, ``"openmpi"`` or ``"single"``.
         replacement: 0, or k >= 1 for the k-th replacement process of this rank slot (pycoll-run).
         replaces: the rank slot a replacement process replaces (None otherwise).
-        run_id: the launcher's id of this run, if it gives one.
+        run_id: the launcher's id of this run, if it gives one (SLURM: ``<job id>.<step id>``); pycoll.init's ranks
+            meet under it in the store.
     """
 
     rank: int
@@ -241,6 +242,13 @@ def _get(env: Mapping[str, str], name: str) -> Optional[str]:
     return value.strip()
 
 
+def _token(env: Mapping[str, str]) -> Optional[str]:
+    """``PYCOLL_STORE_TOKEN`` as it is, spaces and all (None where unset or blank): pycoll-run, the standalone store
+    and ``TCPStore`` take it so, and a secret read with ``$(cat file)`` may end in a carriage return."""
+    value = env.get(ENV_STORE_TOKEN)
+    return None if value is None or value.strip() == "" else value
+
+
 @overload
 def _int(env: Mapping[str, str], name: str, *, required: Literal[True] = True, minimum: int = 0,
          why: str = "") -> int: ...
@@ -317,7 +325,7 @@ def _from_pycoll(env: Mapping[str, str]) -> RankInfo:
         rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
         node_rank=node_rank, nnodes=nnodes,
         store_addr=_get(env, ENV_STORE_ADDR), store_port=_port(env, ENV_STORE_PORT),
-        store_token=_get(env, ENV_STORE_TOKEN), source="pycoll",
+        store_token=_token(env), source="pycoll",
         replacement=replacement, replaces=replaces, run_id=_get(env, ENV_RUN_ID),
     )
     return _check_sizes(info, {"rank": ENV_RANK, "world_size": ENV_WORLD_SIZE, "local_rank": ENV_LOCAL_RANK,
@@ -394,12 +402,13 @@ def _from_slurm(env: Mapping[str, str]) -> RankInfo:
     job = _get(env, "SLURM_JOB_ID") or _get(env, "SLURM_JOBID")
     if job is not None:
         step = _get(env, "SLURM_STEP_ID") or _get(env, "SLURM_STEPID") or "0"
-        default_port = 20000 + zlib.crc32(f"{job}.{step}".encode()) % 20000
+        job = f"{job}.{step}"
+        default_port = 20000 + zlib.crc32(job.encode()) % 20000
     addr, port = _store_location(env, host, default_port)
     info = RankInfo(
         rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
         node_rank=node_rank, nnodes=nnodes, store_addr=addr, store_port=port,
-        store_token=_get(env, ENV_STORE_TOKEN), source="slurm", run_id=job,
+        store_token=_token(env), source="slurm", run_id=job,
     )
     return _check_sizes(info, {"rank": "SLURM_PROCID", "world_size": "SLURM_NTASKS", "local_rank": "SLURM_LOCALID",
                                "local_world_size": "the tasks on this node", "node_rank": "SLURM_NODEID",
@@ -417,7 +426,7 @@ def _from_openmpi(env: Mapping[str, str]) -> RankInfo:
     info = RankInfo(
         rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
         node_rank=0 if single_node else None, nnodes=1 if single_node else None,
-        store_addr=addr, store_port=port, store_token=_get(env, ENV_STORE_TOKEN), source="openmpi",
+        store_addr=addr, store_port=port, store_token=_token(env), source="openmpi",
     )
     return _check_sizes(info, {"rank": "OMPI_COMM_WORLD_RANK", "world_size": "OMPI_COMM_WORLD_SIZE",
                                "local_rank": "OMPI_COMM_WORLD_LOCAL_RANK",
@@ -489,25 +498,33 @@ def open_store(
         }[info.source]
         raise RankDiscoveryError(f"no store address: {hint}")
     if info.store_port is None:
-        raise RankDiscoveryError(f"no store port: set {ENV_STORE_PORT} (or MASTER_PORT)")
+        raise RankDiscoveryError(f"no store port: set {ENV_STORE_PORT}"
+                                 + (" (or MASTER_PORT)" if info.source != "pycoll" else ""))
     if not info.store_token:
         raise RankDiscoveryError(
             f"{ENV_STORE_TOKEN} is not set: pycoll's TCP store needs a shared secret. "
             + ("pycoll-run sets it for every rank." if info.source == "pycoll" else
                f"Export the same random token to every rank, e.g. export {ENV_STORE_TOKEN}=$(openssl rand -hex 32) "
                "before starting the job."))
-    if info.source == "pycoll" or info.rank != 0:
-        return TCPStore(info.store_addr, info.store_port, info.store_token, timeout=timeout,
-                        connect_timeout=connect_timeout)
     bind = _get(env, ENV_STORE_BIND)
+    single_node = info.nnodes == 1 or info.local_world_size == info.world_size
+    if info.source == "pycoll" or info.rank != 0:
+        # a single-node job's rank 0 listens on the loopback address only (below): the node's name may resolve to
+        # another address of it (its network's, Debian's 127.0.1.1), where nothing listens
+        addr = _LOOPBACK if info.source != "pycoll" and bind is None and single_node else info.store_addr
+        return TCPStore(addr, info.store_port, info.store_token, timeout=timeout, connect_timeout=connect_timeout)
     if bind is None:
-        single_node = info.nnodes == 1 or info.local_world_size == info.world_size
         bind = _LOOPBACK if single_node else "0.0.0.0"
     try:
         return TCPStore.hosting(bind, info.store_port, info.store_token, timeout=timeout,
                                 connect_timeout=connect_timeout,
                                 max_unauthenticated=unauthenticated_for(info.world_size))
     except StoreError as exc:
+        text = str(exc)
+        if "assign requested address" in text or "not known" in text or "resolution" in text:
+            raise StoreError(f"rank 0 could not host the store on {bind}:{info.store_port} ({exc}): {bind} is no "
+                             f"address of this host; set {ENV_STORE_BIND} to one of its addresses (or unset it)"
+                             ) from None
         raise StoreError(f"rank 0 could not host the store on {bind}:{info.store_port} ({exc}); "
                          f"choose another port with {ENV_STORE_PORT}{_SHARED_PORT_HINT}") from None
 

@@ -171,6 +171,7 @@ def test_tasks_per_node(text, counts):
     ({**OMPI, "PYCOLL_STORE_TOKEN": "t", "PYCOLL_STORE_PORT": "5"}, "PYCOLL_STORE_ADDR"),
     ({**OMPI, "OMPI_COMM_WORLD_LOCAL_SIZE": "4", "PYCOLL_STORE_TOKEN": "t"}, "no store port"),
     ({**PYCOLL, "PYCOLL_STORE_ADDR": ""}, "pycoll-run"),
+    ({**PYCOLL, "PYCOLL_STORE_PORT": "", "MASTER_PORT": "5"}, "no store port: set PYCOLL_STORE_PORT$"),  # not read
     ({**TORCHRUN, "MASTER_ADDR": "", "MASTER_PORT": ""}, "MASTER_ADDR and MASTER_PORT"),
 ])
 def test_open_store_explains_what_is_missing(env, message):
@@ -214,23 +215,29 @@ def _slurm_env(port, rank, n):
             "PYCOLL_STORE_PORT": str(port), "PYCOLL_STORE_TOKEN": "secret"}
 
 
+def _slurm_elsewhere_env(port, rank, n):
+    # the node's name resolves to an address of this host other than 127.0.0.1 (its network's, Debian's 127.0.1.1):
+    # rank 0 of a single-node job listens on the loopback address only
+    return {**_slurm_env(port, rank, n), "PYCOLL_STORE_ADDR": "127.0.0.2"}
+
+
 def _torchrun_env(port, rank, n):
     return {"RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(n),
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("launcher", ["openmpi", "slurm", "torchrun"])
+@pytest.mark.parametrize("launcher", ["openmpi", "slurm", "slurm-elsewhere", "torchrun"])
 def test_open_store_across_processes(launcher):
     """Rank 0 hosts the store (pycoll's, or torch's for torchrun); every rank reaches it."""
     if launcher == "torchrun":
         pytest.importorskip("torch.distributed")
-    make_env = functools.partial({"openmpi": _ompi_env, "slurm": _slurm_env, "torchrun": _torchrun_env}[launcher],
-                                 _free_port())
+    make_env = functools.partial({"openmpi": _ompi_env, "slurm": _slurm_env, "slurm-elsewhere": _slurm_elsewhere_env,
+                                  "torchrun": _torchrun_env}[launcher], _free_port())
     n = 2 if launcher == "torchrun" else 3  # every torchrun rank imports torch: keep it small
     results = run_ranks(_exchange, n, make_env, timeout=75)
     for source, values, _kind in results:
-        assert source == launcher
+        assert source == launcher.split("-")[0]
         assert values == [str(r).encode() for r in range(n)]
     if launcher == "torchrun":
         assert results[1][2] == ("PrefixStore", "TorchStoreAdapter")
@@ -250,6 +257,43 @@ def _two_inits(rank, n, make_env):
         out.append(x.tolist())
         c.destroy()
     return out
+
+
+def _two_jobs_one_port(rank, n, port):
+    """Processes 0 and 1: SLURM job 100's ranks; process 2: job 200's rank 1, whose own rank 0 could not host the
+    store on the same port (taken): it reaches job 100's store with the same token."""
+    import numpy as np
+
+    job = "200" if rank == 2 else "100"
+    os.environ.update({**_slurm_env(port, min(rank, 1), 2), "SLURM_JOB_ID": job, "SLURM_STEP_ID": "0"})
+    if rank == 2:
+        time.sleep(0.5)  # job 100's rank 0 hosts the store first; job 100's rank 1 comes later
+        try:
+            pycoll.init(backend="host", init_timeout=3)
+            return "joined another job"
+        except pycoll.StoreError as e:
+            return type(e).__name__
+    if rank == 1:
+        time.sleep(1.5)
+    c = pycoll.init(backend="host", init_timeout=20)
+    x = np.full(2, 10.0 * int(job) + c.rank, np.float32)
+    c.all_reduce(x)
+    c.destroy()
+    return x.tolist()
+
+
+@pytest.mark.timeout(60)
+def test_two_jobs_whose_stores_meet_do_not_mix_their_ranks():
+    # job 200's rank 1 took job 100's rank 1 place (job 100 reduced 1000 + 2000 + 1, job 200 got a timeout)
+    res = run_ranks(_two_jobs_one_port, 3, _free_port(), timeout=50)
+    # job 200's rank 1 waits for its own job's rank 0 in vain, until its timeout or job 100's store closes
+    assert res[0] == res[1] == [2001.0, 2001.0] and res[2] in ("StoreTimeout", "StoreLost"), res
+
+
+def test_the_store_token_is_taken_as_it_is():
+    # pycoll-run and TCPStore take PYCOLL_STORE_TOKEN as it is; discovery stripped it, and every rank of a
+    # multi-node job whose token ended in a space or a carriage return was refused by the launcher's store
+    assert discover({**SLURM, "PYCOLL_STORE_TOKEN": " s3cret \r"}).store_token == " s3cret \r"
 
 
 @pytest.mark.timeout(90)
