@@ -36,9 +36,9 @@ def _need_matplotlib() -> Any:
 def _state(ev: Dict[str, Any]) -> str:
     if ev["args"].get("captured"):
         return "captured"  # recorded into a CUDA graph: it runs at the graph's replays
-    if not ev["args"].get("in_flight"):
-        return "completed"
-    return "failed" if ev["name"].endswith("(failed)") else "in flight"
+    if ev["name"].endswith("(failed)") or ev["args"].get("never_ran"):  # also one an abort or revoke stopped, where
+        return "failed"  # its communicator did not fail (not in flight), and one of a dropped group
+    return "in flight" if ev["args"].get("in_flight") else "completed"
 
 
 def _comm_label(args: Dict[str, Any]) -> str:
@@ -84,7 +84,7 @@ def plot_window(trace: Dict[str, Any]) -> Tuple[float, float, Optional[float]]:
     # operation)
     held = {(e["pid"], e["tid"]) for e in ops if e["args"].get("first_divergence")}
     for e in ops:
-        if e["args"].get("in_flight") and (e["ts"] <= t_div + 1.0 or (e["pid"], e["tid"]) in held) \
+        if _state(e) in ("in flight", "failed") and (e["ts"] <= t_div + 1.0 or (e["pid"], e["tid"]) in held) \
                 and e["ts"] + e["dur"] >= t_div:
             ends.append(e["ts"] + e["dur"])
     recovery = [e for e in evs if e.get("ph") == "X" and e.get("cat") == "elastic" and e["ts"] >= t_div]
@@ -113,7 +113,10 @@ def plot_trace(trace: Dict[str, Any], path: str, *, title: Optional[str] = None,
         end = start + 1.0
     evs = trace.get("traceEvents", [])
     names = {e["pid"]: e["args"]["name"] for e in evs if e.get("ph") == "M" and e.get("name") == "process_name"}
-    ranks = sorted({e["pid"] for e in evs if e.get("ph") in ("X", "i") and e.get("s") != "g"} | set(names))
+    # a rank that left no dump (killed) has no event, and is often the one the verdict names: a row all the same
+    no_dump = {int(r) for e in evs if e.get("ph") == "i" and e.get("cat") == "analysis"
+               and start <= e["ts"] <= end for r in e["args"].get("missing_dumps") or []}
+    ranks = sorted({e["pid"] for e in evs if e.get("ph") in ("X", "i") and e.get("s") != "g"} | set(names) | no_dump)
     row = {r: i for i, r in enumerate(ranks)}
     zero = t_div if t_div is not None else start
 
@@ -174,19 +177,15 @@ def plot_trace(trace: Dict[str, Any], path: str, *, title: Optional[str] = None,
         drawn["divergence"] = "; ".join(divs.values())
         ax.text(0.0, 1.01, f"first divergence{'s' if len(divs) > 1 else ''}: {drawn['divergence']}",
                 color="#d03030", fontsize=8, va="bottom", ha="center", transform=ax.get_xaxis_transform())
-        missing: set = set()
-        for e in evs:
-            if e.get("ph") == "i" and e.get("cat") == "analysis" and start <= e["ts"] <= end:
-                missing |= {int(r) for r in e["args"].get("missing_dumps") or []}
         drawn["notes"] = {}
-        for r in sorted(set(notes) | missing):
+        for r in sorted(set(notes) | no_dump):
             if r in row:
                 text = (f"never entered {', '.join(notes[r])}" if notes[r] else "no dump: not seen entering it")
                 drawn["notes"][r] = text
                 y = row[r] + (0.5 if r in drawn["labels"] else 0.1)  # under the label of the op that holds it
                 ax.text(0.0, y, f"  {text}", color="#d03030", fontsize=7, va="center")
     ax.set_yticks(range(len(ranks)))
-    ax.set_yticklabels([names.get(r, f"rank {r}") for r in ranks], fontsize=8)
+    ax.set_yticklabels([names.get(r, f"rank {r}" + (" (no dump)" if r in no_dump else "")) for r in ranks], fontsize=8)
     ax.set_ylim(-0.6, len(ranks) - 0.1)
     ax.invert_yaxis()
     ax.set_xlim(ms(start), ms(end))

@@ -17,8 +17,8 @@ The file opens unchanged in Perfetto (ui.perfetto.dev) and ``chrome://tracing``:
   ``args.never_ran`` true; an operation captured in a CUDA graph
   (it runs only at the graph's replays) is a zero-length slice at its enqueue ending in ``(captured)``,
   ``args.captured`` true;
-* the failures the watchdog recorded, the dump triggers and the analyzer's first divergence and
-  verdict as instant (``"i"``) events;
+* the failures the watchdog recorded, the dump triggers (a dump a later one replaced too, named so) and the
+  analyzer's first divergence and verdict as instant (``"i"``) events;
 * each :class:`pycoll.elastic.Transition` a rank's dumps carry (``pycoll.transitions``) as nested
   slices on its ``elastic`` track: the recovery, then its phases (to agreement, agreement, revoke,
   shrink / grow / init, first collective).
@@ -317,8 +317,8 @@ def build_trace(generations: Generations, reports: Optional[Sequence[Dict[str, A
                                       "pid": rank, "tid": tid, "_t0": t0 - off, "_t1": done - off, "args": args}
                 raw.append(ev)
                 counts["slices"] += 1
-                if not e.get("is_p2p"):
-                    slices_at[(gen, uid, int(e.get("collective_seq_id") or 0))].append(ev)
+                # a send's or receive's under -1: no divergence is at it, a verdict without a collective goes there
+                slices_at[(gen, uid, -1 if e.get("is_p2p") else int(e.get("collective_seq_id") or 0))].append(ev)
             # the failures (each report once per rank: later dumps of the generation repeat it)
             for rep in pyc.get("failures") or []:
                 t = rep.get("time")
@@ -331,9 +331,9 @@ def build_trace(generations: Generations, reports: Optional[Sequence[Dict[str, A
                 what = f"{rep.get('op')} #{rep.get('seq')}" if rep.get("op") else ""
                 raw.append({"ph": "i", "s": "t", "name": f"failure: {rep.get('error_type')}" + (
                     f" in {what}" if what else ""), "cat": "failure", "pid": rank, "tid": tid,
-                    "_t0": int(t * 1e9) - off, "args": {
+                    "_t0": int(t * 1e9) - off, "args": {"uid": uid, "generation": gen, **{
                         k: rep.get(k) for k in ("error_type", "message", "op", "seq", "elapsed_s", "policy",
-                                                "behind", "in_op", "silent", "unknown", "peer_failures")}})
+                                                "behind", "in_op", "silent", "unknown", "peer_failures")}}})
                 counts["instants"] += 1
             if pyc and dump_t is not None:
                 tid = tracks.tid(rank, "dumps", "flight recorder", 1)
@@ -343,6 +343,14 @@ def build_trace(generations: Generations, reports: Optional[Sequence[Dict[str, A
                                      "generation": gen, "entries": len(d.get("entries") or []),
                                      "host": host, "os_pid": pyc.get("pid")}})
                 counts["instants"] += 1
+                for e in pyc.get("earlier_dumps") or []:  # the dumps this file replaced: what they said of themselves
+                    if isinstance(e.get("time_ns"), int):
+                        raw.append({"ph": "i", "s": "t", "name": f"dump ({e.get('trigger', '?')}, replaced)",
+                                    "cat": "dump", "pid": rank, "tid": tid, "_t0": e["time_ns"] - off,
+                                    "args": {"trigger": e.get("trigger"), "reason": str(e.get("reason", ""))[:500],
+                                             "generation": gen, "replaced_by": pyc.get("trigger"), "host": host,
+                                             "os_pid": pyc.get("pid")}})
+                        counts["instants"] += 1
             for tr in pyc.get("transitions") or []:
                 k = (rank, tr.get("kind"), tr.get("generation"), tr.get("detected"))
                 if k in seen_transitions:
@@ -443,9 +451,18 @@ def _verdict_events(raw: List[Dict[str, Any]], c: Dict[str, Any], gen: Any,
     if div is None and not verdict:
         return
     times = [ev["_t0"] for ev in at]
-    if not times:
-        all_at = [ev for (g, u, _), evs in slices_at.items() if g == gen and u == uid for ev in evs]
-        times = [max((ev.get("_t1", ev["_t0"]) for ev in all_at), default=0)]
+    if not times:  # at the end of what the dumps hold of the communicator: its slices, else its failure reports
+        # (a ring that wrapped over its entries), else its ranks' dumps of the generation
+        ranks = {int(r) for r in c.get("members") or []}
+        ends = ([ev.get("_t1", ev["_t0"]) for (g, u, _), evs in slices_at.items() if g == gen and u == uid
+                 for ev in evs]
+                or [ev["_t0"] for ev in raw if ev.get("cat") == "failure" and ev["args"].get("uid") == uid
+                    and ev["args"].get("generation") == gen]
+                or [ev["_t0"] for ev in raw if ev.get("cat") == "dump" and ev["args"].get("generation") == gen
+                    and ev.get("pid") in ranks])
+        if not ends:  # nothing to place it at: left out (a time of 0 made the whole trace start at 1970)
+            return
+        times = [max(ends)]
     t = min(times)
     if div is not None:
         for ev in at:

@@ -433,3 +433,46 @@ def test_operations_that_failed_without_their_communicator_are_not_drawn_in_flig
     assert by_seq[2]["name"].endswith("(never ran)") and by_seq[2]["dur"] == 0 and not by_seq[2]["args"]["in_flight"]
     assert by_seq[3]["name"].endswith("(failed)") and not by_seq[3]["args"]["in_flight"]
     assert t["otherData"]["counts"]["in_flight"] == 0
+    # the plot drew both as completed (and its window could cut them off)
+    pytest.importorskip("matplotlib")
+    drawn = plot.plot_trace(t, str(tmp_path / "p.png"))
+    assert drawn["ops"]["failed"] == 2 and drawn["ops"]["completed"] == 1, drawn
+
+
+def test_a_verdict_without_a_collective_keeps_the_trace_s_time_origin(tmp_path):
+    # a point-to-point hang: the verdict had no collective slice to go to, was put at time 0, and every other event
+    # came 56 years after it (durations rounded to 0.25 us)
+    from pycoll import CommTimeout
+
+    def script(r, c, rec):
+        if r == 0:
+            c.op("recv", None, f32(2), peer=1)
+            w = c.op("recv", None, f32(2), peer=1, state="started")
+            w._exc = CommTimeout("recv did not complete")
+        else:
+            c.op("send", f32(2), None, peer=0)
+
+    t = analyze.trace_dir(_dumps(tmp_path, 2, script))
+    assert trace.check_trace(t) == []
+    assert t["otherData"]["time_origin_unix_ns"] > T0
+    assert max(e["ts"] for e in t["traceEvents"] if "ts" in e) < 60e6  # microseconds: within a minute
+    assert any(e["name"].startswith("verdict") for e in instants(t, "analysis"))
+
+
+def test_a_rank_without_a_dump_has_a_row_and_replaced_dumps_are_markers(tmp_path):
+    def script(r, c, rec):
+        for _ in range(3):
+            c.op("all_reduce", f32(2), f32(2))
+        if r == 0:
+            rec.dump("asked by a peer", trigger="remote")  # replaced by the test's dump (below)
+        c.op("all_reduce", f32(2), f32(2), state="started")
+
+    folder = _dumps(tmp_path, 3, script)
+    os.unlink(os.path.join(folder, "generation_0", f"{fr.DEFAULT_FILE_PREFIX}2"))  # rank 2 was killed
+    t = analyze.trace_dir(folder)
+    assert trace.check_trace(t) == []
+    assert sorted(e["name"] for e in instants(t, "dump") if e["pid"] == 0) == ["dump (manual)",
+                                                                               "dump (remote, replaced)"]
+    pytest.importorskip("matplotlib")
+    drawn = plot.plot_trace(t, str(tmp_path / "p.png"))
+    assert drawn["ranks"] == [0, 1, 2] and drawn["notes"] == {2: "no dump: not seen entering it"}, drawn
