@@ -21,6 +21,7 @@ from .diagnostics import install as _install_diagnostics
 from .diagnostics.exits import arm_sigterm
 from .errors import CommAborted, NCCLError, StoreError, StoreTimeout
 from .launch import discovery
+from .store.tcp import requests_until
 from .store.torch import store_argument
 
 _log = logging.getLogger("pycoll.create")
@@ -240,6 +241,10 @@ def init(
         store = store_argument(store)
     uid = meeting = base = None
     owns = False
+    # the store's requests too (a server that stopped answering held each for its client's timeout, 300 s); past the
+    # deadline, each of the give-up notes after a failure still gets its second
+    bound = requests_until(deadline)
+    bound.__enter__()
     try:
         # from here on a rank that gives up says so at the store (below): the others end at once, not at their
         # init_timeout -- a bad setting or argument, a library or GPU this rank lacks, as much as a failed exchange
@@ -303,6 +308,8 @@ def init(
         if owns:
             dev.close()
         raise
+    finally:
+        bound.__exit__()
     return Communicator(
         handle, library=lib, device=dev, rank=rank, size=world_size, name=name, uid=_uid_str(uid),
         global_ranks=_default_global_ranks(rank, world_size) if global_ranks is None else global_ranks,
@@ -380,9 +387,13 @@ def _exchange_unique_id(lib: Any, unique_id: Any, store: Any, rank: int, world_s
                               f"rank (rank {rank}) arrived; nothing is waiting for it any more")
         return B.UniqueId.from_bytes(value)
     except StoreTimeout as e:
-        err = StoreTimeout(f"init of {name!r} (this process's init #{count} with that name): rank 0 published no "
-                           f"unique id at {key!r} within {timeout:.3g} s: it has not reached its init #{count} with "
-                           f"this name, or is not running {meets}")
+        if "did not answer" in str(e):  # the store itself, not rank 0
+            err = StoreTimeout(f"init of {name!r} (this process's init #{count} with that name): waiting for rank 0's "
+                               f"unique id: {e}")
+        else:
+            err = StoreTimeout(f"init of {name!r} (this process's init #{count} with that name): rank 0 published "
+                               f"no unique id at {key!r} within {timeout:.3g} s: it has not reached its init #{count} "
+                               f"with this name, or is not running {meets}")
         _give_up_init(store, base, b"", rank, err)  # in place of the unique id: rank 0, arriving later, fails at once
         raise err from e
 

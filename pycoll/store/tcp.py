@@ -68,9 +68,27 @@ from .base import (
 )
 from .tcp_server import DEFAULT_MAX_UNAUTHENTICATED, TCPStoreServer
 
-__all__ = ["TCPStore"]
+__all__ = ["TCPStore", "requests_until"]
 
 _log = logging.getLogger("pycoll.store")
+_bound = threading.local()  # this thread's requests_until() deadline (time.monotonic()), where one is set
+
+
+class requests_until:
+    """``with requests_until(deadline):`` -- this thread's requests to a :class:`TCPStore` give up by ``deadline``
+    (``time.monotonic()``; at least 1 s each, as always), whatever the client's own timeout: a caller bounded as a
+    whole (``pycoll.init``'s ``init_timeout``, the store connect included) is not held by a store that stopped
+    answering for the client's timeout (300 s by default) per request. Nested bounds keep the earliest."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+
+    def __enter__(self) -> None:
+        self._prev = getattr(_bound, "deadline", None)
+        _bound.deadline = self.deadline if self._prev is None else min(self._prev, self.deadline)
+
+    def __exit__(self, *exc: Any) -> None:
+        _bound.deadline = self._prev
 
 
 FP_BEFORE_REQUEST = _fp.declare("store.request.before", "the TCP store client, before a request")
@@ -395,6 +413,9 @@ class TCPStore(Store):
         _fp.hit(FP_BEFORE_REQUEST)
         io_timeout = (wait + self.REPLY_GRACE) if op in (_OP_GET, _OP_WAIT, _OP_MULTI_GET, _OP_WAIT_SIZE,
                                                           _OP_APPEND_GET) else self.timeout
+        bound = getattr(_bound, "deadline", None)
+        if bound is not None:
+            io_timeout = min(io_timeout, max(1.0, bound - time.monotonic()))
         # a new connection (the last one was dropped: a timeout, a lost server) counts against the call's own bound,
         # not the client's connect_timeout: a server that accepts but does not answer (stopped) held get(timeout=1) 30 s
         conn = self._acquire(max(io_timeout, 1.0))

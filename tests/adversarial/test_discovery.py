@@ -61,3 +61,31 @@ def test_connect_timeout_includes_the_handshake() -> None:
         with pytest.raises(StoreError):
             TCPStore("127.0.0.1", silent.getsockname()[1], "t", connect_timeout=1.0)
         assert time.monotonic() - t0 < 2.5
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("rank", [0, 1])
+def test_init_timeout_bounds_the_requests_to_a_store_that_stopped_answering(rank: int) -> None:
+    # connected, then the server stopped (a rank 0's host under a debugger, a partition): rank 1 waited 73 s for
+    # init_timeout=3 (a get, then two give-up notes of 30 s each), rank 0 330 s (its publishing request took the
+    # client's 300 s timeout)
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    server = subprocess.Popen([sys.executable, "-m", "pycoll.store", "--port", "0"], stdout=subprocess.PIPE,
+                              env={**os.environ, "PYCOLL_STORE_TOKEN": "t" * 32})
+    try:
+        port = int([server.stdout.readline() for _ in range(2)][1].split(b"=")[1])  # type: ignore[union-attr]
+        store = TCPStore("127.0.0.1", port, "t" * 32)  # the client's timeout: 300 s
+        os.kill(server.pid, signal.SIGSTOP)
+        import pycoll
+
+        t0 = time.monotonic()
+        with pytest.raises(StoreError, match="did not answer"):
+            pycoll.init(rank, 2, store=store, backend="host", init_timeout=2)
+        assert time.monotonic() - t0 < 6.0
+    finally:
+        server.kill()
+        server.wait()
