@@ -411,6 +411,7 @@ class Communicator(_core.CommCore):
         self._failing_thread = 0  # the thread running fail()
         self._revoke_expected = False  # expect_revoke(): a failure found from then on revokes instead
         self._superseded: Optional[str] = None  # superseded(): what replaced it, said by every later refusal
+        self._owner_thread: Optional[threading.Thread] = None  # the thread that has it (_take_over), where known
         self.failed_at: Optional[float] = None  # wall-clock time of the failure
         #: called as ``callback(comm, exc)`` in the thread that records a failure, after the
         #: observers and before the policy acts; must return quickly (the elastic layer starts its
@@ -865,9 +866,11 @@ class Communicator(_core.CommCore):
         user, owner = self._user, self._owner
         if user and user != me:
             raise self._refusal(op, "is inside an operation of it", hint)
-        if owner and not (unless_ended and all(t.ident != owner for t in threading.enumerate())):
+        # ended: its Thread, not its ident, which a thread started since may have been given
+        if owner and not (unless_ended and self._owner_thread is not None and not self._owner_thread.is_alive()):
             raise self._refusal(op, "issued its operations so far and has not handed it off", hint)
         self._owner, self._owner_name = me, threading.current_thread().name
+        self._owner_thread = threading.current_thread()
 
     def claim(self, op: str, *, closing: bool = False) -> None:
         """Refuse, as an operation ``op`` of this thread would be refused, where another thread has this communicator
@@ -1329,6 +1332,7 @@ class Communicator(_core.CommCore):
         dev = self.device
         out: List[Any] = []
         raised: List[BaseException] = []
+        done = threading.Event()  # not the thread's is_alive(): a join that Ctrl-C interrupted marks it ended (3.10-12)
 
         def run() -> None:
             try:
@@ -1336,6 +1340,8 @@ class Communicator(_core.CommCore):
                 out.append(call())
             except BaseException as e:  # the caller takes it
                 raised.append(e)
+            finally:
+                done.set()
 
         t = threading.Thread(target=run, name=f"pycoll-{op}-{self.name}", daemon=True)
         try:
@@ -1344,13 +1350,13 @@ class Communicator(_core.CommCore):
             run()
         gave_up = False
         try:
-            while t.is_alive() and time.monotonic() < deadline:
-                t.join(min(0.1, max(1e-3, deadline - time.monotonic())))  # Ctrl-C raises between the slices
+            while not done.is_set() and time.monotonic() < deadline:
+                done.wait(min(0.1, max(1e-3, deadline - time.monotonic())))  # Ctrl-C raises between the slices
         finally:
-            if t.is_alive():  # given up (the deadline, an interrupt): the abort ends the library's wait
+            if not done.is_set():  # given up (the deadline, an interrupt): the abort ends the library's wait
                 gave_up = True
                 self._abort()
-                t.join(1.0)
+                done.wait(1.0)
                 on_give_up()
         if gave_up:
             raise CommTimeout(f"{what} on communicator {self.name!r} rank {self._rank} did not complete within "

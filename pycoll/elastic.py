@@ -405,7 +405,9 @@ class ElasticGroup:
             old.superseded(f"communicator {old.name!r} of generation {old.generation} of elastic group "
                            f"{self.name!r} was replaced by generation {generation}: use group.comm, not a reference "
                            "kept from before the reshape")
-            for made in old.descendants(closed=True):  # split from it: remade from group.comm (README)
+            for made in old.descendants(closed=True):  # split from it: remade from group.comm (README); not the
+                if made is comm or made in comm.descendants(closed=True):  # new one, which a shrink or grow makes
+                    continue                                               # from it
                 made.superseded(f"communicator {made.name!r} was made from generation {old.generation} of elastic "
                                 f"group {self.name!r}, which generation {generation} replaced: make it again from "
                                 "group.comm")

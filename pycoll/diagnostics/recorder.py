@@ -740,6 +740,7 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         they are logged and the path is left out. Safe from any thread; concurrent dumps run one after the other.
         """
         base = os.fspath(dump_dir) if dump_dir is not None else (self.dump_dir or default_dump_dir())
+        folder = os.path.realpath(base)  # the folder however it is spelled (a dump replaces the one there)
         write_json = self.write_json if write_json is None else write_json
         written: List[str] = []
         with self._dump_lock:
@@ -757,8 +758,8 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
                 info: Dict[str, Any] = {"reason": reason, "trigger": trigger}
                 if extra:
                     info.update(extra)
-                if self._earlier.get((base, gen)):
-                    info["earlier_dumps"] = list(self._earlier[base, gen])
+                if self._earlier.get((folder, gen)):
+                    info["earlier_dumps"] = list(self._earlier[folder, gen])
                 try:
                     data = self.as_dict(gen, stacks=stacks, extra=info, for_file=True)
                 except Exception:
@@ -783,7 +784,7 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
                         _log.error("flight recorder: could not write %s: %s", jpath, exc)
                         jpath = None
                 self._dumped_gen[gen] = closes
-                kept = self._earlier.setdefault((base, gen), [])
+                kept = self._earlier.setdefault((folder, gen), [])
                 kept.append({k: data["pycoll"].get(k) for k in ("time_ns", "trigger", "reason", "main_thread")})
                 del kept[:-EARLIER_DUMPS_KEPT]
                 self.dump_count += 1

@@ -645,3 +645,14 @@ def test_an_exit_after_an_abort_names_the_operation_the_abort_stopped(rec):
     w._exc = pycoll.CommAborted("all_reduce #1 on communicator 'world' did not complete: the communicator was aborted")
     rec.comm_closed(c)
     assert rec.failed_closed() == ["all_reduce #1 on 'world' (started)"]
+
+
+def test_a_dump_says_what_the_dump_it_replaced_said_however_its_folder_is_spelled(tmp_path):
+    rec = fr.FlightRecorder(16, dump_dir=str(tmp_path))
+    FakeComm(rec, 0, 1).op("all_reduce", np.ones(2, np.float32), np.ones(2, np.float32))
+    rec.dump("first", dump_dir=str(tmp_path / "a"))
+    rec.dump("elsewhere", dump_dir=str(tmp_path / "b"))  # replaces nothing in a/
+    path = rec.dump("second", dump_dir=str(tmp_path / "a") + "/")[0]  # the same folder
+    with open(path, "rb") as f:
+        earlier = pickle.load(f)["pycoll"]["earlier_dumps"]
+    assert [e["reason"] for e in earlier] == ["first"], earlier

@@ -513,7 +513,8 @@ def _grow_run(rank, n, addr):
     group.comm.all_reduce(y)  # complete: rank 0 unmarked slot 2 (after the grow, before it issued this)
     out = dict(members=group.members, rank=group.rank, generation=group.generation, y=y.tolist(),
                kinds=[t.kind for t in group.transitions], uid=group.comm.uid, dp=dp_state,
-               lost=[m for m in range(4) if store.check([KEY_LOST.format(rank=m)])])
+               lost=[m for m in range(4) if store.check([KEY_LOST.format(rank=m)])],
+               superseded=group.comm._superseded)
     group.close()
     return out
 
@@ -524,6 +525,9 @@ def test_grow_back_to_four(server):
     for r in (0, 1, 3):
         assert res[r]["members"] == (0, 1, 3, 2) and res[r]["y"] == [4.0] * 4, res[r]
         assert res[r]["kinds"] == ["shrink", "grow"] and res[r]["generation"] == 2
+        # made from the one it replaced (a shrink, a grow): it is not replaced itself (its next failure was raised
+        # as a CommStateError, which the recovery loop does not catch)
+        assert res[r]["superseded"] is None, res[r]
         assert res[r]["dp"] == "aborted", res[r]  # it kept its segment for the life of the process
         # slot 2 takes part again: not lost for the launcher (which would take a stop of it for a hang)
         assert res[r]["lost"] == [], res[r]

@@ -311,6 +311,44 @@ def test_a_blocking_communicators_reshape_is_bounded_by_its_timeout(call):
             c.abort()
 
 
+@pytest.mark.timeout(60, method="thread")
+def test_ctrl_c_in_a_blocking_communicators_reshape_aborts_it():
+    # the call's thread looked ended after an interrupted join (CPython 3.10-3.12), so nothing was aborted: the
+    # communicator stayed active, its peers were not told, and the library call went on in its thread
+    import signal
+
+    comms = pycoll.init_all(3, backend="host", timeout=20)
+    try:
+        timer = threading.Timer(0.3, lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGINT))
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            comms[0].shrink([2], timeout=10)
+        assert comms[0].state == "aborted"
+        deadline = time.monotonic() + 5
+        while any(t.name.startswith("pycoll-shrink") for t in threading.enumerate()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [t.name for t in threading.enumerate() if t.name.startswith("pycoll-shrink")]
+    finally:
+        for c in comms:
+            c.abort()
+
+
+def test_destroy_after_the_thread_that_had_the_communicator_ended_though_a_new_one_has_its_ident():
+    comm = pycoll.init(0, 1, unique_id=pycoll.get_unique_id(backend="host"), backend="host")
+    t = threading.Thread(target=lambda: comm.all_reduce(np.ones(2, np.float32)), name="trainer")
+    t.start()
+    t.join()
+    gate = threading.Event()
+    other = threading.Thread(target=gate.wait, name="writer")  # CPython gives it the ended trainer's ident, mostly
+    other.start()
+    try:
+        comm.destroy()  # refused as the 'trainer''s, still there by its ident
+        assert comm.state == "destroyed"
+    finally:
+        gate.set()
+        other.join()
+
+
 def _destroyed(comm):
     try:
         comm.destroy(timeout=10)
