@@ -703,7 +703,7 @@ cdef class Work:
             group = _open_works()
             if group is not None and any(w is self for w in <list>group):
                 raise CommStateError(
-                    f"{self.op} (seq {self.seq}) on {comm.name} belongs to this thread's open group: it starts when "
+                    f"{self.op} ({_seq_text(self)}) on {comm.name} belongs to this thread's open group: it starts when "
                     "the group ends (at the end of the `with comm.group()` block); wait for it after the group")
         start = _monotonic()
         bounded = timeout is not None
@@ -730,7 +730,7 @@ cdef class Work:
             waited = True
             if bounded and now >= deadline:
                 raise WaitTimeout(
-                    f"{self.op} (seq {self.seq}) on {comm.name} still running after {timeout:.3g} s "
+                    f"{self.op} ({_seq_text(self)}) on {comm.name} still running after {timeout:.3g} s "
                     f"(its own deadline is {self.timeout:.3g} s after it was issued)"
                 )
             # block on the end event (the host library waits in C); wake for the own deadline and,
@@ -778,7 +778,7 @@ cdef class Work:
         self._ms = ms if self._has_ms else 0.0
 
     def __reduce__(self):
-        raise TypeError(f"{self.op} (seq {self.seq}): a Work cannot be pickled (sent to another process): it is an "
+        raise TypeError(f"{self.op} ({_seq_text(self)}): a Work cannot be pickled (sent to another process): it is an "
                         "operation of this process's communicator; wait for it here, send its result")
 
     def __repr__(self):
@@ -786,7 +786,20 @@ cdef class Work:
             state = self.state  # as its events say now, not as last looked at
         except Exception:
             state = self._state
-        return f"<Work {self.op} seq={self.seq} {state}{' failed' if self._exc else ''} on {self.comm.name}>"
+        seq = f"p2p_seq={self.p2p_seq}" if self.is_p2p else f"seq={self.seq}"
+        return f"<Work {self.op} {seq} {state}{' failed' if self._exc else ''} on {self.comm.name}>"
+
+
+cdef str _seq_text(Work w):
+    """The number the watchdog's and the flight recorder's reports give it: a send's, receive's or one-sided
+    operation's is its point-to-point one."""
+    return f"p2p seq {w.p2p_seq}" if w.is_p2p else f"seq {w.seq}"
+
+
+def seq_text(Work w not None):
+    """``'seq 3'``, or ``'p2p seq 5'`` for a send, receive or one-sided operation: the number the watchdog's and the
+    flight recorder's reports give it."""
+    return _seq_text(w)
 
 
 @cython.final
@@ -844,7 +857,7 @@ cdef class Outstanding:
 
     cdef int add(self, Work w) except -1:
         if w._listed != NULL:
-            raise RuntimeError(f"{w.op} (seq {w.seq}) is outstanding already")
+            raise RuntimeError(f"{w.op} ({_seq_text(w)}) is outstanding already")
         w._prev, w._listed = self.tail, <PyObject*>self
         if self.tail == NULL:
             self.head = w
@@ -1202,7 +1215,7 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
     try:
         _notify(w, False)
     except KeyboardInterrupt:  # in an observer's hook: the operation has its number, the peers may wait for it
-        comm._interrupted(w, f"{op} (seq {w.seq})")
+        comm._interrupted(w, f"{op} ({_seq_text(w)})")
         raise
     _stage(_ST_ENQUEUED)
     h = comm._handle
@@ -1267,7 +1280,7 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
             _complete(comm, w, dev, lib)
         return w
     except KeyboardInterrupt:
-        comm._interrupted(w, f"{op} (seq {w.seq})")  # fail the communicator; its policy has acted on return
+        comm._interrupted(w, f"{op} ({_seq_text(w)})")  # fail the communicator; its policy has acted on return
         raise
     except Exception as e:
         if not isinstance(e, CommFailure):  # not the failure itself: another thread's abort freed what this used
@@ -1441,7 +1454,7 @@ cdef _refresh(CommCore comm, Work w, object dev, Library lib):
             if w._start is start and w._exc is None:
                 comm.fail(exc if isinstance(exc, CommFailure) else
                           AsyncCommError(f"communicator {comm.name!r} rank {comm._rank}: querying the events of "
-                                         f"{w.op} (seq {w.seq}) failed: {exc}", getattr(exc, "code", -1)), w)
+                                         f"{w.op} ({_seq_text(w)}) failed: {exc}", getattr(exc, "code", -1)), w)
             return
         if done:
             code = _async_code(comm, lib)  # read before _plock: lock order
@@ -2418,7 +2431,7 @@ cdef bint _drop_group(object lib, list works, object raised, object dropped_why=
     except NCCLError as e:  # the library refused the group (what the block raised, most often): nothing ran either
         why = f"the library refused the group: {e}"
     for w in works:
-        w.comm.group_failed(w, CommStateError(f"{w.op} (seq {w.seq}) never ran: {why}"))
+        w.comm.group_failed(w, CommStateError(f"{w.op} ({_seq_text(w)}) never ran: {why}"))
     if isinstance(raised, BaseException) and hasattr(raised, "add_note"):  # Python >= 3.11
         raised.add_note(f"pycoll: none of the {len(works)} operations of the group() it left ran (dropped)")
     return True
@@ -2434,7 +2447,7 @@ cdef int _complete_in_group(Work w) except -1:
     try:
         _complete(c, w, c.device, _comm_lib(c))
     except KeyboardInterrupt:
-        c._interrupted(w, f"{w.op} (seq {w.seq}) of a group")
+        c._interrupted(w, f"{w.op} ({_seq_text(w)}) of a group")
         raise
     finally:
         c._user = user

@@ -915,8 +915,9 @@ class Communicator(_core.CommCore):
             grouped = [w for w in self._pending if w.grouped]
         if grouped:
             raise CommStateError(f"communicator {self.name!r}: hand_off() from thread "
-                                 f"{threading.current_thread().name!r} while {grouped[0].op} (seq {grouped[0].seq}) "
-                                 f"of it waits in a group() of thread {self._owner_name!r} that has not ended: the "
+                                 f"{threading.current_thread().name!r} while {grouped[0].op} "
+                                 f"({_core.seq_text(grouped[0])}) of it waits in a group() of thread "
+                                 f"{self._owner_name!r} that has not ended: the "
                                  "group issues it as it ends, after another thread's operations on some ranks and "
                                  "before them on others; hand the communicator off once the group has ended")
         self._owner = 0
@@ -968,7 +969,7 @@ class Communicator(_core.CommCore):
         if h is None:
             return
         try:
-            poll_ready(self.library, h, f"{w.op} (seq {w.seq})", max(1e-3, w.t0 + w.timeout - time.monotonic()),
+            poll_ready(self.library, h, f"{w.op} ({_core.seq_text(w)})", max(1e-3, w.t0 + w.timeout - time.monotonic()),
                        comm_name=self.name)
         except CommTimeout as e:
             self.fail(e, w)

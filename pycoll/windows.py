@@ -20,6 +20,8 @@ side).
 from __future__ import annotations
 
 import logging
+import time
+import weakref
 from typing import Any, List, Optional, Sequence, SupportsIndex, Tuple, Union
 
 from . import _bindings as B, _settings
@@ -76,6 +78,10 @@ class _Tracked:
         """Release it (local). A second call is a no-op."""
         if self._handle is None:
             return
+        busy = self._busy()
+        if busy is not None:  # its memory would be unmapped under the copy: a crash, not an error
+            raise CommStateError(f"this {self.kind} of communicator {self.comm.name!r} is still used by {busy.op} (p2p "
+                                 f"seq {busy.p2p_seq}, {busy.last_state}): wait for it before closing the {self.kind}")
         h, self._handle = self._handle, None
         self._why = " (close())"
         if self in _resources(self.comm):
@@ -87,6 +93,10 @@ class _Tracked:
 
     def _free(self, comm_handle: int, h: int) -> None:
         raise NotImplementedError
+
+    def _busy(self) -> Optional[Any]:
+        """An operation that still uses it (close() refuses then), or None."""
+        return None
 
     def _forget(self, why: str) -> None:
         """The communicator released it (destroy: freed by the library already or now; abort: gone)."""
@@ -138,7 +148,16 @@ class Window(_Tracked):
 
     def __init__(self, comm: Any, handle: int, buf: Buffer, array: Any, flags: int) -> None:
         super().__init__(comm, handle, buf, array)
+        self._puts: weakref.WeakSet[Any] = weakref.WeakSet()  # its put_signal operations not known complete
         self.flags = flags
+
+    def _busy(self) -> Optional[Any]:
+        for w in list(self._puts):
+            if w.is_completed():
+                self._puts.discard(w)
+            else:
+                return w
+        return None
 
     def _free(self, comm_handle: int, h: int) -> None:
         self.comm.library.comm_window_deregister(comm_handle, h)
@@ -189,11 +208,13 @@ def register_window(comm: Any, array: Any, flags: int = 0, timeout: Optional[Sec
         raise ValueError(f"flags must be a combination of pycoll.bindings.WIN_* flags, got {flags!r}")
     timeout = comm.timeout if timeout is None else _settings.seconds(timeout, "register_window: timeout")
     buf = _local_buffer(comm, array, "register_window")
-    lib = comm.library
+    lib, h = comm.library, comm.handle
     previous = comm.device.swap_current() if comm._guard_device else None
     try:
-        with comm._lock:
-            win, status = lib.comm_window_register(comm.handle, buf.ptr, buf.nbytes, flags)
+        with comm._lock:  # bounded by timeout on a blocking communicator too (its call returns once every rank came)
+            win, status = comm._bounded(lambda: lib.comm_window_register(h, buf.ptr, buf.nbytes, flags),
+                                        "ncclCommWindowRegister", "register_window", time.monotonic() + timeout,
+                                        timeout, "the other ranks did not register their windows")
         if status == B.IN_PROGRESS:
             comm._poll(comm.handle, "ncclCommWindowRegister", timeout, comm._abort)
     finally:
@@ -263,9 +284,12 @@ def put_signal(comm: Any, window: Window, offset: SupportsIndex, src: Any, peer:
     buf = comm._buf(src, st, writable=False, name="src")
     offset = win.check_span(offset, buf.nbytes)
     lib, h_win = comm.library, win.handle
-    return comm._launch("put_signal", lambda h, s: lib.put_signal(buf.ptr, buf.count, buf.datatype, peer, h_win,
-                                                                  offset, si, cx, 0, h, s),
-                        st, [buf], [], async_op, timeout, peer=peer)
+    w = comm._launch("put_signal", lambda h, s: lib.put_signal(buf.ptr, buf.count, buf.datatype, peer, h_win,
+                                                               offset, si, cx, 0, h, s),
+                     st, [buf], [], async_op, timeout, peer=peer)
+    if not w.is_completed():  # the window may not be closed under it
+        win._puts.add(w)
+    return w
 
 
 def signal(comm: Any, peer: int, *, sig_idx: int = 0, ctx: int = 0, stream: Any = None, async_op: bool = False,
@@ -290,6 +314,9 @@ def wait_signal(comm: Any, peer: Union[int, Sequence[SignalWait]], count: int = 
     one: Any = peer
     if hasattr(type(one), "__index__"):  # one peer: an int, numpy's, a 0-d tensor (a bool is refused below)
         rows: List[SignalWait] = [(one, count, sig_idx, ctx)]
+    elif (count, sig_idx, ctx) != (1, 0, 0):
+        raise ValueError("wait_signal: count, sig_idx and ctx are given in each (peer, count, sig_idx, ctx) row of a "
+                         "sequence, not as keywords beside it")
     else:
         try:
             rows = [(a, b, c, d) for a, b, c, d in one]

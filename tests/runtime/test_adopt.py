@@ -312,6 +312,22 @@ def test_a_blocking_communicators_reshape_is_bounded_by_its_timeout(call):
 
 
 @pytest.mark.timeout(60, method="thread")
+def test_a_blocking_communicators_window_registration_is_bounded_by_its_timeout():
+    # "polled within timeout": the blocking call waited for every rank, a stopped one for ever
+    comms = pycoll.init_all(2, backend="host", timeout=20)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(pycoll.CommTimeout, match=r"ncclCommWindowRegister on communicator .* rank 0 did not "
+                                                     r"complete within 0.5 s \(a blocking communicator: the other "
+                                                     r"ranks did not register their windows\)"):
+            comms[0].register_window(comms[0].mem_alloc(64), timeout=0.5)
+        assert time.monotonic() - t0 < 3.0 and comms[0].state == "aborted"
+    finally:
+        for c in comms:
+            c.abort()
+
+
+@pytest.mark.timeout(60, method="thread")
 def test_ctrl_c_in_a_blocking_communicators_reshape_aborts_it():
     # the call's thread looked ended after an interrupted join (CPython 3.10-3.12), so nothing was aborted: the
     # communicator stayed active, its peers were not told, and the library call went on in its thread

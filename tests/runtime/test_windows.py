@@ -438,3 +438,58 @@ def test_allocations_take_torch_dtypes_on_the_host_and_refuse_object_dtypes():
             c.mem_alloc(4, object)
     finally:
         c.destroy()
+
+
+def _closed_under_a_put(rank, n, uid):
+    """Rank 0's stream is held by a wait for rank 1's signal (sent 1 s later); a put into its own window waits behind
+    it. Closing the window then unmapped the memory the put copies into: SIGSEGV. Now the close is refused until the
+    put is done."""
+    comm = _comm(rank, n, uid, timeout=20.0)
+    buf = comm.mem_alloc(1 << 16, "uint8")
+    w = comm.register_window(buf)
+    out = {}
+    if rank == 0:
+        wt = comm.wait_signal(1, async_op=True)
+        pw = comm.put_signal(w, 0, np.full(1 << 16, 7, np.uint8), 0, async_op=True)
+        try:
+            w.close()
+            out["close"] = "closed"
+        except CommStateError as e:
+            out["close"] = str(e)
+        out["before"] = pw.is_completed()
+        wt.wait()
+        pw.wait()
+        w.close()
+        out.update(data=int(buf[0]), closed=w.closed)
+    else:
+        time.sleep(1.0)
+        comm.signal(0)
+    try:  # and rows with keywords beside them: refused, not the keywords dropped
+        comm.wait_signal([(rank, 1, 0, 0)], count=3)
+    except ValueError as e:
+        out["rows"] = str(e)
+    comm.destroy()
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_a_window_is_not_closed_under_a_put_into_it():
+    res = run_ranks(_closed_under_a_put, 2, _uid(), timeout=50)
+    assert "is still used by put_signal (p2p seq" in res[0]["close"] and "wait for it before closing" in \
+        res[0]["close"], res
+    assert res[0]["before"] is False and res[0]["data"] == 7 and res[0]["closed"] is True, res
+    assert all("given in each (peer, count, sig_idx, ctx) row" in r["rows"] for r in res), res
+
+
+def test_a_one_sided_operation_is_named_by_its_point_to_point_number():
+    # repr and WaitTimeout said "seq 2" (the collectives' count) where the watchdog and the dumps say p2p seq 1
+    comm = pycoll.init(0, 1, unique_id=_uid(), backend="host", timeout=10.0)
+    try:
+        comm.all_reduce(np.ones(2))
+        comm.all_reduce(np.ones(2))
+        w = comm.wait_signal(0, async_op=True)  # never signalled
+        assert "wait_signal p2p_seq=1 " in repr(w), repr(w)
+        with pytest.raises(pycoll.WaitTimeout, match=r"wait_signal \(p2p seq 1\) on"):
+            w.wait(timeout=0.1)
+    finally:
+        comm.abort()
