@@ -470,6 +470,10 @@ static void write_desc(struct task* t, int parity) {
 }
 
 static void describe(char* out, size_t len, int kind, uint64_t count, int dtype, int redop, int root) {
+  if (kind == TK_ALLGATHER && root == WINDOW_EXCHANGE_ROOT) {
+    snprintf(out, len, "ncclCommWindowRegister (its exchange of the windows)");
+    return;
+  }
   int n = snprintf(out, len, "%s(count=%llu, datatype=%s", task_kind_name(kind), (unsigned long long)count,
                    ph_type_name(dtype));
   if (kind == TK_ALLREDUCE || kind == TK_REDUCE || kind == TK_REDUCESCATTER)

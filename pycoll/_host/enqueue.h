@@ -9,6 +9,11 @@
 #include "core.h"
 #include "comm.h"
 
+/* The root of the AllGather that ncclCommWindowRegister exchanges its windows with (window.c): no user collective's
+ * (-1 for an AllGather), so that a rank registering a window while another runs an AllGather of the same size is a
+ * mismatch both see, not an exchange of one with the other's data. */
+#define WINDOW_EXCHANGE_ROOT (-2)
+
 enum task_kind {
   TK_ALLREDUCE = 0,
   TK_BROADCAST,

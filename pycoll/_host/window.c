@@ -139,7 +139,7 @@ void windows_memory_freed(const void* base, size_t len) {
 
 static ncclResult_t exchange(struct ncclComm* c, const void* mine, void* all, size_t bytes) {
   struct task t = {.kind = TK_ALLGATHER, .opname = "ncclCommWindowRegister", .comm = c, .sendbuff = mine,
-                   .recvbuff = all, .count = bytes, .dtype = ncclUint8, .op = ncclSum, .root = -1};
+                   .recvbuff = all, .count = bytes, .dtype = ncclUint8, .op = ncclSum, .root = WINDOW_EXCHANGE_ROOT};
   t.rop.kind = RK_SUM;
   t.rop.dtype = ncclUint8;
   return run_tasks(&t);

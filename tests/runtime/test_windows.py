@@ -493,3 +493,25 @@ def test_a_one_sided_operation_is_named_by_its_point_to_point_number():
             w.wait(timeout=0.1)
     finally:
         comm.abort()
+
+
+def _registration_against_an_all_gather(rank, n, uid):
+    comm = _comm(rank, n, uid, timeout=10.0)
+    out = np.full(2 * 128, 255, np.uint8)
+    try:
+        if rank == 0:
+            comm.register_window(comm.mem_alloc(64), timeout=5)
+        else:  # the size of the registration's exchange: it was taken for this one, and its data delivered here
+            comm.all_gather(np.zeros(128, np.uint8), out, timeout=5)
+        return "completed", out[:8].tolist()
+    except Exception as e:
+        return str(e), out[:8].tolist()
+    finally:
+        comm.abort()
+
+
+def test_a_window_registration_meeting_an_all_gather_is_a_mismatch_on_both_ranks():
+    res = run_ranks(_registration_against_an_all_gather, 2, _uid(), timeout=40)
+    for text, _ in res:
+        assert "collective mismatch" in text and "ncclCommWindowRegister (its exchange of the windows)" in text, res
+    assert res[1][1] == [255] * 8, res  # nothing of rank 0's window descriptor
