@@ -1196,7 +1196,7 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
     root = (<_Call>call).root if type(call) is _Call and _rooted((<_Call>call).kind) else None
     if pycoll_group_works != NULL:
         _group_check(comm, op, inputs, _written(op, root, comm._rank, outputs), peer is not None)
-        if pycoll_group_first != NULL:
+        if pycoll_group_first != NULL and (<Work>pycoll_group_first).capture_id is not capture:  # None: both
             _group_capture_check(op, capture, stream, <Work>pycoll_group_first)
     for b in outputs:  # a torch tensor that requires grad: autograd is told, now that nothing refused the call
         if (<tuple>b)[10] is _TORCH_SOURCE and (<tuple>b)[9].requires_grad and _written(op, root, comm._rank, [b]):
