@@ -51,7 +51,7 @@ import time
 from typing import Any, Dict, List, Sequence, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import import_pycoll
+from _common import at_least, import_pycoll
 
 NS = "pycoll/elastic/bench"
 WINDOW = 5.0  # the agreement's window: only members that are neither vouched nor provably gone wait for it
@@ -274,8 +274,8 @@ def one_node(server: Any, driver: Any, token: str, k: int, reps: int) -> List[fl
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="64,256,1024")
-    ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--reps", type=at_least(1), default=7)
+    ap.add_argument("--workers", type=at_least(1), default=4)
     ap.add_argument("--aggregate", type=int, default=8,
                     help="also run the agreement with one store client per this many members (0: no)")
     ap.add_argument("--per-node", type=int, default=8,
@@ -289,8 +289,13 @@ def main() -> None:
     ap.add_argument("--node-reps", type=int, default=15,
                     help="repetitions of the one-node case (--per-node member processes, one hub; 0: none)")
     a = ap.parse_args()
+    try:
+        sizes = [int(x) for x in a.sizes.split(",")]
+    except ValueError:
+        ap.error(f"--sizes: not a comma-separated list of group sizes: {a.sizes!r}")
+    if min(sizes) < 2:
+        ap.error(f"--sizes: a group has at least 2 members, got {min(sizes)}")
     pycoll = import_pycoll()
-    sizes = [int(x) for x in a.sizes.split(",")]
     top = max(sizes)
     token = "agreement-bench"
     server = pycoll.TCPStoreServer(token=token, backlog=4096, max_unauthenticated=4096).start()

@@ -60,7 +60,15 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:  # also when loaded by file path, not run as a script
     sys.path.insert(0, HERE)
-from _common import MPI_MISSING, cache_line_round_trip, compile_c, env_with_pycoll, import_pycoll, mpiexec_command  # noqa: E402
+from _common import (  # noqa: E402
+    MPI_MISSING,
+    at_least,
+    cache_line_round_trip,
+    compile_c,
+    env_with_pycoll,
+    import_pycoll,
+    mpiexec_command,
+)
 
 DEFAULT_SIZES = "8,64,512,4K,32K,256K,2M,16M,64M"
 LIBS = ("copy", "pycoll", "mpi", "gloo")
@@ -71,11 +79,18 @@ _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
 def parse_sizes(text: str) -> List[int]:
+    """``"8,4K,64M"`` in bytes; a ValueError naming the item that is no positive whole size."""
     sizes = []
-    for item in text.split(","):
-        item = item.strip().upper().rstrip("B").rstrip("I")
+    for raw in text.split(","):
+        item = raw.strip().upper().rstrip("B").rstrip("I")
         unit = item[-1] if item and item[-1] in "KMG" else ""
-        sizes.append(int(item[: len(item) - len(unit)]) * _UNITS[unit])
+        try:
+            size = int(item[: len(item) - len(unit)]) * _UNITS[unit]
+        except ValueError:
+            raise ValueError(f"--sizes: {raw.strip()!r} is no size (a whole number of bytes, K, M or G)") from None
+        if size <= 0:
+            raise ValueError(f"--sizes: {raw.strip()!r} is not a positive size")
+        sizes.append(size)
     return sizes
 
 
@@ -358,7 +373,7 @@ def compile_copies(workdir: str) -> Optional[str]:
 def _copy_proc(rank: int, sizes: List[int], scale: float, libpath: Optional[str], barrier: Any, queue: Any) -> None:
     import ctypes
 
-    biggest = max(sizes)
+    biggest = max(max(sizes), 64)  # the probe below copies 64 bytes (a latency run's sizes may all be smaller)
     src = np.ones(biggest, np.uint8)
     dst = np.zeros(biggest, np.uint8)
     fns: Dict[str, Callable[[np.ndarray, np.ndarray], Any]] = {"numpy.copyto": np.copyto}
@@ -635,11 +650,11 @@ def plain(head: List[str], body: List[List[str]]) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="rank counts (default 2 4)")
+    p.add_argument("--ranks", type=at_least(1), nargs="+", default=[2, 4], help="rank counts (default 2 4)")
     p.add_argument("--sizes", default=DEFAULT_SIZES, help=f"comma-separated sizes (default {DEFAULT_SIZES})")
     p.add_argument("--scale", type=float, default=1.0, help="multiply every iteration count (default 1)")
     p.add_argument("--only", default=",".join(LIBS), help=f"subset of {','.join(LIBS)}")
-    p.add_argument("--repeat", type=int, default=1,
+    p.add_argument("--repeat", type=at_least(1), default=1,
                    help="run every library this many times, interleaved; report the median of the runs' medians")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per library and rank count (default 300)")
     p.add_argument("--json", help="write every measurement to this JSON file")
@@ -654,7 +669,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     unknown = set(libs) - set(LIBS)
     if unknown:
         p.error(f"unknown --only entries {sorted(unknown)}; choose from {LIBS}")
-    sizes = parse_sizes(a.sizes)
+    try:
+        sizes = parse_sizes(a.sizes)
+    except ValueError as e:
+        p.error(str(e))
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     load0 = os.getloadavg()
     doc: Dict[str, Any] = {"started": started, "host": platform.node(), "cpus": os.cpu_count(),

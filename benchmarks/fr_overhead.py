@@ -45,7 +45,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:  # also when loaded by file path, not run as a script
     sys.path.insert(0, HERE)
-from _common import import_pycoll  # noqa: E402
+from _common import at_least, import_pycoll  # noqa: E402
 
 CONFIGS: List[Tuple[str, Dict[str, Any]]] = [
     ("baseline: no recording, no watchdog threads", {"buffer_size": 0, "stacks": False, "watchdog": False}),
@@ -199,10 +199,10 @@ def allreduce_8b(ranks: int, rounds: int, batch: int) -> Dict[str, Dict[str, flo
 
 def main(argv: Any = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=60, help="allreduce batches per configuration")
-    parser.add_argument("--batch", type=int, default=200, help="calls per batch")
-    parser.add_argument("--record-batches", type=int, default=60)
+    parser.add_argument("--ranks", type=at_least(1), default=2)
+    parser.add_argument("--rounds", type=at_least(1), default=60, help="allreduce batches per configuration")
+    parser.add_argument("--batch", type=at_least(1), default=200, help="calls per batch")
+    parser.add_argument("--record-batches", type=at_least(1), default=60)
     parser.add_argument("--json", default=os.path.join(HERE, "results", "fr_overhead.json"))
     args = parser.parse_args(argv)
 

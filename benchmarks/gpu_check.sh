@@ -16,7 +16,8 @@
 #   bench1    pycoll-bench all_reduce/all_gather/broadcast, 1 rank, 8 B..64 MiB
 #   bench2    pycoll-bench all_reduce, 2 ranks on the one GPU (NCCL_MULTI_RANK_GPU_ENABLE=1, NCCL >= 2.30)
 # Every step writes OUTDIR/<step>.log; status.txt has one line per step (rc, seconds); summary.json
-# the same as JSON. The exit status is that of the build or the tests when either failed, else 0.
+# the same as JSON. The exit status is 1 when the build or the tests failed (a test step whose tests were all
+# skipped, pytest's 5 "no tests collected", did not fail: a machine without a GPU), else 0.
 set -u
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -117,6 +118,7 @@ done
 for k in build tests_one_rank tests_multi_rank; do
   v="${RC[$k]:-missing}"
   if [ "$k" = build ] && [ "$v" != 0 ] && [ "${RC[build_inplace]:-1}" = 0 ]; then continue; fi
+  if [ "$k" != build ] && [ "$v" = 5 ]; then continue; fi
   if [ "$v" != 0 ]; then exit 1; fi
 done
 exit 0

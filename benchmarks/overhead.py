@@ -56,7 +56,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:  # also when loaded by file path, not run as a script
     sys.path.insert(0, HERE)
-from _common import compile_c, env_with_pycoll, import_pycoll  # noqa: E402
+from _common import at_least, compile_c, env_with_pycoll, import_pycoll  # noqa: E402
 
 C_DRIVER = r"""
 /* Calls ncclAllReduce of pycoll's host library in a loop; prints "b NS" per batch, then
@@ -486,9 +486,13 @@ def instructions(a: argparse.Namespace) -> Dict[str, float]:
         env = dict(env_with_pycoll(), PYCOLL_BENCH_CG_DIR=tmp, PYTHONHASHSEED="0")
         child = [sys.executable, os.path.abspath(__file__), "--count-instructions", "--batch", str(a.batch),
                  "--batches", str(a.batches), "--warmup", str(a.warmup)]
-        subprocess.run([valgrind, "--tool=callgrind", "--separate-threads=yes",
-                        f"--callgrind-out-file={os.path.join(tmp, 'cg.out')}", *child], env=env, check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=a.timeout * 20)
+        r = subprocess.run([valgrind, "--tool=callgrind", "--separate-threads=yes",
+                            f"--callgrind-out-file={os.path.join(tmp, 'cg.out')}", *child], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=a.timeout * 20)
+        if r.returncode != 0:  # the child's own words (valgrind's lines around them left out)
+            said = [ln for ln in r.stderr.decode(errors="replace").splitlines() if not ln.startswith("==")]
+            raise SystemExit(f"--instructions: the counting child failed ({r.returncode}): "
+                             + ("\n".join(said[-5:]) or "no message"))
         with open(os.path.join(tmp, "counts.json")) as f:
             return dict(json.load(f))
 
@@ -572,11 +576,12 @@ LABELS = {
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--ranks", type=int, nargs="+", default=[1, 2], help="rank counts (default 1 2)")
-    p.add_argument("--batches", type=int, default=40, help="timed batches per variant (default 40)")
-    p.add_argument("--batch", type=int, default=250, help="calls per batch (default 250)")
-    p.add_argument("--warmup", type=int, default=500, help="untimed calls first (default 500)")
-    p.add_argument("--repeat", type=int, default=3,
+    p.add_argument("--ranks", type=at_least(1), nargs="+", default=[1, 2], help="rank counts (default 1 2)")
+    p.add_argument("--batches", type=at_least(1), default=40, help="timed batches per variant (default 40)")
+    p.add_argument("--batch", type=at_least(1), default=250, help="calls per batch (default 250)")
+    p.add_argument("--warmup", type=at_least(1), default=500,
+                   help="untimed calls first, the first checked for its result (default 500)")
+    p.add_argument("--repeat", type=at_least(1), default=3,
                    help="run everything this many times, interleaved; report the median of the runs (default 3)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per run (default 120)")
     p.add_argument("--json", help="write the per-batch numbers to this JSON file")

@@ -86,7 +86,14 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
-from _common import MPI_MISSING, cache_line_round_trip, env_with_pycoll, import_pycoll, mpiexec_command  # noqa: E402
+from _common import (  # noqa: E402
+    MPI_MISSING,
+    at_least,
+    cache_line_round_trip,
+    env_with_pycoll,
+    import_pycoll,
+    mpiexec_command,
+)
 from allreduce_compare import _NOTE, _RESULT, _run, expected, pattern, run_sizes  # noqa: E402
 
 import_pycoll()  # this checkout's where none is installed; importing it starts no thread (Open MPI's ranks import it)
@@ -536,8 +543,8 @@ def _print_table(title: str, head: List[str], body: List[List[str]]) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4], help="rank counts (default 1 2 4)")
-    p.add_argument("--repeat", type=int, default=3, help="interleaved runs per library (default 3)")
+    p.add_argument("--ranks", type=at_least(1), nargs="+", default=[1, 2, 4], help="rank counts (default 1 2 4)")
+    p.add_argument("--repeat", type=at_least(1), default=3, help="interleaved runs per library (default 3)")
     p.add_argument("--scale", type=float, default=1.0, help="multiply every iteration count (default 1)")
     p.add_argument("--only", default="pycoll,mpi", help="subset of pycoll,mpi")
     p.add_argument("--timeout", type=float, default=300, help="seconds per library and rank count")

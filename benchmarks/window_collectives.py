@@ -53,7 +53,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
-from _common import MPI_MISSING, env_with_pycoll, import_pycoll, mpiexec_command  # noqa: E402
+from _common import MPI_MISSING, at_least, env_with_pycoll, import_pycoll, mpiexec_command  # noqa: E402
 from allreduce_compare import (  # noqa: E402
     _RESULT,
     _run,
@@ -254,13 +254,13 @@ def table(n: int, res: Dict[str, Dict[str, Any]], sizes: List[int],
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="rank counts (default 2 4)")
+    p.add_argument("--ranks", type=at_least(1), nargs="+", default=[2, 4], help="rank counts (default 2 4)")
     p.add_argument("--sizes", default=DEFAULT_SIZES,
                    help=f"each rank's block, comma-separated (default {DEFAULT_SIZES})")
     p.add_argument("--scale", type=float, default=1.0, help="multiply every iteration count (default 1)")
     p.add_argument("--only", default="copy,pycoll,mpi", help="subset of copy,pycoll,mpi")
     p.add_argument("--ops", default=",".join(OPS), help=f"subset of {','.join(OPS)}")
-    p.add_argument("--repeat", type=int, default=3, help="interleaved runs per library (default 3)")
+    p.add_argument("--repeat", type=at_least(1), default=3, help="interleaved runs per library (default 3)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per library and rank count")
     p.add_argument("--json", help="write every measurement to this JSON file")
     p.add_argument("--markdown", help="write the tables as markdown to this file")
@@ -275,7 +275,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ops = _ops(a)
     if set(ops) - set(OPS):
         p.error(f"unknown --ops entries {sorted(set(ops) - set(OPS))}; choose from {','.join(OPS)}")
-    sizes = parse_sizes(a.sizes)
+    try:
+        sizes = parse_sizes(a.sizes)
+    except ValueError as e:
+        p.error(str(e))
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     print(f"# {' / '.join(ops)}, float32 -- {started}, {os.cpu_count()} CPUs, load average "
           f"before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

@@ -295,3 +295,34 @@ def test_wrong_cells_and_failed_runs_are_shown(monkeypatch):
     got = run_sizes(0, 2, [8], 0.01, [("v", setup)], lambda: None, lambda a: a[None, :], bandwidth=False)
     assert "algbw" not in got["v"][0] and "busbw" not in got["v"][0]
     assert "algbw" not in combine([{"label": "x", "rows": got}] * 2)["rows"]["v"][0]
+
+
+@pytest.mark.parametrize("script, args, text", [
+    ("allreduce_compare.py", ["--ranks", "0"], "--ranks: must be at least 1, got 0"),
+    ("allreduce_compare.py", ["--sizes", "1.5K"], "--sizes: '1.5K' is no size"),
+    ("allreduce_compare.py", ["--sizes", "-8"], "--sizes: '-8' is not a positive size"),
+    ("window_collectives.py", ["--sizes", "abc"], "--sizes: 'abc' is no size"),
+    ("small_ops.py", ["--ranks", "-1"], "--ranks: must be at least 1, got -1"),
+    ("overhead.py", ["--warmup", "0"], "--warmup: must be at least 1, got 0"),
+    ("overhead.py", ["--batch", "0"], "--batch: must be at least 1, got 0"),
+    ("fr_overhead.py", ["--rounds", "0"], "--rounds: must be at least 1, got 0"),
+    ("agreement_scale.py", ["--sizes", "1"], "--sizes: a group has at least 2 members, got 1"),
+    ("agreement_scale.py", ["--reps", "0"], "--reps: must be at least 1, got 0"),
+])
+def test_bad_arguments_are_usage_errors(script, args, text):
+    # they ran and labelled 2 ranks "0 ranks", printed tables of nan, or ended in a traceback of a division by zero
+    r = _run(script, args, timeout=60)
+    assert r.returncode == 2 and text in r.stderr, (r.returncode, r.stderr[-1500:])
+
+
+def test_the_copy_bound_of_sizes_under_64_bytes_stays_in_its_buffers():
+    # the probe of each copy routine copied 64 bytes into buffers of the biggest size: 8 B here, a heap overflow
+    # ("double free or corruption"); glibc's malloc checking makes it a crash every time
+    debug = "/usr/lib/x86_64-linux-gnu/libc_malloc_debug.so.0"
+    if not os.path.exists(debug):
+        pytest.skip("no glibc malloc debugging library")
+    r = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "allreduce_compare.py"), "--ranks", "2",
+                        "--sizes", "8", "--only", "copy"], capture_output=True, text=True, timeout=100,
+                       env={**os.environ, "LD_PRELOAD": debug, "MALLOC_CHECK_": "3"})
+    assert r.returncode == 0 and "copy bound failed" not in r.stdout + r.stderr, (r.stdout[-1500:], r.stderr[-1500:])
+    assert "corruption" not in r.stderr and "free()" not in r.stderr, r.stderr[-1500:]
