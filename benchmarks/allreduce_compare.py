@@ -48,6 +48,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import socket
 import subprocess
 import sys
@@ -442,15 +443,38 @@ def copy_bound(nranks: int, sizes: List[int], scale: float, timeout: float) -> D
 
 
 def _run(cmd: List[str], env: Dict[str, str], timeout: float, what: str) -> Dict[str, Any]:
+    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
     try:
-        res = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+        stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        _stop(proc)
         return {"error": f"{what}: no result within {timeout:.0f} s"}
-    notes = [json.loads(line[len(_NOTE):]) for line in res.stdout.splitlines() if line.startswith(_NOTE)]
-    for line in res.stdout.splitlines():
+    except BaseException:  # Ctrl-C: the launcher is told, not killed (below)
+        _stop(proc)
+        raise
+    notes = [json.loads(line[len(_NOTE):]) for line in stdout.splitlines() if line.startswith(_NOTE)]
+    for line in stdout.splitlines():
         if line.startswith(_RESULT):
             return {**json.loads(line[len(_RESULT):]), **({"notes": notes} if notes else {})}
-    return {"error": f"{what} failed (exit {res.returncode}): " + _what_it_said(res.stderr or res.stdout)}
+    return {"error": f"{what} failed (exit {proc.returncode}): " + _what_it_said(stderr or stdout)}
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    """End a launcher (mpiexec, pycoll-run) as a terminal's Ctrl-C would: SIGINT, then SIGTERM, each given 5 s, and
+    only then SIGKILL -- killed at once, mpiexec left its ranks' shared-memory segments in /dev/shm."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        if proc.poll() is not None:
+            break
+        proc.send_signal(sig)
+        try:
+            proc.communicate(timeout=5)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+    if proc.poll() is None:
+        proc.kill()
+    proc.communicate()
 
 
 def _what_it_said(text: str, lines: int = 25) -> str:

@@ -179,17 +179,21 @@ def allreduce_8b(ranks: int, rounds: int, batch: int) -> Dict[str, Dict[str, flo
             pipes.append(parent)
             procs.append(p)
         results = []
-        for r, (conn, _p) in enumerate(zip(pipes, procs, strict=False)):
-            if not conn.poll(600):
-                raise RuntimeError(f"rank {r} did not report within 600 s")
-            kind, value = conn.recv()
-            if kind != "ok":
-                raise RuntimeError(f"rank {r}: {value}")
-            results.append(value)
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
+        try:
+            for r, (conn, _p) in enumerate(zip(pipes, procs, strict=False)):
+                if not conn.poll(600):
+                    raise RuntimeError(f"rank {r} did not report within 600 s")
+                kind, value = conn.recv()
+                if kind != "ok":
+                    raise RuntimeError(f"rank {r}: {value}")
+                results.append(value)
+            for p in procs:
+                p.join(30)
+        finally:  # an error, Ctrl-C: the ranks go too (else the exit waited for them, and they for the store gone)
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+                    p.join(5)
     out = {}
     for name, _ in CONFIGS:
         slower = sorted(max(res[name][i] for res in results) for i in range(rounds))
