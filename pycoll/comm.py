@@ -71,6 +71,7 @@ from .group import SimulatedGroup, simulate as _group_simulate
 from .hooks import CommObserver, Progress, add_observer, group_mates, live_communicators, op_text, remove_observer
 from .premul import PreMulSum, datatype_of, scalar_argument
 from .properties import CommProperties, query_properties
+from .store.tcp import requests_until
 from .work import Work
 
 _IN_PROGRESS = B.IN_PROGRESS
@@ -93,6 +94,7 @@ _FAILURE_POLICIES = ("abort", "revoke", "report")
 
 #: how often a poll-until-ready loop asks whether to give up (a participant stopped or gone), seconds
 _GIVE_UP_EVERY = 0.1
+_CLOSE_STORE_S = 2.0  # the most a communicator's closing waits for its observers' store requests (best effort)
 
 
 def default_timeout() -> float:
@@ -1510,7 +1512,11 @@ class Communicator(_core.CommCore):
                 return
             self._released.set()
         hooks.discard_live(self)
-        hooks.notify_closed(self)  # the operations an abort stopped still listed: the recorder keeps how they ended
+        # the operations an abort stopped still listed: the recorder keeps how they ended; the watchdog's deletes of
+        # this communicator's store records are best effort: a store that stopped answering held a destroy(timeout=5)
+        # 60 s (a destroy's own bound is earlier, where it has one)
+        with requests_until(time.monotonic() + _CLOSE_STORE_S):
+            hooks.notify_closed(self)
         with self._plock:
             works = self._pending.snapshot()
             self._pending.clear()

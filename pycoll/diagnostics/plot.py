@@ -113,9 +113,12 @@ def plot_trace(trace: Dict[str, Any], path: str, *, title: Optional[str] = None,
         end = start + 1.0
     evs = trace.get("traceEvents", [])
     names = {e["pid"]: e["args"]["name"] for e in evs if e.get("ph") == "M" and e.get("name") == "process_name"}
-    # a rank that left no dump (killed) has no event, and is often the one the verdict names: a row all the same
-    no_dump = {int(r) for e in evs if e.get("ph") == "i" and e.get("cat") == "analysis"
-               and start <= e["ts"] <= end for r in e["args"].get("missing_dumps") or []}
+    # a rank that left no dump (killed) has no event, and is often the one the verdict names: a row all the same --
+    # by the verdict of a divergence drawn (another generation's, in the window too, is about another communicator)
+    drawn_uids = {e["args"].get("uid") for e in evs if e.get("ph") == "i" and start <= e["ts"] <= end
+                  and str(e.get("name", "")).startswith("first divergence")}
+    no_dump = {int(r) for e in evs if e.get("ph") == "i" and e.get("cat") == "analysis" and start <= e["ts"] <= end
+               and e["args"].get("uid") in drawn_uids for r in e["args"].get("missing_dumps") or []}
     ranks = sorted({e["pid"] for e in evs if e.get("ph") in ("X", "i") and e.get("s") != "g"} | set(names) | no_dump)
     row = {r: i for i, r in enumerate(ranks)}
     zero = t_div if t_div is not None else start

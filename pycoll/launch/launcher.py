@@ -585,9 +585,9 @@ class _Launcher:
         cfg = self.cfg
         if cfg.nnodes > 1:
             self.token = os.environ.get(discovery.ENV_STORE_TOKEN, "")
-            if not self.token:
+            if not self.token.strip():  # blank: the ranks take it for unset (discovery), as it is no secret
                 raise SystemExit(f"pycoll-run: {discovery.ENV_STORE_TOKEN} must be set (to the same secret on every "
-                                 f"node) when --nnodes > 1")
+                                 f"node) when --nnodes > 1" + (" (it is blank)" if self.token else ""))
         else:
             self.token = secrets.token_hex(32)
         self.store_addr, self.store_port = cfg.master_addr, cfg.master_port

@@ -414,8 +414,10 @@ class TCPStore(Store):
         io_timeout = (wait + self.REPLY_GRACE) if op in (_OP_GET, _OP_WAIT, _OP_MULTI_GET, _OP_WAIT_SIZE,
                                                           _OP_APPEND_GET) else self.timeout
         bound = getattr(_bound, "deadline", None)
-        if bound is not None:
-            io_timeout = min(io_timeout, max(1.0, bound - time.monotonic()))
+        if bound is not None:  # a waiting request keeps a second past it for the server's own timeout reply, which
+            # says what was missing (cut at the deadline, it read as a store that did not answer)
+            left = max(1.0, bound - time.monotonic())
+            io_timeout = min(io_timeout, left + 1.0 if wait else left)
         # a new connection (the last one was dropped: a timeout, a lost server) counts against the call's own bound,
         # not the client's connect_timeout: a server that accepts but does not answer (stopped) held get(timeout=1) 30 s
         conn = self._acquire(max(io_timeout, 1.0))

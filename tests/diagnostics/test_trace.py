@@ -476,3 +476,23 @@ def test_a_rank_without_a_dump_has_a_row_and_replaced_dumps_are_markers(tmp_path
     pytest.importorskip("matplotlib")
     drawn = plot.plot_trace(t, str(tmp_path / "p.png"))
     assert drawn["ranks"] == [0, 1, 2] and drawn["notes"] == {2: "no dump: not seen entering it"}, drawn
+
+
+def test_a_verdict_of_another_communicator_puts_no_note_on_the_ranks_drawn(tmp_path):
+    # an elastic run: generation 2's verdict (slot 2 left no dump there) lay in the window of generation 0's
+    # divergence, and rank 2's row there said "no dump: not seen entering it" beside its own dump and failure
+    pytest.importorskip("matplotlib")
+
+    def op(pid, ts, name, **args):
+        return {"ph": "X", "name": name, "cat": "collective", "pid": pid, "tid": 10, "ts": ts, "dur": 5.0,
+                "args": {"communicator": "elastic", **args}}
+
+    evs = [op(r, 0.0, "all_reduce #21 (in flight)", in_flight=True, first_divergence=True) for r in range(3)]
+    evs += [{"ph": "i", "s": "t", "name": "first divergence: all_reduce #21", "cat": "analysis", "pid": r, "tid": 10,
+             "ts": 0.0, "args": {"uid": "gen0", "members": [0, 1, 2], "never_entered": []}} for r in range(3)]
+    evs += [{"ph": "i", "s": "g", "name": "verdict (elastic, generation 0): ...", "cat": "analysis", "pid": 0,
+             "tid": 0, "ts": 0.0, "args": {"uid": "gen0", "missing_dumps": []}},
+            {"ph": "i", "s": "g", "name": "verdict (elastic, generation 2): ...", "cat": "analysis", "pid": 0,
+             "tid": 0, "ts": 3.0, "args": {"uid": "gen2", "missing_dumps": [2]}}]
+    drawn = plot.plot_trace({"traceEvents": evs}, str(tmp_path / "p.png"))
+    assert drawn["ranks"] == [0, 1, 2] and drawn["notes"] == {}, drawn

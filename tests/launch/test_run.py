@@ -962,6 +962,18 @@ def test_a_node_given_other_nnodes_or_n_than_node_0_is_refused(tmp_path):
     assert code0 == 1 and "node 1 never joined within 1.5 s" in (tmp_path / "err0").read_text()
 
 
+@pytest.mark.timeout(30)
+def test_a_blank_store_token_is_refused_by_the_launcher(tmp_path):
+    # it was taken, and every rank then refused it as unset ("pycoll-run sets it for every rank")
+    script = _script(tmp_path, SLEEPER)
+    args = ["-n", "1", "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port",
+            str(_free_port()), script, "1"]
+    res = subprocess.run(_cmd(args), cwd=str(tmp_path), env=_env({"PYCOLL_STORE_TOKEN": "  "}), capture_output=True,
+                         text=True, timeout=20)
+    assert res.returncode != 0 and "PYCOLL_STORE_TOKEN must be set" in res.stderr and "(it is blank)" in res.stderr, \
+        res.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_a_node_whose_launcher_dies_fails_the_job_after_its_heartbeats_stop(tmp_path):
