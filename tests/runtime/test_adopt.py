@@ -287,41 +287,29 @@ def test_a_blocking_communicators_destroy_is_bounded_by_its_timeout():
 
 
 @pytest.mark.timeout(60, method="thread")  # a regression blocks in the library call, which no signal ends
-@pytest.mark.parametrize("call", ["shrink", "split", "grow"])
+@pytest.mark.parametrize("call", ["shrink", "split", "grow", "register_window"])
 def test_a_blocking_communicators_reshape_is_bounded_by_its_timeout(call):
-    # "timeout bounds the shrink itself": on a blocking communicator the library call returned only once every
-    # rank made it, and a rank that never came kept the caller there for ever
+    # "timeout bounds the shrink itself", a window registration "polled within timeout": on a blocking communicator
+    # the library call returned only once every rank made it, and a rank that never came kept the caller there for ever
+    what, why = (("WindowRegister", "register their windows") if call == "register_window" else
+                 (call.title(), f"call {call}"))
     comms = pycoll.init_all(3, backend="host", timeout=20)
     try:
         t0 = time.monotonic()
-        with pytest.raises(pycoll.CommTimeout, match=rf"ncclComm{call.title()} on communicator .* rank 0 did not "
-                                                     rf"complete within 0.5 s \(a blocking communicator: the other "
-                                                     rf"ranks did not call {call}\)"):
+        with pytest.raises(pycoll.CommTimeout, match=rf"ncclComm{what} on communicator .* rank 0 did not complete "
+                                                     rf"within 0.5 s \(a blocking communicator: the other ranks did "
+                                                     rf"not {why}\)"):
             if call == "shrink":
                 comms[0].shrink([2], timeout=0.5)
             elif call == "grow":
                 comms[0].grow(4, comms[0].get_unique_id(), timeout=0.5)
+            elif call == "register_window":
+                comms[0].register_window(comms[0].mem_alloc(64), timeout=0.5)
             else:  # past the exchange of the members (a store's), in the library call
                 comms[0]._split_members = lambda *a: (0,)
                 comms[0].split(0, timeout=0.5)
         assert time.monotonic() - t0 < 3.0
         assert comms[0].state == "aborted"
-    finally:
-        for c in comms:
-            c.abort()
-
-
-@pytest.mark.timeout(60, method="thread")
-def test_a_blocking_communicators_window_registration_is_bounded_by_its_timeout():
-    # "polled within timeout": the blocking call waited for every rank, a stopped one for ever
-    comms = pycoll.init_all(2, backend="host", timeout=20)
-    try:
-        t0 = time.monotonic()
-        with pytest.raises(pycoll.CommTimeout, match=r"ncclCommWindowRegister on communicator .* rank 0 did not "
-                                                     r"complete within 0.5 s \(a blocking communicator: the other "
-                                                     r"ranks did not register their windows\)"):
-            comms[0].register_window(comms[0].mem_alloc(64), timeout=0.5)
-        assert time.monotonic() - t0 < 3.0 and comms[0].state == "aborted"
     finally:
         for c in comms:
             c.abort()
