@@ -1366,6 +1366,8 @@ class Communicator(_core.CommCore):
                               f"{timeout:g} s (a blocking communicator: {why}); the communicator is aborted",
                               self.name, op, -1, timeout, timeout)
         if raised:
+            if isinstance(raised[0], NCCLError) and self._state == "aborted":  # another thread's abort ended it
+                raise self._aborted_during(what) from raised[0]
             raise raised[0]
         return out[0]
 

@@ -80,8 +80,12 @@ class _Tracked:
             return
         busy = self._busy()
         if busy is not None:  # its memory would be unmapped under the copy: a crash, not an error
-            raise CommStateError(f"this {self.kind} of communicator {self.comm.name!r} is still used by {busy.op} (p2p "
-                                 f"seq {busy.p2p_seq}, {busy.last_state}): wait for it before closing the {self.kind}")
+            raise CommStateError(
+                f"this {self.kind} of communicator {self.comm.name!r} is still used by {busy.op} (p2p seq "
+                f"{busy.p2p_seq}, {busy.last_state}): " + (
+                    "wait for it before closing the " + self.kind if busy.error is None else
+                    "it failed, but the communicator (on_failure='report') still has it queued: abort or destroy the "
+                    "communicator to release the " + self.kind))
         h, self._handle = self._handle, None
         self._why = " (close())"
         if self in _resources(self.comm):
@@ -153,7 +157,9 @@ class Window(_Tracked):
 
     def _busy(self) -> Optional[Any]:
         for w in list(self._puts):
-            if w.is_completed():
+            # done: completed, or failed with its communicator stopped; one that failed under on_failure="report"
+            # stays queued in the library, and runs if its wait ever ends
+            if w.is_completed() and (w.error is None or self.comm.state != "active"):
                 self._puts.discard(w)
             else:
                 return w

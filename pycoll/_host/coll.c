@@ -502,6 +502,9 @@ static void fail_mismatch(struct task* t, int k, const struct op_desc* d) {
               "step %u) but rank %d is at its collective with data #%llu (step %u) of %s",
               t->opname, t->comm->rank, (unsigned long long)t->issued, (unsigned long long)t->op_seq + 1, t->step,
               k, (unsigned long long)d->op_seq + 1, d->step, mine);
+  else if (t->root == WINDOW_EXCHANGE_ROOT) /* a window registration: no collective of the user's numbers */
+    task_fail(t, ncclInvalidUsage, "%s : collective mismatch: rank %d called %s but rank %d called %s", t->opname,
+              t->comm->rank, mine, k, theirs);
   else
     task_fail(t, ncclInvalidUsage, "%s : collective mismatch at collective #%llu: rank %d called %s but rank %d called %s",
               t->opname, (unsigned long long)t->issued, t->comm->rank, mine, k, theirs);

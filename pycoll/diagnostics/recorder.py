@@ -421,8 +421,10 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
             if e is None or e.frozen is not None:
                 continue
             e.freeze(_state_of(w))
-            if w.last_state != "completed":
-                w.release_arrays()  # an abandoned operation need not keep its arrays
+            # an abandoned operation need not keep its arrays; under on_failure="report" the communicator goes on,
+            # and so may the operation: the library still reads them (freed, a SIGSEGV when it ran)
+            if w.last_state != "completed" and getattr(comm, "on_failure", "abort") != "report":
+                w.release_arrays()
 
     def work_withdrawn(self, work: WorkView) -> None:
         e = _entry_of(work)

@@ -316,6 +316,21 @@ def test_a_blocking_communicators_reshape_is_bounded_by_its_timeout(call):
 
 
 @pytest.mark.timeout(60, method="thread")
+def test_another_thread_s_abort_ends_a_blocking_registration_with_comm_aborted():
+    # it raised the library's InvalidUsage ("invalid usage"), where every other call another thread's abort ends
+    # raises CommAborted
+    comms = pycoll.init_all(2, backend="host", timeout=20)
+    try:
+        threading.Timer(0.3, comms[0].abort).start()
+        with pytest.raises(pycoll.CommAborted, match="ncclCommWindowRegister on communicator .* did not complete: the "
+                                                     "communicator was aborted"):
+            comms[0].register_window(comms[0].mem_alloc(64), timeout=10)
+    finally:
+        for c in comms:
+            c.abort()
+
+
+@pytest.mark.timeout(60, method="thread")
 def test_ctrl_c_in_a_blocking_communicators_reshape_aborts_it():
     # the call's thread looked ended after an interrupted join (CPython 3.10-3.12), so nothing was aborted: the
     # communicator stayed active, its peers were not told, and the library call went on in its thread

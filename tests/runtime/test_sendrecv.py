@@ -362,3 +362,33 @@ def test_a_task_made_inside_a_groups_block_does_not_join_it():
         assert len(seen) == 1 and "opened by another asyncio task" in seen[0], seen
     finally:
         c.abort()
+
+
+def _send_of_a_temporary_under_report(rank, n, uid):
+    """Under on_failure="report" a failed operation stays queued in the library and may run later: rank 0's send of a
+    temporary array, failed with the receive before it, ran once rank 1 came -- reading an array the failure had
+    released (SIGSEGV)."""
+    import gc
+
+    comm = pycoll.init(rank, n, unique_id=uid, backend="host", timeout=1.5, on_failure="report")
+    if rank == 0:
+        wr = comm.recv(np.zeros(4), 1, async_op=True)
+        ws = comm.send(np.full(1 << 20, 7, np.uint8), 1, async_op=True)  # the Work holds the only reference
+        try:
+            wr.wait()
+        except pycoll.CommFailure:
+            pass
+        gc.collect()
+        time.sleep(3.0)  # rank 1 receives meanwhile
+        return ws.error is not None
+    time.sleep(2.5)
+    comm.send(np.zeros(4), 0)
+    got = np.zeros(1 << 20, np.uint8)
+    comm.recv(got, 0)
+    return int(got[0]), int(got[-1])
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_operation_that_still_runs_keeps_its_arrays():
+    assert run_ranks(_send_of_a_temporary_under_report, 2, bytes(B.load("host").get_unique_id()),
+                     timeout=40) == [True, (7, 7)]
