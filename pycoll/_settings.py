@@ -19,6 +19,7 @@ import os
 import re
 import signal
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
@@ -310,3 +311,32 @@ def explicit(name: str, environ: Optional[Mapping[str, str]] = None) -> Any:
     s = SETTINGS[name]
     raw = s.raw(environ)
     return s.parse(raw) if raw else None
+
+
+# -- a thread's bound on its store requests ------------------------------------------------------------
+
+_bound = threading.local()  # this thread's requests_until() deadline (time.monotonic()), where one is set
+
+
+class requests_until:
+    """``with requests_until(deadline):`` -- this thread's requests to a :class:`pycoll.store.TCPStore` give up by
+    ``deadline`` (``time.monotonic()``; at least 1 s each, as always), whatever the client's own timeout: a caller
+    bounded as a whole (``pycoll.init``'s ``init_timeout``, the store connect included; a communicator's closing) is
+    not held by a store that stopped answering for the client's timeout (300 s by default) per request. Nested bounds
+    keep the earliest."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+
+    def __enter__(self) -> None:
+        self._prev = getattr(_bound, "deadline", None)
+        _bound.deadline = self.deadline if self._prev is None else min(self._prev, self.deadline)
+
+    def __exit__(self, *exc: Any) -> None:
+        _bound.deadline = self._prev
+
+
+def request_deadline() -> Optional[float]:
+    """This thread's :class:`requests_until` deadline, or None."""
+    return getattr(_bound, "deadline", None)
+

@@ -48,7 +48,7 @@ from . import (
     memory as _memory,
     windows as _windows,
 )
-from ._settings import Seconds
+from ._settings import Seconds, requests_until
 from .buffers import integer as _integer
 from .config import CommConfig
 from .devices import Device, backoff, stream_text
@@ -71,7 +71,6 @@ from .group import SimulatedGroup, simulate as _group_simulate
 from .hooks import CommObserver, Progress, add_observer, group_mates, live_communicators, op_text, remove_observer
 from .premul import PreMulSum, datatype_of, scalar_argument
 from .properties import CommProperties, query_properties
-from .store.tcp import requests_until
 from .work import Work
 
 _IN_PROGRESS = B.IN_PROGRESS

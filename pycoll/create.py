@@ -12,7 +12,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import _bindings as B, _settings, failpoints as _fp, hooks
-from ._settings import Seconds
+from ._settings import Seconds, requests_until
 from .buffers import integer
 from .comm import Communicator, _check_timeout, check_arguments, default_timeout, poll_ready, unique_id_argument
 from .config import CommConfig
@@ -21,7 +21,6 @@ from .diagnostics import install as _install_diagnostics
 from .diagnostics.exits import arm_sigterm
 from .errors import CommAborted, NCCLError, StoreError, StoreTimeout
 from .launch import discovery
-from .store.tcp import requests_until
 from .store.torch import store_argument
 
 _log = logging.getLogger("pycoll.create")

@@ -13,7 +13,7 @@ import time
 from typing import Any, List, Optional, Sequence, Set, Tuple, Union
 
 from .. import failpoints as _fp
-from .._settings import Seconds
+from .._settings import Seconds, request_deadline
 from ..errors import StoreAuthError, StoreError, StoreLost, StoreTimeout
 from ._wire import (
     _AUTH_BAD_TOKEN,
@@ -68,27 +68,9 @@ from .base import (
 )
 from .tcp_server import DEFAULT_MAX_UNAUTHENTICATED, TCPStoreServer
 
-__all__ = ["TCPStore", "requests_until"]
+__all__ = ["TCPStore"]
 
 _log = logging.getLogger("pycoll.store")
-_bound = threading.local()  # this thread's requests_until() deadline (time.monotonic()), where one is set
-
-
-class requests_until:
-    """``with requests_until(deadline):`` -- this thread's requests to a :class:`TCPStore` give up by ``deadline``
-    (``time.monotonic()``; at least 1 s each, as always), whatever the client's own timeout: a caller bounded as a
-    whole (``pycoll.init``'s ``init_timeout``, the store connect included) is not held by a store that stopped
-    answering for the client's timeout (300 s by default) per request. Nested bounds keep the earliest."""
-
-    def __init__(self, deadline: float) -> None:
-        self.deadline = deadline
-
-    def __enter__(self) -> None:
-        self._prev = getattr(_bound, "deadline", None)
-        _bound.deadline = self.deadline if self._prev is None else min(self._prev, self.deadline)
-
-    def __exit__(self, *exc: Any) -> None:
-        _bound.deadline = self._prev
 
 
 FP_BEFORE_REQUEST = _fp.declare("store.request.before", "the TCP store client, before a request")
@@ -413,7 +395,7 @@ class TCPStore(Store):
         _fp.hit(FP_BEFORE_REQUEST)
         io_timeout = (wait + self.REPLY_GRACE) if op in (_OP_GET, _OP_WAIT, _OP_MULTI_GET, _OP_WAIT_SIZE,
                                                           _OP_APPEND_GET) else self.timeout
-        bound = getattr(_bound, "deadline", None)
+        bound = request_deadline()
         if bound is not None:  # a waiting request keeps a second past it for the server's own timeout reply, which
             # says what was missing (cut at the deadline, it read as a store that did not answer)
             left = max(1.0, bound - time.monotonic())
