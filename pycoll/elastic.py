@@ -405,9 +405,10 @@ class ElasticGroup:
             old.superseded(f"communicator {old.name!r} of generation {old.generation} of elastic group "
                            f"{self.name!r} was replaced by generation {generation}: use group.comm, not a reference "
                            "kept from before the reshape")
-            for made in old.descendants(closed=True):  # split from it: remade from group.comm (README); not the
-                if made is comm or made in comm.descendants(closed=True):  # new one, which a shrink or grow makes
-                    continue                                               # from it
+            new = {id(comm)} | {id(c) for c in comm.descendants(closed=True)}  # made from it (a shrink, a grow)
+            for made in old.descendants(closed=True):  # split from it: remade from group.comm (README)
+                if id(made) in new:
+                    continue
                 made.superseded(f"communicator {made.name!r} was made from generation {old.generation} of elastic "
                                 f"group {self.name!r}, which generation {generation} replaced: make it again from "
                                 "group.comm")
@@ -1264,11 +1265,7 @@ class ElasticGroup:
         self._announce_q.put(None)
         get_watchdog().remove_dump_gate(self._dump_gate)
         if self.slot == self.members[0] and self.comm.failure is None:
-            try:
-                self.store.set(f"{self._ns}/closed", b"1")
-            except StoreError as exc:  # a store that is gone: the communicator is still released
-                _log.warning("slot %d: closing group %r: could not tell waiting joiners (%s)", self.slot, self.name,
-                             exc)
+            self._tell_joiners_finished()
         if self._watcher is not None:
             self._watcher.join(2.0)
         if self._node is not None:
@@ -1295,11 +1292,7 @@ class ElasticGroup:
         if healthy and self.members[0] in gone and self.slot == min(m for m in self.members if m not in gone):
             # the member that tells waiting joiners the group finished died after the last step: the first member
             # left tells them (else a replacement of it found every member gone: a finished job failed)
-            try:
-                self.store.set(f"{self._ns}/closed", b"1")
-            except StoreError as exc:
-                _log.warning("slot %d: closing group %r: could not tell waiting joiners (%s)", self.slot, self.name,
-                             exc)
+            self._tell_joiners_finished()
         if not gone:
             if error is not None:
                 raise error
@@ -1313,6 +1306,13 @@ class ElasticGroup:
                 mark_lost(self.store, m, f"gone when group {self.name!r} closed")
             except (StoreError, AttributeError):
                 pass
+
+    def _tell_joiners_finished(self) -> None:
+        """Tell the processes still waiting to join that the group finished (they raise :class:`Excluded`)."""
+        try:
+            self.store.set(f"{self._ns}/closed", b"1")
+        except StoreError as exc:  # a store that is gone: the communicator is still released
+            _log.warning("slot %d: closing group %r: could not tell waiting joiners (%s)", self.slot, self.name, exc)
 
     def _closed_key(self, slot: int) -> str:
         """The key a member sets once it closed this generation (a member gone after it is no loss)."""

@@ -24,7 +24,7 @@ import time
 import weakref
 from typing import Any, List, Optional, Sequence, SupportsIndex, Tuple, Union
 
-from . import _bindings as B, _settings
+from . import _bindings as B, _core, _settings
 from ._settings import Seconds
 from .buffers import Buffer, as_buffer, check_device, integer
 from .errors import CommStateError, InvalidArgument, NCCLError, NotSupported
@@ -81,8 +81,8 @@ class _Tracked:
         busy = self._busy()
         if busy is not None:  # its memory would be unmapped under the copy: a crash, not an error
             raise CommStateError(
-                f"this {self.kind} of communicator {self.comm.name!r} is still used by {busy.op} (p2p seq "
-                f"{busy.p2p_seq}, {busy.last_state}): " + (
+                f"this {self.kind} of communicator {self.comm.name!r} is still used by {busy.op} "
+                f"({_core.seq_text(busy)}, {busy.last_state}): " + (
                     "wait for it before closing the " + self.kind if busy.error is None else
                     "it failed, but the communicator (on_failure='report') still has it queued: abort or destroy the "
                     "communicator to release the " + self.kind))
@@ -293,7 +293,7 @@ def put_signal(comm: Any, window: Window, offset: SupportsIndex, src: Any, peer:
     w = comm._launch("put_signal", lambda h, s: lib.put_signal(buf.ptr, buf.count, buf.datatype, peer, h_win,
                                                                offset, si, cx, 0, h, s),
                      st, [buf], [], async_op, timeout, peer=peer)
-    if not w.is_completed():  # the window may not be closed under it
+    if w.last_state != "completed":  # the window may not be closed under it (as last seen: no event queried here)
         win._puts.add(w)
     return w
 

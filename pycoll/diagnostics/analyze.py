@@ -478,8 +478,8 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
         b = _blocked_in(dumps[r], uid, members, [], r)
         if b is not None and not b["here"]:
             res["own_dump"][r] += f", then {b['comm']!r} (ranks {_fmt_ranks(b['members'])}) {b['op']} {b['state']}"
-    res["main_thread"] = {r: _main_site(dumps[r]) for r in present if _main_site(dumps[r])}
-    res["earlier_main_thread"] = {r: _earlier_site(dumps[r]) for r in present if _earlier_site(dumps[r])}
+    res["main_thread"] = {r: site for r in present if (site := _main_site(dumps[r]))}
+    res["earlier_main_thread"] = {r: site for r in present if (site := _earlier_site(dumps[r]))}
     res["captured"] = _captured(present, coll, p2p, members)
 
     with_entries = [r for r in present if coll[r]]
