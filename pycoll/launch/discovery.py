@@ -99,6 +99,7 @@ ENV_REPLACEMENT = "PYCOLL_REPLACEMENT"
 ENV_REPLACES = "PYCOLL_REPLACES"
 
 _LOOPBACK = "127.0.0.1"
+_DIGITS = re.compile(r"-?[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -263,10 +264,10 @@ def _int(env: Mapping[str, str], name: str, *, required: bool = True, minimum: i
         if required:
             raise RankDiscoveryError(f"{name} is not set{why}")
         return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise RankDiscoveryError(f"{name}={raw!r} is not an integer") from None
+    # launchers write plain decimal numbers: int() would also take '+1', '1_0' and other scripts' digits
+    if not _DIGITS.fullmatch(raw.strip()):
+        raise RankDiscoveryError(f"{name}={raw!r} is not an integer (decimal digits 0-9)")
+    value = int(raw)
     if value < minimum:
         raise RankDiscoveryError(f"{name}={value} must be >= {minimum}")
     return value

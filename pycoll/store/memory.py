@@ -36,15 +36,29 @@ class MemoryStore(Store):
         self._table = _Table()
         self._cond_ = threading.Condition()
         self._pid = os.getpid()
+        self._closed = False
 
     @property
     def _cond(self) -> threading.Condition:
-        """The store's lock (every call takes it), in the process that made the store only: a forked child's copy
-        is another store (its ranks waited out their timeouts for each other's keys, blaming the ranks)."""
+        """The store's lock (every call takes it), once :meth:`_check_usable` passed."""
+        self._check_usable()
+        return self._cond_
+
+    def _check_usable(self) -> None:
+        """In the process that made the store only: a forked child's copy is another store (its ranks waited out
+        their timeouts for each other's keys, blaming the ranks). A closed store refuses every call, as the other
+        stores do."""
         if os.getpid() != self._pid:
             raise StoreError("a MemoryStore lives in the process that made it (its threads share it), not in a "
                              "forked child: between processes use a TCPStore or a FileStore")
-        return self._cond_
+        if self._closed:
+            raise StoreError("the MemoryStore is closed")
+
+    def close(self) -> None:
+        """Close the store: later calls raise StoreError; calls waiting for keys now raise it too."""
+        with self._cond_:
+            self._closed = True
+            self._cond_.notify_all()
 
     def __reduce__(self) -> Any:
         raise TypeError("a MemoryStore cannot be pickled (passed to another process): it lives in one process, whose "
@@ -57,8 +71,9 @@ class MemoryStore(Store):
             self._cond.notify_all()
 
     def _wait_locked(self, keys: List[str], timeout: float) -> None:
-        if not self._cond.wait_for(lambda: not self._table.missing(keys), timeout):
+        if not self._cond.wait_for(lambda: self._closed or not self._table.missing(keys), timeout):
             raise _timeout_error(keys, timeout, missing=self._table.missing(keys))
+        self._check_usable()  # closed while it waited
 
     def get(self, key: str, timeout: Optional[Seconds] = None) -> bytes:
         key = _check_key(key)
@@ -106,9 +121,10 @@ class MemoryStore(Store):
         key, size = _check_key(key), _check_size(size)
         t = _check_timeout(timeout, self.timeout)
         with self._cond:
-            if not self._cond.wait_for(lambda: len(self._table.data.get(key, b"")) >= size and key in self._table.data,
-                                       t):
+            if not self._cond.wait_for(lambda: self._closed or (len(self._table.data.get(key, b"")) >= size
+                                                                and key in self._table.data), t):
                 raise _size_timeout(key, size, t)
+            self._check_usable()  # closed while it waited
             return self._table.data[key]
 
     def delete(self, key: str) -> bool:

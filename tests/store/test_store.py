@@ -628,6 +628,34 @@ def test_close_unblocks_waiting_threads():
             client.get("k", 0)
 
 
+def test_a_closed_memory_store_refuses_calls_and_wakes_its_waiters():
+    # Store.close() says later calls raise StoreError: a MemoryStore went on serving them
+    store = MemoryStore(timeout=30)
+    store.set("k", b"v")
+    t, errors = _blocked_get(store)
+    sized: list = []
+
+    def wait_size():
+        try:
+            store.wait_size("k", 10)
+        except StoreError as exc:
+            sized.append(exc)
+
+    waiter = threading.Thread(target=wait_size, daemon=True)
+    waiter.start()
+    time.sleep(0.2)
+    store.close()
+    store.close()
+    t.join(10)
+    waiter.join(10)
+    assert not t.is_alive() and "closed" in str(errors[0]), errors
+    assert not waiter.is_alive() and "closed" in str(sized[0]), sized
+    for call in (lambda: store.get("k", 0), lambda: store.set("k", b"w"), lambda: store.add("n", 1),
+                 lambda: store.num_keys()):
+        with pytest.raises(StoreError, match="the MemoryStore is closed"):
+            call()
+
+
 def test_hosting_client_owns_its_server():
     client = TCPStore.hosting(token="tok", timeout=5)
     other = TCPStore("127.0.0.1", client.port, "tok", timeout=5)
