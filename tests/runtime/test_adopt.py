@@ -4,6 +4,7 @@ on the host backend."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
@@ -16,6 +17,17 @@ import pycoll
 from pycoll import _bindings as B
 
 pytestmark = pytest.mark.timeout(120)
+
+
+@contextlib.contextmanager
+def _ranks(*args, **kwargs):
+    """``pycoll.init_all(*args, **kwargs)``'s communicators, every one aborted at the end (one that failed too)."""
+    comms = pycoll.init_all(*args, **kwargs)
+    try:
+        yield comms
+    finally:
+        for c in comms:
+            c.abort()
 
 
 def _uid() -> bytes:
@@ -118,8 +130,7 @@ class _Nccl4pyLike:
 
 
 def test_interoperates_with_nccl4py_style_objects_both_ways():
-    comms = pycoll.init_all(2, backend="host", timeout=20)
-    try:
+    with _ranks(2, backend="host", timeout=20) as comms:
         other = _Nccl4pyLike(comms[0].handle)  # pycoll -> nccl4py: the handle is the int ncclComm_t
         with pytest.raises(ValueError, match="already wrapped"):
             pycoll.Communicator.from_handle(other, library=comms[0].library)
@@ -130,9 +141,6 @@ def test_interoperates_with_nccl4py_style_objects_both_ways():
         wrapped.destroy()
         assert lib.comm_count(raw) == 1
         lib.comm_destroy(raw)
-    finally:
-        for c in comms:
-            c.abort()
 
 
 def test_abort_of_a_non_owned_handle_frees_it():
@@ -180,8 +188,7 @@ def test_group_simulate_on_a_library_without_it_leaves_no_group_open():
 
 
 def test_init_all_one_thread_drives_every_rank():
-    comms = pycoll.init_all([0, 1, 2], backend="host", timeout=20)
-    try:
+    with _ranks([0, 1, 2], backend="host", timeout=20) as comms:
         assert [c.rank for c in comms] == [0, 1, 2] and all(c.owns_handle for c in comms)
         assert [c.properties.cuda_dev for c in comms] == [0, 1, 2]
         xs = [np.full(5, float(i + 1), np.float32) for i in range(3)]
@@ -199,9 +206,6 @@ def test_init_all_one_thread_drives_every_rank():
             with pytest.raises(pycoll.CommStateError, match="only simulated"):
                 w.wait()
         assert all(not c.outstanding() for c in comms)
-    finally:
-        for c in comms:
-            c.abort()
     with pytest.raises(ValueError, match=">= 1"):
         pycoll.init_all(0, backend="host")
     with pytest.raises(ValueError, match="ordinals"):
@@ -209,16 +213,12 @@ def test_init_all_one_thread_drives_every_rank():
 
 
 def test_properties_of_a_pycoll_communicator():
-    comms = pycoll.init_all(2, backend="host")
-    try:
+    with _ranks(2, backend="host") as comms:
         p = comms[1].properties
         assert isinstance(p, pycoll.CommProperties)
         assert (p.rank, p.n_ranks, p.device_api_support, p.gin_type_name) == (1, 2, False, "none")
         with pytest.raises(dataclasses.FrozenInstanceError):
             p.rank = 3  # type: ignore[misc]
-    finally:
-        for c in comms:
-            c.abort()
     with pytest.raises(pycoll.CommAborted):
         _ = comms[0].properties
 
@@ -264,17 +264,13 @@ def test_a_handle_its_maker_aborted_fails_the_communicator_once(monkeypatch, tmp
 def test_a_blocking_communicators_destroy_is_bounded_by_its_timeout():
     # init_all's communicators are blocking, as NCCL makes them: ncclCommFinalize returns only once every rank
     # finalized. destroy(timeout) from the one thread waited inside it for ever (Ctrl-C did not end it either)
-    comms = pycoll.init_all(2, backend="host", timeout=20)
-    try:
+    with _ranks(2, backend="host", timeout=20) as comms:
         t0 = time.monotonic()
         with pytest.raises(pycoll.CommTimeout, match=r"ncclCommFinalize on communicator .* rank 0 did not complete "
                                                      r"within 0.5 s \(a blocking communicator"):
             comms[0].destroy(timeout=0.5)
         assert time.monotonic() - t0 < 3.0
         assert comms[0].state == "aborted"
-    finally:
-        for c in comms:
-            c.abort()
     # one thread per communicator: both finalize, and the blocking call returns
     comms = pycoll.init_all(2, backend="host", timeout=20)
     comms[1].hand_off()
@@ -293,8 +289,7 @@ def test_a_blocking_communicators_reshape_is_bounded_by_its_timeout(call):
     # the library call returned only once every rank made it, and a rank that never came kept the caller there for ever
     what, why = (("WindowRegister", "register their windows") if call == "register_window" else
                  (call.title(), f"call {call}"))
-    comms = pycoll.init_all(3, backend="host", timeout=20)
-    try:
+    with _ranks(3, backend="host", timeout=20) as comms:
         t0 = time.monotonic()
         with pytest.raises(pycoll.CommTimeout, match=rf"ncclComm{what} on communicator .* rank 0 did not complete "
                                                      rf"within 0.5 s \(a blocking communicator: the other ranks did "
@@ -310,24 +305,17 @@ def test_a_blocking_communicators_reshape_is_bounded_by_its_timeout(call):
                 comms[0].split(0, timeout=0.5)
         assert time.monotonic() - t0 < 3.0
         assert comms[0].state == "aborted"
-    finally:
-        for c in comms:
-            c.abort()
 
 
 @pytest.mark.timeout(60, method="thread")
 def test_another_thread_s_abort_ends_a_blocking_registration_with_comm_aborted():
     # it raised the library's InvalidUsage ("invalid usage"), where every other call another thread's abort ends
     # raises CommAborted
-    comms = pycoll.init_all(2, backend="host", timeout=20)
-    try:
+    with _ranks(2, backend="host", timeout=20) as comms:
         threading.Timer(0.3, comms[0].abort).start()
         with pytest.raises(pycoll.CommAborted, match="ncclCommWindowRegister on communicator .* did not complete: the "
                                                      "communicator was aborted"):
             comms[0].register_window(comms[0].mem_alloc(64), timeout=10)
-    finally:
-        for c in comms:
-            c.abort()
 
 
 @pytest.mark.timeout(60, method="thread")
@@ -336,8 +324,7 @@ def test_ctrl_c_in_a_blocking_communicators_reshape_aborts_it():
     # communicator stayed active, its peers were not told, and the library call went on in its thread
     import signal
 
-    comms = pycoll.init_all(3, backend="host", timeout=20)
-    try:
+    with _ranks(3, backend="host", timeout=20) as comms:
         timer = threading.Timer(0.3, lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGINT))
         timer.start()
         with pytest.raises(KeyboardInterrupt):
@@ -347,9 +334,6 @@ def test_ctrl_c_in_a_blocking_communicators_reshape_aborts_it():
         while any(t.name.startswith("pycoll-shrink") for t in threading.enumerate()) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not [t.name for t in threading.enumerate() if t.name.startswith("pycoll-shrink")]
-    finally:
-        for c in comms:
-            c.abort()
 
 
 def test_destroy_after_the_thread_that_had_the_communicator_ended_though_a_new_one_has_its_ident():
