@@ -96,6 +96,29 @@ _GIVE_UP_EVERY = 0.1
 _CLOSE_STORE_S = 2.0  # the most a communicator's closing waits for its observers' store requests (best effort)
 
 
+_ENDED_OWNER = 1  # Communicator._owner once the thread that had it ended without hand_off(): no thread's ident
+
+
+class _OwnerEnd:
+    """Kept in a thread-local of each thread that had a communicator (:meth:`Communicator._take_over`): as the thread
+    ends, its locals go, and the communicators it still has are marked ended (``_owner = _ENDED_OWNER``). CPython
+    gives a thread started later the ended one's ident, which the operations compare: it passed as the owner."""
+
+    __slots__ = ("ident", "comms")
+
+    def __init__(self, ident: int) -> None:
+        self.ident = ident
+        self.comms: weakref.WeakSet[Communicator] = weakref.WeakSet()
+
+    def __del__(self) -> None:
+        for comm in list(self.comms):
+            if comm._owner == self.ident:
+                comm._owner = _ENDED_OWNER
+
+
+_owner_ends = threading.local()
+
+
 def default_timeout() -> float:
     """The default per-operation timeout in seconds: ``$PYCOLL_TIMEOUT`` or 30."""
     return float(_settings.get("PYCOLL_TIMEOUT"))
@@ -869,9 +892,14 @@ class Communicator(_core.CommCore):
             raise self._refusal(op, "is inside an operation of it", hint)
         # ended: its Thread, not its ident, which a thread started since may have been given
         if owner and not (unless_ended and self._owner_thread is not None and not self._owner_thread.is_alive()):
-            raise self._refusal(op, "issued its operations so far and has not handed it off", hint)
+            ended = " (it has ended)" if owner == _ENDED_OWNER else ""
+            raise self._refusal(op, f"issued its operations so far and has not handed it off{ended}", hint)
         self._owner, self._owner_name = me, threading.current_thread().name
         self._owner_thread = threading.current_thread()
+        end = getattr(_owner_ends, "end", None)
+        if end is None:
+            end = _owner_ends.end = _OwnerEnd(me)
+        end.comms.add(self)
 
     def claim(self, op: str, *, closing: bool = False) -> None:
         """Refuse, as an operation ``op`` of this thread would be refused, where another thread has this communicator

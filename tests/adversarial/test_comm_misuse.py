@@ -147,6 +147,39 @@ def test_a_communicator_passes_to_another_thread_only_when_handed_off():
                                                               [3.0, 3.0]]] * 2
 
 
+def test_a_thread_given_the_ended_owner_s_ident_is_refused_as_any_other():
+    # CPython gives a thread started after another ended that thread's ident, which the operations compared: such a
+    # thread passed as the owner where any other thread is refused
+    comm = _comm(0, 1, _uid())
+    try:
+        owner = threading.Thread(target=comm.all_reduce, args=(np.ones(2, np.float32),), name="trainer")
+        owner.start()
+        owner.join()
+        seen = []
+
+        def use():
+            try:
+                comm.all_reduce(np.ones(2, np.float32))
+                seen.append("ran")
+            except pycoll.CommStateError as e:
+                seen.append(str(e))
+
+        for _ in range(5):  # mostly the first one
+            later = threading.Thread(target=lambda: seen.append(threading.get_ident() == owner.ident) or use(),
+                                     name="writer")
+            later.start()
+            later.join()
+            if seen[-2]:
+                break
+        assert seen[-2], "no thread was given the ended thread's ident"
+        assert ("thread 'writer' entered all_reduce while thread 'trainer' issued its operations so far and has not "
+                "handed it off (it has ended)") in seen[-1], seen
+        comm.hand_off()
+        comm.all_reduce(np.ones(2, np.float32))
+    finally:
+        comm.destroy()
+
+
 def _hand_off_mid_operation(rank, n, uid):
     c = _comm(rank, n, uid, timeout=20.0)
     if rank == 1:
