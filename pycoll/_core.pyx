@@ -21,6 +21,7 @@ Also here: this thread's open group (:func:`open_group`), the observers' compile
 
 cimport cython
 from cpython.buffer cimport PyBuffer_IsContiguous
+from cpython.contextvars cimport PyContext_CopyCurrent
 from cpython.number cimport PyIndex_Check, PyNumber_Index
 from cpython.exc cimport PyErr_CheckSignals, PyErr_Clear, PyErr_Fetch, PyErr_Restore
 from cpython.memoryview cimport PyMemoryView_FromObject, PyMemoryView_GET_BUFFER
@@ -171,7 +172,7 @@ cdef extern from *:
     static _Thread_local PyObject* pycoll_group_lib = NULL;
     /* a nested group's body raised: the outermost one drops what it holds */
     static _Thread_local int pycoll_group_raised = 0;
-    /* the contextvars context that opened the group (an owned reference; NULL: the thread's, none set yet): each
+    /* the contextvars context that opened the group (an owned reference; made for a thread that had none): each
      * asyncio task runs in its own, and a task made in the group's block in a copy -- and the scopes open */
     static _Thread_local PyObject* pycoll_group_owner = NULL;
     static _Thread_local int pycoll_group_depth = 0;
@@ -225,6 +226,8 @@ cdef int _set_group(list works, object library) except -1:
         pycoll_group_depth = 1  # the scope (or group_simulate) that opens it
         Py_INCREF(works)
         Py_INCREF(library)
+        if pycoll_context() == NULL:  # a thread that has used no contextvars yet: made now, as a first ContextVar use
+            PyContext_CopyCurrent()  # in the group's block would make it (and refuse what follows)
         Py_XINCREF(pycoll_context())  # held: its address is not another context's while the group is open
         pycoll_group_works, pycoll_group_lib, pycoll_group_owner = <PyObject*>works, <PyObject*>library, pycoll_context()
     Py_XDECREF(old_works)

@@ -364,6 +364,41 @@ def test_a_task_made_inside_a_groups_block_does_not_join_it():
         c.abort()
 
 
+def test_a_first_contextvar_use_inside_a_group_does_not_make_it_anothers():
+    """A thread that had used no contextvars opened a group with no context; the first ContextVar use inside the block
+    (numpy's errstate: pre_mul_sum uses it) made the thread's context, and the group's later operations were refused
+    as another asyncio task's."""
+    import threading
+
+    c = pycoll.init(0, 1, backend="host")
+    seen = []
+
+    def body(touch):
+        x = np.ones(2, np.float32)
+        try:
+            with c.group():
+                c.all_reduce(x)
+                if touch == "errstate":
+                    with np.errstate(over="ignore"):
+                        pass
+                    c.all_reduce(x)
+                else:
+                    c.all_reduce(x, op=c.pre_mul_sum(2.0, np.float32))
+            seen.append(x.tolist())
+        except Exception as e:
+            seen.append(repr(e))
+        c.hand_off()
+
+    try:
+        for touch in ("errstate", "premul"):
+            t = threading.Thread(target=body, args=(touch,))  # a new thread: no context yet
+            t.start()
+            t.join(30)
+        assert seen == [[1.0, 1.0], [2.0, 2.0]], seen
+    finally:
+        c.abort()
+
+
 def _send_of_a_temporary_under_report(rank, n, uid):
     """Under on_failure="report" a failed operation stays queued in the library and may run later: rank 0's send of a
     temporary array, failed with the receive before it, ran once rank 1 came -- reading an array the failure had
