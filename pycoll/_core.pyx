@@ -274,11 +274,16 @@ cdef inline bint _group_mine():
     return pycoll_context() == pycoll_group_owner
 
 
-cdef list _written(object op, object root, object rank, list outputs):
-    """What of ``outputs`` an operation writes on this rank: nothing on a broadcast's root (it only reads its buffer,
-    in place too) nor on a reduce's other ranks (their output is not looked at)."""
-    if root is not None and ((op == "broadcast" and root == rank) or (op == "reduce" and root != rank)):
-        return []
+cdef list _written(object op, object root, object rank, list inputs, list outputs):
+    """What of ``outputs`` an operation writes on this rank: nothing on the root of a broadcast in place (it only reads
+    its buffer; out of place it copies it into its output) nor on a reduce's other ranks (their output is not looked
+    at)."""
+    if root is not None:
+        if op == "reduce" and root != rank:
+            return []
+        if op == "broadcast" and root == rank and (outputs is inputs or not outputs or not inputs or
+                                                   (<tuple>outputs[0])[0] == (<tuple>inputs[0])[0]):
+            return []
     return outputs
 
 
@@ -307,7 +312,7 @@ cdef int _group_check(CommCore comm, object op, list inputs, list written, bint 
     for w in works:
         if _exempt(p2p, comm, w):
             continue
-        theirs = _written(w.op, w.root, w.comm._rank, w.outputs)
+        theirs = _written(w.op, w.root, w.comm._rank, w.inputs, w.outputs)
         for b in written:
             for o in w.inputs:
                 if _share_memory(b, o):
@@ -374,7 +379,7 @@ cdef int _group_sweep(list works) except -1:
     cdef uintptr_t lo, hi, end_any = 0, end_written = 0
     for i in range(len(works)):
         w = works[i]
-        written = _written(w.op, w.root, w.comm._rank, w.outputs)
+        written = _written(w.op, w.root, w.comm._rank, w.inputs, w.outputs)
         for b in w.inputs:
             if (<tuple>b)[1]:
                 spans.append(((<tuple>b)[0], (<tuple>b)[0] + (<tuple>b)[1], False, i))
@@ -1197,12 +1202,13 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
     if comm._owner != me:  # refused (another thread has it, until hand_off) before it takes a number: the peers'
         comm._take_over(me, op)  # reports and the flight recorder count only what ran
     root = (<_Call>call).root if type(call) is _Call and _rooted((<_Call>call).kind) else None
+    written = _written(op, root, comm._rank, inputs, outputs)
     if pycoll_group_works != NULL:
-        _group_check(comm, op, inputs, _written(op, root, comm._rank, outputs), peer is not None)
+        _group_check(comm, op, inputs, written, peer is not None)
         if pycoll_group_first != NULL and (<Work>pycoll_group_first).capture_id is not capture:  # None: both
             _group_capture_check(op, capture, stream, <Work>pycoll_group_first)
-    for b in outputs:  # a torch tensor that requires grad: autograd is told, now that nothing refused the call
-        if (<tuple>b)[10] is _TORCH_SOURCE and (<tuple>b)[9].requires_grad and _written(op, root, comm._rank, [b]):
+    for b in written:  # a torch tensor that requires grad: autograd is told, now that nothing refused the call
+        if (<tuple>b)[10] is _TORCH_SOURCE and (<tuple>b)[9].requires_grad:
             _written_in_place((<tuple>b)[9])
     if peer is None:
         comm._coll_seq += 1

@@ -356,7 +356,17 @@ def test_a_tensor_autograd_saved_and_written_in_place_makes_backward_raise(comm)
     h.sum().backward()
     ro = torch.exp(torch.ones(2, requires_grad=True))
     comm.broadcast(ro, root=comm.rank)  # the root only reads its tensor
+    comm.broadcast(ro, root=comm.rank, output=ro)  # its own output: the same, in place
     assert ro._version == 0
+    # out of place the root copies its tensor into its output, which autograd is told of (it was not: a backward
+    # that saved the output gave wrong gradients)
+    x = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    h = x * 1.0
+    loss = (h * h).sum()
+    comm.broadcast(torch.tensor([10.0, 20.0, 30.0]), root=comm.rank, output=h)
+    assert h.tolist() == [10.0, 20.0, 30.0] and h._version > 0
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
 
 
 def test_a_timedelta_is_its_seconds(comm):

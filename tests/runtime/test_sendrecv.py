@@ -300,8 +300,8 @@ def test_a_group_whose_block_ends_in_another_thread_is_dropped_by_the_opening_th
 
 def test_a_groups_memory_check_knows_what_each_operation_writes_and_checks_big_groups_whole():
     """Collectives of two communicators on one array in one group run unordered too (each rank got another wrong
-    value); a broadcast's root and a reduce's other ranks do not write their buffer (a send of it alongside was
-    refused); a big group is checked whole as it ends."""
+    value); a broadcast's root in place and a reduce's other ranks do not write their buffer (a send of it alongside was
+    refused), a broadcast's root out of place does; a big group is checked whole as it ends."""
     c = pycoll.init(0, 1, backend="host")
     d = c.split(0, name="d")
     try:
@@ -316,6 +316,11 @@ def test_a_groups_memory_check_knows_what_each_operation_writes_and_checks_big_g
             c.send(ro, 0, async_op=True)
             c.recv(x, 0, async_op=True)
         assert x.tolist() == [1.0] * 4
+        out = np.zeros(4, np.float32)  # out of place the root writes its output: a send of it alongside is refused
+        with pytest.raises(ValueError, match=r"send: its input overlaps .* with the output of broadcast #\d+ in"), \
+                c.group():
+            c.broadcast(ro, root=0, output=out, async_op=True)
+            c.send(out, 0, async_op=True)
         for clash in (False, True):  # 40 operations: the last one's receive meets the first send
             src = np.arange(40, dtype=np.float32)
             dst = np.zeros(40, np.float32)
