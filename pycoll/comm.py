@@ -1172,8 +1172,8 @@ class Communicator(_core.CommCore):
     def pre_mul_sum(self, scalar: Any, dtype: Any) -> PreMulSum:
         """A reduction operator computing ``sum(scalar * x_r)`` for arrays of ``dtype``.
 
-        ``scalar``: a Python number (stored in ``dtype``, which must represent it exactly for
-        integer types; NCCL reads it now), or a one-element array on the communicator's device
+        ``scalar``: a Python number or a numpy (or ml_dtypes) scalar (stored in ``dtype``, which must represent it
+        exactly for integer types; NCCL reads it now), or a one-element array on the communicator's device
         (read when the operation runs: each operation given the operator keeps it alive while its Work lives, so
         the operator may be destroyed as soon as the call returned). ``dtype``: a numpy or torch dtype or a name such as
         ``"float32"``.

@@ -58,12 +58,22 @@ def _numpy_dtype(datatype: int) -> Any:
 def scalar_argument(scalar: Any, datatype: int, backend: str, device_id: Any) -> Tuple[Any, int, int]:
     """``(holder, pointer, residence)`` for ``ncclRedOpCreatePreMulSum``.
 
-    A Python number is stored in ``datatype`` on the host (residence ``ncclScalarHostImmediate``)
-    and must be representable in it; an array must hold one element of ``datatype`` on the
-    communicator's device (``ncclScalarDevice``: read when the operation runs).
+    A Python number (or a numpy or ml_dtypes scalar, taken as its value) is stored in ``datatype`` on the host
+    (residence ``ncclScalarHostImmediate``) and must be representable in it; an array must hold one element of
+    ``datatype`` on the communicator's device (``ncclScalarDevice``: read when the operation runs).
     """
     import numpy as np
 
+    if isinstance(scalar, (bool, np.bool_, complex, np.complexfloating)):
+        raise TypeError(f"pre_mul_sum: the scalar must be a real number or a one-element array, not "
+                        f"{type(scalar).__name__} {scalar!r}")
+    if isinstance(scalar, np.generic):
+        # a number numpy code gave (np.float32(1 / world), ml_dtypes' bfloat16(0.5)): a number, as Python's are,
+        # not a device array (which must be of the operation's dtype)
+        try:
+            scalar = scalar.item() if isinstance(scalar, np.integer) else float(scalar)
+        except (TypeError, ValueError):
+            pass  # an object scalar, a string: refused below as what it is
     if isinstance(scalar, (int, float)) and not isinstance(scalar, bool):
         if datatype in _INT_RANGES:
             lo, hi = _INT_RANGES[datatype]
@@ -72,8 +82,14 @@ def scalar_argument(scalar: Any, datatype: int, backend: str, device_id: Any) ->
                                  "integer type: it would be truncated")
             if not lo <= int(scalar) <= hi:
                 raise ValueError(f"pre_mul_sum: the scalar {scalar!r} is out of range [{lo}, {hi}] for the datatype")
-        elif not math.isfinite(float(scalar)):
-            raise ValueError(f"pre_mul_sum: the scalar must be finite, got {scalar!r}")
+        else:
+            try:
+                finite = math.isfinite(float(scalar))
+            except OverflowError:  # an int past any float
+                raise ValueError(f"pre_mul_sum: the scalar (an integer of {len(str(abs(scalar)))} digits) is too "
+                                 "large for any floating-point datatype") from None
+            if not finite:
+                raise ValueError(f"pre_mul_sum: the scalar must be finite, got {scalar!r}")
         dtype = _numpy_dtype(datatype)
         with np.errstate(over="ignore", invalid="ignore"):
             holder = np.array([scalar], dtype=dtype)

@@ -625,6 +625,28 @@ def test_premulsum_scalar_the_datatype_cannot_hold_is_refused():
         with pytest.raises(ValueError, match="out of range"):
             c.pre_mul_sum(300, "uint8")
         c.pre_mul_sum(2, "int32").destroy()
+        with pytest.raises(ValueError, match=r"the scalar \(an integer of 401 digits\) is too large"):
+            c.pre_mul_sum(10 ** 400, "float32")  # a bare OverflowError
+        for bad in (True, np.bool_(True), 1j, np.complex64(1)):
+            with pytest.raises(TypeError, match="the scalar must be a real number"):
+                c.pre_mul_sum(bad, "float32")
+    finally:
+        c.destroy()
+
+
+def test_a_numpy_or_ml_dtypes_scalar_is_a_premulsum_number():
+    # numpy's scalars were taken for device arrays, which must be of the operation's dtype (np.float32(0.5) for a
+    # float64 sum was refused as "the scalar array"), ml_dtypes' refused as no array at all
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    c = pycoll.init(0, 1, backend="host")
+    try:
+        for scalar, dtype in ((np.float32(0.5), np.float64), (np.int64(3), np.int32), (np.uint8(3), np.int64),
+                              (ml_dtypes.bfloat16(0.5), ml_dtypes.bfloat16), (np.float16(0.5), np.float32)):
+            x = np.full(3, 4, dtype)
+            c.all_reduce(x, op=c.pre_mul_sum(scalar, dtype))
+            assert x.astype(np.float64).tolist() == [4.0 * float(scalar)] * 3, (scalar, dtype, x)
+        with pytest.raises(ValueError, match="not an integer"):
+            c.pre_mul_sum(np.float32(0.5), "int32")
     finally:
         c.destroy()
 
