@@ -117,6 +117,7 @@ class _OwnerEnd:
 
 
 _owner_ends = threading.local()
+_take_over_lock = threading.Lock()
 
 
 def default_timeout() -> float:
@@ -887,15 +888,17 @@ class Communicator(_core.CommCore):
         """``me`` issues ``op`` but is not this communicator's thread: it becomes it if no thread has
         the communicator (none issued an operation yet, or the last one called :meth:`hand_off`; ``unless_ended``:
         or the one that has it has ended). ``hint``: added to the refusal."""
-        user, owner = self._user, self._owner
-        if user and user != me:
-            raise self._refusal(op, "is inside an operation of it", hint)
-        # ended: its Thread, not its ident, which a thread started since may have been given
-        if owner and not (unless_ended and self._owner_thread is not None and not self._owner_thread.is_alive()):
-            ended = " (it has ended)" if owner == _ENDED_OWNER else ""
-            raise self._refusal(op, f"issued its operations so far and has not handed it off{ended}", hint)
-        self._owner, self._owner_name = me, threading.current_thread().name
-        self._owner_thread = threading.current_thread()
+        with _take_over_lock:  # two threads after a hand_off(): one has it, the other is refused
+            user, owner = self._user, self._owner
+            if user and user != me:
+                raise self._refusal(op, "is inside an operation of it", hint)
+            # ended: its Thread, not its ident, which a thread started since may have been given
+            if owner and owner != me and not (unless_ended and self._owner_thread is not None
+                                              and not self._owner_thread.is_alive()):
+                ended = " (it has ended)" if owner == _ENDED_OWNER else ""
+                raise self._refusal(op, f"issued its operations so far and has not handed it off{ended}", hint)
+            self._owner, self._owner_name = me, threading.current_thread().name
+            self._owner_thread = threading.current_thread()
         end = getattr(_owner_ends, "end", None)
         if end is None:
             end = _owner_ends.end = _OwnerEnd(me)
@@ -1322,7 +1325,7 @@ class Communicator(_core.CommCore):
         ``timeout`` (the whole call's): :class:`pycoll.CommTimeout`; an operation still running then leaves the
         communicator as it was, a finalize that the other ranks do not join aborts it.
         """
-        self._outside_group("finalize")
+        self.claim("finalize", closing=True)  # collective, ordered with the operations: from their thread
         self._check_usable("finalize")
         timeout = _check_timeout(timeout, self.timeout)
         self._finalize(time.monotonic() + timeout, timeout, "finalize")

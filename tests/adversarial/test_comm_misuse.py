@@ -180,6 +180,71 @@ def test_a_thread_given_the_ended_owner_s_ident_is_refused_as_any_other():
         comm.destroy()
 
 
+def test_two_threads_after_a_hand_off_one_has_it(monkeypatch):
+    # the owner was read, then written, unlocked: two threads that came together after a hand_off() both passed (a
+    # slow thread switch between the two, here made certain by a slow current_thread())
+    comm = _comm(0, 1, _uid())
+    real = threading.current_thread
+
+    def slow():
+        t = real()
+        if t.name.startswith("taker"):
+            time.sleep(0.2)
+        return t
+
+    try:
+        comm.all_reduce(np.ones(2, np.float32))
+        comm.hand_off()
+        monkeypatch.setattr(threading, "current_thread", slow)
+        seen = []
+
+        def take():
+            try:
+                comm.all_reduce(np.ones(2, np.float32))
+                seen.append("ran")
+            except pycoll.CommStateError as e:
+                seen.append(str(e))
+
+        takers = [threading.Thread(target=take, name=f"taker{i}") for i in range(2)]
+        for t in takers:
+            t.start()
+        for t in takers:
+            t.join(10)
+        monkeypatch.undo()
+        assert len(seen) == 2 and seen.count("ran") == 1, seen
+        assert "has not handed it off" in next(x for x in seen if x != "ran"), seen
+    finally:
+        monkeypatch.undo()
+        comm.abort()
+
+
+def test_finalize_and_register_window_from_a_thread_that_has_not_the_communicator_are_refused():
+    # both are collective and ordered with the operations, as destroy() (refused): they went to the library, which
+    # met them with another rank's all_reduce and failed both communicators
+    comm = _comm(0, 1, _uid())
+    try:
+        comm.all_reduce(np.ones(2, np.float32))
+        seen = []
+
+        def other(call):
+            try:
+                call()
+                seen.append("went on")
+            except pycoll.CommStateError as e:
+                seen.append(str(e))
+
+        for what, call in (("register_window", lambda: comm.register_window(comm.mem_alloc(64))),
+                           ("finalize", comm.finalize)):
+            t = threading.Thread(target=other, args=(call,), name="other")
+            t.start()
+            t.join(10)
+            assert f"thread 'other' entered {what} while thread 'MainThread'" in seen[-1], seen
+        comm.all_reduce(np.ones(2, np.float32))
+        comm.register_window(comm.mem_alloc(64)).close()
+    finally:
+        comm.destroy()
+
+
 def _hand_off_mid_operation(rank, n, uid):
     c = _comm(rank, n, uid, timeout=20.0)
     if rank == 1:
