@@ -183,7 +183,8 @@ _ALL = (
     Setting("PYCOLL_WATCHDOG_HEARTBEAT_TIMEOUT", "seconds", 5.0,
             "a peer on another host whose heartbeat stopped this long (at least 3 publish intervals) fails "
             "the outstanding work, seconds"),
-    Setting("PYCOLL_WATCHDOG_STALL_TIMEOUT", "seconds", 15.0, "a stalled watchdog is reported after this, seconds"),
+    Setting("PYCOLL_WATCHDOG_STALL_TIMEOUT", "seconds", 15.0,
+            "a stalled watchdog is reported after this, seconds, past the poll interval"),
     Setting("PYCOLL_WATCHDOG_RECORDS_KEEP", "seconds", 120.0,
             "how long a rank's records in the store of a communicator that failed or was aborted stay for its peers "
             "before the rank deletes them, seconds", minimum=0),

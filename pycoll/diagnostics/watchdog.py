@@ -146,7 +146,7 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         enabled: start threads with the first communicator (``PYCOLL_WATCHDOG``).
         interval: polling period.
         publish_interval: progress/heartbeat publication and dump-request polling period.
-        stall_timeout: a polling thread that has not completed a round for this long is reported.
+        stall_timeout: a polling thread that has not completed a round for this long past its ``interval`` is reported.
         report_timeout: longest wait for the store while reporting a failure.
         abort_grace: longest wait for ranks stuck in the same operation to reach their verdict.
         dump_timeout: longest wait at exit (and in :meth:`dump`) for a dump being written.
@@ -850,9 +850,10 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         # watchdog's own stall, with its stack, and dumped)
         held, self._monitor_t = now - self._monitor_t > self.stall_timeout / 2, now
         silent = now - self._beat_t
+        limit = self.stall_timeout + self.interval  # an idle polling thread sleeps up to its interval between rounds
         if held and not self._stalled:
             return
-        if silent > self.stall_timeout and not self._stalled:
+        if silent > limit and not self._stalled:
             self._stalled = True
             ident = self._threads[0].ident if self._threads else None
             frame = sys._current_frames().get(ident) if ident is not None else None
@@ -861,7 +862,7 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
                        "are not being detected. Its stack:\n%s", silent, self._doing or "idle", stack)
             self._dumps.run([DumpJob(f"watchdog stalled for {silent:.1f} s ({self._doing or 'idle'})", "stall")],
                             self.recorder.dump)
-        elif self._stalled and silent < self.stall_timeout:
+        elif self._stalled and silent < limit:
             self._stalled = False
             _log.warning("pycoll watchdog: the polling thread is running again")
 

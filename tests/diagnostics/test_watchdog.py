@@ -159,6 +159,19 @@ def test_stalled_polling_thread_is_reported_and_dumped(make_wd, caplog):
     assert _wait_for(lambda: rec.last_dump is not None, 2.0) and rec.last_dump["trigger"] == "stall"
 
 
+def test_an_idle_polling_thread_sleeping_its_interval_is_no_stall(make_wd, caplog):
+    # an interval of at least the stall timeout (PYCOLL_WATCHDOG_INTERVAL=20, the default 15 s) reported the idle
+    # thread's own sleep as a stall, and dumped, over and over
+    rec = fr.FlightRecorder(16)
+    c = Watched(rec, 0, 2)
+    wd = make_wd([c], interval=1.0, stall_timeout=0.3, recorder=rec)
+    with caplog.at_level(logging.WARNING, logger="pycoll"):
+        wd.start()
+        time.sleep(2.5)
+    assert not [r.getMessage() for r in caplog.records if "has not completed a round" in r.getMessage()]
+    assert rec.last_dump is None
+
+
 class HangingStore(MemoryStore):
     def set(self, key, value):
         time.sleep(1.5)
