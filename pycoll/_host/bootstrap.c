@@ -149,7 +149,7 @@ uint64_t new_claim_token(void) {
 bool rendezvous_timeout_ns(uint64_t* out) {
   double s;
   bool ok = env_seconds("PYCOLL_HOST_INIT_TIMEOUT", 0.0, ENV_INIT_TIMEOUT_MAX, 300.0, &s);
-  *out = s <= 0 ? 0 : (uint64_t)(s * 1e9);
+  *out = s <= 0 ? 0 : s * 1e9 < 1 ? 1 : (uint64_t)(s * 1e9); /* 0 is "no deadline": a positive one stays one */
   return ok;
 }
 

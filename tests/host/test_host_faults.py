@@ -743,9 +743,10 @@ def _rendezvous_timeout(rank, n, idb):
     return _init_expect(rank, n, idb, 2, 0, 6)
 
 
-@pytest.mark.timeout(60)
-def test_missing_rank_times_out_with_an_error():
-    (text,) = run_ranks(_rendezvous_timeout, 1, uid(), timeout=30, env={"PYCOLL_HOST_INIT_TIMEOUT": "0.5"})
+@pytest.mark.timeout(60, method="thread")
+@pytest.mark.parametrize("seconds", ["0.5", "1e-10"])  # a positive timeout under 1 ns was taken for "none"
+def test_missing_rank_times_out_with_an_error(seconds):
+    (text,) = run_ranks(_rendezvous_timeout, 1, uid(), timeout=30, env={"PYCOLL_HOST_INIT_TIMEOUT": seconds})
     assert "timed out" in text and "1" in text
 
 
