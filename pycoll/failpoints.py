@@ -73,6 +73,14 @@ class Failpoint:
         return name == self.name
 
 
+def _whole(text: str) -> int:
+    """An integer as the host library's parser reads it (C's strtol, whole): ``int()`` also took '1_0' and other
+    scripts' digits, which the host library then dropped without a word."""
+    if not re.fullmatch(r"[+-]?[0-9]+", text.strip()):
+        raise ValueError(text)
+    return int(text)
+
+
 def parse(spec: str) -> List[Failpoint]:
     """The entries of a ``PYCOLL_FAILPOINTS`` value; ``ValueError`` naming the bad part."""
     out: List[Failpoint] = []
@@ -89,13 +97,13 @@ def parse(spec: str) -> List[Failpoint]:
             action, count = (p.strip() for p in action.split("@", 1))
             repeat = count.endswith("+")
             try:
-                nth = int(count.rstrip("+"))
+                nth = _whole(count.rstrip("+"))
             except ValueError:
                 raise ValueError(f"$PYCOLL_FAILPOINTS: {entry!r}: the pass must be an integer >= 1") from None
             if nth < 1:
                 raise ValueError(f"$PYCOLL_FAILPOINTS: {entry!r}: the pass must be >= 1")
         ms = 0
-        sleep = re.fullmatch(r"sleep\((\d+)\)", action)
+        sleep = re.fullmatch(r"sleep\(([0-9]+)\)", action)  # ASCII digits only, as the host library reads it
         if sleep:
             action, ms = "sleep", int(sleep.group(1))
         elif action not in ACTIONS or action == "sleep(MS)":
@@ -109,9 +117,9 @@ def parse(spec: str) -> List[Failpoint]:
             key, _, value = (p.strip() for p in f.partition("="))
             try:
                 if key == "rank":
-                    rank = int(value)
+                    rank = _whole(value)
                 elif key == "replacement":
-                    replacement = None if value == "any" else int(value)
+                    replacement = None if value == "any" else _whole(value)
                 elif key == "trace" and value:
                     trace = value
                 else:

@@ -104,7 +104,7 @@ static void parse_entry(char* s, char* e) {
   else if (is_word(act_s, act_e, "note")) f.action = 4;
   else if (alen > 7 && !memcmp(act_s, "sleep(", 6) && act_e[-1] == ')') {
     for (const char* d = act_s + 6; d < act_e - 1; d++)
-      if (*d < '0' || *d > '9') return; /* digits only, as Python's sleep\((\d+)\) */
+      if (*d < '0' || *d > '9') return; /* digits only, as Python's sleep\(([0-9]+)\) */
     if (!whole_long(act_s + 6, act_e - 1, &f.ms) || f.ms < 0) return;
     f.action = 5;
   } else return; /* "off" or unknown: the Python side reports bad values */
