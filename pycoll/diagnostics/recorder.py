@@ -101,21 +101,30 @@ def _check_prefix(prefix: object, what: str) -> None:
 _settings.register_check("PYCOLL_FR_FILE_PREFIX", lambda raw: _check_prefix(raw, "$PYCOLL_FR_FILE_PREFIX"))
 
 
-def _check_dump_dir(raw: str) -> None:
+def _check_dump_dir(raw: str, what: str = "$PYCOLL_FR_DUMP_DIR") -> None:
     """ValueError where no dump could be written in the dump folder (every dump would fail, with a log line only):
     it, or the nearest of its parents that exists, is something else than a folder this process can write to."""
     path = os.path.abspath(os.path.expanduser(raw))
     if os.path.exists(path) and not os.path.isdir(path):
-        raise ValueError(f"$PYCOLL_FR_DUMP_DIR names {raw!r}, which is not a folder: no dump could be written there")
+        raise ValueError(f"{what} names {raw!r}, which is not a folder: no dump could be written there")
     there = path
     while not os.path.exists(there):
         there = os.path.dirname(there)
     if not os.path.isdir(there):
-        raise ValueError(f"$PYCOLL_FR_DUMP_DIR names {raw!r}, under {there!r}, which is not a folder: no dump could "
+        raise ValueError(f"{what} names {raw!r}, under {there!r}, which is not a folder: no dump could "
                          f"be written there")
     if not os.access(there, os.W_OK | os.X_OK):
-        raise ValueError(f"$PYCOLL_FR_DUMP_DIR names {raw!r}: {there!r} is a folder this process cannot write to, "
+        raise ValueError(f"{what} names {raw!r}: {there!r} is a folder this process cannot write to, "
                          f"so no dump could be written there")
+
+
+def _dump_dir_arg(value: Any, what: str) -> str:
+    """A ``dump_dir`` argument as a path, checked as ``$PYCOLL_FR_DUMP_DIR`` is (:func:`_check_dump_dir`)."""
+    path = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+    if not isinstance(path, str) or not path:
+        raise TypeError(f"{what} must be a folder's path (a str or os.PathLike), got {value!r}")
+    _check_dump_dir(path, what)
+    return path
 
 
 _settings.register_check("PYCOLL_FR_DUMP_DIR", _check_dump_dir)
@@ -323,7 +332,7 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
                 raise ValueError(f"stack_depth must be an int in [1, {most}], got {stack_depth!r}")
             self.stack_depth = stack_depth
         if dump_dir is not None:
-            self.dump_dir = os.fspath(dump_dir)
+            self.dump_dir = _dump_dir_arg(dump_dir, "dump_dir")
         if file_prefix is not None:
             _check_prefix(file_prefix, "file_prefix")
             self.file_prefix = file_prefix
@@ -739,9 +748,10 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
         ``changed_only``, generations whose communicators are all closed and were dumped since
         are skipped); ``also``: generations dumped besides (a failure's, whose communicators may all be closed by
         the time its dump is written, with no entry left to make it one to dump). Never raises for I/O problems:
-        they are logged and the path is left out. Safe from any thread; concurrent dumps run one after the other.
+        they are logged and the path is left out (a ``dump_dir`` given where no dump could be written is refused:
+        ValueError). Safe from any thread; concurrent dumps run one after the other.
         """
-        base = os.fspath(dump_dir) if dump_dir is not None else (self.dump_dir or default_dump_dir())
+        base = _dump_dir_arg(dump_dir, "dump_dir") if dump_dir is not None else (self.dump_dir or default_dump_dir())
         folder = os.path.realpath(base)  # the folder however it is spelled (a dump replaces the one there)
         write_json = self.write_json if write_json is None else write_json
         written: List[str] = []

@@ -357,8 +357,8 @@ def test_dump_files_are_atomic_and_logged(tmp_path, caplog):
 
 def test_dump_io_error_is_logged_not_raised(tmp_path, caplog):
     blocker = tmp_path / "file"
+    rec = fr.FlightRecorder(4, dump_dir=str(blocker))  # a folder to be: a file when the dump comes
     blocker.write_text("x")
-    rec = fr.FlightRecorder(4, dump_dir=str(blocker))
     c = FakeComm(rec, 0, 1)  # noqa: F841  (kept alive: dumps list live communicators)
     with caplog.at_level(logging.ERROR, logger="pycoll.flight_recorder"):
         assert rec.dump("x") == []

@@ -149,6 +149,18 @@ def test_every_variable_is_checked_as_a_communicator_is_made(monkeypatch, tmp_pa
     monkeypatch.setenv("PYCOLL_FR_DUMP_DIR", str(tmp_path / "new" / "fr"))  # not there yet: made at the first dump
     pycoll.init(0, 1, backend="host").destroy()
     monkeypatch.delenv("PYCOLL_FR_DUMP_DIR")
+    # the same folder given to the recorder or to a dump: accepted, and then every dump failed with a log line only
+    # (a manual dump returned []); a number was a bare TypeError
+    from pycoll.diagnostics.recorder import FlightRecorder
+
+    rec = FlightRecorder(4)
+    for call in (lambda d: rec.configure(dump_dir=d), lambda d: pycoll.dump_flight_recorder("t", dump_dir=d)):
+        with pytest.raises(ValueError, match=r"dump_dir names .*afile', which is not a folder"):
+            call(str(tmp_path / "afile"))
+        with pytest.raises(TypeError, match=r"dump_dir must be a folder's path \(a str or os.PathLike\), got 5"):
+            call(5)
+    rec.configure(dump_dir=tmp_path / "fr")
+    assert rec.dump_dir == str(tmp_path / "fr")
     # a text setting with a rule of its own (the dump file prefix: the rank follows it)
     monkeypatch.setenv("PYCOLL_FR_FILE_PREFIX", "rank0")
     with pytest.raises(ValueError, match=r"\$PYCOLL_FR_FILE_PREFIX must be a non-empty file name not ending in a "):
