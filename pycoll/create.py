@@ -111,8 +111,11 @@ def _local_rank() -> int:
 
 def _warn_blocking_env() -> None:
     # read as NCCL reads it (atoi: blanks, a sign, the leading digits): '01', '+1' and '1abc' mean blocking too
-    m = re.match(r"\s*([+-]?\d+)", os.environ.get("NCCL_COMM_BLOCKING", ""))
-    if m and int(m.group(1)) != 0:
+    m = re.match(r"\s*([+-]?[0-9]+)", os.environ.get("NCCL_COMM_BLOCKING", ""))
+    if m and int(m.group(1)) not in (0, 1):  # NCCL applies 0 and 1 only
+        _log.warning(f"NCCL_COMM_BLOCKING={os.environ['NCCL_COMM_BLOCKING']!r} is ignored (the library applies 0 "
+                     "or 1 only)")
+    elif m and int(m.group(1)) == 1:
         _log.warning(f"NCCL_COMM_BLOCKING={os.environ['NCCL_COMM_BLOCKING']!r} makes every NCCL call block: the "
                      "watchdog cannot interrupt a call "
                      "that hangs, and deadlines hold only between calls; unset it (pycoll's communicators are "

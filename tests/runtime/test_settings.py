@@ -236,6 +236,14 @@ def test_arguments_named_in_their_errors(monkeypatch, caplog):
         with caplog.at_level("WARNING", logger="pycoll"):
             pycoll.init(0, 1, unique_id=pycoll.get_unique_id(backend="host"), backend="host").destroy()
         assert any("makes every NCCL call block" in r.getMessage() for r in caplog.records), value
+    # ... and applies 0 or 1 only: 2 was said to make every call block, which it does not
+    for value in ("2", "-1"):
+        monkeypatch.setenv("NCCL_COMM_BLOCKING", value)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="pycoll"):
+            pycoll.init(0, 1, unique_id=pycoll.get_unique_id(backend="host"), backend="host").destroy()
+        assert [r.getMessage() for r in caplog.records if "NCCL_COMM_BLOCKING" in r.getMessage()] == [
+            f"NCCL_COMM_BLOCKING={value!r} is ignored (the library applies 0 or 1 only)"], value
 
 
 def test_init_uses_the_library_the_variable_names(monkeypatch, tmp_path):
