@@ -75,9 +75,14 @@ def signal_number(spec: Any) -> Optional[int]:
     if spec is True:
         return int(signal.SIGUSR1)
     number: Optional[int] = None
-    if isinstance(spec, int):
-        if spec <= 0:
+    if isinstance(spec, int):  # as its text: 0 off, 1 SIGUSR1 (not SIGHUP), else a signal's number
+        if spec == 0:
             return None
+        if spec == 1:
+            return int(signal.SIGUSR1)
+        if spec < 0:
+            raise ValueError(f"the dump signal (dump_signal= or $PYCOLL_FR_DUMP_SIGNAL) must be SIGUSR1 or SIGUSR2 "
+                             f"(or 0/False: off), got {spec!r}")
         number = int(spec)
     else:
         text = str(spec).strip().upper()

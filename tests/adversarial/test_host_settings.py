@@ -192,6 +192,11 @@ def test_dump_signal_accepts_its_spellings() -> None:
         assert signal_number(v) == want
     with pytest.raises(ValueError):
         signal_number(int(signal.SIGTERM))
+    # an int as its text: 1 is SIGUSR1 as '1' is (it was refused as SIGHUP), 0 off; a negative one was off silently
+    assert (signal_number(1), signal_number(0), signal_number(int(signal.SIGUSR2))) == (signal.SIGUSR1, None,
+                                                                                       signal.SIGUSR2)
+    with pytest.raises(ValueError, match="must be SIGUSR1 or SIGUSR2 .* got -1"):
+        signal_number(-1)
 
 
 @pytest.mark.timeout(30)
