@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import operator
 from typing import Any, List, Optional, Sequence, Union
 
 from . import _bindings as B
@@ -60,11 +61,14 @@ class VendorOption:
                              f"got {self.value!r}")
 
 
-def _opt_int(name: str, value: Optional[int], lo: int = 0, hi: int = _INT_MAX) -> None:
+def _opt_int(config: Any, name: str, lo: int = 0, hi: int = _INT_MAX) -> None:
+    """Check field ``name`` of ``config``: None, or an int (numpy's too, kept as an int) in [lo, hi]."""
+    value = getattr(config, name)
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+    if isinstance(value, bool) or not hasattr(type(value), "__index__") or not lo <= operator.index(value) <= hi:
         raise ValueError(f"CollConfig.{name} must be None or an int in [{lo}, {hi}], got {value!r}")
+    object.__setattr__(config, name, operator.index(value))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,8 +96,8 @@ class CollConfig:
 
     def __post_init__(self) -> None:
         for name in ("min_ctas", "max_ctas", "nvls_ctas", "cga_cluster_size"):  # NCCL refuses 0 and below
-            _opt_int(name, getattr(self, name), 1)
-        _opt_int("cta_policy", self.cta_policy, 0, B.CTA_POLICY_EFFICIENCY | B.CTA_POLICY_ZERO)
+            _opt_int(self, name, 1)
+        _opt_int(self, "cta_policy", 0, B.CTA_POLICY_EFFICIENCY | B.CTA_POLICY_ZERO)
         if self.min_ctas is not None and self.max_ctas is not None and self.min_ctas > self.max_ctas:
             raise ValueError(f"CollConfig.min_ctas ({self.min_ctas}) > max_ctas ({self.max_ctas})")
         if self.alg_selection is not None and (not isinstance(self.alg_selection, str) or "\0" in self.alg_selection):

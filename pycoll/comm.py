@@ -346,6 +346,10 @@ def check_arguments(size: int, global_ranks: Optional[Sequence[int]], on_failure
         raise ValueError(f"on_failure must be one of {_FAILURE_POLICIES}, got {on_failure!r}")
     if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
         raise ValueError(f"generation must be an int >= 0, got {generation!r}")
+    if callable(failure_callbacks) or isinstance(failure_callbacks, (str, bytes, Iterator)) or not isinstance(
+            failure_callbacks, Iterable):  # an iterator: read here, and empty for the communicator
+        raise TypeError("failure_callbacks must be a sequence (a list or tuple) of callables, got "
+                        f"{failure_callbacks!r}" + (" (one: [...])" if callable(failure_callbacks) else ""))
     for cb in failure_callbacks:
         if not callable(cb):
             raise TypeError(f"failure_callbacks must be callables, got {cb!r}")

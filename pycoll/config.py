@@ -12,6 +12,7 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
+from . import _settings
 from .errors import NotSupported
 
 __all__ = ["CommConfig"]
@@ -80,8 +81,10 @@ class CommConfig:
             m = f.metadata
             kind = m["kind"]
             if kind is bool:
-                if not isinstance(value, (bool, int)) or value not in (0, 1):
-                    raise ValueError(f"CommConfig.{f.name} must be True or False, got {value!r}")
+                try:  # a numpy bool too, as the other flags take it
+                    setattr(self, f.name, _settings.flag(value, f"CommConfig.{f.name}"))
+                except TypeError as e:
+                    raise ValueError(str(e)) from None
             elif kind is int:
                 if isinstance(value, bool) or not hasattr(type(value), "__index__"):
                     raise TypeError(f"CommConfig.{f.name} must be an int, got {type(value).__name__}")
@@ -99,6 +102,10 @@ class CommConfig:
                     raise ValueError(f"CommConfig.{f.name} must not contain NUL characters")
         if self.min_ctas is not None and self.max_ctas is not None and self.min_ctas > self.max_ctas:
             raise ValueError(f"CommConfig.min_ctas ({self.min_ctas}) is larger than max_ctas ({self.max_ctas})")
+        if self.min_ctas is not None and self.max_ctas is None:  # NCCL compares min with its unset max, INT_MIN
+            raise ValueError(f"CommConfig.min_ctas ({self.min_ctas}) needs max_ctas too: NCCL compares the two and "
+                             "refuses the init where max_ctas is unset ('Invalid config min/max channels attribute "
+                             "value')")
 
     def replace(self, **changes: Any) -> CommConfig:
         """A copy with some fields changed (validated again)."""

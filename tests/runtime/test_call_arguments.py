@@ -403,7 +403,8 @@ def test_bad_arguments_are_refused_with_their_names(comm, tmp_path):
     refused(ValueError, "CollConfig.min_ctas must be None or an int in \\[1,", lambda: pycoll.CollConfig(min_ctas=0))
     refused(ValueError, "CollConfig.cta_policy must be None or an int in \\[0, 3\\]",
             lambda: pycoll.CollConfig(cta_policy=4))
-    assert type(pycoll.CommConfig(min_ctas=np.int64(2)).min_ctas) is int  # numpy's ints, as the other arguments
+    assert type(pycoll.CommConfig(min_ctas=np.int64(2), max_ctas=4).min_ctas) is int  # numpy's ints, as the others
+    assert type(pycoll.CollConfig(min_ctas=np.int64(2)).min_ctas) is int  # the same in a CollConfig
     refused(ValueError, "FileStore: path must name a file", lambda: pycoll.FileStore(""))
     init = {"rank": 0, "world_size": 1, "backend": "host", "name": "refused"}
     refused(ValueError, "on_failure must be one of", lambda: pycoll.init(**init, on_failure=""))

@@ -666,7 +666,11 @@ def test_bad_config_values():
     for field, bad in (("graph_usage_mode", 3), ("graph_stream_ordering", 2), ("n_channels_per_net_peer", 65)):
         with pytest.raises(ValueError, match=rf"CommConfig.{field} must be in"):
             pycoll.CommConfig(**{field: bad})
-    cfg = pycoll.CommConfig(min_ctas=2)
+    # alone, NCCL compares it with max_ctas unset (INT_MIN) and refuses the init, naming neither field
+    with pytest.raises(ValueError, match=r"CommConfig.min_ctas \(2\) needs max_ctas too"):
+        pycoll.CommConfig(min_ctas=2)
+    assert pycoll.CommConfig(blocking=np.True_).blocking is True  # a numpy bool, as the other flags take it
+    cfg = pycoll.CommConfig(min_ctas=2, max_ctas=4)
     cfg.min_ctas = -7  # set after it was checked: checked again as it is used
     with pytest.raises(ValueError, match="CommConfig.min_ctas must be in"):
         cfg.to_nccl(B.load("host"))

@@ -198,6 +198,9 @@ def test_a_library_named_by_the_variable_is_said_to_come_from_it(monkeypatch, tm
     ({"global_ranks": "ab"}, TypeError, "global_ranks must be a sequence of ints"),
     ({"generation": -1}, ValueError, "generation must be an int >= 0"),
     ({"failure_callbacks": [5]}, TypeError, "failure_callbacks must be callables"),
+    ({"failure_callbacks": 5}, TypeError, r"failure_callbacks must be a sequence \(a list or tuple\) of callables"),
+    ({"failure_callbacks": print}, TypeError, r"failure_callbacks must be a sequence .* \(one: \[...\]\)"),
+    ({"failure_callbacks": iter([print])}, TypeError, "failure_callbacks must be a sequence"),
     ({"config": {"blocking": True}}, TypeError, "config must be a pycoll.CommConfig"),
     ({"give_up": 5}, TypeError, "give_up must be a callable"),
 ])
