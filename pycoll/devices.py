@@ -32,7 +32,7 @@ import time
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Tuple
 
-from .errors import CaptureError, NotSupported, PycollError
+from .errors import CaptureError, NCCLError, NotSupported, PycollError
 
 if TYPE_CHECKING:
     from ._bindings import Library
@@ -667,10 +667,15 @@ class HostDevice(Device):
         if owner is self.library:
             return handle
         if owner is None:
+            try:  # one made with the library's own call (host_stream_create): the library knows its live handles
+                self.library.host_stream_query(handle)
+                return handle
+            except (NCCLError, ValueError, TypeError, OverflowError):
+                pass
             raise ValueError(
-                f"{_handle_text(handle)} is not a live host stream: pass a Stream from HostDevice.new_stream() "
-                "or a handle from HostDevice.create_stream() (a CUDA stream handle cannot be used "
-                "with the host backend)"
+                f"{_handle_text(handle)} is not a live host stream of {self.library!r}: pass a Stream from "
+                "HostDevice.new_stream(), a handle from HostDevice.create_stream() or from the library's "
+                "host_stream_create() (a CUDA stream handle cannot be used with the host backend)"
             )
         raise ValueError(f"host stream {_handle_text(handle)} belongs to another host library than {self.library!r}")
 

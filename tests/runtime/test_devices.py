@@ -196,6 +196,13 @@ def test_host_resolve_stream(host):
         host.resolve_stream(st)
     with pytest.raises(ValueError, match="is not a live host stream"):
         host.resolve_stream(st._handle or 0x1010)
+    # one the library's own call made (README: "its streams are host threads (host_stream_create)"): live, and
+    # taken (it was refused as "not a live host stream"); once destroyed, refused
+    made = host.library.host_stream_create(0)
+    assert host.resolve_stream(made) == made
+    host.library.host_stream_destroy(made)
+    with pytest.raises(ValueError, match="is not a live host stream"):
+        host.resolve_stream(made)
 
 
 class CudaStreamProto:
