@@ -7,6 +7,7 @@ import hashlib
 import logging
 import os
 import re
+import socket
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -181,7 +182,9 @@ def init(
             every rank of a group must have done so equally often, and each group sharing a store needs a name
             of its own. A process that starts again (its count starts again) meets the others under a new name
             (say, with an epoch in it) or with a ``unique_id``. A second rank 0 at the same keys is refused
-            (:class:`~pycoll.StoreError`), and a rank whose rank 0 does not come is told why. A rank whose init
+            (:class:`~pycoll.StoreError`), and it ends the init it met (:class:`~pycoll.CommAborted` there, naming
+            the second rank 0): a rank number given twice leaves another one missing, for which the first group
+            would wait out its ``init_timeout``. A rank whose rank 0 does not come is told why. A rank whose init
             ends without the communicator (an error, its timeout, Ctrl-C) says so at the store: a rank that
             arrives later raises :class:`~pycoll.CommAborted` at once, naming it, instead of waiting out its own
             ``init_timeout`` for ranks that have left (the ranks already waiting are told by the library).
@@ -378,7 +381,9 @@ def _exchange_unique_id(lib: Any, unique_id: Any, store: Any, rank: int, world_s
                              f"already published its unique id at {key!r} of the store {meets}")
             # the init met there cannot complete either (two rank 0s: a rank number given twice): its ranks, waiting
             # for one that never comes, are told now, not at their init_timeout
-            _give_up_init(store, base, there, rank, err)
+            _give_up_init(store, base, there, rank, err,
+                          who=f"a second rank 0 (pid {os.getpid()} on {socket.gethostname()}) came, was refused and "
+                              "ended it: a rank number given twice leaves another missing")
             raise err
         return uid
     try:
@@ -400,14 +405,16 @@ def _exchange_unique_id(lib: Any, unique_id: Any, store: Any, rank: int, world_s
         raise err from e
 
 
-def _give_up_init(store: Any, base: str, uid: Any, rank: int, exc: BaseException) -> None:
+def _give_up_init(store: Any, base: str, uid: Any, rank: int, exc: BaseException, who: str = "") -> None:
     """This rank's init ended without the communicator (aborted): put that in place of the unique id ``uid`` (None:
     not exchanged yet -- whatever rank 0 published, or nothing), so that a rank arriving later fails at once
     (:func:`_exchange_unique_id`) and the ranks waiting in the library look there (:func:`_watching_given_up`),
     instead of waiting for ranks that have left. The first rank to give up is the one named (the others' errors
-    follow from its). Best effort: the store may be what failed."""
+    follow from its). ``who``: what the ranks are told of it, where "rank N gave the init up" is not it. Best effort:
+    the store may be what failed."""
     _fp.hit(FP_INIT_GIVEN_UP)
-    what = f"rank {rank} gave the init up ({type(exc).__name__}{': ' + str(exc)[:1000] if str(exc) else ''})"
+    what = (f"{who or f'rank {rank} gave the init up'} "
+            f"({type(exc).__name__}{': ' + str(exc)[:1000] if str(exc) else ''})")
     key, marker = f"{base}/unique_id", _GIVEN_UP + what.encode()
     try:
         there = bytes(store.compare_set(key, b"" if uid is None else bytes(uid), marker))
