@@ -31,8 +31,10 @@ class CommConfig:
     """Configuration of a communicator (``ncclConfig_t``), validated before it reaches NCCL.
 
     Every field defaults to None, meaning NCCL's own default. pycoll creates communicators
-    nonblocking (``blocking=False``) unless ``blocking=True`` is given explicitly: with a blocking
-    communicator, initialisation waits inside NCCL with no deadline.
+    nonblocking (``blocking=False``) unless ``blocking=True`` is given explicitly: a blocking communicator's
+    library calls return only once every rank made them, so pycoll makes its init (and its split, shrink, grow,
+    finalize and window registration) in a thread of its own and bounds the wait by the call's timeout; an init
+    given up there leaves that thread in the library until the library's own deadline.
     """
 
     blocking: Optional[bool] = _f(

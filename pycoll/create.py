@@ -20,7 +20,7 @@ from .config import CommConfig
 from .devices import Device, auto_backend, cuda_device_count, open_device, rocm_device_count
 from .diagnostics import install as _install_diagnostics
 from .diagnostics.exits import arm_sigterm
-from .errors import CommAborted, NCCLError, StoreError, StoreTimeout
+from .errors import CommAborted, CommTimeout, NCCLError, StoreError, StoreTimeout
 from .launch import discovery
 from .store.torch import store_argument
 
@@ -125,6 +125,55 @@ def _warn_blocking_env() -> None:
 
 def _uid_str(unique_id: Any) -> str:
     return hashlib.sha1(bytes(unique_id)).hexdigest()[:16]
+
+
+def _blocking_new(lib: Any, cfg: Any, call: Callable[[], Tuple[Any, int]], handle_of: Callable[[Any], int], what: str,
+                  timeout: float, reported_timeout: float, describe_missing: Callable[[], str] = lambda: "",
+                  ) -> Tuple[Any, int]:
+    """The library's init (or grow) call ``call()``, returning ``(handle or slot, status)``. A nonblocking one returns
+    at once; a blocking one (``CommConfig(blocking=True)``) returns only once every rank came, and has no handle to
+    abort before: it runs in a thread of its own, and the wait for it is bounded by ``timeout`` (then
+    :class:`pycoll.CommTimeout`) and ended by Ctrl-C. The communicator it returns after it was given up is aborted
+    (``handle_of``: its handle), so that its peers are told."""
+    if not getattr(cfg, "blocking", 0):
+        return call()
+    out: List[Tuple[Any, int]] = []
+    raised: List[BaseException] = []
+    done, lock, abandoned = threading.Event(), threading.Lock(), [False]
+
+    def run() -> None:
+        try:
+            result = call()
+        except BaseException as e:  # the caller takes it
+            raised.append(e)
+        else:
+            with lock:
+                if abandoned[0]:
+                    lib.comm_abort(handle_of(result[0]))  # nobody takes it any more
+                else:
+                    out.append(result)
+        done.set()
+
+    threading.Thread(target=run, name="pycoll-init", daemon=True).start()
+    deadline = time.monotonic() + timeout
+    try:
+        while not done.is_set() and time.monotonic() < deadline:
+            done.wait(min(0.1, max(1e-3, deadline - time.monotonic())))  # Ctrl-C raises between the slices
+    except BaseException:
+        with lock:
+            abandoned[0] = True
+            if out:  # it completed as the wait was interrupted
+                lib.comm_abort(handle_of(out[0][0]))
+        raise
+    with lock:
+        if not done.is_set():
+            abandoned[0] = True
+            raise CommTimeout(f"{what} did not complete within {reported_timeout:g} s (a blocking communicator, "
+                              "CommConfig(blocking=True): the library's init returns only once every rank came)"
+                              f"{describe_missing()}", op="init", elapsed=timeout, timeout=reported_timeout)
+    if raised:
+        raise raised[0]
+    return out[0]
 
 
 def _poll_new(lib: Any, handle: int, what: str, timeout: float,
@@ -286,12 +335,6 @@ def init(
         cfg = (config or CommConfig()).to_nccl(lib, blocking_default=False)
         if store is not None:
             store.set(f"{base}/arrived/{rank}", b"1")
-        try:
-            handle, status = lib.comm_init_rank_config(world_size, uid, rank, cfg)
-        except NCCLError as exc:
-            _abort_new(lib, exc)
-            raise
-
         def missing() -> str:
             if store is None:
                 return ""
@@ -301,8 +344,16 @@ def init(
                      else "; every rank arrived at the store and called the library's init")
                     + (f"; {gone}" if gone else ""))
 
+        what = f"init of communicator {name!r} ({world_size} ranks)"
+        try:
+            handle, status = _blocking_new(lib, cfg, lambda: lib.comm_init_rank_config(world_size, uid, rank, cfg),
+                                           int, what, left(), init_timeout, missing)
+        except NCCLError as exc:
+            _abort_new(lib, exc)
+            raise
+
         if status == B.IN_PROGRESS:
-            _poll_new(lib, handle, f"init of communicator {name!r} ({world_size} ranks)", left(), missing,
+            _poll_new(lib, handle, what, left(), missing,
                       reported_timeout=init_timeout,
                       give_up=_watching_given_up(store, base, name, give_up) if meeting else give_up)
         if store is not None:
@@ -512,15 +563,16 @@ def join(
     dev, owns = _open_device(backend, lib, device, _local_rank())
     try:
         cfg = (config or CommConfig()).to_nccl(lib, blocking_default=False)
+        what = f"join of communicator {name!r} as rank {rank}/{size}"
         try:
-            slot, status = lib.comm_grow(0, size, uid, rank, cfg)
+            slot, status = _blocking_new(lib, cfg, lambda: lib.comm_grow(0, size, uid, rank, cfg),
+                                         lambda s: s.value, what, init_timeout, init_timeout)
         except NCCLError as exc:
             _abort_new(lib, exc)
             raise
         handle = slot.value
         if status == B.IN_PROGRESS:
-            _poll_new(lib, handle, f"join of communicator {name!r} as rank {rank}/{size}", init_timeout,
-                      give_up=give_up)
+            _poll_new(lib, handle, what, init_timeout, give_up=give_up)
     except BaseException:
         if owns:
             dev.close()

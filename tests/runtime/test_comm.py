@@ -687,6 +687,42 @@ def test_config_field_too_new_for_library():
     assert cfg.blocking == 0 and cfg.splitShare == 1 and cfg.commName == "trainer"
 
 
+def _blocking_init(rank, n, uid):
+    c = pycoll.init(rank, n, unique_id=uid, backend="host", config=pycoll.CommConfig(blocking=True), init_timeout=20)
+    x = np.ones(4, np.float32)
+    c.all_reduce(x)
+    c.destroy()
+    return x.tolist()
+
+
+@pytest.mark.timeout(60)
+def test_a_blocking_communicators_init_where_every_rank_comes():
+    assert run_ranks(_blocking_init, 2, _uid(), timeout=40) == [[2.0] * 4] * 2
+
+
+@pytest.mark.timeout(60, method="thread")  # a regression blocks in the library's init, which no signal ends
+@pytest.mark.parametrize("how", ["init_timeout", "ctrl-c"])
+def test_a_blocking_communicators_init_keeps_init_timeout_and_ends_at_ctrl_c(monkeypatch, how):
+    # CommConfig(blocking=True): the library's init returns only once every rank came, and init() waited in it until
+    # the host library's own rendezvous timeout (300 s), deaf to init_timeout and to Ctrl-C
+    import threading
+
+    monkeypatch.setenv("PYCOLL_HOST_INIT_TIMEOUT", "4")  # the abandoned call's own end, within the test
+    if how == "ctrl-c":
+        threading.Timer(0.5, lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)).start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt if how == "ctrl-c" else pycoll.CommTimeout,
+                       match=None if how == "ctrl-c" else r"init of communicator 'world' \(2 ranks\) did not "
+                                                          r"complete within 1 s \(a blocking communicator"):
+        pycoll.init(0, 2, unique_id=pycoll.get_unique_id(backend="host"), backend="host",
+                    config=pycoll.CommConfig(blocking=True), init_timeout=1 if how == "init_timeout" else 30)
+    assert time.monotonic() - t0 < 3.0
+    deadline = time.monotonic() + 15  # the library's call ends at its own timeout, its rendezvous removed
+    while any(t.name == "pycoll-init" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [t for t in threading.enumerate() if t.name == "pycoll-init"]
+
+
 def test_init_arguments():
     with pytest.raises(ValueError, match="rank 2 is out of range"):
         pycoll.init(2, 2, unique_id=_uid(), backend="host")
