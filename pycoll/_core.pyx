@@ -1202,7 +1202,7 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
     if comm._owner != me:  # refused (another thread has it, until hand_off) before it takes a number: the peers'
         comm._take_over(me, op)  # reports and the flight recorder count only what ran
     root = (<_Call>call).root if type(call) is _Call and _rooted((<_Call>call).kind) else None
-    written = _written(op, root, comm._rank, inputs, outputs)
+    written = outputs if root is None else _written(op, root, comm._rank, inputs, outputs)
     if pycoll_group_works != NULL:
         _group_check(comm, op, inputs, written, peer is not None)
         if pycoll_group_first != NULL and (<Work>pycoll_group_first).capture_id is not capture:  # None: both
