@@ -249,7 +249,7 @@ static bool spans_streams(const struct task* list) {
  * streams' lists would meet the other ranks' in an order the threads' timing decides: a mismatch, or silently the
  * wrong pairs where their shapes agree. So the whole list runs on the first task's stream (the first that is not
  * NULL), joined with the others; NULL-stream tasks in it make the group return once it has run. */
-static ncclResult_t submit_joined(struct task* tasks) {
+static ncclResult_t submit_joined(struct task* tasks, void** done) {
   pycollStream_t s = NULL, small[8], *others = small;
   int n = 0, cap = 8;
   bool has_null = false;
@@ -279,10 +279,84 @@ static ncclResult_t submit_joined(struct task* tasks) {
     }
     others[n++] = t->stream;
   }
-  if (r == ncclSuccess) r = stream_submit_joined(s, others, n, tasks, has_null);
+  if (r == ncclSuccess) r = stream_submit_joined(s, others, n, tasks, has_null ? done : NULL);
   if (r != ncclSuccess) tasks_finish(tasks, true);
   if (others != small) free(others);
   return r;
+}
+
+/* The communicators of a group's tasks, each entered (comm_enter) while its tasks are queued: `in` false where
+ * comm_enter refused it (aborted or revoked) or there was no memory to note it (then as before: not entered). */
+struct group_comm {
+  struct ncclComm* c;
+  bool in;
+};
+struct group_comms {
+  struct group_comm* v;
+  int n, cap;
+  struct group_comm small[8];
+};
+
+/* A communicator aborted from another thread while this thread's group held its operations: pycoll destroys its
+ * stream once ncclCommAbort returns, and the group's list -- a group of several streams runs as one list on its
+ * first operation's stream -- went to a stream that no thread ran any more, the other communicators' operations
+ * with it; their streams, joined after it, then waited for it for ever (their destroy, in an abort, too). So the
+ * tasks of a communicator aborted or revoked before the group ends fail here, in this thread (run_tasks fails them
+ * at once: comm_enter refuses their communicator), and leave its streams alone; and each other communicator stays
+ * entered until its tasks are queued (group_leave): an abort that comes meanwhile waits for that
+ * (comm_wait_inactive), so the destroy of the communicator's stream that follows it finds them queued and runs
+ * them -- the aborted communicator's failing at once -- before it stops. Returns the tasks to queue. */
+static struct task* group_enter(struct task* tasks, struct group_comms* g) {
+  g->v = g->small;
+  g->n = 0;
+  g->cap = 8;
+  struct task *keep = NULL, **keep_tail = &keep, *gone = NULL, **gone_tail = &gone;
+  for (struct task *t = tasks, *next; t; t = next) {
+    next = t->next;
+    t->next = NULL;
+    int i = 0;
+    while (i < g->n && g->v[i].c != t->comm) i++;
+    if (i == g->n) {
+      if (g->n == g->cap) {
+        struct group_comm* grown = malloc(sizeof *grown * (size_t)g->cap * 2);
+        if (!grown) { /* not noted: queued, not entered, as before */
+          *keep_tail = t;
+          keep_tail = &t->next;
+          continue;
+        }
+        memcpy(grown, g->v, sizeof *grown * (size_t)g->n);
+        if (g->v != g->small) free(g->v);
+        g->v = grown;
+        g->cap *= 2;
+      }
+      g->v[i].c = t->comm;
+      g->v[i].in = comm_enter(t->comm);
+      if (g->v[i].in) comm_ref(t->comm); /* alive until group_leave, whoever finishes its tasks first */
+      g->n++;
+    }
+    if (g->v[i].in) {
+      *keep_tail = t;
+      keep_tail = &t->next;
+    } else {
+      *gone_tail = t;
+      gone_tail = &t->next;
+    }
+  }
+  if (gone) {
+    run_tasks(gone); /* they fail at once; their failures land in their communicators' errors */
+    tasks_finish(gone, true);
+  }
+  return keep;
+}
+
+static void group_leave(struct group_comms* g) {
+  for (int i = 0; i < g->n; i++)
+    if (g->v[i].in) {
+      comm_leave(g->v[i].c);
+      comm_release(g->v[i].c);
+    }
+  if (g->v != g->small) free(g->v);
+  g->n = 0;
 }
 
 static ncclResult_t group_flush(ncclSimInfo_t* sim) {
@@ -325,8 +399,13 @@ static ncclResult_t group_flush(ncclSimInfo_t* sim) {
     tasks_finish(tasks, true);
     return ret;
   }
+  struct group_comms held;
+  tasks = group_enter(tasks, &held);
   if (tasks && spans_streams(tasks)) {
-    ncclResult_t r = submit_joined(tasks);
+    void* done = NULL; /* NULL-stream tasks in the list: it has run once this fires */
+    ncclResult_t r = submit_joined(tasks, &done);
+    group_leave(&held); /* before the wait: an abort does not wait for the group's operations to run */
+    if (done) stream_marker_wait(done);
     return r != ncclSuccess && (ret == ncclSuccess || ret == ncclInProgress) ? r : ret;
   }
   /* queue the tasks of each stream first, so they progress while the NULL-stream tasks run here */
@@ -360,6 +439,7 @@ static ncclResult_t group_flush(ncclSimInfo_t* sim) {
       if (ret == ncclSuccess || ret == ncclInProgress) ret = r;
     }
   }
+  group_leave(&held); /* before the NULL-stream tasks run here, as an abort may come while they do */
   if (local) {
     stream_order_wait(local);
     ncclResult_t r = run_tasks(local);

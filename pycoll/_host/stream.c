@@ -707,7 +707,7 @@ ncclResult_t stream_submit(pycollStream_t s, struct task* list) {
 static void stream_sync(struct pycollStream* s);
 
 ncclResult_t stream_submit_joined(pycollStream_t s, pycollStream_t const* others, int n, struct task* list,
-                                  bool wait) {
+                                  void** done) {
   /* a capture records the list into its graph, whose launches replay it on one stream: no joins to record */
   bool capturing = __atomic_load_n(&s->capture, __ATOMIC_ACQUIRE) != NULL;
   if (!capturing)
@@ -716,8 +716,29 @@ ncclResult_t stream_submit_joined(pycollStream_t s, pycollStream_t const* others
   if (r != ncclSuccess) return r;
   if (!capturing)
     for (int i = 0; i < n; i++) order_after(others[i], s);
-  if (wait) stream_sync(s);
+  if (!done) return ncclSuccess;
+  /* the caller waits after it lets go of the list's communicators (group.c), when an abort of one of them may have
+   * destroyed `s` already: a marker recorded on it, not `s`, tells when the list has run */
+  struct marker* m = marker_new();
+  if (m) {
+    marker_ref(m);
+    m->stream = s;
+    if (push_raw(s, IT_RECORD, NULL, m) == ncclSuccess) {
+      *done = m;
+      return ncclSuccess;
+    }
+    marker_release(m);
+    marker_release(m);
+  }
+  *done = NULL;
+  stream_sync(s); /* no marker: waited for here */
   return ncclSuccess;
+}
+
+void stream_marker_wait(void* m) {
+  stream_hurry(m);
+  marker_wait(m);
+  marker_release(m);
 }
 
 /* The stream that fires `m` (a record on a stream not yet reached), locked; NULL when none. */

@@ -12,10 +12,14 @@ bool event_valid(pycollEvent_t e);
 ncclResult_t stream_submit(pycollStream_t s, struct task* list);
 /* Queues one group's tasks spanning several streams on `s`, in issue order, as NCCL joins a group's streams: the
  * list waits for the work queued so far on the `n` streams `others`, and their work queued from now on waits for
- * the list. `wait`: returns once the list has run (it holds NULL-stream tasks, which run before the group returns).
- * An error: nothing was queued (the caller finishes the list). */
+ * the list. `done` (it holds NULL-stream tasks, which run before the group returns): not NULL, *done is a marker
+ * that fires once the list has run, for stream_marker_wait (NULL: it has run already). An error: nothing was queued
+ * (the caller finishes the list). */
 ncclResult_t stream_submit_joined(pycollStream_t s, pycollStream_t const* others, int n, struct task* list,
-                                  bool wait);
+                                  void** done);
+/* Waits for a marker stream_submit_joined gave and releases it (its stream may be destroyed meanwhile: a destroy runs
+ * what was queued before it stops). */
+void stream_marker_wait(void* m);
 /* A task list about to run in the calling thread (the NULL stream) waits here for its communicators' unfinished
  * tasks submitted to streams before it (their operations run in issue order, as NCCL's). */
 void stream_order_wait(struct task* list);

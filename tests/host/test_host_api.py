@@ -329,6 +329,42 @@ def test_a_peer_that_completed_the_operation_and_left_is_no_failure():
         l.host_stream_destroy(s)
 
 
+@pytest.mark.timeout(30, method="thread")
+@pytest.mark.parametrize("aborted", [True, False])
+@pytest.mark.parametrize("b_stream", ["stream", "null"])
+def test_a_group_over_two_communicators_whose_first_is_aborted_before_it_ends_runs_the_other(aborted, b_stream):
+    # a group whose operations are on several streams runs as one list on its first operation's stream: there a's,
+    # which a's abort destroyed (as Communicator.abort does) before the group ended. b's operation never ran, and its
+    # stream (joined after a's), a synchronize of it, its destroy or the group's end (a NULL-stream operation in it)
+    # waited for ever
+    l = lib()
+    a, b = l.comm_init_rank(1, l.get_unique_id(), 0), l.comm_init_rank(1, l.get_unique_id(), 0)
+    sa, sb = l.host_stream_create(), l.host_stream_create()
+    x, y = np.full(4, 1.0, np.float32), np.full(4, 2.0, np.float32)
+    xo, yo = np.zeros(4, np.float32), np.zeros(4, np.float32)
+    try:
+        l.group_start()
+        l.all_reduce(ptr(x), ptr(xo), 4, F32, SUM, a, sa)
+        l.all_reduce(ptr(y), ptr(yo), 4, F32, SUM, b, sb if b_stream == "stream" else 0)
+        if aborted:
+            l.comm_abort(a)
+            l.host_stream_destroy(sa)
+        l.group_end()
+        if b_stream == "null":  # the group returned once its list ran
+            assert yo.tolist() == [2.0] * 4 and xo.tolist() == [0.0 if aborted else 1.0] * 4
+        l.host_stream_synchronize(sb)
+        if not aborted:
+            l.host_stream_synchronize(sa)
+        assert yo.tolist() == [2.0] * 4 and xo.tolist() == [0.0 if aborted else 1.0] * 4
+        assert l.comm_get_async_error(b) == 0
+    finally:
+        l.host_stream_destroy(sb)
+        l.comm_destroy(b)
+        if not aborted:
+            l.host_stream_destroy(sa)
+            l.comm_destroy(a)
+
+
 def test_suspend_resume_and_mem_stats(comms):
     l = lib()
     c0, c1 = comms

@@ -231,3 +231,55 @@ def test_an_abort_inside_an_abort_of_the_same_thread_does_not_wait_for_itself():
         assert time.monotonic() - t0 < 5 and child.closed
     finally:
         hooks.remove_observer(obs)
+
+
+def _aborted_in_an_open_group(rank, n, uid, aborted_first):
+    comm = pycoll.init(rank, n, unique_id=uid, backend="host", name="world", timeout=5.0)
+    a, b = comm.split(0, name="a"), comm.split(0, name="b")
+    with a.group():  # one group over both communicators: the library runs it on its first operation's stream
+        if aborted_first:
+            wa = a.all_reduce(np.ones(4), async_op=True)
+            wb = b.all_reduce(np.ones(4), async_op=True)
+        else:
+            wb = b.all_reduce(np.ones(4), async_op=True)
+            wa = a.all_reduce(np.ones(4), async_op=True)
+        t = threading.Thread(target=a.abort)  # another thread (a health check...) gives up on a while the group is open
+        t.start()
+        t.join()
+    out = {}
+    try:
+        wa.wait(timeout=5.0)
+        out["a"] = "completed"
+    except Exception as e:
+        out["a"] = type(e).__name__
+    try:
+        wb.wait(timeout=5.0)
+        out["b"] = "completed"
+    except Exception as e:
+        out["b"] = type(e).__name__
+    t = threading.Thread(target=b.abort, daemon=True)
+    t0 = time.monotonic()
+    t.start()
+    t.join(10.0)
+    out["b.abort"] = "stuck" if t.is_alive() else "returned"
+    out["took"] = time.monotonic() - t0
+    if not t.is_alive():
+        x = np.ones(2)
+        comm.all_reduce(x)
+        out["world"] = float(x[0])
+        comm.destroy()
+    return out
+
+
+@pytest.mark.timeout(60, method="thread")
+@pytest.mark.parametrize("aborted_first", [True, False])
+def test_an_abort_from_another_thread_while_a_group_of_two_communicators_is_open(aborted_first):
+    # a group of a's and b's operations runs as one list on its first operation's stream: a's, which a.abort()
+    # destroyed before the group ended. b's operation never ran, and b.abort() then waited for ever in the destroy of
+    # b's stream (joined after a's); with the watchdog, its thread too
+    uid = bytes(B.load("host").get_unique_id())
+    res = run_ranks(_aborted_in_an_open_group, 2, uid, aborted_first, timeout=30, hard_exit=True)
+    for out in res:
+        assert out["a"] in ("CommAborted", "RemoteError") and out["b"] == "completed", out
+        assert out["b.abort"] == "returned" and out["took"] < 5, out
+        assert out["world"] == 2.0, out
