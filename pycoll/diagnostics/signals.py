@@ -75,7 +75,9 @@ def signal_number(spec: Any) -> Optional[int]:
     if spec is True:
         return int(signal.SIGUSR1)
     number: Optional[int] = None
-    if isinstance(spec, int):  # as its text: 0 off, 1 SIGUSR1 (not SIGHUP), else a signal's number
+    if isinstance(spec, signal.Signals):  # a signal, whatever its number (signal.SIGHUP is 1)
+        number = int(spec)
+    elif isinstance(spec, int):  # as its text: 0 off, 1 SIGUSR1 (not SIGHUP), else a signal's number
         if spec == 0:
             return None
         if spec == 1:
@@ -90,7 +92,7 @@ def signal_number(spec: Any) -> Optional[int]:
             return None
         if text in ("1", "ON", "TRUE", "YES"):
             return int(signal.SIGUSR1)
-        if text.isdigit():
+        if text.isascii() and text.isdigit():  # ASCII digits (str.isdigit takes other scripts' too)
             number = int(text)
         else:
             name = text if text.startswith("SIG") else "SIG" + text

@@ -197,6 +197,9 @@ def test_dump_signal_accepts_its_spellings() -> None:
                                                                                        signal.SIGUSR2)
     with pytest.raises(ValueError, match="must be SIGUSR1 or SIGUSR2 .* got -1"):
         signal_number(-1)
+    for other in (signal.SIGHUP, "\u0661\u0662"):  # a signal that is 1 is SIGHUP, not "on"; other scripts' digits
+        with pytest.raises(ValueError):
+            signal_number(other)
 
 
 @pytest.mark.timeout(30)
