@@ -919,6 +919,13 @@ class Communicator(_core.CommCore):
         if self._owner != threading.get_ident():
             self._take_over(threading.get_ident(), op, unless_ended=closing)
 
+    def check_thread(self, op: str) -> None:
+        """Refuse ``op`` as :meth:`claim` does where another thread has this communicator, without making this thread
+        the one that has it where none does (a call that may come from one thread per communicator, as
+        ``init_all``'s window registrations)."""
+        if self._owner not in (0, threading.get_ident()):
+            self._take_over(threading.get_ident(), op)
+
     def _refusal(self, op: str, doing: str, hint: str = "") -> CommStateError:
         return CommStateError(
             f"communicator {self.name!r}: thread {threading.current_thread().name!r} entered {op} while thread "

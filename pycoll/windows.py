@@ -210,7 +210,9 @@ class Window(_Tracked):
 def register_window(comm: Any, array: Any, flags: int = 0, timeout: Optional[Seconds] = None) -> Window:
     """``ncclCommWindowRegister`` (collective: every rank, the same size), polled within ``timeout``."""
     comm._check_usable("register_window")
-    comm.claim("register_window")  # collective, ordered with the operations: from their thread
+    # collective, ordered with the operations: refused where another thread has the communicator, but it takes none
+    # (init_all's blocking communicators register from one thread each, then one thread issues their group)
+    comm.check_thread("register_window")
     if isinstance(flags, bool) or not isinstance(flags, int) or flags < 0:
         raise ValueError(f"flags must be a combination of pycoll.bindings.WIN_* flags, got {flags!r}")
     timeout = comm.timeout if timeout is None else _settings.seconds(timeout, "register_window: timeout")

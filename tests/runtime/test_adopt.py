@@ -212,6 +212,32 @@ def test_init_all_one_thread_drives_every_rank():
         pycoll.init_all([0, -1], backend="host")
 
 
+@pytest.mark.timeout(60, method="thread")
+def test_init_all_windows_registered_from_a_thread_each_then_one_thread_issues_the_group():
+    # a registration is collective and blocking here: one thread per communicator; it refuses where another thread
+    # has the communicator, but takes none (it did, and the main thread's group was refused)
+    with _ranks(2, backend="host", timeout=10) as comms:
+        pools = [None, None]
+
+        def register(i):
+            pools[i] = pycoll.SymmetricPool(comms[i], 1 << 16)
+
+        threads = [threading.Thread(target=register, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        xs = [p.empty(4) for p in pools]
+        for x in xs:
+            x[:] = 1
+        with comms[0].group():
+            for c, x in zip(comms, xs, strict=True):
+                c.all_reduce(x)
+        assert [x.tolist() for x in xs] == [[2.0] * 4] * 2
+        for p in pools:
+            p.close()
+
+
 def test_properties_of_a_pycoll_communicator():
     with _ranks(2, backend="host") as comms:
         p = comms[1].properties
