@@ -64,16 +64,13 @@ def scalar_argument(scalar: Any, datatype: int, backend: str, device_id: Any) ->
     """
     import numpy as np
 
-    if isinstance(scalar, (bool, np.bool_, complex, np.complexfloating)):
+    if isinstance(scalar, (bool, np.bool_, complex, np.complexfloating, str, np.bytes_)):
         raise TypeError(f"pre_mul_sum: the scalar must be a real number or a one-element array, not "
                         f"{type(scalar).__name__} {scalar!r}")
-    if isinstance(scalar, np.generic):
+    if isinstance(scalar, np.number) or (isinstance(scalar, np.generic) and type(scalar).__module__ == "ml_dtypes"):
         # a number numpy code gave (np.float32(1 / world), ml_dtypes' bfloat16(0.5)): a number, as Python's are,
         # not a device array (which must be of the operation's dtype)
-        try:
-            scalar = scalar.item() if isinstance(scalar, np.integer) else float(scalar)
-        except (TypeError, ValueError):
-            pass  # an object scalar, a string: refused below as what it is
+        scalar = scalar.item() if isinstance(scalar, np.integer) else float(scalar)
     if isinstance(scalar, (int, float)) and not isinstance(scalar, bool):
         if datatype in _INT_RANGES:
             lo, hi = _INT_RANGES[datatype]
@@ -86,7 +83,7 @@ def scalar_argument(scalar: Any, datatype: int, backend: str, device_id: Any) ->
             try:
                 finite = math.isfinite(float(scalar))
             except OverflowError:  # an int past any float
-                raise ValueError(f"pre_mul_sum: the scalar (an integer of {len(str(abs(scalar)))} digits) is too "
+                raise ValueError(f"pre_mul_sum: the scalar (an integer of {int(scalar).bit_length()} bits) is too "
                                  "large for any floating-point datatype") from None
             if not finite:
                 raise ValueError(f"pre_mul_sum: the scalar must be finite, got {scalar!r}")

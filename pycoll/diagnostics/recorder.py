@@ -124,7 +124,7 @@ def _dump_dir_arg(value: Any, what: str) -> str:
     if not isinstance(path, str) or not path:
         raise TypeError(f"{what} must be a folder's path (a str or os.PathLike), got {value!r}")
     _check_dump_dir(path, what)
-    return path
+    return os.path.expanduser(path)  # as the check read it (and as $PYCOLL_FR_DUMP_DIR is): not a folder named '~'
 
 
 _settings.register_check("PYCOLL_FR_DUMP_DIR", _check_dump_dir)

@@ -690,8 +690,13 @@ def test_premulsum_scalar_the_datatype_cannot_hold_is_refused():
         with pytest.raises(ValueError, match="out of range"):
             c.pre_mul_sum(300, "uint8")
         c.pre_mul_sum(2, "int32").destroy()
-        with pytest.raises(ValueError, match=r"the scalar \(an integer of 401 digits\) is too large"):
+        with pytest.raises(ValueError, match=r"the scalar \(an integer of 1329 bits\) is too large"):
             c.pre_mul_sum(10 ** 400, "float32")  # a bare OverflowError
+        with pytest.raises(ValueError, match=r"the scalar \(an integer of 16610 bits\) is too large"):
+            c.pre_mul_sum(10 ** 5000, "float32")  # past the digits CPython converts to text
+        for text in (np.str_("2.5"), np.bytes_(b"3")):  # numpy's strings are no numbers (a str is refused too)
+            with pytest.raises(TypeError):
+                c.pre_mul_sum(text, "float32")
         for bad in (True, np.bool_(True), 1j, np.complex64(1)):
             with pytest.raises(TypeError, match="the scalar must be a real number"):
                 c.pre_mul_sum(bad, "float32")

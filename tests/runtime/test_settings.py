@@ -161,6 +161,9 @@ def test_every_variable_is_checked_as_a_communicator_is_made(monkeypatch, tmp_pa
             call(5)
     rec.configure(dump_dir=tmp_path / "fr")
     assert rec.dump_dir == str(tmp_path / "fr")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # '~' is the home folder, as the check reads it
+    rec.configure(dump_dir="~/fr")
+    assert rec.dump_dir == str(tmp_path / "home" / "fr")
     # a text setting with a rule of its own (the dump file prefix: the rank follows it)
     monkeypatch.setenv("PYCOLL_FR_FILE_PREFIX", "rank0")
     with pytest.raises(ValueError, match=r"\$PYCOLL_FR_FILE_PREFIX must be a non-empty file name not ending in a "):
