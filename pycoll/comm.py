@@ -1806,6 +1806,8 @@ class Communicator(_core.CommCore):
         reshapes they made and its number is one behind (they fail with a mismatch naming the two calls).
         """
         self._outside_group("shrink")
+        if not abort_ops:  # collective, ordered with the operations (an abortive one stops them: from any thread)
+            self.check_thread("shrink")
         self._check_alive()
         if self._failure is not None and not abort_ops and self._state != "revoked":
             raise self._failure
@@ -1865,6 +1867,7 @@ class Communicator(_core.CommCore):
         :meth:`shrink`.
         """
         self._outside_group("grow")
+        self.check_thread("grow")  # collective, ordered with the operations
         self._check_usable("grow")
         timeout = _check_timeout(timeout, self.timeout)
         size = _integer(size, "grow: size", f"an int larger than the current {self._size}", self._size + 1)

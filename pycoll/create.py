@@ -129,12 +129,13 @@ def _uid_str(unique_id: Any) -> str:
 
 def _blocking_new(lib: Any, cfg: Any, call: Callable[[], Tuple[Any, int]], handle_of: Callable[[Any], int], what: str,
                   timeout: float, reported_timeout: float, describe_missing: Callable[[], str] = lambda: "",
-                  ) -> Tuple[Any, int]:
+                  give_up: Optional[Callable[[float], Optional[BaseException]]] = None) -> Tuple[Any, int]:
     """The library's init (or grow) call ``call()``, returning ``(handle or slot, status)``. A nonblocking one returns
     at once; a blocking one (``CommConfig(blocking=True)``) returns only once every rank came, and has no handle to
     abort before: it runs in a thread of its own, and the wait for it is bounded by ``timeout`` (then
-    :class:`pycoll.CommTimeout`) and ended by Ctrl-C. The communicator it returns after it was given up is aborted
-    (``handle_of``: its handle), so that its peers are told."""
+    :class:`pycoll.CommTimeout`), ended by Ctrl-C and by ``give_up`` (as :func:`_poll_new`'s: what it returns is
+    raised). The communicator it returns after it was given up is aborted (``handle_of``: its handle), so that its
+    peers are told."""
     if not getattr(cfg, "blocking", 0):
         return call()
     out: List[Tuple[Any, int]] = []
@@ -155,10 +156,14 @@ def _blocking_new(lib: Any, cfg: Any, call: Callable[[], Tuple[Any, int]], handl
         done.set()
 
     threading.Thread(target=run, name="pycoll-init", daemon=True).start()
-    deadline = time.monotonic() + timeout
+    t0 = time.monotonic()
+    deadline, why = t0 + timeout, None
     try:
         while not done.is_set() and time.monotonic() < deadline:
             done.wait(min(0.1, max(1e-3, deadline - time.monotonic())))  # Ctrl-C raises between the slices
+            why = give_up(time.monotonic() - t0) if give_up is not None and not done.is_set() else None
+            if why is not None:
+                break
     except BaseException:
         with lock:
             abandoned[0] = True
@@ -166,8 +171,10 @@ def _blocking_new(lib: Any, cfg: Any, call: Callable[[], Tuple[Any, int]], handl
                 lib.comm_abort(handle_of(out[0][0]))
         raise
     with lock:
-        if not done.is_set():
+        if not out and not raised:  # given up: a result that comes later is aborted (one there now is taken)
             abandoned[0] = True
+            if why is not None:
+                raise why
             raise CommTimeout(f"{what} did not complete within {reported_timeout:g} s (a blocking communicator, "
                               "CommConfig(blocking=True): the library's init returns only once every rank came)"
                               f"{describe_missing()}", op="init", elapsed=timeout, timeout=reported_timeout)
@@ -345,17 +352,16 @@ def init(
                     + (f"; {gone}" if gone else ""))
 
         what = f"init of communicator {name!r} ({world_size} ranks)"
+        watching = _watching_given_up(store, base, name, give_up) if meeting else give_up
         try:
             handle, status = _blocking_new(lib, cfg, lambda: lib.comm_init_rank_config(world_size, uid, rank, cfg),
-                                           int, what, left(), init_timeout, missing)
+                                           int, what, left(), init_timeout, missing, watching)
         except NCCLError as exc:
             _abort_new(lib, exc)
             raise
 
         if status == B.IN_PROGRESS:
-            _poll_new(lib, handle, what, left(), missing,
-                      reported_timeout=init_timeout,
-                      give_up=_watching_given_up(store, base, name, give_up) if meeting else give_up)
+            _poll_new(lib, handle, what, left(), missing, reported_timeout=init_timeout, give_up=watching)
         if store is not None:
             _forget_init_keys(store, base, rank, published=meeting)
     except BaseException as exc:
@@ -566,7 +572,7 @@ def join(
         what = f"join of communicator {name!r} as rank {rank}/{size}"
         try:
             slot, status = _blocking_new(lib, cfg, lambda: lib.comm_grow(0, size, uid, rank, cfg),
-                                         lambda s: s.value, what, init_timeout, init_timeout)
+                                         lambda s: s.value, what, init_timeout, init_timeout, give_up=give_up)
         except NCCLError as exc:
             _abort_new(lib, exc)
             raise

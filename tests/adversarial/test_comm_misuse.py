@@ -219,8 +219,8 @@ def test_two_threads_after_a_hand_off_one_has_it(monkeypatch):
 
 
 def test_finalize_and_register_window_from_a_thread_that_has_not_the_communicator_are_refused():
-    # both are collective and ordered with the operations, as destroy() (refused): they went to the library, which
-    # met them with another rank's all_reduce and failed both communicators
+    # they are collective and ordered with the operations, as destroy() (refused): they went to the library, which
+    # met them with another rank's all_reduce and failed both communicators (a shrink, a grow too)
     comm = _comm(0, 1, _uid())
     try:
         comm.all_reduce(np.ones(2, np.float32))
@@ -234,6 +234,7 @@ def test_finalize_and_register_window_from_a_thread_that_has_not_the_communicato
                 seen.append(str(e))
 
         for what, call in (("register_window", lambda: comm.register_window(comm.mem_alloc(64))),
+                           ("shrink", lambda: comm.shrink([0])), ("grow", lambda: comm.grow(2)),
                            ("finalize", comm.finalize)):
             t = threading.Thread(target=other, args=(call,), name="other")
             t.start()

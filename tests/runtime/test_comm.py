@@ -701,7 +701,7 @@ def test_a_blocking_communicators_init_where_every_rank_comes():
 
 
 @pytest.mark.timeout(60, method="thread")  # a regression blocks in the library's init, which no signal ends
-@pytest.mark.parametrize("how", ["init_timeout", "ctrl-c"])
+@pytest.mark.parametrize("how", ["init_timeout", "ctrl-c", "give_up"])
 def test_a_blocking_communicators_init_keeps_init_timeout_and_ends_at_ctrl_c(monkeypatch, how):
     # CommConfig(blocking=True): the library's init returns only once every rank came, and init() waited in it until
     # the host library's own rendezvous timeout (300 s), deaf to init_timeout and to Ctrl-C
@@ -710,12 +710,15 @@ def test_a_blocking_communicators_init_keeps_init_timeout_and_ends_at_ctrl_c(mon
     monkeypatch.setenv("PYCOLL_HOST_INIT_TIMEOUT", "4")  # the abandoned call's own end, within the test
     if how == "ctrl-c":
         threading.Timer(0.5, lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)).start()
+    timed_out = r"init of communicator 'world' \(2 ranks\) did not complete within 1 s \(a blocking communicator"
+    raised, text = {"ctrl-c": (KeyboardInterrupt, None), "give_up": (RuntimeError, "the job is over"),
+                    "init_timeout": (pycoll.CommTimeout, timed_out)}[how]
     t0 = time.monotonic()
-    with pytest.raises(KeyboardInterrupt if how == "ctrl-c" else pycoll.CommTimeout,
-                       match=None if how == "ctrl-c" else r"init of communicator 'world' \(2 ranks\) did not "
-                                                          r"complete within 1 s \(a blocking communicator"):
+    with pytest.raises(raised, match=text):  # give_up: as a nonblocking init's (it was not asked)
         pycoll.init(0, 2, unique_id=pycoll.get_unique_id(backend="host"), backend="host",
-                    config=pycoll.CommConfig(blocking=True), init_timeout=1 if how == "init_timeout" else 30)
+                    config=pycoll.CommConfig(blocking=True), init_timeout=1 if how == "init_timeout" else 30,
+                    give_up=lambda waited: RuntimeError("the job is over") if how == "give_up" and waited > 0.5
+                    else None)
     assert time.monotonic() - t0 < 3.0
     deadline = time.monotonic() + 15  # the library's call ends at its own timeout, its rendezvous removed
     while any(t.name == "pycoll-init" for t in threading.enumerate()) and time.monotonic() < deadline:
