@@ -896,11 +896,12 @@ class Communicator(_core.CommCore):
             user, owner = self._user, self._owner
             if user and user != me:
                 raise self._refusal(op, "is inside an operation of it", hint)
-            # ended: its Thread, not its ident, which a thread started since may have been given
-            if owner and owner != me and not (unless_ended and self._owner_thread is not None
-                                              and not self._owner_thread.is_alive()):
-                ended = " (it has ended)" if owner == _ENDED_OWNER else ""
-                raise self._refusal(op, f"issued its operations so far and has not handed it off{ended}", hint)
+            # ended: marked so as it ended (a thread _thread started is a _DummyThread, alive for ever), or its Thread
+            # says so -- not its ident, which a thread started since may have been given
+            ended = owner == _ENDED_OWNER or (self._owner_thread is not None and not self._owner_thread.is_alive())
+            if owner and owner != me and not (unless_ended and ended):
+                why = " (it has ended)" if owner == _ENDED_OWNER else ""
+                raise self._refusal(op, f"issued its operations so far and has not handed it off{why}", hint)
             self._owner, self._owner_name = me, threading.current_thread().name
             self._owner_thread = threading.current_thread()
         end = getattr(_owner_ends, "end", None)

@@ -180,6 +180,30 @@ def test_a_thread_given_the_ended_owner_s_ident_is_refused_as_any_other():
         comm.destroy()
 
 
+def test_destroy_after_a_foreign_thread_that_had_the_communicator_ended():
+    # a thread _thread started is a _DummyThread to threading, alive for ever: destroy() stayed refused, saying the
+    # thread had ended
+    import _thread
+
+    comm = _comm(0, 1, _uid())
+    done = threading.Event()
+
+    def work():
+        comm.all_reduce(np.ones(2, np.float32))
+        done.set()
+
+    _thread.start_new_thread(work, ())
+    assert done.wait(10)
+    deadline = time.monotonic() + 5
+    while comm._owner != pycoll.comm._ENDED_OWNER and time.monotonic() < deadline:  # its locals go as it ends
+        time.sleep(0.01)
+    try:
+        comm.destroy()
+        assert comm.state == "destroyed"
+    finally:
+        comm.abort()
+
+
 def test_two_threads_after_a_hand_off_one_has_it(monkeypatch):
     # the owner was read, then written, unlocked: two threads that came together after a hand_off() both passed (a
     # slow thread switch between the two, here made certain by a slow current_thread())
