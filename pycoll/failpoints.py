@@ -73,10 +73,19 @@ class Failpoint:
         return name == self.name
 
 
+#: the blanks the host library's parser strips (C's isspace); str.strip() also strips Unicode's, which it keeps
+_BLANKS = " \t\n\r\f\v"
+
+
+def _host_side(name: str) -> bool:
+    """Whether the host library reads the entry of failpoint ``name`` too (a ``host.`` name, or a prefix of one)."""
+    return name.startswith("host.") or (name.endswith("*") and "host.".startswith(name[:-1]))
+
+
 def _whole(text: str) -> int:
     """An integer as the host library's parser reads it (C's strtol, whole): ``int()`` also took '1_0' and other
     scripts' digits, which the host library then dropped without a word."""
-    if not re.fullmatch(r"[+-]?[0-9]+", text.strip()):
+    if not re.fullmatch(r"[+-]?[0-9]+", text.strip(_BLANKS)):
         raise ValueError(text)
     return int(text)
 
@@ -85,19 +94,19 @@ def parse(spec: str) -> List[Failpoint]:
     """The entries of a ``PYCOLL_FAILPOINTS`` value; ``ValueError`` naming the bad part."""
     out: List[Failpoint] = []
     for entry in spec.replace("\n", ",").split(","):
-        entry = entry.strip()
+        entry = entry.strip(_BLANKS)
         if not entry:
             continue
-        head, *filters = [p.strip() for p in entry.split(";")]
+        head, *filters = [p.strip(_BLANKS) for p in entry.split(";")]
         if "=" not in head:
             raise ValueError(f"$PYCOLL_FAILPOINTS: {entry!r} is not NAME=ACTION[@N][;rank=R]")
-        name, action = (p.strip() for p in head.split("=", 1))
+        name, action = (p.strip(_BLANKS) for p in head.split("=", 1))
         nth, repeat = 1, False
         if "@" in action:
-            action, count = (p.strip() for p in action.split("@", 1))
+            action, count = (p.strip(_BLANKS) for p in action.split("@", 1))
             repeat = count.endswith("+")
             try:
-                nth = _whole(count.rstrip("+"))
+                nth = _whole(count[:-1] if repeat else count)  # one '+', as the host library reads it
             except ValueError:
                 raise ValueError(f"$PYCOLL_FAILPOINTS: {entry!r}: the pass must be an integer >= 1") from None
             if nth < 1:
@@ -114,14 +123,14 @@ def parse(spec: str) -> List[Failpoint]:
         replacement: Optional[int] = 0
         trace: Optional[str] = None
         for f in filters:
-            key, _, value = (p.strip() for p in f.partition("="))
+            key, _, value = (p.strip(_BLANKS) for p in f.partition("="))
             try:
                 if key == "rank":
                     rank = _whole(value)
                 elif key == "replacement":
                     replacement = None if value == "any" else _whole(value)
-                elif key == "trace" and value:
-                    trace = value
+                elif key == "trace" and value and (len(value.encode()) < 256 or not _host_side(name)):
+                    trace = value  # the host library keeps a path of at most 255 bytes
                 else:
                     raise ValueError(key)
             except ValueError:

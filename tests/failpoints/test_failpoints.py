@@ -58,7 +58,8 @@ def test_grammar():
     for bad in ("x", "x=explode", "x=kill@0", "x=kill@two", "x=kill;color=1", "=kill", "x=sleep", "x=sleep()",
                 "x=sleep(-1)", "x=sleep(1.5)", "x=sleep(MS)",
                 # what int() takes and the host library's parser (strtol) drops without a word
-                "host.coll.done=note@0_2", "host.coll.done=note@\u0662", "x=kill;rank=0_0", "x=sleep(\u0662)"):
+                "host.coll.done=note@0_2", "host.coll.done=note@\u0662", "x=kill;rank=0_0", "x=sleep(\u0662)",
+                "host.coll.done=note@1++", "x=kill@\u00a01", "x=kill;rank=\u20030", "host.*=note;trace=/" + "t" * 255):
         with pytest.raises(ValueError, match="PYCOLL_FAILPOINTS"):
             failpoints.parse(bad)
 
