@@ -168,7 +168,7 @@ def _expand_range_list(body: str, text: str) -> Iterator[str]:
     """Yield the numbers of a bracket body (``01-04,07``) lazily, keeping zero padding."""
     ranges = []
     for item in body.split(","):  # validate everything before yielding anything
-        m = re.fullmatch(r"(\d+)(?:-(\d+))?", item.strip())
+        m = re.fullmatch(r"([0-9]+)(?:-([0-9]+))?", item.strip())
         if not m:
             raise RankDiscoveryError(f"bad range {item!r} in SLURM node list {text!r}")
         lo_s, hi_s = m.group(1), m.group(2) or m.group(1)
@@ -222,7 +222,7 @@ def expand_tasks_per_node(text: str) -> List[int]:
     """Expand SLURM's tasks-per-node format: ``"2(x3),1"`` -> [2, 2, 2, 1]."""
     out: List[int] = []
     for item in text.strip().split(","):
-        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", item)
+        m = re.fullmatch(r"\s*([0-9]+)(?:\(x([0-9]+)\))?\s*", item)
         if not m:
             raise RankDiscoveryError(f"bad SLURM tasks-per-node entry {item!r} in {text!r}")
         count = int(m.group(2)) if m.group(2) else 1

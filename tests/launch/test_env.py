@@ -133,6 +133,8 @@ def test_first_source_wins():
     ({**SLURM, "SLURM_STEP_TASKS_PER_NODE": "2(x4)"}, "adds up to 8 tasks, but SLURM_NTASKS=7"),
     ({**SLURM, "SLURM_STEP_TASKS_PER_NODE": "two"}, "bad SLURM tasks-per-node entry"),
     ({**SLURM, "SLURM_STEP_NODELIST": "gpu[07-"}, "unbalanced"),
+    ({**SLURM, "SLURM_STEP_NODELIST": "n[1-\u0662]"}, "bad range"),  # other scripts' digits: no node numbers
+    ({**SLURM, "SLURM_STEP_TASKS_PER_NODE": "\u0662(x\u0662)"}, "bad SLURM tasks-per-node entry"),
     ({**OMPI, "OMPI_COMM_WORLD_SIZE": ""}, "OMPI_COMM_WORLD_SIZE is not set"),
     ({**OMPI, "OMPI_COMM_WORLD_LOCAL_RANK": "2"}, "OMPI_COMM_WORLD_LOCAL_RANK=2 must be smaller"),
 ])
