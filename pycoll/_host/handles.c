@@ -65,6 +65,28 @@ static void grow(void) {
   __atomic_store_n(&tab, t, __ATOMIC_RELEASE);
 }
 
+/* A table mostly of tombstones (handles removed) is rehashed where it is, not doubled: a loop making and freeing
+ * handles at ever new addresses (a window registered and closed each step) doubled it again and again, every
+ * table kept, with one handle live. A reader in it meanwhile sees the write's seq and looks again. */
+static bool rehash(void) {
+  size_t cap = tab->cap, n = 0;
+  struct entry* keep = malloc((live ? live : 1) * sizeof *keep);
+  if (!keep) return false;
+  for (size_t i = 0; i < cap; i++)
+    if (tab->e[i].key > 1) keep[n++] = tab->e[i];
+  for (size_t i = 0; i < cap; i++) __atomic_store_n(&tab->e[i].key, (uintptr_t)0, __ATOMIC_RELAXED);
+  for (size_t k = 0; k < n; k++) {
+    size_t j = slot_of(keep[k].key, cap);
+    while (tab->e[j].key) j = (j + 1) & (cap - 1);
+    tab->e[j].kind = keep[k].kind;
+    tab->e[j].extra = keep[k].extra;
+    __atomic_store_n(&tab->e[j].key, keep[k].key, __ATOMIC_RELAXED);
+  }
+  used = live = n;
+  free(keep);
+  return true;
+}
+
 bool handle_valid_locked(const void* p, int kind) {
   struct entry* e = find_in(tab, (uintptr_t)p);
   return e && e->kind == kind;
@@ -89,7 +111,8 @@ bool handle_valid(const void* p, int kind) {
 void handle_add(const void* p, int kind, size_t extra) {
   handle_lock();
   write_begin();
-  if (!tab || (used + 1) * 2 > tab->cap) grow();
+  if (!tab || (used + 1) * 2 > tab->cap)
+    if (!tab || (live + 1) * 4 > tab->cap || !rehash()) grow();
   size_t cap = tab->cap;
   uintptr_t k = (uintptr_t)p;
   size_t i = slot_of(k, cap);

@@ -1002,3 +1002,42 @@ def test_communicators_that_together_need_more_shm_than_there_is_are_refused_not
     out = _in_a_small_shm(tmp_path, _MANY, "128m")
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count("refused: True") == 2 and out.stdout.count("touched") == 2, out.stdout
+
+
+def _handle_table(lib_path):
+    """(capacity, tables kept) of the host library's handle table (handles.c's static ``tab``), read through its
+    symbol's offset (nm) in this process's mapping of the library."""
+    import os
+    import shutil
+    import subprocess
+
+    if shutil.which("nm") is None:
+        pytest.skip("needs nm to find the handle table")
+    syms = {p[2]: int(p[0], 16) for p in (line.split() for line in subprocess.run(
+        ["nm", lib_path], capture_output=True, text=True).stdout.splitlines()) if len(p) == 3 and p[1] in "bB"}
+    if "tab" not in syms:
+        pytest.skip("the host library's symbols are stripped")
+    real = os.path.realpath(lib_path)
+    base = min(int(line.split()[0].split("-")[0], 16) for line in open("/proc/self/maps")
+               if line.rstrip().endswith(real))
+    t, caps = ctypes.c_void_p.from_address(base + syms["tab"]).value, []
+    while t:
+        caps.append(ctypes.c_size_t.from_address(t).value)
+        t = ctypes.c_void_p.from_address(t + 8).value
+    return caps[0], len(caps)
+
+
+def test_the_handle_table_stays_small_under_handles_made_and_freed_at_new_addresses():
+    # a window registered and closed each step lands at ever new addresses: each removed handle left a tombstone that
+    # counted as used, and the table doubled again and again (3000 steps: 5 tables, 4096 entries, one handle live)
+    import pycoll
+
+    comm = pycoll.init(0, 1, unique_id=pycoll.get_unique_id(backend="host"), backend="host")
+    try:
+        cap0, tables0 = _handle_table(comm.library.path)  # the process's table, grown by what ran before
+        for _ in range(2000):
+            comm.register_window(comm.mem_alloc(16, "int64")).close()
+        cap, tables = _handle_table(comm.library.path)
+        assert cap <= max(cap0, 512) and tables <= tables0 + 1, (cap0, tables0, cap, tables)
+    finally:
+        comm.destroy()
