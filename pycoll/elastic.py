@@ -131,6 +131,7 @@ NODE_HUB_MIN_MEMBERS = 16
 
 #: the end of a reshape flag's value (the slot that raised it) when that member asked for it, nothing having failed
 _REQUESTED = " requested"
+_KEYS_KEPT = 4  # the generations whose store keys stay (_forget_generations)
 
 
 def _requester(flag: bytes) -> Optional[int]:
@@ -297,6 +298,7 @@ class ElasticGroup:
         self._announce_q: queue.SimpleQueue[Optional[Tuple[int, Optional[Sequence[int]], bool]]] = queue.SimpleQueue()
         # (generation, slot) of the last reshape another member requested with nothing failed (its flag says so)
         self._requested: Tuple[int, int] = (-1, -1)
+        self._forgotten = 0  # the generations below this one had their store keys deleted (_forget_generations)
         self._vouched: Tuple[int, int] = (-1, -1)  # the last (generation, attempt) this member vouched for
         # what that vote learnt: ((generation, attempt), whether it was the first vote, the members it
         # decided for and the decision, when it was the vote that completed the set)
@@ -672,6 +674,7 @@ class ElasticGroup:
                         self._proc_cache = self._procs(self.members)
                     fetched = g
                     self._link, self._link_of = None, (g, None)
+                    self._forget_generations(g)
                 except Exception:
                     if self._stop.is_set():
                         return
@@ -730,6 +733,18 @@ class ElasticGroup:
                 self._revoke_descendants(comm, g, "expect" if quiet else "fail")
             _fp.hit(FP_WATCHER_AFTER_REVOKE)
             self._vouch(g, 0, comm.global_ranks if comm.generation == g else None)
+
+    def _forget_generations(self, g: int) -> None:
+        """The first member deletes the store keys of the generations before ``g - _KEYS_KEPT`` (their reshape flag,
+        votes, decision, unique ids), which nobody reads any more: a job that reshaped a thousand times kept them all
+        (4 keys a requested reshape, ~10 a failure). The last ones stay for a member that has not moved on yet (one
+        still reading generation g - 1's unique id at g - 2's keys while the first member is at g)."""
+        if not self.members or self.members[0] != self.slot:
+            return
+        for old in range(self._forgotten, g - _KEYS_KEPT):
+            for key in self.store.list_keys(f"{self._ns}/g{old}/"):
+                self.store.delete(key)
+            self._forgotten = old + 1
 
     def _revoke_descendants(self, comm: Communicator, g: int, how: str = "fail") -> None:
         """The communicators the program made from generation ``g``'s (``group.comm.split()``: tensor- and

@@ -13,7 +13,7 @@ from helpers.mp import Died, run_ranks
 
 import pycoll
 import pycoll.hooks
-from pycoll import failpoints, membership
+from pycoll import elastic, failpoints, membership
 from pycoll._procs import boot_id
 from pycoll.elastic import ElasticGroup, Excluded
 from pycoll.launch.keys import KEY_GROUP_LOST, KEY_LOST, KEY_PROC
@@ -714,6 +714,38 @@ def _requested_reshape(rank, n, addr, spec, split=False):
                took=time.monotonic() - t0, dps=states, mapped=_mapped_segments())
     group.close()
     return out
+
+
+def _many_reshapes(rank, n, addr):
+    group = ElasticGroup(_store(addr), rank, n, backend="host", timeout=10.0, name="keys")
+    while group.generation < 12:
+        try:
+            group.comm.all_reduce(np.ones(2))
+            if rank == 0:
+                group.reshape()
+        except pycoll.CommFailure:
+            group.reshape()
+    kept: list = []
+    deadline = time.monotonic() + 5
+    while rank == 0 and time.monotonic() < deadline:  # the watcher forgets them as the generation changes
+        kept = sorted({int(k.split("/")[3][1:]) for k in group.store.list_keys("pycoll/elastic/keys/g")})
+        if kept and kept[0] >= 12 - elastic._KEYS_KEPT:
+            break
+        time.sleep(0.05)
+    group.close()
+    return kept
+
+
+@pytest.mark.timeout(90)
+def test_the_store_keeps_the_keys_of_the_last_generations_only():
+    # every reshape left its flag, votes, decision and unique id in the job's store for ever: 4 keys a requested
+    # reshape (a thousand reshapes: 4,000 keys, 312 KB), about 10 a failure
+    srv = pycoll.TCPStoreServer(token="elastic-test").start()
+    try:
+        kept = run_ranks(_many_reshapes, 2, srv.address, timeout=60)[0]
+    finally:
+        srv.close()
+    assert kept and kept[0] >= 12 - elastic._KEYS_KEPT and kept[-1] >= 11, kept
 
 
 @pytest.mark.timeout(60)
