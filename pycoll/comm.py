@@ -88,6 +88,8 @@ FP_INTERRUPTED = _fp.declare("comm.interrupted.before_wait", "Ctrl-C inside a bl
 FP_REVOKED = _fp.declare("comm.revoke.revoked", "revoke: the library revoked the communicator, before the wait for it")
 FP_GIVE_UP = _fp.declare("comm.poll.give_up", "a finalize, shrink, grow, split or init found a participant stopped "
                                               "or gone (or its communicator failed), before it gives up (aborts)")
+FP_CHECK_FOUND = _fp.declare("comm.check.found_error", "check (the watchdog's): the asynchronous error read was an "
+                                                       "error, before fail() records it")
 _FAILURE_POLICIES = ("abort", "revoke", "report")
 
 
@@ -731,6 +733,7 @@ class Communicator(_core.CommCore):
                           next(iter(self._pending), None))
             return
         if code not in (0, B.IN_PROGRESS):
+            _fp.hit(FP_CHECK_FOUND)
             self.fail(self._async_exc(code), next(iter(self._pending), None))
             return
         now = time.monotonic() if now is None else now
@@ -784,8 +787,10 @@ class Communicator(_core.CommCore):
         The elastic layer calls it to stop a communicator whose generation is being reshaped. After
         :meth:`expect_revoke` it revokes instead (where the library can), recording no failure.
         """
-        if self._revoke_expected and self._failure is None and self._state == "active":
+        if self._revoke_expected and self._failure is None and self._state in ("active", "revoked"):
             try:
+                # revoked already: by another thread that found the same peer's revoke (this one read it before that
+                # revoke, e.g. the watchdog's check()) -- no failure either
                 self._revoke()  # the outstanding operations fail with CommRevoked
                 return
             except Exception as rexc:  # no revoke here: a failure after all

@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import socket
+import threading
 import time
 
 import numpy as np
@@ -1629,3 +1630,58 @@ def test_a_communicator_made_while_its_parent_expects_a_revoke_expects_it_too():
         d.abort()
     finally:
         c.abort()
+
+
+
+def _expected_revoke_found_late(rank, n, uid, trace):
+    from pycoll import failpoints
+
+    # the first check() that reads an error waits there (the watchdog's, between its read and its fail())
+    failpoints.configure(f"comm.check.found_error=sleep(700);rank=1;trace={trace}", rank=rank)
+    failures = []
+
+    class Failures(pycoll.hooks.CommObserver):
+        def comm_failed(self, comm, exc, work):  # what the watchdog reports and dumps
+            failures.append(f"{type(exc).__name__}: {exc}")
+
+    pycoll.comm.add_observer(Failures())
+    c = _comm(rank, n, uid, on_failure="revoke")
+    if rank == 1:
+        c.expect_revoke()  # the elastic watcher saw a requested reshape's flag
+    c.all_reduce(np.ones(2))
+    if rank == 0:  # the requester, once every member voted
+        c.revoke()
+        time.sleep(3.0)  # revoked, not gone, while rank 1 looks
+        c.abort()
+        return None
+    w = c.all_reduce(np.ones(2), async_op=True)
+
+    def watchdog():  # a check() that found the communicator active, then reads the peer's revoke
+        while not os.path.exists(trace) and time.monotonic() < deadline:
+            c.check()
+            time.sleep(0.005)
+
+    deadline = time.monotonic() + 10
+    t = threading.Thread(target=watchdog)
+    t.start()
+    while not os.path.exists(trace) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    try:  # meanwhile this thread meets the revoke too, and revokes quietly
+        w.wait()
+        out = ("completed",)
+    except pycoll.CommFailure as e:
+        out = (type(e).__name__,)
+    t.join()
+    out += (c.state, c.failure, failures, os.path.exists(trace))
+    c.abort()
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_a_revoke_expected_and_done_is_no_failure_when_another_thread_finds_it_late(tmp_path):
+    # a requested reshape: the member's main thread revoked its communicator quietly while its watchdog, which had
+    # read the peer's revoke (the asynchronous error) while it was still active, went on to fail() it: recorded as
+    # a RemoteError (reported, and every generation dumped on every rank), one requested reshape in a few hundred
+    res = run_ranks(_expected_revoke_found_late, 2, _uid(), str(tmp_path / "trace"), timeout=30,
+                    env={"PYCOLL_WATCHDOG": "0"})[1]
+    assert res == ("CommRevoked", "revoked", None, [], True), res
