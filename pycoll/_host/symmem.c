@@ -4,6 +4,8 @@
 #include "core.h" /* first: defines _GNU_SOURCE */
 #include <errno.h>
 #include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -22,6 +24,21 @@ struct symmem {
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static struct symmem* allocs;
 
+/* The machine's memory and swap: what the kernel's heuristic overcommit refuses an anonymous allocation beyond (a
+ * numpy array of more is a MemoryError). A memfd's pages escape that check -- ftruncate promises any size, and the
+ * first write past what there is kills the process -- so an allocation past it is refused here as it would be. 0:
+ * not known. */
+static uint64_t memory_and_swap(void) {
+  FILE* f = fopen("/proc/meminfo", "r");
+  if (!f) return 0;
+  char line[256];
+  uint64_t total = 0, kb;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "MemTotal: %lu kB", &kb) == 1 || sscanf(line, "SwapTotal: %lu kB", &kb) == 1) total += kb * 1024;
+  fclose(f);
+  return total;
+}
+
 NCCL_API ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
   if (!ptr) {
     WARN("ncclMemAlloc : ptr argument is NULL");
@@ -34,6 +51,12 @@ NCCL_API ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
     return ncclInvalidArgument;
   }
   size_t len = ALIGN_UP(size, 4096);
+  uint64_t there = memory_and_swap();
+  if (there && len > there) {
+    WARN("ncclMemAlloc : cannot allocate %zu bytes: more than the machine's memory and swap (%lu bytes)", size,
+         (unsigned long)there);
+    return ncclSystemError;
+  }
   struct symmem* m = calloc(1, sizeof *m);
   if (!m) return ncclSystemError;
   m->fd = memfd_create("pycoll-mem", MFD_CLOEXEC);

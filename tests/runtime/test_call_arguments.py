@@ -399,6 +399,11 @@ def test_bad_arguments_are_refused_with_their_names(comm, tmp_path):
     refused(TypeError, "dtype must be a dtype .* got the value", lambda: comm.mem_alloc(4, dtype=np.int64(7)))
     refused(TypeError, "shape must be an int or a sequence of ints", lambda: comm.mem_alloc(b"ab"))
     refused(ValueError, "more than a size_t allocation holds", lambda: comm.mem_alloc(2**63))
+    # more than the machine has: numpy's MemoryError, where the library's memfd took it and the first write past the
+    # memory there was killed the process
+    too_much = "more than the machine's memory and swap"
+    refused(pycoll.NCCLSystemError, too_much, lambda: comm.mem_alloc(2**50, "uint8"))
+    refused(pycoll.NCCLSystemError, too_much, lambda: pycoll.SymmetricPool(comm, 2**50))
     refused(TypeError, "dtype must be a dtype", lambda: comm.pre_mul_sum(2.0, dtype=np.int64(7)))
     refused(ValueError, "CollConfig.min_ctas must be None or an int in \\[1,", lambda: pycoll.CollConfig(min_ctas=0))
     refused(ValueError, "CollConfig.cta_policy must be None or an int in \\[0, 3\\]",
