@@ -20,7 +20,7 @@ from .config import CommConfig
 from .devices import Device, auto_backend, cuda_device_count, open_device, rocm_device_count
 from .diagnostics import install as _install_diagnostics
 from .diagnostics.exits import arm_sigterm
-from .errors import CommAborted, CommTimeout, NCCLError, StoreError, StoreTimeout
+from .errors import CommAborted, CommTimeout, NCCLError, PycollError, StoreError, StoreTimeout
 from .launch import discovery
 from .store.torch import store_argument
 
@@ -372,12 +372,30 @@ def init(
         raise
     finally:
         bound.__exit__()
-    return Communicator(
+    return _watched(Communicator(
         handle, library=lib, device=dev, rank=rank, size=world_size, name=name, uid=_uid_str(uid),
         global_ranks=_default_global_ranks(rank, world_size) if global_ranks is None else global_ranks,
         timeout=op_timeout, on_failure=on_failure, store=store, owns_device=owns, generation=generation,
         failure_callbacks=failure_callbacks,
-    )
+    ))
+
+
+def _watched(comm: Communicator) -> Communicator:
+    """``comm``, where its watchdog runs as it should: where the watchdog's threads could not start (no file
+    descriptor or thread left), ``comm`` is aborted and this raises, naming why -- a rank without its watchdog turns
+    no hang into an error and finds no stopped or dead peer before its timeout (init returned, a log line said so)."""
+    from .diagnostics.watchdog import get_watchdog
+
+    wd = get_watchdog()
+    err = wd.start_error
+    if wd.enabled and err is not None and not wd.running:
+        comm.abort()
+        raise PycollError(
+            f"communicator {comm.name!r}: the watchdog could not start its threads ({type(err).__name__}: {err}): "
+            "without it no hang becomes an error and no stopped or dead peer is found before the timeout, so the "
+            "communicator was aborted; raise the limit (open files: ulimit -n; threads: the pids limit), or set "
+            "PYCOLL_WATCHDOG=0 to run without the watchdog") from err
+    return comm
 
 
 def _members_key(global_ranks: Sequence[int]) -> str:
@@ -583,12 +601,12 @@ def join(
         if owns:
             dev.close()
         raise
-    return Communicator(
+    return _watched(Communicator(
         handle, library=lib, device=dev, rank=rank, size=size, name=name, uid=_uid_str(uid),
         global_ranks=global_ranks, timeout=op_timeout,
         on_failure=_on_failure(on_failure), store=store, owns_device=owns,
         generation=generation, failure_callbacks=failure_callbacks,
-    )
+    ))
 
 
 def from_handle(handle: Any, **kwargs: Any) -> Communicator:

@@ -199,6 +199,7 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         self._rounds_begun = self._rounds_done = 0
         self._lock = threading.Lock()
         self._threads: List[threading.Thread] = []
+        self.start_error: Optional[BaseException] = None  # why the threads could not start (start()), else None
         self._stop = threading.Event()
         self._poll_wake = threading.Event()
         self._wake_at = -1.0  # when the polling thread wakes next (0: it is awake; -1: none runs)
@@ -312,46 +313,60 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
                 self.after_fork()
             if self.running:
                 return
-            self._stop = threading.Event()
-            if self._wake_w is None:  # else kept by a stop() off the main thread (still the signals' wake-up fd)
-                self._wake_r, self._wake_w = socket.socketpair()
-                self._wake_r.setblocking(False)
-                self._wake_w.setblocking(False)
-            self._beat_t = self._monitor_t = time.monotonic()
-            self._stalled = False
-            self._report_q = queue.SimpleQueue()
-            self._wake_at = 0.0
-            self._threads = [
-                threading.Thread(target=self._poll_loop, args=(self._stop,), name="pycoll-watchdog", daemon=True),
-                threading.Thread(target=self._monitor_loop, args=(self._stop,), name="pycoll-watchdog-monitor",
-                                 daemon=True),
-                threading.Thread(target=self._store_loop, args=(self._stop,), name="pycoll-watchdog-store",
-                                 daemon=True),
-                threading.Thread(target=self._report_loop, args=(self._stop, self._report_q),
-                                 name="pycoll-watchdog-report", daemon=True),
-                threading.Thread(target=self._liveness_loop, args=(self._stop,), name="pycoll-watchdog-liveness",
-                                 daemon=True),
-            ]
-            # the dump signal first: the first progress record says whether this process has it
-            self._signal.watch_interrupts(self._wake_w)
-            if self._signal.wanted is not None:
-                self._signal.install(self._wake_w)
-            for t in self._threads:
-                t.start()
+            try:
+                self._start()
+            except BaseException as e:  # no fd (RLIMIT_NOFILE) or thread (a pids limit) left: what did start stops
+                self.start_error = e
+                self._threads = []
+                self._end_threads()
+                raise
+            self.start_error = None
         _log.debug("watchdog started (interval %.3g s, publish %.3g s, stall %.3g s)", self.interval,
                    self.publish_interval, self.stall_timeout)
+
+    def _start(self) -> None:
+        self._stop = threading.Event()
+        if self._wake_w is None:  # else kept by a stop() off the main thread (still the signals' wake-up fd)
+            self._wake_r, self._wake_w = socket.socketpair()
+            self._wake_r.setblocking(False)
+            self._wake_w.setblocking(False)
+        self._beat_t = self._monitor_t = time.monotonic()
+        self._stalled = False
+        self._report_q = queue.SimpleQueue()
+        self._wake_at = 0.0
+        self._threads = [
+            threading.Thread(target=self._poll_loop, args=(self._stop,), name="pycoll-watchdog", daemon=True),
+            threading.Thread(target=self._monitor_loop, args=(self._stop,), name="pycoll-watchdog-monitor",
+                             daemon=True),
+            threading.Thread(target=self._store_loop, args=(self._stop,), name="pycoll-watchdog-store",
+                             daemon=True),
+            threading.Thread(target=self._report_loop, args=(self._stop, self._report_q),
+                             name="pycoll-watchdog-report", daemon=True),
+            threading.Thread(target=self._liveness_loop, args=(self._stop,), name="pycoll-watchdog-liveness",
+                             daemon=True),
+        ]
+        # the dump signal first: the first progress record says whether this process has it
+        self._signal.watch_interrupts(self._wake_w)
+        if self._signal.wanted is not None:
+            self._signal.install(self._wake_w)
+        for t in self._threads:
+            t.start()
+
+    def _end_threads(self) -> None:
+        """Tell the threads to end (they look at ``_stop`` as they wake)."""
+        self._stop.set()
+        self._poll_wake.set()
+        self._store_wake.set()
+        self._liveness_wake.set()
+        self._report_q.put(None)
+        self._poke()
 
     def stop(self, timeout: Seconds = 5.0) -> None:
         """Stop the threads (they restart with the next communicator if ``enabled``)."""
         timeout = _settings.seconds(timeout, "timeout", positive=False)  # before anything is stopped
         with self._lock:
             threads, self._threads = self._threads, []
-            self._stop.set()
-            self._poll_wake.set()
-            self._store_wake.set()
-            self._liveness_wake.set()
-            self._report_q.put(None)
-            self._poke()
+            self._end_threads()
         for t in threads:
             if t is not threading.current_thread():
                 t.join(timeout)

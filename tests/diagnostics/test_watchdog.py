@@ -789,3 +789,30 @@ def test_the_watchdogs_waits_take_timedeltas_as_every_timeout_does(make_wd):
     assert wd.wait_for_dumps(datetime.timedelta(seconds=5))
     wd.stop(datetime.timedelta(seconds=5))
     assert not wd.running
+
+
+@pytest.mark.parametrize("what", ["fd", "thread"])
+def test_an_init_whose_watchdog_cannot_start_raises_naming_why(what):
+    # no fd left for its socketpair (RLIMIT_NOFILE), no thread (a pids limit): a logged traceback, and init returned a
+    # communicator that turned no hang into an error and found a stopped peer only at its timeout
+    import subprocess
+    import sys
+
+    from helpers import REPO
+
+    break_it = ("import socket\ndef refuse(*a, **k): raise OSError(24, 'Too many open files')\n"
+                "socket.socketpair = refuse\n" if what == "fd" else
+                "import threading\nstart = threading.Thread.start\n"
+                "def refuse(self):\n    if self.name == 'pycoll-watchdog-store': raise RuntimeError(\"can't start new "
+                "thread\")\n    start(self)\nthreading.Thread.start = refuse\n")
+    code = (break_it + "import pycoll, threading\ntry:\n"
+            "    pycoll.init(0, 1, unique_id=pycoll.get_unique_id(backend='host'), backend='host')\n"
+            "    print('init returned')\nexcept pycoll.PycollError as e:\n    print('refused:', e)\n"
+            "print('threads:', sorted(t.name for t in threading.enumerate() if t.name.startswith('pycoll')))\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, PYTHONPATH=REPO))
+    reason = "OSError: [Errno 24] Too many open files" if what == "fd" else "RuntimeError: can't start new thread"
+    assert f"refused: communicator 'world': the watchdog could not start its threads ({reason})" in p.stdout, \
+        p.stdout + p.stderr
+    assert "PYCOLL_WATCHDOG=0" in p.stdout
+    assert "pycoll-watchdog-store" not in p.stdout.split("threads: ")[1], p.stdout
