@@ -6,14 +6,15 @@ and nothing is written through a symbolic link planted by someone else (:mod:`py
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
-from typing import Any, Dict
+from typing import Any, Dict, Set
 
 from .. import _settings, hooks
 from ..store import _safefiles
 
-__all__ = ["default_dump_dir", "generation_dir", "json_form", "write_atomic"]
+__all__ = ["default_dump_dir", "generation_dir", "json_form", "remove_unfinished", "write_atomic"]
 
 
 def _run_id() -> str:
@@ -82,4 +83,20 @@ def write_atomic(path: str, data: bytes) -> None:
     # the temporary name must not contain the dump prefix nor end in a digit: torch's analyzer
     # reads every file whose name contains the prefix
     tmp = os.path.join(folder, f".pycoll-fr-{os.getpid()}-{threading.get_ident():x}.tmp")
-    _safefiles.write_private_atomic(path, data, tmp)
+    _writing.add(tmp)
+    try:
+        _safefiles.write_private_atomic(path, data, tmp)
+    finally:
+        _writing.discard(tmp)
+
+
+#: the temporary files of the dumps being written (write_atomic)
+_writing: Set[str] = set()
+
+
+def remove_unfinished() -> None:
+    """Remove the temporary files of dumps still being written: the process ends before they are (its exit waited
+    ``dump_timeout``), and its daemon thread's half-written file (tens of MB for a big ring) stayed in the folder."""
+    for tmp in list(_writing):
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)

@@ -81,7 +81,7 @@ from ..hooks import CommObserver, CommView, WorkView
 from ..store import torch as torch_store
 from . import _hooks, answers, exits, recorder as _recorder_module
 from .dumps import GATE_POLL, DumpJob, DumpQueue
-from .files import default_dump_dir
+from .files import default_dump_dir, remove_unfinished
 from .liveness import Liveness, round_all
 from .recorder import FlightRecorder, format_issue, get_recorder, issue_record
 from .records import (
@@ -1075,8 +1075,9 @@ def _wait_for_dumps_at_exit() -> None:
     wd = _watchdog
     try:
         if wd is not None and wd.owned_by_this_process and not wd.wait_for_dumps():
-            _log.warning("watchdog: a flight-recorder dump was still being written at exit (dump_timeout %.3g s)",
-                         wd.dump_timeout)
+            _log.warning("watchdog: a flight-recorder dump was still being written at exit (dump_timeout %.3g s); "
+                         "its unfinished file is removed", wd.dump_timeout)
+            remove_unfinished()
     except KeyboardInterrupt:  # a second Ctrl-C as the process ends: said so, not a traceback of this wait
         _log.warning("watchdog: interrupted (SIGINT) while waiting at exit for the failure reports and dumps; "
                      "they may be incomplete")

@@ -656,3 +656,35 @@ def test_a_dump_says_what_the_dump_it_replaced_said_however_its_folder_is_spelle
     with open(path, "rb") as f:
         earlier = pickle.load(f)["pycoll"]["earlier_dumps"]
     assert [e["reason"] for e in earlier] == ["first"], earlier
+
+
+def test_an_unfinished_dump_file_is_removed_as_the_process_ends(tmp_path, monkeypatch):
+    # a big ring's dump still being written when exit's wait ended left its temporary file (tens of MB) behind
+    import contextlib
+    import threading
+
+    from pycoll.diagnostics import files
+    from pycoll.store import _safefiles
+
+    writing, release = threading.Event(), threading.Event()
+
+    def slow(path, data, tmp):
+        with open(tmp, "wb") as f:
+            f.write(data[:10])
+        writing.set()
+        release.wait(10)
+        raise FileNotFoundError(tmp)  # its rename, once the file went
+
+    monkeypatch.setattr(_safefiles, "write_private_atomic", slow)
+    def write():
+        with contextlib.suppress(FileNotFoundError):
+            files.write_atomic(str(tmp_path / "dump"), b"x" * 100)
+
+    t = threading.Thread(target=write)
+    t.start()
+    assert writing.wait(10)
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    files.remove_unfinished()
+    assert [p.name for p in tmp_path.iterdir()] == []
+    release.set()
+    t.join(10)
