@@ -147,6 +147,15 @@ def test_a_communicator_passes_to_another_thread_only_when_handed_off():
                                                               [3.0, 3.0]]] * 2
 
 
+def _outcome(call, seen):
+    """``call()``, and what came of it appended to ``seen``: "ran", or the CommStateError's text."""
+    try:
+        call()
+        seen.append("ran")
+    except pycoll.CommStateError as e:
+        seen.append(str(e))
+
+
 def test_a_thread_given_the_ended_owner_s_ident_is_refused_as_any_other():
     # CPython gives a thread started after another ended that thread's ident, which the operations compared: such a
     # thread passed as the owner where any other thread is refused
@@ -155,18 +164,14 @@ def test_a_thread_given_the_ended_owner_s_ident_is_refused_as_any_other():
         owner = threading.Thread(target=comm.all_reduce, args=(np.ones(2, np.float32),), name="trainer")
         owner.start()
         owner.join()
-        seen = []
+        seen: list = []
 
         def use():
-            try:
-                comm.all_reduce(np.ones(2, np.float32))
-                seen.append("ran")
-            except pycoll.CommStateError as e:
-                seen.append(str(e))
+            seen.append(threading.get_ident() == owner.ident)
+            _outcome(lambda: comm.all_reduce(np.ones(2, np.float32)), seen)
 
         for _ in range(5):  # mostly the first one
-            later = threading.Thread(target=lambda: seen.append(threading.get_ident() == owner.ident) or use(),
-                                     name="writer")
+            later = threading.Thread(target=use, name="writer")
             later.start()
             later.join()
             if seen[-2]:
@@ -220,16 +225,9 @@ def test_two_threads_after_a_hand_off_one_has_it(monkeypatch):
         comm.all_reduce(np.ones(2, np.float32))
         comm.hand_off()
         monkeypatch.setattr(threading, "current_thread", slow)
-        seen = []
-
-        def take():
-            try:
-                comm.all_reduce(np.ones(2, np.float32))
-                seen.append("ran")
-            except pycoll.CommStateError as e:
-                seen.append(str(e))
-
-        takers = [threading.Thread(target=take, name=f"taker{i}") for i in range(2)]
+        seen: list = []
+        takers = [threading.Thread(target=_outcome, args=(lambda: comm.all_reduce(np.ones(2, np.float32)), seen),
+                                   name=f"taker{i}") for i in range(2)]
         for t in takers:
             t.start()
         for t in takers:
@@ -248,19 +246,11 @@ def test_finalize_and_register_window_from_a_thread_that_has_not_the_communicato
     comm = _comm(0, 1, _uid())
     try:
         comm.all_reduce(np.ones(2, np.float32))
-        seen = []
-
-        def other(call):
-            try:
-                call()
-                seen.append("went on")
-            except pycoll.CommStateError as e:
-                seen.append(str(e))
-
+        seen: list = []
         for what, call in (("register_window", lambda: comm.register_window(comm.mem_alloc(64))),
                            ("shrink", lambda: comm.shrink([0])), ("grow", lambda: comm.grow(2)),
                            ("finalize", comm.finalize)):
-            t = threading.Thread(target=other, args=(call,), name="other")
+            t = threading.Thread(target=_outcome, args=(call, seen), name="other")
             t.start()
             t.join(10)
             assert f"thread 'other' entered {what} while thread 'MainThread'" in seen[-1], seen
