@@ -73,6 +73,8 @@ class Failpoint:
         return name == self.name
 
 
+_HOST_MAX = 32  # the host failpoints the host library keeps (failpoint.c's FP_MAX)
+
 #: the blanks the host library's parser strips (C's isspace); str.strip() also strips Unicode's, which it keeps
 _BLANKS = " \t\n\r\f\v"
 
@@ -85,8 +87,9 @@ def _host_side(name: str) -> bool:
 def _whole(text: str) -> int:
     """An integer as the host library's parser reads it (C's strtol, whole): ``int()`` also took '1_0' and other
     scripts' digits, which the host library then dropped without a word."""
-    if not re.fullmatch(r"[+-]?[0-9]+", text.strip(_BLANKS)):
-        raise ValueError(text)
+    text = text.strip(_BLANKS)
+    if not re.fullmatch(r"[+-]?[0-9]+", text) or len(text) > 24 or not -(1 << 63) <= int(text) < 1 << 63:
+        raise ValueError(text)  # past 24 characters or a C long, the host library's parser drops it too
     return int(text)
 
 
@@ -137,6 +140,9 @@ def parse(spec: str) -> List[Failpoint]:
                 raise ValueError(f"$PYCOLL_FAILPOINTS: {entry!r}: bad filter {f!r} (rank=R or "
                                  f"replacement=K|any or trace=PATH)") from None
         out.append(Failpoint(name, action, nth, repeat, rank, replacement, trace, ms))
+    if sum(_host_side(f.name) for f in out) > _HOST_MAX:
+        raise ValueError(f"$PYCOLL_FAILPOINTS: more than {_HOST_MAX} host failpoints (host.*): the host library keeps "
+                         f"the first {_HOST_MAX} only")
     return out
 
 

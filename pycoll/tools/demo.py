@@ -254,6 +254,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"demo: cannot write --trace {args.trace!r}: {why}", file=sys.stderr)
         return 2
     if args.dump_dir:
+        args.dump_dir = os.path.expanduser(args.dump_dir)  # '~/...' as the ranks' recorder reads it
         try:  # every rank writes there: a folder that cannot be made fails here, not in each rank
             os.makedirs(args.dump_dir, exist_ok=True)
         except OSError as e:

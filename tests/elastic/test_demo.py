@@ -76,8 +76,10 @@ def test_example_under_pycoll_run(tmp_path):
 def test_demo_waits_for_a_replacement_after_training(tmp_path):
     """Slot 2 dies before the last step: the survivors finish training on three ranks before the replacement is
     up, then wait for it at further step boundaries (under the same failure handling as the training steps) and
-    grow back to four before the final check."""
-    p = _run(["-m", "pycoll.demo", "--steps", "6", "--kill-step", "5", "--dump-dir", str(tmp_path)])
+    grow back to four before the final check. ``--dump-dir ~/...`` is the home folder's, as the ranks' recorder reads
+    it (the demo made and read a folder named '~' and failed)."""
+    p = _run(["-m", "pycoll.demo", "--steps", "6", "--kill-step", "5", "--dump-dir", "~/dumps"], HOME=str(tmp_path))
+    assert (tmp_path / "dumps" / "generation_0").is_dir(), os.listdir(tmp_path)
     out = p.stdout
     assert p.returncode == 0, out + p.stderr
     assert "generation 1 (shrink): members [0, 1, 2, 3] -> [0, 1, 3]" in out

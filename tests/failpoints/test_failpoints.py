@@ -59,7 +59,9 @@ def test_grammar():
                 "x=sleep(-1)", "x=sleep(1.5)", "x=sleep(MS)",
                 # what int() takes and the host library's parser (strtol) drops without a word
                 "host.coll.done=note@0_2", "host.coll.done=note@\u0662", "x=kill;rank=0_0", "x=sleep(\u0662)",
-                "host.coll.done=note@1++", "x=kill@\u00a01", "x=kill;rank=\u20030", "host.*=note;trace=/" + "t" * 255):
+                "host.coll.done=note@1++", "x=kill@\u00a01", "x=kill;rank=\u20030", "host.*=note;trace=/" + "t" * 255,
+                "x=kill@+0000000000000000000000001", "x=kill@99999999999999999999",
+                ",".join(f"host.coll.done=note;rank={r}" for r in range(33))):
         with pytest.raises(ValueError, match="PYCOLL_FAILPOINTS"):
             failpoints.parse(bad)
 
