@@ -51,6 +51,8 @@ KEY_ABORT = RUN_KEY_PREFIX + "abort"
 KEY_JOINED = RUN_KEY_PREFIX + "node/{node}/joined"
 KEY_HEARTBEAT = RUN_KEY_PREFIX + "node/{node}/heartbeat"
 KEY_DONE = RUN_KEY_PREFIX + "node/{node}/done"
+KEY_RESULT = RUN_KEY_PREFIX + "result"  # the job's exit status, node 0's verdict, that every launcher exits with
+KEY_RESULT_READ = RUN_KEY_PREFIX + "node/{node}/result-read"
 KEY_SHAPE = RUN_KEY_PREFIX + "shape"
 
 

@@ -119,6 +119,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Set, Tu
 
 from .. import _settings, failpoints as _fp
 from .._procs import boot_id, stat_fields, task_files
+from .._settings import requests_until
 from ..errors import StoreError, StoreTimeout
 from ..store import Store, TCPStore, TCPStoreServer
 from ..store.tcp_server import unauthenticated_for
@@ -136,6 +137,8 @@ from .keys import (
     KEY_NOT_NEEDED,
     KEY_PROC,
     KEY_REPLACEMENT,
+    KEY_RESULT,
+    KEY_RESULT_READ,
     KEY_SHAPE,
 )
 
@@ -176,6 +179,7 @@ _OUT_LINGER_S = 0.5
 _HEARTBEAT_S = 2.0
 HUNG_ALONE_S = 2.0  # a rank stopped this long while every other rank has ended is hung (kill_hung)
 _NODE_SILENCE_S = 30.0
+_RESULT_WAIT_S = 2.0  # node 0's wait for the other nodes to read the job's result before its store closes
 # node 0 waits for the nodes it (or another node) told to stop --grace seconds and this much more: their launchers
 # learn of it at once (a blocking store get), then stop their ranks and report
 _STOP_MARGIN_S = 2.0
@@ -475,6 +479,8 @@ class _Launcher:
         self.replacements_left = cfg.replace_failed
         self.replacement_count: Dict[int, int] = {}
         self.failures: List[Tuple[int, int]] = []  # (rank, code) in the order seen, replaced or not
+        self.failure_n: List[int] = []  # each one's number in the job's failures (KEY_FAILURE; 0: not recorded)
+        self.counted = 0  # the job-wide number of the failure whose code result() returned (0: none, or not known)
         self.replaced_failures: set = set()  # indices into self.failures
         self.stopping = False
         self.stop_code: Optional[int] = None
@@ -707,8 +713,8 @@ class _Launcher:
         node = self.cfg.node_rank
         done_key, hb_key = KEY_DONE.format(node=node), KEY_HEARTBEAT.format(node=node)
         if self.store_call("read whether a node finished", "check", [done_key]):
-            code = self.store_call("read a node's exit code", "get", done_key, 1.0)
-            return f"finished (exit code {code.decode('utf-8', 'replace') if code else '?'})"
+            code = self.store_call("read a node's exit code", "get", done_key, 1.0)  # "<code> <failure number>"
+            return f"finished (exit code {code.decode('utf-8', 'replace').split()[0] if code else '?'})"
         if boot and boot == self.boot and pid.isdigit():
             fields = stat_fields(int(pid))
             if fields is None or fields[0] in ("Z", "X") or (start and fields[19] != start):
@@ -936,6 +942,7 @@ class _Launcher:
         if code != 0:
             self.failures.append((rank, code))
             n = self.store_call("count a failure", "add", KEY_FAILURES, 1)
+            self.failure_n.append(n or 0)
             if n is not None:
                 self.store_call("record a failure", "set", KEY_FAILURE.format(n=n), f"{rank} {code}")
         # last: whoever waits for the exit code finds the failure recorded
@@ -1232,12 +1239,13 @@ class _Launcher:
             why = self.store_call("read why a group was lost", "get", KEY_GROUP_LOST, 1.0)
             text = why.decode("utf-8", "replace") if why else "a group lost every member"
             if self.failures:
-                code = self.failures[0][1]
+                code, self.counted = self.failures[0][1], self.failure_n[0]
                 log.error("the job failed: %s (exit code %d)", text, code)
                 return code
             # no rank failed: the members ended on their own (without close()) while a replacement waited
             log.warning("%s, but no rank failed (its members ended without close()): not counted", text)
         if not self.cfg.keep_going:
+            self.counted = self.failure_n[0] if self.failures else 0
             return self.failures[0][1] if self.failures else 0
         lost: Dict[int, bool] = {}
         for i, (rank, code) in enumerate(self.failures):
@@ -1249,6 +1257,7 @@ class _Launcher:
                 log.info("rank %d %s and was marked lost: not counted", rank, _describe(code))
                 continue
             log.error("rank %d %s and was neither replaced nor marked lost", rank, _describe(code))
+            self.counted = self.failure_n[i]
             return code
         return 0
 
@@ -1263,12 +1272,15 @@ class _Launcher:
         if cfg.nnodes == 1 or self.store is None:
             return code
         if cfg.node_rank != 0:
-            self.store_call("report this node done", "set", KEY_DONE.format(node=cfg.node_rank), str(code))
-            return code
+            self.store_call("report this node done", "set", KEY_DONE.format(node=cfg.node_rank),
+                            f"{code} {self.counted}")
+            return self.job_result(code)
         pending = set(range(1, cfg.nnodes)) - self.silent
         stop_end: Optional[float] = None
         announced = False
-        failed_elsewhere = 0  # the first non-zero exit code another node reported
+        # the earliest failure of the job (by its number in the job's failures; 0: not known, after any known one)
+        first = (self.counted or float("inf"), code) if code else (float("inf"), 0)
+        done_nodes = []
         while pending and self.signals_seen < 2:  # a second signal ends the wait
             _fp.hit(FP_NODES_FINISH)
             now = time.monotonic()
@@ -1278,9 +1290,11 @@ class _Launcher:
                 done_key = KEY_DONE.format(node=node)
                 if self.store_call("check nodes", "check", [done_key]):
                     pending.discard(node)
-                    done = self.store_call("read a node's exit code", "get", done_key, 1.0) or b"0"
-                    if not failed_elsewhere and done.strip().lstrip(b"-").isdigit() and int(done):
-                        failed_elsewhere = int(done)
+                    done_nodes.append(node)
+                    parts = (self.store_call("read a node's exit code", "get", done_key, 1.0) or b"0").split()
+                    if parts and parts[0].lstrip(b"-").isdigit() and int(parts[0]):
+                        n = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() and int(parts[1]) else float("inf")
+                        first = min(first, (n, int(parts[0])))
                     continue
                 if node in self.unjoined:
                     if not self.joined(node) and now >= self.join_deadline:
@@ -1304,14 +1318,54 @@ class _Launcher:
                     log.info("waiting for nodes %s to finish before closing the store", sorted(pending))
                     announced = True
                 self.wait_events(0.25)
-        # every node's launcher exits with the job's status: one stopped while this one waited (a signal here,
-        # another node's failure), or a failure another node ended with, is this node's too
-        code = code or (self.stop_code or 0) or failed_elsewhere
+        # every node's launcher exits with the job's status: the code of its earliest failure, whichever node saw
+        # it; else one stopped while this one waited (a signal here, another node's failure)
+        code = first[1] or (self.stop_code or 0)
         if self.unjoined and time.monotonic() >= self.join_deadline and not self.missing_reported:
             log.error("the job failed: %s", self.missing_nodes())
             code = code or EXIT_NODE
         if self.silent and not cfg.keep_going:
             code = code or EXIT_NODE  # a node whose launcher went silent: its ranks did not finish
+        self.tell_result(code, done_nodes)
+        return code
+
+    def tell_result(self, code: int, nodes: List[int]) -> None:
+        """Node 0: the job's status for the other nodes' launchers to exit with (:meth:`job_result`), and a short
+        wait (``_RESULT_WAIT_S``) for ``nodes`` to have read it before the store closes."""
+        if not nodes:
+            return
+        self.store_call("tell the job's result", "set", KEY_RESULT, str(code))
+        end = time.monotonic() + _RESULT_WAIT_S
+        keys = [KEY_RESULT_READ.format(node=n) for n in nodes]
+        while time.monotonic() < end and self.signals_seen < 2:
+            read = self.store_call("check the nodes read the result", "check", keys)
+            if read or read is None:  # read, or the store is gone
+                return
+            self.wait_events(0.02)
+
+    def job_result(self, code: int) -> int:
+        """Node i > 0, done: the job's status, which node 0 tells once every node is done (a failure on another node
+        is this node's status too); ``code`` where node 0's store is gone, it says nothing within
+        ``_NODE_SILENCE_S`` (a node still running), or a second signal ends the wait."""
+        end = time.monotonic() + _NODE_SILENCE_S
+        announced = False
+        with requests_until(end):  # a store that stopped answering (node 0 stopped) holds this no longer
+            while self.signals_seen < 2 and time.monotonic() < end:
+                there = self.store_call("check for the job's result", "check", [KEY_RESULT])
+                if there is None:  # node 0's store is gone
+                    return code
+                if there:
+                    raw = self.store_call("read the job's result", "get", KEY_RESULT, 1.0) or b""
+                    self.store_call("say the result was read", "set",
+                                    KEY_RESULT_READ.format(node=self.cfg.node_rank), b"1")
+                    return int(raw) if raw.strip().lstrip(b"-").isdigit() else code
+                if not announced:
+                    log.info("waiting for node 0's verdict on the job before exiting")
+                    announced = True
+                self.wait_events(0.1)
+                if self.stop_code:  # node 0 stopped the job meanwhile (a signal there): that status is the job's
+                    return self.stop_code
+        log.warning("node 0 gave no verdict on the job within %g s: exiting with this node's status", _NODE_SILENCE_S)
         return code
 
     # ---- teardown

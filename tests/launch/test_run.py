@@ -943,6 +943,28 @@ def test_node_0_whose_ranks_ended_exits_with_the_jobs_status(tmp_path, how):
     assert took < 8, (took, errs)
 
 
+# each rank ends after argv[1 + 2*RANK] s with argv[2 + 2*RANK]
+ENDS_EACH = WRITE_PID + "time.sleep(float(sys.argv[1 + 2 * RANK]))\nsys.exit(int(sys.argv[2 + 2 * RANK]))\n"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("ends,keep_going,codes", [
+    (["1.5", "5", "0", "0"], False, [5, 5]),  # node 0's rank fails after node 1's ended: node 1 exited 0
+    (["0", "5", "0", "0"], True, [5, 5]),  # --keep-going: each node counted its own ranks only
+    (["1", "5", "0", "3"], True, [3, 3]),  # --keep-going, both fail: the earliest failure's (node 0 said 5)
+])
+def test_every_nodes_launcher_exits_with_the_jobs_status(tmp_path, ends, keep_going, codes):
+    script = _script(tmp_path, ENDS_EACH)
+    port = _free_port()
+    extra = ["--keep-going"] if keep_going else []
+    procs = [_node(tmp_path, node, port, script, *extra, argv=ends) for node in (0, 1)]
+    try:
+        got = [p.wait(30) for p in procs]
+    finally:
+        _end(procs)
+    assert got == codes, "\n".join((tmp_path / f"err{i}").read_text() for i in (0, 1))
+
+
 @pytest.mark.timeout(30)
 def test_a_node_given_other_nnodes_or_n_than_node_0_is_refused(tmp_path):
     """Node 1 with -n 2 where node 0 has -n 1: its ranks would take numbers node 0's have, with another world size."""
@@ -1123,12 +1145,15 @@ def test_a_restarted_node_is_told_it_already_ran(tmp_path, how):
         _wait_files([tmp_path / "pid0", tmp_path / "pid1"])
         if how == "killed":
             procs[1].kill()
-        assert procs[1].wait(10) == (-signal.SIGKILL if how == "killed" else 0)
+            assert procs[1].wait(10) == -signal.SIGKILL
+        else:  # its ranks ended: it waits for node 0's verdict on the job, to exit with it
+            _wait_text(tmp_path / "err1", "waiting for node 0's verdict on the job")
         first = procs[1].pid
         procs.append(_node(tmp_path, 1, port, script, name="again"))
         code = procs[2].wait(10)
         assert procs[0].poll() is None  # node 0's rank runs on
         code0 = _stop_node_0(tmp_path, procs[0])
+        code1 = procs[1].wait(10)
     finally:
         _end(procs)
     err = (tmp_path / "err1again").read_text()
@@ -1137,6 +1162,8 @@ def test_a_restarted_node_is_told_it_already_ran(tmp_path, how):
                                    rf"as node 1 and {re.escape(gone)}\. A running job cannot take a restarted node",
                                    err), err
     assert "joined twice" not in err and code0 == 128 + signal.SIGTERM
+    if how == "finished":
+        assert code1 == 128 + signal.SIGTERM, (tmp_path / "err1").read_text()  # the job's status, node 0's verdict
     _assert_all_gone(_pids(tmp_path))
 
 
