@@ -36,12 +36,12 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from .. import failpoints as _fp
 from .._procs import boot_id, exiting, stat_fields
 from ..errors import PeerFailure, StoreError
-from ..hooks import CommView, WorkView
+from ..hooks import CommView, WorkView, op_text
 from .records import ProcRecord, ProgressRecord, proc_prefix, progress_prefix, read_records
 
 __all__ = ["Liveness", "round_all", "process_state", "this_process", "simulate_remote", "FP_LIVENESS_CHECK",
@@ -166,7 +166,11 @@ class Liveness:
         _fp.hit(FP_LIVENESS_CHECK)
         if not p.complete and now >= p.next_fetch:
             self._fetch(c, p, now)
-        found = self._check_local(c, p) or self._check_remote(c, p, outstanding[0], now)
+        # sends, receives and one-sided operations wait for their peers only: a third rank stopped or gone is no
+        # failure of theirs (NCCL's transfer between two live ranks goes on); a collective waits for every rank
+        peers = {w.peer for w in outstanding if w.is_p2p and w.peer is not None}
+        only = peers if len(peers) and all(w.is_p2p and w.peer is not None for w in outstanding) else None
+        found = self._check_local(c, p, only=only) or self._check_remote(c, p, outstanding[0], now, only)
         if found is None:
             p.suspect = None
             return
@@ -222,18 +226,19 @@ class Liveness:
             self._fetch(c, p, now)
         return self._check_local(c, p, skip)
 
-    def _check_local(self, c: CommView, p: _Peers, skip: Sequence[int] = ()) -> Optional[Tuple[int, ProcRecord, str]]:
+    def _check_local(self, c: CommView, p: _Peers, skip: Sequence[int] = (), only: Optional[Set[int]] = None
+                     ) -> Optional[Tuple[int, ProcRecord, str]]:
         for rank, rec in p.procs.items():
-            if rank in skip or not self._local(rec):
+            if rank in skip or (only is not None and rank not in only) or not self._local(rec):
                 continue
             why = process_state(rec.pid, rec.start)
             if why is not None:
                 return rank, rec, why
         return None
 
-    def _check_remote(self, c: CommView, p: _Peers, oldest: WorkView, now: float
+    def _check_remote(self, c: CommView, p: _Peers, oldest: WorkView, now: float, only: Optional[Set[int]] = None
                       ) -> Optional[Tuple[int, ProcRecord, str]]:
-        remote = {r: rec for r, rec in p.procs.items() if not self._local(rec)}
+        remote = {r: rec for r, rec in p.procs.items() if not self._local(rec) and (only is None or r in only)}
         if not remote:
             return None
         period = max(rec.period for rec in remote.values())
@@ -281,7 +286,7 @@ class Liveness:
         where = "" if self._local(rec) else f" on {rec.host}"
         global_rank = c.global_ranks[rank] if c.global_ranks is not None else rank
         who = f"rank {rank} (pid {rec.pid}{where})" + (f", global rank {global_rank}," if global_rank != rank else "")
-        exc = PeerFailure(f"communicator {c.name!r} rank {c.rank}: {who} is {why}; {work.op} #{work.seq} failed "
+        exc = PeerFailure(f"communicator {c.name!r} rank {c.rank}: {who} is {why}; {op_text(work)} failed "
                           f"after {now - work.t0:.2f} s of its {work.timeout:g} s timeout", rank, rec.pid, why)
         c.fail(exc, work)
 

@@ -91,6 +91,35 @@ def test_stopped_rank_is_found_within_a_second_whatever_the_timeout(server, vict
     assert f"rank {victim} (pid " in causes and "is stopped (SIGSTOP)" in causes, causes
 
 
+def _p2p_beside_a_stopped_rank(rank, n, addr):
+    comm = pycoll.init(rank, n, store=pycoll.TCPStore(addr[0], addr[1], TOKEN, timeout=30.0), backend="host",
+                       timeout=10.0)
+    comm.barrier()
+    if rank == 1:  # takes part in nothing: the transfer between ranks 0 and 2 does not wait for it
+        os.kill(os.getpid(), signal.SIGSTOP)
+    x = np.arange(4.0) if rank == 0 else np.zeros(4)
+    try:
+        if rank == 0:
+            time.sleep(1.5)  # past the liveness check's verdict on rank 1 (0.4 s)
+            comm.send(x, 2)
+        else:
+            comm.recv(x, 0)
+        out = x.tolist()
+    except pycoll.CommFailure as e:
+        out = str(e)
+    comm.abort()
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_a_send_and_receive_between_live_ranks_goes_on_while_a_third_is_stopped(server):
+    # the liveness check failed every outstanding operation when any rank of the communicator was stopped or gone:
+    # rank 2's receive from rank 0 failed 0.4 s in ("rank 1 ... is stopped (SIGSTOP); recv #0 failed"), though
+    # rank 0 then sent
+    res = run_ranks(_p2p_beside_a_stopped_rank, 3, server, timeout=40, may_die=[1])
+    assert res[0] == [0.0, 1.0, 2.0, 3.0] and res[2] == [0.0, 1.0, 2.0, 3.0], res
+
+
 @pytest.mark.timeout(90)
 def test_killed_rank_is_found_fast(server):
     res = run_ranks(_loop, 4, server, 30, 1, "kill", 10, 30.0, False, timeout=60, may_die=[1])
