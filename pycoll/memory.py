@@ -271,9 +271,12 @@ class SymmetricPool:
         return _array(block, alloc, alloc.ptr + off, dims, dtype, like)
 
     def offset_of(self, array: Any) -> int:
-        """The byte offset of ``array`` (from :meth:`empty`, or a view into it) in the window."""
+        """The byte offset of ``array`` (from :meth:`empty`, or a view into it) in the window. An array of no element
+        that gives no address in the pool (torch's say 0) is at offset 0: a transfer of it moves nothing."""
         p = _data_ptr(array)
         if not self._ptr <= p < self._ptr + self.nbytes:
+            if p == 0 and _no_element(array):
+                return 0
             raise ValueError("this array does not lie in the pool")
         return p - self._ptr
 
@@ -312,6 +315,14 @@ class SymmetricPool:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _no_element(array: Any) -> bool:
+    """Whether ``array`` (a torch tensor, a numpy or CUDA array interface) holds no element."""
+    numel = getattr(array, "numel", None)
+    if callable(numel):
+        return int(numel()) == 0
+    return 0 in tuple(getattr(array, "shape", (1,)))
 
 
 def _data_ptr(array: Any) -> int:

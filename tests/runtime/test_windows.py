@@ -398,6 +398,11 @@ def test_symmetric_pool_lifetimes_and_misuse():
         del layer
         gc.collect()
         assert pool.free_bytes == pool.nbytes
+        # an array of no element: torch's says its address is 0 (offset_of said "does not lie in the pool")
+        torch = pytest.importorskip("torch")
+        assert pool.offset_of(pool.empty((0, 4), torch.float32, like="torch")) == 0
+        with pytest.raises(ValueError, match="does not lie in the pool"):
+            pool.offset_of(torch.ones(4))
         # a collective registration inside a group is refused before anything starts, as register_window is
         with pytest.raises(CommStateError, match="SymmetricPool cannot be called inside a group"), c.group():
             pycoll.SymmetricPool(c, 4096)
