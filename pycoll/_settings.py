@@ -263,6 +263,10 @@ _ALL = (
             "to another CPU of its mask (where the ranks do not outnumber the CPUs), and one on a CPU holding two of "
             "its communicator's ranks more than another CPU of its mask moves there (where they do); `0`: never",
             minimum=0, maximum=1),
+    Setting("PYCOLL_HOST_SHM_TAG", "text", None, "names the host library's `/dev/shm` segments `pycoll_<tag>-...` "
+            "instead of `pycoll-...` (1 to 15 of A-Z a-z 0-9 _): processes of different tags, which cannot share a "
+            "communicator, neither see nor sweep each other's segments (jobs, containers or test workers sharing one "
+            "`/dev/shm`); unset: none"),
     # -- testing
     Setting("PYCOLL_FAILPOINTS", "text", None, "failpoints to arm, for tests: `NAME=ACTION[@N][;rank=R]` "
             "(action `kill`, `stop`, `raise` or `sleep(MS)`), comma-separated (see `pycoll/failpoints.py`; none)"),
@@ -277,6 +281,14 @@ HOST_LIBRARY_SETTINGS: Tuple[str, ...] = tuple(s.name for s in _ALL if s.name.st
 #: name -> the check of a text setting's value, registered by the module that reads it (a leaf module like this one
 #: cannot import it): PYCOLL_FAILPOINTS's grammar is pycoll.failpoints.parse
 _CHECKS: Dict[str, Callable[[str], Any]] = {}
+
+
+def _check_shm_tag(raw: str) -> None:
+    if not re.fullmatch(r"[A-Za-z0-9_]{1,15}", raw):
+        raise ValueError(f"$PYCOLL_HOST_SHM_TAG must be 1 to 15 of A-Z, a-z, 0-9 and _, got {raw!r}")
+
+
+_CHECKS["PYCOLL_HOST_SHM_TAG"] = _check_shm_tag
 
 
 def register_check(name: str, check: Callable[[str], Any]) -> None:

@@ -1,4 +1,7 @@
-"""Shared test fixtures: every test is checked for leaked /dev/shm segments and stray children."""
+"""Shared test fixtures: every test is checked for leaked /dev/shm segments and stray children.
+
+The suite runs in one process or in pytest-xdist workers (``-n 2``, README's test command); each test process has
+a segment tag and a dump folder of its own (pytest_configure)."""
 
 from __future__ import annotations
 
@@ -24,10 +27,19 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    # Each test process (this one, or each pytest-xdist worker: PYTEST_XDIST_WORKER) has its own dump folder and
+    # host-library segment tag, unless the caller set them: the leak checks then see this run's own segments only, a
+    # rendezvous of another worker (or of another pycoll job on the machine) does not sweep a segment a test expects
+    # to find, and no test reads another's dumps. A worker inherits what its controller set, and replaces it.
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not os.environ.get("PYCOLL_HOST_SHM_TAG") or os.environ.get("PYCOLL_TESTS_OWN_TAG"):
+        base = os.environ.setdefault("PYCOLL_TESTS_OWN_TAG", f"t{os.getpid()}")
+        os.environ["PYCOLL_HOST_SHM_TAG"] = f"{base}_{worker}" if worker else base
     # failing communicators dump their flight recorder; keep the dumps out of the home directory
-    if "PYCOLL_FR_DUMP_DIR" not in os.environ:
+    own = os.environ.get("PYCOLL_TESTS_OWN_FR_DIR")
+    if "PYCOLL_FR_DUMP_DIR" not in os.environ or (own and os.environ["PYCOLL_FR_DUMP_DIR"] == own):
         config._pycoll_fr_dir = tempfile.mkdtemp(prefix="pycoll-fr-tests-")
-        os.environ["PYCOLL_FR_DUMP_DIR"] = config._pycoll_fr_dir
+        os.environ["PYCOLL_FR_DUMP_DIR"] = os.environ["PYCOLL_TESTS_OWN_FR_DIR"] = config._pycoll_fr_dir
         # a communicator of a test that failed and was closed can still be alive when the session ends: pycoll's
         # exit dump (its handler registered later, so run earlier) then writes into the folder once more
         atexit.register(shutil.rmtree, config._pycoll_fr_dir, True)

@@ -68,7 +68,7 @@ void seg_unmap(struct seg* s) {
 }
 
 void seg_name_of(char out[64], const uint64_t nonce[2]) {
-  snprintf(out, 64, "/%s-%016llx%016llx", SHM_PREFIX, (unsigned long long)nonce[0], (unsigned long long)nonce[1]);
+  snprintf(out, 64, "/%s-%016llx%016llx", shm_prefix(), (unsigned long long)nonce[0], (unsigned long long)nonce[1]);
 }
 
 int seg_creator_of(const void* base, size_t size, struct proc_id* creator) {
@@ -104,6 +104,7 @@ ncclResult_t uid_make(ncclUniqueId* out, int kind, const uint64_t nonce[2], int 
   u.parent_nranks = parent_nranks;
   u.child_count = child_count;
   snprintf(u.host, sizeof u.host, "%s", host_name());
+  snprintf(u.shm_tag, sizeof u.shm_tag, "%s", shm_tag());
   memset(out, 0, sizeof *out);
   memcpy(out, &u, sizeof u);
   return ncclSuccess;
@@ -135,6 +136,15 @@ ncclResult_t uid_parse(const ncclUniqueId* id, struct host_uid* u, const char* o
           "%s : the unique id was created on another host (%s, boot_id %s) than this process runs on (%s, "
           "boot_id %s); the host library connects processes of one machine only",
           opname, u->host, a, host_name(), b);
+    return ncclInvalidUsage;
+  }
+  u->shm_tag[sizeof u->shm_tag - 1] = 0;
+  if (strcmp(u->shm_tag, shm_tag()) != 0) {
+    CWARN(comm,
+          "%s : the unique id was created by a process with PYCOLL_HOST_SHM_TAG=%s, this one has %s%s: the processes "
+          "of a communicator must have the same (their segments are named by it)",
+          opname, *u->shm_tag ? u->shm_tag : "(unset)", *shm_tag() ? "PYCOLL_HOST_SHM_TAG=" : "it ",
+          *shm_tag() ? shm_tag() : "unset");
     return ncclInvalidUsage;
   }
   return ncclSuccess;

@@ -25,6 +25,7 @@ struct host_uid {
   int32_t parent_nranks;  /* grow ids: size of the communicator that grows */
   uint64_t child_count;   /* grow ids: which reshape of the parent */
   char host[56];
+  char shm_tag[SHM_TAG_MAX + 1]; /* the creator's PYCOLL_HOST_SHM_TAG: every rank's must be the same */
 };
 _Static_assert(sizeof(struct host_uid) <= NCCL_UNIQUE_ID_BYTES, "unique id too large");
 

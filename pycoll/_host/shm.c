@@ -12,6 +12,38 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+static char tag_text[SHM_TAG_MAX + 1], prefix_text[sizeof "pycoll_" + SHM_TAG_MAX];
+static pthread_once_t tag_once = PTHREAD_ONCE_INIT;
+
+static void tag_read(void) {
+  const char* v = getenv("PYCOLL_HOST_SHM_TAG");
+  const char* e = v ? v + strspn(v, " \t") : ""; /* the blanks the other variables' parsers skip (env.c) */
+  size_t n = strlen(e);
+  while (n && (e[n - 1] == ' ' || e[n - 1] == '\t' || e[n - 1] == '\n')) n--;
+  bool ok = n <= SHM_TAG_MAX;
+  for (size_t i = 0; ok && i < n; i++)
+    ok = (e[i] >= 'a' && e[i] <= 'z') || (e[i] >= 'A' && e[i] <= 'Z') || (e[i] >= '0' && e[i] <= '9') || e[i] == '_';
+  if (!ok) {
+    fprintf(stderr, "pycoll host library: WARN PYCOLL_HOST_SHM_TAG=%s is invalid: it must be 1 to %d of A-Z, a-z, "
+            "0-9 and _; using none\n", v, SHM_TAG_MAX);
+    fflush(stderr);
+    n = 0;
+  }
+  memcpy(tag_text, e, n);
+  tag_text[n] = 0;
+  snprintf(prefix_text, sizeof prefix_text, n ? "pycoll_%s" : "pycoll", tag_text);
+}
+
+const char* shm_tag(void) {
+  pthread_once(&tag_once, tag_read);
+  return tag_text;
+}
+
+const char* shm_prefix(void) {
+  pthread_once(&tag_once, tag_read);
+  return prefix_text;
+}
+
 /* The start time of process `pid` (0: none such, or unreadable: `*unknown` then says which). */
 static uint64_t read_start_time(int32_t pid, char* state, bool* unknown) {
   char path[64], buf[1024];
@@ -207,7 +239,7 @@ int shm_create_map(const char* name, size_t size, void (*init)(void* base, void*
   proc_self(&me);
   uint64_t r = 0;
   random_bytes(&r, sizeof r);
-  snprintf(tmpname, sizeof tmpname, "%s-tmp-%d-%llu-%016llx", SHM_PREFIX, me.pid, (unsigned long long)me.start,
+  snprintf(tmpname, sizeof tmpname, "%s-tmp-%d-%llu-%016llx", shm_prefix(), me.pid, (unsigned long long)me.start,
            (unsigned long long)r);
   path_of(tmppath, sizeof tmppath, tmpname);
   path_of(path, sizeof path, name);
@@ -277,9 +309,10 @@ static void sweep_one(const char* entry, const struct proc_id* mine) {
   char path[300];
   snprintf(path, sizeof path, "%s/%s", SHM_DIR, entry);
   struct proc_id creator = {0};
-  if (!strncmp(entry, SHM_PREFIX "-tmp-", strlen(SHM_PREFIX "-tmp-"))) {
+  const char* rest = entry + strlen(shm_prefix()) + 1; /* past "<prefix>-" (sweep_dir) */
+  if (!strncmp(rest, "tmp-", 4)) {
     unsigned long long start = 0;
-    if (sscanf(entry + strlen(SHM_PREFIX "-tmp-"), "%d-%llu", &creator.pid, &start) != 2) return;
+    if (sscanf(rest + 4, "%d-%llu", &creator.pid, &start) != 2) return;
     creator.start = start;
     struct proc_id me;
     proc_self(&me);
@@ -310,7 +343,8 @@ static void sweep_dir(const struct proc_id* mine) {
   if (!d) return;
   struct dirent* e;
   while ((e = readdir(d)) != NULL) {
-    if (strncmp(e->d_name, SHM_PREFIX, strlen(SHM_PREFIX)) != 0) continue;
+    size_t n = strlen(shm_prefix()); /* this prefix's own: "pycoll-" is not "pycoll_a-" */
+    if (strncmp(e->d_name, shm_prefix(), n) != 0 || e->d_name[n] != '-') continue;
     sweep_one(e->d_name, mine);
   }
   closedir(d);

@@ -1,6 +1,7 @@
-/* POSIX shared-memory segments and process identity. Every name starts with "/pycoll". A segment
- * appears under its final name only fully initialised (created under a temporary name, then
- * linked), and stale segments of dead creators are swept. */
+/* POSIX shared-memory segments and process identity. Every name starts with the process's prefix: "pycoll", or
+ * "pycoll_<tag>" under PYCOLL_HOST_SHM_TAG=<tag>, then "-". A segment appears under its final name only fully
+ * initialised (created under a temporary name, then linked), and stale segments of dead creators are swept -- those
+ * of the process's own prefix only: processes of different tags share no segment and sweep none of the other's. */
 #ifndef PYCOLL_SHM_H
 #define PYCOLL_SHM_H
 
@@ -9,7 +10,12 @@
 
 
 #define SHM_DIR "/dev/shm"
-#define SHM_PREFIX "pycoll"
+#define SHM_TAG_MAX 15 /* PYCOLL_HOST_SHM_TAG: 1 to 15 of A-Z a-z 0-9 _ */
+
+/* "pycoll" or "pycoll_<tag>", and the tag ("" when none): PYCOLL_HOST_SHM_TAG as first read (an invalid one warns
+ * and counts as none) */
+const char* shm_prefix(void);
+const char* shm_tag(void);
 
 struct proc_id {
   int32_t pid;

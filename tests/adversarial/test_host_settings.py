@@ -6,6 +6,7 @@ import textwrap
 from typing import List, Tuple, Union
 
 import pytest
+from helpers.mp import shm_prefix
 
 from pycoll import _settings
 from pycoll.store import TCPStoreServer
@@ -218,13 +219,13 @@ def test_a_rank_of_another_segment_layout_is_told_the_two_layouts() -> None:
     import struct
     import time
 
-    before = set(glob.glob("/dev/shm/pycoll*"))
+    before = set(glob.glob(f"/dev/shm/{shm_prefix()}*"))
     with TCPStoreServer("127.0.0.1", 0, TOKEN).start() as srv:
         first = python(_RANK, "0", str(srv.port), "0", environ=env())
         with first:
             deadline, made = time.monotonic() + 30, []
             while not made and time.monotonic() < deadline and first.popen.poll() is None:
-                made = sorted(set(glob.glob("/dev/shm/pycoll*")) - before)
+                made = sorted(set(glob.glob(f"/dev/shm/{shm_prefix()}*")) - before)
                 time.sleep(0.01)
             assert made, "rank 0 made no segment"
             with open(made[0], "r+b") as f:  # magic (8 bytes), then the layout version

@@ -30,7 +30,7 @@ import time
 
 import pytest
 from helpers import REPO
-from helpers.mp import shm_entries
+from helpers.mp import shm_entries, shm_prefix
 
 from pycoll import _bindings as B, analyze
 from pycoll.store import TCPStoreServer
@@ -229,7 +229,7 @@ def _mapped_segment(pid):
     name, linked under its own since)."""
     try:
         with open(f"/proc/{pid}/maps") as f:
-            inodes = {int(line.split()[4]) for line in f if "/dev/shm/pycoll-" in line}
+            inodes = {int(line.split()[4]) for line in f if f"/dev/shm/{shm_prefix()}" in line}
     except OSError:
         return None
     for name in shm_entries():

@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers.mp import Died, run_ranks
+from helpers.mp import Died, run_ranks, shm_prefix
 
 import pycoll
 import pycoll.hooks
@@ -669,7 +669,7 @@ def test_a_joiner_whose_group_is_gone_is_told_so(server):
 def _mapped_segments():
     """The host library's segments this process has mapped (its communicators')."""
     with open("/proc/self/maps") as f:
-        return len({line.split("/dev/shm/")[1].split()[0] for line in f if "/dev/shm/pycoll-" in line})
+        return len({line.split("/dev/shm/")[1].split()[0] for line in f if f"/dev/shm/{shm_prefix()}" in line})
 
 
 def _requested_reshape(rank, n, addr, spec, split=False):

@@ -145,8 +145,17 @@ def run_ranks(
             conn.close()
 
 
-def shm_entries(prefix: str = "pycoll") -> List[str]:
-    """Names in /dev/shm that start with ``prefix``."""
+def shm_prefix() -> str:
+    """How the names of this process's host-library segments begin: ``pycoll-``, or ``pycoll_<tag>-`` under
+    ``PYCOLL_HOST_SHM_TAG`` (which tests/conftest.py sets for each test process: the processes of another test run
+    on the machine, or of another xdist worker, then neither show up in its checks nor sweep its segments)."""
+    tag = os.environ.get("PYCOLL_HOST_SHM_TAG", "").lstrip(" \t").rstrip(" \t\n")
+    return f"pycoll_{tag}-" if tag else "pycoll-"
+
+
+def shm_entries(prefix: Optional[str] = None) -> List[str]:
+    """Names in /dev/shm that start with ``prefix`` (default :func:`shm_prefix`: this test run's segments)."""
+    prefix = shm_prefix() if prefix is None else prefix
     try:
         return sorted(e for e in os.listdir("/dev/shm") if e.startswith(prefix))
     except FileNotFoundError:

@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 from helpers.host_util import init, kill_when_done, lib, ptr, uid, wait_ready, wait_until
-from helpers.mp import Died, run_ranks
+from helpers.mp import Died, run_ranks, shm_prefix
 
 from pycoll import errors
 from pycoll._bindings import SHRINK_ABORT, Config, DataType, RedOp, UniqueId
@@ -711,7 +711,7 @@ def _mismatched_nranks(rank, n, idb, before):
     if rank == 1:  # rank 0 creates the communicator with nranks=2, rank 1 says 3: wait for its segment
         deadline = time.monotonic() + 10.0
         while time.monotonic() < deadline and not any(
-                e.startswith("pycoll-") for e in set(os.listdir("/dev/shm")) - before):
+                e.startswith(shm_prefix()) for e in set(os.listdir("/dev/shm")) - before):
             time.sleep(0.01)
     return _init_expect(rank, n, idb, 2 + rank, rank, 5)
 
