@@ -332,11 +332,12 @@ _bound = threading.local()  # this thread's requests_until() deadline (time.mono
 
 
 class requests_until:
-    """``with requests_until(deadline):`` -- this thread's requests to a :class:`pycoll.store.TCPStore` give up by
-    ``deadline`` (``time.monotonic()``; at least 1 s each, as always), whatever the client's own timeout: a caller
-    bounded as a whole (``pycoll.init``'s ``init_timeout``, the store connect included; a communicator's closing) is
-    not held by a store that stopped answering for the client's timeout (300 s by default) per request. Nested bounds
-    keep the earliest."""
+    """``with requests_until(deadline):`` -- this thread's requests to a :class:`pycoll.store.TCPStore` or a
+    :class:`pycoll.store.FileStore` give up by ``deadline`` (``time.monotonic()``; at least 1 s each, as always),
+    whatever the store's own timeout: a caller bounded as a whole (``pycoll.init``'s ``init_timeout``, the store
+    connect included; a communicator's closing) is not held by a store that stopped answering -- a TCP server, or a
+    process stopped holding a FileStore's lock file -- for the store's timeout (300 s by default) per request.
+    Nested bounds keep the earliest."""
 
     def __init__(self, deadline: float) -> None:
         self.deadline = deadline

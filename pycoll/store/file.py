@@ -13,7 +13,7 @@ import time
 from typing import Any, Callable, ClassVar, Dict, Iterator, List, Optional, Tuple, Union
 
 from .._procs import stat_fields
-from .._settings import Seconds
+from .._settings import Seconds, request_deadline
 from ..errors import StoreError, StoreTimeout
 from . import _safefiles
 from .base import (
@@ -44,6 +44,16 @@ _HOLDER_STATES = {"T": " (stopped: SIGSTOP or a debugger)", "t": " (stopped by a
 _LOCK_POLL_FIRST, _LOCK_POLL_MAX = 50e-6, 0.005  # the lock's polls: the first pause, doubling up to the last
 _REC = struct.Struct("!BII")  # kind, key length, value length
 _REC_SET, _REC_DELETE = 1, 2
+
+
+def _bounded(timeout: float) -> float:
+    """``timeout`` cut to this thread's :class:`pycoll._settings.requests_until` deadline, where one is set (at least
+    1 s, as a TCPStore's requests). A process stopped holding the lock file (a SIGSTOP that caught its watchdog's store
+    thread in the middle of a write) otherwise held a caller bounded as a whole for the store's own timeout: a failed
+    communicator's closing, whose observers' store requests are best effort, and with it the failure's handling that
+    the failed operations wait for before they raise."""
+    bound = request_deadline()
+    return timeout if bound is None else min(timeout, max(1.0, bound - time.monotonic()))
 
 
 def _open_store_file(path: str, flags: int) -> int:
@@ -242,7 +252,7 @@ class FileStore(Store):
         if self._closed:
             raise StoreError(f"the FileStore on {self.path} is closed")
         if write:
-            self._plock.acquire(self.timeout, f"the FileStore on {self.path}")
+            self._plock.acquire(_bounded(self.timeout), f"the FileStore on {self.path}")
         try:
             with self._mu:
                 if self._closed:
@@ -353,6 +363,7 @@ class FileStore(Store):
         self._append(self._record(_REC_SET, key, value))
 
     def _poll(self, keys: List[str], timeout: float, done: Callable[[], Any]) -> Any:
+        timeout = _bounded(timeout)
         deadline = time.monotonic() + timeout
         delay = POLL_FIRST
         while True:

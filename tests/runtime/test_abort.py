@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
@@ -283,3 +285,32 @@ def test_an_abort_from_another_thread_while_a_group_of_two_communicators_is_open
         assert out["a"] in ("CommAborted", "RemoteError") and out["b"] == "completed", out
         assert out["b.abort"] == "returned" and out["took"] < 5, out
         assert out["world"] == 2.0, out
+
+
+def _root_stopped_holding_the_store_lock(rank, n, folder):
+    store = pycoll.FileStore(os.path.join(folder, "store"), timeout=60)
+    comm = pycoll.init(rank, n, store=store, backend="host", timeout=20)
+    x = np.ones(4, np.float32)
+    comm.all_reduce(x)  # both initialised, their records published
+    if rank == 0:
+        # stopped in the middle of a write of its own watchdog's store thread, as a SIGSTOP may catch it
+        store._plock.acquire(5, "test")
+        os.kill(os.getpid(), signal.SIGSTOP)
+        os._exit(0)
+    t0 = time.monotonic()
+    try:
+        comm.broadcast(x, root=0)  # the root never sends: the liveness check finds it stopped, the policy aborts
+        out = "no error"
+    except pycoll.CommFailure as e:
+        out = type(e).__name__
+    return out, time.monotonic() - t0, comm.state
+
+
+def test_a_failure_is_raised_promptly_while_a_stopped_peer_holds_the_file_stores_lock(tmp_path):
+    # the policy's abort closes the communicator, whose closing lets the watchdog publish its last state in the store
+    # (best effort, bounded by requests_until): a FileStore's write waited for its lock file, which the stopped root
+    # held, for the store's own timeout -- the failure was not handled meanwhile, and the waiting broadcast raised
+    # only when await_failure_handled gave up, 2 * PYCOLL_ABORT_TIMEOUT (20 s) later
+    res = run_ranks(_root_stopped_holding_the_store_lock, 2, str(tmp_path), may_die=[0], timeout=60)
+    out, took, state = res[1]
+    assert out == "PeerFailure" and took < 8 and state == "aborted", res

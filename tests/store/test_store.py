@@ -17,6 +17,7 @@ from helpers.mp import held_by_another_thread, in_a_fork, run_ranks
 
 from pycoll import failpoints
 from pycoll._procs import stat_fields
+from pycoll._settings import requests_until
 from pycoll.errors import NotSupported, StoreAuthError, StoreError, StoreLost, StoreTimeout
 from pycoll.store import (
     FileStore,
@@ -805,6 +806,36 @@ def test_a_file_store_reads_past_a_stopped_writer_and_names_it_as_its_writes_tim
         assert child.wait(10) == 0
         assert s.get("after", timeout=5) == b"continued"
         s.set("x", b"1")
+        s.close()
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()
+
+
+def test_a_file_store_gives_up_by_the_threads_request_deadline_while_a_stopped_writer_holds_its_lock(tmp_path):
+    """``requests_until`` bounds a FileStore's requests as a TCPStore's (at least 1 s each): a communicator's closing,
+    whose observers' store requests are best effort, waited for the lock file a stopped peer held for the store's
+    own timeout, and its failure was not handled meanwhile."""
+    path = str(tmp_path / "fs")
+    child = subprocess.Popen([sys.executable, "-c", _HOLD_AND_STOP, path], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "held\n"
+        s = FileStore(path, timeout=30)
+        for call in (lambda: s.set("x", b"1"), lambda: s.wait(["missing"], timeout=30)):
+            t0 = time.monotonic()
+            with requests_until(t0 + 0.2), pytest.raises(StoreTimeout):
+                call()
+            assert 0.9 < time.monotonic() - t0 < 5
+        t0 = time.monotonic()
+        with requests_until(t0 + 30), pytest.raises(StoreTimeout, match="held for 0.5 s"):
+            FileStore(path, timeout=0.5).set("x", b"1")  # the store's own timeout, where it comes first
+        assert time.monotonic() - t0 < 5
+        os.kill(child.pid, signal.SIGCONT)
+        assert child.wait(10) == 0
+        with requests_until(time.monotonic() + 0.2):
+            s.set("x", b"1")  # within the bound: done
+        assert s.get("x") == b"1"
         s.close()
     finally:
         child.kill()
