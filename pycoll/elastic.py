@@ -134,15 +134,18 @@ _REQUESTED = " requested"
 _KEYS_KEPT = 4  # the generations whose store keys stay (_forget_generations)
 
 
-def _requester(flag: bytes) -> Optional[int]:
-    """The slot that asked for a reshape with nothing failed, from its reshape flag; None: a failure's flag."""
+def _flag_slot(flag: bytes) -> Optional[int]:
+    """The slot that raised a reshape flag (after a failure, or asking for a reshape); None: unreadable."""
     text = bytes(flag).decode("utf-8", "replace")
-    if not text.endswith(_REQUESTED):
-        return None
     try:
-        return int(text[:-len(_REQUESTED)])
+        return int(text[:-len(_REQUESTED)] if text.endswith(_REQUESTED) else text)
     except ValueError:
         return None
+
+
+def _requester(flag: bytes) -> Optional[int]:
+    """The slot that asked for a reshape with nothing failed, from its reshape flag; None: a failure's flag."""
+    return _flag_slot(flag) if bytes(flag).endswith(_REQUESTED.encode()) else None
 
 
 class Excluded(CommFailure):
@@ -726,7 +729,11 @@ class ElasticGroup:
                     comm.expect_revoke()
                 else:
                     try:  # a CommRevoked: the recovery stops it, this member's own part did not fail
-                        comm.fail(CommRevoked(f"generation {g} of {self.name!r} is being reshaped by another member"))
+                        by = _flag_slot(flag)
+                        why = ("" if by is None else f" (slot {by}, which asked for it)" if requester is not None
+                               else f" (slot {by}, after a failure there)")
+                        comm.fail(CommRevoked(f"generation {g} of {self.name!r} is being reshaped by another member"
+                                              + why))
                     except Exception:  # revoke unsupported: the policy aborts instead
                         _log.exception("revoking generation %d", g)
             if comm.generation == g:
