@@ -25,7 +25,7 @@ from pycoll import _bindings as B
 from pycoll._procs import stat_fields
 
 CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-pytestmark = [pytest.mark.timeout(120),
+pytestmark = [pytest.mark.timeout(120), pytest.mark.serial,
               pytest.mark.skipif(len(CPUS) < 2, reason="needs sched_setaffinity and two CPUs")]
 
 
