@@ -51,6 +51,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 import zlib
 from dataclasses import dataclass
 from datetime import timedelta
@@ -557,11 +558,18 @@ def job_store(info: RankInfo, *, connect_timeout: float = 120.0) -> Store:
 def _open_torch_store(info: RankInfo, env: Mapping[str, str], timeout: float, connect_timeout: float) -> Store:
     if info.store_addr is None or info.store_port is None:
         raise RankDiscoveryError("MASTER_ADDR and MASTER_PORT are not set: torchrun sets them for every rank")
+    started = time.monotonic()
     try:
         import torch.distributed as dist
     except ImportError as exc:
         raise StoreError(f"a torchrun job's store is torch's TCPStore, but torch.distributed cannot be "
                          f"imported ({exc})") from None
+    # its first import (2-8 s on a busy machine) is part of the time given to reach the store (init's init_timeout)
+    imported = time.monotonic() - started
+    if imported >= connect_timeout:
+        raise StoreError(f"could not open torch's TCPStore at {info.store_addr}:{info.store_port}: importing "
+                         f"torch.distributed took {imported:.1f} s of the {connect_timeout:g} s given to reach it")
+    connect_timeout -= imported
     agent = (_get(env, "TORCHELASTIC_USE_AGENT_STORE") or "").lower() in ("1", "true")
     attempt = _get(env, "TORCHELASTIC_RESTART_COUNT") or "0"
     try:
