@@ -13,6 +13,7 @@ cdef class _Shared:  # the events of consecutive operations of one group (_core.
 
 cdef class Work:
     cdef public object comm, op, async_op, is_p2p, peer, root, timeout, stream
+    cdef public object peers  # every peer of a one-sided wait for several (wait_signal's rows); None: ``peer`` alone
     cdef public long long seq, p2p_seq, op_id, time_created_ns  # C: no int object made per operation
     cdef public double t0  # its deadline counts from here: its issue (enqueue; the end of the group that held it)
     cdef public bint grouped  # it waits in an open group(): not issued yet (no events looked at, no deadline)

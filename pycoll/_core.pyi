@@ -1,6 +1,6 @@
 """Stubs of the compiled per-call path (pycoll/_core.pyx)."""
 
-from typing import Any, Callable, Dict, Iterator, List, Literal, Optional, Sequence, SupportsIndex, final
+from typing import Any, Callable, Dict, Iterator, List, Literal, Optional, Sequence, SupportsIndex, Tuple, final
 
 from ._settings import Seconds
 from .buffers import Buffer
@@ -86,6 +86,7 @@ class Work:
     async_op: bool
     is_p2p: bool
     peer: Optional[int]
+    peers: Optional[Tuple[int, ...]]
     root: Optional[int]
     timeout: float
     stream: int
@@ -123,7 +124,7 @@ class Work:
 
 def launch(comm: Any, op: str, call: Callable[[int, int], Any], stream: int, inputs: Sequence[Buffer],
            outputs: Sequence[Buffer], async_op: bool, timeout: Optional[Seconds],
-           peer: Optional[int] = ...) -> Work: ...
+           peer: Optional[int] = ..., peers: Optional[Tuple[int, ...]] = ...) -> Work: ...
 def refresh(comm: Any, w: Work) -> None: ...
 def retire(comm: Any, w: Work) -> None: ...
 def events_back(pool: List[Any], w: Work) -> None: ...

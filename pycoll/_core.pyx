@@ -619,7 +619,7 @@ cdef class Work:
     Attributes for diagnostics (the flight recorder reads them): ``op`` (e.g. ``"all_reduce"``),
     ``seq`` (the communicator's collective sequence id: incremented by collectives, kept by
     point-to-point operations), ``p2p_seq`` (incremented by sends and receives), ``is_p2p``,
-    ``peer``, ``root`` (a broadcast's, reduce's, gather's or scatter's root; None for the others), ``timeout`` (seconds),
+    ``peer`` (``peers``: all of them, where a one-sided wait waits for several), ``root`` (a broadcast's, reduce's, gather's or scatter's root; None for the others), ``timeout`` (seconds),
     ``time_created_ns``, ``inputs``/``outputs`` (the :class:`pycoll.buffers.Buffer` arguments).
     """
 
@@ -1171,7 +1171,7 @@ cdef void _notify(Work w, bint completed) except *:
         _run_hooks(calls, w)
 
 
-def launch(CommCore comm, op, call, stream, inputs, outputs, async_op, timeout, peer=None):
+def launch(CommCore comm, op, call, stream, inputs, outputs, async_op, timeout, peer=None, peers=None):
     """Enqueue one operation: the same path on every backend (``Communicator._launch``).
 
     Its start event is recorded, the Work becomes outstanding (the watchdog watches it from
@@ -1179,10 +1179,11 @@ def launch(CommCore comm, op, call, stream, inputs, outputs, async_op, timeout, 
     it, and its end event is recorded after it (at ``ncclGroupEnd`` inside a group). On a
     stream that is capturing a graph the operation is only recorded into the graph.
     ``call(handle, stream)`` makes the library call (:func:`library_call` makes one that calls
-    the C function directly).
+    the C function directly). ``peers``: every peer of a point-to-point or one-sided operation that waits for
+    several (``peer`` is the first, as the flight recorder keeps it); the liveness checks watch them all.
     """
     return _launch(comm, op, call, stream, inputs if type(inputs) is list else list(inputs),
-                   outputs if type(outputs) is list else list(outputs), async_op, timeout, peer)
+                   outputs if type(outputs) is list else list(outputs), async_op, timeout, peer, peers)
 
 
 cdef inline bint _rooted(int kind) noexcept:
@@ -1190,7 +1191,7 @@ cdef inline bint _rooted(int kind) noexcept:
 
 
 cdef object _launch(CommCore comm, object op, object call, object stream, list inputs, list outputs, bint async_op,
-                    object timeout, object peer):
+                    object timeout, object peer, object peers=None):
     cdef Work w
     cdef int status = 0
     timeout = comm.timeout if timeout is None else _seconds(timeout, True)
@@ -1220,6 +1221,8 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
            inputs, outputs, async_op, capture)
     if type(call) is _Call and _rooted((<_Call>call).kind):  # the flight recorder keeps it: a root mismatch is seen
         w.root = (<_Call>call).root                         # in the entries, also where no rank's library found it
+    if peers is not None:
+        w.peers = peers
     _stage(_ST_WORK)
     try:
         _notify(w, False)

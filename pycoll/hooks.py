@@ -84,6 +84,7 @@ class WorkView(Protocol):
     op_id: int
     is_p2p: bool
     peer: Optional[int]
+    peers: Optional[Tuple[int, ...]]  # every peer of a one-sided wait for several (wait_signal's rows); else None
     timeout: float
     async_op: bool
     stream: Any  # the stream it runs on (a raw handle)
@@ -115,8 +116,11 @@ class WorkView(Protocol):
 
 
 def op_text(w: WorkView) -> str:
-    """An operation as reports name it: ``all_reduce #3``, ``send #2 with peer 1``."""
+    """An operation as reports name it: ``all_reduce #3``, ``send #2 with peer 1``, ``wait_signal #4 with peers 1,
+    2``."""
     if w.is_p2p:
+        if w.peers:
+            return f"{w.op} #{w.p2p_seq} with peers {', '.join(map(str, w.peers))}"
         return f"{w.op} #{w.p2p_seq}" + (f" with peer {w.peer}" if w.peer is not None else "")
     return f"{w.op} #{w.seq}"
 

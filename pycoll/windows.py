@@ -336,5 +336,6 @@ def wait_signal(comm: Any, peer: Union[int, Sequence[SignalWait]], count: int = 
     descs = [(_sig(n, "count"), comm._root(p, "peer"), _sig(s, "sig_idx"), _sig(c, "ctx")) for p, n, s, c in rows]
     st = comm._begin("wait_signal", stream, async_op, ())
     lib = comm.library
+    peers = tuple(sorted({d[1] for d in descs}))
     return comm._launch("wait_signal", lambda h, s: lib.wait_signal(descs, h, s), st, [], [], async_op, timeout,
-                        peer=descs[0][1])
+                        peer=descs[0][1], peers=peers if len(peers) > 1 else None)

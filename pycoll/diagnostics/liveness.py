@@ -168,7 +168,7 @@ class Liveness:
             self._fetch(c, p, now)
         # sends, receives and one-sided operations wait for their peers only: a third rank stopped or gone is no
         # failure of theirs (NCCL's transfer between two live ranks goes on); a collective waits for every rank
-        peers = {w.peer for w in outstanding if w.is_p2p and w.peer is not None}
+        peers = {p for w in outstanding if w.is_p2p and w.peer is not None for p in (w.peers or (w.peer,))}
         only = peers if len(peers) and all(w.is_p2p and w.peer is not None for w in outstanding) else None
         found = self._check_local(c, p, only=only) or self._check_remote(c, p, outstanding[0], now, only)
         if found is None:

@@ -120,6 +120,38 @@ def test_a_send_and_receive_between_live_ranks_goes_on_while_a_third_is_stopped(
     assert res[0] == [0.0, 1.0, 2.0, 3.0] and res[2] == [0.0, 1.0, 2.0, 3.0], res
 
 
+def _wait_signal_from_two(rank, n, addr):
+    store = pycoll.TCPStore(addr[0], addr[1], TOKEN, timeout=30.0)
+    comm = pycoll.init(rank, n, store=store, backend="host", timeout=20.0)
+    comm.barrier()
+    if rank == 2:  # one of the two rank 0 waits for: never signals
+        os.kill(os.getpid(), signal.SIGSTOP)
+    out = None
+    if rank == 1:
+        comm.signal(0)
+        store.get("done")  # alive (a peer gone counts as failed, its signal sent or not) until rank 0 has its answer
+    elif rank == 0:
+        t0 = time.monotonic()
+        try:
+            comm.wait_signal([(1, 1, 0, 0), (2, 1, 0, 0)])
+            out = "no error"
+        except pycoll.CommFailure as e:
+            out = (type(e).__name__, time.monotonic() - t0, str(e))
+        store.set("done", b"1")
+    comm.abort()
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_a_wait_for_signals_of_several_peers_fails_when_any_of_them_is_stopped(server):
+    # the liveness check watched only the first row's peer of a wait_signal over several (rank 1, which signalled):
+    # rank 2, stopped, held rank 0 for its whole 20 s timeout
+    res = run_ranks(_wait_signal_from_two, 3, server, timeout=45, may_die=[2])
+    name, took, text = res[0]
+    assert name == "PeerFailure" and took < 8 and "rank 2 (pid " in text, res[0]
+    assert "wait_signal #1 with peers 1, 2 failed" in text, text
+
+
 @pytest.mark.timeout(90)
 def test_killed_rank_is_found_fast(server):
     res = run_ranks(_loop, 4, server, 30, 1, "kill", 10, 30.0, False, timeout=60, may_die=[1])
