@@ -82,7 +82,16 @@ from .comm import Communicator, default_timeout
 from .config import CommConfig
 from .create import init, join, load_library
 from .diagnostics import get_recorder, get_watchdog
-from .errors import CommFailure, CommRevoked, CommStateError, NCCLError, StoreError, StoreLost, StoreTimeout
+from .errors import (
+    CommFailure,
+    CommRevoked,
+    CommStateError,
+    InvalidUsage,
+    NCCLError,
+    StoreError,
+    StoreLost,
+    StoreTimeout,
+)
 from .launch import discovery
 from .launch.keys import launched_processes, mark_group_lost, mark_lost, mark_not_needed, unmark_lost
 from .store.torch import store_argument
@@ -433,6 +442,8 @@ class ElasticGroup:
                 _fp.hit(FP_FORM_BEFORE_INIT)
                 self._new_comm(members.index(self.slot), members, key, 0, gone)
                 break
+            except InvalidUsage:
+                raise  # this process cannot meet the others (its PYCOLL_HOST_SHM_TAG, ...): no attempt would
             except (CommFailure, NCCLError, StoreError) as exc:
                 _log.warning("slot %d: forming group %r (attempt %d) failed: %s", self.slot, self.name, attempt, exc)
             # a member that failed on its own (a raise) is out of init at once, the others only at
@@ -547,7 +558,9 @@ class ElasticGroup:
                 self._join_once(t0, deadline)
                 return
             except (CommFailure, NCCLError) as exc:
-                if isinstance(exc, Excluded) or time.monotonic() >= deadline:
+                # InvalidUsage: this process cannot meet the members (another PYCOLL_HOST_SHM_TAG, planning settings
+                # of its own): asking again only held the members' grow for its timeout each time
+                if isinstance(exc, (Excluded, InvalidUsage)) or time.monotonic() >= deadline:
                     raise
                 _log.warning("slot %d: joining group %r failed (%s); asking again", self.slot, self.name, exc)
 

@@ -417,6 +417,74 @@ def test_a_slot_lost_while_its_marker_died_is_marked_by_the_next_rank_0(server):
         assert res[r]["members"] == (1, 2) and res[r]["lost"] == [0, 3], res[r]
 
 
+def _form_under_tag(rank, n, addr, tags):
+    os.environ["PYCOLL_HOST_SHM_TAG"] = tags[rank]  # before this process's first segment or unique id
+    t0 = time.monotonic()
+    try:
+        group = ElasticGroup(_store(addr), rank, n, backend="host", timeout=4.0, name="t")
+    except pycoll.PycollError as e:
+        return type(e).__name__, time.monotonic() - t0, str(e)
+    members = group.members
+    group.close()
+    return "formed", time.monotonic() - t0, members
+
+
+@pytest.mark.timeout(90)
+def test_a_slot_of_another_host_tag_fails_at_once_and_the_group_forms_without_it(server):
+    # its init's error (the unique id's creator had another PYCOLL_HOST_SHM_TAG) was retried for ever, the group
+    # never formed and nothing was raised
+    base = os.environ.get("PYCOLL_HOST_SHM_TAG", "t")[:10]
+    res = run_ranks(_form_under_tag, 2, server, (base, base + "_x"), timeout=60)
+    name, took, text = res[1]
+    assert name == "InvalidUsage" and took < 3 and "PYCOLL_HOST_SHM_TAG" in text, res[1]
+    assert res[0][0] == "formed" and res[0][2] == (0,), res[0]
+
+
+def _joiner_of_another_tag(rank, n, addr):
+    store = _store(addr)
+    if rank == n - 1:  # the replacement of slot 2, started with another PYCOLL_HOST_SHM_TAG than the members'
+        os.environ["PYCOLL_HOST_SHM_TAG"] = os.environ.get("PYCOLL_HOST_SHM_TAG", "t")[:10] + "_x"
+        store.wait(["slot2-dead"], timeout=30)
+        t0 = time.monotonic()
+        try:
+            ElasticGroup(store, 2, joiner=True, backend="host", timeout=10.0, name="t", join_timeout=40.0)
+            return "joined", 0.0, ""
+        except pycoll.PycollError as e:
+            return type(e).__name__, time.monotonic() - t0, str(e)
+    group = ElasticGroup(store, rank, n - 1, backend="host", timeout=10.0, name="t")
+    if rank == 2:
+        store.set("slot2-dead", b"1")
+        os.kill(os.getpid(), signal.SIGKILL)
+    x = np.ones(4)
+    try:
+        group.comm.all_reduce(x)
+    except pycoll.CommFailure:
+        group.reshape()
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 8:  # the joiner's request comes, its grow fails on its side
+        try:
+            group.maybe_grow()
+        except pycoll.CommFailure:
+            group.reshape()
+        time.sleep(0.05)
+    y = np.ones(4)
+    group.comm.all_reduce(y)
+    out = dict(members=group.members, y=y.tolist(), grows=sum(t.kind.startswith("grow") for t in group.transitions))
+    group.close()
+    return out
+
+
+@pytest.mark.timeout(90)
+def test_a_joiner_of_another_host_tag_raises_at_once(server):
+    # it asked again after every failed grow, holding the members' maybe_grow() for their whole timeout each time,
+    # and ended with "slot 2 was not admitted within 40 s", naming no tag
+    res = run_ranks(_joiner_of_another_tag, 4, server, timeout=70, may_die=[2])
+    name, took, text = res[3]
+    assert name == "InvalidUsage" and took < 8 and "PYCOLL_HOST_SHM_TAG" in text, res[3]
+    for r in (0, 1):
+        assert res[r]["members"] == (0, 1) and res[r]["y"] == [2.0] * 4, res[r]
+
+
 def _wait_dead(pid, limit=20.0):
     """Until process ``pid`` is gone, a zombie or dying (as the elastic layer's liveness checks see it)."""
     deadline = time.monotonic() + limit
