@@ -743,8 +743,8 @@ class ElasticGroup:
                 else:
                     try:  # a CommRevoked: the recovery stops it, this member's own part did not fail
                         by = _flag_slot(flag)
-                        why = ("" if by is None else f" (slot {by}, which asked for it)" if requester is not None
-                               else f" (slot {by}, after a failure there)")
+                        why = ("" if by is None else f" (slot {by} asked for it)" if requester is not None
+                               else f" (slot {by} raised its flag, having met a failure)")
                         comm.fail(CommRevoked(f"generation {g} of {self.name!r} is being reshaped by another member"
                                               + why))
                     except Exception:  # revoke unsupported: the policy aborts instead

@@ -27,22 +27,33 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    # Each test process (this one, or each pytest-xdist worker: PYTEST_XDIST_WORKER) has its own dump folder and
-    # host-library segment tag, unless the caller set them: the leak checks then see this run's own segments only, a
-    # rendezvous of another worker (or of another pycoll job on the machine) does not sweep a segment a test expects
-    # to find, and no test reads another's dumps. A worker inherits what its controller set, and replaces it.
+    # Each test process (this one, or each pytest-xdist worker: PYTEST_XDIST_WORKER) has a host-library segment tag
+    # and a dump folder of its own: the leak checks then see this process's own segments only, a rendezvous of
+    # another worker (or of another pycoll job on the machine) does not sweep a segment a test expects to find, and
+    # no test reads another's dumps. The run's tag and folder are the caller's (PYCOLL_HOST_SHM_TAG,
+    # PYCOLL_FR_DUMP_DIR), else its own (t<pid>, a temporary folder); a worker adds its name to both (the controller
+    # decides them first: the workers inherit PYCOLL_TESTS_OWN_*).
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    if not os.environ.get("PYCOLL_HOST_SHM_TAG") or os.environ.get("PYCOLL_TESTS_OWN_TAG"):
-        base = os.environ.setdefault("PYCOLL_TESTS_OWN_TAG", f"t{os.getpid()}")
-        os.environ["PYCOLL_HOST_SHM_TAG"] = f"{base}_{worker}" if worker else base
+    tag = os.environ.get("PYCOLL_TESTS_OWN_TAG")
+    if tag is None:
+        tag = os.environ.get("PYCOLL_HOST_SHM_TAG", "").lstrip(" \t").rstrip(" \t\n") or f"t{os.getpid()}"
+        os.environ["PYCOLL_TESTS_OWN_TAG"] = tag
+    suffix = f"_{worker}" if worker else ""
+    os.environ["PYCOLL_HOST_SHM_TAG"] = tag[:15 - len(suffix)] + suffix
     # failing communicators dump their flight recorder; keep the dumps out of the home directory
-    own = os.environ.get("PYCOLL_TESTS_OWN_FR_DIR")
-    if "PYCOLL_FR_DUMP_DIR" not in os.environ or (own and os.environ["PYCOLL_FR_DUMP_DIR"] == own):
-        config._pycoll_fr_dir = tempfile.mkdtemp(prefix="pycoll-fr-tests-")
-        os.environ["PYCOLL_FR_DUMP_DIR"] = os.environ["PYCOLL_TESTS_OWN_FR_DIR"] = config._pycoll_fr_dir
-        # a communicator of a test that failed and was closed can still be alive when the session ends: pycoll's
-        # exit dump (its handler registered later, so run earlier) then writes into the folder once more
-        atexit.register(shutil.rmtree, config._pycoll_fr_dir, True)
+    folder = os.environ.get("PYCOLL_TESTS_OWN_FR_DIR")
+    if folder is None:
+        folder = os.environ.get("PYCOLL_FR_DUMP_DIR", "").strip()  # empty: unset, as pycoll reads it
+        if not folder:
+            folder = config._pycoll_fr_dir = tempfile.mkdtemp(prefix="pycoll-fr-tests-")
+            # a communicator of a test that failed and was closed can still be alive when the session ends:
+            # pycoll's exit dump (its handler registered later, so run earlier) then writes into the folder again
+            atexit.register(shutil.rmtree, folder, True)
+        os.environ["PYCOLL_TESTS_OWN_FR_DIR"] = folder
+    if worker:
+        folder = os.path.join(folder, worker)
+        os.makedirs(folder, exist_ok=True)
+    os.environ["PYCOLL_FR_DUMP_DIR"] = folder
 
 
 def pytest_unconfigure(config):
