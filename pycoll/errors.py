@@ -159,7 +159,12 @@ class NCCLError(PycollError):
         return self._format()
 
     def __reduce__(self) -> Any:
-        return (type(self), (self.code, self.function, self.error_string, self.last_error, self.library))
+        # what was set on it besides (an init's ``comm``/``comms``, the handle its caller must abort; notes) goes too
+        extra = {k: v for k, v in self.__dict__.items() if k not in _NCCL_ERROR_FIELDS}
+        return (type(self), (self.code, self.function, self.error_string, self.last_error, self.library), extra or None)
+
+
+_NCCL_ERROR_FIELDS = frozenset(("code", "function", "error_string", "last_error", "library"))
 
 
 class UnhandledCudaError(NCCLError):

@@ -18,6 +18,20 @@ def test_one_class_per_result_code(code):
     assert type(back) is cls and str(back) == str(exc) and back.last_error == "last error text"
 
 
+def test_an_init_errors_handle_and_notes_survive_pickling():
+    # the handle an init's error carries for its caller to abort (comm, or comms for comm_init_all) was dropped: a
+    # supervisor in another process could not abort the communicator left behind
+    exc = pycoll.InProgressError(None, "ncclCommInitRank", "in progress", "", "/lib.so")
+    exc.comm = 0x55C08188E2B0
+    exc.add_note("while starting rank 3")
+    back = pickle.loads(pickle.dumps(exc))
+    assert back.comm == 0x55C08188E2B0 and back.__notes__ == ["while starting rank 3"] and str(back) == str(exc)
+    many = pycoll.InvalidUsage(None, "ncclCommInitAll")
+    many.comms = [1, 2]
+    assert pickle.loads(pickle.dumps(many)).comms == [1, 2]
+    assert not hasattr(pickle.loads(pickle.dumps(pycoll.InvalidUsage(None, "x"))), "comm")
+
+
 def test_builtin_bases():
     assert issubclass(pycoll.InvalidArgument, ValueError)
     assert issubclass(pycoll.RemoteError, ConnectionError)
