@@ -51,6 +51,9 @@ cdef int _done(Library lib, _Call* cr, str function) except -1:
     if r == ncclInProgress:
         raise _errors.InProgressError(
             r, function, _error_string(lib, r),
+            # a host stream's or event's (CUDA's cudaErrorNotReady) has no communicator to poll
+            "the events have not completed yet: host_event_synchronize (or poll host_event_query) and retry"
+            if function.startswith("pycollEvent") else
             "the call returned ncclInProgress, so its output is not available yet; poll "
             "comm_get_async_error and retry", lib.path)
     return r

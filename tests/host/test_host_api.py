@@ -1041,3 +1041,23 @@ def test_the_handle_table_stays_small_under_handles_made_and_freed_at_new_addres
         assert cap <= max(cap0, 512) and tables <= tables0 + 1, (cap0, tables0, cap, tables)
     finally:
         comm.destroy()
+
+
+def test_the_elapsed_time_of_events_not_completed_yet_says_to_wait_for_them():
+    # it said "poll comm_get_async_error and retry", which knows nothing of a stream's events
+    l = lib()
+    s, gate, e1, e2 = l.host_stream_create(), l.host_event_create(), l.host_event_create(), l.host_event_create()
+    l.host_event_arm(gate)
+    l.host_stream_wait_event(s, gate)  # the stream stops here until the gate fires
+    l.host_event_record(e1, s)
+    l.host_event_record(e2, s)
+    try:
+        with pytest.raises(errors.InProgressError, match=r"host_event_synchronize \(or poll host_event_query\)"):
+            l.host_event_elapsed_ms(e1, e2)
+    finally:
+        l.host_event_fire(gate)
+    l.host_event_synchronize(e2)
+    assert l.host_event_elapsed_ms(e1, e2) >= 0
+    for e in (gate, e1, e2):
+        l.host_event_destroy(e)
+    l.host_stream_destroy(s)
