@@ -59,6 +59,17 @@ cdef int _cint(object value, str what, long long lo=INT_MIN, long long hi=INT_MA
     raise ValueError(f"{what} must be in [{lo}, {hi}], got {v}")
 
 
+cdef uint64_t _timeout_ns(object timeout) except? 0xFFFFFFFFFFFFFFFF:
+    """A wait's ``timeout`` in seconds as nanoseconds (past 1e9 s: for ever); TypeError for what is no number,
+    ValueError for a negative one or NaN, each naming it."""
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
+    cdef double t = timeout
+    if not t >= 0:
+        raise ValueError(f"timeout must be >= 0 seconds, got {timeout}")
+    return <uint64_t>(t * 1e9) if t < 1e9 else <uint64_t>0xFFFFFFFFFFFFFFFF
+
+
 cdef int _dtype(object value) except -1:
     cdef int overflow = 0
     cdef long long x

@@ -18,7 +18,7 @@ cdef class HostLibrary(Library):
         _done(self, &cr, "pycollHostGetVersion")
         return v
 
-    def host_stream_create(self, int flags=0):
+    def host_stream_create(self, flags=0):
         """pycollStreamCreateWithFlags: a new host stream handle (an ordered queue with its own thread).
 
         ``flags``: ``HOST_STREAM_INLINE`` lets work submitted while the stream is idle run in the
@@ -26,25 +26,27 @@ cdef class HostLibrary(Library):
         """
         cdef pycollStream_t s = NULL
         cdef _Call cr
-        if flags == 0:
+        cdef int f = _cint(flags, "flags", 0)
+        if f == 0:
             _need(self, <void*>self.fn.pycollStreamCreate, "pycollStreamCreate")
             with nogil: _cap(&self.fn, NULL, &cr, self.fn.pycollStreamCreate(&s))
             _done(self, &cr, "pycollStreamCreate")
             return <uintptr_t>s
         _need(self, <void*>self.fn.pycollStreamCreateWithFlags, "pycollStreamCreateWithFlags")
-        with nogil: _cap(&self.fn, NULL, &cr, self.fn.pycollStreamCreateWithFlags(&s, flags))
+        with nogil: _cap(&self.fn, NULL, &cr, self.fn.pycollStreamCreateWithFlags(&s, f))
         _done(self, &cr, "pycollStreamCreateWithFlags")
         return <uintptr_t>s
 
-    def host_stream_set_flags(self, stream, int flags):
+    def host_stream_set_flags(self, stream, flags):
         """pycollStreamSetFlags: change a stream's flags (``HOST_STREAM_INLINE``, ``HOST_STREAM_HELP``, or 0)."""
         cdef pycollStream_t s = <pycollStream_t>_handle(stream, "stream")
+        cdef int f = _cint(flags, "flags", 0)
         cdef _Call cr
         _need(self, <void*>self.fn.pycollStreamSetFlags, "pycollStreamSetFlags")
-        with nogil: _cap(&self.fn, NULL, &cr, self.fn.pycollStreamSetFlags(s, flags))
+        with nogil: _cap(&self.fn, NULL, &cr, self.fn.pycollStreamSetFlags(s, f))
         _done(self, &cr, "pycollStreamSetFlags")
 
-    def host_event_wait(self, event, double timeout, bint run=False):
+    def host_event_wait(self, event, timeout, bint run=False):
         """pycollEventWait: block (GIL released) until ``event`` completes or ``timeout`` seconds
         pass; True when it completed. ``run``: pycollEventWaitRun -- on a stream flagged
         ``HOST_STREAM_HELP`` this thread first runs the work queued before the event that the stream's
@@ -53,9 +55,7 @@ cdef class HostLibrary(Library):
         cdef pycollEvent_t ev = <pycollEvent_t>_handle(event, "event")
         cdef uint64_t ns
         cdef _Call cr
-        if not timeout >= 0:
-            raise ValueError(f"timeout must be >= 0 seconds, got {timeout}")
-        ns = <uint64_t>(timeout * 1e9) if timeout < 1e9 else <uint64_t>0xFFFFFFFFFFFFFFFF
+        ns = _timeout_ns(timeout)
         if run:
             _need(self, <void*>self.fn.pycollEventWaitRun, "pycollEventWaitRun")
             with nogil: _cap(&self.fn, NULL, &cr, self.fn.pycollEventWaitRun(ev, ns))
@@ -64,7 +64,7 @@ cdef class HostLibrary(Library):
         with nogil: _cap(&self.fn, NULL, &cr, self.fn.pycollEventWait(ev, ns))
         return _check(self, &cr, "pycollEventWait") == ncclSuccess
 
-    def comm_wait_ready(self, comm, double timeout):
+    def comm_wait_ready(self, comm, timeout):
         """pycollCommWaitReady: block (GIL released) until ``comm``'s asynchronous state
         (:meth:`comm_get_async_error`) is no longer ncclInProgress -- a nonblocking init, split,
         shrink, grow, finalize or revoke has ended -- or ``timeout`` seconds pass; True when it
@@ -72,9 +72,7 @@ cdef class HostLibrary(Library):
         cdef ncclComm_t c = _comm(comm)
         cdef uint64_t ns
         cdef _Call cr
-        if not timeout >= 0:
-            raise ValueError(f"timeout must be >= 0 seconds, got {timeout}")
-        ns = <uint64_t>(timeout * 1e9) if timeout < 1e9 else <uint64_t>0xFFFFFFFFFFFFFFFF
+        ns = _timeout_ns(timeout)
         _need(self, <void*>self.fn.pycollCommWaitReady, "pycollCommWaitReady")
         with nogil: _cap(&self.fn, NULL, &cr, self.fn.pycollCommWaitReady(c, ns))
         return _check(self, &cr, "pycollCommWaitReady") == ncclSuccess
@@ -119,16 +117,14 @@ cdef class HostLibrary(Library):
         with nogil: _cap(&self.fn, NULL, &cr, self.fn.pycollStreamQuery(s))
         return _check(self, &cr, "pycollStreamQuery") == ncclSuccess
 
-    def host_stream_wait_room(self, stream, double timeout):
+    def host_stream_wait_room(self, stream, timeout):
         """pycollStreamWaitRoom: block (GIL released) until ``stream`` holds fewer than ``PYCOLL_HOST_STREAM_DEPTH``
         operations not begun, or ``timeout`` seconds pass; True when it has room (a call queuing one more would not
         wait for it)."""
         cdef pycollStream_t s = <pycollStream_t>_handle(stream, "stream")
         cdef uint64_t ns
         cdef _Call cr
-        if not timeout >= 0:
-            raise ValueError(f"timeout must be >= 0 seconds, got {timeout}")
-        ns = <uint64_t>(timeout * 1e9) if timeout < 1e9 else <uint64_t>0xFFFFFFFFFFFFFFFF
+        ns = _timeout_ns(timeout)
         _need(self, <void*>self.fn.pycollStreamWaitRoom, "pycollStreamWaitRoom")
         with nogil: _cap(&self.fn, NULL, &cr, self.fn.pycollStreamWaitRoom(s, ns))
         return _check(self, &cr, "pycollStreamWaitRoom") == ncclSuccess

@@ -1061,3 +1061,21 @@ def test_the_elapsed_time_of_events_not_completed_yet_says_to_wait_for_them():
     for e in (gate, e1, e2):
         l.host_event_destroy(e)
     l.host_stream_destroy(s)
+
+
+@pytest.mark.parametrize("call, error, text", [
+    (lambda l, s: l.host_stream_create(2**40), ValueError, "flags must be in"),
+    (lambda l, s: l.host_stream_set_flags(s, None), TypeError, "flags must be an int"),
+    (lambda l, s: l.host_stream_wait_room(s, None), TypeError, "timeout must be a number of seconds, got NoneType"),
+    (lambda l, s: l.host_event_wait(l.host_event_create(), "1"), TypeError, "timeout must be a number of seconds"),
+    (lambda l, s: l.host_stream_wait_room(s, float("nan")), ValueError, "timeout must be >= 0 seconds, got nan"),
+])
+def test_host_stream_arguments_are_refused_naming_them(call, error, text):
+    # an OverflowError ("value too large to convert to int") or a bare TypeError named no argument
+    l = lib()
+    s = l.host_stream_create()
+    try:
+        with pytest.raises(error, match=text):
+            call(l, s)
+    finally:
+        l.host_stream_destroy(s)
