@@ -89,6 +89,7 @@ class _PathLock:
         self.fd = _open_store_file(path, os.O_RDWR | os.O_CREAT)
         self.pid = os.getpid()
         self.lock = threading.Lock()
+        self.file_held = False  # the thread holding ``lock`` has taken the lock file too (it is inside a write)
         self.refs = 0
 
     @classmethod
@@ -112,12 +113,13 @@ class _PathLock:
         process stopped (SIGSTOP, a debugger) holding it would otherwise hang every process of the store."""
         deadline = time.monotonic() + timeout
         if not self.lock.acquire(timeout=timeout):
-            raise StoreTimeout(f"{where}: another thread of this process held its lock for {timeout:g} s")
+            raise StoreTimeout(f"{where}: {self._waited_in_process(timeout)}")
         try:
             delay = _LOCK_POLL_FIRST
             while True:
                 try:
                     fcntl.lockf(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    self.file_held = True
                     return
                 except OSError as e:
                     if e.errno not in (errno.EACCES, errno.EAGAIN):
@@ -131,13 +133,35 @@ class _PathLock:
             self.lock.release()
             raise
 
+    def _waited_in_process(self, timeout: float) -> str:
+        """What held a request that waited ``timeout`` seconds for the in-process lock: the thread holding it may be
+        inside a write (holding the lock file), or itself waiting for the lock file another process holds -- a process
+        stopped holding it (SIGSTOP, a debugger) is what the request waited for, and is named as by the lock file's
+        own wait."""
+        if self.file_held:
+            return (f"another thread of this process held its lock file {self.path} (inside a write) while this "
+                    f"request waited {timeout:g} s")
+        holder = self._file_holder()
+        if holder is None:  # the holding thread has not asked for the lock file yet, or took it just now
+            return f"another thread of this process held its lock for {timeout:g} s"
+        return (f"its lock file {self.path} was held by {holder} while this request waited {timeout:g} s (queued "
+                "behind another thread of this process, itself waiting for the lock file)")
+
     def holder(self) -> str:
         """Who holds the lock file's lock, as far as this host can tell."""
+        got = self._file_holder()
+        return "a process that released it just now" if got is None else got
+
+    def _file_holder(self) -> Optional[str]:
+        """Who holds the lock file's lock, as far as this host can tell; None where no other process does (a lock of
+        this process's own is not reported)."""
         try:
             got = fcntl.fcntl(self.fd, fcntl.F_GETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0))
-            pid = _FLOCK.unpack(got)[4]
+            kind, _, _, _, pid = _FLOCK.unpack(got)
         except OSError:
             return "another process"
+        if kind == fcntl.F_UNLCK:
+            return None
         if pid <= 0:
             return "a process on another host"
         fields = stat_fields(pid)
@@ -145,6 +169,7 @@ class _PathLock:
         return f"pid {pid}{state}"
 
     def release(self) -> None:
+        self.file_held = False
         try:
             fcntl.lockf(self.fd, fcntl.LOCK_UN)
         finally:

@@ -843,6 +843,57 @@ def test_a_file_store_gives_up_by_the_threads_request_deadline_while_a_stopped_w
         child.stdout.close()
 
 
+def test_a_file_store_request_cut_short_behind_a_thread_names_what_held_the_lock(tmp_path):
+    """A request bounded by ``requests_until`` that timed out waiting behind another thread of its process blamed that
+    thread ("another thread of this process held its lock") where the thread was itself only waiting for the lock file
+    a stopped process held: it names that process, as the unbounded wait does; a thread really inside a write is
+    named as such."""
+    path = str(tmp_path / "fs")
+    child = subprocess.Popen([sys.executable, "-c", _HOLD_AND_STOP, path], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "held\n"
+        s = FileStore(path, timeout=30)
+        waiting = threading.Thread(target=s.set, args=("a", b"1"))  # waits for the lock file, holding the thread lock
+        waiting.start()
+        deadline = time.monotonic() + 10
+        while not s._plock.lock.locked() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with requests_until(time.monotonic() + 0.2), pytest.raises(StoreTimeout) as info:
+            s.set("b", b"1")
+        assert f"held by pid {child.pid} (stopped: SIGSTOP or a debugger)" in str(info.value), info.value
+        assert "another thread of this process held" not in str(info.value), info.value
+        os.kill(child.pid, signal.SIGCONT)
+        waiting.join(10)
+        assert not waiting.is_alive() and s.get("a") == b"1"
+        assert child.wait(10) == 0
+        # a thread of this process inside a write (holding the lock file)
+        with held_by_another_thread(_PlockHeld(s)), requests_until(time.monotonic() + 0.2), \
+                pytest.raises(StoreTimeout) as info:
+            s.set("b", b"1")
+        assert "another thread of this process held its lock file" in str(info.value), info.value
+        assert "inside a write" in str(info.value), info.value
+        s.set("b", b"1")
+        assert s.get("b") == b"1"
+        s.close()
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()
+
+
+class _PlockHeld:
+    """A FileStore's process lock taken as a write takes it: the thread lock and the lock file."""
+
+    def __init__(self, store: FileStore) -> None:
+        self.plock = store._plock
+
+    def __enter__(self) -> None:
+        self.plock.acquire(5, "test")
+
+    def __exit__(self, *exc: object) -> None:
+        self.plock.release()
+
+
 def test_file_store_rejects_foreign_files(tmp_path):
     path = tmp_path / "not-a-store"
     path.write_bytes(b"hello world, definitely not a store")
