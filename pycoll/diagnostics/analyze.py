@@ -27,6 +27,17 @@ the ranks they send to (on the host library's eager lane up to 16 operations ahe
 follow the last one that shows a rank without a dump took part, the report says it may have stopped as early as
 the first of them (``unshown``), not only where the ranks with dumps got stuck.
 
+A rank's dump may be older than what the others did: written on demand, on a stall or for another communicator, and
+never replaced (its rank was killed, or could not dump again). Where another rank completed a later collective that
+took its part, or where it was written (not at its rank's exit) well before the first failure another rank recorded,
+its dump predates them (``stale_dumps``): from the first collective after the last one it shows, its rank is taken as
+one without a dump -- what the others read of it in the store says what is known -- never as one that did not enter
+them.
+
+A file that is no dump the analyzer can read -- not JSON or a pickle of plain data, or one whose structure is not
+the schema's (an entry that is no object or has no ``collective_seq_id``, a field of another type:
+:class:`InvalidDump`) -- is reported as unreadable and its rank as one without a dump; the other ranks are analysed.
+
 ``DIR`` is a dump directory holding ``generation_<g>`` folders (each generation is analysed on its
 own) or one generation's folder. Needs no torch. Pickles are loaded with a loader that refuses
 anything but plain data, so a dump cannot run code.
@@ -56,7 +67,7 @@ from .plot import plot_trace
 from .stacks import is_runtime_frame
 from .trace import build_trace, write_trace
 
-__all__ = ["load_generation", "find_generations", "analyze", "analyze_dir", "format_report", "trace_dir",
+__all__ = ["load_generation", "find_generations", "analyze", "analyze_dir", "format_report", "trace_dir", "InvalidDump",
            "main"]
 
 _GEN_RE = re.compile(r"^generation_(\d+)$")
@@ -79,7 +90,114 @@ def _load_file(path: str) -> Dict[str, Any]:
     data = json.loads(raw.decode("utf-8")) if path.endswith(".json") else _PlainUnpickler(io.BytesIO(raw)).load()
     if not isinstance(data, dict) or "entries" not in data or "version" not in data:
         raise ValueError("not a flight-recorder dump (no 'entries'/'version')")
-    return _merged(data)
+    _check(isinstance(data["entries"], list), "'entries' is not a list")
+    pyc = data.get("pycoll")
+    _check(pyc is None or isinstance(pyc, dict), "'pycoll' is not an object")
+    _check(not isinstance(pyc, dict) or _list_of_dicts(pyc.get("other_entries")),
+           "'pycoll.other_entries' is not a list of objects")
+    for i, e in enumerate(data["entries"]):  # what merging them reads: their record ids
+        _check(isinstance(e, dict), f"entries[{i}] is {type(e).__name__}, not an object")
+        _check(_ints_where_given(e, ("record_id", "pycoll_record_id")), f"entries[{i}] has a non-integer record id")
+    for i, e in enumerate((pyc or {}).get("other_entries") or []):
+        _check(_ints_where_given(e, ("record_id",)), f"pycoll.other_entries[{i}] has a non-integer record id")
+    data = _merged(data)
+    _check_dump(data)
+    return data
+
+
+class InvalidDump(ValueError):
+    """A file that parses but is no flight-recorder dump of the schema the analyzer reads (a field of another type,
+    a required one missing): its rank is reported as one without a readable dump."""
+
+
+def _check(ok: bool, what: str) -> None:
+    if not ok:
+        raise InvalidDump(f"invalid dump: {what}")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _list_of_dicts(v: Any) -> bool:
+    """None, or a list of objects."""
+    return v is None or (isinstance(v, list) and all(isinstance(x, dict) for x in v))
+
+
+def _dict_of_dicts(v: Any) -> bool:
+    """None, or an object whose values are objects."""
+    return v is None or (isinstance(v, dict) and all(isinstance(x, dict) for x in v.values()))
+
+
+def _ints_where_given(d: Dict[str, Any], keys: Iterable[str], *, num: bool = False) -> bool:
+    return all(d.get(k) is None or (_is_num(d[k]) if num else _is_int(d[k])) for k in keys)
+
+
+_PROGRESS_KEYS = ("coll_enqueued", "coll_started", "coll_completed", "p2p_enqueued", "p2p_started", "p2p_completed")
+
+
+def _check_dump(data: Dict[str, Any]) -> None:
+    """Raise :class:`InvalidDump` where ``data`` (a dump as :func:`_merged` gives it) holds what the analysis cannot
+    read: every field it reads has its schema's type where present, and every entry its ``collective_seq_id``."""
+    for i, e in enumerate(data["entries"]):
+        where = f"entries[{i}]"
+        _check(isinstance(e, dict), f"{where} is {type(e).__name__}, not an object")
+        _check(_is_int(e.get("collective_seq_id")), f"{where} has no integer 'collective_seq_id'")
+        _check(_ints_where_given(e, ("record_id", "p2p_seq_id", "pycoll_root", "time_created_ns",
+                                     "time_discovered_started_ns", "time_discovered_completed_ns")),
+               f"{where} has a non-integer id or time")
+        pg = e.get("process_group")
+        _check(pg is None or (isinstance(pg, (list, tuple)) and all(isinstance(x, str) for x in pg)),
+               f"{where}.process_group is not a list of strings")
+        for key in ("profiling_name", "state"):
+            _check(e.get(key) is None or isinstance(e[key], str), f"{where}.{key} is not a string")
+        for key in ("input_sizes", "output_sizes"):
+            v = e.get(key)
+            _check(v is None or (isinstance(v, (list, tuple)) and all(
+                isinstance(x, (list, tuple)) and all(_is_int(n) for n in x) for x in v)),
+                f"{where}.{key} is not a list of shapes")
+        for key in ("input_dtypes", "output_dtypes"):
+            v = e.get(key)
+            _check(v is None or (isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v)),
+                   f"{where}.{key} is not a list of strings")
+        _check(_list_of_dicts(e.get("frames")), f"{where}.frames is not a list of objects")
+    cfg = data.get("pg_config")
+    _check(_dict_of_dicts(cfg), "'pg_config' is not an object of objects")
+    for uid, c in (cfg or {}).items():
+        _check(c.get("ranks") is None or isinstance(c["ranks"], (str, list)), f"pg_config[{uid!r}].ranks is neither "
+               "a string nor a list")
+    pyc = data.get("pycoll")
+    if pyc is None:
+        return
+    _check(pyc.get("rank") is None or _is_int(pyc["rank"]), "'pycoll.rank' is not an integer")
+    _check(pyc.get("time_ns") is None or _is_int(pyc["time_ns"]), "'pycoll.time_ns' is not an integer")
+    for key in ("main_thread", "failures", "earlier_dumps", "transitions"):
+        _check(_list_of_dicts(pyc.get(key)), f"'pycoll.{key}' is not a list of objects")
+    for i, e in enumerate(pyc.get("earlier_dumps") or []):
+        _check(_list_of_dicts(e.get("main_thread")), f"'pycoll.earlier_dumps[{i}].main_thread' is not a list of "
+               "objects")
+    comms = pyc.get("comms")
+    _check(_dict_of_dicts(comms), "'pycoll.comms' is not an object of objects")
+    for uid, c in (comms or {}).items():
+        p = c.get("progress")
+        _check(p is None or (isinstance(p, dict) and _ints_where_given(p, _PROGRESS_KEYS)),
+               f"'pycoll.comms[{uid!r}].progress' is not an object of integers")
+    for i, rep in enumerate(pyc.get("failures") or []):
+        where = f"'pycoll.failures[{i}]'"
+        _check(_ints_where_given(rep, ("time", "elapsed_s"), num=True) and _ints_where_given(rep, ("seq", "request")),
+               f"{where} has a non-numeric time, seq or request")
+        _check(_dict_of_dicts(rep.get("peers")), f"{where}.peers is not an object of objects")
+        for peer in (rep.get("peers") or {}).values():
+            _check(_ints_where_given(peer, (*_PROGRESS_KEYS, "time_ns", "request")),
+                   f"{where}.peers has a non-integer progress, time or request")
+        for key in ("behind", "unconfirmed", "gone", "silent", "peer_failures"):
+            _check(rep.get(key) is None or isinstance(rep[key], dict), f"{where}.{key} is not an object")
+        _check(all(_is_num(v) or v is None for v in (rep.get("silent") or {}).values()),
+               f"{where}.silent is not an object of numbers")
 
 
 def _merged(data: Dict[str, Any]) -> Dict[str, Any]:
@@ -130,8 +248,8 @@ def load_generation(folder: str, prefix: Optional[str] = None) -> Tuple[Dict[int
     """``({global rank: dump}, [problems])`` for the dumps in ``folder`` (not recursive).
 
     The rank is the dump's own ``pycoll.rank`` when present, else the digits ending the file name
-    (after ``prefix`` when given). Unreadable files are reported, not fatal. Pickles win over JSON
-    for the same rank.
+    (after ``prefix`` when given). Unreadable files (of another format, or of another structure than the schema's:
+    :class:`InvalidDump`) are reported, not fatal. Pickles win over JSON for the same rank.
     """
     dumps: Dict[int, Dict[str, Any]] = {}
     kinds: Dict[int, str] = {}
@@ -481,6 +599,7 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
     res["main_thread"] = {r: site for r in present if (site := _main_site(dumps[r]))}
     res["earlier_main_thread"] = {r: site for r in present if (site := _earlier_site(dumps[r]))}
     res["captured"] = _captured(present, coll, p2p, members)
+    res["stale_dumps"] = _stale(dumps, uid, present, coll, res, local_of)
 
     with_entries = [r for r in present if coll[r]]
     # no dump holds an operation of it: nothing to compare (recording off, PYCOLL_FR_BUFFER_SIZE=0, or none issued)
@@ -495,8 +614,12 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
             res["problems"].append(f"history starts at #{start} (older entries were overwritten on some rank)")
         # the last collective each rank without a dump is shown to have taken part in
         shown: Dict[int, int] = dict.fromkeys(res["missing_dumps"], start - 1)
+        # a rank whose dump predates a collective counts, from that one on, as a rank without a dump
+        shown.update({r: max(st["through"], start - 1) for r, st in res["stale_dumps"].items()})
         for s in seqs:
-            div = _check_seq(s, present, coll, last, latest, size, res, local_of, stack_limit)
+            outdated = [r for r, st in res["stale_dumps"].items() if s > st["through"]]
+            div = _check_seq(s, [r for r in present if r not in outdated], coll, last, latest, size, res, local_of,
+                             stack_limit, outdated)
             if div is not None and not div["mismatch"] and _failed_with_a_later_one(s, present, coll):
                 continue  # its group failed on a later collective's mismatch: that one is the divergence
             if div is not None:
@@ -504,7 +627,7 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
                 break
             res["matched_through"] = s
             done = {r: coll[r][s] for r in present if s in coll[r] and coll[r][s].get("state") == "completed"}
-            for r in _parts_shown(done, res["missing_dumps"], members):
+            for r in _parts_shown(done, res["missing_dumps"] + outdated, members):
                 shown[r] = s
         res["unshown"] = _unshown(res, shown, coll, present)
     res["p2p"] = _check_p2p(members, present, p2p, stack_limit)
@@ -530,6 +653,51 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
         (dumps[r].get("pycoll") or {}).get("trigger") == "failure"
         and not (((dumps[r].get("pycoll") or {}).get("comms") or {}).get(uid) or {}).get("failure") for r in present)
     return res
+
+
+#: a dump written this much earlier (s) than the first failure another rank recorded on its communicator predates that
+#: failure (the ranks' clocks may differ by less)
+_STALE_MARGIN_S = 1.0
+
+
+def _stale(dumps: Dict[int, Dict[str, Any]], uid: str, present: List[int], coll: Dict[int, Dict[int, Dict[str, Any]]],
+           res: Dict[str, Any], local_of: Dict[int, int]) -> Dict[int, Dict[str, Any]]:
+    """The ranks of ``present`` whose dump predates what the others did on communicator ``uid``: a dump its rank wrote
+    earlier (on demand, on a stall, for another communicator) and never replaced -- the rank was killed, or could not
+    dump again. Its rank did whatever it did after the dump unseen: it must not be taken to have never entered the
+    collectives after the last its dump shows (``through``: that one, or the last its progress counters count).
+    A dump predates them where another rank completed a later collective whose completion took its rank's part
+    (:func:`_parts_shown`: its rank entered it after its dump), or where it was written, not at its rank's exit, more
+    than :data:`_STALE_MARGIN_S` before the first failure another rank recorded on the communicator, its rank
+    recording none of its own there. Rank -> ``{"through", "why", "view"}`` (``view``: its :func:`_store_view`, what
+    the others read of it in the store, or None)."""
+    members = res["members"]
+    failed = [f for f in res["failures"] if isinstance(f.get("time"), (int, float)) and f["time"] > 0]
+    out: Dict[int, Dict[str, Any]] = {}
+    for r in present:
+        pyc = dumps[r].get("pycoll") or {}
+        comm = (pyc.get("comms") or {}).get(uid) or {}
+        through = max(max(coll[r], default=0), int((comm.get("progress") or {}).get("coll_enqueued") or 0))
+        later = sorted({s for q in present if q != r for s, e in coll[q].items()
+                        if s > through and e.get("state") == "completed" and _parts_shown({q: e}, [r], members)})
+        why: List[str] = []
+        if later:
+            done = sorted({q for q in present for s in later if coll[q].get(s, {}).get("state") == "completed"} - {r})
+            ops = sorted({_op_of(coll[q][s]) for q in done for s in later if s in coll[q]})
+            span = f"#{later[0]}" if len(later) == 1 else f"#{later[0]}-#{later[-1]}"
+            why.append(f"{_who(done)} completed {'/'.join(ops)} {span} after it, which took its part")
+        t = pyc.get("time_ns")
+        others = [f for f in failed if f["rank"] != r]
+        if isinstance(t, int) and others and not any(f["rank"] == r for f in res["failures"]) \
+                and not comm.get("failure") and pyc.get("trigger") != "exit":
+            first = min(others, key=lambda f: f["time"])
+            ahead = first["time"] - t / 1e9
+            if ahead > _STALE_MARGIN_S:
+                why.append(f"written {ahead:.1f} s before rank {first['rank']}'s failure")
+        if why:
+            out[r] = {"through": through, "why": f"{_trigger(pyc)}; ends at #{through}; " + "; ".join(why),
+                      "view": _store_view(dumps, uid, local_of[r])}
+    return out
 
 
 # Collectives whose senders complete without waiting for the ranks they send to: a broadcast's or scatter's root, a
@@ -575,14 +743,20 @@ def _unshown(res: Dict[str, Any], shown: Dict[int, int], coll: Dict[int, Dict[in
     if through is None:
         return out
     for r, last in shown.items():
-        view = res["missing_dump_info"].get(r)
+        stale = (res.get("stale_dumps") or {}).get(r)
+        view = stale["view"] if stale is not None else res["missing_dump_info"].get(r)
         if view is not None and not view.get("failure"):
             last = max(last, int(view["progress"].get("coll_enqueued", 0) or 0))
         if last >= through:
             continue
         ops = sorted({_op_of(coll[q][s]) for q in present for s in coll[q] if last < s <= through})
-        out[r] = {"from": last + 1, "through": through, "ops": ops}
+        out[r] = {"from": last + 1, "through": through, "ops": ops, **({"stale": True} if stale is not None else {})}
     return out
+
+
+def _unshown_label(u: Dict[str, Any]) -> str:
+    """How the verdict names the rank of :func:`_unshown` item ``u``: one without a dump, or whose dump is older."""
+    return "its dump predates them" if u.get("stale") else "no dump"
 
 
 def _unshown_text(u: Dict[str, Any], *, short: bool = False) -> str:
@@ -672,12 +846,15 @@ def _troubled(c: Dict[str, Any]) -> bool:
 
 def _check_seq(s: int, present: List[int], coll: Dict[int, Dict[int, Dict[str, Any]]],
                last: Dict[int, Optional[Dict[str, Any]]], latest: Dict[int, Optional[Dict[str, Any]]], size: int,
-               res: Dict[str, Any], local_of: Dict[int, int], stack_limit: int) -> Optional[Dict[str, Any]]:
+               res: Dict[str, Any], local_of: Dict[int, int], stack_limit: int,
+               outdated: Sequence[int] = ()) -> Optional[Dict[str, Any]]:
+    """Collective #``s`` across the ranks of ``present`` (with a dump that reaches it; ``outdated``: the ranks whose
+    dump predates it, :func:`_stale`): None where it completed on every one of them, else the divergence."""
     got = {r: coll[r][s] for r in present if s in coll[r]}
     absent = [r for r in present if s not in coll[r]]
     ref = next(iter(got.values()))
     div: Dict[str, Any] = {"seq": s, "op": _describe(ref), "never_entered": {}, "skipped": [], "mismatch": None,
-                           "in_flight": {}, "completed": [], "captured": [], "missing_dumps": {}}
+                           "in_flight": {}, "completed": [], "captured": [], "missing_dumps": {}, "stale_dumps": {}}
     for r in absent:
         lc = last[r]
         if lc is not None and lc["collective_seq_id"] > s:
@@ -735,26 +912,34 @@ def _check_seq(s: int, present: List[int], coll: Dict[int, Dict[int, Dict[str, A
                                        "report: unknown" if r in res["foreign_dumps"]
                                        else "no dump and no store report: unknown")
             continue
-        p = view["progress"]
-        if view.get("failure"):
-            div["missing_dumps"][r] = f"no dump; failed: {view['failure']}"
-        elif p.get("coll_enqueued", 0) < s:
-            if view.get("answered"):
-                said = f"its answer to rank {view['reported_by']}'s dump request said #{p.get('coll_enqueued')}"
-            else:
-                age = view.get("age_s")
-                said = ("its last report in the store"
-                        + (f", {age:.1f} s old when rank {view['reported_by']} failed," if age is not None
-                           else f" (read by rank {view['reported_by']})")
-                        + f" said #{p.get('coll_enqueued')}")
-            gone = (f"its process (pid {view['gone_pid']}) was gone when rank {view['reported_by']} looked; "
-                    if view.get("gone_pid") is not None else "")
-            div["missing_dumps"][r] = (f"no dump; {gone}not seen entering it: {said}"
-                                       + (f", and it had been silent for {view['silent_s']:.1f} s"
-                                          if view.get("silent_s") else ""))
-        else:
-            div["missing_dumps"][r] = f"no dump; had issued it per the store (read by rank {view['reported_by']})"
+        div["missing_dumps"][r] = "no dump; " + _view_text(view, s)
+    for r in outdated:
+        st = res["stale_dumps"][r]
+        div["stale_dumps"][r] = (f"its dump predates it ({st['why']}): "
+                                 + (_view_text(st["view"], s) if st["view"] is not None
+                                    else "what it did after is unknown (no store report)"))
     return div
+
+
+def _view_text(view: Dict[str, Any], s: int) -> str:
+    """What the store says of a rank's part in collective #``s``: ``view`` is its :func:`_store_view`."""
+    p = view["progress"]
+    if view.get("failure"):
+        return f"failed: {view['failure']}"
+    if p.get("coll_enqueued", 0) < s:
+        if view.get("answered"):
+            said = f"its answer to rank {view['reported_by']}'s dump request said #{p.get('coll_enqueued')}"
+        else:
+            age = view.get("age_s")
+            said = ("its last report in the store"
+                    + (f", {age:.1f} s old when rank {view['reported_by']} failed," if age is not None
+                       else f" (read by rank {view['reported_by']})")
+                    + f" said #{p.get('coll_enqueued')}")
+        gone = (f"its process (pid {view['gone_pid']}) was gone when rank {view['reported_by']} looked; "
+                if view.get("gone_pid") is not None else "")
+        return (f"{gone}not seen entering it: {said}"
+                + (f", and it had been silent for {view['silent_s']:.1f} s" if view.get("silent_s") else ""))
+    return f"had issued it per the store (read by rank {view['reported_by']})"
 
 
 def _mismatch(kind: str, keyed: Dict[int, Any], texts: Dict[int, str]) -> Dict[str, Any]:
@@ -1140,6 +1325,9 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
                          f"{_fmt_ranks(c['members'])})")
             if c["missing_dumps"]:
                 lines.append(f"  missing dumps: ranks {_fmt_ranks(c['missing_dumps'])}")
+            for r, st in sorted((c.get("stale_dumps") or {}).items()):
+                lines.append(f"  rank {r}: its dump predates what the others did ({st['why']}): what it did after #"
+                             f"{st['through']} its dump does not show")
             for p in c["problems"]:
                 lines.append(f"  ! {p}")
             if c["matched_through"] is not None:
@@ -1148,7 +1336,7 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
                                  i["seq"] and i["seq"] <= c["matched_through"] for i in c.get("captured") or [])
                                 else ""))
                 for r, u in sorted((c.get("unshown") or {}).items()):
-                    lines.append(f"    rank {r} (no dump): {_unshown_text(u)}")
+                    lines.append(f"    rank {r} ({_unshown_label(u)}): {_unshown_text(u)}")
             if c.get("captured"):
                 lines.append("  captured in a CUDA graph, not in flight (each runs at the graph's replays, which "
                              f"watch_stream puts a deadline on): {_captured_text(c)}")
@@ -1212,7 +1400,7 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
                     if stacks:
                         for fr in stack:
                             lines.append(f"        {fr}")
-                for r, text in sorted(d["missing_dumps"].items()):
+                for r, text in sorted({**d["missing_dumps"], **(d.get("stale_dumps") or {})}.items()):
                     lines.append(f"    rank {r}: {text}")
                     st = rep.get("stacks", {}).get(r)
                     if st:
@@ -1251,7 +1439,7 @@ def _claims(f: Dict[str, Any], c: Dict[str, Any]) -> str:
             last = f"p2p #{last}" if p2p else f"#{last}"
             age = v.get("report_age_s") if isinstance(v, dict) else None
             rank = int(r)
-            if rank in own:
+            if rank in own and rank not in (c.get("stale_dumps") or {}):
                 items.append(f"rank {rank} (its own dump: {own[rank]})")
             elif isinstance(v, dict) and v.get("answered"):
                 items.append(f"rank {rank} (answered: {last})")
@@ -1277,7 +1465,7 @@ def _late(c: Dict[str, Any], d: Dict[str, Any]) -> Tuple[Dict[int, float], Optio
     timeout, with how many seconds after it, and the first such timeout report: they were late, not stuck in it --
     their entry failed on the aborted communicator, which reads as every rank having entered it. Only where every
     rank with a dump entered it and none completed it."""
-    if d["never_entered"] or d["completed"] or c["missing_dumps"]:
+    if d["never_entered"] or d["completed"] or c["missing_dumps"] or d.get("stale_dumps"):
         return {}, None
     # a group's timeout is reported at its last operation, after the divergence's
     gave_up = [f for f in c["failures"] if f.get("error_type") == "CommTimeout" and isinstance(f.get("seq"), int)
@@ -1334,6 +1522,8 @@ def _verdict(c: Dict[str, Any]) -> str:
         return f"no problem found on {name!r}"
     out = []
     overtaken = _overtaken(c)
+    # ranks whose state in it no dump gives: none, or one that predates it
+    unknown = bool(c["missing_dumps"] or d.get("stale_dumps"))
     held = {r: info["blocked_in"] for r, info in d["never_entered"].items()
             if info.get("blocked_in") and r not in overtaken}
     behind = sorted(r for r in d["never_entered"] if r not in held and r not in overtaken)
@@ -1346,6 +1536,11 @@ def _verdict(c: Dict[str, Any]) -> str:
         out.append(f"rank{'s' if len(unseen) > 1 else ''} {_fmt_ranks(unseen)} (no dump) "
                    f"{'were' if len(unseen) > 1 else 'was'} not seen entering "
                    f"{d['op']} on {name!r}")
+    outdated = sorted(r for r, t in (d.get("stale_dumps") or {}).items() if "not seen entering" in t)
+    if outdated:
+        one = len(outdated) == 1
+        out.append(f"rank{'' if one else 's'} {_fmt_ranks(outdated)} ({'its' if one else 'their'} dump predates it) "
+                   f"{'was' if one else 'were'} not seen entering {d['op']} on {name!r}")
     m = d["mismatch"]
     if m:
         who = (_who(m["culprits"]) + (" differs" if len(m["culprits"]) == 1 else " differ") if m["culprits"]
@@ -1393,7 +1588,7 @@ def _verdict(c: Dict[str, Any]) -> str:
                        f"{'its' if one else 'their'} stream or device has not finished (a hung kernel, a wait "
                        f"on an event) -- look there; rank{'' if len(started) == 1 else 's'} {_fmt_ranks(started)} "
                        f"started it and wait{'s' if len(started) == 1 else ''} for {'it' if one else 'them'}")
-        elif waiting and not d["never_entered"] and not d["completed"] and not c["missing_dumps"]:
+        elif waiting and not d["never_entered"] and not d["completed"] and not unknown:
             out.append(f"every rank entered {d['op']} on {name!r} and on none did it start: work queued before it "
                        f"on their streams or devices has not finished (a hung kernel, a wait on an event) -- look "
                        f"there, not at the transport")
@@ -1401,20 +1596,21 @@ def _verdict(c: Dict[str, Any]) -> str:
             out.append(f"{d['op']} on {name!r} was captured in a graph on {_who(d['captured'])} (it runs there only "
                        f"when the graph is replayed) but issued directly on {_who(d['in_flight'])}, where it did not "
                        f"complete")
-        elif not d["never_entered"] and not d["completed"] and not c["missing_dumps"]:
+        elif not d["never_entered"] and not d["completed"] and not unknown:
             out.append(f"every rank entered {d['op']} on {name!r} and none completed it: not a desync (suspect the "
                        f"transport, the device or a dependency outside this communicator)")
         elif d["completed"]:
             out.append(f"{d['op']} on {name!r} completed on ranks {_fmt_ranks(d['completed'])} but not on "
                        f"{_fmt_ranks(d['in_flight'])}")
-        else:
+        elif c["missing_dumps"]:
             out.append(f"{d['op']} on {name!r} did not complete on ranks {_fmt_ranks(d['in_flight'])}; ranks "
                        f"{_fmt_ranks(c['missing_dumps'])} left no dump of {name!r}")
-    if not out and d["missing_dumps"]:
+    if not out and (d["missing_dumps"] or d.get("stale_dumps")):
         out.append(f"{d['op']} on {name!r}: "
-                   + "; ".join(f"rank {r}: {t}" for r, t in sorted(d["missing_dumps"].items())))
+                   + "; ".join(f"rank {r}: {t}" for r, t in sorted({**d["missing_dumps"],
+                                                                    **(d.get("stale_dumps") or {})}.items())))
     # a rank without a dump whose part in the collectives before it no dump shows: where it stopped is open
-    out += [f"rank {r} (no dump) {_unshown_text(u, short=True)}" for r, u in sorted(unshown.items())]
+    out += [f"rank {r} ({_unshown_label(u)}) {_unshown_text(u, short=True)}" for r, u in sorted(unshown.items())]
     return "; ".join(out)
 
 
@@ -1431,7 +1627,7 @@ def _culprits(c: Dict[str, Any]) -> List[int]:
         first = _first_p2p(c)
         return sorted({first["src"], first["dst"]}) if first else sorted(c.get("unshown") or {})
     out = set(d["never_entered"]) - set(_overtaken(c))
-    out |= {r for r, t in d["missing_dumps"].items() if "not seen entering" in t}
+    out |= {r for r, t in {**d["missing_dumps"], **(d.get("stale_dumps") or {})}.items() if "not seen entering" in t}
     out |= set(c.get("unshown") or {})
     if d["mismatch"]:
         out |= set(d["mismatch"]["culprits"])
