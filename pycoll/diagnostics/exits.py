@@ -194,7 +194,9 @@ class ExitDumps:
             failed = [] if unfinished else rec.failed_closed()
             reason = f"{what} in rank {rec.global_rank()} " + (
                 f"while {', '.join(unfinished)} outstanding" if unfinished
-                else f"after {', '.join(failed)} failed" if failed else "with no operation outstanding")
+                else f"after {', '.join(failed)} failed" if failed
+                else "with no operation outstanding" if rec.enabled
+                else "(its operations unknown: recording is off, PYCOLL_FR_BUFFER_SIZE=0)")
             self.reason = reason
             _fp.hit(FP_EXIT_DUMP)
             info = {"exit": {"event": what, "pid": os.getpid(), "unfinished": unfinished, **(extra or {})}}

@@ -83,6 +83,15 @@ def test_excepthook_chains_and_no_outstanding_op_is_said(tmp_path):
     assert rec.dump_count == 1
 
 
+def test_an_exit_dump_with_recording_off_does_not_say_nothing_was_outstanding(tmp_path):
+    # PYCOLL_FR_BUFFER_SIZE=0: it said 'with no operation outstanding' of a rank whose all_reduce had just failed
+    rec, c, wd, ed = _setup(tmp_path)
+    rec.configure(buffer_size=0)
+    ed.dump("uncaught CommTimeout")
+    assert _reason(tmp_path)["reason"] == ("uncaught CommTimeout in rank 0 (its operations unknown: recording is off, "
+                                           "PYCOLL_FR_BUFFER_SIZE=0)")
+
+
 def test_an_exit_after_the_failed_communicator_was_closed_keeps_the_failure_dump(tmp_path):
     """A rank that caught a failure (its communicator aborted, then destroyed) and exits: nothing is outstanding,
     so no exit dump replaces the failure's (same file); a later event's reason says what failed, in its rank."""
