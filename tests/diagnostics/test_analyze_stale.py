@@ -148,15 +148,19 @@ MUTATIONS = {
 }
 
 
-@pytest.mark.parametrize("what", sorted(MUTATIONS))
-def test_a_well_formed_file_of_odd_structure_is_reported_and_the_other_ranks_analysed(tmp_path, capsys, what):
-    d = _three_ranks(tmp_path)
-    path = os.path.join(d, "json", "generation_0", f"{PREFIX}1.json")
+def _mutate(path, what):
+    """Rewrite the JSON dump at ``path`` with mutation ``what`` of :data:`MUTATIONS` applied."""
     with open(path) as f:
         data = json.load(f)
     MUTATIONS[what](data)
     with open(path, "w") as f:
         json.dump(data, f)
+
+
+@pytest.mark.parametrize("what", sorted(MUTATIONS))
+def test_a_well_formed_file_of_odd_structure_is_reported_and_the_other_ranks_analysed(tmp_path, capsys, what):
+    d = _three_ranks(tmp_path)
+    _mutate(os.path.join(d, "json", "generation_0", f"{PREFIX}1.json"), what)
     rep = analyze.analyze_dir(d)[0]
     assert rep["ranks"] == [0, 2]
     assert any(p.startswith(f"{PREFIX}1.json: unreadable (InvalidDump: invalid dump: ") for p in rep["problems"]), rep
@@ -168,10 +172,5 @@ def test_a_well_formed_file_of_odd_structure_is_reported_and_the_other_ranks_ana
     assert analyze.main([d, "--trace", str(tmp_path / "t.json")]) == 1
     # every file invalid: nothing could be analysed
     for r in (0, 2):
-        p = os.path.join(d, "json", "generation_0", f"{PREFIX}{r}.json")
-        with open(p) as f:
-            other = json.load(f)
-        MUTATIONS[what](other)
-        with open(p, "w") as f:
-            json.dump(other, f)
+        _mutate(os.path.join(d, "json", "generation_0", f"{PREFIX}{r}.json"), what)
     assert analyze.main([d]) == 2

@@ -451,15 +451,7 @@ def _joiner_of_another_tag(rank, n, addr):
             return "joined", 0.0, ""
         except pycoll.PycollError as e:
             return type(e).__name__, time.monotonic() - t0, str(e)
-    group = ElasticGroup(store, rank, n - 1, backend="host", timeout=10.0, name="t")
-    if rank == 2:
-        store.set("slot2-dead", b"1")
-        os.kill(os.getpid(), signal.SIGKILL)
-    x = np.ones(4)
-    try:
-        group.comm.all_reduce(x)
-    except pycoll.CommFailure:
-        group.reshape()
+    group = _without_slot_2(store, rank, n - 1, np.ones(4))
     t0 = time.monotonic()
     while time.monotonic() - t0 < 8:  # the joiner's request comes, its grow fails on its side
         try:
@@ -556,6 +548,20 @@ def test_late_failure_policy_does_not_break_the_shrink(server):
         assert res[r] == dict(members=(0, 1, 2), y=[3.0] * 4, kind="shrink", attempts=1), res[r]
 
 
+def _without_slot_2(store, rank, size, x):
+    """Group 't' of ``size`` slots, slot 2 killed (after it set ``slot2-dead``), the others' first all_reduce of
+    ``x`` failed and reshaped: the group of the survivors."""
+    group = ElasticGroup(store, rank, size, backend="host", timeout=10.0, name="t")
+    if rank == 2:
+        store.set("slot2-dead", b"1")
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        group.comm.all_reduce(x)
+    except pycoll.CommFailure:
+        group.reshape()
+    return group
+
+
 def _grow_run(rank, n, addr):
     store = _store(addr)
     if rank == n - 1:  # the replacement: waits until slot 2 is gone, then joins with its slot
@@ -570,15 +576,8 @@ def _grow_run(rank, n, addr):
                    y=y.tolist(), uid=group.comm.uid)
         group.close()
         return out
-    group = ElasticGroup(store, rank, n - 1, backend="host", timeout=10.0, name="t")
-    if rank == 2:
-        store.set("slot2-dead", b"1")
-        os.kill(os.getpid(), signal.SIGKILL)
     x = np.ones(16)
-    try:
-        group.comm.all_reduce(x)
-    except pycoll.CommFailure:
-        group.reshape()
+    group = _without_slot_2(store, rank, n - 1, x)
     group.comm.all_reduce(x)  # the first operation after the reshape: rank 0 then marks slot 2 lost
     deadline = time.monotonic() + 20
     while not store.check([KEY_LOST.format(rank=2)]) and time.monotonic() < deadline:
