@@ -619,8 +619,9 @@ cdef class Work:
     Attributes for diagnostics (the flight recorder reads them): ``op`` (e.g. ``"all_reduce"``),
     ``seq`` (the communicator's collective sequence id: incremented by collectives, kept by
     point-to-point operations), ``p2p_seq`` (incremented by sends and receives), ``is_p2p``,
-    ``peer`` (``peers``: all of them, where a one-sided wait waits for several), ``root`` (a broadcast's, reduce's, gather's or scatter's root; None for the others), ``timeout`` (seconds),
-    ``time_created_ns``, ``inputs``/``outputs`` (the :class:`pycoll.buffers.Buffer` arguments).
+    ``peer`` (``peers``: all of them, where a one-sided wait waits for several), ``root`` (a broadcast's, reduce's,
+    gather's or scatter's root; None for the others), ``timeout`` (seconds), ``time_created_ns``,
+    ``inputs``/``outputs`` (the :class:`pycoll.buffers.Buffer` arguments).
     """
 
     # the fields are declared in _core.pxd (the compiled observer hooks read them)
