@@ -63,6 +63,13 @@ RESULT_NAMES: Dict[int, str] = {
 }
 
 
+def _state(exc: BaseException) -> Optional[Dict[str, Any]]:
+    """What a pickled error of pycoll's carries besides its constructor's arguments: every attribute set on it (an
+    init error's ``comm``/``comms``, the handle its caller must abort; the notes pycoll or the program added), so that
+    a supervisor in another process sees what the program would have."""
+    return dict(exc.__dict__) or None
+
+
 class PycollError(Exception):
     """Base class of every exception pycoll raises on its own behalf."""
 
@@ -78,7 +85,7 @@ class LibraryError(PycollError, OSError):
         return str(self.args[0]) if self.args else ""
 
     def __reduce__(self) -> Any:
-        return (type(self), (str(self), self.path))
+        return (type(self), (str(self), self.path), _state(self))
 
 
 class NotSupported(PycollError, NotImplementedError):
@@ -99,7 +106,7 @@ class NotSupported(PycollError, NotImplementedError):
         super().__init__(msg)
 
     def __reduce__(self) -> Any:
-        return (type(self), (self.function, self.introduced, self.library, self.detail))
+        return (type(self), (self.function, self.introduced, self.library, self.detail), _state(self))
 
 
 class CommFailure(PycollError):
@@ -159,12 +166,7 @@ class NCCLError(PycollError):
         return self._format()
 
     def __reduce__(self) -> Any:
-        # what was set on it besides (an init's ``comm``/``comms``, the handle its caller must abort; notes) goes too
-        extra = {k: v for k, v in self.__dict__.items() if k not in _NCCL_ERROR_FIELDS}
-        return (type(self), (self.code, self.function, self.error_string, self.last_error, self.library), extra or None)
-
-
-_NCCL_ERROR_FIELDS = frozenset(("code", "function", "error_string", "last_error", "library"))
+        return (type(self), (self.code, self.function, self.error_string, self.last_error, self.library), _state(self))
 
 
 class UnhandledCudaError(NCCLError):
@@ -275,7 +277,7 @@ class CommTimeout(CommFailure, TimeoutError):
 
     def __reduce__(self) -> Any:
         return (type(self), (str(self), self.comm_name, self.op, self.seq, self.elapsed, self.timeout, self.peer,
-                             self.behind))
+                             self.behind), _state(self))
 
 
 class CommAborted(CommFailure):
@@ -297,7 +299,7 @@ class PeerFailure(CommFailure):
         self.reason = reason
 
     def __reduce__(self) -> Any:
-        return (type(self), (str(self.args[0]) if self.args else "", self.rank, self.pid, self.reason))
+        return (type(self), (str(self.args[0]) if self.args else "", self.rank, self.pid, self.reason), _state(self))
 
 
 class AsyncCommError(CommFailure):
@@ -308,7 +310,7 @@ class AsyncCommError(CommFailure):
         self.code = code
 
     def __reduce__(self) -> Any:
-        return (type(self), (str(self.args[0]) if self.args else "", self.code))
+        return (type(self), (str(self.args[0]) if self.args else "", self.code), _state(self))
 
 
 class WaitTimeout(PycollError, TimeoutError):
@@ -336,7 +338,7 @@ class CaptureError(CommStateError):
         self.status = status
 
     def __reduce__(self) -> Any:
-        return (type(self), (str(self), self.stream, self.capture_id, self.status))
+        return (type(self), (str(self), self.stream, self.capture_id, self.status), _state(self))
 
 
 class StoreError(PycollError):

@@ -60,13 +60,21 @@ cdef int _cint(object value, str what, long long lo=INT_MIN, long long hi=INT_MA
 
 
 cdef uint64_t _timeout_ns(object timeout) except? 0xFFFFFFFFFFFFFFFF:
-    """A wait's ``timeout`` in seconds as nanoseconds (past 1e9 s: for ever); TypeError for what is no number,
+    """A wait's ``timeout`` in seconds as nanoseconds (past 1e9 s: for ever): whatever ``float()`` takes but a bool or
+    text (numpy scalars and 0-d arrays, Decimal, as a C double argument took them); TypeError for anything else,
     ValueError for a negative one or NaN, each naming it."""
-    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+    cdef double t
+    if isinstance(timeout, (bool, str, bytes, bytearray)):
         raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
-    cdef double t = timeout
+    try:
+        t = float(timeout)
+    except OverflowError:  # an int past a double's range: for ever, or refused below
+        t = 1e9 if timeout > 0 else -1.0
+    except (TypeError, ValueError):
+        raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}") from None
     if not t >= 0:
-        raise ValueError(f"timeout must be >= 0 seconds, got {timeout}")
+        text = str(timeout)
+        raise ValueError(f"timeout must be >= 0 seconds, got {text if len(text) <= 32 else text[:29] + '...'}")
     return <uint64_t>(t * 1e9) if t < 1e9 else <uint64_t>0xFFFFFFFFFFFFFFFF
 
 

@@ -14,7 +14,6 @@ CUDA driver functions of an operation's path, CudaDriver). Where load() looks is
 """
 
 import logging
-import numbers
 import os
 import struct
 import sys

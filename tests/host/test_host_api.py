@@ -1079,3 +1079,19 @@ def test_host_stream_arguments_are_refused_naming_them(call, error, text):
             call(l, s)
     finally:
         l.host_stream_destroy(s)
+
+
+def test_host_wait_timeouts_take_what_float_takes():
+    # numpy 0-d arrays and Decimals, which the C double argument took, were refused after the checks above came
+    import decimal
+
+    l = lib()
+    s, ev = l.host_stream_create(), l.host_event_create()
+    l.host_event_record(ev, s)
+    l.host_stream_synchronize(s)
+    for t in (np.array(0.5), decimal.Decimal("0.1"), np.float32(1), np.int64(2), 2**70, 2**2000, 0):
+        assert l.host_event_wait(ev, t) and l.host_stream_wait_room(s, t), t
+    with pytest.raises(ValueError, match=r"timeout must be >= 0 seconds, got -\d+\.\.\.$"):
+        l.host_event_wait(ev, -2**2000)
+    l.host_event_destroy(ev)
+    l.host_stream_destroy(s)
