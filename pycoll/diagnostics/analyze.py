@@ -12,6 +12,10 @@ own dumps too) and reports, per communicator, the first operation where the rank
   said to be of unknown call), and the call of a rank whose peer went past the operation without doing its
   part for it (``"call"``: where one rank ran ahead, only the rank left waiting finds the mismatch),
 * ranks still in flight in it, with the Python stack that issued it,
+* ranks a failing rank's liveness check found unable to take part (stopped, exited, silent: its failure report's
+  ``unable``), named first in the verdict as the cause; where it found one in this very operation well within its
+  timeout (less than half of it), a rank that merely had not entered it yet is said to be slow (``not_yet``), not
+  blamed (dumps of an earlier pycoll, without ``unable``, are analysed as before),
 * point-to-point operations without a matching peer operation,
 
 An operation captured in a CUDA graph (state ``captured``) never completes by design: it runs only at the
@@ -198,6 +202,9 @@ def _check_dump(data: Dict[str, Any]) -> None:
             _check(rep.get(key) is None or isinstance(rep[key], dict), f"{where}.{key} is not an object")
         _check(all(_is_num(v) or v is None for v in (rep.get("silent") or {}).values()),
                f"{where}.silent is not an object of numbers")
+        _check(_dict_of_dicts(rep.get("unable")) and all(
+            _ints_where_given(v, ("pid",)) for v in (rep.get("unable") or {}).values()),
+            f"{where}.unable is not an object of objects with an integer pid")
 
 
 def _merged(data: Dict[str, Any]) -> Dict[str, Any]:
@@ -583,6 +590,9 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
                                         "behind": _global_keys(rep.get("behind"), members),
                                         "unconfirmed": _global_keys(rep.get("unconfirmed"), members),
                                         "gone": _global_keys(rep.get("gone"), members),
+                                        # absent from dumps of an earlier pycoll: its finding is only in the message
+                                        "unable": _global_keys(rep.get("unable"), members),
+                                        "is_p2p": bool(rep.get("is_p2p")), "timeout_s": rep.get("timeout_s"),
                                         "elapsed_s": rep.get("elapsed_s")})
     for r in res["missing_dumps"]:
         view = _store_view(dumps, uid, local_of[r])
@@ -645,6 +655,7 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
         for r, info in res["first_divergence"]["in_flight"].items():
             p = ((((dumps[r].get("pycoll") or {}).get("comms") or {}).get(uid) or {}).get("progress") or {})
             info["grouped"] = info["state"] == "scheduled" and int(p.get("coll_enqueued", seq)) < seq
+        _found_unable(res["first_divergence"], res["failures"])
     # a bystander: no rank recorded a failure of this communicator, and every dump was written for a failure (of
     # another communicator: an elastic group's earlier generation, whose dump was held back until after the
     # recovery). Its ranks were dumped at different moments while it ran: what is in flight on one rank and done
@@ -940,6 +951,59 @@ def _view_text(view: Dict[str, Any], s: int) -> str:
         return (f"{gone}not seen entering it: {said}"
                 + (f", and it had been silent for {view['silent_s']:.1f} s" if view.get("silent_s") else ""))
     return f"had issued it per the store (read by rank {view['reported_by']})"
+
+
+#: a rank that had not entered a collective when a peer's watchdog failed it this early (a fraction of that
+#: collective's timeout, from the peer's issue of it) while it found another rank unable to take part is not behind:
+#: it had most of its timeout left, and the rank found unable explains the failure
+_NOT_YET_FRACTION = 0.5
+
+
+def _found_unable(d: Dict[str, Any], failures: List[Dict[str, Any]]) -> None:
+    """Set the first divergence ``d``'s ``found_unable`` and ``not_yet`` from its communicator's ``failures``.
+
+    ``found_unable``: rank -> ``{"why", "pid", "by", "op", "seq", "is_p2p", "elapsed_s", "timeout_s"}``, the ranks a
+    failing rank's liveness check found unable to take part (stopped, exited, silent: its report's ``unable``, the
+    cause of its PeerFailure) that did not complete ``d``'s collective (they never entered it, are in flight in it,
+    left no dump or one that predates it); the earliest report naming a rank is kept. ``not_yet``: rank ->
+    ``{"by", "elapsed_s", "timeout_s"}``, where one of them was found so in ``d``'s collective itself before
+    :data:`_NOT_YET_FRACTION` of its timeout had passed, the ranks that merely had not entered it yet (neither held in
+    an operation of their own nor found unable themselves): slow, not the cause. Dumps of an earlier pycoll have no
+    ``unable``: both stay empty."""
+    found: Dict[int, Dict[str, Any]] = {}
+    d["found_unable"], d["not_yet"] = found, {}
+    candidates = (set(d["never_entered"]) | set(d["in_flight"]) | set(d["missing_dumps"])
+                  | set(d.get("stale_dumps") or {}))
+    for f in sorted(failures, key=lambda f: f["time"] if _is_num(f.get("time")) else 0.0):
+        for k, v in (f.get("unable") or {}).items():
+            r = int(k)
+            if r in candidates and r not in found and isinstance(v, dict):
+                found[r] = {"why": str(v.get("why") or "unable to take part"), "pid": v.get("pid"), "by": f["rank"],
+                            "op": f.get("op"), "seq": f.get("seq"), "is_p2p": bool(f.get("is_p2p")),
+                            "elapsed_s": f.get("elapsed_s"), "timeout_s": f.get("timeout_s")}
+    early = next((u for _, u in sorted(found.items()) if _in_it(u, d) and _is_num(u["elapsed_s"])
+                  and _is_num(u["timeout_s"]) and u["elapsed_s"] < _NOT_YET_FRACTION * u["timeout_s"]), None)
+    if early is not None:
+        d["not_yet"] = {r: {k: early[k] for k in ("by", "elapsed_s", "timeout_s")}
+                        for r, info in sorted(d["never_entered"].items())
+                        if r not in found and not info.get("blocked_in")}
+
+
+def _in_it(u: Dict[str, Any], d: Dict[str, Any]) -> bool:
+    """Whether the rank that found a peer unable (``u``, a :func:`_found_unable` item) failed in ``d``'s collective."""
+    return u["op"] is not None and not u["is_p2p"] and u["seq"] == d["seq"]
+
+
+def _unable_text(r: int, u: Dict[str, Any], d: Dict[str, Any], name: str) -> str:
+    """The verdict on rank ``r``, which a peer's liveness check found unable to take part (:func:`_found_unable`)."""
+    where = ("inside" if r in d["in_flight"] else "before it entered" if r in d["never_entered"]
+             else "while the others waited in")
+    pid = f" (pid {u['pid']})" if u.get("pid") is not None else ""
+    when = (f", {u['elapsed_s']:.2f} s into its {u['timeout_s']:g} s timeout" if _in_it(u, d)
+            and _is_num(u["elapsed_s"]) and _is_num(u["timeout_s"])
+            else f", in its {u['op']} #{u['seq']}" if u["op"] is not None and not _in_it(u, d) else "")
+    return (f"rank {r} was found {u['why']}{pid} {where} {d['op']} on {name!r} by rank {u['by']}'s watchdog{when}: "
+            f"it could not take part -- the cause")
 
 
 def _mismatch(kind: str, keyed: Dict[int, Any], texts: Dict[int, str]) -> Dict[str, Any]:
@@ -1369,6 +1433,10 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
                         held_text = f"; {_held(held)}" if held else ""
                     if info.get("revoked"):
                         held_text += "; the recovery revoked it first (a reshape another member began)"
+                    ny = (d.get("not_yet") or {}).get(r)
+                    if ny:
+                        held_text += (f"; not yet when rank {ny['by']} gave it up {ny['elapsed_s']:.2f} s into its "
+                                      f"{ny['timeout_s']:g} s timeout (slow, not stuck)")
                     if r in c.get("main_thread", {}):
                         held_text += f"; when it dumped, its main thread was at {c['main_thread'][r]}"
                     elif r in c.get("earlier_main_thread", {}):
@@ -1400,6 +1468,11 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
                     if stacks:
                         for fr in stack:
                             lines.append(f"        {fr}")
+                for r, u in sorted((d.get("found_unable") or {}).items()):
+                    pid = f" (pid {u['pid']})" if u.get("pid") is not None else ""
+                    at = f" in {u['op']} #{u['seq']}" if u["op"] is not None else ""
+                    lines.append(f"    rank {r}: found {u['why']}{pid} by rank {u['by']}'s watchdog (its liveness "
+                                 f"check){at}")
                 for r, text in sorted({**d["missing_dumps"], **(d.get("stale_dumps") or {})}.items()):
                     lines.append(f"    rank {r}: {text}")
                     st = rep.get("stacks", {}).get(r)
@@ -1450,6 +1523,13 @@ def _claims(f: Dict[str, Any], c: Dict[str, Any]) -> str:
                 items.append(f"rank {rank} (last reported {last})")
         if items:
             out.append(f"; {label}: " + ", ".join(items))
+    unable = []  # whom its liveness check found unable to take part: its failure's cause
+    for r, v in sorted((f.get("unable") or {}).items(), key=lambda kv: int(kv[0])):
+        if isinstance(v, dict):
+            pid = "" if v.get("pid") is None else f"pid {v['pid']}, "
+            unable.append(f"rank {r} ({pid}{v.get('why') or 'unable to take part'})")
+    if unable:
+        out.append("; it found unable to take part: " + ", ".join(unable))
     return "".join(out)
 
 
@@ -1520,23 +1600,33 @@ def _verdict(c: Dict[str, Any]) -> str:
             return (f"{name!r} failed on {_who(sorted({f['rank'] for f in c['failures']}))}, but no dump holds its "
                     f"operations ({why}): what the watchdog said above is all there is to go on")
         return f"no problem found on {name!r}"
-    out = []
     overtaken = _overtaken(c)
+    # the ranks a failing rank's liveness check found unable to take part (stopped, exited, silent) come first: the
+    # cause; a rank that merely had not entered it yet, far within its timeout, is none
+    found = d.get("found_unable") or {}
+    not_yet = {r: v for r, v in (d.get("not_yet") or {}).items() if r not in overtaken}
+    out = [_unable_text(r, u, d, name) for r, u in sorted(found.items())]
     # ranks whose state in it no dump gives: none, or one that predates it
     unknown = bool(c["missing_dumps"] or d.get("stale_dumps"))
     held = {r: info["blocked_in"] for r, info in d["never_entered"].items()
-            if info.get("blocked_in") and r not in overtaken}
-    behind = sorted(r for r in d["never_entered"] if r not in held and r not in overtaken)
+            if info.get("blocked_in") and r not in overtaken and r not in found}
+    behind = sorted(r for r in d["never_entered"]
+                    if r not in held and r not in overtaken and r not in found and r not in not_yet)
     if behind:
         out.append(f"rank{'s' if len(behind) > 1 else ''} {_fmt_ranks(behind)} never entered {d['op']} on {name!r}")
     for r, b in sorted(held.items()):
         out.append(f"rank {r} never entered {d['op']} on {name!r}: {_held(b)}")
-    unseen = sorted(r for r, t in d["missing_dumps"].items() if "not seen entering" in t)
+    if not_yet:
+        first = next(iter(not_yet.values()))
+        out.append(f"rank{'s' if len(not_yet) > 1 else ''} {_fmt_ranks(not_yet)} had not entered it yet when rank "
+                   f"{first['by']} gave it up {first['elapsed_s']:.2f} s into its {first['timeout_s']:g} s timeout: "
+                   f"slow, not stuck (not the cause)")
+    unseen = sorted(r for r, t in d["missing_dumps"].items() if "not seen entering" in t and r not in found)
     if unseen:
         out.append(f"rank{'s' if len(unseen) > 1 else ''} {_fmt_ranks(unseen)} (no dump) "
                    f"{'were' if len(unseen) > 1 else 'was'} not seen entering "
                    f"{d['op']} on {name!r}")
-    outdated = sorted(r for r, t in (d.get("stale_dumps") or {}).items() if "not seen entering" in t)
+    outdated = sorted(r for r, t in (d.get("stale_dumps") or {}).items() if "not seen entering" in t and r not in found)
     if outdated:
         one = len(outdated) == 1
         out.append(f"rank{'' if one else 's'} {_fmt_ranks(outdated)} ({'its' if one else 'their'} dump predates it) "
@@ -1615,19 +1705,21 @@ def _verdict(c: Dict[str, Any]) -> str:
 
 
 def _culprits(c: Dict[str, Any]) -> List[int]:
-    """The ranks communicator report ``c``'s verdict points at: those that never entered the first divergent
-    operation or were not seen entering it (no dump), the minority of a mismatch, those whose operation never
-    started on their stream, those without a dump that may have stopped before it (``unshown``); for a
-    point-to-point problem alone, both ends of the first transfer in question. Empty where it points at none (every
-    rank stuck alike, no majority, no problem)."""
+    """The ranks communicator report ``c``'s verdict points at: those a failing rank's liveness check found unable to
+    take part (stopped, exited, silent) and did not complete the first divergent operation, those that never entered
+    it (but not those that merely had not yet, ``not_yet``) or were not seen entering it (no dump), the minority of
+    a mismatch, those whose operation never started on their stream, those without a dump that may have stopped
+    before it (``unshown``); for a point-to-point problem alone, both ends of the first transfer in question. Empty
+    where it points at none (every rank stuck alike, no majority, no problem)."""
     d = c["first_divergence"]
     if c.get("bystander") and not _troubled(c):
         return []
     if d is None:
         first = _first_p2p(c)
         return sorted({first["src"], first["dst"]}) if first else sorted(c.get("unshown") or {})
-    out = set(d["never_entered"]) - set(_overtaken(c))
+    out = set(d["never_entered"]) - set(_overtaken(c)) - set(d.get("not_yet") or {})
     out |= {r for r, t in {**d["missing_dumps"], **(d.get("stale_dumps") or {})}.items() if "not seen entering" in t}
+    out |= set(d.get("found_unable") or {})
     out |= set(c.get("unshown") or {})
     if d["mismatch"]:
         out |= set(d["mismatch"]["culprits"])

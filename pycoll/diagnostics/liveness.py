@@ -22,7 +22,8 @@ outstanding:
 A rank that is alive but slow (computing, sleeping in Python, blocked in another call) is running
 or sleeping and keeps its heartbeat, so it gets its full timeout. The failure is a
 :class:`~pycoll.PeerFailure` naming the rank, its pid and why; the communicator's policy acts as for
-any failure (the elastic layer's revoke and reshape), and the watchdog reports and dumps it.
+any failure (the elastic layer's revoke and reshape), and the watchdog reports and dumps it (the report keeps
+that rank, pid and why as a field of their own, ``unable``, which ``pycoll-fr`` names as the cause).
 
 Every rank's watchdog publishes where its process runs (:class:`~.records.ProcRecord`, one store
 write per communicator, made as the communicator is created, before its init returns to the caller);

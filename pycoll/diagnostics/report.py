@@ -12,7 +12,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
 from ..devices import stream_text
-from ..errors import CommTimeout
+from ..errors import CommTimeout, PeerFailure
 from ..hooks import CommView, Progress, WorkView, cross_group, group_mates, op_text
 from .records import CLOSED_STATES, FailureRecord
 
@@ -86,6 +86,11 @@ class FailureReport:
         self.request: Optional[int] = None  # the dump request this report made (peers' answers name it)
         self.answer_wait = 0.0  # how long it waited for the peers' answers
         self.gone: Dict[int, int] = {}  # rank -> pid: same-host peers whose process no longer exists
+        # rank -> (pid, why): the peer the liveness check found unable to take part (stopped, exited, silent), the
+        # cause of a PeerFailure -- kept as a fact of its own (the dump's ``unable``), not only in the message
+        self.unable: Dict[int, Tuple[int, str]] = (
+            {exc.rank: (exc.pid if isinstance(exc.pid, int) else 0, str(exc.reason))}
+            if isinstance(exc, PeerFailure) and isinstance(exc.rank, int) and exc.rank >= 0 else {})
         self.signalled: Dict[int, Tuple[int, str]] = {}  # rank -> (pid, signal): same-host peers sent the dump signal
         self.peers: Optional[Dict[int, Dict[str, Any]]] = None  # rank -> progress (None: not read)
         self.peer_failures: Dict[int, FailureRecord] = {}
@@ -313,6 +318,7 @@ class FailureReport:
                             for r, (last, age) in a["unconfirmed"].items()},
             "answered": a["answered"], "request": self.request, "answer_wait_s": self.answer_wait,
             "gone": {str(r): pid for r, pid in self.gone.items()},
+            "unable": {str(r): {"pid": pid, "why": why} for r, (pid, why) in self.unable.items()},
             "signalled": {str(r): {"pid": pid, "signal": name} for r, (pid, name) in self.signalled.items()},
             "own_progress": self.progress.as_dict() if self.progress is not None else None,
             "in_op": a["in_op"],

@@ -333,7 +333,7 @@ def build_trace(generations: Generations, reports: Optional[Sequence[Dict[str, A
                     f" in {what}" if what else ""), "cat": "failure", "pid": rank, "tid": tid,
                     "_t0": int(t * 1e9) - off, "args": {"uid": uid, "generation": gen, **{
                         k: rep.get(k) for k in ("error_type", "message", "op", "seq", "elapsed_s", "policy",
-                                                "behind", "in_op", "silent", "unknown", "peer_failures")}}})
+                                                "behind", "in_op", "silent", "unknown", "unable", "peer_failures")}}})
                 counts["instants"] += 1
             if pyc and dump_t is not None:
                 tid = tracks.tid(rank, "dumps", "flight recorder", 1)
