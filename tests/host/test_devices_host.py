@@ -229,6 +229,7 @@ def _event_wait_cpu(rank, nranks, uid_bytes, pin):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.serial  # its control measures the CPU a waiter spends yielding, which another worker's load takes
 def test_an_oversubscribed_event_waiter_sleeps_instead_of_yielding():
     """Where a communicator's ranks outnumber the CPUs, a thread waiting for an event (whose firing thread needs
     the CPU) sleeps after its short spin instead of yielding for PYCOLL_HOST_YIELD_NS (0.3 ms) first."""
