@@ -1473,7 +1473,7 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
                     at = f" in {u['op']} #{u['seq']}" if u["op"] is not None else ""
                     lines.append(f"    rank {r}: found {u['why']}{pid} by rank {u['by']}'s watchdog (its liveness "
                                  f"check){at}")
-                for r, text in sorted({**d["missing_dumps"], **(d.get("stale_dumps") or {})}.items()):
+                for r, text in sorted(_undumped(d).items()):
                     lines.append(f"    rank {r}: {text}")
                     st = rep.get("stacks", {}).get(r)
                     if st:
@@ -1621,16 +1621,13 @@ def _verdict(c: Dict[str, Any]) -> str:
         out.append(f"rank{'s' if len(not_yet) > 1 else ''} {_fmt_ranks(not_yet)} had not entered it yet when rank "
                    f"{first['by']} gave it up {first['elapsed_s']:.2f} s into its {first['timeout_s']:g} s timeout: "
                    f"slow, not stuck (not the cause)")
-    unseen = sorted(r for r, t in d["missing_dumps"].items() if "not seen entering" in t and r not in found)
-    if unseen:
-        out.append(f"rank{'s' if len(unseen) > 1 else ''} {_fmt_ranks(unseen)} (no dump) "
-                   f"{'were' if len(unseen) > 1 else 'was'} not seen entering "
-                   f"{d['op']} on {name!r}")
-    outdated = sorted(r for r, t in (d.get("stale_dumps") or {}).items() if "not seen entering" in t and r not in found)
-    if outdated:
-        one = len(outdated) == 1
-        out.append(f"rank{'' if one else 's'} {_fmt_ranks(outdated)} ({'its' if one else 'their'} dump predates it) "
-                   f"{'was' if one else 'were'} not seen entering {d['op']} on {name!r}")
+    for texts, stale in ((d["missing_dumps"], False), (d.get("stale_dumps") or {}, True)):
+        unseen = sorted(r for r, t in texts.items() if "not seen entering" in t and r not in found)
+        if unseen:
+            one = len(unseen) == 1
+            why = f"{'its' if one else 'their'} dump predates it" if stale else "no dump"
+            out.append(f"rank{'' if one else 's'} {_fmt_ranks(unseen)} ({why}) {'was' if one else 'were'} not seen "
+                       f"entering {d['op']} on {name!r}")
     m = d["mismatch"]
     if m:
         who = (_who(m["culprits"]) + (" differs" if len(m["culprits"]) == 1 else " differ") if m["culprits"]
@@ -1696,12 +1693,16 @@ def _verdict(c: Dict[str, Any]) -> str:
             out.append(f"{d['op']} on {name!r} did not complete on ranks {_fmt_ranks(d['in_flight'])}; ranks "
                        f"{_fmt_ranks(c['missing_dumps'])} left no dump of {name!r}")
     if not out and (d["missing_dumps"] or d.get("stale_dumps")):
-        out.append(f"{d['op']} on {name!r}: "
-                   + "; ".join(f"rank {r}: {t}" for r, t in sorted({**d["missing_dumps"],
-                                                                    **(d.get("stale_dumps") or {})}.items())))
+        out.append(f"{d['op']} on {name!r}: " + "; ".join(f"rank {r}: {t}" for r, t in sorted(_undumped(d).items())))
     # a rank without a dump whose part in the collectives before it no dump shows: where it stopped is open
     out += [f"rank {r} ({_unshown_label(u)}) {_unshown_text(u, short=True)}" for r, u in sorted(unshown.items())]
     return "; ".join(out)
+
+
+def _undumped(d: Dict[str, Any]) -> Dict[int, str]:
+    """The ranks whose state in divergence ``d`` no dump gives -- none, or one that predates it -- and what the store
+    says of them."""
+    return {**d["missing_dumps"], **(d.get("stale_dumps") or {})}
 
 
 def _culprits(c: Dict[str, Any]) -> List[int]:
@@ -1718,7 +1719,7 @@ def _culprits(c: Dict[str, Any]) -> List[int]:
         first = _first_p2p(c)
         return sorted({first["src"], first["dst"]}) if first else sorted(c.get("unshown") or {})
     out = set(d["never_entered"]) - set(_overtaken(c)) - set(d.get("not_yet") or {})
-    out |= {r for r, t in {**d["missing_dumps"], **(d.get("stale_dumps") or {})}.items() if "not seen entering" in t}
+    out |= {r for r, t in _undumped(d).items() if "not seen entering" in t}
     out |= set(d.get("found_unable") or {})
     out |= set(c.get("unshown") or {})
     if d["mismatch"]:
