@@ -67,6 +67,7 @@ import sys
 from collections import Counter, defaultdict
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from ..hooks import Progress
 from .plot import plot_trace
 from .stacks import is_runtime_frame
 from .trace import build_trace, write_trace
@@ -141,9 +142,6 @@ def _ints_where_given(d: Dict[str, Any], keys: Iterable[str], *, num: bool = Fal
     return all(d.get(k) is None or (_is_num(d[k]) if num else _is_int(d[k])) for k in keys)
 
 
-_PROGRESS_KEYS = ("coll_enqueued", "coll_started", "coll_completed", "p2p_enqueued", "p2p_started", "p2p_completed")
-
-
 def _check_dump(data: Dict[str, Any]) -> None:
     """Raise :class:`InvalidDump` where ``data`` (a dump as :func:`_merged` gives it) holds what the analysis cannot
     read: every field it reads has its schema's type where present, and every entry its ``collective_seq_id``."""
@@ -188,7 +186,7 @@ def _check_dump(data: Dict[str, Any]) -> None:
     _check(_dict_of_dicts(comms), "'pycoll.comms' is not an object of objects")
     for uid, c in (comms or {}).items():
         p = c.get("progress")
-        _check(p is None or (isinstance(p, dict) and _ints_where_given(p, _PROGRESS_KEYS)),
+        _check(p is None or (isinstance(p, dict) and _ints_where_given(p, Progress._fields)),
                f"'pycoll.comms[{uid!r}].progress' is not an object of integers")
     for i, rep in enumerate(pyc.get("failures") or []):
         where = f"'pycoll.failures[{i}]'"
@@ -196,7 +194,7 @@ def _check_dump(data: Dict[str, Any]) -> None:
                f"{where} has a non-numeric time, seq or request")
         _check(_dict_of_dicts(rep.get("peers")), f"{where}.peers is not an object of objects")
         for peer in (rep.get("peers") or {}).values():
-            _check(_ints_where_given(peer, (*_PROGRESS_KEYS, "time_ns", "request")),
+            _check(_ints_where_given(peer, (*Progress._fields, "time_ns", "request")),
                    f"{where}.peers has a non-integer progress, time or request")
         for key in ("behind", "unconfirmed", "gone", "silent", "peer_failures"):
             _check(rep.get(key) is None or isinstance(rep[key], dict), f"{where}.{key} is not an object")
