@@ -1,7 +1,8 @@
 """``pycoll-fr DIR``: find where the ranks of each communicator diverged, from flight-recorder dumps.
 
 Reads the dumps pycoll's flight recorder writes (PyTorch's schema ``"2.10"``, pickle or JSON; torch's
-own dumps too) and reports, per communicator, the first operation where the ranks part ways:
+own dumps too, of NCCL and of gloo process groups -- whose dumps list no group's members: the report says what it took
+them to be) and reports, per communicator, the first operation where the ranks part ways:
 
 * ranks that never entered it (with their last operation of any kind and where it was issued), and what holds
   such a rank when its dump says: a send or receive of its own (with why it cannot complete: no matching peer
@@ -77,6 +78,7 @@ __all__ = ["load_generation", "find_generations", "analyze", "analyze_dir", "for
 
 _GEN_RE = re.compile(r"^generation_(\d+)$")
 _RANK_RE = re.compile(r"(\d+)(?:\.json)?$")
+_TORCH_DIST_FRAME = re.compile(r"[/\\]torch[/\\]distributed[/\\]")  # torch's own frames in torch's dumps
 
 
 # -- loading ---------------------------------------------------------------------------------------
@@ -107,7 +109,7 @@ def _load_file(path: str) -> Dict[str, Any]:
         _check(_ints_where_given(e, ("record_id",)), f"pycoll.other_entries[{i}] has a non-integer record id")
     data = _merged(data)
     _check_dump(data)
-    return data
+    return _torch_gloo(data)
 
 
 class InvalidDump(ValueError):
@@ -222,6 +224,34 @@ def _merged(data: Dict[str, Any]) -> Dict[str, Any]:
            if isinstance(e, dict) and "pycoll_record_id" in e else e for e in entries]
     out["entries"] = sorted(own + list(other or []), key=lambda e: e.get("record_id", 0) if isinstance(e, dict) else 0)
     return out
+
+
+def _torch_gloo(data: Dict[str, Any]) -> Dict[str, Any]:
+    """A torch dump as the analysis reads one: torch's gloo process groups (2.13) write ``pg_config`` under one key
+    ``''``, each group registered replacing the one before (its ``ranks`` ``"[]"`` for a group of every rank), while
+    their entries and ``pg_status`` name the groups by their own uids; and they record neither start nor completion
+    (``state`` stays ``"scheduled"``), only that an operation ended (``retired``). Each group the entries or
+    ``pg_status`` name that ``pg_config`` lacks is added without a member list (``"ranks": None``: the analysis
+    guesses it, :func:`_with_members`), a ``pg_config`` key nothing names is dropped, and a retired entry is
+    completed. pycoll's dumps (with a ``pycoll`` section) and torch's NCCL dumps, where all of them agree, are left
+    as they are."""
+    if "pycoll" in data:
+        return data
+    cfg = dict(data.get("pg_config") or {})
+    status = data.get("pg_status")
+    named = {str(pg[0]): str(pg[1]) if len(pg) > 1 else "" for e in data["entries"] if (pg := e.get("process_group"))}
+    for uid in status if isinstance(status, dict) else ():
+        named.setdefault(str(uid), "")
+    unlisted = [uid for uid in named if uid not in cfg]
+    if not unlisted:
+        return data
+    for key in [k for k in cfg if k not in named]:
+        del cfg[key]
+    for uid in unlisted:
+        cfg[uid] = {"name": uid, "desc": named[uid], "ranks": None}
+    entries = [{**e, "state": "completed"} if e.get("retired") is True and e.get("state") == "scheduled" else e
+               for e in data["entries"]]
+    return {**data, "pg_config": cfg, "entries": entries}
 
 
 def find_generations(path: str) -> List[Tuple[Optional[int], str]]:
@@ -420,10 +450,11 @@ def _user_site(frames: Sequence[Tuple[str, Any, str]]) -> str:
 
 
 def _site(e: Dict[str, Any]) -> str:
-    """'file:line in function' of the innermost frame outside pycoll's own modules."""
+    """'file:line in function' of the innermost frame outside pycoll's own modules (and torch.distributed's, in
+    torch's dumps)."""
     for fr in e.get("frames") or []:
         fn = str(fr.get("filename", ""))
-        if not is_runtime_frame(fn):
+        if not is_runtime_frame(fn) and not _TORCH_DIST_FRAME.search(fn):
             return f"{os.path.basename(fn)}:{fr.get('line')} in {fr.get('name')}"
     return ""
 
@@ -476,6 +507,30 @@ def _parse_members(ranks: Any) -> Optional[List[int]]:
         return [int(x) for x in str(ranks if ranks is not None else "[]").strip("[] ").split(",") if x.strip()]
     except ValueError:
         return None
+
+
+def _with_members(dumps: Dict[int, Dict[str, Any]], problems: List[str]) -> Dict[int, Dict[str, Any]]:
+    """``dumps`` with a member list for each group a dump lists none of (``"ranks": None``, :func:`_torch_gloo`):
+    the default group's the ranks up to the highest with a dump (a rank above it is not seen), another's the ranks
+    whose dumps know it; ``problems`` says so. The dumps given are left as they are."""
+    unlisted: Dict[str, List[int]] = defaultdict(list)
+    for rank, d in sorted(dumps.items()):
+        for key, cfg in (d.get("pg_config") or {}).items():
+            if cfg.get("ranks", "[]") is None:
+                unlisted[key].append(rank)
+    if not unlisted:
+        return dumps
+    out = dict(dumps)
+    for key, ranks in unlisted.items():
+        desc = str(dumps[ranks[0]]["pg_config"][key].get("desc") or "")
+        guess = list(range(max(dumps) + 1)) if desc == "default_pg" else ranks
+        problems.append(f"group {key} ({desc or 'no description'}): its dumps list no members (torch's gloo "
+                        f"dumps); taken as ranks {_fmt_ranks(guess)}"
+                        + (", up to the highest rank with a dump" if desc == "default_pg" else
+                           ", the ranks whose dumps know it"))
+        for r in ranks:
+            out[r] = {**out[r], "pg_config": {**out[r]["pg_config"], key: {**out[r]["pg_config"][key], "ranks": guess}}}
+    return out
 
 
 def _groups(dumps: Dict[int, Dict[str, Any]], problems: List[str]) -> Dict[str, Dict[str, Any]]:
@@ -1290,6 +1345,7 @@ def analyze(dumps: Dict[int, Dict[str, Any]], *, stack_limit: int = 8) -> Dict[s
     versions = {str(d.get("version")) for d in dumps.values()}
     if len(versions) > 1:
         problems.append(f"dumps disagree on the schema version: {sorted(versions)}")
+    dumps = _with_members(dumps, problems)
     groups = _groups(dumps, problems)
     _apart(dumps, problems)
     report: Dict[str, Any] = {"ranks": sorted(dumps), "versions": sorted(versions), "problems": problems,
