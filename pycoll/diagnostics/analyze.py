@@ -563,9 +563,15 @@ def _apart(dumps: Dict[int, Dict[str, Any]], problems: List[str]) -> None:
             merged = (merged[0] | u, sorted(merged[1] + rs))
         sets.append(merged)
     if len(sets) > 1:
+        # the generation each set's dumps record (pycoll's), where they agree on one
+        gens = [{(dumps[r].get("pycoll") or {}).get("generation") for r in rs} for _, rs in sets]
+        of_gens = all(len(g) == 1 and None not in g for g in gens) and len({next(iter(g)) for g in gens}) == len(gens)
+        parts = sorted(((rs, next(iter(g))) for (_, rs), g in zip(sets, gens, strict=True)), key=lambda x: x[0])
         problems.append("the dumps share no communicator across " + " and ".join(
-            f"ranks {_fmt_ranks(rs)}" if len(rs) > 1 else f"rank {rs[0]}" for _, rs in sorted(sets, key=lambda x: x[1]))
-            + ": dumps of different runs in one folder? (each set is analysed apart; remove the stale files)")
+            (f"ranks {_fmt_ranks(rs)}" if len(rs) > 1 else f"rank {rs[0]}") + (f" (generation {g})" if of_gens else "")
+            for rs, g in parts)
+            + (": dumps of different generations in one folder?" if of_gens else
+               ": dumps of different runs in one folder?") + " (each set is analysed apart; remove the stale files)")
 
 
 def _global_keys(by_local: Any, members: List[int]) -> Dict[str, Any]:

@@ -467,6 +467,20 @@ def test_dumps_of_two_runs_in_one_folder_are_said_to_be_and_not_mixed(tmp_path, 
     assert "dumps of different runs in one folder?" in capsys.readouterr().out
 
 
+def test_dumps_of_another_generation_in_a_generations_folder_are_said_to_be(tmp_path, capsys):
+    # rank 2's dump is of generation 1 (an elastic group's next communicator), copied among generation 0's
+    d = make_dumps(tmp_path / "a", 3, stopped_rank, uid="aaaa000000000000")
+    other = make_dumps(tmp_path / "b", 3, lambda r, c: allreduces(c, 2), uid="bbbb000000000000", generation=1)
+    name = f"{PREFIX}2"
+    shutil.copy(os.path.join(other, "generation_1", name), os.path.join(d, "generation_0", name))
+    shutil.rmtree(os.path.join(d, "json"))
+    rep = analyze.analyze_dir(d)[0]
+    assert any("share no communicator across ranks 0-1 (generation 0) and rank 2 (generation 1): dumps of "
+               "different generations in one folder?" in p for p in rep["problems"]), rep["problems"]
+    assert run_cli(d) == 1
+    assert "dumps of different runs" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("trigger", ["failure", "manual"])
 def test_a_communicator_dumped_for_another_ones_failure_is_a_bystander(tmp_path, trigger):
     # an elastic group's later generation, dumped (at different moments) for an earlier one's failure: its broadcast
