@@ -102,6 +102,8 @@ class Work:
     _end: Optional[int]
     _state: str
     _exc: Optional[BaseException]
+    _kept: Optional[List[Any]]
+    _moved: Optional[str]
     capture_id: Optional[int]
     fr_entry: Any
     fr_pos: int

@@ -684,14 +684,20 @@ cdef class Work:
 
     def exception(self):
         """The failure of this operation (or of its communicator) once it has finished (:meth:`is_completed`),
-        else None."""
-        return self._exc if self.is_completed() else None
+        else None; for an operation whose torch tensor's memory was freed or replaced while it ran, the
+        ``BufferError`` :meth:`wait` raises."""
+        if not self.is_completed():
+            return None
+        if self._exc is None and self._moved is not None:
+            return BufferError(self._moved)
+        return self._exc
 
     def wait(self, timeout=None):
         """Block until the operation has completed.
 
         Raises the operation's failure (:class:`pycoll.CommFailure` subclasses: a timeout detected
-        against the operation's own deadline, a remote error, an abort). ``timeout`` (seconds)
+        against the operation's own deadline, a remote error, an abort), and a ``BufferError`` where the memory of one
+        of its torch tensors was freed (a ``resize_``) or replaced (``set_``, ``.data =``) while it ran. ``timeout`` (seconds)
         only bounds this wait: if the operation is still running then, :class:`pycoll.WaitTimeout` (a
         ``TimeoutError``) is raised and the operation and its communicator are left untouched. Poll with
         ``except pycoll.WaitTimeout``, not ``except TimeoutError``: the operation's own timeout, a failure, is a
@@ -725,6 +731,8 @@ cdef class Work:
                 comm.await_failure_handled()
                 raise self._exc
             if _final(self._state):
+                if self._moved is not None:
+                    raise BufferError(self._moved)
                 return
             dev = comm.device
             lib = _comm_lib(comm)
@@ -1224,6 +1232,8 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
         w.root = (<_Call>call).root                         # in the entries, also where no rank's library found it
     if peers is not None:
         w.peers = peers
+    if async_op:
+        w._kept = _torch_storages(inputs, outputs, written)
     _stage(_ST_WORK)
     try:
         _notify(w, False)
@@ -1533,6 +1543,8 @@ cdef int _retire(CommCore comm, Work w) except -1:
     """Out of the outstanding list, its events back to the pool, its arrays let go: a caller that holds ``_plock``
     keeps them until it has given it back (the last reference to an array may run its finalizer: user code, which may
     call pycoll)."""
+    if w._kept is not None:
+        _check_kept(w)
     comm._pending.discard(w)
     cdef list events = comm._events
     _events_back(events, w)
@@ -2082,6 +2094,62 @@ cdef object _cai_buffer(object obj, object cai, object stream, bint writable, ob
             producer = None  # already the consumer's stream
     return pycoll_buffer(Buffer, ptr or 0, count * _ITEMSIZES[code], count, code, <object>_NAMES[code], shape, _CUDA,
                          -1, bool(readonly), obj, "cai", producer, name)
+
+
+cdef object _torch_storages(list inputs, list outputs, list written):
+    """The torch tensors of an asynchronous operation, as ``[(Buffer, storage, written)]`` (None: none): the Work
+    holds their storages until it retires. The tensor itself is held anyway (its Buffer's owner), its memory is not:
+    a ``set_`` or an assignment to ``.data`` while the operation runs would free it under the operation (a crash, or
+    a write into memory reused meanwhile); held, the operation uses the memory it was given, as NCCL's semantics
+    are. A resize (of the tensor or its storage) frees it all the same: :func:`_check_kept` finds that."""
+    kept = None
+    for b in inputs:
+        if (<tuple>b)[10] is _TORCH_SOURCE and (<tuple>b)[1]:
+            kept = _keep(kept, b, written)
+    if outputs is not inputs:
+        for b in outputs:
+            if (<tuple>b)[10] is _TORCH_SOURCE and (<tuple>b)[1]:
+                kept = _keep(kept, b, written)
+    return kept
+
+
+cdef list _keep(list kept, object b, list written):
+    """``kept`` (a new list where None) with torch Buffer ``b``'s entry (:func:`_torch_storages`) added."""
+    if kept is None:
+        kept = []
+        if _TORCH_CODES is None:  # described by the general path (the process's first tensor)
+            _torch_init(sys.modules["torch"])
+    kept.append((b, (<tuple>b)[9].untyped_storage(), any(x is b for x in written)))
+    return kept
+
+
+cdef int _check_kept(Work w) except -1:
+    """At ``w``'s retirement: whether the memory of each of its torch tensors (:func:`_torch_storages`) stayed theirs
+    while it ran; what did not becomes ``w._moved``, which :meth:`Work.wait` raises (a ``BufferError``). Reads the
+    storages (torch's C methods) and an exact tensor's data pointer only: no user code runs (a caller may hold
+    ``_plock``)."""
+    kept, w._kept = w._kept, None
+    found = None
+    try:
+        for b, st, writes in <list>kept:
+            ptr, nbytes, t = (<tuple>b)[0], (<tuple>b)[1], (<tuple>b)[9]
+            base = st.data_ptr()
+            what = "wrote into" if writes else "read"
+            if not base <= ptr or ptr + nbytes > base + st.nbytes():
+                found = (f"the memory of its {(<tuple>b)[12]} (a torch tensor) was freed while the operation ran (a "
+                         f"resize_ of the tensor or of its storage): the operation {what} freed memory, and this "
+                         "process's memory may be corrupted")
+                break
+            if (type(t) is _torch_tensor or type(t) is _torch_parameter) and pycoll_descr_call(_T_DATA_PTR, t) != ptr:
+                found = (f"its {(<tuple>b)[12]} (a torch tensor) was given other memory while the operation ran "
+                         f"(set_, or an assignment to .data): the operation {what} the memory the tensor had when it "
+                         "was issued (kept alive until it completed), not its new memory")
+    except Exception:  # a storage torch cannot read any more: nothing to say
+        return 0
+    if found is not None:
+        w._moved = (f"{w.op} ({_seq_text(w)}) on {w.comm.name}: {found}; leave an asynchronous operation's tensors "
+                    "as they are until it has completed (wait())")
+    return 0
 
 
 cdef object _describe(CommCore comm, object obj, object stream, bint writable, object name):

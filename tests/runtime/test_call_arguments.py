@@ -320,6 +320,68 @@ def test_in_place_forms_use_this_ranks_block():
         assert not bad, bad
 
 
+def _memory_taken_away(rank, n, uid, how, size):
+    """A rank changes a torch tensor's memory while its asynchronous broadcast waits for the other rank (which issues
+    0.5 s late): rank 1, a receiver, for ``set_``, ``data`` and ``kept`` (nothing changed); rank 0, the root, which only
+    reads it, for ``resize_`` (a write into the freed block would corrupt the heap). Returns what wait() raised there,
+    what exception() says, and the tensor's first elements."""
+    import time
+
+    import torch
+
+    c = pycoll.init(rank, n, unique_id=uid, backend="host", name="taken")
+    try:
+        t = torch.arange(size, dtype=torch.float32) if rank == 0 else torch.zeros(size)
+        changer = 0 if how == "resize_" else 1
+        if rank != changer:
+            time.sleep(0.5)
+        w = c.broadcast(t, root=0, async_op=True)
+        if rank == changer:
+            if how == "set_":
+                t.set_(torch.full((size,), 7.0))  # the memory it was given is freed here, but for the Work's hold
+            elif how == "data":
+                t.data = torch.full((size,), 7.0)
+            elif how == "resize_":
+                t.resize_(4 * size)  # reallocated: the old block is freed whatever holds the storage
+        try:
+            w.wait()
+            raised = None
+        except BufferError as e:
+            raised = str(e)
+        exc = w.exception()
+        c.all_reduce(torch.ones(2))  # usable afterwards
+        return raised, None if exc is None else str(exc), t[:4].tolist()
+    finally:
+        c.destroy()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how, size", [("set_", 16 << 20), ("data", 16 << 20), ("resize_", 16 << 10),
+                                       ("kept", 1024)])
+def test_a_tensor_whose_memory_is_taken_away_under_an_asynchronous_operation(how, size):
+    """A set_ (or .data =) while an asynchronous broadcast of 64 MiB ran freed the memory under it: the receiver died
+    of SIGSEGV (the host stream wrote into an unmapped block). The Work holds the storage now: the broadcast lands in
+    the memory it was given, and wait() says the tensor has other memory. A resize_ frees the old block whatever
+    holds the storage: wait() says the operation used freed memory."""
+    pytest.importorskip("torch")
+    got = run_ranks(_memory_taken_away, 2, bytes(pycoll.get_unique_id(backend="host")), how, size, timeout=90)
+    changer, other = (got[0], got[1]) if how == "resize_" else (got[1], got[0])
+    assert other[:2] == (None, None), other
+    raised, exc, data = changer
+    assert exc == raised
+    if how == "kept":
+        assert raised is None and data == [0.0, 1.0, 2.0, 3.0]
+    elif how == "resize_":
+        assert ("broadcast (seq 1) on taken: the memory of its tensor (a torch tensor) was freed while the operation "
+                "ran (a resize_ of the tensor or of its storage): the operation read freed memory") in raised, raised
+    else:
+        assert raised is not None and ("its tensor (a torch tensor) was given other memory while the operation ran "
+                                       "(set_, or an assignment to .data): the operation wrote into the memory the "
+                                       "tensor had") in raised, raised
+        assert data == [7.0] * 4  # the tensor's new memory: left as it was
+        assert other[2] == [0.0, 1.0, 2.0, 3.0]
+
+
 def test_a_tensor_autograd_saved_and_written_in_place_makes_backward_raise(comm):
     """As torch's own in-place operations: the write bumps the tensor's version, so a backward that saved it raises
     (it computed wrong gradients silently); a subclass tensor too, an input only read is not bumped."""
