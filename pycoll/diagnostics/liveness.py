@@ -37,10 +37,13 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
+import time
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from .. import failpoints as _fp
 from .._procs import boot_id, exiting, stat_fields
+from .._settings import requests_until
 from ..errors import PeerFailure, StoreError
 from ..hooks import CommView, WorkView, op_text
 from .records import ProcRecord, ProgressRecord, proc_prefix, progress_prefix, read_records
@@ -102,8 +105,8 @@ def process_state(pid: int, start: int) -> Optional[str]:
 class _Peers:
     """What is known of one communicator's peers."""
 
-    __slots__ = ("procs", "complete", "next_fetch", "beats", "next_beat", "remote", "published", "suspect",
-                 "suspect_at")
+    __slots__ = ("procs", "complete", "next_fetch", "beats", "next_beat", "remote", "published", "publishing",
+                 "suspect", "suspect_at")
 
     def __init__(self) -> None:
         self.procs: Dict[int, ProcRecord] = {}
@@ -116,6 +119,12 @@ class _Peers:
         # was never failed where the period is longer than the rounds' interval (the defaults: 1 s and 0.2 s)
         self.remote: Optional[Tuple[int, ProcRecord, str]] = None
         self.published = False
+        # held by the thread writing this process's record: the creating thread (Liveness.announce, as the
+        # communicator is made) and the liveness thread's first round both saw ``published`` False and both wrote
+        # it; the second write came after a peer stopped holding a FileStore's lock file, waited for it for the
+        # store's whole timeout, and the liveness thread checked no peer meanwhile (the stopped one was found at
+        # the operation's timeout only)
+        self.publishing = threading.Lock()
         self.suspect: Optional[int] = None  # op_id of the oldest work pending when a peer was found unable
         self.suspect_at = 0.0  # when (a round woken early, e.g. by a new communicator, is no round later)
 
@@ -139,25 +148,33 @@ class Liveness:
         for uid in [u for u in self._peers if u not in live_uids]:
             del self._peers[uid]
 
-    def announce(self, c: CommView) -> Optional[_Peers]:
+    def announce(self, c: CommView, wait: bool = True) -> Optional[_Peers]:
         """Publish this process for ``c`` unless done already; what is known of ``c``'s peers (None: ``c``
         is not watched). The watchdog also calls it as ``c`` is made, in the thread that makes it: a
         rank stopped or killed right after ``c``'s init returned, before this thread's next round, is
-        then still known to its peers, which find it at their first outstanding operation."""
+        then still known to its peers, which find it at their first outstanding operation.
+
+        One thread writes the record at a time, once. ``wait``: where another thread is writing it now, wait for
+        that write (the creating thread: the record is in the store when its init returns), and write it where
+        that one failed. Without ``wait`` (the liveness thread's rounds, the waits of ``unable_peer``, which must go
+        on to their checks) a write in progress elsewhere is left to finish, and a write of this thread's own (a
+        retry, the creating thread's having failed) gives up after ``interval`` (at least 1 s: the requests'
+        least bound): the next round tries again. A write that waited for the store (a FileStore's lock file held
+        by a stopped peer) for the store's own timeout otherwise kept this thread from checking any peer."""
         if c.store is None or c.size < 2:
             return None
         p = self._peers.get(c.uid)
         if p is None:
             p = self._peers.setdefault(c.uid, _Peers())
         if not p.published:
-            self._publish(c, p)
+            self._publish(c, p, wait)
         return p
 
     def round(self, c: CommView, now: float, check: bool = True) -> None:
         """One round for communicator ``c``: publish this process once (also with ``check`` off: the
         peers may watch it), then check its peers while work is outstanding; fail ``c`` when one
         cannot take part any more."""
-        p = self.announce(c)
+        p = self.announce(c, wait=False)
         if p is None:
             return
         outstanding = c.outstanding() if check else ()
@@ -190,17 +207,28 @@ class Liveness:
             return  # woken early: the peer's part may still be on its way
         self._fail(c, pending[0], now, *found)
 
-    def _publish(self, c: CommView, p: _Peers) -> None:
-        if self._me is None or self._me.pid != os.getpid() or self._me.period != self.period:
-            self._me = this_process(self.period)
+    def _publish(self, c: CommView, p: _Peers, wait: bool) -> None:
+        me = self._me  # known before any write: a round that leaves the write to another thread checks with it
+        if me is None or me.pid != os.getpid() or me.period != self.period:
+            me = self._me = this_process(self.period)
+        if not p.publishing.acquire(blocking=wait):
+            return  # another thread is writing it (see announce)
         try:
+            if p.published:  # written while this thread waited for the lock, or since it looked
+                return
             # on its way when this returns (in the kernel's buffers, also if this process stops or dies
             # next), without a round trip on the creating thread
             put = getattr(c.store, "set_nowait", None) or c.store.set
-            put(f"{proc_prefix(c.uid)}{c.rank}", self._me.encode())
+            if wait:
+                put(f"{proc_prefix(c.uid)}{c.rank}", me.encode())
+            else:
+                with requests_until(time.monotonic() + self.interval):
+                    put(f"{proc_prefix(c.uid)}{c.rank}", me.encode())
             p.published = True
         except Exception as e:  # the next round tries again
             _log.debug("watchdog: could not publish this process for %r: %s", c.name, e)
+        finally:
+            p.publishing.release()
 
     def _fetch(self, c: CommView, p: _Peers, now: float) -> None:
         try:
@@ -220,7 +248,7 @@ class Liveness:
         exited): ``(rank, its record, why)``, else None. For a thread that waits on ``c`` outside any operation (a
         shrink, grow, split or finalize: ``Communicator._poll``), which no round watches. The peers' records are
         read from the store as a round reads them (until every peer's is known, at most once a period)."""
-        p = self.announce(c)
+        p = self.announce(c, wait=False)
         if p is None:
             return None
         if not p.complete and now >= p.next_fetch:

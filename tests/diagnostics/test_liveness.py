@@ -355,6 +355,103 @@ def test_a_store_that_takes_no_writes_is_no_verdict_on_a_remote_peers_silence(mo
     assert "silent: no heartbeat for" in str(c.failure)
 
 
+def _stopped_peer(monkeypatch, store, c):
+    """Rank 1 of ``c`` is a process of this host that its record says is stopped."""
+    import dataclasses
+
+    lv = liveness
+    store.set(f"{lv.proc_prefix(c.uid)}1", dataclasses.replace(lv.this_process(1.0), pid=999_999).encode())
+    monkeypatch.setattr(lv, "process_state", lambda pid, start: "stopped (SIGSTOP)" if pid == 999_999 else None)
+
+
+def test_a_round_leaves_the_record_being_written_by_another_thread_to_it_and_checks_the_peers(monkeypatch):
+    """The creating thread and the liveness thread's first round both found this process's record unwritten and both
+    wrote it: the round's write came after a peer stopped holding a FileStore's lock file and waited for it for the
+    store's timeout, and no peer was checked meanwhile (the stopped root was found at the broadcast's timeout only)."""
+    import threading
+
+    from helpers.fakes import FakeComm
+
+    from pycoll.diagnostics.recorder import FlightRecorder
+    from pycoll.store import MemoryStore
+
+    class HeldWrites(MemoryStore):
+        def __init__(self):
+            super().__init__(timeout=10)
+            self.writes, self.go = [], threading.Event()
+
+        def set(self, key, value):
+            if key.startswith(liveness.proc_prefix(c.uid)):
+                self.writes.append(threading.current_thread().name)
+                self.go.wait(5.0)  # the write of this process's record waits for the store (a lock file held)
+            super().set(key, value)
+
+    store = HeldWrites()
+    c = FakeComm(FlightRecorder(), 0, 2, store=store)
+    store.go.set()
+    _stopped_peer(monkeypatch, store, c)  # the peer's record is there
+    store.writes.clear()
+    store.go.clear()
+    live = liveness.Liveness(0.2, 5.0, 1.0)
+    creating = threading.Thread(target=live.announce, args=(c,), name="creating")
+    creating.start()
+    while not store.writes:
+        time.sleep(0.001)
+    c.op("broadcast", state="started", root=1)
+    t0 = time.monotonic()
+    live.round(c, 1.0)
+    live.round(c, 1.2)
+    took = time.monotonic() - t0
+    assert took < 1.0 and store.writes == ["creating"], (took, store.writes)
+    assert isinstance(c.failure, pycoll.PeerFailure) and "rank 1 (pid 999999) is stopped" in str(c.failure)
+    store.go.set()
+    creating.join(5.0)
+    assert live.announce(c) is not None and store.writes == ["creating"]  # written once
+    assert store.check([f"{liveness.proc_prefix(c.uid)}0"])
+
+
+def test_a_rounds_retry_of_the_records_write_gives_up_within_a_second_and_checks_the_peers(monkeypatch, tmp_path):
+    """Where the creating thread could not write this process's record, the liveness thread's rounds write it: a
+    write of theirs waits for a FileStore's lock file (held by a stopped peer) a second at most, not the store's
+    timeout, and the round goes on to its checks."""
+    import threading
+
+    from helpers.fakes import FakeComm
+
+    from pycoll.diagnostics.recorder import FlightRecorder
+
+    store = pycoll.FileStore(str(tmp_path / "store"), timeout=30)
+    c = FakeComm(FlightRecorder(), 0, 2, store=store)
+    _stopped_peer(monkeypatch, store, c)
+    held, done = threading.Event(), threading.Event()
+
+    def hold():  # the lock, as a peer stopped inside a write holds it
+        store._plock.acquire(5, "test")
+        held.set()
+        done.wait(30)
+        store._plock.release()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        held.wait(5)
+        live = liveness.Liveness(0.2, 5.0, 1.0)
+        c.op("broadcast", state="started", root=1)
+        t0 = time.monotonic()
+        live.round(c, 1.0)
+        live.round(c, 1.2)
+        took = time.monotonic() - t0
+        assert isinstance(c.failure, pycoll.PeerFailure) and "rank 1 (pid 999999) is stopped" in str(c.failure)
+        assert took < 4.0, took  # two writes of a second at most each
+        assert not store.check([f"{liveness.proc_prefix(c.uid)}0"])
+    finally:
+        done.set()
+        holder.join(5)
+    live.round(c, 1.4)  # the lock free again: written
+    assert store.check([f"{liveness.proc_prefix(c.uid)}0"])
+    store.close()
+
+
 def _stop_after_grow(rank, n, addr, spec, victim):
     """Slots 0-2 form and admit slot 3; ``spec`` stops one of them (a member or the joiner) as soon as the
     grown communicator is built. The others' next collective (the grow's own barrier, or the first

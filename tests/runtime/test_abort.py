@@ -310,12 +310,14 @@ def _root_stopped_holding_the_store_lock(rank, n, folder):
     return out, time.monotonic() - t0, comm.state
 
 
-@pytest.mark.slow  # in 2 of 7 runs here the liveness check did not find rank 0 stopped (a CommTimeout at 20 s): open
 def test_a_failure_is_raised_promptly_while_a_stopped_peer_holds_the_file_stores_lock(tmp_path):
     # the policy's abort closes the communicator, whose closing lets the watchdog publish its last state in the store
     # (best effort, bounded by requests_until): a FileStore's write waited for its lock file, which the stopped root
     # held, for the store's own timeout -- the failure was not handled meanwhile, and the waiting broadcast raised
-    # only when await_failure_handled gave up, 2 * PYCOLL_ABORT_TIMEOUT (20 s) later
+    # only when await_failure_handled gave up, 2 * PYCOLL_ABORT_TIMEOUT (20 s) later. And in about 1 run in 5 on a
+    # busy machine the liveness thread's first round wrote this process's record a second time (the creating thread
+    # had written it), waited for the held lock file for the store's timeout, and checked no peer meanwhile: a
+    # CommTimeout at 20 s (test_liveness.py has that case alone)
     res = run_ranks(_root_stopped_holding_the_store_lock, 2, str(tmp_path), may_die=[0], timeout=60)
     out, took, state = res[1]
     assert out == "PeerFailure" and took < 8 and state == "aborted", res
