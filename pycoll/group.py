@@ -49,13 +49,17 @@ def simulate(comm: Any) -> Iterator[SimulatedGroup]:
     result = SimulatedGroup()
     lib.group_start()
     _core.set_group([], lib)
+    ended = False
     try:
         yield result
+        ended = True
     finally:
         works: List[Work] = _core.open_group() or []
         _core.set_group(None, None)
         try:
-            result.estimated_time = lib.group_simulate_end()
+            estimate = lib.group_simulate_end()  # the group is closed either way
+            if ended:  # a block that raised simulated only part of what it meant to: no estimate
+                result.estimated_time = estimate
         finally:
             never = CommStateError("the operation was only simulated (group_simulate): it never ran")
             for w in works:

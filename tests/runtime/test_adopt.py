@@ -206,6 +206,11 @@ def test_init_all_one_thread_drives_every_rank():
             with pytest.raises(pycoll.CommStateError, match="only simulated"):
                 w.wait()
         assert all(not c.outstanding() for c in comms)
+        with pytest.raises(RuntimeError, match="boom"), comms[0].group_simulate() as sim:  # no estimate: it said one
+            comms[0].all_reduce(xs[0], async_op=True)
+            raise RuntimeError("boom")
+        assert sim.estimated_time is None and all(not c.outstanding() for c in comms)
+        assert pycoll.group.open_group() is None
     with pytest.raises(ValueError, match=">= 1"):
         pycoll.init_all(0, backend="host")
     with pytest.raises(ValueError, match="ordinals"):
