@@ -376,7 +376,7 @@ ncclResult_t rendezvous_join(const struct rendezvous* r, struct seg* out) {
     }
     uint64_t t = now_ns();
     if (r->timeout_ns && t - start > r->timeout_ns) {
-      int n = snprintf(text, sizeof text, "%s : timed out after %.0f s waiting for ranks", r->opname,
+      int n = snprintf(text, sizeof text, "%s : timed out after %g s waiting for ranks", r->opname,
                        (double)r->timeout_ns / 1e9);
       for (int k = 0; k < r->nranks && n < (int)sizeof text - 16; k++)
         if (!__atomic_load_n(&s.ctrl[k].token, __ATOMIC_ACQUIRE)) n += snprintf(text + n, sizeof text - n, " %d", k);

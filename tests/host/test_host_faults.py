@@ -748,6 +748,8 @@ def _rendezvous_timeout(rank, n, idb):
 def test_missing_rank_times_out_with_an_error(seconds):
     (text,) = run_ranks(_rendezvous_timeout, 1, uid(), timeout=30, env={"PYCOLL_HOST_INIT_TIMEOUT": seconds})
     assert "timed out" in text and "1" in text
+    if seconds == "0.5":
+        assert "timed out after 0.5 s waiting for ranks 1 to join" in text, text  # it said "after 0 s"
 
 
 # ---- more lifecycle --------------------------------------------------------------------------------
