@@ -1349,17 +1349,38 @@ class Communicator(_core.CommCore):
 
     def _finalize(self, deadline: float, timeout: float, what: str, then: str = "") -> None:
         self._drain(deadline, timeout, what, then)
-        with self._lock:
-            err = self._finalize_call(deadline, timeout)
-        if err is not None:
-            self.handle_call_error(err, None)  # outside the lock: lock order
-        with self._plock:
-            if self._state in ("active", "revoked"):  # not over an abort made meanwhile (the policy: a peer gone)
-                self._state = "finalized"
-        # aborted meanwhile: handle raises its CommAborted (an AssertionError escaped from it while "finalized" could
-        # overwrite "aborted")
-        self._poll(self.handle, "ncclCommFinalize", max(1e-3, deadline - time.monotonic()), self._abort,
-                   reported_timeout=timeout)
+        try:
+            with self._lock:
+                err = self._finalize_call(deadline, timeout)
+            if err is not None:
+                self.handle_call_error(err, None)  # outside the lock: lock order
+            with self._plock:
+                if self._state in ("active", "revoked"):  # not over an abort made meanwhile (the policy: a peer gone)
+                    self._state = "finalized"
+            # aborted meanwhile: handle raises its CommAborted (an AssertionError escaped from it while "finalized"
+            # could overwrite "aborted")
+            self._poll(self.handle, "ncclCommFinalize", max(1e-3, deadline - time.monotonic()), self._abort,
+                       reported_timeout=timeout)
+        except CommTimeout as e:
+            self._name_late(e)
+            raise
+
+    def _name_late(self, e: CommTimeout) -> None:
+        """A finalize that timed out (``e``, raised once the communicator is aborted): the ranks whose last progress
+        record says they had not begun theirs (``active``), named in its message and ``behind`` (as an operation's
+        timeout names the ranks that had not issued it). Says nothing where no record says so (no store, no
+        watchdog, records not read within a second)."""
+        states = hooks.peer_states(self)
+        late = {r: age for r, (state, age) in sorted((states or {}).items()) if state == "active"}
+        if not late:
+            return
+        ages = sorted(late.values())
+        span = f"{ages[0]:.1f}" if ages[-1] - ages[0] < 0.05 else f"{ages[0]:.1f}-{ages[-1]:.1f}"
+        who, said = ((f"rank {next(iter(late))}", "its last record says") if len(late) == 1 else
+                     (f"ranks {', '.join(map(str, late))}", "their last records say"))
+        e.args = (f"{e}; {who} had not begun to finalize (destroy() or finalize()), as {said} ({span} s old: active)",
+                  *e.args[1:])
+        e.behind = tuple(late)
 
     def _finalize_call(self, deadline: float, timeout: float) -> Optional[NCCLError]:
         """``ncclCommFinalize`` within ``deadline`` (:meth:`_bounded`); the library's error returned, not raised."""

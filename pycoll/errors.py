@@ -248,7 +248,8 @@ class CommTimeout(CommFailure, TimeoutError):
     for a send or receive, ``peer`` set, the point-to-point one, as the flight recorder numbers them),
     ``elapsed`` and ``timeout`` in seconds. ``behind``: the ranks of the communicator that the watchdog found
     had not issued the operation (by their answers, or stopped reporting), as its line names them; the
-    message then ends with that verdict on the other ranks. None where no watchdog looked (``watchdog=False``,
+    message then ends with that verdict on the other ranks (a finalize's, ``destroy()``'s: the ranks whose last
+    progress record says they had not begun theirs). None where no watchdog looked (``watchdog=False``,
     no store), ``()`` where it found no rank behind.
     """
 

@@ -256,6 +256,13 @@ class CommObserver:
         operation (a shrink, grow, split or finalize), about every 0.1 s: it must return quickly."""
         return None
 
+    def peer_states(self, comm: CommView) -> Optional[Dict[int, Tuple[str, float]]]:
+        """What the other ranks of ``comm`` last said of it: ``{rank: (its state, the age of what it said in
+        seconds)}`` (``"active"``, ``"finalized"``, ...: :attr:`CommView.state`), for the ranks that said anything;
+        None where this observer does not know. Asked once, by a finalize or destroy that timed out, to name the
+        ranks that had not begun theirs (it may take up to a second)."""
+        return None
+
 
 _observers: List[CommObserver] = []
 
@@ -370,6 +377,19 @@ def peer_unable(comm: CommView, skip: Sequence[int] = ()) -> Optional[Tuple[int,
             found = o.peer_unable(comm, skip)
         except Exception:  # an observer must never break a communicator
             _log.exception("observer %r failed in peer_unable", o)
+            continue
+        if found is not None:
+            return found
+    return None
+
+
+def peer_states(comm: CommView) -> Optional[Dict[int, Tuple[str, float]]]:
+    """The first observer's answer to :meth:`CommObserver.peer_states` (None: no observer knows)."""
+    for o in list(_observers):
+        try:
+            found = o.peer_states(comm)
+        except Exception:  # an observer must never break a communicator
+            _log.exception("observer %r failed in peer_states", o)
             continue
         if found is not None:
             return found

@@ -111,6 +111,8 @@ FP_CREATED = _fp.declare("watchdog.progress.created", "a communicator just made,
 FP_ANSWER = _fp.declare("watchdog.request.answer", "a dump request from another rank, before answering it")
 FP_FORGET = _fp.declare("watchdog.records.forget", "the records of a communicator that failed or was aborted, kept for "
                         "its peers, before this rank deletes them from the store")
+FP_PEER_STATES = _fp.declare("watchdog.peer_states.read", "a finalize or destroy that timed out, before it reads the "
+                             "other ranks' last records from the store (to name those that had not begun theirs)")
 
 __all__ = ["Watchdog", "get_watchdog", "configure", "install", "enable_dump_signal", "dump_flight_recorder",
            "FR_KEY_PREFIX", "KEY_PREFIX"]
@@ -769,6 +771,22 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
             return None
         found = self._liveness.unable_peer(comm, time.monotonic(), skip)
         return None if found is None else (found[0], found[1].pid, found[2])
+
+    def peer_states(self, comm: CommView) -> Optional[Dict[int, Tuple[str, float]]]:
+        """The other ranks' states as their last progress records in ``comm``'s store say (a second at most: a
+        store that does not answer says nothing); None without a store, or where the records cannot be read."""
+        store = comm.store
+        if store is None or comm.size < 2:
+            return None
+        _fp.hit(FP_PEER_STATES)
+        try:
+            with _settings.requests_until(time.monotonic() + 1.0):
+                recs = read_records(store, progress_prefix(comm.uid), comm.size, ProgressRecord.decode, skip=comm.rank)
+        except Exception as e:  # best effort: the caller raises its timeout anyway
+            _log.debug("watchdog: could not read the peers' records of %r: %s", comm.name, e)
+            return None
+        now = time.time_ns()
+        return {r: (rec.state, max(0.0, (now - rec.time_ns) / 1e9)) for r, rec in recs.items()}
 
     def _liveness_loop(self, stop: threading.Event) -> None:
         """Watch the peers of outstanding work (:mod:`.liveness`); store calls only once per

@@ -679,3 +679,44 @@ def test_a_group_that_times_out_is_reported_whole_with_every_peer_it_waits_for(s
     # the caller's exception ends with the line's verdict on the other ranks
     assert verdict in line, line
     assert "; " + verdict in err, err
+
+
+def _late_to_destroy(rank, n, path, spec):
+    from pycoll import failpoints
+
+    failpoints.configure(spec, rank=rank)
+    c = pycoll.init(rank, n, store=pycoll.FileStore(path), backend="host", name="late")
+    c.all_reduce(np.ones(2, np.float32))
+    if rank == n - 1:
+        time.sleep(5)  # busy elsewhere: not in destroy() while the others wait in theirs
+    t0 = time.monotonic()
+    try:
+        c.destroy(timeout=2)
+        return None
+    except pycoll.CommFailure as e:
+        return type(e).__name__, str(e), getattr(e, "behind", None), time.monotonic() - t0
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("spec", ["", "watchdog.peer_states.read=raise;rank=0",
+                                  "watchdog.peer_states.read=kill;rank=0"])
+def test_a_destroy_that_times_out_names_the_rank_that_had_not_begun_its_own(tmp_path, spec):
+    """A destroy() waiting for a rank busy elsewhere said only 'ncclCommFinalize ... did not complete within 2 s':
+    it names that rank now (its last progress record in the store says it is active), in the message and ``behind``.
+    A failure to read the records (raise) leaves the timeout as it was; a rank killed as it reads them leaves the
+    others' alone."""
+    env = {"PYCOLL_WATCHDOG_PUBLISH_INTERVAL": "0.2"}
+    res = run_ranks(_late_to_destroy, 3, str(tmp_path / "store"), spec, env=env, timeout=40,
+                    may_die=[0] if "kill" in spec else [])
+    for rank in (0, 1):
+        if "kill" in spec and rank == 0:
+            assert isinstance(res[0], Died), res[0]
+            continue
+        kind, text, behind, took = res[rank]
+        assert kind == "CommTimeout" and "did not complete within 2 s" in text and took < 4.5, (rank, res[rank])
+        if "raise" in spec and rank == 0:
+            assert behind is None and "had not begun" not in text, text
+        else:
+            assert behind == (2,), (rank, res[rank])
+            assert "; rank 2 had not begun to finalize (destroy() or finalize()), as its last record says (" in text
+    assert res[2] is not None and res[2][0] != "CommTimeout", res[2]  # aborted by the others meanwhile

@@ -643,7 +643,8 @@ def test_matrix_2_covers_every_point_the_scenario_passes():
     # PYCOLL_WATCHDOG_RECORDS_KEEP (120 s) after a communicator failed or was aborted
     # (tests/diagnostics/test_watchdog_ranks.py kills a rank there); watchdog.dump.write: the scenario's ranks write
     # their held dumps as they end, or not (tests/diagnostics/test_exit_dumps.py holds the monitor thread there while
-    # its process ends)
+    # its process ends); watchdog.peer_states.read: only a finalize or destroy that timed out
+    # (tests/diagnostics/test_watchdog_ranks.py kills and fails a rank there)
     assert set(scenario) - set(POINTS_2) == {"host.window.exchange", "host.signal.wait", "host.coll.after_consume",
                                              "host.coll.window", "host.coll.eager", "host.coll.check_waited",
                                              "host.wait.check_peer", "host.wait.brief", "host.stream.defer",
@@ -651,7 +652,8 @@ def test_matrix_2_covers_every_point_the_scenario_passes():
                                              "host.stream.order",
                                              "watchdog.report.signal_peer", "watchdog.exit.before_dump",
                                              "watchdog.exit.terminate", "watchdog.exit.deferred_sigterm",
-                                             "watchdog.records.forget", "watchdog.dump.write"}, scenario
+                                             "watchdog.records.forget", "watchdog.dump.write",
+                                             "watchdog.peer_states.read"}, scenario
 
 
 @pytest.mark.failpoints
