@@ -257,10 +257,16 @@ class FailureReport:
                            and (self.peer_failures[r].is_p2p if r in self.peer_failures
                                 else self.peers[r].get("p2p_completed", last) < last)]
             if waiting_too:
-                parts.append(f"{', '.join(self._who(r) for r in waiting_too)} waits in a send or receive of its own: "
-                             "two ranks that each post a send (or a receive) to the other first wait for ever -- put "
-                             "a rank's send and receive in one comm.group() (or use sendrecv), and check that every "
-                             "receive has its send")
+                who = ", ".join(self._who(r) for r in waiting_too)
+                theirs = {self.peer_failures[r].op for r in waiting_too if r in self.peer_failures}
+                if self.op == "wait_signal" or theirs == {"wait_signal"}:  # a one-sided wait: no send to group
+                    parts.append(f"{who} waits for a signal of its own (wait_signal): ranks that each wait for the "
+                                 "other's signal before sending theirs wait for ever -- check that every wait_signal "
+                                 "has its signal (signal or put_signal) sent, by a rank that does not wait first")
+                else:
+                    parts.append(f"{who} waits in a send or receive of its own: two ranks that each post a send (or a "
+                                 "receive) to the other first wait for ever -- put a rank's send and receive in one "
+                                 "comm.group() (or use sendrecv), and check that every receive has its send")
             if a["unconfirmed"]:
                 parts.append("not confirmed: " + "; ".join(
                     f"{self._who(r)} (last report {age:.1f} s old said {kind}#{last}; "

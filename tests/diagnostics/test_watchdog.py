@@ -343,11 +343,12 @@ def test_a_report_names_the_other_communicators_operations_its_group_ends_with()
         dp.destroy()
 
 
-def _report(peers, *, seq=5, failures=None, is_p2p=False, peer=None, answered=()):
+def _report(peers, *, seq=5, failures=None, is_p2p=False, peer=None, answered=(), op=None):
     rec = fr.FlightRecorder(8)
     c = FakeComm(rec, 0, 4, uid="feedbeef")
     c.coll_seq = seq - 1
-    w = c.op("send" if is_p2p else "all_reduce", np.ones(2, np.float32), None if is_p2p else np.ones(2, np.float32),
+    op = op or ("send" if is_p2p else "all_reduce")
+    w = c.op(op, np.ones(2, np.float32), None if is_p2p else np.ones(2, np.float32),
              state="started", peer=peer, timeout=2.0)
     w.t0 -= 2.05
     exc = CommTimeout("timed out", comm_name="world", op=w.op, seq=seq, elapsed=2.05, timeout=2.0)
@@ -743,6 +744,15 @@ def test_a_send_whose_peer_waits_in_one_of_its_own_says_to_group_them():
     r.peers[2]["p2p_completed"] = 1  # it completed its own: it waits in none
     assert "of its own" not in r.line(1.75)
     assert "of its own" not in _report({2: (4, 4, 0, 0.1)}, is_p2p=True, peer=2, answered={2}).line(1.75)  # behind
+
+
+def test_a_wait_signal_whose_peer_waits_for_one_of_its_own_says_to_send_the_signal():
+    # two ranks that each wait for the other's signal were told to group a send and a receive (or use sendrecv)
+    r = _report({2: (4, 4, 1, 0.1)}, is_p2p=True, peer=2, answered={2}, op="wait_signal")
+    r.peers[2]["p2p_completed"] = 0
+    line = r.line(1.75)
+    assert "rank 2 waits for a signal of its own (wait_signal)" in line and "sendrecv" not in line, line
+    assert "check that every wait_signal has its signal (signal or put_signal) sent" in line
 
 
 def test_a_process_held_up_as_a_whole_is_no_stall_of_the_polling_thread(make_wd, caplog, monkeypatch):
