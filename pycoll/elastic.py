@@ -316,6 +316,7 @@ class ElasticGroup:
         node_hub: Optional[bool] = None,
     ) -> None:
         slot = _integer(slot, "slot", "an int >= 0", 0)
+        joiner = _settings.flag(joiner, "joiner")
         if world_size is not None:
             world_size = _integer(world_size, "world_size", "an int > 0", 1)
         if not joiner and world_size is None:
@@ -326,6 +327,11 @@ class ElasticGroup:
         if on_change is not None and not callable(on_change):
             raise TypeError(f"on_change must be None or callable as on_change(group, transition), "
                             f"got {type(on_change).__name__}")
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {type(name).__name__} {name!r}")
+        if not name:
+            raise ValueError("name must be a non-empty str (the group's namespace in the store)")
+        node_hub = None if node_hub is None else _settings.flag(node_hub, "node_hub")
         self.store = store_argument(store)
         self.slot = slot
         self.name = name

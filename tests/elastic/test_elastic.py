@@ -917,6 +917,10 @@ def test_bad_arguments_are_refused_with_the_argument_named():
         (dict(world_size=1.0), TypeError, "world_size must be an int > 0"),
         (dict(world_size=None), ValueError, "world_size is needed to form the group"),
         (dict(on_change=5), TypeError, "on_change must be None or callable"),
+        (dict(name=""), ValueError, "name must be a non-empty str"),
+        (dict(name=7), TypeError, "name must be a str, got int 7"),
+        (dict(node_hub="yes"), TypeError, "node_hub must be True or False, got str 'yes'"),
+        (dict(joiner="no"), TypeError, "joiner must be True or False, got str 'no'"),
     ]:
         args = dict(store=store, slot=0, world_size=1, backend="host", name="bad-args") | kwargs
         with pytest.raises(exc, match=text):
