@@ -656,8 +656,10 @@ cdef class Work:
         return self.t0 + self.timeout
 
     def release_arrays(self):
-        """Drop the references to the operation's arrays (an abandoned operation need not keep them)."""
+        """Drop the references to the operation's arrays (an abandoned operation need not keep them), and to their
+        torch storages where it held them."""
         self.inputs = self.outputs = []
+        self._kept = None
 
     def completes_with(self, Work other not None):
         """Whether ``other`` completes with this operation: both of one group, on one communicator and stream,
@@ -1232,7 +1234,7 @@ cdef object _launch(CommCore comm, object op, object call, object stream, list i
         w.root = (<_Call>call).root                         # in the entries, also where no rank's library found it
     if peers is not None:
         w.peers = peers
-    if async_op:
+    if async_op or pycoll_group_works != NULL:  # it may run after this call returns (a group's, at its end)
         w._kept = _torch_storages(inputs, outputs, written)
     _stage(_ST_WORK)
     try:
@@ -1355,6 +1357,8 @@ cdef int _complete(CommCore comm, Work w, object dev, Library lib) except -1:
     _refresh(comm, w, dev, lib)
     if not (w._state is _COMPLETED and w._exc is None):
         w.wait()
+    elif w._moved is not None:  # a group's: its torch tensor's memory changed before the group ended
+        raise BufferError(w._moved)
     return 0
 
 
@@ -2097,7 +2101,7 @@ cdef object _cai_buffer(object obj, object cai, object stream, bint writable, ob
 
 
 cdef object _torch_storages(list inputs, list outputs, list written):
-    """The torch tensors of an asynchronous operation, as ``[(Buffer, storage, written)]`` (None: none): the Work
+    """The torch tensors of an asynchronous operation (or one in a group, which runs at the group's end), as ``[(Buffer, storage, written)]`` (None: none): the Work
     holds their storages until it retires. The tensor itself is held anyway (its Buffer's owner), its memory is not:
     a ``set_`` or an assignment to ``.data`` while the operation runs would free it under the operation (a crash, or
     a write into memory reused meanwhile); held, the operation uses the memory it was given, as NCCL's semantics
@@ -2123,11 +2127,19 @@ cdef list _keep(list kept, object b, list written):
     return kept
 
 
+cdef object _data_ptr(object t):
+    """A torch tensor's data pointer, read by torch's own method: a subclass's ``__torch_function__`` (user code)
+    does not run (the caller may hold ``_plock``)."""
+    if type(t) is _torch_tensor or type(t) is _torch_parameter:
+        return pycoll_descr_call(_T_DATA_PTR, t)
+    with sys.modules["torch"]._C.DisableTorchFunctionSubclass():
+        return pycoll_descr_call(_T_DATA_PTR, t)
+
+
 cdef int _check_kept(Work w) except -1:
     """At ``w``'s retirement: whether the memory of each of its torch tensors (:func:`_torch_storages`) stayed theirs
     while it ran; what did not becomes ``w._moved``, which :meth:`Work.wait` raises (a ``BufferError``). Reads the
-    storages (torch's C methods) and an exact tensor's data pointer only: no user code runs (a caller may hold
-    ``_plock``)."""
+    storages and the tensors' data pointers by torch's C methods: no user code runs (a caller may hold ``_plock``)."""
     kept, w._kept = w._kept, None
     found = None
     try:
@@ -2137,18 +2149,18 @@ cdef int _check_kept(Work w) except -1:
             what = "wrote into" if writes else "read"
             if not base <= ptr or ptr + nbytes > base + st.nbytes():
                 found = (f"the memory of its {(<tuple>b)[12]} (a torch tensor) was freed while the operation ran (a "
-                         f"resize_ of the tensor or of its storage): the operation {what} freed memory, and this "
-                         "process's memory may be corrupted")
+                         f"resize_ or share_memory_ of the tensor or of its storage): the operation {what} freed "
+                         "memory, and this process's memory may be corrupted")
                 break
-            if (type(t) is _torch_tensor or type(t) is _torch_parameter) and pycoll_descr_call(_T_DATA_PTR, t) != ptr:
+            if _data_ptr(t) != ptr:
                 found = (f"its {(<tuple>b)[12]} (a torch tensor) was given other memory while the operation ran "
                          f"(set_, or an assignment to .data): the operation {what} the memory the tensor had when it "
                          "was issued (kept alive until it completed), not its new memory")
     except Exception:  # a storage torch cannot read any more: nothing to say
         return 0
     if found is not None:
-        w._moved = (f"{w.op} ({_seq_text(w)}) on {w.comm.name}: {found}; leave an asynchronous operation's tensors "
-                    "as they are until it has completed (wait())")
+        w._moved = (f"{w.op} ({_seq_text(w)}) on {w.comm.name}: {found}; leave an operation's tensors as they are "
+                    "until it has completed (wait(), or the end of its group)")
     return 0
 
 

@@ -1000,6 +1000,7 @@ class Communicator(_core.CommCore):
         except NCCLError as e:
             self.handle_call_error(e, w)
         w.inputs = w.outputs = []
+        w._kept = None
         return w
 
     def _withdraw(self, w: Work) -> None:
@@ -1008,6 +1009,7 @@ class Communicator(_core.CommCore):
         with self._plock:
             self._pending.pop(w, None)
             _core.events_back(self._events, w)
+        w._kept = None  # nothing runs: the torch storages it held go
         if w._exc is not None:
             hooks.notify_withdrawn(w)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import time
 
 import numpy as np
 import pytest
@@ -335,9 +336,22 @@ def _memory_taken_away(rank, n, uid, how, size):
         changer = 0 if how == "resize_" else 1
         if rank != changer:
             time.sleep(0.5)
+        if how == "group":  # a blocking operation of a group runs at the group's end: as an asynchronous one
+            try:
+                with c.group():
+                    c.broadcast(t, root=0)
+                    if rank == changer:
+                        t.data = torch.full((size,), 7.0)
+                raised = None
+            except BufferError as e:
+                raised = str(e)
+            c.all_reduce(torch.ones(2))
+            return raised, raised, t[:4].tolist()
+        if how == "subclass":
+            t = t.as_subclass(type("Sub", (torch.Tensor,), {}))
         w = c.broadcast(t, root=0, async_op=True)
         if rank == changer:
-            if how == "set_":
+            if how in ("set_", "subclass"):
                 t.set_(torch.full((size,), 7.0))  # the memory it was given is freed here, but for the Work's hold
             elif how == "data":
                 t.data = torch.full((size,), 7.0)
@@ -357,12 +371,13 @@ def _memory_taken_away(rank, n, uid, how, size):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("how, size", [("set_", 16 << 20), ("data", 16 << 20), ("resize_", 16 << 10),
-                                       ("kept", 1024)])
+                                       ("kept", 1024), ("group", 16 << 20), ("subclass", 1024)])
 def test_a_tensor_whose_memory_is_taken_away_under_an_asynchronous_operation(how, size):
     """A set_ (or .data =) while an asynchronous broadcast of 64 MiB ran freed the memory under it: the receiver died
     of SIGSEGV (the host stream wrote into an unmapped block). The Work holds the storage now: the broadcast lands in
     the memory it was given, and wait() says the tensor has other memory. A resize_ frees the old block whatever
-    holds the storage: wait() says the operation used freed memory."""
+    holds the storage: wait() says the operation used freed memory. A blocking broadcast in a group (run at the
+    group's end) crashed the same way: the group's end raises it; a subclass's set_ went unreported."""
     pytest.importorskip("torch")
     got = run_ranks(_memory_taken_away, 2, bytes(pycoll.get_unique_id(backend="host")), how, size, timeout=90)
     changer, other = (got[0], got[1]) if how == "resize_" else (got[1], got[0])
@@ -373,13 +388,44 @@ def test_a_tensor_whose_memory_is_taken_away_under_an_asynchronous_operation(how
         assert raised is None and data == [0.0, 1.0, 2.0, 3.0]
     elif how == "resize_":
         assert ("broadcast (seq 1) on taken: the memory of its tensor (a torch tensor) was freed while the operation "
-                "ran (a resize_ of the tensor or of its storage): the operation read freed memory") in raised, raised
+                "ran (a resize_ or share_memory_ of the tensor or of its storage): the operation read freed "
+                "memory") in raised, raised
     else:
         assert raised is not None and ("its tensor (a torch tensor) was given other memory while the operation ran "
                                        "(set_, or an assignment to .data): the operation wrote into the memory the "
                                        "tensor had") in raised, raised
         assert data == [7.0] * 4  # the tensor's new memory: left as it was
         assert other[2] == [0.0, 1.0, 2.0, 3.0]
+
+
+def _storage_of_an_abandoned_operation(rank, n, uid):
+    import weakref
+
+    import torch
+
+    c = pycoll.init(rank, n, unique_id=uid, backend="host", name="abandoned")
+    if rank == 0:
+        arr = np.zeros(1024, np.float32)
+        ref = weakref.ref(arr)
+        t = torch.from_numpy(arr)  # its storage's memory: the numpy array's, which it keeps alive
+        w = c.broadcast(t, root=1, async_op=True)  # rank 1 never issues it
+        del t, arr
+        assert ref() is not None
+        c.abort()
+        kept = w._kept
+        return kept is None and ref() is None
+    time.sleep(1.0)
+    c.abort()
+    return True
+
+
+@pytest.mark.timeout(60)
+def test_an_aborted_asynchronous_operation_lets_its_torch_storage_go():
+    """An abort drops an outstanding operation's arrays (release_arrays): the storage it held went only with the
+    Work."""
+    pytest.importorskip("torch")
+    assert run_ranks(_storage_of_an_abandoned_operation, 2, bytes(pycoll.get_unique_id(backend="host")),
+                     timeout=40) == [True, True]
 
 
 def test_a_tensor_autograd_saved_and_written_in_place_makes_backward_raise(comm):
