@@ -229,29 +229,39 @@ def _merged(data: Dict[str, Any]) -> Dict[str, Any]:
 def _torch_gloo(data: Dict[str, Any]) -> Dict[str, Any]:
     """A torch dump as the analysis reads one: torch's gloo process groups (2.13) write ``pg_config`` under one key
     ``''``, each group registered replacing the one before (its ``ranks`` ``"[]"`` for a group of every rank), while
-    their entries and ``pg_status`` name the groups by their own uids; and they record neither start nor completion
-    (``state`` stays ``"scheduled"``), only that an operation ended (``retired``). Each group the entries or
-    ``pg_status`` name that ``pg_config`` lacks is added without a member list (``"ranks": None``: the analysis
-    guesses it, :func:`_with_members`), a ``pg_config`` key nothing names is dropped, and a retired entry is
-    completed. pycoll's dumps (with a ``pycoll`` section) and torch's NCCL dumps, where all of them agree, are left
-    as they are."""
+    their entries name the groups by their own uids and ``pg_status`` by the process's own numbers of them (an
+    entry's ``pg_id``: the default group's is 0); and they record neither start nor how an operation ended, only
+    that it did (``retired``, a failed one too). Each group the entries (or ``pg_status``, where an entry maps its
+    number to a uid) name that ``pg_config`` lacks is added without a member list (``"ranks": None``: the analysis
+    guesses it, :func:`_with_members`) -- but the default group where it is the only one, whose ``''`` entry then
+    lists its ranks --, a ``pg_config`` key nothing names is dropped, a retired entry is completed and one not
+    retired started (gloo runs an operation as it is issued: there is no stream to wait on). ``pycoll_torch_gloo``
+    marks such a dump. pycoll's dumps (with a ``pycoll`` section) and torch's NCCL dumps, where all of them agree, are
+    left as they are."""
     if "pycoll" in data:
         return data
     cfg = dict(data.get("pg_config") or {})
-    status = data.get("pg_status")
+    raw_status = data.get("pg_status")
+    status: Dict[Any, Any] = raw_status if isinstance(raw_status, dict) else {}
     named = {str(pg[0]): str(pg[1]) if len(pg) > 1 else "" for e in data["entries"] if (pg := e.get("process_group"))}
-    for uid in status if isinstance(status, dict) else ():
-        named.setdefault(str(uid), "")
+    uid_of = {str(e["pg_id"]): str(e["process_group"][0]) for e in data["entries"]
+              if _is_int(e.get("pg_id")) and e.get("process_group")}
+    uid_of.setdefault("0", "0")  # the default group, made first: its number and its uid
+    for number in status:
+        if str(number) in uid_of:
+            named.setdefault(uid_of[str(number)], "default_pg" if uid_of[str(number)] == "0" else "")
     unlisted = [uid for uid in named if uid not in cfg]
     if not unlisted:
         return data
+    only = cfg.get("", {}).get("ranks") if set(map(str, status)) == {"0"} and named.keys() <= {"0"} else None
     for key in [k for k in cfg if k not in named]:
         del cfg[key]
     for uid in unlisted:
-        cfg[uid] = {"name": uid, "desc": named[uid], "ranks": None}
-    entries = [{**e, "state": "completed"} if e.get("retired") is True and e.get("state") == "scheduled" else e
-               for e in data["entries"]]
-    return {**data, "pg_config": cfg, "entries": entries}
+        listed = only if uid == "0" and _parse_members(only) else None
+        cfg[uid] = {"name": uid, "desc": named[uid], "ranks": listed}
+    entries = [{**e, "state": "completed" if e.get("retired") is True else "started"}
+               if e.get("state") == "scheduled" else e for e in data["entries"]]
+    return {**data, "pg_config": cfg, "entries": entries, "pycoll_torch_gloo": True}
 
 
 def find_generations(path: str) -> List[Tuple[Optional[int], str]]:
@@ -509,10 +519,11 @@ def _parse_members(ranks: Any) -> Optional[List[int]]:
         return None
 
 
-def _with_members(dumps: Dict[int, Dict[str, Any]], problems: List[str]) -> Dict[int, Dict[str, Any]]:
+def _with_members(dumps: Dict[int, Dict[str, Any]], notes: List[str]) -> Dict[int, Dict[str, Any]]:
     """``dumps`` with a member list for each group a dump lists none of (``"ranks": None``, :func:`_torch_gloo`):
     the default group's the ranks up to the highest with a dump (a rank above it is not seen), another's the ranks
-    whose dumps know it; ``problems`` says so. The dumps given are left as they are."""
+    whose dumps know it; ``notes`` says so (what the analysis assumed, no problem found). The dumps given are left as
+    they are."""
     unlisted: Dict[str, List[int]] = defaultdict(list)
     for rank, d in sorted(dumps.items()):
         for key, cfg in (d.get("pg_config") or {}).items():
@@ -524,12 +535,12 @@ def _with_members(dumps: Dict[int, Dict[str, Any]], problems: List[str]) -> Dict
     for key, ranks in unlisted.items():
         desc = str(dumps[ranks[0]]["pg_config"][key].get("desc") or "")
         guess = list(range(max(dumps) + 1)) if desc == "default_pg" else ranks
-        problems.append(f"group {key} ({desc or 'no description'}): its dumps list no members (torch's gloo "
-                        f"dumps); taken as ranks {_fmt_ranks(guess)}"
-                        + (", up to the highest rank with a dump" if desc == "default_pg" else
-                           ", the ranks whose dumps know it"))
+        notes.append(f"group {key} ({desc or 'no description'}): its dumps list no members (torch's gloo dumps); "
+                     f"taken as ranks {_fmt_ranks(guess)}" + (", up to the highest rank with a dump" if desc ==
+                                                             "default_pg" else ", the ranks whose dumps know it"))
         for r in ranks:
-            out[r] = {**out[r], "pg_config": {**out[r]["pg_config"], key: {**out[r]["pg_config"][key], "ranks": guess}}}
+            out[r] = {**out[r], "pg_config": {**out[r]["pg_config"], key: {**out[r]["pg_config"][key], "ranks": guess,
+                                                                          "guessed": True}}}
     return out
 
 
@@ -541,7 +552,8 @@ def _groups(dumps: Dict[int, Dict[str, Any]], problems: List[str]) -> Dict[str, 
             if members is None:
                 problems.append(f"rank {rank}: unreadable member list {cfg.get('ranks')!r} for group {key}")
                 continue
-            g = groups.setdefault(key, {"uid": key, "name": cfg.get("desc", ""), "members": members, "seen_by": []})
+            g = groups.setdefault(key, {"uid": key, "name": cfg.get("desc", ""), "members": members, "seen_by": [],
+                                        "guessed": bool(cfg.get("guessed"))})
             if g["members"] != members:
                 problems.append(f"group {key}: rank {rank} lists members {members}, others {g['members']}")
             g["seen_by"].append(rank)
@@ -619,7 +631,8 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
     # of it: its rank counts as one without a dump, never as one that did not enter its operations
     present = [r for r in members if r in dumps and uid in (dumps[r].get("pg_config") or {})]
     foreign = [r for r in members if r in dumps and r not in present]
-    res: Dict[str, Any] = {"uid": uid, "name": g["name"], "members": members, "dumps_from": present,
+    res: Dict[str, Any] = {"uid": uid, "name": g["name"], "members": members, "members_guessed": g.get("guessed"),
+                           "dumps_from": present,
                            "missing_dumps": [r for r in members if r not in present], "foreign_dumps": foreign,
                            "problems": [],
                            "first_divergence": None,
@@ -1346,16 +1359,22 @@ def analyze(dumps: Dict[int, Dict[str, Any]], *, stack_limit: int = 8) -> Dict[s
     Ranks are global throughout. Each of ``communicators`` carries its ``verdict`` (the text ``pycoll-fr``
     prints) and ``culprits`` (:func:`_culprits`), besides the facts they come from (``first_divergence``,
     ``p2p``, ``failures``, ``missing_dumps``, ...); ``ok`` is False when any communicator shows a problem.
+    ``notes`` says what the analysis assumed where the dumps do not say (torch's gloo dumps: the groups' members),
+    which is no problem.
     """
     problems: List[str] = []
     versions = {str(d.get("version")) for d in dumps.values()}
     if len(versions) > 1:
         problems.append(f"dumps disagree on the schema version: {sorted(versions)}")
-    dumps = _with_members(dumps, problems)
+    notes: List[str] = []
+    if any(d.get("pycoll_torch_gloo") for d in dumps.values()):
+        notes.append("torch's gloo dumps say that an operation ended, not how: one that failed (a peer gone) counts "
+                     "as completed")
+    dumps = _with_members(dumps, notes)
     groups = _groups(dumps, problems)
     _apart(dumps, problems)
     report: Dict[str, Any] = {"ranks": sorted(dumps), "versions": sorted(versions), "problems": problems,
-                              "communicators": [], "triggers": {}}
+                              "notes": notes, "communicators": [], "triggers": {}}
     for r, d in sorted(dumps.items()):
         pyc = d.get("pycoll") or {}
         if pyc:
@@ -1421,7 +1440,8 @@ def analyze_dir(path: str, *, prefix: Optional[str] = None, stack_limit: int = 8
     for gen, folder in find_generations(path):
         dumps, problems = load_generation(folder, prefix)
         rep: Dict[str, Any] = analyze(dumps, stack_limit=stack_limit) if dumps else {
-            "ranks": [], "versions": [], "problems": [], "communicators": [], "triggers": {}, "ok": False}
+            "ranks": [], "versions": [], "problems": [], "notes": [], "communicators": [], "triggers": {},
+            "ok": False}
         rep["problems"] = problems + rep["problems"]
         if not dumps:
             rep["problems"].append("no dumps found")
@@ -1444,6 +1464,8 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
                      + (f", schema {', '.join(rep['versions'])}" if rep["versions"] else ""))
         for p in rep["problems"]:
             lines.append(f"  ! {p}")
+        for n in rep.get("notes") or ():
+            lines.append(f"  note: {n}")
         for c in rep["communicators"]:
             lines.append(f"communicator {c['name']!r} (uid {c['uid']}, {len(c['members'])} ranks: "
                          f"{_fmt_ranks(c['members'])})")
@@ -1743,6 +1765,10 @@ def _verdict(c: Dict[str, Any]) -> str:
             out.append(f"{d['op']} on {name!r} was captured in a graph on {_who(d['captured'])} (it runs there only "
                        f"when the graph is replayed) but issued directly on {_who(d['in_flight'])}, where it did not "
                        f"complete")
+        elif not d["never_entered"] and not d["completed"] and not unknown and c.get("members_guessed"):
+            out.append(f"every rank whose dump knows {name!r} entered {d['op']} and none completed it: a member that "
+                       "issued nothing on it, which no dump shows (torch's gloo dumps list no members), may not have "
+                       "entered it -- else suspect the transport or a dependency outside this group")
         elif not d["never_entered"] and not d["completed"] and not unknown:
             out.append(f"every rank entered {d['op']} on {name!r} and none completed it: not a desync (suspect the "
                        f"transport, the device or a dependency outside this communicator)")
