@@ -98,6 +98,8 @@ from .records import (
 from .report import FailureReport
 from .signals import STACKS_DIR, DumpSignal, register_exit, signal_number
 
+# how long a new communicator's first records may take to write, in the thread that made it (Watchdog.comm_created)
+_CREATED_WRITES_S = 5.0
 # the kinds of dump request in the store (_signal_store)
 _FAILURE, _REQUEST = "failure", "request"
 # requests posted just before a rank first read a store's counter that it still serves when they name one of its
@@ -464,15 +466,18 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
         self._signal.retitle()  # the rank its stacks file named before may not be this one
         self._store_wake.set()  # the store thread looks at the new communicator's store at once
         if self.enabled:
-            try:  # where this process runs, before the caller goes on (see Liveness.announce)
-                self._liveness.announce(comm)
-            except Exception as e:  # the liveness thread's next round tries again
-                _log.debug("watchdog: could not publish this process for %r: %s", comm.name, e)
-            if comm.store is not None:
-                # and its progress, in this thread too: a rank killed or stopped before the store thread's first
-                # round is then known to the peers' failure reports as one not seen entering their operation
-                _fp.hit(FP_CREATED)
-                self._publish(comm)
+            # both writes within _CREATED_WRITES_S, whatever the store's own timeout: a peer stopped holding a
+            # FileStore's lock file held this init for twice that timeout; the threads' rounds write what is left
+            with _settings.requests_until(time.monotonic() + _CREATED_WRITES_S):
+                try:  # where this process runs, before the caller goes on (see Liveness.announce)
+                    self._liveness.announce(comm)
+                except Exception as e:  # the liveness thread's next round tries again
+                    _log.debug("watchdog: could not publish this process for %r: %s", comm.name, e)
+                if comm.store is not None:
+                    # and its progress, in this thread too: a rank killed or stopped before the store thread's first
+                    # round is then known to the peers' failure reports as one not seen entering their operation
+                    _fp.hit(FP_CREATED)
+                    self._publish(comm)
 
     def comm_closed(self, comm: CommView) -> None:
         """A communicator destroyed without a failure: this rank's records in its store (the process for the peers'

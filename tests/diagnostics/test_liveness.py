@@ -575,3 +575,41 @@ def test_a_rank_killed_as_it_gives_up_leaves_the_others_to_give_up_too(server):
     for r in (1, 3):
         took, kind, text, rank = res[r]
         assert kind == "PeerFailure" and rank in (0, 2) and took < 10.0, res[r]
+
+
+@pytest.mark.timeout(60)
+def test_a_new_communicators_records_wait_for_a_held_file_store_a_few_seconds_only(tmp_path, monkeypatch):
+    """A peer stopped while it held the FileStore's lock file right after the init: the creating thread's two writes
+    (this process, its progress) each waited the store's whole timeout, and pycoll.init() returned after twice that
+    (40 s with a 20 s store); they give up by watchdog._CREATED_WRITES_S now, the threads' rounds write them later."""
+    import threading
+
+    from helpers.fakes import FakeComm
+
+    from pycoll.diagnostics.recorder import FlightRecorder
+
+    monkeypatch.setattr(watchdog, "_CREATED_WRITES_S", 1.0)
+    store = pycoll.FileStore(str(tmp_path / "store"), timeout=30)
+    held, done = threading.Event(), threading.Event()
+
+    def hold():
+        store._plock.acquire(5, "test")
+        held.set()
+        done.wait(30)
+        store._plock.release()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    wd = watchdog.Watchdog(FlightRecorder(4), communicators=list)
+    try:
+        held.wait(5)
+        c = FakeComm(wd.recorder, 0, 2, store=store)
+        t0 = time.monotonic()
+        wd.comm_created(c)
+        took = time.monotonic() - t0
+        assert took < 4.0, took  # the bound (a request takes at least 1 s)
+    finally:
+        done.set()
+        holder.join(5)
+        wd.stop()
+        store.close()
