@@ -282,9 +282,13 @@ class ElasticGroup:
             its own (:func:`formation_prefix`), which its slots find without reading what an earlier one left -- a
             slot's claim in the current formation already taken (by itself for an earlier group, or an earlier
             process of the slot), or that formation closed or formed with processes all gone, make the first such
-            slot start the next one. Joiners join the current formation and are judged by its state only. Two groups
-            of one name must not form at the same time, and a slot that comes after its group formed without it
-            raises :class:`Excluded` at once.
+            slot start the next one; a formation forming with a process known gone among it (a killed run's) is
+            left for the next one too. Joiners join the current formation and are judged by its state only. Two
+            groups of one name must not form at the same time; a slot that comes after its group formed without it
+            raises :class:`Excluded` at once, and so does a slot whose claim another process holds in a group that
+            formed and runs (a restarted member: a replacement joins, ``joiner=True``). Processes of other hosts
+            cannot be told gone: a rerun's slot finds a killed run's formation on a shared FileStore stale only by
+            its claims.
         on_change: called as ``on_change(group, transition)`` after every membership change, on
             every member (joiners included), before the call that made the change returns.
         node_hub: members on one host (same boot id) agree through one of them, the lowest local slot
@@ -537,23 +541,49 @@ class ElasticGroup:
             self.store.compare_set(key, cur, fresh)  # the first slot's wins: the next loop reads the winner
 
     def _may_take(self, formation: str) -> bool:
-        """Whether this forming slot takes part in ``formation`` (see :meth:`_find_formation`): it claims its slot
-        there, unless the formation is over."""
+        """Whether this forming slot takes part in ``formation`` (see :meth:`_find_formation`), claiming its slot
+        there; False where the formation is over -- closed, formed by processes all gone (an earlier run's), or
+        forming with a process known gone among it (a killed run's: this slot would take its dead for this group's,
+        and form without the live ones still to come) -- or where this slot's claim is taken and it has not formed
+        (an earlier process of this slot took part in a forming that never ended). :class:`Excluded` where its group
+        formed and runs: without this slot (it came late), or with it (another process of this slot is, or was, a
+        member: a process that replaces it joins, ``joiner=True``)."""
         ns = f"{self._root}/f/{formation}"
         if self.store.check([f"{ns}/closed"]):
             return False
-        if self.store.compare_set(f"{ns}/slot/{self.slot}", b"", self._nonce) != self._nonce:
-            return False  # an earlier process of this slot (or this one, for an earlier group) took part
+        claim = self.store.compare_set(f"{ns}/slot/{self.slot}", b"", self._nonce)
         formed = _get_now(self.store, f"{ns}/formed")
         if not formed:
-            return True  # forming now: this slot is one of it
+            return claim == self._nonce and not self._any_gone(ns)
         members = _mb.parse_members(formed)
         procs = self._procs(members, ns)
         if len(procs) == len(members) and all(boot == self._boot and _local_process_gone(pid)
                                               for boot, pid in procs.values()):
             return False  # a group of processes that are all gone: an earlier run's
+        if claim != self._nonce and self.slot in members:
+            who = bytes(claim).decode("utf-8", "replace").split(" ")
+            pid = who[1] if len(who) > 1 else "?"
+            raise Excluded(f"slot {self.slot} of group {self.name!r} is a member of the group running under that name "
+                           f"(members {list(members)}) as another process (pid {pid}"
+                           + (", this one: its earlier group of that name was not closed)" if pid == str(os.getpid())
+                              else ")") + ": a process that replaces a member joins it (joiner=True, pycoll-run "
+                           "--replace-failed)")
         raise Excluded(f"slot {self.slot} came after group {self.name!r} had formed without it (members "
                        f"{list(members)})")
+
+    def _any_gone(self, ns: str) -> bool:
+        """Whether a process registered in the formation under ``ns`` is known gone (this host's only)."""
+        prefix = f"{ns}/proc/"
+        try:
+            keys = list(self.store.list_keys(prefix))
+            values = self.store.multi_get(keys, timeout=min(self.timeout, 1.0)) if keys else []
+        except StoreError:
+            return False
+        for raw in values:
+            parts = bytes(raw).decode("utf-8", "replace").split()
+            if len(parts) == 2 and parts[0] == self._boot and parts[1].isdigit() and _local_process_gone(int(parts[1])):
+                return True
+        return False
 
     def _moved_on(self, fresh: bool = False) -> bool:
         """Whether the formation key names another formation than this slot's: a slot of the group found this one

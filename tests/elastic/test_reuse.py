@@ -223,3 +223,82 @@ def test_formation_prefix_names_the_current_formation():
     assert elastic.formation_prefix(store, "x") is None
     store.set("pycoll/elastic/x/formation", "abc 3")
     assert elastic.formation_prefix(store, "x") == "pycoll/elastic/x/f/abc"
+
+
+def _forming_killed(rank, n, path):
+    """Slots 0-2 of a 4-slot group forming without slot 3, which never comes: killed there by the test."""
+    ElasticGroup(pycoll.FileStore(path), rank, 4, backend="host", timeout=30.0)
+    return "formed"
+
+
+def _rerun(rank, n, path):
+    if rank != 3:
+        time.sleep(0.5)  # slot 3, the one the killed run never saw, comes first
+    group = ElasticGroup(pycoll.FileStore(path), rank, n, backend="host", timeout=8.0)
+    x = np.ones(2)
+    group.comm.all_reduce(x)
+    out = (group.members, x.tolist())
+    group.close()
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_a_rerun_after_a_run_killed_while_forming_forms_one_group(tmp_path):
+    """Slot 3 of the rerun came first to the formation the killed run's slots 0-2 had begun, took their dead
+    processes for its group's slots gone, and formed a group of itself (the others formed apart, after a timeout):
+    a formation with a process known gone is a killed run's, and the rerun starts the next."""
+    import multiprocessing as mp
+    import os
+    import signal
+
+    path = str(tmp_path / "store")
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_forming_killed, args=(r, 4, path), daemon=True) for r in range(3)]
+    for p in procs:
+        p.start()
+    store = pycoll.FileStore(path)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # all three registered in the formation
+        prefix = elastic.formation_prefix(store)
+        if prefix and len(list(store.list_keys(f"{prefix}/proc/"))) == 3:
+            break
+        time.sleep(0.05)
+    for p in procs:
+        os.kill(p.pid, signal.SIGKILL)
+        p.join(10)
+    res = run_ranks(_rerun, 4, path, timeout=60)
+    assert all(r == ((0, 1, 2, 3), [4.0, 4.0]) for r in res), res
+
+
+def _restarted_slot(rank, n, addr):
+    store = _store(addr)
+    if rank == 3:
+        time.sleep(2.0)  # the others formed without it meanwhile
+        out = []
+        for _ in range(2):  # the slot's process, then the process restarted in its place (not as a joiner)
+            try:
+                ElasticGroup(store, 3, 4, backend="host", timeout=3.0)
+                out.append("formed")
+            except elastic.Excluded as e:
+                out.append(str(e))
+        store.set("t/done", b"1")
+        return out
+    group = ElasticGroup(store, rank, n if rank != 3 else 4, backend="host", timeout=1.0)
+    store.wait(["t/done"], timeout=40)
+    x = np.ones(2)
+    group.comm.all_reduce(x)
+    out = (group.members, x.tolist(), elastic.formation_prefix(store) == group._ns)
+    group.close()
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_a_slot_restarted_after_its_group_formed_without_it_is_excluded_again(server):
+    """A slot excluded for coming late, started again as a forming slot, found its claim taken (by its first
+    process), took the formation for stale, formed a group of itself and moved the formation key (joiners then
+    went to it, told the real group had finished)."""
+    res = run_ranks(_restarted_slot, 4, server, timeout=90)
+    assert all(r == ((0, 1, 2), [3.0, 3.0], True) for r in res[:3]), res
+    first, again = res[3]  # the first process came late or during the forming's agreement: left out either way
+    assert "slot 3 was left out while group 'elastic' formed" in first or "came after group" in first, first
+    assert "slot 3 came after group 'elastic' had formed without it (members [0, 1, 2])" in again, again
