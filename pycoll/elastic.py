@@ -227,15 +227,6 @@ class Transition:
         )
 
 
-def _get_now(store: Any, key: str) -> bytes:
-    """The value of ``key``, b"" when there is none (no wait)."""
-    try:
-        value: bytes = store.get(key, timeout=0)
-        return value
-    except StoreTimeout:
-        return b""
-
-
 def _formation_id(raw: bytes) -> str:
     """The formation's id from the value of a group's formation key (``"<id> <world size>"``)."""
     return bytes(raw).decode("utf-8", "replace").split(" ")[0]
@@ -244,7 +235,7 @@ def _formation_id(raw: bytes) -> str:
 def formation_prefix(store: Any, name: str = "elastic") -> Optional[str]:
     """The prefix of the store keys of group ``name``'s current formation (see :class:`ElasticGroup`: every group
     formed under a name has keys of its own), None when no group of that name has begun to form on ``store``."""
-    raw = _get_now(store_argument(store), f"pycoll/elastic/{name}/formation")
+    raw = _mb.get_now(store_argument(store), f"pycoll/elastic/{name}/formation")
     return f"pycoll/elastic/{name}/f/{_formation_id(raw)}" if raw else None
 
 
@@ -532,7 +523,7 @@ class ElasticGroup:
         key = self._formation_key()
         while True:
             _fp.hit(FP_FORM_FORMATION)
-            cur = _get_now(self.store, key)
+            cur = _mb.get_now(self.store, key)
             formation, _, size = bytes(cur).decode("utf-8", "replace").partition(" ")
             if formation and size == str(world_size) and self._may_take(formation):
                 self._enter(formation)
@@ -552,7 +543,7 @@ class ElasticGroup:
         if self.store.check([f"{ns}/closed"]):
             return False
         claim = self.store.compare_set(f"{ns}/slot/{self.slot}", b"", self._nonce)
-        formed = _get_now(self.store, f"{ns}/formed")
+        formed = _mb.get_now(self.store, f"{ns}/formed")
         if not formed:
             return claim == self._nonce and not self._any_gone(ns)
         members = _mb.parse_members(formed)
@@ -594,7 +585,7 @@ class ElasticGroup:
         if moved or (not fresh and now - at < 0.25):
             return moved
         try:
-            cur = _get_now(self.store, self._formation_key())
+            cur = _mb.get_now(self.store, self._formation_key())
         except StoreError:
             return False
         moved = bool(cur) and _formation_id(cur) != self._formation
@@ -746,7 +737,7 @@ class ElasticGroup:
         out = ""
         for j, key in left.items():
             try:
-                why = _get_now(self.store, key)
+                why = _mb.get_now(self.store, key)
             except StoreError:
                 continue
             if why:
@@ -822,7 +813,7 @@ class ElasticGroup:
         until one has begun to form; :class:`StoreTimeout` at ``deadline``."""
         key = self._formation_key()
         while True:
-            cur = _get_now(self.store, key)
+            cur = _mb.get_now(self.store, key)
             if cur:
                 if _formation_id(cur) != self._formation:
                     self._enter(_formation_id(cur))

@@ -370,30 +370,30 @@ def notify_closed(comm: CommView) -> None:
     _each(lambda o: o.comm_closed(comm), "comm_closed")
 
 
-def peer_unable(comm: CommView, skip: Sequence[int] = ()) -> Optional[Tuple[int, int, str]]:
-    """The first observer's answer to :meth:`CommObserver.peer_unable` (None: no observer knows of one)."""
+def _first_answer(ask: Callable[[CommObserver], Any], what: str) -> Any:
+    """The first observer's answer that is not None to ``ask(observer)`` (None: none answered); an observer that
+    raises is logged and passed over (an observer must never break a communicator)."""
     for o in list(_observers):
         try:
-            found = o.peer_unable(comm, skip)
-        except Exception:  # an observer must never break a communicator
-            _log.exception("observer %r failed in peer_unable", o)
+            found = ask(o)
+        except Exception:
+            _log.exception("observer %r failed in %s", o, what)
             continue
         if found is not None:
             return found
     return None
+
+
+def peer_unable(comm: CommView, skip: Sequence[int] = ()) -> Optional[Tuple[int, int, str]]:
+    """The first observer's answer to :meth:`CommObserver.peer_unable` (None: no observer knows of one)."""
+    found: Optional[Tuple[int, int, str]] = _first_answer(lambda o: o.peer_unable(comm, skip), "peer_unable")
+    return found
 
 
 def peer_states(comm: CommView) -> Optional[Dict[int, Tuple[str, float]]]:
     """The first observer's answer to :meth:`CommObserver.peer_states` (None: no observer knows)."""
-    for o in list(_observers):
-        try:
-            found = o.peer_states(comm)
-        except Exception:  # an observer must never break a communicator
-            _log.exception("observer %r failed in peer_states", o)
-            continue
-        if found is not None:
-            return found
-    return None
+    found: Optional[Dict[int, Tuple[str, float]]] = _first_answer(lambda o: o.peer_states(comm), "peer_states")
+    return found
 
 
 # -- the live registry: every communicator of this process that is neither destroyed nor aborted ------

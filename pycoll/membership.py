@@ -39,7 +39,7 @@ from . import failpoints as _fp
 from .errors import CommFailure, StoreTimeout
 
 __all__ = ["vouch", "vouch_many", "agree", "request_join", "await_admission", "admit", "parse_admission",
-           "pending_joiners", "claim_joiners", "withdraw_join", "leave_join", "left_key", "incarnation",
+           "pending_joiners", "get_now", "claim_joiners", "withdraw_join", "leave_join", "left_key", "incarnation",
            "grow_decision", "wait_key", "members_str", "parse_members", "parse_decision", "wait_slice"]
 
 FP_VOTE = _fp.declare("elastic.agree.vote", "a member's vote, before it is appended")
@@ -218,7 +218,7 @@ def _coordinate(store: Any, base: str, slot: int, mine: Set[int], members: Tuple
         if left <= 0:
             # one last look at the votes there are: those that came after the last wait returned
             # count too (a node's hub sends its members' votes late when one of them is slow)
-            voted = _parse_votes(_get_or_empty(store, votes_key))
+            voted = _parse_votes(get_now(store, votes_key))
             break
         _fp.hit(FP_AGREE_WAIT, rank=slot)
         count = len(raw) // _VOTE.size
@@ -249,7 +249,8 @@ def _propose(store: Any, base: str, slot: int, mine: Set[int], members: Tuple[in
     return decision
 
 
-def _get_or_empty(store: Any, key: str) -> bytes:
+def get_now(store: Any, key: str) -> bytes:
+    """The value of ``key``, b"" where there is none (no wait)."""
     try:
         value: bytes = store.get(key, timeout=0)
         return value

@@ -3,11 +3,13 @@ about a second, whatever the timeout; a slow but live one gets its whole timeout
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -364,12 +366,32 @@ def _stopped_peer(monkeypatch, store, c):
     monkeypatch.setattr(lv, "process_state", lambda pid, start: "stopped (SIGSTOP)" if pid == 999_999 else None)
 
 
+@contextlib.contextmanager
+def _lock_held(store):
+    """A FileStore's lock taken by another thread of this process (as a process stopped inside a write holds it)
+    while the block runs."""
+    held, done = threading.Event(), threading.Event()
+
+    def hold():
+        store._plock.acquire(5, "test")
+        held.set()
+        done.wait(30)
+        store._plock.release()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(5)
+        yield
+    finally:
+        done.set()
+        holder.join(5)
+
+
 def test_a_round_leaves_the_record_being_written_by_another_thread_to_it_and_checks_the_peers(monkeypatch):
     """The creating thread and the liveness thread's first round both found this process's record unwritten and both
     wrote it: the round's write came after a peer stopped holding a FileStore's lock file and waited for it for the
     store's timeout, and no peer was checked meanwhile (the stopped root was found at the broadcast's timeout only)."""
-    import threading
-
     from helpers.fakes import FakeComm
 
     from pycoll.diagnostics.recorder import FlightRecorder
@@ -414,7 +436,6 @@ def test_a_rounds_retry_of_the_records_write_gives_up_within_a_second_and_checks
     """Where the creating thread could not write this process's record, the liveness thread's rounds write it: a
     write of theirs waits for a FileStore's lock file (held by a stopped peer) a second at most, not the store's
     timeout, and the round goes on to its checks."""
-    import threading
 
     from helpers.fakes import FakeComm
 
@@ -423,18 +444,7 @@ def test_a_rounds_retry_of_the_records_write_gives_up_within_a_second_and_checks
     store = pycoll.FileStore(str(tmp_path / "store"), timeout=30)
     c = FakeComm(FlightRecorder(), 0, 2, store=store)
     _stopped_peer(monkeypatch, store, c)
-    held, done = threading.Event(), threading.Event()
-
-    def hold():  # the lock, as a peer stopped inside a write holds it
-        store._plock.acquire(5, "test")
-        held.set()
-        done.wait(30)
-        store._plock.release()
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        held.wait(5)
+    with _lock_held(store):  # as a peer stopped inside a write holds it
         live = liveness.Liveness(0.2, 5.0, 1.0)
         c.op("broadcast", state="started", root=1)
         t0 = time.monotonic()
@@ -444,9 +454,6 @@ def test_a_rounds_retry_of_the_records_write_gives_up_within_a_second_and_checks
         assert isinstance(c.failure, pycoll.PeerFailure) and "rank 1 (pid 999999) is stopped" in str(c.failure)
         assert took < 4.0, took  # two writes of a second at most each
         assert not store.check([f"{liveness.proc_prefix(c.uid)}0"])
-    finally:
-        done.set()
-        holder.join(5)
     live.round(c, 1.4)  # the lock free again: written
     assert store.check([f"{liveness.proc_prefix(c.uid)}0"])
     store.close()
@@ -582,7 +589,6 @@ def test_a_new_communicators_records_wait_for_a_held_file_store_a_few_seconds_on
     """A peer stopped while it held the FileStore's lock file right after the init: the creating thread's two writes
     (this process, its progress) each waited the store's whole timeout, and pycoll.init() returned after twice that
     (40 s with a 20 s store); they give up by watchdog._CREATED_WRITES_S now, the threads' rounds write them later."""
-    import threading
 
     from helpers.fakes import FakeComm
 
@@ -590,26 +596,14 @@ def test_a_new_communicators_records_wait_for_a_held_file_store_a_few_seconds_on
 
     monkeypatch.setattr(watchdog, "_CREATED_WRITES_S", 1.0)
     store = pycoll.FileStore(str(tmp_path / "store"), timeout=30)
-    held, done = threading.Event(), threading.Event()
-
-    def hold():
-        store._plock.acquire(5, "test")
-        held.set()
-        done.wait(30)
-        store._plock.release()
-
-    holder = threading.Thread(target=hold)
-    holder.start()
     wd = watchdog.Watchdog(FlightRecorder(4), communicators=list)
     try:
-        held.wait(5)
-        c = FakeComm(wd.recorder, 0, 2, store=store)
-        t0 = time.monotonic()
-        wd.comm_created(c)
-        took = time.monotonic() - t0
+        with _lock_held(store):
+            c = FakeComm(wd.recorder, 0, 2, store=store)
+            t0 = time.monotonic()
+            wd.comm_created(c)
+            took = time.monotonic() - t0
         assert took < 4.0, took  # the bound (a request takes at least 1 s)
     finally:
-        done.set()
-        holder.join(5)
         wd.stop()
         store.close()
