@@ -53,15 +53,10 @@ completed (:attr:`ElasticGroup.last_committed`): a member one step ahead takes t
 survivor goes on from the same step. A loop that only redoes its failed step can leave the members a step
 apart, mixing two steps' gradients and, at the end, calling different collectives.
 
-**Names.** A group's store keys live under its name's current *formation*: each group formed under one name (the
-next phase's after a close, the next run's on a store that outlived a run) starts one of its own, so none reads an
-earlier group's unique id, reshape flags, votes or ``closed`` mark (see ``name`` below).
-
 **Grow.** A new process (``pycoll-run --replace-failed``, or any process constructed with
-``joiner=True``) asks to join and waits (a joiner that gives up withdraws its request). At each
-:meth:`maybe_grow` call -- a step boundary every member reaches -- rank 0 admits the waiting joiners;
-existing members call ``ncclCommGrow`` (else a fresh init) and joiners :func:`pycoll.join`; the joiner
-learns its rank and the generation.
+``joiner=True``) asks to join and waits. At each :meth:`maybe_grow` call -- a step boundary every
+member reaches -- rank 0 admits the waiting joiners; existing members call ``ncclCommGrow`` (else a
+fresh init) and joiners :func:`pycoll.join`; the joiner learns its rank and the generation.
 
 Every change is recorded as a :class:`Transition` (detection, agreement, revoke, shrink/init, and
 for a grow or join the first successful collective), logged and kept in :attr:`ElasticGroup.transitions`.
@@ -72,7 +67,6 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import secrets
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -102,13 +96,11 @@ from .launch import discovery
 from .launch.keys import launched_processes, mark_group_lost, mark_lost, mark_not_needed, unmark_lost
 from .store.torch import store_argument
 
-__all__ = ["ElasticGroup", "Excluded", "Transition", "formation_prefix"]
+__all__ = ["ElasticGroup", "Excluded", "Transition"]
 
 _log = logging.getLogger("pycoll.elastic")
 
 # failpoints (pycoll.failpoints): every store interaction and state transition of the protocol
-FP_FORM_FORMATION = _fp.declare("elastic.form.formation", "forming: before this slot looks for the formation it takes "
-                                                            "part in (or starts the next one)")
 FP_FORM_BEFORE_INIT = _fp.declare("elastic.form.before_init", "forming: before the first communicator")
 FP_FORM_AFTER_INIT = _fp.declare("elastic.form.after_init", "forming: the first communicator is up")
 FP_FORM_MARK_LOST = _fp.declare("elastic.form.mark_lost", "formed without some slots: rank 0, before it marks them "
@@ -134,8 +126,6 @@ FP_GROW_FAILED = _fp.declare("elastic.grow.failed", "the grow failed (a member o
                                                     "recorded")
 FP_GROW_FIRST_COLLECTIVE = _fp.declare("elastic.grow.first_collective", "before the grown group's first collective")
 FP_JOIN_REQUEST = _fp.declare("elastic.join.request", "a joiner, before it asks to join")
-FP_JOIN_WITHDRAW = _fp.declare("elastic.join.withdraw", "a joiner gave up (join_timeout), before it withdraws its "
-                                                         "request")
 FP_JOIN_ADMITTED = _fp.declare("elastic.join.admitted", "a joiner was admitted, before it joins")
 FP_JOIN_AFTER_COMM = _fp.declare("elastic.join.after_comm", "a joiner's communicator is built")
 FP_JOIN_NOBODY_LEFT = _fp.declare("elastic.join.nobody_left", "a joiner found every member gone, before it marks "
@@ -227,22 +217,6 @@ class Transition:
         )
 
 
-def _formation_id(raw: bytes) -> str:
-    """The formation's id from the value of a group's formation key (``"<id> <world size>"``)."""
-    return bytes(raw).decode("utf-8", "replace").split(" ")[0]
-
-
-def formation_prefix(store: Any, name: str = "elastic") -> Optional[str]:
-    """The prefix of the store keys of group ``name``'s current formation (see :class:`ElasticGroup`: every group
-    formed under a name has keys of its own), None when no group of that name has begun to form on ``store``."""
-    raw = _mb.get_now(store_argument(store), f"pycoll/elastic/{name}/formation")
-    return f"pycoll/elastic/{name}/f/{_formation_id(raw)}" if raw else None
-
-
-class _Moved(Exception):
-    """The formation this slot took part in was left for the next one (it was stale): start over there."""
-
-
 def _local_process_gone(pid: int) -> bool:
     """True when a process of this host has exited (also as an unreaped zombie), is exiting, or is stopped."""
     fields = stat_fields(pid)
@@ -263,23 +237,8 @@ class ElasticGroup:
         window: how long (seconds) the survivors wait for members that neither vouch for themselves
             nor are provably gone (a process on another host, or a slow one). Same-host processes
             that exited or are stopped are known at once.
-        join_timeout: how long a joiner waits to be admitted. A joiner that gives up withdraws its request
-            (:class:`~pycoll.StoreTimeout`): the members never admit it afterwards, nor wait for it; one that rank 0
-            was admitting just then joins instead (it was admitted in time), and one that leaves after rank 0 took its
-            request (Ctrl-C, a failed join) says so: the members' grow ends at once, naming it.
-        name: namespace of the group in the store. A name may be used again on the same store (a group formed after
-            another's :meth:`close`, or by a later run of the job on a FileStore or TCPStore that outlived the
-            earlier one, closed or killed): every group formed under it keeps its keys apart, under a formation of
-            its own (:func:`formation_prefix`), which its slots find without reading what an earlier one left -- a
-            slot's claim in the current formation already taken (by itself for an earlier group, or an earlier
-            process of the slot), or that formation closed or formed with processes all gone, make the first such
-            slot start the next one; a formation forming with a process known gone among it (a killed run's) is
-            left for the next one too. Joiners join the current formation and are judged by its state only. Two
-            groups of one name must not form at the same time; a slot that comes after its group formed without it
-            raises :class:`Excluded` at once, and so does a slot whose claim another process holds in a group that
-            formed and runs (a restarted member: a replacement joins, ``joiner=True``). Processes of other hosts
-            cannot be told gone: a rerun's slot finds a killed run's formation on a shared FileStore stale only by
-            its claims.
+        join_timeout: how long a joiner waits to be admitted.
+        name: namespace of the group in the store.
         on_change: called as ``on_change(group, transition)`` after every membership change, on
             every member (joiners included), before the call that made the change returns.
         node_hub: members on one host (same boot id) agree through one of them, the lowest local slot
@@ -337,12 +296,7 @@ class ElasticGroup:
         self.on_change = on_change
         self.backend, self.library = load_library(backend, library)
         self.device = device
-        self._root = f"pycoll/elastic/{name}"
-        self._ns = self._root  # the keys of this group's formation, once known (_find_formation, _find_group)
-        self._formation = ""  # that formation's id
-        self._nonce = f"{boot_id()} {os.getpid()} {secrets.token_hex(8)}".encode()  # this construction's claim
-        self._moved_at: Tuple[float, bool] = (0.0, False)  # (when the formation key was last read, moved on)
-        self._grow_incs: Dict[int, int] = {}  # the joiners of the grow under way -> their requests
+        self._ns = f"pycoll/elastic/{name}"
         self.transitions: List[Transition] = []
         self.generation = 0
         self.members: Tuple[int, ...] = ()
@@ -373,7 +327,9 @@ class ElasticGroup:
         self._release_at = 0  # dumps wait until the new communicator has issued this many operations
         self._watcher: Optional[threading.Thread] = None
         self._boot = boot_id()
-        self._node: Optional[_node.NodeAggregation] = None  # made once the formation (its keys) is known
+        self._node = None if node_hub is False else _node.NodeAggregation(  # the wrapped store: a torch one is not
+            self.store, self._ns, slot, self._boot, self._slot_gone,  # one (its get takes no timeout, no append_get)
+            min_members=1 if node_hub else NODE_HUB_MIN_MEMBERS)
         self._link: Optional[_node.NodeLink] = None  # to this host's hub (the watcher keeps it per generation)
         self._link_of: Tuple[int, Optional[_node.NodeLink]] = (-1, None)  # (generation, _link), set together
         self._hub_voted = (-1, -1)  # the last (generation, attempt) whose vote went to a hub only
@@ -381,13 +337,11 @@ class ElasticGroup:
         self._joiners_seen = False  # rank 0's watcher saw join requests (read by maybe_grow)
         # a joiner: the members it found gone, the last time it looked (a stopped one must be seen twice)
         self._gone_members: Tuple[Tuple[int, ...], bool] = ((), False)
+        self.store.set(f"{self._ns}/proc/{slot}", f"{self._boot} {os.getpid()}")
         if joiner:
             self._join()
         else:
             self._form(cast(int, world_size))  # checked above: a forming member has one
-        self._node = None if node_hub is False else _node.NodeAggregation(  # the wrapped store: a torch one is not
-            self.store, self._ns, slot, self._boot, self._slot_gone,  # one (its get takes no timeout, no append_get)
-            min_members=1 if node_hub else NODE_HUB_MIN_MEMBERS)
         # failure dumps wait until the reshape is over: writing them would slow the recovery down
         self._dump_gate = get_watchdog().add_dump_gate(self._dumps_may_run)
         self._start_watcher()
@@ -484,122 +438,9 @@ class ElasticGroup:
         return comm
 
     def _form(self, world_size: int) -> None:
-        """The first communicator; a member that dies meanwhile is left out (the others agree without it).
-
-        The group's keys are those of a formation of its own (:meth:`_find_formation`): a group formed earlier under
-        the same name on this store (closed, or of an earlier run on a FileStore or TCPStore that outlived it) is
-        never read. A slot that took part in a formation that its group's other slots then found stale (it was left
-        behind by a job killed while forming) follows them to the next one."""
-        while True:
-            self._find_formation(world_size)
-            try:
-                self._form_in(world_size)
-                return
-            except _Moved:
-                _log.info("slot %d: group %r formed in another formation than %s (the one this slot found was stale): "
-                          "starting over there", self.slot, self.name, self._formation)
-
-    def _formation_key(self) -> str:
-        return f"{self._root}/formation"
-
-    def _enter(self, formation: str) -> None:
-        """Take part in ``formation``: its keys are this group's from now on; register this process there."""
-        self._formation, self._ns = formation, f"{self._root}/f/{formation}"
-        self._moved_at = (0.0, False)
-        self.store.set(f"{self._ns}/proc/{self.slot}", f"{self._boot} {os.getpid()}")
-
-    def _find_formation(self, world_size: int) -> None:
-        """The formation this forming slot takes part in: the group's current one (the formation key names it) if it
-        is this construction's, else a new one, which the first slot to find the current one stale starts (a
-        compare-and-set of the formation key: the others of its group take that one).
-
-        The current formation is stale for this slot when it is closed (a group that finished), made for another
-        world size, or when this slot's claim in it is taken -- an earlier process of the slot, or this one for an
-        earlier group, took part in it. A formation that formed without this slot (its members claimed their slots)
-        is stale when every one of its members' processes is known gone (exited, on this host), else this slot came
-        late: :class:`Excluded`, as from the agreement that left it out. Nothing but these keys, which every slot
-        writes fresh for each construction, decides: no key a group of earlier runs left behind is read as this
-        one's."""
-        key = self._formation_key()
-        while True:
-            _fp.hit(FP_FORM_FORMATION)
-            cur = _mb.get_now(self.store, key)
-            formation, _, size = bytes(cur).decode("utf-8", "replace").partition(" ")
-            if formation and size == str(world_size) and self._may_take(formation):
-                self._enter(formation)
-                return
-            fresh = f"{secrets.token_hex(8)} {world_size}".encode()
-            self.store.compare_set(key, cur, fresh)  # the first slot's wins: the next loop reads the winner
-
-    def _may_take(self, formation: str) -> bool:
-        """Whether this forming slot takes part in ``formation`` (see :meth:`_find_formation`), claiming its slot
-        there; False where the formation is over -- closed, formed by processes all gone (an earlier run's), or
-        forming with a process known gone among it (a killed run's: this slot would take its dead for this group's,
-        and form without the live ones still to come) -- or where this slot's claim is taken and it has not formed
-        (an earlier process of this slot took part in a forming that never ended). :class:`Excluded` where its group
-        formed and runs: without this slot (it came late), or with it (another process of this slot is, or was, a
-        member: a process that replaces it joins, ``joiner=True``)."""
-        ns = f"{self._root}/f/{formation}"
-        if self.store.check([f"{ns}/closed"]):
-            return False
-        claim = self.store.compare_set(f"{ns}/slot/{self.slot}", b"", self._nonce)
-        formed = _mb.get_now(self.store, f"{ns}/formed")
-        if not formed:
-            return claim == self._nonce and not self._any_gone(ns)
-        members = _mb.parse_members(formed)
-        procs = self._procs(members, ns)
-        if len(procs) == len(members) and all(boot == self._boot and _local_process_gone(pid)
-                                              for boot, pid in procs.values()):
-            return False  # a group of processes that are all gone: an earlier run's
-        if claim != self._nonce and self.slot in members:
-            who = bytes(claim).decode("utf-8", "replace").split(" ")
-            pid = who[1] if len(who) > 1 else "?"
-            raise Excluded(f"slot {self.slot} of group {self.name!r} is a member of the group running under that name "
-                           f"(members {list(members)}) as another process (pid {pid}"
-                           + (", this one: its earlier group of that name was not closed)" if pid == str(os.getpid())
-                              else ")") + ": a process that replaces a member joins it (joiner=True, pycoll-run "
-                           "--replace-failed)")
-        raise Excluded(f"slot {self.slot} came after group {self.name!r} had formed without it (members "
-                       f"{list(members)})")
-
-    def _any_gone(self, ns: str) -> bool:
-        """Whether a process registered in the formation under ``ns`` is known gone (this host's only)."""
-        prefix = f"{ns}/proc/"
-        try:
-            keys = list(self.store.list_keys(prefix))
-            values = self.store.multi_get(keys, timeout=min(self.timeout, 1.0)) if keys else []
-        except StoreError:
-            return False
-        for raw in values:
-            parts = bytes(raw).decode("utf-8", "replace").split()
-            if len(parts) == 2 and parts[0] == self._boot and parts[1].isdigit() and _local_process_gone(int(parts[1])):
-                return True
-        return False
-
-    def _moved_on(self, fresh: bool = False) -> bool:
-        """Whether the formation key names another formation than this slot's: a slot of the group found this one
-        stale and started the next one, where every slot goes (the key is read at most every 0.25 s unless
-        ``fresh``)."""
-        at, moved = self._moved_at
-        now = time.monotonic()
-        if moved or (not fresh and now - at < 0.25):
-            return moved
-        try:
-            cur = _mb.get_now(self.store, self._formation_key())
-        except StoreError:
-            return False
-        moved = bool(cur) and _formation_id(cur) != self._formation
-        self._moved_at = (now, moved)
-        return moved
-
-    def _form_in(self, world_size: int) -> None:
-        """:meth:`_form` in this slot's formation; :class:`_Moved` when the group went on to another one."""
+        """The first communicator; a member that dies meanwhile is left out (the others agree without it)."""
         members = tuple(range(world_size))
-        found = self._forming_gone(members)
-
-        def gone(m: int) -> bool:  # the group went elsewhere: nobody comes here (ends the waits at once)
-            return found(m) or (m != self.slot and self._moved_on())
-
+        gone = self._forming_gone(members)
         attempt = 0
         while True:
             key = f"{self._ns}/g0/uid" if attempt == 0 else f"{self._ns}/form/a{attempt}/uid"
@@ -610,13 +451,11 @@ class ElasticGroup:
             except InvalidUsage:
                 raise  # this process cannot meet the others (its PYCOLL_HOST_SHM_TAG, ...): no attempt would
             except (CommFailure, NCCLError, StoreError) as exc:
-                if self._moved_on(fresh=True):
-                    raise _Moved() from None
                 _log.warning("slot %d: forming group %r (attempt %d) failed: %s", self.slot, self.name, attempt, exc)
             # a member that failed on its own (a raise) is out of init at once, the others only at
             # their init timeout: wait that long for their vouchers
             members, _ = self._agree_at(f"{self._ns}/form/a{attempt}/", members, None,
-                                        window=self.timeout + self.window, gone=found)
+                                        window=self.timeout + self.window, gone=gone)
             if self.slot not in members:
                 raise Excluded(f"slot {self.slot} was left out while group {self.name!r} formed "
                                f"(members {list(members)})")
@@ -631,10 +470,6 @@ class ElasticGroup:
                     mark_lost(self.store, m, f"left out when group {self.name!r} formed")
                 except (StoreError, AttributeError):
                     pass
-        try:  # a slot that comes later is not one of this group (see _may_take)
-            self.store.set(f"{self._ns}/formed", _mb.members_str(members))
-        except StoreError as exc:
-            _log.debug("slot %d: recording that group %r formed failed: %s", self.slot, self.name, exc)
         _fp.hit(FP_FORM_AFTER_INIT)
 
     def _forming_gone(self, members: Sequence[int]) -> Callable[[int], bool]:
@@ -695,54 +530,29 @@ class ElasticGroup:
         return _mb.wait_key(self.store, key, writer, f"{what} of group {self.name!r}", gone or self._slot_gone,
                             self.timeout)
 
-    def _guard(self, slots: Sequence[int], comm: Communicator, what: str,
-               left: Optional[Dict[int, str]] = None) -> threading.Event:
+    def _guard(self, slots: Sequence[int], comm: Communicator, what: str) -> threading.Event:
         """Watch ``slots`` while this thread is inside ``comm``'s grow: a process found gone fails ``comm``, and
         the grow gives up within 0.1 s (:meth:`Communicator.grow` ends when its communicator fails meanwhile: a
-        joiner is no peer of ``comm``, which the watchdog's liveness could find gone); so does a joiner that says
-        it left (``left``: slot -> the key it sets then, :func:`pycoll.membership.leave_join`; looked at every
-        0.1 s, on any host). Set the event returned to stop."""
+        joiner is no peer of ``comm``, which the watchdog's liveness could find gone). Set the event returned
+        to stop."""
         done = threading.Event()
         procs = self._procs(slots)
-        keys = dict(left or {})
-
-        def fail(why: str) -> None:
-            # vouch and raise the flag first: failing the communicator may take a while (its failure report), and
-            # the others' agreement window is running
-            self._announce(comm.generation, comm.global_ranks)
-            try:
-                comm.fail(CommFailure(why))
-            except Exception:  # already failed or closed: the rendezvous ends either way
-                pass
 
         def watch() -> None:
-            n = 0
             while not done.wait(0.01):
-                n += 1
                 for m, (boot, pid) in procs.items():
                     if boot == self._boot and _local_process_gone(pid):
-                        fail(f"slot {m} is gone during the {what} of group {self.name!r}")
-                        return
-                if keys and n % 10 == 0:
-                    why = self._joiners_left(keys)
-                    if why:
-                        fail(f"the {what} of group {self.name!r} failed{why}")
+                        # vouch and raise the flag first: failing the communicator may take a while
+                        # (its failure report), and the others' agreement window is running
+                        self._announce(comm.generation, comm.global_ranks)
+                        try:
+                            comm.fail(CommFailure(f"slot {m} is gone during the {what} of group {self.name!r}"))
+                        except Exception:  # already failed or closed: the rendezvous ends either way
+                            pass
                         return
 
         threading.Thread(target=watch, name=f"pycoll-elastic-guard-{self.name}", daemon=True).start()
         return done
-
-    def _joiners_left(self, left: Dict[int, str]) -> str:
-        """``"; slot j, a joiner, left: <why>"`` for each joiner of ``left`` (slot -> its key) that left, else ""."""
-        out = ""
-        for j, key in left.items():
-            try:
-                why = _mb.get_now(self.store, key)
-            except StoreError:
-                continue
-            if why:
-                out += f"; slot {j}, a joiner, left: {bytes(why).decode('utf-8', 'replace')}"
-        return out
 
     def _join(self) -> None:
         """Ask to join and wait to be admitted; a grow that fails (a member or another joiner died)
@@ -808,41 +618,17 @@ class ElasticGroup:
         except (StoreError, AttributeError) as exc:
             _log.warning("slot %d: could not mark group %r lost: %s", self.slot, self.name, exc)
 
-    def _find_group(self, deadline: float) -> None:
-        """A joiner: the group's current formation (the one its members formed last under this name), waiting
-        until one has begun to form; :class:`StoreTimeout` at ``deadline``."""
-        key = self._formation_key()
-        while True:
-            cur = _mb.get_now(self.store, key)
-            if cur:
-                if _formation_id(cur) != self._formation:
-                    self._enter(_formation_id(cur))
-                return
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise StoreTimeout(f"slot {self.slot} was not admitted within {self.join_timeout:g} s: no group "
-                                   f"{self.name!r} has begun to form")
-            try:
-                self.store.wait([key], timeout=min(0.5, left))
-            except StoreTimeout:
-                pass
-
     def _join_once(self, t0: float, deadline: float) -> None:
         _fp.hit(FP_JOIN_REQUEST)
-        self._find_group(deadline)
         admitted = _mb.request_join(self.store, self._ns, self.slot)
-        inc = _mb.incarnation(admitted)
         try:
             raw = _mb.await_admission(self.store, self._ns, self.slot, admitted, deadline, self.join_timeout,
                                       self._nobody_to_admit)
         except StoreTimeout as exc:
-            raw = self._withdraw(admitted, inc, f"{exc} (group {self.name!r})")
+            raise StoreTimeout(f"{exc} (group {self.name!r})") from None
         except LookupError as exc:
             self._group_gone(str(exc))
             raise Excluded(str(exc)) from None
-        except BaseException as exc:  # Ctrl-C, a store error: the members must not wait for this joiner
-            self._leave(inc, f"slot {self.slot} stopped waiting to join ({type(exc).__name__}: {exc})", withdraw=True)
-            raise
         if not raw:
             why = f"group {self.name!r} finished before slot {self.slot} was admitted"
             try:
@@ -850,42 +636,6 @@ class ElasticGroup:
             except (StoreError, AttributeError):
                 pass
             raise Excluded(why)
-        try:
-            self._join_admitted(t0, raw)
-        except BaseException as exc:  # the members' grow ends at once, naming this joiner, not at their timeout
-            self._leave(inc, f"slot {self.slot} failed to join ({type(exc).__name__}: {exc})")
-            raise
-
-    def _withdraw(self, admitted: str, inc: int, why: str) -> bytes:
-        """This joiner's ``join_timeout`` is over: withdraw its request (:class:`StoreTimeout` with ``why``), unless
-        rank 0 took it first -- the members are admitting this joiner, which then waits for its admission (up to
-        the group's timeout) and joins: the members never wait for a joiner that gave up."""
-        _fp.hit(FP_JOIN_WITHDRAW)
-        try:
-            withdrawn = _mb.withdraw_join(self.store, self._ns, self.slot, inc)
-        except StoreError as exc:
-            raise StoreTimeout(f"{why}; withdrawing the request failed: {exc}") from None
-        if withdrawn:
-            raise StoreTimeout(why)
-        _log.info("slot %d: the members took this joiner's request as it gave up: joining", self.slot)
-        try:
-            return _mb.await_admission(self.store, self._ns, self.slot, admitted, time.monotonic() + self.timeout,
-                                       self.timeout)
-        except BaseException as exc:
-            self._leave(inc, f"slot {self.slot} gave up waiting to join ({type(exc).__name__}: {exc})")
-            raise
-
-    def _leave(self, inc: int, why: str, withdraw: bool = False) -> None:
-        """This joiner leaves without joining (best effort): its request ``inc`` is withdrawn where ``withdraw`` and
-        rank 0 has not taken it, else the members' grow is told (it ends at once, naming this joiner)."""
-        try:
-            if withdraw and _mb.withdraw_join(self.store, self._ns, self.slot, inc):
-                return
-            _mb.leave_join(self.store, self._ns, self.slot, inc, why)
-        except Exception as exc:
-            _log.debug("slot %d: telling group %r that this joiner leaves failed: %s", self.slot, self.name, exc)
-
-    def _join_admitted(self, t0: float, raw: bytes) -> None:
         generation, rank, members, kind, committed = _mb.parse_admission(raw)
         _fp.hit(FP_JOIN_ADMITTED)
         uid = self.store.get(f"{self._ns}/g{generation}/uid", timeout=self.timeout)
@@ -909,10 +659,6 @@ class ElasticGroup:
         except BaseException:
             comm.abort()
             raise
-        try:  # a member of this formation now: a group this process forms later under the name is another one
-            self.store.set(f"{self._ns}/slot/{self.slot}", self._nonce)
-        except StoreError as exc:
-            _log.debug("slot %d: recording the join of group %r failed: %s", self.slot, self.name, exc)
         tr.first_collective = time.time()
         self._record(tr)
 
@@ -1097,10 +843,9 @@ class ElasticGroup:
             return link if gen == g else None
         return link if self._node.address(self.members, self._proc_cache) == link.address else None
 
-    def _procs(self, members: Sequence[int], ns: Optional[str] = None) -> Dict[int, Tuple[str, int]]:
-        """(boot id, pid) of each member's process, as it registered in the store (one round trip); ``ns``: the keys
-        of another formation than this group's."""
-        keys = [f"{ns or self._ns}/proc/{m}" for m in members]
+    def _procs(self, members: Sequence[int]) -> Dict[int, Tuple[str, int]]:
+        """(boot id, pid) of each member's process, as it registered in the store (one round trip)."""
+        keys = [f"{self._ns}/proc/{m}" for m in members]
         out: Dict[int, Tuple[str, int]] = {}
         try:
             values = self.store.multi_get(keys, timeout=min(self.timeout, 1.0))
@@ -1468,14 +1213,13 @@ class ElasticGroup:
             self.store.set(uid_key, bytes(uid))
             _fp.hit(FP_GROW_ADMIT)
             step = -1 if self._committed is None else self._committed
-            _mb.admit(self.store, self._ns, joiners, g + 1, members, kind, step, self.timeout, self._grow_incs)
+            _mb.admit(self.store, self._ns, joiners, g + 1, members, kind, step, self.timeout)
         # every member needs the id (for a reinit's init; for a grow, the new communicator's name, alike on
         # every rank and joiner): it travels with the communicator
         uid = B.UniqueId.from_bytes(old.broadcast_bytes(bytes(uid) if uid is not None else None, 128))
         tr.agreed = tr.revoked = time.time()
         _fp.hit(FP_GROW_BEFORE_COMM)
-        left = {j: _mb.left_key(self._ns, j, i) for j, i in self._grow_incs.items()}  # a joiner that leaves says so
-        guard = self._guard([m for m in members if m != self.slot], old, "grow", left)
+        guard = self._guard([m for m in members if m != self.slot], old, "grow")
         try:
             if kind == "grow":
                 comm = old.grow(len(members), uid, name=self.name, timeout=self.timeout,
@@ -1493,10 +1237,9 @@ class ElasticGroup:
                 self.store.set(f"{self._ns}/g{g + 1}/failed/{self.slot}", b"")
             except StoreError as sexc:
                 _log.debug("slot %d: recording the failed grow of generation %d failed: %s", self.slot, g + 1, sexc)
-            why = f"the grow of generation {g} of {self.name!r} failed: {exc}{self._joiners_left(left)}"
             if old.state == "active" and old.failure is None:
-                old.fail(CommFailure(why))
-            raise CommFailure(why) from exc
+                old.fail(CommFailure(f"the grow of generation {g} of {self.name!r} failed: {exc}"))
+            raise CommFailure(f"the grow of generation {g} of {self.name!r} failed: {exc}") from exc
         guard.set()
         tr.comm_ready = time.time()
         _fp.hit(FP_GROW_AFTER_COMM)
@@ -1528,24 +1271,18 @@ class ElasticGroup:
 
     def _grow_decision(self) -> List[int]:
         """Rank 0's list of joiners to admit now, known to every member (through the communicator)."""
-        taken: List[Tuple[int, int]] = []
+        joiners: List[int] = []
         if self.rank == 0 and self._joiners_seen:
-            # taken before the others learn of them: a joiner that withdraws (it gave up) is either not taken or
-            # told that it is being admitted (it joins then)
-            pending = [j for j in self.pending_joiners() if not self._slot_gone(j)]
-            taken = _mb.claim_joiners(self.store, self._ns, pending)
-        # a count of 8 bytes when nobody waits, the joiners and their requests after it when some do (on a device
-        # through the communicator's buffer: Communicator.broadcast_bytes)
+            joiners = [j for j in self.pending_joiners() if not self._slot_gone(j)]
+        # a count of 8 bytes when nobody waits, the joiners after it when some do (on a device through
+        # the communicator's buffer: Communicator.broadcast_bytes)
         me = self.rank == 0
-        count = int(np.frombuffer(self.comm.broadcast_bytes(np.int64(len(taken)).tobytes() if me else None, 8),
+        count = int(np.frombuffer(self.comm.broadcast_bytes(np.int64(len(joiners)).tobytes() if me else None, 8),
                                   np.int64)[0])
         if count <= 0:
             return []
-        flat = [j for j, _ in taken] + [i for _, i in taken]
-        body = self.comm.broadcast_bytes(np.array(flat, np.int64).tobytes() if me else None, 16 * count)
-        values = [int(x) for x in np.frombuffer(body, np.int64)]
-        self._grow_incs = dict(zip(values[:count], values[count:], strict=True))
-        return values[:count]
+        body = self.comm.broadcast_bytes(np.array(joiners, np.int64).tobytes() if me else None, 8 * count)
+        return [int(x) for x in np.frombuffer(body, np.int64)]
 
     # -- teardown ---------------------------------------------------------------------------------
 

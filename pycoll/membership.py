@@ -20,11 +20,7 @@ yet passes its votes to ``agree(..., votes={slot: step})`` instead: they then go
 the decision, one request (``append_get``), which is what a node hub does for its host's members.
 
 **Admission** of a joiner: the joiner calls :func:`request_join` then :func:`await_admission`; the
-members' rank 0 takes the requests it will admit (:func:`claim_joiners`) before the members learn of them, then
-calls :func:`admit` at a step boundary. A joiner that gives up withdraws its request (:func:`withdraw_join`): one
-compare-and-set per request decides between the two, so a request is either admitted (the joiner, told so, joins
-after all) or withdrawn (the members never wait for it); a joiner that leaves once taken says so
-(:func:`leave_join`), and the members' grow ends at once, naming it. :func:`wait_key` is the members' wait for a
+members' rank 0 calls :func:`admit` at a step boundary. :func:`wait_key` is the members' wait for a
 key that one member writes, watching that member's liveness.
 """
 
@@ -39,8 +35,8 @@ from . import failpoints as _fp
 from .errors import CommFailure, StoreTimeout
 
 __all__ = ["vouch", "vouch_many", "agree", "request_join", "await_admission", "admit", "parse_admission",
-           "pending_joiners", "get_now", "claim_joiners", "withdraw_join", "leave_join", "left_key", "incarnation",
-           "grow_decision", "wait_key", "members_str", "parse_members", "parse_decision", "wait_slice"]
+           "pending_joiners", "grow_decision", "wait_key", "members_str", "parse_members", "parse_decision",
+           "wait_slice"]
 
 FP_VOTE = _fp.declare("elastic.agree.vote", "a member's vote, before it is appended")
 FP_AGREE_WAIT = _fp.declare("elastic.agree.wait", "the agreement, waiting for the others' vouchers")
@@ -218,7 +214,7 @@ def _coordinate(store: Any, base: str, slot: int, mine: Set[int], members: Tuple
         if left <= 0:
             # one last look at the votes there are: those that came after the last wait returned
             # count too (a node's hub sends its members' votes late when one of them is slow)
-            voted = _parse_votes(get_now(store, votes_key))
+            voted = _parse_votes(_get_or_empty(store, votes_key))
             break
         _fp.hit(FP_AGREE_WAIT, rank=slot)
         count = len(raw) // _VOTE.size
@@ -249,8 +245,7 @@ def _propose(store: Any, base: str, slot: int, mine: Set[int], members: Tuple[in
     return decision
 
 
-def get_now(store: Any, key: str) -> bytes:
-    """The value of ``key``, b"" where there is none (no wait)."""
+def _get_or_empty(store: Any, key: str) -> bytes:
     try:
         value: bytes = store.get(key, timeout=0)
         return value
@@ -263,9 +258,9 @@ def get_now(store: Any, key: str) -> bytes:
 
 def request_join(store: Any, ns: str, slot: int) -> str:
     """Ask to join the group under ``ns``; returns the key the admission will be written to."""
-    inc = store.add(f"{ns}/incarnation/{slot}", 1)
-    store.set(f"{ns}/join/{slot}", str(inc))
-    return f"{ns}/admitted/{slot}/{inc}"
+    incarnation = store.add(f"{ns}/incarnation/{slot}", 1)
+    store.set(f"{ns}/join/{slot}", str(incarnation))
+    return f"{ns}/admitted/{slot}/{incarnation}"
 
 
 def await_admission(store: Any, ns: str, slot: int, admitted: str, deadline: float, join_timeout: float,
@@ -305,71 +300,12 @@ def pending_joiners(store: Any, ns: str, members: Sequence[int]) -> List[int]:
     return sorted(s for s in (int(k[len(prefix):]) for k in store.list_keys(prefix)) if s not in members)
 
 
-#: the values of a request's claim key (:func:`claim_joiners`, :func:`withdraw_join`, :func:`leave_join`)
-_TAKEN, _WITHDRAWN, _LEFT = b"taken", b"withdrawn", b"left"
-
-
-def _claim_key(ns: str, slot: int, inc: int) -> str:
-    return f"{ns}/claim/{slot}/{inc}"
-
-
-def left_key(ns: str, slot: int, inc: int) -> str:
-    """The key a joiner sets when it leaves after rank 0 took its request ``inc`` (:func:`leave_join`): why."""
-    return f"{ns}/left/{slot}/{inc}"
-
-
-def incarnation(admitted: str) -> int:
-    """The request's number (its incarnation) from the admission key :func:`request_join` returned."""
-    return int(admitted.rsplit("/", 1)[1])
-
-
-def claim_joiners(store: Any, ns: str, joiners: Sequence[int]) -> List[Tuple[int, int]]:
-    """Rank 0, before the members learn which joiners it admits: take their pending requests, each unless its joiner
-    withdrew it first (:func:`withdraw_join`; one compare-and-set decides). Returns ``(slot, incarnation)`` of the
-    requests taken: those :func:`admit` then admits. A request taken earlier and not admitted (that rank 0's grow
-    failed before) is taken again. Two round trips per joiner."""
-    out: List[Tuple[int, int]] = []
-    for slot in joiners:
-        try:
-            inc = int(store.get(f"{ns}/join/{slot}", timeout=0).decode())
-        except StoreTimeout:
-            continue  # withdrawn (or admitted) meanwhile
-        if store.compare_set(_claim_key(ns, slot, inc), b"", _TAKEN) == _TAKEN:
-            out.append((slot, inc))
-    return out
-
-
-def withdraw_join(store: Any, ns: str, slot: int, inc: int) -> bool:
-    """A joiner that gives up withdraws its request ``inc``: True when it is withdrawn (no rank 0 will admit it, and
-    it is no longer pending), False when rank 0 took it first (:func:`claim_joiners`): the members are admitting this
-    joiner, which should then wait for its admission and join (or, leaving all the same, :func:`leave_join`)."""
-    if store.compare_set(_claim_key(ns, slot, inc), b"", _WITHDRAWN) == _TAKEN:
-        return False
-    try:  # no longer pending (a request of a later incarnation stays)
-        if store.get(f"{ns}/join/{slot}", timeout=0).decode() == str(inc):
-            store.delete(f"{ns}/join/{slot}")
-    except StoreTimeout:
-        pass
-    return True
-
-
-def leave_join(store: Any, ns: str, slot: int, inc: int, why: str) -> None:
-    """A joiner whose request ``inc`` rank 0 took leaves without joining: no later rank 0 takes that request again,
-    and the members' grow, which watches :func:`left_key`, ends at once with ``why``."""
-    store.set(_claim_key(ns, slot, inc), _LEFT)
-    store.set(left_key(ns, slot, inc), why)
-
-
 def admit(store: Any, ns: str, joiners: Sequence[int], generation: int, members: Sequence[int], kind: str,
-          step: int, timeout: float, incarnations: Optional[Mapping[int, int]] = None) -> None:
+          step: int, timeout: float) -> None:
     """Rank 0: admit ``joiners`` into generation ``generation`` whose members are ``members`` (joiners
-    included); ``step``: the last committed step (-1: none). ``incarnations``: ``{slot: request}`` of the requests
-    :func:`claim_joiners` took (default: each joiner's pending one). Two or three round trips per joiner."""
+    included); ``step``: the last committed step (-1: none). Three round trips per joiner."""
     for slot in joiners:
-        if incarnations is not None and slot in incarnations:
-            inc = str(incarnations[slot])
-        else:
-            inc = store.get(f"{ns}/join/{slot}", timeout=timeout).decode()
+        inc = store.get(f"{ns}/join/{slot}", timeout=timeout).decode()
         store.set(f"{ns}/admitted/{slot}/{inc}",
                   f"{generation}|{list(members).index(slot)}|{members_str(members)}|{kind}|{step}")
         store.delete(f"{ns}/join/{slot}")

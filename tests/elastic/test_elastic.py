@@ -180,7 +180,7 @@ def _reshape_failure(rank, n, addr):
     except pycoll.CommFailure:
         if rank == 2:
             # vouch, then die in the middle of the reshape
-            membership.vouch(store, f"{group._ns}/g0/a0/", 2, -1)
+            membership.vouch(store, "pycoll/elastic/t/g0/a0/", 2, -1)
             os.kill(os.getpid(), signal.SIGKILL)
         group.reshape()
     y = np.full(4, 1.0)
@@ -265,8 +265,7 @@ def test_close_with_a_member_gone_after_the_last_step(server, action, gone):
     res = run_ranks(_gone_after_the_last_step, 4, server, action, "", gone, timeout=60, may_die=[gone])
     for r in set(range(4)) - {gone}:
         assert res[r]["took"] < 10.0 and res[r]["lost"] == [gone], res[r]
-    # once every member closed (slot 1 tells, for slot 0)
-    assert _store(server).check([f"{elastic.formation_prefix(_store(server), 't')}/closed"])
+    assert _store(server).check(["pycoll/elastic/t/closed"])  # once every member closed (slot 1 tells, for slot 0)
 
 
 def _closed_from_another_thread(rank, n, addr):
@@ -659,7 +658,7 @@ def _joiner_lost_in_the_grow(rank, n, addr, spec, member_spec):
     if group.rank == 0:
         # as pycoll-run ends a hung rank: killed while stopped (continued first, it would go on into the grow's
         # rendezvous and could die there half-way through creating its segment)
-        pid = int(store.get(f"{group._ns}/proc/3").split()[1])
+        pid = int(store.get("pycoll/elastic/t/proc/3").split()[1])
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -702,7 +701,7 @@ def test_a_joiner_lost_inside_the_grow_costs_no_timeout(server, spec, member_spe
 def _late_joiner(rank, n, addr):
     store = _store(addr)
     if rank == n - 1:
-        while not store.check([f"{elastic.formation_prefix(store, 't')}/closed"]):
+        while not store.check(["pycoll/elastic/t/closed"]):
             time.sleep(0.01)
         t0 = time.monotonic()
         try:
@@ -813,7 +812,7 @@ def _many_reshapes(rank, n, addr):
     kept: list = []
     deadline = time.monotonic() + 5
     while rank == 0 and time.monotonic() < deadline:  # the watcher forgets them as the generation changes
-        kept = sorted({int(k.split("/")[5][1:]) for k in group.store.list_keys(f"{group._ns}/g")})
+        kept = sorted({int(k.split("/")[3][1:]) for k in group.store.list_keys("pycoll/elastic/keys/g")})
         if kept and kept[0] >= 12 - elastic._KEYS_KEPT:
             break
         time.sleep(0.05)
@@ -901,10 +900,10 @@ def test_the_store_work_of_a_recovery():
         ops = srv.stats()
     finally:
         srv.close()
-    # forming the group: each slot claims its slot in the formation and the first one starts it (1 + 4); the
-    # recovery adds one flag and one or two proposals
+    # forming the group: its agreement proposes once or twice (coordinator and last voter); the recovery
+    # adds one flag and one or two proposals
     assert ops.get("append_get", 0) == 3, ops  # the survivors' votes
-    assert ops.get("compare_set", 0) <= 1 + 4 + 3, ops
+    assert ops.get("compare_set", 0) <= 3, ops
 
 
 def test_bad_arguments_are_refused_with_the_argument_named():

@@ -478,9 +478,7 @@ ELSEWHERE = {"elastic.close.gone": "a member gone at close(): tests/elastic/test
              "elastic.form.mark_lost": "a slot left out while the group forms: tests/elastic/test_elastic.py kills "
                                        "rank 0 there (test_a_slot_stopped_while_the_group_forms_is_left_out_...)",
              "elastic.join.nobody_left": "every member gone while replacements wait: tests/elastic/test_elastic.py "
-                                         "kills and stops a replacement there (test_replacements_of_a_group_whose_...)",
-             "elastic.join.withdraw": "a joiner that gave up withdraws its request: tests/elastic/test_reuse.py kills "
-                                      "and stops it there (test_a_joiner_killed_or_stopped_as_it_withdraws_...)"}
+                                         "kills and stops a replacement there (test_replacements_of_a_group_whose_...)"}
 
 
 def _cases():
