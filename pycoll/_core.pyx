@@ -699,8 +699,8 @@ cdef class Work:
 
         Raises the operation's failure (:class:`pycoll.CommFailure` subclasses: a timeout detected
         against the operation's own deadline, a remote error, an abort), and a ``BufferError`` where the memory of one
-        of its torch tensors was freed (a ``resize_``) or replaced (``set_``, ``.data =``) while it ran. ``timeout`` (seconds)
-        only bounds this wait: if the operation is still running then, :class:`pycoll.WaitTimeout` (a
+        of its torch tensors was freed (a ``resize_``) or replaced (``set_``, ``.data =``) while it ran. ``timeout``
+        (seconds) only bounds this wait: if the operation is still running then, :class:`pycoll.WaitTimeout` (a
         ``TimeoutError``) is raised and the operation and its communicator are left untouched. Poll with
         ``except pycoll.WaitTimeout``, not ``except TimeoutError``: the operation's own timeout, a failure, is a
         ``CommTimeout``, also a ``TimeoutError``, raised again by every later wait.
@@ -2101,8 +2101,8 @@ cdef object _cai_buffer(object obj, object cai, object stream, bint writable, ob
 
 
 cdef object _torch_storages(list inputs, list outputs, list written):
-    """The torch tensors of an asynchronous operation (or one in a group, which runs at the group's end), as ``[(Buffer, storage, written)]`` (None: none): the Work
-    holds their storages until it retires. The tensor itself is held anyway (its Buffer's owner), its memory is not:
+    """The torch tensors of an asynchronous operation (or one in a group, which runs at the group's end), as
+    ``[(Buffer, storage, written)]`` (None: none): the Work holds their storages until it retires. The tensor itself is held anyway (its Buffer's owner), its memory is not:
     a ``set_`` or an assignment to ``.data`` while the operation runs would free it under the operation (a crash, or
     a write into memory reused meanwhile); held, the operation uses the memory it was given, as NCCL's semantics
     are. A resize (of the tensor or its storage) frees it all the same: :func:`_check_kept` finds that."""

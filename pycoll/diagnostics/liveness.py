@@ -34,6 +34,7 @@ store, or a peer without a watchdog, is not watched.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -219,11 +220,8 @@ class Liveness:
             # on its way when this returns (in the kernel's buffers, also if this process stops or dies
             # next), without a round trip on the creating thread
             put = getattr(c.store, "set_nowait", None) or c.store.set
-            if wait:
+            with contextlib.nullcontext() if wait else requests_until(time.monotonic() + self.interval):
                 put(f"{proc_prefix(c.uid)}{c.rank}", me.encode())
-            else:
-                with requests_until(time.monotonic() + self.interval):
-                    put(f"{proc_prefix(c.uid)}{c.rank}", me.encode())
             p.published = True
         except Exception as e:  # the next round tries again
             _log.debug("watchdog: could not publish this process for %r: %s", c.name, e)
