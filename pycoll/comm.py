@@ -666,6 +666,24 @@ class Communicator(_core.CommCore):
             h = self._handle
             return 0 if h is None else self.library.comm_get_async_error(h)
 
+    def open_with(self, peer: int) -> Optional[int]:
+        """How many of this rank's sends, receives, puts and signals with rank ``peer`` the library has not finished
+        (an open group's too): 0 once this rank's part with ``peer`` is done, whatever else it still waits for. None
+        where the library cannot say (only pycoll's host library counts them; NCCL does not), the communicator has
+        no handle any more or the library refused. The liveness check asks it before it takes a peer that left for
+        the failure of a group whose operations with that peer share their completion with others."""
+        if not self.library.has("pycollCommPeerOpen"):
+            return None
+        with self._hlock:
+            h = self._handle
+            if h is None:
+                return None
+            try:
+                return int(self.library.comm_peer_open(h, peer))
+            except Exception:
+                _log.debug("could not read what %r has open with rank %s", self.name, peer, exc_info=True)
+                return None
+
     def _async_exc(self, code: int) -> CommFailure:
         try:
             last = self._job_ranks(self.library.get_last_error(self._handle or 0))

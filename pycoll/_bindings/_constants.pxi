@@ -258,6 +258,7 @@ HOST_FUNCTIONS = (
     "pycollGraphLaunch",
     "pycollGraphDestroy",
     "pycollCommWaitReady",
+    "pycollCommPeerOpen",
 )
 
 #: pycollStreamCreateWithFlags: work submitted while the stream is idle runs in the caller's thread.

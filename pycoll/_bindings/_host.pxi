@@ -77,6 +77,18 @@ cdef class HostLibrary(Library):
         with nogil: _cap(&self.fn, NULL, &cr, self.fn.pycollCommWaitReady(c, ns))
         return _check(self, &cr, "pycollCommWaitReady") == ncclSuccess
 
+    def comm_peer_open(self, comm, int peer):
+        """pycollCommPeerOpen: how many sends, receives, puts and signals with rank ``peer`` this rank enqueued on
+        ``comm`` (in an open group too) have not finished; 0 once its part with that peer is done, whatever else
+        still runs. A wait_signal (it waits for several peers) is not counted."""
+        cdef ncclComm_t c = _comm(comm)
+        cdef int count = 0
+        cdef _Call cr
+        _need(self, <void*>self.fn.pycollCommPeerOpen, "pycollCommPeerOpen")
+        with nogil: _cap(&self.fn, NULL, &cr, self.fn.pycollCommPeerOpen(c, peer, &count))
+        _check(self, &cr, "pycollCommPeerOpen")
+        return count
+
     def host_event_arm(self, event):
         """pycollEventArm: make ``event`` incomplete until :meth:`host_event_fire` (streams waiting on it stop)."""
         cdef pycollEvent_t ev = <pycollEvent_t>_handle(event, "event")

@@ -311,5 +311,6 @@ cdef _resolve(Library lib):
     t.pycollGraphLaunch = <pycollGraphLaunch_fn>lib._sym("pycollGraphLaunch")
     t.pycollGraphDestroy = <pycollGraphDestroy_fn>lib._sym("pycollGraphDestroy")
     t.pycollCommWaitReady = <pycollCommWaitReady_fn>lib._sym("pycollCommWaitReady")
+    t.pycollCommPeerOpen = <pycollCommPeerOpen_fn>lib._sym("pycollCommPeerOpen")
     for name in RCCL_FUNCTIONS:
         lib._sym(name)

@@ -674,6 +674,7 @@ ctypedef int (*pycollStreamEndCapture_fn)(pycollStream_t stream, pycollGraph_t* 
 ctypedef int (*pycollGraphLaunch_fn)(pycollGraph_t graph, pycollStream_t stream) noexcept nogil
 ctypedef int (*pycollGraphDestroy_fn)(pycollGraph_t graph) noexcept nogil
 ctypedef int (*pycollCommWaitReady_fn)(ncclComm_t comm, uint64_t timeout_ns) noexcept nogil
+ctypedef int (*pycollCommPeerOpen_fn)(ncclComm_t comm, int peer, int* count) noexcept nogil
 
 
 # --- the symbol table of one loaded library: NULL where the library lacks the function ----------
@@ -802,3 +803,4 @@ ctypedef struct pycoll_nccl_table:
     pycollGraphLaunch_fn pycollGraphLaunch
     pycollGraphDestroy_fn pycollGraphDestroy
     pycollCommWaitReady_fn pycollCommWaitReady
+    pycollCommPeerOpen_fn pycollCommPeerOpen

@@ -56,6 +56,7 @@ static void comm_free(struct ncclComm* c) {
   comm_teardown(c, RS_DESTROYED);
   windows_comm_freed(c);
   free(c->redops);
+  free(c->p2p_open);
   for (struct reg_entry *r = c->regs, *n; r; r = n) {
     n = r->next;
     free(r);
@@ -219,7 +220,8 @@ ncclResult_t comm_attach(struct ncclComm* c, struct seg* s, int rank) {
   c->peers = calloc((size_t)n, sizeof *c->peers);
   c->send_seq = calloc((size_t)n, sizeof *c->send_seq);
   c->recv_seq = calloc((size_t)n, sizeof *c->recv_seq);
-  if (!c->peers || !c->send_seq || !c->recv_seq) {
+  c->p2p_open = calloc((size_t)n, sizeof *c->p2p_open);
+  if (!c->peers || !c->send_seq || !c->recv_seq || !c->p2p_open) {
     CWARN(c, "communicator init : out of memory");
     return ncclSystemError;
   }

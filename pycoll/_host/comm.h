@@ -47,6 +47,9 @@ struct ncclComm {
   int refs;
   int active;      /* threads touching the segment right now (abort waits for 0) */
   int pending;     /* operations enqueued on streams and not finished */
+  /* per peer: the sends, receives, puts and signals with it that count in `pending` (atomic; task_count); freed
+   * with the comm, not at its teardown (an aborted comm's queued tasks still finish after it) */
+  int* p2p_open;
   uint32_t abort_flag;
   int abort_reason; /* why abort_flag is set: enum abort_reason */
   int async;       /* ncclCommGetAsyncError; a futex word for pycollCommWaitReady */

@@ -23,7 +23,7 @@ const char* task_kind_name(int kind) {
 
 static void finish_task(struct task* t, int code) {
   t->result = (ncclResult_t)code;
-  t->done = true;
+  task_done(t);
 }
 
 int task_fail(struct task* t, int code, const char* fmt, ...) {
@@ -115,7 +115,7 @@ static int pass(struct task* list, bool* moved) {
     }
     int r = task_progress(t);
     if (r == PROG_DONE) {
-      t->done = true;
+      task_done(t);
       *moved = true;
     } else {
       if (r == PROG_MOVED) *moved = true;
@@ -153,7 +153,7 @@ static void check_peers(struct task* list, bool check_process) {
      * or to another peer it waits for (a receiver that checked a sender's part, not taken it, reports no move) */
     int r = task_progress(t);
     if (r == PROG_BLOCKED && t->wait_peer == waited) task_fail(t, err, "%s : %s", t->opname, text);
-    else if (r == PROG_DONE) t->done = true;
+    else if (r == PROG_DONE) task_done(t);
   }
 }
 
@@ -360,6 +360,29 @@ ncclResult_t run_tasks_until(struct task* list, uint64_t deadline, uint64_t budg
   return ncclSuccess;
 }
 
+static void task_close(struct task* t) {
+  if (t->open) {
+    t->open = false;
+    __atomic_sub_fetch(&t->comm->p2p_open[t->root], 1, __ATOMIC_ACQ_REL);
+  }
+}
+
+void task_count(struct task* t, int delta) {
+  struct ncclComm* c = t->comm;
+  __atomic_add_fetch(&c->pending, delta, __ATOMIC_ACQ_REL);
+  if (delta < 0) {
+    task_close(t);
+  } else if (t->kind >= TK_SEND && t->root >= 0 && t->root < c->nranks && c->p2p_open) {
+    t->open = true;
+    __atomic_add_fetch(&c->p2p_open[t->root], 1, __ATOMIC_ACQ_REL);
+  }
+}
+
+void task_done(struct task* t) {
+  t->done = true;
+  task_close(t);
+}
+
 void tasks_finish(struct task* list, bool heap) {
   for (struct task *t = list, *next; t; t = next) {
     next = t->next;
@@ -368,7 +391,7 @@ void tasks_finish(struct task* list, bool heap) {
     if (t->rma) rma_release(t);
     for (int i = 0; i < 2; i++)
       if (t->win[i]) window_put(t->win[i]);
-    __atomic_sub_fetch(&t->comm->pending, 1, __ATOMIC_ACQ_REL);
+    task_count(t, -1);
     comm_release(t->comm);
     if (heap) free(t);
   }
@@ -557,7 +580,7 @@ ncclResult_t enqueue_task(const struct task* proto, const ncclCollConfig_t* cfg)
     comm_release(c);
     return group_note_error(r);
   }
-  __atomic_add_fetch(&c->pending, 1, __ATOMIC_ACQ_REL);
+  task_count(&local, 1);
   if (group_depth() > 0 || local.stream) {
     struct task* t = malloc(sizeof *t);
     if (!t) {

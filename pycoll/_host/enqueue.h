@@ -55,6 +55,7 @@ struct task {
 
   /* execution state */
   bool started, done;
+  bool open; /* counted in its comm's p2p_open until it is done (task_count, task_done) */
   bool prepared; /* run_tasks_until set it up (a call that returns unfinished leaves it so) */
   int algo;
   uint64_t step0;
@@ -104,6 +105,11 @@ ncclResult_t run_tasks(struct task* list);
  * the tasks as far as they got (their comm references and buffers still theirs); a later call on the same list,
  * in any thread, resumes them. *finished true: as run_tasks. */
 ncclResult_t run_tasks_until(struct task* list, uint64_t deadline, uint64_t budget_ns, bool* finished);
+/* Counts `t` in (delta 1) or out (-1) of its comm's pending work and, a task with one peer (a send, receive, put
+ * or signal), of the work open with that peer (pycollCommPeerOpen), which it leaves as soon as it is done (task_done:
+ * a group's tasks are finished together, at the end of the last). */
+void task_count(struct task* t, int delta);
+void task_done(struct task* t);
 /* Releases what tasks hold (comm references, pending counts) and frees heap tasks. */
 void tasks_finish(struct task* list, bool heap);
 

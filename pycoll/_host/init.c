@@ -412,6 +412,23 @@ NCCL_API int pycollCommWaitReady(ncclComm_t comm, uint64_t timeout_ns) {
   return a == ncclInProgress ? ncclInProgress : ncclSuccess;
 }
 
+NCCL_API int pycollCommPeerOpen(ncclComm_t comm, int peer, int* count) {
+  struct ncclComm* c;
+  ncclResult_t r = comm_acquire(comm, "pycollCommPeerOpen", &c);
+  if (r != ncclSuccess) return r;
+  if (!count) {
+    CWARN(c, "pycollCommPeerOpen : count argument is NULL");
+    r = ncclInvalidArgument;
+  } else if (peer < 0 || peer >= c->nranks || !c->p2p_open) {
+    CWARN(c, "pycollCommPeerOpen : peer %d is not a rank of this communicator (nranks %d)", peer, c->nranks);
+    r = ncclInvalidArgument;
+  } else {
+    *count = __atomic_load_n(&c->p2p_open[peer], __ATOMIC_ACQUIRE);
+  }
+  comm_release(c);
+  return r;
+}
+
 static ncclResult_t query(ncclComm_t comm, int* out, const char* opname, const char* argname, int which) {
   struct ncclComm* c;
   ncclResult_t r = comm_acquire(comm, opname, &c);

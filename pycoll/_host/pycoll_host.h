@@ -165,6 +165,10 @@ int pycollGraphDestroy(pycollGraph_t graph);
  * else ncclInProgress. What a poll of ncclCommGetAsyncError does, without sleeping between polls. */
 struct ncclComm;
 int pycollCommWaitReady(struct ncclComm* comm, uint64_t timeout_ns);
+/* *count: the sends, receives, puts and signals with `peer` that this rank enqueued on the communicator (in an open
+ * group too) and that have not finished -- 0 once its part with that peer is done, whatever else still runs
+ * (another peer's operations of the same group). A wait_signal, which waits for several peers, is not counted. */
+int pycollCommPeerOpen(struct ncclComm* comm, int peer, int* count);
 
 #ifdef __cplusplus
 }

@@ -1208,7 +1208,7 @@ static bool capture_add(struct pycollStream* s, struct task* list) {
     free(n);
     return false;
   }
-  for (struct task* t = list; t; t = t->next) __atomic_sub_fetch(&t->comm->pending, 1, __ATOMIC_ACQ_REL);
+  for (struct task* t = list; t; t = t->next) task_count(t, -1);
   return true;
 }
 
@@ -1268,7 +1268,7 @@ NCCL_API int pycollGraphLaunch(pycollGraph_t g, pycollStream_t s) {
       c->result = ncclSuccess;
       c->next = NULL;
       comm_ref(c->comm);
-      __atomic_add_fetch(&c->comm->pending, 1, __ATOMIC_ACQ_REL);
+      task_count(c, 1);
       *tail = c;
       tail = &c->next;
     }

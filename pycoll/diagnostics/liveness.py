@@ -189,7 +189,16 @@ class Liveness:
         # failure of theirs (NCCL's transfer between two live ranks goes on); a collective waits for every rank
         peers = {p for w in outstanding if w.is_p2p and w.peer is not None for p in (w.peers or (w.peer,))}
         only = peers if len(peers) and all(w.is_p2p and w.peer is not None for w in outstanding) else None
-        found = self._check_local(c, p, only=only) or self._check_remote(c, p, outstanding[0], now, only)
+        found = self._unable(c, p, outstanding[0], now, only)
+        if found is not None and only is not None:
+            # a peer that left once this rank's part with it was done is no failure, though a group's operations
+            # with it still look outstanding (they share their completion with the group's others)
+            done = _peers_done(c, outstanding)
+            if found[0] in done:
+                only -= done
+                found = self._unable(c, p, outstanding[0], now, only) if only else None
+                if found is not None and found[0] in done:
+                    found = None
         if found is None:
             p.suspect = None
             return
@@ -201,12 +210,18 @@ class Liveness:
         if not pending:
             p.suspect = None
             return
+        # the operation named: one waiting for the rank found, where there is one
+        work = next((w for w in pending if w.is_p2p and found[0] in (w.peers or (w.peer,))), pending[0])
         if p.suspect is None or p.suspect not in {w.op_id for w in pending}:
-            p.suspect, p.suspect_at = pending[0].op_id, now
+            p.suspect, p.suspect_at = work.op_id, now
             return
         if now - p.suspect_at < 0.5 * self.interval:
             return  # woken early: the peer's part may still be on its way
-        self._fail(c, pending[0], now, *found)
+        self._fail(c, work, now, *found)
+
+    def _unable(self, c: CommView, p: _Peers, oldest: WorkView, now: float, only: Optional[Set[int]]
+                ) -> Optional[Tuple[int, ProcRecord, str]]:
+        return self._check_local(c, p, only=only) or self._check_remote(c, p, oldest, now, only)
 
     def _publish(self, c: CommView, p: _Peers, wait: bool) -> None:
         me = self._me  # known before any write: a round that leaves the write to another thread checks with it
@@ -316,6 +331,18 @@ class Liveness:
         exc = PeerFailure(f"communicator {c.name!r} rank {c.rank}: {who} is {why}; {op_text(work)} failed "
                           f"after {now - work.t0:.2f} s of its {work.timeout:g} s timeout", rank, rec.pid, why)
         c.fail(exc, work)
+
+
+# the operations the library counts with their one peer (CommView.open_with); a wait_signal waits for several
+_COUNTED = frozenset({"send", "recv", "sendrecv", "put_signal", "signal"})
+
+
+def _peers_done(c: CommView, works: Sequence[WorkView]) -> Set[int]:
+    """The peers of ``works`` (outstanding) with which the library has finished every operation of this rank (sends,
+    receives, puts and signals only: no other work waits for them); empty where it cannot say."""
+    peers = {w.peer for w in works if w.op in _COUNTED and w.peer is not None}
+    peers -= {r for w in works if w.op not in _COUNTED for r in (w.peers or (w.peer,))}
+    return {r for r in peers if c.open_with(r) == 0}
 
 
 def round_all(liveness: Liveness, comms: List[CommView], now: float, check: bool = True) -> None:

@@ -154,6 +154,47 @@ def test_a_wait_for_signals_of_several_peers_fails_when_any_of_them_is_stopped(s
     assert "wait_signal #1 with peers 1, 2 failed" in text, text
 
 
+def _group_receive_from_one_that_left(rank, n, addr, third):
+    comm = pycoll.init(rank, n, store=pycoll.TCPStore(addr[0], addr[1], TOKEN, timeout=30.0), backend="host",
+                       timeout=20.0)
+    comm.barrier()
+    if rank == 1:  # sends its part, then its process ends without destroying the communicator
+        comm.send(np.full(4, 1.0), 0)
+        os._exit(0)
+    if rank == 2:
+        if third == "stopped":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        time.sleep(2.0)  # past the liveness check's verdict on rank 1 (0.4 s)
+        comm.send(np.full(4, 2.0), 0)
+        return None
+    a, b = np.zeros(4), np.zeros(4)
+    t0 = time.monotonic()
+    try:
+        with comm.group():
+            comm.recv(a, 1)
+            comm.recv(b, 2)
+        out = (a.tolist(), b.tolist(), comm.open_with(1), comm.open_with(2))
+    except pycoll.CommFailure as e:
+        out = (type(e).__name__, time.monotonic() - t0, str(e))
+    comm.abort()
+    return out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("third", ["late", "stopped"])
+def test_a_group_whose_part_with_a_peer_that_left_is_done_waits_for_the_others(server, third):
+    # a group's operations share their completion: rank 0's receive from rank 1, which had sent and whose process
+    # had ended, looked outstanding while the group waited for rank 2, and failed with "rank 1 ... is gone (exited);
+    # recv #1 with peer 1 failed" -- though it had its data and rank 2 sent a second later
+    res = run_ranks(_group_receive_from_one_that_left, 3, server, third, timeout=45, may_die=[1, 2])
+    if third == "late":
+        assert res[0] == ([1.0] * 4, [2.0] * 4, 0, 0), res[0]
+    else:  # the rank that holds the group back is the one named, with the receive that waits for it
+        name, took, text = res[0]
+        assert name == "PeerFailure" and took < 8 and "rank 2 (pid " in text, res[0]
+        assert "recv #2 with peer 2 failed" in text, text
+
+
 @pytest.mark.timeout(90)
 def test_killed_rank_is_found_fast(server):
     res = run_ranks(_loop, 4, server, 30, 1, "kill", 10, 30.0, False, timeout=60, may_die=[1])

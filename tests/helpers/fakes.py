@@ -33,6 +33,7 @@ class FakeComm:
         self.coll_seq = self.p2p_seq = 0
         self.checks = []
         self.busy_thread = None
+        self.open = None  # {peer: count} for open_with (None: the library cannot say)
         recorder.comm_created(self)
 
     # -- the CommView ---------------------------------------------------------------------------
@@ -62,6 +63,9 @@ class FakeComm:
 
     def try_refresh(self, work):
         pass
+
+    def open_with(self, peer):
+        return self.open.get(peer) if self.open is not None else None
 
     def fail(self, exc, work=None):
         self.failure = exc

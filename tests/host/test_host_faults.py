@@ -102,6 +102,29 @@ def test_wait_ready_returns_as_the_nonblocking_init_ends(tmp_path):
         l.comm_wait_ready(12345, 0.0)  # not a communicator
 
 
+def test_peer_open_counts_a_ranks_sends_and_receives_with_a_peer_until_each_is_done():
+    """pycollCommPeerOpen: the sends and receives with a peer enqueued (an open group's too) and not done; 0 as
+    soon as they are, also while the group's other operations are still open (what the liveness check asks before
+    it takes a peer that left for a failure); a bad peer or communicator is refused."""
+    l = lib()
+    comm = init(1, 0, uid())
+    a, b = np.arange(4, dtype=np.float32), np.zeros(4, np.float32)
+    assert l.comm_peer_open(comm, 0) == 0
+    l.group_start()
+    l.send(ptr(a), 4, F32, 0, comm)
+    l.recv(ptr(b), 4, F32, 0, comm)
+    assert l.comm_peer_open(comm, 0) == 2  # enqueued in the open group
+    l.group_end()
+    assert l.comm_peer_open(comm, 0) == 0 and b.tolist() == a.tolist()
+    with pytest.raises(errors.InvalidArgument):
+        l.comm_peer_open(comm, 1)  # not a rank of it
+    with pytest.raises(errors.InvalidArgument):
+        l.comm_peer_open(comm, -1)
+    l.comm_destroy(comm)
+    with pytest.raises(errors.InvalidArgument):
+        l.comm_peer_open(comm, 0)  # destroyed
+
+
 def _env_nonblocking(rank, n, idb):
     l = lib()
     comm, status = l.comm_init_rank_config(n, UniqueId(idb), rank, None)
