@@ -2102,7 +2102,7 @@ cdef object _cai_buffer(object obj, object cai, object stream, bint writable, ob
 
 cdef object _torch_storages(list inputs, list outputs, list written):
     """The torch tensors of an asynchronous operation (or one in a group, which runs at the group's end), as
-    ``[(Buffer, storage, written)]`` (None: none): the Work holds their storages until it retires. The tensor itself is held anyway (its Buffer's owner), its memory is not:
+    ``[(Buffer, storage, written, the tensor's data pointer)]`` (None: none): the Work holds their storages until it retires. The tensor itself is held anyway (its Buffer's owner), its memory is not:
     a ``set_`` or an assignment to ``.data`` while the operation runs would free it under the operation (a crash, or
     a write into memory reused meanwhile); held, the operation uses the memory it was given, as NCCL's semantics
     are. A resize (of the tensor or its storage) frees it all the same: :func:`_check_kept` finds that."""
@@ -2123,7 +2123,8 @@ cdef list _keep(list kept, object b, list written):
         kept = []
         if _TORCH_CODES is None:  # described by the general path (the process's first tensor)
             _torch_init(sys.modules["torch"])
-    kept.append((b, (<tuple>b)[9].untyped_storage(), any(x is b for x in written)))
+    t = (<tuple>b)[9]  # the tensor: an in-place form's block of it starts further on (_rank_block)
+    kept.append((b, t.untyped_storage(), any(x is b for x in written), _data_ptr(t)))
     return kept
 
 
@@ -2143,7 +2144,7 @@ cdef int _check_kept(Work w) except -1:
     kept, w._kept = w._kept, None
     found = None
     try:
-        for b, st, writes in <list>kept:
+        for b, st, writes, issued in <list>kept:
             ptr, nbytes, t = (<tuple>b)[0], (<tuple>b)[1], (<tuple>b)[9]
             base = st.data_ptr()
             what = "wrote into" if writes else "read"
@@ -2152,7 +2153,7 @@ cdef int _check_kept(Work w) except -1:
                          f"resize_ or share_memory_ of the tensor or of its storage): the operation {what} freed "
                          "memory, and this process's memory may be corrupted")
                 break
-            if _data_ptr(t) != ptr:
+            if _data_ptr(t) != issued:
                 found = (f"its {(<tuple>b)[12]} (a torch tensor) was given other memory while the operation ran "
                          f"(set_, or an assignment to .data): the operation {what} the memory the tensor had when it "
                          "was issued (kept alive until it completed), not its new memory")
