@@ -765,19 +765,21 @@ class Communicator(_core.CommCore):
                 # the last collective is the one a rank that issued fewer did not enter (the report looks at every
                 # peer of the group's sends and receives)
                 mates: List[Any] = group_mates(pending, w)
-                w = next((x for x in reversed(mates) if not x.is_p2p), w)
-                elapsed = now - w.t0
+                expired, w = w, next((x for x in reversed(mates) if not x.is_p2p), w)
+                elapsed = now - expired.t0
+                # the deadline that passed is the expired one's, which may be another operation of the group
+                whose = "" if expired is w else f", the timeout of {op_text(expired)} of its group"
                 group = (f"; it completes with its group: {', '.join(op_text(x) for x in mates)}"
                          if len(mates) > 1 else "")
                 self.fail(
                     CommTimeout(
                         f"communicator {self.name!r} rank {self._rank}/{self._size}: {w.op} "
                         f"({f'p2p seq {w.p2p_seq} with peer {w.peer}' if w.is_p2p else f'seq {w.seq}'}) did not "
-                        f"complete within {w.timeout:.3g} s (issued {elapsed:.3g} s ago"
+                        f"complete within {expired.timeout:.3g} s{whose} (issued {elapsed:.3g} s ago"
                         f"{stream_text(w.stream, self.device)}, state {w._state}"
                         f"{': it never started on its stream' if w._state == 'scheduled' else ''}){group}",
                         comm_name=self.name, op=w.op, seq=w.p2p_seq if w.is_p2p else w.seq, elapsed=elapsed,
-                        timeout=w.timeout, peer=w.peer if w.is_p2p else None,
+                        timeout=expired.timeout, peer=w.peer if w.is_p2p else None,
                     ),
                     w,
                 )

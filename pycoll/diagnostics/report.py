@@ -64,7 +64,9 @@ class FailureReport:
             self.seq = work.p2p_seq if work.is_p2p else work.seq
             self.peer = work.peer
             self.elapsed = time.monotonic() - work.t0
-            self.timeout = work.timeout
+            # a group's timeout: the deadline that passed may be another operation's of the group (CommTimeout says)
+            expired = getattr(exc, "timeout", None) if self.is_timeout else None
+            self.timeout = work.timeout if expired is None else expired
             self.state = work.last_state
             self.stream = stream_text(work.stream, comm.device)
             self._issued_at = issued_at

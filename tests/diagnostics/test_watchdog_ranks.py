@@ -631,7 +631,8 @@ def test_a_dropped_communicator_stays_alive_and_outstanding_while_an_operation_i
 
 def _group_one_skips(rank, n, uid, addr, token, dump_dir, kind):
     """kind "p2p": rank 0 groups a send to rank 1 and a recv from rank 2; rank 1 receives; rank 2 sends nothing.
-    kind "coll": rank 0 groups two all_reduce, rank 1 issues one. The skipping rank waits for the others' dumps."""
+    kind "coll": rank 0 groups two all_reduce, rank 1 issues one; "deadlines": the same, the first with a 0.5 s
+    timeout and the second with 20 s. The skipping rank waits for the others' dumps."""
     comm, lines = _setup(rank, n, uid, dump_dir, addr, token, timeout=1.0)
     a, b = np.full(4, 7, np.float32), np.zeros(4, np.float32)
     err = None
@@ -641,6 +642,9 @@ def _group_one_skips(rank, n, uid, addr, token, dump_dir, kind):
                 if kind == "p2p":
                     comm.send(a, 1)
                     comm.recv(b, 2)
+                elif kind == "deadlines":
+                    comm.all_reduce(a, timeout=0.5)
+                    comm.all_reduce(b, timeout=20)
                 else:
                     comm.all_reduce(a)
                     comm.all_reduce(b)
@@ -660,7 +664,7 @@ def _group_one_skips(rank, n, uid, addr, token, dump_dir, kind):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("kind,n", [("p2p", 3), ("coll", 2)])
+@pytest.mark.parametrize("kind,n", [("p2p", 3), ("coll", 2), ("deadlines", 2)])
 def test_a_group_that_times_out_is_reported_whole_with_every_peer_it_waits_for(server, tmp_path, kind, n):
     # its operations complete together, so which one it waits for is unknown: the report named its first one (a send
     # already delivered) and only that one's peer, or a collective every rank had entered ("no rank is behind")
@@ -674,6 +678,9 @@ def test_a_group_that_times_out_is_reported_whole_with_every_peer_it_waits_for(s
     else:
         assert "all_reduce (seq 2) did not complete" in err and "its group: all_reduce #1, all_reduce #2" in err, err
         assert "all_reduce #2 [Float(4,)] (it completes with its group" in line, line
+        if kind == "deadlines":  # the deadline that passed is the first one's: it said "within 20 s" after 0.5 s
+            assert "did not complete within 0.5 s, the timeout of all_reduce #1 of its group (issued " in err, err
+            assert "(timeout 0.5 s, state" in line, line
         verdict = "behind: rank 1 (alive, answered: last issued #1)"
         assert behind == (1,), behind
     # the caller's exception ends with the line's verdict on the other ranks
