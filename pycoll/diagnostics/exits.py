@@ -7,7 +7,8 @@ is on:
   ``SystemExit`` of a ``sys.exit()`` in another thread, which ends that thread quietly, as in Python) dumps,
   with a reason such as ``"uncaught ValueError in rank 1 while all_reduce #7 on 'world' (started)
   outstanding"``, then the previous hook runs as before. Outstanding are the operations of communicators still
-  open; where there are none, the reason names those a failure ended on a communicator closed since (``"uncaught
+  open that have not failed; where there are none, the reason names those a failure ended, on a communicator
+  revoked or closed since (``"uncaught
   KeyboardInterrupt in rank 1 after all_reduce #7 on 'world' (started) failed"``: Ctrl-C inside it failed it);
 * an exit handler: a process that exits (end of the main module, ``sys.exit``) while an operation is
   outstanding on a communicator still open dumps. After a failure whose communicator was aborted or destroyed
@@ -191,7 +192,7 @@ class ExitDumps:
             return []
         try:
             unfinished = rec.unfinished()
-            failed = [] if unfinished else rec.failed_closed()
+            failed = [] if unfinished else rec.failed()
             reason = f"{what} in rank {rec.global_rank()} " + (
                 f"while {', '.join(unfinished)} outstanding" if unfinished
                 else f"after {', '.join(failed)} failed" if failed

@@ -467,26 +467,28 @@ class FlightRecorder(_hooks.RecorderCore, CommObserver):
     # -- reading ---------------------------------------------------------------------------------
 
     def unfinished(self, limit: int = 4) -> List[str]:
-        """The operations not completed on communicators still open (neither destroyed nor aborted), newest last, as
-        ``"all_reduce #7 on 'world' (started)"`` (at most ``limit``; a last item counts the rest)."""
+        """The operations not completed on communicators still open (neither destroyed nor aborted) that have not
+        failed, newest last, as ``"all_reduce #7 on 'world' (started)"`` (at most ``limit``; a last item counts the
+        rest)."""
         with self._lock:
             live = {i.uid for i in self._infos.values() if i.ref() is not None}
-        return self._not_completed(self.entries(), lambda i: i.closed_at is None and i.uid in live, limit,
-                                   withdrawn=False)
+        return self._not_completed(self.entries(), lambda i: i.closed_at is None and i.failure is None
+                                   and i.uid in live, limit, withdrawn=False)
 
-    def failed_closed(self, limit: int = 4) -> List[str]:
-        """The operations a failure or an abort ended on a communicator that was closed since (its policy's abort,
-        the user's abort or destroy) and has no successor of its name, as :meth:`unfinished` gives them: what this
-        process was doing when, say, Ctrl-C inside a collective failed the communicator, or another thread's
-        ``abort()`` stopped it. They are not outstanding."""
+    def failed(self, limit: int = 4) -> List[str]:
+        """The operations a failure or an abort ended on a communicator that failed (its policy revoked it or left it
+        open: ``"revoke"``, as an ElasticGroup's, or ``"report"``) or was closed since (its policy's abort, the user's
+        abort or destroy) and has no successor of its name, as :meth:`unfinished` gives them: what this process was
+        doing when, say, Ctrl-C inside a collective failed the communicator, or another thread's ``abort()`` stopped
+        it. They are not outstanding."""
         entries = self.entries()
         with self._lock:
             alive = [i for i in self._infos.values() if i.ref() is not None]
         newest: Dict[str, int] = {}  # name -> the latest communicator of that name (pg_id: in creation order)
         for i in [*alive, *(e[_INFO] for e in entries)]:
             newest[i.name] = max(newest.get(i.name, -1), i.pg_id)
-        return self._not_completed(
-            entries, lambda i: i.closed_at is not None and i.pg_id == newest[i.name], limit, stopped_only=True)
+        return self._not_completed(entries, lambda i: (i.closed_at is not None or i.failure is not None)
+                                   and i.pg_id == newest[i.name], limit, stopped_only=True)
 
     def _not_completed(self, entries: List[Any], on: Callable[[_CommInfo], bool], limit: int,
                        withdrawn: bool = True, stopped_only: bool = False) -> List[str]:

@@ -350,7 +350,9 @@ def test_sigterm_while_a_timeout_is_being_reported_waits_for_the_report(server, 
     assert codes[1] == -signal.SIGTERM, outs[1]
     assert "pycoll watchdog: CommTimeout on communicator 'world'" in outs[1], outs[1]
     pyc = _dump(d, 1)["pycoll"]
-    assert pyc["reason"].startswith(f"SIGTERM in rank 1 while all_reduce #{K}"), pyc["reason"]
+    # the timeout failed it before the SIGTERM came: not outstanding any more
+    assert pyc["reason"].startswith(f"SIGTERM in rank 1 after all_reduce #{K} on 'world'"), pyc["reason"]
+    assert pyc["reason"].endswith(" failed"), pyc["reason"]
     assert [f["error_type"] for f in pyc["failures"]] == ["CommTimeout"], pyc["failures"]
 
 

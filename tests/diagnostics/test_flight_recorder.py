@@ -131,7 +131,7 @@ def test_entries_cost_the_garbage_collector_nothing(rec):
     assert ref() is None and rec.as_dict(0)["entries"][0]["state"] == "completed"
 
 
-def test_failed_closed_names_the_operation_of_a_failed_closed_communicator_without_successor(rec):
+def test_failed_names_the_operation_of_a_failed_closed_communicator_without_successor(rec):
     """What a process was doing when it went: also on a communicator a failure's abort closed before the dump
     (Ctrl-C inside a collective), but not on one a later communicator of the same name replaced; never as
     outstanding (unfinished), and its rank stays the process's."""
@@ -141,17 +141,29 @@ def test_failed_closed_names_the_operation_of_a_failed_closed_communicator_witho
     rec.comm_failed(c, RuntimeError("interrupted"), w)
     rec.comm_closed(c)
     assert rec.unfinished() == [] and rec.global_rank() == 1  # closed: nothing outstanding; the rank it had
-    assert rec.failed_closed() == ["all_reduce #2 on 'world' (started)"]
+    assert rec.failed() == ["all_reduce #2 on 'world' (started)"]
     ok = FakeComm(rec, 0, 2, uid="bbbb000000000000", name="other")  # another name: no successor
     ok.op("all_reduce", f32(3), f32(3))
-    assert rec.failed_closed() == ["all_reduce #2 on 'world' (started)"]
+    assert rec.failed() == ["all_reduce #2 on 'world' (started)"]
     nxt = FakeComm(rec, 0, 2, uid="cccc000000000000", generation=1)  # the next generation of 'world'
-    assert rec.failed_closed() == [] and nxt.name == "world"
+    assert rec.failed() == [] and nxt.name == "world"
     clean = FakeComm(rec, 0, 2, uid="dddd000000000000", name="clean")  # closed without a failure
     clean.op("all_reduce", f32(3), f32(3), state="started")
     assert rec.unfinished() == ["all_reduce #1 on 'clean' (started)"]
     rec.comm_closed(clean)
-    assert rec.unfinished() == [] and rec.failed_closed() == []
+    assert rec.unfinished() == [] and rec.failed() == []
+
+
+def test_an_operation_a_failure_ended_on_a_communicator_left_open_is_failed_not_outstanding(rec):
+    """Under on_failure="revoke" (an ElasticGroup's) or "report" the failed communicator stays open and its failed
+    operation in its outstanding list: a SIGTERM after the caught failure named it "outstanding" in the exit dump
+    ("while all_reduce #1 ... outstanding"), and an exit wrote a dump over the failure's."""
+    c = FakeComm(rec, 0, 2, uid="eeee000000000000")
+    w = c.op("all_reduce", f32(3), f32(3), state="started")
+    w._exc = RuntimeError("peer gone")
+    rec.comm_failed(c, RuntimeError("peer gone"), w)
+    assert rec.unfinished() == []
+    assert rec.failed() == ["all_reduce #1 on 'world' (started)"]
 
 
 def test_failure_freezes_the_state_of_outstanding_operations(rec):
@@ -644,7 +656,7 @@ def test_an_exit_after_an_abort_names_the_operation_the_abort_stopped(rec):
     w = c.op("all_reduce", f32(2), f32(2), state="started")
     w._exc = pycoll.CommAborted("all_reduce #1 on communicator 'world' did not complete: the communicator was aborted")
     rec.comm_closed(c)
-    assert rec.failed_closed() == ["all_reduce #1 on 'world' (started)"]
+    assert rec.failed() == ["all_reduce #1 on 'world' (started)"]
 
 
 def test_a_dump_says_what_the_dump_it_replaced_said_however_its_folder_is_spelled(tmp_path):
