@@ -929,7 +929,12 @@ class ElasticGroup:
         # reported and no dump anywhere. The others' watchers see the flag, expect a revoke (Communicator.
         # expect_revoke) and vote; this member's communicator is revoked once every member voted, and what the
         # others' operations then meet revokes theirs (quietly)
-        requested = old.failure is None and (old.state == "active" or self._requested[0] == g)
+        # what failed in a communicator made from the group's (not revoked by a reshape): a failure of the group's as
+        # much as its own -- the others fail theirs and their descendants at the flag, and whoever waits in one for a
+        # member that does not come (busy, then left out) comes to the reshape at once, not at its timeout
+        seen = [c for c in old.descendants(closed=True)  # of its generation: split, not grown or shrunk from it
+                if c.generation == g and c.failure is not None and not isinstance(c.failure, CommRevoked)]
+        requested = old.failure is None and not seen and (old.state == "active" or self._requested[0] == g)
         # also where the watcher saw the flag after this member had moved on; this member's own request revokes them
         # once every member voted (with the group's, below): the others expect it then
         own_request = requested and self._requested[0] != g
@@ -938,13 +943,10 @@ class ElasticGroup:
             self._revoke_descendants(old, g, "quiet" if requested else "fail")
         requester = self._requested[1] if self._requested[0] == g else self.slot
         cause = (f"reshape requested by slot {requester}" if requested else str(old.failure)
-                 if old.failure is not None else f"this member's communicator was {old.state} (no failure recorded: "
+                 if old.failure is not None
+                 else f"{seen[0].name!r} failed (made from the group's): {seen[0].failure}" if seen
+                 else f"this member's communicator was {old.state} (no failure recorded: "
                  f"{'abort()' if old.state == 'aborted' else 'closed'} called in this process)")
-        if requested:  # what failed in a communicator made from the group's (not revoked by the reshape itself)
-            seen = [c for c in old.descendants(closed=True)
-                    if c.failure is not None and not isinstance(c.failure, CommRevoked)]
-            if seen:
-                cause += f" after {seen[0].name!r} failed: {seen[0].failure}"
         t_start = time.time()
         self._announce(g, old.global_ranks, requested)  # done already when the failure was recorded
         members, parent = self.members, old

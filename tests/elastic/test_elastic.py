@@ -165,6 +165,51 @@ def test_communicators_split_from_the_groups_fail_with_it(server):
     assert any("'tp' failed" in c or "'dp' failed" in c for _, causes in res[:3] for c in causes), res[:3]
 
 
+def _split_failure_first(rank, n, addr):
+    """Communicators {0, 2} and {1, 3} split from the group's; at step 2 slot 1 dies and slot 2 is busy for 6 s in a
+    C call holding the GIL: slot 3 meets the failure in its split communicator first, slot 0 waits in its own for slot
+    2. Returns how long slot 0's step took to fail, and the reshape's kind and members (slot 2: "excluded")."""
+    import ctypes
+
+    group = ElasticGroup(_store(addr), rank, n, backend="host", timeout=20.0, window=1.0, name="splitfirst")
+    sub = group.comm.split(group.rank % 2)
+    t0 = time.monotonic()
+    for step in range(3):
+        if step == 2 and group.slot == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if step == 2 and group.slot == 2:
+            ctypes.PyDLL(None).usleep(6_000_000)
+        t0 = time.monotonic()
+        try:
+            sub.all_reduce(np.ones(4))
+            group.comm.all_reduce(np.ones(4))
+        except pycoll.CommFailure:
+            failed_after = time.monotonic() - t0
+            try:
+                group.reshape()
+            except Excluded:
+                return "excluded"
+            out = (failed_after, time.monotonic() - t0, group.transitions[-1].kind, group.members)
+            group.close()
+            return out
+        group.commit(step)
+    return "no failure"
+
+
+@pytest.mark.timeout(90)
+def test_a_member_waiting_in_a_split_communicator_comes_to_a_reshape_a_split_failure_started(server):
+    """The first failure met in a communicator split from the group's (slot 3's peer there died) made a "requested"
+    reshape: the others only expected a revoke, and slot 0, waiting in its split communicator for slot 2 (busy, then
+    left out), waited for slot 2's 6 s (its timeout, had slot 2 stayed away). A split's failure is the group's:
+    every member's communicators made from it are revoked at the flag."""
+    res = run_ranks(_split_failure_first, 4, server, timeout=60, may_die=[1])
+    assert isinstance(res[1], Died) and res[2] == "excluded", res
+    for slot in (0, 3):
+        failed_after, reshaped_after, kind, members = res[slot]
+        assert failed_after < 3.0 and reshaped_after < 4.5, res
+        assert kind == "shrink" and members == (0, 3), res
+
+
 def _reshape_failure(rank, n, addr):
     """Slot 3 dies; slot 2 dies while the others are reshaping (after vouching for itself). A member still finishing
     the first all_reduce when slot 0 begins the reshape has it failed by the reshape's revoke: that one too leads to
