@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from .._core import DLPACK_CAPSULE_DESTRUCTOR
+from .._dtypes import BY_CODE, numpy_code
 from ..devices import register_framework_stream
 from .runtime import EmulatedCudaRuntime, EmulatedFramework
 
@@ -77,8 +78,9 @@ class _EmulatedArray:
     @classmethod
     def over(cls, rt: EmulatedCudaRuntime, owner: Any, ptr: int, shape: Tuple[int, ...], dtype: Any, *,
              device: int = 0) -> Any:
-        """An array over existing "device" memory at ``ptr`` (no copy), keeping ``owner`` alive."""
-        dt = np.dtype(dtype)
+        """An array over existing "device" memory at ``ptr`` (no copy), keeping ``owner`` alive. ``dtype`` is read
+        as the framework this array stands for reads it (:func:`_host_dtype`)."""
+        dt = _host_dtype(dtype, cls.framework_attr)
         nbytes = dt.itemsize * int(np.prod(shape, dtype=np.int64))
         raw = np.asarray(_Memory(owner, ptr, max(nbytes, 1)))[:nbytes]
         self = cls.__new__(cls)
@@ -87,6 +89,46 @@ class _EmulatedArray:
         if isinstance(self, TorchLikeTensor):
             self.dlpack_calls = []
         return self
+
+
+def _host_dtype(dtype: Any, framework: str) -> np.dtype:
+    """The numpy dtype in which an emulated array of ``framework`` (``"torch"``, ``"cupy"``) keeps elements of
+    ``dtype``: whatever the GPU path (:mod:`pycoll.memory`) takes, read as that framework reads it (torch's
+    ``"float"`` is float32, numpy's float64), bfloat16 and the float8 types as ml_dtypes' types (as pycoll's numpy
+    buffers have them). TypeError naming ``dtype`` for one that has no such type."""
+    torch_size = None
+    wanted = dtype
+    if framework == "torch" or type(dtype).__module__ == "torch":
+        try:
+            import torch
+        except ImportError:  # no torch to read the name: numpy reads it
+            pass
+        else:
+            from ..memory import _torch_dtype
+
+            try:
+                t = _torch_dtype(dtype)
+            except (TypeError, ValueError):
+                raise TypeError(f"dtype {dtype!r} is no torch dtype") from None
+            wanted, torch_size = str(t)[len("torch."):], torch.empty((), dtype=t).element_size()
+    try:
+        dt = np.dtype(wanted)
+    except TypeError:
+        try:
+            import ml_dtypes  # noqa: F401  (registers the bfloat16 and float8 names with numpy)
+        except ImportError:
+            raise TypeError(f"dtype {dtype!r} has no numpy type for the emulated GPU to keep its data in (bfloat16 "
+                            "and the float8 types need the ml_dtypes package, which is not installed)") from None
+        try:
+            dt = np.dtype(wanted)
+        except TypeError:
+            raise TypeError(f"dtype {dtype!r} has no numpy or ml_dtypes type for the emulated GPU to keep its data "
+                            "in") from None
+    if dt.hasobject or (torch_size is not None and dt.itemsize != torch_size):
+        raise TypeError(f"dtype {dtype!r} has no numpy or ml_dtypes type for the emulated GPU to keep its data in"
+                        + (f" (numpy's {dt} has {dt.itemsize}-byte elements, torch's {torch_size})"
+                           if torch_size is not None and dt.itemsize != torch_size else ""))
+    return dt
 
 
 class _Memory:
@@ -146,7 +188,18 @@ _DELETER_FN = _DELETER(_delete)
 
 # in C: a capsule may die while an exception propagates, and Python code must not run then
 _DESTRUCTOR_ADDR = DLPACK_CAPSULE_DESTRUCTOR
-_DL_CODES = {"i": 0, "u": 1, "f": 2}
+_DL_CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}  # numpy's builtin kinds -> DLDataTypeCode
+
+
+def _dl_dtype(dt: np.dtype) -> _DLDataType:
+    code = numpy_code(dt)  # NCCL's types first: ml_dtypes' float8_e5m2 has numpy's kind "f", DLPack's code is 12
+    if code is not None:
+        dl, bits = BY_CODE[code].dlpack
+    elif dt.kind in _DL_CODES and dt.type.__module__ == "numpy":
+        dl, bits = _DL_CODES[dt.kind], dt.itemsize * 8
+    else:
+        raise BufferError(f"__dlpack__: the emulated GPU has no DLPack type code for dtype {dt}")
+    return _DLDataType(dl, bits, 1)
 
 
 def _capsule(arr: np.ndarray, device: int, versioned: bool) -> Any:
@@ -156,7 +209,7 @@ def _capsule(arr: np.ndarray, device: int, versioned: bool) -> Any:
     t.data = arr.ctypes.data
     t.device = _DLDevice(KDL_CUDA, device)
     t.ndim = arr.ndim
-    t.dtype = _DLDataType(_DL_CODES[arr.dtype.kind], arr.dtype.itemsize * 8, 1)
+    t.dtype = _dl_dtype(arr.dtype)
     t.shape = ctypes.addressof(shape)
     t.strides = None
     t.byte_offset = 0

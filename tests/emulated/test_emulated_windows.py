@@ -127,6 +127,55 @@ def test_mem_alloc_gives_cuda_like_arrays_that_make_windows_and_pools():
         assert r["alive_after_destroy"] == [rank + 1.0] * 4
 
 
+def _mem_alloc_dtypes(rank, n, uid):
+    import ml_dtypes
+    import torch
+
+    import pycoll
+
+    comm, rt = _setup(rank, n, uid)
+    out = {}
+    for dt in (torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2, "bfloat16", "float",
+               "half", np.float16, np.dtype(ml_dtypes.bfloat16)):
+        a = comm.mem_alloc(4, dt, like="torch")
+        out[repr(dt)] = (type(a).__name__, str(a.host.dtype), a.host.nbytes)
+    pool = pycoll.SymmetricPool(comm, 4096)
+    p = pool.empty((2, 2), torch.bfloat16, like="torch")
+    out["pool"] = (str(p.host.dtype), p.shape)
+    for dt in (torch.bfloat16, torch.float8_e5m2):  # DLPack's codes for them: the collective reads the right type
+        a = comm.mem_alloc(4, dt, like="torch")
+        a.host[...] = rank + 1
+        comm.all_reduce(a)
+        out[f"sum {dt}"] = a.numpy().astype(np.float32).tolist()
+    for dt in (torch.bits8, "bits16", torch.float4_e2m1fn_x2):  # no numpy type: named in a clear error
+        try:
+            comm.mem_alloc(4, dt, like="torch")
+            out[f"bad {dt}"] = None
+        except (TypeError, ValueError) as e:
+            out[f"bad {dt}"] = f"{type(e).__name__}: {e}"
+    pool.close()
+    comm.destroy()
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_mem_alloc_takes_the_torch_dtypes_and_names_the_gpu_path_takes():
+    # the emulated arrays read ``dtype`` with numpy: torch.float32 and "bfloat16" were numpy TypeErrors there, while
+    # the host backend and the GPU path take them
+    pytest.importorskip("torch")
+    pytest.importorskip("ml_dtypes")
+    for r in H.run_ranks(_mem_alloc_dtypes, 2, H.uid()):
+        assert r["torch.float32"] == r["'float'"] == ("TorchLikeTensor", "float32", 16)  # torch's "float": float32
+        assert r["torch.bfloat16"] == r["'bfloat16'"] == r["dtype(bfloat16)"] == ("TorchLikeTensor", "bfloat16", 8)
+        assert r["torch.float8_e4m3fn"] == ("TorchLikeTensor", "float8_e4m3fn", 4)
+        assert r["torch.float8_e5m2"] == ("TorchLikeTensor", "float8_e5m2", 4)
+        assert r["'half'"] == r["<class 'numpy.float16'>"] == ("TorchLikeTensor", "float16", 8)
+        assert r["pool"] == ("bfloat16", (2, 2))
+        assert r["sum torch.bfloat16"] == r["sum torch.float8_e5m2"] == [3.0] * 4
+        for dt in ("torch.bits8", "bits16", "torch.float4_e2m1fn_x2"):
+            assert r[f"bad {dt}"] is not None and dt in r[f"bad {dt}"], r[f"bad {dt}"]
+
+
 # -- one-sided operations on the emulated device's streams ---------------------------------------------
 
 
