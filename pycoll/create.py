@@ -20,7 +20,7 @@ from .config import CommConfig
 from .devices import Device, auto_backend, cuda_device_count, open_device, rocm_device_count
 from .diagnostics import install as _install_diagnostics
 from .diagnostics.exits import arm_sigterm
-from .errors import CommAborted, CommTimeout, NCCLError, PycollError, StoreError, StoreTimeout
+from .errors import CommAborted, CommTimeout, InProgressError, NCCLError, PycollError, StoreError, StoreTimeout
 from .launch import discovery
 from .store.torch import store_argument
 
@@ -100,6 +100,22 @@ def _abort_new(lib: Any, exc: NCCLError) -> None:
     if h:
         with contextlib.suppress(NCCLError):
             lib.comm_abort(h)
+
+
+def _poll_all_new(lib: Any, handles: Sequence[int], what: str) -> None:
+    """Wait for the nonblocking inits of one process's communicators (``ncclCommInitAll``'s) within
+    ``$PYCOLL_INIT_TIMEOUT``; on a failure, the deadline or Ctrl-C abort them all (the ranks of one communicator: a
+    rank left behind would wait for the others for ever)."""
+    timeout = _default_init_timeout()
+    deadline = time.monotonic() + timeout
+    try:
+        for h in handles:
+            poll_ready(lib, h, what, max(0.0, deadline - time.monotonic()), reported_timeout=timeout)
+    except BaseException:
+        for h in handles:
+            with contextlib.suppress(NCCLError):
+                lib.comm_abort(h)
+        raise
 
 
 def _local_rank() -> int:
@@ -627,6 +643,8 @@ def init_all(devices: Any, *, backend: str = "auto", library: Any = None, timeou
     They are blocking communicators, as NCCL makes them: ``destroy()`` finalizes, which waits for every rank's,
     so end them with :func:`abort_all`, or destroy each from a thread of its own (:meth:`Communicator.hand_off`);
     one thread destroying them in turn gets a :class:`pycoll.CommTimeout` at the first one's timeout.
+    ``NCCL_COMM_BLOCKING=0`` makes them nonblocking (NCCL's init then returns them still initialising): they
+    are waited for here, within ``$PYCOLL_INIT_TIMEOUT``, and all aborted if one fails.
     """
     if isinstance(devices, bool):
         raise TypeError("devices must be an int or a sequence of device ordinals, not bool")
@@ -644,7 +662,11 @@ def init_all(devices: Any, *, backend: str = "auto", library: Any = None, timeou
     _settings.check_all()  # as init: before the communicators exist
     _, lib = load_library(backend, library)
     _install_diagnostics()
-    handles = lib.comm_init_all(len(devlist), devlist)
+    try:
+        handles = lib.comm_init_all(len(devlist), devlist)
+    except InProgressError as exc:  # NCCL_COMM_BLOCKING=0: every handle is valid, still initialising
+        handles = list(getattr(exc, "comms", None) or ())
+        _poll_all_new(lib, handles, f"ncclCommInitAll of {len(handles)} ranks")
     comms: list = []
     try:
         for h in handles:

@@ -221,7 +221,12 @@ cdef class Library:
         return (<uintptr_t>c, status)
 
     def comm_init_all(self, ndev, devlist=None):
-        """ncclCommInitAll: one communicator per device of this process (devlist None = 0..ndev-1)."""
+        """ncclCommInitAll: one communicator per device of this process (devlist None = 0..ndev-1).
+
+        Blocking, unless NCCL_COMM_BLOCKING=0 in the environment makes them nonblocking: the library
+        then answers ncclInProgress with every handle valid, and InProgressError is raised with them
+        in its ``comms`` attribute: poll comm_get_async_error on each, or comm_abort them all.
+        """
         cdef int n = _cint(ndev, "ndev", 1)
         cdef ncclComm_t* comms
         cdef int* devs = NULL

@@ -194,13 +194,14 @@ NCCL_API ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* de
   ncclUniqueId id;
   ncclResult_t r = ncclGetUniqueId(&id);
   if (r != ncclSuccess) return r;
-  ncclConfig_t cfg;
-  config_defaults(&cfg);
-  cfg.blocking = 1; /* like NCCL: InitAll is blocking whatever NCCL_COMM_BLOCKING says */
+  /* NCCL's default config, as ncclCommInitRank's: NCCL_COMM_BLOCKING=0 makes these communicators nonblocking
+   * too, and then the group end answers ncclInProgress with every handle valid, to be polled with
+   * ncclCommGetAsyncError (NCCL's init.cc does the same: its NCCLCHECKGOTO lets ncclInProgress through). */
   ncclGroupStart();
-  for (int i = 0; i < ndev; i++) init_common(&comms[i], ndev, 1, &id, i, &cfg, "ncclCommInitAll", devlist ? devlist[i] : i);
+  for (int i = 0; i < ndev; i++)
+    init_common(&comms[i], ndev, 1, &id, i, NULL, "ncclCommInitAll", devlist ? devlist[i] : i);
   r = ncclGroupEnd();
-  if (r != ncclSuccess) {
+  if (r != ncclSuccess && r != ncclInProgress) {
     for (int i = 0; i < ndev; i++)
       if (comms[i]) {
         ncclCommAbort(comms[i]);

@@ -323,8 +323,10 @@ NCCL_API ncclResult_t ncclCommGetUniqueId(ncclComm_t comm, ncclUniqueId* uniqueI
       if (r == ncclSuccess) c->grow_id_pending = true;
     }
     pthread_mutex_unlock(&c->mu);
-    if (r == ncclInvalidUsage)
-      CWARN(c, "ncclCommGetUniqueId : the previous grow unique id of this communicator was not used by ncclCommGrow yet");
+    if (r == ncclInvalidUsage) /* what to do: the id it gave is still the next grow's (a refused grow leaves it so) */
+      CWARN(c, "ncclCommGetUniqueId : this communicator already gave a grow unique id that no ncclCommGrow has used "
+               "yet (an ncclCommGrow refused at its argument checks does not use it): pass that id to ncclCommGrow; "
+               "a new one is given only once a grow used it");
   }
   comm_release(c);
   return r;
@@ -349,12 +351,16 @@ NCCL_API ncclResult_t ncclCommGrow(ncclComm_t comm, int nRanks, const ncclUnique
   ncclResult_t r;
   if (comm) {
     if ((r = comm_acquire(comm, "ncclCommGrow", &p)) != ncclSuccess) return group_note_error(r);
+    /* these refusals leave the id unused (as NCCL's, before its childCount moves): say it may be passed again */
+    const char* id_note = uniqueId ? "; this call did not use its unique id, which can be passed again to ncclCommGrow"
+                                   : "";
     if (nRanks <= p->nranks) {
-      CWARN(p, "ncclCommGrow: total ranks %d is less than current ranks %d", nRanks, p->nranks);
+      CWARN(p, "ncclCommGrow: total ranks %d must be greater than the current ranks %d (a grow adds ranks)%s", nRanks,
+            p->nranks, id_note);
       r = ncclInvalidArgument;
     } else if ((r = comm_ensure_ready(p, "ncclCommGrow")) != ncclSuccess) {
     } else if (rank != -1) {
-      CWARN(p, "ncclCommGrow: existing ranks must pass rank=-1, got %d", rank);
+      CWARN(p, "ncclCommGrow: existing ranks must pass rank=-1, got %d%s", rank, id_note);
       r = ncclInvalidArgument;
     } else {
       pthread_mutex_lock(&p->mu);

@@ -138,7 +138,7 @@ def test_misuse_table(comms):
         (lambda: l.mem_free(0x1000), errors.InvalidArgument, "not allocated by ncclMemAlloc"),
         (lambda: l.comm_deregister(c0, 0x1234), errors.InvalidArgument, "not registered"),
         (lambda: l.win_get_user_ptr(c0, 0x1234), errors.InvalidArgument, "not registered"),
-        (lambda: l.comm_grow(c0, 2, None, -1), errors.InvalidArgument, "less than current ranks"),
+        (lambda: l.comm_grow(c0, 2, None, -1), errors.InvalidArgument, "must be greater than the current ranks 2"),
         (lambda: l.comm_grow(None, 3, l.get_unique_id(), 2), errors.InvalidArgument, "ncclCommGetUniqueId"),
     ]
     for call, exc, text in table:
@@ -155,6 +155,35 @@ def test_misuse_table(comms):
     # argument errors leave the communicator usable
     _grouped(l, [lambda c=c, x=x: l.all_reduce(ptr(x), ptr(x), 8, F32, SUM, c) for c, x in ((c0, a), (c1, a.copy()))])
     assert a[0] == 2.0
+
+
+def test_a_grow_refused_at_its_argument_checks_leaves_its_id_for_the_next_grow_and_says_so():
+    # the same size was "total ranks 1 is less than current ranks 1", and asking for a fresh id afterwards said
+    # only that the previous one "was not used by ncclCommGrow yet", though it had just been passed to one
+    l = lib()
+    c = l.comm_init_rank(1, l.get_unique_id(), 0)
+    big = new = 0
+    try:
+        grow_id = l.comm_get_unique_id(c)
+        with pytest.raises(errors.InvalidArgument) as ei:
+            l.comm_grow(c, 1, grow_id, -1)
+        assert ("total ranks 1 must be greater than the current ranks 1 (a grow adds ranks); this call did not use "
+                "its unique id, which can be passed again to ncclCommGrow") in ei.value.last_error
+        with pytest.raises(errors.InvalidUsage) as ei:
+            l.comm_get_unique_id(c)
+        assert ("already gave a grow unique id that no ncclCommGrow has used yet (an ncclCommGrow refused at its "
+                "argument checks does not use it): pass that id to ncclCommGrow") in ei.value.last_error
+        joined = {}
+        t = threading.Thread(target=lambda: joined.setdefault("slot", l.comm_grow(None, 2, grow_id, 1)[0]))
+        t.start()
+        slot, _ = l.comm_grow(c, 2, grow_id, -1)  # the id passed again: the grow takes it
+        t.join(20)
+        big, new = slot.value, joined["slot"].value
+        assert [l.comm_count(big), l.comm_user_rank(big), l.comm_user_rank(new)] == [2, 0, 1]
+    finally:
+        for h in (new, big, c):
+            if h:
+                l.comm_destroy(h)
 
 
 def test_use_after_destroy_and_abort(comms):
@@ -407,6 +436,31 @@ def test_init_all_and_one_thread_driving_every_rank():
     _grouped(l, [lambda c=c: l.comm_finalize(c) for c in cs])
     for c in cs:  # destroy is local: a plain loop cannot deadlock
         l.comm_destroy(c)
+
+
+def test_init_all_under_nccl_comm_blocking_0_returns_its_communicators_initialising(monkeypatch):
+    # NCCL applies NCCL_COMM_BLOCKING to InitAll's communicators too and answers ncclInProgress with every handle
+    # valid; the host library aborted them and left the binding nothing to pass on (comms == [0, 0])
+    monkeypatch.setenv("NCCL_COMM_BLOCKING", "0")
+    l = lib()
+    with pytest.raises(errors.InProgressError) as info:
+        l.comm_init_all(2, [1, 0])
+    cs = info.value.comms
+    try:
+        assert len(cs) == 2 and all(cs), cs
+        assert [wait_ready(c) for c in cs] == [0, 0]
+        assert [l.comm_user_rank(c) for c in cs] == [0, 1] and [l.comm_cu_device(c) for c in cs] == [1, 0]
+        xs = [np.full(4, r + 1, np.float32) for r in range(2)]
+        l.group_start()
+        for x, c in zip(xs, cs, strict=True):
+            l.all_reduce(ptr(x), ptr(x), 4, F32, SUM, c)
+        l.group_end()
+        assert [wait_ready(c) for c in cs] == [0, 0]
+        assert all(x.tolist() == [3.0] * 4 for x in xs)
+    finally:
+        for c in cs:
+            if c:
+                l.comm_abort(c)
 
 
 def test_group_simulate_end_estimates_without_running(comms):

@@ -292,6 +292,20 @@ def test_a_handle_its_maker_aborted_fails_the_communicator_once(monkeypatch, tmp
     c.destroy()
 
 
+def test_init_all_waits_for_the_communicators_nccl_comm_blocking_0_makes_nonblocking(monkeypatch):
+    # NCCL's InitAll then answers ncclInProgress with the handles still initialising: init_all raised that
+    # InProgressError and left them to nobody
+    monkeypatch.setenv("NCCL_COMM_BLOCKING", "0")
+    with _ranks(2, backend="host", timeout=20) as comms:
+        assert [c.rank for c in comms] == [0, 1] and all(c.owns_handle for c in comms)
+        xs = [np.full(3, float(i + 1), np.float32) for i in range(2)]
+        with comms[0].group():
+            works = [c.all_reduce(x, async_op=True) for c, x in zip(comms, xs, strict=True)]
+        for w in works:
+            w.wait()
+        assert all(x.tolist() == [3.0] * 3 for x in xs)
+
+
 def test_a_blocking_communicators_destroy_is_bounded_by_its_timeout():
     # init_all's communicators are blocking, as NCCL makes them: ncclCommFinalize returns only once every rank
     # finalized. destroy(timeout) from the one thread waited inside it for ever (Ctrl-C did not end it either)
