@@ -71,7 +71,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 from ..hooks import Progress
 from .plot import plot_trace
 from .stacks import is_runtime_frame
-from .trace import build_trace, write_trace
+from .trace import build_trace, never_ran, write_trace
 
 __all__ = ["load_generation", "find_generations", "analyze", "analyze_dir", "format_report", "trace_dir", "InvalidDump",
            "main"]
@@ -623,7 +623,8 @@ def _store_view(dumps: Dict[int, Dict[str, Any]], uid: str, local: int) -> Optio
     return best
 
 
-def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_limit: int) -> Dict[str, Any]:
+def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_limit: int,
+                   stacks: Optional[Dict[int, Dict[str, Any]]] = None) -> Dict[str, Any]:
     uid, members = g["uid"], g["members"]
     size = len(members)
     local_of = {gr: i for i, gr in enumerate(members)}
@@ -636,7 +637,8 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
                            "missing_dumps": [r for r in members if r not in present], "foreign_dumps": foreign,
                            "problems": [],
                            "first_divergence": None,
-                           "matched_through": None, "p2p": [], "failures": [], "missing_dump_info": {},
+                           "matched_through": None, "dropped": [], "in_groups": [], "p2p": [], "failures": [],
+                           "missing_dump_info": {},
                            "hosts": {r: str((dumps[r].get("pycoll") or {}).get("hostname") or "") for r in present}}
     coll: Dict[int, Dict[int, Dict[str, Any]]] = {}
     p2p: Dict[int, List[Dict[str, Any]]] = {}
@@ -680,6 +682,7 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
             res["own_dump"][r] += f", then {b['comm']!r} (ranks {_fmt_ranks(b['members'])}) {b['op']} {b['state']}"
     res["main_thread"] = {r: site for r in present if (site := _main_site(dumps[r]))}
     res["earlier_main_thread"] = {r: site for r in present if (site := _earlier_site(dumps[r]))}
+    res["signal_stacks"] = _signal_stacks(stacks or {}, dumps, present)
     res["captured"] = _captured(present, coll, p2p, members)
     res["stale_dumps"] = _stale(dumps, uid, present, coll, res, local_of)
 
@@ -700,10 +703,20 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
         shown.update({r: max(st["through"], start - 1) for r, st in res["stale_dumps"].items()})
         for s in seqs:
             outdated = [r for r, st in res["stale_dumps"].items() if s > st["through"]]
+            if _dropped_everywhere(s, [r for r in present if r not in outdated], coll):
+                # its group() was dropped on every rank (their blocks raised): nothing ran anywhere, which is legal and
+                # no divergence; the ranks meet again at the next collective. It shows no rank's part (not ``shown``)
+                res["dropped"].append(_describe(next(coll[r][s] for r in present if s in coll[r])))
+                continue
             div = _check_seq(s, [r for r in present if r not in outdated], coll, last, latest, size, res, local_of,
                              stack_limit, outdated)
             if div is not None and not div["mismatch"] and _failed_with_a_later_one(s, present, coll):
                 continue  # its group failed on a later collective's mismatch: that one is the divergence
+            if div is not None and _waits_for_its_group(div, coll):
+                # it completes with a later collective of its group: the group's divergence is there
+                res["in_groups"].append({"op": div["op"], "completed": div["completed"], "ranks": {
+                    r: info["group"] for r, info in div["in_flight"].items() if info["group"]}})
+                continue
             if div is not None:
                 res["first_divergence"] = div
                 break
@@ -712,7 +725,12 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
             for r in _parts_shown(done, res["missing_dumps"] + outdated, members):
                 shown[r] = s
         res["unshown"] = _unshown(res, shown, coll, present)
-    res["p2p"] = _check_p2p(members, present, p2p, stack_limit)
+    # a rank whose ring no longer holds its first sends and receives on it: their per-peer order is cut
+    cut = {r: first for r in present if (first := _p2p_history_start(dumps[r], uid, p2p[r])) > 1}
+    for r, first in sorted(cut.items()):
+        res["problems"].append(f"point-to-point history of rank {r} starts at p2p #{first} (older entries were "
+                               "overwritten): its sends and receives are compared over what both sides still hold")
+    res["p2p"] = _check_p2p(members, present, p2p, stack_limit, cut)
     if res["first_divergence"] is not None:
         # a rank that never entered the operation because it is held in an operation of its own
         # or because the recovery stopped it first: its failure of this communicator is the revoke the elastic
@@ -722,7 +740,8 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
             info["blocked_in"] = _blocked_in(dumps[r], uid, members, res["p2p"], r)
             info["revoked"] = r in revoked
         # an operation its rank's dump does not count as issued (the progress it gives) waits in a group() there
-        # that had not ended: the group issues it as it ends
+        # that had not ended: the group issues it as it ends (``grouped``; one of a group that ended, issued, is not:
+        # its ``group`` names the collectives it completes with)
         seq = res["first_divergence"]["seq"]
         for r, info in res["first_divergence"]["in_flight"].items():
             p = ((((dumps[r].get("pycoll") or {}).get("comms") or {}).get(uid) or {}).get("progress") or {})
@@ -736,6 +755,22 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
         (dumps[r].get("pycoll") or {}).get("trigger") == "failure"
         and not (((dumps[r].get("pycoll") or {}).get("comms") or {}).get(uid) or {}).get("failure") for r in present)
     return res
+
+
+def _signal_stacks(stacks: Dict[int, Dict[str, Any]], dumps: Dict[int, Dict[str, Any]], present: List[int]
+                   ) -> Dict[int, Dict[str, Any]]:
+    """The ranks of ``present`` whose process left stacks on the dump signal (:func:`find_stacks`: written from C as
+    the signal came, so they show a main thread held in a C call that keeps the GIL, where the dump that its Python
+    handler made later shows where it was once the call returned): rank -> that item, only where its ``pid`` is
+    the one the rank's dump records (the stacks of another run's process in a dump folder used again are not
+    its)."""
+    out: Dict[int, Dict[str, Any]] = {}
+    for r in present:
+        st = stacks.get(r)
+        pid = (dumps[r].get("pycoll") or {}).get("pid")
+        if st is not None and st.get("site") and st.get("pid") is not None and st["pid"] == pid:
+            out[r] = st
+    return out
 
 
 #: a dump written this much earlier (s) than the first failure another rank recorded on its communicator predates that
@@ -897,6 +932,12 @@ def _captured_text(c: Dict[str, Any], limit: int = 6) -> str:
     return ", ".join(items[:limit]) + (f" and {more} more" if more > 0 else "")
 
 
+def _listed(items: Sequence[str], limit: int = 6) -> str:
+    """``items`` joined with commas, the ones past ``limit`` counted."""
+    more = len(items) - limit
+    return ", ".join(items[:limit]) + (f" and {more} more" if more > 0 else "")
+
+
 def _first_p2p(c: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     """The point-to-point issue communicator report ``c``'s verdict names: the first one of a transfer without its
     other side or with sides that differ, where there is one, before one merely not completed (a send whose receive
@@ -925,6 +966,13 @@ def _troubled(c: Dict[str, Any]) -> bool:
         return bool((d is not None and d["mismatch"]) or c["p2p"])
     return (d is not None or bool(c["p2p"]) or bool(c["missing_dumps"])
             or bool(c["failures"] and c.get("unrecorded")))
+
+
+def _dropped_everywhere(s: int, present: List[int], coll: Dict[int, Dict[int, Dict[str, Any]]]) -> bool:
+    """Whether collective #``s`` never ran on any rank of ``present`` (those with a dump that reaches it) and each of
+    them recorded it so (:func:`~pycoll.diagnostics.trace.never_ran`: its group dropped or refused): every rank left
+    it alike, so none waits for another there."""
+    return bool(present) and all(s in coll[r] and never_ran(coll[r][s]) for r in present)
 
 
 def _check_seq(s: int, present: List[int], coll: Dict[int, Dict[int, Dict[str, Any]]],
@@ -985,7 +1033,8 @@ def _check_seq(s: int, present: List[int], coll: Dict[int, Dict[int, Dict[str, A
             div["captured"].append(r)
         else:
             div["in_flight"][r] = {"state": e.get("state"), "site": _site(e), "stack": _stack(e, stack_limit),
-                                   "error": e.get("pycoll_error"), "enqueued_ns": e.get("time_created_ns")}
+                                   "error": e.get("pycoll_error"), "enqueued_ns": e.get("time_created_ns"),
+                                   "group": _group_of(e)}
     if not absent and not div["mismatch"] and not div["in_flight"]:
         return None  # completed (or captured) on every rank with a dump: the ranks without one took part too
     for r in res["missing_dumps"]:
@@ -1165,6 +1214,35 @@ def _failed_with_a_later_one(s: int, present: List[int], coll: Dict[int, Dict[in
     return n is not None and n > s and all(n in coll[r] for r in present)
 
 
+# a group's timeout names the operations that complete with the one it gave up: "... it completes with its group:
+# all_reduce #2, all_reduce #3, send #1 with peer 1" (its collectives' numbers are the communicator's)
+_GROUP_RE = re.compile(r"it completes with its group: ([^;]*)")
+_GROUP_COLL_RE = re.compile(r"\b(\w+) #(\d+)(?! with)")
+
+
+def _group_of(e: Dict[str, Any]) -> List[int]:
+    """The collective numbers of the group whose operations complete with entry ``e``'s (they share its end event,
+    ARCHITECTURE.md), as the timeout in its error names them; [] where it names none (not grouped, or not failed
+    by a timeout: the dump keeps no other trace of a group)."""
+    m = _GROUP_RE.search(str(e.get("pycoll_error") or ""))
+    return sorted(int(n) for _, n in _GROUP_COLL_RE.findall(m.group(1))) if m else []
+
+
+def _waits_for_its_group(div: Dict[str, Any], coll: Dict[int, Dict[int, Dict[str, Any]]]) -> bool:
+    """Whether divergence ``div`` (of collective #s) is only that of a later collective of a group: every rank with a
+    dump entered #s alike, and a rank where it did not complete has it in a group (:func:`_group_of`) with a later
+    collective it issued. The group's operations complete (or fail) together, so #s waits for that one -- which
+    another rank may never have issued (it grouped fewer): the divergence is there, where the analysis goes on. Not
+    where #s never ran on a rank (its group dropped there): that is the divergence."""
+    if div["never_entered"] or div["skipped"] or div["mismatch"] or not div["in_flight"]:
+        return False
+    if any(str(info.get("error") or "").startswith("CommStateError") and " never ran" in str(info["error"])
+           for info in div["in_flight"].values()):
+        return False
+    s = div["seq"]
+    return any(any(t > s and t in coll[r] for t in info["group"]) for r, info in div["in_flight"].items())
+
+
 def _library_calls(got: Dict[int, Dict[str, Any]], members: List[int], local_of: Dict[int, int]
                    ) -> Dict[int, Dict[str, str]]:
     """Global rank -> the call the library saw it make (count, datatype, op, root), from the entries' errors (those
@@ -1208,10 +1286,40 @@ def _side(x: Optional[Dict[str, Any]], rank: int) -> Optional[Dict[str, Any]]:
             "state": x.get("state")}
 
 
+def _p2p_history_start(dump: Dict[str, Any], uid: str, held: List[Dict[str, Any]]) -> int:
+    """The p2p number of the first send or receive on communicator ``uid`` that a rank's dump holds (``held``, in
+    order): 1 where its ring still holds them all; past the last it issued (its progress counters) where it holds
+    none of them."""
+    if held:
+        return min(int(e.get("p2p_seq_id") or 0) for e in held)
+    progress = ((((dump.get("pycoll") or {}).get("comms") or {}).get(uid) or {}).get("progress") or {})
+    return int(progress.get("p2p_enqueued") or 0) + 1
+
+
+def _aligned(ss: List[Dict[str, Any]], rr: List[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+    """The sends ``ss`` of one rank to another and that one's receives ``rr`` from it, as two rings cut at different
+    points hold them (each a suffix of its side's), aligned: a transfer between two ranks completes in their order,
+    so the last completed receive meets the last completed send -- their completed ones are aligned at their ends,
+    the older ones only one side still holds left out, and what follows (not completed) is compared from there. A
+    send that completed without its receive (the eager lane) cannot be told from one whose receive the ring lost: it
+    is not called unmatched here."""
+    def tail(xs: List[Dict[str, Any]]) -> int:
+        n = 0
+        while n < len(xs) and _outstanding(xs[len(xs) - 1 - n]):
+            n += 1
+        return n
+
+    ts, tr = tail(ss), tail(rr)
+    n = min(len(ss) - ts, len(rr) - tr)
+    return ss[len(ss) - ts - n:], rr[len(rr) - tr - n:]
+
+
 def _check_p2p(members: List[int], present: List[int], p2p: Dict[int, List[Dict[str, Any]]],
-               stack_limit: int) -> List[Dict[str, Any]]:
+               stack_limit: int, cut: Optional[Dict[int, int]] = None) -> List[Dict[str, Any]]:
     """Pair the k-th send src->dst with the k-th recv at dst from src (a sendrecv a<->b is a send a->b and a recv at
-    a from b); report the first problem per pair.
+    a from b); report the first problem per pair. Where either rank's history is ``cut`` (rank -> the p2p number its
+    dump starts at, :func:`_p2p_history_start`), the two sides are :func:`_aligned` first, and an issue names its
+    operations by their p2p numbers (which one of the pair's it is, is not known).
 
     An issue's ``kind``: ``no_recv`` (a send with no matching recv), ``no_send``, ``mismatch`` (sizes or dtypes;
     ``detail`` says how), ``incomplete`` (matched, not completed); ``send`` and ``recv`` are its two sides
@@ -1232,30 +1340,38 @@ def _check_p2p(members: List[int], present: List[int], p2p: Dict[int, List[Dict[
     for pair in sorted(set(sends) | set(recvs)):
         src, dst = pair
         ss, rr = sends.get(pair, []), recvs.get(pair, [])
+        wrapped = src in (cut or {}) or dst in (cut or {})
+        if wrapped:
+            ss, rr = _aligned(ss, rr)
         for k in range(max(len(ss), len(rr))):
             s = ss[k] if k < len(ss) else None
             r = rr[k] if k < len(rr) else None
             issue = kind = detail = None
             if s is None and dst in present and src in present:
                 kind = "no_send"
-                issue = f"recv #{k + 1} on rank {dst} from rank {src} has no matching send on rank {src}"
+                what = f"recv (p2p #{r.get('p2p_seq_id')})" if wrapped and r is not None else f"recv #{k + 1}"
+                issue = f"{what} on rank {dst} from rank {src} has no matching send on rank {src}"
             elif r is None and src in present and dst in present:
                 kind = "no_recv"
-                issue = f"send #{k + 1} from rank {src} to rank {dst} has no matching recv on rank {dst}"
+                what = f"send (p2p #{s.get('p2p_seq_id')})" if wrapped and s is not None else f"send #{k + 1}"
+                issue = f"{what} from rank {src} to rank {dst} has no matching recv on rank {dst}"
             elif s is not None and r is not None and (  # element counts, as the library matches them (not shapes)
                     _numel(_sizes(s.get("input_sizes"))) != _numel(_sizes(r.get("output_sizes")))
                     or list(s.get("input_dtypes") or []) != list(r.get("output_dtypes") or [])):
                 kind = "mismatch"
                 detail = (f"send of {_sizes(s.get('input_sizes'))} {s.get('input_dtypes')} "
                           f"vs recv of {_sizes(r.get('output_sizes'))} {r.get('output_dtypes')}")
-                issue = f"send #{k + 1} {src}->{dst} of {detail[len('send of '):]}"
+                what = f"send (p2p #{s.get('p2p_seq_id')})" if wrapped else f"send #{k + 1}"
+                issue = f"{what} {src}->{dst} of {detail[len('send of '):]}"
             elif any(x is not None and _outstanding(x) for x in (s, r)):
                 def state(x: Optional[Dict[str, Any]], rank: int) -> str:
                     return str(x.get("state")) if x is not None else f"unknown: no dump from rank {rank}"
 
                 kind = "incomplete"
                 detail = f"send {state(s, src)}, recv {state(r, dst)}"
-                issue = f"transfer #{k + 1} {src}->{dst} not completed ({detail})"
+                what = "transfer" + (f" (p2p #{(s or r or {}).get('p2p_seq_id')} on rank {src if s else dst})"
+                                     if wrapped else f" #{k + 1}")
+                issue = f"{what} {src}->{dst} not completed ({detail})"
                 # what the library said where it failed (a size mismatch, a dead peer): the transfer's cause
                 failed = [(side, x) for side, x in (("send", s), ("recv", r))
                           if x is not None and x.get("pycoll_error")]
@@ -1353,14 +1469,16 @@ def _p2p_why(i: Dict[str, Any], issues: List[Dict[str, Any]]) -> str:
     return f"transfer {src}->{dst} not completed: {i['detail']}"
 
 
-def analyze(dumps: Dict[int, Dict[str, Any]], *, stack_limit: int = 8) -> Dict[str, Any]:
+def analyze(dumps: Dict[int, Dict[str, Any]], *, stack_limit: int = 8,
+            stacks: Optional[Dict[int, Dict[str, Any]]] = None) -> Dict[str, Any]:
     """Analyse one generation's dumps (``{global rank: dump}``); returns a JSON-ready report.
 
     Ranks are global throughout. Each of ``communicators`` carries its ``verdict`` (the text ``pycoll-fr``
     prints) and ``culprits`` (:func:`_culprits`), besides the facts they come from (``first_divergence``,
     ``p2p``, ``failures``, ``missing_dumps``, ...); ``ok`` is False when any communicator shows a problem.
     ``notes`` says what the analysis assumed where the dumps do not say (torch's gloo dumps: the groups' members),
-    which is no problem.
+    which is no problem. ``stacks``: the stacks the processes wrote on the dump signal (:func:`find_stacks`), which
+    the verdict on a late rank names where they are its process's.
     """
     problems: List[str] = []
     versions = {str(d.get("version")) for d in dumps.values()}
@@ -1383,7 +1501,7 @@ def analyze(dumps: Dict[int, Dict[str, Any]], *, stack_limit: int = 8) -> Dict[s
                 f" (replacing its dump{'s' if len(earlier) > 1 else ''} of {'; '.join(map(_trigger, earlier))})"
                 if earlier else "")
     for _uid, g in sorted(groups.items(), key=lambda kv: (kv[1]["name"], kv[0])):
-        c = _analyze_group(g, dumps, stack_limit)
+        c = _analyze_group(g, dumps, stack_limit, stacks)
         c["verdict"] = _verdict(c)
         c["culprits"] = _culprits(c)
         # its first_divergence is only where its ranks were at the dumps (a bystander that did not fail)
@@ -1397,10 +1515,10 @@ _STACKS_HEAD = re.compile(r"^pycoll rank (\d+) pid (\d+) host (\S+)")
 _FH_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (\S+)')
 
 
-def find_stacks(path: str) -> Dict[int, Dict[str, str]]:
-    """rank -> {"path", "site"} for the stacks faulthandler wrote on the dump signal (``<dump dir>/stacks``,
-    next to ``path`` or above it); ``site`` is where the main thread was, the last time."""
-    out: Dict[int, Dict[str, str]] = {}
+def find_stacks(path: str) -> Dict[int, Dict[str, Any]]:
+    """rank -> {"path", "site", "pid"} for the stacks faulthandler wrote on the dump signal (``<dump dir>/stacks``,
+    next to ``path`` or above it); ``site`` is where the main thread was, the last time; ``pid``, the process's."""
+    out: Dict[int, Dict[str, Any]] = {}
     for folder in (os.path.join(path, "stacks"), os.path.join(os.path.dirname(os.path.normpath(path)), "stacks")):
         if not os.path.isdir(folder):
             continue
@@ -1428,7 +1546,7 @@ def find_stacks(path: str) -> Dict[int, Dict[str, str]]:
             main = [b for b in blocks if b and b[-1][2] == "<module>"]
             site = _user_site(main[-1]) if main else ""
             if blocks:
-                out[int(m.group(1))] = {"path": full, "site": site}
+                out[int(m.group(1))] = {"path": full, "site": site, "pid": int(m.group(2))}
         break
     return out
 
@@ -1439,7 +1557,7 @@ def analyze_dir(path: str, *, prefix: Optional[str] = None, stack_limit: int = 8
     stacks = find_stacks(path)
     for gen, folder in find_generations(path):
         dumps, problems = load_generation(folder, prefix)
-        rep: Dict[str, Any] = analyze(dumps, stack_limit=stack_limit) if dumps else {
+        rep: Dict[str, Any] = analyze(dumps, stack_limit=stack_limit, stacks=stacks) if dumps else {
             "ranks": [], "versions": [], "problems": [], "notes": [], "communicators": [], "triggers": {},
             "ok": False}
         rep["problems"] = problems + rep["problems"]
@@ -1483,6 +1601,16 @@ def format_report(reports: List[Dict[str, Any]], *, stacks: bool = True) -> str:
                                 else ""))
                 for r, u in sorted((c.get("unshown") or {}).items()):
                     lines.append(f"    rank {r} ({_unshown_label(u)}): {_unshown_text(u)}")
+            for g in c.get("in_groups") or []:
+                alike: Dict[Tuple[int, ...], List[int]] = defaultdict(list)
+                for r, seqs in sorted(g["ranks"].items()):
+                    alike[tuple(seqs)].append(r)
+                lines.append(f"  {g['op']}: " + (f"completed on {_who(g['completed'])}; " if g["completed"] else "")
+                             + "; ".join(f"{_who(rs)} in a group of #{', #'.join(map(str, seqs))}, which completes "
+                                         "as one" for seqs, rs in alike.items()))
+            if c.get("dropped"):
+                lines.append("  never ran on any rank with a dump, its group() dropped on each (not a divergence): "
+                             + _listed(c["dropped"]))
             if c.get("captured"):
                 lines.append("  captured in a CUDA graph, not in flight (each runs at the graph's replays, which "
                              f"watch_stream puts a deadline on): {_captured_text(c)}")
@@ -1619,9 +1747,6 @@ _MISMATCH_NAMES = {"type": "operation type", "size": "size", "dtype": "dtype", "
                    "root": "root", "count": "count", "datatype": "datatype", "call": "collective call"}
 
 
-_LATE_MARGIN_S = 0.2  # clocks of different hosts differ: later than a timeout by less than this is not "after" it
-
-
 def _late(c: Dict[str, Any], d: Dict[str, Any]) -> Tuple[Dict[int, float], Optional[Dict[str, Any]]]:
     """The ranks that entered the divergence's collective only after another rank's watchdog had given it up at its
     timeout, with how many seconds after it, and the first such timeout report: they were late, not stuck in it --
@@ -1637,11 +1762,14 @@ def _late(c: Dict[str, Any], d: Dict[str, Any]) -> Tuple[Dict[int, float], Optio
     first = min(gave_up, key=lambda f: f["time"])
     timed_out = {f["rank"] for f in gave_up}  # in it, as their own timeouts say
     hosts = c.get("hosts") or {}
-    # only ranks on the timed-out rank's host (one clock), whose entry failed on the communicator the timeout ended
-    # (a peer's abort or revoke; not its own wait in a live one: under on_failure="report" nothing was ended)
+    # only ranks on the timed-out rank's host, whose entry failed on the communicator the timeout ended (a peer's abort
+    # or revoke; not its own wait in a live one: under on_failure="report" nothing was ended). One host has one clock
+    # (the entries' times and the report's are both its wall clock), so any entry after the report is after it: no
+    # margin for clocks that differ, which would hide a rank entering a tenth of a second late. Across hosts the
+    # dumps' times are raw, and nothing is said
     late = {r: info["enqueued_ns"] / 1e9 - first["time"] for r, info in d["in_flight"].items()
             if r not in timed_out and isinstance(info.get("enqueued_ns"), int)
-            and info["enqueued_ns"] / 1e9 > first["time"] + _LATE_MARGIN_S
+            and info["enqueued_ns"] / 1e9 > first["time"]
             and hosts.get(r) and hosts.get(r) == hosts.get(first["rank"])
             and str(info.get("error") or "").startswith(("RemoteError", "CommAborted", "CommRevoked"))}
     return late, first
@@ -1653,12 +1781,24 @@ def _late_text(c: Dict[str, Any], d: Dict[str, Any]) -> str:
     if not late or first is None:
         return ""
     one = len(late) == 1
-    sites = "; ".join(f"rank {r}'s main thread was at {c['earlier_main_thread'][r]}" for r in sorted(late)
-                      if r in c.get("earlier_main_thread", {}))
+    sites = "; ".join(_late_site(c, r) for r in sorted(late)
+                      if r in c.get("earlier_main_thread", {}) or r in (c.get("signal_stacks") or {}))
     return (f"rank{'' if one else 's'} {_fmt_ranks(list(late))} entered {d['op']} on {c['name']!r} only "
             f"{max(late.values()):.1f} s after rank {first['rank']} gave it up at its timeout: late, not stuck in it "
             f"(not the transport) -- look at what {'that rank' if one else 'those ranks'} did before it"
             + (f" ({sites})" if sites else ""))
+
+
+def _late_site(c: Dict[str, Any], r: int) -> str:
+    """Where late rank ``r``'s main thread was: by the stacks its process wrote from C on the dump signal, where it
+    left them (the moment the signal came; a C call holding the GIL shows there, while its Python handler's dump
+    ran only once the call returned), then by its earlier dump."""
+    st = (c.get("signal_stacks") or {}).get(r)
+    earlier = c.get("earlier_main_thread", {}).get(r)
+    if st is None:
+        return f"rank {r}'s main thread was at {earlier}"
+    return (f"rank {r}'s main thread was at {st['site']} when the dump signal came (its stacks, written from C: "
+            f"{st['path']})" + (f"; at {earlier}" if earlier else ""))
 
 
 def _verdict(c: Dict[str, Any]) -> str:
@@ -1824,11 +1964,12 @@ def trace_dir(path: str, *, prefix: Optional[str] = None) -> Dict[str, Any]:
     """Every generation's dumps under ``path`` as one Chrome trace-event object (:mod:`pycoll.diagnostics.trace`),
     with the analyzer's first divergences and verdicts."""
     loaded, reports = [], []
+    stacks = find_stacks(path)
     for gen, folder in find_generations(path):
         dumps, _ = load_generation(folder, prefix)
         loaded.append((gen, dumps))
         if dumps:
-            rep = analyze(dumps, stack_limit=0)
+            rep = analyze(dumps, stack_limit=0, stacks=stacks)
             rep["generation"] = gen
             reports.append(rep)
     return build_trace(loaded, reports)

@@ -50,7 +50,8 @@ import statistics
 from collections import defaultdict
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-__all__ = ["build_trace", "clock_offsets", "check_trace", "write_trace", "events_of", "SYNC_OPS", "CLOCK_RULE"]
+__all__ = ["build_trace", "clock_offsets", "check_trace", "write_trace", "events_of", "never_ran", "SYNC_OPS",
+           "CLOCK_RULE"]
 
 #: collectives that complete on no rank before every rank entered them (used to align host clocks)
 SYNC_OPS = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier", "allreduce",
@@ -190,6 +191,14 @@ class _Tracks:
         return t
 
 
+def never_ran(e: Dict[str, Any]) -> bool:
+    """Whether entry ``e`` was enqueued and never run: its ``group()`` was dropped (its block raised) or refused by
+    the library. Such an entry stays ``scheduled`` with the CommStateError that says so (``'all_reduce (seq 2) never
+    ran: ...'``), whether or not its communicator failed later."""
+    error = str(e.get("pycoll_error") or "")
+    return e.get("state") == "scheduled" and error.startswith("CommStateError") and " never ran" in error
+
+
 def _slice_name(e: Dict[str, Any]) -> str:
     name = str(e.get("profiling_name", "")).split(":", 1)[-1]
     if e.get("is_p2p"):
@@ -279,8 +288,9 @@ def build_trace(generations: Generations, reports: Optional[Sequence[Dict[str, A
                         dur_ms = e.get("duration_ms")
                         done = t0 + int(float(dur_ms) * 1e6) if isinstance(dur_ms, (int, float)) else t0
                         args["completion_time"] = "not recorded"
-                elif e.get("pycoll_error") and failed_at.get(uid) is None and state == "scheduled":
-                    # failed without its communicator failing and never issued: its group was dropped or refused
+                elif never_ran(e) or (e.get("pycoll_error") and failed_at.get(uid) is None and state == "scheduled"):
+                    # never issued: its group was dropped or refused (its communicator's later failure, if any, is
+                    # not when it ended: nothing of it ran)
                     done, name = t0, name + " (never ran)"
                     args["never_ran"] = True
                 elif e.get("pycoll_error") and failed_at.get(uid) is None:
