@@ -684,6 +684,25 @@ class Communicator(_core.CommCore):
                 _log.debug("could not read what %r has open with rank %s", self.name, peer, exc_info=True)
                 return None
 
+    def peer_process(self, peer: int) -> Optional[Tuple[int, int, int]]:
+        """Rank ``peer``'s process as the library knows it from the communicator's making: ``(pid, start time in
+        clock ticks since boot, pid namespace inode)``; None where the library cannot say (only pycoll's host
+        library, whose ranks share this host, knows them), or the communicator has no handle any more. The liveness
+        check watches a peer by it until the peer has published its own record (a process stopped right after the
+        library made the communicator never does)."""
+        if not self.library.has("pycollCommPeerProcess"):
+            return None
+        with self._hlock:
+            h = self._handle
+            if h is None:
+                return None
+            try:
+                pid, start, pidns = self.library.comm_peer_process(h, peer)
+                return int(pid), int(start), int(pidns)
+            except Exception:
+                _log.debug("could not read the process of rank %s of %r", peer, self.name, exc_info=True)
+                return None
+
     def _async_exc(self, code: int) -> CommFailure:
         try:
             last = self._job_ranks(self.library.get_last_error(self._handle or 0))

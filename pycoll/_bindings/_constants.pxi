@@ -259,6 +259,7 @@ HOST_FUNCTIONS = (
     "pycollGraphDestroy",
     "pycollCommWaitReady",
     "pycollCommPeerOpen",
+    "pycollCommPeerProcess",
 )
 
 #: pycollStreamCreateWithFlags: work submitted while the stream is idle runs in the caller's thread.

@@ -89,6 +89,18 @@ cdef class HostLibrary(Library):
         _check(self, &cr, "pycollCommPeerOpen")
         return count
 
+    def comm_peer_process(self, comm, int peer):
+        """pycollCommPeerProcess: rank ``peer``'s process as it joined ``comm``: ``(pid, start, pidns)`` -- its start
+        time in clock ticks since boot (/proc/<pid>/stat's field 22) and its pid namespace's inode."""
+        cdef ncclComm_t c = _comm(comm)
+        cdef int pid = 0
+        cdef uint64_t start = 0, pidns = 0
+        cdef _Call cr
+        _need(self, <void*>self.fn.pycollCommPeerProcess, "pycollCommPeerProcess")
+        with nogil: _cap(&self.fn, NULL, &cr, self.fn.pycollCommPeerProcess(c, peer, &pid, &start, &pidns))
+        _check(self, &cr, "pycollCommPeerProcess")
+        return pid, start, pidns
+
     def host_event_arm(self, event):
         """pycollEventArm: make ``event`` incomplete until :meth:`host_event_fire` (streams waiting on it stop)."""
         cdef pycollEvent_t ev = <pycollEvent_t>_handle(event, "event")

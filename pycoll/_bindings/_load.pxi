@@ -312,5 +312,6 @@ cdef _resolve(Library lib):
     t.pycollGraphDestroy = <pycollGraphDestroy_fn>lib._sym("pycollGraphDestroy")
     t.pycollCommWaitReady = <pycollCommWaitReady_fn>lib._sym("pycollCommWaitReady")
     t.pycollCommPeerOpen = <pycollCommPeerOpen_fn>lib._sym("pycollCommPeerOpen")
+    t.pycollCommPeerProcess = <pycollCommPeerProcess_fn>lib._sym("pycollCommPeerProcess")
     for name in RCCL_FUNCTIONS:
         lib._sym(name)

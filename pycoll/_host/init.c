@@ -430,6 +430,32 @@ NCCL_API int pycollCommPeerOpen(ncclComm_t comm, int peer, int* count) {
   return r;
 }
 
+NCCL_API int pycollCommPeerProcess(ncclComm_t comm, int peer, int* pid, uint64_t* start, uint64_t* pidns) {
+  struct ncclComm* c;
+  ncclResult_t r = comm_acquire(comm, "pycollCommPeerProcess", &c);
+  if (r != ncclSuccess) return r;
+  if (!pid || !start || !pidns) {
+    CWARN(c, "pycollCommPeerProcess : pid, start and pidns arguments must not be NULL");
+    r = ncclInvalidArgument;
+  } else if (peer < 0 || peer >= c->nranks) {
+    CWARN(c, "pycollCommPeerProcess : peer %d is not a rank of this communicator (nranks %d)", peer, c->nranks);
+    r = ncclInvalidArgument;
+  } else {
+    pthread_mutex_lock(&c->mu); /* the teardown frees the peers once it has set torn_down under it */
+    if (c->torn_down || !c->peers) {
+      r = ncclInvalidUsage;
+    } else {
+      *pid = c->peers[peer].proc.pid;
+      *start = c->peers[peer].proc.start;
+      *pidns = c->peers[peer].proc.pidns;
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (r != ncclSuccess) CWARN(c, "pycollCommPeerProcess : the communicator was destroyed or aborted");
+  }
+  comm_release(c);
+  return r;
+}
+
 static ncclResult_t query(ncclComm_t comm, int* out, const char* opname, const char* argname, int which) {
   struct ncclComm* c;
   ncclResult_t r = comm_acquire(comm, opname, &c);

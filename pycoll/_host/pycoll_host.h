@@ -169,6 +169,10 @@ int pycollCommWaitReady(struct ncclComm* comm, uint64_t timeout_ns);
  * group too) and that have not finished -- 0 once its part with that peer is done, whatever else still runs
  * (another peer's operations of the same group). A wait_signal, which waits for several peers, is not counted. */
 int pycollCommPeerOpen(struct ncclComm* comm, int peer, int* count);
+/* The process of rank `peer` as it joined the communicator: its pid, its start time (clock ticks since boot, as
+ * /proc/<pid>/stat's field 22) and its pid namespace's inode -- what a watcher on this host needs before the peer
+ * publishes anything itself. ncclInvalidUsage once the communicator was torn down (destroyed or aborted). */
+int pycollCommPeerProcess(struct ncclComm* comm, int peer, int* pid, uint64_t* start, uint64_t* pidns);
 
 #ifdef __cplusplus
 }

@@ -250,6 +250,26 @@ class Liveness:
             _log.debug("watchdog: could not read the peers' processes of %r: %s", c.name, e)
         p.complete = len(p.procs) == c.size - 1
         p.next_fetch = now + max(self.period, self.interval)  # peers without a watchdog never publish one
+        if not p.complete:
+            self._from_library(c, p)
+
+    def _from_library(self, c: CommView, p: _Peers) -> None:
+        """The peers that have not published their record (yet: a process stopped right after the library made the
+        communicator, before its watchdog wrote it, never does), as the library knows their processes -- pycoll's
+        host library, whose ranks share this host and pid namespace -- watched as this host's records until theirs
+        come. None of them where the library cannot say."""
+        me = self._me
+        if me is None:
+            return
+        for rank in range(c.size):
+            if rank == c.rank or rank in p.procs:
+                continue
+            proc = c.peer_process(rank)
+            if proc is None:
+                return
+            pid, start, pidns = proc
+            if pid > 0 and me.pidns == f"pid:[{pidns}]":
+                p.procs[rank] = ProcRecord(me.host, me.boot, me.pidns, pid, start, me.period)
 
     def _local(self, rec: ProcRecord) -> bool:
         me = self._me

@@ -195,6 +195,34 @@ def test_a_group_whose_part_with_a_peer_that_left_is_done_waits_for_the_others(s
         assert "recv #2 with peer 2 failed" in text, text
 
 
+def _stopped_as_the_library_made_it(rank, n, addr, point):
+    """Rank 2 stops (``point``'s failpoint) as the library has made its communicator, before its watchdog published
+    its process: the others' first all_reduce. Returns (error type, seconds, text)."""
+    if rank == 2:  # the host library reads its failpoints from the environment as it makes a communicator
+        os.environ["PYCOLL_FAILPOINTS"] = f"{point}=stop"
+    comm = pycoll.init(rank, n, store=pycoll.TCPStore(addr[0], addr[1], TOKEN, timeout=30.0), backend="host",
+                       timeout=20.0)
+    t0 = time.monotonic()
+    try:
+        comm.all_reduce(np.ones(4))
+        out = ("completed", 0.0, "")
+    except pycoll.CommFailure as e:
+        out = (type(e).__name__, time.monotonic() - t0, str(e))
+    comm.abort()
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_stopped_as_the_library_made_its_communicator_is_found_within_a_second(server):
+    # before it had published its process record nobody watched it: its peers' first operation waited its whole
+    # timeout (20 s here, 30 s by default) and named no stopped rank; the host library knows its peers' processes
+    res = run_ranks(_stopped_as_the_library_made_it, 3, server, "host.init.end", timeout=45, may_die=[2])
+    # the first to find it aborts: the other may meet that abort first
+    assert all(res[r][0] in ("PeerFailure", "RemoteError") and res[r][1] < 5.0 for r in (0, 1)), res
+    assert any(res[r][0] == "PeerFailure" and "rank 2 (pid " in res[r][2] and "stopped" in res[r][2]
+               for r in (0, 1)), res
+
+
 @pytest.mark.timeout(90)
 def test_killed_rank_is_found_fast(server):
     res = run_ranks(_loop, 4, server, 30, 1, "kill", 10, 30.0, False, timeout=60, may_die=[1])

@@ -67,6 +67,9 @@ class FakeComm:
     def open_with(self, peer):
         return self.open.get(peer) if self.open is not None else None
 
+    def peer_process(self, peer):
+        return None
+
     def fail(self, exc, work=None):
         self.failure = exc
 

@@ -103,9 +103,10 @@ def test_wait_ready_returns_as_the_nonblocking_init_ends(tmp_path):
 
 
 def test_peer_open_counts_a_ranks_sends_and_receives_with_a_peer_until_each_is_done():
-    """pycollCommPeerOpen: the sends and receives with a peer enqueued (an open group's too) and not done; 0 as
-    soon as they are, also while the group's other operations are still open (what the liveness check asks before
-    it takes a peer that left for a failure); a bad peer or communicator is refused."""
+    """pycollCommPeerOpen: the sends and receives with a peer enqueued (an open group's too) and not done; 0 as soon
+    as they are, also while the group's other operations are still open (what the liveness check asks before it
+    takes a peer that left for a failure); pycollCommPeerProcess: the peer's process; a bad peer or communicator is
+    refused."""
     l = lib()
     comm = init(1, 0, uid())
     a, b = np.arange(4, dtype=np.float32), np.zeros(4, np.float32)
@@ -120,9 +121,15 @@ def test_peer_open_counts_a_ranks_sends_and_receives_with_a_peer_until_each_is_d
         l.comm_peer_open(comm, 1)  # not a rank of it
     with pytest.raises(errors.InvalidArgument):
         l.comm_peer_open(comm, -1)
+    pid, start, pidns = l.comm_peer_process(comm, 0)  # what the liveness check watches a silent peer by
+    assert pid == os.getpid() and start > 0 and pidns == os.stat("/proc/self/ns/pid").st_ino
+    with pytest.raises(errors.InvalidArgument):
+        l.comm_peer_process(comm, 1)
     l.comm_destroy(comm)
     with pytest.raises(errors.InvalidArgument):
         l.comm_peer_open(comm, 0)  # destroyed
+    with pytest.raises(errors.InvalidArgument):
+        l.comm_peer_process(comm, 0)
 
 
 def _env_nonblocking(rank, n, idb):
