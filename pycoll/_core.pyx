@@ -316,14 +316,14 @@ cdef int _group_check(CommCore comm, object op, list inputs, list written, bint 
         for b in written:
             for o in w.inputs:
                 if _share_memory(b, o):
-                    _group_overlap(op, "output", w, "input")
+                    _group_overlap(op, "output", w, "input", comm)
             for o in theirs:
                 if _share_memory(b, o):
-                    _group_overlap(op, "output", w, "output")
+                    _group_overlap(op, "output", w, "output", comm)
         for b in inputs:
             for o in theirs:
                 if _share_memory(b, o):
-                    _group_overlap(op, "input", w, "output")
+                    _group_overlap(op, "input", w, "output", comm)
     return 0
 
 
@@ -362,9 +362,14 @@ cdef bint _failure_handled(object comm):
     return since is not None and time.time() - since > 2 * _settings.get("PYCOLL_ABORT_TIMEOUT")
 
 
-cdef int _group_overlap(object op, str mine, Work w, str theirs) except -1:
+cdef int _group_overlap(object op, str mine, Work w, str theirs, object comm) except -1:
+    """The ValueError for ``op`` (of ``comm``) whose buffer overlaps one of ``w``'s in a group that one of them writes;
+    each named with its communicator where they differ (their numbers are their communicators')."""
+    other = hooks.op_text(w)
+    if w.comm is not comm:
+        op, other = f"{op} on {comm.name!r}", f"{other} on {w.comm.name!r}"
     raise ValueError(
-        f"{op}: its {mine} overlaps in memory with the {theirs} of {hooks.op_text(w)} in the same group, and one of "
+        f"{op}: its {mine} overlaps in memory with the {theirs} of {other} in the same group, and one of "
         "them writes it: a group's operations run together, unordered, so the result would be either's data. Use "
         "separate buffers (sendrecv needs two), or two groups")
 
@@ -397,10 +402,11 @@ cdef int _group_sweep(list works) except -1:
                 v = works[<Py_ssize_t>other[3]]
                 if <uintptr_t>other[1] > lo and other[3] != i and (writes or other[2]) and \
                         not _exempt(w.is_p2p, w.comm, v):
-                    first, second = (v, w) if v.op_id < w.op_id else (w, v)
+                    # in issue order (their op ids are their communicators' own)
+                    first, second = (v, w) if <Py_ssize_t>other[3] < i else (w, v)
                     mine = "output" if (writes if second is w else other[2]) else "input"
                     theirs = "output" if (other[2] if second is w else writes) else "input"
-                    _group_overlap(hooks.op_text(second), mine, first, theirs)
+                    _group_overlap(hooks.op_text(second), mine, first, theirs, second.comm)
         if hi > end_any:
             end_any = hi
         if writes and hi > end_written:
@@ -2459,7 +2465,9 @@ cdef class GroupScope:
                 except ValueError as e:
                     overlap = e
             if works and (nested_raised or not body_ok or overlap is not None) and \
-                    _drop_group(lib, works, value if overlap is None else overlap):
+                    _drop_group(lib, works, value if overlap is None else overlap, None if overlap is None else
+                                f"the group was dropped at its end (ncclGroupSimulateEnd), none of its operations ran: "
+                                f"{overlap}"):
                 if overlap is not None:
                     raise overlap
                 if body_ok:

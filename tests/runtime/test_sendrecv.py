@@ -306,9 +306,19 @@ def test_a_groups_memory_check_knows_what_each_operation_writes_and_checks_big_g
     d = c.split(0, name="d")
     try:
         x = np.ones(4, np.float32)
-        with pytest.raises(ValueError, match=r"all_reduce: its output overlaps .* of all_reduce #\d+ in"), c.group():
+        with pytest.raises(ValueError, match=r"all_reduce on 'd': its output overlaps .* of all_reduce #\d+ on "
+                                             r"'world' in"), c.group():  # their numbers are their communicators'
             c.all_reduce(x, async_op=True)
             d.all_reduce(x, async_op=True)
+        # a big group is checked as it ends: the block raised nothing, its operations say why the group was dropped
+        works = []
+        with pytest.raises(ValueError, match=r"all_reduce #\d+ on 'd': its (in|out)put overlaps .* of all_reduce #\d+ "
+                                             r"on 'world' in"), c.group():  # the later one first: in issue order
+            works.append(c.all_reduce(x[:2], async_op=True))
+            works += [c.all_reduce(np.ones(2, np.float32), async_op=True) for _ in range(17)]
+            works.append(d.all_reduce(x[1:3], async_op=True))
+        with pytest.raises(pycoll.CommStateError, match="never ran: the group was dropped at its end .*overlaps"):
+            works[0].wait()
         ro = np.ones(4, np.float32)
         ro.setflags(write=False)
         with c.group():  # nothing writes it: a broadcast's root reads its buffer
