@@ -1217,7 +1217,7 @@ def _failed_with_a_later_one(s: int, present: List[int], coll: Dict[int, Dict[in
 # a group's timeout names the operations that complete with the one it gave up: "... it completes with its group:
 # all_reduce #2, all_reduce #3, send #1 with peer 1" (its collectives' numbers are the communicator's)
 _GROUP_RE = re.compile(r"it completes with its group: ([^;]*)")
-_GROUP_COLL_RE = re.compile(r"\b(\w+) #(\d+)(?! with)")
+_GROUP_COLL_RE = re.compile(r"\b(\w+) #(\d+)\b(?! with)")  # \b: "send #15 with" is not "#1"
 
 
 def _group_of(e: Dict[str, Any]) -> List[int]:
@@ -1296,30 +1296,38 @@ def _p2p_history_start(dump: Dict[str, Any], uid: str, held: List[Dict[str, Any]
     return int(progress.get("p2p_enqueued") or 0) + 1
 
 
-def _aligned(ss: List[Dict[str, Any]], rr: List[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
-    """The sends ``ss`` of one rank to another and that one's receives ``rr`` from it, as two rings cut at different
-    points hold them (each a suffix of its side's), aligned: a transfer between two ranks completes in their order,
-    so the last completed receive meets the last completed send -- their completed ones are aligned at their ends,
-    the older ones only one side still holds left out, and what follows (not completed) is compared from there. A
-    send that completed without its receive (the eager lane) cannot be told from one whose receive the ring lost: it
-    is not called unmatched here."""
-    def tail(xs: List[Dict[str, Any]]) -> int:
-        n = 0
-        while n < len(xs) and _outstanding(xs[len(xs) - 1 - n]):
-            n += 1
-        return n
-
-    ts, tr = tail(ss), tail(rr)
-    n = min(len(ss) - ts, len(rr) - tr)
-    return ss[len(ss) - ts - n:], rr[len(rr) - tr - n:]
+def _cut_pair_issue(src: int, dst: int, ss: List[Dict[str, Any]], rr: List[Dict[str, Any]], stack_limit: int
+                    ) -> Optional[Dict[str, Any]]:
+    """The issue of transfers ``src`` -> ``dst`` (its sends ``ss``, its receives ``rr``) where a ring cut either side's
+    history: the two rings hold different stretches, and a small send completes before its receive exists (the eager
+    lane), so neither their order nor their completion pairs them -- a pairing gave a dtype mismatch as "no matching
+    send", and a receiver that was merely slow as a size mismatch. Only what did not complete is said, without its
+    partner: the first operation of either side still outstanding (the receive first), with its error; None where
+    both sides completed what they hold."""
+    for side, xs, rank, other in (("recv", rr, dst, src), ("send", ss, src, dst)):
+        x = next((x for x in xs if _outstanding(x)), None)
+        if x is None:
+            continue
+        partner = "send" if side == "recv" else "recv"
+        detail = f"{side} {x.get('state')}"
+        issue = (f"{side} (p2p #{x.get('p2p_seq_id')}) on rank {rank} {'from' if side == 'recv' else 'to'} rank "
+                 f"{other} not completed ({detail}); a flight-recorder ring cut the history of these transfers, so "
+                 f"its {partner} on rank {other} is not identified")
+        if x.get("pycoll_error"):
+            detail = f"the {side} failed with {str(x['pycoll_error'])[:300]}"
+            issue += f": {detail}"
+        return {"src": src, "dst": dst, "index": 0, "issue": issue, "kind": "incomplete", "detail": detail,
+                "send": _side(x, src) if side == "send" else None, "recv": _side(x, dst) if side == "recv" else None,
+                "site": _site(x), "stack": _stack(x, stack_limit)}
+    return None
 
 
 def _check_p2p(members: List[int], present: List[int], p2p: Dict[int, List[Dict[str, Any]]],
                stack_limit: int, cut: Optional[Dict[int, int]] = None) -> List[Dict[str, Any]]:
     """Pair the k-th send src->dst with the k-th recv at dst from src (a sendrecv a<->b is a send a->b and a recv at
-    a from b); report the first problem per pair. Where either rank's history is ``cut`` (rank -> the p2p number its
-    dump starts at, :func:`_p2p_history_start`), the two sides are :func:`_aligned` first, and an issue names its
-    operations by their p2p numbers (which one of the pair's it is, is not known).
+    a from b); report the first problem per pair. Operations that never ran (their group dropped: nothing was
+    transferred) pair with nothing. Where either rank's history is ``cut`` (rank -> the p2p number its dump starts at,
+    :func:`_p2p_history_start`), nothing is paired: :func:`_cut_pair_issue` says what did not complete.
 
     An issue's ``kind``: ``no_recv`` (a send with no matching recv), ``no_send``, ``mismatch`` (sizes or dtypes;
     ``detail`` says how), ``incomplete`` (matched, not completed); ``send`` and ``recv`` are its two sides
@@ -1329,7 +1337,7 @@ def _check_p2p(members: List[int], present: List[int], p2p: Dict[int, List[Dict[
     for rank in present:
         for e in p2p[rank]:
             m = _P2P_RE.search(str(e.get("profiling_name", "")))
-            if not m or int(m.group(2)) >= len(members) or int(m.group(4)) >= len(members):
+            if not m or int(m.group(2)) >= len(members) or int(m.group(4)) >= len(members) or never_ran(e):
                 continue
             kind, a, b = m.group(1), members[int(m.group(2))], members[int(m.group(4))]
             if kind != "recv":
@@ -1340,38 +1348,35 @@ def _check_p2p(members: List[int], present: List[int], p2p: Dict[int, List[Dict[
     for pair in sorted(set(sends) | set(recvs)):
         src, dst = pair
         ss, rr = sends.get(pair, []), recvs.get(pair, [])
-        wrapped = src in (cut or {}) or dst in (cut or {})
-        if wrapped:
-            ss, rr = _aligned(ss, rr)
+        if src in (cut or {}) or dst in (cut or {}):
+            cut_issue = _cut_pair_issue(src, dst, ss, rr, stack_limit)
+            if cut_issue is not None:
+                out.append(cut_issue)
+            continue
         for k in range(max(len(ss), len(rr))):
             s = ss[k] if k < len(ss) else None
             r = rr[k] if k < len(rr) else None
             issue = kind = detail = None
             if s is None and dst in present and src in present:
                 kind = "no_send"
-                what = f"recv (p2p #{r.get('p2p_seq_id')})" if wrapped and r is not None else f"recv #{k + 1}"
-                issue = f"{what} on rank {dst} from rank {src} has no matching send on rank {src}"
+                issue = f"recv #{k + 1} on rank {dst} from rank {src} has no matching send on rank {src}"
             elif r is None and src in present and dst in present:
                 kind = "no_recv"
-                what = f"send (p2p #{s.get('p2p_seq_id')})" if wrapped and s is not None else f"send #{k + 1}"
-                issue = f"{what} from rank {src} to rank {dst} has no matching recv on rank {dst}"
+                issue = f"send #{k + 1} from rank {src} to rank {dst} has no matching recv on rank {dst}"
             elif s is not None and r is not None and (  # element counts, as the library matches them (not shapes)
                     _numel(_sizes(s.get("input_sizes"))) != _numel(_sizes(r.get("output_sizes")))
                     or list(s.get("input_dtypes") or []) != list(r.get("output_dtypes") or [])):
                 kind = "mismatch"
                 detail = (f"send of {_sizes(s.get('input_sizes'))} {s.get('input_dtypes')} "
                           f"vs recv of {_sizes(r.get('output_sizes'))} {r.get('output_dtypes')}")
-                what = f"send (p2p #{s.get('p2p_seq_id')})" if wrapped else f"send #{k + 1}"
-                issue = f"{what} {src}->{dst} of {detail[len('send of '):]}"
+                issue = f"send #{k + 1} {src}->{dst} of {detail[len('send of '):]}"
             elif any(x is not None and _outstanding(x) for x in (s, r)):
                 def state(x: Optional[Dict[str, Any]], rank: int) -> str:
                     return str(x.get("state")) if x is not None else f"unknown: no dump from rank {rank}"
 
                 kind = "incomplete"
                 detail = f"send {state(s, src)}, recv {state(r, dst)}"
-                what = "transfer" + (f" (p2p #{(s or r or {}).get('p2p_seq_id')} on rank {src if s else dst})"
-                                     if wrapped else f" #{k + 1}")
-                issue = f"{what} {src}->{dst} not completed ({detail})"
+                issue = f"transfer #{k + 1} {src}->{dst} not completed ({detail})"
                 # what the library said where it failed (a size mismatch, a dead peer): the transfer's cause
                 failed = [(side, x) for side, x in (("send", s), ("recv", r))
                           if x is not None and x.get("pycoll_error")]
@@ -1775,6 +1780,11 @@ def _late(c: Dict[str, Any], d: Dict[str, Any]) -> Tuple[Dict[int, float], Optio
     return late, first
 
 
+def _seconds(t: float) -> str:
+    """A short time as a verdict says it: ``1.2 s``, ``0.05 s`` (no "0.0 s", which reads as "at once")."""
+    return f"{t:.1f} s" if t >= 0.95 else f"{t:.2g} s"
+
+
 def _late_text(c: Dict[str, Any], d: Dict[str, Any]) -> str:
     """The verdict on the ranks :func:`_late` finds, or "" where it finds none."""
     late, first = _late(c, d)
@@ -1784,8 +1794,8 @@ def _late_text(c: Dict[str, Any], d: Dict[str, Any]) -> str:
     sites = "; ".join(_late_site(c, r) for r in sorted(late)
                       if r in c.get("earlier_main_thread", {}) or r in (c.get("signal_stacks") or {}))
     return (f"rank{'' if one else 's'} {_fmt_ranks(list(late))} entered {d['op']} on {c['name']!r} only "
-            f"{max(late.values()):.1f} s after rank {first['rank']} gave it up at its timeout: late, not stuck in it "
-            f"(not the transport) -- look at what {'that rank' if one else 'those ranks'} did before it"
+            f"{_seconds(max(late.values()))} after rank {first['rank']} gave it up at its timeout: late, not stuck in "
+            f"it (not the transport) -- look at what {'that rank' if one else 'those ranks'} did before it"
             + (f" ({sites})" if sites else ""))
 
 
