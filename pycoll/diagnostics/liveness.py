@@ -118,7 +118,7 @@ class _Peers:
         # the last heartbeat read's verdict, which stands until the next read (once a period): a round between
         # two reads that said "nothing found" cleared the suspicion every time, and a silent peer on another host
         # was never failed where the period is longer than the rounds' interval (the defaults: 1 s and 0.2 s)
-        self.remote: Optional[Tuple[int, ProcRecord, str]] = None
+        self.remote: List[Tuple[int, ProcRecord, str]] = []  # the silent peers at the last heartbeat read
         self.published = False
         # held by the thread writing this process's record: the creating thread (Liveness.announce, as the
         # communicator is made) and the liveness thread's first round both saw ``published`` False and both wrote
@@ -180,7 +180,7 @@ class Liveness:
             return
         outstanding = c.outstanding() if check else ()
         if not outstanding:
-            p.suspect = p.remote = None
+            p.suspect, p.remote = None, []
             return
         _fp.hit(FP_LIVENESS_CHECK)
         if not p.complete and now >= p.next_fetch:
@@ -197,8 +197,6 @@ class Liveness:
             if found[0] in done:
                 only -= done
                 found = self._unable(c, p, outstanding[0], now, only) if only else None
-                if found is not None and found[0] in done:
-                    found = None
         if found is None:
             p.suspect = None
             return
@@ -307,22 +305,23 @@ class Liveness:
         if now - oldest.t0 < period:
             return None
         if now < p.next_beat:
-            return p.remote
+            return _first(p.remote, only)
         gap = now - p.next_beat > 2 * period  # not read for a while: every heartbeat starts afresh
         p.next_beat = now + period
         p.remote = self._read_heartbeats(c, p, remote, now, gap, period)
-        return p.remote
+        return _first(p.remote, only)
 
     def _read_heartbeats(self, c: CommView, p: _Peers, remote: Dict[int, ProcRecord], now: float, gap: bool,
-                         period: float) -> Optional[Tuple[int, ProcRecord, str]]:
-        """Read the peers' heartbeats: a peer whose heartbeat has not changed for the heartbeat timeout, else None."""
+                         period: float) -> List[Tuple[int, ProcRecord, str]]:
+        """Read the peers' heartbeats: the peers whose heartbeat has not changed for the heartbeat timeout, in rank
+        order (all of them: a round that leaves some out -- their part done -- asks again between reads)."""
         ranks = sorted(remote)
         read = (*ranks, c.rank)  # this rank's own heartbeat too: it tells whether the store takes writes
         try:
             raws = c.store.multi_get([f"{progress_prefix(c.uid)}{r}" for r in read], timeout=min(1.0, period))
         except (StoreError, OSError) as e:  # no verdict on a store that does not answer
             _log.debug("watchdog: could not read the heartbeats of %r: %s", c.name, e)
-            return None
+            return []
         silent: Dict[int, float] = {}
         for rank, raw in zip(read, raws, strict=True):
             rec = ProgressRecord.decode(raw)
@@ -337,11 +336,9 @@ class Liveness:
             # stopped holding a FileStore's lock), which says nothing of the peers
             _log.debug("watchdog: %r: this rank's own heartbeat is %.1f s old in the store: no verdict on the "
                        "peers' silence", c.name, silent[c.rank])
-            return None
-        for rank in ranks:
-            if silent.get(rank, 0.0) >= max(self.heartbeat_timeout, 3 * remote[rank].period):
-                return rank, remote[rank], f"silent: no heartbeat for {silent[rank]:.1f} s"
-        return None
+            return []
+        return [(rank, remote[rank], f"silent: no heartbeat for {silent[rank]:.1f} s") for rank in ranks
+                if silent.get(rank, 0.0) >= max(self.heartbeat_timeout, 3 * remote[rank].period)]
 
     def _fail(self, c: CommView, work: WorkView, now: float, rank: int, rec: ProcRecord, why: str) -> None:
         _fp.hit(FP_LIVENESS_FOUND)
@@ -363,6 +360,12 @@ def _peers_done(c: CommView, works: Sequence[WorkView]) -> Set[int]:
     peers = {w.peer for w in works if w.op in _COUNTED and w.peer is not None}
     peers -= {r for w in works if w.op not in _COUNTED for r in (w.peers or (w.peer,))}
     return {r for r in peers if c.open_with(r) == 0}
+
+
+def _first(found: List[Tuple[int, ProcRecord, str]], only: Optional[Set[int]]
+           ) -> Optional[Tuple[int, ProcRecord, str]]:
+    """The first of ``found`` whose rank is in ``only`` (None: any), else None."""
+    return next((f for f in found if only is None or f[0] in only), None)
 
 
 def round_all(liveness: Liveness, comms: List[CommView], now: float, check: bool = True) -> None:

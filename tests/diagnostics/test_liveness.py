@@ -426,6 +426,42 @@ def test_a_store_that_takes_no_writes_is_no_verdict_on_a_remote_peers_silence(mo
     assert "silent: no heartbeat for" in str(c.failure)
 
 
+def test_a_silent_remote_peer_is_found_beside_one_that_left_with_its_part_done(monkeypatch):
+    """Ranks 1 and 2 of another host both stop beating while rank 0's group receives from each; the library says the
+    receive from rank 1 is done (it sent, then its process ended). The heartbeat read is kept between reads: the
+    round found rank 1 first, left it out (its part done), and the cached answer -- rank 1 again -- hid rank 2, which
+    the group waited for its whole timeout."""
+    import dataclasses
+
+    from helpers.fakes import FakeComm
+
+    from pycoll.diagnostics.recorder import FlightRecorder
+    from pycoll.diagnostics.records import ProgressRecord, progress_prefix
+    from pycoll.store import MemoryStore
+
+    lv = liveness
+    monkeypatch.setattr(lv, "_all_remote", True)
+    store = MemoryStore(timeout=1)
+    c = FakeComm(FlightRecorder(), 0, 3, store=store)
+    for r in (1, 2):
+        store.set(f"{lv.proc_prefix(c.uid)}{r}", dataclasses.replace(lv.this_process(0.2), pid=999_990 + r).encode())
+
+    def beat(rank, n):
+        store.set(f"{progress_prefix(c.uid)}{rank}", ProgressRecord(c.progress(), "active", n, n, "x").encode())
+
+    for r in range(3):
+        beat(r, 1)
+    c.open = {1: 0, 2: 1}
+    live = lv.Liveness(0.2, 1.0, 0.2)
+    t0 = c.op("recv", None, np.zeros(2, np.float32), peer=1, state="started").t0
+    c.op("recv", None, np.zeros(2, np.float32), peer=2, state="started")
+    for i in range(16):  # this rank beats, ranks 1 and 2 do not
+        beat(0, 2 + i)
+        live.round(c, t0 + 1.0 + 0.2 * i)
+    assert isinstance(c.failure, pycoll.PeerFailure) and "rank 2 (pid 999992" in str(c.failure), c.failure
+    assert "recv #2 with peer 2 failed" in str(c.failure), c.failure
+
+
 def _stopped_peer(monkeypatch, store, c):
     """Rank 1 of ``c`` is a process of this host that its record says is stopped."""
     import dataclasses
