@@ -119,7 +119,12 @@ def _np_dtype(dtype: Any) -> Any:
 
         dt = numpy_dtype(datatype_of(dtype))
     else:
-        dt = np.dtype(dtype)
+        try:
+            dt = np.dtype(dtype)
+        except TypeError:  # a name numpy knows once ml_dtypes registered it ("bfloat16", "float8_e4m3fn")
+            import ml_dtypes  # noqa: F401
+
+            dt = np.dtype(dtype)
     if dt.hasobject:
         raise TypeError(f"dtype {dt} holds Python objects: it cannot be allocated in a communicator's memory")
     return dt

@@ -124,6 +124,8 @@ def _host_dtype(dtype: Any, framework: str) -> np.dtype:
         except TypeError:
             raise TypeError(f"dtype {dtype!r} has no numpy or ml_dtypes type for the emulated GPU to keep its data "
                             "in") from None
+    if framework == "cupy" and dt.type.__module__ != "numpy":  # ml_dtypes' bfloat16 and float8 types
+        raise TypeError(f"dtype {dtype!r}: CuPy has no {dt} arrays (torch tensors do: like='torch')")
     if dt.hasobject or (torch_size is not None and dt.itemsize != torch_size):
         raise TypeError(f"dtype {dtype!r} has no numpy or ml_dtypes type for the emulated GPU to keep its data in"
                         + (f" (numpy's {dt} has {dt.itemsize}-byte elements, torch's {torch_size})"

@@ -153,6 +153,12 @@ def _mem_alloc_dtypes(rank, n, uid):
             out[f"bad {dt}"] = None
         except (TypeError, ValueError) as e:
             out[f"bad {dt}"] = f"{type(e).__name__}: {e}"
+    for dt in ("bfloat16", torch.bfloat16, "float8_e4m3fn"):  # CuPy has none: refused as allocated, not at a call
+        try:
+            comm.mem_alloc(4, dt, like="cupy")
+            out[f"cupy {dt}"] = None
+        except TypeError as e:
+            out[f"cupy {dt}"] = str(e)
     pool.close()
     comm.destroy()
     return out
@@ -174,6 +180,8 @@ def test_mem_alloc_takes_the_torch_dtypes_and_names_the_gpu_path_takes():
         assert r["sum torch.bfloat16"] == r["sum torch.float8_e5m2"] == [3.0] * 4
         for dt in ("torch.bits8", "bits16", "torch.float4_e2m1fn_x2"):
             assert r[f"bad {dt}"] is not None and dt in r[f"bad {dt}"], r[f"bad {dt}"]
+        for dt in ("bfloat16", "torch.bfloat16", "float8_e4m3fn"):
+            assert "CuPy has no" in (r[f"cupy {dt}"] or ""), r[f"cupy {dt}"]
 
 
 # -- one-sided operations on the emulated device's streams ---------------------------------------------
