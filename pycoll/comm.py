@@ -672,17 +672,8 @@ class Communicator(_core.CommCore):
         where the library cannot say (only pycoll's host library counts them; NCCL does not), the communicator has
         no handle any more or the library refused. The liveness check asks it before it takes a peer that left for
         the failure of a group whose operations with that peer share their completion with others."""
-        if not self.library.has("pycollCommPeerOpen"):
-            return None
-        with self._hlock:
-            h = self._handle
-            if h is None:
-                return None
-            try:
-                return int(self.library.comm_peer_open(h, peer))
-            except Exception:
-                _log.debug("could not read what %r has open with rank %s", self.name, peer, exc_info=True)
-                return None
+        count = self._ask_library("pycollCommPeerOpen", "comm_peer_open", peer)
+        return None if count is None else int(count)
 
     def peer_process(self, peer: int) -> Optional[Tuple[int, int, int]]:
         """Rank ``peer``'s process as the library knows it from the communicator's making: ``(pid, start time in
@@ -690,17 +681,23 @@ class Communicator(_core.CommCore):
         library, whose ranks share this host, knows them), or the communicator has no handle any more. The liveness
         check watches a peer by it until the peer has published its own record (a process stopped right after the
         library made the communicator never does)."""
-        if not self.library.has("pycollCommPeerProcess"):
+        proc = self._ask_library("pycollCommPeerProcess", "comm_peer_process", peer)
+        return None if proc is None else (int(proc[0]), int(proc[1]), int(proc[2]))
+
+    def _ask_library(self, function: str, method: str, peer: int) -> Any:
+        """``library.<method>(handle, peer)`` for the observers (the liveness check) where the library has
+        ``function``, the handle held against being freed meanwhile; None where it has not, there is no handle any
+        more or the library refused."""
+        if not self.library.has(function):
             return None
         with self._hlock:
             h = self._handle
             if h is None:
                 return None
             try:
-                pid, start, pidns = self.library.comm_peer_process(h, peer)
-                return int(pid), int(start), int(pidns)
+                return getattr(self.library, method)(h, peer)
             except Exception:
-                _log.debug("could not read the process of rank %s of %r", peer, self.name, exc_info=True)
+                _log.debug("%s(%r, rank %s) failed", function, self.name, peer, exc_info=True)
                 return None
 
     def _async_exc(self, code: int) -> CommFailure:
