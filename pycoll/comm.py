@@ -140,6 +140,11 @@ def _missing(describe_missing: Callable[[], str]) -> str:
         return f"; who is missing is unknown ({type(exc).__name__}: {exc})"
 
 
+def _same_error(failure: BaseException, e: NCCLError) -> bool:
+    """Whether ``failure`` is the asynchronous error ``e`` read again (the watchdog found it first)."""
+    return isinstance(failure, (AsyncCommError, NCCLError)) and getattr(failure, "code", None) == e.code
+
+
 class _HandleGone(Exception):
     """Raised by a ``poll_ready`` reader whose handle another thread freed (an abort): ``failure`` is raised."""
 
@@ -1353,7 +1358,7 @@ class Communicator(_core.CommCore):
             def read() -> int:
                 with self._hlock:
                     if self._handle != handle:
-                        raise _HandleGone(self._aborted_during(what))
+                        raise _HandleGone(self._gone_during(what))
                     return lib.comm_get_async_error(handle)
 
         poll_ready(self.library, handle, what, timeout, on_timeout=on_timeout, comm_name=self.name, give_up=give_up,
@@ -1718,9 +1723,10 @@ class Communicator(_core.CommCore):
                         # the error is this communicator's asynchronous error now: it is failed, as its state says
                         # (it read "active" while every operation raised the split's error)
                         self.fail(self._async_exc(e.code), None)
-                    if failure is not None and not isinstance(e, CommFailure):
+                    if failure is not None and not isinstance(e, CommFailure) and not _same_error(failure, e):
                         # the communicator failed meanwhile (another thread's fail(): a reshape elsewhere revoked
-                        # it), which stopped this call: what the caller's recovery catches, naming both
+                        # it), which stopped this call: what the caller's recovery catches, naming both. Not where
+                        # that failure is this call's own error, which the watchdog read first
                         cls = CommRevoked if isinstance(failure, CommRevoked) else CommFailure
                         raise cls(f"{what} on communicator {self.name!r} rank {self._rank} did not complete: the "
                                   f"communicator failed meanwhile ({failure}); the library said: {e}") from e
@@ -1809,6 +1815,17 @@ class Communicator(_core.CommCore):
                            name=name or f"{self.name}.split{self._reshapes}",
                            global_ranks=members, timeout=timeout, poll_parent=True, generation=generation,
                            failure_callbacks=failure_callbacks)
+
+    def _gone_during(self, what: str) -> BaseException:
+        """The error of a poll for ``what`` whose handle another thread freed: the library's asynchronous error the poll
+        would have read, where the watchdog found it first and its policy aborted the communicator (a split the
+        library refused for want of shared memory raised NCCLSystemError, or CommAborted when the watchdog was
+        quicker); else :meth:`_aborted_during`."""
+        f = self._failure
+        code = getattr(f, "code", -1) if isinstance(f, (AsyncCommError, NCCLError)) else -1
+        if isinstance(code, int) and code > 0 and code != B.IN_PROGRESS:
+            return error_class(code)(code, what, self.library.get_error_string(code), str(f), self.library.path)
+        return self._aborted_during(what)
 
     def _aborted_during(self, what: str) -> CommAborted:
         """The error of a wait for ``what`` that another thread's abort of this communicator ended."""

@@ -1058,6 +1058,35 @@ def test_communicators_that_together_need_more_shm_than_there_is_are_refused_not
     assert out.stdout.count("refused: True") == 2 and out.stdout.count("touched") == 2, out.stdout
 
 
+_LATE_POLL = """
+import time
+import pycoll.comm
+
+_poll_ready = pycoll.comm.poll_ready
+polls = []
+
+
+def late(*args, **kwargs):  # the watchdog finds the library's error first: its policy aborts the communicator
+    polls.append(1)
+    if len(polls) > 12:  # around the refused split, the 16th or so (not every one: seconds each)
+        time.sleep(1.0)
+    return _poll_ready(*args, **kwargs)
+
+
+pycoll.comm.poll_ready = late
+""" + _MANY
+
+
+@pytest.mark.timeout(90)
+def test_a_split_refused_for_shm_raises_the_librarys_error_also_when_the_watchdog_saw_it_first(tmp_path):
+    # the split's poll of the parent's asynchronous error raced the watchdog's: where the watchdog read it first and
+    # the abort policy freed the handle, the split raised CommAborted, not the NCCLSystemError ("not enough shared
+    # memory") the program catches, and the rank died of it (the test above failed so about once in a CI run)
+    out = _in_a_small_shm(tmp_path, _LATE_POLL, "128m")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("refused: True") == 2 and out.stdout.count("touched") == 2, out.stdout
+
+
 def _handle_table(lib_path):
     """(capacity, tables kept) of the host library's handle table (handles.c's static ``tab``), read through its
     symbol's offset (nm) in this process's mapping of the library."""
