@@ -140,9 +140,10 @@ def _missing(describe_missing: Callable[[], str]) -> str:
         return f"; who is missing is unknown ({type(exc).__name__}: {exc})"
 
 
-def _same_error(failure: BaseException, e: NCCLError) -> bool:
-    """Whether ``failure`` is the asynchronous error ``e`` read again (the watchdog found it first)."""
-    return isinstance(failure, (AsyncCommError, NCCLError)) and getattr(failure, "code", None) == e.code
+def _library_code(failure: Optional[BaseException]) -> int:
+    """The library's error code that ``failure`` carries (an asynchronous error the watchdog read, a library call's
+    error), else -1."""
+    return getattr(failure, "code", -1) if isinstance(failure, (AsyncCommError, NCCLError)) else -1
 
 
 class _HandleGone(Exception):
@@ -1723,7 +1724,7 @@ class Communicator(_core.CommCore):
                         # the error is this communicator's asynchronous error now: it is failed, as its state says
                         # (it read "active" while every operation raised the split's error)
                         self.fail(self._async_exc(e.code), None)
-                    if failure is not None and not isinstance(e, CommFailure) and not _same_error(failure, e):
+                    if failure is not None and not isinstance(e, CommFailure) and _library_code(failure) != e.code:
                         # the communicator failed meanwhile (another thread's fail(): a reshape elsewhere revoked
                         # it), which stopped this call: what the caller's recovery catches, naming both. Not where
                         # that failure is this call's own error, which the watchdog read first
@@ -1822,7 +1823,7 @@ class Communicator(_core.CommCore):
         library refused for want of shared memory raised NCCLSystemError, or CommAborted when the watchdog was
         quicker); else :meth:`_aborted_during`."""
         f = self._failure
-        code = getattr(f, "code", -1) if isinstance(f, (AsyncCommError, NCCLError)) else -1
+        code = _library_code(f)
         if isinstance(code, int) and code > 0 and code != B.IN_PROGRESS:
             return error_class(code)(code, what, self.library.get_error_string(code), str(f), self.library.path)
         return self._aborted_during(what)
