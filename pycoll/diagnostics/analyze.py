@@ -729,7 +729,8 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
     cut = {r: first for r in present if (first := _p2p_history_start(dumps[r], uid, p2p[r])) > 1}
     for r, first in sorted(cut.items()):
         res["problems"].append(f"point-to-point history of rank {r} starts at p2p #{first} (older entries were "
-                               "overwritten): its sends and receives are compared over what both sides still hold")
+                               "overwritten): its sends and receives are not paired with their peers' (what did not "
+                               "complete is named alone)")
     res["p2p"] = _check_p2p(members, present, p2p, stack_limit, cut)
     if res["first_divergence"] is not None:
         # a rank that never entered the operation because it is held in an operation of its own
@@ -928,8 +929,7 @@ def _captured_text(c: Dict[str, Any], limit: int = 6) -> str:
         if ids:
             text += f" (capture{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))})"
         items.append(text)
-    more = len(items) - limit
-    return ", ".join(items[:limit]) + (f" and {more} more" if more > 0 else "")
+    return _listed(items, limit)
 
 
 def _listed(items: Sequence[str], limit: int = 6) -> str:
@@ -1236,10 +1236,9 @@ def _waits_for_its_group(div: Dict[str, Any], coll: Dict[int, Dict[int, Dict[str
     where #s never ran on a rank (its group dropped there): that is the divergence."""
     if div["never_entered"] or div["skipped"] or div["mismatch"] or not div["in_flight"]:
         return False
-    if any(str(info.get("error") or "").startswith("CommStateError") and " never ran" in str(info["error"])
-           for info in div["in_flight"].values()):
-        return False
     s = div["seq"]
+    if any(never_ran(coll[r][s]) for r in div["in_flight"]):
+        return False
     return any(any(t > s and t in coll[r] for t in info["group"]) for r, info in div["in_flight"].items())
 
 
