@@ -21,6 +21,7 @@ import numpy as np
 from .._core import DLPACK_CAPSULE_DESTRUCTOR
 from .._dtypes import BY_CODE, numpy_code
 from ..devices import register_framework_stream
+from ..memory import _np_dtype, _torch_dtype
 from .runtime import EmulatedCudaRuntime, EmulatedFramework
 
 __all__ = ["EmulatedFramework", "TorchLikeTensor", "CupyLikeArray", "KDL_CUDA"]
@@ -104,32 +105,24 @@ def _host_dtype(dtype: Any, framework: str) -> np.dtype:
         except ImportError:  # no torch to read the name: numpy reads it
             pass
         else:
-            from ..memory import _torch_dtype
-
             try:
                 t = _torch_dtype(dtype)
             except (TypeError, ValueError):
                 raise TypeError(f"dtype {dtype!r} is no torch dtype") from None
             wanted, torch_size = str(t)[len("torch."):], torch.empty((), dtype=t).element_size()
     try:
-        dt = np.dtype(wanted)
-    except TypeError:
-        try:
-            import ml_dtypes  # noqa: F401  (registers the bfloat16 and float8 names with numpy)
-        except ImportError:
-            raise TypeError(f"dtype {dtype!r} has no numpy type for the emulated GPU to keep its data in (bfloat16 "
-                            "and the float8 types need the ml_dtypes package, which is not installed)") from None
-        try:
-            dt = np.dtype(wanted)
-        except TypeError:
-            raise TypeError(f"dtype {dtype!r} has no numpy or ml_dtypes type for the emulated GPU to keep its data "
-                            "in") from None
+        dt = _np_dtype(wanted)  # as the host backend's: bfloat16 and the float8 names through ml_dtypes
+    except ImportError:
+        raise TypeError(f"dtype {dtype!r} has no numpy type for the emulated GPU to keep its data in (bfloat16 "
+                        "and the float8 types need the ml_dtypes package, which is not installed)") from None
+    except TypeError:  # no such type, or one holding Python objects
+        raise TypeError(f"dtype {dtype!r} has no numpy or ml_dtypes type for the emulated GPU to keep its data "
+                        "in") from None
     if framework == "cupy" and dt.type.__module__ != "numpy":  # ml_dtypes' bfloat16 and float8 types
         raise TypeError(f"dtype {dtype!r}: CuPy has no {dt} arrays (torch tensors do: like='torch')")
-    if dt.hasobject or (torch_size is not None and dt.itemsize != torch_size):
-        raise TypeError(f"dtype {dtype!r} has no numpy or ml_dtypes type for the emulated GPU to keep its data in"
-                        + (f" (numpy's {dt} has {dt.itemsize}-byte elements, torch's {torch_size})"
-                           if torch_size is not None and dt.itemsize != torch_size else ""))
+    if torch_size is not None and dt.itemsize != torch_size:
+        raise TypeError(f"dtype {dtype!r} has no numpy or ml_dtypes type for the emulated GPU to keep its data in "
+                        f"(numpy's {dt} has {dt.itemsize}-byte elements, torch's {torch_size})")
     return dt
 
 
