@@ -18,8 +18,8 @@ cdef class Work:
     cdef public double t0  # its deadline counts from here: its issue (enqueue; the end of the group that held it)
     cdef public bint grouped  # it waits in an open group(): not issued yet (no events looked at, no deadline)
     cdef public object inputs, outputs
-    # an asynchronous operation's torch tensors: (Buffer, its storage, written) held from its issue until it retires;
-    # what the retirement found their memory became (a message), else None
+    # an asynchronous operation's torch tensors: (Buffer, its storage, written, the tensor's data pointer) held from
+    # its issue until it retires; what the retirement found their memory became (a message), else None
     cdef public object _kept, _moved
     # time_started_ns, time_completed_ns, duration_ms (properties: None where unset) as C values: no objects made
     cdef long long _t_started, _t_completed  # wall-clock ns; 0: not yet

@@ -2108,10 +2108,11 @@ cdef object _cai_buffer(object obj, object cai, object stream, bint writable, ob
 
 cdef object _torch_storages(list inputs, list outputs, list written):
     """The torch tensors of an asynchronous operation (or one in a group, which runs at the group's end), as
-    ``[(Buffer, storage, written, the tensor's data pointer)]`` (None: none): the Work holds their storages until it retires. The tensor itself is held anyway (its Buffer's owner), its memory is not:
-    a ``set_`` or an assignment to ``.data`` while the operation runs would free it under the operation (a crash, or
-    a write into memory reused meanwhile); held, the operation uses the memory it was given, as NCCL's semantics
-    are. A resize (of the tensor or its storage) frees it all the same: :func:`_check_kept` finds that."""
+    ``[(Buffer, storage, written, the tensor's data pointer)]`` (None: none): the Work holds their storages until it
+    retires. The tensor itself is held anyway (its Buffer's owner), its memory is not: a ``set_`` or an assignment to
+    ``.data`` while the operation runs would free it under the operation (a crash, or a write into memory reused
+    meanwhile); held, the operation uses the memory it was given, as NCCL's semantics are. A resize (of the tensor
+    or its storage) frees it all the same: :func:`_check_kept` finds that."""
     kept = None
     for b in inputs:
         if (<tuple>b)[10] is _TORCH_SOURCE and (<tuple>b)[1]:
