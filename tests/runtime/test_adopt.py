@@ -187,15 +187,22 @@ def test_group_simulate_on_a_library_without_it_leaves_no_group_open():
         c.abort()
 
 
+def _all_reduce_each(comms, count):
+    """An all_reduce of ``count`` elements on every one of ``comms`` (one process's ranks: init_all's), in one group
+    this thread drives; rank i contributes i + 1. Returns each rank's array."""
+    xs = [np.full(count, float(i + 1), np.float32) for i in range(len(comms))]
+    with comms[0].group():
+        works = [c.all_reduce(x, async_op=True) for c, x in zip(comms, xs, strict=True)]
+    for w in works:
+        w.wait()
+    return xs
+
+
 def test_init_all_one_thread_drives_every_rank():
     with _ranks([0, 1, 2], backend="host", timeout=20) as comms:
         assert [c.rank for c in comms] == [0, 1, 2] and all(c.owns_handle for c in comms)
         assert [c.properties.cuda_dev for c in comms] == [0, 1, 2]
-        xs = [np.full(5, float(i + 1), np.float32) for i in range(3)]
-        with comms[0].group():
-            works = [c.all_reduce(x, async_op=True) for c, x in zip(comms, xs, strict=True)]
-        for w in works:
-            w.wait()
+        xs = _all_reduce_each(comms, 5)
         assert all(x.tolist() == [6.0] * 5 for x in xs)
         with comms[0].group_simulate() as sim:
             assert sim.estimated_time is None
@@ -298,11 +305,7 @@ def test_init_all_waits_for_the_communicators_nccl_comm_blocking_0_makes_nonbloc
     monkeypatch.setenv("NCCL_COMM_BLOCKING", "0")
     with _ranks(2, backend="host", timeout=20) as comms:
         assert [c.rank for c in comms] == [0, 1] and all(c.owns_handle for c in comms)
-        xs = [np.full(3, float(i + 1), np.float32) for i in range(2)]
-        with comms[0].group():
-            works = [c.all_reduce(x, async_op=True) for c, x in zip(comms, xs, strict=True)]
-        for w in works:
-            w.wait()
+        xs = _all_reduce_each(comms, 3)
         assert all(x.tolist() == [3.0] * 3 for x in xs)
 
 
