@@ -538,7 +538,12 @@ def _killed_while_interrupted(rank, n, uid, trace):
         c.recv(np.ones(2, np.float32), 1 - rank)  # neither sends: both wait, rank 1 until rank 0 fails or is gone
     except pycoll.CommFailure as e:
         took = time.monotonic() - t0
-        time.sleep(0.3)  # rank 0 reaches its failpoint meanwhile (right after the failure is recorded)
+        # rank 0 reaches its failpoint right after the failure is recorded, which may be after this rank heard of it:
+        # alive until it has (a rank still running when this one returns is killed by run_ranks, no SIGKILL of its own)
+        deadline = time.monotonic() + 10.0
+        while not os.path.exists(trace) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)
         return type(e).__name__, took
     return None
 

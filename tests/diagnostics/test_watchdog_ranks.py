@@ -506,7 +506,10 @@ def test_an_aborted_communicators_store_keeps_no_connection_while_its_records_wa
         client = server.client(timeout=10)
         c = pycoll.init(0, 1, store=client, backend="host", name="kept-store")
         c.all_reduce(np.ones(2, np.float32))
-        assert client._idle  # published through it
+        deadline = time.monotonic() + 10.0  # published through it (the store thread's publication may be under way)
+        while not client._idle and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert client._idle
         c.abort()
         assert client._idle == []
         client.set("after", b"1")  # still usable: a call opens a connection
