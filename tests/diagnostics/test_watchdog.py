@@ -350,9 +350,10 @@ def _report(peers, *, seq=5, failures=None, is_p2p=False, peer=None, answered=()
     op = op or ("send" if is_p2p else "all_reduce")
     w = c.op(op, np.ones(2, np.float32), None if is_p2p else np.ones(2, np.float32),
              state="started", peer=peer, timeout=2.0)
-    w.t0 -= 2.05
+    issued_at = rec.issued_at(w)
     exc = CommTimeout("timed out", comm_name="world", op=w.op, seq=seq, elapsed=2.05, timeout=2.0)
-    r = FailureReport(c, exc, w, rec.issued_at(w))
+    w.t0 = time.monotonic() - 2.05  # 2.05 s as the report reads it next, also on a busy machine (it read 2.06)
+    r = FailureReport(c, exc, w, issued_at)
     now = time.time_ns()
     r.peers = {k: {"coll_enqueued": v[0], "coll_started": v[1], "coll_completed": v[1], "p2p_enqueued": v[2],
                    "p2p_completed": v[2], "state": "active", "time_ns": now - int(v[3] * 1e9), "beats": 1,
