@@ -801,22 +801,28 @@ def _stopped_peer(rank, n, uid):
         c.all_reduce(np.ones(4, np.float32), timeout=1.0)
         return "no exception"
     except pycoll.CommTimeout:
-        elapsed = time.monotonic() - t0
+        how = "timeout"
+    except pycoll.RemoteError:  # the other waiting rank's deadline came first: its abort reached this rank
+        how = "remote"
+    elapsed = time.monotonic() - t0
     try:
         c.all_reduce(np.ones(4, np.float32))
         later = "no exception"
     except pycoll.CommAborted:
         later = "aborted"
-    return elapsed, later, c.state
+    return how, elapsed, later, c.state
 
 
 @pytest.mark.timeout(60)
 def test_stopped_peer_times_out_and_aborts():
     res = run_ranks(_stopped_peer, 3, _uid(), timeout=30, may_die=[2])
     for rank in (0, 1):
-        elapsed, later, state = res[rank]
-        assert 1.0 <= elapsed < 2.5, elapsed
+        how, elapsed, later, state = res[rank]
+        # both wait for the stopped rank 2 from about the same moment; where one rank was descheduled, the other's
+        # timeout (and abort) may reach it just before its own deadline
+        assert 1.0 <= elapsed < 2.5 if how == "timeout" else 0.5 <= elapsed < 2.5, res
         assert later == "aborted" and state == "aborted"
+    assert "timeout" in (res[0][0], res[1][0]), res
 
 
 @pytest.mark.timeout(30)
