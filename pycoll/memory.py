@@ -260,15 +260,18 @@ class SymmetricPool:
                 f" (its communicator {self.comm.name!r} is {state})" if state != "active" else ""))
         dims = _shape(shape)
         size = max(_nbytes(dims, _itemsize(dtype, like or ("numpy" if self.comm.backend == "host" else "torch"))), 1)
-        need = -(-size // self.alignment) * self.alignment
+        # a block takes the size rounded up to the alignment (the next block starts aligned), but the pool's last
+        # bytes may hold an array of exactly their size: a pool sized for an array has room for it
+        rounded = -(-size // self.alignment) * self.alignment
         with self._mu:
             self._reclaim()
             for i, (off, n) in enumerate(self._free):
-                if n >= need:
+                if n >= size:
+                    need = min(rounded, n)
                     self._free[i:i + 1] = [(off + need, n - need)] if n > need else []
                     break
             else:
-                raise MemoryError(f"SymmetricPool: no free block of {need} bytes in {self.nbytes} "
+                raise MemoryError(f"SymmetricPool: no free block of {size} bytes in {self.nbytes} "
                                   f"(free: {sum(n for _, n in self._free)} bytes in {len(self._free)} blocks)")
         alloc = self._alloc()
         assert alloc is not None  # the open window holds it

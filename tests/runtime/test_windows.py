@@ -414,6 +414,17 @@ def test_symmetric_pool_lifetimes_and_misuse():
         del a
         gc.collect()
         assert alloc() is None, "the block outlived close() and its last array"
+        # a pool sized for an array holds it (its block was rounded up to the alignment: "no free block of 1024 bytes
+        # in 1000"); the pool's last bytes take an array of exactly their size, and come back whole
+        with pycoll.SymmetricPool(c, 1000) as exact:
+            first = exact.empty(100, "uint8")  # a block of 256
+            last = exact.empty(744, "uint8")
+            assert exact.offset_of(last) == 256 and exact.free_bytes == 0
+            with pytest.raises(MemoryError, match="no free block of 1 bytes in 1000"):
+                exact.empty(1, "uint8")
+            del first, last
+            gc.collect()
+            assert exact.free_bytes == 1000 and exact.offset_of(exact.empty(250, "float32")) == 0
         # a registration writes nothing: a read-only send buffer is registered
         ro = np.ones(16, np.float32)
         ro.flags.writeable = False
