@@ -172,7 +172,8 @@ class Window(_Tracked):
     def user_ptr(self) -> int:
         """The address this rank registered (``ncclWinGetUserPtr``)."""
         with self.comm._lock:
-            return int(self.comm.library.win_get_user_ptr(self.comm.handle, self.handle))
+            h = self.handle  # a released window says so first, as its other methods do (not the comm's abort)
+            return int(self.comm.library.win_get_user_ptr(self.comm.handle, h))
 
     def peer_pointer(self, peer: int, offset: int = 0) -> int:
         """The address of ``peer``'s window (plus ``offset`` bytes) as this process reaches it
@@ -321,7 +322,8 @@ def wait_signal(comm: Any, peer: Union[int, Sequence[SignalWait]], count: int = 
     operation's ``timeout``, enforced by the watchdog like any collective's.
     """
     one: Any = peer
-    if hasattr(type(one), "__index__"):  # one peer: an int, numpy's, a 0-d tensor (a bool is refused below)
+    # one peer: an int, numpy's, a 0-d tensor (a bool is refused below); an array of rows has __index__ too
+    if hasattr(type(one), "__index__") and not getattr(one, "ndim", 0):
         rows: List[SignalWait] = [(one, count, sig_idx, ctx)]
     elif (count, sig_idx, ctx) != (1, 0, 0):
         raise ValueError("wait_signal: count, sig_idx and ctx are given in each (peer, count, sig_idx, ctx) row of a "

@@ -531,3 +531,22 @@ def test_a_window_registration_meeting_an_all_gather_is_a_mismatch_on_both_ranks
     for text, _ in res:
         assert "collective mismatch" in text and "ncclCommWindowRegister (its exchange of the windows)" in text, res
     assert res[1][1] == [255] * 8, res  # nothing of rank 0's window descriptor
+
+
+def test_a_released_windows_user_ptr_and_a_wait_on_an_array_of_rows():
+    # user_ptr of a window whose communicator was aborted raised CommAborted (a CommFailure: an elastic loop reshapes
+    # on it), where every other use of a released window raises CommStateError; an array of (peer, count, sig_idx,
+    # ctx) rows, which has __index__, was read as one peer ("peer must be an int rank, got ndarray")
+    c = _comm(0, 1, _uid(), name="released-window")
+    try:
+        pool = pycoll.SymmetricPool(c, 4096)
+        c.signal(0)
+        c.signal(0, sig_idx=1)
+        c.wait_signal(np.array([[0, 1, 0, 0], [0, 1, 1, 0]]))
+        with pytest.raises(ValueError, match="non-empty sequence of"):
+            c.wait_signal(np.array([0]))
+        c.abort()
+        with pytest.raises(CommStateError, match="was released"):
+            _ = pool.window.user_ptr
+    finally:
+        c.destroy()
