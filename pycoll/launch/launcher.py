@@ -229,10 +229,16 @@ def _exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _describe(code: int) -> str:
-    if code > 128:
+def _describe(code: int, returncode: Optional[int] = None) -> str:
+    """How a rank ended, from ``code`` (as a shell reports it) and Popen's ``returncode`` where known (negative: killed
+    by a signal; a rank's ``sys.exit(137)`` is no SIGKILL). Without it (another node's report) a code above 128 is
+    read as a signal's."""
+    signum = -returncode if returncode is not None and returncode < 0 else 0
+    if returncode is None and code > 128:
+        signum = code - 128
+    if signum:
         try:
-            return f"was killed by {signal.Signals(code - 128).name} (exit code {code})"
+            return f"was killed by {signal.Signals(signum).name} (exit code {code})"
         except ValueError:
             pass
     return f"exited with code {code}"
@@ -478,7 +484,7 @@ class _Launcher:
         self.store_port = 0
         self.replacements_left = cfg.replace_failed
         self.replacement_count: Dict[int, int] = {}
-        self.failures: List[Tuple[int, int]] = []  # (rank, code) in the order seen, replaced or not
+        self.failures: List[Tuple[int, int, str]] = []  # (rank, code, how it ended) in the order seen, replaced or not
         self.failure_n: List[int] = []  # each one's number in the job's failures (KEY_FAILURE; 0: not recorded)
         self.counted = 0  # the job-wide number of the failure whose code result() returned (0: none, or not known)
         self.replaced_failures: set = set()  # indices into self.failures
@@ -935,12 +941,13 @@ class _Launcher:
         _killpg(proc.popen.pid, signal.SIGKILL)  # whatever the rank left in its process group
         rank = proc.rank
         if proc.stopped:
-            log.debug("rank %d %s after being stopped", rank, _describe(code))
+            log.debug("rank %d %s after being stopped", rank, _describe(code, proc.popen.returncode))
             return
         if proc.hung:  # killed here: a failure whatever the status says (0 if it was continued and finished)
             code = code or 128 + signal.SIGKILL
+        what = "hung (stopped) and was killed" if proc.hung else _describe(code, proc.popen.returncode)
         if code != 0:
-            self.failures.append((rank, code))
+            self.failures.append((rank, code, what))
             n = self.store_call("count a failure", "add", KEY_FAILURES, 1)
             self.failure_n.append(n or 0)
             if n is not None:
@@ -949,7 +956,6 @@ class _Launcher:
         self.store_call("record an exit code", "set", KEY_EXIT.format(rank=rank), str(code))
         if code == 0:
             return
-        what = "hung (stopped) and was killed" if proc.hung else _describe(code)
         if self.stopping:
             return
         if not self.cfg.keep_going:
@@ -1248,15 +1254,15 @@ class _Launcher:
             self.counted = self.failure_n[0] if self.failures else 0
             return self.failures[0][1] if self.failures else 0
         lost: Dict[int, bool] = {}
-        for i, (rank, code) in enumerate(self.failures):
+        for i, (rank, code, what) in enumerate(self.failures):
             if i in self.replaced_failures:
                 continue
             if rank not in lost:
                 lost[rank] = bool(self.store_call("read lost ranks", "check", [KEY_LOST.format(rank=rank)]))
             if lost[rank]:
-                log.info("rank %d %s and was marked lost: not counted", rank, _describe(code))
+                log.info("rank %d %s and was marked lost: not counted", rank, what)
                 continue
-            log.error("rank %d %s and was neither replaced nor marked lost", rank, _describe(code))
+            log.error("rank %d %s and was neither replaced nor marked lost", rank, what)
             self.counted = self.failure_n[i]
             return code
         return 0

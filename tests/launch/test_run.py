@@ -162,6 +162,19 @@ def test_rank_killed_by_a_signal(tmp_path):
     assert "rank 1 was killed by SIGKILL (exit code 137)" in res.stderr
 
 
+def test_a_rank_that_exits_with_a_code_above_128_is_no_signal(tmp_path):
+    # sys.exit(137) was reported "killed by SIGKILL (exit code 137)": an operator went looking for an OOM kill
+    script = _script(tmp_path, """
+        import os, sys, time
+        if os.environ["PYCOLL_RANK"] == "1":
+            sys.exit(137)
+        time.sleep(300)
+    """)
+    res = launch(["-n", "2", script], tmp_path)
+    assert res.returncode == 137
+    assert "rank 1 exited with code 137; stopping the other ranks" in res.stderr, res.stderr
+
+
 @pytest.mark.timeout(60)
 def test_ranks_ignoring_sigterm_are_killed_after_the_grace_period(tmp_path):
     script = _script(tmp_path, WRITE_PID, """
