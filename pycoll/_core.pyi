@@ -5,9 +5,9 @@ from typing import Any, Callable, Dict, Iterator, List, Literal, Optional, Seque
 from ._settings import Seconds
 from .buffers import Buffer
 
-__all__ = ["CommCore", "Hook", "Lock", "RLock", "Work", "launch", "refresh", "retire", "events_back", "begin", "buf",
-           "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter",
-           "send", "recv", "sendrecv", "GroupScope", "library_call", "open_group",
+__all__ = ["CommCore", "Hook", "Lock", "RLock", "Work", "launch", "refresh", "retire_clean", "retire",
+           "events_back", "begin", "buf", "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
+           "all_to_all", "gather", "scatter", "send", "recv", "sendrecv", "GroupScope", "library_call", "open_group",
            "group_library", "set_group", "DLPACK_CAPSULE_DESTRUCTOR", "STAGES", "stage_clock", "torch_dlpack_view",
            "gpu_driver_calls"]
 
@@ -128,6 +128,7 @@ def launch(comm: Any, op: str, call: Callable[[int, int], Any], stream: int, inp
            outputs: Sequence[Buffer], async_op: bool, timeout: Optional[Seconds],
            peer: Optional[int] = ..., peers: Optional[Tuple[int, ...]] = ...) -> Work: ...
 def refresh(comm: Any, w: Work) -> None: ...
+def retire_clean(comm: Any) -> None: ...
 def retire(comm: Any, w: Work) -> None: ...
 def events_back(pool: List[Any], w: Work) -> None: ...
 def seq_text(w: Work) -> str: ...

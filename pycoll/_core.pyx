@@ -54,7 +54,7 @@ from .errors import (AsyncCommError, CaptureError, CommAborted, CommFailure, Com
                      WaitTimeout,
                      error_class)
 
-__all__ = ["CommCore", "Hook", "Lock", "RLock", "Work", "launch", "refresh", "retire", "events_back", "begin",
+__all__ = ["CommCore", "Hook", "Lock", "RLock", "Work", "launch", "refresh", "retire_clean", "retire", "events_back", "begin",
            "buf", "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter", "send",
            "recv", "sendrecv", "GroupScope", "library_call", "open_group", "group_library", "set_group", "DLPACK_CAPSULE_DESTRUCTOR", "STAGES", "stage_clock", "torch_dlpack_view",
            "gpu_driver_calls"]
@@ -1132,6 +1132,40 @@ cdef int _async_code(CommCore comm, Library lib) except? -1:
         comm._hlock.give()
 
 
+cdef bint _clean(CommCore comm, Library lib, object start, object end) except -1:
+    """Whether the operation between ``start`` and ``end`` (its events, found complete) completed without failing
+    although the communicator has an asynchronous error: the host library tells (NCCL does not: False; an event
+    completes after a failed kernel too); its results stand. The handle is held against being freed meanwhile."""
+    cdef int clean = 0
+    if lib is None or lib.fn.pycollCommEventsClean == NULL:
+        return False
+    comm._hlock.take(-1)
+    try:
+        h = comm._handle
+        return h is not None and lib.fn.pycollCommEventsClean(
+            <ncclComm_t><uintptr_t>h, <pycollEvent_t><uintptr_t>start, <pycollEvent_t><uintptr_t>end, &clean) == 0 \
+            and clean != 0
+    finally:
+        comm._hlock.give()
+
+
+cdef int _retire_clean(CommCore comm, object dev, Library lib) except -1:
+    """The communicator has an asynchronous error: its outstanding operations that completed without failing (the
+    host library tells; NCCL cannot: nothing here) retire as completed, before the failure fails the others -- an
+    operation nobody had waited for yet is not failed with a later one's error."""
+    if lib is None or lib.fn.pycollCommEventsClean == NULL:
+        return 0
+    for w in comm._pending.snapshot():
+        _refresh(comm, <Work>w, dev, lib, True)
+    return 0
+
+
+def retire_clean(CommCore comm):
+    """:func:`_retire_clean` (:meth:`Communicator.check` and a call the library refused for the error, before they
+    fail the communicator with it)."""
+    _retire_clean(comm, comm.device, _comm_lib(comm))
+
+
 # -- the path of one operation -----------------------------------------------------------------------
 
 cdef void _run_hooks(tuple calls, Work w) except *:
@@ -1459,7 +1493,8 @@ def refresh(CommCore comm, Work w not None):
     _refresh(comm, w, dev, _comm_lib(comm))
 
 
-cdef _refresh(CommCore comm, Work w, object dev, Library lib):
+cdef _refresh(CommCore comm, Work w, object dev, Library lib, bint clean_only=False):
+    """``clean_only``: complete ``w`` if it has, nothing else (no state change, no failure: :func:`_retire_clean`)."""
     cdef CudaDriver drv = _comm_driver(comm)
     start, end = w._start, w._end
     if w._state is _COMPLETED or w._exc is not None or start is None or w.grouped:
@@ -1489,8 +1524,14 @@ cdef _refresh(CommCore comm, Work w, object dev, Library lib):
                           AsyncCommError(f"communicator {comm.name!r} rank {comm._rank}: querying the events of "
                                          f"{w.op} ({_seq_text(w)}) failed: {exc}", getattr(exc, "code", -1)), w)
             return
+        if clean_only and not done:
+            return
         if done:
             code = _async_code(comm, lib)  # read before _plock: lock order
+            if code != 0 and code != _IN_PROGRESS and _clean(comm, lib, start, end):
+                code = 0  # it completed, not failed (the host library tells): its results stand
+            if clean_only and code != 0 and code != _IN_PROGRESS:
+                return
             if s is not None and (code == 0 or code == _IN_PROGRESS):
                 s.timed, s.ms = timed, ms
                 s.done = True
@@ -1526,6 +1567,7 @@ cdef _refresh(CommCore comm, Work w, object dev, Library lib):
         comm._plock.give()
     held_in = held_out = None  # the arrays go here, outside the lock
     if failure is not None:
+        _retire_clean(comm, dev, lib)  # the operations before it that completed are not failed with it
         comm.fail(failure, w)
     else:
         _stage(_ST_COMPLETE)

@@ -774,7 +774,7 @@ class Communicator(_core.CommCore):
             return
         if code not in (0, B.IN_PROGRESS):
             _fp.hit(FP_CHECK_FOUND)
-            self.fail(self._async_exc(code), next(iter(self._pending), None))
+            self._fail_at_error(self._async_exc(code), None)
             return
         now = time.monotonic() if now is None else now
         pending = self._pending.snapshot()
@@ -930,8 +930,18 @@ class Communicator(_core.CommCore):
             raise e
         if w is not None:
             w._exc = failure
-        self.fail(failure, w)
+        if code not in (0, B.IN_PROGRESS):
+            self._fail_at_error(failure, w)  # refused for an earlier operation's failure: that one is blamed
+        else:
+            self.fail(failure, w)
         raise failure from e
+
+    def _fail_at_error(self, failure: BaseException, fallback: Optional[Work]) -> None:
+        """Fail with ``failure``, the library's asynchronous error, blaming the oldest outstanding operation
+        (``fallback`` when there is none) -- once those that completed without failing have retired, where the
+        library tells them apart (the host library): their results stand, nobody may have waited for them yet."""
+        _core.retire_clean(self)
+        self.fail(failure, next(iter(self._pending), fallback))
 
     # -- launching operations -------------------------------------------------------------------
 

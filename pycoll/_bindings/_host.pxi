@@ -101,6 +101,20 @@ cdef class HostLibrary(Library):
         _check(self, &cr, "pycollCommPeerProcess")
         return pid, start, pidns
 
+    def comm_events_clean(self, comm, start, end):
+        """pycollCommEventsClean: whether the operation of ``comm`` between the events ``start`` and ``end`` has
+        completed without failing -- ``end`` completed before ``comm``'s asynchronous state became an error (always,
+        where it is none), or no operation of this process ended failed between the two."""
+        cdef ncclComm_t c = _comm(comm)
+        cdef pycollEvent_t a = <pycollEvent_t>_handle(start, "start")
+        cdef pycollEvent_t b = <pycollEvent_t>_handle(end, "end")
+        cdef int clean = 0
+        cdef _Call cr
+        _need(self, <void*>self.fn.pycollCommEventsClean, "pycollCommEventsClean")
+        with nogil: _cap(&self.fn, NULL, &cr, self.fn.pycollCommEventsClean(c, a, b, &clean))
+        _check(self, &cr, "pycollCommEventsClean")
+        return bool(clean)
+
     def host_event_arm(self, event):
         """pycollEventArm: make ``event`` incomplete until :meth:`host_event_fire` (streams waiting on it stop)."""
         cdef pycollEvent_t ev = <pycollEvent_t>_handle(event, "event")

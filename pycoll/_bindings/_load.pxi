@@ -313,5 +313,6 @@ cdef _resolve(Library lib):
     t.pycollCommWaitReady = <pycollCommWaitReady_fn>lib._sym("pycollCommWaitReady")
     t.pycollCommPeerOpen = <pycollCommPeerOpen_fn>lib._sym("pycollCommPeerOpen")
     t.pycollCommPeerProcess = <pycollCommPeerProcess_fn>lib._sym("pycollCommPeerProcess")
+    t.pycollCommEventsClean = <pycollCommEventsClean_fn>lib._sym("pycollCommEventsClean")
     for name in RCCL_FUNCTIONS:
         lib._sym(name)

@@ -676,6 +676,7 @@ ctypedef int (*pycollGraphDestroy_fn)(pycollGraph_t graph) noexcept nogil
 ctypedef int (*pycollCommWaitReady_fn)(ncclComm_t comm, uint64_t timeout_ns) noexcept nogil
 ctypedef int (*pycollCommPeerOpen_fn)(ncclComm_t comm, int peer, int* count) noexcept nogil
 ctypedef int (*pycollCommPeerProcess_fn)(ncclComm_t comm, int peer, int* pid, uint64_t* start, uint64_t* pidns) noexcept nogil
+ctypedef int (*pycollCommEventsClean_fn)(ncclComm_t comm, pycollEvent_t start, pycollEvent_t end, int* clean) noexcept nogil
 
 
 # --- the symbol table of one loaded library: NULL where the library lacks the function ----------
@@ -806,3 +807,4 @@ ctypedef struct pycoll_nccl_table:
     pycollCommWaitReady_fn pycollCommWaitReady
     pycollCommPeerOpen_fn pycollCommPeerOpen
     pycollCommPeerProcess_fn pycollCommPeerProcess
+    pycollCommEventsClean_fn pycollCommEventsClean

@@ -127,6 +127,8 @@ ncclResult_t comm_wait_pending(struct ncclComm* c, bool abortable) {
 
 void comm_fail(struct ncclComm* c, int code, const char* text) {
   int expected = 0;
+  /* first: an operation that this failure fails (a task that finds `broken` set, or its own) ends after it */
+  comm_note_error_time(c);
   if (__atomic_compare_exchange_n(&c->broken, &expected, code, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
     if (c->seg.base && c->rank >= 0 && !c->torn_down) {
       struct rank_ctrl* me = &c->seg.ctrl[c->rank];

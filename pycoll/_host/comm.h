@@ -53,6 +53,9 @@ struct ncclComm {
   uint32_t abort_flag;
   int abort_reason; /* why abort_flag is set: enum abort_reason */
   int async;       /* ncclCommGetAsyncError; a futex word for pycollCommWaitReady */
+  /* when `async` last became an error (now_ns; 0: it is none), written before `async` itself: an event that completed
+   * before it ends an operation that completed before the failure (pycollCommEventBeforeFailure) */
+  uint64_t async_err_ns;
   uint32_t async_waiters;
   int broken;      /* sticky fatal error for collectives (0 when healthy) */
   bool revoked, finalize_called, destroy_called, suspended;
@@ -130,8 +133,16 @@ static inline void comm_async_changed(struct ncclComm* c) {
 /* Keeps the comm's last error as the text of its error state (fail_error) where none is kept yet; forgets it when
  * `v` is ncclSuccess and the comm is not broken. */
 void comm_note_async(struct ncclComm* c, int v);
+/* Keeps when the comm's asynchronous state became an error: the first such moment since it was last healthy. */
+static inline void comm_note_error_time(struct ncclComm* c) {
+  uint64_t none = 0;
+  __atomic_compare_exchange_n(&c->async_err_ns, &none, now_ns(), false, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED);
+}
 static inline void comm_set_async(struct ncclComm* c, int v) {
   if (v != ncclInProgress) comm_note_async(c, v);
+  if (v != ncclSuccess && v != ncclInProgress) comm_note_error_time(c);
+  else if (v == ncclSuccess && !__atomic_load_n(&c->broken, __ATOMIC_ACQUIRE))
+    __atomic_store_n(&c->async_err_ns, 0, __ATOMIC_SEQ_CST);
   __atomic_store_n(&c->async, v, __ATOMIC_SEQ_CST);
   comm_async_changed(c);
 }

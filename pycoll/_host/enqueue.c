@@ -21,8 +21,11 @@ const char* task_kind_name(int kind) {
   return (kind >= 0 && kind < TK_COUNT) ? names[kind] : "Invalid";
 }
 
+uint64_t host_tasks_failed = 0;
+
 static void finish_task(struct task* t, int code) {
   t->result = (ncclResult_t)code;
+  if (code != ncclSuccess) __atomic_add_fetch(&host_tasks_failed, 1, __ATOMIC_SEQ_CST); /* before its end fires */
   task_done(t);
 }
 

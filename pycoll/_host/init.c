@@ -11,6 +11,7 @@
 #include "env.h"
 #include "group.h"
 #include "handles.h"
+#include "stream.h"
 
 NCCL_API ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
   if (!uniqueId) {
@@ -451,6 +452,27 @@ NCCL_API int pycollCommPeerProcess(ncclComm_t comm, int peer, int* pid, uint64_t
     }
     pthread_mutex_unlock(&c->mu);
     if (r != ncclSuccess) CWARN(c, "pycollCommPeerProcess : the communicator was destroyed or aborted");
+  }
+  comm_release(c);
+  return r;
+}
+
+NCCL_API int pycollCommEventsClean(ncclComm_t comm, pycollEvent_t start, pycollEvent_t end, int* clean) {
+  struct ncclComm* c;
+  ncclResult_t r = comm_acquire(comm, "pycollCommEventsClean", &c);
+  if (r != ncclSuccess) return r;
+  if (!clean) {
+    CWARN(c, "pycollCommEventsClean : clean argument is NULL");
+    r = ncclInvalidArgument;
+  } else if (!start || !event_valid(start) || !end || !event_valid(end)) {
+    CWARN(c, "pycollCommEventsClean : event %p is not a valid pycoll host event",
+          (void*)(!start || !event_valid(start) ? start : end));
+    r = ncclInvalidArgument;
+  } else {
+    int a = comm_async(c); /* the state first: its error's time is written before it (comm_fail, comm_set_async) */
+    uint64_t t = __atomic_load_n(&c->async_err_ns, __ATOMIC_SEQ_CST);
+    bool failed = a != ncclSuccess && a != ncclInProgress;
+    *clean = events_clean(start, end, failed ? t : UINT64_MAX);
   }
   comm_release(c);
   return r;

@@ -173,6 +173,11 @@ int pycollCommPeerOpen(struct ncclComm* comm, int peer, int* count);
  * /proc/<pid>/stat's field 22) and its pid namespace's inode -- what a watcher on this host needs before the peer
  * publishes anything itself. ncclInvalidUsage once the communicator was torn down (destroyed or aborted). */
 int pycollCommPeerProcess(struct ncclComm* comm, int peer, int* pid, uint64_t* start, uint64_t* pidns);
+/* *clean: 1 when the last records of `start` and `end` (an operation's events) have completed and the operation did
+ * not fail -- `end` completed before the communicator's asynchronous state became an error (always, where it is
+ * none), or no operation of this process ended failed between the two (its stream goes on past a failed operation,
+ * so its events complete too) -- else 0: its results stand where 1. */
+int pycollCommEventsClean(struct ncclComm* comm, pycollEvent_t start, pycollEvent_t end, int* clean);
 
 #ifdef __cplusplus
 }

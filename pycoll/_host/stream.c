@@ -23,6 +23,7 @@ struct marker {
   uint32_t done;
   uint32_t sleepers; /* threads asleep (or about to be) on `done`: a fire without any makes no syscall */
   uint64_t t_ns;
+  uint64_t failed; /* host_tasks_failed as it completed */
   struct pycollStream* stream; /* the stream whose thread fires it (a record), else NULL */
 };
 
@@ -114,6 +115,7 @@ void marker_fire(void* m_) {
   struct marker* m = m_;
   if (__atomic_load_n(&m->done, __ATOMIC_ACQUIRE)) return;
   m->t_ns = now_ns();
+  m->failed = __atomic_load_n(&host_tasks_failed, __ATOMIC_SEQ_CST);
   /* sequentially consistent on both sides: a sleeper registered before this store is seen below, and
    * one registering after it sees `done` set (or its futex_wait finds the word changed) */
   __atomic_store_n(&m->done, 1, __ATOMIC_SEQ_CST);
@@ -1025,6 +1027,7 @@ static bool event_refire(struct pycollEvent* e) {
   bool reuse = m && __atomic_load_n(&m->refs, __ATOMIC_ACQUIRE) == 1 && __atomic_load_n(&m->done, __ATOMIC_ACQUIRE);
   if (reuse) {
     m->t_ns = now_ns();
+    m->failed = __atomic_load_n(&host_tasks_failed, __ATOMIC_SEQ_CST);
     m->stream = NULL;
   }
   spin_unlock(&e->lock);
@@ -1132,6 +1135,15 @@ NCCL_API int pycollEventSynchronize(pycollEvent_t e) {
   }
   marker_release(m);
   return ncclSuccess;
+}
+
+bool events_clean(pycollEvent_t start, pycollEvent_t end, uint64_t t_ns) {
+  struct marker *a = event_current(start), *b = event_current(end);
+  bool clean = a && b && __atomic_load_n(&a->done, __ATOMIC_ACQUIRE) && __atomic_load_n(&b->done, __ATOMIC_ACQUIRE) &&
+               ((t_ns && b->t_ns < t_ns) || a->failed == b->failed);
+  marker_release(a);
+  marker_release(b);
+  return clean;
 }
 
 NCCL_API int pycollEventElapsedTime(float* ms, pycollEvent_t start, pycollEvent_t end) {

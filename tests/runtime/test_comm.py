@@ -1556,6 +1556,47 @@ def test_a_barrier_does_not_silently_match_a_programs_one_int32_all_reduce():
         assert res[0] != "no exception" and res[1] is True, res
 
 
+def _mismatch_behind_a_completed_op(rank, n, uid, wait_first):
+    from pycoll import hooks
+
+    blamed = []
+
+    class Blamed(hooks.CommObserver):
+        def comm_failed(self, comm, exc, work):
+            blamed.append(work.seq if work is not None else None)
+
+    obs = Blamed()
+    hooks.add_observer(obs)
+    c = _comm(rank, n, uid, timeout=10)
+    a, b, d = np.ones(4, np.float32), np.ones(4 + rank, np.float32), np.ones(4, np.float32)
+    w1 = c.all_reduce(a, async_op=True)
+    if wait_first:
+        time.sleep(0.3)  # w1 done, nobody waited for it
+    w2 = c.all_reduce(b, async_op=True)  # count 4 against 5: the library fails it
+    try:
+        w3 = c.all_reduce(d, async_op=True)
+    except pycoll.CommFailure:  # refused: the comm had failed already (the refusal's failure names w2 too)
+        w3 = None
+    deadline = time.monotonic() + 10
+    while not w2.is_completed() and time.monotonic() < deadline:  # failed: once the policy has acted
+        time.sleep(0.01)
+    states = [(w.state, type(w.exception()).__name__) for w in (w1, w2, w3) if w is not None]
+    hooks.remove_observer(obs)
+    c.abort()
+    return blamed, states, a.tolist()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("wait_first", [False, True])
+def test_an_asynchronous_error_is_blamed_on_its_operation_not_on_a_completed_one(wait_first):
+    # three async all_reduce, the second mismatched: the watchdog's line, the dump's reason and the failure named
+    # all_reduce #1 (state scheduled), whose result was written on every rank, and failed it too -- the oldest
+    # outstanding operation, which nobody had waited for
+    for blamed, states, a in run_ranks(_mismatch_behind_a_completed_op, 2, _uid(), wait_first, timeout=40):
+        assert blamed == [2] and a == [2.0] * 4, (blamed, states, a)
+        assert states[0] == ("completed", "NoneType") and states[1][1] == "AsyncCommError", states
+
+
 def test_a_communicator_or_work_cannot_be_pickled_and_says_so():
     # (a spawned Process given one: "no default __reduce__ due to non-trivial __cinit__", Cython's words)
     import pickle
