@@ -257,7 +257,7 @@ def init(
             (:class:`~pycoll.StoreError`), and it ends the init it met (:class:`~pycoll.CommAborted` there, naming
             the second rank 0): a rank number given twice leaves another one missing, for which the first group
             would wait out its ``init_timeout``. A rank whose rank 0 does not come is told why. A rank whose init
-            ends without the communicator (an error, its timeout, Ctrl-C) says so at the store: a rank that
+            ends without the communicator (an error, its timeout, Ctrl-C, SIGTERM) says so at the store: a rank that
             arrives later raises :class:`~pycoll.CommAborted` at once, naming it, instead of waiting out its own
             ``init_timeout`` for ranks that have left (the ranks already waiting are told by the library).
         backend: ``"auto"`` (nccl with CUDA GPUs, rccl with ROCm GPUs, else host; or
@@ -317,6 +317,7 @@ def init(
     if store is not None:
         store = store_argument(store)
     uid = meeting = base = None
+    noted: Optional[contextlib.AbstractContextManager[None]] = None
     owns = False
     # the store's requests too (a server that stopped answering held each for its client's timeout, 300 s); past the
     # deadline, each of the give-up notes after a failure still gets its second
@@ -352,6 +353,10 @@ def init(
         # from here on a SIGTERM dumps and aborts the init under way (its segment removed); not before the store is
         # open: torch's connect blocks the main thread in C, where a Python handler cannot run
         arm_sigterm()
+        if meeting:  # a SIGTERM that ends the process says at the store that this rank gave the init up
+            noted = hooks.init_note(lambda: _give_up_init(store, base, uid, rank, CommAborted(
+                "its process was ended by SIGTERM")))
+            noted.__enter__()
         backend, lib = load_library(backend, library)
         dev, owns = _open_device(backend, lib, device, local_rank)
         uid = _exchange_unique_id(lib, unique_id, store, rank, world_size, base, left(), name, count)
@@ -387,6 +392,8 @@ def init(
             dev.close()
         raise
     finally:
+        if noted is not None:
+            noted.__exit__(None, None, None)
         bound.__exit__()
     return _watched(Communicator(
         handle, library=lib, device=dev, rank=rank, size=world_size, name=name, uid=_uid_str(uid),
@@ -466,8 +473,7 @@ def _exchange_unique_id(lib: Any, unique_id: Any, store: Any, rank: int, world_s
         if there != mine:
             gone = _given_up_text(there)
             if gone:  # a rank that waited for the unique id in vain (its timeout) left: the init cannot complete
-                raise CommAborted(f"init of {name!r} (this process's init #{count} with that name): {gone} before "
-                                  f"this rank (rank 0) arrived; nothing is waiting for it any more")
+                raise _given_up_before(name, count, gone, rank, meets)
             err = StoreError(f"init of {name!r} (this process's init #{count} with that name): another rank 0 "
                              f"already published its unique id at {key!r} of the store {meets}")
             # the init met there cannot complete either (two rank 0s: a rank number given twice): its ranks, waiting
@@ -481,8 +487,7 @@ def _exchange_unique_id(lib: Any, unique_id: Any, store: Any, rank: int, world_s
         value = bytes(store.get(key, timeout=timeout))
         gone = _given_up_text(value)
         if gone:
-            raise CommAborted(f"init of {name!r} (this process's init #{count} with that name): {gone} before this "
-                              f"rank (rank {rank}) arrived; nothing is waiting for it any more")
+            raise _given_up_before(name, count, gone, rank, meets)
         return B.UniqueId.from_bytes(value)
     except StoreTimeout as e:
         if "did not answer" in str(e):  # the store itself, not rank 0
@@ -534,6 +539,15 @@ def _watching_given_up(store: Any, base: str, name: str, give_up: Optional[Calla
         return CommAborted(f"init of {name!r}: {gone}; the init cannot complete") if gone else None
 
     return check
+
+
+def _given_up_before(name: str, count: int, gone: str, rank: int, meets: str) -> CommAborted:
+    """The error of a rank that arrives at an init another rank gave up (``gone``: who and why): a note of this
+    rank's own number is an earlier attempt's, a job that started again at the store under the same name."""
+    earlier = (" -- a rank of this number: an earlier attempt's note, the job started again at this store"
+               if gone.startswith(f"rank {rank} ") else "")
+    return CommAborted(f"init of {name!r} (this process's init #{count} with that name): {gone} before this rank (rank "
+                       f"{rank}) arrived{earlier}; nothing is waiting for it any more {meets}")
 
 
 def _given_up_text(value: bytes) -> str:

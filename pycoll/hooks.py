@@ -438,10 +438,32 @@ def initializing(abort: Callable[[], None], any_thread: bool) -> Iterator[None]:
         _initializing.pop(token, None)
 
 
+#: what the inits meeting through a store under way say there as SIGTERM ends the process (:func:`init_note`)
+_init_notes: Dict[int, Callable[[], None]] = {}
+#: how long the process waits for those notes as SIGTERM ends it (a store that does not answer holds it no longer)
+INIT_NOTE_S = 2.0
+
+
+@contextlib.contextmanager
+def init_note(note: Callable[[], None]) -> Iterator[None]:
+    """While the block runs an init that meets its peers through a store, :func:`abort_initializing` also calls
+    ``note``, which tells the store that this rank gave the init up: a rank arriving later fails at once, not at its
+    init_timeout (the init's own error path, which says so on every other failure, never runs: SIGTERM ends the
+    process)."""
+    token = next(_init_tokens)
+    _init_notes[token] = note
+    try:
+        yield
+    finally:
+        _init_notes.pop(token, None)
+
+
 def abort_initializing() -> None:
     """Abort the communicators this process is initialising (see :func:`initializing`) -- the process is about to
     end by SIGTERM: the host library then removes the rendezvous segment of a rank still waiting for the others
-    (which a later init would otherwise sweep away only). Errors are logged and ignored."""
+    (which a later init would otherwise sweep away only) -- and say so at the stores they meet through
+    (:func:`init_note`), waiting at most ``INIT_NOTE_S`` for that: in a thread of its own, as the thread running
+    this may have interrupted a call of the same store client. Errors are logged and ignored."""
     me = threading.get_ident()
     for abort, thread, any_thread in list(_initializing.values()):
         if any_thread or thread == me:
@@ -449,6 +471,23 @@ def abort_initializing() -> None:
                 abort()
             except Exception as e:
                 _log.debug("aborting a communicator being initialised failed: %s", e)
+    notes = list(_init_notes.values())
+    if not notes:
+        return
+
+    def say() -> None:
+        for note in notes:
+            try:
+                note()
+            except Exception as e:
+                _log.debug("telling the store that an init was given up failed: %s", e)
+
+    t = threading.Thread(target=say, name="pycoll-init-note", daemon=True)
+    try:
+        t.start()
+    except RuntimeError:  # no thread at interpreter shutdown: nothing said
+        return
+    t.join(INIT_NOTE_S)
 
 
 #: whether this process is a fork of one that held communicators (a rank's data-loader or pool worker)
@@ -468,6 +507,7 @@ def _after_fork_in_child() -> None:
         c.mark_inherited()
     _live.clear()
     _initializing.clear()
+    _init_notes.clear()
 
 
 if hasattr(os, "register_at_fork"):

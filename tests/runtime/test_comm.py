@@ -1192,6 +1192,75 @@ def test_an_init_given_up_before_the_communicator_was_made_is_said_at_the_store(
     assert "rank 0 gave the init up (StoreError: refused here) before this rank (rank 1) arrived" in r1[2], r1
 
 
+_INIT_TO_BE_TERMINATED = """
+import sys, pycoll
+from pycoll.store import FileStore
+print("waiting", flush=True)
+pycoll.init(0, 2, store=FileStore(sys.argv[1]), backend="host", init_timeout=30, name=sys.argv[2])
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("note", ["said", "store hangs"])
+def test_a_rank_ended_by_sigterm_in_its_init_says_so_at_the_store(tmp_path, note):
+    # a pre-empted rank (SIGTERM while it waited for its peers) aborted its init and ended without the note every
+    # other failure leaves at the store: a rank arriving later waited its whole init_timeout, told "every rank
+    # arrived at the store and called the library's init". A note the store does not take holds the process no
+    # longer than hooks.INIT_NOTE_S (failpoint init.given_up.before_publish asleep for 20 s)
+    import subprocess
+    import sys
+
+    from pycoll import hooks
+    from pycoll.store import FileStore
+
+    path = str(tmp_path / "store")
+    env = dict(os.environ, PYTHONPATH=REPO)
+    if note == "store hangs":
+        env["PYCOLL_FAILPOINTS"] = "init.given_up.before_publish=sleep(20000)"
+    name = f"terminated-{note}"  # this process's first init of that name, as the child's
+    p = subprocess.Popen([sys.executable, "-c", _INIT_TO_BE_TERMINATED, path, name], stdout=subprocess.PIPE,
+                         text=True, env=env)
+    try:
+        assert p.stdout.readline() == "waiting\n"
+        time.sleep(1.0)  # in its init: the unique id published, waiting in the library for rank 1
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(20) == -signal.SIGTERM
+        assert time.monotonic() - t0 < hooks.INIT_NOTE_S + 3.0
+    finally:
+        p.kill()
+        p.wait()
+        p.stdout.close()
+    t0 = time.monotonic()
+    if note == "store hangs":  # nothing said: the init waits for rank 0 (whose id is there) until its timeout
+        with pytest.raises(pycoll.CommTimeout):
+            pycoll.init(1, 2, store=FileStore(path), backend="host", init_timeout=1, name=name)
+        return
+    with pytest.raises(pycoll.CommAborted, match=r"rank 0 gave the init up \(CommAborted: its process was ended by "
+                                                 r"SIGTERM\) before this rank \(rank 1\) arrived"):
+        pycoll.init(1, 2, store=FileStore(path), backend="host", init_timeout=10, name=name)
+    assert time.monotonic() - t0 < 3.0
+
+
+@pytest.mark.timeout(60)
+def test_a_note_of_an_earlier_attempt_says_so(tmp_path):
+    # a job started again at a store that kept its first attempt's note (rank 0 alone, timed out): the second
+    # attempt's rank 0 read "rank 0 gave the init up ... before this rank (rank 0) arrived", which contradicts itself
+    import subprocess
+    import sys
+
+    from pycoll.store import FileStore
+
+    path = str(tmp_path / "store")
+    first = ("import sys, pycoll\nfrom pycoll.store import FileStore\ntry:\n    pycoll.init(0, 2, store=FileStore("
+             "sys.argv[1]), backend='host', init_timeout=0.5, name='attempts')\nexcept pycoll.CommTimeout:\n    pass\n")
+    subprocess.run([sys.executable, "-c", first, path], env=dict(os.environ, PYTHONPATH=REPO), timeout=30, check=True)
+    with pytest.raises(pycoll.CommAborted, match=r"rank 0 gave the init up \(CommTimeout: .*\) before this rank "
+                                                 r"\(rank 0\) arrived -- a rank of this number: an earlier attempt's "
+                                                 r"note, the job started again at this store; .* own name="):
+        pycoll.init(0, 2, store=FileStore(path), backend="host", init_timeout=5, name="attempts")
+
+
 @pytest.mark.timeout(60)
 def test_init_timeout_names_missing_ranks(tmp_path):
     res = run_ranks(_init_store, 2, str(tmp_path / "store"), 3, timeout=30)
