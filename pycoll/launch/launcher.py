@@ -37,7 +37,9 @@ What it does:
   them.)
 * Each rank runs in its own process group. Ranks die when the launcher dies (``PR_SET_PDEATHSIG``),
   whatever is left in a rank's process group is killed when the rank ends, and the launcher (a child
-  subreaper) kills any remaining descendant before it exits: no process outlives the launcher.
+  subreaper) kills any remaining descendant before it exits: no process outlives the launcher -- except where
+  the launcher itself is killed by SIGKILL (the OOM killer, a scheduler): its ranks still die with it, but processes
+  they started themselves outlive them.
 
 Exit status:
 
