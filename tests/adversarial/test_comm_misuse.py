@@ -555,7 +555,9 @@ def test_a_rank_killed_while_its_ctrl_c_is_handled_fails_the_peers_operation_at_
     res = run_ranks(_killed_while_interrupted, 2, _uid(), trace, timeout=60, may_die=[0])
     with open(trace) as f:
         assert f.read().startswith("comm.interrupted.before_wait kill")
-    assert res[0].exitcode == -signal.SIGKILL, res
+    # killed there (the trace says so); its exit code None where run_ranks still saw it running as rank 1 returned:
+    # a SIGKILLed process's threads take a while to end, and it is reaped only then (even once it shows as a zombie)
+    assert res[0].exitcode in (None, -signal.SIGKILL), res
     kind, took = res[1]
     assert kind in ("RemoteError", "PeerFailure") and took < 2.0, res
 
