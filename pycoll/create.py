@@ -36,6 +36,10 @@ FP_INIT_GIVEN_UP = _fp.declare("init.given_up.before_publish", "an init through 
                                                                "its timeout, Ctrl-C), before it says so at the store")
 #: what replaces the unique id at an init's store key once a rank gave the init up (followed by who and why)
 _GIVEN_UP = b"pycoll-init-given-up "
+#: what replaces it once the communicator was made (followed by where rank 0 ran)
+_MADE = b"pycoll-init-made "
+FP_INIT_MADE = _fp.declare("init.made.before_mark", "rank 0's communicator of an init through a store is made, before "
+                                                     "it marks the unique id's key as used")
 
 
 def _default_init_timeout() -> float:
@@ -256,7 +260,10 @@ def init(
             (say, with an epoch in it) or with a ``unique_id``. A second rank 0 at the same keys is refused
             (:class:`~pycoll.StoreError`), and it ends the init it met (:class:`~pycoll.CommAborted` there, naming
             the second rank 0): a rank number given twice leaves another one missing, for which the first group
-            would wait out its ``init_timeout``. A rank whose rank 0 does not come is told why. A rank whose init
+            would wait out its ``init_timeout``. Once the communicator is made, rank 0 marks the keys used (in place
+            of the unique id): any rank that comes to them later -- a second group, a job started again -- is refused
+            too (:class:`~pycoll.StoreError`), where it joined a second rank 0's group, the groups mixed with no
+            error. A rank whose rank 0 does not come is told why. A rank whose init
             ends without the communicator (an error, its timeout, Ctrl-C, SIGTERM) says so at the store: a rank that
             arrives later raises :class:`~pycoll.CommAborted` at once, naming it, instead of waiting out its own
             ``init_timeout`` for ranks that have left (the ranks already waiting are told by the library).
@@ -384,7 +391,7 @@ def init(
         if status == B.IN_PROGRESS:
             _poll_new(lib, handle, what, left(), missing, reported_timeout=init_timeout, give_up=watching)
         if store is not None:
-            _forget_init_keys(store, base, rank, published=meeting)
+            _forget_init_keys(store, base, rank, uid if meeting else None)
     except BaseException as exc:
         if meeting:  # no communicator here (aborted, or never made): the init cannot complete
             _give_up_init(store, base, uid, rank, exc)  # type: ignore[arg-type]
@@ -474,6 +481,9 @@ def _exchange_unique_id(lib: Any, unique_id: Any, store: Any, rank: int, world_s
             gone = _given_up_text(there)
             if gone:  # a rank that waited for the unique id in vain (its timeout) left: the init cannot complete
                 raise _given_up_before(name, count, gone, rank, meets)
+            made = _made_text(there)
+            if made:
+                raise _used(name, count, made, rank, meets)
             err = StoreError(f"init of {name!r} (this process's init #{count} with that name): another rank 0 "
                              f"already published its unique id at {key!r} of the store {meets}")
             # the init met there cannot complete either (two rank 0s: a rank number given twice): its ranks, waiting
@@ -488,6 +498,9 @@ def _exchange_unique_id(lib: Any, unique_id: Any, store: Any, rank: int, world_s
         gone = _given_up_text(value)
         if gone:
             raise _given_up_before(name, count, gone, rank, meets)
+        made = _made_text(value)
+        if made:
+            raise _used(name, count, made, rank, meets)
         return B.UniqueId.from_bytes(value)
     except StoreTimeout as e:
         if "did not answer" in str(e):  # the store itself, not rank 0
@@ -514,8 +527,8 @@ def _give_up_init(store: Any, base: str, uid: Any, rank: int, exc: BaseException
     key, marker = f"{base}/unique_id", _GIVEN_UP + what.encode()
     try:
         there = bytes(store.compare_set(key, b"" if uid is None else bytes(uid), marker))
-        if uid is None and there not in (b"", marker) and not _given_up_text(there):  # rank 0's, published before
-            store.compare_set(key, there, marker)
+        if uid is None and there not in (b"", marker) and not _given_up_text(there) and not _made_text(there):
+            store.compare_set(key, there, marker)  # rank 0's unique id, published before (not the mark of a made one)
     except Exception as e:
         _log.debug("init: could not tell the store that it was given up: %s", e)
 
@@ -550,6 +563,18 @@ def _given_up_before(name: str, count: int, gone: str, rank: int, meets: str) ->
                        f"{rank}) arrived{earlier}; nothing is waiting for it any more {meets}")
 
 
+def _used(name: str, count: int, made: str, rank: int, meets: str) -> StoreError:
+    """The error of a rank that comes to keys where a communicator was made already (``made``: where)."""
+    return StoreError(f"init of {name!r} (this process's init #{count} with that name): {made}, so this rank (rank "
+                      f"{rank}) comes after its group: a rank number given twice, or a second group or a job started "
+                      f"again under this name at this store {meets}")
+
+
+def _made_text(value: bytes) -> str:
+    """Where the communicator of an init was made, from the value at its unique id's key, or ""."""
+    return value[len(_MADE):].decode(errors="replace") if value.startswith(_MADE) else ""
+
+
 def _given_up_text(value: bytes) -> str:
     """Who gave an init up and why, from the value at its unique id's key (see :func:`_give_up_init`), or ""."""
     return value[len(_GIVEN_UP):].decode(errors="replace") if value.startswith(_GIVEN_UP) else ""
@@ -563,17 +588,23 @@ def _given_up(store: Any, base: str, timeout: float = 1.0) -> str:
         return ""
 
 
-def _forget_init_keys(store: Any, base: str, rank: int, published: bool) -> None:
-    """The communicator is up, so every rank has read the unique id and arrived: the keys of the meeting go (the
-    store would otherwise keep 1 + size keys per communicator made; the arrivals also where the unique id was
-    given, as the elastic layer's inits give it). ``published``: rank 0 put the unique id in the store. Best
-    effort: the store may be going."""
+def _forget_init_keys(store: Any, base: str, rank: int, published: Any) -> None:
+    """The communicator is up, so every rank has read the unique id and arrived: the arrivals go (the store would
+    otherwise keep size keys per communicator made; also where the unique id was given, as the elastic layer's inits
+    give it). ``published``: the unique id rank 0 put in the store (None: none), which rank 0 replaces with a mark
+    that it was used (a few bytes): a rank that comes to these keys later -- a rank number given twice, a second
+    group or a job started again under the same name -- is refused (:func:`_exchange_unique_id`), where it met a
+    second rank 0's fresh unique id and joined it, the groups mixed with no error. Best effort: the store may be
+    going."""
     try:
         store.delete(f"{base}/arrived/{rank}")
-        if published and rank == 0:
-            store.delete(f"{base}/unique_id")
+        if published is not None and rank == 0:
+            _fp.hit(FP_INIT_MADE)
+            store.compare_set(f"{base}/unique_id", bytes(published), _MADE + (
+                f"a communicator was made at these keys (its rank 0: pid {os.getpid()} on {socket.gethostname()})"
+            ).encode())
     except Exception as e:  # a store error here is not the communicator's
-        _log.debug("init: could not delete the keys under %r: %s", base, e)
+        _log.debug("init: could not mark the keys under %r used: %s", base, e)
 
 
 def join(

@@ -1122,6 +1122,52 @@ def test_a_second_rank_0_ends_the_first_ones_init_too(tmp_path):
                      r"leaves another missing \(StoreError", first[2]), first
 
 
+def _init_at(rank, n, path, group):
+    from pycoll.store import FileStore
+
+    try:
+        c = pycoll.init(rank, 2, store=FileStore(path), backend="host", name="used-keys", init_timeout=5)
+    except pycoll.StoreError as e:
+        return type(e).__name__, str(e)
+    x = np.full(1, 10.0 ** group, np.float32)
+    c.all_reduce(x)
+    c.destroy()
+    return float(x[0])
+
+
+@pytest.mark.timeout(60)
+def test_ranks_that_come_to_the_keys_of_a_communicator_made_already_are_refused(tmp_path):
+    # a second group (or a job started again) under one name at one store came to the keys once the first group's
+    # communicator was made and the unique id deleted: its rank 0 published a fresh one, and a rank 1 of either group
+    # still waiting joined it -- the groups mixed, every sum wrong (1 + 10 for 2 and 20), no error
+    path = str(tmp_path / "store")
+    assert run_ranks(_init_at, 2, path, 0, timeout=30) == [2.0, 2.0]
+    for rank, (kind, text) in enumerate(run_ranks(_init_at, 2, path, 1, timeout=30)):
+        assert kind == "StoreError", (kind, text)
+        assert re.search(rf"init of 'used-keys' \(this process's init #1 with that name\): a communicator was made at "
+                         rf"these keys \(its rank 0: pid \d+ on .*\), so this rank \(rank {rank}\) comes after its "
+                         rf"group: .* own name=", text), text
+
+
+def _killed_before_marking(rank, n, path, trace):
+    from pycoll.store import FileStore
+
+    if rank == 0:
+        pycoll.failpoints.configure(f"init.made.before_mark=kill;trace={trace}")
+    c = pycoll.init(rank, 2, store=FileStore(path), backend="host", name="marked", init_timeout=10)
+    return c.rank  # (left for the exit: its peer is gone)
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_0_killed_before_it_marks_the_keys_used_leaves_its_peers_init_made(tmp_path):
+    """Failpoint init.made.before_mark: the communicator is made on every rank before rank 0 marks the keys."""
+    trace = str(tmp_path / "fired")
+    res = run_ranks(_killed_before_marking, 2, str(tmp_path / "store"), trace, timeout=40, may_die=[0])
+    with open(trace) as f:
+        assert f.read().startswith("init.made.before_mark kill")
+    assert res[1] == 1 and res[0].exitcode in (None, -signal.SIGKILL), res
+
+
 def _one_rank_cannot_start(rank, n, path, how, late):
     from pycoll.store import FileStore
 
