@@ -1023,11 +1023,12 @@ def _init_store(rank, n, path, size):
 def test_init_through_a_store(tmp_path):
     res = run_ranks(_init_store, 3, str(tmp_path / "store"), 3, timeout=30)
     assert res == [[3.0, 3.0]] * 3
-    # the meeting's keys (the unique id, the arrivals) are gone once the communicator is up, and the watchdog's records
-    # of each rank (its process, its progress) once it is destroyed: a store that makes communicators over and over (a
-    # weight sync's) does not fill up
+    # the meeting's keys (the arrivals) are gone once the communicator is up -- the unique id's holds the few bytes
+    # of the mark that it was used -- and the watchdog's records of each rank (its process, its progress) once it
+    # is destroyed: a store that makes communicators over and over (a weight sync's) does not fill up
     store = pycoll.FileStore(str(tmp_path / "store"))
-    assert store.list_keys("pycoll/init/") == []
+    (key,) = store.list_keys("pycoll/init/")  # pycoll/init/world/<this process's count>/unique_id
+    assert key.endswith("/unique_id") and store.get(key).startswith(b"pycoll-init-made a communicator was made")
     assert [k for k in store.list_keys("pycoll/fr/") if k.startswith(("pycoll/fr/proc", "pycoll/fr/progress"))] == []
 
 
