@@ -132,6 +132,35 @@ def test_peer_open_counts_a_ranks_sends_and_receives_with_a_peer_until_each_is_d
         l.comm_peer_process(comm, 0)
 
 
+def test_events_clean_says_whether_the_operation_between_two_events_completed_without_failing():
+    """pycollCommEventsClean: both events complete and the communicator healthy: clean; an event not complete yet:
+    not; a bad event or communicator is refused (the failed case: tests/runtime, two ranks with a mismatch)."""
+    l = lib()
+    comm = init(1, 0, uid())
+    s = l.host_stream_create()
+    start, end, never = l.host_event_create(), l.host_event_create(), l.host_event_create()
+    try:
+        a, b = np.arange(4, dtype=np.float32), np.zeros(4, np.float32)
+        l.host_event_record(start, s)
+        l.all_reduce(ptr(a), ptr(b), 4, F32, SUM, comm, s)
+        l.host_event_record(end, s)
+        l.host_stream_synchronize(s)
+        assert l.comm_events_clean(comm, start, end) is True and b.tolist() == a.tolist()
+        l.host_event_arm(never)  # incomplete until fired
+        assert l.comm_events_clean(comm, start, never) is False
+        l.host_event_fire(never)
+        assert l.comm_events_clean(comm, start, never) is True
+        with pytest.raises(errors.InvalidArgument):
+            l.comm_events_clean(comm, start, 12345)  # not an event
+    finally:
+        for e in (start, end, never):
+            l.host_event_destroy(e)
+        l.host_stream_destroy(s)
+        l.comm_destroy(comm)
+    with pytest.raises(errors.InvalidArgument):
+        l.comm_events_clean(comm, start, end)  # destroyed
+
+
 def _env_nonblocking(rank, n, idb):
     l = lib()
     comm, status = l.comm_init_rank_config(n, UniqueId(idb), rank, None)
