@@ -20,7 +20,16 @@ from .config import CommConfig
 from .devices import Device, auto_backend, cuda_device_count, open_device, rocm_device_count
 from .diagnostics import install as _install_diagnostics
 from .diagnostics.exits import arm_sigterm
-from .errors import CommAborted, CommTimeout, InProgressError, NCCLError, PycollError, StoreError, StoreTimeout
+from .errors import (
+    CommAborted,
+    CommTimeout,
+    InProgressError,
+    NCCLError,
+    NCCLTimeoutError,
+    PycollError,
+    StoreError,
+    StoreTimeout,
+)
 from .launch import discovery
 from .store.torch import store_argument
 
@@ -382,14 +391,19 @@ def init(
         what = f"init of communicator {name!r} ({world_size} ranks)"
         watching = _watching_given_up(store, base, name, give_up) if meeting else give_up
         try:
-            handle, status = _blocking_new(lib, cfg, lambda: lib.comm_init_rank_config(world_size, uid, rank, cfg),
-                                           int, what, left(), init_timeout, missing, watching)
-        except NCCLError as exc:
-            _abort_new(lib, exc)
-            raise
-
-        if status == B.IN_PROGRESS:
-            _poll_new(lib, handle, what, left(), missing, reported_timeout=init_timeout, give_up=watching)
+            try:
+                handle, status = _blocking_new(lib, cfg, lambda: lib.comm_init_rank_config(world_size, uid, rank, cfg),
+                                               int, what, left(), init_timeout, missing, watching)
+            except NCCLError as exc:
+                _abort_new(lib, exc)
+                raise
+            if status == B.IN_PROGRESS:
+                _poll_new(lib, handle, what, left(), missing, reported_timeout=init_timeout, give_up=watching)
+        except NCCLTimeoutError as exc:  # the library's own deadline (the host library's PYCOLL_HOST_INIT_TIMEOUT)
+            own = float(_settings.get("PYCOLL_HOST_INIT_TIMEOUT")) if lib.kind == "host" else init_timeout
+            # (its text names the ranks missing at the store, as the init's own deadline does)
+            raise CommTimeout(f"{what} did not complete: the library gave it up at its own deadline -- "
+                              f"{exc.last_error}", op="init", elapsed=init_timeout - left(), timeout=own) from exc
         if store is not None:
             _forget_init_keys(store, base, rank, uid if meeting else None)
     except BaseException as exc:

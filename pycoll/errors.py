@@ -216,7 +216,8 @@ class InProgressError(NCCLError):
 
 
 class NCCLTimeoutError(NCCLError, TimeoutError):
-    """ncclTimeout (8): a timeout inside the library (device-API barriers)."""
+    """ncclTimeout (8): a timeout inside the library (device-API barriers; the host library's rendezvous, where
+    ranks are still missing after ``PYCOLL_HOST_INIT_TIMEOUT``: :func:`pycoll.init` raises it as a ``CommTimeout``)."""
 
     code = 8
 

@@ -381,7 +381,7 @@ ncclResult_t rendezvous_join(const struct rendezvous* r, struct seg* out) {
       for (int k = 0; k < r->nranks && n < (int)sizeof text - 16; k++)
         if (!__atomic_load_n(&s.ctrl[k].token, __ATOMIC_ACQUIRE)) n += snprintf(text + n, sizeof text - n, " %d", k);
       snprintf(text + n, sizeof text - n, " to join (PYCOLL_HOST_INIT_TIMEOUT)");
-      return fail_with(r, &s, ncclRemoteError, text, true);
+      return fail_with(r, &s, ncclTimeout, text, true); /* a timeout, not a remote process gone (ncclRemoteError) */
     }
     if (t - last_live > 10000000ull) { /* every 10 ms: did a member die? */
       last_live = t;

@@ -727,6 +727,19 @@ def test_a_blocking_communicators_init_keeps_init_timeout_and_ends_at_ctrl_c(mon
     assert not [t for t in threading.enumerate() if t.name == "pycoll-init"]
 
 
+def test_the_host_librarys_own_init_deadline_is_a_comm_timeout(monkeypatch):
+    # PYCOLL_HOST_INIT_TIMEOUT passing raised RemoteError ("remote process exited or there was a network error"),
+    # where code catching CommTimeout for an init's timeout missed it
+    monkeypatch.setenv("PYCOLL_HOST_INIT_TIMEOUT", "0.5")
+    t0 = time.monotonic()
+    with pytest.raises(pycoll.CommTimeout, match=r"init of communicator 'world' \(2 ranks\) did not complete: the "
+                                                 r"library gave it up at its own deadline -- .*timed out after 0.5 s "
+                                                 r"waiting for ranks 1 to join \(PYCOLL_HOST_INIT_TIMEOUT\)") as ei:
+        pycoll.init(0, 2, unique_id=pycoll.get_unique_id(backend="host"), backend="host", init_timeout=20)
+    assert time.monotonic() - t0 < 5.0 and isinstance(ei.value.__cause__, pycoll.errors.NCCLTimeoutError)
+    assert ei.value.timeout == 0.5
+
+
 def test_init_arguments():
     with pytest.raises(ValueError, match="rank 2 is out of range"):
         pycoll.init(2, 2, unique_id=_uid(), backend="host")
