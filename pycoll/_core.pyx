@@ -1567,8 +1567,9 @@ cdef _refresh(CommCore comm, Work w, object dev, Library lib, bint clean_only=Fa
         comm._plock.give()
     held_in = held_out = None  # the arrays go here, outside the lock
     if failure is not None:
-        _retire_clean(comm, dev, lib)  # the operations before it that completed are not failed with it
-        comm.fail(failure, w)
+        # the operations before it that completed are not failed with it, and the failure is the oldest outstanding
+        # one's (the one the error ended, where the library tells), not that of ``w``, which may merely be waited for
+        comm._fail_at_error(failure, w)
     else:
         _stage(_ST_COMPLETE)
         _notify(w, True)

@@ -937,9 +937,10 @@ class Communicator(_core.CommCore):
         raise failure from e
 
     def _fail_at_error(self, failure: BaseException, fallback: Optional[Work]) -> None:
-        """Fail with ``failure``, the library's asynchronous error, blaming the oldest outstanding operation
-        (``fallback`` when there is none) -- once those that completed without failing have retired, where the
-        library tells them apart (the host library): their results stand, nobody may have waited for them yet."""
+        """Fail with ``failure``, the library's asynchronous error (found by the watchdog's check, a refresh or a
+        wait, or a call it refused), blaming the oldest outstanding operation (``fallback`` when there is none) --
+        once those that completed without failing have retired, where the library tells them apart (the host
+        library): their results stand, nobody may have waited for them yet."""
         _core.retire_clean(self)
         self.fail(failure, next(iter(self._pending), fallback))
 

@@ -104,7 +104,7 @@ cdef class HostLibrary(Library):
     def comm_events_clean(self, comm, start, end):
         """pycollCommEventsClean: whether the operation of ``comm`` between the events ``start`` and ``end`` has
         completed without failing -- ``end`` completed before ``comm``'s asynchronous state became an error (always,
-        where it is none), or no operation of this process ended failed between the two."""
+        where it is none), or, both recorded on one stream, no operation of that stream ended failed between them."""
         cdef ncclComm_t c = _comm(comm)
         cdef pycollEvent_t a = <pycollEvent_t>_handle(start, "start")
         cdef pycollEvent_t b = <pycollEvent_t>_handle(end, "end")

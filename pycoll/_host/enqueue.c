@@ -25,7 +25,10 @@ uint64_t host_tasks_failed = 0;
 
 static void finish_task(struct task* t, int code) {
   t->result = (ncclResult_t)code;
-  if (code != ncclSuccess) __atomic_add_fetch(&host_tasks_failed, 1, __ATOMIC_SEQ_CST); /* before its end fires */
+  if (code != ncclSuccess) { /* before its end event completes */
+    __atomic_add_fetch(&host_tasks_failed, 1, __ATOMIC_SEQ_CST);
+    stream_note_failed(t->stream);
+  }
   task_done(t);
 }
 

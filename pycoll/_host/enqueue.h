@@ -118,8 +118,9 @@ void tasks_finish(struct task* list, bool heap);
  * unreduced data -- and their variables' names (coll.c). */
 void coll_plan(uint64_t plan[SEG_PLAN_N]);
 extern const char* const coll_plan_names[SEG_PLAN_N];
-/* The operations of this process that ended failed (finished with an error), any communicator: an event's record
- * keeps the count as it completed, so that two events tell whether one failed between them (stream.c). */
+/* The operations of this process that ended failed (finished with an error), any communicator, any stream (each
+ * stream counts its own too): an event's record keeps the count as it completed, so that two events tell whether one
+ * failed between them (stream.c, events_clean). */
 extern uint64_t host_tasks_failed;
 /* Per-kind progress (coll.c, p2p.c). */
 void coll_start(struct task* t);

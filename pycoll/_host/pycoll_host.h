@@ -177,8 +177,8 @@ int pycollCommPeerOpen(struct ncclComm* comm, int peer, int* count);
 int pycollCommPeerProcess(struct ncclComm* comm, int peer, int* pid, uint64_t* start, uint64_t* pidns);
 /* *clean: 1 when the last records of `start` and `end` (an operation's events) have completed and the operation did
  * not fail -- `end` completed before the communicator's asynchronous state became an error (always, where it is
- * none), or no operation of this process ended failed between the two (its stream goes on past a failed operation,
- * so its events complete too) -- else 0: its results stand where 1. */
+ * none), or, both recorded on one stream, no operation of that stream ended failed between the two (a stream goes
+ * on past a failed operation, so its events complete too) -- else 0: its results stand where 1. */
 int pycollCommEventsClean(struct ncclComm* comm, pycollEvent_t start, pycollEvent_t end, int* clean);
 
 #ifdef __cplusplus

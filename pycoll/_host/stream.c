@@ -23,7 +23,10 @@ struct marker {
   uint32_t done;
   uint32_t sleepers; /* threads asleep (or about to be) on `done`: a fire without any makes no syscall */
   uint64_t t_ns;
-  uint64_t failed; /* host_tasks_failed as it completed */
+  /* the operations that ended failed on `counted_on` (NULL: in the process) as it completed: two records on one
+   * stream with the same count have no failed operation of that stream between them (events_clean) */
+  uint64_t failed;
+  struct pycollStream* counted_on;
   struct pycollStream* stream; /* the stream whose thread fires it (a record), else NULL */
 };
 
@@ -67,6 +70,7 @@ struct pycollStream {
   int room_waiters;
   bool destroying;
   struct pycollGraph* capture; /* the graph work submitted now is recorded into, instead of run */
+  uint64_t failed; /* its operations that ended failed (stream_note_failed) */
   struct pycollStream* blocking_next; /* in the list of PYCOLL_STREAM_BLOCKING streams */
 };
 
@@ -111,11 +115,19 @@ void marker_release(void* m_) {
   if (m && __atomic_sub_fetch(&m->refs, 1, __ATOMIC_ACQ_REL) == 0) free(m);
 }
 
+static uint64_t failed_count(struct pycollStream* s) {
+  return __atomic_load_n(s ? &s->failed : &host_tasks_failed, __ATOMIC_SEQ_CST);
+}
+
+void stream_note_failed(pycollStream_t s) {
+  if ((uintptr_t)s > 2) __atomic_add_fetch(&((struct pycollStream*)s)->failed, 1, __ATOMIC_SEQ_CST);
+}
+
 void marker_fire(void* m_) {
   struct marker* m = m_;
   if (__atomic_load_n(&m->done, __ATOMIC_ACQUIRE)) return;
   m->t_ns = now_ns();
-  m->failed = __atomic_load_n(&host_tasks_failed, __ATOMIC_SEQ_CST);
+  m->failed = failed_count(m->counted_on);
   /* sequentially consistent on both sides: a sleeper registered before this store is seen below, and
    * one registering after it sees `done` set (or its futex_wait finds the word changed) */
   __atomic_store_n(&m->done, 1, __ATOMIC_SEQ_CST);
@@ -1021,13 +1033,14 @@ static void event_set(struct pycollEvent* e, struct marker* m) {
 /* A record that completes at once (NULL stream, idle stream): the event's marker, when it has completed and
  * nobody else holds it (a waiter or a query holds a reference while it looks), takes the new time in place --
  * what a new, fired marker would say, without an allocation and a free per record. */
-static bool event_refire(struct pycollEvent* e) {
+static bool event_refire(struct pycollEvent* e, struct pycollStream* s) {
   spin_lock(&e->lock);
   struct marker* m = e->m;
   bool reuse = m && __atomic_load_n(&m->refs, __ATOMIC_ACQUIRE) == 1 && __atomic_load_n(&m->done, __ATOMIC_ACQUIRE);
   if (reuse) {
     m->t_ns = now_ns();
-    m->failed = __atomic_load_n(&host_tasks_failed, __ATOMIC_SEQ_CST);
+    m->counted_on = s;
+    m->failed = failed_count(s);
     m->stream = NULL;
   }
   spin_unlock(&e->lock);
@@ -1037,9 +1050,10 @@ static bool event_refire(struct pycollEvent* e) {
 ncclResult_t stream_record(pycollEvent_t e, pycollStream_t s) {
   if (s) implicit_sync(s);
   bool now = !s || stream_idle(s); /* everything before the record has run: it completes now */
-  if (now && event_refire(e)) return ncclSuccess;
+  if (now && event_refire(e, s)) return ncclSuccess;
   struct marker* m = marker_new();
   if (!m) return ncclSystemError;
+  m->counted_on = s;
   if (now) {
     marker_fire(m);
     event_set(e, m);
@@ -1140,7 +1154,7 @@ NCCL_API int pycollEventSynchronize(pycollEvent_t e) {
 bool events_clean(pycollEvent_t start, pycollEvent_t end, uint64_t t_ns) {
   struct marker *a = event_current(start), *b = event_current(end);
   bool clean = a && b && __atomic_load_n(&a->done, __ATOMIC_ACQUIRE) && __atomic_load_n(&b->done, __ATOMIC_ACQUIRE) &&
-               ((t_ns && b->t_ns < t_ns) || a->failed == b->failed);
+               ((t_ns && b->t_ns < t_ns) || (a->counted_on == b->counted_on && a->failed == b->failed));
   marker_release(a);
   marker_release(b);
   return clean;

@@ -9,8 +9,11 @@
 bool stream_valid(pycollStream_t s);
 bool event_valid(pycollEvent_t e);
 /* Whether the last records of `start` and `end` have completed, and either `end`'s before t_ns (now_ns's clock; 0:
- * never) or no operation of this process ended failed between them (host_tasks_failed). */
+ * never) or, both recorded on one stream, no operation of that stream ended failed between them (NULL stream: of
+ * the process, host_tasks_failed). */
 bool events_clean(pycollEvent_t start, pycollEvent_t end, uint64_t t_ns);
+/* An operation of stream `s` (0, 1 and 2: none) ended failed (finish_task). */
+void stream_note_failed(pycollStream_t s);
 /* Queues a list of tasks (one group's tasks for this stream) to run together, in order. */
 ncclResult_t stream_submit(pycollStream_t s, struct task* list);
 /* Queues one group's tasks spanning several streams on `s`, in issue order, as NCCL joins a group's streams: the

@@ -1685,7 +1685,7 @@ def test_a_barrier_does_not_silently_match_a_programs_one_int32_all_reduce():
         assert res[0] != "no exception" and res[1] is True, res
 
 
-def _mismatch_behind_a_completed_op(rank, n, uid, wait_first):
+def _mismatch_behind_a_completed_op(rank, n, uid, how):
     from pycoll import hooks
 
     blamed = []
@@ -1697,17 +1697,21 @@ def _mismatch_behind_a_completed_op(rank, n, uid, wait_first):
     obs = Blamed()
     hooks.add_observer(obs)
     c = _comm(rank, n, uid, timeout=10)
+    # "two streams": the operations alternate between two host streams (the first stream's end event of #1 completed
+    # after the second stream's #2 had failed: it counted as failed too)
+    streams = [c.device.new_stream(), c.device.new_stream()] if how == "two streams" else [None, None]
     a, b, d = np.ones(4, np.float32), np.ones(4 + rank, np.float32), np.ones(4, np.float32)
-    w1 = c.all_reduce(a, async_op=True)
-    if wait_first:
+    w1 = c.all_reduce(a, async_op=True, stream=streams[0])
+    if how == "pause":
         time.sleep(0.3)  # w1 done, nobody waited for it
-    w2 = c.all_reduce(b, async_op=True)  # count 4 against 5: the library fails it
+    w2 = c.all_reduce(b, async_op=True, stream=streams[1])  # count 4 against 5: the library fails it
     try:
-        w3 = c.all_reduce(d, async_op=True)
+        w3 = c.all_reduce(d, async_op=True, stream=streams[0])
     except pycoll.CommFailure:  # refused: the comm had failed already (the refusal's failure names w2 too)
         w3 = None
     deadline = time.monotonic() + 10
-    while not w2.is_completed() and time.monotonic() < deadline:  # failed: once the policy has acted
+    waited = w3 if how == "wait on #3" and w3 is not None else w2  # a wait on #3 blamed #3 (which never ran)
+    while not waited.is_completed() and time.monotonic() < deadline:  # failed: once the policy has acted
         time.sleep(0.01)
     states = [(w.state, type(w.exception()).__name__) for w in (w1, w2, w3) if w is not None]
     hooks.remove_observer(obs)
@@ -1716,12 +1720,12 @@ def _mismatch_behind_a_completed_op(rank, n, uid, wait_first):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("wait_first", [False, True])
-def test_an_asynchronous_error_is_blamed_on_its_operation_not_on_a_completed_one(wait_first):
+@pytest.mark.parametrize("how", ["at once", "pause", "two streams", "wait on #3"])
+def test_an_asynchronous_error_is_blamed_on_its_operation_not_on_a_completed_one(how):
     # three async all_reduce, the second mismatched: the watchdog's line, the dump's reason and the failure named
     # all_reduce #1 (state scheduled), whose result was written on every rank, and failed it too -- the oldest
     # outstanding operation, which nobody had waited for
-    for blamed, states, a in run_ranks(_mismatch_behind_a_completed_op, 2, _uid(), wait_first, timeout=40):
+    for blamed, states, a in run_ranks(_mismatch_behind_a_completed_op, 2, _uid(), how, timeout=40):
         assert blamed == [2] and a == [2.0] * 4, (blamed, states, a)
         assert states[0] == ("completed", "NoneType") and states[1][1] == "AsyncCommError", states
 
