@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import pickle
 import re
 import socket
 import threading
@@ -370,7 +371,7 @@ def init(
         # open: torch's connect blocks the main thread in C, where a Python handler cannot run
         arm_sigterm()
         if meeting:  # a SIGTERM that ends the process says at the store that this rank gave the init up
-            noted = hooks.init_note(lambda: _give_up_init(store, base, uid, rank, CommAborted(
+            noted = hooks.init_note(lambda: _give_up_init(_own_client(store), base, uid, rank, CommAborted(
                 "its process was ended by SIGTERM")))
             noted.__enter__()
         backend, lib = load_library(backend, library)
@@ -422,6 +423,17 @@ def init(
         timeout=op_timeout, on_failure=on_failure, store=store, owns_device=owns, generation=generation,
         failure_callbacks=failure_callbacks,
     ))
+
+
+def _own_client(store: Any) -> Any:
+    """A client of ``store`` of its own, for the note SIGTERM's handler has another thread write: the handler may
+    have interrupted this process's init inside a call of ``store``, holding its client's lock (a TCPStore's), which
+    the note then waited for until the process ended without it. A pickled copy is one (a TCPStore's: a new
+    connection, a lock of its own); ``store`` itself where it cannot be copied."""
+    try:
+        return pickle.loads(pickle.dumps(store))
+    except Exception:
+        return store
 
 
 def _watched(comm: Communicator) -> Communicator:
