@@ -46,6 +46,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ContextManager, Dict, Iterator, List, Optional, Tuple, Type
 
@@ -103,6 +104,7 @@ class ExitDumps:
         # "process" (its end) and "thread" (an uncaught exception in one) -> (the dumping thread, set when done)
         self._dumped: Dict[str, Tuple[int, threading.Event]] = {}
         self._terminating = False
+        self._sigterm_warned = False
         self._term_deferred = False
         self._term_done = threading.Event()
         self.reason: Optional[str] = None  # the reason of the dump made, once made
@@ -126,6 +128,13 @@ class ExitDumps:
         if not self._sigterm_tried and threading.current_thread() is threading.main_thread():
             self._sigterm_tried = True
             self.install_sigterm()
+        elif not self._sigterm_tried and not self._sigterm_warned:  # once, until the main thread makes one
+            self._sigterm_warned = True
+            warnings.warn("pycoll: a communicator is made outside the main thread, where Python cannot install a "
+                          "SIGTERM handler, and none is installed yet: a SIGTERM ends this process without a "
+                          "flight-recorder dump, and an init under way is neither aborted nor said given up at its "
+                          "store (make the first communicator in the main thread to have them)", RuntimeWarning,
+                          stacklevel=2)
 
     def install_sigterm(self) -> bool:
         """Chain SIGTERM (main thread only; never over SIG_IGN or a handler set outside Python)."""

@@ -242,6 +242,26 @@ def _mapped_segment(pid):
 
 
 @pytest.mark.timeout(60)
+def test_a_first_communicator_made_outside_the_main_thread_warns_that_sigterm_has_no_handler():
+    # an inference server that made its communicator in a serving thread got none of pycoll's SIGTERM behaviour (no
+    # dump, no abort of an init under way, no note at its store), silently; a communicator the main thread makes
+    # later installs it, and no warning comes then
+    code = ("import threading, warnings, pycoll\n"
+            "warnings.simplefilter('always')\n"
+            "def make():\n"
+            "    pycoll.init(0, 1, backend='host', name='t').destroy()\n"
+            "t = threading.Thread(target=make); t.start(); t.join()\n"
+            "t = threading.Thread(target=make); t.start(); t.join()\n"
+            "pycoll.init(0, 1, backend='host', name='main').destroy()\n"
+            "import signal; print('handler', signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None))\n")
+    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=REPO), capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out
+    assert out.stderr.count("RuntimeWarning: pycoll: a communicator is made outside the main thread") == 1, out.stderr
+    assert "handler True" in out.stdout, out
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("script", [_WAITING_IN_INIT, _WAITING_IN_GROW], ids=["init", "grow"])
 def test_sigterm_while_waiting_in_init_removes_the_segment_it_created(tmp_path, script):
     """The first rank to arrive creates the rendezvous segment and waits in it for the others (a new
