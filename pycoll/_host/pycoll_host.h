@@ -22,7 +22,8 @@
  *     waiting for its peers' calls (the sender of a small Send, the root of a Broadcast or Scatter and the other
  *     ranks of a Gather or Reduce on the eager lane) returns ncclSuccess, and only its peers report the mismatch.
  *   - An init whose rendezvous still misses ranks after PYCOLL_HOST_INIT_TIMEOUT returns ncclTimeout (on the ranks
- *     that came too), naming the missing ranks (NCCL itself waits for ever).
+ *     that came too), naming the missing ranks (NCCL itself waits for ever). A rank that arrives at a rendezvous
+ *     whose first rank's process is gone (it made the segment and died there) returns ncclRemoteError at once.
  *   - ncclCommFinalize waits for the operations enqueued on the communicator and then for every
  *     rank to finalize or destroy it; ncclCommDestroy is local.
  *   - A stream holds at most PYCOLL_HOST_STREAM_DEPTH operations queued and not begun (a GPU's launch queue

@@ -1302,6 +1302,39 @@ def test_a_rank_ended_by_sigterm_in_its_init_says_so_at_the_store(tmp_path, note
     assert time.monotonic() - t0 < 3.0
 
 
+_INIT_TO_BE_KILLED = """
+import sys, pycoll
+print("waiting", flush=True)
+pycoll.init(0, 2, unique_id=pycoll.UniqueId.from_bytes(bytes.fromhex(sys.argv[1])), backend="host", init_timeout=30)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_that_arrives_after_the_first_rank_died_in_the_rendezvous_fails_at_once():
+    # rank 0, SIGKILLed (the OOM killer) as it waited for rank 1 in the library's rendezvous: rank 1, arriving later,
+    # swept its segment away, waited in a new one for its whole init_timeout and was told "every rank arrived"
+    import subprocess
+    import sys
+
+    uid = pycoll.get_unique_id(backend="host")
+    p = subprocess.Popen([sys.executable, "-c", _INIT_TO_BE_KILLED, bytes(uid).hex()], stdout=subprocess.PIPE,
+                         text=True, env=dict(os.environ, PYTHONPATH=REPO))
+    try:
+        assert p.stdout.readline() == "waiting\n"
+        time.sleep(1.0)  # in the library's rendezvous, its segment made
+        p.kill()
+        assert p.wait(20) == -signal.SIGKILL
+    finally:
+        p.kill()
+        p.wait()
+        p.stdout.close()
+    t0 = time.monotonic()
+    with pytest.raises(pycoll.RemoteError, match=r"the process \(pid \d+\) that began this communicator's rendezvous "
+                                                 r"exited before the communicator was initialized"):
+        pycoll.init(1, 2, unique_id=uid, backend="host", init_timeout=10)
+    assert time.monotonic() - t0 < 3.0
+
+
 @pytest.mark.timeout(60)
 def test_a_note_of_an_earlier_attempt_says_so(tmp_path):
     # a job started again at a store that kept its first attempt's note (rank 0 alone, timed out): the second
