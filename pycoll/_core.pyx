@@ -1161,8 +1161,8 @@ cdef int _retire_clean(CommCore comm, object dev, Library lib) except -1:
 
 
 def retire_clean(CommCore comm):
-    """:func:`_retire_clean` (:meth:`Communicator.check` and a call the library refused for the error, before they
-    fail the communicator with it)."""
+    """:func:`_retire_clean`, for ``Communicator._fail_at_error`` before it fails the communicator with the error (the
+    watchdog's check, a refresh or wait that found it, a call the library refused for it)."""
     _retire_clean(comm, comm.device, _comm_lib(comm))
 
 
