@@ -251,21 +251,14 @@ ncclResult_t rendezvous_join(const struct rendezvous* r, struct seg* out) {
   seg_layout(r->nranks, &L);
   char text[512];
   uint64_t start = now_ns();
-  { /* this rendezvous's segment, made by a process that is gone: a rank died inside it, and the init cannot complete
-     * (the sweep would remove the segment, and this rank wait in a new one for that rank until its timeout) */
-    void* base = NULL;
-    size_t size = 0;
-    struct proc_id creator;
-    if (shm_open_map(s.name, &base, &size) == 0) {
-      bool gone = seg_creator_of(base, size, &creator) == 0 && proc_alive(&creator) == 0;
-      munmap(base, size);
-      if (gone) {
-        snprintf(text, sizeof text, "%s : the process (pid %d) that began this communicator's rendezvous exited "
-                 "before the communicator was initialized", r->opname, (int)creator.pid);
-        shm_sweep();
-        return fail_with(r, &s, ncclRemoteError, text, false);
-      }
-    }
+  /* this rendezvous's segment, made by a process that is gone: a rank died inside it, and the init cannot complete
+   * (the sweep would remove the segment, and this rank wait in a new one for that rank until its timeout) */
+  struct proc_id creator;
+  if (shm_creator_of(s.name, &creator) == 0 && proc_alive(&creator) == 0) {
+    snprintf(text, sizeof text, "%s : the process (pid %d) that began this communicator's rendezvous exited before "
+             "the communicator was initialized", r->opname, (int)creator.pid);
+    shm_sweep();
+    return fail_with(r, &s, ncclRemoteError, text, false);
   }
   shm_sweep();
 

@@ -54,7 +54,7 @@ struct ncclComm {
   int abort_reason; /* why abort_flag is set: enum abort_reason */
   int async;       /* ncclCommGetAsyncError; a futex word for pycollCommWaitReady */
   /* when `async` last became an error (now_ns; 0: it is none), written before `async` itself: an event that completed
-   * before it ends an operation that completed before the failure (pycollCommEventBeforeFailure) */
+   * before it ends an operation that completed before the failure (pycollCommEventsClean) */
   uint64_t async_err_ns;
   uint32_t async_waiters;
   int broken;      /* sticky fatal error for collectives (0 when healthy) */

@@ -305,6 +305,25 @@ void shm_unlink_name(const char* name) {
 }
 
 /* Removes the segment `entry` where its creator is dead or, with `mine` set, is this process. */
+int shm_creator_of(const char* name, struct proc_id* creator) {
+  char path[300];
+  path_of(path, sizeof path, name);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  struct stat st;
+  void* p = MAP_FAILED;
+  size_t len = 0;
+  if (fstat(fd, &st) == 0 && st.st_size >= 4096) { /* the header: its first page, read only */
+    len = 4096;
+    p = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
+  }
+  close(fd);
+  if (p == MAP_FAILED) return -1;
+  int ok = seg_creator_of(p, len, creator);
+  munmap(p, len);
+  return ok;
+}
+
 static void sweep_one(const char* entry, const struct proc_id* mine) {
   char path[300];
   snprintf(path, sizeof path, "%s/%s", SHM_DIR, entry);
@@ -317,21 +336,8 @@ static void sweep_one(const char* entry, const struct proc_id* mine) {
     struct proc_id me;
     proc_self(&me);
     creator.pidns = me.pidns;
-  } else {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return;
-    struct stat st;
-    void* p = MAP_FAILED;
-    size_t len = 0;
-    if (fstat(fd, &st) == 0 && st.st_size >= 4096) {
-      len = 4096;
-      p = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
-    }
-    close(fd);
-    if (p == MAP_FAILED) return;
-    int ok = seg_creator_of(p, len, &creator);
-    munmap(p, len);
-    if (ok != 0) return;
+  } else if (shm_creator_of(entry, &creator) != 0) {
+    return;
   }
   if (mine ? creator.pid == mine->pid && creator.start == mine->start && creator.pidns == mine->pidns
            : proc_alive(&creator) == 0)

@@ -43,6 +43,9 @@ uint64_t shm_unbacked_bytes(void);
 /* Unlinks segments whose creator is dead (and temporary files of dead processes). */
 void shm_sweep(void);
 
+/* The creator of the published segment `name` (e.g. "/pycoll-..."; its header's first page, mapped read only):
+ * seg_creator_of's answer, -1 also where there is none. */
+int shm_creator_of(const char* name, struct proc_id* creator);
 /* Reads the creator of a published segment (implemented by the bootstrap, which owns the header):
  * 0, -1 when it is not a segment of ours, 1 when it must be left alone for now. */
 int seg_creator_of(const void* base, size_t size, struct proc_id* creator);
