@@ -504,12 +504,9 @@ def _exchange_unique_id(lib: Any, unique_id: Any, store: Any, rank: int, world_s
         # rank joining whichever it read (the weights of one group going to the other), with no error
         there = bytes(store.compare_set(key, b"", mine))
         if there != mine:
-            gone = _given_up_text(there)
-            if gone:  # a rank that waited for the unique id in vain (its timeout) left: the init cannot complete
-                raise _given_up_before(name, count, gone, rank, meets)
-            made = _made_text(there)
-            if made:
-                raise _used(name, count, made, rank, meets)
+            over = _meeting_over(there, name, count, rank, meets)
+            if over is not None:  # given up (a rank waited in vain and left), or a communicator made there already
+                raise over
             err = StoreError(f"init of {name!r} (this process's init #{count} with that name): another rank 0 "
                              f"already published its unique id at {key!r} of the store {meets}")
             # the init met there cannot complete either (two rank 0s: a rank number given twice): its ranks, waiting
@@ -521,12 +518,9 @@ def _exchange_unique_id(lib: Any, unique_id: Any, store: Any, rank: int, world_s
         return uid
     try:
         value = bytes(store.get(key, timeout=timeout))
-        gone = _given_up_text(value)
-        if gone:
-            raise _given_up_before(name, count, gone, rank, meets)
-        made = _made_text(value)
-        if made:
-            raise _used(name, count, made, rank, meets)
+        over = _meeting_over(value, name, count, rank, meets)
+        if over is not None:
+            raise over
         return B.UniqueId.from_bytes(value)
     except StoreTimeout as e:
         if "did not answer" in str(e):  # the store itself, not rank 0
@@ -580,30 +574,37 @@ def _watching_given_up(store: Any, base: str, name: str, give_up: Optional[Calla
     return check
 
 
-def _given_up_before(name: str, count: int, gone: str, rank: int, meets: str) -> CommAborted:
-    """The error of a rank that arrives at an init another rank gave up (``gone``: who and why): a note of this
-    rank's own number is an earlier attempt's, a job that started again at the store under the same name."""
-    earlier = (" -- a rank of this number: an earlier attempt's note, the job started again at this store"
-               if gone.startswith(f"rank {rank} ") else "")
-    return CommAborted(f"init of {name!r} (this process's init #{count} with that name): {gone} before this rank (rank "
-                       f"{rank}) arrived{earlier}; nothing is waiting for it any more {meets}")
+def _meeting_over(value: bytes, name: str, count: int, rank: int, meets: str) -> Optional[PycollError]:
+    """The error of a rank that finds ``value`` at its init's unique id key where the meeting there is over, else
+    None: another rank gave the init up (a note of this rank's own number is an earlier attempt's, a job that started
+    again at the store under the same name), or a communicator was made there already."""
+    what = f"init of {name!r} (this process's init #{count} with that name)"
+    gone = _given_up_text(value)
+    if gone:
+        earlier = (" -- a rank of this number: an earlier attempt's note, the job started again at this store"
+                   if gone.startswith(f"rank {rank} ") else "")
+        return CommAborted(f"{what}: {gone} before this rank (rank {rank}) arrived{earlier}; nothing is waiting for it "
+                           f"any more {meets}")
+    made = _made_text(value)
+    if made:
+        return StoreError(f"{what}: {made}, so this rank (rank {rank}) comes after its group: a rank number given "
+                          f"twice, or a second group or a job started again under this name at this store {meets}")
+    return None
 
 
-def _used(name: str, count: int, made: str, rank: int, meets: str) -> StoreError:
-    """The error of a rank that comes to keys where a communicator was made already (``made``: where)."""
-    return StoreError(f"init of {name!r} (this process's init #{count} with that name): {made}, so this rank (rank "
-                      f"{rank}) comes after its group: a rank number given twice, or a second group or a job started "
-                      f"again under this name at this store {meets}")
+def _marked(value: bytes, mark: bytes) -> str:
+    """The text after ``mark`` in ``value`` (an init's unique id key), or "" where it holds no such mark."""
+    return value[len(mark):].decode(errors="replace") if value.startswith(mark) else ""
 
 
 def _made_text(value: bytes) -> str:
     """Where the communicator of an init was made, from the value at its unique id's key, or ""."""
-    return value[len(_MADE):].decode(errors="replace") if value.startswith(_MADE) else ""
+    return _marked(value, _MADE)
 
 
 def _given_up_text(value: bytes) -> str:
     """Who gave an init up and why, from the value at its unique id's key (see :func:`_give_up_init`), or ""."""
-    return value[len(_GIVEN_UP):].decode(errors="replace") if value.startswith(_GIVEN_UP) else ""
+    return _marked(value, _GIVEN_UP)
 
 
 def _given_up(store: Any, base: str, timeout: float = 1.0) -> str:
