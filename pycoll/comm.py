@@ -1610,7 +1610,16 @@ class Communicator(_core.CommCore):
         self._scratch, self._bytes_scratch = None, (0, 0)
         return lambda: self._free_device(stream, events, scratch)
 
-    def _free_device(self, stream: Any, events: List[Any], scratch: List[int]) -> None:
+    def _free_device(self, stream: Any, events: List[Any], scratch: List[int], later: bool = True) -> None:
+        if later and stream is not None and self.device._stream_destroy_blocks and \
+                not self.device.query_stream(stream):
+            # an abort failed this communicator's operations, but its stream still runs a group's list that holds
+            # operations of other communicators (a group of several runs as one list on its first operation's
+            # stream), which may wait for their peers up to their own deadlines: the host library's destroy waits
+            # for them, so it is done in a thread of its own, once they ended (CUDA's destroy returns at once)
+            threading.Thread(target=self._free_device, args=(stream, events, scratch, False), daemon=True,
+                             name=f"pycoll-release-{self.name}").start()
+            return
         try:
             if stream is not None:
                 self.device.destroy_stream(stream)

@@ -239,6 +239,24 @@ ncclResult_t run_tasks(struct task* list) {
   return run_tasks_until(list, UINT64_MAX, UINT64_MAX, &finished);
 }
 
+/* A list of several communicators' tasks (a group's) holds each one entered and its exec_mu until the whole list
+ * is done: an abort or revoke of one waits for that (comm_wait_inactive). Where one of them is aborting and its
+ * tasks in the list are done (they fail at once), it is let go here (comms[i] set to NULL), so that its abort does
+ * not wait for the other communicators' operations -- an alive but slow peer of those, for their whole timeout.
+ * NCCL's abort of one communicator of a group does not wait for the others' kernels either. */
+static void let_go_aborted(struct task* list, struct ncclComm** comms, bool* entered, int nc) {
+  for (int i = 0; i < nc; i++) {
+    struct ncclComm* c = comms[i];
+    if (!c || !comm_aborting(c)) continue;
+    bool open = false;
+    for (struct task* t = list; t && !open; t = t->next) open = t->comm == c && !t->done;
+    if (open) continue;
+    if (entered[i]) comm_leave(c);
+    pthread_mutex_unlock(&c->exec_mu);
+    comms[i] = NULL;
+  }
+}
+
 ncclResult_t run_tasks_until(struct task* list, uint64_t deadline, uint64_t budget_ns, bool* finished) {
   struct ncclComm* stack_comms[8];
   struct ncclComm** comms = stack_comms;
@@ -335,6 +353,7 @@ ncclResult_t run_tasks_until(struct task* list, uint64_t deadline, uint64_t budg
       }
     }
     if (moved || ph == WAIT_SPIN) continue;
+    if (nc > 1) let_go_aborted(list, comms, entered, nc);
     check_peers(list, backoff_due(&b, peer_check_ns));
     if (ph == WAIT_SLEEP) {
       uint64_t ns = backoff_sleep_ns(&b);
@@ -355,6 +374,7 @@ ncclResult_t run_tasks_until(struct task* list, uint64_t deadline, uint64_t budg
   }
 
   for (int i = nc - 1; i >= 0; i--) {
+    if (!comms[i]) continue; /* let go already (let_go_aborted) */
     if (entered[i]) comm_leave(comms[i]);
     pthread_mutex_unlock(&comms[i]->exec_mu);
   }

@@ -288,6 +288,62 @@ def test_an_abort_from_another_thread_while_a_group_of_two_communicators_is_open
         assert out["world"] == 2.0, out
 
 
+def _one_of_a_groups_communicators_given_up(rank, n, uid, how):
+    """A blocking group over ``weights`` and ``ctrl``; rank 1 arrives 6 s late (alive). On rank 0 ``weights`` is
+    given up 1 s in: aborted from another thread, or its operation's own 1 s timeout (the policy aborts)."""
+    comm = pycoll.init(rank, n, unique_id=uid, backend="host", name="world", timeout=30.0)
+    weights, ctrl = comm.split(0, name="weights"), comm.split(0, name="ctrl")
+    x, y = np.ones(4, np.float32), np.ones(4, np.float32)
+    out = {}
+    if rank == 1:
+        time.sleep(6.0)
+    aborter = None
+    if rank == 0 and how == "abort":
+        def abort():
+            time.sleep(1.0)
+            t = time.monotonic()
+            weights.abort()
+            out["abort took"] = time.monotonic() - t
+
+        aborter = threading.Thread(target=abort)
+        aborter.start()
+    t0 = time.monotonic()
+    try:
+        with weights.group():
+            weights.all_reduce(x, timeout=1.0 if rank == 0 and how == "timeout" else None)
+            ctrl.all_reduce(y)
+        out["group"] = "completed"
+    except pycoll.CommFailure as e:
+        out["group"] = type(e).__name__
+    out["group took"] = time.monotonic() - t0
+    if aborter is not None:
+        aborter.join()
+    z = np.ones(2)
+    ctrl.all_reduce(z)  # ctrl's operation of the group ran on (its peer came late): ctrl is as good as ever
+    out["y"], out["z"] = y.tolist(), z.tolist()
+    ctrl.destroy()
+    comm.destroy()
+    return out
+
+
+@pytest.mark.parametrize("how", ["abort", "timeout"])
+def test_one_communicator_of_a_group_given_up_does_not_wait_for_the_others_operation(how):
+    # the group's list held weights entered (and its stream busy) until ctrl's operation, which waits for a peer
+    # that is only late, was done: weights.abort() from another thread took 24 s (past PYCOLL_ABORT_TIMEOUT), and a
+    # 1 s timeout raised at 11 s (the abort given up at its 10 s bound), or when the late peer came
+    uid = bytes(B.load("host").get_unique_id())
+    res = run_ranks(_one_of_a_groups_communicators_given_up, 2, uid, how, timeout=60)
+    out = res[0]
+    if how == "abort":
+        assert out["group"] == "CommAborted" and out["abort took"] < 3, out
+    else:
+        assert out["group"] == "CommTimeout", out
+    assert out["group took"] < 4, out
+    assert res[1]["group"] in ("RemoteError", "CommAborted"), res[1]  # weights: its peer had aborted it
+    for r in (0, 1):
+        assert res[r]["y"] == [2.0] * 4 and res[r]["z"] == [2.0] * 2, res[r]
+
+
 def _root_stopped_holding_the_store_lock(rank, n, folder):
     store = pycoll.FileStore(os.path.join(folder, "store"), timeout=60)
     comm = pycoll.init(rank, n, store=store, backend="host", timeout=20)
