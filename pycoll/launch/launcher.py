@@ -1529,12 +1529,13 @@ def _config(argv: Optional[Sequence[str]]) -> _Config:
         parser.error(f"--node-rank must be in [0, {a.nnodes}), got {a.node_rank}")
     if a.replace_failed is not None and a.replace_failed < 0:
         parser.error(f"--replace-failed must be >= 0, got {a.replace_failed}")
-    if a.timeout is not None and not a.timeout > 0:
-        parser.error(f"--timeout must be > 0, got {a.timeout}")
-    if not 0 < a.join_timeout <= 1e9:
-        parser.error(f"--join-timeout must be > 0 and at most 1e9, got {a.join_timeout}")
-    if not a.grace >= 0:
-        parser.error(f"--grace must be >= 0, got {a.grace}")
+    for opt, value, positive in (("--timeout", a.timeout, True), ("--join-timeout", a.join_timeout, True),
+                                 ("--grace", a.grace, False)):
+        try:  # pycoll's rule for every duration (README): finite, at most 1e9 s
+            if value is not None:
+                _settings.seconds(value, opt, positive=positive)
+        except ValueError as exc:
+            parser.error(str(exc))
     if a.module and a.no_python:
         parser.error("-m and --no-python exclude each other")
     if a.nnodes > 1 and a.master_addr is None:

@@ -595,6 +595,11 @@ def test_job_timeout(tmp_path):
     (["--nnodes", "2", "x.py"], "--master-addr is required"),
     (["-m", "--no-python", "x"], "exclude each other"),
     (["--no-python", "surely-not-a-command-xyz"], "cannot find executable"),
+    # durations as everywhere in pycoll (README: finite, at most 1e9 s); --timeout and --grace took inf and 2e9
+    (["--timeout", "inf", "x.py"], "--timeout must be a finite number of seconds, got inf"),
+    (["--grace", "2e9", "x.py"], "--grace must be at most 1e+09 seconds"),
+    (["--grace", "-1", "x.py"], "--grace must be >= 0 seconds"),
+    (["--join-timeout", "0", "x.py"], "--join-timeout must be > 0 seconds"),
 ])
 def test_usage_errors(tmp_path, args, message):
     (tmp_path / "x.py").write_text("")

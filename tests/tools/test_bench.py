@@ -214,6 +214,12 @@ def test_in_place_layout_matches_nccl_tests():
     (["all_reduce", "--json", "/"], "--json /: a folder, not a file"),
     (["all_reduce", "--backend", "host", "--array", "cupy"], "--array cupy needs a GPU backend"),
     (["send_recv", "--in-place"], "send_recv has no in-place variant: nothing to run"),
+    # durations as everywhere in pycoll: --timeout inf ran, and each rank's timer thread died of an OverflowError;
+    # --op-timeout inf failed the run (exit 3) at the init
+    (["all_reduce", "--timeout", "inf"], "--timeout must be a finite number of seconds, got inf"),
+    (["all_reduce", "--timeout", "1e12"], "--timeout must be at most 1e+09 seconds"),
+    (["all_reduce", "--op-timeout", "inf"], "--op-timeout must be a finite number of seconds, got inf"),
+    (["all_reduce", "--op-timeout", "0"], "--op-timeout must be > 0 seconds"),
     # found before the run, not once it reached them
     (["all_reduce", "--backend", "host", "--plot", "out.png", "--no-matplotlib"], "--plot out.png needs matplotlib"),
     (["all_reduce", "--backend", "host", "-d", "float,bfloat16", "--no-ml_dtypes"],

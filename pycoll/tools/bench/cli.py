@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
-from ... import _dtypes
+from ... import _dtypes, _settings
 from ...devices import auto_backend
 from ...errors import RankDiscoveryError
 from ...launch import discovery
@@ -128,10 +128,12 @@ def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         a.sizes = size_steps(a.minbytes, a.maxbytes, a.stepfactor, a.stepbytes)
     except ValueError as exc:
         p.error(str(exc))
-    if not a.op_timeout > 0:
-        p.error("--op-timeout must be > 0")
-    if a.timeout is not None and not a.timeout > 0:
-        p.error("--timeout must be > 0")
+    for opt, value in (("--op-timeout", a.op_timeout), ("--timeout", a.timeout)):
+        try:  # pycoll's rule for every duration: finite, > 0, at most 1e9 s (inf overflowed a timer's thread)
+            if value is not None:
+                _settings.seconds(value, opt)
+        except ValueError as exc:
+            p.error(str(exc))
     if a.modes is None:
         a.modes = MODES
     if a.modes == ("in-place",):
