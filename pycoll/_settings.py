@@ -67,6 +67,11 @@ def seconds(value: Any, what: str, *, positive: bool = True) -> float:
     return value
 
 
+def _exact(bound: float) -> str:
+    """A bound as the README gives it: every digit (``:g`` printed 16777216 as 1.67772e+07, 1e7 s as 1e+07)."""
+    return str(int(bound)) if float(bound).is_integer() else repr(float(bound))
+
+
 def flag(value: Any, what: str) -> bool:
     """``value`` as a bool: True, False, 0, 1 or a numpy bool; TypeError naming ``what`` for anything else (a str's
     truth is not what it says: ``"no"`` would mean True)."""
@@ -118,11 +123,13 @@ class Setting:
                 infinite = raw.lower().lstrip("+-") in ("inf", "infinity", "nan")
                 raise ValueError(f"{name} must be a {'finite ' if infinite else ''}number of seconds, got {raw!r}")
             value = float(raw)
-            if value != 0 and abs(value) < sys.float_info.min:
+            # strtod's ERANGE: below the smallest normal double, and (read as 0.0) below the smallest one at all
+            if (value != 0 and abs(value) < sys.float_info.min) or \
+                    (value == 0 and re.search(r"[1-9]", re.split(r"[eE]", raw)[0])):
                 raise ValueError(f"{name} must be a number of seconds, got {raw!r} (too small to represent)")
             value = seconds(value, name, positive=self.minimum != 0)
             if self.maximum is not None and value > self.maximum:
-                raise ValueError(f"{name} must be <= {self.maximum:g} seconds, got {value:g}")
+                raise ValueError(f"{name} must be <= {_exact(self.maximum)} seconds, got {raw}")
             return value
         if self.kind == "int":
             # as strictly as the host library's C parser: ASCII digits, no sign (not even '-0'; none is < 0)
@@ -130,9 +137,9 @@ class Setting:
                 raise ValueError(f"{name} must be a whole number >= 0 written in digits only, got {raw!r}")
             value = int(raw)
             if self.minimum is not None and value < self.minimum:
-                raise ValueError(f"{name} must be >= {self.minimum:g}, got {value}")
+                raise ValueError(f"{name} must be >= {_exact(self.minimum)}, got {value}")
             if self.maximum is not None and value > self.maximum:
-                raise ValueError(f"{name} must be <= {self.maximum:g}, got {value}")
+                raise ValueError(f"{name} must be <= {_exact(self.maximum)}, got {value}")
             return value
         if self.kind == "bool":
             low = raw.lower()

@@ -79,7 +79,7 @@ def test_no_module_reads_a_setting_itself():
     assert not offenders, "settings read outside pycoll._settings:\n" + "\n".join(offenders)
 
 
-@pytest.mark.parametrize("raw", ["inf", "-inf", "nan", "0", "-1", "soon", "1e999"])
+@pytest.mark.parametrize("raw", ["inf", "-inf", "nan", "0", "-1", "soon", "1e999", "1e-400", "-1e-400", "1e-310"])
 def test_every_duration_setting_refuses_what_is_no_deadline(raw):
     for name, s in _settings.SETTINGS.items():
         if s.kind != "seconds" or (raw == "0" and s.minimum == 0):
@@ -103,6 +103,20 @@ def test_values_are_parsed_and_bounded():
         _settings.seconds(True, "timeout")
     with pytest.raises(ValueError, match="timeout must be a finite number of seconds"):
         _settings.seconds(float("inf"), "timeout")
+
+
+def test_bounds_are_said_exactly_and_zero_written_as_zero_is_zero():
+    # the limits were printed with :g ("must be <= 1.67772e+07, got 16777217"), and 1e-400, which C's strtod
+    # refuses (ERANGE: the host library failed the init with its own text), read as 0 ("for ever")
+    for name, raw, text in (("PYCOLL_HOST_STREAM_DEPTH", "16777217", "must be <= 16777216, got 16777217"),
+                            ("PYCOLL_HOST_ONESHOT_MAX", "1073741825", "must be <= 1073741824, got 1073741825"),
+                            ("PYCOLL_HOST_INIT_TIMEOUT", "10000000.5", "must be <= 10000000 seconds, got 10000000.5"),
+                            ("PYCOLL_HOST_INIT_TIMEOUT", "1e-400",
+                             "must be a number of seconds, got '1e-400' (too small to represent)")):
+        with pytest.raises(ValueError, match=re.escape(f"${name} {text}")):
+            _settings.get(name, {name: raw})
+    for raw in ("0", "0.000", "0e5", "00"):
+        assert _settings.get("PYCOLL_HOST_INIT_TIMEOUT", {"PYCOLL_HOST_INIT_TIMEOUT": raw}) == 0
 
 
 def test_a_huge_duration_is_refused_naming_the_variable():
@@ -218,8 +232,8 @@ def test_what_the_communicator_keeps_is_refused_before_the_collective_init(kw, e
 
 def test_arguments_named_in_their_errors(monkeypatch, caplog):
     uid = pycoll.get_unique_id(backend="host")
-    for name in (None, 123, ""):
-        with pytest.raises(TypeError, match="name must be a non-empty str"):
+    for name in (None, 123, ""):  # a str of the wrong value is a ValueError
+        with pytest.raises(ValueError if name == "" else TypeError, match="name must be a non-empty str"):
             pycoll.init(0, 1, unique_id=uid, backend="host", name=name)
     c = pycoll.init(0, 1, unique_id=uid, backend="host")
     try:
