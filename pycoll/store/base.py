@@ -91,12 +91,12 @@ def _check_amount(amount: Any) -> int:
     return amount
 
 
-def _check_timeout(timeout: Any, default: float) -> float:
+def _check_timeout(timeout: Any, default: float, what: str = "timeout") -> float:
     if timeout is None:
         timeout = default
     if isinstance(timeout, timedelta):
         timeout = timeout.total_seconds()
-    return _settings.seconds(timeout, "timeout", positive=False)
+    return _settings.seconds(timeout, what, positive=False)
 
 
 def _check_size(size: Any) -> int:

@@ -208,7 +208,7 @@ class FileStore(Store):
             raise ValueError("FileStore: path must name a file, got ''")
         self.path = os.path.abspath(os.fspath(path))
         self.timeout = _check_timeout(timeout, DEFAULT_TIMEOUT)
-        self.poll_interval = _check_timeout(poll_interval, 0.02)
+        self.poll_interval = _check_timeout(poll_interval, 0.02, "poll_interval")
         try:
             self._plock = _PathLock.acquire_ref(self.path + ".lock")
         except OSError as e:

@@ -200,7 +200,7 @@ class TCPStore(Store):
         self.port = port
         self._token = _token_bytes(token, "TCPStore")
         self.timeout = _check_timeout(timeout, DEFAULT_TIMEOUT)
-        self.connect_timeout = _check_timeout(connect_timeout, 60.0)
+        self.connect_timeout = _check_timeout(connect_timeout, 60.0, "connect_timeout")
         self.max_message = int(max_message)
         self._lock = threading.Lock()
         self._idle: List[_ClientConn] = []

@@ -549,6 +549,12 @@ def test_a_wait_of_30_days_leaves_the_server_serving_the_others():
             srv.close()
 
 
+def test_a_bad_connect_timeout_is_named_as_itself():
+    # it said "timeout must be >= 0 seconds, got -1": the call has a timeout= of its own
+    with pytest.raises(ValueError, match="^connect_timeout must be >= 0 seconds, got -1$"):
+        TCPStore("127.0.0.1", 1, "tok", connect_timeout=-1)
+
+
 def test_unreachable_server_fails_after_connect_timeout():
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
