@@ -131,6 +131,7 @@ class DumpSignal:
         self.stacks_path: Optional[str] = None
         self._stacks_file: Optional[IO[str]] = None
         self._header = ""
+        self._refused: Optional[Tuple[int, Any]] = None  # (signal, the program's handler) warned of
 
     def watch_interrupts(self, wake_w: Optional[socket.socket]) -> bool:
         """Let the C-level signal handler write to ``wake_w`` (when nobody else uses the wake-up fd):
@@ -180,8 +181,10 @@ class DumpSignal:
         # SIG_IGN is no handler: pycoll's own stop or exit leaves it, and a child process inherits it across exec
         if (current not in (signal.SIG_DFL, signal.SIG_IGN, None)
                 and getattr(current, "__self__", None) is not self):
-            _log.warning("watchdog: %s already has a handler (%r); not installing the dump signal",
-                         signal.Signals(signum).name, current)
+            if self._refused != (signum, current):  # once for that handler (install runs at every start)
+                _log.warning("watchdog: %s already has a handler (%r); not installing the dump signal",
+                             signal.Signals(signum).name, current)
+            self._refused = (signum, current)
             return
         if self.signum is not None:  # another one before: ignored from now on (peers may have read it)
             self.ignore()

@@ -653,6 +653,8 @@ import numpy as np, pycoll
 how, seen = os.environ["HOW"], []
 if how == "ignored before":  # as a child of a process that turned its dump signal off inherits it across exec
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+if how == "program's own before":
+    signal.signal(signal.SIGUSR1, lambda s, f: seen.append(s))
 if how == "thread first":  # the watchdog started there, where the signal cannot be installed
     t = threading.Thread(target=lambda: pycoll.init(0, 1, unique_id=pycoll.get_unique_id(backend="host"),
                                                     backend="host", name="worker").destroy())
@@ -670,7 +672,7 @@ print("dump signal", pycoll.watchdog.get_watchdog().dump_signal, "program's hand
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("how", ["ignored before", "thread first", "program's own after"])
+@pytest.mark.parametrize("how", ["ignored before", "thread first", "program's own after", "program's own before"])
 def test_whose_the_dump_signal_is(tmp_path, how):
     # "ignored before": SIG_IGN was taken for another's handler, so a process started by one that had turned its dump
     # signal off (left ignored) could not have one. "thread first": an init in the main thread after one in another
@@ -681,6 +683,9 @@ def test_whose_the_dump_signal_is(tmp_path, how):
     if how == "program's own after":
         assert "dump signal None program's handler ran 1" in p.stdout, p.stdout
         assert "SIGUSR1 has another handler now" in p.stderr and not gen.exists(), p.stderr
+    elif how == "program's own before":  # kept, and said once (the watchdog's start said it twice)
+        assert "dump signal None program's handler ran 1" in p.stdout, p.stdout
+        assert p.stderr.count("SIGUSR1 already has a handler") == 1 and not gen.exists(), p.stderr
     else:
         assert "dump signal 10 program's handler ran 0" in p.stdout and "already has a handler" not in p.stderr
         assert os.listdir(gen) == [f"{PREFIX}0"]
