@@ -80,7 +80,8 @@ def from_handle(cls: Any, handle: Any, *, owned: bool = False, library: Any = No
     timeout = _settings.seconds(timeout, "timeout")
     for what, value in (("name", name), ("uid", uid)):
         if value is not None and (not isinstance(value, str) or not value):
-            raise TypeError(f"{what} must be a non-empty str or None, got {value!r}")
+            raise (ValueError if isinstance(value, str) else TypeError)(
+                f"{what} must be a non-empty str or None, got {value!r}")
     lib = _library(library)
     if lib.kind != "host" and not _readable(h):
         # NCCL reads the communicator's magic words to check a handle: never let it touch unmapped memory

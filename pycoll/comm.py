@@ -229,7 +229,8 @@ def poll_ready(library: Any, handle: int, what: str, timeout: float, *, on_error
 
 def _child_name(name: Any, what: str) -> None:
     if name is not None and (not isinstance(name, str) or not name):
-        raise TypeError(f"{what}: name must be a non-empty str or None, got {name!r}")
+        raise (ValueError if isinstance(name, str) else TypeError)(
+            f"{what}: name must be a non-empty str or None, got {name!r}")
 
 
 def unique_id_argument(value: Any, what: str = "unique_id") -> Any:
@@ -1093,7 +1094,8 @@ class Communicator(_core.CommCore):
         the ranks' numbers, which the watchdog's reports and the flight recorder's dumps compare, part ways.
         """
         if not isinstance(what, str) or not what:
-            raise TypeError(f"watch_stream: what must be a non-empty str (the operation's name), got {what!r}")
+            raise (ValueError if isinstance(what, str) else TypeError)(
+                f"watch_stream: what must be a non-empty str (the operation's name), got {what!r}")
         st = self._begin(what, stream, True, ())
         return self._launch(what, lambda h, s: 0, st, [], [], True, timeout)
 

@@ -115,7 +115,7 @@ def test_bad_handles_are_refused():
     for kw, exc, text in (({"timeout": -1}, ValueError, "timeout must be > 0"),
                           ({"timeout": float("nan")}, ValueError, "timeout"),
                           ({"timeout": "5"}, TypeError, "timeout"), ({"name": 5}, TypeError, "name must be"),
-                          ({"uid": ""}, TypeError, "uid must be")):
+                          ({"uid": ""}, ValueError, "uid must be")):
         with pytest.raises(exc, match=text):
             pycoll.Communicator.from_handle(live, library=lib, **kw)
     assert lib.comm_count(live) == 1  # untouched

@@ -566,7 +566,7 @@ def test_bad_arguments_are_refused_with_their_names(comm, tmp_path):
     comm.all_reduce(x, async_op=1).wait()
     refused(TypeError, "config must be a pycoll.CommConfig or None, not str", lambda: comm.split(0, config="x"))
     refused(TypeError, "split: name must be a non-empty str or None, got 1.5", lambda: comm.split(0, name=1.5))
-    refused(TypeError, "split: name must be a non-empty str or None, got ''", lambda: comm.split(0, name=""))
+    refused(ValueError, "split: name must be a non-empty str or None, got ''", lambda: comm.split(0, name=""))
     refused(TypeError, "watch_stream: what must be a non-empty str", lambda: comm.watch_stream(None, what=[1]))
     refused(TypeError, "dtype must be a dtype .* got the value", lambda: comm.mem_alloc(4, dtype=np.int64(7)))
     refused(TypeError, "shape must be an int or a sequence of ints", lambda: comm.mem_alloc(b"ab"))
