@@ -90,9 +90,12 @@ def scalar_argument(scalar: Any, datatype: int, backend: str, device_id: Any) ->
         dtype = _numpy_dtype(datatype)
         with np.errstate(over="ignore", invalid="ignore"):
             holder = np.array([scalar], dtype=dtype)
-        if datatype not in _INT_RANGES and not np.isfinite(holder.astype(np.float64)[0]):
+        held = holder.astype(np.float64)[0]
+        if datatype not in _INT_RANGES and (not np.isfinite(held) or (held == 0 and scalar != 0)):
+            # a scalar that rounds to 0 there (1e-30 in float16) would zero every result, as one past the range
+            # would make it inf
             raise ValueError(f"pre_mul_sum: the scalar {scalar!r} is not representable in {dtype.name} (it would be "
-                             f"{holder.astype(np.float64)[0]} there)")
+                             f"{held} there)")
         return holder, holder.ctypes.data, 1
     buf = as_buffer(scalar, name="scalar")
     check_device(buf, backend, device_id)

@@ -577,6 +577,13 @@ def test_bad_arguments_are_refused_with_their_names(comm, tmp_path):
     refused(pycoll.NCCLSystemError, too_much, lambda: comm.mem_alloc(2**50, "uint8"))
     refused(pycoll.NCCLSystemError, too_much, lambda: pycoll.SymmetricPool(comm, 2**50))
     refused(TypeError, "dtype must be a dtype", lambda: comm.pre_mul_sum(2.0, dtype=np.int64(7)))
+    # 1e-30 rounds to 0 in float16: every result would be 0 (1e6 was refused, as it would be inf there)
+    refused(ValueError, "the scalar 1e-30 is not representable in float16 \\(it would be 0.0 there\\)",
+            lambda: comm.pre_mul_sum(1e-30, np.float16))
+    refused(ValueError, "the scalar 1000000.0 is not representable in float16 \\(it would be inf there\\)",
+            lambda: comm.pre_mul_sum(1e6, np.float16))
+    comm.pre_mul_sum(0.0, np.float16).destroy()  # zero itself is a scalar like any other
+    comm.pre_mul_sum(1e-7, np.float16).destroy()  # subnormal there, not zero
     refused(ValueError, "CollConfig.min_ctas must be None or an int in \\[1,", lambda: pycoll.CollConfig(min_ctas=0))
     refused(ValueError, "CollConfig.cta_policy must be None or an int in \\[0, 3\\]",
             lambda: pycoll.CollConfig(cta_policy=4))
