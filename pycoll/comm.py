@@ -877,6 +877,8 @@ class Communicator(_core.CommCore):
             raise leave
 
     def _act_on_failure(self) -> None:
+        if self._on_failure in ("abort", "revoke"):
+            self._note_failure_for_peers()
         if self._on_failure == "abort":
             self._abort()
         elif self._on_failure == "revoke":
@@ -885,6 +887,23 @@ class Communicator(_core.CommCore):
             except Exception as rexc:  # a library without revoke: abort instead
                 _log.warning("revoke of %r failed (%s); aborting instead", self.name, rexc)
                 self._abort()
+
+    def _note_failure_for_peers(self) -> None:
+        """Before the policy aborts or revokes: tell the host library why (pycollCommNoteFailure), so that a peer
+        that meets the aborted communicator is told which failure this rank found -- a stopped peer, a timeout --
+        and not only that this rank aborted it (which named the rank that found the fault, not the one at fault).
+        The library's own failure, if it had one, is what the peers read already. NCCL has no such call."""
+        exc, lib = self._failure, self.library
+        if exc is None or isinstance(exc, NCCLError) or not lib.has("pycollCommNoteFailure"):
+            return
+        with self._hlock:
+            handle = self._handle
+            if handle is None:
+                return
+            try:
+                lib.comm_note_failure(handle, f"{type(exc).__name__}: {exc}")
+            except Exception as e:  # only a better text for the peers
+                _log.debug("pycollCommNoteFailure on %r failed: %s", self.name, e)
 
     def _interrupted(self, w: Work, what: str) -> None:
         """Ctrl-C (KeyboardInterrupt) came while this thread waited inside the blocking operation ``w`` (``what``

@@ -260,6 +260,8 @@ HOST_FUNCTIONS = (
     "pycollCommWaitReady",
     "pycollCommPeerOpen",
     "pycollCommPeerProcess",
+    "pycollCommEventsClean",
+    "pycollCommNoteFailure",
 )
 
 #: pycollStreamCreateWithFlags: work submitted while the stream is idle runs in the caller's thread.

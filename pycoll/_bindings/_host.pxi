@@ -115,6 +115,17 @@ cdef class HostLibrary(Library):
         _check(self, &cr, "pycollCommEventsClean")
         return bool(clean)
 
+    def comm_note_failure(self, comm, str text not None):
+        """pycollCommNoteFailure: why this rank is about to abort or revoke ``comm`` (a failure found outside the
+        library): its peers' errors then name it (the first 195 bytes of ``text``, UTF-8)."""
+        cdef ncclComm_t c = _comm(comm)
+        cdef bytes raw = text.encode("utf-8", "replace").replace(b"\0", b" ")
+        cdef const char* p = raw
+        cdef _Call cr
+        _need(self, <void*>self.fn.pycollCommNoteFailure, "pycollCommNoteFailure")
+        with nogil: _cap(&self.fn, NULL, &cr, self.fn.pycollCommNoteFailure(c, p))
+        _check(self, &cr, "pycollCommNoteFailure")
+
     def host_event_arm(self, event):
         """pycollEventArm: make ``event`` incomplete until :meth:`host_event_fire` (streams waiting on it stop)."""
         cdef pycollEvent_t ev = <pycollEvent_t>_handle(event, "event")

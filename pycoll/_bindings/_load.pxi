@@ -314,5 +314,6 @@ cdef _resolve(Library lib):
     t.pycollCommPeerOpen = <pycollCommPeerOpen_fn>lib._sym("pycollCommPeerOpen")
     t.pycollCommPeerProcess = <pycollCommPeerProcess_fn>lib._sym("pycollCommPeerProcess")
     t.pycollCommEventsClean = <pycollCommEventsClean_fn>lib._sym("pycollCommEventsClean")
+    t.pycollCommNoteFailure = <pycollCommNoteFailure_fn>lib._sym("pycollCommNoteFailure")
     for name in RCCL_FUNCTIONS:
         lib._sym(name)

@@ -677,6 +677,7 @@ ctypedef int (*pycollCommWaitReady_fn)(ncclComm_t comm, uint64_t timeout_ns) noe
 ctypedef int (*pycollCommPeerOpen_fn)(ncclComm_t comm, int peer, int* count) noexcept nogil
 ctypedef int (*pycollCommPeerProcess_fn)(ncclComm_t comm, int peer, int* pid, uint64_t* start, uint64_t* pidns) noexcept nogil
 ctypedef int (*pycollCommEventsClean_fn)(ncclComm_t comm, pycollEvent_t start, pycollEvent_t end, int* clean) noexcept nogil
+ctypedef int (*pycollCommNoteFailure_fn)(ncclComm_t comm, const char* text) noexcept nogil
 
 
 # --- the symbol table of one loaded library: NULL where the library lacks the function ----------
@@ -808,3 +809,4 @@ ctypedef struct pycoll_nccl_table:
     pycollCommPeerOpen_fn pycollCommPeerOpen
     pycollCommPeerProcess_fn pycollCommPeerProcess
     pycollCommEventsClean_fn pycollCommEventsClean
+    pycollCommNoteFailure_fn pycollCommNoteFailure

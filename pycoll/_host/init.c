@@ -478,6 +478,24 @@ NCCL_API int pycollCommEventsClean(ncclComm_t comm, pycollEvent_t start, pycollE
   return r;
 }
 
+NCCL_API int pycollCommNoteFailure(ncclComm_t comm, const char* text) {
+  struct ncclComm* c;
+  ncclResult_t r = comm_acquire(comm, "pycollCommNoteFailure", &c);
+  if (r != ncclSuccess) return r;
+  if (!text) {
+    CWARN(c, "pycollCommNoteFailure : text argument is NULL");
+    r = ncclInvalidArgument;
+  } else if (c->seg.base && c->rank >= 0 && !c->torn_down) {
+    /* read by a peer once this rank's state says aborted or revoked (comm_check_peer), which the abort or revoke
+     * publishes after this write; the library's own failure, written first, stays */
+    struct rank_ctrl* me = &c->seg.ctrl[c->rank];
+    if (!__atomic_load_n(&c->broken, __ATOMIC_ACQUIRE) && !me->fail_text[0])
+      snprintf(me->fail_text, sizeof me->fail_text, "%s", text);
+  }
+  comm_release(c);
+  return r;
+}
+
 static ncclResult_t query(ncclComm_t comm, int* out, const char* opname, const char* argname, int which) {
   struct ncclComm* c;
   ncclResult_t r = comm_acquire(comm, opname, &c);

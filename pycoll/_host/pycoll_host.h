@@ -181,6 +181,12 @@ int pycollCommPeerProcess(struct ncclComm* comm, int peer, int* pid, uint64_t* s
  * none), or, both recorded on one stream, no operation of that stream ended failed between the two (a stream goes
  * on past a failed operation, so its events complete too) -- else 0: its results stand where 1. */
 int pycollCommEventsClean(struct ncclComm* comm, pycollEvent_t start, pycollEvent_t end, int* clean);
+/* Why this rank is about to abort or revoke the communicator, where the library itself did not fail it (a failure
+ * its caller found: a stopped peer, a timeout): a peer that meets the aborted or revoked communicator is told "rank
+ * R aborted the communicator after it failed: <text>" (the first 195 bytes), not only "rank R aborted ...", which
+ * names the rank that found the fault. Ignored where the library failed the communicator already (its own text
+ * stays) or a note was given before. */
+int pycollCommNoteFailure(struct ncclComm* comm, const char* text);
 
 #ifdef __cplusplus
 }

@@ -122,6 +122,31 @@ def test_a_send_and_receive_between_live_ranks_goes_on_while_a_third_is_stopped(
     assert res[0] == [0.0, 1.0, 2.0, 3.0] and res[2] == [0.0, 1.0, 2.0, 3.0], res
 
 
+def _late_root_beside_a_stopped_rank(rank, n, addr):
+    comm = pycoll.init(rank, n, store=pycoll.TCPStore(addr[0], addr[1], TOKEN, timeout=30.0), backend="host",
+                       timeout=20.0, name="weights")
+    w = np.zeros(1024, np.float32)
+    comm.broadcast(w, root=0)
+    if rank == 2:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    if rank == 0:
+        time.sleep(1.0)  # rank 1's liveness check finds rank 2 stopped first, and its policy aborts
+    try:
+        comm.broadcast(w, root=0)
+        return "completed"
+    except pycoll.CommFailure as e:
+        return f"{type(e).__name__}: {e}"
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_whose_peer_aborted_on_finding_a_stopped_rank_is_told_which(server):
+    # rank 0 got "rank 1 aborted the communicator" (a RemoteError naming the rank that found the fault, not the one
+    # at fault: a trainer deciding whom to drop would drop the healthy rank 1)
+    res = run_ranks(_late_root_beside_a_stopped_rank, 3, server, timeout=40, may_die=[2])
+    for r in (0, 1):
+        assert "rank 2 (pid " in res[r] and "is stopped (SIGSTOP)" in res[r], res
+
+
 def _wait_signal_from_two(rank, n, addr):
     store = pycoll.TCPStore(addr[0], addr[1], TOKEN, timeout=30.0)
     comm = pycoll.init(rank, n, store=store, backend="host", timeout=20.0)
