@@ -1412,10 +1412,19 @@ cdef _group_closed(CommCore comm, Work w, object dev, Library lib):
             if s is not None and s.end is not None:
                 w._end = s.end  # recorded for the operation before it, right after the same ncclGroupEnd
             else:
-                w._end = _new_event(comm, dev)
-                _record(dev, lib, _comm_driver(comm), w._end, w.stream)
+                # recorded before it is set: a pooled event still holds its last use's completed record, and
+                # another thread's refresh of ``w`` (the watchdog's) that read it meanwhile found ``w`` complete,
+                # retired it and let its arrays go before it ran (a record that runs Python code -- a device's
+                # Python path, the emulated GPU's driver -- lets other threads run in between)
+                end = _new_event(comm, dev)
+                try:
+                    _record(dev, lib, _comm_driver(comm), end, w.stream)
+                except BaseException:
+                    comm._events.append(end)  # not recorded: back to the pool, as the operation's own are
+                    raise
+                w._end = end
                 if s is not None:
-                    s.end = w._end
+                    s.end = end
     finally:
         comm._lock.give()
 

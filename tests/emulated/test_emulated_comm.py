@@ -40,6 +40,43 @@ def test_default_stream_op_behind_a_kernel_is_not_completed_at_enqueue():
         assert r == {"stream": 0, "completed": False, "outstanding": True, "result": [2.0] * 4}
 
 
+def _refreshed_while_its_end_is_recorded(rank, n, uid):
+    """Another thread's refresh (the watchdog's) that runs while the end event is being recorded -- a record that
+    runs Python code, as the emulated driver's, lets other threads run -- is made right there."""
+    comm, rt = H.setup(rank, n, uid)
+    import pycoll.emulated as emu
+
+    comm.all_reduce(emu.TorchLikeTensor(rt, np.ones(4, np.float32)))  # its events go back to the pool, completed
+    record, seen = rt.cudaEventRecord, []
+
+    def record_meanwhile(event, stream=0):
+        for w in comm.outstanding():
+            comm.refresh(w)
+            seen.append(w.is_completed())
+        return record(event, stream)
+
+    rt.cudaEventRecord = record_meanwhile
+    x = emu.TorchLikeTensor(rt, np.ones(4, np.float32))
+    gate = rt.hang(0)  # the operation waits behind a kernel on its stream (torch's current: the legacy stream)
+    w = comm.all_reduce(x, async_op=True)
+    rt.cudaEventRecord = record
+    out = {"seen": seen, "completed": w.is_completed(), "inputs": len(w.inputs)}
+    gate.release()
+    w.wait()
+    out["result"] = x.numpy().tolist()
+    comm.destroy()
+    return out
+
+
+@pytest.mark.timeout(30)
+def test_a_refresh_while_the_end_event_is_recorded_does_not_complete_the_operation():
+    # the end event was set on the Work before it was recorded: a refresh in between queried the pooled event's last
+    # (completed) record, found the operation complete and retired it -- its arrays let go before it ran (the random
+    # programs on the emulated GPU got garbage or zeros about once in a hundred runs under load)
+    for r in H.run_ranks(_refreshed_while_its_end_is_recorded, 1, H.uid()):
+        assert r == {"seen": [False], "completed": False, "inputs": 1, "result": [1.0] * 4}, r
+
+
 def _default_stream_hang(rank, n, uid):
     import pycoll
 
