@@ -750,12 +750,22 @@ def _analyze_group(g: Dict[str, Any], dumps: Dict[int, Dict[str, Any]], stack_li
         _found_unable(res["first_divergence"], res["failures"])
     # a bystander: no rank recorded a failure of this communicator, and every dump was written for a failure (of
     # another communicator: an elastic group's earlier generation, whose dump was held back until after the
-    # recovery). Its ranks were dumped at different moments while it ran: what is in flight on one rank and done
-    # on another is no divergence (a mismatch still is)
+    # recovery; or, asked for by a rank where another communicator failed, one that names the failed ones and not
+    # this). Its ranks were dumped at different moments while it ran: what is in flight on one rank and done on
+    # another is no divergence (a mismatch still is)
     res["bystander"] = bool(present) and not res["failures"] and all(
-        (dumps[r].get("pycoll") or {}).get("trigger") == "failure"
+        _for_another_failure(dumps[r].get("pycoll") or {}, uid)
         and not (((dumps[r].get("pycoll") or {}).get("comms") or {}).get(uid) or {}).get("failure") for r in present)
     return res
+
+
+def _for_another_failure(section: Dict[str, Any], uid: str) -> bool:
+    """Whether a dump (its ``pycoll`` section) was written for a failure that is not communicator ``uid``'s: its own
+    rank's failure, or another rank's request that names the failed communicators (``failed_uids``) without it."""
+    trigger = section.get("trigger")
+    failed = section.get("failed_uids")
+    return trigger == "failure" or (trigger == "remote" and isinstance(failed, list) and bool(failed)
+                                    and uid not in failed)
 
 
 def _signal_stacks(stacks: Dict[int, Dict[str, Any]], dumps: Dict[int, Dict[str, Any]], present: List[int]

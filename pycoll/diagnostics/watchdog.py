@@ -984,12 +984,12 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
             return
         me = origin() + " "
         mine = set(self._uids_on(store))
-        foreign = []  # [kind, text] each
+        foreign = []  # (kind, text, uids) each
         for i, t in zip(range(n - len(texts) + 1, n + 1), texts, strict=True):
             parts = t.split(" ", 2)  # origin, kind@uids, text
             kind, _, uids = parts[1].partition("@") if len(parts) == 3 else ("", "", "")
             if kind and not t.startswith(me) and (i > st.first_seen or mine & set(uids.split(","))):
-                foreign.append([kind, parts[2]])
+                foreign.append((kind, parts[2], uids.split(",")))
         if not foreign:
             return
         # answer at once with this rank's progress (the asking rank waits briefly for it), whatever
@@ -1001,14 +1001,18 @@ class Watchdog(_hooks.WatchdogCore, CommObserver):
                 self._publish(c, n)
         # a request that another rank's failure made is served as this rank's own failure would be: not with
         # PYCOLL_FR_DUMP_ON_FAILURE=0 here (its progress is answered all the same); one a user asked for always
-        asked = [f[-1] for f in foreign if self.dump_on_failure or f[0] != _FAILURE]
+        asked = [f[1] for f in foreign if self.dump_on_failure or f[0] != _FAILURE]
         if not asked:
-            _log.debug("watchdog: no dump for the failure elsewhere (%s): dumps on failure are off", foreign[0][-1])
+            _log.debug("watchdog: no dump for the failure elsewhere (%s): dumps on failure are off", foreign[0][1])
             return
         if self._failing or time.monotonic() - self._dumps.last_start < self.publish_interval:
             _log.debug("watchdog: dump request (%s) served by the dump made just now", asked[0])
             return
-        self._queue(DumpJob("requested by " + "; ".join(dict.fromkeys(asked)), "remote"))
+        # the communicators whose failure asked for it (where no user asked too): pycoll-fr reads this rank's other
+        # communicators as bystanders, dumped while they ran, not as diverged
+        failed = [] if any(f[0] != _FAILURE for f in foreign) else sorted({u for f in foreign for u in f[2] if u})
+        self._queue(DumpJob("requested by " + "; ".join(dict.fromkeys(asked)), "remote",
+                            {"failed_uids": failed} if failed else None))
 
 
 # -- the process's watchdog ---------------------------------------------------------------------------

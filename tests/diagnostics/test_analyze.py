@@ -481,21 +481,26 @@ def test_dumps_of_another_generation_in_a_generations_folder_are_said_to_be(tmp_
     assert "dumps of different runs" not in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("trigger", ["failure", "manual"])
+@pytest.mark.parametrize("trigger", ["failure", "manual", "remote for another", "remote for it", "remote asked"])
 def test_a_communicator_dumped_for_another_ones_failure_is_a_bystander(tmp_path, trigger):
     # an elastic group's later generation, dumped (at different moments) for an earlier one's failure: its broadcast
-    # done on ranks 1-2 and in flight on rank 0 is no divergence; dumped by hand while it hangs, it is one
+    # done on ranks 1-2 and in flight on rank 0 is no divergence; dumped by hand while it hangs, it is one. The same
+    # for a rank's other communicator (a trainers' group beside the failed weights one), dumped at another rank's
+    # request: the request names the failed communicators (it said "FIRST DIVERGENCE" on the healthy one); a request
+    # for this one's failure, or one a user made, is no such dump
+    failed = {"remote for another": ["dddd000000000000"], "remote for it": ["cccc000000000000"]}.get(trigger)
     for r in range(3):
         rec = fr.FlightRecorder(64, dump_dir=str(tmp_path))
         c = FakeComm(rec, r, 3, uid="cccc000000000000", name="elastic", generation=2)
         allreduces(c, 2)
         c.op("broadcast", f32(2), f32(2), state="started" if r == 0 else "completed")
-        assert rec.dump("failure of generation 0", trigger=trigger)
+        assert rec.dump("failure of generation 0", trigger=trigger.split()[0],
+                        extra={"failed_uids": failed} if failed else None)
     rep, c = one(str(tmp_path))
     v = analyze._verdict(c)
     trace = trace_dir(str(tmp_path))
     instants = [e["name"] for e in trace["traceEvents"] if e.get("ph") == "i"]
-    if trigger == "failure":
+    if trigger in ("failure", "remote for another"):
         assert c["bystander"] and rep["ok"] and v.startswith("no failure of 'elastic'"), (c, v)
         text = analyze.format_report([rep])
         assert "not a divergence" in text
