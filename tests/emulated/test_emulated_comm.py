@@ -18,15 +18,31 @@ pytestmark = pytest.mark.emulated_gpu
 # -- the known issue: stream 0 is CUDA's legacy stream, not "run inline" ---------------------------
 
 
-def _default_stream_behind_kernel(rank, n, uid):
+def _default_stream_behind_kernel(rank, n, uid, refresh_meanwhile=False):
     comm, rt = H.setup(rank, n, uid)
     import pycoll.emulated as emu
 
+    seen = []
+    if refresh_meanwhile:  # another thread's refresh (the watchdog's) while the end event is being recorded: a
+        # record that runs Python code, as the emulated driver's, lets other threads run
+        comm.all_reduce(emu.TorchLikeTensor(rt, np.ones(4, np.float32)))  # its events go back to the pool, completed
+        record = rt.cudaEventRecord
+
+        def record_meanwhile(event, stream=0):
+            for w in comm.outstanding():
+                comm.refresh(w)
+                seen.append(w.is_completed())
+            return record(event, stream)
+
+        rt.cudaEventRecord = record_meanwhile
     x = emu.TorchLikeTensor(rt, np.ones(4, np.float32))
     gate = rt.hang(0)  # torch.cuda._sleep on torch's default stream
     w = comm.all_reduce(x, async_op=True)  # torch's current stream is the legacy stream: 0
+    if refresh_meanwhile:
+        rt.cudaEventRecord = record
     time.sleep(0.2)
-    out = {"stream": w.stream, "completed": w.is_completed(), "outstanding": comm.outstanding() == [w]}
+    out = {"stream": w.stream, "completed": w.is_completed(), "outstanding": comm.outstanding() == [w],
+           "inputs": len(w.inputs), "seen": seen}
     gate.release()
     w.wait()
     out["result"] = x.numpy().tolist()
@@ -37,35 +53,8 @@ def _default_stream_behind_kernel(rank, n, uid):
 @pytest.mark.timeout(30)
 def test_default_stream_op_behind_a_kernel_is_not_completed_at_enqueue():
     for r in H.run_ranks(_default_stream_behind_kernel, 2, H.uid()):
-        assert r == {"stream": 0, "completed": False, "outstanding": True, "result": [2.0] * 4}
-
-
-def _refreshed_while_its_end_is_recorded(rank, n, uid):
-    """Another thread's refresh (the watchdog's) that runs while the end event is being recorded -- a record that
-    runs Python code, as the emulated driver's, lets other threads run -- is made right there."""
-    comm, rt = H.setup(rank, n, uid)
-    import pycoll.emulated as emu
-
-    comm.all_reduce(emu.TorchLikeTensor(rt, np.ones(4, np.float32)))  # its events go back to the pool, completed
-    record, seen = rt.cudaEventRecord, []
-
-    def record_meanwhile(event, stream=0):
-        for w in comm.outstanding():
-            comm.refresh(w)
-            seen.append(w.is_completed())
-        return record(event, stream)
-
-    rt.cudaEventRecord = record_meanwhile
-    x = emu.TorchLikeTensor(rt, np.ones(4, np.float32))
-    gate = rt.hang(0)  # the operation waits behind a kernel on its stream (torch's current: the legacy stream)
-    w = comm.all_reduce(x, async_op=True)
-    rt.cudaEventRecord = record
-    out = {"seen": seen, "completed": w.is_completed(), "inputs": len(w.inputs)}
-    gate.release()
-    w.wait()
-    out["result"] = x.numpy().tolist()
-    comm.destroy()
-    return out
+        assert r == {"stream": 0, "completed": False, "outstanding": True, "inputs": 1, "seen": [],
+                     "result": [2.0] * 4}
 
 
 @pytest.mark.timeout(30)
@@ -73,8 +62,9 @@ def test_a_refresh_while_the_end_event_is_recorded_does_not_complete_the_operati
     # the end event was set on the Work before it was recorded: a refresh in between queried the pooled event's last
     # (completed) record, found the operation complete and retired it -- its arrays let go before it ran (the random
     # programs on the emulated GPU got garbage or zeros about once in a hundred runs under load)
-    for r in H.run_ranks(_refreshed_while_its_end_is_recorded, 1, H.uid()):
-        assert r == {"seen": [False], "completed": False, "inputs": 1, "result": [1.0] * 4}, r
+    for r in H.run_ranks(_default_stream_behind_kernel, 2, H.uid(), True):
+        assert r == {"stream": 0, "completed": False, "outstanding": True, "inputs": 1, "seen": [False],
+                     "result": [2.0] * 4}, r
 
 
 def _default_stream_hang(rank, n, uid):
