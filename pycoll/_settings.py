@@ -81,6 +81,15 @@ def flag(value: Any, what: str) -> bool:
     raise TypeError(f"{what} must be True or False, got {type(value).__name__} {value!r}")
 
 
+def text(value: Any, what: str, *, none_ok: bool = False, hint: str = "") -> None:
+    """Check that ``value`` is a non-empty str (or None, with ``none_ok``): TypeError naming ``what`` for another
+    type, ValueError for the empty str (a str of the wrong value, as the other arguments' values)."""
+    if (value is None and none_ok) or (isinstance(value, str) and value):
+        return
+    raise (ValueError if isinstance(value, str) else TypeError)(
+        f"{what} must be a non-empty str{' or None' if none_ok else ''}{hint}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class Setting:
     """One ``PYCOLL_*`` variable.

@@ -79,9 +79,7 @@ def from_handle(cls: Any, handle: Any, *, owned: bool = False, library: Any = No
     # as init does: a bad timeout made the first operation time out at once and abort the maker's handle
     timeout = _settings.seconds(timeout, "timeout")
     for what, value in (("name", name), ("uid", uid)):
-        if value is not None and (not isinstance(value, str) or not value):
-            raise (ValueError if isinstance(value, str) else TypeError)(
-                f"{what} must be a non-empty str or None, got {value!r}")
+        _settings.text(value, what, none_ok=True)
     lib = _library(library)
     if lib.kind != "host" and not _readable(h):
         # NCCL reads the communicator's magic words to check a handle: never let it touch unmapped memory

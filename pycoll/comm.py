@@ -228,9 +228,7 @@ def poll_ready(library: Any, handle: int, what: str, timeout: float, *, on_error
 
 
 def _child_name(name: Any, what: str) -> None:
-    if name is not None and (not isinstance(name, str) or not name):
-        raise (ValueError if isinstance(name, str) else TypeError)(
-            f"{what}: name must be a non-empty str or None, got {name!r}")
+    _settings.text(name, f"{what}: name", none_ok=True)
 
 
 def unique_id_argument(value: Any, what: str = "unique_id") -> Any:
@@ -1112,9 +1110,7 @@ class Communicator(_core.CommCore):
         number, as a collective does: call it on every rank at the same point (each rank replays the graph), or
         the ranks' numbers, which the watchdog's reports and the flight recorder's dumps compare, part ways.
         """
-        if not isinstance(what, str) or not what:
-            raise (ValueError if isinstance(what, str) else TypeError)(
-                f"watch_stream: what must be a non-empty str (the operation's name), got {what!r}")
+        _settings.text(what, "watch_stream: what", hint=" (the operation's name)")
         st = self._begin(what, stream, True, ())
         return self._launch(what, lambda h, s: 0, st, [], [], True, timeout)
 

@@ -329,8 +329,7 @@ def init(
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is out of range for world_size {world_size}")
-    if not isinstance(name, str) or not name:  # a str of the wrong value: ValueError, as the other arguments
-        raise (ValueError if isinstance(name, str) else TypeError)(f"name must be a non-empty str, got {name!r}")
+    _settings.text(name, "name")
     if store is not None:
         store = store_argument(store)
     uid = meeting = base = None
